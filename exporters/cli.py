@@ -1,0 +1,157 @@
+"""`hf-export`: run a recipe, check a recipe, re-validate saved artifacts.
+
+Exit codes: 0 all good, 1 a target failed (export or validation), 2 a bad recipe or usage.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from .errors import DeviceError, ModelSourceError, RecipeError, RemoteCodeError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Export a model with its repo's recipe (export_config.json), validate every artifact, report.",
+)
+console = Console(stderr=True)
+out = Console()
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _recipe_error(err: RecipeError) -> None:
+    problems = getattr(err, "problems", None) or [(err.path, err.line, err.message)]
+    console.print(f"[bold red]recipe error[/] in {err.file or 'recipe'}:")
+    for path, line, message in problems:
+        where = f"line {line}, " if line else ""
+        console.print(f"  {where}{path}: {message}", markup=False, highlight=False)
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    import warnings
+
+    warnings.filterwarnings("ignore")
+
+
+def _print_summary(report: dict, out_dir: Path) -> None:
+    from .report import ICONS
+
+    for target in report["targets"]:
+        icon = ICONS.get(target["status"], "")
+        extra = " (cached)" if target.get("cached") else ""
+        line = f"{icon} {target['name']:<20} {target['export_format']:<11} {target['status']}{extra}"
+        if target.get("error"):
+            line += f" — {str(target['error'].get('message'))[:200]}"
+        console.print(line, markup=False, highlight=False)
+    console.print(f"report: {out_dir / 'report.md'}  ({out_dir / 'report.json'})", markup=False)
+
+
+@app.command()
+def run(
+    model: str = typer.Argument(..., help="A local model folder or a Hub repo id (org/name)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Recipe file (default: the model's own)."),
+    target: list[str] = typer.Option([], "--target", help="Only this target (repeatable)."),
+    out_dir: Path = typer.Option(Path("out"), "--out", help="Output folder."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda or auto: overrides the recipe."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
+    token: Optional[str] = typer.Option(None, "--token", envvar="HF_TOKEN", show_envvar=True, help="Hub token."),
+    endpoint: Optional[str] = typer.Option(None, "--endpoint", envvar="HF_ENDPOINT", help="Hub endpoint URL."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow code from the model repo."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per target (default: recipe or 3600)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Export even when inputs are unchanged."),
+    print_report: bool = typer.Option(False, "--print-report", help="Print report.md to stdout at the end."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress display."),
+) -> None:
+    """Export every target of the recipe, validate each artifact, write OUT/report.json and OUT/report.md."""
+    if device not in (None, "cpu", "cuda", "auto"):
+        console.print(f"--device must be cpu, cuda or auto, got {device!r}")
+        raise typer.Exit(EXIT_USAGE)
+    _quiet_libraries()
+    from .pipeline import RunOptions, run_pipeline
+
+    options = RunOptions(
+        out_dir=out_dir, targets=list(target), config_path=config, device=device, revision=revision, token=token,
+        endpoint=endpoint, trust_remote_code=trust_remote_code, timeout=timeout, use_cache=not no_cache,
+        progress=not quiet,
+    )
+    try:
+        report = run_pipeline(model, options)
+    except RecipeError as err:
+        _recipe_error(err)
+        raise typer.Exit(EXIT_USAGE) from None
+    except (ModelSourceError, RemoteCodeError, DeviceError) as err:
+        console.print(f"[bold red]error:[/] {err}")
+        raise typer.Exit(EXIT_USAGE) from None
+    _print_summary(report, out_dir)
+    if print_report:
+        out.print((out_dir / "report.md").read_text(), markup=False, highlight=False)
+    raise typer.Exit(EXIT_OK if report["status"] == "passed" else EXIT_FAILED)
+
+
+@app.command()
+def check(file: Path = typer.Argument(..., help="export_config.json, or a config.json with export_config.")) -> None:
+    """Validate a recipe file: exit 0 when valid, 2 with the JSON path and line of each problem otherwise."""
+    from .recipe import load_recipe_file
+
+    try:
+        recipe = load_recipe_file(file)
+    except RecipeError as err:
+        _recipe_error(err)
+        raise typer.Exit(EXIT_USAGE) from None
+    for t in recipe.exports:
+        out.print(f"{t.name}: {t.export_format}" + (f", {t.mode} mode" if t.mode else ""), markup=False)
+    console.print(f"{file}: valid ({len(recipe.exports)} target(s))", markup=False)
+
+
+@app.command()
+def validate(
+    model: str = typer.Argument(..., help="The model the artifacts came from (folder or Hub repo id)."),
+    out_dir: Path = typer.Argument(..., help="The folder holding <target>/ exports."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Recipe file (default: the model's own)."),
+    target: list[str] = typer.Option([], "--target", help="Only this target (repeatable)."),
+    revision: Optional[str] = typer.Option(None, "--revision"),
+    token: Optional[str] = typer.Option(None, "--token", envvar="HF_TOKEN", show_envvar=True),
+    endpoint: Optional[str] = typer.Option(None, "--endpoint", envvar="HF_ENDPOINT"),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
+    print_report: bool = typer.Option(False, "--print-report"),
+) -> None:
+    """Re-run the validation checks on artifacts already saved, and rewrite the report."""
+    _quiet_libraries()
+    from .pipeline import RunOptions, validate_existing
+
+    options = RunOptions(out_dir=out_dir, targets=list(target), config_path=config, revision=revision, token=token,
+                         endpoint=endpoint, trust_remote_code=trust_remote_code, progress=False)
+    try:
+        report = validate_existing(model, options)
+    except RecipeError as err:
+        _recipe_error(err)
+        raise typer.Exit(EXIT_USAGE) from None
+    except (ModelSourceError, RemoteCodeError) as err:
+        console.print(f"[bold red]error:[/] {err}")
+        raise typer.Exit(EXIT_USAGE) from None
+    _print_summary(report, out_dir)
+    if print_report:
+        out.print((out_dir / "report.md").read_text(), markup=False, highlight=False)
+    raise typer.Exit(EXIT_OK if report["status"] == "passed" else EXIT_FAILED)
+
+
+def main() -> None:
+    """Console entry point; usage errors exit 2 (typer's default for bad options too)."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

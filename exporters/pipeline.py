@@ -1,0 +1,562 @@
+"""The pipeline: load once, export every target in its own process, validate, report.
+
+```
+recipe ──► plan ──► export (per target × component) ──► validate ──► report
+```
+
+Each target is exported in a forked child process (which inherits the loaded model), into a staging folder that is
+renamed into place only when the export finished: a crash or a timeout in one target leaves nothing half-written
+and does not stop the others. Validation runs in this process, sharing the eager references across targets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from . import __version__
+from .errors import DeviceError, RecipeError
+from .recipe import Recipe, find_recipe, load_recipe_file
+
+STATUS_PASSED, STATUS_FAILED, STATUS_CRASHED, STATUS_TIMED_OUT = "passed", "failed", "crashed", "timed_out"
+DEFAULT_TIMEOUT_S = 3600.0
+
+
+@dataclass
+class RunOptions:
+    """What `hf-export run` was asked to do.
+
+    Example:
+        >>> options = RunOptions(out_dir=Path("out"), targets=["onnx"])
+    """
+
+    out_dir: Path
+    targets: list[str] = field(default_factory=list)
+    config_path: Path | None = None
+    device: str | None = None
+    revision: str | None = None
+    token: str | None = None
+    endpoint: str | None = None
+    trust_remote_code: bool = False
+    progress: bool = True
+    timeout: float | None = None
+    use_cache: bool = True
+
+
+@dataclass
+class TargetResult:
+    """One target's outcome, as it goes into report.json."""
+
+    name: str
+    export_format: str
+    mode: str
+    status: str
+    device: str = "cpu"
+    dtype: str | None = None
+    components: list[dict[str, Any]] = field(default_factory=list)
+    expected_components: list[str] = field(default_factory=list)
+    files: list[dict[str, Any]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    generation: dict[str, Any] | None = None
+    findings: list[str] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+    log: str | None = None
+    reproduce: str | None = None
+    cache_key: str | None = None
+    cached: bool = False
+
+
+def tool_versions() -> dict[str, str]:
+    """Versions of this tool and the heavy stack, recorded in every report."""
+    from importlib import metadata
+
+    versions = {"export-action": __version__, "python": sys.version.split()[0]}
+    for package in ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch", "huggingface_hub"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def file_entries(directory: Path, base: Path) -> list[dict[str, Any]]:
+    entries = []
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        entries.append({"path": str(path.relative_to(base)), "size": path.stat().st_size, "sha256": digest.hexdigest()})
+    return entries
+
+
+def weights_sha256(folder: Path) -> str:
+    """A hash of the model's weights and configs: the inputs of an export besides the recipe and the tools."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and (path.suffix in (".safetensors", ".bin", ".json", ".model") or path.name == "config.json"):
+            if path.name in ("export_config.json",):
+                continue
+            digest.update(path.name.encode())
+            with path.open("rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()
+
+
+def resolve_device(requested: str) -> str:
+    """`cpu`, or `cuda` when asked for (an error here without a GPU) or when `auto` finds one."""
+    import torch
+
+    if requested == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(
+                "the target asks for device 'cuda' but no CUDA GPU is visible here (torch.cuda.is_available() is "
+                "False): run it on a GPU runner (see examples/workflows/matrix.yml), or set device to 'cpu' or 'auto'"
+            )
+        return "cuda"
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cpu"
+
+
+def load_run_recipe(folder: Path, config_path: Path | None) -> tuple[Recipe, Path, list[str]]:
+    if config_path is not None:
+        return load_recipe_file(config_path), config_path, []
+    found = find_recipe(folder)
+    if found is None:
+        raise RecipeError(
+            f"no export recipe in {folder}: add an export_config.json (see docs/recipe.md) or an 'export_config' "
+            "field in config.json, or pass --config FILE"
+        )
+    return found
+
+
+# ── Child process ─────────────────────────────────────────────────────────────
+
+
+def _redirect_output(log_path: Path) -> None:
+    """Send everything the child prints (upstream warnings, torch logs) to the target's log file."""
+    import logging
+
+    handle = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(handle, 1)
+    os.dup2(handle, 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    for logger in (logging.getLogger(), logging.getLogger("transformers"), logging.getLogger("torch")):
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.setStream(sys.stderr)
+
+
+def _export_in_child(work: Callable[[], dict[str, Any]], result_path: Path, log_path: Path) -> None:
+    _redirect_output(log_path)
+    try:
+        info = work()
+        result = {"ok": True, **info}
+    except BaseException as err:  # everything is reported; the parent decides the status
+        result = {
+            "ok": False,
+            "type": type(err).__name__,
+            "message": str(err)[:4000],
+            "traceback": traceback.format_exc(limit=-15),
+        }
+        print(result["traceback"], file=sys.stderr)
+    result_path.write_text(json.dumps(result, default=str))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def run_isolated(work: Callable[[], dict[str, Any]], *, log_path: Path, timeout: float) -> dict[str, Any]:
+    """Run `work` in a forked process. Returns its result dict, or `{"ok": False, "status": crashed|timed_out}`."""
+    result_path = log_path.with_suffix(".result.json")
+    result_path.unlink(missing_ok=True)
+    context = multiprocessing.get_context("fork")
+    process = context.Process(target=_export_in_child, args=(work, result_path, log_path), daemon=True)
+    process.start()
+    process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()
+        return {"ok": False, "status": STATUS_TIMED_OUT, "type": "TimeoutError",
+                "message": f"the export ran past its timeout of {timeout:g} s and was stopped"}
+    if not result_path.exists():
+        code = process.exitcode
+        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        return {"ok": False, "status": STATUS_CRASHED, "type": "Crash",
+                "message": f"the exporting process died ({how}) before finishing; see the log"}
+    result = json.loads(result_path.read_text())
+    result_path.unlink()
+    return result
+
+
+def log_excerpt(log_path: Path, limit: int = 3000) -> str:
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return text[-limit:]
+
+
+# ── The run ───────────────────────────────────────────────────────────────────
+
+
+def cache_key(weights: str, recipe: Recipe, target_name: str, versions: dict[str, str]) -> str:
+    """What a target's artifacts depend on: the weights, the recipe's target (and shared settings), the tools."""
+    material = json.dumps(
+        {"weights": weights, "target": recipe.target_sha256(target_name), "versions": versions}, sort_keys=True
+    )
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def _previous_results(out_dir: Path) -> dict[str, dict[str, Any]]:
+    try:
+        report = json.loads((out_dir / "report.json").read_text())
+        return {t["name"]: t for t in report.get("targets", [])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _cached_result(previous: dict[str, Any] | None, key: str, out_dir: Path) -> dict[str, Any] | None:
+    """The previous passing result for this cache key, if its files are still there, unchanged."""
+    if not previous or previous.get("cache_key") != key or previous.get("status") != STATUS_PASSED:
+        return None
+    directory = out_dir / previous["name"]
+    if not directory.is_dir():
+        return None
+    if file_entries(directory, out_dir) != previous.get("files"):
+        return None
+    return previous
+
+
+class Progress:
+    """A rich progress line per target (stage and elapsed time); silent when disabled or not a terminal."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self._progress = None
+        self._tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> Progress:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import Progress as RichProgress
+            from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self._progress = RichProgress(
+                SpinnerColumn(), TextColumn("[bold]{task.fields[target]}"), TextColumn("{task.description}"),
+                TimeElapsedColumn(), console=Console(stderr=True), transient=False,
+            )
+            self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+    def update(self, target: str, stage: str, done: bool = False) -> None:
+        if self._progress is None:
+            return
+        if target not in self._tasks:
+            self._tasks[target] = self._progress.add_task(stage, target=target, total=1)
+        self._progress.update(self._tasks[target], description=stage, completed=1 if done else 0)
+
+
+def run_pipeline(model: str, options: RunOptions) -> dict[str, Any]:
+    """Run a model's recipe end to end; write `OUT/<target>/`, `OUT/report.json` and `OUT/report.md`.
+
+    Returns the report dict. Raises `RecipeError` (bad recipe), `ModelSourceError` / `RemoteCodeError` (cannot load
+    the model); a failing target is reported, not raised.
+
+    Example:
+        >>> report = run_pipeline("examples/demo-model", RunOptions(out_dir=Path("out")))  # doctest: +SKIP
+        >>> report["status"]
+        'passed'
+    """
+    from .source import check_remote_code, read_config, resolve_source
+
+    started = time.time()
+    source = resolve_source(model, revision=options.revision, token=options.token, endpoint=options.endpoint)
+    recipe, recipe_file, warnings = load_run_recipe(source.folder, options.config_path)
+    check_remote_code(source, read_config(source.folder), options.trust_remote_code)
+    names = [t.name for t in recipe.exports]
+    unknown = [n for n in options.targets if n not in names]
+    if unknown:
+        raise RecipeError(f"--target {unknown} not in the recipe; its targets are {names}", file=str(recipe_file))
+    selected = [t for t in recipe.exports if not options.targets or t.name in options.targets]
+    out_dir = options.out_dir
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    versions = tool_versions()
+    weights = weights_sha256(source.folder)
+    previous = _previous_results(out_dir)
+    keys = {t.name: cache_key(weights, recipe, t.name, versions) for t in selected}
+    results: list[TargetResult | dict[str, Any]] = []
+    to_run = []
+    for target in selected:
+        hit = _cached_result(previous.get(target.name), keys[target.name], out_dir) if options.use_cache else None
+        if hit is not None:
+            results.append({**hit, "cached": True})
+        else:
+            to_run.append(target)
+    context = {
+        "source": source, "recipe": recipe, "recipe_file": recipe_file, "warnings": warnings, "versions": versions,
+        "weights": weights, "started": started, "model_arg": model,
+    }
+    if to_run:
+        results += _run_targets(to_run, options, context, keys)
+    order = {t.name: i for i, t in enumerate(selected)}
+    results.sort(key=lambda r: order[r["name"] if isinstance(r, dict) else r.name])
+    from .report import build_report, write_report
+
+    report = build_report(results, context, options)
+    write_report(report, out_dir)
+    return report
+
+
+def _run_targets(targets, options: RunOptions, context: dict[str, Any], keys: dict[str, str]) -> list[TargetResult]:
+    from . import engine
+    from .inputs import default_mode, make_sample_inputs
+    from .source import load_model, load_tokenizer
+    from .validate import EagerCache, describe_error, validate_target
+
+    source, recipe = context["source"], context["recipe"]
+    load_started = time.time()
+    model = load_model(source, trust_remote_code=options.trust_remote_code)
+    tokenizer = load_tokenizer(source.folder)
+    sample = make_sample_inputs(model, recipe.inputs, tokenizer)
+    context["family"] = sample.family
+    context["load_s"] = round(time.time() - load_started, 3)
+    eager = EagerCache()
+    context["eager_cache"] = eager
+    decompositions: dict[tuple[str, bool], Any] = {}
+    results = []
+    out_dir = options.out_dir
+    with Progress(options.progress) as progress:
+        for target in targets:
+            target = target.model_copy(deep=True)
+            if target.mode is None:
+                target.mode = default_mode(model)
+            result = TargetResult(
+                name=target.name, export_format=target.export_format, mode=target.mode, status=STATUS_FAILED,
+                dtype=target.dtype, versions=context["versions"], cache_key=keys[target.name],
+                log=f"logs/{target.name}.log",
+                reproduce=_reproduce_command(context, options, target.name),
+            )
+            results.append(result)
+            log_path = out_dir / "logs" / f"{target.name}.log"
+            log_path.write_text("")
+            try:
+                result.device = resolve_device(options.device or target.device)
+            except DeviceError as err:
+                result.error = {"type": "DeviceError", "message": str(err)}
+                progress.update(target.name, "[red]failed: no GPU", done=True)
+                continue
+            key = (target.mode, target.multi_token_decode)
+            progress.update(target.name, "capturing inputs")
+            try:
+                if key not in decompositions:
+                    decompositions[key] = engine.decompose(
+                        model, target.mode, sample.forward, sample.generate, recipe=recipe,
+                        multi_token_decode=target.multi_token_decode,
+                    )
+            except Exception as err:
+                result.error = {"type": type(err).__name__, "message": describe_error(err)}
+                progress.update(target.name, "[red]failed: capture", done=True)
+                continue
+            components = decompositions[key]
+            result.expected_components = list(target.expected_components or components)
+            staging = out_dir / f".staging-{target.name}"
+            shutil.rmtree(staging, ignore_errors=True)
+            notes: list[str] = []
+
+            def work(target=target, components=components, staging=staging, notes=notes) -> dict[str, Any]:
+                return _export_work(model, target, components, recipe, staging, notes)
+
+            progress.update(target.name, f"exporting {target.export_format} ({len(components)} component(s))")
+            export_started = time.time()
+            outcome = run_isolated(work, log_path=log_path, timeout=target.timeout or options.timeout or DEFAULT_TIMEOUT_S)
+            result.timings["export_s"] = round(time.time() - export_started, 3)
+            if not outcome.get("ok"):
+                shutil.rmtree(staging, ignore_errors=True)
+                result.status = outcome.get("status", STATUS_FAILED)
+                result.error = {
+                    "type": outcome.get("type"), "message": outcome.get("message"),
+                    "log_excerpt": log_excerpt(log_path),
+                }
+                progress.update(target.name, f"[red]{result.status}", done=True)
+                continue
+            result.findings += outcome.get("notes", [])
+            final = out_dir / target.name
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(staging, final)
+            progress.update(target.name, "validating")
+            validate_started = time.time()
+            _validate_into(result, target, recipe, final, components, model, sample, eager)
+            result.timings["validate_s"] = round(time.time() - validate_started, 3)
+            if result.status == STATUS_PASSED and target.export_format == "onnx" and not target.export_params:
+                from .onnx_files import strip_weights
+
+                stripped = strip_weights(final)
+                result.findings.append(
+                    f"export_params: false — validated with weights, then {len(stripped)} weights were stripped: "
+                    "the published graph takes them as inputs"
+                )
+            result.files = file_entries(final, out_dir)
+            progress.update(target.name, "[green]passed" if result.status == STATUS_PASSED else "[red]failed",
+                            done=True)
+    return results
+
+
+def _export_work(model, target, components, recipe, staging: Path, notes: list[str]) -> dict[str, Any]:
+    """What the child process does: move to the target's device and dtype, export every component, save."""
+    import torch
+
+    from . import engine
+
+    device = resolve_device(target.device)
+    if target.dtype is not None or device != "cpu":
+        dtype = getattr(torch, target.dtype) if target.dtype else None
+        model = model.to(device=device, dtype=dtype)
+        components = {
+            name: (module.to(device=device, dtype=dtype), _cast_inputs(inputs, device, dtype))
+            for name, (module, inputs) in components.items()
+        }
+    started = time.time()
+    exported = engine.export_components(model, target, components, recipe, notes)
+    export_s = time.time() - started
+    started = time.time()
+    engine.save_exported(exported, target, staging)
+    return {"notes": notes, "components": list(exported.components), "export_only_s": round(export_s, 3),
+            "save_s": round(time.time() - started, 3)}
+
+
+def _cast_inputs(inputs: dict[str, Any], device: str, dtype) -> dict[str, Any]:
+    from transformers.exporters.utils import cast_leaf_tensors
+
+    return cast_leaf_tensors(inputs, dtype=dtype, device=device)
+
+
+def _validate_into(result: TargetResult, target, recipe, directory: Path, components, model, sample, eager) -> None:
+    from .engine import generation_config_for
+    from .validate import describe_error, validate_target
+
+    try:
+        validation = validate_target(
+            target=target, recipe=recipe, directory=directory, components=components, model=model,
+            family=sample.family, generate_inputs=sample.generate, eager=eager,
+            generation_config=generation_config_for(model, recipe) if target.mode == "generation" else None,
+            expected_components=result.expected_components,
+        )
+    except Exception as err:
+        result.status = STATUS_FAILED
+        result.error = {"type": type(err).__name__, "message": f"validation could not run: {describe_error(err)}"}
+        return
+    result.components = [
+        {"name": c.name, "passed": c.passed, "structural": c.structural,
+         "checks": [dataclasses.asdict(check) for check in c.checks]}
+        for c in validation.components
+    ]
+    result.generation = dataclasses.asdict(validation.generation) if validation.generation else None
+    result.findings += validation.findings
+    if validation.errors:
+        result.error = {"type": "ValidationError", "message": "; ".join(validation.errors)}
+    result.status = STATUS_PASSED if validation.passed else STATUS_FAILED
+    if not validation.passed and result.error is None:
+        failing = [c.name for c in validation.components if not c.passed]
+        reasons = []
+        if failing:
+            reasons.append(f"outputs differ from the eager model beyond tolerance in {failing}")
+        if validation.generation is not None and validation.generation.status == "failed":
+            reasons.append(f"generation parity failed: {validation.generation.first_divergence or validation.generation.reason}")
+        result.error = {"type": "ValidationError", "message": "; ".join(reasons)}
+
+
+def _reproduce_command(context: dict[str, Any], options: RunOptions, target: str) -> str:
+    source = context["source"]
+    parts = ["hf-export", "run", context["model_arg"], "--target", target]
+    if source.revision:
+        parts += ["--revision", source.revision]
+    if options.config_path:
+        parts += ["--config", str(options.config_path)]
+    return " ".join(parts)
+
+
+def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
+    """Re-run every check on artifacts already saved in `options.out_dir` (no export) and rewrite the report.
+
+    Export timings from an earlier report are kept.
+    """
+    from . import engine
+    from .inputs import default_mode, make_sample_inputs
+    from .source import check_remote_code, load_model, load_tokenizer, read_config, resolve_source
+    from .validate import EagerCache
+
+    started = time.time()
+    source = resolve_source(model, revision=options.revision, token=options.token, endpoint=options.endpoint)
+    recipe, recipe_file, warnings = load_run_recipe(source.folder, options.config_path)
+    check_remote_code(source, read_config(source.folder), options.trust_remote_code)
+    out_dir = options.out_dir
+    names = [t.name for t in recipe.exports]
+    unknown = [n for n in options.targets if n not in names]
+    if unknown:
+        raise RecipeError(f"--target {unknown} not in the recipe; its targets are {names}", file=str(recipe_file))
+    selected = [t for t in recipe.exports if not options.targets or t.name in options.targets]
+    previous = _previous_results(out_dir)
+    versions = tool_versions()
+    context = {"source": source, "recipe": recipe, "recipe_file": recipe_file, "warnings": warnings,
+               "versions": versions, "weights": weights_sha256(source.folder), "started": started, "model_arg": model}
+    loaded = time.time()
+    model_obj = load_model(source, trust_remote_code=options.trust_remote_code)
+    sample = make_sample_inputs(model_obj, recipe.inputs, load_tokenizer(source.folder))
+    context["family"], context["load_s"] = sample.family, round(time.time() - loaded, 3)
+    eager = EagerCache()
+    context["eager_cache"] = eager
+    decompositions: dict[tuple[str, bool], Any] = {}
+    results = []
+    for target in selected:
+        target = target.model_copy(deep=True)
+        target.mode = target.mode or default_mode(model_obj)
+        earlier = previous.get(target.name, {})
+        result = TargetResult(
+            name=target.name, export_format=target.export_format, mode=target.mode, status=STATUS_FAILED,
+            dtype=target.dtype, versions=versions, timings=dict(earlier.get("timings") or {}),
+            reproduce=f"hf-export validate {model} {out_dir} --target {target.name}",
+            cache_key=cache_key(context["weights"], recipe, target.name, versions),
+        )
+        results.append(result)
+        directory = out_dir / target.name
+        if not (directory / "export.json").is_file():
+            result.error = {"type": "MissingArtifact",
+                            "message": f"{directory} holds no export (export.json missing): export it first"}
+            continue
+        key = (target.mode, target.multi_token_decode)
+        if key not in decompositions:
+            decompositions[key] = engine.decompose(model_obj, target.mode, sample.forward, sample.generate,
+                                                   recipe=recipe, multi_token_decode=target.multi_token_decode)
+        components = decompositions[key]
+        result.expected_components = list(target.expected_components or components)
+        validate_started = time.time()
+        _validate_into(result, target, recipe, directory, components, model_obj, sample, eager)
+        result.timings["validate_s"] = round(time.time() - validate_started, 3)
+        result.files = file_entries(directory, out_dir)
+    from .report import build_report, write_report
+
+    report = build_report(results, context, options)
+    write_report(report, out_dir)
+    return report

@@ -1,0 +1,176 @@
+"""Turn a recipe's JSON dynamic-shape contract into `torch.export` dynamic shapes.
+
+Notation (documented in docs/recipe.md):
+
+- keys are input names (`"input_ids"`) or dotted paths to tensor leaves inside a structured input, with `*`
+  wildcards: `"cache.layers.*.keys"` addresses every layer's key cache (the same paths ONNX uses as input names);
+- values give each axis as `"static"`, `"auto"` (`Dim.AUTO`) or `{"name": "seq", "min": 1, "max": 4096}`, either as
+  a list (one entry per axis) or an object keyed by axis index (`{"1": {...}}`; unlisted axes are static);
+- the same `name` on several axes is one shared dimension.
+
+Example:
+    >>> import torch
+    >>> shapes, used = build_dynamic_shapes(
+    ...     {"input_ids": {"1": {"name": "seq", "min": 2, "max": 64}}}, {"input_ids": torch.zeros(1, 8, dtype=torch.long)}
+    ... )
+    >>> shapes["input_ids"][1].__name__
+    'seq'
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+import torch
+from torch.export import Dim
+
+from .recipe import DimSpec
+
+# Inputs that upstream pops before tracing (`prepare_for_export`): they take no dynamic-shape entry.
+try:
+    from transformers.exporters.utils import _OUTPUT_FLAGS as OUTPUT_FLAGS
+except ImportError:  # pragma: no cover - older upstream
+    OUTPUT_FLAGS = ("use_cache", "return_dict", "output_attentions", "output_hidden_states")
+
+
+class ShapeSpecError(ValueError):
+    """A dynamic-shape entry does not fit the model's inputs."""
+
+
+def leaf_paths(inputs: dict[str, Any]) -> dict[int, str]:
+    """`id(tensor) -> dotted path` for every tensor leaf of `inputs` (upstream's leaf naming)."""
+    from transformers.exporters.utils import get_leaf_tensors
+
+    return {id(tensor): path for path, tensor in get_leaf_tensors(inputs).items()}
+
+
+def _axis_specs(spec: Any, rank: int, key: str) -> dict[int, Any]:
+    if spec == "auto":
+        return dict.fromkeys(range(rank), "auto")
+    if isinstance(spec, list):
+        if len(spec) != rank:
+            raise ShapeSpecError(f"dynamic_shapes['{key}'] lists {len(spec)} axes, but the input has {rank}")
+        return dict(enumerate(spec))
+    axes = {}
+    for axis_text, axis_spec in spec.items():
+        axis = int(axis_text)
+        if not -rank <= axis < rank:
+            raise ShapeSpecError(f"dynamic_shapes['{key}'] names axis {axis}, but the input has {rank} axes")
+        axes[axis % rank] = axis_spec
+    return axes
+
+
+class _DimTable:
+    """Named dims, one `Dim` per name, bounds checked for consistency."""
+
+    def __init__(self) -> None:
+        self.dims: dict[str, tuple[Any, int | None, int | None]] = {}
+
+    def get(self, spec: DimSpec) -> Any:
+        if spec.name in self.dims:
+            dim, low, high = self.dims[spec.name]
+            if (spec.min, spec.max) != (low, high) and (spec.min, spec.max) != (None, None):
+                raise ShapeSpecError(
+                    f"dimension '{spec.name}' is declared with min/max {spec.min}/{spec.max} and {low}/{high}; "
+                    "one name is one dimension, so give it one range"
+                )
+            return dim
+        kwargs = {k: v for k, v in (("min", spec.min), ("max", spec.max)) if v is not None}
+        dim = Dim(spec.name, **kwargs)
+        self.dims[spec.name] = (dim, spec.min, spec.max)
+        return dim
+
+
+def build_dynamic_shapes(
+    spec: dict[str, Any] | None, inputs: dict[str, Any], specialized: list[str] | None = None
+) -> tuple[dict[str, Any] | None, set[str]]:
+    """The `dynamic_shapes` argument for `torch.export` from the recipe `spec`, for these forward `inputs`.
+
+    Returns `(dynamic_shapes, used_keys)`: `used_keys` are the spec keys that matched a tensor, so a key matching
+    nothing in any component can be reported. A named axis whose sample size is 0 or 1 cannot be traced as dynamic
+    (torch.export specializes it); it is left static and described in `specialized`.
+    """
+    if not spec:
+        return None, set()
+    paths = leaf_paths(inputs)
+    table = _DimTable()
+    used: set[str] = set()
+
+    def spec_for(path: str) -> tuple[str, Any] | None:
+        if path in spec:
+            return path, spec[path]
+        matches = [key for key in spec if "*" in key and fnmatch.fnmatchcase(path, key)]
+        if not matches:
+            return None
+        key = max(matches, key=len)  # the most specific pattern wins
+        return key, spec[key]
+
+    def tensor_shape(tensor: torch.Tensor) -> dict[int, Any] | None:
+        path = paths.get(id(tensor))
+        found = spec_for(path) if path is not None else None
+        if found is None:
+            return None
+        key, axis_spec = found
+        used.add(key)
+        result = {}
+        for axis, value in _axis_specs(axis_spec, tensor.dim(), key).items():
+            if value == "static":
+                continue
+            if value == "auto":
+                result[axis] = Dim.AUTO
+            else:
+                if value.min is not None and tensor.shape[axis] < value.min or (
+                    value.max is not None and tensor.shape[axis] > value.max
+                ):
+                    raise ShapeSpecError(
+                        f"'{path}' axis {axis} has size {tensor.shape[axis]} in the sample inputs, outside the "
+                        f"declared range of '{value.name}' [{value.min}, {value.max}]; widen the range or change "
+                        "the sample inputs (recipe 'inputs')"
+                    )
+                if tensor.shape[axis] <= 1:
+                    if specialized is not None:
+                        specialized.append(
+                            f"{path} axis {axis} ('{value.name}') has size {tensor.shape[axis]} in the traced inputs, "
+                            "so torch.export specializes it: exported static"
+                        )
+                    continue
+                result[axis] = table.get(value)
+        return result or None
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return tensor_shape(value)
+        if value is None or isinstance(value, (int, float, bool, str)):
+            return None
+        if type(value) in (list, tuple):
+            return type(value)(walk(v) for v in value)
+        if type(value) is dict:
+            return {k: walk(v) for k, v in value.items()}
+        node = torch.utils._pytree.SUPPORTED_NODES.get(type(value))
+        if node is not None:
+            children, _ = node.flatten_fn(value)
+            return [walk(child) for child in children]
+        if hasattr(value, "__dict__"):
+            from transformers.exporters.exporter_dynamo import _pytree_flatten
+
+            leaves, _ = _pytree_flatten(value)
+            return [walk(leaf) for leaf in leaves]
+        return None
+
+    from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+
+    register_cache_pytrees_for_model(torch.nn.Module())  # caches must be pytree nodes before we walk them
+    shapes = {name: walk(value) for name, value in inputs.items() if name not in OUTPUT_FLAGS}
+    return shapes, used
+
+
+def declared_dims(spec: dict[str, Any] | None) -> dict[str, DimSpec]:
+    """Every named dimension of a spec, by name."""
+    found: dict[str, DimSpec] = {}
+    for axis_spec in (spec or {}).values():
+        values = axis_spec.values() if isinstance(axis_spec, dict) else axis_spec if isinstance(axis_spec, list) else []
+        for value in values:
+            if isinstance(value, DimSpec):
+                found.setdefault(value.name, value)
+    return found

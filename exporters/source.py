@@ -1,0 +1,125 @@
+"""Where the model comes from: a local folder or a Hub repo, and how it is loaded (once per run)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ModelSourceError, RemoteCodeError
+
+REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+# What a run needs from a repo: never the previous exports, which can be large.
+DOWNLOAD_IGNORE = ["exports/*", "*.onnx", "*.onnx.data", "*.pte", "*.pt2", "*.msgpack", "*.h5", "*.ot", "*.bin.index.json"]
+
+
+@dataclass
+class ModelSource:
+    """A model ready to load: `folder` holds its files; `revision` is the resolved commit for Hub repos."""
+
+    model_id: str
+    folder: Path
+    revision: str | None = None
+    is_hub: bool = False
+
+    @property
+    def display(self) -> str:
+        return f"{self.model_id}@{self.revision[:8]}" if self.revision else self.model_id
+
+
+def resolve_source(
+    model: str, *, revision: str | None = None, token: str | None = None, endpoint: str | None = None
+) -> ModelSource:
+    """A local folder as is; a Hub repo id downloaded (its weights, configs, tokenizer and recipe).
+
+    Example:
+        >>> resolve_source("examples/demo-model").folder.name  # doctest: +SKIP
+        'demo-model'
+    """
+    path = Path(model)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelSourceError(f"{path} has no config.json: point at a folder written by save_pretrained")
+        return ModelSource(model_id=str(path), folder=path.resolve())
+    if path.exists():
+        raise ModelSourceError(f"{model} is a file; pass the model's folder or a Hub repo id")
+    if not REPO_ID_PATTERN.match(model):
+        raise ModelSourceError(f"no folder {model!r} here, and it is not a Hub repo id like 'org/name'")
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+
+    api = HfApi(endpoint=endpoint, token=token)
+    try:
+        info = api.model_info(model, revision=revision)
+        folder = snapshot_download(
+            model, revision=info.sha, token=token, endpoint=endpoint, ignore_patterns=DOWNLOAD_IGNORE
+        )
+    except RepositoryNotFoundError:
+        raise ModelSourceError(f"Hub repo {model!r} not found (or private: pass --token / HF_TOKEN)") from None
+    except RevisionNotFoundError:
+        raise ModelSourceError(f"revision {revision!r} not found in {model!r}") from None
+    except HfHubHTTPError as err:
+        raise ModelSourceError(f"could not read {model!r} from the Hub: {err.__class__.__name__}") from None
+    return ModelSource(model_id=model, folder=Path(folder), revision=info.sha, is_hub=True)
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    try:
+        return json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ModelSourceError(f"cannot read {folder / 'config.json'}: {err}") from None
+
+
+def needs_remote_code(config: dict[str, Any]) -> bool:
+    """Whether loading the model would run code from its repo (an `auto_map` in config.json)."""
+    return bool(config.get("auto_map"))
+
+
+def check_remote_code(source: ModelSource, config: dict[str, Any], trust_remote_code: bool) -> None:
+    if needs_remote_code(config) and not trust_remote_code:
+        raise RemoteCodeError(
+            f"{source.model_id} needs code from its repo (config.json has auto_map: "
+            f"{sorted(config['auto_map'])}); this is refused unless the operator allows it: pass "
+            "--trust-remote-code (CLI), the Action input 'trust-remote-code: true', or add the repo to the bot's "
+            "TRUST_REMOTE_CODE_REPOS"
+        )
+
+
+def load_model(source: ModelSource, *, trust_remote_code: bool = False):
+    """Load the model class named by config.json's `architectures`, in eval mode."""
+    import transformers
+
+    config = read_config(source.folder)
+    check_remote_code(source, config, trust_remote_code)
+    architectures = config.get("architectures") or []
+    model_class = getattr(transformers, architectures[0], None) if architectures else None
+    if model_class is None:
+        if needs_remote_code(config):
+            model_class = transformers.AutoModel
+        elif architectures:
+            raise ModelSourceError(
+                f"config.json names architecture {architectures[0]!r}, which transformers "
+                f"{transformers.__version__} does not have"
+            )
+        else:
+            model_class = transformers.AutoModel
+    kwargs = {"trust_remote_code": True} if trust_remote_code and needs_remote_code(config) else {}
+    try:
+        model = model_class.from_pretrained(source.folder, **kwargs)
+    except (OSError, ValueError) as err:
+        raise ModelSourceError(f"cannot load the model from {source.display}: {err}") from None
+    return model.eval()
+
+
+def load_tokenizer(folder: Path):
+    """The repo's tokenizer, or None when it has none."""
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except Exception:  # a broken tokenizer falls back to synthesized ids; the run log says so
+        return None

@@ -1,0 +1,547 @@
+"""Numerical validation of saved artifacts against the eager model.
+
+Every target is loaded back from disk with upstream's runner and compared with the eager model at the traced
+inputs, at shapes it was not traced with (inside every declared dynamic range), and, for generation exports, by
+greedy decoding driven by the exported components only. The eager reference for a probe is computed once per run
+and shared by every target ([`EagerCache`]).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .recipe import DimSpec, Recipe, Tolerance
+
+# Defaults per format at float32: torch programs run the same kernels as eager; ONNX Runtime and XNNPACK fuse and
+# reorder reductions, so they get more room. Lower precisions get more room again.
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "dynamo": (1e-5, 1e-4),
+    "onnx": (1e-4, 1e-3),
+    "executorch": (1e-3, 1e-3),
+}
+LOW_PRECISION_TOLERANCE = (1e-2, 1e-2)
+
+
+@dataclass
+class OutputDiff:
+    name: str
+    max_abs_diff: float | None
+    max_rel_diff: float | None
+    atol: float
+    rtol: float
+    passed: bool
+    note: str | None = None
+
+
+@dataclass
+class Check:
+    """One comparison of a component at one probe."""
+
+    probe: str
+    shapes: dict[str, list[int]]
+    outputs: list[OutputDiff] = field(default_factory=list)
+    passed: bool = True
+    skipped: bool = False
+    error: str | None = None
+
+
+@dataclass
+class ComponentReport:
+    name: str
+    checks: list[Check] = field(default_factory=list)
+    structural: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks if not c.skipped)
+
+
+@dataclass
+class GenerationReport:
+    status: str  # passed | failed | skipped
+    max_new_tokens: int
+    prompt_length: int | None = None
+    batch_size: int | None = None
+    eager_tokens: list[list[int]] | None = None
+    exported_tokens: list[list[int]] | None = None
+    first_divergence: dict[str, int] | None = None
+    reason: str | None = None
+
+
+@dataclass
+class ValidationResult:
+    components: list[ComponentReport]
+    generation: GenerationReport | None
+    findings: list[str]
+    errors: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return (
+            not self.errors
+            and all(c.passed for c in self.components)
+            and (self.generation is None or self.generation.status != "failed")
+        )
+
+
+def tolerance_for(recipe: Recipe, target, component: str, dtype: str | None) -> tuple[float, float]:
+    """Format default, then recipe-wide, then per format, per target and per component overrides (most specific
+    wins)."""
+    atol, rtol = DEFAULT_TOLERANCES.get(target.export_format, (1e-4, 1e-3))
+    if dtype in ("float16", "bfloat16"):
+        atol, rtol = max(atol, LOW_PRECISION_TOLERANCE[0]), max(rtol, LOW_PRECISION_TOLERANCE[1])
+    layers: list[Tolerance | None] = [
+        Tolerance(atol=recipe.validation.atol, rtol=recipe.validation.rtol),
+        recipe.validation.formats.get(target.export_format),
+        target.validation,
+        target.components[component].validation if component in target.components else None,
+    ]
+    for layer in layers:
+        if layer is None:
+            continue
+        atol = layer.atol if layer.atol is not None else atol
+        rtol = layer.rtol if layer.rtol is not None else rtol
+    return atol, rtol
+
+
+def _leaves(outputs: Any) -> dict[str, torch.Tensor]:
+    from transformers.exporters.utils import get_leaf_tensors
+
+    return get_leaf_tensors(outputs)
+
+
+def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float) -> list[OutputDiff]:
+    """Per output leaf: max absolute and relative difference and a verdict; NaN or inf never passes."""
+    want, got = _leaves(expected), _leaves(actual)
+    diffs = []
+    for name, reference in want.items():
+        if name not in got:
+            diffs.append(OutputDiff(name, None, None, atol, rtol, False, "missing from the artifact's outputs"))
+            continue
+        value = got[name]
+        if tuple(value.shape) != tuple(reference.shape):
+            diffs.append(
+                OutputDiff(name, None, None, atol, rtol, False, f"shape {list(value.shape)} != {list(reference.shape)}")
+            )
+            continue
+        if not reference.is_floating_point():
+            equal = bool(torch.equal(value.to(reference.dtype).cpu(), reference.cpu()))
+            diffs.append(OutputDiff(name, 0.0 if equal else None, 0.0 if equal else None, atol, rtol, equal,
+                                    None if equal else "integer outputs differ"))
+            continue
+        ref, val = reference.detach().double().cpu(), value.detach().double().cpu()
+        if not torch.isfinite(val).all():
+            diffs.append(OutputDiff(name, math.inf, math.inf, atol, rtol, False, "non-finite values (NaN or inf)"))
+            continue
+        if val.numel() == 0:
+            diffs.append(OutputDiff(name, 0.0, 0.0, atol, rtol, True))
+            continue
+        abs_diff = (val - ref).abs()
+        rel_diff = abs_diff / ref.abs().clamp_min(1e-12)
+        passed = bool(torch.isfinite(ref).all()) and bool((abs_diff <= atol + rtol * ref.abs()).all())
+        diffs.append(OutputDiff(name, float(abs_diff.max()), float(rel_diff.max()), atol, rtol, passed))
+    return diffs
+
+
+def shapes_of(inputs: dict[str, Any]) -> dict[str, list[int]]:
+    return {name: list(t.shape) for name, t in _leaves(inputs).items()}
+
+
+def _fingerprint(inputs: dict[str, Any]) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(_leaves(inputs).items()):
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    for name, value in sorted(inputs.items()):
+        if not isinstance(value, torch.Tensor) and isinstance(value, (bool, int, float, str, type(None))):
+            digest.update(f"{name}={value!r}".encode())
+    return digest.hexdigest()
+
+
+class EagerCache:
+    """Eager outputs by (module, inputs): computed once per run, shared by every target that probes the same thing."""
+
+    def __init__(self) -> None:
+        self._outputs: dict[tuple[int, str], Any] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def run(self, module: torch.nn.Module, inputs: dict[str, Any]) -> Any:
+        key = (id(module), _fingerprint(inputs))
+        if key in self._outputs:
+            self.hits += 1
+            return self._outputs[key]
+        self.misses += 1
+        with torch.no_grad():
+            outputs = module(**copy.deepcopy(inputs))
+        self._outputs[key] = outputs
+        return outputs
+
+
+# ── Probes ────────────────────────────────────────────────────────────────────
+
+
+def _is_arange(tensor: torch.Tensor, axis: int) -> bool:
+    if tensor.is_floating_point() or tensor.shape[axis] < 2:
+        return False
+    moved = tensor.movedim(axis, -1).reshape(-1, tensor.shape[axis])
+    start = moved[:, :1]
+    return bool(torch.equal(moved, start + torch.arange(moved.shape[-1])))
+
+
+def resize_along(tensor: torch.Tensor, axis: int, size: int, generator: torch.Generator, config) -> torch.Tensor:
+    """`tensor` cut or grown along `axis` to `size`, grown with values of the same kind (ones stay ones, positions
+    keep counting, token ids stay in the vocabulary, floats stay at their scale)."""
+    current = tensor.shape[axis]
+    if size <= current:
+        return tensor.narrow(axis, 0, size).clone()
+    extra_shape = list(tensor.shape)
+    extra_shape[axis] = size - current
+    if tensor.dtype == torch.bool or (not tensor.is_floating_point() and bool((tensor == 1).all())):
+        extra = torch.ones(extra_shape, dtype=tensor.dtype)
+    elif _is_arange(tensor, axis):
+        last = tensor.narrow(axis, current - 1, 1)
+        steps = torch.arange(1, size - current + 1).reshape([-1 if d == axis else 1 for d in range(tensor.dim())])
+        extra = (last + steps).to(tensor.dtype)
+    elif not tensor.is_floating_point():
+        from .inputs import random_token_ids
+
+        extra = random_token_ids(config, tuple(extra_shape), generator).to(tensor.dtype)
+    else:
+        scale = float(tensor.float().std()) if tensor.numel() > 1 else 1.0
+        extra = (torch.randn(extra_shape, generator=generator) * (scale or 1.0)).to(tensor.dtype)
+    return torch.cat([tensor, extra.to(tensor.device)], dim=axis)
+
+
+def _set_leaf(inputs: dict[str, Any], path: str, value: torch.Tensor) -> None:
+    """Replace the tensor at dotted `path` (upstream leaf naming) inside `inputs`."""
+    parts = path.split(".")
+    node: Any = inputs
+    for part in parts[:-1]:
+        if isinstance(node, dict):
+            node = node[part]
+        elif isinstance(node, (list, tuple)):
+            node = node[int(part)]
+        else:
+            node = getattr(node, part)
+    last = parts[-1]
+    if isinstance(node, dict):
+        node[last] = value
+    elif isinstance(node, list):
+        node[int(last)] = value
+    else:
+        setattr(node, last, value)
+
+
+@dataclass
+class DimBinding:
+    """A dynamic dimension and the (leaf path, axis) pairs it binds in one component's inputs."""
+
+    name: str
+    low: int | None
+    high: int | None
+    axes: list[tuple[str, int]]
+    traced: int
+
+
+def dim_bindings(spec: dict[str, Any] | None, inputs: dict[str, Any], dynamic: bool, family: str) -> list[DimBinding]:
+    """The dynamic dims of a component: named dims from the recipe, or for `dynamic: true` the sequence axis of
+    text inputs (the axis users vary; batch is specialized at size 1 by `Dim.AUTO`)."""
+    import fnmatch
+
+    leaves = _leaves(inputs)
+    bindings: dict[str, DimBinding] = {}
+    if spec:
+        for path, tensor in leaves.items():
+            key = path if path in spec else max(
+                (k for k in spec if "*" in k and fnmatch.fnmatchcase(path, k)), key=len, default=None
+            )
+            if key is None:
+                continue
+            axis_spec = spec[key]
+            items = enumerate(axis_spec) if isinstance(axis_spec, list) else (
+                ((int(a) % tensor.dim(), v) for a, v in axis_spec.items()) if isinstance(axis_spec, dict) else []
+            )
+            for axis, value in items:
+                if isinstance(value, DimSpec):
+                    binding = bindings.setdefault(
+                        value.name, DimBinding(value.name, value.min, value.max, [], int(tensor.shape[axis]))
+                    )
+                    binding.axes.append((path, axis))
+        return list(bindings.values())
+    if dynamic and family in ("text", "seq2seq", "vision-language"):
+        ids = leaves.get("input_ids")
+        if ids is not None and ids.dim() == 2 and ids.shape[1] > 1:
+            seq = int(ids.shape[1])
+            axes = [(p, 1) for p, t in leaves.items() if t.dim() == 2 and t.shape[1] == seq and p != "position_ids"]
+            axes += [(p, 1) for p, t in leaves.items() if p == "position_ids" and t.dim() == 2 and t.shape[1] == seq]
+            return [DimBinding("sequence (dynamic: true)", None, None, axes, seq)]
+    return []
+
+
+def probe_sizes(binding: DimBinding, max_positions: int | None) -> list[int]:
+    """Lower bound, a value in between and the upper bound of a dim (sizes it was not traced with)."""
+    low = binding.low if binding.low is not None else 2
+    high = binding.high if binding.high is not None else binding.traced * 2 + 3
+    if max_positions is not None:
+        high = min(high, max_positions)
+    sizes = [low, (low + high) // 2, high]
+    return sorted({s for s in sizes if s >= 1})
+
+
+def make_probes(
+    inputs: dict[str, Any], bindings: list[DimBinding], config, limit: int, max_positions: int | None, seed: int = 0
+) -> list[tuple[str, dict[str, Any] | None, str | None]]:
+    """`(probe id, inputs or None, skip reason)`: the traced inputs, then each dim at each probe size."""
+    probes: list[tuple[str, dict[str, Any] | None, str | None]] = [("traced", inputs, None)]
+    generator = torch.Generator().manual_seed(seed)
+    for binding in bindings:
+        for size in probe_sizes(binding, max_positions):
+            probe_id = f"{binding.name}={size}"
+            probe = copy.deepcopy(inputs)
+            leaves = _leaves(probe)
+            total = 0
+            for path, axis in binding.axes:
+                resized = resize_along(leaves[path], axis, size, generator, config)
+                _set_leaf(probe, path, resized)
+                total += resized.numel()
+            if total > limit:
+                probes.append((probe_id, None, f"inputs of {total} elements exceed max_probe_elements ({limit})"))
+                continue
+            probes.append((probe_id, probe, None))
+    return probes
+
+
+def run_component(runner, inputs: dict[str, Any]) -> Any:
+    """Run one exported component on the kwargs it was traced with (flags like `use_cache` are constants)."""
+    traced = runner.metadata.kwargs
+    feed = {name: value for name, value in copy.deepcopy(inputs).items() if name in traced}
+    return runner(**feed)
+
+
+def structural_checks(export_format: str, directory: Path) -> list[str]:
+    """Format checks on the saved files: `onnx.checker` with external data, the ExecuTorch methods."""
+    import json
+
+    notes = []
+    manifest = json.loads((directory / "export.json").read_text())
+    for name, entry in manifest["components"].items():
+        path = directory / entry["file"]
+        if export_format == "onnx":
+            import onnx
+
+            onnx.checker.check_model(str(path), full_check=False)
+            notes.append(f"{name}: onnx.checker passed ({entry['file']})")
+        elif export_format == "executorch":
+            from executorch.runtime import Runtime
+
+            program = Runtime.get().load_program(path)
+            methods = sorted(program.method_names)
+            if "forward" not in methods:
+                raise ValueError(f"{entry['file']} has no 'forward' method (methods: {methods})")
+            notes.append(f"{name}: ExecuTorch program loads, methods {methods}")
+        elif export_format == "dynamo":
+            notes.append(f"{name}: torch.export program loads ({entry['file']})")
+    return notes
+
+
+def specialized_axes(export_format: str, directory: Path, spec_by_component: dict[str, Any]) -> list[str]:
+    """Declared-dynamic axes that the saved graph fixed to one size (read from the ONNX graph's input dims)."""
+    if export_format != "onnx":
+        return []
+    import json
+
+    import onnx
+
+    findings = []
+    manifest = json.loads((directory / "export.json").read_text())
+    for name, entry in manifest["components"].items():
+        bindings = spec_by_component.get(name) or []
+        model = onnx.load(str(directory / entry["file"]), load_external_data=False)
+        dims = {
+            value.name: [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+            for value in model.graph.input
+        }
+        for binding in bindings:
+            for path, axis in binding.axes:
+                graph_dims = dims.get(path) or dims.get(f"input.{path}")
+                if graph_dims is not None and axis < len(graph_dims) and isinstance(graph_dims[axis], int):
+                    findings.append(
+                        f"{name}: '{path}' axis {axis} is declared dynamic ('{binding.name}') but the exported "
+                        f"graph fixed it to {graph_dims[axis]}"
+                    )
+    return findings
+
+
+def describe_error(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}"
+    return text if len(text) < 2000 else text[:2000] + " …"
+
+
+def last_frames(err: BaseException, limit: int = 12) -> str:
+    return "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-limit))
+
+
+# ── Generation parity ─────────────────────────────────────────────────────────
+
+
+def _step_inputs(template: dict[str, Any], ids: torch.Tensor, start: int, cache: Any) -> dict[str, Any]:
+    """A prefill/decode call like the captured `template`, for token `ids` at positions `start…`."""
+    inputs = copy.deepcopy({k: v for k, v in template.items() if k not in ("cache", "past_key_values")})
+    batch, length = ids.shape
+    positions = torch.arange(start, start + length).unsqueeze(0).expand(batch, -1)
+    inputs["input_ids"] = ids
+    if "position_ids" in inputs:
+        inputs["position_ids"] = positions.clone()
+    if "cache_position" in inputs:
+        inputs["cache_position"] = torch.arange(start, start + length)
+    if "attention_mask" in inputs and inputs["attention_mask"].dim() == 2:
+        inputs["attention_mask"] = torch.ones(batch, start + length, dtype=inputs["attention_mask"].dtype)
+    for key in ("cache", "past_key_values"):
+        if key in template:
+            inputs[key] = cache
+    return inputs
+
+
+def greedy_parity(model, components, exported, generate_inputs: dict[str, Any], max_new_tokens: int,
+                  generation_config) -> GenerationReport:
+    """Greedy decoding driven by the exported prefill/decode components only, against eager `generate()`."""
+    if set(exported.components) != {"prefill", "decode"}:
+        return GenerationReport(
+            "skipped", max_new_tokens,
+            reason=f"parity from raw inputs is implemented for prefill/decode exports; this one has "
+                   f"{sorted(exported.components)}",
+        )
+    prefill_template, decode_template = components["prefill"][1], components["decode"][1]
+    cache_key = "cache" if "cache" in prefill_template else "past_key_values"
+    if cache_key not in prefill_template:
+        return GenerationReport("skipped", max_new_tokens, reason="the prefill takes no cache input")
+    if getattr(generation_config, "cache_implementation", None) == "static":
+        return GenerationReport("skipped", max_new_tokens, reason="parity is not run for static-cache exports yet")
+    ids = generate_inputs["input_ids"]
+    batch, prompt = ids.shape
+    config = copy.deepcopy(generation_config)
+    config.max_new_tokens = config.min_new_tokens = max_new_tokens
+    config.do_sample = False
+    with torch.no_grad():
+        eager = model.generate(**copy.deepcopy(generate_inputs), generation_config=config)[:, prompt:]
+    runners = exported.runners
+    tokens: list[torch.Tensor] = []
+    try:
+        cache = copy.deepcopy(prefill_template[cache_key])
+        out = run_component(runners["prefill"], _step_inputs(prefill_template, ids, 0, cache))
+        position = prompt
+        for step in range(max_new_tokens):
+            next_token = out["logits"][:, -1].argmax(-1)
+            tokens.append(next_token)
+            if step == max_new_tokens - 1:
+                break
+            inputs = _step_inputs(decode_template, next_token[:, None], position, out[cache_key])
+            out = run_component(runners["decode"], inputs)
+            position += 1
+    except Exception as err:  # an artifact that cannot decode is a failed parity check, with the reason
+        return GenerationReport("failed", max_new_tokens, prompt, batch, eager.tolist(),
+                                torch.stack(tokens, 1).tolist() if tokens else [],
+                                first_divergence={"step": len(tokens)}, reason=describe_error(err))
+    produced = torch.stack(tokens, dim=1)
+    divergence = None
+    mismatch = (produced != eager).nonzero()
+    if len(mismatch):
+        row, step = (int(v) for v in mismatch[0])
+        divergence = {"batch": row, "step": step, "eager": int(eager[row, step]), "exported": int(produced[row, step])}
+    return GenerationReport("passed" if divergence is None else "failed", max_new_tokens, prompt, batch,
+                            eager.tolist(), produced.tolist(), divergence)
+
+
+# ── One target ────────────────────────────────────────────────────────────────
+
+
+def validate_target(
+    *, target, recipe: Recipe, directory: Path, components, model, family: str, generate_inputs: dict[str, Any],
+    eager: EagerCache, generation_config=None, expected_components: list[str] | None = None,
+) -> ValidationResult:
+    """Load the saved target from `directory` and run every check."""
+    from .engine import component_shape_spec, load_exported
+
+    findings: list[str] = []
+    errors: list[str] = []
+    reports: list[ComponentReport] = []
+    expected = list(expected_components if expected_components is not None else components)
+    saved: list[str] = []
+    try:
+        import json
+
+        saved = list(json.loads((directory / "export.json").read_text())["components"])
+    except (OSError, ValueError, KeyError) as err:
+        errors.append(f"the saved export has no readable manifest (export.json): {describe_error(err)}")
+    missing = [name for name in expected if name not in saved]
+    extra = [name for name in saved if name not in expected]
+    if missing:
+        errors.append(f"missing component(s) {missing}: expected {expected}, the saved export has {saved}")
+    if extra:
+        errors.append(f"unexpected component(s) {extra}: expected {expected}, the saved export has {saved}")
+    if errors:
+        return ValidationResult(reports, None, findings, errors)
+    try:
+        structural = structural_checks(target.export_format, directory)
+        exported = load_exported(directory)
+    except Exception as err:
+        errors.append(f"the saved artifact does not load: {describe_error(err)}")
+        return ValidationResult(reports, None, findings, errors)
+
+    max_positions = getattr(getattr(model.config, "text_config", None) or model.config, "max_position_embeddings", None)
+    bindings_by_component = {}
+    for name, (module, inputs) in components.items():
+        if name not in exported.runners:
+            continue
+        spec = component_shape_spec(target, name)
+        override = target.components.get(name)
+        dynamic = override.dynamic if override is not None and override.dynamic is not None else target.dynamic
+        bindings = dim_bindings(spec, inputs, dynamic, family) if recipe.validation.probe_unseen_shapes else []
+        bindings_by_component[name] = bindings
+        atol, rtol = tolerance_for(recipe, target, name, target.dtype)
+        report = ComponentReport(name, structural=[s for s in structural if s.startswith(f"{name}:")])
+        for probe_id, probe, skip in make_probes(
+            inputs, bindings, model.config, recipe.validation.max_probe_elements, max_positions, recipe.inputs.seed
+        ):
+            if probe is None:
+                report.checks.append(Check(probe_id, {}, skipped=True, error=skip))
+                continue
+            check = Check(probe_id, shapes_of(probe))
+            try:
+                reference = eager.run(module, probe)
+            except Exception as err:
+                check.skipped, check.error = True, f"the eager model cannot run this probe: {describe_error(err)}"
+                report.checks.append(check)
+                continue
+            try:
+                actual = run_component(exported.runners[name], probe)
+            except Exception as err:
+                check.passed, check.error = False, describe_error(err)
+                if probe_id != "traced":
+                    findings.append(
+                        f"{name}: the artifact does not run at {probe_id} (declared dynamic): it was specialized or "
+                        f"bounded at export — {describe_error(err)[:300]}"
+                    )
+                report.checks.append(check)
+                continue
+            check.outputs = compare_outputs(reference, actual, atol, rtol)
+            check.passed = all(o.passed for o in check.outputs)
+            report.checks.append(check)
+        reports.append(report)
+    findings += specialized_axes(target.export_format, directory, bindings_by_component)
+
+    generation = None
+    if target.mode == "generation":
+        generation = greedy_parity(model, components, exported, generate_inputs, recipe.generation.max_new_tokens,
+                                   generation_config)
+    return ValidationResult(reports, generation, findings, errors)

@@ -1,0 +1,98 @@
+"""Tiny random-weight models built in code and saved with `save_pretrained`, so the real loading code runs.
+
+Hidden sizes 16-64, 1-2 layers: each exports in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DYNAMO_ONLY = {"export_format": "dynamo", "mode": "generation"}
+
+
+def write_recipe(folder: Path, recipe: Any) -> Path:
+    path = folder / "export_config.json"
+    path.write_text(json.dumps(recipe, indent=2) + "\n")
+    return path
+
+
+def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0) -> Path:
+    """A 2-layer Llama (hidden 32, vocab 128) with a WordLevel tokenizer."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=3,
+    )
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    model.save_pretrained(folder)
+    if recipe is not None:
+        write_recipe(folder, recipe)
+    return folder
+
+
+def tiny_bert(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A 1-layer BERT encoder (hidden 32)."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    BertModel(config).eval().save_pretrained(folder)
+    if recipe is not None:
+        write_recipe(folder, recipe)
+    return folder
+
+
+def tiny_t5(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A 1+1-layer T5 (d_model 32)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4,
+                      decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    T5ForConditionalGeneration(config).eval().save_pretrained(folder)
+    if recipe is not None:
+        write_recipe(folder, recipe)
+    return folder
+
+
+def tiny_whisper(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A 1+1-layer Whisper (d_model 32, 16 mel bins, 32 source positions)."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = WhisperConfig(
+        vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16,
+        max_source_positions=32, max_target_positions=64, decoder_start_token_id=1, pad_token_id=0, eos_token_id=2,
+        bos_token_id=1, suppress_tokens=None, begin_suppress_tokens=None,
+    )
+    WhisperForConditionalGeneration(config).eval().save_pretrained(folder)
+    if recipe is not None:
+        write_recipe(folder, recipe)
+    return folder
+
+
+def tiny_llava(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A LLaVA-style model: a 1-layer CLIP vision tower (image 16, patch 8) + a 1-layer Llama."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    torch.manual_seed(seed)
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=16, patch_size=8, projection_dim=32)
+    text = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=127, image_seq_length=4,
+                         vision_feature_layer=-1, projector_hidden_act="gelu")
+    LlavaForConditionalGeneration(config).eval().save_pretrained(folder)
+    if recipe is not None:
+        write_recipe(folder, recipe)
+    return folder
