@@ -1,6 +1,7 @@
 """`hf-export`: run a recipe, check a recipe, re-validate saved artifacts.
 
-Exit codes: 0 all good, 1 a target failed (export or validation), 2 a bad recipe or usage.
+Exit codes: 0 all good, 1 a target failed (export or validation), 2 a bad recipe or usage (including a publish
+that could not happen: token, repo id, permissions).
 """
 
 from __future__ import annotations
@@ -70,11 +71,27 @@ def run(
     no_cache: bool = typer.Option(False, "--no-cache", help="Export even when inputs are unchanged."),
     print_report: bool = typer.Option(False, "--print-report", help="Print report.md to stdout at the end."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress display."),
+    push: bool = typer.Option(
+        False, "--push", help="Publish to the Hub as a pull request: exports/<target>/, the report, a card section."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the publish plan and PR text; push nothing."),
+    publish_failed: bool = typer.Option(
+        False, "--publish-failed", help="With --push: publish the passing targets even when others failed."
+    ),
+    repo_id: Optional[str] = typer.Option(
+        None, "--repo-id", help="Hub repo to publish to (ORG/NAME); defaults to MODEL when it is a Hub repo id."
+    ),
 ) -> None:
-    """Export every target of the recipe, validate each artifact, write OUT/report.json and OUT/report.md."""
+    """Export every target of the recipe, validate each artifact, write OUT/report.json and OUT/report.md;
+    with --push, publish them to the Hub as a pull request."""
     if device not in (None, "cpu", "cuda", "auto"):
         console.print(f"--device must be cpu, cuda or auto, got {device!r}")
         raise typer.Exit(EXIT_USAGE)
+    publish_to = _publish_target(model, repo_id, push or dry_run)
+    if quiet:
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if push and not dry_run:
+        _check_publish_access(publish_to, token, endpoint)
     _quiet_libraries()
     from .pipeline import RunOptions, run_pipeline
 
@@ -94,7 +111,55 @@ def run(
     _print_summary(report, out_dir)
     if print_report:
         out.print((out_dir / "report.md").read_text(), markup=False, highlight=False)
+    if publish_to is not None:
+        _publish(publish_to, out_dir, token=token, endpoint=endpoint, publish_failed=publish_failed, dry_run=dry_run)
     raise typer.Exit(EXIT_OK if report["status"] == "passed" else EXIT_FAILED)
+
+
+def _publish_target(model: str, repo_id: str | None, publishing: bool) -> str | None:
+    """The repo --push publishes to: --repo-id, else MODEL when it names a Hub repo; exit 2 when neither."""
+    if not publishing:
+        if repo_id is not None:
+            console.print("--repo-id is only used with --push or --dry-run", markup=False)
+        return None
+    if repo_id is not None:
+        return repo_id
+    if Path(model).exists() or "/" not in model:
+        what = "a local folder" if Path(model).exists() else "not an ORG/NAME repo id"
+        console.print(f"[bold red]error:[/] {model} is {what}: pass --repo-id ORG/NAME to say where to publish",
+                      highlight=False)
+        raise typer.Exit(EXIT_USAGE)
+    return model
+
+
+def _check_publish_access(repo_id: str, token: str | None, endpoint: str | None) -> None:
+    """Before a long export: the token works and the repo is visible (exit 2 otherwise)."""
+    from .publish import PublishError, check_publish_access
+
+    try:
+        check_publish_access(repo_id, token=token, endpoint=endpoint)
+    except PublishError as err:
+        console.print(f"[bold red]cannot publish:[/] {err}", highlight=False)
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+def _publish(repo_id: str, out_dir: Path, *, token: str | None, endpoint: str | None, publish_failed: bool,
+             dry_run: bool) -> None:
+    """Publish OUT to the Hub (or print the plan); a publishing error exits 2 with what to do."""
+    from .publish import PublishError, publish_report
+
+    try:
+        result = publish_report(repo_id, out_dir, token=token, endpoint=endpoint, publish_failed=publish_failed,
+                                dry_run=dry_run)
+    except PublishError as err:
+        console.print(f"[bold red]publish failed:[/] {err}", highlight=False)
+        raise typer.Exit(EXIT_USAGE) from None
+    if dry_run and result.plan is not None:
+        out.print(result.plan.render(), markup=False, highlight=False)
+    console.print(f"publish: {result.operation} — {result.message}", markup=False, highlight=False)
+    url = result.pr_url or result.discussion_url
+    if url:
+        out.print(url, markup=False, highlight=False)
 
 
 @app.command()

@@ -167,6 +167,11 @@ def _redirect_output(log_path: Path) -> None:
 def _export_in_child(work: Callable[[], dict[str, Any]], result_path: Path, log_path: Path) -> None:
     _redirect_output(log_path)
     try:
+        import torch
+
+        # The parent's OpenMP pool does not survive fork: a parallel region in the child would wait forever on its
+        # threads (the reason DataLoader workers do the same). Tracing and lowering are single-threaded Python anyway.
+        torch.set_num_threads(1)
         info = work()
         result = {"ok": True, **info}
     except BaseException as err:  # everything is reported; the parent decides the status

@@ -28,6 +28,9 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
     Tag,
     ValidationError,
     field_validator,
@@ -53,8 +56,8 @@ class DimSpec(_Strict):
     """A named dynamic dimension. One name used on several inputs is one shared dimension."""
 
     name: str = Field(pattern=DIM_NAME_PATTERN, description="Dimension name; the same name on two axes ties them.")
-    min: int | None = Field(default=None, ge=0, description="Smallest size the export must accept.")
-    max: int | None = Field(default=None, ge=1, description="Largest size the export must accept.")
+    min: StrictInt | None = Field(default=None, ge=0, description="Smallest size the export must accept.")
+    max: StrictInt | None = Field(default=None, ge=1, description="Largest size the export must accept.")
 
     @model_validator(mode="after")
     def _bounds(self) -> DimSpec:
@@ -95,17 +98,17 @@ DynamicShapesSpec = dict[str, ShapeSpec]
 class Tolerance(_Strict):
     """Numerical tolerance for comparing an artifact's outputs with the eager model's."""
 
-    atol: float | None = Field(default=None, ge=0, description="Absolute tolerance.")
-    rtol: float | None = Field(default=None, ge=0, description="Relative tolerance.")
+    atol: StrictFloat | StrictInt | None = Field(default=None, ge=0, description="Absolute tolerance.")
+    rtol: StrictFloat | StrictInt | None = Field(default=None, ge=0, description="Relative tolerance.")
 
 
 class ComponentOverride(_Strict):
     """Settings for one component of a generation export (`prefill`, `decode`, `language_model`, ...)."""
 
-    dynamic: bool | None = None
-    strict: bool | None = None
+    dynamic: StrictBool | None = None
+    strict: StrictBool | None = None
     dynamic_shapes: DynamicShapesSpec | None = None
-    prefer_deferred_runtime_asserts_over_guards: bool | None = None
+    prefer_deferred_runtime_asserts_over_guards: StrictBool | None = None
     validation: Tolerance | None = None
 
 
@@ -113,23 +116,23 @@ class _TargetBase(_Strict):
     name: str | None = Field(
         default=None, pattern=TARGET_NAME_PATTERN, description="Unique name; the output folder. Defaults to the format."
     )
-    dynamic: bool = Field(default=False, description="Mark every axis Dim.AUTO when no dynamic_shapes are given.")
-    strict: bool = Field(default=False, description="torch.export strict mode.")
+    dynamic: StrictBool = Field(default=False, description="Mark every axis Dim.AUTO when no dynamic_shapes are given.")
+    strict: StrictBool = Field(default=False, description="torch.export strict mode.")
     dynamic_shapes: DynamicShapesSpec | None = Field(
         default=None,
         description="Per input (or cache leaf path, '*' wildcards), per axis: 'static', 'auto' or {name, min, max}.",
     )
-    prefer_deferred_runtime_asserts_over_guards: bool = False
+    prefer_deferred_runtime_asserts_over_guards: StrictBool = False
     mode: Literal["model", "generation"] | None = Field(
         default=None, description="'model': one graph; 'generation': prefill/decode (and multimodal) components."
     )
-    multi_token_decode: bool = False
+    multi_token_decode: StrictBool = False
     components: dict[str, ComponentOverride] = Field(default_factory=dict)
     expected_components: list[str] | None = None
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
     validation: Tolerance | None = None
-    timeout: float | None = Field(default=None, gt=0, description="Seconds the export of this target may take.")
+    timeout: StrictFloat | StrictInt | None = Field(default=None, gt=0, description="Seconds the export of this target may take.")
 
     @model_validator(mode="after")
     def _default_name(self):
@@ -155,15 +158,15 @@ class OnnxTarget(_TargetBase):
     """An ONNX graph (`.onnx` with its `.onnx.data` weights)."""
 
     export_format: Literal["onnx"]
-    opset_version: int | None = Field(default=None, ge=18, le=23, description="ONNX opset (onnxscript supports 18+).")
-    optimize: bool = True
+    opset_version: StrictInt | None = Field(default=None, ge=18, le=23, description="ONNX opset (onnxscript supports 18+).")
+    optimize: StrictBool = True
     ort_fusions: Literal["cpu", "cuda", "webgpu", "dml"] | None = None
     output_path: str | None = Field(
         default=None, description="Also write the (single-graph) model to this path inside the target's folder."
     )
-    external_data: bool = Field(default=True, description="Weights in the `.onnx.data` sidecar (False: embedded).")
-    export_params: bool = Field(default=True, description="False: strip the weights (they are supplied at runtime).")
-    keep_initializers_as_inputs: bool = Field(default=False, description="List the weights as graph inputs too.")
+    external_data: StrictBool = Field(default=True, description="Weights in the `.onnx.data` sidecar (False: embedded).")
+    export_params: StrictBool = Field(default=True, description="False: strip the weights (they are supplied at runtime).")
+    keep_initializers_as_inputs: StrictBool = Field(default=False, description="List the weights as graph inputs too.")
 
     @field_validator("output_path")
     @classmethod
@@ -182,7 +185,7 @@ class OnnxTarget(_TargetBase):
     @model_validator(mode="after")
     def _fusions_need_optimize(self) -> OnnxTarget:
         if self.ort_fusions is not None and not self.optimize:
-            raise ValueError("ort_fusions requires optimize: true")
+            raise _PathValueError(("ort_fusions",), "ort_fusions requires optimize: true")
         return self
 
 
@@ -191,9 +194,9 @@ class ExecutorchTarget(_TargetBase):
 
     export_format: Literal["executorch"]
     backend: Literal["xnnpack", "cuda", "mlx"] = "xnnpack"
-    alloc_graph_input: bool = True
-    alloc_graph_output: bool = True
-    alloc_mutable_buffers: bool = True
+    alloc_graph_input: StrictBool = True
+    alloc_graph_output: StrictBool = True
+    alloc_mutable_buffers: StrictBool = True
 
 
 Target = Annotated[Union[DynamoTarget, OnnxTarget, ExecutorchTarget], Field(discriminator="export_format")]
@@ -202,37 +205,37 @@ Target = Annotated[Union[DynamoTarget, OnnxTarget, ExecutorchTarget], Field(disc
 class InputsSpec(_Strict):
     """How sample inputs are made: tokenized from `prompt` when the repo has a tokenizer, else synthesized."""
 
-    batch_size: int = Field(default=1, ge=1, le=64)
-    sequence_length: int = Field(default=8, ge=2, le=8192)
+    batch_size: StrictInt = Field(default=1, ge=1, le=64)
+    sequence_length: StrictInt = Field(default=8, ge=2, le=8192)
     prompt: str | None = None
-    image_size: int | None = Field(default=None, ge=1, le=4096)
-    audio_length: int | None = Field(default=None, ge=1, description="Audio frames (feature length) for speech models.")
-    decoder_sequence_length: int = Field(default=4, ge=1, le=4096)
-    seed: int = 0
+    image_size: StrictInt | None = Field(default=None, ge=1, le=4096)
+    audio_length: StrictInt | None = Field(default=None, ge=1, description="Audio frames (feature length) for speech models.")
+    decoder_sequence_length: StrictInt = Field(default=4, ge=1, le=4096)
+    seed: StrictInt = 0
 
 
 class GenerationSpec(_Strict):
     """How `generate()` is captured for generation exports."""
 
     cache_implementation: Literal["dynamic", "static"] = "dynamic"
-    max_cache_len: int | None = Field(default=None, ge=2)
-    max_new_tokens: int = Field(default=8, ge=1, le=512, description="Tokens compared in the generation-parity check.")
+    max_cache_len: StrictInt | None = Field(default=None, ge=2)
+    max_new_tokens: StrictInt = Field(default=8, ge=1, le=512, description="Tokens compared in the generation-parity check.")
 
     @model_validator(mode="after")
     def _static_needs_len(self) -> GenerationSpec:
         if self.max_cache_len is not None and self.cache_implementation != "static":
-            raise ValueError("max_cache_len only applies with cache_implementation 'static'")
+            raise _PathValueError(("max_cache_len",), "max_cache_len only applies with cache_implementation 'static'")
         return self
 
 
 class ValidationSpec(_Strict):
     """Tolerances (global, then per format) and how hard to probe."""
 
-    atol: float | None = Field(default=None, ge=0)
-    rtol: float | None = Field(default=None, ge=0)
+    atol: StrictFloat | StrictInt | None = Field(default=None, ge=0)
+    rtol: StrictFloat | StrictInt | None = Field(default=None, ge=0)
     formats: dict[Literal["dynamo", "onnx", "executorch"], Tolerance] = Field(default_factory=dict)
-    probe_unseen_shapes: bool = True
-    max_probe_elements: int = Field(default=1_000_000, ge=1, description="Skip probes whose inputs are larger.")
+    probe_unseen_shapes: StrictBool = True
+    max_probe_elements: StrictInt = Field(default=1_000_000, ge=1, description="Skip probes whose inputs are larger.")
 
 
 class Recipe(_Strict):
@@ -384,8 +387,18 @@ def _unknown_key_message(key: str, path: JsonPath, data: dict[str, Any]) -> str:
         candidates = own or candidates
     close = difflib.get_close_matches(key, sorted(candidates), n=1, cutoff=0.6)
     close = close or sorted(c for c in candidates if c.startswith(key) or key in c)[:1]
+    if close and close[0] == key:
+        allowed = _allowed_here(parent_path)
+        return f"'{key}' is not allowed here" + (f"; allowed keys: {', '.join(sorted(allowed))}" if allowed else "")
     hint = f"; did you mean '{close[0]}'?" if close else ""
     return f"unknown key '{key}'{hint}"
+
+
+def _allowed_here(parent_path: JsonPath) -> set[str]:
+    """The keys allowed in the object at `parent_path` of the normalised recipe, when it is a known place."""
+    if len(parent_path) >= 2 and parent_path[-2] == "components":
+        return set(ComponentOverride.model_fields)
+    return set()
 
 
 def parse_recipe_data(
@@ -397,7 +410,11 @@ def parse_recipe_data(
     the file (`("export_config",)` inside `config.json`).
     """
     lines = lines or {}
-    full, exports_at = _normalise(data)
+    try:
+        full, exports_at = _normalise(data)
+    except RecipeError as err:
+        raise RecipeError(err.message, path=format_path(prefix), line=nearest_line(lines, prefix) or 1,
+                          file=file) from None
     try:
         return Recipe.model_validate(full)
     except ValidationError as err:
@@ -406,7 +423,8 @@ def parse_recipe_data(
             loc = tuple(error["loc"])
             ctx_error = error.get("ctx", {}).get("error")
             if isinstance(ctx_error, _PathValueError):
-                internal, message = ctx_error.path, str(ctx_error)
+                base, _ = _walk_data(full, loc, error["type"])
+                internal, message = (*base, *ctx_error.path), str(ctx_error)
             else:
                 internal, _ = _walk_data(full, loc, error["type"])
                 message = _message(error, internal, full)

@@ -1,0 +1,75 @@
+"""A target whose exporting process dies or hangs is reported as crashed / timed out; the others finish, the report
+is complete, the exit code is 1, and nothing half-written is left.
+
+The crashing and hanging backends are the real ONNX exporter patched in a driver script that then runs the real CLI
+code (`exporters.cli.main`): the forked export process inherits the patch.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.models import tiny_bert
+
+DRIVER = textwrap.dedent(
+    """
+    import os, sys, time
+    from transformers.exporters import exporter_onnx, exporter_executorch
+
+    def crash(self, *args, **kwargs):
+        os.abort()
+
+    def hang(self, *args, **kwargs):
+        time.sleep(600)
+
+    exporter_onnx.OnnxExporter.export_program = crash
+    exporter_executorch.ExecutorchExporter.export_program = hang
+    from exporters.cli import main
+    sys.argv = ["hf-export", *sys.argv[1:]]
+    main()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def isolated_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("isolation")
+    recipe = [
+        {"name": "crashes", "export_format": "onnx"},
+        {"name": "hangs", "export_format": "executorch", "timeout": 5},
+        {"name": "fine", "export_format": "dynamo"},
+    ]
+    model_dir = tiny_bert(root / "model", recipe)
+    driver = root / "driver.py"
+    driver.write_text(DRIVER)
+    out = root / "out"
+    result = subprocess.run([sys.executable, str(driver), "run", str(model_dir), "--out", str(out), "--quiet"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=600)
+    return out, result
+
+
+def test_crash_and_timeout_are_reported_and_others_finish(isolated_run):
+    out, result = isolated_run
+    assert result.returncode == 1, result.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    status = {t["name"]: t["status"] for t in report["targets"]}
+    assert status == {"crashes": "crashed", "hangs": "timed_out", "fine": "passed"}
+    crashed = next(t for t in report["targets"] if t["name"] == "crashes")
+    assert "signal 6" in crashed["error"]["message"]
+    timed_out = next(t for t in report["targets"] if t["name"] == "hangs")
+    assert "timeout of 5 s" in timed_out["error"]["message"]
+    md = (out / "report.md").read_text()
+    assert "**crashed**" in md and "**timed_out**" in md and "Reproduce: `hf-export run" in md
+
+
+def test_no_partial_files_are_left(isolated_run):
+    out, _ = isolated_run
+    assert not (out / "crashes").exists() and not (out / "hangs").exists()
+    assert not list(out.glob(".staging-*"))
+    assert (out / "fine" / "export.json").is_file()

@@ -1,0 +1,140 @@
+"""End to end through the real CLI on the other model families: an encoder (BERT) across the three formats, an
+encoder-decoder (T5), a speech model (Whisper) and a vision-language model (LLaVA-style)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.models import tiny_bert, tiny_llava, tiny_t5, tiny_whisper
+
+SEQ = {"1": {"name": "seq", "min": 2, "max": 32}}
+BERT_RECIPE = {
+    "schema_version": 1,
+    "exports": [
+        {"name": "dynamo", "export_format": "dynamo",
+         "dynamic_shapes": {"input_ids": SEQ, "attention_mask": SEQ, "token_type_ids": SEQ}},
+        {"name": "onnx", "export_format": "onnx",
+         "dynamic_shapes": {"input_ids": SEQ, "attention_mask": SEQ, "token_type_ids": SEQ},
+         "output_path": "standalone/bert.onnx", "keep_initializers_as_inputs": True},
+        {"name": "et", "export_format": "executorch",
+         "dynamic_shapes": {"input_ids": SEQ, "attention_mask": SEQ, "token_type_ids": SEQ}},
+        {"name": "batch-declared", "export_format": "dynamo",
+         "dynamic_shapes": {"input_ids": {"0": {"name": "batch", "max": 8}}}},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def bert_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bert")
+    model_dir = tiny_bert(root / "model", BERT_RECIPE)
+    out = root / "out"
+    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+
+
+def test_bert_all_formats_pass_in_model_mode(bert_run):
+    from transformers.exporters import ExportedModel
+
+    _, out, result = bert_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["family"] == "text"
+    for target in report["targets"]:
+        assert target["status"] == "passed", target["error"]
+        assert target["mode"] == "model" and target["generation"] is None
+        exported = ExportedModel.from_pretrained(out / target["name"], trust_remote_code=True)
+        assert list(exported.components) == ["model"]
+    onnx = next(t for t in report["targets"] if t["name"] == "onnx")
+    probes = {c["probe"] for c in onnx["components"][0]["checks"]}
+    assert probes == {"traced", "seq=2", "seq=17", "seq=32"}
+
+
+def test_bert_onnx_seed_file_options_are_applied(bert_run):
+    import onnx
+    import onnxruntime
+
+    _, out, _ = bert_run
+    standalone = out / "onnx" / "standalone" / "bert.onnx"
+    assert standalone.is_file(), "output_path writes the single graph where the recipe asked"
+    model = onnx.load(str(standalone))
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = {i.name for i in model.graph.input}
+    assert initializers and initializers <= inputs, "keep_initializers_as_inputs lists every weight as an input"
+    session = onnxruntime.InferenceSession(str(standalone), providers=["CPUExecutionProvider"])
+    assert {"input_ids", "attention_mask", "token_type_ids"} <= {i.name for i in session.get_inputs()}
+
+
+def test_declared_dynamic_axis_that_was_specialized_is_a_finding(bert_run):
+    _, out, _ = bert_run
+    report = json.loads((out / "report.json").read_text())
+    findings = [f for f in report["findings"] if f.startswith("batch-declared:")]
+    assert any("input_ids axis 0 ('batch')" in f and "specializes" in f for f in findings), report["findings"]
+    text = (out / "report.md").read_text()
+    assert "### Findings" in text and "('batch')" in text
+
+
+@pytest.fixture(scope="module")
+def t5_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("t5")
+    recipe = [{"name": "dynamo", "export_format": "dynamo", "mode": "model", "dynamic": True},
+              {"name": "onnx", "export_format": "onnx", "mode": "model", "dynamic": True}]
+    model_dir = tiny_t5(root / "model", recipe)
+    out = root / "out"
+    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+
+
+def test_t5_encoder_decoder_single_graph(t5_run):
+    _, out, result = t5_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["family"] == "seq2seq"
+    for target in report["targets"]:
+        assert target["status"] == "passed", target["error"]
+        checks = target["components"][0]["checks"]
+        assert checks[0]["probe"] == "traced"
+        assert set(checks[0]["shapes"]) >= {"input_ids", "attention_mask", "decoder_input_ids"}
+        assert len(checks) > 1, "dynamic: true probes sequence lengths it was not traced with"
+
+
+@pytest.fixture(scope="module")
+def whisper_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("whisper")
+    model_dir = tiny_whisper(root / "model", {"export_format": "dynamo", "mode": "model"})
+    out = root / "out"
+    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+
+
+def test_whisper_speech_model(whisper_run):
+    _, out, result = whisper_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["family"] == "speech-seq2seq"
+    shapes = report["targets"][0]["components"][0]["checks"][0]["shapes"]
+    assert shapes["input_features"] == [1, 16, 64]
+
+
+@pytest.fixture(scope="module")
+def llava_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llava")
+    model_dir = tiny_llava(root / "model", {"export_format": "dynamo", "mode": "generation"})
+    out = root / "out"
+    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+
+
+def test_vision_language_model_components_load_and_run(llava_run):
+    from transformers.exporters import ExportedModel
+
+    _, out, result = llava_run
+    report = json.loads((out / "report.json").read_text())
+    assert report["family"] == "vision-language"
+    target = report["targets"][0]
+    exported = ExportedModel.from_pretrained(out / "dynamo", trust_remote_code=True)
+    assert set(exported.components) == {c["name"] for c in target["components"]}
+    for component in target["components"]:
+        assert component["passed"], component
+    # Parity from raw inputs through these components is issue #9's work: it is reported as skipped, never passed.
+    assert target["generation"]["status"] == "skipped"
+    assert result.returncode == (0 if target["status"] == "passed" else 1)

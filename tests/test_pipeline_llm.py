@@ -1,0 +1,220 @@
+"""End to end on a tiny Llama in generation mode, through the real CLI: dynamo, ONNX and ExecuTorch exported once,
+then many checks on the result (artifacts load and run, validation at unseen shapes, generation parity, report)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import run_cli
+from tests.models import tiny_llama
+
+PREFILL = {"dynamic_shapes": {"input_ids": {"1": {"name": "prompt", "min": 2, "max": 64}},
+                              "position_ids": {"1": {"name": "prompt", "min": 2, "max": 64}}},
+           "prefer_deferred_runtime_asserts_over_guards": True}
+DECODE_NAMED = {"dynamic_shapes": {"cache.layers.*.keys": {"2": {"name": "past", "min": 2, "max": 128}},
+                                   "cache.layers.*.values": {"2": {"name": "past", "min": 2, "max": 128}}},
+                "prefer_deferred_runtime_asserts_over_guards": True}
+DECODE_AUTO = {"dynamic_shapes": {"cache.layers.*.keys": {"2": "auto"}, "cache.layers.*.values": {"2": "auto"}}}
+RECIPE = {
+    "schema_version": 1,
+    "exports": [
+        {"name": "dynamo", "export_format": "dynamo", "mode": "generation",
+         "components": {"prefill": PREFILL, "decode": DECODE_NAMED}},
+        {"name": "onnx", "export_format": "onnx", "mode": "generation", "opset_version": 18,
+         "components": {"prefill": PREFILL, "decode": DECODE_NAMED}},
+        {"name": "et", "export_format": "executorch", "mode": "generation",
+         "components": {"prefill": PREFILL, "decode": DECODE_AUTO}},
+    ],
+    "inputs": {"sequence_length": 6},
+    "generation": {"max_new_tokens": 6},
+}
+
+
+@pytest.fixture(scope="module")
+def llm_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llm")
+    model_dir = tiny_llama(root / "model", RECIPE)
+    out = root / "out"
+    result = run_cli("run", str(model_dir), "--out", str(out))
+    return model_dir, out, result
+
+
+def test_run_exits_zero_and_reports_all_passed(llm_run):
+    _, out, result = llm_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "passed"
+    assert [t["name"] for t in report["targets"]] == ["dynamo", "onnx", "et"]
+    assert all(t["status"] == "passed" for t in report["targets"])
+    for key in ("schema_version", "source", "recipe", "versions", "findings", "targets"):
+        assert key in report
+    assert report["versions"]["torch"].startswith("2.13.0") and report["versions"]["transformers"] == "5.24.0"
+    assert len(report["recipe"]["sha256"]) == 64
+
+
+def test_upstream_noise_goes_to_logs_not_the_terminal(llm_run):
+    _, out, result = llm_run
+    assert "torch.onnx" not in result.stdout + result.stderr
+    assert "[torch.onnx]" in (out / "logs" / "onnx.log").read_text()
+
+
+def test_each_artifact_loads_with_upstream_and_runs(llm_run):
+    from transformers.exporters import ExportedModel
+
+    model_dir, out, _ = llm_run
+    for name, fmt in (("dynamo", "dynamo"), ("onnx", "onnx"), ("et", "executorch")):
+        exported = ExportedModel.from_pretrained(out / name, trust_remote_code=True)
+        assert str(exported.export_format) == fmt
+        assert sorted(exported.components) == ["decode", "prefill"]
+        runner = exported.runners["prefill"]
+        assert set(runner.metadata.kwargs) >= {"input_ids"}
+    assert not list(out.glob(".staging-*")), "no half-written target folder may remain"
+
+
+def test_files_are_listed_with_size_and_sha256(llm_run):
+    import hashlib
+
+    _, out, _ = llm_run
+    report = json.loads((out / "report.json").read_text())
+    onnx = next(t for t in report["targets"] if t["name"] == "onnx")
+    names = {Path(f["path"]).name for f in onnx["files"]}
+    assert {"prefill.onnx", "prefill.onnx.data", "decode.onnx", "decode.onnx.data", "export.json"} <= names
+    for entry in onnx["files"]:
+        data = (out / entry["path"]).read_bytes()
+        assert entry["size"] == len(data) and entry["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_validation_probes_unseen_shapes_inside_declared_ranges(llm_run):
+    _, out, _ = llm_run
+    report = json.loads((out / "report.json").read_text())
+    dynamo = next(t for t in report["targets"] if t["name"] == "dynamo")
+    prefill = next(c for c in dynamo["components"] if c["name"] == "prefill")
+    probes = {c["probe"]: c for c in prefill["checks"]}
+    assert set(probes) == {"traced", "prompt=2", "prompt=33", "prompt=64"}
+    assert probes["prompt=64"]["shapes"]["input_ids"] == [1, 64]
+    decode = next(c for c in dynamo["components"] if c["name"] == "decode")
+    assert {c["probe"] for c in decode["checks"]} == {"traced", "past=2", "past=65", "past=128"}
+    for component in dynamo["components"]:
+        for check in component["checks"]:
+            assert check["passed"] and not check["skipped"]
+            for output in check["outputs"]:
+                assert output["max_abs_diff"] is not None and output["max_abs_diff"] <= output["atol"] + 1e-9 or \
+                    output["max_rel_diff"] is not None
+                assert {"max_abs_diff", "max_rel_diff", "atol", "rtol", "passed"} <= set(output)
+
+
+def test_generation_parity_on_all_three_formats(llm_run):
+    _, out, _ = llm_run
+    report = json.loads((out / "report.json").read_text())
+    for target in report["targets"]:
+        generation = target["generation"]
+        assert generation["status"] == "passed", (target["name"], generation)
+        assert generation["max_new_tokens"] == 6
+        assert generation["eager_tokens"] == generation["exported_tokens"]
+        assert len(generation["eager_tokens"][0]) == 6
+
+
+def test_eager_reference_computed_once_and_shared(llm_run):
+    _, out, _ = llm_run
+    report = json.loads((out / "report.json").read_text())
+    cache = report["eager_cache"]
+    # dynamo and onnx probe the same prefill/decode shapes: the second target reuses every eager reference
+    assert cache["hits"] >= 8 and cache["misses"] > 0
+
+
+def test_markdown_report_has_tables_and_stays_small(llm_run):
+    _, out, _ = llm_run
+    text = (out / "report.md").read_text()
+    assert text.startswith("## Export report")
+    assert "| component | probe | worst abs diff | tolerance | verdict |" in text
+    assert "**Generation parity** ✅ passed" in text
+    assert len(text.encode()) < 60_000
+
+
+def test_rerun_with_unchanged_inputs_is_a_cache_hit(llm_run):
+    model_dir, out, _ = llm_run
+    result = run_cli("run", str(model_dir), "--out", str(out), "--target", "dynamo", "--quiet")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["targets"][0]["cached"] is True and report["targets"][0]["status"] == "passed"
+
+
+def test_corrupted_decode_artifact_fails_validate_with_its_diff(llm_run, tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    model_dir, out, _ = llm_run
+    copy = tmp_path / "out"
+    shutil.copytree(out / "onnx", copy / "onnx")
+    decode = copy / "onnx" / "decode.onnx"
+    graph = onnx.load(str(decode))
+    weight = max(graph.graph.initializer, key=lambda t: len(numpy_helper.to_array(t).ravel()))
+    array = numpy_helper.to_array(weight).copy()
+    array += 0.5  # a perturbed weight in the saved ONNX
+    weight.CopyFrom(numpy_helper.from_array(array, weight.name))
+    onnx.save(graph, str(decode), save_as_external_data=True, location="decode.onnx.data")
+    result = run_cli("validate", str(model_dir), str(copy), "--target", "onnx")
+    assert result.returncode == 1, result.stderr[-2000:]
+    report = json.loads((copy / "report.json").read_text())
+    target = report["targets"][0]
+    assert target["status"] == "failed"
+    decode_report = next(c for c in target["components"] if c["name"] == "decode")
+    failing = [o for c in decode_report["checks"] for o in c["outputs"] if not o["passed"]]
+    assert failing and failing[0]["max_abs_diff"] > failing[0]["atol"]
+    assert "decode" in target["error"]["message"]
+    # the prefill graph was not touched and still passes
+    assert next(c for c in target["components"] if c["name"] == "prefill")["passed"]
+
+
+def test_tolerance_override_changes_the_verdict(llm_run, tmp_path):
+    model_dir, out, _ = llm_run
+    strict = json.loads(json.dumps(RECIPE))
+    strict["validation"] = {"formats": {"onnx": {"atol": 0.0, "rtol": 0.0}}}
+    recipe = tmp_path / "strict.json"
+    recipe.write_text(json.dumps(strict))
+    copy = tmp_path / "out"
+    shutil.copytree(out / "onnx", copy / "onnx")
+    result = run_cli("validate", str(model_dir), str(copy), "--target", "onnx", "--config", str(recipe))
+    report = json.loads((copy / "report.json").read_text())
+    checks = [c for comp in report["targets"][0]["components"] for c in comp["checks"]]
+    nonzero = [o for c in checks for o in c["outputs"] if (o["max_abs_diff"] or 0) > 0]
+    assert nonzero, "ONNX Runtime is expected to differ from eager by rounding"
+    assert all(o["atol"] == 0.0 and not o["passed"] for o in nonzero)
+    assert result.returncode == 1 and report["status"] == "failed"
+    # the same artifacts pass again with the default tolerances
+    again = run_cli("validate", str(model_dir), str(copy), "--target", "onnx")
+    assert again.returncode == 0, again.stderr[-2000:]
+
+
+def test_removed_component_is_a_named_failure(llm_run, tmp_path):
+    model_dir, out, _ = llm_run
+    copy = tmp_path / "out"
+    shutil.copytree(out / "dynamo", copy / "dynamo")
+    manifest = json.loads((copy / "dynamo" / "export.json").read_text())
+    del manifest["components"]["decode"]
+    (copy / "dynamo" / "export.json").write_text(json.dumps(manifest))
+    result = run_cli("validate", str(model_dir), str(copy), "--target", "dynamo")
+    assert result.returncode == 1
+    report = json.loads((copy / "report.json").read_text())
+    assert "missing component(s) ['decode']" in report["targets"][0]["error"]["message"]
+
+
+def test_auto_hf_exporter_from_pretrained_applies_the_recipe(llm_run, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from exporters import AutoHfExporter
+
+    model_dir, _, _ = llm_run
+    exporter = AutoHfExporter.from_pretrained(str(model_dir), target="onnx")
+    assert exporter.export_format == "onnx" and exporter.target.opset_version == 18
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    exported = exporter.export_for_generation(model, {"input_ids": torch.tensor([[5, 6, 7, 8]]),
+                                                      "attention_mask": torch.ones(1, 4, dtype=torch.long)})
+    assert sorted(exported.components) == ["decode", "prefill"]
+    exported.save_pretrained(tmp_path / "onnx")
+    assert (tmp_path / "onnx" / "decode.onnx").is_file()
