@@ -13,6 +13,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from .errors import DeviceError, ModelSourceError, RecipeError, RemoteCodeError
 
@@ -52,7 +53,7 @@ def _print_summary(report: dict, out_dir: Path) -> None:
         line = f"{icon} {target['name']:<20} {target['export_format']:<11} {target['status']}{extra}"
         if target.get("error"):
             line += f" — {str(target['error'].get('message'))[:200]}"
-        console.print(line, markup=False, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(f"report: {out_dir / 'report.md'}  ({out_dir / 'report.json'})", markup=False)
 
 
@@ -126,8 +127,8 @@ def _publish_target(model: str, repo_id: str | None, publishing: bool) -> str | 
         return repo_id
     if Path(model).exists() or "/" not in model:
         what = "a local folder" if Path(model).exists() else "not an ORG/NAME repo id"
-        console.print(f"[bold red]error:[/] {model} is {what}: pass --repo-id ORG/NAME to say where to publish",
-                      highlight=False)
+        console.print(f"[bold red]error:[/] {escape(model)} is {what}: pass --repo-id ORG/NAME to say where to "
+                      "publish", highlight=False)
         raise typer.Exit(EXIT_USAGE)
     return model
 
@@ -139,7 +140,7 @@ def _check_publish_access(repo_id: str, token: str | None, endpoint: str | None)
     try:
         check_publish_access(repo_id, token=token, endpoint=endpoint)
     except PublishError as err:
-        console.print(f"[bold red]cannot publish:[/] {err}", highlight=False)
+        console.print(f"[bold red]cannot publish:[/] {escape(str(err))}", highlight=False)
         raise typer.Exit(EXIT_USAGE) from None
 
 
@@ -152,14 +153,14 @@ def _publish(repo_id: str, out_dir: Path, *, token: str | None, endpoint: str | 
         result = publish_report(repo_id, out_dir, token=token, endpoint=endpoint, publish_failed=publish_failed,
                                 dry_run=dry_run)
     except PublishError as err:
-        console.print(f"[bold red]publish failed:[/] {err}", highlight=False)
+        console.print(f"[bold red]publish failed:[/] {escape(str(err))}", highlight=False)
         raise typer.Exit(EXIT_USAGE) from None
     if dry_run and result.plan is not None:
-        out.print(result.plan.render(), markup=False, highlight=False)
-    console.print(f"publish: {result.operation} — {result.message}", markup=False, highlight=False)
+        out.print(result.plan.render(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"publish: {result.operation} — {result.message}", markup=False, highlight=False, soft_wrap=True)
     url = result.pr_url or result.discussion_url
     if url:
-        out.print(url, markup=False, highlight=False)
+        out.print(url, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -378,14 +378,14 @@ def _run_targets(targets, options: RunOptions, context: dict[str, Any], keys: di
                 if key not in decompositions:
                     decompositions[key] = engine.decompose(
                         model, target.mode, sample.forward, sample.generate, recipe=recipe,
-                        multi_token_decode=target.multi_token_decode,
+                        multi_token_decode=target.multi_token_decode, family=sample.family,
                     )
             except Exception as err:
                 result.error = {"type": type(err).__name__, "message": describe_error(err)}
                 progress.update(target.name, "[red]failed: capture", done=True)
                 continue
             components = decompositions[key]
-            result.expected_components = list(target.expected_components or components)
+            result.expected_components = _expected(target, sample.family, components)
             staging = out_dir / f".staging-{target.name}"
             shutil.rmtree(staging, ignore_errors=True)
             notes: list[str] = []
@@ -426,6 +426,15 @@ def _run_targets(targets, options: RunOptions, context: dict[str, Any], keys: di
             progress.update(target.name, "[green]passed" if result.status == STATUS_PASSED else "[red]failed",
                             done=True)
     return results
+
+
+def _expected(target, family: str, components) -> list[str]:
+    """The recipe's `expected_components`, else the family's minimum complete set."""
+    from .components import minimum_components
+
+    if target.expected_components is not None:
+        return list(target.expected_components)
+    return minimum_components(family, target.mode, list(components))
 
 
 def _export_work(model, target, components, recipe, staging: Path, notes: list[str]) -> dict[str, Any]:
@@ -488,7 +497,9 @@ def _validate_into(result: TargetResult, target, recipe, directory: Path, compon
         if failing:
             reasons.append(f"outputs differ from the eager model beyond tolerance in {failing}")
         if validation.generation is not None and validation.generation.status == "failed":
-            reasons.append(f"generation parity failed: {validation.generation.first_divergence or validation.generation.reason}")
+            generation = validation.generation
+            detail = generation.reason or f"first divergence {generation.first_divergence}"
+            reasons.append(f"generation parity failed: {detail}")
         result.error = {"type": "ValidationError", "message": "; ".join(reasons)}
 
 
@@ -553,9 +564,10 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
         key = (target.mode, target.multi_token_decode)
         if key not in decompositions:
             decompositions[key] = engine.decompose(model_obj, target.mode, sample.forward, sample.generate,
-                                                   recipe=recipe, multi_token_decode=target.multi_token_decode)
+                                                   recipe=recipe, multi_token_decode=target.multi_token_decode,
+                                                   family=sample.family)
         components = decompositions[key]
-        result.expected_components = list(target.expected_components or components)
+        result.expected_components = _expected(target, sample.family, components)
         validate_started = time.time()
         _validate_into(result, target, recipe, directory, components, model_obj, sample, eager)
         result.timings["validate_s"] = round(time.time() - validate_started, 3)

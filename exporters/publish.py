@@ -1,7 +1,7 @@
 """Publish a run's validated artifacts to the Hub as a pull request (or its failure report as a discussion).
 
 ```
-OUT/report.json ──► plan (files, card section, PR title + text, marker) ──► find our open PR ──► create / update / nothing
+OUT/report.json ──► plan (files, card section, title, text, marker) ──► find our open PR ──► create / update / nothing
 ```
 
 What goes into the model repo (one commit per run, on `refs/pr/N`):
@@ -60,6 +60,8 @@ FINGERPRINT_KEYS = ("source_sha", "weights_sha256", "recipe_sha256", "versions",
 _MARKER_RE = re.compile(r"<!--\s*" + re.escape(MARKER_TAG) + r"\s+(\{.*?\})\s*-->", re.S)
 # Formats whose programs are pickled (torch.export .pt2): loading them runs code, so it needs trust_remote_code.
 _NEEDS_TRUST = ("dynamo",)
+# The report part of a PR / discussion text: room is left for the summary and the marker under the Hub's limit.
+DESCRIPTION_REPORT_LIMIT = 55_000
 
 T = TypeVar("T")
 
@@ -397,8 +399,16 @@ def pr_description(plan: PublishPlan, pr_num: int | None = None) -> str:
         revision = f"refs/pr/{pr_num}" if pr_num else "refs/pr/<this PR's number>"
         lines += ["", "Try it before merging:", "", "```python",
                   load_snippet(plan.repo_id, first["name"], first["export_format"], revision), "```"]
-    lines += ["", "---", "", plan.markdown.strip(), "", render_marker(plan.marker)]
+    lines += ["", "---", "", _report_excerpt(plan.markdown), "", render_marker(plan.marker)]
     return "\n".join(lines)
+
+
+def _report_excerpt(markdown: str) -> str:
+    """report.md, cut to fit a PR description (the full report is published as a file, or kept in OUT)."""
+    text = markdown.strip()
+    if len(text) <= DESCRIPTION_REPORT_LIMIT:
+        return text
+    return text[:DESCRIPTION_REPORT_LIMIT] + f"\n\n_Report cut to fit; the full report is `{EXPORTS_DIR}/report.md`._"
 
 
 def failure_description(plan: PublishPlan) -> str:
@@ -407,7 +417,7 @@ def failure_description(plan: PublishPlan) -> str:
     lines = [_summary(plan), "",
              f"**The export failed** for {failed}: no artifact was published. Fix the recipe or the model and push "
              "again; this discussion is updated by the next run (and closed once the exports pass).",
-             "", "---", "", plan.markdown.strip(), "", render_marker(plan.marker)]
+             "", "---", "", _report_excerpt(plan.markdown), "", render_marker(plan.marker)]
     return "\n".join(lines)
 
 
@@ -450,7 +460,8 @@ def _hint(err: Exception, what: str) -> str:
     if status == 403:
         return f"the token's account is not allowed to {what}: use a token with write access, or ask the repo owner"
     if status == 404:
-        return "check the repo id (--repo-id), the branch, and that the token can see the repo"
+        return ("check the repo id (--repo-id), the branch, and that the token can see the repo (publishing opens a "
+                "PR on an existing repo: create it first)")
     if status == 412:
         return "the PR moved while publishing: run again"
     return "check the endpoint and the network, then run again"
@@ -532,7 +543,7 @@ class HubClient:
                   comment=comment)
 
 
-def _operations(plan: PublishPlan, card: str, existing: list[str]) -> list[Any]:
+def _operations(plan: PublishPlan, card: str) -> list[Any]:
     """Additions (artifacts, reports, README.md) and deletions of stale files under exports/."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
@@ -585,7 +596,7 @@ def _publish_pr(hub: HubClient, plan: PublishPlan, threads: list[Thread]) -> Pub
     head, files = hub.head(ref)
     plan.deletions = _stale(plan, files)
     card = update_model_card(hub.readme(head, files), plan.card_section, plan.repo_id.split("/")[-1])
-    operations = _operations(plan, card, files)
+    operations = _operations(plan, card)
     if open_pr is not None:
         info = hub.call(f"push to {ref}", hub.api.create_commit, plan.repo_id, operations,
                         commit_message=_commit_message(plan, "Update"), revision=ref, parent_commit=head)
@@ -593,7 +604,7 @@ def _publish_pr(hub: HubClient, plan: PublishPlan, threads: list[Thread]) -> Pub
         return PublishResult("updated", pr_url=open_pr.url, pr_num=open_pr.num, commit=info.oid, plan=plan,
                              message=f"updated PR #{open_pr.num} with commit {info.oid[:7]} ({how})")
     info = hub.call("open a pull request", hub.api.create_commit, plan.repo_id, operations,
-                    commit_message=_commit_message(plan, "Add"), commit_description=plan.description(),
+                    commit_message=plan.title, commit_description=plan.description(),  # the PR's title and text
                     revision=plan.base, create_pr=True, parent_commit=head)
     if info.pr_num is None:
         return PublishResult("unchanged", commit=info.oid, plan=plan,
@@ -639,8 +650,9 @@ def _publish_failure(hub: HubClient, plan: PublishPlan, threads: list[Thread]) -
         num, url, verb = created.num, created.url, "opened"
     for pr in _in_slot(threads, plan, KIND_EXPORTS):
         if pr.is_open:
+            held = str(pr.marker.get("source_sha") or "local")[:7]
             hub.comment(pr.num, f"The latest run (source `{short_sha(plan.report)}`) failed, see #{num}; this PR "
-                                f"still holds the exports of source `{str(pr.marker.get('source_sha') or 'local')[:7]}`.")
+                                f"still holds the exports of source `{held}`.")
     return PublishResult("discussion", discussion_url=url, plan=plan,
                          message=f"{verb} discussion #{num}: the export failed ({_names(plan.failed)}), "
                                  "so no artifact was published")

@@ -391,77 +391,6 @@ def last_frames(err: BaseException, limit: int = 12) -> str:
     return "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-limit))
 
 
-# ── Generation parity ─────────────────────────────────────────────────────────
-
-
-def _step_inputs(template: dict[str, Any], ids: torch.Tensor, start: int, cache: Any) -> dict[str, Any]:
-    """A prefill/decode call like the captured `template`, for token `ids` at positions `start…`."""
-    inputs = copy.deepcopy({k: v for k, v in template.items() if k not in ("cache", "past_key_values")})
-    batch, length = ids.shape
-    positions = torch.arange(start, start + length).unsqueeze(0).expand(batch, -1)
-    inputs["input_ids"] = ids
-    if "position_ids" in inputs:
-        inputs["position_ids"] = positions.clone()
-    if "cache_position" in inputs:
-        inputs["cache_position"] = torch.arange(start, start + length)
-    if "attention_mask" in inputs and inputs["attention_mask"].dim() == 2:
-        inputs["attention_mask"] = torch.ones(batch, start + length, dtype=inputs["attention_mask"].dtype)
-    for key in ("cache", "past_key_values"):
-        if key in template:
-            inputs[key] = cache
-    return inputs
-
-
-def greedy_parity(model, components, exported, generate_inputs: dict[str, Any], max_new_tokens: int,
-                  generation_config) -> GenerationReport:
-    """Greedy decoding driven by the exported prefill/decode components only, against eager `generate()`."""
-    if set(exported.components) != {"prefill", "decode"}:
-        return GenerationReport(
-            "skipped", max_new_tokens,
-            reason=f"parity from raw inputs is implemented for prefill/decode exports; this one has "
-                   f"{sorted(exported.components)}",
-        )
-    prefill_template, decode_template = components["prefill"][1], components["decode"][1]
-    cache_key = "cache" if "cache" in prefill_template else "past_key_values"
-    if cache_key not in prefill_template:
-        return GenerationReport("skipped", max_new_tokens, reason="the prefill takes no cache input")
-    if getattr(generation_config, "cache_implementation", None) == "static":
-        return GenerationReport("skipped", max_new_tokens, reason="parity is not run for static-cache exports yet")
-    ids = generate_inputs["input_ids"]
-    batch, prompt = ids.shape
-    config = copy.deepcopy(generation_config)
-    config.max_new_tokens = config.min_new_tokens = max_new_tokens
-    config.do_sample = False
-    with torch.no_grad():
-        eager = model.generate(**copy.deepcopy(generate_inputs), generation_config=config)[:, prompt:]
-    runners = exported.runners
-    tokens: list[torch.Tensor] = []
-    try:
-        cache = copy.deepcopy(prefill_template[cache_key])
-        out = run_component(runners["prefill"], _step_inputs(prefill_template, ids, 0, cache))
-        position = prompt
-        for step in range(max_new_tokens):
-            next_token = out["logits"][:, -1].argmax(-1)
-            tokens.append(next_token)
-            if step == max_new_tokens - 1:
-                break
-            inputs = _step_inputs(decode_template, next_token[:, None], position, out[cache_key])
-            out = run_component(runners["decode"], inputs)
-            position += 1
-    except Exception as err:  # an artifact that cannot decode is a failed parity check, with the reason
-        return GenerationReport("failed", max_new_tokens, prompt, batch, eager.tolist(),
-                                torch.stack(tokens, 1).tolist() if tokens else [],
-                                first_divergence={"step": len(tokens)}, reason=describe_error(err))
-    produced = torch.stack(tokens, dim=1)
-    divergence = None
-    mismatch = (produced != eager).nonzero()
-    if len(mismatch):
-        row, step = (int(v) for v in mismatch[0])
-        divergence = {"batch": row, "step": step, "eager": int(eager[row, step]), "exported": int(produced[row, step])}
-    return GenerationReport("passed" if divergence is None else "failed", max_new_tokens, prompt, batch,
-                            eager.tolist(), produced.tolist(), divergence)
-
-
 # ── One target ────────────────────────────────────────────────────────────────
 
 
@@ -542,6 +471,8 @@ def validate_target(
 
     generation = None
     if target.mode == "generation":
-        generation = greedy_parity(model, components, exported, generate_inputs, recipe.generation.max_new_tokens,
-                                   generation_config)
+        from .parity import generation_parity
+
+        generation = generation_parity(model, components, exported, generate_inputs, recipe.generation.max_new_tokens,
+                                       generation_config, family)
     return ValidationResult(reports, generation, findings, errors)

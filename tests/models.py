@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-DYNAMO_ONLY = {"export_format": "dynamo", "mode": "generation"}
+DYNAMO_ONLY = {"export_format": "dynamo", "mode": "generation", "dynamic": True}
 
 
 def write_recipe(folder: Path, recipe: Any) -> Path:
@@ -57,7 +57,11 @@ def tiny_t5(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     config = T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4,
                       decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
-    T5ForConditionalGeneration(config).eval().save_pretrained(folder)
+    model = T5ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # T5's default init makes greedy decoding repeat one token: parity could not fail
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3)
+    model.save_pretrained(folder)
     if recipe is not None:
         write_recipe(folder, recipe)
     return folder
@@ -73,6 +77,7 @@ def tiny_whisper(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path
         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16,
         max_source_positions=32, max_target_positions=64, decoder_start_token_id=1, pad_token_id=0, eos_token_id=2,
         bos_token_id=1, suppress_tokens=None, begin_suppress_tokens=None,
+        init_std=1.0,  # the default 0.02 makes greedy decoding repeat one token: parity could not fail
     )
     WhisperForConditionalGeneration(config).eval().save_pretrained(folder)
     if recipe is not None:

@@ -18,6 +18,7 @@ from tests.servers.github_fixtures import (  # noqa: F401
     REPO,
     WORKFLOW_FILE,
     github_server,
+    github_server_session,
 )
 
 
@@ -219,3 +220,36 @@ def test_anonymous_reads_only(github_server: GitHubEmulator) -> None:
     with pytest.raises(GithubException) as excinfo:
         pull.create_issue_comment("drive-by")
     assert excinfo.value.status == 401
+
+
+def test_write_bodies_are_validated(github_server: GitHubEmulator) -> None:
+    gh = client(github_server)
+    issue_comments = f"{github_server.url}/repos/{REPO}/issues/{PR_NUMBER}/comments"
+    with pytest.raises(GithubException) as missing_body:
+        gh.requester.requestJsonAndCheck("POST", issue_comments, input={})
+    assert missing_body.value.status == 422
+    assert '"body"' in missing_body.value.data["message"]
+    with pytest.raises(GithubException) as wrong_type:
+        gh.requester.requestJsonAndCheck("POST", issue_comments, input={"body": 7})
+    assert wrong_type.value.status == 422
+    with pytest.raises(GithubException) as no_event_type:
+        gh.requester.requestJsonAndCheck("POST", f"{github_server.url}/repos/{REPO}/dispatches",
+                                         input={"client_payload": {}})
+    assert no_event_type.value.status == 422
+    with pytest.raises(GithubException) as no_ref:
+        gh.requester.requestJsonAndCheck(
+            "POST", f"{github_server.url}/repos/{REPO}/actions/workflows/{WORKFLOW_FILE}/dispatches", input={})
+    assert no_ref.value.status == 422
+    assert github_server.comments(REPO, PR_NUMBER) == [] and github_server.dispatches(REPO) == []
+
+
+def test_concurrent_writes(github_server: GitHubEmulator) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def post(i: int) -> int:
+        return client(github_server).get_repo(REPO).get_pull(PR_NUMBER).create_issue_comment(f"c{i}").id
+
+    with ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(post, range(40)))
+    assert len(set(ids)) == 40
+    assert sorted(c.id for c in github_server.comments(REPO, PR_NUMBER)) == sorted(ids)

@@ -21,8 +21,6 @@ BERT_RECIPE = {
          "output_path": "standalone/bert.onnx", "keep_initializers_as_inputs": True},
         {"name": "et", "export_format": "executorch",
          "dynamic_shapes": {"input_ids": SEQ, "attention_mask": SEQ, "token_type_ids": SEQ}},
-        {"name": "batch-declared", "export_format": "dynamo",
-         "dynamic_shapes": {"input_ids": {"0": {"name": "batch", "max": 8}}}},
     ],
 }
 
@@ -67,11 +65,18 @@ def test_bert_onnx_seed_file_options_are_applied(bert_run):
     assert {"input_ids", "attention_mask", "token_type_ids"} <= {i.name for i in session.get_inputs()}
 
 
-def test_declared_dynamic_axis_that_was_specialized_is_a_finding(bert_run):
-    _, out, _ = bert_run
+def test_declared_dynamic_axis_that_was_specialized_is_a_finding_and_fails_its_probe(tmp_path):
+    recipe = {"name": "batch-declared", "export_format": "dynamo",
+              "dynamic_shapes": {"input_ids": {"0": {"name": "batch", "max": 8}}}}
+    model_dir = tiny_bert(tmp_path / "model", recipe)
+    out = tmp_path / "out"
+    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    assert result.returncode == 1, result.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
-    findings = [f for f in report["findings"] if f.startswith("batch-declared:")]
-    assert any("input_ids axis 0 ('batch')" in f and "specializes" in f for f in findings), report["findings"]
+    assert any("input_ids axis 0 ('batch')" in f and "specializes" in f for f in report["findings"]), report["findings"]
+    checks = {c["probe"]: c for c in report["targets"][0]["components"][0]["checks"]}
+    assert checks["traced"]["passed"]
+    assert not checks["batch=8"]["passed"], "the probe at the specialized axis fails"
     text = (out / "report.md").read_text()
     assert "### Findings" in text and "('batch')" in text
 
@@ -135,6 +140,5 @@ def test_vision_language_model_components_load_and_run(llava_run):
     assert set(exported.components) == {c["name"] for c in target["components"]}
     for component in target["components"]:
         assert component["passed"], component
-    # Parity from raw inputs through these components is issue #9's work: it is reported as skipped, never passed.
-    assert target["generation"]["status"] == "skipped"
-    assert result.returncode == (0 if target["status"] == "passed" else 1)
+    assert target["generation"]["status"] == "passed"
+    assert result.returncode == 0, result.stderr[-2000:]

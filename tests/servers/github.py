@@ -324,11 +324,14 @@ class GitHubEmulator:
     ) -> None:
         """``tokens`` maps token values to logins; ``port=0`` picks a free port."""
         self._lock = threading.RLock()
+        self._initial = (dict(tokens or {}), check_runs_require_app, bot_user_forbidden)
         self._tokens: dict[str, str] = dict(tokens or {})
         self._host = host
         self._port = port
         self.check_runs_require_app = check_runs_require_app
+        """403 for check-run writes by logins that are not GitHub Apps (``[bot]``), as on GitHub."""
         self.bot_user_forbidden = bot_user_forbidden
+        """403 for ``GET /user`` with a ``[bot]`` token, as GitHub answers installation tokens."""
         self._ids = itertools.count(1)
         self._user_ids: dict[str, int] = {}
         self._repos: dict[str, _Repo] = {}
@@ -358,7 +361,9 @@ class GitHubEmulator:
         if self._server is not None:
             return self
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on accepted sockets whose
+        # proto says TCP; without it every response stalls ~40 ms on Nagle + delayed ACK.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self._host, self._port))
         sock.listen(128)
@@ -401,10 +406,18 @@ class GitHubEmulator:
         self.stop()
 
     def reset(self) -> None:
-        """Forget all repositories and recorded requests (tokens are kept)."""
+        """Back to the state right after construction, keeping the server running.
+
+        Forgets repositories and recorded requests, restores the construction-time
+        tokens and switches. Ids keep increasing, so nothing is ever reused.
+        """
+        tokens, require_app, bot_user_forbidden = self._initial
         with self._lock:
             self._repos.clear()
             self._requests.clear()
+            self._tokens = dict(tokens)
+            self.check_runs_require_app = require_app
+            self.bot_user_forbidden = bot_user_forbidden
 
     # ----------------------------------------------------------------- arrange
 
@@ -848,18 +861,17 @@ class GitHubEmulator:
 
         @app.middleware("http")
         async def authenticate_and_record(request: Request, call_next: Any) -> Response:
-            login: str | None = None
+            """Resolve the token to a login (401 for unknown ones) and log the exchange."""
             header = request.headers.get("authorization")
-            response: Response
+            login: str | None = None
             if header is not None:
                 scheme, _, token = header.partition(" ")
                 with emu._lock:
-                    known = emu._tokens.get(token.strip()) if scheme.lower() in ("token", "bearer") else None
-                if known is None:
-                    response = _error_response(401, "Bad credentials")
-                else:
-                    login = known
-            if header is None or login is not None:
+                    login = emu._tokens.get(token.strip()) if scheme.lower() in ("token", "bearer") else None
+            response: Response
+            if header is not None and login is None:
+                response = _error_response(401, "Bad credentials")
+            else:
                 request.state.login = login
                 response = await call_next(request)
             params = {k: v for k, v in request.query_params.items() if "token" not in k.lower()}
@@ -1131,8 +1143,11 @@ class GitHubEmulator:
                 require_app(login)
                 run = emu._api_check_run(repo, run_id)
                 if run.login != login:
-                    raise ApiError(403, "Invalid app_id `{}` - check run can only be modified by the GitHub App "
-                                   "that created it.".format(login))
+                    raise ApiError(
+                        403,
+                        f"Invalid app_id `{emu._user_id(login)}` - check run can only be modified by the "
+                        "GitHub App that created it.",
+                    )
                 fields = validate_check_fields(repo, body, creating=False)
                 status = fields.get("status", run.status)
                 conclusion = fields.get("conclusion", run.conclusion)

@@ -1,0 +1,432 @@
+"""The Action's entrypoint (`python -m action`): settings in, library calls, runner-facing output out.
+
+Three modes:
+
+- `run` (default): `exporters.pipeline.run_pipeline` on the model, then the Hub PR (`exporters.publish`), the job
+  summary, the step outputs and one sticky PR comment.
+- `list-targets`: the recipe's target names as the `targets` output (a JSON list for `strategy.matrix`), split by
+  runner as `cpu-targets` / `gpu-targets` (targets whose device is `cuda`), plus `matrix` (each target's format and
+  device) and `revision` (the resolved commit, to pin every leg to).
+- `aggregate`: `exporters.aggregate.aggregate` merges the legs' output folders, then the same Hub PR, summary,
+  outputs and comment as `run`.
+
+Every decision about recipes, exports, validation, reports and publishing is the library's; this module only turns
+inputs into calls and results into workflow commands, outputs, a summary and a comment.
+
+Exit codes: 0 success (or `fail-on-error: false`), 1 a target or the publishing failed, 2 a bad input, recipe or
+model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .commands import add_mask, emit, error, group, set_outputs, warning, write_summary
+from .settings import Settings, SettingsError, read_input
+from .summary import comment_marker, error_markdown, run_markdown, targets_markdown
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+LOG_TAIL_CHARS = 20_000
+REPORT_OUTPUT_LIMIT = 512 * 1024  # bytes of report-json; step outputs share a 1 MiB budget per job
+PR_OPERATIONS = ("created", "updated", "unchanged")  # the pr-operation output; anything else is "none"
+
+
+@dataclass
+class NoPublish:
+    """Stands in for `exporters.publish.PublishResult` when nothing was sent to the Hub."""
+
+    operation: str = "none"
+    message: str = ""
+    pr_url: str | None = None
+    pr_num: int | None = None
+    discussion_url: str | None = None
+    commit: str | None = None
+    failed: bool = False
+
+
+# ── Plumbing ──────────────────────────────────────────────────────────────────
+
+
+def _quiet_libraries(settings: Settings) -> None:
+    """Environment for the libraries, set before they are imported (huggingface_hub reads it at import time)."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    if settings.hf_endpoint:
+        os.environ["HF_ENDPOINT"] = settings.hf_endpoint
+    import warnings
+
+    warnings.filterwarnings("ignore")
+
+
+def _relative(settings: Settings, path: Path | str | None) -> str | None:
+    """`path` relative to the workspace (what later steps and annotations understand), None when outside it."""
+    if path is None:
+        return None
+    try:
+        return Path(path).resolve().relative_to(settings.github.workspace.resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+def _report_json(report: dict[str, Any]) -> str:
+    """The report for the `report-json` output: whole when small, else without logs and file lists."""
+    text = json.dumps(report, separators=(",", ":"), default=str)
+    if len(text.encode()) <= REPORT_OUTPUT_LIMIT:
+        return text
+    slim = json.loads(text)
+    slim["truncated"] = "log excerpts, file lists and validation details removed; read the report-path file"
+    for target in slim.get("targets", []):
+        (target.get("error") or {}).pop("log_excerpt", None)
+        target.pop("files", None)
+        for component in target.get("components") or []:
+            component.pop("checks", None)
+    text = json.dumps(slim, separators=(",", ":"), default=str)
+    if len(text.encode()) <= REPORT_OUTPUT_LIMIT:
+        return text
+    keep = ("schema_version", "status", "source", "recipe", "versions", "truncated")
+    return json.dumps({**{k: slim.get(k) for k in keep},
+                       "targets": [{"name": t["name"], "status": t["status"]} for t in slim.get("targets", [])]},
+                      separators=(",", ":"), default=str)
+
+
+def _comment(settings: Settings, body: str) -> str | None:
+    """Create or edit the sticky comment on the pull request this run is for; its URL, or None."""
+    github = settings.github
+    if not settings.comment or github.pr_number is None:
+        return None
+    if not settings.github_token:
+        warning("no github-token: the PR comment is skipped (the default is ${{ github.token }})",
+                title="PR comment skipped")
+        return None
+    if not github.repository:
+        warning("GITHUB_REPOSITORY is not set: the PR comment is skipped", title="PR comment skipped")
+        return None
+    from github import GithubException
+
+    from .github import GitHubClient
+
+    try:
+        client = GitHubClient(settings.github_token, api_url=github.api_url)
+        sticky = client.upsert_comment(github.repository, github.pr_number, comment_marker(settings.model), body)
+    except GithubException as err:
+        reason = (err.data or {}).get("message") if isinstance(err.data, dict) else None
+        warning(f"could not write the PR comment ({err.status} {reason or ''}): give the workflow "
+                "'permissions: pull-requests: write' (pull requests from forks get a read-only token)",
+                title="PR comment failed")
+        return None
+    except Exception as err:  # the comment is a courtesy: never fail the export over it
+        warning(f"could not write the PR comment: {type(err).__name__}: {err}", title="PR comment failed")
+        return None
+    emit(f"PR comment {sticky.operation}: {sticky.url}")
+    return sticky.url
+
+
+def _fail(settings: Settings, title: str, problems: list[tuple[str | None, int | None, str]]) -> int:
+    """A run that could not start: annotations, `status=error`, summary, comment; exit 2 (0 without fail-on-error)."""
+    for file, line, message in problems:
+        error(message, file=file, line=line, title=title)
+    lines = [(f"`{file}`" + (f" line {line}" if line else "") + ": " if file else "") + message
+             for file, line, message in problems]
+    markdown = error_markdown(settings.model or "?", title, lines, run_url=settings.github.run_url)
+    write_summary(settings.github.summary_file, markdown)
+    set_outputs(settings.github.output_file, {"status": "error", "pr-operation": "none", "pr-url": ""})
+    _comment(settings, markdown)
+    return EXIT_USAGE if settings.fail_on_error else EXIT_OK
+
+
+def _recipe_failure(settings: Settings, err) -> int:
+    problems = getattr(err, "problems", None) or [(err.path, err.line, err.message)]
+    file = _relative(settings, err.file)
+    name = Path(err.file).name if err.file else "recipe"
+    located = []
+    for path, line, message in problems:
+        where = f"{path}: " if path and path != "$" else ""
+        if file is None:  # a Hub repo's recipe: no file in this repository to point at
+            located.append((None, None, f"{settings.model}/{name}" + (f" line {line}" if line else "") +
+                            f": {where}{message}"))
+        else:
+            located.append((file, line, f"{where}{message}"))
+    return _fail(settings, "Invalid export recipe", located)
+
+
+# ── Mode: run ─────────────────────────────────────────────────────────────────
+
+
+def _show_targets(settings: Settings, report: dict[str, Any], out_dir: Path) -> None:
+    """One log group per target (verdict, error, files, its export log), and an error annotation per failure."""
+    from exporters.report import ICONS
+
+    for target in report.get("targets", []):
+        name, status = target["name"], target["status"]
+        cached = " (cached)" if target.get("cached") else ""
+        with group(f"{ICONS.get(status, '')} {name}: {target.get('export_format')}, {target.get('mode')} mode — "
+                   f"{status}{cached}"):
+            err = target.get("error") or {}
+            if err:
+                emit(f"{err.get('type')}: {err.get('message')}")
+            for key, value in (target.get("timings") or {}).items():
+                emit(f"{key}: {value}")
+            for entry in target.get("files") or []:
+                emit(f"{entry['path']}  {entry['size']} B  sha256 {entry['sha256']}")
+            for finding in target.get("findings") or []:
+                emit(f"finding: {finding}")
+            if target.get("reproduce") and status != "passed":
+                emit(f"reproduce: {target['reproduce']}")
+            log = out_dir / "logs" / f"{name}.log"
+            if log.is_file():
+                text = log.read_text(errors="replace")
+                if text.strip():
+                    emit(f"── {log.relative_to(out_dir)} " + ("(last part)" if len(text) > LOG_TAIL_CHARS else ""))
+                    sys.stdout.write(text[-LOG_TAIL_CHARS:].rstrip("\n") + "\n")
+                    sys.stdout.flush()
+        if status != "passed":
+            message = str(err.get("message") or "see the target's log group")
+            error(f"{err.get('type') or 'Error'}: {message}", title=f"Export target '{name}' {status}")
+
+
+def _pr_base(settings: Settings) -> str:
+    """The branch the Hub PR targets: `revision` when it names a branch; `main` when it is a commit id."""
+    revision = settings.revision or "main"
+    if re.fullmatch(r"[0-9a-f]{40}", revision):
+        emit(f"revision {revision[:12]} is a commit: the Hub PR targets main")
+        return "main"
+    return revision
+
+
+def _publish(settings: Settings, out_dir: Path):
+    if not settings.open_pr:
+        return None
+    repo_id = settings.hub_repo_id
+    if repo_id is None:
+        what = ("a folder in the workspace" if settings.model_path is not None
+                else "not a Hub repo id with a namespace (org/name)")
+        return NoPublish(message=f"`{settings.model}` is {what}: there is no repo to open a PR on "
+                                 "(set open-pr: false to silence this)")
+    from exporters.publish import publish_report
+
+    try:
+        with group(f"Publishing to the Hub: {repo_id}"):
+            result = publish_report(repo_id, out_dir, token=settings.hf_token, endpoint=settings.hf_endpoint,
+                                    dry_run=settings.dry_run, revision=_pr_base(settings))
+    except Exception as err:
+        message = f"{type(err).__name__}: {err}"
+        error(message, title=f"Publishing to {repo_id} failed")
+        return NoPublish(message=f"publishing failed: {message}", failed=True)
+    url = result.pr_url or result.discussion_url
+    emit(f"Hub PR: {result.operation}" + (f" {url}" if url else "") + (f" — {result.message}" if result.message else ""))
+    return result
+
+
+def _check_publish_access(settings: Settings) -> str | None:
+    """Before a long export: can the token publish to the repo? The problem, or None (also when not publishing)."""
+    if not settings.open_pr or settings.dry_run or settings.hub_repo_id is None:
+        return None
+    from exporters.publish import PublishError, check_publish_access
+
+    try:
+        account = check_publish_access(settings.hub_repo_id, token=settings.hf_token, endpoint=settings.hf_endpoint)
+    except PublishError as err:
+        return f"{err} (or set open-pr: false / dry-run: true to export without publishing)"
+    emit(f"Publishing as {account} to {settings.hub_repo_id}")
+    return None
+
+
+def _finish(settings: Settings, report: dict[str, Any], extra: list[str] | None = None) -> int:
+    """After a run or an aggregation: per-target groups, Hub PR, summary, outputs, comment, exit code."""
+    out_dir = settings.output_dir
+    _show_targets(settings, report, out_dir)
+    publish = _publish(settings, out_dir)
+    report_md = (out_dir / "report.md").read_text(encoding="utf-8")
+    markdown = run_markdown(report, report_md, publish, run_url=settings.github.run_url, dry_run=settings.dry_run,
+                            extra=extra)
+    write_summary(settings.github.summary_file, run_markdown(
+        report, report_md, publish, run_url=settings.github.run_url, dry_run=settings.dry_run, extra=extra,
+        collapse_report=False))
+    operation = publish.operation if publish is not None else "none"
+    set_outputs(settings.github.output_file, {
+        "status": report["status"],
+        "report-path": _relative(settings, out_dir / "report.json") or str(out_dir / "report.json"),
+        "pr-url": (getattr(publish, "pr_url", None) or "") if operation in PR_OPERATIONS else "",
+        "pr-operation": operation if operation in PR_OPERATIONS else "none",
+        "discussion-url": getattr(publish, "discussion_url", None) or "",
+        "targets": json.dumps([t["name"] for t in report.get("targets", [])]),
+        "report-json": _report_json(report),
+    })
+    _comment(settings, markdown)
+    failed = report["status"] != "passed" or bool(getattr(publish, "failed", False))
+    if failed and settings.fail_on_error:
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def run_mode(settings: Settings) -> int:
+    from exporters.errors import DeviceError, ModelSourceError, RecipeError, RemoteCodeError
+    from exporters.pipeline import RunOptions, run_pipeline
+
+    options = RunOptions(
+        out_dir=settings.output_dir, targets=list(settings.targets), config_path=settings.config,
+        device=settings.device, revision=settings.revision, token=settings.hf_token, endpoint=settings.hf_endpoint,
+        trust_remote_code=settings.trust_remote_code, progress=False,
+    )
+    label = ", ".join(settings.targets) if settings.targets else "every target"
+    failure = _check_publish_access(settings)
+    if failure is not None:
+        return _fail(settings, "Cannot publish to the Hub", [(None, None, failure)])
+    with group(f"Exporting {settings.model} ({label})"):
+        try:
+            report = run_pipeline(settings.model_arg, options)
+        except RecipeError as err:
+            failure = err
+        except RemoteCodeError as err:
+            failure = ("Remote code refused", str(err))
+        except (ModelSourceError, DeviceError) as err:
+            failure = ("Cannot load the model", str(err))
+    if isinstance(failure, RecipeError):
+        return _recipe_failure(settings, failure)
+    if failure is not None:
+        return _fail(settings, failure[0], [(None, None, failure[1])])
+    return _finish(settings, report)
+
+
+# ── Mode: list-targets ────────────────────────────────────────────────────────
+
+
+def load_recipe(settings: Settings):
+    """The recipe this run would use, read without downloading weights: `(recipe, file, resolved revision)`."""
+    from exporters.errors import ModelSourceError, RecipeError
+    from exporters.recipe import find_recipe, load_recipe_file
+
+    revision = None
+    folder = settings.model_path
+    if folder is None and settings.hub_repo_id is not None:
+        from huggingface_hub import HfApi, snapshot_download
+        from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+
+        try:
+            info = HfApi(endpoint=settings.hf_endpoint, token=settings.hf_token).model_info(
+                settings.model, revision=settings.revision)
+            revision = info.sha
+            if settings.config is None:
+                folder = Path(snapshot_download(settings.model, revision=revision, token=settings.hf_token,
+                                                endpoint=settings.hf_endpoint,
+                                                allow_patterns=["export_config.json", "config.json"]))
+        except RepositoryNotFoundError:
+            raise ModelSourceError(f"Hub repo {settings.model!r} not found (or private: pass hf-token)") from None
+        except RevisionNotFoundError:
+            raise ModelSourceError(f"revision {settings.revision!r} not found in {settings.model!r}") from None
+        except HfHubHTTPError as err:
+            raise ModelSourceError(f"could not read {settings.model!r} from the Hub: {err}") from None
+    elif folder is None:
+        raise ModelSourceError(f"no folder {settings.model!r} in the workspace, and it is not a Hub repo id like "
+                               "'org/name'")
+    if settings.config is not None:
+        return load_recipe_file(settings.config), settings.config, revision
+    found = find_recipe(folder)
+    if found is None:
+        raise RecipeError(f"no export recipe in {settings.model}: add an export_config.json or an 'export_config' "
+                          "field in config.json, or pass the 'config' input")
+    recipe, file, _ = found
+    return recipe, file, revision
+
+
+def _select(recipe, names: list[str], file) -> list:
+    from exporters.errors import RecipeError
+
+    known = [t.name for t in recipe.exports]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise RecipeError(f"targets {unknown} are not in the recipe; its targets are {known}", file=str(file))
+    return [t for t in recipe.exports if not names or t.name in names]
+
+
+def list_targets_mode(settings: Settings) -> int:
+    from exporters.errors import ModelSourceError, RecipeError
+
+    try:
+        recipe, file, revision = load_recipe(settings)
+        targets = _select(recipe, settings.targets, file)
+    except RecipeError as err:
+        return _recipe_failure(settings, err)
+    except ModelSourceError as err:
+        return _fail(settings, "Cannot read the model", [(None, None, str(err))])
+    rows = [{"name": t.name, "export_format": t.export_format, "mode": t.mode, "device": settings.device or t.device}
+            for t in targets]  # the device input overrides the recipe's, in the plan as in the run
+    names = [t.name for t in targets]
+    emit(f"targets: {json.dumps(names)}" + (f" at {revision}" if revision else ""))
+    write_summary(settings.github.summary_file, targets_markdown(settings.model, rows))
+    set_outputs(settings.github.output_file, {
+        "status": "passed",
+        "targets": json.dumps(names),
+        "cpu-targets": json.dumps([r["name"] for r in rows if r["device"] != "cuda"]),
+        "gpu-targets": json.dumps([r["name"] for r in rows if r["device"] == "cuda"]),
+        "matrix": json.dumps({"include": [{"target": r["name"], "format": r["export_format"], "device": r["device"]}
+                                          for r in rows]}),
+        "revision": revision or settings.revision or "",
+    })
+    return EXIT_OK
+
+
+# ── Mode: aggregate ───────────────────────────────────────────────────────────
+
+
+def aggregate_mode(settings: Settings) -> int:
+    from exporters.aggregate import AggregateError, aggregate
+
+    expected: list[Any] | None = list(settings.targets) or None
+    if expected is None:
+        try:
+            recipe, file, _ = load_recipe(settings)
+            expected = [{"name": t.name, "export_format": t.export_format, "mode": t.mode, "device": t.device}
+                        for t in recipe.exports]
+        except Exception as err:  # the parts are still merged; a missing leg just cannot be detected
+            warning(f"could not read the recipe to check that every target has a part ({err}); pass the plan's "
+                    "targets output as the 'targets' input", title="Recipe not read")
+    parts = _relative(settings, settings.parts_dir) or str(settings.parts_dir)
+    try:
+        with group(f"Merging the report parts in {parts}"):
+            report = aggregate(settings.parts_dir, settings.output_dir, expected=expected)
+            for part in report.get("aggregated_from", []):
+                emit(f"{part['part']}: {', '.join(part['targets']) or 'no targets'}")
+    except AggregateError as err:
+        return _fail(settings, "Cannot merge the report parts", [(None, None, str(err))])
+    legs = len(report.get("aggregated_from", []))
+    return _finish(settings, report, extra=[f"Merged from {legs} report part(s) in `{parts}`.", ""])
+
+
+# ── Entry point ───────────────────────────────────────────────────────────────
+
+
+def main(env: dict[str, str] | None = None) -> int:
+    env = dict(os.environ) if env is None else env
+    for name in ("hf-token", "github-token"):  # before anything else is printed
+        add_mask(read_input(env, name))
+    add_mask(env.get("HF_TOKEN"))
+    try:
+        settings = Settings.from_env(env)
+    except SettingsError as err:
+        for name, message in err.problems:
+            error(message, title=f"Invalid input '{name}'")
+        set_outputs(Path(env["GITHUB_OUTPUT"]) if env.get("GITHUB_OUTPUT") else None,
+                    {"status": "error", "pr-operation": "none"})
+        return EXIT_USAGE
+    _quiet_libraries(settings)
+    try:
+        if settings.mode == "list-targets":
+            return list_targets_mode(settings)
+        if settings.mode == "aggregate":
+            return aggregate_mode(settings)
+        return run_mode(settings)
+    except Exception as err:  # a bug or an unexpected environment: say so on the run's page, then the traceback
+        error(f"{type(err).__name__}: {err}", title="export-action failed unexpectedly")
+        traceback.print_exc()
+        set_outputs(settings.github.output_file, {"status": "error", "pr-operation": "none"})
+        return EXIT_FAILED

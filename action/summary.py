@@ -1,0 +1,91 @@
+"""What the Action shows people: the job summary and the sticky PR comment, both around the library's report.md.
+
+The report itself (its tables, verdicts, truncation) is `exporters.report`'s; this module only adds the lines that
+belong to the run: the Hub PR outcome, the failed targets, a link to the workflow run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exporters.report import ICONS
+
+MARKER_PREFIX = "<!-- hf-export-action"
+OPERATION_WORDS = {"created": "opened", "updated": "updated", "unchanged": "unchanged"}
+
+
+def comment_marker(model: str) -> str:
+    """The hidden marker of this model's sticky comment (one comment per model per PR)."""
+    return f"{MARKER_PREFIX} model={model.replace('--', '-')} -->"
+
+
+def publish_line(publish: Any | None, *, dry_run: bool = False) -> str:
+    """One line on the Hub PR: opened/updated/unchanged with its link, or why there is none."""
+    if publish is None:
+        return "**Hub PR:** not requested (`open-pr: false`)."
+    operation = getattr(publish, "operation", "none")
+    message = (getattr(publish, "message", "") or "").strip()
+    prefix = "**Hub PR (dry run):**" if dry_run else "**Hub PR:**"
+    pr_url, pr_num = getattr(publish, "pr_url", None), getattr(publish, "pr_num", None)
+    if operation in OPERATION_WORDS:
+        link = f" [#{pr_num}]({pr_url})" if pr_url and pr_num else (f" {pr_url}" if pr_url else "")
+        return f"{prefix} {OPERATION_WORDS[operation]}{link}" + (f" — {message}" if message else "")
+    text = f"{prefix} not opened — {message or 'nothing to publish'}"
+    discussion = getattr(publish, "discussion_url", None)
+    if discussion:
+        text += f"; the report is in [this discussion]({discussion})"
+    return text
+
+
+def failed_lines(report: dict[str, Any]) -> list[str]:
+    lines = []
+    for target in report.get("targets", []):
+        if target.get("status") == "passed":
+            continue
+        error = target.get("error") or {}
+        message = str(error.get("message") or "no details").splitlines()[0][:300]
+        lines.append(f"- {ICONS.get(target['status'], '')} `{target['name']}` {target['status']}: "
+                     f"{error.get('type') or 'Error'}: {message}")
+    return lines
+
+
+def headline(report: dict[str, Any]) -> str:
+    targets = report.get("targets", [])
+    passed = sum(t.get("status") == "passed" for t in targets)
+    status = report.get("status", "failed")
+    model = (report.get("source") or {}).get("model", "?")
+    return f"{ICONS.get(status, '')} Export of `{model}`: **{status}** ({passed}/{len(targets)} targets passed)"
+
+
+def run_markdown(report: dict[str, Any], report_md: str, publish: Any | None, *, run_url: str | None = None,
+                 dry_run: bool = False, extra: list[str] | None = None, collapse_report: bool = True) -> str:
+    """The body of the job summary (report shown) and of the PR comment (report folded)."""
+    lines = [f"### {headline(report)}", "", publish_line(publish, dry_run=dry_run), ""]
+    failed = failed_lines(report)
+    if failed:
+        lines += ["Failed targets:", "", *failed, ""]
+    lines += list(extra or [])
+    if run_url:
+        lines += [f"<sub>[Workflow run]({run_url})</sub>", ""]
+    if collapse_report:
+        lines += ["<details><summary>Full report</summary>", "", report_md.strip(), "", "</details>", ""]
+    else:
+        lines += [report_md.strip(), ""]
+    return "\n".join(lines)
+
+
+def error_markdown(model: str, title: str, problems: list[str], *, run_url: str | None = None) -> str:
+    """The summary/comment for a run that could not start (bad recipe, unknown model...)."""
+    lines = [f"### ❌ Export of `{model}`: **error**", "", f"**{title}**", ""]
+    lines += [f"- {p}" for p in problems]
+    lines += ["", "No export ran, so no Hub PR was opened."]
+    if run_url:
+        lines += ["", f"<sub>[Workflow run]({run_url})</sub>"]
+    return "\n".join(lines) + "\n"
+
+
+def targets_markdown(model: str, targets: list[dict[str, Any]]) -> str:
+    lines = [f"### Export plan for `{model}`", "", "| target | format | mode | device |", "|---|---|---|---|"]
+    for t in targets:
+        lines.append(f"| `{t['name']}` | {t['export_format']} | {t.get('mode') or 'auto'} | {t.get('device', 'cpu')} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,90 @@
+"""Where a job runs: a registry of backends with lazy imports (only the backend in use is imported).
+
+| name     | what it does                                                                                   |
+|----------|------------------------------------------------------------------------------------------------|
+| `local`  | `python -m exporters.cli run REPO --revision SHA --out DIR --push` in a subprocess per job      |
+| `github` | `workflow_dispatch` of the export workflow on GitHub's runners (PyGithub), recorded on the job  |
+| `dry`    | nothing: marks the job succeeded (benchmarks, smoke tests of the intake)                        |
+
+A backend gets a `JobContext` and returns an `Outcome`; it never touches the store (the worker does).
+
+Example:
+    >>> from bot.settings import BotSettings
+    >>> backend = get_backend("dry", BotSettings())
+    >>> backend.name, backend.needs_hub_check
+    ('dry', False)
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from ..hubcheck import RepoState
+    from ..settings import BotSettings
+    from ..store import Job
+
+# name -> (module, class): imported on first use.
+BACKENDS: dict[str, tuple[str, str]] = {
+    "local": ("bot.backends.local", "LocalBackend"),
+    "github": ("bot.backends.github", "GitHubBackend"),
+    "dry": ("bot.backends.dry", "DryBackend"),
+}
+
+
+@dataclass
+class JobContext:
+    """What a backend may use to run one job."""
+
+    job: Job
+    state: RepoState | None
+    settings: BotSettings
+    job_dir: Path
+    cancelled: threading.Event = field(default_factory=threading.Event)  # set when the lease was lost / shutdown
+
+
+@dataclass
+class Outcome:
+    """How a run ended. `retry`: a transient failure (the worker queues it again with backoff)."""
+
+    status: Literal["succeeded", "failed", "retry"]
+    reason: str
+    exit_code: int | None = None
+    operation: str | None = None
+    pr_url: str | None = None
+    discussion_url: str | None = None
+    report_path: str | None = None
+    log_path: str | None = None
+    dispatch: dict[str, Any] | None = None
+    error: str | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The job columns this outcome sets."""
+        return {k: v for k, v in self.__dict__.items() if k != "status" and v is not None}
+
+
+class Backend(Protocol):
+    """What every backend implements."""
+
+    name: str
+    needs_hub_check: bool  # False: the worker runs it without reading the repo first
+
+    def run(self, ctx: JobContext) -> Outcome: ...
+
+
+class UnknownBackendError(ValueError):
+    """No backend of that name."""
+
+
+def get_backend(name: str, settings: BotSettings) -> Backend:
+    """Import and build the backend called `name`."""
+    try:
+        module_name, class_name = BACKENDS[name]
+    except KeyError:
+        raise UnknownBackendError(f"unknown backend {name!r}; choose one of {sorted(BACKENDS)}") from None
+    module = importlib.import_module(module_name)
+    return getattr(module, class_name)(settings)

@@ -1,0 +1,154 @@
+"""The Hub calls a worker makes before running a job: what is at the new head, and does it need an export?
+
+`inspect_repo` reads the repo's file list at one commit (no weights are downloaded), fetches the recipe files
+(`export_config.json`, and `config.json` for its `export_config` field), parses the recipe with the same code as
+the CLI and returns a `RepoState`:
+
+- `recipe_sha256`: `Recipe.sha256()` of the normalised recipe (None without a recipe, or when it is invalid);
+- `weights_key`: a hash of the names and content ids (LFS sha256 or git blob id) of the top-level weight and config
+  files, from the Hub's metadata: the same files `exporters.pipeline.weights_sha256` hashes, without downloading.
+
+Example:
+    >>> state = inspect_repo("acme/tiny", "main", token=None, endpoint="http://127.0.0.1:8000")  # doctest: +SKIP
+    >>> state.recipe_sha256 is not None  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+from huggingface_hub import HfApi, hf_hub_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+RECIPE_FILES = ("export_config.json", "config.json")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".json", ".model")
+
+
+class HubCheckError(Exception):
+    """The Hub could not be read. `permanent`: retrying will not help (repo gone, commit gone, no access)."""
+
+    def __init__(self, message: str, *, permanent: bool) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+@dataclass
+class RepoState:
+    """A repo at one commit, as far as the bot cares."""
+
+    repo_id: str
+    head_sha: str
+    recipe_file: str | None = None
+    recipe_sha256: str | None = None
+    recipe_error: str | None = None
+    target_names: list[str] = field(default_factory=list)
+    weights_key: str = ""
+    head_authors: list[str] = field(default_factory=list)
+
+    @property
+    def has_recipe(self) -> bool:
+        return self.recipe_file is not None
+
+
+def weights_key(files: dict[str, str]) -> str:
+    """Hash of `{top-level file name: content id}` over weights and configs (not the recipe, not exports/).
+
+    Example:
+        >>> weights_key({"model.safetensors": "ab", "export_config.json": "x"}) == weights_key({"model.safetensors": "ab"})
+        True
+    """
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        if "/" in name or name == "export_config.json" or not name.endswith(WEIGHT_SUFFIXES):
+            continue
+        digest.update(f"{name}\0{files[name]}\n".encode())
+    return digest.hexdigest()
+
+
+def inspect_repo(repo_id: str, revision: str, *, token: str | None, endpoint: str | None,
+                 with_authors: bool = False) -> RepoState:
+    """Read `repo_id` at `revision` (a commit id, or `main`); raises `HubCheckError`."""
+    from exporters.errors import RecipeError
+    from exporters.recipe import find_recipe
+
+    api = HfApi(endpoint=endpoint, token=token)
+    try:
+        info = api.model_info(repo_id, revision=revision or "main", files_metadata=True)
+        ids = {}
+        for sibling in info.siblings or []:
+            lfs = getattr(sibling, "lfs", None)
+            ids[sibling.rfilename] = (lfs.sha256 if lfs else None) or sibling.blob_id or ""
+        state = RepoState(repo_id=repo_id, head_sha=info.sha or revision, weights_key=weights_key(ids))
+        present = [name for name in RECIPE_FILES if name in ids]
+        if present:
+            with tempfile.TemporaryDirectory(prefix="export-bot-recipe-") as tmp:
+                for name in present:
+                    hf_hub_download(repo_id, name, revision=state.head_sha, token=token, endpoint=endpoint,
+                                    local_dir=tmp)
+                try:
+                    found = find_recipe(Path(tmp))
+                except RecipeError as err:
+                    state.recipe_file = present[0]
+                    state.recipe_error = _recipe_error_text(err)
+                else:
+                    if found is not None:
+                        recipe, path, _ = found
+                        state.recipe_file = path.name
+                        state.recipe_sha256 = recipe.sha256()
+                        state.target_names = [t.name for t in recipe.exports]
+        if with_authors:
+            state.head_authors = _head_authors(api.endpoint, repo_id, state.head_sha, token)
+    except RepositoryNotFoundError:
+        raise HubCheckError(f"repo {repo_id} not found, or not readable with the bot's token", permanent=True) from None
+    except GatedRepoError:
+        raise HubCheckError(f"repo {repo_id} is gated and the bot's user has no access", permanent=True) from None
+    except RevisionNotFoundError:
+        raise HubCheckError(f"commit {revision} no longer exists in {repo_id}", permanent=True) from None
+    except EntryNotFoundError as err:
+        raise HubCheckError(f"a file vanished while reading {repo_id}: {type(err).__name__}", permanent=False) from None
+    except HfHubHTTPError as err:
+        status = err.response.status_code if err.response is not None else "?"
+        raise HubCheckError(f"the Hub answered HTTP {status} while reading {repo_id}", permanent=False) from None
+    except OSError as err:  # connection refused, DNS, disk
+        raise HubCheckError(f"could not reach the Hub: {type(err).__name__}: {err}", permanent=False) from None
+    return state
+
+
+def _head_authors(endpoint: str, repo_id: str, commit: str, token: str | None) -> list[str]:
+    """Authors of one commit: the first page of its history only (`list_repo_commits` would read all of it)."""
+    response = get_session().get(f"{endpoint}/api/models/{repo_id}/commits/{quote(commit, safe='')}",
+                                 headers=build_hf_headers(token=token))
+    hf_raise_for_status(response)
+    items = response.json()
+    return [str(author.get("user")) for author in items[0].get("authors", [])] if items else []
+
+
+def whoami_id(*, token: str | None, endpoint: str | None) -> tuple[str, str] | None:
+    """`(user id, user name)` of the bot's token, or None without a token or when the Hub cannot say."""
+    if not token:
+        return None
+    try:
+        data = HfApi(endpoint=endpoint, token=token).whoami()
+    except (HfHubHTTPError, OSError):
+        return None
+    return str(data.get("id", "")), str(data.get("name", ""))
+
+
+def _recipe_error_text(err: Exception) -> str:
+    problems = getattr(err, "problems", None)
+    if problems:
+        return "; ".join(f"{path}: {message}" + (f" (line {line})" if line else "") for path, line, message in problems)
+    path, line, message = getattr(err, "path", "$"), getattr(err, "line", None), getattr(err, "message", str(err))
+    return f"{path}: {message}" + (f" (line {line})" if line else "")

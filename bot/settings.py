@@ -1,0 +1,182 @@
+"""Bot configuration: defaults, then a TOML file (`--config bot.toml`), then environment variables.
+
+Every field can be set in the TOML file under its own name (top level, or in a `[bot]` table) and from the
+environment variable listed in `ENV_NAMES` (`EXPORT_BOT_<FIELD>` unless a conventional name exists, e.g.
+`WEBHOOK_SECRET`, `HF_TOKEN`). Environment variables win over the file. List fields take comma-separated values
+in the environment.
+
+Secrets (`webhook_secret`, `hf_token`, `github_token`) are `pydantic.SecretStr`: they print as `**********` and
+are only unwrapped where they are used (the secret check, the subprocess environment, the GitHub client).
+
+Example:
+    >>> settings = load_settings(env={"WEBHOOK_SECRET": "s3cret", "EXPORT_BOT_ALLOWED": "acme, alice/tiny"})
+    >>> settings.allowed
+    ['acme', 'alice/tiny']
+    >>> settings.webhook_secret
+    SecretStr('**********')
+    >>> settings.is_allowed("acme/llama"), settings.is_allowed("bob/llama")
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+# Field name -> environment variable, where it is not simply EXPORT_BOT_<FIELD>.
+ENV_NAMES: dict[str, str] = {
+    "webhook_secret": "WEBHOOK_SECRET",
+    "hf_token": "HF_TOKEN",
+    "hf_endpoint": "HF_ENDPOINT",
+    "db_path": "EXPORT_BOT_DB",
+    "bot_name": "EXPORT_BOT_NAME",
+    "trust_remote_code_repos": "TRUST_REMOTE_CODE_REPOS",
+}
+
+
+class SettingsError(ValueError):
+    """The configuration is invalid; the message names the setting and where it came from."""
+
+
+class BotSettings(BaseModel):
+    """Everything the bot reads from its configuration.
+
+    Example:
+        >>> BotSettings(webhook_secret="x", allowed=["acme"]).backend
+        'local'
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # Intake
+    webhook_secret: SecretStr | None = Field(
+        default=None, description="Shared secret the Hub sends in X-Webhook-Secret (required to serve).")
+    bot_name: str = Field(default="export-bot", description="Hub user of the bot: `@<bot_name> export` re-queues.")
+    allowed: list[str] = Field(
+        default_factory=list,
+        description="Repos (`org/name`) and orgs/users (`org` or `org/*`) that opted in; `*` allows every repo. "
+                    "Empty: act on nothing.")
+    daily_limit: int = Field(default=20, ge=0, description="Jobs per repo per rolling 24 h (0: no limit).")
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, description="Largest webhook body accepted (413 above).")
+    # Hub
+    hf_token: SecretStr | None = Field(default=None, description="Token of the bot's Hub user (reads and PRs).")
+    hf_endpoint: str | None = Field(default=None, description="Hub URL (default: huggingface_hub's).")
+    # Store and workers
+    db_path: Path = Field(default=Path("export-bot.db"), description="SQLite job store.")
+    work_dir: Path = Field(default=Path("export-bot-work"), description="Per-job output folders and logs.")
+    backend: Literal["local", "github", "dry"] = Field(default="local", description="Where jobs run.")
+    concurrency: int = Field(default=1, ge=1, le=64, description="Jobs run at once per worker process.")
+    lease_seconds: float = Field(default=120.0, gt=0, description="A running job's lease; renewed by heartbeats.")
+    max_attempts: int = Field(default=3, ge=1, description="Tries per job (crashes, Hub errors) before failing.")
+    retry_backoff_seconds: float = Field(default=30.0, ge=0, description="First retry delay; doubles each try.")
+    poll_seconds: float = Field(default=1.0, gt=0, description="How often an idle worker looks for jobs.")
+    # Local backend
+    job_timeout_seconds: float = Field(default=3600.0, gt=0, description="Wall-clock limit of one export run.")
+    memory_limit_mb: int = Field(default=16384, ge=0, description="RLIMIT_AS of the export subprocess (0: none).")
+    publish_failed: bool = Field(
+        default=False, description="`--publish-failed`: open the PR with the passing targets even when others "
+                                   "failed (a failed run always posts its report as a discussion).")
+    trust_remote_code_repos: list[str] = Field(
+        default_factory=list, description="Repos (or orgs) whose own code may run (`--trust-remote-code`).")
+    python: str | None = Field(default=None, description="Interpreter for `python -m exporters.cli` (default: ours).")
+    # GitHub backend
+    github_token: SecretStr | None = Field(default=None, description="Token allowed to dispatch the workflow.")
+    github_api_url: str = Field(default="https://api.github.com", description="GitHub REST API base URL.")
+    github_repo: str | None = Field(default=None, description="`owner/name` holding the export workflow.")
+    github_workflow: str = Field(default="export.yml", description="Workflow file (or id) to dispatch.")
+    github_ref: str = Field(default="main", description="Branch or tag the workflow runs from.")
+    github_targets: str = Field(default="", description="`targets` input: comma-separated names, empty for all.")
+    # Status page
+    show_private: bool = Field(default=False, description="Show private repos' names on the status page and API.")
+
+    @field_validator("allowed", "trust_remote_code_repos", mode="before")
+    @classmethod
+    def _split_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("github_repo")
+    @classmethod
+    def _owner_name(cls, value: str | None) -> str | None:
+        if value is not None and value.count("/") != 1:
+            raise ValueError(f"must be 'owner/name', got {value!r}")
+        return value
+
+    def is_allowed(self, repo_id: str) -> bool:
+        """Whether `repo_id` opted in: listed itself, its namespace listed, or `*`."""
+        return _matches(repo_id, self.allowed)
+
+    def trusts_remote_code(self, repo_id: str) -> bool:
+        """Whether the export of `repo_id` may run the repo's own Python code."""
+        return _matches(repo_id, self.trust_remote_code_repos)
+
+    def secrets(self) -> list[str]:
+        """The secret values in use (to scrub them from anything the bot records)."""
+        values = [s.get_secret_value() for s in (self.webhook_secret, self.hf_token, self.github_token) if s]
+        return [v for v in values if v]
+
+
+def _matches(repo_id: str, patterns: list[str]) -> bool:
+    namespace = repo_id.split("/", 1)[0]
+    for pattern in patterns:
+        if pattern == "*" or pattern == repo_id or pattern in (namespace, f"{namespace}/*"):
+            return True
+    return False
+
+
+def env_name(field: str) -> str:
+    """The environment variable for a settings field.
+
+    Example:
+        >>> env_name("concurrency"), env_name("hf_token")
+        ('EXPORT_BOT_CONCURRENCY', 'HF_TOKEN')
+    """
+    return ENV_NAMES.get(field, f"EXPORT_BOT_{field.upper()}")
+
+
+def load_settings(config: str | Path | None = None, *, env: Mapping[str, str] | None = None,
+                  **overrides: Any) -> BotSettings:
+    """Build the settings: defaults < TOML file `config` < environment `env` (default `os.environ`) < `overrides`.
+
+    Raises `SettingsError` naming each bad setting and its source.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    if config is not None:
+        path = Path(config)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise SettingsError(f"config file not found: {path}") from None
+        except tomllib.TOMLDecodeError as err:
+            raise SettingsError(f"{path} is not valid TOML: {err}") from None
+        data = {**{k: v for k, v in data.items() if k != "bot"}, **data.get("bot", {})}
+        unknown = sorted(set(data) - set(BotSettings.model_fields))
+        if unknown:
+            raise SettingsError(f"{path}: unknown setting(s) {unknown}; known: {sorted(BotSettings.model_fields)}")
+        values.update(data)
+        sources.update({k: str(path) for k in data})
+    for field in BotSettings.model_fields:
+        name = env_name(field)
+        if env.get(name) not in (None, ""):
+            values[field] = env[name]
+            sources[field] = f"${name}"
+    if env.get("GITHUB_TOKEN") and "github_token" not in values:
+        values["github_token"], sources["github_token"] = env["GITHUB_TOKEN"], "$GITHUB_TOKEN"
+    values.update(overrides)
+    try:
+        return BotSettings(**values)
+    except ValidationError as err:
+        problems = []
+        for error in err.errors():
+            field = str(error["loc"][0]) if error["loc"] else "?"
+            # never echo the input: it may be a secret
+            problems.append(f"  {field} (from {sources.get(field, 'arguments')}): {error['msg']}")
+        raise SettingsError("invalid bot settings:\n" + "\n".join(problems)) from None
