@@ -5,11 +5,11 @@ BIN := $(VENV)/bin
 CONSTRAINTS := constraints.txt
 DEMO_OUT ?= demo-out
 
-.PHONY: venv demo test lock clean
+.PHONY: venv demo test test-deps bench lock clean
 
+# The venv is rebuilt when the project's dependencies or their pins change.
 $(BIN)/hf-export: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[test]"
 	touch $(BIN)/hf-export
 
@@ -17,10 +17,19 @@ venv: $(BIN)/hf-export
 
 demo: venv
 	$(BIN)/python examples/build_demo_model.py examples/demo-model
-	$(BIN)/hf-export run examples/demo-model --out $(DEMO_OUT)
+	$(BIN)/hf-export run examples/demo-model --out $(DEMO_OUT) --print-report
 
-test: venv
+# Headless Chromium loads the bot's status page in the tests (Debian's package; CI runs as root).
+test-deps:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { echo "installing chromium for the status-page test"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: venv test-deps
 	$(BIN)/python -m pytest -q
+
+bench: venv
+	$(BIN)/python benchmarks/bench_pipeline.py
 
 lock: venv
 	$(BIN)/python -m pip freeze --exclude-editable | sed 's/+cpu//' > $(CONSTRAINTS).new

@@ -302,32 +302,14 @@ def run_mode(settings: Settings) -> int:
 
 def load_recipe(settings: Settings):
     """The recipe this run would use, read without downloading weights: `(recipe, file, resolved revision)`."""
-    from exporters.errors import ModelSourceError, RecipeError
+    from exporters.errors import RecipeError
     from exporters.recipe import find_recipe, load_recipe_file
+    from exporters.source import resolve_source
 
-    revision = None
-    folder = settings.model_path
-    if folder is None and settings.hub_repo_id is not None:
-        from huggingface_hub import HfApi, snapshot_download
-        from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
-
-        try:
-            info = HfApi(endpoint=settings.hf_endpoint, token=settings.hf_token).model_info(
-                settings.model, revision=settings.revision)
-            revision = info.sha
-            if settings.config is None:
-                folder = Path(snapshot_download(settings.model, revision=revision, token=settings.hf_token,
-                                                endpoint=settings.hf_endpoint,
-                                                allow_patterns=["export_config.json", "config.json"]))
-        except RepositoryNotFoundError:
-            raise ModelSourceError(f"Hub repo {settings.model!r} not found (or private: pass hf-token)") from None
-        except RevisionNotFoundError:
-            raise ModelSourceError(f"revision {settings.revision!r} not found in {settings.model!r}") from None
-        except HfHubHTTPError as err:
-            raise ModelSourceError(f"could not read {settings.model!r} from the Hub: {err}") from None
-    elif folder is None:
-        raise ModelSourceError(f"no folder {settings.model!r} in the workspace, and it is not a Hub repo id like "
-                               "'org/name'")
+    model = str(settings.model_path) if settings.model_path is not None else settings.model
+    source = resolve_source(model, revision=settings.revision, token=settings.hf_token,
+                            endpoint=settings.hf_endpoint, recipe_only=True)
+    revision, folder = source.revision, source.folder
     if settings.config is not None:
         return load_recipe_file(settings.config), settings.config, revision
     found = find_recipe(folder)

@@ -154,13 +154,18 @@ def quiet_torch_serde():
         logger.setLevel(level)
 
 
-def load_exported(directory: Path, device: str | None = None):
-    """Load an export this run produced (or re-validates) with upstream `ExportedModel.from_pretrained`."""
+def load_exported(directory: Path, device: str | None = None, *, produced_by_this_run: bool = False):
+    """Load a saved export with upstream `ExportedModel.from_pretrained`.
+
+    `.pt2` programs are pickles that run code when loaded: they load only when this run produced them
+    (`produced_by_this_run`, or the operator passed --trust-remote-code for artifacts made elsewhere).
+    """
     from transformers.exporters import ExportedModel
 
-    # `.pt2` programs are pickles: loading is allowed only for artifacts this tool wrote in its own output folder.
     with quiet_torch_serde():
-        return ExportedModel.from_pretrained(directory, device=device, trust_remote_code=True)  # own artifact
+        return ExportedModel.from_pretrained(
+            directory, device=device, trust_remote_code=produced_by_this_run  # own artifact, or operator-allowed
+        )
 
 
 def program_files(directory: Path) -> list[str]:

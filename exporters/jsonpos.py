@@ -23,6 +23,16 @@ class JsonPositionError(ValueError):
         super().__init__(f"{message} (line {line}, column {column})")
 
 
+class _ConstantError(ValueError):
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(name)
+
+
+def _reject_constant(name: str):
+    raise _ConstantError(name)
+
+
 def parse_with_positions(text: str) -> tuple[Any, dict[JsonPath, int]]:
     """Parse `text` and return `(value, lines)`, `lines` mapping each JSON path to the 1-based line where its value
     starts (for an object member, the line of its key).
@@ -33,9 +43,17 @@ def parse_with_positions(text: str) -> tuple[Any, dict[JsonPath, int]]:
         3
     """
     try:
-        json.loads(text)  # the standard parser's message is the one users know; positions come after
+        # The standard parser's message is the one users know; positions come after. NaN and Infinity are not JSON.
+        json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as err:
         raise JsonPositionError(err.msg, err.lineno, err.colno) from None
+    except _ConstantError as err:
+        offset = max(text.find(err.name), 0)
+        line = text.count("\n", 0, offset) + 1
+        raise JsonPositionError(f"{err.name} is not valid JSON (use a finite number)", line,
+                                offset - text.rfind("\n", 0, offset)) from None
+    except RecursionError:
+        raise JsonPositionError("nested too deeply", 1, 1) from None
     lines: dict[JsonPath, int] = {}
     line_starts = [0]
     for index, char in enumerate(text):
@@ -93,7 +111,10 @@ def parse_with_positions(text: str) -> tuple[Any, dict[JsonPath, int]]:
                 return items, index + 1
         return _decoder.raw_decode(text, index)
 
-    value, _ = walk(0, (), None)
+    try:
+        value, _ = walk(0, (), None)
+    except RecursionError:
+        raise JsonPositionError("nested too deeply", 1, 1) from None
     return value, lines
 
 

@@ -13,34 +13,51 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+# Past this, a protobuf cannot hold the weights: they stay in a sidecar file whatever the recipe asks.
+PROTOBUF_LIMIT = int(1.8 * 2**30)
+
 
 def _component_files(directory: Path) -> list[Path]:
     manifest = json.loads((directory / "export.json").read_text())
     return [directory / entry["file"] for entry in manifest["components"].values()]
 
 
+def _save(model, path: Path, *, embedded: bool) -> None:
+    """Write `model` (weights in memory) to `path`: embedded, or in `<name>.data` beside it."""
+    import onnx
+
+    sidecar = path.with_name(path.name + ".data")
+    sidecar.unlink(missing_ok=True)  # onnx appends external data to an existing file
+    if embedded and model.ByteSize() < PROTOBUF_LIMIT:
+        onnx.save_model(model, str(path))
+        return
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=sidecar.name, size_threshold=0)
+
+
+def _add_initializers_as_inputs(model) -> None:
+    import onnx
+
+    listed = {value.name for value in model.graph.input}
+    for tensor in model.graph.initializer:
+        if tensor.name not in listed:
+            model.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+
+
 def apply_onnx_file_options(target, directory: Path) -> None:
-    import onnx_ir
+    """Apply `external_data`, `keep_initializers_as_inputs` and `output_path` to a saved ONNX export."""
+    import onnx
 
     for path in _component_files(directory):
         if target.external_data and not target.keep_initializers_as_inputs:
             continue
-        model = onnx_ir.load(str(path))
+        model = onnx.load(str(path))  # with its weights, read from the sidecar
         if target.keep_initializers_as_inputs:
-            inputs = {value.name for value in model.graph.inputs}
-            for name, value in model.graph.initializers.items():
-                if name not in inputs:
-                    model.graph.inputs.append(value)
+            _add_initializers_as_inputs(model)
+        _save(model, path, embedded=not target.external_data)
         sidecar = path.with_name(path.name + ".data")
-        if target.external_data:
-            tmp = path.with_name(path.name + ".tmp")
-            onnx_ir.save(model, str(tmp), external_data=sidecar.name + ".tmp")
-            Path(str(tmp)).replace(path)
-            sidecar.with_name(sidecar.name + ".tmp").replace(sidecar)
-            _rename_external_location(path, sidecar.name + ".tmp", sidecar.name)
-        else:
-            onnx_ir.save(model, str(path))
-            sidecar.write_bytes(b"")
+        if not sidecar.exists():
+            sidecar.write_bytes(b"")  # upstream's loader lists the sidecar of every component
     if target.output_path:
         files = _component_files(directory)
         if len(files) != 1:
@@ -48,39 +65,23 @@ def apply_onnx_file_options(target, directory: Path) -> None:
                 f"output_path names one file, but this export has {len(files)} components; drop output_path or use "
                 "mode: model"
             )
-        import onnx_ir
-
         destination = directory / target.output_path
         destination.parent.mkdir(parents=True, exist_ok=True)
-        onnx_ir.save(onnx_ir.load(str(files[0])), str(destination))
-
-
-def _rename_external_location(path: Path, old: str, new: str) -> None:
-    """Point the graph's external-data entries from `old` to `new` (the sidecar was renamed into place)."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    for tensor in model.graph.initializer:
-        for entry in tensor.external_data:
-            if entry.key == "location" and entry.value == old:
-                entry.value = new
-    onnx.save(model, str(path))
+        if not destination.resolve().is_relative_to(directory.resolve()):
+            raise ValueError(f"output_path {target.output_path!r} leads outside the target's folder (through a link)")
+        _save(onnx.load(str(files[0])), destination, embedded=True)
 
 
 def strip_weights(directory: Path) -> list[str]:
-    """`export_params: false`: turn every initializer into a graph input without a value. Returns their names."""
-    import onnx_ir
+    """`export_params: false`: every initializer becomes a graph input without a value. Returns their names."""
+    import onnx
 
     stripped: list[str] = []
     for path in _component_files(directory):
-        model = onnx_ir.load(str(path))
-        inputs = {value.name for value in model.graph.inputs}
-        for name, value in list(model.graph.initializers.items()):
-            if name not in inputs:
-                model.graph.inputs.append(value)
-            value.const_value = None
-            stripped.append(name)
-        model.graph.initializers.clear()
-        onnx_ir.save(model, str(path))
+        model = onnx.load(str(path), load_external_data=False)
+        _add_initializers_as_inputs(model)
+        stripped += [tensor.name for tensor in model.graph.initializer]
+        del model.graph.initializer[:]
+        _save(model, path, embedded=True)
         path.with_name(path.name + ".data").write_bytes(b"")
     return stripped

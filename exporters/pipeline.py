@@ -408,6 +408,8 @@ def _run_targets(targets, options: RunOptions, context: dict[str, Any], keys: di
                 continue
             result.findings += outcome.get("notes", [])
             final = out_dir / target.name
+            if final.is_symlink():  # replaced, never followed
+                final.unlink()
             shutil.rmtree(final, ignore_errors=True)
             os.replace(staging, final)
             progress.update(target.name, "validating")
@@ -466,7 +468,8 @@ def _cast_inputs(inputs: dict[str, Any], device: str, dtype) -> dict[str, Any]:
     return cast_leaf_tensors(inputs, dtype=dtype, device=device)
 
 
-def _validate_into(result: TargetResult, target, recipe, directory: Path, components, model, sample, eager) -> None:
+def _validate_into(result: TargetResult, target, recipe, directory: Path, components, model, sample, eager,
+                   trust_artifacts: bool = True) -> None:
     from .engine import generation_config_for
     from .validate import describe_error, validate_target
 
@@ -475,7 +478,7 @@ def _validate_into(result: TargetResult, target, recipe, directory: Path, compon
             target=target, recipe=recipe, directory=directory, components=components, model=model,
             family=sample.family, generate_inputs=sample.generate, eager=eager,
             generation_config=generation_config_for(model, recipe) if target.mode == "generation" else None,
-            expected_components=result.expected_components,
+            expected_components=result.expected_components, trust_artifacts=trust_artifacts,
         )
     except Exception as err:
         result.status = STATUS_FAILED
@@ -569,7 +572,9 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
         components = decompositions[key]
         result.expected_components = _expected(target, sample.family, components)
         validate_started = time.time()
-        _validate_into(result, target, recipe, directory, components, model_obj, sample, eager)
+        # Artifacts in OUT_DIR were not produced by this process: pickled programs load only when the operator says so.
+        _validate_into(result, target, recipe, directory, components, model_obj, sample, eager,
+                       trust_artifacts=options.trust_remote_code)
         result.timings["validate_s"] = round(time.time() - validate_started, 3)
         result.files = file_entries(directory, out_dir)
     from .report import build_report, write_report

@@ -377,8 +377,8 @@ def _unknown_key_message(key: str, path: JsonPath, data: dict[str, Any]) -> str:
     candidates: set[str] = set()
     for fields in _known_fields().values():
         candidates |= fields
-    if isinstance(parent, dict) and "export_format" in parent:
-        fmt = parent.get("export_format")
+    if isinstance(parent, dict) and isinstance(parent.get("export_format"), str):
+        fmt = parent["export_format"]
         per_format = _target_fields()
         own = per_format.get(fmt, set())
         others = [f for f, fields in per_format.items() if key in fields and f != fmt]

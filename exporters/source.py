@@ -12,6 +12,7 @@ from .errors import ModelSourceError, RemoteCodeError
 
 REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 # What a run needs from a repo: never the previous exports, which can be large.
+RECIPE_FILES = ["export_config.json", "config.json"]
 DOWNLOAD_IGNORE = ["exports/*", "*.onnx", "*.onnx.data", "*.pte", "*.pt2", "*.msgpack", "*.h5", "*.ot", "*.bin.index.json"]
 
 
@@ -30,9 +31,11 @@ class ModelSource:
 
 
 def resolve_source(
-    model: str, *, revision: str | None = None, token: str | None = None, endpoint: str | None = None
+    model: str, *, revision: str | None = None, token: str | None = None, endpoint: str | None = None,
+    recipe_only: bool = False,
 ) -> ModelSource:
-    """A local folder as is; a Hub repo id downloaded (its weights, configs, tokenizer and recipe).
+    """A local folder as is; a Hub repo id downloaded (its weights, configs, tokenizer and recipe; with
+    `recipe_only`, just `export_config.json` and `config.json`).
 
     Example:
         >>> resolve_source("examples/demo-model").folder.name  # doctest: +SKIP
@@ -53,9 +56,8 @@ def resolve_source(
     api = HfApi(endpoint=endpoint, token=token)
     try:
         info = api.model_info(model, revision=revision)
-        folder = snapshot_download(
-            model, revision=info.sha, token=token, endpoint=endpoint, ignore_patterns=DOWNLOAD_IGNORE
-        )
+        patterns = {"allow_patterns": RECIPE_FILES} if recipe_only else {"ignore_patterns": DOWNLOAD_IGNORE}
+        folder = snapshot_download(model, revision=info.sha, token=token, endpoint=endpoint, **patterns)
     except RepositoryNotFoundError:
         raise ModelSourceError(f"Hub repo {model!r} not found (or private: pass --token / HF_TOKEN)") from None
     except RevisionNotFoundError:

@@ -397,6 +397,7 @@ def last_frames(err: BaseException, limit: int = 12) -> str:
 def validate_target(
     *, target, recipe: Recipe, directory: Path, components, model, family: str, generate_inputs: dict[str, Any],
     eager: EagerCache, generation_config=None, expected_components: list[str] | None = None,
+    trust_artifacts: bool = True,
 ) -> ValidationResult:
     """Load the saved target from `directory` and run every check."""
     from .engine import component_shape_spec, load_exported
@@ -420,9 +421,15 @@ def validate_target(
         errors.append(f"unexpected component(s) {extra}: expected {expected}, the saved export has {saved}")
     if errors:
         return ValidationResult(reports, None, findings, errors)
+    if target.export_format == "dynamo" and not trust_artifacts:
+        errors.append(
+            f"refusing to load the pickled .pt2 programs in {directory}: they were not produced by this run and "
+            "loading them runs code; pass --trust-remote-code if you trust where they came from"
+        )
+        return ValidationResult(reports, None, findings, errors)
     try:
         structural = structural_checks(target.export_format, directory)
-        exported = load_exported(directory)
+        exported = load_exported(directory, produced_by_this_run=True)
     except Exception as err:
         errors.append(f"the saved artifact does not load: {describe_error(err)}")
         return ValidationResult(reports, None, findings, errors)

@@ -437,8 +437,7 @@ def test_github_backend_dispatches_the_workflow(hf_env, tmp_path, start_bot, git
 
 def test_status_page_in_headless_chromium(hub, tmp_path, start_bot):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    assert chromium is not None, "headless Chromium is needed: `make test-deps` installs Debian's chromium"
     bot = start_bot(bot_settings(hub, tmp_path, backend="dry"))
     ids = [bot.post(payload(f"alice/model-{n}", refs=[{"ref": "refs/heads/main", "oldSha": sha(1),
                                                        "newSha": sha(n + 10)}])).json()["job"] for n in range(3)]

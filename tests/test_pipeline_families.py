@@ -1,5 +1,6 @@
 """End to end through the real CLI on the other model families: an encoder (BERT) across the three formats, an
-encoder-decoder (T5), a speech model (Whisper) and a vision-language model (LLaVA-style)."""
+encoder-decoder (T5) and a speech model (Whisper), in single-graph mode. Generation mode for these families and for
+a vision-language model is in test_complete_components.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import pytest
 
 from tests.conftest import run_cli
-from tests.models import tiny_bert, tiny_llava, tiny_t5, tiny_whisper
+from tests.models import tiny_bert, tiny_t5, tiny_whisper
 
 SEQ = {"1": {"name": "seq", "min": 2, "max": 32}}
 BERT_RECIPE = {
@@ -19,6 +20,8 @@ BERT_RECIPE = {
         {"name": "onnx", "export_format": "onnx",
          "dynamic_shapes": {"input_ids": SEQ, "attention_mask": SEQ, "token_type_ids": SEQ},
          "output_path": "standalone/bert.onnx", "keep_initializers_as_inputs": True},
+        {"name": "onnx-embedded", "export_format": "onnx", "external_data": False},
+        {"name": "onnx-no-weights", "export_format": "onnx", "export_params": False},
         {"name": "et", "export_format": "executorch",
          "dynamic_shapes": {"input_ids": SEQ, "attention_mask": SEQ, "token_type_ids": SEQ}},
     ],
@@ -63,6 +66,23 @@ def test_bert_onnx_seed_file_options_are_applied(bert_run):
     assert initializers and initializers <= inputs, "keep_initializers_as_inputs lists every weight as an input"
     session = onnxruntime.InferenceSession(str(standalone), providers=["CPUExecutionProvider"])
     assert {"input_ids", "attention_mask", "token_type_ids"} <= {i.name for i in session.get_inputs()}
+    assert not list(standalone.parent.glob("*.data")), "the standalone copy embeds its weights"
+
+
+def test_bert_onnx_embedded_weights_and_stripped_weights(bert_run):
+    import onnx
+
+    _, out, _ = bert_run
+    report = json.loads((out / "report.json").read_text())
+    status = {t["name"]: t["status"] for t in report["targets"]}
+    assert status["onnx-embedded"] == "passed" and status["onnx-no-weights"] == "passed"
+    embedded = onnx.load(str(out / "onnx-embedded" / "model.onnx"))
+    assert embedded.graph.initializer and all(not t.external_data for t in embedded.graph.initializer)
+    assert (out / "onnx-embedded" / "model.onnx.data").stat().st_size == 0
+    stripped = onnx.load(str(out / "onnx-no-weights" / "model.onnx"))
+    assert not stripped.graph.initializer
+    assert "embeddings.word_embeddings.weight" in {i.name for i in stripped.graph.input}
+    assert any("export_params: false" in f for f in report["findings"])
 
 
 def test_declared_dynamic_axis_that_was_specialized_is_a_finding_and_fails_its_probe(tmp_path):
@@ -119,26 +139,3 @@ def test_whisper_speech_model(whisper_run):
     assert report["family"] == "speech-seq2seq"
     shapes = report["targets"][0]["components"][0]["checks"][0]["shapes"]
     assert shapes["input_features"] == [1, 16, 64]
-
-
-@pytest.fixture(scope="module")
-def llava_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("llava")
-    model_dir = tiny_llava(root / "model", {"export_format": "dynamo", "mode": "generation"})
-    out = root / "out"
-    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
-
-
-def test_vision_language_model_components_load_and_run(llava_run):
-    from transformers.exporters import ExportedModel
-
-    _, out, result = llava_run
-    report = json.loads((out / "report.json").read_text())
-    assert report["family"] == "vision-language"
-    target = report["targets"][0]
-    exported = ExportedModel.from_pretrained(out / "dynamo", trust_remote_code=True)
-    assert set(exported.components) == {c["name"] for c in target["components"]}
-    for component in target["components"]:
-        assert component["passed"], component
-    assert target["generation"]["status"] == "passed"
-    assert result.returncode == 0, result.stderr[-2000:]

@@ -198,7 +198,7 @@ def test_removed_component_is_a_named_failure(llm_run, tmp_path):
     manifest = json.loads((copy / "dynamo" / "export.json").read_text())
     del manifest["components"]["decode"]
     (copy / "dynamo" / "export.json").write_text(json.dumps(manifest))
-    result = run_cli("validate", str(model_dir), str(copy), "--target", "dynamo")
+    result = run_cli("validate", str(model_dir), str(copy), "--target", "dynamo", "--trust-remote-code")
     assert result.returncode == 1
     report = json.loads((copy / "report.json").read_text())
     assert "missing component(s) ['decode']" in report["targets"][0]["error"]["message"]
