@@ -407,6 +407,7 @@ def _run_targets(targets, options: RunOptions, context: dict[str, Any], keys: di
                 progress.update(target.name, f"[red]{result.status}", done=True)
                 continue
             result.findings += outcome.get("notes", [])
+            result.timings.update(trace_s=outcome.get("export_only_s"), save_s=outcome.get("save_s"))
             final = out_dir / target.name
             if final.is_symlink():  # replaced, never followed
                 final.unlink()

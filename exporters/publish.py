@@ -47,6 +47,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, TypeVar
 
 from .errors import ExportActionError
+from .report import human_size
 
 EXPORTS_DIR = "exports"
 CARD_START = "<!-- export-action:exports:start -->"
@@ -123,10 +124,10 @@ class PublishPlan:
         lines.append(f"  title:  {self.title}")
         if self.is_pull_request:
             total = sum(f.size for f in self.files)
-            lines.append(f"  files:  {len(self.files) + 1} to upload ({_size(total)} + README.md)")
+            lines.append(f"  files:  {len(self.files) + 1} to upload ({human_size(total)} + README.md)")
             width = max((len(f.path_in_repo) for f in self.files), default=10)
             for planned in self.files:
-                lines.append(f"    {planned.path_in_repo:<{width}}  {_size(planned.size):>9}  {planned.note}".rstrip())
+                lines.append(f"    {planned.path_in_repo:<{width}}  {human_size(planned.size):>9}  {planned.note}".rstrip())
             lines.append(f"    {'README.md':<{width}}  {'':>9}  model card: the Exports section is replaced")
             for path in self.deletions:
                 lines.append(f"    {path:<{width}}  {'':>9}  deleted (not in this run)")
@@ -419,14 +420,6 @@ def failure_description(plan: PublishPlan) -> str:
              "again; this discussion is updated by the next run (and closed once the exports pass).",
              "", "---", "", _report_excerpt(plan.markdown), "", render_marker(plan.marker)]
     return "\n".join(lines)
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 # ── The Hub side ──────────────────────────────────────────────────────────────

@@ -65,7 +65,8 @@ def _fmt(value: float | None) -> str:
     return f"{value:.2e}"
 
 
-def _size(n: int) -> str:
+def human_size(n: float) -> str:
+    """`1536` as `1.5 KB`."""
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -119,10 +120,10 @@ def render_target(target: dict[str, Any]) -> list[str]:
     if timings or files:
         total = sum(f["size"] for f in files)
         parts = [f"{k.removesuffix('_s')} {v:.1f} s" for k, v in timings.items()]
-        lines += [f"Timings: {', '.join(parts) or '–'} · {len(files)} files, {_size(total)}", ""]
+        lines += [f"Timings: {', '.join(parts) or '–'} · {len(files)} files, {human_size(total)}", ""]
     if files:
         lines += ["<details><summary>Files</summary>", "", "| file | size | sha256 |", "|---|---|---|"]
-        lines += [f"| `{f['path']}` | {_size(f['size'])} | `{f['sha256'][:16]}…` |" for f in files]
+        lines += [f"| `{f['path']}` | {human_size(f['size'])} | `{f['sha256'][:16]}…` |" for f in files]
         lines += ["", "</details>", ""]
     if target["status"] != "passed":
         if target.get("reproduce"):

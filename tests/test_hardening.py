@@ -16,6 +16,7 @@ from exporters.errors import RecipeError
 from exporters.recipe import parse_recipe
 from tests.conftest import ROOT, run_cli
 from tests.models import tiny_bert
+from tests.test_bot import start_bot  # noqa: F401  (the bot server fixture)
 
 # ── 1. Fuzzed recipes ─────────────────────────────────────────────────────────
 
@@ -105,6 +106,15 @@ def secret_runs(hub_server, tmp_path_factory):
            "HF_TOKEN": SECRET_HF, "GITHUB_TOKEN": "ghs_SECRET_github_1234"}
     api = HfApi(endpoint=hub_server.url, token=TEST_TOKEN)
     seen = []
+    with pytest.MonkeyPatch.context() as patch:
+        from huggingface_hub import constants
+
+        patch.setattr(constants, "HF_HUB_DISABLE_XET", True)  # read at import time: the emulator speaks no Xet
+        _secret_runs(api, hub_server, root, env, seen)
+    return seen
+
+
+def _secret_runs(api, hub_server, root: Path, env: dict[str, str], seen: list[str]) -> None:
     for name, recipe in (("good", {"export_format": "dynamo", "mode": "model"}),
                          ("bad", {"export_format": "dynamo", "mode": "model", "dynamic_shapes": {"nope": ["auto"]}})):
         folder = tiny_bert(root / name, recipe)
@@ -119,7 +129,6 @@ def secret_runs(hub_server, tmp_path_factory):
         for path in hub_server.files(f"alice/{name}", "refs/pr/1") if name == "good" else []:
             if path.endswith((".md", ".json")):
                 seen.append(hub_server.file(f"alice/{name}", path, "refs/pr/1").decode(errors="replace"))
-    return seen
 
 
 def test_tokens_appear_nowhere(secret_runs):
@@ -212,3 +221,46 @@ def test_a_link_in_the_output_folder_is_replaced_not_followed(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert not (out / "target").is_symlink() and (out / "target" / "export.json").is_file()
     assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+
+
+# ── 6. Bad webhooks ───────────────────────────────────────────────────────────
+
+
+def test_bad_webhooks_are_refused_nothing_queued_server_healthy(hub, tmp_path, start_bot):
+    import socket
+    from urllib.parse import urlparse
+
+    from tests.test_bot import SECRET, bot_settings, payload, sha
+
+    bot = start_bot(bot_settings(hub, tmp_path, backend="dry", max_body_bytes=4096), embedded_worker=False)
+    event = payload(refs=[{"ref": "refs/heads/main", "oldSha": sha(1), "newSha": sha(2)}])
+    body = json.dumps(event).encode()
+
+    def healthy() -> None:
+        assert bot.get("/healthz").status_code == 200
+        assert bot.store.list() == []
+
+    # oversized
+    assert bot.post(event | {"pad": "x" * 10_000}).status_code == 413
+    healthy()
+    # wrong content type
+    assert bot.post(event, content_type="text/plain").status_code == 415
+    healthy()
+    # truncated: Content-Length promises more than arrives, then the sender goes away
+    address = urlparse(bot.url)
+    with socket.create_connection((address.hostname, address.port), timeout=10) as raw:
+        raw.sendall(b"POST /webhooks/hub HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    + f"X-Webhook-Secret: {SECRET}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                    + body[: len(body) // 2])
+        raw.shutdown(socket.SHUT_WR)
+        raw.recv(4096)  # whatever the server answers (or nothing), it must not queue half an event
+    healthy()
+    # a truncated but complete-looking body (cut JSON) is junk
+    assert bot.post(content=body[: len(body) // 2]).status_code == 400
+    healthy()
+    # the same delivery replayed with a different secret
+    assert bot.post(event, secret="whsec_replayed_with_another_secret").status_code == 403
+    healthy()
+    # and the genuine delivery still goes through afterwards
+    assert bot.post(event).status_code == 202
+    assert len(bot.store.list()) == 1
