@@ -6,7 +6,7 @@ the CLI and returns a `RepoState`:
 
 - `recipe_sha256`: `Recipe.sha256()` of the normalised recipe (None without a recipe, or when it is invalid);
 - `weights_key`: a hash of the names and content ids (LFS sha256 or git blob id) of the top-level weight and config
-  files, from the Hub's metadata: the same files `exporters.pipeline.weights_sha256` hashes, without downloading.
+  files, from the Hub's metadata: the same files `exporters.pipeline.weights_fingerprint` hashes, without downloading.
 
 Example:
     >>> state = inspect_repo("acme/tiny", "main", token=None, endpoint="http://127.0.0.1:8000")  # doctest: +SKIP
@@ -32,8 +32,8 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-RECIPE_FILES = ("export_config.json", "config.json")
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".json", ".model")
+from exporters.pipeline import WEIGHT_SUFFIXES  # the files whose content makes an export's inputs
+from exporters.source import RECIPE_FILES
 
 
 class HubCheckError(Exception):

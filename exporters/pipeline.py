@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import hashlib
 import json
 import multiprocessing
@@ -91,29 +92,45 @@ def tool_versions() -> dict[str, str]:
     return versions
 
 
-def file_entries(directory: Path, base: Path) -> list[dict[str, Any]]:
-    entries = []
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-        entries.append({"path": str(path.relative_to(base)), "size": path.stat().st_size, "sha256": digest.hexdigest()})
-    return entries
-
-
-def weights_sha256(folder: Path) -> str:
-    """A hash of the model's weights and configs: the inputs of an export besides the recipe and the tools."""
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    for path in sorted(folder.iterdir()):
-        if path.is_file() and (path.suffix in (".safetensors", ".bin", ".json", ".model") or path.name == "config.json"):
-            if path.name in ("export_config.json",):
-                continue
-            digest.update(path.name.encode())
-            with path.open("rb") as handle:
-                for chunk in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(chunk)
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
     return digest.hexdigest()
+
+
+def _entry(path: Path, name: str, known: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """`{path, size, sha256, mtime_ns}` of a file; the hash is reused from `known` when size and mtime match (the
+    way make and git decide a file is unchanged), so a rerun does not re-read gigabytes."""
+    stat = path.stat()
+    previous = (known or {}).get(name)
+    if previous and previous.get("size") == stat.st_size and previous.get("mtime_ns") == stat.st_mtime_ns:
+        digest = previous["sha256"]
+    else:
+        digest = sha256_file(path)
+    return {"path": name, "size": stat.st_size, "sha256": digest, "mtime_ns": stat.st_mtime_ns}
+
+
+def file_entries(directory: Path, base: Path, known: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Every file under `directory`: path relative to `base`, size, sha256 (and mtime, for reruns)."""
+    return [_entry(path, str(path.relative_to(base)), known)
+            for path in sorted(p for p in directory.rglob("*") if p.is_file())]
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".json", ".model", ".txt")
+
+
+def weights_fingerprint(folder: Path, known: list[dict[str, Any]] | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """A hash of the model's weights, configs and tokenizer (an export's inputs besides the recipe and the tools),
+    and the per-file entries it came from."""
+    by_name = {entry["path"]: entry for entry in known or []}
+    entries = [_entry(path, path.name, by_name) for path in sorted(folder.iterdir())
+               if path.is_file() and path.suffix in WEIGHT_SUFFIXES and path.name != "export_config.json"]
+    digest = hashlib.sha256()
+    for entry in entries:
+        digest.update(f"{entry['path']}\0{entry['sha256']}\n".encode())
+    return digest.hexdigest(), entries
 
 
 def resolve_device(requested: str) -> str:
@@ -230,11 +247,18 @@ def cache_key(weights: str, recipe: Recipe, target_name: str, versions: dict[str
     return hashlib.sha256(material.encode()).hexdigest()
 
 
-def _previous_results(out_dir: Path) -> dict[str, dict[str, Any]]:
+def _previous_report(out_dir: Path) -> dict[str, Any]:
     try:
         report = json.loads((out_dir / "report.json").read_text())
-        return {t["name"]: t for t in report.get("targets", [])}
-    except (OSError, ValueError, KeyError, TypeError):
+        return report if isinstance(report, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _previous_results(out_dir: Path) -> dict[str, dict[str, Any]]:
+    try:
+        return {t["name"]: t for t in _previous_report(out_dir).get("targets", [])}
+    except (KeyError, TypeError):
         return {}
 
 
@@ -245,7 +269,13 @@ def _cached_result(previous: dict[str, Any] | None, key: str, out_dir: Path) -> 
     directory = out_dir / previous["name"]
     if not directory.is_dir():
         return None
-    if file_entries(directory, out_dir) != previous.get("files"):
+    files = previous.get("files") or []
+    current = file_entries(directory, out_dir, known={f["path"]: f for f in files})
+
+    def identity(entries):
+        return [(f["path"], f["size"], f["sha256"]) for f in entries]
+
+    if identity(current) != identity(files):
         return None
     return previous
 
@@ -308,7 +338,8 @@ def run_pipeline(model: str, options: RunOptions) -> dict[str, Any]:
     out_dir = options.out_dir
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     versions = tool_versions()
-    weights = weights_sha256(source.folder)
+    earlier = _previous_report(out_dir)
+    weights, weights_files = weights_fingerprint(source.folder, (earlier.get("source") or {}).get("weights_files"))
     previous = _previous_results(out_dir)
     keys = {t.name: cache_key(weights, recipe, t.name, versions) for t in selected}
     results: list[TargetResult | dict[str, Any]] = []
@@ -321,7 +352,7 @@ def run_pipeline(model: str, options: RunOptions) -> dict[str, Any]:
             to_run.append(target)
     context = {
         "source": source, "recipe": recipe, "recipe_file": recipe_file, "warnings": warnings, "versions": versions,
-        "weights": weights, "started": started, "model_arg": model,
+        "weights": weights, "weights_files": weights_files, "started": started, "model_arg": model,
     }
     if to_run:
         results += _run_targets(to_run, options, context, keys)
@@ -352,6 +383,7 @@ def _run_targets(targets, options: RunOptions, context: dict[str, Any], keys: di
     decompositions: dict[tuple[str, bool], Any] = {}
     results = []
     out_dir = options.out_dir
+    exported: list[tuple[Any, TargetResult, Path, Any]] = []
     with Progress(options.progress) as progress:
         for target in targets:
             target = target.model_copy(deep=True)
@@ -413,6 +445,12 @@ def _run_targets(targets, options: RunOptions, context: dict[str, Any], keys: di
                 final.unlink()
             shutil.rmtree(final, ignore_errors=True)
             os.replace(staging, final)
+            progress.update(target.name, "exported; validation follows")
+            exported.append((target, result, final, components))
+        # Validation runs after every export: the export processes fork from a parent that has not yet loaded
+        # ONNX Runtime sessions or programs, so they stay as small as a bare export (and no runtime's threads are
+        # forked).
+        for target, result, final, components in exported:
             progress.update(target.name, "validating")
             validate_started = time.time()
             _validate_into(result, target, recipe, final, components, model, sample, eager)
@@ -428,6 +466,7 @@ def _run_targets(targets, options: RunOptions, context: dict[str, Any], keys: di
             result.files = file_entries(final, out_dir)
             progress.update(target.name, "[green]passed" if result.status == STATUS_PASSED else "[red]failed",
                             done=True)
+            gc.collect()  # the loaded programs and runtime sessions of this target are no longer needed
     return results
 
 
@@ -540,7 +579,8 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
     previous = _previous_results(out_dir)
     versions = tool_versions()
     context = {"source": source, "recipe": recipe, "recipe_file": recipe_file, "warnings": warnings,
-               "versions": versions, "weights": weights_sha256(source.folder), "started": started, "model_arg": model}
+               "versions": versions, "started": started, "model_arg": model}
+    context["weights"], context["weights_files"] = weights_fingerprint(source.folder)
     loaded = time.time()
     model_obj = load_model(source, trust_remote_code=options.trust_remote_code)
     sample = make_sample_inputs(model_obj, recipe.inputs, load_tokenizer(source.folder))

@@ -34,7 +34,7 @@ def build_report(results: list[Any], context: dict[str, Any], options) -> dict[s
         "tool": {"name": "export-action", "version": context["versions"].get("export-action")},
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "source": {"model": source.model_id, "revision": source.revision, "is_hub": source.is_hub,
-                   "weights_sha256": context.get("weights")},
+                   "weights_sha256": context.get("weights"), "weights_files": context.get("weights_files")},
         "recipe": {"file": Path(context["recipe_file"]).name, "sha256": context["recipe"].sha256()},
         "versions": context["versions"],
         "status": overall_status(targets),
