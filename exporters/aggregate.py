@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import hashlib
 import json
 import shutil
 from pathlib import Path
 from typing import Any
 
 from .errors import ExportActionError
+from .pipeline import sha256_file
 from .report import overall_status, write_report
 
 
@@ -130,14 +130,6 @@ def merge_reports(parts: list[dict[str, Any]], *, expected: list[str | dict[str,
     return merged
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _copy_target(part: Path, target: dict[str, Any], out_dir: Path) -> None:
     """Copy a target's folder and log into `out_dir`, failing the target when its files are not as recorded."""
     name = target["name"]
@@ -156,7 +148,7 @@ def _copy_target(part: Path, target: dict[str, Any], out_dir: Path) -> None:
         path = out_dir / entry["path"]
         if not path.is_file():
             problems.append(f"{entry['path']} is missing")
-        elif path.stat().st_size != entry["size"] or _sha256(path) != entry["sha256"]:
+        elif path.stat().st_size != entry["size"] or sha256_file(path) != entry["sha256"]:
             problems.append(f"{entry['path']} differs from what the export wrote (size or sha256)")
     if not target.get("files") and not source.is_dir():
         problems.append(f"{name}/ is missing")
