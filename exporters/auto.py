@@ -182,10 +182,10 @@ class AutoExportConfig(_UpstreamAutoExportConfig):
                         "AutoHfExporter.from_pretrained(...).config_for(inputs)",
                         path=f"$.dynamic_shapes.{key}",
                     )
-                from .shapes import _axis_specs, _DimTable
+                from .shapes import _DimTable, axis_specs
 
                 table = _DimTable()
-                items = _axis_specs(spec, len(spec) if isinstance(spec, list) else 1 + max(
+                items = axis_specs(spec, len(spec) if isinstance(spec, list) else 1 + max(
                     (int(a) for a in spec), default=0), key) if spec != "auto" else {}
                 from torch.export import Dim
 

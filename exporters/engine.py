@@ -166,12 +166,3 @@ def load_exported(directory: Path, device: str | None = None, *, produced_by_thi
         return ExportedModel.from_pretrained(
             directory, device=device, trust_remote_code=produced_by_this_run  # own artifact, or operator-allowed
         )
-
-
-def program_files(directory: Path) -> list[str]:
-    """The files of each component, as upstream's manifest names them."""
-    import json
-
-    manifest = json.loads((directory / "export.json").read_text())
-    exporter = exporter_class(manifest["export_format"])
-    return [f for entry in manifest["components"].values() for f in exporter.program_files(entry["file"])]

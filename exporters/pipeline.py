@@ -11,7 +11,6 @@ and does not stop the others. Validation runs in this process, sharing the eager
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import hashlib
@@ -369,7 +368,7 @@ def _run_targets(targets, options: RunOptions, context: dict[str, Any], keys: di
     from . import engine
     from .inputs import default_mode, make_sample_inputs
     from .source import load_model, load_tokenizer
-    from .validate import EagerCache, describe_error, validate_target
+    from .validate import EagerCache, describe_error
 
     source, recipe = context["source"], context["recipe"]
     load_started = time.time()

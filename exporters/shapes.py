@@ -45,7 +45,15 @@ def leaf_paths(inputs: dict[str, Any]) -> dict[int, str]:
     return {id(tensor): path for path, tensor in get_leaf_tensors(inputs).items()}
 
 
-def _axis_specs(spec: Any, rank: int, key: str) -> dict[int, Any]:
+def spec_key(spec: dict[str, Any], path: str) -> str | None:
+    """The key of `spec` that addresses the tensor at `path`: the exact path, else the most specific pattern."""
+    if path in spec:
+        return path
+    matches = [key for key in spec if "*" in key and fnmatch.fnmatchcase(path, key)]
+    return max(matches, key=len) if matches else None
+
+
+def axis_specs(spec: Any, rank: int, key: str) -> dict[int, Any]:
     if spec == "auto":
         return dict.fromkeys(range(rank), "auto")
     if isinstance(spec, list):
@@ -98,13 +106,8 @@ def build_dynamic_shapes(
     used: set[str] = set()
 
     def spec_for(path: str) -> tuple[str, Any] | None:
-        if path in spec:
-            return path, spec[path]
-        matches = [key for key in spec if "*" in key and fnmatch.fnmatchcase(path, key)]
-        if not matches:
-            return None
-        key = max(matches, key=len)  # the most specific pattern wins
-        return key, spec[key]
+        key = spec_key(spec, path)
+        return None if key is None else (key, spec[key])
 
     def tensor_shape(tensor: torch.Tensor) -> dict[int, Any] | None:
         path = paths.get(id(tensor))
@@ -114,7 +117,7 @@ def build_dynamic_shapes(
         key, axis_spec = found
         used.add(key)
         result = {}
-        for axis, value in _axis_specs(axis_spec, tensor.dim(), key).items():
+        for axis, value in axis_specs(axis_spec, tensor.dim(), key).items():
             if value == "static":
                 continue
             if value == "auto":
@@ -163,14 +166,3 @@ def build_dynamic_shapes(
     register_cache_pytrees_for_model(torch.nn.Module())  # caches must be pytree nodes before we walk them
     shapes = {name: walk(value) for name, value in inputs.items() if name not in OUTPUT_FLAGS}
     return shapes, used
-
-
-def declared_dims(spec: dict[str, Any] | None) -> dict[str, DimSpec]:
-    """Every named dimension of a spec, by name."""
-    found: dict[str, DimSpec] = {}
-    for axis_spec in (spec or {}).values():
-        values = axis_spec.values() if isinstance(axis_spec, dict) else axis_spec if isinstance(axis_spec, list) else []
-        for value in values:
-            if isinstance(value, DimSpec):
-                found.setdefault(value.name, value)
-    return found

@@ -261,22 +261,16 @@ class DimBinding:
 def dim_bindings(spec: dict[str, Any] | None, inputs: dict[str, Any], dynamic: bool, family: str) -> list[DimBinding]:
     """The dynamic dims of a component: named dims from the recipe, or for `dynamic: true` the sequence axis of
     text inputs (the axis users vary; batch is specialized at size 1 by `Dim.AUTO`)."""
-    import fnmatch
+    from .shapes import axis_specs, spec_key
 
     leaves = _leaves(inputs)
     bindings: dict[str, DimBinding] = {}
     if spec:
         for path, tensor in leaves.items():
-            key = path if path in spec else max(
-                (k for k in spec if "*" in k and fnmatch.fnmatchcase(path, k)), key=len, default=None
-            )
+            key = spec_key(spec, path)
             if key is None:
                 continue
-            axis_spec = spec[key]
-            items = enumerate(axis_spec) if isinstance(axis_spec, list) else (
-                ((int(a) % tensor.dim(), v) for a, v in axis_spec.items()) if isinstance(axis_spec, dict) else []
-            )
-            for axis, value in items:
+            for axis, value in axis_specs(spec[key], tensor.dim(), key).items():
                 if isinstance(value, DimSpec):
                     binding = bindings.setdefault(
                         value.name, DimBinding(value.name, value.min, value.max, [], int(tensor.shape[axis]))
@@ -392,8 +386,6 @@ def describe_error(err: BaseException) -> str:
     return text if len(text) < 2000 else text[:2000] + " …"
 
 
-def last_frames(err: BaseException, limit: int = 12) -> str:
-    return "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-limit))
 
 
 # ── One target ────────────────────────────────────────────────────────────────
