@@ -13,13 +13,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from transformers.exporters.auto import EXPORT_BACKENDS
-from transformers.exporters.auto import AutoExportConfig as _UpstreamAutoExportConfig
-from transformers.exporters.auto import AutoHfExporter as _UpstreamAutoHfExporter
-
-from . import engine
+from . import engine, upstream
+from .upstream import EXPORT_BACKENDS
 from .errors import RecipeError
-from .recipe import CONFIG_FIELD, RECIPE_FILE, Recipe, find_recipe, parse_recipe_data
+from .recipe import CONFIG_FIELD, RECIPE_FILE, Recipe
+from .recipe_load import find_recipe, parse_recipe_data
 from .shapes import build_dynamic_shapes
 
 
@@ -31,7 +29,7 @@ class RecipeExporter:
         self.recipe = recipe
         self.target = recipe.target(target_name) if target_name else recipe.exports[0]
         self.source = source
-        self.exporter = engine.exporter_class(self.target.export_format)()
+        self.exporter = upstream.exporter_class(self.target.export_format)()
 
     def __repr__(self) -> str:
         return f"RecipeExporter(target={self.target.name!r}, format={self.target.export_format!r}, source={self.source!r})"
@@ -76,7 +74,7 @@ def _read_remote_recipe(repo_id: str, revision: str | None, token: str | None, e
     return folder
 
 
-class AutoHfExporter(_UpstreamAutoHfExporter):
+class AutoHfExporter(upstream.UpstreamAutoHfExporter):
     """Upstream's auto exporter, plus the recipe workflow it sketched."""
 
     @classmethod
@@ -149,7 +147,7 @@ class AutoHfExporter(_UpstreamAutoHfExporter):
             )
             return False
         try:
-            engine.exporter_class(str(export_format))
+            upstream.exporter_class(str(export_format))
         except ImportError as err:
             warnings.warn(
                 f"export_format {export_format!r} is registered but its exporter cannot be imported ({err}): "
@@ -159,7 +157,7 @@ class AutoHfExporter(_UpstreamAutoHfExporter):
         return True
 
 
-class AutoExportConfig(_UpstreamAutoExportConfig):
+class AutoExportConfig(upstream.UpstreamAutoExportConfig):
     """Upstream's config factory, accepting the seed's fields (validated like a recipe)."""
 
     @classmethod
@@ -174,7 +172,12 @@ class AutoExportConfig(_UpstreamAutoExportConfig):
         target = recipe.exports[0]
         shapes = None
         if target.dynamic_shapes:
+            from torch.export import Dim
+
+            from .shapes import DimTable, axis_specs
+
             shapes = {}
+            table = DimTable()  # one table for every key: a name used on two inputs is one dimension
             for key, spec in target.dynamic_shapes.items():
                 if "." in key or "*" in key:
                     raise RecipeError(
@@ -182,13 +185,8 @@ class AutoExportConfig(_UpstreamAutoExportConfig):
                         "AutoHfExporter.from_pretrained(...).config_for(inputs)",
                         path=f"$.dynamic_shapes.{key}",
                     )
-                from .shapes import _DimTable, axis_specs
-
-                table = _DimTable()
                 items = axis_specs(spec, len(spec) if isinstance(spec, list) else 1 + max(
                     (int(a) for a in spec), default=0), key) if spec != "auto" else {}
-                from torch.export import Dim
-
                 shapes[key] = {
                     axis: Dim.AUTO if value == "auto" else table.get(value)
                     for axis, value in items.items() if value != "static"

@@ -1,33 +1,27 @@
-"""The one adapter to upstream `transformers.exporters`: configs, decomposition, export, save and load.
+"""Exporting: a target's upstream config, the decomposition into components, the export of each, the save.
 
-Upstream is experimental and changes between releases; everything this project needs from it goes through here.
+Upstream is reached through `exporters.upstream` only.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
-import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from . import upstream
+from .errors import ShapeSpecError
 from .recipe import ComponentOverride, Recipe
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 
 
-def exporter_class(export_format: str):
-    from transformers.exporters.auto import get_exporter_class
-
-    return get_exporter_class(export_format)
-
-
 def upstream_config(target, override: ComponentOverride | None = None, dynamic_shapes: Any = None):
     """The upstream config object for a target (and a component's overrides)."""
-    config_class = exporter_class(target.export_format).config_class
+    config_class = upstream.config_class(target.export_format)
     names = {f.name for f in dataclasses.fields(config_class)} - {"quantizer", "export_format"}
     values = {name: getattr(target, name) for name in names if hasattr(target, name)}
     if override is not None:
@@ -43,6 +37,17 @@ def component_shape_spec(target, component: str) -> dict[str, Any] | None:
     if override is not None and override.dynamic_shapes is not None:
         return override.dynamic_shapes
     return target.dynamic_shapes
+
+
+def spec_locator(recipe: Recipe, target, component: str):
+    """Where a dynamic-shape key of `component` is written in the recipe file: `key -> (JSON path, line)`."""
+    override = target.components.get(component)
+    inside = ("components", component) if override is not None and override.dynamic_shapes is not None else ()
+
+    def locate(key: str) -> tuple[str, int | None]:
+        return recipe.locate(target.name, *inside, "dynamic_shapes", key)
+
+    return locate
 
 
 def generation_config_for(model, recipe: Recipe):
@@ -62,14 +67,12 @@ def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, 
     (upstream's, plus the stages it leaves out: see `exporters.components`)."""
     if mode == "model":
         return {"model": (model, copy.deepcopy(forward_inputs))}
-    from transformers.exporters.utils import decompose_for_generation
-
     from .components import complete_components
     from .inputs import detect_family
 
     generation_config = generation_config_for(model, recipe)
     with torch.no_grad():
-        components = decompose_for_generation(
+        components = upstream.decompose_for_generation(
             model,
             copy.deepcopy(generate_inputs),
             generation_config=generation_config,
@@ -81,16 +84,14 @@ def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, 
 
 def export_components(model, target, components: Components, recipe: Recipe, notes: list[str]):
     """Export each component with the target's settings; an upstream `ExportedModel` holding all of them."""
-    from transformers.exporters import ExportedModel
+    from .shapes import build_dynamic_shapes
 
-    from .shapes import ShapeSpecError, build_dynamic_shapes
-
-    exporter = exporter_class(target.export_format)()
+    exporter = upstream.exporter_class(target.export_format)()
     exported = {}
     used_keys: set[str] = set()
     for name, (module, inputs) in components.items():
         spec = component_shape_spec(target, name)
-        shapes, used = build_dynamic_shapes(spec, inputs, notes)
+        shapes, used = build_dynamic_shapes(spec, inputs, notes, locate=spec_locator(recipe, target, name))
         used_keys |= used
         config = upstream_config(target, target.components.get(name), shapes)
         try:
@@ -101,12 +102,14 @@ def export_components(model, target, components: Components, recipe: Recipe, not
     declared = set(target.dynamic_shapes or {})
     unused = declared - used_keys
     if unused:
+        path, line = recipe.locate(target.name, "dynamic_shapes", sorted(unused)[0])
         raise ShapeSpecError(
             f"dynamic_shapes keys {sorted(unused)} match no input of components {list(components)}; the inputs are "
-            f"{sorted({path for _, inputs in components.values() for path in _input_paths(inputs)})}"
+            f"{sorted({path for _, inputs in components.values() for path in _input_paths(inputs)})}",
+            path=path, line=line,
         )
     generation_config = generation_config_for(model, recipe) if target.mode == "generation" else None
-    return ExportedModel(exported, target.export_format, config=model.config, generation_config=generation_config)
+    return upstream.ExportedModel(exported, target.export_format, config=model.config, generation_config=generation_config)
 
 
 def _hint(err: Exception, config) -> str:
@@ -123,9 +126,7 @@ def _hint(err: Exception, config) -> str:
 
 
 def _input_paths(inputs: dict) -> list[str]:
-    from transformers.exporters.utils import get_leaf_tensors
-
-    return list(get_leaf_tensors(inputs))
+    return list(upstream.leaf_tensors(inputs))
 
 
 def save_exported(exported, target, directory: Path) -> None:
@@ -135,34 +136,3 @@ def save_exported(exported, target, directory: Path) -> None:
         from .onnx_files import apply_onnx_file_options
 
         apply_onnx_file_options(target, directory)
-
-
-# torch 2.13's `.pt2` loader logs a warning whose format string has no placeholder for its argument: the logging
-# call itself fails ("--- Logging error ---" on stderr, an exception under pytest). See docs/upstream-gaps.md.
-TORCH_SERDE_LOGGER = "torch._export.serde.serialize"
-
-
-@contextlib.contextmanager
-def quiet_torch_serde():
-    """Silence the broken warning of torch's `.pt2` deserializer while loading."""
-    logger = logging.getLogger(TORCH_SERDE_LOGGER)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-def load_exported(directory: Path, device: str | None = None, *, produced_by_this_run: bool = False):
-    """Load a saved export with upstream `ExportedModel.from_pretrained`.
-
-    `.pt2` programs are pickles that run code when loaded: they load only when this run produced them
-    (`produced_by_this_run`, or the operator passed --trust-remote-code for artifacts made elsewhere).
-    """
-    from transformers.exporters import ExportedModel
-
-    with quiet_torch_serde():
-        return ExportedModel.from_pretrained(
-            directory, device=device, trust_remote_code=produced_by_this_run  # own artifact, or operator-allowed
-        )

@@ -11,14 +11,16 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
-import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .errors import describe_error
 from .recipe import DimSpec, Recipe, Tolerance
+from .results import Check, ComponentReport, OutputDiff, ValidationResult
+from .upstream import leaf_tensors, run_component
 
 # Defaults per format at float32: torch programs run the same kernels as eager; ONNX Runtime and XNNPACK fuse and
 # reorder reductions, so they get more room. Lower precisions get more room again.
@@ -28,68 +30,6 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "executorch": (1e-3, 1e-3),
 }
 LOW_PRECISION_TOLERANCE = (1e-2, 1e-2)
-
-
-@dataclass
-class OutputDiff:
-    name: str
-    max_abs_diff: float | None
-    max_rel_diff: float | None
-    atol: float
-    rtol: float
-    passed: bool
-    note: str | None = None
-
-
-@dataclass
-class Check:
-    """One comparison of a component at one probe."""
-
-    probe: str
-    shapes: dict[str, list[int]]
-    outputs: list[OutputDiff] = field(default_factory=list)
-    passed: bool = True
-    skipped: bool = False
-    error: str | None = None
-
-
-@dataclass
-class ComponentReport:
-    name: str
-    checks: list[Check] = field(default_factory=list)
-    structural: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return all(c.passed for c in self.checks if not c.skipped)
-
-
-@dataclass
-class GenerationReport:
-    status: str  # passed | failed | skipped
-    max_new_tokens: int
-    prompt_length: int | None = None
-    batch_size: int | None = None
-    eager_tokens: list[list[int]] | None = None
-    exported_tokens: list[list[int]] | None = None
-    first_divergence: dict[str, int] | None = None
-    reason: str | None = None
-
-
-@dataclass
-class ValidationResult:
-    components: list[ComponentReport]
-    generation: GenerationReport | None
-    findings: list[str]
-    errors: list[str]
-
-    @property
-    def passed(self) -> bool:
-        return (
-            not self.errors
-            and all(c.passed for c in self.components)
-            and (self.generation is None or self.generation.status != "failed")
-        )
 
 
 def tolerance_for(recipe: Recipe, target, component: str, dtype: str | None) -> tuple[float, float]:
@@ -113,9 +53,7 @@ def tolerance_for(recipe: Recipe, target, component: str, dtype: str | None) -> 
 
 
 def _leaves(outputs: Any) -> dict[str, torch.Tensor]:
-    from transformers.exporters.utils import get_leaf_tensors
-
-    return get_leaf_tensors(outputs)
+    return leaf_tensors(outputs)
 
 
 def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float) -> list[OutputDiff]:
@@ -204,15 +142,18 @@ def _is_arange(tensor: torch.Tensor, axis: int) -> bool:
 
 
 def resize_along(tensor: torch.Tensor, axis: int, size: int, generator: torch.Generator, config) -> torch.Tensor:
-    """`tensor` cut or grown along `axis` to `size`, grown with values of the same kind (ones stay ones, positions
-    keep counting, token ids stay in the vocabulary, floats stay at their scale)."""
+    """`tensor` cut or grown along `axis` to `size`, grown with values of the same kind (a constant stays that
+    constant — masks, token types —, positions keep counting, token ids stay in the vocabulary, floats stay at their
+    scale)."""
     current = tensor.shape[axis]
     if size <= current:
         return tensor.narrow(axis, 0, size).clone()
     extra_shape = list(tensor.shape)
     extra_shape[axis] = size - current
-    if tensor.dtype == torch.bool or (not tensor.is_floating_point() and bool((tensor == 1).all())):
-        extra = torch.ones(extra_shape, dtype=tensor.dtype)
+    if tensor.dtype == torch.bool or (not tensor.is_floating_point() and tensor.numel() > 0
+                                      and bool((tensor == tensor.flatten()[0]).all())):
+        # masks stay masks, token types stay the one type: a constant integer input grows with its value
+        extra = torch.full(extra_shape, tensor.flatten()[0].item() if tensor.numel() else 1, dtype=tensor.dtype)
     elif _is_arange(tensor, axis):
         last = tensor.narrow(axis, current - 1, 1)
         steps = torch.arange(1, size - current + 1).reshape([-1 if d == axis else 1 for d in range(tensor.dim())])
@@ -301,7 +242,11 @@ def make_probes(
     inputs: dict[str, Any], bindings: list[DimBinding], config, limit: int, max_positions: int | None, seed: int = 0
 ) -> list[tuple[str, dict[str, Any] | None, str | None]]:
     """`(probe id, inputs or None, skip reason)`: the traced inputs, then each dim at each probe size."""
-    probes: list[tuple[str, dict[str, Any] | None, str | None]] = [("traced", inputs, None)]
+    traced_total = sum(t.numel() for t in _leaves(inputs).values())
+    probes: list[tuple[str, dict[str, Any] | None, str | None]] = [
+        ("traced", inputs, None) if traced_total <= limit else
+        ("traced", None, f"inputs of {traced_total} elements exceed max_probe_elements ({limit})")
+    ]
     generator = torch.Generator().manual_seed(seed)
     for binding in bindings:
         for size in probe_sizes(binding, max_positions):
@@ -320,19 +265,12 @@ def make_probes(
     return probes
 
 
-def run_component(runner, inputs: dict[str, Any]) -> Any:
-    """Run one exported component on the kwargs it was traced with (flags like `use_cache` are constants)."""
-    traced = runner.metadata.kwargs
-    feed = {name: value for name, value in copy.deepcopy(inputs).items() if name in traced}
-    return runner(**feed)
-
-
 def structural_checks(export_format: str, directory: Path) -> list[str]:
     """Format checks on the saved files: `onnx.checker` with external data, the ExecuTorch methods."""
-    import json
-
     notes = []
-    manifest = json.loads((directory / "export.json").read_text())
+    from .upstream import read_manifest
+
+    manifest = read_manifest(directory)
     for name, entry in manifest["components"].items():
         path = directory / entry["file"]
         if export_format == "onnx":
@@ -357,12 +295,12 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
     """Declared-dynamic axes that the saved graph fixed to one size (read from the ONNX graph's input dims)."""
     if export_format != "onnx":
         return []
-    import json
-
     import onnx
 
+    from .upstream import read_manifest
+
     findings = []
-    manifest = json.loads((directory / "export.json").read_text())
+    manifest = read_manifest(directory)
     for name, entry in manifest["components"].items():
         bindings = spec_by_component.get(name) or []
         model = onnx.load(str(directory / entry["file"]), load_external_data=False)
@@ -381,13 +319,6 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
     return findings
 
 
-def describe_error(err: BaseException) -> str:
-    text = f"{type(err).__name__}: {err}"
-    return text if len(text) < 2000 else text[:2000] + " …"
-
-
-
-
 # ── One target ────────────────────────────────────────────────────────────────
 
 
@@ -396,20 +327,25 @@ def validate_target(
     eager: EagerCache, generation_config=None, expected_components: list[str] | None = None,
     trust_artifacts: bool = True,
 ) -> ValidationResult:
-    """Load the saved target from `directory` and run every check."""
-    from .engine import component_shape_spec, load_exported
+    """Load the saved target from `directory` and run every check.
+
+    `trust_artifacts`: the folder's pickled programs (`.pt2`) may be loaded (this run wrote them, or the operator
+    allowed it); nothing else in the folder ever runs (its config's `auto_map` is never read).
+    """
+    from .engine import component_shape_spec
+    from .errors import ArtifactError, RemoteCodeError
+    from .upstream import load_exported, read_manifest
 
     findings: list[str] = []
     errors: list[str] = []
     reports: list[ComponentReport] = []
     expected = list(expected_components if expected_components is not None else components)
+    generation_expected = target.mode == "generation"
     saved: list[str] = []
     try:
-        import json
-
-        saved = list(json.loads((directory / "export.json").read_text())["components"])
-    except (OSError, ValueError, KeyError) as err:
-        errors.append(f"the saved export has no readable manifest (export.json): {describe_error(err)}")
+        saved = list(read_manifest(directory)["components"])
+    except ArtifactError as err:
+        errors.append(str(err))
     missing = [name for name in expected if name not in saved]
     extra = [name for name in saved if name not in expected]
     if missing:
@@ -417,19 +353,16 @@ def validate_target(
     if extra:
         errors.append(f"unexpected component(s) {extra}: expected {expected}, the saved export has {saved}")
     if errors:
-        return ValidationResult(reports, None, findings, errors)
-    if target.export_format == "dynamo" and not trust_artifacts:
-        errors.append(
-            f"refusing to load the pickled .pt2 programs in {directory}: they were not produced by this run and "
-            "loading them runs code; pass --trust-remote-code if you trust where they came from"
-        )
-        return ValidationResult(reports, None, findings, errors)
+        return ValidationResult(reports, None, findings, errors, generation_expected)
     try:
+        exported = load_exported(directory, config=model.config, allow_pickles=trust_artifacts)
         structural = structural_checks(target.export_format, directory)
-        exported = load_exported(directory, produced_by_this_run=True)
+    except (RemoteCodeError, ArtifactError) as err:
+        errors.append(str(err))
+        return ValidationResult(reports, None, findings, errors, generation_expected)
     except Exception as err:
         errors.append(f"the saved artifact does not load: {describe_error(err)}")
-        return ValidationResult(reports, None, findings, errors)
+        return ValidationResult(reports, None, findings, errors, generation_expected)
 
     max_positions = getattr(getattr(model.config, "text_config", None) or model.config, "max_position_embeddings", None)
     bindings_by_component = {}
@@ -479,4 +412,4 @@ def validate_target(
 
         generation = generation_parity(model, components, exported, generate_inputs, recipe.generation.max_new_tokens,
                                        generation_config, family)
-    return ValidationResult(reports, generation, findings, errors)
+    return ValidationResult(reports, generation, findings, errors, generation_expected)

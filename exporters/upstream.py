@@ -1,0 +1,203 @@
+"""The one adapter to upstream `transformers.exporters`: everything this project takes from it goes through here.
+
+Upstream is experimental and changes between releases (5.24 renamed cache kwargs and made `.pt2` loading need
+`trust_remote_code`); pinning it (constraints.txt) and importing it in this module only means the next release is
+adapted in one place. A test fails if another module imports `transformers.exporters`.
+
+What is here: the registry (`exporter_class`, `config_class`), decomposition (`decompose_for_generation`,
+`decompose_multimodal`), pytree helpers (`leaf_tensors`, `cast_leaf_tensors`, `pytree_flatten`,
+`register_cache_pytrees`), the saved-export format (`ExportedModel`, `read_manifest`) and a loader that never runs
+code from an artifact folder unless the operator allowed it ([`load_exported`]).
+
+Example:
+    >>> exporter_class("onnx").program_suffix
+    '.onnx'
+    >>> sorted(formats_from_files(["decode.pte", "prefill.pte"]))
+    ['executorch']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import torch
+from transformers.exporters import ExportedComponent, ExportedModel
+from transformers.exporters.auto import EXPORT_BACKENDS, get_exporter_class
+from transformers.exporters.auto import AutoExportConfig as UpstreamAutoExportConfig
+from transformers.exporters.auto import AutoHfExporter as UpstreamAutoHfExporter
+from transformers.exporters.exporter_dynamo import _pytree_flatten, register_cache_pytrees_for_model
+from transformers.exporters.metadata import ExportMetadata, register_treespec_types
+from transformers.exporters.utils import (
+    cast_leaf_tensors,
+    decompose_for_generation,
+    decompose_multimodal,
+    get_leaf_tensors,
+)
+
+from .errors import ArtifactError, RemoteCodeError
+
+try:
+    from transformers.exporters.utils import _OUTPUT_FLAGS as OUTPUT_FLAGS
+except ImportError:  # pragma: no cover - older upstream
+    OUTPUT_FLAGS = ("use_cache", "return_dict", "output_attentions", "output_hidden_states")
+
+__all__ = [
+    "EXPORT_BACKENDS",
+    "OUTPUT_FLAGS",
+    "ExportedComponent",
+    "ExportedModel",
+    "UpstreamAutoExportConfig",
+    "UpstreamAutoHfExporter",
+    "cast_leaf_tensors",
+    "config_class",
+    "decompose_for_generation",
+    "decompose_multimodal",
+    "exporter_class",
+    "formats_from_files",
+    "leaf_tensors",
+    "load_exported",
+    "pytree_flatten",
+    "quiet_torch_serde",
+    "read_manifest",
+    "register_cache_pytrees",
+    "run_component",
+]
+
+MANIFEST_FILE = "export.json"
+# The file suffix of each format's programs: what a folder holds is decided from its files, not from what a
+# manifest claims.
+SUFFIX_FORMATS = {".pt2": "dynamo", ".onnx": "onnx", ".pte": "executorch", ".xml": "openvino"}
+
+
+def exporter_class(export_format: str):
+    """Upstream's exporter class for a format (`KeyError`/`ValueError` naming the registered ones otherwise)."""
+    return get_exporter_class(export_format)
+
+
+def config_class(export_format: str):
+    """Upstream's config class for a format."""
+    return exporter_class(export_format).config_class
+
+
+def leaf_tensors(obj: Any) -> dict[str, torch.Tensor]:
+    """`{dotted path: tensor}` for every tensor leaf of `obj` (upstream's leaf naming, the names ONNX inputs get)."""
+    return get_leaf_tensors(obj)
+
+
+def pytree_flatten(value: Any):
+    """Upstream's flattening of a cache or model output object into leaves."""
+    return _pytree_flatten(value)
+
+
+def register_cache_pytrees() -> None:
+    """Make transformers' cache classes pytree nodes (needed before walking or tracing inputs that hold a cache)."""
+    register_cache_pytrees_for_model(torch.nn.Module())
+
+
+# torch 2.13's `.pt2` loader logs a warning whose format string has no placeholder for its argument: the logging
+# call itself fails ("--- Logging error ---" on stderr, an exception under pytest). See docs/upstream-gaps.md.
+TORCH_SERDE_LOGGER = "torch._export.serde.serialize"
+
+
+@contextlib.contextmanager
+def quiet_torch_serde() -> Iterator[None]:
+    """Silence the broken warning of torch's `.pt2` deserializer while loading."""
+    logger = logging.getLogger(TORCH_SERDE_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def formats_from_files(names: list[str]) -> set[str]:
+    """The formats the program files `names` are, by suffix (`unknown:<suffix>` for anything else)."""
+    return {SUFFIX_FORMATS.get(PurePosixPath(n).suffix, f"unknown:{PurePosixPath(n).suffix}") for n in names}
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """A saved export's `export.json`, checked: every component names a plain file inside `directory` that exists,
+    and the files' suffixes agree with the manifest's format. Raises `ArtifactError` saying what is wrong."""
+    directory = Path(directory)
+    try:
+        manifest = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
+        components = manifest["components"]
+        export_format = manifest["export_format"]
+        files = [entry["file"] for entry in components.values()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ArtifactError(f"{directory} holds no readable export manifest ({MANIFEST_FILE}): "
+                            f"{type(err).__name__}: {err}") from None
+    for name in files:
+        if not isinstance(name, str) or "/" in name or "\\" in name or name in ("", ".", ".."):
+            raise ArtifactError(f"{directory / MANIFEST_FILE} names {name!r}: a component file must be a plain file "
+                                "name inside the export folder")
+        path = directory / name
+        if path.is_symlink() or not path.is_file():
+            raise ArtifactError(f"{path} is missing or not a regular file")
+    found = formats_from_files(files)
+    if found != {export_format}:
+        raise ArtifactError(f"{directory / MANIFEST_FILE} says export_format {export_format!r} but its program files "
+                            f"{sorted(files)} are {sorted(found)}: the folder was not written by this tool")
+    return manifest
+
+
+def run_component(runner: Any, inputs: dict[str, Any]) -> Any:
+    """Run one exported component's runner on the kwargs it was traced with (flags like `use_cache` were traced as
+    constants, so they are dropped)."""
+    traced = runner.metadata.kwargs
+    feed = {name: value for name, value in copy.deepcopy(inputs).items() if name in traced}
+    return runner(**feed)
+
+
+def load_exported(directory: Path, *, device: str | None = None, config: Any = None,
+                  allow_pickles: bool = False) -> ExportedModel:
+    """Load a saved export with upstream's program loaders and runners, without running code from the folder.
+
+    Upstream `ExportedModel.from_pretrained(trust_remote_code=True)` both unpickles `.pt2` programs and loads the
+    folder's `config.json` with its `auto_map` code: here the programs are loaded one by one, a pickled format only
+    when `allow_pickles` (this run wrote the files, or the operator allowed it), and the folder's config is never
+    read (`config`, the eager model's, is attached instead).
+
+    Args:
+        directory: the folder `ExportedModel.save_pretrained` wrote.
+        device: where the runners run (the backend's default when None).
+        config: the model config to attach (the caller's own object; nothing is read from the folder).
+        allow_pickles: load formats whose programs are pickles (`.pt2`).
+
+    Raises:
+        ArtifactError: the manifest is missing, unreadable, or disagrees with the files.
+        RemoteCodeError: the programs are pickled and `allow_pickles` is False (option `trust_remote_code`).
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    export_format = manifest["export_format"]
+    exporter = exporter_class(export_format)
+    if exporter.requires_trust_remote_code and not allow_pickles:
+        raise RemoteCodeError(
+            f"refusing to load the {export_format} programs in {directory}: they are pickles, loading them runs "
+            "code, and this run did not produce them; allow it with `trust_remote_code` only if you trust where "
+            "they came from", option="trust_remote_code")
+    components = {}
+    with quiet_torch_serde():
+        for name, entry in manifest["components"].items():
+            metadata = ExportMetadata.from_dict(entry.get("metadata") or {})
+            for spec in (metadata.in_spec, metadata.out_spec):
+                if spec is not None:
+                    register_treespec_types(spec)  # imports transformers' own cache/output classes only
+            components[name] = ExportedComponent(exporter.load_program(directory / entry["file"]), metadata)
+    generation_config = None
+    if (directory / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        generation_config = GenerationConfig.from_pretrained(directory)
+    model = ExportedModel(components, export_format, config=config, generation_config=generation_config)
+    if EXPORT_BACKENDS[export_format].runner is not None:
+        model.to(device)
+    return model
