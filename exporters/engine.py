@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,11 @@ def export_components(model, target, components: Components, recipe: Recipe, not
 def _hint(err: Exception, config) -> str:
     """What to change in the recipe for the failures users hit most."""
     text = str(err)
+    fixed = re.findall(r"^\s+(\w+) = (\d+)$", text, re.M) if "specialized it to be a constant" in text else []
+    if fixed:
+        names = ", ".join(f"'{name}' to {value}" for name, value in fixed)
+        return (f"\nhint: the model's code fixes {names}: that axis cannot be dynamic in this model; declare it "
+                "'static' (or the model's fixed size) in the recipe")
     if "Constraints violated" in text and not config.prefer_deferred_runtime_asserts_over_guards:
         return (
             "\nhint: with explicit {name, min, max} dims most LLMs need "

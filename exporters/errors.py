@@ -184,6 +184,6 @@ def describe_error(err: BaseException, limit: int = 2000) -> str:
     """
     text = f"{type(err).__name__}: {err}"
     cause = root_cause(err)
-    if cause is not err:
+    if cause is not err and str(cause).strip()[:200] not in text:
         text += f" [root cause: {type(cause).__name__}: {cause}]"
     return text if len(text) < limit else text[:limit] + " …"

@@ -139,6 +139,12 @@ def _compare(eager: torch.Tensor, tokens: list[torch.Tensor], greedy: _Greedy, p
                 break
         if divergence:
             break
+    if divergence is None and len(tokens) < 2:
+        # Only the prefill's first token was compared: the decode graph never ran, so it was not checked.
+        return GenerationReport("skipped", greedy.steps, prompt, len(expected), expected, produced, None,
+                                reason=f"generation stopped at EOS after {len(tokens)} token(s), so the decode graph "
+                                       "was never run; use a prompt or generation settings that produce at least two "
+                                       "tokens")
     return GenerationReport("passed" if divergence is None else "failed", greedy.steps, prompt, len(expected),
                             expected, produced, divergence)
 

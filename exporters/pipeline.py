@@ -17,10 +17,8 @@ parent that has loaded no runtime yet.
 
 from __future__ import annotations
 
-import copy
 import gc
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,51 +31,10 @@ from .progress import Progress
 from .results import TargetResult
 from .reuse import Signer, previous_report, reusable
 from .status import FAILED, PASSED, UNVERIFIED
+from .workbench import Workbench
 
 __all__ = ["RunOptions", "run_pipeline", "validate_existing"]
 STAGING_PREFIX = ".staging-"
-
-
-@dataclass
-class Workbench:
-    """The loaded model, its sample inputs, and what is shared across targets: decompositions, eager outputs."""
-
-    model: Any
-    sample: Any
-    eager: Any
-    decompositions: dict[tuple, Any] = field(default_factory=dict)
-
-    @classmethod
-    def load(cls, context: RunContext, options: RunOptions) -> Workbench:
-        from .inputs import make_sample_inputs
-        from .source import load_model, load_tokenizer
-        from .validate import EagerCache
-
-        started = time.time()
-        model = load_model(context.source, trust_remote_code=options.trust_remote_code)
-        sample = make_sample_inputs(model, context.recipe.inputs, load_tokenizer(context.source.folder))
-        context.family, context.load_s = sample.family, round(time.time() - started, 3)
-        context.eager_cache = EagerCache()
-        return cls(model, sample, context.eager_cache)
-
-    def plan(self, target: Any) -> Any:
-        """The target with its mode decided (the recipe's, else from the model)."""
-        from .inputs import default_mode
-
-        target = target.model_copy(deep=True)
-        target.mode = target.mode or default_mode(self.model)
-        return target
-
-    def components(self, target: Any, recipe: Any) -> Any:
-        """The target's `{component: (module, forward inputs)}`, captured once per mode and decode layout."""
-        from . import engine
-
-        key = (target.mode, target.multi_token_decode)
-        if key not in self.decompositions:
-            self.decompositions[key] = engine.decompose(
-                self.model, target.mode, self.sample.forward, self.sample.generate, recipe=recipe,
-                multi_token_decode=target.multi_token_decode, family=self.sample.family)
-        return self.decompositions[key]
 
 
 def run_pipeline(model: str, options: RunOptions) -> dict[str, Any]:
@@ -191,6 +148,7 @@ def _export_target(target: Any, result: TargetResult, bench: Workbench, context:
         progress.update(target.name, "[red]failed: capture", done=True)
         return None
     result.expected_components = _expected(target, bench.sample.family, components)
+    result.findings += bench.contract_notes(target)
     staging = fsutil.fresh_dir(out_dir / f"{STAGING_PREFIX}{target.name}")
     device = result.device
 
@@ -274,10 +232,11 @@ def _after_validation(result: TargetResult, target: Any, final: Path) -> None:
     if result.status == PASSED and target.export_format == "onnx" and not target.export_params:
         from .onnx_files import strip_weights
 
-        stripped = strip_weights(final)
+        stripped = strip_weights(final, target.output_path)
+        copy = f" and from {target.output_path}" if target.output_path else ""
         result.findings.append(
-            f"export_params: false — validated with weights, then {len(stripped)} weights were stripped: "
-            "the published graph takes them as inputs"
+            f"export_params: false — validated with weights, then {len(stripped)} weights were stripped from every "
+            f"graph{copy}: the published graphs take them as inputs"
         )
 
 

@@ -40,6 +40,13 @@ CONFIG_FIELD = "export_config"
 SCHEMA_VERSION = 1
 FORMATS = ("dynamo", "onnx", "executorch")
 TARGET_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+# Entries the tool writes in the output folder beside the target folders: a target cannot be called like them.
+RESERVED_NAMES = ("logs", "report.json", "report.md", "publish.json")
+# Inputs whose rank is the same in every model that takes them (batch, sequence): an axis key outside it is an error
+# at `check` time. Other inputs (pixel values, audio features, position ids of multimodal models, cache leaves) vary
+# by family and are checked against the real inputs when exporting.
+KNOWN_RANKS = {"input_ids": 2, "attention_mask": 2, "token_type_ids": 2, "decoder_input_ids": 2,
+               "decoder_attention_mask": 2, "input_values": 2, "cache_position": 1}
 DIM_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
@@ -141,6 +148,63 @@ class _TargetBase(_Strict):
         if value is not None and len(set(value)) != len(value):
             raise ValueError("component names repeat")
         return value
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, value: str | None) -> str | None:
+        if value in RESERVED_NAMES:
+            raise ValueError(f"target name {value!r} is reserved: the output folder holds the tool's own "
+                             f"{value!r}; reserved names are {list(RESERVED_NAMES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent_shapes(self):
+        check_shape_spec(self.dynamic_shapes, ("dynamic_shapes",))
+        for component, override in self.components.items():
+            check_shape_spec(override.dynamic_shapes, ("components", component, "dynamic_shapes"))
+        return self
+
+
+def _axes(spec: Any) -> list[tuple[str, Any]]:
+    """`(axis key as written, axis spec)` of one input's entry."""
+    if isinstance(spec, list):
+        return [(str(i), value) for i, value in enumerate(spec)]
+    if isinstance(spec, dict):
+        return list(spec.items())
+    return []
+
+
+def check_shape_spec(spec: dict[str, Any] | None, at: tuple) -> None:
+    """One name is one dimension (one range), and axis keys fit the inputs whose rank is known.
+
+    Example:
+        >>> seq = DimSpec(name="seq", max=64)
+        >>> check_shape_spec({"input_ids": {"1": seq}, "attention_mask": {"1": DimSpec(name="seq", max=32)}}, ())
+        Traceback (most recent call last):
+        ...
+        exporters.recipe._PathValueError: dimension 'seq' is declared again with min/max None/32, but input_ids axis 1 gave it None/64: one name is one dimension, so give it one range (or repeat just its name)
+    """
+    seen: dict[str, tuple[int | None, int | None, str]] = {}
+    for key, entry in (spec or {}).items():
+        rank = KNOWN_RANKS.get(key)
+        if rank is not None and isinstance(entry, list) and len(entry) != rank:
+            raise _PathValueError((*at, key), f"'{key}' has {rank} axes, but {len(entry)} are listed")
+        for axis, value in _axes(entry):
+            if rank is not None and isinstance(entry, dict) and not -rank <= int(axis) < rank:
+                raise _PathValueError((*at, key, axis), f"'{key}' has {rank} axes (0 to {rank - 1}, or -{rank} to "
+                                                        f"-1 from the end): axis {axis} does not exist")
+            if not isinstance(value, DimSpec):
+                continue
+            where = f"{key} axis {axis}"
+            if value.name not in seen:
+                seen[value.name] = (value.min, value.max, where)
+                continue
+            low, high, first = seen[value.name]
+            if (value.min, value.max) not in ((low, high), (None, None)):
+                path = (*at, key, int(axis) if isinstance(entry, list) else axis)
+                raise _PathValueError(path, f"dimension '{value.name}' is declared again with min/max "
+                                            f"{value.min}/{value.max}, but {first} gave it {low}/{high}: one name is "
+                                            "one dimension, so give it one range (or repeat just its name)")
 
 
 class DynamoTarget(_TargetBase):

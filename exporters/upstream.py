@@ -156,6 +156,15 @@ def run_component(runner: Any, inputs: dict[str, Any]) -> Any:
     return runner(**feed)
 
 
+def runner_for_file(path: Path, export_format: str, metadata: Any, device: str | None = None) -> Any:
+    """A runner for one program file written beside an export (the seed's `output_path` copy), with the metadata
+    of the component it copies."""
+    from transformers.exporters.auto import get_runner_class
+
+    exporter = exporter_class(export_format)
+    return get_runner_class(export_format).from_program(exporter.load_program(path), metadata, device)
+
+
 def load_exported(directory: Path, *, device: str | None = None, config: Any = None,
                   allow_pickles: bool = False) -> ExportedModel:
     """Load a saved export with upstream's program loaders and runners, without running code from the folder.

@@ -11,15 +11,15 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .errors import describe_error
-from .recipe import DimSpec, Recipe, Tolerance
+from .recipe import Recipe, Tolerance
 from .results import Check, ComponentReport, OutputDiff, ValidationResult
+from .probes import dim_bindings, make_probes
 from .upstream import leaf_tensors, run_component
 
 # Defaults per format at float32: torch programs run the same kernels as eager; ONNX Runtime and XNNPACK fuse and
@@ -130,141 +130,6 @@ class EagerCache:
         return outputs
 
 
-# ── Probes ────────────────────────────────────────────────────────────────────
-
-
-def _is_arange(tensor: torch.Tensor, axis: int) -> bool:
-    if tensor.is_floating_point() or tensor.shape[axis] < 2:
-        return False
-    moved = tensor.movedim(axis, -1).reshape(-1, tensor.shape[axis])
-    start = moved[:, :1]
-    return bool(torch.equal(moved, start + torch.arange(moved.shape[-1])))
-
-
-def resize_along(tensor: torch.Tensor, axis: int, size: int, generator: torch.Generator, config) -> torch.Tensor:
-    """`tensor` cut or grown along `axis` to `size`, grown with values of the same kind (a constant stays that
-    constant — masks, token types —, positions keep counting, token ids stay in the vocabulary, floats stay at their
-    scale)."""
-    current = tensor.shape[axis]
-    if size <= current:
-        return tensor.narrow(axis, 0, size).clone()
-    extra_shape = list(tensor.shape)
-    extra_shape[axis] = size - current
-    if tensor.dtype == torch.bool or (not tensor.is_floating_point() and tensor.numel() > 0
-                                      and bool((tensor == tensor.flatten()[0]).all())):
-        # masks stay masks, token types stay the one type: a constant integer input grows with its value
-        extra = torch.full(extra_shape, tensor.flatten()[0].item() if tensor.numel() else 1, dtype=tensor.dtype)
-    elif _is_arange(tensor, axis):
-        last = tensor.narrow(axis, current - 1, 1)
-        steps = torch.arange(1, size - current + 1).reshape([-1 if d == axis else 1 for d in range(tensor.dim())])
-        extra = (last + steps).to(tensor.dtype)
-    elif not tensor.is_floating_point():
-        from .inputs import random_token_ids
-
-        extra = random_token_ids(config, tuple(extra_shape), generator).to(tensor.dtype)
-    else:
-        scale = float(tensor.float().std()) if tensor.numel() > 1 else 1.0
-        extra = (torch.randn(extra_shape, generator=generator) * (scale or 1.0)).to(tensor.dtype)
-    return torch.cat([tensor, extra.to(tensor.device)], dim=axis)
-
-
-def _set_leaf(inputs: dict[str, Any], path: str, value: torch.Tensor) -> None:
-    """Replace the tensor at dotted `path` (upstream leaf naming) inside `inputs`."""
-    parts = path.split(".")
-    node: Any = inputs
-    for part in parts[:-1]:
-        if isinstance(node, dict):
-            node = node[part]
-        elif isinstance(node, (list, tuple)):
-            node = node[int(part)]
-        else:
-            node = getattr(node, part)
-    last = parts[-1]
-    if isinstance(node, dict):
-        node[last] = value
-    elif isinstance(node, list):
-        node[int(last)] = value
-    else:
-        setattr(node, last, value)
-
-
-@dataclass
-class DimBinding:
-    """A dynamic dimension and the (leaf path, axis) pairs it binds in one component's inputs."""
-
-    name: str
-    low: int | None
-    high: int | None
-    axes: list[tuple[str, int]]
-    traced: int
-
-
-def dim_bindings(spec: dict[str, Any] | None, inputs: dict[str, Any], dynamic: bool, family: str) -> list[DimBinding]:
-    """The dynamic dims of a component: named dims from the recipe, or for `dynamic: true` the sequence axis of
-    text inputs (the axis users vary; batch is specialized at size 1 by `Dim.AUTO`)."""
-    from .shapes import axis_specs, spec_key
-
-    leaves = _leaves(inputs)
-    bindings: dict[str, DimBinding] = {}
-    if spec:
-        for path, tensor in leaves.items():
-            key = spec_key(spec, path)
-            if key is None:
-                continue
-            for axis, value in axis_specs(spec[key], tensor.dim(), key).items():
-                if isinstance(value, DimSpec):
-                    binding = bindings.setdefault(
-                        value.name, DimBinding(value.name, value.min, value.max, [], int(tensor.shape[axis]))
-                    )
-                    binding.axes.append((path, axis))
-        return list(bindings.values())
-    if dynamic and family in ("text", "seq2seq", "vision-language"):
-        ids = leaves.get("input_ids")
-        if ids is not None and ids.dim() == 2 and ids.shape[1] > 1:
-            seq = int(ids.shape[1])
-            axes = [(p, 1) for p, t in leaves.items() if t.dim() == 2 and t.shape[1] == seq and p != "position_ids"]
-            axes += [(p, 1) for p, t in leaves.items() if p == "position_ids" and t.dim() == 2 and t.shape[1] == seq]
-            return [DimBinding("sequence (dynamic: true)", None, None, axes, seq)]
-    return []
-
-
-def probe_sizes(binding: DimBinding, max_positions: int | None) -> list[int]:
-    """Lower bound, a value in between and the upper bound of a dim (sizes it was not traced with)."""
-    low = binding.low if binding.low is not None else 2
-    high = binding.high if binding.high is not None else binding.traced * 2 + 3
-    if max_positions is not None:
-        high = min(high, max_positions)
-    sizes = [low, (low + high) // 2, high]
-    return sorted({s for s in sizes if s >= 1})
-
-
-def make_probes(
-    inputs: dict[str, Any], bindings: list[DimBinding], config, limit: int, max_positions: int | None, seed: int = 0
-) -> list[tuple[str, dict[str, Any] | None, str | None]]:
-    """`(probe id, inputs or None, skip reason)`: the traced inputs, then each dim at each probe size."""
-    traced_total = sum(t.numel() for t in _leaves(inputs).values())
-    probes: list[tuple[str, dict[str, Any] | None, str | None]] = [
-        ("traced", inputs, None) if traced_total <= limit else
-        ("traced", None, f"inputs of {traced_total} elements exceed max_probe_elements ({limit})")
-    ]
-    generator = torch.Generator().manual_seed(seed)
-    for binding in bindings:
-        for size in probe_sizes(binding, max_positions):
-            probe_id = f"{binding.name}={size}"
-            probe = copy.deepcopy(inputs)
-            leaves = _leaves(probe)
-            total = 0
-            for path, axis in binding.axes:
-                resized = resize_along(leaves[path], axis, size, generator, config)
-                _set_leaf(probe, path, resized)
-                total += resized.numel()
-            if total > limit:
-                probes.append((probe_id, None, f"inputs of {total} elements exceed max_probe_elements ({limit})"))
-                continue
-            probes.append((probe_id, probe, None))
-    return probes
-
-
 def structural_checks(export_format: str, directory: Path) -> list[str]:
     """Format checks on the saved files: `onnx.checker` with external data, the ExecuTorch methods."""
     notes = []
@@ -317,6 +182,33 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
                         f"graph fixed it to {graph_dims[axis]}"
                     )
     return findings
+
+
+def probe_component(report: ComponentReport, runner: Any, module: Any, probes: list, eager: EagerCache,
+                    tolerance: tuple[float, float], findings: list[str]) -> None:
+    """Run every probe through the eager `module` and the artifact's `runner`; one `Check` each on `report`."""
+    atol, rtol = tolerance
+    for probe_id, probe, skip in probes:
+        if probe is None:
+            report.checks.append(Check(probe_id, {}, skipped=True, error=skip))
+            continue
+        check = Check(probe_id, shapes_of(probe))
+        report.checks.append(check)
+        try:
+            reference = eager.run(module, probe)
+        except Exception as err:
+            check.skipped, check.error = True, f"the eager model cannot run this probe: {describe_error(err)}"
+            continue
+        try:
+            actual = run_component(runner, probe)
+        except Exception as err:
+            check.passed, check.error = False, describe_error(err)
+            if probe_id != "traced":
+                findings.append(f"{report.name}: the artifact does not run at {probe_id} (declared dynamic): it was "
+                                f"specialized or bounded at export — {describe_error(err)[:300]}")
+            continue
+        check.outputs = compare_outputs(reference, actual, atol, rtol)
+        check.passed = all(o.passed for o in check.outputs)
 
 
 # ── One target ────────────────────────────────────────────────────────────────
@@ -374,36 +266,21 @@ def validate_target(
         dynamic = override.dynamic if override is not None and override.dynamic is not None else target.dynamic
         bindings = dim_bindings(spec, inputs, dynamic, family) if recipe.validation.probe_unseen_shapes else []
         bindings_by_component[name] = bindings
-        atol, rtol = tolerance_for(recipe, target, name, target.dtype)
+        probes = make_probes(inputs, bindings, model.config, recipe.validation.max_probe_elements, max_positions,
+                             recipe.inputs.seed)
         report = ComponentReport(name, structural=[s for s in structural if s.startswith(f"{name}:")])
-        for probe_id, probe, skip in make_probes(
-            inputs, bindings, model.config, recipe.validation.max_probe_elements, max_positions, recipe.inputs.seed
-        ):
-            if probe is None:
-                report.checks.append(Check(probe_id, {}, skipped=True, error=skip))
-                continue
-            check = Check(probe_id, shapes_of(probe))
-            try:
-                reference = eager.run(module, probe)
-            except Exception as err:
-                check.skipped, check.error = True, f"the eager model cannot run this probe: {describe_error(err)}"
-                report.checks.append(check)
-                continue
-            try:
-                actual = run_component(exported.runners[name], probe)
-            except Exception as err:
-                check.passed, check.error = False, describe_error(err)
-                if probe_id != "traced":
-                    findings.append(
-                        f"{name}: the artifact does not run at {probe_id} (declared dynamic): it was specialized or "
-                        f"bounded at export — {describe_error(err)[:300]}"
-                    )
-                report.checks.append(check)
-                continue
-            check.outputs = compare_outputs(reference, actual, atol, rtol)
-            check.passed = all(o.passed for o in check.outputs)
-            report.checks.append(check)
+        probe_component(report, exported.runners[name], module, probes, eager,
+                        tolerance_for(recipe, target, name, target.dtype), findings)
         reports.append(report)
+        extra = getattr(target, "output_path", None)
+        if extra and name == "model":  # the seed's extra single-graph file is an artifact too: checked the same way
+            from .upstream import runner_for_file
+
+            report = ComponentReport(f"model ({extra})", structural=[f"{extra}: loads in ONNX Runtime"])
+            runner = runner_for_file(directory / extra, "onnx", exported.components[name].metadata)
+            probe_component(report, runner, module, probes, eager, tolerance_for(recipe, target, name, target.dtype),
+                            findings)
+            reports.append(report)
     findings += specialized_axes(target.export_format, directory, bindings_by_component)
 
     generation = None
