@@ -42,6 +42,23 @@ def _error(label: str, err: ExportActionError) -> None:
     console.print(f"[bold red]{label}:[/] {escape(err.worded(OPTION_NAMES))}", highlight=False)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from .context import tool_versions
+
+        versions = tool_versions()
+        out.print(f"hf-export {versions.pop('export-action')}", markup=False, highlight=False)
+        for name, version in versions.items():
+            out.print(f"  {name} {version}", markup=False, highlight=False)
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="Print the tool's and the stack's versions, then exit.")) -> None:
+    """Export a model with its repo's recipe (export_config.json), validate every artifact, report."""
+
+
 def _quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
