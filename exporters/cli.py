@@ -92,6 +92,7 @@ def run(
     endpoint: Optional[str] = typer.Option(None, "--endpoint", envvar="HF_ENDPOINT", help="Hub endpoint URL."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow code from the model repo."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per target (default: recipe or 3600)."),
+    jobs: str = typer.Option("auto", "--jobs", help="Exports at once: a number, or auto (from cores and memory)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Export even when inputs are unchanged."),
     print_report: bool = typer.Option(False, "--print-report", help="Print report.md to stdout at the end."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress display."),
@@ -111,6 +112,9 @@ def run(
     if device not in (None, "cpu", "cuda", "auto"):
         console.print(f"--device must be cpu, cuda or auto, got {device!r}")
         raise typer.Exit(EXIT_USAGE)
+    if jobs != "auto" and (not jobs.isdigit() or int(jobs) < 1):
+        console.print(f"--jobs must be a positive number or auto, got {jobs!r}", markup=False)
+        raise typer.Exit(EXIT_USAGE)
     publish_to = _publish_target(model, repo_id, push or dry_run)
     if quiet:
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
@@ -122,7 +126,7 @@ def run(
     options = RunOptions(
         out_dir=out_dir, targets=list(target), config_path=config, device=device, revision=revision, token=token,
         endpoint=endpoint, trust_remote_code=trust_remote_code, timeout=timeout, use_cache=not no_cache,
-        progress=not quiet,
+        progress=not quiet, jobs=None if jobs == "auto" else int(jobs),
     )
     try:
         report = run_pipeline(model, options)

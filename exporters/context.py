@@ -50,6 +50,7 @@ class RunOptions:
     progress: bool = True
     timeout: float | None = None
     use_cache: bool = True
+    jobs: int | None = None  # exports at once; None: from the cores and the memory (exporters.resources)
 
 
 @dataclass
@@ -71,6 +72,7 @@ class RunContext:
     family: str | None = None
     load_s: float | None = None
     eager_cache: Any = None
+    jobs: int | None = None  # exports run at once
 
     def cache_key(self, target_name: str, device: str) -> str:
         """What a target's artifacts depend on: the weights and code, the recipe's target (and shared settings),

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import gc
 import time
+from dataclasses import dataclass
+from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +28,9 @@ from . import fsutil
 from .context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
 from .errors import DeviceError, describe_error
 from .hashing import file_entries
-from .isolation import log_excerpt, run_isolated
+from .isolation import Isolated, log_excerpt
 from .progress import Progress
+from .resources import default_jobs
 from .results import TargetResult
 from .reuse import Signer, previous_report, reusable
 from .status import FAILED, PASSED, UNVERIFIED
@@ -97,81 +100,129 @@ def _new_result(target: Any, context: RunContext, options: RunOptions) -> Target
                         reproduce=_reproduce_command(context, options, target.name))
 
 
+@dataclass
+class _Export:
+    """One target on its way: planned (device, components), exporting in a child, then validated."""
+
+    target: Any
+    result: TargetResult
+    components: Any = None
+    staging: Path | None = None
+    run: Isolated | None = None
+    started: float = 0.0
+
+
 def _export_and_validate(targets: list[Any], context: RunContext, options: RunOptions) -> list[TargetResult]:
+    """Export the targets, up to `jobs` at a time in child processes, and validate each from disk.
+
+    Every child is forked before the first validation starts: the children fork from a parent that has not yet
+    loaded ONNX Runtime sessions or ExecuTorch programs (so no runtime's threads or memory are forked); validation
+    then overlaps with the exports still running.
+    """
     bench = Workbench.load(context, options)
-    out_dir = options.out_dir
-    results, exported = [], []
+    results: list[TargetResult] = []
     with Progress(options.progress) as progress:
+        planned = []
         for target in targets:
             target = bench.plan(target)
-            result = _new_result(target, context, options)
-            results.append(result)
-            final = _export_target(target, result, bench, context, options, progress)
-            if final is not None:
-                exported.append((target, result, final))
-        # Validation runs after every export: the export processes fork from a parent that has not yet loaded
-        # ONNX Runtime sessions or programs, so they stay as small as a bare export (and no runtime's threads are
-        # forked).
-        for target, result, final in exported:
-            progress.update(target.name, "validating")
-            _validate_into(result, target, context, bench, final, trust_artifacts=True)
-            _after_validation(result, target, final)
-            result.files = file_entries(final, out_dir)
-            progress.update(target.name, _stage_label(result.status), done=True)
-            gc.collect()  # the loaded programs and runtime sessions of this target are no longer needed
+            item = _Export(target, _new_result(target, context, options))
+            results.append(item.result)
+            if _prepare(item, bench, context, options, progress):
+                planned.append(item)
+        jobs = options.jobs or default_jobs(weight_bytes=_weight_bytes(bench.model), targets=len(planned))
+        context.jobs = jobs
+        pending, running, exported = list(planned), [], []
+        while pending or running or exported:
+            while pending and len(running) < jobs:
+                running.append(_start(pending.pop(0), bench, context, options, progress))
+            if exported and not pending:
+                _validate(exported.pop(0), context, bench, options, progress)
+                continue
+            mp_wait([item.run.sentinel for item in running], timeout=1.0)
+            for item in [i for i in running if i.run.done()]:
+                running.remove(item)
+                if _finish(item, options, progress):
+                    exported.append(item)
     return results
 
 
-def _stage_label(status: str) -> str:
-    colour = {PASSED: "green", UNVERIFIED: "yellow"}.get(status, "red")
-    return f"[{colour}]{status}"
+def _weight_bytes(model: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def _export_target(target: Any, result: TargetResult, bench: Workbench, context: RunContext, options: RunOptions,
-                   progress: Progress) -> Path | None:
-    """Export one target in a child process into a staging folder, then move it into place. Its final folder, or
-    None when it failed (the reason is on `result`)."""
-    out_dir = options.out_dir
-    log_path = fsutil.fresh_file(out_dir / "logs" / f"{target.name}.log")
+def _prepare(item: _Export, bench: Workbench, context: RunContext, options: RunOptions, progress: Progress) -> bool:
+    """Resolve the device and capture the components (in this process); False when the target already failed."""
+    target, result = item.target, item.result
     try:
         result.device = resolve_device(options.device or target.device)
     except DeviceError as err:
         result.error = {"type": "DeviceError", "message": str(err)}
         progress.update(target.name, "[red]failed: no GPU", done=True)
-        return None
+        return False
     result.cache_key = context.cache_key(target.name, result.device)
     progress.update(target.name, "capturing inputs")
     try:
-        components = bench.components(target, context.recipe)
+        item.components = bench.components(target, context.recipe)
     except Exception as err:
         result.error = {"type": type(err).__name__, "message": describe_error(err)}
         progress.update(target.name, "[red]failed: capture", done=True)
-        return None
-    result.expected_components = _expected(target, bench.sample.family, components)
+        return False
+    result.expected_components = _expected(target, bench.sample.family, item.components)
     result.findings += bench.contract_notes(target)
-    staging = fsutil.fresh_dir(out_dir / f"{STAGING_PREFIX}{target.name}")
-    device = result.device
+    progress.update(target.name, "waiting for a free export slot")
+    return True
+
+
+def _start(item: _Export, bench: Workbench, context: RunContext, options: RunOptions, progress: Progress) -> _Export:
+    """Fork the child that exports one target into its staging folder."""
+    target, out_dir = item.target, options.out_dir
+    log_path = fsutil.fresh_file(out_dir / "logs" / f"{target.name}.log")
+    item.staging = fsutil.fresh_dir(out_dir / f"{STAGING_PREFIX}{target.name}")
+    device, components, staging = item.result.device, item.components, item.staging
 
     def work() -> dict[str, Any]:
         return _export_work(bench.model, target, components, context.recipe, staging, device)
 
     progress.update(target.name, f"exporting {target.export_format} ({len(components)} component(s))")
-    started = time.time()
-    outcome = run_isolated(work, log_path=log_path, timeout=target.timeout or options.timeout or DEFAULT_TIMEOUT_S)
-    result.timings["export_s"] = round(time.time() - started, 3)
+    item.started = time.time()
+    item.run = Isolated(work, log_path=log_path, timeout=target.timeout or options.timeout or DEFAULT_TIMEOUT_S)
+    return item
+
+
+def _finish(item: _Export, options: RunOptions, progress: Progress) -> bool:
+    """Take a child's outcome: the staging folder moved into place (True), or the failure recorded (False)."""
+    target, result = item.target, item.result
+    outcome = item.run.result()
+    result.timings["export_s"] = round(time.time() - item.started, 3)
+    log_path = options.out_dir / "logs" / f"{target.name}.log"
     if not outcome.get("ok"):
-        fsutil.remove(staging)
+        fsutil.remove(item.staging)
         result.status = outcome.get("status", FAILED)
         result.error = {"type": outcome.get("type"), "message": outcome.get("message"),
                         "log_excerpt": log_excerpt(log_path)}
         progress.update(target.name, f"[red]{result.status}", done=True)
-        return None
+        return False
     result.findings += outcome.get("notes", [])
     result.timings.update(trace_s=outcome.get("export_only_s"), save_s=outcome.get("save_s"))
-    final = out_dir / target.name
-    fsutil.move_into_place(staging, final)
+    fsutil.move_into_place(item.staging, options.out_dir / target.name)
     progress.update(target.name, "exported; validation follows")
-    return final
+    return True
+
+
+def _validate(item: _Export, context: RunContext, bench: Workbench, options: RunOptions, progress: Progress) -> None:
+    target, result = item.target, item.result
+    final = options.out_dir / target.name
+    progress.update(target.name, "validating")
+    _validate_into(result, target, context, bench, final, trust_artifacts=True)
+    _after_validation(result, target, final)
+    result.files = file_entries(final, options.out_dir)
+    progress.update(target.name, _stage_label(result.status), done=True)
+    gc.collect()  # the loaded programs and runtime sessions of this target are no longer needed
+
+
+def _stage_label(status: str) -> str:
+    colour = {PASSED: "green", UNVERIFIED: "yellow"}.get(status, "red")
+    return f"[{colour}]{status}"
 
 
 def _expected(target: Any, family: str, components: Any) -> list[str]:
