@@ -239,12 +239,12 @@ def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging:
     import torch
 
     from . import engine
-    from .upstream import cast_leaf_tensors
+    from .upstream import move_to
 
     if target.dtype is not None or device != "cpu":
         dtype = getattr(torch, target.dtype) if target.dtype else None
         model = model.to(device=device, dtype=dtype)
-        components = {name: (module.to(device=device, dtype=dtype), cast_leaf_tensors(inputs, dtype=dtype, device=device))
+        components = {name: (module.to(device=device, dtype=dtype), move_to(inputs, device, dtype))
                       for name, (module, inputs) in components.items()}
     notes: list[str] = []
     started = time.time()
@@ -268,7 +268,7 @@ def _validate_into(result: TargetResult, target: Any, context: RunContext, bench
             target=target, recipe=recipe, directory=directory, components=bench.components(target, recipe),
             model=bench.model, family=bench.sample.family, generate_inputs=bench.sample.generate, eager=bench.eager,
             generation_config=generation_config_for(bench.model, recipe) if target.mode == "generation" else None,
-            expected_components=result.expected_components, trust_artifacts=trust_artifacts,
+            expected_components=result.expected_components, trust_artifacts=trust_artifacts, device=result.device,
         )
     except Exception as err:
         result.status = FAILED

@@ -217,12 +217,13 @@ def probe_component(report: ComponentReport, runner: Any, module: Any, probes: l
 def validate_target(
     *, target, recipe: Recipe, directory: Path, components, model, family: str, generate_inputs: dict[str, Any],
     eager: EagerCache, generation_config=None, expected_components: list[str] | None = None,
-    trust_artifacts: bool = True,
+    trust_artifacts: bool = True, device: str | None = None,
 ) -> ValidationResult:
     """Load the saved target from `directory` and run every check.
 
     `trust_artifacts`: the folder's pickled programs (`.pt2`) may be loaded (this run wrote them, or the operator
-    allowed it); nothing else in the folder ever runs (its config's `auto_map` is never read).
+    allowed it); nothing else in the folder ever runs (its config's `auto_map` is never read). `device`: where the
+    artifact runs (the target's); the eager references stay where the model is.
     """
     from .engine import component_shape_spec
     from .errors import ArtifactError, RemoteCodeError
@@ -247,13 +248,17 @@ def validate_target(
     if errors:
         return ValidationResult(reports, None, findings, errors, generation_expected)
     try:
-        exported = load_exported(directory, config=model.config, allow_pickles=trust_artifacts)
+        exported = load_exported(directory, device=device, config=model.config, allow_pickles=trust_artifacts)
         structural = structural_checks(target.export_format, directory)
     except (RemoteCodeError, ArtifactError) as err:
         errors.append(str(err))
         return ValidationResult(reports, None, findings, errors, generation_expected)
     except Exception as err:
-        errors.append(f"the saved artifact does not load: {describe_error(err)}")
+        hint = ""
+        if "ONNX Runtime build cannot run on cuda" in str(err):
+            hint = (" — an ONNX target on `device` cuda is validated with ONNX Runtime's CUDA provider: install "
+                    "onnxruntime-gpu (the pinned version) where it runs, or run it on cpu")
+        errors.append(f"the saved artifact does not load: {describe_error(err)}{hint}")
         return ValidationResult(reports, None, findings, errors, generation_expected)
 
     max_positions = getattr(getattr(model.config, "text_config", None) or model.config, "max_position_embeddings", None)
