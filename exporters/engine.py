@@ -51,18 +51,19 @@ def spec_locator(recipe: Recipe, target, component: str):
     return locate
 
 
-def generation_config_for(model, recipe: Recipe):
-    """The generation config the capture runs with (the model's own, with the recipe's cache settings)."""
-    config = copy.deepcopy(model.generation_config)
-    config.do_sample = False
-    if recipe.generation.cache_implementation == "static":
-        config.cache_implementation = "static"
-        if recipe.generation.max_cache_len is not None:
-            config.max_cache_len = recipe.generation.max_cache_len
-    return config
+def cache_setting_for(model, target, recipe: Recipe):
+    """The cache `target` is captured, exported and checked with (`exporters.cache_settings`)."""
+    from .cache_settings import cache_setting, max_positions
+
+    return cache_setting(target, recipe, max_positions(model.config))
 
 
-def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, recipe: Recipe,
+def generation_config_for(model, setting):
+    """The generation config the capture runs with: the model's own, greedy, with the target's cache setting."""
+    return setting.apply(model.generation_config)
+
+
+def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, setting,
               multi_token_decode: bool, family: str | None = None) -> Components:
     """`{component: (module, forward kwargs)}`: one `model` graph, or the complete set of generation components
     (upstream's, plus the stages it leaves out: see `exporters.components`)."""
@@ -71,7 +72,7 @@ def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, 
     from .components import complete_components
     from .inputs import detect_family
 
-    generation_config = generation_config_for(model, recipe)
+    generation_config = generation_config_for(model, setting)
     with torch.no_grad():
         components = upstream.decompose_for_generation(
             model,
@@ -109,7 +110,8 @@ def export_components(model, target, components: Components, recipe: Recipe, not
             f"{sorted({path for _, inputs in components.values() for path in _input_paths(inputs)})}",
             path=path, line=line,
         )
-    generation_config = generation_config_for(model, recipe) if target.mode == "generation" else None
+    setting = cache_setting_for(model, target, recipe)
+    generation_config = generation_config_for(model, setting) if target.mode == "generation" else None
     return upstream.ExportedModel(exported, target.export_format, config=model.config, generation_config=generation_config)
 
 

@@ -78,7 +78,8 @@ def parity_cell(target: dict[str, Any]) -> str:
     steps = generation.get("max_new_tokens")
     tokens = generation.get("eager_tokens") or []
     if generation["status"] == "passed":
-        return f"✅ {len(tokens[0]) if tokens else steps}/{steps} tokens"
+        ties = len(generation.get("near_ties") or [])
+        return f"✅ {len(tokens[0]) if tokens else steps}/{steps} tokens" + (f" ({ties} near tie(s))" if ties else "")
     if generation["status"] == "failed":
         step = (generation.get("first_divergence") or {}).get("step")
         return f"❌ diverged at token {step}" if step is not None else "❌ failed"
@@ -134,6 +135,24 @@ def _probe_rows(target: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _generation_details(generation: dict[str, Any]) -> list[str]:
+    """How parity selected tokens: the cache driven, eager's logits processors (applied to both sides), near ties."""
+    cache = generation.get("cache") or {}
+    parts = []
+    if cache.get("implementation") == "static":
+        parts.append(f"static cache of {cache.get('max_cache_len')} positions")
+    processors = generation.get("logits_processors")
+    if processors is not None:
+        names = ", ".join(f"`{name}`" for name in processors) or "none"
+        parts.append(f"eager `generate()`'s logits processors, applied to both sides: {names}")
+    lines = [f"Parity: {'; '.join(parts)}.", ""] if parts else []
+    for tie in (generation.get("near_ties") or [])[:20]:
+        lines.append(f"- near tie at step {tie['step']} (batch {tie['batch']}): eager {tie['eager']}, exported "
+                     f"{tie['exported']}, eager score gap {tie['eager_score_gap']:.3g} within tolerance "
+                     f"{tie['tolerance']:.3g}; decoding went on with eager's token")
+    return lines + [""] if generation.get("near_ties") else lines
+
+
 def render_target(target: dict[str, Any], details: bool = True) -> list[str]:
     """One target's details: the reason it did not pass, its probes (folded), parity, files, log excerpt
     (`details=False`: without the probe and file tables, to fit the size limit)."""
@@ -159,7 +178,7 @@ def render_target(target: dict[str, Any], details: bool = True) -> list[str]:
             text += f"; first divergence {generation['first_divergence']}"
         if generation.get("reason"):
             text += f" — {cell(generation['reason'], 300)}"
-        lines += [text, ""]
+        lines += [text, ""] + _generation_details(generation)
     files = target.get("files") or []
     timings = target.get("timings") or {}
     if timings or files:

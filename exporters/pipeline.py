@@ -258,7 +258,6 @@ def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging:
 
 def _validate_into(result: TargetResult, target: Any, context: RunContext, bench: Workbench, directory: Path,
                    trust_artifacts: bool) -> None:
-    from .engine import generation_config_for
     from .validate import validate_target
 
     started = time.time()
@@ -267,7 +266,7 @@ def _validate_into(result: TargetResult, target: Any, context: RunContext, bench
         validation = validate_target(
             target=target, recipe=recipe, directory=directory, components=bench.components(target, recipe),
             model=bench.model, family=bench.sample.family, generate_inputs=bench.sample.generate, eager=bench.eager,
-            generation_config=generation_config_for(bench.model, recipe) if target.mode == "generation" else None,
+            generation_config=bench.generation_config(target, recipe),
             expected_components=result.expected_components, trust_artifacts=trust_artifacts, device=result.device,
         )
     except Exception as err:
@@ -327,7 +326,12 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
             result.error = {"type": "MissingArtifact",
                             "message": f"{directory} holds no export (export.json missing): export it first"}
             continue
-        result.expected_components = _expected(target, bench.sample.family, bench.components(target, context.recipe))
+        try:
+            components = bench.components(target, context.recipe)
+        except Exception as err:  # a capture that fails, a decode that could not run a second step
+            result.error = {"type": type(err).__name__, "message": describe_error(err)}
+            continue
+        result.expected_components = _expected(target, bench.sample.family, components)
         _validate_into(result, target, context, bench, directory, trust_artifacts=options.trust_remote_code)
         result.files = file_entries(directory, out_dir)
     return _write(results, context)

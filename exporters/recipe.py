@@ -276,15 +276,15 @@ class InputsSpec(_Strict):
 class GenerationSpec(_Strict):
     """How `generate()` is captured for generation exports."""
 
-    cache_implementation: Literal["dynamic", "static"] = "dynamic"
-    max_cache_len: StrictInt | None = Field(default=None, ge=2)
+    cache_implementation: Literal["dynamic", "static"] = Field(
+        default="dynamic",
+        description="'static': a fixed-size cache of max_cache_len positions. Unset, an executorch generation target "
+                    "without a dynamic cache axis gets a static cache (docs/recipe.md).",
+    )
+    max_cache_len: StrictInt | None = Field(
+        default=None, ge=2, description="Positions of a static cache (default: min(2048, max_position_embeddings))."
+    )
     max_new_tokens: StrictInt = Field(default=8, ge=1, le=512, description="Tokens compared in the generation-parity check.")
-
-    @model_validator(mode="after")
-    def _static_needs_len(self) -> GenerationSpec:
-        if self.max_cache_len is not None and self.cache_implementation != "static":
-            raise _PathValueError(("max_cache_len",), "max_cache_len only applies with cache_implementation 'static'")
-        return self
 
 
 class ValidationSpec(_Strict):
@@ -335,6 +335,20 @@ class Recipe(_Strict):
                     "give each target a unique 'name'",
                 )
             seen[target.name] = index
+        return self
+
+    @model_validator(mode="after")
+    def _cache_len_needs_static(self) -> Recipe:
+        generation = self.generation
+        if generation.max_cache_len is None or generation.cache_implementation == "static":
+            return self
+        chosen = "cache_implementation" in generation.model_fields_set
+        if chosen or not any(t.export_format == "executorch" for t in self.exports):
+            raise _PathValueError(
+                ("generation", "max_cache_len"),
+                "max_cache_len only applies to a static cache: set cache_implementation 'static' (an executorch "
+                "generation target without a dynamic cache axis gets one by default)",
+            )
         return self
 
     def target(self, name: str) -> DynamoTarget | OnnxTarget | ExecutorchTarget:

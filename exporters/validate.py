@@ -290,8 +290,12 @@ def validate_target(
 
     generation = None
     if target.mode == "generation":
+        from .greedy import Tolerances
         from .parity import generation_parity
 
+        first = "lm_head" if family == "vision-language" else "prefill"  # the graph giving the first token's logits
+        tolerances = Tolerances(tolerance_for(recipe, target, first, target.dtype),
+                                tolerance_for(recipe, target, "decode", target.dtype))
         generation = generation_parity(model, components, exported, generate_inputs, recipe.generation.max_new_tokens,
-                                       generation_config, family)
+                                       generation_config, family, tolerances)
     return ValidationResult(reports, generation, findings, errors, generation_expected)

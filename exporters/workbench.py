@@ -1,8 +1,8 @@
 """The workbench of a run: the model loaded once, its sample inputs, and what targets share.
 
-Captures (`decompose`) are made once per generation layout and shared; each target then gets its own copy fitted to
-its shape contract ([`exporters.probes.fit_to_contract`]), so a declared dynamic range is traced at a size
-torch.export keeps dynamic. Eager reference outputs are computed once per run (`EagerCache`).
+Captures (`decompose`) are made once per generation layout and cache setting (the cache is chosen per target:
+`exporters.cache_settings`) and shared; each target then gets its own copy fitted to its shape contract
+([`exporters.probes.fit_to_contract`]), so a declared dynamic range is traced at a size torch.export keeps dynamic. Eager reference outputs are computed once per run (`EagerCache`).
 """
 
 from __future__ import annotations
@@ -46,23 +46,50 @@ class Workbench:
         return target
 
     def components(self, target: Any, recipe: Any) -> Any:
-        """The target's `{component: (module, forward inputs)}`: captured once per mode and decode layout, then
-        fitted to the target's shape contract (every declared dim at a size torch.export keeps dynamic)."""
+        """The target's `{component: (module, forward inputs)}`: captured once per mode, decode layout and cache
+        setting, then fitted to the target's shape contract (every declared dim at a size torch.export keeps
+        dynamic). `DecodeStepError` when its decode could not run a second step."""
+        from .cache_settings import check_second_step
+
         if target.name not in self.fitted:
-            self.fitted[target.name] = self._fit(target, self._captured(target, recipe), recipe)
+            setting = self.cache_setting(target, recipe)
+            fitted, notes = self._fit(target, self._captured(target, recipe, setting), recipe)
+            check_second_step(target, fitted, setting)
+            self.fitted[target.name] = (fitted, notes + self._cache_notes(target, setting))
         return self.fitted[target.name][0]
+
+    def cache_setting(self, target: Any, recipe: Any) -> Any:
+        """The cache the target is captured, exported and checked with (`exporters.cache_settings`)."""
+        from . import engine
+
+        return engine.cache_setting_for(self.model, target, recipe)
+
+    def generation_config(self, target: Any, recipe: Any) -> Any:
+        """The generation config of a generation target (its cache setting applied), else None."""
+        from . import engine
+
+        if target.mode != "generation":
+            return None
+        return engine.generation_config_for(self.model, self.cache_setting(target, recipe))
+
+    def _cache_notes(self, target: Any, setting: Any) -> list[str]:
+        from .cache_settings import max_positions
+
+        finding = setting.finding(target.name, max_positions(self.model.config)) if target.mode == "generation" \
+            else None
+        return [finding] if finding else []
 
     def contract_notes(self, target: Any) -> list[str]:
         """What fitting the sample inputs to the target's contract changed."""
         return self.fitted.get(target.name, ({}, []))[1]
 
-    def _captured(self, target: Any, recipe: Any) -> Any:
+    def _captured(self, target: Any, recipe: Any, setting: Any) -> Any:
         from . import engine
 
-        key = (target.mode, target.multi_token_decode)
+        key = (target.mode, target.multi_token_decode, setting if target.mode == "generation" else None)
         if key not in self.decompositions:
             self.decompositions[key] = engine.decompose(
-                self.model, target.mode, self.sample.forward, self.sample.generate, recipe=recipe,
+                self.model, target.mode, self.sample.forward, self.sample.generate, setting=setting,
                 multi_token_decode=target.multi_token_decode, family=self.sample.family)
         return self.decompositions[key]
 

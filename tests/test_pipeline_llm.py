@@ -103,10 +103,14 @@ def test_validation_probes_unseen_shapes_inside_declared_ranges(llm_run):
     for component in dynamo["components"]:
         for check in component["checks"]:
             assert check["passed"] and not check["skipped"]
+            assert check["outputs"], f"{component['name']} {check['probe']}: no output was compared"
             for output in check["outputs"]:
-                assert output["max_abs_diff"] is not None and output["max_abs_diff"] <= output["atol"] + 1e-9 or \
-                    output["max_rel_diff"] is not None
                 assert {"max_abs_diff", "max_rel_diff", "atol", "rtol", "passed"} <= set(output)
+                where = (component["name"], check["probe"], output)
+                assert output["passed"], where
+                assert output["max_abs_diff"] is not None and output["max_rel_diff"] is not None, where
+                # a torch.export program runs eager's own kernels: its outputs are within the absolute tolerance
+                assert output["max_abs_diff"] <= output["atol"], where
 
 
 def test_generation_parity_on_all_three_formats(llm_run):
