@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,8 +86,10 @@ class Greedy:
         for row in ((chosen != expected) & ~finished).nonzero().flatten().tolist():
             eager_scores = self.reference.scores[step][row]
             got, want = int(chosen[row]), int(expected[row])
+            gap = _gap(eager_scores, want, got)
             entry = {"batch": row, "step": step, "eager": want, "exported": got,
-                     "eager_score_gap": _gap(eager_scores, want, got)}
+                     # JSON has no infinity: a token eager's processors excluded has no finite gap
+                     "eager_score_gap": gap if math.isfinite(gap) else None}
             if not is_near_tie(eager_scores, want, got, tolerance):
                 self.divergence = entry
                 return chosen

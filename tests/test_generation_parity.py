@@ -65,18 +65,19 @@ def test_executorch_generation_defaults_to_a_static_cache_and_generates(et_run):
     assert "static cache of 256 positions" in (out / "report.md").read_text()
 
 
-def test_executorch_program_from_disk_keeps_a_fixed_cache_across_steps(et_run):
-    """The saved decode takes and returns the 256-slot cache, and runs step after step (a second step is what a
-    frozen dynamic cache could not do)."""
+def test_saved_executorch_program_records_its_static_cache(et_run):
+    """What a runtime reads from the saved export: a static cache of 256 positions, a decode taking the 4D mask over
+    those positions and the cache's keys, values and write position (parity drove this program from disk)."""
     from transformers.exporters import ExportedModel
 
     _, out, _ = et_run
     exported = ExportedModel.from_pretrained(out / "executorch")
-    decode = exported.runners["decode"]
     assert exported.generation_config.cache_implementation == "static"
     assert exported.generation_config.max_cache_len == 256
-    shapes = {name: spec.get("shape") for name, spec in decode.metadata.kwargs.items() if isinstance(spec, dict)}
-    assert shapes["attention_mask"] == [1, 1, 1, 256]
+    decode = exported.runners["decode"].metadata.kwargs
+    assert decode["attention_mask"]["shape"] == [1, 1, 1, 256]
+    assert decode["cache"] == {"container": "StaticCache"}
+    assert sorted(exported.components) == ["decode", "prefill"]
 
 
 # ── static cache in dynamo and ONNX ───────────────────────────────────────────
@@ -287,6 +288,7 @@ def test_a_token_eager_suppressed_is_never_a_near_tie():
     greedy = _greedy([[1]], [[[0.0, 3.0, float("-inf")]]], tolerance=(100.0, 0.0))
     greedy.select(0, torch.tensor([[5]]), torch.tensor([[0.0, 1.0, 2.0]]), torch.zeros(1, dtype=torch.bool))
     assert greedy.divergence is not None and greedy.divergence["exported"] == 2
+    assert greedy.divergence["eager_score_gap"] is None, "no infinity in report.json"
 
 
 def test_finished_rows_are_padded_and_not_compared():
