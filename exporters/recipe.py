@@ -281,9 +281,8 @@ class GenerationSpec(_Strict):
         description="'static': a fixed-size cache of max_cache_len positions. Unset, an executorch generation target "
                     "without a dynamic cache axis gets a static cache (docs/recipe.md).",
     )
-    max_cache_len: StrictInt | None = Field(
-        default=None, ge=2, description="Positions of a static cache (default: min(2048, max_position_embeddings))."
-    )
+    max_cache_len: StrictInt | None = Field(default=None, ge=2, description="Positions of a static cache "
+                                            "(default: min(2048, max_position_embeddings)).")
     max_new_tokens: StrictInt = Field(default=8, ge=1, le=512, description="Tokens compared in the generation-parity check.")
 
 
@@ -338,17 +337,14 @@ class Recipe(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _cache_len_needs_static(self) -> Recipe:
+    def _cache_len_needs_static(self) -> Recipe:  # unset, an executorch target may default to a static cache
         generation = self.generation
-        if generation.max_cache_len is None or generation.cache_implementation == "static":
-            return self
-        chosen = "cache_implementation" in generation.model_fields_set
-        if chosen or not any(t.export_format == "executorch" for t in self.exports):
-            raise _PathValueError(
-                ("generation", "max_cache_len"),
-                "max_cache_len only applies to a static cache: set cache_implementation 'static' (an executorch "
-                "generation target without a dynamic cache axis gets one by default)",
-            )
+        if generation.max_cache_len is not None and generation.cache_implementation != "static" and (
+                "cache_implementation" in generation.model_fields_set
+                or all(t.export_format != "executorch" for t in self.exports)):
+            raise _PathValueError(("generation", "max_cache_len"), "max_cache_len only applies to a static cache: "
+                                  "set cache_implementation 'static' (an executorch generation target without a "
+                                  "dynamic cache axis gets one by default)")
         return self
 
     def target(self, name: str) -> DynamoTarget | OnnxTarget | ExecutorchTarget:
