@@ -155,9 +155,9 @@ def check_second_step(target, components: dict[str, Any], setting: CacheSetting)
                    or not _axis_dynamic(spec[key], tensor.dim(), tensor.dim() - 2, key))
     if not fixed:
         return
-    length = int(grown[fixed[0]].shape[-2])
+    length, axis = int(grown[fixed[0]].shape[-2]), grown[fixed[0]].dim() - 2
     patterns = sorted({".".join("*" if part.isdigit() else part for part in path.split(".")) for path in fixed})
-    declared = ", ".join(f'"{pattern}": {{"2": "auto"}}' for pattern in patterns)
+    declared = ", ".join(f'"{pattern}": {{"{axis}": "auto"}}' for pattern in patterns)
     raise DecodeStepError(
         f"target '{target.name}': the decode graph would keep its cache at the traced length {length} and could not "
         f"run a second step; make the cache axis dynamic (components.decode.dynamic_shapes {{{declared}}}) or use "
