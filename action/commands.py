@@ -1,6 +1,10 @@
 """GitHub Actions workflow commands (stdout), step outputs (`GITHUB_OUTPUT`) and the job summary
 (`GITHUB_STEP_SUMMARY`), with the runner's escaping rules.
 
+Text that did not come from the Action itself (upstream's logs, model code, error messages, the Hub's answers) is
+printed inside `untrusted()`: between `::stop-commands::<random token>` and `::<token>::` the runner obeys no
+workflow command, so a `::error::`, `::add-mask::` or `::set-output` line inside a log is shown, never run.
+
 Example:
     >>> escape_data("50% done\\nnext")
     '50%25 done%0Anext'
@@ -11,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import secrets
 import sys
 import uuid
 from collections.abc import Iterator, Mapping
@@ -75,6 +80,21 @@ def group(title: str) -> Iterator[None]:
         emit("::endgroup::")
 
 
+@contextlib.contextmanager
+def untrusted() -> Iterator[None]:
+    """Print inside: the runner obeys no workflow command until the block ends (a fresh random token each time, so
+    the text cannot end the block early)."""
+    token = secrets.token_hex(16)
+    sys.stderr.flush()
+    emit(f"::stop-commands::{token}")
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        emit(f"::{token}::")
+
+
 def format_outputs(outputs: Mapping[str, str]) -> str:
     """`name=value` lines, or `name<<DELIMITER` blocks for values with line breaks (always for JSON documents)."""
     chunks = []
@@ -99,11 +119,18 @@ def set_outputs(path: Path | None, outputs: Mapping[str, str]) -> None:
 
 
 def truncate_summary(markdown: str, limit: int = SUMMARY_LIMIT) -> str:
+    """`markdown` cut to `limit` bytes with a note; a code fence the cut leaves open is closed first."""
+    from exporters.publish.texts import close_fences
+
     data = markdown.encode("utf-8")
     if len(data) <= limit:
         return markdown
-    note = SUMMARY_NOTE.encode("utf-8")
-    return data[: limit - len(note)].decode("utf-8", errors="ignore") + SUMMARY_NOTE
+    room = limit - len(SUMMARY_NOTE.encode("utf-8"))
+    closed = close_fences(data[:room].decode("utf-8", errors="ignore"))
+    extra = len(closed.encode()) - room
+    if extra > 0:  # the closing fence must fit too
+        closed = close_fences(data[:room - extra - 1].decode("utf-8", errors="ignore"))
+    return closed + SUMMARY_NOTE
 
 
 def write_summary(path: Path | None, markdown: str) -> None:

@@ -27,9 +27,16 @@ class StickyComment:
 
 
 def fit_comment(body: str) -> str:
+    """`body` cut to GitHub's comment limit; a code fence the cut leaves open is closed (nothing after it hides)."""
+    from exporters.publish.texts import close_fences
+
     if len(body) <= MAX_COMMENT_CHARS:
         return body
-    return body[: MAX_COMMENT_CHARS - len(TRUNCATED_NOTE)] + TRUNCATED_NOTE
+    room = MAX_COMMENT_CHARS - len(TRUNCATED_NOTE)
+    closed = close_fences(body[:room])
+    if len(closed) > room:
+        closed = close_fences(body[:room - (len(closed) - room) - 1])
+    return closed + TRUNCATED_NOTE
 
 
 class GitHubClient:

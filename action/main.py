@@ -10,8 +10,10 @@ Three modes:
 - `aggregate`: `exporters.aggregate.aggregate` merges the legs' output folders, then the same Hub PR, summary,
   outputs and comment as `run`.
 
-Every decision about recipes, exports, validation, reports and publishing is the library's; this module only turns
-inputs into calls and results into workflow commands, outputs, a summary and a comment.
+Every decision about recipes, exports, validation, reports and publishing (where to publish included) is the
+library's; this module only turns inputs into calls and results into workflow commands, outputs, a summary and a
+comment. Everything printed that came from upstream, the model's code, logs or the Hub is printed inside
+`commands.untrusted()`, so no workflow command inside it is obeyed.
 
 Exit codes: 0 success (or `fail-on-error: false`), 1 a target or the publishing failed, 2 a bad input, recipe or
 model.
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -30,18 +31,20 @@ from typing import Any
 
 from exporters.errors import ExportActionError
 
-from .commands import add_mask, emit, error, group, set_outputs, warning, write_summary
+from .commands import add_mask, emit, error, group, set_outputs, untrusted, warning, write_summary
 from .settings import Settings, SettingsError, read_input
 from .summary import comment_marker, error_markdown, run_markdown, targets_markdown
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 LOG_TAIL_CHARS = 20_000
 REPORT_OUTPUT_LIMIT = 512 * 1024  # bytes of report-json; step outputs share a 1 MiB budget per job
-PR_OPERATIONS = ("created", "updated", "unchanged")  # the pr-operation output; anything else is "none"
+PR_OPERATIONS = ("created", "updated", "unchanged", "superseded")  # the pr-operation output; else "none"
 # How the Action spells the library's options in messages: its inputs.
 OPTION_NAMES = {"trust_remote_code": "the input `trust-remote-code: true`", "target": "the input `targets`",
                 "config": "the input `config`", "token": "the input `hf-token`", "revision": "the input `revision`",
-                "repo_id": "the input `model` (an org/name Hub repo id)", "device": "the input `device`"}
+                "repo_id": "the input `model` (an org/name Hub repo id)", "device": "the input `device`",
+                "max_upload_size": "the input `max-upload-size`",
+                "publish_unverified": "the input `publish-unverified: true`"}
 
 
 @dataclass
@@ -179,9 +182,9 @@ def _show_targets(settings: Settings, report: dict[str, Any], out_dir: Path) -> 
     for target in report.get("targets", []):
         name, status = target["name"], target["status"]
         cached = " (cached)" if target.get("cached") else ""
+        err = target.get("error") or {}
         with group(f"{ICONS.get(status, '')} {name}: {target.get('export_format')}, {target.get('mode')} mode — "
-                   f"{status}{cached}"):
-            err = target.get("error") or {}
+                   f"{status}{cached}"), untrusted():
             if err:
                 emit(f"{err.get('type')}: {err.get('message')}")
             for key, value in (target.get("timings") or {}).items():
@@ -204,36 +207,32 @@ def _show_targets(settings: Settings, report: dict[str, Any], out_dir: Path) -> 
             error(f"{err.get('type') or 'Error'}: {message}", title=f"Export target '{name}' {status}")
 
 
-def _pr_base(settings: Settings) -> str:
-    """The branch the Hub PR targets: `revision` when it names a branch; `main` when it is a commit id."""
-    revision = settings.revision or "main"
-    if re.fullmatch(r"[0-9a-f]{40}", revision):
-        emit(f"revision {revision[:12]} is a commit: the Hub PR targets main")
-        return "main"
-    return revision
-
-
 def _publish(settings: Settings, out_dir: Path):
     if not settings.open_pr:
         return None
-    repo_id = settings.hub_repo_id
-    if repo_id is None:
+    destination = settings.destination
+    if destination is None:
         what = ("a folder in the workspace" if settings.model_path is not None
                 else "not a Hub repo id with a namespace (org/name)")
         return NoPublish(message=f"`{settings.model}` is {what}: there is no repo to open a PR on "
                                  "(set open-pr: false to silence this)")
+    from exporters.errors import PublishError
     from exporters.publish import publish_report
 
+    repo_id = destination.repo_id
     try:
-        with group(f"Publishing to the Hub: {repo_id}"):
+        with group(f"Publishing to the Hub: {repo_id} (PR against {destination.base})"), untrusted():
             result = publish_report(repo_id, out_dir, token=settings.hf_token, endpoint=settings.hf_endpoint,
-                                    dry_run=settings.dry_run, revision=_pr_base(settings))
+                                    dry_run=settings.dry_run, revision=destination.base,
+                                    publish_unverified=settings.publish_unverified,
+                                    max_upload_bytes=settings.max_upload_bytes)
+            url = result.pr_url or result.discussion_url
+            emit(f"Hub PR: {result.operation}" + (f" {url}" if url else "") +
+                 (f" — {result.message}" if result.message else ""))
     except Exception as err:
-        message = f"{type(err).__name__}: {err}"
+        message = _worded(err) if isinstance(err, PublishError) else f"{type(err).__name__}: {err}"
         error(message, title=f"Publishing to {repo_id} failed")
         return NoPublish(message=f"publishing failed: {message}", failed=True)
-    url = result.pr_url or result.discussion_url
-    emit(f"Hub PR: {result.operation}" + (f" {url}" if url else "") + (f" — {result.message}" if result.message else ""))
     return result
 
 
@@ -293,7 +292,7 @@ def run_mode(settings: Settings) -> int:
     failure = _check_publish_access(settings)
     if failure is not None:
         return _fail(settings, "Cannot publish to the Hub", [(None, None, failure)])
-    with group(f"Exporting {settings.model} ({label})"):
+    with group(f"Exporting {settings.model} ({label})"), untrusted():
         try:
             report = run_pipeline(settings.model_arg, options)
         except RecipeError as err:
@@ -369,7 +368,7 @@ def aggregate_mode(settings: Settings) -> int:
                     "targets output as the 'targets' input", title="Recipe not read")
     parts = _relative(settings, settings.parts_dir) or str(settings.parts_dir)
     try:
-        with group(f"Merging the report parts in {parts}"):
+        with group(f"Merging the report parts in {parts}"), untrusted():
             report = aggregate(settings.parts_dir, settings.output_dir, expected=expected)
             for part in report.get("aggregated_from", []):
                 emit(f"{part['part']}: {', '.join(part['targets']) or 'no targets'}")

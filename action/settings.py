@@ -154,6 +154,8 @@ class Settings:
     dry_run: bool = False
     hf_endpoint: str | None = None
     trust_remote_code: bool = False
+    publish_unverified: bool = False
+    max_upload_bytes: int = 20 * 1024 ** 3
     github: GitHubContext = field(default_factory=GitHubContext)
 
     @property
@@ -172,12 +174,20 @@ class Settings:
 
     @property
     def hub_repo_id(self) -> str | None:
-        """The Hub repo to publish to: `model` when it is a Hub repo id, not a local folder."""
-        from exporters.source import REPO_ID_PATTERN
+        """The Hub repo to publish to (the library decides: `model` when it is a Hub repo id, not a local folder)."""
+        return self.destination.repo_id if self.destination is not None else None
 
-        if self.model_path is not None or not REPO_ID_PATTERN.match(self.model) or "/" not in self.model:
+    @property
+    def destination(self):
+        """Where the Hub PR goes (`exporters.publish.publish_destination`): the repo, and the branch from `revision`
+        (`main` when `revision` is a commit); None for a local model folder or a name that is no repo id."""
+        from exporters.errors import PublishError
+        from exporters.publish.destination import publish_destination
+
+        try:
+            return publish_destination(self.model_arg, revision=self.revision)
+        except PublishError:
             return None
-        return self.model
 
     def workspace_path(self, value: str | Path) -> Path:
         path = Path(value)
@@ -208,6 +218,14 @@ class Settings:
         if bad:
             problems.append(("targets", f"not target names: {bad}; give names from the recipe, comma-separated "
                                         "or as a JSON list"))
+        max_upload = 20 * 1024 ** 3
+        if get("max-upload-size"):
+            from exporters.publish.destination import parse_size
+
+            try:
+                max_upload = parse_size(get("max-upload-size"))
+            except ValueError as err:
+                problems.append(("max-upload-size", str(err)))
         endpoint = get("hf-endpoint") or None
         if endpoint is not None and not re.match(r"^https?://", endpoint):
             problems.append(("hf-endpoint", f"expected an http(s) URL, got {endpoint!r}"))
@@ -228,6 +246,8 @@ class Settings:
             dry_run=parse_bool(get("dry-run"), "dry-run", False, problems),
             hf_endpoint=endpoint.rstrip("/") if endpoint else None,
             trust_remote_code=parse_bool(get("trust-remote-code"), "trust-remote-code", False, problems),
+            publish_unverified=parse_bool(get("publish-unverified"), "publish-unverified", False, problems),
+            max_upload_bytes=max_upload,
             github=github,
         )
         if settings.config is not None:

@@ -1,7 +1,13 @@
 """What the Action shows people: the job summary and the sticky PR comment, both around the library's report.md.
 
 The report itself (its tables, verdicts, truncation) is `exporters.report`'s; this module only adds the lines that
-belong to the run: the Hub PR outcome, the failed targets, a link to the workflow run.
+belong to the run: the Hub PR outcome, the failed targets, a link to the workflow run. Text that came from elsewhere
+(error messages, the Hub's answers) goes in as one inline line with `<` escaped, so it cannot open an HTML comment or
+a tag that hides the rest; report.md goes in with any code fence it leaves open closed.
+
+Example:
+    >>> inline("boom <!-- hidden\n``` x")
+    'boom &lt;!-- hidden ``` x'
 """
 
 from __future__ import annotations
@@ -9,9 +15,16 @@ from __future__ import annotations
 from typing import Any
 
 from exporters.markdown import ICONS, cell, reason
+from exporters.publish.texts import close_fences
 
 MARKER_PREFIX = "<!-- hf-export-action"
 OPERATION_WORDS = {"created": "opened", "updated": "updated", "unchanged": "unchanged"}
+
+
+def inline(text: str, limit: int = 600) -> str:
+    """`text` as one line of Markdown that cannot open an HTML comment or tag."""
+    flat = " ".join(str(text).split())
+    return (flat if len(flat) <= limit else flat[: limit - 1] + "…").replace("<", "&lt;")
 
 
 def comment_marker(model: str) -> str:
@@ -24,7 +37,7 @@ def publish_line(publish: Any | None, *, dry_run: bool = False) -> str:
     if publish is None:
         return "**Hub PR:** not requested (`open-pr: false`)."
     operation = getattr(publish, "operation", "none")
-    message = (getattr(publish, "message", "") or "").strip()
+    message = inline(getattr(publish, "message", "") or "")
     prefix = "**Hub PR (dry run):**" if dry_run else "**Hub PR:**"
     pr_url, pr_num = getattr(publish, "pr_url", None), getattr(publish, "pr_num", None)
     if operation in OPERATION_WORDS:
@@ -39,7 +52,7 @@ def publish_line(publish: Any | None, *, dry_run: bool = False) -> str:
 
 def failed_lines(report: dict[str, Any]) -> list[str]:
     """One line per target that did not pass (failed or unverified), with its reason."""
-    return [f"- {ICONS.get(t['status'], '')} `{t['name']}` {t['status']}: {cell(reason(t), 300)}"
+    return [f"- {ICONS.get(t['status'], '')} `{t['name']}` {t['status']}: {inline(cell(reason(t), 300))}"
             for t in report.get("targets", []) if t.get("status") != "passed"]
 
 
@@ -61,17 +74,18 @@ def run_markdown(report: dict[str, Any], report_md: str, publish: Any | None, *,
     lines += list(extra or [])
     if run_url:
         lines += [f"<sub>[Workflow run]({run_url})</sub>", ""]
+    report_md = close_fences(report_md.strip())
     if collapse_report:
-        lines += ["<details><summary>Full report</summary>", "", report_md.strip(), "", "</details>", ""]
+        lines += ["<details><summary>Full report</summary>", "", report_md, "", "</details>", ""]
     else:
-        lines += [report_md.strip(), ""]
+        lines += [report_md, ""]
     return "\n".join(lines)
 
 
 def error_markdown(model: str, title: str, problems: list[str], *, run_url: str | None = None) -> str:
     """The summary/comment for a run that could not start (bad recipe, unknown model...)."""
     lines = [f"### ❌ Export of `{model}`: **error**", "", f"**{title}**", ""]
-    lines += [f"- {p}" for p in problems]
+    lines += [f"- {inline(p)}" for p in problems]
     lines += ["", "No export ran, so no Hub PR was opened."]
     if run_url:
         lines += ["", f"<sub>[Workflow run]({run_url})</sub>"]

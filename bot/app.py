@@ -2,16 +2,21 @@
 
 | route                     | what                                                                                  |
 |---------------------------|---------------------------------------------------------------------------------------|
-| `POST /webhooks/hub`      | a Hub webhook delivery: 202 with `{"status": queued|duplicate|ignored|rate_limited}`  |
+| `POST /webhooks/hub`      | a delivery: 202 `{"status": queued|delayed|duplicate|ignored|rate_limited}`          |
 | `GET /healthz`            | 200 `{"status": "ok"}` when the job store answers (503 otherwise)                     |
 | `GET /jobs`, `/jobs/{id}` | jobs as JSON (newest first; `?status=`, `?repo=`, `?limit=`)                         |
 | `GET /jobs/{id}/report`   | the run's report.md (local backend); `/jobs/{id}/log`: its log, secrets scrubbed       |
 | `GET /`                   | an HTML status page of recent jobs                                                    |
 
-The intake answers at once and never calls the Hub or exports: it checks the secret (constant time; missing 401,
-wrong 403), the content type (415), the size (413, from Content-Length and from the bytes actually read), parses the
-payload with `huggingface_hub.WebhookPayload` (400), applies `bot.intake.decide` and the opt-in list, and inserts the
-job (deduplicated on repo + head commit). Everything else happens in a worker.
+The intake answers at once and never exports: it checks the secret (constant time; missing 401, wrong 403), the
+content type (415), the size (413, from Content-Length and from the bytes actually read), parses the payload with
+`huggingface_hub.WebhookPayload` (400, also for bodies nested too deep to parse), applies `bot.intake.decide` and the
+opt-in list, counts a `@bot export` comment only from the repo's owner or a member of its org (`bot.members`: one
+cached Hub lookup per namespace; 503 when the Hub cannot say), and inserts the job (deduplicated on repo + head
+commit; a push over the daily limit is stored and delayed, never dropped). Everything else happens in a worker.
+
+A private repo's jobs are hidden from the API and the status page (unless `show_private`): `/jobs?repo=` answers as
+if the repo had no jobs, so an anonymous caller cannot learn that it exists.
 
 Example:
     >>> from bot.settings import BotSettings
@@ -41,6 +46,7 @@ from starlette.concurrency import run_in_threadpool
 
 from . import __version__
 from .intake import Decision, decide
+from .members import Members, MembershipError
 from exporters.redact import scrub
 from .settings import BotSettings, SettingsError
 from .store import STATES, Job, JobStore
@@ -92,6 +98,8 @@ def create_app(settings: BotSettings, store: JobStore | None = None, *, embedded
     secret = settings.webhook_secret.get_secret_value().encode()
     store = store or JobStore(settings.db_path)
     secrets = settings.secrets()
+    members = Members(token=settings.hf_token.get_secret_value() if settings.hf_token else None,
+                      endpoint=settings.hf_endpoint, ttl=settings.membership_cache_seconds)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -136,10 +144,23 @@ def create_app(settings: BotSettings, store: JobStore | None = None, *, embedded
             payload = WebhookPayload.model_validate(raw)
         except ValueError as err:  # JSONDecodeError and pydantic's ValidationError are ValueErrors
             return _error(400, f"not a Hub webhook payload: {_describe(err)}")
+        except RecursionError:  # nested deeper than the parser goes: junk, not a server error
+            return _error(400, "not a Hub webhook payload: nested too deeply")
         decision = decide(payload, raw, bot_name=settings.bot_name)
         if decision.action == "queue" and not settings.is_allowed(decision.repo or ""):
             decision = Decision("ignore", f"{decision.repo} has not opted in (not in the bot's allowed list)",
                                 repo=decision.repo)
+        if decision.action == "queue" and decision.trigger == "comment":
+            try:
+                entitled = await run_in_threadpool(members.entitled, decision.repo or "", decision.requested_by)
+            except MembershipError as err:
+                log.warning("could not check a comment's author on %s: %s", decision.repo, err)
+                return _error(503, "could not check who asked (the Hub did not answer); deliver again later")
+            if not entitled:
+                namespace = (decision.repo or "").split("/", 1)[0]
+                decision = Decision("ignore", f"the comment's author is neither {namespace} nor a member of it: only "
+                                              "the repo's owner or its org's members can ask for an export",
+                                    repo=decision.repo)
         if decision.action == "ignore":
             log.debug("ignored %s: %s", payload.repo.name, decision.reason)
             return JSONResponse({"status": "ignored", "reason": decision.reason}, status_code=202)
@@ -147,13 +168,13 @@ def create_app(settings: BotSettings, store: JobStore | None = None, *, embedded
             result = await run_in_threadpool(
                 store.enqueue, decision.repo, decision.head_sha, trigger=decision.trigger,
                 trigger_key=decision.trigger_key, requested_by=decision.requested_by, force=decision.force,
-                private=decision.private, daily_limit=settings.daily_limit, max_attempts=settings.max_attempts)
+                private=decision.private, limits=settings.limits(), max_attempts=settings.max_attempts)
         except Exception as err:  # the store is unavailable: make the Hub deliver again later
             log.error("could not store a delivery for %s: %s", decision.repo, scrub(str(err), secrets))
             return _error(503, "job store unavailable; deliver again later")
-        if result.outcome == "queued":
-            log.info("job %s queued: %s@%s (%s)", result.job_id, decision.repo, decision.head_sha[:8] or "main",
-                     decision.reason)
+        if result.outcome in ("queued", "delayed"):
+            log.info("job %s %s: %s@%s (%s)", result.job_id, result.outcome, decision.repo,
+                     decision.head_sha[:8] or "main", result.detail or decision.reason)
         body_out: dict[str, Any] = {"status": result.outcome, "job": result.job_id}
         if result.detail:
             body_out["reason"] = result.detail
@@ -173,6 +194,8 @@ def create_app(settings: BotSettings, store: JobStore | None = None, *, embedded
         if status is not None and status not in STATES:
             return _error(400, f"status must be one of {list(STATES)}")
         jobs = store.list(limit=limit, offset=offset, status=status, repo=repo)
+        if repo is not None and not settings.show_private:
+            jobs = [j for j in jobs if not j.private]  # a private repo answers like one without jobs
         return JSONResponse({"jobs": [public_view(j, settings) for j in jobs], "counts": store.counts()})
 
     @app.get("/jobs/{job_id}")

@@ -57,6 +57,7 @@ class RepoState:
     target_names: list[str] = field(default_factory=list)
     weights_key: str = ""
     head_authors: list[str] = field(default_factory=list)
+    private: bool | None = None  # as the Hub says now (the webhook payload's flag may be stale)
 
     @property
     def has_recipe(self) -> bool:
@@ -90,7 +91,8 @@ def inspect_repo(repo_id: str, revision: str, *, token: str | None, endpoint: st
         for sibling in info.siblings or []:
             lfs = getattr(sibling, "lfs", None)
             ids[sibling.rfilename] = (lfs.sha256 if lfs else None) or sibling.blob_id or ""
-        state = RepoState(repo_id=repo_id, head_sha=info.sha or revision, weights_key=weights_key(ids))
+        state = RepoState(repo_id=repo_id, head_sha=info.sha or revision, weights_key=weights_key(ids),
+                          private=bool(info.private) if info.private is not None else None)
         present = [name for name in RECIPE_FILES if name in ids]
         if present:
             with tempfile.TemporaryDirectory(prefix="export-bot-recipe-") as tmp:
@@ -136,13 +138,14 @@ def _head_authors(endpoint: str, repo_id: str, commit: str, token: str | None) -
 
 
 def whoami_id(*, token: str | None, endpoint: str | None) -> tuple[str, str] | None:
-    """`(user id, user name)` of the bot's token, or None without a token or when the Hub cannot say."""
+    """`(user id, user name)` of the bot's token, or None without a token. `HubCheckError` (not permanent) when the
+    Hub cannot say: the caller asks again later rather than going on without knowing who it is."""
     if not token:
         return None
     try:
         data = HfApi(endpoint=endpoint, token=token).whoami()
-    except (HfHubHTTPError, OSError):
-        return None
+    except (HfHubHTTPError, OSError) as err:
+        raise HubCheckError(f"could not identify the bot's token: {type(err).__name__}", permanent=False) from None
     return str(data.get("id", "")), str(data.get("name", ""))
 
 

@@ -61,7 +61,18 @@ class BotSettings(BaseModel):
         default_factory=list,
         description="Repos (`org/name`) and orgs/users (`org` or `org/*`) that opted in; `*` allows every repo. "
                     "Empty: act on nothing.")
-    daily_limit: int = Field(default=20, ge=0, description="Jobs per repo per rolling 24 h (0: no limit).")
+    daily_limit: int = Field(
+        default=20, ge=0, description="Push jobs per repo per rolling 24 h; above it a push is stored and delayed "
+                                      "until the window has room, never dropped (0: no limit).")
+    comment_daily_limit: int = Field(
+        default=5, ge=0, description="`@bot export` requests per repo per rolling 24 h; above it they are refused "
+                                     "(0: no limit).")
+    requester_daily_limit: int = Field(
+        default=10, ge=0, description="`@bot export` requests per person per rolling 24 h, across repos (0: no "
+                                      "limit).")
+    membership_cache_seconds: float = Field(
+        default=300.0, ge=0, description="How long the Hub's answer to 'is the commenter the repo's owner or a "
+                                         "member of its org?' is kept.")
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="Largest webhook body accepted (413 above).")
     # Hub
     hf_token: SecretStr | None = Field(default=None, description="Token of the bot's Hub user (reads and PRs).")
@@ -81,6 +92,11 @@ class BotSettings(BaseModel):
     publish_failed: bool = Field(
         default=False, description="`--publish-failed`: open the PR with the passing targets even when others "
                                    "failed (a failed run always posts its report as a discussion).")
+    publish_unverified: bool = Field(
+        default=False, description="`--publish-unverified`: also publish unverified targets (some check did not "
+                                   "run); the PR and the model card name the checks that did not run.")
+    max_upload_size: str = Field(
+        default="20GB", description="`--max-upload-size`: a PR that would upload more is refused (0: no limit).")
     trust_remote_code_repos: list[str] = Field(
         default_factory=list, description="Repos (or orgs) whose own code may run (`--trust-remote-code`).")
     python: str | None = Field(default=None, description="Interpreter for `python -m exporters.cli` (default: ours).")
@@ -91,6 +107,9 @@ class BotSettings(BaseModel):
     github_workflow: str = Field(default="export.yml", description="Workflow file (or id) to dispatch.")
     github_ref: str = Field(default="main", description="Branch or tag the workflow runs from.")
     github_targets: str = Field(default="", description="`targets` input: comma-separated names, empty for all.")
+    github_poll_seconds: float = Field(
+        default=30.0, gt=0, description="How often the dispatched workflow run is polled until it concludes (the job "
+                                        "succeeds only when the run concludes `success`).")
     # Status page
     show_private: bool = Field(default=False, description="Show private repos' names on the status page and API.")
 
@@ -99,6 +118,14 @@ class BotSettings(BaseModel):
     def _split_list(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("max_upload_size")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        from exporters.publish.destination import parse_size
+
+        parse_size(value)  # ValueError: pydantic reports it with the setting's name
         return value
 
     @field_validator("github_repo")
@@ -111,6 +138,12 @@ class BotSettings(BaseModel):
     def is_allowed(self, repo_id: str) -> bool:
         """Whether `repo_id` opted in: listed itself, its namespace listed, or `*`."""
         return _matches(repo_id, self.allowed)
+
+    def limits(self):
+        """The job store's daily limits."""
+        from .store import Limits
+
+        return Limits(push=self.daily_limit, comment=self.comment_daily_limit, requester=self.requester_daily_limit)
 
     def trusts_remote_code(self, repo_id: str) -> bool:
         """Whether the export of `repo_id` may run the repo's own Python code."""

@@ -11,6 +11,11 @@ queued ──claim──► running ──finish──► succeeded | failed | s
 
 - Intake dedupes on `UNIQUE(repo, head_sha, trigger_key)` with `INSERT ... ON CONFLICT DO NOTHING` inside a
   `BEGIN IMMEDIATE` transaction, so 50 concurrent deliveries of one event make one job (and count 50 deliveries).
+- Limits are per trigger kind: a push over its repo's daily limit is stored and *delayed* (due when the 24-hour
+  window has room again), never dropped: the Hub does not redeliver a 202. Comment requests over the repo's or the
+  requester's daily limit are refused (`rate_limited`); the person can ask again later.
+- At most one job per repo runs at a time: `claim` skips a repo while another job of it holds a live lease, so two
+  workers never publish to one repo at once (publishing converges on one PR anyway, see `exporters.publish`).
 - A worker holds a lease (`lease_owner`, `lease_expires_at`) renewed by heartbeats. A worker killed mid-job stops
   renewing; once the lease expires the job is claimable again (its attempt counted). `finish` only applies while
   the caller still holds the lease, so a late, stale worker cannot overwrite a newer attempt.
@@ -95,8 +100,9 @@ CREATE INDEX IF NOT EXISTS jobs_exported ON jobs (repo, recipe_sha256, weights_k
 # Columns a worker may set on its job (everything else is managed by the store).
 RESULT_FIELDS = frozenset({
     "head_sha", "backend", "recipe_sha256", "weights_key", "exit_code", "operation", "pr_url", "discussion_url",
-    "report_path", "log_path", "dispatch", "reason", "error",
+    "report_path", "log_path", "dispatch", "reason", "error", "private",
 })
+PUSH = "push"
 
 
 @dataclass
@@ -173,9 +179,19 @@ def iso(ts: float | None) -> str | None:
 class EnqueueResult:
     """What intake did with a delivery: `queued` a new job, folded a `duplicate`, or hit the daily limit."""
 
-    outcome: Literal["queued", "duplicate", "rate_limited"]
+    outcome: Literal["queued", "duplicate", "rate_limited", "delayed"]
     job_id: int | None
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Daily limits (rolling 24 h; 0: none). `push`: push jobs per repo (above it a push is delayed, not dropped);
+    `comment`: comment jobs per repo; `requester`: comment jobs per requester, across repos (above them: refused)."""
+
+    push: int = 0
+    comment: int = 0
+    requester: int = 0
 
 
 class JobStore:
@@ -235,12 +251,15 @@ class JobStore:
     # ------------------------------------------------------------------------------------------- intake
     def enqueue(self, repo: str, head_sha: str, *, trigger: str = "push", trigger_key: str = "",
                 requested_by: str | None = None, force: bool = False, private: bool = False,
-                daily_limit: int = 0, max_attempts: int = 3, now: float | None = None) -> EnqueueResult:
+                limits: Limits | None = None, max_attempts: int = 3, now: float | None = None) -> EnqueueResult:
         """Queue a job for `repo` at `head_sha`, or count one more delivery of the same one.
 
-        `daily_limit` (0: none) caps new jobs per repo over the last 24 hours; duplicates never count.
+        `limits` (see `Limits`) apply per trigger kind; duplicates never count. A push over its limit is stored with
+        a later due time (`delayed`); a comment over a limit is refused (`rate_limited`).
         """
         now = time.time() if now is None else now
+        limits = limits or Limits()
+        due = now
         with self._tx() as conn:
             row = conn.execute(
                 "UPDATE jobs SET deliveries = deliveries + 1, updated_at = ? "
@@ -248,24 +267,46 @@ class JobStore:
                 (now, repo, head_sha, trigger_key)).fetchone()
             if row is not None:
                 return EnqueueResult("duplicate", row["id"])
-            if daily_limit:
-                (recent,) = conn.execute("SELECT COUNT(*) FROM jobs WHERE repo = ? AND created_at > ?",
-                                         (repo, now - DAY_SECONDS)).fetchone()
-                if recent >= daily_limit:
-                    return EnqueueResult("rate_limited", None,
-                                         f"{repo} already has {recent} jobs in the last 24 h (limit {daily_limit})")
+            since = now - DAY_SECONDS
+            if trigger == PUSH and limits.push:
+                recent = conn.execute("SELECT created_at FROM jobs WHERE repo = ? AND trigger = ? AND created_at > ? "
+                                      "ORDER BY created_at DESC LIMIT ?", (repo, PUSH, since, limits.push)).fetchall()
+                if len(recent) >= limits.push:  # the window frees a slot when the oldest of the last `push` ages out
+                    due = recent[-1]["created_at"] + DAY_SECONDS
+            elif trigger != PUSH:
+                refusal = self._over_limit(conn, repo, requested_by, since, limits)
+                if refusal:
+                    return EnqueueResult("rate_limited", None, refusal)
             row = conn.execute(
                 "INSERT INTO jobs (repo, head_sha, trigger, trigger_key, requested_by, force, private, created_at, "
                 "updated_at, next_attempt_at, max_attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (repo, head_sha, trigger_key) DO NOTHING RETURNING id",
-                (repo, head_sha, trigger, trigger_key, requested_by, int(force), int(private), now, now, now,
+                (repo, head_sha, trigger, trigger_key, requested_by, int(force), int(private), now, now, due,
                  max_attempts)).fetchone()
             if row is None:  # only possible if another writer slipped in: fold it like a duplicate
                 row = conn.execute(
                     "UPDATE jobs SET deliveries = deliveries + 1 WHERE repo = ? AND head_sha = ? AND trigger_key = ? "
                     "RETURNING id", (repo, head_sha, trigger_key)).fetchone()
                 return EnqueueResult("duplicate", row["id"])
+            if due > now:
+                return EnqueueResult("delayed", row["id"], f"{repo} had {limits.push} pushes in the last 24 h (limit "
+                                                           f"{limits.push}): stored, runs after {iso(due)}")
             return EnqueueResult("queued", row["id"])
+
+    @staticmethod
+    def _over_limit(conn: sqlite3.Connection, repo: str, requester: str | None, since: float,
+                    limits: Limits) -> str:
+        if limits.comment:
+            (count,) = conn.execute("SELECT COUNT(*) FROM jobs WHERE repo = ? AND trigger != ? AND created_at > ?",
+                                    (repo, PUSH, since)).fetchone()
+            if count >= limits.comment:
+                return f"{repo} already had {count} requested exports in the last 24 h (limit {limits.comment})"
+        if limits.requester and requester:
+            (count,) = conn.execute("SELECT COUNT(*) FROM jobs WHERE requested_by = ? AND created_at > ?",
+                                    (requester, since)).fetchone()
+            if count >= limits.requester:
+                return f"this requester already asked for {count} exports in the last 24 h (limit {limits.requester})"
+        return ""
 
     # ------------------------------------------------------------------------------------------ workers
     def claim(self, worker_id: str, lease_seconds: float, *, now: float | None = None) -> Job | None:
@@ -282,9 +323,10 @@ class JobStore:
                 "AND attempts >= max_attempts",
                 (now, now, f"{iso(now)} lease expired on the last attempt\n", now))
             row = conn.execute(
-                "SELECT id, status, lease_owner FROM jobs WHERE (status = 'queued' AND next_attempt_at <= ?) "
-                "OR (status = 'running' AND lease_expires_at < ?) ORDER BY next_attempt_at, id LIMIT 1",
-                (now, now)).fetchone()
+                "SELECT id, status, lease_owner FROM jobs WHERE ((status = 'queued' AND next_attempt_at <= ?) "
+                "OR (status = 'running' AND lease_expires_at < ?)) AND repo NOT IN (SELECT repo FROM jobs WHERE "
+                "status = 'running' AND lease_expires_at >= ?) ORDER BY next_attempt_at, id LIMIT 1",
+                (now, now, now)).fetchone()
             if row is None:
                 return None
             note = ""
@@ -399,8 +441,17 @@ class JobStore:
         counts["deliveries"] = deliveries
         return counts
 
+    def newer_push(self, job: Job) -> Job | None:
+        """A push job of the same repo queued after `job` (a newer commit), not yet ended as skipped or failed."""
+        row = self._conn().execute(
+            "SELECT * FROM jobs WHERE repo = ? AND trigger = ? AND id > ? AND head_sha != ? AND status IN "
+            "('queued', 'running', 'succeeded') ORDER BY id DESC LIMIT 1",
+            (job.repo, PUSH, job.id, job.head_sha)).fetchone()
+        return Job.from_row(row) if row else None
+
     def find_exported(self, repo: str, recipe_sha256: str, weights_key: str, *, exclude: int | None = None) -> Job | None:
-        """The latest job that already exported `repo` with this recipe and these weights successfully."""
+        """The latest job that already exported `repo` with this recipe and these weights successfully (a job
+        succeeds only when its export passed and was published, or its GitHub run concluded `success`)."""
         row = self._conn().execute(
             "SELECT * FROM jobs WHERE repo = ? AND recipe_sha256 = ? AND weights_key = ? AND status = 'succeeded' "
             "AND id != ? ORDER BY id DESC LIMIT 1", (repo, recipe_sha256, weights_key, exclude or -1)).fetchone()

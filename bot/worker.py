@@ -2,10 +2,12 @@
 
 One `Worker` runs `concurrency` threads. For each claimed job:
 
-1. (backends that need it) read the repo at the job's commit (`hubcheck.inspect_repo`) and record the recipe hash
-   and weights key; then skip, with the reason on the job, when: the commit is the bot's own, the comment that asked
-   is the bot's own, there is no recipe, or (unless forced by a comment) the same recipe and weights were already
-   exported successfully. An invalid recipe fails the job without exporting.
+1. skip a push job when a newer push of the same repo is queued, running or done (superseded: the newer commit is
+   exported instead); (backends that need it) read the repo at the job's commit (`hubcheck.inspect_repo`) and
+   record the recipe hash, the weights key and whether the repo is private now; then skip, with the reason on the
+   job, when: the commit is the bot's own, the comment that asked is the bot's own, there is no recipe, or (unless
+   forced by a comment) the same recipe and weights were already exported successfully. An invalid recipe fails the
+   job without exporting. The bot's own identity (`whoami`) is asked again after a failure, never cached as unknown.
 2. run the backend, renewing the lease every `lease_seconds / 3`; a lost lease cancels the run.
 3. record the outcome: succeeded / failed, or queued again with exponential backoff on a transient failure.
 
@@ -26,6 +28,7 @@ import os
 import socket
 import sqlite3
 import threading
+import time
 import traceback
 import uuid
 from pathlib import Path
@@ -37,6 +40,7 @@ from .settings import BotSettings
 from .store import FAILED, SKIPPED, Job, JobStore
 
 log = logging.getLogger("bot.worker")
+IDENTITY_RETRY_SECONDS = 60.0
 
 
 class Worker:
@@ -50,6 +54,7 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._identity: tuple[str, str] | None = None
         self._identity_known = False
+        self._identity_retry_at = 0.0  # after a failed whoami: when to ask the Hub again
         self._lock = threading.Lock()
         self._running: dict[int, threading.Event] = {}
 
@@ -115,6 +120,11 @@ class Worker:
 
     def _process(self, job: Job, owner: str, cancelled: threading.Event, stop: threading.Event | None) -> None:
         state: RepoState | None = None
+        newer = self.store.newer_push(job) if job.trigger == "push" else None
+        if newer is not None:
+            self._end(job, owner, SKIPPED, operation="superseded",
+                      reason=f"superseded by job #{newer.id} (a newer push, {newer.head_sha[:8]})")
+            return
         if self.backend.needs_hub_check:
             try:
                 state = inspect_repo(job.repo, job.head_sha or "main", token=self._token(),
@@ -126,12 +136,15 @@ class Worker:
                     self._retry(job, owner, str(err))
                 return
             fields = {"recipe_sha256": state.recipe_sha256, "weights_key": state.weights_key}
+            if state.private is not None:
+                fields["private"] = state.private
             if not job.head_sha:
                 fields["head_sha"] = state.head_sha
             try:
                 self.store.record(job.id, owner, **fields)
             except sqlite3.IntegrityError:  # that head already has a job with this trigger: keep ours as is
-                self.store.record(job.id, owner, recipe_sha256=state.recipe_sha256, weights_key=state.weights_key)
+                fields.pop("head_sha", None)
+                self.store.record(job.id, owner, **fields)
             skip = self._skip_reason(job, state)
             if skip:
                 self._end(job, owner, SKIPPED, reason=skip)
@@ -144,6 +157,9 @@ class Worker:
                          job_dir=Path(self.settings.work_dir) / f"job-{job.id}", cancelled=cancelled)
         self.store.record(job.id, owner, backend=self.backend.name)
         outcome = self.backend.run(ctx)
+        if outcome.status == "succeeded" and outcome.operation == "superseded":  # exported, but nothing published
+            self._end(job, owner, SKIPPED, **outcome.fields())
+            return
         if outcome.status == "retry":
             if stop is not None and stop.is_set():
                 self.store.record(job.id, owner, **outcome.fields())
@@ -197,7 +213,14 @@ class Worker:
         return self.settings.hf_token.get_secret_value() if self.settings.hf_token else None
 
     def _bot_identity(self) -> tuple[str, str] | None:
-        if not self._identity_known:
+        """The bot's own `(id, name)`: asked once and kept; after a failure, asked again after a minute (None
+        meanwhile: the bot's name from the settings still applies)."""
+        if self._identity_known or time.monotonic() < self._identity_retry_at:
+            return self._identity
+        try:
             self._identity = whoami_id(token=self._token(), endpoint=self.settings.hf_endpoint)
             self._identity_known = True
+        except HubCheckError as err:
+            log.warning("%s; asking again in %.0fs", err, IDENTITY_RETRY_SECONDS)
+            self._identity_retry_at = time.monotonic() + IDENTITY_RETRY_SECONDS
         return self._identity

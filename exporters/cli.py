@@ -1,7 +1,8 @@
 """`hf-export`: run a recipe, check a recipe, re-validate saved artifacts.
 
-Exit codes: 0 all good, 1 a target failed (export or validation), 2 a bad recipe or usage (including a publish
-that could not happen: token, repo id, permissions).
+Exit codes: 0 all good, 1 a target failed or is unverified (export or validation), 2 a bad recipe or usage (no repo
+to publish to, an invalid repo id), 3 publishing failed (token, permissions, the Hub, a PR over the size limit; what
+happened is in OUT/publish.json, with whether a retry may help).
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ app = typer.Typer(
 console = Console(stderr=True, soft_wrap=True)  # long lines stay whole (logs, CI, pipes)
 out = Console(soft_wrap=True)
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-# How this front end spells the library's options in messages.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PUBLISH = 0, 1, 2, 3
+# How this front end spells the library's options in messages (tokens: the environment or a login, never argv).
 OPTION_NAMES = {"trust_remote_code": "--trust-remote-code", "target": "--target", "config": "--config",
-                "token": "--token (or HF_TOKEN)", "revision": "--revision", "repo_id": "--repo-id",
-                "device": "--device"}
+                "token": "HF_TOKEN (or `huggingface-cli login`)", "revision": "--revision", "repo_id": "--repo-id",
+                "device": "--device", "max_upload_size": "--max-upload-size",
+                "publish_unverified": "--publish-unverified"}
 
 
 def _recipe_error(err: RecipeError) -> None:
@@ -88,7 +90,8 @@ def run(
     out_dir: Path = typer.Option(Path("out"), "--out", help="Output folder."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda or auto: overrides the recipe."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
-    token: Optional[str] = typer.Option(None, "--token", envvar="HF_TOKEN", show_envvar=True, help="Hub token."),
+    token: Optional[str] = typer.Option(None, "--token", envvar="HF_TOKEN", show_envvar=True,
+                                        help="Hub token; prefer HF_TOKEN or `huggingface-cli login` (argv is public)."),
     endpoint: Optional[str] = typer.Option(None, "--endpoint", envvar="HF_ENDPOINT", help="Hub endpoint URL."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow code from the model repo."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per target (default: recipe or 3600)."),
@@ -103,23 +106,32 @@ def run(
     publish_failed: bool = typer.Option(
         False, "--publish-failed", help="With --push: publish the passing targets even when others failed."
     ),
+    publish_unverified: bool = typer.Option(
+        False, "--publish-unverified", help="With --push: also publish unverified targets (some check did not run); "
+                                            "the PR and the model card name the checks that did not run."
+    ),
+    max_upload_size: str = typer.Option(
+        "20GB", "--max-upload-size", help="With --push: refuse a PR that uploads more than this (e.g. 50GB; 0: no "
+                                          "limit)."
+    ),
     repo_id: Optional[str] = typer.Option(
         None, "--repo-id", help="Hub repo to publish to (ORG/NAME); defaults to MODEL when it is a Hub repo id."
     ),
 ) -> None:
     """Export every target of the recipe, validate each artifact, write OUT/report.json and OUT/report.md;
-    with --push, publish them to the Hub as a pull request."""
+    with --push, publish them to the Hub as a pull request (against --revision when it names a branch)."""
     if device not in (None, "cpu", "cuda", "auto"):
         console.print(f"--device must be cpu, cuda or auto, got {device!r}")
         raise typer.Exit(EXIT_USAGE)
     if jobs != "auto" and (not jobs.isdigit() or int(jobs) < 1):
         console.print(f"--jobs must be a positive number or auto, got {jobs!r}", markup=False)
         raise typer.Exit(EXIT_USAGE)
-    publish_to = _publish_target(model, repo_id, push or dry_run)
+    upload_limit = _upload_limit(max_upload_size)
+    destination = _destination(model, repo_id, revision, push or dry_run)
     if quiet:
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    if push and not dry_run:
-        _check_publish_access(publish_to, token, endpoint)
+    if destination is not None and push and not dry_run:
+        _check_publish_access(destination.repo_id, token, endpoint, out_dir)
     _quiet_libraries()
     from .pipeline import RunOptions, run_pipeline
 
@@ -139,51 +151,71 @@ def run(
     _print_summary(report, out_dir)
     if print_report:
         out.print((out_dir / "report.md").read_text(), markup=False, highlight=False)
-    if publish_to is not None:
-        _publish(publish_to, out_dir, token=token, endpoint=endpoint, publish_failed=publish_failed, dry_run=dry_run)
+    if destination is not None:
+        _publish(destination, out_dir, token=token, endpoint=endpoint, publish_failed=publish_failed,
+                 publish_unverified=publish_unverified, dry_run=dry_run, max_upload_bytes=upload_limit)
     raise typer.Exit(EXIT_OK if report["status"] == "passed" else EXIT_FAILED)
 
 
-def _publish_target(model: str, repo_id: str | None, publishing: bool) -> str | None:
-    """The repo --push publishes to: --repo-id, else MODEL when it names a Hub repo; exit 2 when neither."""
+def _upload_limit(text: str) -> int:
+    from .publish.destination import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        console.print(f"--max-upload-size: {err}", markup=False)
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+def _destination(model: str, repo_id: str | None, revision: str | None, publishing: bool):
+    """Where --push publishes (the library decides: --repo-id, else MODEL; the PR base from --revision); exit 2
+    when there is no repo to publish to."""
+    from .publish.destination import publish_destination
+
     if not publishing:
         if repo_id is not None:
             console.print("--repo-id is only used with --push or --dry-run", markup=False)
         return None
-    if repo_id is not None:
-        return repo_id
-    if Path(model).exists() or "/" not in model:
-        what = "a local folder" if Path(model).exists() else "not an ORG/NAME repo id"
-        console.print(f"[bold red]error:[/] {escape(model)} is {what}: pass --repo-id ORG/NAME to say where to "
-                      "publish", highlight=False)
-        raise typer.Exit(EXIT_USAGE)
-    return model
+    try:
+        return publish_destination(model, repo_id=repo_id, revision=revision)
+    except PublishError as err:
+        _error("error", err)
+        raise typer.Exit(EXIT_USAGE) from None
 
 
-def _check_publish_access(repo_id: str, token: str | None, endpoint: str | None) -> None:
-    """Before a long export: the token works and the repo is visible (exit 2 otherwise)."""
+def _publish_failed(label: str, err: PublishError, out_dir: Path) -> None:
+    """Say what failed, record it in OUT/publish.json, exit 3."""
+    from .publish import PublishResult, write_outcome
+
+    _error(label, err)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_outcome(out_dir, PublishResult("failed", message=err.worded(OPTION_NAMES), retryable=err.retryable))
+    raise typer.Exit(EXIT_PUBLISH)
+
+
+def _check_publish_access(repo_id: str, token: str | None, endpoint: str | None, out_dir: Path) -> None:
+    """Before a long export: the token works and the repo is visible (exit 3 otherwise, nothing exported)."""
     from .publish import check_publish_access
 
     try:
         check_publish_access(repo_id, token=token, endpoint=endpoint)
     except PublishError as err:
-        _error("cannot publish", err)
-        raise typer.Exit(EXIT_USAGE) from None
+        _publish_failed("cannot publish", err, out_dir)
 
 
-def _publish(repo_id: str, out_dir: Path, *, token: str | None, endpoint: str | None, publish_failed: bool,
-             dry_run: bool) -> None:
-    """Publish OUT to the Hub (or print the plan); a publishing error exits 2 with what to do."""
-    from .publish import publish_report
+def _publish(destination, out_dir: Path, *, token: str | None, endpoint: str | None, publish_failed: bool,
+             publish_unverified: bool, dry_run: bool, max_upload_bytes: int) -> None:
+    """Publish OUT to the Hub (or print the plan); a publishing error exits 3 with what to do."""
+    from .publish import publish_report, render_plan
 
     try:
-        result = publish_report(repo_id, out_dir, token=token, endpoint=endpoint, publish_failed=publish_failed,
-                                dry_run=dry_run)
+        result = publish_report(destination.repo_id, out_dir, token=token, endpoint=endpoint,
+                                publish_failed=publish_failed, publish_unverified=publish_unverified,
+                                dry_run=dry_run, revision=destination.base, max_upload_bytes=max_upload_bytes)
     except PublishError as err:
-        _error("publish failed", err)
-        raise typer.Exit(EXIT_USAGE) from None
+        _publish_failed("publish failed", err, out_dir)
     if dry_run and result.plan is not None:
-        out.print(result.plan.render(), markup=False, highlight=False, soft_wrap=True)
+        out.print(render_plan(result.plan, result.action), markup=False, highlight=False, soft_wrap=True)
     console.print(f"publish: {result.operation} — {result.message}", markup=False, highlight=False, soft_wrap=True)
     url = result.pr_url or result.discussion_url
     if url:

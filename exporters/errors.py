@@ -151,7 +151,18 @@ class ArtifactError(ExportActionError):
 
 
 class PublishError(ExportActionError):
-    """Publishing to the Hub failed; the message says what to do (and never holds the token)."""
+    """Publishing to the Hub failed; the message says what to do (and never holds the token).
+
+    `retryable`: trying again later may succeed (the Hub or the network failed, a concurrent push moved the PR);
+    False when it will not fix itself (401/403/404, an invalid repo id, a run too large to publish). `status` is the
+    Hub's HTTP status, when there was one.
+    """
+
+    def __init__(self, message: str = "", *, option: str | None = None, retryable: bool = False,
+                 status: int | None = None):
+        self.retryable = retryable
+        self.status = status
+        super().__init__(message, option=option)
 
 
 class AggregateError(ExportActionError):

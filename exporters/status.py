@@ -28,7 +28,8 @@ SKIPPED: CheckStatus = "skipped"
 
 RunStatus = Literal["passed", "failed", "unverified"]
 
-PublishOperation = Literal["created", "updated", "unchanged", "superseded", "discussion", "none"]
+# What publishing did (`failed`: it could not; `none`: a dry run, nothing sent).
+PublishOperation = Literal["created", "updated", "unchanged", "superseded", "discussion", "none", "failed"]
 
 
 def is_passed(status: str) -> bool:

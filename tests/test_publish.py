@@ -265,9 +265,12 @@ def test_auto_exporter_reads_the_recipe_from_the_hub(env: HubEnv, published: Pub
 
 def test_push_checks_access_before_exporting(env: HubEnv, published: Published, tmp_path: Path) -> None:
     bad = env.cli("run", "alice/tiny", "--push", "--out", str(tmp_path / "out"), token="hf_not_a_valid_token")
-    assert bad.returncode == 2
-    assert "--token" in bad.stderr and "hf_not_a_valid_token" not in bad.stderr + bad.stdout
-    assert not (tmp_path / "out").exists()  # nothing was exported
+    assert bad.returncode == 3  # publishing cannot happen: exit 3, before anything is exported
+    assert "HF_TOKEN" in bad.stderr and "hf_not_a_valid_token" not in bad.stderr + bad.stdout
+    assert "--token" not in bad.stderr  # hints never suggest a token on the command line
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["publish.json"]  # nothing was exported
+    outcome = json.loads((tmp_path / "out" / "publish.json").read_text())
+    assert outcome["operation"] == "failed" and outcome["retryable"] is False
     local = env.cli("run", str(tmp_path), "--push", "--out", str(tmp_path / "out"))
     assert local.returncode == 2 and "--repo-id" in local.stderr
 
@@ -276,8 +279,9 @@ def test_publish_error_never_shows_the_token(env: HubEnv, published: Published) 
     secret = "hf_secret_value_123"
     with pytest.raises(PublishError) as raised:
         publish_report("alice/tiny", published.snapshot, token=secret, endpoint=env.url)
-    assert secret not in str(raised.value) and "--token" in str(raised.value)
-    with pytest.raises(PublishError, match="--repo-id"):
+    assert secret not in str(raised.value) and "`token`" in str(raised.value) and raised.value.option == "token"
+    assert not raised.value.retryable  # a 401 will not fix itself
+    with pytest.raises(PublishError, match="`repo_id`"):
         publish_report("not a repo", published.snapshot, token=BOT_TOKEN, endpoint=env.url)
 
 
@@ -358,7 +362,7 @@ def test_publish_failed_publishes_passing_targets_and_names_the_failed(env: HubE
     pr = next(d for d in failing.discussions["publish_failed"] if d["isPullRequest"])
     assert "failed: broken" in pr["title"]
     text = pr["events"][0]["data"]["latest"]["raw"]
-    assert "`broken` failed and are **not** included" in text
+    assert "`broken` did not pass and are **not** included" in text
     files = env.hub.files(failing.repo_id, f"refs/pr/{pr['num']}")
     assert "exports/dynamo/prefill.pt2" in files and not any(p.startswith("exports/broken") for p in files)
     [discussion] = [d for d in failing.discussions["publish_failed"] if not d["isPullRequest"]]

@@ -1,7 +1,8 @@
 """The `local` backend: the same pipeline as the CLI, one subprocess per job.
 
 ```
-python -m exporters.cli run REPO --revision SHA --out JOB_DIR/out --push --quiet [--publish-failed]
+python -m exporters.cli run REPO --revision SHA --out JOB_DIR/out --push --quiet --max-upload-size SIZE
+                                 [--publish-failed] [--publish-unverified]
                                  [--trust-remote-code (allowlisted repos only)]
 ```
 
@@ -12,11 +13,16 @@ python -m exporters.cli run REPO --revision SHA --out JOB_DIR/out --push --quiet
   with SIGKILL does not leave an orphan export pushing behind the back of the job's next attempt.
 - Output (stdout and stderr) goes to `JOB_DIR/run.log`; the job records an excerpt, scrubbed of secrets.
 
-Exit codes of `hf-export run`: 0 all targets passed (PR opened, updated or unchanged), 1 a target failed (the report
-is posted as a discussion; with `--publish-failed` the passing targets still go to the PR), 2 bad recipe or usage
-(failed, not retried) or a publish error (`publish failed:` / `cannot publish:`, retried). Anything else (a signal, an
-exit 1 without a failed report: a crash) is retried. What `--push` did is read from the lines the CLI prints
-(`publish: <operation> — <message>`, then the PR or discussion URL).
+What `--push` did is read from `OUT/publish.json` (`exporters.publish.PublishResult`: the operation, the PR or
+discussion URL, the message, and whether a failure is retryable), never from the lines the CLI prints.
+
+| exit | `hf-export run`                                        | job                                                  |
+|------|--------------------------------------------------------|------------------------------------------------------|
+| 0    | every target passed and was published                  | succeeded (`superseded`: skipped, nothing published) |
+| 1    | a target failed or is unverified (report posted)       | failed                                               |
+| 2    | bad recipe, model or usage                             | failed                                               |
+| 3    | publishing failed                                      | retried when `publish.json` says `retryable` (the Hub or the network failed, a concurrent push), else failed (401, 403, 404, a PR over the size limit) |
+| else | a signal, a crash                                      | retried                                              |
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ import ctypes
 import importlib.util
 import json
 import os
-import re
 import resource
 import signal
 import subprocess
@@ -41,9 +46,7 @@ from . import JobContext, Outcome
 PR_SET_PDEATHSIG = 1
 # Environment variables the export subprocess must not see.
 WITHHELD_ENV = ("WEBHOOK_SECRET", "GITHUB_TOKEN", "EXPORT_BOT_GITHUB_TOKEN", "GH_TOKEN")
-_PUBLISH_LINE = re.compile(r"^publish: (\w+) \S (.*)$", re.M)
-_URL_LINE = re.compile(r"^(https?://\S+)\s*$", re.M)
-_PUBLISH_ERROR = re.compile(r"^(publish failed|cannot publish):", re.M)
+EXIT_PUBLISH = 3
 
 
 def _project_root() -> Path | None:
@@ -89,9 +92,11 @@ class LocalBackend:
     def command(self, repo: str, revision: str, out_dir: Path) -> list[str]:
         """argv of the export run (no secrets in it)."""
         argv = [self.settings.python or sys.executable, "-m", "exporters.cli", "run", repo, "--revision", revision,
-                "--out", str(out_dir), "--push", "--quiet"]
+                "--out", str(out_dir), "--push", "--quiet", "--max-upload-size", self.settings.max_upload_size]
         if self.settings.publish_failed:
             argv.append("--publish-failed")
+        if self.settings.publish_unverified:
+            argv.append("--publish-unverified")
         if self.settings.trusts_remote_code(repo):
             argv.append("--trust-remote-code")
         return argv
@@ -147,8 +152,9 @@ class LocalBackend:
         fields: dict[str, Any] = {"exit_code": returncode, "log_path": str(log_path)}
         if (out_dir / "report.md").is_file():
             fields["report_path"] = str(out_dir / "report.md")
-        published = _publish_info(log_text)
+        published = _publish_info(out_dir / "publish.json") if not stopped else {}
         published_reason = published.pop("reason", "")
+        retryable = published.pop("retryable", False)
         fields.update(published)
         report = _read_json(out_dir / "report.json")
         if stopped.startswith("timed out"):
@@ -157,13 +163,16 @@ class LocalBackend:
             return Outcome("retry", stopped, error=excerpt, **fields)
         if returncode == 0:
             return Outcome("succeeded", published_reason or "all targets passed", **fields)
-        if returncode == 2 and _PUBLISH_ERROR.search(log_text):  # token, permissions or the Hub: maybe transient
-            return Outcome("retry", "publishing to the Hub failed (exit 2)", error=excerpt, **fields)
+        if returncode == EXIT_PUBLISH:
+            what = f"publishing to the Hub failed: {published_reason or 'see the log'}"
+            return Outcome("retry" if retryable else "failed", what, error=excerpt, **fields)
         if returncode == 2:
             return Outcome("failed", "bad recipe, model or usage (exit 2)", error=excerpt, **fields)
-        if returncode == 1 and report is not None and report.get("status") == "failed":
-            failed = [str(t.get("name")) for t in report.get("targets", []) if t.get("status") != "passed"]
-            reason = f"target(s) failed: {', '.join(failed)}" + (f"; {published_reason}" if published_reason else "")
+        if returncode == 1 and report is not None and report.get("status") in ("failed", "unverified"):
+            failed = [f"{t.get('name')} ({t.get('status')})" for t in report.get("targets", [])
+                      if t.get("status") != "passed"]
+            reason = f"target(s) did not pass: {', '.join(failed)}" + (
+                f"; {published_reason}" if published_reason else "")
             return Outcome("failed", reason, error=excerpt, **fields)
         what = f"killed by signal {-returncode}" if returncode < 0 else f"exit {returncode}"
         if returncode < 0 and settings.memory_limit_mb:
@@ -185,14 +194,15 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _publish_info(log_text: str) -> dict[str, Any]:
-    """What `--push` did, from the lines the CLI prints: `publish: <operation> — <message>` then the URL."""
-    operations = _PUBLISH_LINE.findall(log_text)
-    if not operations:
+def _publish_info(path: Path) -> dict[str, Any]:
+    """What `--push` did, from `OUT/publish.json` (the typed outcome the library writes)."""
+    outcome = _read_json(path)
+    if not outcome or not isinstance(outcome.get("operation"), str):
         return {}
-    operation, message = operations[-1]
-    info: dict[str, Any] = {"operation": operation, "reason": f"publish: {operation}: {message.strip()}"}
-    urls = _URL_LINE.findall(log_text)
-    if urls:
-        info["discussion_url" if operation == "discussion" else "pr_url"] = urls[-1]
+    operation = outcome["operation"]
+    info: dict[str, Any] = {"operation": operation, "retryable": bool(outcome.get("retryable")),
+                            "reason": f"publish: {operation}: {str(outcome.get('message') or '').strip()}"[:1000]}
+    for key in ("pr_url", "discussion_url"):
+        if isinstance(outcome.get(key), str):
+            info[key] = outcome[key]
     return info

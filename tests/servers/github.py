@@ -28,7 +28,10 @@ GET     /repos/{o}/{r}/check-runs/{id}
 PATCH   /repos/{o}/{r}/check-runs/{id}
 GET     /repos/{o}/{r}/actions/workflows/{id_or_file}
 POST    /repos/{o}/{r}/actions/workflows/{id_or_file}/dispatches  ``{ref, inputs}`` → 204
-                                                               (200 with ``return_run_details``)
+                                                               (200 with ``return_run_details``);
+                                                               creates a workflow run
+GET     /repos/{o}/{r}/actions/runs/{run_id}                   the run: ``status`` queued →
+                                                               completed, ``conclusion``
 POST    /repos/{o}/{r}/dispatches                              ``{event_type, client_payload}``
                                                                → 204
 ======  =====================================================  ==========================
@@ -52,8 +55,12 @@ Behaviour kept honest:
   ``Resource not accessible by integration`` on real GitHub. The emulator answers it
   with the bot's login unless built with ``bot_user_forbidden=True``.
 
+* A dispatched workflow run stays ``queued`` until the test concludes it
+  (:meth:`GitHubEmulator.complete_run`), or concludes at once with ``run_conclusion`` when
+  that is set (``success``, ``failure``, ``cancelled``...).
+
 Everything each request did is recorded for assertions (``requests``, ``comments()``,
-``dispatches()``, ``check_runs()``); token values are never stored.
+``dispatches()``, ``check_runs()``, ``runs()``); token values are never stored.
 
 Run standalone: ``python -m tests.servers.github --port 8765 --token ghs_x=github-actions[bot]
 --repo acme/widgets --pull acme/widgets#1:<sha> --workflow acme/widgets:export.yml``.
@@ -88,6 +95,7 @@ __all__ = [
     "Pull",
     "RequestRecord",
     "Workflow",
+    "WorkflowRun",
     "main",
 ]
 
@@ -172,6 +180,23 @@ class Dispatch:
 
 
 @dataclass
+class WorkflowRun:
+    """A run of a workflow, created by a dispatch; ``conclusion`` is set once ``status`` is ``completed``."""
+
+    id: int
+    repo: str
+    workflow_id: int
+    workflow: str
+    ref: str
+    event: str
+    login: str
+    created_at: datetime
+    updated_at: datetime
+    status: str = "queued"
+    conclusion: str | None = None
+
+
+@dataclass
 class Pull:
     """A pull request (and the issue that carries its conversation)."""
 
@@ -217,6 +242,7 @@ class _Repo:
     check_suites: dict[tuple[str, str], int] = field(default_factory=dict)
     workflows: dict[int, Workflow] = field(default_factory=dict)
     dispatches: list[Dispatch] = field(default_factory=list)
+    runs: dict[int, WorkflowRun] = field(default_factory=dict)
 
     @property
     def owner(self) -> str:
@@ -332,6 +358,8 @@ class GitHubEmulator:
         """403 for check-run writes by logins that are not GitHub Apps (``[bot]``), as on GitHub."""
         self.bot_user_forbidden = bot_user_forbidden
         """403 for ``GET /user`` with a ``[bot]`` token, as GitHub answers installation tokens."""
+        self.run_conclusion: str | None = None
+        """When set, a dispatched workflow run is created already ``completed`` with this conclusion."""
         self._ids = itertools.count(1)
         self._user_ids: dict[str, int] = {}
         self._repos: dict[str, _Repo] = {}
@@ -418,6 +446,7 @@ class GitHubEmulator:
             self._tokens = dict(tokens)
             self.check_runs_require_app = require_app
             self.bot_user_forbidden = bot_user_forbidden
+            self.run_conclusion = None
 
     # ----------------------------------------------------------------- arrange
 
@@ -585,6 +614,19 @@ class GitHubEmulator:
         """Workflow and repository dispatches received for ``repo``, in order (copies)."""
         with self._lock:
             return copy.deepcopy(self._get_repo(repo).dispatches)
+
+    def runs(self, repo: str) -> list[WorkflowRun]:
+        """Workflow runs of ``repo`` (one per workflow dispatch), in creation order (copies)."""
+        with self._lock:
+            return copy.deepcopy(list(self._get_repo(repo).runs.values()))
+
+    def complete_run(self, repo: str, run_id: int, conclusion: str = "success") -> None:
+        """Conclude a workflow run (``success``, ``failure``, ``cancelled``, ``timed_out``...)."""
+        if conclusion not in CHECK_CONCLUSIONS:
+            raise ValueError(f"unknown conclusion {conclusion!r}")
+        with self._lock:
+            run = self._get_repo(repo).runs[run_id]
+            run.status, run.conclusion, run.updated_at = "completed", conclusion, _now()
 
     def check_runs(self, repo: str) -> list[CheckRun]:
         """Check runs created in ``repo``, in creation order (copies)."""
@@ -825,6 +867,22 @@ class GitHubEmulator:
                 }
                 for p in pulls
             ],
+        }
+
+    def _run_json(self, base: str, repo: _Repo, run: WorkflowRun) -> dict[str, Any]:
+        api = f"{base}/repos/{repo.full_name}"
+        sha = repo.branches.get(run.ref.removeprefix("refs/heads/")) or repo.tags.get(run.ref.removeprefix("refs/tags/"))
+        return {
+            "id": run.id, "node_id": f"WFR_{run.id}", "name": run.workflow.rsplit(".", 1)[0],
+            "path": f".github/workflows/{run.workflow}", "head_branch": run.ref.removeprefix("refs/heads/"),
+            "head_sha": sha or "", "run_number": run.id, "run_attempt": 1, "event": run.event,
+            "status": run.status, "conclusion": run.conclusion, "workflow_id": run.workflow_id,
+            "url": f"{api}/actions/runs/{run.id}", "html_url": f"{base}/{repo.full_name}/actions/runs/{run.id}",
+            "jobs_url": f"{api}/actions/runs/{run.id}/jobs", "logs_url": f"{api}/actions/runs/{run.id}/logs",
+            "workflow_url": f"{api}/actions/workflows/{run.workflow_id}",
+            "created_at": _iso(run.created_at), "updated_at": _iso(run.updated_at),
+            "run_started_at": _iso(run.created_at), "actor": self._user_json(base, run.login),
+            "triggering_actor": self._user_json(base, run.login), "pull_requests": [],
         }
 
     def _workflow_json(self, base: str, repo: _Repo, workflow: Workflow) -> dict[str, Any]:
@@ -1199,6 +1257,12 @@ class GitHubEmulator:
                         if required not in inputs:
                             raise ApiError(422, f"Required input '{required}' not provided")
                 run_id = next(emu._ids)
+                now = _now()
+                run = WorkflowRun(run_id, repo.full_name, workflow.id, workflow.file, ref, "workflow_dispatch", login,
+                                  now, now)
+                if emu.run_conclusion is not None:
+                    run.status, run.conclusion = "completed", emu.run_conclusion
+                repo.runs[run_id] = run
                 repo.dispatches.append(
                     Dispatch(
                         kind="workflow", repo=repo.full_name, login=login, created_at=_now(),
@@ -1216,6 +1280,15 @@ class GitHubEmulator:
                     }
                 )
             return Response(status_code=204)
+
+        @app.get("/repos/{owner}/{name}/actions/runs/{run_id}")
+        def get_run(request: Request, owner: str, name: str, run_id: str) -> dict[str, Any]:
+            with emu._lock:
+                repo = emu._api_repo(owner, name, caller(request, required=False))
+                run = repo.runs.get(int(run_id)) if run_id.isdigit() else None
+                if run is None:
+                    raise _not_found()
+                return emu._run_json(base_of(request), repo, run)
 
         @app.post("/repos/{owner}/{name}/dispatches")
         async def repository_dispatch(request: Request, owner: str, name: str) -> Response:

@@ -11,6 +11,10 @@ Emulated (model repos only; repo ids are ``namespace/name``):
   construction); a hidden or missing repo answers ``X-Error-Code: RepoNotFound`` (401 anonymous, 404 otherwise).
 - ``GET /api/whoami-v2``, ``POST /api/validate-yaml``, ``POST /api/repos/create`` (409 with ``url`` when it
   exists), ``DELETE /api/repos/delete``, ``PUT /api/models/{id}/settings``.
+- Users and orgs: ``GET /api/organizations/{org}/members`` (``Link`` pagination; items ``{_id, user, fullname,
+  avatarUrl, type, isPro}``), ``GET /api/organizations/{org}/overview``, ``GET /api/users/{name}/overview`` (404 for
+  unknown names); a user's ``_id`` is the same id webhook payloads carry as a comment's ``author.id``. Users are
+  the tokens' users, org members, and user namespaces that own a repo.
 - ``GET /api/models/{id}[/revision/{rev}]`` (``?blobs=true`` adds size/blobId/lfs to siblings).
 - ``GET /api/models/{id}/tree/{rev}[/{path}]`` (``recursive``, ``expand``, ``Link`` pagination),
   ``POST .../paths-info/{rev}``, ``GET .../refs``, ``GET .../commits/{rev}``, ``POST|DELETE .../branch/{name}``.
@@ -29,6 +33,8 @@ Emulated (model repos only; repo ids are ``namespace/name``):
 - ``xet-*-token`` routes answer 400: Xet is not supported (run the client with ``HF_HUB_DISABLE_XET=1``).
 
 Commit ids are sha1 hashes of the parents, the file tree, title, message and author; history is append-only.
+`HubEmulator.delay` slows chosen routes (an ``asyncio`` sleep before the request is handled, so other requests go
+on meanwhile): how tests open a race window, e.g. between listing discussions and opening a PR.
 Every state change is also logged as a webhook payload (`HubEmulator.events`) shaped like
 ``huggingface_hub.WebhookPayload``. The server never answers 5xx (the client retries those with long sleeps);
 an emulator bug answers 400 with the traceback in the body.
@@ -330,7 +336,8 @@ class HubEmulator:
     ) -> None:
         self.host, self._port = host, port
         self._initial_tokens = dict(DEFAULT_TOKENS if tokens is None else tokens)
-        self._orgs = {org: set(members) for org, members in (orgs or {}).items()}
+        self._initial_orgs = {org: set(members) for org, members in (orgs or {}).items()}
+        self._orgs = {org: set(members) for org, members in self._initial_orgs.items()}
         self._defaults = (lfs_threshold, tree_page_size, discussions_page_size)
         self._lock = threading.RLock()
         self._server: uvicorn.Server | None = None
@@ -405,6 +412,8 @@ class HubEmulator:
     def reset(self) -> None:
         """Forget every repo, upload and event; restore the tokens and settings given at construction."""
         with self._lock:
+            self._orgs = {org: set(members) for org, members in self._initial_orgs.items()}
+            self._delays: list[tuple[str, re.Pattern[str], float]] = []
             self.tokens: dict[str, str] = dict(self._initial_tokens)
             self.lfs_threshold, self.tree_page_size, self.discussions_page_size = self._defaults
             self._repos: dict[str, Repo] = {}
@@ -414,6 +423,21 @@ class HubEmulator:
     def add_token(self, token: str, user: str) -> None:
         with self._lock:
             self.tokens[token] = user
+
+    def add_org_member(self, org: str, user: str) -> None:
+        """Make `user` a member of the organization `org` (created when new; `reset` forgets it)."""
+        with self._lock:
+            self._orgs.setdefault(org, set()).add(user)
+
+    def user_id(self, user: str) -> str:
+        """The Hub id of `user` (what webhook payloads carry as a comment's ``author.id``)."""
+        return _stable_id(user)
+
+    def delay(self, method: str, path_pattern: str, seconds: float) -> None:
+        """Hold every request whose method is `method` and whose path matches `path_pattern` (a regex, searched)
+        for `seconds` before handling it; other requests are served meanwhile. `reset` removes the delays."""
+        with self._lock:
+            self._delays.append((method.upper(), re.compile(path_pattern), seconds))
 
     def create_model_repo(self, repo_id: str, files: Mapping[str, bytes] | None = None, *, private: bool = False,
                           author: str | None = None, message: str = "Upload files",
@@ -493,6 +517,7 @@ class HubEmulator:
         request = Request(scope, receive)
         try:
             body = await request.body()
+            await self._maybe_delay(request)
             response = self._dispatch(request, body)
         except HubError as err:
             response = err.response()
@@ -500,6 +525,16 @@ class HubEmulator:
             traceback.print_exc()
             response = HubError(400, f"Hub emulator bug: {exc!r}", trace=traceback.format_exc()).response()
         await response(scope, receive, send)
+
+    async def _maybe_delay(self, request: Request) -> None:
+        import asyncio
+
+        raw = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1").split("?", 1)[0]
+        with self._lock:
+            wait = sum(seconds for method, pattern, seconds in self._delays
+                       if method == request.method and pattern.search(raw))
+        if wait:
+            await asyncio.sleep(wait)
 
     def _route(self, methods: str, template: str, handler: Handler) -> None:
         """Register ``handler``; ``{x}`` in ``template`` matches one path segment, ``{x*}`` the rest."""
@@ -543,6 +578,9 @@ class HubEmulator:
     def _register_routes(self) -> None:
         r = self._route
         r("GET", "/api/whoami-v2", self._whoami)
+        r("GET", "/api/organizations/{org}/members", self._org_members)
+        r("GET", "/api/organizations/{org}/overview", self._org_overview)
+        r("GET", "/api/users/{user}/overview", self._user_overview)
         r("POST", "/api/validate-yaml", self._validate_yaml)
         r("POST", "/api/repos/create", self._create_repo_route)
         r("DELETE", "/api/repos/delete", self._delete_repo_route)
@@ -668,6 +706,36 @@ class HubEmulator:
                              "email": f"{user}@example.com", "emailVerified": True, "canPay": False,
                              "isPro": False, "orgs": orgs,
                              "auth": {"type": "access_token", "accessToken": {"displayName": "test", "role": "write"}}})
+
+    def _known_users(self) -> set[str]:
+        users = set(self.tokens.values()) | {u for members in self._orgs.values() for u in members}
+        return (users | {repo.namespace for repo in self._repos.values()}) - set(self._orgs)
+
+    def _org_members(self, call: _Call) -> Response:
+        org = call.args["org"]
+        if org not in self._orgs:
+            raise HubError(404, f"Organization {org} not found")
+        members = [{"_id": _stable_id(user), "user": user, "fullname": user, "avatarUrl": "", "type": "user",
+                    "isPro": False} for user in sorted(self._orgs[org])]
+        page, headers = self._paginated(call, members, 500)
+        return JSONResponse(page, headers=headers)
+
+    def _org_overview(self, call: _Call) -> Response:
+        org = call.args["org"]
+        if org not in self._orgs:
+            raise HubError(404, f"Organization {org} not found")
+        return JSONResponse({"_id": _stable_id(org), "name": org, "fullname": org, "avatarUrl": "", "type": "org",
+                             "isVerified": False, "numUsers": len(self._orgs[org]),
+                             "numModels": sum(r.namespace == org for r in self._repos.values())})
+
+    def _user_overview(self, call: _Call) -> Response:
+        user = call.args["user"]
+        if user not in self._known_users():
+            raise HubError(404, f"User {user} not found")
+        orgs = [{"name": org, "fullname": org, "avatarUrl": ""} for org, m in self._orgs.items() if user in m]
+        return JSONResponse({"_id": _stable_id(user), "user": user, "fullname": user, "avatarUrl": "",
+                             "type": "user", "isPro": False, "createdAt": "2024-01-01T00:00:00.000Z",
+                             "numModels": sum(r.namespace == user for r in self._repos.values()), "orgs": orgs})
 
     def _validate_yaml(self, call: _Call) -> Response:
         content = str(call.json().get("content", ""))

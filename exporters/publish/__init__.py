@@ -1,0 +1,67 @@
+"""Publish a run's validated artifacts to the Hub as a pull request (or its report as a discussion).
+
+```
+OUT/report.json ──► plan (files, no network) ──► what the Hub holds (our threads, the base branch, the PR's files)
+                         │                                   │
+                         └──── merge_plan (keyed by target) ─┴──► decide ──► create | update | unchanged
+                                                                             | superseded | discussion
+```
+
+The rooms: `plan` (which files; merge with what the Hub holds), `markers` (slot and fingerprint), `decide` (one
+pure decision), `texts` (titles, descriptions, model card), `hub` (the thin client), `destination` (where to publish,
+the size limit), `run` (doing it; the outcome in `OUT/publish.json`).
+
+What goes into the model repo (one commit per run, on `refs/pr/N`):
+
+- `exports/<target>/...`: the artifacts of every target that passed, loadable with
+  `ExportedModel.from_pretrained(repo, revision="refs/pr/N", subfolder="exports/<target>")`;
+- the validation report: `exports/report.json` and `exports/report.md` (a recipe file other than the model's own:
+  `exports/report.<stem>.json|md`, so two recipes do not overwrite each other's reports);
+- `README.md`: an "Exports" section between `<!-- export-action:exports:start -->` and
+  `<!-- export-action:exports:end -->`, replaced on every run (the rest of the card untouched).
+
+**Identity.** A hidden marker in each thread names its slot (repo, account, kind, recipe, base branch) and records a
+fingerprint of the run. A slot holds at most one open thread; only the token's account's threads count.
+
+**Safe under racing runs.** Two runs that both find no PR and both open one converge: after opening, each lists the
+slot again and the higher-numbered PR is closed by the run that opened it. A run of an older commit never overwrites a
+newer export (`superseded`). A run of some targets (`--target`) updates only those: the others stay in the PR.
+
+The token never appears in messages or errors: every Hub error is re-raised as `PublishError` with the token
+scrubbed, saying what to do and whether a retry may help.
+
+Example:
+    >>> from exporters.publish import decide, HubView
+    >>> decide({"kind": "exports", "recipe": "repo", "base": "main"}, HubView(())).operation
+    'create'
+"""
+
+from .decide import Decision, HubView, ThreadState, decide
+from .destination import DEFAULT_MAX_UPLOAD_BYTES, Destination, parse_size, pr_base, publish_destination
+from .hub import HubClient
+from .markers import parse_marker, render_marker, same_fingerprint, same_slot
+from .plan import (
+    EXPORTS_DIR,
+    KIND_EXPORTS,
+    KIND_FAILURE,
+    MARKER_VERSION,
+    Held,
+    PlannedFile,
+    PublishPlan,
+    load_report,
+    merge_plan,
+    plan_publish,
+    recipe_identity,
+)
+from .run import OUTCOME_FILE, PublishResult, check_publish_access, publish_files, publish_report, write_outcome
+from .texts import CARD_END, CARD_START, SECTIONS, card_section, render_plan, update_model_card
+from ..errors import PublishError
+
+__all__ = [
+    "CARD_END", "CARD_START", "DEFAULT_MAX_UPLOAD_BYTES", "EXPORTS_DIR", "KIND_EXPORTS", "KIND_FAILURE",
+    "MARKER_VERSION", "OUTCOME_FILE", "SECTIONS", "Decision", "Destination", "Held", "HubClient", "HubView",
+    "PlannedFile", "PublishError", "PublishPlan", "PublishResult", "ThreadState", "card_section",
+    "check_publish_access", "decide", "load_report", "merge_plan", "parse_marker", "parse_size", "plan_publish",
+    "pr_base", "publish_destination", "publish_files", "publish_report", "recipe_identity", "render_marker",
+    "render_plan", "same_fingerprint", "same_slot", "update_model_card", "write_outcome",
+]

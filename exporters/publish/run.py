@@ -1,0 +1,349 @@
+"""Doing what `decide` said: the commit, the PR or discussion, the duplicate check, the outcome in `OUT/publish.json`.
+
+```
+plan_publish ──► HubClient.view ──► merge_plan (what the PR or branch holds) ──► decide ──► do it
+                                                                                     │
+                        created? re-list: a lower-numbered open PR of the slot wins ─┘ (ours is closed, that one used)
+```
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..errors import PublishError
+from ..markdown import human_size, render_markdown
+from ..status import PublishOperation
+from . import texts
+from .decide import Decision, HubView, ThreadState, decide, duplicates_of, in_slot
+from .destination import DEFAULT_MAX_UPLOAD_BYTES, check_repo_id
+from .hub import HubClient
+from .markers import DUPLICATE_TAG, render_marker
+from .plan import KIND_EXPORTS, KIND_FAILURE, Held, PublishPlan, merge_plan, plan_publish
+
+OUTCOME_FILE = "publish.json"
+
+
+@dataclass
+class PublishResult:
+    """What publishing did. `operation`: created | updated | unchanged | superseded | discussion | none (a dry run)
+    | failed (then `retryable` says whether trying again may help); `message`: one human sentence; `plan`: what was
+    (or, on a dry run, would be) pushed."""
+
+    operation: PublishOperation
+    pr_url: str | None = None
+    pr_num: int | None = None
+    discussion_url: str | None = None
+    commit: str | None = None
+    message: str = ""
+    retryable: bool = False
+    upload_bytes: int = 0
+    target_bytes: dict[str, int] = field(default_factory=dict)
+    action: str = ""  # a dry run: what would happen
+    plan: PublishPlan | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON `OUT/publish.json` holds (everything but the plan)."""
+        return {k: v for k, v in asdict(self).items() if k != "plan"} | {"schema_version": 1}
+
+
+def write_outcome(out_dir: Path, result: PublishResult) -> None:
+    """`OUT/publish.json`, replaced atomically (a link planted there is replaced, not written through)."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return
+    tmp = out_dir / f".{OUTCOME_FILE}.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    tmp.replace(out_dir / OUTCOME_FILE)
+
+
+def _result(operation: PublishOperation, plan: PublishPlan | None, message: str, **links: Any) -> PublishResult:
+    sizes = plan.target_bytes() if plan is not None and plan.is_pull_request else {}
+    upload = plan.upload_bytes if plan is not None and plan.is_pull_request else 0
+    return PublishResult(operation, message=message, plan=plan, upload_bytes=upload, target_bytes=sizes, **links)
+
+
+def _links(thread: ThreadState) -> dict[str, Any]:
+    if thread.is_pull_request:
+        return {"pr_url": thread.url, "pr_num": thread.num}
+    return {"discussion_url": thread.url}
+
+
+def _operations(plan: PublishPlan, card: str) -> list[Any]:
+    """Additions (artifacts, reports, README.md) and deletions."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    operations: list[Any] = []
+    for planned in plan.files:
+        if planned.data is not None:
+            operations.append(CommitOperationAdd(planned.path_in_repo, planned.data))
+            continue
+        if planned.local is None:
+            continue
+        operation = CommitOperationAdd(planned.path_in_repo, str(planned.local))
+        if planned.sha256 and operation.upload_info.sha256.hex() != planned.sha256:
+            raise PublishError(f"{planned.local} changed since it was validated (sha256 differs from report.json): "
+                               "run the export again before publishing")
+        operations.append(operation)
+    operations.append(CommitOperationAdd("README.md", card.encode("utf-8")))
+    return operations + [CommitOperationDelete(path) for path in plan.deletions]
+
+
+def _merged(hub: HubClient, plan: PublishPlan, ref: str) -> tuple[str, PublishPlan, list[str]]:
+    """The commit at `ref`, the plan merged with what is there, and the file list there."""
+    head, held = hub.held(plan, ref)
+    return head, merge_plan(plan, held, render=render_markdown), list(held.files)
+
+
+def _dedupe(hub: HubClient, me: str, created: int, marker: dict[str, Any], noun: str) -> ThreadState | None:
+    """After opening `created`: when a concurrent run opened a lower-numbered thread of the slot, close ours (the
+    lower one wins) and return that one."""
+    lowest = duplicates_of(created, marker, HubView(tuple(hub.threads(me))))
+    if lowest is not None:
+        hub.close(created, f"{DUPLICATE_TAG}\nClosed: another run opened #{lowest.num} for the same {noun} at the "
+                           "same time; that one is kept.")
+    return lowest
+
+
+def _open_pr(hub: HubClient, operations: list[Any], base: str, head: str, title: str,
+             text: Callable[[int | None], str]) -> tuple[int, str, str] | None:
+    """Open a PR with one commit (its title and description: `title`, `text(None)`, then `text(num)`)."""
+    info = hub.call("open a pull request", hub.api.create_commit, hub.repo_id, operations, commit_message=title,
+                    commit_description=text(None), revision=base, create_pr=True, parent_commit=head)
+    if info.pr_num is None:
+        return None
+    if hub.first_comment(info.pr_num) is not None:  # refresh: the snippet now names refs/pr/N
+        hub.refresh(ThreadState(info.pr_num, True, "open", {}, info.pr_url, title), title, text(info.pr_num))
+    return info.pr_num, info.pr_url, info.oid
+
+
+def _update_pr(hub: HubClient, thread: ThreadState, operations: list[Any], head: str, message: str, title: str,
+               text: str) -> tuple[str, str]:
+    ref = f"refs/pr/{thread.num}"
+    info = hub.call(f"push to {ref}", hub.api.create_commit, hub.repo_id, operations, commit_message=message,
+                    revision=ref, parent_commit=head)
+    return info.oid, hub.refresh(thread, title, text)
+
+
+def _card(hub: HubClient, plan: PublishPlan, head: str, files: list[str]) -> str:
+    return texts.update_model_card(hub.readme(head, files), texts.card_section(plan), plan.repo_id.split("/")[-1],
+                                   plan.recipe)
+
+
+def _publish_pr(hub: HubClient, local: PublishPlan, view: HubView, me: str, dedupe: bool = True) -> PublishResult:
+    open_pr = min((t for t in in_slot(view, local.marker) if t.is_open), key=lambda t: t.num, default=None)
+    ref = f"refs/pr/{open_pr.num}" if open_pr else local.base
+    head, plan, files = _merged(hub, local, ref)
+    decision = decide(plan.marker, view)
+    if decision.operation in ("superseded", "unchanged"):
+        links = _links(decision.thread) if decision.thread else {}
+        return _result(decision.operation, plan, decision.reason, **links)
+    operations = _operations(plan, _card(hub, plan, head, files))
+    title = texts.pr_title(plan)
+    if decision.operation == "update" and decision.thread is not None:
+        thread = decision.thread
+        oid, how = _update_pr(hub, thread, operations, head, f"Update exports: {', '.join(plan.published)} (source "
+                              f"{texts.short_sha(plan.report)})", title, texts.pr_description(plan, thread.num))
+        return _result("updated", plan, f"updated PR #{thread.num} with commit {oid[:7]} ({how})", commit=oid,
+                       **_links(thread))
+    opened = _open_pr(hub, operations, plan.base, head, title, lambda num: texts.pr_description(plan, num))
+    if opened is None:
+        return _result("unchanged", plan, f"{plan.base} already holds exactly these files: no PR opened")
+    num, url, oid = opened
+    winner = _dedupe(hub, me, num, plan.marker, "exports") if dedupe else None
+    if winner is not None:
+        again = _publish_pr(hub, local, hub.view(local, me), me, dedupe=False)
+        again.message += f" (PR #{num}, opened at the same time as #{winner.num} by a concurrent run, was closed)"
+        return again
+    return _result("created", plan, f"opened PR #{num} with {len(plan.files)} files ({', '.join(plan.published)})",
+                   pr_url=url, pr_num=num, commit=oid)
+
+
+def _publish_failure(hub: HubClient, plan: PublishPlan, view: HubView, me: str, dedupe: bool = True) -> PublishResult:
+    decision = decide(plan.marker, view)
+    if decision.operation in ("superseded", "unchanged"):
+        links = _links(decision.thread) if decision.thread else {}
+        return _result(decision.operation, plan, decision.reason, **links)
+    short = texts.short_sha(plan.report)
+    if decision.thread is not None:
+        thread = decision.thread
+        hub.refresh(thread, texts.failure_title(plan), texts.failure_description(plan))
+        hub.comment(thread.num, f"Still failing at source `{short}` ({', '.join(f'`{n}`' for n in plan.failed)}): "
+                                "the report above is updated.")
+        num, url, verb = thread.num, thread.url, "updated"
+    else:
+        created = hub.call("open a discussion", hub.api.create_discussion, plan.repo_id, texts.failure_title(plan),
+                           description=texts.failure_description(plan))
+        num, url, verb = created.num, created.url, "opened"
+        winner = _dedupe(hub, me, num, plan.marker, "failure report") if dedupe else None
+        if winner is not None:
+            return _publish_failure(hub, plan, hub.view(plan, me), me, dedupe=False)
+    for pr in in_slot(view, plan.marker, KIND_EXPORTS):
+        if pr.is_open:
+            held = str(pr.marker.get("source_sha") or "local")[:7]
+            hub.comment(pr.num, f"The latest run (source `{short}`) did not pass, see #{num}; this PR still holds "
+                                f"the exports of source `{held}`.")
+    return _result("discussion", plan, f"{verb} discussion #{num}: the export did not pass "
+                                       f"({', '.join(plan.failed)}), so no artifact was published", discussion_url=url)
+
+
+def _resolve_failures(hub: HubClient, plan: PublishPlan, view: HubView, result: PublishResult) -> None:
+    """Close our open failure discussions of the slot once every target passed."""
+    if plan.failed or result.pr_num is None or result.operation == "superseded":
+        return
+    for thread in in_slot(view, plan.marker, KIND_FAILURE):
+        if thread.is_open:
+            hub.close(thread.num, f"Resolved: the exports of source `{texts.short_sha(plan.report)}` pass; see "
+                                  f"#{result.pr_num}.")
+
+
+def _too_large(plan: PublishPlan, limit: int) -> str | None:
+    if not plan.is_pull_request or not limit or plan.upload_bytes <= limit:
+        return None
+    per_target = ", ".join(f"{name} {human_size(size)}" for name, size in plan.target_bytes().items())
+    return (f"the PR would upload {human_size(plan.upload_bytes)} ({per_target}), more than the limit of "
+            f"{human_size(limit)}: publish fewer targets, or raise the limit (`max_upload_size`)")
+
+
+def _dry_run(plan: PublishPlan, hub: HubClient, limit: int) -> PublishResult:
+    """Decide without doing, read-only; with no usable token, say what could not be checked."""
+    too_large = _too_large(plan, limit)
+    try:
+        me = hub.whoami()
+        view = hub.view(plan, me)
+        if plan.is_pull_request:
+            open_pr = min((t for t in in_slot(view, plan.marker) if t.is_open), key=lambda t: t.num, default=None)
+            _, plan, _ = _merged(hub, plan, f"refs/pr/{open_pr.num}" if open_pr else plan.base)
+        decision: Decision = decide(plan.marker, view)
+        quiet = decision.operation in ("unchanged", "superseded")
+        action = f"nothing ({decision.reason})" if quiet else decision.reason
+    except PublishError as err:
+        action = f"create or update (could not look for an existing one: {err})"
+    if too_large:
+        action = f"refuse: {too_large}"
+    result = _result("none", plan, f"dry run: would {action}; nothing was pushed")
+    result.action = action
+    return result
+
+
+def _publish(repo_id: str, out_dir: Path, *, token: str | None, endpoint: str | None, publish_failed: bool,
+             publish_unverified: bool, dry_run: bool, revision: str, max_upload_bytes: int) -> PublishResult:
+    check_repo_id(repo_id)
+    plan = plan_publish(repo_id, Path(out_dir), publish_failed=publish_failed, publish_unverified=publish_unverified,
+                        revision=revision)
+    hub = HubClient(repo_id, token=token, endpoint=endpoint)
+    if dry_run:
+        return _dry_run(plan, hub, max_upload_bytes)
+    too_large = _too_large(plan, max_upload_bytes)
+    if too_large:
+        raise PublishError(too_large, option="max_upload_size")
+    me = hub.whoami()
+    view = hub.view(plan, me)
+    if not plan.is_pull_request:
+        return _publish_failure(hub, plan, view, me)
+    result = _publish_pr(hub, plan, view, me)
+    _resolve_failures(hub, plan, view, result)
+    return result
+
+
+def publish_report(repo_id: str, out_dir: Path, *, token: str | None = None, endpoint: str | None = None,
+                   publish_failed: bool = False, publish_unverified: bool = False, dry_run: bool = False,
+                   revision: str = "main", max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES) -> PublishResult:
+    """Publish the run in `out_dir` (its report.json, report.md and artifacts) to the Hub repo `repo_id`, and write
+    the outcome to `OUT/publish.json`.
+
+    A passing run becomes a pull request against the branch `revision` (created, updated, left unchanged, or
+    `superseded` when a newer export exists: see `exporters.publish.decide`); a run where a target did not pass
+    becomes a discussion with the report, unless `publish_failed` publishes the passing targets anyway
+    (`publish_unverified` also publishes unverified ones, saying which checks did not run). A PR larger than
+    `max_upload_bytes` (0: no limit) is refused before anything is sent. `dry_run` decides without doing and returns
+    the plan in `result.plan`. `endpoint` defaults to huggingface_hub's.
+
+    Raises `PublishError` (what to do, whether a retry may help; never the token).
+
+    Example:
+        >>> result = publish_report("org/model", Path("out"), token=os.environ["HF_TOKEN"])  # doctest: +SKIP
+        >>> result.operation, result.pr_url  # doctest: +SKIP
+        ('created', 'https://huggingface.co/org/model/discussions/1')
+    """
+    try:
+        result = _publish(repo_id, out_dir, token=token, endpoint=endpoint, publish_failed=publish_failed,
+                          publish_unverified=publish_unverified, dry_run=dry_run, revision=revision,
+                          max_upload_bytes=max_upload_bytes)
+    except PublishError as err:
+        write_outcome(out_dir, PublishResult("failed", message=str(err), retryable=err.retryable))
+        raise
+    write_outcome(out_dir, result)
+    return result
+
+
+def publish_files(repo_id: str, files: Mapping[str, bytes | Path], *, marker: dict[str, Any], title: str,
+                  description: Callable[[int | None], str], commit_message: str, token: str | None = None,
+                  endpoint: str | None = None, base: str = "main") -> PublishResult:
+    """Open, update, or leave as is the one PR of `marker`'s slot that adds `files` (`{path in repo: bytes or a
+    local file}`), with the same rules as exports: our PRs only, one per slot (a concurrent duplicate is closed),
+    `unchanged` when the open PR (or the newest closed one) has the same fingerprint.
+
+    `marker` names the slot (`kind`, `recipe`) and its fingerprint (e.g. `fingerprint`: a hash of the files);
+    `description(pr_num)` is the PR text (the marker is appended).
+
+    Example:
+        >>> publish_files("org/model", {"export_config.json": b"{}"}, marker={"kind": "recipe", "recipe": "repo",
+        ...               "fingerprint": "abc"}, title="Add a recipe", description=lambda num: "Proposed.",
+        ...               commit_message="Add a recipe", token=os.environ["HF_TOKEN"])  # doctest: +SKIP
+    """
+    from huggingface_hub import CommitOperationAdd
+
+    check_repo_id(repo_id)
+    marker = {"v": 1, **marker, "base": base}
+    hub = HubClient(repo_id, token=token, endpoint=endpoint)
+    me = hub.whoami()
+
+    def text(num: int | None) -> str:
+        return f"{description(num)}\n\n{render_marker(marker)}"
+
+    def attempt(dedupe: bool) -> PublishResult:
+        view = HubView(tuple(hub.threads(me)))
+        decision = decide(marker, view)
+        if decision.operation == "unchanged" and decision.thread is not None:
+            return PublishResult("unchanged", message=decision.reason, **_links(decision.thread))
+        operations = [CommitOperationAdd(path, data if isinstance(data, bytes) else str(data))
+                      for path, data in files.items()]
+        if decision.operation == "update" and decision.thread is not None:
+            head, _ = hub.head(f"refs/pr/{decision.thread.num}")
+            oid, how = _update_pr(hub, decision.thread, operations, head, commit_message, title,
+                                  text(decision.thread.num))
+            return PublishResult("updated", commit=oid, message=f"updated PR #{decision.thread.num} ({how})",
+                                 **_links(decision.thread))
+        head, _ = hub.head(base)
+        opened = _open_pr(hub, operations, base, head, title, text)
+        if opened is None:
+            return PublishResult("unchanged", message=f"{base} already holds exactly these files: no PR opened")
+        num, url, oid = opened
+        if dedupe and _dedupe(hub, me, num, marker, str(marker.get("kind"))) is not None:
+            return attempt(dedupe=False)
+        return PublishResult("created", pr_url=url, pr_num=num, commit=oid, message=f"opened PR #{num}")
+
+    return attempt(dedupe=True)
+
+
+def check_publish_access(repo_id: str, *, token: str | None = None, endpoint: str | None = None) -> str:
+    """Fail fast, before a long export: the token works and the repo is visible. Returns the account name.
+
+    Example:
+        >>> check_publish_access("org/model", token=os.environ["HF_TOKEN"])  # doctest: +SKIP
+        'export-bot'
+    """
+    check_repo_id(repo_id)
+    hub = HubClient(repo_id, token=token, endpoint=endpoint)
+    me = hub.whoami()
+    hub.call("read the repo", hub.api.model_info, repo_id)
+    return me
+
+
+__all__ = ["OUTCOME_FILE", "Held", "PublishResult", "check_publish_access", "publish_files", "publish_report",
+           "write_outcome"]
