@@ -104,7 +104,8 @@ def env(hub_server: HubEmulator, tmp_path_factory: pytest.TempPathFactory) -> It
         "HF_TOKEN_PATH": str(home / "token"), "HF_STORED_TOKENS_PATH": str(home / "stored_tokens"),
     }
     cli_env = {"HF_ENDPOINT": hub_server.url, "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
-               "HF_HOME": str(home / "cli"), "HF_HUB_OFFLINE": "0"}
+               "HF_HOME": str(home / "cli"), "HF_HUB_OFFLINE": "0",
+               "EXPORT_ACTION_STATE_DIR": str(home / "state")}  # the signing key of reused results
     with pytest.MonkeyPatch.context() as patch:
         for name, value in patched.items():
             patch.setattr(constants, name, value, raising=False)
