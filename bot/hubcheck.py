@@ -38,11 +38,13 @@ from exporters.source import RECIPE_FILES
 
 
 class HubCheckError(Exception):
-    """The Hub could not be read. `permanent`: retrying will not help (repo gone, commit gone, no access)."""
+    """The Hub could not be read. `permanent`: retrying will not help (repo gone, commit gone, no access);
+    `hidden`: the bot cannot see the repo at all (treated as private: its name is not shown)."""
 
-    def __init__(self, message: str, *, permanent: bool) -> None:
+    def __init__(self, message: str, *, permanent: bool, hidden: bool = False) -> None:
         super().__init__(message)
         self.permanent = permanent
+        self.hidden = hidden
 
 
 @dataclass
@@ -113,7 +115,8 @@ def inspect_repo(repo_id: str, revision: str, *, token: str | None, endpoint: st
         if with_authors:
             state.head_authors = _head_authors(api.endpoint, repo_id, state.head_sha, token)
     except RepositoryNotFoundError:
-        raise HubCheckError(f"repo {repo_id} not found, or not readable with the bot's token", permanent=True) from None
+        raise HubCheckError(f"repo {repo_id} not found, or not readable with the bot's token", permanent=True,
+                            hidden=True) from None
     except GatedRepoError:
         raise HubCheckError(f"repo {repo_id} is gated and the bot's user has no access", permanent=True) from None
     except RevisionNotFoundError:

@@ -130,8 +130,8 @@ class Worker:
                 state = inspect_repo(job.repo, job.head_sha or "main", token=self._token(),
                                      endpoint=self.settings.hf_endpoint, with_authors=job.trigger == "push")
             except HubCheckError as err:
-                if err.permanent:
-                    self._end(job, owner, SKIPPED, reason=str(err))
+                if err.permanent:  # a repo the bot cannot see is treated as private: its name is not shown
+                    self._end(job, owner, SKIPPED, reason=str(err), **({"private": True} if err.hidden else {}))
                 else:
                     self._retry(job, owner, str(err))
                 return

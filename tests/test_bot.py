@@ -222,7 +222,7 @@ def test_junk_payload_wrong_content_type_and_oversized_body(hub, tmp_path, start
 
 def test_intake_filters_events(hub, tmp_path, start_bot):
     """Only main updates of opted-in model repos (and mentions of the bot) are queued; the rest is answered 202."""
-    bot = start_bot(bot_settings(hub, tmp_path, backend="dry", daily_limit=2), embedded_worker=False)
+    bot = start_bot(bot_settings(hub, tmp_path, backend="dry", comment_daily_limit=1), embedded_worker=False)
     main = [{"ref": "refs/heads/main", "oldSha": sha(1), "newSha": sha(2)}]
     cases = {
         "pr ref": payload(refs=[{"ref": "refs/pr/3", "oldSha": sha(1), "newSha": sha(2)}]),
@@ -240,9 +240,10 @@ def test_intake_filters_events(hub, tmp_path, start_bot):
         answer = bot.post(event)
         assert answer.status_code == 202 and answer.json()["status"] == "ignored", name
     assert bot.store.list() == []
-    # a mention of the bot re-queues (forced), deduplicated on the comment id
+    # a mention of the bot by the repo's owner re-queues (forced), deduplicated on the comment id
+    owner = hub.user_id("alice")
     mention = payload(scope="discussion.comment", action="create",
-                      comment={"id": "c2", "author": {"id": "u1"}, "hidden": False,
+                      comment={"id": "c2", "author": {"id": owner}, "hidden": False,
                                "content": f"please @{BOT_USER} export again",
                                "url": {"web": "https://hf.co/alice/x/discussions/1#c2"}})
     mention["repo"]["headSha"] = sha(9)
@@ -250,10 +251,11 @@ def test_intake_filters_events(hub, tmp_path, start_bot):
     assert first["status"] == "queued" and replay == {"status": "duplicate", "job": first["job"]}
     job = bot.store.get(first["job"])
     assert (job.trigger, job.force, job.head_sha, job.deliveries) == ("comment", True, sha(9), 2)
-    # per-repo daily limit: the comment job plus one push job fill alice/x's quota of 2
+    # per-repo daily limit of requests: a second comment is refused; pushes have their own limit
+    again = json.loads(json.dumps(mention).replace('"c2"', '"c3"'))
+    limited = bot.post(again).json()
+    assert limited["status"] == "rate_limited" and "limit 1" in limited["reason"]
     assert bot.post(payload(refs=main)).json()["status"] == "queued"
-    limited = bot.post(payload(refs=[{"ref": "refs/heads/main", "oldSha": sha(2), "newSha": sha(3)}])).json()
-    assert limited["status"] == "rate_limited" and "limit 2" in limited["reason"]
     assert bot.post(payload(refs=main)).json()["status"] == "duplicate"  # duplicates are never limited
 
 
@@ -409,7 +411,9 @@ def test_github_backend_dispatches_the_workflow(hf_env, tmp_path, start_bot, git
     head = upload_model(hub, folder)
     bot = start_bot(bot_settings(
         hub, tmp_path, backend="github", github_token=GITHUB_BOT_TOKEN, github_api_url=github_server.url,
-        github_repo=GH_REPO, github_workflow=WORKFLOW_FILE, github_ref="main", github_targets="onnx"))
+        github_repo=GH_REPO, github_workflow=WORKFLOW_FILE, github_ref="main", github_targets="onnx",
+        github_poll_seconds=0.1))
+    github_server.run_conclusion = "success"  # every dispatched run succeeds at once (a failed one: test_bot_safety)
     job = wait_for(job_done(bot.store, bot.post(main_update(hub)).json()["job"]), 30, "the dispatch")
     assert job.status == "succeeded" and job.operation == "dispatched", (job.reason, job.error)
     [dispatch] = github_server.dispatches(GH_REPO)
@@ -417,7 +421,8 @@ def test_github_backend_dispatches_the_workflow(hf_env, tmp_path, start_bot, git
     assert dispatch.inputs == {"model": REPO, "revision": head, "targets": "onnx"}
     assert job.dispatch["inputs"] == dispatch.inputs and job.dispatch["run_url"].startswith(github_server.url)
 
-    # a comment asking the bot re-runs it even though nothing changed; the bot's own mention is skipped
+    # a comment of the repo's owner asking the bot re-runs it even though nothing changed; the bot's own mention
+    # (not the owner, not a member of an org owning the repo) makes no job
     from huggingface_hub import HfApi
 
     alice = HfApi(endpoint=hub.url, token=TEST_TOKEN)
@@ -426,9 +431,9 @@ def test_github_backend_dispatches_the_workflow(hf_env, tmp_path, start_bot, git
     rerun = wait_for(job_done(bot.store, bot.post(hub.events()[-1]).json()["job"]), 30, "the re-run")
     assert rerun.status == "succeeded" and rerun.trigger == "comment"
     HfApi(endpoint=hub.url, token=BOT_TOKEN).comment_discussion(REPO, discussion.num, f"@{BOT_USER} export")
-    own = wait_for(job_done(bot.store, bot.post(hub.events()[-1]).json()["job"]), 30, "the bot's own comment")
-    assert own.status == "skipped" and "bot's own" in own.reason
-    assert len(github_server.dispatches(GH_REPO)) == 2
+    own = bot.post(hub.events()[-1]).json()
+    assert own["status"] == "ignored" and "neither alice nor a member" in own["reason"]
+    assert len(github_server.dispatches(GH_REPO)) == 2 and len(bot.store.list()) == 2
     assert_no_secrets(everything_recorded(bot.settings.db_path), bot.get("/jobs").text)
 
 

@@ -1,0 +1,262 @@
+"""The bot acts only for people entitled to ask, never drops a push, and counts only real exports (#13 §3).
+
+The real app on a loopback port and the Hub emulator (webhook payloads are the emulator's own events), the GitHub
+emulator for workflow runs, and the job store itself for its rules."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+
+from bot.store import DAY_SECONDS, JobStore
+from bot.worker import Worker
+from tests.servers.github_fixtures import GITHUB_BOT_TOKEN, REPO as GH_REPO, WORKFLOW_FILE
+from tests.servers.hub_fixtures import BOT_TOKEN, BOT_USER, TEST_TOKEN
+from tests.test_bot import (  # noqa: F401  (start_bot is a fixture)
+    SECRET,
+    bot_settings,
+    job_done,
+    main_update,
+    payload,
+    sha,
+    start_bot,
+    upload_model,
+    wait_for,
+)
+
+MALLORY_TOKEN, BOB_TOKEN = "hf_mallory_token", "hf_bob_token"
+
+
+def _comment(hub, repo_id: str, token: str, text: str = f"@{BOT_USER} export") -> dict:
+    """Post a comment on the repo's first discussion as the token's user; the webhook payload the Hub sends."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub.url, token=token)
+    discussions = hub.discussions(repo_id)
+    num = discussions[0]["num"] if discussions else api.create_discussion(repo_id, "Exports?", description="hi").num
+    api.comment_discussion(repo_id, num, text)
+    return hub.events()[-1]
+
+
+def _small_repo(hub, tmp_path: Path, repo_id: str) -> None:
+    folder = tmp_path / repo_id.replace("/", "--")
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    hub.create_model_repo(repo_id, {"config.json": (folder / "config.json").read_bytes()},
+                          author=repo_id.split("/")[0])
+
+
+# ── who may ask ───────────────────────────────────────────────────────────────
+
+
+def test_trigger_comments_count_only_from_the_owner_or_org_members(hf_env, tmp_path, start_bot):
+    hub = hf_env
+    hub.add_token(MALLORY_TOKEN, "mallory")
+    hub.add_token(BOB_TOKEN, "bob")
+    hub.add_org_member("acme", "bob")
+    _small_repo(hub, tmp_path, "alice/tiny")
+    _small_repo(hub, tmp_path, "acme/widget")
+    bot = start_bot(bot_settings(hub, tmp_path, backend="dry", allowed=["alice", "acme"]), embedded_worker=False)
+
+    def deliver(repo_id: str, token: str) -> dict:
+        answer = bot.post(_comment(hub, repo_id, token))
+        assert answer.status_code == 202
+        return answer.json()
+
+    stranger = deliver("alice/tiny", MALLORY_TOKEN)
+    assert stranger["status"] == "ignored" and "neither alice nor a member" in stranger["reason"]
+    assert deliver("acme/widget", MALLORY_TOKEN)["status"] == "ignored"
+    assert deliver("acme/widget", TEST_TOKEN)["status"] == "ignored"  # alice owns alice/, not acme/
+    assert bot.store.list() == []  # no job for any of them
+    owner = deliver("alice/tiny", TEST_TOKEN)
+    member = deliver("acme/widget", BOB_TOKEN)
+    assert owner["status"] == member["status"] == "queued"
+    assert sorted(j.repo for j in bot.store.list()) == ["acme/widget", "alice/tiny"]
+
+
+def test_membership_is_cached_briefly(hf_env):
+    from bot.members import Members
+
+    hub = hf_env
+    hub.add_org_member("acme", "bob")
+    cached = Members(token=BOT_TOKEN, endpoint=hub.url, ttl=300)
+    fresh = Members(token=BOT_TOKEN, endpoint=hub.url, ttl=0)
+    carol = hub.user_id("carol")
+    assert not cached.entitled("acme/x", carol) and not fresh.entitled("acme/x", carol)
+    hub.add_org_member("acme", "carol")
+    assert not cached.entitled("acme/x", carol)  # the cached answer, for up to `ttl` seconds
+    assert fresh.entitled("acme/x", carol)
+
+
+# ── limits ────────────────────────────────────────────────────────────────────
+
+
+def test_a_push_over_the_daily_limit_is_stored_and_delayed(hub, tmp_path, start_bot):
+    bot = start_bot(bot_settings(hub, tmp_path, backend="dry", daily_limit=1), embedded_worker=False)
+    first = bot.post(payload(refs=[{"ref": "refs/heads/main", "oldSha": sha(1), "newSha": sha(2)}])).json()
+    second = bot.post(payload(refs=[{"ref": "refs/heads/main", "oldSha": sha(2), "newSha": sha(3)}])).json()
+    assert first["status"] == "queued"
+    assert second["status"] == "delayed" and second["job"] and "runs after" in second["reason"]
+    delayed = bot.store.get(second["job"])
+    assert delayed.status == "queued" and delayed.head_sha == sha(3)  # stored, not dropped
+    assert delayed.next_attempt_at >= bot.store.get(first["job"]).created_at + DAY_SECONDS - 1
+    claimed = bot.store.claim("w", lease_seconds=60)
+    assert claimed.id == first["job"]
+    bot.store.finish(claimed.id, "w", "succeeded")
+    assert bot.store.claim("w", lease_seconds=60) is None  # due once the day's window has room
+    assert bot.store.claim("w", lease_seconds=60, now=time.time() + DAY_SECONDS + 1).id == second["job"]
+
+
+def test_comment_limits_are_per_repo_and_per_requester(tmp_path):
+    from bot.store import Limits
+
+    store = JobStore(tmp_path / "jobs.db")
+    limits = Limits(push=1, comment=2, requester=3)
+    for n in range(2):
+        assert store.enqueue("acme/a", sha(1), trigger="comment", trigger_key=f"comment:{n}", requested_by="u1",
+                             limits=limits).outcome == "queued"
+    refused = store.enqueue("acme/a", sha(1), trigger="comment", trigger_key="comment:9", requested_by="u2",
+                            limits=limits)
+    assert refused.outcome == "rate_limited" and "acme/a" in refused.detail
+    assert store.enqueue("acme/b", sha(1), trigger="comment", trigger_key="comment:3", requested_by="u1",
+                         limits=limits).outcome == "queued"
+    assert store.enqueue("acme/c", sha(1), trigger="comment", trigger_key="comment:4", requested_by="u1",
+                         limits=limits).outcome == "rate_limited"  # u1 asked three times today
+    assert store.enqueue("acme/a", sha(5), limits=limits).outcome == "queued"  # comments never use up pushes
+
+
+# ── the store and the worker ──────────────────────────────────────────────────
+
+
+def test_one_job_per_repo_runs_at_a_time(tmp_path):
+    store = JobStore(tmp_path / "jobs.db")
+    a1 = store.enqueue("acme/a", sha(1), now=100).job_id
+    a2 = store.enqueue("acme/a", sha(2), trigger="comment", trigger_key="comment:1", now=101).job_id
+    b1 = store.enqueue("acme/b", sha(3), now=102).job_id
+    assert store.claim("w1", lease_seconds=60, now=110).id == a1
+    assert store.claim("w2", lease_seconds=60, now=110).id == b1  # acme/a is busy: its second job waits
+    assert store.claim("w3", lease_seconds=60, now=110) is None
+    store.finish(a1, "w1", "succeeded")
+    assert store.claim("w3", lease_seconds=60, now=111).id == a2
+    assert store.claim("w4", lease_seconds=60, now=170.5).id == b1  # a dead worker's lease still expires
+
+
+def test_an_older_push_is_superseded_by_a_newer_one(tmp_path):
+    from bot.settings import BotSettings
+
+    store = JobStore(tmp_path / "jobs.db")
+    old = store.enqueue("acme/a", sha(1)).job_id
+    new = store.enqueue("acme/a", sha(2)).job_id
+    worker = Worker(BotSettings(backend="dry", db_path=tmp_path / "jobs.db"), store)
+    assert worker.run_once().id == old
+    job = store.get(old)
+    assert job.status == "skipped" and f"superseded by job #{new}" in job.reason and job.operation == "superseded"
+    worker.run_once()
+    assert store.get(new).status == "succeeded"
+
+
+def test_a_failed_whoami_is_asked_again(hf_env, tmp_path, monkeypatch):
+    import bot.worker
+    from bot.settings import BotSettings
+
+    hub = hf_env
+    monkeypatch.setattr(bot.worker, "IDENTITY_RETRY_SECONDS", 0.0, raising=False)
+    settings = BotSettings(backend="dry", hf_token="hf_not_known_yet", hf_endpoint=hub.url,
+                           db_path=tmp_path / "jobs.db")
+    worker = Worker(settings, JobStore(settings.db_path))
+    assert worker._bot_identity() is None  # the Hub refused the token
+    hub.add_token("hf_not_known_yet", BOT_USER)
+    assert worker._bot_identity() == (hub.user_id(BOT_USER), BOT_USER)
+
+
+# ── bodies, privacy ───────────────────────────────────────────────────────────
+
+
+def test_a_deeply_nested_body_is_400_not_500(hub, tmp_path, start_bot):
+    bot = start_bot(bot_settings(hub, tmp_path, backend="dry"), embedded_worker=False)
+    deep = b'{"event": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    answer = bot.post(content=deep)
+    assert answer.status_code == 400 and "nested too deeply" in answer.json()["error"]
+    assert bot.get("/healthz").status_code == 200 and bot.store.list() == []
+
+
+def test_jobs_api_never_confirms_that_a_private_repo_exists(hub, tmp_path, start_bot):
+    bot = start_bot(bot_settings(hub, tmp_path, backend="dry"), embedded_worker=False)
+    bot.store.enqueue("alice/secret", sha(1), private=True)
+    bot.store.enqueue("alice/public", sha(2))
+    assert httpx.get(f"{bot.url}/jobs", params={"repo": "alice/secret"}).json()["jobs"] == []
+    assert httpx.get(f"{bot.url}/jobs", params={"repo": "alice/nothing"}).json()["jobs"] == []  # the same answer
+    assert [j["repo"] for j in httpx.get(f"{bot.url}/jobs", params={"repo": "alice/public"}).json()["jobs"]] == [
+        "alice/public"]
+    assert "alice/secret" not in bot.get("/jobs").text and "alice/secret" not in bot.get("/").text
+
+
+def test_the_private_flag_comes_from_the_hub_not_the_payload(hf_env, tmp_path, start_bot):
+    from huggingface_hub import HfApi
+
+    hub = hf_env
+    hub.add_org_member("acme", "alice")
+    hub.add_org_member("acme", BOT_USER)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert"}))  # no recipe: skipped after the check
+    upload_model(hub, folder, "acme/secret")
+    event = main_update(hub, "acme/secret")
+    assert event["repo"]["private"] is False
+    HfApi(endpoint=hub.url, token=TEST_TOKEN).update_repo_settings("acme/secret", private=True)
+    bot = start_bot(bot_settings(hub, tmp_path, allowed=["acme"]))
+    job = wait_for(job_done(bot.store, bot.post(event).json()["job"]), 30, "the job to end")
+    assert job.status == "skipped" and job.private  # refreshed from the Hub
+    assert httpx.get(f"{bot.url}/jobs", params={"repo": "acme/secret"}).json()["jobs"] == []
+    assert httpx.get(f"{bot.url}/jobs/{job.id}").json()["repo"] == "(private repo)"
+
+
+# ── what counts as exported ───────────────────────────────────────────────────
+
+
+def test_a_failed_workflow_run_is_not_already_exported(hf_env, tmp_path, start_bot, github_server):
+    from huggingface_hub import HfApi
+
+    hub = hf_env
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (folder / "export_config.json").write_text(json.dumps({"export_format": "onnx"}))
+    upload_model(hub, folder)
+    bot = start_bot(bot_settings(
+        hub, tmp_path, backend="github", github_token=GITHUB_BOT_TOKEN, github_api_url=github_server.url,
+        github_repo=GH_REPO, github_workflow=WORKFLOW_FILE, github_ref="main", github_poll_seconds=0.1))
+    alice = HfApi(endpoint=hub.url, token=TEST_TOKEN)
+
+    def push_and_run(note: str, conclusion: str | None):
+        alice.upload_file(path_or_fileobj=note.encode(), path_in_repo="USAGE.md", repo_id="alice/tiny-llama",
+                          commit_message=note)  # same weights and recipe, a new commit
+        job_id = bot.post(main_update(hub)).json()["job"]
+        if conclusion is not None:
+            run = wait_for(lambda: [r for r in github_server.runs(GH_REPO) if r.status == "queued"], 30, "a run")[0]
+            github_server.complete_run(GH_REPO, run.id, conclusion)
+        return wait_for(job_done(bot.store, job_id), 30, f"the job after {note!r}")
+
+    failed = push_and_run("one", "failure")
+    assert failed.status == "failed" and "concluded failure" in failed.reason, (failed.reason, failed.error)
+    assert failed.dispatch["conclusion"] == "failure" and failed.dispatch["run_id"]
+    retried = push_and_run("two", "success")  # not skipped: the failed run exported nothing
+    assert retried.status == "succeeded" and retried.dispatch["conclusion"] == "success"
+    skipped = push_and_run("three", None)
+    assert skipped.status == "skipped" and f"already exported by job #{retried.id}" in skipped.reason
+    assert len(github_server.dispatches(GH_REPO)) == 2
+
+
+def test_a_permanent_publish_failure_is_not_retried(hf_env, tmp_path, start_bot):
+    from tests.models import tiny_bert
+
+    hub = hf_env
+    upload_model(hub, tiny_bert(tmp_path / "model", {"export_format": "dynamo", "mode": "model"}))
+    bot = start_bot(bot_settings(hub, tmp_path, max_upload_size="1KB", retry_backoff_seconds=0))
+    job = wait_for(job_done(bot.store, bot.post(main_update(hub)).json()["job"]), 200, "the export")
+    assert job.status == "failed" and job.attempts == 1 and job.exit_code == 3, (job.reason, job.error)
+    assert "more than the limit of 1.0 KB" in job.reason and job.operation == "failed"
+    assert hub.discussions("alice/tiny-llama") == []  # refused before anything was sent
