@@ -417,6 +417,50 @@ def test_aggregate_reports_a_missing_leg_and_refuses_mixed_parts(matrix_scenario
         aggregate(mixed, tmp_path / "out3")
 
 
+def obeyed_commands(stdout: str) -> list[str]:
+    """The workflow-command lines the runner acts on: none between `::stop-commands::TOKEN` and `::TOKEN::`."""
+    obeyed, stopped = [], None
+    for line in stdout.splitlines():
+        if stopped is not None:
+            stopped = None if line == f"::{stopped}::" else stopped
+            continue
+        if line.startswith("::stop-commands::"):
+            stopped = line.removeprefix("::stop-commands::")
+        elif line.startswith("::"):
+            obeyed.append(line)
+    return obeyed
+
+
+def test_a_workflow_command_inside_an_upstream_log_is_shown_not_obeyed(matrix_scenario, tmp_path):
+    workspace = tmp_path / "ws"
+    shutil.copytree(matrix_scenario["workspace"] / "export-parts", workspace / "export-parts")
+    log = workspace / "export-parts" / "export-a" / "logs" / "a.log"
+    log.write_text(log.read_text() + "\n::error::pwned\n::add-mask::pwned\n::set-output name=status::pwned\n")
+    run = run_action(workspace, {**run_inputs(matrix_scenario["repo_id"]), "mode": "aggregate", "open-pr": "false",
+                                 "comment": "false", "targets": '["a", "b"]'}, github=None, hub_url=None)
+    assert run.returncode == 0, run.log[-4000:]
+    assert "\n::error::pwned\n" in run.stdout  # the log is shown as it is...
+    obeyed = obeyed_commands(run.stdout)
+    assert obeyed and not [line for line in obeyed if "pwned" in line]  # ...and none of its commands is obeyed
+    assert run.stdout.count("::stop-commands::") >= 2  # the merge log and each target's group
+
+
+def test_markdown_around_log_excerpts_keeps_its_fences_closed():
+    from action.github import MAX_COMMENT_CHARS, fit_comment
+    from action.summary import run_markdown
+    from exporters.publish.texts import close_fences
+
+    report_md = "## Export report\n\n````\n" + "log line\n" * 10 + "```` not a close\n"  # cut mid-fence
+    report = {"status": "failed", "source": {"model": "o/m"}, "targets": [
+        {"name": "a", "status": "failed", "error": {"type": "E", "message": "boom <!-- swallow the rest"}}]}
+    text = run_markdown(report, report_md, None)
+    body, _, tail = text.rpartition("</details>")
+    assert close_fences(body) == body and "&lt;!-- swallow" in text and "<!-- swallow" not in text
+    long = "intro\n```\n" + "x" * MAX_COMMENT_CHARS
+    cut = fit_comment(long)
+    assert len(cut) <= MAX_COMMENT_CHARS and close_fences(cut) == cut
+
+
 # ── Across scenarios ──────────────────────────────────────────────────────────
 
 
