@@ -116,3 +116,25 @@ def test_a_planted_staging_link_is_not_followed(exported: dict[str, Path]) -> No
     assert list(outside.iterdir()) == [], "something was written through a planted link"
     assert (out / "onnx" / "export.json").is_file() and not (out / "onnx").is_symlink()
     assert not (out / "logs").is_symlink() and (out / "logs" / "onnx.log").is_file()
+
+
+def test_aggregate_refuses_links_in_parts_and_names_that_are_not_target_names(exported: dict[str, Path]) -> None:
+    from exporters.aggregate import aggregate
+    from exporters.errors import AggregateError
+
+    parts = exported["root"] / "parts"
+    part = parts / "export-onnx"
+    shutil.copytree(exported["out"], part)
+    secret = exported["root"] / "secret.txt"
+    secret.write_text("outside the part")
+    (part / "onnx" / "extra.bin").symlink_to(secret)
+    report = aggregate(parts, exported["root"] / "merged")
+    target = report["targets"][0]
+    assert target["status"] == "failed" and target["error"]["type"] == "ArtifactMismatch"
+    assert not (exported["root"] / "merged" / "onnx").exists()  # nothing copied through the link
+    (part / "onnx" / "extra.bin").unlink()
+    data = json.loads((part / "report.json").read_text())
+    data["targets"][0]["name"] = "../escape"
+    (part / "report.json").write_text(json.dumps(data))
+    with pytest.raises(AggregateError, match="escape"):
+        aggregate(parts, exported["root"] / "merged2")

@@ -181,3 +181,28 @@ def test_two_racing_publishes_end_with_one_open_pr(env: HubEnv, story: Story) ->
     # the closed duplicate never counts again: a rerun finds #1
     again = publish_report(repo_id, story.outs["first"], token=BOT_TOKEN, endpoint=env.url)
     assert again.operation == "unchanged" and again.pr_num == 1
+
+
+def test_unverified_targets_are_published_only_when_asked_and_say_what_did_not_run(
+        env: HubEnv, tmp_path_factory: pytest.TempPathFactory) -> None:
+    from tests.models import tiny_bert
+
+    repo_id = "alice/unverified"
+    root = tmp_path_factory.mktemp("unverified")
+    recipe = {"exports": [A], "validation": {"max_probe_elements": 1}}  # every probe too large: nothing compared
+    env.upload_model(repo_id, tiny_bert(root / "model", recipe))
+    out = root / "out"
+    plain = env.cli("run", repo_id, "--push", "--out", str(out))
+    assert plain.returncode == 1 and "publish: discussion" in plain.stderr, plain.stderr[-3000:]
+    assert prs(env, repo_id) == []  # counted like a failure: no artifact published
+    opted = env.cli("run", repo_id, "--push", "--publish-unverified", "--out", str(out))
+    assert opted.returncode == 1 and "publish: created" in opted.stderr, opted.stderr[-3000:]
+    [pr] = prs(env, repo_id)
+    text = pr["events"][0]["data"]["latest"]["raw"]
+    assert "unverified: a" in pr["title"]
+    assert "`a` is published unverified" in text and "max_probe_elements" in text
+    assert "no probe compared it with the eager model" in text  # the sentence says what ran, not a fixed claim
+    card = env.hub.file(repo_id, "README.md", pr["ref"]).decode()
+    assert "`a` is published unverified" in card and "max_probe_elements" in card
+    discussion = next(d for d in env.hub.discussions(repo_id) if not d["isPullRequest"])
+    assert discussion["status"] == "open"  # not resolved: a check still did not run

@@ -192,8 +192,8 @@ def _publish_failure(hub: HubClient, plan: PublishPlan, view: HubView, me: str, 
 
 
 def _resolve_failures(hub: HubClient, plan: PublishPlan, view: HubView, result: PublishResult) -> None:
-    """Close our open failure discussions of the slot once every target passed."""
-    if plan.failed or result.pr_num is None or result.operation == "superseded":
+    """Close our open failure discussions of the slot once every target passed (published unverified: not yet)."""
+    if plan.failed or plan.unverified or result.pr_num is None or result.operation == "superseded":
         return
     for thread in in_slot(view, plan.marker, KIND_FAILURE):
         if thread.is_open:
