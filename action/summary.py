@@ -6,7 +6,7 @@ belong to the run: the Hub PR outcome, the failed targets, a link to the workflo
 a tag that hides the rest; report.md goes in with any code fence it leaves open closed.
 
 Example:
-    >>> inline("boom <!-- hidden\n``` x")
+    >>> inline("boom <!-- hidden\\n``` x")
     'boom &lt;!-- hidden ``` x'
 """
 

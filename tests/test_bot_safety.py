@@ -16,7 +16,6 @@ from bot.worker import Worker
 from tests.servers.github_fixtures import GITHUB_BOT_TOKEN, REPO as GH_REPO, WORKFLOW_FILE
 from tests.servers.hub_fixtures import BOT_TOKEN, BOT_USER, TEST_TOKEN
 from tests.test_bot import (  # noqa: F401  (start_bot is a fixture)
-    SECRET,
     bot_settings,
     job_done,
     main_update,

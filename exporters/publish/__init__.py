@@ -25,7 +25,7 @@ fingerprint of the run. A slot holds at most one open thread; only the token's a
 
 **Safe under racing runs.** Two runs that both find no PR and both open one converge: after opening, each lists the
 slot again and the higher-numbered PR is closed by the run that opened it. A run of an older commit never overwrites a
-newer export (`superseded`). A run of some targets (`--target`) updates only those: the others stay in the PR.
+newer export (`superseded`). A run of some of the targets updates only those: the others stay in the PR.
 
 The token never appears in messages or errors: every Hub error is re-raised as `PublishError` with the token
 scrubbed, saying what to do and whether a retry may help.

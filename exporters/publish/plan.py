@@ -5,7 +5,7 @@ A run's `OUT/report.json` decides the kind of thread: a pull request with the ar
 `unverified` (some check did not run) counts like a failed one unless the run opts in (`publish_unverified`).
 
 Then [`merge_plan`] folds in what the Hub already holds at the ref the commit goes on (the open PR, else the base
-branch), keyed by target: targets this run did not cover but the recipe still lists are kept (a `--target` run
+branch), keyed by target: targets this run did not cover but the recipe still lists are kept (a run of some targets
 updates only its targets), a target's stale files are deleted only when this run replaced the target or the recipe
 dropped it, and nothing outside this recipe's own targets is ever touched (another recipe file's artifacts stay).
 
