@@ -46,6 +46,7 @@ def thread(num: int, status: str = "open", pr: bool = True, **values: Any) -> Th
 
 def test_no_thread_creates() -> None:
     assert decide(marker(), HubView(())).operation == "create"
+    assert decide(_plan(["a"], ["a"]), HubView(())).operation == "create"  # a plan, or its marker
 
 
 def test_open_pr_with_other_inputs_is_updated() -> None:

@@ -57,6 +57,13 @@ from .run import OUTCOME_FILE, PublishResult, check_publish_access, publish_file
 from .texts import CARD_END, CARD_START, SECTIONS, card_section, render_plan, update_model_card
 from ..errors import PublishError
 
+
+def _first_comment_id(hub: HubClient, num: int) -> str | None:
+    """The id of thread `num`'s first comment (kept for callers of the former single module; new code opens PRs
+    with `publish_files`, which does this itself)."""
+    return hub.first_comment(num)
+
+
 __all__ = [
     "CARD_END", "CARD_START", "DEFAULT_MAX_UPLOAD_BYTES", "EXPORTS_DIR", "KIND_EXPORTS", "KIND_FAILURE",
     "MARKER_VERSION", "OUTCOME_FILE", "SECTIONS", "Decision", "Destination", "Held", "HubClient", "HubView",

@@ -103,8 +103,9 @@ def superseded_by(marker: dict[str, Any], view: HubView) -> str | None:
     return None
 
 
-def decide(marker: dict[str, Any], view: HubView) -> Decision:
-    """The decision for a plan whose marker is `marker`, given `view` (see the module's table)."""
+def decide(plan: Any, view: HubView) -> Decision:
+    """The decision for `plan` (a `PublishPlan`, or its marker) given what the Hub holds (see the module's table)."""
+    marker: dict[str, Any] = getattr(plan, "marker", plan)
     superseded = superseded_by(marker, view)
     if superseded:
         return Decision("superseded", superseded)

@@ -67,6 +67,11 @@ def _result(operation: PublishOperation, plan: PublishPlan | None, message: str,
     return PublishResult(operation, message=message, plan=plan, upload_bytes=upload, target_bytes=sizes, **links)
 
 
+def _sizes(plan: PublishPlan) -> str:
+    per_target = ", ".join(f"{name} {human_size(size)}" for name, size in plan.target_bytes().items())
+    return f"{human_size(plan.upload_bytes)} uploaded ({per_target})"
+
+
 def _links(thread: ThreadState) -> dict[str, Any]:
     if thread.is_pull_request:
         return {"pr_url": thread.url, "pr_num": thread.num}
@@ -148,8 +153,8 @@ def _publish_pr(hub: HubClient, local: PublishPlan, view: HubView, me: str, dedu
         thread = decision.thread
         oid, how = _update_pr(hub, thread, operations, head, f"Update exports: {', '.join(plan.published)} (source "
                               f"{texts.short_sha(plan.report)})", title, texts.pr_description(plan, thread.num))
-        return _result("updated", plan, f"updated PR #{thread.num} with commit {oid[:7]} ({how})", commit=oid,
-                       **_links(thread))
+        return _result("updated", plan, f"updated PR #{thread.num} with commit {oid[:7]} ({how}; {_sizes(plan)})",
+                       commit=oid, **_links(thread))
     opened = _open_pr(hub, operations, plan.base, head, title, lambda num: texts.pr_description(plan, num))
     if opened is None:
         return _result("unchanged", plan, f"{plan.base} already holds exactly these files: no PR opened")
@@ -159,7 +164,7 @@ def _publish_pr(hub: HubClient, local: PublishPlan, view: HubView, me: str, dedu
         again = _publish_pr(hub, local, hub.view(local, me), me, dedupe=False)
         again.message += f" (PR #{num}, opened at the same time as #{winner.num} by a concurrent run, was closed)"
         return again
-    return _result("created", plan, f"opened PR #{num} with {len(plan.files)} files ({', '.join(plan.published)})",
+    return _result("created", plan, f"opened PR #{num} with {len(plan.files)} files ({_sizes(plan)})",
                    pr_url=url, pr_num=num, commit=oid)
 
 
