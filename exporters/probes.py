@@ -158,11 +158,11 @@ def make_probes(
             probe_id = f"{binding.name}={size}"
             probe = copy.deepcopy(inputs)
             leaves = _leaves(probe)
-            total = 0
-            for path, axis in binding.axes:
-                resized = resize_along(leaves[path], axis, size, generator, config)
-                _set_leaf(probe, path, resized)
-                total += resized.numel()
+            resized: dict[str, torch.Tensor] = {}
+            for path, axis in binding.axes:  # a leaf may carry the dim on several axes (height and width)
+                resized[path] = resize_along(resized.get(path, leaves[path]), axis, size, generator, config)
+                _set_leaf(probe, path, resized[path])
+            total = sum(tensor.numel() for tensor in resized.values())
             if total > limit:
                 probes.append((probe_id, None, f"inputs of {total} elements exceed max_probe_elements ({limit})"))
                 continue
