@@ -238,6 +238,89 @@ def check(file: Path = typer.Argument(..., help="export_config.json, or a config
 
 
 @app.command()
+def init(
+    model: str = typer.Argument(..., help="A local model folder or a Hub repo id (org/name)."),
+    formats: str = typer.Option("dynamo,onnx,executorch", "--formats", help="Formats to try, comma-separated."),
+    out_file: Path = typer.Option(Path("export_config.json"), "--out", help="Where to write the proposed recipe."),
+    max_seconds: float = typer.Option(1800.0, "--max-seconds", min=1, help="Time budget for all the probing."),
+    max_probe_elements: int = typer.Option(1_000_000, "--max-probe-elements", min=1,
+                                           help="Largest probe input (elements): bounds are searched within it."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
+    token: Optional[str] = typer.Option(None, "--token", envvar="HF_TOKEN", show_envvar=True, help="Hub token."),
+    endpoint: Optional[str] = typer.Option(None, "--endpoint", envvar="HF_ENDPOINT", help="Hub endpoint URL."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow code from the model repo."),
+    work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="Keep each round's recipe, report and logs here."),
+    push: bool = typer.Option(False, "--push", help="Open (or update) a Hub PR adding export_config.json."),
+    repo_id: Optional[str] = typer.Option(None, "--repo-id", help="Hub repo for --push (default: MODEL)."),
+    summary_file: Optional[Path] = typer.Option(None, "--summary", help="Also write the summary as Markdown here."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress lines."),
+) -> None:
+    """Propose a recipe known to work: export and validate every format with the real pipeline, find the largest
+    dynamic bounds that hold and the tolerances, write the full-form recipe and print a summary."""
+    from .recipe import FORMATS
+
+    wanted = [f.strip() for f in formats.split(",") if f.strip()]
+    unknown = [f for f in wanted if f not in FORMATS]
+    if unknown or not wanted:
+        console.print(f"--formats: unknown {unknown or 'empty list'}; choose from {', '.join(FORMATS)}", markup=False)
+        raise typer.Exit(EXIT_USAGE)
+    publish_to = _publish_target(model, repo_id, push)
+    if quiet:
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if push:
+        _check_publish_access(publish_to, token, endpoint)
+    _quiet_libraries()
+    from .errors import InitError
+    from .init import InitOptions, init_recipe
+    from .init_summary import print_table, render_markdown
+
+    def progress(message: str) -> None:
+        console.print(f"init: {message}", markup=False, highlight=False, soft_wrap=True)
+
+    options = InitOptions(formats=wanted, max_seconds=max_seconds, max_probe_elements=max_probe_elements,
+                          revision=revision, token=token, endpoint=endpoint, trust_remote_code=trust_remote_code,
+                          work_dir=work_dir, progress=None if quiet else progress)
+    try:
+        result = init_recipe(model, options)
+    except InitError as err:
+        print_table(err.result, console)
+        if summary_file is not None:
+            summary_file.write_text(render_markdown(err.result), encoding="utf-8")
+        console.print(f"[bold red]no recipe written:[/] {escape(str(err))}", highlight=False)
+        raise typer.Exit(EXIT_FAILED) from None
+    except (ModelSourceError, RemoteCodeError) as err:
+        console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False)
+        raise typer.Exit(EXIT_USAGE) from None
+    import json
+
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(json.dumps(result.recipe, indent=2) + "\n", encoding="utf-8")
+    print_table(result, console)
+    if summary_file is not None:
+        summary_file.write_text(render_markdown(result), encoding="utf-8")
+    console.print(f"recipe: {out_file} ({len(result.passed)} target(s)); check it with `hf-export check {out_file}`",
+                  markup=False, highlight=False, soft_wrap=True)
+    if publish_to is not None:
+        _publish_recipe(publish_to, result, token=token, endpoint=endpoint)
+    raise typer.Exit(EXIT_OK)
+
+
+def _publish_recipe(repo_id: str, result, *, token: str | None, endpoint: str | None) -> None:
+    from .init_push import publish_recipe
+    from .publish import PublishError
+
+    try:
+        published = publish_recipe(repo_id, result, token=token, endpoint=endpoint)
+    except PublishError as err:
+        console.print(f"[bold red]publish failed:[/] {escape(str(err))}", highlight=False)
+        raise typer.Exit(EXIT_USAGE) from None
+    console.print(f"publish: {published.operation} — {published.message}", markup=False, highlight=False,
+                  soft_wrap=True)
+    if published.pr_url:
+        out.print(published.pr_url, markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
 def validate(
     model: str = typer.Argument(..., help="The model the artifacts came from (folder or Hub repo id)."),
     out_dir: Path = typer.Argument(..., help="The folder holding <target>/ exports."),

@@ -35,6 +35,7 @@ __all__ = [
     "DecodeStepError",
     "DeviceError",
     "ExportActionError",
+    "InitError",
     "JsonPositionError",
     "ModelSourceError",
     "PublishError",
@@ -168,6 +169,15 @@ class PublishError(ExportActionError):
 class AggregateError(ExportActionError):
     """The report parts of a split run cannot be merged: none found, unreadable, or from different models, commits
     or recipes."""
+
+
+class InitError(ExportActionError):
+    """`hf-export init` could not export and validate any of the requested formats; `result` (an `InitResult`)
+    holds each format's reason."""
+
+    def __init__(self, message: str, result=None):
+        super().__init__(message)
+        self.result = result
 
 
 def root_cause(err: BaseException) -> BaseException:
