@@ -41,6 +41,8 @@ from .store import FAILED, SKIPPED, Job, JobStore
 
 log = logging.getLogger("bot.worker")
 IDENTITY_RETRY_SECONDS = 60.0
+# Recorded as the recipe hash of jobs that proposed a recipe (no recipe to hash): one proposal per weights.
+PROPOSAL_KEY = "proposal"
 
 
 class Worker:
@@ -135,7 +137,8 @@ class Worker:
                 else:
                     self._retry(job, owner, str(err))
                 return
-            fields = {"recipe_sha256": state.recipe_sha256, "weights_key": state.weights_key}
+            recipe_key = state.recipe_sha256 or (PROPOSAL_KEY if self._proposes(state) else None)
+            fields = {"recipe_sha256": recipe_key, "weights_key": state.weights_key}
             if state.private is not None:
                 fields["private"] = state.private
             if not job.head_sha:
@@ -171,6 +174,11 @@ class Worker:
             return
         self._end(job, owner, outcome.status, **outcome.fields())
 
+    def _proposes(self, state: RepoState) -> bool:
+        """Whether this job proposes a recipe (`hf-export init --push`) rather than exporting one."""
+        return (not state.has_recipe and self.settings.propose_recipes
+                and getattr(self.backend, "proposes_recipes", False))
+
     def _skip_reason(self, job: Job, state: RepoState) -> str | None:
         identity = self._bot_identity()
         names = {self.settings.bot_name} | ({identity[1]} if identity else set())
@@ -179,7 +187,11 @@ class Worker:
         if job.trigger == "comment" and job.requested_by and identity and job.requested_by == identity[0]:
             return "the comment asking for an export is the bot's own"
         if not state.has_recipe:
-            return (f"no recipe at {state.head_sha[:8]} (no export_config.json, no 'export_config' in config.json)")
+            if not (self.settings.propose_recipes and getattr(self.backend, "proposes_recipes", False)):
+                return f"no recipe at {state.head_sha[:8]} (no export_config.json, no 'export_config' in config.json)"
+            previous = self.store.find_exported(job.repo, PROPOSAL_KEY, state.weights_key, exclude=job.id)
+            if previous is not None and not job.force:
+                return f"a recipe was already proposed by job #{previous.id} for these weights"
         if not job.force and state.recipe_sha256 and not state.recipe_error:
             previous = self.store.find_exported(job.repo, state.recipe_sha256, state.weights_key, exclude=job.id)
             if previous is not None:

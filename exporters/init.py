@@ -235,11 +235,15 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
         report = run_pipeline(folder, run)
         by_name = {t["name"]: t for t in report["targets"]}
         for result in pending:
+            known = {id(d): len(d.reasons) for d in result.dims}
             decide(result, by_name[result.export_format], options.max_rounds)
             if result.status == "passed" and result.export_format == "onnx":
                 result.opset_version = _onnx_opset(work / "out" / "onnx")
+            changes = [reason[:200] for d in result.dims for reason in d.reasons[known[id(d)]:]]
+            if result.status == "pending" and result.atol_override:
+                changes.append(f"atol {result.atol_override:g}")
             say(f"  {result.export_format}: " + {"passed": "passed", "left_out": f"left out — {result.reason}"}.get(
-                result.status, "retrying: " + "; ".join(d.reasons[-1] for d in result.dims if d.reasons)[-300:]))
+                result.status, "next round: " + "; ".join(changes)))
 
 
 def _onnx_opset(directory: Path) -> int | None:
@@ -276,13 +280,13 @@ def _notes(plan: AxisPlan, results: list[FormatResult]) -> list[str]:
     notes = list(plan.notes)
     for dimension in plan.dimensions:
         notes += dimension.reasons
+    seen = {reason for d in plan.dimensions for reason in d.reasons}
     for result in results:
+        notes += [f"{result.export_format}: {reason}" for d in result.dims for reason in d.reasons
+                  if reason not in seen]
         if result.status != "passed":
             notes.append(f"{result.export_format}: left out — {result.reason}")
             continue
-        seen = {reason for d in plan.dimensions for reason in d.reasons}
-        notes += [f"{result.export_format}: {reason}" for d in result.dims for reason in d.reasons
-                  if reason not in seen]
         notes += [f"{result.export_format}: {note}" for note in result.notes]
         if "looser" in result.tolerance_note:
             notes.append(f"{result.export_format}: tolerance {result.tolerance_note}")

@@ -162,6 +162,8 @@ def find_dimensions(model, recipe: Recipe, *, tokenizer=None, max_probe_elements
     for dimension in dimensions:
         if dimension.low == dimension.high == dimension.traced:
             dimension.state = dict.fromkeys(dimension.axes, "static")
+            dimension.reasons.append(f"{dimension.name}: static — the eager model runs only at the traced size "
+                                     f"{dimension.traced}")
     return AxisPlan(family, mode, spec, list(components), minimum_components(family, mode, list(components)),
                     dimensions, base, notes)
 

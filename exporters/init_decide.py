@@ -5,6 +5,7 @@ For each target of a round's `report.json`:
 - passed, every probe ran and passed: the format is settled;
 - the export failed: the dims the error names (else every dynamic dim of the failing component) go one step down,
   named range → `auto` → static; nothing left to demote: the format is left out with the error;
+- the artifact does not load, or fails at its traced inputs: its dims go straight to static (then left out);
 - a probe at `dim=size` failed or could not run: that end of the dim's range moves halfway back towards the
   largest (smallest) size that passed; a range shrunk to the traced size is declared static;
 - outputs off by more than the tolerance but otherwise right: the next round uses a looser atol (at most
@@ -57,6 +58,8 @@ class FormatResult:
 class _Reading:
     passed: bool
     export_error: str | None = None
+    exported: bool = False  # the export finished (a failure without checks was in loading or validating it)
+    detail: str = ""  # the error and the end of the export log: where known upstream gaps are recognised
     failed_component: str | None = None
     hard: dict[str, dict[int, str]] = field(default_factory=dict)  # dim -> size -> why (fails or cannot be checked)
     good: dict[str, set[int]] = field(default_factory=dict)  # dim -> sizes that passed
@@ -90,6 +93,8 @@ def read_target(target: dict[str, Any]) -> _Reading:
         message = str(error.get("message") or f"the target {target['status']}")
         found = _COMPONENT.search(message)
         reading.export_error, reading.failed_component = message, found.group(1) if found else None
+        reading.exported = "validate_s" in (target.get("timings") or {})
+        reading.detail = f"{message}\n{error.get('log_excerpt') or ''}"
         return reading
     for component in target["components"]:
         for check in component["checks"]:
@@ -116,9 +121,11 @@ def read_target(target: dict[str, Any]) -> _Reading:
 # ── Deciding the next candidate ───────────────────────────────────────────────
 
 
-def _demote(dims: list[Dimension], component: str | None, message: str) -> list[str]:
-    """One step down (named → auto → static) for the dims the failure names, else every dynamic dim of the
-    failing component (of the target, when the component is unknown). Returns what changed."""
+def _demote(dims: list[Dimension], component: str | None, message: str, detail: str = "",
+            to_static: bool = False) -> list[str]:
+    """One step down (named → auto → static; straight to static with `to_static`: a failure of the exported
+    artifact, not of the export) for the dims the failure names, else every dynamic dim of the failing component
+    (of the target, when the component is unknown). Returns what changed."""
     candidates = [d for d in dims if (component is None or component in d.state) and
                   any(d.state[c] != "static" for c in d.state if component in (None, c))]
     named_in_message = [d for d in candidates if re.search(rf"\b{re.escape(d.name)}\b", message)]
@@ -126,10 +133,10 @@ def _demote(dims: list[Dimension], component: str | None, message: str) -> list[
     for dimension in named_in_message or candidates:
         for name in [c for c in dimension.state if component in (None, c)]:
             before = dimension.state[name]
-            after = {"named": "auto", "auto": "static"}.get(before, before)
+            after = "static" if to_static else {"named": "auto", "auto": "static"}.get(before, before)
             if after != before:
                 dimension.state[name] = after
-                why = _first_line(message)
+                why = _with_gap(_first_line(message), detail or message)
                 dimension.reasons.append(f"{dimension.name} in {name}: {before} failed, declared {after} ({why})")
                 changed.append(f"{dimension.name}@{name} → {after}")
     return changed
@@ -176,13 +183,15 @@ def decide(result: FormatResult, target: dict[str, Any], max_rounds: int) -> Non
         return _leave_out(result, f"{target['status']}: {(target.get('error') or {}).get('message')}")
     changed: list[str] = []
     if reading.export_error is not None:
-        changed = _demote(result.dims, reading.failed_component, reading.export_error)
+        changed = _demote(result.dims, reading.failed_component, reading.export_error, reading.detail,
+                          to_static=reading.exported)
         if not changed:
-            return _leave_out(result, reading.export_error)
+            return _leave_out(result, reading.export_error, reading.detail)
     for component, why in reading.traced_failures.items():
-        changed += _demote(result.dims, component, "")
-        if not changed:
+        demoted = _demote(result.dims, component, why, to_static=True)
+        if not demoted:
             return _leave_out(result, f"{component} fails at its traced inputs: {why}")
+        changed += demoted
     for dimension in result.dims:
         if dimension.name in reading.hard and any(s == "named" for s in dimension.state.values()):
             changed += [dimension.name] if _narrow(dimension, reading.hard[dimension.name],
@@ -202,8 +211,8 @@ def decide(result: FormatResult, target: dict[str, Any], max_rounds: int) -> Non
                            f"{_first_line(str((target.get('error') or {}).get('message')))}")
 
 
-def _leave_out(result: FormatResult, reason: str) -> None:
-    result.status, result.reason = "left_out", _with_gap(_first_lines(reason))
+def _leave_out(result: FormatResult, reason: str, detail: str = "") -> None:
+    result.status, result.reason = "left_out", _with_gap(_first_lines(reason), detail or reason)
 
 
 def _first_line(text: str) -> str:
@@ -216,9 +225,10 @@ def _first_lines(text: str, count: int = 3) -> str:
     return " ".join(lines[:count])[:600]
 
 
-def _with_gap(reason: str) -> str:
+def _with_gap(reason: str, detail: str) -> str:
+    """`reason`, naming the known upstream gap whose signature `detail` carries."""
     for pattern, gap in KNOWN_GAPS:
-        if pattern.search(reason):
+        if pattern.search(detail):
             return f"{reason} [{gap}]"
     return reason
 

@@ -1,0 +1,95 @@
+"""The Action's `init` mode: propose a recipe for a model that has none (`exporters.init`), write it to the output
+folder, show the summary table in the job summary, and with `open-pr` open (or update) the Hub PR that adds it.
+
+Outputs: `status` (passed: a recipe was written; failed: no format works; error: bad input or model),
+`recipe-path`, `pr-url`, `pr-operation`, `targets` (the formats in the recipe) and `init-json` (the summary as data).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .commands import emit, error, group, set_outputs, write_summary
+from .settings import Settings
+
+RECIPE_NAME = "export_config.json"
+SUMMARY_NAME = "init-summary.md"
+PR_OPERATIONS = ("created", "updated", "unchanged")
+
+
+def _publish(settings: Settings, result, base: str) -> Any | None:
+    """The Hub PR adding the recipe, or a stand-in saying why there is none."""
+    from .main import NoPublish
+
+    if not settings.open_pr:
+        return None
+    if settings.hub_repo_id is None:
+        return NoPublish(message=f"`{settings.model}` is not a Hub repo id: there is no repo to open a PR on "
+                                 "(set open-pr: false to silence this)")
+    if settings.dry_run:
+        return NoPublish(message="dry run: the recipe was written to the output folder; no PR was opened")
+    from exporters.init_push import publish_recipe
+
+    try:
+        with group(f"Proposing the recipe on the Hub: {settings.hub_repo_id}"):
+            published = publish_recipe(settings.hub_repo_id, result, token=settings.hf_token,
+                                       endpoint=settings.hf_endpoint, revision=base)
+    except Exception as err:
+        message = f"{type(err).__name__}: {err}"
+        error(message, title=f"Proposing the recipe on {settings.hub_repo_id} failed")
+        return NoPublish(message=f"publishing failed: {message}", failed=True)
+    emit(f"Hub PR: {published.operation} {published.pr_url or ''} — {published.message}")
+    return published
+
+
+def init_mode(settings: Settings) -> int:
+    from exporters.errors import InitError, ModelSourceError, RemoteCodeError
+    from exporters.init import InitOptions, init_recipe
+    from exporters.init_summary import render_markdown, to_dict
+
+    from .main import EXIT_FAILED, EXIT_OK, _comment, _fail, _pr_base, _relative
+    from .summary import publish_line
+
+    out_dir = settings.output_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    options = InitOptions(formats=settings.formats, max_seconds=settings.max_seconds, revision=settings.revision,
+                          token=settings.hf_token, endpoint=settings.hf_endpoint,
+                          trust_remote_code=settings.trust_remote_code, work_dir=out_dir / "init-work",
+                          progress=emit)
+    failed = False
+    with group(f"Proposing a recipe for {settings.model} ({', '.join(settings.formats)})"):
+        try:
+            result = init_recipe(settings.model_arg, options)
+        except InitError as err:
+            result, failed = err.result, True
+            error(str(err), title="No format could be exported")
+        except RemoteCodeError as err:
+            return _fail(settings, "Remote code refused", [(None, None, str(err))])
+        except ModelSourceError as err:
+            return _fail(settings, "Cannot load the model", [(None, None, str(err))])
+    markdown = render_markdown(result)
+    (out_dir / SUMMARY_NAME).write_text(markdown, encoding="utf-8")
+    recipe_path = out_dir / RECIPE_NAME
+    publish = None
+    if not failed:
+        recipe_path.write_text(json.dumps(result.recipe, indent=2) + "\n", encoding="utf-8")
+        emit(f"recipe written to {_relative(settings, recipe_path) or recipe_path}")
+        publish = _publish(settings, result, _pr_base(settings))
+    lines = [markdown, publish_line(publish, dry_run=settings.dry_run), ""]
+    if settings.github.run_url:
+        lines.append(f"<sub>[Workflow run]({settings.github.run_url})</sub>")
+    body = "\n".join(lines)
+    write_summary(settings.github.summary_file, body)
+    operation = getattr(publish, "operation", "none") if publish is not None else "none"
+    set_outputs(settings.github.output_file, {
+        "status": "failed" if failed else "passed",
+        "recipe-path": "" if failed else (_relative(settings, recipe_path) or str(recipe_path)),
+        "pr-url": (getattr(publish, "pr_url", None) or "") if operation in PR_OPERATIONS else "",
+        "pr-operation": operation if operation in PR_OPERATIONS else "none",
+        "targets": json.dumps([f.export_format for f in result.passed]),
+        "init-json": json.dumps(to_dict(result), separators=(",", ":"), default=str),
+    })
+    _comment(settings, body)
+    publish_failed = bool(getattr(publish, "failed", False))
+    return EXIT_FAILED if (failed or publish_failed) and settings.fail_on_error else EXIT_OK
