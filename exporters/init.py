@@ -34,7 +34,7 @@ from typing import Any, Callable
 from .errors import InitError
 from .init_axes import AxisPlan, Dimension, spec_entries
 from .init_decide import MARGIN, FormatResult, decide, nice_ceil
-from .recipe import FORMATS, SCHEMA_VERSION, Recipe, parse_recipe_data
+from .recipe import FORMATS, SCHEMA_VERSION, GenerationSpec, Recipe, parse_recipe_data
 
 FLOOR_FRACTION = 0.1  # ... and at least this fraction of the format's default atol (identical kernels measure 0)
 DEFAULT_MAX_SECONDS = 1800.0
@@ -124,8 +124,7 @@ def build_target(export_format: str, plan: AxisPlan, dims: list[Dimension], opse
     return target
 
 
-def build_recipe(plan: AxisPlan, targets: list[dict], validation: dict[str, Any],
-                 max_new_tokens: int) -> dict[str, Any]:
+def build_recipe(plan: AxisPlan, targets: list[dict], validation: dict[str, Any]) -> dict[str, Any]:
     """The full-form recipe (schema-valid: it is parsed before it is returned)."""
     recipe: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -134,7 +133,7 @@ def build_recipe(plan: AxisPlan, targets: list[dict], validation: dict[str, Any]
                    "seed": plan.inputs.seed},
     }
     if plan.mode == "generation":
-        recipe["generation"] = {"cache_implementation": "dynamic", "max_new_tokens": max_new_tokens}
+        recipe["generation"] = {"cache_implementation": "dynamic", "max_new_tokens": GenerationSpec().max_new_tokens}
     recipe["validation"] = validation
     parse_recipe_data(recipe)
     return recipe
@@ -192,8 +191,7 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
     if passed:
         formats = {r.export_format: r.tolerance for r in passed}
         recipe = build_recipe(plan, [r.target for r in passed],
-                              {"formats": formats, "max_probe_elements": options.max_probe_elements},
-                              max_new_tokens=base.generation.max_new_tokens)
+                              {"formats": formats, "max_probe_elements": options.max_probe_elements})
     result = InitResult(model=model, family=plan.family, mode=plan.mode, components=plan.expected, recipe=recipe,
                         formats=results, notes=_notes(plan, results), elapsed_s=round(time.time() - started, 1),
                         versions=tool_versions())
@@ -223,8 +221,7 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
             result.rounds += 1
         tolerances = {r.export_format: {"atol": r.atol_override} for r in pending if r.atol_override}
         recipe = build_recipe(plan, [build_target(r.export_format, plan, r.dims) for r in pending],
-                              {"formats": tolerances, "max_probe_elements": options.max_probe_elements},
-                              max_new_tokens=Recipe(exports=[{"export_format": "dynamo"}]).generation.max_new_tokens)
+                              {"formats": tolerances, "max_probe_elements": options.max_probe_elements})
         path = work / f"round-{number}.json"
         path.write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
         say(f"round {number}: exporting and validating {', '.join(r.export_format for r in pending)} "

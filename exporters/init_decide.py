@@ -30,6 +30,8 @@ _COMPONENT = re.compile(r"exporting component '([^']+)' failed")
 KNOWN_GAPS = (
     (re.compile(r'op\.__name__ in \("alloc",\)|check_valid_edge_op'),
      "docs/upstream-gaps.md §4: ExecuTorch edge verification rejects deferred runtime asserts"),
+    (re.compile(r"set_inputs\(\) for method '\w+' failed with error 0x10"),
+     "docs/upstream-gaps.md §6: ExecuTorch caps dynamic dims at max(4 × traced, 1024)"),
     (re.compile(r"Constraints violated"), "a guard torch.export cannot prove over the declared range"),
 )
 
@@ -151,8 +153,8 @@ def _narrow(dimension: Dimension, hard: dict[int, str], good: set[int]) -> bool:
         fail = above[0]
         best = max([s for s in good if dimension.traced <= s < fail] + [dimension.traced])
         new_high = best + (fail - best) // 2 if fail - best > 2 else best
-        dimension.reasons.append(f"{dimension.name}: fails at {fail} ({_first_line(hard[fail])}); max {dimension.high}"
-                                 f" → {new_high}")
+        why = _with_gap(_first_line(hard[fail]), hard[fail])
+        dimension.reasons.append(f"{dimension.name}: fails at {fail} ({why}); max {dimension.high} → {new_high}")
         dimension.high, changed = new_high, True
     if below:
         fail = below[-1]

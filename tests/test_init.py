@@ -3,8 +3,9 @@ families, then `hf-export check` and `hf-export run` on the recipe it wrote; a m
 budget too small; `--push` to the Hub emulator (one PR, rerun unchanged), the Action's `mode: init`, and the bot
 proposing a recipe for an opted-in repo without one.
 
-Each family is probed once (module-scoped fixture) and several tests read the result. Formats are limited per
-model to keep the file's runtime modest (ExecuTorch exports are the slow ones: one family runs it).
+Each family is probed once (module-scoped, on first use) and several tests read the result. Formats are limited
+per model to keep the file's runtime modest: one format per family, both kinds of ONNX graphs (single and
+generation), and ExecuTorch (the slow one) where it is left out.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -39,10 +40,10 @@ def tiny_llama_64(folder: Path, recipe: Any = None) -> Path:
 
 # model builder, formats tried, family, {dim: largest max the model allows}
 CASES: dict[str, tuple[Any, str, str, dict[str, int]]] = {
-    "llama": (tiny_llama_64, "dynamo,onnx", "text", {"prompt": 64, "past": 63}),
-    "bert": (tiny_bert, "executorch", "text", {"batch": 64, "sequence": 128}),
+    "llama": (tiny_llama_64, "dynamo", "text", {"prompt": 64, "past": 63}),
+    "bert": (tiny_bert, "dynamo", "text", {"batch": 64, "sequence": 128}),
     "resnet": (tiny_resnet, "onnx", "vision", {"batch": 64, "image": 256}),
-    "t5": (tiny_t5, "dynamo", "seq2seq", {"source": 4096, "past": 4095}),
+    "t5": (tiny_t5, "onnx", "seq2seq", {"source": 4096, "past": 4095}),
     "llava": (tiny_llava, "dynamo", "vision-language", {"prompt": 256, "past": 255}),
 }
 
@@ -74,10 +75,8 @@ def named_dims(target: dict[str, Any]) -> dict[str, tuple[int, int]]:
     return found
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
-def proposed(request, tmp_path_factory) -> Proposed:
-    build, formats, family, limits = CASES[request.param]
-    root = tmp_path_factory.mktemp(f"init-{request.param}")
+def _propose(name: str, root: Path) -> Proposed:
+    build, formats, family, limits = CASES[name]
     model = build(root / "model")
     recipe_file, summary_file = root / "proposed" / "export_config.json", root / "summary.md"
     init = run_cli("init", str(model), "--formats", formats, "--out", str(recipe_file), "--summary",
@@ -85,9 +84,26 @@ def proposed(request, tmp_path_factory) -> Proposed:
     assert init.returncode == 0, init.stderr[-4000:]
     check = run_cli("check", str(recipe_file))
     run = run_cli("run", str(model), "--config", str(recipe_file), "--out", str(root / "out"), "--quiet")
-    return Proposed(request.param, formats.split(","), family, limits, init, check, run,
-                    json.loads(recipe_file.read_text()), summary_file.read_text(),
-                    json.loads((root / "out" / "report.json").read_text()))
+    return Proposed(name, formats.split(","), family, limits, init, check, run, json.loads(recipe_file.read_text()),
+                    summary_file.read_text(), json.loads((root / "out" / "report.json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def proposals(tmp_path_factory) -> Callable[[str], Proposed]:
+    """`proposals(name)`: init, check and run on that family's model, once per module."""
+    done: dict[str, Proposed] = {}
+
+    def get(name: str) -> Proposed:
+        if name not in done:
+            done[name] = _propose(name, tmp_path_factory.mktemp(f"init-{name}"))
+        return done[name]
+
+    return get
+
+
+@pytest.fixture(params=sorted(CASES))
+def proposed(request, proposals) -> Proposed:
+    return proposals(request.param)
 
 
 def test_the_recipe_is_valid_and_run_passes_it_in_full(proposed: Proposed) -> None:
@@ -118,9 +134,8 @@ def test_each_model_gets_a_dynamic_axis_with_a_probed_bound_inside_its_limits(pr
                 assert checks[f"{name}={size}"]["passed"] and not checks[f"{name}={size}"]["skipped"]
 
 
-def test_position_limits_bound_the_sequence_axes(proposed: Proposed) -> None:
-    if proposed.name != "llama":
-        pytest.skip("the decoder-only model is the one whose position embeddings end at 64")
+def test_position_limits_bound_the_sequence_axes(proposals) -> None:
+    proposed = proposals("llama")  # the decoder-only model, whose position embeddings end at 64
     for target in proposed.recipe["exports"]:
         dims = named_dims(target)
         assert dims["prompt"][1] == 64, dims  # as long as the position embeddings, not longer
@@ -211,49 +226,42 @@ def _pull_requests(hub, repo_id: str) -> list[dict[str, Any]]:
     return [d for d in hub.discussions(repo_id) if d.get("isPullRequest")]
 
 
-def test_push_opens_one_pr_with_the_recipe_and_a_rerun_changes_nothing(hf_env, tmp_path: Path) -> None:
+def test_push_opens_one_pr_with_the_recipe_and_the_action_rerun_changes_nothing(hf_env, tmp_path: Path) -> None:
+    """`hf-export init --push` opens the PR; the Action's `mode: init` on the same repo (same slot, same
+    proposal: deterministic) leaves it unchanged, and shows the table in the job summary."""
+    from tests.test_action import run_action
+
     hub, repo_id = hf_env, "alice/tiny-bert"
     _upload(hub, tiny_bert(tmp_path / "model"), repo_id)
-    env = {"HF_TOKEN": BOT_TOKEN}
     first = run_cli("init", repo_id, "--formats", "dynamo", "--out", str(tmp_path / "1.json"), "--push", "--quiet",
-                    env=env)
+                    env={"HF_TOKEN": BOT_TOKEN})
     assert first.returncode == 0, first.stderr[-3000:]
     assert "publish: created" in first.stderr
     prs = _pull_requests(hub, repo_id)
     assert len(prs) == 1
-    files = hub.files(repo_id, "refs/pr/1")
-    assert json.loads(files["export_config.json"]) == json.loads((tmp_path / "1.json").read_text())
+    proposed = json.loads((tmp_path / "1.json").read_text())
+    assert json.loads(hub.files(repo_id, "refs/pr/1")["export_config.json"]) == proposed
     assert "export_config.json" not in hub.files(repo_id, "main"), "the recipe arrives by PR only"
     text = prs[0]["events"][0]["data"]["latest"]["raw"]
     assert "| target | components | dynamic dims (bounds) | tolerance | export time | rounds |" in text
     assert '"kind": "recipe"' in text and prs[0]["title"].startswith("Add an export recipe (export_config.json)")
     commits = len(hub.commits(repo_id, "refs/pr/1"))
 
-    second = run_cli("init", repo_id, "--formats", "dynamo", "--out", str(tmp_path / "2.json"), "--push", "--quiet",
-                     env=env)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "publish: unchanged" in second.stderr
-    assert (tmp_path / "1.json").read_bytes() == (tmp_path / "2.json").read_bytes(), "deterministic"
-    assert len(_pull_requests(hub, repo_id)) == 1 and len(hub.commits(repo_id, "refs/pr/1")) == commits
-    assert BOT_TOKEN not in first.stderr + first.stdout + second.stderr + second.stdout
-
-
-def test_the_action_init_mode_writes_the_recipe_and_shows_the_table(tmp_path: Path) -> None:
-    from tests.test_action import run_action
-
     workspace = tmp_path / "ws"
-    tiny_bert(workspace / "model")
-    run = run_action(workspace, {"model": "model", "mode": "init", "formats": "dynamo", "open-pr": "false"},
-                     github=None, hub_url=None, event_name="workflow_dispatch", event={})
+    run = run_action(workspace, {"model": repo_id, "mode": "init", "formats": "dynamo", "hf-token": BOT_TOKEN},
+                     github=None, hub_url=hub.url, event_name="workflow_dispatch", event={})
     assert run.returncode == 0, run.log[-4000:]
-    assert run.outputs["status"] == "passed"
+    assert run.outputs["status"] == "passed" and run.outputs["pr-operation"] == "unchanged"
+    assert run.outputs["pr-url"].endswith(f"{repo_id}/discussions/1"), run.outputs["pr-url"]
     assert run.outputs["recipe-path"] == "export-out/export_config.json"
-    recipe = json.loads((workspace / "export-out" / "export_config.json").read_text())
-    assert [t["name"] for t in recipe["exports"]] == ["dynamo"]
+    assert json.loads((workspace / "export-out" / "export_config.json").read_text()) == proposed, "deterministic"
     assert json.loads(run.outputs["targets"]) == ["dynamo"]
-    assert json.loads(run.outputs["init-json"])["recipe"] == recipe
+    assert json.loads(run.outputs["init-json"])["recipe"] == proposed
     assert "| ✅ `dynamo` | model | batch 1–64 · sequence 1–128 |" in run.summary
-    assert (workspace / "export-out" / "init-summary.md").is_file()
+    assert "**Hub PR:** unchanged" in run.summary
+    assert len(_pull_requests(hub, repo_id)) == 1 and len(hub.commits(repo_id, "refs/pr/1")) == commits
+    action_log = "\n".join(line for line in run.log.splitlines() if not line.startswith("::add-mask::"))
+    assert BOT_TOKEN not in first.stderr + first.stdout + action_log + run.summary
 
 
 def test_the_bot_proposes_a_recipe_for_an_opted_in_repo_without_one(hf_env, tmp_path: Path) -> None:
