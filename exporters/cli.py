@@ -1,4 +1,4 @@
-"""`hf-export`: run a recipe, check a recipe, re-validate saved artifacts.
+"""`hf-export`: run a recipe, check a recipe, re-validate saved artifacts, propose a recipe (`init`).
 
 Exit codes: 0 all good, 1 a target failed or is unverified (export or validation), 2 a bad recipe or usage (no repo
 to publish to, an invalid repo id), 3 publishing failed (token, permissions, the Hub, a PR over the size limit; what
@@ -286,10 +286,10 @@ def init(
         print_table(err.result, console)
         if summary_file is not None:
             summary_file.write_text(render_markdown(err.result), encoding="utf-8")
-        console.print(f"[bold red]no recipe written:[/] {escape(str(err))}", highlight=False)
+        _error("no recipe written", err)
         raise typer.Exit(EXIT_FAILED) from None
     except (ModelSourceError, RemoteCodeError) as err:
-        console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False)
+        _error("error", err)
         raise typer.Exit(EXIT_USAGE) from None
     import json
 
@@ -307,12 +307,11 @@ def init(
 
 def _publish_recipe(repo_id: str, result, *, token: str | None, endpoint: str | None) -> None:
     from .init_push import publish_recipe
-    from .publish import PublishError
 
     try:
         published = publish_recipe(repo_id, result, token=token, endpoint=endpoint)
     except PublishError as err:
-        console.print(f"[bold red]publish failed:[/] {escape(str(err))}", highlight=False)
+        _error("publish failed", err)
         raise typer.Exit(EXIT_USAGE) from None
     console.print(f"publish: {published.operation} — {published.message}", markup=False, highlight=False,
                   soft_wrap=True)

@@ -34,7 +34,9 @@ from typing import Any, Callable
 from .errors import InitError
 from .init_axes import AxisPlan, Dimension, spec_entries
 from .init_decide import MARGIN, FormatResult, decide, nice_ceil
-from .recipe import FORMATS, SCHEMA_VERSION, GenerationSpec, Recipe, parse_recipe_data
+from .recipe import FORMATS, SCHEMA_VERSION, GenerationSpec, Recipe
+from .recipe_load import parse_recipe_data
+from .status import LEFT_OUT, NAMED, PASSED, PENDING
 
 FLOOR_FRACTION = 0.1  # ... and at least this fraction of the format's default atol (identical kernels measure 0)
 DEFAULT_MAX_SECONDS = 1800.0
@@ -80,14 +82,14 @@ class InitResult:
 
     @property
     def passed(self) -> list[FormatResult]:
-        return [f for f in self.formats if f.status == "passed"]
+        return [f for f in self.formats if f.status == PASSED]
 
 
 # ── Candidate recipes ─────────────────────────────────────────────────────────
 
 
 def _axis_value(dimension: Dimension, state: str) -> Any:
-    if state == "named":
+    if state == NAMED:
         return {"name": dimension.name, "min": dimension.low, "max": dimension.high}
     return state  # "auto" | "static"
 
@@ -109,7 +111,7 @@ def build_target(export_format: str, plan: AxisPlan, dims: list[Dimension], opse
             state = dimension.state.get(component)
             if state is None:
                 continue
-            named |= state == "named"
+            named |= state == NAMED
             for key, axes in spec_entries(dimension.axes[component], plan.leaves[component],
                                           _axis_value(dimension, state)).items():
                 spec.setdefault(key, {}).update(axes)
@@ -157,7 +159,7 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
         ['passed']
     """
     from .init_axes import find_dimensions
-    from .pipeline import tool_versions
+    from .context import tool_versions
     from .source import check_remote_code, load_model, load_tokenizer, read_config, resolve_source
 
     options = options or InitOptions()
@@ -183,10 +185,10 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
         if options.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     for result in results:
-        if result.status == "passed":
+        if result.status == PASSED:
             _finish_tolerance(result)
             result.target = build_target(result.export_format, plan, result.dims, result.opset_version)
-    passed = [r for r in results if r.status == "passed"]
+    passed = [r for r in results if r.status == PASSED]
     recipe = None
     if passed:
         formats = {r.export_format: r.tolerance for r in passed}
@@ -208,11 +210,11 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
 
     deadline = started + options.max_seconds
     number = 0
-    while pending := [r for r in results if r.status == "pending"]:
+    while pending := [r for r in results if r.status == PENDING]:
         remaining = deadline - time.time()
         if remaining < MIN_ROUND_SECONDS:
             for result in pending:
-                result.status = "left_out"
+                result.status = LEFT_OUT
                 result.reason = (f"not settled within the time budget of {options.max_seconds:g} s "
                                  f"(after {result.rounds} round(s)): give it more time")
             return
@@ -234,12 +236,12 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
         for result in pending:
             known = {id(d): len(d.reasons) for d in result.dims}
             decide(result, by_name[result.export_format], options.max_rounds)
-            if result.status == "passed" and result.export_format == "onnx":
+            if result.status == PASSED and result.export_format == "onnx":
                 result.opset_version = _onnx_opset(work / "out" / "onnx")
             changes = [reason[:200] for d in result.dims for reason in d.reasons[known[id(d)]:]]
-            if result.status == "pending" and result.atol_override:
+            if result.status == PENDING and result.atol_override:
                 changes.append(f"atol {result.atol_override:g}")
-            say(f"  {result.export_format}: " + {"passed": "passed", "left_out": f"left out — {result.reason}"}.get(
+            say(f"  {result.export_format}: " + {PASSED: "passed", LEFT_OUT: f"left out — {result.reason}"}.get(
                 result.status, "next round: " + "; ".join(changes)))
 
 
@@ -281,7 +283,7 @@ def _notes(plan: AxisPlan, results: list[FormatResult]) -> list[str]:
     for result in results:
         notes += [f"{result.export_format}: {reason}" for d in result.dims for reason in d.reasons
                   if reason not in seen]
-        if result.status != "passed":
+        if result.status != PASSED:
             notes.append(f"{result.export_format}: left out — {result.reason}")
             continue
         notes += [f"{result.export_format}: {note}" for note in result.notes]

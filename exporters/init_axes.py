@@ -25,13 +25,13 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from .recipe import InputsSpec, Recipe
+from .status import AUTO, NAMED, STATIC, DimState
 
-DimState = Literal["named", "auto", "static"]
 Axes = list[tuple[str, int]]  # (leaf path, axis)
 
 CAP_SEQUENCE = 4096  # when config.json declares no position limit
@@ -59,7 +59,7 @@ class Dimension:
     def declared(self) -> DimState:
         """The most dynamic state among the components (what the summary shows)."""
         states = set(self.state.values())
-        return "named" if "named" in states else "auto" if "auto" in states else "static"
+        return NAMED if NAMED in states else AUTO if AUTO in states else STATIC
 
 
 @dataclass
@@ -161,7 +161,7 @@ def find_dimensions(model, recipe: Recipe, *, tokenizer=None, max_probe_elements
     _eager_ranges(model, components, dimensions, recipe, max_probe_elements)
     for dimension in dimensions:
         if dimension.low == dimension.high == dimension.traced:
-            dimension.state = dict.fromkeys(dimension.axes, "static")
+            dimension.state = dict.fromkeys(dimension.axes, STATIC)
             dimension.reasons.append(f"{dimension.name}: static — the eager model runs only at the traced size "
                                      f"{dimension.traced}")
     return AxisPlan(family, mode, spec, list(components), minimum_components(family, mode, list(components)),
@@ -198,7 +198,7 @@ def _name_dimensions(roles: dict[str, dict[str, Axes]], base, family: str, mode:
         if budget < high:
             high, limit = budget, (f"probe budget: larger inputs exceed validation.max_probe_elements "
                                    f"({max_probe_elements:,})")
-        dimensions.append(Dimension(name, traced, 1, max(high, traced), limit, axes, dict.fromkeys(axes, "named")))
+        dimensions.append(Dimension(name, traced, 1, max(high, traced), limit, axes, dict.fromkeys(axes, NAMED)))
     return dimensions
 
 
@@ -208,7 +208,7 @@ def _cap(name: str, traced: int, positions: int | None, position_words: str) -> 
     elif name == "image":
         high, limit = CAP_IMAGE_FACTOR * traced, f"image sides searched up to {CAP_IMAGE_FACTOR}× the traced size"
     elif name == "past":  # the next token's position must still have an embedding
-        return (positions - 1, f"{position_words} (one position left for the next token)") if positions else (
+        return (positions - 1, f"{position_words}, less one for the next token") if positions else (
             CAP_SEQUENCE - 1, position_words)
     else:
         return (positions, position_words) if positions else (CAP_SEQUENCE, position_words)
@@ -250,7 +250,7 @@ def _probe_budget(axes: dict[str, Axes], base, traced: int, limit: int, high: in
 
 def _eager_runs(model, module, inputs, dimension: Dimension, component: str, size: int, seed: int) -> str | None:
     """None when the eager `module` runs with the dimension at `size`, else the error."""
-    from .validate import DimBinding, make_probes
+    from .probes import DimBinding, make_probes
 
     binding = DimBinding(dimension.name, size, size, dimension.axes[component], dimension.traced)
     probes = make_probes(inputs, [binding], model.config, limit=10**18, max_positions=None, seed=seed)

@@ -21,6 +21,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .init_axes import Dimension
+from .status import (
+    AUTO,
+    CRASHED,
+    FAILED,
+    LEFT_OUT,
+    NAMED,
+    PASSED,
+    PENDING,
+    SKIPPED,
+    STATIC,
+    TIMED_OUT,
+    UNVERIFIED,
+    FormatOutcome,
+)
 
 MARGIN = 10  # tolerance = this × the worst measured |diff|, rounded up to one significant digit
 MAX_ATOL = 1e-2  # float32 outputs further apart than this are wrong, not imprecise
@@ -41,7 +55,7 @@ class FormatResult:
     """How one format fared: `passed` with its target and tolerance, or `left_out` with the reason."""
 
     export_format: str
-    status: str = "pending"  # pending | passed | left_out
+    status: FormatOutcome = PENDING
     dims: list[Dimension] = field(default_factory=list)
     rounds: int = 0
     reason: str | None = None
@@ -76,11 +90,12 @@ def _check_kind(check: dict[str, Any]) -> tuple[str, str, float]:
     """`(kind, why, worst)`: kind is pass, tolerance (numbers off, nothing else wrong), hard or skipped."""
     outputs = check.get("outputs") or []
     worst = max((o["max_abs_diff"] for o in outputs if o.get("max_abs_diff") is not None), default=0.0)
-    if check.get("skipped"):
-        return "skipped", check.get("error") or "skipped", worst
+    verdict = check.get("verdict")
+    if verdict == SKIPPED or check.get("skipped"):
+        return "skipped", check.get("error") or "no output was compared with the eager model", worst
     if check.get("error"):
         return "hard", check["error"], worst
-    if check.get("passed"):
+    if verdict == PASSED:
         return "pass", "", worst
     broken = [o for o in outputs if not o.get("passed") and (o.get("note") or o.get("max_abs_diff") is None)]
     if broken:
@@ -89,7 +104,7 @@ def _check_kind(check: dict[str, Any]) -> tuple[str, str, float]:
 
 
 def read_target(target: dict[str, Any]) -> _Reading:
-    reading = _Reading(passed=target["status"] == "passed")
+    reading = _Reading(passed=target["status"] == PASSED)
     error = target.get("error") or {}
     if not target.get("components"):
         message = str(error.get("message") or f"the target {target['status']}")
@@ -113,7 +128,7 @@ def read_target(target: dict[str, Any]) -> _Reading:
             if kind == "pass" and match is not None:
                 reading.good.setdefault(match["name"], set()).add(int(match["size"]))
     generation = target.get("generation") or {}
-    if generation.get("status") == "failed":
+    if generation.get("status") == FAILED:
         reading.other_error = f"generation parity failed: {generation.get('reason') or generation.get('first_divergence')}"
     elif not reading.hard and not reading.traced_failures and not reading.tolerance_worst and error:
         reading.other_error = str(error.get("message"))
@@ -129,13 +144,13 @@ def _demote(dims: list[Dimension], component: str | None, message: str, detail: 
     artifact, not of the export) for the dims the failure names, else every dynamic dim of the failing component
     (of the target, when the component is unknown). Returns what changed."""
     candidates = [d for d in dims if (component is None or component in d.state) and
-                  any(d.state[c] != "static" for c in d.state if component in (None, c))]
+                  any(d.state[c] != STATIC for c in d.state if component in (None, c))]
     named_in_message = [d for d in candidates if re.search(rf"\b{re.escape(d.name)}\b", message)]
     changed = []
     for dimension in named_in_message or candidates:
         for name in [c for c in dimension.state if component in (None, c)]:
             before = dimension.state[name]
-            after = "static" if to_static else {"named": "auto", "auto": "static"}.get(before, before)
+            after = STATIC if to_static else {NAMED: AUTO, AUTO: STATIC}.get(before, before)
             if after != before:
                 dimension.state[name] = after
                 why = _with_gap(_first_line(message), detail or message)
@@ -165,8 +180,8 @@ def _narrow(dimension: Dimension, hard: dict[int, str], good: set[int]) -> bool:
         dimension.low, changed = new_low, True
     if changed and dimension.low == dimension.high == dimension.traced:
         for component, state in dimension.state.items():
-            if state == "named":
-                dimension.state[component] = "static"
+            if state == NAMED:
+                dimension.state[component] = STATIC
         dimension.reasons.append(f"{dimension.name}: only the traced size {dimension.traced} works: declared static")
     return changed
 
@@ -175,13 +190,13 @@ def decide(result: FormatResult, target: dict[str, Any], max_rounds: int) -> Non
     """Settle `result` from its target's outcome in the latest round, or change its dims for the next one."""
     reading = read_target(target)
     if reading.passed and not reading.hard and not reading.traced_failures:
-        result.status, result.worst_abs_diff, result.probes = "passed", reading.worst, reading.probes
+        result.status, result.worst_abs_diff, result.probes = PASSED, reading.worst, reading.probes
         result.export_s = (target.get("timings") or {}).get("export_s")
         generation = target.get("generation") or {}
-        if generation.get("status") == "skipped":
+        if generation.get("status") == SKIPPED:
             result.notes.append(f"generation parity did not run: {generation.get('reason')}")
         return
-    if target["status"] in ("crashed", "timed_out"):
+    if target["status"] in (CRASHED, TIMED_OUT):
         return _leave_out(result, f"{target['status']}: {(target.get('error') or {}).get('message')}")
     changed: list[str] = []
     if reading.export_error is not None:
@@ -195,7 +210,7 @@ def decide(result: FormatResult, target: dict[str, Any], max_rounds: int) -> Non
             return _leave_out(result, f"{component} fails at its traced inputs: {why}")
         changed += demoted
     for dimension in result.dims:
-        if dimension.name in reading.hard and any(s == "named" for s in dimension.state.values()):
+        if dimension.name in reading.hard and any(s == NAMED for s in dimension.state.values()):
             changed += [dimension.name] if _narrow(dimension, reading.hard[dimension.name],
                                                    reading.good.get(dimension.name, set())) else []
     if reading.tolerance_worst:
@@ -206,6 +221,8 @@ def decide(result: FormatResult, target: dict[str, Any], max_rounds: int) -> Non
         result.atol_override, changed = max(atol, result.atol_override or 0.0), changed + ["tolerance"]
     if reading.other_error and not changed:
         return _leave_out(result, reading.other_error)
+    if target["status"] == UNVERIFIED and not changed:  # not a pass: some checks did not run
+        return _leave_out(result, "its checks did not all run: " + "; ".join(target.get("unverified") or []))
     if not changed:
         return _leave_out(result, str((target.get("error") or {}).get("message") or "failed"))
     if result.rounds >= max_rounds:
@@ -214,7 +231,7 @@ def decide(result: FormatResult, target: dict[str, Any], max_rounds: int) -> Non
 
 
 def _leave_out(result: FormatResult, reason: str, detail: str = "") -> None:
-    result.status, result.reason = "left_out", _with_gap(_first_lines(reason), detail or reason)
+    result.status, result.reason = LEFT_OUT, _with_gap(_first_lines(reason), detail or reason)
 
 
 def _first_line(text: str) -> str:

@@ -22,10 +22,10 @@ import hashlib
 import json
 from typing import Any
 
+from .errors import PublishError
 from .publish import (
     MARKER_VERSION,
     HubClient,
-    PublishError,
     PublishResult,
     _first_comment_id,
     render_marker,

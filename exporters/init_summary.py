@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from .init_axes import Dimension
+from .status import FAILED, LEFT_OUT, NAMED, PASSED, PENDING
 
-ICONS = {"passed": "✅", "left_out": "❌", "pending": "⏳"}
+ICONS = {PASSED: "✅", LEFT_OUT: "❌", PENDING: "⏳"}
 
 
 def dims_text(dims: list[Dimension]) -> str:
@@ -25,7 +26,7 @@ def dims_text(dims: list[Dimension]) -> str:
             by_state.setdefault(state, []).append(component)
         for state, components in by_state.items():
             where = f" ({', '.join(components)})" if len(by_state) > 1 else ""
-            if state == "named":
+            if state == NAMED:
                 parts.append(f"{dimension.name} {dimension.low}–{dimension.high}{where}")
             else:
                 parts.append(f"{dimension.name} {state}{where}")
@@ -42,7 +43,7 @@ def rows(result) -> list[dict[str, Any]]:
     """One row per requested format, in the order asked."""
     table = []
     for item in result.formats:
-        passed = item.status == "passed"
+        passed = item.status == PASSED
         table.append({
             "target": item.export_format,
             "status": item.status,
@@ -60,7 +61,7 @@ def to_dict(result) -> dict[str, Any]:
     """The result as JSON-ready data (what the Action puts in its outputs)."""
     return {
         "model": result.model, "family": result.family, "mode": result.mode, "components": result.components,
-        "status": "passed" if result.passed else "failed", "rows": rows(result), "notes": result.notes,
+        "status": PASSED if result.passed else FAILED, "rows": rows(result), "notes": result.notes,
         "elapsed_s": result.elapsed_s, "recipe": result.recipe, "versions": result.versions,
     }
 
@@ -82,7 +83,7 @@ def render_markdown(result, *, heading: str = "## Proposed export recipe") -> st
               "|---|---|---|---|---|---|"]
     for row in rows(result):
         icon = ICONS.get(row["status"], "")
-        target = f"{icon} `{row['target']}`" + ("" if row["status"] == "passed" else " (left out)")
+        target = f"{icon} `{row['target']}`" + ("" if row["status"] == PASSED else " (left out)")
         lines.append(f"| {target} | {row['components']} | {row['dynamic']} | {row['tolerance']} | "
                      f"{_seconds(row['export_s'])} | {row['rounds']} |")
     if result.notes:
@@ -108,7 +109,7 @@ def print_table(result, console) -> None:
         table.add_column(column, overflow="fold")
     for row in rows(result):
         target = f"{ICONS.get(row['status'], '')} {row['target']}" + (
-            "" if row["status"] == "passed" else " (left out)")
+            "" if row["status"] == PASSED else " (left out)")
         table.add_row(target, row["components"], row["dynamic"], row["tolerance"], _seconds(row["export_s"]),
                       str(row["rounds"]))
     console.print(table)
