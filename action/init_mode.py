@@ -55,7 +55,7 @@ def init_mode(settings: Settings) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     options = InitOptions(formats=settings.formats, max_seconds=settings.max_seconds, revision=settings.revision,
                           token=settings.hf_token, endpoint=settings.hf_endpoint,
-                          trust_remote_code=settings.trust_remote_code, work_dir=out_dir / "init-work",
+                          trust_remote_code=settings.trust_remote_code,
                           progress=emit)
     failed = False
     with group(f"Proposing a recipe for {settings.model} ({', '.join(settings.formats)})"):

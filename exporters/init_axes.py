@@ -158,7 +158,7 @@ def find_dimensions(model, recipe: Recipe, *, tokenizer=None, max_probe_elements
             continue
         roles[quantity] = _moved(base, _leaf_shapes(other))
     dimensions = _name_dimensions(roles, base, family, mode, model.config, max_probe_elements)
-    _eager_ranges(model, components, dimensions, recipe, max_probe_elements)
+    _eager_ranges(model, components, dimensions, recipe)
     for dimension in dimensions:
         if dimension.low == dimension.high == dimension.traced:
             dimension.state = dict.fromkeys(dimension.axes, STATIC)
@@ -263,7 +263,7 @@ def _eager_runs(model, module, inputs, dimension: Dimension, component: str, siz
     return None
 
 
-def _eager_ranges(model, components, dimensions: list[Dimension], recipe: Recipe, max_probe_elements: int) -> None:
+def _eager_ranges(model, components, dimensions: list[Dimension], recipe: Recipe) -> None:
     """Narrow each range to the sizes the eager model runs at (bisection between the traced size and each end)."""
     seed = recipe.inputs.seed
     for dimension in dimensions:
