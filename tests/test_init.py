@@ -263,8 +263,34 @@ def test_push_opens_one_pr_with_the_recipe_and_the_action_rerun_changes_nothing(
     assert "| ✅ `dynamo` | model | batch 1–64 · sequence 1–128 |" in run.summary
     assert "**Hub PR:** unchanged" in run.summary
     assert len(_pull_requests(hub, repo_id)) == 1 and len(hub.commits(repo_id, "refs/pr/1")) == commits
+    _a_changed_proposal_updates_the_pr_and_a_closed_one_is_not_reopened(hub, repo_id, proposed, commits)
     action_log = "\n".join(line for line in run.log.splitlines() if not line.startswith("::add-mask::"))
     assert BOT_TOKEN not in first.stderr + first.stdout + action_log + run.summary
+
+
+def _a_changed_proposal_updates_the_pr_and_a_closed_one_is_not_reopened(hub, repo_id: str, proposed: dict[str, Any],
+                                                                         commits: int) -> None:
+    """The publishing rules on their own (no export needed): a different proposal is a commit on the same PR, and a
+    PR the owner closed stays closed for the same proposal."""
+    from huggingface_hub import HfApi
+
+    from exporters.init import InitResult
+    from exporters.init_decide import FormatResult
+    from exporters.init_push import publish_recipe
+    from exporters.status import PASSED
+
+    changed = json.loads(json.dumps(proposed))
+    changed["validation"]["formats"]["dynamo"]["atol"] = 2e-06
+    result = InitResult(model=repo_id, family="text", mode="model", components=["model"], recipe=changed,
+                        formats=[FormatResult("dynamo", status=PASSED)], notes=[], elapsed_s=1.0, versions={})
+    updated = publish_recipe(repo_id, result, token=BOT_TOKEN, endpoint=hub.url)
+    assert updated.operation == "updated" and updated.pr_num == 1, updated
+    assert json.loads(hub.files(repo_id, "refs/pr/1")["export_config.json"]) == changed
+    assert len(hub.commits(repo_id, "refs/pr/1")) == commits + 1 and len(_pull_requests(hub, repo_id)) == 1
+    HfApi(endpoint=hub.url, token=TEST_TOKEN).change_discussion_status(repo_id, 1, "closed")
+    again = publish_recipe(repo_id, result, token=BOT_TOKEN, endpoint=hub.url)
+    assert again.operation == "unchanged" and "not reopened" in again.message, again
+    assert len(_pull_requests(hub, repo_id)) == 1
 
 
 def test_the_bot_proposes_a_recipe_for_an_opted_in_repo_without_one(hf_env, tmp_path: Path) -> None:
