@@ -45,7 +45,7 @@ KNOWN_GAPS = (
     (re.compile(r'op\.__name__ in \("alloc",\)|check_valid_edge_op'),
      "docs/upstream-gaps.md §4: ExecuTorch edge verification rejects deferred runtime asserts"),
     (re.compile(r"set_inputs\(\) for method '\w+' failed with error 0x10"),
-     "docs/upstream-gaps.md §6: ExecuTorch caps dynamic dims at max(4 × traced, 1024)"),
+     "docs/upstream-gaps.md, \"ExecuTorch caps every dynamic dimension at max(4 × traced size, 1024)\""),
     (re.compile(r"Constraints violated"), "a guard torch.export cannot prove over the declared range"),
 )
 
