@@ -135,7 +135,8 @@ def build_recipe(plan: AxisPlan, targets: list[dict], validation: dict[str, Any]
                    "seed": plan.inputs.seed},
     }
     if plan.mode == "generation":
-        recipe["generation"] = {"cache_implementation": "dynamic", "max_new_tokens": GenerationSpec().max_new_tokens}
+        # the cache is left to each target's default (exporters.cache_settings): dynamic where a cache axis is declared
+        recipe["generation"] = {"max_new_tokens": GenerationSpec().max_new_tokens}
     recipe["validation"] = validation
     parse_recipe_data(recipe)
     return recipe

@@ -82,12 +82,15 @@ def _leaf_shapes(components) -> dict[str, dict[str, list[int]]]:
     return {name: shapes_of(inputs) for name, (_, inputs) in components.items()}
 
 
-def _decompose(model, spec: InputsSpec, recipe: Recipe, mode: str, tokenizer):
+def _decompose(model, spec: InputsSpec, mode: str, tokenizer):
+    """The components captured from a sample made with `spec`, with a growing cache: the one whose length axis
+    init declares dynamic."""
     from . import engine
+    from .cache_settings import CacheSetting
     from .inputs import make_sample_inputs
 
     sample = make_sample_inputs(model, spec, tokenizer)
-    components = engine.decompose(model, mode, sample.forward, sample.generate, recipe=recipe,
+    components = engine.decompose(model, mode, sample.forward, sample.generate, setting=CacheSetting("dynamic"),
                                   multi_token_decode=False, family=sample.family)
     return sample, components
 
@@ -145,13 +148,13 @@ def find_dimensions(model, recipe: Recipe, *, tokenizer=None, max_probe_elements
     family, mode = detect_family(model), default_mode(model)
     spec = recipe.inputs.model_copy(update={"batch_size": batch_size if mode == "model" else 1})
     recipe = recipe.model_copy(update={"inputs": spec})
-    _, components = _decompose(model, spec, recipe, mode, tokenizer)
+    _, components = _decompose(model, spec, mode, tokenizer)
     base = _leaf_shapes(components)
     notes: list[str] = []
     roles: dict[str, dict[str, Axes]] = {}
     for quantity, variant in _variants(family, mode, spec, model.config):
         try:
-            _, other = _decompose(model, variant, recipe.model_copy(update={"inputs": variant}), mode, tokenizer)
+            _, other = _decompose(model, variant, mode, tokenizer)
         except Exception as err:  # the model does not allow this quantity to change
             notes.append(f"{quantity}: static — the model does not run with another {quantity} size "
                          f"({_first_line(err)})")
