@@ -4,8 +4,8 @@ budget too small; `--push` to the Hub emulator (one PR, rerun unchanged), the Ac
 proposing a recipe for an opted-in repo without one.
 
 Each family is probed once (module-scoped, on first use) and several tests read the result. Formats are limited
-per model to keep the file's runtime modest: one format per family, ONNX for the generation graphs of an
-encoder-decoder, and ExecuTorch (the slow one) where it is left out.
+per model to keep the file's runtime modest: one format per family (ONNX for the encoder, dynamo for the others),
+and ExecuTorch (the slow one) where it is left out.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ def tiny_llama_64(folder: Path, recipe: Any = None) -> Path:
 # model builder, formats tried, family, {dim: largest max the model allows}
 CASES: dict[str, tuple[Any, str, str, dict[str, int]]] = {
     "llama": (tiny_llama_64, "dynamo", "text", {"prompt": 64, "past": 63}),
-    "bert": (tiny_bert, "dynamo", "text", {"batch": 64, "sequence": 128}),
+    "bert": (tiny_bert, "onnx", "text", {"batch": 64, "sequence": 128}),
     "resnet": (tiny_resnet, "dynamo", "vision", {"batch": 64, "image": 256}),
-    "t5": (tiny_t5, "onnx", "seq2seq", {"source": 4096, "past": 4095}),
+    "t5": (tiny_t5, "dynamo", "seq2seq", {"source": 4096, "past": 4095}),
     "llava": (tiny_llava, "dynamo", "vision-language", {"prompt": 256, "past": 255}),
 }
 
@@ -110,6 +110,9 @@ def test_the_recipe_is_valid_and_run_passes_it_in_full(proposed: Proposed) -> No
     assert proposed.check.returncode == 0, proposed.check.stderr
     assert proposed.recipe["schema_version"] == 1
     assert [t["name"] for t in proposed.recipe["exports"]] == proposed.formats
+    for target in proposed.recipe["exports"]:
+        if target["export_format"] == "onnx":  # the opset the artifact was validated with, written down
+            assert 18 <= target["opset_version"] <= 23, target
     assert proposed.run.returncode == 0, proposed.run.stderr[-4000:]
     report = proposed.report
     assert report["family"] == proposed.family
