@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .commands import emit, error, group, set_outputs, write_summary
+from .commands import emit, error, group, set_outputs, untrusted, write_summary
 from .settings import Settings
 
 RECIPE_NAME = "export_config.json"
@@ -18,28 +18,31 @@ SUMMARY_NAME = "init-summary.md"
 PR_OPERATIONS = ("created", "updated", "unchanged")
 
 
-def _publish(settings: Settings, result, base: str) -> Any | None:
+def _publish(settings: Settings, result) -> Any | None:
     """The Hub PR adding the recipe, or a stand-in saying why there is none."""
-    from .main import NoPublish
+    from .main import NoPublish, _worded
 
     if not settings.open_pr:
         return None
-    if settings.hub_repo_id is None:
+    destination = settings.destination
+    if destination is None:
         return NoPublish(message=f"`{settings.model}` is not a Hub repo id: there is no repo to open a PR on "
                                  "(set open-pr: false to silence this)")
     if settings.dry_run:
         return NoPublish(message="dry run: the recipe was written to the output folder; no PR was opened")
+    from exporters.errors import PublishError
     from exporters.init_push import publish_recipe
 
     try:
-        with group(f"Proposing the recipe on the Hub: {settings.hub_repo_id}"):
-            published = publish_recipe(settings.hub_repo_id, result, token=settings.hf_token,
-                                       endpoint=settings.hf_endpoint, revision=base)
+        with group(f"Proposing the recipe on the Hub: {destination.repo_id} (PR against {destination.base})"), \
+                untrusted():
+            published = publish_recipe(destination.repo_id, result, token=settings.hf_token,
+                                       endpoint=settings.hf_endpoint, revision=destination.base)
+            emit(f"Hub PR: {published.operation} {published.pr_url or ''} — {published.message}")
     except Exception as err:
-        message = f"{type(err).__name__}: {err}"
-        error(message, title=f"Proposing the recipe on {settings.hub_repo_id} failed")
+        message = _worded(err) if isinstance(err, PublishError) else f"{type(err).__name__}: {err}"
+        error(message, title=f"Proposing the recipe on {destination.repo_id} failed")
         return NoPublish(message=f"publishing failed: {message}", failed=True)
-    emit(f"Hub PR: {published.operation} {published.pr_url or ''} — {published.message}")
     return published
 
 
@@ -48,7 +51,7 @@ def init_mode(settings: Settings) -> int:
     from exporters.init import InitOptions, init_recipe
     from exporters.init_summary import render_markdown, to_dict
 
-    from .main import EXIT_FAILED, EXIT_OK, _comment, _fail, _pr_base, _relative
+    from .main import EXIT_FAILED, EXIT_OK, _comment, _fail, _relative
     from .summary import publish_line
 
     out_dir = settings.output_dir
@@ -57,17 +60,20 @@ def init_mode(settings: Settings) -> int:
                           token=settings.hf_token, endpoint=settings.hf_endpoint,
                           trust_remote_code=settings.trust_remote_code,
                           progress=emit)
-    failed = False
-    with group(f"Proposing a recipe for {settings.model} ({', '.join(settings.formats)})"):
-        try:
+    failure: Exception | None = None
+    with group(f"Proposing a recipe for {settings.model} ({', '.join(settings.formats)})"), untrusted():
+        try:  # the progress lines quote the model's and torch's errors: no workflow command is obeyed in them
             result = init_recipe(settings.model_arg, options)
-        except InitError as err:
-            result, failed = err.result, True
-            error(str(err), title="No format could be exported")
-        except RemoteCodeError as err:
-            return _fail(settings, "Remote code refused", [(None, None, str(err))])
-        except ModelSourceError as err:
-            return _fail(settings, "Cannot load the model", [(None, None, str(err))])
+        except (InitError, RemoteCodeError, ModelSourceError) as err:
+            failure = err
+    if isinstance(failure, RemoteCodeError):
+        return _fail(settings, "Remote code refused", [(None, None, str(failure))])
+    if isinstance(failure, ModelSourceError):
+        return _fail(settings, "Cannot load the model", [(None, None, str(failure))])
+    failed = isinstance(failure, InitError)
+    if failed:
+        result = failure.result
+        error(str(failure), title="No format could be exported")
     markdown = render_markdown(result)
     (out_dir / SUMMARY_NAME).write_text(markdown, encoding="utf-8")
     recipe_path = out_dir / RECIPE_NAME
@@ -75,7 +81,7 @@ def init_mode(settings: Settings) -> int:
     if not failed:
         recipe_path.write_text(json.dumps(result.recipe, indent=2) + "\n", encoding="utf-8")
         emit(f"recipe written to {_relative(settings, recipe_path) or recipe_path}")
-        publish = _publish(settings, result, _pr_base(settings))
+        publish = _publish(settings, result)
     lines = [markdown, publish_line(publish, dry_run=settings.dry_run), ""]
     if settings.github.run_url:
         lines.append(f"<sub>[Workflow run]({settings.github.run_url})</sub>")

@@ -264,11 +264,11 @@ def init(
     if unknown or not wanted:
         console.print(f"--formats: unknown {unknown or 'empty list'}; choose from {', '.join(FORMATS)}", markup=False)
         raise typer.Exit(EXIT_USAGE)
-    publish_to = _publish_target(model, repo_id, push)
+    destination = _destination(model, repo_id, revision, push)
     if quiet:
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    if push:
-        _check_publish_access(publish_to, token, endpoint)
+    if destination is not None:  # before a long search: the token works and the repo is visible (exit 3)
+        _check_publish_access(destination.repo_id, token, endpoint, out_file.parent)
     _quiet_libraries()
     from .errors import InitError
     from .init import InitOptions, init_recipe
@@ -300,19 +300,23 @@ def init(
         summary_file.write_text(render_markdown(result), encoding="utf-8")
     console.print(f"recipe: {out_file} ({len(result.passed)} target(s)); check it with `hf-export check {out_file}`",
                   markup=False, highlight=False, soft_wrap=True)
-    if publish_to is not None:
-        _publish_recipe(publish_to, result, token=token, endpoint=endpoint)
+    if destination is not None:
+        _publish_recipe(destination, result, out_file.parent, token=token, endpoint=endpoint)
     raise typer.Exit(EXIT_OK)
 
 
-def _publish_recipe(repo_id: str, result, *, token: str | None, endpoint: str | None) -> None:
+def _publish_recipe(destination, result, out_dir: Path, *, token: str | None, endpoint: str | None) -> None:
+    """The Hub PR proposing the recipe, its outcome in `publish.json` beside the recipe (as `run` writes
+    OUT/publish.json); a publishing error exits 3 with what to do."""
     from .init_push import publish_recipe
+    from .publish import write_outcome
 
     try:
-        published = publish_recipe(repo_id, result, token=token, endpoint=endpoint)
+        published = publish_recipe(destination.repo_id, result, token=token, endpoint=endpoint,
+                                   revision=destination.base)
     except PublishError as err:
-        _error("publish failed", err)
-        raise typer.Exit(EXIT_USAGE) from None
+        _publish_failed("publish failed", err, out_dir)
+    write_outcome(out_dir, published)
     console.print(f"publish: {published.operation} — {published.message}", markup=False, highlight=False,
                   soft_wrap=True)
     if published.pr_url:
