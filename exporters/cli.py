@@ -15,7 +15,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .errors import DeviceError, ExportActionError, ModelSourceError, PublishError, RecipeError, RemoteCodeError
+from .errors import (
+    DeviceError,
+    ExportActionError,
+    ModelSourceError,
+    PublishError,
+    RecipeError,
+    RemoteCodeError,
+    render_root_cause,
+)
 
 app = typer.Typer(
     add_completion=False,
@@ -76,6 +84,9 @@ def _print_summary(report: dict, out_dir: Path) -> None:
         line = f"{icon} {target['name']:<20} {target['export_format']:<11} {target['status']}{extra}"
         if target.get("error"):
             line += f" — {str(target['error'].get('message'))[:200]}"
+            cause = render_root_cause(target["error"])
+            if cause:
+                line += f" [{cause[:300]}]"
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(f"report: {out_dir / 'report.md'}  ({out_dir / 'report.json'})", markup=False)
 
