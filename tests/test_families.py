@@ -60,6 +60,7 @@ def test_parity_refuses_a_forward_that_uses_eager_weights(idefics3_run):
     import torch
 
     from exporters import engine
+    from exporters.cache_settings import CacheSetting
     from exporters.errors import EagerStageError
     from exporters.graph_forward import vision_language_prefill
     from exporters.inputs import make_sample_inputs
@@ -71,9 +72,8 @@ def test_parity_refuses_a_forward_that_uses_eager_weights(idefics3_run):
     model = load_model(ModelSource(str(model_dir), model_dir))
     sample = make_sample_inputs(model, parse_recipe(json.dumps(BOTH)).inputs, load_tokenizer(model_dir),
                                 folder=model_dir)
-    recipe = parse_recipe(json.dumps(BOTH))
-    components = engine.decompose(model, "generation", sample.forward, sample.generate, recipe=recipe,
-                                  multi_token_decode=False, family=sample.family)
+    components = engine.decompose(model, "generation", sample.forward, sample.generate,
+                                  setting=CacheSetting("dynamic"), multi_token_decode=False, family=sample.family)
     exported = load_exported(out / "onnx", config=model.config)
     logits, _ = vision_language_prefill(model, components, exported.runners, sample.generate)
     with torch.no_grad():
