@@ -21,7 +21,8 @@ import torch
 COUNTER_FINDING = (
     "{components}: a sliding-window cache carries its token count in the program's input spec, so upstream's "
     "runner refuses the cache of any other step; validation feeds these programs their tensors on the traced spec, "
-    "as a flat-input runtime does (docs/upstream-gaps.md, 8: sliding-window caches)")
+    "as a flat-input runtime does, and generation parity checks every token that follows (docs/upstream-gaps.md, 8: "
+    "sliding-window caches)")
 
 
 def sliding_cache_leaves(outputs: Any) -> set[str]:

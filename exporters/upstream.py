@@ -222,11 +222,12 @@ def runner_for_file(path: Path, export_format: str, metadata: Any, device: str |
     return get_runner_class(export_format).from_program(exporter.load_program(path), metadata, device)
 
 
-# A sliding-window cache layer carries how many tokens it has seen (`cumulative_length`) in its pytree context, not
-# as a tensor: a `.pt2` program traced at one step refuses the cache of any other step ("Trying to flatten user
-# inputs with exported input tree spec"), although the graph reads that count nowhere (upstream traces sliding
-# layers as full layers). See docs/upstream-gaps.md.
-STEP_COUNTERS = ("cumulative_length",)
+# A sliding-window cache layer carries how many tokens it has seen in its pytree context, not as a tensor
+# (`cumulative_length` of a dynamic layer, `cumulative_length_int` of a static one): a program traced at one step
+# refuses the cache of any other step ("Trying to flatten user inputs with exported input tree spec"). The dynamic
+# graph reads that count nowhere (upstream traces it as a full layer); the static one chose its code path from it at
+# trace time (window full or not), which generation parity then checks token by token. See docs/upstream-gaps.md.
+STEP_COUNTERS = ("cumulative_length", "cumulative_length_int")
 
 
 def _without_counters(context: Any) -> Any:
