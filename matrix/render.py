@@ -10,6 +10,7 @@ CAUSES = {
                 "runtime) on inputs the eager model accepts",
     "mismatch": "the artifact ran but its outputs or tokens differ from the eager model",
     "ours": "this tool could not prepare the model (sample inputs, component capture)",
+    "unverified": "a check did not run (the reason says which): not a pass",
     "timeout": "the run did not finish in time",
 }
 ICONS = {"passed": "✅", "failed": "❌", "unverified": "❔", "crashed": "💥", "timed_out": "⏱️"}

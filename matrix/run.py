@@ -55,7 +55,7 @@ class Cell:
     """One family x format outcome."""
 
     status: str
-    cause: str = ""  # "", "upstream", "ours", "mismatch", "timeout"
+    cause: str = ""  # "", "upstream", "ours", "mismatch", "unverified", "timeout"
     reason: str = ""
     generation: str | None = None
 
@@ -92,6 +92,9 @@ def classify(target: dict[str, Any]) -> Cell:
     root = error.get("root_cause") or {}
     if root:
         message += f" [root cause: {root.get('type')}: {root.get('message')}]" if "root cause" not in message else ""
+    if status == "unverified":
+        reasons = target.get("unverified") or [message or "a check did not run"]
+        return Cell(status, "unverified", _short("; ".join(str(r) for r in reasons)), generation)
     if status in ("timed_out", "crashed"):
         return Cell(status, "timeout" if status == "timed_out" else "upstream", message[:400], generation)
     if message.startswith("sample inputs could not be made") or "UnsupportedModelError" in str(error.get("type")):

@@ -68,6 +68,8 @@ def test_failures_are_classified_with_their_root_cause():
     assert classify({"status": "failed", "error": {"message": "generation parity failed: first divergence {}"}}
                     ).cause == "mismatch"
     assert classify({"status": "timed_out", "error": {"message": "ran past"}}).cause == "timeout"
+    unverified = classify({"status": "unverified", "unverified": ["generation: EOS after 1 token"]})
+    assert unverified.cause == "unverified" and "EOS after 1 token" in unverified.reason
     assert classify({"status": "passed", "generation": {"status": "passed"}}) == Cell("passed", generation="passed")
 
 
