@@ -22,6 +22,7 @@ from .errors import (
     PublishError,
     RecipeError,
     RemoteCodeError,
+    error_record,
     render_root_cause,
 )
 
@@ -48,6 +49,9 @@ def _recipe_error(err: RecipeError) -> None:
 
 def _error(label: str, err: ExportActionError) -> None:
     console.print(f"[bold red]{label}:[/] {escape(err.worded(OPTION_NAMES))}", highlight=False)
+    cause = render_root_cause(error_record(err))
+    if cause:
+        console.print(f"  {cause}", markup=False, highlight=False)
 
 
 def _version(value: bool) -> None:
