@@ -191,6 +191,9 @@ def shrink(config, overrides: dict[str, Any] | None = None, vocab: int = VOCAB):
         for parent in parents:
             node = getattr(node, parent)
         setattr(node, last, copy.deepcopy(value))
+    if hasattr(config, "stage_names"):  # a backbone: its stage names and outputs follow from the (new) depth
+        derived = ("stage_names", "out_features", "out_indices", "_out_features", "_out_indices")
+        config = type(config)(**{k: v for k, v in config.to_dict().items() if k not in derived})
     return config
 
 

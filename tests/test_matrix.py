@@ -51,6 +51,16 @@ def test_shrunk_configs_are_consistent(name):
             assert len(types) == layers, f"{name}: {len(types)} layer_types for {layers} layers"
 
 
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_saves_and_loads_back(name, tmp_path):
+    from exporters.source import ModelSource, load_model
+    from matrix.families import build
+
+    folder = build(FAMILIES[name], tmp_path / name)
+    model = load_model(ModelSource(name, folder))
+    assert type(model).__name__ == FAMILIES[name].model_class
+
+
 def test_plainest_recipe():
     recipe = plainest_recipe(["dynamo", "onnx", "executorch"])
     assert [t["export_format"] for t in recipe["exports"]] == ["dynamo", "onnx", "executorch"]
