@@ -18,6 +18,7 @@ from .errors import (  # noqa: E402
     ArtifactError,
     DecodeStepError,
     DeviceError,
+    EagerStageError,
     ExportActionError,
     InitError,
     JsonPositionError,
@@ -27,6 +28,7 @@ from .errors import (  # noqa: E402
     RecipeProblem,
     RemoteCodeError,
     ShapeSpecError,
+    UnsupportedModelError,
 )
 from .recipe import Recipe  # noqa: E402
 from .recipe_load import load_recipe_file, parse_recipe  # noqa: E402
@@ -38,6 +40,7 @@ __all__ = [
     "AutoHfExporter",
     "DecodeStepError",
     "DeviceError",
+    "EagerStageError",
     "ExportActionError",
     "InitError",
     "JsonPositionError",
@@ -49,6 +52,7 @@ __all__ = [
     "RemoteCodeError",
     "RunOptions",
     "ShapeSpecError",
+    "UnsupportedModelError",
     "load_recipe_file",
     "parse_recipe",
     "run_pipeline",

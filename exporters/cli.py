@@ -16,7 +16,16 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .errors import DeviceError, ExportActionError, ModelSourceError, PublishError, RecipeError, RemoteCodeError
+from .errors import (
+    DeviceError,
+    ExportActionError,
+    ModelSourceError,
+    PublishError,
+    RecipeError,
+    RemoteCodeError,
+    error_record,
+    render_root_cause,
+)
 
 app = typer.Typer(
     add_completion=False,
@@ -42,6 +51,9 @@ def _recipe_error(err: RecipeError) -> None:
 
 def _error(label: str, err: ExportActionError) -> None:
     console.print(f"[bold red]{label}:[/] {escape(err.worded(OPTION_NAMES))}", highlight=False)
+    cause = render_root_cause(error_record(err))
+    if cause:
+        console.print(f"  {cause}", markup=False, highlight=False)
 
 
 def _version(value: bool) -> None:
@@ -78,6 +90,9 @@ def _print_summary(report: dict, out_dir: Path) -> None:
         line = f"{icon} {target['name']:<20} {target['export_format']:<11} {target['status']}{extra}"
         if target.get("error"):
             line += f" — {str(target['error'].get('message'))[:200]}"
+            cause = render_root_cause(target["error"])
+            if cause:
+                line += f" [{cause[:300]}]"
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(f"report: {out_dir / 'report.md'}  ({out_dir / 'report.json'})", markup=False)
 

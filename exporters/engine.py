@@ -67,10 +67,11 @@ def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, 
               multi_token_decode: bool, family: str | None = None) -> Components:
     """`{component: (module, forward kwargs)}`: one `model` graph, or the complete set of generation components
     (upstream's, plus the stages it leaves out: see `exporters.components`)."""
+    from .components import complete_components, model_components
+    from .families import detect_family
+
     if mode == "model":
-        return {"model": (model, copy.deepcopy(forward_inputs))}
-    from .components import complete_components
-    from .inputs import detect_family
+        return model_components(model, forward_inputs, family or detect_family(model))
 
     generation_config = generation_config_for(model, setting)
     with torch.no_grad():

@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .errors import render_root_cause
+
 MARKDOWN_LIMIT = 60_000
 ICONS = {"passed": "✅", "failed": "❌", "unverified": "⚠️", "crashed": "💥", "timed_out": "⏱️", "skipped": "⏭️"}
 # Failed and unverified targets come first: they are what a reviewer must read.
@@ -94,7 +96,9 @@ def reason(target: dict[str, Any]) -> str:
         return f"not verified: {target['unverified'][0]}" + (
             f" (+{len(target['unverified']) - 1} more)" if len(target["unverified"]) > 1 else "")
     error = target.get("error") or {}
-    return f"{error.get('type') or 'Error'}: {str(error.get('message') or 'see the log').splitlines()[0]}"
+    line = f"{error.get('type') or 'Error'}: {str(error.get('message') or 'see the log').splitlines()[0]}"
+    cause = render_root_cause(error)
+    return f"{line} [{cause.splitlines()[0]}]" if cause else line
 
 
 def summary_table(targets: list[dict[str, Any]]) -> list[str]:
@@ -163,6 +167,9 @@ def render_target(target: dict[str, Any], details: bool = True) -> list[str]:
     if target.get("error"):
         message = " ".join(str(target["error"].get("message") or "").split())[:1500]
         lines += [f"> **{target['error'].get('type')}**: {message}", ""]
+        cause = " ".join(render_root_cause(target["error"]).split())
+        if cause:
+            lines += [f"> {cause[:1500]}", ""]
     if target.get("unverified"):
         lines += ["> **Not verified**: these checks did not run, so this target is not a pass:", ">"]
         lines += [f"> - {cell(line, 300)}" for line in target["unverified"][:20]] + [""]

@@ -26,7 +26,7 @@ from typing import Any
 
 from . import fsutil
 from .context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
-from .errors import DeviceError, describe_error
+from .errors import DeviceError, error_record
 from .hashing import file_entries
 from .isolation import Isolated, log_excerpt
 from .progress import Progress
@@ -162,12 +162,14 @@ def _prepare(item: _Export, bench: Workbench, context: RunContext, options: RunO
     result.cache_key = context.cache_key(target.name, result.device)
     progress.update(target.name, "capturing inputs")
     try:
-        item.components = bench.components(target, context.recipe)
+        item.components = bench.components(target, context.recipe) if bench.unprepared is None else None
     except Exception as err:
-        result.error = {"type": type(err).__name__, "message": describe_error(err)}
+        result.error = error_record(err)
+    if item.components is None:
+        result.error = result.error or dict(bench.unprepared or {})
         progress.update(target.name, "[red]failed: capture", done=True)
         return False
-    result.expected_components = _expected(target, bench.sample.family, item.components)
+    result.expected_components = bench.expected(target, item.components)
     result.findings += bench.contract_notes(target)
     progress.update(target.name, "waiting for a free export slot")
     return True
@@ -199,7 +201,7 @@ def _finish(item: _Export, options: RunOptions, progress: Progress) -> bool:
         fsutil.remove(item.staging)
         result.status = outcome.get("status", FAILED)
         result.error = {"type": outcome.get("type"), "message": outcome.get("message"),
-                        "log_excerpt": log_excerpt(log_path)}
+                        **{k: outcome[k] for k in ("root_cause",) if k in outcome}, "log_excerpt": log_excerpt(log_path)}
         progress.update(target.name, f"[red]{result.status}", done=True)
         return False
     result.findings += outcome.get("notes", [])
@@ -223,15 +225,6 @@ def _validate(item: _Export, context: RunContext, bench: Workbench, options: Run
 def _stage_label(status: str) -> str:
     colour = {PASSED: "green", UNVERIFIED: "yellow"}.get(status, "red")
     return f"[{colour}]{status}"
-
-
-def _expected(target: Any, family: str, components: Any) -> list[str]:
-    """The recipe's `expected_components`, else the family's minimum complete set."""
-    from .components import minimum_components
-
-    if target.expected_components is not None:
-        return list(target.expected_components)
-    return minimum_components(family, target.mode, list(components))
 
 
 def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging: Path, device: str) -> dict[str, Any]:
@@ -271,7 +264,7 @@ def _validate_into(result: TargetResult, target: Any, context: RunContext, bench
         )
     except Exception as err:
         result.status = FAILED
-        result.error = {"type": type(err).__name__, "message": f"validation could not run: {describe_error(err)}"}
+        result.error = error_record(err, prefix="validation could not run: ")
     else:
         result.record_validation(validation)
     result.timings["validate_s"] = round(time.time() - started, 3)
@@ -327,11 +320,14 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
                             "message": f"{directory} holds no export (export.json missing): export it first"}
             continue
         try:
-            components = bench.components(target, context.recipe)
+            components = bench.components(target, context.recipe) if bench.unprepared is None else None
         except Exception as err:  # a capture that fails, a decode that could not run a second step
-            result.error = {"type": type(err).__name__, "message": describe_error(err)}
+            result.error = error_record(err)
             continue
-        result.expected_components = _expected(target, bench.sample.family, components)
+        if components is None:
+            result.error = dict(bench.unprepared or {})
+            continue
+        result.expected_components = bench.expected(target, components)
         _validate_into(result, target, context, bench, directory, trust_artifacts=options.trust_remote_code)
         result.files = file_entries(directory, out_dir)
     return _write(results, context)

@@ -262,7 +262,8 @@ Target = Annotated[Union[DynamoTarget, OnnxTarget, ExecutorchTarget], Field(disc
 
 
 class InputsSpec(_Strict):
-    """How sample inputs are made: tokenized from `prompt` when the repo has a tokenizer, else synthesized."""
+    """How sample inputs are made: through the repo's own processor when it ships one, tokenized from `prompt` when
+    it has a tokenizer, else synthesized in the family's layout."""
 
     batch_size: StrictInt = Field(default=1, ge=1, le=64)
     sequence_length: StrictInt = Field(default=8, ge=2, le=8192)

@@ -32,12 +32,14 @@ from transformers.exporters.auto import EXPORT_BACKENDS, get_exporter_class
 from transformers.exporters.auto import AutoExportConfig as UpstreamAutoExportConfig
 from transformers.exporters.auto import AutoHfExporter as UpstreamAutoHfExporter
 from transformers.exporters.exporter_dynamo import _pytree_flatten, register_cache_pytrees_for_model
-from transformers.exporters.metadata import ExportMetadata, register_treespec_types
+from transformers.exporters.metadata import ExportMetadata, load_treespec, register_treespec_types
 from transformers.exporters.utils import (
+    _find_multimodal_submodules,
     cast_leaf_tensors,
     decompose_for_generation,
     decompose_multimodal,
     get_leaf_tensors,
+    precompute_export_inputs,
 )
 
 from .errors import ArtifactError, RemoteCodeError
@@ -56,13 +58,17 @@ __all__ = [
     "UpstreamAutoHfExporter",
     "cast_leaf_tensors",
     "config_class",
+    "counter_in_spec_components",
     "decompose_for_generation",
     "decompose_multimodal",
     "exporter_class",
+    "fit_traced_spec",
     "formats_from_files",
     "leaf_tensors",
     "load_exported",
     "move_to",
+    "multimodal_submodules",
+    "prepare_traced_inputs",
     "pytree_flatten",
     "quiet_torch_serde",
     "read_manifest",
@@ -188,7 +194,8 @@ def move_to(obj: Any, device: str | torch.device, dtype: torch.dtype | None = No
 
 def run_component(runner: Any, inputs: dict[str, Any]) -> Any:
     """Run one exported component's runner on the kwargs it was traced with (flags like `use_cache` were traced as
-    constants, so they are dropped).
+    constants, so they are dropped); a `.pt2` or `.pte` program is fed the way a runtime feeds flat buffers
+    ([`fit_traced_spec`]).
 
     Inputs made for the eager model (on the CPU, in its dtype) are moved to the program's device and floating inputs
     cast to the precision it was exported at; outputs come back on the CPU, where the eager references are.
@@ -199,6 +206,7 @@ def run_component(runner: Any, inputs: dict[str, Any]) -> Any:
     leaves = list(get_leaf_tensors(feed).values())
     if any(t.device != device or (t.is_floating_point() and t.dtype != dtype) for t in leaves):
         feed = move_to(feed, device, dtype)
+    feed, _ = fit_traced_spec(runner, feed)
     outputs = runner(**feed)
     if device.type != "cpu":
         outputs = move_to(outputs, "cpu")
@@ -212,6 +220,76 @@ def runner_for_file(path: Path, export_format: str, metadata: Any, device: str |
 
     exporter = exporter_class(export_format)
     return get_runner_class(export_format).from_program(exporter.load_program(path), metadata, device)
+
+
+# A sliding-window cache layer carries how many tokens it has seen in its pytree context, not as a tensor
+# (`cumulative_length` of a dynamic layer, `cumulative_length_int` of a static one): a program traced at one step
+# refuses the cache of any other step ("Trying to flatten user inputs with exported input tree spec"). The dynamic
+# graph reads that count nowhere (upstream traces it as a full layer); the static one chose its code path from it at
+# trace time (window full or not), which generation parity then checks token by token. See docs/upstream-gaps.md.
+STEP_COUNTERS = ("cumulative_length", "cumulative_length_int")
+
+
+def _without_counters(context: Any) -> Any:
+    if isinstance(context, dict):
+        return {k: _without_counters(v) for k, v in context.items() if k not in STEP_COUNTERS}
+    if isinstance(context, (list, tuple)):
+        return [_without_counters(v) for v in context]
+    return context
+
+
+def _same_but_counters(given: Any, traced: Any) -> bool:
+    """Whether two pytree specs differ at most in the step counters of cache contexts."""
+    if given.type is not traced.type or given.num_children != traced.num_children:
+        return False
+    if given.context != traced.context and _without_counters(given.context) != _without_counters(traced.context):
+        return False
+    return all(_same_but_counters(a, b) for a, b in zip(given.children(), traced.children()))
+
+
+def fit_traced_spec(runner: Any, feed: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """`feed` for a `.pt2` or `.pte` program the way a runtime feeding flat buffers gives it: tensors contiguous,
+    and rebuilt on the traced input spec when it differs from it only in a cache layer's step counter (upstream's
+    torch.export and ExecuTorch runners check the whole spec; ONNX Runtime, which binds flat tensors by name, is fed
+    as is). Returns the feed and whether the spec was rebuilt; anything else that differs is left for the program
+    to accept or refuse."""
+    in_spec = getattr(getattr(runner, "metadata", None), "in_spec", None)
+    # The torch.export and ExecuTorch runners check their input spec; ONNX Runtime binds tensors by name.
+    if in_spec is None or not (hasattr(runner, "traced_kwarg_order") or hasattr(runner, "in_spec")):
+        return feed, False
+    feed = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.contiguous(), feed)
+    traced = load_treespec(in_spec)
+    full = {**runner.metadata.in_constants, **feed}
+    ordered = {name: full[name] for name in traced.child(1).context if name in full}
+    if len(ordered) != len(full):
+        return feed, False
+    leaves, given = torch.utils._pytree.tree_flatten(((), ordered))
+    if given == traced or given.num_leaves != traced.num_leaves or not _same_but_counters(given, traced):
+        return feed, False
+    _, kwargs = torch.utils._pytree.tree_unflatten(leaves, traced)
+    return {name: kwargs[name] for name in feed}, True
+
+
+def counter_in_spec_components(exported: ExportedModel) -> list[str]:
+    """The `.pt2` / `.pte` components whose traced input spec holds a cache layer's step counter."""
+    if str(exported.export_format) not in ("dynamo", "executorch"):
+        return []
+    return [name for name, component in exported.components.items()
+            if any(counter in (component.metadata.in_spec or "") for counter in STEP_COUNTERS)]
+
+
+def multimodal_submodules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """Upstream's own finder of a multimodal model's stages: `{"image_encoder" | "audio_encoder" |
+    "multi_modal_projector" | "connector" | ... | "language_model" | "lm_head": module}`, empty when the model is not
+    multimodal (no modality encoder beside a language model)."""
+    return _find_multimodal_submodules(model)
+
+
+def prepare_traced_inputs(module: torch.nn.Module, inputs: dict[str, Any]) -> None:
+    """Upstream's precomputation of the data-dependent inputs an export traces with (`cu_seqlens`, vision position
+    ids from `grid_thw`, ...), in place: what a runtime computes before calling such a graph."""
+    with torch.no_grad():
+        precompute_export_inputs(module, inputs)
 
 
 def load_exported(directory: Path, *, device: str | None = None, config: Any = None,

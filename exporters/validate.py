@@ -58,13 +58,20 @@ def _leaves(outputs: Any) -> dict[str, torch.Tensor]:
 
 def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float) -> list[OutputDiff]:
     """Per output leaf: max absolute and relative difference and a verdict; NaN or inf never passes."""
+    from .sliding import sliding_cache_leaves, trailing_window
+
     want, got = _leaves(expected), _leaves(actual)
+    sliding = sliding_cache_leaves(expected)
     diffs = []
     for name, reference in want.items():
         if name not in got:
             diffs.append(OutputDiff(name, None, None, atol, rtol, False, "missing from the artifact's outputs"))
             continue
-        value = got[name]
+        value, note = got[name], None
+        window = trailing_window(value, reference) if name in sliding else None
+        if window is not None:  # the exported sliding layer keeps its full history (exporters.sliding)
+            note = f"sliding-window cache: the artifact's last {reference.shape[-2]} of {value.shape[-2]} positions"
+            value = window
         if tuple(value.shape) != tuple(reference.shape):
             diffs.append(
                 OutputDiff(name, None, None, atol, rtol, False, f"shape {list(value.shape)} != {list(reference.shape)}")
@@ -90,7 +97,7 @@ def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float) -> lis
         passed = bool(torch.isfinite(ref).all()) and bool((abs_diff <= atol + rtol * magnitude).all())
         max_abs = float(abs_diff.max())
         max_rel = float(abs_diff.div_(magnitude.clamp_min_(1e-12)).max())  # in place: no third large tensor
-        diffs.append(OutputDiff(name, max_abs, max_rel, atol, rtol, passed))
+        diffs.append(OutputDiff(name, max_abs, max_rel, atol, rtol, passed, note))
     return diffs
 
 
@@ -184,6 +191,16 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
     return findings
 
 
+def with_precomputed_inputs(module: torch.nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `inputs` with the data-dependent tensors upstream's export traced with (`cu_seqlens`, vision
+    position ids, ...) precomputed, as a runtime does before calling such a graph."""
+    from .upstream import prepare_traced_inputs
+
+    prepared = copy.copy(inputs)
+    prepare_traced_inputs(module, prepared)
+    return prepared
+
+
 def probe_component(report: ComponentReport, runner: Any, module: Any, probes: list, eager: EagerCache,
                     tolerance: tuple[float, float], findings: list[str]) -> None:
     """Run every probe through the eager `module` and the artifact's `runner`; one `Check` each on `report`."""
@@ -200,7 +217,7 @@ def probe_component(report: ComponentReport, runner: Any, module: Any, probes: l
             check.skipped, check.error = True, f"the eager model cannot run this probe: {describe_error(err)}"
             continue
         try:
-            actual = run_component(runner, probe)
+            actual = run_component(runner, with_precomputed_inputs(module, probe))
         except Exception as err:
             check.passed, check.error = False, describe_error(err)
             if probe_id != "traced":
@@ -227,7 +244,7 @@ def validate_target(
     """
     from .engine import component_shape_spec
     from .errors import ArtifactError, RemoteCodeError
-    from .upstream import load_exported, read_manifest
+    from .upstream import counter_in_spec_components, load_exported, read_manifest
 
     findings: list[str] = []
     errors: list[str] = []
@@ -260,6 +277,11 @@ def validate_target(
                     "onnxruntime-gpu (the pinned version) where it runs, or run it on cpu")
         errors.append(f"the saved artifact does not load: {describe_error(err)}{hint}")
         return ValidationResult(reports, None, findings, errors, generation_expected)
+    counted = counter_in_spec_components(exported)
+    if counted:
+        from .sliding import COUNTER_FINDING
+
+        findings.append(COUNTER_FINDING.format(components=", ".join(counted)))
 
     max_positions = getattr(getattr(model.config, "text_config", None) or model.config, "max_position_embeddings", None)
     bindings_by_component = {}

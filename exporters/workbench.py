@@ -23,19 +23,38 @@ class Workbench:
     eager: Any
     decompositions: dict[tuple, Any] = field(default_factory=dict)
     fitted: dict[str, tuple[Any, list[str]]] = field(default_factory=dict)
+    unprepared: dict[str, Any] | None = None  # why no sample inputs could be made: then every target fails with it
 
     @classmethod
     def load(cls, context: RunContext, options: RunOptions) -> Workbench:
+        from .errors import error_record
+        from .families import detect_family
         from .inputs import make_sample_inputs
         from .source import load_model, load_tokenizer
         from .validate import EagerCache
 
         started = time.time()
         model = load_model(context.source, trust_remote_code=options.trust_remote_code)
-        sample = make_sample_inputs(model, context.recipe.inputs, load_tokenizer(context.source.folder))
-        context.family, context.load_s = sample.family, round(time.time() - started, 3)
         context.eager_cache = EagerCache()
+        try:
+            sample = make_sample_inputs(model, context.recipe.inputs, load_tokenizer(context.source.folder),
+                                        folder=context.source.folder)
+        except Exception as err:  # an unsupported model fails its targets with the reason, never a traceback
+            context.family, context.load_s = detect_family(model), round(time.time() - started, 3)
+            return cls(model, None, context.eager_cache,
+                       unprepared=error_record(err, prefix="sample inputs could not be made: "))
+        context.family, context.load_s = sample.family, round(time.time() - started, 3)
+        context.warnings.extend(sample.notes)
         return cls(model, sample, context.eager_cache)
+
+    def expected(self, target: Any, components: Any) -> list[str]:
+        """The recipe's `expected_components`, else the family's minimum complete set (from the model's
+        structure)."""
+        from .components import minimum_components
+
+        if target.expected_components is not None:
+            return list(target.expected_components)
+        return minimum_components(self.sample.family, target.mode, list(components), self.model)
 
     def plan(self, target: Any) -> Any:
         """The target with its mode decided (the recipe's, else from the model)."""

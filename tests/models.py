@@ -168,3 +168,51 @@ def tiny_fnet(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
     if recipe is not None:
         write_recipe(folder, recipe)
     return folder
+
+
+def _word_tokenizer(specials: list[str], words: list[str]):
+    """A WordLevel tokenizer (no download) whose special tokens are single ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(["<pad>", "<s>", "</s>", "<unk>", *specials, *words])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
+                                        pad_token="<pad>", unk_token="<unk>")
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    return tokenizer
+
+
+def tiny_idefics3_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A tiny Idefics3 (SigLIP-style tower, image 32, patch 8, 4 image tokens) saved with its own processor: a
+    PIL-backend Idefics3 image processor and a WordLevel tokenizer whose `<image>` id is the model's."""
+    import dataclasses
+
+    from transformers import Idefics3ImageProcessorPil, Idefics3Processor
+
+    from matrix.families import FAMILIES, build
+
+    specials = ["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"]
+    tokenizer = _word_tokenizer(specials, ["describe", "the", "image", "a", "cat", "on", "mat", "."])
+    image_token = tokenizer.convert_tokens_to_ids("<image>")
+    spec = FAMILIES["idefics3"]
+    spec = dataclasses.replace(spec, overrides={**spec.overrides, "image_token_id": image_token,
+                                                "text_config.bos_token_id": 1, "text_config.eos_token_id": 2,
+                                                "text_config.pad_token_id": 0})
+    build(spec, folder, seed=seed, recipe=recipe)
+    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 32}, max_image_size={"longest_edge": 32},
+                                                do_image_splitting=False)
+    Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4).save_pretrained(folder)
+    return folder
+
+
+def tiny_vit_with_image_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A tiny ViT (image 32, patch 8) saved with a PIL-backend ViT image processor."""
+    from transformers import ViTImageProcessorPil
+
+    from matrix.families import FAMILIES, build
+
+    build(FAMILIES["vit"], folder, seed=seed, recipe=recipe)
+    ViTImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(folder)
+    return folder
