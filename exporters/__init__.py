@@ -10,7 +10,14 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .errors import DeviceError, ExportActionError, ModelSourceError, RecipeError, RemoteCodeError  # noqa: E402
+from .errors import (  # noqa: E402
+    DeviceError,
+    ExportActionError,
+    ModelSourceError,
+    RecipeError,
+    RemoteCodeError,
+    TargetPlanError,
+)
 from .recipe import Recipe, load_recipe_file, parse_recipe  # noqa: E402
 
 __all__ = [
@@ -23,6 +30,7 @@ __all__ = [
     "RecipeError",
     "RemoteCodeError",
     "RunOptions",
+    "TargetPlanError",
     "load_recipe_file",
     "parse_recipe",
     "run_pipeline",

@@ -32,9 +32,10 @@ MINIMUM_COMPONENTS: dict[str, list[str]] = {
 }
 
 
-def minimum_components(family: str, mode: str, captured: list[str]) -> list[str]:
-    """The components a complete export of this family must have (the captured set for unknown families)."""
-    if mode == "model":
+def minimum_components(family: str, mode: str, captured: list[str], merged: bool = False) -> list[str]:
+    """The components a complete export of this family must have (the captured set for unknown families); a merged
+    generation export is one graph, `model`."""
+    if mode == "model" or merged:
         return ["model"]
     return MINIMUM_COMPONENTS.get(family, captured)
 

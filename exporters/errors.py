@@ -48,3 +48,7 @@ class ModelSourceError(ExportActionError):
 
 class DeviceError(ExportActionError):
     """The requested device is not available here (a `cuda` target on a machine without a GPU)."""
+
+
+class TargetPlanError(ExportActionError):
+    """A target's settings do not fit this model (a merged graph for a model without a key-value cache, ...)."""

@@ -2,6 +2,7 @@
 `generate(do_sample=False)`, token for token.
 
 - decoder-only: prompt → `prefill` → `decode` × N;
+- decoder-only, merged graph: prompt on an empty cache → `model` → `model` × N (one token each);
 - encoder-decoder (T5, Whisper): source ids / audio features → `encoder` → `prefill` → `decode` × N;
 - vision-language (LLaVA convention): image → `image_encoder` → feature selection → `multi_modal_projector`;
   prompt → `embed_tokens`; image features merged at the image tokens → `language_model` → `lm_head` → `decode` × N.
@@ -176,6 +177,8 @@ def generation_parity(model, components, exported, generate_inputs: dict[str, An
         return GenerationReport("skipped", steps, reason=f"parity from raw inputs is not implemented for {family} "
                                                           "models")
     driver, needed = drivers[family]
+    if family == "text" and "model" in names:
+        driver, needed = _merged_decoder, {"model"}
     missing = sorted(needed - names)
     if missing:
         return GenerationReport("failed", steps, reason=f"cannot generate from raw inputs: missing component(s) "
@@ -205,6 +208,17 @@ def _decoder_only(model, components, runners, generate_inputs, greedy: _Greedy, 
     empty = copy.deepcopy(prefill_template[key]) if key else None
     out = run_component(runners["prefill"], step_inputs(prefill_template, ids, 0, empty))
     stepper = _Stepper(runners["decode"], components["decode"][1])
+    _decode_loop(out["logits"], _output_cache(out), ids.shape[1], greedy, stepper, tokens)
+    return int(ids.shape[1])
+
+
+def _merged_decoder(model, components, runners, generate_inputs, greedy: _Greedy, tokens) -> int:
+    from .merged import MERGED, prompt_inputs
+
+    template = components[MERGED][1]
+    ids = generate_inputs["input_ids"]
+    out = run_component(runners[MERGED], prompt_inputs(template, ids))
+    stepper = _Stepper(runners[MERGED], template)
     _decode_loop(out["logits"], _output_cache(out), ids.shape[1], greedy, stepper, tokens)
     return int(ids.shape[1])
 

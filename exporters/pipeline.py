@@ -76,6 +76,9 @@ class TargetResult:
     reproduce: str | None = None
     cache_key: str | None = None
     cached: bool = False
+    total_bytes: int | None = None
+    weights_stored_bytes: int | None = None
+    parameter_bytes: int | None = None
 
 
 def tool_versions() -> dict[str, str]:
@@ -372,7 +375,11 @@ def _run_targets(targets, options: RunOptions, context: dict[str, Any], keys: di
 
     source, recipe = context["source"], context["recipe"]
     load_started = time.time()
-    model = load_model(source, trust_remote_code=options.trust_remote_code)
+    # One load, in the targets' dtype when they all ask for the same one (a float16 target of a float32 checkpoint
+    # never holds a float32 copy); mixed dtypes load the checkpoint's and each export process converts its own.
+    dtypes = {target.dtype for target in targets}
+    model = load_model(source, trust_remote_code=options.trust_remote_code,
+                       dtype=dtypes.pop() if len(dtypes) == 1 else None)
     tokenizer = load_tokenizer(source.folder)
     sample = make_sample_inputs(model, recipe.inputs, tokenizer)
     context["family"] = sample.family
@@ -403,19 +410,13 @@ def _run_targets(targets, options: RunOptions, context: dict[str, Any], keys: di
                 result.error = {"type": "DeviceError", "message": str(err)}
                 progress.update(target.name, "[red]failed: no GPU", done=True)
                 continue
-            key = (target.mode, target.multi_token_decode)
             progress.update(target.name, "capturing inputs")
             try:
-                if key not in decompositions:
-                    decompositions[key] = engine.decompose(
-                        model, target.mode, sample.forward, sample.generate, recipe=recipe,
-                        multi_token_decode=target.multi_token_decode, family=sample.family,
-                    )
+                components = _components(model, target, recipe, sample, decompositions)
             except Exception as err:
                 result.error = {"type": type(err).__name__, "message": describe_error(err)}
                 progress.update(target.name, "[red]failed: capture", done=True)
                 continue
-            components = decompositions[key]
             result.expected_components = _expected(target, sample.family, components)
             staging = out_dir / f".staging-{target.name}"
             shutil.rmtree(staging, ignore_errors=True)
@@ -463,10 +464,46 @@ def _run_targets(targets, options: RunOptions, context: dict[str, Any], keys: di
                     "the published graph takes them as inputs"
                 )
             result.files = file_entries(final, out_dir)
+            _record_footprint(result, target, final, model, components)
             progress.update(target.name, "[green]passed" if result.status == STATUS_PASSED else "[red]failed",
                             done=True)
             gc.collect()  # the loaded programs and runtime sessions of this target are no longer needed
     return results
+
+
+def _components(model, target, recipe, sample, decompositions: dict) -> Any:
+    """The target's components: one decomposition per (mode, multi-token decode), shared by targets; a merged
+    target takes its one graph from it (and gets its dynamic-shape contract, when the recipe gives none)."""
+    from . import engine, merged
+
+    target.merged = merged.wants_merged(target, sample.family, recipe.generation.cache_implementation)
+    key = (target.mode, target.multi_token_decode or target.merged)
+    if key not in decompositions:
+        decompositions[key] = engine.decompose(model, target.mode, sample.forward, sample.generate, recipe=recipe,
+                                               multi_token_decode=key[1], family=sample.family)
+    if not target.merged:
+        return decompositions[key]
+    config = getattr(model.config, "text_config", None) or model.config
+    return merged.plan(target, decompositions[key], getattr(config, "max_position_embeddings", None))
+
+
+def _record_footprint(result: TargetResult, target, directory: Path, model, components) -> None:
+    """Total and weight bytes of the saved target, and a finding when the weights are stored more than once."""
+    from .footprint import duplication_finding, footprint, parameter_bytes
+
+    try:
+        sizes = footprint(directory, target.export_format)
+    except Exception as err:  # a size we cannot read is reported, never guessed
+        result.findings.append(f"could not measure the stored weights: {type(err).__name__}: {err}")
+        result.total_bytes = sum(entry["size"] for entry in result.files)
+        return
+    result.total_bytes = sizes["total_bytes"]
+    result.weights_stored_bytes = sizes["weights_stored_bytes"]
+    result.parameter_bytes = parameter_bytes(model, target.dtype)
+    finding = duplication_finding(result.weights_stored_bytes, result.parameter_bytes, target.export_format,
+                                  list(components))
+    if finding and (target.export_format != "onnx" or target.export_params):
+        result.findings.append(finding)
 
 
 def _expected(target, family: str, components) -> list[str]:
@@ -475,7 +512,7 @@ def _expected(target, family: str, components) -> list[str]:
 
     if target.expected_components is not None:
         return list(target.expected_components)
-    return minimum_components(family, target.mode, list(components))
+    return minimum_components(family, target.mode, list(components), merged=bool(target.merged))
 
 
 def _export_work(model, target, components, recipe, staging: Path, notes: list[str]) -> dict[str, Any]:
@@ -492,13 +529,7 @@ def _export_work(model, target, components, recipe, staging: Path, notes: list[s
             name: (module.to(device=device, dtype=dtype), _cast_inputs(inputs, device, dtype))
             for name, (module, inputs) in components.items()
         }
-    started = time.time()
-    exported = engine.export_components(model, target, components, recipe, notes)
-    export_s = time.time() - started
-    started = time.time()
-    engine.save_exported(exported, target, staging)
-    return {"notes": notes, "components": list(exported.components), "export_only_s": round(export_s, 3),
-            "save_s": round(time.time() - started, 3)}
+    return {"notes": notes, **engine.export_to(model, target, components, recipe, staging, notes)}
 
 
 def _cast_inputs(inputs: dict[str, Any], device: str, dtype) -> dict[str, Any]:
@@ -563,7 +594,7 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
     from . import engine
     from .inputs import default_mode, make_sample_inputs
     from .source import check_remote_code, load_model, load_tokenizer, read_config, resolve_source
-    from .validate import EagerCache
+    from .validate import EagerCache, describe_error
 
     started = time.time()
     source = resolve_source(model, revision=options.revision, token=options.token, endpoint=options.endpoint)
@@ -581,7 +612,9 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
                "versions": versions, "started": started, "model_arg": model}
     context["weights"], context["weights_files"] = weights_fingerprint(source.folder)
     loaded = time.time()
-    model_obj = load_model(source, trust_remote_code=options.trust_remote_code)
+    dtypes = {target.dtype for target in selected}
+    model_obj = load_model(source, trust_remote_code=options.trust_remote_code,
+                           dtype=dtypes.pop() if len(dtypes) == 1 else None)
     sample = make_sample_inputs(model_obj, recipe.inputs, load_tokenizer(source.folder))
     context["family"], context["load_s"] = sample.family, round(time.time() - loaded, 3)
     eager = EagerCache()
@@ -604,12 +637,11 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
             result.error = {"type": "MissingArtifact",
                             "message": f"{directory} holds no export (export.json missing): export it first"}
             continue
-        key = (target.mode, target.multi_token_decode)
-        if key not in decompositions:
-            decompositions[key] = engine.decompose(model_obj, target.mode, sample.forward, sample.generate,
-                                                   recipe=recipe, multi_token_decode=target.multi_token_decode,
-                                                   family=sample.family)
-        components = decompositions[key]
+        try:
+            components = _components(model_obj, target, recipe, sample, decompositions)
+        except Exception as err:
+            result.error = {"type": type(err).__name__, "message": describe_error(err)}
+            continue
         result.expected_components = _expected(target, sample.family, components)
         validate_started = time.time()
         # Artifacts in OUT_DIR were not produced by this process: pickled programs load only when the operator says so.
@@ -617,6 +649,7 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
                        trust_artifacts=options.trust_remote_code)
         result.timings["validate_s"] = round(time.time() - validate_started, 3)
         result.files = file_entries(directory, out_dir)
+        _record_footprint(result, target, directory, model_obj, components)
     from .report import build_report, write_report
 
     report = build_report(results, context, options)

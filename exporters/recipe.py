@@ -127,6 +127,12 @@ class _TargetBase(_Strict):
         default=None, description="'model': one graph; 'generation': prefill/decode (and multimodal) components."
     )
     multi_token_decode: StrictBool = False
+    merged: StrictBool | None = Field(
+        default=None,
+        description="Generation: one graph ('model') for the prompt (empty cache) and every decode step, instead of "
+        "prefill + decode. Default: true for ONNX targets of decoder-only models with dynamic shapes and a dynamic "
+        "cache, false otherwise.",
+    )
     components: dict[str, ComponentOverride] = Field(default_factory=dict)
     expected_components: list[str] | None = None
     device: Literal["cpu", "cuda", "auto"] = "cpu"
@@ -138,6 +144,20 @@ class _TargetBase(_Strict):
     def _default_name(self):
         if self.name is None:
             self.name = self.export_format  # type: ignore[attr-defined]
+        return self
+
+    @model_validator(mode="after")
+    def _merged_is_one_graph(self):
+        if self.merged and self.mode == "model":
+            raise _PathValueError(("merged",), "merged applies to mode 'generation' (mode 'model' is one graph already)")
+        if self.merged:
+            separate = sorted(set(self.components) & {"prefill", "decode"})
+            if separate:
+                raise _PathValueError(
+                    ("components", separate[0]),
+                    f"a merged export has one component, 'model', and no {separate}: put these settings under "
+                    "components.model, or set merged: false",
+                )
         return self
 
     @field_validator("expected_components")
@@ -167,6 +187,11 @@ class OnnxTarget(_TargetBase):
     external_data: StrictBool = Field(default=True, description="Weights in the `.onnx.data` sidecar (False: embedded).")
     export_params: StrictBool = Field(default=True, description="False: strip the weights (they are supplied at runtime).")
     keep_initializers_as_inputs: StrictBool = Field(default=False, description="List the weights as graph inputs too.")
+    layout: Literal["upstream", "transformers.js"] = Field(
+        default="upstream",
+        description="'transformers.js': write onnx/model.onnx (past_key_values.{i}.key/value inputs, present.{i}.* "
+        "outputs) with model.onnx_data and the config files, so transformers.js can load the target folder.",
+    )
 
     @field_validator("output_path")
     @classmethod
@@ -186,6 +211,22 @@ class OnnxTarget(_TargetBase):
     def _fusions_need_optimize(self) -> OnnxTarget:
         if self.ort_fusions is not None and not self.optimize:
             raise _PathValueError(("ort_fusions",), "ort_fusions requires optimize: true")
+        return self
+
+    @model_validator(mode="after")
+    def _transformers_js_layout(self) -> OnnxTarget:
+        if self.layout != "transformers.js":
+            return self
+        if self.merged is False:
+            raise _PathValueError(("merged",), "layout 'transformers.js' needs the merged graph (transformers.js runs "
+                                               "one decoder graph): drop merged: false")
+        if self.dtype == "bfloat16":
+            raise _PathValueError(("dtype",), "transformers.js has no bfloat16 models: use dtype float32 or float16")
+        for key, default in (("output_path", None), ("external_data", True), ("export_params", True),
+                             ("keep_initializers_as_inputs", False)):
+            if getattr(self, key) != default:
+                raise _PathValueError((key,), f"{key} is not supported with layout 'transformers.js' yet: the layout "
+                                              "writes onnx/model.onnx with model.onnx_data itself")
         return self
 
 

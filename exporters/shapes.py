@@ -38,6 +38,13 @@ class ShapeSpecError(ValueError):
     """A dynamic-shape entry does not fit the model's inputs."""
 
 
+def leaf_tensors(inputs: Any) -> dict[str, torch.Tensor]:
+    """Every tensor leaf of `inputs` by dotted path (upstream's leaf naming: `cache.layers.0.keys`)."""
+    from transformers.exporters.utils import get_leaf_tensors
+
+    return get_leaf_tensors(inputs)
+
+
 def leaf_paths(inputs: dict[str, Any]) -> dict[int, str]:
     """`id(tensor) -> dotted path` for every tensor leaf of `inputs` (upstream's leaf naming)."""
     from transformers.exporters.utils import get_leaf_tensors

@@ -207,6 +207,10 @@ def resize_along(tensor: torch.Tensor, axis: int, size: int, generator: torch.Ge
     """`tensor` cut or grown along `axis` to `size`, grown with values of the same kind (ones stay ones, positions
     keep counting, token ids stay in the vocabulary, floats stay at their scale)."""
     current = tensor.shape[axis]
+    if size == 0:  # freshly allocated: a zero-length slice keeps strides that ExecuTorch aborts on
+        shape = list(tensor.shape)
+        shape[axis] = 0
+        return torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
     if size <= current:
         return tensor.narrow(axis, 0, size).clone()
     extra_shape = list(tensor.shape)
@@ -294,13 +298,19 @@ def probe_sizes(binding: DimBinding, max_positions: int | None) -> list[int]:
     if max_positions is not None:
         high = min(high, max_positions)
     sizes = [low, (low + high) // 2, high]
-    return sorted({s for s in sizes if s >= 1})
+    floor = 0 if binding.low == 0 else 1  # a declared minimum of 0 (an empty cache) is probed too
+    return sorted({s for s in sizes if s >= floor})
 
 
 def make_probes(
-    inputs: dict[str, Any], bindings: list[DimBinding], config, limit: int, max_positions: int | None, seed: int = 0
+    inputs: dict[str, Any], bindings: list[DimBinding], config, limit: int, max_positions: int | None, seed: int = 0,
+    logits_per_token: int = 0,
 ) -> list[tuple[str, dict[str, Any] | None, str | None]]:
-    """`(probe id, inputs or None, skip reason)`: the traced inputs, then each dim at each probe size."""
+    """`(probe id, inputs or None, skip reason)`: the traced inputs, then each dim at each probe size.
+
+    A probe costs its inputs plus, for a language model (`logits_per_token`, the vocabulary size), the logits its
+    tokens produce: a prompt of 32k tokens is a small input but 20 GB of logits on a 150k vocabulary. Probes past
+    `limit` are skipped with the reason."""
     probes: list[tuple[str, dict[str, Any] | None, str | None]] = [("traced", inputs, None)]
     generator = torch.Generator().manual_seed(seed)
     for binding in bindings:
@@ -313,8 +323,11 @@ def make_probes(
                 resized = resize_along(leaves[path], axis, size, generator, config)
                 _set_leaf(probe, path, resized)
                 total += resized.numel()
-            if total > limit:
-                probes.append((probe_id, None, f"inputs of {total} elements exceed max_probe_elements ({limit})"))
+            ids = _leaves(probe).get("input_ids")
+            logits = ids.numel() * logits_per_token if ids is not None else 0
+            if total + logits > limit:
+                what = f"inputs of {total} elements" + (f" and {logits} logits" if logits else "")
+                probes.append((probe_id, None, f"{what} exceed max_probe_elements ({limit})"))
                 continue
             probes.append((probe_id, probe, None))
     return probes
@@ -341,12 +354,12 @@ def structural_checks(export_format: str, directory: Path) -> list[str]:
             onnx.checker.check_model(str(path), full_check=False)
             notes.append(f"{name}: onnx.checker passed ({entry['file']})")
         elif export_format == "executorch":
-            from executorch.runtime import Runtime
+            from .et_program import method_names
 
-            program = Runtime.get().load_program(path)
-            methods = sorted(program.method_names)
-            if "forward" not in methods:
-                raise ValueError(f"{entry['file']} has no 'forward' method (methods: {methods})")
+            methods = method_names(path)
+            method = entry.get("method", "forward")
+            if method not in methods:
+                raise ValueError(f"{entry['file']} has no '{method}' method (methods: {methods})")
             notes.append(f"{name}: ExecuTorch program loads, methods {methods}")
         elif export_format == "dynamo":
             notes.append(f"{name}: torch.export program loads ({entry['file']})")
@@ -372,7 +385,8 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
         }
         for binding in bindings:
             for path, axis in binding.axes:
-                graph_dims = dims.get(path) or dims.get(f"input.{path}")
+                renamed = {leaf: graph for graph, leaf in (entry.get("inputs") or {}).items()}  # transformers.js
+                graph_dims = dims.get(path) or dims.get(f"input.{path}") or dims.get(renamed.get(path, ""))
                 if graph_dims is not None and axis < len(graph_dims) and isinstance(graph_dims[axis], int):
                     findings.append(
                         f"{name}: '{path}' axis {axis} is declared dynamic ('{binding.name}') but the exported "
@@ -398,6 +412,8 @@ def validate_target(
 ) -> ValidationResult:
     """Load the saved target from `directory` and run every check."""
     from .engine import component_shape_spec, load_exported
+    from .inputs import vocab_size
+    from .merged import MERGED, prompt_inputs
 
     findings: list[str] = []
     errors: list[str] = []
@@ -443,9 +459,13 @@ def validate_target(
         bindings_by_component[name] = bindings
         atol, rtol = tolerance_for(recipe, target, name, target.dtype)
         report = ComponentReport(name, structural=[s for s in structural if s.startswith(f"{name}:")])
-        for probe_id, probe, skip in make_probes(
-            inputs, bindings, model.config, recipe.validation.max_probe_elements, max_positions, recipe.inputs.seed
-        ):
+        probes = make_probes(
+            inputs, bindings, model.config, recipe.validation.max_probe_elements, max_positions, recipe.inputs.seed,
+            logits_per_token=vocab_size(model.config) if target.mode == "generation" else 0,
+        )
+        if target.mode == "generation" and name == MERGED and "input_ids" in generate_inputs:
+            probes.append(("prompt (past=0)", prompt_inputs(inputs, generate_inputs["input_ids"]), None))
+        for probe_id, probe, skip in probes:
             if probe is None:
                 report.checks.append(Check(probe_id, {}, skipped=True, error=skip))
                 continue
