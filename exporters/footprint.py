@@ -100,7 +100,17 @@ def parameter_bytes(model, dtype: str | None = None) -> int:
     return sum(p.numel() * (size or p.element_size()) for p in model.parameters())
 
 
-def duplication_finding(stored: int, parameters: int, export_format: str, components: list[str]) -> str | None:
+def tied_embeddings(model) -> bool:
+    """Whether the model's output projection is its input embedding table (one tensor, two uses)."""
+    try:
+        output = model.get_output_embeddings()
+        return output is not None and output.weight is model.get_input_embeddings().weight
+    except (AttributeError, NotImplementedError):
+        return False
+
+
+def duplication_finding(stored: int, parameters: int, export_format: str, components: list[str],
+                        tied: bool = False) -> str | None:
     """What the report says when the artifacts store the weights more than once (5% slack for buffers and
     constants a graph adds, like rotary tables)."""
     if parameters <= 0 or stored <= 1.05 * parameters:
@@ -110,4 +120,8 @@ def duplication_finding(stored: int, parameters: int, export_format: str, compon
     if export_format == "dynamo" and len(components) > 1:
         why = (f": each of {components} is a separate .pt2 holding its own copy (torch.export's .pt2 format stores "
                "one program with its weights, and upstream saves one per component); 'merged': true stores one graph")
+    elif export_format == "executorch" and tied:
+        why = (": the model ties its embedding table to its output projection, and ExecuTorch stores that tensor "
+               "twice, once for the embedding lookup (not delegated) and once in XNNPACK's weights for the "
+               "projection (docs/upstream-gaps.md #8)")
     return f"the artifacts store {ratio:.2f}x the model's parameter bytes ({stored} of {parameters}){why}"

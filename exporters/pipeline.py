@@ -382,7 +382,7 @@ def _run_targets(targets, options: RunOptions, context: dict[str, Any], keys: di
                        dtype=dtypes.pop() if len(dtypes) == 1 else None)
     tokenizer = load_tokenizer(source.folder)
     sample = make_sample_inputs(model, recipe.inputs, tokenizer)
-    context["family"] = sample.family
+    context["family"], context["model_dtype"] = sample.family, str(model.dtype).removeprefix("torch.")
     context["load_s"] = round(time.time() - load_started, 3)
     eager = EagerCache()
     context["eager_cache"] = eager
@@ -489,7 +489,7 @@ def _components(model, target, recipe, sample, decompositions: dict) -> Any:
 
 def _record_footprint(result: TargetResult, target, directory: Path, model, components) -> None:
     """Total and weight bytes of the saved target, and a finding when the weights are stored more than once."""
-    from .footprint import duplication_finding, footprint, parameter_bytes
+    from .footprint import duplication_finding, footprint, parameter_bytes, tied_embeddings
 
     try:
         sizes = footprint(directory, target.export_format)
@@ -501,7 +501,7 @@ def _record_footprint(result: TargetResult, target, directory: Path, model, comp
     result.weights_stored_bytes = sizes["weights_stored_bytes"]
     result.parameter_bytes = parameter_bytes(model, target.dtype)
     finding = duplication_finding(result.weights_stored_bytes, result.parameter_bytes, target.export_format,
-                                  list(components))
+                                  list(components), tied_embeddings(model))
     if finding and (target.export_format != "onnx" or target.export_params):
         result.findings.append(finding)
 
@@ -617,6 +617,7 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
                            dtype=dtypes.pop() if len(dtypes) == 1 else None)
     sample = make_sample_inputs(model_obj, recipe.inputs, load_tokenizer(source.folder))
     context["family"], context["load_s"] = sample.family, round(time.time() - loaded, 3)
+    context["model_dtype"] = str(model_obj.dtype).removeprefix("torch.")
     eager = EagerCache()
     context["eager_cache"] = eager
     decompositions: dict[tuple[str, bool], Any] = {}

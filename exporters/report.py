@@ -39,6 +39,7 @@ def build_report(results: list[Any], context: dict[str, Any], options) -> dict[s
         "versions": context["versions"],
         "status": overall_status(targets),
         "family": context.get("family"),
+        "model_dtype": context.get("model_dtype"),
         "timings": {"total_s": round(dt.datetime.now().timestamp() - context["started"], 3),
                     "load_s": context.get("load_s")},
         "eager_cache": {"hits": eager.hits, "misses": eager.misses} if eager is not None else None,
@@ -120,7 +121,9 @@ def render_target(target: dict[str, Any]) -> list[str]:
     if timings or files:
         total = sum(f["size"] for f in files)
         parts = [f"{k.removesuffix('_s')} {v:.1f} s" for k, v in timings.items()]
-        lines += [f"Timings: {', '.join(parts) or '–'} · {len(files)} files, {human_size(total)}", ""]
+        stored, parameters = target.get("weights_stored_bytes"), target.get("parameter_bytes")
+        weights = f" · weights stored {stored / parameters:.2f}x the parameters" if stored and parameters else ""
+        lines += [f"Timings: {', '.join(parts) or '–'} · {len(files)} files, {human_size(total)}{weights}", ""]
     if files:
         lines += ["<details><summary>Files</summary>", "", "| file | size | sha256 |", "|---|---|---|"]
         lines += [f"| `{f['path']}` | {human_size(f['size'])} | `{f['sha256'][:16]}…` |" for f in files]
