@@ -50,12 +50,20 @@ class RecipeExporter:
         return self.exporter.export(model, copy.deepcopy(inputs), self.config_for(inputs))
 
     def export_for_generation(self, model, inputs: dict[str, Any], *, multi_token_decode: bool | None = None):
-        """Export the generation components (prefill/decode, multimodal parts) with the recipe's settings."""
-        target = self.target.model_copy(update={"mode": "generation"})
+        """Export the generation components (prefill/decode, multimodal parts) with the recipe's settings; a merged
+        target (`"merged": true`, or the ONNX default) is one graph, `model`."""
+        from . import merged
+        from .inputs import detect_family
+
+        target = self.target.model_copy(update={"mode": "generation"}, deep=True)
         if multi_token_decode is not None:
             target.multi_token_decode = multi_token_decode
+        target.merged = merged.wants_merged(target, detect_family(model), self.recipe.generation.cache_implementation)
         components = engine.decompose(model, "generation", {}, inputs, recipe=self.recipe,
-                                      multi_token_decode=target.multi_token_decode)
+                                      multi_token_decode=target.multi_token_decode or target.merged)
+        if target.merged:
+            config = getattr(model.config, "text_config", None) or model.config
+            components = merged.plan(target, components, getattr(config, "max_position_embeddings", None))
         return engine.export_components(model, target, components, self.recipe, [])
 
 

@@ -159,9 +159,29 @@ def _decode_loop(first_logits: torch.Tensor, cache: Any, position: int, greedy: 
         position += 1
 
 
+def _prefix(components, generate_inputs: dict[str, Any], family: str) -> torch.Tensor:
+    if family in ("seq2seq", "speech-seq2seq"):
+        return components["prefill"][1]["decoder_input_ids"]
+    return generate_inputs["input_ids"]
+
+
+def eager_reference(model, components, generate_inputs: dict[str, Any], steps: int, generation_config,
+                    family: str) -> torch.Tensor | None:
+    """The eager tokens [`generation_parity`] compares with, computed ahead (so the eager model can be released
+    before the artifact is loaded); None where parity does not run."""
+    if getattr(generation_config, "cache_implementation", None) == "static" or family not in PARITY_FAMILIES:
+        return None
+    greedy = _Greedy.from_config(generation_config, steps)
+    return _eager_tokens(model, generate_inputs, generation_config, greedy, _prefix(components, generate_inputs, family))
+
+
+PARITY_FAMILIES = ("text", "seq2seq", "speech-seq2seq", "vision-language")
+
+
 def generation_parity(model, components, exported, generate_inputs: dict[str, Any], steps: int,
-                      generation_config, family: str) -> GenerationReport:
-    """Run the family's pipeline through the exported graphs and compare with eager `generate()`."""
+                      generation_config, family: str, reference: torch.Tensor | None = None) -> GenerationReport:
+    """Run the family's pipeline through the exported graphs and compare with eager `generate()` (`reference`: its
+    tokens from [`eager_reference`], else computed here)."""
     names = set(exported.components)
     if getattr(generation_config, "cache_implementation", None) == "static":
         return GenerationReport("skipped", steps, reason="parity is not run for static-cache exports yet")
@@ -184,11 +204,8 @@ def generation_parity(model, components, exported, generate_inputs: dict[str, An
         return GenerationReport("failed", steps, reason=f"cannot generate from raw inputs: missing component(s) "
                                                         f"{missing}")
     greedy = _Greedy.from_config(generation_config, steps)
-    if family in ("seq2seq", "speech-seq2seq"):
-        prefix = components["prefill"][1]["decoder_input_ids"]
-    else:
-        prefix = generate_inputs["input_ids"]
-    eager = _eager_tokens(model, generate_inputs, generation_config, greedy, prefix)
+    eager = reference if reference is not None else _eager_tokens(
+        model, generate_inputs, generation_config, greedy, _prefix(components, generate_inputs, family))
     tokens: list[torch.Tensor] = []
     try:
         prompt = driver(model, components, exported.runners, generate_inputs, greedy, tokens)

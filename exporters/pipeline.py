@@ -450,10 +450,12 @@ def _run_targets(targets, options: RunOptions, context: dict[str, Any], keys: di
         # Validation runs after every export: the export processes fork from a parent that has not yet loaded
         # ONNX Runtime sessions or programs, so they stay as small as a bare export (and no runtime's threads are
         # forked).
-        for target, result, final, components in exported:
+        for index, (target, result, final, components) in enumerate(exported):
             progress.update(target.name, "validating")
             validate_started = time.time()
-            _validate_into(result, target, recipe, final, components, model, sample, eager)
+            last = index == len(exported) - 1  # nothing needs the eager weights after its references
+            _validate_into(result, target, recipe, final, components, model, sample, eager,
+                           release_model=(lambda: release_weights(model)) if last else None)
             result.timings["validate_s"] = round(time.time() - validate_started, 3)
             if result.status == STATUS_PASSED and target.export_format == "onnx" and not target.export_params:
                 from .onnx_files import strip_weights
@@ -538,8 +540,18 @@ def _cast_inputs(inputs: dict[str, Any], device: str, dtype) -> dict[str, Any]:
     return cast_leaf_tensors(inputs, dtype=dtype, device=device)
 
 
+def release_weights(model) -> None:
+    """Free the eager model's weights (their shapes and dtypes stay, for the report): called by validation between
+    its eager references and the artifact, so a run holds one of the two at a time."""
+    try:
+        model.to("meta")
+    except Exception:  # a model that cannot move keeps its weights: more memory, same results
+        return
+    gc.collect()
+
+
 def _validate_into(result: TargetResult, target, recipe, directory: Path, components, model, sample, eager,
-                   trust_artifacts: bool = True) -> None:
+                   trust_artifacts: bool = True, release_model=None) -> None:
     from .engine import generation_config_for
     from .validate import describe_error, validate_target
 
@@ -549,6 +561,7 @@ def _validate_into(result: TargetResult, target, recipe, directory: Path, compon
             family=sample.family, generate_inputs=sample.generate, eager=eager,
             generation_config=generation_config_for(model, recipe) if target.mode == "generation" else None,
             expected_components=result.expected_components, trust_artifacts=trust_artifacts,
+            release_model=release_model,
         )
     except Exception as err:
         result.status = STATUS_FAILED
@@ -622,7 +635,7 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
     context["eager_cache"] = eager
     decompositions: dict[tuple[str, bool], Any] = {}
     results = []
-    for target in selected:
+    for index, target in enumerate(selected):
         target = target.model_copy(deep=True)
         target.mode = target.mode or default_mode(model_obj)
         earlier = previous.get(target.name, {})
@@ -647,7 +660,8 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
         validate_started = time.time()
         # Artifacts in OUT_DIR were not produced by this process: pickled programs load only when the operator says so.
         _validate_into(result, target, recipe, directory, components, model_obj, sample, eager,
-                       trust_artifacts=options.trust_remote_code)
+                       trust_artifacts=options.trust_remote_code,
+                       release_model=(lambda: release_weights(model_obj)) if index == len(selected) - 1 else None)
         result.timings["validate_s"] = round(time.time() - validate_started, 3)
         result.files = file_entries(directory, out_dir)
         _record_footprint(result, target, directory, model_obj, components)

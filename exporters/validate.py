@@ -408,9 +408,10 @@ def describe_error(err: BaseException) -> str:
 def validate_target(
     *, target, recipe: Recipe, directory: Path, components, model, family: str, generate_inputs: dict[str, Any],
     eager: EagerCache, generation_config=None, expected_components: list[str] | None = None,
-    trust_artifacts: bool = True,
+    trust_artifacts: bool = True, release_model=None,
 ) -> ValidationResult:
-    """Load the saved target from `directory` and run every check."""
+    """Load the saved target from `directory` and run every check. `release_model`, when given, is called once the
+    eager references are computed and before the artifact is loaded (the caller frees the eager weights there)."""
     from .engine import component_shape_spec, load_exported
     from .inputs import vocab_size
     from .merged import MERGED, prompt_inputs
@@ -440,56 +441,70 @@ def validate_target(
             "loading them runs code; pass --trust-remote-code if you trust where they came from"
         )
         return ValidationResult(reports, None, findings, errors)
-    try:
-        structural = structural_checks(target.export_format, directory)
-        exported = load_exported(directory, produced_by_this_run=True)
-    except Exception as err:
-        errors.append(f"the saved artifact does not load: {describe_error(err)}")
-        return ValidationResult(reports, None, findings, errors)
-
+    # Two phases: every eager reference first (probes, generation tokens), then the artifact, so the eager model
+    # can be released in between (`release_model`, on the run's last target): the two are never both in memory.
     max_positions = getattr(getattr(model.config, "text_config", None) or model.config, "max_position_embeddings", None)
     bindings_by_component = {}
+    planned: list[tuple[str, ComponentReport, list[tuple[Check, dict[str, Any], Any]]]] = []
     for name, (module, inputs) in components.items():
-        if name not in exported.runners:
+        if name not in saved:
             continue
         spec = component_shape_spec(target, name)
         override = target.components.get(name)
         dynamic = override.dynamic if override is not None and override.dynamic is not None else target.dynamic
         bindings = dim_bindings(spec, inputs, dynamic, family) if recipe.validation.probe_unseen_shapes else []
         bindings_by_component[name] = bindings
-        atol, rtol = tolerance_for(recipe, target, name, target.dtype)
-        report = ComponentReport(name, structural=[s for s in structural if s.startswith(f"{name}:")])
+        report = ComponentReport(name)
         probes = make_probes(
             inputs, bindings, model.config, recipe.validation.max_probe_elements, max_positions, recipe.inputs.seed,
             logits_per_token=vocab_size(model.config) if target.mode == "generation" else 0,
         )
         if target.mode == "generation" and name == MERGED and "input_ids" in generate_inputs:
             probes.append(("prompt (past=0)", prompt_inputs(inputs, generate_inputs["input_ids"]), None))
+        runs = []
         for probe_id, probe, skip in probes:
             if probe is None:
                 report.checks.append(Check(probe_id, {}, skipped=True, error=skip))
                 continue
             check = Check(probe_id, shapes_of(probe))
             try:
-                reference = eager.run(module, probe)
+                runs.append((check, probe, eager.run(module, probe)))
             except Exception as err:
                 check.skipped, check.error = True, f"the eager model cannot run this probe: {describe_error(err)}"
-                report.checks.append(check)
-                continue
+            report.checks.append(check)
+        planned.append((name, report, runs))
+    reference = None
+    if target.mode == "generation":
+        from .parity import eager_reference
+
+        reference = eager_reference(model, components, generate_inputs, recipe.generation.max_new_tokens,
+                                    generation_config, family)
+    if release_model is not None:
+        release_model()
+
+    try:
+        structural = structural_checks(target.export_format, directory)
+        exported = load_exported(directory, produced_by_this_run=True)
+    except Exception as err:
+        errors.append(f"the saved artifact does not load: {describe_error(err)}")
+        return ValidationResult(reports, None, findings, errors)
+    for name, report, runs in planned:
+        report.structural = [s for s in structural if s.startswith(f"{name}:")]
+        atol, rtol = tolerance_for(recipe, target, name, target.dtype)
+        for check, probe, expected in runs:
             try:
                 actual = run_component(exported.runners[name], probe)
             except Exception as err:
                 check.passed, check.error = False, describe_error(err)
-                if probe_id != "traced":
+                if check.probe != "traced":
                     findings.append(
-                        f"{name}: the artifact does not run at {probe_id} (declared dynamic): it was specialized or "
-                        f"bounded at export — {describe_error(err)[:300]}"
+                        f"{name}: the artifact does not run at {check.probe} (declared dynamic): it was specialized "
+                        f"or bounded at export — {describe_error(err)[:300]}"
                     )
-                report.checks.append(check)
                 continue
-            check.outputs = compare_outputs(reference, actual, atol, rtol)
+            check.outputs = compare_outputs(expected, actual, atol, rtol)
             check.passed = all(o.passed for o in check.outputs)
-            report.checks.append(check)
+            del actual
         reports.append(report)
     findings += specialized_axes(target.export_format, directory, bindings_by_component)
 
@@ -498,5 +513,5 @@ def validate_target(
         from .parity import generation_parity
 
         generation = generation_parity(model, components, exported, generate_inputs, recipe.generation.max_new_tokens,
-                                       generation_config, family)
+                                       generation_config, family, reference=reference)
     return ValidationResult(reports, generation, findings, errors)
