@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exporters.errors import ExportActionError
+
 from .commands import add_mask, emit, error, group, set_outputs, warning, write_summary
 from .settings import Settings, SettingsError, read_input
 from .summary import comment_marker, error_markdown, run_markdown, targets_markdown
@@ -36,6 +38,10 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 LOG_TAIL_CHARS = 20_000
 REPORT_OUTPUT_LIMIT = 512 * 1024  # bytes of report-json; step outputs share a 1 MiB budget per job
 PR_OPERATIONS = ("created", "updated", "unchanged")  # the pr-operation output; anything else is "none"
+# How the Action spells the library's options in messages: its inputs.
+OPTION_NAMES = {"trust_remote_code": "the input `trust-remote-code: true`", "target": "the input `targets`",
+                "config": "the input `config`", "token": "the input `hf-token`", "revision": "the input `revision`",
+                "repo_id": "the input `model` (an org/name Hub repo id)", "device": "the input `device`"}
 
 
 @dataclass
@@ -143,12 +149,17 @@ def _fail(settings: Settings, title: str, problems: list[tuple[str | None, int |
     return EXIT_USAGE if settings.fail_on_error else EXIT_OK
 
 
+def _worded(err: ExportActionError) -> str:
+    return err.worded(OPTION_NAMES)
+
+
 def _recipe_failure(settings: Settings, err) -> int:
-    problems = getattr(err, "problems", None) or [(err.path, err.line, err.message)]
     file = _relative(settings, err.file)
     name = Path(err.file).name if err.file else "recipe"
     located = []
-    for path, line, message in problems:
+    for problem in err.problems:
+        path, line = problem.path, problem.line
+        message = ExportActionError(problem.message).worded(OPTION_NAMES)
         where = f"{path}: " if path and path != "$" else ""
         if file is None:  # a Hub repo's recipe: no file in this repository to point at
             located.append((None, None, f"{settings.model}/{name}" + (f" line {line}" if line else "") +
@@ -230,12 +241,13 @@ def _check_publish_access(settings: Settings) -> str | None:
     """Before a long export: can the token publish to the repo? The problem, or None (also when not publishing)."""
     if not settings.open_pr or settings.dry_run or settings.hub_repo_id is None:
         return None
-    from exporters.publish import PublishError, check_publish_access
+    from exporters.errors import PublishError
+    from exporters.publish import check_publish_access
 
     try:
         account = check_publish_access(settings.hub_repo_id, token=settings.hf_token, endpoint=settings.hf_endpoint)
     except PublishError as err:
-        return f"{err} (or set open-pr: false / dry-run: true to export without publishing)"
+        return f"{_worded(err)} (or set open-pr: false / dry-run: true to export without publishing)"
     emit(f"Publishing as {account} to {settings.hub_repo_id}")
     return None
 
@@ -287,9 +299,9 @@ def run_mode(settings: Settings) -> int:
         except RecipeError as err:
             failure = err
         except RemoteCodeError as err:
-            failure = ("Remote code refused", str(err))
+            failure = ("Remote code refused", _worded(err))
         except (ModelSourceError, DeviceError) as err:
-            failure = ("Cannot load the model", str(err))
+            failure = ("Cannot load the model", _worded(err))
     if isinstance(failure, RecipeError):
         return _recipe_failure(settings, failure)
     if failure is not None:
@@ -302,32 +314,14 @@ def run_mode(settings: Settings) -> int:
 
 def load_recipe(settings: Settings):
     """The recipe this run would use, read without downloading weights: `(recipe, file, resolved revision)`."""
-    from exporters.errors import RecipeError
-    from exporters.recipe import find_recipe, load_recipe_file
+    from exporters.context import load_run_recipe
     from exporters.source import resolve_source
 
     model = str(settings.model_path) if settings.model_path is not None else settings.model
     source = resolve_source(model, revision=settings.revision, token=settings.hf_token,
                             endpoint=settings.hf_endpoint, recipe_only=True)
-    revision, folder = source.revision, source.folder
-    if settings.config is not None:
-        return load_recipe_file(settings.config), settings.config, revision
-    found = find_recipe(folder)
-    if found is None:
-        raise RecipeError(f"no export recipe in {settings.model}: add an export_config.json or an 'export_config' "
-                          "field in config.json, or pass the 'config' input")
-    recipe, file, _ = found
-    return recipe, file, revision
-
-
-def _select(recipe, names: list[str], file) -> list:
-    from exporters.errors import RecipeError
-
-    known = [t.name for t in recipe.exports]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise RecipeError(f"targets {unknown} are not in the recipe; its targets are {known}", file=str(file))
-    return [t for t in recipe.exports if not names or t.name in names]
+    recipe, file, _ = load_run_recipe(source.folder, settings.config)
+    return recipe, file, source.revision
 
 
 def list_targets_mode(settings: Settings) -> int:
@@ -335,11 +329,11 @@ def list_targets_mode(settings: Settings) -> int:
 
     try:
         recipe, file, revision = load_recipe(settings)
-        targets = _select(recipe, settings.targets, file)
+        targets = recipe.select(settings.targets)
     except RecipeError as err:
         return _recipe_failure(settings, err)
     except ModelSourceError as err:
-        return _fail(settings, "Cannot read the model", [(None, None, str(err))])
+        return _fail(settings, "Cannot read the model", [(None, None, _worded(err))])
     rows = [{"name": t.name, "export_format": t.export_format, "mode": t.mode, "device": settings.device or t.device}
             for t in targets]  # the device input overrides the recipe's, in the plan as in the run
     names = [t.name for t in targets]
@@ -361,7 +355,8 @@ def list_targets_mode(settings: Settings) -> int:
 
 
 def aggregate_mode(settings: Settings) -> int:
-    from exporters.aggregate import AggregateError, aggregate
+    from exporters.aggregate import aggregate
+    from exporters.errors import AggregateError
 
     expected: list[Any] | None = list(settings.targets) or None
     if expected is None:

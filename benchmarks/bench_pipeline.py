@@ -106,8 +106,8 @@ BARE = textwrap.dedent(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.exporters.utils import decompose_for_generation
-    from exporters import engine
-    from exporters.recipe import load_recipe_file
+    from exporters import engine, upstream
+    from exporters.recipe_load import load_recipe_file
     from exporters.shapes import build_dynamic_shapes
     from exporters.inputs import make_sample_inputs
 
@@ -116,9 +116,9 @@ BARE = textwrap.dedent(
     target = recipe.target(target_name)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     inputs = make_sample_inputs(model, recipe.inputs).generate
-    exporter = engine.exporter_class(target.export_format)()
+    exporter = upstream.exporter_class(target.export_format)()
     if mode == "auto":   # dynamic=True everywhere: Dim.AUTO
-        config = engine.exporter_class(target.export_format).config_class(dynamic=True)
+        config = upstream.exporter_class(target.export_format).config_class(dynamic=True)
     else:                 # the recipe's explicit per-component shapes, built for upstream's own decomposition
         parts = decompose_for_generation(model, copy.deepcopy(inputs))
         config = {name: engine.upstream_config(target, target.components.get(name),

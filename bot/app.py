@@ -41,7 +41,7 @@ from starlette.concurrency import run_in_threadpool
 
 from . import __version__
 from .intake import Decision, decide
-from .redact import scrub
+from exporters.redact import scrub
 from .settings import BotSettings, SettingsError
 from .store import STATES, Job, JobStore
 

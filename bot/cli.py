@@ -21,7 +21,7 @@ from typing import Optional
 
 import typer
 
-from .redact import scrub
+from exporters.redact import scrub
 from .settings import BotSettings, SettingsError, load_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,

@@ -6,7 +6,7 @@ the CLI and returns a `RepoState`:
 
 - `recipe_sha256`: `Recipe.sha256()` of the normalised recipe (None without a recipe, or when it is invalid);
 - `weights_key`: a hash of the names and content ids (LFS sha256 or git blob id) of the top-level weight and config
-  files, from the Hub's metadata: the same files `exporters.pipeline.weights_fingerprint` hashes, without downloading.
+  files, from the Hub's metadata: the same files `exporters.hashing.weights_fingerprint` hashes, without downloading.
 
 Example:
     >>> state = inspect_repo("acme/tiny", "main", token=None, endpoint="http://127.0.0.1:8000")  # doctest: +SKIP
@@ -32,7 +32,8 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from exporters.pipeline import WEIGHT_SUFFIXES  # the files whose content makes an export's inputs
+from exporters.hashing import is_weight_file  # the files whose content makes an export's inputs
+from exporters.errors import RecipeError
 from exporters.source import RECIPE_FILES
 
 
@@ -71,7 +72,7 @@ def weights_key(files: dict[str, str]) -> str:
     """
     digest = hashlib.sha256()
     for name in sorted(files):
-        if "/" in name or name == "export_config.json" or not name.endswith(WEIGHT_SUFFIXES):
+        if not is_weight_file(name):
             continue
         digest.update(f"{name}\0{files[name]}\n".encode())
     return digest.hexdigest()
@@ -80,8 +81,7 @@ def weights_key(files: dict[str, str]) -> str:
 def inspect_repo(repo_id: str, revision: str, *, token: str | None, endpoint: str | None,
                  with_authors: bool = False) -> RepoState:
     """Read `repo_id` at `revision` (a commit id, or `main`); raises `HubCheckError`."""
-    from exporters.errors import RecipeError
-    from exporters.recipe import find_recipe
+    from exporters.recipe_load import find_recipe
 
     api = HfApi(endpoint=endpoint, token=token)
     try:
@@ -146,9 +146,5 @@ def whoami_id(*, token: str | None, endpoint: str | None) -> tuple[str, str] | N
     return str(data.get("id", "")), str(data.get("name", ""))
 
 
-def _recipe_error_text(err: Exception) -> str:
-    problems = getattr(err, "problems", None)
-    if problems:
-        return "; ".join(f"{path}: {message}" + (f" (line {line})" if line else "") for path, line, message in problems)
-    path, line, message = getattr(err, "path", "$"), getattr(err, "line", None), getattr(err, "message", str(err))
-    return f"{path}: {message}" + (f" (line {line})" if line else "")
+def _recipe_error_text(err: RecipeError) -> str:
+    return "; ".join(problem.render() for problem in err.problems)

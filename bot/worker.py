@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .backends import Backend, JobContext, get_backend
 from .hubcheck import HubCheckError, RepoState, inspect_repo, whoami_id
-from .redact import scrub, tail
+from exporters.redact import scrub, tail
 from .settings import BotSettings
 from .store import FAILED, SKIPPED, Job, JobStore
 

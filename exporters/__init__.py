@@ -1,9 +1,12 @@
 """export-action: run a model repo's export recipe, validate every artifact, publish it as a Hub PR.
 
 Example:
-    >>> from exporters import AutoHfExporter
-    >>> exporter = AutoHfExporter.from_pretrained("examples/demo-model")  # doctest: +SKIP
-    >>> exported = exporter.export(model, inputs)  # doctest: +SKIP
+    >>> from exporters import parse_recipe
+    >>> [t.name for t in parse_recipe('[{"export_format": "onnx"}, {"export_format": "dynamo"}]').exports]
+    ['onnx', 'dynamo']
+    >>> from exporters import AutoHfExporter  # the heavy stack loads here, on first use
+    >>> AutoHfExporter.supports_export_format({"export_format": "executorch"})
+    True
 """
 
 from __future__ import annotations
@@ -11,29 +14,43 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .errors import (  # noqa: E402
+    AggregateError,
+    ArtifactError,
     DeviceError,
     ExportActionError,
+    JsonPositionError,
     ModelSourceError,
+    PublishError,
     RecipeError,
+    RecipeProblem,
     RemoteCodeError,
+    ShapeSpecError,
     TargetPlanError,
 )
-from .recipe import Recipe, load_recipe_file, parse_recipe  # noqa: E402
+from .recipe import Recipe  # noqa: E402
+from .recipe_load import load_recipe_file, parse_recipe  # noqa: E402
 
 __all__ = [
+    "AggregateError",
+    "ArtifactError",
     "AutoExportConfig",
     "AutoHfExporter",
     "DeviceError",
     "ExportActionError",
+    "JsonPositionError",
     "ModelSourceError",
+    "PublishError",
     "Recipe",
     "RecipeError",
+    "RecipeProblem",
     "RemoteCodeError",
     "RunOptions",
+    "ShapeSpecError",
     "TargetPlanError",
     "load_recipe_file",
     "parse_recipe",
     "run_pipeline",
+    "validate_existing",
 ]
 
 
@@ -43,7 +60,7 @@ def __getattr__(name: str):
         from . import auto
 
         return getattr(auto, name)
-    if name in ("run_pipeline", "RunOptions"):
+    if name in ("run_pipeline", "validate_existing", "RunOptions"):
         from . import pipeline
 
         return getattr(pipeline, name)

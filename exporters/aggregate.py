@@ -7,9 +7,11 @@ Targets the recipe lists but no part reports (a leg that died before writing its
 so a partial set of exports is never published as complete.
 
 Example:
-    >>> report = aggregate(Path("parts"), Path("out"), expected=["onnx", "dynamo"])  # doctest: +SKIP
-    >>> report["status"]
-    'passed'
+    >>> part = {"source": {"model": "acme/x", "revision": "a" * 40}, "recipe": {"sha256": "r"}, "versions": {},
+    ...         "targets": [{"name": "onnx", "status": "passed"}]}
+    >>> merged = merge_reports([part], expected=["onnx", "dynamo"])
+    >>> merged["status"], [(t["name"], t["status"]) for t in merged["targets"]]
+    ('failed', [('onnx', 'passed'), ('dynamo', 'failed')])
 """
 
 from __future__ import annotations
@@ -17,17 +19,17 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-from .errors import ExportActionError
-from .pipeline import sha256_file
-from .report import overall_status, write_report
-
-
-class AggregateError(ExportActionError):
-    """The parts cannot be merged: none found, unreadable, or from different models, commits or recipes."""
+from . import fsutil
+from .errors import AggregateError
+from .hashing import sha256_file
+from .recipe import TARGET_NAME_PATTERN
+from .report import write_report
+from .status import FAILED, PASSED, overall_status
 
 
 def find_parts(parts_dir: Path) -> list[Path]:
@@ -51,6 +53,12 @@ def _read_part(folder: Path) -> dict[str, Any]:
         raise AggregateError(f"cannot read {folder / 'report.json'}: {err}") from None
     if not isinstance(report, dict) or not isinstance(report.get("targets"), list):
         raise AggregateError(f"{folder / 'report.json'} is not an export report (no 'targets' list)")
+    for target in report["targets"]:
+        name = target.get("name") if isinstance(target, dict) else None
+        if not isinstance(name, str) or not re.match(TARGET_NAME_PATTERN, name) or name == "logs":
+            raise AggregateError(f"{folder / 'report.json'} names a target {name!r}: target names are lower-case "
+                                 "letters, digits, '.', '_' and '-' (as in recipes); the part was not written by "
+                                 "this tool")
     return report
 
 
@@ -64,7 +72,7 @@ def _missing_target(name: str, info: dict[str, Any] | None) -> dict[str, Any]:
     info = info or {}
     return {
         "name": name, "export_format": info.get("export_format", "unknown"), "mode": info.get("mode") or "unknown",
-        "status": "failed", "device": info.get("device", "cpu"), "components": [], "files": [], "timings": {},
+        "status": FAILED, "device": info.get("device", "cpu"), "components": [], "files": [], "timings": {},
         "findings": [],
         "error": {"type": "MissingPart",
                   "message": f"no report part has target '{name}': its run (matrix leg) did not finish or did not "
@@ -117,7 +125,7 @@ def merge_reports(parts: list[dict[str, Any]], *, expected: list[str | dict[str,
     loads = [(p.get("timings") or {}).get("load_s") for p in parts]
     merged.update(
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        status=overall_status(ordered),
+        status=overall_status([t["status"] for t in ordered]),
         family=next((p.get("family") for p in parts if p.get("family")), None),
         timings={"total_s": max((t for t in totals if t is not None), default=None),
                  "load_s": max((t for t in loads if t is not None), default=None)},
@@ -134,14 +142,22 @@ def _copy_target(part: Path, target: dict[str, Any], out_dir: Path) -> None:
     """Copy a target's folder and log into `out_dir`, failing the target when its files are not as recorded."""
     name = target["name"]
     source, destination = part / name, out_dir / name
-    shutil.rmtree(destination, ignore_errors=True)
+    fsutil.remove(destination)
+    links = [p for p in source.rglob("*") if p.is_symlink()] if source.is_dir() else []
+    if source.is_symlink() or links:
+        target["status"] = FAILED
+        target["error"] = {"type": "ArtifactMismatch",
+                           "message": f"the part's {name}/ holds links ({[str(p) for p in links[:3]] or str(source)}): "
+                                      "artifacts are plain files; links are not followed or copied"}
+        return
     if source.is_dir():
-        shutil.copytree(source, destination)
+        shutil.copytree(source, destination, symlinks=True)
     log = part / "logs" / f"{name}.log"
-    if log.is_file():
-        (out_dir / "logs").mkdir(parents=True, exist_ok=True)
-        shutil.copy2(log, out_dir / "logs" / log.name)
-    if target.get("status") != "passed":
+    if log.is_file() and not log.is_symlink():
+        fsutil.real_dir(out_dir / "logs")
+        fsutil.remove(out_dir / "logs" / log.name)
+        shutil.copyfile(log, out_dir / "logs" / log.name)
+    if target.get("status") != PASSED:
         return
     problems = []
     for entry in target.get("files") or []:
@@ -153,7 +169,7 @@ def _copy_target(part: Path, target: dict[str, Any], out_dir: Path) -> None:
     if not target.get("files") and not source.is_dir():
         problems.append(f"{name}/ is missing")
     if problems:
-        target["status"] = "failed"
+        target["status"] = FAILED
         target["error"] = {"type": "ArtifactMismatch",
                            "message": "the artifacts did not survive the transfer between jobs: "
                                       + "; ".join(problems[:5]) + (" …" if len(problems) > 5 else "")}

@@ -13,13 +13,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from transformers.exporters.auto import EXPORT_BACKENDS
-from transformers.exporters.auto import AutoExportConfig as _UpstreamAutoExportConfig
-from transformers.exporters.auto import AutoHfExporter as _UpstreamAutoHfExporter
-
-from . import engine
+from . import engine, upstream
+from .upstream import EXPORT_BACKENDS
 from .errors import RecipeError
-from .recipe import CONFIG_FIELD, RECIPE_FILE, Recipe, find_recipe, parse_recipe_data
+from .recipe import CONFIG_FIELD, RECIPE_FILE, Recipe
+from .recipe_load import find_recipe, parse_recipe_data
 from .shapes import build_dynamic_shapes
 
 
@@ -31,7 +29,7 @@ class RecipeExporter:
         self.recipe = recipe
         self.target = recipe.target(target_name) if target_name else recipe.exports[0]
         self.source = source
-        self.exporter = engine.exporter_class(self.target.export_format)()
+        self.exporter = upstream.exporter_class(self.target.export_format)()
 
     def __repr__(self) -> str:
         return f"RecipeExporter(target={self.target.name!r}, format={self.target.export_format!r}, source={self.source!r})"
@@ -62,8 +60,7 @@ class RecipeExporter:
         components = engine.decompose(model, "generation", {}, inputs, recipe=self.recipe,
                                       multi_token_decode=target.multi_token_decode or target.merged)
         if target.merged:
-            config = getattr(model.config, "text_config", None) or model.config
-            components = merged.plan(target, components, getattr(config, "max_position_embeddings", None))
+            components = merged.plan(target, components, model)
         return engine.export_components(model, target, components, self.recipe, [])
 
 
@@ -84,7 +81,7 @@ def _read_remote_recipe(repo_id: str, revision: str | None, token: str | None, e
     return folder
 
 
-class AutoHfExporter(_UpstreamAutoHfExporter):
+class AutoHfExporter(upstream.UpstreamAutoHfExporter):
     """Upstream's auto exporter, plus the recipe workflow it sketched."""
 
     @classmethod
@@ -157,7 +154,7 @@ class AutoHfExporter(_UpstreamAutoHfExporter):
             )
             return False
         try:
-            engine.exporter_class(str(export_format))
+            upstream.exporter_class(str(export_format))
         except ImportError as err:
             warnings.warn(
                 f"export_format {export_format!r} is registered but its exporter cannot be imported ({err}): "
@@ -167,7 +164,7 @@ class AutoHfExporter(_UpstreamAutoHfExporter):
         return True
 
 
-class AutoExportConfig(_UpstreamAutoExportConfig):
+class AutoExportConfig(upstream.UpstreamAutoExportConfig):
     """Upstream's config factory, accepting the seed's fields (validated like a recipe)."""
 
     @classmethod
@@ -182,7 +179,12 @@ class AutoExportConfig(_UpstreamAutoExportConfig):
         target = recipe.exports[0]
         shapes = None
         if target.dynamic_shapes:
+            from torch.export import Dim
+
+            from .shapes import DimTable, axis_specs
+
             shapes = {}
+            table = DimTable()  # one table for every key: a name used on two inputs is one dimension
             for key, spec in target.dynamic_shapes.items():
                 if "." in key or "*" in key:
                     raise RecipeError(
@@ -190,13 +192,8 @@ class AutoExportConfig(_UpstreamAutoExportConfig):
                         "AutoHfExporter.from_pretrained(...).config_for(inputs)",
                         path=f"$.dynamic_shapes.{key}",
                     )
-                from .shapes import _DimTable, axis_specs
-
-                table = _DimTable()
                 items = axis_specs(spec, len(spec) if isinstance(spec, list) else 1 + max(
                     (int(a) for a in spec), default=0), key) if spec != "auto" else {}
-                from torch.export import Dim
-
                 shapes[key] = {
                     axis: Dim.AUTO if value == "auto" else table.get(value)
                     for axis, value in items.items() if value != "static"

@@ -15,25 +15,31 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .errors import DeviceError, ModelSourceError, RecipeError, RemoteCodeError
+from .errors import DeviceError, ExportActionError, ModelSourceError, PublishError, RecipeError, RemoteCodeError
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Export a model with its repo's recipe (export_config.json), validate every artifact, report.",
 )
-console = Console(stderr=True)
-out = Console()
+console = Console(stderr=True, soft_wrap=True)  # long lines stay whole (logs, CI, pipes)
+out = Console(soft_wrap=True)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# How this front end spells the library's options in messages.
+OPTION_NAMES = {"trust_remote_code": "--trust-remote-code", "target": "--target", "config": "--config",
+                "token": "--token (or HF_TOKEN)", "revision": "--revision", "repo_id": "--repo-id",
+                "device": "--device"}
 
 
 def _recipe_error(err: RecipeError) -> None:
-    problems = getattr(err, "problems", None) or [(err.path, err.line, err.message)]
     console.print(f"[bold red]recipe error[/] in {err.file or 'recipe'}:")
-    for path, line, message in problems:
-        where = f"line {line}, " if line else ""
-        console.print(f"  {where}{path}: {message}", markup=False, highlight=False)
+    for problem in err.problems:
+        console.print(f"  {ExportActionError(problem.render()).worded(OPTION_NAMES)}", markup=False, highlight=False)
+
+
+def _error(label: str, err: ExportActionError) -> None:
+    console.print(f"[bold red]{label}:[/] {escape(err.worded(OPTION_NAMES))}", highlight=False)
 
 
 def _quiet_libraries() -> None:
@@ -107,7 +113,7 @@ def run(
         _recipe_error(err)
         raise typer.Exit(EXIT_USAGE) from None
     except (ModelSourceError, RemoteCodeError, DeviceError) as err:
-        console.print(f"[bold red]error:[/] {err}")
+        _error("error", err)
         raise typer.Exit(EXIT_USAGE) from None
     _print_summary(report, out_dir)
     if print_report:
@@ -135,25 +141,25 @@ def _publish_target(model: str, repo_id: str | None, publishing: bool) -> str | 
 
 def _check_publish_access(repo_id: str, token: str | None, endpoint: str | None) -> None:
     """Before a long export: the token works and the repo is visible (exit 2 otherwise)."""
-    from .publish import PublishError, check_publish_access
+    from .publish import check_publish_access
 
     try:
         check_publish_access(repo_id, token=token, endpoint=endpoint)
     except PublishError as err:
-        console.print(f"[bold red]cannot publish:[/] {escape(str(err))}", highlight=False)
+        _error("cannot publish", err)
         raise typer.Exit(EXIT_USAGE) from None
 
 
 def _publish(repo_id: str, out_dir: Path, *, token: str | None, endpoint: str | None, publish_failed: bool,
              dry_run: bool) -> None:
     """Publish OUT to the Hub (or print the plan); a publishing error exits 2 with what to do."""
-    from .publish import PublishError, publish_report
+    from .publish import publish_report
 
     try:
         result = publish_report(repo_id, out_dir, token=token, endpoint=endpoint, publish_failed=publish_failed,
                                 dry_run=dry_run)
     except PublishError as err:
-        console.print(f"[bold red]publish failed:[/] {escape(str(err))}", highlight=False)
+        _error("publish failed", err)
         raise typer.Exit(EXIT_USAGE) from None
     if dry_run and result.plan is not None:
         out.print(result.plan.render(), markup=False, highlight=False, soft_wrap=True)
@@ -166,7 +172,7 @@ def _publish(repo_id: str, out_dir: Path, *, token: str | None, endpoint: str | 
 @app.command()
 def check(file: Path = typer.Argument(..., help="export_config.json, or a config.json with export_config.")) -> None:
     """Validate a recipe file: exit 0 when valid, 2 with the JSON path and line of each problem otherwise."""
-    from .recipe import load_recipe_file
+    from .recipe_load import load_recipe_file
 
     try:
         recipe = load_recipe_file(file)
@@ -201,8 +207,8 @@ def validate(
     except RecipeError as err:
         _recipe_error(err)
         raise typer.Exit(EXIT_USAGE) from None
-    except (ModelSourceError, RemoteCodeError) as err:
-        console.print(f"[bold red]error:[/] {err}")
+    except (ModelSourceError, RemoteCodeError, DeviceError) as err:
+        _error("error", err)
         raise typer.Exit(EXIT_USAGE) from None
     _print_summary(report, out_dir)
     if print_report:

@@ -92,7 +92,7 @@ def complete_components(model, components: Components, generate_inputs: dict[str
 
 
 def _complete_vision_language(model, components: Components, generate_inputs: dict[str, Any]) -> Components:
-    from transformers.exporters.utils import decompose_multimodal
+    from .upstream import decompose_multimodal
 
     missing = [n for n in ("image_encoder", "multi_modal_projector") if n not in components]
     complete: Components = {}

@@ -1,32 +1,120 @@
-"""Errors the export pipeline raises, each saying what to fix."""
+"""Every error the library raises, one hierarchy by cause, each saying what to fix.
+
+```
+ExportActionError
+├── RecipeError          a recipe is invalid (JSON path + line; `problems` lists every one)
+│   ├── JsonPositionError  the text is not JSON
+│   └── ShapeSpecError   a dynamic-shape entry does not fit the model's inputs
+├── RemoteCodeError      the model or an artifact needs code from its folder, and that was not allowed
+├── ModelSourceError     the model cannot be found or read
+├── DeviceError          the requested device is not here
+├── ArtifactError        an artifact folder cannot be loaded (or would run code to load)
+├── TargetPlanError      a target's settings do not fit this model (a merged graph for an encoder-decoder)
+├── PublishError         publishing to the Hub failed
+└── AggregateError       report parts of a split run cannot be merged
+```
+
+The library speaks no front end's language: an error that a setting can fix names the setting in backticks
+(`` `trust_remote_code` ``) and carries it as `option`; the CLI, the Action and the bot word it for their users with
+[`ExportActionError.worded`].
+
+Example:
+    >>> err = RemoteCodeError("acme/x needs code from its repo; allow it with `trust_remote_code`",
+    ...                       option="trust_remote_code")
+    >>> err.worded({"trust_remote_code": "--trust-remote-code"})
+    'acme/x needs code from its repo; allow it with --trust-remote-code'
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "AggregateError",
+    "ArtifactError",
+    "DeviceError",
+    "ExportActionError",
+    "JsonPositionError",
+    "ModelSourceError",
+    "PublishError",
+    "RecipeError",
+    "RecipeProblem",
+    "RemoteCodeError",
+    "ShapeSpecError",
+    "TargetPlanError",
+    "describe_error",
+    "root_cause",
+]
+
 
 class ExportActionError(Exception):
-    """Base class for the errors of this package."""
+    """Base class for the errors of this package.
+
+    Args:
+        message: what went wrong and what to do; a setting is named in backticks.
+        option: the setting that fixes it (`trust_remote_code`, `target`, `config`, `repo_id`, `token`...), if any.
+    """
+
+    def __init__(self, message: str = "", *, option: str | None = None):
+        self.message = message
+        self.option = option
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def worded(self, names: Mapping[str, str]) -> str:
+        """The message with the option written the way a front end spells it (`--trust-remote-code`)."""
+        text = str(self)
+        for option, spelled in names.items():
+            text = text.replace(f"`{option}`", spelled)
+        return text
+
+
+@dataclass(frozen=True)
+class RecipeProblem:
+    """One problem in a recipe: where (JSON `path`, 1-based `line`) and what.
+
+    Example:
+        >>> RecipeProblem("$.exports[0].opset", 7, "unknown key 'opset'").render()
+        "line 7, $.exports[0].opset: unknown key 'opset'"
+    """
+
+    path: str
+    line: int | None
+    message: str
+
+    def render(self) -> str:
+        """`line N, PATH: message` (the form every front end prints)."""
+        where = f"line {self.line}, " if self.line else ""
+        return f"{where}{self.path}: {self.message}"
 
 
 class RecipeError(ExportActionError):
     """An export recipe is invalid.
 
     Carries where the problem is: `file`, the JSON `path` (like `$.exports[0].opset_version`) and the 1-based `line`
-    in that file, so the message points straight at the line to fix.
+    in that file, so the message points straight at the line to fix. `problems` lists every problem found (the first
+    one is also `path`/`line`/`message`).
 
     Example:
         >>> err = RecipeError("unknown key 'opset'; did you mean 'opset_version'?", path="$.exports[0].opset", line=7)
         >>> str(err)
         "$.exports[0].opset (line 7): unknown key 'opset'; did you mean 'opset_version'?"
+        >>> [p.render() for p in err.problems]
+        ["line 7, $.exports[0].opset: unknown key 'opset'; did you mean 'opset_version'?"]
     """
 
-    def __init__(self, message: str, *, path: str = "$", line: int | None = None, file: str | None = None):
-        self.message = message
+    def __init__(self, message: str, *, path: str = "$", line: int | None = None, file: str | None = None,
+                 problems: list[RecipeProblem] | None = None, option: str | None = None):
         self.path = path
         self.line = line
         self.file = file
-        super().__init__(self._render())
+        self.problems: list[RecipeProblem] = problems or [RecipeProblem(path, line, message)]
+        super().__init__(message, option=option)
 
-    def _render(self) -> str:
+    def __str__(self) -> str:
         where = self.path
         if self.line is not None:
             where += f" (line {self.line})"
@@ -34,12 +122,21 @@ class RecipeError(ExportActionError):
             where = f"{self.file}: {where}"
         return f"{where}: {self.message}"
 
-    def __str__(self) -> str:
-        return self._render()
+
+class JsonPositionError(RecipeError):
+    """The recipe text is not valid JSON; `line` and `column` are 1-based."""
+
+    def __init__(self, message: str, line: int, column: int):
+        self.column = column
+        super().__init__(f"{message} (line {line}, column {column})", line=line)
+
+
+class ShapeSpecError(RecipeError):
+    """A dynamic-shape entry of the recipe does not fit the model's inputs (`path` names the entry)."""
 
 
 class RemoteCodeError(ExportActionError):
-    """The model needs code from its repo (`auto_map`), and the operator did not allow that repo."""
+    """The model (`auto_map`) or an artifact folder needs code from its files, and the operator did not allow it."""
 
 
 class ModelSourceError(ExportActionError):
@@ -50,5 +147,50 @@ class DeviceError(ExportActionError):
     """The requested device is not available here (a `cuda` target on a machine without a GPU)."""
 
 
+class ArtifactError(ExportActionError):
+    """An artifact folder cannot be loaded: no manifest, unknown files, or files whose loading would run code."""
+
+
 class TargetPlanError(ExportActionError):
-    """A target's settings do not fit this model (a merged graph for a model without a key-value cache, ...)."""
+    """A target's settings do not fit this model: a merged graph for a model without a key-value cache or with
+    several graphs, a layout for a component set it cannot hold."""
+
+
+class PublishError(ExportActionError):
+    """Publishing to the Hub failed; the message says what to do (and never holds the token)."""
+
+
+class AggregateError(ExportActionError):
+    """The report parts of a split run cannot be merged: none found, unreadable, or from different models, commits
+    or recipes."""
+
+
+def root_cause(err: BaseException) -> BaseException:
+    """The innermost exception of `err`'s chain (`__cause__`, else an implicit `__context__`)."""
+    seen = {id(err)}
+    while True:
+        inner = err.__cause__ or (None if err.__suppress_context__ else err.__context__)
+        if inner is None or id(inner) in seen:
+            return err
+        seen.add(id(inner))
+        err = inner
+
+
+def describe_error(err: BaseException, limit: int = 2000) -> str:
+    """`Type: message`, with the root cause appended when a wrapper hides it; cut to `limit` characters.
+
+    Example:
+        >>> try:
+        ...     try:
+        ...         raise ValueError("bos_token_id has to be defined")
+        ...     except ValueError as inner:
+        ...         raise RuntimeError("capture failed") from inner
+        ... except RuntimeError as err:
+        ...     describe_error(err)
+        'RuntimeError: capture failed [root cause: ValueError: bos_token_id has to be defined]'
+    """
+    text = f"{type(err).__name__}: {err}"
+    cause = root_cause(err)
+    if cause is not err:
+        text += f" [root cause: {type(cause).__name__}: {cause}]"
+    return text if len(text) < limit else text[:limit] + " …"

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -92,12 +93,29 @@ def footprint(directory: Path, export_format: str) -> dict[str, int]:
             "weights_stored_bytes": weights_stored_bytes(directory, export_format)}
 
 
-def parameter_bytes(model, dtype: str | None = None) -> int:
-    """The model's parameter bytes (tied weights once) in `dtype` (the parameters' own when None)."""
-    import torch
+@dataclass(frozen=True)
+class ModelWeights:
+    """What a footprint is compared with, read from the model when it is loaded (validation may free it later).
 
-    size = torch.empty((), dtype=getattr(torch, dtype)).element_size() if dtype else None
-    return sum(p.numel() * (size or p.element_size()) for p in model.parameters())
+    Example:
+        >>> ModelWeights(count=1000, dtype="float32", tied=False).bytes("float16")
+        2000
+    """
+
+    count: int  # parameters, tied ones once
+    dtype: str
+    tied: bool  # the output projection is the input embedding table
+
+    @classmethod
+    def of(cls, model) -> ModelWeights:
+        return cls(sum(p.numel() for p in model.parameters()), str(model.dtype).removeprefix("torch."),
+                   tied_embeddings(model))
+
+    def bytes(self, dtype: str | None = None) -> int:
+        """Parameter bytes in `dtype` (the model's own when None)."""
+        import torch
+
+        return self.count * torch.empty((), dtype=getattr(torch, dtype or self.dtype)).element_size()
 
 
 def tied_embeddings(model) -> bool:
@@ -125,3 +143,21 @@ def duplication_finding(stored: int, parameters: int, export_format: str, compon
                "twice, once for the embedding lookup (not delegated) and once in XNNPACK's weights for the "
                "projection (docs/upstream-gaps.md #8)")
     return f"the artifacts store {ratio:.2f}x the model's parameter bytes ({stored} of {parameters}){why}"
+
+
+def record_footprint(result, target, directory: Path, weights: ModelWeights) -> None:
+    """Set a target result's `total_bytes`, `weights_stored_bytes` and `parameter_bytes`, with a finding when the
+    weights are stored more than once."""
+    try:
+        sizes = footprint(directory, target.export_format)
+    except Exception as err:  # a size that cannot be read is reported, never guessed
+        result.findings.append(f"could not measure the stored weights: {type(err).__name__}: {err}")
+        result.total_bytes = total_bytes(directory)
+        return
+    result.total_bytes, result.weights_stored_bytes = sizes["total_bytes"], sizes["weights_stored_bytes"]
+    result.parameter_bytes = weights.bytes(target.dtype)
+    stripped = target.export_format == "onnx" and not target.export_params
+    finding = duplication_finding(result.weights_stored_bytes, result.parameter_bytes, target.export_format,
+                                  result.expected_components, weights.tied)
+    if finding and not stripped:
+        result.findings.append(finding)

@@ -107,9 +107,12 @@ def make_sample_inputs(model, spec: InputsSpec, tokenizer=None) -> SampleInputs:
     """Sample inputs for `model` following the recipe's `inputs` section.
 
     Example:
-        >>> sample = make_sample_inputs(model, InputsSpec(sequence_length=8))  # doctest: +SKIP
-        >>> sample.forward["input_ids"].shape
-        torch.Size([1, 8])
+        >>> from transformers import BertConfig, BertModel
+        >>> model = BertModel(BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        ...                              intermediate_size=32, vocab_size=50))
+        >>> sample = make_sample_inputs(model, InputsSpec(sequence_length=8))
+        >>> sample.family, sample.forward["input_ids"].shape
+        ('text', torch.Size([1, 8]))
     """
     generator = torch.Generator().manual_seed(spec.seed)
     family = detect_family(model)

@@ -9,18 +9,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .errors import JsonPositionError
+
 JsonPath = tuple[str | int, ...]
 
 _WHITESPACE = " \t\n\r"
 _decoder = json.JSONDecoder()
-
-
-class JsonPositionError(ValueError):
-    """The text is not valid JSON; `line` and `column` are 1-based."""
-
-    def __init__(self, message: str, line: int, column: int):
-        self.line, self.column = line, column
-        super().__init__(f"{message} (line {line}, column {column})")
 
 
 class _ConstantError(ValueError):

@@ -6,7 +6,7 @@ replaces the separate `prefill` and `decode` graphs (optimum's "with past" desig
 ONNX Runtime GenAI run). Only that graph is traced and converted.
 
 Example:
-    >>> from exporters.recipe import parse_recipe
+    >>> from exporters.recipe_load import parse_recipe
     >>> target = parse_recipe('{"export_format": "onnx", "mode": "generation", "dynamic": true}').exports[0]
     >>> wants_merged(target, "text", "dynamic")
     True
@@ -64,7 +64,7 @@ def cache_key(inputs: dict[str, Any]) -> str | None:
 
 def cache_leaves(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The key/value tensors of the template's cache, by upstream leaf path (`cache.layers.0.keys`, ...)."""
-    from .shapes import leaf_tensors
+    from .upstream import leaf_tensors
 
     key = cache_key(inputs)
     if key is None:
@@ -106,9 +106,11 @@ def _is_query_input(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() >= 2
 
 
-def plan(target, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]], max_positions: int | None):
+def plan(target, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]], model):
     """The merged component set (`{"model": upstream's multi-token decode}`), and `target` completed with its
     contract (`components.model`) when the recipe gives none."""
+    config = getattr(model.config, "text_config", None) or model.config
+    max_positions = getattr(config, "max_position_embeddings", None)
     if "decode" not in components:
         raise TargetPlanError(f"the merged graph is upstream's multi-token decode, but the capture has {list(components)}")
     module, inputs = components["decode"]

@@ -19,7 +19,9 @@ from typing import Any
 
 import torch
 
-from .validate import GenerationReport, describe_error, run_component
+from .errors import describe_error
+from .results import GenerationReport
+from .upstream import run_component
 
 CACHE_KEYS = ("cache", "past_key_values")
 

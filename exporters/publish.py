@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, TypeVar
 
-from .errors import ExportActionError
+from .errors import PublishError
+from .redact import scrub
 from .report import human_size
 
 EXPORTS_DIR = "exports"
@@ -65,10 +66,6 @@ _NEEDS_TRUST = ("dynamo",)
 DESCRIPTION_REPORT_LIMIT = 55_000
 
 T = TypeVar("T")
-
-
-class PublishError(ExportActionError):
-    """Publishing to the Hub failed; the message says what to do (and never holds the token)."""
 
 
 @dataclass
@@ -305,10 +302,8 @@ def load_snippet(repo_id: str, target: str, export_format: str, revision: str | 
     """Python that loads one published target with `transformers.exporters`.
 
     Example:
-        >>> print(load_snippet("org/model", "onnx", "onnx"))
-        from transformers.exporters import ExportedModel
-        <BLANKLINE>
-        model = ExportedModel.from_pretrained("org/model", subfolder="exports/onnx")
+        >>> load_snippet("org/model", "onnx", "onnx").splitlines()[-1]
+        'model = ExportedModel.from_pretrained("org/model", subfolder="exports/onnx")'
     """
     arguments = [json.dumps(repo_id)]
     if revision:
@@ -442,10 +437,6 @@ class Thread:
         return self.status in OPEN_STATUSES
 
 
-def _scrub(text: str, token: str | None) -> str:
-    return text.replace(token, "***") if token else text
-
-
 def _hint(err: Exception, what: str) -> str:
     status = getattr(getattr(err, "response", None), "status_code", None)
     if type(err).__name__ == "LocalTokenNotFoundError" or status == 401:
@@ -477,7 +468,7 @@ class HubClient:
         except PublishError:
             raise
         except Exception as err:  # HTTP, token, network and client-side validation errors alike
-            message = _scrub(f"{type(err).__name__}: {err}", self.token).strip().splitlines()
+            message = scrub(f"{type(err).__name__}: {err}", [self.token] if self.token else []).strip().splitlines()
             detail = " ".join(line.strip() for line in message[:3])
             raise PublishError(f"could not {what} on {self.repo_id}: {detail} — {_hint(err, what)}") from None
 

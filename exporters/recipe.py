@@ -1,25 +1,20 @@
-"""The export recipe: what a model owner publishes in `export_config.json` (or `config.json`'s `export_config`).
+"""The export recipe's model: what a model owner can declare in `export_config.json` (or `config.json`'s
+`export_config`), as strict pydantic models, and the JSON Schema generated from them.
 
-Three forms are accepted, all normalised to one [`Recipe`]:
-
-- the seed form: one upstream config dict, `{"export_format": "onnx", "dynamic": true, ...}`;
-- a list of such dicts;
-- the full form: `{"schema_version": 1, "exports": [...], "inputs": {...}, "generation": {...}, "validation": {...}}`.
-
-Every problem raises [`RecipeError`] naming the JSON path and line, with a did-you-mean for unknown keys.
+Reading a recipe file (the three forms, JSON paths and lines in errors) is `exporters.recipe_load`.
 
 Example:
-    >>> recipe = parse_recipe('{"export_format": "onnx", "opset_version": 18}')
-    >>> [(t.name, t.export_format) for t in recipe.exports]
-    [('onnx', 'onnx')]
+    >>> recipe = Recipe.model_validate({"exports": [{"export_format": "onnx", "opset_version": 18}]})
+    >>> [(t.name, t.export_format, t.opset_version) for t in recipe.exports]
+    [('onnx', 'onnx', 18)]
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import re
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, Union
 
@@ -32,13 +27,13 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     Tag,
-    ValidationError,
     field_validator,
+    PrivateAttr,
     model_validator,
 )
 
 from .errors import RecipeError
-from .jsonpos import JsonPath, JsonPositionError, format_path, nearest_line, parse_with_positions
+from .jsonpos import JsonPath, format_path, nearest_line
 
 RECIPE_FILE = "export_config.json"
 CONFIG_FIELD = "export_config"
@@ -279,8 +274,26 @@ class ValidationSpec(_Strict):
     max_probe_elements: StrictInt = Field(default=1_000_000, ge=1, description="Skip probes whose inputs are larger.")
 
 
+@dataclass(frozen=True)
+class RecipeSource:
+    """Where a parsed recipe came from: its file, the line of every JSON path, where it sits in the file (`prefix`:
+    `("export_config",)` inside config.json) and where its `exports` list is (None: a seed dict is the target)."""
+
+    file: str | None = None
+    lines: dict[JsonPath, int] = field(default_factory=dict)
+    prefix: JsonPath = ()
+    exports_at: JsonPath | None = ("exports",)
+
+
 class Recipe(_Strict):
     """A whole recipe, in its full form."""
+
+    _source: RecipeSource = PrivateAttr(default_factory=RecipeSource)
+
+    def __eq__(self, other: object) -> bool:  # the same recipe, wherever it was read from
+        return isinstance(other, Recipe) and self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]
 
     schema_version: Literal[1] = 1
     exports: list[Target] = Field(min_length=1)
@@ -308,6 +321,47 @@ class Recipe(_Strict):
                 return target
         raise KeyError(f"no target named {name!r}; the recipe has {[t.name for t in self.exports]}")
 
+    def select(self, names: list[str]) -> list[DynamoTarget | OnnxTarget | ExecutorchTarget]:
+        """The targets called `names`, in recipe order (every target when `names` is empty).
+
+        Raises `RecipeError` (option `target`) naming the recipe's targets when a name is not one of them.
+
+        Example:
+            >>> from exporters.recipe_load import parse_recipe
+            >>> recipe = parse_recipe('[{"export_format": "onnx"}, {"export_format": "dynamo"}]')
+            >>> [t.name for t in recipe.select(["dynamo"])]
+            ['dynamo']
+            >>> recipe.select(["tflite"])
+            Traceback (most recent call last):
+            ...
+            exporters.errors.RecipeError: $: `target` ['tflite'] is not in the recipe; its targets are ['onnx', 'dynamo']
+        """
+        known = [t.name for t in self.exports]
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise RecipeError(f"`target` {unknown} is not in the recipe; its targets are {known}",
+                              file=self._source.file, option="target")
+        return [t for t in self.exports if not names or t.name in names]
+
+    def locate(self, target: str, *inside: str | int) -> tuple[str, int | None]:
+        """The JSON path (as written in the file) and line of `inside` within the target called `target`.
+
+        Example:
+            >>> from exporters.recipe_load import parse_recipe
+            >>> recipe = parse_recipe('{"exports": [\\n  {"export_format": "onnx", "dynamic_shapes": {}}]}')
+            >>> recipe.locate("onnx", "dynamic_shapes")
+            ('$.exports[0].dynamic_shapes', 2)
+        """
+        index = next((i for i, t in enumerate(self.exports) if t.name == target), 0)
+        source = self._source
+        path = (*source.prefix, *_file_path(("exports", index, *inside), source.exports_at))
+        return format_path(path), nearest_line(source.lines, path)
+
+    @property
+    def file(self) -> str | None:
+        """The file the recipe was read from (None when parsed from text)."""
+        return self._source.file
+
     def sha256(self) -> str:
         """A stable hash of the normalised recipe (what publishing and caching key on)."""
         return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode()).hexdigest()
@@ -331,23 +385,6 @@ def canonical_json(data: Any) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
-# ── Loading ───────────────────────────────────────────────────────────────────
-
-
-def _normalise(data: Any) -> tuple[dict[str, Any], JsonPath | None]:
-    """The full form of `data`, and where its `exports` list lives in the original (None: a seed dict)."""
-    if isinstance(data, list):
-        return {"exports": data}, ()
-    if isinstance(data, dict) and ("exports" in data or "schema_version" in data):
-        return data, ("exports",)
-    if isinstance(data, dict):
-        return {"exports": [data]}, None
-    raise RecipeError(
-        f"a recipe is a JSON object or a list of objects, got {type(data).__name__}; "
-        'start from {"export_format": "onnx"}'
-    )
-
-
 def _file_path(internal: JsonPath, exports_at: JsonPath | None) -> JsonPath:
     """Map a path in the normalised recipe back to the path in the file."""
     if internal[:1] != ("exports",):
@@ -355,189 +392,6 @@ def _file_path(internal: JsonPath, exports_at: JsonPath | None) -> JsonPath:
     if exports_at is None:  # seed dict: exports[0] is the whole document
         return tuple(internal[2:])
     return (*exports_at, *internal[1:])
-
-
-def _known_fields() -> dict[str, set[str]]:
-    """Field names per model, for did-you-mean."""
-    models = [Recipe, InputsSpec, GenerationSpec, ValidationSpec, Tolerance, ComponentOverride, DimSpec]
-    known = {m.__name__: set(m.model_fields) for m in models}
-    for target in (DynamoTarget, OnnxTarget, ExecutorchTarget):
-        known[target.__name__] = set(target.model_fields)
-    return known
-
-
-def _target_fields() -> dict[str, set[str]]:
-    return {t.model_fields["export_format"].annotation.__args__[0]: set(t.model_fields) for t in
-            (DynamoTarget, OnnxTarget, ExecutorchTarget)}
-
-
-def _walk_data(data: Any, loc: tuple, kind: str) -> tuple[JsonPath, Any]:
-    """Follow pydantic's `loc` through `data`, dropping the parts that name union branches rather than keys."""
-    path: list[str | int] = []
-    node = data
-    for part in loc:
-        if isinstance(node, dict) and isinstance(part, str) and part in node:
-            node = node[part]
-            path.append(part)
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            node = node[part]
-            path.append(part)
-        elif kind == "missing" and isinstance(node, dict) and isinstance(part, str) and loc[-1] == part:
-            path.append(part)  # a missing or unknown key: name it
-            node = None
-    return tuple(path), node
-
-
-def _message(error: dict[str, Any], path: JsonPath, data: dict[str, Any]) -> str:
-    kind = error["type"]
-    key = path[-1] if path else None
-    if kind == "extra_forbidden" and isinstance(key, str):
-        return _unknown_key_message(key, path, data)
-    if kind == "union_tag_invalid" and error.get("ctx", {}).get("discriminator") == "_kind_of()":
-        expected = [_KIND_WORDS.get(tag.strip(" '"), tag) for tag in error["ctx"]["expected_tags"].split(",")]
-        return f"expected {' or '.join(expected)}, got {json.dumps(error['input'])}"
-    if kind in ("union_tag_invalid", "union_tag_not_found"):
-        given = error.get("input", {}).get("export_format") if isinstance(error.get("input"), dict) else None
-        if given is None:
-            return f"missing 'export_format'; use one of {list(FORMATS)}"
-        close = difflib.get_close_matches(str(given), FORMATS, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        return f"unknown export_format {given!r}; use one of {list(FORMATS)}{hint}"
-    if kind == "missing":
-        return f"missing required key '{key}'"
-    message = error["msg"]
-    message = message.removeprefix("Value error, ")
-    return message
-
-
-def _unknown_key_message(key: str, path: JsonPath, data: dict[str, Any]) -> str:
-    parent_path = path[:-1]
-    parent = data
-    for part in parent_path:
-        parent = parent[part]
-    candidates: set[str] = set()
-    for fields in _known_fields().values():
-        candidates |= fields
-    if isinstance(parent, dict) and isinstance(parent.get("export_format"), str):
-        fmt = parent["export_format"]
-        per_format = _target_fields()
-        own = per_format.get(fmt, set())
-        others = [f for f, fields in per_format.items() if key in fields and f != fmt]
-        if others:
-            return f"'{key}' is not a setting of {fmt!r} targets (only of {', '.join(repr(o) for o in others)})"
-        candidates = own or candidates
-    close = difflib.get_close_matches(key, sorted(candidates), n=1, cutoff=0.6)
-    close = close or sorted(c for c in candidates if c.startswith(key) or key in c)[:1]
-    if close and close[0] == key:
-        allowed = _allowed_here(parent_path)
-        return f"'{key}' is not allowed here" + (f"; allowed keys: {', '.join(sorted(allowed))}" if allowed else "")
-    hint = f"; did you mean '{close[0]}'?" if close else ""
-    return f"unknown key '{key}'{hint}"
-
-
-def _allowed_here(parent_path: JsonPath) -> set[str]:
-    """The keys allowed in the object at `parent_path` of the normalised recipe, when it is a known place."""
-    if len(parent_path) >= 2 and parent_path[-2] == "components":
-        return set(ComponentOverride.model_fields)
-    return set()
-
-
-def parse_recipe_data(
-    data: Any, *, lines: dict[JsonPath, int] | None = None, file: str | None = None, prefix: JsonPath = ()
-) -> Recipe:
-    """Validate already-parsed recipe `data` (any of the three forms) into a [`Recipe`].
-
-    `lines` maps JSON paths (relative to the file, including `prefix`) to lines; `prefix` is where the recipe sits in
-    the file (`("export_config",)` inside `config.json`).
-    """
-    lines = lines or {}
-    try:
-        full, exports_at = _normalise(data)
-    except RecipeError as err:
-        raise RecipeError(err.message, path=format_path(prefix), line=nearest_line(lines, prefix) or 1,
-                          file=file) from None
-    try:
-        return Recipe.model_validate(full)
-    except ValidationError as err:
-        problems = []
-        for error in err.errors():
-            loc = tuple(error["loc"])
-            ctx_error = error.get("ctx", {}).get("error")
-            if isinstance(ctx_error, _PathValueError):
-                base, _ = _walk_data(full, loc, error["type"])
-                internal, message = (*base, *ctx_error.path), str(ctx_error)
-            else:
-                internal, _ = _walk_data(full, loc, error["type"])
-                message = _message(error, internal, full)
-                if error["type"] in ("union_tag_invalid", "union_tag_not_found") and "export_format" in message:
-                    internal = (*internal, "export_format")
-            path = (*prefix, *_file_path(internal, exports_at))
-            problems.append((format_path(path), nearest_line(lines, path), message))
-        first_path, first_line, first_message = problems[0]
-        more = f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})" if len(problems) > 1 else ""
-        error = RecipeError(first_message + more, path=first_path, line=first_line, file=file)
-        error.problems = problems  # type: ignore[attr-defined]
-        raise error from None
-
-
-def parse_recipe(text: str, *, file: str | None = None) -> Recipe:
-    """Parse recipe JSON text (any of the three forms)."""
-    try:
-        data, lines = parse_with_positions(text)
-    except JsonPositionError as err:
-        raise RecipeError(f"not valid JSON: {err}", path="$", line=err.line, file=file) from None
-    return parse_recipe_data(data, lines=lines, file=file)
-
-
-def load_recipe_file(path: str | Path) -> Recipe:
-    """Load an `export_config.json`, or a `config.json` holding an `export_config` field.
-
-    Example:
-        >>> recipe = load_recipe_file("examples/demo-model/export_config.json")  # doctest: +SKIP
-    """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RecipeError(f"recipe file not found: {path}", file=str(path)) from None
-    except UnicodeDecodeError:
-        raise RecipeError("recipe file is not UTF-8 text", file=str(path)) from None
-    if path.name == "config.json":
-        try:
-            data, lines = parse_with_positions(text)
-        except JsonPositionError as err:
-            raise RecipeError(f"not valid JSON: {err}", line=err.line, file=str(path)) from None
-        if not isinstance(data, dict) or CONFIG_FIELD not in data:
-            raise RecipeError(f"config.json has no '{CONFIG_FIELD}' field", file=str(path))
-        return parse_recipe_data(data[CONFIG_FIELD], lines=lines, file=str(path), prefix=(CONFIG_FIELD,))
-    return parse_recipe(text, file=str(path))
-
-
-def find_recipe(folder: str | Path) -> tuple[Recipe, Path, list[str]] | None:
-    """The recipe of a model folder: `export_config.json`, else `config.json`'s `export_config`.
-
-    Returns `(recipe, file, warnings)`, or None when the folder declares no recipe. When both exist the file wins,
-    with a warning.
-    """
-    folder = Path(folder)
-    recipe_file, config_file = folder / RECIPE_FILE, folder / "config.json"
-    in_config = False
-    if config_file.is_file():
-        try:
-            in_config = CONFIG_FIELD in json.loads(config_file.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError):
-            in_config = False
-    warnings: list[str] = []
-    if recipe_file.is_file():
-        if in_config:
-            warnings.append(
-                f"both {RECIPE_FILE} and config.json's '{CONFIG_FIELD}' exist: using {RECIPE_FILE} "
-                f"(remove one to silence this)"
-            )
-        return load_recipe_file(recipe_file), recipe_file, warnings
-    if in_config:
-        return load_recipe_file(config_file), config_file, warnings
-    return None
 
 
 def recipe_json_schema() -> dict[str, Any]:

@@ -3,45 +3,41 @@ PR; it renders on GitHub and on the Hub and stays under 60 KB)."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .status import overall_status
+
+if TYPE_CHECKING:
+    from .context import RunContext
+    from .results import TargetResult
 
 REPORT_SCHEMA_VERSION = 1
 MARKDOWN_LIMIT = 60_000
 
 
-def _as_dict(result: Any) -> dict[str, Any]:
-    return result if isinstance(result, dict) else dataclasses.asdict(result)
-
-
-def overall_status(targets: list[dict[str, Any]]) -> str:
-    return "passed" if targets and all(t["status"] == "passed" for t in targets) else "failed"
-
-
-def build_report(results: list[Any], context: dict[str, Any], options) -> dict[str, Any]:
-    """The report dict from the target results and the run's context."""
-    source = context["source"]
-    targets = [_as_dict(r) for r in results]
-    findings = list(context.get("warnings", []))
+def build_report(results: list[TargetResult], context: RunContext) -> dict[str, Any]:
+    """The report dict (what report.json holds) from the target results and the run's context."""
+    source = context.source
+    targets = [r.to_dict() for r in results]
+    findings = list(context.warnings)
     for target in targets:
         findings += [f"{target['name']}: {f}" for f in target.get("findings", [])]
-    eager = context.get("eager_cache")
+    eager = context.eager_cache
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
-        "tool": {"name": "export-action", "version": context["versions"].get("export-action")},
+        "tool": {"name": "export-action", "version": context.versions.get("export-action")},
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "source": {"model": source.model_id, "revision": source.revision, "is_hub": source.is_hub,
-                   "weights_sha256": context.get("weights"), "weights_files": context.get("weights_files")},
-        "recipe": {"file": Path(context["recipe_file"]).name, "sha256": context["recipe"].sha256()},
-        "versions": context["versions"],
-        "status": overall_status(targets),
-        "family": context.get("family"),
-        "model_dtype": context.get("model_dtype"),
-        "timings": {"total_s": round(dt.datetime.now().timestamp() - context["started"], 3),
-                    "load_s": context.get("load_s")},
+                   "weights_sha256": context.weights, "weights_files": context.weights_files},
+        "recipe": {"file": Path(context.recipe_file).name, "sha256": context.recipe.sha256()},
+        "versions": context.versions,
+        "status": overall_status([t["status"] for t in targets]),
+        "family": context.family,
+        "model_dtype": context.model_dtype,
+        "timings": {"total_s": round(dt.datetime.now().timestamp() - context.started, 3), "load_s": context.load_s},
         "eager_cache": {"hits": eager.hits, "misses": eager.misses} if eager is not None else None,
         "targets": targets,
         "findings": findings,
@@ -75,7 +71,7 @@ def human_size(n: float) -> str:
     return f"{n} B"
 
 
-ICONS = {"passed": "✅", "failed": "❌", "crashed": "💥", "timed_out": "⏱️", "skipped": "⏭️"}
+ICONS = {"passed": "✅", "failed": "❌", "unverified": "⚠️", "crashed": "💥", "timed_out": "⏱️", "skipped": "⏭️"}
 
 
 def _worst(check: dict[str, Any]) -> tuple[str, str]:
@@ -94,6 +90,9 @@ def render_target(target: dict[str, Any]) -> list[str]:
     if target.get("error"):
         message = str(target["error"].get("message") or "")[:1500]
         lines += [f"> **{target['error'].get('type')}**: {message}", ""]
+    if target.get("unverified"):
+        lines += ["> **Not verified**: these checks did not run, so this target is not a pass:", ">"]
+        lines += [f"> - {reason[:300]}" for reason in target["unverified"][:20]] + [""]
     if target.get("components"):
         lines += ["| component | probe | worst abs diff | tolerance | verdict |", "|---|---|---|---|---|"]
         for component in target["components"]:

@@ -10,46 +10,37 @@ Notation (documented in docs/recipe.md):
 
 Example:
     >>> import torch
-    >>> shapes, used = build_dynamic_shapes(
-    ...     {"input_ids": {"1": {"name": "seq", "min": 2, "max": 64}}}, {"input_ids": torch.zeros(1, 8, dtype=torch.long)}
-    ... )
-    >>> shapes["input_ids"][1].__name__
-    'seq'
+    >>> spec = {"input_ids": {"1": DimSpec(name="seq", min=2, max=64)}}
+    >>> shapes, used = build_dynamic_shapes(spec, {"input_ids": torch.zeros(1, 8, dtype=torch.long)})
+    >>> shapes["input_ids"][1].__name__, sorted(used)
+    ('seq', ['input_ids'])
 """
 
 from __future__ import annotations
 
 import fnmatch
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.export import Dim
 
+from . import upstream
+from .errors import ShapeSpecError
 from .recipe import DimSpec
 
 # Inputs that upstream pops before tracing (`prepare_for_export`): they take no dynamic-shape entry.
-try:
-    from transformers.exporters.utils import _OUTPUT_FLAGS as OUTPUT_FLAGS
-except ImportError:  # pragma: no cover - older upstream
-    OUTPUT_FLAGS = ("use_cache", "return_dict", "output_attentions", "output_hidden_states")
+OUTPUT_FLAGS = upstream.OUTPUT_FLAGS
+# Where a spec key is in the recipe file: `(JSON path, line)`.
+Locator = Callable[[str], tuple[str, "int | None"]]
 
 
-class ShapeSpecError(ValueError):
-    """A dynamic-shape entry does not fit the model's inputs."""
-
-
-def leaf_tensors(inputs: Any) -> dict[str, torch.Tensor]:
-    """Every tensor leaf of `inputs` by dotted path (upstream's leaf naming: `cache.layers.0.keys`)."""
-    from transformers.exporters.utils import get_leaf_tensors
-
-    return get_leaf_tensors(inputs)
+def _unlocated(key: str) -> tuple[str, int | None]:
+    return f"$.dynamic_shapes.{key}", None
 
 
 def leaf_paths(inputs: dict[str, Any]) -> dict[int, str]:
     """`id(tensor) -> dotted path` for every tensor leaf of `inputs` (upstream's leaf naming)."""
-    from transformers.exporters.utils import get_leaf_tensors
-
-    return {id(tensor): path for path, tensor in get_leaf_tensors(inputs).items()}
+    return {id(tensor): path for path, tensor in upstream.leaf_tensors(inputs).items()}
 
 
 def spec_key(spec: dict[str, Any], path: str) -> str | None:
@@ -60,35 +51,40 @@ def spec_key(spec: dict[str, Any], path: str) -> str | None:
     return max(matches, key=len) if matches else None
 
 
-def axis_specs(spec: Any, rank: int, key: str) -> dict[int, Any]:
+def axis_specs(spec: Any, rank: int, key: str, locate: Locator = _unlocated) -> dict[int, Any]:
+    """`{axis: 'static' | 'auto' | DimSpec}` of one spec entry for an input of `rank` axes (negative axis keys count
+    from the end, as in Python); `ShapeSpecError` at the entry's JSON path when the entry does not fit the rank."""
     if spec == "auto":
         return dict.fromkeys(range(rank), "auto")
     if isinstance(spec, list):
         if len(spec) != rank:
-            raise ShapeSpecError(f"dynamic_shapes['{key}'] lists {len(spec)} axes, but the input has {rank}")
+            path, line = locate(key)
+            raise ShapeSpecError(f"'{key}' lists {len(spec)} axes, but the input has {rank}", path=path, line=line)
         return dict(enumerate(spec))
     axes = {}
     for axis_text, axis_spec in spec.items():
         axis = int(axis_text)
         if not -rank <= axis < rank:
-            raise ShapeSpecError(f"dynamic_shapes['{key}'] names axis {axis}, but the input has {rank} axes")
+            path, line = locate(key)
+            raise ShapeSpecError(f"'{key}' names axis {axis}, but the input has {rank} axes (0 to {rank - 1})",
+                                 path=f"{path}.{axis_text}", line=line)
         axes[axis % rank] = axis_spec
     return axes
 
 
-class _DimTable:
+class DimTable:
     """Named dims, one `Dim` per name, bounds checked for consistency."""
 
     def __init__(self) -> None:
         self.dims: dict[str, tuple[Any, int | None, int | None]] = {}
 
-    def get(self, spec: DimSpec) -> Any:
+    def get(self, spec: DimSpec, where: tuple[str, int | None] = ("$", None)) -> Any:
         if spec.name in self.dims:
             dim, low, high = self.dims[spec.name]
             if (spec.min, spec.max) != (low, high) and (spec.min, spec.max) != (None, None):
                 raise ShapeSpecError(
                     f"dimension '{spec.name}' is declared with min/max {spec.min}/{spec.max} and {low}/{high}; "
-                    "one name is one dimension, so give it one range"
+                    "one name is one dimension, so give it one range", path=where[0], line=where[1]
                 )
             return dim
         kwargs = {k: v for k, v in (("min", spec.min), ("max", spec.max)) if v is not None}
@@ -98,7 +94,8 @@ class _DimTable:
 
 
 def build_dynamic_shapes(
-    spec: dict[str, Any] | None, inputs: dict[str, Any], specialized: list[str] | None = None
+    spec: dict[str, Any] | None, inputs: dict[str, Any], specialized: list[str] | None = None,
+    locate: Locator = _unlocated,
 ) -> tuple[dict[str, Any] | None, set[str]]:
     """The `dynamic_shapes` argument for `torch.export` from the recipe `spec`, for these forward `inputs`.
 
@@ -109,7 +106,7 @@ def build_dynamic_shapes(
     if not spec:
         return None, set()
     paths = leaf_paths(inputs)
-    table = _DimTable()
+    table = DimTable()
     used: set[str] = set()
 
     def spec_for(path: str) -> tuple[str, Any] | None:
@@ -124,7 +121,7 @@ def build_dynamic_shapes(
         key, axis_spec = found
         used.add(key)
         result = {}
-        for axis, value in axis_specs(axis_spec, tensor.dim(), key).items():
+        for axis, value in axis_specs(axis_spec, tensor.dim(), key, locate).items():
             if value == "static":
                 continue
             if value == "auto":
@@ -133,10 +130,11 @@ def build_dynamic_shapes(
                 if value.min is not None and tensor.shape[axis] < value.min or (
                     value.max is not None and tensor.shape[axis] > value.max
                 ):
+                    where, line = locate(key)
                     raise ShapeSpecError(
                         f"'{path}' axis {axis} has size {tensor.shape[axis]} in the sample inputs, outside the "
                         f"declared range of '{value.name}' [{value.min}, {value.max}]; widen the range or change "
-                        "the sample inputs (recipe 'inputs')"
+                        "the sample inputs (recipe 'inputs')", path=where, line=line
                     )
                 if tensor.shape[axis] <= 1:
                     if specialized is not None:
@@ -145,7 +143,7 @@ def build_dynamic_shapes(
                             "so torch.export specializes it: exported static"
                         )
                     continue
-                result[axis] = table.get(value)
+                result[axis] = table.get(value, locate(key))
         return result or None
 
     def walk(value: Any) -> Any:
@@ -162,14 +160,10 @@ def build_dynamic_shapes(
             children, _ = node.flatten_fn(value)
             return [walk(child) for child in children]
         if hasattr(value, "__dict__"):
-            from transformers.exporters.exporter_dynamo import _pytree_flatten
-
-            leaves, _ = _pytree_flatten(value)
+            leaves, _ = upstream.pytree_flatten(value)
             return [walk(leaf) for leaf in leaves]
         return None
 
-    from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
-
-    register_cache_pytrees_for_model(torch.nn.Module())  # caches must be pytree nodes before we walk them
+    upstream.register_cache_pytrees()  # caches must be pytree nodes before we walk them
     shapes = {name: walk(value) for name, value in inputs.items() if name not in OUTPUT_FLAGS}
     return shapes, used

@@ -59,9 +59,10 @@ def resolve_source(
         patterns = {"allow_patterns": RECIPE_FILES} if recipe_only else {"ignore_patterns": DOWNLOAD_IGNORE}
         folder = snapshot_download(model, revision=info.sha, token=token, endpoint=endpoint, **patterns)
     except RepositoryNotFoundError:
-        raise ModelSourceError(f"Hub repo {model!r} not found (or private: pass --token / HF_TOKEN)") from None
+        raise ModelSourceError(f"Hub repo {model!r} not found (or private: give a `token` that can read it)",
+                               option="token") from None
     except RevisionNotFoundError:
-        raise ModelSourceError(f"revision {revision!r} not found in {model!r}") from None
+        raise ModelSourceError(f"`revision` {revision!r} not found in {model!r}", option="revision") from None
     except HfHubHTTPError as err:
         raise ModelSourceError(f"could not read {model!r} from the Hub: {err.__class__.__name__}") from None
     return ModelSource(model_id=model, folder=Path(folder), revision=info.sha, is_hub=True)
@@ -83,9 +84,8 @@ def check_remote_code(source: ModelSource, config: dict[str, Any], trust_remote_
     if needs_remote_code(config) and not trust_remote_code:
         raise RemoteCodeError(
             f"{source.model_id} needs code from its repo (config.json has auto_map: "
-            f"{sorted(config['auto_map'])}); this is refused unless the operator allows it: pass "
-            "--trust-remote-code (CLI), the Action input 'trust-remote-code: true', or add the repo to the bot's "
-            "TRUST_REMOTE_CODE_REPOS"
+            f"{sorted(config['auto_map'])}); this is refused unless the operator allows it with "
+            "`trust_remote_code`", option="trust_remote_code"
         )
 
 

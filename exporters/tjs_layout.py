@@ -10,8 +10,8 @@ renamed, symbolic dims named (`batch_size`, `sequence_length`, `past_sequence_le
 `onnx/`, `transformers.js_config` added to `config.json`, and the repo's tokenizer files copied beside it. The graph
 and its weights are not copied: the names are changed in the protobuf and the data file is moved.
 
-Upstream's loader binds inputs by their leaf names (`cache.layers.0.keys`): [`load_transformers_js`] runs the
-renamed graph with upstream's ONNX runner, mapping the names back (recorded in `export.json`).
+Upstream's runner binds inputs by their leaf names (`cache.layers.0.keys`): `export.json` records the mapping, and
+`exporters.upstream.load_exported` runs the renamed graph with upstream's ONNX runner through it (`RenamedRunner`).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def write_transformers_js(directory: Path, target, model) -> None:
     """Rewrite the saved single-graph ONNX target in `directory` to the transformers.js layout (see the module)."""
     import onnx
 
-    from .engine import read_manifest, write_manifest
+    from .upstream import read_manifest, write_manifest
 
     manifest = read_manifest(directory)
     if list(manifest["components"]) != ["model"]:
@@ -156,50 +156,3 @@ def write_transformers_js(directory: Path, target, model) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     folder = getattr(getattr(model, "config", None), "_name_or_path", None)
     _copy_tokenizer(Path(folder) if folder else None, directory)
-
-
-class RenamedRunner:
-    """Upstream's ONNX runner for a graph whose inputs were renamed: kwargs flattened to upstream's leaf names, then
-    fed under the graph's names. Outputs keep their order, so upstream's unflattening applies unchanged."""
-
-    def __init__(self, runner, inputs: dict[str, str]):
-        self._runner = runner
-        self._inputs = inputs  # graph input name -> upstream leaf path
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._runner, name)
-
-    def __call__(self, share_inputs: bool = True, share_outputs: bool = False, **kwargs) -> Any:
-        from .shapes import leaf_tensors
-
-        leaves = leaf_tensors(kwargs)
-        feed = {graph: leaves[path] for graph, path in self._inputs.items() if path in leaves}
-        return self._runner(share_inputs=share_inputs, share_outputs=share_outputs, **feed)
-
-
-def load_transformers_js(directory: Path, manifest: dict[str, Any], device: str | None = None):
-    """An upstream `ExportedModel` for a transformers.js folder, run with upstream's ONNX runner."""
-    from transformers import AutoConfig, GenerationConfig
-    from transformers.exporters import ExportedComponent, ExportedModel
-    from transformers.exporters.exporter_onnx import OnnxExporter
-    from transformers.exporters.metadata import ExportMetadata, register_treespec_types
-    from transformers.exporters.runners.runner_onnx import OnnxModelRunner
-
-    from .engine import lean_session_options
-
-    components, runners = {}, {}
-    for name, entry in manifest["components"].items():
-        metadata = ExportMetadata.from_dict(entry["metadata"])
-        for spec in (metadata.in_spec, metadata.out_spec):
-            if spec is not None:
-                register_treespec_types(spec)
-        program = OnnxExporter.load_program(directory / entry["file"])
-        components[name] = ExportedComponent(program, metadata)
-        runner = OnnxModelRunner.from_program(program, metadata, device, session_options=lean_session_options())
-        runners[name] = RenamedRunner(runner, entry["inputs"])
-    config = AutoConfig.from_pretrained(directory) if (directory / "config.json").is_file() else None
-    generation_config = (GenerationConfig.from_pretrained(directory)
-                         if (directory / "generation_config.json").is_file() else None)
-    exported = ExportedModel(components, "onnx", config=config, generation_config=generation_config)
-    exported._runners = runners
-    return exported

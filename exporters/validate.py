@@ -11,14 +11,16 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
-import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .errors import describe_error
 from .recipe import DimSpec, Recipe, Tolerance
+from .results import Check, ComponentReport, OutputDiff, ValidationResult
+from .upstream import leaf_tensors, run_component
 
 # Defaults per format at float32: torch programs run the same kernels as eager; ONNX Runtime and XNNPACK fuse and
 # reorder reductions, so they get more room. Lower precisions get more room again.
@@ -28,68 +30,6 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "executorch": (1e-3, 1e-3),
 }
 LOW_PRECISION_TOLERANCE = (1e-2, 1e-2)
-
-
-@dataclass
-class OutputDiff:
-    name: str
-    max_abs_diff: float | None
-    max_rel_diff: float | None
-    atol: float
-    rtol: float
-    passed: bool
-    note: str | None = None
-
-
-@dataclass
-class Check:
-    """One comparison of a component at one probe."""
-
-    probe: str
-    shapes: dict[str, list[int]]
-    outputs: list[OutputDiff] = field(default_factory=list)
-    passed: bool = True
-    skipped: bool = False
-    error: str | None = None
-
-
-@dataclass
-class ComponentReport:
-    name: str
-    checks: list[Check] = field(default_factory=list)
-    structural: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return all(c.passed for c in self.checks if not c.skipped)
-
-
-@dataclass
-class GenerationReport:
-    status: str  # passed | failed | skipped
-    max_new_tokens: int
-    prompt_length: int | None = None
-    batch_size: int | None = None
-    eager_tokens: list[list[int]] | None = None
-    exported_tokens: list[list[int]] | None = None
-    first_divergence: dict[str, int] | None = None
-    reason: str | None = None
-
-
-@dataclass
-class ValidationResult:
-    components: list[ComponentReport]
-    generation: GenerationReport | None
-    findings: list[str]
-    errors: list[str]
-
-    @property
-    def passed(self) -> bool:
-        return (
-            not self.errors
-            and all(c.passed for c in self.components)
-            and (self.generation is None or self.generation.status != "failed")
-        )
 
 
 def tolerance_for(recipe: Recipe, target, component: str, dtype: str | None) -> tuple[float, float]:
@@ -113,9 +53,7 @@ def tolerance_for(recipe: Recipe, target, component: str, dtype: str | None) -> 
 
 
 def _leaves(outputs: Any) -> dict[str, torch.Tensor]:
-    from transformers.exporters.utils import get_leaf_tensors
-
-    return get_leaf_tensors(outputs)
+    return leaf_tensors(outputs)
 
 
 def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float) -> list[OutputDiff]:
@@ -204,8 +142,9 @@ def _is_arange(tensor: torch.Tensor, axis: int) -> bool:
 
 
 def resize_along(tensor: torch.Tensor, axis: int, size: int, generator: torch.Generator, config) -> torch.Tensor:
-    """`tensor` cut or grown along `axis` to `size`, grown with values of the same kind (ones stay ones, positions
-    keep counting, token ids stay in the vocabulary, floats stay at their scale)."""
+    """`tensor` cut or grown along `axis` to `size`, grown with values of the same kind (a constant stays that
+    constant — masks, token types —, positions keep counting, token ids stay in the vocabulary, floats stay at their
+    scale)."""
     current = tensor.shape[axis]
     if size == 0:  # freshly allocated: a zero-length slice keeps strides that ExecuTorch aborts on
         shape = list(tensor.shape)
@@ -215,8 +154,10 @@ def resize_along(tensor: torch.Tensor, axis: int, size: int, generator: torch.Ge
         return tensor.narrow(axis, 0, size).clone()
     extra_shape = list(tensor.shape)
     extra_shape[axis] = size - current
-    if tensor.dtype == torch.bool or (not tensor.is_floating_point() and bool((tensor == 1).all())):
-        extra = torch.ones(extra_shape, dtype=tensor.dtype)
+    if tensor.dtype == torch.bool or (not tensor.is_floating_point() and tensor.numel() > 0
+                                      and bool((tensor == tensor.flatten()[0]).all())):
+        # masks stay masks, token types stay the one type: a constant integer input grows with its value
+        extra = torch.full(extra_shape, tensor.flatten()[0].item() if tensor.numel() else 1, dtype=tensor.dtype)
     elif _is_arange(tensor, axis):
         last = tensor.narrow(axis, current - 1, 1)
         steps = torch.arange(1, size - current + 1).reshape([-1 if d == axis else 1 for d in range(tensor.dim())])
@@ -308,10 +249,14 @@ def make_probes(
 ) -> list[tuple[str, dict[str, Any] | None, str | None]]:
     """`(probe id, inputs or None, skip reason)`: the traced inputs, then each dim at each probe size.
 
-    A probe costs its inputs plus, for a language model (`logits_per_token`, the vocabulary size), the logits its
-    tokens produce: a prompt of 32k tokens is a small input but 20 GB of logits on a 150k vocabulary. Probes past
-    `limit` are skipped with the reason."""
-    probes: list[tuple[str, dict[str, Any] | None, str | None]] = [("traced", inputs, None)]
+    A probe of a language model (`logits_per_token`: its vocabulary size) also costs the logits its tokens produce:
+    a 32k-token prompt is a small input but 20 GB of logits on a 150k vocabulary. Probes past `limit` are skipped
+    with the reason."""
+    traced_total = sum(t.numel() for t in _leaves(inputs).values())
+    probes: list[tuple[str, dict[str, Any] | None, str | None]] = [
+        ("traced", inputs, None) if traced_total <= limit else
+        ("traced", None, f"inputs of {traced_total} elements exceed max_probe_elements ({limit})")
+    ]
     generator = torch.Generator().manual_seed(seed)
     for binding in bindings:
         for size in probe_sizes(binding, max_positions):
@@ -333,19 +278,12 @@ def make_probes(
     return probes
 
 
-def run_component(runner, inputs: dict[str, Any]) -> Any:
-    """Run one exported component on the kwargs it was traced with (flags like `use_cache` are constants)."""
-    traced = runner.metadata.kwargs
-    feed = {name: value for name, value in copy.deepcopy(inputs).items() if name in traced}
-    return runner(**feed)
-
-
 def structural_checks(export_format: str, directory: Path) -> list[str]:
     """Format checks on the saved files: `onnx.checker` with external data, the ExecuTorch methods."""
-    import json
-
     notes = []
-    manifest = json.loads((directory / "export.json").read_text())
+    from .upstream import read_manifest
+
+    manifest = read_manifest(directory)
     for name, entry in manifest["components"].items():
         path = directory / entry["file"]
         if export_format == "onnx":
@@ -354,10 +292,10 @@ def structural_checks(export_format: str, directory: Path) -> list[str]:
             onnx.checker.check_model(str(path), full_check=False)
             notes.append(f"{name}: onnx.checker passed ({entry['file']})")
         elif export_format == "executorch":
-            from .et_program import method_names
+            from executorch.runtime import Runtime
 
-            methods = method_names(path)
-            method = entry.get("method", "forward")
+            methods = sorted(Runtime.get().load_program(path).method_names)
+            method = entry.get("method", "forward")  # a program with a method per component names it
             if method not in methods:
                 raise ValueError(f"{entry['file']} has no '{method}' method (methods: {methods})")
             notes.append(f"{name}: ExecuTorch program loads, methods {methods}")
@@ -370,12 +308,12 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
     """Declared-dynamic axes that the saved graph fixed to one size (read from the ONNX graph's input dims)."""
     if export_format != "onnx":
         return []
-    import json
-
     import onnx
 
+    from .upstream import read_manifest
+
     findings = []
-    manifest = json.loads((directory / "export.json").read_text())
+    manifest = read_manifest(directory)
     for name, entry in manifest["components"].items():
         bindings = spec_by_component.get(name) or []
         model = onnx.load(str(directory / entry["file"]), load_external_data=False)
@@ -395,13 +333,6 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
     return findings
 
 
-def describe_error(err: BaseException) -> str:
-    text = f"{type(err).__name__}: {err}"
-    return text if len(text) < 2000 else text[:2000] + " …"
-
-
-
-
 # ── One target ────────────────────────────────────────────────────────────────
 
 
@@ -411,22 +342,27 @@ def validate_target(
     trust_artifacts: bool = True, release_model=None,
 ) -> ValidationResult:
     """Load the saved target from `directory` and run every check. `release_model`, when given, is called once the
-    eager references are computed and before the artifact is loaded (the caller frees the eager weights there)."""
-    from .engine import component_shape_spec, load_exported
+    eager references are computed, before the artifact is loaded (the caller frees the eager weights there).
+
+    `trust_artifacts`: the folder's pickled programs (`.pt2`) may be loaded (this run wrote them, or the operator
+    allowed it); nothing else in the folder ever runs (its config's `auto_map` is never read).
+    """
+    from .engine import component_shape_spec
+    from .errors import ArtifactError, RemoteCodeError
     from .inputs import vocab_size
     from .merged import MERGED, prompt_inputs
+    from .upstream import load_exported, read_manifest
 
     findings: list[str] = []
     errors: list[str] = []
     reports: list[ComponentReport] = []
     expected = list(expected_components if expected_components is not None else components)
+    generation_expected = target.mode == "generation"
     saved: list[str] = []
     try:
-        import json
-
-        saved = list(json.loads((directory / "export.json").read_text())["components"])
-    except (OSError, ValueError, KeyError) as err:
-        errors.append(f"the saved export has no readable manifest (export.json): {describe_error(err)}")
+        saved = list(read_manifest(directory)["components"])
+    except ArtifactError as err:
+        errors.append(str(err))
     missing = [name for name in expected if name not in saved]
     extra = [name for name in saved if name not in expected]
     if missing:
@@ -434,16 +370,11 @@ def validate_target(
     if extra:
         errors.append(f"unexpected component(s) {extra}: expected {expected}, the saved export has {saved}")
     if errors:
-        return ValidationResult(reports, None, findings, errors)
-    if target.export_format == "dynamo" and not trust_artifacts:
-        errors.append(
-            f"refusing to load the pickled .pt2 programs in {directory}: they were not produced by this run and "
-            "loading them runs code; pass --trust-remote-code if you trust where they came from"
-        )
-        return ValidationResult(reports, None, findings, errors)
-    # Two phases: every eager reference first (probes, generation tokens), then the artifact, so the eager model
-    # can be released in between (`release_model`, on the run's last target): the two are never both in memory.
+        return ValidationResult(reports, None, findings, errors, generation_expected)
+    # Two phases: every eager reference first (probes, generation tokens), then the artifact, so the eager weights
+    # can be released in between (`release_model`, on a run's last target): the two are never in memory together.
     max_positions = getattr(getattr(model.config, "text_config", None) or model.config, "max_position_embeddings", None)
+    logits_per_token = vocab_size(model.config) if target.mode == "generation" else 0
     bindings_by_component = {}
     planned: list[tuple[str, ComponentReport, list[tuple[Check, dict[str, Any], Any]]]] = []
     for name, (module, inputs) in components.items():
@@ -454,24 +385,20 @@ def validate_target(
         dynamic = override.dynamic if override is not None and override.dynamic is not None else target.dynamic
         bindings = dim_bindings(spec, inputs, dynamic, family) if recipe.validation.probe_unseen_shapes else []
         bindings_by_component[name] = bindings
-        report = ComponentReport(name)
-        probes = make_probes(
-            inputs, bindings, model.config, recipe.validation.max_probe_elements, max_positions, recipe.inputs.seed,
-            logits_per_token=vocab_size(model.config) if target.mode == "generation" else 0,
-        )
+        probes = make_probes(inputs, bindings, model.config, recipe.validation.max_probe_elements, max_positions,
+                             recipe.inputs.seed, logits_per_token)
         if target.mode == "generation" and name == MERGED and "input_ids" in generate_inputs:
             probes.append(("prompt (past=0)", prompt_inputs(inputs, generate_inputs["input_ids"]), None))
-        runs = []
+        report, runs = ComponentReport(name), []
         for probe_id, probe, skip in probes:
+            check = Check(probe_id, {} if probe is None else shapes_of(probe), skipped=probe is None, error=skip)
+            report.checks.append(check)
             if probe is None:
-                report.checks.append(Check(probe_id, {}, skipped=True, error=skip))
                 continue
-            check = Check(probe_id, shapes_of(probe))
             try:
                 runs.append((check, probe, eager.run(module, probe)))
             except Exception as err:
                 check.skipped, check.error = True, f"the eager model cannot run this probe: {describe_error(err)}"
-            report.checks.append(check)
         planned.append((name, report, runs))
     reference = None
     if target.mode == "generation":
@@ -483,11 +410,14 @@ def validate_target(
         release_model()
 
     try:
+        exported = load_exported(directory, config=model.config, allow_pickles=trust_artifacts)
         structural = structural_checks(target.export_format, directory)
-        exported = load_exported(directory, produced_by_this_run=True)
+    except (RemoteCodeError, ArtifactError) as err:
+        errors.append(str(err))
+        return ValidationResult(reports, None, findings, errors, generation_expected)
     except Exception as err:
         errors.append(f"the saved artifact does not load: {describe_error(err)}")
-        return ValidationResult(reports, None, findings, errors)
+        return ValidationResult(reports, None, findings, errors, generation_expected)
     for name, report, runs in planned:
         report.structural = [s for s in structural if s.startswith(f"{name}:")]
         atol, rtol = tolerance_for(recipe, target, name, target.dtype)
@@ -504,7 +434,6 @@ def validate_target(
                 continue
             check.outputs = compare_outputs(expected, actual, atol, rtol)
             check.passed = all(o.passed for o in check.outputs)
-            del actual
         reports.append(report)
     findings += specialized_axes(target.export_format, directory, bindings_by_component)
 
@@ -514,4 +443,4 @@ def validate_target(
 
         generation = generation_parity(model, components, exported, generate_inputs, recipe.generation.max_new_tokens,
                                        generation_config, family, reference=reference)
-    return ValidationResult(reports, generation, findings, errors)
+    return ValidationResult(reports, generation, findings, errors, generation_expected)

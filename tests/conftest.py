@@ -29,7 +29,7 @@ def _torch_serde_logging():
     failure. Tests that load `.pt2` files with upstream directly get the same fix the library applies."""
     import logging
 
-    from exporters.engine import TORCH_SERDE_LOGGER
+    from exporters.upstream import TORCH_SERDE_LOGGER
 
     logging.getLogger(TORCH_SERDE_LOGGER).setLevel(logging.ERROR)
 

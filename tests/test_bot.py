@@ -569,14 +569,3 @@ def test_serve_command(tmp_path):
     assert server.returncode in (0, -signal.SIGTERM) and "Application shutdown complete" in output, output
     assert "job 1 queued" in output and "job 1: succeeded" in output
     assert_no_secrets(output)
-
-
-@pytest.mark.parametrize("module", ["bot.settings", "bot.store", "bot.intake", "bot.redact", "bot.backends",
-                                    "bot.backends.local", "bot.backends.github", "bot.backends.dry", "bot.worker",
-                                    "bot.app", "bot.hubcheck"])
-def test_docstring_examples(module):
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0

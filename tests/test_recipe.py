@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from exporters.errors import RecipeError
-from exporters.recipe import SCHEMA_PATH, find_recipe, load_recipe_file, parse_recipe, recipe_json_schema
+from exporters.recipe import SCHEMA_PATH, recipe_json_schema
+from exporters.recipe_load import find_recipe, load_recipe_file, parse_recipe
 from tests.conftest import run_cli
 
 INVALID = Path(__file__).parent / "recipes" / "invalid"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..redact import scrub
+from exporters.redact import scrub
 from ..settings import BotSettings
 from . import JobContext, Outcome
 

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..redact import scrub, tail
+from exporters.redact import scrub, tail
 from ..settings import BotSettings
 from . import JobContext, Outcome
 

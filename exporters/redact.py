@@ -1,4 +1,6 @@
-"""Keep secrets out of everything the bot records: job rows, logs, API answers.
+"""Keep secrets out of everything written: reports, logs, PR and discussion text, job rows, API answers.
+
+Every writer of text (the pipeline's error records, publishing, the Action, the bot) passes it through [`scrub`].
 
 Example:
     >>> scrub("push failed for hf_abcdefghijklmnop with secret s3cr3t-value", ["s3cr3t-value"])

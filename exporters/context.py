@@ -1,0 +1,167 @@
+"""What a run is asked to do (`RunOptions`) and what it knows before exporting anything (`RunContext`).
+
+`prepare_run` is the opening every run shares (`run`, `validate`, `init`): find the model and its recipe, refuse
+remote code unless allowed, pick the targets, record the tools and fingerprint the weights.
+
+Example:
+    >>> options = RunOptions(out_dir=Path("out"), targets=["onnx"])
+    >>> options.targets, options.use_cache
+    (['onnx'], True)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import DeviceError, RecipeError
+from .hashing import weights_fingerprint
+from .recipe import Recipe
+from .recipe_load import find_recipe, load_recipe_file
+from .source import ModelSource, check_remote_code, read_config, resolve_source
+
+DEFAULT_TIMEOUT_S = 3600.0
+STACK = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch", "huggingface_hub")
+
+
+@dataclass
+class RunOptions:
+    """What a run was asked to do (the CLI's, the Action's and the bot's settings, in the library's words).
+
+    Example:
+        >>> RunOptions(out_dir=Path("out"), device="cpu").device
+        'cpu'
+    """
+
+    out_dir: Path
+    targets: list[str] = field(default_factory=list)
+    config_path: Path | None = None
+    device: str | None = None  # overrides every target's device, in the export as in the report
+    revision: str | None = None
+    token: str | None = None
+    endpoint: str | None = None
+    trust_remote_code: bool = False
+    progress: bool = True
+    timeout: float | None = None
+    use_cache: bool = True
+
+
+@dataclass
+class RunContext:
+    """Everything a run knows before it exports: the model's source, the recipe, the selected targets, the tools,
+    the weights' fingerprint; filled in as the run goes (`family`, `load_s`, `eager_cache`)."""
+
+    model_arg: str
+    out_dir: Path
+    source: ModelSource
+    recipe: Recipe
+    recipe_file: Path
+    targets: list[Any]
+    warnings: list[str]
+    versions: dict[str, str]
+    weights: str
+    weights_files: list[dict[str, Any]]
+    started: float = field(default_factory=time.time)
+    family: str | None = None
+    load_s: float | None = None
+    eager_cache: Any = None
+    model_dtype: str | None = None
+
+    def cache_key(self, target_name: str, device: str) -> str:
+        """What a target's artifacts depend on: the weights and code, the recipe's target (and shared settings),
+        the tools, the device and the model's revision."""
+        material = json.dumps({
+            "weights": self.weights, "target": self.recipe.target_sha256(target_name), "versions": self.versions,
+            "device": device, "revision": self.source.revision,
+        }, sort_keys=True)
+        return hashlib.sha256(material.encode()).hexdigest()
+
+
+def tool_versions() -> dict[str, str]:
+    """Versions of this tool, Python and the heavy stack, recorded in every report.
+
+    Example:
+        >>> sorted(tool_versions())[:3]
+        ['executorch', 'export-action', 'huggingface_hub']
+    """
+    from importlib import metadata
+
+    versions = {"export-action": __version__, "python": sys.version.split()[0]}
+    for package in STACK:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def resolve_device(requested: str) -> str:
+    """`cpu`, or `cuda` when asked for (a `DeviceError` without a GPU) or when `auto` finds one.
+
+    Example:
+        >>> resolve_device("cpu")
+        'cpu'
+    """
+    import torch
+
+    if requested == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(
+                "the target asks for `device` 'cuda' but no CUDA GPU is visible here (torch.cuda.is_available() is "
+                "False): run it on a GPU runner (see examples/workflows/matrix.yml), or set the device to 'cpu' or "
+                "'auto'", option="device"
+            )
+        return "cuda"
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cpu"
+
+
+def load_run_recipe(folder: Path, config_path: Path | None) -> tuple[Recipe, Path, list[str]]:
+    """The recipe a run uses: the `config` file when given, else the model folder's own (with its warnings)."""
+    if config_path is not None:
+        return load_recipe_file(config_path), config_path, []
+    found = find_recipe(folder)
+    if found is None:
+        raise RecipeError(
+            f"no export recipe in {folder}: add an export_config.json (see docs/recipe.md) or an 'export_config' "
+            "field in config.json, or give a recipe file with `config`", option="config"
+        )
+    return found
+
+
+def prepare_run(model: str, options: RunOptions, known_weights: list[dict[str, Any]] | None = None) -> RunContext:
+    """The opening every run shares: source, recipe, remote-code check, target selection, versions, fingerprint.
+
+    Args:
+        model: a local model folder or a Hub repo id.
+        options: the run's options (`targets`, `config_path`, `revision`, `token`, `trust_remote_code`...).
+        known_weights: the weights' file entries of an earlier report, so unchanged files are not hashed again.
+
+    Raises:
+        RecipeError: no recipe, an invalid one, or a `target` that is not in it.
+        ModelSourceError: the model cannot be found or read.
+        RemoteCodeError: the model needs code from its repo and `trust_remote_code` is off.
+
+    Example:
+        >>> import tempfile, json
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / "config.json").write_text(json.dumps({"model_type": "bert"}))
+        >>> _ = (folder / "export_config.json").write_text('{"export_format": "onnx"}')
+        >>> context = prepare_run(str(folder), RunOptions(out_dir=folder / "out"))
+        >>> [t.name for t in context.targets], len(context.weights)
+        (['onnx'], 64)
+    """
+    source = resolve_source(model, revision=options.revision, token=options.token, endpoint=options.endpoint)
+    recipe, recipe_file, warnings = load_run_recipe(source.folder, options.config_path)
+    check_remote_code(source, read_config(source.folder), options.trust_remote_code)
+    targets = recipe.select(options.targets)
+    weights, weights_files = weights_fingerprint(source.folder, known_weights)
+    return RunContext(model_arg=model, out_dir=Path(options.out_dir), source=source, recipe=recipe, recipe_file=Path(recipe_file), targets=targets,
+                      warnings=list(warnings), versions=tool_versions(), weights=weights, weights_files=weights_files)

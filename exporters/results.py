@@ -1,0 +1,203 @@
+"""What checking and exporting produce: per-output diffs, checks, component and generation reports, target results.
+
+Verdicts are derived here, in one place, by the three-verdict rule: a check ran and passed, ran and failed, or did
+not run. A component passes only when every probe ran and compared at least one output leaf with a finite diff
+within tolerance; a generation target passes only when generation parity ran and matched. Anything else that did not
+fail is `unverified`, with the reason.
+
+Example:
+    >>> check = Check("traced", {"x": [1, 4]}, [OutputDiff("logits", 1e-7, 1e-6, 1e-5, 1e-4, True)])
+    >>> ComponentReport("model", [check]).verdict
+    'passed'
+    >>> ComponentReport("model", [Check("x=9", {}, skipped=True, error="too large")]).verdict
+    'unverified'
+    >>> ComponentReport("model", []).why_unverified()
+    ['model: no probe ran']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .status import FAILED, PASSED, SKIPPED, UNVERIFIED, CheckStatus, TargetStatus
+
+
+@dataclass
+class OutputDiff:
+    """One output leaf compared: worst absolute and relative difference against the tolerance."""
+
+    name: str
+    max_abs_diff: float | None
+    max_rel_diff: float | None
+    atol: float
+    rtol: float
+    passed: bool
+    note: str | None = None
+
+
+@dataclass
+class Check:
+    """One comparison of a component at one probe (`skipped`: it did not run, `error` says why)."""
+
+    probe: str
+    shapes: dict[str, list[int]]
+    outputs: list[OutputDiff] = field(default_factory=list)
+    passed: bool = True
+    skipped: bool = False
+    error: str | None = None
+
+    @property
+    def verdict(self) -> CheckStatus:
+        if self.skipped:
+            return SKIPPED
+        if not self.passed or any(not o.passed for o in self.outputs):
+            return FAILED
+        compared = [o for o in self.outputs if o.max_abs_diff is not None and math.isfinite(o.max_abs_diff)]
+        return PASSED if compared else SKIPPED
+
+
+@dataclass
+class ComponentReport:
+    """Every check of one component, and the structural checks of its file."""
+
+    name: str
+    checks: list[Check] = field(default_factory=list)
+    structural: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> TargetStatus:
+        verdicts = [c.verdict for c in self.checks]
+        if FAILED in verdicts:
+            return FAILED
+        if not verdicts or SKIPPED in verdicts:
+            return UNVERIFIED
+        return PASSED
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == PASSED
+
+    def why_unverified(self) -> list[str]:
+        """One line per check that did not run (empty when the component passed or failed)."""
+        if not self.checks:
+            return [f"{self.name}: no probe ran"]
+        reasons = []
+        for check in self.checks:
+            if check.verdict != SKIPPED:
+                continue
+            why = check.error or "no output leaf was compared with the eager model"
+            reasons.append(f"{self.name}: probe {check.probe} did not run ({why})")
+        return reasons
+
+
+@dataclass
+class GenerationReport:
+    """Greedy generation through the exported graphs against eager `generate()`: `passed`, `failed` or `skipped`
+    (did not run, `reason` says why)."""
+
+    status: CheckStatus
+    max_new_tokens: int
+    prompt_length: int | None = None
+    batch_size: int | None = None
+    eager_tokens: list[list[int]] | None = None
+    exported_tokens: list[list[int]] | None = None
+    first_divergence: dict[str, int] | None = None
+    reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ValidationResult:
+    """Everything validation found for one target."""
+
+    components: list[ComponentReport]
+    generation: GenerationReport | None
+    findings: list[str]
+    errors: list[str]
+    generation_expected: bool = False
+
+    @property
+    def verdict(self) -> TargetStatus:
+        if self.errors or any(c.verdict == FAILED for c in self.components):
+            return FAILED
+        if self.generation is not None and self.generation.status == FAILED:
+            return FAILED
+        return UNVERIFIED if self.why_unverified() else PASSED
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == PASSED
+
+    def why_unverified(self) -> list[str]:
+        """Which checks did not run, and why (empty when every check ran)."""
+        reasons = [line for c in self.components for line in c.why_unverified()]
+        if not self.components:
+            reasons.append("no component was checked")
+        if self.generation_expected and (self.generation is None or self.generation.status == SKIPPED):
+            why = self.generation.reason if self.generation is not None else "it was not run"
+            reasons.append(f"generation parity did not run ({why})")
+        return reasons
+
+
+@dataclass
+class TargetResult:
+    """One target's outcome, as it goes into report.json (`to_dict`) and comes back from it (`from_dict`)."""
+
+    name: str
+    export_format: str
+    mode: str
+    status: TargetStatus
+    device: str = "cpu"
+    dtype: str | None = None
+    components: list[dict[str, Any]] = field(default_factory=list)
+    expected_components: list[str] = field(default_factory=list)
+    files: list[dict[str, Any]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    generation: dict[str, Any] | None = None
+    findings: list[str] = field(default_factory=list)
+    unverified: list[str] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+    log: str | None = None
+    reproduce: str | None = None
+    cache_key: str | None = None
+    cached: bool = False
+    signature: str | None = None  # set by `run` for targets it validated itself (see exporters.reuse)
+    total_bytes: int | None = None  # every file of the target: what a PR uploads
+    weights_stored_bytes: int | None = None  # tensor data in the files, a range shared by two graphs once
+    parameter_bytes: int | None = None  # the model's parameters in the target's dtype
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TargetResult:
+        """A result read back from a report.json (unknown keys, written by a newer version, are dropped)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+    def record_validation(self, validation: ValidationResult) -> None:
+        """Take a validation's components, generation, findings and verdict (with its reasons)."""
+        self.components = [
+            {"name": c.name, "verdict": c.verdict, "passed": c.passed, "structural": c.structural,
+             "checks": [{**dataclasses.asdict(check), "verdict": check.verdict} for check in c.checks]}
+            for c in validation.components
+        ]
+        self.generation = dataclasses.asdict(validation.generation) if validation.generation else None
+        self.findings += validation.findings
+        self.status = validation.verdict
+        self.unverified = validation.why_unverified() if self.status == UNVERIFIED else []
+        if validation.errors:
+            self.error = {"type": "ValidationError", "message": "; ".join(validation.errors)}
+        elif self.status == FAILED:
+            reasons = []
+            failing = [c.name for c in validation.components if c.verdict == FAILED]
+            if failing:
+                reasons.append(f"outputs differ from the eager model beyond tolerance in {failing}")
+            generation = validation.generation
+            if generation is not None and generation.status == FAILED:
+                reasons.append(f"generation parity failed: {generation.reason or f'first divergence {generation.first_divergence}'}")
+            self.error = {"type": "ValidationError", "message": "; ".join(reasons)}
