@@ -44,17 +44,17 @@ def wants_merged(target, family: str, cache_implementation: str) -> bool:
                 and dynamic and not separate and target.expected_components in (None, [MERGED]))
     if target.merged is False:
         return False
-    asked = "layout 'transformers.js'" if tjs and target.merged is None else "merged: true"
+    option = "layout" if tjs and target.merged is None else "merged"
+    asked = "`layout` 'transformers.js'" if option == "layout" else "`merged`: true"
     if family != "text":
         raise TargetPlanError(
             f"{asked} needs a decoder-only text model; this is a {family} model, whose generation export has several "
-            "graphs (encoder, vision tower, ...): drop it, or set merged: false"
-        )
+            f"graphs (encoder, vision tower, ...): drop `{option}`", option=option)
     if cache_implementation != "dynamic":
         raise TargetPlanError(
             f"{asked} needs a dynamic cache (the merged graph runs the prompt on a cache of length 0); the recipe's "
-            "generation.cache_implementation is 'static': use 'dynamic', or set merged: false"
-        )
+            "generation.cache_implementation is 'static': use 'dynamic', or drop "
+            f"`{option}`", option=option)
     return True
 
 
@@ -83,8 +83,7 @@ def contract(target, inputs: dict[str, Any], max_positions: int | None) -> Compo
     if not leaves:
         raise TargetPlanError(
             "the merged graph needs a decode step that takes a key-value cache; this model's decode inputs have none "
-            f"(inputs: {sorted(inputs)}): set merged: false"
-        )
+            f"(inputs: {sorted(inputs)}): set `merged` to false", option="merged")
     if target.export_format == "executorch":
         query: Any = "auto"
         past: Any = "auto"
@@ -112,7 +111,8 @@ def plan(target, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]], 
     config = getattr(model.config, "text_config", None) or model.config
     max_positions = getattr(config, "max_position_embeddings", None)
     if "decode" not in components:
-        raise TargetPlanError(f"the merged graph is upstream's multi-token decode, but the capture has {list(components)}")
+        raise TargetPlanError(f"the merged graph is upstream's multi-token decode, but the capture has "
+                              f"{list(components)}: set `merged` to false", option="merged")
     module, inputs = components["decode"]
     override = target.components.get(MERGED)
     if (override is None or override.dynamic_shapes is None) and not target.dynamic_shapes:

@@ -51,8 +51,8 @@ def graph_name(name: str, output: bool) -> str:
         kind = "key" if match[2] == "keys" else "value"
         return f"{'present' if output else 'past_key_values'}.{match[1]}.{kind}"
     if name.startswith(("input.", "output.")):
-        raise TargetPlanError(f"layout 'transformers.js': the graph's {name!r} has no transformers.js name (only "
-                              "key/value caches of decoder-only models are supported)")
+        raise TargetPlanError(f"`layout` 'transformers.js': the graph's {name!r} has no transformers.js name (only "
+                              "key/value caches of decoder-only models are supported)", option="layout")
     return name
 
 
@@ -84,10 +84,10 @@ def _dim_symbols(model) -> dict[str, str]:
                 symbols.setdefault(dim.dim_param, wanted[axis])
             elif dim.dim_param and value.name.startswith("past_key_values."):
                 raise TargetPlanError(
-                    f"layout 'transformers.js': '{value.name}' axis {axis} is symbolic ({dim.dim_param}); "
+                    f"`layout` 'transformers.js': '{value.name}' axis {axis} is symbolic ({dim.dim_param}); "
                     "transformers.js sizes the empty cache from the graph and would make it 0: only the batch and "
-                    "the past sequence axes may be dynamic (drop 'auto' on the other cache axes)"
-                )
+                    "the past sequence axes may be dynamic (drop 'auto' on the other cache axes of "
+                    "`dynamic_shapes`)", option="dynamic_shapes")
     return symbols
 
 
@@ -120,7 +120,8 @@ def write_transformers_js(directory: Path, target, model) -> None:
 
     manifest = read_manifest(directory)
     if list(manifest["components"]) != ["model"]:
-        raise TargetPlanError(f"layout 'transformers.js' takes one graph; this export has {list(manifest['components'])}")
+        raise TargetPlanError(f"`layout` 'transformers.js' takes one graph; this export has "
+                              f"{list(manifest['components'])}", option="layout")
     entry = manifest["components"]["model"]
     source = directory / entry["file"]
     data = source.with_name(source.name + ".data")

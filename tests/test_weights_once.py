@@ -325,10 +325,12 @@ def test_default_merges_only_plain_onnx_decoder_targets():
     assert not wants_merged(target(dynamic=True, merged=False), "text", "dynamic")
     dynamo = parse_recipe('{"export_format": "dynamo", "mode": "generation", "dynamic": true}').exports[0]
     assert not wants_merged(dynamo, "text", "dynamic")
-    with pytest.raises(TargetPlanError, match="vision-language model"):
+    with pytest.raises(TargetPlanError, match="vision-language model") as raised:
         wants_merged(target(merged=True), "vision-language", "dynamic")
-    with pytest.raises(TargetPlanError, match="cache_implementation is 'static'"):
+    assert raised.value.option == "merged"
+    with pytest.raises(TargetPlanError, match="cache_implementation is 'static'") as raised:
         wants_merged(target(layout="transformers.js"), "text", "static")
+    assert raised.value.option == "layout"
 
 
 def test_merged_contract_names_the_two_axes_that_vary(eager):
