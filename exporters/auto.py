@@ -60,7 +60,7 @@ class RecipeExporter:
         components = engine.decompose(model, "generation", {}, inputs, recipe=self.recipe,
                                       multi_token_decode=target.multi_token_decode or target.merged)
         if target.merged:
-            components = merged.plan(target, components, model)
+            components = merged.plan(target, components)
         return engine.export_components(model, target, components, self.recipe, [])
 
 

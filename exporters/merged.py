@@ -72,13 +72,15 @@ def cache_leaves(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {path: tensor for path, tensor in leaf_tensors({key: inputs[key]}).items() if tensor.dim() == 4}
 
 
-def contract(target, inputs: dict[str, Any], max_positions: int | None) -> ComponentOverride:
+def contract(target, inputs: dict[str, Any]) -> ComponentOverride:
     """The dynamic-shape contract of the merged graph when the recipe gives none: the query axis of the token inputs
-    and the sequence axis of every cache tensor, the latter from 0 (the prompt runs on an empty cache).
+    (from 1) and the sequence axis of every cache tensor (from 0: the prompt runs on an empty cache), without an
+    upper bound (the graph takes any length; a bound would be probed, and probing the model's whole context is
+    gigabytes of logits). A recipe that wants bounds declares them in `components.model.dynamic_shapes`.
 
-    ONNX and dynamo get named `{min, max}` dims (the graph's input dims carry no spurious symbols, so runtimes can
-    size an empty cache from them); ExecuTorch gets `"auto"` on the same axes, because named cache dims fail its edge
-    verifier (docs/upstream-gaps.md #4)."""
+    ONNX and dynamo get named dims (the graph's input dims carry no spurious symbols, so runtimes can size an empty
+    cache from them); ExecuTorch gets `"auto"` on the same axes, because named cache dims fail its edge verifier
+    (docs/upstream-gaps.md #4)."""
     leaves = cache_leaves(inputs)
     if not leaves:
         raise TargetPlanError(
@@ -89,8 +91,8 @@ def contract(target, inputs: dict[str, Any], max_positions: int | None) -> Compo
         past: Any = "auto"
         deferred = False
     else:
-        query = {"name": QUERY_DIM, "min": 1, "max": max_positions}
-        past = {"name": PAST_DIM, "min": 0, "max": max_positions - 1 if max_positions else None}
+        query = {"name": QUERY_DIM, "min": 1}
+        past = {"name": PAST_DIM, "min": 0}
         deferred = True
     spec: dict[str, Any] = {name: {"1": query} for name in QUERY_INPUTS if _is_query_input(inputs.get(name))}
     if isinstance(inputs.get("attention_mask"), torch.Tensor):
@@ -105,18 +107,16 @@ def _is_query_input(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() >= 2
 
 
-def plan(target, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]], model):
+def plan(target, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]):
     """The merged component set (`{"model": upstream's multi-token decode}`), and `target` completed with its
     contract (`components.model`) when the recipe gives none."""
-    config = getattr(model.config, "text_config", None) or model.config
-    max_positions = getattr(config, "max_position_embeddings", None)
     if "decode" not in components:
         raise TargetPlanError(f"the merged graph is upstream's multi-token decode, but the capture has "
                               f"{list(components)}: set `merged` to false", option="merged")
     module, inputs = components["decode"]
     override = target.components.get(MERGED)
     if (override is None or override.dynamic_shapes is None) and not target.dynamic_shapes:
-        derived = contract(target, inputs, max_positions)
+        derived = contract(target, inputs)
         if override is not None:  # keep the recipe's tolerances and flags
             derived.validation = override.validation
             derived.strict = override.strict

@@ -86,7 +86,7 @@ class Workbench:
             self.decompositions[key] = engine.decompose(
                 self.model, target.mode, self.sample.forward, self.sample.generate, recipe=recipe,
                 multi_token_decode=key[1], family=self.sample.family)
-        return merged.plan(target, self.decompositions[key], self.model) if target.merged else self.decompositions[key]
+        return merged.plan(target, self.decompositions[key]) if target.merged else self.decompositions[key]
 
 
 def run_pipeline(model: str, options: RunOptions) -> dict[str, Any]:

@@ -30,6 +30,8 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "executorch": (1e-3, 1e-3),
 }
 LOW_PRECISION_TOLERANCE = (1e-2, 1e-2)
+# Logits a probe may produce (tokens x vocabulary); each is held by the eager reference and the artifact's output.
+MAX_PROBE_LOGITS = 1 << 26
 
 
 def tolerance_for(recipe: Recipe, target, component: str, dtype: str | None) -> tuple[float, float]:
@@ -249,9 +251,9 @@ def make_probes(
 ) -> list[tuple[str, dict[str, Any] | None, str | None]]:
     """`(probe id, inputs or None, skip reason)`: the traced inputs, then each dim at each probe size.
 
-    A probe of a language model (`logits_per_token`: its vocabulary size) also costs the logits its tokens produce:
-    a 32k-token prompt is a small input but 20 GB of logits on a 150k vocabulary. Probes past `limit` are skipped
-    with the reason."""
+    Probes whose inputs exceed `limit` elements are skipped with the reason, and so are probes of a language model
+    (`logits_per_token`: its vocabulary size) whose logits would exceed `MAX_PROBE_LOGITS`: a 32k-token prompt is a
+    small input but 20 GB of logits on a 150k vocabulary, computed twice (eager and artifact)."""
     traced_total = sum(t.numel() for t in _leaves(inputs).values())
     probes: list[tuple[str, dict[str, Any] | None, str | None]] = [
         ("traced", inputs, None) if traced_total <= limit else
@@ -268,11 +270,14 @@ def make_probes(
                 resized = resize_along(leaves[path], axis, size, generator, config)
                 _set_leaf(probe, path, resized)
                 total += resized.numel()
+            if total > limit:
+                probes.append((probe_id, None, f"inputs of {total} elements exceed max_probe_elements ({limit})"))
+                continue
             ids = _leaves(probe).get("input_ids")
             logits = ids.numel() * logits_per_token if ids is not None else 0
-            if total + logits > limit:
-                what = f"inputs of {total} elements" + (f" and {logits} logits" if logits else "")
-                probes.append((probe_id, None, f"{what} exceed max_probe_elements ({limit})"))
+            if logits > MAX_PROBE_LOGITS:
+                probes.append((probe_id, None, f"its logits ({logits} elements) exceed what validation computes "
+                                               f"({MAX_PROBE_LOGITS}, {MAX_PROBE_LOGITS * 4 >> 20} MiB in float32)"))
                 continue
             probes.append((probe_id, probe, None))
     return probes
