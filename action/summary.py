@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporters.report import ICONS
+from exporters.markdown import ICONS, cell, reason
 
 MARKER_PREFIX = "<!-- hf-export-action"
 OPERATION_WORDS = {"created": "opened", "updated": "updated", "unchanged": "unchanged"}
@@ -38,15 +38,9 @@ def publish_line(publish: Any | None, *, dry_run: bool = False) -> str:
 
 
 def failed_lines(report: dict[str, Any]) -> list[str]:
-    lines = []
-    for target in report.get("targets", []):
-        if target.get("status") == "passed":
-            continue
-        error = target.get("error") or {}
-        message = str(error.get("message") or "no details").splitlines()[0][:300]
-        lines.append(f"- {ICONS.get(target['status'], '')} `{target['name']}` {target['status']}: "
-                     f"{error.get('type') or 'Error'}: {message}")
-    return lines
+    """One line per target that did not pass (failed or unverified), with its reason."""
+    return [f"- {ICONS.get(t['status'], '')} `{t['name']}` {t['status']}: {cell(reason(t), 300)}"
+            for t in report.get("targets", []) if t.get("status") != "passed"]
 
 
 def headline(report: dict[str, Any]) -> str:
@@ -63,7 +57,7 @@ def run_markdown(report: dict[str, Any], report_md: str, publish: Any | None, *,
     lines = [f"### {headline(report)}", "", publish_line(publish, dry_run=dry_run), ""]
     failed = failed_lines(report)
     if failed:
-        lines += ["Failed targets:", "", *failed, ""]
+        lines += ["Targets that did not pass:", "", *failed, ""]
     lines += list(extra or [])
     if run_url:
         lines += [f"<sub>[Workflow run]({run_url})</sub>", ""]

@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 from .errors import (  # noqa: E402
     AggregateError,
     ArtifactError,
+    DecodeStepError,
     DeviceError,
     ExportActionError,
     JsonPositionError,
@@ -35,6 +36,7 @@ __all__ = [
     "ArtifactError",
     "AutoExportConfig",
     "AutoHfExporter",
+    "DecodeStepError",
     "DeviceError",
     "ExportActionError",
     "JsonPositionError",

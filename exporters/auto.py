@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import engine, upstream
+from .cache_settings import check_second_step
 from .upstream import EXPORT_BACKENDS
 from .errors import RecipeError
 from .recipe import CONFIG_FIELD, RECIPE_FILE, Recipe
@@ -56,11 +57,13 @@ class RecipeExporter:
         target = self.target.model_copy(update={"mode": "generation"}, deep=True)
         if multi_token_decode is not None:
             target.multi_token_decode = multi_token_decode
-        target.merged = merged.wants_merged(target, detect_family(model), self.recipe.generation.cache_implementation)
-        components = engine.decompose(model, "generation", {}, inputs, recipe=self.recipe,
+        setting = engine.cache_setting_for(model, target, self.recipe)
+        target.merged = merged.wants_merged(target, detect_family(model), setting.implementation)
+        components = engine.decompose(model, "generation", {}, inputs, setting=setting,
                                       multi_token_decode=target.multi_token_decode or target.merged)
         if target.merged:
             components = merged.plan(target, components)
+        check_second_step(target, components, setting)
         return engine.export_components(model, target, components, self.recipe, [])
 
 

@@ -42,6 +42,23 @@ def _error(label: str, err: ExportActionError) -> None:
     console.print(f"[bold red]{label}:[/] {escape(err.worded(OPTION_NAMES))}", highlight=False)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from .context import tool_versions
+
+        versions = tool_versions()
+        out.print(f"hf-export {versions.pop('export-action')}", markup=False, highlight=False)
+        for name, version in versions.items():
+            out.print(f"  {name} {version}", markup=False, highlight=False)
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="Print the tool's and the stack's versions, then exit.")) -> None:
+    """Export a model with its repo's recipe (export_config.json), validate every artifact, report."""
+
+
 def _quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -75,6 +92,7 @@ def run(
     endpoint: Optional[str] = typer.Option(None, "--endpoint", envvar="HF_ENDPOINT", help="Hub endpoint URL."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow code from the model repo."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per target (default: recipe or 3600)."),
+    jobs: str = typer.Option("auto", "--jobs", help="Exports at once: a number, or auto (from cores and memory)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Export even when inputs are unchanged."),
     print_report: bool = typer.Option(False, "--print-report", help="Print report.md to stdout at the end."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress display."),
@@ -94,6 +112,9 @@ def run(
     if device not in (None, "cpu", "cuda", "auto"):
         console.print(f"--device must be cpu, cuda or auto, got {device!r}")
         raise typer.Exit(EXIT_USAGE)
+    if jobs != "auto" and (not jobs.isdigit() or int(jobs) < 1):
+        console.print(f"--jobs must be a positive number or auto, got {jobs!r}", markup=False)
+        raise typer.Exit(EXIT_USAGE)
     publish_to = _publish_target(model, repo_id, push or dry_run)
     if quiet:
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
@@ -105,7 +126,7 @@ def run(
     options = RunOptions(
         out_dir=out_dir, targets=list(target), config_path=config, device=device, revision=revision, token=token,
         endpoint=endpoint, trust_remote_code=trust_remote_code, timeout=timeout, use_cache=not no_cache,
-        progress=not quiet,
+        progress=not quiet, jobs=None if jobs == "auto" else int(jobs),
     )
     try:
         report = run_pipeline(model, options)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class RunOptions:
     progress: bool = True
     timeout: float | None = None
     use_cache: bool = True
+    jobs: int | None = None  # exports at once; None: from the cores and the memory (exporters.resources)
 
 
 @dataclass
@@ -71,7 +73,8 @@ class RunContext:
     family: str | None = None
     load_s: float | None = None
     eager_cache: Any = None
-    model_dtype: str | None = None
+    model_dtype: str | None = None  # the dtype the model was loaded in
+    jobs: int | None = None  # exports run at once
 
     def cache_key(self, target_name: str, device: str) -> str:
         """What a target's artifacts depend on: the weights and code, the recipe's target (and shared settings),
@@ -101,6 +104,18 @@ def tool_versions() -> dict[str, str]:
     return versions
 
 
+def cuda_available() -> bool:
+    """Whether a CUDA GPU is visible, asked without initializing CUDA in this process.
+
+    Exports run in children forked from this process, and a child cannot use CUDA once its parent initialized it
+    ("Cannot re-initialize CUDA in forked subprocess"): NVML answers instead (PyTorch's documented switch).
+    """
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def resolve_device(requested: str) -> str:
     """`cpu`, or `cuda` when asked for (a `DeviceError` without a GPU) or when `auto` finds one.
 
@@ -108,10 +123,8 @@ def resolve_device(requested: str) -> str:
         >>> resolve_device("cpu")
         'cpu'
     """
-    import torch
-
     if requested == "cuda":
-        if not torch.cuda.is_available():
+        if not cuda_available():
             raise DeviceError(
                 "the target asks for `device` 'cuda' but no CUDA GPU is visible here (torch.cuda.is_available() is "
                 "False): run it on a GPU runner (see examples/workflows/matrix.yml), or set the device to 'cpu' or "
@@ -119,7 +132,7 @@ def resolve_device(requested: str) -> str:
             )
         return "cuda"
     if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if cuda_available() else "cpu"
     return "cpu"
 
 
@@ -158,6 +171,7 @@ def prepare_run(model: str, options: RunOptions, known_weights: list[dict[str, A
         >>> [t.name for t in context.targets], len(context.weights)
         (['onnx'], 64)
     """
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # see cuda_available: before anything asks torch
     source = resolve_source(model, revision=options.revision, token=options.token, endpoint=options.endpoint)
     recipe, recipe_file, warnings = load_run_recipe(source.folder, options.config_path)
     check_remote_code(source, read_config(source.folder), options.trust_remote_code)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,18 +51,19 @@ def spec_locator(recipe: Recipe, target, component: str):
     return locate
 
 
-def generation_config_for(model, recipe: Recipe):
-    """The generation config the capture runs with (the model's own, with the recipe's cache settings)."""
-    config = copy.deepcopy(model.generation_config)
-    config.do_sample = False
-    if recipe.generation.cache_implementation == "static":
-        config.cache_implementation = "static"
-        if recipe.generation.max_cache_len is not None:
-            config.max_cache_len = recipe.generation.max_cache_len
-    return config
+def cache_setting_for(model, target, recipe: Recipe):
+    """The cache `target` is captured, exported and checked with (`exporters.cache_settings`)."""
+    from .cache_settings import cache_setting, max_positions
+
+    return cache_setting(target, recipe, max_positions(model.config))
 
 
-def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, recipe: Recipe,
+def generation_config_for(model, setting):
+    """The generation config the capture runs with: the model's own, greedy, with the target's cache setting."""
+    return setting.apply(model.generation_config)
+
+
+def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, setting,
               multi_token_decode: bool, family: str | None = None) -> Components:
     """`{component: (module, forward kwargs)}`: one `model` graph, or the complete set of generation components
     (upstream's, plus the stages it leaves out: see `exporters.components`). A merged target takes upstream's
@@ -71,7 +73,7 @@ def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, 
     from .components import complete_components
     from .inputs import detect_family
 
-    generation_config = generation_config_for(model, recipe)
+    generation_config = generation_config_for(model, setting)
     with torch.no_grad():
         components = upstream.decompose_for_generation(
             model,
@@ -120,8 +122,8 @@ def export_components(model, target, components: Components, recipe: Recipe, not
     configs = component_configs(target, components, recipe, notes)
     exported = {name: _export_one(exporter, name, module, inputs, configs[name])
                 for name, (module, inputs) in components.items()}
-    generation_config = generation_config_for(model, recipe) if target.mode == "generation" else None
-    return upstream.ExportedModel(exported, target.export_format, config=model.config, generation_config=generation_config)
+    return upstream.ExportedModel(exported, target.export_format, config=model.config,
+                                  generation_config=_generation_config(model, target, recipe))
 
 
 def export_to(model, target, components: Components, recipe: Recipe, directory: Path, notes: list[str]) -> dict:
@@ -137,7 +139,7 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
 
     exporter = upstream.exporter_class(target.export_format)()
     configs = component_configs(target, components, recipe, notes)
-    generation_config = generation_config_for(model, recipe) if target.mode == "generation" else None
+    generation_config = _generation_config(model, target, recipe)
     timings = {"export_only_s": 0.0, "save_s": 0.0}
     if target.export_format == "executorch" and len(components) > 1:
         started = time.time()
@@ -192,9 +194,20 @@ def _save_methods(program, metadata: dict[str, Any], directory: Path, config, ge
         generation_config.save_pretrained(directory)
 
 
+def _generation_config(model, target, recipe: Recipe):
+    if target.mode != "generation":
+        return None
+    return generation_config_for(model, cache_setting_for(model, target, recipe))
+
+
 def _hint(err: Exception, config) -> str:
     """What to change in the recipe for the failures users hit most."""
     text = str(err)
+    fixed = re.findall(r"^\s+(\w+) = (\d+)$", text, re.M) if "specialized it to be a constant" in text else []
+    if fixed:
+        names = ", ".join(f"'{name}' to {value}" for name, value in fixed)
+        return (f"\nhint: the model's code fixes {names}: that axis cannot be dynamic in this model; declare it "
+                "'static' (or the model's fixed size) in the recipe")
     if "Constraints violated" in text and not config.prefer_deferred_runtime_asserts_over_guards:
         return (
             "\nhint: with explicit {name, min, max} dims most LLMs need "

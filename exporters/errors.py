@@ -33,6 +33,7 @@ from dataclasses import dataclass
 __all__ = [
     "AggregateError",
     "ArtifactError",
+    "DecodeStepError",
     "DeviceError",
     "ExportActionError",
     "JsonPositionError",
@@ -191,6 +192,11 @@ def describe_error(err: BaseException, limit: int = 2000) -> str:
     """
     text = f"{type(err).__name__}: {err}"
     cause = root_cause(err)
-    if cause is not err:
+    if cause is not err and str(cause).strip()[:200] not in text:
         text += f" [root cause: {type(cause).__name__}: {cause}]"
     return text if len(text) < limit else text[:limit] + " …"
+
+
+class DecodeStepError(ExportActionError):
+    """A generation target's decode could run one step and never a second (its cache length would be fixed at the
+    traced size); the message names the recipe change that fixes it."""

@@ -141,7 +141,7 @@ def duplication_finding(stored: int, parameters: int, export_format: str, compon
     elif export_format == "executorch" and tied:
         why = (": the model ties its embedding table to its output projection, and ExecuTorch stores that tensor "
                "twice, once for the embedding lookup (not delegated) and once in XNNPACK's weights for the "
-               "projection (docs/upstream-gaps.md #8)")
+               "projection (docs/upstream-gaps.md #10)")
     return f"the artifacts store {ratio:.2f}x the model's parameter bytes ({stored} of {parameters}){why}"
 
 

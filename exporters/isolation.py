@@ -17,6 +17,7 @@ import logging
 import multiprocessing
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -64,31 +65,60 @@ def _child(work: Callable[[], dict[str, Any]], result_path: Path, log_path: Path
     os._exit(0)
 
 
-def run_isolated(work: Callable[[], dict[str, Any]], *, log_path: Path, timeout: float) -> dict[str, Any]:
-    """Run `work` in a forked process; its printed output is appended to `log_path`.
+class Isolated:
+    """`work` running in a forked child process, started at construction; several can run at once.
 
-    Returns `work`'s dict with `"ok": True`, or `{"ok": False, "type", "message"}` for an exception, with
-    `"status": "crashed" | "timed_out"` when the process died or ran past `timeout` seconds (it is then killed).
+    `wait(seconds)` waits at most that long for it to end; `result()` (once ended, or past its `timeout`, when the
+    child is killed) is `work`'s dict with `"ok": True`, or `{"ok": False, "type", "message"}` for an exception,
+    with `"status": "crashed" | "timed_out"` when the process died or ran past `timeout` seconds.
     """
-    result_path = log_path.with_suffix(".result.json")
-    result_path.unlink(missing_ok=True)
-    context = multiprocessing.get_context("fork")
-    process = context.Process(target=_child, args=(work, result_path, log_path), daemon=True)
-    process.start()
-    process.join(timeout)
-    if process.is_alive():
-        process.kill()
-        process.join()
-        return {"ok": False, "status": TIMED_OUT, "type": "TimeoutError",
-                "message": f"the export ran past its timeout of {timeout:g} s and was stopped"}
-    if not result_path.exists():
-        code = process.exitcode
-        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        return {"ok": False, "status": CRASHED, "type": "Crash",
-                "message": f"the exporting process died ({how}) before finishing; see the log"}
-    result = json.loads(result_path.read_text())
-    result_path.unlink()
-    return result
+
+    def __init__(self, work: Callable[[], dict[str, Any]], *, log_path: Path, timeout: float):
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.result_path = log_path.with_suffix(".result.json")
+        self.result_path.unlink(missing_ok=True)
+        context = multiprocessing.get_context("fork")
+        self.process = context.Process(target=_child, args=(work, self.result_path, log_path), daemon=True)
+        self.process.start()
+
+    @property
+    def sentinel(self) -> int:
+        """A handle `multiprocessing.connection.wait` can wait on with others."""
+        return self.process.sentinel
+
+    def done(self) -> bool:
+        return not self.process.is_alive() or time.monotonic() >= self.deadline
+
+    def wait(self, seconds: float | None = None) -> bool:
+        """Wait until the child ended or its deadline passed (at most `seconds`); whether it is done."""
+        left = max(0.0, self.deadline - time.monotonic())
+        self.process.join(left if seconds is None else min(seconds, left))
+        return self.done()
+
+    def result(self) -> dict[str, Any]:
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+            return {"ok": False, "status": TIMED_OUT, "type": "TimeoutError",
+                    "message": f"the export ran past its timeout of {self.timeout:g} s and was stopped"}
+        self.process.join()
+        if not self.result_path.exists():
+            code = self.process.exitcode
+            how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            return {"ok": False, "status": CRASHED, "type": "Crash",
+                    "message": f"the exporting process died ({how}) before finishing; see the log"}
+        result = json.loads(self.result_path.read_text())
+        self.result_path.unlink()
+        return result
+
+
+def run_isolated(work: Callable[[], dict[str, Any]], *, log_path: Path, timeout: float) -> dict[str, Any]:
+    """Run `work` in a forked process and wait for it; its printed output is appended to `log_path`. The result is
+    [`Isolated.result`]'s."""
+    run = Isolated(work, log_path=log_path, timeout=timeout)
+    run.wait()
+    return run.result()
 
 
 def log_excerpt(log_path: Path, limit: int = 3000) -> str:

@@ -73,18 +73,22 @@ def apply_onnx_file_options(target, directory: Path) -> None:
         _save(onnx.load(str(files[0])), destination, embedded=True)
 
 
-def strip_weights(directory: Path) -> list[str]:
-    """`export_params: false`: every initializer becomes a graph input without a value. Returns their names."""
+def strip_weights(directory: Path, output_path: str | None = None) -> list[str]:
+    """`export_params: false`: every initializer becomes a graph input without a value, in every component and in
+    the `output_path` copy. Returns the stripped names (of the components)."""
     import onnx
 
     stripped: list[str] = []
-    for path in _component_files(directory):
+    files = _component_files(directory)
+    for path in [*files, *([directory / output_path] if output_path else [])]:
         model = onnx.load(str(path), load_external_data=False)
         _add_initializers_as_inputs(model)
-        stripped += [tensor.name for tensor in model.graph.initializer]
+        if path in files:
+            stripped += [tensor.name for tensor in model.graph.initializer]
         del model.graph.initializer[:]
         _save(model, path, embedded=True)
-        path.with_name(path.name + ".data").write_bytes(b"")
+        if path in files:
+            path.with_name(path.name + ".data").write_bytes(b"")  # upstream's loader lists every component's sidecar
     return stripped
 
 

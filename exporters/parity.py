@@ -8,7 +8,13 @@
   prompt → `embed_tokens`; image features merged at the image tokens → `language_model` → `lm_head` → `decode` × N.
 
 Between graphs only the glue the model's own forward does in Python runs here: feature-layer selection, the
-token merge, argmax.
+token merge, and token selection by the rules of `exporters.greedy` (eager's own logits processors, then argmax).
+
+Each step is fed as a runtime would: the cache the previous graph returned, the next `position_ids` (and
+`cache_position` when the graph takes one), and the attention mask in the captured layout. A static cache
+(`cache_implementation: "static"`) is the fixed-size `StaticCache` the graph writes into: its keys/values keep
+`max_cache_len` slots, its `cumulative_length` leaf is the write position, and the mask is the 4D causal mask over
+those slots (`[batch, 1, query, max_cache_len]`, true up to the current position).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 import torch
 
 from .errors import describe_error
+from .greedy import Greedy, Tolerances, eager_reference
 from .results import GenerationReport
 from .upstream import run_component
 
@@ -50,6 +57,18 @@ def _output_cache(output: Any) -> Any:
     raise KeyError("the component returns no cache")
 
 
+def causal_mask(like: torch.Tensor, start: int, length: int) -> torch.Tensor:
+    """A 4D mask shaped like the captured `like` (`[batch, heads, query, slots]`) for `length` queries at positions
+    `start…`: each sees the slots up to its own position. Boolean (true: attend) or additive (0 / dtype minimum)."""
+    batch, heads, _, slots = like.shape
+    query = torch.arange(start, start + length).unsqueeze(-1)
+    allowed = (torch.arange(slots).unsqueeze(0) <= query).expand(batch, heads, length, slots).contiguous()
+    if like.dtype == torch.bool:
+        return allowed
+    blocked = torch.full_like(allowed, torch.finfo(like.dtype).min, dtype=like.dtype)
+    return torch.where(allowed, torch.zeros_like(blocked), blocked)
+
+
 def step_inputs(template: dict[str, Any], ids: torch.Tensor, start: int, cache: Any) -> dict[str, Any]:
     """A call like the captured `template`, for token `ids` at positions `start…`, with `cache`."""
     inputs = copy.deepcopy({k: v for k, v in template.items() if k not in CACHE_KEYS})
@@ -66,183 +85,141 @@ def step_inputs(template: dict[str, Any], ids: torch.Tensor, start: int, cache: 
     mask = inputs.get(mask_key)
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:
         inputs[mask_key] = torch.ones(batch, start + length, dtype=mask.dtype)
+    elif isinstance(mask, torch.Tensor) and mask.dim() == 4:  # a static cache: causal over its fixed slots
+        inputs[mask_key] = causal_mask(mask, start, length)
     key = _cache_key(template)
     if key is not None:
         inputs[key] = cache
     return inputs
 
 
-# Logits processors that change greedy choices: parity compares plain greedy decoding (argmax, stop at EOS), so the
-# eager reference runs without them.
-_PROCESSOR_SETTINGS = {
-    "min_new_tokens": None, "min_length": 0, "repetition_penalty": None, "no_repeat_ngram_size": None,
-    "suppress_tokens": None, "begin_suppress_tokens": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
-    "bad_words_ids": None, "encoder_repetition_penalty": None, "sequence_bias": None, "renormalize_logits": False,
-}
+def _report(greedy: Greedy, tokens: list[torch.Tensor], prompt: int | None, cache: dict[str, Any] | None,
+            reason: str | None = None, failed: bool = False) -> GenerationReport:
+    produced = torch.stack(tokens, dim=1).tolist() if tokens else []
+    eager = greedy.reference.tokens.tolist()
+    divergence = greedy.divergence
+    status = "failed" if failed or divergence is not None else "passed"
+    if failed and divergence is None:
+        divergence = {"step": len(tokens)}
+    if status == "passed" and len(tokens) < 2:
+        # Only the prefill's first token was compared: the decode graph never ran, so it was not checked.
+        status, reason = "skipped", (f"generation stopped at EOS after {len(tokens)} token(s), so the decode graph "
+                                     "was never run; use a prompt or generation settings that produce at least two "
+                                     "tokens")
+    return GenerationReport(status, greedy.steps, prompt, len(eager), eager, produced, divergence, reason,
+                            near_ties=greedy.near_ties, logits_processors=greedy.reference.processor_names,
+                            cache=cache)
 
 
-@dataclass
-class _Greedy:
-    """Greedy decoding settings shared by the eager and the exported side."""
-
-    steps: int
-    eos: set[int]
-    pad: int
-
-    @classmethod
-    def from_config(cls, generation_config, steps: int) -> _Greedy:
-        eos = generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        pad = generation_config.pad_token_id
-        if pad is None:
-            pad = min(eos_ids) if eos_ids else 0
-        return cls(steps, eos_ids, int(pad))
-
-
-def _eager_tokens(model, generate_inputs: dict[str, Any], generation_config, greedy: _Greedy,
-                  prefix: torch.Tensor) -> torch.Tensor:
-    """Eager `generate(do_sample=False)`: up to `steps` new tokens, stopping at EOS, without logits processors."""
-    config = copy.deepcopy(generation_config)
-    config.max_new_tokens = greedy.steps
-    config.do_sample = False
-    for name, value in _PROCESSOR_SETTINGS.items():
-        if hasattr(config, name):
-            setattr(config, name, value)
-    with torch.no_grad():
-        sequences = model.generate(**copy.deepcopy(generate_inputs), generation_config=config)
-    # Decoder-only models return the prompt first; encoder-decoders the decoder's start tokens (Whisper strips them).
-    start = prefix.shape[1]
-    if sequences.shape[1] >= start and torch.equal(sequences[:, :start].cpu(), prefix.cpu()):
-        return sequences[:, start:]
-    return sequences
-
-
-def _until_eos(row: list[int], greedy: _Greedy) -> list[int]:
-    """A row's tokens before its first EOS: how models format the end (kept, stripped, padded) varies."""
-    for index, token in enumerate(row):
-        if token in greedy.eos:
-            return row[:index]
-    return row
-
-
-def _compare(eager: torch.Tensor, tokens: list[torch.Tensor], greedy: _Greedy, prompt: int) -> GenerationReport:
-    produced = torch.stack(tokens, dim=1).tolist()
-    expected = eager.tolist()
-    want = [_until_eos(row, greedy) for row in expected]
-    got = [_until_eos(row, greedy) for row in produced]
-    divergence = None
-    for row, (a, b) in enumerate(zip(want, got)):
-        for step in range(max(len(a), len(b))):
-            left = a[step] if step < len(a) else "EOS"
-            right = b[step] if step < len(b) else "EOS"
-            if left != right:
-                divergence = {"batch": row, "step": step, "eager": left, "exported": right}
-                break
-        if divergence:
-            break
-    return GenerationReport("passed" if divergence is None else "failed", greedy.steps, prompt, len(expected),
-                            expected, produced, divergence)
-
-
-def _decode_loop(first_logits: torch.Tensor, cache: Any, position: int, greedy: _Greedy, stepper: _Stepper,
+def _decode_loop(first_logits: torch.Tensor, cache: Any, sequence: torch.Tensor, greedy: Greedy, stepper: _Stepper,
                  tokens: list[torch.Tensor], extra: dict[str, Any] | None = None) -> None:
-    """Argmax, feed back, until `steps` tokens or every row has emitted EOS (finished rows then emit padding)."""
+    """Select, feed back, until `steps` tokens, every row at EOS (finished rows then emit padding) or a divergence.
+
+    `sequence` holds every token the model has seen (the prompt, or the decoder's start tokens): the processors
+    read it, and its length is the next position.
+    """
     logits = first_logits
     finished = torch.zeros(first_logits.shape[0], dtype=torch.bool)
+    eos = torch.tensor(sorted(greedy.eos), dtype=torch.long)
     for step in range(greedy.steps):
-        next_token = logits[:, -1].argmax(-1)
-        next_token = torch.where(finished, torch.full_like(next_token, greedy.pad), next_token)
-        tokens.append(next_token)
-        finished |= torch.isin(next_token, torch.tensor(sorted(greedy.eos), dtype=next_token.dtype))
+        token = greedy.select(step, sequence, logits[:, -1].cpu(), finished).cpu()
+        tokens.append(token)
+        if greedy.divergence is not None:
+            return
+        sequence = torch.cat([sequence.cpu(), token[:, None].to(sequence.dtype)], dim=1)
+        finished |= torch.isin(token, eos)
         if step == greedy.steps - 1 or bool(finished.all()):
             return
-        out = stepper(next_token, position, cache, extra)
+        out = stepper(token, sequence.shape[1] - 1, cache, extra)
         logits, cache = out["logits"], _output_cache(out)
-        position += 1
 
 
-def _prefix(components, generate_inputs: dict[str, Any], family: str) -> torch.Tensor:
-    if family in ("seq2seq", "speech-seq2seq"):
-        return components["prefill"][1]["decoder_input_ids"]
-    return generate_inputs["input_ids"]
-
-
-def eager_reference(model, components, generate_inputs: dict[str, Any], steps: int, generation_config,
-                    family: str) -> torch.Tensor | None:
-    """The eager tokens [`generation_parity`] compares with, computed ahead (so the eager model can be released
-    before the artifact is loaded); None where parity does not run."""
-    if getattr(generation_config, "cache_implementation", None) == "static" or family not in PARITY_FAMILIES:
-        return None
-    greedy = _Greedy.from_config(generation_config, steps)
-    return _eager_tokens(model, generate_inputs, generation_config, greedy, _prefix(components, generate_inputs, family))
-
-
-PARITY_FAMILIES = ("text", "seq2seq", "speech-seq2seq", "vision-language")
+def _cache_summary(generation_config) -> dict[str, Any]:
+    if getattr(generation_config, "cache_implementation", None) == "static":
+        return {"implementation": "static", "max_cache_len": getattr(generation_config, "max_cache_len", None)}
+    return {"implementation": "dynamic"}
 
 
 def generation_parity(model, components, exported, generate_inputs: dict[str, Any], steps: int,
-                      generation_config, family: str, reference: torch.Tensor | None = None) -> GenerationReport:
-    """Run the family's pipeline through the exported graphs and compare with eager `generate()` (`reference`: its
-    tokens from [`eager_reference`], else computed here)."""
+                      generation_config, family: str, tolerances: Tolerances, reference: Any = None) -> GenerationReport:
+    """Run the family's pipeline through the exported graphs and compare with eager `generate()`, both selecting
+    tokens by the processors eager builds (see `exporters.greedy`). `reference`: eager's run, made ahead by
+    [`reference_for`] (so the eager weights can be freed before the artifact loads); else it is made here."""
     names = set(exported.components)
-    if getattr(generation_config, "cache_implementation", None) == "static":
-        return GenerationReport("skipped", steps, reason="parity is not run for static-cache exports yet")
-    drivers = {
-        "text": (_decoder_only, {"prefill", "decode"}),
-        "seq2seq": (_encoder_decoder, {"encoder", "prefill", "decode"}),
-        "speech-seq2seq": (_encoder_decoder, {"encoder", "prefill", "decode"}),
-        "vision-language": (_vision_language,
-                            {"image_encoder", "multi_modal_projector", "embed_tokens", "language_model", "lm_head",
-                             "decode"}),
-    }
-    if family not in drivers:
+    cache = _cache_summary(generation_config)
+    if family not in DRIVERS:
         return GenerationReport("skipped", steps, reason=f"parity from raw inputs is not implemented for {family} "
-                                                          "models")
-    driver, needed = drivers[family]
+                                                          "models", cache=cache)
+    driver, needed = DRIVERS[family]
     if family == "text" and "model" in names:
         driver, needed = _merged_decoder, {"model"}
     missing = sorted(needed - names)
     if missing:
         return GenerationReport("failed", steps, reason=f"cannot generate from raw inputs: missing component(s) "
-                                                        f"{missing}")
-    greedy = _Greedy.from_config(generation_config, steps)
-    eager = reference if reference is not None else _eager_tokens(
-        model, generate_inputs, generation_config, greedy, _prefix(components, generate_inputs, family))
+                                                        f"{missing}", cache=cache)
+    prefix = _prefix(components, generate_inputs, family)
+    limit = cache.get("max_cache_len")
+    if limit is not None and prefix.shape[1] + steps > limit:
+        return GenerationReport("failed", steps, reason=(
+            f"the static cache holds {limit} positions, fewer than the prompt ({prefix.shape[1]}) plus max_new_tokens "
+            f"({steps}): raise generation.max_cache_len or shorten the prompt"), cache=cache)
+    if reference is None:
+        reference = reference_for(model, generate_inputs, generation_config, steps)
+    if isinstance(reference, Exception):  # the reference could not run: the check did not run, it did not fail
+        return GenerationReport("skipped", steps, reason=f"eager generate() failed: {describe_error(reference)}",
+                                cache=cache)
+    eos, pad = Greedy.special_tokens(generation_config)
+    greedy = Greedy(steps, eos, pad, reference, tolerances)
     tokens: list[torch.Tensor] = []
     try:
         prompt = driver(model, components, exported.runners, generate_inputs, greedy, tokens)
     except NotImplementedError as err:
-        return GenerationReport("skipped", steps, reason=str(err))
+        report = _report(greedy, tokens, None, cache, reason=str(err))
+        report.status = "skipped"
+        return report
     except Exception as err:  # an artifact that cannot generate is a failed check, with the reason
-        return GenerationReport("failed", steps, None, int(eager.shape[0]), eager.tolist(),
-                                torch.stack(tokens, 1).tolist() if tokens else [],
-                                first_divergence={"step": len(tokens)}, reason=describe_error(err))
-    return _compare(eager, tokens, greedy, prompt)
+        return _report(greedy, tokens, None, cache, reason=describe_error(err), failed=True)
+    return _report(greedy, tokens, prompt, cache)
 
 
-def _decoder_only(model, components, runners, generate_inputs, greedy: _Greedy, tokens) -> int:
+def reference_for(model, generate_inputs: dict[str, Any], generation_config, steps: int) -> Any:
+    """Eager's greedy run parity compares with (`exporters.greedy.eager_reference`), or the exception it raised."""
+    try:
+        return eager_reference(model, generate_inputs, generation_config, steps)
+    except Exception as err:
+        return err
+
+
+def _prefix(components, generate_inputs: dict[str, Any], family: str) -> torch.Tensor:
+    """The tokens the decoder has seen before the first generated one."""
+    if family in ("seq2seq", "speech-seq2seq"):
+        return components["prefill"][1]["decoder_input_ids"]
+    return generate_inputs["input_ids"]
+
+
+def _decoder_only(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
     prefill_template = components["prefill"][1]
     key = _cache_key(prefill_template)
     ids = generate_inputs["input_ids"]
-    empty = copy.deepcopy(prefill_template[key]) if key else None
+    empty = copy.deepcopy(prefill_template[key]) if key else None  # a static cache: allocated by the graph
     out = run_component(runners["prefill"], step_inputs(prefill_template, ids, 0, empty))
     stepper = _Stepper(runners["decode"], components["decode"][1])
-    _decode_loop(out["logits"], _output_cache(out), ids.shape[1], greedy, stepper, tokens)
+    _decode_loop(out["logits"], _output_cache(out), ids, greedy, stepper, tokens)
     return int(ids.shape[1])
 
 
-def _merged_decoder(model, components, runners, generate_inputs, greedy: _Greedy, tokens) -> int:
+def _merged_decoder(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
     from .merged import MERGED, prompt_inputs
 
     template = components[MERGED][1]
     ids = generate_inputs["input_ids"]
     out = run_component(runners[MERGED], prompt_inputs(template, ids))
     stepper = _Stepper(runners[MERGED], template)
-    _decode_loop(out["logits"], _output_cache(out), ids.shape[1], greedy, stepper, tokens)
+    _decode_loop(out["logits"], _output_cache(out), ids, greedy, stepper, tokens)
     return int(ids.shape[1])
 
 
-def _encoder_decoder(model, components, runners, generate_inputs, greedy: _Greedy, tokens) -> int:
+def _encoder_decoder(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
     encoder_template = components["encoder"][1]
     encoder_inputs = {**encoder_template, **{k: v for k, v in generate_inputs.items() if k in encoder_template}}
     encoded = run_component(runners["encoder"], encoder_inputs)
@@ -258,7 +235,7 @@ def _encoder_decoder(model, components, runners, generate_inputs, greedy: _Greed
     inputs.update(extra)
     out = run_component(runners["prefill"], inputs)
     stepper = _Stepper(runners["decode"], components["decode"][1])
-    _decode_loop(out["logits"], _output_cache(out), start.shape[1], greedy, stepper, tokens, extra)
+    _decode_loop(out["logits"], _output_cache(out), start, greedy, stepper, tokens, extra)
     source = next(iter(generate_inputs.values()))
     return int(source.shape[-1])
 
@@ -279,7 +256,7 @@ def select_image_features(vision_outputs: Any, config) -> torch.Tensor:
     return pool[0] if len(pool) == 1 else torch.cat(pool, dim=-1)
 
 
-def _vision_language(model, components, runners, generate_inputs, greedy: _Greedy, tokens) -> int:
+def _vision_language(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
     config = model.config
     vision_template = components["image_encoder"][1]
     vision_inputs = dict(vision_template)
@@ -312,5 +289,14 @@ def _vision_language(model, components, runners, generate_inputs, greedy: _Greed
     logits = run_component(runners["lm_head"], {head_key: hidden["last_hidden_state"][:, -1:]})
     logits = logits if isinstance(logits, torch.Tensor) else next(iter(logits.values()))
     stepper = _Stepper(runners["decode"], components["decode"][1])
-    _decode_loop(logits, _output_cache(hidden), ids.shape[1], greedy, stepper, tokens)
+    _decode_loop(logits, _output_cache(hidden), ids, greedy, stepper, tokens)
     return int(ids.shape[1])
+
+
+DRIVERS = {
+    "text": (_decoder_only, {"prefill", "decode"}),
+    "seq2seq": (_encoder_decoder, {"encoder", "prefill", "decode"}),
+    "speech-seq2seq": (_encoder_decoder, {"encoder", "prefill", "decode"}),
+    "vision-language": (_vision_language, {"image_encoder", "multi_modal_projector", "embed_tokens",
+                                           "language_model", "lm_head", "decode"}),
+}

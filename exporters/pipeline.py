@@ -17,76 +17,28 @@ parent that has loaded no runtime yet.
 
 from __future__ import annotations
 
-import copy
 import gc
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 from typing import Any
 
 from . import fsutil
 from .context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
 from .errors import DeviceError, describe_error
-from .footprint import ModelWeights, record_footprint
+from .footprint import record_footprint
 from .hashing import file_entries
-from .isolation import log_excerpt, run_isolated
+from .isolation import Isolated, log_excerpt
 from .progress import Progress
+from .resources import default_jobs
 from .results import TargetResult
 from .reuse import Signer, previous_report, reusable
 from .status import FAILED, PASSED, UNVERIFIED
+from .workbench import Workbench
 
 __all__ = ["RunOptions", "run_pipeline", "validate_existing"]
 STAGING_PREFIX = ".staging-"
-
-
-@dataclass
-class Workbench:
-    """The loaded model, its sample inputs, and what is shared across targets: decompositions, eager outputs."""
-
-    model: Any
-    sample: Any
-    eager: Any
-    weights: Any  # exporters.footprint.ModelWeights, read at load (validation may free the weights)
-    decompositions: dict[tuple, Any] = field(default_factory=dict)
-
-    @classmethod
-    def load(cls, context: RunContext, options: RunOptions, targets: list[Any]) -> Workbench:
-        """Load the model once: in the targets' dtype when they all ask for the same one (a float16 target of a
-        float32 checkpoint never holds a float32 copy); else in the checkpoint's, each export converting its own."""
-        from .inputs import make_sample_inputs
-        from .source import load_model, load_tokenizer
-        from .validate import EagerCache
-
-        started = time.time()
-        dtypes = {target.dtype for target in targets}
-        model = load_model(context.source, trust_remote_code=options.trust_remote_code,
-                           dtype=dtypes.pop() if len(dtypes) == 1 else None)
-        sample = make_sample_inputs(model, context.recipe.inputs, load_tokenizer(context.source.folder))
-        context.family, context.load_s = sample.family, round(time.time() - started, 3)
-        context.model_dtype = str(model.dtype).removeprefix("torch.")
-        context.eager_cache = EagerCache()
-        return cls(model, sample, context.eager_cache, ModelWeights.of(model))
-
-    def plan(self, target: Any) -> Any:
-        """The target with its mode decided (the recipe's, else from the model)."""
-        from .inputs import default_mode
-
-        target = target.model_copy(deep=True)
-        target.mode = target.mode or default_mode(self.model)
-        return target
-
-    def components(self, target: Any, recipe: Any) -> Any:
-        """The target's `{component: (module, forward inputs)}`, captured once per mode and decode layout; a merged
-        target's one graph is upstream's multi-token decode (`exporters.merged`)."""
-        from . import engine, merged
-
-        target.merged = merged.wants_merged(target, self.sample.family, recipe.generation.cache_implementation)
-        key = (target.mode, target.multi_token_decode or target.merged)
-        if key not in self.decompositions:
-            self.decompositions[key] = engine.decompose(
-                self.model, target.mode, self.sample.forward, self.sample.generate, recipe=recipe,
-                multi_token_decode=key[1], family=self.sample.family)
-        return merged.plan(target, self.decompositions[key]) if target.merged else self.decompositions[key]
 
 
 def run_pipeline(model: str, options: RunOptions) -> dict[str, Any]:
@@ -149,83 +101,133 @@ def _new_result(target: Any, context: RunContext, options: RunOptions) -> Target
                         reproduce=_reproduce_command(context, options, target.name))
 
 
+@dataclass
+class _Export:
+    """One target on its way: planned (device, components), exporting in a child, then validated."""
+
+    target: Any
+    result: TargetResult
+    components: Any = None
+    staging: Path | None = None
+    run: Isolated | None = None
+    started: float = 0.0
+
+
 def _export_and_validate(targets: list[Any], context: RunContext, options: RunOptions) -> list[TargetResult]:
+    """Export the targets, up to `jobs` at a time in child processes, and validate each from disk.
+
+    Every child is forked before the first validation starts: the children fork from a parent that has not yet
+    loaded ONNX Runtime sessions or ExecuTorch programs (so no runtime's threads or memory are forked); validation
+    then overlaps with the exports still running.
+    """
     bench = Workbench.load(context, options, targets)
-    out_dir = options.out_dir
-    results, exported = [], []
+    results: list[TargetResult] = []
     with Progress(options.progress) as progress:
+        planned = []
         for target in targets:
             target = bench.plan(target)
-            result = _new_result(target, context, options)
-            results.append(result)
-            final = _export_target(target, result, bench, context, options, progress)
-            if final is not None:
-                exported.append((target, result, final))
-        # Validation runs after every export: the export processes fork from a parent that has not yet loaded
-        # ONNX Runtime sessions or programs, so they stay as small as a bare export (and no runtime's threads are
-        # forked).
-        for index, (target, result, final) in enumerate(exported):
-            progress.update(target.name, "validating")
-            # after the last target's eager references nothing needs the eager weights: freed before its artifact
-            _validate_into(result, target, context, bench, final, trust_artifacts=True,
-                           last=index == len(exported) - 1)
-            _after_validation(result, target, final)
-            result.files = file_entries(final, out_dir)
-            record_footprint(result, target, final, bench.weights)
-            progress.update(target.name, _stage_label(result.status), done=True)
-            gc.collect()  # the loaded programs and runtime sessions of this target are no longer needed
+            item = _Export(target, _new_result(target, context, options))
+            results.append(item.result)
+            if _prepare(item, bench, context, options, progress):
+                planned.append(item)
+        jobs = options.jobs or default_jobs(weight_bytes=_weight_bytes(bench.model), targets=len(planned))
+        context.jobs = jobs
+        pending, running, exported = list(planned), [], []
+        while pending or running or exported:
+            while pending and len(running) < jobs:
+                running.append(_start(pending.pop(0), bench, context, options, progress))
+            if exported and not pending:
+                item = exported.pop(0)
+                # the last validation: no export or reference needs the eager weights after its references
+                _validate(item, context, bench, options, progress, last=not running and not exported)
+                continue
+            mp_wait([item.run.sentinel for item in running], timeout=1.0)
+            for item in [i for i in running if i.run.done()]:
+                running.remove(item)
+                if _finish(item, options, progress):
+                    exported.append(item)
     return results
 
 
-def _stage_label(status: str) -> str:
-    colour = {PASSED: "green", UNVERIFIED: "yellow"}.get(status, "red")
-    return f"[{colour}]{status}"
+def _weight_bytes(model: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def _export_target(target: Any, result: TargetResult, bench: Workbench, context: RunContext, options: RunOptions,
-                   progress: Progress) -> Path | None:
-    """Export one target in a child process into a staging folder, then move it into place. Its final folder, or
-    None when it failed (the reason is on `result`)."""
-    out_dir = options.out_dir
-    log_path = fsutil.fresh_file(out_dir / "logs" / f"{target.name}.log")
+def _prepare(item: _Export, bench: Workbench, context: RunContext, options: RunOptions, progress: Progress) -> bool:
+    """Resolve the device and capture the components (in this process); False when the target already failed."""
+    target, result = item.target, item.result
     try:
         result.device = resolve_device(options.device or target.device)
     except DeviceError as err:
         result.error = {"type": "DeviceError", "message": str(err)}
         progress.update(target.name, "[red]failed: no GPU", done=True)
-        return None
+        return False
     result.cache_key = context.cache_key(target.name, result.device)
     progress.update(target.name, "capturing inputs")
     try:
-        components = bench.components(target, context.recipe)
+        item.components = bench.components(target, context.recipe)
     except Exception as err:
         result.error = {"type": type(err).__name__, "message": describe_error(err)}
         progress.update(target.name, "[red]failed: capture", done=True)
-        return None
-    result.expected_components = _expected(target, bench.sample.family, components)
-    staging = fsutil.fresh_dir(out_dir / f"{STAGING_PREFIX}{target.name}")
-    device = result.device
+        return False
+    result.expected_components = _expected(target, bench.sample.family, item.components)
+    result.findings += bench.contract_notes(target)
+    progress.update(target.name, "waiting for a free export slot")
+    return True
+
+
+def _start(item: _Export, bench: Workbench, context: RunContext, options: RunOptions, progress: Progress) -> _Export:
+    """Fork the child that exports one target into its staging folder."""
+    target, out_dir = item.target, options.out_dir
+    log_path = fsutil.fresh_file(out_dir / "logs" / f"{target.name}.log")
+    item.staging = fsutil.fresh_dir(out_dir / f"{STAGING_PREFIX}{target.name}")
+    device, components, staging = item.result.device, item.components, item.staging
 
     def work() -> dict[str, Any]:
         return _export_work(bench.model, target, components, context.recipe, staging, device)
 
     progress.update(target.name, f"exporting {target.export_format} ({len(components)} component(s))")
-    started = time.time()
-    outcome = run_isolated(work, log_path=log_path, timeout=target.timeout or options.timeout or DEFAULT_TIMEOUT_S)
-    result.timings["export_s"] = round(time.time() - started, 3)
+    item.started = time.time()
+    item.run = Isolated(work, log_path=log_path, timeout=target.timeout or options.timeout or DEFAULT_TIMEOUT_S)
+    return item
+
+
+def _finish(item: _Export, options: RunOptions, progress: Progress) -> bool:
+    """Take a child's outcome: the staging folder moved into place (True), or the failure recorded (False)."""
+    target, result = item.target, item.result
+    outcome = item.run.result()
+    result.timings["export_s"] = round(time.time() - item.started, 3)
+    log_path = options.out_dir / "logs" / f"{target.name}.log"
     if not outcome.get("ok"):
-        fsutil.remove(staging)
+        fsutil.remove(item.staging)
         result.status = outcome.get("status", FAILED)
         result.error = {"type": outcome.get("type"), "message": outcome.get("message"),
                         "log_excerpt": log_excerpt(log_path)}
         progress.update(target.name, f"[red]{result.status}", done=True)
-        return None
+        return False
     result.findings += outcome.get("notes", [])
     result.timings.update(trace_s=outcome.get("export_only_s"), save_s=outcome.get("save_s"))
-    final = out_dir / target.name
-    fsutil.move_into_place(staging, final)
+    fsutil.move_into_place(item.staging, options.out_dir / target.name)
     progress.update(target.name, "exported; validation follows")
-    return final
+    return True
+
+
+def _validate(item: _Export, context: RunContext, bench: Workbench, options: RunOptions, progress: Progress,
+              last: bool = False) -> None:
+    target, result = item.target, item.result
+    final = options.out_dir / target.name
+    progress.update(target.name, "validating")
+    _validate_into(result, target, context, bench, final, trust_artifacts=True, last=last)
+    _after_validation(result, target, final)
+    result.files = file_entries(final, options.out_dir)
+    record_footprint(result, target, final, bench.weights)
+    progress.update(target.name, _stage_label(result.status), done=True)
+    gc.collect()  # the loaded programs and runtime sessions of this target are no longer needed
+
+
+def _stage_label(status: str) -> str:
+    colour = {PASSED: "green", UNVERIFIED: "yellow"}.get(status, "red")
+    return f"[{colour}]{status}"
 
 
 def _expected(target: Any, family: str, components: Any) -> list[str]:
@@ -242,12 +244,12 @@ def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging:
     import torch
 
     from . import engine
-    from .upstream import cast_leaf_tensors
+    from .upstream import move_to
 
     if target.dtype is not None or device != "cpu":
         dtype = getattr(torch, target.dtype) if target.dtype else None
         model = model.to(device=device, dtype=dtype)
-        components = {name: (module.to(device=device, dtype=dtype), cast_leaf_tensors(inputs, dtype=dtype, device=device))
+        components = {name: (module.to(device=device, dtype=dtype), move_to(inputs, device, dtype))
                       for name, (module, inputs) in components.items()}
     notes: list[str] = []
     return {"notes": notes, **engine.export_to(model, target, components, recipe, staging, notes)}
@@ -255,7 +257,7 @@ def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging:
 
 def _validate_into(result: TargetResult, target: Any, context: RunContext, bench: Workbench, directory: Path,
                    trust_artifacts: bool, last: bool = False) -> None:
-    from .engine import generation_config_for, release_weights
+    from .engine import release_weights
     from .validate import validate_target
 
     started = time.time()
@@ -264,8 +266,8 @@ def _validate_into(result: TargetResult, target: Any, context: RunContext, bench
         validation = validate_target(
             target=target, recipe=recipe, directory=directory, components=bench.components(target, recipe),
             model=bench.model, family=bench.sample.family, generate_inputs=bench.sample.generate, eager=bench.eager,
-            generation_config=generation_config_for(bench.model, recipe) if target.mode == "generation" else None,
-            expected_components=result.expected_components, trust_artifacts=trust_artifacts,
+            generation_config=bench.generation_config(target, recipe),
+            expected_components=result.expected_components, trust_artifacts=trust_artifacts, device=result.device,
             release_model=(lambda: release_weights(bench.model)) if last else None,
         )
     except Exception as err:
@@ -281,10 +283,11 @@ def _after_validation(result: TargetResult, target: Any, final: Path) -> None:
     if result.status == PASSED and target.export_format == "onnx" and not target.export_params:
         from .onnx_files import strip_weights
 
-        stripped = strip_weights(final)
+        stripped = strip_weights(final, target.output_path)
+        copy = f" and from {target.output_path}" if target.output_path else ""
         result.findings.append(
-            f"export_params: false — validated with weights, then {len(stripped)} weights were stripped: "
-            "the published graph takes them as inputs"
+            f"export_params: false — validated with weights, then {len(stripped)} weights were stripped from every "
+            f"graph{copy}: the published graphs take them as inputs"
         )
 
 
@@ -309,7 +312,7 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
     out_dir = options.out_dir
     previous = {t.get("name"): t for t in previous_report(out_dir).get("targets") or [] if isinstance(t, dict)}
     context = prepare_run(model, options)
-    bench = Workbench.load(context, options, context.targets)
+    bench = Workbench.load(context, options)
     results = []
     for index, target in enumerate(context.targets):
         target = bench.plan(target)
@@ -325,10 +328,11 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
                             "message": f"{directory} holds no export (export.json missing): export it first"}
             continue
         try:
-            result.expected_components = _expected(target, bench.sample.family, bench.components(target, context.recipe))
-        except Exception as err:
+            components = bench.components(target, context.recipe)
+        except Exception as err:  # a capture that fails, a decode that could not run a second step
             result.error = {"type": type(err).__name__, "message": describe_error(err)}
             continue
+        result.expected_components = _expected(target, bench.sample.family, components)
         _validate_into(result, target, context, bench, directory, trust_artifacts=options.trust_remote_code,
                        last=index == len(context.targets) - 1)
         result.files = file_entries(directory, out_dir)

@@ -34,12 +34,20 @@ from pydantic import (
 
 from .errors import RecipeError
 from .jsonpos import JsonPath, format_path, nearest_line
+from .target_rules import LayoutSetting, MergedSetting
 
 RECIPE_FILE = "export_config.json"
 CONFIG_FIELD = "export_config"
 SCHEMA_VERSION = 1
 FORMATS = ("dynamo", "onnx", "executorch")
 TARGET_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+# Entries the tool writes in the output folder beside the target folders: a target cannot be called like them.
+RESERVED_NAMES = ("logs", "report.json", "report.md", "publish.json")
+# Inputs whose rank is the same in every model that takes them (batch, sequence): an axis key outside it is an error
+# at `check` time. Other inputs (pixel values, audio features, position ids of multimodal models, cache leaves) vary
+# by family and are checked against the real inputs when exporting.
+KNOWN_RANKS = {"input_ids": 2, "attention_mask": 2, "token_type_ids": 2, "decoder_input_ids": 2,
+               "decoder_attention_mask": 2, "input_values": 2, "cache_position": 1}
 DIM_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
@@ -107,7 +115,7 @@ class ComponentOverride(_Strict):
     validation: Tolerance | None = None
 
 
-class _TargetBase(_Strict):
+class _TargetBase(_Strict, MergedSetting):
     name: str | None = Field(
         default=None, pattern=TARGET_NAME_PATTERN, description="Unique name; the output folder. Defaults to the format."
     )
@@ -122,12 +130,6 @@ class _TargetBase(_Strict):
         default=None, description="'model': one graph; 'generation': prefill/decode (and multimodal) components."
     )
     multi_token_decode: StrictBool = False
-    merged: StrictBool | None = Field(
-        default=None,
-        description="Generation: one graph ('model') for the prompt (empty cache) and every decode step, instead of "
-        "prefill + decode. Default: true for ONNX targets of decoder-only models with dynamic shapes and a dynamic "
-        "cache, false otherwise.",
-    )
     components: dict[str, ComponentOverride] = Field(default_factory=dict)
     expected_components: list[str] | None = None
     device: Literal["cpu", "cuda", "auto"] = "cpu"
@@ -141,26 +143,69 @@ class _TargetBase(_Strict):
             self.name = self.export_format  # type: ignore[attr-defined]
         return self
 
-    @model_validator(mode="after")
-    def _merged_is_one_graph(self):
-        if self.merged and self.mode == "model":
-            raise _PathValueError(("merged",), "merged applies to mode 'generation' (mode 'model' is one graph already)")
-        if self.merged:
-            separate = sorted(set(self.components) & {"prefill", "decode"})
-            if separate:
-                raise _PathValueError(
-                    ("components", separate[0]),
-                    f"a merged export has one component, 'model', and no {separate}: put these settings under "
-                    "components.model, or set merged: false",
-                )
-        return self
-
     @field_validator("expected_components")
     @classmethod
     def _unique_components(cls, value: list[str] | None) -> list[str] | None:
         if value is not None and len(set(value)) != len(value):
             raise ValueError("component names repeat")
         return value
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, value: str | None) -> str | None:
+        if value in RESERVED_NAMES:
+            raise ValueError(f"target name {value!r} is reserved: the output folder holds the tool's own "
+                             f"{value!r}; reserved names are {list(RESERVED_NAMES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent_shapes(self):
+        check_shape_spec(self.dynamic_shapes, ("dynamic_shapes",))
+        for component, override in self.components.items():
+            check_shape_spec(override.dynamic_shapes, ("components", component, "dynamic_shapes"))
+        return self
+
+
+def _axes(spec: Any) -> list[tuple[str, Any]]:
+    """`(axis key as written, axis spec)` of one input's entry."""
+    if isinstance(spec, list):
+        return [(str(i), value) for i, value in enumerate(spec)]
+    if isinstance(spec, dict):
+        return list(spec.items())
+    return []
+
+
+def check_shape_spec(spec: dict[str, Any] | None, at: tuple) -> None:
+    """One name is one dimension (one range), and axis keys fit the inputs whose rank is known.
+
+    Example:
+        >>> seq = DimSpec(name="seq", max=64)
+        >>> check_shape_spec({"input_ids": {"1": seq}, "attention_mask": {"1": DimSpec(name="seq", max=32)}}, ())
+        Traceback (most recent call last):
+        ...
+        exporters.recipe._PathValueError: dimension 'seq' is declared again with min/max None/32, but input_ids axis 1 gave it None/64: one name is one dimension, so give it one range (or repeat just its name)
+    """
+    seen: dict[str, tuple[int | None, int | None, str]] = {}
+    for key, entry in (spec or {}).items():
+        rank = KNOWN_RANKS.get(key)
+        if rank is not None and isinstance(entry, list) and len(entry) != rank:
+            raise _PathValueError((*at, key), f"'{key}' has {rank} axes, but {len(entry)} are listed")
+        for axis, value in _axes(entry):
+            if rank is not None and isinstance(entry, dict) and not -rank <= int(axis) < rank:
+                raise _PathValueError((*at, key, axis), f"'{key}' has {rank} axes (0 to {rank - 1}, or -{rank} to "
+                                                        f"-1 from the end): axis {axis} does not exist")
+            if not isinstance(value, DimSpec):
+                continue
+            where = f"{key} axis {axis}"
+            if value.name not in seen:
+                seen[value.name] = (value.min, value.max, where)
+                continue
+            low, high, first = seen[value.name]
+            if (value.min, value.max) not in ((low, high), (None, None)):
+                path = (*at, key, int(axis) if isinstance(entry, list) else axis)
+                raise _PathValueError(path, f"dimension '{value.name}' is declared again with min/max "
+                                            f"{value.min}/{value.max}, but {first} gave it {low}/{high}: one name is "
+                                            "one dimension, so give it one range (or repeat just its name)")
 
 
 class DynamoTarget(_TargetBase):
@@ -169,7 +214,7 @@ class DynamoTarget(_TargetBase):
     export_format: Literal["dynamo"]
 
 
-class OnnxTarget(_TargetBase):
+class OnnxTarget(_TargetBase, LayoutSetting):
     """An ONNX graph (`.onnx` with its `.onnx.data` weights)."""
 
     export_format: Literal["onnx"]
@@ -182,11 +227,6 @@ class OnnxTarget(_TargetBase):
     external_data: StrictBool = Field(default=True, description="Weights in the `.onnx.data` sidecar (False: embedded).")
     export_params: StrictBool = Field(default=True, description="False: strip the weights (they are supplied at runtime).")
     keep_initializers_as_inputs: StrictBool = Field(default=False, description="List the weights as graph inputs too.")
-    layout: Literal["upstream", "transformers.js"] = Field(
-        default="upstream",
-        description="'transformers.js': write onnx/model.onnx (past_key_values.{i}.key/value inputs, present.{i}.* "
-        "outputs) with model.onnx_data and the config files, so transformers.js can load the target folder.",
-    )
 
     @field_validator("output_path")
     @classmethod
@@ -206,22 +246,6 @@ class OnnxTarget(_TargetBase):
     def _fusions_need_optimize(self) -> OnnxTarget:
         if self.ort_fusions is not None and not self.optimize:
             raise _PathValueError(("ort_fusions",), "ort_fusions requires optimize: true")
-        return self
-
-    @model_validator(mode="after")
-    def _transformers_js_layout(self) -> OnnxTarget:
-        if self.layout != "transformers.js":
-            return self
-        if self.merged is False:
-            raise _PathValueError(("merged",), "layout 'transformers.js' needs the merged graph (transformers.js runs "
-                                               "one decoder graph): drop merged: false")
-        if self.dtype == "bfloat16":
-            raise _PathValueError(("dtype",), "transformers.js has no bfloat16 models: use dtype float32 or float16")
-        for key, default in (("output_path", None), ("external_data", True), ("export_params", True),
-                             ("keep_initializers_as_inputs", False)):
-            if getattr(self, key) != default:
-                raise _PathValueError((key,), f"{key} is not supported with layout 'transformers.js' yet: the layout "
-                                              "writes onnx/model.onnx with model.onnx_data itself")
         return self
 
 
@@ -253,15 +277,14 @@ class InputsSpec(_Strict):
 class GenerationSpec(_Strict):
     """How `generate()` is captured for generation exports."""
 
-    cache_implementation: Literal["dynamic", "static"] = "dynamic"
-    max_cache_len: StrictInt | None = Field(default=None, ge=2)
+    cache_implementation: Literal["dynamic", "static"] = Field(
+        default="dynamic",
+        description="'static': a fixed-size cache of max_cache_len positions. Unset, an executorch generation target "
+                    "without a dynamic cache axis gets a static cache (docs/recipe.md).",
+    )
+    max_cache_len: StrictInt | None = Field(default=None, ge=2, description="Positions of a static cache "
+                                            "(default: min(2048, max_position_embeddings)).")
     max_new_tokens: StrictInt = Field(default=8, ge=1, le=512, description="Tokens compared in the generation-parity check.")
-
-    @model_validator(mode="after")
-    def _static_needs_len(self) -> GenerationSpec:
-        if self.max_cache_len is not None and self.cache_implementation != "static":
-            raise _PathValueError(("max_cache_len",), "max_cache_len only applies with cache_implementation 'static'")
-        return self
 
 
 class ValidationSpec(_Strict):
@@ -312,6 +335,17 @@ class Recipe(_Strict):
                     "give each target a unique 'name'",
                 )
             seen[target.name] = index
+        return self
+
+    @model_validator(mode="after")
+    def _cache_len_needs_static(self) -> Recipe:  # unset, an executorch target may default to a static cache
+        generation = self.generation
+        if generation.max_cache_len is not None and generation.cache_implementation != "static" and (
+                "cache_implementation" in generation.model_fields_set
+                or all(t.export_format != "executorch" for t in self.exports)):
+            raise _PathValueError(("generation", "max_cache_len"), "max_cache_len only applies to a static cache: "
+                                  "set cache_implementation 'static' (an executorch generation target without a "
+                                  "dynamic cache axis gets one by default)")
         return self
 
     def target(self, name: str) -> DynamoTarget | OnnxTarget | ExecutorchTarget:

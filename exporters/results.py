@@ -96,7 +96,12 @@ class ComponentReport:
 @dataclass
 class GenerationReport:
     """Greedy generation through the exported graphs against eager `generate()`: `passed`, `failed` or `skipped`
-    (did not run, `reason` says why)."""
+    (did not run, `reason` says why).
+
+    `near_ties` lists the steps where the artifact chose another token whose eager score was within tolerance of
+    eager's choice (decoding went on with eager's token); `logits_processors` are the processors eager `generate()`
+    built, which the exported side applied too; `cache` is the cache the graphs were driven with.
+    """
 
     status: CheckStatus
     max_new_tokens: int
@@ -104,9 +109,12 @@ class GenerationReport:
     batch_size: int | None = None
     eager_tokens: list[list[int]] | None = None
     exported_tokens: list[list[int]] | None = None
-    first_divergence: dict[str, int] | None = None
+    first_divergence: dict[str, Any] | None = None
     reason: str | None = None
     notes: list[str] = field(default_factory=list)
+    near_ties: list[dict[str, Any]] = field(default_factory=list)
+    logits_processors: list[str] | None = None
+    cache: dict[str, Any] | None = None
 
 
 @dataclass

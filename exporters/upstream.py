@@ -62,19 +62,21 @@ __all__ = [
     "config_class",
     "decompose_for_generation",
     "decompose_multimodal",
-    "exporter_class",
     "executorch_method_runner",
     "export_executorch_methods",
+    "exporter_class",
     "formats_from_files",
     "lean_session_options",
     "leaf_tensors",
     "load_exported",
     "metadata_dict",
+    "move_to",
     "pytree_flatten",
     "quiet_torch_serde",
     "read_manifest",
     "register_cache_pytrees",
     "run_component",
+    "runner_for_file",
     "write_manifest",
 ]
 
@@ -160,6 +162,43 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
+def _retarget(obj: Any, device: torch.device, seen: set[int]) -> None:
+    """Set the `device` attribute of transformers' cache objects inside `obj` (their layers record where their
+    tensors live, and upstream's pytree flattening puts that attribute in the traced input spec)."""
+    if id(obj) in seen or isinstance(obj, (torch.Tensor, str, int, float, bool, type(None))):
+        return
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        for value in obj.values():
+            _retarget(value, device, seen)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            _retarget(value, device, seen)
+    elif type(obj).__module__.startswith("transformers.") and hasattr(obj, "__dict__"):
+        for name, value in vars(obj).items():
+            if name == "device" and isinstance(value, (torch.device, str)):
+                setattr(obj, name, device)
+            else:
+                _retarget(value, device, seen)
+
+
+def move_to(obj: Any, device: str | torch.device, dtype: torch.dtype | None = None) -> Any:
+    """`obj` (inputs, outputs, caches; changed in place) with its tensors on `device` and its floating tensors in
+    `dtype` (kept when None), and its caches' recorded device set to match: a cache whose layers say `cpu` while
+    their tensors are on the GPU moves them back at every step, and does not match a program traced on the GPU.
+
+    Example:
+        >>> move_to({"ids": torch.ones(2, dtype=torch.long), "x": torch.ones(2)}, "cpu", torch.float16)["x"].dtype
+        torch.float16
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    moved = cast_leaf_tensors(obj, dtype=dtype, device=device)
+    _retarget(moved, device, set())
+    return moved
+
+
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     """Write a manifest in upstream's format (`ExportedModel.save_pretrained` writes the same file)."""
     (Path(directory) / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -167,10 +206,30 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
 
 def run_component(runner: Any, inputs: dict[str, Any]) -> Any:
     """Run one exported component's runner on the kwargs it was traced with (flags like `use_cache` were traced as
-    constants, so they are dropped)."""
+    constants, so they are dropped).
+
+    Inputs made for the eager model (on the CPU, in its dtype) are moved to the program's device and floating inputs
+    cast to the precision it was exported at; outputs come back on the CPU, where the eager references are.
+    """
     traced = runner.metadata.kwargs
     feed = {name: value for name, value in copy.deepcopy(inputs).items() if name in traced}
-    return runner(**feed)
+    device, dtype = torch.device(runner.device), runner.dtype
+    leaves = list(get_leaf_tensors(feed).values())
+    if any(t.device != device or (t.is_floating_point() and t.dtype != dtype) for t in leaves):
+        feed = move_to(feed, device, dtype)
+    outputs = runner(**feed)
+    if device.type != "cpu":
+        outputs = move_to(outputs, "cpu")
+    return outputs
+
+
+def runner_for_file(path: Path, export_format: str, metadata: Any, device: str | None = None) -> Any:
+    """A runner for one program file written beside an export (the seed's `output_path` copy), with the metadata
+    of the component it copies."""
+    from transformers.exporters.auto import get_runner_class
+
+    exporter = exporter_class(export_format)
+    return get_runner_class(export_format).from_program(exporter.load_program(path), metadata, device)
 
 
 def load_exported(directory: Path, *, device: str | None = None, config: Any = None,
@@ -234,7 +293,7 @@ def load_exported(directory: Path, *, device: str | None = None, config: Any = N
     return model
 
 
-# ── What upstream's save and load do not cover (docs/upstream-gaps.md #6, #10, #11) ────────────────────────────
+# ── What upstream's save and load do not cover (docs/upstream-gaps.md #8, #12, #13) ────────────────────────────
 
 
 def lean_session_options():

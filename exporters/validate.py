@@ -11,15 +11,15 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .errors import describe_error
-from .recipe import DimSpec, Recipe, Tolerance
+from .recipe import Recipe, Tolerance
 from .results import Check, ComponentReport, OutputDiff, ValidationResult
+from .probes import dim_bindings, make_probes
 from .upstream import leaf_tensors, run_component
 
 # Defaults per format at float32: torch programs run the same kernels as eager; ONNX Runtime and XNNPACK fuse and
@@ -30,8 +30,6 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "executorch": (1e-3, 1e-3),
 }
 LOW_PRECISION_TOLERANCE = (1e-2, 1e-2)
-# Logits a probe may produce (tokens x vocabulary); each is held by the eager reference and the artifact's output.
-MAX_PROBE_LOGITS = 1 << 26
 
 
 def tolerance_for(recipe: Recipe, target, component: str, dtype: str | None) -> tuple[float, float]:
@@ -132,157 +130,6 @@ class EagerCache:
         return outputs
 
 
-# ── Probes ────────────────────────────────────────────────────────────────────
-
-
-def _is_arange(tensor: torch.Tensor, axis: int) -> bool:
-    if tensor.is_floating_point() or tensor.shape[axis] < 2:
-        return False
-    moved = tensor.movedim(axis, -1).reshape(-1, tensor.shape[axis])
-    start = moved[:, :1]
-    return bool(torch.equal(moved, start + torch.arange(moved.shape[-1])))
-
-
-def resize_along(tensor: torch.Tensor, axis: int, size: int, generator: torch.Generator, config) -> torch.Tensor:
-    """`tensor` cut or grown along `axis` to `size`, grown with values of the same kind (a constant stays that
-    constant — masks, token types —, positions keep counting, token ids stay in the vocabulary, floats stay at their
-    scale)."""
-    current = tensor.shape[axis]
-    if size == 0:  # freshly allocated: a zero-length slice keeps strides that ExecuTorch aborts on
-        shape = list(tensor.shape)
-        shape[axis] = 0
-        return torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
-    if size <= current:
-        return tensor.narrow(axis, 0, size).clone()
-    extra_shape = list(tensor.shape)
-    extra_shape[axis] = size - current
-    if tensor.dtype == torch.bool or (not tensor.is_floating_point() and tensor.numel() > 0
-                                      and bool((tensor == tensor.flatten()[0]).all())):
-        # masks stay masks, token types stay the one type: a constant integer input grows with its value
-        extra = torch.full(extra_shape, tensor.flatten()[0].item() if tensor.numel() else 1, dtype=tensor.dtype)
-    elif _is_arange(tensor, axis):
-        last = tensor.narrow(axis, current - 1, 1)
-        steps = torch.arange(1, size - current + 1).reshape([-1 if d == axis else 1 for d in range(tensor.dim())])
-        extra = (last + steps).to(tensor.dtype)
-    elif not tensor.is_floating_point():
-        from .inputs import random_token_ids
-
-        extra = random_token_ids(config, tuple(extra_shape), generator).to(tensor.dtype)
-    else:
-        scale = float(tensor.float().std()) if tensor.numel() > 1 else 1.0
-        extra = (torch.randn(extra_shape, generator=generator) * (scale or 1.0)).to(tensor.dtype)
-    return torch.cat([tensor, extra.to(tensor.device)], dim=axis)
-
-
-def _set_leaf(inputs: dict[str, Any], path: str, value: torch.Tensor) -> None:
-    """Replace the tensor at dotted `path` (upstream leaf naming) inside `inputs`."""
-    parts = path.split(".")
-    node: Any = inputs
-    for part in parts[:-1]:
-        if isinstance(node, dict):
-            node = node[part]
-        elif isinstance(node, (list, tuple)):
-            node = node[int(part)]
-        else:
-            node = getattr(node, part)
-    last = parts[-1]
-    if isinstance(node, dict):
-        node[last] = value
-    elif isinstance(node, list):
-        node[int(last)] = value
-    else:
-        setattr(node, last, value)
-
-
-@dataclass
-class DimBinding:
-    """A dynamic dimension and the (leaf path, axis) pairs it binds in one component's inputs."""
-
-    name: str
-    low: int | None
-    high: int | None
-    axes: list[tuple[str, int]]
-    traced: int
-
-
-def dim_bindings(spec: dict[str, Any] | None, inputs: dict[str, Any], dynamic: bool, family: str) -> list[DimBinding]:
-    """The dynamic dims of a component: named dims from the recipe, or for `dynamic: true` the sequence axis of
-    text inputs (the axis users vary; batch is specialized at size 1 by `Dim.AUTO`)."""
-    from .shapes import axis_specs, spec_key
-
-    leaves = _leaves(inputs)
-    bindings: dict[str, DimBinding] = {}
-    if spec:
-        for path, tensor in leaves.items():
-            key = spec_key(spec, path)
-            if key is None:
-                continue
-            for axis, value in axis_specs(spec[key], tensor.dim(), key).items():
-                if isinstance(value, DimSpec):
-                    binding = bindings.setdefault(
-                        value.name, DimBinding(value.name, value.min, value.max, [], int(tensor.shape[axis]))
-                    )
-                    binding.axes.append((path, axis))
-        return list(bindings.values())
-    if dynamic and family in ("text", "seq2seq", "vision-language"):
-        ids = leaves.get("input_ids")
-        if ids is not None and ids.dim() == 2 and ids.shape[1] > 1:
-            seq = int(ids.shape[1])
-            axes = [(p, 1) for p, t in leaves.items() if t.dim() == 2 and t.shape[1] == seq and p != "position_ids"]
-            axes += [(p, 1) for p, t in leaves.items() if p == "position_ids" and t.dim() == 2 and t.shape[1] == seq]
-            return [DimBinding("sequence (dynamic: true)", None, None, axes, seq)]
-    return []
-
-
-def probe_sizes(binding: DimBinding, max_positions: int | None) -> list[int]:
-    """Lower bound, a value in between and the upper bound of a dim (sizes it was not traced with)."""
-    low = binding.low if binding.low is not None else 2
-    high = binding.high if binding.high is not None else binding.traced * 2 + 3
-    if max_positions is not None:
-        high = min(high, max_positions)
-    sizes = [low, (low + high) // 2, high]
-    floor = 0 if binding.low == 0 else 1  # a declared minimum of 0 (an empty cache) is probed too
-    return sorted({s for s in sizes if s >= floor})
-
-
-def make_probes(
-    inputs: dict[str, Any], bindings: list[DimBinding], config, limit: int, max_positions: int | None, seed: int = 0,
-    logits_per_token: int = 0,
-) -> list[tuple[str, dict[str, Any] | None, str | None]]:
-    """`(probe id, inputs or None, skip reason)`: the traced inputs, then each dim at each probe size.
-
-    Probes whose inputs exceed `limit` elements are skipped with the reason, and so are probes of a language model
-    (`logits_per_token`: its vocabulary size) whose logits would exceed `MAX_PROBE_LOGITS`: a 32k-token prompt is a
-    small input but 20 GB of logits on a 150k vocabulary, computed twice (eager and artifact)."""
-    traced_total = sum(t.numel() for t in _leaves(inputs).values())
-    probes: list[tuple[str, dict[str, Any] | None, str | None]] = [
-        ("traced", inputs, None) if traced_total <= limit else
-        ("traced", None, f"inputs of {traced_total} elements exceed max_probe_elements ({limit})")
-    ]
-    generator = torch.Generator().manual_seed(seed)
-    for binding in bindings:
-        for size in probe_sizes(binding, max_positions):
-            probe_id = f"{binding.name}={size}"
-            probe = copy.deepcopy(inputs)
-            leaves = _leaves(probe)
-            total = 0
-            for path, axis in binding.axes:
-                resized = resize_along(leaves[path], axis, size, generator, config)
-                _set_leaf(probe, path, resized)
-                total += resized.numel()
-            if total > limit:
-                probes.append((probe_id, None, f"inputs of {total} elements exceed max_probe_elements ({limit})"))
-                continue
-            ids = _leaves(probe).get("input_ids")
-            logits = ids.numel() * logits_per_token if ids is not None else 0
-            if logits > MAX_PROBE_LOGITS:
-                probes.append((probe_id, None, f"its logits ({logits} elements) exceed what validation computes "
-                                               f"({MAX_PROBE_LOGITS}, {MAX_PROBE_LOGITS * 4 >> 20} MiB in float32)"))
-                continue
-            probes.append((probe_id, probe, None))
-    return probes
-
-
 def structural_checks(export_format: str, directory: Path) -> list[str]:
     """Format checks on the saved files: `onnx.checker` with external data, the ExecuTorch methods."""
     notes = []
@@ -338,19 +185,57 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
     return findings
 
 
+def eager_references(module: Any, probes: list, eager: EagerCache) -> list[Any]:
+    """The eager output of every probe (None for a probe that does not run, the exception when eager fails), computed
+    before any artifact is loaded."""
+    references: list[Any] = []
+    for _, probe, _ in probes:
+        try:
+            references.append(None if probe is None else eager.run(module, probe))
+        except Exception as err:
+            references.append(err)
+    return references
+
+
+def probe_component(report: ComponentReport, runner: Any, probes: list, references: list[Any],
+                    tolerance: tuple[float, float], findings: list[str]) -> None:
+    """Run every probe through the artifact's `runner` and compare with its eager reference; one `Check` each."""
+    atol, rtol = tolerance
+    for (probe_id, probe, skip), reference in zip(probes, references):
+        if probe is None:
+            report.checks.append(Check(probe_id, {}, skipped=True, error=skip))
+            continue
+        check = Check(probe_id, shapes_of(probe))
+        report.checks.append(check)
+        if isinstance(reference, Exception):
+            check.skipped, check.error = True, f"the eager model cannot run this probe: {describe_error(reference)}"
+            continue
+        try:
+            actual = run_component(runner, probe)
+        except Exception as err:
+            check.passed, check.error = False, describe_error(err)
+            if probe_id != "traced":
+                findings.append(f"{report.name}: the artifact does not run at {probe_id} (declared dynamic): it was "
+                                f"specialized or bounded at export — {describe_error(err)[:300]}")
+            continue
+        check.outputs = compare_outputs(reference, actual, atol, rtol)
+        check.passed = all(o.passed for o in check.outputs)
+
+
 # ── One target ────────────────────────────────────────────────────────────────
 
 
 def validate_target(
     *, target, recipe: Recipe, directory: Path, components, model, family: str, generate_inputs: dict[str, Any],
     eager: EagerCache, generation_config=None, expected_components: list[str] | None = None,
-    trust_artifacts: bool = True, release_model=None,
+    trust_artifacts: bool = True, device: str | None = None, release_model=None,
 ) -> ValidationResult:
     """Load the saved target from `directory` and run every check. `release_model`, when given, is called once the
     eager references are computed, before the artifact is loaded (the caller frees the eager weights there).
 
     `trust_artifacts`: the folder's pickled programs (`.pt2`) may be loaded (this run wrote them, or the operator
-    allowed it); nothing else in the folder ever runs (its config's `auto_map` is never read).
+    allowed it); nothing else in the folder ever runs (its config's `auto_map` is never read). `device`: where the
+    artifact runs (the target's); the eager references stay where the model is.
     """
     from .engine import component_shape_spec
     from .errors import ArtifactError, RemoteCodeError
@@ -376,12 +261,11 @@ def validate_target(
         errors.append(f"unexpected component(s) {extra}: expected {expected}, the saved export has {saved}")
     if errors:
         return ValidationResult(reports, None, findings, errors, generation_expected)
-    # Two phases: every eager reference first (probes, generation tokens), then the artifact, so the eager weights
-    # can be released in between (`release_model`, on a run's last target): the two are never in memory together.
+    # Two phases: every eager reference first (probes, generation), then the artifact, so the eager weights can be
+    # freed in between (`release_model`, on a run's last target): the two are never in memory together.
     max_positions = getattr(getattr(model.config, "text_config", None) or model.config, "max_position_embeddings", None)
     logits_per_token = vocab_size(model.config) if target.mode == "generation" else 0
-    bindings_by_component = {}
-    planned: list[tuple[str, ComponentReport, list[tuple[Check, dict[str, Any], Any]]]] = []
+    bindings_by_component, planned = {}, []
     for name, (module, inputs) in components.items():
         if name not in saved:
             continue
@@ -394,58 +278,53 @@ def validate_target(
                              recipe.inputs.seed, logits_per_token)
         if target.mode == "generation" and name == MERGED and "input_ids" in generate_inputs:
             probes.append(("prompt (past=0)", prompt_inputs(inputs, generate_inputs["input_ids"]), None))
-        report, runs = ComponentReport(name), []
-        for probe_id, probe, skip in probes:
-            check = Check(probe_id, {} if probe is None else shapes_of(probe), skipped=probe is None, error=skip)
-            report.checks.append(check)
-            if probe is None:
-                continue
-            try:
-                runs.append((check, probe, eager.run(module, probe)))
-            except Exception as err:
-                check.skipped, check.error = True, f"the eager model cannot run this probe: {describe_error(err)}"
-        planned.append((name, report, runs))
+        planned.append((name, probes, eager_references(module, probes, eager)))
     reference = None
     if target.mode == "generation":
-        from .parity import eager_reference
+        from .parity import reference_for
 
-        reference = eager_reference(model, components, generate_inputs, recipe.generation.max_new_tokens,
-                                    generation_config, family)
+        reference = reference_for(model, generate_inputs, generation_config, recipe.generation.max_new_tokens)
     if release_model is not None:
         release_model()
 
     try:
-        exported = load_exported(directory, config=model.config, allow_pickles=trust_artifacts)
+        exported = load_exported(directory, device=device, config=model.config, allow_pickles=trust_artifacts)
         structural = structural_checks(target.export_format, directory)
     except (RemoteCodeError, ArtifactError) as err:
         errors.append(str(err))
         return ValidationResult(reports, None, findings, errors, generation_expected)
     except Exception as err:
-        errors.append(f"the saved artifact does not load: {describe_error(err)}")
+        hint = ""
+        if "ONNX Runtime build cannot run on cuda" in str(err):
+            hint = (" — an ONNX target on `device` cuda is validated with ONNX Runtime's CUDA provider: install "
+                    "onnxruntime-gpu (the pinned version) where it runs, or run it on cpu")
+        errors.append(f"the saved artifact does not load: {describe_error(err)}{hint}")
         return ValidationResult(reports, None, findings, errors, generation_expected)
-    for name, report, runs in planned:
-        report.structural = [s for s in structural if s.startswith(f"{name}:")]
-        atol, rtol = tolerance_for(recipe, target, name, target.dtype)
-        for check, probe, expected in runs:
-            try:
-                actual = run_component(exported.runners[name], probe)
-            except Exception as err:
-                check.passed, check.error = False, describe_error(err)
-                if check.probe != "traced":
-                    findings.append(
-                        f"{name}: the artifact does not run at {check.probe} (declared dynamic): it was specialized "
-                        f"or bounded at export — {describe_error(err)[:300]}"
-                    )
-                continue
-            check.outputs = compare_outputs(expected, actual, atol, rtol)
-            check.passed = all(o.passed for o in check.outputs)
+
+    for name, probes, references in planned:
+        tolerance = tolerance_for(recipe, target, name, target.dtype)
+        report = ComponentReport(name, structural=[s for s in structural if s.startswith(f"{name}:")])
+        probe_component(report, exported.runners[name], probes, references, tolerance, findings)
         reports.append(report)
+        extra = getattr(target, "output_path", None)
+        if extra and name == "model":  # the seed's extra single-graph file is an artifact too: checked the same way
+            from .upstream import runner_for_file
+
+            report = ComponentReport(f"model ({extra})", structural=[f"{extra}: loads in ONNX Runtime"])
+            runner = runner_for_file(directory / extra, "onnx", exported.components[name].metadata)
+            probe_component(report, runner, probes, references, tolerance, findings)
+            reports.append(report)
     findings += specialized_axes(target.export_format, directory, bindings_by_component)
 
     generation = None
     if target.mode == "generation":
+        from .greedy import Tolerances
         from .parity import generation_parity
 
+        merged = MERGED in components and family == "text"  # one graph gives every token's logits
+        first = "lm_head" if family == "vision-language" else MERGED if merged else "prefill"
+        tolerances = Tolerances(tolerance_for(recipe, target, first, target.dtype),
+                                tolerance_for(recipe, target, MERGED if merged else "decode", target.dtype))
         generation = generation_parity(model, components, exported, generate_inputs, recipe.generation.max_new_tokens,
-                                       generation_config, family, reference=reference)
+                                       generation_config, family, tolerances, reference=reference)
     return ValidationResult(reports, generation, findings, errors, generation_expected)

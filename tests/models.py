@@ -20,14 +20,19 @@ def write_recipe(folder: Path, recipe: Any) -> Path:
     return path
 
 
-def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0) -> Path:
-    """A 2-layer Llama (hidden 32, vocab 128) with a WordLevel tokenizer."""
+def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0, initializer_range: float = 0.02) -> Path:
+    """A 2-layer Llama (hidden 32, vocab 128) with a WordLevel tokenizer.
+
+    The default initialization gives logits a few hundredths apart; `initializer_range=0.3` spreads them (top-2
+    gaps of tenths) while greedy decoding still varies, for checks that must not hinge on near ties.
+    """
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=3,
+        initializer_range=initializer_range,
     )
     model = LlamaForCausalLM(config).eval()
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3)
@@ -99,6 +104,28 @@ def tiny_llava(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
     config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=127, image_seq_length=4,
                          vision_feature_layer=-1, projector_hidden_act="gelu")
     LlavaForConditionalGeneration(config).eval().save_pretrained(folder)
+    if recipe is not None:
+        write_recipe(folder, recipe)
+    return folder
+
+
+def tiny_marian(folder: Path, recipe: Any | None = None, seed: int = 0,
+                suppress_tokens: list[int] | None = None) -> Path:
+    """A 1+1-layer Marian (d_model 32, vocab 96) with `MarianConfig`'s other defaults, among them
+    `forced_eos_token_id=0`: eager `generate()` forces EOS at the last step. `suppress_tokens` go into its generation
+    config (eager never picks them)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    torch.manual_seed(seed)
+    config = MarianConfig(
+        vocab_size=96, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        pad_token_id=95, decoder_start_token_id=95,
+    )
+    model = MarianMTModel(config).eval()
+    if suppress_tokens is not None:
+        model.generation_config.suppress_tokens = suppress_tokens
+    model.save_pretrained(folder)
     if recipe is not None:
         write_recipe(folder, recipe)
     return folder

@@ -37,9 +37,10 @@ DRIVER = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def isolated_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("isolation")
+@pytest.fixture(scope="module", params=["1", "2"], ids=["jobs-1", "jobs-2"])
+def isolated_run(tmp_path_factory, request):
+    """The same crashing, hanging and fine targets, exported one at a time and two at a time."""
+    root = tmp_path_factory.mktemp(f"isolation-jobs{request.param}")
     recipe = [
         {"name": "crashes", "export_format": "onnx"},
         {"name": "hangs", "export_format": "executorch", "timeout": 5},
@@ -49,8 +50,8 @@ def isolated_run(tmp_path_factory):
     driver = root / "driver.py"
     driver.write_text(DRIVER)
     out = root / "out"
-    result = subprocess.run([sys.executable, str(driver), "run", str(model_dir), "--out", str(out), "--quiet"],
-                            capture_output=True, text=True, cwd=ROOT, timeout=600)
+    result = subprocess.run([sys.executable, str(driver), "run", str(model_dir), "--out", str(out), "--quiet",
+                             "--jobs", request.param], capture_output=True, text=True, cwd=ROOT, timeout=600)
     return out, result
 
 
@@ -73,3 +74,29 @@ def test_no_partial_files_are_left(isolated_run):
     assert not (out / "crashes").exists() and not (out / "hangs").exists()
     assert not list(out.glob(".staging-*"))
     assert (out / "fine" / "export.json").is_file()
+
+
+def test_parallel_exports_give_the_same_verdicts_and_artifacts(tmp_path):
+    """`--jobs 2` exports two targets at once: same verdicts and byte-identical artifacts as `--jobs 1`."""
+    from tests.conftest import run_cli
+
+    recipe = [{"name": "dynamo", "export_format": "dynamo", "dynamic": True},
+              {"name": "onnx", "export_format": "onnx", "dynamic": True}]
+    model_dir = tiny_bert(tmp_path / "model", recipe)
+    reports = {}
+    for jobs in ("1", "2"):
+        out = tmp_path / f"out-{jobs}"
+        result = run_cli("run", str(model_dir), "--out", str(out), "--quiet", "--jobs", jobs)
+        assert result.returncode == 0, result.stderr[-2000:]
+        reports[jobs] = json.loads((out / "report.json").read_text())
+    assert reports["1"]["jobs"] == 1 and reports["2"]["jobs"] == 2
+
+    def verdicts(report):
+        return [(t["name"], t["status"], [(c["name"], [k["verdict"] for k in c["checks"]]) for c in t["components"]])
+                for t in report["targets"]]
+
+    def artifacts(report):
+        return {f["path"]: f["sha256"] for t in report["targets"] for f in t["files"]}
+
+    assert verdicts(reports["1"]) == verdicts(reports["2"])
+    assert artifacts(reports["1"]) == artifacts(reports["2"])

@@ -20,8 +20,10 @@ BERT_RECIPE = {
         {"name": "onnx", "export_format": "onnx",
          "dynamic_shapes": {"input_ids": SEQ, "attention_mask": SEQ, "token_type_ids": SEQ},
          "output_path": "standalone/bert.onnx", "keep_initializers_as_inputs": True},
-        {"name": "onnx-embedded", "export_format": "onnx", "external_data": False},
-        {"name": "onnx-no-weights", "export_format": "onnx", "export_params": False},
+        {"name": "onnx-embedded", "export_format": "onnx", "external_data": False,
+         "device": "cuda"},  # the run's --device cpu overrides it, in the export itself
+        {"name": "onnx-no-weights", "export_format": "onnx", "export_params": False,
+         "output_path": "single/model.onnx"},
         {"name": "et", "export_format": "executorch",
          "dynamic_shapes": {"input_ids": SEQ, "attention_mask": SEQ, "token_type_ids": SEQ}},
     ],
@@ -33,7 +35,7 @@ def bert_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("bert")
     model_dir = tiny_bert(root / "model", BERT_RECIPE)
     out = root / "out"
-    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet", "--device", "cpu")
 
 
 def test_bert_all_formats_pass_in_model_mode(bert_run):
@@ -83,22 +85,18 @@ def test_bert_onnx_embedded_weights_and_stripped_weights(bert_run):
     assert not stripped.graph.initializer
     assert "embeddings.word_embeddings.weight" in {i.name for i in stripped.graph.input}
     assert any("export_params: false" in f for f in report["findings"])
+    # the output_path copy is an artifact like the rest: validated with its weights, then stripped as well
+    copy = onnx.load(str(out / "onnx-no-weights" / "single" / "model.onnx"))
+    assert not copy.graph.initializer and "embeddings.word_embeddings.weight" in {i.name for i in copy.graph.input}
+    target = next(t for t in report["targets"] if t["name"] == "onnx-no-weights")
+    checked = {c["name"]: c["verdict"] for c in target["components"]}
+    assert checked == {"model": "passed", "model (single/model.onnx)": "passed"}
 
 
-def test_declared_dynamic_axis_that_was_specialized_is_a_finding_and_fails_its_probe(tmp_path):
-    recipe = {"name": "batch-declared", "export_format": "dynamo",
-              "dynamic_shapes": {"input_ids": {"0": {"name": "batch", "max": 8}}}}
-    model_dir = tiny_bert(tmp_path / "model", recipe)
-    out = tmp_path / "out"
-    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet")
-    assert result.returncode == 1, result.stderr[-2000:]
-    report = json.loads((out / "report.json").read_text())
-    assert any("input_ids axis 0 ('batch')" in f and "specializes" in f for f in report["findings"]), report["findings"]
-    checks = {c["probe"]: c for c in report["targets"][0]["components"][0]["checks"]}
-    assert checks["traced"]["passed"]
-    assert not checks["batch=8"]["passed"], "the probe at the specialized axis fails"
-    text = (out / "report.md").read_text()
-    assert "### Findings" in text and "('batch')" in text
+def test_the_device_option_overrides_the_recipe_in_the_export(bert_run):
+    _, out, _ = bert_run
+    target = next(t for t in json.loads((out / "report.json").read_text())["targets"] if t["name"] == "onnx-embedded")
+    assert target["status"] == "passed" and target["device"] == "cpu", target.get("error")
 
 
 @pytest.fixture(scope="module")

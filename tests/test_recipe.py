@@ -45,6 +45,11 @@ EXPECTED = {
     "25-not-object.json": ("$", 1, "JSON object or a list"),
     "26-fusions-need-optimize.json": ("$.ort_fusions", 4, "requires optimize"),
     "27-config-field.json": ("$.export_config.opset_version", 5, "valid integer"),
+    "28-dim-two-ranges.json": ("$.dynamic_shapes.attention_mask.1", 5, "one name is one dimension"),
+    "29-axis-outside-rank.json": ("$.dynamic_shapes.input_ids.2", 4, "axis 2 does not exist"),
+    "30-reserved-target-name.json": ("$.exports[1].name", 5, "is reserved"),
+    "31-component-dim-two-ranges.json": ("$.components.decode.dynamic_shapes.cache.layers.*.values.2", 8,
+                                         "declared again"),
 }
 
 

@@ -185,7 +185,7 @@ def test_executorch_components_are_methods_of_one_program(run):
     manifest = json.loads((folder / "export.json").read_text())
     assert {n: (e["file"], e["method"]) for n, e in manifest["components"].items()} == {
         "prefill": ("model.pte", "prefill"), "decode": ("model.pte", "decode")}
-    # upstream 5.24 runs `forward` only (docs/upstream-gaps.md #6): when this starts passing, drop our loader
+    # upstream 5.24 runs `forward` only (docs/upstream-gaps.md #8): when this starts passing, drop our loader
     with pytest.raises(Exception, match="forward"):
         ExportedModel.from_pretrained(folder)
 
@@ -352,7 +352,7 @@ def test_default_merges_only_plain_onnx_decoder_targets():
 def test_merged_contract_names_the_two_axes_that_vary(eager):
     """Without a recipe contract: named `{min, max}` dims on the query and cache axes (an empty cache included);
     ExecuTorch gets `auto` on the same axes and no deferred asserts (docs/upstream-gaps.md #4). A merged ExecuTorch
-    export end to end takes minutes, so the suite checks its contract; its runtime runs the empty cache (#9)."""
+    export end to end takes minutes, so the suite checks its contract; its runtime runs the empty cache (#11)."""
     from exporters.merged import contract
     from exporters.recipe_load import parse_recipe
     from exporters.upstream import decompose_for_generation

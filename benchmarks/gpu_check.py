@@ -1,0 +1,89 @@
+"""The CUDA paths, run for real on a machine with a GPU (CI has none: there the same recipes fail with a clear
+DeviceError, which the test suite checks).
+
+Builds a tiny Llama and a tiny BERT, then runs the real CLI with targets on `device: cuda` (dynamo and ONNX,
+float32 and float16, generation and single graph), `device: auto`, and a `--device cpu` override of a cuda recipe.
+Prints each target's verdict and writes the reports under OUT.
+
+Usage: python benchmarks/gpu_check.py OUT_DIR
+Recorded results: benchmarks/RESULTS.md ("GPU check").
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+LLAMA_RECIPE = [
+    {"name": "dynamo-cuda", "export_format": "dynamo", "mode": "generation", "dynamic": True, "device": "cuda"},
+    {"name": "onnx-cuda", "export_format": "onnx", "mode": "generation", "dynamic": True, "device": "cuda"},
+    {"name": "dynamo-cuda-fp16", "export_format": "dynamo", "mode": "generation", "dynamic": True, "device": "cuda",
+     "dtype": "float16"},
+]
+BERT_RECIPE = [
+    {"name": "dynamo-auto", "export_format": "dynamo", "dynamic": True, "device": "auto"},
+    {"name": "onnx-auto", "export_format": "onnx", "dynamic": True, "device": "auto"},
+]
+
+
+def environment() -> dict:
+    import onnxruntime
+    import torch
+
+    return {
+        "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "onnxruntime": onnxruntime.__version__, "ort_providers": onnxruntime.get_available_providers(),
+    }
+
+
+def run(model: Path, out: Path, *extra: str) -> dict:
+    started = time.time()
+    result = subprocess.run([sys.executable, "-m", "exporters.cli", "run", str(model), "--out", str(out), "--quiet",
+                             *extra], capture_output=True, text=True, cwd=ROOT)
+    elapsed = time.time() - started
+    print(f"$ hf-export run {model.name} {' '.join(extra)}  -> exit {result.returncode} in {elapsed:.0f} s")
+    print(result.stderr[-1500:] if result.returncode not in (0, 1) else "")
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
+    for target in report.get("targets", []):
+        error = (target.get("error") or {}).get("message") or "; ".join(target.get("unverified") or [])
+        parity = (target.get("generation") or {}).get("status", "-")
+        print(f"  {target['name']:<18} {target['status']:<10} device={target['device']:<5} parity={parity:<8} "
+              f"{error[:300]}")
+    return {"exit": result.returncode, "seconds": round(elapsed, 1), "report": report}
+
+
+def main() -> None:
+    from tests.models import tiny_bert, tiny_llama
+
+    out_root = Path(sys.argv[1] if len(sys.argv) > 1 else "gpu-check")
+    out_root.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    print(json.dumps(env))
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    llama = tiny_llama(work / "llama", LLAMA_RECIPE)
+    bert = tiny_bert(work / "bert", BERT_RECIPE)
+    results = {
+        "environment": env,
+        "llama-cuda": run(llama, out_root / "llama", "--jobs", "3"),
+        "bert-auto": run(bert, out_root / "bert"),
+        "llama-cpu-override": run(llama, out_root / "llama-cpu", "--device", "cpu", "--target", "dynamo-cuda"),
+    }
+    summary = {k: v if k == "environment" else
+               {"exit": v["exit"], "seconds": v["seconds"],
+                "targets": {t["name"]: [t["status"], t["device"]] for t in v["report"].get("targets", [])}}
+               for k, v in results.items()}
+    (out_root / "gpu_check.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""The cache a generation target is captured, exported and checked with: decided per target.
+
+The recipe's `generation` section is recipe-wide, but what a target needs is not: an ExecuTorch program cannot grow a
+cache (a decode traced with a growing `DynamicCache` whose length axis is static fails at its second step), so an
+ExecuTorch generation target that declares no dynamic cache axis gets a fixed-size static cache, the deployable form
+of an on-device LLM, unless the recipe chose the cache itself (`generation.cache_implementation`).
+
+A static cache holds `max_cache_len` positions: the recipe's `generation.max_cache_len`, else
+`min(DEFAULT_MAX_CACHE_LEN, max_position_embeddings)`. Every slot is allocated up front whether it is used or not,
+so the default is what a typical on-device prompt and reply need, never past what the model can attend to.
+
+Example:
+    >>> from exporters.recipe_load import parse_recipe
+    >>> recipe = parse_recipe('{"export_format": "executorch", "mode": "generation"}')
+    >>> cache_setting(recipe.exports[0], recipe, max_positions=256)
+    CacheSetting(implementation='static', max_cache_len=256, defaulted=True)
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import DecodeStepError
+
+DEFAULT_MAX_CACHE_LEN = 2048
+CACHE_INPUTS = ("cache", "past_key_values")
+
+
+@dataclass(frozen=True)
+class CacheSetting:
+    """`implementation` and `max_cache_len` of one target; `defaulted`: the ExecuTorch default chose it."""
+
+    implementation: Literal["dynamic", "static"]
+    max_cache_len: int | None = None
+    defaulted: bool = False
+
+    def apply(self, generation_config):
+        """A copy of `generation_config` (greedy) capturing with this cache."""
+        config = copy.deepcopy(generation_config)
+        config.do_sample = False
+        if self.implementation == "static":
+            config.cache_implementation = "static"
+            config.max_cache_len = self.max_cache_len
+        return config
+
+    def finding(self, target: str, max_positions: int | None) -> str | None:
+        """The sentence the report carries when the default chose the cache."""
+        if not self.defaulted:
+            return None
+        bound = f"max_position_embeddings {max_positions}" if max_positions is not None else "no position limit"
+        return (
+            "the ExecuTorch generation target declares no dynamic cache axis, so it was exported with a "
+            f"static cache of {self.max_cache_len} positions (generation.max_cache_len unset: "
+            f"min({DEFAULT_MAX_CACHE_LEN}, {bound})); an ExecuTorch program cannot grow a cache, and every slot is "
+            "allocated up front: set generation.max_cache_len to the longest prompt plus reply you will run"
+        )
+
+
+def max_positions(model_config) -> int | None:
+    """How many positions the model's decoder can attend to, when its config says."""
+    text = model_config.get_text_config(decoder=True) if hasattr(model_config, "get_text_config") else model_config
+    for name in ("max_position_embeddings", "max_target_positions", "n_positions"):
+        value = getattr(text, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _decode_contract(target) -> tuple[Any, bool]:
+    """The decode's dynamic-shape spec and `dynamic` flag (the component's override, else the target's)."""
+    override = target.components.get("decode")
+    spec = override.dynamic_shapes if override is not None and override.dynamic_shapes is not None else None
+    spec = spec if spec is not None else target.dynamic_shapes
+    dynamic = override.dynamic if override is not None and override.dynamic is not None else target.dynamic
+    return spec, dynamic
+
+
+def _is_cache_key(key: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, key.split(".", 1)[0]) for name in CACHE_INPUTS)
+
+
+def _axis_dynamic(value: Any, rank: int, axis: int, key: str) -> bool:
+    from .errors import ShapeSpecError
+    from .shapes import axis_specs
+
+    try:
+        return axis_specs(value, rank, key).get(axis % rank, "static") != "static"
+    except ShapeSpecError:
+        return True  # a malformed entry: the export reports it, with its key
+
+
+def declares_dynamic_cache_axis(target) -> bool:
+    """Whether the decode's cache length axis (axis 2 of `[batch, heads, length, head_dim]`) is declared dynamic:
+    a cache key with a non-static axis 2, or `dynamic: true` without `dynamic_shapes`. A merged target's one
+    graph has a dynamic cache axis by construction (`exporters.merged`)."""
+    if getattr(target, "merged", None):
+        return True
+    spec, dynamic = _decode_contract(target)
+    if not spec:
+        return bool(dynamic)
+    return any(_is_cache_key(key) and _axis_dynamic(value, 4, 2, key) for key, value in spec.items())
+
+
+def cache_setting(target, recipe, max_positions: int | None) -> CacheSetting:
+    """The cache `target` is captured and exported with (see the module docstring)."""
+    generation = recipe.generation
+    chosen = "cache_implementation" in generation.model_fields_set
+    implementation = generation.cache_implementation
+    defaulted = (not chosen and target.export_format == "executorch" and target.mode == "generation"
+                 and not declares_dynamic_cache_axis(target))
+    if defaulted:
+        implementation = "static"
+    if implementation != "static":
+        return CacheSetting("dynamic")
+    length = generation.max_cache_len
+    if length is None:
+        length = min(DEFAULT_MAX_CACHE_LEN, max_positions) if max_positions else DEFAULT_MAX_CACHE_LEN
+    return CacheSetting("static", length, defaulted)
+
+
+def _growing_leaves(decode_inputs: dict[str, Any]) -> dict[str, Any]:
+    """`{path: tensor}` of the cache leaves that grow by one position per step (a `DynamicLayer`'s keys and values,
+    not the fixed cross-attention cache of an encoder-decoder)."""
+    from transformers.cache_utils import DynamicLayer
+
+    from .upstream import leaf_tensors
+
+    grown = {}
+    for path, tensor in leaf_tensors(decode_inputs).items():
+        parts = path.split(".")
+        if parts[0] not in CACHE_INPUTS or parts[-1] not in ("keys", "values") or "cross_attention_cache" in parts:
+            continue
+        node: Any = decode_inputs
+        for part in parts[:-1]:
+            node = node[int(part)] if isinstance(node, (list, tuple)) else node[part] if isinstance(node, dict) \
+                else getattr(node, part)
+        if isinstance(node, DynamicLayer) and tensor.dim() >= 2:
+            grown[path] = tensor
+    return grown
+
+
+def check_second_step(target, components: dict[str, Any], setting: CacheSetting) -> None:
+    """Raise `DecodeStepError` when the decode would be exported fixed at its traced cache length: it could run one
+    step and never a second."""
+    if target.mode != "generation" or "decode" not in components or setting.implementation == "static":
+        return
+    spec, dynamic = _decode_contract(target)
+    grown = _growing_leaves(components["decode"][1])
+    if not grown or (not spec and dynamic):
+        return
+    from .shapes import spec_key
+
+    fixed = sorted(path for path, tensor in grown.items()
+                   if (key := spec_key(spec or {}, path)) is None
+                   or not _axis_dynamic(spec[key], tensor.dim(), tensor.dim() - 2, key))
+    if not fixed:
+        return
+    length, axis = int(grown[fixed[0]].shape[-2]), grown[fixed[0]].dim() - 2
+    patterns = sorted({".".join("*" if part.isdigit() else part for part in path.split(".")) for path in fixed})
+    declared = ", ".join(f'"{pattern}": {{"{axis}": "auto"}}' for pattern in patterns)
+    raise DecodeStepError(
+        f"target '{target.name}': the decode graph would keep its cache at the traced length {length} and could not "
+        f"run a second step; make the cache axis dynamic (components.decode.dynamic_shapes {{{declared}}}) or use "
+        f'the static cache (generation.cache_implementation: "static")'
+    )

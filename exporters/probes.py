@@ -1,0 +1,235 @@
+"""Probe inputs: the shapes a dynamic-shape contract promises, and inputs resized to them.
+
+A contract is the recipe's named dims (`{"name": "seq", "min": 2, "max": 64}`), or for `dynamic: true` the sequence
+axis of text inputs. From it come
+
+- the **traced** sizes: [`fit_to_contract`] moves every declared dim whose sample size torch.export cannot keep
+  dynamic (0 or 1, or outside the declared range) to a size inside the range, for every input that shares the name;
+- the **probes**: the traced inputs, then each dim at its lower bound, a middle value and its upper bound
+  ([`make_probes`]), which validation runs through the artifact and the eager model.
+
+Example:
+    >>> import torch
+    >>> from exporters.recipe import DimSpec
+    >>> spec = {"pixel_values": {"0": DimSpec(name="batch", min=1, max=8)}}
+    >>> inputs = {"pixel_values": torch.zeros(1, 3, 4, 4)}
+    >>> bindings = dim_bindings(spec, inputs, dynamic=False, family="vision")
+    >>> [(b.name, b.traced, probe_sizes(b, None)) for b in bindings]
+    [('batch', 1, [1, 4, 8])]
+    >>> fitted, notes = fit_to_contract(inputs, bindings, config=None)
+    >>> fitted["pixel_values"].shape[0]
+    2
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .recipe import DimSpec
+from .upstream import leaf_tensors
+
+# Logits a probe may produce (tokens x vocabulary); each is held by the eager reference and the artifact's output.
+MAX_PROBE_LOGITS = 1 << 26
+
+
+def _leaves(inputs: Any) -> dict[str, torch.Tensor]:
+    return leaf_tensors(inputs)
+
+
+def _is_arange(tensor: torch.Tensor, axis: int) -> bool:
+    if tensor.is_floating_point() or tensor.shape[axis] < 2:
+        return False
+    moved = tensor.movedim(axis, -1).reshape(-1, tensor.shape[axis])
+    start = moved[:, :1]
+    return bool(torch.equal(moved, start + torch.arange(moved.shape[-1])))
+
+
+def resize_along(tensor: torch.Tensor, axis: int, size: int, generator: torch.Generator, config) -> torch.Tensor:
+    """`tensor` cut or grown along `axis` to `size`, grown with values of the same kind (a constant stays that
+    constant — masks, token types —, positions keep counting, token ids stay in the vocabulary, floats stay at their
+    scale)."""
+    current = tensor.shape[axis]
+    if size == 0:  # freshly allocated: a zero-length slice keeps strides that ExecuTorch aborts on
+        shape = list(tensor.shape)
+        shape[axis] = 0
+        return torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+    if size <= current:
+        return tensor.narrow(axis, 0, size).clone()
+    extra_shape = list(tensor.shape)
+    extra_shape[axis] = size - current
+    if tensor.dtype == torch.bool or (not tensor.is_floating_point() and tensor.numel() > 0
+                                      and bool((tensor == tensor.flatten()[0]).all())):
+        # masks stay masks, token types stay the one type: a constant integer input grows with its value
+        extra = torch.full(extra_shape, tensor.flatten()[0].item() if tensor.numel() else 1, dtype=tensor.dtype)
+    elif _is_arange(tensor, axis):
+        last = tensor.narrow(axis, current - 1, 1)
+        steps = torch.arange(1, size - current + 1).reshape([-1 if d == axis else 1 for d in range(tensor.dim())])
+        extra = (last + steps).to(tensor.dtype)
+    elif not tensor.is_floating_point():
+        from .inputs import random_token_ids
+
+        extra = random_token_ids(config, tuple(extra_shape), generator).to(tensor.dtype)
+    else:
+        scale = float(tensor.float().std()) if tensor.numel() > 1 else 1.0
+        extra = (torch.randn(extra_shape, generator=generator) * (scale or 1.0)).to(tensor.dtype)
+    return torch.cat([tensor, extra.to(tensor.device)], dim=axis)
+
+
+def _set_leaf(inputs: dict[str, Any], path: str, value: torch.Tensor) -> None:
+    """Replace the tensor at dotted `path` (upstream leaf naming) inside `inputs`."""
+    parts = path.split(".")
+    node: Any = inputs
+    for part in parts[:-1]:
+        if isinstance(node, dict):
+            node = node[part]
+        elif isinstance(node, (list, tuple)):
+            node = node[int(part)]
+        else:
+            node = getattr(node, part)
+    last = parts[-1]
+    if isinstance(node, dict):
+        node[last] = value
+    elif isinstance(node, list):
+        node[int(last)] = value
+    else:
+        setattr(node, last, value)
+
+
+@dataclass
+class DimBinding:
+    """A dynamic dimension and the (leaf path, axis) pairs it binds in one component's inputs."""
+
+    name: str
+    low: int | None
+    high: int | None
+    axes: list[tuple[str, int]]
+    traced: int
+    declared: bool = True  # a named dim of the recipe (False: the sequence axis of `dynamic: true`)
+
+
+def dim_bindings(spec: dict[str, Any] | None, inputs: dict[str, Any], dynamic: bool, family: str) -> list[DimBinding]:
+    """The dynamic dims of a component: named dims from the recipe, or for `dynamic: true` the sequence axis of
+    text inputs (the axis users vary; batch is specialized at size 1 by `Dim.AUTO`)."""
+    from .shapes import axis_specs, spec_key
+
+    leaves = _leaves(inputs)
+    bindings: dict[str, DimBinding] = {}
+    if spec:
+        for path, tensor in leaves.items():
+            key = spec_key(spec, path)
+            if key is None:
+                continue
+            for axis, value in axis_specs(spec[key], tensor.dim(), key).items():
+                if isinstance(value, DimSpec):
+                    binding = bindings.setdefault(
+                        value.name, DimBinding(value.name, value.min, value.max, [], int(tensor.shape[axis]))
+                    )
+                    binding.axes.append((path, axis))
+        return list(bindings.values())
+    if dynamic and family in ("text", "seq2seq", "vision-language"):
+        ids = leaves.get("input_ids")
+        if ids is not None and ids.dim() == 2 and ids.shape[1] > 1:
+            seq = int(ids.shape[1])
+            axes = [(p, 1) for p, t in leaves.items() if t.dim() == 2 and t.shape[1] == seq and p != "position_ids"]
+            axes += [(p, 1) for p, t in leaves.items() if p == "position_ids" and t.dim() == 2 and t.shape[1] == seq]
+            return [DimBinding("sequence (dynamic: true)", None, None, axes, seq, declared=False)]
+    return []
+
+
+def probe_sizes(binding: DimBinding, max_positions: int | None) -> list[int]:
+    """Lower bound, a value in between and the upper bound of a dim (sizes it was not traced with)."""
+    low = binding.low if binding.low is not None else 2
+    high = binding.high if binding.high is not None else binding.traced * 2 + 3
+    if max_positions is not None:
+        high = min(high, max_positions)
+    sizes = [low, (low + high) // 2, high]
+    floor = 0 if binding.low == 0 else 1  # a declared minimum of 0 (an empty cache) is probed too
+    return sorted({s for s in sizes if s >= floor})
+
+
+def make_probes(
+    inputs: dict[str, Any], bindings: list[DimBinding], config, limit: int, max_positions: int | None, seed: int = 0,
+    logits_per_token: int = 0,
+) -> list[tuple[str, dict[str, Any] | None, str | None]]:
+    """`(probe id, inputs or None, skip reason)`: the traced inputs, then each dim at each probe size.
+
+    Probes whose inputs exceed `limit` elements are skipped with the reason, and so are probes of a language model
+    (`logits_per_token`: its vocabulary size) whose logits would exceed `MAX_PROBE_LOGITS`: a 32k-token prompt is a
+    small input but 20 GB of logits on a 150k vocabulary, held twice (eager and artifact)."""
+    traced_total = sum(t.numel() for t in _leaves(inputs).values())
+    probes: list[tuple[str, dict[str, Any] | None, str | None]] = [
+        ("traced", inputs, None) if traced_total <= limit else
+        ("traced", None, f"inputs of {traced_total} elements exceed max_probe_elements ({limit})")
+    ]
+    generator = torch.Generator().manual_seed(seed)
+    for binding in bindings:
+        for size in probe_sizes(binding, max_positions):
+            probe_id = f"{binding.name}={size}"
+            probe = copy.deepcopy(inputs)
+            leaves = _leaves(probe)
+            total = 0
+            for path, axis in binding.axes:
+                resized = resize_along(leaves[path], axis, size, generator, config)
+                _set_leaf(probe, path, resized)
+                total += resized.numel()
+            if total > limit:
+                probes.append((probe_id, None, f"inputs of {total} elements exceed max_probe_elements ({limit})"))
+                continue
+            ids = _leaves(probe).get("input_ids")
+            logits = ids.numel() * logits_per_token if ids is not None else 0
+            if logits > MAX_PROBE_LOGITS:
+                probes.append((probe_id, None, f"its logits ({logits} elements) exceed what validation computes "
+                                               f"({MAX_PROBE_LOGITS}, {MAX_PROBE_LOGITS * 4 >> 20} MiB in float32)"))
+                continue
+            probes.append((probe_id, probe, None))
+    return probes
+
+
+
+
+def _fitted_size(binding: DimBinding, taken: set[int]) -> int:
+    """A size torch.export keeps dynamic (2 or more) inside the binding's range, preferring one no other axis of the
+    inputs has (equal sizes can be taken for the same symbol)."""
+    low = max(2, binding.low or 0)
+    high = binding.high if binding.high is not None else low + 16
+    candidates = range(low, high + 1)
+    return next((size for size in candidates if size not in taken), low)
+
+
+def fit_to_contract(inputs: dict[str, Any], bindings: list[DimBinding], config: Any,
+                    seed: int = 0) -> tuple[dict[str, Any], list[str]]:
+    """`inputs` with every declared dim at a size torch.export keeps dynamic, and a note per change.
+
+    A named dim whose sample size is 0 or 1 (torch.export specializes those) or outside its declared `[min, max]` is
+    resized, on every input that shares the name, to a size inside the range of at least 2. A dim whose `max` is
+    below 2 cannot be dynamic: it is left as it is (the export then fixes it, and validation says so).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    fitted, notes = inputs, []
+    for binding in bindings:
+        if not binding.declared:
+            continue  # `dynamic: true`: no range was declared, nothing to honour
+        if binding.high is not None and binding.high < 2:
+            notes.append(f"'{binding.name}' is declared with max {binding.high}: torch.export cannot keep a dim of "
+                         "at most 1 dynamic")
+            continue
+        size = binding.traced
+        inside = (binding.low is None or size >= binding.low) and (binding.high is None or size <= binding.high)
+        if size >= 2 and inside:
+            continue
+        if fitted is inputs:
+            fitted = copy.deepcopy(inputs)
+        leaves = _leaves(fitted)
+        bound = set(binding.axes)
+        taken = {int(t.shape[a]) for p, t in leaves.items() for a in range(t.dim()) if (p, a) not in bound}
+        new = _fitted_size(binding, taken)
+        for path, axis in binding.axes:
+            _set_leaf(fitted, path, resize_along(leaves[path], axis, new, generator, config))
+        binding.traced = new
+        why = "which torch.export would specialize" if size < 2 else f"outside [{binding.low}, {binding.high}]"
+        notes.append(f"'{binding.name}' is traced at size {new}: the sample inputs had {size}, {why}")
+    return fitted, notes

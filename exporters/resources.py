@@ -1,0 +1,53 @@
+"""How many exports the machine can run at once: cores, and memory against an estimate of each export's peak.
+
+Tracing, lowering and the ONNX optimizer are mostly single-threaded Python, so two exports on two cores take little
+more wall time than one. Memory decides the rest: each export child shares the parent's model pages (fork) and adds
+its own graph, decompositions and serialized program, measured at up to ~3x the weights for generation exports.
+
+Example:
+    >>> default_jobs(weight_bytes=100 * 2**20, targets=3, cores=2, available=8 * 2**30)
+    2
+    >>> default_jobs(weight_bytes=4 * 2**30, targets=3, cores=8, available=20 * 2**30)
+    1
+"""
+
+from __future__ import annotations
+
+import os
+
+EXPORT_PEAK_FACTOR = 3.0  # an export child's own memory, in weights (measured in benchmarks/RESULTS.md)
+EXPORT_BASE_BYTES = 768 * 2**20  # torch.export and the lowering stacks, before any weight
+HEADROOM = 0.8  # leave a fifth of what is free to the parent's validation and the system
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux `MemAvailable`), None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_jobs(*, weight_bytes: int, targets: int, cores: int | None = None, available: int | None = None) -> int:
+    """Exports to run at once: at most one per core and per target, and never more than memory allows."""
+    cores = usable_cores() if cores is None else cores
+    available = available_memory() if available is None else available
+    jobs = max(1, min(cores, targets))
+    if available is not None:
+        per_export = EXPORT_BASE_BYTES + EXPORT_PEAK_FACTOR * weight_bytes
+        jobs = min(jobs, max(1, int(available * HEADROOM // per_export)))
+    return jobs

@@ -1,0 +1,125 @@
+"""The workbench of a run: the model loaded once, its sample inputs, and what targets share.
+
+Captures (`decompose`) are made once per generation layout and cache setting (the cache is chosen per target:
+`exporters.cache_settings`) and shared; each target then gets its own copy fitted to its shape contract
+([`exporters.probes.fit_to_contract`]), so a declared dynamic range is traced at a size torch.export keeps dynamic. Eager reference outputs are computed once per run (`EagerCache`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .context import RunContext, RunOptions
+
+
+@dataclass
+class Workbench:
+    """The loaded model, its sample inputs, and what is shared across targets: decompositions, eager outputs."""
+
+    model: Any
+    sample: Any
+    eager: Any
+    weights: Any  # exporters.footprint.ModelWeights, read at load (validation may free the weights later)
+    decompositions: dict[tuple, Any] = field(default_factory=dict)
+    fitted: dict[str, tuple[Any, list[str]]] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, context: RunContext, options: RunOptions, targets: list[Any] | None = None) -> Workbench:
+        """Load the model once: in the targets' dtype when they all ask for the same one (a float16 target of a
+        float32 checkpoint never holds a float32 copy), else in the checkpoint's, each export converting its own."""
+        from .footprint import ModelWeights
+        from .inputs import make_sample_inputs
+        from .source import load_model, load_tokenizer
+        from .validate import EagerCache
+
+        started = time.time()
+        dtypes = {target.dtype for target in (targets if targets is not None else context.targets)}
+        model = load_model(context.source, trust_remote_code=options.trust_remote_code,
+                           dtype=dtypes.pop() if len(dtypes) == 1 else None)
+        sample = make_sample_inputs(model, context.recipe.inputs, load_tokenizer(context.source.folder))
+        context.family, context.load_s = sample.family, round(time.time() - started, 3)
+        context.model_dtype = str(model.dtype).removeprefix("torch.")
+        context.eager_cache = EagerCache()
+        return cls(model, sample, context.eager_cache, ModelWeights.of(model))
+
+    def plan(self, target: Any) -> Any:
+        """The target with its mode decided (the recipe's, else from the model)."""
+        from .inputs import default_mode
+
+        target = target.model_copy(deep=True)
+        target.mode = target.mode or default_mode(self.model)
+        return target
+
+    def components(self, target: Any, recipe: Any) -> Any:
+        """The target's `{component: (module, forward inputs)}`: captured once per mode, decode layout and cache
+        setting, then fitted to the target's shape contract (every declared dim at a size torch.export keeps
+        dynamic). `DecodeStepError` when its decode could not run a second step."""
+        from .cache_settings import check_second_step
+
+        if target.name not in self.fitted:
+            from . import merged
+
+            setting = self.cache_setting(target, recipe)
+            target.merged = merged.wants_merged(target, self.sample.family, setting.implementation)
+            captured = self._captured(target, recipe, setting)
+            if target.merged:  # one graph: upstream's multi-token decode, with its contract
+                captured = merged.plan(target, captured)
+            fitted, notes = self._fit(target, captured, recipe)
+            check_second_step(target, fitted, setting)
+            self.fitted[target.name] = (fitted, notes + self._cache_notes(target, setting))
+        return self.fitted[target.name][0]
+
+    def cache_setting(self, target: Any, recipe: Any) -> Any:
+        """The cache the target is captured, exported and checked with (`exporters.cache_settings`)."""
+        from . import engine
+
+        return engine.cache_setting_for(self.model, target, recipe)
+
+    def generation_config(self, target: Any, recipe: Any) -> Any:
+        """The generation config of a generation target (its cache setting applied), else None."""
+        from . import engine
+
+        if target.mode != "generation":
+            return None
+        return engine.generation_config_for(self.model, self.cache_setting(target, recipe))
+
+    def _cache_notes(self, target: Any, setting: Any) -> list[str]:
+        from .cache_settings import max_positions
+
+        finding = setting.finding(target.name, max_positions(self.model.config)) if target.mode == "generation" \
+            else None
+        return [finding] if finding else []
+
+    def contract_notes(self, target: Any) -> list[str]:
+        """What fitting the sample inputs to the target's contract changed."""
+        return self.fitted.get(target.name, ({}, []))[1]
+
+    def _captured(self, target: Any, recipe: Any, setting: Any) -> Any:
+        from . import engine
+
+        multi_token = bool(target.multi_token_decode or target.merged)
+        key = (target.mode, multi_token, setting if target.mode == "generation" else None)
+        if key not in self.decompositions:
+            self.decompositions[key] = engine.decompose(
+                self.model, target.mode, self.sample.forward, self.sample.generate, setting=setting,
+                multi_token_decode=multi_token, family=self.sample.family)
+        return self.decompositions[key]
+
+    def _fit(self, target: Any, captured: Any, recipe: Any) -> tuple[Any, list[str]]:
+        from .engine import component_shape_spec
+        from .errors import ShapeSpecError
+        from .probes import dim_bindings, fit_to_contract
+
+        fitted, notes = {}, []
+        for name, (module, inputs) in captured.items():
+            spec = component_shape_spec(target, name)
+            try:
+                bindings = dim_bindings(spec, inputs, False, self.sample.family) if spec else []
+            except ShapeSpecError:  # the export reports it, with the recipe line
+                bindings = []
+            new_inputs, changed = fit_to_contract(inputs, bindings, self.model.config, recipe.inputs.seed)
+            fitted[name] = (module, new_inputs)
+            notes += [f"{name}: {note}" for note in changed]
+        return fitted, notes

@@ -1,0 +1,300 @@
+"""Generation parity that generates and fails only on real divergence (issue #12, §2 and §6), through the real CLI
+on tiny models exported once per module:
+
+- the first recipe an on-device user writes, `{"export_format": "executorch", "mode": "generation"}`, gets a static
+  cache and generates (parity over 8 tokens, the program driven step by step from disk);
+- `cache_implementation: "static"` exports in dynamo and ONNX pass parity, driven with the fixed-size cache;
+- a decode that could run only one step fails the target with the one recipe change that fixes it;
+- eager `generate()`'s logits processors (a Marian's forced EOS, suppressed tokens) select the exported tokens too;
+- a near tie is reported and decoding goes on with eager's token; a real divergence fails.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from tests.conftest import run_cli
+from tests.models import tiny_llama, tiny_marian
+
+SPREAD = 0.3  # logits tenths apart: parity cannot pass on luck, and no step is a near tie
+
+
+def _report(out):
+    return json.loads((out / "report.json").read_text())
+
+
+def _target(out, name):
+    return next(t for t in _report(out)["targets"] if t["name"] == name)
+
+
+def _assert_generates(generation, steps=8):
+    assert generation["status"] == "passed", generation
+    eager, exported = generation["eager_tokens"][0], generation["exported_tokens"][0]
+    assert eager == exported and len(exported) == steps, generation
+    assert len(set(exported)) > 2, f"greedy tokens must vary for parity to be able to fail: {exported}"
+    assert generation["near_ties"] == []
+
+
+# ── ExecuTorch with no cache settings: a static cache by default ─────────────
+
+
+@pytest.fixture(scope="module")
+def et_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("et-default")
+    model_dir = tiny_llama(root / "model", {"export_format": "executorch", "mode": "generation"},
+                           initializer_range=SPREAD)
+    out = root / "out"
+    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+
+
+def test_executorch_generation_defaults_to_a_static_cache_and_generates(et_run):
+    _, out, result = et_run
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    target = _target(out, "executorch")
+    assert target["status"] == "passed", target["error"]
+    generation = target["generation"]
+    _assert_generates(generation, steps=8)  # the recipe's default max_new_tokens
+    assert generation["cache"] == {"implementation": "static", "max_cache_len": 256}  # max_position_embeddings
+    finding = next(f for f in target["findings"] if "static cache" in f)
+    assert "declares no dynamic cache axis" in finding and "min(2048, max_position_embeddings 256)" in finding
+    assert any("static cache of 256 positions" in f for f in _report(out)["findings"])
+    assert "static cache of 256 positions" in (out / "report.md").read_text()
+
+
+def test_saved_executorch_program_records_its_static_cache(et_run):
+    """What a runtime reads from the saved export: a static cache of 256 positions, a decode taking the 4D mask over
+    those positions and the cache's keys, values and write position (parity drove this program from disk)."""
+    from transformers.exporters import ExportedModel
+
+    _, out, _ = et_run
+    exported = ExportedModel.from_pretrained(out / "executorch")
+    assert exported.generation_config.cache_implementation == "static"
+    assert exported.generation_config.max_cache_len == 256
+    decode = exported.runners["decode"].metadata.kwargs
+    assert decode["attention_mask"]["shape"] == [1, 1, 1, 256]
+    assert decode["cache"] == {"container": "StaticCache"}
+    assert sorted(exported.components) == ["decode", "prefill"]
+
+
+# ── static cache in dynamo and ONNX ───────────────────────────────────────────
+
+
+STATIC = {
+    "schema_version": 1,
+    "exports": [{"name": "dynamo", "export_format": "dynamo", "mode": "generation"},
+                {"name": "onnx", "export_format": "onnx", "mode": "generation"}],
+    "generation": {"cache_implementation": "static", "max_cache_len": 24, "max_new_tokens": 10},
+}
+
+
+@pytest.fixture(scope="module")
+def static_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("static")
+    model_dir = tiny_llama(root / "model", STATIC, initializer_range=SPREAD)
+    out = root / "out"
+    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+
+
+def test_static_cache_parity_in_dynamo_and_onnx(static_run):
+    _, out, result = static_run
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    for name in ("dynamo", "onnx"):
+        target = _target(out, name)
+        assert target["status"] == "passed", (name, target["error"])
+        _assert_generates(target["generation"], steps=10)
+        assert target["generation"]["cache"] == {"implementation": "static", "max_cache_len": 24}
+        assert not any("static cache" in f for f in target["findings"]), "the recipe chose it: no default to report"
+    assert "Parity: static cache of 24 positions" in (out / "report.md").read_text()
+
+
+def test_onnx_static_decode_graph_takes_the_fixed_size_cache(static_run):
+    import onnx
+
+    _, out, _ = static_run
+    graph = onnx.load(str(out / "onnx" / "decode.onnx"), load_external_data=False).graph
+    dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.input}
+    keys = [dims[name] for name in dims if name.endswith("layers.0.keys")]
+    assert keys == [[1, 2, 24, 8]], dims
+    assert dims["attention_mask"] == [1, 1, 1, 24]
+
+
+def test_a_near_tie_continues_and_a_real_divergence_fails(static_run, tmp_path):
+    """A decode graph perturbed so that its choices differ from eager's: with the default tolerance the first
+    different token is a real divergence; with a tolerance wide enough to cover the perturbation it is a near tie,
+    reported, and decoding goes on with eager's token."""
+    import onnx
+    from onnx import numpy_helper
+
+    model_dir, out, _ = static_run
+    copy = tmp_path / "out"
+    shutil.copytree(out / "onnx", copy / "onnx")
+    decode = copy / "onnx" / "decode.onnx"
+    graph = onnx.load(str(decode))
+    head = next(t for t in graph.graph.initializer if list(t.dims) == [32, 128])  # lm_head (hidden 32, vocab 128)
+    weights = numpy_helper.to_array(head).copy()
+    generator = torch.Generator().manual_seed(1)
+    weights += torch.randn(weights.shape, generator=generator).numpy() * 2.0
+    head.CopyFrom(numpy_helper.from_array(weights, head.name))
+    onnx.save(graph, str(decode), save_as_external_data=True, location="decode.onnx.data")
+
+    failed = run_cli("validate", str(model_dir), str(copy), "--target", "onnx")
+    assert failed.returncode == 1
+    generation = _target(copy, "onnx")["generation"]
+    assert generation["status"] == "failed" and generation["near_ties"] == []
+    divergence = generation["first_divergence"]
+    assert divergence["step"] >= 1 and divergence["eager"] != divergence["exported"]
+    assert divergence["eager_score_gap"] > 0
+
+    wide = json.loads(json.dumps(STATIC))
+    wide["validation"] = {"formats": {"onnx": {"atol": 50.0}}}
+    recipe = tmp_path / "wide.json"
+    recipe.write_text(json.dumps(wide))
+    passed = run_cli("validate", str(model_dir), str(copy), "--target", "onnx", "--config", str(recipe))
+    assert passed.returncode == 0, passed.stderr[-2000:]
+    generation = _target(copy, "onnx")["generation"]
+    assert generation["status"] == "passed"
+    assert generation["near_ties"] and generation["near_ties"][0]["step"] == divergence["step"]
+    assert generation["exported_tokens"] == generation["eager_tokens"], "decoding went on with eager's tokens"
+    assert "near tie at step" in (copy / "report.md").read_text()
+
+
+# ── a decode that could run one step only ─────────────────────────────────────
+
+
+def test_a_decode_frozen_at_its_traced_length_fails_with_the_fix(tmp_path):
+    recipe = {"schema_version": 1, "exports": [{"name": "frozen", "export_format": "dynamo", "mode": "generation"}],
+              "generation": {"cache_implementation": "dynamic"}}
+    model_dir = tiny_llama(tmp_path / "model", recipe)
+    out = tmp_path / "out"
+    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    assert result.returncode == 1
+    target = _target(out, "frozen")
+    assert target["status"] == "failed" and target["error"]["type"] == "DecodeStepError"
+    message = target["error"]["message"]
+    assert "could not run a second step" in message
+    assert '"cache.layers.*.keys": {"2": "auto"}' in message
+    assert 'generation.cache_implementation: "static"' in message
+    assert message.count(". ") == 0, "one sentence"
+    assert not (out / "frozen").exists(), "nothing is exported for a contract that cannot generate"
+    assert "could not run a second step" in result.stdout + result.stderr
+
+
+# ── eager's token-selection rules on both sides ──────────────────────────────
+
+
+@pytest.fixture(scope="module")
+def marian_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("marian")
+    recipe = {"export_format": "dynamo", "mode": "generation", "dynamic": True}
+    model_dir = tiny_marian(root / "model", recipe, suppress_tokens=[79, 8])
+    out = root / "out"
+    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+
+
+def test_forced_eos_and_suppressed_tokens_apply_to_both_sides(marian_run):
+    model_dir, out, result = marian_run
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["forced_eos_token_id"] == 0 and config["eos_token_id"] == 0
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    generation = _target(out, "dynamo")["generation"]
+    assert generation["status"] == "passed", generation
+    assert generation["logits_processors"] == ["ForcedEOSTokenLogitsProcessor", "SuppressTokensLogitsProcessor"]
+    tokens = generation["exported_tokens"][0]
+    assert tokens == generation["eager_tokens"][0] and len(tokens) == 8
+    assert tokens[-1] == 0, "eager forces EOS at the last step, and so does the exported loop"
+    assert not {79, 8} & set(tokens), "the suppressed tokens (the ones this model picks unsuppressed) never appear"
+    assert len(set(tokens[:-1])) > 1
+    text = (out / "report.md").read_text()
+    assert "`ForcedEOSTokenLogitsProcessor`, `SuppressTokensLogitsProcessor`" in text
+
+
+# ── the rules, without an export ──────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(("target", "generation", "expected"), [
+    ({}, {}, ("static", 256, True)),
+    ({}, {"max_cache_len": 64}, ("static", 64, True)),
+    ({"dynamic": True}, {}, ("dynamic", None, False)),
+    ({"components": {"decode": {"dynamic_shapes": {"cache.layers.*.keys": {"2": "auto"},
+                                                   "cache.layers.*.values": {"2": "auto"}}}}}, {},
+     ("dynamic", None, False)),
+    ({"components": {"decode": {"dynamic_shapes": {"cache.layers.*.keys": {"0": "auto"}}}}}, {},
+     ("static", 256, True)),  # a batch axis is not a cache length axis
+    ({}, {"cache_implementation": "dynamic"}, ("dynamic", None, False)),  # the recipe chose: a run-time error
+    ({}, {"cache_implementation": "static"}, ("static", 256, False)),
+])
+def test_cache_setting_per_target(target, generation, expected):
+    from exporters.cache_settings import cache_setting
+    from exporters.recipe_load import parse_recipe
+
+    recipe = parse_recipe(json.dumps({"exports": [{"export_format": "executorch", "mode": "generation", **target}],
+                                      "generation": generation}))
+    setting = cache_setting(recipe.exports[0], recipe, max_positions=256)
+    assert (setting.implementation, setting.max_cache_len, setting.defaulted) == expected
+
+
+def test_default_cache_length_is_bounded_by_the_model():
+    from exporters.cache_settings import DEFAULT_MAX_CACHE_LEN, cache_setting
+    from exporters.recipe_load import parse_recipe
+
+    for fmt in ("executorch", "dynamo"):
+        recipe = parse_recipe(json.dumps({"exports": [{"export_format": fmt, "mode": "generation"}],
+                                          "generation": {"cache_implementation": "static"}}))
+        assert cache_setting(recipe.exports[0], recipe, max_positions=131072).max_cache_len == DEFAULT_MAX_CACHE_LEN
+        assert cache_setting(recipe.exports[0], recipe, max_positions=512).max_cache_len == 512
+    dynamo = parse_recipe('{"export_format": "dynamo", "mode": "generation"}')
+    assert cache_setting(dynamo.exports[0], dynamo, max_positions=256).implementation == "dynamic"
+
+
+def test_max_cache_len_without_a_static_cache_is_a_recipe_error():
+    from exporters.errors import RecipeError
+    from exporters.recipe_load import parse_recipe
+
+    recipe = {"exports": [{"export_format": "executorch"}],
+              "generation": {"cache_implementation": "dynamic", "max_cache_len": 64}}
+    with pytest.raises(RecipeError, match="max_cache_len only applies to a static cache") as err:
+        parse_recipe(json.dumps(recipe, indent=1))
+    assert err.value.path == "$.generation.max_cache_len"
+
+
+def _greedy(eager_tokens, scores, tolerance=(1e-3, 1e-3)):
+    from transformers import LogitsProcessorList
+
+    from exporters.greedy import EagerReference, Greedy, Tolerances
+
+    reference = EagerReference(torch.tensor(eager_tokens), [torch.tensor(s) for s in scores], LogitsProcessorList(),
+                               [])
+    return Greedy(len(eager_tokens[0]), {9}, 0, reference, Tolerances(tolerance, tolerance))
+
+
+def test_near_tie_takes_eagers_token_and_a_real_divergence_stops():
+    not_finished = torch.zeros(1, dtype=torch.bool)
+    sequence = torch.tensor([[5, 6]])
+    greedy = _greedy([[1, 2]], [[[0.0, 3.0, 2.9995, -1.0]], [[0.0, 1.0, 3.0, 2.0]]])
+    # the artifact prefers token 2 at step 0, eager's score for it is 0.0005 below eager's choice: a near tie
+    chosen = greedy.select(0, sequence, torch.tensor([[0.0, 2.9995, 3.0, -1.0]]), not_finished)
+    assert chosen.tolist() == [1] and greedy.divergence is None
+    assert greedy.near_ties[0]["step"] == 0 and greedy.near_ties[0]["exported"] == 2
+    # at step 1 it prefers token 3, a full 1.0 below eager's token 2: a real divergence
+    chosen = greedy.select(1, sequence, torch.tensor([[0.0, 1.0, 2.0, 3.0]]), not_finished)
+    assert greedy.divergence == {"batch": 0, "step": 1, "eager": 2, "exported": 3, "eager_score_gap": 1.0}
+
+
+def test_a_token_eager_suppressed_is_never_a_near_tie():
+    greedy = _greedy([[1]], [[[0.0, 3.0, float("-inf")]]], tolerance=(100.0, 0.0))
+    greedy.select(0, torch.tensor([[5]]), torch.tensor([[0.0, 1.0, 2.0]]), torch.zeros(1, dtype=torch.bool))
+    assert greedy.divergence is not None and greedy.divergence["exported"] == 2
+    assert greedy.divergence["eager_score_gap"] is None, "no infinity in report.json"
+
+
+def test_finished_rows_are_padded_and_not_compared():
+    greedy = _greedy([[9, 0], [4, 4]], [[[0.0] * 10, [0.0] * 10], [[0.0] * 10, [0.0] * 10]])
+    finished = torch.tensor([True, False])
+    logits = torch.zeros(2, 10)
+    logits[1, 4] = 1.0
+    chosen = greedy.select(1, torch.tensor([[9], [4]]), logits, finished)
+    assert chosen.tolist() == [0, 4] and greedy.divergence is None
