@@ -349,6 +349,20 @@ def test_default_merges_only_plain_onnx_decoder_targets():
     assert raised.value.option == "layout"
 
 
+def test_library_export_for_generation_follows_the_merged_default(eager, tmp_path):
+    """`AutoHfExporter.from_pretrained(...).export_for_generation` exports what the pipeline would: one graph."""
+    from exporters import AutoHfExporter
+
+    model_dir = tiny_llama(tmp_path / "model", {"export_format": "onnx", "mode": "generation", "dynamic": True})
+    exporter = AutoHfExporter.from_pretrained(str(model_dir))
+    ids = torch.tensor([PROMPT])
+    exported = exporter.export_for_generation(eager, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    assert list(exported.components) == ["model"]
+    got = merged_call(exported.runners["model"], ids, 0, empty_cache(eager))
+    with torch.no_grad():
+        torch.testing.assert_close(got["logits"], eager(input_ids=ids).logits, atol=1e-4, rtol=1e-3)
+
+
 def test_merged_contract_names_the_two_axes_that_vary(eager):
     """Without a recipe contract: named `{min, max}` dims on the query and cache axes (an empty cache included);
     ExecuTorch gets `auto` on the same axes and no deferred asserts (docs/upstream-gaps.md #4). A merged ExecuTorch
