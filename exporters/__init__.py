@@ -29,6 +29,7 @@ from .errors import (  # noqa: E402
     RemoteCodeError,
     ShapeSpecError,
     UnsupportedModelError,
+    TargetPlanError,
 )
 from .recipe import Recipe  # noqa: E402
 from .recipe_load import load_recipe_file, parse_recipe  # noqa: E402
@@ -53,6 +54,7 @@ __all__ = [
     "RunOptions",
     "ShapeSpecError",
     "UnsupportedModelError",
+    "TargetPlanError",
     "load_recipe_file",
     "parse_recipe",
     "run_pipeline",

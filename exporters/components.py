@@ -42,17 +42,20 @@ PROJECTOR_NAMES = ("multi_modal_projector", "connector", "embed_vision", "embed_
 VLM_TEXT_STAGES = ["embed_tokens", "language_model", "lm_head", "decode"]
 
 
-def minimum_components(family: str, mode: str, captured: list[str], model=None) -> list[str]:
+def minimum_components(family: str, mode: str, captured: list[str], model=None, merged: bool = False) -> list[str]:
     """The components a complete export of this family must have, decided from the model's structure where it
-    varies (vision-language stages, dual-encoder towers); the captured set for other families.
+    varies (vision-language stages, dual-encoder towers); the captured set for other families. A merged generation
+    export is one graph, `model`.
 
     Example:
         >>> minimum_components("seq2seq", "generation", ["prefill", "decode"])
         ['encoder', 'prefill', 'decode']
+        >>> minimum_components("text", "generation", ["model"], merged=True)
+        ['model']
     """
-    if mode == "model":
-        if family == "dual-encoder" and model is not None:
-            return list(tower_modules(model))
+    if mode == "model" and family == "dual-encoder" and model is not None:
+        return list(tower_modules(model))
+    if mode == "model" or merged:
         return ["model"]
     if family == "vision-language" and model is not None:
         return vision_language_stages(model)

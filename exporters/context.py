@@ -73,6 +73,7 @@ class RunContext:
     family: str | None = None
     load_s: float | None = None
     eager_cache: Any = None
+    model_dtype: str | None = None  # the dtype the model was loaded in
     jobs: int | None = None  # exports run at once
 
     def cache_key(self, target_name: str, device: str) -> str:

@@ -12,6 +12,7 @@ ExportActionError
 ├── UnsupportedModelError  the model's inputs or stages cannot be prepared (says what is missing)
 ├── EagerStageError      a parity check through the graphs ran a module with eager weights
 ├── DecodeStepError      a generation decode can run one step and never a second
+├── TargetPlanError      a target's settings do not fit this model (a merged graph for an encoder-decoder)
 ├── PublishError         publishing to the Hub failed
 ├── InitError            `hf-export init` found no format that exports and validates
 └── AggregateError       report parts of a split run cannot be merged
@@ -50,6 +51,7 @@ __all__ = [
     "RemoteCodeError",
     "ShapeSpecError",
     "UnsupportedModelError",
+    "TargetPlanError",
     "describe_error",
     "error_record",
     "render_root_cause",
@@ -158,6 +160,11 @@ class DeviceError(ExportActionError):
 
 class ArtifactError(ExportActionError):
     """An artifact folder cannot be loaded: no manifest, unknown files, or files whose loading would run code."""
+
+
+class TargetPlanError(ExportActionError):
+    """A target's settings do not fit this model: a merged graph for a model without a key-value cache or with
+    several graphs, a layout for a component set it cannot hold."""
 
 
 class PublishError(ExportActionError):

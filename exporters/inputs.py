@@ -35,7 +35,8 @@ class SampleInputs:
     notes: list[str] = field(default_factory=list)
 
 
-def _vocab_size(config) -> int:
+def vocab_size(config) -> int:
+    """The (text) vocabulary size of a model config."""
     text = getattr(config, "text_config", None) or config
     return int(getattr(text, "vocab_size", None) or getattr(config, "vocab_size", 100))
 
@@ -61,7 +62,7 @@ def _special_ids(config) -> set[int]:
 
 def random_token_ids(config, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
     """Token ids drawn from the vocabulary, avoiding special and modality tokens."""
-    vocab = _vocab_size(config)
+    vocab = vocab_size(config)
     special = _special_ids(config)
     allowed = torch.tensor([i for i in range(min(vocab, 4096)) if i not in special] or [0])
     picks = torch.randint(0, len(allowed), shape, generator=generator)
@@ -71,7 +72,7 @@ def random_token_ids(config, shape: tuple[int, ...], generator: torch.Generator)
 def _text_ids(model, tokenizer, spec: InputsSpec, generator: torch.Generator) -> torch.Tensor:
     if tokenizer is not None and spec.prompt:
         ids = tokenizer(spec.prompt, return_tensors="pt")["input_ids"]
-        ids = ids.clamp(max=_vocab_size(model.config) - 1)
+        ids = ids.clamp(max=vocab_size(model.config) - 1)
         return ids.repeat(spec.batch_size, 1)
     return random_token_ids(model.config, (spec.batch_size, spec.sequence_length), generator)
 

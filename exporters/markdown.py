@@ -190,8 +190,10 @@ def render_target(target: dict[str, Any], details: bool = True) -> list[str]:
     timings = target.get("timings") or {}
     if timings or files:
         parts = [f"{k.removesuffix('_s')} {v:.1f} s" for k, v in timings.items() if isinstance(v, (int, float))]
+        stored, parameters = target.get("weights_stored_bytes"), target.get("parameter_bytes")
+        weights = f" · weights stored {stored / parameters:.2f}x the parameters" if stored and parameters else ""
         lines += [f"Timings: {', '.join(parts) or '–'} · {len(files)} files, "
-                  f"{human_size(sum(f['size'] for f in files))}", ""]
+                  f"{human_size(sum(f['size'] for f in files))}{weights}", ""]
     if files and details:
         lines += ["<details><summary>Files</summary>", "", "| file | size | sha256 |", "|---|---|---|"]
         lines += [f"| `{cell(f['path'], 200)}` | {human_size(f['size'])} | `{f['sha256'][:16]}…` |" for f in files]

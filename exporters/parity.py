@@ -2,6 +2,7 @@
 `generate(do_sample=False)`, token for token.
 
 - decoder-only: prompt → `prefill` → `decode` × N;
+- decoder-only, merged graph: prompt on an empty cache → `model` → `model` × N (one token each);
 - encoder-decoder (T5, Whisper): source ids / audio features → `encoder` → `prefill` → `decode` × N;
 - vision-language (LLaVA, Idefics3 / SmolVLM, PaliGemma, Gemma 3, Qwen2-VL, ...): image + prompt → the model's own
   forward with its encoder(s), projector, `embed_tokens`, `language_model` and `lm_head` replaced by their graphs
@@ -143,9 +144,10 @@ def _cache_summary(generation_config) -> dict[str, Any]:
 
 
 def generation_parity(model, components, exported, generate_inputs: dict[str, Any], steps: int,
-                      generation_config, family: str, tolerances: Tolerances) -> GenerationReport:
+                      generation_config, family: str, tolerances: Tolerances, reference: Any = None) -> GenerationReport:
     """Run the family's pipeline through the exported graphs and compare with eager `generate()`, both selecting
-    tokens by the processors eager builds (see `exporters.greedy`)."""
+    tokens by the processors eager builds (see `exporters.greedy`). `reference`: eager's run, made ahead by
+    [`reference_for`] (so the eager weights can be freed before the artifact loads); else it is made here."""
     names = set(exported.components)
     cache = _cache_summary(generation_config)
     if family not in DRIVERS:
@@ -153,6 +155,8 @@ def generation_parity(model, components, exported, generate_inputs: dict[str, An
                                                           "models", cache=cache)
     driver, needed = DRIVERS[family]
     needed = needed or set(components)
+    if family == "text" and "model" in names:
+        driver, needed = _merged_decoder, {"model"}
     missing = sorted(needed - names)
     if missing:
         return GenerationReport("failed", steps, reason=f"cannot generate from raw inputs: missing component(s) "
@@ -163,10 +167,10 @@ def generation_parity(model, components, exported, generate_inputs: dict[str, An
         return GenerationReport("failed", steps, reason=(
             f"the static cache holds {limit} positions, fewer than the prompt ({prefix.shape[1]}) plus max_new_tokens "
             f"({steps}): raise generation.max_cache_len or shorten the prompt"), cache=cache)
-    try:
-        reference = eager_reference(model, generate_inputs, generation_config, steps)
-    except Exception as err:  # the reference could not run: the check did not run, it did not fail
-        return GenerationReport("skipped", steps, reason=f"eager generate() failed: {describe_error(err)}",
+    if reference is None:
+        reference = reference_for(model, generate_inputs, generation_config, steps)
+    if isinstance(reference, Exception):  # the reference could not run: the check did not run, it did not fail
+        return GenerationReport("skipped", steps, reason=f"eager generate() failed: {describe_error(reference)}",
                                 cache=cache)
     eos, pad = Greedy.special_tokens(generation_config)
     greedy = Greedy(steps, eos, pad, reference, tolerances)
@@ -180,6 +184,14 @@ def generation_parity(model, components, exported, generate_inputs: dict[str, An
     except Exception as err:  # an artifact that cannot generate is a failed check, with the reason
         return _report(greedy, tokens, None, cache, reason=describe_error(err), failed=True)
     return _report(greedy, tokens, prompt, cache)
+
+
+def reference_for(model, generate_inputs: dict[str, Any], generation_config, steps: int) -> Any:
+    """Eager's greedy run parity compares with (`exporters.greedy.eager_reference`), or the exception it raised."""
+    try:
+        return eager_reference(model, generate_inputs, generation_config, steps)
+    except Exception as err:
+        return err
 
 
 def _prefix(components, generate_inputs: dict[str, Any], family: str) -> torch.Tensor:
@@ -196,6 +208,17 @@ def _decoder_only(model, components, runners, generate_inputs, greedy: Greedy, t
     empty = copy.deepcopy(prefill_template[key]) if key else None  # a static cache: allocated by the graph
     out = run_component(runners["prefill"], step_inputs(prefill_template, ids, 0, empty))
     stepper = _Stepper(runners["decode"], components["decode"][1])
+    _decode_loop(out["logits"], _output_cache(out), ids, greedy, stepper, tokens)
+    return int(ids.shape[1])
+
+
+def _merged_decoder(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
+    from .merged import MERGED, prompt_inputs
+
+    template = components[MERGED][1]
+    ids = generate_inputs["input_ids"]
+    out = run_component(runners[MERGED], prompt_inputs(template, ids))
+    stepper = _Stepper(runners[MERGED], template)
     _decode_loop(out["logits"], _output_cache(out), ids, greedy, stepper, tokens)
     return int(ids.shape[1])
 

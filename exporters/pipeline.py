@@ -27,6 +27,7 @@ from typing import Any
 from . import fsutil
 from .context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
 from .errors import DeviceError, error_record
+from .footprint import record_footprint
 from .hashing import file_entries
 from .isolation import Isolated, log_excerpt
 from .progress import Progress
@@ -119,7 +120,7 @@ def _export_and_validate(targets: list[Any], context: RunContext, options: RunOp
     loaded ONNX Runtime sessions or ExecuTorch programs (so no runtime's threads or memory are forked); validation
     then overlaps with the exports still running.
     """
-    bench = Workbench.load(context, options)
+    bench = Workbench.load(context, options, targets)
     results: list[TargetResult] = []
     with Progress(options.progress) as progress:
         planned = []
@@ -136,7 +137,9 @@ def _export_and_validate(targets: list[Any], context: RunContext, options: RunOp
             while pending and len(running) < jobs:
                 running.append(_start(pending.pop(0), bench, context, options, progress))
             if exported and not pending:
-                _validate(exported.pop(0), context, bench, options, progress)
+                item = exported.pop(0)
+                # the last validation: no export or reference needs the eager weights after its references
+                _validate(item, context, bench, options, progress, last=not running and not exported)
                 continue
             mp_wait([item.run.sentinel for item in running], timeout=1.0)
             for item in [i for i in running if i.run.done()]:
@@ -211,13 +214,15 @@ def _finish(item: _Export, options: RunOptions, progress: Progress) -> bool:
     return True
 
 
-def _validate(item: _Export, context: RunContext, bench: Workbench, options: RunOptions, progress: Progress) -> None:
+def _validate(item: _Export, context: RunContext, bench: Workbench, options: RunOptions, progress: Progress,
+              last: bool = False) -> None:
     target, result = item.target, item.result
     final = options.out_dir / target.name
     progress.update(target.name, "validating")
-    _validate_into(result, target, context, bench, final, trust_artifacts=True)
+    _validate_into(result, target, context, bench, final, trust_artifacts=True, last=last)
     _after_validation(result, target, final)
     result.files = file_entries(final, options.out_dir)
+    record_footprint(result, target, final, bench.weights)
     progress.update(target.name, _stage_label(result.status), done=True)
     gc.collect()  # the loaded programs and runtime sessions of this target are no longer needed
 
@@ -240,17 +245,12 @@ def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging:
         components = {name: (module.to(device=device, dtype=dtype), move_to(inputs, device, dtype))
                       for name, (module, inputs) in components.items()}
     notes: list[str] = []
-    started = time.time()
-    exported = engine.export_components(model, target, components, recipe, notes)
-    export_s = time.time() - started
-    started = time.time()
-    engine.save_exported(exported, target, staging)
-    return {"notes": notes, "components": list(exported.components), "export_only_s": round(export_s, 3),
-            "save_s": round(time.time() - started, 3)}
+    return {"notes": notes, **engine.export_to(model, target, components, recipe, staging, notes)}
 
 
 def _validate_into(result: TargetResult, target: Any, context: RunContext, bench: Workbench, directory: Path,
-                   trust_artifacts: bool) -> None:
+                   trust_artifacts: bool, last: bool = False) -> None:
+    from .engine import release_weights
     from .validate import validate_target
 
     started = time.time()
@@ -261,6 +261,9 @@ def _validate_into(result: TargetResult, target: Any, context: RunContext, bench
             model=bench.model, family=bench.sample.family, generate_inputs=bench.sample.generate, eager=bench.eager,
             generation_config=bench.generation_config(target, recipe),
             expected_components=result.expected_components, trust_artifacts=trust_artifacts, device=result.device,
+            # vision-language parity runs the model's own forward around the graphs: its weights stay
+            release_model=(lambda: release_weights(bench.model)) if last and bench.sample.family != "vision-language"
+            else None,
         )
     except Exception as err:
         result.status = FAILED
@@ -306,7 +309,7 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
     context = prepare_run(model, options)
     bench = Workbench.load(context, options)
     results = []
-    for target in context.targets:
+    for index, target in enumerate(context.targets):
         target = bench.plan(target)
         result = _new_result(target, context, options)
         result.reproduce = f"hf-export validate {model} {out_dir} --target {target.name}"
@@ -328,6 +331,8 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
             result.error = dict(bench.unprepared or {})
             continue
         result.expected_components = bench.expected(target, components)
-        _validate_into(result, target, context, bench, directory, trust_artifacts=options.trust_remote_code)
+        _validate_into(result, target, context, bench, directory, trust_artifacts=options.trust_remote_code,
+                       last=index == len(context.targets) - 1)
         result.files = file_entries(directory, out_dir)
+        record_footprint(result, target, directory, bench.weights)
     return _write(results, context)

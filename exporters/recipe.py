@@ -34,6 +34,7 @@ from pydantic import (
 
 from .errors import RecipeError
 from .jsonpos import JsonPath, format_path, nearest_line
+from .target_rules import LayoutSetting, MergedSetting
 
 RECIPE_FILE = "export_config.json"
 CONFIG_FIELD = "export_config"
@@ -114,7 +115,7 @@ class ComponentOverride(_Strict):
     validation: Tolerance | None = None
 
 
-class _TargetBase(_Strict):
+class _TargetBase(_Strict, MergedSetting):
     name: str | None = Field(
         default=None, pattern=TARGET_NAME_PATTERN, description="Unique name; the output folder. Defaults to the format."
     )
@@ -213,7 +214,7 @@ class DynamoTarget(_TargetBase):
     export_format: Literal["dynamo"]
 
 
-class OnnxTarget(_TargetBase):
+class OnnxTarget(_TargetBase, LayoutSetting):
     """An ONNX graph (`.onnx` with its `.onnx.data` weights)."""
 
     export_format: Literal["onnx"]

@@ -174,6 +174,9 @@ class TargetResult:
     cache_key: str | None = None
     cached: bool = False
     signature: str | None = None  # set by `run` for targets it validated itself (see exporters.reuse)
+    total_bytes: int | None = None  # every file of the target: what a PR uploads
+    weights_stored_bytes: int | None = None  # tensor data in the files, a range shared by two graphs once
+    parameter_bytes: int | None = None  # the model's parameters in the target's dtype
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -6,8 +6,11 @@ adapted in one place. A test fails if another module imports `transformers.expor
 
 What is here: the registry (`exporter_class`, `config_class`), decomposition (`decompose_for_generation`,
 `decompose_multimodal`), pytree helpers (`leaf_tensors`, `cast_leaf_tensors`, `pytree_flatten`,
-`register_cache_pytrees`), the saved-export format (`ExportedModel`, `read_manifest`) and a loader that never runs
-code from an artifact folder unless the operator allowed it ([`load_exported`]).
+`register_cache_pytrees`), the saved-export format (`ExportedModel`, `read_manifest`, `write_manifest`) and a loader
+that never runs code from an artifact folder unless the operator allowed it ([`load_exported`]), and what upstream's
+save and load do not cover: one ExecuTorch program with a method per component (`export_executorch_methods`,
+`executorch_method_runner`), ONNX Runtime sessions that read the weights in place (`lean_session_options`), graphs
+whose inputs were renamed for transformers.js (`RenamedRunner`).
 
 Example:
     >>> exporter_class("onnx").program_suffix
@@ -42,7 +45,7 @@ from transformers.exporters.utils import (
     precompute_export_inputs,
 )
 
-from .errors import ArtifactError, RemoteCodeError
+from ..errors import ArtifactError, RemoteCodeError
 
 try:
     from transformers.exporters.utils import _OUTPUT_FLAGS as OUTPUT_FLAGS
@@ -54,6 +57,7 @@ __all__ = [
     "OUTPUT_FLAGS",
     "ExportedComponent",
     "ExportedModel",
+    "RenamedRunner",
     "UpstreamAutoExportConfig",
     "UpstreamAutoHfExporter",
     "cast_leaf_tensors",
@@ -61,11 +65,15 @@ __all__ = [
     "counter_in_spec_components",
     "decompose_for_generation",
     "decompose_multimodal",
+    "executorch_method_runner",
+    "export_executorch_methods",
     "exporter_class",
     "fit_traced_spec",
     "formats_from_files",
+    "lean_session_options",
     "leaf_tensors",
     "load_exported",
+    "metadata_dict",
     "move_to",
     "multimodal_submodules",
     "prepare_traced_inputs",
@@ -74,6 +82,8 @@ __all__ = [
     "read_manifest",
     "register_cache_pytrees",
     "run_component",
+    "runner_for_file",
+    "write_manifest",
 ]
 
 MANIFEST_FILE = "export.json"
@@ -142,11 +152,14 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         raise ArtifactError(f"{directory} holds no readable export manifest ({MANIFEST_FILE}): "
                             f"{type(err).__name__}: {err}") from None
     for name in files:
-        if not isinstance(name, str) or "/" in name or "\\" in name or name in ("", ".", ".."):
-            raise ArtifactError(f"{directory / MANIFEST_FILE} names {name!r}: a component file must be a plain file "
-                                "name inside the export folder")
+        parts = PurePosixPath(name).parts if isinstance(name, str) else ()
+        # One subfolder at most (the transformers.js layout's `onnx/model.onnx`), nothing that leaves the folder
+        if (not parts or len(parts) > 2 or "\\" in name or name.startswith("/")
+                or any(part in ("", ".", "..") for part in parts)):
+            raise ArtifactError(f"{directory / MANIFEST_FILE} names {name!r}: a component file must be a file name "
+                                "inside the export folder (or one subfolder of it)")
         path = directory / name
-        if path.is_symlink() or not path.is_file():
+        if any(p.is_symlink() for p in (path, path.parent)) or not path.is_file():
             raise ArtifactError(f"{path} is missing or not a regular file")
     found = formats_from_files(files)
     if found != {export_format}:
@@ -190,6 +203,11 @@ def move_to(obj: Any, device: str | torch.device, dtype: torch.dtype | None = No
     moved = cast_leaf_tensors(obj, dtype=dtype, device=device)
     _retarget(moved, device, set())
     return moved
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    """Write a manifest in upstream's format (`ExportedModel.save_pretrained` writes the same file)."""
+    (Path(directory) / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 
 def run_component(runner: Any, inputs: dict[str, Any]) -> Any:
@@ -321,19 +339,44 @@ def load_exported(directory: Path, *, device: str | None = None, config: Any = N
             "code, and this run did not produce them; allow it with `trust_remote_code` only if you trust where "
             "they came from", option="trust_remote_code")
     components = {}
+    programs: dict[str, Any] = {}  # a file shared by components (one method each) is loaded once
     with quiet_torch_serde():
         for name, entry in manifest["components"].items():
             metadata = ExportMetadata.from_dict(entry.get("metadata") or {})
             for spec in (metadata.in_spec, metadata.out_spec):
                 if spec is not None:
                     register_treespec_types(spec)  # imports transformers' own cache/output classes only
-            components[name] = ExportedComponent(exporter.load_program(directory / entry["file"]), metadata)
+            if entry["file"] not in programs:
+                programs[entry["file"]] = exporter.load_program(directory / entry["file"])
+            components[name] = ExportedComponent(programs[entry["file"]], metadata)
     generation_config = None
     if (directory / "generation_config.json").is_file():
         from transformers import GenerationConfig
 
         generation_config = GenerationConfig.from_pretrained(directory)
     model = ExportedModel(components, export_format, config=config, generation_config=generation_config)
-    if EXPORT_BACKENDS[export_format].runner is not None:
+    if EXPORT_BACKENDS[export_format].runner is None:
+        return model
+    if export_format == "onnx":
+        model.to(device, session_options=lean_session_options())
+    elif any("method" in entry for entry in manifest["components"].values()):
+        model._runners = {name: executorch_method_runner(components[name].program, components[name].metadata,
+                                                         entry.get("method", "forward"))
+                          for name, entry in manifest["components"].items()}
+    else:
         model.to(device)
+    if manifest.get("layout") == "transformers.js":  # inputs renamed: bind them by upstream's leaf names
+        model._runners = {name: RenamedRunner(runner, manifest["components"][name]["inputs"])
+                          for name, runner in model._runners.items()}
     return model
+
+
+# What upstream's save and load do not cover (docs/upstream-gaps.md #11, #15, #16) lives beside this module; imported
+# last because it uses the names above.
+from .beyond import (  # noqa: E402
+    RenamedRunner,
+    executorch_method_runner,
+    export_executorch_methods,
+    lean_session_options,
+    metadata_dict,
+)
