@@ -34,6 +34,7 @@ from pydantic import (
 
 from .errors import RecipeError
 from .jsonpos import JsonPath, format_path, nearest_line
+from .variants import CalibrationSpec, QualityBudget, QuantizeSpec, Variant, check_target, expand_targets
 
 RECIPE_FILE = "export_config.json"
 CONFIG_FIELD = "export_config"
@@ -104,6 +105,10 @@ class Tolerance(_Strict):
     rtol: StrictFloat | StrictInt | None = Field(default=None, ge=0, description="Relative tolerance.")
 
 
+class TargetValidation(Tolerance, QualityBudget):
+    """atol/rtol (float32 artifacts) and the quality budget (quantized and half-precision ones: exporters.variants)."""
+
+
 class ComponentOverride(_Strict):
     """Settings for one component of a generation export (`prefill`, `decode`, `language_model`, ...)."""
 
@@ -133,7 +138,9 @@ class _TargetBase(_Strict):
     expected_components: list[str] | None = None
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
-    validation: Tolerance | None = None
+    validation: TargetValidation | None = None
+    quantize: QuantizeSpec | None = Field(default=None, description="Post-training quantization, by method name.")
+    variants: list[Variant] | None = Field(default=None, min_length=1, description="One target per variant.")
     timeout: StrictFloat | StrictInt | None = Field(default=None, gt=0, description="Seconds the export of this target may take.")
 
     @model_validator(mode="after")
@@ -159,6 +166,7 @@ class _TargetBase(_Strict):
 
     @model_validator(mode="after")
     def _consistent_shapes(self):
+        check_target(self, _PathValueError)
         check_shape_spec(self.dynamic_shapes, ("dynamic_shapes",))
         for component, override in self.components.items():
             check_shape_spec(override.dynamic_shapes, ("components", component, "dynamic_shapes"))
@@ -271,6 +279,7 @@ class InputsSpec(_Strict):
     audio_length: StrictInt | None = Field(default=None, ge=1, description="Audio frames (feature length) for speech models.")
     decoder_sequence_length: StrictInt = Field(default=4, ge=1, le=4096)
     seed: StrictInt = 0
+    calibration: CalibrationSpec | None = Field(default=None, description="Calibration data (static quantization).")
 
 
 class GenerationSpec(_Strict):
@@ -311,6 +320,7 @@ class Recipe(_Strict):
     """A whole recipe, in its full form."""
 
     _source: RecipeSource = PrivateAttr(default_factory=RecipeSource)
+    _origins: dict[str, JsonPath] = PrivateAttr(default_factory=dict)  # target -> exports[i] (or .variants[j])
 
     def __eq__(self, other: object) -> bool:  # the same recipe, wherever it was read from
         return isinstance(other, Recipe) and self.model_dump() == other.model_dump()
@@ -324,16 +334,11 @@ class Recipe(_Strict):
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
 
     @model_validator(mode="after")
-    def _unique_names(self) -> Recipe:
-        seen: dict[str, int] = {}
-        for index, target in enumerate(self.exports):
-            if target.name in seen:
-                raise _PathValueError(
-                    ("exports", index, "name"),
-                    f"target name '{target.name}' is used twice (also by exports[{seen[target.name]}]); "
-                    "give each target a unique 'name'",
-                )
-            seen[target.name] = index
+    def _expand_and_check(self) -> Recipe:
+        """`variants` expanded into targets; calibration and unique names checked (exporters.variants)."""
+        expanded = expand_targets(self.exports, self.inputs.calibration is not None, _PathValueError)
+        self.exports = [target for target, _ in expanded]
+        self._origins = {target.name: at for target, at in expanded}
         return self
 
     @model_validator(mode="after")
@@ -385,7 +390,8 @@ class Recipe(_Strict):
             >>> recipe.locate("onnx", "dynamic_shapes")
             ('$.exports[0].dynamic_shapes', 2)
         """
-        index = next((i for i, t in enumerate(self.exports) if t.name == target), 0)
+        index = self._origins.get(target, ("exports", next((i for i, t in enumerate(self.exports)
+                                                              if t.name == target), 0)))[1]
         source = self._source
         path = (*source.prefix, *_file_path(("exports", index, *inside), source.exports_at))
         return format_path(path), nearest_line(source.lines, path)
