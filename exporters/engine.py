@@ -5,11 +5,12 @@ Upstream is reached through `exporters.upstream` only.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -20,8 +21,10 @@ from .recipe import ComponentOverride, Recipe
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 
 
-def upstream_config(target, override: ComponentOverride | None = None, dynamic_shapes: Any = None):
-    """The upstream config object for a target (and a component's overrides)."""
+def upstream_config(target, override: ComponentOverride | None = None, dynamic_shapes: Any = None,
+                    quantizer: Any = None):
+    """The upstream config object for a target (and a component's overrides), with the quantizer `exporters.quantize`
+    built for it (the recipe's `quantize` is a method name, not an upstream field)."""
     config_class = upstream.config_class(target.export_format)
     names = {f.name for f in dataclasses.fields(config_class)} - {"quantizer", "export_format"}
     values = {name: getattr(target, name) for name in names if hasattr(target, name)}
@@ -30,6 +33,8 @@ def upstream_config(target, override: ComponentOverride | None = None, dynamic_s
             if getattr(override, name) is not None:
                 values[name] = getattr(override, name)
     values["dynamic_shapes"] = dynamic_shapes
+    if quantizer is not None:
+        values["quantizer"] = quantizer
     return config_class(**values)
 
 
@@ -84,8 +89,10 @@ def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, 
                                multi_token_decode)
 
 
-def export_components(model, target, components: Components, recipe: Recipe, notes: list[str]):
-    """Export each component with the target's settings; an upstream `ExportedModel` holding all of them."""
+def export_components(model, target, components: Components, recipe: Recipe, notes: list[str],
+                      quantizer_for: Callable[[str, dict[str, Any]], Any] | None = None):
+    """Export each component with the target's settings; an upstream `ExportedModel` holding all of them.
+    `quantizer_for(component, inputs)`: the upstream quantizer of a quantized target's component."""
     from .shapes import build_dynamic_shapes
 
     exporter = upstream.exporter_class(target.export_format)()
@@ -95,9 +102,14 @@ def export_components(model, target, components: Components, recipe: Recipe, not
         spec = component_shape_spec(target, name)
         shapes, used = build_dynamic_shapes(spec, inputs, notes, locate=spec_locator(recipe, target, name))
         used_keys |= used
-        config = upstream_config(target, target.components.get(name), shapes)
+        quantizer = quantizer_for(name, inputs) if quantizer_for is not None else None
+        config = upstream_config(target, target.components.get(name), shapes, quantizer)
+        lowering = contextlib.nullcontext()
+        if quantizer is not None and target.export_format == "executorch":
+            lowering = upstream.xnnpack_dynamic_quant_partitioners()
         try:
-            single = exporter.export(module, copy.deepcopy(inputs), config)
+            with lowering:
+                single = exporter.export(module, copy.deepcopy(inputs), config)
         except Exception as err:
             raise RuntimeError(f"exporting component '{name}' failed: {type(err).__name__}: {err}{_hint(err, config)}") from err
         exported[name] = single.components["model"]

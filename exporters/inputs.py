@@ -102,7 +102,7 @@ def _image_tokens(config, image_size: int) -> int:
     return patches + (1 if getattr(config, "vision_feature_select_strategy", "default") == "full" else 0)
 
 
-def make_sample_inputs(model, spec: InputsSpec, tokenizer=None) -> SampleInputs:
+def make_sample_inputs(model, spec: InputsSpec, tokenizer=None, text_ids: torch.Tensor | None = None) -> SampleInputs:
     """Sample inputs for `model` following the recipe's `inputs` section.
 
     Example:
@@ -138,7 +138,7 @@ def make_sample_inputs(model, spec: InputsSpec, tokenizer=None) -> SampleInputs:
         return SampleInputs(
             family, {"input_features": features, "decoder_input_ids": decoder}, {"input_features": features}
         )
-    ids = _text_ids(model, tokenizer, spec, generator)
+    ids = text_ids if text_ids is not None else _text_ids(model, tokenizer, spec, generator)  # calibration sample
     mask = torch.ones_like(ids)
     if family == "seq2seq":
         decoder = torch.full((batch, spec.decoder_sequence_length), _decoder_start(model), dtype=torch.long)

@@ -21,6 +21,7 @@ class Workbench:
     model: Any
     sample: Any
     eager: Any
+    tokenizer: Any = None
     decompositions: dict[tuple, Any] = field(default_factory=dict)
     fitted: dict[str, tuple[Any, list[str]]] = field(default_factory=dict)
 
@@ -32,10 +33,11 @@ class Workbench:
 
         started = time.time()
         model = load_model(context.source, trust_remote_code=options.trust_remote_code)
-        sample = make_sample_inputs(model, context.recipe.inputs, load_tokenizer(context.source.folder))
+        tokenizer = load_tokenizer(context.source.folder)
+        sample = make_sample_inputs(model, context.recipe.inputs, tokenizer)
         context.family, context.load_s = sample.family, round(time.time() - started, 3)
         context.eager_cache = EagerCache()
-        return cls(model, sample, context.eager_cache)
+        return cls(model, sample, context.eager_cache, tokenizer)
 
     def plan(self, target: Any) -> Any:
         """The target with its mode decided (the recipe's, else from the model)."""
