@@ -185,8 +185,11 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
 
 
 def probe_component(report: ComponentReport, runner: Any, module: Any, probes: list, eager: EagerCache,
-                    tolerance: tuple[float, float], findings: list[str]) -> None:
-    """Run every probe through the eager `module` and the artifact's `runner`; one `Check` each on `report`."""
+                    tolerance: tuple[float, float], findings: list[str],
+                    measured: list[tuple[str, str, dict[str, Any]]] | None = None) -> None:
+    """Run every probe through the eager `module` and the artifact's `runner`; one `Check` each on `report`.
+    With `measured` (a quantized or half-precision target), each probe gets task metrics instead of an atol/rtol
+    comparison, collected there for the target's verdict (exporters.quality)."""
     atol, rtol = tolerance
     for probe_id, probe, skip in probes:
         if probe is None:
@@ -206,6 +209,13 @@ def probe_component(report: ComponentReport, runner: Any, module: Any, probes: l
             if probe_id != "traced":
                 findings.append(f"{report.name}: the artifact does not run at {probe_id} (declared dynamic): it was "
                                 f"specialized or bounded at export — {describe_error(err)[:300]}")
+            continue
+        if measured is not None:
+            from .quality import measure
+
+            check.quality = measure(reference, actual)
+            check.passed, check.error = not check.quality["problems"], "; ".join(check.quality["problems"]) or None
+            measured.append((report.name, probe_id, check.quality))
             continue
         check.outputs = compare_outputs(reference, actual, atol, rtol)
         check.passed = all(o.passed for o in check.outputs)
@@ -228,6 +238,13 @@ def validate_target(
     from .engine import component_shape_spec
     from .errors import ArtifactError, RemoteCodeError
     from .upstream import load_exported, read_manifest
+    from .variants import resolve_budget, variant_kind
+
+    # Quantized and half-precision targets are judged by task metrics against the eager float32 model (never by a
+    # looser atol), float32 ones by atol/rtol.
+    kind = variant_kind(target.quantize, target.dtype)
+    budget = resolve_budget(kind, target.validation) if kind != "fp32" else None
+    measured: list[tuple[str, str, dict[str, Any]]] | None = [] if budget is not None else None
 
     findings: list[str] = []
     errors: list[str] = []
@@ -275,7 +292,7 @@ def validate_target(
                              recipe.inputs.seed)
         report = ComponentReport(name, structural=[s for s in structural if s.startswith(f"{name}:")])
         probe_component(report, exported.runners[name], module, probes, eager,
-                        tolerance_for(recipe, target, name, target.dtype), findings)
+                        tolerance_for(recipe, target, name, target.dtype), findings, measured)
         reports.append(report)
         extra = getattr(target, "output_path", None)
         if extra and name == "model":  # the seed's extra single-graph file is an artifact too: checked the same way
@@ -284,7 +301,7 @@ def validate_target(
             report = ComponentReport(f"model ({extra})", structural=[f"{extra}: loads in ONNX Runtime"])
             runner = runner_for_file(directory / extra, "onnx", exported.components[name].metadata)
             probe_component(report, runner, module, probes, eager, tolerance_for(recipe, target, name, target.dtype),
-                            findings)
+                            findings, measured)
             reports.append(report)
     findings += specialized_axes(target.export_format, directory, bindings_by_component)
 
@@ -298,4 +315,10 @@ def validate_target(
                                 tolerance_for(recipe, target, "decode", target.dtype))
         generation = generation_parity(model, components, exported, generate_inputs, recipe.generation.max_new_tokens,
                                        generation_config, family, tolerances)
-    return ValidationResult(reports, generation, findings, errors, generation_expected)
+    verdict = None
+    if budget is not None:
+        from .quality import judge, judge_generation
+
+        judge_generation(generation, budget)
+        verdict = judge(kind, budget, measured or [], generation)
+    return ValidationResult(reports, generation, findings, errors, generation_expected, verdict)
