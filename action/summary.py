@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporters.markdown import ICONS, cell, reason
+from exporters.markdown import ICONS, cell, reason, variants_table
 
 MARKER_PREFIX = "<!-- hf-export-action"
 OPERATION_WORDS = {"created": "opened", "updated": "updated", "unchanged": "unchanged"}
@@ -62,6 +62,7 @@ def run_markdown(report: dict[str, Any], report_md: str, publish: Any | None, *,
     if run_url:
         lines += [f"<sub>[Workflow run]({run_url})</sub>", ""]
     if collapse_report:
+        lines += variants_table(report)  # the table stays visible above the folded report
         lines += ["<details><summary>Full report</summary>", "", report_md.strip(), "", "</details>", ""]
     else:
         lines += [report_md.strip(), ""]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import fsutil
+from .bench import bench_passing, warm_up
 from .context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
 from .errors import DeviceError, describe_error
 from .hashing import file_entries
@@ -120,6 +121,9 @@ def _export_and_validate(targets: list[Any], context: RunContext, options: RunOp
     then overlaps with the exports still running.
     """
     bench = Workbench.load(context, options)
+    calibration = bench.calibration(targets, context.recipe)
+    if options.bench:
+        warm_up()
     results: list[TargetResult] = []
     with Progress(options.progress) as progress:
         planned = []
@@ -131,18 +135,22 @@ def _export_and_validate(targets: list[Any], context: RunContext, options: RunOp
                 planned.append(item)
         jobs = options.jobs or default_jobs(weight_bytes=_weight_bytes(bench.model), targets=len(planned))
         context.jobs = jobs
-        pending, running, exported = list(planned), [], []
+        pending, running, exported, validated = list(planned), [], [], []
         while pending or running or exported:
             while pending and len(running) < jobs:
-                running.append(_start(pending.pop(0), bench, context, options, progress))
+                running.append(_start(pending.pop(0), bench, context, options, progress, calibration))
             if exported and not pending:
-                _validate(exported.pop(0), context, bench, options, progress)
+                validated.append(exported.pop(0))
+                _validate(validated[-1], context, bench, options, progress)
                 continue
             mp_wait([item.run.sentinel for item in running], timeout=1.0)
             for item in [i for i in running if i.run.done()]:
                 running.remove(item)
                 if _finish(item, options, progress):
                     exported.append(item)
+        if options.bench:  # after every export: timings taken while nothing else runs, each in a fresh process
+            bench_passing([(i.target, i.result, options.out_dir / i.target.name) for i in validated], bench, context,
+                          progress)
     return results
 
 
@@ -173,7 +181,8 @@ def _prepare(item: _Export, bench: Workbench, context: RunContext, options: RunO
     return True
 
 
-def _start(item: _Export, bench: Workbench, context: RunContext, options: RunOptions, progress: Progress) -> _Export:
+def _start(item: _Export, bench: Workbench, context: RunContext, options: RunOptions, progress: Progress,
+           calibration: list[Any]) -> _Export:
     """Fork the child that exports one target into its staging folder."""
     target, out_dir = item.target, options.out_dir
     log_path = fsutil.fresh_file(out_dir / "logs" / f"{target.name}.log")
@@ -181,7 +190,7 @@ def _start(item: _Export, bench: Workbench, context: RunContext, options: RunOpt
     device, components, staging = item.result.device, item.components, item.staging
 
     def work() -> dict[str, Any]:
-        return _export_work(bench.model, target, components, context.recipe, staging, device)
+        return _export_work(bench.model, target, components, context.recipe, staging, device, calibration)
 
     progress.update(target.name, f"exporting {target.export_format} ({len(components)} component(s))")
     item.started = time.time()
@@ -203,6 +212,7 @@ def _finish(item: _Export, options: RunOptions, progress: Progress) -> bool:
         progress.update(target.name, f"[red]{result.status}", done=True)
         return False
     result.findings += outcome.get("notes", [])
+    result.quantization = outcome.get("quantization")
     result.timings.update(trace_s=outcome.get("export_only_s"), save_s=outcome.get("save_s"))
     fsutil.move_into_place(item.staging, options.out_dir / target.name)
     progress.update(target.name, "exported; validation follows")
@@ -234,11 +244,12 @@ def _expected(target: Any, family: str, components: Any) -> list[str]:
     return minimum_components(family, target.mode, list(components))
 
 
-def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging: Path, device: str) -> dict[str, Any]:
-    """What the child process does: move to the target's device and dtype, export every component, save."""
+def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging: Path, device: str,
+                 calibration: list[Any]) -> dict[str, Any]:
+    """What the child process does: move to the target's device and dtype, quantize and export, save."""
     import torch
 
-    from . import engine
+    from . import engine, quantize
     from .upstream import move_to
 
     if target.dtype is not None or device != "cpu":
@@ -248,12 +259,14 @@ def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging:
                       for name, (module, inputs) in components.items()}
     notes: list[str] = []
     started = time.time()
-    exported = engine.export_components(model, target, components, recipe, notes)
+    quantizing = quantize.Quantizing(model, target, recipe, calibration, notes)
+    exported = engine.export_components(model, target, components, recipe, notes, quantizing.quantizer_for())
     export_s = time.time() - started
     started = time.time()
     engine.save_exported(exported, target, staging)
+    description = quantizing.record_into(staging)
     return {"notes": notes, "components": list(exported.components), "export_only_s": round(export_s, 3),
-            "save_s": round(time.time() - started, 3)}
+            "save_s": round(time.time() - started, 3), "quantization": description}
 
 
 def _validate_into(result: TargetResult, target: Any, context: RunContext, bench: Workbench, directory: Path,

@@ -48,7 +48,7 @@ from typing import Any, Callable, TypeVar
 
 from .errors import PublishError
 from .redact import scrub
-from .report import human_size
+from .report import human_size, variants_table
 
 EXPORTS_DIR = "exports"
 CARD_START = "<!-- export-action:exports:start -->"
@@ -321,7 +321,7 @@ def _published_targets(plan: PublishPlan) -> list[dict[str, Any]]:
 
 def _target_line(target: dict[str, Any]) -> str:
     components = ", ".join(c["name"] for c in target.get("components") or []) or "–"
-    return f"| `{target['name']}` | {target['export_format']} | {target['mode']} | {components} |"
+    return f"{target['export_format']}, {target['mode']} mode: {components}"
 
 
 def card_section(plan: PublishPlan) -> str:
@@ -335,13 +335,10 @@ def card_section(plan: PublishPlan) -> str:
         f"(source revision `{short_sha(report)}`). Every artifact was checked against the eager model; the "
         f"report is [`{EXPORTS_DIR}/report.md`]({EXPORTS_DIR}/report.md).",
         "",
-        "| target | format | mode | components |",
-        "|---|---|---|---|",
+        *variants_table(report, names=plan.published),
     ]
-    lines += [_target_line(t) for t in _published_targets(plan)]
-    lines.append("")
     for target in _published_targets(plan):
-        lines += [f"### `{target['name']}`", "", "```python",
+        lines += [f"### `{target['name']}`", "", _target_line(target), "", "```python",
                   load_snippet(plan.repo_id, target["name"], target["export_format"]), "```", ""]
     if any(t["export_format"] in _NEEDS_TRUST for t in _published_targets(plan)):
         lines += ["`trust_remote_code=True` is needed to load `torch.export` programs (`.pt2`, pickled): pass it "

@@ -90,13 +90,6 @@ def calibration_samples(model, recipe: Recipe, tokenizer, family: str) -> list[S
     return samples
 
 
-def calibration_for(targets: list[Any], workbench: Any, recipe: Recipe) -> list[SampleInputs]:
-    """The run's calibration samples, when a target quantizes with a static method (else none are made)."""
-    if not any(t.quantize is not None and t.quantize.needs_calibration for t in targets):
-        return []
-    return calibration_samples(workbench.model, recipe, workbench.tokenizer, workbench.sample.family)
-
-
 # ── Upstream quantizers ───────────────────────────────────────────────────────
 
 
@@ -166,39 +159,54 @@ def upstream_quantizer(spec: Any, samples: list[dict] | None):
     raise ValueError(f"unknown quantize method {spec.method!r}")
 
 
-def quantizer_factory(model, target, recipe: Recipe, calibration: list[SampleInputs], notes: list[str],
-                      record: dict[str, Any]) -> Callable[[str, dict[str, Any]], Any] | None:
-    """`(component, inputs) -> upstream quantizer` for a quantized target (None otherwise); `record` collects how
-    each component was calibrated. Runs in the export's child process (generation calibration runs `generate`)."""
-    spec = target.quantize
-    if spec is None:
-        return None
-    per_component: dict[str, list[dict]] = {}
-    if spec.needs_calibration:
-        if target.mode == "generation":
+class Quantizing:
+    """A target's quantization in its export's child process: the upstream quantizer of each component
+    ([`quantizer_for`]), then what was quantized and how, written into `export.json` ([`record_into`]).
+    A target without `quantize` gives no quantizer and records nothing."""
+
+    def __init__(self, model: Any, target: Any, recipe: Recipe, calibration: list[SampleInputs], notes: list[str]):
+        self.model, self.target, self.recipe, self.calibration, self.notes = model, target, recipe, calibration, notes
+        self.calibrated_on: dict[str, int] = {}
+
+    def quantizer_for(self) -> Callable[[str, dict[str, Any]], Any] | None:
+        """`(component, inputs) -> upstream quantizer` for a quantized target, None otherwise. Calibration of a
+        generation target captures each component's inputs from the samples (upstream's capture runs `generate`)."""
+        spec = self.target.quantize
+        if spec is None:
+            return None
+        per_component: dict[str, list[dict]] = {}
+        if spec.needs_calibration and self.target.mode == "generation":
             from .engine import generation_config_for
             from .upstream import capture_calibration_inputs
 
-            per_component = capture_calibration_inputs(model, [s.generate for s in calibration],
-                                                       generation_config_for(model, recipe), target.multi_token_decode)
-        else:
-            per_component = {"model": [s.forward for s in calibration]}
-    counts: dict[str, int] = record.setdefault("calibrated_on", {})
+            per_component = capture_calibration_inputs(
+                self.model, [s.generate for s in self.calibration], generation_config_for(self.model, self.recipe),
+                self.target.multi_token_decode)
+        elif spec.needs_calibration:
+            per_component = {"model": [s.forward for s in self.calibration]}
 
-    def build(name: str, inputs: dict[str, Any]):
-        samples: list[dict] | None = None
-        if spec.needs_calibration:
-            samples = per_component.get(name)
-            if not samples:
-                notes.append(f"{name}: no calibration sample was captured for this component; its activation ranges "
-                             "come from its sample input only")
-                samples = [copy.deepcopy(inputs)]
-        elif spec.method.startswith("pt2e-"):
-            samples = [copy.deepcopy(inputs)]  # weight observers only: the sample input runs them once
-        counts[name] = len(samples or [])
-        return upstream_quantizer(spec, samples)
+        def build(name: str, inputs: dict[str, Any]):
+            samples: list[dict] | None = None
+            if spec.needs_calibration:
+                samples = per_component.get(name)
+                if not samples:
+                    self.notes.append(f"{name}: no calibration sample was captured for this component; its "
+                                      "activation ranges come from its sample input only")
+                    samples = [copy.deepcopy(inputs)]
+            elif spec.method.startswith("pt2e-"):
+                samples = [copy.deepcopy(inputs)]  # weight observers only: the sample input runs them once
+            self.calibrated_on[name] = len(samples or [])
+            return upstream_quantizer(spec, samples)
 
-    return build
+        return build
+
+    def record_into(self, directory: Path) -> dict[str, Any] | None:
+        """For a quantized target: describe what was quantized and how, write it into `export.json`, return it."""
+        if self.target.quantize is None:
+            return None
+        description = describe(self.target, self.calibration, self.recipe, self.calibrated_on)
+        write_record(directory, description)
+        return description
 
 
 # ── What export.json records ──────────────────────────────────────────────────
@@ -210,7 +218,8 @@ _HOW = {
 }
 
 
-def describe(target, calibration: list[SampleInputs], recipe: Recipe, record: dict[str, Any]) -> dict[str, Any]:
+def describe(target, calibration: list[SampleInputs], recipe: Recipe,
+             calibrated_on: dict[str, int]) -> dict[str, Any]:
     """What was quantized and how, for `export.json`'s `quantization` entry."""
     spec = target.quantize
     weights, activations = _HOW.get(spec.method, ("", ""))
@@ -238,8 +247,8 @@ def describe(target, calibration: list[SampleInputs], recipe: Recipe, record: di
             pass
     return {"method": spec.method, "options": spec.options(), "kind": spec.kind,
             "quantizer": f"transformers.exporters.{quantizer}", "weights": weights, "activations": activations,
-            "calibration": {**data, **({"per_component": dict(record.get("calibrated_on", {}))}
-                                       if spec.needs_calibration else {})}, "packages": packages}
+            "calibration": {**data, **({"per_component": dict(calibrated_on)} if spec.needs_calibration else {})},
+            "packages": packages}
 
 
 def onnx_quantized_ops(path: Path) -> dict[str, int]:
@@ -251,16 +260,6 @@ def onnx_quantized_ops(path: Path) -> dict[str, int]:
         if node.op_type in _ONNX_QUANT_OPS:
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return dict(sorted(counts.items()))
-
-
-def record_into(directory: Path, target: Any, calibration: list[SampleInputs], recipe: Recipe,
-                record: dict[str, Any]) -> dict[str, Any] | None:
-    """For a quantized target: describe what was quantized and how, write it into `export.json`, return it."""
-    if target.quantize is None:
-        return None
-    description = describe(target, calibration, recipe, record)
-    write_record(directory, description)
-    return description
 
 
 def write_record(directory: Path, description: dict[str, Any]) -> None:

@@ -39,6 +39,14 @@ class Workbench:
         context.eager_cache = EagerCache()
         return cls(model, sample, context.eager_cache, tokenizer)
 
+    def calibration(self, targets: list[Any], recipe: Any) -> list[Any]:
+        """The recipe's calibration samples when a target quantizes with a static method (none otherwise)."""
+        if not any(t.quantize is not None and t.quantize.needs_calibration for t in targets):
+            return []
+        from .quantize import calibration_samples
+
+        return calibration_samples(self.model, recipe, self.tokenizer, self.sample.family)
+
     def plan(self, target: Any) -> Any:
         """The target with its mode decided (the recipe's, else from the model)."""
         from .inputs import default_mode
