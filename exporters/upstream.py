@@ -254,7 +254,7 @@ def xnnpack_dynamic_quant_partitioners() -> Iterator[None]:
     """Lower ExecuTorch programs with the dynamically quantized linears delegated first, then the rest (ExecuTorch's
     own LLM export does this for 8da4w). `ExecutorchConfig` has no partitioner option and its single
     `XnnpackPartitioner` fails on a PT2E-quantized decoder with a cache ("Invalid partition, found dependency
-    cycles"): docs/upstream-gaps.md #7. Process-local: exports run in their own child process."""
+    cycles"): docs/upstream-gaps.md #9. Process-local: exports run in their own child process."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
         XnnpackDynamicallyQuantizedPartitioner,
         XnnpackPartitioner,
