@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / ".work-variants")
+    parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / ".work" / "variants")
     args = parser.parse_args()
     work = args.work
     shutil.rmtree(work, ignore_errors=True)

@@ -212,14 +212,37 @@ def _child(request: dict[str, Any], connection) -> None:
         connection.close()
 
 
+def _forkserver():
+    """The process every benchmark is forked from: it imports the stack once and loads no runtime session or
+    program, so no runtime thread pool is ever forked."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "onnxruntime", "exporters.bench", "exporters.upstream"])
+    return context
+
+
+def warm_up() -> None:
+    """Start the forkserver now (it imports while the exports run) instead of at the first benchmark. Its stderr is
+    /dev/null: the stack's import chatter stays off the terminal (each benchmark writes to its target's log)."""
+    from multiprocessing import forkserver
+
+    _forkserver()
+    saved, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(quiet, 2)
+        forkserver.ensure_running()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(quiet)
+
+
 def benchmark(directory: Path, components: dict[str, dict[str, Any]], generation: dict[str, Any] | None,
               timeout: float = BENCH_TIMEOUT_S, log: Path | None = None) -> dict[str, Any]:
     """Measure one saved artifact in a fresh process. `components`: the traced inputs of each component;
     `generation`: `{"prompt": ids, "steps": n}` for decoder-only generation targets; `log`: where the process's
     output goes."""
-    context = multiprocessing.get_context("forkserver")
-    # read when the server starts (once per process); no runtime is loaded there, so no thread pool is forked
-    context.set_forkserver_preload(["torch", "exporters.bench", "exporters.upstream"])
+    warm_up()  # (a no-op once the server runs)
+    context = _forkserver()
     receive, send = context.Pipe(duplex=False)
     manifest = json.loads((Path(directory) / "export.json").read_text())
     request = {"directory": str(directory), "components": components, "generation": generation,

@@ -212,6 +212,17 @@ def test_report_pr_and_card_hold_the_variants_table(run: Run):
     assert header in section and "| `onnx-int8`" in section and "et-strict" not in section
 
 
+def test_action_summary_and_sticky_comment_show_the_table(run: Run):
+    from action.summary import run_markdown
+
+    report_md = (run.out / "report.md").read_text()
+    header = "| variant | format | size | latency / tokens per second | quality | verdict |"
+    summary = run_markdown(run.report, report_md, None, collapse_report=False)  # the job summary
+    comment = run_markdown(run.report, report_md, None, collapse_report=True)  # the sticky PR comment
+    assert header in summary
+    assert comment.index(header) < comment.index("<details><summary>Full report")  # visible, not folded
+
+
 def test_report_stays_under_the_limit_with_many_variants(run: Run):
     many = copy.deepcopy(run.report)
     many["targets"] = [{**copy.deepcopy(t), "name": f"{t['name']}-{i}"} for i in range(40) for t in run.report["targets"]]
@@ -230,6 +241,9 @@ def test_variants_shorthand_expands_to_named_targets():
     assert Recipe.model_validate(recipe.model_dump()) == recipe  # expanded once: a dump re-reads the same
     assert recipe.target("onnx-int8").components["prefill"].dynamic_shapes == recipe.target("onnx").components[
         "prefill"].dynamic_shapes
+    # an expanded target's settings are written in the target it came from; later targets keep their own index
+    assert recipe.locate("onnx-int8", "components")[0] == "$.exports[0].components"
+    assert recipe.locate("et-strict", "dynamic_shapes")[0] == "$.exports[2].dynamic_shapes"
 
 
 def test_cli_check_lists_the_expanded_targets(tmp_path):
