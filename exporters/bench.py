@@ -136,13 +136,16 @@ def _generation(runners, templates: dict[str, dict], prompt, steps: int) -> dict
         out = run_component(runners["prefill"], step_inputs(prefill, prompt, 0, empty))
         prefill_ms = (time.perf_counter() - started) * 1000
         logits, cache, position = out["logits"], _output_cache(out), prompt.shape[1]
-        decode = templates["decode"]
-        traced = runners["decode"].metadata.kwargs
+        decode, runner = templates["decode"], runners["decode"]
+        traced = runner.metadata.kwargs
+        # On the CPU in float32 the runner takes the step's inputs as they are; elsewhere run_component moves and
+        # casts them (and copies the cache, which a float32 CPU step does not pay)
+        direct = torch.device(runner.device).type == "cpu" and runner.dtype == torch.float32
         started = time.perf_counter()
         for _ in range(steps):
-            token = logits[:, -1].argmax(-1)[:, None]
+            token = logits[:, -1].argmax(-1)[:, None].cpu()
             feed = {k: v for k, v in step_inputs(decode, token, position, cache).items() if k in traced}
-            out = runners["decode"](**feed)
+            out = runner(**feed) if direct else run_component(runner, feed)
             logits, cache, position = out["logits"], _output_cache(out), position + 1
         decode_s = time.perf_counter() - started
         return prefill_ms, steps / decode_s
@@ -176,7 +179,8 @@ def _measure(request: dict[str, Any]) -> dict[str, Any]:
         pass
     baseline_kb = _status_kb("VmRSS")
     started = time.perf_counter()
-    exported = load_exported(Path(request["directory"]), allow_pickles=True)  # this run wrote and validated it
+    # this run wrote and validated it; on the device the target was exported for
+    exported = load_exported(Path(request["directory"]), device=request.get("device"), allow_pickles=True)
     load_s = time.perf_counter() - started
     latency = {}
     with torch.no_grad():
@@ -237,16 +241,16 @@ def warm_up() -> None:
 
 
 def benchmark(directory: Path, components: dict[str, dict[str, Any]], generation: dict[str, Any] | None,
-              timeout: float = BENCH_TIMEOUT_S, log: Path | None = None) -> dict[str, Any]:
-    """Measure one saved artifact in a fresh process. `components`: the traced inputs of each component;
-    `generation`: `{"prompt": ids, "steps": n}` for decoder-only generation targets; `log`: where the process's
-    output goes."""
+              timeout: float = BENCH_TIMEOUT_S, log: Path | None = None, device: str | None = None) -> dict[str, Any]:
+    """Measure one saved artifact in a fresh process, on `device` (the runtime's default when None). `components`:
+    the traced inputs of each component; `generation`: `{"prompt": ids, "steps": n}` for decoder-only generation
+    targets; `log`: where the process's output goes."""
     warm_up()  # (a no-op once the server runs)
     context = _forkserver()
     receive, send = context.Pipe(duplex=False)
     manifest = json.loads((Path(directory) / "export.json").read_text())
     request = {"directory": str(directory), "components": components, "generation": generation,
-               "log": str(log) if log else None, "export_format": str(manifest["export_format"])}
+               "log": str(log) if log else None, "export_format": str(manifest["export_format"]), "device": device}
     process = context.Process(target=_child, args=(request, send), daemon=True)
     process.start()
     send.close()
@@ -266,12 +270,14 @@ def benchmark(directory: Path, components: dict[str, dict[str, Any]], generation
     return outcome
 
 
-def bench_passing(exported: list[tuple[Any, Any, Path]], workbench: Any, context: Any, progress: Any) -> None:
-    """Benchmark every passing target of a run (`(target, result, folder)`), recording the machine on `context`."""
+def bench_passing(validated: list[Any], workbench: Any, context: Any, progress: Any) -> None:
+    """Benchmark every passing target of a run (items with `.target` and `.result`, saved in `OUT/<target>/`),
+    recording the machine on `context`."""
     from .status import PASSED
 
     context.machine = machine_info()
-    for target, result, final in exported:
+    for item in validated:
+        target, result, final = item.target, item.result, context.out_dir / item.target.name
         if result.status != PASSED:
             continue
         progress.update(target.name, "benchmarking")
@@ -288,7 +294,7 @@ def bench_into(result, target, directory: Path, components, sample, recipe, log:
     if target.mode == "generation" and sample.family == "text" and {"prefill", "decode"} <= set(templates):
         generation = {"prompt": sample.generate["input_ids"], "steps": recipe.generation.max_new_tokens}
     started = time.time()
-    measured = benchmark(directory, templates, generation, log=log)
+    measured = benchmark(directory, templates, generation, log=log, device=result.device)
     result.timings["bench_s"] = round(time.time() - started, 3)
     bench: dict[str, Any] = {"size_bytes": artifact_size(directory), "machine": machine_info()}
     if measured.pop("ok", False):

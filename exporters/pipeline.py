@@ -149,8 +149,7 @@ def _export_and_validate(targets: list[Any], context: RunContext, options: RunOp
                 if _finish(item, options, progress):
                     exported.append(item)
         if options.bench:  # after every export: timings taken while nothing else runs, each in a fresh process
-            bench_passing([(i.target, i.result, options.out_dir / i.target.name) for i in validated], bench, context,
-                          progress)
+            bench_passing(validated, bench, context, progress)
     return results
 
 

@@ -34,7 +34,7 @@ from pydantic import (
 
 from .errors import RecipeError
 from .jsonpos import JsonPath, format_path, nearest_line
-from .variants import CalibrationSpec, QualityBudget, QuantizeSpec, Variant, check_target, expand_targets
+from .variants import CalibrationSpec, QuantizeSpec, TargetValidation, Variant, check_target, expand_targets
 
 RECIPE_FILE = "export_config.json"
 CONFIG_FIELD = "export_config"
@@ -103,10 +103,6 @@ class Tolerance(_Strict):
 
     atol: StrictFloat | StrictInt | None = Field(default=None, ge=0, description="Absolute tolerance.")
     rtol: StrictFloat | StrictInt | None = Field(default=None, ge=0, description="Relative tolerance.")
-
-
-class TargetValidation(Tolerance, QualityBudget):
-    """atol/rtol (float32 artifacts) and the quality budget (quantized and half-precision ones: exporters.variants)."""
 
 
 class ComponentOverride(_Strict):
@@ -390,8 +386,7 @@ class Recipe(_Strict):
             >>> recipe.locate("onnx", "dynamic_shapes")
             ('$.exports[0].dynamic_shapes', 2)
         """
-        index = self._origins.get(target, ("exports", next((i for i, t in enumerate(self.exports)
-                                                              if t.name == target), 0)))[1]
+        index = self._origins[target][1] if target in self._origins else 0  # expanded variants: their target
         source = self._source
         path = (*source.prefix, *_file_path(("exports", index, *inside), source.exports_at))
         return format_path(path), nearest_line(source.lines, path)

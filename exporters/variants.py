@@ -176,6 +176,14 @@ class QualityBudget(_Strict):
 
 BUDGET_KEYS = tuple(QualityBudget.model_fields)
 
+
+class TargetValidation(QualityBudget):
+    """A target's `validation`: atol/rtol (float32 artifacts) and the quality budget (quantized and half-precision
+    ones, judged by task metrics instead)."""
+
+    atol: StrictFloat | StrictInt | None = Field(default=None, ge=0, description="Absolute tolerance.")
+    rtol: StrictFloat | StrictInt | None = Field(default=None, ge=0, description="Relative tolerance.")
+
 # Defaults per variant kind. Per-channel int8 post-training quantization of a real LLM keeps ~97-99% of argmaxes and a
 # next-token KL around 1e-3-1e-2 (llama.cpp publishes Q8_0 ~0.001, Q4_K_M ~0.03); a broken variant (wrong scales, a
 # dropped layer) lands near chance. The defaults sit between: loose enough for honest quantization, far from broken.
