@@ -112,6 +112,7 @@ def run(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per target (default: recipe or 3600)."),
     jobs: str = typer.Option("auto", "--jobs", help="Exports at once: a number, or auto (from cores and memory)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Export even when inputs are unchanged."),
+    no_bench: bool = typer.Option(False, "--no-bench", help="Skip timing each artifact (size, load, latency)."),
     print_report: bool = typer.Option(False, "--print-report", help="Print report.md to stdout at the end."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress display."),
     push: bool = typer.Option(
@@ -153,7 +154,7 @@ def run(
     options = RunOptions(
         out_dir=out_dir, targets=list(target), config_path=config, device=device, revision=revision, token=token,
         endpoint=endpoint, trust_remote_code=trust_remote_code, timeout=timeout, use_cache=not no_cache,
-        progress=not quiet, jobs=None if jobs == "auto" else int(jobs),
+        bench=not no_bench, progress=not quiet, jobs=None if jobs == "auto" else int(jobs),
     )
     try:
         report = run_pipeline(model, options)

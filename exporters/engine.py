@@ -5,11 +5,12 @@ Upstream is reached through `exporters.upstream` only.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -20,8 +21,10 @@ from .recipe import ComponentOverride, Recipe
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 
 
-def upstream_config(target, override: ComponentOverride | None = None, dynamic_shapes: Any = None):
-    """The upstream config object for a target (and a component's overrides)."""
+def upstream_config(target, override: ComponentOverride | None = None, dynamic_shapes: Any = None,
+                    quantizer: Any = None):
+    """The upstream config object for a target (and a component's overrides), with the quantizer `exporters.quantize`
+    built for it (the recipe's `quantize` is a method name, not an upstream field)."""
     config_class = upstream.config_class(target.export_format)
     names = {f.name for f in dataclasses.fields(config_class)} - {"quantizer", "export_format"}
     values = {name: getattr(target, name) for name in names if hasattr(target, name)}
@@ -30,6 +33,8 @@ def upstream_config(target, override: ComponentOverride | None = None, dynamic_s
             if getattr(override, name) is not None:
                 values[name] = getattr(override, name)
     values["dynamic_shapes"] = dynamic_shapes
+    if quantizer is not None:
+        values["quantizer"] = quantizer
     return config_class(**values)
 
 
@@ -86,9 +91,11 @@ def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, 
                                multi_token_decode)
 
 
-def component_configs(target, components: Components, recipe: Recipe, notes: list[str]) -> dict[str, Any]:
-    """The upstream config of every component (the recipe's JSON dynamic shapes turned into `Dim`s); a
-    `ShapeSpecError` naming the recipe line when a declared key matches no input of any component."""
+def component_configs(target, components: Components, recipe: Recipe, notes: list[str],
+                      quantizer_for: Callable[[str, dict[str, Any]], Any] | None = None) -> dict[str, Any]:
+    """The upstream config of every component (the recipe's JSON dynamic shapes turned into `Dim`s, the quantizer
+    `quantizer_for(component, inputs)` gives a quantized target's component); a `ShapeSpecError` naming the recipe
+    line when a declared key matches no input of any component."""
     from .shapes import build_dynamic_shapes
 
     configs = {}
@@ -97,7 +104,8 @@ def component_configs(target, components: Components, recipe: Recipe, notes: lis
         spec = component_shape_spec(target, name)
         shapes, used = build_dynamic_shapes(spec, inputs, notes, locate=spec_locator(recipe, target, name))
         used_keys |= used
-        configs[name] = upstream_config(target, target.components.get(name), shapes)
+        quantizer = quantizer_for(name, inputs) if quantizer_for is not None else None
+        configs[name] = upstream_config(target, target.components.get(name), shapes, quantizer)
     unused = set(target.dynamic_shapes or {}) - used_keys
     if unused:
         path, line = recipe.locate(target.name, "dynamic_shapes", sorted(unused)[0])
@@ -116,30 +124,48 @@ def _export_one(exporter, name: str, module, inputs: dict, config):
         raise RuntimeError(f"exporting component '{name}' failed: {type(err).__name__}: {err}{_hint(err, config)}") from err
 
 
-def export_components(model, target, components: Components, recipe: Recipe, notes: list[str]):
+def _lowering(target, configs: dict[str, Any]):
+    """ExecuTorch programs with PT2E-quantized linears are lowered with XNNPACK's dynamically quantized partitioner
+    first (`exporters.upstream.xnnpack_dynamic_quant_partitioners`); everything else as upstream lowers it."""
+    if target.export_format == "executorch" and any(getattr(c, "quantizer", None) is not None
+                                                    for c in configs.values()):
+        return upstream.xnnpack_dynamic_quant_partitioners()
+    return contextlib.nullcontext()
+
+
+def export_components(model, target, components: Components, recipe: Recipe, notes: list[str],
+                      quantizer_for: Callable[[str, dict[str, Any]], Any] | None = None):
     """Export each component with the target's settings, in memory: an upstream `ExportedModel` holding all of them
     (the library API; the pipeline writes each component as soon as it is exported, [`export_to`])."""
     exporter = upstream.exporter_class(target.export_format)()
-    configs = component_configs(target, components, recipe, notes)
-    exported = {name: _export_one(exporter, name, module, inputs, configs[name])
-                for name, (module, inputs) in components.items()}
+    configs = component_configs(target, components, recipe, notes, quantizer_for)
+    with _lowering(target, configs):
+        exported = {name: _export_one(exporter, name, module, inputs, configs[name])
+                    for name, (module, inputs) in components.items()}
     return upstream.ExportedModel(exported, target.export_format, config=model.config,
                                   generation_config=_generation_config(model, target, recipe))
 
 
-def export_to(model, target, components: Components, recipe: Recipe, directory: Path, notes: list[str]) -> dict:
+def export_to(model, target, components: Components, recipe: Recipe, directory: Path, notes: list[str],
+              quantizer_for: Callable[[str, dict[str, Any]], Any] | None = None) -> dict:
     """Export every component and write the target to `directory`, one exported program in memory at a time and
     the weights stored once: an ExecuTorch target with several components is one `.pte` with a method each, the
     components of an ONNX target share one external-data file, a transformers.js layout is rewritten in place.
 
     Returns `{"components", "export_only_s", "save_s"}`."""
+    exporter = upstream.exporter_class(target.export_format)()
+    configs = component_configs(target, components, recipe, notes, quantizer_for)
+    with _lowering(target, configs):
+        return _export_and_save(exporter, configs, model, target, components, recipe, directory)
+
+
+def _export_and_save(exporter, configs: dict[str, Any], model, target, components: Components, recipe: Recipe,
+                     directory: Path) -> dict:
     import gc
     import time
 
     from . import onnx_files
 
-    exporter = upstream.exporter_class(target.export_format)()
-    configs = component_configs(target, components, recipe, notes)
     generation_config = _generation_config(model, target, recipe)
     timings = {"export_only_s": 0.0, "save_s": 0.0}
     if target.export_format == "executorch" and len(components) > 1:

@@ -121,8 +121,10 @@ def _with_token_types(model, inputs: dict[str, Any]) -> dict[str, Any]:
     return inputs
 
 
-def make_sample_inputs(model, spec: InputsSpec, tokenizer=None, folder: Path | None = None) -> SampleInputs:
-    """Sample inputs for `model` following the recipe's `inputs` section (and the folder's processor, if any).
+def make_sample_inputs(model, spec: InputsSpec, tokenizer=None, folder: Path | None = None,
+                       text_ids: torch.Tensor | None = None) -> SampleInputs:
+    """Sample inputs for `model` following the recipe's `inputs` section (and the folder's processor, if any);
+    `text_ids`, when given, is the prompt (a calibration sample) and the inputs are built around it.
 
     Example:
         >>> from transformers import BertConfig, BertModel
@@ -134,7 +136,8 @@ def make_sample_inputs(model, spec: InputsSpec, tokenizer=None, folder: Path | N
     """
     generator = torch.Generator().manual_seed(spec.seed)
     family = detect_family(model)
-    pre, notes = load_preprocessor(folder) if family != "text" and family != "seq2seq" else (None, [])
+    text_only = family in ("text", "seq2seq") or text_ids is not None
+    pre, notes = load_preprocessor(folder) if not text_only else (None, [])
     if pre is not None:
         sample = _from_preprocessor(model, pre, spec, family, tokenizer, generator)
         if sample is not None:
@@ -142,7 +145,7 @@ def make_sample_inputs(model, spec: InputsSpec, tokenizer=None, folder: Path | N
             return sample
         notes.append(f"the folder's {pre.name} makes pixels but does not lay out the image tokens: inputs "
                      "synthesized in the family's layout")
-    sample = _synthesized(model, spec, family, tokenizer, generator)
+    sample = _synthesized(model, spec, family, tokenizer, generator, text_ids)
     sample.notes = notes + sample.notes
     return sample
 
@@ -167,7 +170,8 @@ def _from_preprocessor(model, pre: Preprocessor, spec: InputsSpec, family: str, 
     return SampleInputs(family, dict(made), dict(made), source)
 
 
-def _synthesized(model, spec: InputsSpec, family: str, tokenizer, generator: torch.Generator) -> SampleInputs:
+def _synthesized(model, spec: InputsSpec, family: str, tokenizer, generator: torch.Generator,
+                 text_ids: torch.Tensor | None = None) -> SampleInputs:
     config = model.config
     batch = spec.batch_size
     source = "tokenizer" if tokenizer is not None and spec.prompt else "synthesized"
@@ -185,7 +189,7 @@ def _synthesized(model, spec: InputsSpec, family: str, tokenizer, generator: tor
         return SampleInputs(
             family, {"input_features": features, "decoder_input_ids": decoder}, {"input_features": features}
         )
-    ids = _text_ids(model, tokenizer, spec, generator)
+    ids = text_ids if text_ids is not None else _text_ids(model, tokenizer, spec, generator)  # calibration sample
     mask = torch.ones_like(ids)
     if family == "seq2seq":
         decoder = torch.full((batch, spec.decoder_sequence_length), _decoder_start(model), dtype=torch.long)

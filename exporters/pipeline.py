@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import fsutil
+from .bench import bench_passing, warm_up
 from .context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
 from .errors import DeviceError, error_record
 from .footprint import record_footprint
@@ -121,6 +122,9 @@ def _export_and_validate(targets: list[Any], context: RunContext, options: RunOp
     then overlaps with the exports still running.
     """
     bench = Workbench.load(context, options, targets)
+    calibration = bench.calibration(targets, context.recipe)
+    if options.bench:
+        warm_up()
     results: list[TargetResult] = []
     with Progress(options.progress) as progress:
         planned = []
@@ -132,20 +136,22 @@ def _export_and_validate(targets: list[Any], context: RunContext, options: RunOp
                 planned.append(item)
         jobs = options.jobs or default_jobs(weight_bytes=_weight_bytes(bench.model), targets=len(planned))
         context.jobs = jobs
-        pending, running, exported = list(planned), [], []
+        pending, running, exported, validated = list(planned), [], [], []
         while pending or running or exported:
             while pending and len(running) < jobs:
-                running.append(_start(pending.pop(0), bench, context, options, progress))
+                running.append(_start(pending.pop(0), bench, context, options, progress, calibration))
             if exported and not pending:
-                item = exported.pop(0)
+                validated.append(exported.pop(0))
                 # the last validation: no export or reference needs the eager weights after its references
-                _validate(item, context, bench, options, progress, last=not running and not exported)
+                _validate(validated[-1], context, bench, options, progress, last=not running and not exported)
                 continue
             mp_wait([item.run.sentinel for item in running], timeout=1.0)
             for item in [i for i in running if i.run.done()]:
                 running.remove(item)
                 if _finish(item, options, progress):
                     exported.append(item)
+        if options.bench:  # after every export: timings taken while nothing else runs, each in a fresh process
+            bench_passing(validated, bench, context, progress)
     return results
 
 
@@ -178,7 +184,8 @@ def _prepare(item: _Export, bench: Workbench, context: RunContext, options: RunO
     return True
 
 
-def _start(item: _Export, bench: Workbench, context: RunContext, options: RunOptions, progress: Progress) -> _Export:
+def _start(item: _Export, bench: Workbench, context: RunContext, options: RunOptions, progress: Progress,
+           calibration: list[Any]) -> _Export:
     """Fork the child that exports one target into its staging folder."""
     target, out_dir = item.target, options.out_dir
     log_path = fsutil.fresh_file(out_dir / "logs" / f"{target.name}.log")
@@ -186,7 +193,7 @@ def _start(item: _Export, bench: Workbench, context: RunContext, options: RunOpt
     device, components, staging = item.result.device, item.components, item.staging
 
     def work() -> dict[str, Any]:
-        return _export_work(bench.model, target, components, context.recipe, staging, device)
+        return _export_work(bench.model, target, components, context.recipe, staging, device, calibration)
 
     progress.update(target.name, f"exporting {target.export_format} ({len(components)} component(s))")
     item.started = time.time()
@@ -208,6 +215,7 @@ def _finish(item: _Export, options: RunOptions, progress: Progress) -> bool:
         progress.update(target.name, f"[red]{result.status}", done=True)
         return False
     result.findings += outcome.get("notes", [])
+    result.quantization = outcome.get("quantization")
     result.timings.update(trace_s=outcome.get("export_only_s"), save_s=outcome.get("save_s"))
     fsutil.move_into_place(item.staging, options.out_dir / target.name)
     progress.update(target.name, "exported; validation follows")
@@ -232,11 +240,12 @@ def _stage_label(status: str) -> str:
     return f"[{colour}]{status}"
 
 
-def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging: Path, device: str) -> dict[str, Any]:
-    """What the child process does: move to the target's device and dtype, export every component, save."""
+def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging: Path, device: str,
+                 calibration: list[Any]) -> dict[str, Any]:
+    """What the child process does: move to the target's device and dtype, quantize and export, save."""
     import torch
 
-    from . import engine
+    from . import engine, quantize
     from .upstream import move_to
 
     if target.dtype is not None or device != "cpu":
@@ -245,7 +254,9 @@ def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging:
         components = {name: (module.to(device=device, dtype=dtype), move_to(inputs, device, dtype))
                       for name, (module, inputs) in components.items()}
     notes: list[str] = []
-    return {"notes": notes, **engine.export_to(model, target, components, recipe, staging, notes)}
+    quantizing = quantize.Quantizing(model, target, recipe, calibration, notes)
+    outcome = engine.export_to(model, target, components, recipe, staging, notes, quantizing.quantizer_for())
+    return {"notes": notes, **outcome, "quantization": quantizing.record_into(staging)}
 
 
 def _validate_into(result: TargetResult, target: Any, context: RunContext, bench: Workbench, directory: Path,

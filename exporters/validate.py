@@ -215,9 +215,12 @@ def eager_references(module: Any, probes: list, eager: EagerCache) -> list[Any]:
 
 
 def probe_component(report: ComponentReport, runner: Any, probes: list, references: list[Any],
-                    tolerance: tuple[float, float], findings: list[str]) -> None:
+                    tolerance: tuple[float, float], findings: list[str],
+                    measured: list[tuple[str, str, dict[str, Any]]] | None = None) -> None:
     """Run every probe through the artifact's `runner` and compare with its eager reference; one `Check` each.
-    `probes` hold what the graph takes (`with_precomputed_inputs`)."""
+    `probes` hold what the graph takes (`with_precomputed_inputs`). With `measured` (a quantized or half-precision
+    target), each probe gets task metrics instead of an atol/rtol comparison, collected there for the target's
+    verdict (exporters.quality)."""
     atol, rtol = tolerance
     for (probe_id, probe, skip), reference in zip(probes, references):
         if probe is None:
@@ -235,6 +238,13 @@ def probe_component(report: ComponentReport, runner: Any, probes: list, referenc
             if probe_id != "traced":
                 findings.append(f"{report.name}: the artifact does not run at {probe_id} (declared dynamic): it was "
                                 f"specialized or bounded at export — {describe_error(err)[:300]}")
+            continue
+        if measured is not None:
+            from .quality import measure
+
+            check.quality = measure(reference, actual)
+            check.passed, check.error = not check.quality["problems"], "; ".join(check.quality["problems"]) or None
+            measured.append((report.name, probe_id, check.quality))
             continue
         check.outputs = compare_outputs(reference, actual, atol, rtol)
         check.passed = all(o.passed for o in check.outputs)
@@ -260,8 +270,19 @@ def validate_target(
     from .inputs import vocab_size
     from .merged import MERGED, prompt_inputs
     from .upstream import counter_in_spec_components, load_exported, read_manifest
+    from .variants import resolve_budget, variant_kind
+
+    # Quantized and half-precision targets are judged by task metrics against the eager float32 model (never by a
+    # looser atol), float32 ones by atol/rtol.
+    kind = variant_kind(target.quantize, target.dtype)
+    budget = resolve_budget(kind, target.validation) if kind != "fp32" else None
+    measured: list[tuple[str, str, dict[str, Any]]] | None = [] if budget is not None else None
+    eager_dtype = str(getattr(model, "dtype", "float32")).removeprefix("torch.")
 
     findings: list[str] = []
+    if budget is not None and eager_dtype != "float32":
+        findings.append(f"quality measured against the eager model in {eager_dtype}: the run loads the checkpoint "
+                        "once, in its targets' only dtype; add a float32 target to measure against float32")
     errors: list[str] = []
     reports: list[ComponentReport] = []
     expected = list(expected_components if expected_components is not None else components)
@@ -331,7 +352,7 @@ def validate_target(
     for name, probes, references in planned:
         tolerance = tolerance_for(recipe, target, name, target.dtype)
         report = ComponentReport(name, structural=[s for s in structural if s.startswith(f"{name}:")])
-        probe_component(report, exported.runners[name], probes, references, tolerance, findings)
+        probe_component(report, exported.runners[name], probes, references, tolerance, findings, measured)
         reports.append(report)
         extra = getattr(target, "output_path", None)
         if extra and name == "model":  # the seed's extra single-graph file is an artifact too: checked the same way
@@ -339,7 +360,7 @@ def validate_target(
 
             report = ComponentReport(f"model ({extra})", structural=[f"{extra}: loads in ONNX Runtime"])
             runner = runner_for_file(directory / extra, "onnx", exported.components[name].metadata)
-            probe_component(report, runner, probes, references, tolerance, findings)
+            probe_component(report, runner, probes, references, tolerance, findings, measured)
             reports.append(report)
     findings += specialized_axes(target.export_format, directory, bindings_by_component)
 
@@ -354,4 +375,10 @@ def validate_target(
                                 tolerance_for(recipe, target, MERGED if merged else "decode", target.dtype))
         generation = generation_parity(model, components, exported, generate_inputs, recipe.generation.max_new_tokens,
                                        generation_config, family, tolerances, reference=reference)
-    return ValidationResult(reports, generation, findings, errors, generation_expected)
+    verdict = None
+    if budget is not None:
+        from .quality import judge, judge_generation
+
+        judge_generation(generation, budget)
+        verdict = judge(kind, budget, measured or [], generation)
+    return ValidationResult(reports, generation, findings, errors, generation_expected, verdict)

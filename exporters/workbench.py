@@ -22,6 +22,7 @@ class Workbench:
     sample: Any
     eager: Any
     weights: Any  # exporters.footprint.ModelWeights, read at load (validation may free the weights later)
+    tokenizer: Any = None  # the folder's, for calibration prompts
     decompositions: dict[tuple, Any] = field(default_factory=dict)
     fitted: dict[str, tuple[Any, list[str]]] = field(default_factory=dict)
     unprepared: dict[str, Any] | None = None  # why no sample inputs could be made: then every target fails with it
@@ -46,16 +47,16 @@ class Workbench:
         context.model_dtype = str(model.dtype).removeprefix("torch.")
         context.eager_cache = EagerCache()
         weights = ModelWeights.of(model)
+        tokenizer = load_tokenizer(context.source.folder)
         try:
-            sample = make_sample_inputs(model, context.recipe.inputs, load_tokenizer(context.source.folder),
-                                        folder=context.source.folder)
+            sample = make_sample_inputs(model, context.recipe.inputs, tokenizer, folder=context.source.folder)
         except Exception as err:  # an unsupported model fails its targets with the reason, never a traceback
             context.family, context.load_s = detect_family(model), round(time.time() - started, 3)
-            return cls(model, None, context.eager_cache, weights,
+            return cls(model, None, context.eager_cache, weights, tokenizer,
                        unprepared=error_record(err, prefix="sample inputs could not be made: "))
         context.family, context.load_s = sample.family, round(time.time() - started, 3)
         context.warnings.extend(sample.notes)
-        return cls(model, sample, context.eager_cache, weights)
+        return cls(model, sample, context.eager_cache, weights, tokenizer)
 
     def expected(self, target: Any, components: Any) -> list[str]:
         """The recipe's `expected_components`, else the family's minimum complete set (from the model's
@@ -66,6 +67,14 @@ class Workbench:
             return list(target.expected_components)
         return minimum_components(self.sample.family, target.mode, list(components), self.model,
                                   merged=bool(getattr(target, "merged", False)))
+
+    def calibration(self, targets: list[Any], recipe: Any) -> list[Any]:
+        """The recipe's calibration samples when a target quantizes with a static method (none otherwise)."""
+        if self.sample is None or not any(t.quantize is not None and t.quantize.needs_calibration for t in targets):
+            return []
+        from .quantize import calibration_samples
+
+        return calibration_samples(self.model, recipe, self.tokenizer, self.sample.family)
 
     def plan(self, target: Any) -> Any:
         """The target with its mode decided (the recipe's, else from the model)."""

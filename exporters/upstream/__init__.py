@@ -84,6 +84,11 @@ __all__ = [
     "run_component",
     "runner_for_file",
     "write_manifest",
+    "runner_class",
+    "onnxruntime_quantizer",
+    "pt2e_quantizer",
+    "capture_calibration_inputs",
+    "xnnpack_dynamic_quant_partitioners",
 ]
 
 MANIFEST_FILE = "export.json"
@@ -231,6 +236,13 @@ def run_component(runner: Any, inputs: dict[str, Any]) -> Any:
     return outputs
 
 
+def runner_class(export_format: str):
+    """Upstream's runner class for a format (importing it imports the format's runtime)."""
+    from transformers.exporters.auto import get_runner_class
+
+    return get_runner_class(export_format)
+
+
 def runner_for_file(path: Path, export_format: str, metadata: Any, device: str | None = None) -> Any:
     """A runner for one program file written beside an export (the seed's `output_path` copy), with the metadata
     of the component it copies."""
@@ -373,6 +385,12 @@ def load_exported(directory: Path, *, device: str | None = None, config: Any = N
 
 # What upstream's save and load do not cover (docs/upstream-gaps.md #11, #15, #16) lives beside this module; imported
 # last because it uses the names above.
+from .quantizers import (  # noqa: E402
+    capture_calibration_inputs,
+    onnxruntime_quantizer,
+    pt2e_quantizer,
+    xnnpack_dynamic_quant_partitioners,
+)
 from .beyond import (  # noqa: E402
     RenamedRunner,
     executorch_method_runner,
