@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -205,25 +206,36 @@ def main(argv: list[str] | None = None) -> int:
     # Built one after another in this process (a second each), then run N at a time, each in its own process.
     unbuilt = {name: build_family(FAMILIES[name], formats, work) for name in names}
 
+    finished: dict[str, Row] = {}
+    lock = threading.Lock()
+
+    def write(final: bool) -> None:
+        """The table of the families measured so far, rewritten after each one: a run stopped early (a nightly
+        job's time limit) still leaves every measured row, and says how many were planned."""
+        from matrix.render import render
+
+        rows = [finished[name] for name in names if name in finished]
+        meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
+                "jobs": jobs, "elapsed_s": round(time.time() - started), "versions": versions(), "formats": formats,
+                "recipe": plainest_recipe(formats), "planned": len(names), "complete": final}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(render(rows, meta))
+        args.out.with_suffix(".json").write_text(json.dumps(
+            {"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+
     def one(name: str) -> Row:
         row = unbuilt[name] or run_family(FAMILIES[name], formats, work, args.timeout)
         marks = " ".join(f"{f}={row.cells[f].status}" for f in formats)
         print(f"  {name:32s} {row.seconds:7.1f} s  {marks}", flush=True)
+        with lock:
+            finished[name] = row
+            write(final=False)
         return row
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        rows = list(pool.map(one, names))
-    elapsed = time.time() - started
-    from matrix.render import render
-
-    meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
-            "jobs": jobs, "elapsed_s": round(elapsed), "versions": versions(), "formats": formats,
-            "recipe": plainest_recipe(formats)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(rows, meta))
-    args.out.with_suffix(".json").write_text(json.dumps(
-        {"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
-    print(f"wrote {args.out} in {elapsed / 60:.1f} min", flush=True)
+        list(pool.map(one, names))
+    write(final=True)
+    print(f"wrote {args.out} in {(time.time() - started) / 60:.1f} min", flush=True)
     return 0
 
 
