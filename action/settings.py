@@ -160,6 +160,7 @@ class Settings:
     max_upload_bytes: int = 20 * 1024 ** 3
     formats: list[str] = field(default_factory=lambda: list(FORMATS))  # init mode
     max_seconds: float = DEFAULT_MAX_SECONDS  # init mode
+    jobs: int | None = None  # exports at once; None: chosen from cores and memory
     github: GitHubContext = field(default_factory=GitHubContext)
 
     @property
@@ -237,6 +238,12 @@ class Settings:
         unknown = [f for f in formats if f not in FORMATS]
         if unknown:
             problems.append(("formats", f"unknown format(s) {unknown}; choose from {', '.join(FORMATS)}"))
+        jobs = None
+        if get("jobs") and get("jobs") != "auto":
+            if get("jobs").isdigit() and int(get("jobs")) >= 1:
+                jobs = int(get("jobs"))
+            else:
+                problems.append(("jobs", f"expected a positive number or auto, got {get('jobs')!r}"))
         max_seconds = DEFAULT_MAX_SECONDS
         if get("max-seconds"):
             try:
@@ -266,6 +273,7 @@ class Settings:
             max_upload_bytes=max_upload,
             formats=formats,
             max_seconds=max_seconds,
+            jobs=jobs,
             github=github,
         )
         if settings.config is not None:

@@ -122,21 +122,30 @@ def _timed(call, runs: int) -> list[float]:
 
 def _generation(runners, templates: dict[str, dict], prompt, steps: int) -> dict[str, Any]:
     """Prefill at the prompt length, then `steps` greedy decode steps (no early stop): median prefill time and
-    decode tokens per second over `GENERATION_REPEATS` passes after a warm-up pass."""
+    decode tokens per second over `GENERATION_REPEATS` passes after a warm-up pass. A merged target's one graph
+    (`model`) serves both: the prompt on an empty cache, then each token."""
     import torch
 
     from .parity import CACHE_KEYS, _output_cache, step_inputs
     from .upstream import run_component
 
+    from .merged import MERGED, prompt_inputs
+
+    merged = "prefill" not in templates  # one graph: the prompt on an empty cache, then one token at a time
+    first, step = (MERGED, MERGED) if merged else ("prefill", "decode")
+
     def one_pass() -> tuple[float, float]:
-        prefill = templates["prefill"]
-        key = next((k for k in CACHE_KEYS if k in prefill), None)
-        empty = copy.deepcopy(prefill[key]) if key else None
+        prefill = templates[first]
+        if merged:
+            feed = prompt_inputs(prefill, prompt)
+        else:
+            key = next((k for k in CACHE_KEYS if k in prefill), None)
+            feed = step_inputs(prefill, prompt, 0, copy.deepcopy(prefill[key]) if key else None)
         started = time.perf_counter()
-        out = run_component(runners["prefill"], step_inputs(prefill, prompt, 0, empty))
+        out = run_component(runners[first], feed)
         prefill_ms = (time.perf_counter() - started) * 1000
         logits, cache, position = out["logits"], _output_cache(out), prompt.shape[1]
-        decode, runner = templates["decode"], runners["decode"]
+        decode, runner = templates[step], runners[step]
         traced = runner.metadata.kwargs
         # On the CPU in float32 the runner takes the step's inputs as they are; elsewhere run_component moves and
         # casts them (and copies the cache, which a float32 CPU step does not pay)
@@ -291,7 +300,8 @@ def bench_into(result, target, directory: Path, components, sample, recipe, log:
     """Benchmark a passing target and store the numbers (or why there are none) in `result.bench`."""
     templates = {name: inputs for name, (_, inputs) in components.items()}
     generation = None
-    if target.mode == "generation" and sample.family == "text" and {"prefill", "decode"} <= set(templates):
+    if target.mode == "generation" and sample.family == "text" and (
+            {"prefill", "decode"} <= set(templates) or set(templates) == {"model"}):
         generation = {"prompt": sample.generate["input_ids"], "steps": recipe.generation.max_new_tokens}
     started = time.time()
     measured = benchmark(directory, templates, generation, log=log, device=result.device)

@@ -42,7 +42,9 @@ def render(rows: list[Any], meta: dict[str, Any]) -> str:
         f"- Measured {meta['date']} on {meta['machine']}, {meta['jobs']} families at a time, "
         f"{meta['elapsed_s'] / 60:.0f} min in all."
         + ("" if meta.get("complete", True) else
-           f" **Partial**: {meta.get('planned', '?')} families planned, the run stopped before the rest."),
+           f" **Partial**: {meta.get('planned', '?')} families planned, the run stopped before the rest.")
+        + (f" The rows of {meta['kept']} families are kept from the run of {meta['kept_from']}." if meta.get("kept")
+           else ""),
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".",
         "- Recipe: `" + _compact(meta["recipe"]["exports"]) + "`.",
         "",

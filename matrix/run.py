@@ -183,6 +183,24 @@ def versions() -> dict[str, str]:
     return found
 
 
+def kept_rows(out: Path, names: list[str], formats: list[str]) -> dict[str, Row]:
+    """The rows of an earlier table (`out`'s JSON) for the families not in `names`, when it measured the same
+    formats: a rerun of a few families keeps the rest of the matrix."""
+    path = out.with_suffix(".json")
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    if data["meta"]["formats"] != formats:
+        return {}
+    rows = {}
+    for raw in data["rows"]:
+        if raw["family"] in names or raw["family"] not in FAMILIES:
+            continue
+        cells = {name: Cell(**cell) for name, cell in raw.pop("cells").items()}
+        rows[raw["family"]] = Row(**raw, cells=cells)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m matrix", description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", help="comma-separated family names (default: all)")
@@ -191,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per family")
     parser.add_argument("--work", type=Path, default=None, help="where models and outputs go (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "coverage.md")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the existing table's rows (its JSON beside it) for the families not run now")
     args = parser.parse_args(argv)
     names = args.families.split(",") if args.families else list(FAMILIES)
     unknown = [n for n in names if n not in FAMILIES]
@@ -206,7 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     # Built one after another in this process (a second each), then run N at a time, each in its own process.
     unbuilt = {name: build_family(FAMILIES[name], formats, work) for name in names}
 
-    finished: dict[str, Row] = {}
+    finished: dict[str, Row] = kept_rows(args.out, names, formats) if args.update else {}
+    kept = {"kept": len(finished), "kept_from": json.loads(args.out.with_suffix(".json").read_text())["meta"]["date"]
+            } if finished else {}
+    listed = [name for name in FAMILIES if name in names or name in finished]
     lock = threading.Lock()
 
     def write(final: bool) -> None:
@@ -214,10 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         job's time limit) still leaves every measured row, and says how many were planned."""
         from matrix.render import render
 
-        rows = [finished[name] for name in names if name in finished]
+        rows = [finished[name] for name in listed if name in finished]
         meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
                 "jobs": jobs, "elapsed_s": round(time.time() - started), "versions": versions(), "formats": formats,
-                "recipe": plainest_recipe(formats), "planned": len(names), "complete": final}
+                "recipe": plainest_recipe(formats), "planned": len(listed), "complete": final, **kept}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(render(rows, meta))
         args.out.with_suffix(".json").write_text(json.dumps(
@@ -239,4 +262,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["Cell", "KINDS", "Row", "build_family", "classify", "main", "plainest_recipe", "run_family"]
+__all__ = ["Cell", "KINDS", "Row", "build_family", "classify", "kept_rows", "main", "plainest_recipe", "run_family"]

@@ -151,7 +151,7 @@ def pr_scenario(hub_server, tmp_path_factory):
     head = upload_model(hub_server, repo_id, tiny_llama(base / "model", recipe=PASSING))
     with github_emulator(bot_user_forbidden=True) as github:  # GET /user is 403 for GITHUB_TOKEN, as on GitHub
         other = github.add_comment(REPO, PR, f"quoting the bot: {MARKER}{repo_id} -->", GH_OTHER_LOGIN)
-        first = run_action(base / "ws1", run_inputs(repo_id), github=github, hub_url=hub_server.url,
+        first = run_action(base / "ws1", run_inputs(repo_id, jobs="2"), github=github, hub_url=hub_server.url,
                            underscored=("github-token",))
         after_first = {"comments": github.comments(REPO, PR), "discussions": hub_server.discussions(repo_id),
                        "refs": hub_server.refs(repo_id), "pr_files": sorted(hub_server.files(repo_id, "refs/pr/1"))}
@@ -174,6 +174,7 @@ def test_pull_request_run_writes_outputs_and_summary(pr_scenario):
     assert json.loads(run.outputs["targets"]) == ["dynamo"]
     report = run.report()
     assert report["status"] == "passed"
+    assert report["jobs"] == 2  # the input `jobs`, passed to the library
     assert report["source"] == {**report["source"], "model": pr_scenario["repo_id"], "revision": pr_scenario["head"]}
     assert "### ✅ Export of `alice/tiny-llama-pr`: **passed** (1/1 targets passed)" in run.summary
     assert f"**Hub PR:** opened [#1]({run.outputs['pr-url']})" in run.summary and "## Export report" in run.summary
@@ -502,5 +503,6 @@ def test_settings_accept_hyphenated_and_underscored_inputs(tmp_path):
     assert settings.hub_repo_id == "org/name" and settings.output_dir == tmp_path / "export-out"
     with pytest.raises(SettingsError) as err:
         Settings.from_env({"INPUT_MODEL": "x/y", "INPUT_DRY-RUN": "maybe", "INPUT_DEVICE": "tpu",
-                           "GITHUB_WORKSPACE": str(tmp_path)})
-    assert [name for name, _ in err.value.problems] == ["device", "dry-run"]
+                           "INPUT_JOBS": "0", "GITHUB_WORKSPACE": str(tmp_path)})
+    assert sorted(name for name, _ in err.value.problems) == ["device", "dry-run", "jobs"]
+    assert Settings.from_env({**env, "INPUT_JOBS": "auto"}).jobs is None

@@ -103,3 +103,12 @@ def test_make_coverage_script_runs_one_family_end_to_end(tmp_path):
     text = out.read_text()
     assert "| bert | encoder | `BertModel` | model | ✅ passed |" in text, text
     assert (tmp_path / "coverage.json").is_file()
+    # a rerun of another family with --update keeps bert's row, in the families' order, and says nothing is partial
+    done = subprocess.run([sys.executable, "-m", "matrix", "--families", "vit", "--formats", "onnx", "--jobs", "1",
+                           "--work", str(tmp_path / "work"), "--out", str(out), "--update"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    updated = out.read_text()
+    rows = [line for line in updated.splitlines() if line.startswith(("| bert ", "| vit "))]
+    assert rows == ["| bert | encoder | `BertModel` | model | ✅ passed |", "| vit | vision | `ViTModel` | model | ✅ passed |"]
+    assert "Passed: onnx 2/2." in updated and "Partial" not in updated

@@ -228,6 +228,17 @@ def test_merged_target_is_one_graph_exported_once(run, name):
 
 
 @pytest.mark.parametrize("name", MERGED)
+def test_merged_target_is_benchmarked_as_a_generator(run, name):
+    """The one graph serves the timed prefill (the prompt on an empty cache) and every decode step."""
+    bench = run[3][name]["bench"]
+    assert "error" not in bench and "note" not in bench, bench
+    assert list(bench["latency"]) == ["model"]
+    generation = bench["generation"]
+    assert generation["prompt_length"] == 6 and generation["new_tokens"] == 6
+    assert generation["prefill_ms"] > 0 and generation["decode_tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("name", MERGED)
 def test_merged_graph_matches_eager_from_an_empty_cache_through_several_past_lengths(run, eager, name):
     """The prompt at past = 0, then one token at past 6, 7, ..., 11, then three tokens at once at past 12."""
     _, out, _, _ = run
