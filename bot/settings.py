@@ -99,7 +99,8 @@ class BotSettings(BaseModel):
         default="20GB", description="`--max-upload-size`: a PR that would upload more is refused (0: no limit).")
     trust_remote_code_repos: list[str] = Field(
         default_factory=list, description="Repos (or orgs) whose own code may run (`--trust-remote-code`).")
-    python: str | None = Field(default=None, description="Interpreter for `python -m exporters.cli` (default: ours).")
+    python: str | None = Field(default=None,
+                               description="Interpreter for the export run, `python -m bot.export_run` (default: ours).")
     # GitHub backend
     github_token: SecretStr | None = Field(default=None, description="Token allowed to dispatch the workflow.")
     github_api_url: str = Field(default="https://api.github.com", description="GitHub REST API base URL.")
