@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := constraints.txt
 DEMO_OUT ?= demo-out
 
-.PHONY: venv demo test test-deps bench lock clean
+.PHONY: venv demo test test-deps bench coverage lock clean
 
 # The venv is rebuilt when the project's dependencies or their pins change.
 $(BIN)/hf-export: pyproject.toml $(CONSTRAINTS)
@@ -30,6 +30,11 @@ test: venv test-deps
 
 bench: venv
 	$(BIN)/python benchmarks/bench_pipeline.py
+
+# The support matrix (docs/coverage.md): tiny models of every family in matrix/families.py, the plainest recipe,
+# dynamo + ONNX + ExecuTorch, as many families at a time as cores and memory allow (COVERAGE_ARGS="--jobs 2" ...).
+coverage: venv
+	$(BIN)/python -m matrix $(COVERAGE_ARGS)
 
 lock: venv
 	$(BIN)/python -m pip freeze --exclude-editable | sed 's/+cpu//' > $(CONSTRAINTS).new

@@ -1,6 +1,6 @@
 """The Action's entrypoint (`python -m action`): settings in, library calls, runner-facing output out.
 
-Three modes:
+Four modes:
 
 - `run` (default): `exporters.pipeline.run_pipeline` on the model, then the Hub PR (`exporters.publish`), the job
   summary, the step outputs and one sticky PR comment.
@@ -9,6 +9,8 @@ Three modes:
   device) and `revision` (the resolved commit, to pin every leg to).
 - `aggregate`: `exporters.aggregate.aggregate` merges the legs' output folders, then the same Hub PR, summary,
   outputs and comment as `run`.
+- `init`: `exporters.init` proposes a recipe for a model that has none (`action/init_mode.py`): the recipe in the
+  output folder, the summary table in the job summary, and with `open-pr` the Hub PR that adds it.
 
 Every decision about recipes, exports, validation, reports and publishing (where to publish included) is the
 library's; this module only turns inputs into calls and results into workflow commands, outputs, a summary and a
@@ -400,6 +402,10 @@ def main(env: dict[str, str] | None = None) -> int:
             return list_targets_mode(settings)
         if settings.mode == "aggregate":
             return aggregate_mode(settings)
+        if settings.mode == "init":
+            from .init_mode import init_mode
+
+            return init_mode(settings)
         return run_mode(settings)
     except Exception as err:  # a bug or an unexpected environment: say so on the run's page, then the traceback
         error(f"{type(err).__name__}: {err}", title="export-action failed unexpectedly")

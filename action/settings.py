@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MODES = ("run", "list-targets", "aggregate")
+MODES = ("run", "list-targets", "aggregate", "init")
+FORMATS = ("dynamo", "onnx", "executorch")
+DEFAULT_MAX_SECONDS = 1800.0
 DEVICES = ("cpu", "cuda", "auto")
 TRUE_WORDS = {"true", "yes", "on", "1"}
 FALSE_WORDS = {"false", "no", "off", "0"}
@@ -156,6 +158,8 @@ class Settings:
     trust_remote_code: bool = False
     publish_unverified: bool = False
     max_upload_bytes: int = 20 * 1024 ** 3
+    formats: list[str] = field(default_factory=lambda: list(FORMATS))  # init mode
+    max_seconds: float = DEFAULT_MAX_SECONDS  # init mode
     github: GitHubContext = field(default_factory=GitHubContext)
 
     @property
@@ -229,6 +233,18 @@ class Settings:
         endpoint = get("hf-endpoint") or None
         if endpoint is not None and not re.match(r"^https?://", endpoint):
             problems.append(("hf-endpoint", f"expected an http(s) URL, got {endpoint!r}"))
+        formats = parse_targets(get("formats")) or list(FORMATS)
+        unknown = [f for f in formats if f not in FORMATS]
+        if unknown:
+            problems.append(("formats", f"unknown format(s) {unknown}; choose from {', '.join(FORMATS)}"))
+        max_seconds = DEFAULT_MAX_SECONDS
+        if get("max-seconds"):
+            try:
+                max_seconds = float(get("max-seconds"))
+                if not max_seconds > 0:
+                    raise ValueError
+            except ValueError:
+                problems.append(("max-seconds", f"expected a positive number of seconds, got {get('max-seconds')!r}"))
         settings = cls(
             model=model,
             mode=mode,
@@ -248,6 +264,8 @@ class Settings:
             trust_remote_code=parse_bool(get("trust-remote-code"), "trust-remote-code", False, problems),
             publish_unverified=parse_bool(get("publish-unverified"), "publish-unverified", False, problems),
             max_upload_bytes=max_upload,
+            formats=formats,
+            max_seconds=max_seconds,
             github=github,
         )
         if settings.config is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporters.markdown import ICONS, cell, reason
+from exporters.markdown import ICONS, cell, reason, variants_table
 from exporters.publish.texts import close_fences
 
 MARKER_PREFIX = "<!-- hf-export-action"
@@ -76,6 +76,7 @@ def run_markdown(report: dict[str, Any], report_md: str, publish: Any | None, *,
         lines += [f"<sub>[Workflow run]({run_url})</sub>", ""]
     report_md = close_fences(report_md.strip())
     if collapse_report:
+        lines += variants_table(report)  # the table stays visible above the folded report
         lines += ["<details><summary>Full report</summary>", "", report_md, "", "</details>", ""]
     else:
         lines += [report_md, ""]

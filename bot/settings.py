@@ -99,6 +99,9 @@ class BotSettings(BaseModel):
         default="20GB", description="`--max-upload-size`: a PR that would upload more is refused (0: no limit).")
     trust_remote_code_repos: list[str] = Field(
         default_factory=list, description="Repos (or orgs) whose own code may run (`--trust-remote-code`).")
+    propose_recipes: bool = Field(
+        default=False, description="For opted-in repos without a recipe: run `hf-export init --push` (a PR "
+                                   "proposing a probed export_config.json) instead of skipping them (local backend).")
     python: str | None = Field(default=None,
                                description="Interpreter for the export run, `python -m bot.export_run` (default: ours).")
     # GitHub backend

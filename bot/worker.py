@@ -51,6 +51,8 @@ from .texts import OPT_OUT_FILE, OPT_OUT_NOTE, OPTION_NAMES
 
 log = logging.getLogger("bot.worker")
 IDENTITY_RETRY_SECONDS = 60.0
+# Recorded as the recipe hash of jobs that proposed a recipe (no recipe to hash): one proposal per weights.
+PROPOSAL_KEY = "proposal"
 
 
 class Worker:
@@ -145,7 +147,8 @@ class Worker:
                 else:
                     self._retry(job, owner, str(err))
                 return
-            fields = {"recipe_sha256": state.recipe_sha256, "weights_key": state.weights_key}
+            recipe_key = state.recipe_sha256 or (PROPOSAL_KEY if self._proposes(state) else None)
+            fields = {"recipe_sha256": recipe_key, "weights_key": state.weights_key}
             if state.private is not None:
                 fields["private"] = state.private
             if not job.head_sha:
@@ -187,6 +190,11 @@ class Worker:
             return
         self._end(job, owner, outcome.status, **outcome.fields())
 
+    def _proposes(self, state: RepoState) -> bool:
+        """Whether this job proposes a recipe (`hf-export init --push`) rather than exporting one."""
+        return (not state.has_recipe and self.settings.propose_recipes
+                and getattr(self.backend, "proposes_recipes", False))
+
     def _skip_reason(self, job: Job, state: RepoState) -> tuple[str | None, Job | None]:
         """Why the job needs no run (None: it does), and the job that exported the same inputs, if that is why."""
         if state.opted_out:
@@ -199,7 +207,12 @@ class Worker:
         if job.trigger == "comment" and job.requested_by and identity and job.requested_by == identity[0]:
             return "the comment asking for an export is the bot's own", None
         if not state.has_recipe:
-            return f"no recipe at {state.head_sha[:8]} (no export_config.json, no 'export_config' in config.json)", None
+            if not self._proposes(state):
+                return (f"no recipe at {state.head_sha[:8]} (no export_config.json, no 'export_config' in "
+                        "config.json)"), None
+            previous = self.store.find_exported(job.repo, PROPOSAL_KEY, state.weights_key, exclude=job.id)
+            if previous is not None and not job.force:
+                return f"a recipe was already proposed by job #{previous.id} for these weights", None
         if not job.force and state.recipe_sha256 and not state.recipe_error:
             previous = self.store.find_exported(job.repo, state.recipe_sha256, state.weights_key, exclude=job.id)
             if previous is not None:

@@ -18,7 +18,9 @@ from .errors import (  # noqa: E402
     ArtifactError,
     DecodeStepError,
     DeviceError,
+    EagerStageError,
     ExportActionError,
+    InitError,
     JsonPositionError,
     ModelSourceError,
     PublishError,
@@ -26,6 +28,8 @@ from .errors import (  # noqa: E402
     RecipeProblem,
     RemoteCodeError,
     ShapeSpecError,
+    UnsupportedModelError,
+    TargetPlanError,
 )
 from .recipe import Recipe  # noqa: E402
 from .recipe_load import load_recipe_file, parse_recipe  # noqa: E402
@@ -37,7 +41,9 @@ __all__ = [
     "AutoHfExporter",
     "DecodeStepError",
     "DeviceError",
+    "EagerStageError",
     "ExportActionError",
+    "InitError",
     "JsonPositionError",
     "ModelSourceError",
     "PublishError",
@@ -47,6 +53,8 @@ __all__ = [
     "RemoteCodeError",
     "RunOptions",
     "ShapeSpecError",
+    "UnsupportedModelError",
+    "TargetPlanError",
     "load_recipe_file",
     "parse_recipe",
     "run_pipeline",

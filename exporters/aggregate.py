@@ -123,7 +123,9 @@ def merge_reports(parts: list[dict[str, Any]], *, expected: list[str | dict[str,
     misses = sum((p.get("eager_cache") or {}).get("misses", 0) for p in parts)
     totals = [(p.get("timings") or {}).get("total_s") for p in parts]
     loads = [(p.get("timings") or {}).get("load_s") for p in parts]
+    machines = {json.dumps(p.get("machine"), sort_keys=True) for p in parts if p.get("machine")}
     merged.update(
+        machine=json.loads(machines.pop()) if len(machines) == 1 else None,  # legs on other machines: per target
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         status=overall_status([t["status"] for t in ordered]),
         family=next((p.get("family") for p in parts if p.get("family")), None),

@@ -49,13 +49,20 @@ class RecipeExporter:
         return self.exporter.export(model, copy.deepcopy(inputs), self.config_for(inputs))
 
     def export_for_generation(self, model, inputs: dict[str, Any], *, multi_token_decode: bool | None = None):
-        """Export the generation components (prefill/decode, multimodal parts) with the recipe's settings."""
-        target = self.target.model_copy(update={"mode": "generation"})
+        """Export the generation components (prefill/decode, multimodal parts) with the recipe's settings; a merged
+        target (`"merged": true`, or the ONNX default) is one graph, `model`."""
+        from . import merged
+        from .inputs import detect_family
+
+        target = self.target.model_copy(update={"mode": "generation"}, deep=True)
         if multi_token_decode is not None:
             target.multi_token_decode = multi_token_decode
         setting = engine.cache_setting_for(model, target, self.recipe)
+        target.merged = merged.wants_merged(target, detect_family(model), setting.implementation)
         components = engine.decompose(model, "generation", {}, inputs, setting=setting,
-                                      multi_token_decode=target.multi_token_decode)
+                                      multi_token_decode=target.multi_token_decode or target.merged)
+        if target.merged:
+            components = merged.plan(target, components)
         check_second_step(target, components, setting)
         return engine.export_components(model, target, components, self.recipe, [])
 

@@ -94,7 +94,10 @@ def _axis_dynamic(value: Any, rank: int, axis: int, key: str) -> bool:
 
 def declares_dynamic_cache_axis(target) -> bool:
     """Whether the decode's cache length axis (axis 2 of `[batch, heads, length, head_dim]`) is declared dynamic:
-    a cache key with a non-static axis 2, or `dynamic: true` without `dynamic_shapes`."""
+    a cache key with a non-static axis 2, or `dynamic: true` without `dynamic_shapes`. A merged target's one
+    graph has a dynamic cache axis by construction (`exporters.merged`)."""
+    if getattr(target, "merged", None):
+        return True
     spec, dynamic = _decode_contract(target)
     if not spec:
         return bool(dynamic)

@@ -1,4 +1,4 @@
-"""`hf-export`: run a recipe, check a recipe, re-validate saved artifacts.
+"""`hf-export`: run a recipe, check a recipe, re-validate saved artifacts, propose a recipe (`init`).
 
 Exit codes: 0 all good, 1 a target failed or is unverified (export or validation), 2 a bad recipe or usage (no repo
 to publish to, an invalid repo id; a recipe, model, remote-code or device problem that stopped `run` before any export
@@ -17,7 +17,16 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .errors import DeviceError, ExportActionError, ModelSourceError, PublishError, RecipeError, RemoteCodeError
+from .errors import (
+    DeviceError,
+    ExportActionError,
+    ModelSourceError,
+    PublishError,
+    RecipeError,
+    RemoteCodeError,
+    error_record,
+    render_root_cause,
+)
 
 app = typer.Typer(
     add_completion=False,
@@ -43,6 +52,9 @@ def _recipe_error(err: RecipeError) -> None:
 
 def _error(label: str, err: ExportActionError) -> None:
     console.print(f"[bold red]{label}:[/] {escape(err.worded(OPTION_NAMES))}", highlight=False)
+    cause = render_root_cause(error_record(err))
+    if cause:
+        console.print(f"  {cause}", markup=False, highlight=False)
 
 
 def _version(value: bool) -> None:
@@ -79,6 +91,9 @@ def _print_summary(report: dict, out_dir: Path) -> None:
         line = f"{icon} {target['name']:<20} {target['export_format']:<11} {target['status']}{extra}"
         if target.get("error"):
             line += f" — {str(target['error'].get('message'))[:200]}"
+            cause = render_root_cause(target["error"])
+            if cause:
+                line += f" [{cause[:300]}]"
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(f"report: {out_dir / 'report.md'}  ({out_dir / 'report.json'})", markup=False)
 
@@ -98,6 +113,7 @@ def run(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per target (default: recipe or 3600)."),
     jobs: str = typer.Option("auto", "--jobs", help="Exports at once: a number, or auto (from cores and memory)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Export even when inputs are unchanged."),
+    no_bench: bool = typer.Option(False, "--no-bench", help="Skip timing each artifact (size, load, latency)."),
     print_report: bool = typer.Option(False, "--print-report", help="Print report.md to stdout at the end."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress display."),
     push: bool = typer.Option(
@@ -139,7 +155,7 @@ def run(
     options = RunOptions(
         out_dir=out_dir, targets=list(target), config_path=config, device=device, revision=revision, token=token,
         endpoint=endpoint, trust_remote_code=trust_remote_code, timeout=timeout, use_cache=not no_cache,
-        progress=not quiet, jobs=None if jobs == "auto" else int(jobs),
+        bench=not no_bench, progress=not quiet, jobs=None if jobs == "auto" else int(jobs),
     )
     try:
         report = run_pipeline(model, options)
@@ -248,6 +264,92 @@ def check(file: Path = typer.Argument(..., help="export_config.json, or a config
     for t in recipe.exports:
         out.print(f"{t.name}: {t.export_format}" + (f", {t.mode} mode" if t.mode else ""), markup=False)
     console.print(f"{file}: valid ({len(recipe.exports)} target(s))", markup=False)
+
+
+@app.command()
+def init(
+    model: str = typer.Argument(..., help="A local model folder or a Hub repo id (org/name)."),
+    formats: str = typer.Option("dynamo,onnx,executorch", "--formats", help="Formats to try, comma-separated."),
+    out_file: Path = typer.Option(Path("export_config.json"), "--out", help="Where to write the proposed recipe."),
+    max_seconds: float = typer.Option(1800.0, "--max-seconds", min=1, help="Time budget for all the probing."),
+    max_probe_elements: int = typer.Option(1_000_000, "--max-probe-elements", min=1,
+                                           help="Largest probe input (elements): bounds are searched within it."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
+    token: Optional[str] = typer.Option(None, "--token", envvar="HF_TOKEN", show_envvar=True, help="Hub token."),
+    endpoint: Optional[str] = typer.Option(None, "--endpoint", envvar="HF_ENDPOINT", help="Hub endpoint URL."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow code from the model repo."),
+    work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="Keep each round's recipe, report and logs here."),
+    push: bool = typer.Option(False, "--push", help="Open (or update) a Hub PR adding export_config.json."),
+    repo_id: Optional[str] = typer.Option(None, "--repo-id", help="Hub repo for --push (default: MODEL)."),
+    summary_file: Optional[Path] = typer.Option(None, "--summary", help="Also write the summary as Markdown here."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress lines."),
+) -> None:
+    """Propose a recipe known to work: export and validate every format with the real pipeline, find the largest
+    dynamic bounds that hold and the tolerances, write the full-form recipe and print a summary."""
+    from .recipe import FORMATS
+
+    wanted = [f.strip() for f in formats.split(",") if f.strip()]
+    unknown = [f for f in wanted if f not in FORMATS]
+    if unknown or not wanted:
+        console.print(f"--formats: unknown {unknown or 'empty list'}; choose from {', '.join(FORMATS)}", markup=False)
+        raise typer.Exit(EXIT_USAGE)
+    destination = _destination(model, repo_id, revision, push)
+    if quiet:
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if destination is not None:  # before a long search: the token works and the repo is visible (exit 3)
+        _check_publish_access(destination.repo_id, token, endpoint, out_file.parent)
+    _quiet_libraries()
+    from .errors import InitError
+    from .init import InitOptions, init_recipe
+    from .init_summary import print_table, render_markdown
+
+    def progress(message: str) -> None:
+        console.print(f"init: {message}", markup=False, highlight=False, soft_wrap=True)
+
+    options = InitOptions(formats=wanted, max_seconds=max_seconds, max_probe_elements=max_probe_elements,
+                          revision=revision, token=token, endpoint=endpoint, trust_remote_code=trust_remote_code,
+                          work_dir=work_dir, progress=None if quiet else progress)
+    try:
+        result = init_recipe(model, options)
+    except InitError as err:
+        print_table(err.result, console)
+        if summary_file is not None:
+            summary_file.write_text(render_markdown(err.result), encoding="utf-8")
+        _error("no recipe written", err)
+        raise typer.Exit(EXIT_FAILED) from None
+    except (ModelSourceError, RemoteCodeError) as err:
+        _error("error", err)
+        raise typer.Exit(EXIT_USAGE) from None
+    import json
+
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(json.dumps(result.recipe, indent=2) + "\n", encoding="utf-8")
+    print_table(result, console)
+    if summary_file is not None:
+        summary_file.write_text(render_markdown(result), encoding="utf-8")
+    console.print(f"recipe: {out_file} ({len(result.passed)} target(s)); check it with `hf-export check {out_file}`",
+                  markup=False, highlight=False, soft_wrap=True)
+    if destination is not None:
+        _publish_recipe(destination, result, out_file.parent, token=token, endpoint=endpoint)
+    raise typer.Exit(EXIT_OK)
+
+
+def _publish_recipe(destination, result, out_dir: Path, *, token: str | None, endpoint: str | None) -> None:
+    """The Hub PR proposing the recipe, its outcome in `publish.json` beside the recipe (as `run` writes
+    OUT/publish.json); a publishing error exits 3 with what to do."""
+    from .init_push import publish_recipe
+    from .publish import write_outcome
+
+    try:
+        published = publish_recipe(destination.repo_id, result, token=token, endpoint=endpoint,
+                                   revision=destination.base)
+    except PublishError as err:
+        _publish_failed("publish failed", err, out_dir)
+    write_outcome(out_dir, published)
+    console.print(f"publish: {published.operation} — {published.message}", markup=False, highlight=False,
+                  soft_wrap=True)
+    if published.pr_url:
+        out.print(published.pr_url, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -1,24 +1,33 @@
-"""Complete component sets for generation exports: the graphs upstream leaves out (part of the adapter to upstream).
+"""Complete component sets: the graphs upstream's decomposition leaves out (part of the adapter to upstream).
 
 Upstream `decompose_for_generation` (transformers 5.24) misses stages that inference needs
 (docs/upstream-gaps.md):
 
 - vision-language models: `generate()` computes image features before the first forward call, so
-  `decompose_multimodal` never sees the vision tower or the projector run and drops them. They are captured here by
-  upstream's `decompose_multimodal` on a plain forward pass with the pixel inputs; the token embedding table is
-  exported too (`embed_tokens`), so a prompt reaches the language model through exported graphs only;
+  `decompose_multimodal` never sees the vision tower or the projector run and drops them. Here every stage before
+  the decode (modality encoders, projector or connector, the token embedding table `embed_tokens`, the language
+  model and `lm_head`) is captured from one plain forward of the model on the image + prompt inputs, with a cache,
+  exactly the call the parity check later replays through the exported graphs (`exporters.graph_forward`); the
+  decode is upstream's. The set is decided from the model's structure (upstream's own submodule finder), so a stage
+  that was not captured is missing and fails validation, never passes. Qwen2-VL's merger is part of its vision
+  encoder (`model.visual`), so its set has no separate projector;
 - encoder-decoder models: there is no encoder graph (prefill takes `encoder_outputs`), and the decode is captured
   with a self-attention cache of length 1, which `Dim.AUTO` specializes: it is captured here at the third generation
-  step instead (cache length 2), and the encoder's own call is captured as an `encoder` component.
+  step instead (cache length 2), and the encoder's own call is captured as an `encoder` component;
+- dual encoders (CLIP, SigLIP): in model mode each tower (and projection head) is its own component, captured from
+  one forward of the whole model, so each can be deployed and is validated on its own.
 """
 
 from __future__ import annotations
 
 import copy
-from contextlib import contextmanager
+import inspect
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
+
+from .errors import UnsupportedModelError
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 
@@ -27,23 +36,70 @@ MINIMUM_COMPONENTS: dict[str, list[str]] = {
     "text": ["prefill", "decode"],
     "seq2seq": ["encoder", "prefill", "decode"],
     "speech-seq2seq": ["encoder", "prefill", "decode"],
-    "vision-language": ["image_encoder", "multi_modal_projector", "embed_tokens", "language_model", "lm_head",
-                        "decode"],
 }
+# Upstream's names for the module between a modality encoder and the language model.
+PROJECTOR_NAMES = ("multi_modal_projector", "connector", "embed_vision", "embed_audio")
+VLM_TEXT_STAGES = ["embed_tokens", "language_model", "lm_head", "decode"]
 
 
-def minimum_components(family: str, mode: str, captured: list[str]) -> list[str]:
-    """The components a complete export of this family must have (the captured set for unknown families)."""
-    if mode == "model":
+def minimum_components(family: str, mode: str, captured: list[str], model=None, merged: bool = False) -> list[str]:
+    """The components a complete export of this family must have, decided from the model's structure where it
+    varies (vision-language stages, dual-encoder towers); the captured set for other families. A merged generation
+    export is one graph, `model`.
+
+    Example:
+        >>> minimum_components("seq2seq", "generation", ["prefill", "decode"])
+        ['encoder', 'prefill', 'decode']
+        >>> minimum_components("text", "generation", ["model"], merged=True)
+        ['model']
+    """
+    if mode == "model" and family == "dual-encoder" and model is not None:
+        return list(tower_modules(model))
+    if mode == "model" or merged:
         return ["model"]
+    if family == "vision-language" and model is not None:
+        return vision_language_stages(model)
     return MINIMUM_COMPONENTS.get(family, captured)
+
+
+def vision_language_stages(model) -> list[str]:
+    """Every stage a vision-language generation export needs, in inference order: modality encoder(s), projector
+    (when the model has one apart from its encoder), `embed_tokens`, `language_model`, `lm_head`, `decode`."""
+    from .upstream import multimodal_submodules
+
+    found = multimodal_submodules(model)
+    encoders = [name for name in found if name.endswith("_encoder")]
+    projectors = [name for name in PROJECTOR_NAMES if name in found]
+    return encoders + projectors + VLM_TEXT_STAGES
+
+
+def tower_modules(model) -> dict[str, torch.nn.Module]:
+    """A dual encoder's direct children that hold weights (towers, projection heads), by attribute name."""
+    return {name: child for name, child in model.named_children() if any(True for _ in child.parameters())}
+
+
+def model_components(model, forward_inputs: dict[str, Any], family: str) -> Components:
+    """Model mode: one `model` graph, or for a dual encoder one graph per tower and projection head, each with the
+    inputs the model's own forward gives it."""
+    if family != "dual-encoder":
+        return {"model": (model, copy.deepcopy(forward_inputs))}
+    modules = tower_modules(model)
+    calls = _forward_calls(model, forward_inputs, modules)
+    return {name: (modules[name], calls[name][0]) for name in modules if calls[name]}
+
+
+def _forward_calls(model, inputs: dict[str, Any], modules: dict[str, torch.nn.Module],
+                   **extra: Any) -> dict[str, list[dict[str, Any]]]:
+    """The kwargs of every call to each of `modules` during one `model(**inputs, **extra)`."""
+    with ExitStack() as stack, torch.no_grad():
+        recorders = {name: stack.enter_context(capture_calls(module)) for name, module in modules.items()}
+        model(**copy.deepcopy(inputs), **extra)
+    return recorders
 
 
 @contextmanager
 def capture_calls(module: torch.nn.Module):
     """Record a deep copy of the kwargs of every call to `module` (positional args bound to their names)."""
-    import inspect
-
     calls: list[dict[str, Any]] = []
     signature = inspect.signature(module.forward)
 
@@ -69,8 +125,6 @@ def _generate_calls(model, generate_inputs: dict[str, Any], generation_config, s
     config = copy.deepcopy(generation_config)
     config.max_new_tokens = config.min_new_tokens = steps
     config.do_sample = False
-    from contextlib import ExitStack
-
     with ExitStack() as stack, torch.no_grad():
         recorders = [stack.enter_context(capture_calls(m)) for m in modules]
         model.generate(**copy.deepcopy(generate_inputs), generation_config=config)
@@ -82,29 +136,64 @@ def _generate_calls(model, generate_inputs: dict[str, Any], generation_config, s
 
 def complete_components(model, components: Components, generate_inputs: dict[str, Any], family: str,
                         generation_config, multi_token_decode: bool = False) -> Components:
-    """Add the stages upstream's decomposition leaves out, keeping upstream's names and order."""
+    """Add the stages upstream's decomposition leaves out, keeping upstream's names and order; every captured
+    tensor made contiguous (`contiguous_inputs`)."""
     if family == "vision-language":
-        return _complete_vision_language(model, components, generate_inputs)
-    if family in ("seq2seq", "speech-seq2seq"):
-        return _complete_encoder_decoder(model, components, generate_inputs, generation_config, multi_token_decode)
-    return components
+        components = _complete_vision_language(model, components, generate_inputs)
+    elif family in ("seq2seq", "speech-seq2seq"):
+        components = _complete_encoder_decoder(model, components, generate_inputs, generation_config,
+                                               multi_token_decode)
+    return {name: (module, contiguous_inputs(inputs)) for name, (module, inputs) in components.items()}
+
+
+def contiguous_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """`inputs` with every tensor (cache tensors included) contiguous.
+
+    A sliding-window cache captured from `generate()` past its window holds strided views (the window is a slice of
+    a longer tensor); torch.export then guards on those strides, and the exported decode refuses the contiguous cache
+    a runtime, or the previous graph, gives it (docs/upstream-gaps.md). Traced on contiguous tensors, it takes both.
+    """
+    from .upstream import register_cache_pytrees
+
+    register_cache_pytrees()
+    return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.contiguous(), inputs)
 
 
 def _complete_vision_language(model, components: Components, generate_inputs: dict[str, Any]) -> Components:
-    from .upstream import decompose_multimodal
+    from .upstream import multimodal_submodules
 
-    missing = [n for n in ("image_encoder", "multi_modal_projector") if n not in components]
+    found = multimodal_submodules(model)
+    if not found:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} has a vision config but upstream finds no modality encoder beside a language "
+            "model on it (transformers.exporters.utils.decompose_multimodal): its stages cannot be exported apart")
+    watched = {name: module for name, module in found.items() if name in vision_language_stages(model)}
+    watched["embed_tokens"] = model.get_input_embeddings()
+    calls = _forward_calls(model, generate_inputs, watched, **prefill_cache_kwargs(components.get("decode")))
     complete: Components = {}
-    if missing:
-        with torch.no_grad():
-            forward = decompose_multimodal(model, copy.deepcopy(generate_inputs))
-        for name in ("image_encoder", "audio_encoder", "multi_modal_projector"):
-            if name in forward and name not in components:
-                complete[name] = forward[name]
-    embeddings = model.get_input_embeddings()
-    complete["embed_tokens"] = (embeddings, {"input": generate_inputs["input_ids"].clone()})
-    complete.update(components)
+    for name in vision_language_stages(model):
+        if name == "decode":
+            if "decode" in components:
+                complete["decode"] = components["decode"]
+        elif calls.get(name):
+            complete[name] = (watched[name], calls[name][0])
     return complete
+
+
+def prefill_cache_kwargs(decode: tuple[torch.nn.Module, dict[str, Any]] | None) -> dict[str, Any]:
+    """How the forward that the stages are captured from (and replayed through) gets its cache: made by the model
+    (dynamic), or, when the decode was captured on a static cache, an empty copy of that cache, so the language
+    model's graph returns the cache the decode takes."""
+    from transformers import StaticCache
+
+    cache = None
+    if decode is not None:
+        cache = next((decode[1][key] for key in ("cache", "past_key_values") if decode[1].get(key) is not None), None)
+    if not isinstance(cache, StaticCache):
+        return {"use_cache": True}
+    empty = copy.deepcopy(cache)
+    empty.reset()
+    return {"use_cache": True, "cache": empty}
 
 
 def _complete_encoder_decoder(model, components: Components, generate_inputs, generation_config,

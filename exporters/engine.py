@@ -5,11 +5,12 @@ Upstream is reached through `exporters.upstream` only.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -20,8 +21,10 @@ from .recipe import ComponentOverride, Recipe
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 
 
-def upstream_config(target, override: ComponentOverride | None = None, dynamic_shapes: Any = None):
-    """The upstream config object for a target (and a component's overrides)."""
+def upstream_config(target, override: ComponentOverride | None = None, dynamic_shapes: Any = None,
+                    quantizer: Any = None):
+    """The upstream config object for a target (and a component's overrides), with the quantizer `exporters.quantize`
+    built for it (the recipe's `quantize` is a method name, not an upstream field)."""
     config_class = upstream.config_class(target.export_format)
     names = {f.name for f in dataclasses.fields(config_class)} - {"quantizer", "export_format"}
     values = {name: getattr(target, name) for name in names if hasattr(target, name)}
@@ -30,6 +33,8 @@ def upstream_config(target, override: ComponentOverride | None = None, dynamic_s
             if getattr(override, name) is not None:
                 values[name] = getattr(override, name)
     values["dynamic_shapes"] = dynamic_shapes
+    if quantizer is not None:
+        values["quantizer"] = quantizer
     return config_class(**values)
 
 
@@ -66,11 +71,13 @@ def generation_config_for(model, setting):
 def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, setting,
               multi_token_decode: bool, family: str | None = None) -> Components:
     """`{component: (module, forward kwargs)}`: one `model` graph, or the complete set of generation components
-    (upstream's, plus the stages it leaves out: see `exporters.components`)."""
+    (upstream's, plus the stages it leaves out: see `exporters.components`). A merged target takes upstream's
+    multi-token decode from it (`exporters.merged.plan`)."""
+    from .components import complete_components, model_components
+    from .families import detect_family
+
     if mode == "model":
-        return {"model": (model, copy.deepcopy(forward_inputs))}
-    from .components import complete_components
-    from .inputs import detect_family
+        return model_components(model, forward_inputs, family or detect_family(model))
 
     generation_config = generation_config_for(model, setting)
     with torch.no_grad():
@@ -84,25 +91,22 @@ def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, 
                                multi_token_decode)
 
 
-def export_components(model, target, components: Components, recipe: Recipe, notes: list[str]):
-    """Export each component with the target's settings; an upstream `ExportedModel` holding all of them."""
+def component_configs(target, components: Components, recipe: Recipe, notes: list[str],
+                      quantizer_for: Callable[[str, dict[str, Any]], Any] | None = None) -> dict[str, Any]:
+    """The upstream config of every component (the recipe's JSON dynamic shapes turned into `Dim`s, the quantizer
+    `quantizer_for(component, inputs)` gives a quantized target's component); a `ShapeSpecError` naming the recipe
+    line when a declared key matches no input of any component."""
     from .shapes import build_dynamic_shapes
 
-    exporter = upstream.exporter_class(target.export_format)()
-    exported = {}
+    configs = {}
     used_keys: set[str] = set()
-    for name, (module, inputs) in components.items():
+    for name, (_, inputs) in components.items():
         spec = component_shape_spec(target, name)
         shapes, used = build_dynamic_shapes(spec, inputs, notes, locate=spec_locator(recipe, target, name))
         used_keys |= used
-        config = upstream_config(target, target.components.get(name), shapes)
-        try:
-            single = exporter.export(module, copy.deepcopy(inputs), config)
-        except Exception as err:
-            raise RuntimeError(f"exporting component '{name}' failed: {type(err).__name__}: {err}{_hint(err, config)}") from err
-        exported[name] = single.components["model"]
-    declared = set(target.dynamic_shapes or {})
-    unused = declared - used_keys
+        quantizer = quantizer_for(name, inputs) if quantizer_for is not None else None
+        configs[name] = upstream_config(target, target.components.get(name), shapes, quantizer)
+    unused = set(target.dynamic_shapes or {}) - used_keys
     if unused:
         path, line = recipe.locate(target.name, "dynamic_shapes", sorted(unused)[0])
         raise ShapeSpecError(
@@ -110,9 +114,117 @@ def export_components(model, target, components: Components, recipe: Recipe, not
             f"{sorted({path for _, inputs in components.values() for path in _input_paths(inputs)})}",
             path=path, line=line,
         )
-    setting = cache_setting_for(model, target, recipe)
-    generation_config = generation_config_for(model, setting) if target.mode == "generation" else None
-    return upstream.ExportedModel(exported, target.export_format, config=model.config, generation_config=generation_config)
+    return configs
+
+
+def _export_one(exporter, name: str, module, inputs: dict, config):
+    try:
+        return exporter.export(module, copy.deepcopy(inputs), config).components["model"]
+    except Exception as err:
+        raise RuntimeError(f"exporting component '{name}' failed: {type(err).__name__}: {err}{_hint(err, config)}") from err
+
+
+def _lowering(target, configs: dict[str, Any]):
+    """ExecuTorch programs with PT2E-quantized linears are lowered with XNNPACK's dynamically quantized partitioner
+    first (`exporters.upstream.xnnpack_dynamic_quant_partitioners`); everything else as upstream lowers it."""
+    if target.export_format == "executorch" and any(getattr(c, "quantizer", None) is not None
+                                                    for c in configs.values()):
+        return upstream.xnnpack_dynamic_quant_partitioners()
+    return contextlib.nullcontext()
+
+
+def export_components(model, target, components: Components, recipe: Recipe, notes: list[str],
+                      quantizer_for: Callable[[str, dict[str, Any]], Any] | None = None):
+    """Export each component with the target's settings, in memory: an upstream `ExportedModel` holding all of them
+    (the library API; the pipeline writes each component as soon as it is exported, [`export_to`])."""
+    exporter = upstream.exporter_class(target.export_format)()
+    configs = component_configs(target, components, recipe, notes, quantizer_for)
+    with _lowering(target, configs):
+        exported = {name: _export_one(exporter, name, module, inputs, configs[name])
+                    for name, (module, inputs) in components.items()}
+    return upstream.ExportedModel(exported, target.export_format, config=model.config,
+                                  generation_config=_generation_config(model, target, recipe))
+
+
+def export_to(model, target, components: Components, recipe: Recipe, directory: Path, notes: list[str],
+              quantizer_for: Callable[[str, dict[str, Any]], Any] | None = None) -> dict:
+    """Export every component and write the target to `directory`, one exported program in memory at a time and
+    the weights stored once: an ExecuTorch target with several components is one `.pte` with a method each, the
+    components of an ONNX target share one external-data file, a transformers.js layout is rewritten in place.
+
+    Returns `{"components", "export_only_s", "save_s"}`."""
+    exporter = upstream.exporter_class(target.export_format)()
+    configs = component_configs(target, components, recipe, notes, quantizer_for)
+    with _lowering(target, configs):
+        return _export_and_save(exporter, configs, model, target, components, recipe, directory)
+
+
+def _export_and_save(exporter, configs: dict[str, Any], model, target, components: Components, recipe: Recipe,
+                     directory: Path) -> dict:
+    import gc
+    import time
+
+    from . import onnx_files
+
+    generation_config = _generation_config(model, target, recipe)
+    timings = {"export_only_s": 0.0, "save_s": 0.0}
+    if target.export_format == "executorch" and len(components) > 1:
+        started = time.time()
+        program, metadata = upstream.export_executorch_methods(exporter, components, configs)
+        timings["export_only_s"] = time.time() - started
+        started = time.time()
+        _save_methods(program, metadata, directory, model.config, generation_config)
+        timings["save_s"] = time.time() - started
+        return {"components": list(components), **{k: round(v, 3) for k, v in timings.items()}}
+    entries: dict[str, Any] = {}
+    for name, (module, inputs) in components.items():
+        started = time.time()
+        component = _export_one(exporter, name, module, inputs, configs[name])
+        timings["export_only_s"] += time.time() - started
+        started = time.time()
+        upstream.ExportedModel({name: component}, target.export_format, config=model.config,
+                               generation_config=generation_config).save_pretrained(directory)
+        entries.update(upstream.read_manifest(directory)["components"])
+        del component  # released before the next component is exported
+        gc.collect()
+        timings["save_s"] += time.time() - started
+    started = time.time()
+    manifest = upstream.read_manifest(directory)
+    manifest["components"] = entries
+    upstream.write_manifest(directory, manifest)
+    if target.export_format == "onnx":
+        onnx_files.apply_onnx_file_options(target, directory)
+        if len(entries) > 1 and target.external_data:
+            onnx_files.share_external_data(directory)
+        if target.layout == "transformers.js":
+            from .tjs_layout import write_transformers_js
+
+            write_transformers_js(directory, target, model)
+    timings["save_s"] += time.time() - started
+    return {"components": list(components), **{k: round(v, 3) for k, v in timings.items()}}
+
+
+EXECUTORCH_PROGRAM = "model.pte"
+
+
+def _save_methods(program, metadata: dict[str, Any], directory: Path, config, generation_config) -> None:
+    """`model.pte` and a manifest in upstream's format whose components name their method too."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / EXECUTORCH_PROGRAM, "wb") as handle:
+        program.write_to_file(handle)
+    components = {name: {"file": EXECUTORCH_PROGRAM, "method": name, "metadata": upstream.metadata_dict(meta)}
+                  for name, meta in metadata.items()}
+    upstream.write_manifest(directory, {"schema_version": 1, "export_format": "executorch", "components": components})
+    if config is not None:
+        config.save_pretrained(directory)
+    if generation_config is not None:
+        generation_config.save_pretrained(directory)
+
+
+def _generation_config(model, target, recipe: Recipe):
+    if target.mode != "generation":
+        return None
+    return generation_config_for(model, cache_setting_for(model, target, recipe))
 
 
 def _hint(err: Exception, config) -> str:
@@ -144,3 +256,15 @@ def save_exported(exported, target, directory: Path) -> None:
         from .onnx_files import apply_onnx_file_options
 
         apply_onnx_file_options(target, directory)
+
+
+def release_weights(model) -> None:
+    """Free the eager model's weights, keeping their shapes and dtypes (the report still reads them): validation
+    calls it between its eager references and the artifact, so a run holds one of the two at a time."""
+    import gc
+
+    try:
+        model.to("meta")
+    except Exception:  # a model that cannot move keeps its weights: more memory, same results
+        return
+    gc.collect()

@@ -9,7 +9,12 @@ ExportActionError
 ├── ModelSourceError     the model cannot be found or read
 ├── DeviceError          the requested device is not here
 ├── ArtifactError        an artifact folder cannot be loaded (or would run code to load)
+├── UnsupportedModelError  the model's inputs or stages cannot be prepared (says what is missing)
+├── EagerStageError      a parity check through the graphs ran a module with eager weights
+├── DecodeStepError      a generation decode can run one step and never a second
+├── TargetPlanError      a target's settings do not fit this model (a merged graph for an encoder-decoder)
 ├── PublishError         publishing to the Hub failed
+├── InitError            `hf-export init` found no format that exports and validates
 └── AggregateError       report parts of a split run cannot be merged
 ```
 
@@ -28,13 +33,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "AggregateError",
     "ArtifactError",
     "DecodeStepError",
     "DeviceError",
+    "EagerStageError",
     "ExportActionError",
+    "InitError",
     "JsonPositionError",
     "ModelSourceError",
     "PublishError",
@@ -42,7 +50,11 @@ __all__ = [
     "RecipeProblem",
     "RemoteCodeError",
     "ShapeSpecError",
+    "UnsupportedModelError",
+    "TargetPlanError",
     "describe_error",
+    "error_record",
+    "render_root_cause",
     "root_cause",
 ]
 
@@ -150,6 +162,11 @@ class ArtifactError(ExportActionError):
     """An artifact folder cannot be loaded: no manifest, unknown files, or files whose loading would run code."""
 
 
+class TargetPlanError(ExportActionError):
+    """A target's settings do not fit this model: a merged graph for a model without a key-value cache or with
+    several graphs, a layout for a component set it cannot hold."""
+
+
 class PublishError(ExportActionError):
     """Publishing to the Hub failed; the message says what to do (and never holds the token).
 
@@ -168,6 +185,25 @@ class PublishError(ExportActionError):
 class AggregateError(ExportActionError):
     """The report parts of a split run cannot be merged: none found, unreadable, or from different models, commits
     or recipes."""
+
+
+class InitError(ExportActionError):
+    """`hf-export init` could not export and validate any of the requested formats; `result` (an `InitResult`)
+    holds each format's reason."""
+
+    def __init__(self, message: str, result=None):
+        super().__init__(message)
+        self.result = result
+
+
+class EagerStageError(ExportActionError):
+    """A parity check through exported graphs ran a module with eager weights that is not an exported stage (the
+    comparison would be meaningless); the message names the module."""
+
+
+class UnsupportedModelError(ExportActionError):
+    """The model cannot be prepared for export: no sample-input layout for its family and no processor in the
+    folder, or a structure this tool does not know. The message names what is missing."""
 
 
 def root_cause(err: BaseException) -> BaseException:
@@ -204,3 +240,37 @@ def describe_error(err: BaseException, limit: int = 2000) -> str:
 class DecodeStepError(ExportActionError):
     """A generation target's decode could run one step and never a second (its cache length would be fixed at the
     traced size); the message names the recipe change that fixes it."""
+
+
+def error_record(err: BaseException, *, prefix: str = "", limit: int = 2000) -> dict[str, Any]:
+    """The error as report.json records it: `type` and `message` of the exception raised, and, when a wrapper hides
+    it, `root_cause` (the innermost exception's `type` and `message`), kept apart so no cut of a long message can
+    lose it.
+
+    Example:
+        >>> try:
+        ...     try:
+        ...         raise ValueError("Image features and image tokens do not match")
+        ...     except ValueError as inner:
+        ...         raise RuntimeError("Make sure the inputs are compatible with model.generate()") from inner
+        ... except RuntimeError as err:
+        ...     record = error_record(err)
+        >>> record["root_cause"]
+        {'type': 'ValueError', 'message': 'Image features and image tokens do not match'}
+    """
+    text = f"{prefix}{err}"
+    record: dict[str, Any] = {"type": type(err).__name__, "message": text if len(text) < limit else text[:limit] + " …"}
+    cause = root_cause(err)
+    if cause is not err:
+        message = str(cause)
+        record["root_cause"] = {"type": type(cause).__name__,
+                                "message": message if len(message) < limit else message[:limit] + " …"}
+    return record
+
+
+def render_root_cause(error: Mapping[str, Any] | None) -> str:
+    """`root cause: Type: message` for a recorded error that has one, else ''."""
+    cause = (error or {}).get("root_cause")
+    if not isinstance(cause, Mapping):
+        return ""
+    return f"root cause: {cause.get('type')}: {cause.get('message')}"

@@ -1,44 +1,42 @@
-"""Sample inputs: tokenized from the recipe's prompt when the repo has a tokenizer, else synthesized within the
-config's limits (vocabulary, image size, mel bins)."""
+"""Sample inputs: from the repo's own processor when the folder ships one (a synthetic image or waveform through
+it, offline), else tokenized from the recipe's prompt when the repo has a tokenizer, else synthesized within the
+config's limits (vocabulary, image size, mel bins) in the family's layout (`exporters.multimodal`).
+
+A model whose inputs cannot be made raises `UnsupportedModelError` naming what is missing; the pipeline turns it
+into failed targets with that reason.
+"""
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from .families import FAMILIES, default_mode, detect_family
+from .multimodal import Preprocessor, load_preprocessor, processor_inputs, synthesize_vlm
 from .recipe import InputsSpec
 
-FAMILIES = ("text", "seq2seq", "speech-seq2seq", "vision", "audio", "vision-language")
+__all__ = ["FAMILIES", "SampleInputs", "default_mode", "detect_family", "make_sample_inputs", "random_token_ids"]
 
 
 @dataclass
 class SampleInputs:
-    """`forward`: kwargs for one `model(**forward)` call; `generate`: kwargs for `model.generate(**generate)`."""
+    """`forward`: kwargs for one `model(**forward)` call; `generate`: kwargs for `model.generate(**generate)`;
+    `source`: how they were made (`synthesized`, `tokenizer`, or the processor's class); `notes`: findings for the
+    report (a processor that could not be loaded, ...)."""
 
     family: str
     forward: dict[str, Any]
     generate: dict[str, Any]
+    source: str = "synthesized"
+    notes: list[str] = field(default_factory=list)
 
 
-def detect_family(model) -> str:
-    """The input family of a model, from its config and main input."""
-    config = model.config
-    main = getattr(model, "main_input_name", "input_ids")
-    if getattr(config, "vision_config", None) is not None and getattr(config, "text_config", None) is not None:
-        return "vision-language"
-    if getattr(config, "is_encoder_decoder", False):
-        return "speech-seq2seq" if main == "input_features" else "seq2seq"
-    if main == "pixel_values":
-        return "vision"
-    if main in ("input_features", "input_values"):
-        return "audio"
-    return "text"
-
-
-def _vocab_size(config) -> int:
+def vocab_size(config) -> int:
+    """The (text) vocabulary size of a model config."""
     text = getattr(config, "text_config", None) or config
     return int(getattr(text, "vocab_size", None) or getattr(config, "vocab_size", 100))
 
@@ -46,19 +44,25 @@ def _vocab_size(config) -> int:
 def _special_ids(config) -> set[int]:
     ids = set()
     for source in (config, getattr(config, "text_config", None)):
-        for name in ("image_token_id", "image_token_index", "video_token_id", "audio_token_id", "pad_token_id",
-                     "bos_token_id", "eos_token_id", "decoder_start_token_id"):
-            value = getattr(source, name, None) if source is not None else None
+        if source is None:
+            continue
+        for name in dir(source):
+            if not (name.endswith("_token_id") or name.endswith("_token_index") or name.endswith("_token_ids")):
+                continue
+            try:
+                value = getattr(source, name, None)
+            except Exception:  # a deprecated alias that warns or raises
+                continue
             if isinstance(value, int):
                 ids.add(value)
-            elif isinstance(value, list):
+            elif isinstance(value, (list, tuple)):
                 ids.update(v for v in value if isinstance(v, int))
     return ids
 
 
 def random_token_ids(config, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
     """Token ids drawn from the vocabulary, avoiding special and modality tokens."""
-    vocab = _vocab_size(config)
+    vocab = vocab_size(config)
     special = _special_ids(config)
     allowed = torch.tensor([i for i in range(min(vocab, 4096)) if i not in special] or [0])
     picks = torch.randint(0, len(allowed), shape, generator=generator)
@@ -68,7 +72,7 @@ def random_token_ids(config, shape: tuple[int, ...], generator: torch.Generator)
 def _text_ids(model, tokenizer, spec: InputsSpec, generator: torch.Generator) -> torch.Tensor:
     if tokenizer is not None and spec.prompt:
         ids = tokenizer(spec.prompt, return_tensors="pt")["input_ids"]
-        ids = ids.clamp(max=_vocab_size(model.config) - 1)
+        ids = ids.clamp(max=vocab_size(model.config) - 1)
         return ids.repeat(spec.batch_size, 1)
     return random_token_ids(model.config, (spec.batch_size, spec.sequence_length), generator)
 
@@ -86,7 +90,8 @@ def _decoder_start(model) -> int:
 
 def _image_size(config, spec: InputsSpec) -> int:
     vision = getattr(config, "vision_config", None) or config
-    return spec.image_size or int(getattr(vision, "image_size", 32))
+    size = getattr(vision, "image_size", 32)
+    return spec.image_size or int(size[0] if isinstance(size, (list, tuple)) else size)
 
 
 def _num_channels(config) -> int:
@@ -94,16 +99,32 @@ def _num_channels(config) -> int:
     return int(getattr(vision, "num_channels", 3))
 
 
-def _image_tokens(config, image_size: int) -> int:
-    if getattr(config, "image_seq_length", None):
-        return int(config.image_seq_length)
-    vision = config.vision_config
-    patches = (image_size // int(vision.patch_size)) ** 2
-    return patches + (1 if getattr(config, "vision_feature_select_strategy", "default") == "full" else 0)
+def _pixels(config, spec: InputsSpec, generator: torch.Generator) -> torch.Tensor:
+    size = _image_size(config, spec)
+    return torch.randn(spec.batch_size, _num_channels(config), size, size, generator=generator)
 
 
-def make_sample_inputs(model, spec: InputsSpec, tokenizer=None) -> SampleInputs:
-    """Sample inputs for `model` following the recipe's `inputs` section.
+def _audio(model, config, spec: InputsSpec, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    name = getattr(model, "main_input_name", "input_values")
+    bins = getattr(config, "num_mel_bins", None)
+    if name == "input_features" or bins:  # a spectrogram: frames x mel bins (AST's input_values too)
+        length = spec.audio_length or int(getattr(config, "max_length", None) or 1600)
+        bins = int(bins or getattr(config, "feature_size", 80))
+        return {name: torch.randn(spec.batch_size, length, bins, generator=generator)}
+    return {name: torch.randn(spec.batch_size, spec.audio_length or 1600, generator=generator)}
+
+
+def _with_token_types(model, inputs: dict[str, Any]) -> dict[str, Any]:
+    config = model.config
+    if "token_type_ids" in inspect.signature(model.forward).parameters and getattr(config, "type_vocab_size", 0):
+        inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
+    return inputs
+
+
+def make_sample_inputs(model, spec: InputsSpec, tokenizer=None, folder: Path | None = None,
+                       text_ids: torch.Tensor | None = None) -> SampleInputs:
+    """Sample inputs for `model` following the recipe's `inputs` section (and the folder's processor, if any);
+    `text_ids`, when given, is the prompt (a calibration sample) and the inputs are built around it.
 
     Example:
         >>> from transformers import BertConfig, BertModel
@@ -115,21 +136,51 @@ def make_sample_inputs(model, spec: InputsSpec, tokenizer=None) -> SampleInputs:
     """
     generator = torch.Generator().manual_seed(spec.seed)
     family = detect_family(model)
+    text_only = family in ("text", "seq2seq") or text_ids is not None
+    pre, notes = load_preprocessor(folder) if not text_only else (None, [])
+    if pre is not None:
+        sample = _from_preprocessor(model, pre, spec, family, tokenizer, generator)
+        if sample is not None:
+            sample.notes = notes + pre.notes + sample.notes
+            return sample
+        notes.append(f"the folder's {pre.name} makes pixels but does not lay out the image tokens: inputs "
+                     "synthesized in the family's layout")
+    sample = _synthesized(model, spec, family, tokenizer, generator, text_ids)
+    sample.notes = notes + sample.notes
+    return sample
+
+
+def _from_preprocessor(model, pre: Preprocessor, spec: InputsSpec, family: str, tokenizer,
+                       generator: torch.Generator) -> SampleInputs | None:
+    """Inputs through the folder's processor; None when it cannot make this family's inputs alone (then the
+    caller synthesizes, noting why)."""
+    if family == "vision-language" and pre.kind != "processor":
+        return None  # pixels alone do not lay out the image tokens: synthesized in the family's layout
+    made = processor_inputs(model, pre, spec, family)
+    source = f"processor ({pre.name})"
+    pre.notes.append(f"sample inputs: a synthetic {'waveform' if family in ('audio', 'speech-seq2seq') else 'image'} "
+                     f"through the folder's own {pre.name}")
+    if family == "dual-encoder" and "input_ids" not in made:
+        ids = _text_ids(model, tokenizer, spec, generator)
+        made.update({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    if family == "speech-seq2seq":
+        decoder = torch.full((spec.batch_size, spec.decoder_sequence_length), _decoder_start(model), dtype=torch.long)
+        encoder = {k: v for k, v in made.items() if k in ("input_features", "attention_mask")}
+        return SampleInputs(family, {**encoder, "decoder_input_ids": decoder}, encoder, source)
+    return SampleInputs(family, dict(made), dict(made), source)
+
+
+def _synthesized(model, spec: InputsSpec, family: str, tokenizer, generator: torch.Generator,
+                 text_ids: torch.Tensor | None = None) -> SampleInputs:
     config = model.config
     batch = spec.batch_size
+    source = "tokenizer" if tokenizer is not None and spec.prompt else "synthesized"
     if family == "vision":
-        size = _image_size(config, spec)
-        pixels = torch.randn(batch, _num_channels(config), size, size, generator=generator)
+        pixels = _pixels(config, spec, generator)
         return SampleInputs(family, {"pixel_values": pixels}, {"pixel_values": pixels})
     if family == "audio":
-        length = spec.audio_length or 1600
-        name = getattr(model, "main_input_name", "input_values")
-        if name == "input_features":
-            bins = int(getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", 80))
-            values = torch.randn(batch, length, bins, generator=generator)
-        else:
-            values = torch.randn(batch, length, generator=generator)
-        return SampleInputs(family, {name: values}, {name: values})
+        values = _audio(model, config, spec, generator)
+        return SampleInputs(family, values, dict(values))
     if family == "speech-seq2seq":
         bins = int(config.num_mel_bins)
         frames = spec.audio_length or 2 * int(config.max_source_positions)
@@ -138,30 +189,28 @@ def make_sample_inputs(model, spec: InputsSpec, tokenizer=None) -> SampleInputs:
         return SampleInputs(
             family, {"input_features": features, "decoder_input_ids": decoder}, {"input_features": features}
         )
-    ids = _text_ids(model, tokenizer, spec, generator)
+    ids = text_ids if text_ids is not None else _text_ids(model, tokenizer, spec, generator)  # calibration sample
     mask = torch.ones_like(ids)
     if family == "seq2seq":
         decoder = torch.full((batch, spec.decoder_sequence_length), _decoder_start(model), dtype=torch.long)
         forward = {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": decoder}
-        return SampleInputs(family, forward, {"input_ids": ids, "attention_mask": mask})
+        return SampleInputs(family, forward, {"input_ids": ids, "attention_mask": mask}, source)
     if family == "vision-language":
-        size = _image_size(config, spec)
-        pixels = torch.randn(batch, _num_channels(config), size, size, generator=generator)
-        image_token = getattr(config, "image_token_id", None)
-        if image_token is None:
-            image_token = config.image_token_index
-        image = torch.full((batch, _image_tokens(config, size)), int(image_token), dtype=torch.long)
-        ids = torch.cat([image, ids], dim=1)
-        mask = torch.ones_like(ids)
-        inputs = {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels}
-        return SampleInputs(family, dict(inputs), dict(inputs))
-    forward = {"input_ids": ids, "attention_mask": mask}
-    if "token_type_ids" in inspect.signature(model.forward).parameters and getattr(config, "type_vocab_size", 0):
-        forward["token_type_ids"] = torch.zeros_like(ids)
-    return SampleInputs(family, forward, {"input_ids": ids, "attention_mask": mask})
+        inputs = synthesize_vlm(model, spec, ids, generator)
+        return SampleInputs(family, dict(inputs), dict(inputs), source)
+    if family == "dual-encoder":
+        forward = {"input_ids": ids, "attention_mask": mask}
+        if "vision" in _tower_modalities(model):
+            forward["pixel_values"] = _pixels(config, spec, generator)
+        else:
+            audio_config = getattr(config, "audio_config", config)
+            forward.update(_audio(model, audio_config, spec, generator))
+        return SampleInputs(family, forward, dict(forward), source)
+    forward = _with_token_types(model, {"input_ids": ids, "attention_mask": mask})
+    return SampleInputs(family, forward, {"input_ids": ids, "attention_mask": mask}, source)
 
 
-def default_mode(model) -> str:
-    """`generation` for models that generate, `model` (one graph) otherwise."""
-    can_generate = getattr(model, "can_generate", None)
-    return "generation" if callable(can_generate) and can_generate() else "model"
+def _tower_modalities(model) -> list[str]:
+    from .families import towers
+
+    return list(towers(model))

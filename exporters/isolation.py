@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import describe_error
+from .errors import error_record, render_root_cause
 from .status import CRASHED, TIMED_OUT
 
 
@@ -52,13 +52,11 @@ def _child(work: Callable[[], dict[str, Any]], result_path: Path, log_path: Path
         info = work()
         result = {"ok": True, **info}
     except BaseException as err:  # everything is reported; the parent decides the status
-        result = {
-            "ok": False,
-            "type": type(err).__name__,
-            "message": describe_error(err, 4000).split(": ", 1)[-1],
-            "traceback": traceback.format_exc(limit=-15),
-        }
+        record = error_record(err, limit=4000)
+        result = {"ok": False, **record, "traceback": traceback.format_exc(limit=-15)}
         print(result["traceback"], file=sys.stderr)
+        if "root_cause" in record:  # the traceback prints the cause first: the log's tail names it too
+            print(render_root_cause(record), file=sys.stderr)
     result_path.write_text(json.dumps(result, default=str))
     sys.stdout.flush()
     sys.stderr.flush()

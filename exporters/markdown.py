@@ -1,8 +1,8 @@
 """report.md: what maintainers read in the PR, the discussion, the job summary and the sticky comment.
 
-It opens with one summary table (a row per target: verdict, worst difference against its tolerance, generation
-parity, size, export time), failed and unverified targets first with their reason in the row; then each target's
-details, its per-probe table folded in `<details>`. It renders on GitHub and on the Hub and stays under 60 KB.
+It opens with one table ([`variants_table`]: a row per target with its format and variant, size, speed, quality and
+verdict), failed and unverified targets first with their reason in the row; then each target's details, its
+per-probe table folded in `<details>`. It renders on GitHub and on the Hub and stays under 60 KB.
 
 Example:
     >>> code_block("a ``` fence inside")
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import re
 from typing import Any
+
+from .errors import render_root_cause
 
 MARKDOWN_LIMIT = 60_000
 ICONS = {"passed": "✅", "failed": "❌", "unverified": "⚠️", "crashed": "💥", "timed_out": "⏱️", "skipped": "⏭️"}
@@ -97,26 +99,140 @@ def reason(target: dict[str, Any]) -> str:
         return f"not verified: {target['unverified'][0]}" + (
             f" (+{len(target['unverified']) - 1} more)" if len(target["unverified"]) > 1 else "")
     error = target.get("error") or {}
-    return f"{error.get('type') or 'Error'}: {str(error.get('message') or 'see the log').splitlines()[0]}"
+    line = f"{error.get('type') or 'Error'}: {str(error.get('message') or 'see the log').splitlines()[0]}"
+    cause = render_root_cause(error)
+    return f"{line} [{cause.splitlines()[0]}]" if cause else line
 
 
-def summary_table(targets: list[dict[str, Any]]) -> list[str]:
-    """One row per target, failed and unverified first, with the reason in the verdict cell."""
-    lines = ["| target | format | mode | verdict | worst diff / tolerance | generation parity | size | export time |",
-             "|---|---|---|---|---|---|---|---|"]
+def _size(target: dict[str, Any]) -> int | None:
+    """Bytes of the artifact's program files (the benchmark's count), else of every file but the manifests."""
+    bench = target.get("bench") or {}
+    if bench.get("size_bytes") is not None:
+        return int(bench["size_bytes"])
+    files = [f for f in target.get("files") or [] if not f["path"].endswith(".json")]
+    return sum(f.get("size", 0) for f in files) if files else None
+
+
+def _speed(target: dict[str, Any]) -> tuple[str, float, bool] | None:
+    """`(group, value, higher is better)`: decode tokens/s for generation, the traced-shape latency otherwise."""
+    bench = target.get("bench") or {}
+    generation = bench.get("generation") or {}
+    if generation.get("decode_tokens_per_s"):
+        return "generation", float(generation["decode_tokens_per_s"]), True
+    latency = bench.get("latency") or {}
+    if latency:
+        return target.get("mode") or "model", float(sum(v["median_ms"] for v in latency.values())), False
+    return None
+
+
+def speed_cell(target: dict[str, Any]) -> str:
+    """Decode tokens/s and prefill time (generation), else the median (p90) latency at the traced shape."""
+    bench = target.get("bench") or {}
+    if not bench:
+        return "not measured"
+    if bench.get("error"):
+        return "benchmark failed"
+    generation = bench.get("generation")
+    if generation:
+        return (f"{generation['decode_tokens_per_s']:,.0f} tok/s, prefill {generation['prefill_ms']:.2f} ms "
+                f"({generation['prompt_length']} tokens)")
+    latency = bench.get("latency") or {}
+    return ", ".join(f"{v['median_ms']:.2f} ms (p90 {v['p90_ms']:.2f})" + (f" `{n}`" if len(latency) > 1 else "")
+                     for n, v in latency.items()) or "–"
+
+
+def quality_cell(target: dict[str, Any]) -> str:
+    """Worst difference against atol and parity (float32), or the task metrics (quantized, half-precision)."""
+    quality = target.get("quality") or {}
+    if quality.get("judged_by") != "metrics":
+        return " · ".join([worst_diff(target)] + ([parity_cell(target)] if target.get("generation") else []))
+    metrics, parts = quality.get("metrics") or {}, []
+    if metrics.get("top1_agreement") is not None:
+        parts.append(f"top-1 {metrics['top1_agreement']:.1%}")
+    if metrics.get("kl") is not None:
+        parts.append(f"KL {metrics['kl']:.2g}")
+    if metrics.get("cosine") is not None:
+        parts.append(f"cos {metrics['cosine']:.4f}")
+    if metrics.get("greedy_match") is not None:
+        parts.append(f"greedy {metrics['greedy_match']} matched (≥ {metrics.get('greedy_required')})")
+    elif target.get("generation"):
+        parts.append(parity_cell(target))
+    return " · ".join(parts) or "–"
+
+
+def _variant(target: dict[str, Any]) -> str:
+    quantization = target.get("quantization") or {}
+    if quantization:
+        scheme = (quantization.get("options") or {}).get("scheme")
+        return quantization["method"] + (f" {scheme}" if scheme else "")
+    return str(target.get("dtype")) if target.get("dtype") in ("float16", "bfloat16") else "fp32"
+
+
+def _marks(targets: list[dict[str, Any]]) -> tuple[str | None, set[str]]:
+    """The smallest passing target, and the fastest passing one of each kind (generation, model)."""
+    passing = [t for t in targets if t["status"] == "passed"]
+    sizes = {t["name"]: size for t in passing if (size := _size(t)) is not None}
+    smallest = min(sizes, key=lambda name: sizes[name]) if len(sizes) > 1 else None
+    groups: dict[str, list[tuple[float, bool, str]]] = {}
+    for target in passing:
+        speed = _speed(target)
+        if speed is not None:
+            groups.setdefault(speed[0], []).append((speed[1], speed[2], target["name"]))
+    return smallest, {(max(e) if e[0][1] else min(e))[2] for e in groups.values() if len(e) > 1}
+
+
+def variants_table(report: dict[str, Any], names: list[str] | None = None) -> list[str]:
+    """The one table of a run (or of the targets `names`): variant, format, size, latency / tokens per second,
+    quality, verdict; failed and unverified first with their reason, the smallest and the fastest passing variant
+    marked; then one line per variant naming the metric that decided, and the machine the timings come from.
+    report.md opens with it (so the PR description and the Action's job summary show it); the sticky comment and
+    the model card's Exports section call it too.
+
+    Example:
+        >>> variants_table({"targets": []})
+        []
+    """
+    targets = [t for t in report.get("targets", []) if names is None or t["name"] in names]
+    if not targets:
+        return []
+    smallest, fastest = _marks(targets)
+    lines = ["| variant | format | size | latency / tokens per second | quality | verdict |",
+             "|---|---|---|---|---|---|"]
     for target in sorted(targets, key=lambda t: ORDER.get(t["status"], 0)):
+        marks = (" 🪶 smallest" if target["name"] == smallest else "") + (
+            " ⚡ fastest" if target["name"] in fastest else "")
         verdict = f"{ICONS.get(target['status'], '')} {target['status']}"
         why = reason(target)
-        if why:
-            verdict += f": {cell(why, 160)}"
-        if target.get("cached"):
-            verdict += " (cached)"
-        size = sum(f.get("size", 0) for f in target.get("files") or [])
-        export_s = (target.get("timings") or {}).get("export_s")
-        lines.append(f"| `{target['name']}` | {target['export_format']} | {target['mode']} | {verdict} | "
-                     f"{worst_diff(target)} | {parity_cell(target)} | {human_size(size) if size else '–'} | "
-                     f"{f'{export_s:.1f} s' if export_s is not None else '–'} |")
+        verdict += (f": {cell(why, 160)}" if why else "") + (" (cached)" if target.get("cached") else "")
+        size = _size(target)
+        lines.append(f"| `{target['name']}`{marks} | {target['export_format']} · {target['mode']} · "
+                     f"{_variant(target)} | {human_size(size) if size else '–'} | {speed_cell(target)} | "
+                     f"{quality_cell(target)} | {verdict} |")
+    lines.append("")
+    decided = [t for t in targets if (t.get("quality") or {}).get("decided_by")]
+    for target in decided:
+        quality = target["quality"]
+        judged = "atol/rtol" if quality.get("judged_by") == "tolerance" else "task metrics"
+        lines.append(f"- `{target['name']}` ({quality.get('kind')}, judged by {judged}): "
+                     f"{cell(str(quality['decided_by']), 300)}")
+    lines += [""] if decided else []
+    benched = [t for t in targets if t.get("bench") and not t["bench"].get("error")]
+    if benched:
+        from .bench import TIMED_RUNS, WARMUP_RUNS, machine_line
+
+        machines = {t["name"]: machine_line(t["bench"].get("machine") or report.get("machine")) for t in benched}
+        where = next(iter(machines.values())) if len(set(machines.values())) == 1 else "; ".join(
+            f"`{name}` on {line}" for name, line in machines.items())
+        lines += [f"<sub>Timed with each artifact's own runtime on {where}: median (p90) of {TIMED_RUNS} runs after "
+                  f"{WARMUP_RUNS} warm-ups at the traced shape; tokens per second over `max_new_tokens` greedy decode "
+                  "steps.</sub>", ""]
     return lines
+
+
+def _measured(quality: dict[str, Any]) -> str:
+    if quality.get("positions"):
+        return f"top-1 {quality['top1_matches']}/{quality['positions']}, KL {quality['kl_sum'] / quality['positions']:.2g}"
+    return f"cos {quality['cosine']:.4f}" if quality.get("cosine") is not None else "–"
 
 
 def _probe_rows(target: dict[str, Any]) -> list[str]:
@@ -127,6 +243,8 @@ def _probe_rows(target: dict[str, Any]) -> list[str]:
             worst = max(outputs, key=lambda o: (o["max_abs_diff"] is None, o["max_abs_diff"] or 0), default=None)
             diff = f"{_fmt(worst['max_abs_diff'])} (`{worst['name']}`)" if worst else "–"
             tolerance = f"atol {worst['atol']:g}, rtol {worst['rtol']:g}" if worst else "–"
+            if check.get("quality"):  # a quantized or half-precision target: task metrics, judged on the whole
+                diff, tolerance = _measured(check["quality"]), "task metrics"
             verdict = check.get("verdict") or ("skipped" if check.get("skipped") else
                                                "passed" if check.get("passed") else "failed")
             text = ICONS.get(verdict, verdict)
@@ -166,6 +284,9 @@ def render_target(target: dict[str, Any], details: bool = True) -> list[str]:
     if target.get("error"):
         message = cell(target["error"].get("message") or "", 1500)  # one line, `<` escaped (upstream text)
         lines += [f"> **{cell(target['error'].get('type') or 'Error', 100)}**: {message}", ""]
+        cause = cell(render_root_cause(target["error"]), 1500)
+        if cause:
+            lines += [f"> {cause}", ""]
     if target.get("unverified"):
         lines += ["> **Not verified**: these checks did not run, so this target is not a pass:", ">"]
         lines += [f"> - {cell(line, 300)}" for line in target["unverified"][:20]] + [""]
@@ -186,8 +307,10 @@ def render_target(target: dict[str, Any], details: bool = True) -> list[str]:
     timings = target.get("timings") or {}
     if timings or files:
         parts = [f"{k.removesuffix('_s')} {v:.1f} s" for k, v in timings.items() if isinstance(v, (int, float))]
+        stored, parameters = target.get("weights_stored_bytes"), target.get("parameter_bytes")
+        weights = f" · weights stored {stored / parameters:.2f}x the parameters" if stored and parameters else ""
         lines += [f"Timings: {', '.join(parts) or '–'} · {len(files)} files, "
-                  f"{human_size(sum(f['size'] for f in files))}", ""]
+                  f"{human_size(sum(f['size'] for f in files))}{weights}", ""]
     if files and details:
         lines += ["<details><summary>Files</summary>", "", "| file | size | sha256 |", "|---|---|---|"]
         lines += [f"| `{cell(f['path'], 200)}` | {human_size(f['size'])} | `{f['sha256'][:16]}…` |" for f in files]
@@ -220,7 +343,7 @@ def render_markdown(report: dict[str, Any], details: bool = True) -> str:
     """The report as GitHub/Hub-flavoured Markdown, under 60 KB: the summary table first, then the details (the
     probe and file tables are left out when the whole would not fit; report.json always has everything)."""
     targets = report["targets"]
-    lines = ["## Export report", "", headline(report), "", *summary_table(targets), ""]
+    lines = ["## Export report", "", headline(report), "", *variants_table(report)]
     for target in sorted(targets, key=lambda t: ORDER.get(t["status"], 0)):
         lines += render_target(target, details)
     if report.get("findings"):

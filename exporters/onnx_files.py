@@ -1,4 +1,5 @@
-"""The seed's ONNX file options that upstream dropped, applied for real to the saved model files.
+"""ONNX file handling after upstream saved a target: the seed's file options that upstream dropped, applied for real to
+the saved model files, and one copy of the weights for all the components of a target.
 
 - `external_data: false` embeds the weights in the `.onnx` protobuf (the `.onnx.data` sidecar is left empty, because
   upstream's loader lists it for every component);
@@ -89,3 +90,83 @@ def strip_weights(directory: Path, output_path: str | None = None) -> list[str]:
         if path in files:
             path.with_name(path.name + ".data").write_bytes(b"")  # upstream's loader lists every component's sidecar
     return stripped
+
+
+def _external(tensor) -> dict[str, str] | None:
+    import onnx
+
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return None
+    return {entry.key: entry.value for entry in tensor.external_data}
+
+
+def _set_external(tensor, location: str, offset: int, length: int) -> None:
+    del tensor.external_data[:]
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+
+
+def _read_range(path: Path, offset: int, length: int) -> bytes:
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        return handle.read(length)
+
+
+def share_external_data(directory: Path) -> int:
+    """Store the weights of every component of an export once: the first component's sidecar holds them, and the
+    other components' graphs point at the same tensors there (same bytes, same offsets); a tensor no earlier
+    component has is appended to it. Their own sidecars are left empty (upstream's loader lists the sidecar of
+    every component). One tensor is in memory at a time. Returns the bytes saved.
+
+    Example:
+        >>> share_external_data(Path("out/onnx"))  # doctest: +SKIP
+        1981808640
+    """
+    import hashlib
+
+    import onnx
+
+    files = _component_files(directory)
+    base = files[0].with_name(files[0].name + ".data")
+    stored: dict[tuple[str, int], int] = {}  # (sha256, length) -> offset in `base`
+    for tensor in _initializers(onnx.load(str(files[0]), load_external_data=False)):
+        info = _external(tensor)
+        if info is not None and info.get("location") == base.name:
+            offset, length = int(info.get("offset", 0)), int(info["length"])
+            stored.setdefault((hashlib.sha256(_read_range(base, offset, length)).hexdigest(), length), offset)
+    saved = 0
+    for path in files[1:]:
+        model = onnx.load(str(path), load_external_data=False)
+        own = path.with_name(path.name + ".data")
+        for tensor in _initializers(model):
+            info = _external(tensor)
+            if info is None or info.get("location") != own.name:
+                continue
+            data = _read_range(own, int(info.get("offset", 0)), int(info["length"]))
+            key = (hashlib.sha256(data).hexdigest(), len(data))
+            if key in stored:
+                saved += len(data)
+            else:
+                with base.open("ab") as handle:
+                    stored[key] = handle.tell()
+                    handle.write(data)
+            _set_external(tensor, base.name, stored[key], len(data))
+        onnx.save_model(model, str(path))
+        own.write_bytes(b"")
+    return saved
+
+
+def _initializers(model):
+    """Every initializer of the model, subgraphs included."""
+    import onnx
+
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        yield from graph.initializer
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    graphs.append(attribute.g)
+                graphs.extend(attribute.graphs)

@@ -2,12 +2,15 @@
 `generate(do_sample=False)`, token for token.
 
 - decoder-only: prompt → `prefill` → `decode` × N;
+- decoder-only, merged graph: prompt on an empty cache → `model` → `model` × N (one token each);
 - encoder-decoder (T5, Whisper): source ids / audio features → `encoder` → `prefill` → `decode` × N;
-- vision-language (LLaVA convention): image → `image_encoder` → feature selection → `multi_modal_projector`;
-  prompt → `embed_tokens`; image features merged at the image tokens → `language_model` → `lm_head` → `decode` × N.
+- vision-language (LLaVA, Idefics3 / SmolVLM, PaliGemma, Gemma 3, Qwen2-VL, ...): image + prompt → the model's own
+  forward with its encoder(s), projector, `embed_tokens`, `language_model` and `lm_head` replaced by their graphs
+  (`exporters.graph_forward`) → `decode` × N.
 
-Between graphs only the glue the model's own forward does in Python runs here: feature-layer selection, the
-token merge, and token selection by the rules of `exporters.greedy` (eager's own logits processors, then argmax).
+Between graphs only the glue the model's own forward does in Python runs here: feature selection, the token
+merge, masks and position ids, and token selection by the rules of `exporters.greedy` (eager's own logits
+processors, then argmax).
 
 Each step is fed as a runtime would: the cache the previous graph returned, the next `position_ids` (and
 `cache_position` when the graph takes one), and the attention mask in the captured layout. A static cache
@@ -25,6 +28,7 @@ from typing import Any
 import torch
 
 from .errors import describe_error
+from .graph_forward import vision_language
 from .greedy import Greedy, Tolerances, eager_reference
 from .results import GenerationReport
 from .upstream import run_component
@@ -140,15 +144,19 @@ def _cache_summary(generation_config) -> dict[str, Any]:
 
 
 def generation_parity(model, components, exported, generate_inputs: dict[str, Any], steps: int,
-                      generation_config, family: str, tolerances: Tolerances) -> GenerationReport:
+                      generation_config, family: str, tolerances: Tolerances, reference: Any = None) -> GenerationReport:
     """Run the family's pipeline through the exported graphs and compare with eager `generate()`, both selecting
-    tokens by the processors eager builds (see `exporters.greedy`)."""
+    tokens by the processors eager builds (see `exporters.greedy`). `reference`: eager's run, made ahead by
+    [`reference_for`] (so the eager weights can be freed before the artifact loads); else it is made here."""
     names = set(exported.components)
     cache = _cache_summary(generation_config)
     if family not in DRIVERS:
         return GenerationReport("skipped", steps, reason=f"parity from raw inputs is not implemented for {family} "
                                                           "models", cache=cache)
     driver, needed = DRIVERS[family]
+    needed = needed or set(components)
+    if family == "text" and "model" in names:
+        driver, needed = _merged_decoder, {"model"}
     missing = sorted(needed - names)
     if missing:
         return GenerationReport("failed", steps, reason=f"cannot generate from raw inputs: missing component(s) "
@@ -159,10 +167,10 @@ def generation_parity(model, components, exported, generate_inputs: dict[str, An
         return GenerationReport("failed", steps, reason=(
             f"the static cache holds {limit} positions, fewer than the prompt ({prefix.shape[1]}) plus max_new_tokens "
             f"({steps}): raise generation.max_cache_len or shorten the prompt"), cache=cache)
-    try:
-        reference = eager_reference(model, generate_inputs, generation_config, steps)
-    except Exception as err:  # the reference could not run: the check did not run, it did not fail
-        return GenerationReport("skipped", steps, reason=f"eager generate() failed: {describe_error(err)}",
+    if reference is None:
+        reference = reference_for(model, generate_inputs, generation_config, steps)
+    if isinstance(reference, Exception):  # the reference could not run: the check did not run, it did not fail
+        return GenerationReport("skipped", steps, reason=f"eager generate() failed: {describe_error(reference)}",
                                 cache=cache)
     eos, pad = Greedy.special_tokens(generation_config)
     greedy = Greedy(steps, eos, pad, reference, tolerances)
@@ -176,6 +184,14 @@ def generation_parity(model, components, exported, generate_inputs: dict[str, An
     except Exception as err:  # an artifact that cannot generate is a failed check, with the reason
         return _report(greedy, tokens, None, cache, reason=describe_error(err), failed=True)
     return _report(greedy, tokens, prompt, cache)
+
+
+def reference_for(model, generate_inputs: dict[str, Any], generation_config, steps: int) -> Any:
+    """Eager's greedy run parity compares with (`exporters.greedy.eager_reference`), or the exception it raised."""
+    try:
+        return eager_reference(model, generate_inputs, generation_config, steps)
+    except Exception as err:
+        return err
 
 
 def _prefix(components, generate_inputs: dict[str, Any], family: str) -> torch.Tensor:
@@ -192,6 +208,17 @@ def _decoder_only(model, components, runners, generate_inputs, greedy: Greedy, t
     empty = copy.deepcopy(prefill_template[key]) if key else None  # a static cache: allocated by the graph
     out = run_component(runners["prefill"], step_inputs(prefill_template, ids, 0, empty))
     stepper = _Stepper(runners["decode"], components["decode"][1])
+    _decode_loop(out["logits"], _output_cache(out), ids, greedy, stepper, tokens)
+    return int(ids.shape[1])
+
+
+def _merged_decoder(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
+    from .merged import MERGED, prompt_inputs
+
+    template = components[MERGED][1]
+    ids = generate_inputs["input_ids"]
+    out = run_component(runners[MERGED], prompt_inputs(template, ids))
+    stepper = _Stepper(runners[MERGED], template)
     _decode_loop(out["logits"], _output_cache(out), ids, greedy, stepper, tokens)
     return int(ids.shape[1])
 
@@ -217,63 +244,9 @@ def _encoder_decoder(model, components, runners, generate_inputs, greedy: Greedy
     return int(source.shape[-1])
 
 
-def select_image_features(vision_outputs: Any, config) -> torch.Tensor:
-    """LLaVA's feature selection: the configured hidden layer(s), without the CLS token for the default strategy."""
-    layer = getattr(config, "vision_feature_layer", None)
-    strategy = getattr(config, "vision_feature_select_strategy", None)
-    if layer is None or "hidden_states" not in vision_outputs:
-        raise NotImplementedError(
-            f"feature selection for {type(config).__name__} is not implemented (LLaVA-style configs only)"
-        )
-    hidden = vision_outputs["hidden_states"]
-    layers = [layer] if isinstance(layer, int) else list(layer)
-    pool = [hidden[i] for i in layers]
-    if strategy == "default":
-        pool = [h[:, 1:] for h in pool]
-    return pool[0] if len(pool) == 1 else torch.cat(pool, dim=-1)
-
-
-def _vision_language(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
-    config = model.config
-    vision_template = components["image_encoder"][1]
-    vision_inputs = dict(vision_template)
-    vision_inputs["pixel_values"] = generate_inputs["pixel_values"]
-    vision = run_component(runners["image_encoder"], vision_inputs)
-    selected = select_image_features(vision, config)
-    projector_template = components["multi_modal_projector"][1]
-    feature_key = next(iter(projector_template))
-    projected = run_component(runners["multi_modal_projector"], {**projector_template, feature_key: selected})
-    projected = projected if isinstance(projected, torch.Tensor) else next(iter(projected.values()))
-    ids = generate_inputs["input_ids"]
-    embeds = run_component(runners["embed_tokens"], {"input": ids})
-    embeds = embeds if isinstance(embeds, torch.Tensor) else next(iter(embeds.values()))
-    image_token = getattr(config, "image_token_id", None)
-    if image_token is None:
-        image_token = config.image_token_index
-    mask = (ids == image_token).unsqueeze(-1).expand_as(embeds)
-    merged = embeds.masked_scatter(mask, projected.reshape(-1, projected.shape[-1]).to(embeds.dtype))
-    lm_template = components["language_model"][1]
-    key = _cache_key(lm_template)
-    lm_inputs = copy.deepcopy({k: v for k, v in lm_template.items() if k not in CACHE_KEYS})
-    lm_inputs["inputs_embeds"] = merged
-    if isinstance(lm_inputs.get("position_ids"), torch.Tensor):
-        lm_inputs["position_ids"] = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
-    if key:
-        lm_inputs[key] = copy.deepcopy(lm_template[key])
-    hidden = run_component(runners["language_model"], lm_inputs)
-    head_template = components["lm_head"][1]
-    head_key = next(iter(head_template))
-    logits = run_component(runners["lm_head"], {head_key: hidden["last_hidden_state"][:, -1:]})
-    logits = logits if isinstance(logits, torch.Tensor) else next(iter(logits.values()))
-    stepper = _Stepper(runners["decode"], components["decode"][1])
-    _decode_loop(logits, _output_cache(hidden), ids, greedy, stepper, tokens)
-    return int(ids.shape[1])
-
-
 DRIVERS = {
     "text": (_decoder_only, {"prefill", "decode"}),
     "seq2seq": (_encoder_decoder, {"encoder", "prefill", "decode"}),
     "speech-seq2seq": (_encoder_decoder, {"encoder", "prefill", "decode"}),
-    "vision-language": (_vision_language, {"image_encoder", "multi_modal_projector", "embed_tokens",
-                                           "language_model", "lm_head", "decode"}),
+    "vision-language": (vision_language, set()),  # every stage its model has (exporters.components)
 }

@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from . import fsutil
+from .bench import bench_passing, warm_up
 from .context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
-from .errors import DeviceError, describe_error
+from .errors import DeviceError, error_record
+from .footprint import record_footprint
 from .hashing import file_entries
 from .isolation import Isolated, log_excerpt
 from .progress import Progress
@@ -119,7 +121,10 @@ def _export_and_validate(targets: list[Any], context: RunContext, options: RunOp
     loaded ONNX Runtime sessions or ExecuTorch programs (so no runtime's threads or memory are forked); validation
     then overlaps with the exports still running.
     """
-    bench = Workbench.load(context, options)
+    bench = Workbench.load(context, options, targets)
+    calibration = bench.calibration(targets, context.recipe)
+    if options.bench:
+        warm_up()
     results: list[TargetResult] = []
     with Progress(options.progress) as progress:
         planned = []
@@ -131,18 +136,22 @@ def _export_and_validate(targets: list[Any], context: RunContext, options: RunOp
                 planned.append(item)
         jobs = options.jobs or default_jobs(weight_bytes=_weight_bytes(bench.model), targets=len(planned))
         context.jobs = jobs
-        pending, running, exported = list(planned), [], []
+        pending, running, exported, validated = list(planned), [], [], []
         while pending or running or exported:
             while pending and len(running) < jobs:
-                running.append(_start(pending.pop(0), bench, context, options, progress))
+                running.append(_start(pending.pop(0), bench, context, options, progress, calibration))
             if exported and not pending:
-                _validate(exported.pop(0), context, bench, options, progress)
+                validated.append(exported.pop(0))
+                # the last validation: no export or reference needs the eager weights after its references
+                _validate(validated[-1], context, bench, options, progress, last=not running and not exported)
                 continue
             mp_wait([item.run.sentinel for item in running], timeout=1.0)
             for item in [i for i in running if i.run.done()]:
                 running.remove(item)
                 if _finish(item, options, progress):
                     exported.append(item)
+        if options.bench:  # after every export: timings taken while nothing else runs, each in a fresh process
+            bench_passing(validated, bench, context, progress)
     return results
 
 
@@ -162,18 +171,21 @@ def _prepare(item: _Export, bench: Workbench, context: RunContext, options: RunO
     result.cache_key = context.cache_key(target.name, result.device)
     progress.update(target.name, "capturing inputs")
     try:
-        item.components = bench.components(target, context.recipe)
+        item.components = bench.components(target, context.recipe) if bench.unprepared is None else None
     except Exception as err:
-        result.error = {"type": type(err).__name__, "message": describe_error(err)}
+        result.error = error_record(err)
+    if item.components is None:
+        result.error = result.error or dict(bench.unprepared or {})
         progress.update(target.name, "[red]failed: capture", done=True)
         return False
-    result.expected_components = _expected(target, bench.sample.family, item.components)
+    result.expected_components = bench.expected(target, item.components)
     result.findings += bench.contract_notes(target)
     progress.update(target.name, "waiting for a free export slot")
     return True
 
 
-def _start(item: _Export, bench: Workbench, context: RunContext, options: RunOptions, progress: Progress) -> _Export:
+def _start(item: _Export, bench: Workbench, context: RunContext, options: RunOptions, progress: Progress,
+           calibration: list[Any]) -> _Export:
     """Fork the child that exports one target into its staging folder."""
     target, out_dir = item.target, options.out_dir
     log_path = fsutil.fresh_file(out_dir / "logs" / f"{target.name}.log")
@@ -181,7 +193,7 @@ def _start(item: _Export, bench: Workbench, context: RunContext, options: RunOpt
     device, components, staging = item.result.device, item.components, item.staging
 
     def work() -> dict[str, Any]:
-        return _export_work(bench.model, target, components, context.recipe, staging, device)
+        return _export_work(bench.model, target, components, context.recipe, staging, device, calibration)
 
     progress.update(target.name, f"exporting {target.export_format} ({len(components)} component(s))")
     item.started = time.time()
@@ -199,23 +211,26 @@ def _finish(item: _Export, options: RunOptions, progress: Progress) -> bool:
         fsutil.remove(item.staging)
         result.status = outcome.get("status", FAILED)
         result.error = {"type": outcome.get("type"), "message": outcome.get("message"),
-                        "log_excerpt": log_excerpt(log_path)}
+                        **{k: outcome[k] for k in ("root_cause",) if k in outcome}, "log_excerpt": log_excerpt(log_path)}
         progress.update(target.name, f"[red]{result.status}", done=True)
         return False
     result.findings += outcome.get("notes", [])
+    result.quantization = outcome.get("quantization")
     result.timings.update(trace_s=outcome.get("export_only_s"), save_s=outcome.get("save_s"))
     fsutil.move_into_place(item.staging, options.out_dir / target.name)
     progress.update(target.name, "exported; validation follows")
     return True
 
 
-def _validate(item: _Export, context: RunContext, bench: Workbench, options: RunOptions, progress: Progress) -> None:
+def _validate(item: _Export, context: RunContext, bench: Workbench, options: RunOptions, progress: Progress,
+              last: bool = False) -> None:
     target, result = item.target, item.result
     final = options.out_dir / target.name
     progress.update(target.name, "validating")
-    _validate_into(result, target, context, bench, final, trust_artifacts=True)
+    _validate_into(result, target, context, bench, final, trust_artifacts=True, last=last)
     _after_validation(result, target, final)
     result.files = file_entries(final, options.out_dir)
+    record_footprint(result, target, final, bench.weights)
     progress.update(target.name, _stage_label(result.status), done=True)
     gc.collect()  # the loaded programs and runtime sessions of this target are no longer needed
 
@@ -225,20 +240,12 @@ def _stage_label(status: str) -> str:
     return f"[{colour}]{status}"
 
 
-def _expected(target: Any, family: str, components: Any) -> list[str]:
-    """The recipe's `expected_components`, else the family's minimum complete set."""
-    from .components import minimum_components
-
-    if target.expected_components is not None:
-        return list(target.expected_components)
-    return minimum_components(family, target.mode, list(components))
-
-
-def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging: Path, device: str) -> dict[str, Any]:
-    """What the child process does: move to the target's device and dtype, export every component, save."""
+def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging: Path, device: str,
+                 calibration: list[Any]) -> dict[str, Any]:
+    """What the child process does: move to the target's device and dtype, quantize and export, save."""
     import torch
 
-    from . import engine
+    from . import engine, quantize
     from .upstream import move_to
 
     if target.dtype is not None or device != "cpu":
@@ -247,17 +254,14 @@ def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging:
         components = {name: (module.to(device=device, dtype=dtype), move_to(inputs, device, dtype))
                       for name, (module, inputs) in components.items()}
     notes: list[str] = []
-    started = time.time()
-    exported = engine.export_components(model, target, components, recipe, notes)
-    export_s = time.time() - started
-    started = time.time()
-    engine.save_exported(exported, target, staging)
-    return {"notes": notes, "components": list(exported.components), "export_only_s": round(export_s, 3),
-            "save_s": round(time.time() - started, 3)}
+    quantizing = quantize.Quantizing(model, target, recipe, calibration, notes)
+    outcome = engine.export_to(model, target, components, recipe, staging, notes, quantizing.quantizer_for())
+    return {"notes": notes, **outcome, "quantization": quantizing.record_into(staging)}
 
 
 def _validate_into(result: TargetResult, target: Any, context: RunContext, bench: Workbench, directory: Path,
-                   trust_artifacts: bool) -> None:
+                   trust_artifacts: bool, last: bool = False) -> None:
+    from .engine import release_weights
     from .validate import validate_target
 
     started = time.time()
@@ -268,10 +272,13 @@ def _validate_into(result: TargetResult, target: Any, context: RunContext, bench
             model=bench.model, family=bench.sample.family, generate_inputs=bench.sample.generate, eager=bench.eager,
             generation_config=bench.generation_config(target, recipe),
             expected_components=result.expected_components, trust_artifacts=trust_artifacts, device=result.device,
+            # vision-language parity runs the model's own forward around the graphs: its weights stay
+            release_model=(lambda: release_weights(bench.model)) if last and bench.sample.family != "vision-language"
+            else None,
         )
     except Exception as err:
         result.status = FAILED
-        result.error = {"type": type(err).__name__, "message": f"validation could not run: {describe_error(err)}"}
+        result.error = error_record(err, prefix="validation could not run: ")
     else:
         result.record_validation(validation)
     result.timings["validate_s"] = round(time.time() - started, 3)
@@ -313,7 +320,7 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
     context = prepare_run(model, options)
     bench = Workbench.load(context, options)
     results = []
-    for target in context.targets:
+    for index, target in enumerate(context.targets):
         target = bench.plan(target)
         result = _new_result(target, context, options)
         result.reproduce = f"hf-export validate {model} {out_dir} --target {target.name}"
@@ -327,11 +334,16 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
                             "message": f"{directory} holds no export (export.json missing): export it first"}
             continue
         try:
-            components = bench.components(target, context.recipe)
+            components = bench.components(target, context.recipe) if bench.unprepared is None else None
         except Exception as err:  # a capture that fails, a decode that could not run a second step
-            result.error = {"type": type(err).__name__, "message": describe_error(err)}
+            result.error = error_record(err)
             continue
-        result.expected_components = _expected(target, bench.sample.family, components)
-        _validate_into(result, target, context, bench, directory, trust_artifacts=options.trust_remote_code)
+        if components is None:
+            result.error = dict(bench.unprepared or {})
+            continue
+        result.expected_components = bench.expected(target, components)
+        _validate_into(result, target, context, bench, directory, trust_artifacts=options.trust_remote_code,
+                       last=index == len(context.targets) - 1)
         result.files = file_entries(directory, out_dir)
+        record_footprint(result, target, directory, bench.weights)
     return _write(results, context)

@@ -32,6 +32,9 @@ import torch
 from .recipe import DimSpec
 from .upstream import leaf_tensors
 
+# Logits a probe may produce (tokens x vocabulary); each is held by the eager reference and the artifact's output.
+MAX_PROBE_LOGITS = 1 << 26
+
 
 def _leaves(inputs: Any) -> dict[str, torch.Tensor]:
     return leaf_tensors(inputs)
@@ -50,6 +53,10 @@ def resize_along(tensor: torch.Tensor, axis: int, size: int, generator: torch.Ge
     constant — masks, token types —, positions keep counting, token ids stay in the vocabulary, floats stay at their
     scale)."""
     current = tensor.shape[axis]
+    if size == 0:  # freshly allocated: a zero-length slice keeps strides that ExecuTorch aborts on
+        shape = list(tensor.shape)
+        shape[axis] = 0
+        return torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
     if size <= current:
         return tensor.narrow(axis, 0, size).clone()
     extra_shape = list(tensor.shape)
@@ -123,7 +130,7 @@ def dim_bindings(spec: dict[str, Any] | None, inputs: dict[str, Any], dynamic: b
                     )
                     binding.axes.append((path, axis))
         return list(bindings.values())
-    if dynamic and family in ("text", "seq2seq", "vision-language"):
+    if dynamic and family in ("text", "seq2seq", "vision-language", "dual-encoder"):
         ids = leaves.get("input_ids")
         if ids is not None and ids.dim() == 2 and ids.shape[1] > 1:
             seq = int(ids.shape[1])
@@ -140,13 +147,19 @@ def probe_sizes(binding: DimBinding, max_positions: int | None) -> list[int]:
     if max_positions is not None:
         high = min(high, max_positions)
     sizes = [low, (low + high) // 2, high]
-    return sorted({s for s in sizes if s >= 1})
+    floor = 0 if binding.low == 0 else 1  # a declared minimum of 0 (an empty cache) is probed too
+    return sorted({s for s in sizes if s >= floor})
 
 
 def make_probes(
-    inputs: dict[str, Any], bindings: list[DimBinding], config, limit: int, max_positions: int | None, seed: int = 0
+    inputs: dict[str, Any], bindings: list[DimBinding], config, limit: int, max_positions: int | None, seed: int = 0,
+    logits_per_token: int = 0,
 ) -> list[tuple[str, dict[str, Any] | None, str | None]]:
-    """`(probe id, inputs or None, skip reason)`: the traced inputs, then each dim at each probe size."""
+    """`(probe id, inputs or None, skip reason)`: the traced inputs, then each dim at each probe size.
+
+    Probes whose inputs exceed `limit` elements are skipped with the reason, and so are probes of a language model
+    (`logits_per_token`: its vocabulary size) whose logits would exceed `MAX_PROBE_LOGITS`: a 32k-token prompt is a
+    small input but 20 GB of logits on a 150k vocabulary, held twice (eager and artifact)."""
     traced_total = sum(t.numel() for t in _leaves(inputs).values())
     probes: list[tuple[str, dict[str, Any] | None, str | None]] = [
         ("traced", inputs, None) if traced_total <= limit else
@@ -158,13 +171,19 @@ def make_probes(
             probe_id = f"{binding.name}={size}"
             probe = copy.deepcopy(inputs)
             leaves = _leaves(probe)
-            total = 0
-            for path, axis in binding.axes:
-                resized = resize_along(leaves[path], axis, size, generator, config)
-                _set_leaf(probe, path, resized)
-                total += resized.numel()
+            resized: dict[str, torch.Tensor] = {}
+            for path, axis in binding.axes:  # a leaf may carry the dim on several axes (height and width)
+                resized[path] = resize_along(resized.get(path, leaves[path]), axis, size, generator, config)
+                _set_leaf(probe, path, resized[path])
+            total = sum(tensor.numel() for tensor in resized.values())
             if total > limit:
                 probes.append((probe_id, None, f"inputs of {total} elements exceed max_probe_elements ({limit})"))
+                continue
+            ids = _leaves(probe).get("input_ids")
+            logits = ids.numel() * logits_per_token if ids is not None else 0
+            if logits > MAX_PROBE_LOGITS:
+                probes.append((probe_id, None, f"its logits ({logits} elements) exceed what validation computes "
+                                               f"({MAX_PROBE_LOGITS}, {MAX_PROBE_LOGITS * 4 >> 20} MiB in float32)"))
                 continue
             probes.append((probe_id, probe, None))
     return probes

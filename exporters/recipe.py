@@ -19,14 +19,10 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Discriminator,
     Field,
     StrictBool,
     StrictFloat,
     StrictInt,
-    Tag,
     field_validator,
     PrivateAttr,
     model_validator,
@@ -34,6 +30,20 @@ from pydantic import (
 
 from .errors import RecipeError
 from .jsonpos import JsonPath, format_path, nearest_line
+from .recipe_shapes import (  # noqa: F401 (the recipe's public names)
+    DIM_NAME_PATTERN,
+    KNOWN_RANKS,
+    _KIND_WORDS,
+    AxisSpec,
+    DimSpec,
+    DynamicShapesSpec,
+    ShapeSpec,
+    _PathValueError,
+    _Strict,
+    check_shape_spec,
+)
+from .target_rules import LayoutSetting, MergedSetting
+from .variants import CalibrationSpec, QuantizeSpec, TargetValidation, Variant, check_target, expand_targets
 
 RECIPE_FILE = "export_config.json"
 CONFIG_FIELD = "export_config"
@@ -42,61 +52,6 @@ FORMATS = ("dynamo", "onnx", "executorch")
 TARGET_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 # Entries the tool writes in the output folder beside the target folders: a target cannot be called like them.
 RESERVED_NAMES = ("logs", "report.json", "report.md", "publish.json")
-# Inputs whose rank is the same in every model that takes them (batch, sequence): an axis key outside it is an error
-# at `check` time. Other inputs (pixel values, audio features, position ids of multimodal models, cache leaves) vary
-# by family and are checked against the real inputs when exporting.
-KNOWN_RANKS = {"input_ids": 2, "attention_mask": 2, "token_type_ids": 2, "decoder_input_ids": 2,
-               "decoder_attention_mask": 2, "input_values": 2, "cache_position": 1}
-DIM_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False, validate_default=True)
-
-
-class DimSpec(_Strict):
-    """A named dynamic dimension. One name used on several inputs is one shared dimension."""
-
-    name: str = Field(pattern=DIM_NAME_PATTERN, description="Dimension name; the same name on two axes ties them.")
-    min: StrictInt | None = Field(default=None, ge=0, description="Smallest size the export must accept.")
-    max: StrictInt | None = Field(default=None, ge=1, description="Largest size the export must accept.")
-
-    @model_validator(mode="after")
-    def _bounds(self) -> DimSpec:
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"min ({self.min}) is larger than max ({self.max})")
-        return self
-
-
-def _kind_of(value: Any) -> str:
-    """Pick the union branch from the JSON type, so errors name the field, not every branch."""
-    if isinstance(value, dict):
-        return "object"
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, str):
-        return "keyword"
-    return "other"
-
-
-_KIND_WORDS = {"object": "an object", "list": "a list", "keyword": "a string ('static' or 'auto')"}
-
-
-AxisSpec = Annotated[
-    Union[Annotated[Literal["static", "auto"], Tag("keyword")], Annotated[DimSpec, Tag("object")]],
-    Discriminator(_kind_of),
-]
-ShapeSpec = Annotated[
-    Union[
-        Annotated[list[AxisSpec], Tag("list")],
-        Annotated[dict[Annotated[str, Field(pattern=r"^-?[0-9]+$")], AxisSpec], Tag("object")],
-        Annotated[Literal["auto"], Tag("keyword")],
-    ],
-    Discriminator(_kind_of),
-]
-DynamicShapesSpec = dict[str, ShapeSpec]
-
-
 class Tolerance(_Strict):
     """Numerical tolerance for comparing an artifact's outputs with the eager model's."""
 
@@ -114,7 +69,7 @@ class ComponentOverride(_Strict):
     validation: Tolerance | None = None
 
 
-class _TargetBase(_Strict):
+class _TargetBase(_Strict, MergedSetting):
     name: str | None = Field(
         default=None, pattern=TARGET_NAME_PATTERN, description="Unique name; the output folder. Defaults to the format."
     )
@@ -133,7 +88,9 @@ class _TargetBase(_Strict):
     expected_components: list[str] | None = None
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
-    validation: Tolerance | None = None
+    validation: TargetValidation | None = None
+    quantize: QuantizeSpec | None = Field(default=None, description="Post-training quantization, by method name.")
+    variants: list[Variant] | None = Field(default=None, min_length=1, description="One target per variant.")
     timeout: StrictFloat | StrictInt | None = Field(default=None, gt=0, description="Seconds the export of this target may take.")
 
     @model_validator(mode="after")
@@ -159,52 +116,11 @@ class _TargetBase(_Strict):
 
     @model_validator(mode="after")
     def _consistent_shapes(self):
+        check_target(self, _PathValueError)
         check_shape_spec(self.dynamic_shapes, ("dynamic_shapes",))
         for component, override in self.components.items():
             check_shape_spec(override.dynamic_shapes, ("components", component, "dynamic_shapes"))
         return self
-
-
-def _axes(spec: Any) -> list[tuple[str, Any]]:
-    """`(axis key as written, axis spec)` of one input's entry."""
-    if isinstance(spec, list):
-        return [(str(i), value) for i, value in enumerate(spec)]
-    if isinstance(spec, dict):
-        return list(spec.items())
-    return []
-
-
-def check_shape_spec(spec: dict[str, Any] | None, at: tuple) -> None:
-    """One name is one dimension (one range), and axis keys fit the inputs whose rank is known.
-
-    Example:
-        >>> seq = DimSpec(name="seq", max=64)
-        >>> check_shape_spec({"input_ids": {"1": seq}, "attention_mask": {"1": DimSpec(name="seq", max=32)}}, ())
-        Traceback (most recent call last):
-        ...
-        exporters.recipe._PathValueError: dimension 'seq' is declared again with min/max None/32, but input_ids axis 1 gave it None/64: one name is one dimension, so give it one range (or repeat just its name)
-    """
-    seen: dict[str, tuple[int | None, int | None, str]] = {}
-    for key, entry in (spec or {}).items():
-        rank = KNOWN_RANKS.get(key)
-        if rank is not None and isinstance(entry, list) and len(entry) != rank:
-            raise _PathValueError((*at, key), f"'{key}' has {rank} axes, but {len(entry)} are listed")
-        for axis, value in _axes(entry):
-            if rank is not None and isinstance(entry, dict) and not -rank <= int(axis) < rank:
-                raise _PathValueError((*at, key, axis), f"'{key}' has {rank} axes (0 to {rank - 1}, or -{rank} to "
-                                                        f"-1 from the end): axis {axis} does not exist")
-            if not isinstance(value, DimSpec):
-                continue
-            where = f"{key} axis {axis}"
-            if value.name not in seen:
-                seen[value.name] = (value.min, value.max, where)
-                continue
-            low, high, first = seen[value.name]
-            if (value.min, value.max) not in ((low, high), (None, None)):
-                path = (*at, key, int(axis) if isinstance(entry, list) else axis)
-                raise _PathValueError(path, f"dimension '{value.name}' is declared again with min/max "
-                                            f"{value.min}/{value.max}, but {first} gave it {low}/{high}: one name is "
-                                            "one dimension, so give it one range (or repeat just its name)")
 
 
 class DynamoTarget(_TargetBase):
@@ -213,7 +129,7 @@ class DynamoTarget(_TargetBase):
     export_format: Literal["dynamo"]
 
 
-class OnnxTarget(_TargetBase):
+class OnnxTarget(_TargetBase, LayoutSetting):
     """An ONNX graph (`.onnx` with its `.onnx.data` weights)."""
 
     export_format: Literal["onnx"]
@@ -262,7 +178,8 @@ Target = Annotated[Union[DynamoTarget, OnnxTarget, ExecutorchTarget], Field(disc
 
 
 class InputsSpec(_Strict):
-    """How sample inputs are made: tokenized from `prompt` when the repo has a tokenizer, else synthesized."""
+    """How sample inputs are made: through the repo's own processor when it ships one, tokenized from `prompt` when
+    it has a tokenizer, else synthesized in the family's layout."""
 
     batch_size: StrictInt = Field(default=1, ge=1, le=64)
     sequence_length: StrictInt = Field(default=8, ge=2, le=8192)
@@ -271,6 +188,7 @@ class InputsSpec(_Strict):
     audio_length: StrictInt | None = Field(default=None, ge=1, description="Audio frames (feature length) for speech models.")
     decoder_sequence_length: StrictInt = Field(default=4, ge=1, le=4096)
     seed: StrictInt = 0
+    calibration: CalibrationSpec | None = Field(default=None, description="Calibration data (static quantization).")
 
 
 class GenerationSpec(_Strict):
@@ -311,6 +229,7 @@ class Recipe(_Strict):
     """A whole recipe, in its full form."""
 
     _source: RecipeSource = PrivateAttr(default_factory=RecipeSource)
+    _origins: dict[str, JsonPath] = PrivateAttr(default_factory=dict)  # target -> exports[i] (or .variants[j])
 
     def __eq__(self, other: object) -> bool:  # the same recipe, wherever it was read from
         return isinstance(other, Recipe) and self.model_dump() == other.model_dump()
@@ -324,16 +243,11 @@ class Recipe(_Strict):
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
 
     @model_validator(mode="after")
-    def _unique_names(self) -> Recipe:
-        seen: dict[str, int] = {}
-        for index, target in enumerate(self.exports):
-            if target.name in seen:
-                raise _PathValueError(
-                    ("exports", index, "name"),
-                    f"target name '{target.name}' is used twice (also by exports[{seen[target.name]}]); "
-                    "give each target a unique 'name'",
-                )
-            seen[target.name] = index
+    def _expand_and_check(self) -> Recipe:
+        """`variants` expanded into targets; calibration and unique names checked (exporters.variants)."""
+        expanded = expand_targets(self.exports, self.inputs.calibration is not None, _PathValueError)
+        self.exports = [target for target, _ in expanded]
+        self._origins = {target.name: at for target, at in expanded}
         return self
 
     @model_validator(mode="after")
@@ -385,7 +299,7 @@ class Recipe(_Strict):
             >>> recipe.locate("onnx", "dynamic_shapes")
             ('$.exports[0].dynamic_shapes', 2)
         """
-        index = next((i for i, t in enumerate(self.exports) if t.name == target), 0)
+        index = self._origins[target][1] if target in self._origins else 0  # expanded variants: their target
         source = self._source
         path = (*source.prefix, *_file_path(("exports", index, *inside), source.exports_at))
         return format_path(path), nearest_line(source.lines, path)
@@ -404,14 +318,6 @@ class Recipe(_Strict):
         data = self.model_dump(mode="json")
         data["exports"] = [t for t in data["exports"] if t["name"] == name]
         return hashlib.sha256(canonical_json(data).encode()).hexdigest()
-
-
-class _PathValueError(ValueError):
-    """A validation error whose location is known better than pydantic's."""
-
-    def __init__(self, path: JsonPath, message: str):
-        self.path = path
-        super().__init__(message)
 
 
 def canonical_json(data: Any) -> str:

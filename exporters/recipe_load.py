@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from .errors import RecipeError, RecipeProblem
 from .jsonpos import JsonPath, JsonPositionError, format_path, nearest_line, parse_with_positions
+from .variants import METHODS, CalibrationSpec, method_message
 from .recipe import (
     _KIND_WORDS,
     CONFIG_FIELD,
@@ -42,7 +43,7 @@ from .recipe import (
     OnnxTarget,
     Recipe,
     RecipeSource,
-    Tolerance,
+    TargetValidation,
     ValidationSpec,
     _file_path,
     _PathValueError,
@@ -65,7 +66,8 @@ def _normalise(data: Any) -> tuple[dict[str, Any], JsonPath | None]:
 
 def _known_fields() -> dict[str, set[str]]:
     """Field names per model, for did-you-mean."""
-    models = [Recipe, InputsSpec, GenerationSpec, ValidationSpec, Tolerance, ComponentOverride, DimSpec]
+    models = [Recipe, InputsSpec, GenerationSpec, ValidationSpec, TargetValidation, ComponentOverride, DimSpec,
+              CalibrationSpec, *METHODS.values()]
     known = {m.__name__: set(m.model_fields) for m in models}
     for target in (DynamoTarget, OnnxTarget, ExecutorchTarget):
         known[target.__name__] = set(target.model_fields)
@@ -102,6 +104,8 @@ def _message(error: dict[str, Any], path: JsonPath, data: dict[str, Any]) -> str
     if kind == "union_tag_invalid" and error.get("ctx", {}).get("discriminator") == "_kind_of()":
         expected = [_KIND_WORDS.get(tag.strip(" '"), tag) for tag in error["ctx"]["expected_tags"].split(",")]
         return f"expected {' or '.join(expected)}, got {json.dumps(error['input'])}"
+    if kind in ("union_tag_invalid", "union_tag_not_found") and error.get("ctx", {}).get("discriminator") == "'method'":
+        return method_message(error)
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         given = error.get("input", {}).get("export_format") if isinstance(error.get("input"), dict) else None
         if given is None:
@@ -177,6 +181,8 @@ def parse_recipe_data(
                 message = _message(error, internal, full)
                 if error["type"] in ("union_tag_invalid", "union_tag_not_found") and "export_format" in message:
                     internal = (*internal, "export_format")
+                elif error.get("ctx", {}).get("discriminator") == "'method'":
+                    internal = (*internal, "method")
             path = (*prefix, *_file_path(internal, exports_at))
             problems.append(RecipeProblem(format_path(path), nearest_line(lines, path), message))
         first = problems[0]

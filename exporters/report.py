@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .markdown import ICONS, MARKDOWN_LIMIT, human_size, render_markdown
+from .markdown import ICONS, MARKDOWN_LIMIT, human_size, render_markdown, variants_table
 from .status import overall_status
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .results import TargetResult
 
 REPORT_SCHEMA_VERSION = 1
-__all__ = ["ICONS", "MARKDOWN_LIMIT", "build_report", "human_size", "render_markdown", "write_report"]
+__all__ = ["ICONS", "MARKDOWN_LIMIT", "build_report", "human_size", "render_markdown", "variants_table", "write_report"]
 
 
 def build_report(results: list[TargetResult], context: RunContext) -> dict[str, Any]:
@@ -38,9 +38,11 @@ def build_report(results: list[TargetResult], context: RunContext) -> dict[str, 
         "versions": context.versions,
         "status": overall_status([t["status"] for t in targets]),
         "family": context.family,
+        "model_dtype": context.model_dtype,
         "timings": {"total_s": round(dt.datetime.now().timestamp() - context.started, 3), "load_s": context.load_s},
         "jobs": context.jobs,
         "eager_cache": {"hits": eager.hits, "misses": eager.misses} if eager is not None else None,
+        "machine": context.machine,
         "targets": targets,
         "findings": findings,
     }

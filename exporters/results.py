@@ -48,6 +48,7 @@ class Check:
     passed: bool = True
     skipped: bool = False
     error: str | None = None
+    quality: dict[str, Any] | None = None  # task metrics of a quantized/half target (exporters.quality.measure)
 
     @property
     def verdict(self) -> CheckStatus:
@@ -55,6 +56,8 @@ class Check:
             return SKIPPED
         if not self.passed or any(not o.passed for o in self.outputs):
             return FAILED
+        if self.quality is not None:  # judged by the target's budget; here: did a metric get measured
+            return PASSED if self.quality["positions"] or self.quality["cosine"] is not None else SKIPPED
         compared = [o for o in self.outputs if o.max_abs_diff is not None and math.isfinite(o.max_abs_diff)]
         return PASSED if compared else SKIPPED
 
@@ -115,6 +118,8 @@ class GenerationReport:
     near_ties: list[dict[str, Any]] = field(default_factory=list)
     logits_processors: list[str] | None = None
     cache: dict[str, Any] | None = None
+    matched_tokens: int | None = None  # quantized/half targets: greedy tokens equal to eager's, and the budget
+    required_tokens: int | None = None
 
 
 @dataclass
@@ -126,12 +131,15 @@ class ValidationResult:
     findings: list[str]
     errors: list[str]
     generation_expected: bool = False
+    quality: dict[str, Any] | None = None  # a quantized/half target's verdict (exporters.quality.judge)
 
     @property
     def verdict(self) -> TargetStatus:
         if self.errors or any(c.verdict == FAILED for c in self.components):
             return FAILED
         if self.generation is not None and self.generation.status == FAILED:
+            return FAILED
+        if self.quality is not None and self.quality.get("passed") is False:
             return FAILED
         return UNVERIFIED if self.why_unverified() else PASSED
 
@@ -144,6 +152,8 @@ class ValidationResult:
         reasons = [line for c in self.components for line in c.why_unverified()]
         if not self.components:
             reasons.append("no component was checked")
+        if self.quality is not None and self.quality.get("passed") is None:
+            reasons.append(f"quality: {self.quality.get('decided_by')}")
         if self.generation_expected and (self.generation is None or self.generation.status == SKIPPED):
             why = self.generation.reason if self.generation is not None else "it was not run"
             reasons.append(f"generation parity did not run ({why})")
@@ -174,6 +184,12 @@ class TargetResult:
     cache_key: str | None = None
     cached: bool = False
     signature: str | None = None  # set by `run` for targets it validated itself (see exporters.reuse)
+    total_bytes: int | None = None  # every file of the target: what a PR uploads
+    weights_stored_bytes: int | None = None  # tensor data in the files, a range shared by two graphs once
+    parameter_bytes: int | None = None  # the model's parameters in the target's dtype
+    quantization: dict[str, Any] | None = None  # what was quantized and how (as in export.json)
+    quality: dict[str, Any] | None = None  # the metric that decided (exporters.quality)
+    bench: dict[str, Any] | None = None  # size and speed (exporters.bench)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -195,10 +211,15 @@ class TargetResult:
         self.findings += validation.findings
         self.status = validation.verdict
         self.unverified = validation.why_unverified() if self.status == UNVERIFIED else []
+        from .quality import tolerance_verdict
+
+        self.quality = validation.quality or tolerance_verdict(self.components, self.generation, self.status)
         if validation.errors:
             self.error = {"type": "ValidationError", "message": "; ".join(validation.errors)}
         elif self.status == FAILED:
             reasons = []
+            if validation.quality is not None and validation.quality.get("passed") is False:
+                reasons.append(f"quality outside its budget: {validation.quality['decided_by']}")
             failing = [c.name for c in validation.components if c.verdict == FAILED]
             if failing:
                 reasons.append(f"outputs differ from the eager model beyond tolerance in {failing}")

@@ -89,8 +89,9 @@ def check_remote_code(source: ModelSource, config: dict[str, Any], trust_remote_
         )
 
 
-def load_model(source: ModelSource, *, trust_remote_code: bool = False):
-    """Load the model class named by config.json's `architectures`, in eval mode."""
+def load_model(source: ModelSource, *, trust_remote_code: bool = False, dtype: str | None = None):
+    """Load the model class named by config.json's `architectures`, in eval mode (in `dtype`, e.g. `"float16"`,
+    when given: the weights are converted while loading, never held twice)."""
     import transformers
 
     config = read_config(source.folder)
@@ -107,7 +108,11 @@ def load_model(source: ModelSource, *, trust_remote_code: bool = False):
             )
         else:
             model_class = transformers.AutoModel
-    kwargs = {"trust_remote_code": True} if trust_remote_code and needs_remote_code(config) else {}
+    kwargs: dict[str, Any] = {"trust_remote_code": True} if trust_remote_code and needs_remote_code(config) else {}
+    if dtype is not None:
+        import torch
+
+        kwargs["dtype"] = getattr(torch, dtype)
     try:
         model = model_class.from_pretrained(source.folder, **kwargs)
     except (OSError, ValueError) as err:

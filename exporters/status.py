@@ -28,6 +28,15 @@ SKIPPED: CheckStatus = "skipped"
 
 RunStatus = Literal["passed", "failed", "unverified"]
 
+# `hf-export init`: how one format fared, and how one dynamic dimension is declared in the proposed recipe.
+FormatOutcome = Literal["pending", "passed", "left_out"]
+PENDING: FormatOutcome = "pending"
+LEFT_OUT: FormatOutcome = "left_out"
+DimState = Literal["named", "auto", "static"]
+NAMED: DimState = "named"
+AUTO: DimState = "auto"
+STATIC: DimState = "static"
+
 # What publishing did (`failed`: it could not; `none`: a dry run, nothing sent).
 PublishOperation = Literal["created", "updated", "unchanged", "superseded", "discussion", "none", "failed"]
 

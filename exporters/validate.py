@@ -58,13 +58,20 @@ def _leaves(outputs: Any) -> dict[str, torch.Tensor]:
 
 def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float) -> list[OutputDiff]:
     """Per output leaf: max absolute and relative difference and a verdict; NaN or inf never passes."""
+    from .sliding import sliding_cache_leaves, trailing_window
+
     want, got = _leaves(expected), _leaves(actual)
+    sliding = sliding_cache_leaves(expected)
     diffs = []
     for name, reference in want.items():
         if name not in got:
             diffs.append(OutputDiff(name, None, None, atol, rtol, False, "missing from the artifact's outputs"))
             continue
-        value = got[name]
+        value, note = got[name], None
+        window = trailing_window(value, reference) if name in sliding else None
+        if window is not None:  # the exported sliding layer keeps its full history (exporters.sliding)
+            note = f"sliding-window cache: the artifact's last {reference.shape[-2]} of {value.shape[-2]} positions"
+            value = window
         if tuple(value.shape) != tuple(reference.shape):
             diffs.append(
                 OutputDiff(name, None, None, atol, rtol, False, f"shape {list(value.shape)} != {list(reference.shape)}")
@@ -90,7 +97,7 @@ def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float) -> lis
         passed = bool(torch.isfinite(ref).all()) and bool((abs_diff <= atol + rtol * magnitude).all())
         max_abs = float(abs_diff.max())
         max_rel = float(abs_diff.div_(magnitude.clamp_min_(1e-12)).max())  # in place: no third large tensor
-        diffs.append(OutputDiff(name, max_abs, max_rel, atol, rtol, passed))
+        diffs.append(OutputDiff(name, max_abs, max_rel, atol, rtol, passed, note))
     return diffs
 
 
@@ -146,10 +153,10 @@ def structural_checks(export_format: str, directory: Path) -> list[str]:
         elif export_format == "executorch":
             from executorch.runtime import Runtime
 
-            program = Runtime.get().load_program(path)
-            methods = sorted(program.method_names)
-            if "forward" not in methods:
-                raise ValueError(f"{entry['file']} has no 'forward' method (methods: {methods})")
+            methods = sorted(Runtime.get().load_program(path).method_names)
+            method = entry.get("method", "forward")  # a program with a method per component names it
+            if method not in methods:
+                raise ValueError(f"{entry['file']} has no '{method}' method (methods: {methods})")
             notes.append(f"{name}: ExecuTorch program loads, methods {methods}")
         elif export_format == "dynamo":
             notes.append(f"{name}: torch.export program loads ({entry['file']})")
@@ -175,7 +182,8 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
         }
         for binding in bindings:
             for path, axis in binding.axes:
-                graph_dims = dims.get(path) or dims.get(f"input.{path}")
+                renamed = {leaf: graph for graph, leaf in (entry.get("inputs") or {}).items()}  # transformers.js
+                graph_dims = dims.get(path) or dims.get(f"input.{path}") or dims.get(renamed.get(path, ""))
                 if graph_dims is not None and axis < len(graph_dims) and isinstance(graph_dims[axis], int):
                     findings.append(
                         f"{name}: '{path}' axis {axis} is declared dynamic ('{binding.name}') but the exported "
@@ -184,20 +192,44 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
     return findings
 
 
-def probe_component(report: ComponentReport, runner: Any, module: Any, probes: list, eager: EagerCache,
-                    tolerance: tuple[float, float], findings: list[str]) -> None:
-    """Run every probe through the eager `module` and the artifact's `runner`; one `Check` each on `report`."""
+def with_precomputed_inputs(module: torch.nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `inputs` with the data-dependent tensors upstream's export traced with (`cu_seqlens`, vision
+    position ids, ...) precomputed, as a runtime does before calling such a graph."""
+    from .upstream import prepare_traced_inputs
+
+    prepared = copy.copy(inputs)
+    prepare_traced_inputs(module, prepared)
+    return prepared
+
+
+def eager_references(module: Any, probes: list, eager: EagerCache) -> list[Any]:
+    """The eager output of every probe (None for a probe that does not run, the exception when eager fails), computed
+    before any artifact is loaded."""
+    references: list[Any] = []
+    for _, probe, _ in probes:
+        try:
+            references.append(None if probe is None else eager.run(module, probe))
+        except Exception as err:
+            references.append(err)
+    return references
+
+
+def probe_component(report: ComponentReport, runner: Any, probes: list, references: list[Any],
+                    tolerance: tuple[float, float], findings: list[str],
+                    measured: list[tuple[str, str, dict[str, Any]]] | None = None) -> None:
+    """Run every probe through the artifact's `runner` and compare with its eager reference; one `Check` each.
+    `probes` hold what the graph takes (`with_precomputed_inputs`). With `measured` (a quantized or half-precision
+    target), each probe gets task metrics instead of an atol/rtol comparison, collected there for the target's
+    verdict (exporters.quality)."""
     atol, rtol = tolerance
-    for probe_id, probe, skip in probes:
+    for (probe_id, probe, skip), reference in zip(probes, references):
         if probe is None:
             report.checks.append(Check(probe_id, {}, skipped=True, error=skip))
             continue
         check = Check(probe_id, shapes_of(probe))
         report.checks.append(check)
-        try:
-            reference = eager.run(module, probe)
-        except Exception as err:
-            check.skipped, check.error = True, f"the eager model cannot run this probe: {describe_error(err)}"
+        if isinstance(reference, Exception):
+            check.skipped, check.error = True, f"the eager model cannot run this probe: {describe_error(reference)}"
             continue
         try:
             actual = run_component(runner, probe)
@@ -206,6 +238,13 @@ def probe_component(report: ComponentReport, runner: Any, module: Any, probes: l
             if probe_id != "traced":
                 findings.append(f"{report.name}: the artifact does not run at {probe_id} (declared dynamic): it was "
                                 f"specialized or bounded at export — {describe_error(err)[:300]}")
+            continue
+        if measured is not None:
+            from .quality import measure
+
+            check.quality = measure(reference, actual)
+            check.passed, check.error = not check.quality["problems"], "; ".join(check.quality["problems"]) or None
+            measured.append((report.name, probe_id, check.quality))
             continue
         check.outputs = compare_outputs(reference, actual, atol, rtol)
         check.passed = all(o.passed for o in check.outputs)
@@ -217,9 +256,10 @@ def probe_component(report: ComponentReport, runner: Any, module: Any, probes: l
 def validate_target(
     *, target, recipe: Recipe, directory: Path, components, model, family: str, generate_inputs: dict[str, Any],
     eager: EagerCache, generation_config=None, expected_components: list[str] | None = None,
-    trust_artifacts: bool = True, device: str | None = None,
+    trust_artifacts: bool = True, device: str | None = None, release_model=None,
 ) -> ValidationResult:
-    """Load the saved target from `directory` and run every check.
+    """Load the saved target from `directory` and run every check. `release_model`, when given, is called once the
+    eager references are computed, before the artifact is loaded (the caller frees the eager weights there).
 
     `trust_artifacts`: the folder's pickled programs (`.pt2`) may be loaded (this run wrote them, or the operator
     allowed it); nothing else in the folder ever runs (its config's `auto_map` is never read). `device`: where the
@@ -227,9 +267,22 @@ def validate_target(
     """
     from .engine import component_shape_spec
     from .errors import ArtifactError, RemoteCodeError
-    from .upstream import load_exported, read_manifest
+    from .inputs import vocab_size
+    from .merged import MERGED, prompt_inputs
+    from .upstream import counter_in_spec_components, load_exported, read_manifest
+    from .variants import resolve_budget, variant_kind
+
+    # Quantized and half-precision targets are judged by task metrics against the eager float32 model (never by a
+    # looser atol), float32 ones by atol/rtol.
+    kind = variant_kind(target.quantize, target.dtype)
+    budget = resolve_budget(kind, target.validation) if kind != "fp32" else None
+    measured: list[tuple[str, str, dict[str, Any]]] | None = [] if budget is not None else None
+    eager_dtype = str(getattr(model, "dtype", "float32")).removeprefix("torch.")
 
     findings: list[str] = []
+    if budget is not None and eager_dtype != "float32":
+        findings.append(f"quality measured against the eager model in {eager_dtype}: the run loads the checkpoint "
+                        "once, in its targets' only dtype; add a float32 target to measure against float32")
     errors: list[str] = []
     reports: list[ComponentReport] = []
     expected = list(expected_components if expected_components is not None else components)
@@ -247,6 +300,36 @@ def validate_target(
         errors.append(f"unexpected component(s) {extra}: expected {expected}, the saved export has {saved}")
     if errors:
         return ValidationResult(reports, None, findings, errors, generation_expected)
+    # Two phases: every eager reference first (probes, generation), then the artifact, so the eager weights can be
+    # freed in between (`release_model`, on a run's last target): the two are never in memory together.
+    max_positions = getattr(getattr(model.config, "text_config", None) or model.config, "max_position_embeddings", None)
+    logits_per_token = vocab_size(model.config) if target.mode == "generation" else 0
+    bindings_by_component, planned = {}, []
+    for name, (module, inputs) in components.items():
+        if name not in saved:
+            continue
+        spec = component_shape_spec(target, name)
+        override = target.components.get(name)
+        dynamic = override.dynamic if override is not None and override.dynamic is not None else target.dynamic
+        bindings = dim_bindings(spec, inputs, dynamic, family) if recipe.validation.probe_unseen_shapes else []
+        bindings_by_component[name] = bindings
+        probes = make_probes(inputs, bindings, model.config, recipe.validation.max_probe_elements, max_positions,
+                             recipe.inputs.seed, logits_per_token)
+        if target.mode == "generation" and name == MERGED and "input_ids" in generate_inputs:
+            probes.append(("prompt (past=0)", prompt_inputs(inputs, generate_inputs["input_ids"]), None))
+        references = eager_references(module, probes, eager)
+        # what the graph takes, computed while the eager module still holds its weights
+        fed = [(probe_id, None if probe is None else with_precomputed_inputs(module, probe), skip)
+               for probe_id, probe, skip in probes]
+        planned.append((name, fed, references))
+    reference = None
+    if target.mode == "generation":
+        from .parity import reference_for
+
+        reference = reference_for(model, generate_inputs, generation_config, recipe.generation.max_new_tokens)
+    if release_model is not None:
+        release_model()
+
     try:
         exported = load_exported(directory, device=device, config=model.config, allow_pickles=trust_artifacts)
         structural = structural_checks(target.export_format, directory)
@@ -260,22 +343,16 @@ def validate_target(
                     "onnxruntime-gpu (the pinned version) where it runs, or run it on cpu")
         errors.append(f"the saved artifact does not load: {describe_error(err)}{hint}")
         return ValidationResult(reports, None, findings, errors, generation_expected)
+    counted = counter_in_spec_components(exported)
+    if counted:
+        from .sliding import COUNTER_FINDING
 
-    max_positions = getattr(getattr(model.config, "text_config", None) or model.config, "max_position_embeddings", None)
-    bindings_by_component = {}
-    for name, (module, inputs) in components.items():
-        if name not in exported.runners:
-            continue
-        spec = component_shape_spec(target, name)
-        override = target.components.get(name)
-        dynamic = override.dynamic if override is not None and override.dynamic is not None else target.dynamic
-        bindings = dim_bindings(spec, inputs, dynamic, family) if recipe.validation.probe_unseen_shapes else []
-        bindings_by_component[name] = bindings
-        probes = make_probes(inputs, bindings, model.config, recipe.validation.max_probe_elements, max_positions,
-                             recipe.inputs.seed)
+        findings.append(COUNTER_FINDING.format(components=", ".join(counted)))
+
+    for name, probes, references in planned:
+        tolerance = tolerance_for(recipe, target, name, target.dtype)
         report = ComponentReport(name, structural=[s for s in structural if s.startswith(f"{name}:")])
-        probe_component(report, exported.runners[name], module, probes, eager,
-                        tolerance_for(recipe, target, name, target.dtype), findings)
+        probe_component(report, exported.runners[name], probes, references, tolerance, findings, measured)
         reports.append(report)
         extra = getattr(target, "output_path", None)
         if extra and name == "model":  # the seed's extra single-graph file is an artifact too: checked the same way
@@ -283,8 +360,7 @@ def validate_target(
 
             report = ComponentReport(f"model ({extra})", structural=[f"{extra}: loads in ONNX Runtime"])
             runner = runner_for_file(directory / extra, "onnx", exported.components[name].metadata)
-            probe_component(report, runner, module, probes, eager, tolerance_for(recipe, target, name, target.dtype),
-                            findings)
+            probe_component(report, runner, probes, references, tolerance, findings, measured)
             reports.append(report)
     findings += specialized_axes(target.export_format, directory, bindings_by_component)
 
@@ -293,9 +369,16 @@ def validate_target(
         from .greedy import Tolerances
         from .parity import generation_parity
 
-        first = "lm_head" if family == "vision-language" else "prefill"  # the graph giving the first token's logits
+        merged = MERGED in components and family == "text"  # one graph gives every token's logits
+        first = "lm_head" if family == "vision-language" else MERGED if merged else "prefill"
         tolerances = Tolerances(tolerance_for(recipe, target, first, target.dtype),
-                                tolerance_for(recipe, target, "decode", target.dtype))
+                                tolerance_for(recipe, target, MERGED if merged else "decode", target.dtype))
         generation = generation_parity(model, components, exported, generate_inputs, recipe.generation.max_new_tokens,
-                                       generation_config, family, tolerances)
-    return ValidationResult(reports, generation, findings, errors, generation_expected)
+                                       generation_config, family, tolerances, reference=reference)
+    verdict = None
+    if budget is not None:
+        from .quality import judge, judge_generation
+
+        judge_generation(generation, budget)
+        verdict = judge(kind, budget, measured or [], generation)
+    return ValidationResult(reports, generation, findings, errors, generation_expected, verdict)

@@ -21,21 +21,60 @@ class Workbench:
     model: Any
     sample: Any
     eager: Any
+    weights: Any  # exporters.footprint.ModelWeights, read at load (validation may free the weights later)
+    tokenizer: Any = None  # the folder's, for calibration prompts
     decompositions: dict[tuple, Any] = field(default_factory=dict)
     fitted: dict[str, tuple[Any, list[str]]] = field(default_factory=dict)
+    unprepared: dict[str, Any] | None = None  # why no sample inputs could be made: then every target fails with it
 
     @classmethod
-    def load(cls, context: RunContext, options: RunOptions) -> Workbench:
+    def load(cls, context: RunContext, options: RunOptions, targets: list[Any] | None = None) -> Workbench:
+        """Load the model once: in the targets' dtype when they all ask for the same one (a float16 target of a
+        float32 checkpoint never holds a float32 copy), else in the checkpoint's, each export converting its own.
+        A model whose sample inputs cannot be made is kept with the reason (`unprepared`): every target fails with
+        it, never a traceback."""
+        from .errors import error_record
+        from .families import detect_family
+        from .footprint import ModelWeights
         from .inputs import make_sample_inputs
         from .source import load_model, load_tokenizer
         from .validate import EagerCache
 
         started = time.time()
-        model = load_model(context.source, trust_remote_code=options.trust_remote_code)
-        sample = make_sample_inputs(model, context.recipe.inputs, load_tokenizer(context.source.folder))
-        context.family, context.load_s = sample.family, round(time.time() - started, 3)
+        dtypes = {target.dtype for target in (targets if targets is not None else context.targets)}
+        model = load_model(context.source, trust_remote_code=options.trust_remote_code,
+                           dtype=dtypes.pop() if len(dtypes) == 1 else None)
+        context.model_dtype = str(model.dtype).removeprefix("torch.")
         context.eager_cache = EagerCache()
-        return cls(model, sample, context.eager_cache)
+        weights = ModelWeights.of(model)
+        tokenizer = load_tokenizer(context.source.folder)
+        try:
+            sample = make_sample_inputs(model, context.recipe.inputs, tokenizer, folder=context.source.folder)
+        except Exception as err:  # an unsupported model fails its targets with the reason, never a traceback
+            context.family, context.load_s = detect_family(model), round(time.time() - started, 3)
+            return cls(model, None, context.eager_cache, weights, tokenizer,
+                       unprepared=error_record(err, prefix="sample inputs could not be made: "))
+        context.family, context.load_s = sample.family, round(time.time() - started, 3)
+        context.warnings.extend(sample.notes)
+        return cls(model, sample, context.eager_cache, weights, tokenizer)
+
+    def expected(self, target: Any, components: Any) -> list[str]:
+        """The recipe's `expected_components`, else the family's minimum complete set (from the model's
+        structure)."""
+        from .components import minimum_components
+
+        if target.expected_components is not None:
+            return list(target.expected_components)
+        return minimum_components(self.sample.family, target.mode, list(components), self.model,
+                                  merged=bool(getattr(target, "merged", False)))
+
+    def calibration(self, targets: list[Any], recipe: Any) -> list[Any]:
+        """The recipe's calibration samples when a target quantizes with a static method (none otherwise)."""
+        if self.sample is None or not any(t.quantize is not None and t.quantize.needs_calibration for t in targets):
+            return []
+        from .quantize import calibration_samples
+
+        return calibration_samples(self.model, recipe, self.tokenizer, self.sample.family)
 
     def plan(self, target: Any) -> Any:
         """The target with its mode decided (the recipe's, else from the model)."""
@@ -52,8 +91,14 @@ class Workbench:
         from .cache_settings import check_second_step
 
         if target.name not in self.fitted:
+            from . import merged
+
             setting = self.cache_setting(target, recipe)
-            fitted, notes = self._fit(target, self._captured(target, recipe, setting), recipe)
+            target.merged = merged.wants_merged(target, self.sample.family, setting.implementation)
+            captured = self._captured(target, recipe, setting)
+            if target.merged:  # one graph: upstream's multi-token decode, with its contract
+                captured = merged.plan(target, captured)
+            fitted, notes = self._fit(target, captured, recipe)
             check_second_step(target, fitted, setting)
             self.fitted[target.name] = (fitted, notes + self._cache_notes(target, setting))
         return self.fitted[target.name][0]
@@ -86,11 +131,12 @@ class Workbench:
     def _captured(self, target: Any, recipe: Any, setting: Any) -> Any:
         from . import engine
 
-        key = (target.mode, target.multi_token_decode, setting if target.mode == "generation" else None)
+        multi_token = bool(target.multi_token_decode or target.merged)
+        key = (target.mode, multi_token, setting if target.mode == "generation" else None)
         if key not in self.decompositions:
             self.decompositions[key] = engine.decompose(
                 self.model, target.mode, self.sample.forward, self.sample.generate, setting=setting,
-                multi_token_decode=target.multi_token_decode, family=self.sample.family)
+                multi_token_decode=multi_token, family=self.sample.family)
         return self.decompositions[key]
 
     def _fit(self, target: Any, captured: Any, recipe: Any) -> tuple[Any, list[str]]:

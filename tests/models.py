@@ -20,7 +20,8 @@ def write_recipe(folder: Path, recipe: Any) -> Path:
     return path
 
 
-def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0, initializer_range: float = 0.02) -> Path:
+def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0, initializer_range: float = 0.02,
+               max_position_embeddings: int = 256) -> Path:
     """A 2-layer Llama (hidden 32, vocab 128) with a WordLevel tokenizer.
 
     The default initialization gives logits a few hundredths apart; `initializer_range=0.3` spreads them (top-2
@@ -31,8 +32,8 @@ def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0, in
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=3,
-        initializer_range=initializer_range,
+        num_key_value_heads=2, max_position_embeddings=max_position_embeddings, bos_token_id=1, eos_token_id=2,
+        pad_token_id=3, initializer_range=initializer_range,
     )
     model = LlamaForCausalLM(config).eval()
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3)
@@ -128,4 +129,90 @@ def tiny_marian(folder: Path, recipe: Any | None = None, seed: int = 0,
     model.save_pretrained(folder)
     if recipe is not None:
         write_recipe(folder, recipe)
+    return folder
+
+
+def tiny_resnet(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A 2-stage ResNet image classifier (widths 8 and 16, images of 32): convolutions take any image size."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(seed)
+    config = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3, image_size=32)
+    ResNetForImageClassification(config).eval().save_pretrained(folder)
+    if recipe is not None:
+        write_recipe(folder, recipe)
+    return folder
+
+
+def tiny_longformer(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A 1-layer Longformer encoder: its forward branches on tensor values (`.item()`), which no format exports."""
+    from transformers import LongformerConfig, LongformerModel
+
+    torch.manual_seed(seed)
+    config = LongformerConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              intermediate_size=64, attention_window=4, max_position_embeddings=130)
+    LongformerModel(config).eval().save_pretrained(folder)
+    if recipe is not None:
+        write_recipe(folder, recipe)
+    return folder
+
+
+def tiny_fnet(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A 1-layer FNet encoder: Fourier transforms instead of attention (ExecuTorch has no kernel for them)."""
+    from transformers import FNetConfig, FNetModel
+
+    torch.manual_seed(seed)
+    config = FNetConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, intermediate_size=64,
+                        max_position_embeddings=64)
+    FNetModel(config).eval().save_pretrained(folder)
+    if recipe is not None:
+        write_recipe(folder, recipe)
+    return folder
+
+
+def _word_tokenizer(specials: list[str], words: list[str]):
+    """A WordLevel tokenizer (no download) whose special tokens are single ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(["<pad>", "<s>", "</s>", "<unk>", *specials, *words])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
+                                        pad_token="<pad>", unk_token="<unk>")
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    return tokenizer
+
+
+def tiny_idefics3_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A tiny Idefics3 (SigLIP-style tower, image 32, patch 8, 4 image tokens) saved with its own processor: a
+    PIL-backend Idefics3 image processor and a WordLevel tokenizer whose `<image>` id is the model's."""
+    import dataclasses
+
+    from transformers import Idefics3ImageProcessorPil, Idefics3Processor
+
+    from matrix.families import FAMILIES, build
+
+    specials = ["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"]
+    tokenizer = _word_tokenizer(specials, ["describe", "the", "image", "a", "cat", "on", "mat", "."])
+    image_token = tokenizer.convert_tokens_to_ids("<image>")
+    spec = FAMILIES["idefics3"]
+    spec = dataclasses.replace(spec, overrides={**spec.overrides, "image_token_id": image_token,
+                                                "text_config.bos_token_id": 1, "text_config.eos_token_id": 2,
+                                                "text_config.pad_token_id": 0})
+    build(spec, folder, seed=seed, recipe=recipe)
+    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 32}, max_image_size={"longest_edge": 32},
+                                                do_image_splitting=False)
+    Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4).save_pretrained(folder)
+    return folder
+
+
+def tiny_vit_with_image_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A tiny ViT (image 32, patch 8) saved with a PIL-backend ViT image processor."""
+    from transformers import ViTImageProcessorPil
+
+    from matrix.families import FAMILIES, build
+
+    build(FAMILIES["vit"], folder, seed=seed, recipe=recipe)
+    ViTImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(folder)
     return folder

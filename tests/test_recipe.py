@@ -50,6 +50,12 @@ EXPECTED = {
     "30-reserved-target-name.json": ("$.exports[1].name", 5, "is reserved"),
     "31-component-dim-two-ranges.json": ("$.components.decode.dynamic_shapes.cache.layers.*.values.2", 8,
                                          "declared again"),
+    "32-unknown-quantize-method.json": ("$.quantize.method", 4, "did you mean 'onnxruntime-dynamic'"),
+    "33-quantizer-wrong-format.json": ("$.quantize.method", 4, "quantizes onnx exports, not executorch ones"),
+    "34-calibration-without-inputs.json": ("$.exports[0].quantize.method", 7, "add \"inputs\": {\"calibration\""),
+    "35-variant-wrong-format.json": ("$.variants[1]", 5, "does not apply to onnx targets"),
+    "36-empty-calibration.json": ("$.inputs.calibration", 5, "either 'prompts'"),
+    "37-xnnpack-bad-scheme.json": ("$.quantize.scheme", 5, "'8da8w' or '8da4w'"),
 }
 
 
@@ -84,6 +90,18 @@ def test_cli_check_reports_every_invalid_recipe_with_exit_2(tmp_path):
         assert result.returncode == 2, result.stderr
         assert f"line {line}, {path}" in result.stderr
         assert words in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_cli_check_rejects_bad_quantize_entries_with_their_path():
+    # unknown method, a quantizer for the wrong format, calibration without inputs
+    for name in ("32-unknown-quantize-method.json", "33-quantizer-wrong-format.json",
+                 "34-calibration-without-inputs.json"):
+        path, line, words = EXPECTED[name]
+        result = run_cli("check", str(INVALID / name))
+        assert result.returncode == 2, result.stderr
+        text = " ".join(result.stderr.split())  # the terminal wraps long lines
+        assert f"line {line}, {path}: " in text and words in text, result.stderr
         assert "Traceback" not in result.stderr
 
 

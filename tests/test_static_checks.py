@@ -76,7 +76,7 @@ def test_action_inputs_are_the_ones_the_entrypoint_reads():
 
 
 def test_action_outputs_are_the_ones_the_entrypoint_writes():
-    source = (ROOT / "action" / "main.py").read_text()
+    source = "\n".join(path.read_text() for path in sorted((ROOT / "action").glob("*.py")))  # every mode's module
     for name in _action()["outputs"]:
         assert f'"{name}": ' in source, f"output {name} is declared but never written"
 

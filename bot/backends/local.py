@@ -4,6 +4,7 @@
 python -m bot.export_run run REPO --revision SHA --out JOB_DIR/out --push --quiet --max-upload-size SIZE
                                   [--publish-failed] [--publish-unverified]
                                   [--trust-remote-code (allowlisted repos only)]
+python -m bot.export_run init REPO --revision SHA --push ...   # a repo without a recipe (`propose_recipes`)
 ```
 
 `bot.export_run` is `hf-export` itself, with the bot's note (how to stop it for a repo) added to the texts it
@@ -90,6 +91,7 @@ class LocalBackend:
 
     name = "local"
     needs_hub_check = True
+    proposes_recipes = True  # a repo without a recipe gets `hf-export init --push` (setting `propose_recipes`)
 
     def __init__(self, settings: BotSettings) -> None:
         self.settings = settings
@@ -102,6 +104,17 @@ class LocalBackend:
             argv.append("--publish-failed")
         if self.settings.publish_unverified:
             argv.append("--publish-unverified")
+        if self.settings.trusts_remote_code(repo):
+            argv.append("--trust-remote-code")
+        return argv
+
+    def init_command(self, repo: str, revision: str, out_dir: Path) -> list[str]:
+        """argv of a recipe proposal (`hf-export init --push`) for a repo without a recipe; it stops itself before
+        the job's timeout."""
+        budget = max(self.settings.job_timeout_seconds * 0.9 - 60, 60)
+        argv = [self.settings.python or sys.executable, "-m", "bot.export_run", "init", repo, "--revision", revision,
+                "--out", str(out_dir / "export_config.json"), "--summary", str(out_dir / "report.md"),
+                "--work-dir", str(out_dir / "work"), "--max-seconds", f"{budget:.0f}", "--push", "--quiet"]
         if self.settings.trusts_remote_code(repo):
             argv.append("--trust-remote-code")
         return argv
@@ -129,7 +142,8 @@ class LocalBackend:
         ctx.job_dir.mkdir(parents=True, exist_ok=True)
         for stale in (OUTCOME_FILE, PROBLEM_FILE):  # an earlier attempt's: only this run's outcome counts
             (out_dir / stale).unlink(missing_ok=True)
-        argv = self.command(job.repo, revision, out_dir)
+        proposing = ctx.state is not None and not ctx.state.has_recipe
+        argv = (self.init_command if proposing else self.command)(job.repo, revision, out_dir)
         started = time.monotonic()
         with log_path.open("ab") as log:
             log.write(f"$ {' '.join(argv)}\n".encode())
@@ -169,7 +183,10 @@ class LocalBackend:
         if stopped:
             return Outcome("retry", stopped, error=excerpt, **fields)
         if returncode == 0:
-            return Outcome("succeeded", published_reason or "all targets passed", **fields)
+            done = "recipe proposed" if proposing else "all targets passed"
+            return Outcome("succeeded", published_reason or done, **fields)
+        if returncode == 1 and proposing:
+            return Outcome("failed", "no format could be exported: no recipe proposed", error=excerpt, **fields)
         if returncode == EXIT_PUBLISH:
             what = f"publishing to the Hub failed: {published_reason or 'see the log'}"
             return Outcome("retry" if retryable else "failed", what, error=excerpt, **fields)

@@ -22,7 +22,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..markdown import human_size
+from ..markdown import human_size, variants_table
 from .markers import render_marker
 from .plan import EXPORTS_DIR, report_paths
 
@@ -181,13 +181,11 @@ def card_section(plan: PublishPlan) -> str:
     lines = [start, "## Exports", "",
              f"Exports of this model made by export-action from its recipe `{report['recipe']['file']}` (source "
              f"revision `{short_sha(report)}`); the report is [`{md_path}`]({md_path}).", "",
-             *_checks_lines(plan), "", "| target | format | mode | components |", "|---|---|---|---|"]
+             *_checks_lines(plan), "", *variants_table(report, names=list(plan.published)), "", *_hook_lines(plan)]
     for target in plan.targets():
         components = ", ".join(c["name"] for c in target.get("components") or []) or "–"
-        lines.append(f"| `{target['name']}` | {target['export_format']} | {target['mode']} | {components} |")
-    lines += ["", *_hook_lines(plan)]
-    for target in plan.targets():
-        lines += [f"### `{target['name']}`", "", "```python",
+        lines += [f"### `{target['name']}`", "", f"{target['export_format']}, {target['mode']} mode: {components}",
+                  "", "```python",
                   load_snippet(plan.repo_id, target["name"], target["export_format"]), "```", ""]
     if any(t["export_format"] in NEEDS_TRUST for t in plan.targets()):
         lines += ["`trust_remote_code=True` is needed to load `torch.export` programs (`.pt2`, pickled): pass it "

@@ -6,8 +6,11 @@ adapted in one place. A test fails if another module imports `transformers.expor
 
 What is here: the registry (`exporter_class`, `config_class`), decomposition (`decompose_for_generation`,
 `decompose_multimodal`), pytree helpers (`leaf_tensors`, `cast_leaf_tensors`, `pytree_flatten`,
-`register_cache_pytrees`), the saved-export format (`ExportedModel`, `read_manifest`) and a loader that never runs
-code from an artifact folder unless the operator allowed it ([`load_exported`]).
+`register_cache_pytrees`), the saved-export format (`ExportedModel`, `read_manifest`, `write_manifest`) and a loader
+that never runs code from an artifact folder unless the operator allowed it ([`load_exported`]), and what upstream's
+save and load do not cover: one ExecuTorch program with a method per component (`export_executorch_methods`,
+`executorch_method_runner`), ONNX Runtime sessions that read the weights in place (`lean_session_options`), graphs
+whose inputs were renamed for transformers.js (`RenamedRunner`).
 
 Example:
     >>> exporter_class("onnx").program_suffix
@@ -32,15 +35,17 @@ from transformers.exporters.auto import EXPORT_BACKENDS, get_exporter_class
 from transformers.exporters.auto import AutoExportConfig as UpstreamAutoExportConfig
 from transformers.exporters.auto import AutoHfExporter as UpstreamAutoHfExporter
 from transformers.exporters.exporter_dynamo import _pytree_flatten, register_cache_pytrees_for_model
-from transformers.exporters.metadata import ExportMetadata, register_treespec_types
+from transformers.exporters.metadata import ExportMetadata, load_treespec, register_treespec_types
 from transformers.exporters.utils import (
+    _find_multimodal_submodules,
     cast_leaf_tensors,
     decompose_for_generation,
     decompose_multimodal,
     get_leaf_tensors,
+    precompute_export_inputs,
 )
 
-from .errors import ArtifactError, RemoteCodeError
+from ..errors import ArtifactError, RemoteCodeError
 
 try:
     from transformers.exporters.utils import _OUTPUT_FLAGS as OUTPUT_FLAGS
@@ -52,22 +57,38 @@ __all__ = [
     "OUTPUT_FLAGS",
     "ExportedComponent",
     "ExportedModel",
+    "RenamedRunner",
     "UpstreamAutoExportConfig",
     "UpstreamAutoHfExporter",
     "cast_leaf_tensors",
     "config_class",
+    "counter_in_spec_components",
     "decompose_for_generation",
     "decompose_multimodal",
+    "executorch_method_runner",
+    "export_executorch_methods",
     "exporter_class",
+    "fit_traced_spec",
     "formats_from_files",
+    "lean_session_options",
     "leaf_tensors",
     "load_exported",
+    "metadata_dict",
     "move_to",
+    "multimodal_submodules",
+    "prepare_traced_inputs",
     "pytree_flatten",
     "quiet_torch_serde",
     "read_manifest",
     "register_cache_pytrees",
     "run_component",
+    "runner_for_file",
+    "write_manifest",
+    "runner_class",
+    "onnxruntime_quantizer",
+    "pt2e_quantizer",
+    "capture_calibration_inputs",
+    "xnnpack_dynamic_quant_partitioners",
 ]
 
 MANIFEST_FILE = "export.json"
@@ -136,11 +157,14 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         raise ArtifactError(f"{directory} holds no readable export manifest ({MANIFEST_FILE}): "
                             f"{type(err).__name__}: {err}") from None
     for name in files:
-        if not isinstance(name, str) or "/" in name or "\\" in name or name in ("", ".", ".."):
-            raise ArtifactError(f"{directory / MANIFEST_FILE} names {name!r}: a component file must be a plain file "
-                                "name inside the export folder")
+        parts = PurePosixPath(name).parts if isinstance(name, str) else ()
+        # One subfolder at most (the transformers.js layout's `onnx/model.onnx`), nothing that leaves the folder
+        if (not parts or len(parts) > 2 or "\\" in name or name.startswith("/")
+                or any(part in ("", ".", "..") for part in parts)):
+            raise ArtifactError(f"{directory / MANIFEST_FILE} names {name!r}: a component file must be a file name "
+                                "inside the export folder (or one subfolder of it)")
         path = directory / name
-        if path.is_symlink() or not path.is_file():
+        if any(p.is_symlink() for p in (path, path.parent)) or not path.is_file():
             raise ArtifactError(f"{path} is missing or not a regular file")
     found = formats_from_files(files)
     if found != {export_format}:
@@ -186,9 +210,15 @@ def move_to(obj: Any, device: str | torch.device, dtype: torch.dtype | None = No
     return moved
 
 
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    """Write a manifest in upstream's format (`ExportedModel.save_pretrained` writes the same file)."""
+    (Path(directory) / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
 def run_component(runner: Any, inputs: dict[str, Any]) -> Any:
     """Run one exported component's runner on the kwargs it was traced with (flags like `use_cache` were traced as
-    constants, so they are dropped).
+    constants, so they are dropped); a `.pt2` or `.pte` program is fed the way a runtime feeds flat buffers
+    ([`fit_traced_spec`]).
 
     Inputs made for the eager model (on the CPU, in its dtype) are moved to the program's device and floating inputs
     cast to the precision it was exported at; outputs come back on the CPU, where the eager references are.
@@ -199,10 +229,18 @@ def run_component(runner: Any, inputs: dict[str, Any]) -> Any:
     leaves = list(get_leaf_tensors(feed).values())
     if any(t.device != device or (t.is_floating_point() and t.dtype != dtype) for t in leaves):
         feed = move_to(feed, device, dtype)
+    feed, _ = fit_traced_spec(runner, feed)
     outputs = runner(**feed)
     if device.type != "cpu":
         outputs = move_to(outputs, "cpu")
     return outputs
+
+
+def runner_class(export_format: str):
+    """Upstream's runner class for a format (importing it imports the format's runtime)."""
+    from transformers.exporters.auto import get_runner_class
+
+    return get_runner_class(export_format)
 
 
 def runner_for_file(path: Path, export_format: str, metadata: Any, device: str | None = None) -> Any:
@@ -212,6 +250,76 @@ def runner_for_file(path: Path, export_format: str, metadata: Any, device: str |
 
     exporter = exporter_class(export_format)
     return get_runner_class(export_format).from_program(exporter.load_program(path), metadata, device)
+
+
+# A sliding-window cache layer carries how many tokens it has seen in its pytree context, not as a tensor
+# (`cumulative_length` of a dynamic layer, `cumulative_length_int` of a static one): a program traced at one step
+# refuses the cache of any other step ("Trying to flatten user inputs with exported input tree spec"). The dynamic
+# graph reads that count nowhere (upstream traces it as a full layer); the static one chose its code path from it at
+# trace time (window full or not), which generation parity then checks token by token. See docs/upstream-gaps.md.
+STEP_COUNTERS = ("cumulative_length", "cumulative_length_int")
+
+
+def _without_counters(context: Any) -> Any:
+    if isinstance(context, dict):
+        return {k: _without_counters(v) for k, v in context.items() if k not in STEP_COUNTERS}
+    if isinstance(context, (list, tuple)):
+        return [_without_counters(v) for v in context]
+    return context
+
+
+def _same_but_counters(given: Any, traced: Any) -> bool:
+    """Whether two pytree specs differ at most in the step counters of cache contexts."""
+    if given.type is not traced.type or given.num_children != traced.num_children:
+        return False
+    if given.context != traced.context and _without_counters(given.context) != _without_counters(traced.context):
+        return False
+    return all(_same_but_counters(a, b) for a, b in zip(given.children(), traced.children()))
+
+
+def fit_traced_spec(runner: Any, feed: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """`feed` for a `.pt2` or `.pte` program the way a runtime feeding flat buffers gives it: tensors contiguous,
+    and rebuilt on the traced input spec when it differs from it only in a cache layer's step counter (upstream's
+    torch.export and ExecuTorch runners check the whole spec; ONNX Runtime, which binds flat tensors by name, is fed
+    as is). Returns the feed and whether the spec was rebuilt; anything else that differs is left for the program
+    to accept or refuse."""
+    in_spec = getattr(getattr(runner, "metadata", None), "in_spec", None)
+    # The torch.export and ExecuTorch runners check their input spec; ONNX Runtime binds tensors by name.
+    if in_spec is None or not (hasattr(runner, "traced_kwarg_order") or hasattr(runner, "in_spec")):
+        return feed, False
+    feed = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.contiguous(), feed)
+    traced = load_treespec(in_spec)
+    full = {**runner.metadata.in_constants, **feed}
+    ordered = {name: full[name] for name in traced.child(1).context if name in full}
+    if len(ordered) != len(full):
+        return feed, False
+    leaves, given = torch.utils._pytree.tree_flatten(((), ordered))
+    if given == traced or given.num_leaves != traced.num_leaves or not _same_but_counters(given, traced):
+        return feed, False
+    _, kwargs = torch.utils._pytree.tree_unflatten(leaves, traced)
+    return {name: kwargs[name] for name in feed}, True
+
+
+def counter_in_spec_components(exported: ExportedModel) -> list[str]:
+    """The `.pt2` / `.pte` components whose traced input spec holds a cache layer's step counter."""
+    if str(exported.export_format) not in ("dynamo", "executorch"):
+        return []
+    return [name for name, component in exported.components.items()
+            if any(counter in (component.metadata.in_spec or "") for counter in STEP_COUNTERS)]
+
+
+def multimodal_submodules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """Upstream's own finder of a multimodal model's stages: `{"image_encoder" | "audio_encoder" |
+    "multi_modal_projector" | "connector" | ... | "language_model" | "lm_head": module}`, empty when the model is not
+    multimodal (no modality encoder beside a language model)."""
+    return _find_multimodal_submodules(model)
+
+
+def prepare_traced_inputs(module: torch.nn.Module, inputs: dict[str, Any]) -> None:
+    """Upstream's precomputation of the data-dependent inputs an export traces with (`cu_seqlens`, vision position
+    ids from `grid_thw`, ...), in place: what a runtime computes before calling such a graph."""
+    with torch.no_grad():
+        precompute_export_inputs(module, inputs)
 
 
 def load_exported(directory: Path, *, device: str | None = None, config: Any = None,
@@ -243,19 +351,50 @@ def load_exported(directory: Path, *, device: str | None = None, config: Any = N
             "code, and this run did not produce them; allow it with `trust_remote_code` only if you trust where "
             "they came from", option="trust_remote_code")
     components = {}
+    programs: dict[str, Any] = {}  # a file shared by components (one method each) is loaded once
     with quiet_torch_serde():
         for name, entry in manifest["components"].items():
             metadata = ExportMetadata.from_dict(entry.get("metadata") or {})
             for spec in (metadata.in_spec, metadata.out_spec):
                 if spec is not None:
                     register_treespec_types(spec)  # imports transformers' own cache/output classes only
-            components[name] = ExportedComponent(exporter.load_program(directory / entry["file"]), metadata)
+            if entry["file"] not in programs:
+                programs[entry["file"]] = exporter.load_program(directory / entry["file"])
+            components[name] = ExportedComponent(programs[entry["file"]], metadata)
     generation_config = None
     if (directory / "generation_config.json").is_file():
         from transformers import GenerationConfig
 
         generation_config = GenerationConfig.from_pretrained(directory)
     model = ExportedModel(components, export_format, config=config, generation_config=generation_config)
-    if EXPORT_BACKENDS[export_format].runner is not None:
+    if EXPORT_BACKENDS[export_format].runner is None:
+        return model
+    if export_format == "onnx":
+        model.to(device, session_options=lean_session_options())
+    elif any("method" in entry for entry in manifest["components"].values()):
+        model._runners = {name: executorch_method_runner(components[name].program, components[name].metadata,
+                                                         entry.get("method", "forward"))
+                          for name, entry in manifest["components"].items()}
+    else:
         model.to(device)
+    if manifest.get("layout") == "transformers.js":  # inputs renamed: bind them by upstream's leaf names
+        model._runners = {name: RenamedRunner(runner, manifest["components"][name]["inputs"])
+                          for name, runner in model._runners.items()}
     return model
+
+
+# What upstream's save and load do not cover (docs/upstream-gaps.md #11, #15, #16) lives beside this module; imported
+# last because it uses the names above.
+from .quantizers import (  # noqa: E402
+    capture_calibration_inputs,
+    onnxruntime_quantizer,
+    pt2e_quantizer,
+    xnnpack_dynamic_quant_partitioners,
+)
+from .beyond import (  # noqa: E402
+    RenamedRunner,
+    executorch_method_runner,
+    export_executorch_methods,
+    lean_session_options,
+    metadata_dict,
+)

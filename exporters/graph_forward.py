@@ -1,0 +1,153 @@
+"""Generation parity for vision-language models: the model's own forward, with every stage that holds weights
+replaced by its exported graph.
+
+```
+image + prompt ──► model.forward (the model's Python: feature selection, token merge, masks, rope index)
+                     ├─ image_encoder / projector / embed_tokens / language_model / lm_head ─► exported graphs
+                     └─ any other module with weights ─► refused (the check fails, naming it)
+logits, cache ──► argmax ──► exported decode × N ──► tokens, compared with eager generate()
+```
+
+The stages were captured from the same forward call (`exporters.components`), so each graph receives the
+structure it was traced with. Running the family's own forward is what makes one driver serve LLaVA, Idefics3 /
+SmolVLM, PaliGemma, Gemma 3 and Qwen2-VL alike: only the glue the model's forward does in Python runs outside
+the graphs, and a guard on every other weighted module proves it (a forward that computed anything with eager
+weights would make the comparison meaningless).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from .errors import EagerStageError
+from .upstream import prepare_traced_inputs, run_component
+
+DECODE = "decode"
+
+
+def call_graph(module: torch.nn.Module, signature: inspect.Signature, runner: Any, args: tuple,
+               kwargs: dict[str, Any]) -> Any:
+    """Call `runner` (an exported stage of `module`, whose forward has `signature`) the way `module(*args,
+    **kwargs)` was called: arguments bound to names, upstream's data-dependent inputs precomputed, untraced flags
+    dropped."""
+    bound = signature.bind_partial(*args, **kwargs).arguments
+    inputs: dict[str, Any] = {}
+    for name, value in bound.items():
+        kind = signature.parameters[name].kind
+        if kind == inspect.Parameter.VAR_KEYWORD:
+            inputs.update(value)
+        elif kind != inspect.Parameter.VAR_POSITIONAL:
+            inputs[name] = value
+    prepare_traced_inputs(module, inputs)
+    return run_component(runner, inputs)
+
+
+@contextlib.contextmanager
+def stages_as_graphs(model: torch.nn.Module, stages: dict[str, torch.nn.Module],
+                     runners: dict[str, Any]) -> Iterator[None]:
+    """While active, calling each stage module runs its exported graph; calling any other module of `model` that
+    holds weights raises `EagerStageError`. Restores the model on exit."""
+    stage_ids = {id(module) for module in stages.values()}
+    guards = []
+
+    def refuse(name: str):
+        def hook(_module, _args):
+            raise EagerStageError(f"the model's forward ran '{name}' ({type(_module).__name__}) with eager weights: "
+                                 "it is not one of the exported stages")
+        return hook
+
+    for name, module in model.named_modules():
+        if id(module) not in stage_ids and any(True for _ in module.parameters(recurse=False)):
+            guards.append(module.register_forward_pre_hook(refuse(name or type(model).__name__)))
+    patched = []
+    try:
+        for name, module in stages.items():
+            graph = _graph_call(module, inspect.signature(module.forward), runners[name])
+            module.forward = graph
+            patched.append(module)
+        yield
+    finally:
+        for module in patched:
+            del module.forward
+        for guard in guards:
+            guard.remove()
+
+
+def _graph_call(module: torch.nn.Module, signature: inspect.Signature, runner: Any):
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return call_graph(module, signature, runner, args, kwargs)
+    return forward
+
+
+def _output(value: Any, *names: str) -> Any:
+    for name in names:
+        found = value.get(name) if isinstance(value, dict) else getattr(value, name, None)
+        if found is not None:
+            return found
+    raise KeyError(f"the model's output has none of {list(names)}")
+
+
+def _traced_position(template: dict[str, Any]) -> int:
+    """How many tokens the decode template's cache held when it was captured."""
+    for key in ("cache", "past_key_values"):
+        cache = template.get(key)
+        if cache is not None and hasattr(cache, "get_seq_length"):
+            return int(cache.get_seq_length())
+    if isinstance(template.get("cache_position"), torch.Tensor):
+        return int(template["cache_position"].reshape(-1)[0])
+    raise KeyError("the decode template holds no cache to read its position from")
+
+
+class DecodeStepper:
+    """Feeds the exported decode one token at a time. Positions (1-D cache positions, 2-D position ids, Qwen2-VL's
+    3-D M-RoPE ids) advance by one per token from the captured template, which `generate()` itself computed: the
+    family's own position rules (PaliGemma counts from 1, M-RoPE adds the image's offset) are kept."""
+
+    def __init__(self, runner: Any, template: dict[str, Any]):
+        self.runner = runner
+        self.template = template
+        self.traced = _traced_position(template)
+
+    def __call__(self, token: torch.Tensor, position: int, cache: Any, extra: dict[str, Any] | None = None) -> Any:
+        from .parity import step_inputs
+
+        inputs = step_inputs(self.template, token[:, None], position, cache)
+        offset = position - self.traced
+        for key in ("position_ids", "cache_position"):
+            value = self.template.get(key)
+            if isinstance(value, torch.Tensor) and not value.is_floating_point():
+                inputs[key] = value + offset
+        inputs.update(extra or {})
+        return run_component(self.runner, inputs)
+
+
+def vision_language_prefill(model, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]], runners,
+                            generate_inputs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+    """The prompt's logits and cache, computed by the model's forward with every stage replaced by its graph."""
+    stages = {name: module for name, (module, _) in components.items() if name != DECODE}
+    missing = sorted(set(stages) - set(runners))
+    if missing:
+        raise KeyError(f"no exported graph for stage(s) {missing}")
+    from .components import prefill_cache_kwargs
+
+    with stages_as_graphs(model, stages, runners), torch.no_grad():
+        output = model(**copy.deepcopy(generate_inputs), **prefill_cache_kwargs(components.get(DECODE)))
+    return _output(output, "logits"), _output(output, "cache", "past_key_values")
+
+
+def vision_language(model, components, runners, generate_inputs: dict[str, Any], greedy, tokens: list) -> int:
+    """Parity driver (see `exporters.parity`): image + prompt → graphs → greedy tokens appended to `tokens`;
+    returns the prompt length."""
+    from .parity import _decode_loop
+
+    logits, cache = vision_language_prefill(model, components, runners, generate_inputs)
+    stepper = DecodeStepper(runners[DECODE], components[DECODE][1])
+    ids = generate_inputs["input_ids"]
+    _decode_loop(logits, cache, ids, greedy, stepper, tokens)
+    return int(ids.shape[1])

@@ -1,0 +1,293 @@
+"""`hf-export init`: propose a recipe that is known to work, by probing the model with the real pipeline.
+
+```
+model ─► axes that vary in use (init_axes) ─► candidate recipe, one target per format
+      ─► run_pipeline (real exports in isolated children, validation at unseen shapes) ─► read report.json
+      ─► per target: passed → keep │ export failed → demote the dims it names (named → auto → static)
+                                   │ a probe failed → narrow that dim's range (halve the gap) │ otherwise: left out
+      ─► next round with the unsettled targets, until every format passed or was left out (or time ran out)
+      ─► tolerances from the worst measured diff, the full-form recipe, a summary
+```
+
+No second exporter and no second validator: every candidate is a recipe run by `run_pipeline` into a work folder,
+and every decision is read from its `report.json`. The recipe written is one that passed (its bounds are the ones
+probed); only the tolerances are set afterwards, at a margin above the worst difference measured on those probes.
+
+Example:
+    >>> result = init_recipe("org/model", InitOptions(formats=["dynamo", "onnx"]))  # doctest: +SKIP
+    >>> result.recipe["exports"][0]["name"]  # doctest: +SKIP
+    'dynamo'
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import InitError
+from .init_axes import AxisPlan, Dimension, spec_entries
+from .init_decide import MARGIN, FormatResult, decide, nice_ceil
+from .recipe import FORMATS, SCHEMA_VERSION, GenerationSpec, Recipe
+from .recipe_load import parse_recipe_data
+from .status import LEFT_OUT, NAMED, PASSED, PENDING
+
+FLOOR_FRACTION = 0.1  # ... and at least this fraction of the format's default atol (identical kernels measure 0)
+DEFAULT_MAX_SECONDS = 1800.0
+DEFAULT_MAX_ROUNDS = 6
+MIN_ROUND_SECONDS = 5.0
+
+
+@dataclass
+class InitOptions:
+    """What `hf-export init` was asked to do.
+
+    Example:
+        >>> options = InitOptions(formats=["dynamo"], max_seconds=600)
+    """
+
+    formats: list[str] = field(default_factory=lambda: list(FORMATS))
+    max_seconds: float = DEFAULT_MAX_SECONDS
+    max_rounds: int = DEFAULT_MAX_ROUNDS
+    max_probe_elements: int = 1_000_000
+    revision: str | None = None
+    token: str | None = None
+    endpoint: str | None = None
+    trust_remote_code: bool = False
+    work_dir: Path | None = None  # kept when given (round recipes, reports, logs); a temporary folder otherwise
+    progress: Callable[[str], None] | None = None
+    pipeline_progress: bool = False
+
+
+@dataclass
+class InitResult:
+    """The proposal: `recipe` (full form, JSON-ready; None when no format works), one `FormatResult` per format
+    asked for, notes for everything that could not be made to work."""
+
+    model: str
+    family: str
+    mode: str
+    components: list[str]
+    recipe: dict[str, Any] | None
+    formats: list[FormatResult]
+    notes: list[str]
+    elapsed_s: float
+    versions: dict[str, str]
+
+    @property
+    def passed(self) -> list[FormatResult]:
+        return [f for f in self.formats if f.status == PASSED]
+
+
+# ── Candidate recipes ─────────────────────────────────────────────────────────
+
+
+def _axis_value(dimension: Dimension, state: str) -> Any:
+    if state == NAMED:
+        return {"name": dimension.name, "min": dimension.low, "max": dimension.high}
+    return state  # "auto" | "static"
+
+
+def build_target(export_format: str, plan: AxisPlan, dims: list[Dimension], opset: int | None = None) -> dict:
+    """One recipe target: the mode, the complete component set, each component's dynamic-shape contract."""
+    target: dict[str, Any] = {"name": export_format, "export_format": export_format, "mode": plan.mode}
+    if plan.mode == "generation":
+        target["expected_components"] = list(plan.expected)
+    if export_format == "onnx" and opset is not None:
+        target["opset_version"] = opset
+    if export_format == "executorch":
+        target["backend"] = "xnnpack"
+    per_component: dict[str, dict[str, Any]] = {}
+    for component in plan.components:
+        spec: dict[str, dict[str, Any]] = {}
+        named = False
+        for dimension in dims:
+            state = dimension.state.get(component)
+            if state is None:
+                continue
+            named |= state == NAMED
+            for key, axes in spec_entries(dimension.axes[component], plan.leaves[component],
+                                          _axis_value(dimension, state)).items():
+                spec.setdefault(key, {}).update(axes)
+        if spec:
+            per_component[component] = {"dynamic_shapes": dict(sorted(spec.items()))}
+            if named:  # named ranges need deferred asserts (docs/recipe.md)
+                per_component[component]["prefer_deferred_runtime_asserts_over_guards"] = True
+    if plan.mode == "model":
+        target.update(per_component.get("model", {}))
+    elif per_component:
+        target["components"] = per_component
+    return target
+
+
+def build_recipe(plan: AxisPlan, targets: list[dict], validation: dict[str, Any]) -> dict[str, Any]:
+    """The full-form recipe (schema-valid: it is parsed before it is returned)."""
+    recipe: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "exports": targets,
+        "inputs": {"batch_size": plan.inputs.batch_size, "sequence_length": plan.inputs.sequence_length,
+                   "seed": plan.inputs.seed},
+    }
+    if plan.mode == "generation":
+        # the cache is left to each target's default (exporters.cache_settings): dynamic where a cache axis is declared
+        recipe["generation"] = {"max_new_tokens": GenerationSpec().max_new_tokens}
+    recipe["validation"] = validation
+    parse_recipe_data(recipe)
+    return recipe
+
+
+
+
+# ── The search ────────────────────────────────────────────────────────────────
+
+
+def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
+    """Propose a recipe for `model` (a local folder or a Hub repo id): every format of `options.formats` is exported
+    and validated by the real pipeline, round after round, until it passes or is left out.
+
+    Returns the `InitResult`; raises `InitError` (holding the result) when no format passed, `ModelSourceError` /
+    `RemoteCodeError` when the model cannot be loaded under the same rules as `hf-export run`.
+
+    Example:
+        >>> result = init_recipe("examples/demo-model", InitOptions(formats=["dynamo"]))  # doctest: +SKIP
+        >>> [f.status for f in result.formats]  # doctest: +SKIP
+        ['passed']
+    """
+    from .init_axes import find_dimensions
+    from .context import tool_versions
+    from .source import check_remote_code, load_model, load_tokenizer, read_config, resolve_source
+
+    options = options or InitOptions()
+    started = time.time()
+    say = options.progress or (lambda _message: None)
+    source = resolve_source(model, revision=options.revision, token=options.token, endpoint=options.endpoint)
+    check_remote_code(source, read_config(source.folder), options.trust_remote_code)
+    say(f"loading {source.display} and finding the axes that vary in use")
+    loaded = load_model(source, trust_remote_code=options.trust_remote_code)
+    base = Recipe(exports=[{"export_format": "dynamo"}])
+    plan = find_dimensions(loaded, base, tokenizer=load_tokenizer(source.folder),
+                           max_probe_elements=options.max_probe_elements)
+    del loaded
+    gc.collect()  # each round's pipeline loads its own copy
+    say(f"{plan.family} model, {plan.mode} mode, components {', '.join(plan.components)}; dimensions: "
+        + (", ".join(f"{d.name} {d.low}..{d.high} ({d.limit})" for d in plan.dimensions) or "none"))
+    results = [FormatResult(fmt, dims=copy.deepcopy(plan.dimensions)) for fmt in dict.fromkeys(options.formats)]
+    work = options.work_dir or Path(tempfile.mkdtemp(prefix="hf-export-init-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        _rounds(str(source.folder), plan, results, options, work, started, say)
+    finally:
+        if options.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    for result in results:
+        if result.status == PASSED:
+            _finish_tolerance(result)
+            result.target = build_target(result.export_format, plan, result.dims, result.opset_version)
+    passed = [r for r in results if r.status == PASSED]
+    recipe = None
+    if passed:
+        formats = {r.export_format: r.tolerance for r in passed}
+        recipe = build_recipe(plan, [r.target for r in passed],
+                              {"formats": formats, "max_probe_elements": options.max_probe_elements})
+    result = InitResult(model=model, family=plan.family, mode=plan.mode, components=plan.expected, recipe=recipe,
+                        formats=results, notes=_notes(plan, results), elapsed_s=round(time.time() - started, 1),
+                        versions=tool_versions())
+    if not passed:
+        reasons = "; ".join(f"{f.export_format}: {f.reason}" for f in result.formats)
+        raise InitError(f"no format could be exported and validated for {model} ({reasons})", result)
+    return result
+
+
+def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: InitOptions, work: Path,
+            started: float, say: Callable[[str], None]) -> None:
+    """Run rounds of the pipeline on the unsettled formats until each passed or was left out."""
+    from .pipeline import RunOptions, run_pipeline
+
+    deadline = started + options.max_seconds
+    number = 0
+    while pending := [r for r in results if r.status == PENDING]:
+        remaining = deadline - time.time()
+        if remaining < MIN_ROUND_SECONDS:
+            for result in pending:
+                result.status = LEFT_OUT
+                result.reason = (f"not settled within the time budget of {options.max_seconds:g} s "
+                                 f"(after {result.rounds} round(s)): give it more time")
+            return
+        number += 1
+        for result in pending:
+            result.rounds += 1
+        tolerances = {r.export_format: {"atol": r.atol_override} for r in pending if r.atol_override}
+        recipe = build_recipe(plan, [build_target(r.export_format, plan, r.dims) for r in pending],
+                              {"formats": tolerances, "max_probe_elements": options.max_probe_elements})
+        path = work / f"round-{number}.json"
+        path.write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
+        say(f"round {number}: exporting and validating {', '.join(r.export_format for r in pending)} "
+            f"({int(remaining)} s left)")
+        run = RunOptions(out_dir=work / "out", config_path=path, trust_remote_code=options.trust_remote_code,
+                         progress=options.pipeline_progress, use_cache=False,
+                         timeout=max(remaining / len(pending), 1.0))
+        report = run_pipeline(folder, run)
+        by_name = {t["name"]: t for t in report["targets"]}
+        for result in pending:
+            known = {id(d): len(d.reasons) for d in result.dims}
+            decide(result, by_name[result.export_format], options.max_rounds)
+            if result.status == PASSED and result.export_format == "onnx":
+                result.opset_version = _onnx_opset(work / "out" / "onnx")
+            changes = [reason[:200] for d in result.dims for reason in d.reasons[known[id(d)]:]]
+            if result.status == PENDING and result.atol_override:
+                changes.append(f"atol {result.atol_override:g}")
+            say(f"  {result.export_format}: " + {PASSED: "passed", LEFT_OUT: f"left out — {result.reason}"}.get(
+                result.status, "next round: " + "; ".join(changes)))
+
+
+def _onnx_opset(directory: Path) -> int | None:
+    """The default-domain opset of the exported graphs (what the ONNX target was validated with)."""
+    import onnx
+
+    versions = set()
+    for path in sorted(directory.glob("*.onnx")):
+        graph = onnx.load(str(path), load_external_data=False)
+        versions |= {entry.version for entry in graph.opset_import if entry.domain in ("", "ai.onnx")}
+    return versions.pop() if len(versions) == 1 and 18 <= next(iter(versions)) <= 23 else None
+
+
+def _finish_tolerance(result: FormatResult) -> None:
+    """atol = MARGIN × the worst |diff| measured, rounded up, at least a tenth of the format's default; rtol 0, so
+    the bound is exactly that. Looser than the default only when the probes needed it, and then it says so."""
+    from .validate import DEFAULT_TOLERANCES
+
+    default_atol, _ = DEFAULT_TOLERANCES[result.export_format]
+    worst = result.worst_abs_diff or 0.0
+    floor = default_atol * FLOOR_FRACTION
+    atol = nice_ceil(max(worst * MARGIN, floor, result.atol_override or 0.0))
+    result.tolerance = {"atol": atol, "rtol": 0}
+    result.tolerance_note = (f"worst |diff| {worst:.1e} over {result.probes} checks; atol {atol:g} = {MARGIN}× that, "
+                             f"rounded up, at least {floor:g}; rtol 0")
+    if atol > default_atol:
+        result.tolerance_note += (f" — looser than the {result.export_format} default atol {default_atol:g}: the "
+                                  "measured differences need it")
+
+
+def _notes(plan: AxisPlan, results: list[FormatResult]) -> list[str]:
+    """Everything init could not make work, and why: quantities that cannot vary, narrowed or static axes, left-out
+    formats."""
+    notes = list(plan.notes)
+    for dimension in plan.dimensions:
+        notes += dimension.reasons
+    seen = {reason for d in plan.dimensions for reason in d.reasons}
+    for result in results:
+        notes += [f"{result.export_format}: {reason}" for d in result.dims for reason in d.reasons
+                  if reason not in seen]
+        if result.status != PASSED:
+            notes.append(f"{result.export_format}: left out — {result.reason}")
+            continue
+        notes += [f"{result.export_format}: {note}" for note in result.notes]
+        if "looser" in result.tolerance_note:
+            notes.append(f"{result.export_format}: tolerance {result.tolerance_note}")
+    return notes

@@ -1,0 +1,117 @@
+"""What `hf-export init` found, for people: a table per target (components, dynamic dims and their bounds,
+tolerance, export time) and a note for everything it could not make work. Markdown for the Action's job summary and
+the Hub PR, a rich table for the terminal, a dict for tools.
+
+Example:
+    >>> print(dims_text([]))
+    all static
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .init_axes import Dimension
+from .status import FAILED, LEFT_OUT, NAMED, PASSED, PENDING
+
+ICONS = {PASSED: "✅", LEFT_OUT: "❌", PENDING: "⏳"}
+
+
+def dims_text(dims: list[Dimension]) -> str:
+    """`prompt 1–256 · past 1–255`; `past auto (decode)` for a component declared `Dim.AUTO`, `image static`."""
+    parts = []
+    for dimension in dims:
+        by_state: dict[str, list[str]] = {}
+        for component, state in dimension.state.items():
+            by_state.setdefault(state, []).append(component)
+        for state, components in by_state.items():
+            where = f" ({', '.join(components)})" if len(by_state) > 1 else ""
+            if state == NAMED:
+                parts.append(f"{dimension.name} {dimension.low}–{dimension.high}{where}")
+            else:
+                parts.append(f"{dimension.name} {state}{where}")
+    return " · ".join(parts) or "all static"
+
+
+def tolerance_text(tolerance: dict[str, float] | None, worst: float | None) -> str:
+    if not tolerance:
+        return "–"
+    return f"atol {tolerance['atol']:g} (worst {worst or 0:.1e})"
+
+
+def rows(result) -> list[dict[str, Any]]:
+    """One row per requested format, in the order asked."""
+    table = []
+    for item in result.formats:
+        passed = item.status == PASSED
+        table.append({
+            "target": item.export_format,
+            "status": item.status,
+            "components": ", ".join(result.components),
+            "dynamic": dims_text(item.dims) if passed else "–",
+            "tolerance": tolerance_text(item.tolerance, item.worst_abs_diff) if passed else "–",
+            "export_s": item.export_s if passed else None,
+            "rounds": item.rounds,
+            "reason": item.reason,
+        })
+    return table
+
+
+def to_dict(result) -> dict[str, Any]:
+    """The result as JSON-ready data (what the Action puts in its outputs)."""
+    return {
+        "model": result.model, "family": result.family, "mode": result.mode, "components": result.components,
+        "status": PASSED if result.passed else FAILED, "rows": rows(result), "notes": result.notes,
+        "elapsed_s": result.elapsed_s, "recipe": result.recipe, "versions": result.versions,
+    }
+
+
+def _seconds(value: float | None) -> str:
+    return f"{value:.1f} s" if value is not None else "–"
+
+
+def render_markdown(result, *, heading: str = "## Proposed export recipe") -> str:
+    """The summary as GitHub/Hub Markdown: the table, the notes, how the values were found, the tool versions."""
+    passed = [r.export_format for r in result.passed]
+    lines = [heading, ""]
+    if passed:
+        lines.append(f"`hf-export init` exported and validated **{', '.join(passed)}** for `{result.model}` "
+                     f"({result.family}, {result.mode} mode) in {result.elapsed_s:.0f} s.")
+    else:
+        lines.append(f"`hf-export init` could not export and validate any format for `{result.model}`.")
+    lines += ["", "| target | components | dynamic dims (bounds) | tolerance | export time | rounds |",
+              "|---|---|---|---|---|---|"]
+    for row in rows(result):
+        icon = ICONS.get(row["status"], "")
+        target = f"{icon} `{row['target']}`" + ("" if row["status"] == PASSED else " (left out)")
+        lines.append(f"| {target} | {row['components']} | {row['dynamic']} | {row['tolerance']} | "
+                     f"{_seconds(row['export_s'])} | {row['rounds']} |")
+    if result.notes:
+        lines += ["", "**Notes** (what could not be made to work, and why):", ""]
+        lines += [f"- {_escape(note)}" for note in result.notes]
+    lines += ["", "Each bound is the largest range whose artifact passed validation at its lower bound, middle and "
+                  "upper bound (inside the model's own limits); each tolerance is 10× the worst difference measured "
+                  "on those probes, rounded up, with rtol 0.", ""]
+    lines.append("<sub>" + ", ".join(f"{k} {v}" for k, v in result.versions.items()) + "</sub>")
+    return "\n".join(lines) + "\n"
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def print_table(result, console) -> None:
+    """The summary as a rich table on `console`, then the notes."""
+    from rich.table import Table
+
+    table = Table(title=f"Proposed recipe for {result.model}", show_lines=False)
+    for column in ("target", "components", "dynamic dims (bounds)", "tolerance", "export time", "rounds"):
+        table.add_column(column, overflow="fold")
+    for row in rows(result):
+        target = f"{ICONS.get(row['status'], '')} {row['target']}" + (
+            "" if row["status"] == PASSED else " (left out)")
+        table.add_row(target, row["components"], row["dynamic"], row["tolerance"], _seconds(row["export_s"]),
+                      str(row["rounds"]))
+    console.print(table)
+    for note in result.notes:
+        console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)

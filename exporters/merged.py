@@ -1,0 +1,148 @@
+"""The merged generation graph: one graph (`model`) that runs the prompt on an empty cache and every decode step.
+
+Upstream's multi-token decode (`decompose_for_generation(..., multi_token_decode=True)`) has a dynamic query axis
+and a dynamic cache axis; exported with both axes dynamic it runs a whole prompt with a cache of length 0, so it
+replaces the separate `prefill` and `decode` graphs (optimum's "with past" design, and what transformers.js and
+ONNX Runtime GenAI run). Only that graph is traced and converted.
+
+Example:
+    >>> from exporters.recipe_load import parse_recipe
+    >>> target = parse_recipe('{"export_format": "onnx", "mode": "generation", "dynamic": true}').exports[0]
+    >>> wants_merged(target, "text", "dynamic")
+    True
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from .errors import TargetPlanError
+from .recipe import ComponentOverride
+
+MERGED = "model"
+QUERY_DIM, PAST_DIM = "sequence_length", "past_sequence_length"
+CACHE_KEYS = ("cache", "past_key_values")
+# Inputs that run along the query tokens (one entry per new token).
+QUERY_INPUTS = ("input_ids", "position_ids", "token_type_ids", "inputs_embeds")
+
+
+def wants_merged(target, family: str, cache_implementation: str) -> bool:
+    """Whether `target` exports the merged graph: its `merged` setting, else the default (ONNX generation targets of
+    decoder-only models with dynamic shapes and a dynamic cache, and every transformers.js layout).
+
+    Raises [`TargetPlanError`] when the recipe asks for a merged graph this model or cache cannot have."""
+    if target.mode != "generation":
+        return False
+    tjs = getattr(target, "layout", "upstream") == "transformers.js"
+    if target.merged is None and not tjs:
+        separate = bool(set(target.components) & {"prefill", "decode"})
+        dynamic = target.dynamic or bool(target.dynamic_shapes) or MERGED in target.components
+        return (target.export_format == "onnx" and family == "text" and cache_implementation == "dynamic"
+                and dynamic and not separate and target.expected_components in (None, [MERGED]))
+    if target.merged is False:
+        return False
+    option = "layout" if tjs and target.merged is None else "merged"
+    asked = "`layout` 'transformers.js'" if option == "layout" else "`merged`: true"
+    if family != "text":
+        raise TargetPlanError(
+            f"{asked} needs a decoder-only text model; this is a {family} model, whose generation export has several "
+            f"graphs (encoder, vision tower, ...): drop `{option}`", option=option)
+    if cache_implementation != "dynamic":
+        raise TargetPlanError(
+            f"{asked} needs a dynamic cache (the merged graph runs the prompt on a cache of length 0); the recipe's "
+            "generation.cache_implementation is 'static': use 'dynamic', or drop "
+            f"`{option}`", option=option)
+    return True
+
+
+def cache_key(inputs: dict[str, Any]) -> str | None:
+    return next((key for key in CACHE_KEYS if key in inputs), None)
+
+
+def cache_leaves(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The key/value tensors of the template's cache, by upstream leaf path (`cache.layers.0.keys`, ...)."""
+    from .upstream import leaf_tensors
+
+    key = cache_key(inputs)
+    if key is None:
+        return {}
+    return {path: tensor for path, tensor in leaf_tensors({key: inputs[key]}).items() if tensor.dim() == 4}
+
+
+def contract(target, inputs: dict[str, Any]) -> ComponentOverride:
+    """The dynamic-shape contract of the merged graph when the recipe gives none: the query axis of the token inputs
+    (from 1) and the sequence axis of every cache tensor (from 0: the prompt runs on an empty cache), without an
+    upper bound (the graph takes any length; a bound would be probed, and probing the model's whole context is
+    gigabytes of logits). A recipe that wants bounds declares them in `components.model.dynamic_shapes`.
+
+    ONNX and dynamo get named dims (the graph's input dims carry no spurious symbols, so runtimes can size an empty
+    cache from them); ExecuTorch gets `"auto"` on the same axes, because named cache dims fail its edge verifier
+    (docs/upstream-gaps.md #4)."""
+    leaves = cache_leaves(inputs)
+    if not leaves:
+        raise TargetPlanError(
+            "the merged graph needs a decode step that takes a key-value cache; this model's decode inputs have none "
+            f"(inputs: {sorted(inputs)}): set `merged` to false", option="merged")
+    if target.export_format == "executorch":
+        query: Any = "auto"
+        past: Any = "auto"
+        deferred = False
+    else:
+        query = {"name": QUERY_DIM, "min": 1}
+        past = {"name": PAST_DIM, "min": 0}
+        deferred = True
+    spec: dict[str, Any] = {name: {"1": query} for name in QUERY_INPUTS if _is_query_input(inputs.get(name))}
+    if isinstance(inputs.get("attention_mask"), torch.Tensor):
+        spec["attention_mask"] = {"1": "auto"}  # past + query: not expressible as one named dim
+    for path in leaves:
+        spec[path] = {"2": past}
+    return ComponentOverride.model_validate(
+        {"dynamic_shapes": spec, "prefer_deferred_runtime_asserts_over_guards": deferred})
+
+
+def _is_query_input(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() >= 2
+
+
+def plan(target, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]):
+    """The merged component set (`{"model": upstream's multi-token decode}`), and `target` completed with its
+    contract (`components.model`) when the recipe gives none."""
+    if "decode" not in components:
+        raise TargetPlanError(f"the merged graph is upstream's multi-token decode, but the capture has "
+                              f"{list(components)}: set `merged` to false", option="merged")
+    module, inputs = components["decode"]
+    override = target.components.get(MERGED)
+    if (override is None or override.dynamic_shapes is None) and not target.dynamic_shapes:
+        derived = contract(target, inputs)
+        if override is not None:  # keep the recipe's tolerances and flags
+            derived.validation = override.validation
+            derived.strict = override.strict
+            if override.prefer_deferred_runtime_asserts_over_guards is not None:
+                derived.prefer_deferred_runtime_asserts_over_guards = override.prefer_deferred_runtime_asserts_over_guards
+        target.components[MERGED] = derived
+    return {MERGED: (module, inputs)}
+
+
+def empty_cache(cache: Any) -> Any:
+    """A copy of `cache` whose key/value tensors have length 0 on the sequence axis: freshly allocated and contiguous
+    (a zero-length slice keeps its parent's strides, which ExecuTorch rejects with an abort)."""
+    empty = copy.deepcopy(cache)
+    for layer in getattr(empty, "layers", []):
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name, None)
+            if isinstance(tensor, torch.Tensor) and tensor.dim() == 4:
+                shape = list(tensor.shape)
+                shape[2] = 0
+                setattr(layer, name, torch.empty(shape, dtype=tensor.dtype, device=tensor.device))
+    return empty
+
+
+def prompt_inputs(template: dict[str, Any], ids: torch.Tensor) -> dict[str, Any]:
+    """The merged graph's call for a whole prompt `ids` on an empty cache (what a prefill does)."""
+    from .parity import step_inputs
+
+    key = cache_key(template)
+    return step_inputs(template, ids, 0, empty_cache(template[key]) if key else None)

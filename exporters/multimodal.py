@@ -1,0 +1,228 @@
+"""Sample inputs for models that read images or audio, in the family's own layout.
+
+- When the model folder ships a processor (`processor_config.json`, or `preprocessor_config.json` beside a
+  tokenizer), a synthetic image or waveform and the recipe's prompt go through that processor, offline: the token
+  layout, pixel shapes and extra tensors (`pixel_attention_mask`, `image_grid_thw`, `token_type_ids`) are exactly
+  what the family expects.
+- When it ships only an image processor or feature extractor, that makes the pixels or features.
+- Otherwise the inputs are synthesized per family, in the layout the family's processor produces
+  ([`SYNTHESIZED_VLM_FAMILIES`]); any other vision-language family raises `UnsupportedModelError` naming the missing
+  processor files.
+
+Nothing from the folder runs: processors load with `trust_remote_code=False` and `local_files_only=True`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import UnsupportedModelError
+
+PROCESSOR_FILE = "processor_config.json"
+PREPROCESSOR_FILE = "preprocessor_config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
+DEFAULT_PROMPT = "Describe the image."
+# Vision-language families whose inputs are synthesized when the folder has no processor (`model_type`s).
+SYNTHESIZED_VLM_FAMILIES = ("llava", "paligemma", "gemma3", "qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm")
+
+
+@dataclass
+class Preprocessor:
+    """What the folder ships to prepare inputs: a full `processor` (text + image/audio), or only an image processor
+    or feature extractor (`kind` says which)."""
+
+    kind: str  # "processor" | "image_processor" | "feature_extractor"
+    obj: Any
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return type(self.obj).__name__
+
+
+def load_preprocessor(folder: Path | None) -> tuple[Preprocessor | None, list[str]]:
+    """The folder's processor (or image processor / feature extractor), and notes on what could not be loaded."""
+    if folder is None:
+        return None, []
+    folder = Path(folder)
+    has_tokenizer = any((folder / name).is_file() for name in TOKENIZER_FILES)
+    options = {"local_files_only": True, "trust_remote_code": False}
+    attempts: list[tuple[str, str]] = []
+    if (folder / PROCESSOR_FILE).is_file() or ((folder / PREPROCESSOR_FILE).is_file() and has_tokenizer):
+        attempts.append(("processor", "AutoProcessor"))
+    if (folder / PREPROCESSOR_FILE).is_file():
+        attempts += [("image_processor", "AutoImageProcessor"), ("feature_extractor", "AutoFeatureExtractor")]
+    notes: list[str] = []
+    import transformers
+
+    for kind, loader in attempts:
+        try:
+            obj = getattr(transformers, loader).from_pretrained(folder, **options)
+        except Exception as err:  # a broken or code-needing processor: say so, try the next, else synthesize
+            from .errors import describe_error
+
+            notes.append(f"the folder's {kind.replace('_', ' ')} could not be loaded ({describe_error(err, 300)})")
+            continue
+        if kind == "processor" and not hasattr(obj, "tokenizer") and not hasattr(obj, "image_processor"):
+            kind = "image_processor" if hasattr(obj, "preprocess") else "feature_extractor"
+        return Preprocessor(kind, obj), notes
+    return None, notes
+
+
+def synthetic_image(size: int | tuple[int, int], seed: int) -> np.ndarray:
+    """A deterministic RGB image (`H x W x 3`, uint8): smooth gradients plus noise, like a photo's statistics.
+
+    Example:
+        >>> image = synthetic_image(32, seed=0)
+        >>> image.shape, image.dtype.name, bool((image == synthetic_image(32, seed=0)).all())
+        ((32, 32, 3), 'uint8', True)
+    """
+    height, width = (size, size) if isinstance(size, int) else size
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x / max(width - 1, 1), y / max(height - 1, 1), (x + y) / max(height + width - 2, 1)], axis=-1)
+    image = 255 * (0.7 * base + 0.3 * rng.random((height, width, 3)))
+    return image.clip(0, 255).astype(np.uint8)
+
+
+def synthetic_waveform(sampling_rate: int, seconds: float, seed: int) -> np.ndarray:
+    """A deterministic mono waveform: two tones and a little noise."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(sampling_rate * seconds)) / sampling_rate
+    wave = 0.5 * np.sin(2 * np.pi * 220 * t) + 0.3 * np.sin(2 * np.pi * 660 * t) + 0.05 * rng.standard_normal(t.shape)
+    return wave.astype(np.float32)
+
+
+def _image_size(config, image_processor, requested: int | None) -> int:
+    if requested:
+        return requested
+    vision = getattr(config, "vision_config", None) or config
+    size = getattr(vision, "image_size", None)
+    if isinstance(size, (list, tuple)):
+        size = size[0]
+    if size:
+        return int(size)
+    wanted = getattr(image_processor, "size", None) or {}
+    if not isinstance(wanted, dict):
+        wanted = {}
+    return int(wanted.get("height") or wanted.get("shortest_edge") or wanted.get("longest_edge") or 224)
+
+
+def _tensors(batch: Any) -> dict[str, Any]:
+    """The processor's output as plain `{name: tensor}` (lists of ints turned into tensors)."""
+    out = {}
+    for name, value in dict(batch).items():
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(value)
+        elif isinstance(value, list) and value and isinstance(value[0], list):
+            value = torch.tensor(value)
+        out[name] = value
+    return out
+
+
+def processor_inputs(model, pre: Preprocessor, spec, family: str) -> dict[str, Any]:
+    """Sample inputs made by the folder's own processor from a synthetic image / waveform (and the prompt)."""
+    config = model.config
+    batch = spec.batch_size
+    obj = pre.obj
+    if family in ("audio", "speech-seq2seq"):
+        extractor = getattr(obj, "feature_extractor", obj)
+        rate = int(getattr(extractor, "sampling_rate", 16000))
+        waves = [synthetic_waveform(rate, 1.0, spec.seed + i) for i in range(batch)]
+        return _tensors(extractor(waves, sampling_rate=rate, return_tensors="pt"))
+    image_processor = getattr(obj, "image_processor", obj)
+    size = _image_size(config, image_processor, spec.image_size)
+    images = [synthetic_image(size, spec.seed + i) for i in range(batch)]
+    if pre.kind != "processor":
+        return _tensors(image_processor(images=images, return_tensors="pt"))
+    image_token = getattr(obj, "image_token", None)
+    if family in ("vision-language",) and image_token is None:
+        raise UnsupportedModelError(
+            f"the folder's processor {pre.name} has no `image_token`: cannot place the image in the prompt")
+    prompt = spec.prompt or DEFAULT_PROMPT
+    text = [f"{image_token}{prompt}" if family == "vision-language" else prompt] * batch
+    nested = [[image] for image in images] if family == "vision-language" else images
+    kwargs: dict[str, Any] = {"return_tensors": "pt"}
+    if family == "dual-encoder":
+        kwargs["padding"] = "max_length" if getattr(config, "model_type", "").startswith("siglip") else True
+    return _tensors(obj(text=text, images=nested, **kwargs))
+
+
+# ── Synthesis per vision-language family (no processor in the folder) ─────────────────────────────────────────
+
+
+def _token_id(config, *names: str) -> int | None:
+    for source in (config, getattr(config, "text_config", None)):
+        for name in names:
+            value = getattr(source, name, None) if source is not None else None
+            if isinstance(value, int):
+                return value
+    return None
+
+
+def _pixels(batch: int, channels: int, size: int, generator: torch.Generator, *lead: int) -> torch.Tensor:
+    return torch.randn(batch, *lead, channels, size, size, generator=generator)
+
+
+def synthesize_vlm(model, spec, text_ids: torch.Tensor, generator: torch.Generator) -> dict[str, Any]:
+    """Image + prompt inputs for a vision-language model without a processor, in its processor's layout.
+
+    `text_ids` (batch x prompt) is the prompt; image tokens are laid out before it as the family's processor does.
+    """
+    config = model.config
+    model_type = getattr(config, "model_type", "")
+    vision = config.vision_config
+    batch = text_ids.shape[0]
+    image_token = _token_id(config, "image_token_id", "image_token_index")
+    if image_token is None:
+        raise UnsupportedModelError(f"{type(config).__name__} names no image token (image_token_id): cannot lay out "
+                                    "an image in the prompt; add the model's processor to the folder")
+
+    def tokens(*parts: list[int]) -> torch.Tensor:
+        prefix = torch.tensor([sum(parts, [])] * batch)
+        return torch.cat([prefix, text_ids], dim=1)
+
+    size = _image_size(config, None, spec.image_size)
+    channels = int(getattr(vision, "num_channels", None) or getattr(vision, "in_channels", 3))
+    if model_type == "paligemma":
+        count = (size // vision.patch_size) ** 2
+        ids = tokens([image_token] * count, [_token_id(config, "bos_token_id") or 2])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
+                "pixel_values": _pixels(batch, channels, size, generator)}
+    if model_type == "gemma3":
+        count = int(config.mm_tokens_per_image)
+        bos = _token_id(config, "bos_token_id") or 2
+        ids = tokens([bos, config.boi_token_index], [image_token] * count, [config.eoi_token_index])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": (ids == image_token).long(),
+                "pixel_values": _pixels(batch, channels, size, generator)}
+    if model_type in ("qwen2_vl", "qwen2_5_vl"):
+        patch, temporal, merge = vision.patch_size, vision.temporal_patch_size, vision.spatial_merge_size
+        side = 2 * merge  # the smallest grid the merger accepts, twice over
+        grid = torch.tensor([[1, side, side]] * batch)
+        patches = torch.randn(batch * side * side, channels * temporal * patch * patch, generator=generator)
+        count = side * side // (merge * merge)
+        ids = tokens([config.vision_start_token_id], [image_token] * count, [config.vision_end_token_id])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                "mm_token_type_ids": (ids == image_token).long(), "pixel_values": patches, "image_grid_thw": grid}
+    if model_type in ("idefics3", "smolvlm"):
+        count = (size // vision.patch_size) ** 2 // config.scale_factor ** 2
+        ids = tokens([image_token] * count)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                "pixel_values": _pixels(batch, channels, size, generator, 1),
+                "pixel_attention_mask": torch.ones(batch, 1, size, size, dtype=torch.bool)}
+    if model_type == "llava":
+        count = getattr(config, "image_seq_length", None) or (
+            (size // vision.patch_size) ** 2 + (1 if config.vision_feature_select_strategy == "full" else 0))
+        ids = tokens([image_token] * int(count))
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                "pixel_values": _pixels(batch, channels, size, generator)}
+    raise UnsupportedModelError(
+        f"no processor in the model folder ({PROCESSOR_FILE} with its tokenizer, or {PREPROCESSOR_FILE}) and no "
+        f"built-in input synthesis for model_type '{model_type}' (built in: {', '.join(SYNTHESIZED_VLM_FAMILIES)}): "
+        "save the model's processor into the folder (processor.save_pretrained(folder)) so sample inputs come in "
+        "the family's own layout")

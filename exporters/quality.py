@@ -1,0 +1,199 @@
+"""Quality of quantized and half-precision artifacts: task metrics against the eager float32 model, on the same
+probes as every other check. A float32 artifact is held to atol/rtol; these artifacts cannot be, and are never
+passed by loosening atol.
+
+Per probe ([`measure`]): for outputs named `*logits`, the top-1 agreement of every position and the KL divergence
+KL(eager ‖ artifact) of its next-token distribution; for components without logits, the cosine similarity of their
+hidden states (`last_hidden_state`, `pooler_output`, else every float output), per vector. Pooled over all probes of
+a target ([`judge`]): agreement and mean KL over every position, the lowest cosine, and for generation targets the
+greedy tokens that match eager before the first divergence. The budget (`exporters.variants.resolve_budget`)
+decides, and the verdict names the metric that did.
+
+Example:
+    >>> import torch
+    >>> logits = torch.tensor([[[2.0, 0.0], [0.0, 2.0]]])
+    >>> m = measure({"logits": logits}, {"logits": logits * 0.9})
+    >>> (m["positions"], m["top1_matches"], m["kl_sum"] < 0.01)
+    (2, 2, True)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+HIDDEN_STATES = ("last_hidden_state", "pooler_output", "encoder_last_hidden_state")
+# (budget key, metric, at least (True) or at most (False), words)
+RULES = (
+    ("min_greedy_match", "greedy_match", True, "greedy tokens matching eager"),
+    ("min_top1_agreement", "top1_agreement", True, "top-1 agreement"),
+    ("max_kl", "kl", False, "next-token KL"),
+    ("min_cosine", "cosine", True, "hidden-state cosine"),
+)
+
+
+def _leaves(outputs: Any) -> dict[str, torch.Tensor]:
+    from .upstream import leaf_tensors
+
+    return leaf_tensors(outputs)
+
+
+def measure(reference: Any, actual: Any) -> dict[str, Any]:
+    """Quality metrics of one probe: `positions`, `top1_matches`, `kl_sum`, `kl_max` over logits, `cosine` over
+    hidden states, and `problems` (a missing, misshapen or non-finite output: never a pass)."""
+    want, got = _leaves(reference), _leaves(actual)
+    logits = [name for name in want if name.rsplit(".", 1)[-1].endswith("logits")]
+    hidden = [name for name in want if name.rsplit(".", 1)[-1] in HIDDEN_STATES]
+    judged = logits or hidden or [name for name, tensor in want.items() if tensor.is_floating_point()]
+    result: dict[str, Any] = {"positions": 0, "top1_matches": 0, "kl_sum": 0.0, "kl_max": 0.0, "cosine": None,
+                              "problems": []}
+    for name in judged:
+        value = got.get(name)
+        if value is None:
+            result["problems"].append(f"'{name}' is missing from the artifact's outputs")
+            continue
+        ref = want[name].detach().cpu().float()
+        val = value.detach().cpu().float()
+        if tuple(ref.shape) != tuple(val.shape):
+            result["problems"].append(f"'{name}' has shape {list(val.shape)}, eager {list(ref.shape)}")
+            continue
+        if not torch.isfinite(val).all():
+            result["problems"].append(f"'{name}' holds NaN or inf")
+            continue
+        if ref.numel() == 0:
+            continue
+        if name in logits:
+            ref2, val2 = ref.reshape(-1, ref.shape[-1]), val.reshape(-1, val.shape[-1])
+            log_p, log_q = torch.log_softmax(ref2, -1), torch.log_softmax(val2, -1)
+            kl = (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0)
+            result["positions"] += int(ref2.shape[0])
+            result["top1_matches"] += int((ref2.argmax(-1) == val2.argmax(-1)).sum())
+            result["kl_sum"] += float(kl.sum())
+            result["kl_max"] = max(result["kl_max"], float(kl.max()))
+        else:
+            vectors = ref.reshape(-1, ref.shape[-1]) if ref.dim() > 1 else ref.reshape(1, -1)
+            others = val.reshape(vectors.shape)
+            cosine = float(torch.nn.functional.cosine_similarity(vectors, others, dim=-1, eps=1e-12).mean())
+            result["cosine"] = cosine if result["cosine"] is None else min(result["cosine"], cosine)
+    return result
+
+
+def greedy_match(generation: dict[str, Any] | Any) -> tuple[int, int] | None:
+    """`(matched, available)`: greedy tokens equal to eager's before the first divergence (the fewest over the
+    batch), and how many eager produced; None when generation did not run."""
+    get = generation.get if isinstance(generation, dict) else lambda key: getattr(generation, key, None)
+    eager, exported = get("eager_tokens"), get("exported_tokens")
+    if not eager or exported is None:
+        return None
+    matched, available = None, None
+    for row, want in enumerate(eager):
+        have = exported[row] if row < len(exported) else []
+        count = 0
+        for a, b in zip(want, have):
+            if a != b:
+                break
+            count += 1
+        matched = count if matched is None else min(matched, count)
+        available = len(want) if available is None else min(available, len(want))
+    return matched or 0, available or 0
+
+
+def judge_generation(generation: Any, budget: dict[str, Any]) -> None:
+    """Judge a quantized target's generation by `min_greedy_match` instead of token-for-token identity: sets
+    `matched_tokens`, `required_tokens` and the status on the report."""
+    if generation is None or generation.status == "skipped" or generation.reason:
+        return
+    counts = greedy_match(generation)
+    if counts is None:
+        return
+    matched, available = counts
+    required = min(int(budget.get("min_greedy_match", 0)), available)
+    generation.matched_tokens, generation.required_tokens = matched, required
+    generation.status = "passed" if matched >= required else "failed"
+
+
+def judge(kind: str, budget: dict[str, Any], probes: list[tuple[str, str, dict[str, Any]]],
+          generation: Any) -> dict[str, Any]:
+    """The target's quality verdict from its probes (`(component, probe, measure(...))`) and generation report:
+    `{kind, judged_by, budget, metrics, passed, decided_by}`; `passed` is None when no metric could be measured."""
+    positions = sum(q["positions"] for _, _, q in probes)
+    cosines = [(q["cosine"], f"{c} at {p}") for c, p, q in probes if q["cosine"] is not None]
+    metrics: dict[str, Any] = {
+        "probes": len(probes),
+        "positions": positions,
+        "top1_agreement": sum(q["top1_matches"] for _, _, q in probes) / positions if positions else None,
+        "kl": sum(q["kl_sum"] for _, _, q in probes) / positions if positions else None,
+        "kl_max": max((q["kl_max"] for _, _, q in probes), default=None) if positions else None,
+        "cosine": min(cosines)[0] if cosines else None,
+    }
+    if generation is not None and getattr(generation, "matched_tokens", None) is not None:
+        metrics["greedy_match"] = generation.matched_tokens
+        metrics["greedy_required"] = generation.required_tokens
+    verdict = {"kind": kind, "judged_by": "metrics", "budget": dict(budget), "metrics": metrics}
+    problems = [f"{c} at {p}: {problem}" for c, p, q in probes for problem in q["problems"]]
+    if problems:
+        return {**verdict, "passed": False, "decided_by": f"broken outputs: {problems[0]}"}
+    if generation is not None and generation.status == "failed" and getattr(generation, "reason", None):
+        return {**verdict, "passed": False, "decided_by": f"generation could not run: {generation.reason[:200]}"}
+    outcomes = []
+    for key, metric, at_least, words in RULES:
+        value = metrics.get(metric)
+        if value is None or key not in budget:
+            continue
+        limit = metrics["greedy_required"] if metric == "greedy_match" else budget[key]
+        ok = value >= limit if at_least else value <= limit
+        margin = (value - limit if at_least else limit - value) / (abs(limit) or 1.0)
+        outcomes.append((ok, margin, _describe(metric, value, limit, at_least, ok, words, key)))
+    if not outcomes:
+        return {**verdict, "passed": None, "decided_by": "no quality metric could be measured"}
+    failing = [text for ok, _, text in outcomes if not ok]
+    if failing:
+        return {**verdict, "passed": False, "decided_by": failing[0]}
+    tightest = min(outcomes, key=lambda outcome: outcome[1])[2]
+    return {**verdict, "passed": True, "decided_by": tightest}
+
+
+def _describe(metric: str, value: float, limit: float, at_least: bool, ok: bool, words: str, key: str) -> str:
+    def fmt(number: float) -> str:
+        if metric == "top1_agreement":
+            return f"{number:.1%}"
+        if metric == "greedy_match":
+            return f"{int(number)}"
+        return f"{number:.3g}"
+
+    sign = (">=" if ok else "<") if at_least else ("<=" if ok else ">")
+    return f"{words} {fmt(value)} {sign} {fmt(limit)} ({key})"
+
+
+def tolerance_verdict(components: list[dict[str, Any]], generation: dict[str, Any] | None,
+                      status: str) -> dict[str, Any]:
+    """A float32 target's verdict line: the worst difference against its atol/rtol, and greedy identity
+    (`passed`: None when the target is unverified)."""
+    worst = None
+    for component in components:
+        for check in component.get("checks", []):
+            for output in check.get("outputs") or []:
+                diff = output.get("max_abs_diff")
+                if diff is None:
+                    continue
+                # how close to failing: abs diff against atol + rtol * |ref| is not stored, so compare to atol
+                candidate = (not output["passed"], diff / (output["atol"] or 1e-30), component["name"],
+                             check["probe"], output)
+                if worst is None or candidate[:2] > worst[:2]:
+                    worst = candidate
+    metrics: dict[str, Any] = {"max_abs_diff": worst[4]["max_abs_diff"] if worst else None}
+    counts = greedy_match(generation) if generation else None
+    if counts is not None:
+        metrics["greedy_match"], metrics["greedy_required"] = counts[0], counts[1]
+    if worst is None:
+        decided = "no output comparison ran"
+    else:
+        _, _, component, probe, output = worst
+        relation = "within" if output["passed"] else "beyond"
+        decided = (f"worst |Δ| {output['max_abs_diff']:.2e} at {component} {probe}, {relation} atol "
+                   f"{output['atol']:g} / rtol {output['rtol']:g}")
+    if generation and generation.get("status") == "failed":
+        decided = f"greedy tokens differ from eager at step {(generation.get('first_divergence') or {}).get('step')}"
+    passed = {"passed": True, "unverified": None}.get(status, False)
+    return {"kind": "fp32", "judged_by": "tolerance", "metrics": metrics, "passed": passed, "decided_by": decided}

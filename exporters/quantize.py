@@ -1,0 +1,274 @@
+"""Quantized targets: the recipe's `quantize` turned into upstream's quantizer, calibration data from the recipe, and
+what was quantized and how, written into the target's `export.json`.
+
+```
+recipe quantize {method, options} ──► upstream quantizer per component ──► export ──► export.json "quantization"
+inputs.calibration ──► samples at the traced shape ──► per-component forward inputs (generation: upstream's capture)
+```
+
+The methods map to upstream's quantizers (`transformers.exporters.quantizers`, through `exporters.upstream`):
+`onnxruntime-dynamic` / `onnxruntime-static` → `OnnxRuntimeQuantizer` with `OnnxRuntimeDynamicConfig` /
+`OnnxRuntimeStaticConfig`; `pt2e-xnnpack` → `PT2EQuantizer(XNNPACKQuantizer)`; `pt2e-x86` →
+`PT2EQuantizer(X86InductorQuantizer)`. Enum-valued options are chosen by documented names (`"int8"`, `"qdq"`,
+`"minmax"`), never by an import path from the recipe.
+
+Example:
+    >>> from exporters.variants import OnnxRuntimeStaticQuantize
+    >>> onnxruntime_options(OnnxRuntimeStaticQuantize(method="onnxruntime-static", per_channel=True))
+    {'per_channel': True}
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .errors import RecipeError
+from .inputs import SampleInputs, _text_ids, make_sample_inputs
+from .jsonpos import format_path, nearest_line
+from .recipe import Recipe
+
+TEXT_FAMILIES = ("text", "seq2seq", "vision-language")
+# ONNX ops that hold quantized values or compute on them (ONNX Runtime's dynamic and QDQ graphs, PT2E's QDQ).
+_ONNX_QUANT_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
+                   "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QLinearMatMul", "QLinearConv", "QGemm",
+                   "QAttention", "QLinearAdd", "QLinearMul")
+
+
+# ── Calibration data ──────────────────────────────────────────────────────────
+
+
+def _fit(ids: torch.Tensor, length: int) -> torch.Tensor:
+    """Token ids cut or repeated to `length`: every calibration sample has the traced shape."""
+    if ids.numel() >= length:
+        return ids[:length]
+    return ids.repeat(math.ceil(length / max(ids.numel(), 1)))[:length]
+
+
+def _prompts_error(recipe: Recipe, message: str) -> RecipeError:
+    source = getattr(recipe, "_source", None)
+    path = (*(source.prefix if source else ()), "inputs", "calibration", "prompts")
+    return RecipeError(message, path=format_path(path), line=nearest_line(source.lines, path) if source else None,
+                       file=source.file if source else None)
+
+
+def calibration_samples(model, recipe: Recipe, tokenizer, family: str) -> list[SampleInputs]:
+    """The recipe's calibration samples (`inputs.calibration`), shaped like the sample inputs.
+
+    Raises `RecipeError` when prompts cannot be used: the model takes no text, or the repo has no tokenizer.
+    """
+    spec = recipe.inputs
+    calibration = spec.calibration
+    if calibration is None:
+        return []
+    length = int(_text_ids(model, tokenizer, spec, torch.Generator().manual_seed(spec.seed)).shape[1]) \
+        if family in TEXT_FAMILIES else spec.sequence_length
+    if calibration.samples is not None:
+        return [
+            make_sample_inputs(model, spec.model_copy(update={"seed": spec.seed + 1 + k, "prompt": None,
+                                                              "sequence_length": length}))
+            for k in range(calibration.samples)
+        ]
+    if family not in TEXT_FAMILIES:
+        raise _prompts_error(recipe, f"calibration prompts need a model that takes text; this is a {family} model: "
+                                     'use "samples": N instead')
+    if tokenizer is None:
+        raise _prompts_error(recipe, "calibration prompts need the repo's tokenizer, and the repo has none: add one, "
+                                     'or use "samples": N (synthesized token ids)')
+    vocab = int(getattr(getattr(model.config, "text_config", None) or model.config, "vocab_size"))
+    samples = []
+    for prompt in calibration.prompts or []:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"][0].clamp(max=vocab - 1)
+        batch = _fit(ids, length).unsqueeze(0).repeat(spec.batch_size, 1)
+        samples.append(make_sample_inputs(model, spec, tokenizer, text_ids=batch))
+    return samples
+
+
+# ── Upstream quantizers ───────────────────────────────────────────────────────
+
+
+def onnxruntime_options(spec: Any) -> dict[str, Any]:
+    """The recipe's ONNX Runtime options as `quantize_dynamic` / `quantize_static` keyword arguments."""
+    options = spec.options()
+    needs_enums = {"weight_type", "activation_type", "quant_format", "calibrate_method"} & set(options)
+    if needs_enums:
+        from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
+
+        names = {
+            "weight_type": {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8},
+            "activation_type": {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8},
+            "quant_format": {"qdq": QuantFormat.QDQ, "qoperator": QuantFormat.QOperator},
+            "calibrate_method": {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+                                 "percentile": CalibrationMethod.Percentile},
+        }
+        for key in needs_enums:
+            options[key] = names[key][options[key]]
+    return options
+
+
+def xnnpack_quantizer(scheme: str):
+    """ExecuTorch's `XNNPACKQuantizer` for `8da8w` / `8da4w`: per-channel symmetric weights (int8, or int4 in
+    [-8, 7], which XNNPACK packs two to a byte) and per-token dynamic int8 activations, on linear layers."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+
+    class LinearXNNPACKQuantizer(XNNPACKQuantizer):
+        """`XNNPACKQuantizer.transform_for_annotation` turns every scalar of an `add`/`mul` into a float32 tensor,
+        integer arithmetic included (a decoder's position and mask math), and the graph then fails with "Tensor
+        dtype mismatch! Expected: Long, Got: float" (docs/upstream-gaps.md). Dynamic configs only annotate linear
+        layers, which take no scalar, so the transform is not needed."""
+
+        def transform_for_annotation(self, model):
+            return model
+
+    bits = {"weight_qmin": -8, "weight_qmax": 7} if scheme == "8da4w" else {}
+    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True, **bits)
+    return LinearXNNPACKQuantizer().set_global(config)
+
+
+def x86_quantizer(dynamic: bool):
+    """torchao's `X86InductorQuantizer` with its default int8 config (dynamic or static activations)."""
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
+    )
+
+    return X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config(is_dynamic=dynamic))
+
+
+def upstream_quantizer(spec: Any, samples: list[dict] | None):
+    """The upstream quantizer for a recipe `quantize` spec, calibrating on `samples` (forward kwargs)."""
+    from . import upstream
+
+    if spec.method == "onnxruntime-dynamic":
+        return upstream.onnxruntime_quantizer(False, onnxruntime_options(spec), None)
+    if spec.method == "onnxruntime-static":
+        return upstream.onnxruntime_quantizer(True, onnxruntime_options(spec), samples)
+    if spec.method == "pt2e-xnnpack":
+        return upstream.pt2e_quantizer(xnnpack_quantizer(spec.scheme), samples)
+    if spec.method == "pt2e-x86":
+        return upstream.pt2e_quantizer(x86_quantizer(spec.dynamic), samples)
+    raise ValueError(f"unknown quantize method {spec.method!r}")
+
+
+class Quantizing:
+    """A target's quantization in its export's child process: the upstream quantizer of each component
+    ([`quantizer_for`]), then what was quantized and how, written into `export.json` ([`record_into`]).
+    A target without `quantize` gives no quantizer and records nothing."""
+
+    def __init__(self, model: Any, target: Any, recipe: Recipe, calibration: list[SampleInputs], notes: list[str]):
+        self.model, self.target, self.recipe, self.calibration, self.notes = model, target, recipe, calibration, notes
+        self.calibrated_on: dict[str, int] = {}
+
+    def quantizer_for(self) -> Callable[[str, dict[str, Any]], Any] | None:
+        """`(component, inputs) -> upstream quantizer` for a quantized target, None otherwise. Calibration of a
+        generation target captures each component's inputs from the samples (upstream's capture runs `generate`)."""
+        spec = self.target.quantize
+        if spec is None:
+            return None
+        per_component: dict[str, list[dict]] = {}
+        if spec.needs_calibration and self.target.mode == "generation":
+            from .engine import generation_config_for
+            from .upstream import capture_calibration_inputs
+
+            per_component = capture_calibration_inputs(
+                self.model, [s.generate for s in self.calibration], generation_config_for(self.model, self.recipe),
+                self.target.multi_token_decode)
+        elif spec.needs_calibration:
+            per_component = {"model": [s.forward for s in self.calibration]}
+
+        def build(name: str, inputs: dict[str, Any]):
+            samples: list[dict] | None = None
+            if spec.needs_calibration:
+                samples = per_component.get(name)
+                if not samples:
+                    self.notes.append(f"{name}: no calibration sample was captured for this component; its "
+                                      "activation ranges come from its sample input only")
+                    samples = [copy.deepcopy(inputs)]
+            elif spec.method.startswith("pt2e-"):
+                samples = [copy.deepcopy(inputs)]  # weight observers only: the sample input runs them once
+            self.calibrated_on[name] = len(samples or [])
+            return upstream_quantizer(spec, samples)
+
+        return build
+
+    def record_into(self, directory: Path) -> dict[str, Any] | None:
+        """For a quantized target: describe what was quantized and how, write it into `export.json`, return it."""
+        if self.target.quantize is None:
+            return None
+        description = describe(self.target, self.calibration, self.recipe, self.calibrated_on)
+        write_record(directory, description)
+        return description
+
+
+# ── What export.json records ──────────────────────────────────────────────────
+
+_HOW = {
+    "onnxruntime-dynamic": ("int8 weights (ONNX Runtime quantize_dynamic)", "quantized at run time (dynamic)"),
+    "onnxruntime-static": ("int8 weights (ONNX Runtime quantize_static)", "int8, ranges calibrated ahead of time"),
+    "pt2e-x86": ("int8 per-channel weights (X86InductorQuantizer)", "int8"),
+}
+
+
+def describe(target, calibration: list[SampleInputs], recipe: Recipe,
+             calibrated_on: dict[str, int]) -> dict[str, Any]:
+    """What was quantized and how, for `export.json`'s `quantization` entry."""
+    spec = target.quantize
+    weights, activations = _HOW.get(spec.method, ("", ""))
+    if spec.method == "pt2e-xnnpack":
+        bits = 4 if spec.scheme == "8da4w" else 8
+        weights = f"int{bits} per-channel symmetric weights of linear layers (XNNPACKQuantizer)"
+        activations = "int8 per-token, quantized at run time (dynamic)"
+    elif spec.method == "pt2e-x86":
+        activations = "int8, quantized at run time (dynamic)" if spec.dynamic else "int8, calibrated ahead of time"
+    if spec.needs_calibration:
+        source = recipe.inputs.calibration
+        data = {"source": "prompts" if source and source.prompts is not None else "samples",
+                "samples": len(calibration)}
+    else:
+        data = {"source": "none (dynamic activations)"}
+    quantizer = {"onnxruntime-dynamic": "OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig)",
+                 "onnxruntime-static": "OnnxRuntimeQuantizer(OnnxRuntimeStaticConfig)",
+                 "pt2e-xnnpack": "PT2EQuantizer(XNNPACKQuantizer)",
+                 "pt2e-x86": "PT2EQuantizer(X86InductorQuantizer)"}[spec.method]
+    packages = {}
+    for package in ("onnxruntime", "torchao", "executorch"):
+        try:
+            packages[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return {"method": spec.method, "options": spec.options(), "kind": spec.kind,
+            "quantizer": f"transformers.exporters.{quantizer}", "weights": weights, "activations": activations,
+            "calibration": {**data, **({"per_component": dict(calibrated_on)} if spec.needs_calibration else {})},
+            "packages": packages}
+
+
+def onnx_quantized_ops(path: Path) -> dict[str, int]:
+    """Count of the quantization ops in a saved ONNX graph (weights not read)."""
+    import onnx
+
+    counts: dict[str, int] = {}
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        if node.op_type in _ONNX_QUANT_OPS:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def write_record(directory: Path, description: dict[str, Any]) -> None:
+    """Add `quantization` to the saved `export.json` (upstream drops the quantizer from its config record; a key it
+    does not know is ignored by `ExportedModel.from_pretrained`)."""
+    manifest_path = directory / "export.json"
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("export_format") == "onnx":
+        description["quantized_ops"] = {name: onnx_quantized_ops(directory / entry["file"])
+                                        for name, entry in manifest["components"].items()}
+    manifest["quantization"] = description
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")

@@ -1,0 +1,76 @@
+"""The recipe settings of a target's graph layout: `merged` (every format) and `layout` (ONNX), with their rules.
+
+Mixins of the recipe's target models (`exporters.recipe`): their fields are recipe keys like the others, and a rule
+they break is a recipe problem with its JSON path and line.
+
+Example:
+    >>> from exporters.recipe_load import parse_recipe
+    >>> parse_recipe('{"export_format": "onnx", "layout": "transformers.js", "dtype": "bfloat16"}')
+    Traceback (most recent call last):
+    ...
+    exporters.errors.RecipeError: $.dtype (line 1): transformers.js has no bfloat16 models: use dtype float32 or float16
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+
+
+def _problem(path: tuple, message: str) -> ValueError:
+    from .recipe import _PathValueError  # the recipe's own error carrier: its loader places it at the path
+
+    return _PathValueError(path, message)
+
+
+class MergedSetting(BaseModel):
+    """`merged`: one graph for the prompt and every decode step (`exporters.merged`)."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    merged: StrictBool | None = Field(
+        default=None,
+        description="Generation: one graph ('model') for the prompt (empty cache) and every decode step, instead of "
+        "prefill + decode. Default: true for ONNX targets of decoder-only models with dynamic shapes and a dynamic "
+        "cache, false otherwise.",
+    )
+
+    @model_validator(mode="after")
+    def _merged_is_one_graph(self) -> Any:
+        if self.merged and getattr(self, "mode", None) == "model":
+            raise _problem(("merged",), "merged applies to mode 'generation' (mode 'model' is one graph already)")
+        separate = sorted(set(getattr(self, "components", {})) & {"prefill", "decode"}) if self.merged else []
+        if separate:
+            raise _problem(("components", separate[0]), f"a merged export has one component, 'model', and no "
+                                                        f"{separate}: put these settings under components.model, or "
+                                                        "set merged: false")
+        return self
+
+
+class LayoutSetting(BaseModel):
+    """`layout`: the folder layout of an ONNX target (`exporters.tjs_layout`)."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    layout: Literal["upstream", "transformers.js"] = Field(
+        default="upstream",
+        description="'transformers.js': write onnx/model.onnx (past_key_values.{i}.key/value inputs, present.{i}.* "
+        "outputs) with model.onnx_data and the config files, so transformers.js can load the target folder.",
+    )
+
+    @model_validator(mode="after")
+    def _transformers_js_layout(self) -> Any:
+        if self.layout != "transformers.js":
+            return self
+        if getattr(self, "merged", None) is False:
+            raise _problem(("merged",), "layout 'transformers.js' needs the merged graph (transformers.js runs one "
+                                        "decoder graph): drop merged: false")
+        if getattr(self, "dtype", None) == "bfloat16":
+            raise _problem(("dtype",), "transformers.js has no bfloat16 models: use dtype float32 or float16")
+        for key, default in (("output_path", None), ("external_data", True), ("export_params", True),
+                             ("keep_initializers_as_inputs", False)):
+            if getattr(self, key, default) != default:
+                raise _problem((key,), f"{key} is not supported with layout 'transformers.js' yet: the layout writes "
+                                       "onnx/model.onnx with model.onnx_data itself")
+        return self

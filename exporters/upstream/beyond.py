@@ -1,0 +1,104 @@
+"""What upstream's save and load do not cover (docs/upstream-gaps.md #11, #15, #16): one ExecuTorch program with a
+method per component, ONNX Runtime sessions that read the weights in place, graphs whose inputs were renamed for
+transformers.js. Part of the one adapter (`exporters.upstream`): only this package imports `transformers.exporters`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from . import leaf_tensors
+
+def lean_session_options():
+    """ONNX Runtime options for validation sessions: weights read in place from the external-data file instead of
+    repacked into a second copy (`session.disable_prepacking`), no memory arena kept at its high-water mark. A
+    session then costs the graph's activations, not another copy of the model."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    options.enable_cpu_mem_arena = False
+    return options
+
+
+class RenamedRunner:
+    """Upstream's ONNX runner for a graph whose inputs were renamed (the transformers.js layout): kwargs flattened to
+    upstream's leaf names, fed under the graph's names. Outputs keep their order, so upstream unflattens them."""
+
+    def __init__(self, runner: Any, inputs: dict[str, str]):
+        self._runner = runner
+        self._inputs = inputs  # graph input name -> upstream leaf path
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)
+
+    def __call__(self, share_inputs: bool = True, share_outputs: bool = False, **kwargs: Any) -> Any:
+        leaves = leaf_tensors(kwargs)
+        feed = {graph: leaves[path] for graph, path in self._inputs.items() if path in leaves}
+        return self._runner(share_inputs=share_inputs, share_outputs=share_outputs, **feed)
+
+
+class _CapturedLowering:
+    """What upstream's ExecuTorch exporter would have lowered: its prepared program and the lowering arguments."""
+
+    def __init__(self, program: Any, kwargs: dict[str, Any]):
+        self.program, self.kwargs, self.backend_config = program, kwargs, None
+
+    def to_executorch(self, config: Any = None) -> _CapturedLowering:
+        self.backend_config = config
+        return self
+
+
+def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, dict]],
+                              configs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """`(ExecutorchProgramManager, {method: ExportMetadata})`: every component traced and prepared by upstream's
+    `ExecutorchExporter.export_program` (backend preparation, patches, FX fixes) with its lowering captured, then all
+    lowered together by one `to_edge_transform_and_lower({name: program})` under the same patches: one program, one
+    method per component, XNNPACK's content-keyed weights stored once."""
+    from transformers.exporters import exporter_executorch
+    from transformers.exporters.utils import apply_patches
+
+    captured: dict[str, _CapturedLowering] = {}
+    metadata: dict[str, Any] = {}
+    real = exporter_executorch.to_edge_transform_and_lower
+    exporter_executorch.to_edge_transform_and_lower = lambda program, **kwargs: _CapturedLowering(program, kwargs)
+    try:
+        for name, (module, inputs) in components.items():
+            try:
+                program, meta = exporter.export_program(module, copy.deepcopy(inputs), configs[name])
+            except Exception as err:
+                raise RuntimeError(f"exporting component '{name}' failed: {type(err).__name__}: {err}") from err
+            meta.export_config = json.loads(configs[name].to_json_string())
+            captured[name], metadata[name] = program, meta
+    finally:
+        exporter_executorch.to_edge_transform_and_lower = real
+    first = next(iter(captured.values()))
+    backend = next(iter(configs.values())).backend
+    with apply_patches("executorch"), apply_patches(f"executorch.{backend}"):
+        edge = real({name: c.program for name, c in captured.items()},
+                    partitioner={name: c.kwargs["partitioner"] for name, c in captured.items()},
+                    compile_config=first.kwargs["compile_config"], transform_passes=first.kwargs["transform_passes"])
+        del captured
+        return edge.to_executorch(config=first.backend_config), metadata
+
+
+def executorch_method_runner(program: Any, metadata: Any, method: str) -> Any:
+    """Upstream's ExecuTorch runner on one method of a loaded program (upstream's own runs `forward` only)."""
+    from transformers.exporters.metadata import load_treespec
+    from transformers.exporters.runners.base import ModelRunner
+    from transformers.exporters.runners.runner_executorch import ExecutorchModelRunner
+
+    runner = ExecutorchModelRunner.__new__(ExecutorchModelRunner)
+    ModelRunner.__init__(runner, metadata)
+    runner.method = program.load_method(method)
+    runner.in_spec = load_treespec(metadata.in_spec)
+    return runner
+
+
+def metadata_dict(metadata: Any) -> dict[str, Any]:
+    """An `ExportMetadata` as upstream's manifest stores it."""
+    import dataclasses
+
+    return dataclasses.asdict(metadata)

@@ -1,0 +1,335 @@
+"""Quantized and half-precision variants in the recipe: the `quantize` object of a target, `inputs.calibration`, the
+quality budget keys of a target's `validation`, and the `variants` shorthand.
+
+Pure data (pydantic only): the recipe module builds on it, and `exporters.quantize` turns a [`QuantizeSpec`] into
+the upstream quantizer. Methods are chosen by these documented names, never by an import path from the recipe.
+
+Example:
+    >>> spec = XnnpackQuantize(method="pt2e-xnnpack", scheme="8da4w")
+    >>> (spec.formats, spec.kind, spec.needs_calibration)
+    (('executorch',), 'int4', False)
+    >>> [name for name, _ in expand_variant_names("onnx", ["fp32", "int8-dynamic"])]
+    ['onnx', 'onnx-int8']
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Callable, ClassVar, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, model_validator
+
+VariantKind = Literal["fp32", "half", "int8", "int4"]
+KINDS: tuple[VariantKind, ...] = ("fp32", "half", "int8", "int4")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+# ── quantize: one model per method ────────────────────────────────────────────
+
+
+class _Method(_Strict):
+    formats: ClassVar[tuple[str, ...]] = ()
+    needs_calibration_always: ClassVar[bool] = False
+
+    @property
+    def kind(self) -> VariantKind:
+        return "int8"
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether activation ranges are measured ahead of time (static quantization): then the recipe must give
+        `inputs.calibration`."""
+        return self.needs_calibration_always
+
+    def options(self) -> dict[str, Any]:
+        """The options set in the recipe (what `export.json` records)."""
+        return self.model_dump(exclude={"method"}, exclude_none=True)
+
+
+class OnnxRuntimeDynamicQuantize(_Method):
+    """ONNX Runtime `quantize_dynamic`: int8 weights, activations quantized at run time; no calibration."""
+
+    formats: ClassVar[tuple[str, ...]] = ("onnx",)
+
+    method: Literal["onnxruntime-dynamic"]
+    per_channel: StrictBool | None = Field(default=None, description="Per-channel weight scales (ONNX Runtime: false).")
+    reduce_range: StrictBool | None = Field(default=None, description="7-bit weights, for older x86 CPUs.")
+    weight_type: Literal["int8", "uint8"] | None = Field(default=None, description="ONNX Runtime's default: int8.")
+    op_types_to_quantize: list[str] | None = Field(default=None, description="ONNX op types, e.g. ['MatMul'].")
+    nodes_to_exclude: list[str] | None = Field(default=None, description="ONNX node names kept in float.")
+
+
+class OnnxRuntimeStaticQuantize(_Method):
+    """ONNX Runtime `quantize_static`: int8 weights and activations (QDQ), activation ranges calibrated on
+    `inputs.calibration`."""
+
+    formats: ClassVar[tuple[str, ...]] = ("onnx",)
+    needs_calibration_always: ClassVar[bool] = True
+
+    method: Literal["onnxruntime-static"]
+    quant_format: Literal["qdq", "qoperator"] | None = Field(default=None, description="ONNX Runtime's default: qdq.")
+    per_channel: StrictBool | None = None
+    reduce_range: StrictBool | None = None
+    activation_type: Literal["int8", "uint8"] | None = None
+    weight_type: Literal["int8", "uint8"] | None = None
+    calibrate_method: Literal["minmax", "entropy", "percentile"] | None = None
+    op_types_to_quantize: list[str] | None = None
+    nodes_to_exclude: list[str] | None = None
+
+
+class XnnpackQuantize(_Method):
+    """PT2E quantization for ExecuTorch's XNNPACK backend: linear layers with 8-bit dynamic (per-token) activations
+    and per-channel symmetric 8- or 4-bit weights (`8da8w`, `8da4w`)."""
+
+    formats: ClassVar[tuple[str, ...]] = ("executorch",)
+
+    method: Literal["pt2e-xnnpack"]
+    scheme: Literal["8da8w", "8da4w"] = Field(default="8da8w", description="8-bit dynamic activations, 8- or 4-bit weights.")
+
+    @property
+    def kind(self) -> VariantKind:
+        return "int4" if self.scheme == "8da4w" else "int8"
+
+    def options(self) -> dict[str, Any]:
+        return {"scheme": self.scheme}
+
+
+class X86Quantize(_Method):
+    """PT2E quantization with torchao's `X86InductorQuantizer` (int8 QDQ) for `torch.export` programs and ONNX."""
+
+    formats: ClassVar[tuple[str, ...]] = ("dynamo", "onnx")
+
+    method: Literal["pt2e-x86"]
+    dynamic: StrictBool = Field(
+        default=False, description="Dynamic activations (no calibration); false: static, calibrated on inputs.calibration."
+    )
+
+    @property
+    def needs_calibration(self) -> bool:
+        return not self.dynamic
+
+    def options(self) -> dict[str, Any]:
+        return {"dynamic": self.dynamic}
+
+
+METHODS: dict[str, type[_Method]] = {
+    "onnxruntime-dynamic": OnnxRuntimeDynamicQuantize,
+    "onnxruntime-static": OnnxRuntimeStaticQuantize,
+    "pt2e-xnnpack": XnnpackQuantize,
+    "pt2e-x86": X86Quantize,
+}
+
+QuantizeSpec = Annotated[
+    Union[OnnxRuntimeDynamicQuantize, OnnxRuntimeStaticQuantize, XnnpackQuantize, X86Quantize],
+    Field(discriminator="method"),
+]
+
+
+def methods_for(export_format: str) -> list[str]:
+    """The quantize methods that apply to `export_format` exports."""
+    return [name for name, model in METHODS.items() if export_format in model.formats]
+
+
+# ── inputs.calibration ────────────────────────────────────────────────────────
+
+
+class CalibrationSpec(_Strict):
+    """Calibration data for static quantization, from the recipe only (never the network): `prompts` tokenized with
+    the repo's tokenizer, or `samples` synthesized like the sample inputs. Every sample has the traced shape (prompts
+    are cut or repeated to the sample's sequence length), so it stays inside the declared shapes."""
+
+    prompts: list[str] | None = Field(default=None, min_length=1, max_length=1024)
+    samples: StrictInt | None = Field(default=None, ge=1, le=1024, description="Synthesized samples (random tokens).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CalibrationSpec:
+        if (self.prompts is None) == (self.samples is None):
+            raise ValueError("give calibration data as either 'prompts' (a list of texts) or 'samples' (a count)")
+        return self
+
+    @property
+    def count(self) -> int:
+        return len(self.prompts) if self.prompts is not None else int(self.samples or 0)
+
+
+# ── quality budget ────────────────────────────────────────────────────────────
+
+
+class QualityBudget(_Strict):
+    """Task-level quality a quantized or half-precision target must keep against the eager float32 model."""
+
+    min_top1_agreement: StrictFloat | StrictInt | None = Field(
+        default=None, ge=0, le=1, description="Share of logit positions whose argmax matches eager (0-1)."
+    )
+    max_kl: StrictFloat | StrictInt | None = Field(
+        default=None, ge=0, description="Mean KL divergence of the next-token distribution, KL(eager || artifact)."
+    )
+    min_cosine: StrictFloat | StrictInt | None = Field(
+        default=None, ge=-1, le=1, description="Cosine similarity of hidden states (encoders, components without logits)."
+    )
+    min_greedy_match: StrictInt | None = Field(
+        default=None, ge=0, description="Greedy tokens that must match eager before the first divergence (generation)."
+    )
+
+
+BUDGET_KEYS = tuple(QualityBudget.model_fields)
+
+
+class TargetValidation(QualityBudget):
+    """A target's `validation`: atol/rtol (float32 artifacts) and the quality budget (quantized and half-precision
+    ones, judged by task metrics instead)."""
+
+    atol: StrictFloat | StrictInt | None = Field(default=None, ge=0, description="Absolute tolerance.")
+    rtol: StrictFloat | StrictInt | None = Field(default=None, ge=0, description="Relative tolerance.")
+
+# Defaults per variant kind. Per-channel int8 post-training quantization of a real LLM keeps ~97-99% of argmaxes and a
+# next-token KL around 1e-3-1e-2 (llama.cpp publishes Q8_0 ~0.001, Q4_K_M ~0.03); a broken variant (wrong scales, a
+# dropped layer) lands near chance. The defaults sit between: loose enough for honest quantization, far from broken.
+DEFAULT_BUDGETS: dict[VariantKind, dict[str, float | int]] = {
+    "half": {"min_top1_agreement": 0.98, "max_kl": 0.01, "min_cosine": 0.999, "min_greedy_match": 8},
+    "int8": {"min_top1_agreement": 0.90, "max_kl": 0.05, "min_cosine": 0.99, "min_greedy_match": 4},
+    "int4": {"min_top1_agreement": 0.75, "max_kl": 0.25, "min_cosine": 0.95, "min_greedy_match": 2},
+}
+
+
+def variant_kind(quantize: Any, dtype: str | None) -> VariantKind:
+    """`fp32` (held to atol/rtol), `half` (float16/bfloat16), `int8` or `int4` (judged by task metrics)."""
+    if quantize is not None:
+        return quantize.kind
+    return "half" if dtype in ("float16", "bfloat16") else "fp32"
+
+
+def resolve_budget(kind: VariantKind, validation: Any) -> dict[str, float | int]:
+    """The kind's defaults, overridden by the keys the target's `validation` sets."""
+    budget = dict(DEFAULT_BUDGETS.get(kind, {}))
+    for key in BUDGET_KEYS:
+        value = getattr(validation, key, None) if validation is not None else None
+        if value is not None:
+            budget[key] = value
+    return budget
+
+
+# ── variants shorthand ────────────────────────────────────────────────────────
+
+Variant = Literal["fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "8da8w", "8da4w"]
+
+# variant -> (name suffix, target settings per format); a format missing from the map does not take the variant.
+VARIANTS: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
+    "fp32": ("", {f: {"dtype": "float32"} for f in ("dynamo", "onnx", "executorch")}),
+    "fp16": ("-fp16", {f: {"dtype": "float16"} for f in ("dynamo", "onnx", "executorch")}),
+    "bf16": ("-bf16", {f: {"dtype": "bfloat16"} for f in ("dynamo", "onnx", "executorch")}),
+    "int8-dynamic": ("-int8", {
+        "onnx": {"quantize": {"method": "onnxruntime-dynamic"}},
+        "dynamo": {"quantize": {"method": "pt2e-x86", "dynamic": True}},
+        "executorch": {"quantize": {"method": "pt2e-xnnpack", "scheme": "8da8w"}},
+    }),
+    "int8-static": ("-int8-static", {
+        "onnx": {"quantize": {"method": "onnxruntime-static"}},
+        "dynamo": {"quantize": {"method": "pt2e-x86", "dynamic": False}},
+    }),
+    "8da8w": ("-8da8w", {"executorch": {"quantize": {"method": "pt2e-xnnpack", "scheme": "8da8w"}}}),
+    "8da4w": ("-8da4w", {"executorch": {"quantize": {"method": "pt2e-xnnpack", "scheme": "8da4w"}}}),
+}
+
+
+def variants_for(export_format: str) -> list[str]:
+    return [name for name, (_, per_format) in VARIANTS.items() if export_format in per_format]
+
+
+def expand_variant_names(base: str, variants: list[str]) -> list[tuple[str, str]]:
+    """`(target name, variant)` for each variant of the target called `base`."""
+    return [(base + VARIANTS[variant][0], variant) for variant in variants]
+
+
+def variant_settings(export_format: str, variant: str) -> dict[str, Any]:
+    """The target settings a variant sets, or `ValueError` when the format does not take it."""
+    _, per_format = VARIANTS[variant]
+    if export_format not in per_format:
+        raise ValueError(
+            f"variant '{variant}' does not apply to {export_format} targets; they take {variants_for(export_format)}"
+        )
+    return per_format[export_format]
+
+
+Location = tuple[Any, ...]  # a JSON path: ("exports", 0, "variants", 1)
+
+
+def _where(at: Location) -> str:
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in at).lstrip(".")
+
+
+def check_target(target: Any, path_error: Callable[[Location, str], Exception]) -> None:
+    """A target's `quantize` fits its format (and backend), and its `variants` fit its format and settings."""
+    fmt = target.export_format
+    if target.quantize is not None and fmt not in target.quantize.formats:
+        raise path_error(("quantize", "method"), f"'{target.quantize.method}' quantizes "
+                         f"{' and '.join(target.quantize.formats)} exports, not {fmt} ones; {fmt} targets take "
+                         f"{methods_for(fmt)}")
+    if target.quantize is not None and getattr(target, "backend", "xnnpack") != "xnnpack":
+        raise path_error(("quantize", "method"), f"'{target.quantize.method}' makes XNNPACK programs; this target's "
+                                                 f"backend is '{target.backend}'")
+    if target.variants is None:
+        return
+    if target.quantize is not None:
+        raise path_error(("variants",), "give either 'variants' or 'quantize': each variant sets its own quantization")
+    if target.dtype not in (None, "float32"):
+        raise path_error(("dtype",), "with 'variants', each variant sets the precision: drop 'dtype'")
+    for index, variant in enumerate(target.variants):
+        if variant in target.variants[:index]:
+            raise path_error(("variants", index), f"variant '{variant}' is listed twice")
+        try:
+            variant_settings(fmt, variant)
+        except ValueError as err:
+            raise path_error(("variants", index), str(err)) from None
+
+
+def method_message(error: dict[str, Any]) -> str:
+    """The message for an unknown or missing quantize `method` (a pydantic union-tag error)."""
+    import difflib
+
+    given = error.get("ctx", {}).get("tag")
+    if given is None:
+        return f"missing 'method'; use one of {list(METHODS)}"
+    close = difflib.get_close_matches(str(given), list(METHODS), n=1)
+    return f"unknown quantize method {given!r}; use one of {list(METHODS)}" + (
+        f"; did you mean '{close[0]}'?" if close else "")
+
+
+def expand_targets(exports: list[Any], has_calibration: bool,
+                   path_error: Callable[[Location, str], Exception]) -> list[tuple[Any, Location]]:
+    """Each target with where it comes from in the recipe (`("exports", i)` or `("exports", i, "variants", j)`):
+    `variants` expanded into targets, then checked for calibration data and unique names; a problem raises
+    `path_error(path, message)`."""
+    expanded: list[tuple[Any, Location]] = []
+    for index, target in enumerate(exports):
+        if not target.variants:
+            expanded.append((target, ("exports", index)))
+            continue
+        base = target.model_dump(exclude={"variants", "name"}, exclude_none=True)
+        for position, (name, variant) in enumerate(expand_variant_names(target.name, target.variants)):
+            at = ("exports", index, "variants", position)
+            data = {**base, **variant_settings(target.export_format, variant), "name": name}
+            try:
+                expanded.append((type(target).model_validate(data), at))
+            except (ValidationError, ValueError) as err:
+                first = err.errors()[0]["msg"] if isinstance(err, ValidationError) else str(err)
+                raise path_error(at, f"variant '{variant}': {first.removeprefix('Value error, ')}") from None
+    for target, at in expanded:
+        if target.quantize is not None and target.quantize.needs_calibration and not has_calibration:
+            raise path_error(
+                at if at[-2:-1] == ("variants",) else (*at, "quantize", "method"),
+                f"'{target.quantize.method}' calibrates activation ranges on data, and the recipe has none: add "
+                '"inputs": {"calibration": {"prompts": [...]}} (or {"samples": N}), or use a dynamic method',
+            )
+    seen: dict[str, Location] = {}
+    for target, at in expanded:
+        if target.name in seen:
+            raise path_error(
+                at if at[-2:-1] == ("variants",) else (*at, "name"),
+                f"target name '{target.name}' is used twice (also by {_where(seen[target.name])}); give each target "
+                "a unique 'name'",
+            )
+        seen[target.name] = at
+    return expanded

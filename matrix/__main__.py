@@ -1,0 +1,3 @@
+from matrix.run import main
+
+main()

@@ -1,0 +1,242 @@
+"""The families of the support matrix: tiny random-weight models built from transformers' own default configs,
+shrunk consistently (hidden 32, 1-2 layers, vocabulary 256 with every special token id moved inside it), so each
+family's real code path runs in seconds.
+
+Example:
+    >>> from pathlib import Path
+    >>> spec = FAMILIES["llama"]
+    >>> spec.kind, spec.model_class
+    ('decoder-only', 'LlamaForCausalLM')
+    >>> build(spec, Path("/tmp/tiny-llama"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+KINDS = ("decoder-only", "encoder", "vision", "audio", "encoder-decoder", "vision-language", "dual-encoder")
+VOCAB = 256
+SIZES: dict[str, Any] = {
+    "hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "projection_dim": 32, "word_embed_proj_dim": 32,
+    "intermediate_size": 64, "ffn_dim": 64, "d_ff": 64, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+    "num_hidden_layers": 2, "num_layers": 2, "encoder_layers": 1, "decoder_layers": 1, "num_decoder_layers": 1,
+    "depth": 1, "num_attention_heads": 4, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+    "num_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "d_kv": 8, "query_pre_attn_scalar": 8,
+    "num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "max_window_layers": 2, "projection_size": 32, "ffn_hidden_size": 64,
+}
+VISION = {"image_size": 32, "patch_size": 8}
+AUDIO_CONV = {"conv_dim": [32, 32], "conv_stride": [5, 2], "conv_kernel": [10, 3], "num_feat_extract_layers": 2,
+              "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2}
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """One family: its kind, model class, and the settings that keep its shrunk config consistent (dotted paths
+    into the config, applied after the generic shrinking)."""
+
+    name: str
+    kind: str
+    model_class: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+
+def _f(name: str, kind: str, model_class: str, note: str = "", **overrides: Any) -> FamilySpec:
+    return FamilySpec(name, kind, model_class, {k.replace("__", "."): v for k, v in overrides.items()}, note)
+
+
+_SPECS = [
+    # decoder-only
+    _f("gpt2", "decoder-only", "GPT2LMHeadModel"),
+    _f("llama", "decoder-only", "LlamaForCausalLM"),
+    _f("mistral", "decoder-only", "MistralForCausalLM"),
+    _f("mixtral", "decoder-only", "MixtralForCausalLM"),
+    _f("qwen2", "decoder-only", "Qwen2ForCausalLM"),
+    _f("qwen3", "decoder-only", "Qwen3ForCausalLM"),
+    _f("qwen3_moe", "decoder-only", "Qwen3MoeForCausalLM"),
+    _f("phi", "decoder-only", "PhiForCausalLM"),
+    _f("phi3", "decoder-only", "Phi3ForCausalLM"),
+    _f("gemma", "decoder-only", "GemmaForCausalLM"),
+    _f("gemma2", "decoder-only", "Gemma2ForCausalLM", "sliding window 12: decoding crosses it", sliding_window=12),
+    _f("gemma3_text", "decoder-only", "Gemma3ForCausalLM", "sliding window 12: decoding crosses it",
+       sliding_window=12, layer_types=["sliding_attention", "full_attention"]),
+    _f("falcon", "decoder-only", "FalconForCausalLM"),
+    _f("gpt_neox", "decoder-only", "GPTNeoXForCausalLM"),
+    _f("opt", "decoder-only", "OPTForCausalLM"),
+    _f("bloom", "decoder-only", "BloomForCausalLM"),
+    _f("stablelm", "decoder-only", "StableLmForCausalLM"),
+    _f("olmo", "decoder-only", "OlmoForCausalLM"),
+    _f("granite", "decoder-only", "GraniteForCausalLM"),
+    _f("smollm3", "decoder-only", "SmolLM3ForCausalLM"),
+    _f("starcoder2", "decoder-only", "Starcoder2ForCausalLM"),
+    _f("gptj", "decoder-only", "GPTJForCausalLM", rotary_dim=4),
+    _f("cohere", "decoder-only", "CohereForCausalLM"),
+    # encoders
+    _f("bert", "encoder", "BertModel"),
+    _f("roberta", "encoder", "RobertaModel"),
+    _f("distilbert", "encoder", "DistilBertModel", dim=32, hidden_dim=64, n_layers=2, n_heads=4),
+    _f("albert", "encoder", "AlbertModel", embedding_size=16),
+    _f("electra", "encoder", "ElectraModel", embedding_size=16),
+    _f("deberta_v2", "encoder", "DebertaV2Model"),
+    _f("xlm_roberta", "encoder", "XLMRobertaModel"),
+    _f("modernbert", "encoder", "ModernBertModel", global_attn_every_n_layers=2, local_attention=16),
+    # vision
+    _f("vit", "vision", "ViTModel", **VISION),
+    _f("deit", "vision", "DeiTModel", **VISION),
+    _f("beit", "vision", "BeitModel", **VISION),
+    _f("dinov2", "vision", "Dinov2Model", **VISION),
+    _f("convnext", "vision", "ConvNextModel", num_stages=4, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], image_size=32),
+    _f("resnet", "vision", "ResNetModel", embedding_size=16, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1]),
+    _f("swin", "vision", "SwinModel", image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4],
+       window_size=4),
+    # audio / speech
+    _f("wav2vec2", "audio", "Wav2Vec2Model", **AUDIO_CONV),
+    _f("hubert", "audio", "HubertModel", **AUDIO_CONV),
+    _f("wavlm", "audio", "WavLMModel", **AUDIO_CONV, num_buckets=32, max_bucket_distance=64),
+    _f("data2vec_audio", "audio", "Data2VecAudioModel", **AUDIO_CONV),
+    _f("audio_spectrogram_transformer", "audio", "ASTModel", num_mel_bins=16, max_length=64, patch_size=8,
+       frequency_stride=8, time_stride=8),
+    _f("whisper", "audio", "WhisperForConditionalGeneration", "speech encoder-decoder", num_mel_bins=16,
+       max_source_positions=32, max_target_positions=64, suppress_tokens=None, begin_suppress_tokens=None),
+    # encoder-decoder
+    _f("t5", "encoder-decoder", "T5ForConditionalGeneration", decoder_start_token_id=0),
+    _f("bart", "encoder-decoder", "BartForConditionalGeneration"),
+    _f("mbart", "encoder-decoder", "MBartForConditionalGeneration"),
+    _f("marian", "encoder-decoder", "MarianMTModel", decoder_vocab_size=VOCAB),
+    _f("pegasus", "encoder-decoder", "PegasusForConditionalGeneration"),
+    _f("m2m_100", "encoder-decoder", "M2M100ForConditionalGeneration"),
+    # vision-language
+    _f("llava", "vision-language", "LlavaForConditionalGeneration", vision_config__image_size=32,
+       vision_config__patch_size=8, image_seq_length=16),
+    _f("idefics3", "vision-language", "Idefics3ForConditionalGeneration", vision_config__image_size=32,
+       vision_config__patch_size=8),
+    _f("smolvlm", "vision-language", "SmolVLMForConditionalGeneration", vision_config__image_size=32,
+       vision_config__patch_size=8),
+    _f("paligemma", "vision-language", "PaliGemmaForConditionalGeneration", vision_config__image_size=32,
+       vision_config__patch_size=8),
+    _f("gemma3", "vision-language", "Gemma3ForConditionalGeneration", vision_config__image_size=32,
+       vision_config__patch_size=8, mm_tokens_per_image=4, text_config__sliding_window=12,
+       text_config__layer_types=["sliding_attention", "full_attention"]),
+    _f("qwen2_vl", "vision-language", "Qwen2VLForConditionalGeneration", vision_config__patch_size=8,
+       text_config__rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [1, 1, 2]}),
+    _f("qwen2_5_vl", "vision-language", "Qwen2_5_VLForConditionalGeneration", vision_config__patch_size=8,
+       vision_config__out_hidden_size=32, vision_config__fullatt_block_indexes=[0], vision_config__window_size=16,
+       text_config__rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [1, 1, 2]}),
+    # dual encoders
+    _f("clip", "dual-encoder", "CLIPModel", vision_config__image_size=32, vision_config__patch_size=8),
+    _f("siglip", "dual-encoder", "SiglipModel", vision_config__image_size=32, vision_config__patch_size=8),
+]
+FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in _SPECS}
+
+
+def _token_attributes(config) -> list[str]:
+    names = set(vars(config)) | {n for n in dir(type(config)) if not n.startswith("_")}
+    return sorted(n for n in names if n.endswith(("_token_id", "_token_index", "_token_ids")))
+
+
+def shrink(config, overrides: dict[str, Any] | None = None, vocab: int = VOCAB):
+    """A copy of `config` (and its sub-configs) at tiny sizes, every special token id inside the vocabulary, then
+    `overrides` (dotted paths) applied."""
+    from transformers import PreTrainedConfig
+
+    config = copy.deepcopy(config)
+    free = iter(range(vocab - 1, vocab // 2, -1))
+    moved: dict[int, int] = {}
+
+    def inside(value: Any) -> Any:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value >= vocab - 16:
+            if value not in moved:
+                moved[value] = next(free)
+            return moved[value]
+        if isinstance(value, list):
+            return [inside(v) for v in value]
+        return value
+
+    def visit(node) -> None:
+        for key, value in SIZES.items():
+            if isinstance(getattr(node, key, None), int) and not isinstance(getattr(node, key), bool):
+                try:
+                    setattr(node, key, value)
+                except AttributeError:  # a derived property (Falcon's head_dim): follows the sizes set
+                    continue
+        layers = getattr(node, "num_hidden_layers", None)
+        for key in ("layer_types", "mlp_layer_types"):
+            if isinstance(getattr(node, key, None), list) and isinstance(layers, int):
+                setattr(node, key, getattr(node, key)[:layers])
+        if isinstance(getattr(node, "vocab_size", None), int):
+            node.vocab_size = vocab
+        for key in _token_attributes(node):
+            try:
+                value = getattr(node, key)
+                new = inside(value)
+                if new != value:
+                    setattr(node, key, new)
+            except Exception:  # noqa: S112 - deprecated aliases that refuse to be read or set
+                continue
+        for name in getattr(node, "sub_configs", None) or {}:
+            sub = getattr(node, name, None)
+            if isinstance(sub, PreTrainedConfig):
+                visit(sub)
+
+    visit(config)
+    for path, value in (overrides or {}).items():
+        node = config
+        *parents, last = path.split(".")
+        for parent in parents:
+            node = getattr(node, parent)
+        setattr(node, last, copy.deepcopy(value))
+    if hasattr(config, "stage_names"):  # a backbone: its stage names and outputs follow from the (new) depth
+        derived = ("stage_names", "out_features", "out_indices", "_out_features", "_out_indices")
+        config = type(config)(**{k: v for k, v in config.to_dict().items() if k not in derived})
+    return config
+
+
+def tiny_model(spec: FamilySpec, seed: int = 0):
+    """The family's tiny random-weight model (eval mode), weights drawn wide enough that greedy decoding varies."""
+    import torch
+    import transformers
+
+    model_class = getattr(transformers, spec.model_class)
+    config = shrink(model_class.config_class(), spec.overrides)
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    # The default init (std 0.02) makes tiny generators repeat one token, and parity could not fail: the layers are
+    # drawn wide, the token embeddings narrow (with tied embeddings, wide ones make the model echo its input).
+    embeddings = {id(p) for p in model.get_input_embeddings().parameters()} if _has_embeddings(model) else set()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() > 1 and "norm" not in name:
+                parameter.normal_(0, 0.02 if id(parameter) in embeddings else 0.5)
+    return model
+
+
+def _has_embeddings(model) -> bool:
+    try:
+        return model.get_input_embeddings() is not None
+    except (NotImplementedError, AttributeError):
+        return False
+
+
+def build(spec: FamilySpec, folder: Path, seed: int = 0, recipe: Any = None) -> Path:
+    """Save the family's tiny model (and `recipe` as export_config.json) to `folder`."""
+    import json
+
+    model = tiny_model(spec, seed)
+    if getattr(model, "generation_config", None) is not None and model.can_generate():
+        text = model.config.get_text_config()
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
+            value = getattr(model.config, name, None)
+            if value is None:
+                value = getattr(text, name, None)
+            if value is not None:
+                setattr(model.generation_config, name, value)
+    model.save_pretrained(folder)
+    if recipe is not None:
+        (Path(folder) / "export_config.json").write_text(json.dumps(recipe, indent=2) + "\n")
+    return Path(folder)

@@ -1,0 +1,242 @@
+"""Measure the support matrix: build each family's tiny model, run the plainest recipe for every format through the
+real CLI (`hf-export run`), read report.json, and write docs/coverage.md (and docs/coverage.json).
+
+```
+families ──► build tiny model + recipe ──► hf-export run (one process per family, N at a time) ──► report.json
+                                                                                              ──► coverage.md
+```
+
+Families run in parallel, each in its own `hf-export run` process limited to one thread, as many at a time as the
+machine has cores and memory for (`--jobs`). Nothing needs the network.
+
+Example:
+    python -m matrix --families llama,clip --formats dynamo,onnx --out /tmp/coverage.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from matrix.families import FAMILIES, KINDS, FamilySpec, build
+
+ROOT = Path(__file__).resolve().parents[1]
+FORMATS = ("dynamo", "onnx", "executorch")
+MEMORY_PER_JOB_GB = 3.0
+DEFAULT_TIMEOUT_S = 1800
+
+
+def plainest_recipe(formats: list[str]) -> dict[str, Any]:
+    """The recipe a new user writes first: the format, dynamic shapes where the format takes them, mode left to the
+    tool, nothing else."""
+    exports = []
+    for export_format in formats:
+        target: dict[str, Any] = {"name": export_format, "export_format": export_format}
+        if export_format != "executorch":
+            target["dynamic"] = True
+        exports.append(target)
+    return {"schema_version": 1, "exports": exports}
+
+
+@dataclass
+class Cell:
+    """One family x format outcome."""
+
+    status: str
+    cause: str = ""  # "", "upstream", "ours", "mismatch", "unverified", "timeout"
+    reason: str = ""
+    generation: str | None = None
+
+
+@dataclass
+class Row:
+    family: str
+    kind: str
+    model_class: str
+    mode: str | None = None
+    seconds: float = 0.0
+    cells: dict[str, Cell] = field(default_factory=dict)
+    note: str = ""
+
+
+def default_jobs() -> int:
+    """As many families at a time as there are cores, fewer when memory is short (about 3 GB per run)."""
+    cores = os.cpu_count() or 1
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (ValueError, OSError, AttributeError):
+        available = MEMORY_PER_JOB_GB * cores
+    return max(1, min(cores, int(available // MEMORY_PER_JOB_GB)))
+
+
+def classify(target: dict[str, Any]) -> Cell:
+    """The cell for one target of report.json: the status, and for a failure who it is on and why."""
+    status = target.get("status", "failed")
+    generation = (target.get("generation") or {}).get("status")
+    if status == "passed":
+        return Cell(status, generation=generation)
+    error = target.get("error") or {}
+    message = str(error.get("message") or "")
+    root = error.get("root_cause") or {}
+    if root:
+        message += f" [root cause: {root.get('type')}: {root.get('message')}]" if "root cause" not in message else ""
+    if status == "unverified":
+        reasons = target.get("unverified") or [message or "a check did not run"]
+        return Cell(status, "unverified", _short("; ".join(str(r) for r in reasons)), generation)
+    if status in ("timed_out", "crashed"):
+        return Cell(status, "timeout" if status == "timed_out" else "upstream", message[:400], generation)
+    if message.startswith("sample inputs could not be made") or "UnsupportedModelError" in str(error.get("type")):
+        cause = "ours"
+    elif "exporting component" in message or "the saved artifact does not load" in message:
+        cause = "upstream"
+    elif "outputs differ from the eager model" in message or "first divergence" in message:
+        cause = "mismatch"
+    elif "generation parity failed" in message:
+        cause = "upstream"  # the exported graphs do not run through generation
+    elif "missing component" in message:
+        cause = "ours"
+    else:
+        cause = "upstream"
+    return Cell(status, cause, _short(message), generation)
+
+
+def _short(message: str, limit: int = 400) -> str:
+    text = " ".join(message.split())
+    return text if len(text) <= limit else text[:limit] + " …"
+
+
+def build_family(spec: FamilySpec, formats: list[str], work: Path) -> Row | None:
+    """Save one family's tiny model and recipe under `work`; a row of failures when it cannot be built."""
+    folder = work / spec.name
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        build(spec, folder / "model", recipe=plainest_recipe(formats))
+    except Exception as err:  # a family that cannot even be built is a row of failures, not a crash of the matrix
+        reason = _short(f"building the tiny model failed: {type(err).__name__}: {err}")
+        return Row(spec.name, spec.kind, spec.model_class, note=spec.note,
+                   cells={f: Cell("failed", "ours", reason) for f in formats})
+    return None
+
+
+def run_family(spec: FamilySpec, formats: list[str], work: Path, timeout: float) -> Row:
+    """Run the plainest recipe on a built family through the CLI, and read its report."""
+    row = Row(spec.name, spec.kind, spec.model_class, note=spec.note)
+    folder = work / spec.name
+    started = time.time()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    command = [sys.executable, "-m", "exporters.cli", "run", str(folder / "model"), "--out", str(folder / "out"),
+               "--quiet", "--no-cache"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+        tail = (done.stdout + done.stderr)[-2000:]
+    except subprocess.TimeoutExpired:
+        row.cells = {f: Cell("timed_out", "timeout", f"the family's run exceeded {timeout:.0f} s") for f in formats}
+        row.seconds = round(time.time() - started, 1)
+        return row
+    row.seconds = round(time.time() - started, 1)
+    report_path = folder / "out" / "report.json"
+    if not report_path.is_file():
+        row.cells = {f: Cell("failed", "ours", _short(f"no report.json (exit {done.returncode}): {tail}"))
+                     for f in formats}
+        return row
+    report = json.loads(report_path.read_text())
+    by_name = {t["name"]: t for t in report.get("targets", [])}
+    for export_format in formats:
+        target = by_name.get(export_format)
+        row.cells[export_format] = classify(target) if target else Cell("failed", "ours", "target missing from report")
+        row.mode = row.mode or (target or {}).get("mode")
+    return row
+
+
+def machine() -> str:
+    memory = ""
+    try:
+        memory = f", {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB memory"
+    except (ValueError, OSError, AttributeError):
+        pass
+    return f"{platform.machine()} {platform.system()}, {os.cpu_count()} cores{memory}, Python {platform.python_version()}"
+
+
+def versions() -> dict[str, str]:
+    from importlib import metadata
+
+    found = {}
+    for package in ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m matrix", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--families", help="comma-separated family names (default: all)")
+    parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated formats")
+    parser.add_argument("--jobs", type=int, default=None, help="families run at a time (default: by cores/memory)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per family")
+    parser.add_argument("--work", type=Path, default=None, help="where models and outputs go (default: a temp dir)")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "coverage.md")
+    args = parser.parse_args(argv)
+    names = args.families.split(",") if args.families else list(FAMILIES)
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown:
+        parser.error(f"unknown families {unknown}; known: {', '.join(FAMILIES)}")
+    formats = args.formats.split(",")
+    jobs = args.jobs or default_jobs()
+    work = args.work or Path(tempfile.mkdtemp(prefix="coverage-"))
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    print(f"{len(names)} families x {formats}, {jobs} at a time, work dir {work}", flush=True)
+
+    # Built one after another in this process (a second each), then run N at a time, each in its own process.
+    unbuilt = {name: build_family(FAMILIES[name], formats, work) for name in names}
+
+    finished: dict[str, Row] = {}
+    lock = threading.Lock()
+
+    def write(final: bool) -> None:
+        """The table of the families measured so far, rewritten after each one: a run stopped early (a nightly
+        job's time limit) still leaves every measured row, and says how many were planned."""
+        from matrix.render import render
+
+        rows = [finished[name] for name in names if name in finished]
+        meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
+                "jobs": jobs, "elapsed_s": round(time.time() - started), "versions": versions(), "formats": formats,
+                "recipe": plainest_recipe(formats), "planned": len(names), "complete": final}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(render(rows, meta))
+        args.out.with_suffix(".json").write_text(json.dumps(
+            {"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+
+    def one(name: str) -> Row:
+        row = unbuilt[name] or run_family(FAMILIES[name], formats, work, args.timeout)
+        marks = " ".join(f"{f}={row.cells[f].status}" for f in formats)
+        print(f"  {name:32s} {row.seconds:7.1f} s  {marks}", flush=True)
+        with lock:
+            finished[name] = row
+            write(final=False)
+        return row
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(one, names))
+    write(final=True)
+    print(f"wrote {args.out} in {(time.time() - started) / 60:.1f} min", flush=True)
+    return 0
+
+
+__all__ = ["Cell", "KINDS", "Row", "build_family", "classify", "main", "plainest_recipe", "run_family"]

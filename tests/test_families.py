@@ -1,0 +1,190 @@
+"""The families people ship (issue #16), one representative per kind, through the real CLI:
+
+- vision-language beyond LLaVA: an Idefics3 whose folder ships its own processor (5-D pixels, pixel mask, the
+  processor's token layout), exported as its complete stage set and generating from image + prompt through the
+  graphs only (PaliGemma, Gemma 3, Qwen2-VL and the rest are rows of docs/coverage.md, `make coverage`);
+- a dual encoder (CLIP): each tower and projection head its own component in model mode, no traceback;
+- a vision backbone through its own image processor;
+- a decoder-only model with a sliding-window cache (Gemma 2) whose `.pt2` decode runs past the window;
+- models that cannot be prepared or captured: failed targets whose reason carries the root cause, exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.models import tiny_idefics3_with_processor, tiny_vit_with_image_processor
+
+BOTH = [{"name": "dynamo", "export_format": "dynamo", "dynamic": True},
+        {"name": "onnx", "export_format": "onnx", "dynamic": True}]
+
+
+def _report(out):
+    return json.loads((out / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def idefics3_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("idefics3")
+    model_dir = tiny_idefics3_with_processor(root / "model", {"schema_version": 1, "exports": BOTH,
+                                                              "generation": {"max_new_tokens": 6}})
+    out = root / "out"
+    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+
+
+def test_idefics3_complete_stages_and_parity_from_its_own_processor(idefics3_run):
+    _, out, result = idefics3_run
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = _report(out)
+    assert report["family"] == "vision-language"
+    assert any("through the folder's own Idefics3Processor" in f for f in report["findings"]), report["findings"]
+    stages = ["image_encoder", "connector", "embed_tokens", "language_model", "lm_head", "decode"]
+    for target in report["targets"]:
+        assert target["status"] == "passed", (target["name"], target["error"])
+        assert target["mode"] == "generation"
+        assert target["expected_components"] == stages
+        assert [c["name"] for c in target["components"]] == stages
+        generation = target["generation"]
+        assert generation["status"] == "passed", generation
+        assert generation["exported_tokens"][0][: len(generation["eager_tokens"][0])] == generation["eager_tokens"][0]
+        assert len(set(generation["exported_tokens"][0])) > 1, "greedy tokens vary: the check can fail"
+    encoder = report["targets"][0]["components"][0]["checks"][0]["shapes"]
+    assert encoder["pixel_values"] == [1, 3, 32, 32] and encoder["patch_attention_mask"] == [1, 4, 4]
+
+
+def test_parity_refuses_a_forward_that_uses_eager_weights(idefics3_run):
+    """The driver runs the model's own forward with its stages replaced by graphs; a stage left eager is caught."""
+    import torch
+
+    from exporters import engine
+    from exporters.cache_settings import CacheSetting
+    from exporters.errors import EagerStageError
+    from exporters.graph_forward import vision_language_prefill
+    from exporters.inputs import make_sample_inputs
+    from exporters.recipe_load import parse_recipe
+    from exporters.source import ModelSource, load_model, load_tokenizer
+    from exporters.upstream import load_exported
+
+    model_dir, out, _ = idefics3_run
+    model = load_model(ModelSource(str(model_dir), model_dir))
+    sample = make_sample_inputs(model, parse_recipe(json.dumps(BOTH)).inputs, load_tokenizer(model_dir),
+                                folder=model_dir)
+    components = engine.decompose(model, "generation", sample.forward, sample.generate,
+                                  setting=CacheSetting("dynamic"), multi_token_decode=False, family=sample.family)
+    exported = load_exported(out / "onnx", config=model.config)
+    logits, _ = vision_language_prefill(model, components, exported.runners, sample.generate)
+    with torch.no_grad():
+        eager = model(**sample.generate).logits
+    assert torch.allclose(logits, eager, atol=1e-4, rtol=1e-3)
+    partial = {name: pair for name, pair in components.items() if name != "connector"}
+    with pytest.raises(EagerStageError, match="connector"):
+        vision_language_prefill(model, partial, exported.runners, sample.generate)
+    assert "forward" not in vars(model.model.vision_model), "the stages are restored after the check"
+
+
+def test_clip_exports_each_tower_in_model_mode(tmp_path):
+    from matrix.families import FAMILIES, build
+
+    model_dir = build(FAMILIES["clip"], tmp_path / "model", recipe=BOTH)
+    out = tmp_path / "out"
+    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    report = _report(out)
+    assert report["family"] == "dual-encoder"
+    towers = ["text_model", "vision_model", "visual_projection", "text_projection"]
+    for target in report["targets"]:
+        assert target["status"] == "passed", target["error"]
+        assert target["mode"] == "model" and target["generation"] is None
+        assert target["expected_components"] == towers
+        checks = {c["name"]: c["checks"] for c in target["components"]}
+        assert sorted(checks) == sorted(towers)
+        assert len(checks["text_model"]) > 1, "the text tower is probed at sequence lengths it was not traced with"
+
+
+def test_vision_backbone_through_its_own_image_processor(tmp_path):
+    model_dir = tiny_vit_with_image_processor(tmp_path / "model", {"export_format": "onnx", "dynamic": True})
+    out = tmp_path / "out"
+    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = _report(out)
+    assert report["family"] == "vision" and report["targets"][0]["status"] == "passed"
+    assert any("ViTImageProcessorPil" in f for f in report["findings"]), report["findings"]
+
+
+def test_gemma2_sliding_window_pt2_decodes_past_the_window(tmp_path):
+    from matrix.families import FAMILIES, build
+
+    spec = FAMILIES["gemma2"]
+    assert spec.overrides["sliding_window"] == 12
+    recipe = {"schema_version": 1, "exports": [BOTH[0]], "generation": {"max_new_tokens": 8}}
+    model_dir = build(spec, tmp_path / "model", recipe=recipe)
+    out = tmp_path / "out"
+    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    target = _report(out)["targets"][0]
+    generation = target["generation"]
+    assert target["status"] == "passed" and generation["status"] == "passed", (target["error"], generation)
+    assert generation["prompt_length"] + len(generation["exported_tokens"][0]) > 12, "decoding crossed the window"
+    assert len(set(generation["exported_tokens"][0])) > 1
+    assert any("sliding-window cache" in f for f in target["findings"]), target["findings"]
+
+
+def test_unsupported_vision_language_family_fails_with_the_reason(tmp_path):
+    """LLaVA-NeXT needs its processor (any-resolution tiles): without one, every target fails and says so."""
+    import dataclasses
+
+    from matrix.families import FAMILIES, build
+
+    spec = dataclasses.replace(FAMILIES["llava"], name="llava_next", model_class="LlavaNextForConditionalGeneration")
+    model_dir = build(spec, tmp_path / "model", recipe=BOTH)
+    out = tmp_path / "out"
+    result = run_cli("run", str(model_dir), "--out", str(out))
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    report = _report(out)
+    assert report["family"] == "vision-language"
+    for target in report["targets"]:
+        assert target["status"] == "failed"
+        message = target["error"]["message"]
+        assert "sample inputs could not be made" in message and "processor_config.json" in message, message
+        assert "llava_next" in message
+
+
+def test_capture_failure_reports_its_root_cause(tmp_path):
+    """T5's default config names no decoder start token: upstream's capture wraps generate()'s error in "Make sure
+    the inputs are compatible with model.generate()"; the report, report.md and the CLI name the real cause."""
+    import dataclasses
+
+    from matrix.families import FAMILIES, build
+
+    spec = dataclasses.replace(FAMILIES["t5"], overrides={})
+    model_dir = build(spec, tmp_path / "model", recipe=[BOTH[1]])
+    out = tmp_path / "out"
+    result = run_cli("run", str(model_dir), "--out", str(out))
+    assert result.returncode == 1
+    error = _report(out)["targets"][0]["error"]
+    assert "Make sure the inputs are compatible with model.generate()" in error["message"]
+    assert error["root_cause"]["type"] == "ValueError"
+    assert "decoder_start_token_id" in error["root_cause"]["message"]
+    assert "root cause: ValueError" in (out / "report.md").read_text()
+    assert "root cause: ValueError" in result.stdout + result.stderr
+
+
+def test_export_child_failure_keeps_the_root_cause_in_report_and_log(tmp_path):
+    from exporters.isolation import log_excerpt, run_isolated
+
+    def work():
+        try:
+            raise KeyError("cu_seqlens")
+        except KeyError as inner:
+            raise RuntimeError("exporting component 'image_encoder' failed: " + "x" * 5000) from inner
+
+    log = tmp_path / "child.log"
+    outcome = run_isolated(work, log_path=log, timeout=60)
+    assert outcome["ok"] is False and outcome["type"] == "RuntimeError"
+    assert outcome["root_cause"] == {"type": "KeyError", "message": "'cu_seqlens'"}
+    assert log_excerpt(log, 300).rstrip().endswith("root cause: KeyError: 'cu_seqlens'")

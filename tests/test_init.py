@@ -1,0 +1,322 @@
+"""`hf-export init` (issue #17), as a user runs it: the real CLI as a subprocess on tiny random models of five
+families, then `hf-export check` and `hf-export run` on the recipe it wrote; a model no format exports; a time
+budget too small; `--push` to the Hub emulator (one PR, rerun unchanged), the Action's `mode: init`, and the bot
+proposing a recipe for an opted-in repo without one.
+
+Each family is probed once (module-scoped, on first use) and several tests read the result. Formats are limited
+per model to keep the file's runtime modest: one format per family (ONNX for the encoder, dynamo for the others),
+and ExecuTorch (the slow one) where it is left out.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.models import (
+    tiny_bert,
+    tiny_fnet,
+    tiny_llama,
+    tiny_llava,
+    tiny_longformer,
+    tiny_resnet,
+    tiny_t5,
+)
+from tests.servers.hub_fixtures import BOT_TOKEN, TEST_TOKEN
+
+pytestmark = pytest.mark.slow
+
+
+def tiny_llama_64(folder: Path, recipe: Any = None) -> Path:
+    """The decoder-only LLM, with position embeddings that end at 64."""
+    return tiny_llama(folder, recipe, max_position_embeddings=64)
+
+
+# model builder, formats tried, family, {dim: largest max the model allows}
+CASES: dict[str, tuple[Any, str, str, dict[str, int]]] = {
+    "llama": (tiny_llama_64, "dynamo", "text", {"prompt": 64, "past": 63}),
+    "bert": (tiny_bert, "onnx", "text", {"batch": 64, "sequence": 128}),
+    "resnet": (tiny_resnet, "dynamo", "vision", {"batch": 64, "image": 256}),
+    "t5": (tiny_t5, "dynamo", "seq2seq", {"source": 4096, "past": 4095}),
+    "llava": (tiny_llava, "dynamo", "vision-language", {"prompt": 256, "past": 255}),
+}
+
+
+@dataclass
+class Proposed:
+    name: str
+    formats: list[str]
+    family: str
+    limits: dict[str, int]
+    init: subprocess.CompletedProcess
+    check: subprocess.CompletedProcess
+    run: subprocess.CompletedProcess
+    recipe: dict[str, Any]
+    summary: str
+    report: dict[str, Any]
+
+
+def named_dims(target: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """`{dim name: (min, max)}` over every dynamic-shape contract of a recipe target."""
+    specs = [target.get("dynamic_shapes") or {}]
+    specs += [c.get("dynamic_shapes") or {} for c in (target.get("components") or {}).values()]
+    found = {}
+    for spec in specs:
+        for axes in spec.values():
+            for value in (axes.values() if isinstance(axes, dict) else axes):
+                if isinstance(value, dict):
+                    found[value["name"]] = (value["min"], value["max"])
+    return found
+
+
+def _propose(name: str, root: Path) -> Proposed:
+    build, formats, family, limits = CASES[name]
+    model = build(root / "model")
+    recipe_file, summary_file = root / "proposed" / "export_config.json", root / "summary.md"
+    init = run_cli("init", str(model), "--formats", formats, "--out", str(recipe_file), "--summary",
+                   str(summary_file), "--max-seconds", "1200")
+    assert init.returncode == 0, init.stderr[-4000:]
+    check = run_cli("check", str(recipe_file))
+    run = run_cli("run", str(model), "--config", str(recipe_file), "--out", str(root / "out"), "--quiet")
+    return Proposed(name, formats.split(","), family, limits, init, check, run, json.loads(recipe_file.read_text()),
+                    summary_file.read_text(), json.loads((root / "out" / "report.json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def proposals(tmp_path_factory) -> Callable[[str], Proposed]:
+    """`proposals(name)`: init, check and run on that family's model, once per module."""
+    done: dict[str, Proposed] = {}
+
+    def get(name: str) -> Proposed:
+        if name not in done:
+            done[name] = _propose(name, tmp_path_factory.mktemp(f"init-{name}"))
+        return done[name]
+
+    return get
+
+
+@pytest.fixture(params=sorted(CASES))
+def proposed(request, proposals) -> Proposed:
+    return proposals(request.param)
+
+
+def test_the_recipe_is_valid_and_run_passes_it_in_full(proposed: Proposed) -> None:
+    assert proposed.check.returncode == 0, proposed.check.stderr
+    assert proposed.recipe["schema_version"] == 1
+    assert [t["name"] for t in proposed.recipe["exports"]] == proposed.formats
+    for target in proposed.recipe["exports"]:
+        if target["export_format"] == "onnx":  # the opset the artifact was validated with, written down
+            assert 18 <= target["opset_version"] <= 23, target
+    assert proposed.run.returncode == 0, proposed.run.stderr[-4000:]
+    report = proposed.report
+    assert report["family"] == proposed.family
+    for target in report["targets"]:
+        assert target["status"] == "passed", (proposed.name, target["name"], target["error"])
+        assert target["expected_components"] == [c["name"] for c in target["components"]]
+        if target["mode"] == "generation":
+            assert target["generation"]["status"] == "passed", target["generation"]
+
+
+def test_each_model_gets_a_dynamic_axis_with_a_probed_bound_inside_its_limits(proposed: Proposed) -> None:
+    for target in proposed.recipe["exports"]:
+        dims = named_dims(target)
+        assert dims, f"{proposed.name}/{target['name']}: no dynamic axis"
+        for name, (low, high) in dims.items():
+            assert name in proposed.limits, (name, dims)
+            assert 1 <= low <= high <= proposed.limits[name], (name, low, high, proposed.limits[name])
+        probed = next(t for t in proposed.report["targets"] if t["name"] == target["name"])
+        checks = {c["probe"]: c for component in probed["components"] for c in component["checks"]}
+        for name, (low, high) in dims.items():
+            for size in (low, high):  # `run` probes both ends of what init proposed, and they pass
+                assert checks[f"{name}={size}"]["passed"] and not checks[f"{name}={size}"]["skipped"]
+
+
+def test_position_limits_bound_the_sequence_axes(proposals) -> None:
+    proposed = proposals("llama")  # the decoder-only model, whose position embeddings end at 64
+    for target in proposed.recipe["exports"]:
+        dims = named_dims(target)
+        assert dims["prompt"][1] == 64, dims  # as long as the position embeddings, not longer
+        assert dims["past"][1] == 63, dims  # one position left for the next token
+    assert "max_position_embeddings = 64" in proposed.init.stderr
+
+
+def test_tolerances_come_from_measured_diffs_with_a_margin(proposed: Proposed) -> None:
+    from exporters.validate import DEFAULT_TOLERANCES
+
+    formats = proposed.recipe["validation"]["formats"]
+    assert sorted(formats) == sorted(proposed.formats)
+    for target in proposed.report["targets"]:
+        worst = max((o["max_abs_diff"] for c in target["components"] for check in c["checks"]
+                     for o in check["outputs"] if o["max_abs_diff"] is not None), default=0.0)
+        tolerance = formats[target["export_format"]]
+        assert tolerance["rtol"] == 0
+        assert tolerance["atol"] >= 10 * worst * 0.999, (tolerance, worst)  # the margin holds on the rerun too
+        assert tolerance["atol"] <= DEFAULT_TOLERANCES[target["export_format"]][0], "never looser than the default"
+
+
+def test_the_summary_table_and_notes(proposed: Proposed) -> None:
+    text = proposed.summary
+    assert "| target | components | dynamic dims (bounds) | tolerance | export time | rounds |" in text
+    for target in proposed.recipe["exports"]:
+        dims = named_dims(target)
+        row = next(line for line in text.splitlines() if line.startswith(f"| ✅ `{target['name']}`"))
+        for name, (low, high) in dims.items():
+            assert f"{name} {low}–{high}" in row, row
+    assert "init: round 1: exporting and validating" in proposed.init.stderr, "progress is shown"
+    if proposed.name == "llava":  # the CLIP tower fixes the image size: said, not silently static
+        assert "image: static — the model does not run with another image size" in text
+    if proposed.name == "resnet":  # tiny images pass in eager but not in the program: the range was narrowed
+        assert "dynamo: image: fails at 1 (" in text and "min 1 →" in text
+        assert "| 2 |" in text.split("| ✅ `dynamo`")[1].splitlines()[0], "a second round with the narrowed range"
+
+
+# ── Models and budgets that cannot work ───────────────────────────────────────
+
+
+def test_a_format_that_cannot_run_the_family_is_left_out_with_the_reason(tmp_path: Path) -> None:
+    model = tiny_fnet(tmp_path / "model")
+    recipe_file, summary_file = tmp_path / "export_config.json", tmp_path / "summary.md"
+    result = run_cli("init", str(model), "--formats", "dynamo,executorch", "--out", str(recipe_file),
+                     "--summary", str(summary_file))
+    assert result.returncode == 0, result.stderr[-3000:]
+    recipe = json.loads(recipe_file.read_text())
+    assert [t["name"] for t in recipe["exports"]] == ["dynamo"], "left out, not written in to fail later"
+    assert sorted(recipe["validation"]["formats"]) == ["dynamo"]
+    summary = summary_file.read_text()
+    assert "| ❌ `executorch` (left out) |" in summary
+    assert "- executorch: left out — the saved artifact does not load" in summary
+    assert "declared static" in summary, "the dims were ruled out first: it is the format, not the shapes"
+    run = run_cli("run", str(model), "--config", str(recipe_file), "--out", str(tmp_path / "out"), "--quiet")
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_a_model_no_format_exports_exits_non_zero_with_the_reason(tmp_path: Path) -> None:
+    model = tiny_longformer(tmp_path / "model")
+    recipe_file = tmp_path / "export_config.json"
+    result = run_cli("init", str(model), "--formats", "dynamo,onnx", "--out", str(recipe_file))
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert not recipe_file.exists(), "nothing is written when no format works"
+    assert "no recipe written: no format could be exported and validated" in result.stderr
+    for fmt in ("dynamo", "onnx"):
+        assert f"note: {fmt}: left out — exporting component 'model' failed" in result.stderr
+    assert "data-dependent" in result.stderr  # the reason is torch's, not a generic failure
+
+
+def test_the_time_budget_is_kept_and_said(tmp_path: Path) -> None:
+    model = tiny_bert(tmp_path / "model")
+    result = run_cli("init", str(model), "--formats", "dynamo", "--out", str(tmp_path / "r.json"),
+                     "--max-seconds", "1")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "not settled within the time budget of 1 s" in result.stderr
+    assert "round 1" not in result.stderr, "no export starts once the budget is spent"
+
+
+# ── Publishing: the CLI, the Action, the bot ──────────────────────────────────
+
+
+def _upload(hub, folder: Path, repo_id: str) -> None:
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub.url, token=TEST_TOKEN)
+    api.create_repo(repo_id)
+    api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message="Upload a model without a recipe")
+
+
+def _pull_requests(hub, repo_id: str) -> list[dict[str, Any]]:
+    return [d for d in hub.discussions(repo_id) if d.get("isPullRequest")]
+
+
+def test_push_opens_one_pr_with_the_recipe_and_the_action_rerun_changes_nothing(hf_env, tmp_path: Path) -> None:
+    """`hf-export init --push` opens the PR; the Action's `mode: init` on the same repo (same slot, same
+    proposal: deterministic) leaves it unchanged, and shows the table in the job summary."""
+    from tests.test_action import run_action
+
+    hub, repo_id = hf_env, "alice/tiny-bert"
+    _upload(hub, tiny_bert(tmp_path / "model"), repo_id)
+    first = run_cli("init", repo_id, "--formats", "dynamo", "--out", str(tmp_path / "1.json"), "--push", "--quiet",
+                    env={"HF_TOKEN": BOT_TOKEN})
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "publish: created" in first.stderr
+    prs = _pull_requests(hub, repo_id)
+    assert len(prs) == 1
+    proposed = json.loads((tmp_path / "1.json").read_text())
+    assert json.loads(hub.files(repo_id, "refs/pr/1")["export_config.json"]) == proposed
+    assert "export_config.json" not in hub.files(repo_id, "main"), "the recipe arrives by PR only"
+    text = prs[0]["events"][0]["data"]["latest"]["raw"]
+    assert "| target | components | dynamic dims (bounds) | tolerance | export time | rounds |" in text
+    assert '"kind": "recipe"' in text and prs[0]["title"].startswith("Add an export recipe (export_config.json)")
+    commits = len(hub.commits(repo_id, "refs/pr/1"))
+
+    workspace = tmp_path / "ws"
+    run = run_action(workspace, {"model": repo_id, "mode": "init", "formats": "dynamo", "hf-token": BOT_TOKEN},
+                     github=None, hub_url=hub.url, event_name="workflow_dispatch", event={})
+    assert run.returncode == 0, run.log[-4000:]
+    assert run.outputs["status"] == "passed" and run.outputs["pr-operation"] == "unchanged"
+    assert run.outputs["pr-url"].endswith(f"{repo_id}/discussions/1"), run.outputs["pr-url"]
+    assert run.outputs["recipe-path"] == "export-out/export_config.json"
+    assert json.loads((workspace / "export-out" / "export_config.json").read_text()) == proposed, "deterministic"
+    assert json.loads(run.outputs["targets"]) == ["dynamo"]
+    assert json.loads(run.outputs["init-json"])["recipe"] == proposed
+    assert "| ✅ `dynamo` | model | batch 1–64 · sequence 1–128 |" in run.summary
+    assert "**Hub PR:** unchanged" in run.summary
+    assert len(_pull_requests(hub, repo_id)) == 1 and len(hub.commits(repo_id, "refs/pr/1")) == commits
+    _a_changed_proposal_updates_the_pr_and_a_closed_one_is_not_reopened(hub, repo_id, proposed, commits)
+    action_log = "\n".join(line for line in run.log.splitlines() if not line.startswith("::add-mask::"))
+    assert BOT_TOKEN not in first.stderr + first.stdout + action_log + run.summary
+
+
+def _a_changed_proposal_updates_the_pr_and_a_closed_one_is_not_reopened(hub, repo_id: str, proposed: dict[str, Any],
+                                                                         commits: int) -> None:
+    """The publishing rules on their own (no export needed): a different proposal is a commit on the same PR, and a
+    PR the owner closed stays closed for the same proposal."""
+    from huggingface_hub import HfApi
+
+    from exporters.init import InitResult
+    from exporters.init_decide import FormatResult
+    from exporters.init_push import publish_recipe
+    from exporters.status import PASSED
+
+    changed = json.loads(json.dumps(proposed))
+    changed["validation"]["formats"]["dynamo"]["atol"] = 2e-06
+    result = InitResult(model=repo_id, family="text", mode="model", components=["model"], recipe=changed,
+                        formats=[FormatResult("dynamo", status=PASSED)], notes=[], elapsed_s=1.0, versions={})
+    updated = publish_recipe(repo_id, result, token=BOT_TOKEN, endpoint=hub.url)
+    assert updated.operation == "updated" and updated.pr_num == 1, updated
+    assert json.loads(hub.files(repo_id, "refs/pr/1")["export_config.json"]) == changed
+    assert len(hub.commits(repo_id, "refs/pr/1")) == commits + 1 and len(_pull_requests(hub, repo_id)) == 1
+    HfApi(endpoint=hub.url, token=TEST_TOKEN).change_discussion_status(repo_id, 1, "closed")
+    again = publish_recipe(repo_id, result, token=BOT_TOKEN, endpoint=hub.url)
+    assert again.operation == "unchanged" and "not reopened" in again.message, again
+    assert len(_pull_requests(hub, repo_id)) == 1
+
+
+def test_the_bot_proposes_a_recipe_for_an_opted_in_repo_without_one(hf_env, tmp_path: Path) -> None:
+    from bot.settings import BotSettings
+    from bot.store import JobStore
+    from bot.worker import Worker
+
+    hub, repo_id = hf_env, "alice/no-recipe"
+    _upload(hub, tiny_bert(tmp_path / "model"), repo_id)
+    settings = BotSettings(hf_token=BOT_TOKEN, hf_endpoint=hub.url, db_path=tmp_path / "bot.db",
+                           work_dir=tmp_path / "work", allowed=["alice"], job_timeout_seconds=900)
+    store = JobStore(settings.db_path)
+    store.enqueue(repo_id, hub.head(repo_id))
+    skipped = Worker(settings, store).run_once()
+    assert skipped.status == "skipped" and "no recipe" in skipped.reason, "off by default"
+
+    proposing = settings.model_copy(update={"propose_recipes": True})
+    store.enqueue(repo_id, hub.head(repo_id), trigger="comment", trigger_key="1", force=True)
+    job = Worker(proposing, store).run_once()
+    assert job.status == "succeeded", (job.reason, job.error)
+    assert job.operation == "created" and job.pr_url
+    prs = _pull_requests(hub, repo_id)
+    assert len(prs) == 1 and "export_config.json" in hub.files(repo_id, "refs/pr/1")
+    store.enqueue(repo_id, hub.head(repo_id), trigger="comment", trigger_key="2")
+    again = Worker(proposing, store).run_once()
+    assert again.status == "skipped" and "already proposed" in again.reason, again.reason
