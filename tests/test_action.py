@@ -251,7 +251,11 @@ def test_bad_recipe_fails_with_an_annotation_on_its_line(bad_recipe_scenario):
                      r"\$\.exports\[0\]\.opset: unknown key 'opset'", run.stdout,
                      re.M), run.stdout
     assert run.outputs["status"] == "error" and run.outputs["pr-operation"] == "none"
-    assert "Invalid export recipe" in run.summary and "line 5" in run.summary
+    # the summary says what the bot says on the Hub (the library's words): the line linked at this commit, what to do
+    blob = f"https://github.com/{REPO}/blob/{HEAD_SHA}/models/tiny/export_config.json"
+    assert "**Invalid export recipe**: the recipe `export_config.json` is invalid." in run.summary
+    assert f"| [5]({blob}#L5) | `$.exports[0].opset` | unknown key 'opset'" in run.summary
+    assert "**What to do**: fix the lines above and push again (`hf-export check export_config.json`" in run.summary
     comments = bad_recipe_scenario["comments"]
     assert len(comments) == 1 and "unknown key 'opset'" in comments[0].body
 

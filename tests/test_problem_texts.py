@@ -145,3 +145,36 @@ def test_upstream_text_cannot_hide_the_rest_of_the_report():
     assert "> **ExportError**: op &lt;!-- unsupported -->" in markdown
     assert "&lt;!-- hidden probe error" in markdown
     assert "### ✅ `dynamo`" in markdown  # what follows the hostile text is still there
+
+
+def test_the_action_summary_says_what_the_discussion_says(tmp_path):
+    """The Action's job summary for a run stopped before any export is the library's text (`problem_body`), as the
+    bot's discussion is: a Hub repo's recipe lines linked on the Hub, remote code worded with the Action's inputs."""
+    from types import SimpleNamespace
+
+    from action.main import OPTION_NAMES
+    from action.summary import problem_markdown, recipe_url
+
+    problem = _recipe_problem(tmp_path)
+    hub_model = SimpleNamespace(github=SimpleNamespace(repository="acme/widgets", sha="f" * 40,
+                                                       server_url="https://github.com"),
+                                model_path=None, model="acme/tiny", hf_endpoint=HUB, revision=None)
+    url = recipe_url(hub_model, None, "export_config.json")
+    assert url == f"{HUB}/acme/tiny/blob/main/export_config.json"
+    assert recipe_url(hub_model, "models/my recipe.json", "my recipe.json") == \
+        f"https://github.com/acme/widgets/blob/{'f' * 40}/models/my%20recipe.json"
+    summary = problem_markdown("acme/tiny", "Invalid export recipe", problem, file_url=url, run_url="https://run")
+    discussion = problem_description(problem, repo_id="acme/tiny", source_sha=SHA, endpoint=HUB)
+    for text, at in ((summary, "main"), (discussion, SHA)):
+        assert f"| [5]({HUB}/acme/tiny/blob/{at}/export_config.json#L5) | `$.exports[0].opset_version` | Input " \
+               "should be a valid integer |" in text
+        assert "**What to do**: fix the lines above and push" in text
+    assert summary.startswith("### ❌ Export of `acme/tiny`: **error**\n\n**Invalid export recipe**: the recipe "
+                              "`export_config.json` is invalid. No export ran")
+    assert "<!--" not in summary and "[Workflow run](https://run)" in summary
+
+    refused = problem_from_error(RemoteCodeError("acme/x runs its own code; allow it with `trust_remote_code`",
+                                                 option="trust_remote_code"))
+    summary = problem_markdown("acme/x", "Remote code refused", refused, names=OPTION_NAMES)
+    assert "> acme/x runs its own code; allow it with the input `trust-remote-code: true`" in summary
+    assert "was allowed (the input `trust-remote-code: true`)" in summary

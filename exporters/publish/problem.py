@@ -67,10 +67,10 @@ HEADLINES: dict[str, str] = {
     "device": "the recipe asks for a device the exporter does not have",
 }
 WHAT_TO_DO: dict[str, str] = {
-    "recipe": "fix the lines above and push to `{base}` (`hf-export check {file}` checks a recipe on your machine; "
+    "recipe": "fix the lines above and {push} (`hf-export check {file}` checks a recipe on your machine; "
               "the recipe format: the JSON Schema `export_config.schema.json` and `docs/recipe.md` of export-action).",
-    "model": "make sure the model loads with `transformers` at this commit (`config.json`, the weights), then push "
-             "to `{base}`.",
+    "model": "make sure the model loads with `transformers` at this commit (`config.json`, the weights), then "
+             "{push}.",
     "remote_code": "a model with its own code (`auto_map` in `config.json`) is exported only where running that code "
                    "was allowed (`trust_remote_code`): ask for it, or use an architecture `transformers` ships.",
     "device": "make the recipe's targets run on the CPU (`device`), or export on a machine with the device.",
@@ -181,23 +181,40 @@ def problem_title(problem: Problem, source_sha: str) -> str:
     return f"Export blocked: {problem.headline.replace('`', '')} (source {source_sha[:7]})"[:200]
 
 
-def problem_description(problem: Problem, *, repo_id: str, source_sha: str, endpoint: str, base: str = "main",
-                        names: Mapping[str, str] | None = None, notes: Sequence[str] | None = None) -> str:
-    """The discussion's text: what stops the export, each recipe problem with its JSON path and its line linked at
-    the commit, what to do, the caller's `notes` (default: `texts.NOTES`), the marker."""
-    lines = [f"**export-action cannot export `{repo_id}` at `{source_sha[:7]}`**: {problem.headline}. Nothing was "
-             "exported or published.", ""]
+def problem_body(problem: Problem, *, file_url: str | None = None, base: str | None = "main",
+                 names: Mapping[str, str] | None = None) -> list[str]:
+    """What stops the export, in Markdown lines, for every front end (the Hub discussion, the Action's job summary):
+    each recipe problem with its JSON path and its line (linked as `{file_url}#L{line}` when the file has an
+    address), or the message; then what to do (`base`: the branch to push the fix to; None: not named).
+
+    Example:
+        >>> body = problem_body(Problem("model", "no config.json in acme/x"), base=None)
+        >>> body[0], body[-1][:40]
+        ('> no config.json in acme/x', '**What to do**: make sure the model load')
+    """
+    lines = []
     if problem.problems:
         lines += ["| line | JSON path | problem |", "|---|---|---|"]
         for entry in problem.problems:
-            where = (f"[{entry.line}]({line_url(endpoint, repo_id, source_sha, problem.file or '', entry.line)})"
-                     if entry.line and problem.file else "–")
+            where = str(entry.line) if entry.line else "–"
+            if entry.line and file_url:
+                where = f"[{entry.line}]({file_url}#L{entry.line})"
             lines.append(f"| {where} | {_code(entry.path)} | {cell(_worded(entry.message, names), 500)} |")
     else:
         lines.append(f"> {cell(_worded(problem.message, names), 1500)}")
-    what = WHAT_TO_DO[problem.kind].format(base=base, file=problem.file or "export_config.json")
-    lines += ["", f"**What to do**: {_worded(what, names)}", "",
-              f"This discussion is updated by later runs, and closed once an export of `{base}` passes.", ""]
+    push = f"push to `{base}`" if base else "push again"
+    what = WHAT_TO_DO[problem.kind].format(push=push, file=problem.file or "export_config.json")
+    return [*lines, "", f"**What to do**: {_worded(what, names)}"]
+
+
+def problem_description(problem: Problem, *, repo_id: str, source_sha: str, endpoint: str, base: str = "main",
+                        names: Mapping[str, str] | None = None, notes: Sequence[str] | None = None) -> str:
+    """The discussion's text: what stops the export (`problem_body`, each recipe line linked to the file at the
+    commit), that the discussion follows later runs, the caller's `notes` (default: `texts.NOTES`), the marker."""
+    file_url = line_url(endpoint, repo_id, source_sha, problem.file, None) if problem.file else None
+    lines = [f"**export-action cannot export `{repo_id}` at `{source_sha[:7]}`**: {problem.headline}. Nothing was "
+             "exported or published.", "", *problem_body(problem, file_url=file_url, base=base, names=names), "",
+             f"This discussion is updated by later runs, and closed once an export of `{base}` passes.", ""]
     lines += [*(texts.NOTES if notes is None else notes)]
     return "\n".join([*lines, "", render_marker(problem_marker(problem, source_sha, base=base))])
 
@@ -259,5 +276,5 @@ def close_failure_discussions(repo_id: str, *, comment: str, token: str | None =
     return closed
 
 
-__all__ = ["PROBLEM_FILE", "Problem", "close_failure_discussions", "line_url", "problem_description",
-           "problem_from_error", "problem_marker", "problem_title", "read_problem", "report_problem", "write_problem"]
+__all__ = ["PROBLEM_FILE", "Problem", "close_failure_discussions", "line_url", "problem_body",
+           "problem_description", "problem_from_error", "problem_marker", "problem_title", "read_problem", "report_problem", "write_problem"]
