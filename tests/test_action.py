@@ -456,7 +456,8 @@ def test_markdown_around_log_excerpts_keeps_its_fences_closed():
 
     report_md = "## Export report\n\n````\n" + "log line\n" * 10 + "```` not a close\n"  # cut mid-fence
     report = {"status": "failed", "source": {"model": "o/m"}, "targets": [
-        {"name": "a", "status": "failed", "error": {"type": "E", "message": "boom <!-- swallow the rest"}}]}
+        {"name": "a", "export_format": "onnx", "mode": "model", "status": "failed",
+         "error": {"type": "E", "message": "boom <!-- swallow the rest"}}]}
     text = run_markdown(report, report_md, None)
     body, _, tail = text.rpartition("</details>")
     assert close_fences(body) == body and "&lt;!-- swallow" in text and "<!-- swallow" not in text
