@@ -4,7 +4,7 @@
 |---------------------------|---------------------------------------------------------------------------------------|
 | `POST /webhooks/hub`      | a delivery: 202 `{"status": queued|delayed|duplicate|ignored|rate_limited}`          |
 | `GET /healthz`            | 200 `{"status": "ok"}` when the job store answers (503 otherwise)                     |
-| `GET /jobs`, `/jobs/{id}` | jobs as JSON (newest first; `?status=`, `?repo=`, `?limit=`)                         |
+| `GET /jobs`, `/jobs/{id}` | jobs as JSON (newest first; `?status=`, `?repo=`, `?limit=`, `?before=` a job id)     |
 | `GET /jobs/{id}/report`   | the run's report.md (local backend); `/jobs/{id}/log`: its log, secrets scrubbed       |
 | `GET /`                   | the HTML status page: jobs newest first, paged (`?before=`/`?after=` a job id, `?status=`) |
 
