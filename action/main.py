@@ -35,7 +35,7 @@ from exporters.errors import ExportActionError
 
 from .commands import add_mask, emit, error, group, set_outputs, untrusted, warning, write_summary
 from .settings import Settings, SettingsError, read_input
-from .summary import comment_marker, error_markdown, run_markdown, targets_markdown
+from .summary import comment_marker, error_markdown, problem_markdown, recipe_url, run_markdown, targets_markdown
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 LOG_TAIL_CHARS = 20_000
@@ -141,13 +141,20 @@ def _comment(settings: Settings, body: str) -> str | None:
     return sticky.url
 
 
-def _fail(settings: Settings, title: str, problems: list[tuple[str | None, int | None, str]]) -> int:
-    """A run that could not start: annotations, `status=error`, summary, comment; exit 2 (0 without fail-on-error)."""
+def _fail(settings: Settings, title: str, problems: list[tuple[str | None, int | None, str]], *,
+          problem: Any = None, file_url: str | None = None) -> int:
+    """A run that could not start: annotations, `status=error`, summary, comment; exit 2 (0 without fail-on-error).
+    A `problem` (bad recipe, model, remote code) is told in the summary by the library's words, as the bot tells a
+    Hub repo (`exporters.publish.problem.problem_body`): each recipe line linked at `file_url`, what to do."""
     for file, line, message in problems:
         error(message, file=file, line=line, title=title)
-    lines = [(f"`{file}`" + (f" line {line}" if line else "") + ": " if file else "") + message
-             for file, line, message in problems]
-    markdown = error_markdown(settings.model or "?", title, lines, run_url=settings.github.run_url)
+    if problem is not None:
+        markdown = problem_markdown(settings.model or "?", title, problem, file_url=file_url, names=OPTION_NAMES,
+                                    run_url=settings.github.run_url)
+    else:
+        lines = [(f"`{file}`" + (f" line {line}" if line else "") + ": " if file else "") + message
+                 for file, line, message in problems]
+        markdown = error_markdown(settings.model or "?", title, lines, run_url=settings.github.run_url)
     write_summary(settings.github.summary_file, markdown)
     set_outputs(settings.github.output_file, {"status": "error", "pr-operation": "none", "pr-url": ""})
     _comment(settings, markdown)
@@ -159,6 +166,8 @@ def _worded(err: ExportActionError) -> str:
 
 
 def _recipe_failure(settings: Settings, err) -> int:
+    from exporters.publish.problem import problem_from_error
+
     file = _relative(settings, err.file)
     name = Path(err.file).name if err.file else "recipe"
     located = []
@@ -171,7 +180,8 @@ def _recipe_failure(settings: Settings, err) -> int:
                             f": {where}{message}"))
         else:
             located.append((file, line, f"{where}{message}"))
-    return _fail(settings, "Invalid export recipe", located)
+    return _fail(settings, "Invalid export recipe", located, problem=problem_from_error(err),
+                 file_url=recipe_url(settings, file, name))
 
 
 # ── Mode: run ─────────────────────────────────────────────────────────────────
@@ -300,13 +310,16 @@ def run_mode(settings: Settings) -> int:
         except RecipeError as err:
             failure = err
         except RemoteCodeError as err:
-            failure = ("Remote code refused", _worded(err))
+            failure = ("Remote code refused", err)
         except (ModelSourceError, DeviceError) as err:
-            failure = ("Cannot load the model", _worded(err))
+            failure = ("Cannot load the model", err)
     if isinstance(failure, RecipeError):
         return _recipe_failure(settings, failure)
     if failure is not None:
-        return _fail(settings, failure[0], [(None, None, failure[1])])
+        from exporters.publish.problem import problem_from_error
+
+        title, err = failure
+        return _fail(settings, title, [(None, None, _worded(err))], problem=problem_from_error(err))
     return _finish(settings, report)
 
 

@@ -12,10 +12,15 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 from exporters.markdown import ICONS, cell, reason, variants_table
+from exporters.publish.problem import Problem, line_url, problem_body
 from exporters.publish.texts import close_fences
+
+DEFAULT_HUB = "https://huggingface.co"
 
 MARKER_PREFIX = "<!-- hf-export-action"
 OPERATION_WORDS = {"created": "opened", "updated": "updated", "unchanged": "unchanged"}
@@ -91,6 +96,31 @@ def error_markdown(model: str, title: str, problems: list[str], *, run_url: str 
     if run_url:
         lines += ["", f"<sub>[Workflow run]({run_url})</sub>"]
     return "\n".join(lines) + "\n"
+
+
+def problem_markdown(model: str, title: str, problem: Problem, *, file_url: str | None = None,
+                     names: Mapping[str, str] | None = None, run_url: str | None = None) -> str:
+    """The summary/comment for a run stopped by a `problem` (bad recipe, model, remote code): the library's words,
+    the same the bot posts in a Hub repo's discussion (each recipe line linked at `file_url`, what to do)."""
+    lines = [f"### ❌ Export of `{model}`: **error**", "",
+             f"**{title}**: {problem.headline}. No export ran, so no Hub PR was opened.", "",
+             *problem_body(problem, file_url=file_url, base=None, names=names)]
+    if run_url:
+        lines += ["", f"<sub>[Workflow run]({run_url})</sub>"]
+    return "\n".join(lines) + "\n"
+
+
+def recipe_url(settings: Any, file: str | None, name: str) -> str | None:
+    """Where the recipe is shown: this repository's `file` at the workflow's commit, else the Hub repo's recipe
+    `name` at the run's revision (None: neither has an address)."""
+    github = settings.github
+    if file is not None:
+        if not (github.repository and github.sha):
+            return None
+        return f"{github.server_url.rstrip('/')}/{github.repository}/blob/{github.sha}/{quote(file)}"
+    if settings.model_path is None and settings.model:
+        return line_url(settings.hf_endpoint or DEFAULT_HUB, settings.model, settings.revision or "main", name, None)
+    return None
 
 
 def targets_markdown(model: str, targets: list[dict[str, Any]]) -> str:

@@ -4,9 +4,9 @@
 |---------------------------|---------------------------------------------------------------------------------------|
 | `POST /webhooks/hub`      | a delivery: 202 `{"status": queued|delayed|duplicate|ignored|rate_limited}`          |
 | `GET /healthz`            | 200 `{"status": "ok"}` when the job store answers (503 otherwise)                     |
-| `GET /jobs`, `/jobs/{id}` | jobs as JSON (newest first; `?status=`, `?repo=`, `?limit=`)                         |
+| `GET /jobs`, `/jobs/{id}` | jobs as JSON (newest first; `?status=`, `?repo=`, `?limit=`, `?before=` a job id)     |
 | `GET /jobs/{id}/report`   | the run's report.md (local backend); `/jobs/{id}/log`: its log, secrets scrubbed       |
-| `GET /`                   | an HTML status page of recent jobs                                                    |
+| `GET /`                   | the HTML status page: jobs newest first, paged (`?before=`/`?after=` a job id, `?status=`) |
 
 The intake answers at once and never exports: it checks the secret (constant time; missing 401, wrong 403), the
 content type (415), the size (413, from Content-Length and from the bytes actually read), parses the payload with
@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import html
 import json
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -49,7 +47,8 @@ from .intake import Decision, decide
 from .members import Members, MembershipError
 from exporters.redact import scrub
 from .settings import BotSettings, SettingsError
-from .store import STATES, Job, JobStore
+from .page import PAGE_SIZE, PageNav, public_view, render_status_page
+from .store import STATES, JobStore
 
 log = logging.getLogger("bot.app")
 SECRET_HEADER = "x-webhook-secret"
@@ -61,34 +60,6 @@ class _TooLarge(Exception):
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
-
-
-def public_view(job: Job, settings: BotSettings) -> dict[str, Any]:
-    """A job as the API and the status page show it (a private repo's details hidden unless `show_private`)."""
-    data = job.to_dict()
-    data.pop("requested_by", None)
-    data["links"] = _links(job)
-    if job.private and not settings.show_private:
-        for key in ("repo", "head_sha", "pr_url", "discussion_url", "report_path", "log_path", "dispatch", "error",
-                    "reason", "notes", "recipe_sha256", "weights_key"):
-            data[key] = None
-        data["repo"], data["links"] = "(private repo)", {}
-    return data
-
-
-def _links(job: Job) -> dict[str, str]:
-    links = {}
-    if job.pr_url:
-        links["pr"] = job.pr_url
-    if job.discussion_url:
-        links["discussion"] = job.discussion_url
-    if job.report_path:
-        links["report"] = f"/jobs/{job.id}/report"
-    if job.log_path:
-        links["log"] = f"/jobs/{job.id}/log"
-    if job.dispatch and job.dispatch.get("run_url"):
-        links["run"] = job.dispatch["run_url"]
-    return links
 
 
 def create_app(settings: BotSettings, store: JobStore | None = None, *, embedded_worker: bool = False) -> FastAPI:
@@ -190,10 +161,10 @@ def create_app(settings: BotSettings, store: JobStore | None = None, *, embedded
 
     @app.get("/jobs")
     def list_jobs(limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0), status: str | None = None,
-                  repo: str | None = None) -> Response:
+                  repo: str | None = None, before: int | None = Query(None, ge=1)) -> Response:
         if status is not None and status not in STATES:
             return _error(400, f"status must be one of {list(STATES)}")
-        jobs = store.list(limit=limit, offset=offset, status=status, repo=repo)
+        jobs = store.list(limit=limit, offset=offset, status=status, repo=repo, before=before)
         if repo is not None and not settings.show_private:
             jobs = [j for j in jobs if not j.private]  # a private repo answers like one without jobs
         return JSONResponse({"jobs": [public_view(j, settings) for j in jobs], "counts": store.counts()})
@@ -225,9 +196,20 @@ def create_app(settings: BotSettings, store: JobStore | None = None, *, embedded
         return _job_file(job_id, "log_path")
 
     @app.get("/", response_class=HTMLResponse)
-    def status_page(limit: int = Query(50, ge=1, le=500)) -> HTMLResponse:
-        jobs = [public_view(j, settings) for j in store.list(limit=limit)]
-        return HTMLResponse(render_status_page(jobs, store.counts(), settings))
+    def status_page(limit: int = Query(PAGE_SIZE, ge=1, le=500), before: int | None = Query(None, ge=1),
+                    after: int | None = Query(None, ge=0), status: str | None = None) -> Response:
+        status = status or None
+        if status is not None and status not in STATES:
+            return _error(400, f"status must be one of {list(STATES)}")
+        jobs = store.list(limit=limit, status=status, before=before, after=None if before else after)
+        if not jobs and after is not None:  # nothing newer: the newest page
+            jobs = store.list(limit=limit, status=status)
+        older = jobs and store.list(limit=1, status=status, before=jobs[-1].id)
+        newer = jobs and store.list(limit=1, status=status, after=jobs[0].id)
+        nav = PageNav(status, limit, older_than=jobs[-1].id if older else None,
+                      newer_than=jobs[0].id if newer else None)
+        return HTMLResponse(render_status_page([public_view(j, settings) for j in jobs], store.counts(), settings,
+                                               nav))
 
     return app
 
@@ -247,50 +229,3 @@ def _describe(err: Exception) -> str:
         more = f" (+{err.error_count() - 3} more)" if err.error_count() > 3 else ""
         return "; ".join(parts) + more
     return f"invalid JSON ({str(err)[:120]})"
-
-
-_LINK_LABELS = {"pr": "PR", "discussion": "discussion", "report": "report", "log": "log", "run": "Actions run"}
-_STATUS_COLOURS = {"queued": "#6b7280", "running": "#2563eb", "succeeded": "#16a34a", "failed": "#dc2626",
-                   "skipped": "#a16207"}
-
-
-def render_status_page(jobs: list[dict[str, Any]], counts: dict[str, int], settings: BotSettings) -> str:
-    """The HTML status page: counts per status, then one row per job (every value escaped)."""
-    e = html.escape
-    rows = []
-    for job in jobs:
-        links = " ".join(f'<a class="link" href="{e(url)}">{e(_LINK_LABELS.get(name, name))}</a>'
-                         for name, url in job["links"].items())
-        colour = _STATUS_COLOURS.get(job["status"], "#000")
-        duration = f"{job['duration_s']:.1f}s" if job["duration_s"] is not None else ""
-        rows.append(
-            f'<tr class="job" data-job-id="{job["id"]}" data-status="{e(job["status"])}">'
-            f'<td>{job["id"]}</td><td class="repo">{e(job["repo"] or "")}</td>'
-            f'<td><code>{e((job["head_sha"] or "")[:8])}</code></td><td>{e(job["trigger"])}</td>'
-            f'<td><span class="status" style="background:{colour}">{e(job["status"])}</span></td>'
-            f'<td>{job["attempts"]}/{job["max_attempts"]}</td><td>{e(job["created_at"] or "")}</td>'
-            f'<td>{e(duration)}</td><td>{links}</td><td class="reason">{e(job["reason"] or "")}</td></tr>')
-    summary = " · ".join(f"{e(k)}: {v}" for k, v in counts.items())
-    empty = '<tr><td colspan="10">No jobs yet.</td></tr>'
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="15">
-<title>export-action bot</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2rem; color: #111; }}
-table {{ border-collapse: collapse; width: 100%; font-size: 14px; }}
-th, td {{ border-bottom: 1px solid #e5e7eb; padding: 6px 8px; text-align: left; vertical-align: top; }}
-.status {{ color: #fff; border-radius: 4px; padding: 1px 6px; }}
-.reason {{ color: #4b5563; max-width: 32rem; }}
-.link {{ margin-right: .5rem; }}
-</style></head>
-<body>
-<h1>export-action bot</h1>
-<p id="summary">backend <b>{e(settings.backend)}</b> · {summary} · rendered {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}</p>
-<table id="jobs"><thead><tr><th>#</th><th>repo</th><th>commit</th><th>trigger</th><th>status</th><th>attempts</th>
-<th>created (UTC)</th><th>took</th><th>links</th><th>reason</th></tr></thead>
-<tbody>
-{chr(10).join(rows) or empty}
-</tbody></table>
-<p><a href="/jobs">jobs as JSON</a> · <a href="/healthz">health</a></p>
-</body></html>
-"""

@@ -6,7 +6,9 @@ the CLI and returns a `RepoState`:
 
 - `recipe_sha256`: `Recipe.sha256()` of the normalised recipe (None without a recipe, or when it is invalid);
 - `weights_key`: a hash of the names and content ids (LFS sha256 or git blob id) of the top-level weight and config
-  files, from the Hub's metadata: the same files `exporters.hashing.weights_fingerprint` hashes, without downloading.
+  files, from the Hub's metadata: the same files `exporters.hashing.weights_fingerprint` hashes, without downloading;
+- `recipe_problem`: an invalid recipe as the library's `Problem` (every JSON path and line), to tell the repo;
+- `opted_out`: the repo holds the opt-out file (`bot.texts.OPT_OUT_FILE`).
 
 Example:
     >>> state = inspect_repo("acme/tiny", "main", token=None, endpoint="http://127.0.0.1:8000")  # doctest: +SKIP
@@ -34,7 +36,10 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 
 from exporters.hashing import is_weight_file  # the files whose content makes an export's inputs
 from exporters.errors import RecipeError
+from exporters.publish.problem import Problem, problem_from_error
 from exporters.source import RECIPE_FILES
+
+from .texts import OPT_OUT_FILE
 
 
 class HubCheckError(Exception):
@@ -56,6 +61,8 @@ class RepoState:
     recipe_file: str | None = None
     recipe_sha256: str | None = None
     recipe_error: str | None = None
+    recipe_problem: Problem | None = None
+    opted_out: bool = False
     target_names: list[str] = field(default_factory=list)
     weights_key: str = ""
     head_authors: list[str] = field(default_factory=list)
@@ -94,7 +101,8 @@ def inspect_repo(repo_id: str, revision: str, *, token: str | None, endpoint: st
             lfs = getattr(sibling, "lfs", None)
             ids[sibling.rfilename] = (lfs.sha256 if lfs else None) or sibling.blob_id or ""
         state = RepoState(repo_id=repo_id, head_sha=info.sha or revision, weights_key=weights_key(ids),
-                          private=bool(info.private) if info.private is not None else None)
+                          private=bool(info.private) if info.private is not None else None,
+                          opted_out=OPT_OUT_FILE in ids)
         present = [name for name in RECIPE_FILES if name in ids]
         if present:
             with tempfile.TemporaryDirectory(prefix="export-bot-recipe-") as tmp:
@@ -104,8 +112,9 @@ def inspect_repo(repo_id: str, revision: str, *, token: str | None, endpoint: st
                 try:
                     found = find_recipe(Path(tmp))
                 except RecipeError as err:
-                    state.recipe_file = present[0]
-                    state.recipe_error = _recipe_error_text(err)
+                    state.recipe_problem = problem_from_error(err)
+                    state.recipe_file = (state.recipe_problem.file if state.recipe_problem else None) or present[0]
+                    state.recipe_error = "\n".join(problem.render() for problem in err.problems)
                 else:
                     if found is not None:
                         recipe, path, _ = found
@@ -150,7 +159,3 @@ def whoami_id(*, token: str | None, endpoint: str | None) -> tuple[str, str] | N
     except (HfHubHTTPError, OSError) as err:
         raise HubCheckError(f"could not identify the bot's token: {type(err).__name__}", permanent=False) from None
     return str(data.get("id", "")), str(data.get("name", ""))
-
-
-def _recipe_error_text(err: RecipeError) -> str:
-    return "; ".join(problem.render() for problem in err.problems)

@@ -102,7 +102,8 @@ class BotSettings(BaseModel):
     propose_recipes: bool = Field(
         default=False, description="For opted-in repos without a recipe: run `hf-export init --push` (a PR "
                                    "proposing a probed export_config.json) instead of skipping them (local backend).")
-    python: str | None = Field(default=None, description="Interpreter for `python -m exporters.cli` (default: ours).")
+    python: str | None = Field(default=None,
+                               description="Interpreter for the export run, `python -m bot.export_run` (default: ours).")
     # GitHub backend
     github_token: SecretStr | None = Field(default=None, description="Token allowed to dispatch the workflow.")
     github_api_url: str = Field(default="https://api.github.com", description="GitHub REST API base URL.")

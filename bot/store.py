@@ -347,20 +347,29 @@ class JobStore:
         row = self._conn().execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return Job.from_row(row) if row else None
 
-    def list(self, *, limit: int = 50, offset: int = 0, status: str | None = None,
-             repo: str | None = None) -> list[Job]:
-        """Newest first."""
+    def list(self, *, limit: int = 50, offset: int = 0, status: str | None = None, repo: str | None = None,
+             before: int | None = None, after: int | None = None) -> list[Job]:
+        """Newest first. Pages by id (cheap at any depth): `before` lists the jobs older than that id, `after` the
+        `limit` jobs just newer than it (still newest first)."""
         where, args = [], []
-        if status:
-            where.append("status = ?")
-            args.append(status)
-        if repo:
-            where.append("repo = ?")
-            args.append(repo)
+        for column, operator, value in (("status", "=", status), ("repo", "=", repo), ("id", "<", before),
+                                        ("id", ">", after)):
+            if value is not None and value != "":
+                where.append(f"{column} {operator} ?")
+                args.append(value)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
-        rows = self._conn().execute(f"SELECT * FROM jobs {clause} ORDER BY id DESC LIMIT ? OFFSET ?",
+        order = "ASC" if after is not None and before is None else "DESC"  # the page just above `after`
+        rows = self._conn().execute(f"SELECT * FROM jobs {clause} ORDER BY id {order} LIMIT ? OFFSET ?",
                                     (*args, limit, offset)).fetchall()
-        return [Job.from_row(r) for r in rows]
+        jobs = [Job.from_row(r) for r in rows]
+        return jobs[::-1] if order == "ASC" else jobs
+
+    def last_outcome(self, repo: str, *, exclude: int | None = None) -> Job | None:
+        """The latest job of `repo` that ran to an end (succeeded or failed; skipped ones said nothing)."""
+        row = self._conn().execute(
+            "SELECT * FROM jobs WHERE repo = ? AND id != ? AND status IN ('succeeded', 'failed') ORDER BY id DESC "
+            "LIMIT 1", (repo, exclude or -1)).fetchone()
+        return Job.from_row(row) if row else None
 
     def counts(self) -> dict[str, int]:
         """Jobs per status, plus `deliveries` (webhook deliveries folded into jobs)."""

@@ -5,11 +5,17 @@ One `Worker` runs `concurrency` threads. For each claimed job:
 1. skip a push job when a newer push of the same repo is queued, running or done (superseded: the newer commit is
    exported instead); (backends that need it) read the repo at the job's commit (`hubcheck.inspect_repo`) and
    record the recipe hash, the weights key and whether the repo is private now; then skip, with the reason on the
-   job, when: the commit is the bot's own, the comment that asked is the bot's own, there is no recipe, or (unless
-   forced by a comment) the same recipe and weights were already exported successfully. An invalid recipe fails the
-   job without exporting. The bot's own identity (`whoami`) is asked again after a failure, never cached as unknown.
+   job and nothing said on the Hub, when: the repo opted out (`bot.texts.OPT_OUT_FILE`), the commit is the bot's
+   own, the comment that asked is the bot's own, there is no recipe, or (unless forced by a comment) the same recipe
+   and weights were already exported successfully (a failure discussion left open by a later run is then closed).
+   An invalid recipe fails the job without exporting. The bot's own identity (`whoami`) is asked again after a
+   failure, never cached as unknown.
 2. run the backend, renewing the lease every `lease_seconds / 3`; a lost lease cancels the run.
 3. record the outcome: succeeded / failed, or queued again with exponential backoff on a transient failure.
+
+A job that could not export at all (an invalid recipe, a model that cannot be loaded, refused remote code) tells the
+repo: `exporters.publish.report_problem` opens the one failure discussion or updates it; the texts are the
+library's, the bot adds how to stop it (`bot.texts`). A run that passes closes it (publishing does).
 
 Example:
     >>> from bot.settings import BotSettings
@@ -33,11 +39,15 @@ import traceback
 import uuid
 from pathlib import Path
 
+from exporters.errors import PublishError
+from exporters.publish import Problem, close_failure_discussions, report_problem
+from exporters.redact import scrub, tail
+
 from .backends import Backend, JobContext, get_backend
 from .hubcheck import HubCheckError, RepoState, inspect_repo, whoami_id
-from exporters.redact import scrub, tail
 from .settings import BotSettings
 from .store import FAILED, SKIPPED, Job, JobStore
+from .texts import OPT_OUT_FILE, OPT_OUT_NOTE, OPTION_NAMES
 
 log = logging.getLogger("bot.worker")
 IDENTITY_RETRY_SECONDS = 60.0
@@ -148,18 +158,24 @@ class Worker:
             except sqlite3.IntegrityError:  # that head already has a job with this trigger: keep ours as is
                 fields.pop("head_sha", None)
                 self.store.record(job.id, owner, **fields)
-            skip = self._skip_reason(job, state)
+            skip, exported = self._skip_reason(job, state)
             if skip:
+                if exported is not None:
+                    skip += self._close_stale_discussion(job, state, exported)
                 self._end(job, owner, SKIPPED, reason=skip)
                 return
-            if state.recipe_error:
-                self._end(job, owner, FAILED, reason=f"invalid recipe in {state.recipe_file}",
-                          error=scrub(state.recipe_error, self.settings.secrets()))
+            if state.recipe_problem is not None:
+                self._blocked(job, owner, state.recipe_problem, state.head_sha, f"invalid recipe in {state.recipe_file}")
                 return
         ctx = JobContext(job=job, state=state, settings=self.settings,
                          job_dir=Path(self.settings.work_dir) / f"job-{job.id}", cancelled=cancelled)
         self.store.record(job.id, owner, backend=self.backend.name)
         outcome = self.backend.run(ctx)
+        if outcome.status == "failed" and outcome.problem is not None:
+            commit = state.head_sha if state else job.head_sha
+            fields = outcome.fields()
+            self._blocked(job, owner, outcome.problem, commit, fields.pop("reason"), **fields)
+            return
         if outcome.status == "succeeded" and outcome.operation == "superseded":  # exported, but nothing published
             self._end(job, owner, SKIPPED, **outcome.fields())
             return
@@ -179,24 +195,65 @@ class Worker:
         return (not state.has_recipe and self.settings.propose_recipes
                 and getattr(self.backend, "proposes_recipes", False))
 
-    def _skip_reason(self, job: Job, state: RepoState) -> str | None:
+    def _skip_reason(self, job: Job, state: RepoState) -> tuple[str | None, Job | None]:
+        """Why the job needs no run (None: it does), and the job that exported the same inputs, if that is why."""
+        if state.opted_out:
+            return (f"the repo opted out of the bot ({OPT_OUT_FILE} at {state.head_sha[:8]}): nothing is exported or "
+                    "said on the Hub until the file is removed"), None
         identity = self._bot_identity()
         names = {self.settings.bot_name} | ({identity[1]} if identity else set())
         if job.trigger == "push" and state.head_authors and set(state.head_authors) <= names:
-            return f"commit {state.head_sha[:8]} is the bot's own"
+            return f"commit {state.head_sha[:8]} is the bot's own", None
         if job.trigger == "comment" and job.requested_by and identity and job.requested_by == identity[0]:
-            return "the comment asking for an export is the bot's own"
+            return "the comment asking for an export is the bot's own", None
         if not state.has_recipe:
-            if not (self.settings.propose_recipes and getattr(self.backend, "proposes_recipes", False)):
-                return f"no recipe at {state.head_sha[:8]} (no export_config.json, no 'export_config' in config.json)"
+            if not self._proposes(state):
+                return (f"no recipe at {state.head_sha[:8]} (no export_config.json, no 'export_config' in "
+                        "config.json)"), None
             previous = self.store.find_exported(job.repo, PROPOSAL_KEY, state.weights_key, exclude=job.id)
             if previous is not None and not job.force:
-                return f"a recipe was already proposed by job #{previous.id} for these weights"
+                return f"a recipe was already proposed by job #{previous.id} for these weights", None
         if not job.force and state.recipe_sha256 and not state.recipe_error:
             previous = self.store.find_exported(job.repo, state.recipe_sha256, state.weights_key, exclude=job.id)
             if previous is not None:
-                return f"already exported by job #{previous.id} (same recipe and weights)"
-        return None
+                return (f"nothing changed: already exported by job #{previous.id} (same recipe and weights"
+                        f"{', ' + _thread(previous.pr_url) if previous.pr_url else ''})"), previous
+        return None, None
+
+    def _blocked(self, job: Job, owner: str, problem: Problem, commit: str, reason: str, **fields) -> None:
+        """The job could not export at all: tell the repo (the library's discussion), then fail the job with the
+        problem's lines as its error. A Hub failure that may pass is retried; another one is noted on the job."""
+        problem = problem.scrubbed(self.settings.secrets())
+        fields["error"] = "\n".join(problem.lines(OPTION_NAMES))
+        try:
+            told = report_problem(job.repo, problem, source_sha=commit, token=self._token(),
+                                  endpoint=self.settings.hf_endpoint, names=OPTION_NAMES, notes=[OPT_OUT_NOTE])
+        except PublishError as err:
+            message = scrub(str(err), self.settings.secrets())
+            if err.retryable:
+                self._retry(job, owner, f"{reason}; could not tell the repo: {message}")
+            else:
+                self._end(job, owner, FAILED, reason=f"{reason}; could not tell the repo: {message}", **fields)
+            return
+        fields.update(operation=told.operation, discussion_url=told.discussion_url or fields.get("discussion_url"))
+        self._end(job, owner, FAILED, reason=f"{reason}; {told.message}",
+                  **{k: v for k, v in fields.items() if v is not None})
+
+    def _close_stale_discussion(self, job: Job, state: RepoState, exported: Job) -> str:
+        """The repo is back to inputs exported before: close the failure discussion a later run left open (only
+        when the repo's last run ended with one). What was done, for the job's reason."""
+        last = self.store.last_outcome(job.repo, exclude=job.id)
+        if last is None or last.status != FAILED or not last.discussion_url:
+            return ""
+        where = _thread(exported.pr_url) if exported.pr_url else f"job #{exported.id}"
+        comment = (f"Resolved: `main` is now at `{state.head_sha[:7]}`, whose recipe and weights were exported "
+                   f"already ({where}); nothing here needs fixing any more.")
+        try:
+            closed = close_failure_discussions(job.repo, comment=comment, token=self._token(),
+                                               endpoint=self.settings.hf_endpoint)
+        except PublishError as err:
+            return f"; could not close the failure discussion: {scrub(str(err), self.settings.secrets())}"
+        return f"; closed discussion {', '.join(f'#{n}' for n in closed)}" if closed else ""
 
     # ------------------------------------------------------------------------------------------ helpers
     def _end(self, job: Job, owner: str, status: str, **fields) -> None:
@@ -236,3 +293,8 @@ class Worker:
             log.warning("%s; asking again in %.0fs", err, IDENTITY_RETRY_SECONDS)
             self._identity_retry_at = time.monotonic() + IDENTITY_RETRY_SECONDS
         return self._identity
+
+
+def _thread(url: str) -> str:
+    """`PR #3` from a Hub discussion URL."""
+    return f"PR #{url.rstrip('/').rsplit('/', 1)[-1]}"

@@ -1,7 +1,8 @@
 """`hf-export`: run a recipe, check a recipe, re-validate saved artifacts, propose a recipe (`init`).
 
 Exit codes: 0 all good, 1 a target failed or is unverified (export or validation), 2 a bad recipe or usage (no repo
-to publish to, an invalid repo id), 3 publishing failed (token, permissions, the Hub, a PR over the size limit; what
+to publish to, an invalid repo id; a recipe, model, remote-code or device problem that stopped `run` before any export
+is also in OUT/problem.json), 3 publishing failed (token, permissions, the Hub, a PR over the size limit; what
 happened is in OUT/publish.json, with whether a retry may help).
 """
 
@@ -160,9 +161,11 @@ def run(
         report = run_pipeline(model, options)
     except RecipeError as err:
         _recipe_error(err)
+        _record_problem(out_dir, err)
         raise typer.Exit(EXIT_USAGE) from None
     except (ModelSourceError, RemoteCodeError, DeviceError) as err:
         _error("error", err)
+        _record_problem(out_dir, err)
         raise typer.Exit(EXIT_USAGE) from None
     _print_summary(report, out_dir)
     if print_report:
@@ -171,6 +174,16 @@ def run(
         _publish(destination, out_dir, token=token, endpoint=endpoint, publish_failed=publish_failed,
                  publish_unverified=publish_unverified, dry_run=dry_run, max_upload_bytes=upload_limit)
     raise typer.Exit(EXIT_OK if report["status"] == "passed" else EXIT_FAILED)
+
+
+def _record_problem(out_dir: Path, err: Exception) -> None:
+    """OUT/problem.json: what stopped the run before any export (read by the bot to tell the repo)."""
+    from .publish.problem import problem_from_error, write_problem
+
+    problem = problem_from_error(err)
+    if problem is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_problem(out_dir, problem)
 
 
 def _upload_limit(text: str) -> int:

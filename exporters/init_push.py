@@ -25,7 +25,7 @@ import json
 from typing import Any
 
 from .errors import PublishError
-from .publish import HubClient, PublishResult, publish_files
+from .publish import HubClient, PublishResult, publish_files, texts
 from .recipe import RECIPE_FILE, canonical_json
 
 KIND_RECIPE = "recipe"
@@ -67,6 +67,10 @@ def recipe_description(result, replaces: bool) -> str:
         "```",
         "",
         "</details>",
+        "",
+        "Closing this PR is fine: a closed proposal is not reopened for the same recipe; a different one opens a new "
+        "PR.",
+        *texts.NOTES,
     ])
 
 

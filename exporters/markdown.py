@@ -9,6 +9,8 @@ Example:
     '````\\na ``` fence inside\\n````'
     >>> cell("a | b\\nc")
     'a \\\\| b c'
+    >>> cell("upstream said <!-- x")
+    'upstream said &lt;!-- x'
 """
 
 from __future__ import annotations
@@ -46,10 +48,11 @@ def code_block(text: str, info: str = "") -> str:
 
 
 def cell(text: str, limit: int = 300) -> str:
-    """`text` fit for one table cell: one line, pipes escaped, cut to `limit` characters."""
+    """`text` fit for one table cell: one line, pipes escaped, `<` escaped (an upstream message holding `<!--` or a
+    tag would otherwise hide the rest of the report), cut to `limit` characters."""
     flat = " ".join(str(text).split())
     flat = flat if len(flat) <= limit else flat[: limit - 1] + "…"
-    return flat.replace("|", "\\|")
+    return flat.replace("|", "\\|").replace("<", "&lt;")
 
 
 def _fmt(value: float | None) -> str:
@@ -279,11 +282,11 @@ def render_target(target: dict[str, Any], details: bool = True) -> list[str]:
     lines = [f"### {icon} `{target['name']}` — {target['export_format']}, {target['mode']} mode: "
              f"**{target['status']}**{cached}", ""]
     if target.get("error"):
-        message = " ".join(str(target["error"].get("message") or "").split())[:1500]
-        lines += [f"> **{target['error'].get('type')}**: {message}", ""]
-        cause = " ".join(render_root_cause(target["error"]).split())
+        message = cell(target["error"].get("message") or "", 1500)  # one line, `<` escaped (upstream text)
+        lines += [f"> **{cell(target['error'].get('type') or 'Error', 100)}**: {message}", ""]
+        cause = cell(render_root_cause(target["error"]), 1500)
         if cause:
-            lines += [f"> {cause[:1500]}", ""]
+            lines += [f"> {cause}", ""]
     if target.get("unverified"):
         lines += ["> **Not verified**: these checks did not run, so this target is not a pass:", ">"]
         lines += [f"> - {cell(line, 300)}" for line in target["unverified"][:20]] + [""]

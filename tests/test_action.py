@@ -252,7 +252,11 @@ def test_bad_recipe_fails_with_an_annotation_on_its_line(bad_recipe_scenario):
                      r"\$\.exports\[0\]\.opset: unknown key 'opset'", run.stdout,
                      re.M), run.stdout
     assert run.outputs["status"] == "error" and run.outputs["pr-operation"] == "none"
-    assert "Invalid export recipe" in run.summary and "line 5" in run.summary
+    # the summary says what the bot says on the Hub (the library's words): the line linked at this commit, what to do
+    blob = f"https://github.com/{REPO}/blob/{HEAD_SHA}/models/tiny/export_config.json"
+    assert "**Invalid export recipe**: the recipe `export_config.json` is invalid." in run.summary
+    assert f"| [5]({blob}#L5) | `$.exports[0].opset` | unknown key 'opset'" in run.summary
+    assert "**What to do**: fix the lines above and push again (`hf-export check export_config.json`" in run.summary
     comments = bad_recipe_scenario["comments"]
     assert len(comments) == 1 and "unknown key 'opset'" in comments[0].body
 
@@ -453,7 +457,8 @@ def test_markdown_around_log_excerpts_keeps_its_fences_closed():
 
     report_md = "## Export report\n\n````\n" + "log line\n" * 10 + "```` not a close\n"  # cut mid-fence
     report = {"status": "failed", "source": {"model": "o/m"}, "targets": [
-        {"name": "a", "status": "failed", "error": {"type": "E", "message": "boom <!-- swallow the rest"}}]}
+        {"name": "a", "export_format": "onnx", "mode": "model", "status": "failed",
+         "error": {"type": "E", "message": "boom <!-- swallow the rest"}}]}
     text = run_markdown(report, report_md, None)
     body, _, tail = text.rpartition("</details>")
     assert close_fences(body) == body and "&lt;!-- swallow" in text and "<!-- swallow" not in text

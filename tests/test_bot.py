@@ -440,19 +440,24 @@ def test_github_backend_dispatches_the_workflow(hf_env, tmp_path, start_bot, git
 # ───────────────────────────────────────────── status page ─────────────────────────────────────────
 
 
-def test_status_page_in_headless_chromium(hub, tmp_path, start_bot):
+def chromium_dom(url: str, tmp_path: Path) -> str:
+    """The DOM of `url` as headless Chromium renders it."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium is not None, "headless Chromium is needed: `make test-deps` installs Debian's chromium"
+    profile = tmp_path / "chromium-profile"
+    return subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+         f"--user-data-dir={profile}", "--virtual-time-budget=2000", "--dump-dom", url],
+        capture_output=True, text=True, timeout=60).stdout
+
+
+def test_status_page_in_headless_chromium(hub, tmp_path, start_bot):
     bot = start_bot(bot_settings(hub, tmp_path, backend="dry"))
     ids = [bot.post(payload(f"alice/model-{n}", refs=[{"ref": "refs/heads/main", "oldSha": sha(1),
                                                        "newSha": sha(n + 10)}])).json()["job"] for n in range(3)]
     for job_id in ids:
         wait_for(job_done(bot.store, job_id), 10, "dry jobs")
-    profile = tmp_path / "chromium-profile"
-    dom = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-         f"--user-data-dir={profile}", "--virtual-time-budget=2000", "--dump-dom", f"{bot.url}/"],
-        capture_output=True, text=True, timeout=60).stdout
+    dom = chromium_dom(f"{bot.url}/", tmp_path)
     assert "<h1>export-action bot</h1>" in dom
     for n, job_id in enumerate(ids):
         assert f'data-job-id="{job_id}" data-status="succeeded"' in dom
@@ -514,7 +519,7 @@ def test_local_backend_command_environment_and_limits(tmp_path, monkeypatch):
     monkeypatch.setenv("GITHUB_TOKEN", GITHUB_BOT_TOKEN)
     backend = LocalBackend(BotSettings(hf_token=BOT_TOKEN, trust_remote_code_repos=["acme/custom"]))
     argv = backend.command("acme/custom", sha(1), tmp_path)
-    assert argv[1:4] == ["-m", "exporters.cli", "run"] and "--push" in argv and "--trust-remote-code" in argv
+    assert argv[1:4] == ["-m", "bot.export_run", "run"] and "--push" in argv and "--trust-remote-code" in argv
     assert "--trust-remote-code" not in backend.command("acme/other", sha(1), tmp_path)
     env = backend.environment()
     assert env["HF_TOKEN"] == BOT_TOKEN and "WEBHOOK_SECRET" not in env and "GITHUB_TOKEN" not in env

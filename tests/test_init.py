@@ -317,6 +317,10 @@ def test_the_bot_proposes_a_recipe_for_an_opted_in_repo_without_one(hf_env, tmp_
     assert job.operation == "created" and job.pr_url
     prs = _pull_requests(hub, repo_id)
     assert len(prs) == 1 and "export_config.json" in hub.files(repo_id, "refs/pr/1")
+    from bot.texts import OPT_OUT_NOTE
+
+    text = prs[0]["events"][0]["data"]["latest"]["raw"]
+    assert "Closing this PR is fine" in text and OPT_OUT_NOTE in text  # how to live with the bot (#20 §3)
     store.enqueue(repo_id, hub.head(repo_id), trigger="comment", trigger_key="2")
     again = Worker(proposing, store).run_once()
     assert again.status == "skipped" and "already proposed" in again.reason, again.reason

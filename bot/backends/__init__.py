@@ -2,7 +2,7 @@
 
 | name     | what it does                                                                                   |
 |----------|------------------------------------------------------------------------------------------------|
-| `local`  | `python -m exporters.cli run REPO --revision SHA --out DIR --push` in a subprocess per job      |
+| `local`  | `python -m bot.export_run run REPO --revision SHA --out DIR --push` (hf-export) per job       |
 | `github` | `workflow_dispatch` of the export workflow on GitHub's runners (PyGithub), recorded on the job  |
 | `dry`    | nothing: marks the job succeeded (benchmarks, smoke tests of the intake)                        |
 
@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
+    from exporters.publish.problem import Problem
+
     from ..hubcheck import RepoState
     from ..settings import BotSettings
     from ..store import Job
@@ -49,7 +51,9 @@ class JobContext:
 
 @dataclass
 class Outcome:
-    """How a run ended. `retry`: a transient failure (the worker queues it again with backoff)."""
+    """How a run ended. `retry`: a transient failure (the worker queues it again with backoff). `problem`: what
+    stopped the run before any export (an invalid recipe, a model that cannot be loaded, refused remote code): the
+    worker tells the repo."""
 
     status: Literal["succeeded", "failed", "retry"]
     reason: str
@@ -61,10 +65,11 @@ class Outcome:
     log_path: str | None = None
     dispatch: dict[str, Any] | None = None
     error: str | None = None
+    problem: Problem | None = None
 
     def fields(self) -> dict[str, Any]:
         """The job columns this outcome sets."""
-        return {k: v for k, v in self.__dict__.items() if k != "status" and v is not None}
+        return {k: v for k, v in self.__dict__.items() if k not in ("status", "problem") and v is not None}
 
 
 class Backend(Protocol):

@@ -1,10 +1,14 @@
 """The `local` backend: the same pipeline as the CLI, one subprocess per job.
 
 ```
-python -m exporters.cli run REPO --revision SHA --out JOB_DIR/out --push --quiet --max-upload-size SIZE
-                                 [--publish-failed] [--publish-unverified]
-                                 [--trust-remote-code (allowlisted repos only)]
+python -m bot.export_run run REPO --revision SHA --out JOB_DIR/out --push --quiet --max-upload-size SIZE
+                                  [--publish-failed] [--publish-unverified]
+                                  [--trust-remote-code (allowlisted repos only)]
+python -m bot.export_run init REPO --revision SHA --push ...   # a repo without a recipe (`propose_recipes`)
 ```
+
+`bot.export_run` is `hf-export` itself, with the bot's note (how to stop it for a repo) added to the texts it
+publishes.
 
 - The Hub token reaches the subprocess as `HF_TOKEN` in its environment, never in argv (argv is visible to every
   user of the machine in `ps`). The bot's other secrets (webhook secret, GitHub token) are removed from it.
@@ -14,13 +18,14 @@ python -m exporters.cli run REPO --revision SHA --out JOB_DIR/out --push --quiet
 - Output (stdout and stderr) goes to `JOB_DIR/run.log`; the job records an excerpt, scrubbed of secrets.
 
 What `--push` did is read from `OUT/publish.json` (`exporters.publish.PublishResult`: the operation, the PR or
-discussion URL, the message, and whether a failure is retryable), never from the lines the CLI prints.
+discussion URL, the message, and whether a failure is retryable), and what stopped a run before any export from
+`OUT/problem.json` (`exporters.publish.Problem`, for the worker to tell the repo), never from the lines the CLI prints.
 
 | exit | `hf-export run`                                        | job                                                  |
 |------|--------------------------------------------------------|------------------------------------------------------|
 | 0    | every target passed and was published                  | succeeded (`superseded`: skipped, nothing published) |
 | 1    | a target failed or is unverified (report posted)       | failed                                               |
-| 2    | bad recipe, model or usage                             | failed                                               |
+| 2    | bad recipe, model or usage (`OUT/problem.json`)        | failed; the worker tells the repo the problem        |
 | 3    | publishing failed                                      | retried when `publish.json` says `retryable` (the Hub or the network failed, a concurrent push), else failed (401, 403, 404, a PR over the size limit) |
 | else | a signal, a crash                                      | retried                                              |
 """
@@ -39,6 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from exporters.publish import OUTCOME_FILE, PROBLEM_FILE, read_problem
 from exporters.redact import scrub, tail
 from ..settings import BotSettings
 from . import JobContext, Outcome
@@ -80,7 +86,7 @@ class LocalBackend:
         >>> backend = LocalBackend(BotSettings(hf_token="hf_xxx"))
         >>> argv = backend.command("acme/tiny", "a" * 40, Path("/tmp/out"))
         >>> argv[1:5], "hf_xxx" in " ".join(argv)
-        (['-m', 'exporters.cli', 'run', 'acme/tiny'], False)
+        (['-m', 'bot.export_run', 'run', 'acme/tiny'], False)
     """
 
     name = "local"
@@ -92,7 +98,7 @@ class LocalBackend:
 
     def command(self, repo: str, revision: str, out_dir: Path) -> list[str]:
         """argv of the export run (no secrets in it)."""
-        argv = [self.settings.python or sys.executable, "-m", "exporters.cli", "run", repo, "--revision", revision,
+        argv = [self.settings.python or sys.executable, "-m", "bot.export_run", "run", repo, "--revision", revision,
                 "--out", str(out_dir), "--push", "--quiet", "--max-upload-size", self.settings.max_upload_size]
         if self.settings.publish_failed:
             argv.append("--publish-failed")
@@ -106,7 +112,7 @@ class LocalBackend:
         """argv of a recipe proposal (`hf-export init --push`) for a repo without a recipe; it stops itself before
         the job's timeout."""
         budget = max(self.settings.job_timeout_seconds * 0.9 - 60, 60)
-        argv = [self.settings.python or sys.executable, "-m", "exporters.cli", "init", repo, "--revision", revision,
+        argv = [self.settings.python or sys.executable, "-m", "bot.export_run", "init", repo, "--revision", revision,
                 "--out", str(out_dir / "export_config.json"), "--summary", str(out_dir / "report.md"),
                 "--work-dir", str(out_dir / "work"), "--max-seconds", f"{budget:.0f}", "--push", "--quiet"]
         if self.settings.trusts_remote_code(repo):
@@ -134,6 +140,8 @@ class LocalBackend:
         out_dir = ctx.job_dir / "out"
         log_path = ctx.job_dir / "run.log"
         ctx.job_dir.mkdir(parents=True, exist_ok=True)
+        for stale in (OUTCOME_FILE, PROBLEM_FILE):  # an earlier attempt's: only this run's outcome counts
+            (out_dir / stale).unlink(missing_ok=True)
         proposing = ctx.state is not None and not ctx.state.has_recipe
         argv = (self.init_command if proposing else self.command)(job.repo, revision, out_dir)
         started = time.monotonic()
@@ -183,6 +191,9 @@ class LocalBackend:
             what = f"publishing to the Hub failed: {published_reason or 'see the log'}"
             return Outcome("retry" if retryable else "failed", what, error=excerpt, **fields)
         if returncode == 2:
+            problem = read_problem(out_dir)
+            if problem is not None:
+                return Outcome("failed", f"{problem.headline} (exit 2)", error=excerpt, problem=problem, **fields)
             return Outcome("failed", "bad recipe, model or usage (exit 2)", error=excerpt, **fields)
         if returncode == 1 and report is not None and report.get("status") in ("failed", "unverified"):
             failed = [f"{t.get('name')} ({t.get('status')})" for t in report.get("targets", [])

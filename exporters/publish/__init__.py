@@ -9,7 +9,8 @@ OUT/report.json ──► plan (files, no network) ──► what the Hub holds 
 
 The rooms: `plan` (which files; merge with what the Hub holds), `markers` (slot and fingerprint), `decide` (one
 pure decision), `texts` (titles, descriptions, model card), `hub` (the thin client), `destination` (where to publish,
-the size limit), `run` (doing it; the outcome in `OUT/publish.json`).
+the size limit), `run` (doing it; the outcome in `OUT/publish.json`), `problem` (a repo that cannot be exported at
+all: invalid recipe, model that cannot be loaded, refused remote code; told in the failure discussion).
 
 What goes into the model repo (one commit per run, on `refs/pr/N`):
 
@@ -53,8 +54,18 @@ from .plan import (
     plan_publish,
     recipe_identity,
 )
+from .problem import (
+    PROBLEM_FILE,
+    Problem,
+    close_failure_discussions,
+    problem_description,
+    problem_from_error,
+    read_problem,
+    report_problem,
+    write_problem,
+)
 from .run import OUTCOME_FILE, PublishResult, check_publish_access, publish_files, publish_report, write_outcome
-from .texts import CARD_END, CARD_START, SECTIONS, card_section, render_plan, update_model_card
+from .texts import CARD_END, CARD_START, NOTES, SECTIONS, card_section, render_plan, update_model_card
 from ..errors import PublishError
 
 
@@ -66,9 +77,11 @@ def _first_comment_id(hub: HubClient, num: int) -> str | None:
 
 __all__ = [
     "CARD_END", "CARD_START", "DEFAULT_MAX_UPLOAD_BYTES", "EXPORTS_DIR", "KIND_EXPORTS", "KIND_FAILURE",
-    "MARKER_VERSION", "OUTCOME_FILE", "SECTIONS", "Decision", "Destination", "Held", "HubClient", "HubView",
-    "PlannedFile", "PublishError", "PublishPlan", "PublishResult", "ThreadState", "card_section",
-    "check_publish_access", "decide", "load_report", "merge_plan", "parse_marker", "parse_size", "plan_publish",
-    "pr_base", "publish_destination", "publish_files", "publish_report", "recipe_identity", "render_marker",
-    "render_plan", "same_fingerprint", "same_slot", "update_model_card", "write_outcome",
+    "MARKER_VERSION", "NOTES", "OUTCOME_FILE", "PROBLEM_FILE", "SECTIONS", "Decision", "Destination", "Held",
+    "HubClient", "HubView", "PlannedFile", "Problem", "PublishError", "PublishPlan", "PublishResult", "ThreadState",
+    "card_section", "check_publish_access", "close_failure_discussions", "decide", "load_report", "merge_plan",
+    "parse_marker", "parse_size", "plan_publish", "pr_base", "problem_description", "problem_from_error",
+    "publish_destination", "publish_files", "publish_report", "read_problem", "recipe_identity", "render_marker",
+    "render_plan", "report_problem", "same_fingerprint", "same_slot", "update_model_card", "write_outcome",
+    "write_problem",
 ]

@@ -147,12 +147,15 @@ class HubClient:
     def view(self, plan: PublishPlan, me: str) -> HubView:
         """Our threads, and (for a run of a Hub commit) the base branch's history and whether its head changed the
         export's inputs since the run's commit."""
+        return self.view_at(plan.source_sha, plan.base, me)
+
+    def view_at(self, source: str | None, base: str, me: str) -> HubView:
+        """`view` for a run of the commit `source` (None: not a Hub commit) published against `base`."""
         threads = tuple(self.threads(me))
-        source = plan.source_sha
         if not source:
             return HubView(threads)
         held = {t.marker.get("source_sha") for t in threads if t.is_open} - {None}
-        history = self.history(plan.base, {source, *held})
+        history = self.history(base, {source, *held})
         changed = None
         if source in history and history[0] != source:
             changed = self.inputs(source) != self.inputs(history[0])

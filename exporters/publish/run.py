@@ -50,15 +50,21 @@ class PublishResult:
         return {k: v for k, v in asdict(self).items() if k != "plan"} | {"schema_version": 1}
 
 
-def write_outcome(out_dir: Path, result: PublishResult) -> None:
-    """`OUT/publish.json`, replaced atomically (a link planted there is replaced, not written through)."""
+def write_json(out_dir: Path, name: str, data: dict[str, Any]) -> None:
+    """`OUT/<name>`, replaced atomically (a link planted there is replaced, not written through); nothing when
+    `out_dir` is not a folder."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return
-    tmp = out_dir / f".{OUTCOME_FILE}.tmp"
+    tmp = out_dir / f".{name}.tmp"
     tmp.unlink(missing_ok=True)
-    tmp.write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
-    tmp.replace(out_dir / OUTCOME_FILE)
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(out_dir / name)
+
+
+def write_outcome(out_dir: Path, result: PublishResult) -> None:
+    """`OUT/publish.json`, replaced atomically (a link planted there is replaced, not written through)."""
+    write_json(out_dir, OUTCOME_FILE, result.to_dict())
 
 
 def _result(operation: PublishOperation, plan: PublishPlan | None, message: str, **links: Any) -> PublishResult:

@@ -6,7 +6,8 @@ with the checks that did not run. Log excerpts arrive inside report.md's fences;
 closes any fence it cut through, so nothing after it (the marker) is swallowed.
 
 Other modules add sections to the PR and the card through `SECTIONS` (e.g. a variants table): each hook takes the
-plan and returns Markdown lines, or none.
+plan and returns Markdown lines, or none. A publisher adds its own lines to every PR and discussion text through
+`NOTES` (the bot: how to stop it for a repo).
 
 Example:
     >>> fit_markdown("intro\\n````\\nlog ``` line\\nmore", 24)
@@ -36,6 +37,11 @@ NEEDS_TRUST = ("dynamo",)
 DESCRIPTION_REPORT_LIMIT = 55_000
 # Hooks adding sections to the PR description and the model card (e.g. quantized variants): plan -> lines.
 SECTIONS: list[Callable[[PublishPlan], list[str]]] = []
+# The publisher's own lines in every PR and discussion text (the bot: how to stop it for a repo).
+NOTES: list[str] = []
+# True of every publisher: `decide` never reopens a closed PR for the same fingerprint.
+CLOSING_IS_FINE = ("Closing this PR is fine: a closed PR is not reopened for the same source commit, recipe and tool "
+                   "versions; a new commit or a changed recipe opens a new one.")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.M)
 
 
@@ -245,7 +251,7 @@ def pr_description(plan: PublishPlan, pr_num: int | None = None) -> str:
         revision = f"refs/pr/{pr_num}" if pr_num else "refs/pr/<this PR's number>"
         lines += ["", "Try it before merging:", "", "```python",
                   load_snippet(plan.repo_id, first["name"], first["export_format"], revision), "```"]
-    lines += ["", "---", "", _excerpt(plan), "", render_marker(plan.marker)]
+    lines += ["", CLOSING_IS_FINE, *NOTES, "", "---", "", _excerpt(plan), "", render_marker(plan.marker)]
     return "\n".join(lines)
 
 
@@ -255,7 +261,7 @@ def failure_description(plan: PublishPlan) -> str:
     lines = [_summary(plan), "",
              f"**The export did not pass** for {failed}: no artifact was published. Fix the recipe or the model and "
              "push again; this discussion is updated by the next run (and closed once the exports pass).",
-             "", "---", "", _excerpt(plan), "", render_marker(plan.marker)]
+             *([""] + NOTES if NOTES else []), "", "---", "", _excerpt(plan), "", render_marker(plan.marker)]
     return "\n".join(lines)
 
 
