@@ -19,11 +19,22 @@ demo: venv
 	$(BIN)/python examples/build_demo_model.py examples/demo-model
 	$(BIN)/hf-export run examples/demo-model --out $(DEMO_OUT) --print-report
 
-# Headless Chromium loads the bot's status page in the tests (Debian's package; CI runs as root).
+# Headless Chromium loads the bot's status page in the tests (Debian's package; CI runs as root), and
+# transformers.js (pinned, from npm, on Node.js) generates from a transformers.js-layout export.
+TJS_VERSION := 4.3.2
+TJS_DIR := .cache/transformers-js
 test-deps:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 	  { echo "installing chromium for the status-page test"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@command -v node >/dev/null 2>&1 || \
+	  { echo "installing Node.js for the transformers.js test"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	@test -f $(TJS_DIR)/node_modules/@huggingface/transformers/package.json && \
+	  grep -q '"version": "$(TJS_VERSION)"' $(TJS_DIR)/node_modules/@huggingface/transformers/package.json || \
+	  { echo "installing transformers.js $(TJS_VERSION) for the transformers.js-layout test"; mkdir -p $(TJS_DIR) && \
+	    npm install --prefix $(TJS_DIR) --ignore-scripts --no-audit --no-fund --silent \
+	      @huggingface/transformers@$(TJS_VERSION) >/dev/null; }
 
 test: venv test-deps
 	$(BIN)/python -m pytest -q

@@ -141,13 +141,19 @@ def test_each_published_folder_loads_back_and_runs(run: Run):
     from transformers import AutoModelForCausalLM, DynamicCache
     from transformers.exporters import ExportedModel
 
+    from exporters.upstream import load_exported
+
     eager = AutoModelForCausalLM.from_pretrained(REPO).eval()  # from the Hub emulator
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     positions = torch.arange(ids.shape[1])[None]
     with torch.no_grad():
         reference = eager(input_ids=ids, position_ids=positions).logits
     for name in PASSING:
-        exported = ExportedModel.from_pretrained(run.out / name)
+        # an ExecuTorch target is one program with a method per component, which upstream's loader cannot run
+        # (docs/upstream-gaps.md #11): the documented loader is the adapter's
+        executorch = target(run, name)["export_format"] == "executorch"
+        exported = (load_exported(run.out / name, allow_pickles=False) if executorch
+                    else ExportedModel.from_pretrained(run.out / name))
         assert set(exported.runners) == {"prefill", "decode"}
         out = exported.runners["prefill"](input_ids=ids, position_ids=positions,
                                           cache=DynamicCache(config=eager.config))
@@ -202,7 +208,7 @@ def test_report_pr_and_card_hold_the_variants_table(run: Run):
     assert [row.split("`")[1] for row in table] == ["et-strict", *PASSING]  # the failed one first
     assert sum("🪶 smallest" in row for row in table) == 1 and sum("⚡ fastest" in row for row in table) == 1
     assert "❌ failed: ValidationError: quality outside its budget" in table[0]
-    assert "tok/s" in table[1] and "greedy 6/6 tokens" in table[1] and "top-1" in table[2]
+    assert "tok/s" in table[1] and "✅ 6/6 tokens" in table[1] and "top-1" in table[2]
     for name in [*PASSING, "et-strict"]:  # one line per variant naming the metric that decided
         assert sum(line.startswith(f"- `{name}` (") for line in report_md.splitlines()) == 1
     assert "cores" in report_md and f"median (p90) of {TIMED_RUNS} runs" in report_md

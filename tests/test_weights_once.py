@@ -20,6 +20,8 @@ import torch
 from tests.conftest import run_cli
 from tests.models import tiny_llama
 
+ROOT = Path(__file__).resolve().parents[1]
+
 PREFILL = {"dynamic_shapes": {"input_ids": {"1": {"name": "prompt", "min": 2, "max": 64}},
                               "position_ids": {"1": {"name": "prompt", "min": 2, "max": 64}}},
            "prefer_deferred_runtime_asserts_over_guards": True}
@@ -318,12 +320,14 @@ TJS_SCRIPT = Path(__file__).with_name("transformers_js") / "generate.mjs"
 
 
 def test_transformers_js_generates_the_eager_tokens(run, eager):
-    """transformers.js itself, on Node.js: needs `npm install @huggingface/transformers` (no network in CI here);
-    point HF_EXPORT_TRANSFORMERS_JS at the folder holding its node_modules."""
-    modules = os.environ.get("HF_EXPORT_TRANSFORMERS_JS")
-    if not modules or shutil.which("node") is None:
-        pytest.skip("transformers.js is not installed: set HF_EXPORT_TRANSFORMERS_JS to a folder with node_modules/"
-                    "@huggingface/transformers (npm install --ignore-scripts @huggingface/transformers)")
+    """transformers.js itself, on Node.js: `make test-deps` (part of `make test`) installs the pinned version into
+    .cache/transformers-js; HF_EXPORT_TRANSFORMERS_JS points at another folder holding its node_modules. Never
+    skipped: without it the test fails saying how to install it."""
+    modules = os.environ.get("HF_EXPORT_TRANSFORMERS_JS") or str(ROOT / ".cache" / "transformers-js")
+    if shutil.which("node") is None or not (Path(modules) / "node_modules" / "@huggingface" / "transformers").is_dir():
+        pytest.fail("transformers.js is not installed: run `make test-deps` (Node.js and the pinned "
+                    "@huggingface/transformers in .cache/transformers-js), or set HF_EXPORT_TRANSFORMERS_JS to a folder "
+                    "with node_modules/@huggingface/transformers")
     _, out, _, _ = run
     script = Path(modules) / "generate.mjs"
     shutil.copyfile(TJS_SCRIPT, script)
