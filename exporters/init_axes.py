@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -276,21 +276,18 @@ def _eager_ranges(model, components, dimensions: list[Dimension], recipe: Recipe
             def error_at(size: int, component=component, module=module, inputs=inputs) -> str | None:
                 return _eager_runs(model, module, inputs, dimension, component, size, seed)
 
+            def runs(size: int) -> bool:
+                return error_at(size) is None
+
             high_error = error_at(dimension.high)
             if high_error is not None:
-                good, bad = dimension.traced, dimension.high
-                while bad - good > 1:
-                    middle = (good + bad) // 2
-                    good, bad = (middle, bad) if error_at(middle) is None else (good, middle)
+                good = last_good(dimension.traced, dimension.high, runs)
                 dimension.reasons.append(f"{dimension.name}: the eager model fails above {good} in {component} "
                                          f"({high_error})")
                 dimension.high, dimension.limit = good, f"the eager model runs up to {good}"
             low_error = error_at(dimension.low) if dimension.low < dimension.traced else None
             if low_error is not None:
-                bad, good = dimension.low, dimension.traced
-                while good - bad > 1:
-                    middle = (good + bad) // 2
-                    bad, good = (bad, middle) if error_at(middle) is None else (middle, good)
+                good = last_good(dimension.traced, dimension.low, runs)
                 dimension.reasons.append(f"{dimension.name}: the eager model fails below {good} in {component} "
                                          f"({low_error})")
                 dimension.low = good
@@ -331,3 +328,16 @@ def spec_entries(axes: Axes, leaves: dict[str, list[int]], value: Any) -> dict[s
             key, done = path, done | {path}
         entries[key] = {str(axis): copy.deepcopy(value) for axis in sorted(leaf_axes)}
     return entries
+
+
+def last_good(good: int, bad: int, runs: Callable[[int], bool]) -> int:
+    """The size nearest `bad` that still runs, bisecting between `good` (runs) and `bad` (fails), either way up.
+
+    Example:
+        >>> last_good(8, 64, lambda size: size <= 40), last_good(8, 1, lambda size: size >= 3)
+        (40, 3)
+    """
+    while abs(bad - good) > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if runs(middle) else (good, middle)
+    return good
