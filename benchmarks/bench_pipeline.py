@@ -10,8 +10,14 @@ P2  the model is loaded once and each probe's eager reference computed once, sha
 P3  a rerun with unchanged inputs (wall time of the whole CLI run)                              target <= 3 s
 P4  dynamic=True (Dim.AUTO) export time / explicit dynamic-shape export time, ONNX generation     target >= 1.3
 P5  peak RSS of the pipeline / peak RSS of the largest single bare upstream export              target <= 1.1
-P6  hf-export run (onnx generation: export + validation) / optimum-cli export onnx
+P6  hf-export run (merged onnx generation target: export + validation) / optimum-cli export onnx
     --task text-generation-with-past (optimum-onnx 0.1.0 in its own venv)                       target <= 1.0
+P7  --jobs 1 / --jobs auto, the 3-format pipeline (wall)                                          (info)
+P8  validation / export time of the ONNX-only run of P6 (report.json timings)                    target < 0.25
+
+The ONNX target is the merged generation graph (`"merged": true`: one graph for the prompt and every decode step,
+upstream's multi-token decode); "bare upstream" exports the very same components with the same configs. Runs pass
+`--no-bench` (the per-artifact timings of #14 are a separate feature, measured by bench_variants.py).
 
 Every measured step runs in its own subprocess (`resource.getrusage(RUSAGE_CHILDREN)` gives its peak RSS).
 """
@@ -48,13 +54,14 @@ def recipe() -> dict:
         "exports": [
             {"name": "dynamo", "export_format": "dynamo", "mode": "generation",
              "components": {"prefill": PREFILL, "decode": DECODE}},
-            {"name": "onnx", "export_format": "onnx", "mode": "generation",
-             "components": {"prefill": PREFILL, "decode": DECODE}},
+            {"name": "onnx", "export_format": "onnx", "mode": "generation", "merged": True},
             {"name": "executorch", "export_format": "executorch", "mode": "generation",
              "components": {"prefill": PREFILL, "decode": DECODE_AUTO}},
         ],
         "inputs": {"sequence_length": 8},
         "generation": {"max_new_tokens": 8},
+        # the declared cache bound (1024) is probed: its inputs (8 layers of keys and values) hold 8.4M elements
+        "validation": {"max_probe_elements": 10_000_000},
     }
 
 
@@ -100,34 +107,32 @@ def measure(cmd: list[str], env: dict | None = None, cwd: Path = ROOT) -> tuple[
 
 BARE = textwrap.dedent(
     """
-    # Bare upstream: load the model, export_for_generation with the recipe's exact configs, save_pretrained.
-    import copy, json, sys, time
+    # Bare upstream: the very components and configs the pipeline exports (the library's capture; the whole process
+    # is measured), each exported with upstream's `exporter.export` and saved with `ExportedModel.save_pretrained`:
+    # no validation, no report, no shared weights file, no multi-method .pte.
+    import sys, time
     from pathlib import Path
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.exporters.utils import decompose_for_generation
     from exporters import engine, upstream
-    from exporters.recipe_load import load_recipe_file
-    from exporters.shapes import build_dynamic_shapes
-    from exporters.inputs import make_sample_inputs
+    from exporters.context import RunOptions, prepare_run
+    from exporters.workbench import Workbench
 
     model_dir, target_name, out, mode = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
-    recipe = load_recipe_file(Path(model_dir) / "export_config.json")
-    target = recipe.target(target_name)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    inputs = make_sample_inputs(model, recipe.inputs).generate
+    context = prepare_run(model_dir, RunOptions(out_dir=out.parent / (out.name + "-ctx"), targets=[target_name]))
+    bench = Workbench.load(context, RunOptions(out_dir=out, bench=False), context.targets)
+    target = bench.plan(context.targets[0])
+    components = bench.components(target, context.recipe)
+    if mode == "auto":   # dynamic=True everywhere: Dim.AUTO on every axis
+        target.dynamic, target.dynamic_shapes, target.components = True, None, {}
+        configs = {name: engine.upstream_config(target) for name in components}
+    else:
+        configs = engine.component_configs(target, components, context.recipe, [])
     exporter = upstream.exporter_class(target.export_format)()
-    if mode == "auto":   # dynamic=True everywhere: Dim.AUTO
-        config = upstream.exporter_class(target.export_format).config_class(dynamic=True)
-    else:                 # the recipe's explicit per-component shapes, built for upstream's own decomposition
-        parts = decompose_for_generation(model, copy.deepcopy(inputs))
-        config = {name: engine.upstream_config(target, target.components.get(name),
-                                               build_dynamic_shapes(engine.component_shape_spec(target, name), sub)[0])
-                  for name, (_, sub) in parts.items()}
     start = time.perf_counter()
-    exported = exporter.export_for_generation(model, inputs, config)
-    exported.save_pretrained(out)
-    print(json.dumps({"export_save_s": time.perf_counter() - start}))
+    for name, (module, inputs) in components.items():
+        component = exporter.export(module, inputs, configs[name]).components["model"]
+        upstream.ExportedModel({name: component}, target.export_format,
+                               config=bench.model.config).save_pretrained(out / name)
+    print(f"components {list(components)}: export + save {time.perf_counter() - start:.1f} s", file=sys.stderr)
     """
 )
 
@@ -160,6 +165,39 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs ({cpu}), {memory:.0f} GiB RAM, Python {platform.python_version()}"
 
 
+def p6(rows: list, suffix: str, env: dict | None, cli: list[str], model_dir: Path, work: Path,
+       optimum: Path | None) -> dict:
+    """P6 and P8 rows for one environment; returns the ONNX-only run's timings."""
+    onnx_out = work / "out-onnx"
+    shutil.rmtree(onnx_out, ignore_errors=True)
+    ours_wall, ours_rss, _ = measure([*cli, "run", str(model_dir), "--out", str(onnx_out), "--quiet", "--no-cache",
+                                      "--no-bench", "--target", "onnx"], env=env)
+    onnx_target = json.loads((onnx_out / "report.json").read_text())["targets"][0]
+    timings = onnx_target.get("timings") or {}
+    share = timings["validate_s"] / timings["export_s"]
+    rows.append((f"P8 validation / export, onnx-only run{suffix}",
+                 f"{timings['validate_s']:.1f} s / {timings['export_s']:.1f} s ({onnx_target['status']})", share,
+                 "< 0.25", share < 0.25))
+    if optimum is None:
+        rows.append((f"P6 hf-export onnx / optimum-cli{suffix}", f"{ours_wall:.1f} s / not run", None, "<= 1.0", None))
+        return timings
+    optimum_out = work / "optimum-out"
+    shutil.rmtree(optimum_out, ignore_errors=True)
+    opt_wall, opt_rss, _ = measure([str(optimum), "export", "onnx", "--model", str(model_dir), "--task",
+                                    "text-generation-with-past", str(optimum_out)], env=env)
+    rows.append((f"P6 hf-export onnx / optimum-cli (wall){suffix}", f"{ours_wall:.1f} s / {opt_wall:.1f} s",
+                 ours_wall / opt_wall, "<= 1.0", ours_wall / opt_wall <= 1.0))
+    rows.append(("   peak RSS hf-export / optimum-cli", f"{ours_rss:.0f} / {opt_rss:.0f} MiB", ours_rss / opt_rss,
+                 "(info)", None))
+    return timings
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=8)
@@ -174,14 +212,17 @@ def main() -> None:
     params = build_model(model_dir, args.layers, args.hidden)
     print(f"model: Llama-style, {params / 1e6:.1f}M parameters ({args.layers} layers, hidden {args.hidden})",
           file=sys.stderr)
+    load_at_start = os.getloadavg()
     cli = [PY, "-m", "exporters.cli"]
     rows = []
 
     # P1, P2, P5: the pipeline, then bare upstream for the same three configs.
     out = work / "out"
     shutil.rmtree(out, ignore_errors=True)
-    pipe_wall, pipe_rss, _ = measure([*cli, "run", str(model_dir), "--out", str(out), "--quiet", "--no-cache"])
+    pipe_wall, pipe_rss, _ = measure([*cli, "run", str(model_dir), "--out", str(out), "--quiet", "--no-cache",
+                                      "--no-bench", "--jobs", "auto"])
     report = json.loads((out / "report.json").read_text())
+    jobs_auto = report.get("jobs")
     statuses = {t["name"]: t["status"] for t in report["targets"]}
     bare_wall, bare_rss = 0.0, 0.0
     bare_each = {}
@@ -199,11 +240,22 @@ def main() -> None:
                  None, "1 load, reuse > 0", bool(cache.get("hits"))))
 
     # P3: the same run again, unchanged inputs.
-    rerun_wall, _, _ = measure([*cli, "run", str(model_dir), "--out", str(out), "--quiet"])
+    rerun_wall, _, _ = measure([*cli, "run", str(model_dir), "--out", str(out), "--quiet", "--no-bench"])
     rerun = json.loads((out / "report.json").read_text())
     all_cached = all(t.get("cached") for t in rerun["targets"])
     rows.append(("P3 rerun, unchanged inputs (wall)", f"{rerun_wall:.2f} s, cached: {all_cached}", rerun_wall,
                  "<= 3 s", rerun_wall <= 3 and all_cached))
+
+    # P7: the same pipeline, one export at a time.
+    serial_out = work / "out-jobs1"
+    shutil.rmtree(serial_out, ignore_errors=True)
+    serial_wall, serial_rss, _ = measure([*cli, "run", str(model_dir), "--out", str(serial_out), "--quiet",
+                                          "--no-cache", "--no-bench", "--jobs", "1"])
+    serial_statuses = {t["name"]: t["status"] for t in json.loads((serial_out / "report.json").read_text())["targets"]}
+    rows.append((f"P7 pipeline --jobs 1 / --jobs auto ({jobs_auto}) (wall)", f"{serial_wall:.1f} s / {pipe_wall:.1f} s",
+                 serial_wall / pipe_wall, "(info)", None))
+    rows.append(("   peak RSS --jobs 1 / --jobs auto", f"{serial_rss:.0f} / {pipe_rss:.0f} MiB", serial_rss / pipe_rss,
+                 "(info)", None))
 
     # P4: ONNX generation export, Dim.AUTO vs the explicit contract (export + save only, same process shape).
     auto_out = work / "bare-onnx-auto"
@@ -216,30 +268,21 @@ def main() -> None:
     rows.append(("P5 peak RSS: pipeline / largest bare export", f"{pipe_rss:.0f} MiB / {bare_rss:.0f} MiB",
                  pipe_rss / bare_rss, "<= 1.1", pipe_rss / bare_rss <= 1.1))
 
-    # P6: ONNX generation through hf-export (export + validation) against optimum-cli.
-    onnx_out = work / "out-onnx"
-    shutil.rmtree(onnx_out, ignore_errors=True)
-    ours_wall, ours_rss, _ = measure([*cli, "run", str(model_dir), "--out", str(onnx_out), "--quiet", "--no-cache",
-                                      "--target", "onnx"])
-    if args.skip_optimum:
-        rows.append(("P6 hf-export onnx / optimum-cli", f"{ours_wall:.1f} s / skipped", None, "<= 1.0", None))
-    else:
-        optimum = optimum_venv(work)
-        if optimum is None:
-            rows.append(("P6 hf-export onnx / optimum-cli", f"{ours_wall:.1f} s / not installable", None, "<= 1.0",
-                         None))
-        else:
-            optimum_out = work / "optimum-out"
-            shutil.rmtree(optimum_out, ignore_errors=True)
-            opt_wall, opt_rss, _ = measure([str(optimum), "export", "onnx", "--model", str(model_dir), "--task",
-                                            "text-generation-with-past", str(optimum_out)])
-            rows.append(("P6 hf-export onnx / optimum-cli (wall)", f"{ours_wall:.1f} s / {opt_wall:.1f} s",
-                         ours_wall / opt_wall, "<= 1.0", ours_wall / opt_wall <= 1.0))
-            rows.append(("   peak RSS hf-export / optimum-cli", f"{ours_rss:.0f} / {opt_rss:.0f} MiB",
-                         ours_rss / opt_rss, "(info)", None))
+    # P6, P8: ONNX generation through hf-export (export + validation) against optimum-cli; then both again with one
+    # torch intra-op thread (on a shared machine, OpenMP threads that wait for a descheduled sibling dominate small
+    # forwards: both tools run many of them).
+    optimum = None if args.skip_optimum else optimum_venv(work)
+    timings = {}
+    for suffix, env in (("", None), (" [OMP_NUM_THREADS=1]", {"OMP_NUM_THREADS": "1"})):
+        timings[suffix] = p6(rows, suffix, env, cli, model_dir, work, optimum)
 
     print(f"\nmachine: {machine()}")
-    print(f"model: {params / 1e6:.1f}M parameters; pipeline target statuses: {statuses}")
+    print(f"model: {params / 1e6:.1f}M parameters; pipeline target statuses: {statuses} (--jobs 1: {serial_statuses})")
+    print("load average (1, 5, 15 min) at the start: %.2f %.2f %.2f, at the end: %.2f %.2f %.2f"
+          % (*load_at_start, *os.getloadavg()))
+    print("pipeline timings (s): " + json.dumps({t["name"]: t.get("timings") for t in report["targets"]}))
+    print("onnx-only timings (s): " + json.dumps(timings))
+    print(f"threads: torch {torch_threads()} by default")
     print(f"bare upstream per target (wall s, peak MiB): "
           + ", ".join(f"{k} {w:.1f}/{r:.0f}" for k, (w, r) in bare_each.items()))
     print(f"\n| check | measured | ratio | target | met |\n|---|---|---|---|---|")

@@ -89,13 +89,14 @@ def machine_line(machine: dict[str, Any] | None) -> str:
 
 
 def artifact_size(directory: Path) -> int:
-    """Bytes of the files the runtime loads: every component's program files (graph and weights)."""
+    """Bytes of the files the runtime loads: every component's program files (graph and weights), each file once (the
+    methods of one ExecuTorch program share its `.pte`)."""
     from .upstream import exporter_class
 
     manifest = json.loads((directory / "export.json").read_text())
     exporter = exporter_class(manifest["export_format"])
-    return sum((directory / name).stat().st_size for entry in manifest["components"].values()
-               for name in exporter.program_files(entry["file"]) if (directory / name).is_file())
+    names = {name for entry in manifest["components"].values() for name in exporter.program_files(entry["file"])}
+    return sum((directory / name).stat().st_size for name in names if (directory / name).is_file())
 
 
 # ── The measuring process ─────────────────────────────────────────────────────

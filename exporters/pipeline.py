@@ -32,7 +32,7 @@ from .footprint import record_footprint
 from .hashing import file_entries
 from .isolation import Isolated, log_excerpt
 from .progress import Progress
-from .resources import default_jobs
+from .resources import default_jobs, threads_left
 from .results import TargetResult
 from .reuse import Signer, previous_report, reusable
 from .status import FAILED, PASSED, UNVERIFIED
@@ -141,9 +141,9 @@ def _export_and_validate(targets: list[Any], context: RunContext, options: RunOp
             while pending and len(running) < jobs:
                 running.append(_start(pending.pop(0), bench, context, options, progress, calibration))
             if exported and not pending:
-                validated.append(exported.pop(0))
-                # the last validation: no export or reference needs the eager weights after its references
-                _validate(validated[-1], context, bench, options, progress, last=not running and not exported)
+                validated.append(exported.pop(0))  # on the cores the running exports leave; the last frees the weights
+                with threads_left(busy=len(running)):
+                    _validate(validated[-1], context, bench, options, progress, last=not running and not exported)
                 continue
             mp_wait([item.run.sentinel for item in running], timeout=1.0)
             for item in [i for i in running if i.run.done()]:

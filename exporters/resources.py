@@ -9,11 +9,16 @@ Example:
     2
     >>> default_jobs(weight_bytes=4 * 2**30, targets=3, cores=8, available=20 * 2**30)
     1
+    >>> with threads_left(busy=1, cores=2) as threads:  # validation next to one running export, on 2 cores
+    ...     threads
+    1
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 EXPORT_PEAK_FACTOR = 3.0  # an export child's own memory, in weights (measured in benchmarks/RESULTS.md)
 EXPORT_BASE_BYTES = 768 * 2**20  # torch.export and the lowering stacks, before any weight
@@ -51,3 +56,24 @@ def default_jobs(*, weight_bytes: int, targets: int, cores: int | None = None, a
         per_export = EXPORT_BASE_BYTES + EXPORT_PEAK_FACTOR * weight_bytes
         jobs = min(jobs, max(1, int(available * HEADROOM // per_export)))
     return jobs
+
+
+@contextlib.contextmanager
+def threads_left(*, busy: int, cores: int | None = None) -> Iterator[int]:
+    """torch's intra-op threads set, for the duration, to the cores that `busy` running exports leave free (at least
+    one, never more than before); restored afterwards. Validation runs next to the exports still running: OpenMP
+    threads that outnumber the free cores wait on a sibling the scheduler has parked at every parallel region, which
+    made a validation beside an export several times slower (benchmarks/RESULTS.md). ONNX Runtime sessions opened
+    inside take the same count (`exporters.upstream.lean_session_options`)."""
+    import torch
+
+    before = torch.get_num_threads()
+    cores = usable_cores() if cores is None else cores
+    wanted = max(1, min(before, cores - busy))
+    if wanted != before:
+        torch.set_num_threads(wanted)
+    try:
+        yield wanted
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)

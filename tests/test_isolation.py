@@ -100,3 +100,29 @@ def test_parallel_exports_give_the_same_verdicts_and_artifacts(tmp_path):
 
     assert verdicts(reports["1"]) == verdicts(reports["2"])
     assert artifacts(reports["1"]) == artifacts(reports["2"])
+
+
+def test_validation_next_to_running_exports_uses_the_free_cores():
+    """Validation overlapping running exports takes the cores they leave free (torch and ONNX Runtime alike), at
+    least one, and gives the threads back afterwards, also when it raises."""
+    import torch
+
+    from exporters.resources import threads_left
+    from exporters.upstream import lean_session_options
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        with threads_left(busy=1, cores=4) as threads:
+            assert threads == torch.get_num_threads() == 3
+            assert lean_session_options().intra_op_num_threads == 3
+        assert torch.get_num_threads() == 4
+        with threads_left(busy=3, cores=2) as threads:  # more exports than cores: still one thread
+            assert threads == torch.get_num_threads() == 1
+        with threads_left(busy=0, cores=8) as threads:  # never more threads than the process had
+            assert threads == torch.get_num_threads() == 4
+        with pytest.raises(RuntimeError), threads_left(busy=1, cores=4):
+            raise RuntimeError("validation failed")
+        assert torch.get_num_threads() == 4
+    finally:
+        torch.set_num_threads(before)

@@ -14,10 +14,13 @@ from . import leaf_tensors
 def lean_session_options():
     """ONNX Runtime options for validation sessions: weights read in place from the external-data file instead of
     repacked into a second copy (`session.disable_prepacking`), no memory arena kept at its high-water mark. A
-    session then costs the graph's activations, not another copy of the model."""
+    session then costs the graph's activations, not another copy of the model. Its intra-op threads are torch's
+    count (what `exporters.resources.threads_left` leaves free next to running exports), not every core."""
     import onnxruntime as ort
+    import torch
 
     options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
     options.add_session_config_entry("session.disable_prepacking", "1")
     options.enable_cpu_mem_arena = False
     return options
