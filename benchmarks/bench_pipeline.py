@@ -28,12 +28,10 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,16 +151,10 @@ def optimum_venv(work: Path) -> Path | None:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{os.cpu_count()} CPUs ({cpu}), {memory:.0f} GiB RAM, Python {platform.python_version()}"
+    """The machine, as the pipeline's own benchmarks describe it (exporters.bench.machine_info)."""
+    from exporters.bench import machine_info, machine_line
+
+    return f"{machine_line(machine_info())}, Python {platform.python_version()}"
 
 
 def p6(rows: list, suffix: str, env: dict | None, cli: list[str], model_dir: Path, work: Path,
@@ -283,9 +275,9 @@ def main() -> None:
     print("pipeline timings (s): " + json.dumps({t["name"]: t.get("timings") for t in report["targets"]}))
     print("onnx-only timings (s): " + json.dumps(timings))
     print(f"threads: torch {torch_threads()} by default")
-    print(f"bare upstream per target (wall s, peak MiB): "
+    print("bare upstream per target (wall s, peak MiB): "
           + ", ".join(f"{k} {w:.1f}/{r:.0f}" for k, (w, r) in bare_each.items()))
-    print(f"\n| check | measured | ratio | target | met |\n|---|---|---|---|---|")
+    print("\n| check | measured | ratio | target | met |\n|---|---|---|---|---|")
     for name, measured, ratio, target, met in rows:
         ratio_text = "–" if ratio is None else f"{ratio:.2f}"
         met_text = "–" if met is None else ("yes" if met else "NO")

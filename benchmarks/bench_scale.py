@@ -121,16 +121,10 @@ def measure(cmd: list[str], cwd: Path, env: dict[str, str]) -> dict:
 
 
 def machine() -> str:
-    cpu = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{os.cpu_count()} CPUs ({cpu}), {memory:.0f} GiB RAM, Python {platform.python_version()}"
+    """The machine, as the pipeline's own benchmarks describe it (exporters.bench.machine_info)."""
+    from exporters.bench import machine_info, machine_line
+
+    return f"{machine_line(machine_info())}, Python {platform.python_version()}"
 
 
 def run_target(name: str, source: Path, model_dir: Path, work: Path, weight_bytes: int) -> dict:
