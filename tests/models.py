@@ -20,6 +20,14 @@ def write_recipe(folder: Path, recipe: Any) -> Path:
     return path
 
 
+def _saved(model, folder: Path, recipe: Any | None) -> Path:
+    """`model` saved (in eval mode) into `folder`, with the recipe when one is given."""
+    model.eval().save_pretrained(folder)
+    if recipe is not None:
+        write_recipe(folder, recipe)
+    return folder
+
+
 def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0, initializer_range: float = 0.02,
                max_position_embeddings: int = 256) -> Path:
     """A 2-layer Llama (hidden 32, vocab 128) with a WordLevel tokenizer.
@@ -37,10 +45,7 @@ def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0, in
     )
     model = LlamaForCausalLM(config).eval()
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3)
-    model.save_pretrained(folder)
-    if recipe is not None:
-        write_recipe(folder, recipe)
-    return folder
+    return _saved(model, folder, recipe)
 
 
 def tiny_bert(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
@@ -50,10 +55,7 @@ def tiny_bert(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128)
-    BertModel(config).eval().save_pretrained(folder)
-    if recipe is not None:
-        write_recipe(folder, recipe)
-    return folder
+    return _saved(BertModel(config), folder, recipe)
 
 
 def tiny_t5(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
@@ -67,10 +69,7 @@ def tiny_t5(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
     with torch.no_grad():  # T5's default init makes greedy decoding repeat one token: parity could not fail
         for parameter in model.parameters():
             parameter.normal_(0, 0.3)
-    model.save_pretrained(folder)
-    if recipe is not None:
-        write_recipe(folder, recipe)
-    return folder
+    return _saved(model, folder, recipe)
 
 
 def tiny_whisper(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
@@ -86,10 +85,7 @@ def tiny_whisper(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path
         bos_token_id=1, suppress_tokens=None, begin_suppress_tokens=None,
         init_std=1.0,  # the default 0.02 makes greedy decoding repeat one token: parity could not fail
     )
-    WhisperForConditionalGeneration(config).eval().save_pretrained(folder)
-    if recipe is not None:
-        write_recipe(folder, recipe)
-    return folder
+    return _saved(WhisperForConditionalGeneration(config), folder, recipe)
 
 
 def tiny_llava(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
@@ -104,10 +100,7 @@ def tiny_llava(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
                        bos_token_id=1, eos_token_id=2, pad_token_id=3)
     config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=127, image_seq_length=4,
                          vision_feature_layer=-1, projector_hidden_act="gelu")
-    LlavaForConditionalGeneration(config).eval().save_pretrained(folder)
-    if recipe is not None:
-        write_recipe(folder, recipe)
-    return folder
+    return _saved(LlavaForConditionalGeneration(config), folder, recipe)
 
 
 def tiny_marian(folder: Path, recipe: Any | None = None, seed: int = 0,
@@ -126,10 +119,7 @@ def tiny_marian(folder: Path, recipe: Any | None = None, seed: int = 0,
     model = MarianMTModel(config).eval()
     if suppress_tokens is not None:
         model.generation_config.suppress_tokens = suppress_tokens
-    model.save_pretrained(folder)
-    if recipe is not None:
-        write_recipe(folder, recipe)
-    return folder
+    return _saved(model, folder, recipe)
 
 
 def tiny_resnet(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
@@ -138,10 +128,7 @@ def tiny_resnet(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     config = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3, image_size=32)
-    ResNetForImageClassification(config).eval().save_pretrained(folder)
-    if recipe is not None:
-        write_recipe(folder, recipe)
-    return folder
+    return _saved(ResNetForImageClassification(config), folder, recipe)
 
 
 def tiny_longformer(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
@@ -151,10 +138,7 @@ def tiny_longformer(folder: Path, recipe: Any | None = None, seed: int = 0) -> P
     torch.manual_seed(seed)
     config = LongformerConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                               intermediate_size=64, attention_window=4, max_position_embeddings=130)
-    LongformerModel(config).eval().save_pretrained(folder)
-    if recipe is not None:
-        write_recipe(folder, recipe)
-    return folder
+    return _saved(LongformerModel(config), folder, recipe)
 
 
 def tiny_fnet(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
@@ -164,10 +148,7 @@ def tiny_fnet(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     config = FNetConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, intermediate_size=64,
                         max_position_embeddings=64)
-    FNetModel(config).eval().save_pretrained(folder)
-    if recipe is not None:
-        write_recipe(folder, recipe)
-    return folder
+    return _saved(FNetModel(config), folder, recipe)
 
 
 def _word_tokenizer(specials: list[str], words: list[str]):
