@@ -126,6 +126,18 @@ def plan(target, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]):
     return {MERGED: (module, inputs)}
 
 
+def with_consistent_mask(probe: dict[str, Any]) -> dict[str, Any]:
+    """A merged-graph probe whose 2-D attention mask covers the cache and the query (past + query), as a runtime sends
+    it: the probe builder resizes named dims only, and the mask's length is the sum of two (models with a sliding
+    window check it; others ignore a mask of the wrong length)."""
+    mask, leaves = probe.get("attention_mask"), cache_leaves(probe)
+    query = next((probe[k] for k in QUERY_INPUTS if _is_query_input(probe.get(k))), None)
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or not leaves or query is None:
+        return probe
+    past = next(iter(leaves.values())).shape[2]
+    return {**probe, "attention_mask": torch.ones(mask.shape[0], past + query.shape[1], dtype=mask.dtype)}
+
+
 def empty_cache(cache: Any) -> Any:
     """A copy of `cache` whose key/value tensors have length 0 on the sequence axis: freshly allocated and contiguous
     (a zero-length slice keeps its parent's strides, which ExecuTorch rejects with an abort)."""
@@ -137,6 +149,8 @@ def empty_cache(cache: Any) -> Any:
                 shape = list(tensor.shape)
                 shape[2] = 0
                 setattr(layer, name, torch.empty(shape, dtype=tensor.dtype, device=tensor.device))
+        if isinstance(getattr(layer, "cumulative_length", None), int):  # a sliding-window layer counts its tokens
+            layer.cumulative_length = 0
     return empty
 
 

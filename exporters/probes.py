@@ -175,6 +175,7 @@ def make_probes(
             for path, axis in binding.axes:  # a leaf may carry the dim on several axes (height and width)
                 resized[path] = resize_along(resized.get(path, leaves[path]), axis, size, generator, config)
                 _set_leaf(probe, path, resized[path])
+            sync_cache_lengths(probe)
             total = sum(tensor.numel() for tensor in resized.values())
             if total > limit:
                 probes.append((probe_id, None, f"inputs of {total} elements exceed max_probe_elements ({limit})"))
@@ -233,3 +234,22 @@ def fit_to_contract(inputs: dict[str, Any], bindings: list[DimBinding], config: 
         why = "which torch.export would specialize" if size < 2 else f"outside [{binding.low}, {binding.high}]"
         notes.append(f"'{binding.name}' is traced at size {new}: the sample inputs had {size}, {why}")
     return fitted, notes
+
+
+def sync_cache_lengths(inputs: dict[str, Any]) -> None:
+    """Cache layers that count their tokens (a sliding-window layer's `cumulative_length`) told the length their
+    resized key/value tensors now hold, as a cache grown to that length would be; left alone past the window, where
+    a real layer keeps only its last tokens.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> layer = SimpleNamespace(keys=torch.zeros(1, 2, 3, 4), cumulative_length=8, sliding_window=16)
+        >>> sync_cache_lengths({"cache": SimpleNamespace(layers=[layer])}); layer.cumulative_length
+        3
+    """
+    for value in inputs.values():
+        for layer in getattr(value, "layers", None) or []:
+            keys, counted = getattr(layer, "keys", None), getattr(layer, "cumulative_length", None)
+            if isinstance(keys, torch.Tensor) and isinstance(counted, int) and not isinstance(counted, bool):
+                if keys.shape[-2] < (getattr(layer, "sliding_window", None) or float("inf")):
+                    layer.cumulative_length = int(keys.shape[-2])

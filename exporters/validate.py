@@ -268,7 +268,7 @@ def validate_target(
     from .engine import component_shape_spec
     from .errors import ArtifactError, RemoteCodeError
     from .inputs import vocab_size
-    from .merged import MERGED, prompt_inputs
+    from .merged import MERGED, prompt_inputs, with_consistent_mask
     from .upstream import counter_in_spec_components, load_exported, read_manifest
     from .variants import resolve_budget, variant_kind
 
@@ -315,8 +315,11 @@ def validate_target(
         bindings_by_component[name] = bindings
         probes = make_probes(inputs, bindings, model.config, recipe.validation.max_probe_elements, max_positions,
                              recipe.inputs.seed, logits_per_token)
-        if target.mode == "generation" and name == MERGED and "input_ids" in generate_inputs:
-            probes.append(("prompt (past=0)", prompt_inputs(inputs, generate_inputs["input_ids"]), None))
+        if target.mode == "generation" and name == MERGED:
+            probes = [(probe_id, None if probe is None else with_consistent_mask(probe), skip)
+                      for probe_id, probe, skip in probes]
+            if "input_ids" in generate_inputs:
+                probes.append(("prompt (past=0)", prompt_inputs(inputs, generate_inputs["input_ids"]), None))
         references = eager_references(module, probes, eager)
         # what the graph takes, computed while the eager module still holds its weights
         fed = [(probe_id, None if probe is None else with_precomputed_inputs(module, probe), skip)

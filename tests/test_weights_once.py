@@ -443,3 +443,20 @@ def test_a_float16_run_loads_the_model_once_in_float16(half_run, eager):
     assert (out / "onnx" / "onnx" / "model_fp16.onnx_data").stat().st_size <= 1.05 * target["parameter_bytes"]
     config = json.loads((out / "onnx" / "config.json").read_text())["transformers.js_config"]
     assert config == {"dtype": "fp16", "use_external_data_format": {"model_fp16.onnx": 1}}
+
+
+def test_merged_probes_of_a_sliding_window_model_all_run(tmp_path):
+    """Mistral's cache layers count their tokens (`cumulative_length`): every probe of the merged graph (other past
+    lengths, the prompt on an empty cache) tells the cache its new length and sends a mask of past + query, so the
+    eager model runs each one and the target passes, not `unverified`."""
+    from matrix.families import FAMILIES, build
+
+    model_dir = tmp_path / "mistral"
+    build(FAMILIES["mistral"], model_dir, recipe=[{"export_format": "onnx", "dynamic": True}])
+    out = tmp_path / "out"
+    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet", "--no-bench")
+    [target] = json.loads((out / "report.json").read_text())["targets"]
+    assert result.returncode == 0 and target["status"] == "passed", (result.stderr[-2000:], target.get("unverified"))
+    checks = {check["probe"]: check for component in target["components"] for check in component["checks"]}
+    assert {"past_sequence_length=0", "past_sequence_length=19", "prompt (past=0)"} <= set(checks)
+    assert all(check["passed"] and not check["skipped"] for check in checks.values()), checks
