@@ -58,7 +58,7 @@ class RecipeExporter:
         if multi_token_decode is not None:
             target.multi_token_decode = multi_token_decode
         setting = engine.cache_setting_for(model, target, self.recipe)
-        target.merged = merged.wants_merged(target, detect_family(model), setting.implementation)
+        target.merged = merged.wants_merged(target, detect_family(model), setting.implementation, model.config)
         components = engine.decompose(model, "generation", {}, inputs, setting=setting,
                                       multi_token_decode=target.multi_token_decode or target.merged)
         if target.merged:

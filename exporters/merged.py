@@ -29,9 +29,26 @@ CACHE_KEYS = ("cache", "past_key_values")
 QUERY_INPUTS = ("input_ids", "position_ids", "token_type_ids", "inputs_embeds")
 
 
-def wants_merged(target, family: str, cache_implementation: str) -> bool:
+def mixes_window_layers(config: Any) -> bool:
+    """Whether the model's layers mix sliding-window and full attention (Gemma 2 and 3, ...): their caches then hold
+    different lengths past the window, which one `past_sequence_length` dim cannot describe.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> mixes_window_layers(SimpleNamespace(layer_types=["sliding_attention", "full_attention"]))
+        True
+        >>> mixes_window_layers(SimpleNamespace(layer_types=None, sliding_window=4096))
+        False
+    """
+    config = getattr(config, "text_config", None) or config
+    kinds = set(getattr(config, "layer_types", None) or [])
+    return "sliding_attention" in kinds and len(kinds) > 1
+
+
+def wants_merged(target, family: str, cache_implementation: str, config: Any = None) -> bool:
     """Whether `target` exports the merged graph: its `merged` setting, else the default (ONNX generation targets of
-    decoder-only models with dynamic shapes and a dynamic cache, and every transformers.js layout).
+    decoder-only models with dynamic shapes and a dynamic cache, whose layers all keep the same cache length, and
+    every transformers.js layout).
 
     Raises [`TargetPlanError`] when the recipe asks for a merged graph this model or cache cannot have."""
     if target.mode != "generation":
@@ -41,7 +58,8 @@ def wants_merged(target, family: str, cache_implementation: str) -> bool:
         separate = bool(set(target.components) & {"prefill", "decode"})
         dynamic = target.dynamic or bool(target.dynamic_shapes) or MERGED in target.components
         return (target.export_format == "onnx" and family == "text" and cache_implementation == "dynamic"
-                and dynamic and not separate and target.expected_components in (None, [MERGED]))
+                and dynamic and not separate and target.expected_components in (None, [MERGED])
+                and not (config is not None and mixes_window_layers(config)))
     if target.merged is False:
         return False
     option = "layout" if tjs and target.merged is None else "merged"

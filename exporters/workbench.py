@@ -94,7 +94,8 @@ class Workbench:
             from . import merged
 
             setting = self.cache_setting(target, recipe)
-            target.merged = merged.wants_merged(target, self.sample.family, setting.implementation)
+            target.merged = merged.wants_merged(target, self.sample.family, setting.implementation,
+                                                 self.model.config)
             captured = self._captured(target, recipe, setting)
             if target.merged:  # one graph: upstream's multi-token decode, with its contract
                 captured = merged.plan(target, captured)

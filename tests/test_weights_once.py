@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -357,6 +358,10 @@ def test_default_merges_only_plain_onnx_decoder_targets():
     assert not wants_merged(target(dynamic=True), "text", "static")
     assert not wants_merged(target(), "text", "dynamic")  # static shapes: no merged graph to make
     assert not wants_merged(target(dynamic=True, components={"prefill": {}}), "text", "dynamic")
+    # layers that mix sliding-window and full attention keep caches of different lengths: prefill + decode
+    mixed = SimpleNamespace(layer_types=["sliding_attention", "full_attention"])
+    assert not wants_merged(target(dynamic=True), "text", "dynamic", mixed)
+    assert wants_merged(target(dynamic=True), "text", "dynamic", SimpleNamespace(layer_types=None, sliding_window=64))
     assert not wants_merged(target(dynamic=True, merged=False), "text", "dynamic")
     dynamo = parse_recipe('{"export_format": "dynamo", "mode": "generation", "dynamic": true}').exports[0]
     assert not wants_merged(dynamo, "text", "dynamic")
@@ -443,6 +448,21 @@ def test_a_float16_run_loads_the_model_once_in_float16(half_run, eager):
     assert (out / "onnx" / "onnx" / "model_fp16.onnx_data").stat().st_size <= 1.05 * target["parameter_bytes"]
     config = json.loads((out / "onnx" / "config.json").read_text())["transformers.js_config"]
     assert config == {"dtype": "fp16", "use_external_data_format": {"model_fp16.onnx": 1}}
+
+
+def test_plainest_onnx_recipe_of_a_mixed_window_model_passes_with_prefill_and_decode(tmp_path):
+    """Gemma 2 alternates sliding-window and full-attention layers: its plainest ONNX target keeps prefill + decode
+    (not the merged graph, whose one cache dim cannot describe both) and passes with every probe run."""
+    from matrix.families import FAMILIES, build
+
+    model_dir = tmp_path / "gemma2"
+    build(FAMILIES["gemma2"], model_dir, recipe=[{"export_format": "onnx", "dynamic": True}])
+    out = tmp_path / "out"
+    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet", "--no-bench")
+    [target] = json.loads((out / "report.json").read_text())["targets"]
+    assert result.returncode == 0 and target["status"] == "passed", (result.stderr[-2000:], target.get("unverified"))
+    assert [c["name"] for c in target["components"]] == ["prefill", "decode"]
+    assert target["generation"]["status"] == "passed"
 
 
 def test_merged_probes_of_a_sliding_window_model_all_run(tmp_path):
