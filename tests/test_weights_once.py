@@ -450,17 +450,24 @@ def test_a_float16_run_loads_the_model_once_in_float16(half_run, eager):
     assert config == {"dtype": "fp16", "use_external_data_format": {"model_fp16.onnx": 1}}
 
 
-def test_plainest_onnx_recipe_of_a_mixed_window_model_passes_with_prefill_and_decode(tmp_path):
-    """Gemma 2 alternates sliding-window and full-attention layers: its plainest ONNX target keeps prefill + decode
-    (not the merged graph, whose one cache dim cannot describe both) and passes with every probe run."""
+def _plainest_onnx_target(family: str, tmp_path: Path) -> dict:
+    """The report entry of a matrix family's plainest ONNX target (`dynamic: true`), run through the CLI; asserts
+    that it passed."""
     from matrix.families import FAMILIES, build
 
-    model_dir = tmp_path / "gemma2"
-    build(FAMILIES["gemma2"], model_dir, recipe=[{"export_format": "onnx", "dynamic": True}])
+    model_dir = tmp_path / family
+    build(FAMILIES[family], model_dir, recipe=[{"export_format": "onnx", "dynamic": True}])
     out = tmp_path / "out"
     result = run_cli("run", str(model_dir), "--out", str(out), "--quiet", "--no-bench")
     [target] = json.loads((out / "report.json").read_text())["targets"]
     assert result.returncode == 0 and target["status"] == "passed", (result.stderr[-2000:], target.get("unverified"))
+    return target
+
+
+def test_plainest_onnx_recipe_of_a_mixed_window_model_passes_with_prefill_and_decode(tmp_path):
+    """Gemma 2 alternates sliding-window and full-attention layers: its plainest ONNX target keeps prefill + decode
+    (not the merged graph, whose one cache dim cannot describe both) and passes with every probe run."""
+    target = _plainest_onnx_target("gemma2", tmp_path)
     assert [c["name"] for c in target["components"]] == ["prefill", "decode"]
     assert target["generation"]["status"] == "passed"
 
@@ -469,14 +476,7 @@ def test_merged_probes_of_a_sliding_window_model_all_run(tmp_path):
     """Mistral's cache layers count their tokens (`cumulative_length`): every probe of the merged graph (other past
     lengths, the prompt on an empty cache) tells the cache its new length and sends a mask of past + query, so the
     eager model runs each one and the target passes, not `unverified`."""
-    from matrix.families import FAMILIES, build
-
-    model_dir = tmp_path / "mistral"
-    build(FAMILIES["mistral"], model_dir, recipe=[{"export_format": "onnx", "dynamic": True}])
-    out = tmp_path / "out"
-    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet", "--no-bench")
-    [target] = json.loads((out / "report.json").read_text())["targets"]
-    assert result.returncode == 0 and target["status"] == "passed", (result.stderr[-2000:], target.get("unverified"))
+    target = _plainest_onnx_target("mistral", tmp_path)
     checks = {check["probe"]: check for component in target["components"] for check in component["checks"]}
     assert {"past_sequence_length=0", "past_sequence_length=19", "prompt (past=0)"} <= set(checks)
     assert all(check["passed"] and not check["skipped"] for check in checks.values()), checks
