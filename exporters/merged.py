@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .errors import TargetPlanError
+from .probes import sync_cache_lengths
 from .recipe import ComponentOverride
 
 MERGED = "model"
@@ -167,8 +168,7 @@ def empty_cache(cache: Any) -> Any:
                 shape = list(tensor.shape)
                 shape[2] = 0
                 setattr(layer, name, torch.empty(shape, dtype=tensor.dtype, device=tensor.device))
-        if isinstance(getattr(layer, "cumulative_length", None), int):  # a sliding-window layer counts its tokens
-            layer.cumulative_length = 0
+    sync_cache_lengths({"cache": empty})  # a layer that counts its tokens now holds none
     return empty
 
 

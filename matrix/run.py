@@ -183,22 +183,22 @@ def versions() -> dict[str, str]:
     return found
 
 
-def kept_rows(out: Path, names: list[str], formats: list[str]) -> dict[str, Row]:
+def kept_rows(out: Path, names: list[str], formats: list[str]) -> tuple[dict[str, Row], str | None]:
     """The rows of an earlier table (`out`'s JSON) for the families not in `names`, when it measured the same
-    formats: a rerun of a few families keeps the rest of the matrix."""
+    formats, and that table's date: a rerun of a few families keeps the rest of the matrix."""
     path = out.with_suffix(".json")
     if not path.is_file():
-        return {}
+        return {}, None
     data = json.loads(path.read_text())
     if data["meta"]["formats"] != formats:
-        return {}
+        return {}, None
     rows = {}
     for raw in data["rows"]:
         if raw["family"] in names or raw["family"] not in FAMILIES:
             continue
         cells = {name: Cell(**cell) for name, cell in raw.pop("cells").items()}
         rows[raw["family"]] = Row(**raw, cells=cells)
-    return rows
+    return rows, data["meta"]["date"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,9 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     # Built one after another in this process (a second each), then run N at a time, each in its own process.
     unbuilt = {name: build_family(FAMILIES[name], formats, work) for name in names}
 
-    finished: dict[str, Row] = kept_rows(args.out, names, formats) if args.update else {}
-    kept = {"kept": len(finished), "kept_from": json.loads(args.out.with_suffix(".json").read_text())["meta"]["date"]
-            } if finished else {}
+    finished, kept_from = kept_rows(args.out, names, formats) if args.update else ({}, None)
+    kept = {"kept": len(finished), "kept_from": kept_from} if finished else {}
     listed = [name for name in FAMILIES if name in names or name in finished]
     lock = threading.Lock()
 

@@ -113,7 +113,7 @@ def load_snippet(repo_id: str, target: str, export_format: str, revision: str | 
         arguments.append(f"revision={json.dumps(revision)}")
     arguments.append(f"subfolder={json.dumps(f'{EXPORTS_DIR}/{target}')}")
     if export_format in NEEDS_TRUST:
-        arguments.append("trust_remote_code=True")
+        arguments.append("trust_remote_code=True")  # own artifact: the snippet loads what this run exported
     return ("from transformers.exporters import ExportedModel\n\n"
             f"model = ExportedModel.from_pretrained({', '.join(arguments)})")
 
@@ -188,8 +188,9 @@ def card_section(plan: PublishPlan) -> str:
                   "", "```python",
                   load_snippet(plan.repo_id, target["name"], target["export_format"]), "```", ""]
     if any(t["export_format"] in NEEDS_TRUST for t in plan.targets()):
-        lines += ["`trust_remote_code=True` is needed to load `torch.export` programs (`.pt2`, pickled): pass it "
-                  "only for exports you trust.", ""]
+        trust = "`trust_remote_code=True`"  # own artifact: what this run exported and validated
+        lines += [f"{trust} is needed to load `torch.export` programs (`.pt2`, pickled): pass it only for exports "
+                  "you trust.", ""]
     lines.append(end)
     return "\n".join(lines)
 

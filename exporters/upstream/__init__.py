@@ -326,7 +326,7 @@ def load_exported(directory: Path, *, device: str | None = None, config: Any = N
                   allow_pickles: bool = False) -> ExportedModel:
     """Load a saved export with upstream's program loaders and runners, without running code from the folder.
 
-    Upstream `ExportedModel.from_pretrained(trust_remote_code=True)` both unpickles `.pt2` programs and loads the
+    Upstream `ExportedModel.from_pretrained` with `trust_remote_code` set both unpickles `.pt2` programs and loads the
     folder's `config.json` with its `auto_map` code: here the programs are loaded one by one, a pickled format only
     when `allow_pickles` (this run wrote the files, or the operator allowed it), and the folder's config is never
     read (`config`, the eager model's, is attached instead).
