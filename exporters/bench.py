@@ -96,6 +96,7 @@ def artifact_size(directory: Path) -> int:
     manifest = json.loads((directory / "export.json").read_text())
     exporter = exporter_class(manifest["export_format"])
     names = {name for entry in manifest["components"].values() for name in exporter.program_files(entry["file"])}
+    names |= {entry["data_file"] for entry in manifest["components"].values() if entry.get("data_file")}
     return sum((directory / name).stat().st_size for name in names if (directory / name).is_file())
 
 

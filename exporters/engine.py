@@ -16,6 +16,7 @@ import torch
 
 from . import upstream
 from .errors import ShapeSpecError
+from .footprint import tied_embeddings
 from .recipe import ComponentOverride, Recipe
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
@@ -168,12 +169,14 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
 
     generation_config = _generation_config(model, target, recipe)
     timings = {"export_only_s": 0.0, "save_s": 0.0}
-    if target.export_format == "executorch" and len(components) > 1:
+    weights_file = EXECUTORCH_WEIGHTS if target.export_format == "executorch" and tied_embeddings(model) else None
+    if target.export_format == "executorch" and (len(components) > 1 or weights_file):
+        methods = {name: name if len(components) > 1 else "forward" for name in components}
         started = time.time()
-        program, metadata = upstream.export_executorch_methods(exporter, components, configs)
+        program, metadata = upstream.export_executorch_methods(exporter, components, configs, methods, weights_file)
         timings["export_only_s"] = time.time() - started
         started = time.time()
-        _save_methods(program, metadata, directory, model.config, generation_config)
+        _save_methods(program, metadata, methods, directory, model.config, generation_config, weights_file)
         timings["save_s"] = time.time() - started
         return {"components": list(components), **{k: round(v, 3) for k, v in timings.items()}}
     entries: dict[str, Any] = {}
@@ -205,14 +208,24 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
 
 
 EXECUTORCH_PROGRAM = "model.pte"
+# A model whose output projection is its embedding table keeps its weights beside the program, where ExecuTorch
+# stores that table once (docs/upstream-gaps.md #13).
+EXECUTORCH_WEIGHTS = "model"
 
 
-def _save_methods(program, metadata: dict[str, Any], directory: Path, config, generation_config) -> None:
-    """`model.pte` and a manifest in upstream's format whose components name their method too."""
+def _save_methods(program, metadata: dict[str, Any], methods: dict[str, str], directory: Path, config,
+                  generation_config, weights_file: str | None = None) -> None:
+    """`model.pte` (and `model.ptd` with `weights_file`) and a manifest in upstream's format whose components name
+    their method, and their data file, too."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / EXECUTORCH_PROGRAM, "wb") as handle:
         program.write_to_file(handle)
-    components = {name: {"file": EXECUTORCH_PROGRAM, "method": name, "metadata": upstream.metadata_dict(meta)}
+    data = {}
+    if weights_file is not None:
+        program.write_tensor_data_to_file(str(directory))
+        data = {"data_file": f"{weights_file}.ptd"}
+    components = {name: {"file": EXECUTORCH_PROGRAM, "method": methods[name], **data,
+                         "metadata": upstream.metadata_dict(meta)}
                   for name, meta in metadata.items()}
     upstream.write_manifest(directory, {"schema_version": 1, "export_format": "executorch", "components": components})
     if config is not None:

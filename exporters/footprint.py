@@ -80,8 +80,9 @@ def weights_stored_bytes(directory: Path, export_format: str) -> int:
     directory = Path(directory)
     if export_format == "onnx":
         return _onnx_weights(directory)
-    if export_format == "executorch":
-        return sum(_pte_weights(path) for path in sorted(directory.rglob("*.pte")))
+    if export_format == "executorch":  # a `.ptd` beside a program holds its weights, each tensor once
+        return (sum(_pte_weights(path) for path in sorted(directory.rglob("*.pte")))
+                + sum(path.stat().st_size for path in sorted(directory.rglob("*.ptd"))))
     if export_format == "dynamo":
         return sum(_pt2_weights(path) for path in sorted(directory.rglob("*.pt2")))
     raise ValueError(f"unknown export format {export_format!r}")

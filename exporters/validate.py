@@ -153,11 +153,13 @@ def structural_checks(export_format: str, directory: Path) -> list[str]:
         elif export_format == "executorch":
             from executorch.runtime import Runtime
 
-            methods = sorted(Runtime.get().load_program(path).method_names)
+            data = directory / entry["data_file"] if entry.get("data_file") else None
+            methods = sorted(Runtime.get().load_program(path, data_path=data).method_names)
             method = entry.get("method", "forward")  # a program with a method per component names it
             if method not in methods:
                 raise ValueError(f"{entry['file']} has no '{method}' method (methods: {methods})")
-            notes.append(f"{name}: ExecuTorch program loads, methods {methods}")
+            weights = f", weights in {entry['data_file']}" if data else ""
+            notes.append(f"{name}: ExecuTorch program loads, methods {methods}{weights}")
         elif export_format == "dynamo":
             notes.append(f"{name}: torch.export program loads ({entry['file']})")
     return notes

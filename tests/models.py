@@ -29,7 +29,7 @@ def _saved(model, folder: Path, recipe: Any | None) -> Path:
 
 
 def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0, initializer_range: float = 0.02,
-               max_position_embeddings: int = 256) -> Path:
+               max_position_embeddings: int = 256, tie_word_embeddings: bool = False) -> Path:
     """A 2-layer Llama (hidden 32, vocab 128) with a WordLevel tokenizer.
 
     The default initialization gives logits a few hundredths apart; `initializer_range=0.3` spreads them (top-2
@@ -41,7 +41,7 @@ def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0, in
     config = LlamaConfig(
         vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=max_position_embeddings, bos_token_id=1, eos_token_id=2,
-        pad_token_id=3, initializer_range=initializer_range,
+        pad_token_id=3, initializer_range=initializer_range, tie_word_embeddings=tie_word_embeddings,
     )
     model = LlamaForCausalLM(config).eval()
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3)

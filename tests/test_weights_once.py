@@ -480,3 +480,61 @@ def test_merged_probes_of_a_sliding_window_model_all_run(tmp_path):
     checks = {check["probe"]: check for component in target["components"] for check in component["checks"]}
     assert {"past_sequence_length=0", "past_sequence_length=19", "prompt (past=0)"} <= set(checks)
     assert all(check["passed"] and not check["skipped"] for check in checks.values()), checks
+
+
+# ── a tied embedding table in ExecuTorch (docs/upstream-gaps.md #13) ─────────
+
+
+@pytest.fixture(scope="module")
+def tied_run(tmp_path_factory):
+    """The plainest ExecuTorch generation recipe on a tiny Llama whose output projection is its embedding table."""
+    root = tmp_path_factory.mktemp("tied")
+    model_dir = tiny_llama(root / "model", {"export_format": "executorch", "mode": "generation"},
+                           tie_word_embeddings=True)
+    out = root / "out"
+    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet", "--no-bench")
+    [target] = json.loads((out / "report.json").read_text())["targets"]
+    return model_dir, out / target["name"], result, target
+
+
+def test_a_tied_executorch_target_stores_the_table_once(tied_run):
+    from transformers import AutoModelForCausalLM
+
+    model_dir, folder, result, target = tied_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert target["status"] == "passed" and target["generation"]["status"] == "passed", target["error"]
+    eager = AutoModelForCausalLM.from_pretrained(model_dir)
+    assert eager.lm_head.weight is eager.model.embed_tokens.weight
+    parameters = parameter_bytes(eager)  # the tied table counted once
+    assert sorted(p.name for p in folder.glob("*.pt[ed]")) == ["model.ptd", "model.pte"]
+    # the program keeps no weights of its own; the data file holds each tensor once (with a small header)
+    assert pte_weights(folder / "model.pte") < 0.01 * parameters
+    stored = (folder / "model.ptd").stat().st_size
+    assert parameters <= stored <= 1.05 * parameters, (stored, parameters)
+    assert target["parameter_bytes"] == parameters and target["weights_stored_bytes"] <= 1.05 * parameters
+    assert not any("parameter bytes" in f for f in target["findings"])
+    manifest = json.loads((folder / "export.json").read_text())
+    assert {e["data_file"] for e in manifest["components"].values()} == {"model.ptd"}
+
+
+def test_a_tied_executorch_program_runs_from_its_two_files(tied_run):
+    from executorch.runtime import Runtime
+    from transformers import AutoModelForCausalLM, StaticCache
+
+    from exporters.upstream import load_exported
+
+    model_dir, folder, _, _ = tied_run
+    program = Runtime.get().load_program(folder / "model.pte", data_path=folder / "model.ptd")
+    assert sorted(program.method_names) == ["decode", "prefill"]
+    # without its data file the program has no weights to run with
+    with pytest.raises(Exception):
+        Runtime.get().load_program(folder / "model.pte").load_method("prefill")
+    eager = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    runner = load_exported(folder).runners["prefill"]
+    ids = torch.tensor([PROMPT + [17, 23]])  # the plainest recipe traces a static prompt of 8 tokens
+    cache = StaticCache(config=eager.config, max_cache_len=256)  # the program's static cache (max positions)
+    feed = {"input_ids": ids, "position_ids": torch.arange(ids.shape[1])[None], "cache": cache}
+    with torch.no_grad():
+        want = eager(input_ids=ids).logits
+    got = runner(**{k: v for k, v in feed.items() if k in runner.metadata.kwargs})
+    torch.testing.assert_close(got["logits"], want, atol=1e-3, rtol=1e-3)

@@ -359,7 +359,7 @@ def load_exported(directory: Path, *, device: str | None = None, config: Any = N
                 if spec is not None:
                     register_treespec_types(spec)  # imports transformers' own cache/output classes only
             if entry["file"] not in programs:
-                programs[entry["file"]] = exporter.load_program(directory / entry["file"])
+                programs[entry["file"]] = _load_program(exporter, directory, entry)
             components[name] = ExportedComponent(programs[entry["file"]], metadata)
     generation_config = None
     if (directory / "generation_config.json").is_file():
@@ -381,6 +381,23 @@ def load_exported(directory: Path, *, device: str | None = None, config: Any = N
         model._runners = {name: RenamedRunner(runner, manifest["components"][name]["inputs"])
                           for name, runner in model._runners.items()}
     return model
+
+
+def _load_program(exporter: Any, directory: Path, entry: dict[str, Any]) -> Any:
+    """A component's program; an ExecuTorch program whose weights live in a `.ptd` beside it (`data_file`) is loaded
+    with them (upstream's loader reads the `.pte` alone)."""
+    data_file = entry.get("data_file")
+    if data_file is None:
+        return exporter.load_program(directory / entry["file"])
+    data_path = (directory / data_file).resolve()
+    if data_path.parent != directory.resolve() or not data_path.is_file():
+        raise ArtifactError(f"{directory}: the manifest names data file {data_file!r}, which is not a file of the "
+                            "folder")
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(directory / entry["file"], data_path=data_path)
+    program.path = str(directory / entry["file"])
+    return program
 
 
 # What upstream's save and load do not cover (docs/upstream-gaps.md #11, #15, #16) lives beside this module; imported

@@ -54,12 +54,20 @@ class _CapturedLowering:
         return self
 
 
-def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, dict]],
-                              configs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """`(ExecutorchProgramManager, {method: ExportMetadata})`: every component traced and prepared by upstream's
+def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, dict]], configs: dict[str, Any],
+                              methods: dict[str, str] | None = None,
+                              weights_file: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """`(ExecutorchProgramManager, {component: ExportMetadata})`: every component traced and prepared by upstream's
     `ExecutorchExporter.export_program` (backend preparation, patches, FX fixes) with its lowering captured, then all
-    lowered together by one `to_edge_transform_and_lower({name: program})` under the same patches: one program, one
-    method per component, XNNPACK's content-keyed weights stored once."""
+    lowered together by one `to_edge_transform_and_lower({method: program})` under the same patches: one program, one
+    method per component (`methods` maps components to method names; the component's name by default), XNNPACK's
+    content-keyed weights stored once.
+
+    With `weights_file` (a name without suffix), every constant goes to `<weights_file>.ptd` beside the program,
+    the program's own constants and the delegates' weights alike, where ExecuTorch's named-data store keeps identical
+    tensors once: a tied embedding table (looked up on the portable kernels, multiplied by XNNPACK as the output
+    projection) is then stored once instead of twice (docs/upstream-gaps.md #13). Save with
+    `write_tensor_data_to_file`; load with `Runtime.load_program(pte, data_path=ptd)`."""
     from transformers.exporters import exporter_executorch
     from transformers.exporters.utils import apply_patches
 
@@ -79,12 +87,44 @@ def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, di
         exporter_executorch.to_edge_transform_and_lower = real
     first = next(iter(captured.values()))
     backend = next(iter(configs.values())).backend
+    methods = methods or {name: name for name in captured}
+    backend_config = first.backend_config
+    if weights_file is not None:
+        for lowering in captured.values():
+            _tag_delegate_weights(lowering.program, weights_file)
+        backend_config = _external_constants(backend_config, weights_file)
     with apply_patches("executorch"), apply_patches(f"executorch.{backend}"):
-        edge = real({name: c.program for name, c in captured.items()},
-                    partitioner={name: c.kwargs["partitioner"] for name, c in captured.items()},
+        edge = real({methods[name]: c.program for name, c in captured.items()},
+                    partitioner={methods[name]: c.kwargs["partitioner"] for name, c in captured.items()},
                     compile_config=first.kwargs["compile_config"], transform_passes=first.kwargs["transform_passes"])
         del captured
-        return edge.to_executorch(config=first.backend_config), metadata
+        return edge.to_executorch(config=backend_config), metadata
+
+
+def _tag_delegate_weights(program: Any, tag: str) -> None:
+    """Mark the program's constants (parameters, constant buffers, lifted constants; not the mutable cache) so a
+    delegate that serializes them (XNNPACK) puts them in the named-data file `tag` instead of its own blob."""
+    signature = program.graph_signature
+    mutated = set(signature.buffers_to_mutate.values())
+    constants = {*signature.inputs_to_parameters, *signature.inputs_to_lifted_tensor_constants,
+                 *(node for node, buffer in signature.inputs_to_buffers.items() if buffer not in mutated)}
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name in constants:
+            node.meta.setdefault("custom", {})["delegate_constant_tag"] = tag
+
+
+def _external_constants(config: Any, tag: str) -> Any:
+    """Upstream's `ExecutorchBackendConfig` (None for defaults) with every non-delegated constant in file `tag`."""
+    import dataclasses
+
+    from executorch.exir.capture._config import ExecutorchBackendConfig
+
+    def to_file(_node: Any) -> str:
+        return tag
+
+    if config is None:
+        return ExecutorchBackendConfig(external_constants=to_file)
+    return dataclasses.replace(config, external_constants=to_file)
 
 
 def executorch_method_runner(program: Any, metadata: Any, method: str) -> Any:

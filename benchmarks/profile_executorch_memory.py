@@ -1,0 +1,90 @@
+"""Where the peak memory of an ExecuTorch export goes, phase by phase (issues #15 §3 P5, #19 §2).
+
+Runs the real `hf-export run` in this process with the ExecuTorch steps wrapped: the export child (forked from the
+pipeline, so it inherits the wrappers) prints its current RSS and its peak so far (`VmRSS`, `VmHWM` from
+/proc/self/status) at every boundary: each component's torch.export + backend preparation, `to_edge` + XNNPACK
+lowering, `to_executorch` (emission, serialization), writing the `.pte` and the `.ptd`. The phase whose end first
+shows the final peak is where the peak was reached.
+
+    .venv/bin/python benchmarks/profile_executorch_memory.py MODEL_DIR --recipe '{"export_format": "executorch",
+        "mode": "generation", "merged": true}'
+
+Prints one line per phase (`[memory] phase: rss X MiB, peak Y MiB`) and the parameter bytes of the model for the
+ratio. Nothing here changes what is exported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _status_mib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def mark(phase: str) -> None:
+    print(f"[memory] {time.strftime('%H:%M:%S')} {phase}: rss {_status_mib('VmRSS'):.0f} MiB, "
+          f"peak {_status_mib('VmHWM'):.0f} MiB", file=sys.stderr, flush=True)
+
+
+def _wrapped(owner, name: str, phase: str) -> None:
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def call(*args, **kwargs):
+        mark(f"before {phase}")
+        result = original(*args, **kwargs)
+        mark(f"after {phase}")
+        return result
+
+    setattr(owner, name, call)
+
+
+def install() -> None:
+    from executorch.exir.program import _program
+    from transformers.exporters import exporter_dynamo, exporter_executorch
+
+    _wrapped(exporter_dynamo.DynamoExporter, "export_program", "torch.export of a component")
+    _wrapped(exporter_executorch, "to_edge_transform_and_lower", "to_edge + XNNPACK lowering")
+    _wrapped(_program.EdgeProgramManager, "to_executorch", "to_executorch (emit + serialize)")
+    _wrapped(_program.ExecutorchProgramManager, "write_to_file", "writing the .pte")
+    _wrapped(_program.ExecutorchProgramManager, "write_tensor_data_to_file", "writing the .ptd")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--recipe", default='{"export_format": "executorch", "mode": "generation", "merged": true}')
+    args = parser.parse_args()
+    params_file = args.model / "params.json"
+    if params_file.is_file():
+        params = json.loads(params_file.read_text())["parameter_bytes"]
+        print(f"[memory] parameter bytes: {params / 2**20:.0f} MiB", file=sys.stderr)
+    install()
+    mark("start (stack imported)")
+    from exporters.cli import app
+
+    with tempfile.TemporaryDirectory() as work:
+        recipe = Path(work) / "recipe.json"
+        recipe.write_text(json.dumps([json.loads(args.recipe)]))
+        try:
+            app(["run", str(args.model), "--config", str(recipe), "--out", str(Path(work) / "out"), "--no-bench",
+                 "--no-cache", "--jobs", "1"])
+        except SystemExit as exit_:
+            mark(f"end (exit {exit_.code})")
+
+
+if __name__ == "__main__":
+    main()
