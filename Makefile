@@ -36,8 +36,11 @@ test-deps:
 	    npm install --prefix $(TJS_DIR) --ignore-scripts --no-audit --no-fund --silent \
 	      @huggingface/transformers@$(TJS_VERSION) >/dev/null; }
 
+# Two test processes (pytest-xdist), each module on one of them so its once-per-module exports run once: most of the
+# suite is single-threaded tracing in CLI subprocesses, so two at a time use both cores.
+TEST_WORKERS ?= 2
 test: venv test-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: venv
 	$(BIN)/python benchmarks/bench_pipeline.py

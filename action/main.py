@@ -298,7 +298,7 @@ def run_mode(settings: Settings) -> int:
     options = RunOptions(
         out_dir=settings.output_dir, targets=list(settings.targets), config_path=settings.config,
         device=settings.device, revision=settings.revision, token=settings.hf_token, endpoint=settings.hf_endpoint,
-        trust_remote_code=settings.trust_remote_code, progress=False, jobs=settings.jobs,
+        trust_remote_code=settings.trust_remote_code, progress=False, jobs=settings.jobs, bench=settings.benchmark,
     )
     label = ", ".join(settings.targets) if settings.targets else "every target"
     failure = _check_publish_access(settings)

@@ -161,6 +161,7 @@ class Settings:
     formats: list[str] = field(default_factory=lambda: list(FORMATS))  # init mode
     max_seconds: float = DEFAULT_MAX_SECONDS  # init mode
     jobs: int | None = None  # exports at once; None: chosen from cores and memory
+    benchmark: bool = True  # time every passing artifact (size, load, latency) for the report
     github: GitHubContext = field(default_factory=GitHubContext)
 
     @property
@@ -274,6 +275,7 @@ class Settings:
             formats=formats,
             max_seconds=max_seconds,
             jobs=jobs,
+            benchmark=parse_bool(get("benchmark"), "benchmark", True, problems),
             github=github,
         )
         if settings.config is not None:

@@ -9,7 +9,7 @@ shows the final peak is where the peak was reached.
     .venv/bin/python benchmarks/profile_executorch_memory.py MODEL_DIR --recipe '{"export_format": "executorch",
         "mode": "generation", "merged": true}'
 
-Prints one line per phase (`[memory] phase: rss X MiB, peak Y MiB`) and the parameter bytes of the model for the
+Writes one line per phase to `--log` (`[memory] phase: rss X MiB, peak Y MiB`) and the parameter bytes of the model for the
 ratio. Nothing here changes what is exported.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 import tempfile
 import time
@@ -34,9 +35,36 @@ def _status_mib(field: str) -> float:
     return float("nan")
 
 
+LOG = sys.stderr  # the export child's stderr goes to the run's log, so marks are written to --log as well
+
+
 def mark(phase: str) -> None:
-    print(f"[memory] {time.strftime('%H:%M:%S')} {phase}: rss {_status_mib('VmRSS'):.0f} MiB, "
-          f"peak {_status_mib('VmHWM'):.0f} MiB", file=sys.stderr, flush=True)
+    line = (f"[memory] {time.strftime('%H:%M:%S')} pid {os.getpid()} {phase}: rss {_status_mib('VmRSS'):.0f} MiB, "
+            f"peak {_status_mib('VmHWM'):.0f} MiB")
+    print(line, file=LOG, flush=True)
+
+
+def _watch_growth(step_mib: float = 256.0) -> None:
+    """In this process, from now on: whenever RSS has grown by `step_mib` since the last report, write where the
+    main thread is (its innermost frames), so growth inside one long phase is attributed to a call site."""
+    import threading
+    import traceback
+
+    main = threading.main_thread().ident
+
+    def watch() -> None:
+        last = _status_mib("VmRSS")
+        while True:
+            time.sleep(0.2)
+            now = _status_mib("VmRSS")
+            if now - last >= step_mib:
+                frame = sys._current_frames().get(main)
+                stack = traceback.extract_stack(frame)[-14:] if frame is not None else []
+                where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(stack))
+                print(f"[memory] {time.strftime('%H:%M:%S')} grew to {now:.0f} MiB in: {where}", file=LOG, flush=True)
+                last = now
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _wrapped(owner, name: str, phase: str) -> None:
@@ -44,6 +72,8 @@ def _wrapped(owner, name: str, phase: str) -> None:
 
     @functools.wraps(original)
     def call(*args, **kwargs):
+        if phase.startswith("to_edge"):
+            _watch_growth()
         mark(f"before {phase}")
         result = original(*args, **kwargs)
         mark(f"after {phase}")
@@ -57,7 +87,12 @@ def install() -> None:
     from transformers.exporters import exporter_dynamo, exporter_executorch
 
     _wrapped(exporter_dynamo.DynamoExporter, "export_program", "torch.export of a component")
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+    from torch.export import ExportedProgram
+
     _wrapped(exporter_executorch, "to_edge_transform_and_lower", "to_edge + XNNPACK lowering")
+    _wrapped(ExportedProgram, "run_decompositions", "  run_decompositions (to_edge)")
+    _wrapped(XnnpackBackend, "preprocess", "  XNNPACK preprocess of a partition")
     _wrapped(_program.EdgeProgramManager, "to_executorch", "to_executorch (emit + serialize)")
     _wrapped(_program.ExecutorchProgramManager, "write_to_file", "writing the .pte")
     _wrapped(_program.ExecutorchProgramManager, "write_tensor_data_to_file", "writing the .ptd")
@@ -67,11 +102,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path)
     parser.add_argument("--recipe", default='{"export_format": "executorch", "mode": "generation", "merged": true}')
+    parser.add_argument("--log", type=Path, default=Path("executorch-memory.log"), help="where the marks go")
     args = parser.parse_args()
+    global LOG
+    LOG = args.log.open("a", buffering=1)
     params_file = args.model / "params.json"
     if params_file.is_file():
         params = json.loads(params_file.read_text())["parameter_bytes"]
-        print(f"[memory] parameter bytes: {params / 2**20:.0f} MiB", file=sys.stderr)
+        print(f"[memory] parameter bytes: {params / 2**20:.0f} MiB", file=LOG)
     install()
     mark("start (stack imported)")
     from exporters.cli import app
@@ -84,6 +122,11 @@ def main() -> None:
                  "--no-cache", "--jobs", "1"])
         except SystemExit as exit_:
             mark(f"end (exit {exit_.code})")
+        report = Path(work) / "out" / "report.json"
+        for target in json.loads(report.read_text())["targets"] if report.is_file() else []:
+            print(f"[memory] target {target['name']}: {target['status']}, files {target.get('total_bytes')} B, "
+                  f"weights stored {target.get('weights_stored_bytes')} B of {target.get('parameter_bytes')} B",
+                  file=LOG)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,9 @@ class BotSettings(BaseModel):
     publish_unverified: bool = Field(
         default=False, description="`--publish-unverified`: also publish unverified targets (some check did not "
                                    "run); the PR and the model card name the checks that did not run.")
+    benchmark: bool = Field(
+        default=True, description="Time every passing artifact (size, load, latency) for the PR; false passes "
+                                  "`--no-bench` and saves those minutes (the table says \"not measured\").")
     max_upload_size: str = Field(
         default="20GB", description="`--max-upload-size`: a PR that would upload more is refused (0: no limit).")
     trust_remote_code_repos: list[str] = Field(

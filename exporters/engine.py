@@ -156,8 +156,15 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
     Returns `{"components", "export_only_s", "save_s"}`."""
     exporter = upstream.exporter_class(target.export_format)()
     configs = component_configs(target, components, recipe, notes, quantizer_for)
-    with _lowering(target, configs):
+    with _lowering(target, configs), _lowering_memory(target):
         return _export_and_save(exporter, configs, model, target, components, recipe, directory)
+
+
+def _lowering_memory(target):
+    """ExecuTorch's whole-program copies during lowering share the weights instead of copying them (#19)."""
+    if target.export_format != "executorch":
+        return contextlib.nullcontext()
+    return upstream.constants_shared_by_lowering_copies()
 
 
 def _export_and_save(exporter, configs: dict[str, Any], model, target, components: Components, recipe: Recipe,

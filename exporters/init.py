@@ -230,7 +230,7 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
         say(f"round {number}: exporting and validating {', '.join(r.export_format for r in pending)} "
             f"({int(remaining)} s left)")
         run = RunOptions(out_dir=work / "out", config_path=path, trust_remote_code=options.trust_remote_code,
-                         progress=options.pipeline_progress, use_cache=False,
+                         progress=options.pipeline_progress, use_cache=False, bench=False,  # timings decide nothing here
                          timeout=max(remaining / len(pending), 1.0))
         report = run_pipeline(folder, run)
         by_name = {t["name"]: t for t in report["targets"]}

@@ -175,6 +175,7 @@ def test_pull_request_run_writes_outputs_and_summary(pr_scenario):
     report = run.report()
     assert report["status"] == "passed"
     assert report["jobs"] == 2  # the input `jobs`, passed to the library
+    assert report["targets"][0]["bench"]["size_bytes"] > 0  # benchmarked by default
     assert report["source"] == {**report["source"], "model": pr_scenario["repo_id"], "revision": pr_scenario["head"]}
     assert "### ✅ Export of `alice/tiny-llama-pr`: **passed** (1/1 targets passed)" in run.summary
     assert f"**Hub PR:** opened [#1]({run.outputs['pr-url']})" in run.summary and "## Export report" in run.summary
@@ -280,7 +281,7 @@ def failing_scenario(hub_server, tmp_path_factory):
     recipe = {"exports": [{**PASSING, "name": "slow", "timeout": 0.01}]}  # killed long before it can finish
     upload_model(hub_server, repo_id, tiny_llama(base / "model", recipe=recipe))
     with github_emulator() as github:
-        run = run_action(base / "ws", run_inputs(repo_id), github=github, hub_url=hub_server.url)
+        run = run_action(base / "ws", run_inputs(repo_id, benchmark="false"), github=github, hub_url=hub_server.url)
         comments = bot_comments(github)
     ALL_RUNS.append(run)
     return {"run": run, "comments": comments, "discussions": hub_server.discussions(repo_id),
@@ -329,7 +330,7 @@ def matrix_scenario(hub_server, tmp_path_factory):
             leg_ws = base / f"leg-{target}"
             runs[target] = run_action(
                 leg_ws, {**run_inputs(repo_id), "targets": target, "revision": plan["revision"], "open-pr": "false",
-                         "comment": "false", "output-dir": "export-out"},
+                         "comment": "false", "output-dir": "export-out", "benchmark": "false"},
                 github=github, hub_url=hub_server.url)
             # actions/upload-artifact (name: export-<target>) + download-artifact (path: export-parts)
             shutil.copytree(leg_ws / "export-out", aggregate_ws / "export-parts" / f"export-{target}")
@@ -364,6 +365,7 @@ def test_matrix_legs_export_one_target_each_and_publish_nothing(matrix_scenario)
         leg = matrix_scenario["runs"][target]
         assert leg.returncode == 0, leg.log[-4000:]
         assert [t["name"] for t in leg.report()["targets"]] == [target]
+        assert leg.report()["targets"][0]["bench"] is None  # input benchmark: false
         assert leg.outputs["pr-operation"] == "none"
     assert matrix_scenario["after_legs"] == {"comments": [], "discussions": []}
 

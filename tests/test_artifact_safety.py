@@ -32,7 +32,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     state = root / "state"  # the signing key of results this tool validated: outside every output folder
     model = tiny_bert(root / "model", RECIPE)
     out = root / "out"
-    result = run_cli("run", str(model), "--out", str(out), "--quiet", env={"EXPORT_ACTION_STATE_DIR": str(state)})
+    result = run_cli("run", "--no-bench", str(model), "--out", str(out), "--quiet",
+                     env={"EXPORT_ACTION_STATE_DIR": str(state)})
     assert result.returncode == 0, result.stderr[-3000:]
     return {"root": root, "model": model, "out": out, "state": state}
 
@@ -79,7 +80,8 @@ def test_a_planted_report_is_never_reused_or_published(exported: dict[str, Path]
     junk = _forge(out)
     files = {p.name: p.read_bytes() for p in exported["model"].iterdir() if p.is_file()}
     hub.create_model_repo("alice/forged", files)
-    result = cli(exported, "run", "alice/forged", "--out", str(out), "--push", "--quiet", HF_ENDPOINT=hub.url,
+    result = cli(exported, "run", "--no-bench", "alice/forged", "--out", str(out), "--push", "--quiet",
+                 HF_ENDPOINT=hub.url,
                  HF_HUB_DISABLE_XET="1", HF_HOME=str(out.parent / "hf-home"))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
@@ -96,10 +98,10 @@ def test_a_report_written_by_validate_is_never_reused(exported: dict[str, Path])
     out = copy_out(exported, "out-validated")
     assert cli(exported, "validate", str(exported["model"]), str(out)).returncode == 0
     assert json.loads((out / "report.json").read_text())["targets"][0]["status"] == "passed"
-    rerun = cli(exported, "run", str(exported["model"]), "--out", str(out), "--quiet")
+    rerun = cli(exported, "run", "--no-bench", str(exported["model"]), "--out", str(out), "--quiet")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert not json.loads((out / "report.json").read_text())["targets"][0]["cached"]
-    again = cli(exported, "run", str(exported["model"]), "--out", str(out), "--quiet")
+    again = cli(exported, "run", "--no-bench", str(exported["model"]), "--out", str(out), "--quiet")
     assert json.loads((out / "report.json").read_text())["targets"][0]["cached"]  # its own, signed result is
     assert again.returncode == 0
 
@@ -111,7 +113,7 @@ def test_a_planted_staging_link_is_not_followed(exported: dict[str, Path]) -> No
     outside.mkdir()
     (out / ".staging-onnx").symlink_to(outside, target_is_directory=True)
     (out / "logs").symlink_to(outside, target_is_directory=True)
-    result = cli(exported, "run", str(exported["model"]), "--out", str(out), "--quiet")
+    result = cli(exported, "run", "--no-bench", str(exported["model"]), "--out", str(out), "--quiet")
     assert result.returncode == 0, result.stderr[-3000:]
     assert list(outside.iterdir()) == [], "something was written through a planted link"
     assert (out / "onnx" / "export.json").is_file() and not (out / "onnx").is_symlink()

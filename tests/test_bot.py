@@ -97,7 +97,7 @@ def bot_settings(hub, tmp_path: Path, **overrides: Any) -> BotSettings:
     values: dict[str, Any] = dict(
         webhook_secret=SECRET, hf_token=BOT_TOKEN, hf_endpoint=hub.url, db_path=tmp_path / "bot.db",
         work_dir=tmp_path / "work", allowed=["alice"], bot_name=BOT_USER, poll_seconds=0.1, lease_seconds=30,
-        retry_backoff_seconds=1, job_timeout_seconds=300,
+        retry_backoff_seconds=1, job_timeout_seconds=300, benchmark=False,  # timings are tested in test_publish
     )
     values.update(overrides)
     return BotSettings(**values)
@@ -521,6 +521,9 @@ def test_local_backend_command_environment_and_limits(tmp_path, monkeypatch):
     argv = backend.command("acme/custom", sha(1), tmp_path)
     assert argv[1:4] == ["-m", "bot.export_run", "run"] and "--push" in argv and "--trust-remote-code" in argv
     assert "--trust-remote-code" not in backend.command("acme/other", sha(1), tmp_path)
+    assert "--no-bench" not in argv  # benchmarked by default
+    quick = LocalBackend(BotSettings(hf_token=BOT_TOKEN, benchmark=False))
+    assert "--no-bench" in quick.command("acme/other", sha(1), tmp_path)
     env = backend.environment()
     assert env["HF_TOKEN"] == BOT_TOKEN and "WEBHOOK_SECRET" not in env and "GITHUB_TOKEN" not in env
     assert_no_secrets(" ".join(argv))

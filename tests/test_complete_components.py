@@ -29,7 +29,7 @@ def family_run(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     model_dir = build(root / "model", RECIPE)
     out = root / "out"
-    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     return request.param, family, components, model_dir, out, result
 
 

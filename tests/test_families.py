@@ -32,7 +32,7 @@ def idefics3_run(tmp_path_factory):
     model_dir = tiny_idefics3_with_processor(root / "model", {"schema_version": 1, "exports": BOTH,
                                                               "generation": {"max_new_tokens": 6}})
     out = root / "out"
-    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    return model_dir, out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
 
 
 def test_idefics3_complete_stages_and_parity_from_its_own_processor(idefics3_run):
@@ -90,7 +90,7 @@ def test_clip_exports_each_tower_in_model_mode(tmp_path):
 
     model_dir = build(FAMILIES["clip"], tmp_path / "model", recipe=BOTH)
     out = tmp_path / "out"
-    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     report = _report(out)
@@ -108,7 +108,7 @@ def test_clip_exports_each_tower_in_model_mode(tmp_path):
 def test_vision_backbone_through_its_own_image_processor(tmp_path):
     model_dir = tiny_vit_with_image_processor(tmp_path / "model", {"export_format": "onnx", "dynamic": True})
     out = tmp_path / "out"
-    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = _report(out)
     assert report["family"] == "vision" and report["targets"][0]["status"] == "passed"
@@ -123,7 +123,7 @@ def test_gemma2_sliding_window_pt2_decodes_past_the_window(tmp_path):
     recipe = {"schema_version": 1, "exports": [BOTH[0]], "generation": {"max_new_tokens": 8}}
     model_dir = build(spec, tmp_path / "model", recipe=recipe)
     out = tmp_path / "out"
-    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     target = _report(out)["targets"][0]
     generation = target["generation"]
@@ -142,7 +142,7 @@ def test_unsupported_vision_language_family_fails_with_the_reason(tmp_path):
     spec = dataclasses.replace(FAMILIES["llava"], name="llava_next", model_class="LlavaNextForConditionalGeneration")
     model_dir = build(spec, tmp_path / "model", recipe=BOTH)
     out = tmp_path / "out"
-    result = run_cli("run", str(model_dir), "--out", str(out))
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out))
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     report = _report(out)
@@ -164,7 +164,7 @@ def test_capture_failure_reports_its_root_cause(tmp_path):
     spec = dataclasses.replace(FAMILIES["t5"], overrides={})
     model_dir = build(spec, tmp_path / "model", recipe=[BOTH[1]])
     out = tmp_path / "out"
-    result = run_cli("run", str(model_dir), "--out", str(out))
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out))
     assert result.returncode == 1
     error = _report(out)["targets"][0]["error"]
     assert "Make sure the inputs are compatible with model.generate()" in error["message"]

@@ -48,7 +48,7 @@ def et_run(tmp_path_factory):
     model_dir = tiny_llama(root / "model", {"export_format": "executorch", "mode": "generation"},
                            initializer_range=SPREAD)
     out = root / "out"
-    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    return model_dir, out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
 
 
 def test_executorch_generation_defaults_to_a_static_cache_and_generates(et_run):
@@ -97,7 +97,7 @@ def static_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("static")
     model_dir = tiny_llama(root / "model", STATIC, initializer_range=SPREAD)
     out = root / "out"
-    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    return model_dir, out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
 
 
 def test_static_cache_parity_in_dynamo_and_onnx(static_run):
@@ -171,7 +171,7 @@ def test_a_decode_frozen_at_its_traced_length_fails_with_the_fix(tmp_path):
               "generation": {"cache_implementation": "dynamic"}}
     model_dir = tiny_llama(tmp_path / "model", recipe)
     out = tmp_path / "out"
-    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     assert result.returncode == 1
     target = _target(out, "frozen")
     assert target["status"] == "failed" and target["error"]["type"] == "DecodeStepError"
@@ -193,7 +193,7 @@ def marian_run(tmp_path_factory):
     recipe = {"export_format": "dynamo", "mode": "generation", "dynamic": True}
     model_dir = tiny_marian(root / "model", recipe, suppress_tokens=[79, 8])
     out = root / "out"
-    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    return model_dir, out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
 
 
 def test_forced_eos_and_suppressed_tokens_apply_to_both_sides(marian_run):

@@ -120,7 +120,7 @@ def _secret_runs(api, hub_server, root: Path, env: dict[str, str], seen: list[st
         api.create_repo(f"alice/{name}")
         api.upload_folder(repo_id=f"alice/{name}", folder_path=folder)
         out = root / f"out-{name}"
-        result = run_cli("run", f"alice/{name}", "--out", str(out), "--push", "--quiet", env=env)
+        result = run_cli("run", "--no-bench", f"alice/{name}", "--out", str(out), "--push", "--quiet", env=env)
         seen += [result.stdout, result.stderr]
         seen += [p.read_text(errors="replace") for p in out.rglob("*") if p.is_file() and p.stat().st_size < 5e6]
         for discussion in hub_server.discussions(f"alice/{name}"):
@@ -172,18 +172,19 @@ def remote_code_repo(tmp_path):
 
 
 def test_remote_code_is_refused_unless_allowed(remote_code_repo, tmp_path):
-    refused = run_cli("run", str(remote_code_repo), "--out", str(tmp_path / "out"), "--quiet")
+    refused = run_cli("run", "--no-bench", str(remote_code_repo), "--out", str(tmp_path / "out"), "--quiet")
     assert refused.returncode == 2
     assert "needs code from its repo" in refused.stderr and "--trust-remote-code" in refused.stderr
     assert not (remote_code_repo / "CODE_RAN").exists(), "no code from the repo may run when refused"
-    allowed = run_cli("run", str(remote_code_repo), "--out", str(tmp_path / "out2"), "--quiet", "--trust-remote-code")
+    allowed = run_cli("run", "--no-bench", str(remote_code_repo), "--out", str(tmp_path / "out2"), "--quiet",
+                      "--trust-remote-code")
     assert allowed.returncode == 0, allowed.stderr[-2000:]
 
 
 def test_validate_refuses_pickled_programs_it_did_not_produce(tmp_path):
     folder = tiny_bert(tmp_path / "model", {"export_format": "dynamo", "mode": "model"})
     out = tmp_path / "out"
-    assert run_cli("run", str(folder), "--out", str(out), "--quiet").returncode == 0
+    assert run_cli("run", "--no-bench", str(folder), "--out", str(out), "--quiet").returncode == 0
     refused = run_cli("validate", str(folder), str(out))
     assert refused.returncode == 1
     report = json.loads((out / "report.json").read_text())
@@ -216,7 +217,7 @@ def test_a_link_in_the_output_folder_is_replaced_not_followed(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "target").symlink_to(outside, target_is_directory=True)
-    result = run_cli("run", str(folder), "--out", str(out), "--quiet")
+    result = run_cli("run", "--no-bench", str(folder), "--out", str(out), "--quiet")
     assert result.returncode == 0, result.stderr[-2000:]
     assert not (out / "target").is_symlink() and (out / "target" / "export.json").is_file()
     assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]

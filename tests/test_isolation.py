@@ -50,7 +50,8 @@ def isolated_run(tmp_path_factory, request):
     driver = root / "driver.py"
     driver.write_text(DRIVER)
     out = root / "out"
-    result = subprocess.run([sys.executable, str(driver), "run", str(model_dir), "--out", str(out), "--quiet",
+    result = subprocess.run([sys.executable, str(driver), "run", "--no-bench", str(model_dir), "--out", str(out),
+                             "--quiet",
                              "--jobs", request.param], capture_output=True, text=True, cwd=ROOT, timeout=600)
     return out, result
 
@@ -86,7 +87,7 @@ def test_parallel_exports_give_the_same_verdicts_and_artifacts(tmp_path):
     reports = {}
     for jobs in ("1", "2"):
         out = tmp_path / f"out-{jobs}"
-        result = run_cli("run", str(model_dir), "--out", str(out), "--quiet", "--jobs", jobs)
+        result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet", "--jobs", jobs)
         assert result.returncode == 0, result.stderr[-2000:]
         reports[jobs] = json.loads((out / "report.json").read_text())
     assert reports["1"]["jobs"] == 1 and reports["2"]["jobs"] == 2

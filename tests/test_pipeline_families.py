@@ -35,7 +35,7 @@ def bert_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("bert")
     model_dir = tiny_bert(root / "model", BERT_RECIPE)
     out = root / "out"
-    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet", "--device", "cpu")
+    return model_dir, out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet", "--device", "cpu")
 
 
 def test_bert_all_formats_pass_in_model_mode(bert_run):
@@ -106,7 +106,7 @@ def t5_run(tmp_path_factory):
               {"name": "onnx", "export_format": "onnx", "mode": "model", "dynamic": True}]
     model_dir = tiny_t5(root / "model", recipe)
     out = root / "out"
-    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    return model_dir, out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
 
 
 def test_t5_encoder_decoder_single_graph(t5_run):
@@ -127,7 +127,7 @@ def whisper_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("whisper")
     model_dir = tiny_whisper(root / "model", {"export_format": "dynamo", "mode": "model"})
     out = root / "out"
-    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    return model_dir, out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
 
 
 def test_whisper_speech_model(whisper_run):

@@ -107,7 +107,7 @@ def test_cli_records_what_stopped_a_run_in_problem_json(tmp_path):
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (bad / "export_config.json").write_text(BAD_RECIPE)
-    run = run_cli("run", str(bad), "--out", str(tmp_path / "out-bad"), "--quiet")
+    run = run_cli("run", "--no-bench", str(bad), "--out", str(tmp_path / "out-bad"), "--quiet")
     assert run.returncode == 2, run.stderr
     problem = read_problem(tmp_path / "out-bad")
     assert problem is not None and problem.kind == "recipe" and problem.file == "export_config.json"
@@ -118,7 +118,7 @@ def test_cli_records_what_stopped_a_run_in_problem_json(tmp_path):
     (custom / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["MyForCausalLM"],
                                                     "auto_map": {"AutoModelForCausalLM": "modeling.MyForCausalLM"}}))
     (custom / "export_config.json").write_text(json.dumps({"export_format": "dynamo", "mode": "model"}))
-    run = run_cli("run", str(custom), "--out", str(tmp_path / "out-custom"), "--quiet")
+    run = run_cli("run", "--no-bench", str(custom), "--out", str(tmp_path / "out-custom"), "--quiet")
     assert run.returncode == 2, run.stderr
     problem = read_problem(tmp_path / "out-custom")
     assert problem is not None and problem.kind == "remote_code" and problem.option == "trust_remote_code"

@@ -58,7 +58,7 @@ def story(env: HubEnv, tmp_path_factory: pytest.TempPathFactory) -> Story:
     folder = tiny_bert(root / "model", {"exports": [A, B]})
     state.heads["first"] = env.upload_model(state.repo_id, folder)
     out = root / "out"
-    state.runs["full"] = env.cli("run", state.repo_id, "--push", "--out", str(out))
+    state.runs["full"] = env.cli("run", "--no-bench", state.repo_id, "--push", "--out", str(out))
     state.outs["first"] = root / "snapshot-first"
     shutil.copytree(out, state.outs["first"])
     state.files["full"] = pr_files(env, state.repo_id, 1)
@@ -68,13 +68,14 @@ def story(env: HubEnv, tmp_path_factory: pytest.TempPathFactory) -> Story:
     api.upload_file(path_or_fileobj=b"# Using the model\n", path_in_repo="USAGE.md", repo_id=state.repo_id,
                     commit_message="Add usage notes")  # a new commit; the PR still merges cleanly
     state.heads["second"] = env.hub.head(state.repo_id)
-    state.runs["partial"] = env.cli("run", state.repo_id, "--push", "--target", "a", "--out", str(out))
+    state.runs["partial"] = env.cli("run", "--no-bench", state.repo_id, "--push", "--target", "a", "--out", str(out))
     state.files["partial"] = pr_files(env, state.repo_id, 1)
     state.commits["partial"] = len(env.hub.commits(state.repo_id, "refs/pr/1"))
 
     late = root / "late"  # the run of the first commit, arriving after the second one published
     shutil.copytree(state.outs["first"], late)
-    state.runs["late"] = env.cli("run", state.repo_id, "--revision", state.heads["first"], "--target", "a", "--push",
+    state.runs["late"] = env.cli("run", "--no-bench", state.repo_id, "--revision", state.heads["first"], "--target", "a",
+                                 "--push",
                                  "--out", str(late))
     state.outs["late"] = late
     state.commits["late"] = len(env.hub.commits(state.repo_id, "refs/pr/1"))
@@ -83,7 +84,8 @@ def story(env: HubEnv, tmp_path_factory: pytest.TempPathFactory) -> Story:
     env.api().merge_pull_request(state.repo_id, 1)  # the owner merges: main now holds a and b
     edge = root / "edge.json"
     edge.write_text(json.dumps({"exports": [C]}))
-    state.runs["edge"] = env.cli("run", state.repo_id, "--config", str(edge), "--push", "--out", str(root / "edge"))
+    state.runs["edge"] = env.cli("run", "--no-bench", state.repo_id, "--config", str(edge), "--push",
+                                 "--out", str(root / "edge"))
     edge_pr = prs(env, state.repo_id)[-1]["num"]
     state.files["edge"] = pr_files(env, state.repo_id, edge_pr)
     state.files["main"] = env.hub.files(state.repo_id, "main")
@@ -141,7 +143,7 @@ def test_a_run_whose_commit_main_moved_past_is_superseded(env: HubEnv, story: St
     root = tmp_path_factory.mktemp("moved")
     env.upload_model(repo_id, tiny_bert(root / "model", {"exports": [A]}))
     out = root / "out"
-    assert env.cli("run", repo_id, "--out", str(out)).returncode == 0
+    assert env.cli("run", "--no-bench", repo_id, "--out", str(out)).returncode == 0
     env.push_recipe(repo_id, {"exports": [{**A, "validation": {"atol": 1e-4}}]})  # main moves: the recipe changes
     result = publish_report(repo_id, out, token=BOT_TOKEN, endpoint=env.url)
     assert result.operation == "superseded" and "changes the model or its recipe" in result.message
@@ -192,10 +194,10 @@ def test_unverified_targets_are_published_only_when_asked_and_say_what_did_not_r
     recipe = {"exports": [A], "validation": {"max_probe_elements": 1}}  # every probe too large: nothing compared
     env.upload_model(repo_id, tiny_bert(root / "model", recipe))
     out = root / "out"
-    plain = env.cli("run", repo_id, "--push", "--out", str(out))
+    plain = env.cli("run", "--no-bench", repo_id, "--push", "--out", str(out))
     assert plain.returncode == 1 and "publish: discussion" in plain.stderr, plain.stderr[-3000:]
     assert prs(env, repo_id) == []  # counted like a failure: no artifact published
-    opted = env.cli("run", repo_id, "--push", "--publish-unverified", "--out", str(out))
+    opted = env.cli("run", "--no-bench", repo_id, "--push", "--publish-unverified", "--out", str(out))
     assert opted.returncode == 1 and "publish: created" in opted.stderr, opted.stderr[-3000:]
     [pr] = prs(env, repo_id)
     text = pr["events"][0]["data"]["latest"]["raw"]

@@ -30,7 +30,7 @@ def test_a_component_whose_every_probe_was_skipped_is_unverified_and_opens_no_pr
     repo = "alice/skipped"
     hub.create_model_repo(repo, {p.name: p.read_bytes() for p in model_dir.iterdir()})
     out = tmp_path / "out"
-    result = run_cli("run", repo, "--out", str(out), "--quiet", "--push")
+    result = run_cli("run", "--no-bench", repo, "--out", str(out), "--quiet", "--push")
     assert result.returncode == 1, result.stderr[-3000:]
     report = _report(out)
     target = report["targets"][0]
@@ -64,7 +64,7 @@ def eos_first(tmp_path_factory):
     model.config.eos_token_id = first
     model.save_pretrained(model_dir)
     out = root / "out"
-    return out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    return out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
 
 
 def test_generation_parity_that_compared_no_decode_step_is_unverified(eos_first):
@@ -105,7 +105,7 @@ def vit_batch(tmp_path_factory):
                "dynamic_shapes": {"pixel_values": {"2": {"name": "side", "min": 16, "max": 64}}}}]
     model_dir = tiny_vit(root / "model", recipe)
     out = root / "out"
-    return model_dir, out, run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    return model_dir, out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
 
 
 def test_a_declared_batch_range_is_traced_dynamic_and_runs_at_min_mid_max(vit_batch):

@@ -433,7 +433,7 @@ def half_run(tmp_path_factory):
     recipe = {"export_format": "onnx", "mode": "generation", "dtype": "float16", "layout": "transformers.js"}
     model_dir = tiny_llama(root / "model", recipe)
     out = root / "out"
-    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet")
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     return out, result, json.loads((out / "report.json").read_text())
 
 

@@ -102,6 +102,8 @@ class LocalBackend:
                 "--out", str(out_dir), "--push", "--quiet", "--max-upload-size", self.settings.max_upload_size]
         if self.settings.publish_failed:
             argv.append("--publish-failed")
+        if not self.settings.benchmark:
+            argv.append("--no-bench")
         if self.settings.publish_unverified:
             argv.append("--publish-unverified")
         if self.settings.trusts_remote_code(repo):

@@ -67,6 +67,7 @@ __all__ = [
     "decompose_multimodal",
     "executorch_method_runner",
     "export_executorch_methods",
+    "constants_shared_by_lowering_copies",
     "exporter_class",
     "fit_traced_spec",
     "formats_from_files",
@@ -410,6 +411,7 @@ from .quantizers import (  # noqa: E402
 )
 from .beyond import (  # noqa: E402
     RenamedRunner,
+    constants_shared_by_lowering_copies,
     executorch_method_runner,
     export_executorch_methods,
     lean_session_options,

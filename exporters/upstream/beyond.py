@@ -5,6 +5,7 @@ transformers.js. Part of the one adapter (`exporters.upstream`): only this packa
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from typing import Any
@@ -125,6 +126,50 @@ def _external_constants(config: Any, tag: str) -> Any:
     if config is None:
         return ExecutorchBackendConfig(external_constants=to_file)
     return dataclasses.replace(config, external_constants=to_file)
+
+
+@contextlib.contextmanager
+def constants_shared_by_lowering_copies():
+    """While ExecuTorch lowers, the copy of each partition that a backend preprocesses shares the partition's
+    constants (parameters, constant buffers, lifted constants) with it instead of copying them.
+
+    ExecuTorch deep-copies every partition of every method before preprocessing the first one
+    (`lower_all_submodules_to_backend`, through `BackendDetails.copy_exported_program_for_preprocess`, the hook a
+    backend may override): on a 0.5B model that held a second copy of all the weights (and touched the first)
+    while XNNPACK's serialized weights accumulated beside them, 3.7x the weights at the peak
+    (benchmarks/profile_executorch_memory.py). The graph is still copied, so preprocessing can rewrite it; a
+    backend pass that wrote into a constant in place would change the numbers, which validation checks."""
+    from executorch.exir.backend.backend_details import BackendDetails
+
+    real = BackendDetails.__dict__["copy_exported_program_for_preprocess"]
+
+    def sharing_copy(cls: Any, edge_program: Any, compile_specs: Any) -> Any:
+        memo = {id(tensor): tensor for tensor in _program_constants(edge_program)}
+        return copy.deepcopy(edge_program, memo)
+
+    BackendDetails.copy_exported_program_for_preprocess = classmethod(sharing_copy)
+    try:
+        yield
+    finally:
+        BackendDetails.copy_exported_program_for_preprocess = real
+
+
+def _program_constants(value: Any) -> list[Any]:
+    """The constant tensors of an `ExportedProgram`, or of the programs an ExecuTorch program manager holds."""
+    from torch.export import ExportedProgram
+
+    if isinstance(value, ExportedProgram):
+        programs = [value]
+    elif isinstance(getattr(value, "exported_program", None), ExportedProgram):
+        programs = [value.exported_program]
+    else:
+        programs = [p for p in (getattr(value, "_edge_programs", None) or {}).values() if isinstance(p, ExportedProgram)]
+    tensors = []
+    for program in programs:
+        mutated = set(program.graph_signature.buffers_to_mutate.values())
+        tensors += [t for name, t in program.state_dict.items() if name not in mutated]
+        tensors += list(program.constants.values())
+    return tensors
 
 
 def executorch_method_runner(program: Any, metadata: Any, method: str) -> Any:
