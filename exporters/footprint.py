@@ -140,9 +140,9 @@ def duplication_finding(stored: int, parameters: int, export_format: str, compon
         why = (f": each of {components} is a separate .pt2 holding its own copy (torch.export's .pt2 format stores "
                "one program with its weights, and upstream saves one per component); 'merged': true stores one graph")
     elif export_format == "executorch" and tied:
-        why = (": the model ties its embedding table to its output projection, and ExecuTorch stores that tensor "
-               "twice, once for the embedding lookup (not delegated) and once in XNNPACK's weights for the "
-               "projection (docs/upstream-gaps.md #13)")
+        why = (": the model ties its embedding table to its output projection, and the embedding lookup (not "
+               "delegated) and XNNPACK's projection keep different tensors of it (a quantized projection is no "
+               "longer the table, so model.ptd cannot hold it once; docs/upstream-gaps.md #13)")
     return f"the artifacts store {ratio:.2f}x the model's parameter bytes ({stored} of {parameters}){why}"
 
 

@@ -1,5 +1,6 @@
-"""What upstream's save and load do not cover (docs/upstream-gaps.md #11, #15, #16): one ExecuTorch program with a
-method per component, ONNX Runtime sessions that read the weights in place, graphs whose inputs were renamed for
+"""What upstream's save and load do not cover (docs/upstream-gaps.md #11, #13, #15, #16, #20): one ExecuTorch program
+with a method per component (its weights in one `.ptd` when the model ties them), a lowering that does not copy the
+weights per partition, ONNX Runtime sessions that read the weights in place, graphs whose inputs were renamed for
 transformers.js. Part of the one adapter (`exporters.upstream`): only this package imports `transformers.exporters`.
 """
 
