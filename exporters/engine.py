@@ -156,15 +156,21 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
     Returns `{"components", "export_only_s", "save_s"}`."""
     exporter = upstream.exporter_class(target.export_format)()
     configs = component_configs(target, components, recipe, notes, quantizer_for)
-    with _lowering(target, configs), _lowering_memory(target):
+    with _lowering(target, configs), _lowering_memory(target, directory):
         return _export_and_save(exporter, configs, model, target, components, recipe, directory)
 
 
-def _lowering_memory(target):
-    """ExecuTorch's whole-program copies during lowering share the weights instead of copying them (#19)."""
+@contextlib.contextmanager
+def _lowering_memory(target, directory: Path):
+    """An ExecuTorch lowering that does not copy the weights per partition, and whose serialized weights wait on
+    disk in the (staging) target folder until the program is written, removed before it is complete (#19,
+    docs/upstream-gaps.md #20)."""
     if target.export_format != "executorch":
-        return contextlib.nullcontext()
-    return upstream.constants_shared_by_lowering_copies()
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    with upstream.constants_shared_by_lowering_copies(), upstream.named_data_on_disk(directory):
+        yield
 
 
 def _export_and_save(exporter, configs: dict[str, Any], model, target, components: Components, recipe: Recipe,

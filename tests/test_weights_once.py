@@ -538,3 +538,30 @@ def test_a_tied_executorch_program_runs_from_its_two_files(tied_run):
         want = eager(input_ids=ids).logits
     got = runner(**{k: v for k, v in feed.items() if k in runner.metadata.kwargs})
     torch.testing.assert_close(got["logits"], want, atol=1e-3, rtol=1e-3)
+
+
+def test_named_data_waits_on_disk_while_executorch_lowers(tmp_path):
+    """XNNPACK's serialized weights are kept as files, not bytes, until the program is written (upstream gap #20):
+    the store still deduplicates them by content, writes them intact, and the spill folder is gone afterwards."""
+    from executorch.exir._serialize._cord import Cord, FileBackedData
+    from executorch.exir._serialize._named_data_store import NamedDataStore
+
+    from exporters.upstream import named_data_on_disk
+
+    weight, small = bytes(range(256)) * 64, b"scale"
+    original = NamedDataStore.add_named_data
+    with named_data_on_disk(tmp_path):
+        store = NamedDataStore()
+        store.add_named_data("a", weight)
+        store.add_named_data("b", bytes(weight))  # same content under another key: one buffer
+        store.add_named_data("c", small)
+        [spill] = tmp_path.glob(".named-data-*")
+        assert len(list(spill.iterdir())) == 1  # the duplicate's file went with it
+        assert isinstance(store.buffers[0], FileBackedData) and store.buffers[1] == small
+        assert len(store.buffers) == 2 and store.pte_data["a"].buffer_index == store.pte_data["b"].buffer_index
+        out = tmp_path / "written"
+        with out.open("wb") as handle:
+            Cord(store.buffers[0]).write_to_file(handle)
+        assert out.read_bytes() == weight
+    assert not list(tmp_path.glob(".named-data-*"))
+    assert NamedDataStore.add_named_data is original  # the patch is undone

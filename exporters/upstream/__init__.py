@@ -68,6 +68,7 @@ __all__ = [
     "executorch_method_runner",
     "export_executorch_methods",
     "constants_shared_by_lowering_copies",
+    "named_data_on_disk",
     "exporter_class",
     "fit_traced_spec",
     "formats_from_files",
@@ -412,6 +413,7 @@ from .quantizers import (  # noqa: E402
 from .beyond import (  # noqa: E402
     RenamedRunner,
     constants_shared_by_lowering_copies,
+    named_data_on_disk,
     executorch_method_runner,
     export_executorch_methods,
     lean_session_options,

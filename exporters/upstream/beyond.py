@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 from . import leaf_tensors
@@ -153,6 +154,42 @@ def constants_shared_by_lowering_copies():
         yield
     finally:
         BackendDetails.copy_exported_program_for_preprocess = real
+
+
+SPILL_BYTES = 4096  # named data at least this large (every weight matrix) waits on disk for the program's writing
+
+
+@contextlib.contextmanager
+def named_data_on_disk(directory: Any):
+    """While ExecuTorch lowers and saves, every large blob a backend adds to its named-data store (XNNPACK's
+    serialized copy of each weight) is written to a file under `directory` at once and kept as ExecuTorch's
+    `FileBackedData`, which the store deduplicates by hash and the program's writer copies in chunks; the blobs no
+    longer pile up in memory until the `.pte` / `.ptd` is written (docs/upstream-gaps.md #20). The files are removed
+    when the context exits."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    from executorch.exir._serialize._cord import FileBackedData
+    from executorch.exir._serialize._named_data_store import NamedDataStore
+
+    spill = Path(tempfile.mkdtemp(prefix=".named-data-", dir=directory))
+    real = NamedDataStore.add_named_data
+
+    def add_named_data(self: Any, key: str, data: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(data, (bytes, bytearray)) and len(data) >= SPILL_BYTES:
+            digest = hashlib.sha256(data).digest()
+            with tempfile.NamedTemporaryFile(dir=spill, suffix=".bin", delete=False) as handle:
+                handle.write(data)
+            data = FileBackedData(handle.name, cleanup=True, sha256=digest)
+        return real(self, key, data, *args, **kwargs)
+
+    NamedDataStore.add_named_data = add_named_data
+    try:
+        yield
+    finally:
+        NamedDataStore.add_named_data = real
+        shutil.rmtree(spill, ignore_errors=True)
 
 
 def _program_constants(value: Any) -> list[Any]:
