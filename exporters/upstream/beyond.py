@@ -140,8 +140,11 @@ def constants_shared_by_lowering_copies():
     backend may override): on a 0.5B model that held a second copy of all the weights (and touched the first)
     while XNNPACK's serialized weights accumulated beside them, 3.7x the weights at the peak
     (benchmarks/profile_executorch_memory.py). The graph is still copied, so preprocessing can rewrite it; a
-    backend pass that wrote into a constant in place would change the numbers, which validation checks."""
+    backend pass that wrote into a constant in place would change the numbers, which validation checks. Likewise a
+    constant used by two partitions gets a node per partition naming the same tensor, not a copy of it."""
+    import torch
     from executorch.exir.backend.backend_details import BackendDetails
+    from executorch.exir.backend.canonical_partitioners import duplicate_constant_node_pass
 
     real = BackendDetails.__dict__["copy_exported_program_for_preprocess"]
 
@@ -149,11 +152,24 @@ def constants_shared_by_lowering_copies():
         memo = {id(tensor): tensor for tensor in _program_constants(edge_program)}
         return copy.deepcopy(edge_program, memo)
 
+    class _TensorSharingCopy:
+        """`copy` as the pass that gives each partition its own node for a shared constant sees it: the new node
+        names the same tensor (a tied embedding table used by the lookup and the projection) instead of a copy."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(copy, name)
+
+        @staticmethod
+        def deepcopy(value: Any, memo: dict | None = None) -> Any:
+            return value if isinstance(value, torch.Tensor) else copy.deepcopy(value, memo)
+
     BackendDetails.copy_exported_program_for_preprocess = classmethod(sharing_copy)
+    duplicate_constant_node_pass.copy = _TensorSharingCopy()
     try:
         yield
     finally:
         BackendDetails.copy_exported_program_for_preprocess = real
+        duplicate_constant_node_pass.copy = copy
 
 
 SPILL_BYTES = 4096  # named data at least this large (every weight matrix) waits on disk for the program's writing
