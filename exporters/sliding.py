@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 COUNTER_FINDING = (
-    "{components}: a sliding-window cache carries its token count in the program's input spec, so upstream's "
-    "runner refuses the cache of any other step; validation feeds these programs their tensors on the traced spec, "
-    "as a flat-input runtime does, and generation parity checks every token that follows (docs/upstream-gaps.md, 8: "
-    "sliding-window caches)")
+    "{components}: the cache's layers (sliding-window or static) carry their token count in the program's input "
+    "spec, so upstream's runner refuses the cache of any other step; validation feeds these programs their tensors "
+    "on the traced spec, as a flat-input runtime does, and generation parity checks every token that follows "
+    "(docs/upstream-gaps.md, 8: sliding-window caches)")
 
 
 def sliding_cache_leaves(outputs: Any) -> set[str]:
