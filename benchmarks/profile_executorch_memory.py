@@ -83,10 +83,16 @@ def _wrapped(owner, name: str, phase: str) -> None:
 
 
 def install() -> None:
-    from executorch.exir.program import _program
-    from transformers.exporters import exporter_dynamo, exporter_executorch
+    import importlib
 
-    _wrapped(exporter_dynamo.DynamoExporter, "export_program", "torch.export of a component")
+    from executorch.exir.program import _program
+
+    from exporters.upstream import exporter_class  # upstream is reached through the one adapter
+
+    executorch_exporter = exporter_class("executorch")
+    exporter_executorch = importlib.import_module(executorch_exporter.__module__)
+
+    _wrapped(executorch_exporter, "export_program", "torch.export + backend preparation of a component")
     from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
     from torch.export import ExportedProgram
 
