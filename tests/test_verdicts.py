@@ -146,3 +146,35 @@ def test_a_declared_range_the_model_cannot_keep_fails_with_the_reason(vit_batch)
     assert target["status"] == "failed"
     message = target["error"]["message"]
     assert "side" in message and ("Constraints violated" in message or "specialized" in message), message
+
+
+def test_outputs_are_compared_a_slice_at_a_time_with_the_whole_tensors_verdict(monkeypatch):
+    """Large outputs (a long prompt's logits) are compared slice by slice to keep validation's memory small: one bad
+    element in the last slice, a NaN anywhere, or a non-contiguous output give the verdict and the numbers the
+    whole-tensor comparison gives."""
+    from exporters import validate
+
+    monkeypatch.setattr(validate, "COMPARE_CHUNK_ELEMENTS", 1000)
+    generator = torch.Generator().manual_seed(0)
+    reference = torch.randn(3, 2501, generator=generator)
+    close = reference + 1e-6 * torch.randn(3, 2501, generator=generator)
+
+    def whole(want: torch.Tensor, got: torch.Tensor) -> tuple[float, float]:
+        diff = (got - want).abs()
+        return float(diff.max()), float((diff / want.abs().clamp_min(1e-12)).max())
+
+    [ok] = validate.compare_outputs({"logits": reference}, {"logits": close}, 1e-4, 1e-3)
+    assert ok.passed and (ok.max_abs_diff, ok.max_rel_diff) == whole(reference, close)
+
+    off = close.clone()
+    off[2, 2500] += 0.5  # the last element of the last slice
+    [bad] = validate.compare_outputs({"logits": reference}, {"logits": off}, 1e-4, 1e-3)
+    assert not bad.passed and (bad.max_abs_diff, bad.max_rel_diff) == whole(reference, off)
+
+    [transposed] = validate.compare_outputs({"logits": reference.t()}, {"logits": off.t()}, 1e-4, 1e-3)
+    assert not transposed.passed and transposed.max_abs_diff == bad.max_abs_diff
+
+    nan = close.clone()
+    nan[0, 7] = float("nan")
+    [broken] = validate.compare_outputs({"logits": reference}, {"logits": nan}, 1e-4, 1e-3)
+    assert not broken.passed and broken.note == "non-finite values (NaN or inf)"

@@ -160,6 +160,30 @@ def test_separate_dynamo_programs_duplicate_the_weights_and_the_report_says_so(r
     assert "2.00x" in finding and "merged" in finding
 
 
+def test_separate_dynamo_programs_hold_their_weights_once_when_loaded(run):
+    """Validation loads both `.pt2` programs of a split target: equal weights are one tensor in memory, and a weight
+    that differs is never shared."""
+    from exporters.upstream import share_identical_weights
+
+    _, out, _, _ = run
+    loaded = load(out, "dynamo-split")
+    prefill, decode = loaded.components["prefill"].program, loaded.components["decode"].program
+    names = prefill.graph_signature.parameters
+    assert names and all(decode.state_dict[n] is prefill.state_dict[n] for n in names)
+    runner = loaded._runners["decode"]
+    assert runner.module.get_parameter(names[0]) is prefill.state_dict[names[0]]  # what the decode runner computes with
+
+    again = load(out, "dynamo-split").components["decode"].program
+    changed = again.state_dict[names[0]]
+    with torch.no_grad():
+        changed.add_(1.0)
+    pool = {name: prefill.state_dict[name] for name in names}
+    freed = share_identical_weights(again, pool)
+    assert again.state_dict[names[0]] is changed
+    assert all(again.state_dict[n] is prefill.state_dict[n] for n in names[1:])
+    assert freed == sum(prefill.state_dict[n].nbytes for n in names[1:])
+
+
 def test_onnx_components_share_one_external_data_file(run):
     import onnx
 

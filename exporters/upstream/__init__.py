@@ -354,6 +354,7 @@ def load_exported(directory: Path, *, device: str | None = None, config: Any = N
             "they came from", option="trust_remote_code")
     components = {}
     programs: dict[str, Any] = {}  # a file shared by components (one method each) is loaded once
+    weights: dict[str, Any] = {}  # split .pt2 programs each carry the weights: held once (share_identical_weights)
     with quiet_torch_serde():
         for name, entry in manifest["components"].items():
             metadata = ExportMetadata.from_dict(entry.get("metadata") or {})
@@ -362,6 +363,7 @@ def load_exported(directory: Path, *, device: str | None = None, config: Any = N
                     register_treespec_types(spec)  # imports transformers' own cache/output classes only
             if entry["file"] not in programs:
                 programs[entry["file"]] = _load_program(exporter, directory, entry)
+                share_identical_weights(programs[entry["file"]], weights)
             components[name] = ExportedComponent(programs[entry["file"]], metadata)
     generation_config = None
     if (directory / "generation_config.json").is_file():
@@ -416,6 +418,7 @@ from .beyond import (  # noqa: E402
     named_data_on_disk,
     executorch_method_runner,
     export_executorch_methods,
+    share_identical_weights,
     lean_session_options,
     metadata_dict,
 )

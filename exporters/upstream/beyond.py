@@ -220,10 +220,47 @@ def _program_constants(value: Any) -> list[Any]:
         programs = [p for p in (getattr(value, "_edge_programs", None) or {}).values() if isinstance(p, ExportedProgram)]
     tensors = []
     for program in programs:
-        mutated = set(program.graph_signature.buffers_to_mutate.values())
-        tensors += [t for name, t in program.state_dict.items() if name not in mutated]
+        tensors += list(_unmutated_state(program).values())
         tensors += list(program.constants.values())
     return tensors
+
+
+def share_identical_weights(program: Any, pool: dict[str, Any]) -> int:
+    """Give a loaded `ExportedProgram` the tensors of `pool` (state-dict name -> tensor, from the programs of the same
+    export loaded before it) where its own are equal bit for bit, and add the others to the pool; call it before the
+    program's runner is built. Returns the bytes no longer held twice.
+
+    torch.export's `.pt2` holds one program with its weights, so a split dynamo target's `prefill.pt2` and
+    `decode.pt2` each load a copy of the model: validation then holds both. Sharing is exact (same name, dtype, shape,
+    strides and `torch.equal`) and leaves out the buffers a program mutates (a cache). Other programs are left alone.
+
+    Example:
+        >>> pool = {}
+        >>> share_identical_weights(prefill_program, pool), share_identical_weights(decode_program, pool)  # doctest: +SKIP
+        (0, 232000000)
+    """
+    import torch
+    from torch.export import ExportedProgram
+
+    if not isinstance(program, ExportedProgram):
+        return 0
+    freed = 0
+    for name, tensor in _unmutated_state(program).items():
+        earlier = pool.get(name)
+        if earlier is None:
+            pool[name] = tensor
+        elif earlier is not tensor and earlier.dtype == tensor.dtype and earlier.shape == tensor.shape \
+                and earlier.stride() == tensor.stride() and torch.equal(earlier, tensor):
+            program.state_dict[name] = earlier
+            freed += tensor.nbytes
+    return freed
+
+
+def _unmutated_state(program: Any) -> dict[str, Any]:
+    """An `ExportedProgram`'s parameters and constant buffers by state-dict name; not the buffers it mutates (a
+    cache)."""
+    mutated = set(program.graph_signature.buffers_to_mutate.values())
+    return {name: tensor for name, tensor in program.state_dict.items() if name not in mutated}
 
 
 def executorch_method_runner(program: Any, metadata: Any, method: str) -> Any:
