@@ -72,6 +72,18 @@ def causal_mask(like: torch.Tensor, start: int, length: int) -> torch.Tensor:
     return torch.where(allowed, torch.zeros_like(blocked), blocked)
 
 
+def _layer_mask(kind: str, mask: Any, start: int, length: int) -> Any:
+    """The static cache's 4D mask of one layer type for queries at `start…`. Full attention: causal over the cache's
+    slots. Sliding window: the same while the window is not yet full (no slot is farther back than the window); once
+    it fills, the layer rolls its slots on a code path the static graph fixed at trace time (docs/upstream-gaps.md
+    #9), so the mask is fed as captured and generation parity shows whether the graph holds."""
+    if not (isinstance(mask, torch.Tensor) and mask.dim() == 4):
+        return mask
+    if kind == "full_attention" or (kind == "sliding_attention" and start + length <= mask.shape[-1]):
+        return causal_mask(mask, start, length)
+    return mask
+
+
 def step_inputs(template: dict[str, Any], ids: torch.Tensor, start: int, cache: Any) -> dict[str, Any]:
     """A call like the captured `template`, for token `ids` at positions `start…`, with `cache`."""
     inputs = copy.deepcopy({k: v for k, v in template.items() if k not in CACHE_KEYS})
@@ -90,6 +102,8 @@ def step_inputs(template: dict[str, Any], ids: torch.Tensor, start: int, cache: 
         inputs[mask_key] = torch.ones(batch, start + length, dtype=mask.dtype)
     elif isinstance(mask, torch.Tensor) and mask.dim() == 4:  # a static cache: causal over its fixed slots
         inputs[mask_key] = causal_mask(mask, start, length)
+    elif isinstance(mask, dict):  # one mask per layer type, as `generate` prepares it for models that take a mapping
+        inputs[mask_key] = {kind: _layer_mask(kind, value, start, length) for kind, value in mask.items()}
     key = _cache_key(template)
     if key is not None:
         inputs[key] = cache
@@ -182,8 +196,24 @@ def generation_parity(model, components, exported, generate_inputs: dict[str, An
         report.status = "skipped"
         return report
     except Exception as err:  # an artifact that cannot generate is a failed check, with the reason
-        return _report(greedy, tokens, None, cache, reason=describe_error(err), failed=True)
-    return _report(greedy, tokens, prompt, cache)
+        report = _report(greedy, tokens, None, cache, reason=describe_error(err), failed=True)
+    else:
+        report = _report(greedy, tokens, prompt, cache)
+    window = _static_sliding_window(model.config) if limit is not None else None
+    if report.status == "failed" and window is not None and prefix.shape[1] + len(tokens) > window:
+        report.reason = "; ".join(filter(None, [report.reason, (
+            f"the static cache's sliding-window layers (window {window}) run the code path traced before their "
+            f"window filled, and this generation went past position {window}: the graph cannot follow there "
+            "(docs/upstream-gaps.md, 9)")]))
+    return report
+
+
+def _static_sliding_window(config: Any) -> int | None:
+    """The window of a model whose layer types include sliding-window attention (Gemma 2, Gemma 3), else None."""
+    text = getattr(config, "text_config", None) or config
+    if "sliding_attention" in (getattr(text, "layer_types", None) or []):
+        return getattr(text, "sliding_window", None)
+    return None
 
 
 def reference_for(model, generate_inputs: dict[str, Any], generation_config, steps: int) -> Any:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.conftest import run_cli
-from tests.models import tiny_llama, tiny_marian
+from tests.models import tiny_llama, tiny_marian, tiny_qwen2
 
 SPREAD = 0.3  # logits tenths apart: parity cannot pass on luck, and no step is a near tie
 
@@ -79,6 +79,45 @@ def test_saved_executorch_program_records_its_static_cache(et_run):
     assert decode["attention_mask"]["shape"] == [1, 1, 1, 256]
     assert decode["cache"] == {"container": "StaticCache"}
     assert sorted(exported.components) == ["decode", "prefill"]
+
+
+@pytest.fixture(scope="module")
+def qwen2_et_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("et-qwen2")
+    model_dir = tiny_qwen2(root / "model", {"export_format": "executorch", "mode": "generation"},
+                           initializer_range=SPREAD)
+    out = root / "out"
+    return model_dir, out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+
+
+def test_plainest_executorch_recipe_generates_for_a_model_taking_a_mask_per_layer_type(qwen2_et_run):
+    """Qwen2 (and Qwen3, SmolLM3, Gemma...) take `{"full_attention": mask}`: each decode step gets the mask of its
+    own position, as `generate()` builds it, not the captured step's."""
+    _, out, result = qwen2_et_run
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    target = _target(out, "executorch")
+    assert target["status"] == "passed", target["error"]
+    decode = json.loads((out / "executorch" / "export.json").read_text())["components"]["decode"]
+    assert set(decode["metadata"]["kwargs"]["attention_mask"]["leaves"]) == {"full_attention"}
+    _assert_generates(target["generation"], steps=8)
+
+
+def test_each_step_gets_the_mask_of_its_position_for_every_layer_type():
+    from exporters.parity import step_inputs
+
+    captured = torch.zeros(1, 1, 1, 6, dtype=torch.bool)
+    captured[..., :3] = True  # the traced step: position 2
+    template = {"input_ids": torch.tensor([[5]]), "position_ids": torch.tensor([[2]]),
+                "attention_mask": {"full_attention": captured, "sliding_attention": captured.clone()}}
+    at_4 = step_inputs(template, torch.tensor([[7]]), 4, None)
+    assert at_4["attention_mask"]["full_attention"].flatten().tolist() == [True] * 5 + [False]
+    assert at_4["attention_mask"]["sliding_attention"].flatten().tolist() == [True] * 5 + [False]
+    assert at_4["position_ids"].tolist() == [[4]]
+    # past a sliding window of 6 slots the static layer rolls on a path fixed at trace time: fed as captured
+    at_6 = step_inputs(template, torch.tensor([[7]]), 6, None)
+    assert at_6["attention_mask"]["full_attention"].shape == captured.shape
+    assert torch.equal(at_6["attention_mask"]["sliding_attention"], captured)
+    assert torch.equal(template["attention_mask"]["full_attention"], captured)  # the template is not changed
 
 
 # ── static cache in dynamo and ONNX ───────────────────────────────────────────
