@@ -16,7 +16,9 @@ Each step is fed as a runtime would: the cache the previous graph returned, the 
 `cache_position` when the graph takes one), and the attention mask in the captured layout. A static cache
 (`cache_implementation: "static"`) is the fixed-size `StaticCache` the graph writes into: its keys/values keep
 `max_cache_len` slots, its `cumulative_length` leaf is the write position, and the mask is the 4D causal mask over
-those slots (`[batch, 1, query, max_cache_len]`, true up to the current position).
+those slots (`[batch, 1, query, max_cache_len]`, true up to the current position); a model that takes one mask
+per layer type (`{"full_attention": ..., "sliding_attention": ...}`) gets that mapping, each mask of the step's
+position.
 """
 
 from __future__ import annotations
