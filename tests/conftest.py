@@ -23,6 +23,17 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
                           timeout=timeout)
 
 
+PLAINEST_EXECUTORCH = {"export_format": "executorch", "mode": "generation"}
+
+
+def run_plainest_executorch(root: Path, build, **model_options) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """The first recipe an on-device user writes, on the tiny model `build(folder, recipe, **model_options)` makes
+    in `root/model`, through the real CLI into `root/out`: (model folder, output folder, the finished process)."""
+    model_dir = build(root / "model", PLAINEST_EXECUTORCH, **model_options)
+    out = root / "out"
+    return model_dir, out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _torch_serde_logging():
     """torch 2.13's `.pt2` loader logs a malformed warning; pytest's log capture turns the logging error into a

@@ -17,7 +17,7 @@ import shutil
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_plainest_executorch
 from tests.models import tiny_llama, tiny_marian, tiny_qwen2
 
 SPREAD = 0.3  # logits tenths apart: parity cannot pass on luck, and no step is a near tie
@@ -44,11 +44,7 @@ def _assert_generates(generation, steps=8):
 
 @pytest.fixture(scope="module")
 def et_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("et-default")
-    model_dir = tiny_llama(root / "model", {"export_format": "executorch", "mode": "generation"},
-                           initializer_range=SPREAD)
-    out = root / "out"
-    return model_dir, out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    return run_plainest_executorch(tmp_path_factory.mktemp("et-default"), tiny_llama, initializer_range=SPREAD)
 
 
 def test_executorch_generation_defaults_to_a_static_cache_and_generates(et_run):
@@ -83,11 +79,7 @@ def test_saved_executorch_program_records_its_static_cache(et_run):
 
 @pytest.fixture(scope="module")
 def qwen2_et_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("et-qwen2")
-    model_dir = tiny_qwen2(root / "model", {"export_format": "executorch", "mode": "generation"},
-                           initializer_range=SPREAD)
-    out = root / "out"
-    return model_dir, out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    return run_plainest_executorch(tmp_path_factory.mktemp("et-qwen2"), tiny_qwen2, initializer_range=SPREAD)
 
 
 def test_plainest_executorch_recipe_generates_for_a_model_taking_a_mask_per_layer_type(qwen2_et_run):
