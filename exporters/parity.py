@@ -34,6 +34,7 @@ from .graph_forward import vision_language
 from .greedy import Greedy, Tolerances, eager_reference
 from .results import GenerationReport
 from .upstream import run_component
+from .native_log import native_messages
 
 CACHE_KEYS = ("cache", "past_key_values")
 
@@ -192,7 +193,8 @@ def generation_parity(model, components, exported, generate_inputs: dict[str, An
     greedy = Greedy(steps, eos, pad, reference, tolerances)
     tokens: list[torch.Tensor] = []
     try:
-        prompt = driver(model, components, exported.runners, generate_inputs, greedy, tokens)
+        with native_messages():
+            prompt = driver(model, components, exported.runners, generate_inputs, greedy, tokens)
     except NotImplementedError as err:
         report = _report(greedy, tokens, None, cache, reason=str(err))
         report.status = "skipped"

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .errors import describe_error
+from .native_log import native_messages
 from .recipe import Recipe, Tolerance
 from .results import Check, ComponentReport, OutputDiff, ValidationResult
 from .probes import dim_bindings, make_probes
@@ -254,7 +255,8 @@ def probe_component(report: ComponentReport, runner: Any, probes: list, referenc
             check.skipped, check.error = True, f"the eager model cannot run this probe: {describe_error(reference)}"
             continue
         try:
-            actual = run_component(runner, probe)
+            with native_messages():
+                actual = run_component(runner, probe)
         except Exception as err:
             check.passed, check.error = False, describe_error(err)
             if probe_id != "traced":
@@ -356,8 +358,9 @@ def validate_target(
         release_model()
 
     try:
-        exported = load_exported(directory, device=device, config=model.config, allow_pickles=trust_artifacts)
-        structural = structural_checks(target.export_format, directory)
+        with native_messages():
+            exported = load_exported(directory, device=device, config=model.config, allow_pickles=trust_artifacts)
+            structural = structural_checks(target.export_format, directory)
     except (RemoteCodeError, ArtifactError) as err:
         errors.append(str(err))
         return ValidationResult(reports, None, findings, errors, generation_expected)
