@@ -46,6 +46,15 @@ class CacheSetting:
             config.max_cache_len = self.max_cache_len
         return config
 
+    def sliding_finding(self, window: int | None) -> str | None:
+        """What a static cache does with a model's sliding-window layers, when the window is shorter than the cache."""
+        if self.implementation != "static" or window is None or self.max_cache_len is None \
+                or window >= self.max_cache_len:
+            return None
+        return (f"the static cache keeps its sliding-window layers whole ({self.max_cache_len} positions each; the "
+                f"mask applies the window of {window}): a rolling window layer's graph would be right only until its "
+                "window filled (docs/upstream-gaps.md, 9)")
+
     def finding(self, target: str, max_positions: int | None) -> str | None:
         """The sentence the report carries when the default chose the cache."""
         if not self.defaulted:
@@ -166,3 +175,17 @@ def check_second_step(target, components: dict[str, Any], setting: CacheSetting)
         f"run a second step; make the cache axis dynamic (components.decode.dynamic_shapes {{{declared}}}) or use "
         f'the static cache (generation.cache_implementation: "static")'
     )
+
+
+def sliding_window_of(config: Any) -> int | None:
+    """The window of a model whose layer types include sliding-window attention (Gemma 2, Gemma 3), else None.
+
+    Example:
+        >>> from transformers import Gemma2Config
+        >>> sliding_window_of(Gemma2Config(sliding_window=12, num_hidden_layers=2))
+        12
+    """
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if "sliding_attention" in (getattr(text, "layer_types", None) or []):
+        return getattr(text, "sliding_window", None)
+    return None

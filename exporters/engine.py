@@ -81,15 +81,15 @@ def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, 
         return model_components(model, forward_inputs, family or detect_family(model))
 
     generation_config = generation_config_for(model, setting)
-    with torch.no_grad():
+    with torch.no_grad(), upstream.static_sliding_layers_kept_whole():
         components = upstream.decompose_for_generation(
             model,
             copy.deepcopy(generate_inputs),
             generation_config=generation_config,
             multi_token_decode=multi_token_decode,
         )
-    return complete_components(model, components, generate_inputs, family or detect_family(model), generation_config,
-                               multi_token_decode)
+        return complete_components(model, components, generate_inputs, family or detect_family(model),
+                                   generation_config, multi_token_decode)
 
 
 def component_configs(target, components: Components, recipe: Recipe, notes: list[str],

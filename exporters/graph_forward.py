@@ -109,15 +109,16 @@ class DecodeStepper:
     3-D M-RoPE ids) advance by one per token from the captured template, which `generate()` itself computed: the
     family's own position rules (PaliGemma counts from 1, M-RoPE adds the image's offset) are kept."""
 
-    def __init__(self, runner: Any, template: dict[str, Any]):
+    def __init__(self, runner: Any, template: dict[str, Any], sliding_window: int | None = None):
         self.runner = runner
         self.template = template
+        self.sliding_window = sliding_window
         self.traced = _traced_position(template)
 
     def __call__(self, token: torch.Tensor, position: int, cache: Any, extra: dict[str, Any] | None = None) -> Any:
         from .parity import step_inputs
 
-        inputs = step_inputs(self.template, token[:, None], position, cache)
+        inputs = step_inputs(self.template, token[:, None], position, cache, self.sliding_window)
         offset = position - self.traced
         for key in ("position_ids", "cache_position"):
             value = self.template.get(key)
@@ -144,10 +145,11 @@ def vision_language_prefill(model, components: dict[str, tuple[torch.nn.Module, 
 def vision_language(model, components, runners, generate_inputs: dict[str, Any], greedy, tokens: list) -> int:
     """Parity driver (see `exporters.parity`): image + prompt → graphs → greedy tokens appended to `tokens`;
     returns the prompt length."""
+    from .cache_settings import sliding_window_of
     from .parity import _decode_loop
 
     logits, cache = vision_language_prefill(model, components, runners, generate_inputs)
-    stepper = DecodeStepper(runners[DECODE], components[DECODE][1])
+    stepper = DecodeStepper(runners[DECODE], components[DECODE][1], sliding_window_of(model.config))
     ids = generate_inputs["input_ids"]
     _decode_loop(logits, cache, ids, greedy, stepper, tokens)
     return int(ids.shape[1])

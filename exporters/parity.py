@@ -35,6 +35,7 @@ from .greedy import Greedy, Tolerances, eager_reference
 from .results import GenerationReport
 from .upstream import run_component
 from .native_log import native_messages
+from .cache_settings import sliding_window_of
 
 CACHE_KEYS = ("cache", "past_key_values")
 
@@ -45,9 +46,10 @@ class _Stepper:
 
     runner: Any
     template: dict[str, Any]
+    sliding_window: int | None = None
 
     def __call__(self, token: torch.Tensor, position: int, cache: Any, extra: dict[str, Any] | None = None) -> Any:
-        inputs = step_inputs(self.template, token[:, None], position, cache)
+        inputs = step_inputs(self.template, token[:, None], position, cache, self.sliding_window)
         inputs.update(extra or {})
         return run_component(self.runner, inputs)
 
@@ -63,32 +65,42 @@ def _output_cache(output: Any) -> Any:
     raise KeyError("the component returns no cache")
 
 
-def causal_mask(like: torch.Tensor, start: int, length: int) -> torch.Tensor:
+def causal_mask(like: torch.Tensor, start: int, length: int, window: int | None = None) -> torch.Tensor:
     """A 4D mask shaped like the captured `like` (`[batch, heads, query, slots]`) for `length` queries at positions
-    `start…`: each sees the slots up to its own position. Boolean (true: attend) or additive (0 / dtype minimum)."""
+    `start…`: each sees the slots up to its own position (and, with `window`, only the last `window` of them).
+    Boolean (true: attend) or additive (0 / dtype minimum)."""
     batch, heads, _, slots = like.shape
     query = torch.arange(start, start + length).unsqueeze(-1)
-    allowed = (torch.arange(slots).unsqueeze(0) <= query).expand(batch, heads, length, slots).contiguous()
+    slot = torch.arange(slots).unsqueeze(0)
+    allowed = slot <= query
+    if window is not None:
+        allowed &= query - slot < window
+    allowed = allowed.expand(batch, heads, length, slots).contiguous()
     if like.dtype == torch.bool:
         return allowed
     blocked = torch.full_like(allowed, torch.finfo(like.dtype).min, dtype=like.dtype)
     return torch.where(allowed, torch.zeros_like(blocked), blocked)
 
 
-def _layer_mask(kind: str, mask: Any, start: int, length: int) -> Any:
+def _layer_mask(kind: str, mask: Any, start: int, length: int, window: int | None) -> Any:
     """The static cache's 4D mask of one layer type for queries at `start…`. Full attention: causal over the cache's
-    slots. Sliding window: the same while the window is not yet full (no slot is farther back than the window); once
-    it fills, the layer rolls its slots on a code path the static graph fixed at trace time (docs/upstream-gaps.md
-    #9), so the mask is fed as captured and generation parity shows whether the graph holds."""
+    slots. Sliding window: causal over the last `window` positions, while every position has its slot (the layers
+    are captured whole: `exporters.upstream.static_sliding_layers_kept_whole`); a rolling window layer of an older
+    export, once full, runs a code path its graph fixed at trace time (docs/upstream-gaps.md #9): its mask is fed as
+    captured, and generation parity shows whether the graph holds."""
     if not (isinstance(mask, torch.Tensor) and mask.dim() == 4):
         return mask
-    if kind == "full_attention" or (kind == "sliding_attention" and start + length <= mask.shape[-1]):
+    if kind == "full_attention":
         return causal_mask(mask, start, length)
+    if kind == "sliding_attention" and start + length <= mask.shape[-1]:
+        return causal_mask(mask, start, length, window)
     return mask
 
 
-def step_inputs(template: dict[str, Any], ids: torch.Tensor, start: int, cache: Any) -> dict[str, Any]:
-    """A call like the captured `template`, for token `ids` at positions `start…`, with `cache`."""
+def step_inputs(template: dict[str, Any], ids: torch.Tensor, start: int, cache: Any,
+                sliding_window: int | None = None) -> dict[str, Any]:
+    """A call like the captured `template`, for token `ids` at positions `start…`, with `cache`; `sliding_window`:
+    the model's window, for the mask of its sliding-window layers ([`sliding_window_of`])."""
     inputs = copy.deepcopy({k: v for k, v in template.items() if k not in CACHE_KEYS})
     batch, length = ids.shape
     positions = torch.arange(start, start + length).unsqueeze(0).expand(batch, -1)
@@ -106,7 +118,8 @@ def step_inputs(template: dict[str, Any], ids: torch.Tensor, start: int, cache: 
     elif isinstance(mask, torch.Tensor) and mask.dim() == 4:  # a static cache: causal over its fixed slots
         inputs[mask_key] = causal_mask(mask, start, length)
     elif isinstance(mask, dict):  # one mask per layer type, as `generate` prepares it for models that take a mapping
-        inputs[mask_key] = {kind: _layer_mask(kind, value, start, length) for kind, value in mask.items()}
+        inputs[mask_key] = {kind: _layer_mask(kind, value, start, length, sliding_window)
+                            for kind, value in mask.items()}
     key = _cache_key(template)
     if key is not None:
         inputs[key] = cache
@@ -203,21 +216,13 @@ def generation_parity(model, components, exported, generate_inputs: dict[str, An
         report = _report(greedy, tokens, None, cache, reason=describe_error(err), failed=True)
     else:
         report = _report(greedy, tokens, prompt, cache)
-    window = _static_sliding_window(model.config) if limit is not None else None
+    window = sliding_window_of(model.config) if limit is not None else None
     if report.status == "failed" and window is not None and prefix.shape[1] + len(tokens) > window:
         report.reason = "; ".join(filter(None, [report.reason, (
             f"the static cache's sliding-window layers (window {window}) run the code path traced before their "
             f"window filled, and this generation went past position {window}: the graph cannot follow there "
             "(docs/upstream-gaps.md, 9)")]))
     return report
-
-
-def _static_sliding_window(config: Any) -> int | None:
-    """The window of a model whose layer types include sliding-window attention (Gemma 2, Gemma 3), else None."""
-    text = getattr(config, "text_config", None) or config
-    if "sliding_attention" in (getattr(text, "layer_types", None) or []):
-        return getattr(text, "sliding_window", None)
-    return None
 
 
 def reference_for(model, generate_inputs: dict[str, Any], generation_config, steps: int) -> Any:
@@ -240,8 +245,9 @@ def _decoder_only(model, components, runners, generate_inputs, greedy: Greedy, t
     key = _cache_key(prefill_template)
     ids = generate_inputs["input_ids"]
     empty = copy.deepcopy(prefill_template[key]) if key else None  # a static cache: allocated by the graph
-    out = run_component(runners["prefill"], step_inputs(prefill_template, ids, 0, empty))
-    stepper = _Stepper(runners["decode"], components["decode"][1])
+    window = sliding_window_of(model.config)
+    out = run_component(runners["prefill"], step_inputs(prefill_template, ids, 0, empty, window))
+    stepper = _Stepper(runners["decode"], components["decode"][1], window)
     _decode_loop(out["logits"], _output_cache(out), ids, greedy, stepper, tokens)
     return int(ids.shape[1])
 

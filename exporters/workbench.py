@@ -119,11 +119,13 @@ class Workbench:
         return engine.generation_config_for(self.model, self.cache_setting(target, recipe))
 
     def _cache_notes(self, target: Any, setting: Any) -> list[str]:
-        from .cache_settings import max_positions
+        from .cache_settings import max_positions, sliding_window_of
 
-        finding = setting.finding(target.name, max_positions(self.model.config)) if target.mode == "generation" \
-            else None
-        return [finding] if finding else []
+        if target.mode != "generation":
+            return []
+        findings = [setting.finding(target.name, max_positions(self.model.config)),
+                    setting.sliding_finding(sliding_window_of(self.model.config))]
+        return [finding for finding in findings if finding]
 
     def contract_notes(self, target: Any) -> list[str]:
         """What fitting the sample inputs to the target's contract changed."""

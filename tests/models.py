@@ -64,6 +64,22 @@ def tiny_qwen2(folder: Path, recipe: Any | None = None, seed: int = 0, initializ
     return _saved(model, folder, recipe)
 
 
+def tiny_gemma2(folder: Path, recipe: Any | None = None, seed: int = 0, sliding_window: int = 6) -> Path:
+    """A 2-layer Gemma 2 (hidden 32, vocab 128): a sliding-window layer (window 6, shorter than an 8-token prompt)
+    then a full-attention one."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM, GenerationConfig
+
+    torch.manual_seed(seed)
+    config = Gemma2Config(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=256, sliding_window=sliding_window,
+        bos_token_id=1, eos_token_id=2, pad_token_id=3, initializer_range=0.3,
+    )
+    model = Gemma2ForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    return _saved(model, folder, recipe)
+
+
 def tiny_bert(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
     """A 1-layer BERT encoder (hidden 32)."""
     from transformers import BertConfig, BertModel

@@ -419,6 +419,7 @@ from .beyond import (  # noqa: E402
     executorch_method_runner,
     export_executorch_methods,
     share_identical_weights,
+    static_sliding_layers_kept_whole,
     lean_session_options,
     metadata_dict,
 )

@@ -225,6 +225,30 @@ def _program_constants(value: Any) -> list[Any]:
     return tensors
 
 
+@contextlib.contextmanager
+def static_sliding_layers_kept_whole():
+    """While components are captured, a static cache's sliding-window layers are plain static layers: every position
+    has its slot, and the model's sliding-window mask applies the window (upstream already traces a dynamic cache's
+    sliding layers whole). A `StaticSlidingWindowLayer` chooses its update's code path from a Python counter at
+    trace time (write in place while the window has room, roll once it is full), so a decode traced before the window
+    filled cannot run past it (docs/upstream-gaps.md #9). The cost: those layers hold `max_cache_len` positions.
+
+    Example:
+        >>> with static_sliding_layers_kept_whole():  # doctest: +SKIP
+        ...     components = decompose_for_generation(gemma2, inputs, generation_config=static)
+    """
+    from transformers import cache_utils
+
+    mapping = cache_utils.STATIC_LAYER_TYPE_MAPPING
+    saved = mapping.get("sliding_attention")
+    if saved is cache_utils.StaticSlidingWindowLayer:
+        mapping["sliding_attention"] = cache_utils.StaticLayer
+    try:
+        yield
+    finally:
+        mapping["sliding_attention"] = saved
+
+
 def share_identical_weights(program: Any, pool: dict[str, Any]) -> int:
     """Give a loaded `ExportedProgram` the tensors of `pool` (state-dict name -> tensor, from the programs of the same
     export loaded before it) where its own are equal bit for bit, and add the others to the pool; call it before the
