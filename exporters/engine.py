@@ -125,13 +125,16 @@ def _export_one(exporter, name: str, module, inputs: dict, config):
         raise RuntimeError(f"exporting component '{name}' failed: {type(err).__name__}: {err}{_hint(err, config)}") from err
 
 
-def _lowering(target, configs: dict[str, Any]):
-    """ExecuTorch programs with PT2E-quantized linears are lowered with XNNPACK's dynamically quantized partitioner
-    first (`exporters.upstream.xnnpack_dynamic_quant_partitioners`); everything else as upstream lowers it."""
-    if target.export_format == "executorch" and any(getattr(c, "quantizer", None) is not None
-                                                    for c in configs.values()):
-        return upstream.xnnpack_dynamic_quant_partitioners()
-    return contextlib.nullcontext()
+def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
+    """How ExecuTorch programs are lowered beyond upstream's defaults: PT2E-quantized linears with XNNPACK's
+    dynamically quantized partitioner first (`exporters.upstream.xnnpack_dynamic_quant_partitioners`), and the
+    tanh-approximated GELU left to the portable kernels (XNNPACK computes the exact one: docs/upstream-gaps.md #24)."""
+    stack = contextlib.ExitStack()
+    if target.export_format == "executorch":
+        stack.enter_context(upstream.tanh_gelu_kept_off_xnnpack())
+        if any(getattr(c, "quantizer", None) is not None for c in configs.values()):
+            stack.enter_context(upstream.xnnpack_dynamic_quant_partitioners())
+    return stack
 
 
 def export_components(model, target, components: Components, recipe: Recipe, notes: list[str],

@@ -420,6 +420,7 @@ from .beyond import (  # noqa: E402
     export_executorch_methods,
     share_identical_weights,
     static_sliding_layers_kept_whole,
+    tanh_gelu_kept_off_xnnpack,
     lean_session_options,
     metadata_dict,
 )

@@ -226,6 +226,31 @@ def _program_constants(value: Any) -> list[Any]:
 
 
 @contextlib.contextmanager
+def tanh_gelu_kept_off_xnnpack():
+    """While ExecuTorch lowers, XNNPACK's partitioner leaves `gelu(approximate="tanh")` to the portable kernels:
+    XNNPACK's GELU node ignores `approximate` and computes the exact (erf) GELU, up to 4.7e-4 away per activation
+    (SigLIP, Gemma, GPT-2-style MLPs; docs/upstream-gaps.md #24). The exact GELU stays delegated.
+
+    Example:
+        >>> with tanh_gelu_kept_off_xnnpack():  # doctest: +SKIP
+        ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    """
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import GeluConfig
+
+    real = GeluConfig.check_constraints
+
+    def check_constraints(self: Any, node: Any, ep: Any) -> bool:
+        approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+        return approximate != "tanh" and real(self, node, ep)
+
+    GeluConfig.check_constraints = check_constraints
+    try:
+        yield
+    finally:
+        GeluConfig.check_constraints = real
+
+
+@contextlib.contextmanager
 def static_sliding_layers_kept_whole():
     """While components are captured, a static cache's sliding-window layers are plain static layers: every position
     has its slot, and the model's sliding-window mask applies the window (upstream already traces a dynamic cache's
