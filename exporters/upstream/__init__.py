@@ -10,7 +10,11 @@ What is here: the registry (`exporter_class`, `config_class`), decomposition (`d
 that never runs code from an artifact folder unless the operator allowed it ([`load_exported`]), and what upstream's
 save and load do not cover: one ExecuTorch program with a method per component (`export_executorch_methods`,
 `executorch_method_runner`), ONNX Runtime sessions that read the weights in place (`lean_session_options`), graphs
-whose inputs were renamed for transformers.js (`RenamedRunner`).
+whose inputs were renamed for transformers.js (`RenamedRunner`), split programs that hold their equal weights once
+when loaded (`share_identical_weights`), and workarounds scoped to one step: static caches whose sliding layers are
+captured whole (`static_sliding_layers_kept_whole`), ExecuTorch lowering that leaves the tanh GELU off XNNPACK
+(`tanh_gelu_kept_off_xnnpack`) and does not copy the weights per partition (`constants_shared_by_lowering_copies`,
+`named_data_on_disk`).
 
 Example:
     >>> exporter_class("onnx").program_suffix
@@ -69,6 +73,9 @@ __all__ = [
     "export_executorch_methods",
     "constants_shared_by_lowering_copies",
     "named_data_on_disk",
+    "share_identical_weights",
+    "static_sliding_layers_kept_whole",
+    "tanh_gelu_kept_off_xnnpack",
     "exporter_class",
     "fit_traced_spec",
     "formats_from_files",
