@@ -54,7 +54,11 @@ def native_messages() -> Iterator[None]:
     """Catch stderr (the file descriptor, where native code writes) for the duration; see the module docstring."""
     sys.stderr.flush()
     _flush_c_streams()
-    saved = os.dup(2)
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to catch (a closed descriptor): nothing would be printed either
+        yield
+        return
     with tempfile.TemporaryFile() as sink:
         os.dup2(sink.fileno(), 2)
         failure: BaseException | None = None
