@@ -70,7 +70,7 @@ class CacheSetting:
 
 def max_positions(model_config) -> int | None:
     """How many positions the model's decoder can attend to, when its config says."""
-    text = model_config.get_text_config(decoder=True) if hasattr(model_config, "get_text_config") else model_config
+    text = _decoder_config(model_config)
     for name in ("max_position_embeddings", "max_target_positions", "n_positions"):
         value = getattr(text, name, None)
         if isinstance(value, int) and value > 0:
@@ -185,7 +185,12 @@ def sliding_window_of(config: Any) -> int | None:
         >>> sliding_window_of(Gemma2Config(sliding_window=12, num_hidden_layers=2))
         12
     """
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    text = _decoder_config(config)
     if "sliding_attention" in (getattr(text, "layer_types", None) or []):
         return getattr(text, "sliding_window", None)
     return None
+
+
+def _decoder_config(config: Any) -> Any:
+    """The config of the model's (text) decoder: the config itself, or a multimodal model's text config."""
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config

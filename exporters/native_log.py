@@ -79,5 +79,5 @@ def native_messages() -> Iterator[None]:
                 sys.stderr.write(others)
                 sys.stderr.flush()
             reason = runtime_reason(text) if failure is not None else None
-            if reason and failure is not None:
+            if reason:
                 failure.add_note(f"runtime log: {reason}")

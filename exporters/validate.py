@@ -106,13 +106,13 @@ def _difference(name: str, reference: torch.Tensor, value: torch.Tensor, atol: f
     want, got = reference.detach().reshape(-1), value.detach().reshape(-1)
     if got.numel() == 0:
         return OutputDiff(name, 0.0, 0.0, atol, rtol, True, note)
-    for start in range(0, got.numel(), COMPARE_CHUNK_ELEMENTS):
-        if not torch.isfinite(got[start:start + COMPARE_CHUNK_ELEMENTS]).all():
-            return OutputDiff(name, math.inf, math.inf, atol, rtol, False, "non-finite values (NaN or inf)")
     passed, largest_abs, largest_rel = True, [], []
     for start in range(0, got.numel(), COMPARE_CHUNK_ELEMENTS):
+        val = got[start:start + COMPARE_CHUNK_ELEMENTS].cpu().to(work)
+        if not torch.isfinite(val).all():
+            return OutputDiff(name, math.inf, math.inf, atol, rtol, False, "non-finite values (NaN or inf)")
         ref = want[start:start + COMPARE_CHUNK_ELEMENTS].cpu().to(work)
-        abs_diff = got[start:start + COMPARE_CHUNK_ELEMENTS].cpu().to(work).sub(ref).abs_()
+        abs_diff = val.sub(ref).abs_()
         magnitude = ref.abs()
         passed = passed and bool(torch.isfinite(ref).all()) and bool((abs_diff <= atol + rtol * magnitude).all())
         largest_abs.append(abs_diff.max())
