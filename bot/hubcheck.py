@@ -91,7 +91,7 @@ def weights_key(files: dict[str, str]) -> str:
 def inspect_repo(repo_id: str, revision: str, *, token: str | None, endpoint: str | None,
                  with_authors: bool = False) -> RepoState:
     """Read `repo_id` at `revision` (a commit id, or `main`); raises `HubCheckError`."""
-    from exporters.recipe_load import find_recipe
+    from exporters.recipe.load import find_recipe
 
     api = HfApi(endpoint=endpoint, token=token)
     try:

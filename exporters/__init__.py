@@ -13,7 +13,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .errors import (  # noqa: E402
+from exporters.errors import (
     AggregateError,
     ArtifactError,
     DecodeStepError,
@@ -31,8 +31,8 @@ from .errors import (  # noqa: E402
     UnsupportedModelError,
     TargetPlanError,
 )
-from .recipe import Recipe  # noqa: E402
-from .recipe_load import load_recipe_file, parse_recipe  # noqa: E402
+from exporters.recipe.model import Recipe  # noqa: E402
+from exporters.recipe.load import load_recipe_file, parse_recipe  # noqa: E402
 
 __all__ = [
     "AggregateError",
@@ -65,11 +65,11 @@ __all__ = [
 def __getattr__(name: str):
     # The heavy stack (torch, transformers) loads only when these are used.
     if name in ("AutoHfExporter", "AutoExportConfig", "RecipeExporter"):
-        from . import auto
+        from exporters import auto
 
         return getattr(auto, name)
     if name in ("run_pipeline", "validate_existing", "RunOptions"):
-        from . import pipeline
+        from exporters import pipeline
 
         return getattr(pipeline, name)
     raise AttributeError(name)

@@ -24,12 +24,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from . import fsutil
-from .errors import AggregateError
-from .hashing import sha256_file
-from .recipe import TARGET_NAME_PATTERN
-from .report import write_report
-from .status import FAILED, PASSED, overall_status
+from exporters import fsutil
+from exporters.errors import AggregateError
+from exporters.hashing import sha256_file
+from exporters.recipe.model import TARGET_NAME_PATTERN
+from exporters.report import write_report
+from exporters.status import FAILED, PASSED, overall_status
 
 
 def find_parts(parts_dir: Path) -> list[Path]:

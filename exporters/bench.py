@@ -91,7 +91,7 @@ def machine_line(machine: dict[str, Any] | None) -> str:
 def artifact_size(directory: Path) -> int:
     """Bytes of the files the runtime loads: every component's program files (graph and weights), each file once (the
     methods of one ExecuTorch program share its `.pte`)."""
-    from .upstream import exporter_class
+    from exporters.upstream import exporter_class
 
     manifest = json.loads((directory / "export.json").read_text())
     exporter = exporter_class(manifest["export_format"])
@@ -128,10 +128,10 @@ def _generation(runners, templates: dict[str, dict], prompt, steps: int) -> dict
     (`model`) serves both: the prompt on an empty cache, then each token."""
     import torch
 
-    from .parity import CACHE_KEYS, _output_cache, step_inputs
-    from .upstream import run_component
+    from exporters.parity import CACHE_KEYS, _output_cache, step_inputs
+    from exporters.upstream import run_component
 
-    from .merged import MERGED, prompt_inputs
+    from exporters.merged import MERGED, prompt_inputs
 
     merged = "prefill" not in templates  # one graph: the prompt on an empty cache, then one token at a time
     first, step = (MERGED, MERGED) if merged else ("prefill", "decode")
@@ -171,7 +171,7 @@ def _generation(runners, templates: dict[str, dict], prompt, steps: int) -> dict
 
 def _import_runtime(export_format: str) -> None:
     """Import the format's exporter and runner modules (and so its runtime: ONNX Runtime, ExecuTorch)."""
-    from .upstream import exporter_class, runner_class
+    from exporters.upstream import exporter_class, runner_class
 
     exporter_class(export_format)
     runner_class(export_format)
@@ -181,7 +181,7 @@ def _measure(request: dict[str, Any]) -> dict[str, Any]:
     """Runs in the fresh process: load, time, measure peak memory."""
     import torch
 
-    from .upstream import load_exported, run_component
+    from exporters.upstream import load_exported, run_component
 
     _import_runtime(request["export_format"])  # imports are not the artifact's load time nor its memory
     try:  # reset the peak (VmHWM) to the current size, so the peak below is this measurement's own
@@ -284,7 +284,7 @@ def benchmark(directory: Path, components: dict[str, dict[str, Any]], generation
 def bench_passing(validated: list[Any], workbench: Any, context: Any, progress: Any) -> None:
     """Benchmark every passing target of a run (items with `.target` and `.result`, saved in `OUT/<target>/`),
     recording the machine on `context`."""
-    from .status import PASSED
+    from exporters.status import PASSED
 
     context.machine = machine_info()
     for item in validated:

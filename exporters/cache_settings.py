@@ -10,7 +10,7 @@ A static cache holds `max_cache_len` positions: the recipe's `generation.max_cac
 so the default is what a typical on-device prompt and reply need, never past what the model can attend to.
 
 Example:
-    >>> from exporters.recipe_load import parse_recipe
+    >>> from exporters.recipe.load import parse_recipe
     >>> recipe = parse_recipe('{"export_format": "executorch", "mode": "generation"}')
     >>> cache_setting(recipe.exports[0], recipe, max_positions=256)
     CacheSetting(implementation='static', max_cache_len=256, defaulted=True)
@@ -23,7 +23,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .errors import DecodeStepError
+from exporters.errors import DecodeStepError
 
 DEFAULT_MAX_CACHE_LEN = 2048
 CACHE_INPUTS = ("cache", "past_key_values")
@@ -92,8 +92,8 @@ def _is_cache_key(key: str) -> bool:
 
 
 def _axis_dynamic(value: Any, rank: int, axis: int, key: str) -> bool:
-    from .errors import ShapeSpecError
-    from .shapes import axis_specs
+    from exporters.errors import ShapeSpecError
+    from exporters.shapes import axis_specs
 
     try:
         return axis_specs(value, rank, key).get(axis % rank, "static") != "static"
@@ -135,7 +135,7 @@ def _growing_leaves(decode_inputs: dict[str, Any]) -> dict[str, Any]:
     not the fixed cross-attention cache of an encoder-decoder)."""
     from transformers.cache_utils import DynamicLayer
 
-    from .upstream import leaf_tensors
+    from exporters.upstream import leaf_tensors
 
     grown = {}
     for path, tensor in leaf_tensors(decode_inputs).items():
@@ -160,7 +160,7 @@ def check_second_step(target, components: dict[str, Any], setting: CacheSetting)
     grown = _growing_leaves(components["decode"][1])
     if not grown or (not spec and dynamic):
         return
-    from .shapes import spec_key
+    from exporters.shapes import spec_key
 
     fixed = sorted(path for path, tensor in grown.items()
                    if (key := spec_key(spec or {}, path)) is None

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .errors import (
+from exporters.errors import (
     DeviceError,
     ExportActionError,
     ModelSourceError,
@@ -65,7 +65,7 @@ def _error(label: str, err: ExportActionError) -> None:
 
 def _version(value: bool) -> None:
     if value:
-        from .context import tool_versions
+        from exporters.context import tool_versions
 
         versions = tool_versions()
         out.print(f"hf-export {versions.pop('export-action')}", markup=False, highlight=False)
@@ -89,7 +89,7 @@ def _quiet_libraries() -> None:
 
 
 def _print_summary(report: dict, out_dir: Path) -> None:
-    from .report import ICONS
+    from exporters.report import ICONS
 
     for target in report["targets"]:
         icon = ICONS.get(target["status"], "")
@@ -156,7 +156,7 @@ def run(
     if destination is not None and push and not dry_run:
         _check_publish_access(destination.repo_id, token, endpoint, out_dir)
     _quiet_libraries()
-    from .pipeline import RunOptions, run_pipeline
+    from exporters.pipeline import RunOptions, run_pipeline
 
     options = RunOptions(
         out_dir=out_dir, targets=list(target), config_path=config, device=device, revision=revision, token=token,
@@ -184,7 +184,7 @@ def run(
 
 def _record_problem(out_dir: Path, err: Exception) -> None:
     """OUT/problem.json: what stopped the run before any export (read by the bot to tell the repo)."""
-    from .publish.problem import problem_from_error, write_problem
+    from exporters.publish.problem import problem_from_error, write_problem
 
     problem = problem_from_error(err)
     if problem is not None:
@@ -193,7 +193,7 @@ def _record_problem(out_dir: Path, err: Exception) -> None:
 
 
 def _upload_limit(text: str) -> int:
-    from .publish.destination import parse_size
+    from exporters.publish.destination import parse_size
 
     try:
         return parse_size(text)
@@ -205,7 +205,7 @@ def _upload_limit(text: str) -> int:
 def _destination(model: str, repo_id: str | None, revision: str | None, publishing: bool):
     """Where --push publishes (the library decides: --repo-id, else MODEL; the PR base from --revision); exit 2
     when there is no repo to publish to."""
-    from .publish.destination import publish_destination
+    from exporters.publish.destination import publish_destination
 
     if not publishing:
         if repo_id is not None:
@@ -220,7 +220,7 @@ def _destination(model: str, repo_id: str | None, revision: str | None, publishi
 
 def _publish_failed(label: str, err: PublishError, out_dir: Path) -> None:
     """Say what failed, record it in OUT/publish.json, exit 3."""
-    from .publish import PublishResult, write_outcome
+    from exporters.publish import PublishResult, write_outcome
 
     _error(label, err)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -230,7 +230,7 @@ def _publish_failed(label: str, err: PublishError, out_dir: Path) -> None:
 
 def _check_publish_access(repo_id: str, token: str | None, endpoint: str | None, out_dir: Path) -> None:
     """Before a long export: the token works and the repo is visible (exit 3 otherwise, nothing exported)."""
-    from .publish import check_publish_access
+    from exporters.publish import check_publish_access
 
     try:
         check_publish_access(repo_id, token=token, endpoint=endpoint)
@@ -241,7 +241,7 @@ def _check_publish_access(repo_id: str, token: str | None, endpoint: str | None,
 def _publish(destination, out_dir: Path, *, token: str | None, endpoint: str | None, publish_failed: bool,
              publish_unverified: bool, dry_run: bool, max_upload_bytes: int) -> None:
     """Publish OUT to the Hub (or print the plan); a publishing error exits 3 with what to do."""
-    from .publish import publish_report, render_plan
+    from exporters.publish import publish_report, render_plan
 
     try:
         result = publish_report(destination.repo_id, out_dir, token=token, endpoint=endpoint,
@@ -260,7 +260,7 @@ def _publish(destination, out_dir: Path, *, token: str | None, endpoint: str | N
 @app.command()
 def check(file: Path = typer.Argument(..., help="export_config.json, or a config.json with export_config.")) -> None:
     """Validate a recipe file: exit 0 when valid, 2 with the JSON path and line of each problem otherwise."""
-    from .recipe_load import load_recipe_file
+    from exporters.recipe.load import load_recipe_file
 
     try:
         recipe = load_recipe_file(file)
@@ -292,7 +292,7 @@ def init(
 ) -> None:
     """Propose a recipe known to work: export and validate every format with the real pipeline, find the largest
     dynamic bounds that hold and the tolerances, write the full-form recipe and print a summary."""
-    from .recipe import FORMATS
+    from exporters.recipe.model import FORMATS
 
     wanted = [f.strip() for f in formats.split(",") if f.strip()]
     unknown = [f for f in wanted if f not in FORMATS]
@@ -305,9 +305,9 @@ def init(
     if destination is not None:  # before a long search: the token works and the repo is visible (exit 3)
         _check_publish_access(destination.repo_id, token, endpoint, out_file.parent)
     _quiet_libraries()
-    from .errors import InitError
-    from .init import InitOptions, init_recipe
-    from .init_summary import print_table, render_markdown
+    from exporters.errors import InitError
+    from exporters.init import InitOptions, init_recipe
+    from exporters.init_summary import print_table, render_markdown
 
     def progress(message: str) -> None:
         console.print(f"init: {message}", markup=False, highlight=False, soft_wrap=True)
@@ -343,8 +343,8 @@ def init(
 def _publish_recipe(destination, result, out_dir: Path, *, token: str | None, endpoint: str | None) -> None:
     """The Hub PR proposing the recipe, its outcome in `publish.json` beside the recipe (as `run` writes
     OUT/publish.json); a publishing error exits 3 with what to do."""
-    from .init_push import publish_recipe
-    from .publish import write_outcome
+    from exporters.init_push import publish_recipe
+    from exporters.publish import write_outcome
 
     try:
         published = publish_recipe(destination.repo_id, result, token=token, endpoint=endpoint,
@@ -372,7 +372,7 @@ def validate(
 ) -> None:
     """Re-run the validation checks on artifacts already saved, and rewrite the report."""
     _quiet_libraries()
-    from .pipeline import RunOptions, validate_existing
+    from exporters.pipeline import RunOptions, validate_existing
 
     options = RunOptions(out_dir=out_dir, targets=list(target), config_path=config, revision=revision, token=token,
                          endpoint=endpoint, trust_remote_code=trust_remote_code, progress=False)

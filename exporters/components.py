@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .errors import UnsupportedModelError
+from exporters.errors import UnsupportedModelError
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 
@@ -65,7 +65,7 @@ def minimum_components(family: str, mode: str, captured: list[str], model=None, 
 def vision_language_stages(model) -> list[str]:
     """Every stage a vision-language generation export needs, in inference order: modality encoder(s), projector
     (when the model has one apart from its encoder), `embed_tokens`, `language_model`, `lm_head`, `decode`."""
-    from .upstream import multimodal_submodules
+    from exporters.upstream import multimodal_submodules
 
     found = multimodal_submodules(model)
     encoders = [name for name in found if name.endswith("_encoder")]
@@ -153,14 +153,14 @@ def contiguous_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
     a longer tensor); torch.export then guards on those strides, and the exported decode refuses the contiguous cache
     a runtime, or the previous graph, gives it (docs/upstream-gaps.md). Traced on contiguous tensors, it takes both.
     """
-    from .upstream import register_cache_pytrees
+    from exporters.upstream import register_cache_pytrees
 
     register_cache_pytrees()
     return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.contiguous(), inputs)
 
 
 def _complete_vision_language(model, components: Components, generate_inputs: dict[str, Any]) -> Components:
-    from .upstream import multimodal_submodules
+    from exporters.upstream import multimodal_submodules
 
     found = multimodal_submodules(model)
     if not found:

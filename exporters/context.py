@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .errors import DeviceError, RecipeError
-from .hashing import weights_fingerprint
-from .recipe import Recipe
-from .recipe_load import find_recipe, load_recipe_file
-from .source import ModelSource, check_remote_code, read_config, resolve_source
+from exporters import __version__
+from exporters.errors import DeviceError, RecipeError
+from exporters.hashing import weights_fingerprint
+from exporters.recipe.model import Recipe
+from exporters.recipe.load import find_recipe, load_recipe_file
+from exporters.source import ModelSource, check_remote_code, read_config, resolve_source
 
 DEFAULT_TIMEOUT_S = 3600.0
 STACK = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch", "huggingface_hub")

@@ -14,10 +14,10 @@ from typing import Any, Callable
 
 import torch
 
-from . import upstream
-from .errors import ShapeSpecError
-from .footprint import tied_embeddings
-from .recipe import ComponentOverride, Recipe
+from exporters import upstream
+from exporters.errors import ShapeSpecError
+from exporters.footprint import tied_embeddings
+from exporters.recipe.model import ComponentOverride, Recipe
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 
@@ -59,7 +59,7 @@ def spec_locator(recipe: Recipe, target, component: str):
 
 def cache_setting_for(model, target, recipe: Recipe):
     """The cache `target` is captured, exported and checked with (`exporters.cache_settings`)."""
-    from .cache_settings import cache_setting, max_positions
+    from exporters.cache_settings import cache_setting, max_positions
 
     return cache_setting(target, recipe, max_positions(model.config))
 
@@ -74,8 +74,8 @@ def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, 
     """`{component: (module, forward kwargs)}`: one `model` graph, or the complete set of generation components
     (upstream's, plus the stages it leaves out: see `exporters.components`). A merged target takes upstream's
     multi-token decode from it (`exporters.merged.plan`)."""
-    from .components import complete_components, model_components
-    from .families import detect_family
+    from exporters.components import complete_components, model_components
+    from exporters.families import detect_family
 
     if mode == "model":
         return model_components(model, forward_inputs, family or detect_family(model))
@@ -97,7 +97,7 @@ def component_configs(target, components: Components, recipe: Recipe, notes: lis
     """The upstream config of every component (the recipe's JSON dynamic shapes turned into `Dim`s, the quantizer
     `quantizer_for(component, inputs)` gives a quantized target's component); a `ShapeSpecError` naming the recipe
     line when a declared key matches no input of any component."""
-    from .shapes import build_dynamic_shapes
+    from exporters.shapes import build_dynamic_shapes
 
     configs = {}
     used_keys: set[str] = set()
@@ -181,7 +181,7 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
     import gc
     import time
 
-    from . import onnx_files
+    from exporters import onnx_files
 
     generation_config = _generation_config(model, target, recipe)
     timings = {"export_only_s": 0.0, "save_s": 0.0}
@@ -216,7 +216,7 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
         if len(entries) > 1 and target.external_data:
             onnx_files.share_external_data(directory)
         if target.layout == "transformers.js":
-            from .tjs_layout import write_transformers_js
+            from exporters.tjs_layout import write_transformers_js
 
             write_transformers_js(directory, target, model)
     timings["save_s"] += time.time() - started
@@ -282,7 +282,7 @@ def save_exported(exported, target, directory: Path) -> None:
     """Write the export with upstream `save_pretrained`, then apply the seed's ONNX file options."""
     exported.save_pretrained(directory)
     if target.export_format == "onnx":
-        from .onnx_files import apply_onnx_file_options
+        from exporters.onnx_files import apply_onnx_file_options
 
         apply_onnx_file_options(target, directory)
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from .errors import EagerStageError
-from .upstream import prepare_traced_inputs, run_component
+from exporters.errors import EagerStageError
+from exporters.upstream import prepare_traced_inputs, run_component
 
 DECODE = "decode"
 
@@ -116,7 +116,7 @@ class DecodeStepper:
         self.traced = _traced_position(template)
 
     def __call__(self, token: torch.Tensor, position: int, cache: Any, extra: dict[str, Any] | None = None) -> Any:
-        from .parity import step_inputs
+        from exporters.parity import step_inputs
 
         inputs = step_inputs(self.template, token[:, None], position, cache, self.sliding_window)
         offset = position - self.traced
@@ -135,7 +135,7 @@ def vision_language_prefill(model, components: dict[str, tuple[torch.nn.Module, 
     missing = sorted(set(stages) - set(runners))
     if missing:
         raise KeyError(f"no exported graph for stage(s) {missing}")
-    from .components import prefill_cache_kwargs
+    from exporters.components import prefill_cache_kwargs
 
     with stages_as_graphs(model, stages, runners), torch.no_grad():
         output = model(**copy.deepcopy(generate_inputs), **prefill_cache_kwargs(components.get(DECODE)))
@@ -145,8 +145,8 @@ def vision_language_prefill(model, components: dict[str, tuple[torch.nn.Module, 
 def vision_language(model, components, runners, generate_inputs: dict[str, Any], greedy, tokens: list) -> int:
     """Parity driver (see `exporters.parity`): image + prompt → graphs → greedy tokens appended to `tokens`;
     returns the prompt length."""
-    from .cache_settings import sliding_window_of
-    from .parity import _decode_loop
+    from exporters.cache_settings import sliding_window_of
+    from exporters.parity import _decode_loop
 
     logits, cache = vision_language_prefill(model, components, runners, generate_inputs)
     stepper = DecodeStepper(runners[DECODE], components[DECODE][1], sliding_window_of(model.config))

@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import InitError
-from .init_axes import AxisPlan, Dimension, spec_entries
-from .init_decide import MARGIN, FormatResult, decide, nice_ceil
-from .recipe import FORMATS, SCHEMA_VERSION, GenerationSpec, Recipe
-from .recipe_load import parse_recipe_data
-from .status import LEFT_OUT, NAMED, PASSED, PENDING
+from exporters.errors import InitError
+from exporters.init_axes import AxisPlan, Dimension, spec_entries
+from exporters.init_decide import MARGIN, FormatResult, decide, nice_ceil
+from exporters.recipe.model import FORMATS, SCHEMA_VERSION, GenerationSpec, Recipe
+from exporters.recipe.load import parse_recipe_data
+from exporters.status import LEFT_OUT, NAMED, PASSED, PENDING
 
 FLOOR_FRACTION = 0.1  # ... and at least this fraction of the format's default atol (identical kernels measure 0)
 DEFAULT_MAX_SECONDS = 1800.0
@@ -159,9 +159,9 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
         >>> [f.status for f in result.formats]  # doctest: +SKIP
         ['passed']
     """
-    from .init_axes import find_dimensions
-    from .context import tool_versions
-    from .source import check_remote_code, load_model, load_tokenizer, read_config, resolve_source
+    from exporters.init_axes import find_dimensions
+    from exporters.context import tool_versions
+    from exporters.source import check_remote_code, load_model, load_tokenizer, read_config, resolve_source
 
     options = options or InitOptions()
     started = time.time()
@@ -207,7 +207,7 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
 def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: InitOptions, work: Path,
             started: float, say: Callable[[str], None]) -> None:
     """Run rounds of the pipeline on the unsettled formats until each passed or was left out."""
-    from .pipeline import RunOptions, run_pipeline
+    from exporters.pipeline import RunOptions, run_pipeline
 
     deadline = started + options.max_seconds
     number = 0
@@ -260,7 +260,7 @@ def _onnx_opset(directory: Path) -> int | None:
 def _finish_tolerance(result: FormatResult) -> None:
     """atol = MARGIN × the worst |diff| measured, rounded up, at least a tenth of the format's default; rtol 0, so
     the bound is exactly that. Looser than the default only when the probes needed it, and then it says so."""
-    from .validate import DEFAULT_TOLERANCES
+    from exporters.validate import DEFAULT_TOLERANCES
 
     default_atol, _ = DEFAULT_TOLERANCES[result.export_format]
     worst = result.worst_abs_diff or 0.0

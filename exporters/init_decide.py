@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .init_axes import Dimension
-from .status import (
+from exporters.init_axes import Dimension
+from exporters.status import (
     AUTO,
     CRASHED,
     FAILED,

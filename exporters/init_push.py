@@ -24,9 +24,9 @@ import hashlib
 import json
 from typing import Any
 
-from .errors import PublishError
-from .publish import HubClient, PublishResult, publish_files, texts
-from .recipe import RECIPE_FILE, canonical_json
+from exporters.errors import PublishError
+from exporters.publish import HubClient, PublishResult, publish_files, texts
+from exporters.recipe.model import RECIPE_FILE, canonical_json
 
 KIND_RECIPE = "recipe"
 
@@ -50,7 +50,7 @@ def recipe_title(result, replaces: bool) -> str:
 
 def recipe_description(result, replaces: bool) -> str:
     """The PR text: what it adds, the summary table and notes, the recipe (the marker is appended by publishing)."""
-    from .init_summary import render_markdown
+    from exporters.init_summary import render_markdown
 
     what = "replaces the repo's current recipe with" if replaces else "adds"
     return "\n".join([

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .init_axes import Dimension
-from .status import FAILED, LEFT_OUT, NAMED, PASSED, PENDING
+from exporters.init_axes import Dimension
+from exporters.status import FAILED, LEFT_OUT, NAMED, PASSED, PENDING
 
 ICONS = {PASSED: "✅", LEFT_OUT: "❌", PENDING: "⏳"}
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from .families import FAMILIES, default_mode, detect_family
-from .multimodal import Preprocessor, load_preprocessor, processor_inputs, synthesize_vlm
-from .recipe import InputsSpec
+from exporters.families import FAMILIES, default_mode, detect_family
+from exporters.multimodal import Preprocessor, load_preprocessor, processor_inputs, synthesize_vlm
+from exporters.recipe.model import InputsSpec
 
 __all__ = ["FAMILIES", "SampleInputs", "default_mode", "detect_family", "make_sample_inputs", "random_token_ids"]
 
@@ -211,6 +211,6 @@ def _synthesized(model, spec: InputsSpec, family: str, tokenizer, generator: tor
 
 
 def _tower_modalities(model) -> list[str]:
-    from .families import towers
+    from exporters.families import towers
 
     return list(towers(model))

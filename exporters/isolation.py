@@ -22,8 +22,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import error_record, render_root_cause
-from .status import CRASHED, TIMED_OUT
+from exporters.errors import error_record, render_root_cause
+from exporters.status import CRASHED, TIMED_OUT
 
 
 def _redirect_output(log_path: Path) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .errors import render_root_cause
+from exporters.errors import render_root_cause
 
 MARKDOWN_LIMIT = 60_000
 ICONS = {"passed": "✅", "failed": "❌", "unverified": "⚠️", "crashed": "💥", "timed_out": "⏱️", "skipped": "⏭️"}
@@ -218,7 +218,7 @@ def variants_table(report: dict[str, Any], names: list[str] | None = None) -> li
     lines += [""] if decided else []
     benched = [t for t in targets if t.get("bench") and not t["bench"].get("error")]
     if benched:
-        from .bench import TIMED_RUNS, WARMUP_RUNS, machine_line
+        from exporters.bench import TIMED_RUNS, WARMUP_RUNS, machine_line
 
         machines = {t["name"]: machine_line(t["bench"].get("machine") or report.get("machine")) for t in benched}
         where = next(iter(machines.values())) if len(set(machines.values())) == 1 else "; ".join(

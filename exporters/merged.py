@@ -6,7 +6,7 @@ replaces the separate `prefill` and `decode` graphs (optimum's "with past" desig
 ONNX Runtime GenAI run). Only that graph is traced and converted.
 
 Example:
-    >>> from exporters.recipe_load import parse_recipe
+    >>> from exporters.recipe.load import parse_recipe
     >>> target = parse_recipe('{"export_format": "onnx", "mode": "generation", "dynamic": true}').exports[0]
     >>> wants_merged(target, "text", "dynamic")
     True
@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from .errors import TargetPlanError
-from .probes import sync_cache_lengths
-from .recipe import ComponentOverride
+from exporters.errors import TargetPlanError
+from exporters.probes import sync_cache_lengths
+from exporters.recipe.model import ComponentOverride
 
 MERGED = "model"
 QUERY_DIM, PAST_DIM = "sequence_length", "past_sequence_length"
@@ -83,7 +83,7 @@ def cache_key(inputs: dict[str, Any]) -> str | None:
 
 def cache_leaves(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The key/value tensors of the template's cache, by upstream leaf path (`cache.layers.0.keys`, ...)."""
-    from .upstream import leaf_tensors
+    from exporters.upstream import leaf_tensors
 
     key = cache_key(inputs)
     if key is None:
@@ -174,7 +174,7 @@ def empty_cache(cache: Any) -> Any:
 
 def prompt_inputs(template: dict[str, Any], ids: torch.Tensor) -> dict[str, Any]:
     """The merged graph's call for a whole prompt `ids` on an empty cache (what a prefill does)."""
-    from .parity import step_inputs
+    from exporters.parity import step_inputs
 
     key = cache_key(template)
     return step_inputs(template, ids, 0, empty_cache(template[key]) if key else None)

@@ -29,13 +29,13 @@ from typing import Any
 
 import torch
 
-from .errors import describe_error
-from .graph_forward import vision_language
-from .greedy import Greedy, Tolerances, eager_reference
-from .results import GenerationReport
-from .upstream import run_component
-from .native_log import native_messages
-from .cache_settings import sliding_window_of
+from exporters.errors import describe_error
+from exporters.graph_forward import vision_language
+from exporters.greedy import Greedy, Tolerances, eager_reference
+from exporters.results import GenerationReport
+from exporters.upstream import run_component
+from exporters.native_log import native_messages
+from exporters.cache_settings import sliding_window_of
 
 CACHE_KEYS = ("cache", "past_key_values")
 
@@ -245,7 +245,7 @@ def _decoder_only(model, components, runners, generate_inputs, greedy: Greedy, t
 
 
 def _merged_decoder(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
-    from .merged import MERGED, prompt_inputs
+    from exporters.merged import MERGED, prompt_inputs
 
     template = components[MERGED][1]
     ids = generate_inputs["input_ids"]

@@ -24,19 +24,19 @@ from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 from typing import Any
 
-from . import fsutil
-from .bench import bench_passing, warm_up
-from .context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
-from .errors import DeviceError, error_record
-from .footprint import record_footprint
-from .hashing import file_entries
-from .isolation import Isolated, log_excerpt
-from .progress import Progress
-from .resources import default_jobs, threads_left
-from .results import TargetResult
-from .reuse import Signer, previous_report, reusable
-from .status import FAILED, PASSED, UNVERIFIED
-from .workbench import Workbench
+from exporters import fsutil
+from exporters.bench import bench_passing, warm_up
+from exporters.context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
+from exporters.errors import DeviceError, error_record
+from exporters.footprint import record_footprint
+from exporters.hashing import file_entries
+from exporters.isolation import Isolated, log_excerpt
+from exporters.progress import Progress
+from exporters.resources import default_jobs, threads_left
+from exporters.results import TargetResult
+from exporters.reuse import Signer, previous_report, reusable
+from exporters.status import FAILED, PASSED, UNVERIFIED
+from exporters.workbench import Workbench
 
 __all__ = ["RunOptions", "run_pipeline", "validate_existing"]
 STAGING_PREFIX = ".staging-"
@@ -87,7 +87,7 @@ def run_pipeline(model: str, options: RunOptions) -> dict[str, Any]:
 
 
 def _write(results: list[TargetResult], context: RunContext) -> dict[str, Any]:
-    from .report import build_report, write_report
+    from exporters.report import build_report, write_report
 
     order = {t.name: i for i, t in enumerate(context.targets)}
     results.sort(key=lambda r: order[r.name])
@@ -245,8 +245,8 @@ def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging:
     """What the child process does: move to the target's device and dtype, quantize and export, save."""
     import torch
 
-    from . import engine, quantize
-    from .upstream import move_to
+    from exporters import engine, quantize
+    from exporters.upstream import move_to
 
     if target.dtype is not None or device != "cpu":
         dtype = getattr(torch, target.dtype) if target.dtype else None
@@ -261,8 +261,8 @@ def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging:
 
 def _validate_into(result: TargetResult, target: Any, context: RunContext, bench: Workbench, directory: Path,
                    trust_artifacts: bool, last: bool = False) -> None:
-    from .engine import release_weights
-    from .validate import validate_target
+    from exporters.engine import release_weights
+    from exporters.validate import validate_target
 
     started = time.time()
     recipe = context.recipe
@@ -287,7 +287,7 @@ def _validate_into(result: TargetResult, target: Any, context: RunContext, bench
 def _after_validation(result: TargetResult, target: Any, final: Path) -> None:
     """`export_params: false`: the weights are stripped once the artifact was validated with them."""
     if result.status == PASSED and target.export_format == "onnx" and not target.export_params:
-        from .onnx_files import strip_weights
+        from exporters.onnx_files import strip_weights
 
         stripped = strip_weights(final, target.output_path)
         copy = f" and from {target.output_path}" if target.output_path else ""

@@ -10,7 +10,7 @@ axis of text inputs. From it come
 
 Example:
     >>> import torch
-    >>> from exporters.recipe import DimSpec
+    >>> from exporters.recipe.model import DimSpec
     >>> spec = {"pixel_values": {"0": DimSpec(name="batch", min=1, max=8)}}
     >>> inputs = {"pixel_values": torch.zeros(1, 3, 4, 4)}
     >>> bindings = dim_bindings(spec, inputs, dynamic=False, family="vision")
@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from .recipe import DimSpec
-from .upstream import leaf_tensors
+from exporters.recipe.model import DimSpec
+from exporters.upstream import leaf_tensors
 
 # Logits a probe may produce (tokens x vocabulary); each is held by the eager reference and the artifact's output.
 MAX_PROBE_LOGITS = 1 << 26
@@ -70,7 +70,7 @@ def resize_along(tensor: torch.Tensor, axis: int, size: int, generator: torch.Ge
         steps = torch.arange(1, size - current + 1).reshape([-1 if d == axis else 1 for d in range(tensor.dim())])
         extra = (last + steps).to(tensor.dtype)
     elif not tensor.is_floating_point():
-        from .inputs import random_token_ids
+        from exporters.inputs import random_token_ids
 
         extra = random_token_ids(config, tuple(extra_shape), generator).to(tensor.dtype)
     else:
@@ -114,7 +114,7 @@ class DimBinding:
 def dim_bindings(spec: dict[str, Any] | None, inputs: dict[str, Any], dynamic: bool, family: str) -> list[DimBinding]:
     """The dynamic dims of a component: named dims from the recipe, or for `dynamic: true` the sequence axis of
     text inputs (the axis users vary; batch is specialized at size 1 by `Dim.AUTO`)."""
-    from .shapes import axis_specs, spec_key
+    from exporters.shapes import axis_specs, spec_key
 
     leaves = _leaves(inputs)
     bindings: dict[str, DimBinding] = {}

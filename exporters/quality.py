@@ -6,7 +6,7 @@ Per probe ([`measure`]): for outputs named `*logits`, the top-1 agreement of eve
 KL(eager ‖ artifact) of its next-token distribution; for components without logits, the cosine similarity of their
 hidden states (`last_hidden_state`, `pooler_output`, else every float output), per vector. Pooled over all probes of
 a target ([`judge`]): agreement and mean KL over every position, the lowest cosine, and for generation targets the
-greedy tokens that match eager before the first divergence. The budget (`exporters.variants.resolve_budget`)
+greedy tokens that match eager before the first divergence. The budget (`exporters.recipe.variants.resolve_budget`)
 decides, and the verdict names the metric that did.
 
 Example:
@@ -34,7 +34,7 @@ RULES = (
 
 
 def _leaves(outputs: Any) -> dict[str, torch.Tensor]:
-    from .upstream import leaf_tensors
+    from exporters.upstream import leaf_tensors
 
     return leaf_tensors(outputs)
 

@@ -13,7 +13,7 @@ The methods map to upstream's quantizers (`transformers.exporters.quantizers`, t
 `"minmax"`), never by an import path from the recipe.
 
 Example:
-    >>> from exporters.variants import OnnxRuntimeStaticQuantize
+    >>> from exporters.recipe.variants import OnnxRuntimeStaticQuantize
     >>> onnxruntime_options(OnnxRuntimeStaticQuantize(method="onnxruntime-static", per_channel=True))
     {'per_channel': True}
 """
@@ -29,10 +29,10 @@ from typing import Any, Callable
 
 import torch
 
-from .errors import RecipeError
-from .inputs import SampleInputs, _text_ids, make_sample_inputs
-from .jsonpos import format_path, nearest_line
-from .recipe import Recipe
+from exporters.errors import RecipeError
+from exporters.inputs import SampleInputs, _text_ids, make_sample_inputs
+from exporters.recipe.jsonpos import format_path, nearest_line
+from exporters.recipe.model import Recipe
 
 TEXT_FAMILIES = ("text", "seq2seq", "vision-language")
 # ONNX ops that hold quantized values or compute on them (ONNX Runtime's dynamic and QDQ graphs, PT2E's QDQ).
@@ -146,7 +146,7 @@ def x86_quantizer(dynamic: bool):
 
 def upstream_quantizer(spec: Any, samples: list[dict] | None):
     """The upstream quantizer for a recipe `quantize` spec, calibrating on `samples` (forward kwargs)."""
-    from . import upstream
+    from exporters import upstream
 
     if spec.method == "onnxruntime-dynamic":
         return upstream.onnxruntime_quantizer(False, onnxruntime_options(spec), None)
@@ -176,8 +176,8 @@ class Quantizing:
             return None
         per_component: dict[str, list[dict]] = {}
         if spec.needs_calibration and self.target.mode == "generation":
-            from .engine import generation_config_for
-            from .upstream import capture_calibration_inputs
+            from exporters.engine import generation_config_for
+            from exporters.upstream import capture_calibration_inputs
 
             per_component = capture_calibration_inputs(
                 self.model, [s.generate for s in self.calibration], generation_config_for(self.model, self.recipe),

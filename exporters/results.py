@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .status import FAILED, PASSED, SKIPPED, UNVERIFIED, CheckStatus, TargetStatus
+from exporters.status import FAILED, PASSED, SKIPPED, UNVERIFIED, CheckStatus, TargetStatus
 
 
 @dataclass
@@ -211,7 +211,7 @@ class TargetResult:
         self.findings += validation.findings
         self.status = validation.verdict
         self.unverified = validation.why_unverified() if self.status == UNVERIFIED else []
-        from .quality import tolerance_verdict
+        from exporters.quality import tolerance_verdict
 
         self.quality = validation.quality or tolerance_verdict(self.components, self.generation, self.status)
         if validation.errors:

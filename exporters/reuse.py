@@ -26,9 +26,9 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from .hashing import file_entries
-from .results import TargetResult
-from .status import PASSED
+from exporters.hashing import file_entries
+from exporters.results import TargetResult
+from exporters.status import PASSED
 
 KEY_FILE = "report-signing.key"
 

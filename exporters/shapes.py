@@ -24,9 +24,9 @@ from typing import Any, Callable
 import torch
 from torch.export import Dim
 
-from . import upstream
-from .errors import ShapeSpecError
-from .recipe import DimSpec
+from exporters import upstream
+from exporters.errors import ShapeSpecError
+from exporters.recipe.model import DimSpec
 
 # Inputs that upstream pops before tracing (`prepare_for_export`): they take no dynamic-shape entry.
 OUTPUT_FLAGS = upstream.OUTPUT_FLAGS

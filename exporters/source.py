@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelSourceError, RemoteCodeError
+from exporters.errors import ModelSourceError, RemoteCodeError
 
 REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 # What a run needs from a repo: never the previous exports, which can be large.

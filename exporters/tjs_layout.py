@@ -22,7 +22,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .errors import TargetPlanError
+from exporters.errors import TargetPlanError
 
 LAYOUT = "transformers.js"
 SUBFOLDER = "onnx"
@@ -115,7 +115,7 @@ def write_transformers_js(directory: Path, target, model) -> None:
     """Rewrite the saved single-graph ONNX target in `directory` to the transformers.js layout (see the module)."""
     import onnx
 
-    from .upstream import read_manifest, write_manifest
+    from exporters.upstream import read_manifest, write_manifest
 
     manifest = read_manifest(directory)
     if list(manifest["components"]) != ["model"]:

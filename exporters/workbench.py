@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .context import RunContext, RunOptions
+from exporters.context import RunContext, RunOptions
 
 
 @dataclass
@@ -33,12 +33,12 @@ class Workbench:
         float32 checkpoint never holds a float32 copy), else in the checkpoint's, each export converting its own.
         A model whose sample inputs cannot be made is kept with the reason (`unprepared`): every target fails with
         it, never a traceback."""
-        from .errors import error_record
-        from .families import detect_family
-        from .footprint import ModelWeights
-        from .inputs import make_sample_inputs
-        from .source import load_model, load_tokenizer
-        from .validate import EagerCache
+        from exporters.errors import error_record
+        from exporters.families import detect_family
+        from exporters.footprint import ModelWeights
+        from exporters.inputs import make_sample_inputs
+        from exporters.source import load_model, load_tokenizer
+        from exporters.validate import EagerCache
 
         started = time.time()
         dtypes = {target.dtype for target in (targets if targets is not None else context.targets)}
@@ -61,7 +61,7 @@ class Workbench:
     def expected(self, target: Any, components: Any) -> list[str]:
         """The recipe's `expected_components`, else the family's minimum complete set (from the model's
         structure)."""
-        from .components import minimum_components
+        from exporters.components import minimum_components
 
         if target.expected_components is not None:
             return list(target.expected_components)
@@ -72,13 +72,13 @@ class Workbench:
         """The recipe's calibration samples when a target quantizes with a static method (none otherwise)."""
         if self.sample is None or not any(t.quantize is not None and t.quantize.needs_calibration for t in targets):
             return []
-        from .quantize import calibration_samples
+        from exporters.quantize import calibration_samples
 
         return calibration_samples(self.model, recipe, self.tokenizer, self.sample.family)
 
     def plan(self, target: Any) -> Any:
         """The target with its mode decided (the recipe's, else from the model)."""
-        from .inputs import default_mode
+        from exporters.inputs import default_mode
 
         target = target.model_copy(deep=True)
         target.mode = target.mode or default_mode(self.model)
@@ -88,10 +88,10 @@ class Workbench:
         """The target's `{component: (module, forward inputs)}`: captured once per mode, decode layout and cache
         setting, then fitted to the target's shape contract (every declared dim at a size torch.export keeps
         dynamic). `DecodeStepError` when its decode could not run a second step."""
-        from .cache_settings import check_second_step
+        from exporters.cache_settings import check_second_step
 
         if target.name not in self.fitted:
-            from . import merged
+            from exporters import merged
 
             setting = self.cache_setting(target, recipe)
             target.merged = merged.wants_merged(target, self.sample.family, setting.implementation,
@@ -106,20 +106,20 @@ class Workbench:
 
     def cache_setting(self, target: Any, recipe: Any) -> Any:
         """The cache the target is captured, exported and checked with (`exporters.cache_settings`)."""
-        from . import engine
+        from exporters import engine
 
         return engine.cache_setting_for(self.model, target, recipe)
 
     def generation_config(self, target: Any, recipe: Any) -> Any:
         """The generation config of a generation target (its cache setting applied), else None."""
-        from . import engine
+        from exporters import engine
 
         if target.mode != "generation":
             return None
         return engine.generation_config_for(self.model, self.cache_setting(target, recipe))
 
     def _cache_notes(self, target: Any, setting: Any) -> list[str]:
-        from .cache_settings import max_positions, sliding_window_of
+        from exporters.cache_settings import max_positions, sliding_window_of
 
         if target.mode != "generation":
             return []
@@ -132,7 +132,7 @@ class Workbench:
         return self.fitted.get(target.name, ({}, []))[1]
 
     def _captured(self, target: Any, recipe: Any, setting: Any) -> Any:
-        from . import engine
+        from exporters import engine
 
         multi_token = bool(target.multi_token_decode or target.merged)
         key = (target.mode, multi_token, setting if target.mode == "generation" else None)
@@ -143,9 +143,9 @@ class Workbench:
         return self.decompositions[key]
 
     def _fit(self, target: Any, captured: Any, recipe: Any) -> tuple[Any, list[str]]:
-        from .engine import component_shape_spec
-        from .errors import ShapeSpecError
-        from .probes import dim_bindings, fit_to_contract
+        from exporters.engine import component_shape_spec
+        from exporters.errors import ShapeSpecError
+        from exporters.probes import dim_bindings, fit_to_contract
 
         fitted, notes = {}, []
         for name, (module, inputs) in captured.items():

@@ -64,7 +64,7 @@ def test_parity_refuses_a_forward_that_uses_eager_weights(idefics3_run):
     from exporters.errors import EagerStageError
     from exporters.graph_forward import vision_language_prefill
     from exporters.inputs import make_sample_inputs
-    from exporters.recipe_load import parse_recipe
+    from exporters.recipe.load import parse_recipe
     from exporters.source import ModelSource, load_model, load_tokenizer
     from exporters.upstream import load_exported
 

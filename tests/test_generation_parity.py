@@ -294,7 +294,7 @@ def test_forced_eos_and_suppressed_tokens_apply_to_both_sides(marian_run):
 ])
 def test_cache_setting_per_target(target, generation, expected):
     from exporters.cache_settings import cache_setting
-    from exporters.recipe_load import parse_recipe
+    from exporters.recipe.load import parse_recipe
 
     recipe = parse_recipe(json.dumps({"exports": [{"export_format": "executorch", "mode": "generation", **target}],
                                       "generation": generation}))
@@ -304,7 +304,7 @@ def test_cache_setting_per_target(target, generation, expected):
 
 def test_default_cache_length_is_bounded_by_the_model():
     from exporters.cache_settings import DEFAULT_MAX_CACHE_LEN, cache_setting
-    from exporters.recipe_load import parse_recipe
+    from exporters.recipe.load import parse_recipe
 
     for fmt in ("executorch", "dynamo"):
         recipe = parse_recipe(json.dumps({"exports": [{"export_format": fmt, "mode": "generation"}],
@@ -317,7 +317,7 @@ def test_default_cache_length_is_bounded_by_the_model():
 
 def test_max_cache_len_without_a_static_cache_is_a_recipe_error():
     from exporters.errors import RecipeError
-    from exporters.recipe_load import parse_recipe
+    from exporters.recipe.load import parse_recipe
 
     recipe = {"exports": [{"export_format": "executorch"}],
               "generation": {"cache_implementation": "dynamic", "max_cache_len": 64}}

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporters.errors import RecipeError
-from exporters.recipe_load import parse_recipe
+from exporters.recipe.load import parse_recipe
 from tests.conftest import ROOT, run_cli
 from tests.models import tiny_bert
 from tests.test_bot import start_bot  # noqa: F401  (the bot server fixture)

@@ -20,7 +20,7 @@ from exporters.publish.problem import (
     problem_title,
     read_problem,
 )
-from exporters.recipe_load import load_recipe_file
+from exporters.recipe.load import load_recipe_file
 from tests.conftest import run_cli
 
 SHA = "c0ffee" + "0" * 34

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from exporters.errors import RecipeError
-from exporters.recipe import SCHEMA_PATH, recipe_json_schema
-from exporters.recipe_load import find_recipe, load_recipe_file, parse_recipe
+from exporters.recipe.model import SCHEMA_PATH, recipe_json_schema
+from exporters.recipe.load import find_recipe, load_recipe_file, parse_recipe
 from tests.conftest import run_cli
 
 INVALID = Path(__file__).parent / "recipes" / "invalid"
@@ -161,7 +161,7 @@ def test_committed_json_schema_is_in_sync_and_validates_examples():
 
     committed = json.loads(SCHEMA_PATH.read_text())
     assert committed == json.loads(json.dumps(recipe_json_schema(), sort_keys=True)), (
-        "exporters/export_config.schema.json is stale: run `python -m exporters.recipe`"
+        "exporters/recipe/export_config.schema.json is stale: run `python -m exporters.recipe`"
     )
     validator = jsonschema.Draft202012Validator(committed)
     validator.validate(json.loads(Path("examples/demo-model/export_config.json").read_text()))

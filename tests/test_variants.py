@@ -21,8 +21,8 @@ import torch
 
 from exporters.bench import TIMED_RUNS
 from exporters.publish import CARD_END, CARD_START
-from exporters.recipe import Recipe
-from exporters.recipe_load import parse_recipe
+from exporters.recipe.model import Recipe
+from exporters.recipe.load import parse_recipe
 from exporters.report import MARKDOWN_LIMIT, render_markdown, variants_table
 from tests.conftest import run_cli
 from tests.models import tiny_bert, tiny_llama
@@ -338,7 +338,7 @@ def test_quality_metrics_and_the_metric_that_decides():
 
 
 def test_variant_kinds_and_budget_defaults():
-    from exporters.variants import DEFAULT_BUDGETS, resolve_budget, variant_kind
+    from exporters.recipe.variants import DEFAULT_BUDGETS, resolve_budget, variant_kind
 
     recipe = parse_recipe(json.dumps(RECIPE))
     kinds = [variant_kind(t.quantize, t.dtype) for t in recipe.exports]

@@ -372,7 +372,7 @@ def test_transformers_js_generates_the_eager_tokens(run, eager):
 def test_default_merges_only_plain_onnx_decoder_targets():
     from exporters.errors import TargetPlanError
     from exporters.merged import wants_merged
-    from exporters.recipe_load import parse_recipe
+    from exporters.recipe.load import parse_recipe
 
     def target(**settings):
         return parse_recipe(json.dumps({"export_format": "onnx", "mode": "generation", **settings})).exports[0]
@@ -416,7 +416,7 @@ def test_merged_contract_names_the_two_axes_that_vary(eager):
     ExecuTorch gets `auto` on the same axes and no deferred asserts (docs/upstream-gaps.md #4). A merged ExecuTorch
     export end to end takes minutes, so the suite checks its contract; its runtime runs the empty cache (#11)."""
     from exporters.merged import contract
-    from exporters.recipe_load import parse_recipe
+    from exporters.recipe.load import parse_recipe
     from exporters.upstream import decompose_for_generation
 
     ids = torch.tensor([PROMPT])
@@ -445,7 +445,7 @@ def test_merged_contract_names_the_two_axes_that_vary(eager):
 ])
 def test_recipe_refuses_what_cannot_be_one_graph(settings, message):
     from exporters.errors import RecipeError
-    from exporters.recipe_load import parse_recipe
+    from exporters.recipe.load import parse_recipe
 
     with pytest.raises(RecipeError, match=message):
         parse_recipe(json.dumps({"export_format": "onnx", **settings}))

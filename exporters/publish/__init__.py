@@ -37,11 +37,17 @@ Example:
     'create'
 """
 
-from .decide import Decision, HubView, ThreadState, decide
-from .destination import DEFAULT_MAX_UPLOAD_BYTES, Destination, parse_size, pr_base, publish_destination
-from .hub import HubClient
-from .markers import parse_marker, render_marker, same_fingerprint, same_slot
-from .plan import (
+from exporters.publish.decide import Decision, HubView, ThreadState, decide
+from exporters.publish.destination import (
+    DEFAULT_MAX_UPLOAD_BYTES,
+    Destination,
+    parse_size,
+    pr_base,
+    publish_destination,
+)
+from exporters.publish.hub import HubClient
+from exporters.publish.markers import parse_marker, render_marker, same_fingerprint, same_slot
+from exporters.publish.plan import (
     EXPORTS_DIR,
     KIND_EXPORTS,
     KIND_FAILURE,
@@ -54,7 +60,7 @@ from .plan import (
     plan_publish,
     recipe_identity,
 )
-from .problem import (
+from exporters.publish.problem import (
     PROBLEM_FILE,
     Problem,
     close_failure_discussions,
@@ -64,9 +70,24 @@ from .problem import (
     report_problem,
     write_problem,
 )
-from .run import OUTCOME_FILE, PublishResult, check_publish_access, publish_files, publish_report, write_outcome
-from .texts import CARD_END, CARD_START, NOTES, SECTIONS, card_section, render_plan, update_model_card
-from ..errors import PublishError
+from exporters.publish.run import (
+    OUTCOME_FILE,
+    PublishResult,
+    check_publish_access,
+    publish_files,
+    publish_report,
+    write_outcome,
+)
+from exporters.publish.texts import (
+    CARD_END,
+    CARD_START,
+    NOTES,
+    SECTIONS,
+    card_section,
+    render_plan,
+    update_model_card,
+)
+from exporters.errors import PublishError
 
 
 def _first_comment_id(hub: HubClient, num: int) -> str | None:

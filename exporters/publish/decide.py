@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .markers import same_fingerprint, same_slot
+from exporters.publish.markers import same_fingerprint, same_slot
 
 Operation = Literal["create", "update", "unchanged", "superseded", "discussion"]
 OPEN_STATUSES = ("open", "draft")

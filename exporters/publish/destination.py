@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import PublishError
+from exporters.errors import PublishError
 
 DEFAULT_MAX_UPLOAD_BYTES = 20 * 1024 ** 3  # one PR: 20 GiB (a 1.5B fp32 model in three formats); 0 lifts the limit
 _UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3, "TB": 1024 ** 4}

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 from urllib.parse import quote
 
-from ..errors import PublishError
-from ..hashing import is_weight_file
-from ..redact import scrub
-from .decide import HubView, ThreadState
-from .markers import DUPLICATE_TAG, parse_marker
-from .plan import Held, PublishPlan, report_paths
+from exporters.errors import PublishError
+from exporters.hashing import is_weight_file
+from exporters.redact import scrub
+from exporters.publish.decide import HubView, ThreadState
+from exporters.publish.markers import DUPLICATE_TAG, parse_marker
+from exporters.publish.plan import Held, PublishPlan, report_paths
 
 T = TypeVar("T")
 RECIPE_FILES = ("export_config.json", "config.json")

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ..errors import PublishError
-from ..status import PASSED, UNVERIFIED, overall_status
+from exporters.errors import PublishError
+from exporters.status import PASSED, UNVERIFIED, overall_status
 
 EXPORTS_DIR = "exports"
 OWN_RECIPE_FILES = ("export_config.json", "config.json")

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
 
-from ..errors import (
+from exporters.errors import (
     DeviceError,
     ExportActionError,
     ModelSourceError,
@@ -46,15 +46,15 @@ from ..errors import (
     RecipeProblem,
     RemoteCodeError,
 )
-from ..markdown import cell
-from ..redact import scrub
-from . import texts
-from .decide import decide, in_slot
-from .destination import check_repo_id
-from .hub import HubClient
-from .markers import render_marker
-from .plan import KIND_FAILURE, MARKER_VERSION
-from .run import PublishResult, _dedupe, _links, write_json
+from exporters.markdown import cell
+from exporters.redact import scrub
+from exporters.publish import texts
+from exporters.publish.decide import decide, in_slot
+from exporters.publish.destination import check_repo_id
+from exporters.publish.hub import HubClient
+from exporters.publish.markers import render_marker
+from exporters.publish.plan import KIND_FAILURE, MARKER_VERSION
+from exporters.publish.run import PublishResult, _dedupe, _links, write_json
 
 PROBLEM_FILE = "problem.json"
 ProblemKind = Literal["recipe", "model", "remote_code", "device"]

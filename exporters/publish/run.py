@@ -14,15 +14,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..errors import PublishError
-from ..markdown import human_size, render_markdown
-from ..status import PublishOperation
-from . import texts
-from .decide import Decision, HubView, ThreadState, decide, duplicates_of, in_slot
-from .destination import DEFAULT_MAX_UPLOAD_BYTES, check_repo_id
-from .hub import HubClient
-from .markers import DUPLICATE_TAG, render_marker
-from .plan import KIND_EXPORTS, KIND_FAILURE, Held, PublishPlan, merge_plan, plan_publish
+from exporters.errors import PublishError
+from exporters.markdown import human_size, render_markdown
+from exporters.status import PublishOperation
+from exporters.publish import texts
+from exporters.publish.decide import Decision, HubView, ThreadState, decide, duplicates_of, in_slot
+from exporters.publish.destination import DEFAULT_MAX_UPLOAD_BYTES, check_repo_id
+from exporters.publish.hub import HubClient
+from exporters.publish.markers import DUPLICATE_TAG, render_marker
+from exporters.publish.plan import KIND_EXPORTS, KIND_FAILURE, Held, PublishPlan, merge_plan, plan_publish
 
 OUTCOME_FILE = "publish.json"
 

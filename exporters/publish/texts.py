@@ -22,12 +22,12 @@ import json
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..markdown import human_size, variants_table
-from .markers import render_marker
-from .plan import EXPORTS_DIR, report_paths
+from exporters.markdown import human_size, variants_table
+from exporters.publish.markers import render_marker
+from exporters.publish.plan import EXPORTS_DIR, report_paths
 
 if TYPE_CHECKING:
-    from .plan import PublishPlan
+    from exporters.publish.plan import PublishPlan
 
 CARD_START = "<!-- export-action:exports:start -->"
 CARD_END = "<!-- export-action:exports:end -->"

@@ -49,7 +49,7 @@ from transformers.exporters.utils import (
     precompute_export_inputs,
 )
 
-from ..errors import ArtifactError, RemoteCodeError
+from exporters.errors import ArtifactError, RemoteCodeError
 
 try:
     from transformers.exporters.utils import _OUTPUT_FLAGS as OUTPUT_FLAGS
@@ -413,13 +413,13 @@ def _load_program(exporter: Any, directory: Path, entry: dict[str, Any]) -> Any:
 
 # What upstream's save and load do not cover (docs/upstream-gaps.md #11, #15, #16) lives beside this module; imported
 # last because it uses the names above.
-from .quantizers import (  # noqa: E402
+from exporters.upstream.quantizers import (
     capture_calibration_inputs,
     onnxruntime_quantizer,
     pt2e_quantizer,
     xnnpack_dynamic_quant_partitioners,
 )
-from .beyond import (  # noqa: E402
+from exporters.upstream.beyond import (
     RenamedRunner,
     constants_shared_by_lowering_copies,
     named_data_on_disk,

@@ -1,7 +1,7 @@
 """The export recipe's model: what a model owner can declare in `export_config.json` (or `config.json`'s
 `export_config`), as strict pydantic models, and the JSON Schema generated from them.
 
-Reading a recipe file (the three forms, JSON paths and lines in errors) is `exporters.recipe_load`.
+Reading a recipe file (the three forms, JSON paths and lines in errors) is `exporters.recipe.load`.
 
 Example:
     >>> recipe = Recipe.model_validate({"exports": [{"export_format": "onnx", "opset_version": 18}]})
@@ -28,9 +28,9 @@ from pydantic import (
     model_validator,
 )
 
-from .errors import RecipeError
-from .jsonpos import JsonPath, format_path, nearest_line
-from .recipe_shapes import (  # noqa: F401 (the recipe's public names)
+from exporters.errors import RecipeError
+from exporters.recipe.jsonpos import JsonPath, format_path, nearest_line
+from exporters.recipe.dims import (
     DIM_NAME_PATTERN,
     KNOWN_RANKS,
     _KIND_WORDS,
@@ -42,8 +42,15 @@ from .recipe_shapes import (  # noqa: F401 (the recipe's public names)
     _Strict,
     check_shape_spec,
 )
-from .target_rules import LayoutSetting, MergedSetting
-from .variants import CalibrationSpec, QuantizeSpec, TargetValidation, Variant, check_target, expand_targets
+from exporters.recipe.layout import LayoutSetting, MergedSetting
+from exporters.recipe.variants import (
+    CalibrationSpec,
+    QuantizeSpec,
+    TargetValidation,
+    Variant,
+    check_target,
+    expand_targets,
+)
 
 RECIPE_FILE = "export_config.json"
 CONFIG_FIELD = "export_config"
@@ -244,7 +251,7 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _expand_and_check(self) -> Recipe:
-        """`variants` expanded into targets; calibration and unique names checked (exporters.variants)."""
+        """`variants` expanded into targets; calibration and unique names checked (exporters.recipe.variants)."""
         expanded = expand_targets(self.exports, self.inputs.calibration is not None, _PathValueError)
         self.exports = [target for target, _ in expanded]
         self._origins = {target.name: at for target, at in expanded}
@@ -274,7 +281,7 @@ class Recipe(_Strict):
         Raises `RecipeError` (option `target`) naming the recipe's targets when a name is not one of them.
 
         Example:
-            >>> from exporters.recipe_load import parse_recipe
+            >>> from exporters.recipe.load import parse_recipe
             >>> recipe = parse_recipe('[{"export_format": "onnx"}, {"export_format": "dynamo"}]')
             >>> [t.name for t in recipe.select(["dynamo"])]
             ['dynamo']
@@ -294,7 +301,7 @@ class Recipe(_Strict):
         """The JSON path (as written in the file) and line of `inside` within the target called `target`.
 
         Example:
-            >>> from exporters.recipe_load import parse_recipe
+            >>> from exporters.recipe.load import parse_recipe
             >>> recipe = parse_recipe('{"exports": [\\n  {"export_format": "onnx", "dynamic_shapes": {}}]}')
             >>> recipe.locate("onnx", "dynamic_shapes")
             ('$.exports[0].dynamic_shapes', 2)
@@ -334,10 +341,10 @@ def _file_path(internal: JsonPath, exports_at: JsonPath | None) -> JsonPath:
 
 
 def recipe_json_schema() -> dict[str, Any]:
-    """The JSON Schema of the full form (committed as `exporters/export_config.schema.json`)."""
+    """The JSON Schema of the full form (committed as `exporters/recipe/export_config.schema.json`)."""
     schema = Recipe.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["$id"] = "https://github.com/hf/export-action/exporters/export_config.schema.json"
+    schema["$id"] = "https://github.com/hf/export-action/exporters/recipe/export_config.schema.json"
     schema["title"] = "export-action recipe (export_config.json, full form)"
     return schema
 
@@ -349,6 +356,3 @@ def write_schema(path: Path = SCHEMA_PATH) -> None:
     """Regenerate the committed JSON Schema."""
     path.write_text(json.dumps(recipe_json_schema(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
-
-if __name__ == "__main__":
-    write_schema()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .errors import JsonPositionError
+from exporters.errors import JsonPositionError
 
 JsonPath = tuple[str | int, ...]
 

@@ -4,7 +4,7 @@ Mixins of the recipe's target models (`exporters.recipe`): their fields are reci
 they break is a recipe problem with its JSON path and line.
 
 Example:
-    >>> from exporters.recipe_load import parse_recipe
+    >>> from exporters.recipe.load import parse_recipe
     >>> parse_recipe('{"export_format": "onnx", "layout": "transformers.js", "dtype": "bfloat16"}')
     Traceback (most recent call last):
     ...
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 
 def _problem(path: tuple, message: str) -> ValueError:
-    from .recipe import _PathValueError  # the recipe's own error carrier: its loader places it at the path
+    from exporters.recipe.model import _PathValueError  # the recipe's own error carrier: its loader places it at the path
 
     return _PathValueError(path, message)
 

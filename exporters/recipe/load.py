@@ -26,10 +26,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .errors import RecipeError, RecipeProblem
-from .jsonpos import JsonPath, JsonPositionError, format_path, nearest_line, parse_with_positions
-from .variants import METHODS, CalibrationSpec, method_message
-from .recipe import (
+from exporters.errors import RecipeError, RecipeProblem
+from exporters.recipe.jsonpos import JsonPath, JsonPositionError, format_path, nearest_line, parse_with_positions
+from exporters.recipe.variants import METHODS, CalibrationSpec, method_message
+from exporters.recipe.model import (
     _KIND_WORDS,
     CONFIG_FIELD,
     FORMATS,

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag, model_validator
 
-from .jsonpos import JsonPath
+from exporters.recipe.jsonpos import JsonPath
 
 # Inputs whose rank is the same in every model that takes them (batch, sequence): an axis key outside it is an error
 # at `check` time. Other inputs (pixel values, audio features, position ids of multimodal models, cache leaves) vary
@@ -91,7 +91,7 @@ def check_shape_spec(spec: dict[str, Any] | None, at: tuple) -> None:
         >>> check_shape_spec({"input_ids": {"1": seq}, "attention_mask": {"1": DimSpec(name="seq", max=32)}}, ())
         Traceback (most recent call last):
         ...
-        exporters.recipe_shapes._PathValueError: dimension 'seq' is declared again with min/max None/32, but input_ids axis 1 gave it None/64: one name is one dimension, so give it one range (or repeat just its name)
+        exporters.recipe.dims._PathValueError: dimension 'seq' is declared again with min/max None/32, but input_ids axis 1 gave it None/64: one name is one dimension, so give it one range (or repeat just its name)
     """
     seen: dict[str, tuple[int | None, int | None, str]] = {}
     for key, entry in (spec or {}).items():

@@ -1,0 +1,13 @@
+"""What an owner declares, with no torch: the recipe model and its JSON Schema, dimensions, layout rules, variants.
+
+Modules, in the order a recipe is read:
+
+```
+load.py ──► model.py (Recipe, Target, Inputs, Generation, Validation)
+ (the three forms, JSON     ├── dims.py      named dimensions and per-input axis specs
+  paths and lines:           ├── layout.py    rules between a target's fields (merged, layout, formats)
+  jsonpos.py)                └── variants.py  quantized/half variants of a target
+```
+
+`python -m exporters.recipe` rewrites `export_config.schema.json` from the models.
+"""
