@@ -7,7 +7,7 @@ Four modes:
 - `list-targets`: the recipe's target names as the `targets` output (a JSON list for `strategy.matrix`), split by
   runner as `cpu-targets` / `gpu-targets` (targets whose device is `cuda`), plus `matrix` (each target's format and
   device) and `revision` (the resolved commit, to pin every leg to).
-- `aggregate`: `exporters.aggregate.aggregate` merges the legs' output folders, then the same Hub PR, summary,
+- `aggregate`: `exporters.report.aggregate.aggregate` merges the legs' output folders, then the same Hub PR, summary,
   outputs and comment as `run`.
 - `init`: `exporters.init` proposes a recipe for a model that has none (`action/init_mode.py`): the recipe in the
   output folder, the summary table in the job summary, and with `open-pr` the Hub PR that adds it.
@@ -189,7 +189,7 @@ def _recipe_failure(settings: Settings, err) -> int:
 
 def _show_targets(settings: Settings, report: dict[str, Any], out_dir: Path) -> None:
     """One log group per target (verdict, error, files, its export log), and an error annotation per failure."""
-    from exporters.report import ICONS
+    from exporters.report.build import ICONS
 
     for target in report.get("targets", []):
         name, status = target["name"], target["status"]
@@ -369,7 +369,7 @@ def list_targets_mode(settings: Settings) -> int:
 
 
 def aggregate_mode(settings: Settings) -> int:
-    from exporters.aggregate import aggregate
+    from exporters.report.aggregate import aggregate
     from exporters.errors import AggregateError
 
     expected: list[Any] | None = list(settings.targets) or None

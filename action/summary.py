@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from exporters.markdown import ICONS, cell, reason, variants_table
+from exporters.report.markdown import ICONS, cell, reason, variants_table
 from exporters.publish.problem import Problem, line_url, problem_body
 from exporters.publish.texts import close_fences
 

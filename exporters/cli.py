@@ -89,7 +89,7 @@ def _quiet_libraries() -> None:
 
 
 def _print_summary(report: dict, out_dir: Path) -> None:
-    from exporters.report import ICONS
+    from exporters.report.build import ICONS
 
     for target in report["targets"]:
         icon = ICONS.get(target["status"], "")

@@ -32,7 +32,7 @@ import torch
 from exporters.errors import describe_error
 from exporters.graph_forward import vision_language
 from exporters.greedy import Greedy, Tolerances, eager_reference
-from exporters.results import GenerationReport
+from exporters.report.results import GenerationReport
 from exporters.upstream import run_component
 from exporters.native_log import native_messages
 from exporters.cache_settings import sliding_window_of

@@ -33,7 +33,7 @@ from exporters.hashing import file_entries
 from exporters.isolation import Isolated, log_excerpt
 from exporters.progress import Progress
 from exporters.resources import default_jobs, threads_left
-from exporters.results import TargetResult
+from exporters.report.results import TargetResult
 from exporters.reuse import Signer, previous_report, reusable
 from exporters.status import FAILED, PASSED, UNVERIFIED
 from exporters.workbench import Workbench
@@ -87,7 +87,7 @@ def run_pipeline(model: str, options: RunOptions) -> dict[str, Any]:
 
 
 def _write(results: list[TargetResult], context: RunContext) -> dict[str, Any]:
-    from exporters.report import build_report, write_report
+    from exporters.report.build import build_report, write_report
 
     order = {t.name: i for i, t in enumerate(context.targets)}
     results.sort(key=lambda r: order[r.name])

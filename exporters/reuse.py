@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from exporters.hashing import file_entries
-from exporters.results import TargetResult
+from exporters.report.results import TargetResult
 from exporters.status import PASSED
 
 KEY_FILE = "report-signing.key"

@@ -19,7 +19,7 @@ import torch
 from exporters.errors import describe_error
 from exporters.native_log import native_messages
 from exporters.recipe.model import Recipe, Tolerance
-from exporters.results import Check, ComponentReport, OutputDiff, ValidationResult
+from exporters.report.results import Check, ComponentReport, OutputDiff, ValidationResult
 from exporters.probes import dim_bindings, make_probes
 from exporters.upstream import leaf_tensors, run_component
 

@@ -397,7 +397,7 @@ def test_aggregate_opens_one_pr_and_writes_one_comment(matrix_scenario):
 
 
 def test_aggregate_reports_a_missing_leg_and_refuses_mixed_parts(matrix_scenario, tmp_path):
-    from exporters.aggregate import AggregateError, aggregate
+    from exporters.report.aggregate import AggregateError, aggregate
 
     parts = matrix_scenario["workspace"] / "export-parts"
     only_a = tmp_path / "parts"

@@ -121,7 +121,7 @@ def test_a_planted_staging_link_is_not_followed(exported: dict[str, Path]) -> No
 
 
 def test_aggregate_refuses_links_in_parts_and_names_that_are_not_target_names(exported: dict[str, Path]) -> None:
-    from exporters.aggregate import aggregate
+    from exporters.report.aggregate import aggregate
     from exporters.errors import AggregateError
 
     parts = exported["root"] / "parts"

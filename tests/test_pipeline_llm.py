@@ -142,7 +142,7 @@ def test_markdown_report_has_tables_and_stays_small(llm_run):
     text = (out / "report.md").read_text()
     assert text.startswith("## Export report")
     lines = text.splitlines()
-    # the one table (exporters.markdown.variants_table) opens the report: one row per target, before any probe row
+    # the one table (exporters.report.markdown.variants_table) opens the report: one row per target, before any probe row
     header = lines.index("| variant | format | size | latency / tokens per second | quality | verdict |")
     probes = lines.index("| component | probe | shapes | worst abs diff | tolerance | verdict |")
     assert header < probes and header < 6

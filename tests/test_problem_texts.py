@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from exporters.errors import RecipeError, RemoteCodeError
-from exporters.markdown import render_markdown
+from exporters.report.markdown import render_markdown
 from exporters.publish import HubView, ThreadState, decide, texts
 from exporters.publish.markers import MARKER_TAG, parse_marker
 from exporters.publish.problem import (

@@ -23,7 +23,7 @@ from exporters.bench import TIMED_RUNS
 from exporters.publish import CARD_END, CARD_START
 from exporters.recipe.model import Recipe
 from exporters.recipe.load import parse_recipe
-from exporters.report import MARKDOWN_LIMIT, render_markdown, variants_table
+from exporters.report.build import MARKDOWN_LIMIT, render_markdown, variants_table
 from tests.conftest import run_cli
 from tests.models import tiny_bert, tiny_llama
 from tests.test_publish import HubEnv, description, env  # noqa: F401  (the module's Hub emulator fixture)
@@ -310,7 +310,7 @@ def test_no_bench_skips_timing(encoder):
 
 def test_quality_metrics_and_the_metric_that_decides():
     from exporters.quality import greedy_match, judge, measure
-    from exporters.results import GenerationReport
+    from exporters.report.results import GenerationReport
 
     torch.manual_seed(0)
     logits = torch.randn(1, 10, 50) * 4

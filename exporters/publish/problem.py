@@ -46,7 +46,7 @@ from exporters.errors import (
     RecipeProblem,
     RemoteCodeError,
 )
-from exporters.markdown import cell
+from exporters.report.markdown import cell
 from exporters.redact import scrub
 from exporters.publish import texts
 from exporters.publish.decide import decide, in_slot

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from exporters.errors import PublishError
-from exporters.markdown import human_size, render_markdown
+from exporters.report.markdown import human_size, render_markdown
 from exporters.status import PublishOperation
 from exporters.publish import texts
 from exporters.publish.decide import Decision, HubView, ThreadState, decide, duplicates_of, in_slot

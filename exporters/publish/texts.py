@@ -22,7 +22,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
-from exporters.markdown import human_size, variants_table
+from exporters.report.markdown import human_size, variants_table
 from exporters.publish.markers import render_marker
 from exporters.publish.plan import EXPORTS_DIR, report_paths
 

@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exporters.markdown import ICONS, MARKDOWN_LIMIT, human_size, render_markdown, variants_table
+from exporters.report.markdown import ICONS, MARKDOWN_LIMIT, human_size, render_markdown, variants_table
 from exporters.status import overall_status
 
 if TYPE_CHECKING:
     from exporters.context import RunContext
-    from exporters.results import TargetResult
+    from exporters.report.results import TargetResult
 
 REPORT_SCHEMA_VERSION = 1
 __all__ = ["ICONS", "MARKDOWN_LIMIT", "build_report", "human_size", "render_markdown", "variants_table", "write_report"]

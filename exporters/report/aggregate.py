@@ -28,7 +28,7 @@ from exporters import fsutil
 from exporters.errors import AggregateError
 from exporters.hashing import sha256_file
 from exporters.recipe.model import TARGET_NAME_PATTERN
-from exporters.report import write_report
+from exporters.report.build import write_report
 from exporters.status import FAILED, PASSED, overall_status
 
 
