@@ -329,7 +329,7 @@ def run_mode(settings: Settings) -> int:
 def load_recipe(settings: Settings):
     """The recipe this run would use, read without downloading weights: `(recipe, file, resolved revision)`."""
     from exporters.context import load_run_recipe
-    from exporters.source import resolve_source
+    from exporters.capture.source import resolve_source
 
     model = str(settings.model_path) if settings.model_path is not None else settings.model
     source = resolve_source(model, revision=settings.revision, token=settings.hf_token,

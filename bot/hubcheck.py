@@ -37,7 +37,7 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 from exporters.hashing import is_weight_file  # the files whose content makes an export's inputs
 from exporters.errors import RecipeError
 from exporters.publish.problem import Problem, problem_from_error
-from exporters.source import RECIPE_FILES
+from exporters.capture.source import RECIPE_FILES
 
 from .texts import OPT_OUT_FILE
 

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from exporters import engine, upstream
-from exporters.cache_settings import check_second_step
+from exporters.capture.cache_settings import check_second_step
 from exporters.upstream import EXPORT_BACKENDS
 from exporters.errors import RecipeError
 from exporters.recipe.model import CONFIG_FIELD, RECIPE_FILE, Recipe
 from exporters.recipe.load import find_recipe, parse_recipe_data
-from exporters.shapes import build_dynamic_shapes
+from exporters.capture.shapes import build_dynamic_shapes
 
 
 class RecipeExporter:
@@ -51,8 +51,8 @@ class RecipeExporter:
     def export_for_generation(self, model, inputs: dict[str, Any], *, multi_token_decode: bool | None = None):
         """Export the generation components (prefill/decode, multimodal parts) with the recipe's settings; a merged
         target (`"merged": true`, or the ONNX default) is one graph, `model`."""
-        from exporters import merged
-        from exporters.inputs import detect_family
+        from exporters.capture import merged
+        from exporters.capture.inputs import detect_family
 
         target = self.target.model_copy(update={"mode": "generation"}, deep=True)
         if multi_token_decode is not None:
@@ -184,7 +184,7 @@ class AutoExportConfig(upstream.UpstreamAutoExportConfig):
         if target.dynamic_shapes:
             from torch.export import Dim
 
-            from exporters.shapes import DimTable, axis_specs
+            from exporters.capture.shapes import DimTable, axis_specs
 
             shapes = {}
             table = DimTable()  # one table for every key: a name used on two inputs is one dimension

@@ -131,7 +131,7 @@ def _generation(runners, templates: dict[str, dict], prompt, steps: int) -> dict
     from exporters.parity import CACHE_KEYS, _output_cache, step_inputs
     from exporters.upstream import run_component
 
-    from exporters.merged import MERGED, prompt_inputs
+    from exporters.capture.merged import MERGED, prompt_inputs
 
     merged = "prefill" not in templates  # one graph: the prompt on an empty cache, then one token at a time
     first, step = (MERGED, MERGED) if merged else ("prefill", "decode")

@@ -25,7 +25,7 @@ from exporters.errors import DeviceError, RecipeError
 from exporters.hashing import weights_fingerprint
 from exporters.recipe.model import Recipe
 from exporters.recipe.load import find_recipe, load_recipe_file
-from exporters.source import ModelSource, check_remote_code, read_config, resolve_source
+from exporters.capture.source import ModelSource, check_remote_code, read_config, resolve_source
 
 DEFAULT_TIMEOUT_S = 3600.0
 STACK = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch", "huggingface_hub")

@@ -58,8 +58,8 @@ def spec_locator(recipe: Recipe, target, component: str):
 
 
 def cache_setting_for(model, target, recipe: Recipe):
-    """The cache `target` is captured, exported and checked with (`exporters.cache_settings`)."""
-    from exporters.cache_settings import cache_setting, max_positions
+    """The cache `target` is captured, exported and checked with (`exporters.capture.cache_settings`)."""
+    from exporters.capture.cache_settings import cache_setting, max_positions
 
     return cache_setting(target, recipe, max_positions(model.config))
 
@@ -72,10 +72,10 @@ def generation_config_for(model, setting):
 def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, setting,
               multi_token_decode: bool, family: str | None = None) -> Components:
     """`{component: (module, forward kwargs)}`: one `model` graph, or the complete set of generation components
-    (upstream's, plus the stages it leaves out: see `exporters.components`). A merged target takes upstream's
-    multi-token decode from it (`exporters.merged.plan`)."""
-    from exporters.components import complete_components, model_components
-    from exporters.families import detect_family
+    (upstream's, plus the stages it leaves out: see `exporters.capture.components`). A merged target takes upstream's
+    multi-token decode from it (`exporters.capture.merged.plan`)."""
+    from exporters.capture.components import complete_components, model_components
+    from exporters.capture.families import detect_family
 
     if mode == "model":
         return model_components(model, forward_inputs, family or detect_family(model))
@@ -97,7 +97,7 @@ def component_configs(target, components: Components, recipe: Recipe, notes: lis
     """The upstream config of every component (the recipe's JSON dynamic shapes turned into `Dim`s, the quantizer
     `quantizer_for(component, inputs)` gives a quantized target's component); a `ShapeSpecError` naming the recipe
     line when a declared key matches no input of any component."""
-    from exporters.shapes import build_dynamic_shapes
+    from exporters.capture.shapes import build_dynamic_shapes
 
     configs = {}
     used_keys: set[str] = set()

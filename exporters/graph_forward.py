@@ -8,7 +8,7 @@ image + prompt ──► model.forward (the model's Python: feature selection, t
 logits, cache ──► argmax ──► exported decode × N ──► tokens, compared with eager generate()
 ```
 
-The stages were captured from the same forward call (`exporters.components`), so each graph receives the
+The stages were captured from the same forward call (`exporters.capture.components`), so each graph receives the
 structure it was traced with. Running the family's own forward is what makes one driver serve LLaVA, Idefics3 /
 SmolVLM, PaliGemma, Gemma 3 and Qwen2-VL alike: only the glue the model's forward does in Python runs outside
 the graphs, and a guard on every other weighted module proves it (a forward that computed anything with eager
@@ -135,7 +135,7 @@ def vision_language_prefill(model, components: dict[str, tuple[torch.nn.Module, 
     missing = sorted(set(stages) - set(runners))
     if missing:
         raise KeyError(f"no exported graph for stage(s) {missing}")
-    from exporters.components import prefill_cache_kwargs
+    from exporters.capture.components import prefill_cache_kwargs
 
     with stages_as_graphs(model, stages, runners), torch.no_grad():
         output = model(**copy.deepcopy(generate_inputs), **prefill_cache_kwargs(components.get(DECODE)))
@@ -145,7 +145,7 @@ def vision_language_prefill(model, components: dict[str, tuple[torch.nn.Module, 
 def vision_language(model, components, runners, generate_inputs: dict[str, Any], greedy, tokens: list) -> int:
     """Parity driver (see `exporters.parity`): image + prompt → graphs → greedy tokens appended to `tokens`;
     returns the prompt length."""
-    from exporters.cache_settings import sliding_window_of
+    from exporters.capture.cache_settings import sliding_window_of
     from exporters.parity import _decode_loop
 
     logits, cache = vision_language_prefill(model, components, runners, generate_inputs)

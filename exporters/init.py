@@ -135,7 +135,7 @@ def build_recipe(plan: AxisPlan, targets: list[dict], validation: dict[str, Any]
                    "seed": plan.inputs.seed},
     }
     if plan.mode == "generation":
-        # the cache is left to each target's default (exporters.cache_settings): dynamic where a cache axis is declared
+        # the cache is left to each target's default (exporters.capture.cache_settings): dynamic where a cache axis is declared
         recipe["generation"] = {"max_new_tokens": GenerationSpec().max_new_tokens}
     recipe["validation"] = validation
     parse_recipe_data(recipe)
@@ -161,7 +161,7 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
     """
     from exporters.init_axes import find_dimensions
     from exporters.context import tool_versions
-    from exporters.source import check_remote_code, load_model, load_tokenizer, read_config, resolve_source
+    from exporters.capture.source import check_remote_code, load_model, load_tokenizer, read_config, resolve_source
 
     options = options or InitOptions()
     started = time.time()

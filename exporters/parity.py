@@ -35,7 +35,7 @@ from exporters.greedy import Greedy, Tolerances, eager_reference
 from exporters.report.results import GenerationReport
 from exporters.upstream import run_component
 from exporters.native_log import native_messages
-from exporters.cache_settings import sliding_window_of
+from exporters.capture.cache_settings import sliding_window_of
 
 CACHE_KEYS = ("cache", "past_key_values")
 
@@ -245,7 +245,7 @@ def _decoder_only(model, components, runners, generate_inputs, greedy: Greedy, t
 
 
 def _merged_decoder(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
-    from exporters.merged import MERGED, prompt_inputs
+    from exporters.capture.merged import MERGED, prompt_inputs
 
     template = components[MERGED][1]
     ids = generate_inputs["input_ids"]
@@ -280,5 +280,5 @@ DRIVERS = {
     "text": (_decoder_only, {"prefill", "decode"}),
     "seq2seq": (_encoder_decoder, {"encoder", "prefill", "decode"}),
     "speech-seq2seq": (_encoder_decoder, {"encoder", "prefill", "decode"}),
-    "vision-language": (vision_language, set()),  # every stage its model has (exporters.components)
+    "vision-language": (vision_language, set()),  # every stage its model has (exporters.capture.components)
 }

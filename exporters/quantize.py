@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 
 from exporters.errors import RecipeError
-from exporters.inputs import SampleInputs, _text_ids, make_sample_inputs
+from exporters.capture.inputs import SampleInputs, _text_ids, make_sample_inputs
 from exporters.recipe.jsonpos import format_path, nearest_line
 from exporters.recipe.model import Recipe
 

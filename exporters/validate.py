@@ -20,7 +20,7 @@ from exporters.errors import describe_error
 from exporters.native_log import native_messages
 from exporters.recipe.model import Recipe, Tolerance
 from exporters.report.results import Check, ComponentReport, OutputDiff, ValidationResult
-from exporters.probes import dim_bindings, make_probes
+from exporters.capture.probes import dim_bindings, make_probes
 from exporters.upstream import leaf_tensors, run_component
 
 # Defaults per format at float32: torch programs run the same kernels as eager; ONNX Runtime and XNNPACK fuse and
@@ -291,8 +291,8 @@ def validate_target(
     """
     from exporters.engine import component_shape_spec
     from exporters.errors import ArtifactError, RemoteCodeError
-    from exporters.inputs import vocab_size
-    from exporters.merged import MERGED, prompt_inputs, with_consistent_mask
+    from exporters.capture.inputs import vocab_size
+    from exporters.capture.merged import MERGED, prompt_inputs, with_consistent_mask
     from exporters.upstream import counter_in_spec_components, load_exported, read_manifest
     from exporters.recipe.variants import resolve_budget, variant_kind
 

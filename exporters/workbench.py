@@ -1,8 +1,8 @@
 """The workbench of a run: the model loaded once, its sample inputs, and what targets share.
 
 Captures (`decompose`) are made once per generation layout and cache setting (the cache is chosen per target:
-`exporters.cache_settings`) and shared; each target then gets its own copy fitted to its shape contract
-([`exporters.probes.fit_to_contract`]), so a declared dynamic range is traced at a size torch.export keeps dynamic. Eager reference outputs are computed once per run (`EagerCache`).
+`exporters.capture.cache_settings`) and shared; each target then gets its own copy fitted to its shape contract
+([`exporters.capture.probes.fit_to_contract`]), so a declared dynamic range is traced at a size torch.export keeps dynamic. Eager reference outputs are computed once per run (`EagerCache`).
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ class Workbench:
         A model whose sample inputs cannot be made is kept with the reason (`unprepared`): every target fails with
         it, never a traceback."""
         from exporters.errors import error_record
-        from exporters.families import detect_family
+        from exporters.capture.families import detect_family
         from exporters.footprint import ModelWeights
-        from exporters.inputs import make_sample_inputs
-        from exporters.source import load_model, load_tokenizer
+        from exporters.capture.inputs import make_sample_inputs
+        from exporters.capture.source import load_model, load_tokenizer
         from exporters.validate import EagerCache
 
         started = time.time()
@@ -61,7 +61,7 @@ class Workbench:
     def expected(self, target: Any, components: Any) -> list[str]:
         """The recipe's `expected_components`, else the family's minimum complete set (from the model's
         structure)."""
-        from exporters.components import minimum_components
+        from exporters.capture.components import minimum_components
 
         if target.expected_components is not None:
             return list(target.expected_components)
@@ -78,7 +78,7 @@ class Workbench:
 
     def plan(self, target: Any) -> Any:
         """The target with its mode decided (the recipe's, else from the model)."""
-        from exporters.inputs import default_mode
+        from exporters.capture.inputs import default_mode
 
         target = target.model_copy(deep=True)
         target.mode = target.mode or default_mode(self.model)
@@ -88,10 +88,10 @@ class Workbench:
         """The target's `{component: (module, forward inputs)}`: captured once per mode, decode layout and cache
         setting, then fitted to the target's shape contract (every declared dim at a size torch.export keeps
         dynamic). `DecodeStepError` when its decode could not run a second step."""
-        from exporters.cache_settings import check_second_step
+        from exporters.capture.cache_settings import check_second_step
 
         if target.name not in self.fitted:
-            from exporters import merged
+            from exporters.capture import merged
 
             setting = self.cache_setting(target, recipe)
             target.merged = merged.wants_merged(target, self.sample.family, setting.implementation,
@@ -105,7 +105,7 @@ class Workbench:
         return self.fitted[target.name][0]
 
     def cache_setting(self, target: Any, recipe: Any) -> Any:
-        """The cache the target is captured, exported and checked with (`exporters.cache_settings`)."""
+        """The cache the target is captured, exported and checked with (`exporters.capture.cache_settings`)."""
         from exporters import engine
 
         return engine.cache_setting_for(self.model, target, recipe)
@@ -119,7 +119,7 @@ class Workbench:
         return engine.generation_config_for(self.model, self.cache_setting(target, recipe))
 
     def _cache_notes(self, target: Any, setting: Any) -> list[str]:
-        from exporters.cache_settings import max_positions, sliding_window_of
+        from exporters.capture.cache_settings import max_positions, sliding_window_of
 
         if target.mode != "generation":
             return []
@@ -145,7 +145,7 @@ class Workbench:
     def _fit(self, target: Any, captured: Any, recipe: Any) -> tuple[Any, list[str]]:
         from exporters.engine import component_shape_spec
         from exporters.errors import ShapeSpecError
-        from exporters.probes import dim_bindings, fit_to_contract
+        from exporters.capture.probes import dim_bindings, fit_to_contract
 
         fitted, notes = {}, []
         for name, (module, inputs) in captured.items():

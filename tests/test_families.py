@@ -60,12 +60,12 @@ def test_parity_refuses_a_forward_that_uses_eager_weights(idefics3_run):
     import torch
 
     from exporters import engine
-    from exporters.cache_settings import CacheSetting
+    from exporters.capture.cache_settings import CacheSetting
     from exporters.errors import EagerStageError
     from exporters.graph_forward import vision_language_prefill
-    from exporters.inputs import make_sample_inputs
+    from exporters.capture.inputs import make_sample_inputs
     from exporters.recipe.load import parse_recipe
-    from exporters.source import ModelSource, load_model, load_tokenizer
+    from exporters.capture.source import ModelSource, load_model, load_tokenizer
     from exporters.upstream import load_exported
 
     model_dir, out, _ = idefics3_run

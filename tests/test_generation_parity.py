@@ -293,7 +293,7 @@ def test_forced_eos_and_suppressed_tokens_apply_to_both_sides(marian_run):
     ({}, {"cache_implementation": "static"}, ("static", 256, False)),
 ])
 def test_cache_setting_per_target(target, generation, expected):
-    from exporters.cache_settings import cache_setting
+    from exporters.capture.cache_settings import cache_setting
     from exporters.recipe.load import parse_recipe
 
     recipe = parse_recipe(json.dumps({"exports": [{"export_format": "executorch", "mode": "generation", **target}],
@@ -303,7 +303,7 @@ def test_cache_setting_per_target(target, generation, expected):
 
 
 def test_default_cache_length_is_bounded_by_the_model():
-    from exporters.cache_settings import DEFAULT_MAX_CACHE_LEN, cache_setting
+    from exporters.capture.cache_settings import DEFAULT_MAX_CACHE_LEN, cache_setting
     from exporters.recipe.load import parse_recipe
 
     for fmt in ("executorch", "dynamo"):

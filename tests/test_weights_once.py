@@ -371,7 +371,7 @@ def test_transformers_js_generates_the_eager_tokens(run, eager):
 
 def test_default_merges_only_plain_onnx_decoder_targets():
     from exporters.errors import TargetPlanError
-    from exporters.merged import wants_merged
+    from exporters.capture.merged import wants_merged
     from exporters.recipe.load import parse_recipe
 
     def target(**settings):
@@ -415,7 +415,7 @@ def test_merged_contract_names_the_two_axes_that_vary(eager):
     """Without a recipe contract: named `{min, max}` dims on the query and cache axes (an empty cache included);
     ExecuTorch gets `auto` on the same axes and no deferred asserts (docs/upstream-gaps.md #4). A merged ExecuTorch
     export end to end takes minutes, so the suite checks its contract; its runtime runs the empty cache (#11)."""
-    from exporters.merged import contract
+    from exporters.capture.merged import contract
     from exporters.recipe.load import parse_recipe
     from exporters.upstream import decompose_for_generation
 

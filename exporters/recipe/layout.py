@@ -25,7 +25,7 @@ def _problem(path: tuple, message: str) -> ValueError:
 
 
 class MergedSetting(BaseModel):
-    """`merged`: one graph for the prompt and every decode step (`exporters.merged`)."""
+    """`merged`: one graph for the prompt and every decode step (`exporters.capture.merged`)."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True)
 

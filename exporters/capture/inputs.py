@@ -1,6 +1,6 @@
 """Sample inputs: from the repo's own processor when the folder ships one (a synthetic image or waveform through
 it, offline), else tokenized from the recipe's prompt when the repo has a tokenizer, else synthesized within the
-config's limits (vocabulary, image size, mel bins) in the family's layout (`exporters.multimodal`).
+config's limits (vocabulary, image size, mel bins) in the family's layout (`exporters.capture.multimodal`).
 
 A model whose inputs cannot be made raises `UnsupportedModelError` naming what is missing; the pipeline turns it
 into failed targets with that reason.
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from exporters.families import FAMILIES, default_mode, detect_family
-from exporters.multimodal import Preprocessor, load_preprocessor, processor_inputs, synthesize_vlm
+from exporters.capture.families import FAMILIES, default_mode, detect_family
+from exporters.capture.multimodal import Preprocessor, load_preprocessor, processor_inputs, synthesize_vlm
 from exporters.recipe.model import InputsSpec
 
 __all__ = ["FAMILIES", "SampleInputs", "default_mode", "detect_family", "make_sample_inputs", "random_token_ids"]
@@ -211,6 +211,6 @@ def _synthesized(model, spec: InputsSpec, family: str, tokenizer, generator: tor
 
 
 def _tower_modalities(model) -> list[str]:
-    from exporters.families import towers
+    from exporters.capture.families import towers
 
     return list(towers(model))

@@ -93,7 +93,7 @@ def _is_cache_key(key: str) -> bool:
 
 def _axis_dynamic(value: Any, rank: int, axis: int, key: str) -> bool:
     from exporters.errors import ShapeSpecError
-    from exporters.shapes import axis_specs
+    from exporters.capture.shapes import axis_specs
 
     try:
         return axis_specs(value, rank, key).get(axis % rank, "static") != "static"
@@ -104,7 +104,7 @@ def _axis_dynamic(value: Any, rank: int, axis: int, key: str) -> bool:
 def declares_dynamic_cache_axis(target) -> bool:
     """Whether the decode's cache length axis (axis 2 of `[batch, heads, length, head_dim]`) is declared dynamic:
     a cache key with a non-static axis 2, or `dynamic: true` without `dynamic_shapes`. A merged target's one
-    graph has a dynamic cache axis by construction (`exporters.merged`)."""
+    graph has a dynamic cache axis by construction (`exporters.capture.merged`)."""
     if getattr(target, "merged", None):
         return True
     spec, dynamic = _decode_contract(target)
@@ -160,7 +160,7 @@ def check_second_step(target, components: dict[str, Any], setting: CacheSetting)
     grown = _growing_leaves(components["decode"][1])
     if not grown or (not spec and dynamic):
         return
-    from exporters.shapes import spec_key
+    from exporters.capture.shapes import spec_key
 
     fixed = sorted(path for path, tensor in grown.items()
                    if (key := spec_key(spec or {}, path)) is None

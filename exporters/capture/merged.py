@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from exporters.errors import TargetPlanError
-from exporters.probes import sync_cache_lengths
+from exporters.capture.probes import sync_cache_lengths
 from exporters.recipe.model import ComponentOverride
 
 MERGED = "model"
