@@ -13,7 +13,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from exporters import engine, upstream
+from exporters.export import convert as engine
+from exporters import upstream
 from exporters.capture.cache_settings import check_second_step
 from exporters.upstream import EXPORT_BACKENDS
 from exporters.errors import RecipeError

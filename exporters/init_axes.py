@@ -85,7 +85,7 @@ def _leaf_shapes(components) -> dict[str, dict[str, list[int]]]:
 def _decompose(model, spec: InputsSpec, mode: str, tokenizer):
     """The components captured from a sample made with `spec`, with a growing cache: the one whose length axis
     init declares dynamic."""
-    from exporters import engine
+    from exporters.export import convert as engine
     from exporters.capture.cache_settings import CacheSetting
     from exporters.capture.inputs import make_sample_inputs
 

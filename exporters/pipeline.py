@@ -28,7 +28,7 @@ from exporters import fsutil
 from exporters.bench import bench_passing, warm_up
 from exporters.context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
 from exporters.errors import DeviceError, error_record
-from exporters.footprint import record_footprint
+from exporters.export.footprint import record_footprint
 from exporters.hashing import file_entries
 from exporters.isolation import Isolated, log_excerpt
 from exporters.progress import Progress
@@ -245,7 +245,7 @@ def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging:
     """What the child process does: move to the target's device and dtype, quantize and export, save."""
     import torch
 
-    from exporters import engine, quantize
+    from exporters.export import convert as engine, quantize
     from exporters.upstream import move_to
 
     if target.dtype is not None or device != "cpu":
@@ -261,7 +261,7 @@ def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging:
 
 def _validate_into(result: TargetResult, target: Any, context: RunContext, bench: Workbench, directory: Path,
                    trust_artifacts: bool, last: bool = False) -> None:
-    from exporters.engine import release_weights
+    from exporters.export.convert import release_weights
     from exporters.validate import validate_target
 
     started = time.time()
@@ -287,7 +287,7 @@ def _validate_into(result: TargetResult, target: Any, context: RunContext, bench
 def _after_validation(result: TargetResult, target: Any, final: Path) -> None:
     """`export_params: false`: the weights are stripped once the artifact was validated with them."""
     if result.status == PASSED and target.export_format == "onnx" and not target.export_params:
-        from exporters.onnx_files import strip_weights
+        from exporters.export.onnx_files import strip_weights
 
         stripped = strip_weights(final, target.output_path)
         copy = f" and from {target.output_path}" if target.output_path else ""

@@ -289,7 +289,7 @@ def validate_target(
     allowed it); nothing else in the folder ever runs (its config's `auto_map` is never read). `device`: where the
     artifact runs (the target's); the eager references stay where the model is.
     """
-    from exporters.engine import component_shape_spec
+    from exporters.export.convert import component_shape_spec
     from exporters.errors import ArtifactError, RemoteCodeError
     from exporters.capture.inputs import vocab_size
     from exporters.capture.merged import MERGED, prompt_inputs, with_consistent_mask

@@ -21,7 +21,7 @@ class Workbench:
     model: Any
     sample: Any
     eager: Any
-    weights: Any  # exporters.footprint.ModelWeights, read at load (validation may free the weights later)
+    weights: Any  # exporters.export.footprint.ModelWeights, read at load (validation may free the weights later)
     tokenizer: Any = None  # the folder's, for calibration prompts
     decompositions: dict[tuple, Any] = field(default_factory=dict)
     fitted: dict[str, tuple[Any, list[str]]] = field(default_factory=dict)
@@ -35,7 +35,7 @@ class Workbench:
         it, never a traceback."""
         from exporters.errors import error_record
         from exporters.capture.families import detect_family
-        from exporters.footprint import ModelWeights
+        from exporters.export.footprint import ModelWeights
         from exporters.capture.inputs import make_sample_inputs
         from exporters.capture.source import load_model, load_tokenizer
         from exporters.validate import EagerCache
@@ -72,7 +72,7 @@ class Workbench:
         """The recipe's calibration samples when a target quantizes with a static method (none otherwise)."""
         if self.sample is None or not any(t.quantize is not None and t.quantize.needs_calibration for t in targets):
             return []
-        from exporters.quantize import calibration_samples
+        from exporters.export.quantize import calibration_samples
 
         return calibration_samples(self.model, recipe, self.tokenizer, self.sample.family)
 
@@ -106,13 +106,13 @@ class Workbench:
 
     def cache_setting(self, target: Any, recipe: Any) -> Any:
         """The cache the target is captured, exported and checked with (`exporters.capture.cache_settings`)."""
-        from exporters import engine
+        from exporters.export import convert as engine
 
         return engine.cache_setting_for(self.model, target, recipe)
 
     def generation_config(self, target: Any, recipe: Any) -> Any:
         """The generation config of a generation target (its cache setting applied), else None."""
-        from exporters import engine
+        from exporters.export import convert as engine
 
         if target.mode != "generation":
             return None
@@ -132,7 +132,7 @@ class Workbench:
         return self.fitted.get(target.name, ({}, []))[1]
 
     def _captured(self, target: Any, recipe: Any, setting: Any) -> Any:
-        from exporters import engine
+        from exporters.export import convert as engine
 
         multi_token = bool(target.multi_token_decode or target.merged)
         key = (target.mode, multi_token, setting if target.mode == "generation" else None)
@@ -143,7 +143,7 @@ class Workbench:
         return self.decompositions[key]
 
     def _fit(self, target: Any, captured: Any, recipe: Any) -> tuple[Any, list[str]]:
-        from exporters.engine import component_shape_spec
+        from exporters.export.convert import component_shape_spec
         from exporters.errors import ShapeSpecError
         from exporters.capture.probes import dim_bindings, fit_to_contract
 

@@ -59,7 +59,7 @@ def test_parity_refuses_a_forward_that_uses_eager_weights(idefics3_run):
     """The driver runs the model's own forward with its stages replaced by graphs; a stage left eager is caught."""
     import torch
 
-    from exporters import engine
+    from exporters.export import convert as engine
     from exporters.capture.cache_settings import CacheSetting
     from exporters.errors import EagerStageError
     from exporters.graph_forward import vision_language_prefill

@@ -49,7 +49,7 @@ class MergedSetting(BaseModel):
 
 
 class LayoutSetting(BaseModel):
-    """`layout`: the folder layout of an ONNX target (`exporters.tjs_layout`)."""
+    """`layout`: the folder layout of an ONNX target (`exporters.export.transformers_js`)."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True)
 

@@ -1,7 +1,7 @@
 """Quantized and half-precision variants in the recipe: the `quantize` object of a target, `inputs.calibration`, the
 quality budget keys of a target's `validation`, and the `variants` shorthand.
 
-Pure data (pydantic only): the recipe module builds on it, and `exporters.quantize` turns a [`QuantizeSpec`] into
+Pure data (pydantic only): the recipe module builds on it, and `exporters.export.quantize` turns a [`QuantizeSpec`] into
 the upstream quantizer. Methods are chosen by these documented names, never by an import path from the recipe.
 
 Example:

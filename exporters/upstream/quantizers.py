@@ -1,4 +1,4 @@
-"""Upstream's quantizers (`transformers.exporters.quantizers`), chosen by `exporters.quantize` from the recipe's
+"""Upstream's quantizers (`transformers.exporters.quantizers`), chosen by `exporters.export.quantize` from the recipe's
 method names; part of the one adapter (`exporters.upstream`)."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import torch
 
 from exporters import upstream
 from exporters.errors import ShapeSpecError
-from exporters.footprint import tied_embeddings
+from exporters.export.footprint import tied_embeddings
 from exporters.recipe.model import ComponentOverride, Recipe
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
@@ -24,7 +24,7 @@ Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 
 def upstream_config(target, override: ComponentOverride | None = None, dynamic_shapes: Any = None,
                     quantizer: Any = None):
-    """The upstream config object for a target (and a component's overrides), with the quantizer `exporters.quantize`
+    """The upstream config object for a target (and a component's overrides), with the quantizer `exporters.export.quantize`
     built for it (the recipe's `quantize` is a method name, not an upstream field)."""
     config_class = upstream.config_class(target.export_format)
     names = {f.name for f in dataclasses.fields(config_class)} - {"quantizer", "export_format"}
@@ -181,7 +181,7 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
     import gc
     import time
 
-    from exporters import onnx_files
+    from exporters.export import onnx_files
 
     generation_config = _generation_config(model, target, recipe)
     timings = {"export_only_s": 0.0, "save_s": 0.0}
@@ -216,7 +216,7 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
         if len(entries) > 1 and target.external_data:
             onnx_files.share_external_data(directory)
         if target.layout == "transformers.js":
-            from exporters.tjs_layout import write_transformers_js
+            from exporters.export.transformers_js import write_transformers_js
 
             write_transformers_js(directory, target, model)
     timings["save_s"] += time.time() - started
@@ -282,7 +282,7 @@ def save_exported(exported, target, directory: Path) -> None:
     """Write the export with upstream `save_pretrained`, then apply the seed's ONNX file options."""
     exported.save_pretrained(directory)
     if target.export_format == "onnx":
-        from exporters.onnx_files import apply_onnx_file_options
+        from exporters.export.onnx_files import apply_onnx_file_options
 
         apply_onnx_file_options(target, directory)
 

@@ -25,7 +25,7 @@ def total_bytes(directory: Path) -> int:
 def _onnx_weights(directory: Path) -> int:
     import onnx
 
-    from exporters.onnx_files import _external, _initializers
+    from exporters.export.onnx_files import _external, _initializers
 
     ranges: set[tuple[Path, int, int]] = set()
     embedded = 0

@@ -176,7 +176,7 @@ class Quantizing:
             return None
         per_component: dict[str, list[dict]] = {}
         if spec.needs_calibration and self.target.mode == "generation":
-            from exporters.engine import generation_config_for
+            from exporters.export.convert import generation_config_for
             from exporters.upstream import capture_calibration_inputs
 
             per_component = capture_calibration_inputs(
