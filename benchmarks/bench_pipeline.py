@@ -151,8 +151,8 @@ def optimum_venv(work: Path) -> Path | None:
 
 
 def machine() -> str:
-    """The machine, as the pipeline's own benchmarks describe it (exporters.bench.machine_info)."""
-    from exporters.bench import machine_info, machine_line
+    """The machine, as the pipeline's own benchmarks describe it (exporters.validate.benchmark.machine_info)."""
+    from exporters.validate.benchmark import machine_info, machine_line
 
     return f"{machine_line(machine_info())}, Python {platform.python_version()}"
 

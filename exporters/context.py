@@ -52,7 +52,7 @@ class RunOptions:
     timeout: float | None = None
     use_cache: bool = True
     jobs: int | None = None  # exports at once; None: from the cores and the memory (exporters.resources)
-    bench: bool = True  # time every passing artifact (exporters.bench)
+    bench: bool = True  # time every passing artifact (exporters.validate.benchmark)
 
 
 @dataclass
@@ -76,7 +76,7 @@ class RunContext:
     eager_cache: Any = None
     model_dtype: str | None = None  # the dtype the model was loaded in
     jobs: int | None = None  # exports run at once
-    machine: dict[str, Any] | None = None  # where the artifacts were timed (exporters.bench.machine_info)
+    machine: dict[str, Any] | None = None  # where the artifacts were timed (exporters.validate.benchmark.machine_info)
 
     def cache_key(self, target_name: str, device: str) -> str:
         """What a target's artifacts depend on: the weights and code, the recipe's target (and shared settings),

@@ -234,7 +234,7 @@ def describe_error(err: BaseException, limit: int = 2000) -> str:
     cause = root_cause(err)
     if cause is not err and str(cause).strip()[:200] not in text:
         text += f" [root cause: {type(cause).__name__}: {cause}]"
-    notes = getattr(err, "__notes__", None)  # what the runtime printed (exporters.native_log), for one
+    notes = getattr(err, "__notes__", None)  # what the runtime printed (exporters.validate.native_log), for one
     if notes:
         text += f" ({'; '.join(str(note) for note in notes)})"
     return text if len(text) < limit else text[:limit] + " …"

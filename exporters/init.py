@@ -260,7 +260,7 @@ def _onnx_opset(directory: Path) -> int | None:
 def _finish_tolerance(result: FormatResult) -> None:
     """atol = MARGIN × the worst |diff| measured, rounded up, at least a tenth of the format's default; rtol 0, so
     the bound is exactly that. Looser than the default only when the probes needed it, and then it says so."""
-    from exporters.validate import DEFAULT_TOLERANCES
+    from exporters.validate.checks import DEFAULT_TOLERANCES
 
     default_atol, _ = DEFAULT_TOLERANCES[result.export_format]
     worst = result.worst_abs_diff or 0.0

@@ -77,7 +77,7 @@ class AxisPlan:
 
 
 def _leaf_shapes(components) -> dict[str, dict[str, list[int]]]:
-    from exporters.validate import shapes_of
+    from exporters.validate.checks import shapes_of
 
     return {name: shapes_of(inputs) for name, (_, inputs) in components.items()}
 

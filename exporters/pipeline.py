@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from exporters import fsutil
-from exporters.bench import bench_passing, warm_up
+from exporters.validate.benchmark import bench_passing, warm_up
 from exporters.context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
 from exporters.errors import DeviceError, error_record
 from exporters.export.footprint import record_footprint
@@ -262,7 +262,7 @@ def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging:
 def _validate_into(result: TargetResult, target: Any, context: RunContext, bench: Workbench, directory: Path,
                    trust_artifacts: bool, last: bool = False) -> None:
     from exporters.export.convert import release_weights
-    from exporters.validate import validate_target
+    from exporters.validate.checks import validate_target
 
     started = time.time()
     recipe = context.recipe

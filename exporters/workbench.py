@@ -38,7 +38,7 @@ class Workbench:
         from exporters.export.footprint import ModelWeights
         from exporters.capture.inputs import make_sample_inputs
         from exporters.capture.source import load_model, load_tokenizer
-        from exporters.validate import EagerCache
+        from exporters.validate.checks import EagerCache
 
         started = time.time()
         dtypes = {target.dtype for target in (targets if targets is not None else context.targets)}

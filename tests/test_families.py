@@ -62,7 +62,7 @@ def test_parity_refuses_a_forward_that_uses_eager_weights(idefics3_run):
     from exporters.export import convert as engine
     from exporters.capture.cache_settings import CacheSetting
     from exporters.errors import EagerStageError
-    from exporters.graph_forward import vision_language_prefill
+    from exporters.validate.vision_language import vision_language_prefill
     from exporters.capture.inputs import make_sample_inputs
     from exporters.recipe.load import parse_recipe
     from exporters.capture.source import ModelSource, load_model, load_tokenizer

@@ -147,7 +147,7 @@ def test_position_limits_bound_the_sequence_axes(proposals) -> None:
 
 
 def test_tolerances_come_from_measured_diffs_with_a_margin(proposed: Proposed) -> None:
-    from exporters.validate import DEFAULT_TOLERANCES
+    from exporters.validate.checks import DEFAULT_TOLERANCES
 
     formats = proposed.recipe["validation"]["formats"]
     assert sorted(formats) == sorted(proposed.formats)

@@ -39,7 +39,7 @@ def test_a_missing_kernel_is_named_in_the_error_and_not_printed(sort_program):
     result = run_python(f"""
         from executorch.runtime import Runtime
         from exporters.errors import describe_error
-        from exporters.native_log import native_messages
+        from exporters.validate.native_log import native_messages
 
         program = Runtime.get().load_program({str(sort_program)!r})
         try:
@@ -58,7 +58,7 @@ def test_native_chatter_is_dropped_and_other_output_written_out():
     result = run_python("""
         import os, sys
         from exporters.errors import describe_error
-        from exporters.native_log import native_messages
+        from exporters.validate.native_log import native_messages
 
         with native_messages():
             os.write(2, b"[cpuinfo_utils.cpp:87] Failed to open midr file /sys/devices/soc0/image_version\\n")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from exporters.bench import TIMED_RUNS
+from exporters.validate.benchmark import TIMED_RUNS
 from exporters.publish import CARD_END, CARD_START
 from exporters.recipe.model import Recipe
 from exporters.recipe.load import parse_recipe
@@ -309,7 +309,7 @@ def test_no_bench_skips_timing(encoder):
 
 
 def test_quality_metrics_and_the_metric_that_decides():
-    from exporters.quality import greedy_match, judge, measure
+    from exporters.validate.quality import greedy_match, judge, measure
     from exporters.report.results import GenerationReport
 
     torch.manual_seed(0)

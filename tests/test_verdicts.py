@@ -152,7 +152,7 @@ def test_outputs_are_compared_a_slice_at_a_time_with_the_whole_tensors_verdict(m
     """Large outputs (a long prompt's logits) are compared slice by slice to keep validation's memory small: one bad
     element in the last slice, a NaN anywhere, or a non-contiguous output give the verdict and the numbers the
     whole-tensor comparison gives."""
-    from exporters import validate
+    from exporters.validate import checks as validate
 
     monkeypatch.setattr(validate, "COMPARE_CHUNK_ELEMENTS", 1000)
     generator = torch.Generator().manual_seed(0)

@@ -213,7 +213,7 @@ def test_executorch_components_are_methods_of_one_program(run):
     assert {n: (e["file"], e["method"]) for n, e in manifest["components"].items()} == {
         "prefill": ("model.pte", "prefill"), "decode": ("model.pte", "decode")}
     # the benchmark's size counts the shared program once, not once per method
-    from exporters.bench import artifact_size
+    from exporters.validate.benchmark import artifact_size
 
     assert artifact_size(folder) == (folder / "model.pte").stat().st_size
     # upstream 5.24 runs `forward` only (docs/upstream-gaps.md #8): when this starts passing, drop our loader

@@ -7,7 +7,7 @@ Upstream `decompose_for_generation` (transformers 5.24) misses stages that infer
   `decompose_multimodal` never sees the vision tower or the projector run and drops them. Here every stage before
   the decode (modality encoders, projector or connector, the token embedding table `embed_tokens`, the language
   model and `lm_head`) is captured from one plain forward of the model on the image + prompt inputs, with a cache,
-  exactly the call the parity check later replays through the exported graphs (`exporters.graph_forward`); the
+  exactly the call the parity check later replays through the exported graphs (`exporters.validate.vision_language`); the
   decode is upstream's. The set is decided from the model's structure (upstream's own submodule finder), so a stage
   that was not captured is missing and fails validation, never passes. Qwen2-VL's merger is part of its vision
   encoder (`model.visual`), so its set has no separate projector;

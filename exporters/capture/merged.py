@@ -174,7 +174,7 @@ def empty_cache(cache: Any) -> Any:
 
 def prompt_inputs(template: dict[str, Any], ids: torch.Tensor) -> dict[str, Any]:
     """The merged graph's call for a whole prompt `ids` on an empty cache (what a prefill does)."""
-    from exporters.parity import step_inputs
+    from exporters.validate.parity import step_inputs
 
     key = cache_key(template)
     return step_inputs(template, ids, 0, empty_cache(template[key]) if key else None)

@@ -218,7 +218,7 @@ def variants_table(report: dict[str, Any], names: list[str] | None = None) -> li
     lines += [""] if decided else []
     benched = [t for t in targets if t.get("bench") and not t["bench"].get("error")]
     if benched:
-        from exporters.bench import TIMED_RUNS, WARMUP_RUNS, machine_line
+        from exporters.validate.benchmark import TIMED_RUNS, WARMUP_RUNS, machine_line
 
         machines = {t["name"]: machine_line(t["bench"].get("machine") or report.get("machine")) for t in benched}
         where = next(iter(machines.values())) if len(set(machines.values())) == 1 else "; ".join(

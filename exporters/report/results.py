@@ -48,7 +48,7 @@ class Check:
     passed: bool = True
     skipped: bool = False
     error: str | None = None
-    quality: dict[str, Any] | None = None  # task metrics of a quantized/half target (exporters.quality.measure)
+    quality: dict[str, Any] | None = None  # task metrics of a quantized/half target (exporters.validate.quality.measure)
 
     @property
     def verdict(self) -> CheckStatus:
@@ -131,7 +131,7 @@ class ValidationResult:
     findings: list[str]
     errors: list[str]
     generation_expected: bool = False
-    quality: dict[str, Any] | None = None  # a quantized/half target's verdict (exporters.quality.judge)
+    quality: dict[str, Any] | None = None  # a quantized/half target's verdict (exporters.validate.quality.judge)
 
     @property
     def verdict(self) -> TargetStatus:
@@ -188,8 +188,8 @@ class TargetResult:
     weights_stored_bytes: int | None = None  # tensor data in the files, a range shared by two graphs once
     parameter_bytes: int | None = None  # the model's parameters in the target's dtype
     quantization: dict[str, Any] | None = None  # what was quantized and how (as in export.json)
-    quality: dict[str, Any] | None = None  # the metric that decided (exporters.quality)
-    bench: dict[str, Any] | None = None  # size and speed (exporters.bench)
+    quality: dict[str, Any] | None = None  # the metric that decided (exporters.validate.quality)
+    bench: dict[str, Any] | None = None  # size and speed (exporters.validate.benchmark)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -211,7 +211,7 @@ class TargetResult:
         self.findings += validation.findings
         self.status = validation.verdict
         self.unverified = validation.why_unverified() if self.status == UNVERIFIED else []
-        from exporters.quality import tolerance_verdict
+        from exporters.validate.quality import tolerance_verdict
 
         self.quality = validation.quality or tolerance_verdict(self.components, self.generation, self.status)
         if validation.errors:

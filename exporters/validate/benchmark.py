@@ -128,7 +128,7 @@ def _generation(runners, templates: dict[str, dict], prompt, steps: int) -> dict
     (`model`) serves both: the prompt on an empty cache, then each token."""
     import torch
 
-    from exporters.parity import CACHE_KEYS, _output_cache, step_inputs
+    from exporters.validate.parity import CACHE_KEYS, _output_cache, step_inputs
     from exporters.upstream import run_component
 
     from exporters.capture.merged import MERGED, prompt_inputs
@@ -231,7 +231,7 @@ def _forkserver():
     """The process every benchmark is forked from: it imports the stack once and loads no runtime session or
     program, so no runtime thread pool is ever forked."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "onnxruntime", "exporters.bench", "exporters.upstream"])
+    context.set_forkserver_preload(["torch", "onnxruntime", "exporters.validate.checks.benchmark", "exporters.upstream"])
     return context
 
 

@@ -6,10 +6,10 @@
 - encoder-decoder (T5, Whisper): source ids / audio features → `encoder` → `prefill` → `decode` × N;
 - vision-language (LLaVA, Idefics3 / SmolVLM, PaliGemma, Gemma 3, Qwen2-VL, ...): image + prompt → the model's own
   forward with its encoder(s), projector, `embed_tokens`, `language_model` and `lm_head` replaced by their graphs
-  (`exporters.graph_forward`) → `decode` × N.
+  (`exporters.validate.vision_language`) → `decode` × N.
 
 Between graphs only the glue the model's own forward does in Python runs here: feature selection, the token
-merge, masks and position ids, and token selection by the rules of `exporters.greedy` (eager's own logits
+merge, masks and position ids, and token selection by the rules of `exporters.validate.greedy` (eager's own logits
 processors, then argmax).
 
 Each step is fed as a runtime would: the cache the previous graph returned, the next `position_ids` (and
@@ -30,11 +30,11 @@ from typing import Any
 import torch
 
 from exporters.errors import describe_error
-from exporters.graph_forward import vision_language
-from exporters.greedy import Greedy, Tolerances, eager_reference
+from exporters.validate.vision_language import vision_language
+from exporters.validate.greedy import Greedy, Tolerances, eager_reference
 from exporters.report.results import GenerationReport
 from exporters.upstream import run_component
-from exporters.native_log import native_messages
+from exporters.validate.native_log import native_messages
 from exporters.capture.cache_settings import sliding_window_of
 
 CACHE_KEYS = ("cache", "past_key_values")
@@ -176,7 +176,7 @@ def _cache_summary(generation_config) -> dict[str, Any]:
 def generation_parity(model, components, exported, generate_inputs: dict[str, Any], steps: int,
                       generation_config, family: str, tolerances: Tolerances, reference: Any = None) -> GenerationReport:
     """Run the family's pipeline through the exported graphs and compare with eager `generate()`, both selecting
-    tokens by the processors eager builds (see `exporters.greedy`). `reference`: eager's run, made ahead by
+    tokens by the processors eager builds (see `exporters.validate.greedy`). `reference`: eager's run, made ahead by
     [`reference_for`] (so the eager weights can be freed before the artifact loads); else it is made here."""
     names = set(exported.components)
     cache = _cache_summary(generation_config)
@@ -218,7 +218,7 @@ def generation_parity(model, components, exported, generate_inputs: dict[str, An
 
 
 def reference_for(model, generate_inputs: dict[str, Any], generation_config, steps: int) -> Any:
-    """Eager's greedy run parity compares with (`exporters.greedy.eager_reference`), or the exception it raised."""
+    """Eager's greedy run parity compares with (`exporters.validate.greedy.eager_reference`), or the exception it raised."""
     try:
         return eager_reference(model, generate_inputs, generation_config, steps)
     except Exception as err:

@@ -116,7 +116,7 @@ class DecodeStepper:
         self.traced = _traced_position(template)
 
     def __call__(self, token: torch.Tensor, position: int, cache: Any, extra: dict[str, Any] | None = None) -> Any:
-        from exporters.parity import step_inputs
+        from exporters.validate.parity import step_inputs
 
         inputs = step_inputs(self.template, token[:, None], position, cache, self.sliding_window)
         offset = position - self.traced
@@ -143,10 +143,10 @@ def vision_language_prefill(model, components: dict[str, tuple[torch.nn.Module, 
 
 
 def vision_language(model, components, runners, generate_inputs: dict[str, Any], greedy, tokens: list) -> int:
-    """Parity driver (see `exporters.parity`): image + prompt → graphs → greedy tokens appended to `tokens`;
+    """Parity driver (see `exporters.validate.parity`): image + prompt → graphs → greedy tokens appended to `tokens`;
     returns the prompt length."""
     from exporters.capture.cache_settings import sliding_window_of
-    from exporters.parity import _decode_loop
+    from exporters.validate.parity import _decode_loop
 
     logits, cache = vision_language_prefill(model, components, runners, generate_inputs)
     stepper = DecodeStepper(runners[DECODE], components[DECODE][1], sliding_window_of(model.config))

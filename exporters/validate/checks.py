@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from exporters.errors import describe_error
-from exporters.native_log import native_messages
+from exporters.validate.native_log import native_messages
 from exporters.recipe.model import Recipe, Tolerance
 from exporters.report.results import Check, ComponentReport, OutputDiff, ValidationResult
 from exporters.capture.probes import dim_bindings, make_probes
@@ -59,7 +59,7 @@ def _leaves(outputs: Any) -> dict[str, torch.Tensor]:
 
 def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float) -> list[OutputDiff]:
     """Per output leaf: max absolute and relative difference and a verdict; NaN or inf never passes."""
-    from exporters.sliding import sliding_cache_leaves, trailing_window
+    from exporters.validate.sliding import sliding_cache_leaves, trailing_window
 
     want, got = _leaves(expected), _leaves(actual)
     sliding = sliding_cache_leaves(expected)
@@ -70,7 +70,7 @@ def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float) -> lis
             continue
         value, note = got[name], None
         window = trailing_window(value, reference) if name in sliding else None
-        if window is not None:  # the exported sliding layer keeps its full history (exporters.sliding)
+        if window is not None:  # the exported sliding layer keeps its full history (exporters.validate.sliding)
             note = f"sliding-window cache: the artifact's last {reference.shape[-2]} of {value.shape[-2]} positions"
             value = window
         if tuple(value.shape) != tuple(reference.shape):
@@ -243,7 +243,7 @@ def probe_component(report: ComponentReport, runner: Any, probes: list, referenc
     """Run every probe through the artifact's `runner` and compare with its eager reference; one `Check` each.
     `probes` hold what the graph takes (`with_precomputed_inputs`). With `measured` (a quantized or half-precision
     target), each probe gets task metrics instead of an atol/rtol comparison, collected there for the target's
-    verdict (exporters.quality)."""
+    verdict (exporters.validate.quality)."""
     atol, rtol = tolerance
     for (probe_id, probe, skip), reference in zip(probes, references):
         if probe is None:
@@ -264,7 +264,7 @@ def probe_component(report: ComponentReport, runner: Any, probes: list, referenc
                                 f"specialized or bounded at export — {describe_error(err)[:300]}")
             continue
         if measured is not None:
-            from exporters.quality import measure
+            from exporters.validate.quality import measure
 
             check.quality = measure(reference, actual)
             check.passed, check.error = not check.quality["problems"], "; ".join(check.quality["problems"]) or None
@@ -351,7 +351,7 @@ def validate_target(
         planned.append((name, fed, references))
     reference = None
     if target.mode == "generation":
-        from exporters.parity import reference_for
+        from exporters.validate.parity import reference_for
 
         reference = reference_for(model, generate_inputs, generation_config, recipe.generation.max_new_tokens)
     if release_model is not None:
@@ -373,7 +373,7 @@ def validate_target(
         return ValidationResult(reports, None, findings, errors, generation_expected)
     counted = counter_in_spec_components(exported)
     if counted:
-        from exporters.sliding import COUNTER_FINDING
+        from exporters.validate.sliding import COUNTER_FINDING
 
         findings.append(COUNTER_FINDING.format(components=", ".join(counted)))
 
@@ -394,8 +394,8 @@ def validate_target(
 
     generation = None
     if target.mode == "generation":
-        from exporters.greedy import Tolerances
-        from exporters.parity import generation_parity
+        from exporters.validate.greedy import Tolerances
+        from exporters.validate.parity import generation_parity
 
         merged = MERGED in components and family == "text"  # one graph gives every token's logits
         first = "lm_head" if family == "vision-language" else MERGED if merged else "prefill"
@@ -405,7 +405,7 @@ def validate_target(
                                        generation_config, family, tolerances, reference=reference)
     verdict = None
     if budget is not None:
-        from exporters.quality import judge, judge_generation
+        from exporters.validate.quality import judge, judge_generation
 
         judge_generation(generation, budget)
         verdict = judge(kind, budget, measured or [], generation)
