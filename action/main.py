@@ -2,7 +2,7 @@
 
 Four modes:
 
-- `run` (default): `exporters.pipeline.run_pipeline` on the model, then the Hub PR (`exporters.publish`), the job
+- `run` (default): `exporters.run.pipeline.run_pipeline` on the model, then the Hub PR (`exporters.publish`), the job
   summary, the step outputs and one sticky PR comment.
 - `list-targets`: the recipe's target names as the `targets` output (a JSON list for `strategy.matrix`), split by
   runner as `cpu-targets` / `gpu-targets` (targets whose device is `cuda`), plus `matrix` (each target's format and
@@ -293,7 +293,7 @@ def _finish(settings: Settings, report: dict[str, Any], extra: list[str] | None 
 
 def run_mode(settings: Settings) -> int:
     from exporters.errors import DeviceError, ModelSourceError, RecipeError, RemoteCodeError
-    from exporters.pipeline import RunOptions, run_pipeline
+    from exporters.run.pipeline import RunOptions, run_pipeline
 
     options = RunOptions(
         out_dir=settings.output_dir, targets=list(settings.targets), config_path=settings.config,
@@ -328,7 +328,7 @@ def run_mode(settings: Settings) -> int:
 
 def load_recipe(settings: Settings):
     """The recipe this run would use, read without downloading weights: `(recipe, file, resolved revision)`."""
-    from exporters.context import load_run_recipe
+    from exporters.run.context import load_run_recipe
     from exporters.capture.source import resolve_source
 
     model = str(settings.model_path) if settings.model_path is not None else settings.model

@@ -111,8 +111,8 @@ BARE = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from exporters import engine, upstream
-    from exporters.context import RunOptions, prepare_run
-    from exporters.workbench import Workbench
+    from exporters.run.context import RunOptions, prepare_run
+    from exporters.run.workbench import Workbench
 
     model_dir, target_name, out, mode = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
     context = prepare_run(model_dir, RunOptions(out_dir=out.parent / (out.name + "-ctx"), targets=[target_name]))

@@ -69,7 +69,7 @@ def __getattr__(name: str):
 
         return getattr(auto, name)
     if name in ("run_pipeline", "validate_existing", "RunOptions"):
-        from exporters import pipeline
+        from exporters.run import pipeline
 
         return getattr(pipeline, name)
     raise AttributeError(name)

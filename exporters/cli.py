@@ -65,7 +65,7 @@ def _error(label: str, err: ExportActionError) -> None:
 
 def _version(value: bool) -> None:
     if value:
-        from exporters.context import tool_versions
+        from exporters.run.context import tool_versions
 
         versions = tool_versions()
         out.print(f"hf-export {versions.pop('export-action')}", markup=False, highlight=False)
@@ -156,7 +156,7 @@ def run(
     if destination is not None and push and not dry_run:
         _check_publish_access(destination.repo_id, token, endpoint, out_dir)
     _quiet_libraries()
-    from exporters.pipeline import RunOptions, run_pipeline
+    from exporters.run.pipeline import RunOptions, run_pipeline
 
     options = RunOptions(
         out_dir=out_dir, targets=list(target), config_path=config, device=device, revision=revision, token=token,
@@ -372,7 +372,7 @@ def validate(
 ) -> None:
     """Re-run the validation checks on artifacts already saved, and rewrite the report."""
     _quiet_libraries()
-    from exporters.pipeline import RunOptions, validate_existing
+    from exporters.run.pipeline import RunOptions, validate_existing
 
     options = RunOptions(out_dir=out_dir, targets=list(target), config_path=config, revision=revision, token=token,
                          endpoint=endpoint, trust_remote_code=trust_remote_code, progress=False)

@@ -160,7 +160,7 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
         ['passed']
     """
     from exporters.init_axes import find_dimensions
-    from exporters.context import tool_versions
+    from exporters.run.context import tool_versions
     from exporters.capture.source import check_remote_code, load_model, load_tokenizer, read_config, resolve_source
 
     options = options or InitOptions()
@@ -207,7 +207,7 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
 def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: InitOptions, work: Path,
             started: float, say: Callable[[str], None]) -> None:
     """Run rounds of the pipeline on the unsettled formats until each passed or was left out."""
-    from exporters.pipeline import RunOptions, run_pipeline
+    from exporters.run.pipeline import RunOptions, run_pipeline
 
     deadline = started + options.max_seconds
     number = 0

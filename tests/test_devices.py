@@ -46,7 +46,7 @@ def test_moving_a_cache_moves_its_recorded_device_too():
 
 def test_asking_for_a_gpu_does_not_initialize_cuda_in_the_parent():
     """Export children are forked: a parent that initialized CUDA makes every CUDA export fail in them."""
-    code = ("import os; from exporters.context import cuda_available; cuda_available(); "
+    code = ("import os; from exporters.run.context import cuda_available; cuda_available(); "
             "print(os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK')); import torch; print(torch.cuda.is_initialized())")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                             env={k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"})

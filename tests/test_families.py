@@ -175,7 +175,7 @@ def test_capture_failure_reports_its_root_cause(tmp_path):
 
 
 def test_export_child_failure_keeps_the_root_cause_in_report_and_log(tmp_path):
-    from exporters.isolation import log_excerpt, run_isolated
+    from exporters.run.isolation import log_excerpt, run_isolated
 
     def work():
         try:

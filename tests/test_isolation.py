@@ -108,7 +108,7 @@ def test_validation_next_to_running_exports_uses_the_free_cores():
     least one, and gives the threads back afterwards, also when it raises."""
     import torch
 
-    from exporters.resources import threads_left
+    from exporters.run.resources import threads_left
     from exporters.upstream import lean_session_options
 
     before = torch.get_num_threads()

@@ -12,7 +12,7 @@ from exporters.report.markdown import ICONS, MARKDOWN_LIMIT, human_size, render_
 from exporters.status import overall_status
 
 if TYPE_CHECKING:
-    from exporters.context import RunContext
+    from exporters.run.context import RunContext
     from exporters.report.results import TargetResult
 
 REPORT_SCHEMA_VERSION = 1

@@ -183,7 +183,7 @@ class TargetResult:
     reproduce: str | None = None
     cache_key: str | None = None
     cached: bool = False
-    signature: str | None = None  # set by `run` for targets it validated itself (see exporters.reuse)
+    signature: str | None = None  # set by `run` for targets it validated itself (see exporters.run.reuse)
     total_bytes: int | None = None  # every file of the target: what a PR uploads
     weights_stored_bytes: int | None = None  # tensor data in the files, a range shared by two graphs once
     parameter_bytes: int | None = None  # the model's parameters in the target's dtype

@@ -18,7 +18,7 @@ def lean_session_options():
     """ONNX Runtime options for validation sessions: weights read in place from the external-data file instead of
     repacked into a second copy (`session.disable_prepacking`), no memory arena kept at its high-water mark. A
     session then costs the graph's activations, not another copy of the model. Its intra-op threads are torch's
-    count (what `exporters.resources.threads_left` leaves free next to running exports), not every core."""
+    count (what `exporters.run.resources.threads_left` leaves free next to running exports), not every core."""
     import onnxruntime as ort
     import torch
 

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporters.context import RunContext, RunOptions
+from exporters.run.context import RunContext, RunOptions
 
 
 @dataclass

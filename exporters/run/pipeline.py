@@ -2,8 +2,8 @@
 
 ```
 prepare_run ──► reuse signed, unchanged targets ──► load the model once ──► for each target:
-  (context)        (exporters.reuse)                  (sample inputs)         decompose ─► export in a child
-                                                                                 (exporters.isolation) ─► staging
+  (context)        (exporters.run.reuse)                  (sample inputs)         decompose ─► export in a child
+                                                                                 (exporters.run.isolation) ─► staging
                                                                                  renamed into place
 validate every new target from disk against the eager model ──► report.json + report.md
   (exporters.validate, eager references shared)                   (exporters.report)
@@ -26,17 +26,17 @@ from typing import Any
 
 from exporters import fsutil
 from exporters.validate.benchmark import bench_passing, warm_up
-from exporters.context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
+from exporters.run.context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
 from exporters.errors import DeviceError, error_record
 from exporters.export.footprint import record_footprint
 from exporters.hashing import file_entries
-from exporters.isolation import Isolated, log_excerpt
-from exporters.progress import Progress
-from exporters.resources import default_jobs, threads_left
+from exporters.run.isolation import Isolated, log_excerpt
+from exporters.run.progress import Progress
+from exporters.run.resources import default_jobs, threads_left
 from exporters.report.results import TargetResult
-from exporters.reuse import Signer, previous_report, reusable
+from exporters.run.reuse import Signer, previous_report, reusable
 from exporters.status import FAILED, PASSED, UNVERIFIED
-from exporters.workbench import Workbench
+from exporters.run.workbench import Workbench
 
 __all__ = ["RunOptions", "run_pipeline", "validate_existing"]
 STAGING_PREFIX = ".staging-"

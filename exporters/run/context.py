@@ -51,7 +51,7 @@ class RunOptions:
     progress: bool = True
     timeout: float | None = None
     use_cache: bool = True
-    jobs: int | None = None  # exports at once; None: from the cores and the memory (exporters.resources)
+    jobs: int | None = None  # exports at once; None: from the cores and the memory (exporters.run.resources)
     bench: bool = True  # time every passing artifact (exporters.validate.benchmark)
 
 

@@ -1,0 +1,10 @@
+"""The story of `run` and `validate`: prepare, reuse, export each target in a child, validate, report.
+
+```
+context.py (RunOptions -> prepare_run: source, recipe, targets, tool versions, weights fingerprint)
+   └─► reuse.py (signed, unchanged targets of an earlier run)
+         └─► workbench.py (the model loaded once, captures fitted to each target)
+               └─► pipeline.py: each target exported in a forked child (isolation.py; resources.py for --jobs;
+                   progress.py), staging renamed into place, validated, benchmarked, reported
+```
+"""
