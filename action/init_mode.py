@@ -31,7 +31,7 @@ def _publish(settings: Settings, result) -> Any | None:
     if settings.dry_run:
         return NoPublish(message="dry run: the recipe was written to the output folder; no PR was opened")
     from exporters.errors import PublishError
-    from exporters.init_push import publish_recipe
+    from exporters.init.push import publish_recipe
 
     try:
         with group(f"Proposing the recipe on the Hub: {destination.repo_id} (PR against {destination.base})"), \
@@ -48,8 +48,8 @@ def _publish(settings: Settings, result) -> Any | None:
 
 def init_mode(settings: Settings) -> int:
     from exporters.errors import InitError, ModelSourceError, RemoteCodeError
-    from exporters.init import InitOptions, init_recipe
-    from exporters.init_summary import render_markdown, to_dict
+    from exporters.init.propose import InitOptions, init_recipe
+    from exporters.init.summary import render_markdown, to_dict
 
     from .main import EXIT_FAILED, EXIT_OK, _comment, _fail, _relative
     from .summary import publish_line

@@ -306,8 +306,8 @@ def init(
         _check_publish_access(destination.repo_id, token, endpoint, out_file.parent)
     _quiet_libraries()
     from exporters.errors import InitError
-    from exporters.init import InitOptions, init_recipe
-    from exporters.init_summary import print_table, render_markdown
+    from exporters.init.propose import InitOptions, init_recipe
+    from exporters.init.summary import print_table, render_markdown
 
     def progress(message: str) -> None:
         console.print(f"init: {message}", markup=False, highlight=False, soft_wrap=True)
@@ -343,7 +343,7 @@ def init(
 def _publish_recipe(destination, result, out_dir: Path, *, token: str | None, endpoint: str | None) -> None:
     """The Hub PR proposing the recipe, its outcome in `publish.json` beside the recipe (as `run` writes
     OUT/publish.json); a publishing error exits 3 with what to do."""
-    from exporters.init_push import publish_recipe
+    from exporters.init.push import publish_recipe
     from exporters.publish import write_outcome
 
     try:

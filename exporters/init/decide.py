@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporters.init_axes import Dimension
+from exporters.init.axes import Dimension
 from exporters.status import (
     AUTO,
     CRASHED,

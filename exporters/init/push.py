@@ -50,7 +50,7 @@ def recipe_title(result, replaces: bool) -> str:
 
 def recipe_description(result, replaces: bool) -> str:
     """The PR text: what it adds, the summary table and notes, the recipe (the marker is appended by publishing)."""
-    from exporters.init_summary import render_markdown
+    from exporters.init.summary import render_markdown
 
     what = "replaces the repo's current recipe with" if replaces else "adds"
     return "\n".join([

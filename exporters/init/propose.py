@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from exporters.errors import InitError
-from exporters.init_axes import AxisPlan, Dimension, spec_entries
-from exporters.init_decide import MARGIN, FormatResult, decide, nice_ceil
+from exporters.init.axes import AxisPlan, Dimension, spec_entries
+from exporters.init.decide import MARGIN, FormatResult, decide, nice_ceil
 from exporters.recipe.model import FORMATS, SCHEMA_VERSION, GenerationSpec, Recipe
 from exporters.recipe.load import parse_recipe_data
 from exporters.status import LEFT_OUT, NAMED, PASSED, PENDING
@@ -159,7 +159,7 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
         >>> [f.status for f in result.formats]  # doctest: +SKIP
         ['passed']
     """
-    from exporters.init_axes import find_dimensions
+    from exporters.init.axes import find_dimensions
     from exporters.run.context import tool_versions
     from exporters.capture.source import check_remote_code, load_model, load_tokenizer, read_config, resolve_source
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporters.init_axes import Dimension
+from exporters.init.axes import Dimension
 from exporters.status import FAILED, LEFT_OUT, NAMED, PASSED, PENDING
 
 ICONS = {PASSED: "✅", LEFT_OUT: "❌", PENDING: "⏳"}

@@ -1,0 +1,8 @@
+"""`hf-export init`: propose a recipe for a model that has none, prove it, and push it.
+
+```
+propose.py ──► axes.py (which axes can be dynamic, measured) ──► decide.py (the recipe to propose)
+                                                                   ├─► summary.py (init-summary.md)
+                                                                   └─► push.py (the Hub PR of the recipe)
+```
+"""
