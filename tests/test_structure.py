@@ -91,3 +91,153 @@ def test_docstring_examples_run(module):
     imported = importlib.import_module(module)
     result = doctest.testmod(imported, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0
+
+
+# --- The layout by stage (#28): packages by stage, dependencies one way, no import cycles ---------------------------
+
+FOUNDATION = {"errors", "status", "redact", "fsutil", "hashing", "version", "quiet"}
+FRONT_DOORS = {"", "cli", "auto"}  # exporters/__init__, the CLI, AutoHfExporter: they may import anything
+# Each stage package and the packages it may import (besides itself and the foundation).
+STAGE_RULES = {
+    "recipe": set(),
+    "upstream": set(),
+    "report": {"recipe"},
+    "capture": {"recipe", "upstream"},
+    "export": {"capture", "recipe", "upstream"},
+    "validate": {"capture", "recipe", "upstream", "report.results"},
+    "run": {"export", "validate", "capture", "report", "recipe", "upstream"},
+    "init": {"run", "publish", "validate", "capture", "report", "recipe"},
+    "publish": {"report", "recipe"},
+}
+# Third-party modules a library module may import inside a function, because loading them at start-up costs
+# seconds or native memory that most runs never use (the front doors may defer anything).
+DEFERRED_STACK = ("onnx", "onnxruntime", "onnxscript", "executorch", "torchao", "onnxruntime_genai")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _our_imports(path: Path) -> list[tuple[str, int, bool, list[str]]]:
+    """(imported module of ours, line, inside a function, names) for every import in `path`, whatever its place."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    local = {id(node) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom))}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno, id(node) in local, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            found.append((base, node.lineno, id(node) in local, [alias.name for alias in node.names]))
+    return [item for item in found if item[0].split(".")[0] in PACKAGES]
+
+
+def _stage(module: str) -> str:
+    """'capture' for exporters.capture.inputs; 'foundation' for exporters.errors; '' for a front door."""
+    parts = module.split(".")[1:]
+    if not parts or (len(parts) == 1 and parts[0] in FRONT_DOORS):
+        return ""
+    return "foundation" if len(parts) == 1 and parts[0] in FOUNDATION else parts[0]
+
+
+def _library_files() -> list[Path]:
+    return sorted((ROOT / "exporters").rglob("*.py"))
+
+
+def test_the_library_is_packages_by_stage():
+    loose = sorted(p.name for p in (ROOT / "exporters").glob("*.py")
+                   if p.stem not in FOUNDATION | FRONT_DOORS | {"__init__"})
+    assert not loose, f"modules outside a stage package: {loose}"
+    assert set(STAGE_RULES) <= {p.name for p in (ROOT / "exporters").iterdir() if (p / "__init__.py").exists()}
+
+
+def test_each_stage_imports_only_the_stages_below_it():
+    broken = []
+    for path in _library_files():
+        stage = _stage(_module_name(path))
+        if stage == "":
+            continue
+        for imported, line, _, names in _our_imports(path):
+            if not imported.startswith("exporters"):
+                broken.append(f"{path.relative_to(ROOT)}:{line} imports {imported} (the library never imports a "
+                              "front end)")
+                continue
+            targets = [f"{imported}.{name}" for name in names] if imported == "exporters" else [imported]
+            for target in targets:
+                other = _stage(target)
+                allowed = {stage, "foundation"} | (STAGE_RULES.get(stage, set()) if stage != "foundation" else set())
+                if stage == "foundation":
+                    allowed = {"foundation"} if target == "exporters.errors" else {"foundation"}
+                dotted = ".".join(target.split(".")[1:3])
+                if other not in allowed and dotted not in allowed:
+                    broken.append(f"{path.relative_to(ROOT)}:{line} ({stage}) imports {target} ({other or 'a front door'})")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_foundation_imports_nothing_of_ours_but_errors():
+    for name in FOUNDATION:
+        path = ROOT / "exporters" / f"{name}.py"
+        if path.exists():
+            imported = {module for module, *_ in _our_imports(path)}
+            assert imported <= {"exporters.errors"}, (name, imported)
+
+
+def test_no_import_cycles():
+    graph: dict[str, set[str]] = {}
+    modules = {_module_name(p) for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            edges = set()
+            for imported, _, _, names in _our_imports(path):
+                for target in [f"{imported}.{n}" for n in names] + [imported]:
+                    while target and target not in modules:
+                        target = target.rpartition(".")[0]
+                    if target and target != _module_name(path):
+                        edges.add(target)
+                        break
+            graph[_module_name(path)] = edges
+    cycles, state = [], {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(trail[trail.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_our_modules_are_imported_at_the_top():
+    """A file's top says what it depends on: only the front doors defer an import of ours (to keep `hf-export check`
+    free of torch); library modules defer only the heavy runtimes (DEFERRED_STACK), each with a comment."""
+    local = []
+    for path in _library_files():
+        if _stage(_module_name(path)) == "":
+            continue
+        local += [f"{path.relative_to(ROOT)}:{line} {module}" for module, line, inside, _ in _our_imports(path)
+                  if inside]
+    assert not local, "\n".join(local)
+
+
+def test_private_names_stay_in_their_package():
+    crossing = []
+    for path in _library_files():
+        here = _stage(_module_name(path)) or _module_name(path)
+        for imported, line, _, names in _our_imports(path):
+            there = _stage(imported) or imported
+            crossing += [f"{path.relative_to(ROOT)}:{line} takes {imported}.{name}" for name in names
+                         if name.startswith("_") and not name.startswith("__") and there != here]
+    assert not crossing, "\n".join(crossing)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from exporters.upstream import leaf_tensors
+from exporters.upstream.pytree import leaf_tensors
 
 def lean_session_options():
     """ONNX Runtime options for validation sessions: weights read in place from the external-data file instead of
