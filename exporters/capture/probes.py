@@ -10,7 +10,7 @@ axis of text inputs. From it come
 
 Example:
     >>> import torch
-    >>> from exporters.recipe.model import DimSpec
+    >>> from exporters.recipe.dims import DimSpec
     >>> spec = {"pixel_values": {"0": DimSpec(name="batch", min=1, max=8)}}
     >>> inputs = {"pixel_values": torch.zeros(1, 3, 4, 4)}
     >>> bindings = dim_bindings(spec, inputs, dynamic=False, family="vision")
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from exporters.recipe.model import DimSpec
+from exporters.recipe.dims import DimSpec
 from exporters.upstream import leaf_tensors
 
 # Logits a probe may produce (tokens x vocabulary); each is held by the eager reference and the artifact's output.

@@ -26,7 +26,7 @@ from torch.export import Dim
 
 from exporters import upstream
 from exporters.errors import ShapeSpecError
-from exporters.recipe.model import DimSpec
+from exporters.recipe.dims import DimSpec
 
 # Inputs that upstream pops before tracing (`prepare_for_export`): they take no dynamic-shape entry.
 OUTPUT_FLAGS = upstream.OUTPUT_FLAGS

@@ -16,6 +16,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporters.export.onnx_files import external_data_of, initializers
+from exporters.upstream import pte_weight_bytes
+
 
 def total_bytes(directory: Path) -> int:
     """Bytes of every file under `directory` (what an upload of the target sends)."""
@@ -25,14 +28,12 @@ def total_bytes(directory: Path) -> int:
 def _onnx_weights(directory: Path) -> int:
     import onnx
 
-    from exporters.export.onnx_files import _external, _initializers
-
     ranges: set[tuple[Path, int, int]] = set()
     embedded = 0
     for path in sorted(directory.rglob("*.onnx")):
         model = onnx.load(str(path), load_external_data=False)
-        for tensor in _initializers(model):
-            info = _external(tensor)
+        for tensor in initializers(model):
+            info = external_data_of(tensor)
             if info is None:
                 embedded += len(tensor.raw_data) or _typed_bytes(tensor)
             else:
@@ -51,23 +52,6 @@ def _typed_bytes(tensor) -> int:
     return count * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
 
 
-def _pte_weights(path: Path) -> int:
-    """The constant segment and the named-data segments (delegates' weights) of a `.pte`, each segment once."""
-    from executorch.exir._serialize._program import _ExtendedHeader, _flatbuffer_to_program
-
-    with path.open("rb") as handle:
-        header = _ExtendedHeader.from_bytes(handle.read(64)[8:])
-        if not header.is_valid():
-            return path.stat().st_size  # no segments: everything is inline in the flatbuffer
-        handle.seek(0)
-        program = _flatbuffer_to_program(handle.read(header.program_size))
-    segments = {entry.segment_index for entry in program.named_data or []}
-    constant = program.constant_segment
-    if constant is not None and constant.offsets:
-        segments.add(constant.segment_index)
-    return sum(program.segments[index].size for index in segments)
-
-
 def _pt2_weights(path: Path) -> int:
     with zipfile.ZipFile(path) as archive:
         return sum(info.file_size for info in archive.infolist()
@@ -81,7 +65,7 @@ def weights_stored_bytes(directory: Path, export_format: str) -> int:
     if export_format == "onnx":
         return _onnx_weights(directory)
     if export_format == "executorch":  # a `.ptd` beside a program holds its weights, each tensor once
-        return (sum(_pte_weights(path) for path in sorted(directory.rglob("*.pte")))
+        return (sum(pte_weight_bytes(path) for path in sorted(directory.rglob("*.pte")))
                 + sum(path.stat().st_size for path in sorted(directory.rglob("*.ptd"))))
     if export_format == "dynamo":
         return sum(_pt2_weights(path) for path in sorted(directory.rglob("*.pt2")))

@@ -92,7 +92,7 @@ def strip_weights(directory: Path, output_path: str | None = None) -> list[str]:
     return stripped
 
 
-def _external(tensor) -> dict[str, str] | None:
+def external_data_of(tensor) -> dict[str, str] | None:
     import onnx
 
     if tensor.data_location != onnx.TensorProto.EXTERNAL:
@@ -130,8 +130,8 @@ def share_external_data(directory: Path) -> int:
     files = _component_files(directory)
     base = files[0].with_name(files[0].name + ".data")
     stored: dict[tuple[str, int], int] = {}  # (sha256, length) -> offset in `base`
-    for tensor in _initializers(onnx.load(str(files[0]), load_external_data=False)):
-        info = _external(tensor)
+    for tensor in initializers(onnx.load(str(files[0]), load_external_data=False)):
+        info = external_data_of(tensor)
         if info is not None and info.get("location") == base.name:
             offset, length = int(info.get("offset", 0)), int(info["length"])
             stored.setdefault((hashlib.sha256(_read_range(base, offset, length)).hexdigest(), length), offset)
@@ -139,8 +139,8 @@ def share_external_data(directory: Path) -> int:
     for path in files[1:]:
         model = onnx.load(str(path), load_external_data=False)
         own = path.with_name(path.name + ".data")
-        for tensor in _initializers(model):
-            info = _external(tensor)
+        for tensor in initializers(model):
+            info = external_data_of(tensor)
             if info is None or info.get("location") != own.name:
                 continue
             data = _read_range(own, int(info.get("offset", 0)), int(info["length"]))
@@ -157,7 +157,7 @@ def share_external_data(directory: Path) -> int:
     return saved
 
 
-def _initializers(model):
+def initializers(model):
     """Every initializer of the model, subgraphs included."""
     import onnx
 

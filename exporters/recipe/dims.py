@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag, model_validator
+from pydantic import Discriminator, Field, StrictInt, Tag, model_validator
 
-from exporters.recipe.jsonpos import JsonPath
+from exporters.recipe._base import PathValueError, Strict
 
 # Inputs whose rank is the same in every model that takes them (batch, sequence): an axis key outside it is an error
 # at `check` time. Other inputs (pixel values, audio features, position ids of multimodal models, cache leaves) vary
@@ -19,19 +19,7 @@ DIM_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False, validate_default=True)
-
-
-class _PathValueError(ValueError):
-    """A validation error whose location is known better than pydantic's."""
-
-    def __init__(self, path: JsonPath, message: str):
-        self.path = path
-        super().__init__(message)
-
-
-class DimSpec(_Strict):
+class DimSpec(Strict):
     """A named dynamic dimension. One name used on several inputs is one shared dimension."""
 
     name: str = Field(pattern=DIM_NAME_PATTERN, description="Dimension name; the same name on two axes ties them.")
@@ -54,9 +42,6 @@ def _kind_of(value: Any) -> str:
     if isinstance(value, str):
         return "keyword"
     return "other"
-
-
-_KIND_WORDS = {"object": "an object", "list": "a list", "keyword": "a string ('static' or 'auto')"}
 
 
 AxisSpec = Annotated[
@@ -91,16 +76,16 @@ def check_shape_spec(spec: dict[str, Any] | None, at: tuple) -> None:
         >>> check_shape_spec({"input_ids": {"1": seq}, "attention_mask": {"1": DimSpec(name="seq", max=32)}}, ())
         Traceback (most recent call last):
         ...
-        exporters.recipe.dims._PathValueError: dimension 'seq' is declared again with min/max None/32, but input_ids axis 1 gave it None/64: one name is one dimension, so give it one range (or repeat just its name)
+        exporters.recipe.dims.PathValueError: dimension 'seq' is declared again with min/max None/32, but input_ids axis 1 gave it None/64: one name is one dimension, so give it one range (or repeat just its name)
     """
     seen: dict[str, tuple[int | None, int | None, str]] = {}
     for key, entry in (spec or {}).items():
         rank = KNOWN_RANKS.get(key)
         if rank is not None and isinstance(entry, list) and len(entry) != rank:
-            raise _PathValueError((*at, key), f"'{key}' has {rank} axes, but {len(entry)} are listed")
+            raise PathValueError((*at, key), f"'{key}' has {rank} axes, but {len(entry)} are listed")
         for axis, value in _axes(entry):
             if rank is not None and isinstance(entry, dict) and not -rank <= int(axis) < rank:
-                raise _PathValueError((*at, key, axis), f"'{key}' has {rank} axes (0 to {rank - 1}, or -{rank} to "
+                raise PathValueError((*at, key, axis), f"'{key}' has {rank} axes (0 to {rank - 1}, or -{rank} to "
                                                         f"-1 from the end): axis {axis} does not exist")
             if not isinstance(value, DimSpec):
                 continue
@@ -111,6 +96,6 @@ def check_shape_spec(spec: dict[str, Any] | None, at: tuple) -> None:
             low, high, first = seen[value.name]
             if (value.min, value.max) not in ((low, high), (None, None)):
                 path = (*at, key, int(axis) if isinstance(entry, list) else axis)
-                raise _PathValueError(path, f"dimension '{value.name}' is declared again with min/max "
+                raise PathValueError(path, f"dimension '{value.name}' is declared again with min/max "
                                             f"{value.min}/{value.max}, but {first} gave it {low}/{high}: one name is "
                                             "one dimension, so give it one range (or repeat just its name)")

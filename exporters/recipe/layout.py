@@ -17,11 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-
-def _problem(path: tuple, message: str) -> ValueError:
-    from exporters.recipe.model import _PathValueError  # the recipe's own error carrier: its loader places it at the path
-
-    return _PathValueError(path, message)
+from exporters.recipe._base import problem as _problem
 
 
 class MergedSetting(BaseModel):

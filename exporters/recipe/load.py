@@ -27,15 +27,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from exporters.errors import RecipeError, RecipeProblem
+from exporters.recipe._base import KIND_WORDS, PathValueError, file_path
 from exporters.recipe.jsonpos import JsonPath, JsonPositionError, format_path, nearest_line, parse_with_positions
-from exporters.recipe.variants import METHODS, CalibrationSpec, method_message
+from exporters.recipe.dims import DimSpec
+from exporters.recipe.variants import METHODS, CalibrationSpec, TargetValidation, method_message
 from exporters.recipe.model import (
-    _KIND_WORDS,
     CONFIG_FIELD,
     FORMATS,
     RECIPE_FILE,
     ComponentOverride,
-    DimSpec,
     DynamoTarget,
     ExecutorchTarget,
     GenerationSpec,
@@ -43,11 +43,9 @@ from exporters.recipe.model import (
     OnnxTarget,
     Recipe,
     RecipeSource,
-    TargetValidation,
     ValidationSpec,
-    _file_path,
-    _PathValueError,
 )
+
 
 def _normalise(data: Any) -> tuple[dict[str, Any], JsonPath | None]:
     """The full form of `data`, and where its `exports` list lives in the original (None: a seed dict)."""
@@ -102,7 +100,7 @@ def _message(error: dict[str, Any], path: JsonPath, data: dict[str, Any]) -> str
     if kind == "extra_forbidden" and isinstance(key, str):
         return _unknown_key_message(key, path, data)
     if kind == "union_tag_invalid" and error.get("ctx", {}).get("discriminator") == "_kind_of()":
-        expected = [_KIND_WORDS.get(tag.strip(" '"), tag) for tag in error["ctx"]["expected_tags"].split(",")]
+        expected = [KIND_WORDS.get(tag.strip(" '"), tag) for tag in error["ctx"]["expected_tags"].split(",")]
         return f"expected {' or '.join(expected)}, got {json.dumps(error['input'])}"
     if kind in ("union_tag_invalid", "union_tag_not_found") and error.get("ctx", {}).get("discriminator") == "'method'":
         return method_message(error)
@@ -173,7 +171,7 @@ def parse_recipe_data(
         for error in err.errors():
             loc = tuple(error["loc"])
             ctx_error = error.get("ctx", {}).get("error")
-            if isinstance(ctx_error, _PathValueError):
+            if isinstance(ctx_error, PathValueError):
                 base, _ = _walk_data(full, loc, error["type"])
                 internal, message = (*base, *ctx_error.path), str(ctx_error)
             else:
@@ -183,7 +181,7 @@ def parse_recipe_data(
                     internal = (*internal, "export_format")
                 elif error.get("ctx", {}).get("discriminator") == "'method'":
                     internal = (*internal, "method")
-            path = (*prefix, *_file_path(internal, exports_at))
+            path = (*prefix, *file_path(internal, exports_at))
             problems.append(RecipeProblem(format_path(path), nearest_line(lines, path), message))
         first = problems[0]
         more = f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})" if len(problems) > 1 else ""
@@ -251,4 +249,3 @@ def find_recipe(folder: str | Path) -> tuple[Recipe, Path, list[str]] | None:
     if in_config:
         return load_recipe_file(config_file), config_file, warnings
     return None
-

@@ -29,17 +29,10 @@ from pydantic import (
 )
 
 from exporters.errors import RecipeError
+from exporters.recipe._base import PathValueError, Strict, file_path
 from exporters.recipe.jsonpos import JsonPath, format_path, nearest_line
 from exporters.recipe.dims import (
-    DIM_NAME_PATTERN,
-    KNOWN_RANKS,
-    _KIND_WORDS,
-    AxisSpec,
-    DimSpec,
     DynamicShapesSpec,
-    ShapeSpec,
-    _PathValueError,
-    _Strict,
     check_shape_spec,
 )
 from exporters.recipe.layout import LayoutSetting, MergedSetting
@@ -59,14 +52,14 @@ FORMATS = ("dynamo", "onnx", "executorch")
 TARGET_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 # Entries the tool writes in the output folder beside the target folders: a target cannot be called like them.
 RESERVED_NAMES = ("logs", "report.json", "report.md", "publish.json")
-class Tolerance(_Strict):
+class Tolerance(Strict):
     """Numerical tolerance for comparing an artifact's outputs with the eager model's."""
 
     atol: StrictFloat | StrictInt | None = Field(default=None, ge=0, description="Absolute tolerance.")
     rtol: StrictFloat | StrictInt | None = Field(default=None, ge=0, description="Relative tolerance.")
 
 
-class ComponentOverride(_Strict):
+class ComponentOverride(Strict):
     """Settings for one component of a generation export (`prefill`, `decode`, `language_model`, ...)."""
 
     dynamic: StrictBool | None = None
@@ -76,7 +69,7 @@ class ComponentOverride(_Strict):
     validation: Tolerance | None = None
 
 
-class _TargetBase(_Strict, MergedSetting):
+class _TargetBase(Strict, MergedSetting):
     name: str | None = Field(
         default=None, pattern=TARGET_NAME_PATTERN, description="Unique name; the output folder. Defaults to the format."
     )
@@ -123,7 +116,7 @@ class _TargetBase(_Strict, MergedSetting):
 
     @model_validator(mode="after")
     def _consistent_shapes(self):
-        check_target(self, _PathValueError)
+        check_target(self, PathValueError)
         check_shape_spec(self.dynamic_shapes, ("dynamic_shapes",))
         for component, override in self.components.items():
             check_shape_spec(override.dynamic_shapes, ("components", component, "dynamic_shapes"))
@@ -167,7 +160,7 @@ class OnnxTarget(_TargetBase, LayoutSetting):
     @model_validator(mode="after")
     def _fusions_need_optimize(self) -> OnnxTarget:
         if self.ort_fusions is not None and not self.optimize:
-            raise _PathValueError(("ort_fusions",), "ort_fusions requires optimize: true")
+            raise PathValueError(("ort_fusions",), "ort_fusions requires optimize: true")
         return self
 
 
@@ -184,7 +177,7 @@ class ExecutorchTarget(_TargetBase):
 Target = Annotated[Union[DynamoTarget, OnnxTarget, ExecutorchTarget], Field(discriminator="export_format")]
 
 
-class InputsSpec(_Strict):
+class InputsSpec(Strict):
     """How sample inputs are made: through the repo's own processor when it ships one, tokenized from `prompt` when
     it has a tokenizer, else synthesized in the family's layout."""
 
@@ -198,7 +191,7 @@ class InputsSpec(_Strict):
     calibration: CalibrationSpec | None = Field(default=None, description="Calibration data (static quantization).")
 
 
-class GenerationSpec(_Strict):
+class GenerationSpec(Strict):
     """How `generate()` is captured for generation exports."""
 
     cache_implementation: Literal["dynamic", "static"] = Field(
@@ -211,7 +204,7 @@ class GenerationSpec(_Strict):
     max_new_tokens: StrictInt = Field(default=8, ge=1, le=512, description="Tokens compared in the generation-parity check.")
 
 
-class ValidationSpec(_Strict):
+class ValidationSpec(Strict):
     """Tolerances (global, then per format) and how hard to probe."""
 
     atol: StrictFloat | StrictInt | None = Field(default=None, ge=0)
@@ -232,7 +225,7 @@ class RecipeSource:
     exports_at: JsonPath | None = ("exports",)
 
 
-class Recipe(_Strict):
+class Recipe(Strict):
     """A whole recipe, in its full form."""
 
     _source: RecipeSource = PrivateAttr(default_factory=RecipeSource)
@@ -252,7 +245,7 @@ class Recipe(_Strict):
     @model_validator(mode="after")
     def _expand_and_check(self) -> Recipe:
         """`variants` expanded into targets; calibration and unique names checked (exporters.recipe.variants)."""
-        expanded = expand_targets(self.exports, self.inputs.calibration is not None, _PathValueError)
+        expanded = expand_targets(self.exports, self.inputs.calibration is not None, PathValueError)
         self.exports = [target for target, _ in expanded]
         self._origins = {target.name: at for target, at in expanded}
         return self
@@ -263,7 +256,7 @@ class Recipe(_Strict):
         if generation.max_cache_len is not None and generation.cache_implementation != "static" and (
                 "cache_implementation" in generation.model_fields_set
                 or all(t.export_format != "executorch" for t in self.exports)):
-            raise _PathValueError(("generation", "max_cache_len"), "max_cache_len only applies to a static cache: "
+            raise PathValueError(("generation", "max_cache_len"), "max_cache_len only applies to a static cache: "
                                   "set cache_implementation 'static' (an executorch generation target without a "
                                   "dynamic cache axis gets one by default)")
         return self
@@ -308,7 +301,7 @@ class Recipe(_Strict):
         """
         index = self._origins[target][1] if target in self._origins else 0  # expanded variants: their target
         source = self._source
-        path = (*source.prefix, *_file_path(("exports", index, *inside), source.exports_at))
+        path = (*source.prefix, *file_path(("exports", index, *inside), source.exports_at))
         return format_path(path), nearest_line(source.lines, path)
 
     @property
@@ -329,15 +322,6 @@ class Recipe(_Strict):
 
 def canonical_json(data: Any) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
-
-
-def _file_path(internal: JsonPath, exports_at: JsonPath | None) -> JsonPath:
-    """Map a path in the normalised recipe back to the path in the file."""
-    if internal[:1] != ("exports",):
-        return internal
-    if exports_at is None:  # seed dict: exports[0] is the whole document
-        return tuple(internal[2:])
-    return (*exports_at, *internal[1:])
 
 
 def recipe_json_schema() -> dict[str, Any]:

@@ -16,20 +16,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Callable, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, model_validator
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, ValidationError, model_validator
+from exporters.recipe._base import Strict
 
 VariantKind = Literal["fp32", "half", "int8", "int4"]
 KINDS: tuple[VariantKind, ...] = ("fp32", "half", "int8", "int4")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
-
-
 # ── quantize: one model per method ────────────────────────────────────────────
 
 
-class _Method(_Strict):
+class _Method(Strict):
     formats: ClassVar[tuple[str, ...]] = ()
     needs_calibration_always: ClassVar[bool] = False
 
@@ -135,7 +132,7 @@ def methods_for(export_format: str) -> list[str]:
 # ── inputs.calibration ────────────────────────────────────────────────────────
 
 
-class CalibrationSpec(_Strict):
+class CalibrationSpec(Strict):
     """Calibration data for static quantization, from the recipe only (never the network): `prompts` tokenized with
     the repo's tokenizer, or `samples` synthesized like the sample inputs. Every sample has the traced shape (prompts
     are cut or repeated to the sample's sequence length), so it stays inside the declared shapes."""
@@ -157,7 +154,7 @@ class CalibrationSpec(_Strict):
 # ── quality budget ────────────────────────────────────────────────────────────
 
 
-class QualityBudget(_Strict):
+class QualityBudget(Strict):
     """Task-level quality a quantized or half-precision target must keep against the eager float32 model."""
 
     min_top1_agreement: StrictFloat | StrictInt | None = Field(

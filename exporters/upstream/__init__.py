@@ -53,6 +53,7 @@ from exporters.upstream.core import (
     runner_for_file,
     write_manifest,
 )
+from exporters.upstream.internals import pte_weight_bytes, recording_logits_processors
 from exporters.upstream.pytree import (
     cast_leaf_tensors,
     leaf_tensors,
@@ -80,6 +81,8 @@ from exporters.upstream.beyond import (
 )
 
 __all__ = [
+    "pte_weight_bytes",
+    "recording_logits_processors",
     "TORCH_SERDE_LOGGER",
     "cast_leaf_tensors",
     "EXPORT_BACKENDS",

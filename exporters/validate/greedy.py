@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import copy
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from exporters.upstream import recording_logits_processors
 
 
 @dataclass(frozen=True)
@@ -115,27 +116,6 @@ def is_near_tie(scores: torch.Tensor, eager: int, exported: int, tolerance: tupl
     return _gap(scores, eager, exported) <= _allowance(scores, eager, exported, tolerance)
 
 
-@contextmanager
-def _recording_processors(model, sink: list):
-    """Record (a deep copy of, before first use) the logits processors `generate()` builds."""
-    build = model._get_logits_processor  # the one place generate() assembles them (transformers 5.24)
-
-    def recording(*args, **kwargs):
-        processors = build(*args, **kwargs)
-        sink.append(copy.deepcopy(processors, memo={id(model): model}))
-        return processors
-
-    shadowed = "_get_logits_processor" in vars(model)
-    model._get_logits_processor = recording
-    try:
-        yield
-    finally:
-        if shadowed:
-            model._get_logits_processor = build
-        else:
-            del model._get_logits_processor
-
-
 def greedy_config(generation_config, steps: int):
     """The generation config eager runs with: the model's own (processors included), greedy, `steps` new tokens."""
     config = copy.deepcopy(generation_config)
@@ -151,7 +131,7 @@ def eager_reference(model, generate_inputs: dict[str, Any], generation_config, s
     """Run eager `generate()` greedily for up to `steps` tokens; its tokens, processed scores and processors."""
     config = greedy_config(generation_config, steps)
     recorded: list = []
-    with torch.no_grad(), _recording_processors(model, recorded):
+    with torch.no_grad(), recording_logits_processors(model, recorded):
         output = model.generate(**copy.deepcopy(generate_inputs), generation_config=config,
                                 return_dict_in_generate=True, output_scores=True)
     if not recorded:
