@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from .commands import emit, error, group, set_outputs, untrusted, write_summary
+from .outcome import EXIT_FAILED, EXIT_OK, NoPublish, comment, fail, relative, worded
 from .settings import Settings
 
 RECIPE_NAME = "export_config.json"
@@ -20,7 +21,6 @@ PR_OPERATIONS = ("created", "updated", "unchanged")
 
 def _publish(settings: Settings, result) -> Any | None:
     """The Hub PR adding the recipe, or a stand-in saying why there is none."""
-    from .main import NoPublish, _worded
 
     if not settings.open_pr:
         return None
@@ -40,7 +40,7 @@ def _publish(settings: Settings, result) -> Any | None:
                                        endpoint=settings.hf_endpoint, revision=destination.base)
             emit(f"Hub PR: {published.operation} {published.pr_url or ''} — {published.message}")
     except Exception as err:
-        message = _worded(err) if isinstance(err, PublishError) else f"{type(err).__name__}: {err}"
+        message = worded(err) if isinstance(err, PublishError) else f"{type(err).__name__}: {err}"
         error(message, title=f"Proposing the recipe on {destination.repo_id} failed")
         return NoPublish(message=f"publishing failed: {message}", failed=True)
     return published
@@ -51,7 +51,6 @@ def init_mode(settings: Settings) -> int:
     from exporters.init.propose import InitOptions, init_recipe
     from exporters.init.summary import render_markdown, to_dict
 
-    from .main import EXIT_FAILED, EXIT_OK, _comment, _fail, _relative
     from .summary import publish_line
 
     out_dir = settings.output_dir
@@ -67,9 +66,9 @@ def init_mode(settings: Settings) -> int:
         except (InitError, RemoteCodeError, ModelSourceError) as err:
             failure = err
     if isinstance(failure, RemoteCodeError):
-        return _fail(settings, "Remote code refused", [(None, None, str(failure))])
+        return fail(settings, "Remote code refused", [(None, None, str(failure))])
     if isinstance(failure, ModelSourceError):
-        return _fail(settings, "Cannot load the model", [(None, None, str(failure))])
+        return fail(settings, "Cannot load the model", [(None, None, str(failure))])
     failed = isinstance(failure, InitError)
     if failed:
         result = failure.result
@@ -80,7 +79,7 @@ def init_mode(settings: Settings) -> int:
     publish = None
     if not failed:
         recipe_path.write_text(json.dumps(result.recipe, indent=2) + "\n", encoding="utf-8")
-        emit(f"recipe written to {_relative(settings, recipe_path) or recipe_path}")
+        emit(f"recipe written to {relative(settings, recipe_path) or recipe_path}")
         publish = _publish(settings, result)
     lines = [markdown, publish_line(publish, dry_run=settings.dry_run), ""]
     if settings.github.run_url:
@@ -90,12 +89,12 @@ def init_mode(settings: Settings) -> int:
     operation = getattr(publish, "operation", "none") if publish is not None else "none"
     set_outputs(settings.github.output_file, {
         "status": "failed" if failed else "passed",
-        "recipe-path": "" if failed else (_relative(settings, recipe_path) or str(recipe_path)),
+        "recipe-path": "" if failed else (relative(settings, recipe_path) or str(recipe_path)),
         "pr-url": (getattr(publish, "pr_url", None) or "") if operation in PR_OPERATIONS else "",
         "pr-operation": operation if operation in PR_OPERATIONS else "none",
         "targets": json.dumps([f.export_format for f in result.passed]),
         "init-json": json.dumps(to_dict(result), separators=(",", ":"), default=str),
     })
-    _comment(settings, body)
+    comment(settings, body)
     publish_failed = bool(getattr(publish, "failed", False))
     return EXIT_FAILED if (failed or publish_failed) and settings.fail_on_error else EXIT_OK

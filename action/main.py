@@ -27,41 +27,30 @@ import json
 import os
 import sys
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from exporters.errors import ExportActionError
 
+from .outcome import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    OPTION_NAMES,
+    NoPublish,
+    comment,
+    fail,
+    relative,
+    worded,
+)
 from .commands import add_mask, emit, error, group, set_outputs, untrusted, warning, write_summary
+from .init_mode import init_mode
 from .settings import Settings, SettingsError, read_input
-from .summary import comment_marker, error_markdown, problem_markdown, recipe_url, run_markdown, targets_markdown
+from .summary import recipe_url, run_markdown, targets_markdown
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 LOG_TAIL_CHARS = 20_000
 REPORT_OUTPUT_LIMIT = 512 * 1024  # bytes of report-json; step outputs share a 1 MiB budget per job
 PR_OPERATIONS = ("created", "updated", "unchanged", "superseded")  # the pr-operation output; else "none"
-# How the Action spells the library's options in messages: its inputs.
-OPTION_NAMES = {"trust_remote_code": "the input `trust-remote-code: true`", "target": "the input `targets`",
-                "config": "the input `config`", "token": "the input `hf-token`", "revision": "the input `revision`",
-                "repo_id": "the input `model` (an org/name Hub repo id)", "device": "the input `device`",
-                "max_upload_size": "the input `max-upload-size`",
-                "publish_unverified": "the input `publish-unverified: true`"}
-
-
-@dataclass
-class NoPublish:
-    """Stands in for `exporters.publish.PublishResult` when nothing was sent to the Hub."""
-
-    operation: str = "none"
-    message: str = ""
-    pr_url: str | None = None
-    pr_num: int | None = None
-    discussion_url: str | None = None
-    commit: str | None = None
-    failed: bool = False
-
-
 # ── Plumbing ──────────────────────────────────────────────────────────────────
 
 
@@ -76,16 +65,6 @@ def _quiet_libraries(settings: Settings) -> None:
     import warnings
 
     warnings.filterwarnings("ignore")
-
-
-def _relative(settings: Settings, path: Path | str | None) -> str | None:
-    """`path` relative to the workspace (what later steps and annotations understand), None when outside it."""
-    if path is None:
-        return None
-    try:
-        return Path(path).resolve().relative_to(settings.github.workspace.resolve()).as_posix()
-    except ValueError:
-        return None
 
 
 def _report_json(report: dict[str, Any]) -> str:
@@ -109,66 +88,10 @@ def _report_json(report: dict[str, Any]) -> str:
                       separators=(",", ":"), default=str)
 
 
-def _comment(settings: Settings, body: str) -> str | None:
-    """Create or edit the sticky comment on the pull request this run is for; its URL, or None."""
-    github = settings.github
-    if not settings.comment or github.pr_number is None:
-        return None
-    if not settings.github_token:
-        warning("no github-token: the PR comment is skipped (the default is ${{ github.token }})",
-                title="PR comment skipped")
-        return None
-    if not github.repository:
-        warning("GITHUB_REPOSITORY is not set: the PR comment is skipped", title="PR comment skipped")
-        return None
-    from github import GithubException
-
-    from .github import GitHubClient
-
-    try:
-        client = GitHubClient(settings.github_token, api_url=github.api_url)
-        sticky = client.upsert_comment(github.repository, github.pr_number, comment_marker(settings.model), body)
-    except GithubException as err:
-        reason = (err.data or {}).get("message") if isinstance(err.data, dict) else None
-        warning(f"could not write the PR comment ({err.status} {reason or ''}): give the workflow "
-                "'permissions: pull-requests: write' (pull requests from forks get a read-only token)",
-                title="PR comment failed")
-        return None
-    except Exception as err:  # the comment is a courtesy: never fail the export over it
-        warning(f"could not write the PR comment: {type(err).__name__}: {err}", title="PR comment failed")
-        return None
-    emit(f"PR comment {sticky.operation}: {sticky.url}")
-    return sticky.url
-
-
-def _fail(settings: Settings, title: str, problems: list[tuple[str | None, int | None, str]], *,
-          problem: Any = None, file_url: str | None = None) -> int:
-    """A run that could not start: annotations, `status=error`, summary, comment; exit 2 (0 without fail-on-error).
-    A `problem` (bad recipe, model, remote code) is told in the summary by the library's words, as the bot tells a
-    Hub repo (`exporters.publish.problem.problem_body`): each recipe line linked at `file_url`, what to do."""
-    for file, line, message in problems:
-        error(message, file=file, line=line, title=title)
-    if problem is not None:
-        markdown = problem_markdown(settings.model or "?", title, problem, file_url=file_url, names=OPTION_NAMES,
-                                    run_url=settings.github.run_url)
-    else:
-        lines = [(f"`{file}`" + (f" line {line}" if line else "") + ": " if file else "") + message
-                 for file, line, message in problems]
-        markdown = error_markdown(settings.model or "?", title, lines, run_url=settings.github.run_url)
-    write_summary(settings.github.summary_file, markdown)
-    set_outputs(settings.github.output_file, {"status": "error", "pr-operation": "none", "pr-url": ""})
-    _comment(settings, markdown)
-    return EXIT_USAGE if settings.fail_on_error else EXIT_OK
-
-
-def _worded(err: ExportActionError) -> str:
-    return err.worded(OPTION_NAMES)
-
-
 def _recipe_failure(settings: Settings, err) -> int:
     from exporters.publish.problem import problem_from_error
 
-    file = _relative(settings, err.file)
+    file = relative(settings, err.file)
     name = Path(err.file).name if err.file else "recipe"
     located = []
     for problem in err.problems:
@@ -180,7 +103,7 @@ def _recipe_failure(settings: Settings, err) -> int:
                             f": {where}{message}"))
         else:
             located.append((file, line, f"{where}{message}"))
-    return _fail(settings, "Invalid export recipe", located, problem=problem_from_error(err),
+    return fail(settings, "Invalid export recipe", located, problem=problem_from_error(err),
                  file_url=recipe_url(settings, file, name))
 
 
@@ -242,7 +165,7 @@ def _publish(settings: Settings, out_dir: Path):
             emit(f"Hub PR: {result.operation}" + (f" {url}" if url else "") +
                  (f" — {result.message}" if result.message else ""))
     except Exception as err:
-        message = _worded(err) if isinstance(err, PublishError) else f"{type(err).__name__}: {err}"
+        message = worded(err) if isinstance(err, PublishError) else f"{type(err).__name__}: {err}"
         error(message, title=f"Publishing to {repo_id} failed")
         return NoPublish(message=f"publishing failed: {message}", failed=True)
     return result
@@ -258,7 +181,7 @@ def _check_publish_access(settings: Settings) -> str | None:
     try:
         account = check_publish_access(settings.hub_repo_id, token=settings.hf_token, endpoint=settings.hf_endpoint)
     except PublishError as err:
-        return f"{_worded(err)} (or set open-pr: false / dry-run: true to export without publishing)"
+        return f"{worded(err)} (or set open-pr: false / dry-run: true to export without publishing)"
     emit(f"Publishing as {account} to {settings.hub_repo_id}")
     return None
 
@@ -277,14 +200,14 @@ def _finish(settings: Settings, report: dict[str, Any], extra: list[str] | None 
     operation = publish.operation if publish is not None else "none"
     set_outputs(settings.github.output_file, {
         "status": report["status"],
-        "report-path": _relative(settings, out_dir / "report.json") or str(out_dir / "report.json"),
+        "report-path": relative(settings, out_dir / "report.json") or str(out_dir / "report.json"),
         "pr-url": (getattr(publish, "pr_url", None) or "") if operation in PR_OPERATIONS else "",
         "pr-operation": operation if operation in PR_OPERATIONS else "none",
         "discussion-url": getattr(publish, "discussion_url", None) or "",
         "targets": json.dumps([t["name"] for t in report.get("targets", [])]),
         "report-json": _report_json(report),
     })
-    _comment(settings, markdown)
+    comment(settings, markdown)
     failed = report["status"] != "passed" or bool(getattr(publish, "failed", False))
     if failed and settings.fail_on_error:
         return EXIT_FAILED
@@ -303,7 +226,7 @@ def run_mode(settings: Settings) -> int:
     label = ", ".join(settings.targets) if settings.targets else "every target"
     failure = _check_publish_access(settings)
     if failure is not None:
-        return _fail(settings, "Cannot publish to the Hub", [(None, None, failure)])
+        return fail(settings, "Cannot publish to the Hub", [(None, None, failure)])
     with group(f"Exporting {settings.model} ({label})"), untrusted():
         try:
             report = run_pipeline(settings.model_arg, options)
@@ -319,7 +242,7 @@ def run_mode(settings: Settings) -> int:
         from exporters.publish.problem import problem_from_error
 
         title, err = failure
-        return _fail(settings, title, [(None, None, _worded(err))], problem=problem_from_error(err))
+        return fail(settings, title, [(None, None, worded(err))], problem=problem_from_error(err))
     return _finish(settings, report)
 
 
@@ -347,7 +270,7 @@ def list_targets_mode(settings: Settings) -> int:
     except RecipeError as err:
         return _recipe_failure(settings, err)
     except ModelSourceError as err:
-        return _fail(settings, "Cannot read the model", [(None, None, _worded(err))])
+        return fail(settings, "Cannot read the model", [(None, None, worded(err))])
     rows = [{"name": t.name, "export_format": t.export_format, "mode": t.mode, "device": settings.device or t.device}
             for t in targets]  # the device input overrides the recipe's, in the plan as in the run
     names = [t.name for t in targets]
@@ -381,14 +304,14 @@ def aggregate_mode(settings: Settings) -> int:
         except Exception as err:  # the parts are still merged; a missing leg just cannot be detected
             warning(f"could not read the recipe to check that every target has a part ({err}); pass the plan's "
                     "targets output as the 'targets' input", title="Recipe not read")
-    parts = _relative(settings, settings.parts_dir) or str(settings.parts_dir)
+    parts = relative(settings, settings.parts_dir) or str(settings.parts_dir)
     try:
         with group(f"Merging the report parts in {parts}"), untrusted():
             report = aggregate(settings.parts_dir, settings.output_dir, expected=expected)
             for part in report.get("aggregated_from", []):
                 emit(f"{part['part']}: {', '.join(part['targets']) or 'no targets'}")
     except AggregateError as err:
-        return _fail(settings, "Cannot merge the report parts", [(None, None, str(err))])
+        return fail(settings, "Cannot merge the report parts", [(None, None, str(err))])
     legs = len(report.get("aggregated_from", []))
     return _finish(settings, report, extra=[f"Merged from {legs} report part(s) in `{parts}`.", ""])
 
@@ -416,8 +339,6 @@ def main(env: dict[str, str] | None = None) -> int:
         if settings.mode == "aggregate":
             return aggregate_mode(settings)
         if settings.mode == "init":
-            from .init_mode import init_mode
-
             return init_mode(settings)
         return run_mode(settings)
     except Exception as err:  # a bug or an unexpected environment: say so on the run's page, then the traceback

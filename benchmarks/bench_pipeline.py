@@ -152,7 +152,8 @@ def optimum_venv(work: Path) -> Path | None:
 
 def machine() -> str:
     """The machine, as the pipeline's own benchmarks describe it (exporters.validate.benchmark.machine_info)."""
-    from exporters.validate.benchmark import machine_info, machine_line
+    from exporters.report.markdown import machine_line
+    from exporters.validate.benchmark import machine_info
 
     return f"{machine_line(machine_info())}, Python {platform.python_version()}"
 

@@ -122,7 +122,8 @@ def measure(cmd: list[str], cwd: Path, env: dict[str, str]) -> dict:
 
 def machine() -> str:
     """The machine, as the pipeline's own benchmarks describe it (exporters.validate.benchmark.machine_info)."""
-    from exporters.validate.benchmark import machine_info, machine_line
+    from exporters.report.markdown import machine_line
+    from exporters.validate.benchmark import machine_info
 
     return f"{machine_line(machine_info())}, Python {platform.python_version()}"
 

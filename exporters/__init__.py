@@ -11,8 +11,7 @@ Example:
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from exporters.version import __version__
 from exporters.errors import (
     AggregateError,
     ArtifactError,
@@ -35,6 +34,7 @@ from exporters.recipe.model import Recipe  # noqa: E402
 from exporters.recipe.load import load_recipe_file, parse_recipe  # noqa: E402
 
 __all__ = [
+    "__version__",
     "AggregateError",
     "ArtifactError",
     "AutoExportConfig",

@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from exporters.capture.components import cache_setting_for, decompose
 from exporters.export import convert as engine
 from exporters import upstream
 from exporters.capture.cache_settings import check_second_step
@@ -42,7 +43,7 @@ class RecipeExporter:
 
     def config_for(self, inputs: dict[str, Any], component: str = "model"):
         """The upstream config for these forward `inputs` (JSON dynamic shapes turned into `Dim`s)."""
-        shapes, _ = build_dynamic_shapes(engine.component_shape_spec(self.target, component), inputs)
+        shapes, _ = build_dynamic_shapes(self.target.shape_spec(component), inputs)
         return engine.upstream_config(self.target, self.target.components.get(component), shapes)
 
     def export(self, model, inputs: dict[str, Any]):
@@ -58,9 +59,9 @@ class RecipeExporter:
         target = self.target.model_copy(update={"mode": "generation"}, deep=True)
         if multi_token_decode is not None:
             target.multi_token_decode = multi_token_decode
-        setting = engine.cache_setting_for(model, target, self.recipe)
+        setting = cache_setting_for(model, target, self.recipe)
         target.merged = merged.wants_merged(target, detect_family(model), setting.implementation, model.config)
-        components = engine.decompose(model, "generation", {}, inputs, setting=setting,
+        components = decompose(model, "generation", {}, inputs, setting=setting,
                                       multi_token_decode=target.multi_token_decode or target.merged)
         if target.merged:
             components = merged.plan(target, components)

@@ -59,7 +59,7 @@ def test_parity_refuses_a_forward_that_uses_eager_weights(idefics3_run):
     """The driver runs the model's own forward with its stages replaced by graphs; a stage left eager is caught."""
     import torch
 
-    from exporters.export import convert as engine
+    from exporters.capture.components import decompose
     from exporters.capture.cache_settings import CacheSetting
     from exporters.errors import EagerStageError
     from exporters.validate.vision_language import vision_language_prefill
@@ -72,7 +72,7 @@ def test_parity_refuses_a_forward_that_uses_eager_weights(idefics3_run):
     model = load_model(ModelSource(str(model_dir), model_dir))
     sample = make_sample_inputs(model, parse_recipe(json.dumps(BOTH)).inputs, load_tokenizer(model_dir),
                                 folder=model_dir)
-    components = engine.decompose(model, "generation", sample.forward, sample.generate,
+    components = decompose(model, "generation", sample.forward, sample.generate,
                                   setting=CacheSetting("dynamic"), multi_token_decode=False, family=sample.family)
     exported = load_exported(out / "onnx", config=model.config)
     logits, _ = vision_language_prefill(model, components, exported.runners, sample.generate)

@@ -118,7 +118,7 @@ def test_plainest_executorch_recipe_generates_past_a_sliding_window(gemma2_et_ru
 
 
 def test_a_sliding_layers_mask_sees_only_the_window():
-    from exporters.validate.parity import causal_mask
+    from exporters.capture.steps import causal_mask
 
     like = torch.zeros(1, 1, 1, 10, dtype=torch.bool)
     assert causal_mask(like, 7, 1, window=3).flatten().tolist() == [False] * 5 + [True] * 3 + [False] * 2
@@ -128,7 +128,7 @@ def test_a_sliding_layers_mask_sees_only_the_window():
 
 
 def test_each_step_gets_the_mask_of_its_position_for_every_layer_type():
-    from exporters.validate.parity import step_inputs
+    from exporters.capture.steps import step_inputs
 
     captured = torch.zeros(1, 1, 1, 6, dtype=torch.bool)
     captured[..., :3] = True  # the traced step: position 2

@@ -24,6 +24,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from exporters.errors import DecodeStepError
+from exporters.errors import ShapeSpecError
+from exporters.capture.shapes import axis_specs
+from exporters.upstream import leaf_tensors
+from exporters.capture.shapes import spec_key
 
 DEFAULT_MAX_CACHE_LEN = 2048
 CACHE_INPUTS = ("cache", "past_key_values")
@@ -92,8 +96,6 @@ def _is_cache_key(key: str) -> bool:
 
 
 def _axis_dynamic(value: Any, rank: int, axis: int, key: str) -> bool:
-    from exporters.errors import ShapeSpecError
-    from exporters.capture.shapes import axis_specs
 
     try:
         return axis_specs(value, rank, key).get(axis % rank, "static") != "static"
@@ -135,7 +137,6 @@ def _growing_leaves(decode_inputs: dict[str, Any]) -> dict[str, Any]:
     not the fixed cross-attention cache of an encoder-decoder)."""
     from transformers.cache_utils import DynamicLayer
 
-    from exporters.upstream import leaf_tensors
 
     grown = {}
     for path, tensor in leaf_tensors(decode_inputs).items():
@@ -160,7 +161,6 @@ def check_second_step(target, components: dict[str, Any], setting: CacheSetting)
     grown = _growing_leaves(components["decode"][1])
     if not grown or (not spec and dynamic):
         return
-    from exporters.capture.shapes import spec_key
 
     fixed = sorted(path for path, tensor in grown.items()
                    if (key := spec_key(spec or {}, path)) is None

@@ -27,7 +27,13 @@ from typing import Any
 
 import torch
 
+from exporters import upstream
+from exporters.capture.cache_settings import cache_setting, max_positions
+from exporters.capture.families import detect_family
 from exporters.errors import UnsupportedModelError
+from exporters.recipe.model import Recipe
+from exporters.upstream import multimodal_submodules
+from exporters.upstream import register_cache_pytrees
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 
@@ -65,7 +71,6 @@ def minimum_components(family: str, mode: str, captured: list[str], model=None, 
 def vision_language_stages(model) -> list[str]:
     """Every stage a vision-language generation export needs, in inference order: modality encoder(s), projector
     (when the model has one apart from its encoder), `embed_tokens`, `language_model`, `lm_head`, `decode`."""
-    from exporters.upstream import multimodal_submodules
 
     found = multimodal_submodules(model)
     encoders = [name for name in found if name.endswith("_encoder")]
@@ -153,14 +158,12 @@ def contiguous_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
     a longer tensor); torch.export then guards on those strides, and the exported decode refuses the contiguous cache
     a runtime, or the previous graph, gives it (docs/upstream-gaps.md). Traced on contiguous tensors, it takes both.
     """
-    from exporters.upstream import register_cache_pytrees
 
     register_cache_pytrees()
     return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.contiguous(), inputs)
 
 
 def _complete_vision_language(model, components: Components, generate_inputs: dict[str, Any]) -> Components:
-    from exporters.upstream import multimodal_submodules
 
     found = multimodal_submodules(model)
     if not found:
@@ -209,3 +212,33 @@ def _complete_encoder_decoder(model, components: Components, generate_inputs, ge
         # The third call decodes with a self-attention cache of length 2: Dim.AUTO keeps that axis dynamic.
         complete["decode"] = (copy.copy(model), model_calls[2])
     return complete
+
+
+def cache_setting_for(model, target, recipe: Recipe):
+    """The cache `target` is captured, exported and checked with (`exporters.capture.cache_settings`)."""
+    return cache_setting(target, recipe, max_positions(model.config))
+
+
+def generation_config_for(model, setting):
+    """The generation config the capture runs with: the model's own, greedy, with the target's cache setting."""
+    return setting.apply(model.generation_config)
+
+
+def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, setting,
+              multi_token_decode: bool, family: str | None = None) -> Components:
+    """`{component: (module, forward kwargs)}`: one `model` graph, or the complete set of generation components
+    (upstream's, plus the stages it leaves out: see `exporters.capture.components`). A merged target takes upstream's
+    multi-token decode from it (`exporters.capture.merged.plan`)."""
+    if mode == "model":
+        return model_components(model, forward_inputs, family or detect_family(model))
+
+    generation_config = generation_config_for(model, setting)
+    with torch.no_grad(), upstream.static_sliding_layers_kept_whole():
+        components = upstream.decompose_for_generation(
+            model,
+            copy.deepcopy(generate_inputs),
+            generation_config=generation_config,
+            multi_token_decode=multi_token_decode,
+        )
+        return complete_components(model, components, generate_inputs, family or detect_family(model),
+                                   generation_config, multi_token_decode)

@@ -18,6 +18,7 @@ import torch
 from exporters.capture.families import FAMILIES, default_mode, detect_family
 from exporters.capture.multimodal import Preprocessor, load_preprocessor, processor_inputs, synthesize_vlm
 from exporters.recipe.model import InputsSpec
+from exporters.capture.families import towers
 
 __all__ = ["FAMILIES", "SampleInputs", "default_mode", "detect_family", "make_sample_inputs", "random_token_ids"]
 
@@ -69,7 +70,7 @@ def random_token_ids(config, shape: tuple[int, ...], generator: torch.Generator)
     return allowed[picks]
 
 
-def _text_ids(model, tokenizer, spec: InputsSpec, generator: torch.Generator) -> torch.Tensor:
+def prompt_ids(model, tokenizer, spec: InputsSpec, generator: torch.Generator) -> torch.Tensor:
     if tokenizer is not None and spec.prompt:
         ids = tokenizer(spec.prompt, return_tensors="pt")["input_ids"]
         ids = ids.clamp(max=vocab_size(model.config) - 1)
@@ -161,7 +162,7 @@ def _from_preprocessor(model, pre: Preprocessor, spec: InputsSpec, family: str, 
     pre.notes.append(f"sample inputs: a synthetic {'waveform' if family in ('audio', 'speech-seq2seq') else 'image'} "
                      f"through the folder's own {pre.name}")
     if family == "dual-encoder" and "input_ids" not in made:
-        ids = _text_ids(model, tokenizer, spec, generator)
+        ids = prompt_ids(model, tokenizer, spec, generator)
         made.update({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
     if family == "speech-seq2seq":
         decoder = torch.full((spec.batch_size, spec.decoder_sequence_length), _decoder_start(model), dtype=torch.long)
@@ -189,7 +190,7 @@ def _synthesized(model, spec: InputsSpec, family: str, tokenizer, generator: tor
         return SampleInputs(
             family, {"input_features": features, "decoder_input_ids": decoder}, {"input_features": features}
         )
-    ids = text_ids if text_ids is not None else _text_ids(model, tokenizer, spec, generator)  # calibration sample
+    ids = text_ids if text_ids is not None else prompt_ids(model, tokenizer, spec, generator)  # calibration sample
     mask = torch.ones_like(ids)
     if family == "seq2seq":
         decoder = torch.full((batch, spec.decoder_sequence_length), _decoder_start(model), dtype=torch.long)
@@ -211,6 +212,5 @@ def _synthesized(model, spec: InputsSpec, family: str, tokenizer, generator: tor
 
 
 def _tower_modalities(model) -> list[str]:
-    from exporters.capture.families import towers
 
     return list(towers(model))

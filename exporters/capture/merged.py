@@ -19,7 +19,9 @@ from typing import Any
 
 import torch
 
+from exporters.capture.steps import cache_input_name, step_inputs
 from exporters.errors import TargetPlanError
+from exporters.upstream import leaf_tensors
 from exporters.capture.probes import sync_cache_lengths
 from exporters.recipe.model import ComponentOverride
 
@@ -77,15 +79,9 @@ def wants_merged(target, family: str, cache_implementation: str, config: Any = N
     return True
 
 
-def cache_key(inputs: dict[str, Any]) -> str | None:
-    return next((key for key in CACHE_KEYS if key in inputs), None)
-
-
 def cache_leaves(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The key/value tensors of the template's cache, by upstream leaf path (`cache.layers.0.keys`, ...)."""
-    from exporters.upstream import leaf_tensors
-
-    key = cache_key(inputs)
+    key = cache_input_name(inputs)
     if key is None:
         return {}
     return {path: tensor for path, tensor in leaf_tensors({key: inputs[key]}).items() if tensor.dim() == 4}
@@ -174,7 +170,5 @@ def empty_cache(cache: Any) -> Any:
 
 def prompt_inputs(template: dict[str, Any], ids: torch.Tensor) -> dict[str, Any]:
     """The merged graph's call for a whole prompt `ids` on an empty cache (what a prefill does)."""
-    from exporters.validate.parity import step_inputs
-
-    key = cache_key(template)
+    key = cache_input_name(template)
     return step_inputs(template, ids, 0, empty_cache(template[key]) if key else None)

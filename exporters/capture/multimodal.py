@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from exporters.errors import UnsupportedModelError
+from exporters.errors import describe_error
 
 PROCESSOR_FILE = "processor_config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -64,7 +65,6 @@ def load_preprocessor(folder: Path | None) -> tuple[Preprocessor | None, list[st
         try:
             obj = getattr(transformers, loader).from_pretrained(folder, **options)
         except Exception as err:  # a broken or code-needing processor: say so, try the next, else synthesize
-            from exporters.errors import describe_error
 
             notes.append(f"the folder's {kind.replace('_', ' ')} could not be loaded ({describe_error(err, 300)})")
             continue

@@ -31,6 +31,8 @@ import torch
 
 from exporters.recipe.dims import DimSpec
 from exporters.upstream import leaf_tensors
+from exporters.capture.inputs import random_token_ids
+from exporters.capture.shapes import axis_specs, spec_key
 
 # Logits a probe may produce (tokens x vocabulary); each is held by the eager reference and the artifact's output.
 MAX_PROBE_LOGITS = 1 << 26
@@ -70,7 +72,6 @@ def resize_along(tensor: torch.Tensor, axis: int, size: int, generator: torch.Ge
         steps = torch.arange(1, size - current + 1).reshape([-1 if d == axis else 1 for d in range(tensor.dim())])
         extra = (last + steps).to(tensor.dtype)
     elif not tensor.is_floating_point():
-        from exporters.capture.inputs import random_token_ids
 
         extra = random_token_ids(config, tuple(extra_shape), generator).to(tensor.dtype)
     else:
@@ -114,7 +115,6 @@ class DimBinding:
 def dim_bindings(spec: dict[str, Any] | None, inputs: dict[str, Any], dynamic: bool, family: str) -> list[DimBinding]:
     """The dynamic dims of a component: named dims from the recipe, or for `dynamic: true` the sequence axis of
     text inputs (the axis users vary; batch is specialized at size 1 by `Dim.AUTO`)."""
-    from exporters.capture.shapes import axis_specs, spec_key
 
     leaves = _leaves(inputs)
     bindings: dict[str, DimBinding] = {}

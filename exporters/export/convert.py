@@ -15,9 +15,14 @@ from typing import Any, Callable
 import torch
 
 from exporters import upstream
+from exporters.capture.components import cache_setting_for, generation_config_for
 from exporters.errors import ShapeSpecError
 from exporters.export.footprint import tied_embeddings
 from exporters.recipe.model import ComponentOverride, Recipe
+from exporters.capture.shapes import build_dynamic_shapes
+from exporters.export import onnx_files
+from exporters.export.transformers_js import write_transformers_js
+from exporters.export.onnx_files import apply_onnx_file_options
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 
@@ -39,13 +44,6 @@ def upstream_config(target, override: ComponentOverride | None = None, dynamic_s
     return config_class(**values)
 
 
-def component_shape_spec(target, component: str) -> dict[str, Any] | None:
-    override = target.components.get(component)
-    if override is not None and override.dynamic_shapes is not None:
-        return override.dynamic_shapes
-    return target.dynamic_shapes
-
-
 def spec_locator(recipe: Recipe, target, component: str):
     """Where a dynamic-shape key of `component` is written in the recipe file: `key -> (JSON path, line)`."""
     override = target.components.get(component)
@@ -57,52 +55,16 @@ def spec_locator(recipe: Recipe, target, component: str):
     return locate
 
 
-def cache_setting_for(model, target, recipe: Recipe):
-    """The cache `target` is captured, exported and checked with (`exporters.capture.cache_settings`)."""
-    from exporters.capture.cache_settings import cache_setting, max_positions
-
-    return cache_setting(target, recipe, max_positions(model.config))
-
-
-def generation_config_for(model, setting):
-    """The generation config the capture runs with: the model's own, greedy, with the target's cache setting."""
-    return setting.apply(model.generation_config)
-
-
-def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, setting,
-              multi_token_decode: bool, family: str | None = None) -> Components:
-    """`{component: (module, forward kwargs)}`: one `model` graph, or the complete set of generation components
-    (upstream's, plus the stages it leaves out: see `exporters.capture.components`). A merged target takes upstream's
-    multi-token decode from it (`exporters.capture.merged.plan`)."""
-    from exporters.capture.components import complete_components, model_components
-    from exporters.capture.families import detect_family
-
-    if mode == "model":
-        return model_components(model, forward_inputs, family or detect_family(model))
-
-    generation_config = generation_config_for(model, setting)
-    with torch.no_grad(), upstream.static_sliding_layers_kept_whole():
-        components = upstream.decompose_for_generation(
-            model,
-            copy.deepcopy(generate_inputs),
-            generation_config=generation_config,
-            multi_token_decode=multi_token_decode,
-        )
-        return complete_components(model, components, generate_inputs, family or detect_family(model),
-                                   generation_config, multi_token_decode)
-
-
 def component_configs(target, components: Components, recipe: Recipe, notes: list[str],
                       quantizer_for: Callable[[str, dict[str, Any]], Any] | None = None) -> dict[str, Any]:
     """The upstream config of every component (the recipe's JSON dynamic shapes turned into `Dim`s, the quantizer
     `quantizer_for(component, inputs)` gives a quantized target's component); a `ShapeSpecError` naming the recipe
     line when a declared key matches no input of any component."""
-    from exporters.capture.shapes import build_dynamic_shapes
 
     configs = {}
     used_keys: set[str] = set()
     for name, (_, inputs) in components.items():
-        spec = component_shape_spec(target, name)
+        spec = target.shape_spec(name)
         shapes, used = build_dynamic_shapes(spec, inputs, notes, locate=spec_locator(recipe, target, name))
         used_keys |= used
         quantizer = quantizer_for(name, inputs) if quantizer_for is not None else None
@@ -181,7 +143,6 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
     import gc
     import time
 
-    from exporters.export import onnx_files
 
     generation_config = _generation_config(model, target, recipe)
     timings = {"export_only_s": 0.0, "save_s": 0.0}
@@ -216,7 +177,6 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
         if len(entries) > 1 and target.external_data:
             onnx_files.share_external_data(directory)
         if target.layout == "transformers.js":
-            from exporters.export.transformers_js import write_transformers_js
 
             write_transformers_js(directory, target, model)
     timings["save_s"] += time.time() - started
@@ -282,7 +242,6 @@ def save_exported(exported, target, directory: Path) -> None:
     """Write the export with upstream `save_pretrained`, then apply the seed's ONNX file options."""
     exported.save_pretrained(directory)
     if target.export_format == "onnx":
-        from exporters.export.onnx_files import apply_onnx_file_options
 
         apply_onnx_file_options(target, directory)
 

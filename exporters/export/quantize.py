@@ -30,9 +30,12 @@ from typing import Any, Callable
 import torch
 
 from exporters.errors import RecipeError
-from exporters.capture.inputs import SampleInputs, _text_ids, make_sample_inputs
+from exporters.capture.inputs import SampleInputs, prompt_ids, make_sample_inputs
 from exporters.recipe.jsonpos import format_path, nearest_line
 from exporters.recipe.model import Recipe
+from exporters import upstream
+from exporters.capture.components import generation_config_for
+from exporters.upstream import capture_calibration_inputs
 
 TEXT_FAMILIES = ("text", "seq2seq", "vision-language")
 # ONNX ops that hold quantized values or compute on them (ONNX Runtime's dynamic and QDQ graphs, PT2E's QDQ).
@@ -67,7 +70,7 @@ def calibration_samples(model, recipe: Recipe, tokenizer, family: str) -> list[S
     calibration = spec.calibration
     if calibration is None:
         return []
-    length = int(_text_ids(model, tokenizer, spec, torch.Generator().manual_seed(spec.seed)).shape[1]) \
+    length = int(prompt_ids(model, tokenizer, spec, torch.Generator().manual_seed(spec.seed)).shape[1]) \
         if family in TEXT_FAMILIES else spec.sequence_length
     if calibration.samples is not None:
         return [
@@ -146,7 +149,6 @@ def x86_quantizer(dynamic: bool):
 
 def upstream_quantizer(spec: Any, samples: list[dict] | None):
     """The upstream quantizer for a recipe `quantize` spec, calibrating on `samples` (forward kwargs)."""
-    from exporters import upstream
 
     if spec.method == "onnxruntime-dynamic":
         return upstream.onnxruntime_quantizer(False, onnxruntime_options(spec), None)
@@ -176,8 +178,6 @@ class Quantizing:
             return None
         per_component: dict[str, list[dict]] = {}
         if spec.needs_calibration and self.target.mode == "generation":
-            from exporters.export.convert import generation_config_for
-            from exporters.upstream import capture_calibration_inputs
 
             per_component = capture_calibration_inputs(
                 self.model, [s.generate for s in self.calibration], generation_config_for(self.model, self.recipe),

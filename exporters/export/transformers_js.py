@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 
 from exporters.errors import TargetPlanError
+from exporters.upstream import read_manifest, write_manifest
 
 LAYOUT = "transformers.js"
 SUBFOLDER = "onnx"
@@ -115,7 +116,6 @@ def write_transformers_js(directory: Path, target, model) -> None:
     """Rewrite the saved single-graph ONNX target in `directory` to the transformers.js layout (see the module)."""
     import onnx
 
-    from exporters.upstream import read_manifest, write_manifest
 
     manifest = read_manifest(directory)
     if list(manifest["components"]) != ["model"]:

@@ -31,6 +31,13 @@ import torch
 
 from exporters.recipe.model import InputsSpec, Recipe
 from exporters.status import AUTO, NAMED, STATIC, DimState
+from exporters.validate.checks import shapes_of
+from exporters.capture.components import decompose
+from exporters.capture.cache_settings import CacheSetting
+from exporters.capture.inputs import make_sample_inputs
+from exporters.capture.components import minimum_components
+from exporters.capture.inputs import default_mode, detect_family
+from exporters.capture.probes import DimBinding, make_probes
 
 Axes = list[tuple[str, int]]  # (leaf path, axis)
 
@@ -77,7 +84,6 @@ class AxisPlan:
 
 
 def _leaf_shapes(components) -> dict[str, dict[str, list[int]]]:
-    from exporters.validate.checks import shapes_of
 
     return {name: shapes_of(inputs) for name, (_, inputs) in components.items()}
 
@@ -85,12 +91,9 @@ def _leaf_shapes(components) -> dict[str, dict[str, list[int]]]:
 def _decompose(model, spec: InputsSpec, mode: str, tokenizer):
     """The components captured from a sample made with `spec`, with a growing cache: the one whose length axis
     init declares dynamic."""
-    from exporters.export import convert as engine
-    from exporters.capture.cache_settings import CacheSetting
-    from exporters.capture.inputs import make_sample_inputs
 
     sample = make_sample_inputs(model, spec, tokenizer)
-    components = engine.decompose(model, mode, sample.forward, sample.generate, setting=CacheSetting("dynamic"),
+    components = decompose(model, mode, sample.forward, sample.generate, setting=CacheSetting("dynamic"),
                                   multi_token_decode=False, family=sample.family)
     return sample, components
 
@@ -142,8 +145,6 @@ def find_dimensions(model, recipe: Recipe, *, tokenizer=None, max_probe_elements
                     batch_size: int = 2) -> AxisPlan:
     """The dimensions to try for `model`: traced with `recipe.inputs` (batch `batch_size` for single-graph models,
     so that the batch axis can stay dynamic), each with the range the model allows."""
-    from exporters.capture.components import minimum_components
-    from exporters.capture.inputs import default_mode, detect_family
 
     family, mode = detect_family(model), default_mode(model)
     spec = recipe.inputs.model_copy(update={"batch_size": batch_size if mode == "model" else 1})
@@ -253,7 +254,6 @@ def _probe_budget(axes: dict[str, Axes], base, traced: int, limit: int, high: in
 
 def _eager_runs(model, module, inputs, dimension: Dimension, component: str, size: int, seed: int) -> str | None:
     """None when the eager `module` runs with the dimension at `size`, else the error."""
-    from exporters.capture.probes import DimBinding, make_probes
 
     binding = DimBinding(dimension.name, size, size, dimension.axes[component], dimension.traced)
     probes = make_probes(inputs, [binding], model.config, limit=10**18, max_positions=None, seed=seed)

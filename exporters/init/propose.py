@@ -37,6 +37,11 @@ from exporters.init.decide import MARGIN, FormatResult, decide, nice_ceil
 from exporters.recipe.model import FORMATS, SCHEMA_VERSION, GenerationSpec, Recipe
 from exporters.recipe.load import parse_recipe_data
 from exporters.status import LEFT_OUT, NAMED, PASSED, PENDING
+from exporters.init.axes import find_dimensions
+from exporters.run.context import tool_versions
+from exporters.capture.source import check_remote_code, load_model, load_tokenizer, read_config, resolve_source
+from exporters.run.pipeline import RunOptions, run_pipeline
+from exporters.validate.checks import DEFAULT_TOLERANCES
 
 FLOOR_FRACTION = 0.1  # ... and at least this fraction of the format's default atol (identical kernels measure 0)
 DEFAULT_MAX_SECONDS = 1800.0
@@ -159,9 +164,6 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
         >>> [f.status for f in result.formats]  # doctest: +SKIP
         ['passed']
     """
-    from exporters.init.axes import find_dimensions
-    from exporters.run.context import tool_versions
-    from exporters.capture.source import check_remote_code, load_model, load_tokenizer, read_config, resolve_source
 
     options = options or InitOptions()
     started = time.time()
@@ -207,7 +209,6 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
 def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: InitOptions, work: Path,
             started: float, say: Callable[[str], None]) -> None:
     """Run rounds of the pipeline on the unsettled formats until each passed or was left out."""
-    from exporters.run.pipeline import RunOptions, run_pipeline
 
     deadline = started + options.max_seconds
     number = 0
@@ -260,7 +261,6 @@ def _onnx_opset(directory: Path) -> int | None:
 def _finish_tolerance(result: FormatResult) -> None:
     """atol = MARGIN × the worst |diff| measured, rounded up, at least a tenth of the format's default; rtol 0, so
     the bound is exactly that. Looser than the default only when the probes needed it, and then it says so."""
-    from exporters.validate.checks import DEFAULT_TOLERANCES
 
     default_atol, _ = DEFAULT_TOLERANCES[result.export_format]
     worst = result.worst_abs_diff or 0.0

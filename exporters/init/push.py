@@ -27,6 +27,7 @@ from typing import Any
 from exporters.errors import PublishError
 from exporters.publish import HubClient, PublishResult, publish_files, texts
 from exporters.recipe.model import RECIPE_FILE, canonical_json
+from exporters.init.summary import render_markdown
 
 KIND_RECIPE = "recipe"
 
@@ -50,7 +51,6 @@ def recipe_title(result, replaces: bool) -> str:
 
 def recipe_description(result, replaces: bool) -> str:
     """The PR text: what it adds, the summary table and notes, the recipe (the marker is appended by publishing)."""
-    from exporters.init.summary import render_markdown
 
     what = "replaces the repo's current recipe with" if replaces else "adds"
     return "\n".join([

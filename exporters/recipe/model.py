@@ -93,6 +93,13 @@ class _TargetBase(Strict, MergedSetting):
     variants: list[Variant] | None = Field(default=None, min_length=1, description="One target per variant.")
     timeout: StrictFloat | StrictInt | None = Field(default=None, gt=0, description="Seconds the export of this target may take.")
 
+    def shape_spec(self, component: str) -> DynamicShapesSpec | None:
+        """The dynamic-shape spec `component` is exported with: its own override, else the target's."""
+        override = self.components.get(component)
+        if override is not None and override.dynamic_shapes is not None:
+            return override.dynamic_shapes
+        return self.dynamic_shapes
+
     @model_validator(mode="after")
     def _default_name(self):
         if self.name is None:

@@ -6,20 +6,38 @@ from __future__ import annotations
 import datetime as dt
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from exporters.recipe.model import Recipe
 from exporters.report.markdown import ICONS, MARKDOWN_LIMIT, human_size, render_markdown, variants_table
+from exporters.report.results import TargetResult
 from exporters.status import overall_status
 
-if TYPE_CHECKING:
-    from exporters.run.context import RunContext
-    from exporters.report.results import TargetResult
+
+class RunFacts(Protocol):
+    """What a report says about the run that made it (`exporters.run.context.RunContext` has these): the report
+    reads them and never reaches back into the run."""
+
+    source: Any
+    warnings: list[str]
+    eager_cache: Any
+    versions: dict[str, str]
+    weights: str
+    weights_files: list[dict[str, Any]]
+    recipe: Recipe
+    recipe_file: Path
+    family: str | None
+    model_dtype: str | None
+    started: float
+    load_s: float | None
+    jobs: int | None
+    machine: dict[str, Any] | None
 
 REPORT_SCHEMA_VERSION = 1
 __all__ = ["ICONS", "MARKDOWN_LIMIT", "build_report", "human_size", "render_markdown", "variants_table", "write_report"]
 
 
-def build_report(results: list[TargetResult], context: RunContext) -> dict[str, Any]:
+def build_report(results: list[TargetResult], context: RunFacts) -> dict[str, Any]:
     """The report dict (what report.json holds) from the target results and the run's context."""
     source = context.source
     targets = [r.to_dict() for r in results]

@@ -218,13 +218,14 @@ def variants_table(report: dict[str, Any], names: list[str] | None = None) -> li
     lines += [""] if decided else []
     benched = [t for t in targets if t.get("bench") and not t["bench"].get("error")]
     if benched:
-        from exporters.validate.benchmark import TIMED_RUNS, WARMUP_RUNS, machine_line
 
         machines = {t["name"]: machine_line(t["bench"].get("machine") or report.get("machine")) for t in benched}
         where = next(iter(machines.values())) if len(set(machines.values())) == 1 else "; ".join(
             f"`{name}` on {line}" for name, line in machines.items())
-        lines += [f"<sub>Timed with each artifact's own runtime on {where}: median (p90) of {TIMED_RUNS} runs after "
-                  f"{WARMUP_RUNS} warm-ups at the traced shape; tokens per second over `max_new_tokens` greedy decode "
+        counts = {(t["bench"].get("timed_runs"), t["bench"].get("warmup_runs")) for t in benched}
+        timed, warmups = next(iter(counts)) if len(counts) == 1 else (None, None)
+        runs = f"of {timed} runs after {warmups} warm-ups" if timed and warmups else "of the timed runs after warm-ups"
+        lines += [f"<sub>Timed with each artifact's own runtime on {where}: median (p90) {runs} at the traced shape; tokens per second over `max_new_tokens` greedy decode "
                   "steps.</sub>", ""]
     return lines
 
@@ -358,3 +359,14 @@ def render_markdown(report: dict[str, Any], details: bool = True) -> str:
         note = "\n\n_Report truncated to fit a PR description; the full report is `report.json`._\n"
         text = text.encode()[: MARKDOWN_LIMIT - len(note.encode())].decode(errors="ignore") + note
     return text
+
+
+def machine_line(machine: dict[str, Any] | None) -> str:
+    """`Intel Xeon …, 2 cores, 23.5 GB, no GPU`."""
+    if not machine:
+        return "unknown machine"
+    cores = f"{machine.get('cores')} cores"
+    if machine.get("usable_cores") not in (None, machine.get("cores")):
+        cores += f" ({machine['usable_cores']} usable)"
+    memory = f", {machine['memory_gb']} GB" if machine.get("memory_gb") else ""
+    return f"{machine.get('cpu')}, {cores}{memory}, {machine.get('gpu') or 'no GPU'}"

@@ -132,6 +132,16 @@ class ValidationResult:
     errors: list[str]
     generation_expected: bool = False
     quality: dict[str, Any] | None = None  # a quantized/half target's verdict (exporters.validate.quality.judge)
+    # a float32 target's verdict line, computed by validation from the checks (exporters.validate.quality)
+    tolerance: dict[str, Any] | None = None
+
+    def component_records(self) -> list[dict[str, Any]]:
+        """The components as report.json records them (each check with its verdict)."""
+        return [
+            {"name": c.name, "verdict": c.verdict, "passed": c.passed, "structural": c.structural,
+             "checks": [{**dataclasses.asdict(check), "verdict": check.verdict} for check in c.checks]}
+            for c in self.components
+        ]
 
     @property
     def verdict(self) -> TargetStatus:
@@ -202,18 +212,13 @@ class TargetResult:
 
     def record_validation(self, validation: ValidationResult) -> None:
         """Take a validation's components, generation, findings and verdict (with its reasons)."""
-        self.components = [
-            {"name": c.name, "verdict": c.verdict, "passed": c.passed, "structural": c.structural,
-             "checks": [{**dataclasses.asdict(check), "verdict": check.verdict} for check in c.checks]}
-            for c in validation.components
-        ]
+        self.components = validation.component_records()
         self.generation = dataclasses.asdict(validation.generation) if validation.generation else None
         self.findings += validation.findings
         self.status = validation.verdict
         self.unverified = validation.why_unverified() if self.status == UNVERIFIED else []
-        from exporters.validate.quality import tolerance_verdict
 
-        self.quality = validation.quality or tolerance_verdict(self.components, self.generation, self.status)
+        self.quality = validation.quality or validation.tolerance
         if validation.errors:
             self.error = {"type": "ValidationError", "message": "; ".join(validation.errors)}
         elif self.status == FAILED:

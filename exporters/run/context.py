@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporters import __version__
+from exporters.version import __version__
 from exporters.errors import DeviceError, RecipeError
 from exporters.hashing import weights_fingerprint
 from exporters.recipe.model import Recipe

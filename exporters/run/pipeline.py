@@ -37,6 +37,12 @@ from exporters.report.results import TargetResult
 from exporters.run.reuse import Signer, previous_report, reusable
 from exporters.status import FAILED, PASSED, UNVERIFIED
 from exporters.run.workbench import Workbench
+from exporters.report.build import build_report, write_report
+from exporters.export import convert as engine, quantize
+from exporters.upstream import move_to
+from exporters.export.convert import release_weights
+from exporters.validate.checks import validate_target
+from exporters.export.onnx_files import strip_weights
 
 __all__ = ["RunOptions", "run_pipeline", "validate_existing"]
 STAGING_PREFIX = ".staging-"
@@ -87,7 +93,6 @@ def run_pipeline(model: str, options: RunOptions) -> dict[str, Any]:
 
 
 def _write(results: list[TargetResult], context: RunContext) -> dict[str, Any]:
-    from exporters.report.build import build_report, write_report
 
     order = {t.name: i for i, t in enumerate(context.targets)}
     results.sort(key=lambda r: order[r.name])
@@ -245,8 +250,6 @@ def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging:
     """What the child process does: move to the target's device and dtype, quantize and export, save."""
     import torch
 
-    from exporters.export import convert as engine, quantize
-    from exporters.upstream import move_to
 
     if target.dtype is not None or device != "cpu":
         dtype = getattr(torch, target.dtype) if target.dtype else None
@@ -261,8 +264,6 @@ def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging:
 
 def _validate_into(result: TargetResult, target: Any, context: RunContext, bench: Workbench, directory: Path,
                    trust_artifacts: bool, last: bool = False) -> None:
-    from exporters.export.convert import release_weights
-    from exporters.validate.checks import validate_target
 
     started = time.time()
     recipe = context.recipe
@@ -287,7 +288,6 @@ def _validate_into(result: TargetResult, target: Any, context: RunContext, bench
 def _after_validation(result: TargetResult, target: Any, final: Path) -> None:
     """`export_params: false`: the weights are stripped once the artifact was validated with them."""
     if result.status == PASSED and target.export_format == "onnx" and not target.export_params:
-        from exporters.export.onnx_files import strip_weights
 
         stripped = strip_weights(final, target.output_path)
         copy = f" and from {target.output_path}" if target.output_path else ""

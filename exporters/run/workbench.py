@@ -11,7 +11,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporters.capture.components import cache_setting_for, decompose, generation_config_for
 from exporters.run.context import RunContext, RunOptions
+from exporters.errors import error_record
+from exporters.capture.families import detect_family
+from exporters.export.footprint import ModelWeights
+from exporters.capture.inputs import make_sample_inputs
+from exporters.capture.source import load_model, load_tokenizer
+from exporters.validate.checks import EagerCache
+from exporters.capture.components import minimum_components
+from exporters.export.quantize import calibration_samples
+from exporters.capture.inputs import default_mode
+from exporters.capture.cache_settings import check_second_step
+from exporters.capture import merged
+from exporters.capture.cache_settings import max_positions, sliding_window_of
+from exporters.errors import ShapeSpecError
+from exporters.capture.probes import dim_bindings, fit_to_contract
 
 
 @dataclass
@@ -33,12 +48,6 @@ class Workbench:
         float32 checkpoint never holds a float32 copy), else in the checkpoint's, each export converting its own.
         A model whose sample inputs cannot be made is kept with the reason (`unprepared`): every target fails with
         it, never a traceback."""
-        from exporters.errors import error_record
-        from exporters.capture.families import detect_family
-        from exporters.export.footprint import ModelWeights
-        from exporters.capture.inputs import make_sample_inputs
-        from exporters.capture.source import load_model, load_tokenizer
-        from exporters.validate.checks import EagerCache
 
         started = time.time()
         dtypes = {target.dtype for target in (targets if targets is not None else context.targets)}
@@ -61,7 +70,6 @@ class Workbench:
     def expected(self, target: Any, components: Any) -> list[str]:
         """The recipe's `expected_components`, else the family's minimum complete set (from the model's
         structure)."""
-        from exporters.capture.components import minimum_components
 
         if target.expected_components is not None:
             return list(target.expected_components)
@@ -72,13 +80,11 @@ class Workbench:
         """The recipe's calibration samples when a target quantizes with a static method (none otherwise)."""
         if self.sample is None or not any(t.quantize is not None and t.quantize.needs_calibration for t in targets):
             return []
-        from exporters.export.quantize import calibration_samples
 
         return calibration_samples(self.model, recipe, self.tokenizer, self.sample.family)
 
     def plan(self, target: Any) -> Any:
         """The target with its mode decided (the recipe's, else from the model)."""
-        from exporters.capture.inputs import default_mode
 
         target = target.model_copy(deep=True)
         target.mode = target.mode or default_mode(self.model)
@@ -88,10 +94,8 @@ class Workbench:
         """The target's `{component: (module, forward inputs)}`: captured once per mode, decode layout and cache
         setting, then fitted to the target's shape contract (every declared dim at a size torch.export keeps
         dynamic). `DecodeStepError` when its decode could not run a second step."""
-        from exporters.capture.cache_settings import check_second_step
 
         if target.name not in self.fitted:
-            from exporters.capture import merged
 
             setting = self.cache_setting(target, recipe)
             target.merged = merged.wants_merged(target, self.sample.family, setting.implementation,
@@ -106,20 +110,15 @@ class Workbench:
 
     def cache_setting(self, target: Any, recipe: Any) -> Any:
         """The cache the target is captured, exported and checked with (`exporters.capture.cache_settings`)."""
-        from exporters.export import convert as engine
-
-        return engine.cache_setting_for(self.model, target, recipe)
+        return cache_setting_for(self.model, target, recipe)
 
     def generation_config(self, target: Any, recipe: Any) -> Any:
         """The generation config of a generation target (its cache setting applied), else None."""
-        from exporters.export import convert as engine
-
         if target.mode != "generation":
             return None
-        return engine.generation_config_for(self.model, self.cache_setting(target, recipe))
+        return generation_config_for(self.model, self.cache_setting(target, recipe))
 
     def _cache_notes(self, target: Any, setting: Any) -> list[str]:
-        from exporters.capture.cache_settings import max_positions, sliding_window_of
 
         if target.mode != "generation":
             return []
@@ -132,24 +131,19 @@ class Workbench:
         return self.fitted.get(target.name, ({}, []))[1]
 
     def _captured(self, target: Any, recipe: Any, setting: Any) -> Any:
-        from exporters.export import convert as engine
-
         multi_token = bool(target.multi_token_decode or target.merged)
         key = (target.mode, multi_token, setting if target.mode == "generation" else None)
         if key not in self.decompositions:
-            self.decompositions[key] = engine.decompose(
+            self.decompositions[key] = decompose(
                 self.model, target.mode, self.sample.forward, self.sample.generate, setting=setting,
                 multi_token_decode=multi_token, family=self.sample.family)
         return self.decompositions[key]
 
     def _fit(self, target: Any, captured: Any, recipe: Any) -> tuple[Any, list[str]]:
-        from exporters.export.convert import component_shape_spec
-        from exporters.errors import ShapeSpecError
-        from exporters.capture.probes import dim_bindings, fit_to_contract
 
         fitted, notes = {}, []
         for name, (module, inputs) in captured.items():
-            spec = component_shape_spec(target, name)
+            spec = target.shape_spec(name)
             try:
                 bindings = dim_bindings(spec, inputs, False, self.sample.family) if spec else []
             except ShapeSpecError:  # the export reports it, with the recipe line

@@ -30,6 +30,13 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+from exporters.upstream import exporter_class
+from exporters.upstream import run_component
+from exporters.capture.merged import MERGED, prompt_inputs
+from exporters.capture.steps import cache_input_name, output_cache, step_inputs
+from exporters.upstream import runner_class
+from exporters.upstream import load_exported
+from exporters.status import PASSED
 
 WARMUP_RUNS = 3
 TIMED_RUNS = 20
@@ -77,21 +84,9 @@ def machine_info() -> dict[str, Any]:
             "os": platform.platform()}
 
 
-def machine_line(machine: dict[str, Any] | None) -> str:
-    """`Intel Xeon …, 2 cores, 23.5 GB, no GPU`."""
-    if not machine:
-        return "unknown machine"
-    cores = f"{machine.get('cores')} cores"
-    if machine.get("usable_cores") not in (None, machine.get("cores")):
-        cores += f" ({machine['usable_cores']} usable)"
-    memory = f", {machine['memory_gb']} GB" if machine.get("memory_gb") else ""
-    return f"{machine.get('cpu')}, {cores}{memory}, {machine.get('gpu') or 'no GPU'}"
-
-
 def artifact_size(directory: Path) -> int:
     """Bytes of the files the runtime loads: every component's program files (graph and weights), each file once (the
     methods of one ExecuTorch program share its `.pte`)."""
-    from exporters.upstream import exporter_class
 
     manifest = json.loads((directory / "export.json").read_text())
     exporter = exporter_class(manifest["export_format"])
@@ -128,10 +123,7 @@ def _generation(runners, templates: dict[str, dict], prompt, steps: int) -> dict
     (`model`) serves both: the prompt on an empty cache, then each token."""
     import torch
 
-    from exporters.validate.parity import CACHE_KEYS, _output_cache, step_inputs
-    from exporters.upstream import run_component
 
-    from exporters.capture.merged import MERGED, prompt_inputs
 
     merged = "prefill" not in templates  # one graph: the prompt on an empty cache, then one token at a time
     first, step = (MERGED, MERGED) if merged else ("prefill", "decode")
@@ -141,12 +133,12 @@ def _generation(runners, templates: dict[str, dict], prompt, steps: int) -> dict
         if merged:
             feed = prompt_inputs(prefill, prompt)
         else:
-            key = next((k for k in CACHE_KEYS if k in prefill), None)
+            key = cache_input_name(prefill)
             feed = step_inputs(prefill, prompt, 0, copy.deepcopy(prefill[key]) if key else None)
         started = time.perf_counter()
         out = run_component(runners[first], feed)
         prefill_ms = (time.perf_counter() - started) * 1000
-        logits, cache, position = out["logits"], _output_cache(out), prompt.shape[1]
+        logits, cache, position = out["logits"], output_cache(out), prompt.shape[1]
         decode, runner = templates[step], runners[step]
         traced = runner.metadata.kwargs
         # On the CPU in float32 the runner takes the step's inputs as they are; elsewhere run_component moves and
@@ -157,7 +149,7 @@ def _generation(runners, templates: dict[str, dict], prompt, steps: int) -> dict
             token = logits[:, -1].argmax(-1)[:, None].cpu()
             feed = {k: v for k, v in step_inputs(decode, token, position, cache).items() if k in traced}
             out = runner(**feed) if direct else run_component(runner, feed)
-            logits, cache, position = out["logits"], _output_cache(out), position + 1
+            logits, cache, position = out["logits"], output_cache(out), position + 1
         decode_s = time.perf_counter() - started
         return prefill_ms, steps / decode_s
 
@@ -171,7 +163,6 @@ def _generation(runners, templates: dict[str, dict], prompt, steps: int) -> dict
 
 def _import_runtime(export_format: str) -> None:
     """Import the format's exporter and runner modules (and so its runtime: ONNX Runtime, ExecuTorch)."""
-    from exporters.upstream import exporter_class, runner_class
 
     exporter_class(export_format)
     runner_class(export_format)
@@ -181,7 +172,6 @@ def _measure(request: dict[str, Any]) -> dict[str, Any]:
     """Runs in the fresh process: load, time, measure peak memory."""
     import torch
 
-    from exporters.upstream import load_exported, run_component
 
     _import_runtime(request["export_format"])  # imports are not the artifact's load time nor its memory
     try:  # reset the peak (VmHWM) to the current size, so the peak below is this measurement's own
@@ -200,6 +190,7 @@ def _measure(request: dict[str, Any]) -> dict[str, Any]:
             _timed(lambda: run_component(runner, inputs), WARMUP_RUNS)
             latency[name] = summary(_timed(lambda: run_component(runner, inputs), TIMED_RUNS))
     result: dict[str, Any] = {"load_s": round(load_s, 4), "latency": latency, "warmup_runs": WARMUP_RUNS,
+                              "timed_runs": TIMED_RUNS,
                               "threads": torch.get_num_threads()}
     generation = request.get("generation")
     if generation:
@@ -284,7 +275,6 @@ def benchmark(directory: Path, components: dict[str, dict[str, Any]], generation
 def bench_passing(validated: list[Any], workbench: Any, context: Any, progress: Any) -> None:
     """Benchmark every passing target of a run (items with `.target` and `.result`, saved in `OUT/<target>/`),
     recording the machine on `context`."""
-    from exporters.status import PASSED
 
     context.machine = machine_info()
     for item in validated:

@@ -8,6 +8,7 @@ and shared by every target ([`EagerCache`]).
 
 from __future__ import annotations
 
+import dataclasses
 import copy
 import hashlib
 import math
@@ -22,6 +23,21 @@ from exporters.recipe.model import Recipe, Tolerance
 from exporters.report.results import Check, ComponentReport, OutputDiff, ValidationResult
 from exporters.capture.probes import dim_bindings, make_probes
 from exporters.upstream import leaf_tensors, run_component
+from exporters.validate.sliding import sliding_cache_leaves, trailing_window
+from exporters.upstream import read_manifest
+from exporters.upstream import prepare_traced_inputs
+from exporters.validate.quality import measure
+from exporters.errors import ArtifactError, RemoteCodeError
+from exporters.capture.inputs import vocab_size
+from exporters.capture.merged import MERGED, prompt_inputs, with_consistent_mask
+from exporters.upstream import counter_in_spec_components, load_exported
+from exporters.recipe.variants import resolve_budget, variant_kind
+from exporters.validate.parity import reference_for
+from exporters.validate.sliding import COUNTER_FINDING
+from exporters.validate.greedy import Tolerances
+from exporters.validate.parity import generation_parity
+from exporters.validate.quality import judge, judge_generation, tolerance_verdict
+from exporters.upstream import runner_for_file
 
 # Defaults per format at float32: torch programs run the same kernels as eager; ONNX Runtime and XNNPACK fuse and
 # reorder reductions, so they get more room. Lower precisions get more room again.
@@ -59,7 +75,6 @@ def _leaves(outputs: Any) -> dict[str, torch.Tensor]:
 
 def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float) -> list[OutputDiff]:
     """Per output leaf: max absolute and relative difference and a verdict; NaN or inf never passes."""
-    from exporters.validate.sliding import sliding_cache_leaves, trailing_window
 
     want, got = _leaves(expected), _leaves(actual)
     sliding = sliding_cache_leaves(expected)
@@ -161,7 +176,6 @@ class EagerCache:
 def structural_checks(export_format: str, directory: Path) -> list[str]:
     """Format checks on the saved files: `onnx.checker` with external data, the ExecuTorch methods."""
     notes = []
-    from exporters.upstream import read_manifest
 
     manifest = read_manifest(directory)
     for name, entry in manifest["components"].items():
@@ -192,7 +206,6 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
         return []
     import onnx
 
-    from exporters.upstream import read_manifest
 
     findings = []
     manifest = read_manifest(directory)
@@ -218,7 +231,6 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
 def with_precomputed_inputs(module: torch.nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
     """A copy of `inputs` with the data-dependent tensors upstream's export traced with (`cu_seqlens`, vision
     position ids, ...) precomputed, as a runtime does before calling such a graph."""
-    from exporters.upstream import prepare_traced_inputs
 
     prepared = copy.copy(inputs)
     prepare_traced_inputs(module, prepared)
@@ -264,7 +276,6 @@ def probe_component(report: ComponentReport, runner: Any, probes: list, referenc
                                 f"specialized or bounded at export — {describe_error(err)[:300]}")
             continue
         if measured is not None:
-            from exporters.validate.quality import measure
 
             check.quality = measure(reference, actual)
             check.passed, check.error = not check.quality["problems"], "; ".join(check.quality["problems"]) or None
@@ -289,12 +300,6 @@ def validate_target(
     allowed it); nothing else in the folder ever runs (its config's `auto_map` is never read). `device`: where the
     artifact runs (the target's); the eager references stay where the model is.
     """
-    from exporters.export.convert import component_shape_spec
-    from exporters.errors import ArtifactError, RemoteCodeError
-    from exporters.capture.inputs import vocab_size
-    from exporters.capture.merged import MERGED, prompt_inputs, with_consistent_mask
-    from exporters.upstream import counter_in_spec_components, load_exported, read_manifest
-    from exporters.recipe.variants import resolve_budget, variant_kind
 
     # Quantized and half-precision targets are judged by task metrics against the eager float32 model (never by a
     # looser atol), float32 ones by atol/rtol.
@@ -332,7 +337,7 @@ def validate_target(
     for name, (module, inputs) in components.items():
         if name not in saved:
             continue
-        spec = component_shape_spec(target, name)
+        spec = target.shape_spec(name)
         override = target.components.get(name)
         dynamic = override.dynamic if override is not None and override.dynamic is not None else target.dynamic
         bindings = dim_bindings(spec, inputs, dynamic, family) if recipe.validation.probe_unseen_shapes else []
@@ -351,7 +356,6 @@ def validate_target(
         planned.append((name, fed, references))
     reference = None
     if target.mode == "generation":
-        from exporters.validate.parity import reference_for
 
         reference = reference_for(model, generate_inputs, generation_config, recipe.generation.max_new_tokens)
     if release_model is not None:
@@ -373,7 +377,6 @@ def validate_target(
         return ValidationResult(reports, None, findings, errors, generation_expected)
     counted = counter_in_spec_components(exported)
     if counted:
-        from exporters.validate.sliding import COUNTER_FINDING
 
         findings.append(COUNTER_FINDING.format(components=", ".join(counted)))
 
@@ -384,7 +387,6 @@ def validate_target(
         reports.append(report)
         extra = getattr(target, "output_path", None)
         if extra and name == "model":  # the seed's extra single-graph file is an artifact too: checked the same way
-            from exporters.upstream import runner_for_file
 
             report = ComponentReport(f"model ({extra})", structural=[f"{extra}: loads in ONNX Runtime"])
             runner = runner_for_file(directory / extra, "onnx", exported.components[name].metadata)
@@ -394,8 +396,6 @@ def validate_target(
 
     generation = None
     if target.mode == "generation":
-        from exporters.validate.greedy import Tolerances
-        from exporters.validate.parity import generation_parity
 
         merged = MERGED in components and family == "text"  # one graph gives every token's logits
         first = "lm_head" if family == "vision-language" else MERGED if merged else "prefill"
@@ -405,8 +405,11 @@ def validate_target(
                                        generation_config, family, tolerances, reference=reference)
     verdict = None
     if budget is not None:
-        from exporters.validate.quality import judge, judge_generation
 
         judge_generation(generation, budget)
         verdict = judge(kind, budget, measured or [], generation)
-    return ValidationResult(reports, generation, findings, errors, generation_expected, verdict)
+    result = ValidationResult(reports, generation, findings, errors, generation_expected, verdict)
+    if verdict is None:  # a float32 target: judged by atol/rtol and greedy identity
+        generation_record = dataclasses.asdict(generation) if generation is not None else None
+        result.tolerance = tolerance_verdict(result.component_records(), generation_record, result.verdict)
+    return result

@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from exporters.upstream import recording_logits_processors
+from exporters.capture.steps import CACHE_INPUTS, output_cache, step_inputs
+from exporters.upstream import recording_logits_processors, run_component
 
 
 @dataclass(frozen=True)
@@ -143,3 +144,64 @@ def eager_reference(model, generate_inputs: dict[str, Any], generation_config, s
     tokens = output.sequences[:, output.sequences.shape[1] - len(scores):].cpu()
     processors = recorded[-1]
     return EagerReference(tokens, scores, processors, [type(p).__name__ for p in processors])
+
+
+def _traced_position(template: dict[str, Any]) -> int:
+    """How many tokens the decode template's cache held when it was captured."""
+    for key in CACHE_INPUTS:
+        cache = template.get(key)
+        if cache is not None and hasattr(cache, "get_seq_length"):
+            return int(cache.get_seq_length())
+    if isinstance(template.get("cache_position"), torch.Tensor):
+        return int(template["cache_position"].reshape(-1)[0])
+    raise KeyError("the decode template holds no cache to read its position from")
+
+
+class DecodeStepper:
+    """Feeds an exported decode graph one token at a time, like the captured `template` ([`step_inputs`]).
+
+    Positions are the step's own by default. With `follow_template`, positions (1-D cache positions, 2-D position
+    ids, Qwen2-VL's 3-D M-RoPE ids) advance by one per token from the template's, which `generate()` itself
+    computed: the family's own position rules (PaliGemma counts from 1, M-RoPE adds the image's offset) are kept.
+    """
+
+    def __init__(self, runner: Any, template: dict[str, Any], sliding_window: int | None = None,
+                 follow_template: bool = False):
+        self.runner = runner
+        self.template = template
+        self.sliding_window = sliding_window
+        self.traced = _traced_position(template) if follow_template else None
+
+    def __call__(self, token: torch.Tensor, position: int, cache: Any, extra: dict[str, Any] | None = None) -> Any:
+        inputs = step_inputs(self.template, token[:, None], position, cache, self.sliding_window)
+        if self.traced is not None:
+            offset = position - self.traced
+            for key in ("position_ids", "cache_position"):
+                value = self.template.get(key)
+                if isinstance(value, torch.Tensor) and not value.is_floating_point():
+                    inputs[key] = value + offset
+        inputs.update(extra or {})
+        return run_component(self.runner, inputs)
+
+
+def decode_loop(first_logits: torch.Tensor, cache: Any, sequence: torch.Tensor, greedy: Greedy, stepper: DecodeStepper,
+                 tokens: list[torch.Tensor], extra: dict[str, Any] | None = None) -> None:
+    """Select, feed back, until `steps` tokens, every row at EOS (finished rows then emit padding) or a divergence.
+
+    `sequence` holds every token the model has seen (the prompt, or the decoder's start tokens): the processors
+    read it, and its length is the next position.
+    """
+    logits = first_logits
+    finished = torch.zeros(first_logits.shape[0], dtype=torch.bool)
+    eos = torch.tensor(sorted(greedy.eos), dtype=torch.long)
+    for step in range(greedy.steps):
+        token = greedy.select(step, sequence, logits[:, -1].cpu(), finished).cpu()
+        tokens.append(token)
+        if greedy.divergence is not None:
+            return
+        sequence = torch.cat([sequence.cpu(), token[:, None].to(sequence.dtype)], dim=1)
+        finished |= torch.isin(token, eos)
+        if step == greedy.steps - 1 or bool(finished.all()):
+            return
+        out = stepper(token, sequence.shape[1] - 1, cache, extra)
+        logits, cache = out["logits"], output_cache(out)

@@ -24,107 +24,19 @@ position.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from exporters.errors import describe_error
 from exporters.validate.vision_language import vision_language
-from exporters.validate.greedy import Greedy, Tolerances, eager_reference
+from exporters.capture.steps import cache_input_name, output_cache, step_inputs
+from exporters.validate.greedy import DecodeStepper, Greedy, Tolerances, decode_loop, eager_reference
 from exporters.report.results import GenerationReport
 from exporters.upstream import run_component
 from exporters.validate.native_log import native_messages
 from exporters.capture.cache_settings import sliding_window_of
-
-CACHE_KEYS = ("cache", "past_key_values")
-
-
-@dataclass
-class _Stepper:
-    """Feeds the exported decode one token at a time, like the captured template."""
-
-    runner: Any
-    template: dict[str, Any]
-    sliding_window: int | None = None
-
-    def __call__(self, token: torch.Tensor, position: int, cache: Any, extra: dict[str, Any] | None = None) -> Any:
-        inputs = step_inputs(self.template, token[:, None], position, cache, self.sliding_window)
-        inputs.update(extra or {})
-        return run_component(self.runner, inputs)
-
-
-def _cache_key(template: dict[str, Any]) -> str | None:
-    return next((key for key in CACHE_KEYS if key in template), None)
-
-
-def _output_cache(output: Any) -> Any:
-    for key in CACHE_KEYS:
-        if key in output:
-            return output[key]
-    raise KeyError("the component returns no cache")
-
-
-def causal_mask(like: torch.Tensor, start: int, length: int, window: int | None = None) -> torch.Tensor:
-    """A 4D mask shaped like the captured `like` (`[batch, heads, query, slots]`) for `length` queries at positions
-    `start…`: each sees the slots up to its own position (and, with `window`, only the last `window` of them).
-    Boolean (true: attend) or additive (0 / dtype minimum)."""
-    batch, heads, _, slots = like.shape
-    query = torch.arange(start, start + length).unsqueeze(-1)
-    slot = torch.arange(slots).unsqueeze(0)
-    allowed = slot <= query
-    if window is not None:
-        allowed &= query - slot < window
-    allowed = allowed.expand(batch, heads, length, slots).contiguous()
-    if like.dtype == torch.bool:
-        return allowed
-    blocked = torch.full_like(allowed, torch.finfo(like.dtype).min, dtype=like.dtype)
-    return torch.where(allowed, torch.zeros_like(blocked), blocked)
-
-
-def _layer_mask(kind: str, mask: Any, start: int, length: int, window: int | None) -> Any:
-    """The static cache's 4D mask of one layer type for queries at `start…`. Full attention: causal over the cache's
-    slots. Sliding window: causal over the last `window` positions, while every position has its slot (the layers
-    are captured whole: `exporters.upstream.static_sliding_layers_kept_whole`); a rolling window layer of an older
-    export, once full, runs a code path its graph fixed at trace time (docs/upstream-gaps.md #9): its mask is fed as
-    captured, and generation parity shows whether the graph holds."""
-    if not (isinstance(mask, torch.Tensor) and mask.dim() == 4):
-        return mask
-    if kind == "full_attention":
-        return causal_mask(mask, start, length)
-    if kind == "sliding_attention" and start + length <= mask.shape[-1]:
-        return causal_mask(mask, start, length, window)
-    return mask
-
-
-def step_inputs(template: dict[str, Any], ids: torch.Tensor, start: int, cache: Any,
-                sliding_window: int | None = None) -> dict[str, Any]:
-    """A call like the captured `template`, for token `ids` at positions `start…`, with `cache`; `sliding_window`:
-    the model's window, for the mask of its sliding-window layers ([`sliding_window_of`])."""
-    inputs = copy.deepcopy({k: v for k, v in template.items() if k not in CACHE_KEYS})
-    batch, length = ids.shape
-    positions = torch.arange(start, start + length).unsqueeze(0).expand(batch, -1)
-    token_key = "decoder_input_ids" if "decoder_input_ids" in template else "input_ids"
-    inputs[token_key] = ids
-    for key in ("position_ids", "decoder_position_ids"):
-        if key in inputs and isinstance(inputs[key], torch.Tensor) and inputs[key].dim() == 2:
-            inputs[key] = positions.clone()
-    if "cache_position" in inputs:
-        inputs["cache_position"] = torch.arange(start, start + length)
-    mask_key = "decoder_attention_mask" if token_key == "decoder_input_ids" else "attention_mask"
-    mask = inputs.get(mask_key)
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2:
-        inputs[mask_key] = torch.ones(batch, start + length, dtype=mask.dtype)
-    elif isinstance(mask, torch.Tensor) and mask.dim() == 4:  # a static cache: causal over its fixed slots
-        inputs[mask_key] = causal_mask(mask, start, length)
-    elif isinstance(mask, dict):  # one mask per layer type, as `generate` prepares it for models that take a mapping
-        inputs[mask_key] = {kind: _layer_mask(kind, value, start, length, sliding_window)
-                            for kind, value in mask.items()}
-    key = _cache_key(template)
-    if key is not None:
-        inputs[key] = cache
-    return inputs
-
+from exporters.capture.merged import MERGED, prompt_inputs
 
 def _report(greedy: Greedy, tokens: list[torch.Tensor], prompt: int | None, cache: dict[str, Any] | None,
             reason: str | None = None, failed: bool = False) -> GenerationReport:
@@ -142,29 +54,6 @@ def _report(greedy: Greedy, tokens: list[torch.Tensor], prompt: int | None, cach
     return GenerationReport(status, greedy.steps, prompt, len(eager), eager, produced, divergence, reason,
                             near_ties=greedy.near_ties, logits_processors=greedy.reference.processor_names,
                             cache=cache)
-
-
-def _decode_loop(first_logits: torch.Tensor, cache: Any, sequence: torch.Tensor, greedy: Greedy, stepper: _Stepper,
-                 tokens: list[torch.Tensor], extra: dict[str, Any] | None = None) -> None:
-    """Select, feed back, until `steps` tokens, every row at EOS (finished rows then emit padding) or a divergence.
-
-    `sequence` holds every token the model has seen (the prompt, or the decoder's start tokens): the processors
-    read it, and its length is the next position.
-    """
-    logits = first_logits
-    finished = torch.zeros(first_logits.shape[0], dtype=torch.bool)
-    eos = torch.tensor(sorted(greedy.eos), dtype=torch.long)
-    for step in range(greedy.steps):
-        token = greedy.select(step, sequence, logits[:, -1].cpu(), finished).cpu()
-        tokens.append(token)
-        if greedy.divergence is not None:
-            return
-        sequence = torch.cat([sequence.cpu(), token[:, None].to(sequence.dtype)], dim=1)
-        finished |= torch.isin(token, eos)
-        if step == greedy.steps - 1 or bool(finished.all()):
-            return
-        out = stepper(token, sequence.shape[1] - 1, cache, extra)
-        logits, cache = out["logits"], _output_cache(out)
 
 
 def _cache_summary(generation_config) -> dict[str, Any]:
@@ -234,24 +123,23 @@ def _prefix(components, generate_inputs: dict[str, Any], family: str) -> torch.T
 
 def _decoder_only(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
     prefill_template = components["prefill"][1]
-    key = _cache_key(prefill_template)
+    key = cache_input_name(prefill_template)
     ids = generate_inputs["input_ids"]
     empty = copy.deepcopy(prefill_template[key]) if key else None  # a static cache: allocated by the graph
     window = sliding_window_of(model.config)
     out = run_component(runners["prefill"], step_inputs(prefill_template, ids, 0, empty, window))
-    stepper = _Stepper(runners["decode"], components["decode"][1], window)
-    _decode_loop(out["logits"], _output_cache(out), ids, greedy, stepper, tokens)
+    stepper = DecodeStepper(runners["decode"], components["decode"][1], window)
+    decode_loop(out["logits"], output_cache(out), ids, greedy, stepper, tokens)
     return int(ids.shape[1])
 
 
 def _merged_decoder(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
-    from exporters.capture.merged import MERGED, prompt_inputs
 
     template = components[MERGED][1]
     ids = generate_inputs["input_ids"]
     out = run_component(runners[MERGED], prompt_inputs(template, ids))
-    stepper = _Stepper(runners[MERGED], template)
-    _decode_loop(out["logits"], _output_cache(out), ids, greedy, stepper, tokens)
+    stepper = DecodeStepper(runners[MERGED], template)
+    decode_loop(out["logits"], output_cache(out), ids, greedy, stepper, tokens)
     return int(ids.shape[1])
 
 
@@ -265,13 +153,13 @@ def _encoder_decoder(model, components, runners, generate_inputs, greedy: Greedy
     extra = {"encoder_outputs": encoder_outputs}
     if "attention_mask" in prefill_template and "attention_mask" in generate_inputs:
         extra["attention_mask"] = generate_inputs["attention_mask"]
-    key = _cache_key(prefill_template)
+    key = cache_input_name(prefill_template)
     start = prefill_template["decoder_input_ids"]
     inputs = step_inputs(prefill_template, start, 0, copy.deepcopy(prefill_template[key]) if key else None)
     inputs.update(extra)
     out = run_component(runners["prefill"], inputs)
-    stepper = _Stepper(runners["decode"], components["decode"][1])
-    _decode_loop(out["logits"], _output_cache(out), start, greedy, stepper, tokens, extra)
+    stepper = DecodeStepper(runners["decode"], components["decode"][1])
+    decode_loop(out["logits"], output_cache(out), start, greedy, stepper, tokens, extra)
     source = next(iter(generate_inputs.values()))
     return int(source.shape[-1])
 

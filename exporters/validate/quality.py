@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from exporters.upstream import leaf_tensors
 
 HIDDEN_STATES = ("last_hidden_state", "pooler_output", "encoder_last_hidden_state")
 # (budget key, metric, at least (True) or at most (False), words)
@@ -34,7 +35,6 @@ RULES = (
 
 
 def _leaves(outputs: Any) -> dict[str, torch.Tensor]:
-    from exporters.upstream import leaf_tensors
 
     return leaf_tensors(outputs)
 

@@ -25,7 +25,10 @@ from typing import Any
 
 import torch
 
+from exporters.capture.cache_settings import sliding_window_of
+from exporters.capture.components import prefill_cache_kwargs
 from exporters.errors import EagerStageError
+from exporters.validate.greedy import DecodeStepper, decode_loop
 from exporters.upstream import prepare_traced_inputs, run_component
 
 DECODE = "decode"
@@ -93,41 +96,6 @@ def _output(value: Any, *names: str) -> Any:
     raise KeyError(f"the model's output has none of {list(names)}")
 
 
-def _traced_position(template: dict[str, Any]) -> int:
-    """How many tokens the decode template's cache held when it was captured."""
-    for key in ("cache", "past_key_values"):
-        cache = template.get(key)
-        if cache is not None and hasattr(cache, "get_seq_length"):
-            return int(cache.get_seq_length())
-    if isinstance(template.get("cache_position"), torch.Tensor):
-        return int(template["cache_position"].reshape(-1)[0])
-    raise KeyError("the decode template holds no cache to read its position from")
-
-
-class DecodeStepper:
-    """Feeds the exported decode one token at a time. Positions (1-D cache positions, 2-D position ids, Qwen2-VL's
-    3-D M-RoPE ids) advance by one per token from the captured template, which `generate()` itself computed: the
-    family's own position rules (PaliGemma counts from 1, M-RoPE adds the image's offset) are kept."""
-
-    def __init__(self, runner: Any, template: dict[str, Any], sliding_window: int | None = None):
-        self.runner = runner
-        self.template = template
-        self.sliding_window = sliding_window
-        self.traced = _traced_position(template)
-
-    def __call__(self, token: torch.Tensor, position: int, cache: Any, extra: dict[str, Any] | None = None) -> Any:
-        from exporters.validate.parity import step_inputs
-
-        inputs = step_inputs(self.template, token[:, None], position, cache, self.sliding_window)
-        offset = position - self.traced
-        for key in ("position_ids", "cache_position"):
-            value = self.template.get(key)
-            if isinstance(value, torch.Tensor) and not value.is_floating_point():
-                inputs[key] = value + offset
-        inputs.update(extra or {})
-        return run_component(self.runner, inputs)
-
-
 def vision_language_prefill(model, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]], runners,
                             generate_inputs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
     """The prompt's logits and cache, computed by the model's forward with every stage replaced by its graph."""
@@ -135,8 +103,6 @@ def vision_language_prefill(model, components: dict[str, tuple[torch.nn.Module, 
     missing = sorted(set(stages) - set(runners))
     if missing:
         raise KeyError(f"no exported graph for stage(s) {missing}")
-    from exporters.capture.components import prefill_cache_kwargs
-
     with stages_as_graphs(model, stages, runners), torch.no_grad():
         output = model(**copy.deepcopy(generate_inputs), **prefill_cache_kwargs(components.get(DECODE)))
     return _output(output, "logits"), _output(output, "cache", "past_key_values")
@@ -145,11 +111,9 @@ def vision_language_prefill(model, components: dict[str, tuple[torch.nn.Module, 
 def vision_language(model, components, runners, generate_inputs: dict[str, Any], greedy, tokens: list) -> int:
     """Parity driver (see `exporters.validate.parity`): image + prompt → graphs → greedy tokens appended to `tokens`;
     returns the prompt length."""
-    from exporters.capture.cache_settings import sliding_window_of
-    from exporters.validate.parity import _decode_loop
-
     logits, cache = vision_language_prefill(model, components, runners, generate_inputs)
-    stepper = DecodeStepper(runners[DECODE], components[DECODE][1], sliding_window_of(model.config))
+    stepper = DecodeStepper(runners[DECODE], components[DECODE][1], sliding_window_of(model.config),
+                            follow_template=True)
     ids = generate_inputs["input_ids"]
-    _decode_loop(logits, cache, ids, greedy, stepper, tokens)
+    decode_loop(logits, cache, ids, greedy, stepper, tokens)
     return int(ids.shape[1])

@@ -1,0 +1,3 @@
+"""The version of export-action (the package's, recorded in every report)."""
+
+__version__ = "0.1.0"
