@@ -21,6 +21,7 @@ from typing import Optional
 
 import typer
 
+from exporters.quiet import mute_import_chatter
 from exporters.redact import scrub
 from .settings import BotSettings, SettingsError, load_settings
 
@@ -55,6 +56,7 @@ class SecretFilter(logging.Filter):
 
 def setup_logging(level: str, settings: BotSettings) -> None:
     """Log to stderr, through `SecretFilter`; uvicorn's loggers too."""
+    mute_import_chatter()  # the stack's import chatter, muted as in the CLI and the Action (exporters/quiet.py)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(SecretFilter(settings.secrets()))
