@@ -270,7 +270,7 @@ def dockerfile() -> list[tuple[str, str]]:
     return parse_dockerfile((ROOT / "Dockerfile").read_text())
 
 
-@pytest.mark.parametrize("name", ["Dockerfile", "docker/bot.Dockerfile"])
+@pytest.mark.parametrize("name", ["Dockerfile", "docker/bot.Dockerfile", "examples/space/Dockerfile"])
 def test_dockerfile_passes_hadolint(name):
     tool = _tool("hadolint")
     if tool is None:
@@ -430,3 +430,14 @@ def test_bot_image_keeps_its_state_on_the_volume_and_checks_its_health(bot_docke
     assert "--start-period=" in options
     entrypoints = [json.loads(rest) for kind, rest in bot_dockerfile if kind == "ENTRYPOINT"]
     assert entrypoints == [["/usr/local/bin/python", "-m", "bot.cli", "serve"]]  # web + one embedded worker
+
+
+def test_the_space_example_runs_the_bot_image_on_its_port(bot_dockerfile):
+    text = (ROOT / "examples" / "space" / "README.md").read_text()
+    front = yaml.safe_load(text.split("---\n")[1])
+    assert front["sdk"] == "docker"
+    assert str(front["app_port"]) == dockerfile_env(bot_dockerfile)["EXPORT_BOT_PORT"]
+    space = parse_dockerfile((ROOT / "examples" / "space" / "Dockerfile").read_text())
+    assert [kind for kind, _ in space] == ["FROM"] and re.fullmatch(r"ghcr\.io/hf/export-action:\d+-bot", space[0][1])
+    for secret in ("WEBHOOK_SECRET", "HF_TOKEN"):
+        assert secret in text
