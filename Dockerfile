@@ -1,16 +1,22 @@
 # syntax=docker/dockerfile:1
-# The image of the GitHub Action (action.yml: runs.using docker). Build: docker build -t export-action .
+# The image of the GitHub Action (action.yml: runs.using docker), and the base of the bot's image
+# (docker/bot.Dockerfile). Build: docker build -t export-action .
 #
 # Base: pinned by tag. To pin by digest as well, resolve it where a registry is reachable and append it:
 #   docker buildx imagetools inspect python:3.11-slim-bookworm --format '{{json .Manifest.Digest}}'
 #   → FROM python:3.11-slim-bookworm@sha256:<digest>
-# GPU image (CUDA wheels bundle the CUDA runtime; the driver comes from the host with `--gpus all`):
-#   docker build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 -t export-action:cuda .
+# CUDA image: torch's default PyPI wheel (it bundles the CUDA 13 runtime; the driver comes from the host with
+# `--gpus all`), onnxruntime-gpu instead of onnxruntime, the CUDA pins of constraints-cuda.txt:
+#   docker build --build-arg VARIANT=cuda --build-arg CONSTRAINTS=constraints-cuda.txt \
+#     --build-arg TORCH_INDEX_URL=https://pypi.org/simple -t export-action:cuda .
 # Another base (e.g. an internal mirror, or a CUDA image that provides Python 3.11 at /usr/local/bin/python):
 #   docker build --build-arg BASE_IMAGE=registry.example/python:3.11-slim-bookworm .
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE}
 
+# VARIANT: the project's extra that picks the ONNX Runtime (cpu: onnxruntime, cuda: onnxruntime-gpu).
+ARG VARIANT=cpu
+ARG CONSTRAINTS=constraints.txt
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
 ENV PYTHONUNBUFFERED=1 \
@@ -20,14 +26,21 @@ ENV PYTHONUNBUFFERED=1 \
     HF_HUB_DISABLE_TELEMETRY=1 \
     HF_HUB_DISABLE_PROGRESS_BARS=1
 
-# The whole stack at the exact versions CI tested (constraints.txt); torch's CPU (or CUDA) wheel from its index.
-COPY constraints.txt pyproject.toml /opt/export-action/
+# The whole stack at the exact versions CI tested; torch's CPU wheel from its index (the CUDA image: PyPI's).
+# The build tools first, at their pins; then the project, built with them (no build isolation); then the check that
+# every installed distribution is pinned (a package missing from the constraints fails the build, it does not drift);
+# then the build's leftovers go (the package is installed in site-packages).
+COPY constraints.txt constraints-cuda.txt pyproject.toml README.md /opt/export-action/
+COPY docker/check_pins.py /opt/export-action/docker/
 COPY exporters /opt/export-action/exporters
 COPY action /opt/export-action/action
-RUN python -m pip install --extra-index-url "${TORCH_INDEX_URL}" -c /opt/export-action/constraints.txt \
-        /opt/export-action \
-    && python -c "import action.main, exporters.pipeline, exporters.publish, transformers.exporters" \
-    && rm -rf /root/.cache
+COPY bot /opt/export-action/bot
+RUN python -m pip install -c "/opt/export-action/${CONSTRAINTS}" pip setuptools wheel \
+    && python -m pip install --no-build-isolation --extra-index-url "${TORCH_INDEX_URL}" \
+        -c "/opt/export-action/${CONSTRAINTS}" "/opt/export-action[${VARIANT}]" \
+    && python /opt/export-action/docker/check_pins.py "/opt/export-action/${CONSTRAINTS}" --allow export-action \
+    && python -c "import action.main, bot.app, exporters.pipeline, exporters.publish, transformers.exporters" \
+    && rm -rf /root/.cache /opt/export-action/build /opt/export-action/export_action.egg-info
 
 # No USER: the runner mounts the workspace owned by root and the Action must write to it.
 # No WORKDIR reliance: the runner starts the container in /github/workspace; the entrypoint is an absolute path.

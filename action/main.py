@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from exporters.errors import ExportActionError
+from exporters.quiet import mute_import_chatter
 
 from .outcome import (
     EXIT_FAILED,
@@ -56,6 +57,7 @@ PR_OPERATIONS = ("created", "updated", "unchanged", "superseded")  # the pr-oper
 
 def _quiet_libraries(settings: Settings) -> None:
     """Environment for the libraries, set before they are imported (huggingface_hub reads it at import time)."""
+    mute_import_chatter()  # torchao's CUDA kernels, pytree's enums: as the CLI and the bot
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -1,9 +1,12 @@
 """The Action's settings: its inputs (`INPUT_*` env vars) and the GitHub runner's context (`GITHUB_*`).
 
 The runner passes each input of `action.yml` to a Docker action as `INPUT_<NAME>`, upper-cased with spaces turned
-into `_` and hyphens kept (`hf-token` → `INPUT_HF-TOKEN`). The underscored form (`INPUT_HF_TOKEN`) is accepted too,
-for shells and `docker run -e`, which cannot set names with hyphens. The runner does not enforce `required: true`:
-[`Settings.from_env`] does, and raises [`SettingsError`] listing every problem at once.
+into `_` and hyphens kept (`hf-token` → `INPUT_HF-TOKEN`). `docker run -e INPUT_HF-TOKEN=...` sets such a name too;
+only shells cannot (`export INPUT_HF-TOKEN=...` is a syntax error, and `sh -c` drops such names from what it passes
+on), which is why the image's entrypoint is exec form (`["/usr/local/bin/python", "-m", "action"]`, no shell in
+between) and must stay so. The underscored form (`INPUT_HF_TOKEN`) is accepted too, for people typing inputs in a
+shell. The runner does not enforce `required: true`: [`Settings.from_env`] does, and raises [`SettingsError`]
+listing every problem at once.
 
 Example:
     >>> env = {"INPUT_MODEL": "org/name", "INPUT_TARGETS": "onnx, dynamo", "GITHUB_WORKSPACE": "/tmp"}

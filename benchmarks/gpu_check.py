@@ -1,9 +1,12 @@
 """The CUDA paths, run for real on a machine with a GPU (CI has none: there the same recipes fail with a clear
 DeviceError, which the test suite checks).
 
-Builds a tiny Llama and a tiny BERT, then runs the real CLI with targets on `device: cuda` (dynamo and ONNX,
-float32 and float16, generation and single graph), `device: auto`, and a `--device cpu` override of a cuda recipe.
-Prints each target's verdict and writes the reports under OUT.
+Builds a tiny Llama and a tiny BERT, then runs the real CLI with targets on `device: cuda` (dynamo, ONNX through
+onnxruntime-gpu's CUDA provider, ExecuTorch's CUDA backend; float32 and float16, generation and single graph),
+`device: auto`, and a `--device cpu` override of a cuda recipe. Prints each target's verdict and writes the reports
+under OUT. First it records the stack it runs on and checks it is the CUDA image's (docker build --build-arg
+VARIANT=cuda ...: see the Dockerfile's header): one ONNX Runtime, onnxruntime-gpu with its CUDA provider, every
+distribution pinned as constraints-cuda.txt says, ExecuTorch's CUDA backend importable.
 
 Usage: python benchmarks/gpu_check.py OUT_DIR
 Recorded results: benchmarks/RESULTS.md ("GPU check").
@@ -31,17 +34,49 @@ LLAMA_RECIPE = [
 BERT_RECIPE = [
     {"name": "dynamo-auto", "export_format": "dynamo", "dynamic": True, "device": "auto"},
     {"name": "onnx-auto", "export_format": "onnx", "dynamic": True, "device": "auto"},
+    {"name": "executorch-cuda", "export_format": "executorch", "backend": "cuda", "device": "cuda"},
 ]
 
 
 def environment() -> dict:
-    import onnxruntime
-    import torch
+    """The stack this runs on, and whether it is the CUDA image's (`image_checks`: name -> passed, detail)."""
+    import importlib
+    import shutil
+    from importlib import metadata
 
+    import torch  # first: onnxruntime-gpu finds the CUDA libraries torch's wheels bring
+    import onnxruntime
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    ort_dists = {name: version(name) for name in ("onnxruntime", "onnxruntime-gpu") if version(name)}
+    try:
+        importlib.import_module("executorch.backends.cuda.cuda_partitioner")
+        et_cuda = "importable"
+    except Exception as err:  # noqa: BLE001 - what failed is the finding
+        et_cuda = f"{type(err).__name__}: {err}"
+    pins = subprocess.run([sys.executable, str(ROOT / "docker" / "check_pins.py"),
+                           str(ROOT / "constraints-cuda.txt"), "--allow", "export-action"],
+                          capture_output=True, text=True)
+    providers = onnxruntime.get_available_providers()
+    checks = {
+        "one ONNX Runtime, the GPU build": (list(ort_dists) == ["onnxruntime-gpu"], ort_dists),
+        "ONNX Runtime's CUDA provider": ("CUDAExecutionProvider" in providers, providers),
+        "torch sees the GPU": (torch.cuda.is_available(), torch.version.cuda),
+        "ExecuTorch's CUDA backend": (et_cuda == "importable", et_cuda),
+        "every distribution pinned (constraints-cuda.txt)": (pins.returncode == 0,
+                                                             (pins.stdout + pins.stderr).strip()[-800:]),
+    }
     return {
         "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "onnxruntime": onnxruntime.__version__, "ort_providers": onnxruntime.get_available_providers(),
+        "onnxruntime": onnxruntime.__version__, "onnxruntime_dists": ort_dists, "ort_providers": providers,
+        "executorch": version("executorch"), "triton": version("triton"), "cxx": shutil.which("g++") or shutil.which("c++"),
+        "image_checks": {name: {"passed": bool(ok), "detail": detail} for name, (ok, detail) in checks.items()},
     }
 
 
@@ -62,12 +97,17 @@ def run(model: Path, out: Path, *extra: str) -> dict:
 
 
 def main() -> None:
+    from exporters.quiet import mute_import_chatter
+
+    mute_import_chatter()
     from tests.models import tiny_bert, tiny_llama
 
     out_root = Path(sys.argv[1] if len(sys.argv) > 1 else "gpu-check")
     out_root.mkdir(parents=True, exist_ok=True)
     env = environment()
     print(json.dumps(env))
+    for name, check in env["image_checks"].items():
+        print(f"{'ok  ' if check['passed'] else 'FAIL'} {name}: {check['detail']}")
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     llama = tiny_llama(work / "llama", LLAMA_RECIPE)
     bert = tiny_bert(work / "bert", BERT_RECIPE)

@@ -4,7 +4,11 @@
 hf-export-bot serve  [--config bot.toml] [--host 127.0.0.1] [--port 8080] [--no-worker]
 hf-export-bot worker [--config bot.toml]
 hf-export-bot jobs   [--config bot.toml] [--status failed] [--limit 20]
+hf-export-bot health [--port 8080]       # exit 0 when the served bot answers GET /healthz with ok (HEALTHCHECK)
 ```
+
+`--host` and `--port` also come from `EXPORT_BOT_HOST` / `EXPORT_BOT_PORT` (the container sets them, and the health
+check reads the same port).
 
 Configuration: `--config` (TOML) and environment variables; see `bot/settings.py` and `docs/bot.md`.
 Exit codes: 0 ok, 2 bad configuration.
@@ -21,6 +25,7 @@ from typing import Optional
 
 import typer
 
+from exporters.quiet import mute_import_chatter
 from exporters.redact import scrub
 from .settings import BotSettings, SettingsError, load_settings
 
@@ -55,6 +60,7 @@ class SecretFilter(logging.Filter):
 
 def setup_logging(level: str, settings: BotSettings) -> None:
     """Log to stderr, through `SecretFilter`; uvicorn's loggers too."""
+    mute_import_chatter()  # the stack's import chatter, muted as in the CLI and the Action (exporters/quiet.py)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(SecretFilter(settings.secrets()))
@@ -78,8 +84,8 @@ def _settings(config: Optional[Path], **overrides) -> BotSettings:
 @app.command()
 def serve(
     config: Optional[Path] = ConfigOption,
-    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
-    port: int = typer.Option(8080, "--port", help="Port to listen on."),
+    host: str = typer.Option("127.0.0.1", "--host", envvar="EXPORT_BOT_HOST", help="Interface to listen on."),
+    port: int = typer.Option(8080, "--port", envvar="EXPORT_BOT_PORT", help="Port to listen on."),
     worker: bool = typer.Option(True, "--worker/--no-worker", help="Run a worker thread in this process."),
     access_log: bool = typer.Option(False, "--access-log/--no-access-log", help="Log every HTTP request."),
     log_level: str = LogLevelOption,
@@ -133,6 +139,26 @@ def jobs(
         link = job.pr_url or job.discussion_url or ""
         typer.echo(f"#{job.id:<5} {job.status:<9} {job.repo}@{job.head_sha[:8]:<8} {job.trigger:<7} "
                    f"{job.attempts}/{job.max_attempts} {link} {job.reason or ''}".rstrip())
+
+
+@app.command()
+def health(
+    port: int = typer.Option(8080, "--port", envvar="EXPORT_BOT_PORT", help="Port the bot serves on."),
+    timeout: float = typer.Option(5.0, "--timeout", help="Seconds to wait for the answer."),
+) -> None:
+    """Exit 0 when the bot on this machine answers GET /healthz with status ok, 1 otherwise (a container's health
+    check: no curl needed, no secret read)."""
+    import httpx
+
+    url = f"http://127.0.0.1:{port}/healthz"
+    try:
+        answer = httpx.get(url, timeout=timeout)
+        healthy = answer.status_code == 200 and answer.json().get("status") == "ok"
+        detail = f"{answer.status_code} {answer.text[:200]}"
+    except (httpx.HTTPError, ValueError) as err:
+        healthy, detail = False, f"{type(err).__name__}: {err}"
+    typer.echo(f"{url}: {'ok' if healthy else 'unhealthy'} ({detail})", err=not healthy)
+    raise typer.Exit(0 if healthy else 1)
 
 
 def main() -> None:

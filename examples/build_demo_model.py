@@ -8,14 +8,12 @@ Usage: python examples/build_demo_model.py examples/demo-model
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 
-# The stack's import chatter, muted as the CLI mutes it: torchao (loaded by transformers once ExecuTorch's stack is
-# installed) warns that its CUDA kernels do not load on a CPU machine, torch's pytree about torchao's enums.
-for _noisy in ("torchao", "torch.utils._pytree"):
-    logging.getLogger(_noisy).setLevel(logging.ERROR)
+from exporters.quiet import mute_import_chatter
+
+mute_import_chatter()  # the stack's import chatter, muted as in the CLI, the Action and the bot
 
 WORDS = (
     "the a an model export graph token layer weight onnx torch program runtime hub pull request report valid "

