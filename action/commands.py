@@ -120,7 +120,7 @@ def set_outputs(path: Path | None, outputs: Mapping[str, str]) -> None:
 
 def truncate_summary(markdown: str, limit: int = SUMMARY_LIMIT) -> str:
     """`markdown` cut to `limit` bytes with a note; a code fence the cut leaves open is closed first."""
-    from exporters.publish.texts import close_fences
+    from exporters.report.markdown import close_fences
 
     data = markdown.encode("utf-8")
     if len(data) <= limit:

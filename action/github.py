@@ -28,7 +28,7 @@ class StickyComment:
 
 def fit_comment(body: str) -> str:
     """`body` cut to GitHub's comment limit; a code fence the cut leaves open is closed (nothing after it hides)."""
-    from exporters.publish.texts import close_fences
+    from exporters.report.markdown import close_fences
 
     if len(body) <= MAX_COMMENT_CHARS:
         return body

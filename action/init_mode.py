@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from exporters.files import RECIPE_FILE
+
 from .commands import emit, error, group, set_outputs, untrusted, write_summary
 from .outcome import EXIT_FAILED, EXIT_OK, NoPublish, comment, fail, relative, worded
 from .settings import Settings
 
-RECIPE_NAME = "export_config.json"
 SUMMARY_NAME = "init-summary.md"
 PR_OPERATIONS = ("created", "updated", "unchanged")
 
@@ -75,7 +76,7 @@ def init_mode(settings: Settings) -> int:
         error(str(failure), title="No format could be exported")
     markdown = render_markdown(result)
     (out_dir / SUMMARY_NAME).write_text(markdown, encoding="utf-8")
-    recipe_path = out_dir / RECIPE_NAME
+    recipe_path = out_dir / RECIPE_FILE
     publish = None
     if not failed:
         recipe_path.write_text(json.dumps(result.recipe, indent=2) + "\n", encoding="utf-8")

@@ -33,6 +33,8 @@ from typing import Any
 from exporters.errors import ExportActionError
 from exporters.quiet import mute_import_chatter
 
+from .commands import add_mask, emit, error, group, set_outputs, untrusted, warning, write_summary
+from .init_mode import init_mode
 from .outcome import (
     EXIT_FAILED,
     EXIT_OK,
@@ -44,8 +46,6 @@ from .outcome import (
     relative,
     worded,
 )
-from .commands import add_mask, emit, error, group, set_outputs, untrusted, warning, write_summary
-from .init_mode import init_mode
 from .settings import Settings, SettingsError, read_input
 from .summary import recipe_url, run_markdown, targets_markdown
 
@@ -253,8 +253,8 @@ def run_mode(settings: Settings) -> int:
 
 def load_recipe(settings: Settings):
     """The recipe this run would use, read without downloading weights: `(recipe, file, resolved revision)`."""
-    from exporters.run.context import load_run_recipe
     from exporters.capture.source import resolve_source
+    from exporters.run.context import load_run_recipe
 
     model = str(settings.model_path) if settings.model_path is not None else settings.model
     source = resolve_source(model, revision=settings.revision, token=settings.hf_token,
@@ -294,8 +294,8 @@ def list_targets_mode(settings: Settings) -> int:
 
 
 def aggregate_mode(settings: Settings) -> int:
-    from exporters.report.aggregate import aggregate
     from exporters.errors import AggregateError
+    from exporters.report.aggregate import aggregate
 
     expected: list[Any] | None = list(settings.targets) or None
     if expected is None:

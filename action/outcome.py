@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporters.errors import ExportActionError
-
 from action.commands import emit, error, set_outputs, warning, write_summary
 from action.settings import Settings
 from action.summary import comment_marker, error_markdown, problem_markdown
+from exporters.errors import ExportActionError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # How the Action spells the library's options in messages: its inputs.

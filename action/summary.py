@@ -16,9 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from exporters.report.markdown import ICONS, cell, reason, variants_table
 from exporters.publish.problem import Problem, line_url, problem_body
-from exporters.publish.texts import close_fences
+from exporters.report.markdown import ICONS, cell, close_fences, reason, variants_table
 
 DEFAULT_HUB = "https://huggingface.co"
 

@@ -44,8 +44,8 @@ def environment() -> dict:
     import shutil
     from importlib import metadata
 
-    import torch  # first: onnxruntime-gpu finds the CUDA libraries torch's wheels bring
     import onnxruntime
+    import torch  # first: onnxruntime-gpu finds the CUDA libraries torch's wheels bring
 
     def version(name: str) -> str | None:
         try:

@@ -42,12 +42,13 @@ from huggingface_hub import WebhookPayload
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from exporters.redact import scrub
+
 from . import __version__
 from .intake import Decision, decide
 from .members import Members, MembershipError
-from exporters.redact import scrub
-from .settings import BotSettings, SettingsError
 from .page import PAGE_SIZE, PageNav, public_view, render_status_page
+from .settings import BotSettings, SettingsError
 from .store import STATES, JobStore
 
 log = logging.getLogger("bot.app")

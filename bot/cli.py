@@ -27,6 +27,7 @@ import typer
 
 from exporters.quiet import mute_import_chatter
 from exporters.redact import scrub
+
 from .settings import BotSettings, SettingsError, load_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,

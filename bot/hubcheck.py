@@ -34,10 +34,10 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from exporters.hashing import is_weight_file  # the files whose content makes an export's inputs
 from exporters.errors import RecipeError
+from exporters.files import RECIPE_SOURCES
+from exporters.hashing import is_weight_file  # the files whose content makes an export's inputs
 from exporters.publish.problem import Problem, problem_from_error
-from exporters.capture.source import RECIPE_FILES
 
 from .texts import OPT_OUT_FILE
 
@@ -103,7 +103,7 @@ def inspect_repo(repo_id: str, revision: str, *, token: str | None, endpoint: st
         state = RepoState(repo_id=repo_id, head_sha=info.sha or revision, weights_key=weights_key(ids),
                           private=bool(info.private) if info.private is not None else None,
                           opted_out=OPT_OUT_FILE in ids)
-        present = [name for name in RECIPE_FILES if name in ids]
+        present = [name for name in RECIPE_SOURCES if name in ids]
         if present:
             with tempfile.TemporaryDirectory(prefix="export-bot-recipe-") as tmp:
                 for name in present:

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from exporters.errors import PublishError
 from exporters.publish import Problem, close_failure_discussions, report_problem
+from exporters.recipe.load import where_a_recipe_goes
 from exporters.redact import scrub, tail
 
 from .backends import Backend, JobContext, get_backend
@@ -208,8 +209,7 @@ class Worker:
             return "the comment asking for an export is the bot's own", None
         if not state.has_recipe:
             if not self._proposes(state):
-                return (f"no recipe at {state.head_sha[:8]} (no export_config.json, no 'export_config' in "
-                        "config.json)"), None
+                return f"no export recipe at {state.head_sha[:8]}: {where_a_recipe_goes()}", None
             previous = self.store.find_exported(job.repo, PROPOSAL_KEY, state.weights_key, exclude=job.id)
             if previous is not None and not job.force:
                 return f"a recipe was already proposed by job #{previous.id} for these weights", None

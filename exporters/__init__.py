@@ -11,7 +11,6 @@ Example:
 
 from __future__ import annotations
 
-from exporters.version import __version__
 from exporters.errors import (
     AggregateError,
     ArtifactError,
@@ -27,11 +26,12 @@ from exporters.errors import (
     RecipeProblem,
     RemoteCodeError,
     ShapeSpecError,
-    UnsupportedModelError,
     TargetPlanError,
+    UnsupportedModelError,
 )
-from exporters.recipe.model import Recipe  # noqa: E402
 from exporters.recipe.load import load_recipe_file, parse_recipe  # noqa: E402
+from exporters.recipe.model import Recipe  # noqa: E402
+from exporters.version import __version__
 
 __all__ = [
     "__version__",

@@ -13,15 +13,16 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from exporters.capture.components import cache_setting_for, decompose
-from exporters.export import convert as engine
 from exporters import upstream
 from exporters.capture.cache_settings import check_second_step
-from exporters.upstream import EXPORT_BACKENDS
-from exporters.errors import RecipeError
-from exporters.recipe.model import CONFIG_FIELD, RECIPE_FILE, Recipe
-from exporters.recipe.load import find_recipe, parse_recipe_data
+from exporters.capture.components import cache_setting_for, decompose
 from exporters.capture.shapes import build_dynamic_shapes
+from exporters.errors import RecipeError
+from exporters.export import convert as engine
+from exporters.files import RECIPE_FILE, RECIPE_SOURCES
+from exporters.recipe.load import find_recipe, missing_recipe, parse_recipe_data
+from exporters.recipe.model import Recipe
+from exporters.upstream import EXPORT_BACKENDS
 
 
 class RecipeExporter:
@@ -75,7 +76,7 @@ def _read_remote_recipe(repo_id: str, revision: str | None, token: str | None, e
     from huggingface_hub.errors import EntryNotFoundError
 
     folder: Path | None = None
-    for name in (RECIPE_FILE, "config.json"):
+    for name in RECIPE_SOURCES:
         try:
             path = hf_hub_download(repo_id, name, revision=revision, token=token, endpoint=endpoint)
             folder = Path(path).parent
@@ -111,10 +112,7 @@ class AutoHfExporter(upstream.UpstreamAutoHfExporter):
         )
         found = find_recipe(folder)
         if found is None:
-            raise RecipeError(
-                f"{pretrained_model_name_or_path} publishes no export recipe: add {RECIPE_FILE} or a "
-                f"'{CONFIG_FIELD}' field in config.json"
-            )
+            raise missing_recipe(str(pretrained_model_name_or_path))
         recipe, _, notes = found
         for note in notes:
             warnings.warn(note, stacklevel=2)

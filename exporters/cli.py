@@ -27,6 +27,7 @@ from exporters.errors import (
     error_record,
     render_root_cause,
 )
+
 from .quiet import mute_import_chatter
 
 app = typer.Typer(

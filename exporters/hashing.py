@@ -11,18 +11,19 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from exporters.files import RECIPE_FILE
+
 # Top-level files of a model repo whose content an export depends on: weights, configs, tokenizer files, and the
 # model's own code (`auto_map` modules). The recipe is hashed separately, and nothing under a folder (previous
 # exports) counts.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".json", ".model", ".txt", ".py")
-RECIPE_NAME = "export_config.json"
 CHUNK = 1 << 20
 
 
 def is_weight_file(name: str) -> bool:
     """Whether a model repo file (path relative to the repo root) is one of an export's inputs besides the recipe:
     weights, configs, tokenizer files, code."""
-    return "/" not in name and name != RECIPE_NAME and name.endswith(WEIGHT_SUFFIXES)
+    return "/" not in name and name != RECIPE_FILE and name.endswith(WEIGHT_SUFFIXES)
 
 
 def sha256_file(path: Path) -> str:

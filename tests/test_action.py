@@ -475,7 +475,7 @@ def test_a_workflow_command_inside_an_upstream_log_is_shown_not_obeyed(matrix_sc
 def test_markdown_around_log_excerpts_keeps_its_fences_closed():
     from action.github import MAX_COMMENT_CHARS, fit_comment
     from action.summary import run_markdown
-    from exporters.publish.texts import close_fences
+    from exporters.report.markdown import close_fences
 
     report_md = "## Export report\n\n````\n" + "log line\n" * 10 + "```` not a close\n"  # cut mid-fence
     report = {"status": "failed", "source": {"model": "o/m"}, "targets": [

@@ -121,8 +121,8 @@ def test_a_planted_staging_link_is_not_followed(exported: dict[str, Path]) -> No
 
 
 def test_aggregate_refuses_links_in_parts_and_names_that_are_not_target_names(exported: dict[str, Path]) -> None:
-    from exporters.report.aggregate import aggregate
     from exporters.errors import AggregateError
+    from exporters.report.aggregate import aggregate
 
     parts = exported["root"] / "parts"
     part = parts / "export-onnx"

@@ -30,7 +30,8 @@ from bot.app import create_app
 from bot.settings import BotSettings, load_settings
 from bot.store import JobStore
 from tests.conftest import ROOT
-from tests.servers.github_fixtures import GITHUB_BOT_TOKEN, REPO as GH_REPO, WORKFLOW_FILE
+from tests.servers.github_fixtures import GITHUB_BOT_TOKEN, WORKFLOW_FILE
+from tests.servers.github_fixtures import REPO as GH_REPO
 from tests.servers.hub_fixtures import BOT_TOKEN, BOT_USER, TEST_TOKEN
 
 SECRET = "whsec_test_0123456789abcdef"

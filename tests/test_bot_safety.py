@@ -13,7 +13,8 @@ import httpx
 
 from bot.store import DAY_SECONDS, JobStore
 from bot.worker import Worker
-from tests.servers.github_fixtures import GITHUB_BOT_TOKEN, REPO as GH_REPO, WORKFLOW_FILE
+from tests.servers.github_fixtures import GITHUB_BOT_TOKEN, WORKFLOW_FILE
+from tests.servers.github_fixtures import REPO as GH_REPO
 from tests.servers.hub_fixtures import BOT_TOKEN, BOT_USER, TEST_TOKEN
 from tests.test_bot import (  # noqa: F401  (start_bot is a fixture)
     bot_settings,

@@ -59,14 +59,14 @@ def test_parity_refuses_a_forward_that_uses_eager_weights(idefics3_run):
     """The driver runs the model's own forward with its stages replaced by graphs; a stage left eager is caught."""
     import torch
 
-    from exporters.capture.components import decompose
     from exporters.capture.cache_settings import CacheSetting
-    from exporters.errors import EagerStageError
-    from exporters.validate.vision_language import vision_language_prefill
+    from exporters.capture.components import decompose
     from exporters.capture.inputs import make_sample_inputs
-    from exporters.recipe.load import parse_recipe
     from exporters.capture.source import ModelSource, load_model, load_tokenizer
+    from exporters.errors import EagerStageError
+    from exporters.recipe.load import parse_recipe
     from exporters.upstream import load_exported
+    from exporters.validate.vision_language import vision_language_prefill
 
     model_dir, out, _ = idefics3_run
     model = load_model(ModelSource(str(model_dir), model_dir))

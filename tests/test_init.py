@@ -277,8 +277,8 @@ def _a_changed_proposal_updates_the_pr_and_a_closed_one_is_not_reopened(hub, rep
     PR the owner closed stays closed for the same proposal."""
     from huggingface_hub import HfApi
 
-    from exporters.init.propose import InitResult
     from exporters.init.decide import FormatResult
+    from exporters.init.propose import InitResult
     from exporters.init.push import publish_recipe
     from exporters.status import PASSED
 

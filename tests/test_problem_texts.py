@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 from exporters.errors import RecipeError, RemoteCodeError
-from exporters.report.markdown import render_markdown
 from exporters.publish import HubView, ThreadState, decide, texts
 from exporters.publish.markers import MARKER_TAG, parse_marker
 from exporters.publish.problem import (
@@ -21,6 +20,7 @@ from exporters.publish.problem import (
     read_problem,
 )
 from exporters.recipe.load import load_recipe_file
+from exporters.report.markdown import render_markdown
 from tests.conftest import run_cli
 
 SHA = "c0ffee" + "0" * 34

@@ -26,7 +26,8 @@ from exporters.publish import (
     same_fingerprint,
 )
 from exporters.publish.decide import duplicates_of
-from exporters.publish.texts import card_section, close_fences, fit_markdown, pr_description, what_was_checked
+from exporters.publish.texts import card_section, fit_markdown, pr_description, what_was_checked
+from exporters.report.markdown import close_fences
 
 OLD, MID, NEW = "1" * 40, "2" * 40, "3" * 40
 SLOT = {"kind": "exports", "recipe": "repo", "base": "main"}

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from exporters.errors import RecipeError
-from exporters.recipe.model import SCHEMA_PATH, recipe_json_schema
 from exporters.recipe.load import find_recipe, load_recipe_file, parse_recipe
+from exporters.recipe.model import SCHEMA_PATH, recipe_json_schema
 from tests.conftest import run_cli
 
 INVALID = Path(__file__).parent / "recipes" / "invalid"

@@ -96,7 +96,7 @@ def test_docstring_examples_run(module):
 
 # --- The layout by stage (#28): packages by stage, dependencies one way, no import cycles ---------------------------
 
-FOUNDATION = {"errors", "status", "redact", "fsutil", "hashing", "version", "quiet"}
+FOUNDATION = {"errors", "status", "redact", "fsutil", "hashing", "files", "version", "quiet"}
 FRONT_DOORS = {"", "cli", "auto"}  # exporters/__init__, the CLI, AutoHfExporter: they may import anything
 # Each stage package and the packages it may import (besides itself and the foundation).
 STAGE_RULES = {

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from exporters.validate.benchmark import TIMED_RUNS
 from exporters.publish import CARD_END, CARD_START
-from exporters.recipe.model import Recipe
 from exporters.recipe.load import parse_recipe
+from exporters.recipe.model import Recipe
 from exporters.report.build import MARKDOWN_LIMIT, render_markdown, variants_table
+from exporters.validate.benchmark import TIMED_RUNS
 from tests.conftest import run_cli
 from tests.models import tiny_bert, tiny_llama
 from tests.test_publish import HubEnv, description, env  # noqa: F401  (the module's Hub emulator fixture)
@@ -309,8 +309,8 @@ def test_no_bench_skips_timing(encoder):
 
 
 def test_quality_metrics_and_the_metric_that_decides():
-    from exporters.validate.quality import greedy_match, judge, measure
     from exporters.report.results import GenerationReport
+    from exporters.validate.quality import greedy_match, judge, measure
 
     torch.manual_seed(0)
     logits = torch.randn(1, 10, 50) * 4

@@ -49,8 +49,9 @@ def test_a_component_whose_every_probe_was_skipped_is_unverified_and_opens_no_pr
 def eos_first(tmp_path_factory):
     """A Llama whose first greedy token for the recipe's prompt is its EOS: generation stops before the decode graph
     ever runs."""
-    from examples.build_demo_model import build_tokenizer
     from transformers import AutoModelForCausalLM
+
+    from examples.build_demo_model import build_tokenizer
 
     root = tmp_path_factory.mktemp("eos-first")
     recipe = {"schema_version": 1, "exports": [{"export_format": "onnx", "mode": "generation", "dynamic": True}],

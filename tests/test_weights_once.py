@@ -370,8 +370,8 @@ def test_transformers_js_generates_the_eager_tokens(run, eager):
 
 
 def test_default_merges_only_plain_onnx_decoder_targets():
-    from exporters.errors import TargetPlanError
     from exporters.capture.merged import wants_merged
+    from exporters.errors import TargetPlanError
     from exporters.recipe.load import parse_recipe
 
     def target(**settings):

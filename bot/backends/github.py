@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from exporters.redact import scrub
+
 from ..settings import BotSettings
 from . import JobContext, Outcome
 

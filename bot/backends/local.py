@@ -46,6 +46,7 @@ from typing import Any
 
 from exporters.publish import OUTCOME_FILE, PROBLEM_FILE, read_problem
 from exporters.redact import scrub, tail
+
 from ..settings import BotSettings
 from . import JobContext, Outcome
 

@@ -23,11 +23,9 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from exporters.errors import DecodeStepError
-from exporters.errors import ShapeSpecError
-from exporters.capture.shapes import axis_specs
+from exporters.capture.shapes import axis_specs, spec_key
+from exporters.errors import DecodeStepError, ShapeSpecError
 from exporters.upstream import leaf_tensors
-from exporters.capture.shapes import spec_key
 
 DEFAULT_MAX_CACHE_LEN = 2048
 CACHE_INPUTS = ("cache", "past_key_values")

@@ -32,8 +32,7 @@ from exporters.capture.cache_settings import cache_setting, max_positions
 from exporters.capture.families import detect_family
 from exporters.errors import UnsupportedModelError
 from exporters.recipe.model import Recipe
-from exporters.upstream import multimodal_submodules
-from exporters.upstream import register_cache_pytrees
+from exporters.upstream import multimodal_submodules, register_cache_pytrees
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 

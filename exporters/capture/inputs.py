@@ -15,10 +15,9 @@ from typing import Any
 
 import torch
 
-from exporters.capture.families import FAMILIES, default_mode, detect_family
+from exporters.capture.families import FAMILIES, default_mode, detect_family, towers
 from exporters.capture.multimodal import Preprocessor, load_preprocessor, processor_inputs, synthesize_vlm
 from exporters.recipe.model import InputsSpec
-from exporters.capture.families import towers
 
 __all__ = ["FAMILIES", "SampleInputs", "default_mode", "detect_family", "make_sample_inputs", "random_token_ids"]
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
+from exporters.capture.probes import sync_cache_lengths
 from exporters.capture.steps import cache_input_name, step_inputs
 from exporters.errors import TargetPlanError
-from exporters.upstream import leaf_tensors
-from exporters.capture.probes import sync_cache_lengths
 from exporters.recipe.model import ComponentOverride
+from exporters.upstream import leaf_tensors
 
 MERGED = "model"
 QUERY_DIM, PAST_DIM = "sequence_length", "past_sequence_length"

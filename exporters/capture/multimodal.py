@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from exporters.errors import UnsupportedModelError
-from exporters.errors import describe_error
+from exporters.errors import UnsupportedModelError, describe_error
 
 PROCESSOR_FILE = "processor_config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"

@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from exporters.recipe.dims import DimSpec
-from exporters.upstream import leaf_tensors
 from exporters.capture.inputs import random_token_ids
 from exporters.capture.shapes import axis_specs, spec_key
+from exporters.recipe.dims import DimSpec
+from exporters.upstream import leaf_tensors
 
 # Logits a probe may produce (tokens x vocabulary); each is held by the eager reference and the artifact's output.
 MAX_PROBE_LOGITS = 1 << 26

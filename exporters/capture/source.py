@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from exporters.errors import ModelSourceError, RemoteCodeError
+from exporters.files import RECIPE_SOURCES
 
 REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 # What a run needs from a repo: never the previous exports, which can be large.
-RECIPE_FILES = ["export_config.json", "config.json"]
 DOWNLOAD_IGNORE = ["exports/*", "*.onnx", "*.onnx.data", "*.pte", "*.pt2", "*.msgpack", "*.h5", "*.ot", "*.bin.index.json"]
 
 
@@ -56,7 +56,7 @@ def resolve_source(
     api = HfApi(endpoint=endpoint, token=token)
     try:
         info = api.model_info(model, revision=revision)
-        patterns = {"allow_patterns": RECIPE_FILES} if recipe_only else {"ignore_patterns": DOWNLOAD_IGNORE}
+        patterns = {"allow_patterns": list(RECIPE_SOURCES)} if recipe_only else {"ignore_patterns": DOWNLOAD_IGNORE}
         folder = snapshot_download(model, revision=info.sha, token=token, endpoint=endpoint, **patterns)
     except RepositoryNotFoundError:
         raise ModelSourceError(f"Hub repo {model!r} not found (or private: give a `token` that can read it)",

@@ -16,13 +16,13 @@ import torch
 
 from exporters import upstream
 from exporters.capture.components import cache_setting_for, generation_config_for
-from exporters.errors import ShapeSpecError
-from exporters.export.footprint import tied_embeddings
-from exporters.recipe.model import ComponentOverride, Recipe
 from exporters.capture.shapes import build_dynamic_shapes
+from exporters.errors import ShapeSpecError
 from exporters.export import onnx_files
-from exporters.export.transformers_js import write_transformers_js
+from exporters.export.footprint import tied_embeddings
 from exporters.export.onnx_files import apply_onnx_file_options
+from exporters.export.transformers_js import write_transformers_js
+from exporters.recipe.model import ComponentOverride, Recipe
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 

@@ -29,12 +29,12 @@ from typing import Any, Callable
 
 import torch
 
-from exporters.errors import RecipeError
-from exporters.capture.inputs import SampleInputs, prompt_ids, make_sample_inputs
-from exporters.recipe.jsonpos import format_path, nearest_line
-from exporters.recipe.model import Recipe
 from exporters import upstream
 from exporters.capture.components import generation_config_for
+from exporters.capture.inputs import SampleInputs, make_sample_inputs, prompt_ids
+from exporters.errors import RecipeError
+from exporters.recipe.jsonpos import format_path, nearest_line
+from exporters.recipe.model import Recipe, Target
 from exporters.upstream import capture_calibration_inputs
 
 TEXT_FAMILIES = ("text", "seq2seq", "vision-language")
@@ -166,7 +166,7 @@ class Quantizing:
     ([`quantizer_for`]), then what was quantized and how, written into `export.json` ([`record_into`]).
     A target without `quantize` gives no quantizer and records nothing."""
 
-    def __init__(self, model: Any, target: Any, recipe: Recipe, calibration: list[SampleInputs], notes: list[str]):
+    def __init__(self, model: Any, target: Target, recipe: Recipe, calibration: list[SampleInputs], notes: list[str]):
         self.model, self.target, self.recipe, self.calibration, self.notes = model, target, recipe, calibration, notes
         self.calibrated_on: dict[str, int] = {}
 

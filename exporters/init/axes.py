@@ -29,15 +29,13 @@ from typing import Any, Callable
 
 import torch
 
+from exporters.capture.cache_settings import CacheSetting
+from exporters.capture.components import decompose, minimum_components
+from exporters.capture.inputs import default_mode, detect_family, make_sample_inputs
+from exporters.capture.probes import DimBinding, make_probes
 from exporters.recipe.model import InputsSpec, Recipe
 from exporters.status import AUTO, NAMED, STATIC, DimState
 from exporters.validate.checks import shapes_of
-from exporters.capture.components import decompose
-from exporters.capture.cache_settings import CacheSetting
-from exporters.capture.inputs import make_sample_inputs
-from exporters.capture.components import minimum_components
-from exporters.capture.inputs import default_mode, detect_family
-from exporters.capture.probes import DimBinding, make_probes
 
 Axes = list[tuple[str, int]]  # (leaf path, axis)
 

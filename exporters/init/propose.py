@@ -31,16 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from exporters.errors import InitError
-from exporters.init.axes import AxisPlan, Dimension, spec_entries
-from exporters.init.decide import MARGIN, FormatResult, decide, nice_ceil
-from exporters.recipe.model import FORMATS, SCHEMA_VERSION, GenerationSpec, Recipe
-from exporters.recipe.load import parse_recipe_data
-from exporters.status import LEFT_OUT, NAMED, PASSED, PENDING
-from exporters.init.axes import find_dimensions
-from exporters.run.context import tool_versions
 from exporters.capture.source import check_remote_code, load_model, load_tokenizer, read_config, resolve_source
+from exporters.errors import InitError
+from exporters.init.axes import AxisPlan, Dimension, find_dimensions, spec_entries
+from exporters.init.decide import MARGIN, FormatResult, decide, nice_ceil
+from exporters.recipe.load import parse_recipe_data
+from exporters.recipe.model import FORMATS, SCHEMA_VERSION, GenerationSpec, Recipe
+from exporters.run.context import tool_versions
 from exporters.run.pipeline import RunOptions, run_pipeline
+from exporters.status import LEFT_OUT, NAMED, PASSED, PENDING
 from exporters.validate.checks import DEFAULT_TOLERANCES
 
 FLOOR_FRACTION = 0.1  # ... and at least this fraction of the format's default atol (identical kernels measure 0)

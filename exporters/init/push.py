@@ -25,9 +25,10 @@ import json
 from typing import Any
 
 from exporters.errors import PublishError
-from exporters.publish import HubClient, PublishResult, publish_files, texts
-from exporters.recipe.model import RECIPE_FILE, canonical_json
+from exporters.files import RECIPE_FILE
 from exporters.init.summary import render_markdown
+from exporters.publish import HubClient, PublishResult, publish_files, texts
+from exporters.recipe.model import canonical_json
 
 KIND_RECIPE = "recipe"
 

@@ -37,6 +37,7 @@ Example:
     'create'
 """
 
+from exporters.errors import PublishError
 from exporters.publish.decide import Decision, HubView, ThreadState, decide
 from exporters.publish.destination import (
     DEFAULT_MAX_UPLOAD_BYTES,
@@ -87,14 +88,6 @@ from exporters.publish.texts import (
     render_plan,
     update_model_card,
 )
-from exporters.errors import PublishError
-
-
-def _first_comment_id(hub: HubClient, num: int) -> str | None:
-    """The id of thread `num`'s first comment (kept for callers of the former single module; new code opens PRs
-    with `publish_files`, which does this itself)."""
-    return hub.first_comment(num)
-
 
 __all__ = [
     "CARD_END", "CARD_START", "DEFAULT_MAX_UPLOAD_BYTES", "EXPORTS_DIR", "KIND_EXPORTS", "KIND_FAILURE",

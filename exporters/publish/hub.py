@@ -14,14 +14,14 @@ from typing import Any, Callable, TypeVar
 from urllib.parse import quote
 
 from exporters.errors import PublishError
+from exporters.files import RECIPE_SOURCES
 from exporters.hashing import is_weight_file
-from exporters.redact import scrub
 from exporters.publish.decide import HubView, ThreadState
 from exporters.publish.markers import DUPLICATE_TAG, parse_marker
 from exporters.publish.plan import Held, PublishPlan, report_paths
+from exporters.redact import scrub
 
 T = TypeVar("T")
-RECIPE_FILES = ("export_config.json", "config.json")
 HISTORY_LIMIT = 2000  # commits of the base branch read at most to place two commits in order
 RETRYABLE_STATUSES = (408, 409, 412, 425, 429, 500, 502, 503, 504)
 
@@ -139,7 +139,7 @@ class HubClient:
                          files_metadata=True)
         ids = {}
         for sibling in info.siblings or []:
-            if is_weight_file(sibling.rfilename) or sibling.rfilename in RECIPE_FILES:
+            if is_weight_file(sibling.rfilename) or sibling.rfilename in RECIPE_SOURCES:
                 lfs = getattr(sibling, "lfs", None)
                 ids[sibling.rfilename] = (lfs.sha256 if lfs else None) or sibling.blob_id or ""
         return ids

@@ -23,10 +23,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from exporters.errors import PublishError
+from exporters.files import RECIPE_SOURCES
 from exporters.status import PASSED, UNVERIFIED, overall_status
 
 EXPORTS_DIR = "exports"
-OWN_RECIPE_FILES = ("export_config.json", "config.json")
 KIND_EXPORTS, KIND_FAILURE = "exports", "failure"
 MARKER_VERSION = 1
 REQUIRED_KEYS = ("status", "targets", "recipe", "versions", "source")
@@ -103,7 +103,7 @@ class PublishPlan:
 def recipe_identity(report: dict[str, Any]) -> str:
     """`repo` for the model's own recipe, else the recipe file's name (its own PR slot)."""
     name = str(report["recipe"].get("file") or "")
-    return "repo" if name in OWN_RECIPE_FILES else name
+    return "repo" if name in RECIPE_SOURCES else name
 
 
 def report_paths(recipe: str) -> tuple[str, str]:

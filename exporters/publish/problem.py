@@ -46,15 +46,15 @@ from exporters.errors import (
     RecipeProblem,
     RemoteCodeError,
 )
-from exporters.report.markdown import cell
-from exporters.redact import scrub
 from exporters.publish import texts
 from exporters.publish.decide import decide, in_slot
 from exporters.publish.destination import check_repo_id
 from exporters.publish.hub import HubClient
 from exporters.publish.markers import render_marker
 from exporters.publish.plan import KIND_FAILURE, MARKER_VERSION
-from exporters.publish.run import PublishResult, _dedupe, _links, write_json
+from exporters.publish.run import PublishResult, settle_duplicate, thread_links, write_json
+from exporters.redact import scrub
+from exporters.report.markdown import cell
 
 PROBLEM_FILE = "problem.json"
 ProblemKind = Literal["recipe", "model", "remote_code", "device"]
@@ -242,7 +242,7 @@ def report_problem(repo_id: str, problem: Problem, *, source_sha: str, token: st
     def attempt(dedupe: bool) -> PublishResult:
         decision = decide(marker, hub.view_at(source_sha, base, me))
         if decision.operation in ("superseded", "unchanged"):
-            links = _links(decision.thread) if decision.thread else {}
+            links = thread_links(decision.thread) if decision.thread else {}
             return PublishResult(decision.operation, message=decision.reason, **links)
         if decision.thread is not None:
             thread = decision.thread
@@ -252,7 +252,7 @@ def report_problem(repo_id: str, problem: Problem, *, source_sha: str, token: st
             return PublishResult("discussion", discussion_url=thread.url,
                                  message=f"updated discussion #{thread.num}: {problem.headline}")
         created = hub.call("open a discussion", hub.api.create_discussion, repo_id, title, description=text)
-        if dedupe and _dedupe(hub, me, created.num, marker, "failure report") is not None:
+        if dedupe and settle_duplicate(hub, me, created.num, marker, "failure report") is not None:
             return attempt(dedupe=False)
         return PublishResult("discussion", discussion_url=created.url,
                              message=f"opened discussion #{created.num}: {problem.headline}")

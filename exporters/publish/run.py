@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from exporters.errors import PublishError
-from exporters.report.markdown import human_size, render_markdown
-from exporters.status import PublishOperation
 from exporters.publish import texts
 from exporters.publish.decide import Decision, HubView, ThreadState, decide, duplicates_of, in_slot
 from exporters.publish.destination import DEFAULT_MAX_UPLOAD_BYTES, check_repo_id
 from exporters.publish.hub import HubClient
 from exporters.publish.markers import DUPLICATE_TAG, render_marker
 from exporters.publish.plan import KIND_EXPORTS, KIND_FAILURE, Held, PublishPlan, merge_plan, plan_publish
+from exporters.report.markdown import human_size, render_markdown
+from exporters.status import PublishOperation
 
 OUTCOME_FILE = "publish.json"
 
@@ -78,7 +78,7 @@ def _sizes(plan: PublishPlan) -> str:
     return f"{human_size(plan.upload_bytes)} uploaded ({per_target})"
 
 
-def _links(thread: ThreadState) -> dict[str, Any]:
+def thread_links(thread: ThreadState) -> dict[str, Any]:
     if thread.is_pull_request:
         return {"pr_url": thread.url, "pr_num": thread.num}
     return {"discussion_url": thread.url}
@@ -110,7 +110,8 @@ def _merged(hub: HubClient, plan: PublishPlan, ref: str) -> tuple[str, PublishPl
     return head, merge_plan(plan, held, render=render_markdown), list(held.files)
 
 
-def _dedupe(hub: HubClient, me: str, created: int, marker: dict[str, Any], noun: str) -> ThreadState | None:
+def settle_duplicate(hub: HubClient, me: str, created: int, marker: dict[str, Any],
+                     noun: str) -> ThreadState | None:
     """After opening `created`: when a concurrent run opened a lower-numbered thread of the slot, close ours (the
     lower one wins) and return that one."""
     lowest = duplicates_of(created, marker, HubView(tuple(hub.threads(me))))
@@ -151,7 +152,7 @@ def _publish_pr(hub: HubClient, local: PublishPlan, view: HubView, me: str, dedu
     head, plan, files = _merged(hub, local, ref)
     decision = decide(plan.marker, view)
     if decision.operation in ("superseded", "unchanged"):
-        links = _links(decision.thread) if decision.thread else {}
+        links = thread_links(decision.thread) if decision.thread else {}
         return _result(decision.operation, plan, decision.reason, **links)
     operations = _operations(plan, _card(hub, plan, head, files))
     title = texts.pr_title(plan)
@@ -160,12 +161,12 @@ def _publish_pr(hub: HubClient, local: PublishPlan, view: HubView, me: str, dedu
         oid, how = _update_pr(hub, thread, operations, head, f"Update exports: {', '.join(plan.published)} (source "
                               f"{texts.short_sha(plan.report)})", title, texts.pr_description(plan, thread.num))
         return _result("updated", plan, f"updated PR #{thread.num} with commit {oid[:7]} ({how}; {_sizes(plan)})",
-                       commit=oid, **_links(thread))
+                       commit=oid, **thread_links(thread))
     opened = _open_pr(hub, operations, plan.base, head, title, lambda num: texts.pr_description(plan, num))
     if opened is None:
         return _result("unchanged", plan, f"{plan.base} already holds exactly these files: no PR opened")
     num, url, oid = opened
-    winner = _dedupe(hub, me, num, plan.marker, "exports") if dedupe else None
+    winner = settle_duplicate(hub, me, num, plan.marker, "exports") if dedupe else None
     if winner is not None:
         again = _publish_pr(hub, local, hub.view(local, me), me, dedupe=False)
         again.message += f" (PR #{num}, opened at the same time as #{winner.num} by a concurrent run, was closed)"
@@ -177,7 +178,7 @@ def _publish_pr(hub: HubClient, local: PublishPlan, view: HubView, me: str, dedu
 def _publish_failure(hub: HubClient, plan: PublishPlan, view: HubView, me: str, dedupe: bool = True) -> PublishResult:
     decision = decide(plan.marker, view)
     if decision.operation in ("superseded", "unchanged"):
-        links = _links(decision.thread) if decision.thread else {}
+        links = thread_links(decision.thread) if decision.thread else {}
         return _result(decision.operation, plan, decision.reason, **links)
     short = texts.short_sha(plan.report)
     if decision.thread is not None:
@@ -190,7 +191,7 @@ def _publish_failure(hub: HubClient, plan: PublishPlan, view: HubView, me: str, 
         created = hub.call("open a discussion", hub.api.create_discussion, plan.repo_id, texts.failure_title(plan),
                            description=texts.failure_description(plan))
         num, url, verb = created.num, created.url, "opened"
-        winner = _dedupe(hub, me, num, plan.marker, "failure report") if dedupe else None
+        winner = settle_duplicate(hub, me, num, plan.marker, "failure report") if dedupe else None
         if winner is not None:
             return _publish_failure(hub, plan, hub.view(plan, me), me, dedupe=False)
     for pr in in_slot(view, plan.marker, KIND_EXPORTS):
@@ -321,7 +322,7 @@ def publish_files(repo_id: str, files: Mapping[str, bytes | Path], *, marker: di
         view = HubView(tuple(hub.threads(me)))
         decision = decide(marker, view)
         if decision.operation == "unchanged" and decision.thread is not None:
-            return PublishResult("unchanged", message=decision.reason, **_links(decision.thread))
+            return PublishResult("unchanged", message=decision.reason, **thread_links(decision.thread))
         operations = [CommitOperationAdd(path, data if isinstance(data, bytes) else str(data))
                       for path, data in files.items()]
         if decision.operation == "update" and decision.thread is not None:
@@ -329,13 +330,13 @@ def publish_files(repo_id: str, files: Mapping[str, bytes | Path], *, marker: di
             oid, how = _update_pr(hub, decision.thread, operations, head, commit_message, title,
                                   text(decision.thread.num))
             return PublishResult("updated", commit=oid, message=f"updated PR #{decision.thread.num} ({how})",
-                                 **_links(decision.thread))
+                                 **thread_links(decision.thread))
         head, _ = hub.head(base)
         opened = _open_pr(hub, operations, base, head, title, text)
         if opened is None:
             return PublishResult("unchanged", message=f"{base} already holds exactly these files: no PR opened")
         num, url, oid = opened
-        if dedupe and _dedupe(hub, me, num, marker, str(marker.get("kind"))) is not None:
+        if dedupe and settle_duplicate(hub, me, num, marker, str(marker.get("kind"))) is not None:
             return attempt(dedupe=False)
         return PublishResult("created", pr_url=url, pr_num=num, commit=oid, message=f"opened PR #{num}")
 

@@ -19,12 +19,11 @@ Example:
 from __future__ import annotations
 
 import json
-import re
 from typing import TYPE_CHECKING, Any, Callable
 
-from exporters.report.markdown import human_size, variants_table
 from exporters.publish.markers import render_marker
 from exporters.publish.plan import EXPORTS_DIR, report_paths
+from exporters.report.markdown import close_fences, human_size, variants_table
 
 if TYPE_CHECKING:
     from exporters.publish.plan import PublishPlan
@@ -42,21 +41,6 @@ NOTES: list[str] = []
 # True of every publisher: `decide` never reopens a closed PR for the same fingerprint.
 CLOSING_IS_FINE = ("Closing this PR is fine: a closed PR is not reopened for the same source commit, recipe and tool "
                    "versions; a new commit or a changed recipe opens a new one.")
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.M)
-
-
-def close_fences(text: str) -> str:
-    """`text`, with the code fence it leaves open (if any) closed, so what follows it is not swallowed."""
-    opened = None
-    for match in _FENCE.finditer(text):
-        fence = match.group(1)
-        if opened is None:
-            opened = fence
-        elif fence[0] == opened[0] and len(fence) >= len(opened) and not text[match.end():].split("\n", 1)[0].strip():
-            opened = None
-    return f"{text}\n{opened}" if opened else text
-
-
 def fit_markdown(text: str, limit: int, note: str = "") -> str:
     """`text` cut to `limit` characters (at a line end); a code fence left open by the cut is closed, then `note`."""
     if len(text) <= limit:

@@ -27,14 +27,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from exporters.errors import RecipeError, RecipeProblem
+from exporters.files import CONFIG_FILE, RECIPE_FILE
 from exporters.recipe._base import KIND_WORDS, PathValueError, file_path
-from exporters.recipe.jsonpos import JsonPath, JsonPositionError, format_path, nearest_line, parse_with_positions
 from exporters.recipe.dims import DimSpec
-from exporters.recipe.variants import METHODS, CalibrationSpec, TargetValidation, method_message
+from exporters.recipe.jsonpos import JsonPath, JsonPositionError, format_path, nearest_line, parse_with_positions
 from exporters.recipe.model import (
     CONFIG_FIELD,
     FORMATS,
-    RECIPE_FILE,
     ComponentOverride,
     DynamoTarget,
     ExecutorchTarget,
@@ -45,6 +44,7 @@ from exporters.recipe.model import (
     RecipeSource,
     ValidationSpec,
 )
+from exporters.recipe.variants import METHODS, CalibrationSpec, TargetValidation, method_message
 
 
 def _normalise(data: Any) -> tuple[dict[str, Any], JsonPath | None]:
@@ -213,7 +213,7 @@ def load_recipe_file(path: str | Path) -> Recipe:
         raise RecipeError(f"recipe file not found: {path}", file=str(path)) from None
     except UnicodeDecodeError:
         raise RecipeError("recipe file is not UTF-8 text", file=str(path)) from None
-    if path.name == "config.json":
+    if path.name == CONFIG_FILE:
         try:
             data, lines = parse_with_positions(text)
         except JsonPositionError as err:
@@ -224,6 +224,22 @@ def load_recipe_file(path: str | Path) -> Recipe:
     return parse_recipe(text, file=str(path))
 
 
+def where_a_recipe_goes() -> str:
+    """How a model repo declares its recipe, in the words every front end shows when it has none."""
+    return f"add an {RECIPE_FILE} (see docs/recipe.md) or an '{CONFIG_FIELD}' field in {CONFIG_FILE}"
+
+
+def missing_recipe(where: str, *, option: str | None = None) -> RecipeError:
+    """The error for a model without a recipe (`option`: the option that can give one instead).
+
+    Example:
+        >>> str(missing_recipe("org/model"))
+        "no export recipe in org/model: add an export_config.json (see docs/recipe.md) or an 'export_config' field in config.json"
+    """
+    alternative = f", or give a recipe file with `{option}`" if option else ""
+    return RecipeError(f"no export recipe in {where}: {where_a_recipe_goes()}{alternative}", option=option)
+
+
 def find_recipe(folder: str | Path) -> tuple[Recipe, Path, list[str]] | None:
     """The recipe of a model folder: `export_config.json`, else `config.json`'s `export_config`.
 
@@ -231,7 +247,7 @@ def find_recipe(folder: str | Path) -> tuple[Recipe, Path, list[str]] | None:
     with a warning.
     """
     folder = Path(folder)
-    recipe_file, config_file = folder / RECIPE_FILE, folder / "config.json"
+    recipe_file, config_file = folder / RECIPE_FILE, folder / CONFIG_FILE
     in_config = False
     if config_file.is_file():
         try:

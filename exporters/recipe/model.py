@@ -20,21 +20,21 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     Field,
+    PrivateAttr,
     StrictBool,
     StrictFloat,
     StrictInt,
     field_validator,
-    PrivateAttr,
     model_validator,
 )
 
 from exporters.errors import RecipeError
 from exporters.recipe._base import PathValueError, Strict, file_path
-from exporters.recipe.jsonpos import JsonPath, format_path, nearest_line
 from exporters.recipe.dims import (
     DynamicShapesSpec,
     check_shape_spec,
 )
+from exporters.recipe.jsonpos import JsonPath, format_path, nearest_line
 from exporters.recipe.layout import LayoutSetting, MergedSetting
 from exporters.recipe.variants import (
     CalibrationSpec,
@@ -45,7 +45,6 @@ from exporters.recipe.variants import (
     expand_targets,
 )
 
-RECIPE_FILE = "export_config.json"
 CONFIG_FIELD = "export_config"
 SCHEMA_VERSION = 1
 FORMATS = ("dynamo", "onnx", "executorch")

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Callable, ClassVar, Literal, Union
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, ValidationError, model_validator
+
 from exporters.recipe._base import Strict
 
 VariantKind = Literal["fp32", "half", "int8", "int4"]

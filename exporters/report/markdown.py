@@ -370,3 +370,18 @@ def machine_line(machine: dict[str, Any] | None) -> str:
         cores += f" ({machine['usable_cores']} usable)"
     memory = f", {machine['memory_gb']} GB" if machine.get("memory_gb") else ""
     return f"{machine.get('cpu')}, {cores}{memory}, {machine.get('gpu') or 'no GPU'}"
+
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.M)
+
+
+def close_fences(text: str) -> str:
+    """`text`, with the code fence it leaves open (if any) closed, so what follows it is not swallowed."""
+    opened = None
+    for match in _FENCE.finditer(text):
+        fence = match.group(1)
+        if opened is None:
+            opened = fence
+        elif fence[0] == opened[0] and len(fence) >= len(opened) and not text[match.end():].split("\n", 1)[0].strip():
+            opened = None
+    return f"{text}\n{opened}" if opened else text

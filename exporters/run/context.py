@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporters.version import __version__
-from exporters.errors import DeviceError, RecipeError
-from exporters.hashing import weights_fingerprint
-from exporters.recipe.model import Recipe
-from exporters.recipe.load import find_recipe, load_recipe_file
 from exporters.capture.source import ModelSource, check_remote_code, read_config, resolve_source
+from exporters.errors import DeviceError
+from exporters.hashing import weights_fingerprint
+from exporters.recipe.load import find_recipe, load_recipe_file, missing_recipe
+from exporters.recipe.model import Recipe, Target
+from exporters.version import __version__
 
 DEFAULT_TIMEOUT_S = 3600.0
 STACK = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch", "huggingface_hub")
@@ -65,7 +65,7 @@ class RunContext:
     source: ModelSource
     recipe: Recipe
     recipe_file: Path
-    targets: list[Any]
+    targets: list[Target]
     warnings: list[str]
     versions: dict[str, str]
     weights: str
@@ -144,10 +144,7 @@ def load_run_recipe(folder: Path, config_path: Path | None) -> tuple[Recipe, Pat
         return load_recipe_file(config_path), config_path, []
     found = find_recipe(folder)
     if found is None:
-        raise RecipeError(
-            f"no export recipe in {folder}: add an export_config.json (see docs/recipe.md) or an 'export_config' "
-            "field in config.json, or give a recipe file with `config`", option="config"
-        )
+        raise missing_recipe(str(folder), option="config")
     return found
 
 

@@ -25,24 +25,26 @@ from pathlib import Path
 from typing import Any
 
 from exporters import fsutil
-from exporters.validate.benchmark import bench_passing, warm_up
-from exporters.run.context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
 from exporters.errors import DeviceError, error_record
+from exporters.export import convert as engine
+from exporters.export import quantize
+from exporters.export.convert import release_weights
 from exporters.export.footprint import record_footprint
+from exporters.export.onnx_files import strip_weights
 from exporters.hashing import file_entries
+from exporters.recipe.model import Recipe, Target
+from exporters.report.build import build_report, write_report
+from exporters.report.results import TargetResult
+from exporters.run.context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
 from exporters.run.isolation import Isolated, log_excerpt
 from exporters.run.progress import Progress
 from exporters.run.resources import default_jobs, threads_left
-from exporters.report.results import TargetResult
 from exporters.run.reuse import Signer, previous_report, reusable
-from exporters.status import FAILED, PASSED, UNVERIFIED
 from exporters.run.workbench import Workbench
-from exporters.report.build import build_report, write_report
-from exporters.export import convert as engine, quantize
+from exporters.status import FAILED, PASSED, UNVERIFIED
 from exporters.upstream import move_to
-from exporters.export.convert import release_weights
+from exporters.validate.benchmark import bench_passing, warm_up
 from exporters.validate.checks import validate_target
-from exporters.export.onnx_files import strip_weights
 
 __all__ = ["RunOptions", "run_pipeline", "validate_existing"]
 STAGING_PREFIX = ".staging-"
@@ -101,7 +103,7 @@ def _write(results: list[TargetResult], context: RunContext) -> dict[str, Any]:
     return report
 
 
-def _new_result(target: Any, context: RunContext, options: RunOptions) -> TargetResult:
+def _new_result(target: Target, context: RunContext, options: RunOptions) -> TargetResult:
     return TargetResult(name=target.name, export_format=target.export_format, mode=target.mode, status=FAILED,
                         dtype=target.dtype, versions=context.versions, log=f"logs/{target.name}.log",
                         reproduce=_reproduce_command(context, options, target.name))
@@ -111,7 +113,7 @@ def _new_result(target: Any, context: RunContext, options: RunOptions) -> Target
 class _Export:
     """One target on its way: planned (device, components), exporting in a child, then validated."""
 
-    target: Any
+    target: Target
     result: TargetResult
     components: Any = None
     staging: Path | None = None
@@ -119,36 +121,36 @@ class _Export:
     started: float = 0.0
 
 
-def _export_and_validate(targets: list[Any], context: RunContext, options: RunOptions) -> list[TargetResult]:
+def _export_and_validate(targets: list[Target], context: RunContext, options: RunOptions) -> list[TargetResult]:
     """Export the targets, up to `jobs` at a time in child processes, and validate each from disk.
 
     Every child is forked before the first validation starts: the children fork from a parent that has not yet
     loaded ONNX Runtime sessions or ExecuTorch programs (so no runtime's threads or memory are forked); validation
     then overlaps with the exports still running.
     """
-    bench = Workbench.load(context, options, targets)
-    calibration = bench.calibration(targets, context.recipe)
+    workbench = Workbench.load(context, options, targets)
+    calibration = workbench.calibration(targets, context.recipe)
     if options.bench:
         warm_up()
     results: list[TargetResult] = []
     with Progress(options.progress) as progress:
         planned = []
         for target in targets:
-            target = bench.plan(target)
+            target = workbench.plan(target)
             item = _Export(target, _new_result(target, context, options))
             results.append(item.result)
-            if _prepare(item, bench, context, options, progress):
+            if _prepare(item, workbench, context, options, progress):
                 planned.append(item)
-        jobs = options.jobs or default_jobs(weight_bytes=_weight_bytes(bench.model), targets=len(planned))
+        jobs = options.jobs or default_jobs(weight_bytes=_weight_bytes(workbench.model), targets=len(planned))
         context.jobs = jobs
         pending, running, exported, validated = list(planned), [], [], []
         while pending or running or exported:
             while pending and len(running) < jobs:
-                running.append(_start(pending.pop(0), bench, context, options, progress, calibration))
+                running.append(_start(pending.pop(0), workbench, context, options, progress, calibration))
             if exported and not pending:
                 validated.append(exported.pop(0))  # on the cores the running exports leave; the last frees the weights
                 with threads_left(busy=len(running)):
-                    _validate(validated[-1], context, bench, options, progress, last=not running and not exported)
+                    _validate(validated[-1], context, workbench, options, progress, last=not running and not exported)
                 continue
             mp_wait([item.run.sentinel for item in running], timeout=1.0)
             for item in [i for i in running if i.run.done()]:
@@ -156,7 +158,7 @@ def _export_and_validate(targets: list[Any], context: RunContext, options: RunOp
                 if _finish(item, options, progress):
                     exported.append(item)
         if options.bench:  # after every export: timings taken while nothing else runs, each in a fresh process
-            bench_passing(validated, bench, context, progress)
+            bench_passing(validated, workbench, context, progress)
     return results
 
 
@@ -164,7 +166,7 @@ def _weight_bytes(model: Any) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def _prepare(item: _Export, bench: Workbench, context: RunContext, options: RunOptions, progress: Progress) -> bool:
+def _prepare(item: _Export, workbench: Workbench, context: RunContext, options: RunOptions, progress: Progress) -> bool:
     """Resolve the device and capture the components (in this process); False when the target already failed."""
     target, result = item.target, item.result
     try:
@@ -176,20 +178,20 @@ def _prepare(item: _Export, bench: Workbench, context: RunContext, options: RunO
     result.cache_key = context.cache_key(target.name, result.device)
     progress.update(target.name, "capturing inputs")
     try:
-        item.components = bench.components(target, context.recipe) if bench.unprepared is None else None
+        item.components = workbench.components(target, context.recipe) if workbench.unprepared is None else None
     except Exception as err:
         result.error = error_record(err)
     if item.components is None:
-        result.error = result.error or dict(bench.unprepared or {})
+        result.error = result.error or dict(workbench.unprepared or {})
         progress.update(target.name, "[red]failed: capture", done=True)
         return False
-    result.expected_components = bench.expected(target, item.components)
-    result.findings += bench.contract_notes(target)
+    result.expected_components = workbench.expected(target, item.components)
+    result.findings += workbench.contract_notes(target)
     progress.update(target.name, "waiting for a free export slot")
     return True
 
 
-def _start(item: _Export, bench: Workbench, context: RunContext, options: RunOptions, progress: Progress,
+def _start(item: _Export, workbench: Workbench, context: RunContext, options: RunOptions, progress: Progress,
            calibration: list[Any]) -> _Export:
     """Fork the child that exports one target into its staging folder."""
     target, out_dir = item.target, options.out_dir
@@ -198,7 +200,7 @@ def _start(item: _Export, bench: Workbench, context: RunContext, options: RunOpt
     device, components, staging = item.result.device, item.components, item.staging
 
     def work() -> dict[str, Any]:
-        return _export_work(bench.model, target, components, context.recipe, staging, device, calibration)
+        return _export_work(workbench.model, target, components, context.recipe, staging, device, calibration)
 
     progress.update(target.name, f"exporting {target.export_format} ({len(components)} component(s))")
     item.started = time.time()
@@ -227,15 +229,15 @@ def _finish(item: _Export, options: RunOptions, progress: Progress) -> bool:
     return True
 
 
-def _validate(item: _Export, context: RunContext, bench: Workbench, options: RunOptions, progress: Progress,
+def _validate(item: _Export, context: RunContext, workbench: Workbench, options: RunOptions, progress: Progress,
               last: bool = False) -> None:
     target, result = item.target, item.result
     final = options.out_dir / target.name
     progress.update(target.name, "validating")
-    _validate_into(result, target, context, bench, final, trust_artifacts=True, last=last)
+    _validate_into(result, target, context, workbench, final, trust_artifacts=True, last=last)
     _after_validation(result, target, final)
     result.files = file_entries(final, options.out_dir)
-    record_footprint(result, target, final, bench.weights)
+    record_footprint(result, target, final, workbench.weights)
     progress.update(target.name, _stage_label(result.status), done=True)
     gc.collect()  # the loaded programs and runtime sessions of this target are no longer needed
 
@@ -245,7 +247,7 @@ def _stage_label(status: str) -> str:
     return f"[{colour}]{status}"
 
 
-def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging: Path, device: str,
+def _export_work(model: Any, target: Target, components: Any, recipe: Recipe, staging: Path, device: str,
                  calibration: list[Any]) -> dict[str, Any]:
     """What the child process does: move to the target's device and dtype, quantize and export, save."""
     import torch
@@ -262,19 +264,19 @@ def _export_work(model: Any, target: Any, components: Any, recipe: Any, staging:
     return {"notes": notes, **outcome, "quantization": quantizing.record_into(staging)}
 
 
-def _validate_into(result: TargetResult, target: Any, context: RunContext, bench: Workbench, directory: Path,
+def _validate_into(result: TargetResult, target: Target, context: RunContext, workbench: Workbench, directory: Path,
                    trust_artifacts: bool, last: bool = False) -> None:
 
     started = time.time()
     recipe = context.recipe
     try:
         validation = validate_target(
-            target=target, recipe=recipe, directory=directory, components=bench.components(target, recipe),
-            model=bench.model, family=bench.sample.family, generate_inputs=bench.sample.generate, eager=bench.eager,
-            generation_config=bench.generation_config(target, recipe),
+            target=target, recipe=recipe, directory=directory, components=workbench.components(target, recipe),
+            model=workbench.model, family=workbench.sample.family, generate_inputs=workbench.sample.generate, eager=workbench.eager,
+            generation_config=workbench.generation_config(target, recipe),
             expected_components=result.expected_components, trust_artifacts=trust_artifacts, device=result.device,
             # vision-language parity runs the model's own forward around the graphs: its weights stay
-            release_model=(lambda: release_weights(bench.model)) if last and bench.sample.family != "vision-language"
+            release_model=(lambda: release_weights(workbench.model)) if last and workbench.sample.family != "vision-language"
             else None,
         )
     except Exception as err:
@@ -285,7 +287,7 @@ def _validate_into(result: TargetResult, target: Any, context: RunContext, bench
     result.timings["validate_s"] = round(time.time() - started, 3)
 
 
-def _after_validation(result: TargetResult, target: Any, final: Path) -> None:
+def _after_validation(result: TargetResult, target: Target, final: Path) -> None:
     """`export_params: false`: the weights are stripped once the artifact was validated with them."""
     if result.status == PASSED and target.export_format == "onnx" and not target.export_params:
 
@@ -318,10 +320,10 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
     out_dir = options.out_dir
     previous = {t.get("name"): t for t in previous_report(out_dir).get("targets") or [] if isinstance(t, dict)}
     context = prepare_run(model, options)
-    bench = Workbench.load(context, options)
+    workbench = Workbench.load(context, options)
     results = []
     for index, target in enumerate(context.targets):
-        target = bench.plan(target)
+        target = workbench.plan(target)
         result = _new_result(target, context, options)
         result.reproduce = f"hf-export validate {model} {out_dir} --target {target.name}"
         result.device = resolve_device(options.device or target.device)
@@ -334,16 +336,16 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
                             "message": f"{directory} holds no export (export.json missing): export it first"}
             continue
         try:
-            components = bench.components(target, context.recipe) if bench.unprepared is None else None
+            components = workbench.components(target, context.recipe) if workbench.unprepared is None else None
         except Exception as err:  # a capture that fails, a decode that could not run a second step
             result.error = error_record(err)
             continue
         if components is None:
-            result.error = dict(bench.unprepared or {})
+            result.error = dict(workbench.unprepared or {})
             continue
-        result.expected_components = bench.expected(target, components)
-        _validate_into(result, target, context, bench, directory, trust_artifacts=options.trust_remote_code,
+        result.expected_components = workbench.expected(target, components)
+        _validate_into(result, target, context, workbench, directory, trust_artifacts=options.trust_remote_code,
                        last=index == len(context.targets) - 1)
         result.files = file_entries(directory, out_dir)
-        record_footprint(result, target, directory, bench.weights)
+        record_footprint(result, target, directory, workbench.weights)
     return _write(results, context)

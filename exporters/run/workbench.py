@@ -11,22 +11,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporters.capture.components import cache_setting_for, decompose, generation_config_for
-from exporters.run.context import RunContext, RunOptions
-from exporters.errors import error_record
-from exporters.capture.families import detect_family
-from exporters.export.footprint import ModelWeights
-from exporters.capture.inputs import make_sample_inputs
-from exporters.capture.source import load_model, load_tokenizer
-from exporters.validate.checks import EagerCache
-from exporters.capture.components import minimum_components
-from exporters.export.quantize import calibration_samples
-from exporters.capture.inputs import default_mode
-from exporters.capture.cache_settings import check_second_step
 from exporters.capture import merged
-from exporters.capture.cache_settings import max_positions, sliding_window_of
-from exporters.errors import ShapeSpecError
+from exporters.capture.cache_settings import check_second_step, max_positions, sliding_window_of
+from exporters.capture.components import cache_setting_for, decompose, generation_config_for, minimum_components
+from exporters.capture.families import detect_family
+from exporters.capture.inputs import default_mode, make_sample_inputs
 from exporters.capture.probes import dim_bindings, fit_to_contract
+from exporters.capture.source import load_model, load_tokenizer
+from exporters.errors import ShapeSpecError, error_record
+from exporters.export.footprint import ModelWeights
+from exporters.export.quantize import calibration_samples
+from exporters.recipe.model import Recipe, Target
+from exporters.run.context import RunContext, RunOptions
+from exporters.validate.checks import EagerCache
 
 
 @dataclass
@@ -43,7 +40,7 @@ class Workbench:
     unprepared: dict[str, Any] | None = None  # why no sample inputs could be made: then every target fails with it
 
     @classmethod
-    def load(cls, context: RunContext, options: RunOptions, targets: list[Any] | None = None) -> Workbench:
+    def load(cls, context: RunContext, options: RunOptions, targets: list[Target] | None = None) -> Workbench:
         """Load the model once: in the targets' dtype when they all ask for the same one (a float16 target of a
         float32 checkpoint never holds a float32 copy), else in the checkpoint's, each export converting its own.
         A model whose sample inputs cannot be made is kept with the reason (`unprepared`): every target fails with
@@ -67,7 +64,7 @@ class Workbench:
         context.warnings.extend(sample.notes)
         return cls(model, sample, context.eager_cache, weights, tokenizer)
 
-    def expected(self, target: Any, components: Any) -> list[str]:
+    def expected(self, target: Target, components: Any) -> list[str]:
         """The recipe's `expected_components`, else the family's minimum complete set (from the model's
         structure)."""
 
@@ -76,21 +73,21 @@ class Workbench:
         return minimum_components(self.sample.family, target.mode, list(components), self.model,
                                   merged=bool(getattr(target, "merged", False)))
 
-    def calibration(self, targets: list[Any], recipe: Any) -> list[Any]:
+    def calibration(self, targets: list[Target], recipe: Recipe) -> list[Any]:
         """The recipe's calibration samples when a target quantizes with a static method (none otherwise)."""
         if self.sample is None or not any(t.quantize is not None and t.quantize.needs_calibration for t in targets):
             return []
 
         return calibration_samples(self.model, recipe, self.tokenizer, self.sample.family)
 
-    def plan(self, target: Any) -> Any:
+    def plan(self, target: Target) -> Any:
         """The target with its mode decided (the recipe's, else from the model)."""
 
         target = target.model_copy(deep=True)
         target.mode = target.mode or default_mode(self.model)
         return target
 
-    def components(self, target: Any, recipe: Any) -> Any:
+    def components(self, target: Target, recipe: Recipe) -> Any:
         """The target's `{component: (module, forward inputs)}`: captured once per mode, decode layout and cache
         setting, then fitted to the target's shape contract (every declared dim at a size torch.export keeps
         dynamic). `DecodeStepError` when its decode could not run a second step."""
@@ -108,17 +105,17 @@ class Workbench:
             self.fitted[target.name] = (fitted, notes + self._cache_notes(target, setting))
         return self.fitted[target.name][0]
 
-    def cache_setting(self, target: Any, recipe: Any) -> Any:
+    def cache_setting(self, target: Target, recipe: Recipe) -> Any:
         """The cache the target is captured, exported and checked with (`exporters.capture.cache_settings`)."""
         return cache_setting_for(self.model, target, recipe)
 
-    def generation_config(self, target: Any, recipe: Any) -> Any:
+    def generation_config(self, target: Target, recipe: Recipe) -> Any:
         """The generation config of a generation target (its cache setting applied), else None."""
         if target.mode != "generation":
             return None
         return generation_config_for(self.model, self.cache_setting(target, recipe))
 
-    def _cache_notes(self, target: Any, setting: Any) -> list[str]:
+    def _cache_notes(self, target: Target, setting: Any) -> list[str]:
 
         if target.mode != "generation":
             return []
@@ -126,11 +123,11 @@ class Workbench:
                     setting.sliding_finding(sliding_window_of(self.model.config))]
         return [finding for finding in findings if finding]
 
-    def contract_notes(self, target: Any) -> list[str]:
+    def contract_notes(self, target: Target) -> list[str]:
         """What fitting the sample inputs to the target's contract changed."""
         return self.fitted.get(target.name, ({}, []))[1]
 
-    def _captured(self, target: Any, recipe: Any, setting: Any) -> Any:
+    def _captured(self, target: Target, recipe: Recipe, setting: Any) -> Any:
         multi_token = bool(target.multi_token_decode or target.merged)
         key = (target.mode, multi_token, setting if target.mode == "generation" else None)
         if key not in self.decompositions:
@@ -139,7 +136,7 @@ class Workbench:
                 multi_token_decode=multi_token, family=self.sample.family)
         return self.decompositions[key]
 
-    def _fit(self, target: Any, captured: Any, recipe: Any) -> tuple[Any, list[str]]:
+    def _fit(self, target: Target, captured: Any, recipe: Recipe) -> tuple[Any, list[str]]:
 
         fitted, notes = {}, []
         for name, (module, inputs) in captured.items():

@@ -25,15 +25,27 @@ Example:
 
 from __future__ import annotations
 
+from exporters.upstream.beyond import (
+    RenamedRunner,
+    constants_shared_by_lowering_copies,
+    executorch_method_runner,
+    export_executorch_methods,
+    lean_session_options,
+    metadata_dict,
+    named_data_on_disk,
+    share_identical_weights,
+    static_sliding_layers_kept_whole,
+    tanh_gelu_kept_off_xnnpack,
+)
 from exporters.upstream.core import (
-    TORCH_SERDE_LOGGER,
     EXPORT_BACKENDS,
-    ExportedComponent,
-    ExportedModel,
     MANIFEST_FILE,
     OUTPUT_FLAGS,
     STEP_COUNTERS,
     SUFFIX_FORMATS,
+    TORCH_SERDE_LOGGER,
+    ExportedComponent,
+    ExportedModel,
     UpstreamAutoExportConfig,
     UpstreamAutoHfExporter,
     config_class,
@@ -66,18 +78,6 @@ from exporters.upstream.quantizers import (
     onnxruntime_quantizer,
     pt2e_quantizer,
     xnnpack_dynamic_quant_partitioners,
-)
-from exporters.upstream.beyond import (
-    RenamedRunner,
-    constants_shared_by_lowering_copies,
-    executorch_method_runner,
-    export_executorch_methods,
-    lean_session_options,
-    metadata_dict,
-    named_data_on_disk,
-    share_identical_weights,
-    static_sliding_layers_kept_whole,
-    tanh_gelu_kept_off_xnnpack,
 )
 
 __all__ = [

@@ -14,6 +14,7 @@ from typing import Any
 
 from exporters.upstream.pytree import leaf_tensors
 
+
 def lean_session_options():
     """ONNX Runtime options for validation sessions: weights read in place from the external-data file instead of
     repacked into a second copy (`session.disable_prepacking`), no memory arena kept at its high-water mark. A

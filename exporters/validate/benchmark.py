@@ -30,13 +30,11 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
-from exporters.upstream import exporter_class
-from exporters.upstream import run_component
+
 from exporters.capture.merged import MERGED, prompt_inputs
 from exporters.capture.steps import cache_input_name, output_cache, step_inputs
-from exporters.upstream import runner_class
-from exporters.upstream import load_exported
 from exporters.status import PASSED
+from exporters.upstream import exporter_class, load_exported, run_component, runner_class
 
 WARMUP_RUNS = 3
 TIMED_RUNS = 20

@@ -8,8 +8,8 @@ and shared by every target ([`EagerCache`]).
 
 from __future__ import annotations
 
-import dataclasses
 import copy
+import dataclasses
 import hashlib
 import math
 from pathlib import Path
@@ -17,27 +17,27 @@ from typing import Any
 
 import torch
 
-from exporters.errors import describe_error
-from exporters.validate.native_log import native_messages
-from exporters.recipe.model import Recipe, Tolerance
-from exporters.report.results import Check, ComponentReport, OutputDiff, ValidationResult
-from exporters.capture.probes import dim_bindings, make_probes
-from exporters.upstream import leaf_tensors, run_component
-from exporters.validate.sliding import sliding_cache_leaves, trailing_window
-from exporters.upstream import read_manifest
-from exporters.upstream import prepare_traced_inputs
-from exporters.validate.quality import measure
-from exporters.errors import ArtifactError, RemoteCodeError
 from exporters.capture.inputs import vocab_size
 from exporters.capture.merged import MERGED, prompt_inputs, with_consistent_mask
-from exporters.upstream import counter_in_spec_components, load_exported
+from exporters.capture.probes import dim_bindings, make_probes
+from exporters.errors import ArtifactError, RemoteCodeError, describe_error
+from exporters.recipe.model import Recipe, Tolerance
 from exporters.recipe.variants import resolve_budget, variant_kind
-from exporters.validate.parity import reference_for
-from exporters.validate.sliding import COUNTER_FINDING
+from exporters.report.results import Check, ComponentReport, OutputDiff, ValidationResult
+from exporters.upstream import (
+    counter_in_spec_components,
+    leaf_tensors,
+    load_exported,
+    prepare_traced_inputs,
+    read_manifest,
+    run_component,
+    runner_for_file,
+)
 from exporters.validate.greedy import Tolerances
-from exporters.validate.parity import generation_parity
-from exporters.validate.quality import judge, judge_generation, tolerance_verdict
-from exporters.upstream import runner_for_file
+from exporters.validate.native_log import native_messages
+from exporters.validate.parity import generation_parity, reference_for
+from exporters.validate.quality import judge, judge_generation, measure, tolerance_verdict
+from exporters.validate.sliding import COUNTER_FINDING, sliding_cache_leaves, trailing_window
 
 # Defaults per format at float32: torch programs run the same kernels as eager; ONNX Runtime and XNNPACK fuse and
 # reorder reductions, so they get more room. Lower precisions get more room again.
@@ -69,14 +69,10 @@ def tolerance_for(recipe: Recipe, target, component: str, dtype: str | None) -> 
     return atol, rtol
 
 
-def _leaves(outputs: Any) -> dict[str, torch.Tensor]:
-    return leaf_tensors(outputs)
-
-
 def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float) -> list[OutputDiff]:
     """Per output leaf: max absolute and relative difference and a verdict; NaN or inf never passes."""
 
-    want, got = _leaves(expected), _leaves(actual)
+    want, got = leaf_tensors(expected), leaf_tensors(actual)
     sliding = sliding_cache_leaves(expected)
     diffs = []
     for name, reference in want.items():
@@ -138,12 +134,12 @@ def _difference(name: str, reference: torch.Tensor, value: torch.Tensor, atol: f
 
 
 def shapes_of(inputs: dict[str, Any]) -> dict[str, list[int]]:
-    return {name: list(t.shape) for name, t in _leaves(inputs).items()}
+    return {name: list(t.shape) for name, t in leaf_tensors(inputs).items()}
 
 
 def _fingerprint(inputs: dict[str, Any]) -> str:
     digest = hashlib.sha256()
-    for name, tensor in sorted(_leaves(inputs).items()):
+    for name, tensor in sorted(leaf_tensors(inputs).items()):
         digest.update(name.encode())
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())

@@ -28,15 +28,16 @@ from typing import Any
 
 import torch
 
-from exporters.errors import describe_error
-from exporters.validate.vision_language import vision_language
-from exporters.capture.steps import cache_input_name, output_cache, step_inputs
-from exporters.validate.greedy import DecodeStepper, Greedy, Tolerances, decode_loop, eager_reference
-from exporters.report.results import GenerationReport
-from exporters.upstream import run_component
-from exporters.validate.native_log import native_messages
 from exporters.capture.cache_settings import sliding_window_of
 from exporters.capture.merged import MERGED, prompt_inputs
+from exporters.capture.steps import cache_input_name, output_cache, step_inputs
+from exporters.errors import describe_error
+from exporters.report.results import GenerationReport
+from exporters.upstream import run_component
+from exporters.validate.greedy import DecodeStepper, Greedy, Tolerances, decode_loop, eager_reference
+from exporters.validate.native_log import native_messages
+from exporters.validate.vision_language import vision_language
+
 
 def _report(greedy: Greedy, tokens: list[torch.Tensor], prompt: int | None, cache: dict[str, Any] | None,
             reason: str | None = None, failed: bool = False) -> GenerationReport:

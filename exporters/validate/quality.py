@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from exporters.upstream import leaf_tensors
 
 HIDDEN_STATES = ("last_hidden_state", "pooler_output", "encoder_last_hidden_state")
@@ -34,15 +35,10 @@ RULES = (
 )
 
 
-def _leaves(outputs: Any) -> dict[str, torch.Tensor]:
-
-    return leaf_tensors(outputs)
-
-
 def measure(reference: Any, actual: Any) -> dict[str, Any]:
     """Quality metrics of one probe: `positions`, `top1_matches`, `kl_sum`, `kl_max` over logits, `cosine` over
     hidden states, and `problems` (a missing, misshapen or non-finite output: never a pass)."""
-    want, got = _leaves(reference), _leaves(actual)
+    want, got = leaf_tensors(reference), leaf_tensors(actual)
     logits = [name for name in want if name.rsplit(".", 1)[-1].endswith("logits")]
     hidden = [name for name in want if name.rsplit(".", 1)[-1] in HIDDEN_STATES]
     judged = logits or hidden or [name for name, tensor in want.items() if tensor.is_floating_point()]

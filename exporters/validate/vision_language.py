@@ -28,8 +28,8 @@ import torch
 from exporters.capture.cache_settings import sliding_window_of
 from exporters.capture.components import prefill_cache_kwargs
 from exporters.errors import EagerStageError
-from exporters.validate.greedy import DecodeStepper, decode_loop
 from exporters.upstream import prepare_traced_inputs, run_component
+from exporters.validate.greedy import DecodeStepper, decode_loop
 
 DECODE = "decode"
 
