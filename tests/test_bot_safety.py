@@ -182,6 +182,25 @@ def test_a_deeply_nested_body_is_400_not_500(hub, tmp_path, start_bot):
     assert bot.get("/healthz").status_code == 200 and bot.store.list() == []
 
 
+def test_repo_names_that_are_not_hub_ids_are_refused_before_anything_is_stored(hub, tmp_path, start_bot):
+    bot = start_bot(bot_settings(hub, tmp_path, backend="dry", allowed=["*"], max_body_bytes=4 << 20),
+                    embedded_worker=False)
+    main = [{"ref": "refs/heads/main", "oldSha": sha(1), "newSha": sha(2)}]
+    owner = hub.user_id("alice")
+    for name in ("", "noslash", "../../etc/passwd", "alice/../../x", "a/b/c", "alice/" + "x" * 900_000):
+        push = payload(name, refs=main)
+        comment = payload(name, scope="discussion.comment", action="create", comment={
+            "id": "c1", "author": {"id": owner}, "hidden": False, "content": f"@{BOT_USER} export",
+            "url": {"web": "https://hf.co/x/discussions/1#c1"}})
+        for event in (push, comment):
+            answer = bot.post(event)
+            assert answer.status_code == 400, (name[:40], answer.text[:200])
+            assert "is not a Hub repo id" in answer.json()["error"] or "no namespace" in answer.json()["error"]
+            assert len(answer.text) < 500  # the name is not echoed whole
+    assert bot.store.list() == [] and bot.store.counts()["deliveries"] == 0
+    assert bot.post(payload("alice/x", refs=main)).json()["status"] == "queued"  # a real id still is
+
+
 def test_jobs_api_never_confirms_that_a_private_repo_exists(hub, tmp_path, start_bot):
     bot = start_bot(bot_settings(hub, tmp_path, backend="dry"), embedded_worker=False)
     bot.store.enqueue("alice/secret", sha(1), private=True)
