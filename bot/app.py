@@ -17,7 +17,9 @@ cached Hub lookup per namespace; 503 when the Hub cannot say), and inserts the j
 commit; a push over the daily limit is stored and delayed, never dropped). Everything else happens in a worker.
 
 A private repo's jobs are hidden from the API and the status page (unless `show_private`): `/jobs?repo=` answers as
-if the repo had no jobs, so an anonymous caller cannot learn that it exists.
+if the repo had no jobs, so an anonymous caller cannot learn that it exists. Privacy is the repo's current state,
+applied to all its jobs: any delivery saying the repo is private (a `repo.config` update when it turns private)
+hides every job of it at once, and so does a worker that reads it private on the Hub.
 
 Example:
     >>> from bot.settings import BotSettings
@@ -121,6 +123,12 @@ def create_app(settings: BotSettings, store: JobStore | None = None, *, embedded
         problem = repo_id_problem(payload.repo.name)
         if problem is not None:  # the Hub only sends real repo ids: refuse before anything is stored
             return _error(400, f"not a Hub webhook payload: {problem}")
+        if payload.repo.private:  # e.g. a `repo.config` update: the repo turned private. Hide its jobs at once (only
+            try:                  # the Hub's answer to a worker makes them public again)
+                await run_in_threadpool(store.set_private, payload.repo.name, True)
+            except Exception as err:
+                log.error("could not record %s as private: %s", payload.repo.name, scrub(str(err), secrets))
+                return _error(503, "job store unavailable; deliver again later")
         decision = decide(payload, raw, bot_name=settings.bot_name)
         if decision.action == "queue" and not settings.is_allowed(decision.repo or ""):
             decision = Decision("ignore", f"{decision.repo} has not opted in (not in the bot's allowed list)",

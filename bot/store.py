@@ -19,6 +19,9 @@ queued ──claim──► running ──finish──► succeeded | failed | s
 - A worker holds a lease (`lease_owner`, `lease_expires_at`) renewed by heartbeats. A worker killed mid-job stops
   renewing; once the lease expires the job is claimable again (its attempt counted). `finish` only applies while
   the caller still holds the lease, so a late, stale worker cannot overwrite a newer attempt.
+- Privacy is the repo's current state, applied to all its jobs: a job queued as private, a delivery saying the repo
+  is private, or a worker reading it private on the Hub hides every job of the repo (`set_private`); only the Hub's
+  answer to a worker makes them public again.
 - Everything is in the database: a restarted process picks up where the last one stopped.
 
 Example:
@@ -193,6 +196,11 @@ class JobStore:
         limits = limits or Limits()
         due = now
         with self._tx() as conn:
+            if private:  # privacy is the repo's, not a job's: every job of it is hidden at once
+                conn.execute("UPDATE jobs SET private = 1 WHERE repo = ? AND private = 0", (repo,))
+            else:  # a repo known to be private stays so until the Hub says otherwise (`set_private`)
+                private = conn.execute("SELECT 1 FROM jobs WHERE repo = ? AND private = 1 LIMIT 1",
+                                       (repo,)).fetchone() is not None
             row = conn.execute(
                 "UPDATE jobs SET deliveries = deliveries + 1, updated_at = ? "
                 "WHERE repo = ? AND head_sha = ? AND trigger_key = ? RETURNING id",
@@ -239,6 +247,13 @@ class JobStore:
             if count >= limits.requester:
                 return f"this requester already asked for {count} exports in the last 24 h (limit {limits.requester})"
         return ""
+
+    def set_private(self, repo: str, private: bool) -> int:
+        """Record whether `repo` is private now, on every job of it (privacy is the repo's current state, not what
+        it was when a job was queued). The number of jobs changed."""
+        with self._tx() as conn:
+            return conn.execute("UPDATE jobs SET private = ? WHERE repo = ? AND private != ?",
+                                (int(private), repo, int(private))).rowcount
 
     # ------------------------------------------------------------------------------------------ workers
     def claim(self, worker_id: str, lease_seconds: float, *, now: float | None = None) -> Job | None:

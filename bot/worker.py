@@ -4,7 +4,8 @@ One `Worker` runs `concurrency` threads. For each claimed job:
 
 1. skip a push job when a newer push of the same repo is queued, running or done (superseded: the newer commit is
    exported instead); (backends that need it) read the repo at the job's commit (`hubcheck.inspect_repo`) and
-   record the recipe hash, the weights key and whether the repo is private now; then skip, with the reason on the
+   record the recipe hash, the weights key and whether the repo is private now (on every job of the repo: privacy
+   is the repo's current state); then skip, with the reason on the
    job and nothing said on the Hub, when: the repo opted out (`bot.texts.OPT_OUT_FILE`), the commit is the bot's
    own, the comment that asked is the bot's own, there is no recipe, or (unless forced by a comment) the same recipe
    and weights were already exported successfully (a failure discussion left open by a later run is then closed).
@@ -143,14 +144,17 @@ class Worker:
                                      endpoint=self.settings.hf_endpoint, with_authors=job.trigger == "push")
             except HubCheckError as err:
                 if err.permanent:  # a repo the bot cannot see is treated as private: its name is not shown
+                    if err.hidden:
+                        self.store.set_private(job.repo, True)
                     self._end(job, owner, SKIPPED, reason=str(err), **({"private": True} if err.hidden else {}))
                 else:
                     self._retry(job, owner, str(err))
                 return
             recipe_key = state.recipe_sha256 or (PROPOSAL_KEY if self._proposes(state) else None)
             fields = {"recipe_sha256": recipe_key, "weights_key": state.weights_key}
-            if state.private is not None:
+            if state.private is not None:  # the repo's state now, for every job of it (old ones too)
                 fields["private"] = state.private
+                self.store.set_private(job.repo, state.private)
             if not job.head_sha:
                 fields["head_sha"] = state.head_sha
             try:

@@ -232,6 +232,49 @@ def test_the_private_flag_comes_from_the_hub_not_the_payload(hf_env, tmp_path, s
     assert httpx.get(f"{bot.url}/jobs/{job.id}").json()["repo"] == "(private repo)"
 
 
+def test_a_repo_that_turns_private_hides_all_its_old_jobs(hf_env, tmp_path, start_bot):
+    """Privacy is the repo's current state: jobs that ran while it was public are hidden once it turns private,
+    whether the Hub says so in a `repo.config` delivery or a worker finds out at the next push."""
+    from huggingface_hub import HfApi
+
+    hub = hf_env
+    repos = ("alice/turns", "alice/quiet")
+    for repo_id in repos:
+        folder = tmp_path / repo_id.replace("/", "--")
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        (folder / "export_config.json").write_text(json.dumps({"export_format": "dynamo", "mode": "model"}))
+        upload_model(hub, folder, repo_id)
+    bot = start_bot(bot_settings(hub, tmp_path, job_timeout_seconds=1))  # each run is stopped at once: a log, fast
+    old = {r: wait_for(job_done(bot.store, bot.post(main_update(hub, r)).json()["job"]), 60, f"{r}'s job")
+           for r in repos}
+    for repo_id, job in old.items():  # public: shown, log served
+        assert not job.private and job.log_path and bot.get(f"/jobs/{job.id}/log").status_code == 200
+        assert repo_id in bot.get("/").text and httpx.get(f"{bot.url}/jobs", params={"repo": repo_id}).json()["jobs"]
+    alice = HfApi(endpoint=hub.url, token=TEST_TOKEN)
+    alice.update_repo_settings("alice/turns", private=True)  # the Hub tells the bot: repo.config update
+    config = hub.events()[-1]
+    assert config["event"]["scope"] == "repo.config" and config["repo"]["private"] is True
+    assert bot.post(config).status_code == 202
+    alice.update_repo_settings("alice/quiet", private=True)  # not delivered: the next push's worker finds out
+    alice.upload_file(path_or_fileobj=b"usage", path_in_repo="USAGE.md", repo_id="alice/quiet")
+    newer = wait_for(job_done(bot.store, bot.post(main_update(hub, "alice/quiet")).json()["job"]), 60, "the push")
+    assert newer.private
+    page, listing = bot.get("/").text, bot.get("/jobs").text
+    for repo_id, job in old.items():
+        assert httpx.get(f"{bot.url}/jobs", params={"repo": repo_id}).json()["jobs"] == [], repo_id
+        assert bot.get(f"/jobs/{job.id}/log").status_code == 404, repo_id
+        shown = bot.get(f"/jobs/{job.id}").json()
+        assert shown["repo"] == "(private repo)" and shown["error"] is None and shown["links"] == {}, repo_id
+        assert repo_id not in page and repo_id not in listing
+    # a new delivery for a repo known to be private is hidden from the start, whatever its payload says
+    public_claim = main_update(hub, "alice/quiet") | {"repo": {**config["repo"], "name": "alice/quiet",
+                                                              "private": False}}
+    public_claim["updatedRefs"] = [{"ref": "refs/heads/main", "oldSha": sha(1), "newSha": sha(2)}]
+    queued = bot.store.get(bot.post(public_claim).json()["job"])
+    assert queued.private
+
+
 # ── what counts as exported ───────────────────────────────────────────────────
 
 
