@@ -172,7 +172,8 @@ class Worker:
                 self._blocked(job, owner, state.recipe_problem, state.head_sha, f"invalid recipe in {state.recipe_file}")
                 return
         ctx = JobContext(job=job, state=state, settings=self.settings,
-                         job_dir=Path(self.settings.work_dir) / f"job-{job.id}", cancelled=cancelled)
+                         job_dir=Path(self.settings.work_dir) / f"job-{job.id}", cancelled=cancelled,
+                         save=lambda **fields: self.store.record(job.id, owner, **fields))
         self.store.record(job.id, owner, backend=self.backend.name)
         outcome = self.backend.run(ctx)
         if outcome.status == "failed" and outcome.problem is not None:

@@ -418,7 +418,9 @@ def test_github_backend_dispatches_the_workflow(hf_env, tmp_path, start_bot, git
     assert job.status == "succeeded" and job.operation == "dispatched", (job.reason, job.error)
     [dispatch] = github_server.dispatches(GH_REPO)
     assert (dispatch.kind, dispatch.workflow, dispatch.ref) == ("workflow", WORKFLOW_FILE, "main")
-    assert dispatch.inputs == {"model": REPO, "revision": head, "targets": "onnx"}
+    assert dispatch.inputs == {"model": REPO, "revision": head, "targets": "onnx",
+                               "dispatch_id": job.dispatch["dispatch_id"]}
+    assert job.dispatch["dispatch_id"].startswith(f"job-{job.id}-") and job.dispatch["state"] == "dispatched"
     assert job.dispatch["inputs"] == dispatch.inputs and job.dispatch["run_url"].startswith(github_server.url)
 
     # a comment of the repo's owner asking the bot re-runs it even though nothing changed; the bot's own mention

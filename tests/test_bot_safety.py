@@ -6,16 +6,26 @@ emulator for workflow runs, and the job store itself for its rules."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
+import pytest
+import yaml
 
+from bot.settings import BotSettings
 from bot.store import DAY_SECONDS, JobStore
 from bot.worker import Worker
+from tests.conftest import ROOT
 from tests.servers.github_fixtures import GITHUB_BOT_TOKEN, REPO as GH_REPO, WORKFLOW_FILE
 from tests.servers.hub_fixtures import BOT_TOKEN, BOT_USER, TEST_TOKEN
 from tests.test_bot import (  # noqa: F401  (start_bot is a fixture)
+    SECRET,
     bot_settings,
     job_done,
     main_update,
@@ -27,6 +37,80 @@ from tests.test_bot import (  # noqa: F401  (start_bot is a fixture)
 )
 
 MALLORY_TOKEN, BOB_TOKEN = "hf_mallory_token", "hf_bob_token"
+DISPATCH_WORKFLOW = ROOT / "examples" / "workflows" / "bot-dispatch.yml"
+WORKER_FIELDS = ("hf_endpoint", "db_path", "work_dir", "allowed", "bot_name", "backend", "lease_seconds",
+                 "poll_seconds", "retry_backoff_seconds", "job_timeout_seconds", "benchmark", "python",
+                 "github_api_url", "github_repo", "github_workflow", "github_ref", "github_poll_seconds",
+                 "github_private_repos")
+
+
+class WorkerProcesses:
+    """`hf-export-bot worker` processes on `settings` (a TOML file; secrets in the environment), as an operator
+    runs them; each one's output in `logs/worker-N.log`."""
+
+    def __init__(self, settings: BotSettings, folder: Path) -> None:
+        self.config, self.logs = folder / "bot.toml", folder / "worker-logs"
+        self.logs.mkdir()
+        lines = ["[bot]"]
+        for name in WORKER_FIELDS:
+            value = getattr(settings, name, None)
+            if value is not None:
+                lines.append(f"{name} = {json.dumps(str(value) if isinstance(value, Path) else value)}")
+        self.config.write_text("\n".join(lines) + "\n")
+        self.env = {**os.environ, "HF_TOKEN": BOT_TOKEN, "WEBHOOK_SECRET": SECRET, "PYTHONUNBUFFERED": "1",
+                    "EXPORT_BOT_GITHUB_TOKEN": GITHUB_BOT_TOKEN}
+        self.started: list[subprocess.Popen] = []
+
+    def start(self) -> subprocess.Popen:
+        with (self.logs / f"worker-{len(self.started) + 1}.log").open("wb") as log:
+            process = subprocess.Popen([sys.executable, "-m", "bot.cli", "worker", "--config", str(self.config)],
+                                       env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        self.started.append(process)
+        return process
+
+    def output(self) -> str:
+        return "".join(p.read_text() for p in sorted(self.logs.iterdir()))
+
+    def stop(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+@pytest.fixture
+def workers():
+    made: list[WorkerProcesses] = []
+
+    def make(settings: BotSettings, folder: Path) -> WorkerProcesses:
+        made.append(WorkerProcesses(settings, folder))
+        return made[-1]
+
+    yield make
+    for group in made:
+        group.stop()
+
+
+def _example_dispatch_workflow(github_server) -> str:
+    """`examples/workflows/bot-dispatch.yml` (its run-name and declared inputs) in the GitHub emulator."""
+    workflow = yaml.safe_load(DISPATCH_WORKFLOW.read_text())
+    inputs = (workflow[True] if True in workflow else workflow["on"])["workflow_dispatch"]["inputs"]
+    github_server.add_workflow(GH_REPO, file=DISPATCH_WORKFLOW.name, name=workflow["name"],
+                               run_name=workflow["run-name"], inputs=list(inputs),
+                               required_inputs=[k for k, v in inputs.items() if v.get("required")])
+    return DISPATCH_WORKFLOW.name
+
+
+def _recipe_repo(hub, tmp_path: Path, repo_id: str = "alice/tiny-llama") -> str:
+    folder = tmp_path / repo_id.replace("/", "--")
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (folder / "export_config.json").write_text(json.dumps({"export_format": "onnx"}))
+    return upload_model(hub, folder, repo_id)
 
 
 def _comment(hub, repo_id: str, token: str, text: str = f"@{BOT_USER} export") -> dict:
@@ -309,6 +393,82 @@ def test_a_failed_workflow_run_is_not_already_exported(hf_env, tmp_path, start_b
     skipped = push_and_run("three", None)
     assert skipped.status == "skipped" and f"already exported by job #{retried.id}" in skipped.reason
     assert len(github_server.dispatches(GH_REPO)) == 2
+
+
+@pytest.mark.parametrize("killed_while", ["following", "dispatching"])
+def test_a_killed_worker_never_makes_the_github_backend_dispatch_twice(hf_env, tmp_path, start_bot, github_server,
+                                                                      workers, killed_while):
+    """Two attempts of one job, the first one's worker killed (SIGKILL) while it follows its run, or while GitHub's
+    answer to its dispatch is in flight: the second attempt follows the same run (found by the dispatch id in the
+    run's name, as the example workflow sets it), and there is one workflow run."""
+    hub = hf_env
+    _recipe_repo(hub, tmp_path)
+    settings = bot_settings(hub, tmp_path, backend="github", github_token=GITHUB_BOT_TOKEN, lease_seconds=3,
+                            github_api_url=github_server.url, github_repo=GH_REPO, poll_seconds=0.2,
+                            github_workflow=_example_dispatch_workflow(github_server), github_poll_seconds=0.2)
+    bot = start_bot(settings, embedded_worker=False)
+    pool = workers(settings, tmp_path)
+    job_id = bot.post(main_update(hub)).json()["job"]
+    if killed_while == "dispatching":
+        github_server.hold_dispatch_answers = threading.Event()
+    first = pool.start()
+    [run] = wait_for(lambda: github_server.runs(GH_REPO), 60, "the dispatched run")
+    if killed_while == "following":
+        wait_for(lambda: [r for r in github_server.requests if r.path.endswith(f"/actions/runs/{run.id}")], 30,
+                 "the first worker to follow the run")
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    if github_server.hold_dispatch_answers is not None:
+        github_server.hold_dispatch_answers.set()
+    assert bot.store.get(job_id).status == "running" and bot.store.get(job_id).attempts == 1
+    mark = len(github_server.requests)
+    pool.start()
+    wait_for(lambda: len(github_server.dispatches(GH_REPO)) > 1 or [
+        r for r in github_server.requests[mark:] if r.path.endswith(f"/actions/runs/{run.id}")], 60,
+        "the second attempt to follow a run")
+    assert len(github_server.dispatches(GH_REPO)) == 1, "dispatched twice"
+    github_server.complete_run(GH_REPO, run.id, "success")
+    job = wait_for(job_done(bot.store, job_id), 60, "the job to end")
+    assert job.status == "succeeded" and job.attempts == 2, (job.reason, job.error, pool.output())
+    assert job.dispatch["run_id"] == run.id and job.dispatch["dispatch_id"] in run.display_title
+    assert len(github_server.dispatches(GH_REPO)) == len(github_server.runs(GH_REPO)) == 1
+
+
+def test_a_private_repo_is_not_sent_to_github_unless_the_operator_opts_in(hf_env, tmp_path, start_bot,
+                                                                         github_server):
+    from huggingface_hub import HfApi
+
+    hub = hf_env
+    hub.add_org_member("acme", "alice")
+    hub.add_org_member("acme", BOT_USER)  # the bot can read the private repo
+    _recipe_repo(hub, tmp_path, "acme/secret")
+    HfApi(endpoint=hub.url, token=TEST_TOKEN).update_repo_settings("acme/secret", private=True)
+    github_server.run_conclusion = "success"
+    workflow = _example_dispatch_workflow(github_server)
+
+    def deliver(name: str, **overrides) -> object:
+        settings = bot_settings(hub, tmp_path / name, backend="github", github_token=GITHUB_BOT_TOKEN,
+                                github_api_url=github_server.url, github_repo=GH_REPO, github_workflow=workflow,
+                                github_poll_seconds=0.1, allowed=["acme"], **overrides)
+        bot = start_bot(settings)
+        job = wait_for(job_done(bot.store, bot.post(main_update(hub, "acme/secret")).json()["job"]), 30, name)
+        bot.stop()
+        return job
+
+    refused = deliver("default")
+    assert refused.status == "skipped" and refused.private and "github_private_repos" in refused.reason
+    assert github_server.dispatches(GH_REPO) == []  # nothing about the repo reached GitHub
+    public_github = deliver("opted-in, public github repo", github_private_repos=True)
+    assert public_github.status == "skipped" and f"{GH_REPO}, which is public" in public_github.reason
+    assert github_server.dispatches(GH_REPO) == []
+    github_server.reset()
+    github_server.create_repo(GH_REPO, default_branch="main", private=True)
+    workflow = _example_dispatch_workflow(github_server)
+    github_server.run_conclusion = "success"
+    sent = deliver("opted-in, private github repo", github_private_repos=True)
+    assert sent.status == "succeeded", (sent.reason, sent.error)
+    [run] = github_server.runs(GH_REPO)
+    assert "acme" not in run.display_title and sent.dispatch["dispatch_id"] in run.display_title
 
 
 def test_a_permanent_publish_failure_is_not_retried(hf_env, tmp_path, start_bot):
