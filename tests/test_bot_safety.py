@@ -471,6 +471,79 @@ def test_a_private_repo_is_not_sent_to_github_unless_the_operator_opts_in(hf_env
     assert "acme" not in run.display_title and sent.dispatch["dispatch_id"] in run.display_title
 
 
+# Stands in for `python -m bot.export_run run ... --out OUT` (the `python` setting): forks what a real run forks (a
+# target export, as exporters.isolation does, and a process that even leaves the process group), each writing into
+# OUT, then waits as a long export does; with "done" in the mode file it ends at once, as a passing run.
+STANDIN = """#!{python}
+import os, pathlib, sys, time
+out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
+out.mkdir(parents=True, exist_ok=True)
+if pathlib.Path({mode!r}).read_text() == "done":
+    sys.exit(0)
+for name in ("target", "escaped"):
+    if os.fork() == 0:
+        if name == "escaped":
+            os.setsid()
+        while True:
+            (out / (name + ".pid")).write_text(str(os.getpid()))
+            time.sleep(0.05)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] != b"Z"
+
+
+def test_a_killed_local_worker_takes_its_whole_export_tree_with_it(hf_env, tmp_path, start_bot, workers):
+    """The worker is SIGKILLed while its export runs: the export and everything it forked die with it (nothing keeps
+    writing into the job's output folder), and the next attempt gets a folder of its own."""
+    hub = hf_env
+    _recipe_repo(hub, tmp_path)
+    mode = tmp_path / "mode"
+    mode.write_text("hang")
+    standin = tmp_path / "python-standin"
+    standin.write_text(STANDIN.format(python=sys.executable, mode=str(mode)))
+    standin.chmod(0o755)
+    settings = bot_settings(hub, tmp_path, lease_seconds=3, python=str(standin))
+    bot = start_bot(settings, embedded_worker=False)
+    pool = workers(settings, tmp_path)
+    job_id = bot.post(main_update(hub)).json()["job"]
+    first = pool.start()
+    job_dir = settings.work_dir / f"job-{job_id}"
+
+    def forked() -> list[int]:
+        files = [p for n in ("target", "escaped") for p in job_dir.glob(f"**/out/{n}.pid")]
+        try:
+            return [int(p.read_text()) for p in files] if len(files) == 2 else []
+        except ValueError:  # read while being written
+            return []
+
+    pids = wait_for(forked, 60, "the export and its forked children to run")
+    [first_out] = {p.parent for p in job_dir.glob("**/out/target.pid")}
+    try:
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        wait_for(lambda: not [p for p in pids if _alive(p)], 10, "the export's whole tree to die with its worker")
+        written = {p: p.stat().st_mtime_ns for p in first_out.iterdir()}
+        time.sleep(0.3)
+        assert {p: p.stat().st_mtime_ns for p in first_out.iterdir()} == written  # nothing writes there any more
+    finally:
+        for pid in pids:  # only if the test failed: the processes this test made
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    mode.write_text("done")
+    pool.start()
+    job = wait_for(job_done(bot.store, job_id), 60, "the second attempt")
+    assert job.status == "succeeded" and job.attempts == 2, (job.reason, job.error, pool.output())
+    second = Path(job.log_path).parent
+    assert second != first_out.parent and (second / "out").is_dir() and not list((second / "out").iterdir())
+
+
 def test_a_permanent_publish_failure_is_not_retried(hf_env, tmp_path, start_bot):
     from tests.models import tiny_bert
 
