@@ -341,6 +341,14 @@ class JobStore:
                 (now, now, f"{iso(now)} released by {worker_id}: {why}\n", job_id, worker_id))
             return cursor.rowcount == 1
 
+    def note(self, job_id: int, worker_id: str, text: str) -> bool:
+        """Append one line to the job's `notes` while holding the lease."""
+        now = time.time()
+        with self._tx() as conn:
+            return conn.execute(
+                "UPDATE jobs SET notes = notes || ?, updated_at = ? WHERE id = ? AND lease_owner = ? "
+                "AND status = 'running'", (f"{iso(now)} {text}\n", now, job_id, worker_id)).rowcount == 1
+
     def _update_leased(self, job_id: int, worker_id: str, status: str | None, fields: dict[str, Any]) -> bool:
         unknown = set(fields) - RESULT_FIELDS
         if unknown:
@@ -384,6 +392,14 @@ class JobStore:
         row = self._conn().execute(
             "SELECT * FROM jobs WHERE repo = ? AND id != ? AND status IN ('succeeded', 'failed') ORDER BY id DESC "
             "LIMIT 1", (repo, exclude or -1)).fetchone()
+        return Job.from_row(row) if row else None
+
+    def proposed(self, repo: str, recipe_key: str) -> Job | None:
+        """The latest job that proposed a recipe for `repo` (recorded with the recipe hash `recipe_key`) and opened
+        or updated its PR."""
+        row = self._conn().execute(
+            "SELECT * FROM jobs WHERE repo = ? AND recipe_sha256 = ? AND status = 'succeeded' AND pr_url IS NOT NULL "
+            "ORDER BY id DESC LIMIT 1", (repo, recipe_key)).fetchone()
         return Job.from_row(row) if row else None
 
     def counts(self) -> dict[str, int]:

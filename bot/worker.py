@@ -9,7 +9,8 @@ One `Worker` runs `concurrency` threads. For each claimed job:
    job and nothing said on the Hub, when: the repo opted out (`bot.texts.OPT_OUT_FILE`), the commit is the bot's
    own, the comment that asked is the bot's own, there is no recipe, or (unless forced by a comment) the same recipe
    and weights were already exported successfully (a failure discussion left open by a later run is then closed).
-   An invalid recipe fails the job without exporting. The bot's own identity (`whoami`) is asked again after a
+   An invalid recipe fails the job without exporting. When the head has a recipe of its own, the bot's open PR
+   proposing one (`propose_recipes`) is closed with a comment saying why. The bot's own identity (`whoami`) is asked again after a
    failure, never cached as unknown.
 2. run the backend, renewing the lease every `lease_seconds / 3`; a lost lease cancels the run.
 3. record the outcome: succeeded / failed, or queued again with exponential backoff on a transient failure.
@@ -162,6 +163,8 @@ class Worker:
             except sqlite3.IntegrityError:  # that head already has a job with this trigger: keep ours as is
                 fields.pop("head_sha", None)
                 self.store.record(job.id, owner, **fields)
+            if state.has_recipe and not state.opted_out:
+                self._close_stale_proposal(job, owner, state)
             skip, exported = self._skip_reason(job, state)
             if skip:
                 if exported is not None:
@@ -259,6 +262,38 @@ class Worker:
         except PublishError as err:
             return f"; could not close the failure discussion: {scrub(str(err), self.settings.secrets())}"
         return f"; closed discussion {', '.join(f'#{n}' for n in closed)}" if closed else ""
+
+    def _close_stale_proposal(self, job: Job, owner: str, state: RepoState) -> None:
+        """`main` has a recipe of its own: close the bot's open PR proposing one (`hf-export init --push`), with a
+        comment saying why. Looked for only when the bot proposes recipes or once proposed one for this repo; what
+        was done goes into the job's notes (a Hub failure too: the job goes on)."""
+        if not (self._proposes_at_all() or self.store.proposed(job.repo, PROPOSAL_KEY)):
+            return
+        from exporters.init_push import KIND_RECIPE
+        from exporters.publish import HubClient
+        from exporters.publish.decide import in_slot
+
+        comment = (f"Closing: `main` now has a recipe of its own (`{state.recipe_file}` at `{state.head_sha[:7]}`), "
+                   "so this proposal is no longer needed; the bot exports `main`'s recipe from now on.")
+        try:
+            hub = HubClient(job.repo, token=self._token(), endpoint=self.settings.hf_endpoint)
+            view = hub.view_at(None, "main", hub.whoami())
+            closed = []
+            for thread in in_slot(view, {"kind": KIND_RECIPE, "recipe": "repo", "base": "main"}):
+                if thread.is_open:
+                    hub.close(thread.num, comment)
+                    closed.append(thread.num)
+        except PublishError as err:
+            self.store.note(job.id, owner, "could not close the recipe proposal: "
+                                           f"{scrub(str(err), self.settings.secrets())}")
+            return
+        if closed:
+            log.info("job %d: closed recipe proposal %s (main has its own recipe)", job.id, closed)
+            self.store.note(job.id, owner, f"closed recipe proposal {', '.join(f'#{n}' for n in closed)}: main has "
+                                           f"its own recipe ({state.recipe_file})")
+
+    def _proposes_at_all(self) -> bool:
+        return self.settings.propose_recipes and getattr(self.backend, "proposes_recipes", False)
 
     # ------------------------------------------------------------------------------------------ helpers
     def _end(self, job: Job, owner: str, status: str, **fields) -> None:

@@ -30,6 +30,7 @@ from tests.test_bot import (  # noqa: F401  (start_bot is a fixture)
     job_done,
     main_update,
     payload,
+    pull_requests,
     sha,
     start_bot,
     upload_model,
@@ -542,6 +543,43 @@ def test_a_killed_local_worker_takes_its_whole_export_tree_with_it(hf_env, tmp_p
     assert job.status == "succeeded" and job.attempts == 2, (job.reason, job.error, pool.output())
     second = Path(job.log_path).parent
     assert second != first_out.parent and (second / "out").is_dir() and not list((second / "out").iterdir())
+
+
+def test_the_recipe_proposal_is_closed_once_main_has_a_recipe_of_its_own(hf_env, tmp_path, start_bot):
+    from huggingface_hub import HfApi
+
+    from exporters.init_push import recipe_marker
+    from exporters.publish import publish_files
+
+    hub = hf_env
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    upload_model(hub, folder)  # no recipe
+    proposed = {"export_format": "onnx"}
+    opened = publish_files(  # the PR `hf-export init --push` opens for the bot (the same library call and slot)
+        "alice/tiny-llama", {"export_config.json": json.dumps(proposed).encode()}, marker=recipe_marker(proposed),
+        title="Add an export recipe (export_config.json): onnx", description=lambda _num: "A proposed recipe.",
+        commit_message="Propose export_config.json", token=BOT_TOKEN, endpoint=hub.url)
+    assert opened.operation == "created"
+    [proposal] = pull_requests(hub)
+    mode = tmp_path / "mode"
+    mode.write_text("done")
+    standin = tmp_path / "python-standin"
+    standin.write_text(STANDIN.format(python=sys.executable, mode=str(mode)))
+    standin.chmod(0o755)
+    bot = start_bot(bot_settings(hub, tmp_path, propose_recipes=True, python=str(standin)))
+    alice = HfApi(endpoint=hub.url, token=TEST_TOKEN)
+    alice.upload_file(path_or_fileobj=json.dumps({"export_format": "dynamo", "mode": "model"}).encode(),
+                      path_in_repo="export_config.json", repo_id="alice/tiny-llama", commit_message="Our own recipe")
+    job = wait_for(job_done(bot.store, bot.post(main_update(hub)).json()["job"]), 60, "the job")
+    assert job.status == "succeeded", (job.reason, job.error)
+    [closed] = pull_requests(hub)
+    assert closed["num"] == proposal["num"] and closed["status"] == "closed"
+    details = alice.get_discussion_details("alice/tiny-llama", proposal["num"])
+    said = [e.content for e in details.events if e.type == "comment" and e.author == BOT_USER][-1]
+    assert "`main` now has a recipe of its own (`export_config.json`" in said and "no longer needed" in said
+    assert f"closed recipe proposal #{proposal['num']}" in job.notes
 
 
 def test_a_permanent_publish_failure_is_not_retried(hf_env, tmp_path, start_bot):
