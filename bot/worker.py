@@ -269,7 +269,7 @@ class Worker:
         was done goes into the job's notes (a Hub failure too: the job goes on)."""
         if not (self._proposes_at_all() or self.store.proposed(job.repo, PROPOSAL_KEY)):
             return
-        from exporters.init_push import KIND_RECIPE
+        from exporters.init.push import KIND_RECIPE
         from exporters.publish import HubClient
         from exporters.publish.decide import in_slot
 

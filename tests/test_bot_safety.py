@@ -473,7 +473,7 @@ def test_a_private_repo_is_not_sent_to_github_unless_the_operator_opts_in(hf_env
 
 
 # Stands in for `python -m bot.export_run run ... --out OUT` (the `python` setting): forks what a real run forks (a
-# target export, as exporters.isolation does, and a process that even leaves the process group), each writing into
+# target export, as exporters.run.isolation does, and a process that even leaves the process group), each writing into
 # OUT, then waits as a long export does; with "done" in the mode file it ends at once, as a passing run.
 STANDIN = """#!{python}
 import os, pathlib, sys, time
@@ -548,7 +548,7 @@ def test_a_killed_local_worker_takes_its_whole_export_tree_with_it(hf_env, tmp_p
 def test_the_recipe_proposal_is_closed_once_main_has_a_recipe_of_its_own(hf_env, tmp_path, start_bot):
     from huggingface_hub import HfApi
 
-    from exporters.init_push import recipe_marker
+    from exporters.init.push import recipe_marker
     from exporters.publish import publish_files
 
     hub = hf_env

@@ -17,7 +17,7 @@ publishes.
   set in `preexec_fn`).
 - The whole process tree dies with the worker: the run is started under `bot.reaper`, a subreaper that gets
   `PR_SET_PDEATHSIG` (SIGTERM) from the worker and then kills every process the export forked (the target exports
-  forked by `exporters.isolation`, anything that left the process group), so a worker killed with SIGKILL leaves no
+  forked by `exporters.run.isolation`, anything that left the process group), so a worker killed with SIGKILL leaves no
   export writing or pushing behind the back of the job's next attempt. A timeout or a cancellation stops the run the
   same way (SIGTERM to the reaper; SIGKILL to its process group if it has not ended within
   `STOP_GRACE_SECONDS`).
