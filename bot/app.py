@@ -10,13 +10,16 @@
 
 The intake answers at once and never exports: it checks the secret (constant time; missing 401, wrong 403), the
 content type (415), the size (413, from Content-Length and from the bytes actually read), parses the payload with
-`huggingface_hub.WebhookPayload` (400, also for bodies nested too deep to parse), applies `bot.intake.decide` and the
+`huggingface_hub.WebhookPayload` (400, also for bodies nested too deep to parse, and for a repo name that is not a
+Hub repo id `namespace/name`), applies `bot.intake.decide` and the
 opt-in list, counts a `@bot export` comment only from the repo's owner or a member of its org (`bot.members`: one
 cached Hub lookup per namespace; 503 when the Hub cannot say), and inserts the job (deduplicated on repo + head
 commit; a push over the daily limit is stored and delayed, never dropped). Everything else happens in a worker.
 
 A private repo's jobs are hidden from the API and the status page (unless `show_private`): `/jobs?repo=` answers as
-if the repo had no jobs, so an anonymous caller cannot learn that it exists.
+if the repo had no jobs, so an anonymous caller cannot learn that it exists. Privacy is the repo's current state,
+applied to all its jobs: any delivery saying the repo is private (a `repo.config` update when it turns private)
+hides every job of it at once, and so does a worker that reads it private on the Hub.
 
 Example:
     >>> from bot.settings import BotSettings
@@ -45,7 +48,7 @@ from starlette.concurrency import run_in_threadpool
 from exporters.redact import scrub
 
 from . import __version__
-from .intake import Decision, decide
+from .intake import Decision, decide, repo_id_problem
 from .members import Members, MembershipError
 from .page import PAGE_SIZE, PageNav, public_view, render_status_page
 from .settings import BotSettings, SettingsError
@@ -118,6 +121,15 @@ def create_app(settings: BotSettings, store: JobStore | None = None, *, embedded
             return _error(400, f"not a Hub webhook payload: {_describe(err)}")
         except RecursionError:  # nested deeper than the parser goes: junk, not a server error
             return _error(400, "not a Hub webhook payload: nested too deeply")
+        problem = repo_id_problem(payload.repo.name)
+        if problem is not None:  # the Hub only sends real repo ids: refuse before anything is stored
+            return _error(400, f"not a Hub webhook payload: {problem}")
+        if payload.repo.private:  # e.g. a `repo.config` update: the repo turned private. Hide its jobs at once (only
+            try:                  # the Hub's answer to a worker makes them public again)
+                await run_in_threadpool(store.set_private, payload.repo.name, True)
+            except Exception as err:
+                log.error("could not record %s as private: %s", payload.repo.name, scrub(str(err), secrets))
+                return _error(503, "job store unavailable; deliver again later")
         decision = decide(payload, raw, bot_name=settings.bot_name)
         if decision.action == "queue" and not settings.is_allowed(decision.repo or ""):
             decision = Decision("ignore", f"{decision.repo} has not opted in (not in the bot's allowed list)",

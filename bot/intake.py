@@ -5,6 +5,9 @@ Acted on (model repos that opted in only):
 - a new, visible `discussion.comment` that says `@<bot_name> export` -> a `comment` job at the repo's head, forced
   (runs even if the same recipe and weights were already exported).
 
+Refused (the app answers 400, nothing is stored): a repo name that is not a Hub repo id `namespace/name`
+(`repo_id_problem`, by `huggingface_hub`'s own validator).
+
 Ignored, with a reason: other repo types and scopes, `refs/pr/*` and other refs (the bot's own PR pushes land
 there), a deleted main, comments that do not mention the bot. Whether the new head has a recipe, and whether the
 commit is the bot's own, needs the Hub: the worker decides that (and records the job as `skipped`).
@@ -46,6 +49,25 @@ class Decision:
     requested_by: str | None = None
     force: bool = False
     private: bool = False
+
+
+def repo_id_problem(name: str) -> str | None:
+    """Why `name` is not a Hub repo id `namespace/name` (None: it is one), by `huggingface_hub`'s own validator.
+
+    Example:
+        >>> repo_id_problem("acme/tiny") is None, repo_id_problem("noslash"), repo_id_problem("../../etc/passwd")[:20]
+        (True, "repo name 'noslash' has no namespace (expected namespace/name)", "repo name '../../etc")
+    """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    shown = repr(name[:60]) + ("…" if len(name) > 60 else "")
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return f"repo name {shown} is not a Hub repo id"
+    if name.count("/") != 1:
+        return f"repo name {shown} has no namespace (expected namespace/name)"
+    return None
 
 
 def ignore(reason: str, repo: str | None = None) -> Decision:

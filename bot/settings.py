@@ -114,6 +114,10 @@ class BotSettings(BaseModel):
     github_workflow: str = Field(default="export.yml", description="Workflow file (or id) to dispatch.")
     github_ref: str = Field(default="main", description="Branch or tag the workflow runs from.")
     github_targets: str = Field(default="", description="`targets` input: comma-separated names, empty for all.")
+    github_private_repos: bool = Field(
+        default=False, description="Send private Hub repos to the GitHub backend too (their name and commit go into "
+                                   "the workflow inputs, their weights onto GitHub's runners; only to a private "
+                                   "`github_repo`). Off: their jobs are skipped.")
     github_poll_seconds: float = Field(
         default=30.0, gt=0, description="How often the dispatched workflow run is polled until it concludes (the job "
                                         "succeeds only when the run concludes `success`).")

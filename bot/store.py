@@ -19,6 +19,9 @@ queued ──claim──► running ──finish──► succeeded | failed | s
 - A worker holds a lease (`lease_owner`, `lease_expires_at`) renewed by heartbeats. A worker killed mid-job stops
   renewing; once the lease expires the job is claimable again (its attempt counted). `finish` only applies while
   the caller still holds the lease, so a late, stale worker cannot overwrite a newer attempt.
+- Privacy is the repo's current state, applied to all its jobs: a job queued as private, a delivery saying the repo
+  is private, or a worker reading it private on the Hub hides every job of the repo (`set_private`); only the Hub's
+  answer to a worker makes them public again.
 - Everything is in the database: a restarted process picks up where the last one stopped.
 
 Example:
@@ -193,6 +196,11 @@ class JobStore:
         limits = limits or Limits()
         due = now
         with self._tx() as conn:
+            if private:  # privacy is the repo's, not a job's: every job of it is hidden at once
+                conn.execute("UPDATE jobs SET private = 1 WHERE repo = ? AND private = 0", (repo,))
+            else:  # a repo known to be private stays so until the Hub says otherwise (`set_private`)
+                private = conn.execute("SELECT 1 FROM jobs WHERE repo = ? AND private = 1 LIMIT 1",
+                                       (repo,)).fetchone() is not None
             row = conn.execute(
                 "UPDATE jobs SET deliveries = deliveries + 1, updated_at = ? "
                 "WHERE repo = ? AND head_sha = ? AND trigger_key = ? RETURNING id",
@@ -239,6 +247,13 @@ class JobStore:
             if count >= limits.requester:
                 return f"this requester already asked for {count} exports in the last 24 h (limit {limits.requester})"
         return ""
+
+    def set_private(self, repo: str, private: bool) -> int:
+        """Record whether `repo` is private now, on every job of it (privacy is the repo's current state, not what
+        it was when a job was queued). The number of jobs changed."""
+        with self._tx() as conn:
+            return conn.execute("UPDATE jobs SET private = ? WHERE repo = ? AND private != ?",
+                                (int(private), repo, int(private))).rowcount
 
     # ------------------------------------------------------------------------------------------ workers
     def claim(self, worker_id: str, lease_seconds: float, *, now: float | None = None) -> Job | None:
@@ -326,6 +341,14 @@ class JobStore:
                 (now, now, f"{iso(now)} released by {worker_id}: {why}\n", job_id, worker_id))
             return cursor.rowcount == 1
 
+    def note(self, job_id: int, worker_id: str, text: str) -> bool:
+        """Append one line to the job's `notes` while holding the lease."""
+        now = time.time()
+        with self._tx() as conn:
+            return conn.execute(
+                "UPDATE jobs SET notes = notes || ?, updated_at = ? WHERE id = ? AND lease_owner = ? "
+                "AND status = 'running'", (f"{iso(now)} {text}\n", now, job_id, worker_id)).rowcount == 1
+
     def _update_leased(self, job_id: int, worker_id: str, status: str | None, fields: dict[str, Any]) -> bool:
         unknown = set(fields) - RESULT_FIELDS
         if unknown:
@@ -369,6 +392,14 @@ class JobStore:
         row = self._conn().execute(
             "SELECT * FROM jobs WHERE repo = ? AND id != ? AND status IN ('succeeded', 'failed') ORDER BY id DESC "
             "LIMIT 1", (repo, exclude or -1)).fetchone()
+        return Job.from_row(row) if row else None
+
+    def proposed(self, repo: str, recipe_key: str) -> Job | None:
+        """The latest job that proposed a recipe for `repo` (recorded with the recipe hash `recipe_key`) and opened
+        or updated its PR."""
+        row = self._conn().execute(
+            "SELECT * FROM jobs WHERE repo = ? AND recipe_sha256 = ? AND status = 'succeeded' AND pr_url IS NOT NULL "
+            "ORDER BY id DESC LIMIT 1", (repo, recipe_key)).fetchone()
         return Job.from_row(row) if row else None
 
     def counts(self) -> dict[str, int]:

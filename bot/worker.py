@@ -4,11 +4,13 @@ One `Worker` runs `concurrency` threads. For each claimed job:
 
 1. skip a push job when a newer push of the same repo is queued, running or done (superseded: the newer commit is
    exported instead); (backends that need it) read the repo at the job's commit (`hubcheck.inspect_repo`) and
-   record the recipe hash, the weights key and whether the repo is private now; then skip, with the reason on the
+   record the recipe hash, the weights key and whether the repo is private now (on every job of the repo: privacy
+   is the repo's current state); then skip, with the reason on the
    job and nothing said on the Hub, when: the repo opted out (`bot.texts.OPT_OUT_FILE`), the commit is the bot's
    own, the comment that asked is the bot's own, there is no recipe, or (unless forced by a comment) the same recipe
    and weights were already exported successfully (a failure discussion left open by a later run is then closed).
-   An invalid recipe fails the job without exporting. The bot's own identity (`whoami`) is asked again after a
+   An invalid recipe fails the job without exporting. When the head has a recipe of its own, the bot's open PR
+   proposing one (`propose_recipes`) is closed with a comment saying why. The bot's own identity (`whoami`) is asked again after a
    failure, never cached as unknown.
 2. run the backend, renewing the lease every `lease_seconds / 3`; a lost lease cancels the run.
 3. record the outcome: succeeded / failed, or queued again with exponential backoff on a transient failure.
@@ -144,14 +146,17 @@ class Worker:
                                      endpoint=self.settings.hf_endpoint, with_authors=job.trigger == "push")
             except HubCheckError as err:
                 if err.permanent:  # a repo the bot cannot see is treated as private: its name is not shown
+                    if err.hidden:
+                        self.store.set_private(job.repo, True)
                     self._end(job, owner, SKIPPED, reason=str(err), **({"private": True} if err.hidden else {}))
                 else:
                     self._retry(job, owner, str(err))
                 return
             recipe_key = state.recipe_sha256 or (PROPOSAL_KEY if self._proposes(state) else None)
             fields = {"recipe_sha256": recipe_key, "weights_key": state.weights_key}
-            if state.private is not None:
+            if state.private is not None:  # the repo's state now, for every job of it (old ones too)
                 fields["private"] = state.private
+                self.store.set_private(job.repo, state.private)
             if not job.head_sha:
                 fields["head_sha"] = state.head_sha
             try:
@@ -159,6 +164,8 @@ class Worker:
             except sqlite3.IntegrityError:  # that head already has a job with this trigger: keep ours as is
                 fields.pop("head_sha", None)
                 self.store.record(job.id, owner, **fields)
+            if state.has_recipe and not state.opted_out:
+                self._close_stale_proposal(job, owner, state)
             skip, exported = self._skip_reason(job, state)
             if skip:
                 if exported is not None:
@@ -169,7 +176,8 @@ class Worker:
                 self._blocked(job, owner, state.recipe_problem, state.head_sha, f"invalid recipe in {state.recipe_file}")
                 return
         ctx = JobContext(job=job, state=state, settings=self.settings,
-                         job_dir=Path(self.settings.work_dir) / f"job-{job.id}", cancelled=cancelled)
+                         job_dir=Path(self.settings.work_dir) / f"job-{job.id}", cancelled=cancelled,
+                         save=lambda **fields: self.store.record(job.id, owner, **fields))
         self.store.record(job.id, owner, backend=self.backend.name)
         outcome = self.backend.run(ctx)
         if outcome.status == "failed" and outcome.problem is not None:
@@ -254,6 +262,38 @@ class Worker:
         except PublishError as err:
             return f"; could not close the failure discussion: {scrub(str(err), self.settings.secrets())}"
         return f"; closed discussion {', '.join(f'#{n}' for n in closed)}" if closed else ""
+
+    def _close_stale_proposal(self, job: Job, owner: str, state: RepoState) -> None:
+        """`main` has a recipe of its own: close the bot's open PR proposing one (`hf-export init --push`), with a
+        comment saying why. Looked for only when the bot proposes recipes or once proposed one for this repo; what
+        was done goes into the job's notes (a Hub failure too: the job goes on)."""
+        if not (self._proposes_at_all() or self.store.proposed(job.repo, PROPOSAL_KEY)):
+            return
+        from exporters.init.push import KIND_RECIPE
+        from exporters.publish import HubClient
+        from exporters.publish.decide import in_slot
+
+        comment = (f"Closing: `main` now has a recipe of its own (`{state.recipe_file}` at `{state.head_sha[:7]}`), "
+                   "so this proposal is no longer needed; the bot exports `main`'s recipe from now on.")
+        try:
+            hub = HubClient(job.repo, token=self._token(), endpoint=self.settings.hf_endpoint)
+            view = hub.view_at(None, "main", hub.whoami())
+            closed = []
+            for thread in in_slot(view, {"kind": KIND_RECIPE, "recipe": "repo", "base": "main"}):
+                if thread.is_open:
+                    hub.close(thread.num, comment)
+                    closed.append(thread.num)
+        except PublishError as err:
+            self.store.note(job.id, owner, "could not close the recipe proposal: "
+                                           f"{scrub(str(err), self.settings.secrets())}")
+            return
+        if closed:
+            log.info("job %d: closed recipe proposal %s (main has its own recipe)", job.id, closed)
+            self.store.note(job.id, owner, f"closed recipe proposal {', '.join(f'#{n}' for n in closed)}: main has "
+                                           f"its own recipe ({state.recipe_file})")
+
+    def _proposes_at_all(self) -> bool:
+        return self.settings.propose_recipes and getattr(self.backend, "proposes_recipes", False)
 
     # ------------------------------------------------------------------------------------------ helpers
     def _end(self, job: Job, owner: str, status: str, **fields) -> None:

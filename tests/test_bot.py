@@ -374,12 +374,12 @@ def test_worker_killed_mid_job_is_recovered_after_the_lease_expires(hf_env, tmp_
     first = start_worker(1)
     try:
         job_dir = settings.work_dir / f"job-{job_id}"
-        wait_for(lambda: (job_dir / "run.log").exists() and _export_processes(str(job_dir)), 60,
+        wait_for(lambda: list(job_dir.glob("attempt-*/run.log")) and _export_processes(str(job_dir)), 60,
                  "the export subprocess to start")
         assert bot.store.get(job_id).status == "running"
         first.send_signal(signal.SIGKILL)
         first.wait(10)
-        # the export run dies with its worker (PR_SET_PDEATHSIG): no orphan pushes behind the next attempt
+        # the export run dies with its worker (bot.reaper): no orphan pushes behind the next attempt
         wait_for(lambda: not _export_processes(str(job_dir)), 10, "the orphaned export to die")
         stale = bot.store.get(job_id)
         assert stale.status == "running" and stale.attempts == 1  # nobody knows yet: the lease has to expire
@@ -419,7 +419,9 @@ def test_github_backend_dispatches_the_workflow(hf_env, tmp_path, start_bot, git
     assert job.status == "succeeded" and job.operation == "dispatched", (job.reason, job.error)
     [dispatch] = github_server.dispatches(GH_REPO)
     assert (dispatch.kind, dispatch.workflow, dispatch.ref) == ("workflow", WORKFLOW_FILE, "main")
-    assert dispatch.inputs == {"model": REPO, "revision": head, "targets": "onnx"}
+    assert dispatch.inputs == {"model": REPO, "revision": head, "targets": "onnx",
+                               "dispatch_id": job.dispatch["dispatch_id"]}
+    assert job.dispatch["dispatch_id"].startswith(f"job-{job.id}-") and job.dispatch["state"] == "dispatched"
     assert job.dispatch["inputs"] == dispatch.inputs and job.dispatch["run_url"].startswith(github_server.url)
 
     # a comment of the repo's owner asking the bot re-runs it even though nothing changed; the bot's own mention

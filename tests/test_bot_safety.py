@@ -6,21 +6,32 @@ emulator for workflow runs, and the job store itself for its rules."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
+import pytest
+import yaml
 
+from bot.settings import BotSettings
 from bot.store import DAY_SECONDS, JobStore
 from bot.worker import Worker
+from tests.conftest import ROOT
 from tests.servers.github_fixtures import GITHUB_BOT_TOKEN, WORKFLOW_FILE
 from tests.servers.github_fixtures import REPO as GH_REPO
 from tests.servers.hub_fixtures import BOT_TOKEN, BOT_USER, TEST_TOKEN
 from tests.test_bot import (  # noqa: F401  (start_bot is a fixture)
+    SECRET,
     bot_settings,
     job_done,
     main_update,
     payload,
+    pull_requests,
     sha,
     start_bot,
     upload_model,
@@ -28,6 +39,80 @@ from tests.test_bot import (  # noqa: F401  (start_bot is a fixture)
 )
 
 MALLORY_TOKEN, BOB_TOKEN = "hf_mallory_token", "hf_bob_token"
+DISPATCH_WORKFLOW = ROOT / "examples" / "workflows" / "bot-dispatch.yml"
+WORKER_FIELDS = ("hf_endpoint", "db_path", "work_dir", "allowed", "bot_name", "backend", "lease_seconds",
+                 "poll_seconds", "retry_backoff_seconds", "job_timeout_seconds", "benchmark", "python",
+                 "github_api_url", "github_repo", "github_workflow", "github_ref", "github_poll_seconds",
+                 "github_private_repos")
+
+
+class WorkerProcesses:
+    """`hf-export-bot worker` processes on `settings` (a TOML file; secrets in the environment), as an operator
+    runs them; each one's output in `logs/worker-N.log`."""
+
+    def __init__(self, settings: BotSettings, folder: Path) -> None:
+        self.config, self.logs = folder / "bot.toml", folder / "worker-logs"
+        self.logs.mkdir()
+        lines = ["[bot]"]
+        for name in WORKER_FIELDS:
+            value = getattr(settings, name, None)
+            if value is not None:
+                lines.append(f"{name} = {json.dumps(str(value) if isinstance(value, Path) else value)}")
+        self.config.write_text("\n".join(lines) + "\n")
+        self.env = {**os.environ, "HF_TOKEN": BOT_TOKEN, "WEBHOOK_SECRET": SECRET, "PYTHONUNBUFFERED": "1",
+                    "EXPORT_BOT_GITHUB_TOKEN": GITHUB_BOT_TOKEN}
+        self.started: list[subprocess.Popen] = []
+
+    def start(self) -> subprocess.Popen:
+        with (self.logs / f"worker-{len(self.started) + 1}.log").open("wb") as log:
+            process = subprocess.Popen([sys.executable, "-m", "bot.cli", "worker", "--config", str(self.config)],
+                                       env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        self.started.append(process)
+        return process
+
+    def output(self) -> str:
+        return "".join(p.read_text() for p in sorted(self.logs.iterdir()))
+
+    def stop(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+@pytest.fixture
+def workers():
+    made: list[WorkerProcesses] = []
+
+    def make(settings: BotSettings, folder: Path) -> WorkerProcesses:
+        made.append(WorkerProcesses(settings, folder))
+        return made[-1]
+
+    yield make
+    for group in made:
+        group.stop()
+
+
+def _example_dispatch_workflow(github_server) -> str:
+    """`examples/workflows/bot-dispatch.yml` (its run-name and declared inputs) in the GitHub emulator."""
+    workflow = yaml.safe_load(DISPATCH_WORKFLOW.read_text())
+    inputs = (workflow[True] if True in workflow else workflow["on"])["workflow_dispatch"]["inputs"]
+    github_server.add_workflow(GH_REPO, file=DISPATCH_WORKFLOW.name, name=workflow["name"],
+                               run_name=workflow["run-name"], inputs=list(inputs),
+                               required_inputs=[k for k, v in inputs.items() if v.get("required")])
+    return DISPATCH_WORKFLOW.name
+
+
+def _recipe_repo(hub, tmp_path: Path, repo_id: str = "alice/tiny-llama") -> str:
+    folder = tmp_path / repo_id.replace("/", "--")
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (folder / "export_config.json").write_text(json.dumps({"export_format": "onnx"}))
+    return upload_model(hub, folder, repo_id)
 
 
 def _comment(hub, repo_id: str, token: str, text: str = f"@{BOT_USER} export") -> dict:
@@ -183,6 +268,25 @@ def test_a_deeply_nested_body_is_400_not_500(hub, tmp_path, start_bot):
     assert bot.get("/healthz").status_code == 200 and bot.store.list() == []
 
 
+def test_repo_names_that_are_not_hub_ids_are_refused_before_anything_is_stored(hub, tmp_path, start_bot):
+    bot = start_bot(bot_settings(hub, tmp_path, backend="dry", allowed=["*"], max_body_bytes=4 << 20),
+                    embedded_worker=False)
+    main = [{"ref": "refs/heads/main", "oldSha": sha(1), "newSha": sha(2)}]
+    owner = hub.user_id("alice")
+    for name in ("", "noslash", "../../etc/passwd", "alice/../../x", "a/b/c", "alice/" + "x" * 900_000):
+        push = payload(name, refs=main)
+        comment = payload(name, scope="discussion.comment", action="create", comment={
+            "id": "c1", "author": {"id": owner}, "hidden": False, "content": f"@{BOT_USER} export",
+            "url": {"web": "https://hf.co/x/discussions/1#c1"}})
+        for event in (push, comment):
+            answer = bot.post(event)
+            assert answer.status_code == 400, (name[:40], answer.text[:200])
+            assert "is not a Hub repo id" in answer.json()["error"] or "no namespace" in answer.json()["error"]
+            assert len(answer.text) < 500  # the name is not echoed whole
+    assert bot.store.list() == [] and bot.store.counts()["deliveries"] == 0
+    assert bot.post(payload("alice/x", refs=main)).json()["status"] == "queued"  # a real id still is
+
+
 def test_jobs_api_never_confirms_that_a_private_repo_exists(hub, tmp_path, start_bot):
     bot = start_bot(bot_settings(hub, tmp_path, backend="dry"), embedded_worker=False)
     bot.store.enqueue("alice/secret", sha(1), private=True)
@@ -212,6 +316,49 @@ def test_the_private_flag_comes_from_the_hub_not_the_payload(hf_env, tmp_path, s
     assert job.status == "skipped" and job.private  # refreshed from the Hub
     assert httpx.get(f"{bot.url}/jobs", params={"repo": "acme/secret"}).json()["jobs"] == []
     assert httpx.get(f"{bot.url}/jobs/{job.id}").json()["repo"] == "(private repo)"
+
+
+def test_a_repo_that_turns_private_hides_all_its_old_jobs(hf_env, tmp_path, start_bot):
+    """Privacy is the repo's current state: jobs that ran while it was public are hidden once it turns private,
+    whether the Hub says so in a `repo.config` delivery or a worker finds out at the next push."""
+    from huggingface_hub import HfApi
+
+    hub = hf_env
+    repos = ("alice/turns", "alice/quiet")
+    for repo_id in repos:
+        folder = tmp_path / repo_id.replace("/", "--")
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        (folder / "export_config.json").write_text(json.dumps({"export_format": "dynamo", "mode": "model"}))
+        upload_model(hub, folder, repo_id)
+    bot = start_bot(bot_settings(hub, tmp_path, job_timeout_seconds=1))  # each run is stopped at once: a log, fast
+    old = {r: wait_for(job_done(bot.store, bot.post(main_update(hub, r)).json()["job"]), 60, f"{r}'s job")
+           for r in repos}
+    for repo_id, job in old.items():  # public: shown, log served
+        assert not job.private and job.log_path and bot.get(f"/jobs/{job.id}/log").status_code == 200
+        assert repo_id in bot.get("/").text and httpx.get(f"{bot.url}/jobs", params={"repo": repo_id}).json()["jobs"]
+    alice = HfApi(endpoint=hub.url, token=TEST_TOKEN)
+    alice.update_repo_settings("alice/turns", private=True)  # the Hub tells the bot: repo.config update
+    config = hub.events()[-1]
+    assert config["event"]["scope"] == "repo.config" and config["repo"]["private"] is True
+    assert bot.post(config).status_code == 202
+    alice.update_repo_settings("alice/quiet", private=True)  # not delivered: the next push's worker finds out
+    alice.upload_file(path_or_fileobj=b"usage", path_in_repo="USAGE.md", repo_id="alice/quiet")
+    newer = wait_for(job_done(bot.store, bot.post(main_update(hub, "alice/quiet")).json()["job"]), 60, "the push")
+    assert newer.private
+    page, listing = bot.get("/").text, bot.get("/jobs").text
+    for repo_id, job in old.items():
+        assert httpx.get(f"{bot.url}/jobs", params={"repo": repo_id}).json()["jobs"] == [], repo_id
+        assert bot.get(f"/jobs/{job.id}/log").status_code == 404, repo_id
+        shown = bot.get(f"/jobs/{job.id}").json()
+        assert shown["repo"] == "(private repo)" and shown["error"] is None and shown["links"] == {}, repo_id
+        assert repo_id not in page and repo_id not in listing
+    # a new delivery for a repo known to be private is hidden from the start, whatever its payload says
+    public_claim = main_update(hub, "alice/quiet") | {"repo": {**config["repo"], "name": "alice/quiet",
+                                                              "private": False}}
+    public_claim["updatedRefs"] = [{"ref": "refs/heads/main", "oldSha": sha(1), "newSha": sha(2)}]
+    queued = bot.store.get(bot.post(public_claim).json()["job"])
+    assert queued.private
 
 
 # ── what counts as exported ───────────────────────────────────────────────────
@@ -248,6 +395,192 @@ def test_a_failed_workflow_run_is_not_already_exported(hf_env, tmp_path, start_b
     skipped = push_and_run("three", None)
     assert skipped.status == "skipped" and f"already exported by job #{retried.id}" in skipped.reason
     assert len(github_server.dispatches(GH_REPO)) == 2
+
+
+@pytest.mark.parametrize("killed_while", ["following", "dispatching"])
+def test_a_killed_worker_never_makes_the_github_backend_dispatch_twice(hf_env, tmp_path, start_bot, github_server,
+                                                                      workers, killed_while):
+    """Two attempts of one job, the first one's worker killed (SIGKILL) while it follows its run, or while GitHub's
+    answer to its dispatch is in flight: the second attempt follows the same run (found by the dispatch id in the
+    run's name, as the example workflow sets it), and there is one workflow run."""
+    hub = hf_env
+    _recipe_repo(hub, tmp_path)
+    settings = bot_settings(hub, tmp_path, backend="github", github_token=GITHUB_BOT_TOKEN, lease_seconds=3,
+                            github_api_url=github_server.url, github_repo=GH_REPO, poll_seconds=0.2,
+                            github_workflow=_example_dispatch_workflow(github_server), github_poll_seconds=0.2)
+    bot = start_bot(settings, embedded_worker=False)
+    pool = workers(settings, tmp_path)
+    job_id = bot.post(main_update(hub)).json()["job"]
+    if killed_while == "dispatching":
+        github_server.hold_dispatch_answers = threading.Event()
+    first = pool.start()
+    [run] = wait_for(lambda: github_server.runs(GH_REPO), 60, "the dispatched run")
+    if killed_while == "following":
+        wait_for(lambda: [r for r in github_server.requests if r.path.endswith(f"/actions/runs/{run.id}")], 30,
+                 "the first worker to follow the run")
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    if github_server.hold_dispatch_answers is not None:
+        github_server.hold_dispatch_answers.set()
+    assert bot.store.get(job_id).status == "running" and bot.store.get(job_id).attempts == 1
+    mark = len(github_server.requests)
+    pool.start()
+    wait_for(lambda: len(github_server.dispatches(GH_REPO)) > 1 or [
+        r for r in github_server.requests[mark:] if r.path.endswith(f"/actions/runs/{run.id}")], 60,
+        "the second attempt to follow a run")
+    assert len(github_server.dispatches(GH_REPO)) == 1, "dispatched twice"
+    github_server.complete_run(GH_REPO, run.id, "success")
+    job = wait_for(job_done(bot.store, job_id), 60, "the job to end")
+    assert job.status == "succeeded" and job.attempts == 2, (job.reason, job.error, pool.output())
+    assert job.dispatch["run_id"] == run.id and job.dispatch["dispatch_id"] in run.display_title
+    assert len(github_server.dispatches(GH_REPO)) == len(github_server.runs(GH_REPO)) == 1
+
+
+def test_a_private_repo_is_not_sent_to_github_unless_the_operator_opts_in(hf_env, tmp_path, start_bot,
+                                                                         github_server):
+    from huggingface_hub import HfApi
+
+    hub = hf_env
+    hub.add_org_member("acme", "alice")
+    hub.add_org_member("acme", BOT_USER)  # the bot can read the private repo
+    _recipe_repo(hub, tmp_path, "acme/secret")
+    HfApi(endpoint=hub.url, token=TEST_TOKEN).update_repo_settings("acme/secret", private=True)
+    github_server.run_conclusion = "success"
+    workflow = _example_dispatch_workflow(github_server)
+
+    def deliver(name: str, **overrides) -> object:
+        settings = bot_settings(hub, tmp_path / name, backend="github", github_token=GITHUB_BOT_TOKEN,
+                                github_api_url=github_server.url, github_repo=GH_REPO, github_workflow=workflow,
+                                github_poll_seconds=0.1, allowed=["acme"], **overrides)
+        bot = start_bot(settings)
+        job = wait_for(job_done(bot.store, bot.post(main_update(hub, "acme/secret")).json()["job"]), 30, name)
+        bot.stop()
+        return job
+
+    refused = deliver("default")
+    assert refused.status == "skipped" and refused.private and "github_private_repos" in refused.reason
+    assert github_server.dispatches(GH_REPO) == []  # nothing about the repo reached GitHub
+    public_github = deliver("opted-in, public github repo", github_private_repos=True)
+    assert public_github.status == "skipped" and f"{GH_REPO}, which is public" in public_github.reason
+    assert github_server.dispatches(GH_REPO) == []
+    github_server.reset()
+    github_server.create_repo(GH_REPO, default_branch="main", private=True)
+    workflow = _example_dispatch_workflow(github_server)
+    github_server.run_conclusion = "success"
+    sent = deliver("opted-in, private github repo", github_private_repos=True)
+    assert sent.status == "succeeded", (sent.reason, sent.error)
+    [run] = github_server.runs(GH_REPO)
+    assert "acme" not in run.display_title and sent.dispatch["dispatch_id"] in run.display_title
+
+
+# Stands in for `python -m bot.export_run run ... --out OUT` (the `python` setting): forks what a real run forks (a
+# target export, as exporters.run.isolation does, and a process that even leaves the process group), each writing into
+# OUT, then waits as a long export does; with "done" in the mode file it ends at once, as a passing run.
+STANDIN = """#!{python}
+import os, pathlib, sys, time
+out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
+out.mkdir(parents=True, exist_ok=True)
+if pathlib.Path({mode!r}).read_text() == "done":
+    sys.exit(0)
+for name in ("target", "escaped"):
+    if os.fork() == 0:
+        if name == "escaped":
+            os.setsid()
+        while True:
+            (out / (name + ".pid")).write_text(str(os.getpid()))
+            time.sleep(0.05)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] != b"Z"
+
+
+def test_a_killed_local_worker_takes_its_whole_export_tree_with_it(hf_env, tmp_path, start_bot, workers):
+    """The worker is SIGKILLed while its export runs: the export and everything it forked die with it (nothing keeps
+    writing into the job's output folder), and the next attempt gets a folder of its own."""
+    hub = hf_env
+    _recipe_repo(hub, tmp_path)
+    mode = tmp_path / "mode"
+    mode.write_text("hang")
+    standin = tmp_path / "python-standin"
+    standin.write_text(STANDIN.format(python=sys.executable, mode=str(mode)))
+    standin.chmod(0o755)
+    settings = bot_settings(hub, tmp_path, lease_seconds=3, python=str(standin))
+    bot = start_bot(settings, embedded_worker=False)
+    pool = workers(settings, tmp_path)
+    job_id = bot.post(main_update(hub)).json()["job"]
+    first = pool.start()
+    job_dir = settings.work_dir / f"job-{job_id}"
+
+    def forked() -> list[int]:
+        files = [p for n in ("target", "escaped") for p in job_dir.glob(f"**/out/{n}.pid")]
+        try:
+            return [int(p.read_text()) for p in files] if len(files) == 2 else []
+        except ValueError:  # read while being written
+            return []
+
+    pids = wait_for(forked, 60, "the export and its forked children to run")
+    [first_out] = {p.parent for p in job_dir.glob("**/out/target.pid")}
+    try:
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        wait_for(lambda: not [p for p in pids if _alive(p)], 10, "the export's whole tree to die with its worker")
+        written = {p: p.stat().st_mtime_ns for p in first_out.iterdir()}
+        time.sleep(0.3)
+        assert {p: p.stat().st_mtime_ns for p in first_out.iterdir()} == written  # nothing writes there any more
+    finally:
+        for pid in pids:  # only if the test failed: the processes this test made
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    mode.write_text("done")
+    pool.start()
+    job = wait_for(job_done(bot.store, job_id), 60, "the second attempt")
+    assert job.status == "succeeded" and job.attempts == 2, (job.reason, job.error, pool.output())
+    second = Path(job.log_path).parent
+    assert second != first_out.parent and (second / "out").is_dir() and not list((second / "out").iterdir())
+
+
+def test_the_recipe_proposal_is_closed_once_main_has_a_recipe_of_its_own(hf_env, tmp_path, start_bot):
+    from huggingface_hub import HfApi
+
+    from exporters.init.push import recipe_marker
+    from exporters.publish import publish_files
+
+    hub = hf_env
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    upload_model(hub, folder)  # no recipe
+    proposed = {"export_format": "onnx"}
+    opened = publish_files(  # the PR `hf-export init --push` opens for the bot (the same library call and slot)
+        "alice/tiny-llama", {"export_config.json": json.dumps(proposed).encode()}, marker=recipe_marker(proposed),
+        title="Add an export recipe (export_config.json): onnx", description=lambda _num: "A proposed recipe.",
+        commit_message="Propose export_config.json", token=BOT_TOKEN, endpoint=hub.url)
+    assert opened.operation == "created"
+    [proposal] = pull_requests(hub)
+    mode = tmp_path / "mode"
+    mode.write_text("done")
+    standin = tmp_path / "python-standin"
+    standin.write_text(STANDIN.format(python=sys.executable, mode=str(mode)))
+    standin.chmod(0o755)
+    bot = start_bot(bot_settings(hub, tmp_path, propose_recipes=True, python=str(standin)))
+    alice = HfApi(endpoint=hub.url, token=TEST_TOKEN)
+    alice.upload_file(path_or_fileobj=json.dumps({"export_format": "dynamo", "mode": "model"}).encode(),
+                      path_in_repo="export_config.json", repo_id="alice/tiny-llama", commit_message="Our own recipe")
+    job = wait_for(job_done(bot.store, bot.post(main_update(hub)).json()["job"]), 60, "the job")
+    assert job.status == "succeeded", (job.reason, job.error)
+    [closed] = pull_requests(hub)
+    assert closed["num"] == proposal["num"] and closed["status"] == "closed"
+    details = alice.get_discussion_details("alice/tiny-llama", proposal["num"])
+    said = [e.content for e in details.events if e.type == "comment" and e.author == BOT_USER][-1]
+    assert "`main` now has a recipe of its own (`export_config.json`" in said and "no longer needed" in said
+    assert f"closed recipe proposal #{proposal['num']}" in job.notes
 
 
 def test_a_permanent_publish_failure_is_not_retried(hf_env, tmp_path, start_bot):

@@ -131,8 +131,13 @@ def test_matrix_workflow_shape():
 def test_bot_dispatch_workflow_triggers():
     workflow = yaml.safe_load((ROOT / "examples" / "workflows" / "bot-dispatch.yml").read_text())
     triggers = workflow[True] if True in workflow else workflow["on"]  # YAML 1.1 reads `on` as True
-    assert set(triggers["workflow_dispatch"]["inputs"]) == {"model", "revision", "targets"}
+    assert set(triggers["workflow_dispatch"]["inputs"]) == {"model", "revision", "targets", "dispatch_id"}
     assert triggers["repository_dispatch"]["types"] == ["hf-export"]
+    # what a private repo's run shows (#27 §7): its name carries the bot's dispatch id (how a restarted bot finds
+    # the run), never the model; nothing is uploaded (export-out holds the exported weights)
+    assert "inputs.dispatch_id" in workflow["run-name"] and "model" not in workflow["run-name"]
+    uses = [str(s.get("uses", "")) for job in workflow["jobs"].values() for s in job.get("steps", [])]
+    assert not [u for u in uses if u.startswith("actions/upload-artifact@")]
 
 
 # ── Every workflow: actionlint, zizmor, pinned actions ────────────────────────

@@ -6,7 +6,9 @@
 | `github` | `workflow_dispatch` of the export workflow on GitHub's runners (PyGithub), recorded on the job  |
 | `dry`    | nothing: marks the job succeeded (benchmarks, smoke tests of the intake)                        |
 
-A backend gets a `JobContext` and returns an `Outcome`; it never touches the store (the worker does).
+A backend gets a `JobContext` and returns an `Outcome`; it never touches the store itself: what must be durable
+before the run ends (the GitHub backend's dispatch, before it is sent) goes through `JobContext.save`, which the
+worker binds to the store under the job's lease.
 
 Example:
     >>> from bot.settings import BotSettings
@@ -21,6 +23,7 @@ import importlib
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
@@ -47,15 +50,18 @@ class JobContext:
     settings: BotSettings
     job_dir: Path
     cancelled: threading.Event = field(default_factory=threading.Event)  # set when the lease was lost / shutdown
+    # Record job fields now, under the lease (`JobStore.record`); False when the lease is lost (nothing recorded).
+    save: Callable[..., bool] = field(default=lambda **_: True)
 
 
 @dataclass
 class Outcome:
-    """How a run ended. `retry`: a transient failure (the worker queues it again with backoff). `problem`: what
+    """How a run ended. `retry`: a transient failure (the worker queues it again with backoff). `skipped`: not run,
+    by policy (the reason says why; nothing is said on the Hub). `problem`: what
     stopped the run before any export (an invalid recipe, a model that cannot be loaded, refused remote code): the
     worker tells the repo."""
 
-    status: Literal["succeeded", "failed", "retry"]
+    status: Literal["succeeded", "failed", "retry", "skipped"]
     reason: str
     exit_code: int | None = None
     operation: str | None = None

@@ -1,7 +1,8 @@
 """The `local` backend: the same pipeline as the CLI, one subprocess per job.
 
 ```
-python -m bot.export_run run REPO --revision SHA --out JOB_DIR/out --push --quiet --max-upload-size SIZE
+python -m bot.reaper --parent WORKER_PID -- \
+python -m bot.export_run run REPO --revision SHA --out JOB_DIR/attempt-N/out --push --quiet --max-upload-size SIZE
                                   [--publish-failed] [--publish-unverified]
                                   [--trust-remote-code (allowlisted repos only)]
 python -m bot.export_run init REPO --revision SHA --push ...   # a repo without a recipe (`propose_recipes`)
@@ -12,10 +13,17 @@ publishes.
 
 - The Hub token reaches the subprocess as `HF_TOKEN` in its environment, never in argv (argv is visible to every
   user of the machine in `ps`). The bot's other secrets (webhook secret, GitHub token) are removed from it.
-- Limits: a wall-clock timeout (`job_timeout_seconds`; the whole process group is killed) and an address-space limit
-  (`memory_limit_mb`, `RLIMIT_AS` set in `preexec_fn`). The child also gets `PR_SET_PDEATHSIG`, so a worker killed
-  with SIGKILL does not leave an orphan export pushing behind the back of the job's next attempt.
-- Output (stdout and stderr) goes to `JOB_DIR/run.log`; the job records an excerpt, scrubbed of secrets.
+- Limits: a wall-clock timeout (`job_timeout_seconds`) and an address-space limit (`memory_limit_mb`, `RLIMIT_AS`
+  set in `preexec_fn`).
+- The whole process tree dies with the worker: the run is started under `bot.reaper`, a subreaper that gets
+  `PR_SET_PDEATHSIG` (SIGTERM) from the worker and then kills every process the export forked (the target exports
+  forked by `exporters.run.isolation`, anything that left the process group), so a worker killed with SIGKILL leaves no
+  export writing or pushing behind the back of the job's next attempt. A timeout or a cancellation stops the run the
+  same way (SIGTERM to the reaper; SIGKILL to its process group if it has not ended within
+  `STOP_GRACE_SECONDS`).
+- Every attempt has its own folder, `JOB_DIR/attempt-N/` (created atomically: never one an earlier attempt used),
+  with the output folder `out/` and the log `run.log`: a new attempt never shares an output folder with a live or a
+  dead one. The job records the log's excerpt, scrubbed of secrets.
 
 What `--push` did is read from `OUT/publish.json` (`exporters.publish.PublishResult`: the operation, the PR or
 discussion URL, the message, and whether a failure is retryable), and what stopped a run before any export from
@@ -44,13 +52,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from exporters.publish import OUTCOME_FILE, PROBLEM_FILE, read_problem
+from exporters.publish import read_problem
 from exporters.redact import scrub, tail
 
 from ..settings import BotSettings
 from . import JobContext, Outcome
 
 PR_SET_PDEATHSIG = 1
+STOP_GRACE_SECONDS = 10.0  # how long the reaper may take to kill the run's tree before its group is SIGKILLed
 # Environment variables the export subprocess must not see.
 WITHHELD_ENV = ("WEBHOOK_SECRET", "GITHUB_TOKEN", "EXPORT_BOT_GITHUB_TOKEN", "GH_TOKEN")
 EXIT_PUBLISH = 3
@@ -61,23 +70,38 @@ def _project_root() -> Path | None:
     return Path(spec.origin).resolve().parent.parent if spec and spec.origin else None
 
 
-def make_preexec(memory_limit_mb: int):
-    """The child-side set-up: address-space limit and death signal. Everything is bound before the fork."""
+def make_preexec(memory_limit_mb: int, death_signal: int = signal.SIGTERM):
+    """The child-side set-up: address-space limit and the signal it gets when the worker (thread) that started it
+    dies (SIGTERM: `bot.reaper` then kills the run's whole tree). Everything is bound before the fork."""
     limit = memory_limit_mb * 1024 * 1024 if memory_limit_mb else None
     setrlimit, rlimit_as = resource.setrlimit, resource.RLIMIT_AS
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux
         prctl = None
-    sigkill = int(signal.SIGKILL)
+    signum = int(death_signal)
 
     def preexec() -> None:
         if limit is not None:
             setrlimit(rlimit_as, (limit, limit))
         if prctl is not None:
-            prctl(PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
+            prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
 
     return preexec
+
+
+def attempt_dir(job_dir: Path, attempt: int) -> Path:
+    """A new folder for this attempt, `job_dir/attempt-N` (`attempt-N.2`, ... when taken: a released attempt keeps
+    its number). `mkdir` is atomic: two attempts never get the same folder."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        folder = job_dir / (f"attempt-{attempt}" + (f".{n}" if n > 1 else ""))
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"{job_dir} holds 1000 folders for attempt {attempt}")
 
 
 class LocalBackend:
@@ -140,20 +164,19 @@ class LocalBackend:
     def run(self, ctx: JobContext) -> Outcome:
         job, settings = ctx.job, self.settings
         revision = ctx.state.head_sha if ctx.state else job.head_sha
-        out_dir = ctx.job_dir / "out"
-        log_path = ctx.job_dir / "run.log"
-        ctx.job_dir.mkdir(parents=True, exist_ok=True)
-        for stale in (OUTCOME_FILE, PROBLEM_FILE):  # an earlier attempt's: only this run's outcome counts
-            (out_dir / stale).unlink(missing_ok=True)
+        attempt = attempt_dir(ctx.job_dir, job.attempts)  # never an earlier attempt's: its outcome files are not ours
+        out_dir = attempt / "out"
+        log_path = attempt / "run.log"
         proposing = ctx.state is not None and not ctx.state.has_recipe
         argv = (self.init_command if proposing else self.command)(job.repo, revision, out_dir)
         started = time.monotonic()
-        with log_path.open("ab") as log:
+        with log_path.open("xb") as log:
             log.write(f"$ {' '.join(argv)}\n".encode())
             log.flush()
             process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.environment(),
-                cwd=str(ctx.job_dir), preexec_fn=make_preexec(settings.memory_limit_mb), start_new_session=True,
+                [sys.executable, "-m", "bot.reaper", "--parent", str(os.getpid()), "--", *argv],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.environment(),
+                cwd=str(attempt), preexec_fn=make_preexec(settings.memory_limit_mb), start_new_session=True,
             )
             stopped = ""
             while True:
@@ -167,8 +190,7 @@ class LocalBackend:
                 elif ctx.cancelled.is_set():
                     stopped = "cancelled (lease lost or worker stopping)"
                 if stopped:
-                    _kill_group(process)
-                    returncode = process.wait()
+                    returncode = _stop(process)
                     break
         log_text = scrub(log_path.read_text(errors="replace"), settings.secrets())
         log_path.write_text(log_text)  # the CLI never prints tokens; scrub anyway before anyone reads the log
@@ -210,11 +232,19 @@ class LocalBackend:
         return Outcome("retry", f"export run crashed ({what})", error=excerpt, **fields)
 
 
-def _kill_group(process: subprocess.Popen) -> None:
+def _stop(process: subprocess.Popen) -> int:
+    """Stop a run: SIGTERM to its reaper (which kills the whole tree, then itself), SIGKILL to the process group if
+    it has not ended within `STOP_GRACE_SECONDS`. Its return code."""
+    try:
+        process.send_signal(signal.SIGTERM)
+        return process.wait(STOP_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         process.kill()
+    return process.wait()
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -32,6 +32,10 @@ POST    /repos/{o}/{r}/actions/workflows/{id_or_file}/dispatches  ``{ref, inputs
                                                                creates a workflow run
 GET     /repos/{o}/{r}/actions/runs/{run_id}                   the run: ``status`` queued →
                                                                completed, ``conclusion``
+GET     /repos/{o}/{r}/actions/workflows/{id_or_file}/runs     ``{total_count, workflow_runs}``,
+                                                               newest first; ``event``,
+                                                               ``created`` (``>=``/``<=``/``>``/
+                                                               ``<`` a time), paged
 POST    /repos/{o}/{r}/dispatches                              ``{event_type, client_payload}``
                                                                → 204
 ======  =====================================================  ==========================
@@ -55,6 +59,13 @@ Behaviour kept honest:
   ``Resource not accessible by integration`` on real GitHub. The emulator answers it
   with the bot's login unless built with ``bot_user_forbidden=True``.
 
+* A run's ``display_title`` is the workflow's ``run-name`` (``add_workflow(run_name=...)``)
+  rendered with the dispatch's inputs: ``${{ a || b || 'text' }}`` expressions over
+  ``inputs.X``, ``github.event.client_payload.X`` and ``github.run_id``; without one it
+  is the workflow's name, as on GitHub.
+* ``hold_dispatch_answers`` (a ``threading.Event``): a dispatch creates its run, then
+  waits for the event before answering, so a test can kill the client while the answer
+  is in flight.
 * A dispatched workflow run stays ``queued`` until the test concludes it
   (:meth:`GitHubEmulator.complete_run`), or concludes at once with ``run_conclusion`` when
   that is set (``success``, ``failure``, ``cancelled``...).
@@ -69,10 +80,12 @@ Run standalone: ``python -m tests.servers.github --port 8765 --token ghs_x=githu
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import hashlib
 import itertools
 import json
+import re
 import socket
 import threading
 import time
@@ -194,6 +207,8 @@ class WorkflowRun:
     updated_at: datetime
     status: str = "queued"
     conclusion: str | None = None
+    display_title: str = ""
+    inputs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -224,6 +239,7 @@ class Workflow:
     inputs: tuple[str, ...] | None
     required_inputs: tuple[str, ...]
     created_at: datetime
+    run_name: str | None = None
 
 
 @dataclass
@@ -283,6 +299,33 @@ def _parse_iso(value: str) -> datetime:
     text = value[:-1] + "+00:00" if value.endswith("Z") else value
     parsed = datetime.fromisoformat(text)
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+_EXPRESSION = re.compile(r"\$\{\{(.*?)\}\}")
+
+
+def render_run_name(template: str, inputs: Mapping[str, Any], run_id: int) -> str:
+    """A ``run-name`` with its ``${{ a || b || 'text' }}`` expressions evaluated for a dispatch.
+
+    Terms: ``inputs.X`` and ``github.event.inputs.X`` (the dispatch's inputs), ``github.event.client_payload.X``
+    (empty for a workflow dispatch), ``github.run_id``, quoted strings; ``||`` takes the first non-empty one.
+    """
+
+    def term(text: str) -> str:
+        text = text.strip()
+        if len(text) >= 2 and text[0] == text[-1] == "'":
+            return text[1:-1]
+        for prefix in ("inputs.", "github.event.inputs."):
+            if text.startswith(prefix):
+                return str(inputs.get(text[len(prefix):], "") or "")
+        if text == "github.run_id":
+            return str(run_id)
+        return ""  # github.event.client_payload.*, anything else: empty for a workflow dispatch
+
+    def expression(match: Any) -> str:
+        return next((v for v in (term(t) for t in match.group(1).split("||")) if v), "")
+
+    return _EXPRESSION.sub(expression, template)
 
 
 def _fake_sha(*parts: str) -> str:
@@ -360,6 +403,8 @@ class GitHubEmulator:
         """403 for ``GET /user`` with a ``[bot]`` token, as GitHub answers installation tokens."""
         self.run_conclusion: str | None = None
         """When set, a dispatched workflow run is created already ``completed`` with this conclusion."""
+        self.hold_dispatch_answers: threading.Event | None = None
+        """When set, a dispatch creates its run and then waits (up to 60 s) for this event before answering."""
         self._ids = itertools.count(1)
         self._user_ids: dict[str, int] = {}
         self._repos: dict[str, _Repo] = {}
@@ -447,6 +492,7 @@ class GitHubEmulator:
             self.check_runs_require_app = require_app
             self.bot_user_forbidden = bot_user_forbidden
             self.run_conclusion = None
+            self.hold_dispatch_answers = None
 
     # ----------------------------------------------------------------- arrange
 
@@ -571,11 +617,13 @@ class GitHubEmulator:
         inputs: Iterable[str] | None = None,
         required_inputs: Iterable[str] = (),
         dispatchable: bool = True,
+        run_name: str | None = None,
     ) -> int:
         """Add ``.github/workflows/{file}``; returns its numeric id.
 
         ``inputs`` declares the ``workflow_dispatch`` inputs (None: accept any);
-        ``dispatchable=False`` models a workflow without a ``workflow_dispatch`` trigger.
+        ``dispatchable=False`` models a workflow without a ``workflow_dispatch`` trigger;
+        ``run_name`` is its ``run-name`` (each run's ``display_title``, rendered with the inputs).
         """
         with self._lock:
             repo_state = self._get_repo(repo)
@@ -591,6 +639,7 @@ class GitHubEmulator:
                 inputs=declared,
                 required_inputs=required,
                 created_at=_now(),
+                run_name=run_name,
             )
             repo_state.workflows[workflow.id] = workflow
             return workflow.id
@@ -881,7 +930,8 @@ class GitHubEmulator:
             "jobs_url": f"{api}/actions/runs/{run.id}/jobs", "logs_url": f"{api}/actions/runs/{run.id}/logs",
             "workflow_url": f"{api}/actions/workflows/{run.workflow_id}",
             "created_at": _iso(run.created_at), "updated_at": _iso(run.updated_at),
-            "run_started_at": _iso(run.created_at), "actor": self._user_json(base, run.login),
+            "display_title": run.display_title, "run_started_at": _iso(run.created_at),
+            "actor": self._user_json(base, run.login),
             "triggering_actor": self._user_json(base, run.login), "pull_requests": [],
         }
 
@@ -960,7 +1010,7 @@ class GitHubEmulator:
                 raise _invalid(f"For 'links/0/schema', {json.dumps(body)} is not an object.")
             return body
 
-        def paginated(request: Request, items: list[dict[str, Any]]) -> JSONResponse:
+        def paginated(request: Request, items: list[dict[str, Any]], key: str | None = None) -> JSONResponse:
             def as_int(name: str, default: int) -> int:
                 try:
                     return int(request.query_params.get(name, default))
@@ -985,6 +1035,8 @@ class GitHubEmulator:
             if page > 1:
                 rels.append(("first", 1))
             headers = {"Link": ", ".join(f'<{link(n)}>; rel="{rel}"' for rel, n in rels)} if rels else {}
+            if key is not None:  # e.g. {"total_count": N, "workflow_runs": [...]}
+                return JSONResponse({"total_count": len(items), key: chunk}, headers=headers)
             return JSONResponse(chunk, headers=headers)
 
         # ------------------------------------------------------------- users
@@ -1259,7 +1311,9 @@ class GitHubEmulator:
                 run_id = next(emu._ids)
                 now = _now()
                 run = WorkflowRun(run_id, repo.full_name, workflow.id, workflow.file, ref, "workflow_dispatch", login,
-                                  now, now)
+                                  now, now, inputs=copy.deepcopy(inputs),
+                                  display_title=render_run_name(workflow.run_name, inputs, run_id)
+                                  if workflow.run_name else workflow.name)
                 if emu.run_conclusion is not None:
                     run.status, run.conclusion = "completed", emu.run_conclusion
                 repo.runs[run_id] = run
@@ -1271,6 +1325,9 @@ class GitHubEmulator:
                 )
                 base = base_of(request)
                 full_name = repo.full_name
+                gate = emu.hold_dispatch_answers
+            if gate is not None:  # the run exists; its answer waits (the client may be killed meanwhile)
+                await asyncio.to_thread(gate.wait, 60)
             if body.get("return_run_details") is True:
                 return JSONResponse(
                     {
@@ -1280,6 +1337,29 @@ class GitHubEmulator:
                     }
                 )
             return Response(status_code=204)
+
+        @app.get("/repos/{owner}/{name}/actions/workflows/{id_or_file}/runs")
+        def list_workflow_runs(request: Request, owner: str, name: str, id_or_file: str) -> JSONResponse:
+            with emu._lock:
+                repo = emu._api_repo(owner, name, caller(request, required=False))
+                workflow = emu._api_workflow(repo, id_or_file)
+                runs = [r for r in repo.runs.values() if r.workflow_id == workflow.id]
+                event = request.query_params.get("event")
+                if event:
+                    runs = [r for r in runs if r.event == event]
+                created = request.query_params.get("created")
+                if created:
+                    operator = next((op for op in (">=", "<=", ">", "<") if created.startswith(op)), "")
+                    try:
+                        when = _parse_iso(created[len(operator):])
+                    except ValueError:
+                        raise _invalid(f"created {created!r} is not a date-time filter") from None
+                    test = {">=": lambda t: t >= when, "<=": lambda t: t <= when, ">": lambda t: t > when,
+                            "<": lambda t: t < when, "": lambda t: t.date() == when.date()}[operator]
+                    runs = [r for r in runs if test(r.created_at)]
+                runs.sort(key=lambda r: r.id, reverse=True)  # newest first
+                items = [emu._run_json(base_of(request), repo, r) for r in runs]
+            return paginated(request, items, key="workflow_runs")
 
         @app.get("/repos/{owner}/{name}/actions/runs/{run_id}")
         def get_run(request: Request, owner: str, name: str, run_id: str) -> dict[str, Any]:
