@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from exporters import fsutil
 from exporters.publish import OUTCOME_FILE, PROBLEM_FILE, read_problem
 from exporters.redact import scrub, tail
 from ..settings import BotSettings
@@ -147,7 +148,7 @@ class LocalBackend:
         proposing = ctx.state is not None and not ctx.state.has_recipe
         argv = (self.init_command if proposing else self.command)(job.repo, revision, out_dir)
         started = time.monotonic()
-        with log_path.open("ab") as log:
+        with os.fdopen(fsutil.open_log(log_path), "ab") as log:
             log.write(f"$ {' '.join(argv)}\n".encode())
             log.flush()
             process = subprocess.Popen(
@@ -170,7 +171,7 @@ class LocalBackend:
                     returncode = process.wait()
                     break
         log_text = scrub(log_path.read_text(errors="replace"), settings.secrets())
-        log_path.write_text(log_text)  # the CLI never prints tokens; scrub anyway before anyone reads the log
+        fsutil.write_file(log_path, log_text)  # the CLI never prints tokens; scrub anyway before anyone reads the log
         excerpt = tail(log_text)
         fields: dict[str, Any] = {"exit_code": returncode, "log_path": str(log_path)}
         if (out_dir / "report.md").is_file():
