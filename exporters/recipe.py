@@ -43,7 +43,16 @@ from .recipe_shapes import (  # noqa: F401 (the recipe's public names)
     check_shape_spec,
 )
 from .target_rules import LayoutSetting, MergedSetting
-from .variants import CalibrationSpec, QuantizeSpec, TargetValidation, Variant, check_target, expand_targets
+from .variants import (  # noqa: F401 (MAX_* are the recipe's limits)
+    MAX_CALIBRATION_CHARS,
+    MAX_PROMPT_CHARS,
+    CalibrationSpec,
+    QuantizeSpec,
+    TargetValidation,
+    Variant,
+    check_target,
+    expand_targets,
+)
 
 RECIPE_FILE = "export_config.json"
 CONFIG_FIELD = "export_config"
@@ -52,6 +61,9 @@ FORMATS = ("dynamo", "onnx", "executorch")
 TARGET_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 # Entries the tool writes in the output folder beside the target folders: a target cannot be called like them.
 RESERVED_NAMES = ("logs", "report.json", "report.md", "publish.json")
+# Limits on what a recipe can ask for (docs/recipe.md, "Limits"): past them it is refused with the JSON path.
+MAX_TARGETS = 64  # after `variants` are expanded
+MAX_CACHE_LEN = 1 << 20  # `generation.max_cache_len`, whatever the model; and never past the model's own positions
 class Tolerance(_Strict):
     """Numerical tolerance for comparing an artifact's outputs with the eager model's."""
 
@@ -183,7 +195,8 @@ class InputsSpec(_Strict):
 
     batch_size: StrictInt = Field(default=1, ge=1, le=64)
     sequence_length: StrictInt = Field(default=8, ge=2, le=8192)
-    prompt: str | None = None
+    prompt: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS,
+                               description="Text tokenized for the sample inputs (cut to the traced length).")
     image_size: StrictInt | None = Field(default=None, ge=1, le=4096)
     audio_length: StrictInt | None = Field(default=None, ge=1, description="Audio frames (feature length) for speech models.")
     decoder_sequence_length: StrictInt = Field(default=4, ge=1, le=4096)
@@ -199,8 +212,9 @@ class GenerationSpec(_Strict):
         description="'static': a fixed-size cache of max_cache_len positions. Unset, an executorch generation target "
                     "without a dynamic cache axis gets a static cache (docs/recipe.md).",
     )
-    max_cache_len: StrictInt | None = Field(default=None, ge=2, description="Positions of a static cache "
-                                            "(default: min(2048, max_position_embeddings)).")
+    max_cache_len: StrictInt | None = Field(default=None, ge=2, le=MAX_CACHE_LEN, description="Positions of a "
+                                            "static cache (default: min(2048, max_position_embeddings)); at most "
+                                            "the model's max_position_embeddings.")
     max_new_tokens: StrictInt = Field(default=8, ge=1, le=512, description="Tokens compared in the generation-parity check.")
 
 
@@ -237,7 +251,7 @@ class Recipe(_Strict):
     __hash__ = None  # type: ignore[assignment]
 
     schema_version: Literal[1] = 1
-    exports: list[Target] = Field(min_length=1)
+    exports: list[Target] = Field(min_length=1, max_length=MAX_TARGETS)
     inputs: InputsSpec = Field(default_factory=InputsSpec)
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
@@ -246,6 +260,9 @@ class Recipe(_Strict):
     def _expand_and_check(self) -> Recipe:
         """`variants` expanded into targets; calibration and unique names checked (exporters.variants)."""
         expanded = expand_targets(self.exports, self.inputs.calibration is not None, _PathValueError)
+        if len(expanded) > MAX_TARGETS:
+            raise _PathValueError(("exports",), f"the recipe makes {len(expanded)} targets (with its variants); a "
+                                  f"recipe makes at most {MAX_TARGETS}: split it, or drop variants")
         self.exports = [target for target, _ in expanded]
         self._origins = {target.name: at for target, at in expanded}
         return self
@@ -302,6 +319,22 @@ class Recipe(_Strict):
         index = self._origins[target][1] if target in self._origins else 0  # expanded variants: their target
         source = self._source
         path = (*source.prefix, *_file_path(("exports", index, *inside), source.exports_at))
+        return format_path(path), nearest_line(source.lines, path)
+
+    def locate_setting(self, *inside: str | int) -> tuple[str, int | None]:
+        """The JSON path (as written in the file) and line of a recipe-wide setting (`"generation",
+        "max_cache_len"`).
+
+        Example:
+            >>> from exporters.recipe_load import parse_recipe
+            >>> recipe = parse_recipe('{"exports": [{"export_format": "onnx"}],\\n "generation": {"max_new_tokens": 4}}')
+            >>> recipe.locate_setting("generation", "max_new_tokens")
+            ('$.generation.max_new_tokens', 2)
+        """
+        source = self._source
+        if source.exports_at is None:  # a seed dict holds no recipe-wide settings: they are at their defaults
+            return format_path((*source.prefix, *inside)), None
+        path = (*source.prefix, *inside)
         return format_path(path), nearest_line(source.lines, path)
 
     @property
