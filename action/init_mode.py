@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from exporters import fsutil
 from exporters.files import RECIPE_FILE
 
 from .commands import emit, error, group, set_outputs, untrusted, write_summary
@@ -75,11 +76,11 @@ def init_mode(settings: Settings) -> int:
         result = failure.result
         error(str(failure), title="No format could be exported")
     markdown = render_markdown(result)
-    (out_dir / SUMMARY_NAME).write_text(markdown, encoding="utf-8")
+    fsutil.write_file(out_dir / SUMMARY_NAME, markdown)
     recipe_path = out_dir / RECIPE_FILE
     publish = None
     if not failed:
-        recipe_path.write_text(json.dumps(result.recipe, indent=2) + "\n", encoding="utf-8")
+        fsutil.write_file(recipe_path, json.dumps(result.recipe, indent=2) + "\n")
         emit(f"recipe written to {relative(settings, recipe_path) or recipe_path}")
         publish = _publish(settings, result)
     lines = [markdown, publish_line(publish, dry_run=settings.dry_run), ""]

@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from exporters import fsutil
 from exporters.errors import (
     DeviceError,
     ExportActionError,
@@ -256,11 +257,23 @@ def _publish(destination, out_dir: Path, *, token: str | None, endpoint: str | N
 
 @app.command()
 def check(file: Path = typer.Argument(..., help="export_config.json, or a config.json with export_config.")) -> None:
-    """Validate a recipe file: exit 0 when valid, 2 with the JSON path and line of each problem otherwise."""
+    """Validate a recipe file: exit 0 when valid, 2 with the JSON path and line of each problem otherwise (with the
+    model's config.json beside it, or as the file, also what depends on the model: a static cache past its
+    positions)."""
+    import json
+
+    from exporters.capture.cache_settings import check_cache_len, positions_in
     from exporters.recipe.load import load_recipe_file
 
     try:
         recipe = load_recipe_file(file)
+        config_file = file if file.name == "config.json" else file.with_name("config.json")
+        try:
+            config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else None
+        except (OSError, ValueError):
+            config = None  # not the model's config: the run reads it and says what is wrong
+        if isinstance(config, dict):
+            check_cache_len(recipe, positions_in(config))
     except RecipeError as err:
         _recipe_error(err)
         raise typer.Exit(EXIT_USAGE) from None
@@ -317,7 +330,7 @@ def init(
     except InitError as err:
         print_table(err.result, console)
         if summary_file is not None:
-            summary_file.write_text(render_markdown(err.result), encoding="utf-8")
+            fsutil.write_file(summary_file, render_markdown(err.result))
         _error("no recipe written", err)
         raise typer.Exit(EXIT_FAILED) from None
     except (ModelSourceError, RemoteCodeError) as err:
@@ -326,10 +339,10 @@ def init(
     import json
 
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    out_file.write_text(json.dumps(result.recipe, indent=2) + "\n", encoding="utf-8")
+    fsutil.write_file(out_file, json.dumps(result.recipe, indent=2) + "\n")
     print_table(result, console)
     if summary_file is not None:
-        summary_file.write_text(render_markdown(result), encoding="utf-8")
+        fsutil.write_file(summary_file, render_markdown(result))
     console.print(f"recipe: {out_file} ({len(result.passed)} target(s)); check it with `hf-export check {out_file}`",
                   markup=False, highlight=False, soft_wrap=True)
     if destination is not None:

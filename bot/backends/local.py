@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from exporters import fsutil
 from exporters.publish import read_problem
 from exporters.redact import scrub, tail
 
@@ -193,7 +194,7 @@ class LocalBackend:
                     returncode = _stop(process)
                     break
         log_text = scrub(log_path.read_text(errors="replace"), settings.secrets())
-        log_path.write_text(log_text)  # the CLI never prints tokens; scrub anyway before anyone reads the log
+        fsutil.write_file(log_path, log_text)  # the CLI never prints tokens; scrub anyway before anyone reads the log
         excerpt = tail(log_text)
         fields: dict[str, Any] = {"exit_code": returncode, "log_path": str(log_path)}
         if (out_dir / "report.md").is_file():

@@ -5,8 +5,8 @@ cache (a decode traced with a growing `DynamicCache` whose length axis is static
 ExecuTorch generation target that declares no dynamic cache axis gets a fixed-size static cache, the deployable form
 of an on-device LLM, unless the recipe chose the cache itself (`generation.cache_implementation`).
 
-A static cache holds `max_cache_len` positions: the recipe's `generation.max_cache_len`, else
-`min(DEFAULT_MAX_CACHE_LEN, max_position_embeddings)`. Every slot is allocated up front whether it is used or not,
+A static cache holds `max_cache_len` positions: the recipe's `generation.max_cache_len` (refused past the model's
+`max_position_embeddings`: [`check_cache_len`]), else `min(DEFAULT_MAX_CACHE_LEN, max_position_embeddings)`. Every slot is allocated up front whether it is used or not,
 so the default is what a typical on-device prompt and reply need, never past what the model can attend to.
 
 Example:
@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from exporters.capture.shapes import axis_specs, spec_key
-from exporters.errors import DecodeStepError, ShapeSpecError
+from exporters.errors import DecodeStepError, RecipeError, ShapeSpecError
 from exporters.upstream import leaf_tensors
 
 DEFAULT_MAX_CACHE_LEN = 2048
+POSITION_KEYS = ("max_position_embeddings", "max_target_positions", "n_positions")
 CACHE_INPUTS = ("cache", "past_key_values")
 
 
@@ -70,10 +72,40 @@ class CacheSetting:
         )
 
 
+def positions_in(config: Mapping[str, Any]) -> int | None:
+    """`max_positions` of a model's `config.json` as read (a dict: the decoder's `text_config` first, when it has
+    one).
+
+    Example:
+        >>> positions_in({"model_type": "llava", "text_config": {"max_position_embeddings": 4096}})
+        4096
+    """
+    for section in (config.get("text_config"), config.get("decoder"), config):
+        if not isinstance(section, Mapping):
+            continue
+        for name in POSITION_KEYS:
+            value = section.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def check_cache_len(recipe, positions: int | None) -> None:
+    """`RecipeError` at `generation.max_cache_len` when the recipe asks for a static cache longer than the positions
+    the model can attend to (every slot is allocated up front: a cache past them is memory for nothing)."""
+    length = recipe.generation.max_cache_len
+    if length is None or positions is None or length <= positions:
+        return
+    path, line = recipe.locate_setting("generation", "max_cache_len")
+    raise RecipeError(f"max_cache_len {length} is longer than the {positions} positions the model attends to "
+                      f"(its config's max_position_embeddings): set at most {positions}, or leave it unset for "
+                      f"min({DEFAULT_MAX_CACHE_LEN}, {positions})", path=path, line=line, file=recipe.file)
+
+
 def max_positions(model_config) -> int | None:
     """How many positions the model's decoder can attend to, when its config says."""
     text = _decoder_config(model_config)
-    for name in ("max_position_embeddings", "max_target_positions", "n_positions"):
+    for name in POSITION_KEYS:
         value = getattr(text, name, None)
         if isinstance(value, int) and value > 0:
             return value
@@ -124,6 +156,7 @@ def cache_setting(target, recipe, max_positions: int | None) -> CacheSetting:
         implementation = "static"
     if implementation != "static":
         return CacheSetting("dynamic")
+    check_cache_len(recipe, max_positions)  # a run refuses it first (exporters.run.context); a library caller too
     length = generation.max_cache_len
     if length is None:
         length = min(DEFAULT_MAX_CACHE_LEN, max_positions) if max_positions else DEFAULT_MAX_CACHE_LEN

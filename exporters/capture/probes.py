@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,9 +167,23 @@ def make_probes(
         ("traced", None, f"inputs of {traced_total} elements exceed max_probe_elements ({limit})")
     ]
     generator = torch.Generator().manual_seed(seed)
+    original = _leaves(inputs)
     for binding in bindings:
         for size in probe_sizes(binding, max_positions):
             probe_id = f"{binding.name}={size}"
+            # sizes from the shapes alone, before any tensor is built: a declared bound (batch max 60000) costs
+            # nothing when the probe is skipped
+            shapes = resized_shapes(original, binding.axes, size)
+            total = sum(math.prod(shape) for shape in shapes.values())
+            if total > limit:
+                probes.append((probe_id, None, f"inputs of {total} elements exceed max_probe_elements ({limit})"))
+                continue
+            ids = shapes.get("input_ids", tuple(original["input_ids"].shape) if "input_ids" in original else None)
+            logits = math.prod(ids) * logits_per_token if ids is not None else 0
+            if logits > MAX_PROBE_LOGITS:
+                probes.append((probe_id, None, f"its logits ({logits} elements) exceed what validation computes "
+                                               f"({MAX_PROBE_LOGITS}, {MAX_PROBE_LOGITS * 4 >> 20} MiB in float32)"))
+                continue
             probe = copy.deepcopy(inputs)
             leaves = _leaves(probe)
             resized: dict[str, torch.Tensor] = {}
@@ -176,18 +191,22 @@ def make_probes(
                 resized[path] = resize_along(resized.get(path, leaves[path]), axis, size, generator, config)
                 _set_leaf(probe, path, resized[path])
             sync_cache_lengths(probe)
-            total = sum(tensor.numel() for tensor in resized.values())
-            if total > limit:
-                probes.append((probe_id, None, f"inputs of {total} elements exceed max_probe_elements ({limit})"))
-                continue
-            ids = _leaves(probe).get("input_ids")
-            logits = ids.numel() * logits_per_token if ids is not None else 0
-            if logits > MAX_PROBE_LOGITS:
-                probes.append((probe_id, None, f"its logits ({logits} elements) exceed what validation computes "
-                                               f"({MAX_PROBE_LOGITS}, {MAX_PROBE_LOGITS * 4 >> 20} MiB in float32)"))
-                continue
             probes.append((probe_id, probe, None))
     return probes
+
+
+def resized_shapes(leaves: dict[str, torch.Tensor], axes: list[tuple[str, int]], size: int) -> dict[str, tuple]:
+    """The shape each leaf bound by `axes` would have with those axes at `size` (nothing is allocated).
+
+    Example:
+        >>> resized_shapes({"pixel_values": torch.zeros(1, 3, 4, 4)}, [("pixel_values", 2), ("pixel_values", 3)], 9)
+        {'pixel_values': (1, 3, 9, 9)}
+    """
+    shapes: dict[str, list[int]] = {}
+    for path, axis in axes:
+        shape = shapes.setdefault(path, list(leaves[path].shape))
+        shape[axis] = size
+    return {path: tuple(shape) for path, shape in shapes.items()}
 
 
 

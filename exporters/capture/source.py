@@ -8,11 +8,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exporters import fsutil
 from exporters.errors import ModelSourceError, RemoteCodeError
 from exporters.files import RECIPE_SOURCES
 
 REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 # What a run needs from a repo: never the previous exports, which can be large.
+# Files of a model folder whose content reaches an artifact (configs rewritten beside the program, the tokenizer
+# files the transformers.js layout copies, the processor's configs): in a local folder none may be a link.
+COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model",
+                "added_tokens.json", "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
+                "processor_config.json")
 DOWNLOAD_IGNORE = ["exports/*", "*.onnx", "*.onnx.data", "*.pte", "*.pt2", "*.msgpack", "*.h5", "*.ot", "*.bin.index.json"]
 
 
@@ -37,6 +44,9 @@ def resolve_source(
     """A local folder as is; a Hub repo id downloaded (its weights, configs, tokenizer and recipe; with
     `recipe_only`, just `export_config.json` and `config.json`).
 
+    A local folder whose configs or tokenizer files (`COPIED_FILES`) are links is refused (`ModelSourceError`): what
+    they point to would be copied into the artifacts (`exporters.fsutil.model_file`).
+
     Example:
         >>> resolve_source("examples/demo-model").folder.name  # doctest: +SKIP
         'demo-model'
@@ -45,6 +55,8 @@ def resolve_source(
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelSourceError(f"{path} has no config.json: point at a folder written by save_pretrained")
+        for name in COPIED_FILES:
+            fsutil.model_file(path, name)
         return ModelSource(model_id=str(path), folder=path.resolve())
     if path.exists():
         raise ModelSourceError(f"{model} is a file; pass the model's folder or a Hub repo id")

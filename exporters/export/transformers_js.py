@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
+from exporters import fsutil
 from exporters.errors import TargetPlanError
 from exporters.upstream import read_manifest, write_manifest
 
@@ -102,14 +102,11 @@ def _rename_dims(model, symbols: dict[str, str]) -> None:
 
 
 def _copy_tokenizer(source: Path | None, directory: Path) -> list[str]:
-    copied = []
+    """The repo's tokenizer files copied beside the graph, never through a link (`exporters.fsutil.copy_model_file`:
+    a linked file is an error, not a copy of whatever it points to)."""
     if source is None or not source.is_dir():
-        return copied
-    for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copyfile(source / name, directory / name)
-            copied.append(name)
-    return copied
+        return []
+    return [name for name in TOKENIZER_FILES if fsutil.copy_model_file(source, name, directory / name)]
 
 
 def write_transformers_js(directory: Path, target, model) -> None:
@@ -153,6 +150,6 @@ def write_transformers_js(directory: Path, target, model) -> None:
     config = json.loads(config_path.read_text(encoding="utf-8"))
     config["transformers.js_config"] = {"dtype": "fp16" if suffix else "fp32",
                                         "use_external_data_format": {graph_file: 1} if external else False}
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    fsutil.write_file(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n")
     folder = getattr(getattr(model, "config", None), "_name_or_path", None)
     _copy_tokenizer(Path(folder) if folder else None, directory)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from exporters import fsutil
 from exporters.capture.source import check_remote_code, load_model, load_tokenizer, read_config, resolve_source
 from exporters.errors import InitError
 from exporters.init.axes import AxisPlan, Dimension, find_dimensions, spec_entries
@@ -226,7 +227,7 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
         recipe = build_recipe(plan, [build_target(r.export_format, plan, r.dims) for r in pending],
                               {"formats": tolerances, "max_probe_elements": options.max_probe_elements})
         path = work / f"round-{number}.json"
-        path.write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
+        fsutil.write_file(path, json.dumps(recipe, indent=2) + "\n")
         say(f"round {number}: exporting and validating {', '.join(r.export_format for r in pending)} "
             f"({int(remaining)} s left)")
         run = RunOptions(out_dir=work / "out", config_path=path, trust_remote_code=options.trust_remote_code,

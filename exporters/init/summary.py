@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from exporters.init.axes import Dimension
+from exporters.report.markdown import cell
 from exporters.status import FAILED, LEFT_OUT, NAMED, PASSED, PENDING
 
 ICONS = {PASSED: "✅", LEFT_OUT: "❌", PENDING: "⏳"}
@@ -84,20 +85,16 @@ def render_markdown(result, *, heading: str = "## Proposed export recipe") -> st
     for row in rows(result):
         icon = ICONS.get(row["status"], "")
         target = f"{icon} `{row['target']}`" + ("" if row["status"] == PASSED else " (left out)")
-        lines.append(f"| {target} | {row['components']} | {row['dynamic']} | {row['tolerance']} | "
-                     f"{_seconds(row['export_s'])} | {row['rounds']} |")
+        lines.append(f"| {target} | {cell(row['components'])} | {cell(row['dynamic'])} | {cell(row['tolerance'])} | "
+                     f"{cell(_seconds(row['export_s']))} | {cell(row['rounds'])} |")
     if result.notes:
         lines += ["", "**Notes** (what could not be made to work, and why):", ""]
-        lines += [f"- {_escape(note)}" for note in result.notes]
+        lines += [f"- {cell(note, 4000)}" for note in result.notes]
     lines += ["", "Each bound is the largest range whose artifact passed validation at its lower bound, middle and "
                   "upper bound (inside the model's own limits); each tolerance is 10× the worst difference measured "
                   "on those probes, rounded up, with rtol 0.", ""]
     lines.append("<sub>" + ", ".join(f"{k} {v}" for k, v in result.versions.items()) + "</sub>")
     return "\n".join(lines) + "\n"
-
-
-def _escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def print_table(result, console) -> None:

@@ -54,7 +54,7 @@ from exporters.publish.markers import render_marker
 from exporters.publish.plan import KIND_FAILURE, MARKER_VERSION
 from exporters.publish.run import PublishResult, settle_duplicate, thread_links, write_json
 from exporters.redact import scrub
-from exporters.report.markdown import cell
+from exporters.report.markdown import cell, inert
 
 PROBLEM_FILE = "problem.json"
 ProblemKind = Literal["recipe", "model", "remote_code", "device"]
@@ -153,12 +153,16 @@ def _worded(text: str, names: Mapping[str, str] | None) -> str:
     return ExportActionError(text).worded(names) if names else text
 
 
+_PLAIN_PATH = re.compile(r"[\w$.\[\]*\- ]+")
+
+
 def _code(text: str) -> str:
-    """`text` as an inline code span fit for a table cell (nothing inside can close it or split the row); text
-    holding `<` as escaped plain text instead, whatever a renderer does with HTML inside code spans."""
+    """`text` (a JSON path) as an inline code span fit for a table cell (nothing inside can close it or split the
+    row); a path holding anything else than names, indexes and wildcards (a hostile key: `<`, `@`, a link) as inert
+    plain text instead (`markdown.inert`), whatever a renderer does with mentions or HTML inside code spans."""
     flat = " ".join(str(text).split())[:200]
-    if "<" in flat:
-        return cell(flat, 200)
+    if not _PLAIN_PATH.fullmatch(flat):
+        return inert(flat, 200)
     ticks = "`" * (max((len(run) for run in re.findall(r"`+", flat)), default=0) + 1)
     pad = " " if flat.startswith("`") or flat.endswith("`") else ""
     return f"{ticks}{pad}{flat}{pad}{ticks}".replace("|", "\\|")
@@ -199,7 +203,8 @@ def problem_body(problem: Problem, *, file_url: str | None = None, base: str | N
             where = str(entry.line) if entry.line else "–"
             if entry.line and file_url:
                 where = f"[{entry.line}]({file_url}#L{entry.line})"
-            lines.append(f"| {where} | {_code(entry.path)} | {cell(_worded(entry.message, names), 500)} |")
+            # the message quotes the recipe (an unknown key is the owner's text): inert, no mention, no image
+            lines.append(f"| {where} | {_code(entry.path)} | {inert(_worded(entry.message, names), 500)} |")
     else:
         lines.append(f"> {cell(_worded(problem.message, names), 1500)}")
     push = f"push to `{base}`" if base else "push again"

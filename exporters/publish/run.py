@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from exporters import fsutil
 from exporters.errors import PublishError
 from exporters.publish import texts
 from exporters.publish.decide import Decision, HubView, ThreadState, decide, duplicates_of, in_slot
@@ -56,10 +57,7 @@ def write_json(out_dir: Path, name: str, data: dict[str, Any]) -> None:
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return
-    tmp = out_dir / f".{name}.tmp"
-    tmp.unlink(missing_ok=True)
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(out_dir / name)
+    fsutil.write_file(out_dir / name, json.dumps(data, indent=2) + "\n")
 
 
 def write_outcome(out_dir: Path, result: PublishResult) -> None:

@@ -46,6 +46,9 @@ from exporters.recipe.model import (
 )
 from exporters.recipe.variants import METHODS, CalibrationSpec, TargetValidation, method_message
 
+# A recipe file larger than this is refused before it is parsed (docs/recipe.md, "Limits").
+MAX_RECIPE_BYTES = 8 << 20
+
 
 def _normalise(data: Any) -> tuple[dict[str, Any], JsonPath | None]:
     """The full form of `data`, and where its `exports` list lives in the original (None: a seed dict)."""
@@ -115,6 +118,8 @@ def _message(error: dict[str, Any], path: JsonPath, data: dict[str, Any]) -> str
         return f"missing required key '{key}'"
     message = error["msg"]
     message = message.removeprefix("Value error, ")
+    if kind in ("too_long", "string_too_long", "less_than_equal"):
+        message += " (the recipe's limits: docs/recipe.md, \"Limits\")"
     return message
 
 
@@ -208,6 +213,10 @@ def load_recipe_file(path: str | Path) -> Recipe:
     """
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if size > MAX_RECIPE_BYTES:
+            raise RecipeError(f"the recipe file is {size} bytes; a recipe is at most {MAX_RECIPE_BYTES} (the recipe's "
+                              "limits: docs/recipe.md, \"Limits\")", file=str(path))
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise RecipeError(f"recipe file not found: {path}", file=str(path)) from None

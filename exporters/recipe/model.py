@@ -37,6 +37,7 @@ from exporters.recipe.dims import (
 from exporters.recipe.jsonpos import JsonPath, format_path, nearest_line
 from exporters.recipe.layout import LayoutSetting, MergedSetting
 from exporters.recipe.variants import (
+    MAX_PROMPT_CHARS,
     CalibrationSpec,
     QuantizeSpec,
     TargetValidation,
@@ -51,6 +52,12 @@ FORMATS = ("dynamo", "onnx", "executorch")
 TARGET_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 # Entries the tool writes in the output folder beside the target folders: a target cannot be called like them.
 RESERVED_NAMES = ("logs", "report.json", "report.md", "publish.json")
+
+# Limits on what a recipe can ask for (docs/recipe.md, "Limits"): past them it is refused with the JSON path.
+MAX_TARGETS = 64  # after `variants` are expanded
+MAX_CACHE_LEN = 1 << 20  # `generation.max_cache_len`, whatever the model; and never past the model's own positions
+
+
 class Tolerance(Strict):
     """Numerical tolerance for comparing an artifact's outputs with the eager model's."""
 
@@ -189,7 +196,8 @@ class InputsSpec(Strict):
 
     batch_size: StrictInt = Field(default=1, ge=1, le=64)
     sequence_length: StrictInt = Field(default=8, ge=2, le=8192)
-    prompt: str | None = None
+    prompt: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS,
+                               description="Text tokenized for the sample inputs (cut to the traced length).")
     image_size: StrictInt | None = Field(default=None, ge=1, le=4096)
     audio_length: StrictInt | None = Field(default=None, ge=1, description="Audio frames (feature length) for speech models.")
     decoder_sequence_length: StrictInt = Field(default=4, ge=1, le=4096)
@@ -205,8 +213,9 @@ class GenerationSpec(Strict):
         description="'static': a fixed-size cache of max_cache_len positions. Unset, an executorch generation target "
                     "without a dynamic cache axis gets a static cache (docs/recipe.md).",
     )
-    max_cache_len: StrictInt | None = Field(default=None, ge=2, description="Positions of a static cache "
-                                            "(default: min(2048, max_position_embeddings)).")
+    max_cache_len: StrictInt | None = Field(default=None, ge=2, le=MAX_CACHE_LEN, description="Positions of a "
+                                            "static cache (default: min(2048, max_position_embeddings)); at most "
+                                            "the model's max_position_embeddings.")
     max_new_tokens: StrictInt = Field(default=8, ge=1, le=512, description="Tokens compared in the generation-parity check.")
 
 
@@ -243,7 +252,7 @@ class Recipe(Strict):
     __hash__ = None  # type: ignore[assignment]
 
     schema_version: Literal[1] = 1
-    exports: list[Target] = Field(min_length=1)
+    exports: list[Target] = Field(min_length=1, max_length=MAX_TARGETS)
     inputs: InputsSpec = Field(default_factory=InputsSpec)
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
@@ -252,6 +261,9 @@ class Recipe(Strict):
     def _expand_and_check(self) -> Recipe:
         """`variants` expanded into targets; calibration and unique names checked (exporters.recipe.variants)."""
         expanded = expand_targets(self.exports, self.inputs.calibration is not None, PathValueError)
+        if len(expanded) > MAX_TARGETS:
+            raise PathValueError(("exports",), f"the recipe makes {len(expanded)} targets (with its variants); a "
+                                 f"recipe makes at most {MAX_TARGETS}: split it, or drop variants")
         self.exports = [target for target, _ in expanded]
         self._origins = {target.name: at for target, at in expanded}
         return self
@@ -308,6 +320,22 @@ class Recipe(Strict):
         index = self._origins[target][1] if target in self._origins else 0  # expanded variants: their target
         source = self._source
         path = (*source.prefix, *file_path(("exports", index, *inside), source.exports_at))
+        return format_path(path), nearest_line(source.lines, path)
+
+    def locate_setting(self, *inside: str | int) -> tuple[str, int | None]:
+        """The JSON path (as written in the file) and line of a recipe-wide setting (`"generation",
+        "max_cache_len"`).
+
+        Example:
+            >>> from exporters.recipe.load import parse_recipe
+            >>> recipe = parse_recipe('{"exports": [{"export_format": "onnx"}],\\n "generation": {"max_new_tokens": 4}}')
+            >>> recipe.locate_setting("generation", "max_new_tokens")
+            ('$.generation.max_new_tokens', 2)
+        """
+        source = self._source
+        if source.exports_at is None:  # a seed dict holds no recipe-wide settings: they are at their defaults
+            return format_path((*source.prefix, *inside)), None
+        path = (*source.prefix, *inside)
         return format_path(path), nearest_line(source.lines, path)
 
     @property

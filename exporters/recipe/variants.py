@@ -16,9 +16,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Callable, ClassVar, Literal, Union
 
-from pydantic import Field, StrictBool, StrictFloat, StrictInt, ValidationError, model_validator
+from pydantic import (
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from exporters.recipe._base import Strict
+
+# Calibration text (docs/recipe.md, "Limits"): each prompt, and all of them together.
+MAX_PROMPT_CHARS = 65_536
+MAX_CALIBRATION_CHARS = 1 << 20
 
 VariantKind = Literal["fp32", "half", "int8", "int4"]
 KINDS: tuple[VariantKind, ...] = ("fp32", "half", "int8", "int4")
@@ -138,7 +151,9 @@ class CalibrationSpec(Strict):
     the repo's tokenizer, or `samples` synthesized like the sample inputs. Every sample has the traced shape (prompts
     are cut or repeated to the sample's sequence length), so it stays inside the declared shapes."""
 
-    prompts: list[str] | None = Field(default=None, min_length=1, max_length=1024)
+    prompts: list[Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]] | None = Field(
+        default=None, min_length=1, max_length=1024,
+        description=f"Texts, each at most {MAX_PROMPT_CHARS} characters, {MAX_CALIBRATION_CHARS} in all.")
     samples: StrictInt | None = Field(default=None, ge=1, le=1024, description="Synthesized samples (random tokens).")
 
     @model_validator(mode="after")
@@ -146,6 +161,15 @@ class CalibrationSpec(Strict):
         if (self.prompts is None) == (self.samples is None):
             raise ValueError("give calibration data as either 'prompts' (a list of texts) or 'samples' (a count)")
         return self
+
+    @field_validator("prompts")
+    @classmethod
+    def _bounded(cls, prompts: list[str] | None) -> list[str] | None:
+        total = sum(len(prompt) for prompt in prompts or [])
+        if total > MAX_CALIBRATION_CHARS:
+            raise ValueError(f"the calibration prompts hold {total} characters; at most {MAX_CALIBRATION_CHARS} in all "
+                             "(each sample is cut to the traced length anyway): give fewer or shorter prompts")
+        return prompts
 
     @property
     def count(self) -> int:
@@ -155,21 +179,45 @@ class CalibrationSpec(Strict):
 # ── quality budget ────────────────────────────────────────────────────────────
 
 
+# What a budget may be set to: a recipe can loosen a budget, never so far that the check stops checking (an agreement
+# of 0, a KL no artifact exceeds, a cosine a reversed vector meets, no greedy token). (least, most, what it measures)
+BUDGET_RANGES: dict[str, tuple[float, float, str]] = {
+    "min_top1_agreement": (0.5, 1, "a share of positions; below 0.5 most argmaxes may differ"),
+    "max_kl": (0, 1, "nats; a broken variant is far above 1"),
+    "min_cosine": (0.5, 1, "below 0.5 a vector pointing elsewhere passes"),
+    "min_greedy_match": (1, 512, "tokens, capped at what eager produced"),
+}
+
+
 class QualityBudget(Strict):
-    """Task-level quality a quantized or half-precision target must keep against the eager float32 model."""
+    """Task-level quality a quantized or half-precision target must keep against the eager float32 model (each key
+    inside `BUDGET_RANGES`: loosened, never switched off)."""
 
     min_top1_agreement: StrictFloat | StrictInt | None = Field(
-        default=None, ge=0, le=1, description="Share of logit positions whose argmax matches eager (0-1)."
+        default=None, ge=0.5, le=1, description="Share of logit positions whose argmax matches eager (0.5-1)."
     )
     max_kl: StrictFloat | StrictInt | None = Field(
-        default=None, ge=0, description="Mean KL divergence of the next-token distribution, KL(eager || artifact)."
+        default=None, ge=0, le=1,
+        description="Mean KL divergence of the next-token distribution, KL(eager || artifact), in nats (0-1).",
     )
     min_cosine: StrictFloat | StrictInt | None = Field(
-        default=None, ge=-1, le=1, description="Cosine similarity of hidden states (encoders, components without logits)."
+        default=None, ge=0.5, le=1,
+        description="Lowest cosine similarity of any hidden-state vector (encoders, components without logits; 0.5-1).",
     )
     min_greedy_match: StrictInt | None = Field(
-        default=None, ge=0, description="Greedy tokens that must match eager before the first divergence (generation)."
+        default=None, ge=1, le=512,
+        description="Greedy tokens that must match eager before the first divergence (generation; 1-512).",
     )
+
+    @field_validator(*BUDGET_RANGES, mode="before")
+    @classmethod
+    def _in_range(cls, value: Any, info: ValidationInfo) -> Any:
+        """A budget outside its range is refused, saying what it would do (before pydantic's bare bound message)."""
+        least, most, unit = BUDGET_RANGES[info.field_name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or least <= value <= most:
+            return value
+        raise ValueError(f"{info.field_name} {value!r} is outside [{least:g}, {most:g}] ({unit}): a recipe can loosen "
+                         "a quality budget, not switch the check off")
 
 
 BUDGET_KEYS = tuple(QualityBudget.model_fields)

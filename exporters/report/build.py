@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Protocol
 
+from exporters import fsutil
 from exporters.recipe.model import Recipe
 from exporters.report.markdown import ICONS, MARKDOWN_LIMIT, human_size, render_markdown, variants_table
 from exporters.report.results import TargetResult
@@ -67,10 +68,9 @@ def build_report(results: list[TargetResult], context: RunFacts) -> dict[str, An
 
 
 def write_report(report: dict[str, Any], out_dir: Path) -> None:
-    """Write report.json and report.md atomically (a reader never sees half a report)."""
+    """Write report.json and report.md atomically (a reader never sees half a report), never through a link planted
+    in the folder (`exporters.fsutil.write_file`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, text in (("report.json", json.dumps(report, indent=2, default=str) + "\n"),
                        ("report.md", render_markdown(report))):
-        tmp = out_dir / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out_dir / name)
+        fsutil.write_file(out_dir / name, text)

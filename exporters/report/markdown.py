@@ -55,6 +55,30 @@ def cell(text: str, limit: int = 300) -> str:
     return flat.replace("|", "\\|").replace("<", "&lt;")
 
 
+_ACTIVE = re.compile(r"[\\`*_\[\]~]")
+WORD_JOINER = "\u2060"  # invisible: breaks a mention or an autolink where it sits, shows nothing
+
+
+def inert(text: str, limit: int = 300) -> str:
+    """Text someone else wrote (a recipe's key, a repo's value) as plain text in one table cell or line that no
+    renderer turns into anything: [`cell`]'s escapes (pipes, `<`), and `&`, backslashes, backticks, emphasis, links
+    and images escaped; `@` and URL schemes broken by an invisible word joiner so no mention notifies anyone and no
+    address becomes a link or a tracking image.
+
+    Example:
+        >>> shown = inert("unknown key '@everyone ![x](https://evil.example/a.png)'")
+        >>> print(shown.replace(WORD_JOINER, "+"))
+        unknown key '@+everyone !\\[x\\](https:+//evil.example/a.png)'
+    """
+    flat = " ".join(str(text).split())
+    flat = flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    flat = flat.replace("&", "&amp;")
+    flat = _ACTIVE.sub(lambda m: "\\" + m[0], flat)
+    flat = flat.replace("@", "@" + WORD_JOINER).replace("://", ":" + WORD_JOINER + "//")
+    flat = re.sub(r"(?i)\bwww\.", lambda m: m[0][:-1] + WORD_JOINER + ".", flat)
+    return flat.replace("|", "\\|").replace("<", "&lt;")
+
+
 def _fmt(value: float | None) -> str:
     if value is None:
         return "–"

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exporters.capture.cache_settings import check_cache_len, positions_in
 from exporters.capture.source import ModelSource, check_remote_code, read_config, resolve_source
 from exporters.errors import DeviceError
 from exporters.hashing import weights_fingerprint
@@ -173,7 +174,9 @@ def prepare_run(model: str, options: RunOptions, known_weights: list[dict[str, A
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # see cuda_available: before anything asks torch
     source = resolve_source(model, revision=options.revision, token=options.token, endpoint=options.endpoint)
     recipe, recipe_file, warnings = load_run_recipe(source.folder, options.config_path)
-    check_remote_code(source, read_config(source.folder), options.trust_remote_code)
+    config = read_config(source.folder)
+    check_remote_code(source, config, options.trust_remote_code)
+    check_cache_len(recipe, positions_in(config))  # before anything is loaded or allocated
     targets = recipe.select(options.targets)
     weights, weights_files = weights_fingerprint(source.folder, known_weights)
     return RunContext(model_arg=model, out_dir=Path(options.out_dir), source=source, recipe=recipe, recipe_file=Path(recipe_file), targets=targets,

@@ -22,13 +22,14 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from exporters import fsutil
 from exporters.errors import error_record, render_root_cause
 from exporters.status import CRASHED, TIMED_OUT
 
 
 def _redirect_output(log_path: Path) -> None:
     """Send everything the child prints (upstream warnings, torch logs) to the target's log file."""
-    handle = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+    handle = fsutil.open_log(log_path)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(handle, 1)
@@ -57,7 +58,7 @@ def _child(work: Callable[[], dict[str, Any]], result_path: Path, log_path: Path
         print(result["traceback"], file=sys.stderr)
         if "root_cause" in record:  # the traceback prints the cause first: the log's tail names it too
             print(render_root_cause(record), file=sys.stderr)
-    result_path.write_text(json.dumps(result, default=str))
+    fsutil.write_file(result_path, json.dumps(result, default=str))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -31,6 +31,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from exporters import fsutil
 from exporters.capture.merged import MERGED, prompt_inputs
 from exporters.capture.steps import cache_input_name, output_cache, step_inputs
 from exporters.status import PASSED
@@ -204,7 +205,7 @@ def _measure(request: dict[str, Any]) -> dict[str, Any]:
 
 def _child(request: dict[str, Any], connection) -> None:
     if request.get("log"):  # the runtimes' own chatter goes to the target's log, as the export's does
-        handle = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        handle = fsutil.open_log(request["log"])
         os.dup2(handle, 1)
         os.dup2(handle, 2)
     try:

@@ -4,8 +4,9 @@ passed by loosening atol.
 
 Per probe ([`measure`]): for outputs named `*logits`, the top-1 agreement of every position and the KL divergence
 KL(eager ‖ artifact) of its next-token distribution; for components without logits, the cosine similarity of their
-hidden states (`last_hidden_state`, `pooler_output`, else every float output), per vector. Pooled over all probes of
-a target ([`judge`]): agreement and mean KL over every position, the lowest cosine, and for generation targets the
+hidden states (`last_hidden_state`, `pooler_output`, else every float output), per vector (each position's
+hidden state), keeping the lowest. Pooled over all probes of a target ([`judge`]): agreement and mean KL over every
+position, the lowest cosine of any vector, and for generation targets the
 greedy tokens that match eager before the first divergence. The budget (`exporters.recipe.variants.resolve_budget`)
 decides, and the verdict names the metric that did.
 
@@ -36,8 +37,9 @@ RULES = (
 
 
 def measure(reference: Any, actual: Any) -> dict[str, Any]:
-    """Quality metrics of one probe: `positions`, `top1_matches`, `kl_sum`, `kl_max` over logits, `cosine` over
-    hidden states, and `problems` (a missing, misshapen or non-finite output: never a pass)."""
+    """Quality metrics of one probe: `positions`, `top1_matches`, `kl_sum`, `kl_max` over logits, `cosine` (the
+    lowest cosine of any one hidden-state vector), and `problems` (a missing, misshapen or non-finite output: never a
+    pass)."""
     want, got = leaf_tensors(reference), leaf_tensors(actual)
     logits = [name for name in want if name.rsplit(".", 1)[-1].endswith("logits")]
     hidden = [name for name in want if name.rsplit(".", 1)[-1] in HIDDEN_STATES]
@@ -70,7 +72,10 @@ def measure(reference: Any, actual: Any) -> dict[str, Any]:
         else:
             vectors = ref.reshape(-1, ref.shape[-1]) if ref.dim() > 1 else ref.reshape(1, -1)
             others = val.reshape(vectors.shape)
-            cosine = float(torch.nn.functional.cosine_similarity(vectors, others, dim=-1, eps=1e-12).mean())
+            # the lowest per vector, as the budget promises: a mean would hide one reversed vector among hundreds
+            per_vector = torch.nn.functional.cosine_similarity(vectors, others, dim=-1, eps=1e-12)
+            zero = (vectors.norm(dim=-1) == 0) & (others.norm(dim=-1) == 0)  # both zero: the same vector
+            cosine = float(torch.where(zero, torch.ones_like(per_vector), per_vector).min())
             result["cosine"] = cosine if result["cosine"] is None else min(result["cosine"], cosine)
     return result
 
