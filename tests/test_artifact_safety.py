@@ -281,3 +281,61 @@ def test_a_signing_key_others_could_read_or_plant_is_never_used(exported: dict[s
     _assert_exported_again(out, rerun, junk)
     assert not key.is_symlink() and key.stat().st_mode & 0o777 == 0o600 and key.read_text() != "ab" * 32
     assert (attacker / "report-signing.key").read_text() == "ab" * 32  # replaced, not written through the link
+
+
+# ── Matrix legs (#27 §4): a leg's report is data from another machine ──────────
+
+
+def _leg(exported: dict[str, Path], parts: Path, label: str, revision: str, repo_id: str, rename: str | None = None,
+         **target_fields) -> dict:
+    """A downloaded leg's folder `parts/label`: the module's onnx export as a leg of `repo_id` at `revision` would
+    have written it, its target renamed and its fields replaced as given."""
+    part = parts / label
+    shutil.copytree(exported["out"], part)
+    report = _report(part)
+    report["source"].update(model=repo_id, revision=revision, is_hub=True)
+    target = report["targets"][0]
+    if rename:
+        (part / "onnx").rename(part / rename)
+        (part / "logs" / "onnx.log").rename(part / "logs" / f"{rename}.log")
+        target["name"] = rename
+        target["files"] = [{**f, "path": rename + f["path"].removeprefix("onnx")} for f in target["files"]]
+    target.update(target_fields)
+    (part / "report.json").write_text(json.dumps(report))
+    return report
+
+
+def test_aggregate_merges_only_planned_legs_whose_checks_back_their_verdict(exported: dict[str, Path], hub) -> None:
+    from tests.test_action import run_action, run_inputs
+
+    repo_id = "alice/matrix-legs"
+    head = hub.create_model_repo(repo_id, {p.name: p.read_bytes() for p in exported["model"].iterdir()},
+                                 author="alice")
+
+    def aggregate(name: str, legs: list[dict]) -> tuple:
+        workspace = exported["root"] / f"aggregate-{name}"
+        for leg in legs:
+            _leg(exported, workspace / "export-parts", revision=leg.pop("revision", head), repo_id=repo_id, **leg)
+        run = run_action(workspace, {**run_inputs(repo_id), "mode": "aggregate", "dry-run": "true", "comment": "false",
+                                     "targets": '["onnx"]'}, github=None, hub_url=hub.url)
+        return run, workspace / "export-out"
+
+    genuine, out = aggregate("genuine", [{"label": "export-onnx"}])  # the control: an honest leg is merged
+    assert genuine.returncode == 0, genuine.log[-4000:]
+    assert genuine.outputs["status"] == "passed" and "would open a new pull request" in genuine.summary
+
+    evil, out = aggregate("evil", [{"label": "export-onnx"},
+                                   {"label": "export-evil", "rename": "evil", "components": []}])
+    assert evil.returncode != 0 and evil.outputs["status"] == "error", evil.log[-4000:]
+    assert "Cannot merge the report parts" in evil.stdout and "['evil'], which the plan does not list" in evil.stdout
+    assert not (out / "evil").exists() and not (out / "report.json").exists()
+
+    moved, out = aggregate("other-commit", [{"label": "export-onnx", "revision": "0" * 40}])
+    assert moved.returncode != 0 and f"revision '{'0' * 40}', the plan's is '{head}'" in moved.stdout, moved.log[-4000:]
+    assert not (out / "report.json").exists()
+
+    unbacked, out = aggregate("no-checks", [{"label": "export-onnx", "components": []}])
+    report = _report(out)
+    assert unbacked.outputs["status"] == "failed" and "would open a new pull request" not in unbacked.summary
+    assert report["targets"][0]["status"] == "failed"
+    assert report["targets"][0]["error"]["type"] == "UnbackedVerdict"
