@@ -1,8 +1,10 @@
 """Merge the report parts of a split run (one matrix leg per target) into one output folder and one report.
 
 A part is what one run wrote to its output folder: `report.json`, `report.md`, `<target>/` and `logs/<target>.log`.
-The parts of one export must come from the same model commit, weights and recipe; artifacts are checked against the
-sizes and sha256 their part recorded (an interrupted artifact upload or download shows up as a failed target).
+A part is data from another machine, not evidence: the parts of one export must come from the plan's model commit
+and recipe (and agree on the weights), name only the plan's targets, and a target's verdict counts only as far as
+the checks it records back it (derived again here by validation's own rules); artifacts are checked against the
+files, sizes and sha256 their part recorded (an interrupted artifact upload or download shows up as a failed target).
 Targets the recipe lists but no part reports (a leg that died before writing its report) are reported as failed,
 so a partial set of exports is never published as complete.
 
