@@ -249,7 +249,7 @@ def test_changed_weights_never_keep_the_old_cache_key(exported: dict[str, Path])
 
 def _forged_with(exported: dict[str, Path], key_dir: Path, name: str) -> tuple[Path, bytes]:
     """An output folder whose graph is junk, its report made to agree and signed with the key in `key_dir`."""
-    from exporters.reuse import Signer
+    from exporters.run.reuse import Signer
 
     out = copy_out(exported, name)
     junk = _forge(out)
