@@ -33,7 +33,7 @@ from typing import Any
 from exporters.errors import ExportActionError
 from exporters.quiet import mute_import_chatter
 
-from .commands import add_mask, emit, error, group, set_outputs, untrusted, warning, write_summary
+from .commands import add_mask, emit, error, group, set_outputs, untrusted, write_summary
 from .init_mode import init_mode
 from .outcome import (
     EXIT_FAILED,
