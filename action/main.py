@@ -33,7 +33,7 @@ from typing import Any
 from exporters.errors import ExportActionError
 from exporters.quiet import mute_import_chatter
 
-from .commands import add_mask, emit, error, group, set_outputs, untrusted, warning, write_summary
+from .commands import add_mask, emit, error, group, set_outputs, untrusted, write_summary
 from .init_mode import init_mode
 from .outcome import (
     EXIT_FAILED,
@@ -294,22 +294,26 @@ def list_targets_mode(settings: Settings) -> int:
 
 
 def aggregate_mode(settings: Settings) -> int:
-    from exporters.errors import AggregateError
+    from exporters.errors import AggregateError, ModelSourceError, RecipeError
     from exporters.report.aggregate import aggregate
 
-    expected: list[Any] | None = list(settings.targets) or None
-    if expected is None:
-        try:
-            recipe, file, _ = load_recipe(settings)
-            expected = [{"name": t.name, "export_format": t.export_format, "mode": t.mode, "device": t.device}
-                        for t in recipe.exports]
-        except Exception as err:  # the parts are still merged; a missing leg just cannot be detected
-            warning(f"could not read the recipe to check that every target has a part ({err}); pass the plan's "
-                    "targets output as the 'targets' input", title="Recipe not read")
+    # The plan the legs ran: the recipe's targets (or the `targets` input's, all of them recipe names), the commit
+    # `revision` resolves to and the recipe's hash. A part that does not match it is not merged: a leg's report is
+    # data from another machine.
+    try:
+        recipe, _, revision = load_recipe(settings)
+        targets = recipe.select(settings.targets)
+    except RecipeError as err:
+        return _recipe_failure(settings, err)
+    except ModelSourceError as err:
+        return fail(settings, "Cannot read the recipe the legs ran", [(None, None, worded(err))])
+    expected = [{"name": t.name, "export_format": t.export_format, "mode": t.mode, "device": settings.device or t.device}
+                for t in targets]
     parts = relative(settings, settings.parts_dir) or str(settings.parts_dir)
     try:
         with group(f"Merging the report parts in {parts}"), untrusted():
-            report = aggregate(settings.parts_dir, settings.output_dir, expected=expected)
+            report = aggregate(settings.parts_dir, settings.output_dir, expected=expected, revision=revision,
+                               recipe_sha256=recipe.sha256())
             for part in report.get("aggregated_from", []):
                 emit(f"{part['part']}: {', '.join(part['targets']) or 'no targets'}")
     except AggregateError as err:

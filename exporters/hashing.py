@@ -35,29 +35,25 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def file_entry(path: Path, name: str, known: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """`{path, size, sha256, mtime_ns}` of a file; the hash is reused from `known` when size and mtime match (the
-    way make and git decide a file is unchanged), so a rerun does not re-read gigabytes."""
+def file_entry(path: Path, name: str) -> dict[str, Any]:
+    """`{path, size, sha256, mtime_ns}` of a file, its bytes hashed every time: a size and an mtime prove nothing
+    (both can be put back after the bytes changed), and a hash read from an earlier report is only what that
+    report claims. `mtime_ns` is recorded for people, never trusted."""
     stat = path.stat()
-    previous = (known or {}).get(name)
-    if previous and previous.get("size") == stat.st_size and previous.get("mtime_ns") == stat.st_mtime_ns:
-        digest = previous["sha256"]
-    else:
-        digest = sha256_file(path)
-    return {"path": name, "size": stat.st_size, "sha256": digest, "mtime_ns": stat.st_mtime_ns}
+    return {"path": name, "size": stat.st_size, "sha256": sha256_file(path), "mtime_ns": stat.st_mtime_ns}
 
 
-def file_entries(directory: Path, base: Path, known: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def file_entries(directory: Path, base: Path) -> list[dict[str, Any]]:
     """Every regular file under `directory` (links are not followed): path relative to `base`, size, sha256."""
     paths = sorted(p for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
-    return [file_entry(path, path.relative_to(base).as_posix(), known) for path in paths]
+    return [file_entry(path, path.relative_to(base).as_posix()) for path in paths]
 
 
-def weights_fingerprint(folder: Path, known: list[dict[str, Any]] | None = None) -> tuple[str, list[dict[str, Any]]]:
+def weights_fingerprint(folder: Path) -> tuple[str, list[dict[str, Any]]]:
     """A hash of the model's weights, configs, tokenizer and code files (an export's inputs besides the recipe and
-    the tools), and the per-file entries it came from."""
-    by_name = {entry["path"]: entry for entry in known or []}
-    entries = [file_entry(path, path.name, by_name) for path in sorted(folder.iterdir())
+    the tools), and the per-file entries it came from; every file is hashed again on every run, so the cache key
+    never rests on an earlier report's record of them."""
+    entries = [file_entry(path, path.name) for path in sorted(folder.iterdir())
                if path.is_file() and is_weight_file(path.name)]
     digest = hashlib.sha256()
     for entry in entries:

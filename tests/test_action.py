@@ -458,13 +458,13 @@ def obeyed_commands(stdout: str) -> list[str]:
     return obeyed
 
 
-def test_a_workflow_command_inside_an_upstream_log_is_shown_not_obeyed(matrix_scenario, tmp_path):
+def test_a_workflow_command_inside_an_upstream_log_is_shown_not_obeyed(matrix_scenario, hub_server, tmp_path):
     workspace = tmp_path / "ws"
     shutil.copytree(matrix_scenario["workspace"] / "export-parts", workspace / "export-parts")
     log = workspace / "export-parts" / "export-a" / "logs" / "a.log"
     log.write_text(log.read_text() + "\n::error::pwned\n::add-mask::pwned\n::set-output name=status::pwned\n")
     run = run_action(workspace, {**run_inputs(matrix_scenario["repo_id"]), "mode": "aggregate", "open-pr": "false",
-                                 "comment": "false", "targets": '["a", "b"]'}, github=None, hub_url=None)
+                                 "comment": "false", "targets": '["a", "b"]'}, github=None, hub_url=hub_server.url)
     assert run.returncode == 0, run.log[-4000:]
     assert "\n::error::pwned\n" in run.stdout  # the log is shown as it is...
     obeyed = obeyed_commands(run.stdout)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -140,3 +141,201 @@ def test_aggregate_refuses_links_in_parts_and_names_that_are_not_target_names(ex
     (part / "report.json").write_text(json.dumps(data))
     with pytest.raises(AggregateError, match="escape"):
         aggregate(parts, exported["root"] / "merged2")
+
+
+# ── The signed cache (#27 §1-3, §18): reused only when the bytes and the whole record are what this tool signed ──
+
+
+def _report(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+def _flip_bytes(path: Path) -> bytes:
+    """Change bytes in the middle of `path`, same size; return the tampered content."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 16] = bytes(b ^ 0xFF for b in data[middle:middle + 16])
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def _graph(out: Path) -> Path:
+    [graph] = [out / f["path"] for f in _report(out)["targets"][0]["files"] if f["path"].endswith(".onnx")]
+    return graph
+
+
+def _assert_exported_again(out: Path, result, tampered: bytes | None = None) -> dict:
+    assert result.returncode == 0, result.stderr[-3000:]
+    target = _report(out)["targets"][0]
+    assert target["status"] == "passed" and target["cached"] is False, "a tampered target was reused"
+    for entry in target["files"]:  # what the report vouches for is what is on disk now
+        assert hashlib.sha256((out / entry["path"]).read_bytes()).hexdigest() == entry["sha256"]
+    if tampered is not None:
+        assert _graph(out).read_bytes() != tampered
+    return target
+
+
+def test_a_tampered_artifact_with_its_mtime_put_back_is_exported_again(exported: dict[str, Path]) -> None:
+    out = copy_out(exported, "out-mtime-restored")
+    graph = _graph(out)
+    before = graph.stat()
+    tampered = _flip_bytes(graph)
+    os.utime(graph, ns=(before.st_atime_ns, before.st_mtime_ns))  # same size, same mtime: only the bytes differ
+    rerun = cli(exported, "run", "--no-bench", str(exported["model"]), "--out", str(out), "--quiet")
+    _assert_exported_again(out, rerun, tampered)
+
+
+def test_an_edited_mtime_in_the_report_does_not_vouch_for_changed_bytes(exported: dict[str, Path]) -> None:
+    out = copy_out(exported, "out-mtime-edited")
+    graph = _graph(out)
+    tampered = _flip_bytes(graph)
+    report = _report(out)
+    for entry in report["targets"][0]["files"]:  # the report made to agree with the tampered file's stat
+        entry["mtime_ns"] = (out / entry["path"]).stat().st_mtime_ns
+    (out / "report.json").write_text(json.dumps(report))
+    rerun = cli(exported, "run", "--no-bench", str(exported["model"]), "--out", str(out), "--quiet")
+    _assert_exported_again(out, rerun, tampered)
+
+
+def test_the_publish_plan_checks_the_bytes_not_the_size(exported: dict[str, Path]) -> None:
+    from exporters.errors import PublishError
+    from exporters.publish import plan_publish
+
+    out = copy_out(exported, "out-plan-content")
+    assert plan_publish("alice/model", out).published == ["onnx"]  # the untouched folder plans fine
+    graph = _graph(out)
+    before = graph.stat()
+    _flip_bytes(graph)
+    os.utime(graph, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(PublishError, match=r"changed since it was validated \(its size or sha256"):
+        plan_publish("alice/model", out)
+
+
+def test_unsigned_report_fields_never_reach_the_pr(exported: dict[str, Path], hf_env) -> None:
+    hub = hf_env
+    hub.create_model_repo("alice/injected", {"README.md": b"# model\n"})
+    out = copy_out(exported, "out-injected")
+    report = _report(out)
+    target = report["targets"][0]
+    target["findings"].append("approved by the security team, merge now")
+    target["components"][0]["name"] = "approved-by-security"
+    (out / "report.json").write_text(json.dumps(report))
+    rerun = cli(exported, "run", "--no-bench", str(exported["model"]), "--out", str(out), "--quiet", "--dry-run",
+                "--repo-id", "alice/injected", HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1",
+                HF_HOME=str(out.parent / "hf-home-injected"))
+    _assert_exported_again(out, rerun)
+    assert "would open a new pull request" in rerun.stderr + rerun.stdout  # the dry run printed the PR text
+    for text in (rerun.stdout, (out / "report.md").read_text(), (out / "report.json").read_text()):
+        assert "approved by the security team" not in text and "approved-by-security" not in text
+
+
+def test_changed_weights_never_keep_the_old_cache_key(exported: dict[str, Path]) -> None:
+    new_model = tiny_bert(exported["root"] / "model-new-weights", RECIPE, seed=1)
+    old = {p.name: p.stat().st_size for p in exported["model"].iterdir()}
+    assert {p.name: p.stat().st_size for p in new_model.iterdir()} == old  # same files, same sizes, new bytes
+    out = copy_out(exported, "out-new-weights")
+    report = _report(out)
+    old_weights = report["source"]["weights_sha256"]
+    for entry in report["source"]["weights_files"]:  # the record made to agree with the new files' stat
+        entry["mtime_ns"] = (new_model / entry["path"]).stat().st_mtime_ns
+    (out / "report.json").write_text(json.dumps(report))
+    rerun = cli(exported, "run", "--no-bench", str(new_model), "--out", str(out), "--quiet")
+    _assert_exported_again(out, rerun)
+    source = _report(out)["source"]
+    assert source["weights_sha256"] != old_weights
+    assert {f["path"]: f["sha256"] for f in source["weights_files"]} == {
+        f["path"]: hashlib.sha256((new_model / f["path"]).read_bytes()).hexdigest() for f in source["weights_files"]}
+
+
+def _forged_with(exported: dict[str, Path], key_dir: Path, name: str) -> tuple[Path, bytes]:
+    """An output folder whose graph is junk, its report made to agree and signed with the key in `key_dir`."""
+    from exporters.run.reuse import Signer
+
+    out = copy_out(exported, name)
+    junk = _forge(out)
+    report = _report(out)
+    target = report["targets"][0]
+    target["files"] = [{**f, "mtime_ns": (out / f["path"]).stat().st_mtime_ns} for f in target["files"]]
+    target["signature"] = Signer(key_dir).sign(target)
+    (out / "report.json").write_text(json.dumps(report))
+    return out, junk
+
+
+@pytest.mark.parametrize("planted", ["link", "readable-by-others"])
+def test_a_signing_key_others_could_read_or_plant_is_never_used(exported: dict[str, Path], planted: str) -> None:
+    attacker = exported["root"] / f"attacker-{planted}"
+    attacker.mkdir()
+    (attacker / "report-signing.key").write_text("ab" * 32)
+    (attacker / "report-signing.key").chmod(0o600)
+    out, junk = _forged_with(exported, attacker, f"out-key-{planted}")
+    state = exported["root"] / f"state-{planted}"
+    state.mkdir()
+    key = state / "report-signing.key"
+    if planted == "link":
+        key.symlink_to(attacker / "report-signing.key")
+    else:
+        key.write_text("ab" * 32)
+        key.chmod(0o644)
+    rerun = run_cli("run", "--no-bench", str(exported["model"]), "--out", str(out), "--quiet",
+                    env={"EXPORT_ACTION_STATE_DIR": str(state)})
+    _assert_exported_again(out, rerun, junk)
+    assert not key.is_symlink() and key.stat().st_mode & 0o777 == 0o600 and key.read_text() != "ab" * 32
+    assert (attacker / "report-signing.key").read_text() == "ab" * 32  # replaced, not written through the link
+
+
+# ── Matrix legs (#27 §4): a leg's report is data from another machine ──────────
+
+
+def _leg(exported: dict[str, Path], parts: Path, label: str, revision: str, repo_id: str, rename: str | None = None,
+         **target_fields) -> dict:
+    """A downloaded leg's folder `parts/label`: the module's onnx export as a leg of `repo_id` at `revision` would
+    have written it, its target renamed and its fields replaced as given."""
+    part = parts / label
+    shutil.copytree(exported["out"], part)
+    report = _report(part)
+    report["source"].update(model=repo_id, revision=revision, is_hub=True)
+    target = report["targets"][0]
+    if rename:
+        (part / "onnx").rename(part / rename)
+        (part / "logs" / "onnx.log").rename(part / "logs" / f"{rename}.log")
+        target["name"] = rename
+        target["files"] = [{**f, "path": rename + f["path"].removeprefix("onnx")} for f in target["files"]]
+    target.update(target_fields)
+    (part / "report.json").write_text(json.dumps(report))
+    return report
+
+
+def test_aggregate_merges_only_planned_legs_whose_checks_back_their_verdict(exported: dict[str, Path], hub) -> None:
+    from tests.test_action import run_action, run_inputs
+
+    repo_id = "alice/matrix-legs"
+    head = hub.create_model_repo(repo_id, {p.name: p.read_bytes() for p in exported["model"].iterdir()},
+                                 author="alice")
+
+    def aggregate(name: str, legs: list[dict]) -> tuple:
+        workspace = exported["root"] / f"aggregate-{name}"
+        for leg in legs:
+            _leg(exported, workspace / "export-parts", revision=leg.pop("revision", head), repo_id=repo_id, **leg)
+        run = run_action(workspace, {**run_inputs(repo_id), "mode": "aggregate", "dry-run": "true", "comment": "false",
+                                     "targets": '["onnx"]'}, github=None, hub_url=hub.url)
+        return run, workspace / "export-out"
+
+    genuine, out = aggregate("genuine", [{"label": "export-onnx"}])  # the control: an honest leg is merged
+    assert genuine.returncode == 0, genuine.log[-4000:]
+    assert genuine.outputs["status"] == "passed" and "would open a new pull request" in genuine.summary
+
+    evil, out = aggregate("evil", [{"label": "export-onnx"},
+                                   {"label": "export-evil", "rename": "evil", "components": []}])
+    assert evil.returncode != 0 and evil.outputs["status"] == "error", evil.log[-4000:]
+    assert "Cannot merge the report parts" in evil.stdout and "['evil'], which the plan does not list" in evil.stdout
+    assert not (out / "evil").exists() and not (out / "report.json").exists()
+
+    moved, out = aggregate("other-commit", [{"label": "export-onnx", "revision": "0" * 40}])
+    assert moved.returncode != 0 and f"revision '{'0' * 40}', the plan's is '{head}'" in moved.stdout, moved.log[-4000:]
+    assert not (out / "report.json").exists()
+
+    unbacked, out = aggregate("no-checks", [{"label": "export-onnx", "components": []}])
+    report = _report(out)
+    assert unbacked.outputs["status"] == "failed" and "would open a new pull request" not in unbacked.summary
+    assert report["targets"][0]["status"] == "failed"
+    assert report["targets"][0]["error"]["type"] == "UnbackedVerdict"

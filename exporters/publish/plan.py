@@ -24,6 +24,7 @@ from typing import Any
 
 from exporters.errors import PublishError
 from exporters.files import RECIPE_SOURCES
+from exporters.hashing import sha256_file
 from exporters.status import PASSED, UNVERIFIED, overall_status
 
 EXPORTS_DIR = "exports"
@@ -143,9 +144,11 @@ def _target_files(report: dict[str, Any], out_dir: Path, name: str) -> list[Plan
             raise PublishError(f"report.json lists {entry['path']!r} for target {name!r}: run the export again",
                                retryable=False)
         local = out_dir / Path(*relative.parts)
-        if local.is_symlink() or not local.is_file() or local.stat().st_size != entry["size"]:
-            raise PublishError(f"{local} is missing or changed since it was validated: run the export again "
-                               "before publishing", retryable=False)
+        # The bytes, not the size: a file changed after validation (same size, mtime put back) is not published.
+        if (local.is_symlink() or not local.is_file() or local.stat().st_size != entry.get("size")
+                or not isinstance(entry.get("sha256"), str) or sha256_file(local) != entry["sha256"]):
+            raise PublishError(f"{local} is missing or changed since it was validated (its size or sha256 differs "
+                               "from report.json): run the export again before publishing", retryable=False)
         files.append(PlannedFile(f"{EXPORTS_DIR}/{relative}", entry["size"], local, entry.get("sha256"),
                                  target=name))
     if not files:

@@ -1,8 +1,10 @@
 """Merge the report parts of a split run (one matrix leg per target) into one output folder and one report.
 
 A part is what one run wrote to its output folder: `report.json`, `report.md`, `<target>/` and `logs/<target>.log`.
-The parts of one export must come from the same model commit, weights and recipe; artifacts are checked against the
-sizes and sha256 their part recorded (an interrupted artifact upload or download shows up as a failed target).
+A part is data from another machine, not evidence: the parts of one export must come from the plan's model commit
+and recipe (and agree on the weights), name only the plan's targets, and a target's verdict counts only as far as
+the checks it records back it (derived again here by validation's own rules); artifacts are checked against the
+files, sizes and sha256 their part recorded (an interrupted artifact upload or download shows up as a failed target).
 Targets the recipe lists but no part reports (a leg that died before writing its report) are reported as failed,
 so a partial set of exports is never published as complete.
 
@@ -29,7 +31,11 @@ from exporters.errors import AggregateError
 from exporters.hashing import sha256_file
 from exporters.recipe.model import TARGET_NAME_PATTERN
 from exporters.report.build import write_report
-from exporters.status import FAILED, PASSED, overall_status
+from exporters.report.results import Check, ComponentReport, GenerationReport, OutputDiff, ValidationResult
+from exporters.status import FAILED, PASSED, UNVERIFIED, overall_status
+
+_RANK = {FAILED: 0, UNVERIFIED: 1, PASSED: 2}
+_UNCHECKED = object()  # merge_reports' revision / recipe_sha256 when the caller has no plan to check against
 
 
 def find_parts(parts_dir: Path) -> list[Path]:
@@ -80,17 +86,43 @@ def _missing_target(name: str, info: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def _check_plan(parts: list[dict[str, Any]], names: list[str], expected: list[str | dict[str, Any]] | None,
+                revision: Any, recipe_sha256: Any) -> None:
+    """Refuse parts the plan does not account for: another commit or recipe, or a target it does not list."""
+    plan = {"revision": revision, "recipe_sha256": recipe_sha256}
+    for label, part in zip(names, parts):
+        identity = _identity(part)
+        for key, value in plan.items():
+            if value is not _UNCHECKED and identity[key] != value:
+                raise AggregateError(
+                    f"the report part {label} has {key} {identity[key]!r}, the plan's is {value!r}: every leg must "
+                    "export the planned commit with the planned recipe (pass list-targets' 'revision' output to "
+                    "every leg); a part from another run is not merged")
+        if expected is not None:
+            order = [e if isinstance(e, str) else e["name"] for e in expected]
+            stray = [t["name"] for t in part["targets"] if t["name"] not in order]
+            if stray:
+                raise AggregateError(f"the report part {label} has target(s) {stray}, which the plan does not list "
+                                     f"({order}): only the recipe's planned targets are merged")
+
+
 def merge_reports(parts: list[dict[str, Any]], *, expected: list[str | dict[str, Any]] | None = None,
-                  names: list[str] | None = None) -> dict[str, Any]:
+                  names: list[str] | None = None, revision: Any = _UNCHECKED,
+                  recipe_sha256: Any = _UNCHECKED) -> dict[str, Any]:
     """One report from the reports of a split run.
 
-    `expected` lists the recipe's targets (names, or dicts with `name`, `export_format`, `mode`, `device`) in recipe
-    order: targets no part has are added as failed, and the merged targets follow that order. `names` labels the
-    parts (e.g. the legs' artifact names) in `aggregated_from`.
+    `expected` lists the plan's targets (names, or dicts with `name`, `export_format`, `mode`, `device`) in recipe
+    order: targets no part has are added as failed, a part with any other target is refused, and the merged targets
+    follow that order. `revision` and `recipe_sha256`, when given, are the plan's: a part that exported another
+    commit (None: a local folder) or another recipe is refused. `names` labels the parts (e.g. the legs' artifact
+    names) in `aggregated_from`.
     """
     if not parts:
         raise AggregateError("nothing to merge: no report parts")
+    names = names or [f"part-{i}" for i in range(len(parts))]
+    _check_plan(parts, names, expected, revision, recipe_sha256)
     identities = [_identity(p) for p in parts]
+    order = [e if isinstance(e, str) else e["name"] for e in (expected or [])]
     for key in ("model", "revision", "weights_sha256", "recipe_sha256"):
         values = {str(i[key]) for i in identities}
         if len(values) > 1:
@@ -98,7 +130,6 @@ def merge_reports(parts: list[dict[str, Any]], *, expected: list[str | dict[str,
                 f"the report parts disagree on {key}: {sorted(values)}; every leg must export the same model commit "
                 "with the same recipe (pin the revision: pass list-targets' 'revision' output to every leg)"
             )
-    names = names or [f"part-{i}" for i in range(len(parts))]
     merged = copy.deepcopy(parts[0])
     targets: dict[str, dict[str, Any]] = {}
     for label, part in zip(names, parts):
@@ -107,7 +138,6 @@ def merge_reports(parts: list[dict[str, Any]], *, expected: list[str | dict[str,
                 raise AggregateError(f"target '{target['name']}' is in two report parts (also in {label}): run each "
                                      "target in one leg only")
             targets[target["name"]] = copy.deepcopy(target)
-    order = [e if isinstance(e, str) else e["name"] for e in (expected or [])]
     info = {e["name"]: e for e in (expected or []) if isinstance(e, dict)}
     for name in order:
         if name not in targets:
@@ -159,35 +189,90 @@ def _copy_target(part: Path, target: dict[str, Any], out_dir: Path) -> None:
         fsutil.real_dir(out_dir / "logs")
         fsutil.remove(out_dir / "logs" / log.name)
         shutil.copyfile(log, out_dir / "logs" / log.name)
-    if target.get("status") != PASSED:
+    if target.get("status") not in (PASSED, UNVERIFIED):
+        return
+    claimed, shown = target["status"], _verdict_shown(target)
+    if _RANK[shown] < _RANK[claimed]:
+        target["status"] = FAILED
+        target["error"] = {"type": "UnbackedVerdict",
+                           "message": f"the part says {name!r} is {claimed}, but the checks it records show {shown} "
+                                      "(a check that did not run, failed or is missing): a leg's verdict counts only "
+                                      "as far as the checks that ran back it; export the target again"}
         return
     problems = []
+    listed = {entry.get("path") for entry in target.get("files") or [] if isinstance(entry, dict)}
+    on_disk = {p.relative_to(out_dir).as_posix() for p in destination.rglob("*") if p.is_file()} \
+        if destination.is_dir() else set()
     for entry in target.get("files") or []:
-        path = out_dir / entry["path"]
-        if not path.is_file():
-            problems.append(f"{entry['path']} is missing")
-        elif path.stat().st_size != entry["size"] or sha256_file(path) != entry["sha256"]:
-            problems.append(f"{entry['path']} differs from what the export wrote (size or sha256)")
-    if not target.get("files") and not source.is_dir():
-        problems.append(f"{name}/ is missing")
+        relative = str(entry.get("path")) if isinstance(entry, dict) else ""
+        path = out_dir / relative
+        if not relative.startswith(f"{name}/") or ".." in Path(relative).parts:
+            problems.append(f"{relative!r} is not a file of {name}/")
+        elif not path.is_file():
+            problems.append(f"{relative} is missing")
+        elif path.stat().st_size != entry.get("size") or sha256_file(path) != entry.get("sha256"):
+            problems.append(f"{relative} differs from what the export wrote (size or sha256)")
+    problems += [f"{extra} is not listed in the part's report" for extra in sorted(on_disk - listed)]
+    if not target.get("files"):
+        problems.append(f"the part lists no files for {name}/")
     if problems:
         target["status"] = FAILED
         target["error"] = {"type": "ArtifactMismatch",
-                           "message": "the artifacts did not survive the transfer between jobs: "
-                                      + "; ".join(problems[:5]) + (" …" if len(problems) > 5 else "")}
+                           "message": "the artifacts are not the ones the leg's report lists (did they survive the "
+                                      "transfer between jobs?): " + "; ".join(problems[:5])
+                                      + (" …" if len(problems) > 5 else "")}
 
 
-def aggregate(parts_dir: Path, out_dir: Path, *, expected: list[str | dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Merge every part under `parts_dir` into `out_dir` (artifacts, logs, report.json, report.md); return the report."""
+def _fields(cls: type, data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise TypeError(f"expected an object, got {type(data).__name__}")
+    return {key: value for key, value in data.items() if key in cls.__dataclass_fields__}
+
+
+def _verdict_shown(target: dict[str, Any]) -> str:
+    """The verdict a target's recorded checks back, derived again by the rules validation uses (components, each
+    check's outputs, generation parity for generation targets, the quality budget): `failed` for a record that
+    cannot be read back. A leg's report is data from another machine; its `status` is only its claim."""
+    try:
+        components = [
+            ComponentReport(str(c["name"]), [
+                Check(**{**_fields(Check, check), "outputs": [OutputDiff(**_fields(OutputDiff, o))
+                                                              for o in check.get("outputs") or []]})
+                for check in c.get("checks") or []])
+            for c in target.get("components") or []]
+        generation = target.get("generation")
+        validation = ValidationResult(
+            components, GenerationReport(**_fields(GenerationReport, generation)) if generation else None, [], [],
+            generation_expected=target.get("mode") == "generation", quality=target.get("quality"))
+        verdict = validation.verdict
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return FAILED
+    if target.get("error"):
+        return FAILED
+    missing = set(target.get("expected_components") or []) - {c.name for c in components}
+    return UNVERIFIED if missing and verdict == PASSED else verdict
+
+
+def aggregate(parts_dir: Path, out_dir: Path, *, expected: list[str | dict[str, Any]] | None = None,
+              revision: Any = _UNCHECKED, recipe_sha256: Any = _UNCHECKED) -> dict[str, Any]:
+    """Merge every part under `parts_dir` into `out_dir` (artifacts, logs, report.json, report.md); return the report.
+
+    With the plan (`expected` targets, the `revision` every leg exported, the recipe's `recipe_sha256`), a part
+    the plan does not account for is refused before anything is copied. Each passed or unverified target counts only
+    as far as the checks its part records back it, and only with exactly the files its part lists, each of the
+    recorded size and sha256; otherwise it is merged as failed.
+    """
     folders = find_parts(Path(parts_dir))
     out_dir = Path(out_dir)
     if any(out_dir.resolve() == f.resolve() for f in folders):
         raise AggregateError(f"the output folder {out_dir} is one of the parts: aggregate into another folder")
     parts = [_read_part(f) for f in folders]
+    _check_plan(parts, [f.name for f in folders], expected, revision, recipe_sha256)
     out_dir.mkdir(parents=True, exist_ok=True)
     for folder, part in zip(folders, parts):
         for target in part["targets"]:
             _copy_target(folder, target, out_dir)
-    report = merge_reports(parts, expected=expected, names=[f.name for f in folders])
+    report = merge_reports(parts, expected=expected, names=[f.name for f in folders], revision=revision,
+                           recipe_sha256=recipe_sha256)
     write_report(report, out_dir)
     return report

@@ -149,13 +149,12 @@ def load_run_recipe(folder: Path, config_path: Path | None) -> tuple[Recipe, Pat
     return found
 
 
-def prepare_run(model: str, options: RunOptions, known_weights: list[dict[str, Any]] | None = None) -> RunContext:
+def prepare_run(model: str, options: RunOptions) -> RunContext:
     """The opening every run shares: source, recipe, remote-code check, target selection, versions, fingerprint.
 
     Args:
         model: a local model folder or a Hub repo id.
         options: the run's options (`targets`, `config_path`, `revision`, `token`, `trust_remote_code`...).
-        known_weights: the weights' file entries of an earlier report, so unchanged files are not hashed again.
 
     Raises:
         RecipeError: no recipe, an invalid one, or a `target` that is not in it.
@@ -178,6 +177,6 @@ def prepare_run(model: str, options: RunOptions, known_weights: list[dict[str, A
     check_remote_code(source, config, options.trust_remote_code)
     check_cache_len(recipe, positions_in(config))  # before anything is loaded or allocated
     targets = recipe.select(options.targets)
-    weights, weights_files = weights_fingerprint(source.folder, known_weights)
+    weights, weights_files = weights_fingerprint(source.folder)
     return RunContext(model_arg=model, out_dir=Path(options.out_dir), source=source, recipe=recipe, recipe_file=Path(recipe_file), targets=targets,
                       warnings=list(warnings), versions=tool_versions(), weights=weights, weights_files=weights_files)
