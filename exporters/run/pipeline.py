@@ -26,9 +26,8 @@ from typing import Any
 
 from exporters import fsutil
 from exporters.errors import DeviceError, error_record
-from exporters.export import convert as engine
-from exporters.export import quantize
-from exporters.export.convert import release_weights
+from exporters.export.convert import export_to, release_weights
+from exporters.export.quantize import Quantizing
 from exporters.export.footprint import record_footprint
 from exporters.export.onnx_files import strip_weights
 from exporters.hashing import file_entries
@@ -259,8 +258,8 @@ def _export_work(model: Any, target: Target, components: Any, recipe: Recipe, st
         components = {name: (module.to(device=device, dtype=dtype), move_to(inputs, device, dtype))
                       for name, (module, inputs) in components.items()}
     notes: list[str] = []
-    quantizing = quantize.Quantizing(model, target, recipe, calibration, notes)
-    outcome = engine.export_to(model, target, components, recipe, staging, notes, quantizing.quantizer_for())
+    quantizing = Quantizing(model, target, recipe, calibration, notes)
+    outcome = export_to(model, target, components, recipe, staging, notes, quantizing.quantizer_for())
     return {"notes": notes, **outcome, "quantization": quantizing.record_into(staging)}
 
 
