@@ -126,7 +126,6 @@ def _is_cache_key(key: str) -> bool:
 
 
 def _axis_dynamic(value: Any, rank: int, axis: int, key: str) -> bool:
-
     try:
         return axis_specs(value, rank, key).get(axis % rank, "static") != "static"
     except ShapeSpecError:

@@ -163,7 +163,6 @@ def contiguous_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _complete_vision_language(model, components: Components, generate_inputs: dict[str, Any]) -> Components:
-
     found = multimodal_submodules(model)
     if not found:
         raise UnsupportedModelError(

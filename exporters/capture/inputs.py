@@ -211,5 +211,4 @@ def _synthesized(model, spec: InputsSpec, family: str, tokenizer, generator: tor
 
 
 def _tower_modalities(model) -> list[str]:
-
     return list(towers(model))

@@ -73,7 +73,6 @@ def resize_along(tensor: torch.Tensor, axis: int, size: int, generator: torch.Ge
         steps = torch.arange(1, size - current + 1).reshape([-1 if d == axis else 1 for d in range(tensor.dim())])
         extra = (last + steps).to(tensor.dtype)
     elif not tensor.is_floating_point():
-
         extra = random_token_ids(config, tuple(extra_shape), generator).to(tensor.dtype)
     else:
         scale = float(tensor.float().std()) if tensor.numel() > 1 else 1.0

@@ -177,7 +177,6 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
         if len(entries) > 1 and target.external_data:
             onnx_files.share_external_data(directory)
         if target.layout == "transformers.js":
-
             write_transformers_js(directory, target, model)
     timings["save_s"] += time.time() - started
     return {"components": list(components), **{k: round(v, 3) for k, v in timings.items()}}
@@ -242,7 +241,6 @@ def save_exported(exported, target, directory: Path) -> None:
     """Write the export with upstream `save_pretrained`, then apply the seed's ONNX file options."""
     exported.save_pretrained(directory)
     if target.export_format == "onnx":
-
         apply_onnx_file_options(target, directory)
 
 

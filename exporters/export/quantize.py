@@ -178,7 +178,6 @@ class Quantizing:
             return None
         per_component: dict[str, list[dict]] = {}
         if spec.needs_calibration and self.target.mode == "generation":
-
             per_component = capture_calibration_inputs(
                 self.model, [s.generate for s in self.calibration], generation_config_for(self.model, self.recipe),
                 self.target.multi_token_decode)

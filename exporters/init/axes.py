@@ -82,7 +82,6 @@ class AxisPlan:
 
 
 def _leaf_shapes(components) -> dict[str, dict[str, list[int]]]:
-
     return {name: shapes_of(inputs) for name, (_, inputs) in components.items()}
 
 

@@ -76,7 +76,7 @@ def check_shape_spec(spec: dict[str, Any] | None, at: tuple) -> None:
         >>> check_shape_spec({"input_ids": {"1": seq}, "attention_mask": {"1": DimSpec(name="seq", max=32)}}, ())
         Traceback (most recent call last):
         ...
-        exporters.recipe.dims.PathValueError: dimension 'seq' is declared again with min/max None/32, but input_ids axis 1 gave it None/64: one name is one dimension, so give it one range (or repeat just its name)
+        exporters.recipe._base.PathValueError: dimension 'seq' is declared again with min/max None/32, but input_ids axis 1 gave it None/64: one name is one dimension, so give it one range (or repeat just its name)
     """
     seen: dict[str, tuple[int | None, int | None, str]] = {}
     for key, entry in (spec or {}).items():

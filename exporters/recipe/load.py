@@ -243,7 +243,7 @@ def missing_recipe(where: str, *, option: str | None = None) -> RecipeError:
 
     Example:
         >>> str(missing_recipe("org/model"))
-        "no export recipe in org/model: add an export_config.json (see docs/recipe.md) or an 'export_config' field in config.json"
+        "$: no export recipe in org/model: add an export_config.json (see docs/recipe.md) or an 'export_config' field in config.json"
     """
     alternative = f", or give a recipe file with `{option}`" if option else ""
     return RecipeError(f"no export recipe in {where}: {where_a_recipe_goes()}{alternative}", option=option)

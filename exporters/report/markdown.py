@@ -220,8 +220,9 @@ def variants_table(report: dict[str, Any], names: list[str] | None = None) -> li
     if not targets:
         return []
     smallest, fastest = _marks(targets)
-    lines = ["| variant | format | size | latency / tokens per second | quality | verdict |",
-             "|---|---|---|---|---|---|"]
+    proven = any(t.get("runtimes") for t in targets)  # a "runs in" column once a target was run by its runtime
+    lines = ["| variant | format | size | latency / tokens per second | quality |" + (" runs in |" if proven else "")
+             + " verdict |", "|---|---|---|---|---|" + ("---|" if proven else "") + "---|"]
     for target in sorted(targets, key=lambda t: ORDER.get(t["status"], 0)):
         marks = (" 🪶 smallest" if target["name"] == smallest else "") + (
             " ⚡ fastest" if target["name"] in fastest else "")
@@ -231,7 +232,8 @@ def variants_table(report: dict[str, Any], names: list[str] | None = None) -> li
         size = _size(target)
         lines.append(f"| `{target['name']}`{marks} | {target['export_format']} · {target['mode']} · "
                      f"{_variant(target)} | {human_size(size) if size else '–'} | {speed_cell(target)} | "
-                     f"{quality_cell(target)} | {verdict} |")
+                     f"{quality_cell(target)} | " + (f"{runtime_cell(target.get('runtimes'))} | " if proven else "")
+                     + f"{verdict} |")
     lines.append("")
     decided = [t for t in targets if (t.get("quality") or {}).get("decided_by")]
     for target in decided:
@@ -242,7 +244,6 @@ def variants_table(report: dict[str, Any], names: list[str] | None = None) -> li
     lines += [""] if decided else []
     benched = [t for t in targets if t.get("bench") and not t["bench"].get("error")]
     if benched:
-
         machines = {t["name"]: machine_line(t["bench"].get("machine") or report.get("machine")) for t in benched}
         where = next(iter(machines.values())) if len(set(machines.values())) == 1 else "; ".join(
             f"`{name}` on {line}" for name, line in machines.items())
@@ -409,3 +410,19 @@ def close_fences(text: str) -> str:
         elif fence[0] == opened[0] and len(fence) >= len(opened) and not text[match.end():].split("\n", 1)[0].strip():
             opened = None
     return f"{text}\n{opened}" if opened else text
+
+
+RUNTIME_MARKS = {"passed": "✓", "failed": "✗", "unverified": "–"}
+
+
+def runtime_cell(proofs: list[dict[str, Any]] | None) -> str:
+    """The report's "runs in" cell: each deployment runtime with its mark and what it showed.
+
+    Example:
+        >>> runtime_cell([{"runtime": "ONNX Runtime GenAI", "status": "passed", "detail": "8/8 tokens"},
+        ...               {"runtime": "optimum", "status": "unverified", "detail": "not installed"}])
+        'ONNX Runtime GenAI ✓ 8/8 tokens · optimum – not installed'
+    """
+    if not proofs:
+        return "–"
+    return " · ".join(f"{p['runtime']} {RUNTIME_MARKS.get(p['status'], '?')} {cell(p.get('detail') or '', 120)}".rstrip() for p in proofs)

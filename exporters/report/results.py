@@ -134,6 +134,8 @@ class ValidationResult:
     quality: dict[str, Any] | None = None  # a quantized/half target's verdict (exporters.validate.quality.judge)
     # a float32 target's verdict line, computed by validation from the checks (exporters.validate.quality)
     tolerance: dict[str, Any] | None = None
+    # what each deployment runtime showed of the folder (exporters.validate.runtimes.RuntimeProof.to_dict)
+    runtimes: list[dict[str, Any]] = field(default_factory=list)
 
     def component_records(self) -> list[dict[str, Any]]:
         """The components as report.json records them (each check with its verdict)."""
@@ -150,6 +152,8 @@ class ValidationResult:
         if self.generation is not None and self.generation.status == FAILED:
             return FAILED
         if self.quality is not None and self.quality.get("passed") is False:
+            return FAILED
+        if any(proof["status"] == FAILED for proof in self.runtimes):  # the runtime it is for cannot run it
             return FAILED
         return UNVERIFIED if self.why_unverified() else PASSED
 
@@ -199,6 +203,7 @@ class TargetResult:
     parameter_bytes: int | None = None  # the model's parameters in the target's dtype
     quantization: dict[str, Any] | None = None  # what was quantized and how (as in export.json)
     quality: dict[str, Any] | None = None  # the metric that decided (exporters.validate.quality)
+    runtimes: list[dict[str, Any]] = field(default_factory=list)  # "runs in": exporters.validate.runtimes
     bench: dict[str, Any] | None = None  # size and speed (exporters.validate.benchmark)
 
     def to_dict(self) -> dict[str, Any]:
@@ -219,6 +224,7 @@ class TargetResult:
         self.unverified = validation.why_unverified() if self.status == UNVERIFIED else []
 
         self.quality = validation.quality or validation.tolerance
+        self.runtimes = list(validation.runtimes)
         if validation.errors:
             self.error = {"type": "ValidationError", "message": "; ".join(validation.errors)}
         elif self.status == FAILED:

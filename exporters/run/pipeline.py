@@ -27,9 +27,9 @@ from typing import Any
 from exporters import fsutil
 from exporters.errors import DeviceError, error_record
 from exporters.export.convert import export_to, release_weights
-from exporters.export.quantize import Quantizing
 from exporters.export.footprint import record_footprint
 from exporters.export.onnx_files import strip_weights
+from exporters.export.quantize import Quantizing
 from exporters.hashing import file_entries
 from exporters.recipe.model import Recipe, Target
 from exporters.report.build import build_report, write_report
@@ -94,7 +94,6 @@ def run_pipeline(model: str, options: RunOptions) -> dict[str, Any]:
 
 
 def _write(results: list[TargetResult], context: RunContext) -> dict[str, Any]:
-
     order = {t.name: i for i, t in enumerate(context.targets)}
     results.sort(key=lambda r: order[r.name])
     report = build_report(results, context)
@@ -265,18 +264,18 @@ def _export_work(model: Any, target: Target, components: Any, recipe: Recipe, st
 
 def _validate_into(result: TargetResult, target: Target, context: RunContext, workbench: Workbench, directory: Path,
                    trust_artifacts: bool, last: bool = False) -> None:
-
     started = time.time()
     recipe = context.recipe
     try:
         validation = validate_target(
             target=target, recipe=recipe, directory=directory, components=workbench.components(target, recipe),
-            model=workbench.model, family=workbench.sample.family, generate_inputs=workbench.sample.generate, eager=workbench.eager,
-            generation_config=workbench.generation_config(target, recipe),
+            model=workbench.model, family=workbench.sample.family, generate_inputs=workbench.sample.generate,
+            eager=workbench.eager, generation_config=workbench.generation_config(target, recipe),
             expected_components=result.expected_components, trust_artifacts=trust_artifacts, device=result.device,
             # vision-language parity runs the model's own forward around the graphs: its weights stay
-            release_model=(lambda: release_weights(workbench.model)) if last and workbench.sample.family != "vision-language"
-            else None,
+            release_model=(lambda: release_weights(workbench.model))
+            if last and workbench.sample.family != "vision-language" else None,
+            source_dir=context.source.folder,
         )
     except Exception as err:
         result.status = FAILED
@@ -289,7 +288,6 @@ def _validate_into(result: TargetResult, target: Target, context: RunContext, wo
 def _after_validation(result: TargetResult, target: Target, final: Path) -> None:
     """`export_params: false`: the weights are stripped once the artifact was validated with them."""
     if result.status == PASSED and target.export_format == "onnx" and not target.export_params:
-
         stripped = strip_weights(final, target.output_path)
         copy = f" and from {target.output_path}" if target.output_path else ""
         result.findings.append(

@@ -93,7 +93,6 @@ class Workbench:
         dynamic). `DecodeStepError` when its decode could not run a second step."""
 
         if target.name not in self.fitted:
-
             setting = self.cache_setting(target, recipe)
             target.merged = merged.wants_merged(target, self.sample.family, setting.implementation,
                                                  self.model.config)
@@ -116,7 +115,6 @@ class Workbench:
         return generation_config_for(self.model, self.cache_setting(target, recipe))
 
     def _cache_notes(self, target: Target, setting: Any) -> list[str]:
-
         if target.mode != "generation":
             return []
         findings = [setting.finding(target.name, max_positions(self.model.config)),
@@ -137,7 +135,6 @@ class Workbench:
         return self.decompositions[key]
 
     def _fit(self, target: Target, captured: Any, recipe: Recipe) -> tuple[Any, list[str]]:
-
         fitted, notes = {}, []
         for name, (module, inputs) in captured.items():
             spec = target.shape_spec(name)

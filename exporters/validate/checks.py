@@ -37,6 +37,7 @@ from exporters.validate.greedy import Tolerances
 from exporters.validate.native_log import native_messages
 from exporters.validate.parity import generation_parity, reference_for
 from exporters.validate.quality import judge, judge_generation, measure, tolerance_verdict
+from exporters.validate.runtimes import RuntimeContext, checks_for, prove_all, references_for
 from exporters.validate.sliding import COUNTER_FINDING, sliding_cache_leaves, trailing_window
 
 # Defaults per format at float32: torch programs run the same kernels as eager; ONNX Runtime and XNNPACK fuse and
@@ -272,7 +273,6 @@ def probe_component(report: ComponentReport, runner: Any, probes: list, referenc
                                 f"specialized or bounded at export — {describe_error(err)[:300]}")
             continue
         if measured is not None:
-
             check.quality = measure(reference, actual)
             check.passed, check.error = not check.quality["problems"], "; ".join(check.quality["problems"]) or None
             measured.append((report.name, probe_id, check.quality))
@@ -287,7 +287,7 @@ def probe_component(report: ComponentReport, runner: Any, probes: list, referenc
 def validate_target(
     *, target, recipe: Recipe, directory: Path, components, model, family: str, generate_inputs: dict[str, Any],
     eager: EagerCache, generation_config=None, expected_components: list[str] | None = None,
-    trust_artifacts: bool = True, device: str | None = None, release_model=None,
+    trust_artifacts: bool = True, device: str | None = None, release_model=None, source_dir: Path | None = None,
 ) -> ValidationResult:
     """Load the saved target from `directory` and run every check. `release_model`, when given, is called once the
     eager references are computed, before the artifact is loaded (the caller frees the eager weights there).
@@ -352,8 +352,9 @@ def validate_target(
         planned.append((name, fed, references))
     reference = None
     if target.mode == "generation":
-
         reference = reference_for(model, generate_inputs, generation_config, recipe.generation.max_new_tokens)
+    runtime_context = RuntimeContext(target, recipe, family, generate_inputs, generation_config, source_dir)
+    runtime_references = references_for(checks_for(target, directory), model, runtime_context)
     if release_model is not None:
         release_model()
 
@@ -373,7 +374,6 @@ def validate_target(
         return ValidationResult(reports, None, findings, errors, generation_expected)
     counted = counter_in_spec_components(exported)
     if counted:
-
         findings.append(COUNTER_FINDING.format(components=", ".join(counted)))
 
     for name, probes, references in planned:
@@ -392,7 +392,6 @@ def validate_target(
 
     generation = None
     if target.mode == "generation":
-
         merged = MERGED in components and family == "text"  # one graph gives every token's logits
         first = "lm_head" if family == "vision-language" else MERGED if merged else "prefill"
         tolerances = Tolerances(tolerance_for(recipe, target, first, target.dtype),
@@ -401,10 +400,12 @@ def validate_target(
                                        generation_config, family, tolerances, reference=reference)
     verdict = None
     if budget is not None:
-
         judge_generation(generation, budget)
         verdict = judge(kind, budget, measured or [], generation)
     result = ValidationResult(reports, generation, findings, errors, generation_expected, verdict)
+    if not result.errors and result.verdict != "failed":  # the runtimes are asked once our own checks hold
+        with native_messages():
+            result.runtimes = [p.to_dict() for p in prove_all(runtime_references, directory, runtime_context)]
     if verdict is None:  # a float32 target: judged by atol/rtol and greedy identity
         generation_record = dataclasses.asdict(generation) if generation is not None else None
         result.tolerance = tolerance_verdict(result.component_records(), generation_record, result.verdict)

@@ -135,7 +135,6 @@ def _decoder_only(model, components, runners, generate_inputs, greedy: Greedy, t
 
 
 def _merged_decoder(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
-
     template = components[MERGED][1]
     ids = generate_inputs["input_ids"]
     out = run_component(runners[MERGED], prompt_inputs(template, ids))

@@ -1,0 +1,109 @@
+"""Proven where it is deployed: each target folder is loaded, alone, by the runtime its layout is for (the ExecuTorch
+LLM runner, ONNX Runtime GenAI, ...), which runs it; the report's "runs in" column says what each one showed.
+
+```
+before the eager model is released          after the artifact passed our own checks
+check.reference(model, context) ──────────► check.prove(directory, reference, context) ──► RuntimeProof
+(eager tokens for the runtime's prompt)     (the runtime's own code, from the folder alone)
+```
+
+A runtime check is registered in `RUNTIME_CHECKS`; `checks_for` picks those whose layout the target has. A proof is
+`passed` (the runtime ran it and matched eager), `failed` (the runtime refused or ran it differently, with the
+runtime's own message: the target fails) or `unverified` (the runtime cannot run here, e.g. it is not installed or
+needs a GPU: said in the column, never called a pass).
+
+Example:
+    >>> RuntimeProof("ONNX Runtime GenAI", "passed", "8/8 tokens").to_dict()
+    {'runtime': 'ONNX Runtime GenAI', 'status': 'passed', 'detail': '8/8 tokens'}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from exporters.errors import describe_error
+from exporters.recipe.model import Recipe, Target
+
+ProofStatus = Literal["passed", "failed", "unverified"]
+
+
+@dataclass
+class RuntimeProof:
+    """What one deployment runtime showed for a target folder."""
+
+    runtime: str
+    status: ProofStatus
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class RuntimeContext:
+    """What a runtime check may read: the target, its recipe, the model's kind and the eager side's inputs."""
+
+    target: Target
+    recipe: Recipe
+    family: str
+    generate_inputs: dict[str, Any]
+    generation_config: Any = None
+    source_dir: Path | None = None  # the model folder (tokenizer and processor files), read as data only
+
+
+class RuntimeCheck(Protocol):
+    """A deployment runtime's proof of one layout."""
+
+    runtime: str
+
+    def applies(self, target: Target, directory: Path) -> bool:
+        """Whether the target's layout is one this runtime loads."""
+
+    def reference(self, model: Any, context: RuntimeContext) -> Any:
+        """The eager side (computed before the model is released)."""
+
+    def prove(self, directory: Path, reference: Any, context: RuntimeContext) -> RuntimeProof:
+        """Load `directory` alone in the runtime's own code, run it, compare with `reference`."""
+
+
+RUNTIME_CHECKS: list[RuntimeCheck] = []
+
+
+def register_runtime_check(check: RuntimeCheck) -> RuntimeCheck:
+    """Add a runtime check (each runtime's module registers its own)."""
+    RUNTIME_CHECKS.append(check)
+    return check
+
+
+def checks_for(target: Target, directory: Path) -> list[RuntimeCheck]:
+    """The registered checks that apply to the target's layout."""
+    return [check for check in RUNTIME_CHECKS if check.applies(target, directory)]
+
+
+def references_for(checks: list[RuntimeCheck], model: Any, context: RuntimeContext) -> list[tuple[RuntimeCheck, Any]]:
+    """Each check with its eager reference (an exception is kept as the reference: its proof then fails)."""
+    pairs = []
+    for check in checks:
+        try:
+            pairs.append((check, check.reference(model, context)))
+        except Exception as err:  # the eager side failed: the proof says so
+            pairs.append((check, err))
+    return pairs
+
+
+def prove_all(pairs: list[tuple[RuntimeCheck, Any]], directory: Path, context: RuntimeContext) -> list[RuntimeProof]:
+    """Every runtime's proof of `directory`; a runtime that raises fails with its own message."""
+    proofs = []
+    for check, reference in pairs:
+        if isinstance(reference, Exception):
+            proofs.append(RuntimeProof(check.runtime, "failed", f"eager reference: {describe_error(reference)}"))
+            continue
+        try:
+            proofs.append(check.prove(directory, reference, context))
+        except Exception as err:
+            proofs.append(RuntimeProof(check.runtime, "failed", describe_error(err)))
+    return proofs
+
