@@ -102,6 +102,14 @@ def _print_summary(report: dict, out_dir: Path) -> None:
     console.print(f"report: {out_dir / 'report.md'}  ({out_dir / 'report.json'})", markup=False)
 
 
+# Where the model comes from (the library's SourceOptions): the same four options on every command that loads one.
+REVISION_OPTION = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit).")
+TOKEN_OPTION = typer.Option(None, "--token", envvar="HF_TOKEN", show_envvar=True,
+                            help="Hub token; prefer HF_TOKEN or `huggingface-cli login` (argv is public).")
+ENDPOINT_OPTION = typer.Option(None, "--endpoint", envvar="HF_ENDPOINT", help="Hub endpoint URL.")
+REMOTE_CODE_OPTION = typer.Option(False, "--trust-remote-code", help="Allow code from the model repo.")
+
+
 @app.command()
 def run(
     model: str = typer.Argument(..., help="A local model folder or a Hub repo id (org/name)."),
@@ -109,11 +117,10 @@ def run(
     target: list[str] = typer.Option([], "--target", help="Only this target (repeatable)."),
     out_dir: Path = typer.Option(Path("out"), "--out", help="Output folder."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda or auto: overrides the recipe."),
-    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
-    token: Optional[str] = typer.Option(None, "--token", envvar="HF_TOKEN", show_envvar=True,
-                                        help="Hub token; prefer HF_TOKEN or `huggingface-cli login` (argv is public)."),
-    endpoint: Optional[str] = typer.Option(None, "--endpoint", envvar="HF_ENDPOINT", help="Hub endpoint URL."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow code from the model repo."),
+    revision: Optional[str] = REVISION_OPTION,
+    token: Optional[str] = TOKEN_OPTION,
+    endpoint: Optional[str] = ENDPOINT_OPTION,
+    trust_remote_code: bool = REMOTE_CODE_OPTION,
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per target (default: recipe or 3600)."),
     jobs: str = typer.Option("auto", "--jobs", help="Exports at once: a number, or auto (from cores and memory)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Export even when inputs are unchanged."),
@@ -290,10 +297,10 @@ def init(
     max_seconds: float = typer.Option(1800.0, "--max-seconds", min=1, help="Time budget for all the probing."),
     max_probe_elements: int = typer.Option(1_000_000, "--max-probe-elements", min=1,
                                            help="Largest probe input (elements): bounds are searched within it."),
-    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
-    token: Optional[str] = typer.Option(None, "--token", envvar="HF_TOKEN", show_envvar=True, help="Hub token."),
-    endpoint: Optional[str] = typer.Option(None, "--endpoint", envvar="HF_ENDPOINT", help="Hub endpoint URL."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow code from the model repo."),
+    revision: Optional[str] = REVISION_OPTION,
+    token: Optional[str] = TOKEN_OPTION,
+    endpoint: Optional[str] = ENDPOINT_OPTION,
+    trust_remote_code: bool = REMOTE_CODE_OPTION,
     work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="Keep each round's recipe, report and logs here."),
     push: bool = typer.Option(False, "--push", help="Open (or update) a Hub PR adding export_config.json."),
     repo_id: Optional[str] = typer.Option(None, "--repo-id", help="Hub repo for --push (default: MODEL)."),
@@ -374,10 +381,10 @@ def validate(
     out_dir: Path = typer.Argument(..., help="The folder holding <target>/ exports."),
     config: Optional[Path] = typer.Option(None, "--config", help="Recipe file (default: the model's own)."),
     target: list[str] = typer.Option([], "--target", help="Only this target (repeatable)."),
-    revision: Optional[str] = typer.Option(None, "--revision"),
-    token: Optional[str] = typer.Option(None, "--token", envvar="HF_TOKEN", show_envvar=True),
-    endpoint: Optional[str] = typer.Option(None, "--endpoint", envvar="HF_ENDPOINT"),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
+    revision: Optional[str] = REVISION_OPTION,
+    token: Optional[str] = TOKEN_OPTION,
+    endpoint: Optional[str] = ENDPOINT_OPTION,
+    trust_remote_code: bool = REMOTE_CODE_OPTION,
     print_report: bool = typer.Option(False, "--print-report"),
 ) -> None:
     """Re-run the validation checks on artifacts already saved, and rewrite the report."""

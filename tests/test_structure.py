@@ -7,6 +7,8 @@ import doctest
 import importlib
 import inspect
 import pkgutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,7 +114,10 @@ STAGE_RULES = {
 }
 # Third-party modules a library module may import inside a function, because loading them at start-up costs
 # seconds or native memory that most runs never use (the front doors may defer anything).
-DEFERRED_STACK = ("onnx", "onnxruntime", "onnxscript", "executorch", "torchao", "onnxruntime_genai")
+DEFERRED_STACK = ("onnx", "onnxruntime", "onnxscript", "executorch", "torchao", "onnxruntime_genai",
+                  # upstream modules that load ExecuTorch or torchao when imported
+                  "transformers.exporters.quantizers", "transformers.exporters.exporter_executorch",
+                  "transformers.exporters.runners.runner_executorch")
 
 
 def _module_name(path: Path) -> str:
@@ -243,3 +248,36 @@ def test_private_names_stay_in_their_package():
             crossing += [f"{path.relative_to(ROOT)}:{line} takes {imported}.{name}" for name in names
                          if name.startswith("_") and not name.startswith("__") and there != here]
     assert not crossing, "\n".join(crossing)
+
+
+def test_a_library_module_defers_only_the_heavy_runtimes_and_says_why():
+    """Inside a library function, only the runtimes most runs never load (DEFERRED_STACK) are imported, each with a
+    comment on its line or the line above saying why; everything else is imported at the top."""
+    offenders = []
+    for path in _library_files():
+        if _stage(_module_name(path)) == "":
+            continue
+        source = path.read_text()
+        lines = source.splitlines()
+        tree = ast.parse(source)
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                deferred = any(module == name or module.startswith(name + ".") for name in DEFERRED_STACK)
+                commented = "#" in lines[node.lineno - 1] or lines[node.lineno - 2].strip().startswith("#")
+                if not (deferred and commented):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {module}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_recipe_publish_and_report_stages_load_no_torch():
+    """`hf-export check`, the bot's intake and publishing never pay for the stack."""
+    code = ("import sys, exporters.recipe.load, exporters.publish, exporters.report.build, exporters.report.aggregate; "
+            "print(sorted(m for m in ('torch', 'transformers', 'onnx', 'executorch') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from transformers.cache_utils import DynamicLayer
+
 from exporters.capture.shapes import axis_specs, spec_key
 from exporters.errors import DecodeStepError, RecipeError, ShapeSpecError
 from exporters.upstream import leaf_tensors
@@ -165,7 +167,6 @@ def cache_setting(target, recipe, max_positions: int | None) -> CacheSetting:
 def _growing_leaves(decode_inputs: dict[str, Any]) -> dict[str, Any]:
     """`{path: tensor}` of the cache leaves that grow by one position per step (a `DynamicLayer`'s keys and values,
     not the fixed cross-attention cache of an encoder-decoder)."""
-    from transformers.cache_utils import DynamicLayer
 
 
     grown = {}

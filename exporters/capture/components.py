@@ -26,6 +26,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
+from transformers import StaticCache
 
 from exporters import upstream
 from exporters.capture.cache_settings import cache_setting, max_positions
@@ -185,7 +186,6 @@ def prefill_cache_kwargs(decode: tuple[torch.nn.Module, dict[str, Any]] | None) 
     """How the forward that the stages are captured from (and replayed through) gets its cache: made by the model
     (dynamic), or, when the decode was captured on a static cache, an empty copy of that cache, so the language
     model's graph returns the cache the decode takes."""
-    from transformers import StaticCache
 
     cache = None
     if decode is not None:

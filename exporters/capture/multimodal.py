@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import transformers
 
 from exporters.errors import UnsupportedModelError, describe_error
 
@@ -58,7 +59,6 @@ def load_preprocessor(folder: Path | None) -> tuple[Preprocessor | None, list[st
     if (folder / PREPROCESSOR_FILE).is_file():
         attempts += [("image_processor", "AutoImageProcessor"), ("feature_extractor", "AutoFeatureExtractor")]
     notes: list[str] = []
-    import transformers
 
     for kind, loader in attempts:
         try:

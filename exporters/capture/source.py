@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
+import transformers
+from huggingface_hub import HfApi, snapshot_download
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+from transformers import AutoTokenizer
 
 from exporters import fsutil
 from exporters.errors import ModelSourceError, RemoteCodeError
@@ -21,6 +27,25 @@ COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "toke
                 "added_tokens.json", "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
                 "processor_config.json")
 DOWNLOAD_IGNORE = ["exports/*", "*.onnx", "*.onnx.data", "*.pte", "*.pt2", "*.msgpack", "*.h5", "*.ot", "*.bin.index.json"]
+
+
+@dataclass(kw_only=True)
+class SourceOptions:
+    """Where a model comes from and what of it may run: the options every run, `validate` and `init` take.
+
+    Example:
+        >>> SourceOptions(revision="main").trust_remote_code
+        False
+    """
+
+    revision: str | None = None  # a Hub revision (branch, tag or commit)
+    token: str | None = field(default=None, repr=False)  # a Hub token: never in a repr, a log or a report
+    endpoint: str | None = None  # a Hub endpoint URL
+    trust_remote_code: bool = False  # the repo's own code may run (`auto_map`), and pickled programs may load
+
+    def resolve(self, model: str) -> ModelSource:
+        """The model's files, ready to load ([`resolve_source`])."""
+        return resolve_source(model, revision=self.revision, token=self.token, endpoint=self.endpoint)
 
 
 @dataclass
@@ -62,8 +87,6 @@ def resolve_source(
         raise ModelSourceError(f"{model} is a file; pass the model's folder or a Hub repo id")
     if not REPO_ID_PATTERN.match(model):
         raise ModelSourceError(f"no folder {model!r} here, and it is not a Hub repo id like 'org/name'")
-    from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     api = HfApi(endpoint=endpoint, token=token)
     try:
@@ -104,7 +127,6 @@ def check_remote_code(source: ModelSource, config: dict[str, Any], trust_remote_
 def load_model(source: ModelSource, *, trust_remote_code: bool = False, dtype: str | None = None):
     """Load the model class named by config.json's `architectures`, in eval mode (in `dtype`, e.g. `"float16"`,
     when given: the weights are converted while loading, never held twice)."""
-    import transformers
 
     config = read_config(source.folder)
     check_remote_code(source, config, trust_remote_code)
@@ -122,7 +144,6 @@ def load_model(source: ModelSource, *, trust_remote_code: bool = False, dtype: s
             model_class = transformers.AutoModel
     kwargs: dict[str, Any] = {"trust_remote_code": True} if trust_remote_code and needs_remote_code(config) else {}
     if dtype is not None:
-        import torch
 
         kwargs["dtype"] = getattr(torch, dtype)
     try:
@@ -136,7 +157,6 @@ def load_tokenizer(folder: Path):
     """The repo's tokenizer, or None when it has none."""
     if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
         return None
-    from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(folder)

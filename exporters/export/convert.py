@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import gc
 import re
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -140,8 +142,6 @@ def _lowering_memory(target, directory: Path):
 
 def _export_and_save(exporter, configs: dict[str, Any], model, target, components: Components, recipe: Recipe,
                      directory: Path) -> dict:
-    import gc
-    import time
 
 
     generation_config = _generation_config(model, target, recipe)
@@ -247,7 +247,6 @@ def save_exported(exported, target, directory: Path) -> None:
 def release_weights(model) -> None:
     """Free the eager model's weights, keeping their shapes and dtypes (the report still reads them): validation
     calls it between its eager references and the artifact, so a run holds one of the two at a time."""
-    import gc
 
     try:
         model.to("meta")

@@ -16,6 +16,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from exporters.export.onnx_files import external_data_of, initializers
 from exporters.upstream import pte_weight_bytes
 
@@ -26,6 +29,7 @@ def total_bytes(directory: Path) -> int:
 
 
 def _onnx_weights(directory: Path) -> int:
+    # onnx loads only where an ONNX file is read
     import onnx
 
     ranges: set[tuple[Path, int, int]] = set()
@@ -43,7 +47,7 @@ def _onnx_weights(directory: Path) -> int:
 
 
 def _typed_bytes(tensor) -> int:
-    import numpy as np
+    # onnx loads only where an ONNX file is read
     import onnx
 
     count = 1
@@ -98,7 +102,6 @@ class ModelWeights:
 
     def bytes(self, dtype: str | None = None) -> int:
         """Parameter bytes in `dtype` (the model's own when None)."""
-        import torch
 
         return self.count * torch.empty((), dtype=getattr(torch, dtype or self.dtype)).element_size()
 

@@ -11,6 +11,7 @@ the saved model files, and one copy of the weights for all the components of a t
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def _component_files(directory: Path) -> list[Path]:
 
 def _save(model, path: Path, *, embedded: bool) -> None:
     """Write `model` (weights in memory) to `path`: embedded, or in `<name>.data` beside it."""
+    # onnx loads only where an ONNX file is read
     import onnx
 
     sidecar = path.with_name(path.name + ".data")
@@ -37,6 +39,7 @@ def _save(model, path: Path, *, embedded: bool) -> None:
 
 
 def _add_initializers_as_inputs(model) -> None:
+    # onnx loads only where an ONNX file is read
     import onnx
 
     listed = {value.name for value in model.graph.input}
@@ -47,6 +50,7 @@ def _add_initializers_as_inputs(model) -> None:
 
 def apply_onnx_file_options(target, directory: Path) -> None:
     """Apply `external_data`, `keep_initializers_as_inputs` and `output_path` to a saved ONNX export."""
+    # onnx loads only where an ONNX file is read
     import onnx
 
     for path in _component_files(directory):
@@ -76,6 +80,7 @@ def apply_onnx_file_options(target, directory: Path) -> None:
 def strip_weights(directory: Path, output_path: str | None = None) -> list[str]:
     """`export_params: false`: every initializer becomes a graph input without a value, in every component and in
     the `output_path` copy. Returns the stripped names (of the components)."""
+    # onnx loads only where an ONNX file is read
     import onnx
 
     stripped: list[str] = []
@@ -93,6 +98,7 @@ def strip_weights(directory: Path, output_path: str | None = None) -> list[str]:
 
 
 def external_data_of(tensor) -> dict[str, str] | None:
+    # onnx loads only where an ONNX file is read
     import onnx
 
     if tensor.data_location != onnx.TensorProto.EXTERNAL:
@@ -123,8 +129,8 @@ def share_external_data(directory: Path) -> int:
         >>> share_external_data(Path("out/onnx"))  # doctest: +SKIP
         1981808640
     """
-    import hashlib
 
+    # onnx loads only where an ONNX file is read
     import onnx
 
     files = _component_files(directory)
@@ -159,6 +165,7 @@ def share_external_data(directory: Path) -> int:
 
 def initializers(model):
     """Every initializer of the model, subgraphs included."""
+    # onnx loads only where an ONNX file is read
     import onnx
 
     graphs = [model.graph]

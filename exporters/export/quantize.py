@@ -101,6 +101,7 @@ def onnxruntime_options(spec: Any) -> dict[str, Any]:
     options = spec.options()
     needs_enums = {"weight_type", "activation_type", "quant_format", "calibrate_method"} & set(options)
     if needs_enums:
+        # ONNX Runtime loads only where a session or a quantizer runs
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 
         names = {
@@ -118,6 +119,7 @@ def onnxruntime_options(spec: Any) -> dict[str, Any]:
 def xnnpack_quantizer(scheme: str):
     """ExecuTorch's `XNNPACKQuantizer` for `8da8w` / `8da4w`: per-channel symmetric weights (int8, or int4 in
     [-8, 7], which XNNPACK packs two to a byte) and per-token dynamic int8 activations, on linear layers."""
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,
         get_symmetric_quantization_config,
@@ -139,6 +141,7 @@ def xnnpack_quantizer(scheme: str):
 
 def x86_quantizer(dynamic: bool):
     """torchao's `X86InductorQuantizer` with its default int8 config (dynamic or static activations)."""
+    # torchao loads only for its quantizer
     from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
         X86InductorQuantizer,
         get_default_x86_inductor_quantization_config,
@@ -252,6 +255,7 @@ def describe(target, calibration: list[SampleInputs], recipe: Recipe,
 
 def onnx_quantized_ops(path: Path) -> dict[str, int]:
     """Count of the quantization ops in a saved ONNX graph (weights not read)."""
+    # onnx loads only where an ONNX file is read
     import onnx
 
     counts: dict[str, int] = {}

@@ -58,6 +58,7 @@ def graph_name(name: str, output: bool) -> str:
 
 def _rename_values(graph, names: dict[str, str]) -> None:
     """Rename values everywhere in `graph` and its subgraphs (which can read outer values by name)."""
+    # onnx loads only where an ONNX file is read
     import onnx
 
     for value in (*graph.input, *graph.output, *graph.value_info):
@@ -111,6 +112,7 @@ def _copy_tokenizer(source: Path | None, directory: Path) -> list[str]:
 
 def write_transformers_js(directory: Path, target, model) -> None:
     """Rewrite the saved single-graph ONNX target in `directory` to the transformers.js layout (see the module)."""
+    # onnx loads only where an ONNX file is read
     import onnx
 
 

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import fnmatch
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -307,7 +308,6 @@ def spec_entries(axes: Axes, leaves: dict[str, list[int]], value: Any) -> dict[s
         ...              {"cache.layers.0.keys": [1, 2, 8, 8], "cache.layers.1.keys": [1, 2, 8, 8]}, "auto")
         {'cache.layers.*.keys': {'2': 'auto'}}
     """
-    import fnmatch
 
     by_leaf: dict[str, list[int]] = {}
     for path, axis in axes:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from exporters import fsutil
-from exporters.capture.source import check_remote_code, load_model, load_tokenizer, read_config, resolve_source
+from exporters.capture.source import SourceOptions, check_remote_code, load_model, load_tokenizer, read_config
 from exporters.errors import InitError
 from exporters.init.axes import AxisPlan, Dimension, find_dimensions, spec_entries
 from exporters.init.decide import MARGIN, FormatResult, decide, nice_ceil
@@ -49,9 +49,9 @@ DEFAULT_MAX_ROUNDS = 6
 MIN_ROUND_SECONDS = 5.0
 
 
-@dataclass
-class InitOptions:
-    """What `hf-export init` was asked to do.
+@dataclass(kw_only=True)
+class InitOptions(SourceOptions):
+    """What `hf-export init` was asked to do (where the model comes from: its `SourceOptions` part).
 
     Example:
         >>> options = InitOptions(formats=["dynamo"], max_seconds=600)
@@ -61,10 +61,6 @@ class InitOptions:
     max_seconds: float = DEFAULT_MAX_SECONDS
     max_rounds: int = DEFAULT_MAX_ROUNDS
     max_probe_elements: int = 1_000_000
-    revision: str | None = None
-    token: str | None = None
-    endpoint: str | None = None
-    trust_remote_code: bool = False
     work_dir: Path | None = None  # kept when given (round recipes, reports, logs); a temporary folder otherwise
     progress: Callable[[str], None] | None = None
     pipeline_progress: bool = False
@@ -168,7 +164,7 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
     options = options or InitOptions()
     started = time.time()
     say = options.progress or (lambda _message: None)
-    source = resolve_source(model, revision=options.revision, token=options.token, endpoint=options.endpoint)
+    source = options.resolve(model)
     check_remote_code(source, read_config(source.folder), options.trust_remote_code)
     say(f"loading {source.display} and finding the axes that vary in use")
     loaded = load_model(source, trust_remote_code=options.trust_remote_code)
@@ -249,6 +245,7 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
 
 def _onnx_opset(directory: Path) -> int | None:
     """The default-domain opset of the exported graphs (what the ONNX target was validated with)."""
+    # onnx loads only where an ONNX file is read
     import onnx
 
     versions = set()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.table import Table
+
 from exporters.init.axes import Dimension
 from exporters.report.markdown import cell
 from exporters.status import FAILED, LEFT_OUT, NAMED, PASSED, PENDING
@@ -99,7 +101,6 @@ def render_markdown(result, *, heading: str = "## Proposed export recipe") -> st
 
 def print_table(result, console) -> None:
     """The summary as a rich table on `console`, then the notes."""
-    from rich.table import Table
 
     table = Table(title=f"Proposed recipe for {result.model}", show_lines=False)
     for column in ("target", "components", "dynamic dims (bounds)", "tolerance", "export time", "rounds"):

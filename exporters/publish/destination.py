@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from huggingface_hub.utils import validate_repo_id
+
 from exporters.errors import PublishError
 
 DEFAULT_MAX_UPLOAD_BYTES = 20 * 1024 ** 3  # one PR: 20 GiB (a 1.5B fp32 model in three formats); 0 lifts the limit
@@ -45,7 +47,6 @@ def pr_base(revision: str | None) -> str:
 
 def check_repo_id(repo_id: str) -> str:
     """`repo_id` when it names a Hub repo (`org/name`); `PublishError` (option `repo_id`) otherwise."""
-    from huggingface_hub.utils import validate_repo_id
 
     try:
         validate_repo_id(repo_id)

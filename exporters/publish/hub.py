@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 from urllib.parse import quote
 
+from huggingface_hub import HfApi
+from huggingface_hub.utils import build_hf_headers, paginate
+
 from exporters.errors import PublishError
 from exporters.files import RECIPE_SOURCES
 from exporters.hashing import is_weight_file
@@ -50,7 +53,6 @@ class HubClient:
     """The `huggingface_hub` calls publishing needs, with errors turned into `PublishError`."""
 
     def __init__(self, repo_id: str, *, token: str | None, endpoint: str | None):
-        from huggingface_hub import HfApi
 
         self.repo_id = repo_id
         self.token = token
@@ -116,7 +118,6 @@ class HubClient:
     def history(self, revision: str, wanted: set[str]) -> tuple[str, ...]:
         """The commits of `revision`, newest first, read page by page until every commit of `wanted` is placed (or
         `HISTORY_LIMIT`)."""
-        from huggingface_hub.utils import build_hf_headers, paginate
 
         url = f"{self.api.endpoint}/api/models/{self.repo_id}/commits/{quote(revision, safe='')}"
         headers = build_hf_headers(token=self.token)

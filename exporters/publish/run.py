@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
 from exporters import fsutil
 from exporters.errors import PublishError
 from exporters.publish import texts
@@ -84,7 +86,6 @@ def thread_links(thread: ThreadState) -> dict[str, Any]:
 
 def _operations(plan: PublishPlan, card: str) -> list[Any]:
     """Additions (artifacts, reports, README.md) and deletions."""
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
     operations: list[Any] = []
     for planned in plan.files:
@@ -306,7 +307,6 @@ def publish_files(repo_id: str, files: Mapping[str, bytes | Path], *, marker: di
         ...               "fingerprint": "abc"}, title="Add a recipe", description=lambda num: "Proposed.",
         ...               commit_message="Add a recipe", token=os.environ["HF_TOKEN"])  # doctest: +SKIP
     """
-    from huggingface_hub import CommitOperationAdd
 
     check_repo_id(repo_id)
     marker = {"v": 1, **marker, "base": base}

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 from typing import Annotated, Any, Callable, ClassVar, Literal, Union
 
 from pydantic import (
@@ -333,7 +334,6 @@ def check_target(target: Any, path_error: Callable[[Location, str], Exception]) 
 
 def method_message(error: dict[str, Any]) -> str:
     """The message for an unknown or missing quantize `method` (a pydantic union-tag error)."""
-    import difflib
 
     given = error.get("ctx", {}).get("tag")
     if given is None:

@@ -17,11 +17,14 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from exporters.capture.cache_settings import check_cache_len, positions_in
-from exporters.capture.source import ModelSource, check_remote_code, read_config, resolve_source
+from exporters.capture.source import ModelSource, SourceOptions, check_remote_code, read_config
 from exporters.errors import DeviceError
 from exporters.hashing import weights_fingerprint
 from exporters.recipe.load import find_recipe, load_recipe_file, missing_recipe
@@ -32,9 +35,10 @@ DEFAULT_TIMEOUT_S = 3600.0
 STACK = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch", "huggingface_hub")
 
 
-@dataclass
-class RunOptions:
-    """What a run was asked to do (the CLI's, the Action's and the bot's settings, in the library's words).
+@dataclass(kw_only=True)
+class RunOptions(SourceOptions):
+    """What a run was asked to do (the CLI's, the Action's and the bot's settings, in the library's words); where the
+    model comes from is its `SourceOptions` part.
 
     Example:
         >>> RunOptions(out_dir=Path("out"), device="cpu").device
@@ -45,10 +49,6 @@ class RunOptions:
     targets: list[str] = field(default_factory=list)
     config_path: Path | None = None
     device: str | None = None  # overrides every target's device, in the export as in the report
-    revision: str | None = None
-    token: str | None = None
-    endpoint: str | None = None
-    trust_remote_code: bool = False
     progress: bool = True
     timeout: float | None = None
     use_cache: bool = True
@@ -96,7 +96,6 @@ def tool_versions() -> dict[str, str]:
         >>> sorted(tool_versions())[:3]
         ['executorch', 'export-action', 'huggingface_hub']
     """
-    from importlib import metadata
 
     versions = {"export-action": __version__, "python": sys.version.split()[0]}
     for package in STACK:
@@ -114,7 +113,6 @@ def cuda_available() -> bool:
     ("Cannot re-initialize CUDA in forked subprocess"): NVML answers instead (PyTorch's documented switch).
     """
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    import torch
 
     return torch.cuda.is_available()
 
@@ -171,7 +169,7 @@ def prepare_run(model: str, options: RunOptions) -> RunContext:
         (['onnx'], 64)
     """
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # see cuda_available: before anything asks torch
-    source = resolve_source(model, revision=options.revision, token=options.token, endpoint=options.endpoint)
+    source = options.resolve(model)
     recipe, recipe_file, warnings = load_run_recipe(source.folder, options.config_path)
     config = read_config(source.folder)
     check_remote_code(source, config, options.trust_remote_code)

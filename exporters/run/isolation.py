@@ -22,6 +22,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from exporters import fsutil
 from exporters.errors import error_record, render_root_cause
 from exporters.status import CRASHED, TIMED_OUT
@@ -45,7 +47,6 @@ def _redirect_output(log_path: Path) -> None:
 def _child(work: Callable[[], dict[str, Any]], result_path: Path, log_path: Path) -> None:
     _redirect_output(log_path)
     try:
-        import torch
 
         # The parent's OpenMP pool does not survive fork: a parallel region in the child would wait forever on its
         # threads (the reason DataLoader workers do the same). Tracing and lowering are single-threaded Python anyway.

@@ -24,6 +24,8 @@ from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from exporters import fsutil
 from exporters.errors import DeviceError, error_record
 from exporters.export.convert import export_to, release_weights
@@ -248,7 +250,6 @@ def _stage_label(status: str) -> str:
 def _export_work(model: Any, target: Target, components: Any, recipe: Recipe, staging: Path, device: str,
                  calibration: list[Any]) -> dict[str, Any]:
     """What the child process does: move to the target's device and dtype, quantize and export, save."""
-    import torch
 
 
     if target.dtype is not None or device != "cpu":

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
+from rich.progress import Progress as RichProgress
+from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
+
 
 class Progress:
     """A rich progress line per target; every running export shows at once."""
@@ -20,9 +24,6 @@ class Progress:
 
     def __enter__(self) -> Progress:
         if self.enabled:
-            from rich.console import Console
-            from rich.progress import Progress as RichProgress
-            from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
             self._progress = RichProgress(
                 SpinnerColumn(), TextColumn("[bold]{task.fields[target]}"), TextColumn("{task.description}"),

@@ -20,6 +20,8 @@ import contextlib
 import os
 from collections.abc import Iterator
 
+import torch
+
 EXPORT_PEAK_FACTOR = 3.0  # an export child's own memory, in weights (measured in benchmarks/RESULTS.md)
 EXPORT_BASE_BYTES = 768 * 2**20  # torch.export and the lowering stacks, before any weight
 HEADROOM = 0.8  # leave a fifth of what is free to the parent's validation and the system
@@ -65,7 +67,6 @@ def threads_left(*, busy: int, cores: int | None = None) -> Iterator[int]:
     threads that outnumber the free cores wait on a sibling the scheduler has parked at every parallel region, which
     made a validation beside an export several times slower (benchmarks/RESULTS.md). ONNX Runtime sessions opened
     inside take the same count (`exporters.upstream.lean_session_options`)."""
-    import torch
 
     before = torch.get_num_threads()
     cores = usable_cores() if cores is None else cores

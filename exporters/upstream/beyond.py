@@ -8,9 +8,21 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import hashlib
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from transformers import cache_utils
+from transformers.exporters import exporter_executorch
+from transformers.exporters.metadata import load_treespec
+from transformers.exporters.runners.base import ModelRunner
+from transformers.exporters.utils import apply_patches
 
 from exporters.upstream.pytree import leaf_tensors
 
@@ -20,8 +32,8 @@ def lean_session_options():
     repacked into a second copy (`session.disable_prepacking`), no memory arena kept at its high-water mark. A
     session then costs the graph's activations, not another copy of the model. Its intra-op threads are torch's
     count (what `exporters.run.resources.threads_left` leaves free next to running exports), not every core."""
+    # ONNX Runtime loads only where a session or a quantizer runs
     import onnxruntime as ort
-    import torch
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
@@ -72,8 +84,6 @@ def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, di
     tensors once: a tied embedding table (looked up on the portable kernels, multiplied by XNNPACK as the output
     projection) is then stored once instead of twice (docs/upstream-gaps.md #13). Save with
     `write_tensor_data_to_file`; load with `Runtime.load_program(pte, data_path=ptd)`."""
-    from transformers.exporters import exporter_executorch
-    from transformers.exporters.utils import apply_patches
 
     captured: dict[str, _CapturedLowering] = {}
     metadata: dict[str, Any] = {}
@@ -119,8 +129,8 @@ def _tag_delegate_weights(program: Any, tag: str) -> None:
 
 def _external_constants(config: Any, tag: str) -> Any:
     """Upstream's `ExecutorchBackendConfig` (None for defaults) with every non-delegated constant in file `tag`."""
-    import dataclasses
 
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
     from executorch.exir.capture._config import ExecutorchBackendConfig
 
     def to_file(_node: Any) -> str:
@@ -143,8 +153,10 @@ def constants_shared_by_lowering_copies():
     (benchmarks/profile_executorch_memory.py). The graph is still copied, so preprocessing can rewrite it; a
     backend pass that wrote into a constant in place would change the numbers, which validation checks. Likewise a
     constant used by two partitions gets a node per partition naming the same tensor, not a copy of it."""
-    import torch
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
     from executorch.exir.backend.backend_details import BackendDetails
+
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
     from executorch.exir.backend.canonical_partitioners import duplicate_constant_node_pass
 
     real = BackendDetails.__dict__["copy_exported_program_for_preprocess"]
@@ -183,11 +195,11 @@ def named_data_on_disk(directory: Any):
     `FileBackedData`, which the store deduplicates by hash and the program's writer copies in chunks; the blobs no
     longer pile up in memory until the `.pte` / `.ptd` is written (docs/upstream-gaps.md #20). The files are removed
     when the context exits."""
-    import hashlib
-    import shutil
-    import tempfile
 
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
     from executorch.exir._serialize._cord import FileBackedData
+
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
     from executorch.exir._serialize._named_data_store import NamedDataStore
 
     spill = Path(tempfile.mkdtemp(prefix=".named-data-", dir=directory))
@@ -211,7 +223,6 @@ def named_data_on_disk(directory: Any):
 
 def _program_constants(value: Any) -> list[Any]:
     """The constant tensors of an `ExportedProgram`, or of the programs an ExecuTorch program manager holds."""
-    from torch.export import ExportedProgram
 
     if isinstance(value, ExportedProgram):
         programs = [value]
@@ -236,6 +247,7 @@ def tanh_gelu_kept_off_xnnpack():
         >>> with tanh_gelu_kept_off_xnnpack():  # doctest: +SKIP
         ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     """
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
     from executorch.backends.xnnpack.partition.config.generic_node_configs import GeluConfig
 
     real = GeluConfig.check_constraints
@@ -263,7 +275,6 @@ def static_sliding_layers_kept_whole():
         >>> with static_sliding_layers_kept_whole():  # doctest: +SKIP
         ...     components = decompose_for_generation(gemma2, inputs, generation_config=static)
     """
-    from transformers import cache_utils
 
     mapping = cache_utils.STATIC_LAYER_TYPE_MAPPING
     saved = mapping.get("sliding_attention")
@@ -289,8 +300,6 @@ def share_identical_weights(program: Any, pool: dict[str, Any]) -> int:
         >>> share_identical_weights(prefill_program, pool), share_identical_weights(decode_program, pool)  # doctest: +SKIP
         (0, 232000000)
     """
-    import torch
-    from torch.export import ExportedProgram
 
     if not isinstance(program, ExportedProgram):
         return 0
@@ -315,8 +324,7 @@ def _unmutated_state(program: Any) -> dict[str, Any]:
 
 def executorch_method_runner(program: Any, metadata: Any, method: str) -> Any:
     """Upstream's ExecuTorch runner on one method of a loaded program (upstream's own runs `forward` only)."""
-    from transformers.exporters.metadata import load_treespec
-    from transformers.exporters.runners.base import ModelRunner
+    # upstream's ExecuTorch runner loads ExecuTorch
     from transformers.exporters.runners.runner_executorch import ExecutorchModelRunner
 
     runner = ExecutorchModelRunner.__new__(ExecutorchModelRunner)
@@ -328,6 +336,5 @@ def executorch_method_runner(program: Any, metadata: Any, method: str) -> Any:
 
 def metadata_dict(metadata: Any) -> dict[str, Any]:
     """An `ExportMetadata` as upstream's manifest stores it."""
-    import dataclasses
 
     return dataclasses.asdict(metadata)

@@ -16,8 +16,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
+from transformers import GenerationConfig
 from transformers.exporters import ExportedComponent, ExportedModel
-from transformers.exporters.auto import EXPORT_BACKENDS, get_exporter_class
+from transformers.exporters.auto import EXPORT_BACKENDS, get_exporter_class, get_runner_class
 from transformers.exporters.auto import AutoExportConfig as UpstreamAutoExportConfig
 from transformers.exporters.auto import AutoHfExporter as UpstreamAutoHfExporter
 from transformers.exporters.metadata import ExportMetadata, load_treespec, register_treespec_types
@@ -167,7 +168,6 @@ def run_component(runner: Any, inputs: dict[str, Any]) -> Any:
 
 def runner_class(export_format: str):
     """Upstream's runner class for a format (importing it imports the format's runtime)."""
-    from transformers.exporters.auto import get_runner_class
 
     return get_runner_class(export_format)
 
@@ -175,7 +175,6 @@ def runner_class(export_format: str):
 def runner_for_file(path: Path, export_format: str, metadata: Any, device: str | None = None) -> Any:
     """A runner for one program file written beside an export (the seed's `output_path` copy), with the metadata
     of the component it copies."""
-    from transformers.exporters.auto import get_runner_class
 
     exporter = exporter_class(export_format)
     return get_runner_class(export_format).from_program(exporter.load_program(path), metadata, device)
@@ -294,7 +293,6 @@ def load_exported(directory: Path, *, device: str | None = None, config: Any = N
             components[name] = ExportedComponent(programs[entry["file"]], metadata)
     generation_config = None
     if (directory / "generation_config.json").is_file():
-        from transformers import GenerationConfig
 
         generation_config = GenerationConfig.from_pretrained(directory)
     model = ExportedModel(components, export_format, config=config, generation_config=generation_config)
@@ -324,6 +322,7 @@ def _load_program(exporter: Any, directory: Path, entry: dict[str, Any]) -> Any:
     if data_path.parent != directory.resolve() or not data_path.is_file():
         raise ArtifactError(f"{directory}: the manifest names data file {data_file!r}, which is not a file of the "
                             "folder")
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
     from executorch.runtime import Runtime
 
     program = Runtime.get().load_program(directory / entry["file"], data_path=data_path)

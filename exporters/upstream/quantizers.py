@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from transformers.exporters import exporter_executorch
 
 
 def onnxruntime_quantizer(static: bool, options: dict[str, Any], calibration: list[dict] | None):
     """`OnnxRuntimeQuantizer` with an `OnnxRuntimeStaticConfig` or an `OnnxRuntimeDynamicConfig`."""
+    # upstream's quantizers load torchao
     from transformers.exporters.quantizers import (
         OnnxRuntimeDynamicConfig,
         OnnxRuntimeQuantizer,
@@ -25,6 +27,7 @@ def onnxruntime_quantizer(static: bool, options: dict[str, Any], calibration: li
 
 def pt2e_quantizer(torchao_quantizer: Any, calibration: list[dict] | None):
     """`PT2EQuantizer` around a torchao / ExecuTorch PT2E quantizer."""
+    # upstream's quantizers load torchao
     from transformers.exporters.quantizers import PT2EQuantizer
 
     return PT2EQuantizer(torchao_quantizer, calibration_dataset=calibration)
@@ -33,6 +36,7 @@ def pt2e_quantizer(torchao_quantizer: Any, calibration: list[dict] | None):
 def capture_calibration_inputs(model: Any, generate_samples: list[dict], generation_config: Any,
                                multi_token_decode: bool) -> dict[str, list[dict]]:
     """`{component: [forward kwargs, ...]}` from generate-style calibration samples (upstream's capture)."""
+    # upstream's quantizers load torchao
     from transformers.exporters.quantizers.utils import capture_calibration_inputs as capture
 
     with torch.no_grad():
@@ -46,11 +50,11 @@ def xnnpack_dynamic_quant_partitioners() -> Iterator[None]:
     own LLM export does this for 8da4w). `ExecutorchConfig` has no partitioner option and its single
     `XnnpackPartitioner` fails on a PT2E-quantized decoder with a cache ("Invalid partition, found dependency
     cycles"): docs/upstream-gaps.md #18. Process-local: exports run in their own child process."""
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
         XnnpackDynamicallyQuantizedPartitioner,
         XnnpackPartitioner,
     )
-    from transformers.exporters import exporter_executorch
 
     table = exporter_executorch._BACKEND_PREPARE
     original = table["xnnpack"]

@@ -28,8 +28,11 @@ import platform
 import statistics
 import time
 import traceback
+from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from exporters import fsutil
 from exporters.capture.merged import MERGED, prompt_inputs
@@ -73,7 +76,6 @@ def machine_info() -> dict[str, Any]:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpu = None
     try:
-        import torch
 
         if torch.cuda.is_available():
             gpu = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
@@ -120,7 +122,6 @@ def _generation(runners, templates: dict[str, dict], prompt, steps: int) -> dict
     """Prefill at the prompt length, then `steps` greedy decode steps (no early stop): median prefill time and
     decode tokens per second over `GENERATION_REPEATS` passes after a warm-up pass. A merged target's one graph
     (`model`) serves both: the prompt on an empty cache, then each token."""
-    import torch
 
 
 
@@ -169,7 +170,6 @@ def _import_runtime(export_format: str) -> None:
 
 def _measure(request: dict[str, Any]) -> dict[str, Any]:
     """Runs in the fresh process: load, time, measure peak memory."""
-    import torch
 
 
     _import_runtime(request["export_format"])  # imports are not the artifact's load time nor its memory
@@ -228,7 +228,6 @@ def _forkserver():
 def warm_up() -> None:
     """Start the forkserver now (it imports while the exports run) instead of at the first benchmark. Its stderr is
     /dev/null: the stack's import chatter stays off the terminal (each benchmark writes to its target's log)."""
-    from multiprocessing import forkserver
 
     _forkserver()
     saved, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)

@@ -178,11 +178,13 @@ def structural_checks(export_format: str, directory: Path) -> list[str]:
     for name, entry in manifest["components"].items():
         path = directory / entry["file"]
         if export_format == "onnx":
+            # onnx loads only where an ONNX file is read
             import onnx
 
             onnx.checker.check_model(str(path), full_check=False)
             notes.append(f"{name}: onnx.checker passed ({entry['file']})")
         elif export_format == "executorch":
+            # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
             from executorch.runtime import Runtime
 
             data = directory / entry["data_file"] if entry.get("data_file") else None
@@ -201,6 +203,7 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
     """Declared-dynamic axes that the saved graph fixed to one size (read from the ONNX graph's input dims)."""
     if export_format != "onnx":
         return []
+    # onnx loads only where an ONNX file is read
     import onnx
 
 
