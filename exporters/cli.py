@@ -39,6 +39,8 @@ app = typer.Typer(
 console = Console(stderr=True, soft_wrap=True)  # long lines stay whole (logs, CI, pipes)
 mute_import_chatter()  # the stack's import chatter (torchao CUDA kernels, pytree enums): exporters/quiet.py
 out = Console(soft_wrap=True)
+# Each command imports the stages it runs inside its body (a front door is the one place that defers imports of
+# ours): `hf-export check`, `--help` and a bad flag answer in a second, without loading torch or the exporters.
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PUBLISH = 0, 1, 2, 3
 # How this front end spells the library's options in messages (tokens: the environment or a login, never argv).
