@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,6 +35,7 @@ from exporters.errors import RecipeError
 from exporters.recipe.jsonpos import format_path, nearest_line
 from exporters.recipe.model import Recipe, Target
 from exporters.upstream import capture_calibration_inputs
+from exporters.version import installed_version
 
 TEXT_FAMILIES = ("text", "seq2seq", "vision-language")
 # ONNX ops that hold quantized values or compute on them (ONNX Runtime's dynamic and QDQ graphs, PT2E's QDQ).
@@ -241,12 +241,8 @@ def describe(target, calibration: list[SampleInputs], recipe: Recipe,
                  "onnxruntime-static": "OnnxRuntimeQuantizer(OnnxRuntimeStaticConfig)",
                  "pt2e-xnnpack": "PT2EQuantizer(XNNPACKQuantizer)",
                  "pt2e-x86": "PT2EQuantizer(X86InductorQuantizer)"}[spec.method]
-    packages = {}
-    for package in ("onnxruntime", "torchao", "executorch"):
-        try:
-            packages[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            pass
+    packages = {package: version for package in ("onnxruntime", "torchao", "executorch")
+                if (version := installed_version(package)) is not None}
     return {"method": spec.method, "options": spec.options(), "kind": spec.kind,
             "quantizer": f"transformers.exporters.{quantizer}", "weights": weights, "activations": activations,
             "calibration": {**data, **({"per_component": dict(calibrated_on)} if spec.needs_calibration else {})},

@@ -17,7 +17,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from exporters.errors import DeviceError
 from exporters.hashing import weights_fingerprint
 from exporters.recipe.load import find_recipe, load_recipe_file, missing_recipe
 from exporters.recipe.model import Recipe, Target
-from exporters.version import __version__
+from exporters.version import __version__, installed_version
 
 DEFAULT_TIMEOUT_S = 3600.0
 STACK = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch", "huggingface_hub")
@@ -99,10 +98,7 @@ def tool_versions() -> dict[str, str]:
 
     versions = {"export-action": __version__, "python": sys.version.split()[0]}
     for package in STACK:
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            versions[package] = "not installed"
+        versions[package] = installed_version(package) or "not installed"
     return versions
 
 
