@@ -137,3 +137,23 @@ def test_whisper_speech_model(whisper_run):
     assert report["family"] == "speech-seq2seq"
     shapes = report["targets"][0]["components"][0]["checks"][0]["shapes"]
     assert shapes["input_features"] == [1, 16, 64]
+
+
+def test_a_feature_extractor_with_a_fractional_chunk_length_makes_sample_inputs(tmp_path):
+    """`chunk_length` 0.64 s saves `n_samples` and `nb_max_frames` as floats in preprocessor_config.json; the
+    extractor used them as slice bounds ("slice indices must be integers"), so every target failed."""
+    from transformers import WhisperFeatureExtractor
+
+    model_dir = tiny_whisper(tmp_path / "model", {"export_format": "dynamo", "mode": "model"})
+    WhisperFeatureExtractor(feature_size=16, chunk_length=0.64).save_pretrained(model_dir)
+    saved = json.loads((model_dir / "preprocessor_config.json").read_text())
+    assert isinstance(saved["n_samples"], float) and isinstance(saved["nb_max_frames"], float)
+    out = tmp_path / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    report = json.loads((out / "report.json").read_text())
+    assert result.returncode == 0, (report["targets"][0].get("error"), result.stderr[-2000:])
+    assert "slice indices" not in json.dumps(report)
+    target = report["targets"][0]
+    assert target["status"] == "passed"
+    shapes = target["components"][0]["checks"][0]["shapes"]
+    assert shapes["input_features"] == [1, 16, 64]  # the extractor's 64 frames: 0.64 s at hop 160

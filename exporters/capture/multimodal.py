@@ -124,13 +124,36 @@ def _tensors(batch: Any) -> dict[str, Any]:
     return out
 
 
+# Sizes a feature extractor derives from its config (Whisper: `n_samples = chunk_length * sampling_rate`): a
+# fractional `chunk_length` saves them as floats, which the extractor then uses as slice bounds.
+COUNT_ATTRIBUTES = ("n_samples", "nb_max_frames", "hop_length", "n_fft")
+
+
+def whole_counts(extractor: Any) -> Any:
+    """`extractor` with the sample and frame counts it computed held as whole numbers (a float count from a
+    fractional `chunk_length` would fail as a slice bound), as the model reads them.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> whole_counts(SimpleNamespace(n_samples=8000.0, nb_max_frames=50.0)).n_samples
+        8000
+    """
+    for name in COUNT_ATTRIBUTES:
+        value = getattr(extractor, name, None)
+        if isinstance(value, float) and value.is_integer():
+            setattr(extractor, name, int(value))
+        elif isinstance(value, float):
+            setattr(extractor, name, int(round(value)))
+    return extractor
+
+
 def processor_inputs(model, pre: Preprocessor, spec, family: str) -> dict[str, Any]:
     """Sample inputs made by the folder's own processor from a synthetic image / waveform (and the prompt)."""
     config = model.config
     batch = spec.batch_size
     obj = pre.obj
     if family in ("audio", "speech-seq2seq"):
-        extractor = getattr(obj, "feature_extractor", obj)
+        extractor = whole_counts(getattr(obj, "feature_extractor", obj))
         rate = int(getattr(extractor, "sampling_rate", 16000))
         waves = [synthetic_waveform(rate, 1.0, spec.seed + i) for i in range(batch)]
         return _tensors(extractor(waves, sampling_rate=rate, return_tensors="pt"))
