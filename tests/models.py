@@ -229,3 +229,13 @@ def tiny_vit_with_image_processor(folder: Path, recipe: Any | None = None, seed:
     build(FAMILIES["vit"], folder, seed=seed, recipe=recipe)
     ViTImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(folder)
     return folder
+
+
+def tiny_mamba(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A 1-layer Mamba (hidden 16, state 4): a state-space model, no key-value cache."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    torch.manual_seed(seed)
+    config = MambaConfig(vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=1, expand=2, conv_kernel=4,
+                         time_step_rank=2, bos_token_id=0, eos_token_id=63, pad_token_id=1)
+    return _saved(MambaForCausalLM(config), folder, recipe)

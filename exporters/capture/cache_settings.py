@@ -168,7 +168,6 @@ def _growing_leaves(decode_inputs: dict[str, Any]) -> dict[str, Any]:
     """`{path: tensor}` of the cache leaves that grow by one position per step (a `DynamicLayer`'s keys and values,
     not the fixed cross-attention cache of an encoder-decoder)."""
 
-
     grown = {}
     for path, tensor in leaf_tensors(decode_inputs).items():
         parts = path.split(".")

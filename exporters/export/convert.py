@@ -143,7 +143,6 @@ def _lowering_memory(target, directory: Path):
 def _export_and_save(exporter, configs: dict[str, Any], model, target, components: Components, recipe: Recipe,
                      directory: Path) -> dict:
 
-
     generation_config = _generation_config(model, target, recipe)
     timings = {"export_only_s": 0.0, "save_s": 0.0}
     weights_file = EXECUTORCH_WEIGHTS if target.export_format == "executorch" and tied_embeddings(model) else None

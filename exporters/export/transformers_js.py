@@ -115,7 +115,6 @@ def write_transformers_js(directory: Path, target, model) -> None:
     # onnx loads only where an ONNX file is read
     import onnx
 
-
     manifest = read_manifest(directory)
     if list(manifest["components"]) != ["model"]:
         raise TargetPlanError(f"`layout` 'transformers.js' takes one graph; this export has "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +121,32 @@ class GenerationReport:
     cache: dict[str, Any] | None = None
     matched_tokens: int | None = None  # quantized/half targets: greedy tokens equal to eager's, and the budget
     required_tokens: int | None = None
+
+
+# torch.export's words for a guard that fixed a size: `Guard failed: input_ids.size()[1] == 8`
+_GUARD = re.compile(r"Guard failed: (?P<input>[\w.]+)\.size\(\)\[(?P<axis>\d+)\] == (?P<size>\d+)")
+
+
+def did_not_run(component: ComponentReport) -> str | None:
+    """Why a failed component failed when no output was compared (the artifact refused a probe), else None: a
+    declared dynamic axis that the export fixed is named as exactly that (input, axis, size, the guard).
+
+    Example:
+        >>> check = Check("input_ids[1]=5", {}, passed=False, error="Guard failed: input_ids.size()[1] == 8")
+        >>> did_not_run(ComponentReport("prefill", checks=[check]))
+        "prefill: a declared dynamic axis was specialised at export: 'input_ids' axis 1 is fixed at 8 (guard \
+`input_ids.size()[1] == 8`), so the artifact does not run at input_ids[1]=5"
+    """
+    refused = [check for check in component.checks if check.verdict == FAILED and check.error and not check.outputs]
+    if not refused or any(check.verdict == FAILED and check.outputs for check in component.checks):
+        return None
+    check = refused[0]
+    guard = _GUARD.search(check.error or "")
+    if guard:
+        return (f"{component.name}: a declared dynamic axis was specialised at export: '{guard['input']}' axis "
+                f"{guard['axis']} is fixed at {guard['size']} (guard `{guard[0].removeprefix('Guard failed: ')}`), "
+                f"so the artifact does not run at {check.probe}")
+    return f"{component.name}: the artifact does not run at {check.probe}: {(check.error or '')[:300]}"
 
 
 @dataclass
@@ -231,9 +258,11 @@ class TargetResult:
             reasons = []
             if validation.quality is not None and validation.quality.get("passed") is False:
                 reasons.append(f"quality outside its budget: {validation.quality['decided_by']}")
-            failing = [c.name for c in validation.components if c.verdict == FAILED]
-            if failing:
-                reasons.append(f"outputs differ from the eager model beyond tolerance in {failing}")
+            failing = [c for c in validation.components if c.verdict == FAILED]
+            reasons += [reason for c in failing if (reason := did_not_run(c)) is not None]
+            differing = [c.name for c in failing if did_not_run(c) is None]
+            if differing:
+                reasons.append(f"outputs differ from the eager model beyond tolerance in {differing}")
             generation = validation.generation
             if generation is not None and generation.status == FAILED:
                 reasons.append(f"generation parity failed: {generation.reason or f'first divergence {generation.first_divergence}'}")

@@ -251,7 +251,6 @@ def _export_work(model: Any, target: Target, components: Any, recipe: Recipe, st
                  calibration: list[Any]) -> dict[str, Any]:
     """What the child process does: move to the target's device and dtype, quantize and export, save."""
 
-
     if target.dtype is not None or device != "cpu":
         dtype = getattr(torch, target.dtype) if target.dtype else None
         model = model.to(device=device, dtype=dtype)

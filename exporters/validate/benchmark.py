@@ -123,8 +123,6 @@ def _generation(runners, templates: dict[str, dict], prompt, steps: int) -> dict
     decode tokens per second over `GENERATION_REPEATS` passes after a warm-up pass. A merged target's one graph
     (`model`) serves both: the prompt on an empty cache, then each token."""
 
-
-
     merged = "prefill" not in templates  # one graph: the prompt on an empty cache, then one token at a time
     first, step = (MERGED, MERGED) if merged else ("prefill", "decode")
 
@@ -170,7 +168,6 @@ def _import_runtime(export_format: str) -> None:
 
 def _measure(request: dict[str, Any]) -> dict[str, Any]:
     """Runs in the fresh process: load, time, measure peak memory."""
-
 
     _import_runtime(request["export_format"])  # imports are not the artifact's load time nor its memory
     try:  # reset the peak (VmHWM) to the current size, so the peak below is this measurement's own

@@ -206,7 +206,6 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
     # onnx loads only where an ONNX file is read
     import onnx
 
-
     findings = []
     manifest = read_manifest(directory)
     for name, entry in manifest["components"].items():
