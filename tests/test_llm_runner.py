@@ -107,8 +107,8 @@ def test_the_runner_program_passes_and_runs_in_the_runner(fixture, request):
                                                 "detail": "8/8 tokens"}
     assert "ExecuTorch LLM runner ✓ 8/8 tokens" in (out / "report.md").read_text()
     generation = target["generation"]
-    assert generation["status"] == "passed" and generation["tokens"] == generation["eager_tokens"]
-    assert len(generation["tokens"][0]) == 8
+    assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
+    assert len(generation["eager_tokens"][0]) == 8
 
 
 @pytest.mark.parametrize("fixture,custom,cache", [("llama_runner", True, 64), ("qwen2_plain_runner", False, 48)])
