@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.conftest import run_cli, run_plainest_executorch
+from tests.conftest import PLAINEST_EXECUTORCH, run_cli, run_plainest_executorch
 from tests.models import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -511,9 +511,13 @@ def test_merged_probes_of_a_sliding_window_model_all_run(tmp_path):
 
 @pytest.fixture(scope="module")
 def tied_run(tmp_path_factory):
-    """The plainest ExecuTorch generation recipe on a tiny Llama whose output projection is its embedding table."""
-    model_dir, out, result = run_plainest_executorch(tmp_path_factory.mktemp("tied"), tiny_llama,
-                                                     tie_word_embeddings=True)
+    """The plainest ExecuTorch generation recipe in the methods layout (prefill + decode methods; the runner layout,
+    the default, keeps its weights inside model.pte: tests/test_llm_runner.py) on a tiny Llama whose output
+    projection is its embedding table."""
+    root = tmp_path_factory.mktemp("tied")
+    model_dir = tiny_llama(root / "model", {**PLAINEST_EXECUTORCH, "layout": "methods"}, tie_word_embeddings=True)
+    out = root / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     [target] = json.loads((out / "report.json").read_text())["targets"]
     return model_dir, out / target["name"], result, target
 

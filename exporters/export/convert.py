@@ -22,6 +22,7 @@ from exporters.capture.shapes import build_dynamic_shapes
 from exporters.errors import ShapeSpecError
 from exporters.export import onnx_files
 from exporters.export.footprint import tied_embeddings
+from exporters.export.llm_runner import export_runner
 from exporters.export.onnx_files import apply_onnx_file_options
 from exporters.export.transformers_js import write_transformers_js
 from exporters.recipe.model import ComponentOverride, Recipe
@@ -121,6 +122,8 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
     components of an ONNX target share one external-data file, a transformers.js layout is rewritten in place.
 
     Returns `{"components", "export_only_s", "save_s"}`."""
+    if getattr(target, "layout", None) == "runner":  # the ExecuTorch LLM runner's program (exporters.export.llm_runner)
+        return export_runner(model, target, components, recipe, directory, notes)
     exporter = upstream.exporter_class(target.export_format)()
     configs = component_configs(target, components, recipe, notes, quantizer_for)
     with _lowering(target, configs), _lowering_memory(target, directory):

@@ -36,6 +36,7 @@ from exporters.recipe.dims import (
 )
 from exporters.recipe.jsonpos import JsonPath, format_path, nearest_line
 from exporters.recipe.layout import LayoutSetting, MergedSetting
+from exporters.recipe.runner_layout import ExecutorchLayoutSetting
 from exporters.recipe.variants import (
     MAX_PROMPT_CHARS,
     CalibrationSpec,
@@ -177,7 +178,7 @@ class OnnxTarget(_TargetBase, LayoutSetting):
         return self
 
 
-class ExecutorchTarget(_TargetBase):
+class ExecutorchTarget(_TargetBase, ExecutorchLayoutSetting):
     """An ExecuTorch program (`.pte`)."""
 
     export_format: Literal["executorch"]

@@ -30,6 +30,7 @@ from exporters import fsutil
 from exporters.errors import DeviceError, error_record
 from exporters.export.convert import export_to, release_weights
 from exporters.export.footprint import record_footprint
+from exporters.export.llm_runner import copy_runner_files
 from exporters.export.onnx_files import strip_weights
 from exporters.export.quantize import Quantizing
 from exporters.hashing import file_entries
@@ -200,7 +201,8 @@ def _start(item: _Export, workbench: Workbench, context: RunContext, options: Ru
     device, components, staging = item.result.device, item.components, item.staging
 
     def work() -> dict[str, Any]:
-        return _export_work(workbench.model, target, components, context.recipe, staging, device, calibration)
+        return _export_work(workbench.model, target, components, context.recipe, staging, device, calibration,
+                            context.source.folder)
 
     progress.update(target.name, f"exporting {target.export_format} ({len(components)} component(s))")
     item.started = time.time()
@@ -248,9 +250,8 @@ def _stage_label(status: str) -> str:
 
 
 def _export_work(model: Any, target: Target, components: Any, recipe: Recipe, staging: Path, device: str,
-                 calibration: list[Any]) -> dict[str, Any]:
+                 calibration: list[Any], source_dir: Path | None = None) -> dict[str, Any]:
     """What the child process does: move to the target's device and dtype, quantize and export, save."""
-
     if target.dtype is not None or device != "cpu":
         dtype = getattr(torch, target.dtype) if target.dtype else None
         model = model.to(device=device, dtype=dtype)
@@ -259,6 +260,7 @@ def _export_work(model: Any, target: Target, components: Any, recipe: Recipe, st
     notes: list[str] = []
     quantizing = Quantizing(model, target, recipe, calibration, notes)
     outcome = export_to(model, target, components, recipe, staging, notes, quantizing.quantizer_for())
+    copy_runner_files(source_dir if getattr(target, "layout", None) == "runner" else None, staging)  # it reads them
     return {"notes": notes, **outcome, "quantization": quantizing.record_into(staging)}
 
 

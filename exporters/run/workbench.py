@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporters.capture import merged
+from exporters.capture import llm_runner, merged
 from exporters.capture.cache_settings import check_second_step, max_positions, sliding_window_of
 from exporters.capture.components import cache_setting_for, decompose, generation_config_for, minimum_components
 from exporters.capture.families import detect_family
@@ -70,6 +70,8 @@ class Workbench:
 
         if target.expected_components is not None:
             return list(target.expected_components)
+        if llm_runner.layout_of(target) == llm_runner.RUNNER:
+            return [merged.MERGED]
         return minimum_components(self.sample.family, target.mode, list(components), self.model,
                                   merged=bool(getattr(target, "merged", False)))
 
@@ -94,6 +96,14 @@ class Workbench:
 
         if target.name not in self.fitted:
             setting = self.cache_setting(target, recipe)
+            if llm_runner.wants_runner(target, self.sample.family, setting.implementation, recipe.inputs.batch_size):
+                target.layout = llm_runner.RUNNER  # one program in the runner's contract: no decomposition
+                key = (llm_runner.RUNNER, setting)
+                if key not in self.decompositions:
+                    self.decompositions[key] = llm_runner.capture(self.model, self.sample.generate,
+                                                                  setting.max_cache_len)
+                self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting))
+                return self.fitted[target.name][0]
             target.merged = merged.wants_merged(target, self.sample.family, setting.implementation,
                                                  self.model.config)
             captured = self._captured(target, recipe, setting)

@@ -2,7 +2,8 @@
 `generate(do_sample=False)`, token for token.
 
 - decoder-only: prompt → `prefill` → `decode` × N;
-- decoder-only, merged graph: prompt on an empty cache → `model` → `model` × N (one token each);
+- decoder-only, merged graph: prompt on an empty cache → `model` → `model` × N (one token each); the ExecuTorch
+  runner's program holds its cache itself: prompt at position 0 → `model` → `model` × N at each position;
 - encoder-decoder (T5, Whisper): source ids / audio features → `encoder` → `prefill` → `decode` × N;
 - vision-language (LLaVA, Idefics3 / SmolVLM, PaliGemma, Gemma 3, Qwen2-VL, ...): image + prompt → the model's own
   forward with its encoder(s), projector, `embed_tokens`, `language_model` and `lm_head` replaced by their graphs
@@ -137,9 +138,25 @@ def _decoder_only(model, components, runners, generate_inputs, greedy: Greedy, t
 def _merged_decoder(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
     template = components[MERGED][1]
     ids = generate_inputs["input_ids"]
+    if cache_input_name(template) is None:  # the runner layout: the cache is inside the program
+        return _stateful_decoder(runners[MERGED], template, ids, greedy, tokens)
     out = run_component(runners[MERGED], prompt_inputs(template, ids))
     stepper = DecodeStepper(runners[MERGED], template)
     decode_loop(out["logits"], output_cache(out), ids, greedy, stepper, tokens)
+    return int(ids.shape[1])
+
+
+def _stateful_decoder(runner, template, ids, greedy: Greedy, tokens) -> int:
+    """The ExecuTorch LLM runner's program (`exporters.capture.llm_runner`): the prompt at position 0 in one call,
+    then one token per call at its position, as the runner feeds it; the program keeps the cache."""
+
+    def call(step_ids: torch.Tensor, start: int) -> dict[str, Any]:
+        return {"logits": run_component(runner, step_inputs(template, step_ids, start, None))["logits"], "cache": None}
+
+    def stepper(token, position, cache, extra=None):
+        return call(token[:, None], position)
+
+    decode_loop(call(ids, 0)["logits"], None, ids, greedy, stepper, tokens)
     return int(ids.shape[1])
 
 

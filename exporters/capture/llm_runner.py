@@ -1,0 +1,90 @@
+"""The ExecuTorch LLM runner's layout: which targets get it, and its one component.
+
+A decoder-only ExecuTorch generation target is, by default (`layout` unset or `"runner"`), one program in the contract
+of executorch's LLM runner (`TextLLMRunner`, the runner behind its iOS/Android apps) and optimum-executorch:
+`forward(tokens int64[1, seq], cache_position int64[seq]) -> logits`, the KV cache (static, `max_cache_len`
+positions) held in the program as mutable buffers, `seq` dynamic so the prompt goes in one call, constant metadata
+methods beside it (`exporters.upstream.llm_runner`). `layout: "methods"` keeps the program with a method per
+component (prefill + decode taking and returning the cache), for callers that manage the cache themselves;
+encoder-decoder and vision-language targets always have that layout.
+
+Example:
+    >>> from exporters.recipe.load import parse_recipe
+    >>> target = parse_recipe('{"export_format": "executorch", "mode": "generation"}').exports[0]
+    >>> wants_runner(target, "text", "static", batch_size=1)
+    True
+    >>> wants_runner(target, "seq2seq", "static", batch_size=1)
+    False
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from exporters.capture.merged import MERGED
+from exporters.errors import TargetPlanError
+from exporters.upstream import llm_runner
+
+RUNNER, METHODS = "runner", "methods"
+# A program past this size cannot hold its weights inside (flatbuffer offsets are 32-bit).
+PTE_WEIGHTS_LIMIT = 2 * 1024**3
+
+
+def layout_of(target: Any) -> str | None:
+    """The target's ExecuTorch layout as the recipe says it (None: the default for its model)."""
+    return getattr(target, "layout", None) if target.export_format == "executorch" else None
+
+
+def wants_runner(target: Any, family: str, cache_implementation: str, batch_size: int = 1) -> bool:
+    """Whether an ExecuTorch target is exported in the runner's layout: asked (`layout: "runner"`), or by default
+    for a decoder-only generation target with a static cache at batch 1 and no component settings of the methods
+    layout. Raises [`TargetPlanError`] when `"runner"` is asked for what it cannot hold."""
+    if target.export_format != "executorch" or target.mode != "generation":
+        return False
+    layout = layout_of(target)
+    if layout == METHODS:
+        return False
+    reasons = []
+    if family != "text":
+        reasons.append(f"this is a {family} model (the runner runs decoder-only text models)")
+    if cache_implementation != "static":
+        reasons.append("the recipe's generation.cache_implementation is 'dynamic' (the runner's program holds a static "
+                       "cache)")
+    if batch_size != 1:
+        reasons.append(f"inputs.batch_size is {batch_size} (the runner runs batch 1)")
+    if target.quantize is not None:
+        reasons.append("quantize is not supported in the runner layout yet")
+    if set(target.components) - {MERGED} or target.dynamic_shapes or target.merged is False:
+        reasons.append("the target sets per-component settings or dynamic_shapes of the methods layout")
+    if target.backend != "xnnpack":
+        reasons.append(f"backend {target.backend!r} (the runner layout is lowered for XNNPACK)")
+    if not reasons:
+        return True
+    if layout == RUNNER:
+        raise TargetPlanError(f"layout 'runner' cannot be exported: {'; '.join(reasons)}; use layout 'methods'",
+                              option="layout")
+    return False
+
+
+def custom_ops_of(target: Any) -> bool:
+    """Whether the runner program uses executorch's LLM custom ops (`custom_ops`, on by default)."""
+    value = getattr(target, "custom_ops", None)
+    return True if value is None else bool(value)
+
+
+def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> dict[str, tuple[Any, dict]]:
+    """`{"model": (runner program, inputs)}`: transformers' static-cache wrapper (through the upstream adapter) and the
+    prompt at position 0, which the export traces and validation replays (a prompt of at least 2 tokens keeps the
+    sequence axis dynamic)."""
+    ids = generate_inputs["input_ids"]
+    if ids.shape[0] != 1:
+        raise TargetPlanError(f"the runner layout runs batch 1; the prompt has batch {ids.shape[0]}", option="layout")
+    if ids.shape[1] < 2:
+        ids = torch.cat([ids, ids], dim=1)
+    if ids.shape[1] >= max_cache_len:
+        raise TargetPlanError(f"the prompt ({ids.shape[1]} tokens) does not fit the static cache of {max_cache_len} "
+                              "positions: raise generation.max_cache_len", option="layout")
+    module = llm_runner.runner_module(model, max_cache_len)
+    return {MERGED: (module, {"input_ids": ids.clone(), "cache_position": torch.arange(ids.shape[1])})}

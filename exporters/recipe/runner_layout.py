@@ -1,0 +1,57 @@
+"""The recipe settings of an ExecuTorch target's program layout: `layout`, `custom_ops`, `external_weights`.
+
+A mixin of the ExecuTorch target model (`exporters.recipe`): its fields are recipe keys like the others, and a rule
+they break is a recipe problem with its JSON path and line.
+
+Example:
+    >>> from exporters.recipe.load import parse_recipe
+    >>> parse_recipe('{"export_format": "executorch", "layout": "methods", "custom_ops": true}')
+    Traceback (most recent call last):
+    ...
+    exporters.errors.RecipeError: $.custom_ops (line 1): custom_ops applies to layout 'runner' (the methods layout takes the cache as inputs): drop it, or use layout 'runner'
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+
+from exporters.recipe._base import problem as _problem
+
+
+class ExecutorchLayoutSetting(BaseModel):
+    """`layout`: the ExecuTorch LLM runner's program, or a method per component (`exporters.capture.llm_runner`)."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    layout: Literal["runner", "methods"] | None = Field(
+        default=None,
+        description="Generation: 'runner' writes one model.pte in the contract of ExecuTorch's LLM runner "
+        "(TextLLMRunner) and optimum-executorch: forward(tokens [1, seq], cache_position [seq]) -> logits, the KV "
+        "cache held in the program, constant metadata methods (get_max_seq_len, get_eos_ids, ...), tokenizer.json "
+        "beside it. 'methods': one program with a method per component (prefill, decode taking and returning the "
+        "cache). Default: 'runner' for decoder-only models (static cache, batch 1), 'methods' otherwise.",
+    )
+    custom_ops: StrictBool | None = Field(
+        default=None,
+        description="Layout 'runner': use ExecuTorch's LLM custom ops (llama::custom_sdpa, llama::update_cache), "
+        "as optimum-executorch's --use_custom_sdpa --use_custom_kv_cache. Default: true. A runtime that runs the "
+        "program needs the custom-ops kernels (Python: import executorch.extension.llm.custom_ops.custom_ops).",
+    )
+    external_weights: StrictBool | None = Field(
+        default=None,
+        description="Layout 'runner': the weights in model.ptd beside model.pte (pass it as the runner's data "
+        "path). Default: inside model.pte, unless the program would pass 2 GB.",
+    )
+
+    @model_validator(mode="after")
+    def _runner_settings(self) -> Any:
+        if self.layout == "runner" and getattr(self, "mode", None) == "model":
+            raise _problem(("layout",), "layout 'runner' applies to mode 'generation'")
+        if self.layout == "methods":
+            for key in ("custom_ops", "external_weights"):
+                if getattr(self, key) is not None:
+                    raise _problem((key,), f"{key} applies to layout 'runner' (the methods layout takes the cache as "
+                                           "inputs): drop it, or use layout 'runner'")
+        return self

@@ -1,0 +1,212 @@
+"""The ExecuTorch LLM runner's program (part of the adapter to upstream): transformers' exportable wrapper
+(`transformers.integrations.executorch.TorchExportableModuleWithStaticCache`), executorch's LLM custom ops and the
+lowering optimum-executorch uses, reached here only.
+
+```
+model ──► runner_module (static cache of max_cache_len as buffers) ──► export_runner_program
+          forward(input_ids [1, seq], cache_position [seq]) -> {"logits"}    strict torch.export, custom ops swapped in,
+                                                                            XNNPACK, constant metadata methods
+```
+
+The program is what executorch's `TextLLMRunner` (extension/llm/runner) and optimum-executorch load: one `forward`
+method with two inputs and one output, the KV cache held inside as mutable buffers, `seq` dynamic (the prompt in one
+call), and the constant methods they read (`get_max_seq_len`, `get_eos_ids`, ...). See docs/upstream-gaps.md for
+what upstream lacks (no runner layout in `ExecutorchExporter`, no metadata methods, a custom cache that does not fit
+transformers 5.24).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from transformers.exporters.metadata import ExportMetadata
+
+from exporters.upstream.beyond import _external_constants, _tag_delegate_weights
+
+# The runner's metadata methods (executorch extension/llm/runner/constants.h) and optimum-executorch's.
+FLOAT_DTYPE_CODES = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
+CUSTOM_OPS_MODULE = "executorch.extension.llm.custom_ops.custom_ops"
+
+
+def register_custom_ops() -> None:
+    """Register executorch's LLM custom ops (`llama::custom_sdpa`, `llama::update_cache`): their export-time meta
+    kernels and, in the shared kernel registry of the Python runtime and `TextLLMRunner`, their kernels (a program
+    that uses them does not load without it: `Missing operator: llama::update_cache.out`)."""
+    import importlib
+
+    importlib.import_module(CUSTOM_OPS_MODULE)
+
+
+class RunnerProgram(torch.nn.Module):
+    """`forward(input_ids [1, seq], cache_position [seq]) -> {"logits": [1, seq, vocab]}` around transformers'
+    static-cache wrapper; the cache is the wrapper's buffers (re-running from position 0 restarts generation)."""
+
+    def __init__(self, wrapper: torch.nn.Module):
+        super().__init__()
+        self.wrapper = wrapper
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": self.wrapper(input_ids=input_ids, cache_position=cache_position)}
+
+
+@contextlib.contextmanager
+def _static_generation_config(model: Any, max_cache_len: int) -> Iterator[None]:
+    """The generation config transformers' wrapper asserts on (use_cache, a static cache), only while it is built:
+    the eager model keeps its own."""
+    from transformers import GenerationConfig
+
+    original = model.generation_config
+    values = {k: v for k, v in original.to_dict().items() if k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    model.generation_config = GenerationConfig(**values, use_cache=True, cache_implementation="static",
+                                               cache_config={"batch_size": 1, "max_cache_len": max_cache_len})
+    try:
+        yield
+    finally:
+        model.generation_config = original
+
+
+def runner_module(model: Any, max_cache_len: int) -> RunnerProgram:
+    """The eager runner program: transformers' `TorchExportableModuleWithStaticCache` (batch 1, a static cache of
+    `max_cache_len` positions) behind `RunnerProgram`'s signature."""
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+    with _static_generation_config(model, max_cache_len):
+        wrapper = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_cache_len)
+    return RunnerProgram(wrapper).eval()
+
+
+@contextlib.contextmanager
+def custom_ops_installed(program: RunnerProgram, model: Any) -> Iterator[None]:
+    """Swap in executorch's custom ops on a runner program, as optimum-executorch's `--use_custom_sdpa
+    --use_custom_kv_cache` select: each static layer writes with `llama::update_cache` into a `[B, S, H, D]` buffer,
+    attention is `llama::custom_sdpa` (which builds the causal mask from the start position). optimum-executorch's
+    own cache class reads `cache_kwargs["cache_position"]`, which transformers 5.24 no longer passes
+    (docs/upstream-gaps.md), so the layers' `update` is overridden here. The attention implementation is restored
+    afterwards (the eager model keeps its own)."""
+    register_custom_ops()
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    def mask_passthrough(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    def custom_sdpa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+        start = kwargs["position_ids"][0][0].item()
+        torch._check_is_size(start)
+        torch._check(start < k.shape[1])
+        return torch.ops.llama.custom_sdpa(q, k, v, start, None, 0.0, True, scaling), None
+
+    AttentionInterface.register("custom_sdpa", custom_sdpa_attention)
+    AttentionMaskInterface.register("custom_sdpa", mask_passthrough)
+    configs = {id(c): c for c in (model.config, getattr(getattr(model, "model", None), "config", None)) if c is not None}
+    saved = {key: config._attn_implementation for key, config in configs.items()}
+    wrapper = program.wrapper
+    for config in configs.values():
+        config._attn_implementation = "custom_sdpa"
+    for i, layer in enumerate(wrapper.static_cache.layers):
+        b, h, length, d = layer.keys.shape
+        keys = torch.zeros(b, length, h, d, dtype=layer.keys.dtype)
+        values = torch.zeros(b, length, h, d, dtype=layer.values.dtype)
+        wrapper.register_buffer(f"key_cache_{i}", keys, persistent=False)
+        wrapper.register_buffer(f"value_cache_{i}", values, persistent=False)
+
+        def update(key_states, value_states, *args, _i=i, _layer=layer, **kwargs):
+            kbuf, vbuf = getattr(wrapper, f"key_cache_{_i}"), getattr(wrapper, f"value_cache_{_i}")
+            start = _layer.cumulative_length.item()
+            torch._check_is_size(start)
+            torch._check(start < kbuf.shape[1])
+            torch.ops.llama.update_cache(key_states.transpose(1, 2), kbuf, start)
+            torch.ops.llama.update_cache(value_states.transpose(1, 2), vbuf, start)
+            _layer.cumulative_length.add_(key_states.shape[-2])
+            return kbuf.transpose(1, 2), vbuf.transpose(1, 2)
+
+        layer.update = update
+        layer.keys, layer.values = keys, values
+    try:
+        yield
+    finally:
+        for key, config in configs.items():
+            config._attn_implementation = saved[key]
+
+
+def runner_metadata(model: Any, max_cache_len: int, custom_ops: bool, eos_ids: list[int]) -> dict[str, Any]:
+    """The constant methods of the program: what `TextLLMRunner` reads (`get_max_seq_len`, `get_max_context_len`,
+    `get_eos_ids` (one output per id), `use_kv_cache`, `use_sdpa_with_kv_cache`, `enable_dynamic_shape`) and what
+    optimum-executorch writes (`get_bos_id`, `get_eos_id`, `get_vocab_size`, `get_n_layers`, ...). None values are
+    left out (the runner then uses its default)."""
+    config = model.config.get_text_config()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    values = {
+        "get_max_seq_len": max_cache_len,  # tokens one forward call takes (the prompt is chunked by it)
+        "get_max_context_len": max_cache_len,  # the cache's capacity
+        "get_max_batch_size": 1,
+        "get_bos_id": config.bos_token_id,
+        "get_eos_id": eos_ids[0] if eos_ids else None,
+        "get_eos_ids": list(eos_ids) or None,
+        "get_vocab_size": config.vocab_size,
+        "get_n_layers": config.num_hidden_layers,
+        "get_n_kv_heads": kv_heads,
+        "get_head_dim": head_dim,
+        "get_dtype": FLOAT_DTYPE_CODES.get(model.dtype),
+        "use_kv_cache": True,
+        "use_sdpa_with_kv_cache": custom_ops,
+        "enable_dynamic_shape": True,
+    }
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def export_runner_program(program: RunnerProgram, model: Any, inputs: dict[str, Any], *, max_cache_len: int,
+                          custom_ops: bool, metadata: dict[str, Any], external_weights: str | None = None):
+    """Export and lower the runner program: strict `torch.export` (non-strict loses the cache's identity with the
+    buffers: docs/upstream-gaps.md), `seq` dynamic up to `max_cache_len - 1`, custom ops when asked (then
+    executorch's `RemoveRedundantTransposes` and a second export), XNNPACK, `metadata` as constant methods.
+    `external_weights`: the tag of a `.ptd` the weights go to (None: inside the `.pte`).
+
+    Returns `(ExecutorchProgramManager, ExportMetadata, number of custom-op nodes)`."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
+
+    seq = torch.export.Dim("seq_length_dim", max=max_cache_len - 1)
+    shapes = {"input_ids": {1: seq}, "cache_position": {0: seq}}
+    kwargs = {"input_ids": inputs["input_ids"], "cache_position": inputs["cache_position"]}
+    stack = contextlib.ExitStack()
+    with stack, torch.no_grad():
+        if custom_ops:
+            stack.enter_context(custom_ops_installed(program, model))
+        exported = torch.export.export(program, (), kwargs, dynamic_shapes=shapes, strict=True)
+        if custom_ops:
+            from executorch.extension.llm.export.export_passes import RemoveRedundantTransposes
+
+            module = RemoveRedundantTransposes()(exported.module())[0]
+            exported = torch.export.export(module, (), kwargs, dynamic_shapes=shapes, strict=True)
+    custom_nodes = sum(1 for n in exported.graph.nodes if n.op == "call_function" and "llama." in str(n.target))
+    record = ExportMetadata(
+        architecture=type(model).__name__,
+        export_dtype=str(model.dtype).removeprefix("torch."),
+        export_device="cpu",
+        kwargs={name: {"type": "tensor", "dtype": str(t.dtype), "shape": list(t.shape)} for name, t in kwargs.items()},
+        in_spec=torch.utils._pytree.treespec_dumps(exported.call_spec.in_spec),
+        out_spec=torch.utils._pytree.treespec_dumps(exported.call_spec.out_spec),
+    )
+    backend_config = ExecutorchBackendConfig(
+        extract_delegate_segments=True,
+        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+        do_quant_fusion_and_const_prop=True,
+    )
+    if external_weights is not None:  # every constant (delegated or not) to `<external_weights>.ptd`
+        _tag_delegate_weights(exported, external_weights)
+        backend_config = _external_constants(backend_config, external_weights)
+    edge = to_edge_transform_and_lower(
+        {"forward": exported},
+        partitioner=[XnnpackPartitioner()],
+        compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+        constant_methods=metadata,
+    )
+    manager = edge.to_executorch(config=backend_config)
+    return manager, record, custom_nodes

@@ -1,0 +1,119 @@
+"""The ExecuTorch LLM runner's proof: executorch's own `TextLLMRunner` (the C++ runner behind its iOS/Android apps,
+through the pybinding of the pinned executorch) generates from `model.pte` and the folder's `tokenizer.json` alone,
+greedily, the same text as eager `generate()` on the same prompt.
+
+```
+reference(): the prompt (the recipe's, else the sample's text) tokenized by the folder's tokenizer, no specials
+             └─ eager greedy generate, max_new_tokens ─► ids, their pieces
+prove():     a subprocess (the pybinding aborts the process on some errors) runs
+             TextLLMRunner(model.pte, tokenizer.json[, model.ptd]).generate(prompt, temperature 0)
+             └─ pieces ─► compared with eager's pieces, token for token
+```
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from exporters.upstream import read_manifest
+from exporters.validate.runtimes import RuntimeContext, RuntimeProof, register_runtime_check
+
+RUNNER_TIMEOUT_S = 600
+CHILD = r"""
+import json, sys
+spec = json.loads(sys.argv[1])
+import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the llama:: kernels)
+from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+args = [spec["program"], spec["tokenizer"]] + ([spec["data"]] if spec["data"] else [])
+runner = TextLLMRunner(*args)
+pieces, stats = [], {}
+def on_stats(s):
+    stats.update(prompt_tokens=s.num_prompt_tokens, generated=s.num_generated_tokens)
+config = GenerationConfig(echo=False, max_new_tokens=spec["max_new_tokens"], temperature=0.0)
+runner.generate(spec["prompt"], config, token_callback=pieces.append, stats_callback=on_stats)
+with open(spec["result"], "w") as handle:
+    json.dump({"pieces": pieces, "stats": stats}, handle)
+"""
+
+
+class ExecutorchRunnerCheck:
+    """`TextLLMRunner` on an ExecuTorch target in the runner layout."""
+
+    runtime = "ExecuTorch LLM runner"
+
+    def applies(self, target: Any, directory: Path) -> bool:
+        return target.export_format == "executorch" and getattr(target, "layout", None) == "runner"
+
+    def reference(self, model: Any, context: RuntimeContext) -> dict[str, Any]:
+        from tokenizers import Tokenizer
+
+        if context.source_dir is None or not (Path(context.source_dir) / "tokenizer.json").is_file():
+            return {"unverified": "the model folder has no tokenizer.json, which the runner reads"}
+        tokenizer = Tokenizer.from_file(str(Path(context.source_dir) / "tokenizer.json"))
+        prompt = context.recipe.inputs.prompt or tokenizer.decode(
+            context.generate_inputs["input_ids"][0].tolist(), skip_special_tokens=True)
+        ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+        config = copy.deepcopy(context.generation_config or model.generation_config)
+        config.do_sample, config.num_beams = False, 1
+        config.max_new_tokens = context.recipe.generation.max_new_tokens
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 generation_config=config)
+        generated = out[0, len(ids):].tolist()
+        eos = config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        shown = [t for t in generated if t not in eos]  # the runner stops at EOS without emitting it
+        return {"prompt": prompt, "tokens": shown, "pieces": [tokenizer.decode([t], skip_special_tokens=False)
+                                                                for t in shown]}
+
+    def prove(self, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
+        if "unverified" in reference:
+            return RuntimeProof(self.runtime, "unverified", reference["unverified"])
+        if importlib.util.find_spec("executorch.extension.llm.runner") is None:
+            return RuntimeProof(self.runtime, "unverified", "executorch's LLM runner (pybinding) is not installed here")
+        entry = read_manifest(directory)["components"]["model"]
+        tokenizer = directory / "tokenizer.json"
+        if not tokenizer.is_file():
+            return RuntimeProof(self.runtime, "failed", "the target folder has no tokenizer.json for the runner")
+        with tempfile.TemporaryDirectory() as scratch:
+            result = Path(scratch) / "result.json"
+            spec = {"program": str(directory / entry["file"]), "tokenizer": str(tokenizer),
+                    "data": str(directory / entry["data_file"]) if entry.get("data_file") else None,
+                    "prompt": reference["prompt"], "max_new_tokens": context.recipe.generation.max_new_tokens,
+                    "result": str(result)}
+            try:
+                run = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True,
+                                     timeout=RUNNER_TIMEOUT_S, cwd=scratch)
+            except subprocess.TimeoutExpired:
+                return RuntimeProof(self.runtime, "failed", f"the runner did not finish in {RUNNER_TIMEOUT_S} s")
+            if run.returncode != 0 or not result.is_file():
+                message = _runner_message(run.stderr) or f"exit status {run.returncode}"
+                return RuntimeProof(self.runtime, "failed", f"the runner failed: {message}")
+            got = json.loads(result.read_text())["pieces"]
+        want = reference["pieces"]
+        equal = 0
+        while equal < min(len(got), len(want)) and got[equal] == want[equal]:
+            equal += 1
+        if got == want:
+            return RuntimeProof(self.runtime, "passed", f"{equal}/{len(want)} tokens")
+        return RuntimeProof(self.runtime, "failed", f"{equal}/{len(want)} tokens equal: the runner generated "
+                                                   f"{''.join(got)[:200]!r}, eager {''.join(want)[:200]!r}")
+
+
+def _runner_message(stderr: str) -> str:
+    """The runner's own error lines (ExecuTorch logs `E ...` / `[file:line] ...`), else the last lines."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if " E " in f" {line}" or "Error" in line or "error" in line or "Missing" in line]
+    return " | ".join((errors or lines)[-4:])[:600]
+
+
+register_runtime_check(ExecutorchRunnerCheck())

@@ -1,0 +1,159 @@
+"""The ExecuTorch LLM runner's layout, the default of decoder-only ExecuTorch generation targets: one `model.pte`
+that executorch's own `TextLLMRunner` runs from the target folder alone, generating what eager generates.
+
+Each model is exported once (module-scoped fixtures) through the real CLI; every check reads that one export.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import PLAINEST_EXECUTORCH, run_cli
+
+pytest.importorskip("executorch")
+
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "a tiny model learns to export itself to many runtimes",
+    "executorch runs programs on phones and small boards",
+    "static caches hold keys and values for every layer",
+    "dynamic shapes let the prompt go in one call",
+] * 20
+BOS, EOS, PAD = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
+PROMPT = "the quick brown fox jumps over the lazy dog"
+
+
+def ascii_bpe(folder: Path):
+    """A byte-level BPE trained in code, ASCII only (no byte symbols >= 0x80: the runner's pybinding cannot hand a
+    partial UTF-8 piece to Python), saved with its tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=200, special_tokens=[BOS, EOS, PAD],
+                                                            show_progress=False))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=BOS, eos_token=EOS, pad_token=PAD)
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def runner_model(folder: Path, kind: str, recipe) -> Path:
+    """A tiny Llama (tied embeddings) or Qwen2 with its own BPE; EOS never the argmax, so every run is full length."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from tests.models import write_recipe
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = ascii_bpe(folder)
+    common = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id, initializer_range=0.2)
+    torch.manual_seed(0)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, **common))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=False, **common))
+    with torch.no_grad():
+        model.get_output_embeddings().weight[tokenizer.eos_token_id].zero_()
+    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    model.eval().save_pretrained(folder)
+    write_recipe(folder, recipe)
+    return folder
+
+
+def _export(root: Path, kind: str, recipe) -> tuple[Path, dict, str]:
+    model_dir = runner_model(root / "model", kind, recipe)
+    out = root / "out"
+    done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
+    return out, report, done.stdout + done.stderr
+
+
+RECIPE = {"exports": [PLAINEST_EXECUTORCH], "inputs": {"prompt": PROMPT}, "generation": {"max_new_tokens": 8}}
+
+
+@pytest.fixture(scope="module")
+def llama_runner(tmp_path_factory):
+    return _export(tmp_path_factory.mktemp("runner-llama"), "llama", RECIPE)
+
+
+@pytest.fixture(scope="module")
+def qwen2_plain_runner(tmp_path_factory):
+    """Qwen2 with the custom ops off, and a static cache of 48 positions."""
+    recipe = {**RECIPE, "exports": [{**PLAINEST_EXECUTORCH, "custom_ops": False}],
+              "generation": {"max_new_tokens": 8, "cache_implementation": "static", "max_cache_len": 48}}
+    return _export(tmp_path_factory.mktemp("runner-qwen2"), "qwen2", recipe)
+
+
+def _target(report: dict) -> dict:
+    return report["targets"][0]
+
+
+@pytest.mark.parametrize("fixture", ["llama_runner", "qwen2_plain_runner"])
+def test_the_runner_program_passes_and_runs_in_the_runner(fixture, request):
+    out, report, log = request.getfixturevalue(fixture)
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs["ExecuTorch LLM runner"] == {"runtime": "ExecuTorch LLM runner", "status": "passed",
+                                                "detail": "8/8 tokens"}
+    assert "ExecuTorch LLM runner ✓ 8/8 tokens" in (out / "report.md").read_text()
+    generation = target["generation"]
+    assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
+    assert len(generation["eager_tokens"][0]) == 8
+
+
+@pytest.mark.parametrize("fixture,custom,cache", [("llama_runner", True, 64), ("qwen2_plain_runner", False, 48)])
+def test_the_folder_holds_the_runner_contract(fixture, custom, cache, request):
+    from executorch.runtime import Runtime
+
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+
+    out, report, _ = request.getfixturevalue(fixture)
+    folder = out / "executorch"
+    names = sorted(p.name for p in folder.iterdir())
+    assert "model.pte" in names and not [n for n in names if n.endswith(".ptd")], names  # weights inside
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json", "export.json"):
+        assert name in names, names
+    manifest = json.loads((folder / "export.json").read_text())
+    assert manifest["layout"] == "runner" and manifest["custom_ops"] is custom
+    assert list(manifest["components"]) == ["model"]
+    program = Runtime.get().load_program(folder / "model.pte")
+    methods = set(program.method_names)
+    expected = {"forward", "get_max_seq_len", "get_max_context_len", "get_max_batch_size", "get_bos_id",
+                "get_eos_id", "get_eos_ids", "get_vocab_size", "get_n_layers", "get_n_kv_heads", "get_head_dim",
+                "use_kv_cache", "use_sdpa_with_kv_cache", "enable_dynamic_shape"}
+    assert expected <= methods, methods
+    value = {name: program.load_method(name).execute([]) for name in expected - {"forward"}}
+    assert value["get_max_seq_len"] == [cache] and value["get_max_context_len"] == [cache]
+    assert value["use_sdpa_with_kv_cache"] == [custom] and value["enable_dynamic_shape"] == [True]
+    assert value["get_n_layers"] == [2] and value["get_n_kv_heads"] == [2] and value["get_head_dim"] == [8]
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    eos = next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == EOS)
+    assert value["get_eos_ids"] == [eos]
+    forward = program.load_method("forward")
+    assert forward.metadata.num_inputs() == 2 and forward.metadata.num_outputs() == 1
+    # the prompt in one call, then one token at its position: the program keeps the cache
+    logits = forward.execute([torch.tensor([[5, 6, 7]]), torch.arange(3)])[0]
+    assert logits.shape[:2] == (1, 3)
+    nodes = "llama" in (folder / "model.pte").read_bytes().decode("latin-1")
+    assert nodes is custom
+
+
+def test_the_methods_layout_stays_available(tmp_path):
+    """`layout: "methods"`: one program with prefill and decode methods taking the cache, as before."""
+    recipe = {**RECIPE, "exports": [{**PLAINEST_EXECUTORCH, "layout": "methods"}]}
+    out, report, log = _export(tmp_path, "llama", recipe)
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
+    manifest = json.loads((out / "executorch" / "export.json").read_text())
+    assert sorted(manifest["components"]) == ["decode", "prefill"] and manifest.get("layout") != "runner"
+    assert not target.get("runtimes")  # the runner does not run this layout: no claim about it
