@@ -142,7 +142,7 @@ def _export_and_validate(targets: list[Target], context: RunContext, options: Ru
             results.append(item.result)
             if _prepare(item, workbench, context, options, progress):
                 planned.append(item)
-        jobs = options.jobs or default_jobs(weight_bytes=_weight_bytes(workbench.model), targets=len(planned))
+        jobs = options.jobs or default_jobs(weight_bytes=workbench.weights.bytes(), targets=len(planned))
         context.jobs = jobs
         pending, running, exported, validated = list(planned), [], [], []
         while pending or running or exported:
@@ -161,10 +161,6 @@ def _export_and_validate(targets: list[Target], context: RunContext, options: Ru
         if options.bench:  # after every export: timings taken while nothing else runs, each in a fresh process
             bench_passing(validated, workbench, context, progress)
     return results
-
-
-def _weight_bytes(model: Any) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def _prepare(item: _Export, workbench: Workbench, context: RunContext, options: RunOptions, progress: Progress) -> bool:
