@@ -11,11 +11,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from exporters.capture import llm_runner, merged
 from exporters.capture.cache_settings import check_second_step, max_positions, sliding_window_of
 from exporters.capture.components import cache_setting_for, decompose, generation_config_for, minimum_components
 from exporters.capture.families import detect_family
-from exporters.capture.inputs import default_mode, make_sample_inputs
+from exporters.capture.inputs import SampleInputs, default_mode, make_sample_inputs
 from exporters.capture.probes import dim_bindings, fit_to_contract
 from exporters.capture.source import load_model, load_tokenizer
 from exporters.errors import ShapeSpecError, error_record
@@ -30,10 +32,10 @@ from exporters.validate.checks import EagerCache
 class Workbench:
     """The loaded model, its sample inputs, and what is shared across targets: decompositions, eager outputs."""
 
-    model: Any
-    sample: Any
-    eager: Any
-    weights: Any  # exporters.export.footprint.ModelWeights, read at load (validation may free the weights later)
+    model: torch.nn.Module | None  # None once validation released the eager weights
+    sample: SampleInputs | None  # None when the model's sample inputs could not be made (`unprepared`)
+    eager: EagerCache
+    weights: ModelWeights  # read at load (validation may free the weights later)
     tokenizer: Any = None  # the folder's, for calibration prompts
     decompositions: dict[tuple, Any] = field(default_factory=dict)
     fitted: dict[str, tuple[Any, list[str]]] = field(default_factory=dict)
