@@ -229,3 +229,23 @@ def tiny_vit_with_image_processor(folder: Path, recipe: Any | None = None, seed:
     build(FAMILIES["vit"], folder, seed=seed, recipe=recipe)
     ViTImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(folder)
     return folder
+
+
+def save_bpe_tokenizer(folder: Path, vocab_size: int = 100, chat_template: bool = True) -> Path:
+    """A small BPE tokenizer trained here in milliseconds (no download) and saved into `folder` with transformers 5's
+    `save_pretrained`, which names `"tokenizer_class": "TokenizersBackend"` in `tokenizer_config.json`; with
+    `chat_template`, a `chat_template.jinja` too. Ids stay below `vocab_size` (a tiny model's vocabulary)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>", "<unk>"])
+    text = ["the cat sat on the mat", "a dog ran in the park", "hello world, the model exports", "tiny models test"]
+    backend.train_from_iterator(text * 4, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
+                                        pad_token="<pad>", unk_token="<unk>")
+    if chat_template:
+        tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(folder)
+    return folder
