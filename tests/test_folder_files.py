@@ -21,6 +21,7 @@ RECIPE = {
     "schema_version": 1,
     "exports": [
         {"name": "dynamo", "export_format": "dynamo", "mode": "generation", "dynamic": True},
+        {"name": "dynamo-merged", "export_format": "dynamo", "mode": "generation", "merged": True},
         {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"},
     ],
     "inputs": {"sequence_length": 6},
@@ -47,11 +48,11 @@ def _all_findings(report, target) -> list[str]:
 def test_every_target_passes(llm):
     _, _, result, _, targets = llm
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert sorted(targets) == ["dynamo", "tjs"]
+    assert sorted(targets) == ["dynamo", "dynamo-merged", "tjs"]
     assert all(t["status"] == "passed" for t in targets.values()), {n: t["error"] for n, t in targets.items()}
 
 
-@pytest.mark.parametrize("name", ["dynamo", "tjs"])
+@pytest.mark.parametrize("name", ["dynamo", "dynamo-merged", "tjs"])
 def test_target_folder_holds_the_configs_and_tokenizer_files_none_a_link(llm, name):
     _, out, _, _, _ = llm
     folder = out / name
@@ -60,7 +61,7 @@ def test_target_folder_holds_the_configs_and_tokenizer_files_none_a_link(llm, na
     assert not [p for p in folder.rglob("*") if p.is_symlink()]
 
 
-@pytest.mark.parametrize("name", ["dynamo", "tjs"])
+@pytest.mark.parametrize("name", ["dynamo", "dynamo-merged", "tjs"])
 def test_tokenizer_loads_from_the_target_folder_alone(llm, name, tmp_path):
     """Copied elsewhere, away from the model folder, the target's tokenizer encodes as the model's own does."""
     import shutil
@@ -101,27 +102,69 @@ def test_transformers_js_layout_keeps_its_config_and_graph_folder(llm):
     assert (out / "tjs" / "onnx" / "model.onnx").is_file()
 
 
-def test_exported_model_snippet_runs_against_the_dynamo_folder(llm):
-    """The model card's `ExportedModel.from_pretrained` snippet (what `exporters.publish.texts` writes), run as is
-    against the target folder, gives the eager logits."""
+@pytest.mark.parametrize("name", ["dynamo", "dynamo-merged"])
+def test_exported_model_snippet_runs_against_the_target_folder(llm, name):
+    """The model card's `ExportedModel.from_pretrained` snippet, run as written (the repo id and subfolder replaced
+    by the local target folder), gives the eager logits: with `DynamicCache(config=...)`, as the snippet says."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from exporters.publish.texts import load_snippet
+    from exporters.publish.snippets import exported_model_snippet
 
-    model_dir, out, _, _, _ = llm
-    snippet = load_snippet("org/model", "dynamo", "dynamo")
-    local = snippet.replace('"org/model", subfolder="exports/dynamo"', repr(str(out / "dynamo")))
+    model_dir, out, _, _, targets = llm
+    snippet = exported_model_snippet("org/model", targets[name])
+    assert "DynamicCache(config=" in snippet and "DynamicCache()" in snippet  # the comment names what fails
+    where = f'"org/model", subfolder="exports/{name}"'
+    assert snippet.count(where) == 2, snippet
     namespace: dict = {}
-    exec(local, namespace)  # noqa: S102 - our own snippet, on our own export
-    model = namespace["model"]
-    assert "outputs" in namespace, snippet
+    exec(snippet.replace(where, repr(str(out / name))), namespace)  # noqa: S102 - our snippet, our export
     eager = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     ids = namespace["input_ids"]
     with torch.no_grad():
         want = eager(input_ids=ids).logits
     torch.testing.assert_close(namespace["outputs"].logits, want, atol=1e-4, rtol=1e-3)
-    assert model is not None
+    if "step" in namespace:  # prefill then one decode step on its cache
+        following = torch.cat([ids, namespace["next_token"]], dim=1)
+        with torch.no_grad():
+            want = eager(input_ids=following).logits[:, -1:]
+        torch.testing.assert_close(namespace["step"].logits, want, atol=1e-4, rtol=1e-3)
+
+
+def test_a_plain_dynamic_cache_fails_the_traced_spec(llm):
+    """What the snippet warns about (docs/upstream-gaps.md): upstream's runner refuses `DynamicCache()`."""
+    import torch
+    from transformers import DynamicCache
+    from transformers.exporters import ExportedModel
+
+    _, out, _, _, _ = llm
+    model = ExportedModel.from_pretrained(str(out / "dynamo"), trust_remote_code=True)
+    with pytest.raises(ValueError, match="exported input tree spec"):
+        model.runners["prefill"](input_ids=torch.tensor([[5, 9]]), position_ids=torch.arange(2)[None],
+                                 cache=DynamicCache())
+
+
+def test_model_card_shows_a_snippet_per_proven_runtime(llm):
+    """Keyed by runtime name: a passed proof gets its runtime's snippet, a failed one none; upstream's loader's
+    snippet for the formats it reads."""
+    from exporters.publish.snippets import target_snippets
+
+    _, _, _, _, targets = llm
+    target = {**targets["tjs"], "runtimes": [
+        {"runtime": "transformers.js", "status": "passed", "detail": "4/4 tokens"},
+        {"runtime": "optimum", "status": "passed", "detail": "batch 2"},
+        {"runtime": "ONNX Runtime GenAI", "status": "failed", "detail": "no genai_config.json"}]}
+    snippets = {runtime: code for runtime, _, code in target_snippets("org/model", target)}
+    assert list(snippets) == ["transformers.js", "optimum"]  # the transformers.js layout: not upstream's loader
+    assert "pipeline('text-generation', 'tjs')" in snippets["transformers.js"]
+    assert 'ORTModelForCausalLM.from_pretrained("org/model", subfolder="exports/tjs")' in snippets["optimum"]
+    runner = {**targets["dynamo"], "export_format": "executorch", "expected_components": ["model"],
+              "files": [{"path": "et/model.pte"}], "name": "et",
+              "runtimes": [{"runtime": "ExecuTorch LLM runner", "status": "passed", "detail": "8/8 tokens"},
+                           {"runtime": "ONNX Runtime GenAI", "status": "passed"}]}
+    snippets = {runtime: code for runtime, _, code in target_snippets("org/model", runner)}
+    assert 'TextLLMRunner(f"{folder}/model.pte", f"{folder}/tokenizer.json")' in snippets["ExecuTorch LLM runner"]
+    assert "og.Model(folder)" in snippets["ONNX Runtime GenAI"]
+    assert "ExportedModel.from_pretrained" in snippets["transformers.exporters"]
 
 
 def test_a_linked_tokenizer_file_is_refused(tmp_path):
