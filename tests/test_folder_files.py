@@ -208,3 +208,42 @@ def test_vit_transformers_js_folder_carries_its_preprocessor_config(vit):
     from transformers import AutoImageProcessor
 
     assert AutoImageProcessor.from_pretrained(folder).size == {"height": 32, "width": 32}
+
+
+TJS_IMAGE_SCRIPT = Path(__file__).with_name("transformers_js") / "image.mjs"
+
+
+def test_vit_runs_in_a_transformers_js_pipeline_from_its_folder(vit):
+    """transformers.js itself, on Node.js: `pipeline('image-feature-extraction')` loads the folder alone (its
+    preprocessor_config.json prepares the image) and gives the eager model's features. Installed by `make
+    test-deps` (see tests/test_weights_once.py); never skipped."""
+    import random
+    import shutil
+    import subprocess
+
+    import numpy as np
+    import torch
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoModel
+
+    root = Path(__file__).resolve().parents[1]
+    modules = os.environ.get("HF_EXPORT_TRANSFORMERS_JS") or str(root / ".cache" / "transformers-js")
+    if shutil.which("node") is None or not (Path(modules) / "node_modules" / "@huggingface" / "transformers").is_dir():
+        pytest.fail("transformers.js is not installed: run `make test-deps`, or set HF_EXPORT_TRANSFORMERS_JS to a "
+                    "folder with node_modules/@huggingface/transformers")
+    model_dir, out, _, report = vit
+    [target] = report["targets"]
+    rng = random.Random(0)
+    pixels = [rng.randrange(256) for _ in range(32 * 32 * 3)]
+    script = Path(modules) / "image.mjs"
+    shutil.copyfile(TJS_IMAGE_SCRIPT, script)
+    result = subprocess.run(["node", str(script), str(out), target["name"], "image-feature-extraction", "32", "32",
+                             json.dumps(pixels)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    image = Image.fromarray(np.array(pixels, dtype=np.uint8).reshape(32, 32, 3))
+    inputs = AutoImageProcessor.from_pretrained(model_dir)(image, return_tensors="pt")
+    with torch.no_grad():
+        want = AutoModel.from_pretrained(model_dir).eval()(**inputs).last_hidden_state
+    assert got["dims"] == list(want.shape)
+    np.testing.assert_allclose(np.array(got["data"]).reshape(want.shape), want.numpy(), atol=1e-3, rtol=1e-3)
