@@ -164,7 +164,11 @@ def test_model_card_shows_a_snippet_per_proven_runtime(llm):
     snippets = {runtime: code for runtime, _, code in target_snippets("org/model", runner)}
     assert 'TextLLMRunner(f"{folder}/model.pte", f"{folder}/tokenizer.json")' in snippets["ExecuTorch LLM runner"]
     assert "og.Model(folder)" in snippets["ONNX Runtime GenAI"]
-    assert "ExportedModel.from_pretrained" in snippets["transformers.exporters"]
+    assert "transformers.exporters" not in snippets  # the runner's program: not called the way upstream's loader is
+    split = {**runner, "expected_components": ["prefill", "decode"], "runtimes": [],
+             "files": [{"path": "et/prefill.pte"}, {"path": "et/decode.pte"}]}
+    [(runtime, _, code)] = target_snippets("org/model", split)
+    assert runtime == "transformers.exporters" and 'model.runners["prefill"]' in code
 
 
 def test_a_linked_tokenizer_file_is_refused(tmp_path):

@@ -112,7 +112,8 @@ def proven_runtimes(target: dict[str, Any]) -> list[dict[str, Any]]:
 
 def upstream_loads(target: dict[str, Any]) -> bool:
     """Whether upstream's `ExportedModel.from_pretrained` reads the target's folder: `.pt2` programs, ONNX graphs
-    in upstream's layout, or one `.pte` per component (not one program with a method per component)."""
+    in upstream's layout, or one `.pte` per component (not one program with a method per component, nor the ExecuTorch
+    LLM runner's program, whose `forward` takes tokens and positions and holds the cache)."""
     names = _file_names(target)
     if target.get("export_format") == "dynamo":
         return True
@@ -120,6 +121,8 @@ def upstream_loads(target: dict[str, Any]) -> bool:
         return not any(name.startswith("onnx/") for name in names)
     if target.get("export_format") != "executorch":
         return False
+    if any(p.get("runtime") == "ExecuTorch LLM runner" for p in target.get("runtimes") or [] if isinstance(p, dict)):
+        return False  # the runner's `forward(tokens, input_pos)`, the cache inside: its own snippet says how to run it
     components = target.get("expected_components") or []
     return bool(components) and all(f"{c}.pte" in names for c in components)
 
