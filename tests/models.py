@@ -239,3 +239,23 @@ def tiny_mamba(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
     config = MambaConfig(vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=1, expand=2, conv_kernel=4,
                          time_step_rank=2, bos_token_id=0, eos_token_id=63, pad_token_id=1)
     return _saved(MambaForCausalLM(config), folder, recipe)
+
+
+def save_bpe_tokenizer(folder: Path, vocab_size: int = 100, chat_template: bool = True) -> Path:
+    """A small BPE tokenizer trained here in milliseconds (no download) and saved into `folder` with transformers 5's
+    `save_pretrained`, which names `"tokenizer_class": "TokenizersBackend"` in `tokenizer_config.json`; with
+    `chat_template`, a `chat_template.jinja` too. Ids stay below `vocab_size` (a tiny model's vocabulary)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>", "<unk>"])
+    text = ["the cat sat on the mat", "a dog ran in the park", "hello world, the model exports", "tiny models test"]
+    backend.train_from_iterator(text * 4, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
+                                        pad_token="<pad>", unk_token="<unk>")
+    if chat_template:
+        tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -21,11 +21,12 @@ from exporters.files import RECIPE_SOURCES
 REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 # What a run needs from a repo: never the previous exports, which can be large.
 # Files of a model folder whose content reaches an artifact (configs rewritten beside the program, the tokenizer
-# files the transformers.js layout copies, the processor's configs): in a local folder none may be a link.
+# and processor files copied into every target folder, `exporters.export.folder_files`): in a local folder none may
+# be a link.
 COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model",
                 "added_tokens.json", "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
-                "processor_config.json")
+                "processor_config.json", "video_preprocessor_config.json")
 DOWNLOAD_IGNORE = ["exports/*", "*.onnx", "*.onnx.data", "*.pte", "*.pt2", "*.msgpack", "*.h5", "*.ot", "*.bin.index.json"]
 
 

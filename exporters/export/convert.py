@@ -21,6 +21,7 @@ from exporters.capture.components import cache_setting_for, generation_config_fo
 from exporters.capture.shapes import build_dynamic_shapes
 from exporters.errors import ShapeSpecError
 from exporters.export import onnx_files
+from exporters.export.folder_files import complete_folder, model_folder
 from exporters.export.footprint import tied_embeddings
 from exporters.export.llm_runner import export_runner
 from exporters.export.onnx_files import apply_onnx_file_options
@@ -121,13 +122,17 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
     the weights stored once: an ExecuTorch target with several components is one `.pte` with a method each, the
     components of an ONNX target share one external-data file, a transformers.js layout is rewritten in place.
 
+    Every target folder then holds the model's tokenizer and processor files (`folder_files.complete_folder`).
+
     Returns `{"components", "export_only_s", "save_s"}`."""
     if getattr(target, "layout", None) == "runner":  # the ExecuTorch LLM runner's program (exporters.export.llm_runner)
         return export_runner(model, target, components, recipe, directory, notes)
     exporter = upstream.exporter_class(target.export_format)()
     configs = component_configs(target, components, recipe, notes, quantizer_for)
     with _lowering(target, configs), _lowering_memory(target, directory):
-        return _export_and_save(exporter, configs, model, target, components, recipe, directory)
+        outcome = _export_and_save(exporter, configs, model, target, components, recipe, directory)
+    complete_folder(directory, model_folder(model), notes)  # the folder loads alone: configs, tokenizer, processor
+    return outcome
 
 
 @contextlib.contextmanager

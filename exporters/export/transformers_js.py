@@ -7,7 +7,8 @@ transformers.js (v3/v4) loads a decoder-only model from `onnx/model{suffix}.onnx
 are `logits` and `present.{i}.key` / `.value`. It builds the first (empty) cache from the graph's input dims: a
 symbolic dim becomes 0, except `batch_size`. The merged graph is rewritten here to that contract: inputs and outputs
 renamed, symbolic dims named (`batch_size`, `sequence_length`, `past_sequence_length`), the external data moved to
-`onnx/`, `transformers.js_config` added to `config.json`, and the repo's tokenizer files copied beside it. The graph
+`onnx/`, `transformers.js_config` added to `config.json` (the repo's tokenizer and processor files are copied beside it, as into
+every target folder, by `exporters.export.folder_files`). The graph
 and its weights are not copied: the names are changed in the protobuf and the data file is moved.
 
 Upstream's runner binds inputs by their leaf names (`cache.layers.0.keys`): `export.json` records the mapping, and
@@ -27,8 +28,6 @@ from exporters.upstream import read_manifest, write_manifest
 
 LAYOUT = "transformers.js"
 SUBFOLDER = "onnx"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "tokenizer.model", "added_tokens.json", "chat_template.jinja")
 _CACHE = re.compile(r"^(?:input\.|output\.)?(?:cache|past_key_values)\.layers\.(\d+)\.(keys|values)$")
 _SYMBOL = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
 # Input name -> {axis: dim name} for the dims transformers.js reads or users see.
@@ -102,14 +101,6 @@ def _rename_dims(model, symbols: dict[str, str]) -> None:
                 dim.dim_param = rename(dim.dim_param)
 
 
-def _copy_tokenizer(source: Path | None, directory: Path) -> list[str]:
-    """The repo's tokenizer files copied beside the graph, never through a link (`exporters.fsutil.copy_model_file`:
-    a linked file is an error, not a copy of whatever it points to)."""
-    if source is None or not source.is_dir():
-        return []
-    return [name for name in TOKENIZER_FILES if fsutil.copy_model_file(source, name, directory / name)]
-
-
 def write_transformers_js(directory: Path, target, model) -> None:
     """Rewrite the saved single-graph ONNX target in `directory` to the transformers.js layout (see the module)."""
     # onnx loads only where an ONNX file is read
@@ -152,5 +143,3 @@ def write_transformers_js(directory: Path, target, model) -> None:
     config["transformers.js_config"] = {"dtype": "fp16" if suffix else "fp32",
                                         "use_external_data_format": {graph_file: 1} if external else False}
     fsutil.write_file(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n")
-    folder = getattr(getattr(model, "config", None), "_name_or_path", None)
-    _copy_tokenizer(Path(folder) if folder else None, directory)

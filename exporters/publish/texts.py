@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from exporters.publish.markers import render_marker
 from exporters.publish.plan import EXPORTS_DIR, report_paths
+from exporters.publish.snippets import NEEDS_TRUST, proven_runtimes, target_snippets
 from exporters.report.markdown import close_fences, human_size, variants_table
 
 if TYPE_CHECKING:
@@ -30,8 +31,6 @@ if TYPE_CHECKING:
 
 CARD_START = "<!-- export-action:exports:start -->"
 CARD_END = "<!-- export-action:exports:end -->"
-# Formats whose programs are pickled (torch.export .pt2): loading them runs code, so it needs trust_remote_code.
-NEEDS_TRUST = ("dynamo",)
 # The report part of a PR / discussion text: room is left for the summary and the marker under the Hub's limit.
 DESCRIPTION_REPORT_LIMIT = 55_000
 # Hooks adding sections to the PR description and the model card (e.g. quantized variants): plan -> lines.
@@ -169,8 +168,13 @@ def card_section(plan: PublishPlan) -> str:
     for target in plan.targets():
         components = ", ".join(c["name"] for c in target.get("components") or []) or "–"
         lines += [f"### `{target['name']}`", "", f"{target['export_format']}, {target['mode']} mode: {components}",
-                  "", "```python",
-                  load_snippet(plan.repo_id, target["name"], target["export_format"]), "```", ""]
+                  ""]
+        proofs = proven_runtimes(target)
+        if proofs:
+            runs_in = ", ".join(f"{p['runtime']} ✓ {p.get('detail') or ''}".strip() for p in proofs)
+            lines += [f"Runs in (proven from this folder alone): {runs_in}", ""]
+        for runtime, language, code in target_snippets(plan.repo_id, target):
+            lines += [f"{runtime}:", "", f"```{language}", code, "```", ""]
     if any(t["export_format"] in NEEDS_TRUST for t in plan.targets()):
         trust = "`trust_remote_code=True`"  # own artifact: what this run exported and validated
         lines += [f"{trust} is needed to load `torch.export` programs (`.pt2`, pickled): pass it only for exports "

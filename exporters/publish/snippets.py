@@ -1,0 +1,185 @@
+"""How to run a published target, per runtime it was proven in: the model card's snippets.
+
+A target records the deployment runtimes that ran it from its folder alone (`target["runtimes"]`: `{runtime,
+status, detail}`, `exporters.validate.runtimes`). The card shows a snippet for each runtime whose proof `passed`,
+keyed by the runtime's name (`RUNTIME_SNIPPETS`), and, for the formats upstream's loader reads (`.pt2`, one `.pte`
+per component), the `ExportedModel.from_pretrained` snippet. A runtime that did not pass gets no snippet: no text
+claims more than what ran.
+
+Example:
+    >>> target = {"name": "onnx", "export_format": "onnx", "mode": "generation", "expected_components": ["model"],
+    ...           "runtimes": [{"runtime": "optimum", "status": "passed", "detail": "batch 2"},
+    ...                        {"runtime": "ONNX Runtime GenAI", "status": "failed", "detail": "no genai_config"}]}
+    >>> [runtime for runtime, _, _ in target_snippets("org/model", target)]
+    ['optimum', 'transformers.exporters']
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from exporters.publish.plan import EXPORTS_DIR
+
+__all__ = ["RUNTIME_SNIPPETS", "exported_model_snippet", "proven_runtimes", "target_snippets"]
+
+# Formats whose programs are pickled (torch.export .pt2): loading them runs code, so it needs trust_remote_code.
+NEEDS_TRUST = ("dynamo",)
+PROMPT = "Hello"
+
+
+def _subfolder(target: dict[str, Any]) -> str:
+    return f"{EXPORTS_DIR}/{target['name']}"
+
+
+def _download(repo_id: str, target: dict[str, Any]) -> str:
+    """Python lines that download one target folder and name it `folder`."""
+    sub = _subfolder(target)
+    return ("from huggingface_hub import snapshot_download\n\n"
+            f"folder = snapshot_download({json.dumps(repo_id)}, allow_patterns=[{json.dumps(sub + '/*')}]) + "
+            f"{json.dumps('/' + sub)}\n")
+
+
+def _file_names(target: dict[str, Any]) -> set[str]:
+    prefix = f"{target['name']}/"
+    return {str(f.get("path", "")).removeprefix(prefix) for f in target.get("files") or []}
+
+
+def _executorch_runner(repo_id: str, target: dict[str, Any]) -> tuple[str, str]:
+    data = ', data_path=f"{folder}/model.ptd"' if "model.ptd" in _file_names(target) else ""
+    return "python", (
+        _download(repo_id, target)
+        + "from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner\n\n"
+        f'runner = TextLLMRunner(f"{{folder}}/model.pte", f"{{folder}}/tokenizer.json"{data})\n'
+        f"runner.generate({json.dumps(PROMPT)}, GenerationConfig(max_new_tokens=32, temperature=0), "
+        "token_callback=lambda piece: print(piece, end=\"\"))")
+
+
+def _genai(repo_id: str, target: dict[str, Any]) -> tuple[str, str]:
+    return "python", (
+        _download(repo_id, target)
+        + "import onnxruntime_genai as og\n\n"
+        "model = og.Model(folder)\n"
+        "tokenizer = og.Tokenizer(model)\n"
+        "params = og.GeneratorParams(model)\n"
+        "params.set_search_options(max_length=64)\n"
+        "generator = og.Generator(model, params)\n"
+        f"generator.append_tokens(tokenizer.encode({json.dumps(PROMPT)}))\n"
+        "while not generator.is_done():\n"
+        "    generator.generate_next_token()\n"
+        "print(tokenizer.decode(generator.get_sequence(0)))")
+
+
+def _optimum_class(target: dict[str, Any], proof: dict[str, Any]) -> str:
+    if proof.get("class"):
+        return str(proof["class"])
+    return "ORTModelForCausalLM" if target.get("mode") == "generation" else "ORTModelForFeatureExtraction"
+
+
+def _optimum(repo_id: str, target: dict[str, Any], proof: dict[str, Any] | None = None) -> tuple[str, str]:
+    cls = _optimum_class(target, proof or {})
+    where = f"{json.dumps(repo_id)}, subfolder={json.dumps(_subfolder(target))}"
+    return "python", (f"from optimum.onnxruntime import {cls}\n"
+                      "from transformers import AutoTokenizer\n\n"
+                      f"model = {cls}.from_pretrained({where})\n"
+                      f"tokenizer = AutoTokenizer.from_pretrained({where})")
+
+
+def _transformers_js(repo_id: str, target: dict[str, Any], proof: dict[str, Any] | None = None) -> tuple[str, str]:
+    task = (proof or {}).get("task") or ("text-generation" if target.get("mode") == "generation"
+                                         else "feature-extraction")
+    sub = _subfolder(target)
+    return "js", (f"// after: hf download {repo_id} --include \"{sub}/*\" --local-dir model\n"
+                  "import { env, pipeline } from '@huggingface/transformers';\n\n"
+                  f"env.localModelPath = 'model/{EXPORTS_DIR}';\n"
+                  "env.allowRemoteModels = false;\n"
+                  f"const pipe = await pipeline('{task}', '{target['name']}');")
+
+
+# Runtime name (exporters.validate.runtimes' `RuntimeProof.runtime`) -> (repo_id, target, proof) -> (language, code).
+RUNTIME_SNIPPETS: dict[str, Callable[[str, dict[str, Any], dict[str, Any]], tuple[str, str]]] = {
+    "ExecuTorch LLM runner": lambda repo, target, proof: _executorch_runner(repo, target),
+    "ONNX Runtime GenAI": lambda repo, target, proof: _genai(repo, target),
+    "optimum": _optimum,
+    "transformers.js": _transformers_js,
+}
+
+
+def proven_runtimes(target: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runtimes that ran the target from its folder and passed (`target["runtimes"]`)."""
+    return [p for p in target.get("runtimes") or [] if isinstance(p, dict) and p.get("status") == "passed"]
+
+
+def upstream_loads(target: dict[str, Any]) -> bool:
+    """Whether upstream's `ExportedModel.from_pretrained` reads the target's folder: `.pt2` programs, ONNX graphs
+    in upstream's layout, or one `.pte` per component (not one program with a method per component, nor the ExecuTorch
+    LLM runner's program, whose `forward` takes tokens and positions and holds the cache)."""
+    names = _file_names(target)
+    if target.get("export_format") == "dynamo":
+        return True
+    if target.get("export_format") == "onnx":  # not the transformers.js layout (graphs renamed, under onnx/)
+        return not any(name.startswith("onnx/") for name in names)
+    if target.get("export_format") != "executorch":
+        return False
+    if any(p.get("runtime") == "ExecuTorch LLM runner" for p in target.get("runtimes") or [] if isinstance(p, dict)):
+        return False  # the runner's `forward(tokens, input_pos)`, the cache inside: its own snippet says how to run it
+    components = target.get("expected_components") or []
+    return bool(components) and all(f"{c}.pte" in names for c in components)
+
+
+def exported_model_snippet(repo_id: str, target: dict[str, Any], revision: str | None = None) -> str:
+    """Python that loads a target with upstream `ExportedModel.from_pretrained` and runs the prompt through it.
+
+    A generation target is called with a cache holding one layer per model layer: `DynamicCache(config=...)`, never
+    a plain `DynamicCache()`, which has no layers and fails the program's input spec ("Trying to flatten user inputs
+    with exported input tree spec"; docs/upstream-gaps.md)."""
+    arguments = [json.dumps(repo_id)]
+    if revision:
+        arguments.append(f"revision={json.dumps(revision)}")
+    arguments.append(f"subfolder={json.dumps(_subfolder(target))}")
+    where = ", ".join(arguments)
+    trust = ", trust_remote_code=True" if target.get("export_format") in NEEDS_TRUST else ""
+    components = target.get("expected_components") or []
+    lines = ["import torch"]
+    generation = target.get("mode") == "generation"
+    if generation:
+        lines.append("from transformers import AutoTokenizer, DynamicCache")
+    else:
+        lines.append("from transformers import AutoTokenizer")
+    lines += ["from transformers.exporters import ExportedModel", "",
+              f"model = ExportedModel.from_pretrained({where}{trust})",
+              f"tokenizer = AutoTokenizer.from_pretrained({where})",
+              f'input_ids = tokenizer({json.dumps(PROMPT)}, return_tensors="pt").input_ids']
+    if not generation:
+        lines.append("outputs = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))")
+        return "\n".join(lines)
+    positions = "position_ids=torch.arange(input_ids.shape[1])[None]"
+    lines += ["# one cache layer per model layer, as traced: DynamicCache(config=model.config), not DynamicCache()"]
+    if "prefill" in components:
+        lines += ["outputs = model.runners[\"prefill\"](input_ids=input_ids, "
+                  f"{positions}, cache=DynamicCache(config=model.config))",
+                  "next_token = outputs.logits[:, -1:].argmax(-1)",
+                  "step = model.runners[\"decode\"](input_ids=next_token, "
+                  "position_ids=torch.tensor([[input_ids.shape[1]]]), cache=outputs.cache)"]
+        return "\n".join(lines)
+    lines += ["config = model.config",
+              "head_dim = getattr(config, \"head_dim\", None) or config.hidden_size // config.num_attention_heads",
+              "empty = torch.zeros(1, config.num_key_value_heads, 0, head_dim)  # past length 0",
+              "cache = DynamicCache(config=config)",
+              "for layer in range(config.num_hidden_layers):",
+              "    cache.update(empty, empty, layer)",
+              f"outputs = model(input_ids=input_ids, {positions}, cache=cache)"]
+    return "\n".join(lines)
+
+
+def target_snippets(repo_id: str, target: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """`(runtime, language, code)` for each runtime the target was proven in, then upstream's loader where it reads
+    the folder."""
+    snippets = []
+    for proof in proven_runtimes(target):
+        make = RUNTIME_SNIPPETS.get(str(proof.get("runtime")))
+        if make is not None:
+            snippets.append((str(proof["runtime"]), *make(repo_id, target, proof)))
+    if upstream_loads(target):
+        snippets.append(("transformers.exporters", "python", exported_model_snippet(repo_id, target)))
+    return snippets
