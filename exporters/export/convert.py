@@ -117,21 +117,24 @@ def export_components(model, target, components: Components, recipe: Recipe, not
 
 
 def export_to(model, target, components: Components, recipe: Recipe, directory: Path, notes: list[str],
-              quantizer_for: Callable[[str, dict[str, Any]], Any] | None = None) -> dict:
+              quantizer_for: Callable[[str, dict[str, Any]], Any] | None = None,
+              source_dir: Path | None = None) -> dict:
     """Export every component and write the target to `directory`, one exported program in memory at a time and
     the weights stored once: an ExecuTorch target with several components is one `.pte` with a method each, the
     components of an ONNX target share one external-data file, a transformers.js layout is rewritten in place.
 
-    Every target folder then holds the model's tokenizer and processor files (`folder_files.complete_folder`).
+    Every target folder then holds the model's tokenizer and processor files (`folder_files.complete_folder`, from
+    `source_dir`, the model's folder; by default the one the model was loaded from).
 
     Returns `{"components", "export_only_s", "save_s"}`."""
     if getattr(target, "layout", None) == "runner":  # the ExecuTorch LLM runner's program (exporters.export.llm_runner)
-        return export_runner(model, target, components, recipe, directory, notes)
-    exporter = upstream.exporter_class(target.export_format)()
-    configs = component_configs(target, components, recipe, notes, quantizer_for)
-    with _lowering(target, configs), _lowering_memory(target, directory):
-        outcome = _export_and_save(exporter, configs, model, target, components, recipe, directory)
-    complete_folder(directory, model_folder(model), notes)  # the folder loads alone: configs, tokenizer, processor
+        outcome = export_runner(model, target, components, recipe, directory, notes)
+    else:
+        exporter = upstream.exporter_class(target.export_format)()
+        configs = component_configs(target, components, recipe, notes, quantizer_for)
+        with _lowering(target, configs), _lowering_memory(target, directory):
+            outcome = _export_and_save(exporter, configs, model, target, components, recipe, directory)
+    complete_folder(directory, source_dir or model_folder(model), notes)  # the folder loads alone: configs, tokenizer, processor
     return outcome
 
 

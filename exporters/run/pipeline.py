@@ -30,7 +30,6 @@ from exporters import fsutil
 from exporters.errors import DeviceError, error_record
 from exporters.export.convert import export_to, release_weights
 from exporters.export.footprint import record_footprint
-from exporters.export.llm_runner import copy_runner_files
 from exporters.export.onnx_files import strip_weights
 from exporters.export.quantize import Quantizing
 from exporters.hashing import file_entries
@@ -255,8 +254,7 @@ def _export_work(model: Any, target: Target, components: Any, recipe: Recipe, st
                       for name, (module, inputs) in components.items()}
     notes: list[str] = []
     quantizing = Quantizing(model, target, recipe, calibration, notes)
-    outcome = export_to(model, target, components, recipe, staging, notes, quantizing.quantizer_for())
-    copy_runner_files(source_dir if getattr(target, "layout", None) == "runner" else None, staging)  # it reads them
+    outcome = export_to(model, target, components, recipe, staging, notes, quantizing.quantizer_for(), source_dir)
     return {"notes": notes, **outcome, "quantization": quantizing.record_into(staging)}
 
 

@@ -33,12 +33,12 @@ from exporters.upstream import (
     run_component,
     runner_for_file,
 )
+from exporters.validate import runtime_executorch  # noqa: F401  (registers the ExecuTorch LLM runner's check)
 from exporters.validate.greedy import Tolerances
 from exporters.validate.native_log import native_messages
 from exporters.validate.parity import generation_parity, reference_for
 from exporters.validate.quality import judge, judge_generation, measure, tolerance_verdict
 from exporters.validate.runtimes import RuntimeContext, checks_for, prove_all, references_for
-from exporters.validate import runtime_executorch  # noqa: F401  (registers the ExecuTorch LLM runner's check)
 from exporters.validate.sliding import COUNTER_FINDING, sliding_cache_leaves, trailing_window
 
 # Defaults per format at float32: torch programs run the same kernels as eager; ONNX Runtime and XNNPACK fuse and
