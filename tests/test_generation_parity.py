@@ -17,7 +17,7 @@ import shutil
 import pytest
 import torch
 
-from tests.conftest import run_cli, run_plainest_executorch
+from tests.conftest import PLAINEST_EXECUTORCH, run_cli, run_plainest_executorch
 from tests.models import tiny_gemma2, tiny_llama, tiny_marian, tiny_qwen2
 
 SPREAD = 0.3  # logits tenths apart: parity cannot pass on luck, and no step is a near tie
@@ -62,27 +62,33 @@ def test_executorch_generation_defaults_to_a_static_cache_and_generates(et_run):
 
 
 def test_saved_executorch_program_records_its_static_cache(et_run):
-    """What a runtime reads from the saved export: a static cache of 256 positions, a decode taking the 4D mask over
-    those positions and the cache's keys, values and write position (parity drove this program from disk)."""
-    from exporters.upstream import load_exported
+    """What a runtime reads from the saved export: the LLM runner's program (the default of a decoder-only model)
+    holding a static cache of 256 positions, which its metadata methods say (parity drove this program from disk)."""
+    from executorch.runtime import Runtime
+
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the program's llama:: kernels)
 
     _, out, _ = et_run
-    # one program with a method per component: upstream's loader runs `forward` only (docs/upstream-gaps.md #8)
-    exported = load_exported(out / "executorch")
-    assert exported.generation_config.cache_implementation == "static"
-    assert exported.generation_config.max_cache_len == 256
-    decode = exported.runners["decode"].metadata.kwargs
-    assert decode["attention_mask"]["shape"] == [1, 1, 1, 256]
-    assert decode["cache"] == {"container": "StaticCache"}
-    assert sorted(exported.components) == ["decode", "prefill"]
+    manifest = json.loads((out / "executorch" / "export.json").read_text())
+    assert manifest["layout"] == "runner" and list(manifest["components"]) == ["model"]
+    program = Runtime.get().load_program(out / "executorch" / "model.pte")
+    assert program.load_method("get_max_context_len").execute([]) == [256]
+    assert program.load_method("use_kv_cache").execute([]) == [True]
+    forward = program.load_method("forward")
+    assert forward.metadata.num_inputs() == 2 and forward.metadata.num_outputs() == 1  # tokens, positions -> logits
 
 
 @pytest.fixture(scope="module")
 def qwen2_et_run(tmp_path_factory):
-    return run_plainest_executorch(tmp_path_factory.mktemp("et-qwen2"), tiny_qwen2, initializer_range=SPREAD)
+    """The methods layout (prefill + decode taking the cache): Qwen2's plainest recipe is the runner's program
+    (tests/test_llm_runner.py), so the mask feeding of a decode method is checked on the layout that has one."""
+    root = tmp_path_factory.mktemp("et-qwen2")
+    model_dir = tiny_qwen2(root / "model", {**PLAINEST_EXECUTORCH, "layout": "methods"}, initializer_range=SPREAD)
+    out = root / "out"
+    return model_dir, out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
 
 
-def test_plainest_executorch_recipe_generates_for_a_model_taking_a_mask_per_layer_type(qwen2_et_run):
+def test_executorch_methods_layout_generates_for_a_model_taking_a_mask_per_layer_type(qwen2_et_run):
     """Qwen2 (and Qwen3, SmolLM3, Gemma...) take `{"full_attention": mask}`: each decode step gets the mask of its
     own position, as `generate()` builds it, not the captured step's."""
     _, out, result = qwen2_et_run
@@ -113,7 +119,9 @@ def test_plainest_executorch_recipe_generates_past_a_sliding_window(gemma2_et_ru
     assert generation["eager_tokens"] == generation["exported_tokens"]
     finding = next(f for f in target["findings"] if "sliding-window layers whole" in f)
     assert "256 positions each" in finding and "window of 6" in finding
-    decode = json.loads((out / "executorch" / "export.json").read_text())["components"]["decode"]
+    manifest = json.loads((out / "executorch" / "export.json").read_text())
+    assert manifest.get("layout") != "runner"  # sliding layers shorter than the cache keep the methods layout
+    decode = manifest["components"]["decode"]
     assert set(decode["metadata"]["kwargs"]["attention_mask"]["leaves"]) == {"full_attention", "sliding_attention"}
 
 

@@ -14,7 +14,7 @@ import torch
 
 from tests.conftest import PLAINEST_EXECUTORCH, run_cli
 
-pytest.importorskip("executorch")
+
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",

@@ -37,10 +37,13 @@ def layout_of(target: Any) -> str | None:
     return getattr(target, "layout", None) if target.export_format == "executorch" else None
 
 
-def wants_runner(target: Any, family: str, cache_implementation: str, batch_size: int = 1) -> bool:
+def wants_runner(target: Any, family: str, cache_implementation: str, batch_size: int = 1,
+                 sliding_window: int | None = None, max_cache_len: int | None = None) -> bool:
     """Whether an ExecuTorch target is exported in the runner's layout: asked (`layout: "runner"`), or by default
     for a decoder-only generation target with a static cache at batch 1 and no component settings of the methods
-    layout. Raises [`TargetPlanError`] when `"runner"` is asked for what it cannot hold."""
+    layout. A model with sliding-window layers shorter than its cache keeps the methods layout: the runner's static
+    cache would roll those layers on a code path fixed at trace time (docs/upstream-gaps.md #9), while the methods
+    layout keeps them whole. Raises [`TargetPlanError`] when `"runner"` is asked for what it cannot hold."""
     if target.export_format != "executorch" or target.mode != "generation":
         return False
     layout = layout_of(target)
@@ -58,6 +61,9 @@ def wants_runner(target: Any, family: str, cache_implementation: str, batch_size
         reasons.append("quantize is not supported in the runner layout yet")
     if set(target.components) - {MERGED} or target.dynamic_shapes or target.merged is False:
         reasons.append("the target sets per-component settings or dynamic_shapes of the methods layout")
+    if sliding_window is not None and (max_cache_len is None or sliding_window < max_cache_len):
+        reasons.append(f"the model has sliding-window layers (window {sliding_window}, shorter than the cache): the "
+                       "runner program's static cache would roll them on one traced code path")
     if target.backend != "xnnpack":
         reasons.append(f"backend {target.backend!r} (the runner layout is lowered for XNNPACK)")
     if not reasons:

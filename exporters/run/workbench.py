@@ -98,7 +98,8 @@ class Workbench:
 
         if target.name not in self.fitted:
             setting = self.cache_setting(target, recipe)
-            if llm_runner.wants_runner(target, self.sample.family, setting.implementation, recipe.inputs.batch_size):
+            if llm_runner.wants_runner(target, self.sample.family, setting.implementation, recipe.inputs.batch_size,
+                                       sliding_window_of(self.model.config), setting.max_cache_len):
                 target.layout = llm_runner.RUNNER  # one program in the runner's contract: no decomposition
                 key = (llm_runner.RUNNER, setting)
                 if key not in self.decompositions:
