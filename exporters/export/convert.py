@@ -20,6 +20,8 @@ from exporters.capture.shapes import build_dynamic_shapes
 from exporters.errors import ShapeSpecError
 from exporters.export import onnx_files
 from exporters.export.footprint import tied_embeddings
+from exporters.export.genai_config import write_genai_config
+from exporters.export.onnx_names import rename_merged_graph
 from exporters.export.onnx_files import apply_onnx_file_options
 from exporters.export.transformers_js import write_transformers_js
 from exporters.recipe.model import ComponentOverride, Recipe
@@ -176,6 +178,12 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
         onnx_files.apply_onnx_file_options(target, directory)
         if len(entries) > 1 and target.external_data:
             onnx_files.share_external_data(directory)
+        if getattr(target, "merged", False) and list(entries) == ["model"]:  # the runtimes' names, every layout
+            rename_merged_graph(directory)
+            filename = "onnx/model.onnx" if target.layout == "transformers.js" else entries["model"]["file"]
+            if target.dtype == "float16" and target.layout == "transformers.js":
+                filename = "onnx/model_fp16.onnx"
+            write_genai_config(directory, model.config, generation_config, filename)
         if target.layout == "transformers.js":
             write_transformers_js(directory, target, model)
     timings["save_s"] += time.time() - started
