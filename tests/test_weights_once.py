@@ -295,8 +295,11 @@ def test_validation_probes_the_merged_graph_at_past_zero_and_the_declared_bounds
     checks = {c["probe"]: c for c in component["checks"]}
     # no upper bound declared: from the lower bound to past the traced sizes (query 2, cache 6: the 6-token prompt)
     assert checks["traced"]["shapes"]["cache.layers.0.keys"][2] == 6
+    # the batch is dynamic too: traced above 1 (a batch of 1 specializes), probed from 1 up
+    assert checks["traced"]["shapes"]["input_ids"][0] == 3 and checks["traced"]["shapes"]["cache.layers.0.keys"][0] == 3
     assert set(checks) == {"traced", "prompt (past=0)", "past_sequence_length=0", "past_sequence_length=7",
-                           "past_sequence_length=15", "sequence_length=1", "sequence_length=4", "sequence_length=7"}
+                           "past_sequence_length=15", "sequence_length=1", "sequence_length=4", "sequence_length=7",
+                           "batch_size=1", "batch_size=5", "batch_size=9"}
     for probe, check in checks.items():
         assert check["passed"] and not check["skipped"], (name, probe, check)
     assert checks["past_sequence_length=0"]["shapes"]["cache.layers.0.keys"][2] == 0

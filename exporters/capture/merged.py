@@ -132,7 +132,7 @@ def plan(target, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]):
         raise TargetPlanError(f"the merged graph is upstream's multi-token decode, but the capture has "
                               f"{list(components)}: set `merged` to false", option="merged")
     module, inputs = components["decode"]
-    if target.export_format != "executorch":
+    if target.export_format == "onnx":  # what ONNX runtimes feed (a dynamo guard on its length fails past=0)
         inputs = with_padding_mask(inputs)
     override = target.components.get(MERGED)
     if (override is None or override.dynamic_shapes is None) and not target.dynamic_shapes:

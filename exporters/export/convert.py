@@ -21,7 +21,7 @@ from exporters.errors import ShapeSpecError
 from exporters.export import onnx_files
 from exporters.export.footprint import tied_embeddings
 from exporters.export.genai_config import write_genai_config
-from exporters.export.onnx_names import rename_merged_graph
+from exporters.export.onnx_names import rename_merged_graph, unnamed_inputs
 from exporters.export.onnx_files import apply_onnx_file_options
 from exporters.export.transformers_js import write_transformers_js
 from exporters.recipe.model import ComponentOverride, Recipe
@@ -124,7 +124,7 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
     exporter = upstream.exporter_class(target.export_format)()
     configs = component_configs(target, components, recipe, notes, quantizer_for)
     with _lowering(target, configs), _lowering_memory(target, directory):
-        return _export_and_save(exporter, configs, model, target, components, recipe, directory)
+        return _export_and_save(exporter, configs, model, target, components, recipe, directory, notes)
 
 
 @contextlib.contextmanager
@@ -141,7 +141,7 @@ def _lowering_memory(target, directory: Path):
 
 
 def _export_and_save(exporter, configs: dict[str, Any], model, target, components: Components, recipe: Recipe,
-                     directory: Path) -> dict:
+                     directory: Path, notes: list[str] | None = None) -> dict:
     import gc
     import time
 
@@ -179,11 +179,16 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
         if len(entries) > 1 and target.external_data:
             onnx_files.share_external_data(directory)
         if getattr(target, "merged", False) and list(entries) == ["model"]:  # the runtimes' names, every layout
-            rename_merged_graph(directory)
+            unnamed = unnamed_inputs(rename_merged_graph(directory))
             filename = "onnx/model.onnx" if target.layout == "transformers.js" else entries["model"]["file"]
             if target.dtype == "float16" and target.layout == "transformers.js":
                 filename = "onnx/model_fp16.onnx"
-            write_genai_config(directory, model.config, generation_config, filename)
+            if unnamed and notes is not None:
+                notes.append(f"the merged graph also takes {unnamed}, which optimum, ONNX Runtime GenAI and "
+                             "transformers.js do not feed: no genai_config.json is written, and those runtimes "
+                             "cannot run this folder")
+            if not unnamed:
+                write_genai_config(directory, model.config, generation_config, filename)
         if target.layout == "transformers.js":
             write_transformers_js(directory, target, model)
     timings["save_s"] += time.time() - started

@@ -46,14 +46,16 @@ _DIM_NAMES = {"input_ids": {0: "batch_size", 1: "sequence_length"},
               "token_type_ids": {0: "batch_size", 1: "sequence_length"}}
 
 
-def graph_name(name: str, output: bool, option: str = "layout") -> str:
+def graph_name(name: str, output: bool, option: str | None = "layout") -> str:
     """The runtimes' name of an upstream graph input or output: `input.cache.layers.0.keys` →
-    `past_key_values.0.key`, `output.cache.layers.0.values` → `present.0.value`; other names are kept."""
+    `past_key_values.0.key`, `output.cache.layers.0.values` → `present.0.value`; other names are kept. A leaf the
+    runtimes have no name for (`input.cache.layers.0._sliding_window_tensor`) raises, or keeps its name when
+    `option` is None."""
     match = _CACHE.match(name)
     if match:
         kind = "key" if match[2] == "keys" else "value"
         return f"{'present' if output else 'past_key_values'}.{match[1]}.{kind}"
-    if name.startswith(("input.", "output.")):
+    if name.startswith(("input.", "output.")) and option is not None:
         raise TargetPlanError(f"the merged decoder graph's {name!r} has no name in optimum / ONNX Runtime GenAI / "
                               "transformers.js (only key/value caches of decoder-only models are supported)",
                               option=option)
@@ -113,8 +115,9 @@ def rename_dims(model, symbols: dict[str, str]) -> None:
             dims[total_axis].dim_param = TOTAL_DIM
 
 
-def renamed_proto(proto, option: str = "layout") -> dict[str, str]:
-    """Rename `proto`'s inputs, outputs and dims in place; returns graph input name → upstream leaf path."""
+def renamed_proto(proto, option: str | None = "layout") -> dict[str, str]:
+    """Rename `proto`'s inputs, outputs and dims in place; returns graph input name → upstream leaf path (`option`
+    None: leaves without a runtime name keep theirs, see [`unnamed_inputs`])."""
     names = {v.name: graph_name(v.name, False, option) for v in proto.graph.input}
     inputs = {new: old.removeprefix("input.") for old, new in names.items()}
     names.update({v.name: graph_name(v.name, True, option) for v in proto.graph.output})
@@ -132,11 +135,21 @@ def rename_merged_graph(directory: Path, component: str = "model") -> dict[str, 
     entry = manifest["components"][component]
     path = directory / entry["file"]
     proto = onnx.load(str(path), load_external_data=False)
-    inputs = renamed_proto(proto, option="merged")
+    inputs = renamed_proto(proto, option=None)
     onnx.save_model(proto, str(path))
     entry["inputs"] = inputs
     write_manifest(directory, manifest)
     return inputs
+
+
+def unnamed_inputs(inputs: dict[str, str]) -> list[str]:
+    """The graph inputs that kept upstream's name because the runtimes have none for them (they do not feed them).
+
+    Example:
+        >>> unnamed_inputs({"input_ids": "input_ids", "input.cache.layers.0._sliding_window_tensor": "x"})
+        ['input.cache.layers.0._sliding_window_tensor']
+    """
+    return [name for name in inputs if name.startswith("input.")]
 
 
 def is_renamed(entry: dict) -> bool:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from exporters import fsutil
 from exporters.errors import TargetPlanError
-from exporters.export.onnx_names import is_renamed, renamed_proto
+from exporters.export.onnx_names import is_renamed, renamed_proto, unnamed_inputs
 from exporters.upstream import read_manifest, write_manifest
 
 LAYOUT = "transformers.js"
@@ -56,6 +56,10 @@ def write_transformers_js(directory: Path, target, model) -> None:
     proto = onnx.load(str(source), load_external_data=False)
     # graph name -> upstream leaf path (a merged decoder graph already has the runtimes' names: exporters.export.onnx_names)
     inputs = entry["inputs"] if is_renamed(entry) else renamed_proto(proto)
+    if unnamed_inputs(inputs):
+        raise TargetPlanError(f"`layout` 'transformers.js': the graph's {unnamed_inputs(inputs)[0]!r} has no "
+                              "transformers.js name (only key/value caches of decoder-only models are supported)",
+                              option="layout")
     external = False
     for tensor in proto.graph.initializer:
         for item in tensor.external_data:

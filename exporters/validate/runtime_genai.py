@@ -72,8 +72,8 @@ class GenaiCheck:
     runtime = "ONNX Runtime GenAI"
 
     def applies(self, target, directory: Path) -> bool:
-        if target.export_format != "onnx" or target.mode != "generation":
-            return False
+        if target.export_format != "onnx" or target.mode != "generation" or not (directory / GENAI_CONFIG).is_file():
+            return False  # no genai_config.json: the export said why (a graph input GenAI does not feed)
         try:
             return list(read_manifest(directory)["components"]) == [MERGED]
         except Exception:  # no manifest: our own checks already failed the target
