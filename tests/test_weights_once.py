@@ -513,6 +513,9 @@ def test_merged_probes_of_a_sliding_window_model_all_run(tmp_path):
     checks = {check["probe"]: check for component in target["components"] for check in component["checks"]}
     assert {"past_sequence_length=0", "past_sequence_length=19", "prompt (past=0)"} <= set(checks)
     assert all(check["passed"] and not check["skipped"] for check in checks.values()), checks
+    # its cache layers also take a window tensor, which no ONNX runtime feeds: said, and no GenAI config claimed
+    assert any("_sliding_window_tensor" in f and "no genai_config.json" in f for f in target["findings"]), target
+    assert not target["runtimes"]
 
 
 # ── a tied embedding table in ExecuTorch (docs/upstream-gaps.md #13) ─────────
