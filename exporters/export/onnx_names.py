@@ -128,13 +128,18 @@ def renamed_proto(proto, option: str | None = "layout") -> dict[str, str]:
 
 def rename_merged_graph(directory: Path, component: str = "model") -> dict[str, str]:
     """Rename the saved merged graph of `directory` in place (the weights, embedded or in the sidecar, are
-    untouched) and record the input mapping in `export.json`. Returns graph input name → upstream leaf path."""
+    untouched) and record the input mapping in `export.json`. Returns graph input name → upstream leaf path. A graph
+    with an input the runtimes have no name for (they cannot run it) is left as upstream wrote it; the returned
+    mapping then lists that input ([`unnamed_inputs`])."""
     import onnx  # heavy runtime, deferred
 
     manifest = read_manifest(directory)
     entry = manifest["components"][component]
     path = directory / entry["file"]
     proto = onnx.load(str(path), load_external_data=False)
+    names = {v.name: graph_name(v.name, False, None) for v in proto.graph.input}
+    if unnamed_inputs(names):
+        return {new: old for old, new in names.items()}
     inputs = renamed_proto(proto, option=None)
     onnx.save_model(proto, str(path))
     entry["inputs"] = inputs
