@@ -138,7 +138,7 @@ def rename_merged_graph(directory: Path, component: str = "model") -> dict[str, 
     path = directory / entry["file"]
     proto = onnx.load(str(path), load_external_data=False)
     names = {v.name: graph_name(v.name, False, None) for v in proto.graph.input}
-    if unnamed_inputs(names):
+    if unnamed_inputs({new: old for old, new in names.items()}):  # a runtime name kept upstream's `input.` name
         return {new: old for old, new in names.items()}
     inputs = renamed_proto(proto, option=None)
     onnx.save_model(proto, str(path))
