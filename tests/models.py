@@ -259,3 +259,23 @@ def save_bpe_tokenizer(folder: Path, vocab_size: int = 100, chat_template: bool 
         tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     tokenizer.save_pretrained(folder)
     return folder
+
+
+BPE_SPECIALS = ["<unk>", "<s>", "</s>", "<|pad|>"]  # ids 0-3: unk, bos 1, eos 2, pad 3 (the tiny configs' ids)
+BPE_CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world", "a tiny model with its own tokenizer",
+              "pack my box with five dozen liquor jugs", "how vexingly quick daft zebras jump"] * 4
+
+
+def save_ascii_bpe_tokenizer(folder: Path, vocab_size: int = 128) -> Path:
+    """A byte-pair-encoding tokenizer trained in code (milliseconds, no download) saved into `folder`, with the
+    tiny configs' special ids. Its alphabet is ASCII (no byte-level alphabet): every token decodes to text alone."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.train_from_iterator(BPE_CORPUS, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=BPE_SPECIALS))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
+                                        eos_token="</s>", pad_token="<|pad|>")
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -64,9 +64,8 @@ def test_executorch_generation_defaults_to_a_static_cache_and_generates(et_run):
 def test_saved_executorch_program_records_its_static_cache(et_run):
     """What a runtime reads from the saved export: the LLM runner's program (the default of a decoder-only model)
     holding a static cache of 256 positions, which its metadata methods say (parity drove this program from disk)."""
-    from executorch.runtime import Runtime
-
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the program's llama:: kernels)
+    from executorch.runtime import Runtime
 
     _, out, _ = et_run
     manifest = json.loads((out / "executorch" / "export.json").read_text())

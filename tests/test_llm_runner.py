@@ -14,8 +14,6 @@ import torch
 
 from tests.conftest import PLAINEST_EXECUTORCH, run_cli
 
-
-
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",
     "a tiny model learns to export itself to many runtimes",
@@ -113,9 +111,8 @@ def test_the_runner_program_passes_and_runs_in_the_runner(fixture, request):
 
 @pytest.mark.parametrize("fixture,custom,cache", [("llama_runner", True, 64), ("qwen2_plain_runner", False, 48)])
 def test_the_folder_holds_the_runner_contract(fixture, custom, cache, request):
-    from executorch.runtime import Runtime
-
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    from executorch.runtime import Runtime
 
     out, report, _ = request.getfixturevalue(fixture)
     folder = out / "executorch"

@@ -26,7 +26,7 @@ from exporters.recipe.model import ComponentOverride
 from exporters.upstream import leaf_tensors
 
 MERGED = "model"
-QUERY_DIM, PAST_DIM = "sequence_length", "past_sequence_length"
+QUERY_DIM, PAST_DIM, BATCH_DIM = "sequence_length", "past_sequence_length", "batch_size"
 CACHE_KEYS = ("cache", "past_key_values")
 # Inputs that run along the query tokens (one entry per new token).
 QUERY_INPUTS = ("input_ids", "position_ids", "token_type_ids", "inputs_embeds")
@@ -101,6 +101,7 @@ def contract(target, inputs: dict[str, Any]) -> ComponentOverride:
         raise TargetPlanError(
             "the merged graph needs a decode step that takes a key-value cache; this model's decode inputs have none "
             f"(inputs: {sorted(inputs)}): set `merged` to false", option="merged")
+    batch: dict[str, Any] = {}
     if target.export_format == "executorch":
         query: Any = "auto"
         past: Any = "auto"
@@ -108,12 +109,14 @@ def contract(target, inputs: dict[str, Any]) -> ComponentOverride:
     else:
         query = {"name": QUERY_DIM, "min": 1}
         past = {"name": PAST_DIM, "min": 0}
+        batch = {"0": {"name": BATCH_DIM, "min": 1}}  # traced at 2 (`fit_to_contract`): a batch of 1 specializes
         deferred = True
-    spec: dict[str, Any] = {name: {"1": query} for name in QUERY_INPUTS if _is_query_input(inputs.get(name))}
+    spec: dict[str, Any] = {name: {**batch, "1": query} for name in QUERY_INPUTS
+                            if _is_query_input(inputs.get(name))}
     if isinstance(inputs.get("attention_mask"), torch.Tensor):
-        spec["attention_mask"] = {"1": "auto"}  # past + query: not expressible as one named dim
+        spec["attention_mask"] = {**batch, "1": "auto"}  # past + query: not expressible as one named dim
     for path in leaves:
-        spec[path] = {"2": past}
+        spec[path] = {**batch, "2": past}
     return ComponentOverride.model_validate(
         {"dynamic_shapes": spec, "prefer_deferred_runtime_asserts_over_guards": deferred})
 
@@ -129,6 +132,8 @@ def plan(target, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]):
         raise TargetPlanError(f"the merged graph is upstream's multi-token decode, but the capture has "
                               f"{list(components)}: set `merged` to false", option="merged")
     module, inputs = components["decode"]
+    if target.export_format == "onnx":  # what ONNX runtimes feed (a dynamo guard on its length fails past=0)
+        inputs = with_padding_mask(inputs)
     override = target.components.get(MERGED)
     if (override is None or override.dynamic_shapes is None) and not target.dynamic_shapes:
         derived = contract(target, inputs)
@@ -139,6 +144,33 @@ def plan(target, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]):
                 derived.prefer_deferred_runtime_asserts_over_guards = override.prefer_deferred_runtime_asserts_over_guards
         target.components[MERGED] = derived
     return {MERGED: (module, inputs)}
+
+
+def with_padding_mask(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The multi-token decode's call with a 2-D padding mask over the cache and the query (`[batch, past + query]`)
+    when the capture has none (transformers 5.24's `generate` drops a mask of all ones): the graph then takes the
+    `attention_mask` that optimum, ONNX Runtime GenAI and transformers.js feed, so a padded batch runs right.
+
+    Example:
+        >>> from transformers import DynamicCache
+        >>> cache = DynamicCache()
+        >>> _ = cache.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), 0)
+        >>> with_padding_mask({"input_ids": torch.ones(1, 2, dtype=torch.long), "cache": cache})["attention_mask"].shape
+        torch.Size([1, 5])
+    """
+    leaves = cache_leaves(inputs)
+    query = next((inputs[k] for k in QUERY_INPUTS if _is_query_input(inputs.get(k))), None)
+    if inputs.get("attention_mask") is not None or not leaves or query is None:
+        return inputs
+    past = next(iter(leaves.values())).shape[2]
+    mask = torch.ones(query.shape[0], past + query.shape[1], dtype=torch.long)
+    ordered: dict[str, Any] = {}
+    for key, value in inputs.items():  # right after the token ids, where runtimes list it
+        ordered[key] = value
+        if key in ("input_ids", "inputs_embeds"):
+            ordered["attention_mask"] = mask
+    ordered.setdefault("attention_mask", mask)
+    return ordered
 
 
 def with_consistent_mask(probe: dict[str, Any]) -> dict[str, Any]:
@@ -153,9 +185,10 @@ def with_consistent_mask(probe: dict[str, Any]) -> dict[str, Any]:
     return {**probe, "attention_mask": torch.ones(mask.shape[0], past + query.shape[1], dtype=mask.dtype)}
 
 
-def empty_cache(cache: Any) -> Any:
-    """A copy of `cache` whose key/value tensors have length 0 on the sequence axis: freshly allocated and contiguous
-    (a zero-length slice keeps its parent's strides, which ExecuTorch rejects with an abort)."""
+def empty_cache(cache: Any, batch: int | None = None) -> Any:
+    """A copy of `cache` whose key/value tensors have length 0 on the sequence axis (and `batch` rows, when given):
+    freshly allocated and contiguous (a zero-length slice keeps its parent's strides, which ExecuTorch rejects with
+    an abort)."""
     empty = copy.deepcopy(cache)
     for layer in getattr(empty, "layers", []):
         for name in ("keys", "values"):
@@ -163,6 +196,8 @@ def empty_cache(cache: Any) -> Any:
             if isinstance(tensor, torch.Tensor) and tensor.dim() == 4:
                 shape = list(tensor.shape)
                 shape[2] = 0
+                if batch is not None:
+                    shape[0] = batch
                 setattr(layer, name, torch.empty(shape, dtype=tensor.dtype, device=tensor.device))
     sync_cache_lengths({"cache": empty})  # a layer that counts its tokens now holds none
     return empty
@@ -171,4 +206,4 @@ def empty_cache(cache: Any) -> Any:
 def prompt_inputs(template: dict[str, Any], ids: torch.Tensor) -> dict[str, Any]:
     """The merged graph's call for a whole prompt `ids` on an empty cache (what a prefill does)."""
     key = cache_input_name(template)
-    return step_inputs(template, ids, 0, empty_cache(template[key]) if key else None)
+    return step_inputs(template, ids, 0, empty_cache(template[key], ids.shape[0]) if key else None)

@@ -254,6 +254,32 @@ def fit_to_contract(inputs: dict[str, Any], bindings: list[DimBinding], config: 
     return fitted, notes
 
 
+TRACED_BATCH = 2
+
+
+def fit_batch(inputs: dict[str, Any], config: Any, seed: int = 0) -> tuple[dict[str, Any], list[str]]:
+    """`inputs` of a single graph (`mode: model`) traced with `dynamic: true` at a batch of 2 when the sample has 1:
+    torch.export specializes a size-1 axis, so a batch of 1 would be fixed in the artifact (sentence-transformers
+    encoding three texts at once would fail). Every tensor whose first axis is the batch grows, with values of the
+    same kind (`resize_along`).
+
+    Example:
+        >>> fitted, notes = fit_batch({"input_ids": torch.tensor([[5, 6, 7]]),
+        ...                            "attention_mask": torch.ones(1, 3, dtype=torch.long)}, None)
+        >>> fitted["input_ids"].shape, fitted["attention_mask"].tolist(), notes
+        (torch.Size([2, 3]), [[1, 1, 1], [1, 1, 1]], ['the batch is traced at size 2: the sample inputs had 1, which torch.export would specialize'])
+    """
+    leaves = _leaves(inputs)
+    if not leaves or any(t.dim() == 0 or t.shape[0] != 1 for t in leaves.values()):
+        return inputs, []  # a batch of more than 1 already, or an input whose first axis is not the batch
+    generator = torch.Generator().manual_seed(seed)
+    fitted = copy.deepcopy(inputs)
+    for path, tensor in leaves.items():
+        _set_leaf(fitted, path, resize_along(tensor, 0, TRACED_BATCH, generator, config))
+    return fitted, [f"the batch is traced at size {TRACED_BATCH}: the sample inputs had 1, which torch.export "
+                    "would specialize"]
+
+
 def sync_cache_lengths(inputs: dict[str, Any]) -> None:
     """Cache layers that count their tokens (a sliding-window layer's `cumulative_length`) told the length their
     resized key/value tensors now hold, as a cache grown to that length would be; left alone past the window, where

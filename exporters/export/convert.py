@@ -23,8 +23,10 @@ from exporters.errors import ShapeSpecError
 from exporters.export import onnx_files
 from exporters.export.folder_files import complete_folder, model_folder
 from exporters.export.footprint import tied_embeddings
+from exporters.export.genai_config import write_genai_config
 from exporters.export.llm_runner import export_runner
 from exporters.export.onnx_files import apply_onnx_file_options
+from exporters.export.onnx_names import rename_merged_graph, unnamed_inputs
 from exporters.export.transformers_js import write_transformers_js
 from exporters.recipe.model import ComponentOverride, Recipe
 
@@ -133,8 +135,8 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
         exporter = upstream.exporter_class(target.export_format)()
         configs = component_configs(target, components, recipe, notes, quantizer_for)
         with _lowering(target, configs), _lowering_memory(target, directory):
-            outcome = _export_and_save(exporter, configs, model, target, components, recipe, directory)
-    complete_folder(directory, source_dir or model_folder(model), notes)  # the folder loads alone: configs, tokenizer, processor
+            outcome = _export_and_save(exporter, configs, model, target, components, recipe, directory, notes)
+    complete_folder(directory, source_dir or model_folder(model), notes)  # the folder loads alone
     return outcome
 
 
@@ -152,8 +154,7 @@ def _lowering_memory(target, directory: Path):
 
 
 def _export_and_save(exporter, configs: dict[str, Any], model, target, components: Components, recipe: Recipe,
-                     directory: Path) -> dict:
-
+                     directory: Path, notes: list[str] | None = None) -> dict:
     generation_config = _generation_config(model, target, recipe)
     timings = {"export_only_s": 0.0, "save_s": 0.0}
     weights_file = EXECUTORCH_WEIGHTS if target.export_format == "executorch" and tied_embeddings(model) else None
@@ -186,6 +187,17 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
         onnx_files.apply_onnx_file_options(target, directory)
         if len(entries) > 1 and target.external_data:
             onnx_files.share_external_data(directory)
+        if getattr(target, "merged", False) and list(entries) == ["model"]:  # the runtimes' names, every layout
+            unnamed = unnamed_inputs(rename_merged_graph(directory))
+            filename = "onnx/model.onnx" if target.layout == "transformers.js" else entries["model"]["file"]
+            if target.dtype == "float16" and target.layout == "transformers.js":
+                filename = "onnx/model_fp16.onnx"
+            if unnamed and notes is not None:
+                notes.append(f"the merged graph also takes {unnamed}, which optimum, ONNX Runtime GenAI and "
+                             "transformers.js do not feed: no genai_config.json is written, and those runtimes "
+                             "cannot run this folder")
+            if not unnamed:
+                write_genai_config(directory, model.config, generation_config, filename)
         if target.layout == "transformers.js":
             write_transformers_js(directory, target, model)
     timings["save_s"] += time.time() - started
@@ -257,7 +269,6 @@ def save_exported(exported, target, directory: Path) -> None:
 def release_weights(model) -> None:
     """Free the eager model's weights, keeping their shapes and dtypes (the report still reads them): validation
     calls it between its eager references and the artifact, so a run holds one of the two at a time."""
-
     try:
         model.to("meta")
     except Exception:  # a model that cannot move keeps its weights: more memory, same results

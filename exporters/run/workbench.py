@@ -18,7 +18,7 @@ from exporters.capture.cache_settings import check_second_step, max_positions, s
 from exporters.capture.components import cache_setting_for, decompose, generation_config_for, minimum_components
 from exporters.capture.families import detect_family
 from exporters.capture.inputs import SampleInputs, default_mode, make_sample_inputs
-from exporters.capture.probes import dim_bindings, fit_to_contract
+from exporters.capture.probes import dim_bindings, fit_batch, fit_to_contract
 from exporters.capture.source import load_model, load_tokenizer
 from exporters.errors import ShapeSpecError, error_record
 from exporters.export.footprint import ModelWeights
@@ -156,6 +156,11 @@ class Workbench:
             except ShapeSpecError:  # the export reports it, with the recipe line
                 bindings = []
             new_inputs, changed = fit_to_contract(inputs, bindings, self.model.config, recipe.inputs.seed)
+            override = target.components.get(name)
+            dynamic = override.dynamic if override is not None and override.dynamic is not None else target.dynamic
+            if dynamic and not spec and target.mode == "model":  # `dynamic: true` keeps the batch dynamic too
+                new_inputs, batch_notes = fit_batch(new_inputs, self.model.config, recipe.inputs.seed)
+                changed += batch_notes
             fitted[name] = (module, new_inputs)
             notes += [f"{name}: {note}" for note in changed]
         return fitted, notes

@@ -309,8 +309,10 @@ def load_exported(directory: Path, *, device: str | None = None, config: Any = N
                           for name, entry in manifest["components"].items()}
     else:
         model.to(device)
-    if manifest.get("layout") == "transformers.js":  # inputs renamed: bind them by upstream's leaf names
-        model._runners = {name: RenamedRunner(runner, manifest["components"][name]["inputs"])
+    renamed = {name: entry["inputs"] for name, entry in manifest["components"].items()
+               if isinstance(entry.get("inputs"), dict)}  # the runtimes' names: bound by upstream's leaf names
+    if renamed:
+        model._runners = {name: RenamedRunner(runner, renamed[name]) if name in renamed else runner
                           for name, runner in model._runners.items()}
     return model
 

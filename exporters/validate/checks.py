@@ -38,6 +38,7 @@ from exporters.validate.greedy import Tolerances
 from exporters.validate.native_log import native_messages
 from exporters.validate.parity import generation_parity, reference_for
 from exporters.validate.quality import judge, judge_generation, measure, tolerance_verdict
+from exporters.validate.runtime_genai import GENAI  # noqa: F401  (registers ONNX Runtime GenAI's proof)
 from exporters.validate.runtimes import RuntimeContext, checks_for, prove_all, references_for
 from exporters.validate.sliding import COUNTER_FINDING, sliding_cache_leaves, trailing_window
 

@@ -1,0 +1,108 @@
+"""`genai_config.json` beside a merged decoder graph: what ONNX Runtime GenAI (`og.Model(folder)`) reads to run it.
+
+The fields are those GenAI's own model builder writes (`onnxruntime_genai/models/builders/base.py::make_genai_config`,
+parsed by `src/config.h`); the graph names are `exporters.export.onnx_names`' (also GenAI's defaults). Our graph
+concatenates the past and the new keys (no `GroupQueryAttention` updating a shared buffer in place), so
+`past_present_share_buffer` is false. GenAI pads a batch on the right with `pad_token_id` and derives the attention
+mask and positions from it: the pad id is the model's own (else its first eos id).
+
+Example:
+    >>> from transformers import GenerationConfig, LlamaConfig
+    >>> config = LlamaConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    ...                      num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2, pad_token_id=3)
+    >>> genai = genai_config(config, GenerationConfig(eos_token_id=2, pad_token_id=3))
+    >>> genai["model"]["type"], genai["model"]["decoder"]["head_size"], genai["search"]["past_present_share_buffer"]
+    ('llama', 8, False)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from exporters import fsutil
+
+GENAI_CONFIG = "genai_config.json"
+# GenAI's decoder-only model types (src/models/model_type.h: IsLLM); any other decoder-only model runs as "decoder".
+GENAI_TYPES = frozenset({"chatglm", "decoder", "ernie4_5", "gemma", "gemma2", "gemma3_text", "gpt2", "gptoss",
+                         "granite", "internlm2", "llama", "mistral", "nemotron", "olmo", "phi", "phi3", "phi3small",
+                         "phimoe", "qwen2", "qwen3", "smollm3"})
+
+
+def _first(value: Any) -> Any:
+    return value[0] if isinstance(value, (list, tuple)) and value else value
+
+
+def genai_config(config: Any, generation_config: Any, filename: str = "model.onnx",
+                 context_length: int | None = None) -> dict[str, Any]:
+    """The `genai_config.json` content for a merged decoder graph `filename` of the model `config`."""
+    text = getattr(config, "text_config", None) or config
+    heads = int(text.num_attention_heads)
+    head_size = getattr(text, "head_dim", None) or text.hidden_size // heads
+    gen = generation_config
+    eos = getattr(gen, "eos_token_id", None)
+    eos = eos if eos is not None else getattr(text, "eos_token_id", None)
+    pad = getattr(gen, "pad_token_id", None)
+    pad = pad if pad is not None else getattr(text, "pad_token_id", None)
+    pad = pad if pad is not None else _first(eos)
+    bos = getattr(gen, "bos_token_id", None)
+    bos = bos if bos is not None else getattr(text, "bos_token_id", None)
+    context = context_length or getattr(text, "max_position_embeddings", None) or 2048
+    model_type = getattr(text, "model_type", "")
+    search_value = lambda name, default: default if getattr(gen, name, None) is None else getattr(gen, name)  # noqa: E731
+    return {
+        "model": {
+            "bos_token_id": bos,
+            "context_length": int(context),
+            "decoder": {
+                "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+                "filename": filename,
+                "head_size": int(head_size),
+                "hidden_size": int(text.hidden_size),
+                "inputs": {
+                    "input_ids": "input_ids",
+                    "attention_mask": "attention_mask",
+                    "position_ids": "position_ids",
+                    "past_key_names": "past_key_values.%d.key",
+                    "past_value_names": "past_key_values.%d.value",
+                },
+                "outputs": {
+                    "logits": "logits",
+                    "present_key_names": "present.%d.key",
+                    "present_value_names": "present.%d.value",
+                },
+                "num_attention_heads": heads,
+                "num_hidden_layers": int(text.num_hidden_layers),
+                "num_key_value_heads": int(getattr(text, "num_key_value_heads", None) or heads),
+            },
+            "eos_token_id": list(eos) if isinstance(eos, (list, tuple)) else eos,
+            "pad_token_id": pad,
+            "type": model_type if model_type in GENAI_TYPES else "decoder",
+            "vocab_size": int(text.vocab_size),
+        },
+        "search": {
+            "diversity_penalty": float(search_value("diversity_penalty", 0.0)),
+            "do_sample": bool(search_value("do_sample", False)),
+            "early_stopping": bool(search_value("early_stopping", True)),
+            "length_penalty": float(search_value("length_penalty", 1.0)),
+            "max_length": int(context),
+            "min_length": 0,
+            "no_repeat_ngram_size": int(search_value("no_repeat_ngram_size", 0)),
+            "num_beams": int(search_value("num_beams", 1)),
+            "num_return_sequences": int(search_value("num_return_sequences", 1)),
+            "past_present_share_buffer": False,  # the graph concatenates past and new keys (no in-place buffer)
+            "repetition_penalty": float(search_value("repetition_penalty", 1.0)),
+            "temperature": float(search_value("temperature", 1.0)),
+            "top_k": int(search_value("top_k", 50)),
+            "top_p": float(search_value("top_p", 1.0)),
+        },
+    }
+
+
+def write_genai_config(directory: Path, config: Any, generation_config: Any, filename: str = "model.onnx") -> Path:
+    """Write `genai_config.json` into `directory` (see the module); returns its path."""
+    path = directory / GENAI_CONFIG
+    content = genai_config(config, generation_config, filename)
+    fsutil.write_file(path, json.dumps(content, indent=4) + "\n")
+    return path

@@ -1,0 +1,147 @@
+"""ONNX Runtime GenAI's proof of a merged decoder ONNX folder: `og.Model(folder)` from the folder alone (its
+`genai_config.json`, the graph), a greedy `og.Generator` over a padded batch of two prompts of different lengths,
+token for token against eager greedy `generate`.
+
+```
+reference(model)                                   prove(folder)
+eager generate, left-padded batch of two ────────► og.Model(folder) + og.Generator, right-padded with pad_token_id
+(before the model is released)                     (GenAI pads right and derives mask and positions from the pad id)
+```
+
+GenAI reads rows by `pad_token_id`: a prompt token equal to it would be taken for padding, so the proof's prompts
+never hold it (a token that is neither the pad id nor an eos id takes its place, in eager and GenAI alike). Each row
+is compared up to and including its first eos. Not installed: `unverified`; GenAI refusing the folder or generating
+other tokens: `failed`, with GenAI's own message.
+
+Example:
+    >>> GENAI.runtime
+    'ONNX Runtime GenAI'
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from exporters.capture.merged import MERGED
+from exporters.errors import describe_error
+from exporters.upstream import read_manifest
+from exporters.validate.runtimes import RuntimeContext, RuntimeProof, register_runtime_check
+
+GENAI_CONFIG = "genai_config.json"
+DEFAULT_NEW_TOKENS = 8
+
+
+@dataclass
+class GenaiReference:
+    """The eager side: each row's prompt ids and its greedy new tokens (up to and including the first eos)."""
+
+    prompts: list[list[int]]
+    new_tokens: list[list[int]]
+    pad: int
+    eos: list[int]
+    steps: int
+
+
+def _eos_ids(generation_config: Any, config: Any) -> list[int]:
+    eos = getattr(generation_config, "eos_token_id", None)
+    eos = eos if eos is not None else getattr(config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def _until_eos(tokens: list[int], eos: list[int]) -> list[int]:
+    for index, token in enumerate(tokens):
+        if token in eos:
+            return tokens[:index + 1]
+    return tokens
+
+
+def _common_prefix(want: list[int], have: list[int]) -> int:
+    return next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+
+
+class GenaiCheck:
+    """ONNX Runtime GenAI generating from a merged decoder ONNX folder (see the module)."""
+
+    runtime = "ONNX Runtime GenAI"
+
+    def applies(self, target, directory: Path) -> bool:
+        if target.export_format != "onnx" or target.mode != "generation" or not (directory / GENAI_CONFIG).is_file():
+            return False  # no genai_config.json: the export said why (a graph input GenAI does not feed)
+        try:
+            return list(read_manifest(directory)["components"]) == [MERGED]
+        except Exception:  # no manifest: our own checks already failed the target
+            return False
+
+    def reference(self, model: Any, context: RuntimeContext) -> GenaiReference:
+        from transformers import GenerationConfig
+
+        config = getattr(model.config, "text_config", None) or model.config
+        ids = context.generate_inputs["input_ids"][0].tolist()
+        eos = _eos_ids(context.generation_config, config)
+        pad = getattr(context.generation_config, "pad_token_id", None)
+        pad = pad if pad is not None else getattr(config, "pad_token_id", None)
+        pad = int(pad if pad is not None else (eos[0] if eos else 0))
+        spare = next(t for t in range(int(config.vocab_size)) if t != pad and t not in eos)
+        first = [spare if t == pad else t for t in ids]
+        if len(first) < 2:  # the second row is a shorter prompt
+            first = first + [spare]
+        prompts = [first, first[: len(first) // 2]]
+        steps = int(getattr(context.recipe.generation, "max_new_tokens", None) or DEFAULT_NEW_TOKENS)
+        width = max(len(p) for p in prompts)
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # eager pads left
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        greedy = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=steps, pad_token_id=pad,
+                                  eos_token_id=eos or None)
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            out = model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
+                                 generation_config=greedy)
+        new = [_until_eos(row[width:].tolist(), eos) for row in out.cpu()]
+        return GenaiReference(prompts, new, pad, eos, steps)
+
+    def prove(self, directory: Path, reference: GenaiReference, context: RuntimeContext) -> RuntimeProof:
+        try:
+            import numpy as np
+            import onnxruntime_genai as og  # heavy runtime, deferred
+        except ImportError as err:
+            return RuntimeProof(self.runtime, "unverified", f"not installed ({describe_error(err)})")
+        if not (directory / GENAI_CONFIG).is_file():
+            return RuntimeProof(self.runtime, "failed", f"no {GENAI_CONFIG} in the folder")
+        pad = json.loads((directory / GENAI_CONFIG).read_text(encoding="utf-8"))["model"].get("pad_token_id")
+        if pad != reference.pad:
+            return RuntimeProof(self.runtime, "failed", f"{GENAI_CONFIG} has pad_token_id {pad}, the model "
+                                f"{reference.pad}")
+        model = og.Model(str(directory))
+        width = max(len(p) for p in reference.prompts)
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, num_beams=1, max_length=width + reference.steps,
+                                  batch_size=len(reference.prompts))
+        generator = og.Generator(model, params)
+        rows = [p + [reference.pad] * (width - len(p)) for p in reference.prompts]  # GenAI pads right
+        generator.append_tokens(np.array(rows, dtype=np.int32))
+        got: list[list[int]] = [[] for _ in rows]
+        while not generator.is_done():
+            generator.generate_next_token()
+            for row, token in enumerate(generator.get_next_tokens().tolist()):
+                if not got[row] or got[row][-1] not in reference.eos:  # a finished row is padded: not compared
+                    got[row].append(int(token))
+        del generator, model
+        got = [_until_eos(row, reference.eos) for row in got]
+        total = sum(len(r) for r in reference.new_tokens)
+        equal = sum(_common_prefix(want, have) for want, have in zip(reference.new_tokens, got))
+        batch = f"batch of {len(rows)}, prompts of {' and '.join(str(len(p)) for p in reference.prompts)} tokens"
+        if got != reference.new_tokens:
+            return RuntimeProof(self.runtime, "failed",
+                                f"{equal}/{total} tokens equal eager greedy ({batch}): GenAI {got}, eager "
+                                f"{reference.new_tokens}")
+        return RuntimeProof(self.runtime, "passed", f"{total}/{total} tokens ({batch})")
+
+
+GENAI = register_runtime_check(GenaiCheck())

@@ -1,0 +1,250 @@
+"""Decoder-only ONNX folders that ONNX Runtime GenAI, optimum and transformers.js load alone (issue #26 §2, §4).
+
+One export per tiny model (Llama, Qwen2, each with a BPE tokenizer trained in code) through the real CLI, shared by
+every check: the merged graph's names and dims, a dynamic batch, `genai_config.json`, the GenAI proof in the report,
+and GenAI generating, from the folder alone, what eager greedy `generate` gives for a padded batch of two prompts of
+different lengths. `dynamic: true` keeps the batch dynamic for a single graph too (BERT).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import ROOT, run_cli
+from tests.models import save_ascii_bpe_tokenizer, tiny_bert, tiny_llama, tiny_qwen2
+
+og = pytest.importorskip("onnxruntime_genai")
+
+RECIPE = {"export_format": "onnx", "mode": "generation", "dynamic": True}
+LAYERS = 2
+INPUTS = ["input_ids", "attention_mask", "position_ids"] + [
+    f"past_key_values.{i}.{kv}" for i in range(LAYERS) for kv in ("key", "value")]
+OUTPUTS = ["logits"] + [f"present.{i}.{kv}" for i in range(LAYERS) for kv in ("key", "value")]
+PROMPTS = ["the quick brown fox jumps over the lazy dog", "hello world"]
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def exported(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"genai-{request.param}")
+    build = {"llama": tiny_llama, "qwen2": tiny_qwen2}[request.param]
+    model_dir = build(root / "model", RECIPE, initializer_range=0.3)
+    save_ascii_bpe_tokenizer(model_dir)
+    out = root / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((out / "report.json").read_text())
+    (target,) = report["targets"]
+    return {"model_dir": model_dir, "folder": out / target["name"], "target": target, "out": out}
+
+
+def _eager(model_dir: Path, prompts: list[list[int]], pad: int, eos: int) -> list[list[int]]:
+    """Eager greedy `generate` of a left-padded batch, each row up to and including its first eos."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    greedy = GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=pad, eos_token_id=eos)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=greedy)
+    return [_until(row[width:].tolist(), eos) for row in out]
+
+
+def _until(tokens: list[int], eos: int) -> list[int]:
+    return tokens[:tokens.index(eos) + 1] if eos in tokens else tokens
+
+
+def _genai(folder: Path, prompts: list[list[int]], pad: int, eos: int) -> list[list[int]]:
+    """ONNX Runtime GenAI's greedy tokens for a right-padded batch (how GenAI pads), from the folder alone."""
+    model = og.Model(str(folder))
+    width = max(map(len, prompts))
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=width + NEW_TOKENS, batch_size=len(prompts))
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([p + [pad] * (width - len(p)) for p in prompts], dtype=np.int32))
+    rows: list[list[int]] = [[] for _ in prompts]
+    while not generator.is_done():
+        generator.generate_next_token()
+        for row, token in enumerate(generator.get_next_tokens().tolist()):
+            if eos not in rows[row]:
+                rows[row].append(int(token))
+    return [_until(row, eos) for row in rows]
+
+
+def test_the_target_passes_and_genai_proves_it_in_the_report(exported):
+    target = exported["target"]
+    assert target["status"] == "passed", target
+    (proof,) = [p for p in target["runtimes"] if p["runtime"] == "ONNX Runtime GenAI"]
+    assert proof["status"] == "passed", proof
+    assert "batch of 2" in proof["detail"] and "tokens" in proof["detail"]
+    done, total = proof["detail"].split(" ")[0].split("/")
+    assert done == total and int(total) > 0
+    markdown = (exported["out"] / "report.md").read_text()
+    assert "runs in" in markdown and "ONNX Runtime GenAI ✓" in markdown
+    assert target["generation"]["status"] == "passed"  # our own loader ran the renamed graph (RenamedRunner)
+
+
+def test_the_graph_has_the_runtimes_names_dims_and_a_dynamic_batch(exported):
+    import onnx
+
+    proto = onnx.load(str(exported["folder"] / "model.onnx"), load_external_data=False)
+    dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in (*proto.graph.input, *proto.graph.output)}
+    assert [v.name for v in proto.graph.input] == INPUTS
+    assert [v.name for v in proto.graph.output] == OUTPUTS
+    assert dims["input_ids"] == ["batch_size", "sequence_length"]
+    assert dims["position_ids"] == ["batch_size", "sequence_length"]
+    assert dims["attention_mask"] == ["batch_size", "total_sequence_length"]
+    assert dims["logits"] == ["batch_size", "sequence_length", 128]
+    for i in range(LAYERS):
+        for kv in ("key", "value"):
+            assert dims[f"past_key_values.{i}.{kv}"] == ["batch_size", 2, "past_sequence_length", 8]
+            assert dims[f"present.{i}.{kv}"] == ["batch_size", 2, "total_sequence_length", 8]
+    manifest = json.loads((exported["folder"] / "export.json").read_text())
+    assert manifest["components"]["model"]["inputs"]["past_key_values.1.value"] == "cache.layers.1.values"
+    assert manifest["components"]["model"]["inputs"]["attention_mask"] == "attention_mask"
+
+
+def test_onnx_runtime_runs_a_batch_of_three_with_an_empty_cache_as_eager(exported):
+    """What optimum and transformers.js do first: a prompt batch on a cache of length 0, sized from the graph."""
+    import onnxruntime as ort
+    from transformers import AutoModelForCausalLM
+
+    session = ort.InferenceSession(str(exported["folder"] / "model.onnx"), providers=["CPUExecutionProvider"])
+    ids = torch.randint(4, 100, (3, 5), generator=torch.Generator().manual_seed(0))
+    feed = {"input_ids": ids.numpy(), "attention_mask": np.ones((3, 5), dtype=np.int64),
+            "position_ids": np.tile(np.arange(5), (3, 1))}
+    for name in INPUTS[3:]:
+        feed[name] = np.zeros((3, 2, 0, 8), dtype=np.float32)
+    logits, *present = session.run(None, feed)
+    model = AutoModelForCausalLM.from_pretrained(exported["model_dir"]).eval()
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    assert logits.shape == (3, 5, 128) and present[0].shape == (3, 2, 5, 8)
+    np.testing.assert_allclose(logits, want.numpy(), atol=1e-4, rtol=1e-3)
+
+
+def test_genai_config_describes_the_graph(exported):
+    config = json.loads((exported["model_dir"] / "config.json").read_text())
+    genai = json.loads((exported["folder"] / "genai_config.json").read_text())
+    model, decoder, search = genai["model"], genai["model"]["decoder"], genai["search"]
+    assert model["type"] == config["model_type"]  # both GenAI LLM types
+    assert (model["bos_token_id"], model["eos_token_id"], model["pad_token_id"]) == (1, 2, 3)
+    assert model["vocab_size"] == 128 and model["context_length"] == 256
+    assert decoder["filename"] == "model.onnx"
+    assert (decoder["num_attention_heads"], decoder["num_key_value_heads"], decoder["head_size"],
+            decoder["hidden_size"], decoder["num_hidden_layers"]) == (4, 2, 8, 32, 2)
+    assert decoder["inputs"] == {"input_ids": "input_ids", "attention_mask": "attention_mask",
+                                 "position_ids": "position_ids", "past_key_names": "past_key_values.%d.key",
+                                 "past_value_names": "past_key_values.%d.value"}
+    assert decoder["outputs"] == {"logits": "logits", "present_key_names": "present.%d.key",
+                                  "present_value_names": "present.%d.value"}
+    assert search["past_present_share_buffer"] is False
+    assert search["do_sample"] is False and search["num_beams"] == 1 and search["max_length"] == 256
+
+
+def test_genai_generates_what_eager_generates_for_a_padded_batch_of_two(exported):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(exported["model_dir"])
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
+    assert len(prompts[0]) != len(prompts[1]) and all(3 not in p for p in prompts)
+    want = _eager(exported["model_dir"], prompts, pad=3, eos=2)
+    assert _genai(exported["folder"], prompts, pad=3, eos=2) == want
+    assert want[0] != want[1]  # the rows really differ: padding is not hiding one of them
+    for prompt, row in zip(prompts, want):  # and each row is what the prompt alone generates
+        assert _genai(exported["folder"], [prompt], pad=3, eos=2) == [row]
+
+
+def test_a_folder_genai_cannot_load_fails_the_proof_with_genais_message(exported, tmp_path):
+    from exporters.validate.runtime_genai import GENAI, GenaiReference
+
+    folder = tmp_path / "broken"
+    shutil.copytree(exported["folder"], folder)
+    reference = GenaiReference([[5, 6, 7], [5]], [[9], [9]], pad=3, eos=[2], steps=1)
+    genai = json.loads((folder / "genai_config.json").read_text())
+    genai["model"]["decoder"]["filename"] = "missing.onnx"
+    (folder / "genai_config.json").write_text(json.dumps(genai))
+    with pytest.raises(Exception) as raised:  # prove_all turns it into a failed proof with this message
+        GENAI.prove(folder, reference, None)
+    assert "missing.onnx" in str(raised.value)
+    (folder / "genai_config.json").unlink()
+    proof = GENAI.prove(folder, reference, None)
+    assert proof.status == "failed" and "genai_config.json" in proof.detail
+
+
+def test_genai_tokens_that_differ_from_eager_fail_the_proof(exported):
+    from exporters.validate.runtime_genai import GENAI, GenaiReference
+
+    wrong = GenaiReference([[5, 6, 7, 8], [5, 6]], [[127] * 4, [127] * 4], pad=3, eos=[2], steps=4)
+    proof = GENAI.prove(exported["folder"], wrong, None)
+    assert proof.status == "failed" and "tokens equal eager greedy" in proof.detail
+
+
+OPTIMUM_SCRIPT = Path(__file__).with_name("optimum") / "causal_lm.py"
+
+
+def test_optimum_generates_what_eager_generates_for_a_padded_batch_of_two(exported):
+    """optimum's `ORTModelForCausalLM` (transformers 4.x): `make test-deps` creates the pinned venv
+    .cache/optimum-venv (tests/optimum/constraints.txt), never the product's environment;
+    HF_EXPORT_OPTIMUM_PYTHON names another interpreter that has optimum-onnx. Never skipped."""
+    python = os.environ.get("HF_EXPORT_OPTIMUM_PYTHON") or str(ROOT / ".cache" / "optimum-venv" / "bin" / "python")
+    if not Path(python).is_file():
+        pytest.fail("optimum is not installed: run `make test-deps` (.cache/optimum-venv, pinned by "
+                    "tests/optimum/constraints.txt), or set HF_EXPORT_OPTIMUM_PYTHON to a python with optimum-onnx")
+    prompts = [[5, 17, 9, 33, 41, 8, 60], [70, 12, 5]]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    result = subprocess.run([python, str(OPTIMUM_SCRIPT), str(exported["folder"]), json.dumps(prompts), "3", "2",
+                             str(NEW_TOKENS)], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got["inputs"] == INPUTS
+    want = _eager(exported["model_dir"], prompts, pad=3, eos=2)
+    assert [_until(row, 2) for row in got["new"]] == want
+    assert want[0] != want[1]
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bert-batch")
+    recipe = {"exports": [{"name": "onnx", "export_format": "onnx", "dynamic": True},
+                          {"name": "dynamo", "export_format": "dynamo", "dynamic": True}]}
+    model_dir = tiny_bert(root / "model", recipe)
+    out = root / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return model_dir, out, json.loads((out / "report.json").read_text())
+
+
+def test_dynamic_true_keeps_the_batch_dynamic_at_the_default_batch_of_one(bert):
+    import onnx
+    import onnxruntime as ort
+    from transformers import AutoModel
+
+    model_dir, out, report = bert
+    assert {t["name"]: t["status"] for t in report["targets"]} == {"onnx": "passed", "dynamo": "passed"}
+    proto = onnx.load(str(out / "onnx" / "model.onnx"), load_external_data=False)
+    for value in proto.graph.input:
+        assert value.type.tensor_type.shape.dim[0].dim_param, f"{value.name}: batch fixed"
+    session = ort.InferenceSession(str(out / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    ids = torch.randint(5, 90, (3, 7), generator=torch.Generator().manual_seed(1))
+    feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+    names = {i.name for i in session.get_inputs()}
+    got = session.run(None, {k: v.numpy() for k, v in feed.items() if k in names})[0]
+    with torch.no_grad():
+        want = AutoModel.from_pretrained(model_dir).eval()(**feed).last_hidden_state
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-4, rtol=1e-3)
+    program = torch.export.load(str(out / "dynamo" / next(p.name for p in (out / "dynamo").glob("*.pt2"))))
+    batch = program.graph_signature.user_inputs[0]
+    placeholder = next(n for n in program.graph.nodes if n.name == batch)
+    assert not isinstance(placeholder.meta["val"].shape[0], int), "dynamo program: batch fixed"
