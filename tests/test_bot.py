@@ -273,7 +273,7 @@ def test_update_without_recipe_is_skipped(hf_env, tmp_path, start_bot):
     answer = bot.post(main_update(hub))
     assert answer.status_code == 202 and answer.json()["status"] == "queued"
     job = wait_for(job_done(bot.store, answer.json()["job"]), 30, "the job to end")
-    assert job.status == "skipped" and "no recipe" in job.reason and job.head_sha == head
+    assert job.status == "skipped" and "no export recipe" in job.reason and job.head_sha == head
     assert job.exit_code is None and hub.discussions(REPO) == []
     assert not (Path(bot.settings.work_dir) / f"job-{job.id}").exists()  # nothing was exported
 

@@ -347,7 +347,7 @@ def test_the_cuda_variant_named_in_the_dockerfile_is_one_its_args_build():
     import tomllib
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert extras["cpu"] == ["onnxruntime"] and extras["cuda"] == ["onnxruntime-gpu"]
+    assert extras["cpu"] == ["onnxruntime", "onnxruntime-genai"] and extras["cuda"] == ["onnxruntime-gpu"]  # GenAI pulls the CPU build
 
 
 def test_dockerfile_copies_only_what_exists_and_the_dockerignore_keeps(dockerfile):

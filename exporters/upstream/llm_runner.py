@@ -17,6 +17,7 @@ transformers 5.24).
 
 from __future__ import annotations
 
+import importlib
 import contextlib
 from collections.abc import Iterator
 from typing import Any
@@ -35,8 +36,7 @@ def register_custom_ops() -> None:
     """Register executorch's LLM custom ops (`llama::custom_sdpa`, `llama::update_cache`): their export-time meta
     kernels and, in the shared kernel registry of the Python runtime and `TextLLMRunner`, their kernels (a program
     that uses them does not load without it: `Missing operator: llama::update_cache.out`)."""
-    import importlib
-
+    # executorch loads only where a program is lowered or run (seconds, native memory)
     importlib.import_module(CUSTOM_OPS_MODULE)
 
 
