@@ -138,6 +138,7 @@ def exported_model_snippet(repo_id: str, target: dict[str, Any], revision: str |
         arguments.append(f"revision={json.dumps(revision)}")
     arguments.append(f"subfolder={json.dumps(_subfolder(target))}")
     where = ", ".join(arguments)
+    # own artifact: the snippet loads what this run exported and validated
     trust = ", trust_remote_code=True" if target.get("export_format") in NEEDS_TRUST else ""
     components = target.get("expected_components") or []
     lines = ["import torch"]
