@@ -308,7 +308,7 @@ def test_the_bot_proposes_a_recipe_for_an_opted_in_repo_without_one(hf_env, tmp_
     store = JobStore(settings.db_path)
     store.enqueue(repo_id, hub.head(repo_id))
     skipped = Worker(settings, store).run_once()
-    assert skipped.status == "skipped" and "no recipe" in skipped.reason, "off by default"
+    assert skipped.status == "skipped" and "no export recipe" in skipped.reason, "off by default"
 
     proposing = settings.model_copy(update={"propose_recipes": True})
     store.enqueue(repo_id, hub.head(repo_id), trigger="comment", trigger_key="1", force=True)

@@ -23,7 +23,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from transformers import GenerationConfig
 from transformers.exporters.metadata import ExportMetadata
+from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+from transformers.masking_utils import AttentionMaskInterface
+from transformers.modeling_utils import AttentionInterface
 
 from exporters.upstream.beyond import _external_constants, _tag_delegate_weights
 
@@ -56,8 +60,6 @@ class RunnerProgram(torch.nn.Module):
 def _static_generation_config(model: Any, max_cache_len: int) -> Iterator[None]:
     """The generation config transformers' wrapper asserts on (use_cache, a static cache), only while it is built:
     the eager model keeps its own."""
-    from transformers import GenerationConfig
-
     original = model.generation_config
     values = {k: v for k, v in original.to_dict().items() if k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     model.generation_config = GenerationConfig(**values, use_cache=True, cache_implementation="static",
@@ -71,7 +73,6 @@ def _static_generation_config(model: Any, max_cache_len: int) -> Iterator[None]:
 def runner_module(model: Any, max_cache_len: int) -> RunnerProgram:
     """The eager runner program: transformers' `TorchExportableModuleWithStaticCache` (batch 1, a static cache of
     `max_cache_len` positions) behind `RunnerProgram`'s signature."""
-    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
     with _static_generation_config(model, max_cache_len):
         wrapper = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_cache_len)
@@ -87,8 +88,6 @@ def custom_ops_installed(program: RunnerProgram, model: Any) -> Iterator[None]:
     (docs/upstream-gaps.md), so the layers' `update` is overridden here. The attention implementation is restored
     afterwards (the eager model keeps its own)."""
     register_custom_ops()
-    from transformers.masking_utils import AttentionMaskInterface
-    from transformers.modeling_utils import AttentionInterface
 
     def mask_passthrough(*args: Any, **kwargs: Any) -> None:
         return None
@@ -168,9 +167,10 @@ def export_runner_program(program: RunnerProgram, model: Any, inputs: dict[str, 
     `external_weights`: the tag of a `.ptd` the weights go to (None: inside the `.pte`).
 
     Returns `(ExecutorchProgramManager, ExportMetadata, number of custom-op nodes)`."""
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes import MemoryPlanningPass
+    # executorch loads only where a program is lowered (seconds, native memory)
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner  # deferred: heavy
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower  # heavy
+    from executorch.exir.passes import MemoryPlanningPass  # deferred: heavy
 
     seq = torch.export.Dim("seq_length_dim", max=max_cache_len - 1)
     shapes = {"input_ids": {1: seq}, "cache_position": {0: seq}}
@@ -181,6 +181,7 @@ def export_runner_program(program: RunnerProgram, model: Any, inputs: dict[str, 
             stack.enter_context(custom_ops_installed(program, model))
         exported = torch.export.export(program, (), kwargs, dynamic_shapes=shapes, strict=True)
         if custom_ops:
+            # executorch's LLM export passes: loaded only when custom ops are asked for
             from executorch.extension.llm.export.export_passes import RemoveRedundantTransposes
 
             module = RemoveRedundantTransposes()(exported.module())[0]

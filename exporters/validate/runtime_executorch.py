@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer
 
 from exporters.upstream import read_manifest
 from exporters.validate.runtimes import RuntimeContext, RuntimeProof, register_runtime_check
@@ -54,8 +55,6 @@ class ExecutorchRunnerCheck:
         return target.export_format == "executorch" and getattr(target, "layout", None) == "runner"
 
     def reference(self, model: Any, context: RuntimeContext) -> dict[str, Any]:
-        from tokenizers import Tokenizer
-
         if context.source_dir is None or not (Path(context.source_dir) / "tokenizer.json").is_file():
             return {"unverified": "the model folder has no tokenizer.json, which the runner reads"}
         tokenizer = Tokenizer.from_file(str(Path(context.source_dir) / "tokenizer.json"))

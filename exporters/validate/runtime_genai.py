@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from transformers import GenerationConfig
 
 from exporters.capture.merged import MERGED
 from exporters.errors import describe_error
@@ -80,8 +82,6 @@ class GenaiCheck:
             return False
 
     def reference(self, model: Any, context: RuntimeContext) -> GenaiReference:
-        from transformers import GenerationConfig
-
         config = getattr(model.config, "text_config", None) or model.config
         ids = context.generate_inputs["input_ids"][0].tolist()
         eos = _eos_ids(context.generation_config, config)
@@ -108,7 +108,6 @@ class GenaiCheck:
 
     def prove(self, directory: Path, reference: GenaiReference, context: RuntimeContext) -> RuntimeProof:
         try:
-            import numpy as np
             import onnxruntime_genai as og  # heavy runtime, deferred
         except ImportError as err:
             return RuntimeProof(self.runtime, "unverified", f"not installed ({describe_error(err)})")
