@@ -157,14 +157,15 @@ def make_probes(
 ) -> list[tuple[str, dict[str, Any] | None, str | None]]:
     """`(probe id, inputs or None, skip reason)`: the traced inputs, then each dim at each probe size.
 
-    Probes whose inputs exceed `limit` elements are skipped with the reason, and so are probes of a language model
-    (`logits_per_token`: its vocabulary size) whose logits would exceed `MAX_PROBE_LOGITS`: a 32k-token prompt is a
-    small input but 20 GB of logits on a 150k vocabulary, held twice (eager and artifact)."""
+    The traced probe is never skipped: the capture already holds its inputs (a static cache of the model's context
+    is millions of elements, and generation parity runs the same graph at that size). Size limits bound what
+    validation adds, the unseen shapes: a probe is skipped when its inputs exceed both `limit` elements and the traced
+    inputs, and so is a probe of a language model (`logits_per_token`: its vocabulary size) whose logits would exceed
+    `MAX_PROBE_LOGITS`: a 32k-token prompt is a small input but 20 GB of logits on a 150k vocabulary, held twice
+    (eager and artifact)."""
     traced_total = sum(t.numel() for t in _leaves(inputs).values())
-    probes: list[tuple[str, dict[str, Any] | None, str | None]] = [
-        ("traced", inputs, None) if traced_total <= limit else
-        ("traced", None, f"inputs of {traced_total} elements exceed max_probe_elements ({limit})")
-    ]
+    probes: list[tuple[str, dict[str, Any] | None, str | None]] = [("traced", inputs, None)]
+    limit = max(limit, traced_total)
     generator = torch.Generator().manual_seed(seed)
     original = _leaves(inputs)
     for binding in bindings:

@@ -227,7 +227,9 @@ class ValidationSpec(Strict):
     rtol: StrictFloat | StrictInt | None = Field(default=None, ge=0)
     formats: dict[Literal["dynamo", "onnx", "executorch"], Tolerance] = Field(default_factory=dict)
     probe_unseen_shapes: StrictBool = True
-    max_probe_elements: StrictInt = Field(default=1_000_000, ge=1, description="Skip probes whose inputs are larger.")
+    max_probe_elements: StrictInt = Field(default=1_000_000, ge=1, description=(
+        "Skip probes at unseen shapes whose inputs are larger than this and than the traced inputs (the traced "
+        "probe always runs)."))
 
 
 @dataclass(frozen=True)
