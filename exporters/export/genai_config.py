@@ -22,16 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from exporters import fsutil
+from exporters.capture.token_ids import special_token_ids
 
 GENAI_CONFIG = "genai_config.json"
 # GenAI's decoder-only model types (src/models/model_type.h: IsLLM); any other decoder-only model runs as "decoder".
 GENAI_TYPES = frozenset({"chatglm", "decoder", "ernie4_5", "gemma", "gemma2", "gemma3_text", "gpt2", "gptoss",
                          "granite", "internlm2", "llama", "mistral", "nemotron", "olmo", "phi", "phi3", "phi3small",
                          "phimoe", "qwen2", "qwen3", "smollm3"})
-
-
-def _first(value: Any) -> Any:
-    return value[0] if isinstance(value, (list, tuple)) and value else value
 
 
 def genai_config(config: Any, generation_config: Any, filename: str = "model.onnx",
@@ -41,19 +38,13 @@ def genai_config(config: Any, generation_config: Any, filename: str = "model.onn
     heads = int(text.num_attention_heads)
     head_size = getattr(text, "head_dim", None) or text.hidden_size // heads
     gen = generation_config
-    eos = getattr(gen, "eos_token_id", None)
-    eos = eos if eos is not None else getattr(text, "eos_token_id", None)
-    pad = getattr(gen, "pad_token_id", None)
-    pad = pad if pad is not None else getattr(text, "pad_token_id", None)
-    pad = pad if pad is not None else _first(eos)
-    bos = getattr(gen, "bos_token_id", None)
-    bos = bos if bos is not None else getattr(text, "bos_token_id", None)
+    special = special_token_ids(gen, config)
     context = context_length or getattr(text, "max_position_embeddings", None) or 2048
     model_type = getattr(text, "model_type", "")
     search_value = lambda name, default: default if getattr(gen, name, None) is None else getattr(gen, name)  # noqa: E731
     return {
         "model": {
-            "bos_token_id": bos,
+            "bos_token_id": special.bos,
             "context_length": int(context),
             "decoder": {
                 "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
@@ -76,8 +67,8 @@ def genai_config(config: Any, generation_config: Any, filename: str = "model.onn
                 "num_hidden_layers": int(text.num_hidden_layers),
                 "num_key_value_heads": int(getattr(text, "num_key_value_heads", None) or heads),
             },
-            "eos_token_id": list(eos) if isinstance(eos, (list, tuple)) else eos,
-            "pad_token_id": pad,
+            "eos_token_id": special.eos[0] if len(special.eos) == 1 else (special.eos or None),
+            "pad_token_id": special.pad,
             "type": model_type if model_type in GENAI_TYPES else "decoder",
             "vocab_size": int(text.vocab_size),
         },

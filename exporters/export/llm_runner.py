@@ -20,20 +20,12 @@ from exporters import upstream
 from exporters.capture.components import cache_setting_for, generation_config_for
 from exporters.capture.llm_runner import PTE_WEIGHTS_LIMIT, custom_ops_of
 from exporters.capture.merged import MERGED
+from exporters.capture.token_ids import special_token_ids
 from exporters.export.footprint import ModelWeights
 from exporters.recipe.model import Recipe
 from exporters.upstream import llm_runner
 
 PROGRAM, WEIGHTS_TAG = "model.pte", "model"
-
-
-def eos_ids(model: Any) -> list[int]:
-    """The end-of-sequence ids of the model's generation config (else its config): the program's `get_eos_ids`."""
-    for source in (model.generation_config, model.config.get_text_config()):
-        eos = getattr(source, "eos_token_id", None)
-        if eos is not None:
-            return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
-    return []
 
 
 def export_runner(model: Any, target: Any, components: dict[str, tuple[Any, dict]], recipe: Recipe, directory: Path,
@@ -44,7 +36,7 @@ def export_runner(model: Any, target: Any, components: dict[str, tuple[Any, dict
     setting = cache_setting_for(model, target, recipe)
     custom_ops = custom_ops_of(target)
     external = bool(getattr(target, "external_weights", None)) or ModelWeights.of(model).bytes() > PTE_WEIGHTS_LIMIT
-    metadata = llm_runner.runner_metadata(model, setting.max_cache_len, custom_ops, eos_ids(model))
+    metadata = llm_runner.runner_metadata(model, setting.max_cache_len, custom_ops, special_token_ids(model.generation_config, model.config).eos)
     started = time.time()
     manager, record, custom_nodes = llm_runner.export_runner_program(
         module, model, inputs, max_cache_len=setting.max_cache_len, custom_ops=custom_ops, metadata=metadata,

@@ -30,6 +30,7 @@ import torch
 from transformers import GenerationConfig
 
 from exporters.capture.merged import MERGED
+from exporters.capture.token_ids import special_token_ids
 from exporters.errors import describe_error
 from exporters.upstream import read_manifest
 from exporters.validate.runtimes import RuntimeContext, RuntimeProof, register_runtime_check
@@ -47,14 +48,6 @@ class GenaiReference:
     pad: int
     eos: list[int]
     steps: int
-
-
-def _eos_ids(generation_config: Any, config: Any) -> list[int]:
-    eos = getattr(generation_config, "eos_token_id", None)
-    eos = eos if eos is not None else getattr(config, "eos_token_id", None)
-    if eos is None:
-        return []
-    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
 def _until_eos(tokens: list[int], eos: list[int]) -> list[int]:
@@ -84,10 +77,8 @@ class GenaiCheck:
     def reference(self, model: Any, context: RuntimeContext) -> GenaiReference:
         config = getattr(model.config, "text_config", None) or model.config
         ids = context.generate_inputs["input_ids"][0].tolist()
-        eos = _eos_ids(context.generation_config, config)
-        pad = getattr(context.generation_config, "pad_token_id", None)
-        pad = pad if pad is not None else getattr(config, "pad_token_id", None)
-        pad = int(pad if pad is not None else (eos[0] if eos else 0))
+        special = special_token_ids(context.generation_config, model.config)
+        eos, pad = special.eos, (special.pad if special.pad is not None else 0)
         spare = next(t for t in range(int(config.vocab_size)) if t != pad and t not in eos)
         first = [spare if t == pad else t for t in ids]
         if len(first) < 2:  # the second row is a shorter prompt

@@ -1,0 +1,41 @@
+"""The special token ids a deployment runtime needs beside the graph (`get_eos_ids` of an ExecuTorch LLM program,
+`genai_config.json`'s bos / eos / pad, the padded batch a runtime check feeds): the generation config's, else the
+model config's (its text config for a multimodal model).
+
+Example:
+    >>> from transformers import GenerationConfig, LlamaConfig
+    >>> config = LlamaConfig(eos_token_id=2, bos_token_id=1, pad_token_id=None)
+    >>> special = special_token_ids(GenerationConfig(eos_token_id=[2, 7]), config)
+    >>> special.eos, special.bos, special.pad
+    ([2, 7], 1, 2)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SpecialTokenIds:
+    """`eos`: every end-of-sequence id (may be empty); `bos`: the begin id or None; `pad`: the pad id, else the
+    first eos id (runtimes pad a batch with it), else None."""
+
+    eos: list[int]
+    bos: int | None
+    pad: int | None
+
+
+def special_token_ids(generation_config: Any, config: Any) -> SpecialTokenIds:
+    """The ids of `generation_config` (may be None), each falling back to `config`'s text config."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+
+    def first_set(name: str) -> Any:
+        value = getattr(generation_config, name, None) if generation_config is not None else None
+        return value if value is not None else getattr(text, name, None)
+
+    eos = first_set("eos_token_id")
+    eos_ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    bos, pad = first_set("bos_token_id"), first_set("pad_token_id")
+    pad = int(pad) if pad is not None else (eos_ids[0] if eos_ids else None)
+    return SpecialTokenIds(eos_ids, None if bos is None else int(bos), pad)
