@@ -241,23 +241,37 @@ def tiny_mamba(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
     return _saved(MambaForCausalLM(config), folder, recipe)
 
 
-def save_bpe_tokenizer(folder: Path, vocab_size: int = 100, chat_template: bool = True) -> Path:
-    """A small BPE tokenizer trained here in milliseconds (no download) and saved into `folder` with transformers 5's
-    `save_pretrained`, which names `"tokenizer_class": "TokenizersBackend"` in `tokenizer_config.json`; with
-    `chat_template`, a `chat_template.jinja` too. Ids stay below `vocab_size` (a tiny model's vocabulary)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+def train_bpe_tokenizer(folder: Path, corpus: list[str], specials: list[str], *, vocab_size: int, bos: str, eos: str,
+                        pad: str, unk: str | None = None, byte_level: bool = False, chat_template: bool = False):
+    """A BPE tokenizer trained here in milliseconds (no download) and saved into `folder` with transformers 5's
+    `save_pretrained` (which names `"tokenizer_class": "TokenizersBackend"` in `tokenizer_config.json`); returns it.
+    `byte_level`: a byte-level pre-tokenizer and decoder (else whitespace words and an `unk` token); the special
+    tokens take the first ids in `specials` order."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    backend = Tokenizer(models.BPE(unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>", "<unk>"])
-    text = ["the cat sat on the mat", "a dog ran in the park", "hello world, the model exports", "tiny models test"]
-    backend.train_from_iterator(text * 4, trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
-                                        pad_token="<pad>", unk_token="<unk>")
+    backend = Tokenizer(models.BPE(unk_token=unk) if unk else models.BPE())
+    if byte_level:
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+    else:
+        backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                            show_progress=False))
+    named = {"unk_token": unk} if unk else {}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, eos_token=eos, pad_token=pad, **named)
     if chat_template:
         tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def save_bpe_tokenizer(folder: Path, vocab_size: int = 100, chat_template: bool = True) -> Path:
+    """A small whitespace BPE with `<pad> <s> </s> <unk>` saved into `folder`; with `chat_template`, a
+    `chat_template.jinja` too. Ids stay below `vocab_size` (a tiny model's vocabulary)."""
+    text = ["the cat sat on the mat", "a dog ran in the park", "hello world, the model exports", "tiny models test"]
+    train_bpe_tokenizer(folder, text * 4, ["<pad>", "<s>", "</s>", "<unk>"], vocab_size=vocab_size, bos="<s>",
+                        eos="</s>", pad="<pad>", unk="<unk>", chat_template=chat_template)
     return folder
 
 
@@ -267,15 +281,8 @@ BPE_CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world", "a t
 
 
 def save_ascii_bpe_tokenizer(folder: Path, vocab_size: int = 128) -> Path:
-    """A byte-pair-encoding tokenizer trained in code (milliseconds, no download) saved into `folder`, with the
-    tiny configs' special ids. Its alphabet is ASCII (no byte-level alphabet): every token decodes to text alone."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.BPE(unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    backend.train_from_iterator(BPE_CORPUS, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=BPE_SPECIALS))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
-                                        eos_token="</s>", pad_token="<|pad|>")
-    tokenizer.save_pretrained(folder)
+    """A whitespace BPE with the tiny configs' special ids saved into `folder`. Its alphabet is ASCII (no byte-level
+    alphabet): every token decodes to text alone."""
+    train_bpe_tokenizer(folder, BPE_CORPUS, BPE_SPECIALS, vocab_size=vocab_size, bos="<s>", eos="</s>", pad="<|pad|>",
+                        unk="<unk>")
     return folder

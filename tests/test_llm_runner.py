@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import PLAINEST_EXECUTORCH, run_cli
+from tests.models import train_bpe_tokenizer
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",
@@ -28,17 +29,8 @@ PROMPT = "the quick brown fox jumps over the lazy dog"
 def ascii_bpe(folder: Path):
     """A byte-level BPE trained in code, ASCII only (no byte symbols >= 0x80: the runner's pybinding cannot hand a
     partial UTF-8 piece to Python), saved with its tokenizer_config.json."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=200, special_tokens=[BOS, EOS, PAD],
-                                                            show_progress=False))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=BOS, eos_token=EOS, pad_token=PAD)
-    tokenizer.save_pretrained(folder)
-    return tokenizer
+    return train_bpe_tokenizer(folder, CORPUS, [BOS, EOS, PAD], vocab_size=200, bos=BOS, eos=EOS, pad=PAD,
+                               byte_level=True)
 
 
 def runner_model(folder: Path, kind: str, recipe) -> Path:
