@@ -61,3 +61,18 @@ def test_every_init_summary_cell_is_escaped_like_the_reports():
     assert f"- {cell(note, 4000)}" in markdown
     assert "<!--" not in markdown and "<b>" not in markdown
     assert "&lt;!-- hidden \\| rest of it &lt;b>bold&lt;/b>" in markdown
+
+
+def test_the_reasons_an_unverified_target_gives_in_the_pr_and_card_are_inert():
+    """A reason quotes the recipe's dim names and the model's inputs (`dynamic_shapes` names are the owner's
+    text): the PR description and the model card show it without a mention, an image or a link."""
+    from exporters.publish.texts import card_section, pr_description
+    from tests.test_publish_decide import _report_target, _text_plan
+
+    plan = _text_plan(unverified=True)
+    plan.report["targets"][0] = _report_target("onnx", "unverified", [f"model: probe {HOSTILE}=64 did not run (x)"])
+    for text in (card_section(plan), pr_description(plan)):
+        html = _html(text.split("<!-- ")[0])
+        assert "<img" not in html and "evil.example" not in "".join(re.findall(r'href="([^"]*)"', html)), html
+        assert "@everyone" not in text and "https://evil" not in text
+        assert "everyone" in text and "evil.example/a.png" in text, "the reason is still shown, escaped"

@@ -206,7 +206,8 @@ def problem_body(problem: Problem, *, file_url: str | None = None, base: str | N
             # the message quotes the recipe (an unknown key is the owner's text): inert, no mention, no image
             lines.append(f"| {where} | {_code(entry.path)} | {inert(_worded(entry.message, names), 500)} |")
     else:
-        lines.append(f"> {cell(_worded(problem.message, names), 1500)}")
+        # the message may quote the repo (its `auto_map` classes, a file name): inert like a recipe's key
+        lines.append(f"> {inert(_worded(problem.message, names), 1500)}")
     push = f"push to `{base}`" if base else "push again"
     what = WHAT_TO_DO[problem.kind].format(push=push, file=problem.file or "export_config.json")
     return [*lines, "", f"**What to do**: {_worded(what, names)}"]

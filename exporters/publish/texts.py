@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from exporters.publish.markers import render_marker
 from exporters.publish.plan import EXPORTS_DIR, report_paths
 from exporters.publish.snippets import NEEDS_TRUST, proven_runtimes, target_snippets
-from exporters.report.markdown import close_fences, human_size, variants_table
+from exporters.report.markdown import close_fences, human_size, inert, variants_table
 
 if TYPE_CHECKING:
     from exporters.publish.plan import PublishPlan
@@ -136,7 +136,8 @@ def _checks_lines(plan: PublishPlan) -> list[str]:
     for target in plan.targets(plan.unverified):
         lines += ["", f"> [!WARNING]\n> **`{target['name']}` is published unverified** (opted in): these checks did "
                       "**not** run, so nothing says this artifact matches the eager model on them:"]
-        lines += [f"> - {' '.join(str(reason).split())[:300]}" for reason in (target.get("unverified") or [])[:20]]
+        # a reason names the recipe's dims and the model's inputs: inert, no mention, no image
+        lines += [f"> - {inert(reason)}" for reason in (target.get("unverified") or [])[:20]]
     return lines
 
 

@@ -55,15 +55,16 @@ def cell(text: str, limit: int = 300) -> str:
     return flat.replace("|", "\\|").replace("<", "&lt;")
 
 
-_ACTIVE = re.compile(r"[\\`*_\[\]~]")
+_ACTIVE = re.compile(r"[\\\[\]]")  # a backslash (ours stay escapes) and brackets (links, images)
 WORD_JOINER = "\u2060"  # invisible: breaks a mention or an autolink where it sits, shows nothing
 
 
 def inert(text: str, limit: int = 300) -> str:
     """Text someone else wrote (a recipe's key, a repo's value) as plain text in one table cell or line that no
-    renderer turns into anything: [`cell`]'s escapes (pipes, `<`), and `&`, backslashes, backticks, emphasis, links
+    renderer turns into anything: [`cell`]'s escapes (pipes, `<`), and `&`, backslashes and the brackets of links
     and images escaped; `@` and URL schemes broken by an invisible word joiner so no mention notifies anyone and no
-    address becomes a link or a tracking image.
+    address becomes a link or a tracking image. Backticks and emphasis stay (a code span only makes text more inert),
+    so our own messages keep their `option` formatting.
 
     Example:
         >>> shown = inert("unknown key '@everyone ![x](https://evil.example/a.png)'")
@@ -228,7 +229,7 @@ def variants_table(report: dict[str, Any], names: list[str] | None = None) -> li
             " ⚡ fastest" if target["name"] in fastest else "")
         verdict = f"{ICONS.get(target['status'], '')} {target['status']}"
         why = reason(target)
-        verdict += (f": {cell(why, 160)}" if why else "") + (" (cached)" if target.get("cached") else "")
+        verdict += (f": {inert(why, 160)}" if why else "") + (" (cached)" if target.get("cached") else "")
         size = _size(target)
         lines.append(f"| `{target['name']}`{marks} | {target['export_format']} · {target['mode']} · "
                      f"{_variant(target)} | {human_size(size) if size else '–'} | {speed_cell(target)} | "
