@@ -15,10 +15,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import json
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +22,8 @@ import torch
 from tokenizers import Tokenizer
 
 from exporters.upstream import read_manifest
-from exporters.validate.runtimes import RuntimeContext, RuntimeProof, register_runtime_check
+from exporters.validate.runtimes import RuntimeContext, RuntimeProof, register_runtime_check, run_in_child
 
-RUNNER_TIMEOUT_S = 600
 CHILD = r"""
 import json, sys
 spec = json.loads(sys.argv[1])
@@ -83,21 +78,13 @@ class ExecutorchRunnerCheck:
         tokenizer = directory / "tokenizer.json"
         if not tokenizer.is_file():
             return RuntimeProof(self.runtime, "failed", "the target folder has no tokenizer.json for the runner")
-        with tempfile.TemporaryDirectory() as scratch:
-            result = Path(scratch) / "result.json"
-            spec = {"program": str(directory / entry["file"]), "tokenizer": str(tokenizer),
-                    "data": str(directory / entry["data_file"]) if entry.get("data_file") else None,
-                    "prompt": reference["prompt"], "max_new_tokens": context.recipe.generation.max_new_tokens,
-                    "result": str(result)}
-            try:
-                run = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True,
-                                     timeout=RUNNER_TIMEOUT_S, cwd=scratch)
-            except subprocess.TimeoutExpired:
-                return RuntimeProof(self.runtime, "failed", f"the runner did not finish in {RUNNER_TIMEOUT_S} s")
-            if run.returncode != 0 or not result.is_file():
-                message = _runner_message(run.stderr) or f"exit status {run.returncode}"
-                return RuntimeProof(self.runtime, "failed", f"the runner failed: {message}")
-            got = json.loads(result.read_text())["pieces"]
+        spec = {"program": str(directory / entry["file"]), "tokenizer": str(tokenizer),
+                "data": str(directory / entry["data_file"]) if entry.get("data_file") else None,
+                "prompt": reference["prompt"], "max_new_tokens": context.recipe.generation.max_new_tokens}
+        answer, why = run_in_child(CHILD, spec)
+        if answer is None:
+            return RuntimeProof(self.runtime, "failed", f"the runner failed: {why}")
+        got = answer["pieces"]
         want = reference["pieces"]
         equal = 0
         while equal < min(len(got), len(want)) and got[equal] == want[equal]:
@@ -106,13 +93,6 @@ class ExecutorchRunnerCheck:
             return RuntimeProof(self.runtime, "passed", f"{equal}/{len(want)} tokens")
         return RuntimeProof(self.runtime, "failed", f"{equal}/{len(want)} tokens equal: the runner generated "
                                                    f"{''.join(got)[:200]!r}, eager {''.join(want)[:200]!r}")
-
-
-def _runner_message(stderr: str) -> str:
-    """The runner's own error lines (ExecuTorch logs `E ...` / `[file:line] ...`), else the last lines."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    errors = [line for line in lines if " E " in f" {line}" or "Error" in line or "error" in line or "Missing" in line]
-    return " | ".join((errors or lines)[-4:])[:600]
 
 
 register_runtime_check(ExecutorchRunnerCheck())

@@ -10,8 +10,9 @@ eager generate, left-padded batch of two ────────► og.Model(fo
 
 GenAI reads rows by `pad_token_id`: a prompt token equal to it would be taken for padding, so the proof's prompts
 never hold it (a token that is neither the pad id nor an eos id takes its place, in eager and GenAI alike). Each row
-is compared up to and including its first eos. Not installed: `unverified`; GenAI refusing the folder or generating
-other tokens: `failed`, with GenAI's own message.
+is compared up to and including its first eos. GenAI runs in a child process (a native abort there fails this
+proof, not the run). Not installed: `unverified`; GenAI refusing the folder or generating other tokens: `failed`,
+with GenAI's own message.
 
 Example:
     >>> GENAI.runtime
@@ -20,23 +21,43 @@ Example:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import GenerationConfig
 
 from exporters.capture.merged import MERGED
 from exporters.capture.token_ids import special_token_ids
-from exporters.errors import describe_error
 from exporters.upstream import read_manifest
-from exporters.validate.runtimes import RuntimeContext, RuntimeProof, register_runtime_check
+from exporters.validate.runtimes import RuntimeContext, RuntimeProof, register_runtime_check, run_in_child
 
 GENAI_CONFIG = "genai_config.json"
 DEFAULT_NEW_TOKENS = 8
+
+# GenAI runs in a child (a native abort there ends this proof, not the run): greedy over the right-padded rows.
+CHILD = r"""
+import json, sys
+import numpy as np
+import onnxruntime_genai as og
+spec = json.loads(sys.argv[1])
+model = og.Model(spec["folder"])
+params = og.GeneratorParams(model)
+params.set_search_options(do_sample=False, num_beams=1, max_length=spec["max_length"], batch_size=len(spec["rows"]))
+generator = og.Generator(model, params)
+generator.append_tokens(np.array(spec["rows"], dtype=np.int32))
+got = [[] for _ in spec["rows"]]
+while not generator.is_done():
+    generator.generate_next_token()
+    for row, token in enumerate(generator.get_next_tokens().tolist()):
+        if not got[row] or got[row][-1] not in spec["eos"]:  # a finished row is padded: not compared
+            got[row].append(int(token))
+with open(spec["result"], "w") as handle:
+    json.dump(got, handle)
+"""
 
 
 @dataclass
@@ -98,31 +119,20 @@ class GenaiCheck:
         return GenaiReference(prompts, new, pad, eos, steps)
 
     def prove(self, directory: Path, reference: GenaiReference, context: RuntimeContext) -> RuntimeProof:
-        try:
-            import onnxruntime_genai as og  # heavy runtime, deferred
-        except ImportError as err:
-            return RuntimeProof(self.runtime, "unverified", f"not installed ({describe_error(err)})")
+        if importlib.util.find_spec("onnxruntime_genai") is None:
+            return RuntimeProof(self.runtime, "unverified", "onnxruntime-genai is not installed here")
         if not (directory / GENAI_CONFIG).is_file():
             return RuntimeProof(self.runtime, "failed", f"no {GENAI_CONFIG} in the folder")
         pad = json.loads((directory / GENAI_CONFIG).read_text(encoding="utf-8"))["model"].get("pad_token_id")
         if pad != reference.pad:
             return RuntimeProof(self.runtime, "failed", f"{GENAI_CONFIG} has pad_token_id {pad}, the model "
                                 f"{reference.pad}")
-        model = og.Model(str(directory))
         width = max(len(p) for p in reference.prompts)
-        params = og.GeneratorParams(model)
-        params.set_search_options(do_sample=False, num_beams=1, max_length=width + reference.steps,
-                                  batch_size=len(reference.prompts))
-        generator = og.Generator(model, params)
         rows = [p + [reference.pad] * (width - len(p)) for p in reference.prompts]  # GenAI pads right
-        generator.append_tokens(np.array(rows, dtype=np.int32))
-        got: list[list[int]] = [[] for _ in rows]
-        while not generator.is_done():
-            generator.generate_next_token()
-            for row, token in enumerate(generator.get_next_tokens().tolist()):
-                if not got[row] or got[row][-1] not in reference.eos:  # a finished row is padded: not compared
-                    got[row].append(int(token))
-        del generator, model
+        got, why = run_in_child(CHILD, {"folder": str(directory), "rows": rows, "eos": reference.eos,
+                                        "max_length": width + reference.steps})
+        if got is None:
+            return RuntimeProof(self.runtime, "failed", f"ONNX Runtime GenAI failed: {why}")
         got = [_until_eos(row, reference.eos) for row in got]
         total = sum(len(r) for r in reference.new_tokens)
         equal = sum(_common_prefix(want, have) for want, have in zip(reference.new_tokens, got))

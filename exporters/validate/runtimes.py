@@ -20,6 +20,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -28,6 +32,7 @@ from exporters.errors import describe_error
 from exporters.recipe.model import Recipe, Target
 
 ProofStatus = Literal["passed", "failed", "unverified"]
+CHILD_TIMEOUT_S = 600
 
 
 @dataclass
@@ -107,3 +112,34 @@ def prove_all(pairs: list[tuple[RuntimeCheck, Any]], directory: Path, context: R
             proofs.append(RuntimeProof(check.runtime, "failed", describe_error(err)))
     return proofs
 
+
+
+def run_in_child(code: str, spec: dict[str, Any], timeout_s: int = CHILD_TIMEOUT_S) -> tuple[Any, str]:
+    """Run a runtime's own code in a child Python (a native crash or a hang there ends the proof, not the run):
+    `code` reads `json.loads(sys.argv[1])` (`spec` plus `"result"`, a path) and writes its JSON answer there.
+
+    Returns `(answer, "")`, or `(None, why)` with the child's own error lines.
+
+    Example:
+        >>> run_in_child("import json, sys; s = json.loads(sys.argv[1]); json.dump(s['x'] * 2, open(s['result'], 'w'))",
+        ...              {"x": 21})
+        (42, '')
+    """
+    with tempfile.TemporaryDirectory() as scratch:
+        result = Path(scratch) / "result.json"
+        try:
+            run = subprocess.run([sys.executable, "-c", code, json.dumps({**spec, "result": str(result)})],
+                                 check=False, capture_output=True, text=True, timeout=timeout_s, cwd=scratch)
+        except subprocess.TimeoutExpired:
+            return None, f"it did not finish in {timeout_s} s"
+        if run.returncode != 0 or not result.is_file():
+            return None, child_message(run.stderr) or f"exit status {run.returncode}"
+        return json.loads(result.read_text()), ""
+
+
+def child_message(stderr: str) -> str:
+    """A runtime's own error lines (ExecuTorch logs `E ...` / `[file:line] ...`, Python a traceback), else the
+    last lines."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if " E " in f" {line}" or "Error" in line or "error" in line or "Missing" in line]
+    return " | ".join((errors or lines)[-4:])[:600]
