@@ -107,12 +107,19 @@ class Workbench:
                                                                   setting.max_cache_len)
                 self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting))
                 return self.fitted[target.name][0]
+            asked = target.merged
             target.merged = merged.wants_merged(target, self.sample.family, setting.implementation,
                                                  self.model.config)
             captured = self._captured(target, recipe, setting)
+            dropped = []
+            if target.merged and asked is None and not merged.takes_cache(captured):  # a default it cannot have
+                dropped = [merged.DEFAULT_DROPPED.format(kinds=merged.cache_kinds(captured))]
+                target.merged = False
+                captured = self._captured(target, recipe, setting)
             if target.merged:  # one graph: upstream's multi-token decode, with its contract
                 captured = merged.plan(target, captured)
             fitted, notes = self._fit(target, captured, recipe)
+            notes = dropped + notes
             check_second_step(target, fitted, setting)
             self.fitted[target.name] = (fitted, notes + self._cache_notes(target, setting))
         return self.fitted[target.name][0]
