@@ -1,7 +1,8 @@
-"""State-space models (#30): defaults that fit what the capture shows. Mamba's cache holds conv and recurrent
-states, no key-value tensors, so the merged ONNX default (a graph that runs the prompt on an empty key-value cache)
-does not apply: the target keeps separate `prefill` and `decode` with no error, and says so; a recipe that asks for
-`merged: true` keeps its clear error."""
+"""State-space models (#30): Mamba's cache holds conv and recurrent states, no key-value tensors, and its prefill
+cannot keep a dynamic sequence axis (docs/upstream-gaps.md #27). Defaults fit what the capture shows: the merged ONNX
+default does not apply (no error), and a `dynamic: true` generation target exports the decode alone, the prompt fed
+to it one token at a time from zeroed states, said in the report; parity runs through the exported graphs in every
+format. A recipe that asks for `merged: true` keeps its clear error."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ import pytest
 from tests.conftest import run_cli
 from tests.models import tiny_mamba
 
+FORMATS = ["dynamo", "onnx", "executorch"]
 RECIPE = {"schema_version": 1, "generation": {"max_new_tokens": 8}, "exports": [
-    {"name": "onnx", "export_format": "onnx", "mode": "generation", "dynamic": True},
+    *({"name": f, "export_format": f, "mode": "generation", "dynamic": True} for f in FORMATS),
     {"name": "onnx-merged", "export_format": "onnx", "mode": "generation", "dynamic": True, "merged": True},
 ]}
+FILES = {"dynamo": "decode.pt2", "onnx": "decode.onnx", "executorch": "model.pte"}
 
 
 @pytest.fixture(scope="module")
-def mamba_onnx(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mamba-onnx")
+def mamba_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mamba")
     model_dir = tiny_mamba(root / "model", RECIPE, initializer_range=1.0)
     out = root / "out"
     result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
@@ -28,42 +31,64 @@ def mamba_onnx(tmp_path_factory):
     return {t["name"]: t for t in report["targets"]}, out, result
 
 
-def test_the_merged_default_falls_back_to_separate_graphs_for_a_model_without_a_key_value_cache(mamba_onnx):
-    targets, out, _ = mamba_onnx
-    target = targets["onnx"]
-    message = (target["error"] or {}).get("message", "")
-    assert "merged" not in message, message
-    assert target["expected_components"] == ["prefill", "decode"]
-    assert [c["name"] for c in target["components"]] == ["prefill", "decode"]
-    assert sorted(p.name for p in (out / "onnx").glob("*.onnx")) == ["decode.onnx", "prefill.onnx"]
-    said = [f for f in target["findings"] if "exported as separate graphs" in f]
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_dynamic_prompt_is_stepped_through_the_decode_alone_and_said(mamba_run, name):
+    targets, out, _ = mamba_run
+    target = targets[name]
+    assert target["status"] == "passed", (name, target["error"])
+    assert target["expected_components"] == ["decode"]
+    assert [c["name"] for c in target["components"]] == ["decode"]
+    assert (out / name / FILES[name]).is_file(), sorted(p.name for p in (out / name).iterdir())
+    assert not list((out / name).glob("prefill*")), "no prefill fixed to the traced prompt length"
+    said = [f for f in target["findings"] if "fed to the decode graph one token at a time" in f]
     assert said, target["findings"]
-    assert "needs a key-value cache" in said[0] and "conv_states" in said[0] and "recurrent_states" in said[0]
-    assert "exported as separate graphs" in (out / "report.md").read_text()
+    assert "conv_states" in said[0] and "recurrent_states" in said[0] and "no key-value tensors" in said[0]
+    assert not [f for f in target["findings"] if "merged" in f], target["findings"]  # the ONNX default just fits
+    assert "one token at a time" in (out / "report.md").read_text()
 
 
-def test_the_decode_carries_the_models_own_cache_and_parity_runs_through_the_exported_graphs(mamba_onnx):
-    targets, _, _ = mamba_onnx
-    generation = targets["onnx"]["generation"]
+@pytest.mark.parametrize("name", FORMATS)
+def test_parity_runs_the_prompt_and_the_reply_through_the_exported_decode(mamba_run, name):
+    targets, _, _ = mamba_run
+    generation = targets[name]["generation"]
     assert generation["status"] == "passed", generation
+    assert generation["prompt_length"] == 8
     tokens = generation["eager_tokens"][0]
-    assert tokens == generation["exported_tokens"][0][: len(tokens)]
+    assert len(tokens) == 8 and tokens == generation["exported_tokens"][0][: len(tokens)]
     assert len(set(tokens)) > 1, tokens  # greedy decoding varies: the check can fail
 
 
-def test_the_prefill_whose_sequence_axis_cannot_stay_dynamic_fails_the_target_saying_so(mamba_onnx):
-    # Mamba's scan is a Python loop over the sequence (transformers 5.24): the traced prefill holds 8 tokens only.
-    targets, _, result = mamba_onnx
-    target = targets["onnx"]
-    assert target["status"] == "failed"
-    assert target["error"]["message"].startswith("prefill: the artifact does not run at sequence"), target["error"]
-    assert result.returncode == 1
-
-
-def test_an_explicit_merged_true_keeps_its_clear_error(mamba_onnx):
-    targets, _, _ = mamba_onnx
+def test_an_explicit_merged_true_keeps_its_clear_error(mamba_run):
+    targets, _, result = mamba_run
     target = targets["onnx-merged"]
     assert target["status"] == "failed"
     message = target["error"]["message"]
     assert "the merged graph needs a decode step that takes a key-value cache" in message, message
     assert "set `merged` to false" in message
+    assert result.returncode == 1  # that target failed; the others passed
+
+
+def test_a_recipe_that_names_the_prefill_gets_it_and_its_contract_checked(tmp_path):
+    # The prefill is exported as asked; its sequence axis, declared dynamic, cannot hold, and the target says so.
+    recipe = {"export_format": "onnx", "mode": "generation", "dynamic": True,
+              "expected_components": ["prefill", "decode"]}
+    model_dir = tiny_mamba(tmp_path / "model", [recipe], initializer_range=1.0)
+    out = tmp_path / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    assert result.returncode == 1, result.stderr[-2000:]
+    target = json.loads((out / "report.json").read_text())["targets"][0]
+    assert [c["name"] for c in target["components"]] == ["prefill", "decode"]
+    assert target["status"] == "failed"
+    assert target["error"]["message"].startswith("prefill: the artifact does not run at sequence"), target["error"]
+    assert target["generation"]["status"] == "passed"  # the traced prompt length still runs
+
+
+def test_no_model_card_snippet_is_written_for_a_stepped_target():
+    # The `ExportedModel` snippet feeds a prefill or a merged graph with a key-value cache: neither fits a decode
+    # alone with states, so the card gets no snippet rather than a wrong one.
+    from exporters.publish.snippets import upstream_loads
+
+    stepped = {"name": "dynamo", "export_format": "dynamo", "mode": "generation", "files": [],
+               "expected_components": ["decode"]}
+    assert upstream_loads(stepped) is False
+    assert upstream_loads({**stepped, "expected_components": ["prefill", "decode"]}) is True
