@@ -61,9 +61,14 @@ class RecipeExporter:
         if multi_token_decode is not None:
             target.multi_token_decode = multi_token_decode
         setting = cache_setting_for(model, target, self.recipe)
+        asked = target.merged
         target.merged = merged.wants_merged(target, detect_family(model), setting.implementation, model.config)
         components = decompose(model, "generation", {}, inputs, setting=setting,
                                       multi_token_decode=target.multi_token_decode or target.merged)
+        if target.merged and asked is None and not merged.takes_cache(components):  # a default it cannot have
+            target.merged = False
+            components = decompose(model, "generation", {}, inputs, setting=setting,
+                                   multi_token_decode=target.multi_token_decode)
         if target.merged:
             components = merged.plan(target, components)
         check_second_step(target, components, setting)

@@ -231,13 +231,16 @@ def tiny_vit_with_image_processor(folder: Path, recipe: Any | None = None, seed:
     return folder
 
 
-def tiny_mamba(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
-    """A 1-layer Mamba (hidden 16, state 4): a state-space model, no key-value cache."""
+def tiny_mamba(folder: Path, recipe: Any | None = None, seed: int = 0, initializer_range: float = 0.1) -> Path:
+    """A 1-layer Mamba (hidden 16, state 4): a state-space model, no key-value cache (its cache holds conv and
+    recurrent states). The default initialization makes greedy decoding repeat one token; `initializer_range=1.0`
+    makes it vary, for parity checks that can fail."""
     from transformers import MambaConfig, MambaForCausalLM
 
     torch.manual_seed(seed)
     config = MambaConfig(vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=1, expand=2, conv_kernel=4,
-                         time_step_rank=2, bos_token_id=0, eos_token_id=63, pad_token_id=1)
+                         time_step_rank=2, bos_token_id=0, eos_token_id=63, pad_token_id=1,
+                         initializer_range=initializer_range)
     return _saved(MambaForCausalLM(config), folder, recipe)
 
 
@@ -285,4 +288,21 @@ def save_ascii_bpe_tokenizer(folder: Path, vocab_size: int = 128) -> Path:
     alphabet): every token decodes to text alone."""
     train_bpe_tokenizer(folder, BPE_CORPUS, BPE_SPECIALS, vocab_size=vocab_size, bos="<s>", eos="</s>", pad="<|pad|>",
                         unk="<unk>")
+    return folder
+
+
+def tiny_moonshine(folder: Path, recipe: Any | None = None, seed: int = 0, feature_extractor: bool = True) -> Path:
+    """A 1+1-layer Moonshine (hidden 32): a speech encoder-decoder on raw waveforms (`input_values`), with its
+    feature extractor (`Wav2Vec2FeatureExtractor`, 16 kHz) saved in the folder when `feature_extractor`."""
+    from transformers import MoonshineConfig, MoonshineForConditionalGeneration, Wav2Vec2FeatureExtractor
+
+    torch.manual_seed(seed)
+    config = MoonshineConfig(vocab_size=64, hidden_size=32, intermediate_size=64, encoder_num_hidden_layers=1,
+                             decoder_num_hidden_layers=1, encoder_num_attention_heads=2,
+                             decoder_num_attention_heads=2, max_position_embeddings=128, decoder_start_token_id=1,
+                             bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.3)
+    folder = _saved(MoonshineForConditionalGeneration(config), folder, recipe)
+    if feature_extractor:
+        Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=False,
+                                 return_attention_mask=True).save_pretrained(folder)
     return folder

@@ -22,6 +22,9 @@ import torch
 
 Family = Literal["text", "seq2seq", "speech-seq2seq", "vision", "audio", "vision-language", "dual-encoder"]
 FAMILIES: tuple[str, ...] = get_args(Family)
+# The main inputs of audio models: a spectrogram (`input_features`: Whisper) or a raw waveform (`input_values`:
+# Wav2Vec2, Moonshine).
+AUDIO_INPUTS = ("input_features", "input_values")
 
 # The attribute names transformers gives the towers of a dual encoder, by modality.
 TOWER_ATTRIBUTES: dict[str, tuple[str, ...]] = {
@@ -65,10 +68,10 @@ def detect_family(model) -> Family:
     if has_vision and getattr(config, "text_config", None) is not None and can_generate(model):
         return "vision-language"
     if getattr(config, "is_encoder_decoder", False):
-        return "speech-seq2seq" if main == "input_features" else "seq2seq"
+        return "speech-seq2seq" if main in AUDIO_INPUTS else "seq2seq"  # Whisper's spectrogram, Moonshine's waveform
     if main == "pixel_values":
         return "vision"
-    if main in ("input_features", "input_values"):
+    if main in AUDIO_INPUTS:
         return "audio"
     return "text"
 

@@ -15,9 +15,11 @@ from typing import Any
 
 import torch
 
-from exporters.capture.families import FAMILIES, default_mode, detect_family, towers
+from exporters.capture.families import AUDIO_INPUTS, FAMILIES, default_mode, detect_family, towers
 from exporters.capture.multimodal import Preprocessor, load_preprocessor, processor_inputs, synthesize_vlm
 from exporters.recipe.model import InputsSpec
+
+WAVEFORM_SAMPLES = 16000  # one second at 16 kHz: a raw-waveform speech model's synthesized source
 
 __all__ = ["FAMILIES", "SampleInputs", "default_mode", "detect_family", "make_sample_inputs", "random_token_ids"]
 
@@ -114,6 +116,18 @@ def _audio(model, config, spec: InputsSpec, generator: torch.Generator) -> dict[
     return {name: torch.randn(spec.batch_size, spec.audio_length or 1600, generator=generator)}
 
 
+def _speech_source(model, spec: InputsSpec, generator: torch.Generator) -> tuple[str, torch.Tensor]:
+    """A speech encoder-decoder's source in its main input's layout, when the folder has no feature extractor: a
+    spectrogram `input_features` (`batch x mel bins x frames`: Whisper, twice its source positions) or a raw
+    waveform `input_values` (`batch x samples`: Moonshine, one second at 16 kHz, its feature extractor's rate)."""
+    config = model.config
+    name = getattr(model, "main_input_name", "input_features")
+    if name == "input_values":
+        return name, torch.randn(spec.batch_size, spec.audio_length or WAVEFORM_SAMPLES, generator=generator)
+    frames = spec.audio_length or 2 * int(config.max_source_positions)
+    return name, torch.randn(spec.batch_size, int(config.num_mel_bins), frames, generator=generator)
+
+
 def _with_token_types(model, inputs: dict[str, Any]) -> dict[str, Any]:
     config = model.config
     if "token_type_ids" in inspect.signature(model.forward).parameters and getattr(config, "type_vocab_size", 0):
@@ -137,7 +151,8 @@ def make_sample_inputs(model, spec: InputsSpec, tokenizer=None, folder: Path | N
     generator = torch.Generator().manual_seed(spec.seed)
     family = detect_family(model)
     text_only = family in ("text", "seq2seq") or text_ids is not None
-    pre, notes = load_preprocessor(folder) if not text_only else (None, [])
+    audio = family in ("audio", "speech-seq2seq")
+    pre, notes = load_preprocessor(folder, audio=audio) if not text_only else (None, [])
     if pre is not None:
         sample = _from_preprocessor(model, pre, spec, family, tokenizer, generator)
         if sample is not None:
@@ -165,7 +180,7 @@ def _from_preprocessor(model, pre: Preprocessor, spec: InputsSpec, family: str, 
         made.update({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
     if family == "speech-seq2seq":
         decoder = torch.full((spec.batch_size, spec.decoder_sequence_length), _decoder_start(model), dtype=torch.long)
-        encoder = {k: v for k, v in made.items() if k in ("input_features", "attention_mask")}
+        encoder = {k: v for k, v in made.items() if k in (*AUDIO_INPUTS, "attention_mask")}
         return SampleInputs(family, {**encoder, "decoder_input_ids": decoder}, encoder, source)
     return SampleInputs(family, dict(made), dict(made), source)
 
@@ -182,13 +197,9 @@ def _synthesized(model, spec: InputsSpec, family: str, tokenizer, generator: tor
         values = _audio(model, config, spec, generator)
         return SampleInputs(family, values, dict(values))
     if family == "speech-seq2seq":
-        bins = int(config.num_mel_bins)
-        frames = spec.audio_length or 2 * int(config.max_source_positions)
-        features = torch.randn(batch, bins, frames, generator=generator)
+        name, features = _speech_source(model, spec, generator)
         decoder = torch.full((batch, spec.decoder_sequence_length), _decoder_start(model), dtype=torch.long)
-        return SampleInputs(
-            family, {"input_features": features, "decoder_input_ids": decoder}, {"input_features": features}
-        )
+        return SampleInputs(family, {name: features, "decoder_input_ids": decoder}, {name: features})
     ids = text_ids if text_ids is not None else prompt_ids(model, tokenizer, spec, generator)  # calibration sample
     mask = torch.ones_like(ids)
     if family == "seq2seq":

@@ -79,6 +79,30 @@ def wants_merged(target, family: str, cache_implementation: str, config: Any = N
     return True
 
 
+def takes_cache(components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -> bool:
+    """Whether the capture's decode takes a key-value cache, which the merged graph runs on. When the default chose
+    the merged graph (the recipe left `merged` unset) and it does not (Mamba's conv and recurrent states, #30), the
+    target keeps its separate `prefill` and `decode` with no error ([`DEFAULT_DROPPED`]); a recipe that asks for
+    `merged: true` gets [`contract`]'s error."""
+    decode = components.get("decode")
+    return decode is not None and bool(cache_leaves(decode[1]))
+
+
+DEFAULT_DROPPED = ("prefill and decode are exported as separate graphs: the merged graph (the ONNX default) needs a "
+                   "key-value cache, and this model's decode carries none (its cache is {kinds})")
+
+
+def cache_kinds(components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -> str:
+    """What the decode's cache holds, in words (`conv and recurrent states`, ...), for [`DEFAULT_DROPPED`]."""
+    decode = components.get("decode")
+    key = cache_input_name(decode[1]) if decode is not None else None
+    if key is None:
+        return "absent"
+    kinds = sorted({path.split(".")[-2] if path.split(".")[-1].isdigit() else path.split(".")[-1]
+                    for path in leaf_tensors({key: decode[1][key]})})
+    return ", ".join(kinds) or "empty"
+
+
 def cache_leaves(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The key/value tensors of the template's cache, by upstream leaf path (`cache.layers.0.keys`, ...)."""
     key = cache_input_name(inputs)

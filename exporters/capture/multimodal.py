@@ -46,8 +46,10 @@ class Preprocessor:
         return type(self.obj).__name__
 
 
-def load_preprocessor(folder: Path | None) -> tuple[Preprocessor | None, list[str]]:
-    """The folder's processor (or image processor / feature extractor), and notes on what could not be loaded."""
+def load_preprocessor(folder: Path | None, audio: bool = False) -> tuple[Preprocessor | None, list[str]]:
+    """The folder's processor (or image processor / feature extractor), and notes on what could not be loaded. For
+    an `audio` model the feature extractor is tried before an image processor (which cannot read its
+    `preprocessor_config.json`, and would leave a misleading note)."""
     if folder is None:
         return None, []
     folder = Path(folder)
@@ -57,7 +59,8 @@ def load_preprocessor(folder: Path | None) -> tuple[Preprocessor | None, list[st
     if (folder / PROCESSOR_FILE).is_file() or ((folder / PREPROCESSOR_FILE).is_file() and has_tokenizer):
         attempts.append(("processor", "AutoProcessor"))
     if (folder / PREPROCESSOR_FILE).is_file():
-        attempts += [("image_processor", "AutoImageProcessor"), ("feature_extractor", "AutoFeatureExtractor")]
+        single = [("image_processor", "AutoImageProcessor"), ("feature_extractor", "AutoFeatureExtractor")]
+        attempts += single[::-1] if audio else single
     notes: list[str] = []
 
     for kind, loader in attempts:

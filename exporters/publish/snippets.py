@@ -115,6 +115,8 @@ def upstream_loads(target: dict[str, Any]) -> bool:
     in upstream's layout, or one `.pte` per component (not one program with a method per component, nor the ExecuTorch
     LLM runner's program, whose `forward` takes tokens and positions and holds the cache)."""
     names = _file_names(target)
+    if target.get("mode") == "generation" and target.get("expected_components") == ["decode"]:
+        return False  # a state-space model's stepped prompt (decode alone, from zeroed states): no snippet written yet
     if target.get("export_format") == "dynamo":
         return True
     if target.get("export_format") == "onnx":  # not the transformers.js layout (graphs renamed, under onnx/)

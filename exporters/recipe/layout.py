@@ -29,7 +29,7 @@ class MergedSetting(BaseModel):
         default=None,
         description="Generation: one graph ('model') for the prompt (empty cache) and every decode step, instead of "
         "prefill + decode. Default: true for ONNX targets of decoder-only models with dynamic shapes and a dynamic "
-        "cache, false otherwise.",
+        "key-value cache, false otherwise (and for models whose decode has no key-value cache, such as Mamba).",
     )
 
     @model_validator(mode="after")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from exporters.capture import llm_runner, merged
+from exporters.capture import llm_runner, merged, stepped
 from exporters.capture.cache_settings import check_second_step, max_positions, sliding_window_of
 from exporters.capture.components import cache_setting_for, decompose, generation_config_for, minimum_components
 from exporters.capture.families import detect_family
@@ -40,6 +40,7 @@ class Workbench:
     decompositions: dict[tuple, Any] = field(default_factory=dict)
     fitted: dict[str, tuple[Any, list[str]]] = field(default_factory=dict)
     unprepared: dict[str, Any] | None = None  # why no sample inputs could be made: then every target fails with it
+    stepped: set[str] = field(default_factory=set)  # targets whose prompt is stepped through `decode` alone
 
     @classmethod
     def load(cls, context: RunContext, options: RunOptions, targets: list[Target] | None = None) -> Workbench:
@@ -74,6 +75,8 @@ class Workbench:
             return list(target.expected_components)
         if llm_runner.layout_of(target) == llm_runner.RUNNER:
             return [merged.MERGED]
+        if target.name in self.stepped:
+            return list(stepped.STEPPED)
         return minimum_components(self.sample.family, target.mode, list(components), self.model,
                                   merged=bool(getattr(target, "merged", False)))
 
@@ -107,12 +110,23 @@ class Workbench:
                                                                   setting.max_cache_len)
                 self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting))
                 return self.fitted[target.name][0]
+            asked = target.merged
             target.merged = merged.wants_merged(target, self.sample.family, setting.implementation,
                                                  self.model.config)
             captured = self._captured(target, recipe, setting)
+            dropped = []
+            if target.merged and asked is None and not merged.takes_cache(captured):  # a default it cannot have
+                dropped = [merged.DEFAULT_DROPPED.format(kinds=merged.cache_kinds(captured))]
+                target.merged = False
+                captured = self._captured(target, recipe, setting)
             if target.merged:  # one graph: upstream's multi-token decode, with its contract
                 captured = merged.plan(target, captured)
+            elif stepped.wants_stepped(target, self.sample.family, captured):  # a prefill that cannot be dynamic
+                dropped = [stepped.STEPPED_NOTE.format(kinds=merged.cache_kinds(captured))]  # says it all
+                self.stepped.add(target.name)
+                captured = stepped.plan(captured)
             fitted, notes = self._fit(target, captured, recipe)
+            notes = dropped + notes
             check_second_step(target, fitted, setting)
             self.fitted[target.name] = (fitted, notes + self._cache_notes(target, setting))
         return self.fitted[target.name][0]

@@ -31,6 +31,7 @@ import torch
 
 from exporters.capture.cache_settings import sliding_window_of
 from exporters.capture.merged import MERGED, prompt_inputs
+from exporters.capture.stepped import STEPPED, zeroed_cache
 from exporters.capture.steps import cache_input_name, output_cache, step_inputs
 from exporters.errors import describe_error
 from exporters.report.results import GenerationReport
@@ -78,6 +79,8 @@ def generation_parity(model, components, exported, generate_inputs: dict[str, An
     needed = needed or set(components)
     if family == "text" and "model" in names:
         driver, needed = _merged_decoder, {"model"}
+    elif family == "text" and set(components) == set(STEPPED):  # a state-space model's stepped prompt
+        driver, needed = _stepped_prompt, set(STEPPED)
     missing = sorted(needed - names)
     if missing:
         return GenerationReport("failed", steps, reason=f"cannot generate from raw inputs: missing component(s) "
@@ -132,6 +135,22 @@ def _decoder_only(model, components, runners, generate_inputs, greedy: Greedy, t
     out = run_component(runners["prefill"], step_inputs(prefill_template, ids, 0, empty, window))
     stepper = DecodeStepper(runners["decode"], components["decode"][1], window)
     decode_loop(out["logits"], output_cache(out), ids, greedy, stepper, tokens)
+    return int(ids.shape[1])
+
+
+def _stepped_prompt(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
+    """The prompt fed to the exported decode one token at a time from zeroed states (`exporters.capture.stepped`),
+    then every generated token."""
+    template = components["decode"][1]
+    key = cache_input_name(template)
+    ids = generate_inputs["input_ids"]
+    stepper = DecodeStepper(runners["decode"], template)
+    cache = zeroed_cache(template[key])
+    out: dict[str, Any] = {}
+    for position in range(ids.shape[1]):
+        out = stepper(ids[:, position], position, cache)
+        cache = output_cache(out)
+    decode_loop(out["logits"], cache, ids, greedy, stepper, tokens)
     return int(ids.shape[1])
 
 
