@@ -250,3 +250,58 @@ def test_vit_exported_model_snippet_runs_as_written(vit, tmp_path):
     with torch.no_grad():
         want = AutoModelForImageClassification.from_pretrained(model_dir).eval()(pixel_values=pixels).logits
     torch.testing.assert_close(namespace["outputs"].logits, want, atol=ATOL, rtol=RTOL)
+
+
+# ── which sentence-transformers files a target folder gets ────────────────────
+
+
+def _modules_folder(root: Path, modules: list[dict]) -> Path:
+    source = root / "model"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    (source / "modules.json").write_text(json.dumps(modules))
+    return source
+
+
+def test_module_folders_named_by_modules_json_are_copied_and_nothing_outside(tmp_path):
+    """The configs and weights of each module folder `modules.json` names; a path out of the folder is not followed."""
+    from exporters.export.folder_files import complete_folder
+
+    source = _modules_folder(tmp_path, [{"path": ""}, {"path": "1_Pooling"}, {"path": "2_Dense"},
+                                        {"path": "../outside"}, {"path": str(tmp_path / "outside")}])
+    (source / "1_Pooling").mkdir()
+    (source / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
+    (source / "2_Dense").mkdir()
+    (source / "2_Dense" / "config.json").write_text("{}")
+    (source / "2_Dense" / "model.safetensors").write_bytes(b"weights")
+    (source / "2_Dense" / "pytorch_model.bin").write_bytes(b"a pickle")  # code when loaded: never copied
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "config.json").write_text('{"secret": 1}')
+    target = tmp_path / "target"
+    target.mkdir()
+    copied = complete_folder(target, source, [])
+    assert sorted(copied) == ["1_Pooling/config.json", "2_Dense/config.json", "2_Dense/model.safetensors",
+                              "config.json", "modules.json"]
+    assert (target / "1_Pooling" / "config.json").read_text() == '{"pooling_mode_cls_token": true}'
+    assert not [p for p in target.rglob("*") if p.is_file() and "secret" in p.read_text(errors="ignore")]
+
+
+@pytest.mark.parametrize("linked", ["folder", "file"])
+def test_a_linked_module_folder_or_file_is_refused(tmp_path, linked):
+    from exporters.errors import ModelSourceError
+    from exporters.export.folder_files import complete_folder
+
+    source = _modules_folder(tmp_path, [{"path": ""}, {"path": "1_Pooling"}])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "config.json").write_text("do not copy me")
+    if linked == "folder":
+        (source / "1_Pooling").symlink_to(elsewhere)
+    else:
+        (source / "1_Pooling").mkdir()
+        (source / "1_Pooling" / "config.json").symlink_to(elsewhere / "config.json")
+    target = tmp_path / "target"
+    target.mkdir()
+    with pytest.raises(ModelSourceError, match="1_Pooling.* is a link"):
+        complete_folder(target, source, [])
+    assert not [p for p in target.rglob("*") if p.is_file() and "do not copy me" in p.read_text()]
