@@ -27,14 +27,17 @@ demo: venv
 # transformers.js (pinned, from npm, on Node.js) generates from a transformers.js-layout export.
 TJS_VERSION := 4.3.2
 TJS_DIR := .cache/transformers-js
-# optimum (ORTModelForCausalLM) needs transformers 4.x: its own pinned venv, for the tests only.
+# optimum (ORTModel*) and sentence-transformers' ONNX backend need transformers 4.x: their own pinned venv, for the
+# tests only.
 OPTIMUM_VENV := .cache/optimum-venv
 OPTIMUM_CONSTRAINTS := tests/optimum/constraints.txt
 test-deps:
-	@test -x $(OPTIMUM_VENV)/bin/python && $(OPTIMUM_VENV)/bin/python -c "import optimum.onnxruntime" 2>/dev/null || \
-	  { echo "installing optimum-onnx into $(OPTIMUM_VENV) for the optimum test"; $(PYTHON) -m venv $(OPTIMUM_VENV) && \
+	@test -x $(OPTIMUM_VENV)/bin/python && \
+	  $(OPTIMUM_VENV)/bin/python -c "import optimum.onnxruntime, sentence_transformers, PIL" 2>/dev/null || \
+	  { echo "installing optimum-onnx and sentence-transformers into $(OPTIMUM_VENV) for the optimum tests"; \
+	    $(PYTHON) -m venv $(OPTIMUM_VENV) && \
 	    $(OPTIMUM_VENV)/bin/python -m pip install -q -c $(OPTIMUM_CONSTRAINTS) optimum-onnx transformers torch \
-	      onnxruntime onnx; }
+	      onnxruntime onnx sentence-transformers pillow; }
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 	  { echo "installing chromium for the status-page test"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }

@@ -231,6 +231,51 @@ def tiny_vit_with_image_processor(folder: Path, recipe: Any | None = None, seed:
     return folder
 
 
+def tiny_bert_with_tokenizer(folder: Path, recipe: Any | None = None, seed: int = 0,
+                             sentence_transformers: bool = True) -> Path:
+    """A 1-layer BERT encoder (hidden 32) saved with a WordPiece tokenizer over a 24-token vocabulary (no download):
+    `vocab.txt`, `tokenizer.json` and a `tokenizer_config.json` naming `BertTokenizer`, as BERT repos ship them.
+    With `sentence_transformers`, the files of a sentence-transformers model too: `modules.json`, CLS pooling
+    (`1_Pooling/config.json`: not the mean pooling sentence-transformers guesses without it), then normalization."""
+    from transformers import BertConfig, BertModel, BertTokenizer
+
+    words = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "in", "park", "hello", "world", "tiny", "model",
+             "test", "sentence", "longer", "one"]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, "##s", "##ing"]
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    _saved(BertModel(config), folder, recipe)
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizer(vocab={token: i for i, token in enumerate(vocab)}).save_pretrained(folder)
+    if sentence_transformers:
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                   {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+        (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+        (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
+        (folder / "1_Pooling").mkdir()
+        (folder / "1_Pooling" / "config.json").write_text(json.dumps(
+            {"word_embedding_dimension": 32, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}))
+        (folder / "2_Normalize").mkdir()
+    return folder
+
+
+def tiny_vit_classifier_with_image_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A 1-layer ViT image classifier (image 32, patch 8, labels cat/dog/bird) saved with a PIL-backend ViT image
+    processor. Initialized wide (std 0.5) so the three logits lie apart: a wrong graph cannot match them by luck."""
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessorPil
+
+    torch.manual_seed(seed)
+    labels = ["cat", "dog", "bird"]
+    config = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                       image_size=32, patch_size=8, initializer_range=0.5, id2label=dict(enumerate(labels)),
+                       label2id={label: i for i, label in enumerate(labels)})
+    _saved(ViTForImageClassification(config), folder, recipe)
+    ViTImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(folder)
+    return folder
+
+
 def tiny_mamba(folder: Path, recipe: Any | None = None, seed: int = 0, initializer_range: float = 0.1) -> Path:
     """A 1-layer Mamba (hidden 16, state 4): a state-space model, no key-value cache (its cache holds conv and
     recurrent states). The default initialization makes greedy decoding repeat one token; `initializer_range=1.0`

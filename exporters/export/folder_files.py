@@ -10,6 +10,7 @@ model folder                              target folder (after the programs are 
  config.json, generation_config.json  ─►  kept as the export wrote them; copied when the export wrote none
  tokenizer*.json, vocab/merges, ...    ─►  copied as data (exporters.fsutil.copy_model_file: a link is refused,
  chat_template.jinja, *processor*.json      never followed)
+ modules.json, 1_Pooling/config.json   ─►  copied: sentence-transformers' pooling and normalization
  tokenizer_config.json naming a class  ─►  the copy names the class released clients read, and a finding says so
  only transformers 5 has
 ```
@@ -39,7 +40,8 @@ from typing import Any
 from exporters import fsutil
 from exporters.capture.source import COPIED_FILES
 
-__all__ = ["FOLDER_FILES", "READABLE_TOKENIZER_CLASSES", "complete_folder", "model_folder"]
+__all__ = ["FOLDER_FILES", "READABLE_TOKENIZER_CLASSES", "SENTENCE_TRANSFORMERS_FILES", "complete_folder", "model_folder",
+           "sentence_transformers_module_files"]
 
 # What every target folder carries from the model folder (the files a runtime or a tokenizer loader reads).
 FOLDER_FILES = COPIED_FILES
@@ -47,6 +49,11 @@ FOLDER_FILES = COPIED_FILES
 # needs; ONNX Runtime GenAI; transformers.js) read instead. `TokenizersBackend` is transformers 5's name for a
 # tokenizer backed by `tokenizer.json` alone: `PreTrainedTokenizerFast` loads the same file in 4.x and 5.x.
 READABLE_TOKENIZER_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}
+# A sentence-transformers model's own files: without them `SentenceTransformer(folder)` guesses mean pooling and no
+# normalization, and encodes differently from the model. `modules.json` names each module's folder (`1_Pooling`), whose
+# configs (and a Dense module's weights) are copied too.
+SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+MODULE_FILE_SUFFIXES = (".json", ".safetensors")
 
 
 def model_folder(model: Any) -> Path | None:
@@ -64,14 +71,47 @@ def complete_folder(directory: Path, source: Path | None, notes: list[str]) -> l
     directory = Path(directory)
     if source is None or not Path(source).is_dir():
         return []
-    copied = [name for name in FOLDER_FILES
+    names = [*FOLDER_FILES, *SENTENCE_TRANSFORMERS_FILES, *sentence_transformers_module_files(Path(source))]
+    copied = [name for name in names
               if not (directory / name).exists() and not (directory / name).is_symlink()
-              and fsutil.copy_model_file(Path(source), name, directory / name)]
+              and _copy(Path(source), name, directory)]
     if "tokenizer_config.json" in copied:
         note = _readable_tokenizer_config(directory)
         if note:
             notes.append(note)
     return copied
+
+
+def _copy(source: Path, name: str, directory: Path) -> bool:
+    """Copy the model folder's `name` (a module's file: `1_Pooling/config.json`) into `directory`, its folder made
+    first; False when the model folder has no such file."""
+    if fsutil.model_file(source, name) is None:
+        return False
+    (directory / name).parent.mkdir(parents=True, exist_ok=True)
+    return fsutil.copy_model_file(source, name, directory / name)
+
+
+def sentence_transformers_module_files(source: Path) -> list[str]:
+    """The files (`MODULE_FILE_SUFFIXES`) in the module folders a sentence-transformers `modules.json` names, as paths
+    relative to `source` (`1_Pooling/config.json`); empty without a readable `modules.json`. A module path that leaves
+    the folder (absolute, `..`) is not followed; a linked module folder is refused (`ModelSourceError`)."""
+    listing = fsutil.model_file(source, "modules.json")
+    try:
+        modules = json.loads(listing.read_text(encoding="utf-8")) if listing is not None else []
+    except (OSError, ValueError):
+        return []
+    names: list[str] = []
+    for module in modules if isinstance(modules, list) else []:
+        where = module.get("path") if isinstance(module, dict) else None
+        if not isinstance(where, str) or not where or Path(where).is_absolute() or ".." in Path(where).parts:
+            continue
+        folder = source / where
+        if folder.is_symlink():
+            fsutil.model_file(source, where)  # raises: a module folder is never read through a link
+        if folder.is_dir():
+            names += sorted(f"{Path(where).as_posix()}/{p.name}" for p in folder.iterdir()
+                            if p.name.endswith(MODULE_FILE_SUFFIXES))
+    return names
 
 
 def _readable_tokenizer_config(directory: Path) -> str | None:

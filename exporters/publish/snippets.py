@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from exporters.publish.plan import EXPORTS_DIR
 
-__all__ = ["RUNTIME_SNIPPETS", "exported_model_snippet", "proven_runtimes", "target_snippets"]
+__all__ = ["RUNTIME_SNIPPETS", "exported_model_snippet", "proven_runtimes", "target_snippets", "traced_inputs"]
 
 # Formats whose programs are pickled (torch.export .pt2): loading them runs code, so it needs trust_remote_code.
 NEEDS_TRUST = ("dynamo",)
@@ -129,6 +129,40 @@ def upstream_loads(target: dict[str, Any]) -> bool:
     return bool(components) and all(f"{c}.pte" in names for c in components)
 
 
+# What a single graph's traced inputs are fed from: a tokenizer's outputs, or an image processor's.
+TOKENIZER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+IMAGE_INPUTS = ("pixel_values",)
+
+
+def traced_inputs(target: dict[str, Any]) -> list[str]:
+    """The input names the target's first component was traced and checked with (its report's probe shapes), in
+    the traced order; empty when the report holds none."""
+    for component in target.get("components") or []:
+        for check in component.get("checks") or [] if isinstance(component, dict) else []:
+            if isinstance(check, dict) and isinstance(check.get("shapes"), dict) and check["shapes"]:
+                return [str(name) for name in check["shapes"]]
+    return []
+
+
+def _single_graph_snippet(where: str, trust: str, names: list[str]) -> str:
+    """A non-generation graph called with exactly the inputs it was traced with (an ONNX graph refuses a call that
+    lacks one: BERT's `token_type_ids`), prepared by the folder's own tokenizer or image processor."""
+    head = ["from transformers.exporters import ExportedModel", "",
+            f"model = ExportedModel.from_pretrained({where}{trust})"]
+    if names and all(name in TOKENIZER_INPUTS for name in names):
+        return "\n".join(["from transformers import AutoTokenizer", *head,
+                          f"tokenizer = AutoTokenizer.from_pretrained({where})",
+                          f'inputs = tokenizer([{json.dumps(PROMPT)}], return_tensors="pt")',
+                          f"outputs = model(**{{name: inputs[name] for name in {names!r}}})"])
+    if names and all(name in IMAGE_INPUTS for name in names):
+        return "\n".join(["from PIL import Image", "from transformers import AutoImageProcessor", *head,
+                          f"processor = AutoImageProcessor.from_pretrained({where})",
+                          'image = Image.new("RGB", (224, 224))  # your image',
+                          'outputs = model(pixel_values=processor(image, return_tensors="pt").pixel_values)'])
+    traced = ", ".join(names) if names else "the inputs in the folder's export.json"
+    return "\n".join([*head, f"# call model(...) with the traced inputs: {traced}"])
+
+
 def exported_model_snippet(repo_id: str, target: dict[str, Any], revision: str | None = None) -> str:
     """Python that loads a target with upstream `ExportedModel.from_pretrained` and runs the prompt through it.
 
@@ -143,19 +177,13 @@ def exported_model_snippet(repo_id: str, target: dict[str, Any], revision: str |
     # own artifact: the snippet loads what this run exported and validated
     trust = ", trust_remote_code=True" if target.get("export_format") in NEEDS_TRUST else ""
     components = target.get("expected_components") or []
-    lines = ["import torch"]
-    generation = target.get("mode") == "generation"
-    if generation:
-        lines.append("from transformers import AutoTokenizer, DynamicCache")
-    else:
-        lines.append("from transformers import AutoTokenizer")
-    lines += ["from transformers.exporters import ExportedModel", "",
-              f"model = ExportedModel.from_pretrained({where}{trust})",
-              f"tokenizer = AutoTokenizer.from_pretrained({where})",
-              f'input_ids = tokenizer({json.dumps(PROMPT)}, return_tensors="pt").input_ids']
-    if not generation:
-        lines.append("outputs = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))")
-        return "\n".join(lines)
+    if target.get("mode") != "generation":
+        return _single_graph_snippet(where, trust, traced_inputs(target))
+    lines = ["import torch", "from transformers import AutoTokenizer, DynamicCache",
+             "from transformers.exporters import ExportedModel", "",
+             f"model = ExportedModel.from_pretrained({where}{trust})",
+             f"tokenizer = AutoTokenizer.from_pretrained({where})",
+             f'input_ids = tokenizer({json.dumps(PROMPT)}, return_tensors="pt").input_ids']
     positions = "position_ids=torch.arange(input_ids.shape[1])[None]"
     lines += ["# one cache layer per model layer, as traced: DynamicCache(config=model.config), not DynamicCache()"]
     if "prefill" in components:
