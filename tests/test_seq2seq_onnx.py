@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from exporters.publish.snippets import target_snippets
 from tests.conftest import ROOT, run_cli
 from tests.models import tiny_t5, tiny_whisper
 
@@ -95,6 +96,8 @@ def test_the_folder_has_optimums_files_and_names_and_our_checks_ran_on_them(name
     assert decode_map["encoder_hidden_states"] == "encoder_outputs.last_hidden_state"
     assert decode_map["past_key_values.1.encoder.value"] == "cache.cross_attention_cache.layers.1.values"
     assert decode_map["past_key_values.0.decoder.key"] == "cache.self_attention_cache.layers.0.keys"
+    # upstream's ExportedModel binds its own leaf names: the model card offers no snippet that could not run
+    assert [runtime for runtime, _, _ in target_snippets("org/model", target)] == []
 
 
 def test_our_loader_runs_the_renamed_decoder_as_eager_does(t5):
@@ -172,3 +175,18 @@ def test_optimum_seq2seq_lm_generates_what_eager_generates(t5, tmp_path):
     want = _new(want.tolist())
     assert len(set(want[0])) > 2
     assert _new(got["tokens"]) == want
+
+
+def test_a_decode_graph_with_a_fixed_past_keeps_upstreams_names_and_says_why(tmp_path):
+    """A static cache fixes the decode graph's past length, which optimum cannot feed: the files and names stay
+    upstream's, and the report says why."""
+    recipe = {"exports": [{"export_format": "onnx", "mode": "generation"}],
+              "generation": {"cache_implementation": "static", "max_cache_len": 16}}
+    model_dir = tiny_t5(tmp_path / "model", recipe)
+    out = tmp_path / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    assert result.returncode == 0, result.stdout + result.stderr
+    target = json.loads((out / "report.json").read_text())["targets"][0]
+    assert target["status"] == "passed"
+    assert sorted(p.name for p in (out / "onnx").glob("*.onnx")) == ["decode.onnx", "encoder.onnx", "prefill.onnx"]
+    assert any("has a fixed length" in f and "optimum" in f for f in target["findings"]), target["findings"]

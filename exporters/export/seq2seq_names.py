@@ -100,6 +100,25 @@ def _renamed_graph(proto, component: str) -> dict[str, str]:
     return inputs
 
 
+def fixed_past(directory: Path) -> str | None:
+    """Why optimum cannot run the saved decode graph (its self-attention cache has a fixed length, where optimum feeds
+    a past that grows by one token a step), or None. Such an export keeps upstream's files and names."""
+    # onnx loads only where an ONNX file is read
+    import onnx
+
+    entry = read_manifest(directory)["components"]["decode"]
+    proto = onnx.load(str(directory / entry["file"]), load_external_data=False)
+    for value in proto.graph.input:
+        match = _CACHE.match(value.name)
+        dims = value.type.tensor_type.shape.dim
+        if match and match[1] == "self" and len(dims) > 2 and not dims[2].dim_param:
+            return (f"the decode graph's {value.name!r} has a fixed length ({dims[2].dim_value}): optimum's "
+                    "ORTModelForSeq2SeqLM / ORTModelForSpeechSeq2Seq feed a past that grows each step, so the "
+                    "encoder-decoder graphs keep upstream's files and names (`dynamic: true` and a dynamic cache give "
+                    "optimum's layout)")
+    return None
+
+
 def rename_encoder_decoder(directory: Path) -> dict[str, str]:
     """Rewrite the saved encoder-decoder ONNX export in `directory` to optimum's files and names (see the module)
     and record the mapping in `export.json`. Returns component → its new file."""
