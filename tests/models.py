@@ -96,7 +96,8 @@ def tiny_t5(folder: Path, recipe: Any | None = None, seed: int = 0, decoder_laye
     from transformers import T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(seed)
-    config = T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=decoder_layers, num_decoder_layers=decoder_layers, num_heads=4,
+    config = T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=decoder_layers,
+                      num_decoder_layers=decoder_layers, num_heads=4,
                       decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
     model = T5ForConditionalGeneration(config).eval()
     with torch.no_grad():  # T5's default init makes greedy decoding repeat one token: parity could not fail
