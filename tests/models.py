@@ -90,12 +90,14 @@ def tiny_bert(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
     return _saved(BertModel(config), folder, recipe)
 
 
-def tiny_t5(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
-    """A 1+1-layer T5 (d_model 32)."""
+def tiny_t5(folder: Path, recipe: Any | None = None, seed: int = 0, decoder_layers: int = 1) -> Path:
+    """A 1+1-layer T5 (d_model 32; `decoder_layers` encoder and decoder layers: transformers 5.24's `generate` fails
+    with an IndexError on a T5 whose encoder and decoder differ in depth, its cache has `num_layers` layers)."""
     from transformers import T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(seed)
-    config = T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4,
+    config = T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=decoder_layers,
+                      num_decoder_layers=decoder_layers, num_heads=4,
                       decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
     model = T5ForConditionalGeneration(config).eval()
     with torch.no_grad():  # T5's default init makes greedy decoding repeat one token: parity could not fail
@@ -104,19 +106,26 @@ def tiny_t5(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
     return _saved(model, folder, recipe)
 
 
-def tiny_whisper(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
-    """A 1+1-layer Whisper (d_model 32, 16 mel bins, 32 source positions)."""
+def tiny_whisper(folder: Path, recipe: Any | None = None, seed: int = 0, decoder_layers: int = 1,
+                 feature_extractor: bool = False) -> Path:
+    """A 1+1-layer Whisper (d_model 32, 16 mel bins, 32 source positions; `decoder_layers` decoder layers), with its
+    feature extractor (`preprocessor_config.json`: 64 frames from one second of audio at 10240 Hz) when asked."""
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     torch.manual_seed(seed)
     config = WhisperConfig(
-        vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=decoder_layers, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16,
         max_source_positions=32, max_target_positions=64, decoder_start_token_id=1, pad_token_id=0,
         eos_token_id=99,  # a token greedy decoding of this model does not pick early: parity sees 8 steps
         bos_token_id=1, suppress_tokens=None, begin_suppress_tokens=None,
         init_std=1.0,  # the default 0.02 makes greedy decoding repeat one token: parity could not fail
     )
+    if feature_extractor:
+        from transformers import WhisperFeatureExtractor
+
+        WhisperFeatureExtractor(feature_size=16, sampling_rate=10240, hop_length=160, chunk_length=1,
+                                n_fft=400).save_pretrained(folder)
     return _saved(WhisperForConditionalGeneration(config), folder, recipe)
 
 

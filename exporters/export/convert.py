@@ -27,6 +27,7 @@ from exporters.export.genai_config import write_genai_config
 from exporters.export.llm_runner import export_runner
 from exporters.export.onnx_files import apply_onnx_file_options
 from exporters.export.onnx_names import rename_merged_graph, unnamed_inputs
+from exporters.export.seq2seq_names import fixed_past, is_encoder_decoder_export, rename_encoder_decoder
 from exporters.export.transformers_js import write_transformers_js
 from exporters.recipe.model import ComponentOverride, Recipe
 
@@ -198,6 +199,12 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
                              "cannot run this folder")
             if not unnamed:
                 write_genai_config(directory, model.config, generation_config, filename)
+        if target.mode == "generation" and is_encoder_decoder_export(list(entries)):  # optimum's files and names
+            fixed = fixed_past(directory)
+            if fixed is None:
+                rename_encoder_decoder(directory)
+            elif notes is not None:
+                notes.append(fixed)
         if target.layout == "transformers.js":
             write_transformers_js(directory, target, model)
     timings["save_s"] += time.time() - started

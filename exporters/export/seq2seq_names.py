@@ -1,0 +1,152 @@
+"""An encoder-decoder generation export (`encoder`, `prefill`, `decode`) in optimum's files and names.
+
+optimum's `ORTModelForSeq2SeqLM` / `ORTModelForSpeechSeq2Seq` (optimum-onnx 0.1.0) load `encoder_model.onnx`,
+`decoder_model.onnx` (the first step, no past) and `decoder_with_past_model.onnx` (every later step) from a folder
+and bind their inputs and outputs by name:
+
+| component | upstream                                           | optimum                            |
+|-----------|----------------------------------------------------|------------------------------------|
+| all       | `decoder_input_ids`                                | `input_ids`                        |
+| decoders  | `encoder_outputs.last_hidden_state`                | `encoder_hidden_states`            |
+| decoders  | `attention_mask` (the encoder's padding mask)      | `encoder_attention_mask`           |
+| decode    | `input.cache.self_attention_cache.layers.{i}.keys` | `past_key_values.{i}.decoder.key`  |
+| decode    | `input.cache.cross_attention_cache.layers.{i}.keys`| `past_key_values.{i}.encoder.key`  |
+| decoders  | `(output.)cache.self_attention_cache.layers.{i}.keys` | `present.{i}.decoder.key`       |
+| decoders  | `(output.)cache.cross_attention_cache.layers.{i}.keys` | `present.{i}.encoder.key`      |
+
+(values likewise). optimum feeds the past by position, per layer `decoder.key, decoder.value, encoder.key,
+encoder.value`, so the decode graph's cache inputs are put in that order (upstream lists every self-attention layer
+before the cross-attention ones); outputs keep their order (upstream unflattens them by position, optimum splits
+them by name). The encoder's inputs (`input_features`, `input_ids`, `attention_mask`) and output (`last_hidden_state`)
+already have optimum's names.
+
+The protobufs are rewritten in place (weights untouched, the external-data file renamed with its graph) and
+`export.json` records, for each component, its new file and which upstream leaf each graph input is, so
+`exporters.upstream.load_exported` still validates the renamed graphs (`RenamedRunner`). The component names
+(`encoder`, `prefill`, `decode`) stay: they are the report's.
+
+Example:
+    >>> optimum_name("input.cache.cross_attention_cache.layers.1.values", output=False)
+    'past_key_values.1.encoder.value'
+    >>> optimum_name("cache.self_attention_cache.layers.0.keys", output=True)
+    'present.0.decoder.key'
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from exporters.export.onnx_files import initializers
+from exporters.export.onnx_names import rename_values
+from exporters.upstream import read_manifest, write_manifest
+
+# component -> optimum's file name
+OPTIMUM_FILES = {"encoder": "encoder_model.onnx", "prefill": "decoder_model.onnx",
+                 "decode": "decoder_with_past_model.onnx"}
+_CACHE = re.compile(r"^(?:input\.|output\.)?cache\.(self|cross)_attention_cache\.layers\.(\d+)\.(keys|values)$")
+_DECODER_INPUTS = {"decoder_input_ids": "input_ids", "encoder_outputs.last_hidden_state": "encoder_hidden_states",
+                   "attention_mask": "encoder_attention_mask"}
+_CACHE_ORDER = {"decoder.key": 0, "decoder.value": 1, "encoder.key": 2, "encoder.value": 3}
+
+
+def is_encoder_decoder_export(components: list[str]) -> bool:
+    """Whether a saved ONNX export's components are the encoder-decoder generation set optimum loads.
+
+    Example:
+        >>> is_encoder_decoder_export(["encoder", "prefill", "decode"])
+        True
+        >>> is_encoder_decoder_export(["prefill", "decode"])
+        False
+    """
+    return sorted(components) == sorted(OPTIMUM_FILES)
+
+
+def optimum_name(name: str, output: bool, component: str = "decode") -> str:
+    """optimum's name of a decoder graph's upstream input or output (see the module); other names are kept."""
+    match = _CACHE.match(name)
+    if match:
+        side = "decoder" if match[1] == "self" else "encoder"
+        kind = "key" if match[3] == "keys" else "value"
+        return f"{'present' if output else 'past_key_values'}.{match[2]}.{side}.{kind}"
+    if not output and component != "encoder":
+        return _DECODER_INPUTS.get(name, name)
+    return name
+
+
+def _cache_position(name: str) -> tuple[int, int]:
+    """Where optimum expects a past input: layer, then decoder key/value, encoder key/value."""
+    _, layer, side, kind = name.split(".")
+    return int(layer), _CACHE_ORDER[f"{side}.{kind}"]
+
+
+def _renamed_graph(proto, component: str) -> dict[str, str]:
+    """Rename `proto`'s inputs and outputs in place, the past inputs in optimum's order; returns graph input name →
+    upstream leaf path."""
+    names = {v.name: optimum_name(v.name, False, component) for v in proto.graph.input}
+    inputs = {new: old.removeprefix("input.") for old, new in names.items()}
+    names.update({v.name: optimum_name(v.name, True, component) for v in proto.graph.output})
+    rename_values(proto.graph, names)
+    past = sorted((v for v in proto.graph.input if v.name.startswith("past_key_values.")),
+                  key=lambda v: _cache_position(v.name))
+    if past:
+        others = [v for v in proto.graph.input if not v.name.startswith("past_key_values.")]
+        ordered = [type(v)() for v in (*others, *past)]
+        for copy, value in zip(ordered, (*others, *past)):
+            copy.CopyFrom(value)
+        del proto.graph.input[:]
+        proto.graph.input.extend(ordered)
+    return inputs
+
+
+def fixed_past(directory: Path) -> str | None:
+    """Why optimum cannot run the saved decode graph (its self-attention cache has a fixed length, where optimum feeds
+    a past that grows by one token a step), or None. Such an export keeps upstream's files and names."""
+    # onnx loads only where an ONNX file is read
+    import onnx
+
+    entry = read_manifest(directory)["components"]["decode"]
+    proto = onnx.load(str(directory / entry["file"]), load_external_data=False)
+    for value in proto.graph.input:
+        match = _CACHE.match(value.name)
+        dims = value.type.tensor_type.shape.dim
+        if match and match[1] == "self" and len(dims) > 2 and not dims[2].dim_param:
+            return (f"the decode graph's {value.name!r} has a fixed length ({dims[2].dim_value}): optimum's "
+                    "ORTModelForSeq2SeqLM / ORTModelForSpeechSeq2Seq feed a past that grows each step, so the "
+                    "encoder-decoder graphs keep upstream's files and names (`dynamic: true` and a dynamic cache give "
+                    "optimum's layout)")
+    return None
+
+
+def rename_encoder_decoder(directory: Path) -> dict[str, str]:
+    """Rewrite the saved encoder-decoder ONNX export in `directory` to optimum's files and names (see the module)
+    and record the mapping in `export.json`. Returns component → its new file."""
+    # onnx loads only where an ONNX file is read
+    import onnx
+
+    manifest = read_manifest(directory)
+    entries = manifest["components"]
+    sidecars = {f"{entries[name]['file']}.data": f"{OPTIMUM_FILES[name]}.data" for name in OPTIMUM_FILES}
+    for name, new_file in OPTIMUM_FILES.items():
+        proto = onnx.load(str(directory / entries[name]["file"]), load_external_data=False)
+        before = sorted(v.name for v in proto.graph.input)
+        inputs = _renamed_graph(proto, name)
+        for tensor in initializers(proto):
+            for item in tensor.external_data:
+                if item.key == "location":
+                    item.value = sidecars.get(item.value, item.value)
+        onnx.save_model(proto, str(directory / new_file))
+        if sorted(inputs) != before:  # renamed: our loader binds the graph names to upstream's leaves
+            entries[name]["inputs"] = inputs
+    for name, new_file in OPTIMUM_FILES.items():
+        old_file = entries[name]["file"]
+        old_data = directory / f"{old_file}.data"
+        if old_data.exists():
+            os.replace(old_data, directory / f"{new_file}.data")
+        if old_file != new_file:
+            (directory / old_file).unlink()
+        entries[name]["file"] = new_file
+    write_manifest(directory, manifest)
+    return {name: entries[name]["file"] for name in OPTIMUM_FILES}
+
