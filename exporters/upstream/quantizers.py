@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from transformers.exporters import exporter_executorch
 
 
 def onnxruntime_quantizer(static: bool, options: dict[str, Any], calibration: list[dict] | None):
@@ -55,6 +54,9 @@ def xnnpack_dynamic_quant_partitioners() -> Iterator[None]:
         XnnpackDynamicallyQuantizedPartitioner,
         XnnpackPartitioner,
     )
+
+    # upstream's ExecuTorch exporter loads ExecuTorch (only an ExecuTorch export lowers with these partitioners)
+    from transformers.exporters import exporter_executorch
 
     table = exporter_executorch._BACKEND_PREPARE
     original = table["xnnpack"]
