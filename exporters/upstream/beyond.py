@@ -85,8 +85,9 @@ def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, di
     `write_tensor_data_to_file`; load with `Runtime.load_program(pte, data_path=ptd)`."""
 
     # upstream's ExecuTorch exporter loads ExecuTorch and its XNNPACK backend (tens of seconds): only where one lowers
-    from transformers.exporters import exporter_executorch
+    import transformers.exporters.exporter_executorch
 
+    exporter_executorch = transformers.exporters.exporter_executorch
     captured: dict[str, _CapturedLowering] = {}
     metadata: dict[str, Any] = {}
     real = exporter_executorch.to_edge_transform_and_lower
