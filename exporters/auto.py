@@ -53,7 +53,7 @@ class RecipeExporter:
 
     def export_for_generation(self, model, inputs: dict[str, Any], *, multi_token_decode: bool | None = None):
         """Export the generation components (prefill/decode, multimodal parts) with the recipe's settings; a merged
-        target (`"merged": true`, or the ONNX default) is one graph, `model`."""
+        target (`"merged": true`, or the dynamo and ONNX default) is one graph, `model`."""
         from exporters.capture import merged
         from exporters.capture.inputs import detect_family
 

@@ -20,7 +20,7 @@ from tests.models import save_bpe_tokenizer, tiny_llama, tiny_vit_with_image_pro
 RECIPE = {
     "schema_version": 1,
     "exports": [
-        {"name": "dynamo", "export_format": "dynamo", "mode": "generation", "dynamic": True},
+        {"name": "dynamo", "export_format": "dynamo", "mode": "generation", "dynamic": True, "merged": False},
         {"name": "dynamo-merged", "export_format": "dynamo", "mode": "generation", "merged": True},
         {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"},
     ],

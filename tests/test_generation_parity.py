@@ -238,7 +238,8 @@ def test_a_near_tie_continues_and_a_real_divergence_fails(static_run, tmp_path):
 
 
 def test_a_decode_frozen_at_its_traced_length_fails_with_the_fix(tmp_path):
-    recipe = {"schema_version": 1, "exports": [{"name": "frozen", "export_format": "dynamo", "mode": "generation"}],
+    frozen = {"name": "frozen", "export_format": "dynamo", "mode": "generation", "merged": False}  # not the default
+    recipe = {"schema_version": 1, "exports": [frozen],
               "generation": {"cache_implementation": "dynamic"}}
     model_dir = tiny_llama(tmp_path / "model", recipe)
     out = tmp_path / "out"

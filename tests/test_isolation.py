@@ -77,19 +77,27 @@ def test_no_partial_files_are_left(isolated_run):
     assert (out / "fine" / "export.json").is_file()
 
 
-def test_parallel_exports_give_the_same_verdicts_and_artifacts(tmp_path):
-    """`--jobs 2` exports two targets at once: same verdicts and byte-identical artifacts as `--jobs 1`."""
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """A dynamo and an ONNX target of a tiny BERT, run with `--jobs 1` and `--jobs 2`: `{jobs: out folder}`."""
     from tests.conftest import run_cli
 
+    root = tmp_path_factory.mktemp("two-runs")
     recipe = [{"name": "dynamo", "export_format": "dynamo", "dynamic": True},
               {"name": "onnx", "export_format": "onnx", "dynamic": True}]
-    model_dir = tiny_bert(tmp_path / "model", recipe)
-    reports = {}
+    model_dir = tiny_bert(root / "model", recipe)
+    outs = {}
     for jobs in ("1", "2"):
-        out = tmp_path / f"out-{jobs}"
+        out = root / f"out-{jobs}"
         result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet", "--jobs", jobs)
         assert result.returncode == 0, result.stderr[-2000:]
-        reports[jobs] = json.loads((out / "report.json").read_text())
+        outs[jobs] = out
+    return outs
+
+
+def test_parallel_exports_give_the_same_verdicts_and_artifacts(two_runs):
+    """`--jobs 2` exports two targets at once: same verdicts and byte-identical artifacts as `--jobs 1`."""
+    reports = {jobs: json.loads((out / "report.json").read_text()) for jobs, out in two_runs.items()}
     assert reports["1"]["jobs"] == 1 and reports["2"]["jobs"] == 2
 
     def verdicts(report):
@@ -101,6 +109,25 @@ def test_parallel_exports_give_the_same_verdicts_and_artifacts(tmp_path):
 
     assert verdicts(reports["1"]) == verdicts(reports["2"])
     assert artifacts(reports["1"]) == artifacts(reports["2"])
+
+
+def test_an_export_process_loads_only_the_runtimes_its_format_needs(two_runs):
+    """Each export child's log names the runtimes in its `sys.modules` when it finished (its own imports and what it
+    inherited from the parent at fork): the dynamo export loads neither ONNX nor ExecuTorch, the ONNX export no
+    ExecuTorch, whether the two run one after the other (the ONNX child forks after the dynamo target was validated)
+    or at once. torchao is loaded by transformers itself when installed (docs/upstream-gaps.md #29)."""
+    from exporters.run.isolation import LOADED_RUNTIMES, RUNTIME_MODULES
+
+    for jobs, out in two_runs.items():
+        loaded = {}
+        for name in ("dynamo", "onnx"):
+            [line] = [line for line in (out / "logs" / f"{name}.log").read_text().splitlines()
+                      if line.startswith(LOADED_RUNTIMES)]
+            loaded[name] = set(line.removeprefix(LOADED_RUNTIMES).strip().split(", ")) - {"none"}
+            assert loaded[name] <= set(RUNTIME_MODULES), line
+        assert not loaded["dynamo"] & {"onnx", "onnxscript", "onnxruntime", "executorch"}, (jobs, loaded)
+        assert {"onnx", "onnxscript"} <= loaded["onnx"], (jobs, loaded)  # the line names what was loaded
+        assert "executorch" not in loaded["onnx"], (jobs, loaded)
 
 
 def test_validation_next_to_running_exports_uses_the_free_cores():

@@ -32,8 +32,9 @@ RECIPE = {
     "exports": [
         {"name": "onnx", "export_format": "onnx", "mode": "generation", "dynamic": True},  # merged by default
         {"name": "onnx-split", "export_format": "onnx", "mode": "generation", "dynamic": True, "merged": False},
-        {"name": "dynamo", "export_format": "dynamo", "mode": "generation", "merged": True},
-        {"name": "dynamo-split", "export_format": "dynamo", "mode": "generation", "dynamic": True},
+        {"name": "dynamo", "export_format": "dynamo", "mode": "generation"},  # the plainest: merged by default
+        {"name": "dynamo-dynamic", "export_format": "dynamo", "mode": "generation", "dynamic": True},  # merged too
+        {"name": "dynamo-split", "export_format": "dynamo", "mode": "generation", "dynamic": True, "merged": False},
         {"name": "et", "export_format": "executorch", "mode": "generation",
          "components": {"prefill": PREFILL, "decode": DECODE_AUTO}},
         {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"},
@@ -41,7 +42,7 @@ RECIPE = {
     "inputs": {"sequence_length": 6},
     "generation": {"max_new_tokens": 6},
 }
-MERGED = ["onnx", "dynamo", "tjs"]
+MERGED = ["onnx", "dynamo", "dynamo-dynamic", "tjs"]
 PROMPT = [5, 9, 13, 40, 77, 101]
 
 
@@ -137,7 +138,7 @@ def test_every_target_passes_validation_and_generation_parity(run):
     assert not list(out.glob(".staging-*"))
 
 
-@pytest.mark.parametrize("name", ["onnx", "onnx-split", "dynamo", "et", "tjs"])
+@pytest.mark.parametrize("name", ["onnx", "onnx-split", "dynamo", "dynamo-dynamic", "et", "tjs"])
 def test_each_target_stores_its_weights_once(run, eager, name):
     _, out, _, targets = run
     target = targets[name]
@@ -222,7 +223,7 @@ def test_executorch_components_are_methods_of_one_program(run):
         ExportedModel.from_pretrained(folder)
 
 
-@pytest.mark.parametrize("name", ["onnx", "onnx-split", "dynamo", "dynamo-split", "et", "tjs"])
+@pytest.mark.parametrize("name", ["onnx", "onnx-split", "dynamo", "dynamo-dynamic", "dynamo-split", "et", "tjs"])
 def test_every_component_loads_from_disk_and_runs_the_prompt(run, eager, name):
     from transformers.exporters import ExportedModel
 
@@ -288,7 +289,7 @@ def test_merged_graph_matches_eager_from_an_empty_cache_through_several_past_len
         assert cache.layers[0].keys.shape[2] == stop
 
 
-@pytest.mark.parametrize("name", ["onnx", "dynamo", "tjs"])
+@pytest.mark.parametrize("name", ["onnx", "dynamo", "dynamo-dynamic", "tjs"])
 def test_validation_probes_the_merged_graph_at_past_zero_and_the_declared_bounds(run, name):
     _, _, _, targets = run
     [component] = targets[name]["components"]
@@ -396,14 +397,56 @@ def test_default_merges_only_plain_onnx_decoder_targets():
     assert not wants_merged(target(dynamic=True), "text", "dynamic", mixed)
     assert wants_merged(target(dynamic=True), "text", "dynamic", SimpleNamespace(layer_types=None, sliding_window=64))
     assert not wants_merged(target(dynamic=True, merged=False), "text", "dynamic")
-    dynamo = parse_recipe('{"export_format": "dynamo", "mode": "generation", "dynamic": true}').exports[0]
+    # dynamo: merged by default with or without dynamic shapes (one .pt2 holds the weights once), where it can serve
+    for settings in ({}, {"dynamic": True}):
+        dynamo = parse_recipe(json.dumps({"export_format": "dynamo", "mode": "generation", **settings})).exports[0]
+        assert wants_merged(dynamo, "text", "dynamic")
+        assert not wants_merged(dynamo, "text", "static")  # a static cache: prefill + decode
+        assert not wants_merged(dynamo, "seq2seq", "dynamic")
+        assert not wants_merged(dynamo, "text", "dynamic", mixed)
+    dynamo = parse_recipe('{"export_format": "dynamo", "mode": "generation", "merged": false}').exports[0]
     assert not wants_merged(dynamo, "text", "dynamic")
+    dynamo = parse_recipe('{"export_format": "dynamo", "mode": "generation", "components": {"decode": {}}}').exports[0]
+    assert not wants_merged(dynamo, "text", "dynamic")
+    executorch = parse_recipe('{"export_format": "executorch", "mode": "generation", "dynamic": true}').exports[0]
+    assert not wants_merged(executorch, "text", "dynamic")
     with pytest.raises(TargetPlanError, match="vision-language model") as raised:
         wants_merged(target(merged=True), "vision-language", "dynamic")
     assert raised.value.option == "merged"
     with pytest.raises(TargetPlanError, match="cache_implementation is 'static'") as raised:
         wants_merged(target(layout="transformers.js"), "text", "static")
     assert raised.value.option == "layout"
+
+
+def test_plainest_dynamo_recipe_of_qwen2_is_one_program_holding_the_weights_once(tmp_path):
+    """Qwen2 takes one mask per layer type: its plainest dynamo generation recipe is the merged graph too, one
+    `model.pt2` with the weights once, which validates, generates eager's tokens and loads in upstream's loader."""
+    from transformers import AutoModelForCausalLM
+    from transformers.exporters import ExportedModel
+
+    from tests.models import tiny_qwen2
+
+    model_dir = tiny_qwen2(tmp_path / "model", {"export_format": "dynamo", "mode": "generation"})
+    out = tmp_path / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    [target] = json.loads((out / "report.json").read_text())["targets"]
+    assert result.returncode == 0 and target["status"] == "passed", (result.stderr[-3000:], target["error"])
+    assert target["generation"]["status"] == "passed"
+    assert target["generation"]["eager_tokens"] == target["generation"]["exported_tokens"]
+    assert target["expected_components"] == ["model"]
+    folder = out / target["name"]
+    assert sorted(p.name for p in folder.glob("*.pt2")) == ["model.pt2"]
+    eager = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    parameters = parameter_bytes(eager)
+    assert parameters <= stored_weights(folder, "dynamo") <= 1.05 * parameters
+    assert target["parameter_bytes"] == parameters and target["weights_stored_bytes"] <= 1.05 * parameters
+    assert not any("parameter bytes" in f for f in target["findings"])
+    upstream = ExportedModel.from_pretrained(folder, trust_remote_code=True)
+    assert list(upstream.components) == ["model"]
+    ids = torch.tensor([PROMPT])
+    got = merged_call(upstream.runners["model"], ids, 0, empty_cache(eager))
+    with torch.no_grad():
+        torch.testing.assert_close(got["logits"], eager(input_ids=ids).logits, atol=1e-4, rtol=1e-3)
 
 
 def test_library_export_for_generation_follows_the_merged_default(eager, tmp_path):

@@ -49,20 +49,18 @@ def mixes_window_layers(config: Any) -> bool:
 
 
 def wants_merged(target, family: str, cache_implementation: str, config: Any = None) -> bool:
-    """Whether `target` exports the merged graph: its `merged` setting, else the default (ONNX generation targets of
-    decoder-only models with dynamic shapes and a dynamic cache, whose layers all keep the same cache length, and
-    every transformers.js layout).
+    """Whether `target` exports the merged graph: its `merged` setting, else the default. The default is on for
+    generation targets of decoder-only models with a dynamic cache, whose layers all keep the same cache length and
+    whose recipe names no `prefill`/`decode` component: every dynamo target (one `.pt2` holds the weights once, where
+    `prefill.pt2` + `decode.pt2` hold them twice; a separate decode without a dynamic cache axis could not run a
+    second step anyway) and ONNX targets with dynamic shapes; and every transformers.js layout.
 
     Raises [`TargetPlanError`] when the recipe asks for a merged graph this model or cache cannot have."""
     if target.mode != "generation":
         return False
     tjs = getattr(target, "layout", "upstream") == "transformers.js"
     if target.merged is None and not tjs:
-        separate = bool(set(target.components) & {"prefill", "decode"})
-        dynamic = target.dynamic or bool(target.dynamic_shapes) or MERGED in target.components
-        return (target.export_format == "onnx" and family == "text" and cache_implementation == "dynamic"
-                and dynamic and not separate and target.expected_components in (None, [MERGED])
-                and not (config is not None and mixes_window_layers(config)))
+        return _merged_by_default(target, family, cache_implementation, config)
     if target.merged is False:
         return False
     option = "layout" if tjs and target.merged is None else "merged"
@@ -88,7 +86,7 @@ def takes_cache(components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -
     return decode is not None and bool(cache_leaves(decode[1]))
 
 
-DEFAULT_DROPPED = ("prefill and decode are exported as separate graphs: the merged graph (the ONNX default) needs a "
+DEFAULT_DROPPED = ("prefill and decode are exported as separate graphs: the merged graph (the default) needs a "
                    "key-value cache, and this model's decode carries none (its cache is {kinds})")
 
 
@@ -101,6 +99,19 @@ def cache_kinds(components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -
     kinds = sorted({path.split(".")[-2] if path.split(".")[-1].isdigit() else path.split(".")[-1]
                     for path in leaf_tensors({key: decode[1][key]})})
     return ", ".join(kinds) or "empty"
+
+
+def _merged_by_default(target, family: str, cache_implementation: str, config: Any) -> bool:
+    """The default of `wants_merged` for a target whose recipe leaves `merged` unset."""
+    separate = bool(set(target.components) & {"prefill", "decode"})
+    if (family != "text" or cache_implementation != "dynamic" or separate
+            or target.expected_components not in (None, [MERGED])
+            or (config is not None and mixes_window_layers(config))):
+        return False
+    if target.export_format == "dynamo":
+        return True
+    dynamic = target.dynamic or bool(target.dynamic_shapes) or MERGED in target.components
+    return target.export_format == "onnx" and dynamic
 
 
 def cache_leaves(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:

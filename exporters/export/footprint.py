@@ -125,7 +125,8 @@ def duplication_finding(stored: int, parameters: int, export_format: str, compon
     why = ""
     if export_format == "dynamo" and len(components) > 1:
         why = (f": each of {components} is a separate .pt2 holding its own copy (torch.export's .pt2 format stores "
-               "one program with its weights, and upstream saves one per component); 'merged': true stores one graph")
+               "one program with its weights, and upstream saves one per component); the merged graph ('merged': true, the "
+               "default of a decoder-only model with a dynamic cache) stores one copy")
     elif export_format == "executorch" and tied:
         why = (": the model ties its embedding table to its output projection, and the embedding lookup (not "
                "delegated) and XNNPACK's projection keep different tensors of it (a quantized projection is no "

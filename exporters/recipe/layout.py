@@ -28,8 +28,10 @@ class MergedSetting(BaseModel):
     merged: StrictBool | None = Field(
         default=None,
         description="Generation: one graph ('model') for the prompt (empty cache) and every decode step, instead of "
-        "prefill + decode. Default: true for ONNX targets of decoder-only models with dynamic shapes and a dynamic "
-        "key-value cache, false otherwise (and for models whose decode has no key-value cache, such as Mamba).",
+        "prefill + decode. Default: true for dynamo targets, and ONNX targets with dynamic shapes, of decoder-only "
+        "models with a dynamic key-value cache whose layers all keep one cache length (no sliding-window mix) and no "
+        "prefill/decode components; false otherwise (and for models whose decode has no key-value cache, such as "
+        "Mamba).",
     )
 
     @model_validator(mode="after")

@@ -28,6 +28,16 @@ from exporters import fsutil
 from exporters.errors import error_record, render_root_cause
 from exporters.status import CRASHED, TIMED_OUT
 
+# The runtimes an export may load (seconds and native memory each): the child's log names those it loaded, so a run
+# that imports one its targets do not need shows in the log (an ONNX-only run loads no ExecuTorch).
+RUNTIME_MODULES = ("executorch", "torchao", "onnx", "onnxscript", "onnxruntime", "onnxruntime_genai", "optimum")
+LOADED_RUNTIMES = "runtimes loaded in the export process:"
+
+
+def loaded_runtimes() -> list[str]:
+    """The [`RUNTIME_MODULES`] this process has imported (its own imports and those inherited at fork)."""
+    return [name for name in RUNTIME_MODULES if name in sys.modules]
+
 
 def _redirect_output(log_path: Path) -> None:
     """Send everything the child prints (upstream warnings, torch logs) to the target's log file."""
@@ -59,6 +69,7 @@ def _child(work: Callable[[], dict[str, Any]], result_path: Path, log_path: Path
         print(result["traceback"], file=sys.stderr)
         if "root_cause" in record:  # the traceback prints the cause first: the log's tail names it too
             print(render_root_cause(record), file=sys.stderr)
+    print(LOADED_RUNTIMES, ", ".join(loaded_runtimes()) or "none", file=sys.stderr)
     fsutil.write_file(result_path, json.dumps(result, default=str))
     sys.stdout.flush()
     sys.stderr.flush()

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 from transformers import cache_utils
-from transformers.exporters import exporter_executorch
 from transformers.exporters.metadata import load_treespec
 from transformers.exporters.runners.base import ModelRunner
 from transformers.exporters.utils import apply_patches
@@ -85,6 +84,10 @@ def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, di
     projection) is then stored once instead of twice (docs/upstream-gaps.md #13). Save with
     `write_tensor_data_to_file`; load with `Runtime.load_program(pte, data_path=ptd)`."""
 
+    # upstream's ExecuTorch exporter loads ExecuTorch and its XNNPACK backend (tens of seconds): only where one lowers
+    import transformers.exporters.exporter_executorch
+
+    exporter_executorch = transformers.exporters.exporter_executorch
     captured: dict[str, _CapturedLowering] = {}
     metadata: dict[str, Any] = {}
     real = exporter_executorch.to_edge_transform_and_lower

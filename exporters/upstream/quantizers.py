@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from transformers.exporters import exporter_executorch
 
 
 def onnxruntime_quantizer(static: bool, options: dict[str, Any], calibration: list[dict] | None):
@@ -50,13 +49,16 @@ def xnnpack_dynamic_quant_partitioners() -> Iterator[None]:
     own LLM export does this for 8da4w). `ExecutorchConfig` has no partitioner option and its single
     `XnnpackPartitioner` fails on a PT2E-quantized decoder with a cache ("Invalid partition, found dependency
     cycles"): docs/upstream-gaps.md #18. Process-local: exports run in their own child process."""
+    # upstream's ExecuTorch exporter loads ExecuTorch (only an ExecuTorch export lowers with these partitioners)
+    import transformers.exporters.exporter_executorch
+
     # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
         XnnpackDynamicallyQuantizedPartitioner,
         XnnpackPartitioner,
     )
 
-    table = exporter_executorch._BACKEND_PREPARE
+    table = transformers.exporters.exporter_executorch._BACKEND_PREPARE
     original = table["xnnpack"]
 
     def prepare(model, sample_inputs):
