@@ -155,6 +155,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=("llama58m", "qwen05b"), default="llama58m")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--first-round", type=int, default=1, help="resume at this round (the order alternates)")
     parser.add_argument("--only", choices=("onnx", "executorch"), action="append")
     parser.add_argument("--work", type=Path, default=HERE / ".work-peers")
     args = parser.parse_args()
@@ -175,7 +176,8 @@ def main() -> None:
     }
     log: list[dict] = []
     started = uptime()
-    for n in range(1, args.rounds + 1):
+    rounds = range(args.first_round, args.rounds + 1)
+    for n in rounds:
         for fmt in formats:
             ours = (f"hf-export {fmt} r{n}", [*cli, "--config", str(work / f"recipe-{fmt}.json"), "--out"],
                     work / f"r{n}-ours-{fmt}")
@@ -187,13 +189,13 @@ def main() -> None:
                 if label.startswith("hf-export"):
                     cmd = [*cmd, str(out)]
                 step(label, cmd, out, log)
-                (work / f"log-{'-'.join(formats)}.json").write_text(json.dumps(log, indent=1))
+                (work / f"log-{'-'.join(formats)}-from-r{args.first_round}.json").write_text(json.dumps(log, indent=1))
     print(f"\nmachine: {bench_pipeline.machine()}")
     print(f"model: {facts}")
     print(f"uptime at the start: {started}\nuptime at the end:   {uptime()}")
     print("\n| round | format | hf-export wall (validation) | peer wall | ratio | ratio without our validation "
           "| peak RSS ours / peer | status |\n|---|---|---|---|---|---|---|---|")
-    for n in range(1, args.rounds + 1):
+    for n in rounds:
         for fmt in formats:
             ours = next(e for e in log if e["step"] == f"hf-export {fmt} r{n}")
             peer = next(e for e in log if e["step"] == f"peer {fmt} r{n}")
