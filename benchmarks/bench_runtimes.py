@@ -1,0 +1,196 @@
+"""Our artifacts against the peers' in the same runtime, side by side in one process (issue #26 §5).
+
+    .venv/bin/python benchmarks/bench_runtimes.py [--work benchmarks/.work-peers/llama58m] [--reps 3]
+
+Reads what `bench_peers.py` left under --work (round 1's folders):
+
+R1  ExecuTorch: our runner-layout `model.pte` (`hf-export run`, `[{"export_format": "executorch", "mode":
+    "generation"}]`) and optimum-executorch's `model.pte` (`--recipe xnnpack --use_custom_sdpa
+    --use_custom_kv_cache`, the same static cache length), both loaded in ONE process by executorch 1.5.1's Python
+    `Runtime` (`forward(tokens, cache_position)`): prefill of an 8-token prompt (ms) and 32 greedy single-token
+    decode steps (tokens/s); then both by executorch's own C++ `TextLLMRunner` (pybinding) in one process: its
+    Stats' prefill time and decode rate for 32 new tokens. The programs alternate rep by rep.
+R2  ONNX Runtime GenAI 0.18: our merged `model.onnx` + `genai_config.json` against the model builder's output
+    (`python -m onnxruntime_genai.models.builder -p fp32 -e cpu`, built here from the same random-weight folder),
+    both loaded in one process: prefill of the 8-token prompt (`append_tokens`, ms) and 32 greedy decode steps.
+
+Each measurement also records the greedy tokens, so a fast artifact that computes something else shows. Ratios are
+ours / theirs for tokens/s (goal >= 1.0) and theirs / ours for prefill time. `uptime` before and after each part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PY = sys.executable
+GENAI_PY = Path(os.environ.get("GENAI_PY", "/work/spike26/venv-genai/bin/python"))
+PROMPT_LEN, STEPS = 8, 32
+
+ET = textwrap.dedent(
+    """
+    import json, statistics, sys, time
+    import torch
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  the llama:: kernels both programs use
+    from executorch.runtime import Runtime
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    programs, tokenizer, reps, prompt_len, steps = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), 8, 32
+    prompt = torch.arange(3, 3 + prompt_len).unsqueeze(0)
+    methods = {name: Runtime.get().load_program(path).load_method("forward") for name, path in programs.items()}
+    res = {name: {"prefill_ms": [], "decode_tok_s": [], "tokens": None} for name in programs}
+    for _ in range(reps):
+        for name, forward in methods.items():
+            start = time.perf_counter()
+            logits = forward.execute([prompt, torch.arange(prompt_len)])[0]
+            res[name]["prefill_ms"].append(round((time.perf_counter() - start) * 1000, 2))
+            token, tokens = int(logits[0, -1].argmax()), []
+            start = time.perf_counter()
+            for s in range(steps):
+                tokens.append(token)
+                logits = forward.execute([torch.tensor([[token]]), torch.tensor([prompt_len + s])])[0]
+                token = int(logits[0, -1].argmax())
+            res[name]["decode_tok_s"].append(round(steps / (time.perf_counter() - start), 1))
+            res[name]["tokens"] = tokens
+    del methods
+    text = "abcdefghijklmnop"  # 8 tokens with the benchmark's ASCII tokenizer, in HF tokenizers and the runner's
+    runners = {name: TextLLMRunner(path, tokenizer) for name, path in programs.items()}
+    for name in programs:
+        res[name].update(runner_prefill_ms=[], runner_decode_tok_s=[], runner_prompt_tokens=None)
+    for _ in range(reps):
+        for name, runner in runners.items():
+            stats = {}
+            def on_stats(s, stats=stats):
+                stats.update(n=s.num_generated_tokens, prompt=s.num_prompt_tokens,
+                             prefill=s.prompt_eval_end_ms - s.inference_start_ms,
+                             decode=s.inference_end_ms - s.prompt_eval_end_ms)
+            runner.reset()
+            runner.generate(text, GenerationConfig(echo=False, max_new_tokens=steps + 1, temperature=0.0),
+                            stats_callback=on_stats)
+            res[name]["runner_prefill_ms"].append(stats["prefill"])
+            res[name]["runner_decode_tok_s"].append(round(stats["n"] / max(stats["decode"], 1) * 1000, 1))
+            res[name]["runner_prompt_tokens"] = stats["prompt"]
+    open(sys.argv[-1], "w").write(json.dumps(res))  # not stdout: the C++ runner prints every piece there
+    """
+)
+
+GENAI = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    import onnxruntime_genai as og
+
+    folders, reps, prompt_len, steps = json.loads(sys.argv[1]), int(sys.argv[2]), 8, 32
+    ids = np.arange(3, 3 + prompt_len, dtype=np.int32).reshape(1, -1)
+    models = {name: og.Model(path) for name, path in folders.items()}
+    res = {name: {"prefill_ms": [], "decode_tok_s": [], "tokens": None} for name in folders}
+    for _ in range(reps):
+        for name, model in models.items():
+            params = og.GeneratorParams(model)
+            params.set_search_options(do_sample=False, max_length=prompt_len + steps + 1)
+            gen = og.Generator(model, params)
+            start = time.perf_counter()
+            gen.append_tokens(ids)
+            res[name]["prefill_ms"].append(round((time.perf_counter() - start) * 1000, 2))
+            start, n = time.perf_counter(), 0
+            while not gen.is_done() and n < steps:
+                gen.generate_next_token()
+                n += 1
+            res[name]["decode_tok_s"].append(round(n / (time.perf_counter() - start), 1))
+            res[name]["tokens"] = gen.get_sequence(0).tolist()[prompt_len:]
+    open(sys.argv[-1], "w").write(json.dumps(res))
+    """
+)
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], check=False, capture_output=True, text=True).stdout.strip()
+
+
+def run_json(cmd: list[str], result: Path) -> dict:
+    """Runs a measuring script in its own process; it writes its results to `result` (its last argument)."""
+    result.unlink(missing_ok=True)
+    proc = subprocess.run([*cmd, str(result)], check=False, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0 or not result.is_file():
+        raise RuntimeError(f"{cmd[0]} exited {proc.returncode}: {proc.stderr[-2500:]}")
+    return json.loads(result.read_text())
+
+
+def one_file(folder: Path, name: str) -> Path:
+    found = sorted(folder.rglob(name))
+    if not found:
+        raise FileNotFoundError(f"no {name} under {folder}: run bench_peers.py first")
+    return found[0]
+
+
+def best(values: list[float], high: bool) -> float:
+    return max(values) if high else min(values)
+
+
+def table(title: str, res: dict, ours: str, theirs: str, runner: bool) -> None:
+    rows = [("Python runtime" if runner else "GenAI", "prefill_ms", "decode_tok_s")]
+    if runner:
+        rows.append(("TextLLMRunner", "runner_prefill_ms", "runner_decode_tok_s"))
+    print(f"\n{title}\n| runtime | ours: prefill ms / decode tok/s (all reps) | theirs | decode ratio (best; median) "
+          "| prefill theirs / ours (best; median) |\n|---|---|---|---|---|")
+    for label, prefill, decode in rows:
+        o, t = res[ours], res[theirs]
+        ratio = best(o[decode], True) / best(t[decode], True)
+        pre = best(t[prefill], False) / best(o[prefill], False)
+        mid = statistics.median(o[decode]) / statistics.median(t[decode])
+        mid_pre = statistics.median(t[prefill]) / statistics.median(o[prefill])
+        print(f"| {label} | {o[prefill]} / {o[decode]} | {t[prefill]} / {t[decode]} | {ratio:.2f}; {mid:.2f} "
+              f"| {pre:.2f}; {mid_pre:.2f} |")
+    same = res[ours]["tokens"] == res[theirs]["tokens"]
+    print(f"greedy tokens equal: {same} (ours {res[ours]['tokens'][:8]}…, theirs {res[theirs]['tokens'][:8]}…)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=HERE / ".work-peers" / "llama58m")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--skip-genai", action="store_true")
+    parser.add_argument("--skip-executorch", action="store_true")
+    args = parser.parse_args()
+    work, model_dir = args.work, args.work / "model"
+    if not args.skip_executorch:
+        programs = {"ours": str(one_file(work / "r1-ours-executorch", "model.pte")),
+                    "optimum-executorch": str(one_file(work / "r1-peer-executorch", "model.pte"))}
+        print(f"R1 before: {uptime()}", file=sys.stderr, flush=True)
+        et = run_json([PY, "-c", ET, json.dumps(programs), str(model_dir / "tokenizer.json"), str(args.reps)],
+                      work / "runtimes-executorch.json")
+        print(f"R1 after:  {uptime()}", file=sys.stderr, flush=True)
+        print(json.dumps({"programs": programs, **et}))
+        table("R1 ExecuTorch (executorch 1.5.1), 8-token prompt, 32 greedy steps", et, "ours", "optimum-executorch",
+              runner=True)
+    if not args.skip_genai:
+        builder_out = work / "genai-builder"
+        if not (builder_out / "genai_config.json").is_file():
+            start = time.perf_counter()
+            proc = subprocess.run([str(GENAI_PY), "-m", "onnxruntime_genai.models.builder", "-i", str(model_dir), "-o",
+                                   str(builder_out), "-p", "fp32", "-e", "cpu", "-c", str(work / "genai-cache")],
+                                  check=False, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            print(f"model builder: rc {proc.returncode}, {time.perf_counter() - start:.1f} s", file=sys.stderr)
+            if proc.returncode != 0:
+                raise RuntimeError(f"model builder failed: {proc.stderr[-2500:]}")
+        folders = {"ours": str(one_file(work / "r1-ours-onnx", "genai_config.json").parent),
+                   "builder": str(builder_out)}
+        print(f"R2 before: {uptime()}", file=sys.stderr, flush=True)
+        genai = run_json([str(GENAI_PY), "-c", GENAI, json.dumps(folders), str(args.reps)], work / "runtimes-genai.json")
+        print(f"R2 after:  {uptime()}", file=sys.stderr, flush=True)
+        print(json.dumps({"folders": folders, **genai}))
+        table("R2 ONNX Runtime GenAI 0.18 (fp32, CPU), 8-token prompt, 32 greedy steps", genai, "ours", "builder",
+              runner=False)
+
+
+if __name__ == "__main__":
+    main()
