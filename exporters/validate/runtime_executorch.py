@@ -66,8 +66,8 @@ class ExecutorchRunnerCheck:
         eos = config.eos_token_id
         eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         shown = [t for t in generated if t not in eos]  # the runner stops at EOS without emitting it
-        return {"prompt": prompt, "tokens": shown, "pieces": [tokenizer.decode([t], skip_special_tokens=False)
-                                                                for t in shown]}
+        return {"prompt": prompt, "prompt_tokens": len(ids), "tokens": shown,
+                "pieces": [tokenizer.decode([t], skip_special_tokens=False) for t in shown]}
 
     def prove(self, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
         if "unverified" in reference:
@@ -85,6 +85,11 @@ class ExecutorchRunnerCheck:
         if answer is None:
             return RuntimeProof(self.runtime, "failed", f"the runner failed: {why}")
         got = answer["pieces"]
+        read = answer["stats"].get("prompt_tokens")
+        if read is not None and read != reference["prompt_tokens"]:  # its C++ tokenizer split the prompt otherwise
+            return RuntimeProof(self.runtime, "failed", f"the runner's tokenizer read the prompt as {read} tokens, "
+                                                       f"transformers' as {reference['prompt_tokens']}: "
+                                                       f"{reference['prompt'][:80]!r}")
         want = reference["pieces"]
         equal = 0
         while equal < min(len(got), len(want)) and got[equal] == want[equal]:
