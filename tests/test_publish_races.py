@@ -191,7 +191,8 @@ def test_unverified_targets_are_published_only_when_asked_and_say_what_did_not_r
 
     repo_id = "alice/unverified"
     root = tmp_path_factory.mktemp("unverified")
-    recipe = {"exports": [A], "validation": {"max_probe_elements": 1}}  # every larger unseen shape skipped
+    # the traced probe runs; every unseen shape larger than it is over the limit and skipped
+    recipe = {"exports": [{**A, "dynamic": True}], "validation": {"max_probe_elements": 1}}
     env.upload_model(repo_id, tiny_bert(root / "model", recipe))
     out = root / "out"
     plain = env.cli("run", "--no-bench", repo_id, "--push", "--out", str(out))
@@ -203,7 +204,11 @@ def test_unverified_targets_are_published_only_when_asked_and_say_what_did_not_r
     text = pr["events"][0]["data"]["latest"]["raw"]
     assert "unverified: a" in pr["title"]
     assert "`a` is published unverified" in text and "max_probe_elements" in text
-    assert "no probe compared it with the eager model" in text  # the sentence says what ran, not a fixed claim
+    report = json.loads((out / "report.json").read_text())
+    checks = [c for c in report["targets"][0]["components"][0]["checks"]]
+    ran = sum(c["verdict"] == "passed" for c in checks)
+    assert 1 <= ran < len(checks), checks  # the traced probe ran, the larger unseen shapes did not
+    assert f"compared with the eager model at {ran} probe" in text  # the sentence says what ran, not a fixed claim
     card = env.hub.file(repo_id, "README.md", pr["ref"]).decode()
     assert "`a` is published unverified" in card and "max_probe_elements" in card
     discussion = next(d for d in env.hub.discussions(repo_id) if not d["isPullRequest"])

@@ -66,10 +66,13 @@ def _child(work: Callable[[], dict[str, Any]], result_path: Path, log_path: Path
     except BaseException as err:  # everything is reported; the parent decides the status
         record = error_record(err, limit=4000)
         result = {"ok": False, **record, "traceback": traceback.format_exc(limit=-15)}
+        # the runtimes first: the log's tail (what the report quotes) is the failure and its root cause
+        print(LOADED_RUNTIMES, ", ".join(loaded_runtimes()) or "none", file=sys.stderr)
         print(result["traceback"], file=sys.stderr)
         if "root_cause" in record:  # the traceback prints the cause first: the log's tail names it too
             print(render_root_cause(record), file=sys.stderr)
-    print(LOADED_RUNTIMES, ", ".join(loaded_runtimes()) or "none", file=sys.stderr)
+    else:
+        print(LOADED_RUNTIMES, ", ".join(loaded_runtimes()) or "none", file=sys.stderr)
     fsutil.write_file(result_path, json.dumps(result, default=str))
     sys.stdout.flush()
     sys.stderr.flush()
