@@ -178,8 +178,8 @@ def exported_model_snippet(repo_id: str, target: dict[str, Any], revision: str |
         arguments.append(f"revision={json.dumps(revision)}")
     arguments.append(f"subfolder={json.dumps(_subfolder(target))}")
     where = ", ".join(arguments)
-    # own artifact: the snippet loads what this run exported and validated
-    trust = ", trust_remote_code=True" if target.get("export_format") in NEEDS_TRUST else ""
+    # the snippet loads what this run exported and validated
+    trust = ", trust_remote_code=True" if target.get("export_format") in NEEDS_TRUST else ""  # own artifact
     components = target.get("expected_components") or []
     if target.get("mode") != "generation":
         return _single_graph_snippet(where, trust, traced_inputs(target))
