@@ -16,6 +16,10 @@ Upstream `decompose_for_generation` (transformers 5.24) misses stages that infer
   step instead (cache length 2), and the encoder's own call is captured as an `encoder` component;
 - dual encoders (CLIP, SigLIP): in model mode each tower (and projection head) is its own component, captured from
   one forward of the whole model, so each can be deployed and is validated on its own.
+
+Some vision-language forwards also read a weight of their own outside every stage: LLaVA-NeXT and LLaVA-OneVision
+append `image_newline` after each row of image features in Python. Those glue parameters ([`glue_parameters`]) are
+saved beside the graphs ([`GLUE_FILE`]), and the parity check reads them from there.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import StaticCache
 
 from exporters import upstream
@@ -46,6 +51,8 @@ MINIMUM_COMPONENTS: dict[str, list[str]] = {
 # Upstream's names for the module between a modality encoder and the language model.
 PROJECTOR_NAMES = ("multi_modal_projector", "connector", "embed_vision", "embed_audio")
 VLM_TEXT_STAGES = ["embed_tokens", "language_model", "lm_head", "decode"]
+# The weights a vision-language forward reads itself, outside its stages, in each target folder.
+GLUE_FILE = "glue_parameters.safetensors"
 
 
 def minimum_components(family: str, mode: str, captured: list[str], model=None, merged: bool = False) -> list[str]:
@@ -180,6 +187,37 @@ def _complete_vision_language(model, components: Components, generate_inputs: di
         elif calls.get(name):
             complete[name] = (watched[name], calls[name][0])
     return complete
+
+
+def glue_parameters(model, components: Components) -> dict[str, torch.Tensor]:
+    """The parameters the model's forward reads itself: held directly by a module that holds a stage (the model,
+    `model.model`), by their names in `model` (LLaVA-NeXT: `{"model.image_newline": ...}`); empty for most families.
+    The decode (a copy of the whole model) is not a stage here."""
+    stage_ids = {id(module) for name, (module, _) in components.items() if name != "decode"}
+    stage_names = [name for name, module in model.named_modules() if id(module) in stage_ids]
+    glue: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        holds_stage = name == "" or any(stage.startswith(f"{name}.") for stage in stage_names)
+        if id(module) in stage_ids or not holds_stage:
+            continue
+        for key, parameter in module.named_parameters(recurse=False):
+            glue[f"{name}.{key}" if name else key] = parameter.detach().contiguous().clone()
+    return glue
+
+
+def write_glue(model, components: Components, directory) -> list[str]:
+    """Save a vision-language export's [`glue_parameters`] into `directory` as [`GLUE_FILE`] (nothing when there
+    are none); their names."""
+    glue = glue_parameters(model, components) if "language_model" in components else {}
+    if glue:
+        save_file(glue, str(directory / GLUE_FILE))
+    return sorted(glue)
+
+
+def read_glue(directory) -> dict[str, torch.Tensor]:
+    """The glue parameters a target folder holds ([`GLUE_FILE`]), empty when it has none."""
+    path = directory / GLUE_FILE
+    return load_file(str(path)) if path.is_file() else {}
 
 
 def prefill_cache_kwargs(decode: tuple[torch.nn.Module, dict[str, Any]] | None) -> dict[str, Any]:

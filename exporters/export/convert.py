@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from exporters import upstream
-from exporters.capture.components import cache_setting_for, generation_config_for
+from exporters.capture.components import GLUE_FILE, cache_setting_for, generation_config_for, write_glue
 from exporters.capture.shapes import build_dynamic_shapes
 from exporters.errors import ShapeSpecError
 from exporters.export import onnx_files
@@ -137,6 +137,10 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
         configs = component_configs(target, components, recipe, notes, quantizer_for)
         with _lowering(target, configs), _lowering_memory(target, directory):
             outcome = _export_and_save(exporter, configs, model, target, components, recipe, directory, notes)
+        glue = write_glue(model, components, directory)
+        if glue:
+            notes.append(f"{GLUE_FILE} holds {glue}: weights the model's forward reads itself between its graphs "
+                         "(a runtime's glue code needs them too); parity reads them from this file")
     complete_folder(directory, source_dir or model_folder(model), notes)  # the folder loads alone
     return outcome
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from exporters.capture.components import read_glue
 from exporters.capture.inputs import vocab_size
 from exporters.capture.merged import MERGED, prompt_inputs, with_consistent_mask
 from exporters.capture.probes import dim_bindings, make_probes
@@ -401,7 +402,8 @@ def validate_target(
         tolerances = Tolerances(tolerance_for(recipe, target, first, target.dtype),
                                 tolerance_for(recipe, target, MERGED if merged else "decode", target.dtype))
         generation = generation_parity(model, components, exported, generate_inputs, recipe.generation.max_new_tokens,
-                                       generation_config, family, tolerances, reference=reference)
+                                       generation_config, family, tolerances, reference=reference,
+                                       glue=read_glue(directory))
     verdict = None
     if budget is not None:
         judge_generation(generation, budget)

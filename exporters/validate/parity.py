@@ -25,6 +25,7 @@ position.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import torch
@@ -66,10 +67,13 @@ def _cache_summary(generation_config) -> dict[str, Any]:
 
 
 def generation_parity(model, components, exported, generate_inputs: dict[str, Any], steps: int,
-                      generation_config, family: str, tolerances: Tolerances, reference: Any = None) -> GenerationReport:
+                      generation_config, family: str, tolerances: Tolerances, reference: Any = None,
+                      glue: dict[str, torch.Tensor] | None = None) -> GenerationReport:
     """Run the family's pipeline through the exported graphs and compare with eager `generate()`, both selecting
     tokens by the processors eager builds (see `exporters.validate.greedy`). `reference`: eager's run, made ahead by
-    [`reference_for`] (so the eager weights can be freed before the artifact loads); else it is made here."""
+    [`reference_for`] (so the eager weights can be freed before the artifact loads); else it is made here. `glue`:
+    the weights a vision-language forward reads itself, as the target folder holds them
+    (`exporters.capture.components.read_glue`)."""
     names = set(exported.components)
     cache = _cache_summary(generation_config)
     if family not in DRIVERS:
@@ -77,6 +81,8 @@ def generation_parity(model, components, exported, generate_inputs: dict[str, An
                                                           "models", cache=cache)
     driver, needed = DRIVERS[family]
     needed = needed or set(components)
+    if family == "vision-language":
+        driver = functools.partial(vision_language, glue=glue or {})
     if family == "text" and "model" in names:
         driver, needed = _merged_decoder, {"model"}
     elif family == "text" and set(components) == set(STEPPED):  # a state-space model's stepped prompt

@@ -4,6 +4,7 @@ replaced by its exported graph.
 ```
 image + prompt ──► model.forward (the model's Python: feature selection, token merge, masks, rope index)
                      ├─ image_encoder / projector / embed_tokens / language_model / lm_head ─► exported graphs
+                     ├─ weights the forward reads itself (LLaVA-NeXT's image_newline) ─► the folder's glue file
                      └─ any other module with weights ─► refused (the check fails, naming it)
 logits, cache ──► argmax ──► exported decode × N ──► tokens, compared with eager generate()
 ```
@@ -52,11 +53,13 @@ def call_graph(module: torch.nn.Module, signature: inspect.Signature, runner: An
 
 
 @contextlib.contextmanager
-def stages_as_graphs(model: torch.nn.Module, stages: dict[str, torch.nn.Module],
-                     runners: dict[str, Any]) -> Iterator[None]:
-    """While active, calling each stage module runs its exported graph; calling any other module of `model` that
-    holds weights raises `EagerStageError`. Restores the model on exit."""
+def stages_as_graphs(model: torch.nn.Module, stages: dict[str, torch.nn.Module], runners: dict[str, Any],
+                     glue: dict[str, torch.Tensor] | None = None) -> Iterator[None]:
+    """While active, calling each stage module runs its exported graph; the parameters named in `glue` (the target
+    folder's glue file, `exporters.capture.components.GLUE_FILE`) hold the folder's values; calling any other module
+    of `model` that holds weights of its own raises `EagerStageError`. Restores the model on exit."""
     stage_ids = {id(module) for module in stages.values()}
+    glue = glue or {}
     guards = []
 
     def refuse(name: str):
@@ -65,9 +68,17 @@ def stages_as_graphs(model: torch.nn.Module, stages: dict[str, torch.nn.Module],
                                  "it is not one of the exported stages")
         return hook
 
+    swapped: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
     for name, module in model.named_modules():
-        if id(module) not in stage_ids and any(True for _ in module.parameters(recurse=False)):
-            guards.append(module.register_forward_pre_hook(refuse(name or type(model).__name__)))
+        own = [(f"{name}.{key}" if name else key, p) for key, p in module.named_parameters(recurse=False)]
+        if id(module) in stage_ids or not own:
+            continue
+        if all(key in glue for key, _ in own):
+            swapped += [(p, p.data) for _, p in own]
+            for key, parameter in own:
+                parameter.data = glue[key].to(parameter.device, parameter.dtype)
+            continue
+        guards.append(module.register_forward_pre_hook(refuse(name or type(model).__name__)))
     patched = []
     try:
         for name, module in stages.items():
@@ -80,6 +91,8 @@ def stages_as_graphs(model: torch.nn.Module, stages: dict[str, torch.nn.Module],
             del module.forward
         for guard in guards:
             guard.remove()
+        for parameter, data in swapped:
+            parameter.data = data
 
 
 def _graph_call(module: torch.nn.Module, signature: inspect.Signature, runner: Any):
@@ -97,21 +110,24 @@ def _output(value: Any, *names: str) -> Any:
 
 
 def vision_language_prefill(model, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]], runners,
-                            generate_inputs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
-    """The prompt's logits and cache, computed by the model's forward with every stage replaced by its graph."""
+                            generate_inputs: dict[str, Any],
+                            glue: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, Any]:
+    """The prompt's logits and cache, computed by the model's forward with every stage replaced by its graph (and
+    the weights it reads itself taken from `glue`, the target folder's)."""
     stages = {name: module for name, (module, _) in components.items() if name != DECODE}
     missing = sorted(set(stages) - set(runners))
     if missing:
         raise KeyError(f"no exported graph for stage(s) {missing}")
-    with stages_as_graphs(model, stages, runners), torch.no_grad():
+    with stages_as_graphs(model, stages, runners, glue), torch.no_grad():
         output = model(**copy.deepcopy(generate_inputs), **prefill_cache_kwargs(components.get(DECODE)))
     return _output(output, "logits"), _output(output, "cache", "past_key_values")
 
 
-def vision_language(model, components, runners, generate_inputs: dict[str, Any], greedy, tokens: list) -> int:
-    """Parity driver (see `exporters.validate.parity`): image + prompt → graphs → greedy tokens appended to `tokens`;
-    returns the prompt length."""
-    logits, cache = vision_language_prefill(model, components, runners, generate_inputs)
+def vision_language(model, components, runners, generate_inputs: dict[str, Any], greedy, tokens: list,
+                    glue: dict[str, torch.Tensor] | None = None) -> int:
+    """Parity driver (see `exporters.validate.parity`): image + prompt → graphs (and the folder's `glue` weights) →
+    greedy tokens appended to `tokens`; returns the prompt length."""
+    logits, cache = vision_language_prefill(model, components, runners, generate_inputs, glue)
     stepper = DecodeStepper(runners[DECODE], components[DECODE][1], sliding_window_of(model.config),
                             follow_template=True)
     ids = generate_inputs["input_ids"]
