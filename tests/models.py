@@ -360,3 +360,69 @@ def tiny_moonshine(folder: Path, recipe: Any | None = None, seed: int = 0, featu
         Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=False,
                                  return_attention_mask=True).save_pretrained(folder)
     return folder
+
+
+VLM_CORPUS = ["describe the image", "a cat on the mat", "the quick brown fox jumps over the lazy dog"] * 4
+VLM_SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]  # ids 0-3, then the family's image tokens
+
+
+def _vlm_tokenizer(folder: Path, image_tokens: list[str]):
+    """A whitespace BPE trained here whose special tokens include the family's image tokens (single ids)."""
+    return train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, *image_tokens], vocab_size=120, bos="<s>",
+                               eos="</s>", pad="<pad>", unk="<unk>")
+
+
+def _vlm_spec(name: str, model_class: str, overrides: dict[str, Any]):
+    import dataclasses
+
+    from matrix.families import FAMILIES
+
+    base = FAMILIES.get(name) or FAMILIES["llava"]
+    return dataclasses.replace(base, name=name, model_class=model_class, overrides={
+        "text_config.bos_token_id": 1, "text_config.eos_token_id": 2, "text_config.pad_token_id": 3, **overrides})
+
+
+def tiny_llava_next_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A tiny LLaVA-NeXT (CLIP tower, image 32, patch 8, any-resolution grid pinpoints up to 64) saved with its own
+    processor: a PIL-backend LLaVA-NeXT image processor (base image + one tile at 32: 5-D pixels and `image_sizes`)
+    and a BPE tokenizer whose `<image>` id is the model's."""
+    from transformers import LlavaNextImageProcessorPil, LlavaNextProcessor
+
+    from matrix.families import build
+
+    tokenizer = _vlm_tokenizer(folder, ["<image>"])
+    pinpoints = [[32, 32], [32, 64], [64, 32]]
+    spec = _vlm_spec("llava_next", "LlavaNextForConditionalGeneration", {
+        "vision_config.image_size": 32, "vision_config.patch_size": 8, "image_grid_pinpoints": pinpoints,
+        "image_token_index": tokenizer.convert_tokens_to_ids("<image>")})
+    build(spec, folder, seed=seed, recipe=recipe)
+    image_processor = LlavaNextImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                                                 image_grid_pinpoints=pinpoints)
+    LlavaNextProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=8, image_token="<image>",
+                       vision_feature_select_strategy="default",
+                       num_additional_image_tokens=1).save_pretrained(folder)  # CLIP's class token
+    return folder
+
+
+AYA_IMAGE_TOKENS = ["<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>", "TILE",
+                    "TILE_GLOBAL"]
+
+
+def tiny_aya_vision_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A tiny Aya Vision (SigLIP tower, image 32, patch 8, pixel shuffle 2: 4 image tokens; Cohere2 text with a
+    sliding window) saved with its own processor: a PIL-backend GOT-OCR2 image processor and a BPE tokenizer whose
+    `<|IMG_PATCH|>` id is the model's image token."""
+    from transformers import AyaVisionProcessor, GotOcr2ImageProcessorPil
+
+    from matrix.families import build
+
+    tokenizer = _vlm_tokenizer(folder, AYA_IMAGE_TOKENS)
+    spec = _vlm_spec("aya_vision", "AyaVisionForConditionalGeneration", {
+        "vision_config.image_size": 32, "vision_config.patch_size": 8, "downsample_factor": 2,
+        "text_config.sliding_window": 12, "image_token_id": tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>")})
+    build(spec, folder, seed=seed, recipe=recipe)
+    image_processor = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=True,
+                                               min_patches=1, max_patches=1)
+    AyaVisionProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=8, img_size=32,
+                       downsample_factor=2).save_pretrained(folder)
+    return folder

@@ -134,12 +134,13 @@ def test_gemma2_sliding_window_pt2_decodes_past_the_window(tmp_path):
 
 
 def test_unsupported_vision_language_family_fails_with_the_reason(tmp_path):
-    """LLaVA-NeXT needs its processor (any-resolution tiles): without one, every target fails and says so."""
+    """Mllama needs its processor (cross-attention to tiles with aspect-ratio ids, no `get_image_features` to count
+    image tokens with): without one, every target fails and says so."""
     import dataclasses
 
     from matrix.families import FAMILIES, build
 
-    spec = dataclasses.replace(FAMILIES["llava"], name="llava_next", model_class="LlavaNextForConditionalGeneration")
+    spec = dataclasses.replace(FAMILIES["llava"], name="mllama", model_class="MllamaForConditionalGeneration")
     model_dir = build(spec, tmp_path / "model", recipe=BOTH)
     out = tmp_path / "out"
     result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out))
@@ -151,7 +152,7 @@ def test_unsupported_vision_language_family_fails_with_the_reason(tmp_path):
         assert target["status"] == "failed"
         message = target["error"]["message"]
         assert "sample inputs could not be made" in message and "processor_config.json" in message, message
-        assert "llava_next" in message
+        assert "mllama" in message and "get_image_features" in message
 
 
 def test_capture_failure_reports_its_root_cause(tmp_path):

@@ -5,15 +5,19 @@
   layout, pixel shapes and extra tensors (`pixel_attention_mask`, `image_grid_thw`, `token_type_ids`) are exactly
   what the family expects.
 - When it ships only an image processor or feature extractor, that makes the pixels or features.
-- Otherwise the inputs are synthesized per family, in the layout the family's processor produces
-  ([`SYNTHESIZED_VLM_FAMILIES`]); any other vision-language family raises `UnsupportedModelError` naming the missing
-  processor files.
+- Otherwise a vision-language model's inputs are synthesized by one rule from its config and its own code
+  ([`synthesize_vlm`]): the config's image token, an image at the vision config's size in the first layout the
+  model's `get_image_features` accepts (one image; tiles with `image_sizes`; tiles with a pixel mask), and as many
+  image tokens as that call returns features. Qwen2-VL's flattened patches and PaliGemma's and Gemma 3's token types
+  keep their own layouts. A model the rule cannot serve (no `get_image_features`: Mllama's cross-attention) raises
+  `UnsupportedModelError` naming the missing processor files.
 
 Nothing from the folder runs: processors load with `trust_remote_code=False` and `local_files_only=True`.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,13 +27,12 @@ import torch
 import transformers
 
 from exporters.errors import UnsupportedModelError, describe_error
+from exporters.upstream import multimodal_submodules
 
 PROCESSOR_FILE = "processor_config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
 DEFAULT_PROMPT = "Describe the image."
-# Vision-language families whose inputs are synthesized when the folder has no processor (`model_type`s).
-SYNTHESIZED_VLM_FAMILIES = ("llava", "paligemma", "gemma3", "qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm")
 
 
 @dataclass
@@ -194,10 +197,87 @@ def _pixels(batch: int, channels: int, size: int, generator: torch.Generator, *l
     return torch.randn(batch, *lead, channels, size, size, generator=generator)
 
 
+# The most tiles (base image included) an any-resolution family is offered; its own `get_image_features` reads the
+# ones it wants (LLaVA-NeXT: the base image and one tile at its own size) and the rest are trimmed.
+MAX_TILES = 9
+
+
+def _features_of(model, pixels: dict[str, Any]) -> tuple[int, int | None]:
+    """(image features per image, pixel rows per image the vision tower read) by the model's own
+    `get_image_features` on `pixels`; raises what the model raises when it refuses the layout."""
+    encoder = multimodal_submodules(model).get("image_encoder")
+    read: list[int] = []
+
+    def watch(_module, args, kwargs):
+        value = args[0] if args else kwargs.get("pixel_values")
+        if isinstance(value, torch.Tensor):
+            read.append(int(value.shape[0]))
+
+    handle = encoder.register_forward_pre_hook(watch, with_kwargs=True) if encoder is not None else None
+    try:
+        with torch.no_grad():
+            out = model.get_image_features(**pixels)
+    finally:
+        if handle is not None:
+            handle.remove()
+    features = getattr(out, "pooler_output", None) if not isinstance(out, (torch.Tensor, list, tuple)) else out
+    if features is None:
+        features = out[0] if isinstance(out, (list, tuple)) else out.last_hidden_state
+    parts = [features] if isinstance(features, torch.Tensor) else list(features)
+    rows = sum(part.numel() // part.shape[-1] for part in parts)
+    batch = next(iter(pixels.values())).shape[0]
+    return rows // batch, (read[0] // batch if read else None)
+
+
+def _pixel_layouts(model, batch: int, channels: int, size: int, generator: torch.Generator):
+    """Candidate vision inputs in the layouts processors produce, most specific first: tiles with a pixel mask
+    (Idefics), tiles with their `image_sizes` (LLaVA-NeXT), one image with its `image_sizes` (Pixtral), one image."""
+    takes = set(inspect.signature(model.get_image_features).parameters)
+    forward = set(inspect.signature(model.forward).parameters)
+    sizes = {"image_sizes": torch.tensor([[size, size]] * batch)} if "image_sizes" in takes else {}
+    if "pixel_attention_mask" in forward:
+        mask = torch.ones(batch, 1, size, size, dtype=torch.bool)
+        yield {"pixel_values": _pixels(batch, channels, size, generator, 1), "pixel_attention_mask": mask}
+    if sizes:
+        yield {"pixel_values": _pixels(batch, channels, size, generator, MAX_TILES), **sizes}
+    yield {"pixel_values": _pixels(batch, channels, size, generator), **sizes}
+
+
+def counted_vision_inputs(model, spec, batch: int, generator: torch.Generator) -> tuple[dict[str, Any], int]:
+    """The vision inputs of an image at the vision config's size, in the first layout the model's own
+    `get_image_features` accepts, and the number of image tokens it makes of them (its features counted: no
+    per-family formula). Raises `UnsupportedModelError` when the model takes none of the layouts."""
+    config = model.config
+    vision = config.vision_config
+    size = _image_size(config, None, spec.image_size)
+    channels = int(getattr(vision, "num_channels", None) or getattr(vision, "in_channels", 3))
+    if not callable(getattr(model, "get_image_features", None)):
+        raise UnsupportedModelError(f"{type(model).__name__} has no get_image_features: the image tokens it expects "
+                                    "cannot be counted")
+    refused = []
+    for pixels in _pixel_layouts(model, batch, channels, size, generator):
+        try:
+            count, read = _features_of(model, pixels)
+        except Exception as err:  # the model refuses this layout: try the next, and say why if none fits
+            refused.append(f"{tuple(pixels['pixel_values'].shape)}: {describe_error(err, 160)}")
+            continue
+        values = pixels["pixel_values"]
+        if values.dim() == 5 and read and read < values.shape[1]:  # the tiles the model read, no more
+            pixels["pixel_values"] = values[:, :read].contiguous()
+        if count > 0:
+            return pixels, count
+    raise UnsupportedModelError(f"{type(model).__name__}.get_image_features takes none of the synthesized image "
+                                f"layouts ({'; '.join(refused) or 'no image features'})")
+
+
 def synthesize_vlm(model, spec, text_ids: torch.Tensor, generator: torch.Generator) -> dict[str, Any]:
     """Image + prompt inputs for a vision-language model without a processor, in its processor's layout.
 
-    `text_ids` (batch x prompt) is the prompt; image tokens are laid out before it as the family's processor does.
+    `text_ids` (batch x prompt) is the prompt; image tokens are laid out before it. The rule: the image token from
+    the config (`image_token_id` / `image_token_index`), an image at the vision config's size in the layout the
+    model's own `get_image_features` accepts, as many image tokens as it returns features
+    ([`counted_vision_inputs`]), wrapped in the config's begin/end-of-image tokens. Qwen2-VL's flattened patches
+    (`image_grid_thw`) and PaliGemma's and Gemma 3's token types keep their own layouts.
     """
     config = model.config
     model_type = getattr(config, "model_type", "")
@@ -212,20 +292,8 @@ def synthesize_vlm(model, spec, text_ids: torch.Tensor, generator: torch.Generat
         prefix = torch.tensor([sum(parts, [])] * batch)
         return torch.cat([prefix, text_ids], dim=1)
 
-    size = _image_size(config, None, spec.image_size)
     channels = int(getattr(vision, "num_channels", None) or getattr(vision, "in_channels", 3))
-    if model_type == "paligemma":
-        count = (size // vision.patch_size) ** 2
-        ids = tokens([image_token] * count, [_token_id(config, "bos_token_id") or 2])
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
-                "pixel_values": _pixels(batch, channels, size, generator)}
-    if model_type == "gemma3":
-        count = int(config.mm_tokens_per_image)
-        bos = _token_id(config, "bos_token_id") or 2
-        ids = tokens([bos, config.boi_token_index], [image_token] * count, [config.eoi_token_index])
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": (ids == image_token).long(),
-                "pixel_values": _pixels(batch, channels, size, generator)}
-    if model_type in ("qwen2_vl", "qwen2_5_vl"):
+    if "image_grid_thw" in inspect.signature(model.forward).parameters and hasattr(vision, "temporal_patch_size"):
         patch, temporal, merge = vision.patch_size, vision.temporal_patch_size, vision.spatial_merge_size
         side = 2 * merge  # the smallest grid the merger accepts, twice over
         grid = torch.tensor([[1, side, side]] * batch)
@@ -234,20 +302,22 @@ def synthesize_vlm(model, spec, text_ids: torch.Tensor, generator: torch.Generat
         ids = tokens([config.vision_start_token_id], [image_token] * count, [config.vision_end_token_id])
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
                 "mm_token_type_ids": (ids == image_token).long(), "pixel_values": patches, "image_grid_thw": grid}
-    if model_type in ("idefics3", "smolvlm"):
-        count = (size // vision.patch_size) ** 2 // config.scale_factor ** 2
-        ids = tokens([image_token] * count)
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                "pixel_values": _pixels(batch, channels, size, generator, 1),
-                "pixel_attention_mask": torch.ones(batch, 1, size, size, dtype=torch.bool)}
-    if model_type == "llava":
-        count = getattr(config, "image_seq_length", None) or (
-            (size // vision.patch_size) ** 2 + (1 if config.vision_feature_select_strategy == "full" else 0))
-        ids = tokens([image_token] * int(count))
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                "pixel_values": _pixels(batch, channels, size, generator)}
-    raise UnsupportedModelError(
-        f"no processor in the model folder ({PROCESSOR_FILE} with its tokenizer, or {PREPROCESSOR_FILE}) and no "
-        f"built-in input synthesis for model_type '{model_type}' (built in: {', '.join(SYNTHESIZED_VLM_FAMILIES)}): "
-        "save the model's processor into the folder (processor.save_pretrained(folder)) so sample inputs come in "
-        "the family's own layout")
+    try:
+        pixels, count = counted_vision_inputs(model, spec, batch, generator)
+    except UnsupportedModelError as err:
+        raise UnsupportedModelError(
+            f"no processor in the model folder ({PROCESSOR_FILE} with its tokenizer, or {PREPROCESSOR_FILE}) and no "
+            f"input synthesis for model_type '{model_type}': {err}. Save the model's processor into the folder "
+            "(processor.save_pretrained(folder)) so sample inputs come in the family's own layout") from err
+    if model_type == "paligemma":
+        ids = tokens([image_token] * count, [_token_id(config, "bos_token_id") or 2])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
+                **pixels}
+    begin, end = _token_id(config, "boi_token_index", "boi_token_id"), _token_id(config, "eoi_token_index",
+                                                                                  "eoi_token_id")
+    bos = [_token_id(config, "bos_token_id") or 2] if model_type == "gemma3" else []
+    ids = tokens(bos, [begin] if begin is not None else [], [image_token] * count, [end] if end is not None else [])
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **pixels}
+    if model_type == "gemma3":
+        inputs["token_type_ids"] = (ids == image_token).long()
+    return inputs
