@@ -126,6 +126,8 @@ NO_PROCESSOR = {  # model_type: (model class, config settings beside the vision 
     "aya_vision": ("AyaVisionForConditionalGeneration", {"downsample_factor": 2}),
     "idefics2": ("Idefics2ForConditionalGeneration", {"perceiver_config.resampler_n_latents": 4,
                                                       "perceiver_config.resampler_depth": 1}),
+    "qwen3_vl": ("Qwen3VLForConditionalGeneration", {"vision_config.out_hidden_size": 32,
+                                                     "vision_config.deepstack_visual_indexes": []}),
 }
 
 
@@ -135,6 +137,9 @@ def _no_processor_spec(name: str):
     from matrix.families import FAMILIES
 
     model_class, overrides = NO_PROCESSOR[name]
+    if name == "qwen3_vl":  # flattened patches: Qwen2-VL's tiny settings
+        base = FAMILIES["qwen2_vl"]
+        return dataclasses.replace(base, name=name, model_class=model_class, overrides={**base.overrides, **overrides})
     return dataclasses.replace(FAMILIES["llava"], name=name, model_class=model_class, overrides={
         "vision_config.image_size": 32, "vision_config.patch_size": 8, **overrides})
 
@@ -156,10 +161,14 @@ def test_synthesized_inputs_are_the_layout_the_model_counts(name):
     inputs = sample.forward
     image_token = model.config.image_token_id
     count = int((inputs["input_ids"] == image_token).sum())
-    assert count > 0 and inputs["input_ids"].shape[1] == count + 4
+    ids = inputs["input_ids"]
+    assert count > 0 and count + 4 <= ids.shape[1] <= count + 6, "image tokens (and begin/end) before the prompt"
     with torch.no_grad():
-        assert model(**inputs).logits.shape[1] == inputs["input_ids"].shape[1]
-        short = {**inputs, "input_ids": inputs["input_ids"][:, 1:], "attention_mask": inputs["attention_mask"][:, 1:]}
+        assert model(**inputs).logits.shape[1] == ids.shape[1]
+        keep = torch.ones(ids.shape[1], dtype=torch.bool)
+        keep[int((ids[0] == image_token).nonzero()[0])] = False  # one image token fewer
+        short = {**inputs, "input_ids": ids[:, keep], "attention_mask": inputs["attention_mask"][:, keep]}
+        short.update({k: v[:, keep] for k, v in inputs.items() if k.endswith("token_type_ids")})
         with pytest.raises(ValueError, match="[Ii]mage features and image tokens do not match"):
             model(**short)
     if name in ("llava_next", "llava_onevision"):  # the base image and the one tile the model reads at 32

@@ -202,7 +202,7 @@ def _pixels(batch: int, channels: int, size: int, generator: torch.Generator, *l
 MAX_TILES = 9
 
 
-def _features_of(model, pixels: dict[str, Any]) -> tuple[int, int | None]:
+def _features_of(model, pixels: dict[str, Any], batch: int) -> tuple[int, int | None]:
     """(image features per image, pixel rows per image the vision tower read) by the model's own
     `get_image_features` on `pixels`; raises what the model raises when it refuses the layout."""
     encoder = multimodal_submodules(model).get("image_encoder")
@@ -225,7 +225,6 @@ def _features_of(model, pixels: dict[str, Any]) -> tuple[int, int | None]:
         features = out[0] if isinstance(out, (list, tuple)) else out.last_hidden_state
     parts = [features] if isinstance(features, torch.Tensor) else list(features)
     rows = sum(part.numel() // part.shape[-1] for part in parts)
-    batch = next(iter(pixels.values())).shape[0]
     return rows // batch, (read[0] // batch if read else None)
 
 
@@ -257,7 +256,7 @@ def counted_vision_inputs(model, spec, batch: int, generator: torch.Generator) -
     refused = []
     for pixels in _pixel_layouts(model, batch, channels, size, generator):
         try:
-            count, read = _features_of(model, pixels)
+            count, read = _features_of(model, pixels, batch)
         except Exception as err:  # the model refuses this layout: try the next, and say why if none fits
             refused.append(f"{tuple(pixels['pixel_values'].shape)}: {describe_error(err, 160)}")
             continue
@@ -277,7 +276,7 @@ def synthesize_vlm(model, spec, text_ids: torch.Tensor, generator: torch.Generat
     the config (`image_token_id` / `image_token_index`), an image at the vision config's size in the layout the
     model's own `get_image_features` accepts, as many image tokens as it returns features
     ([`counted_vision_inputs`]), wrapped in the config's begin/end-of-image tokens. Qwen2-VL's flattened patches
-    (`image_grid_thw`) and PaliGemma's and Gemma 3's token types keep their own layouts.
+    (`image_grid_thw`, counted the same way) and PaliGemma's and Gemma 3's token types keep their own layouts.
     """
     config = model.config
     model_type = getattr(config, "model_type", "")
@@ -298,7 +297,13 @@ def synthesize_vlm(model, spec, text_ids: torch.Tensor, generator: torch.Generat
         side = 2 * merge  # the smallest grid the merger accepts, twice over
         grid = torch.tensor([[1, side, side]] * batch)
         patches = torch.randn(batch * side * side, channels * temporal * patch * patch, generator=generator)
-        count = side * side // (merge * merge)
+        try:
+            count, _ = _features_of(model, {"pixel_values": patches, "image_grid_thw": grid}, batch)
+        except Exception as err:  # the model refuses the patch layout: say so, with the files that would serve it
+            raise UnsupportedModelError(
+                f"{type(model).__name__}.get_image_features refuses the synthesized patches {tuple(patches.shape)} "
+                f"with image_grid_thw {grid[0].tolist()} ({describe_error(err, 200)}): save the model's processor "
+                "into the folder (processor.save_pretrained(folder))") from err
         ids = tokens([config.vision_start_token_id], [image_token] * count, [config.vision_end_token_id])
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
                 "mm_token_type_ids": (ids == image_token).long(), "pixel_values": patches, "image_grid_thw": grid}
