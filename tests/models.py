@@ -426,3 +426,23 @@ def tiny_aya_vision_with_processor(folder: Path, recipe: Any | None = None, seed
     AyaVisionProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=8, img_size=32,
                        downsample_factor=2).save_pretrained(folder)
     return folder
+
+
+def tiny_mllama_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A tiny Mllama (tiled vision tower, image 32, patch 8, 4 tiles; a 2-layer language model whose second layer
+    cross-attends to the image) saved with its own processor: a PIL-backend Mllama image processor (`aspect_ratio_ids`,
+    `aspect_ratio_mask`, `cross_attention_mask`) and a BPE tokenizer whose `<|image|>` id is the model's."""
+    from transformers import MllamaImageProcessorPil, MllamaProcessor
+
+    from matrix.families import build
+
+    tokenizer = _vlm_tokenizer(folder, ["<|image|>", "<|begin_of_text|>"])
+    spec = _vlm_spec("mllama", "MllamaForConditionalGeneration", {
+        "vision_config.image_size": 32, "vision_config.patch_size": 8, "vision_config.max_num_tiles": 4,
+        "vision_config.num_global_layers": 1, "vision_config.intermediate_layers_indices": [0],
+        "vision_config.vision_output_dim": 64, "text_config.cross_attention_layers": [1],
+        "image_token_index": tokenizer.convert_tokens_to_ids("<|image|>")})
+    build(spec, folder, seed=seed, recipe=recipe)
+    image_processor = MllamaImageProcessorPil(size={"height": 32, "width": 32}, max_image_tiles=4)
+    MllamaProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(folder)
+    return folder

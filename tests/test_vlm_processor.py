@@ -4,7 +4,9 @@
   Python between rows of image features), exported in every format from its own processor, every stage passing and
   generation parity through the exported graphs, the glue weight read from the target folder;
 - Aya Vision (SigLIP + pixel shuffle, a Cohere2 language model with a sliding window, the processor's
-  start/patch/end image tokens), dynamo and ONNX from its own processor.
+  start/patch/end image tokens), dynamo and ONNX from its own processor;
+- Mllama (tiles with `aspect_ratio_ids` / `aspect_ratio_mask`, a language model that cross-attends to the image
+  through 4-D `cross_attention_mask` and `full_text_row_masked_out_mask`, whose sequence axis the probes resize).
 
 What each processor output feeds: LLaVA-NeXT's `pixel_values` (base image + tiles) go to the image encoder
 flattened (`[tiles, 3, 32, 32]`); `image_sizes` stays in the model's Python glue (unpadding, newline packing),
@@ -18,7 +20,7 @@ import json
 import pytest
 
 from tests.conftest import run_cli
-from tests.models import tiny_aya_vision_with_processor, tiny_llava_next_with_processor
+from tests.models import tiny_aya_vision_with_processor, tiny_llava_next_with_processor, tiny_mllama_with_processor
 
 EVERY_FORMAT = [{"name": "dynamo", "export_format": "dynamo", "dynamic": True},
                 {"name": "onnx", "export_format": "onnx", "dynamic": True},
@@ -112,6 +114,28 @@ def test_aya_vision_from_its_own_processor(aya_vision):
     _assert_passed_with_parity(report, ["dynamo", "onnx"])
     for target in report["targets"]:
         assert not (out / target["name"] / "glue_parameters.safetensors").exists(), "no glue weights: no file"
+
+
+@pytest.fixture(scope="module")
+def mllama(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("mllama"), tiny_mllama_with_processor, EVERY_FORMAT[:1])
+
+
+def test_mllama_from_its_own_processor_probes_its_cross_attention_masks(mllama):
+    _, _, result, report = mllama
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert any("through the folder's own MllamaProcessor" in f for f in report["findings"]), report["findings"]
+    _assert_passed_with_parity(report, ["dynamo"])
+    target = report["targets"][0]
+    encoder = target["components"][0]["checks"][0]["shapes"]
+    assert set(encoder) == {"pixel_values", "aspect_ratio_ids", "aspect_ratio_mask"}, encoder
+    checks = {c["name"]: c["checks"] for c in target["components"]}["language_model"]
+    probed = [c for c in checks if c["probe"] != "traced"]
+    assert len(probed) == 3 and all(c["passed"] and not c["skipped"] for c in probed), probed
+    for check in probed:
+        length = check["shapes"]["input_ids"][1]
+        assert check["shapes"]["cross_attention_mask"][2] == length
+        assert check["shapes"]["full_text_row_masked_out_mask"][2] == length
 
 
 # ── Without a processor: one rule from the config and the model's own get_image_features ──────────────────────

@@ -68,6 +68,9 @@ def resize_along(tensor: torch.Tensor, axis: int, size: int, generator: torch.Ge
                                       and bool((tensor == tensor.flatten()[0]).all())):
         # masks stay masks, token types stay the one type: a constant integer input grows with its value
         extra = torch.full(extra_shape, tensor.flatten()[0].item() if tensor.numel() else 1, dtype=tensor.dtype)
+    elif tensor.is_floating_point() and current > 0 and torch.unique(tensor).numel() <= 2:
+        # a float mask (0 / the dtype's minimum, 0 / 1: Mllama's cross-attention masks) grows by its last slice
+        extra = tensor.narrow(axis, current - 1, 1).expand(extra_shape).clone()
     elif _is_arange(tensor, axis):
         last = tensor.narrow(axis, current - 1, 1)
         steps = torch.arange(1, size - current + 1).reshape([-1 if d == axis else 1 for d in range(tensor.dim())])
@@ -136,6 +139,9 @@ def dim_bindings(spec: dict[str, Any] | None, inputs: dict[str, Any], dynamic: b
             seq = int(ids.shape[1])
             axes = [(p, 1) for p, t in leaves.items() if t.dim() == 2 and t.shape[1] == seq and p != "position_ids"]
             axes += [(p, 1) for p, t in leaves.items() if p == "position_ids" and t.dim() == 2 and t.shape[1] == seq]
+            # masks a text row attends to images with (Mllama's `batch x 1 x sequence x image tokens`)
+            axes += [(p, 2) for p, t in leaves.items() if family == "vision-language" and p.endswith("mask")
+                     and t.dim() == 4 and t.shape[2] == seq and t.shape[3] != seq]
             return [DimBinding("sequence (dynamic: true)", None, None, axes, seq, declared=False)]
     return []
 
