@@ -99,6 +99,22 @@ def test_the_device_option_overrides_the_recipe_in_the_export(bert_run):
     assert target["status"] == "passed" and target["device"] == "cpu", target.get("error")
 
 
+def test_the_plainest_encoder_decoder_generation_recipe_generates(tmp_path):
+    """`{"export_format": "dynamo", "mode": "generation"}` on T5 declares no dynamic shape: the decode still gets
+    the cache axis generation grows (else it could run one step only), the report says so, and the exported
+    encoder / prefill / decode generate eager's tokens."""
+    model_dir = tiny_t5(tmp_path / "model", [{"export_format": "dynamo", "mode": "generation"}])
+    out = tmp_path / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    target = json.loads((out / "report.json").read_text())["targets"][0]
+    assert target["status"] == "passed", target["error"]
+    assert target["expected_components"] == ["encoder", "prefill", "decode"]
+    assert target["generation"]["status"] == "passed"
+    assert target["generation"]["exported_tokens"] == target["generation"]["eager_tokens"]
+    assert any("self-attention cache length axis is dynamic" in finding for finding in target["findings"])
+
+
 @pytest.fixture(scope="module")
 def t5_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("t5")

@@ -28,6 +28,7 @@ from transformers.cache_utils import DynamicLayer
 
 from exporters.capture.shapes import axis_specs, spec_key
 from exporters.errors import DecodeStepError, RecipeError, ShapeSpecError
+from exporters.recipe.model import ComponentOverride
 from exporters.upstream import leaf_tensors
 
 DEFAULT_MAX_CACHE_LEN = 2048
@@ -180,6 +181,51 @@ def _growing_leaves(decode_inputs: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, DynamicLayer) and tensor.dim() >= 2:
             grown[path] = tensor
     return grown
+
+
+GROWN_CACHE_NOTE = ("the decode's {what} length axis is dynamic (what generation grows: the recipe declared no "
+                     "dynamic shape for it, and a decode fixed at its traced cache length could not run a second "
+                     "step); everything else keeps its traced size")
+
+
+def default_decode_contract(target, components: dict[str, Any], setting: CacheSetting) -> str | None:
+    """Give a generation target's separate decode the one dynamic axis generation needs, when the recipe declares
+    no contract for it (`dynamic` unset or false, no `dynamic_shapes` at all): the length
+    axis of every cache tensor that grows a position per step. The plainest recipe of an encoder-decoder (Whisper,
+    T5) or of a `merged: false` decoder then generates instead of failing [`check_second_step`]. Returns the
+    report's note, or None when nothing was added.
+
+    Example:
+        >>> from exporters.recipe.load import parse_recipe
+        >>> target = parse_recipe('{"export_format": "onnx", "mode": "generation"}').exports[0]
+        >>> default_decode_contract(target, {}, CacheSetting("dynamic")) is None  # no decode captured
+        True
+    """
+    if target.mode != "generation" or "decode" not in components or setting.implementation == "static":
+        return None
+    spec, dynamic = _decode_contract(target)
+    if spec is not None or dynamic:  # a declared contract (even `{}`: nothing dynamic) is checked as declared
+        return None
+    grown = _growing_leaves(components["decode"][1])
+    if not grown:
+        return None
+    patterns = sorted({".".join("*" if part.isdigit() else part for part in path.split(".")) for path in grown})
+    override = target.components.get("decode")
+    shapes = {pattern: {str(grown_axis(grown, pattern)): "auto"} for pattern in patterns}
+    if override is None:
+        target.components["decode"] = ComponentOverride.model_validate({"dynamic_shapes": shapes})
+    else:
+        override.dynamic_shapes = shapes
+    what = "self-attention cache" if any("self_attention_cache" in p for p in patterns) else "cache"
+    return GROWN_CACHE_NOTE.format(what=what)
+
+
+def grown_axis(grown: dict[str, Any], pattern: str) -> int:
+    """The length axis (second to last) of the first grown tensor that `pattern` names."""
+    for path, tensor in grown.items():
+        if fnmatch.fnmatchcase(path, pattern):
+            return tensor.dim() - 2
+    return 2
 
 
 def check_second_step(target, components: dict[str, Any], setting: CacheSetting) -> None:

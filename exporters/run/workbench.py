@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from exporters.capture import llm_runner, merged, stepped
-from exporters.capture.cache_settings import check_second_step, max_positions, sliding_window_of
+from exporters.capture.cache_settings import (check_second_step, default_decode_contract, max_positions,
+                                              sliding_window_of)
 from exporters.capture.components import cache_setting_for, decompose, generation_config_for, minimum_components
 from exporters.capture.families import detect_family
 from exporters.capture.inputs import SampleInputs, default_mode, make_sample_inputs
@@ -125,8 +126,9 @@ class Workbench:
                 dropped = [stepped.STEPPED_NOTE.format(kinds=merged.cache_kinds(captured))]  # says it all
                 self.stepped.add(target.name)
                 captured = stepped.plan(captured)
+            grown = default_decode_contract(target, captured, setting)  # the plainest recipe still generates
             fitted, notes = self._fit(target, captured, recipe)
-            notes = dropped + notes
+            notes = dropped + ([grown] if grown else []) + notes
             check_second_step(target, fitted, setting)
             self.fitted[target.name] = (fitted, notes + self._cache_notes(target, setting))
         return self.fitted[target.name][0]
