@@ -110,11 +110,13 @@ class DimBinding:
     axes: list[tuple[str, int]]
     traced: int
     declared: bool = True  # a named dim of the recipe (False: the sequence axis of `dynamic: true`)
+    positional: bool = True  # bounded by the model's positions (not a waveform's samples)
 
 
 def dim_bindings(spec: dict[str, Any] | None, inputs: dict[str, Any], dynamic: bool, family: str) -> list[DimBinding]:
     """The dynamic dims of a component: named dims from the recipe, or for `dynamic: true` the sequence axis of
-    text inputs (the axis users vary; batch is specialized at size 1 by `Dim.AUTO`)."""
+    text inputs, or the sample axis of a raw waveform (from half the traced length: a waveform shorter than the
+    model's conv stack is no input) — the axes users vary; batch is specialized at size 1 by `Dim.AUTO`."""
 
     leaves = _leaves(inputs)
     bindings: dict[str, DimBinding] = {}
@@ -137,6 +139,12 @@ def dim_bindings(spec: dict[str, Any] | None, inputs: dict[str, Any], dynamic: b
             axes = [(p, 1) for p, t in leaves.items() if t.dim() == 2 and t.shape[1] == seq and p != "position_ids"]
             axes += [(p, 1) for p, t in leaves.items() if p == "position_ids" and t.dim() == 2 and t.shape[1] == seq]
             return [DimBinding("sequence (dynamic: true)", None, None, axes, seq, declared=False)]
+    waveform = leaves.get("input_values")
+    if dynamic and family in ("audio", "speech-seq2seq") and waveform is not None and waveform.dim() == 2:
+        samples = int(waveform.shape[1])  # a raw waveform's length: what users vary (one clip, then another)
+        axes = [(p, 1) for p, t in leaves.items() if t.dim() == 2 and t.shape[1] == samples]
+        return [DimBinding("samples (dynamic: true)", samples // 2, None, axes, samples, declared=False,
+                           positional=False)]
     return []
 
 
@@ -144,7 +152,7 @@ def probe_sizes(binding: DimBinding, max_positions: int | None) -> list[int]:
     """Lower bound, a value in between and the upper bound of a dim (sizes it was not traced with)."""
     low = binding.low if binding.low is not None else 2
     high = binding.high if binding.high is not None else binding.traced * 2 + 3
-    if max_positions is not None:
+    if max_positions is not None and binding.positional:
         high = min(high, max_positions)
     sizes = [low, (low + high) // 2, high]
     floor = 0 if binding.low == 0 else 1  # a declared minimum of 0 (an empty cache) is probed too
