@@ -116,16 +116,16 @@ class Workbench:
                                                  self.model.config)
             captured = self._captured(target, recipe, setting)
             dropped = []
-            if target.merged and asked is None and not merged.takes_cache(captured):  # a default it cannot have
-                dropped = [merged.DEFAULT_DROPPED.format(kinds=merged.cache_kinds(captured))]
+            if target.merged and asked is None and (not merged.takes_cache(captured) or merged.scans(captured)):
+                dropped = [merged.default_dropped(captured)]  # a default it cannot have
                 target.merged = False
                 captured = self._captured(target, recipe, setting)
             if target.merged:  # one graph: upstream's multi-token decode, with its contract
                 captured = merged.plan(target, captured)
             elif stepped.wants_stepped(target, self.sample.family, captured):  # a prefill that cannot be dynamic
-                dropped = [stepped.STEPPED_NOTE.format(kinds=merged.cache_kinds(captured))]  # says it all
+                dropped = [stepped.note(captured)]  # says it all
                 self.stepped.add(target.name)
-                captured = stepped.plan(captured)
+                captured = stepped.plan(target, captured)
             grown = default_decode_contract(target, captured, setting)  # the plainest recipe still generates
             fitted, notes = self._fit(target, captured, recipe)
             notes = dropped + ([grown] if grown else []) + notes
