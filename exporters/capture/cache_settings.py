@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer, LinearAttentionCacheLayerMixin
 
 from exporters.capture.shapes import axis_specs, spec_key
 from exporters.errors import DecodeStepError, RecipeError, ShapeSpecError
@@ -265,6 +265,25 @@ def sliding_window_of(config: Any) -> int | None:
     if "sliding_attention" in (getattr(text, "layer_types", None) or []):
         return getattr(text, "sliding_window", None)
     return None
+
+
+def state_space_layers(config: Any) -> list[str]:
+    """The cache layer classes of the model's own cache (`DynamicCache(config=...)`) that hold conv or recurrent
+    states (Mamba, hybrids: `LinearAttentionLayer`, `LinearAttentionAndFullAttentionLayer`, ...), none for a cache of
+    keys and values alone.
+
+    Example:
+        >>> from transformers import FalconH1Config, LlamaConfig
+        >>> state_space_layers(FalconH1Config(num_hidden_layers=2))
+        ['LinearAttentionAndFullAttentionLayer']
+        >>> state_space_layers(LlamaConfig(num_hidden_layers=2))
+        []
+    """
+    try:
+        cache = DynamicCache(config=_decoder_config(config))
+    except Exception:  # noqa: BLE001 - a config transformers' cache cannot read: no state layers known
+        return []
+    return sorted({type(layer).__name__ for layer in cache.layers if isinstance(layer, LinearAttentionCacheLayerMixin)})
 
 
 def _decoder_config(config: Any) -> Any:

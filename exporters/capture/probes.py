@@ -86,18 +86,24 @@ def _set_leaf(inputs: dict[str, Any], path: str, value: torch.Tensor) -> None:
     node: Any = inputs
     for part in parts[:-1]:
         if isinstance(node, dict):
-            node = node[part]
+            node = node[_dict_key(node, part)]
         elif isinstance(node, (list, tuple)):
             node = node[int(part)]
         else:
             node = getattr(node, part)
     last = parts[-1]
     if isinstance(node, dict):
-        node[last] = value
+        node[_dict_key(node, last)] = value
     elif isinstance(node, list):
         node[int(last)] = value
     else:
         setattr(node, last, value)
+
+
+def _dict_key(node: dict, part: str) -> Any:
+    """The key of `node` that leaf path component `part` names: a state-space layer keys its states by int
+    (`conv_states[0]`), which the dotted path spells `"0"`."""
+    return int(part) if part not in node and part.isdigit() and int(part) in node else part
 
 
 @dataclass
