@@ -238,8 +238,12 @@ def test_a_near_tie_continues_and_a_real_divergence_fails(static_run, tmp_path):
 
 
 def test_a_decode_frozen_at_its_traced_length_fails_with_the_fix(tmp_path):
-    frozen = {"name": "frozen", "export_format": "dynamo", "mode": "generation", "merged": False}  # not the default
-    recipe = {"schema_version": 1, "exports": [frozen],
+    """A decode contract the recipe declares (here: nothing dynamic) is exported as declared, and a decode fixed at
+    its traced cache length fails before export, saying what to declare."""
+    frozen = {"name": "frozen", "export_format": "dynamo", "mode": "generation", "merged": False,  # not the default
+              "components": {"decode": {"dynamic_shapes": {}}}}
+    plain = {"name": "plain", "export_format": "dynamo", "mode": "generation", "merged": False}
+    recipe = {"schema_version": 1, "exports": [frozen, plain],
               "generation": {"cache_implementation": "dynamic"}}
     model_dir = tiny_llama(tmp_path / "model", recipe)
     out = tmp_path / "out"
@@ -254,6 +258,13 @@ def test_a_decode_frozen_at_its_traced_length_fails_with_the_fix(tmp_path):
     assert message.count(". ") == 0, "one sentence"
     assert not (out / "frozen").exists(), "nothing is exported for a contract that cannot generate"
     assert "could not run a second step" in result.stdout + result.stderr
+
+    # the same target without any declared contract: the decode gets the one axis generation grows, and generates
+    plain_target = _target(out, "plain")
+    assert plain_target["status"] == "passed", plain_target.get("error")
+    assert plain_target["generation"]["status"] == "passed"
+    assert plain_target["generation"]["exported_tokens"] == plain_target["generation"]["eager_tokens"]
+    assert any("cache length axis is dynamic" in finding for finding in plain_target["findings"])
 
 
 # ── eager's token-selection rules on both sides ──────────────────────────────

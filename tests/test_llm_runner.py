@@ -146,3 +146,6 @@ def test_the_methods_layout_stays_available(tmp_path):
     manifest = json.loads((out / "executorch" / "export.json").read_text())
     assert sorted(manifest["components"]) == ["decode", "prefill"] and manifest.get("layout") != "runner"
     assert not target.get("runtimes")  # the runner does not run this layout: no claim about it
+    loads = [f for f in target["findings"] if "method per component (prefill, decode)" in f]
+    assert loads and "optimum-executorch do not load it" in loads[0] and 'layout: \"runner\"' in loads[0], \
+        target["findings"]  # the report says which runtime loads what was written

@@ -55,6 +55,11 @@ def test_the_encoder_takes_the_waveform_its_feature_extractor_makes(moonshine_ru
         traced = encoder["checks"][0]["shapes"]
         assert traced["input_values"] == [1, 16000], traced  # one second at the extractor's 16 kHz
         assert "input_ids" not in traced and "input_features" not in traced
+        if target["name"] != "executorch":  # dynamic: true keeps the waveform axis dynamic, probed at other lengths
+            unseen = [c for c in encoder["checks"][1:] if c["probe"].startswith("samples")]
+            assert [c["shapes"]["input_values"][1] for c in unseen] == [8000, 20001, 32003], encoder["checks"]
+            assert all(c["verdict"] == "passed" for c in unseen), unseen
+    assert any("attention_mask is left out of the encoder's inputs" in f for f in report["findings"])
 
 
 def test_parity_from_the_waveform_through_the_exported_graphs(moonshine_run):

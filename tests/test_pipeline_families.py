@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tests.conftest import run_cli
 from tests.models import tiny_bert, tiny_t5, tiny_whisper
@@ -97,6 +98,39 @@ def test_the_device_option_overrides_the_recipe_in_the_export(bert_run):
     _, out, _ = bert_run
     target = next(t for t in json.loads((out / "report.json").read_text())["targets"] if t["name"] == "onnx-embedded")
     assert target["status"] == "passed" and target["device"] == "cpu", target.get("error")
+
+
+def test_the_plainest_encoder_decoder_generation_recipe_generates(tmp_path):
+    """`{"export_format": "dynamo", "mode": "generation"}` on Whisper declares no dynamic shape: the decode still
+    gets the cache axis generation grows (else it could run one step only), the report says so, the exported
+    encoder / prefill / decode generate eager's tokens, and the model card's `ExportedModel` snippet, run as written
+    against the target folder (with its feature extractor), generates them too."""
+    from exporters.publish.snippets import exported_model_snippet
+
+    model_dir = tiny_whisper(tmp_path / "model", [{"export_format": "dynamo", "mode": "generation"}],
+                             feature_extractor=True)
+    out = tmp_path / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    target = json.loads((out / "report.json").read_text())["targets"][0]
+    assert target["status"] == "passed", target["error"]
+    assert target["expected_components"] == ["encoder", "prefill", "decode"]
+    assert target["generation"]["status"] == "passed"
+    assert target["generation"]["exported_tokens"] == target["generation"]["eager_tokens"]
+    assert any("self-attention cache length axis is dynamic" in finding for finding in target["findings"])
+
+    snippet = exported_model_snippet("org/model", target)
+    where = f'"org/model", subfolder="exports/{target["name"]}"'
+    assert snippet.count(where) == 2 and "EncoderDecoderCache(DynamicCache(config=config)" in snippet, snippet
+    namespace: dict = {}
+    exec(snippet.replace(where, repr(str(out / target["name"]))), namespace)  # noqa: S102 - our snippet, our export
+    inputs = namespace["inputs"]
+    from transformers import AutoModelForSpeechSeq2Seq
+    eager = AutoModelForSpeechSeq2Seq.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        expected = eager.generate(input_features=inputs["input_features"], max_new_tokens=16, do_sample=False,
+                                  min_new_tokens=16)[0].tolist()
+    assert namespace["tokens"] == expected[-16:], (namespace["tokens"], expected)
 
 
 @pytest.fixture(scope="module")

@@ -24,10 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer, LinearAttentionCacheLayerMixin
 
 from exporters.capture.shapes import axis_specs, spec_key
 from exporters.errors import DecodeStepError, RecipeError, ShapeSpecError
+from exporters.recipe.model import ComponentOverride
 from exporters.upstream import leaf_tensors
 
 DEFAULT_MAX_CACHE_LEN = 2048
@@ -182,6 +183,51 @@ def _growing_leaves(decode_inputs: dict[str, Any]) -> dict[str, Any]:
     return grown
 
 
+GROWN_CACHE_NOTE = ("the decode's {what} length axis is dynamic (what generation grows: the recipe declared no "
+                     "dynamic shape for it, and a decode fixed at its traced cache length could not run a second "
+                     "step); everything else keeps its traced size")
+
+
+def default_decode_contract(target, components: dict[str, Any], setting: CacheSetting) -> str | None:
+    """Give a generation target's separate decode the one dynamic axis generation needs, when the recipe declares
+    no contract for it (`dynamic` unset or false, no `dynamic_shapes` at all): the length
+    axis of every cache tensor that grows a position per step. The plainest recipe of an encoder-decoder (Whisper,
+    T5) or of a `merged: false` decoder then generates instead of failing [`check_second_step`]. Returns the
+    report's note, or None when nothing was added.
+
+    Example:
+        >>> from exporters.recipe.load import parse_recipe
+        >>> target = parse_recipe('{"export_format": "onnx", "mode": "generation"}').exports[0]
+        >>> default_decode_contract(target, {}, CacheSetting("dynamic")) is None  # no decode captured
+        True
+    """
+    if target.mode != "generation" or "decode" not in components or setting.implementation == "static":
+        return None
+    spec, dynamic = _decode_contract(target)
+    if spec is not None or dynamic:  # a declared contract (even `{}`: nothing dynamic) is checked as declared
+        return None
+    grown = _growing_leaves(components["decode"][1])
+    if not grown:
+        return None
+    patterns = sorted({".".join("*" if part.isdigit() else part for part in path.split(".")) for path in grown})
+    override = target.components.get("decode")
+    shapes = {pattern: {str(grown_axis(grown, pattern)): "auto"} for pattern in patterns}
+    if override is None:
+        target.components["decode"] = ComponentOverride.model_validate({"dynamic_shapes": shapes})
+    else:
+        override.dynamic_shapes = shapes
+    what = "self-attention cache" if any("self_attention_cache" in p for p in patterns) else "cache"
+    return GROWN_CACHE_NOTE.format(what=what)
+
+
+def grown_axis(grown: dict[str, Any], pattern: str) -> int:
+    """The length axis (second to last) of the first grown tensor that `pattern` names."""
+    for path, tensor in grown.items():
+        if fnmatch.fnmatchcase(path, pattern):
+            return tensor.dim() - 2
+    return 2
+
+
 def check_second_step(target, components: dict[str, Any], setting: CacheSetting) -> None:
     """Raise `DecodeStepError` when the decode would be exported fixed at its traced cache length: it could run one
     step and never a second."""
@@ -219,6 +265,25 @@ def sliding_window_of(config: Any) -> int | None:
     if "sliding_attention" in (getattr(text, "layer_types", None) or []):
         return getattr(text, "sliding_window", None)
     return None
+
+
+def state_space_layers(config: Any) -> list[str]:
+    """The cache layer classes of the model's own cache (`DynamicCache(config=...)`) that hold conv or recurrent
+    states (Mamba, hybrids: `LinearAttentionLayer`, `LinearAttentionAndFullAttentionLayer`, ...), none for a cache of
+    keys and values alone.
+
+    Example:
+        >>> from transformers import FalconH1Config, LlamaConfig
+        >>> state_space_layers(FalconH1Config(num_hidden_layers=2))
+        ['LinearAttentionAndFullAttentionLayer']
+        >>> state_space_layers(LlamaConfig(num_hidden_layers=2))
+        []
+    """
+    try:
+        cache = DynamicCache(config=_decoder_config(config))
+    except Exception:  # noqa: BLE001 - a config transformers' cache cannot read: no state layers known
+        return []
+    return sorted({type(layer).__name__ for layer in cache.layers if isinstance(layer, LinearAttentionCacheLayerMixin)})
 
 
 def _decoder_config(config: Any) -> Any:

@@ -19,6 +19,12 @@ from exporters.capture.families import AUDIO_INPUTS, FAMILIES, default_mode, det
 from exporters.capture.multimodal import Preprocessor, load_preprocessor, processor_inputs, synthesize_vlm
 from exporters.recipe.model import InputsSpec
 
+# Moonshine's encoder downsamples a waveform's attention_mask by slicing it to its conv output length, which torch.export
+# fixes at the traced length (`Guard failed: attention_mask.size()[1] >= 14977`); without the mask the waveform axis
+# stays dynamic, and optimum's and transformers.js's Moonshine encoders take `input_values` alone.
+WAVEFORM_MASK_NOTE = ("sample inputs: the {name}'s attention_mask is left out of the encoder's inputs (all ones: "
+                      "nothing padded): a mask downsampled by slicing fixes the waveform length at export, the "
+                      "waveform alone keeps it dynamic (batch one waveform at a time, or pad with zeros)")
 WAVEFORM_SAMPLES = 16000  # one second at 16 kHz: a raw-waveform speech model's synthesized source
 
 __all__ = ["FAMILIES", "SampleInputs", "default_mode", "detect_family", "make_sample_inputs", "random_token_ids"]
@@ -181,6 +187,10 @@ def _from_preprocessor(model, pre: Preprocessor, spec: InputsSpec, family: str, 
     if family == "speech-seq2seq":
         decoder = torch.full((spec.batch_size, spec.decoder_sequence_length), _decoder_start(model), dtype=torch.long)
         encoder = {k: v for k, v in made.items() if k in (*AUDIO_INPUTS, "attention_mask")}
+        mask = encoder.get("attention_mask")
+        if "input_values" in encoder and isinstance(mask, torch.Tensor) and bool((mask == 1).all()):
+            del encoder["attention_mask"]  # nothing padded: the waveform alone says it all
+            pre.notes.append(WAVEFORM_MASK_NOTE.format(name=pre.name))
         return SampleInputs(family, {**encoder, "decoder_input_ids": decoder}, encoder, source)
     return SampleInputs(family, dict(made), dict(made), source)
 

@@ -28,6 +28,11 @@ from exporters.errors import TargetPlanError
 from exporters.upstream import llm_runner
 
 RUNNER, METHODS = "runner", "methods"
+# What loads a `methods` program (said in the report: neither LLM runtime does; docs/recipe.md)
+METHODS_NOTE = ("model.pte holds a method per component ({methods}), each taking and returning the cache: it runs in "
+                "ExecuTorch's runtime (Python `executorch.runtime`, C++ `Module`) with your own loop feeding the "
+                "cache, as validation ran it; ExecuTorch's LLM runner and optimum-executorch do not load it (they "
+                "need `forward(tokens, cache_position)` with the cache inside the program{hint})")
 # A program past this size cannot hold its weights inside (flatbuffer offsets are 32-bit).
 PTE_WEIGHTS_LIMIT = 2 * 1024**3
 
@@ -37,13 +42,21 @@ def layout_of(target: Any) -> str | None:
     return getattr(target, "layout", None) if target.export_format == "executorch" else None
 
 
+STATE_LAYERS = ("the model's cache has state-space layers ({kinds}): the runner program runs the whole prompt in "
+                "one call through their scan, which torch.export fixes at the traced length, and its static cache "
+                "holds key-value buffers only (docs/upstream-gaps.md #27)")
+
+
 def wants_runner(target: Any, family: str, cache_implementation: str, batch_size: int = 1,
-                 sliding_window: int | None = None, max_cache_len: int | None = None) -> bool:
+                 sliding_window: int | None = None, max_cache_len: int | None = None,
+                 state_layers: list[str] | None = None) -> bool:
     """Whether an ExecuTorch target is exported in the runner's layout: asked (`layout: "runner"`), or by default
     for a decoder-only generation target with a static cache at batch 1 and no component settings of the methods
     layout. A model with sliding-window layers shorter than its cache keeps the methods layout: the runner's static
     cache would roll those layers on a code path fixed at trace time (docs/upstream-gaps.md #9), while the methods
-    layout keeps them whole. Raises [`TargetPlanError`] when `"runner"` is asked for what it cannot hold."""
+    layout keeps them whole, and so does a model whose cache has state-space layers (`state_layers`:
+    [`exporters.capture.cache_settings.state_space_layers`]). Raises [`TargetPlanError`] when `"runner"` is asked
+    for what it cannot hold."""
     if target.export_format != "executorch" or target.mode != "generation":
         return False
     layout = layout_of(target)
@@ -64,6 +77,8 @@ def wants_runner(target: Any, family: str, cache_implementation: str, batch_size
     if sliding_window is not None and (max_cache_len is None or sliding_window < max_cache_len):
         reasons.append(f"the model has sliding-window layers (window {sliding_window}, shorter than the cache): the "
                        "runner program's static cache would roll them on one traced code path")
+    if state_layers:
+        reasons.append(STATE_LAYERS.format(kinds=", ".join(state_layers)))
     if target.backend != "xnnpack":
         reasons.append(f"backend {target.backend!r} (the runner layout is lowered for XNNPACK)")
     if not reasons:
@@ -72,6 +87,15 @@ def wants_runner(target: Any, family: str, cache_implementation: str, batch_size
         raise TargetPlanError(f"layout 'runner' cannot be exported: {'; '.join(reasons)}; use layout 'methods'",
                               option="layout")
     return False
+
+
+def methods_note(target: Any, state_layers: list[str]) -> list[str]:
+    """What the report says when an ExecuTorch generation target whose recipe leaves `layout` unset gets the methods
+    layout because the model's cache has state-space layers (nothing otherwise)."""
+    if target.export_format != "executorch" or target.mode != "generation" or layout_of(target) or not state_layers:
+        return []
+    return ["the ExecuTorch program has a method per component (layout 'methods'), not the LLM runner's layout: "
+            + STATE_LAYERS.format(kinds=", ".join(state_layers))]
 
 
 def custom_ops_of(target: Any) -> bool:

@@ -90,6 +90,15 @@ DEFAULT_DROPPED = ("prefill and decode are exported as separate graphs: the merg
                    "key-value cache, and this model's decode carries none (its cache is {kinds})")
 
 
+def default_dropped(components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -> str:
+    """Why the merged default does not apply to this capture, in words: its decode carries no key-value cache
+    ([`DEFAULT_DROPPED`]), or a hybrid's state-space scan ([`SCANS`])."""
+    kinds = cache_kinds(components)
+    if takes_cache(components):
+        return "prefill and decode are exported as separate graphs: " + SCANS.format(kinds=kinds)
+    return DEFAULT_DROPPED.format(kinds=kinds)
+
+
 def cache_kinds(components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -> str:
     """What the decode's cache holds, in words (`conv and recurrent states`, ...), for [`DEFAULT_DROPPED`]."""
     decode = components.get("decode")
@@ -114,15 +123,31 @@ def _merged_by_default(target, family: str, cache_implementation: str, config: A
     return target.export_format == "onnx" and dynamic
 
 
+KV_LEAVES = ("keys", "values")
+
+
 def cache_leaves(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The key/value tensors of the template's cache, by upstream leaf path (`cache.layers.0.keys`, ...)."""
+    """The key/value tensors of the template's cache, by upstream leaf path (`cache.layers.0.keys`, ...): the ones
+    whose sequence axis grows. A hybrid's conv and recurrent states (`cache.layers.0.recurrent_states.0`, 4-D in
+    Mamba2-style mixers) are not among them: see [`state_leaves`]."""
     key = cache_input_name(inputs)
     if key is None:
         return {}
-    return {path: tensor for path, tensor in leaf_tensors({key: inputs[key]}).items() if tensor.dim() == 4}
+    return {path: tensor for path, tensor in leaf_tensors({key: inputs[key]}).items()
+            if tensor.dim() == 4 and path.split(".")[-1] in KV_LEAVES}
 
 
-def contract(target, inputs: dict[str, Any]) -> ComponentOverride:
+def state_leaves(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The template cache's fixed-size tensors: a state-space or hybrid layer's conv and recurrent states
+    (`cache.layers.0.conv_states.0`, ...), whose shape does not change from step to step (only the batch)."""
+    key = cache_input_name(inputs)
+    if key is None:
+        return {}
+    kv = cache_leaves(inputs)
+    return {path: tensor for path, tensor in leaf_tensors({key: inputs[key]}).items() if path not in kv}
+
+
+def contract(target, inputs: dict[str, Any], query_axis: bool = True) -> ComponentOverride:
     """The dynamic-shape contract of the merged graph when the recipe gives none: the query axis of the token inputs
     (from 1) and the sequence axis of every cache tensor (from 0: the prompt runs on an empty cache), without an
     upper bound (the graph takes any length; a bound would be probed, and probing the model's whole context is
@@ -130,7 +155,8 @@ def contract(target, inputs: dict[str, Any]) -> ComponentOverride:
 
     ONNX and dynamo get named dims (the graph's input dims carry no spurious symbols, so runtimes can size an empty
     cache from them); ExecuTorch gets `"auto"` on the same axes, because named cache dims fail its edge verifier
-    (docs/upstream-gaps.md #4)."""
+    (docs/upstream-gaps.md #4). `query_axis=False`: the single-token decode's contract (the query axis stays 1;
+    `exporters.capture.stepped` feeds a hybrid's prompt through it from a cache of length 0)."""
     leaves = cache_leaves(inputs)
     if not leaves:
         raise TargetPlanError(
@@ -146,14 +172,41 @@ def contract(target, inputs: dict[str, Any]) -> ComponentOverride:
         past = {"name": PAST_DIM, "min": 0}
         batch = {"0": {"name": BATCH_DIM, "min": 1}}  # traced at 2 (`fit_to_contract`): a batch of 1 specializes
         deferred = True
-    spec: dict[str, Any] = {name: {**batch, "1": query} for name in QUERY_INPUTS
-                            if _is_query_input(inputs.get(name))}
+    token_axes = {**batch, "1": query} if query_axis else dict(batch)
+    spec: dict[str, Any] = {name: dict(token_axes) for name in QUERY_INPUTS
+                            if token_axes and _is_query_input(inputs.get(name))}
     if isinstance(inputs.get("attention_mask"), torch.Tensor):
         spec["attention_mask"] = {**batch, "1": "auto"}  # past + query: not expressible as one named dim
     for path in leaves:
         spec[path] = {**batch, "2": past}
+    for path in state_leaves(inputs) if batch else []:  # a hybrid's states: fixed, but batched like the rest
+        spec[path] = dict(batch)
     return ComponentOverride.model_validate(
         {"dynamic_shapes": spec, "prefer_deferred_runtime_asserts_over_guards": deferred})
+
+
+def scans(components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -> bool:
+    """Whether the capture's decode carries recurrent states (`cache.layers.0.recurrent_states.0`): a state-space
+    scan over the sequence (Mamba, Mamba2-style mixers of Falcon-H1, Bamba, Jamba, ...), which torch.export traces
+    at the sample's length (docs/upstream-gaps.md #27), so no graph that runs a whole prompt keeps that axis dynamic.
+    A conv-only cache (LFM2's short convolutions) does not count: a convolution keeps it."""
+    decode = components.get("decode")
+    return decode is not None and any("recurrent_states" in path.split(".") for path in state_leaves(decode[1]))
+
+
+SCANS = ("the merged graph runs the prompt through the decode's state-space scan, which torch.export fixes at the "
+         "traced length (this model's cache holds {kinds}; docs/upstream-gaps.md #27)")
+
+
+def with_contract(target, name: str, derived: ComponentOverride) -> None:
+    """`target.components[name]` set to the `derived` contract, keeping the recipe's tolerances and flags for it."""
+    override = target.components.get(name)
+    if override is not None:
+        derived.validation = override.validation
+        derived.strict = override.strict
+        if override.prefer_deferred_runtime_asserts_over_guards is not None:
+            derived.prefer_deferred_runtime_asserts_over_guards = override.prefer_deferred_runtime_asserts_over_guards
+    target.components[name] = derived
 
 
 def _is_query_input(value: Any) -> bool:
@@ -166,18 +219,15 @@ def plan(target, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]):
     if "decode" not in components:
         raise TargetPlanError(f"the merged graph is upstream's multi-token decode, but the capture has "
                               f"{list(components)}: set `merged` to false", option="merged")
+    if takes_cache(components) and scans(components):  # a hybrid (a cache of states alone has its own error)
+        raise TargetPlanError(SCANS.format(kinds=cache_kinds(components)) + ": set `merged` to false (a dynamic "
+                              "prompt is then stepped through the decode graph)", option="merged")
     module, inputs = components["decode"]
     if target.export_format == "onnx":  # what ONNX runtimes feed (a dynamo guard on its length fails past=0)
         inputs = with_padding_mask(inputs)
     override = target.components.get(MERGED)
     if (override is None or override.dynamic_shapes is None) and not target.dynamic_shapes:
-        derived = contract(target, inputs)
-        if override is not None:  # keep the recipe's tolerances and flags
-            derived.validation = override.validation
-            derived.strict = override.strict
-            if override.prefer_deferred_runtime_asserts_over_guards is not None:
-                derived.prefer_deferred_runtime_asserts_over_guards = override.prefer_deferred_runtime_asserts_over_guards
-        target.components[MERGED] = derived
+        with_contract(target, MERGED, contract(target, inputs))
     return {MERGED: (module, inputs)}
 
 
@@ -226,6 +276,7 @@ def empty_cache(cache: Any, batch: int | None = None) -> Any:
     an abort)."""
     empty = copy.deepcopy(cache)
     for layer in getattr(empty, "layers", []):
+        _zero_states(layer, batch)
         for name in ("keys", "values"):
             tensor = getattr(layer, name, None)
             if isinstance(tensor, torch.Tensor) and tensor.dim() == 4:
@@ -236,6 +287,19 @@ def empty_cache(cache: Any, batch: int | None = None) -> Any:
                 setattr(layer, name, torch.empty(shape, dtype=tensor.dtype, device=tensor.device))
     sync_cache_lengths({"cache": empty})  # a layer that counts its tokens now holds none
     return empty
+
+
+def _zero_states(layer: Any, batch: int | None) -> None:
+    """A hybrid layer's conv and recurrent states zeroed (what a prompt starts from: the causal conv pads with zeros,
+    the scan starts from zeros), with `batch` rows when given."""
+    for name in ("conv_states", "recurrent_states"):
+        states = getattr(layer, name, None)
+        for index, tensor in (states.items() if isinstance(states, dict) else []):
+            if isinstance(tensor, torch.Tensor):
+                shape = list(tensor.shape)
+                if batch is not None:
+                    shape[0] = batch
+                states[index] = torch.zeros(shape, dtype=tensor.dtype, device=tensor.device)
 
 
 def prompt_inputs(template: dict[str, Any], ids: torch.Tensor) -> dict[str, Any]:

@@ -89,18 +89,24 @@ def _set_leaf(inputs: dict[str, Any], path: str, value: torch.Tensor) -> None:
     node: Any = inputs
     for part in parts[:-1]:
         if isinstance(node, dict):
-            node = node[part]
+            node = node[_dict_key(node, part)]
         elif isinstance(node, (list, tuple)):
             node = node[int(part)]
         else:
             node = getattr(node, part)
     last = parts[-1]
     if isinstance(node, dict):
-        node[last] = value
+        node[_dict_key(node, last)] = value
     elif isinstance(node, list):
         node[int(last)] = value
     else:
         setattr(node, last, value)
+
+
+def _dict_key(node: dict, part: str) -> Any:
+    """The key of `node` that leaf path component `part` names: a state-space layer keys its states by int
+    (`conv_states[0]`), which the dotted path spells `"0"`."""
+    return int(part) if part not in node and part.isdigit() and int(part) in node else part
 
 
 @dataclass
@@ -113,11 +119,13 @@ class DimBinding:
     axes: list[tuple[str, int]]
     traced: int
     declared: bool = True  # a named dim of the recipe (False: the sequence axis of `dynamic: true`)
+    positional: bool = True  # bounded by the model's positions (not a waveform's samples)
 
 
 def dim_bindings(spec: dict[str, Any] | None, inputs: dict[str, Any], dynamic: bool, family: str) -> list[DimBinding]:
     """The dynamic dims of a component: named dims from the recipe, or for `dynamic: true` the sequence axis of
-    text inputs (the axis users vary; batch is specialized at size 1 by `Dim.AUTO`)."""
+    text inputs, or the sample axis of a raw waveform (from half the traced length: a waveform shorter than the
+    model's conv stack is no input) — the axes users vary; batch is specialized at size 1 by `Dim.AUTO`."""
 
     leaves = _leaves(inputs)
     bindings: dict[str, DimBinding] = {}
@@ -143,6 +151,12 @@ def dim_bindings(spec: dict[str, Any] | None, inputs: dict[str, Any], dynamic: b
             axes += [(p, 2) for p, t in leaves.items() if family == "vision-language" and p.endswith("mask")
                      and t.dim() == 4 and t.shape[2] == seq and t.shape[3] != seq]
             return [DimBinding("sequence (dynamic: true)", None, None, axes, seq, declared=False)]
+    waveform = leaves.get("input_values")
+    if dynamic and family in ("audio", "speech-seq2seq") and waveform is not None and waveform.dim() == 2:
+        samples = int(waveform.shape[1])  # a raw waveform's length: what users vary (one clip, then another)
+        axes = [(p, 1) for p, t in leaves.items() if t.dim() == 2 and t.shape[1] == samples]
+        return [DimBinding("samples (dynamic: true)", samples // 2, None, axes, samples, declared=False,
+                           positional=False)]
     return []
 
 
@@ -150,7 +164,7 @@ def probe_sizes(binding: DimBinding, max_positions: int | None) -> list[int]:
     """Lower bound, a value in between and the upper bound of a dim (sizes it was not traced with)."""
     low = binding.low if binding.low is not None else 2
     high = binding.high if binding.high is not None else binding.traced * 2 + 3
-    if max_positions is not None:
+    if max_positions is not None and binding.positional:
         high = min(high, max_positions)
     sizes = [low, (low + high) // 2, high]
     floor = 0 if binding.low == 0 else 1  # a declared minimum of 0 (an empty cache) is probed too

@@ -1,13 +1,18 @@
-"""The prompt through the decode graph, one token at a time (#30): the generation layout of a state-space model
-whose prefill cannot keep a dynamic sequence axis.
+"""The prompt through the decode graph, one token at a time (#30): the generation layout of a state-space or hybrid
+model whose prefill cannot keep a dynamic sequence axis.
 
-Mamba's cache holds per-layer conv and recurrent states, no key-value tensors, and its scan is a Python loop over the
-sequence that torch.export traces at the sample's length (docs/upstream-gaps.md #27): a `dynamic: true` prefill
-would be fixed to the traced prompt length. Its decode, though, takes one token and the states and returns the next
-states, and from zeroed states it computes exactly what the prefill does (the conv pads the sequence with zeros on
-the left, and the scan starts from zeros). So when the recipe asks for a dynamic prompt and the capture shows a cache
-of states only, the target exports only `decode`, and a prompt of any length is fed to it one token at a time from
-[`zeroed_cache`]: chosen automatically, and said in the report ([`STEPPED_NOTE`]).
+Mamba's cache holds per-layer conv and recurrent states; a hybrid's (Falcon-H1, Bamba, Jamba, Zamba2, Granite-4
+hybrids) holds those and its attention layers' keys and values. Without the CUDA kernels the scan over the sequence
+is traced at the sample's length: Mamba's is a Python loop, Mamba2's chunked scan reshapes the padded sequence into
+chunks, and torch.export fixes the number of chunks (docs/upstream-gaps.md #27). A `dynamic: true` prefill would be
+fixed to the traced prompt length, and so would the merged graph, which runs the prompt through the same scan. The
+single-token decode, though, takes one token, the states and the key-value cache and returns the next ones, and from
+zeroed states and an empty key-value cache it computes exactly what the prefill does (the conv pads the sequence
+with zeros on the left, the scan starts from zeros, attention sees the tokens fed so far). So when the recipe asks
+for a dynamic prompt and the capture's decode carries recurrent states ([`exporters.capture.merged.scans`]), the
+target exports only `decode` (a hybrid's with the key-value axis dynamic from 0: [`plan`]), and a prompt of any
+length is fed to it one token at a time from [`zeroed_cache`]: chosen automatically, and said in the report
+([`note`]).
 
 Example:
     >>> import torch
@@ -17,12 +22,11 @@ Example:
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 
-from exporters.capture.merged import takes_cache
+from exporters.capture.merged import cache_kinds, cache_leaves, contract, empty_cache, scans, with_contract
 from exporters.capture.steps import cache_input_name
 from exporters.upstream import leaf_tensors
 
@@ -30,13 +34,18 @@ STEPPED = ["decode"]
 STEPPED_NOTE = ("the prompt is fed to the decode graph one token at a time from zeroed states (what the prefill "
                 "computes): this model's cache holds {kinds}, no key-value tensors, and its prefill cannot keep a "
                 "dynamic sequence axis (docs/upstream-gaps.md #27), so only `decode` is exported")
+HYBRID_NOTE = ("the prompt is fed to the decode graph one token at a time from zeroed states and an empty key-value "
+               "cache (what the prefill computes): this model's cache holds {kinds} (a hybrid: state-space and "
+               "attention layers), and the state-space scan of a prefill or merged graph cannot keep a dynamic "
+               "sequence axis (docs/upstream-gaps.md #27), so only `decode` is exported, its key-value axis dynamic "
+               "from 0")
 
 
 def wants_stepped(target, family: str, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -> bool:
     """Whether `target` exports the decode alone, the prompt stepped through it: a generation target of a decoder-only
     model that asks for a dynamic prompt (`dynamic: true`, or `dynamic_shapes` on the prefill), whose captured decode
-    carries a cache of states and no key-value tensors, and whose recipe names no `prefill` (in `components` or
-    `expected_components`: then the prefill is exported as asked, and its contract checked)."""
+    carries recurrent states (a scan over the sequence: [`scans`]), and whose recipe names no `prefill` (in
+    `components` or `expected_components`: then the prefill is exported as asked, and its contract checked)."""
     if target.mode != "generation" or family != "text" or not {"prefill", "decode"} <= set(components):
         return False
     if "prefill" in target.components or "prefill" in (target.expected_components or []):
@@ -45,17 +54,31 @@ def wants_stepped(target, family: str, components: dict[str, tuple[torch.nn.Modu
     decode = components["decode"][1]
     key = cache_input_name(decode)
     states = key is not None and bool(leaf_tensors({key: decode[key]}))
-    return dynamic_prompt and states and not takes_cache(components)
+    return dynamic_prompt and states and scans(components)
 
 
-def plan(components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]):
-    """The stepped component set: `{"decode": ...}`."""
-    return {name: components[name] for name in STEPPED}
+def note(components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -> str:
+    """What the report says of a stepped target: its cache, and why only `decode` is exported."""
+    hybrid = bool(cache_leaves(components["decode"][1]))
+    return (HYBRID_NOTE if hybrid else STEPPED_NOTE).format(kinds=cache_kinds(components))
 
 
-def zeroed_cache(cache: Any) -> Any:
-    """A copy of `cache` whose every tensor is zero (the state a prompt starts from)."""
-    zeroed = copy.deepcopy(cache)
+def plan(target, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]):
+    """The stepped component set: `{"decode": ...}`. A hybrid's decode, when the recipe gives it no contract, gets
+    the merged graph's without the query axis (`exporters.capture.merged.contract`): the key-value axis dynamic from
+    0 (the first prompt token runs on an empty cache) and the batch named on every input, states included."""
+    stepped = {name: components[name] for name in STEPPED}
+    inputs = stepped["decode"][1]
+    override = target.components.get("decode")
+    if cache_leaves(inputs) and (override is None or override.dynamic_shapes is None) and not target.dynamic_shapes:
+        with_contract(target, "decode", contract(target, inputs, query_axis=False))
+    return stepped
+
+
+def zeroed_cache(cache: Any, batch: int | None = None) -> Any:
+    """A copy of `cache` whose every state is zero and whose key-value tensors hold no position (what a prompt starts
+    from), with `batch` rows when given."""
+    zeroed = empty_cache(cache, batch)
     for tensor in leaf_tensors(zeroed).values():
         tensor.zero_()
     return zeroed

@@ -18,6 +18,7 @@ import torch
 
 from exporters import upstream
 from exporters.capture.components import GLUE_FILE, cache_setting_for, generation_config_for, write_glue
+from exporters.capture.llm_runner import METHODS_NOTE
 from exporters.capture.shapes import build_dynamic_shapes
 from exporters.errors import ShapeSpecError
 from exporters.export import onnx_files
@@ -141,6 +142,9 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
         if glue:
             notes.append(f"{GLUE_FILE} holds {glue}: weights the model's forward reads itself between its graphs "
                          "(a runtime's glue code needs them too); parity reads them from this file")
+    if target.export_format == "executorch" and target.mode == "generation" \
+            and getattr(target, "layout", None) != "runner":
+        notes.append(methods_note(target, components))
     complete_folder(directory, source_dir or model_folder(model), notes)  # the folder loads alone
     return outcome
 
@@ -285,3 +289,12 @@ def release_weights(model) -> None:
     except Exception:  # a model that cannot move keeps its weights: more memory, same results
         return
     gc.collect()
+
+
+def methods_note(target, components: Components) -> str:
+    """The report's word on which runtime loads an ExecuTorch generation program with a method per component."""
+    names = list(components)
+    hint = ("; for an encoder-decoder, optimum-executorch writes methods `encoder` and `text_decoder`"
+            if "encoder" in names else "; `layout: \"runner\"` writes that program for a decoder-only model"
+            if names in (["prefill", "decode"], ["model"]) else "")
+    return METHODS_NOTE.format(methods=", ".join(names), hint=hint)

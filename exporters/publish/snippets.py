@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from exporters.publish.plan import EXPORTS_DIR
 
-__all__ = ["RUNTIME_SNIPPETS", "exported_model_snippet", "proven_runtimes", "target_snippets", "traced_inputs"]
+__all__ = ["RUNTIME_SNIPPETS", "component_inputs", "exported_model_snippet", "proven_runtimes", "target_snippets", "traced_inputs"]
 
 # Formats whose programs are pickled (torch.export .pt2): loading them runs code, so it needs trust_remote_code.
 NEEDS_TRUST = ("dynamo",)
@@ -148,6 +148,62 @@ def traced_inputs(target: dict[str, Any]) -> list[str]:
     return []
 
 
+def component_inputs(target: dict[str, Any], name: str) -> dict[str, list[int]]:
+    """`{input: traced shape}` of one component's traced probe (top-level names: `encoder_outputs`, not its
+    leaves); empty when the report holds none."""
+    for component in target.get("components") or []:
+        if isinstance(component, dict) and component.get("name") == name:
+            for check in component.get("checks") or []:
+                if isinstance(check, dict) and check.get("probe") == "traced" and isinstance(check.get("shapes"), dict):
+                    return {str(key).split(".")[0]: list(shape) for key, shape in check["shapes"].items()}
+    return {}
+
+
+AUDIO_SOURCES = ("input_features", "input_values")
+
+
+def _encoder_decoder_snippet(where: str, trust: str, target: dict[str, Any]) -> str:
+    """An encoder-decoder's generation loop: the encoder once on the folder's feature extractor (or tokenizer)
+    output, the prefill on the decoder start token with an empty `EncoderDecoderCache` (one layer per decoder layer,
+    as traced), then the decode a token at a time on the cache it returns."""
+    encoder = component_inputs(target, "encoder")
+    prefill = component_inputs(target, "prefill")
+    audio = [name for name in encoder if name in AUDIO_SOURCES]
+    imports = ["import torch", "from transformers import DynamicCache, EncoderDecoderCache"]
+    if audio:
+        imports[:0] = ["import numpy as np"]
+        imports.append("from transformers import AutoFeatureExtractor")
+        prepare = [f"extractor = AutoFeatureExtractor.from_pretrained({where})",
+                   "waveform = np.zeros(extractor.sampling_rate, dtype=np.float32)  # your audio, at this rate",
+                   'inputs = extractor(waveform, sampling_rate=extractor.sampling_rate, return_tensors="pt")']
+    else:
+        imports.append("from transformers import AutoTokenizer")
+        length = (encoder.get("input_ids") or [1, 0])[-1]
+        dynamic = any(c.get("probe") != "traced" and c.get("verdict") == "passed"
+                      for component in target.get("components") or [] if component.get("name") == "encoder"
+                      for c in component.get("checks") or [])
+        padding = "" if dynamic else f', padding="max_length", max_length={length}, truncation=True  # as traced'
+        prepare = [f"tokenizer = AutoTokenizer.from_pretrained({where})",
+                   f'inputs = tokenizer([{json.dumps(PROMPT)}], return_tensors="pt"{padding})']
+    feed = ", ".join(f"{name}=inputs[{name!r}]" for name in encoder)
+    mask = ', attention_mask=inputs["attention_mask"]' if "attention_mask" in prefill else ""
+    return "\n".join([
+        *imports, "from transformers.exporters import ExportedModel", "",
+        f"model = ExportedModel.from_pretrained({where}{trust})", "config = model.config", *prepare,
+        f'encoded = model.runners["encoder"]({feed})',
+        "# a self-attention and a cross-attention cache, one layer per decoder layer: not a bare DynamicCache()",
+        "cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))",
+        "token = torch.tensor([[config.decoder_start_token_id]])",
+        f'step = model.runners["prefill"](decoder_input_ids=token, encoder_outputs=encoded{mask}, cache=cache)',
+        "tokens = []",
+        "for _ in range(16):",
+        "    token = step.logits[:, -1:].argmax(-1)",
+        "    tokens.append(token.item())",
+        f'    step = model.runners["decode"](decoder_input_ids=token, encoder_outputs=encoded{mask}, '
+        "cache=step.cache)",
+        "print(tokens)"])
+
+
 def _single_graph_snippet(where: str, trust: str, names: list[str]) -> str:
     """A non-generation graph called with exactly the inputs it was traced with (an ONNX graph refuses a call that
     lacks one: BERT's `token_type_ids`), prepared by the folder's own tokenizer or image processor."""
@@ -183,6 +239,8 @@ def exported_model_snippet(repo_id: str, target: dict[str, Any], revision: str |
     components = target.get("expected_components") or []
     if target.get("mode") != "generation":
         return _single_graph_snippet(where, trust, traced_inputs(target))
+    if "encoder" in components and "prefill" in components:
+        return _encoder_decoder_snippet(where, trust, target)
     lines = ["import torch", "from transformers import AutoTokenizer, DynamicCache",
              "from transformers.exporters import ExportedModel", "",
              f"model = ExportedModel.from_pretrained({where}{trust})",

@@ -31,7 +31,7 @@ class MergedSetting(BaseModel):
         "prefill + decode. Default: true for dynamo targets, and ONNX targets with dynamic shapes, of decoder-only "
         "models with a dynamic key-value cache whose layers all keep one cache length (no sliding-window mix) and no "
         "prefill/decode components; false otherwise (and for models whose decode has no key-value cache, such as "
-        "Mamba).",
+        "Mamba, or carries a state-space scan's recurrent states, such as the hybrid Falcon-H1).",
     )
 
     @model_validator(mode="after")

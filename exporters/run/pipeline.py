@@ -124,29 +124,34 @@ class _Export:
 def _export_and_validate(targets: list[Target], context: RunContext, options: RunOptions) -> list[TargetResult]:
     """Export the targets, up to `jobs` at a time in child processes, and validate each from disk.
 
-    Every child is forked before the first validation starts: the children fork from a parent that has not yet
-    loaded ONNX Runtime sessions or ExecuTorch programs (so no runtime's threads or memory are forked); validation
-    then overlaps with the exports still running.
+    A target's child starts as soon as its components are captured, so the first export overlaps the captures of
+    the others. Every child is forked before the first validation starts: the children fork from a parent that has
+    not yet loaded ONNX Runtime sessions or ExecuTorch programs (so no runtime's threads or memory are forked);
+    validation then overlaps with the exports still running.
     """
     workbench = Workbench.load(context, options, targets)
     calibration = workbench.calibration(targets, context.recipe)
     if options.bench:
         warm_up()
     results: list[TargetResult] = []
+    jobs = options.jobs or default_jobs(weight_bytes=workbench.weights.bytes(), targets=len(targets))
+    context.jobs = jobs
+    pending, running, exported, validated = [], [], [], []  # of _Export: planned, exporting, to validate, done
+
+    def start_free_slots() -> None:
+        while pending and len(running) < jobs:
+            running.append(_start(pending.pop(0), workbench, context, options, progress, calibration))
+
     with Progress(options.progress) as progress:
-        planned = []
         for target in targets:
             target = workbench.plan(target)
             item = _Export(target, _new_result(target, context, options))
             results.append(item.result)
             if _prepare(item, workbench, context, options, progress):
-                planned.append(item)
-        jobs = options.jobs or default_jobs(weight_bytes=workbench.weights.bytes(), targets=len(planned))
-        context.jobs = jobs
-        pending, running, exported, validated = list(planned), [], [], []
+                pending.append(item)
+                start_free_slots()
         while pending or running or exported:
-            while pending and len(running) < jobs:
-                running.append(_start(pending.pop(0), workbench, context, options, progress, calibration))
+            start_free_slots()
             if exported and not pending:
                 validated.append(exported.pop(0))  # on the cores the running exports leave; the last frees the weights
                 with threads_left(busy=len(running)):

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from exporters.capture import llm_runner, merged, stepped
-from exporters.capture.cache_settings import check_second_step, max_positions, sliding_window_of
+from exporters.capture.cache_settings import (check_second_step, default_decode_contract, max_positions,
+                                              sliding_window_of, state_space_layers)
 from exporters.capture.components import cache_setting_for, decompose, generation_config_for, minimum_components
 from exporters.capture.families import detect_family
 from exporters.capture.inputs import SampleInputs, default_mode, make_sample_inputs
@@ -101,8 +102,9 @@ class Workbench:
 
         if target.name not in self.fitted:
             setting = self.cache_setting(target, recipe)
+            state_layers = state_space_layers(self.model.config)
             if llm_runner.wants_runner(target, self.sample.family, setting.implementation, recipe.inputs.batch_size,
-                                       sliding_window_of(self.model.config), setting.max_cache_len):
+                                       sliding_window_of(self.model.config), setting.max_cache_len, state_layers):
                 target.layout = llm_runner.RUNNER  # one program in the runner's contract: no decomposition
                 key = (llm_runner.RUNNER, setting)
                 if key not in self.decompositions:
@@ -114,19 +116,20 @@ class Workbench:
             target.merged = merged.wants_merged(target, self.sample.family, setting.implementation,
                                                  self.model.config)
             captured = self._captured(target, recipe, setting)
-            dropped = []
-            if target.merged and asked is None and not merged.takes_cache(captured):  # a default it cannot have
-                dropped = [merged.DEFAULT_DROPPED.format(kinds=merged.cache_kinds(captured))]
+            layout_notes, dropped = llm_runner.methods_note(target, state_layers), []
+            if target.merged and asked is None and (not merged.takes_cache(captured) or merged.scans(captured)):
+                dropped = [merged.default_dropped(captured)]  # a default it cannot have
                 target.merged = False
                 captured = self._captured(target, recipe, setting)
             if target.merged:  # one graph: upstream's multi-token decode, with its contract
                 captured = merged.plan(target, captured)
             elif stepped.wants_stepped(target, self.sample.family, captured):  # a prefill that cannot be dynamic
-                dropped = [stepped.STEPPED_NOTE.format(kinds=merged.cache_kinds(captured))]  # says it all
+                dropped = [stepped.note(captured)]  # says it all
                 self.stepped.add(target.name)
-                captured = stepped.plan(captured)
+                captured = stepped.plan(target, captured)
+            grown = default_decode_contract(target, captured, setting)  # the plainest recipe still generates
             fitted, notes = self._fit(target, captured, recipe)
-            notes = dropped + notes
+            notes = layout_notes + dropped + ([grown] if grown else []) + notes
             check_second_step(target, fitted, setting)
             self.fitted[target.name] = (fitted, notes + self._cache_notes(target, setting))
         return self.fitted[target.name][0]

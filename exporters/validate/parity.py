@@ -145,13 +145,13 @@ def _decoder_only(model, components, runners, generate_inputs, greedy: Greedy, t
 
 
 def _stepped_prompt(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
-    """The prompt fed to the exported decode one token at a time from zeroed states (`exporters.capture.stepped`),
-    then every generated token."""
+    """The prompt fed to the exported decode one token at a time from zeroed states and an empty key-value cache
+    (`exporters.capture.stepped`), then every generated token."""
     template = components["decode"][1]
     key = cache_input_name(template)
     ids = generate_inputs["input_ids"]
     stepper = DecodeStepper(runners["decode"], template)
-    cache = zeroed_cache(template[key])
+    cache = zeroed_cache(template[key], ids.shape[0])
     out: dict[str, Any] = {}
     for position in range(ids.shape[1]):
         out = stepper(ids[:, position], position, cache)
