@@ -23,7 +23,8 @@ already have optimum's names.
 The protobufs are rewritten in place (weights untouched, the external-data file renamed with its graph) and
 `export.json` records, for each component, its new file and which upstream leaf each graph input is, so
 `exporters.upstream.load_exported` still validates the renamed graphs (`RenamedRunner`). The component names
-(`encoder`, `prefill`, `decode`) stay: they are the report's.
+(`encoder`, `prefill`, `decode`) stay: they are the report's. `exporters.export.seq2seq_merged` then merges the two
+decoders into `decoder_model_merged.onnx`, the one decoder file the folder keeps.
 
 Example:
     >>> optimum_name("input.cache.cross_attention_cache.layers.1.values", output=False)
