@@ -330,6 +330,66 @@ def test_transformers_js_t5_generates_what_eager_generates(t5, t5_eager, tmp_pat
     assert [got[-NEW_TOKENS:]] == t5_eager
 
 
+def _decoder_pair(folder: Path):
+    """Two hand-built decoders as two traces name them: the no-past one's `w` is the with-past one's `v`, its `w`
+    other bytes, and its `h` (a node output) the name of the no-past one's initializer; the big weights in one
+    external file, as `share_external_data` leaves them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    shared, other = rng.standard_normal((4, 4)).astype(np.float32), rng.standard_normal((4, 4)).astype(np.float32)
+    data = folder / "weights.data"
+    data.write_bytes(shared.tobytes() + other.tobytes())
+
+    def external(name: str, offset: int):
+        tensor = numpy_helper.from_array(np.zeros((4, 4), np.float32), name)
+        tensor.ClearField("raw_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", data.name), ("offset", str(offset)), ("length", "64")):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        return tensor
+
+    x = helper.make_tensor_value_info("input_ids", TensorProto.FLOAT, [1, 4])
+    past = helper.make_tensor_value_info("past_key_values.0.decoder.key", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4])
+    no_past = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["input_ids", "h"], ["logits"])], "no_past", [x], [y], [external("h", 0)]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    with_past = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["input_ids", "v"], ["h"]), helper.make_node("MatMul", ["h", "w"], ["a"]),
+         helper.make_node("Add", ["a", "past_key_values.0.decoder.key"], ["logits"])], "with_past", [x, past], [y],
+        [external("v", 0), external("w", 64)]), opset_imports=[helper.make_opsetid("", 17)])
+    return no_past, with_past, shared, other
+
+
+def test_merging_two_decoders_stores_equal_weights_once_and_runs_both_branches(tmp_path):
+    """`merge_decoders` on two graphs whose names clash: the weight both hold (under other names) is stored once,
+    no outer name shadows a branch's value, and each branch computes what its decoder computes."""
+    import onnx
+    import onnxruntime as ort
+
+    from exporters.export.seq2seq_merged import merge_decoders
+
+    no_past, with_past, shared, other = _decoder_pair(tmp_path)
+    merged = merge_decoders(no_past, with_past, tmp_path)
+    onnx.save_model(merged, str(tmp_path / "merged.onnx"))
+    onnx.checker.check_model(str(tmp_path / "merged.onnx"), full_check=True)
+    outer = {t.name: {e.key: e.value for e in t.external_data}["offset"] for t in merged.graph.initializer}
+    assert sorted(outer.values()) == ["0", "64"]  # two distinct weights, from three initializers
+    branch_values = {o for a in merged.graph.node[0].attribute for n in a.g.node for o in n.output}
+    assert not set(outer) & branch_values  # the with-past branch's `h` is not shadowed by the outer weight
+    assert [v.name for v in merged.graph.input] == ["input_ids", "past_key_values.0.decoder.key", "use_cache_branch"]
+    session = ort.InferenceSession(str(tmp_path / "merged.onnx"))
+    x = np.arange(4, dtype=np.float32)[None] / 4
+    add = np.full((1, 4), 0.5, np.float32)
+    feed = {"input_ids": x, "past_key_values.0.decoder.key": add}
+    first = session.run(None, {**feed, "use_cache_branch": np.array([False])})[0]
+    later = session.run(None, {**feed, "use_cache_branch": np.array([True])})[0]
+    np.testing.assert_allclose(first, x @ shared, rtol=1e-6)
+    np.testing.assert_allclose(later, x @ shared @ other + add, rtol=1e-5)
+
+
 def test_a_decode_graph_with_a_fixed_past_keeps_upstreams_names_and_says_why(tmp_path):
     """A static cache fixes the decode graph's past length, which optimum cannot feed: the files and names stay
     upstream's, and the report says why."""
