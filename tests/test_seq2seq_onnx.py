@@ -1,14 +1,18 @@
-"""#26: an ONNX encoder-decoder generation target (Whisper, T5) in the files and names optimum loads
-(`exporters/export/seq2seq_names.py`): `encoder_model.onnx`, `decoder_model.onnx`, `decoder_with_past_model.onnx`,
-exported once per model through the real CLI, validated by our own loop on the renamed graphs, and loaded from the
-target folder alone by optimum's `ORTModelForSpeechSeq2Seq` / `ORTModelForSeq2SeqLM` (the optimum test venv,
-transformers 4.57), whose greedy tokens must be eager's.
+"""#26: an ONNX encoder-decoder generation target (Whisper, T5) in the files and names optimum and transformers.js
+load: `encoder_model.onnx` + `decoder_model_merged.onnx` (`exporters/export/seq2seq_names.py`, the two traced
+decoders merged into one graph with a `use_cache_branch` `If`, weights once: `exporters/export/seq2seq_merged.py`),
+and the same under `onnx/` for the transformers.js layout. Exported once per model through the real CLI (both layouts
+in one run), validated by our own loop on the merged graph (both branches), loaded from the target folder alone by
+optimum's `ORTModelForSpeechSeq2Seq` / `ORTModelForSeq2SeqLM` (the optimum test venv, transformers 4.57) and by
+transformers.js on Node.js, whose greedy tokens must be eager's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,11 +24,17 @@ from exporters.publish.snippets import target_snippets
 from tests.conftest import ROOT, run_cli
 from tests.models import tiny_t5, tiny_whisper
 
-RECIPE = {"export_format": "onnx", "mode": "generation", "dynamic": True}
+TARGET = {"export_format": "onnx", "mode": "generation", "dynamic": True}
+RECIPE = {"exports": [{"name": "onnx", **TARGET}, {"name": "tjs", **TARGET, "layout": "transformers.js"}]}
 NEW_TOKENS = 8
 LAYERS = 2  # two decoder layers: optimum feeds the past by position, layer by layer
-FILES = {"encoder": "encoder_model.onnx", "prefill": "decoder_model.onnx", "decode": "decoder_with_past_model.onnx"}
+MERGED = "decoder_model_merged.onnx"
+FILES = {"encoder": "encoder_model.onnx", "prefill": MERGED, "decode": MERGED}
+TJS_FILES = {name: f"onnx/{file}" for name, file in FILES.items()}
 OPTIMUM_SCRIPT = Path(__file__).with_name("optimum") / "seq2seq.py"
+TJS_SCRIPT = Path(__file__).with_name("transformers_js") / "seq2seq.mjs"
+AUDIO = (np.random.default_rng(0).standard_normal(8000) * 0.1).astype(np.float32).tolist()
+TEXT_IDS = [[70, 12, 5]]
 
 
 def _past(prefix: str) -> list[str]:
@@ -37,7 +47,10 @@ def _export(root: Path, build, **options) -> dict:
     out = root / "out"
     result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     assert result.returncode == 0, result.stdout + result.stderr
-    return {"model_dir": model_dir, "folder": out / "onnx", "report": json.loads((out / "report.json").read_text())}
+    report = json.loads((out / "report.json").read_text())
+    targets = {target["name"]: target for target in report["targets"]}
+    return {"model_dir": model_dir, "out": out, "folder": out / "onnx", "tjs": out / "tjs", "targets": targets,
+            "target": targets["onnx"]}
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +63,39 @@ def t5(tmp_path_factory):
     return _export(tmp_path_factory.mktemp("t5-optimum"), tiny_t5)
 
 
+GREEDY = {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS, "do_sample": False, "num_beams": 1}
+
+
+def _varied(tokens: list[list[int]]) -> list[list[int]]:
+    """The last NEW_TOKENS of each row, checked to vary: a model that repeats one token could hide a wrong past."""
+    new = [row[-NEW_TOKENS:] for row in tokens]
+    assert all(len(set(row)) > 2 for row in new), new
+    return new
+
+
+@pytest.fixture(scope="module")
+def whisper_eager(whisper) -> list[list[int]]:
+    """Eager transformers' greedy tokens for AUDIO (the last NEW_TOKENS)."""
+    from transformers import AutoFeatureExtractor, WhisperForConditionalGeneration
+
+    extractor = AutoFeatureExtractor.from_pretrained(whisper["model_dir"])
+    features = extractor(AUDIO, sampling_rate=extractor.sampling_rate, return_tensors="pt").input_features
+    model = WhisperForConditionalGeneration.from_pretrained(whisper["model_dir"]).eval()
+    with torch.no_grad():
+        return _varied(model.generate(input_features=features, **GREEDY).tolist())
+
+
+@pytest.fixture(scope="module")
+def t5_eager(t5) -> list[list[int]]:
+    """Eager transformers' greedy tokens for TEXT_IDS (the last NEW_TOKENS)."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(t5["model_dir"]).eval()
+    ids = torch.tensor(TEXT_IDS)
+    with torch.no_grad():
+        return _varied(model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **GREEDY).tolist())
+
+
 def _graph(path: Path) -> tuple[list[str], list[str]]:
     import onnx
 
@@ -57,38 +103,102 @@ def _graph(path: Path) -> tuple[list[str], list[str]]:
     return [v.name for v in proto.graph.input], [v.name for v in proto.graph.output]
 
 
+def _external_ranges(path: Path) -> list[tuple[str, int, int]]:
+    """(file, offset, length) of every external tensor of the graph at `path`, subgraphs included."""
+    import onnx
+
+    from exporters.export.onnx_files import external_data_of, initializers
+
+    proto = onnx.load(str(path), load_external_data=False)
+    return [(info["location"], int(info.get("offset", 0)), int(info["length"]))
+            for tensor in initializers(proto) if (info := external_data_of(tensor))]
+
+
+def _stored_once(graphs: list[Path]) -> None:
+    """Every weight the graphs read is stored once: no two stored ranges hold the same bytes (graphs reading the
+    same range share it)."""
+    seen: dict[str, tuple] = {}
+    for graph in graphs:
+        for location, offset, length in set(_external_ranges(graph)):
+            where = ((graph.parent / location).resolve(), offset)
+            with open(where[0], "rb") as handle:
+                handle.seek(offset)
+                digest = hashlib.sha256(handle.read(length)).hexdigest() + str(length)
+            assert seen.setdefault(digest, where) == where, f"{graph.name}: {location}@{offset} repeats {seen[digest]}"
+    assert seen
+
+
+def _optimum_inputs(names: list[str], mask: list[str]) -> None:
+    """The merged decoder's inputs: optimum binds the others by name, the past by position (per layer, self then
+    cross attention), and `use_cache_branch` comes last, as optimum's `merge_decoders` puts it."""
+    past = _past("past_key_values")
+    assert names[-1] == "use_cache_branch"
+    assert [n for n in names if n.startswith("past_key_values.")] == past
+    assert sorted(n for n in names[:-1] if n not in past) == sorted(["input_ids", "encoder_hidden_states", *mask])
+
+
+def _check_merged_graph(path: Path, mask: list[str]) -> None:
+    """The merged decoder: optimum's inputs (past in its order, `use_cache_branch` last) and outputs, one `If`
+    whose branches are the no-past and with-past decoders, large weights in the outer graph only, past dims the
+    runtimes can feed empty (`batch_size`, symbolic sequence axes)."""
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    graph = proto.graph
+    _optimum_inputs([v.name for v in graph.input], mask)
+    branch = graph.input[-1].type.tensor_type
+    assert branch.elem_type == onnx.TensorProto.BOOL and [d.dim_value for d in branch.shape.dim] == [1]
+    outputs = [v.name for v in graph.output]
+    assert outputs[0] == "logits" and sorted(n for n in outputs if n.startswith("present.")) == sorted(
+        _past("present"))
+    assert [n.op_type for n in graph.node] == ["If"]
+    branches = {a.name: a.g for a in graph.node[0].attribute}
+    assert set(branches) == {"then_branch", "else_branch"}
+    assert all([o.name for o in g.output] == outputs for g in branches.values())
+    # the with-past branch reads the past, the no-past one does not
+    reads = {name: {i for n in g.node for i in n.input} for name, g in branches.items()}
+    assert "past_key_values.0.decoder.key" in reads["then_branch"]
+    assert not [i for i in reads["else_branch"] if i.startswith("past_key_values.")]
+    for g in branches.values():  # only scalars and 1-D integer tensors stay in a branch (as optimum keeps them)
+        assert all(len(t.dims) == 0 or (len(t.dims) == 1 and t.data_type in (6, 7)) for t in g.initializer)
+    assert len({t.name for t in graph.initializer}) == len(graph.initializer) > 0
+    for value in graph.input:
+        if value.name.startswith("past_key_values."):
+            dims = value.type.tensor_type.shape.dim
+            assert dims[2].dim_param in ("past_decoder_sequence_length", "encoder_sequence_length_out"), value
+            assert dims[0].dim_param == "batch_size" or dims[0].dim_value == 1, value
+            assert all(d.dim_value for d in (dims[1], dims[3])), value  # heads, head size: fixed numbers
+    onnx.checker.check_model(str(path), full_check=True)
+
+
 @pytest.mark.parametrize("name", ["whisper", "t5"])
 def test_the_folder_has_optimums_files_and_names_and_our_checks_ran_on_them(name, request):
     exported = request.getfixturevalue(name)
-    folder, report = exported["folder"], exported["report"]
-    target = report["targets"][0]
+    folder, target = exported["folder"], exported["target"]
     assert target["status"] == "passed" and target["unverified"] == []
     assert [c["name"] for c in target["components"]] == ["encoder", "prefill", "decode"]
     assert all(c["verdict"] == "passed" for c in target["components"])
-    assert target["generation"]["status"] == "passed"  # our greedy parity ran through the renamed graphs
-    onnx_files = sorted(p.name for p in folder.glob("*.onnx"))
-    assert onnx_files == sorted(FILES.values())
+    # our checks ran the merged file: its no-past branch as `prefill`, its with-past branch as `decode`
+    assert all(any(MERGED in note for note in c["structural"]) for c in target["components"][1:])
+    assert target["generation"]["status"] == "passed"  # our greedy parity ran through the merged graph
+    assert sorted(p.name for p in folder.glob("*.onnx")) == sorted(set(FILES.values()))  # no separate decoders
     assert {Path(f["path"]).name for f in target["files"]} >= set(FILES.values())
     manifest = json.loads((folder / "export.json").read_text())
     assert {c: e["file"] for c, e in manifest["components"].items()} == FILES
-    # the weights are stored once, beside the encoder; the decoders' graphs point there
+    assert manifest["components"]["prefill"]["branch"] is False and manifest["components"]["decode"]["branch"]
+    # the weights are stored once, beside the encoder; the merged decoder points there
     assert (folder / "encoder_model.onnx.data").stat().st_size > 0
-    assert all((folder / f"{FILES[c]}.data").stat().st_size == 0 for c in ("prefill", "decode"))
+    assert (folder / f"{MERGED}.data").stat().st_size == 0
+    assert {location for location, _, _ in _external_ranges(folder / MERGED)} == {"encoder_model.onnx.data"}
+    _stored_once([folder / FILES["encoder"], folder / MERGED])
 
     encoder_in, encoder_out = _graph(folder / FILES["encoder"])
     assert encoder_out == ["last_hidden_state"]
     assert encoder_in == (["input_features"] if name == "whisper" else ["input_ids", "attention_mask"])
     mask = [] if name == "whisper" else ["encoder_attention_mask"]
-    presents = _past("present")
-    prefill_in, prefill_out = _graph(folder / FILES["prefill"])
-    assert sorted(prefill_in) == sorted(["input_ids", "encoder_hidden_states", *mask])
-    assert prefill_out[0] == "logits"
-    assert sorted(n for n in prefill_out if n.startswith("present.")) == sorted(presents)
-    decode_in, decode_out = _graph(folder / FILES["decode"])
-    assert decode_in[-4 * LAYERS:] == _past("past_key_values")  # optimum's order: per layer, self then cross
-    assert sorted(decode_in[:-4 * LAYERS]) == sorted(["input_ids", "encoder_hidden_states", *mask])
-    assert sorted(n for n in decode_out if n.startswith("present.")) == sorted(presents)
-    assert not [n for n in (*prefill_in, *decode_in, *prefill_out, *decode_out)
+    _check_merged_graph(folder / MERGED, mask)
+    merged_in, merged_out = _graph(folder / MERGED)
+    assert not [n for n in (*merged_in, *merged_out)
                 if n.startswith(("input.", "output.", "cache.", "decoder_input_ids", "encoder_outputs"))]
     # export.json maps every renamed input back to upstream's leaf, for our own loader
     decode_map = manifest["components"]["decode"]["inputs"]
@@ -96,13 +206,39 @@ def test_the_folder_has_optimums_files_and_names_and_our_checks_ran_on_them(name
     assert decode_map["encoder_hidden_states"] == "encoder_outputs.last_hidden_state"
     assert decode_map["past_key_values.1.encoder.value"] == "cache.cross_attention_cache.layers.1.values"
     assert decode_map["past_key_values.0.decoder.key"] == "cache.self_attention_cache.layers.0.keys"
+    assert not [n for n in manifest["components"]["prefill"]["inputs"] if n.startswith("past_key_values.")]
     # upstream's ExportedModel binds its own leaf names: the model card offers no snippet that could not run
     assert [runtime for runtime, _, _ in target_snippets("org/model", target)] == []
 
 
-def test_our_loader_runs_the_renamed_decoder_as_eager_does(t5):
-    """`load_exported` binds the renamed graph by upstream's leaf names (`RenamedRunner`): one prefill step of the
-    renamed `decoder_model.onnx` gives eager's logits."""
+@pytest.mark.parametrize("name", ["whisper", "t5"])
+def test_the_transformers_js_folder_has_its_graphs_under_onnx_each_with_its_own_data(name, request):
+    exported = request.getfixturevalue(name)
+    folder, target = exported["tjs"], exported["targets"]["tjs"]
+    assert target["status"] == "passed" and target["unverified"] == [], target.get("error")
+    assert target["generation"]["status"] == "passed"
+    manifest = json.loads((folder / "export.json").read_text())
+    assert {c: e["file"] for c, e in manifest["components"].items()} == TJS_FILES
+    assert manifest["layout"] == "transformers.js"
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.onnx*")) == [
+        "onnx/decoder_model_merged.onnx", "onnx/decoder_model_merged.onnx_data", "onnx/encoder_model.onnx",
+        "onnx/encoder_model.onnx_data"]
+    # the browser build mounts each session's external data as `{file}_data`: each graph reads its own file only
+    for graph in ("encoder_model.onnx", MERGED):
+        assert {loc for loc, _, _ in _external_ranges(folder / "onnx" / graph)} == {f"{graph}_data"}
+        _stored_once([folder / "onnx" / graph])
+    config = json.loads((folder / "config.json").read_text())
+    assert config["transformers.js_config"] == {
+        "dtype": "fp32", "use_external_data_format": {"encoder_model.onnx": 1, MERGED: 1}}
+    for extra in (["preprocessor_config.json"] if name == "whisper" else []) + ["generation_config.json"]:
+        assert (folder / extra).is_file()
+    _check_merged_graph(folder / "onnx" / MERGED, [] if name == "whisper" else ["encoder_attention_mask"])
+
+
+def test_our_loader_runs_both_branches_of_the_merged_decoder_as_eager_does(t5):
+    """`load_exported` binds the merged graph by upstream's leaf names (`RenamedRunner`) and feeds its branch: the
+    prefill (`use_cache_branch` false, the past fed empty) and one decode step on the prefill's cache (true) give
+    eager's logits."""
     from transformers import AutoModelForSeq2SeqLM, DynamicCache, EncoderDecoderCache
 
     from exporters.upstream import load_exported, run_component
@@ -112,13 +248,21 @@ def test_our_loader_runs_the_renamed_decoder_as_eager_does(t5):
     ids = torch.tensor([[5, 17, 9, 33, 41, 8]])
     mask = torch.ones_like(ids)
     start = torch.tensor([[model.config.decoder_start_token_id]])
+    step = torch.tensor([[42]])
     with torch.no_grad():
         encoded = model.get_encoder()(input_ids=ids, attention_mask=mask)
-        want = model(encoder_outputs=encoded, attention_mask=mask, decoder_input_ids=start).logits
+        first = model(encoder_outputs=encoded, attention_mask=mask, decoder_input_ids=start, use_cache=True)
+        second = model(encoder_outputs=encoded, attention_mask=mask, decoder_input_ids=step,
+                       past_key_values=first.past_key_values).logits
     got = run_component(exported.runners["prefill"], {
         "decoder_input_ids": start, "encoder_outputs": encoded, "attention_mask": mask,
         "cache": EncoderDecoderCache(DynamicCache(), DynamicCache())})
-    np.testing.assert_allclose(got.logits.numpy(), want.numpy(), atol=1e-4, rtol=1e-3)
+    np.testing.assert_allclose(got.logits.numpy(), first.logits.numpy(), atol=1e-4, rtol=1e-3)
+    after = run_component(exported.runners["decode"], {
+        "decoder_input_ids": step, "encoder_outputs": encoded, "attention_mask": mask,
+        "cache": got.past_key_values})
+    np.testing.assert_allclose(after.logits.numpy(), second.numpy(), atol=1e-4, rtol=1e-3)
+    assert not np.allclose(after.logits.numpy(), got.logits.numpy(), atol=1e-3)  # another step, other logits
 
 
 def _optimum(folder: Path, kind: str, data, tmp_path: Path) -> dict:
@@ -137,44 +281,113 @@ def _optimum(folder: Path, kind: str, data, tmp_path: Path) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _new(tokens: list[list[int]]) -> list[list[int]]:
-    return [row[-NEW_TOKENS:] for row in tokens]
+def _optimum_loaded_the_merged_decoder(got: dict, mask: list[str]) -> None:
+    assert got["files"] == {"encoder": FILES["encoder"], "decoder": MERGED} and got["merged"] is True
+    _optimum_inputs(got["inputs"]["decoder"], mask)
 
 
-def test_optimum_speech_seq2seq_generates_what_eager_generates(whisper, tmp_path):
-    from transformers import AutoFeatureExtractor, WhisperForConditionalGeneration
-
-    audio = (np.random.default_rng(0).standard_normal(8000) * 0.1).astype(np.float32).tolist()
-    got = _optimum(whisper["folder"], "speech", audio, tmp_path)
-    assert got["files"] == {"encoder": FILES["encoder"], "decoder": FILES["prefill"],
-                            "decoder_with_past": FILES["decode"]}
-    assert got["inputs"]["decoder_with_past"][-4 * LAYERS:] == _past("past_key_values")
-    extractor = AutoFeatureExtractor.from_pretrained(whisper["model_dir"])
-    features = extractor(audio, sampling_rate=extractor.sampling_rate, return_tensors="pt").input_features
-    model = WhisperForConditionalGeneration.from_pretrained(whisper["model_dir"]).eval()
-    with torch.no_grad():
-        want = model.generate(input_features=features, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                              do_sample=False, num_beams=1)
-    want = _new(want.tolist())
-    assert len(set(want[0])) > 2  # the model does not repeat one token: a wrong past would show
-    assert _new(got["tokens"]) == want
+def test_optimum_speech_seq2seq_generates_what_eager_generates(whisper, whisper_eager, tmp_path):
+    got = _optimum(whisper["folder"], "speech", AUDIO, tmp_path)
+    _optimum_loaded_the_merged_decoder(got, [])
+    assert [row[-NEW_TOKENS:] for row in got["tokens"]] == whisper_eager
 
 
-def test_optimum_seq2seq_lm_generates_what_eager_generates(t5, tmp_path):
-    from transformers import AutoModelForSeq2SeqLM
+def test_optimum_seq2seq_lm_generates_what_eager_generates(t5, t5_eager, tmp_path):
+    got = _optimum(t5["folder"], "text", TEXT_IDS, tmp_path)
+    _optimum_loaded_the_merged_decoder(got, ["encoder_attention_mask"])
+    assert [row[-NEW_TOKENS:] for row in got["tokens"]] == t5_eager
 
-    ids = [[70, 12, 5]]
-    got = _optimum(t5["folder"], "text", ids, tmp_path)
-    assert got["files"]["decoder_with_past"] == FILES["decode"]
-    assert "encoder_attention_mask" in got["inputs"]["decoder_with_past"]
-    model = AutoModelForSeq2SeqLM.from_pretrained(t5["model_dir"]).eval()
-    tensor = torch.tensor(ids)
-    with torch.no_grad():
-        want = model.generate(input_ids=tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=NEW_TOKENS,
-                              min_new_tokens=NEW_TOKENS, do_sample=False, num_beams=1)
-    want = _new(want.tolist())
-    assert len(set(want[0])) > 2
-    assert _new(got["tokens"]) == want
+
+def _transformers_js(exported: dict, kind: str, data, tmp_path: Path) -> list[int]:
+    """transformers.js's greedy tokens for `data` from the `tjs` target folder alone, on Node.js (`make test-deps`
+    installs the pinned version into .cache/transformers-js; HF_EXPORT_TRANSFORMERS_JS names another folder holding
+    its node_modules). Never skipped: without it the test fails saying how to install it."""
+    modules = os.environ.get("HF_EXPORT_TRANSFORMERS_JS") or str(ROOT / ".cache" / "transformers-js")
+    if shutil.which("node") is None or not (Path(modules) / "node_modules" / "@huggingface" / "transformers").is_dir():
+        pytest.fail("transformers.js is not installed: run `make test-deps` (Node.js and the pinned "
+                    "@huggingface/transformers in .cache/transformers-js), or set HF_EXPORT_TRANSFORMERS_JS to a folder "
+                    "with node_modules/@huggingface/transformers")
+    script = Path(modules) / TJS_SCRIPT.name
+    shutil.copyfile(TJS_SCRIPT, script)
+    inputs = tmp_path / "inputs.json"
+    inputs.write_text(json.dumps(data))
+    result = subprocess.run(["node", str(script), str(exported["out"]), "tjs", kind, str(inputs), str(NEW_TOKENS)],
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_transformers_js_whisper_generates_what_eager_generates(whisper, whisper_eager, tmp_path):
+    """The folder's own preprocessor_config.json makes the log-mel features in JavaScript; transformers.js's
+    Seq2Seq loop runs `decoder_model_merged.onnx` (empty past first, then its presents)."""
+    got = _transformers_js(whisper, "speech", AUDIO, tmp_path)
+    assert len(got) == 1 + NEW_TOKENS  # the decoder start token, then the generated ones
+    assert [got[-NEW_TOKENS:]] == whisper_eager
+
+
+def test_transformers_js_t5_generates_what_eager_generates(t5, t5_eager, tmp_path):
+    got = _transformers_js(t5, "text", TEXT_IDS[0], tmp_path)
+    assert [got[-NEW_TOKENS:]] == t5_eager
+
+
+def _decoder_pair(folder: Path):
+    """Two hand-built decoders as two traces name them: the no-past one's `w` is the with-past one's `v`, its `w`
+    other bytes, and its `h` (a node output) the name of the no-past one's initializer; the big weights in one
+    external file, as `share_external_data` leaves them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    shared, other = rng.standard_normal((4, 4)).astype(np.float32), rng.standard_normal((4, 4)).astype(np.float32)
+    data = folder / "weights.data"
+    data.write_bytes(shared.tobytes() + other.tobytes())
+
+    def external(name: str, offset: int):
+        tensor = numpy_helper.from_array(np.zeros((4, 4), np.float32), name)
+        tensor.ClearField("raw_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", data.name), ("offset", str(offset)), ("length", "64")):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        return tensor
+
+    x = helper.make_tensor_value_info("input_ids", TensorProto.FLOAT, [1, 4])
+    past = helper.make_tensor_value_info("past_key_values.0.decoder.key", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4])
+    no_past = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["input_ids", "h"], ["logits"])], "no_past", [x], [y], [external("h", 0)]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    with_past = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["input_ids", "v"], ["h"]), helper.make_node("MatMul", ["h", "w"], ["a"]),
+         helper.make_node("Add", ["a", "past_key_values.0.decoder.key"], ["logits"])], "with_past", [x, past], [y],
+        [external("v", 0), external("w", 64)]), opset_imports=[helper.make_opsetid("", 17)])
+    return no_past, with_past, shared, other
+
+
+def test_merging_two_decoders_stores_equal_weights_once_and_runs_both_branches(tmp_path):
+    """`merge_decoders` on two graphs whose names clash: the weight both hold (under other names) is stored once,
+    no outer name shadows a branch's value, and each branch computes what its decoder computes."""
+    import onnx
+    import onnxruntime as ort
+
+    from exporters.export.seq2seq_merged import merge_decoders
+
+    no_past, with_past, shared, other = _decoder_pair(tmp_path)
+    merged = merge_decoders(no_past, with_past, tmp_path)
+    onnx.save_model(merged, str(tmp_path / "merged.onnx"))
+    onnx.checker.check_model(str(tmp_path / "merged.onnx"), full_check=True)
+    outer = {t.name: {e.key: e.value for e in t.external_data}["offset"] for t in merged.graph.initializer}
+    assert sorted(outer.values()) == ["0", "64"]  # two distinct weights, from three initializers
+    branch_values = {o for a in merged.graph.node[0].attribute for n in a.g.node for o in n.output}
+    assert not set(outer) & branch_values  # the with-past branch's `h` is not shadowed by the outer weight
+    assert [v.name for v in merged.graph.input] == ["input_ids", "past_key_values.0.decoder.key", "use_cache_branch"]
+    session = ort.InferenceSession(str(tmp_path / "merged.onnx"))
+    x = np.arange(4, dtype=np.float32)[None] / 4
+    add = np.full((1, 4), 0.5, np.float32)
+    feed = {"input_ids": x, "past_key_values.0.decoder.key": add}
+    first = session.run(None, {**feed, "use_cache_branch": np.array([False])})[0]
+    later = session.run(None, {**feed, "use_cache_branch": np.array([True])})[0]
+    np.testing.assert_allclose(first, x @ shared, rtol=1e-6)
+    np.testing.assert_allclose(later, x @ shared @ other + add, rtol=1e-5)
 
 
 def test_a_decode_graph_with_a_fixed_past_keeps_upstreams_names_and_says_why(tmp_path):

@@ -26,6 +26,8 @@ from exporters.recipe.model import ComponentOverride
 from exporters.upstream import leaf_tensors
 
 MERGED = "model"
+# Families whose generation export is an encoder and two decoders (optimum's and transformers.js's Seq2Seq layout)
+ENCODER_DECODER_FAMILIES = ("seq2seq", "speech-seq2seq")
 QUERY_DIM, PAST_DIM, BATCH_DIM = "sequence_length", "past_sequence_length", "batch_size"
 CACHE_KEYS = ("cache", "past_key_values")
 # Inputs that run along the query tokens (one entry per new token).
@@ -63,6 +65,8 @@ def wants_merged(target, family: str, cache_implementation: str, config: Any = N
         return _merged_by_default(target, family, cache_implementation, config)
     if target.merged is False:
         return False
+    if tjs and target.merged is None and family in ENCODER_DECODER_FAMILIES:
+        return False  # encoder + two decoders, merged into one decoder file after the export (export.seq2seq_merged)
     option = "layout" if tjs and target.merged is None else "merged"
     asked = "`layout` 'transformers.js'" if option == "layout" else "`merged`: true"
     if family != "text":

@@ -20,7 +20,7 @@ from exporters import upstream
 from exporters.capture.components import GLUE_FILE, cache_setting_for, generation_config_for, write_glue
 from exporters.capture.llm_runner import METHODS_NOTE
 from exporters.capture.shapes import build_dynamic_shapes
-from exporters.errors import ShapeSpecError
+from exporters.errors import ShapeSpecError, TargetPlanError
 from exporters.export import onnx_files
 from exporters.export.folder_files import complete_folder, model_folder
 from exporters.export.footprint import tied_embeddings
@@ -28,6 +28,7 @@ from exporters.export.genai_config import write_genai_config
 from exporters.export.llm_runner import export_runner
 from exporters.export.onnx_files import apply_onnx_file_options
 from exporters.export.onnx_names import rename_merged_graph, unnamed_inputs
+from exporters.export.seq2seq_merged import merge_encoder_decoder
 from exporters.export.seq2seq_names import fixed_past, is_encoder_decoder_export, rename_encoder_decoder
 from exporters.export.transformers_js import write_transformers_js
 from exporters.recipe.model import ComponentOverride, Recipe
@@ -211,6 +212,11 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
             fixed = fixed_past(directory)
             if fixed is None:
                 rename_encoder_decoder(directory)
+                unmerged = merge_encoder_decoder(directory)  # one decoder graph: optimum's and transformers.js's
+                if unmerged and notes is not None:
+                    notes.append(unmerged)
+            elif target.layout == "transformers.js":
+                raise TargetPlanError(f"`layout` 'transformers.js': {fixed}", option="layout")
             elif notes is not None:
                 notes.append(fixed)
         if target.layout == "transformers.js":

@@ -177,3 +177,21 @@ def initializers(model):
                 if attribute.type == onnx.AttributeProto.GRAPH:
                     graphs.append(attribute.g)
                 graphs.extend(attribute.graphs)
+
+
+def gather_external_data(model, source: Path, target: Path) -> bool:
+    """Copy every external tensor of `model` (its data in files of folder `source`) into `target`, each stored
+    range once, and point the model's tensors there (`location` is `target`'s name: save the graph beside it).
+    Returns whether the model has external tensors; `target` is written only when it has."""
+    tensors = [(tensor, info) for tensor in initializers(model) if (info := external_data_of(tensor)) is not None]
+    if not tensors:
+        return False
+    written: dict[tuple[str, int, int], int] = {}
+    with target.open("wb") as handle:
+        for tensor, info in tensors:
+            where = (info["location"], int(info.get("offset", 0)), int(info["length"]))
+            if where not in written:
+                written[where] = handle.tell()
+                handle.write(_read_range(source / where[0], where[1], where[2]))
+            _set_external(tensor, target.name, written[where], where[2])
+    return True

@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from exporters.errors import TargetPlanError
@@ -115,13 +116,22 @@ def rename_dims(model, symbols: dict[str, str]) -> None:
             dims[total_axis].dim_param = TOTAL_DIM
 
 
+def rename_io(proto, runtime_name: Callable[[str, bool], str]) -> dict[str, str]:
+    """Rename `proto`'s inputs and outputs in place to `runtime_name(upstream name, output)`, everywhere the graph
+    and its subgraphs read them; returns graph input name → upstream leaf path (the mapping `export.json` records
+    for `RenamedRunner`). Shared by the decoder-only names here and the encoder-decoder ones
+    (`exporters.export.seq2seq_names`)."""
+    names = {v.name: runtime_name(v.name, False) for v in proto.graph.input}
+    inputs = {new: old.removeprefix("input.") for old, new in names.items()}
+    names.update({v.name: runtime_name(v.name, True) for v in proto.graph.output})
+    rename_values(proto.graph, names)
+    return inputs
+
+
 def renamed_proto(proto, option: str | None = "layout") -> dict[str, str]:
     """Rename `proto`'s inputs, outputs and dims in place; returns graph input name → upstream leaf path (`option`
     None: leaves without a runtime name keep theirs, see [`unnamed_inputs`])."""
-    names = {v.name: graph_name(v.name, False, option) for v in proto.graph.input}
-    inputs = {new: old.removeprefix("input.") for old, new in names.items()}
-    names.update({v.name: graph_name(v.name, True, option) for v in proto.graph.output})
-    rename_values(proto.graph, names)
+    inputs = rename_io(proto, lambda name, output: graph_name(name, output, option))
     rename_dims(proto, dim_symbols(proto, option))
     return inputs
 

@@ -250,14 +250,19 @@ def describe(target, calibration: list[SampleInputs], recipe: Recipe,
 
 
 def onnx_quantized_ops(path: Path) -> dict[str, int]:
-    """Count of the quantization ops in a saved ONNX graph (weights not read)."""
+    """Count of the quantization ops in a saved ONNX graph, its subgraphs included (a merged encoder-decoder
+    decoder's two branches: exporters.export.seq2seq_merged); weights not read."""
     # onnx loads only where an ONNX file is read
     import onnx
 
     counts: dict[str, int] = {}
-    for node in onnx.load(str(path), load_external_data=False).graph.node:
-        if node.op_type in _ONNX_QUANT_OPS:
-            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    graphs = [onnx.load(str(path), load_external_data=False).graph]
+    while graphs:
+        for node in graphs.pop().node:
+            if node.op_type in _ONNX_QUANT_OPS:
+                counts[node.op_type] = counts.get(node.op_type, 0) + 1
+            for attribute in node.attribute:
+                graphs.extend([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs)
     return dict(sorted(counts.items()))
 
 

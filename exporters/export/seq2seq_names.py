@@ -23,7 +23,8 @@ already have optimum's names.
 The protobufs are rewritten in place (weights untouched, the external-data file renamed with its graph) and
 `export.json` records, for each component, its new file and which upstream leaf each graph input is, so
 `exporters.upstream.load_exported` still validates the renamed graphs (`RenamedRunner`). The component names
-(`encoder`, `prefill`, `decode`) stay: they are the report's.
+(`encoder`, `prefill`, `decode`) stay: they are the report's. `exporters.export.seq2seq_merged` then merges the two
+decoders into `decoder_model_merged.onnx`, the one decoder file the folder keeps.
 
 Example:
     >>> optimum_name("input.cache.cross_attention_cache.layers.1.values", output=False)
@@ -39,7 +40,7 @@ import re
 from pathlib import Path
 
 from exporters.export.onnx_files import initializers
-from exporters.export.onnx_names import rename_values
+from exporters.export.onnx_names import rename_io
 from exporters.upstream import read_manifest, write_manifest
 
 # component -> optimum's file name
@@ -84,10 +85,7 @@ def _cache_position(name: str) -> tuple[int, int]:
 def _renamed_graph(proto, component: str) -> dict[str, str]:
     """Rename `proto`'s inputs and outputs in place, the past inputs in optimum's order; returns graph input name →
     upstream leaf path."""
-    names = {v.name: optimum_name(v.name, False, component) for v in proto.graph.input}
-    inputs = {new: old.removeprefix("input.") for old, new in names.items()}
-    names.update({v.name: optimum_name(v.name, True, component) for v in proto.graph.output})
-    rename_values(proto.graph, names)
+    inputs = rename_io(proto, lambda name, output: optimum_name(name, output, component))
     past = sorted((v for v in proto.graph.input if v.name.startswith("past_key_values.")),
                   key=lambda v: _cache_position(v.name))
     if past:

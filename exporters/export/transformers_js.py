@@ -10,6 +10,10 @@ renamed, symbolic dims named (`batch_size`, `sequence_length`, `past_sequence_le
 `onnx/`, `transformers.js_config` added to `config.json` (the repo's tokenizer and processor files are copied beside
 it, as into every target folder, by `exporters.export.folder_files`). The graph and its weights are not copied: the names are changed in the protobuf and the data file is moved.
 
+An encoder-decoder generation export (Whisper, T5, BART, Marian) is written as transformers.js's `Seq2Seq` models
+load it: `onnx/encoder_model{suffix}.onnx` and `onnx/decoder_model_merged{suffix}.onnx` (optimum's names and merged
+decoder, `exporters.export.seq2seq_names` / `exporters.export.seq2seq_merged`), each with its own `{file}_data`.
+
 Upstream's runner binds inputs by their leaf names (`cache.layers.0.keys`): `export.json` records the mapping, and
 `exporters.upstream.load_exported` runs the renamed graph with upstream's ONNX runner through it (`RenamedRunner`).
 """
@@ -22,13 +26,14 @@ from pathlib import Path
 
 from exporters import fsutil
 from exporters.errors import TargetPlanError
+from exporters.export.onnx_files import gather_external_data
 from exporters.export.onnx_names import is_renamed, renamed_proto, unnamed_inputs
+from exporters.export.seq2seq_merged import MERGED_FILE
+from exporters.export.seq2seq_names import is_encoder_decoder_export
 from exporters.upstream import read_manifest, write_manifest
 
 LAYOUT = "transformers.js"
 SUBFOLDER = "onnx"
-
-
 
 
 def write_transformers_js(directory: Path, target, model) -> None:
@@ -37,9 +42,12 @@ def write_transformers_js(directory: Path, target, model) -> None:
     import onnx
 
     manifest = read_manifest(directory)
+    if is_encoder_decoder_export(list(manifest["components"])):
+        _write_encoder_decoder(directory, target, manifest)
+        return
     if list(manifest["components"]) != ["model"]:
-        raise TargetPlanError(f"`layout` 'transformers.js' takes one graph; this export has "
-                              f"{list(manifest['components'])}", option="layout")
+        raise TargetPlanError(f"`layout` 'transformers.js' takes one graph, or an encoder-decoder's encoder and "
+                              f"decoders; this export has {list(manifest['components'])}", option="layout")
     entry = manifest["components"]["model"]
     source = directory / entry["file"]
     data = source.with_name(source.name + ".data")
@@ -69,8 +77,46 @@ def write_transformers_js(directory: Path, target, model) -> None:
     entry["inputs"] = inputs
     manifest["layout"] = LAYOUT
     write_manifest(directory, manifest)
+    _add_config(directory, suffix, {graph_file: 1} if external else False)
+
+
+def _write_encoder_decoder(directory: Path, target, manifest: dict) -> None:
+    """The encoder-decoder layout transformers.js's `Seq2Seq` models (Whisper, T5, BART, Marian) load:
+    `onnx/encoder_model{suffix}.onnx` and `onnx/decoder_model_merged{suffix}.onnx` (optimum's names, already given by
+    `exporters.export.seq2seq_names` and `exporters.export.seq2seq_merged`), each with its own `{file}_data`: the
+    browser build mounts each session's external data under that name, so a graph cannot read another's file."""
+    # onnx loads only where an ONNX file is read
+    import onnx
+
+    entries = manifest["components"]
+    files = sorted({entry["file"] for entry in entries.values()})
+    if MERGED_FILE not in files:
+        raise TargetPlanError("`layout` 'transformers.js' loads an encoder-decoder's decoder from one "
+                              f"{MERGED_FILE}; this export's decoders stay {files}", option="layout")
+    suffix = "_fp16" if target.dtype == "float16" else ""
+    (directory / SUBFOLDER).mkdir(exist_ok=True)
+    external: dict[str, int] = {}
+    moved: dict[str, str] = {}
+    for old in files:
+        graph_file = old.removesuffix(".onnx") + f"{suffix}.onnx"
+        proto = onnx.load(str(directory / old), load_external_data=False)
+        if gather_external_data(proto, directory, directory / SUBFOLDER / f"{graph_file}_data"):
+            external[graph_file] = 1
+        onnx.save_model(proto, str(directory / SUBFOLDER / graph_file))
+        moved[old] = f"{SUBFOLDER}/{graph_file}"
+    for old in files:
+        (directory / old).unlink()
+        (directory / f"{old}.data").unlink(missing_ok=True)
+    for entry in entries.values():
+        entry["file"] = moved[entry["file"]]
+    manifest["layout"] = LAYOUT
+    write_manifest(directory, manifest)
+    _add_config(directory, suffix, external or False)
+
+
+def _add_config(directory: Path, suffix: str, external: dict[str, int] | bool) -> None:
+    """`config.json`'s `transformers.js_config`: the dtype of the graphs and which of them have external data."""
     config_path = directory / "config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    config["transformers.js_config"] = {"dtype": "fp16" if suffix else "fp32",
-                                        "use_external_data_format": {graph_file: 1} if external else False}
+    config["transformers.js_config"] = {"dtype": "fp16" if suffix else "fp32", "use_external_data_format": external}
     fsutil.write_file(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -25,8 +25,9 @@ __all__ = ["RUNTIME_SNIPPETS", "component_inputs", "exported_model_snippet", "pr
 
 # Formats whose programs are pickled (torch.export .pt2): loading them runs code, so it needs trust_remote_code.
 NEEDS_TRUST = ("dynamo",)
-# optimum's file for an encoder-decoder's decode step: the folder's graphs have optimum's input names
-OPTIMUM_DECODER_WITH_PAST = "decoder_with_past_model.onnx"
+# optimum's files for an encoder-decoder's decode step (two decoders, or the merged one): the folder's graphs have
+# optimum's input names
+OPTIMUM_DECODERS = ("decoder_with_past_model.onnx", "decoder_model_merged.onnx")
 PROMPT = "Hello"
 
 
@@ -124,7 +125,7 @@ def upstream_loads(target: dict[str, Any]) -> bool:
     if target.get("export_format") == "onnx":  # not the transformers.js layout (graphs renamed, under onnx/)
         # nor an encoder-decoder in optimum's files and names (exporters.export.seq2seq_names): upstream binds by its
         # own leaf names
-        return not any(name.startswith("onnx/") or name.endswith(OPTIMUM_DECODER_WITH_PAST) for name in names)
+        return not any(name.startswith("onnx/") or name.endswith(OPTIMUM_DECODERS) for name in names)
     if target.get("export_format") != "executorch":
         return False
     if any(p.get("runtime") == "ExecuTorch LLM runner" for p in target.get("runtimes") or [] if isinstance(p, dict)):

@@ -54,7 +54,8 @@ class LayoutSetting(BaseModel):
     layout: Literal["upstream", "transformers.js"] = Field(
         default="upstream",
         description="'transformers.js': write onnx/model.onnx (past_key_values.{i}.key/value inputs, present.{i}.* "
-        "outputs) with model.onnx_data and the config files, so transformers.js can load the target folder.",
+        "outputs) with model.onnx_data and the config files, so transformers.js can load the target folder; an "
+        "encoder-decoder generation target writes onnx/encoder_model.onnx and onnx/decoder_model_merged.onnx instead.",
     )
 
     @model_validator(mode="after")

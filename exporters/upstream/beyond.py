@@ -41,13 +41,23 @@ def lean_session_options():
     return options
 
 
+_ORT_DTYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(bfloat16)": torch.bfloat16,
+               "tensor(double)": torch.float64, "tensor(int64)": torch.int64, "tensor(int32)": torch.int32,
+               "tensor(bool)": torch.bool}
+
+
 class RenamedRunner:
     """Upstream's ONNX runner for a graph whose inputs were renamed (the transformers.js layout): kwargs flattened to
-    upstream's leaf names, fed under the graph's names. Outputs keep their order, so upstream unflattens them."""
+    upstream's leaf names, fed under the graph's names. Outputs keep their order, so upstream unflattens them.
 
-    def __init__(self, runner: Any, inputs: dict[str, str]):
+    `branch` (a merged encoder-decoder graph, `decoder_model_merged.onnx`) is the `use_cache_branch` this component
+    runs; a graph input the component does not have (the no-past step's past) is fed empty as the runtimes feed it:
+    its symbolic dims 0, `batch_size` the batch of the inputs fed."""
+
+    def __init__(self, runner: Any, inputs: dict[str, str], branch: bool | None = None):
         self._runner = runner
         self._inputs = inputs  # graph input name -> upstream leaf path
+        self._branch = branch
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._runner, name)
@@ -55,6 +65,13 @@ class RenamedRunner:
     def __call__(self, share_inputs: bool = True, share_outputs: bool = False, **kwargs: Any) -> Any:
         leaves = leaf_tensors(kwargs)
         feed = {graph: leaves[path] for graph, path in self._inputs.items() if path in leaves}
+        if self._branch is not None:
+            batch = next(iter(feed.values())).shape[0]
+            feed["use_cache_branch"] = torch.tensor([self._branch])
+            for spec in self._runner.session.get_inputs():
+                if spec.name not in feed:
+                    shape = [d if isinstance(d, int) else batch if d == "batch_size" else 0 for d in spec.shape]
+                    feed[spec.name] = torch.zeros(shape, dtype=_ORT_DTYPES[spec.type])
         return self._runner(share_inputs=share_inputs, share_outputs=share_outputs, **feed)
 
 

@@ -312,8 +312,9 @@ def load_exported(directory: Path, *, device: str | None = None, config: Any = N
     renamed = {name: entry["inputs"] for name, entry in manifest["components"].items()
                if isinstance(entry.get("inputs"), dict)}  # the runtimes' names: bound by upstream's leaf names
     if renamed:
-        model._runners = {name: RenamedRunner(runner, renamed[name]) if name in renamed else runner
-                          for name, runner in model._runners.items()}
+        entries = manifest["components"]
+        model._runners = {name: RenamedRunner(runner, renamed[name], entries[name].get("branch")) if name in renamed
+                          else runner for name, runner in model._runners.items()}
     return model
 
 

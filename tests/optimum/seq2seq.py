@@ -1,6 +1,7 @@
 """Run in the optimum test venv (tests/optimum/constraints.txt): `ORTModelForSeq2SeqLM` (text) or
 `ORTModelForSpeechSeq2Seq` (speech) `.from_pretrained(folder)` from the folder alone, greedy; prints the input names
-of each graph and the generated tokens as JSON on the last line.
+and file of each graph it loaded, whether its decoder is the merged one (`use_cache_branch`), and the generated tokens
+as JSON on the last line.
 
     python seq2seq.py FOLDER text INPUTS.json NEW_TOKENS     # [[5, 6, 7]]: token ids
     python seq2seq.py FOLDER speech INPUTS.json NEW_TOKENS   # [0.1, -0.2, ...]: raw audio, through the folder's
@@ -27,6 +28,9 @@ else:
     ids = torch.tensor(data)
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 out = model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False, num_beams=1)
-graphs = {"encoder": model.encoder, "decoder": model.decoder, "decoder_with_past": model.decoder_with_past}
+graphs = {"encoder": model.encoder, "decoder": model.decoder}
+if getattr(model, "decoder_with_past", None) is not None:  # two decoder files, not decoder_model_merged.onnx
+    graphs["decoder_with_past"] = model.decoder_with_past
 print(json.dumps({"inputs": {name: list(part.input_names) for name, part in graphs.items()},
-                  "files": {name: part.path.name for name, part in graphs.items()}, "tokens": out.tolist()}))
+                  "files": {name: part.path.name for name, part in graphs.items()},
+                  "merged": model.decoder.is_merged, "tokens": out.tolist()}))
