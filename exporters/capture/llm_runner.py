@@ -29,10 +29,10 @@ from exporters.upstream import llm_runner
 
 RUNNER, METHODS = "runner", "methods"
 # What loads a `methods` program (said in the report: neither LLM runtime does; docs/recipe.md)
-METHODS_NOTE = ("model.pte holds a method per component ({methods}), each taking and returning the cache: it runs in "
-                "ExecuTorch's runtime (Python `executorch.runtime`, C++ `Module`) with your own loop feeding the "
-                "cache, as validation ran it; ExecuTorch's LLM runner and optimum-executorch do not load it (they "
-                "need `forward(tokens, cache_position)` with the cache inside the program{hint})")
+METHODS_NOTE = ("model.pte holds a method per component ({methods}), its generation steps taking and returning the "
+                "cache: it runs in ExecuTorch's runtime (Python `executorch.runtime`, C++ `Module`) with your own "
+                "loop feeding the cache, as validation ran it; ExecuTorch's LLM runner and optimum-executorch do not "
+                "load it (they need `forward(tokens, cache_position)` with the cache inside the program{hint})")
 # A program past this size cannot hold its weights inside (flatbuffer offsets are 32-bit).
 PTE_WEIGHTS_LIMIT = 2 * 1024**3
 

@@ -301,6 +301,6 @@ def methods_note(target, components: Components) -> str:
     """The report's word on which runtime loads an ExecuTorch generation program with a method per component."""
     names = list(components)
     hint = ("; for an encoder-decoder, optimum-executorch writes methods `encoder` and `text_decoder`"
-            if "encoder" in names else "; `layout: \"runner\"` writes that program for a decoder-only model"
-            if names in (["prefill", "decode"], ["model"]) else "")
+            if "encoder" in names else "; `layout: \"runner\"` writes that program for a decoder-only model with a "
+            "key-value cache" if set(names) <= {"prefill", "decode", "model"} else "")
     return METHODS_NOTE.format(methods=", ".join(names), hint=hint)
