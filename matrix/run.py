@@ -94,6 +94,10 @@ def classify(target: dict[str, Any]) -> Cell:
     root = error.get("root_cause") or {}
     if root:
         message += f" [root cause: {root.get('type')}: {root.get('message')}]" if "root cause" not in message else ""
+    if not message:  # failed only in the runtime that reads it (ONNX Runtime GenAI, the ExecuTorch runner...)
+        failed = [f"{r.get('runtime')}: {r.get('detail')}" for r in target.get("runtimes") or []
+                  if r.get("status") == "failed"]
+        message = "; ".join(failed) or f"{error.get('type') or 'failed'} with no message in report.json"
     if status == "unverified":
         reasons = target.get("unverified") or [message or "a check did not run"]
         return Cell(status, "unverified", _short("; ".join(str(r) for r in reasons)), generation)

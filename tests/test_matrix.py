@@ -103,6 +103,10 @@ def test_failures_are_classified_with_their_root_cause():
     unverified = classify({"status": "unverified", "unverified": ["generation: EOS after 1 token"]})
     assert unverified.cause == "unverified" and "EOS after 1 token" in unverified.reason
     assert classify({"status": "passed", "generation": {"status": "passed"}}) == Cell("passed", generation="passed")
+    runtime = classify({"status": "failed", "error": {"type": "ValidationError", "message": ""}, "runtimes": [
+        {"runtime": "ONNX Runtime GenAI", "status": "failed", "detail": "bos_token_id - Expected a number"},
+        {"runtime": "optimum", "status": "passed", "detail": "ok"}]})
+    assert runtime.cause == "upstream" and runtime.reason == "ONNX Runtime GenAI: bos_token_id - Expected a number"
 
 
 def test_render_lists_every_failure_reason():
