@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-KINDS = ("decoder-only", "encoder", "vision", "audio", "encoder-decoder", "vision-language", "dual-encoder")
+KINDS = ("decoder-only", "state-space", "hybrid", "encoder", "vision", "audio", "encoder-decoder", "vision-language",
+         "dual-encoder")
 VOCAB = 256
 SIZES: dict[str, Any] = {
     "hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "projection_dim": 32, "word_embed_proj_dim": 32,
@@ -75,6 +76,40 @@ _SPECS = [
     _f("starcoder2", "decoder-only", "Starcoder2ForCausalLM"),
     _f("gptj", "decoder-only", "GPTJForCausalLM", rotary_dim=4),
     _f("cohere", "decoder-only", "CohereForCausalLM"),
+    _f("qwen2_moe", "decoder-only", "Qwen2MoeForCausalLM", shared_expert_intermediate_size=32),
+    _f("olmo2", "decoder-only", "Olmo2ForCausalLM"),
+    _f("olmoe", "decoder-only", "OlmoeForCausalLM"),
+    _f("deepseek_v3", "decoder-only", "DeepseekV3ForCausalLM", "multi-head latent attention, first layer dense",
+       num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8,
+       qk_head_dim=8, head_dim=4, n_routed_experts=4, n_group=1, topk_group=1, first_k_dense_replace=1,
+       num_nextn_predict_layers=0),
+    _f("glm", "decoder-only", "GlmForCausalLM"),
+    _f("glm4", "decoder-only", "Glm4ForCausalLM"),
+    _f("helium", "decoder-only", "HeliumForCausalLM"),
+    _f("granitemoe", "decoder-only", "GraniteMoeForCausalLM"),
+    # state-space: no attention, the recurrent state is the cache
+    _f("mamba", "state-space", "MambaForCausalLM", state_size=8, time_step_rank=8, use_mambapy=False),
+    _f("mamba2", "state-space", "Mamba2ForCausalLM", num_heads=4, head_dim=16, state_size=16, n_groups=1,
+       time_step_rank=8, chunk_size=16),
+    _f("falcon_mamba", "state-space", "FalconMambaForCausalLM", state_size=8, time_step_rank=8, use_mambapy=False),
+    # hybrids: at least one attention layer and one state-space (or convolution) layer
+    _f("falcon_h1", "hybrid", "FalconH1ForCausalLM", "attention and Mamba2 in parallel in every layer",
+       mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=16,
+       projectors_bias=False),
+    _f("jamba", "hybrid", "JambaForCausalLM", "layer 0 Mamba, layer 1 attention + MoE", attn_layer_period=2,
+       attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8,
+       use_mamba_kernels=False),
+    _f("bamba", "hybrid", "BambaForCausalLM", "layer 0 Mamba2, layer 1 attention", attn_layer_indices=[1],
+       mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=16),
+    _f("granitemoehybrid", "hybrid", "GraniteMoeHybridForCausalLM", "layer 0 Mamba2, layer 1 attention (Granite 4)",
+       layer_types=["linear_attention", "full_attention"], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16,
+       mamba_chunk_size=16),
+    _f("zamba2", "hybrid", "Zamba2ForCausalLM", "layer 0 Mamba2, layer 1 shared attention + Mamba2",
+       layers_block_type=["linear_attention", "hybrid"], hybrid_layer_ids=[1], mamba_d_state=16, n_mamba_heads=4,
+       mamba_headdim=16, attention_hidden_size=64, attention_head_dim=16, kv_channels=8, num_query_groups=4,
+       num_key_value_heads=4, adapter_rank=8, chunk_size=16, use_mamba_kernels=False),
+    _f("lfm2", "hybrid", "Lfm2ForCausalLM", "layer 0 short convolution, layer 1 attention",
+       layer_types=["conv", "full_attention"], full_attn_idxs=[1], block_multiple_of=32),
     # encoders
     _f("bert", "encoder", "BertModel"),
     _f("roberta", "encoder", "RobertaModel"),
@@ -83,6 +118,7 @@ _SPECS = [
     _f("electra", "encoder", "ElectraModel", embedding_size=16),
     _f("deberta_v2", "encoder", "DebertaV2Model"),
     _f("xlm_roberta", "encoder", "XLMRobertaModel"),
+    _f("mpnet", "encoder", "MPNetModel"),
     _f("modernbert", "encoder", "ModernBertModel", global_attn_every_n_layers=2, local_attention=16),
     # vision
     _f("vit", "vision", "ViTModel", **VISION),
@@ -93,6 +129,15 @@ _SPECS = [
     _f("resnet", "vision", "ResNetModel", embedding_size=16, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1]),
     _f("swin", "vision", "SwinModel", image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4],
        window_size=4),
+    _f("dinov3_vit", "vision", "DINOv3ViTModel", **VISION),
+    _f("mobilevit", "vision", "MobileViTModel", image_size=32, patch_size=2, hidden_sizes=[16, 24, 32],
+       neck_hidden_sizes=[8, 16, 16, 24, 24, 32, 64], aspp_out_channels=32),
+    _f("segformer", "vision", "SegformerModel", hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1],
+       num_attention_heads=[1, 1, 2, 2], decoder_hidden_size=32),
+    _f("efficientnet", "vision", "EfficientNetModel", image_size=32, width_coefficient=0.25, depth_coefficient=0.25,
+       hidden_dim=64),
+    _f("regnet", "vision", "RegNetModel", embedding_size=16, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1],
+       groups_width=8),
     # audio / speech
     _f("wav2vec2", "audio", "Wav2Vec2Model", **AUDIO_CONV),
     _f("hubert", "audio", "HubertModel", **AUDIO_CONV),
@@ -102,6 +147,10 @@ _SPECS = [
        frequency_stride=8, time_stride=8),
     _f("whisper", "audio", "WhisperForConditionalGeneration", "speech encoder-decoder", num_mel_bins=16,
        max_source_positions=32, max_target_positions=64, suppress_tokens=None, begin_suppress_tokens=None),
+    _f("moonshine", "audio", "MoonshineForConditionalGeneration", "speech encoder-decoder on raw waveforms",
+       encoder_num_hidden_layers=1, decoder_num_hidden_layers=1, encoder_num_attention_heads=4,
+       decoder_num_attention_heads=4, encoder_num_key_value_heads=4, decoder_num_key_value_heads=4,
+       max_position_embeddings=64),
     # encoder-decoder
     _f("t5", "encoder-decoder", "T5ForConditionalGeneration", decoder_start_token_id=0),
     _f("bart", "encoder-decoder", "BartForConditionalGeneration"),
@@ -109,6 +158,7 @@ _SPECS = [
     _f("marian", "encoder-decoder", "MarianMTModel", decoder_vocab_size=VOCAB),
     _f("pegasus", "encoder-decoder", "PegasusForConditionalGeneration"),
     _f("m2m_100", "encoder-decoder", "M2M100ForConditionalGeneration"),
+    _f("mt5", "encoder-decoder", "MT5ForConditionalGeneration", decoder_start_token_id=0),
     # vision-language
     _f("llava", "vision-language", "LlavaForConditionalGeneration", vision_config__image_size=32,
        vision_config__patch_size=8, image_seq_length=16),
@@ -126,6 +176,28 @@ _SPECS = [
     _f("qwen2_5_vl", "vision-language", "Qwen2_5_VLForConditionalGeneration", vision_config__patch_size=8,
        vision_config__out_hidden_size=32, vision_config__fullatt_block_indexes=[0], vision_config__window_size=16,
        text_config__rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [1, 1, 2]}),
+    _f("llava_next", "vision-language", "LlavaNextForConditionalGeneration", vision_config__image_size=32,
+       vision_config__patch_size=8, image_grid_pinpoints=[[32, 32], [32, 64], [64, 32]], image_seq_length=16),
+    _f("llava_onevision", "vision-language", "LlavaOnevisionForConditionalGeneration", vision_config__image_size=32,
+       vision_config__patch_size=8, image_grid_pinpoints=[[32, 32], [32, 64], [64, 32]]),
+    _f("mllama", "vision-language", "MllamaForConditionalGeneration", "layer 1 cross-attends to the image",
+       vision_config__image_size=32, vision_config__patch_size=8, vision_config__attention_heads=4,
+       vision_config__num_global_layers=1, vision_config__intermediate_layers_indices=[0],
+       vision_config__vision_output_dim=64, text_config__cross_attention_layers=[1]),
+    _f("internvl", "vision-language", "InternVLForConditionalGeneration", vision_config__image_size=[32, 32],
+       vision_config__patch_size=[8, 8], image_seq_length=4),
+    _f("mistral3", "vision-language", "Mistral3ForConditionalGeneration", "Pixtral vision tower",
+       vision_config__image_size=32, vision_config__patch_size=8),
+    _f("qwen3_vl", "vision-language", "Qwen3VLForConditionalGeneration", vision_config__patch_size=8,
+       vision_config__out_hidden_size=32, vision_config__deepstack_visual_indexes=[0],
+       text_config__rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [1, 1, 2],
+                                     "mrope_interleaved": True}),
+    _f("idefics2", "vision-language", "Idefics2ForConditionalGeneration", vision_config__image_size=32,
+       vision_config__patch_size=8, perceiver_config__resampler_n_heads=4, perceiver_config__resampler_head_dim=8,
+       perceiver_config__resampler_n_latents=4, perceiver_config__resampler_depth=1),
+    _f("aya_vision", "vision-language", "AyaVisionForConditionalGeneration", vision_config__image_size=32,
+       vision_config__patch_size=8, text_config__sliding_window=12,
+       text_config__layer_types=["sliding_attention", "full_attention"]),
     # dual encoders
     _f("clip", "dual-encoder", "CLIPModel", vision_config__image_size=32, vision_config__patch_size=8),
     _f("siglip", "dual-encoder", "SiglipModel", vision_config__image_size=32, vision_config__patch_size=8),
@@ -168,7 +240,10 @@ def shrink(config, overrides: dict[str, Any] | None = None, vocab: int = VOCAB):
         layers = getattr(node, "num_hidden_layers", None)
         for key in ("layer_types", "mlp_layer_types"):
             if isinstance(getattr(node, key, None), list) and isinstance(layers, int):
-                setattr(node, key, getattr(node, key)[:layers])
+                try:
+                    setattr(node, key, getattr(node, key)[:layers])
+                except AttributeError:  # derived from other settings (Mamba, Jamba): follows the layers set
+                    continue
         if isinstance(getattr(node, "vocab_size", None), int):
             node.vocab_size = vocab
         for key in _token_attributes(node):

@@ -44,7 +44,10 @@ def render(rows: list[Any], meta: dict[str, Any]) -> str:
         + ("" if meta.get("complete", True) else
            f" **Partial**: {meta.get('planned', '?')} families planned, the run stopped before the rest.")
         + (f" The rows of {meta['kept']} families are kept from the run of {meta['kept_from']}." if meta.get("kept")
-           else ""),
+           else "")
+        + (f" A full run of these {len(rows)} families takes about {meta['estimate_s'] / 60:.0f} min at "
+           f"{meta['jobs']} at a time (their CPU seconds over the cores; rows measured before CPU time was recorded "
+           "count their wall seconds)." if meta.get("estimate_s") else ""),
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".",
         "- Recipe: `" + _compact(meta["recipe"]["exports"]) + "`.",
         "",

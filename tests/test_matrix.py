@@ -3,6 +3,7 @@ one family through the real CLI, and failures are classified and rendered with t
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -10,15 +11,36 @@ import pytest
 
 from matrix.families import FAMILIES, KINDS, VOCAB, shrink
 from matrix.render import render
-from matrix.run import Cell, Row, classify, plainest_recipe
+from matrix.run import Cell, Row, classify, estimate_s, plainest_recipe
 from tests.conftest import ROOT
 
 
-def test_at_least_forty_families_across_every_kind():
-    assert len(FAMILIES) >= 40
+def test_at_least_ninety_families_across_every_kind():
+    assert len(FAMILIES) >= 90
     assert {spec.kind for spec in FAMILIES.values()} == set(KINDS)
-    for needed in ("idefics3", "smolvlm", "paligemma", "gemma3", "qwen2_vl", "clip", "gemma2", "gemma3_text"):
-        assert needed in FAMILIES
+    for needed in ("idefics3", "smolvlm", "paligemma", "gemma3", "qwen2_vl", "clip", "gemma2", "gemma3_text",
+                   # state-space and hybrid (#30)
+                   "mamba", "mamba2", "falcon_mamba", "falcon_h1", "jamba", "bamba", "granitemoehybrid", "zamba2",
+                   "lfm2",
+                   # speech seq2seq beyond Whisper, VLMs beyond the built-in layouts
+                   "moonshine", "llava_next", "llava_onevision", "mllama", "internvl", "mistral3", "qwen3_vl",
+                   "idefics2", "aya_vision",
+                   # seen passing in the sweep
+                   "olmoe", "mpnet", "dinov3_vit", "mt5"):
+        assert needed in FAMILIES, needed
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in FAMILIES.items() if s.kind == "hybrid"))
+def test_hybrids_keep_an_attention_layer_and_a_recurrent_one(name):
+    """A hybrid shrunk to two layers still runs both of its layer kinds (the default patterns start with several
+    state-space layers, which a plain cut to two layers would keep alone)."""
+    from matrix.families import tiny_model
+
+    model = tiny_model(FAMILIES[name])
+    kinds = {type(module).__name__ for module in model.modules()}
+    assert any(k.endswith("Attention") for k in kinds), f"{name}: no attention layer in {sorted(kinds)}"
+    recurrent = ("Mixer", "MambaLayer", "ShortConv", "GatedDeltaNet")
+    assert any(k.endswith(recurrent) for k in kinds), f"{name}: no state-space or convolution layer in {sorted(kinds)}"
 
 
 def _token_ids(config):
@@ -81,6 +103,10 @@ def test_failures_are_classified_with_their_root_cause():
     unverified = classify({"status": "unverified", "unverified": ["generation: EOS after 1 token"]})
     assert unverified.cause == "unverified" and "EOS after 1 token" in unverified.reason
     assert classify({"status": "passed", "generation": {"status": "passed"}}) == Cell("passed", generation="passed")
+    runtime = classify({"status": "failed", "error": {"type": "ValidationError", "message": ""}, "runtimes": [
+        {"runtime": "ONNX Runtime GenAI", "status": "failed", "detail": "bos_token_id - Expected a number"},
+        {"runtime": "optimum", "status": "passed", "detail": "ok"}]})
+    assert runtime.cause == "upstream" and runtime.reason == "ONNX Runtime GenAI: bos_token_id - Expected a number"
 
 
 def test_render_lists_every_failure_reason():
@@ -94,6 +120,15 @@ def test_render_lists_every_failure_reason():
     assert "Passed: dynamo 1/1, onnx 0/1." in text
 
 
+def test_the_estimate_spreads_cpu_seconds_over_the_cores():
+    rows = [Row("a", "encoder", "A", seconds=300.0, cpu_s=100.0), Row("b", "encoder", "B", seconds=50.0)]
+    assert estimate_s(rows, cores=2) == (100.0 + 50.0) / 2  # b predates CPU timing: its wall seconds count
+    meta = {"date": "d", "machine": "m", "jobs": 2, "elapsed_s": 60, "versions": {"torch": "2"}, "formats": ["onnx"],
+            "recipe": plainest_recipe(["onnx"]), "estimate_s": 4200}
+    rows = [Row("a", "encoder", "A", "model", 1.0, {"onnx": Cell("passed")}, cpu_s=1.0)]
+    assert "A full run of these 1 families takes about 70 min at 2 at a time" in render(rows, meta)
+
+
 def test_make_coverage_script_runs_one_family_end_to_end(tmp_path):
     out = tmp_path / "coverage.md"
     done = subprocess.run([sys.executable, "-m", "matrix", "--families", "bert", "--formats", "onnx", "--jobs", "1",
@@ -102,13 +137,17 @@ def test_make_coverage_script_runs_one_family_end_to_end(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     text = out.read_text()
     assert "| bert | encoder | `BertModel` | model | ✅ passed |" in text, text
-    assert (tmp_path / "coverage.json").is_file()
-    # a rerun of another family with --update keeps bert's row, in the families' order, and says nothing is partial
-    done = subprocess.run([sys.executable, "-m", "matrix", "--families", "vit", "--formats", "onnx", "--jobs", "1",
-                           "--work", str(tmp_path / "work"), "--out", str(out), "--update"],
+    measured = json.loads((tmp_path / "coverage.json").read_text())
+    assert measured["rows"][0]["cpu_s"] > 0 and measured["meta"]["estimate_s"] > 0
+    # a rerun of other families with --update keeps bert's row, in the families' order, and says nothing is partial;
+    # one of them is a state-space model, whose generation runs through its exported decode with the recurrent states
+    done = subprocess.run([sys.executable, "-m", "matrix", "--families", "vit,mamba", "--formats", "onnx",
+                           "--jobs", "1", "--work", str(tmp_path / "work"), "--out", str(out), "--update"],
                           capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     updated = out.read_text()
-    rows = [line for line in updated.splitlines() if line.startswith(("| bert ", "| vit "))]
-    assert rows == ["| bert | encoder | `BertModel` | model | ✅ passed |", "| vit | vision | `ViTModel` | model | ✅ passed |"]
-    assert "Passed: onnx 2/2." in updated and "Partial" not in updated
+    rows = [line for line in updated.splitlines() if line.startswith(("| bert ", "| vit ", "| mamba "))]
+    assert rows == ["| mamba | state-space | `MambaForCausalLM` | generation | ✅ passed (gen ✓) |",
+                    "| bert | encoder | `BertModel` | model | ✅ passed |",
+                    "| vit | vision | `ViTModel` | model | ✅ passed |"], updated
+    assert "Passed: onnx 3/3." in updated and "Partial" not in updated
