@@ -153,6 +153,27 @@ def test_genai_config_describes_the_graph(exported):
     assert search["do_sample"] is False and search["num_beams"] == 1 and search["max_length"] == 256
 
 
+def test_a_model_without_a_bos_id_gets_a_config_genai_parses(tmp_path):
+    """OLMo 2, GLM, Qwen2-MoE... have no `bos_token_id`: GenAI refuses a null id ("Expected a number but saw a
+    null"), so an id the model lacks is left out of `genai_config.json` (GenAI's default applies)."""
+    import onnxruntime_genai as og
+    from transformers import GenerationConfig, LlamaConfig
+
+    from exporters.export.genai_config import write_genai_config
+
+    config = LlamaConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2, bos_token_id=None,
+                         pad_token_id=None)
+    path = write_genai_config(tmp_path, config, GenerationConfig(eos_token_id=2))
+    content = json.loads(path.read_text())
+    assert "bos_token_id" not in content["model"] and content["model"]["pad_token_id"] == 2  # pad: the first eos
+    og.Config(str(tmp_path))  # parses
+    content["model"]["bos_token_id"] = None  # what was written before: GenAI refuses it
+    path.write_text(json.dumps(content))
+    with pytest.raises(Exception, match="bos_token_id"):
+        og.Config(str(tmp_path))
+
+
 def test_genai_generates_what_eager_generates_for_a_padded_batch_of_two(exported):
     from transformers import AutoTokenizer
 

@@ -42,7 +42,7 @@ def genai_config(config: Any, generation_config: Any, filename: str = "model.onn
     context = context_length or getattr(text, "max_position_embeddings", None) or 2048
     model_type = getattr(text, "model_type", "")
     search_value = lambda name, default: default if getattr(gen, name, None) is None else getattr(gen, name)  # noqa: E731
-    return {
+    content = {
         "model": {
             "bos_token_id": special.bos,
             "context_length": int(context),
@@ -89,6 +89,11 @@ def genai_config(config: Any, generation_config: Any, filename: str = "model.onn
             "top_p": float(search_value("top_p", 1.0)),
         },
     }
+    # GenAI parses each id as a number and refuses a null: an id the model does not have is left out (GenAI's default)
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if content["model"][name] is None:
+            del content["model"][name]
+    return content
 
 
 def write_genai_config(directory: Path, config: Any, generation_config: Any, filename: str = "model.onnx") -> Path:
