@@ -143,12 +143,14 @@ def cache_leaves(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 def state_leaves(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The template cache's fixed-size tensors: a state-space or hybrid layer's conv and recurrent states
-    (`cache.layers.0.conv_states.0`, ...), whose shape does not change from step to step (only the batch)."""
+    (`cache.layers.0.conv_states.0`, ...), whose shape does not change from step to step (only the batch); not a
+    layer's bookkeeping scalars (Mistral's `_sliding_window_tensor`, `cumulative_length`), which have no batch."""
     key = cache_input_name(inputs)
     if key is None:
         return {}
     kv = cache_leaves(inputs)
-    return {path: tensor for path, tensor in leaf_tensors({key: inputs[key]}).items() if path not in kv}
+    return {path: tensor for path, tensor in leaf_tensors({key: inputs[key]}).items()
+            if path not in kv and tensor.dim() >= 2}
 
 
 def contract(target, inputs: dict[str, Any], query_axis: bool = True) -> ComponentOverride:
