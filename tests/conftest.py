@@ -51,3 +51,13 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     from tests.models import tiny_llama
 
     return tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def assert_greedy_parity(generation: dict, prompt_length: int, new_tokens: int) -> None:
+    """A generation report that passed: the prompt's length, eager's `new_tokens` greedy tokens equal to the
+    exported graphs', and tokens that vary (so the check could fail)."""
+    assert generation["status"] == "passed", generation
+    assert generation["prompt_length"] == prompt_length
+    tokens = generation["eager_tokens"][0]
+    assert len(tokens) == new_tokens and tokens == generation["exported_tokens"][0][: len(tokens)]
+    assert len(set(tokens)) > 1, tokens  # greedy decoding varies: the check can fail

@@ -209,7 +209,7 @@ def default_decode_contract(target, components: dict[str, Any], setting: CacheSe
     grown = _growing_leaves(components["decode"][1])
     if not grown:
         return None
-    patterns = sorted({".".join("*" if part.isdigit() else part for part in path.split(".")) for path in grown})
+    patterns = sorted({layer_pattern(path) for path in grown})
     override = target.components.get("decode")
     shapes = {pattern: {str(grown_axis(grown, pattern)): "auto"} for pattern in patterns}
     if override is None:
@@ -218,6 +218,11 @@ def default_decode_contract(target, components: dict[str, Any], setting: CacheSe
         override.dynamic_shapes = shapes
     what = "self-attention cache" if any("self_attention_cache" in p for p in patterns) else "cache"
     return GROWN_CACHE_NOTE.format(what=what)
+
+
+def layer_pattern(path: str) -> str:
+    """A leaf path with its layer indices as `*` (`cache.layers.0.keys` -> `cache.layers.*.keys`)."""
+    return ".".join("*" if part.isdigit() else part for part in path.split("."))
 
 
 def grown_axis(grown: dict[str, Any], pattern: str) -> int:
@@ -244,7 +249,7 @@ def check_second_step(target, components: dict[str, Any], setting: CacheSetting)
     if not fixed:
         return
     length, axis = int(grown[fixed[0]].shape[-2]), grown[fixed[0]].dim() - 2
-    patterns = sorted({".".join("*" if part.isdigit() else part for part in path.split(".")) for path in fixed})
+    patterns = sorted({layer_pattern(path) for path in fixed})
     declared = ", ".join(f'"{pattern}": {{"{axis}": "auto"}}' for pattern in patterns)
     raise DecodeStepError(
         f"target '{target.name}': the decode graph would keep its cache at the traced length {length} and could not "
