@@ -40,7 +40,9 @@ def tiny_llama_64(folder: Path, recipe: Any = None) -> Path:
 
 # model builder, formats tried, family, {dim: largest max the model allows}
 CASES: dict[str, tuple[Any, str, str, dict[str, int]]] = {
-    "llama": (tiny_llama_64, "dynamo", "text", {"prompt": 64, "past": 63}),
+    # the merged graph's dims (the default generation graph of a decoder-only model): batch, query, cache
+    "llama": (tiny_llama_64, "dynamo,onnx", "text", {"batch_size": 64, "sequence_length": 64,
+                                                     "past_sequence_length": 63}),
     "bert": (tiny_bert, "onnx", "text", {"batch": 64, "sequence": 128}),
     "resnet": (tiny_resnet, "dynamo", "vision", {"batch": 64, "image": 256}),
     "t5": (tiny_t5, "dynamo", "seq2seq", {"source": 4096, "past": 4095}),
@@ -129,7 +131,8 @@ def test_each_model_gets_a_dynamic_axis_with_a_probed_bound_inside_its_limits(pr
         assert dims, f"{proposed.name}/{target['name']}: no dynamic axis"
         for name, (low, high) in dims.items():
             assert name in proposed.limits, (name, dims)
-            assert 1 <= low <= high <= proposed.limits[name], (name, low, high, proposed.limits[name])
+            lowest = 0 if name == "past_sequence_length" else 1  # the merged graph runs the prompt on no cache
+            assert lowest <= low <= high <= proposed.limits[name], (name, low, high, proposed.limits[name])
         probed = next(t for t in proposed.report["targets"] if t["name"] == target["name"])
         checks = {c["probe"]: c for component in probed["components"] for c in component["checks"]}
         for name, (low, high) in dims.items():
@@ -141,9 +144,24 @@ def test_position_limits_bound_the_sequence_axes(proposals) -> None:
     proposed = proposals("llama")  # the decoder-only model, whose position embeddings end at 64
     for target in proposed.recipe["exports"]:
         dims = named_dims(target)
-        assert dims["prompt"][1] == 64, dims  # as long as the position embeddings, not longer
-        assert dims["past"][1] == 63, dims  # one position left for the next token
+        assert dims["sequence_length"][1] == 64, dims  # as long as the position embeddings, not longer
+        assert dims["past_sequence_length"] == (0, 63), dims  # one position left for the next token
     assert "max_position_embeddings = 64" in proposed.init.stderr
+
+
+def test_a_decoder_only_llm_gets_the_merged_graph_with_the_weights_stored_once(proposals) -> None:
+    """#31 §4: the proposal is the tool's default graph (one `model`, weights once), not prefill + decode (twice);
+    the ONNX graph takes the padding mask and runs in ONNX Runtime GenAI from its folder."""
+    proposed = proposals("llama")
+    for target in proposed.recipe["exports"]:
+        assert target["expected_components"] == ["model"] and list(target["components"]) == ["model"], target
+    assert "attention_mask" in proposed.recipe["exports"][1]["components"]["model"]["dynamic_shapes"]
+    for target in proposed.report["targets"]:
+        assert [c["name"] for c in target["components"]] == ["model"]
+        assert target["weights_stored_bytes"] <= 1.05 * target["parameter_bytes"], target["name"]
+    onnx = next(t for t in proposed.report["targets"] if t["export_format"] == "onnx")
+    assert {p["runtime"]: p["status"] for p in onnx["runtimes"]}.get("ONNX Runtime GenAI") == "passed", onnx["runtimes"]
+    assert "| ✅ `onnx` | model |" in proposed.summary
 
 
 def test_tolerances_come_from_measured_diffs_with_a_margin(proposed: Proposed) -> None:

@@ -183,3 +183,20 @@ def test_outputs_are_compared_a_slice_at_a_time_with_the_whole_tensors_verdict(m
     nan[0, 7] = float("nan")
     [broken] = validate.compare_outputs({"logits": reference}, {"logits": nan}, 1e-4, 1e-3)
     assert not broken.passed and broken.note == "non-finite values (NaN or inf)"
+
+
+def test_a_target_failed_only_by_its_runtime_says_which_runtime_and_its_message() -> None:
+    """Every numeric check passed, but the runtime the layout is for could not run the folder: the target is failed
+    and its error names the runtime and repeats the runtime's own message (it was empty)."""
+    from exporters.report.results import Check, ComponentReport, OutputDiff, TargetResult, ValidationResult
+
+    check = Check("traced", {"input_ids": [1, 4]}, [OutputDiff("logits", 0.0, 0.0, 1e-4, 1e-4, True)])
+    validation = ValidationResult([ComponentReport("model", [check])], None, [], [],
+                                  runtimes=[{"runtime": "ONNX Runtime GenAI", "status": "failed",
+                                             "detail": "Load model from missing.onnx failed"},
+                                            {"runtime": "optimum", "status": "passed", "detail": "batch 2"}])
+    result = TargetResult("onnx", "onnx", "generation", "pending")
+    result.record_validation(validation)
+    assert result.status == "failed"
+    assert result.error == {"type": "ValidationError",
+                            "message": "ONNX Runtime GenAI cannot run it: Load model from missing.onnx failed"}

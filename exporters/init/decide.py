@@ -68,6 +68,9 @@ class FormatResult:
     opset_version: int | None = None
     notes: list[str] = field(default_factory=list)
     target: dict[str, Any] | None = None
+    # the graphs proposed: the tool's default (`merged`: one graph; `runner`: the ExecuTorch LLM runner's program),
+    # or one per component with its own contract (`components`), where the default did not validate
+    graph: str = "components"
 
 
 @dataclass

@@ -34,6 +34,7 @@ from typing import Any, Callable
 from exporters import fsutil
 from exporters.capture.source import SourceOptions, check_remote_code, load_model, load_tokenizer, read_config
 from exporters.errors import InitError
+from exporters.capture.merged import MERGED
 from exporters.init.axes import AxisPlan, Dimension, find_dimensions, spec_entries
 from exporters.init.decide import MARGIN, FormatResult, decide, nice_ceil
 from exporters.recipe.load import parse_recipe_data
@@ -95,17 +96,41 @@ def _axis_value(dimension: Dimension, state: str) -> Any:
     return state  # "auto" | "static"
 
 
-def build_target(export_format: str, plan: AxisPlan, dims: list[Dimension], opset: int | None = None) -> dict:
-    """One recipe target: the mode, the complete component set, each component's dynamic-shape contract."""
+MERGED_GRAPH, RUNNER_GRAPH, COMPONENT_GRAPHS = "merged", "runner", "components"
+
+
+def default_graph(plan: AxisPlan, export_format: str) -> str:
+    """The graphs init proposes first for a format: the tool's default where it applies, weights stored once (the
+    merged graph for dynamo and ONNX, the ExecuTorch LLM runner's program), else one graph per component."""
+    if plan.merged is None:
+        return COMPONENT_GRAPHS
+    return RUNNER_GRAPH if export_format == "executorch" else MERGED_GRAPH
+
+
+def first_dims(plan: AxisPlan, graph: str) -> list[Dimension]:
+    """The dimensions a format starts from: the merged graph's, none for the runner program (its contract is the
+    runner's: tokens of any length, a static cache), else the components'."""
+    chosen = {MERGED_GRAPH: plan.merged or [], RUNNER_GRAPH: []}.get(graph, plan.dimensions)
+    return copy.deepcopy(chosen)
+
+
+def build_target(export_format: str, plan: AxisPlan, dims: list[Dimension], opset: int | None = None,
+                 graph: str = COMPONENT_GRAPHS) -> dict:
+    """One recipe target: the mode, the complete component set, each component's dynamic-shape contract. `graph`
+    (`default_graph`): the merged graph (`model`) with its contract, the runner program (the plain target: the
+    tool's default), or one graph per component."""
     target: dict[str, Any] = {"name": export_format, "export_format": export_format, "mode": plan.mode}
-    if plan.mode == "generation":
-        target["expected_components"] = list(plan.expected)
+    components = [MERGED] if graph == MERGED_GRAPH else list(plan.components)
+    if plan.mode == "generation" and graph != RUNNER_GRAPH:
+        target["expected_components"] = [MERGED] if graph == MERGED_GRAPH else list(plan.expected)
     if export_format == "onnx" and opset is not None:
         target["opset_version"] = opset
     if export_format == "executorch":
         target["backend"] = "xnnpack"
+    if graph == RUNNER_GRAPH:
+        return target
     per_component: dict[str, dict[str, Any]] = {}
-    for component in plan.components:
+    for component in components:
         spec: dict[str, dict[str, Any]] = {}
         named = False
         for dimension in dims:
@@ -116,6 +141,9 @@ def build_target(export_format: str, plan: AxisPlan, dims: list[Dimension], opse
             for key, axes in spec_entries(dimension.axes[component], plan.leaves[component],
                                           _axis_value(dimension, state)).items():
                 spec.setdefault(key, {}).update(axes)
+        if spec and graph == MERGED_GRAPH and export_format == "onnx":  # the padding mask ONNX runtimes feed
+            batch = spec.get("input_ids", {}).get("0", "static")
+            spec["attention_mask"] = {"0": copy.deepcopy(batch), "1": "auto"}  # past + query: no single dim
         if spec:
             per_component[component] = {"dynamic_shapes": dict(sorted(spec.items()))}
             if named:  # named ranges need deferred asserts (docs/recipe.md)
@@ -175,7 +203,8 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
     gc.collect()  # each round's pipeline loads its own copy
     say(f"{plan.family} model, {plan.mode} mode, components {', '.join(plan.components)}; dimensions: "
         + (", ".join(f"{d.name} {d.low}..{d.high} ({d.limit})" for d in plan.dimensions) or "none"))
-    results = [FormatResult(fmt, dims=copy.deepcopy(plan.dimensions)) for fmt in dict.fromkeys(options.formats)]
+    results = [FormatResult(fmt, dims=first_dims(plan, graph), graph=graph)
+               for fmt in dict.fromkeys(options.formats) for graph in [default_graph(plan, fmt)]]
     work = options.work_dir or Path(tempfile.mkdtemp(prefix="hf-export-init-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -186,7 +215,7 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
     for result in results:
         if result.status == PASSED:
             _finish_tolerance(result)
-            result.target = build_target(result.export_format, plan, result.dims, result.opset_version)
+            result.target = build_target(result.export_format, plan, result.dims, result.opset_version, result.graph)
     passed = [r for r in results if r.status == PASSED]
     recipe = None
     if passed:
@@ -220,7 +249,7 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
         for result in pending:
             result.rounds += 1
         tolerances = {r.export_format: {"atol": r.atol_override} for r in pending if r.atol_override}
-        recipe = build_recipe(plan, [build_target(r.export_format, plan, r.dims) for r in pending],
+        recipe = build_recipe(plan, [build_target(r.export_format, plan, r.dims, graph=r.graph) for r in pending],
                               {"formats": tolerances, "max_probe_elements": options.max_probe_elements})
         path = work / f"round-{number}.json"
         fsutil.write_file(path, json.dumps(recipe, indent=2) + "\n")
@@ -239,8 +268,21 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
             changes = [reason[:200] for d in result.dims for reason in d.reasons[known[id(d)]:]]
             if result.status == PENDING and result.atol_override:
                 changes.append(f"atol {result.atol_override:g}")
+            if result.status == LEFT_OUT and result.graph != COMPONENT_GRAPHS:
+                changes = [_fall_back(result, plan)]
             say(f"  {result.export_format}: " + {PASSED: "passed", LEFT_OUT: f"left out — {result.reason}"}.get(
                 result.status, "next round: " + "; ".join(changes)))
+
+
+def _fall_back(result: FormatResult, plan: AxisPlan) -> str:
+    """The default graph did not validate: the next round tries one graph per component, and the notes say why."""
+    what = "the merged graph" if result.graph == MERGED_GRAPH else "the ExecuTorch LLM runner's program"
+    note = (f"{what} (the default, weights stored once) did not validate ({(result.reason or '')[:300]}): proposed "
+            f"{', '.join(plan.expected)} as separate graphs")
+    result.notes.append(note)
+    result.graph, result.status, result.reason = COMPONENT_GRAPHS, PENDING, None
+    result.dims, result.atol_override = copy.deepcopy(plan.dimensions), None
+    return note
 
 
 def _onnx_opset(directory: Path) -> int | None:

@@ -266,4 +266,6 @@ class TargetResult:
             generation = validation.generation
             if generation is not None and generation.status == FAILED:
                 reasons.append(f"generation parity failed: {generation.reason or f'first divergence {generation.first_divergence}'}")
+            reasons += [f"{proof['runtime']} cannot run it: {proof.get('detail') or 'no message'}"
+                        for proof in validation.runtimes if proof["status"] == FAILED]
             self.error = {"type": "ValidationError", "message": "; ".join(reasons)}
