@@ -149,3 +149,86 @@ def test_the_methods_layout_stays_available(tmp_path):
     loads = [f for f in target["findings"] if "method per component (prefill, decode)" in f]
     assert loads and "optimum-executorch do not load it" in loads[0] and 'layout: \"runner\"' in loads[0], \
         target["findings"]  # the report says which runtime loads what was written
+
+
+@pytest.fixture(scope="module")
+def llama_8da8w_runner(tmp_path_factory):
+    """The tiny Llama with `quantize` pt2e-xnnpack 8da8w (the `int8-dynamic` variant of ExecuTorch) and no layout:
+    the runner's layout, quantized."""
+    recipe = {**RECIPE, "exports": [{**PLAINEST_EXECUTORCH, "quantize": {"method": "pt2e-xnnpack", "scheme": "8da8w"}}]}
+    return _export(tmp_path_factory.mktemp("runner-llama-8da8w"), "llama", recipe)
+
+
+def test_a_quantized_target_gets_the_runner_layout_and_runs_in_the_runner(llama_8da8w_runner):
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    from executorch.runtime import Runtime
+
+    out, report, log = llama_8da8w_runner
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    folder = out / "executorch"
+    manifest = json.loads((folder / "export.json").read_text())
+    assert manifest["layout"] == "runner" and list(manifest["components"]) == ["model"]
+    quantization = manifest["quantization"]  # recorded as for every quantized target
+    assert (quantization["method"], quantization["options"], quantization["kind"]) == \
+        ("pt2e-xnnpack", {"scheme": "8da8w"}, "int8")
+    assert quantization["weights"].startswith("int8 per-channel") and "dynamic" in quantization["activations"]
+    # judged by the quantization budget (the int8 defaults), never by atol
+    quality = target["quality"]
+    assert (quality["judged_by"], quality["kind"], quality["passed"]) == ("metrics", "int8", True), quality
+    assert quality["budget"]["min_greedy_match"] == 4
+    assert quality["metrics"]["top1_agreement"] >= quality["budget"]["min_top1_agreement"]
+    assert 0 <= quality["metrics"]["kl"] <= quality["budget"]["max_kl"]
+    for component in target["components"]:
+        for check in component["checks"]:
+            assert not check["outputs"] and check["quality"]["positions"] >= 1, check
+    generation = target["generation"]
+    assert generation["status"] == "passed" and generation["required_tokens"] == 4
+    assert generation["matched_tokens"] >= 4 and len(generation["eager_tokens"][0]) == 8
+    # the runner generates from the folder alone; a quantized program's text is held to min_greedy_match
+    proof = {p["runtime"]: p for p in target["runtimes"]}["ExecuTorch LLM runner"]
+    assert proof["status"] == "passed", proof
+    if generation["exported_tokens"] == generation["eager_tokens"]:
+        assert proof["detail"] == "8/8 tokens"  # the same program our loop ran
+    else:
+        equal = int(proof["detail"].split("/")[0])
+        assert equal >= 4 and proof["detail"] == f"{equal}/8 tokens before the first divergence (min_greedy_match 4)"
+    # the runner's contract: forward(tokens, input_pos) -> logits, the cache inside, the metadata methods
+    program = Runtime.get().load_program(folder / "model.pte")
+    assert {"forward", "get_max_seq_len", "get_eos_ids", "use_kv_cache", "enable_dynamic_shape"} <= \
+        set(program.method_names)
+    forward = program.load_method("forward")
+    assert forward.metadata.num_inputs() == 2 and forward.metadata.num_outputs() == 1
+    # the program starts from an empty cache (calibration ran on fresh buffers, which would otherwise be baked in
+    # with their write positions): the prompt at position 0 gives eager's next tokens
+    from transformers import AutoModelForCausalLM
+
+    eager = AutoModelForCausalLM.from_pretrained(out.parent / "model").eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        reference = eager(input_ids=ids).logits
+    first = forward.execute([ids, torch.arange(6)])[0]
+    assert (first.argmax(-1) == reference.argmax(-1)).float().mean() >= 0.9
+    assert "ExecuTorch LLM runner ✓" in (out / "report.md").read_text()
+
+
+def test_the_quantized_runner_program_is_smaller(llama_runner, llama_8da8w_runner):
+    fp32, int8 = ((run[0] / "executorch" / "model.pte").stat().st_size for run in (llama_runner, llama_8da8w_runner))
+    assert int8 < 0.75 * fp32, (int8, fp32)  # the linear weights int8, the embedding table float32
+
+
+def test_the_runner_proof_holds_a_quantized_program_to_min_greedy_match():
+    """The rule generation parity uses for quantized targets: greedy tokens equal before the first divergence, at
+    least `min_greedy_match` (the recipe's, else the variant kind's default), capped at what eager produced."""
+    from exporters.recipe.load import parse_recipe
+    from exporters.validate.runtime_executorch import required_match
+
+    def target(**settings):
+        return parse_recipe(json.dumps({"exports": [{**PLAINEST_EXECUTORCH, **settings}]})).exports[0]
+
+    assert required_match(target(), 8) is None  # float32: token for token
+    assert required_match(target(quantize={"method": "pt2e-xnnpack", "scheme": "8da8w"}), 8) == 4
+    assert required_match(target(quantize={"method": "pt2e-xnnpack", "scheme": "8da4w"}), 8) == 2
+    assert required_match(target(quantize={"method": "pt2e-xnnpack"}, validation={"min_greedy_match": 6}), 8) == 6
+    assert required_match(target(quantize={"method": "pt2e-xnnpack"}), 3) == 3  # capped at eager's tokens
+    assert required_match(target(dtype="float16"), 16) == 8

@@ -70,8 +70,6 @@ def wants_runner(target: Any, family: str, cache_implementation: str, batch_size
                        "cache)")
     if batch_size != 1:
         reasons.append(f"inputs.batch_size is {batch_size} (the runner runs batch 1)")
-    if target.quantize is not None:
-        reasons.append("quantize is not supported in the runner layout yet")
     if set(target.components) - {MERGED} or target.dynamic_shapes or target.merged is False:
         reasons.append("the target sets per-component settings or dynamic_shapes of the methods layout")
     if sliding_window is not None and (max_cache_len is None or sliding_window < max_cache_len):

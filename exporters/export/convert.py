@@ -133,7 +133,7 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
 
     Returns `{"components", "export_only_s", "save_s"}`."""
     if getattr(target, "layout", None) == "runner":  # the ExecuTorch LLM runner's program (exporters.export.llm_runner)
-        outcome = export_runner(model, target, components, recipe, directory, notes)
+        outcome = export_runner(model, target, components, recipe, directory, notes, quantizer_for)
     else:
         exporter = upstream.exporter_class(target.export_format)()
         configs = component_configs(target, components, recipe, notes, quantizer_for)

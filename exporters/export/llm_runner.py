@@ -5,6 +5,7 @@ every target.
 
 ```
 runner program ──► export_runner_program (exporters.upstream.llm_runner) ──► model.pte [+ model.ptd]
+[quantizer_for("model", prompt at position 0): recipe quantize, PT2E on the traced graph]
                                                                             export.json (layout "runner")
                                                                             config.json, generation_config.json
 ```
@@ -13,6 +14,7 @@ runner program ──► export_runner_program (exporters.upstream.llm_runner) �
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +31,14 @@ PROGRAM, WEIGHTS_TAG = "model.pte", "model"
 
 
 def export_runner(model: Any, target: Any, components: dict[str, tuple[Any, dict]], recipe: Recipe, directory: Path,
-                  notes: list[str]) -> dict[str, Any]:
+                  notes: list[str], quantizer_for: Callable[[str, dict[str, Any]], Any] | None = None
+                  ) -> dict[str, Any]:
     """Export the runner program of `components["model"]` and write the target folder (its tokenizer files come
-    from `folder_files.complete_folder`). Returns `{"components", "export_only_s", "save_s"}`."""
+    from `folder_files.complete_folder`). A quantized target's quantizer comes from `quantizer_for("model",
+    inputs)` (`exporters.export.quantize.Quantizing`) and quantizes the traced program, calibrating on the prompt at
+    position 0 with a fresh cache per sample. Returns `{"components", "export_only_s", "save_s"}`."""
     module, inputs = components[MERGED]
+    quantizer = quantizer_for(MERGED, inputs) if quantizer_for is not None else None
     setting = cache_setting_for(model, target, recipe)
     custom_ops = custom_ops_of(target)
     external = bool(getattr(target, "external_weights", None)) or ModelWeights.of(model).bytes() > PTE_WEIGHTS_LIMIT
@@ -40,7 +46,7 @@ def export_runner(model: Any, target: Any, components: dict[str, tuple[Any, dict
     started = time.time()
     manager, record, custom_nodes = llm_runner.export_runner_program(
         module, model, inputs, max_cache_len=setting.max_cache_len, custom_ops=custom_ops, metadata=metadata,
-        external_weights=WEIGHTS_TAG if external else None)
+        external_weights=WEIGHTS_TAG if external else None, quantizer=quantizer)
     export_s = time.time() - started
     started = time.time()
     directory.mkdir(parents=True, exist_ok=True)

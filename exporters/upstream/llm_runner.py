@@ -5,6 +5,7 @@ lowering optimum-executorch uses, reached here only.
 ```
 model ──► runner_module (static cache of max_cache_len as buffers) ──► export_runner_program
           forward(input_ids [1, seq], cache_position [seq]) -> {"logits"}    strict torch.export, custom ops swapped in,
+                                                                            [PT2E quantizer, fresh cache per sample],
                                                                             XNNPACK, constant metadata methods
 ```
 
@@ -17,13 +18,15 @@ transformers 5.24).
 
 from __future__ import annotations
 
-import importlib
 import contextlib
-from collections.abc import Iterator
+import copy
+import importlib
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 from transformers import GenerationConfig
+from transformers.exporters.configs import ExportFormat
 from transformers.exporters.metadata import ExportMetadata
 from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 from transformers.masking_utils import AttentionMaskInterface
@@ -159,16 +162,66 @@ def runner_metadata(model: Any, max_cache_len: int, custom_ops: bool, eos_ids: l
     return {name: value for name, value in values.items() if value is not None}
 
 
+class FreshCacheSamples:
+    """Calibration samples replayed on a prepared runner graph, each from a fresh cache: the graph's buffers (the
+    static cache and its write positions) mutate on every forward, so `reset` restores them before each sample is
+    handed out (a prompt at position 0 then sees the empty cache it sees in generation)."""
+
+    def __init__(self, samples: Iterable[dict[str, Any]], reset: Callable[[], None]):
+        self.samples, self.reset = list(samples), reset
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for sample in self.samples:
+            self.reset()
+            yield copy.deepcopy(sample)
+
+
+def _restore_buffers(module: torch.nn.Module, fresh: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, buffer in module.named_buffers():
+            if name in fresh and buffer.shape == fresh[name].shape:
+                buffer.copy_(fresh[name])
+
+
+def quantize_runner_graph(exported: torch.export.ExportedProgram, quantizer: Any, kwargs: dict[str, Any],
+                          shapes: dict[str, Any]) -> torch.export.ExportedProgram:
+    """The runner program quantized by upstream's FX-graph quantizer (`PT2EQuantizer`), exported again as upstream's
+    exporters do (non-strict: Dynamo does not trace an exported graph). Calibration replays its samples (the
+    quantizer's, else the traced prompt at position 0) from a fresh cache each ([`FreshCacheSamples`]), and the
+    buffers are restored once more after conversion, so the program starts with the empty cache it was traced with;
+    a buffer that still differs raises."""
+    module = exported.module()
+    fresh = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
+    samples = FreshCacheSamples(quantizer.calibration_dataset or [kwargs], lambda: _restore_buffers(module, fresh))
+    quantized = quantizer.with_calibration(samples).quantize(module, copy.deepcopy(kwargs), ExportFormat.EXECUTORCH)
+    _restore_buffers(quantized, fresh)
+    changed = [name for name, buffer in quantized.named_buffers()
+               if name in fresh and buffer.shape == fresh[name].shape and not torch.equal(buffer, fresh[name])]
+    if changed:
+        raise RuntimeError(f"the quantized runner program's buffers {changed[:4]} kept calibration state")
+    with torch.no_grad():
+        return torch.export.export(quantized, (), copy.deepcopy(kwargs), dynamic_shapes=shapes, strict=False)
+
+
 def export_runner_program(program: RunnerProgram, model: Any, inputs: dict[str, Any], *, max_cache_len: int,
-                          custom_ops: bool, metadata: dict[str, Any], external_weights: str | None = None):
+                          custom_ops: bool, metadata: dict[str, Any], external_weights: str | None = None,
+                          quantizer: Any = None):
     """Export and lower the runner program: strict `torch.export` (non-strict loses the cache's identity with the
     buffers: docs/upstream-gaps.md), `seq` dynamic up to `max_cache_len - 1`, custom ops when asked (then
-    executorch's `RemoveRedundantTransposes` and a second export), XNNPACK, `metadata` as constant methods.
-    `external_weights`: the tag of a `.ptd` the weights go to (None: inside the `.pte`).
+    executorch's `RemoveRedundantTransposes` and a second export), `quantizer` (upstream's `PT2EQuantizer`, None:
+    float) on that graph ([`quantize_runner_graph`]), XNNPACK (a quantized program with the dynamically quantized
+    linears delegated first: docs/upstream-gaps.md #18), `metadata` as constant methods. `external_weights`: the
+    tag of a `.ptd` the weights go to (None: inside the `.pte`).
 
     Returns `(ExecutorchProgramManager, ExportMetadata, number of custom-op nodes)`."""
     # executorch loads only where a program is lowered (seconds, native memory)
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner  # deferred: heavy
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import (  # deferred: heavy
+        XnnpackDynamicallyQuantizedPartitioner,
+        XnnpackPartitioner,
+    )
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower  # heavy
     from executorch.exir.passes import MemoryPlanningPass  # deferred: heavy
 
@@ -186,6 +239,8 @@ def export_runner_program(program: RunnerProgram, model: Any, inputs: dict[str, 
 
             module = RemoveRedundantTransposes()(exported.module())[0]
             exported = torch.export.export(module, (), kwargs, dynamic_shapes=shapes, strict=True)
+    if quantizer is not None:
+        exported = quantize_runner_graph(exported, quantizer, kwargs, shapes)
     custom_nodes = sum(1 for n in exported.graph.nodes if n.op == "call_function" and "llama." in str(n.target))
     record = ExportMetadata(
         architecture=type(model).__name__,
@@ -205,7 +260,8 @@ def export_runner_program(program: RunnerProgram, model: Any, inputs: dict[str, 
         backend_config = _external_constants(backend_config, external_weights)
     edge = to_edge_transform_and_lower(
         {"forward": exported},
-        partitioner=[XnnpackPartitioner()],
+        partitioner=[XnnpackPartitioner()] if quantizer is None
+        else [XnnpackDynamicallyQuantizedPartitioner(), XnnpackPartitioner()],
         compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
         constant_methods=metadata,
     )
