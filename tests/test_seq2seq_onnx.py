@@ -505,6 +505,10 @@ def test_merged_false_keeps_optimums_two_decoders_validated_and_optimum_generate
     manifest = json.loads((folder / "export.json").read_text())
     assert {c: e["file"] for c, e in manifest["components"].items()} == UNMERGED_FILES
     assert not [e for e in manifest["components"].values() if "branch" in e]
+    # every weight stored once, beside the encoder: both decoders read that file
+    for graph in UNMERGED_FILES.values():
+        assert {location for location, _, _ in _external_ranges(folder / graph)} == {"encoder_model.onnx.data"}
+    _stored_once([folder / graph for graph in UNMERGED_FILES.values()])
     no_past, _ = _graph(folder / "decoder_model.onnx")
     with_past, outputs = _graph(folder / "decoder_with_past_model.onnx")
     assert sorted(no_past) == ["encoder_attention_mask", "encoder_hidden_states", "input_ids"]
