@@ -62,9 +62,9 @@ class RecipeExporter:
             target.multi_token_decode = multi_token_decode
         setting = cache_setting_for(model, target, self.recipe)
         asked = target.merged
-        target.merged = merged.wants_merged(target, detect_family(model), setting.implementation, model.config)
+        target.merged = merged.planned_merged(target, detect_family(model), setting.implementation, model.config)
         components = decompose(model, "generation", {}, inputs, setting=setting,
-                                      multi_token_decode=target.multi_token_decode or target.merged)
+                                      multi_token_decode=bool(target.multi_token_decode or target.merged))
         if target.merged and asked is None and not merged.takes_cache(components):  # a default it cannot have
             target.merged = False
             components = decompose(model, "generation", {}, inputs, setting=setting,

@@ -5,6 +5,12 @@ and the same under `onnx/` for the transformers.js layout. Exported once per mod
 in one run), validated by our own loop on the merged graph (both branches), loaded from the target folder alone by
 optimum's `ORTModelForSpeechSeq2Seq` / `ORTModelForSeq2SeqLM` (the optimum test venv, transformers 4.57) and by
 transformers.js on Node.js, whose greedy tokens must be eager's.
+
+`dynamic: true` keeps the batch dynamic (every graph is traced at a batch of 2, the prefill at a decoder prompt of
+3 tokens: `exporters.capture.probes.fit_encoder_decoder`; our own greedy parity runs them at batch 1 and one start
+token): optimum generates eager's tokens for two waveforms / two texts of different lengths at once (padded, with
+attention masks), and for Whisper with a decoder prompt of four tokens, which the merged decoder's no-past branch
+runs at once.
 """
 
 from __future__ import annotations
@@ -35,6 +41,11 @@ OPTIMUM_SCRIPT = Path(__file__).with_name("optimum") / "seq2seq.py"
 TJS_SCRIPT = Path(__file__).with_name("transformers_js") / "seq2seq.mjs"
 AUDIO = (np.random.default_rng(0).standard_normal(8000) * 0.1).astype(np.float32).tolist()
 TEXT_IDS = [[70, 12, 5]]
+# two inputs of different lengths at once: the batch axis must be dynamic (the graphs are traced at 2, the check
+# feeds other lengths), the shorter row padded
+AUDIO_BATCH = [(np.random.default_rng(1).standard_normal(n) * 0.1).astype(np.float32).tolist() for n in (9000, 4000)]
+TEXT_BATCH = [[44, 8, 61, 25, 90], [3, 55]]
+WHISPER_PROMPT = [[1, 50, 51, 52]]  # the decoder start, then three prompt tokens: the no-past decoder runs all four
 
 
 def _past(prefix: str) -> list[str]:
@@ -42,8 +53,8 @@ def _past(prefix: str) -> list[str]:
             for kind in ("key", "value")]
 
 
-def _export(root: Path, build, **options) -> dict:
-    model_dir = build(root / "model", RECIPE, decoder_layers=LAYERS, **options)
+def _export(root: Path, build, recipe: dict = RECIPE, **options) -> dict:
+    model_dir = build(root / "model", recipe, decoder_layers=LAYERS, **options)
     out = root / "out"
     result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -63,6 +74,13 @@ def t5(tmp_path_factory):
     return _export(tmp_path_factory.mktemp("t5-optimum"), tiny_t5)
 
 
+@pytest.fixture(scope="module")
+def t5_unmerged(tmp_path_factory):
+    """`merged: false`: the two decoders stay optimum's two files."""
+    return _export(tmp_path_factory.mktemp("t5-unmerged"), tiny_t5,
+                   {"exports": [{"name": "onnx", **TARGET, "merged": False}]})
+
+
 GREEDY = {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS, "do_sample": False, "num_beams": 1}
 
 
@@ -73,27 +91,47 @@ def _varied(tokens: list[list[int]]) -> list[list[int]]:
     return new
 
 
+def _whisper_generate(model_dir: Path, audio, **extra) -> list[list[int]]:
+    """Eager transformers' greedy tokens for `audio` (one waveform or a batch: the feature extractor pads), the last
+    NEW_TOKENS of each row."""
+    from transformers import AutoFeatureExtractor, WhisperForConditionalGeneration
+
+    extractor = AutoFeatureExtractor.from_pretrained(model_dir)
+    features = extractor(audio, sampling_rate=extractor.sampling_rate, return_tensors="pt").input_features
+    model = WhisperForConditionalGeneration.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        return _varied(model.generate(input_features=features, **extra, **GREEDY).tolist())
+
+
+def _padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows right-padded with `pad`, and their attention mask (as tests/optimum/seq2seq.py pads them)."""
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([row + [pad] * (width - len(row)) for row in rows])
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
+    return ids, mask
+
+
+def _t5_generate(model_dir: Path, rows: list[list[int]]) -> list[list[int]]:
+    """Eager transformers' greedy tokens for the token `rows` (padded), the last NEW_TOKENS of each row."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
+    ids, mask = _padded(rows, model.config.pad_token_id)
+    assert len(rows) == 1 or not bool(mask.all())  # a batch has a padded row
+    with torch.no_grad():
+        return _varied(model.generate(input_ids=ids, attention_mask=mask, **GREEDY).tolist())
+
+
 @pytest.fixture(scope="module")
 def whisper_eager(whisper) -> list[list[int]]:
     """Eager transformers' greedy tokens for AUDIO (the last NEW_TOKENS)."""
-    from transformers import AutoFeatureExtractor, WhisperForConditionalGeneration
-
-    extractor = AutoFeatureExtractor.from_pretrained(whisper["model_dir"])
-    features = extractor(AUDIO, sampling_rate=extractor.sampling_rate, return_tensors="pt").input_features
-    model = WhisperForConditionalGeneration.from_pretrained(whisper["model_dir"]).eval()
-    with torch.no_grad():
-        return _varied(model.generate(input_features=features, **GREEDY).tolist())
+    return _whisper_generate(whisper["model_dir"], AUDIO)
 
 
 @pytest.fixture(scope="module")
 def t5_eager(t5) -> list[list[int]]:
     """Eager transformers' greedy tokens for TEXT_IDS (the last NEW_TOKENS)."""
-    from transformers import AutoModelForSeq2SeqLM
-
-    model = AutoModelForSeq2SeqLM.from_pretrained(t5["model_dir"]).eval()
-    ids = torch.tensor(TEXT_IDS)
-    with torch.no_grad():
-        return _varied(model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **GREEDY).tolist())
+    return _t5_generate(t5["model_dir"], TEXT_IDS)
 
 
 def _graph(path: Path) -> tuple[list[str], list[str]]:
@@ -162,11 +200,15 @@ def _check_merged_graph(path: Path, mask: list[str]) -> None:
     for g in branches.values():  # only scalars and 1-D integer tensors stay in a branch (as optimum keeps them)
         assert all(len(t.dims) == 0 or (len(t.dims) == 1 and t.data_type in (6, 7)) for t in g.initializer)
     assert len({t.name for t in graph.initializer}) == len(graph.initializer) > 0
+    dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in graph.input}
+    # a batch and a decoder prompt of any size (the no-past branch runs a prompt of several tokens at once)
+    assert dims["input_ids"] == ["batch_size", "decoder_sequence_length"], dims["input_ids"]
+    assert dims["encoder_hidden_states"][:2] == ["batch_size", "encoder_sequence_length"]
     for value in graph.input:
         if value.name.startswith("past_key_values."):
             dims = value.type.tensor_type.shape.dim
             assert dims[2].dim_param in ("past_decoder_sequence_length", "encoder_sequence_length_out"), value
-            assert dims[0].dim_param == "batch_size" or dims[0].dim_value == 1, value
+            assert dims[0].dim_param == "batch_size", value  # `dynamic: true`: the batch too
             assert all(d.dim_value for d in (dims[1], dims[3])), value  # heads, head size: fixed numbers
     onnx.checker.check_model(str(path), full_check=True)
 
@@ -181,6 +223,10 @@ def test_the_folder_has_optimums_files_and_names_and_our_checks_ran_on_them(name
     # our checks ran the merged file: its no-past branch as `prefill`, its with-past branch as `decode`
     assert all(any(MERGED in note for note in c["structural"]) for c in target["components"][1:])
     assert target["generation"]["status"] == "passed"  # our greedy parity ran through the merged graph
+    # traced at a batch of 2 (the prefill at a prompt of 3 tokens); our greedy parity ran them at batch 1, one token
+    for component in ("encoder", "prefill", "decode"):
+        assert f"{component}: the batch is traced at size 2" in " ".join(target["findings"]), target["findings"]
+    assert "prefill: the decoder prompt is traced at 3 tokens" in " ".join(target["findings"])
     assert sorted(p.name for p in folder.glob("*.onnx")) == sorted(set(FILES.values()))  # no separate decoders
     assert {Path(f["path"]).name for f in target["files"]} >= set(FILES.values())
     manifest = json.loads((folder / "export.json").read_text())
@@ -195,6 +241,10 @@ def test_the_folder_has_optimums_files_and_names_and_our_checks_ran_on_them(name
     encoder_in, encoder_out = _graph(folder / FILES["encoder"])
     assert encoder_out == ["last_hidden_state"]
     assert encoder_in == (["input_features"] if name == "whisper" else ["input_ids", "attention_mask"])
+    import onnx
+
+    encoder = onnx.load(str(folder / FILES["encoder"]), load_external_data=False).graph
+    assert all(v.type.tensor_type.shape.dim[0].dim_param for v in (*encoder.input, *encoder.output))  # batch: any
     mask = [] if name == "whisper" else ["encoder_attention_mask"]
     _check_merged_graph(folder / MERGED, mask)
     merged_in, merged_out = _graph(folder / MERGED)
@@ -296,6 +346,37 @@ def test_optimum_seq2seq_lm_generates_what_eager_generates(t5, t5_eager, tmp_pat
     got = _optimum(t5["folder"], "text", TEXT_IDS, tmp_path)
     _optimum_loaded_the_merged_decoder(got, ["encoder_attention_mask"])
     assert [row[-NEW_TOKENS:] for row in got["tokens"]] == t5_eager
+
+
+def test_optimum_speech_seq2seq_generates_a_batch_of_two_waveforms_as_eager_does(whisper, tmp_path):
+    """Two waveforms of different lengths at once (the extractor pads them): the batch axis of every graph is
+    dynamic, and each row's greedy tokens are eager's on the same batch."""
+    want = _whisper_generate(whisper["model_dir"], AUDIO_BATCH)
+    got = _optimum(whisper["folder"], "speech", AUDIO_BATCH, tmp_path)
+    _optimum_loaded_the_merged_decoder(got, [])
+    assert got["batch"] == 2 and [row[-NEW_TOKENS:] for row in got["tokens"]] == want
+    assert want[0] != want[1]  # two inputs, two answers: a batch that mixed its rows up would show
+
+
+def test_optimum_seq2seq_lm_generates_a_padded_batch_of_two_texts_as_eager_does(t5, tmp_path):
+    """Two texts of different lengths at once, the shorter right-padded with its attention mask 0 there: each row's
+    greedy tokens are eager's on the same padded batch."""
+    want = _t5_generate(t5["model_dir"], TEXT_BATCH)
+    got = _optimum(t5["folder"], "text", TEXT_BATCH, tmp_path)
+    _optimum_loaded_the_merged_decoder(got, ["encoder_attention_mask"])
+    assert got["batch"] == 2 and [row[-NEW_TOKENS:] for row in got["tokens"]] == want
+    assert want[0] != want[1]
+
+
+def test_optimum_whisper_with_a_decoder_prompt_of_four_tokens_generates_what_eager_generates(whisper, tmp_path):
+    """`generate(input_features, decoder_input_ids=...)` with four start tokens (the decoder start, then a prompt,
+    as forced language and task tokens are): the merged decoder's no-past branch runs the four at once, then the
+    with-past branch steps on (generate's first call has no past: it feeds the whole prompt, a length the graph
+    was not traced with); the tokens are eager's."""
+    want = _whisper_generate(whisper["model_dir"], AUDIO, decoder_input_ids=torch.tensor(WHISPER_PROMPT))
+    got = _optimum(whisper["folder"], "speech", {"inputs": AUDIO, "decoder_input_ids": WHISPER_PROMPT}, tmp_path)
+    _optimum_loaded_the_merged_decoder(got, [])
+    assert [row[-NEW_TOKENS:] for row in got["tokens"]] == want
 
 
 def _transformers_js(exported: dict, kind: str, data, tmp_path: Path) -> list[int]:
@@ -403,3 +484,42 @@ def test_a_decode_graph_with_a_fixed_past_keeps_upstreams_names_and_says_why(tmp
     assert target["status"] == "passed"
     assert sorted(p.name for p in (out / "onnx").glob("*.onnx")) == ["decode.onnx", "encoder.onnx", "prefill.onnx"]
     assert any("has a fixed length" in f and "optimum" in f for f in target["findings"]), target["findings"]
+
+
+UNMERGED_FILES = {"encoder": "encoder_model.onnx", "prefill": "decoder_model.onnx",
+                  "decode": "decoder_with_past_model.onnx"}
+
+
+def test_merged_false_keeps_optimums_two_decoders_validated_and_optimum_generates_eagers_tokens(t5_unmerged,
+                                                                                                tmp_path):
+    """`merged: false` on an encoder-decoder: `encoder_model.onnx` + `decoder_model.onnx` (no past) +
+    `decoder_with_past_model.onnx`, in optimum's names, validated by our own loop (every component, greedy parity),
+    and optimum's `ORTModelForSeq2SeqLM` loads the two decoders (not merged) and generates eager's tokens for a padded
+    batch of two texts."""
+    folder, target = t5_unmerged["folder"], t5_unmerged["target"]
+    assert target["status"] == "passed" and target["unverified"] == [], target.get("error")
+    assert [(c["name"], c["verdict"]) for c in target["components"]] == [
+        ("encoder", "passed"), ("prefill", "passed"), ("decode", "passed")]
+    assert target["generation"]["status"] == "passed"
+    assert sorted(p.name for p in folder.glob("*.onnx")) == sorted(UNMERGED_FILES.values())
+    manifest = json.loads((folder / "export.json").read_text())
+    assert {c: e["file"] for c, e in manifest["components"].items()} == UNMERGED_FILES
+    assert not [e for e in manifest["components"].values() if "branch" in e]
+    # every weight stored once, beside the encoder: both decoders read that file
+    for graph in UNMERGED_FILES.values():
+        assert {location for location, _, _ in _external_ranges(folder / graph)} == {"encoder_model.onnx.data"}
+    _stored_once([folder / graph for graph in UNMERGED_FILES.values()])
+    no_past, _ = _graph(folder / "decoder_model.onnx")
+    with_past, outputs = _graph(folder / "decoder_with_past_model.onnx")
+    assert sorted(no_past) == ["encoder_attention_mask", "encoder_hidden_states", "input_ids"]
+    assert [n for n in with_past if n.startswith("past_key_values.")] == _past("past_key_values")
+    assert outputs[0] == "logits" and sorted(n for n in outputs if n.startswith("present.")) == sorted(
+        _past("present"))
+    got = _optimum(folder, "text", TEXT_BATCH, tmp_path)
+    assert got["merged"] is False and got["files"] == {"encoder": "encoder_model.onnx",
+                                                       "decoder": "decoder_model.onnx",
+                                                       "decoder_with_past": "decoder_with_past_model.onnx"}
+    assert [n for n in got["inputs"]["decoder_with_past"] if n.startswith("past_key_values.")] == _past(
+        "past_key_values")
+    want = _t5_generate(t5_unmerged["model_dir"], TEXT_BATCH)
+    assert got["batch"] == 2 and [row[-NEW_TOKENS:] for row in got["tokens"]] == want

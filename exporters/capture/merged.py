@@ -81,6 +81,22 @@ def wants_merged(target, family: str, cache_implementation: str, config: Any = N
     return True
 
 
+def planned_merged(target, family: str, cache_implementation: str, config: Any = None) -> bool | None:
+    """`target.merged` once planned: [`wants_merged`], except an encoder-decoder target's, which stays as the recipe
+    gave it (unset or false). Its merged graph is not upstream's multi-token decode: its two traced decoders are
+    merged into `decoder_model_merged.onnx` after the export (`exporters.export.seq2seq_merged`) unless `merged` is
+    false, which keeps optimum's `decoder_model.onnx` + `decoder_with_past_model.onnx`.
+
+    Example:
+        >>> from exporters.recipe.load import parse_recipe
+        >>> unset = parse_recipe('{"export_format": "onnx", "mode": "generation", "dynamic": true}').exports[0]
+        >>> planned_merged(unset, "seq2seq", "dynamic"), planned_merged(unset, "text", "dynamic")
+        (None, True)
+    """
+    wanted = wants_merged(target, family, cache_implementation, config)
+    return target.merged if family in ENCODER_DECODER_FAMILIES and not wanted else wanted
+
+
 def takes_cache(components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -> bool:
     """Whether the capture's decode takes a key-value cache, which the merged graph runs on. When the default chose
     the merged graph (the recipe left `merged` unset) and it does not (Mamba's conv and recurrent states, #30), the

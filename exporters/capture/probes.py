@@ -301,6 +301,34 @@ def fit_batch(inputs: dict[str, Any], config: Any, seed: int = 0) -> tuple[dict[
                     "would specialize"]
 
 
+DECODER_PROMPT = 3
+
+
+def fit_encoder_decoder(name: str, inputs: dict[str, Any], config: Any,
+                        seed: int = 0) -> tuple[dict[str, Any], list[str]]:
+    """A component of an encoder-decoder generation export (`encoder`, `prefill`, `decode`) traced with `dynamic:
+    true`: at a batch of 2 ([`fit_batch`]: a batch of 1 would be fixed), and the prefill's decoder prompt at
+    `DECODER_PROMPT` tokens (generate's first step feeds one, which torch.export would fix at 1: Whisper's forced
+    prefix of language and task tokens, a `decoder_input_ids` prompt, run through the no-past decoder at once). The
+    decode keeps its one new token.
+
+    Example:
+        >>> fitted, notes = fit_encoder_decoder("prefill", {"decoder_input_ids": torch.tensor([[0]]),
+        ...                                                 "attention_mask": torch.ones(1, 5, dtype=torch.long)}, None)
+        >>> fitted["decoder_input_ids"].tolist(), fitted["attention_mask"].shape
+        ([[0, 0, 0], [0, 0, 0]], torch.Size([2, 5]))
+    """
+    fitted, notes = fit_batch(inputs, config, seed)
+    ids = fitted.get("decoder_input_ids")
+    if name == "prefill" and isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[1] == 1:
+        fitted = dict(fitted) if fitted is not inputs else copy.deepcopy(inputs)
+        generator = torch.Generator().manual_seed(seed)
+        fitted["decoder_input_ids"] = resize_along(ids, 1, DECODER_PROMPT, generator, config)
+        notes.append(f"the decoder prompt is traced at {DECODER_PROMPT} tokens: generate's first step feeds 1, "
+                     "which torch.export would specialize")
+    return fitted, notes
+
+
 def sync_cache_lengths(inputs: dict[str, Any]) -> None:
     """Cache layers that count their tokens (a sliding-window layer's `cumulative_length`) told the length their
     resized key/value tensors now hold, as a cache grown to that length would be; left alone past the window, where

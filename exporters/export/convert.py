@@ -212,7 +212,8 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
             fixed = fixed_past(directory)
             if fixed is None:
                 rename_encoder_decoder(directory)
-                unmerged = merge_encoder_decoder(directory)  # one decoder graph: optimum's and transformers.js's
+                # one decoder graph (optimum's and transformers.js's), unless `merged: false` keeps the two
+                unmerged = merge_encoder_decoder(directory) if target.merged is not False else None
                 if unmerged and notes is not None:
                     notes.append(unmerged)
             elif target.layout == "transformers.js":

@@ -31,7 +31,9 @@ class MergedSetting(BaseModel):
         "prefill + decode. Default: true for dynamo targets, and ONNX targets with dynamic shapes, of decoder-only "
         "models with a dynamic key-value cache whose layers all keep one cache length (no sliding-window mix) and no "
         "prefill/decode components; false otherwise (and for models whose decode has no key-value cache, such as "
-        "Mamba, or carries a state-space scan's recurrent states, such as the hybrid Falcon-H1).",
+        "Mamba, or carries a state-space scan's recurrent states, such as the hybrid Falcon-H1). An encoder-decoder "
+        "ONNX target's two decoders are merged into decoder_model_merged.onnx unless merged is false "
+        "(decoder_model.onnx + decoder_with_past_model.onnx); true does not apply to it.",
     )
 
     @model_validator(mode="after")

@@ -19,7 +19,7 @@ from exporters.capture.cache_settings import (check_second_step, default_decode_
 from exporters.capture.components import cache_setting_for, decompose, generation_config_for, minimum_components
 from exporters.capture.families import detect_family
 from exporters.capture.inputs import SampleInputs, default_mode, make_sample_inputs
-from exporters.capture.probes import dim_bindings, fit_batch, fit_to_contract
+from exporters.capture.probes import dim_bindings, fit_batch, fit_encoder_decoder, fit_to_contract
 from exporters.capture.source import load_model, load_tokenizer
 from exporters.errors import ShapeSpecError, error_record
 from exporters.export.footprint import ModelWeights
@@ -113,8 +113,8 @@ class Workbench:
                 self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting))
                 return self.fitted[target.name][0]
             asked = target.merged
-            target.merged = merged.wants_merged(target, self.sample.family, setting.implementation,
-                                                 self.model.config)
+            target.merged = merged.planned_merged(target, self.sample.family, setting.implementation,
+                                                   self.model.config)
             captured = self._captured(target, recipe, setting)
             layout_notes, dropped = llm_runner.methods_note(target, state_layers), []
             if target.merged and asked is None and (not merged.takes_cache(captured) or merged.scans(captured)):
@@ -164,6 +164,12 @@ class Workbench:
                 multi_token_decode=multi_token, family=self.sample.family)
         return self.decompositions[key]
 
+    def _batches_encoder_decoder(self, target: Target) -> bool:
+        """Whether `target` is an encoder-decoder ONNX generation export (optimum's and transformers.js's Seq2Seq
+        files) whose `dynamic: true` keeps the batch and the decoder prompt dynamic (`fit_encoder_decoder`)."""
+        return (target.mode == "generation" and target.export_format == "onnx"
+                and self.sample.family in merged.ENCODER_DECODER_FAMILIES)
+
     def _fit(self, target: Target, captured: Any, recipe: Recipe) -> tuple[Any, list[str]]:
         fitted, notes = {}, []
         for name, (module, inputs) in captured.items():
@@ -177,6 +183,9 @@ class Workbench:
             dynamic = override.dynamic if override is not None and override.dynamic is not None else target.dynamic
             if dynamic and not spec and target.mode == "model":  # `dynamic: true` keeps the batch dynamic too
                 new_inputs, batch_notes = fit_batch(new_inputs, self.model.config, recipe.inputs.seed)
+                changed += batch_notes
+            elif dynamic and not spec and self._batches_encoder_decoder(target):  # batch and decoder prompt too
+                new_inputs, batch_notes = fit_encoder_decoder(name, new_inputs, self.model.config, recipe.inputs.seed)
                 changed += batch_notes
             fitted[name] = (module, new_inputs)
             notes += [f"{name}: {note}" for note in changed]

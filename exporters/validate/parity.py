@@ -128,8 +128,16 @@ def reference_for(model, generate_inputs: dict[str, Any], generation_config, ste
 def _prefix(components, generate_inputs: dict[str, Any], family: str) -> torch.Tensor:
     """The tokens the decoder has seen before the first generated one."""
     if family in ("seq2seq", "speech-seq2seq"):
-        return components["prefill"][1]["decoder_input_ids"]
+        return _decoder_start(components, generate_inputs)
     return generate_inputs["input_ids"]
+
+
+def _decoder_start(components, generate_inputs: dict[str, Any]) -> torch.Tensor:
+    """The decoder start token in each row of `generate_inputs`' batch: the captured prefill's first token (every row
+    and position of its `decoder_input_ids` holds it; `dynamic: true` traces it at a larger batch and a longer
+    prompt: `exporters.capture.probes.fit_encoder_decoder`)."""
+    batch = int(next(iter(generate_inputs.values())).shape[0])
+    return components["prefill"][1]["decoder_input_ids"][:1, :1].expand(batch, 1).clone()
 
 
 def _decoder_only(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
@@ -196,7 +204,7 @@ def _encoder_decoder(model, components, runners, generate_inputs, greedy: Greedy
     if "attention_mask" in prefill_template and "attention_mask" in generate_inputs:
         extra["attention_mask"] = generate_inputs["attention_mask"]
     key = cache_input_name(prefill_template)
-    start = prefill_template["decoder_input_ids"]
+    start = _decoder_start(components, generate_inputs)
     inputs = step_inputs(prefill_template, start, 0, copy.deepcopy(prefill_template[key]) if key else None)
     inputs.update(extra)
     out = run_component(runners["prefill"], inputs)
