@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
+from PIL import Image
 
 from exporters.errors import UnsupportedModelError, describe_error
 from exporters.upstream import multimodal_submodules
@@ -165,7 +166,8 @@ def processor_inputs(model, pre: Preprocessor, spec, family: str) -> dict[str, A
         return _tensors(extractor(waves, sampling_rate=rate, return_tensors="pt"))
     image_processor = getattr(obj, "image_processor", obj)
     size = _image_size(config, image_processor, spec.image_size)
-    images = [synthetic_image(size, spec.seed + i) for i in range(batch)]
+    # PIL images: every processor reads them (Idefics2's `load_image` refuses arrays), in the one RGB layout
+    images = [Image.fromarray(synthetic_image(size, spec.seed + i)) for i in range(batch)]
     if pre.kind != "processor":
         return _tensors(image_processor(images=images, return_tensors="pt"))
     image_token = getattr(obj, "image_token", None)
