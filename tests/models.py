@@ -463,3 +463,49 @@ def tiny_mllama_with_processor(folder: Path, recipe: Any | None = None, seed: in
     image_processor = MllamaImageProcessorPil(size={"height": 32, "width": 32}, max_image_tiles=4)
     MllamaProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(folder)
     return folder
+
+
+def tiny_idefics2_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A tiny Idefics2 (SigLIP-style tower, image 32, patch 8; a perceiver resampler of 4 latents: 4 image tokens)
+    saved with its own processor: a PIL-backend Idefics2 image processor (no splitting) and a BPE tokenizer whose
+    `<image>` id is the model's."""
+    from transformers import Idefics2ImageProcessorPil, Idefics2Processor
+
+    from matrix.families import FAMILIES, build
+
+    tokenizer = _vlm_tokenizer(folder, ["<image>", "<fake_token_around_image>", "<end_of_utterance>"])
+    spec = _vlm_spec("idefics2", "Idefics2ForConditionalGeneration", {
+        **FAMILIES["idefics2"].overrides, "image_token_id": tokenizer.convert_tokens_to_ids("<image>")})
+    build(spec, folder, seed=seed, recipe=recipe)
+    image_processor = Idefics2ImageProcessorPil(size={"shortest_edge": 32, "longest_edge": 32},
+                                                do_image_splitting=False)
+    Idefics2Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4).save_pretrained(folder)
+    return folder
+
+
+def tiny_llava_onevision_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A tiny LLaVA-OneVision (SigLIP tower, image 32, patch 8, any-resolution grid pinpoints up to 64) saved with
+    the files its processor writes: `processor_config.json` naming `LlavaOnevisionProcessor`, with its image
+    processor (PIL backend: base image + one tile at 32, 5-D pixels and `image_sizes`) and its video processor
+    nested as transformers 5 nests them, and a BPE tokenizer whose `<image>` id is the model's. The processor class
+    builds a video processor, which needs torchvision (not in the stack): it cannot be built here to save itself,
+    nor loaded, which is the case this folder is for."""
+    import json
+
+    from transformers import LlavaOnevisionImageProcessorPil
+
+    from matrix.families import FAMILIES, build
+
+    tokenizer = _vlm_tokenizer(folder, ["<image>", "<video>"])
+    spec = _vlm_spec("llava_onevision", "LlavaOnevisionForConditionalGeneration", {
+        **FAMILIES["llava_onevision"].overrides, "image_token_index": tokenizer.convert_tokens_to_ids("<image>"),
+        "video_token_index": tokenizer.convert_tokens_to_ids("<video>")})
+    build(spec, folder, seed=seed, recipe=recipe)
+    image_processor = LlavaOnevisionImageProcessorPil(size={"height": 32, "width": 32},
+                                                      image_grid_pinpoints=spec.overrides["image_grid_pinpoints"])
+    processor = {"processor_class": "LlavaOnevisionProcessor", "image_processor": image_processor.to_dict(),
+                 "video_processor": {"video_processor_type": "LlavaOnevisionVideoProcessor"},
+                 "image_token": "<image>", "video_token": "<video>", "num_image_tokens": 16,
+                 "vision_feature_select_strategy": "full", "vision_aspect_ratio": "anyres_max_9"}
+    (folder / "processor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
+    return folder

@@ -6,7 +6,12 @@
 - Aya Vision (SigLIP + pixel shuffle, a Cohere2 language model with a sliding window, the processor's
   start/patch/end image tokens), dynamo and ONNX from its own processor;
 - Mllama (tiles with `aspect_ratio_ids` / `aspect_ratio_mask`, a language model that cross-attends to the image
-  through 4-D `cross_attention_mask` and `full_text_row_masked_out_mask`, whose sequence axis the probes resize).
+  through 4-D `cross_attention_mask` and `full_text_row_masked_out_mask`, whose sequence axis the probes resize);
+- LLaVA-OneVision, whose processor builds a video processor that needs torchvision (not in the stack): the folder's
+  processor cannot load, which the report says, and its image processor (read from `processor_config.json`, where
+  transformers 5 nests it) makes the pixels, with as many image tokens as the model's `get_image_features` returns
+  features for them; every format, parity through the exported graphs;
+- Idefics2's processor, whose `load_image` refuses arrays: the sample image goes in as a PIL image.
 
 What each processor output feeds: LLaVA-NeXT's `pixel_values` (base image + tiles) go to the image encoder
 flattened (`[tiles, 3, 32, 32]`); `image_sizes` stays in the model's Python glue (unpadding, newline packing),
@@ -20,7 +25,13 @@ import json
 import pytest
 
 from tests.conftest import run_cli
-from tests.models import tiny_aya_vision_with_processor, tiny_llava_next_with_processor, tiny_mllama_with_processor
+from tests.models import (
+    tiny_aya_vision_with_processor,
+    tiny_idefics2_with_processor,
+    tiny_llava_next_with_processor,
+    tiny_llava_onevision_with_processor,
+    tiny_mllama_with_processor,
+)
 
 EVERY_FORMAT = [{"name": "dynamo", "export_format": "dynamo", "dynamic": True},
                 {"name": "onnx", "export_format": "onnx", "dynamic": True},
@@ -136,6 +147,46 @@ def test_mllama_from_its_own_processor_probes_its_cross_attention_masks(mllama):
         length = check["shapes"]["input_ids"][1]
         assert check["shapes"]["cross_attention_mask"][2] == length
         assert check["shapes"]["full_text_row_masked_out_mask"][2] == length
+
+
+@pytest.fixture(scope="module")
+def llava_onevision(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("llava-onevision"), tiny_llava_onevision_with_processor, EVERY_FORMAT)
+
+
+def test_llava_onevision_every_format_from_its_image_processor(llava_onevision):
+    """Its processor cannot load (torchvision): the report says so, and the pixels are its image processor's (the
+    base image and one tile, `image_sizes`), the image tokens counted on them; every stage passes, parity holds."""
+    _, out, result, report = llava_onevision
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    findings = report["findings"]
+    assert any("the folder's processor could not be loaded" in f and "Torchvision" in f for f in findings), findings
+    assert any("through the folder's own LlavaOnevisionImageProcessorPil" in f for f in findings), findings
+    _assert_passed_with_parity(report, ["dynamo", "onnx", "executorch"])
+    for target in report["targets"]:
+        encoder = target["components"][0]["checks"][0]["shapes"]
+        assert encoder == {"pixel_values": [2, 3, 32, 32]}, encoder  # the base image and one tile, flattened
+        assert (out / target["name"] / "glue_parameters.safetensors").is_file()
+
+
+def test_idefics2_sample_inputs_through_its_own_processor(tmp_path):
+    """Idefics2's processor reads PIL images only (arrays raise "Incorrect format used for image"): the sample
+    image reaches it as one, its tokens and pixel mask are the processor's, and the model's forward takes them."""
+    import torch
+
+    from exporters.capture.inputs import make_sample_inputs
+    from exporters.capture.source import ModelSource, load_model, load_tokenizer
+    from exporters.recipe.model import InputsSpec
+
+    folder = tiny_idefics2_with_processor(tmp_path / "model")
+    model = load_model(ModelSource(str(folder), folder))
+    sample = make_sample_inputs(model, InputsSpec(), load_tokenizer(folder), folder=folder)
+    assert sample.source == "processor (Idefics2Processor)"
+    inputs = sample.forward
+    assert inputs["pixel_values"].shape == (1, 1, 3, 32, 32) and inputs["pixel_attention_mask"].shape == (1, 1, 32, 32)
+    assert int((inputs["input_ids"] == model.config.image_token_id).sum()) == 4  # the resampler's 4 latents
+    with torch.no_grad():
+        assert model(**inputs).logits.shape[1] == inputs["input_ids"].shape[1]
 
 
 # ── Without a processor: one rule from the config and the model's own get_image_features ──────────────────────

@@ -16,7 +16,13 @@ from typing import Any
 import torch
 
 from exporters.capture.families import AUDIO_INPUTS, FAMILIES, default_mode, detect_family, towers
-from exporters.capture.multimodal import Preprocessor, load_preprocessor, processor_inputs, synthesize_vlm
+from exporters.capture.multimodal import (
+    Preprocessor,
+    image_processor_pixels,
+    load_preprocessor,
+    processor_inputs,
+    synthesize_vlm,
+)
 from exporters.recipe.model import InputsSpec
 
 # Moonshine's encoder downsamples a waveform's attention_mask by slicing it to its conv output length, which torch.export
@@ -164,8 +170,14 @@ def make_sample_inputs(model, spec: InputsSpec, tokenizer=None, folder: Path | N
         if sample is not None:
             sample.notes = notes + pre.notes + sample.notes
             return sample
-        notes.append(f"the folder's {pre.name} makes pixels but does not lay out the image tokens: inputs "
-                     "synthesized in the family's layout")
+        pixels = image_processor_pixels(model, pre, spec)  # a vision-language model's pixels, tokens by the rule
+        notes.append(f"sample inputs: a synthetic image through the folder's own {pre.name}, which makes pixels but "
+                     "does not lay out the image tokens: as many image tokens as the model's get_image_features "
+                     "returns features for those pixels")
+        sample = _synthesized(model, spec, family, tokenizer, generator, text_ids, pixels)
+        sample.source = f"image processor ({pre.name})"
+        sample.notes = notes + sample.notes
+        return sample
     sample = _synthesized(model, spec, family, tokenizer, generator, text_ids)
     sample.notes = notes + sample.notes
     return sample
@@ -196,7 +208,7 @@ def _from_preprocessor(model, pre: Preprocessor, spec: InputsSpec, family: str, 
 
 
 def _synthesized(model, spec: InputsSpec, family: str, tokenizer, generator: torch.Generator,
-                 text_ids: torch.Tensor | None = None) -> SampleInputs:
+                 text_ids: torch.Tensor | None = None, pixels: dict[str, Any] | None = None) -> SampleInputs:
     config = model.config
     batch = spec.batch_size
     source = "tokenizer" if tokenizer is not None and spec.prompt else "synthesized"
@@ -217,7 +229,7 @@ def _synthesized(model, spec: InputsSpec, family: str, tokenizer, generator: tor
         forward = {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": decoder}
         return SampleInputs(family, forward, {"input_ids": ids, "attention_mask": mask}, source)
     if family == "vision-language":
-        inputs = synthesize_vlm(model, spec, ids, generator)
+        inputs = synthesize_vlm(model, spec, ids, generator, pixels)
         return SampleInputs(family, dict(inputs), dict(inputs), source)
     if family == "dual-encoder":
         forward = {"input_ids": ids, "attention_mask": mask}

@@ -4,7 +4,10 @@
   tokenizer), a synthetic image or waveform and the recipe's prompt go through that processor, offline: the token
   layout, pixel shapes and extra tensors (`pixel_attention_mask`, `image_grid_thw`, `token_type_ids`) are exactly
   what the family expects.
-- When it ships only an image processor or feature extractor, that makes the pixels or features.
+- When it ships only an image processor or feature extractor, that makes the pixels or features. So does the image
+  processor of a processor that cannot load (LLaVA-OneVision's, InternVL's and Qwen3-VL's processors build a video
+  processor, which needs torchvision): a vision-language model then gets the folder's pixels in its own layout and
+  the image tokens by the rule below, counted on those pixels ([`image_processor_pixels`]).
 - Otherwise a vision-language model's inputs are synthesized by one rule from its config and its own code
   ([`synthesize_vlm`]): the config's image token, an image at the vision config's size in the first layout the
   model's `get_image_features` accepts (one image; tiles with `image_sizes`; tiles with a pixel mask), and as many
@@ -25,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
+from PIL import Image
 
 from exporters.errors import UnsupportedModelError, describe_error
 from exporters.upstream import multimodal_submodules
@@ -61,7 +65,7 @@ def load_preprocessor(folder: Path | None, audio: bool = False) -> tuple[Preproc
     attempts: list[tuple[str, str]] = []
     if (folder / PROCESSOR_FILE).is_file() or ((folder / PREPROCESSOR_FILE).is_file() and has_tokenizer):
         attempts.append(("processor", "AutoProcessor"))
-    if (folder / PREPROCESSOR_FILE).is_file():
+    if (folder / PREPROCESSOR_FILE).is_file() or (folder / PROCESSOR_FILE).is_file():  # transformers 5 nests them
         single = [("image_processor", "AutoImageProcessor"), ("feature_extractor", "AutoFeatureExtractor")]
         attempts += single[::-1] if audio else single
     notes: list[str] = []
@@ -71,7 +75,8 @@ def load_preprocessor(folder: Path | None, audio: bool = False) -> tuple[Preproc
             obj = getattr(transformers, loader).from_pretrained(folder, **options)
         except Exception as err:  # a broken or code-needing processor: say so, try the next, else synthesize
 
-            notes.append(f"the folder's {kind.replace('_', ' ')} could not be loaded ({describe_error(err, 300)})")
+            reason = " ".join(describe_error(err, 300).split())  # one line: an ImportError's text spans several
+            notes.append(f"the folder's {kind.replace('_', ' ')} could not be loaded ({reason})")
             continue
         if kind == "processor" and not hasattr(obj, "tokenizer") and not hasattr(obj, "image_processor"):
             kind = "image_processor" if hasattr(obj, "preprocess") else "feature_extractor"
@@ -153,6 +158,23 @@ def whole_counts(extractor: Any) -> Any:
     return extractor
 
 
+def _images(model, spec, image_processor) -> list[Image.Image]:
+    """The synthetic images (one per batch row) at the size the model's vision config or processor asks for."""
+    size = _image_size(model.config, image_processor, spec.image_size)
+    # PIL images: every processor reads them (Idefics2's `load_image` refuses arrays), in the one RGB layout
+    return [Image.fromarray(synthetic_image(size, spec.seed + i)) for i in range(spec.batch_size)]
+
+
+def image_processor_pixels(model, pre: Preprocessor, spec) -> dict[str, Any]:
+    """The vision inputs the folder's image processor makes of the synthetic images, as the model's forward names
+    them (`pixel_values` and what goes with them: `image_sizes`, `image_grid_thw`, `pixel_attention_mask`); what its
+    forward does not take (InternVL's `num_patches`) is left out."""
+    image_processor = getattr(pre.obj, "image_processor", pre.obj)
+    made = _tensors(image_processor(images=_images(model, spec, image_processor), return_tensors="pt"))
+    takes = set(inspect.signature(model.forward).parameters)
+    return {name: value for name, value in made.items() if name in takes and isinstance(value, torch.Tensor)}
+
+
 def processor_inputs(model, pre: Preprocessor, spec, family: str) -> dict[str, Any]:
     """Sample inputs made by the folder's own processor from a synthetic image / waveform (and the prompt)."""
     config = model.config
@@ -164,8 +186,7 @@ def processor_inputs(model, pre: Preprocessor, spec, family: str) -> dict[str, A
         waves = [synthetic_waveform(rate, 1.0, spec.seed + i) for i in range(batch)]
         return _tensors(extractor(waves, sampling_rate=rate, return_tensors="pt"))
     image_processor = getattr(obj, "image_processor", obj)
-    size = _image_size(config, image_processor, spec.image_size)
-    images = [synthetic_image(size, spec.seed + i) for i in range(batch)]
+    images = _images(model, spec, image_processor)
     if pre.kind != "processor":
         return _tensors(image_processor(images=images, return_tensors="pt"))
     image_token = getattr(obj, "image_token", None)
@@ -213,10 +234,11 @@ def _features_of(model, pixels: dict[str, Any], batch: int) -> tuple[int, int | 
         if isinstance(value, torch.Tensor):
             read.append(int(value.shape[0]))
 
+    takes = set(inspect.signature(model.get_image_features).parameters)
     handle = encoder.register_forward_pre_hook(watch, with_kwargs=True) if encoder is not None else None
     try:
         with torch.no_grad():
-            out = model.get_image_features(**pixels)
+            out = model.get_image_features(**{name: value for name, value in pixels.items() if name in takes})
     finally:
         if handle is not None:
             handle.remove()
@@ -242,10 +264,12 @@ def _pixel_layouts(model, batch: int, channels: int, size: int, generator: torch
     yield {"pixel_values": _pixels(batch, channels, size, generator), **sizes}
 
 
-def counted_vision_inputs(model, spec, batch: int, generator: torch.Generator) -> tuple[dict[str, Any], int]:
+def counted_vision_inputs(model, spec, batch: int, generator: torch.Generator,
+                          given: dict[str, Any] | None = None) -> tuple[dict[str, Any], int]:
     """The vision inputs of an image at the vision config's size, in the first layout the model's own
     `get_image_features` accepts, and the number of image tokens it makes of them (its features counted: no
-    per-family formula). Raises `UnsupportedModelError` when the model takes none of the layouts."""
+    per-family formula). `given` pixels (the folder's image processor made them) are the one layout tried.
+    Raises `UnsupportedModelError` when the model takes none of the layouts."""
     config = model.config
     vision = config.vision_config
     size = _image_size(config, None, spec.image_size)
@@ -254,7 +278,8 @@ def counted_vision_inputs(model, spec, batch: int, generator: torch.Generator) -
         raise UnsupportedModelError(f"{type(model).__name__} has no get_image_features: the image tokens it expects "
                                     "cannot be counted")
     refused = []
-    for pixels in _pixel_layouts(model, batch, channels, size, generator):
+    layouts = [given] if given is not None else _pixel_layouts(model, batch, channels, size, generator)
+    for pixels in layouts:
         try:
             count, read = _features_of(model, pixels, batch)
         except Exception as err:  # the model refuses this layout: try the next, and say why if none fits
@@ -269,8 +294,10 @@ def counted_vision_inputs(model, spec, batch: int, generator: torch.Generator) -
                                 f"layouts ({'; '.join(refused) or 'no image features'})")
 
 
-def synthesize_vlm(model, spec, text_ids: torch.Tensor, generator: torch.Generator) -> dict[str, Any]:
-    """Image + prompt inputs for a vision-language model without a processor, in its processor's layout.
+def synthesize_vlm(model, spec, text_ids: torch.Tensor, generator: torch.Generator,
+                   pixels: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Image + prompt inputs for a vision-language model without a processor, in its processor's layout; with
+    `pixels` (from the folder's image processor, [`image_processor_pixels`]), around those pixels.
 
     `text_ids` (batch x prompt) is the prompt; image tokens are laid out before it. The rule: the image token from
     the config (`image_token_id` / `image_token_index`), an image at the vision config's size in the layout the
@@ -297,19 +324,25 @@ def synthesize_vlm(model, spec, text_ids: torch.Tensor, generator: torch.Generat
         side = 2 * merge  # the smallest grid the merger accepts, twice over
         grid = torch.tensor([[1, side, side]] * batch)
         patches = torch.randn(batch * side * side, channels * temporal * patch * patch, generator=generator)
+        if pixels is not None:  # the folder's image processor's patches and grid
+            patches, grid = pixels["pixel_values"], pixels["image_grid_thw"]
+        made = "the image processor's" if pixels is not None else "the synthesized"
         try:
             count, _ = _features_of(model, {"pixel_values": patches, "image_grid_thw": grid}, batch)
         except Exception as err:  # the model refuses the patch layout: say so, with the files that would serve it
             raise UnsupportedModelError(
-                f"{type(model).__name__}.get_image_features refuses the synthesized patches {tuple(patches.shape)} "
+                f"{type(model).__name__}.get_image_features refuses {made} patches {tuple(patches.shape)} "
                 f"with image_grid_thw {grid[0].tolist()} ({describe_error(err, 200)}): save the model's processor "
                 "into the folder (processor.save_pretrained(folder))") from err
         ids = tokens([config.vision_start_token_id], [image_token] * count, [config.vision_end_token_id])
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
                 "mm_token_type_ids": (ids == image_token).long(), "pixel_values": patches, "image_grid_thw": grid}
     try:
-        pixels, count = counted_vision_inputs(model, spec, batch, generator)
+        pixels, count = counted_vision_inputs(model, spec, batch, generator, pixels)
     except UnsupportedModelError as err:
+        if pixels is not None:
+            raise UnsupportedModelError(f"the pixels of the folder's image processor do not fit the model: {err}. "
+                                        "Save a processor that loads here into the folder") from err
         raise UnsupportedModelError(
             f"no processor in the model folder ({PROCESSOR_FILE} with its tokenizer, or {PREPROCESSOR_FILE}) and no "
             f"input synthesis for model_type '{model_type}': {err}. Save the model's processor into the folder "
