@@ -134,8 +134,9 @@ _SPECS = [
        neck_hidden_sizes=[8, 16, 16, 24, 24, 32, 64], aspp_out_channels=32),
     _f("segformer", "vision", "SegformerModel", hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1],
        num_attention_heads=[1, 1, 2, 2], decoder_hidden_size=32),
-    _f("efficientnet", "vision", "EfficientNetModel", image_size=32, width_coefficient=0.25, depth_coefficient=0.25,
-       hidden_dim=64),
+    # hidden_dim must equal the top convolution's width, round_filters(1280) = 1280 x width_coefficient
+    _f("efficientnet", "vision", "EfficientNetModel", image_size=32, width_coefficient=0.1, depth_coefficient=0.25,
+       hidden_dim=128),
     _f("regnet", "vision", "RegNetModel", embedding_size=16, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1],
        groups_width=8),
     # audio / speech
