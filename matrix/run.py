@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -191,9 +192,28 @@ def _run_measured(command: list[str], env: dict[str, str], timeout: float) -> tu
 
 
 def estimate_s(rows: list[Row], cores: int) -> float:
-    """The wall time a full run takes on `cores` cores: the families' CPU seconds spread over the cores (a row
-    measured before CPU time was recorded counts its wall seconds, which a shared machine inflates)."""
-    return sum(row.cpu_s or row.seconds for row in rows) / max(1, cores)
+    """The wall time a full run takes on an idle machine with `cores` cores and as many families at a time: the
+    families' CPU seconds (each run and the exports it forked) spread over the cores. A row measured before CPU time
+    was recorded counts the median CPU seconds of its kind's timed rows (of all timed rows when its kind has none):
+    its wall seconds, taken on a shared machine, say little about the CPU it needs."""
+    timed = [row for row in rows if row.cpu_s]
+    by_kind: dict[str, list[float]] = {}
+    for row in timed:
+        by_kind.setdefault(row.kind, []).append(row.cpu_s)
+    every = [row.cpu_s for row in timed]
+
+    def cpu(row: Row) -> float:
+        if row.cpu_s:
+            return row.cpu_s
+        same = by_kind.get(row.kind) or every
+        return statistics.median(same) if same else row.seconds  # nothing timed at all: wall is all there is
+
+    return sum(cpu(row) for row in rows) / max(1, cores)
+
+
+def untimed(rows: list[Row]) -> list[str]:
+    """The families whose row has no CPU seconds (measured before they were recorded)."""
+    return [row.family for row in rows if not row.cpu_s]
 
 
 def machine() -> str:
@@ -219,7 +239,8 @@ def versions() -> dict[str, str]:
 
 def kept_rows(out: Path, names: list[str], formats: list[str]) -> tuple[dict[str, Row], str | None]:
     """The rows of an earlier table (`out`'s JSON) for the families not in `names`, when it measured the same
-    formats, and that table's date: a rerun of a few families keeps the rest of the matrix."""
+    formats, and the dates they were measured between (that table's kept rows may be older than the table): a rerun
+    of a few families keeps the rest of the matrix."""
     path = out.with_suffix(".json")
     if not path.is_file():
         return {}, None
@@ -232,7 +253,9 @@ def kept_rows(out: Path, names: list[str], formats: list[str]) -> tuple[dict[str
             continue
         cells = {name: Cell(**cell) for name, cell in raw.pop("cells").items()}
         rows[raw["family"]] = Row(**raw, cells=cells)
-    return rows, data["meta"]["date"]
+    meta = data["meta"]
+    since = meta.get("kept_since") or str(meta.get("kept_from") or meta["date"]).split(" to ")[0]
+    return rows, f"{since} to {meta['date']}" if since != meta["date"] else meta["date"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,9 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     unbuilt = {name: build_family(FAMILIES[name], formats, work) for name in names}
 
     finished, kept_from = kept_rows(args.out, names, formats) if args.update else ({}, None)
-    kept = {"kept": len(finished), "kept_from": kept_from} if finished else {}
+    kept = {"kept": len(finished), "kept_from": kept_from, "kept_since": (kept_from or "").split(" to ")[0]} \
+        if finished else {}
     listed = [name for name in FAMILIES if name in names or name in finished]
     lock = threading.Lock()
+    cores = os.cpu_count() or 1  # the estimate is for a full run with a family per core on this machine, idle
 
     def write(final: bool) -> None:
         """The table of the families measured so far, rewritten after each one: a run stopped early (a nightly
@@ -274,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
                 "jobs": jobs, "elapsed_s": round(time.time() - started), "versions": versions(), "formats": formats,
                 "recipe": plainest_recipe(formats), "planned": len(listed), "complete": final, **kept,
-                "estimate_s": round(estimate_s(rows, min(jobs, os.cpu_count() or 1)))}
+                "estimate_s": round(estimate_s(rows, cores)), "estimate_cores": cores, "untimed": untimed(rows)}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(render(rows, meta))
         args.out.with_suffix(".json").write_text(json.dumps(
@@ -297,4 +322,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["Cell", "KINDS", "Row", "build_family", "classify", "estimate_s", "kept_rows", "main", "plainest_recipe",
-           "run_family"]
+           "run_family", "untimed"]
