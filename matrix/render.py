@@ -41,8 +41,7 @@ def render(rows: list[Any], meta: dict[str, Any]) -> str:
         "",
         f"- Measured {meta['date']} on {meta['machine']}, {meta['jobs']} families at a time, "
         f"{meta['elapsed_s'] / 60:.0f} min in all."
-        + ("" if meta.get("complete", True) else
-           f" **Partial**: {meta.get('planned', '?')} families planned, the run stopped before the rest.")
+        + _partial(meta)
         + (f" The rows of {meta['kept']} families are kept from earlier runs ({meta['kept_from']})." if meta.get("kept")
            else "")
         + _estimate(rows, meta),
@@ -70,6 +69,17 @@ def render(rows: list[Any], meta: dict[str, Any]) -> str:
     lines += ["Upstream gaps found on the way are described, with reproductions, in "
               "[upstream-gaps.md](upstream-gaps.md).", ""]
     return "\n".join(lines)
+
+
+def _partial(meta: dict[str, Any]) -> str:
+    """The header's word on a run that stopped before all its families were measured."""
+    if meta.get("complete", True):
+        return ""
+    unfinished = meta.get("unfinished")
+    if unfinished and meta.get("kept"):
+        return (f" **Partial**: the run stopped before measuring {', '.join(unfinished)}: their rows (if any) are "
+                "the earlier ones.")
+    return f" **Partial**: {meta.get('planned', '?')} families planned, the run stopped before the rest."
 
 
 def _estimate(rows: list[Any], meta: dict[str, Any]) -> str:

@@ -283,9 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     # Built one after another in this process (a second each), then run N at a time, each in its own process.
     unbuilt = {name: build_family(FAMILIES[name], formats, work) for name in names}
 
-    finished, kept_from = kept_rows(args.out, names, formats) if args.update else ({}, None)
-    kept = {"kept": len(finished), "kept_from": kept_from, "kept_since": (kept_from or "").split(" to ")[0]} \
-        if finished else {}
+    # With --update every earlier row stays until its family is measured again: a run stopped early (killed, or a
+    # time limit) leaves the earlier rows of the families it had not finished, not a shorter table.
+    finished, kept_from = kept_rows(args.out, [], formats) if args.update else ({}, None)
+    fresh: set[str] = set()
     listed = [name for name in FAMILIES if name in names or name in finished]
     lock = threading.Lock()
     cores = os.cpu_count() or 1  # the estimate is for a full run with a family per core on this machine, idle
@@ -296,9 +297,13 @@ def main(argv: list[str] | None = None) -> int:
         from matrix.render import render
 
         rows = [finished[name] for name in listed if name in finished]
+        kept_count = sum(1 for name in finished if name not in fresh)
+        kept = {"kept": kept_count, "kept_from": kept_from, "kept_since": (kept_from or "").split(" to ")[0]} \
+            if kept_count else {}
         meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
                 "jobs": jobs, "elapsed_s": round(time.time() - started), "versions": versions(), "formats": formats,
                 "recipe": plainest_recipe(formats), "planned": len(listed), "complete": final, **kept,
+                "unfinished": [name for name in names if name not in fresh],
                 "estimate_s": round(estimate_s(rows, cores)), "estimate_cores": cores, "untimed": untimed(rows)}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(render(rows, meta))
@@ -311,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:32s} {row.seconds:7.1f} s ({row.cpu_s:7.1f} s CPU)  {marks}", flush=True)
         with lock:
             finished[name] = row
+            fresh.add(name)
             write(final=False)
         return row
 

@@ -173,3 +173,14 @@ def test_kept_rows_say_the_span_they_were_measured_in(tmp_path):
     (tmp_path / "coverage.json").write_text(json.dumps({"meta": {**meta, "kept_since": None}, "rows": [row]}))
     assert kept_rows(tmp_path / "coverage.md", ["vit"], ["onnx"])[1] == "2026-12-02 10:00 UTC"
     assert kept_rows(tmp_path / "coverage.md", ["vit"], ["dynamo"]) == ({}, None)  # other formats: nothing kept
+
+
+def test_a_stopped_update_says_which_families_it_did_not_measure():
+    meta = {"date": "d", "machine": "m", "jobs": 1, "elapsed_s": 60, "versions": {"torch": "2"}, "formats": ["onnx"],
+            "recipe": plainest_recipe(["onnx"]), "complete": False, "kept": 1, "kept_from": "a to b",
+            "unfinished": ["vit"]}
+    rows = [Row("vit", "vision", "ViTModel", "model", 1.0, {"onnx": Cell("passed")}, cpu_s=1.0)]
+    text = render(rows, meta)
+    assert "**Partial**: the run stopped before measuring vit: their rows (if any) are the earlier ones." in text
+    assert "The rows of 1 families are kept from earlier runs (a to b)." in text
+    assert "families planned" in render(rows, {**meta, "kept": 0})  # no earlier table: the rest is missing
