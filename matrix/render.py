@@ -93,7 +93,7 @@ def _estimate(rows: list[Any], meta: dict[str, Any]) -> str:
     missing = meta.get("untimed") or []
     if missing:
         text += (f" {len(missing)} of the {len(rows)} rows were measured before CPU time was recorded and count the "
-                 "median CPU seconds of their kind's timed rows: " + ", ".join(missing) + ".")
+                 "median CPU seconds of their kind's timed rows that passed a format: " + ", ".join(missing) + ".")
     return text
 
 

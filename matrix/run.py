@@ -194,18 +194,18 @@ def _run_measured(command: list[str], env: dict[str, str], timeout: float) -> tu
 def estimate_s(rows: list[Row], cores: int) -> float:
     """The wall time a full run takes on an idle machine with `cores` cores and as many families at a time: the
     families' CPU seconds (each run and the exports it forked) spread over the cores. A row measured before CPU time
-    was recorded counts the median CPU seconds of its kind's timed rows (of all timed rows when its kind has none):
-    its wall seconds, taken on a shared machine, say little about the CPU it needs."""
+    was recorded counts the median CPU seconds of its kind's timed rows that exported something (a row that failed
+    before exporting took seconds; of all timed rows when its kind has none): its wall seconds, taken on a shared
+    machine, say little about the CPU it needs."""
     timed = [row for row in rows if row.cpu_s]
-    by_kind: dict[str, list[float]] = {}
-    for row in timed:
-        by_kind.setdefault(row.kind, []).append(row.cpu_s)
-    every = [row.cpu_s for row in timed]
+    exported = [row for row in timed if any(cell.status == "passed" for cell in row.cells.values())]
+    every = [row.cpu_s for row in exported or timed]
 
     def cpu(row: Row) -> float:
         if row.cpu_s:
             return row.cpu_s
-        same = by_kind.get(row.kind) or every
+        same = [r.cpu_s for r in exported if r.kind == row.kind] or [r.cpu_s for r in timed if r.kind == row.kind]
+        same = same or every
         return statistics.median(same) if same else row.seconds  # nothing timed at all: wall is all there is
 
     return sum(cpu(row) for row in rows) / max(1, cores)

@@ -121,10 +121,14 @@ def test_render_lists_every_failure_reason():
 
 
 def test_the_estimate_spreads_cpu_seconds_over_the_cores():
-    rows = [Row("a", "encoder", "A", seconds=300.0, cpu_s=100.0), Row("b", "encoder", "B", seconds=50.0, cpu_s=40.0),
+    passed = {"onnx": Cell("passed")}
+    rows = [Row("a", "encoder", "A", seconds=300.0, cpu_s=100.0, cells=passed),
+            Row("b", "encoder", "B", seconds=50.0, cpu_s=40.0, cells=passed),
+            Row("f", "encoder", "F", seconds=9.0, cpu_s=5.0, cells={"onnx": Cell("failed", "ours", "no inputs")}),
             Row("c", "encoder", "C", seconds=900.0), Row("d", "audio", "D", seconds=5.0)]
-    # c and d predate CPU timing: c counts its kind's median (70), d (no timed audio row) the median of all timed rows
-    assert estimate_s(rows, cores=2) == (100.0 + 40.0 + 70.0 + 70.0) / 2
+    # c and d predate CPU timing: c counts the median of its kind's rows that exported something (70: f failed before
+    # exporting and says nothing of the cost of one that passes), d (no timed audio row) that of all of them
+    assert estimate_s(rows, cores=2) == (100.0 + 40.0 + 5.0 + 70.0 + 70.0) / 2
     assert untimed(rows) == ["c", "d"]
     assert estimate_s([Row("e", "encoder", "E", seconds=30.0)], cores=1) == 30.0  # nothing timed: wall is all
     meta = {"date": "d", "machine": "m", "jobs": 1, "elapsed_s": 60, "versions": {"torch": "2"}, "formats": ["onnx"],
@@ -135,7 +139,7 @@ def test_the_estimate_spreads_cpu_seconds_over_the_cores():
     assert "A full run of these 2 families on an idle machine of 2 cores at 2 at a time (`--jobs 2`) takes about " \
            "70 min" in text, text
     assert "1 of the 2 rows were measured before CPU time was recorded and count the median CPU seconds of their " \
-           "kind's timed rows: b." in text, text
+           "kind's timed rows that passed a format: b." in text, text
 
 
 def test_make_coverage_script_runs_one_family_end_to_end(tmp_path):
