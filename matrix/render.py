@@ -41,13 +41,10 @@ def render(rows: list[Any], meta: dict[str, Any]) -> str:
         "",
         f"- Measured {meta['date']} on {meta['machine']}, {meta['jobs']} families at a time, "
         f"{meta['elapsed_s'] / 60:.0f} min in all."
-        + ("" if meta.get("complete", True) else
-           f" **Partial**: {meta.get('planned', '?')} families planned, the run stopped before the rest.")
-        + (f" The rows of {meta['kept']} families are kept from the run of {meta['kept_from']}." if meta.get("kept")
+        + _partial(meta)
+        + (f" The rows of {meta['kept']} families are kept from earlier runs ({meta['kept_from']})." if meta.get("kept")
            else "")
-        + (f" A full run of these {len(rows)} families takes about {meta['estimate_s'] / 60:.0f} min at "
-           f"{meta['jobs']} at a time (their CPU seconds over the cores; rows measured before CPU time was recorded "
-           "count their wall seconds)." if meta.get("estimate_s") else ""),
+        + _estimate(rows, meta),
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".",
         "- Recipe: `" + _compact(meta["recipe"]["exports"]) + "`.",
         "",
@@ -72,6 +69,32 @@ def render(rows: list[Any], meta: dict[str, Any]) -> str:
     lines += ["Upstream gaps found on the way are described, with reproductions, in "
               "[upstream-gaps.md](upstream-gaps.md).", ""]
     return "\n".join(lines)
+
+
+def _partial(meta: dict[str, Any]) -> str:
+    """The header's word on a run that stopped before all its families were measured."""
+    if meta.get("complete", True):
+        return ""
+    unfinished = meta.get("unfinished")
+    if unfinished and meta.get("kept"):
+        return (f" **Partial**: the run stopped before measuring {', '.join(unfinished)}: their rows (if any) are "
+                "the earlier ones.")
+    return f" **Partial**: {meta.get('planned', '?')} families planned, the run stopped before the rest."
+
+
+def _estimate(rows: list[Any], meta: dict[str, Any]) -> str:
+    """The header's estimate of a full run on an idle machine, and how it was made."""
+    if not meta.get("estimate_s"):
+        return ""
+    cores = meta.get("estimate_cores") or meta["jobs"]
+    text = (f" A full run of these {len(rows)} families on an idle machine of {cores} cores at {cores} at a time "
+            f"(`--jobs {cores}`) takes about {meta['estimate_s'] / 60:.0f} min: the CPU seconds of each family's run "
+            "and of the exports it forked, summed over the families and spread over the cores.")
+    missing = meta.get("untimed") or []
+    if missing:
+        text += (f" {len(missing)} of the {len(rows)} rows were measured before CPU time was recorded and count the "
+                 "median CPU seconds of their kind's timed rows that passed a format: " + ", ".join(missing) + ".")
+    return text
 
 
 def _compact(exports: list[dict[str, Any]]) -> str:

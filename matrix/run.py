@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -191,9 +192,28 @@ def _run_measured(command: list[str], env: dict[str, str], timeout: float) -> tu
 
 
 def estimate_s(rows: list[Row], cores: int) -> float:
-    """The wall time a full run takes on `cores` cores: the families' CPU seconds spread over the cores (a row
-    measured before CPU time was recorded counts its wall seconds, which a shared machine inflates)."""
-    return sum(row.cpu_s or row.seconds for row in rows) / max(1, cores)
+    """The wall time a full run takes on an idle machine with `cores` cores and as many families at a time: the
+    families' CPU seconds (each run and the exports it forked) spread over the cores. A row measured before CPU time
+    was recorded counts the median CPU seconds of its kind's timed rows that exported something (a row that failed
+    before exporting took seconds; of all timed rows when its kind has none): its wall seconds, taken on a shared
+    machine, say little about the CPU it needs."""
+    timed = [row for row in rows if row.cpu_s]
+    exported = [row for row in timed if any(cell.status == "passed" for cell in row.cells.values())]
+    every = [row.cpu_s for row in exported or timed]
+
+    def cpu(row: Row) -> float:
+        if row.cpu_s:
+            return row.cpu_s
+        same = [r.cpu_s for r in exported if r.kind == row.kind] or [r.cpu_s for r in timed if r.kind == row.kind]
+        same = same or every
+        return statistics.median(same) if same else row.seconds  # nothing timed at all: wall is all there is
+
+    return sum(cpu(row) for row in rows) / max(1, cores)
+
+
+def untimed(rows: list[Row]) -> list[str]:
+    """The families whose row has no CPU seconds (measured before they were recorded)."""
+    return [row.family for row in rows if not row.cpu_s]
 
 
 def machine() -> str:
@@ -219,7 +239,8 @@ def versions() -> dict[str, str]:
 
 def kept_rows(out: Path, names: list[str], formats: list[str]) -> tuple[dict[str, Row], str | None]:
     """The rows of an earlier table (`out`'s JSON) for the families not in `names`, when it measured the same
-    formats, and that table's date: a rerun of a few families keeps the rest of the matrix."""
+    formats, and the dates they were measured between (that table's kept rows may be older than the table): a rerun
+    of a few families keeps the rest of the matrix."""
     path = out.with_suffix(".json")
     if not path.is_file():
         return {}, None
@@ -232,7 +253,9 @@ def kept_rows(out: Path, names: list[str], formats: list[str]) -> tuple[dict[str
             continue
         cells = {name: Cell(**cell) for name, cell in raw.pop("cells").items()}
         rows[raw["family"]] = Row(**raw, cells=cells)
-    return rows, data["meta"]["date"]
+    meta = data["meta"]
+    since = meta.get("kept_since") or str(meta.get("kept_from") or meta["date"]).split(" to ")[0]
+    return rows, f"{since} to {meta['date']}" if since != meta["date"] else meta["date"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,10 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     # Built one after another in this process (a second each), then run N at a time, each in its own process.
     unbuilt = {name: build_family(FAMILIES[name], formats, work) for name in names}
 
-    finished, kept_from = kept_rows(args.out, names, formats) if args.update else ({}, None)
-    kept = {"kept": len(finished), "kept_from": kept_from} if finished else {}
+    # With --update every earlier row stays until its family is measured again: a run stopped early (killed, or a
+    # time limit) leaves the earlier rows of the families it had not finished, not a shorter table.
+    finished, kept_from = kept_rows(args.out, [], formats) if args.update else ({}, None)
+    fresh: set[str] = set()
     listed = [name for name in FAMILIES if name in names or name in finished]
     lock = threading.Lock()
+    cores = os.cpu_count() or 1  # the estimate is for a full run with a family per core on this machine, idle
 
     def write(final: bool) -> None:
         """The table of the families measured so far, rewritten after each one: a run stopped early (a nightly
@@ -271,10 +297,14 @@ def main(argv: list[str] | None = None) -> int:
         from matrix.render import render
 
         rows = [finished[name] for name in listed if name in finished]
+        kept_count = sum(1 for name in finished if name not in fresh)
+        kept = {"kept": kept_count, "kept_from": kept_from, "kept_since": (kept_from or "").split(" to ")[0]} \
+            if kept_count else {}
         meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
                 "jobs": jobs, "elapsed_s": round(time.time() - started), "versions": versions(), "formats": formats,
                 "recipe": plainest_recipe(formats), "planned": len(listed), "complete": final, **kept,
-                "estimate_s": round(estimate_s(rows, min(jobs, os.cpu_count() or 1)))}
+                "unfinished": [name for name in names if name not in fresh],
+                "estimate_s": round(estimate_s(rows, cores)), "estimate_cores": cores, "untimed": untimed(rows)}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(render(rows, meta))
         args.out.with_suffix(".json").write_text(json.dumps(
@@ -286,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:32s} {row.seconds:7.1f} s ({row.cpu_s:7.1f} s CPU)  {marks}", flush=True)
         with lock:
             finished[name] = row
+            fresh.add(name)
             write(final=False)
         return row
 
@@ -297,4 +328,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["Cell", "KINDS", "Row", "build_family", "classify", "estimate_s", "kept_rows", "main", "plainest_recipe",
-           "run_family"]
+           "run_family", "untimed"]

@@ -11,7 +11,7 @@ import pytest
 
 from matrix.families import FAMILIES, KINDS, VOCAB, shrink
 from matrix.render import render
-from matrix.run import Cell, Row, classify, estimate_s, plainest_recipe
+from matrix.run import Cell, Row, classify, estimate_s, kept_rows, plainest_recipe, untimed
 from tests.conftest import ROOT
 
 
@@ -121,12 +121,25 @@ def test_render_lists_every_failure_reason():
 
 
 def test_the_estimate_spreads_cpu_seconds_over_the_cores():
-    rows = [Row("a", "encoder", "A", seconds=300.0, cpu_s=100.0), Row("b", "encoder", "B", seconds=50.0)]
-    assert estimate_s(rows, cores=2) == (100.0 + 50.0) / 2  # b predates CPU timing: its wall seconds count
-    meta = {"date": "d", "machine": "m", "jobs": 2, "elapsed_s": 60, "versions": {"torch": "2"}, "formats": ["onnx"],
-            "recipe": plainest_recipe(["onnx"]), "estimate_s": 4200}
-    rows = [Row("a", "encoder", "A", "model", 1.0, {"onnx": Cell("passed")}, cpu_s=1.0)]
-    assert "A full run of these 1 families takes about 70 min at 2 at a time" in render(rows, meta)
+    passed = {"onnx": Cell("passed")}
+    rows = [Row("a", "encoder", "A", seconds=300.0, cpu_s=100.0, cells=passed),
+            Row("b", "encoder", "B", seconds=50.0, cpu_s=40.0, cells=passed),
+            Row("f", "encoder", "F", seconds=9.0, cpu_s=5.0, cells={"onnx": Cell("failed", "ours", "no inputs")}),
+            Row("c", "encoder", "C", seconds=900.0), Row("d", "audio", "D", seconds=5.0)]
+    # c and d predate CPU timing: c counts the median of its kind's rows that exported something (70: f failed before
+    # exporting and says nothing of the cost of one that passes), d (no timed audio row) that of all of them
+    assert estimate_s(rows, cores=2) == (100.0 + 40.0 + 5.0 + 70.0 + 70.0) / 2
+    assert untimed(rows) == ["c", "d"]
+    assert estimate_s([Row("e", "encoder", "E", seconds=30.0)], cores=1) == 30.0  # nothing timed: wall is all
+    meta = {"date": "d", "machine": "m", "jobs": 1, "elapsed_s": 60, "versions": {"torch": "2"}, "formats": ["onnx"],
+            "recipe": plainest_recipe(["onnx"]), "estimate_s": 4200, "estimate_cores": 2, "untimed": ["b"]}
+    rows = [Row("a", "encoder", "A", "model", 1.0, {"onnx": Cell("passed")}, cpu_s=1.0),
+            Row("b", "encoder", "B", "model", 1.0, {"onnx": Cell("passed")})]
+    text = render(rows, meta)
+    assert "A full run of these 2 families on an idle machine of 2 cores at 2 at a time (`--jobs 2`) takes about " \
+           "70 min" in text, text
+    assert "1 of the 2 rows were measured before CPU time was recorded and count the median CPU seconds of their " \
+           "kind's timed rows that passed a format: b." in text, text
 
 
 def test_make_coverage_script_runs_one_family_end_to_end(tmp_path):
@@ -151,3 +164,27 @@ def test_make_coverage_script_runs_one_family_end_to_end(tmp_path):
                     "| bert | encoder | `BertModel` | model | ✅ passed |",
                     "| vit | vision | `ViTModel` | model | ✅ passed |"], updated
     assert "Passed: onnx 3/3." in updated and "Partial" not in updated
+
+
+def test_kept_rows_say_the_span_they_were_measured_in(tmp_path):
+    """A table built by several --update runs keeps rows from all of them: the kept span starts at the oldest."""
+    row = {"family": "bert", "kind": "encoder", "model_class": "BertModel", "cells": {"onnx": {"status": "passed"}}}
+    meta = {"formats": ["onnx"], "date": "2026-12-02 10:00 UTC", "kept_since": "2026-12-01 05:33 UTC"}
+    (tmp_path / "coverage.json").write_text(json.dumps({"meta": meta, "rows": [row]}))
+    rows, span = kept_rows(tmp_path / "coverage.md", ["vit"], ["onnx"])
+    assert list(rows) == ["bert"] and rows["bert"].cells["onnx"].status == "passed"
+    assert span == "2026-12-01 05:33 UTC to 2026-12-02 10:00 UTC"
+    (tmp_path / "coverage.json").write_text(json.dumps({"meta": {**meta, "kept_since": None}, "rows": [row]}))
+    assert kept_rows(tmp_path / "coverage.md", ["vit"], ["onnx"])[1] == "2026-12-02 10:00 UTC"
+    assert kept_rows(tmp_path / "coverage.md", ["vit"], ["dynamo"]) == ({}, None)  # other formats: nothing kept
+
+
+def test_a_stopped_update_says_which_families_it_did_not_measure():
+    meta = {"date": "d", "machine": "m", "jobs": 1, "elapsed_s": 60, "versions": {"torch": "2"}, "formats": ["onnx"],
+            "recipe": plainest_recipe(["onnx"]), "complete": False, "kept": 1, "kept_from": "a to b",
+            "unfinished": ["vit"]}
+    rows = [Row("vit", "vision", "ViTModel", "model", 1.0, {"onnx": Cell("passed")}, cpu_s=1.0)]
+    text = render(rows, meta)
+    assert "**Partial**: the run stopped before measuring vit: their rows (if any) are the earlier ones." in text
+    assert "The rows of 1 families are kept from earlier runs (a to b)." in text
+    assert "families planned" in render(rows, {**meta, "kept": 0})  # no earlier table: the rest is missing

@@ -37,6 +37,9 @@ from exporters.validate.runtimes import RuntimeContext, RuntimeProof, register_r
 
 GENAI_CONFIG = "genai_config.json"
 DEFAULT_NEW_TOKENS = 8
+# GenAI's own pad_token_id when genai_config.json leaves it out (a model without a pad token): 0 (`int pad_token_id{}`
+# in onnxruntime-genai's config.h), which the eager side of this proof pads with then
+GENAI_DEFAULT_PAD = 0
 
 # GenAI runs in a child (a native abort there ends this proof, not the run): greedy over the right-padded rows.
 CHILD = r"""
@@ -99,7 +102,7 @@ class GenaiCheck:
         config = getattr(model.config, "text_config", None) or model.config
         ids = context.generate_inputs["input_ids"][0].tolist()
         special = special_token_ids(context.generation_config, model.config)
-        eos, pad = special.eos, (special.pad if special.pad is not None else 0)
+        eos, pad = special.eos, (special.pad if special.pad is not None else GENAI_DEFAULT_PAD)
         spare = next(t for t in range(int(config.vocab_size)) if t != pad and t not in eos)
         first = [spare if t == pad else t for t in ids]
         if len(first) < 2:  # the second row is a shorter prompt
@@ -123,7 +126,8 @@ class GenaiCheck:
             return RuntimeProof(self.runtime, "unverified", "onnxruntime-genai is not installed here")
         if not (directory / GENAI_CONFIG).is_file():
             return RuntimeProof(self.runtime, "failed", f"no {GENAI_CONFIG} in the folder")
-        pad = json.loads((directory / GENAI_CONFIG).read_text(encoding="utf-8"))["model"].get("pad_token_id")
+        pad = json.loads((directory / GENAI_CONFIG).read_text(encoding="utf-8"))["model"].get("pad_token_id",
+                                                                                          GENAI_DEFAULT_PAD)
         if pad != reference.pad:
             return RuntimeProof(self.runtime, "failed", f"{GENAI_CONFIG} has pad_token_id {pad}, the model "
                                 f"{reference.pad}")
