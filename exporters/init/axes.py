@@ -33,7 +33,16 @@ import torch
 from exporters.capture.cache_settings import CacheSetting
 from exporters.capture.components import decompose, minimum_components
 from exporters.capture.inputs import default_mode, detect_family, make_sample_inputs
-from exporters.capture.merged import BATCH_DIM, MERGED, PAST_DIM, QUERY_DIM, QUERY_INPUTS, mixes_window_layers
+from exporters.capture.merged import (
+    BATCH_DIM,
+    MERGED,
+    PAST_DIM,
+    QUERY_DIM,
+    QUERY_INPUTS,
+    mixes_window_layers,
+    state_leaves,
+    takes_cache,
+)
 from exporters.capture.probes import DimBinding, make_probes
 from exporters.recipe.model import InputsSpec, Recipe
 from exporters.status import AUTO, NAMED, STATIC, DimState
@@ -171,37 +180,38 @@ def find_dimensions(model, recipe: Recipe, *, tokenizer=None, max_probe_elements
                                      f"{dimension.traced}")
     plan = AxisPlan(family, mode, spec, list(components), minimum_components(family, mode, list(components)),
                     dimensions, base, notes)
-    plan.merged = merged_dimensions(plan, model.config, max_probe_elements)
+    plan.merged = merged_dimensions(plan, components, model.config, max_probe_elements)
     if plan.merged is not None:
-        plan.leaves[MERGED] = dict(base["decode"])
+        plan.leaves[MERGED] = base["decode"]  # the merged graph is the decode with a multi-token query
     return plan
 
 
-def merged_dimensions(plan: AxisPlan, config, max_probe_elements: int) -> list[Dimension] | None:
+def merged_dimensions(plan: AxisPlan, components, config, max_probe_elements: int) -> list[Dimension] | None:
     """The dimensions of the merged graph (`model`: upstream's multi-token decode, the default generation graph of a
     decoder-only model with a key-value cache, `exporters.capture.merged`), from the prefill's and the decode's: the
     query axis of the token inputs is the prompt (1 up to its bound), the cache's sequence axis is `past` from 0 (the
     prompt runs on an empty cache), and the batch is dynamic (what runtimes batch), bounded by the probe budget. None
     where the merged default does not apply (another family, no key-value cache, state-space or sliding-window
-    layers). The names are the merged default's (optimum's and GenAI's dims)."""
-    decode = plan.leaves.get("decode")
-    if plan.mode != "generation" or plan.family != "text" or decode is None or mixes_window_layers(config):
+    layers: the merged default's own tests, `exporters.capture.merged`; a cache with conv or recurrent states too,
+    which this contract does not batch). The names are the merged default's (optimum's and GenAI's dims)."""
+    if plan.mode != "generation" or plan.family != "text" or mixes_window_layers(config):
         return None
-    if any("recurrent_states" in path.split(".") or "conv_states" in path.split(".") for path in decode):
+    if not takes_cache(components) or state_leaves(components["decode"][1]):
         return None
     by_name = {d.name: d for d in plan.dimensions}
     prompt, past = by_name.get("prompt"), by_name.get("past")
     if prompt is None or past is None or not past.axes.get("decode"):
         return None
-    leaves = {path: list(shape) for path, shape in decode.items()}
-    queries = [(path, 1) for path in QUERY_INPUTS if len(leaves.get(path, [])) >= 2]
+    decode = plan.leaves["decode"]
+    queries = [(path, 1) for path in QUERY_INPUTS if len(decode.get(path, [])) >= 2]
     cache = list(past.axes["decode"])
     batch_axes = [(path, 0) for path, _ in queries] + [(path, 0) for path, _ in cache]
-    batch_high = min(CAP_BATCH, _probe_budget({MERGED: batch_axes}, {MERGED: leaves}, 1, max_probe_elements,
-                                              CAP_BATCH))
+    batch_high = _probe_budget({MERGED: batch_axes}, {MERGED: decode}, 1, max_probe_elements, CAP_BATCH)
+    batch_limit = f"batch searched up to {CAP_BATCH}" if batch_high == CAP_BATCH else (
+        f"probe budget: larger inputs exceed validation.max_probe_elements ({max_probe_elements:,})")
     named = {MERGED: NAMED}
     return [
-        Dimension(BATCH_DIM, 1, 1, batch_high, f"batch searched up to {CAP_BATCH}", {MERGED: batch_axes}, dict(named)),
+        Dimension(BATCH_DIM, 1, 1, batch_high, batch_limit, {MERGED: batch_axes}, dict(named)),
         Dimension(QUERY_DIM, prompt.traced, 1, prompt.high, prompt.limit, {MERGED: queries}, dict(named),
                   list(prompt.reasons)),
         Dimension(PAST_DIM, past.traced, 0, past.high, past.limit, {MERGED: cache}, dict(named), list(past.reasons)),

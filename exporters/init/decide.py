@@ -50,6 +50,11 @@ KNOWN_GAPS = (
 )
 
 
+# What a format's proposal exports (`FormatResult.graph`): the tool's default graph, weights stored once (the merged
+# graph; the ExecuTorch LLM runner's program), or one graph per component with its own contract
+MERGED_GRAPH, RUNNER_GRAPH, COMPONENT_GRAPHS = "merged", "runner", "components"
+
+
 @dataclass
 class FormatResult:
     """How one format fared: `passed` with its target and tolerance, or `left_out` with the reason."""
@@ -68,9 +73,7 @@ class FormatResult:
     opset_version: int | None = None
     notes: list[str] = field(default_factory=list)
     target: dict[str, Any] | None = None
-    # the graphs proposed: the tool's default (`merged`: one graph; `runner`: the ExecuTorch LLM runner's program),
-    # or one per component with its own contract (`components`), where the default did not validate
-    graph: str = "components"
+    graph: str = COMPONENT_GRAPHS  # the default graph first; one per component where that did not validate
 
 
 @dataclass

@@ -32,11 +32,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 from exporters import fsutil
+from exporters.capture.merged import MERGED
 from exporters.capture.source import SourceOptions, check_remote_code, load_model, load_tokenizer, read_config
 from exporters.errors import InitError
-from exporters.capture.merged import MERGED
 from exporters.init.axes import AxisPlan, Dimension, find_dimensions, spec_entries
-from exporters.init.decide import MARGIN, FormatResult, decide, nice_ceil
+from exporters.init.decide import (
+    COMPONENT_GRAPHS,
+    MARGIN,
+    MERGED_GRAPH,
+    RUNNER_GRAPH,
+    FormatResult,
+    decide,
+    nice_ceil,
+)
 from exporters.recipe.load import parse_recipe_data
 from exporters.recipe.model import FORMATS, SCHEMA_VERSION, GenerationSpec, Recipe
 from exporters.run.context import tool_versions
@@ -94,9 +102,6 @@ def _axis_value(dimension: Dimension, state: str) -> Any:
     if state == NAMED:
         return {"name": dimension.name, "min": dimension.low, "max": dimension.high}
     return state  # "auto" | "static"
-
-
-MERGED_GRAPH, RUNNER_GRAPH, COMPONENT_GRAPHS = "merged", "runner", "components"
 
 
 def default_graph(plan: AxisPlan, export_format: str) -> str:

@@ -13,7 +13,9 @@ from typing import Any
 
 from rich.table import Table
 
+from exporters.capture.merged import MERGED
 from exporters.init.axes import Dimension
+from exporters.init.decide import MERGED_GRAPH, RUNNER_GRAPH
 from exporters.report.markdown import cell
 from exporters.status import FAILED, LEFT_OUT, NAMED, PASSED, PENDING
 
@@ -38,12 +40,12 @@ def dims_text(dims: list[Dimension]) -> str:
 
 def proposed_components(item, expected: list[str]) -> list[str]:
     """The components a format's proposal exports: one graph (`model`) for the merged graph and the runner program."""
-    return ["model"] if item.graph in ("merged", "runner") else list(expected)
+    return [MERGED] if item.graph in (MERGED_GRAPH, RUNNER_GRAPH) else list(expected)
 
 
 def graph_dims_text(item) -> str:
     """`dims_text` of a format's proposal; the runner program's contract is the runner's own."""
-    if item.graph == "runner":
+    if item.graph == RUNNER_GRAPH:
         return "tokens auto · static cache (the ExecuTorch LLM runner's program)"
     return dims_text(item.dims)
 
