@@ -1,5 +1,6 @@
 """ExecuTorch lowering computes what the model computes: XNNPACK's GELU node ignores `approximate` and runs the exact
-GELU, so the tanh-approximated one (SigLIP, Gemma) is left to the portable kernels (docs/upstream-gaps.md #24)."""
+GELU, so the tanh-approximated one (SigLIP, Gemma) is left to the portable kernels (docs/upstream-gaps.md #24); the
+upsample fusion that runs only where a graph has an upsample changes no program."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ def lowered(module: torch.nn.Module, x: torch.Tensor):
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from exporters.upstream import tanh_gelu_kept_off_xnnpack
+    from exporters.upstream import xnnpack_lowering
 
-    with tanh_gelu_kept_off_xnnpack():
+    with xnnpack_lowering():
         edge = to_edge_transform_and_lower(torch.export.export(module, (x,)), partitioner=[XnnpackPartitioner()])
     return edge
 
@@ -44,3 +45,41 @@ def test_gelu_lowered_to_executorch_matches_eager(approximate):
     out = program.load_method("forward").execute([x])[0]
     with torch.no_grad():
         assert float((out - module(x)).abs().max()) < 2e-5  # XNNPACK's exact GELU is 4.7e-4 away from tanh's
+
+
+class Upsampled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        return torch.nn.functional.interpolate(self.conv(x), scale_factor=2, mode="bilinear", align_corners=False)
+
+
+def _buffer(module: torch.nn.Module, x: torch.Tensor, ours: bool) -> bytes:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from exporters.upstream import upsample_fusion_only_with_upsample
+
+    program = torch.export.export(module, (x,))
+    if not ours:
+        return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+    with upsample_fusion_only_with_upsample():
+        return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+
+
+def test_the_upsample_fusion_skipped_without_an_upsample_changes_no_program():
+    """The skip is exact: upstream's patterns (pinned executorch) are each the one `upsample_bilinear2d.vec` node,
+    which the pass leaves as it is, so a graph without it gets the same program byte for byte; a graph with an
+    upsample still goes through the pass (same program as upstream's)."""
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d
+
+    for pattern in bilinear_2d.get_graphs_dict():
+        calls = [str(n.target) for n in pattern.graph.nodes if n.op == "call_function"]
+        assert len(calls) == 1 and "upsample_bilinear2d.vec" in calls[0], calls
+    plain, x = LinearGelu("none").eval(), torch.randn(3, 257)
+    assert _buffer(plain, x, ours=True) == _buffer(plain, x, ours=False)
+    upsampled, image = Upsampled().eval(), torch.randn(1, 3, 8, 8)
+    assert _buffer(upsampled, image, ours=True) == _buffer(upsampled, image, ours=False)

@@ -98,11 +98,12 @@ def _export_one(exporter, name: str, module, inputs: dict, config):
 
 def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
     """How ExecuTorch programs are lowered beyond upstream's defaults: PT2E-quantized linears with XNNPACK's
-    dynamically quantized partitioner first (`exporters.upstream.xnnpack_dynamic_quant_partitioners`), and the
-    tanh-approximated GELU left to the portable kernels (XNNPACK computes the exact one: docs/upstream-gaps.md #24)."""
+    dynamically quantized partitioner first (`exporters.upstream.xnnpack_dynamic_quant_partitioners`), the
+    tanh-approximated GELU left to the portable kernels (XNNPACK computes the exact one: docs/upstream-gaps.md #24),
+    the upsample fusion only where a graph has an upsample (`exporters.upstream.xnnpack_lowering`)."""
     stack = contextlib.ExitStack()
     if target.export_format == "executorch":
-        stack.enter_context(upstream.tanh_gelu_kept_off_xnnpack())
+        stack.enter_context(upstream.xnnpack_lowering())
         if any(getattr(c, "quantizer", None) is not None for c in configs.values()):
             stack.enter_context(upstream.xnnpack_dynamic_quant_partitioners())
     return stack

@@ -13,8 +13,8 @@ save and load do not cover: one ExecuTorch program with a method per component (
 whose inputs were renamed for transformers.js (`RenamedRunner`), split programs that hold their equal weights once
 when loaded (`share_identical_weights`), and workarounds scoped to one step: static caches whose sliding layers are
 captured whole (`static_sliding_layers_kept_whole`), ExecuTorch lowering that leaves the tanh GELU off XNNPACK
-(`tanh_gelu_kept_off_xnnpack`) and does not copy the weights per partition (`constants_shared_by_lowering_copies`,
-`named_data_on_disk`).
+and runs the upsample fusion only where a graph has an upsample (`xnnpack_lowering`), and does not copy the weights
+per partition (`constants_shared_by_lowering_copies`, `named_data_on_disk`).
 
 Example:
     >>> exporter_class("onnx").program_suffix
@@ -36,6 +36,8 @@ from exporters.upstream.beyond import (
     share_identical_weights,
     static_sliding_layers_kept_whole,
     tanh_gelu_kept_off_xnnpack,
+    upsample_fusion_only_with_upsample,
+    xnnpack_lowering,
 )
 from exporters.upstream.core import (
     EXPORT_BACKENDS,
@@ -126,6 +128,8 @@ __all__ = [
     "share_identical_weights",
     "static_sliding_layers_kept_whole",
     "tanh_gelu_kept_off_xnnpack",
+    "upsample_fusion_only_with_upsample",
+    "xnnpack_lowering",
     "write_manifest",
     "xnnpack_dynamic_quant_partitioners",
 ]

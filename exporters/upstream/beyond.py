@@ -284,6 +284,51 @@ def tanh_gelu_kept_off_xnnpack():
 
 
 @contextlib.contextmanager
+def upsample_fusion_only_with_upsample():
+    """While ExecuTorch lowers, XNNPACK's `ConvertToUpsampleBilinear2d` pass runs only on a graph that has a bilinear
+    upsample. The pass builds its patterns by exporting and lowering a bilinear module four times, once per
+    process (10 s of a tiny BERT's 60 s ExecuTorch export, under load), then retraces the graph; with the pinned
+    executorch every pattern is the single `upsample_bilinear2d.vec` node, which it leaves as it is
+    (tests/test_lowering.py checks both), so a graph without that op is never changed by it.
+
+    Example:
+        >>> with upsample_fusion_only_with_upsample():  # doctest: +SKIP
+        ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    """
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
+    from executorch.backends.xnnpack._passes.convert_to_upsample_bilinear2d import ConvertToUpsampleBilinear2d
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    real = ConvertToUpsampleBilinear2d.call
+
+    def call(self: Any, graph_module: torch.fx.GraphModule) -> Any:
+        if not any(node.op == "call_function" and "upsample_bilinear2d" in str(node.target)
+                   for node in graph_module.graph.nodes):
+            return PassResult(graph_module, False)
+        return real(self, graph_module)
+
+    ConvertToUpsampleBilinear2d.call = call
+    try:
+        yield
+    finally:
+        ConvertToUpsampleBilinear2d.call = real
+
+
+@contextlib.contextmanager
+def xnnpack_lowering():
+    """How every ExecuTorch program of this project is lowered to XNNPACK beyond upstream's defaults: the tanh GELU
+    kept off XNNPACK ([`tanh_gelu_kept_off_xnnpack`]) and the upsample fusion only where a graph has an upsample
+    ([`upsample_fusion_only_with_upsample`]).
+
+    Example:
+        >>> with xnnpack_lowering():  # doctest: +SKIP
+        ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    """
+    with tanh_gelu_kept_off_xnnpack(), upsample_fusion_only_with_upsample():
+        yield
+
+
+@contextlib.contextmanager
 def static_sliding_layers_kept_whole():
     """While components are captured, a static cache's sliding-window layers are plain static layers: every position
     has its slot, and the model's sliding-window mask applies the window (upstream already traces a dynamic cache's

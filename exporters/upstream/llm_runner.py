@@ -32,7 +32,7 @@ from transformers.integrations.executorch import TorchExportableModuleWithStatic
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import AttentionInterface
 
-from exporters.upstream.beyond import _external_constants, _tag_delegate_weights
+from exporters.upstream.beyond import _external_constants, _tag_delegate_weights, xnnpack_lowering
 
 # The runner's metadata methods (executorch extension/llm/runner/constants.h) and optimum-executorch's.
 FLOAT_DTYPE_CODES = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
@@ -258,12 +258,13 @@ def export_runner_program(program: RunnerProgram, model: Any, inputs: dict[str, 
     if external_weights is not None:  # every constant (delegated or not) to `<external_weights>.ptd`
         _tag_delegate_weights(exported, external_weights)
         backend_config = _external_constants(backend_config, external_weights)
-    edge = to_edge_transform_and_lower(
-        {"forward": exported},
-        partitioner=[XnnpackPartitioner()] if quantizer is None
-        else [XnnpackDynamicallyQuantizedPartitioner(), XnnpackPartitioner()],
-        compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-        constant_methods=metadata,
-    )
+    with xnnpack_lowering():  # the same lowering as every other program (the tanh GELU kept off XNNPACK)
+        edge = to_edge_transform_and_lower(
+            {"forward": exported},
+            partitioner=[XnnpackPartitioner()] if quantizer is None
+            else [XnnpackDynamicallyQuantizedPartitioner(), XnnpackPartitioner()],
+            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+            constant_methods=metadata,
+        )
     manager = edge.to_executorch(config=backend_config)
     return manager, record, custom_nodes
