@@ -13,6 +13,8 @@ R1  ExecuTorch: our runner-layout `model.pte` (`hf-export run`, `[{"export_forma
 R2  ONNX Runtime GenAI 0.18: our merged `model.onnx` + `genai_config.json` against the model builder's output
     (`python -m onnxruntime_genai.models.builder -p fp32 -e cpu`, built here from the same random-weight folder),
     both loaded in one process: prefill of the 8-token prompt (`append_tokens`, ms) and 32 greedy decode steps.
+    `--genai NAME=FOLDER` (repeatable) adds more folders to the same process (e.g. an `"ort_fusions": "cpu"` export),
+    each compared with the builder's; `--genai-ours FOLDER` replaces round 1's.
 
 Each measurement also records the greedy tokens, so a fast artifact that computes something else shows. Ratios are
 ours / theirs for tokens/s (goal >= 1.0) and theirs / ours for prefill time. `uptime` before and after each part.
@@ -160,6 +162,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--skip-genai", action="store_true")
     parser.add_argument("--skip-executorch", action="store_true")
+    parser.add_argument("--genai-ours", type=Path, help="our GenAI folder (default: round 1's under --work)")
+    parser.add_argument("--genai", action="append", default=[], metavar="NAME=FOLDER",
+                        help="another GenAI folder measured in the same process, compared with the builder's")
     args = parser.parse_args()
     work, model_dir = args.work, args.work / "model"
     if not args.skip_executorch:
@@ -182,14 +187,17 @@ def main() -> None:
             print(f"model builder: rc {proc.returncode}, {time.perf_counter() - start:.1f} s", file=sys.stderr)
             if proc.returncode != 0:
                 raise RuntimeError(f"model builder failed: {proc.stderr[-2500:]}")
-        folders = {"ours": str(one_file(work / "r1-ours-onnx", "genai_config.json").parent),
-                   "builder": str(builder_out)}
+        ours = args.genai_ours or one_file(work / "r1-ours-onnx", "genai_config.json").parent
+        folders = {"ours": str(ours), "builder": str(builder_out)}
+        folders.update(item.split("=", 1) for item in args.genai)
         print(f"R2 before: {uptime()}", file=sys.stderr, flush=True)
         genai = run_json([str(GENAI_PY), "-c", GENAI, json.dumps(folders), str(args.reps)], work / "runtimes-genai.json")
         print(f"R2 after:  {uptime()}", file=sys.stderr, flush=True)
         print(json.dumps({"folders": folders, **genai}))
-        table("R2 ONNX Runtime GenAI 0.18 (fp32, CPU), 8-token prompt, 32 greedy steps", genai, "ours", "builder",
-              runner=False)
+        for name in folders:
+            if name != "builder":
+                table(f"R2 ONNX Runtime GenAI 0.18 (fp32, CPU), 8-token prompt, 32 greedy steps: {name}", genai, name,
+                      "builder", runner=False)
 
 
 if __name__ == "__main__":

@@ -133,7 +133,8 @@ class GenaiCheck:
                                 f"{reference.pad}")
         width = max(len(p) for p in reference.prompts)
         rows = [p + [reference.pad] * (width - len(p)) for p in reference.prompts]  # GenAI pads right
-        got, why = run_in_child(CHILD, {"folder": str(directory), "rows": rows, "eos": reference.eos,
+        # the child runs in a scratch folder: a relative `--out` would miss
+        got, why = run_in_child(CHILD, {"folder": str(directory.resolve()), "rows": rows, "eos": reference.eos,
                                         "max_length": width + reference.steps})
         if got is None:
             return RuntimeProof(self.runtime, "failed", f"ONNX Runtime GenAI failed: {why}")
