@@ -13,6 +13,9 @@ R1  ExecuTorch: our runner-layout `model.pte` (`hf-export run`, `[{"export_forma
 R2  ONNX Runtime GenAI 0.18: our merged `model.onnx` + `genai_config.json` against the model builder's output
     (`python -m onnxruntime_genai.models.builder -p fp32 -e cpu`, built here from the same random-weight folder),
     both loaded in one process: prefill of the 8-token prompt (`append_tokens`, ms) and 32 greedy decode steps.
+    `--genai NAME=FOLDER` (repeatable) adds more folders to the same process (e.g. an `"ort_fusions": "cpu"` export),
+    each compared with the builder's; `--genai-ours FOLDER` replaces round 1's; `--prompt-len` / `--steps` set the
+    prompt and the decode steps (8 and 32 by default).
 
 Each measurement also records the greedy tokens, so a fast artifact that computes something else shows. Ratios are
 ours / theirs for tokens/s (goal >= 1.0) and theirs / ours for prefill time. `uptime` before and after each part.
@@ -89,7 +92,7 @@ GENAI = textwrap.dedent(
     import numpy as np
     import onnxruntime_genai as og
 
-    folders, reps, prompt_len, steps = json.loads(sys.argv[1]), int(sys.argv[2]), 8, 32
+    folders, reps, prompt_len, steps = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     ids = np.arange(3, 3 + prompt_len, dtype=np.int32).reshape(1, -1)
     models = {name: og.Model(path) for name, path in folders.items()}
     res = {name: {"prefill_ms": [], "decode_tok_s": [], "tokens": None} for name in folders}
@@ -160,6 +163,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--skip-genai", action="store_true")
     parser.add_argument("--skip-executorch", action="store_true")
+    parser.add_argument("--genai-ours", type=Path, help="our GenAI folder (default: round 1's under --work)")
+    parser.add_argument("--genai", action="append", default=[], metavar="NAME=FOLDER",
+                        help="another GenAI folder measured in the same process, compared with the builder's")
+    parser.add_argument("--prompt-len", type=int, default=PROMPT_LEN, help="GenAI: prompt tokens (R1 keeps 8)")
+    parser.add_argument("--steps", type=int, default=STEPS, help="GenAI: greedy decode steps (R1 keeps 32)")
     args = parser.parse_args()
     work, model_dir = args.work, args.work / "model"
     if not args.skip_executorch:
@@ -182,14 +190,18 @@ def main() -> None:
             print(f"model builder: rc {proc.returncode}, {time.perf_counter() - start:.1f} s", file=sys.stderr)
             if proc.returncode != 0:
                 raise RuntimeError(f"model builder failed: {proc.stderr[-2500:]}")
-        folders = {"ours": str(one_file(work / "r1-ours-onnx", "genai_config.json").parent),
-                   "builder": str(builder_out)}
+        ours = args.genai_ours or one_file(work / "r1-ours-onnx", "genai_config.json").parent
+        folders = {"ours": str(ours), "builder": str(builder_out)}
+        folders.update(item.split("=", 1) for item in args.genai)
         print(f"R2 before: {uptime()}", file=sys.stderr, flush=True)
-        genai = run_json([str(GENAI_PY), "-c", GENAI, json.dumps(folders), str(args.reps)], work / "runtimes-genai.json")
+        genai = run_json([str(GENAI_PY), "-c", GENAI, json.dumps(folders), str(args.reps), str(args.prompt_len),
+                          str(args.steps)], work / "runtimes-genai.json")
         print(f"R2 after:  {uptime()}", file=sys.stderr, flush=True)
         print(json.dumps({"folders": folders, **genai}))
-        table("R2 ONNX Runtime GenAI 0.18 (fp32, CPU), 8-token prompt, 32 greedy steps", genai, "ours", "builder",
-              runner=False)
+        for name in folders:
+            if name != "builder":
+                table(f"R2 ONNX Runtime GenAI 0.18 (fp32, CPU), {args.prompt_len}-token prompt, {args.steps} greedy "
+                      f"steps: {name}", genai, name, "builder", runner=False)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,11 @@
 
 The fields are those GenAI's own model builder writes (`onnxruntime_genai/models/builders/base.py::make_genai_config`,
 parsed by `src/config.h`); the graph names are `exporters.export.onnx_names`' (also GenAI's defaults). Our graph
-concatenates the past and the new keys (no `GroupQueryAttention` updating a shared buffer in place), so
-`past_present_share_buffer` is false. GenAI pads a batch on the right with `pad_token_id` and derives the attention
+takes a past as long as what it holds and returns past + new keys, so `past_present_share_buffer` is false. That
+holds for a graph fused for ONNX Runtime (`ort_fusions`) too: upstream's `GroupQueryAttention` reads `seqlens_k` and
+`total_sequence_length` off the past's shape, not off the attention mask as the model builder's graph does: a
+shared buffer (`true`) feeds a past as long as `max_length`, which the graph takes for tokens held (GenAI then fails
+in the graph: `GatherND ... invalid index found`). GenAI pads a batch on the right with `pad_token_id` and derives the attention
 mask and positions from it: the pad id is the model's own (else its first eos id).
 
 Example:
@@ -82,7 +85,7 @@ def genai_config(config: Any, generation_config: Any, filename: str = "model.onn
             "no_repeat_ngram_size": int(search_value("no_repeat_ngram_size", 0)),
             "num_beams": int(search_value("num_beams", 1)),
             "num_return_sequences": int(search_value("num_return_sequences", 1)),
-            "past_present_share_buffer": False,  # the graph concatenates past and new keys (no in-place buffer)
+            "past_present_share_buffer": False,  # the graph sizes its cache from the past's shape (module)
             "repetition_penalty": float(search_value("repetition_penalty", 1.0)),
             "temperature": float(search_value("temperature", 1.0)),
             "top_k": int(search_value("top_k", 50)),

@@ -10,7 +10,8 @@ eager generate, left-padded batch of two ────────► og.Model(fo
 
 GenAI reads rows by `pad_token_id`: a prompt token equal to it would be taken for padding, so the proof's prompts
 never hold it (a token that is neither the pad id nor an eos id takes its place, in eager and GenAI alike). Each row
-is compared up to and including its first eos. GenAI runs in a child process (a native abort there fails this
+is compared up to and including its first eos. A graph whose batch is fixed at 1 (ONNX Runtime's `GroupQueryAttention`,
+which `ort_fusions` fuses into a merged graph only at a batch of 1) runs each prompt alone instead. GenAI runs in a child process (a native abort there fails this
 proof, not the run). Not installed: `unverified`; GenAI refusing the folder or generating other tokens: `failed`,
 with GenAI's own message.
 
@@ -48,18 +49,22 @@ import numpy as np
 import onnxruntime_genai as og
 spec = json.loads(sys.argv[1])
 model = og.Model(spec["folder"])
-params = og.GeneratorParams(model)
-params.set_search_options(do_sample=False, num_beams=1, max_length=spec["max_length"], batch_size=len(spec["rows"]))
-generator = og.Generator(model, params)
-generator.append_tokens(np.array(spec["rows"], dtype=np.int32))
-got = [[] for _ in spec["rows"]]
-while not generator.is_done():
-    generator.generate_next_token()
-    for row, token in enumerate(generator.get_next_tokens().tolist()):
-        if not got[row] or got[row][-1] not in spec["eos"]:  # a finished row is padded: not compared
-            got[row].append(int(token))
+answer = []
+for batch in spec["batches"]:
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, num_beams=1, max_length=batch["max_length"],
+                              batch_size=len(batch["rows"]))
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array(batch["rows"], dtype=np.int32))
+    got = [[] for _ in batch["rows"]]
+    while not generator.is_done():
+        generator.generate_next_token()
+        for row, token in enumerate(generator.get_next_tokens().tolist()):
+            if not got[row] or got[row][-1] not in spec["eos"]:  # a finished row is padded: not compared
+                got[row].append(int(token))
+    answer += got
 with open(spec["result"], "w") as handle:
-    json.dump(got, handle)
+    json.dump(answer, handle)
 """
 
 
@@ -83,6 +88,22 @@ def _until_eos(tokens: list[int], eos: list[int]) -> list[int]:
 
 def _common_prefix(want: list[int], have: list[int]) -> int:
     return next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+
+
+def graph_batch(directory: Path) -> int | None:
+    """The batch size the folder's decoder graph is fixed at (its `input_ids`' first dim), None where it is dynamic
+    or unreadable (GenAI then says what is wrong)."""
+    try:
+        genai = json.loads((directory / GENAI_CONFIG).read_text(encoding="utf-8"))
+        path = directory / genai["model"]["decoder"]["filename"]
+        # onnx loads only where a GenAI folder is proven (the graph alone: no weights)
+        import onnx
+
+        inputs = {value.name: value for value in onnx.load(str(path), load_external_data=False).graph.input}
+        dim = inputs[genai["model"]["decoder"]["inputs"].get("input_ids", "input_ids")].type.tensor_type.shape.dim[0]
+    except Exception:  # a folder GenAI cannot read: its own error says why
+        return None
+    return dim.dim_value if dim.HasField("dim_value") else None
 
 
 class GenaiCheck:
@@ -132,15 +153,21 @@ class GenaiCheck:
             return RuntimeProof(self.runtime, "failed", f"{GENAI_CONFIG} has pad_token_id {pad}, the model "
                                 f"{reference.pad}")
         width = max(len(p) for p in reference.prompts)
-        rows = [p + [reference.pad] * (width - len(p)) for p in reference.prompts]  # GenAI pads right
-        got, why = run_in_child(CHILD, {"folder": str(directory), "rows": rows, "eos": reference.eos,
-                                        "max_length": width + reference.steps})
+        prompts = " and ".join(str(len(p)) for p in reference.prompts)
+        if graph_batch(directory) == 1:  # the batch fixed at 1 (GroupQueryAttention's fusion): each prompt alone
+            batches = [{"rows": [p], "max_length": len(p) + reference.steps} for p in reference.prompts]
+            batch = f"each prompt alone, the graph's batch is fixed at 1; prompts of {prompts} tokens"
+        else:
+            rows = [p + [reference.pad] * (width - len(p)) for p in reference.prompts]  # GenAI pads right
+            batches = [{"rows": rows, "max_length": width + reference.steps}]
+            batch = f"batch of {len(rows)}, prompts of {prompts} tokens"
+        # the child runs in a scratch folder: a relative `--out` would miss
+        got, why = run_in_child(CHILD, {"folder": str(directory.resolve()), "batches": batches, "eos": reference.eos})
         if got is None:
             return RuntimeProof(self.runtime, "failed", f"ONNX Runtime GenAI failed: {why}")
         got = [_until_eos(row, reference.eos) for row in got]
         total = sum(len(r) for r in reference.new_tokens)
         equal = sum(_common_prefix(want, have) for want, have in zip(reference.new_tokens, got))
-        batch = f"batch of {len(rows)}, prompts of {' and '.join(str(len(p)) for p in reference.prompts)} tokens"
         if got != reference.new_tokens:
             return RuntimeProof(self.runtime, "failed",
                                 f"{equal}/{total} tokens equal eager greedy ({batch}): GenAI {got}, eager "

@@ -1,0 +1,124 @@
+"""The merged decoder ONNX fused for ONNX Runtime's CPU provider (`"ort_fusions": "cpu"`, issue #26 §5) in the
+recipe docs/recipe.md recommends for ONNX Runtime GenAI on CPU: the merged contract with the batch fixed at 1, where
+upstream fuses every attention into ONNX Runtime's `GroupQueryAttention` (with a dynamic batch it fuses the norms,
+skip norms and rotary embeddings only: `GroupQueryAttention` takes several tokens after a past for one sequence
+only). It passes validation, `onnx.checker` included (ONNX Runtime's `SimplifiedLayerNormalization` lives in ONNX's
+domain), and ONNX Runtime GenAI generates eager's greedy tokens from the folder alone, each prompt alone.
+
+One CLI run of a tiny Llama, shared by every check (one target: the suite is near CI's time budget).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.models import save_ascii_bpe_tokenizer, tiny_llama
+from tests.test_genai import PROMPTS, _eager, _genai
+
+og = pytest.importorskip("onnxruntime_genai")
+
+# The merged contract with the batch left static (traced at 1): docs/recipe.md's GenAI-on-CPU recipe.
+BATCH_ONE = {"input_ids": {"1": {"name": "sequence_length", "min": 1}},
+             "position_ids": {"1": {"name": "sequence_length"}}, "attention_mask": {"1": "auto"},
+             "cache.layers.*.keys": {"2": {"name": "past_sequence_length", "min": 0}},
+             "cache.layers.*.values": {"2": {"name": "past_sequence_length"}}}
+GQA = {"name": "gqa", "export_format": "onnx", "mode": "generation", "merged": True, "ort_fusions": "cpu",
+       "components": {"model": {"dynamic_shapes": BATCH_ONE}}}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("genai-fused")
+    model_dir = tiny_llama(root / "model", {"exports": [GQA]}, initializer_range=0.3)
+    save_ascii_bpe_tokenizer(model_dir)
+    out = root / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    report = json.loads((out / "report.json").read_text())
+    targets = {target["name"]: target for target in report["targets"]}
+    return {"model_dir": model_dir, "out": out, "targets": targets, "cli": result}
+
+
+def _ops(folder: Path) -> collections.Counter:
+    import onnx
+
+    proto = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    return collections.Counter((node.domain, node.op_type) for node in proto.graph.node)
+
+
+def _batch_dim(folder: Path):
+    import onnx
+
+    dim = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.input[0].type.tensor_type.shape.dim[0]
+    return dim.dim_param or dim.dim_value
+
+
+def test_the_fused_target_passes_validation_and_the_genai_proof(run):
+    assert run["cli"].returncode == 0, run["cli"].stdout + run["cli"].stderr
+    target = run["targets"]["gqa"]
+    assert target["status"] == "passed", target
+    assert target["generation"]["status"] == "passed"
+    assert target["generation"]["exported_tokens"] == target["generation"]["eager_tokens"]
+    (proof,) = [p for p in target["runtimes"] if p["runtime"] == "ONNX Runtime GenAI"]
+    assert proof["status"] == "passed", proof
+    done, total = proof["detail"].split(" ")[0].split("/")
+    assert done == total and int(total) > 0
+    assert "each prompt alone, the graph's batch is fixed at 1" in proof["detail"], proof
+    (component,) = target["components"]
+    assert component["verdict"] == "passed", component
+    assert any("onnx.checker passed" in note and "SimplifiedLayerNormalization" in note
+               for note in component["structural"]), component["structural"]
+
+
+def test_the_graph_holds_onnx_runtimes_fused_ops(run):
+    ops = _ops(run["out"] / "gqa")
+    assert ops[("com.microsoft", "GroupQueryAttention")] == 2 and ops[("", "Softmax")] == 0  # every attention
+    assert ops[("com.microsoft", "SkipSimplifiedLayerNormalization")] == 4  # 2 layers: after attention and MLP
+    assert ops[("", "SimplifiedLayerNormalization")] == 1  # the first norm: no residual to skip
+    assert ops[("", "Pow")] == 0 and ops[("", "ReduceMean")] == 0  # no RMSNorm left unfused
+    # head size 8: upstream rotates inside GroupQueryAttention for multiples of 16 only (the 58M Llama's 64 does)
+    assert ops[("com.microsoft", "RotaryEmbedding")] == 4
+    assert _batch_dim(run["out"] / "gqa") == 1
+
+
+def test_genai_generates_eagers_greedy_tokens_from_the_fused_folder(run):
+    from transformers import AutoTokenizer
+
+    folder = run["out"] / "gqa"
+    genai = json.loads((folder / "genai_config.json").read_text())
+    assert genai["search"]["past_present_share_buffer"] is False
+    tokenizer = AutoTokenizer.from_pretrained(run["model_dir"])
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
+    want = _eager(run["model_dir"], prompts, pad=3, eos=2)
+    assert want[0] != want[1]
+    for prompt, row in zip(prompts, want):
+        assert _genai(folder, [prompt], pad=3, eos=2) == [row]
+
+
+def test_a_shared_buffer_breaks_the_gqa_graph_in_genai(run, tmp_path):
+    """Why `genai_config.json` keeps `past_present_share_buffer: false` for a `GroupQueryAttention` graph too: the
+    graph reads its lengths off the past's shape, so GenAI's shared `max_length` buffer is taken for tokens held."""
+    import shutil
+
+    folder = tmp_path / "shared"
+    shutil.copytree(run["out"] / "gqa", folder)
+    genai = json.loads((folder / "genai_config.json").read_text())
+    genai["search"]["past_present_share_buffer"] = True
+    (folder / "genai_config.json").write_text(json.dumps(genai))
+    with pytest.raises(Exception, match="invalid index"):
+        _genai(folder, [[5, 17, 9, 33]], pad=3, eos=2)
+
+
+def test_the_genai_proof_opens_a_folder_given_relative_to_the_cwd(run, monkeypatch):
+    """`hf-export run --out out` hands the proof a relative folder; GenAI runs in a child whose cwd is a scratch
+    folder, so the proof resolves it (it failed with `Error opening out/gqa/genai_config.json`)."""
+    from exporters.validate.runtime_genai import GENAI, GenaiReference
+
+    monkeypatch.chdir(run["out"])
+    wrong = GenaiReference([[5, 6, 7, 8], [5, 6]], [[127] * 4, [127] * 4], pad=3, eos=[2], steps=4)
+    proof = GENAI.prove(Path("gqa"), wrong, None)
+    assert proof.status == "failed" and "tokens equal eager greedy" in proof.detail, proof  # GenAI ran the folder
