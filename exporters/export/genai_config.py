@@ -4,10 +4,10 @@ The fields are those GenAI's own model builder writes (`onnxruntime_genai/models
 parsed by `src/config.h`); the graph names are `exporters.export.onnx_names`' (also GenAI's defaults). Our graph
 takes a past as long as what it holds and returns past + new keys, so `past_present_share_buffer` is false. That
 holds for a graph fused for ONNX Runtime (`ort_fusions`) too: upstream's `GroupQueryAttention` reads `seqlens_k` and
-`total_sequence_length` off the past's shape, not off the attention mask as the model builder's graph does: a
-shared buffer (`true`) feeds a past as long as `max_length`, which the graph takes for tokens held (GenAI then fails
-in the graph: `GatherND ... invalid index found`). GenAI pads a batch on the right with `pad_token_id` and derives the attention
-mask and positions from it: the pad id is the model's own (else its first eos id).
+`total_sequence_length` off the past's shape, not off the attention mask as the model builder's graph does: a shared
+buffer (`true`) feeds a past as long as `max_length`, which the graph takes for tokens held (GenAI then fails in the
+graph: `GatherND ... invalid index found`). GenAI pads a batch on the right with `pad_token_id` and derives the
+attention mask and positions from it: the pad id is the model's own (else its first eos id).
 
 Example:
     >>> from transformers import GenerationConfig, LlamaConfig

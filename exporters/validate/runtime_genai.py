@@ -10,10 +10,10 @@ eager generate, left-padded batch of two ────────► og.Model(fo
 
 GenAI reads rows by `pad_token_id`: a prompt token equal to it would be taken for padding, so the proof's prompts
 never hold it (a token that is neither the pad id nor an eos id takes its place, in eager and GenAI alike). Each row
-is compared up to and including its first eos. A graph whose batch is fixed at 1 (ONNX Runtime's `GroupQueryAttention`,
-which `ort_fusions` fuses into a merged graph only at a batch of 1) runs each prompt alone instead. GenAI runs in a child process (a native abort there fails this
-proof, not the run). Not installed: `unverified`; GenAI refusing the folder or generating other tokens: `failed`,
-with GenAI's own message.
+is compared up to and including its first eos. A graph whose batch is fixed at 1 (ONNX Runtime's
+`GroupQueryAttention`, which `ort_fusions` fuses into a merged graph only at a batch of 1) runs each prompt alone
+instead. GenAI runs in a child process (a native abort there fails this proof, not the run). Not installed:
+`unverified`; GenAI refusing the folder or generating other tokens: `failed`, with GenAI's own message.
 
 Example:
     >>> GENAI.runtime
