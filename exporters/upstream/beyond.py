@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
+from torch.fx.passes.infra.pass_base import PassResult
 from transformers import cache_utils
 from transformers.exporters.metadata import load_treespec
 from transformers.exporters.runners.base import ModelRunner
@@ -297,7 +298,6 @@ def upsample_fusion_only_with_upsample():
     """
     # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
     from executorch.backends.xnnpack._passes.convert_to_upsample_bilinear2d import ConvertToUpsampleBilinear2d
-    from torch.fx.passes.infra.pass_base import PassResult
 
     real = ConvertToUpsampleBilinear2d.call
 
