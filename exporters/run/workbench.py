@@ -165,9 +165,10 @@ class Workbench:
         return self.decompositions[key]
 
     def _batches_encoder_decoder(self, target: Target) -> bool:
-        """Whether `target` is an encoder-decoder ONNX generation export (optimum's and transformers.js's Seq2Seq
-        files) whose `dynamic: true` keeps the batch and the decoder prompt dynamic (`fit_encoder_decoder`)."""
-        return (target.mode == "generation" and target.export_format == "onnx"
+        """Whether `target` is an encoder-decoder generation export whose `dynamic: true` keeps the batch and the
+        decoder prompt dynamic (`fit_encoder_decoder`): ONNX (optimum's and transformers.js's Seq2Seq files) and
+        dynamo (`.pt2`)."""
+        return (target.mode == "generation" and target.export_format in ("onnx", "dynamo")
                 and self.sample.family in merged.ENCODER_DECODER_FAMILIES)
 
     def _fit(self, target: Target, captured: Any, recipe: Recipe) -> tuple[Any, list[str]]:
