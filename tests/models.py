@@ -145,23 +145,37 @@ def tiny_llava(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
 
 
 def tiny_marian(folder: Path, recipe: Any | None = None, seed: int = 0,
-                suppress_tokens: list[int] | None = None) -> Path:
-    """A 1+1-layer Marian (d_model 32, vocab 96) with `MarianConfig`'s other defaults, among them
-    `forced_eos_token_id=0`: eager `generate()` forces EOS at the last step. `suppress_tokens` go into its generation
-    config (eager never picks them)."""
+                suppress_tokens: list[int] | None = None, decoder_layers: int = 1, init_std: float = 0.02) -> Path:
+    """A 1+1-layer Marian (d_model 32, vocab 96; `decoder_layers` decoder layers, weights drawn at `init_std`) with
+    `MarianConfig`'s other defaults, among them `forced_eos_token_id=0`: eager `generate()` forces EOS at the last
+    step. `suppress_tokens` go into its generation config (eager never picks them)."""
     from transformers import MarianConfig, MarianMTModel
 
     torch.manual_seed(seed)
     config = MarianConfig(
-        vocab_size=96, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        vocab_size=96, d_model=32, encoder_layers=1, decoder_layers=decoder_layers, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-        pad_token_id=95, decoder_start_token_id=95,
+        pad_token_id=95, decoder_start_token_id=95, init_std=init_std,
     )
     model = MarianMTModel(config).eval()
     if suppress_tokens is not None:
         model.generation_config.suppress_tokens = suppress_tokens
     return _saved(model, folder, recipe)
 
+
+def tiny_bart(folder: Path, recipe: Any | None = None, seed: int = 0, decoder_layers: int = 1) -> Path:
+    """A 1-layer-encoder BART (d_model 32, vocab 100; `decoder_layers` decoder layers) with `BartConfig`'s other
+    defaults, among them `forced_eos_token_id=2` (eager `generate()` forces EOS at the last step) and learned
+    positions offset by 2."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = BartConfig(
+        vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=decoder_layers, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        init_std=0.2,  # the default 0.02 makes greedy decoding repeat one token: parity could not fail
+    )
+    return _saved(BartForConditionalGeneration(config), folder, recipe)
 
 def tiny_resnet(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
     """A 2-stage ResNet image classifier (widths 8 and 16, images of 32): convolutions take any image size."""

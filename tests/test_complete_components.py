@@ -36,7 +36,7 @@ def family_run(request, tmp_path_factory):
 def test_complete_set_exported_and_parity_from_raw_inputs(family_run):
     from transformers.exporters import ExportedModel
 
-    name, family, components, _, out, result = family_run
+    name, family, components, model_dir, out, result = family_run
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["family"] == family
@@ -52,6 +52,66 @@ def test_complete_set_exported_and_parity_from_raw_inputs(family_run):
         assert tokens == generation["exported_tokens"][0][: len(tokens)]
         # the tiny models are initialized so that greedy decoding varies: the check can fail
         assert len(set(generation["exported_tokens"][0])) > 1, generation
+        if family in SEQ2SEQ:  # #26: `dynamic: true` keeps an encoder-decoder's batch dynamic in every format
+            _traced_at_a_batch_of_two(target)
+            _runs_a_batch_of_three(out / target["name"], model_dir)
+
+
+SEQ2SEQ = ("seq2seq", "speech-seq2seq")
+
+
+def _traced_at_a_batch_of_two(target: dict) -> None:
+    """Every graph traced at a batch of 2, the prefill at a decoder prompt of 3 tokens (the report says so), and
+    our greedy parity (passed) ran them at batch 1 from one start token: sizes they were not traced with."""
+    findings = " ".join(target["findings"])
+    for component in ("encoder", "prefill", "decode"):
+        assert f"{component}: the batch is traced at size 2" in findings, (target["name"], findings)
+    assert "prefill: the decoder prompt is traced at 3 tokens" in findings, findings
+    traced = {c["name"]: c["checks"][0] for c in target["components"]}
+    assert all(check["probe"] == "traced" for check in traced.values())
+    assert traced["prefill"]["shapes"]["decoder_input_ids"] == [2, 3]
+    assert traced["decode"]["shapes"]["decoder_input_ids"] == [2, 1]
+    assert target["generation"]["batch_size"] == 1 and target["generation"]["status"] == "passed"
+
+
+def _runs_a_batch_of_three(folder, model_dir) -> None:
+    """The saved encoder and prefill (upstream's runners, from the folder) at a batch of 3 and a decoder prompt of
+    2 tokens, neither traced, give eager's hidden states and logits."""
+    import torch
+    from transformers import (
+        AutoConfig,
+        AutoModelForSeq2SeqLM,
+        AutoModelForSpeechSeq2Seq,
+        DynamicCache,
+        EncoderDecoderCache,
+    )
+
+    from exporters.upstream import load_exported, run_component
+
+    config = AutoConfig.from_pretrained(model_dir)
+    speech = config.model_type == "whisper"
+    model = (AutoModelForSpeechSeq2Seq if speech else AutoModelForSeq2SeqLM).from_pretrained(model_dir).eval()
+    exported = load_exported(folder, config=model.config, allow_pickles=True)
+    generator = torch.Generator().manual_seed(3)
+    if speech:
+        encoder_inputs = {"input_features": torch.randn(3, config.num_mel_bins, 64, generator=generator)}
+    else:
+        ids = torch.randint(2, config.vocab_size, (3, 6), generator=generator)
+        mask = torch.ones_like(ids)
+        mask[2, 4:] = 0  # a padded row
+        encoder_inputs = {"input_ids": ids, "attention_mask": mask}
+    prompt = torch.full((3, 2), config.decoder_start_token_id)
+    prompt[:, 1] = torch.tensor([5, 7, 9])
+    with torch.no_grad():
+        encoded = model.get_encoder()(**encoder_inputs)
+        extra = {"attention_mask": encoder_inputs["attention_mask"]} if not speech else {}
+        want = model(encoder_outputs=encoded, decoder_input_ids=prompt, use_cache=True, **extra).logits
+    got = run_component(exported.runners["encoder"], encoder_inputs)
+    torch.testing.assert_close(got["last_hidden_state"], encoded.last_hidden_state, atol=1e-4, rtol=1e-3)
+    cache = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
+    feed = {"decoder_input_ids": prompt, "encoder_outputs": encoded, "cache": cache, **extra}
+    logits = run_component(exported.runners["prefill"], feed)["logits"]
+    torch.testing.assert_close(logits, want, atol=1e-4, rtol=1e-3)
 
 
 def test_decode_runs_past_its_traced_cache_length(family_run):

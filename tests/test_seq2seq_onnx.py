@@ -4,7 +4,8 @@ decoders merged into one graph with a `use_cache_branch` `If`, weights once: `ex
 and the same under `onnx/` for the transformers.js layout. Exported once per model through the real CLI (both layouts
 in one run), validated by our own loop on the merged graph (both branches), loaded from the target folder alone by
 optimum's `ORTModelForSpeechSeq2Seq` / `ORTModelForSeq2SeqLM` (the optimum test venv, transformers 4.57) and by
-transformers.js on Node.js, whose greedy tokens must be eager's.
+transformers.js on Node.js, whose greedy tokens must be eager's. BART and Marian (optimum's layout only) are loaded by
+`ORTModelForSeq2SeqLM` the same way.
 
 `dynamic: true` keeps the batch dynamic (every graph is traced at a batch of 2, the prefill at a decoder prompt of
 3 tokens: `exporters.capture.probes.fit_encoder_decoder`; our own greedy parity runs them at batch 1 and one start
@@ -28,10 +29,11 @@ import torch
 
 from exporters.publish.snippets import target_snippets
 from tests.conftest import ROOT, run_cli
-from tests.models import tiny_t5, tiny_whisper
+from tests.models import tiny_bart, tiny_marian, tiny_t5, tiny_whisper
 
 TARGET = {"export_format": "onnx", "mode": "generation", "dynamic": True}
 RECIPE = {"exports": [{"name": "onnx", **TARGET}, {"name": "tjs", **TARGET, "layout": "transformers.js"}]}
+ONNX_ONLY = {"exports": [{"name": "onnx", **TARGET}]}
 NEW_TOKENS = 8
 LAYERS = 2  # two decoder layers: optimum feeds the past by position, layer by layer
 MERGED = "decoder_model_merged.onnx"
@@ -75,6 +77,18 @@ def t5(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def bart(tmp_path_factory):
+    """BART (learned positions offset by 2, forced EOS at the last step), optimum's layout only."""
+    return _export(tmp_path_factory.mktemp("bart-optimum"), tiny_bart, ONNX_ONLY, seed=3)
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory):
+    """Marian (sinusoidal positions, scaled embeddings, `final_logits_bias`), optimum's layout only."""
+    return _export(tmp_path_factory.mktemp("marian-optimum"), tiny_marian, ONNX_ONLY, seed=7, init_std=0.2)
+
+
+@pytest.fixture(scope="module")
 def t5_unmerged(tmp_path_factory):
     """`merged: false`: the two decoders stay optimum's two files."""
     return _export(tmp_path_factory.mktemp("t5-unmerged"), tiny_t5,
@@ -111,7 +125,7 @@ def _padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor
     return ids, mask
 
 
-def _t5_generate(model_dir: Path, rows: list[list[int]]) -> list[list[int]]:
+def _text_generate(model_dir: Path, rows: list[list[int]]) -> list[list[int]]:
     """Eager transformers' greedy tokens for the token `rows` (padded), the last NEW_TOKENS of each row."""
     from transformers import AutoModelForSeq2SeqLM
 
@@ -131,7 +145,7 @@ def whisper_eager(whisper) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def t5_eager(t5) -> list[list[int]]:
     """Eager transformers' greedy tokens for TEXT_IDS (the last NEW_TOKENS)."""
-    return _t5_generate(t5["model_dir"], TEXT_IDS)
+    return _text_generate(t5["model_dir"], TEXT_IDS)
 
 
 def _graph(path: Path) -> tuple[list[str], list[str]]:
@@ -150,6 +164,22 @@ def _external_ranges(path: Path) -> list[tuple[str, int, int]]:
     proto = onnx.load(str(path), load_external_data=False)
     return [(info["location"], int(info.get("offset", 0)), int(info["length"]))
             for tensor in initializers(proto) if (info := external_data_of(tensor))]
+
+
+def _io_dims(path: Path) -> dict[str, list]:
+    """Each graph input's and output's dims: names for symbolic ones, numbers for fixed ones."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in (*graph.input, *graph.output)}
+
+
+def _torch_symbols(path: Path) -> list[str]:
+    """torch.export's symbols (`s97`) left in the graph's input and output dims (optimum's names replace them)."""
+    import re
+
+    return [str(d) for dims in _io_dims(path).values() for d in dims if re.search(r"\bs\d+\b", str(d))]
 
 
 def _stored_once(graphs: list[Path]) -> None:
@@ -213,7 +243,7 @@ def _check_merged_graph(path: Path, mask: list[str]) -> None:
     onnx.checker.check_model(str(path), full_check=True)
 
 
-@pytest.mark.parametrize("name", ["whisper", "t5"])
+@pytest.mark.parametrize("name", ["whisper", "t5", "bart", "marian"])
 def test_the_folder_has_optimums_files_and_names_and_our_checks_ran_on_them(name, request):
     exported = request.getfixturevalue(name)
     folder, target = exported["folder"], exported["target"]
@@ -245,6 +275,15 @@ def test_the_folder_has_optimums_files_and_names_and_our_checks_ran_on_them(name
 
     encoder = onnx.load(str(folder / FILES["encoder"]), load_external_data=False).graph
     assert all(v.type.tensor_type.shape.dim[0].dim_param for v in (*encoder.input, *encoder.output))  # batch: any
+    # optimum's dim names, one symbol per axis (torch gave T5's ids and mask a symbol each)
+    dims = _io_dims(folder / FILES["encoder"])
+    if name == "whisper":  # the frames are fixed (Whisper's encoder takes its full window)
+        assert dims["input_features"][0] == dims["last_hidden_state"][0] == "batch_size", dims
+    else:
+        assert dims["input_ids"] == dims["attention_mask"] == ["batch_size", "encoder_sequence_length"], dims
+        assert dims["last_hidden_state"][:2] == ["batch_size", "encoder_sequence_length"], dims
+    for graph in (FILES["encoder"], MERGED):
+        assert not _torch_symbols(folder / graph), (graph, _io_dims(folder / graph))
     mask = [] if name == "whisper" else ["encoder_attention_mask"]
     _check_merged_graph(folder / MERGED, mask)
     merged_in, merged_out = _graph(folder / MERGED)
@@ -342,10 +381,13 @@ def test_optimum_speech_seq2seq_generates_what_eager_generates(whisper, whisper_
     assert [row[-NEW_TOKENS:] for row in got["tokens"]] == whisper_eager
 
 
-def test_optimum_seq2seq_lm_generates_what_eager_generates(t5, t5_eager, tmp_path):
-    got = _optimum(t5["folder"], "text", TEXT_IDS, tmp_path)
+@pytest.mark.parametrize("name", ["t5", "bart", "marian"])
+def test_optimum_seq2seq_lm_generates_what_eager_generates(name, request, tmp_path):
+    exported = request.getfixturevalue(name)
+    want = request.getfixturevalue("t5_eager") if name == "t5" else _text_generate(exported["model_dir"], TEXT_IDS)
+    got = _optimum(exported["folder"], "text", TEXT_IDS, tmp_path)
     _optimum_loaded_the_merged_decoder(got, ["encoder_attention_mask"])
-    assert [row[-NEW_TOKENS:] for row in got["tokens"]] == t5_eager
+    assert [row[-NEW_TOKENS:] for row in got["tokens"]] == want
 
 
 def test_optimum_speech_seq2seq_generates_a_batch_of_two_waveforms_as_eager_does(whisper, tmp_path):
@@ -358,11 +400,13 @@ def test_optimum_speech_seq2seq_generates_a_batch_of_two_waveforms_as_eager_does
     assert want[0] != want[1]  # two inputs, two answers: a batch that mixed its rows up would show
 
 
-def test_optimum_seq2seq_lm_generates_a_padded_batch_of_two_texts_as_eager_does(t5, tmp_path):
+@pytest.mark.parametrize("name", ["t5", "bart", "marian"])
+def test_optimum_seq2seq_lm_generates_a_padded_batch_of_two_texts_as_eager_does(name, request, tmp_path):
     """Two texts of different lengths at once, the shorter right-padded with its attention mask 0 there: each row's
-    greedy tokens are eager's on the same padded batch."""
-    want = _t5_generate(t5["model_dir"], TEXT_BATCH)
-    got = _optimum(t5["folder"], "text", TEXT_BATCH, tmp_path)
+    greedy tokens are eager's on the same padded batch (BART and Marian: with the forced EOS at the last step)."""
+    exported = request.getfixturevalue(name)
+    want = _text_generate(exported["model_dir"], TEXT_BATCH)
+    got = _optimum(exported["folder"], "text", TEXT_BATCH, tmp_path)
     _optimum_loaded_the_merged_decoder(got, ["encoder_attention_mask"])
     assert got["batch"] == 2 and [row[-NEW_TOKENS:] for row in got["tokens"]] == want
     assert want[0] != want[1]
@@ -509,6 +553,11 @@ def test_merged_false_keeps_optimums_two_decoders_validated_and_optimum_generate
     for graph in UNMERGED_FILES.values():
         assert {location for location, _, _ in _external_ranges(folder / graph)} == {"encoder_model.onnx.data"}
     _stored_once([folder / graph for graph in UNMERGED_FILES.values()])
+    for graph in UNMERGED_FILES.values():
+        assert not _torch_symbols(folder / graph), (graph, _io_dims(folder / graph))
+    assert _io_dims(folder / "decoder_model.onnx")["input_ids"] == ["batch_size", "decoder_sequence_length"]
+    past = _io_dims(folder / "decoder_with_past_model.onnx")["past_key_values.0.decoder.key"]
+    assert past[0] == "batch_size" and past[2] == "past_decoder_sequence_length", past
     no_past, _ = _graph(folder / "decoder_model.onnx")
     with_past, outputs = _graph(folder / "decoder_with_past_model.onnx")
     assert sorted(no_past) == ["encoder_attention_mask", "encoder_hidden_states", "input_ids"]
@@ -521,5 +570,5 @@ def test_merged_false_keeps_optimums_two_decoders_validated_and_optimum_generate
                                                        "decoder_with_past": "decoder_with_past_model.onnx"}
     assert [n for n in got["inputs"]["decoder_with_past"] if n.startswith("past_key_values.")] == _past(
         "past_key_values")
-    want = _t5_generate(t5_unmerged["model_dir"], TEXT_BATCH)
+    want = _text_generate(t5_unmerged["model_dir"], TEXT_BATCH)
     assert got["batch"] == 2 and [row[-NEW_TOKENS:] for row in got["tokens"]] == want

@@ -98,9 +98,9 @@ def dim_symbols(model, option: str = "layout") -> dict[str, str]:
     return symbols
 
 
-def rename_dims(model, symbols: dict[str, str]) -> None:
-    """Every symbolic dim of the graph's inputs, outputs and value infos under its readable name; the mask's length
-    and the present caches' length (past + query) are `total_sequence_length`."""
+def substitute_dims(model, symbols: dict[str, str]) -> None:
+    """Every symbolic dim of the graph's inputs, outputs and value infos with each torch symbol in it under its
+    readable name (`s53 + 1` → `past_sequence_length + 1`); several symbols may take one name (equal sizes)."""
 
     def rename(text: str) -> str:
         return _SYMBOL.sub(lambda m: symbols.get(m[0], m[0]), text)
@@ -109,6 +109,31 @@ def rename_dims(model, symbols: dict[str, str]) -> None:
         for dim in value.type.tensor_type.shape.dim:
             if dim.dim_param:
                 dim.dim_param = rename(dim.dim_param)
+
+
+def symbols_named(model, wanted: Callable[[str], dict[int, str]]) -> dict[str, str]:
+    """torch symbol → readable name, from the graph inputs whose axes `wanted(input name)` names (the first input
+    that names a symbol wins).
+
+    Example:
+        >>> import onnx
+        >>> graph = onnx.helper.make_graph([], "g", [onnx.helper.make_tensor_value_info("x", 1, ["s7", "s9"])], [])
+        >>> symbols_named(onnx.helper.make_model(graph), lambda name: {0: "batch_size"})
+        {'s7': 'batch_size'}
+    """
+    symbols: dict[str, str] = {}
+    for value in model.graph.input:
+        names = wanted(value.name)
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.dim_param and axis in names and _SYMBOL.fullmatch(dim.dim_param):
+                symbols.setdefault(dim.dim_param, names[axis])
+    return symbols
+
+
+def rename_dims(model, symbols: dict[str, str]) -> None:
+    """Every symbolic dim of the graph's inputs, outputs and value infos under its readable name; the mask's length
+    and the present caches' length (past + query) are `total_sequence_length`."""
+    substitute_dims(model, symbols)
     for value in (*model.graph.input, *model.graph.output):
         dims = value.type.tensor_type.shape.dim
         total_axis = 1 if value.name == "attention_mask" else 2 if value.name.startswith("present.") else None

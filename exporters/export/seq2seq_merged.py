@@ -35,23 +35,17 @@ Example:
 from __future__ import annotations
 
 import hashlib
-import re
 from pathlib import Path
 
 from exporters.export.onnx_files import _read_range, external_data_of, gather_external_data, initializers
 from exporters.export.onnx_names import rename_values
+from exporters.export.seq2seq_names import dim_names
 from exporters.upstream import read_manifest, write_manifest
 
 MERGED_FILE = "decoder_model_merged.onnx"
 BRANCH_INPUT = "use_cache_branch"
 # The two decoders' files, replaced by MERGED_FILE (exporters.export.seq2seq_names.OPTIMUM_FILES)
 DECODER_FILES = {"prefill": "decoder_model.onnx", "decode": "decoder_with_past_model.onnx"}
-_PAST = re.compile(r"^past_key_values\.\d+\.(decoder|encoder)\.(key|value)$")
-# optimum's dim names (its Seq2Seq OnnxConfigs), by input and axis
-_DIM_NAMES = {"input_ids": {0: "batch_size", 1: "decoder_sequence_length"},
-              "encoder_hidden_states": {0: "batch_size", 1: "encoder_sequence_length"},
-              "encoder_attention_mask": {0: "batch_size", 1: "encoder_sequence_length"}}
-_PAST_DIMS = {"decoder": "past_decoder_sequence_length", "encoder": "encoder_sequence_length_out"}
 
 
 def _dims(value) -> list[int | str]:
@@ -82,8 +76,8 @@ def _value_info(name: str, elem_type: int, dims: list[int | str]):
 
 def _input_dims(name: str, dims: list[int | str]) -> list[int | str]:
     """The merged graph's dims for input `name`: runtimes' names for batch and sequence axes (see the module)."""
-    past = _PAST.match(name)
-    wanted = {0: "batch_size", 2: _PAST_DIMS[past[1]]} if past else _DIM_NAMES.get(name, {})
+    past = name.startswith("past_key_values.")
+    wanted = dim_names(name, "decode")
     named = list(dims)
     for axis, dim in enumerate(dims):
         if axis in wanted and (isinstance(dim, str) or past and axis == 2):

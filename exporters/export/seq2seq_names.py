@@ -40,7 +40,7 @@ import re
 from pathlib import Path
 
 from exporters.export.onnx_files import initializers
-from exporters.export.onnx_names import rename_io
+from exporters.export.onnx_names import rename_io, substitute_dims, symbols_named
 from exporters.upstream import read_manifest, write_manifest
 
 # component -> optimum's file name
@@ -50,6 +50,15 @@ _CACHE = re.compile(r"^(?:input\.|output\.)?cache\.(self|cross)_attention_cache\
 _DECODER_INPUTS = {"decoder_input_ids": "input_ids", "encoder_outputs.last_hidden_state": "encoder_hidden_states",
                    "attention_mask": "encoder_attention_mask"}
 _CACHE_ORDER = {"decoder.key": 0, "decoder.value": 1, "encoder.key": 2, "encoder.value": 3}
+# optimum's dim names (its Seq2Seq OnnxConfigs), by graph input and axis: the encoder's, then the decoders'
+ENCODER_DIMS = {"input_ids": {0: "batch_size", 1: "encoder_sequence_length"},
+                "attention_mask": {0: "batch_size", 1: "encoder_sequence_length"},
+                "input_features": {0: "batch_size", 1: "feature_size", 2: "encoder_sequence_length"}}
+DECODER_DIMS = {"input_ids": {0: "batch_size", 1: "decoder_sequence_length"},
+                "encoder_hidden_states": {0: "batch_size", 1: "encoder_sequence_length"},
+                "encoder_attention_mask": {0: "batch_size", 1: "encoder_sequence_length"}}
+PAST_DIMS = {"decoder": "past_decoder_sequence_length", "encoder": "encoder_sequence_length_out"}
+_PAST = re.compile(r"^past_key_values\.\d+\.(decoder|encoder)\.(key|value)$")
 
 
 def is_encoder_decoder_export(components: list[str]) -> bool:
@@ -98,6 +107,19 @@ def _renamed_graph(proto, component: str) -> dict[str, str]:
     return inputs
 
 
+def dim_names(name: str, component: str) -> dict[int, str]:
+    """optimum's names for the axes of graph input `name` of `component` (after renaming): batch and sequence axes.
+
+    Example:
+        >>> dim_names("attention_mask", "encoder"), dim_names("past_key_values.0.encoder.key", "decode")
+        ({0: 'batch_size', 1: 'encoder_sequence_length'}, {0: 'batch_size', 2: 'encoder_sequence_length_out'})
+    """
+    if component == "encoder":
+        return ENCODER_DIMS.get(name, {})
+    past = _PAST.match(name)
+    return {0: "batch_size", 2: PAST_DIMS[past[1]]} if past else DECODER_DIMS.get(name, {})
+
+
 def fixed_past(directory: Path) -> str | None:
     """Why optimum cannot run the saved decode graph (its self-attention cache has a fixed length, where optimum feeds
     a past that grows by one token a step), or None. Such an export keeps upstream's files and names."""
@@ -130,6 +152,8 @@ def rename_encoder_decoder(directory: Path) -> dict[str, str]:
         proto = onnx.load(str(directory / entries[name]["file"]), load_external_data=False)
         before = sorted(v.name for v in proto.graph.input)
         inputs = _renamed_graph(proto, name)
+        # torch's symbols (`s97`; T5's ids and mask each get one) under optimum's names, one per axis it names
+        substitute_dims(proto, symbols_named(proto, lambda value, component=name: dim_names(value, component)))
         for tensor in initializers(proto):
             for item in tensor.external_data:
                 if item.key == "location":

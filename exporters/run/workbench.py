@@ -164,11 +164,15 @@ class Workbench:
                 multi_token_decode=multi_token, family=self.sample.family)
         return self.decompositions[key]
 
-    def _batches_encoder_decoder(self, target: Target) -> bool:
-        """Whether `target` is an encoder-decoder ONNX generation export (optimum's and transformers.js's Seq2Seq
-        files) whose `dynamic: true` keeps the batch and the decoder prompt dynamic (`fit_encoder_decoder`)."""
-        return (target.mode == "generation" and target.export_format == "onnx"
-                and self.sample.family in merged.ENCODER_DECODER_FAMILIES)
+    def _batches_encoder_decoder(self, target: Target, recipe: Recipe) -> bool:
+        """Whether `target` is an encoder-decoder generation export whose `dynamic: true` keeps the batch and the
+        decoder prompt dynamic (`fit_encoder_decoder`): ONNX (optimum's and transformers.js's Seq2Seq files), dynamo
+        (`.pt2`), and ExecuTorch's methods layout on a dynamic cache (its methods take and return the cache)."""
+        if target.mode != "generation" or self.sample.family not in merged.ENCODER_DECODER_FAMILIES:
+            return False
+        if target.export_format == "executorch":
+            return self.cache_setting(target, recipe).implementation == "dynamic"
+        return target.export_format in ("onnx", "dynamo")
 
     def _fit(self, target: Target, captured: Any, recipe: Recipe) -> tuple[Any, list[str]]:
         fitted, notes = {}, []
@@ -184,7 +188,7 @@ class Workbench:
             if dynamic and not spec and target.mode == "model":  # `dynamic: true` keeps the batch dynamic too
                 new_inputs, batch_notes = fit_batch(new_inputs, self.model.config, recipe.inputs.seed)
                 changed += batch_notes
-            elif dynamic and not spec and self._batches_encoder_decoder(target):  # batch and decoder prompt too
+            elif dynamic and not spec and self._batches_encoder_decoder(target, recipe):  # batch and decoder prompt too
                 new_inputs, batch_notes = fit_encoder_decoder(name, new_inputs, self.model.config, recipe.inputs.seed)
                 changed += batch_notes
             fitted[name] = (module, new_inputs)
