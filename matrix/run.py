@@ -60,6 +60,9 @@ class Cell:
     cause: str = ""  # "", "upstream", "ours", "mismatch", "unverified", "timeout"
     reason: str = ""
     generation: str | None = None
+    # what the runtimes the artifact is for showed ({"runtime", "status", "detail"}, as report.json's `runtimes`);
+    # None: measured before the matrix recorded them
+    runtimes: list[dict[str, str]] | None = None
 
 
 @dataclass
@@ -88,8 +91,10 @@ def classify(target: dict[str, Any]) -> Cell:
     """The cell for one target of report.json: the status, and for a failure who it is on and why."""
     status = target.get("status", "failed")
     generation = (target.get("generation") or {}).get("status")
-    if status == "passed":
-        return Cell(status, generation=generation)
+    if status == "passed":  # its runtime proofs kept: one that did not run is shown as such, never as a pass
+        runtimes = [{key: str(proof.get(key) or "") for key in ("runtime", "status", "detail")}
+                    for proof in target.get("runtimes") or []]
+        return Cell(status, generation=generation, runtimes=runtimes)
     error = target.get("error") or {}
     message = str(error.get("message") or "")
     root = error.get("root_cause") or {}

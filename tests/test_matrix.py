@@ -102,7 +102,8 @@ def test_failures_are_classified_with_their_root_cause():
     assert classify({"status": "timed_out", "error": {"message": "ran past"}}).cause == "timeout"
     unverified = classify({"status": "unverified", "unverified": ["generation: EOS after 1 token"]})
     assert unverified.cause == "unverified" and "EOS after 1 token" in unverified.reason
-    assert classify({"status": "passed", "generation": {"status": "passed"}}) == Cell("passed", generation="passed")
+    assert classify({"status": "passed", "generation": {"status": "passed"}}) == Cell("passed", generation="passed",
+                                                                                      runtimes=[])
     runtime = classify({"status": "failed", "error": {"type": "ValidationError", "message": ""}, "runtimes": [
         {"runtime": "ONNX Runtime GenAI", "status": "failed", "detail": "bos_token_id - Expected a number"},
         {"runtime": "optimum", "status": "passed", "detail": "ok"}]})
@@ -118,6 +119,28 @@ def test_render_lists_every_failure_reason():
     assert "| llama | decoder-only | `LlamaForCausalLM` | generation | ✅ passed (gen ✓) | ❌ failed upstream [1] |" in text
     assert "1. boom \\| &lt;x&gt;" in text
     assert "Passed: dynamo 1/1, onnx 0/1." in text
+
+
+def test_a_pass_whose_runtime_proof_did_not_run_says_so():
+    runner = {"runtime": "ExecuTorch LLM runner", "status": "unverified",
+              "detail": "the model folder has no tokenizer.json, which the runner reads"}
+    cell = classify({"status": "passed", "generation": {"status": "passed"}, "runtimes": [runner]})
+    assert cell.status == "passed" and cell.runtimes == [runner]
+    genai = classify({"status": "passed", "runtimes": [{"runtime": "ONNX Runtime GenAI", "status": "passed",
+                                                        "detail": "8/8 tokens"}]})
+    rows = [Row("llama", "decoder-only", "LlamaForCausalLM", "generation", 1.0,
+                {"onnx": genai, "executorch": cell}),
+            Row("gpt2", "decoder-only", "GPT2LMHeadModel", "generation", 1.0,
+                {"onnx": Cell("passed"), "executorch": Cell("passed", runtimes=[])})]
+    meta = {"date": "d", "machine": "m", "jobs": 1, "elapsed_s": 60, "versions": {"torch": "2"},
+            "formats": ["onnx", "executorch"], "recipe": plainest_recipe(["onnx", "executorch"])}
+    text = render(rows, meta)
+    assert ("| llama | decoder-only | `LlamaForCausalLM` | generation | ✅ passed; ONNX Runtime GenAI ✓ | "
+            "✅ passed (gen ✓); ExecuTorch LLM runner ❔ not run [1] |") in text
+    assert "1. ExecuTorch LLM runner did not run it: the model folder has no tokenizer.json" in text
+    assert "| gpt2 | decoder-only | `GPT2LMHeadModel` | generation | ✅ passed | ✅ passed |" in text
+    assert "Passed: onnx 2/2, executorch 2/2. 1 of the passes were not run by the runtime" in text
+    assert "1 passes were measured before the matrix kept runtime proofs" in text  # gpt2's onnx: not recorded
 
 
 def test_the_estimate_spreads_cpu_seconds_over_the_cores():

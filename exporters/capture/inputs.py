@@ -32,6 +32,7 @@ WAVEFORM_MASK_NOTE = ("sample inputs: the {name}'s attention_mask is left out of
                       "nothing padded): a mask downsampled by slicing fixes the waveform length at export, the "
                       "waveform alone keeps it dynamic (batch one waveform at a time, or pad with zeros)")
 WAVEFORM_SAMPLES = 16000  # one second at 16 kHz: a raw-waveform speech model's synthesized source
+FILTER_BANK_FRAMES = 1000  # ten seconds of filter banks at 100 frames a second: a filter-bank speech model's source
 
 __all__ = ["FAMILIES", "SampleInputs", "default_mode", "detect_family", "make_sample_inputs", "random_token_ids"]
 
@@ -130,14 +131,25 @@ def _audio(model, config, spec: InputsSpec, generator: torch.Generator) -> dict[
 
 def _speech_source(model, spec: InputsSpec, generator: torch.Generator) -> tuple[str, torch.Tensor]:
     """A speech encoder-decoder's source in its main input's layout, when the folder has no feature extractor: a
-    spectrogram `input_features` (`batch x mel bins x frames`: Whisper, twice its source positions) or a raw
-    waveform `input_values` (`batch x samples`: Moonshine, one second at 16 kHz, its feature extractor's rate)."""
+    spectrogram `input_features` (`batch x mel bins x frames`: Whisper, twice its source positions), filter banks
+    `input_features` (`batch x frames x features`: Speech2Text, whose convolutions subsample the frames by 4 before
+    its source positions; at most `FILTER_BANK_FRAMES`) or a raw waveform `input_values` (`batch x samples`:
+    Moonshine, one second at 16 kHz, its feature extractor's rate)."""
     config = model.config
     name = getattr(model, "main_input_name", "input_features")
     if name == "input_values":
         return name, torch.randn(spec.batch_size, spec.audio_length or WAVEFORM_SAMPLES, generator=generator)
-    frames = spec.audio_length or 2 * int(config.max_source_positions)
-    return name, torch.randn(spec.batch_size, int(config.num_mel_bins), frames, generator=generator)
+    if getattr(config, "num_mel_bins", None) is not None:
+        frames = spec.audio_length or 2 * int(config.max_source_positions)
+        return name, torch.randn(spec.batch_size, int(config.num_mel_bins), frames, generator=generator)
+    per_channel = getattr(config, "input_feat_per_channel", None)
+    if per_channel is not None:
+        features = int(per_channel) * int(getattr(config, "input_channels", 1) or 1)
+        frames = spec.audio_length or min(2 * int(config.max_source_positions), FILTER_BANK_FRAMES)
+        return name, torch.randn(spec.batch_size, frames, features, generator=generator)
+    raise ValueError(f"{type(config).__name__} gives neither num_mel_bins (a spectrogram) nor input_feat_per_channel "
+                     f"(filter banks) for the model's {name!r}: add the model's feature extractor "
+                     "(preprocessor_config.json) to the folder, which makes its inputs")
 
 
 def _with_token_types(model, inputs: dict[str, Any]) -> dict[str, Any]:

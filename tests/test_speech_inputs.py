@@ -1,0 +1,35 @@
+"""A speech encoder-decoder's synthesized source follows its own layout when the folder has no feature extractor."""
+
+from __future__ import annotations
+
+import torch
+from transformers import Speech2TextConfig, Speech2TextForConditionalGeneration
+
+from exporters.capture.inputs import FILTER_BANK_FRAMES, make_sample_inputs
+from exporters.recipe.model import InputsSpec
+
+
+def tiny_speech_to_text(max_source_positions: int = 64) -> Speech2TextForConditionalGeneration:
+    config = Speech2TextConfig(vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1,
+                               encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                               decoder_ffn_dim=32, conv_channels=16, input_feat_per_channel=12, input_channels=1,
+                               max_source_positions=max_source_positions, max_target_positions=32)
+    torch.manual_seed(0)
+    return Speech2TextForConditionalGeneration(config).eval()
+
+
+def test_filter_banks_are_frames_by_features_and_run_through_the_model():
+    model = tiny_speech_to_text()
+    sample = make_sample_inputs(model, InputsSpec())
+    assert sample.family == "speech-seq2seq" and sample.source == "synthesized"
+    assert tuple(sample.generate["input_features"].shape) == (1, 128, 12)  # batch x frames x features, not mel-first
+    with torch.no_grad():
+        logits = model(**sample.forward).logits
+    assert logits.shape == (1, sample.forward["decoder_input_ids"].shape[1], 64)
+
+
+def test_filter_bank_frames_are_capped_and_follow_the_recipe():
+    model = tiny_speech_to_text(max_source_positions=6000)  # the released checkpoints' positions: 12000 frames
+    assert make_sample_inputs(model, InputsSpec()).generate["input_features"].shape[1] == FILTER_BANK_FRAMES
+    assert make_sample_inputs(model, InputsSpec(audio_length=40)).generate["input_features"].shape[1] == 40
+
