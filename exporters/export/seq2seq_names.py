@@ -55,7 +55,9 @@ ENCODER_DIMS = {"input_ids": {0: "batch_size", 1: "encoder_sequence_length"},
                 "attention_mask": {0: "batch_size", 1: "encoder_sequence_length"},
                 "input_features": {0: "batch_size", 1: "feature_size", 2: "encoder_sequence_length"}}
 DECODER_DIMS = {"input_ids": {0: "batch_size", 1: "decoder_sequence_length"},
-                "encoder_hidden_states": {0: "batch_size", 1: "encoder_sequence_length"},
+                # the hidden axis is symbolic only where the graph never reads it (a decode step's cross-attention
+                # comes from the cache): named, not left as torch's symbol
+                "encoder_hidden_states": {0: "batch_size", 1: "encoder_sequence_length", 2: "encoder_hidden_size"},
                 "encoder_attention_mask": {0: "batch_size", 1: "encoder_sequence_length"}}
 PAST_DIMS = {"decoder": "past_decoder_sequence_length", "encoder": "encoder_sequence_length_out"}
 _PAST = re.compile(r"^past_key_values\.\d+\.(decoder|encoder)\.(key|value)$")
