@@ -90,11 +90,10 @@ def _common_prefix(want: list[int], have: list[int]) -> int:
     return next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
 
 
-def graph_batch(directory: Path) -> int | None:
-    """The batch size the folder's decoder graph is fixed at (its `input_ids`' first dim), None where it is dynamic
-    or unreadable (GenAI then says what is wrong)."""
+def graph_batch(directory: Path, genai: dict[str, Any]) -> int | None:
+    """The batch size the folder's decoder graph (named by its `genai_config.json`, `genai`) is fixed at (its
+    `input_ids`' first dim), None where it is dynamic or unreadable (GenAI then says what is wrong)."""
     try:
-        genai = json.loads((directory / GENAI_CONFIG).read_text(encoding="utf-8"))
         path = directory / genai["model"]["decoder"]["filename"]
         # onnx loads only where a GenAI folder is proven (the graph alone: no weights)
         import onnx
@@ -147,22 +146,21 @@ class GenaiCheck:
             return RuntimeProof(self.runtime, "unverified", "onnxruntime-genai is not installed here")
         if not (directory / GENAI_CONFIG).is_file():
             return RuntimeProof(self.runtime, "failed", f"no {GENAI_CONFIG} in the folder")
-        pad = json.loads((directory / GENAI_CONFIG).read_text(encoding="utf-8"))["model"].get("pad_token_id",
-                                                                                          GENAI_DEFAULT_PAD)
+        genai = json.loads((directory / GENAI_CONFIG).read_text(encoding="utf-8"))
+        pad = genai["model"].get("pad_token_id", GENAI_DEFAULT_PAD)
         if pad != reference.pad:
             return RuntimeProof(self.runtime, "failed", f"{GENAI_CONFIG} has pad_token_id {pad}, the model "
                                 f"{reference.pad}")
         width = max(len(p) for p in reference.prompts)
         prompts = " and ".join(str(len(p)) for p in reference.prompts)
-        if graph_batch(directory) == 1:  # the batch fixed at 1 (GroupQueryAttention's fusion): each prompt alone
+        if graph_batch(directory, genai) == 1:  # the batch fixed at 1 (GroupQueryAttention's fusion): each prompt alone
             batches = [{"rows": [p], "max_length": len(p) + reference.steps} for p in reference.prompts]
             batch = f"each prompt alone, the graph's batch is fixed at 1; prompts of {prompts} tokens"
         else:
             rows = [p + [reference.pad] * (width - len(p)) for p in reference.prompts]  # GenAI pads right
             batches = [{"rows": rows, "max_length": width + reference.steps}]
             batch = f"batch of {len(rows)}, prompts of {prompts} tokens"
-        # the child runs in a scratch folder: a relative `--out` would miss
-        got, why = run_in_child(CHILD, {"folder": str(directory.resolve()), "batches": batches, "eos": reference.eos})
+        got, why = run_in_child(CHILD, {"folder": str(directory), "batches": batches, "eos": reference.eos})
         if got is None:
             return RuntimeProof(self.runtime, "failed", f"ONNX Runtime GenAI failed: {why}")
         got = [_until_eos(row, reference.eos) for row in got]
