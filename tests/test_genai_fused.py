@@ -115,10 +115,11 @@ def test_a_shared_buffer_breaks_the_gqa_graph_in_genai(run, tmp_path):
 
 def test_the_genai_proof_opens_a_folder_given_relative_to_the_cwd(run, monkeypatch):
     """`hf-export run --out out` hands the proof a relative folder; GenAI runs in a child whose cwd is a scratch
-    folder, so the proof resolves it (it failed with `Error opening out/gqa/genai_config.json`)."""
+    folder, so validation resolves it (it failed with `Error opening out/gqa/genai_config.json`)."""
     from exporters.validate.runtime_genai import GENAI, GenaiReference
+    from exporters.validate.runtimes import prove_all
 
     monkeypatch.chdir(run["out"])
     wrong = GenaiReference([[5, 6, 7, 8], [5, 6]], [[127] * 4, [127] * 4], pad=3, eos=[2], steps=4)
-    proof = GENAI.prove(Path("gqa"), wrong, None)
+    [proof] = prove_all([(GENAI, wrong)], Path("gqa"), None)  # what validation calls, with the folder it was given
     assert proof.status == "failed" and "tokens equal eager greedy" in proof.detail, proof  # GenAI ran the folder

@@ -76,7 +76,6 @@ class ExecutorchRunnerCheck:
             return RuntimeProof(self.runtime, "unverified", reference["unverified"])
         if importlib.util.find_spec("executorch.extension.llm.runner") is None:
             return RuntimeProof(self.runtime, "unverified", "executorch's LLM runner (pybinding) is not installed here")
-        directory = directory.resolve()  # the child runs in a scratch folder: a relative `--out` would miss
         entry = read_manifest(directory)["components"]["model"]
         tokenizer = directory / "tokenizer.json"
         if not tokenizer.is_file():

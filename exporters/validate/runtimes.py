@@ -100,7 +100,10 @@ def references_for(checks: list[RuntimeCheck], model: Any, context: RuntimeConte
 
 
 def prove_all(pairs: list[tuple[RuntimeCheck, Any]], directory: Path, context: RuntimeContext) -> list[RuntimeProof]:
-    """Every runtime's proof of `directory`; a runtime that raises fails with its own message."""
+    """Every runtime's proof of `directory`; a runtime that raises fails with its own message. The folder is
+    resolved first: a runtime runs in a child whose cwd is a scratch folder (`run_in_child`), where a relative
+    `--out` would miss."""
+    directory = directory.resolve()
     proofs = []
     for check, reference in pairs:
         if isinstance(reference, Exception):
