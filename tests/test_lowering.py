@@ -1,6 +1,7 @@
 """ExecuTorch lowering computes what the model computes: XNNPACK's GELU node ignores `approximate` and runs the exact
 GELU, so the tanh-approximated one (SigLIP, Gemma) is left to the portable kernels (docs/upstream-gaps.md #24); the
-upsample fusion that runs only where a graph has an upsample changes no program."""
+upsample fusion that runs only where a graph has an upsample, and the SDPA fusion that runs only where a partition has a
+softmax, change no program."""
 
 from __future__ import annotations
 
@@ -83,3 +84,51 @@ def test_the_upsample_fusion_skipped_without_an_upsample_changes_no_program():
     assert _buffer(plain, x, ours=True) == _buffer(plain, x, ours=False)
     upsampled, image = Upsampled().eval(), torch.randn(1, 3, 8, 8)
     assert _buffer(upsampled, image, ours=True) == _buffer(upsampled, image, ours=False)
+
+
+class Attention(torch.nn.Module):
+    """An attention with a 2-D additive mask: the decomposed graph XNNPACK's SDPA fusion matches."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.project = torch.nn.Linear(16, 16)
+
+    def forward(self, q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(self.project(q), k, v, attn_mask=mask)
+
+
+def _sdpa_buffer(module: torch.nn.Module, args: tuple, ours: bool) -> bytes:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from exporters.upstream import sdpa_fusion_only_with_softmax
+
+    program = torch.export.export(module, args)
+    if not ours:
+        return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+    with sdpa_fusion_only_with_softmax():
+        return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+
+
+def test_the_sdpa_fusion_skipped_without_a_softmax_changes_no_program():
+    """The skip is exact: every pattern of upstream's SDPA fusion (pinned executorch) has a softmax, so a partition
+    without one gets the same program byte for byte; an attention still goes through the pass (the same program as
+    upstream's, and it computes the attention)."""
+    from executorch.backends.xnnpack.partition.graphs import sdpa
+
+    from exporters.upstream.beyond import SOFTMAX, has_call_to
+
+    patterns = sdpa.get_graphs()
+    assert patterns and all(has_call_to(pattern, SOFTMAX) for pattern in patterns)
+    plain, x = LinearGelu("none").eval(), torch.randn(3, 257)
+    assert _sdpa_buffer(plain, (x,), ours=True) == _sdpa_buffer(plain, (x,), ours=False)
+    q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))
+    attention, mask = Attention().eval(), torch.zeros(5, 5)
+    fused = _sdpa_buffer(attention, (q, k, v, mask), ours=True)
+    assert fused == _sdpa_buffer(attention, (q, k, v, mask), ours=False)
+    from executorch.runtime import Runtime
+
+    out = Runtime.get().load_program(fused).load_method("forward").execute([q, k, v, mask])[0]
+    with torch.no_grad():
+        assert float((out - attention(q, k, v, mask)).abs().max()) < 1e-5

@@ -13,8 +13,8 @@ save and load do not cover: one ExecuTorch program with a method per component (
 whose inputs were renamed for transformers.js (`RenamedRunner`), split programs that hold their equal weights once
 when loaded (`share_identical_weights`), and workarounds scoped to one step: static caches whose sliding layers are
 captured whole (`static_sliding_layers_kept_whole`), ExecuTorch lowering that leaves the tanh GELU off XNNPACK
-and runs the upsample fusion only where a graph has an upsample (`xnnpack_lowering`), and does not copy the weights
-per partition (`constants_shared_by_lowering_copies`, `named_data_on_disk`).
+and runs the upsample and SDPA fusions only where a graph can hold their patterns (`xnnpack_lowering`), and does
+not copy the weights per partition (`constants_shared_by_lowering_copies`, `named_data_on_disk`).
 
 Example:
     >>> exporter_class("onnx").program_suffix
@@ -33,6 +33,7 @@ from exporters.upstream.beyond import (
     lean_session_options,
     metadata_dict,
     named_data_on_disk,
+    sdpa_fusion_only_with_softmax,
     share_identical_weights,
     static_sliding_layers_kept_whole,
     tanh_gelu_kept_off_xnnpack,
@@ -125,6 +126,7 @@ __all__ = [
     "run_component",
     "runner_class",
     "runner_for_file",
+    "sdpa_fusion_only_with_softmax",
     "share_identical_weights",
     "static_sliding_layers_kept_whole",
     "tanh_gelu_kept_off_xnnpack",

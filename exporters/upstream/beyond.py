@@ -302,8 +302,7 @@ def upsample_fusion_only_with_upsample():
     real = ConvertToUpsampleBilinear2d.call
 
     def call(self: Any, graph_module: torch.fx.GraphModule) -> Any:
-        if not any(node.op == "call_function" and "upsample_bilinear2d" in str(node.target)
-                   for node in graph_module.graph.nodes):
+        if not has_call_to(graph_module, "upsample_bilinear2d"):
             return PassResult(graph_module, False)
         return real(self, graph_module)
 
@@ -315,16 +314,56 @@ def upsample_fusion_only_with_upsample():
 
 
 @contextlib.contextmanager
+def sdpa_fusion_only_with_softmax():
+    """While ExecuTorch lowers, XNNPACK's `ConvertToSDPAPass` runs only on a partition that has a softmax. The pass
+    builds its patterns (an attention decomposed into matmuls, a scale, the mask's add and a softmax) by exporting
+    and lowering an attention module twice, once per process (2.2 s of a tiny Llama's runner program), then
+    retraces each partition; a partition without a softmax cannot hold its pattern, so the pass could not change it
+    (the LLM runner's program with custom ops: its attention is `llama::custom_sdpa`, outside XNNPACK;
+    tests/test_lowering.py checks the patterns and that the programs are byte-identical).
+
+    Example:
+        >>> with sdpa_fusion_only_with_softmax():  # doctest: +SKIP
+        ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    """
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
+    from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
+
+    real = ConvertToSDPAPass.call
+
+    def call(self: Any, graph_module: torch.fx.GraphModule) -> Any:
+        if not has_call_to(graph_module, SOFTMAX):
+            return PassResult(graph_module, False)
+        return real(self, graph_module)
+
+    ConvertToSDPAPass.call = call
+    try:
+        yield
+    finally:
+        ConvertToSDPAPass.call = real
+
+
+# What every pattern of XNNPACK's SDPA fusion holds (`executorch.backends.xnnpack.partition.graphs.sdpa`)
+SOFTMAX = "_softmax"
+
+
+def has_call_to(graph_module: torch.fx.GraphModule, name: str) -> bool:
+    """Whether a node of the graph calls an op whose name contains `name` (`upsample_bilinear2d`, `_softmax`)."""
+    return any(node.op == "call_function" and name in str(node.target) for node in graph_module.graph.nodes)
+
+
+@contextlib.contextmanager
 def xnnpack_lowering():
     """How every ExecuTorch program of this project is lowered to XNNPACK beyond upstream's defaults: the tanh GELU
-    kept off XNNPACK ([`tanh_gelu_kept_off_xnnpack`]) and the upsample fusion only where a graph has an upsample
-    ([`upsample_fusion_only_with_upsample`]).
+    kept off XNNPACK ([`tanh_gelu_kept_off_xnnpack`]), the upsample fusion only where a graph has an upsample
+    ([`upsample_fusion_only_with_upsample`]) and the SDPA fusion only where a partition has a softmax
+    ([`sdpa_fusion_only_with_softmax`]).
 
     Example:
         >>> with xnnpack_lowering():  # doctest: +SKIP
         ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     """
-    with tanh_gelu_kept_off_xnnpack(), upsample_fusion_only_with_upsample():
+    with tanh_gelu_kept_off_xnnpack(), upsample_fusion_only_with_upsample(), sdpa_fusion_only_with_softmax():
         yield
 
 
