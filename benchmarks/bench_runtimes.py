@@ -14,8 +14,8 @@ R2  ONNX Runtime GenAI 0.18: our merged `model.onnx` + `genai_config.json` again
     (`python -m onnxruntime_genai.models.builder -p fp32 -e cpu`, built here from the same random-weight folder),
     both loaded in one process: prefill of the 8-token prompt (`append_tokens`, ms) and 32 greedy decode steps.
     `--genai NAME=FOLDER` (repeatable) adds more folders to the same process (e.g. an `"ort_fusions": "cpu"` export),
-    each compared with the builder's; `--genai-ours FOLDER` replaces round 1's; `--prompt-len` / `--steps` set the
-    prompt and the decode steps (8 and 32 by default).
+    each compared with the builder's; `--genai-ours FOLDER` replaces round 1's; `--prompt-len` sets GenAI's prompt
+    (8 by default; R1's stays 8, the runner's text) and `--steps` the decode steps of both (32 by default).
 
 Each measurement also records the greedy tokens, so a fast artifact that computes something else shows. Ratios are
 ours / theirs for tokens/s (goal >= 1.0) and theirs / ours for prefill time. `uptime` before and after each part.
@@ -47,7 +47,8 @@ ET = textwrap.dedent(
     from executorch.runtime import Runtime
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
-    programs, tokenizer, reps, prompt_len, steps = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), 8, 32
+    programs, tokenizer, reps, steps = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    prompt_len = 8
     prompt = torch.arange(3, 3 + prompt_len).unsqueeze(0)
     methods = {name: Runtime.get().load_program(path).load_method("forward") for name, path in programs.items()}
     res = {name: {"prefill_ms": [], "decode_tok_s": [], "tokens": None} for name in programs}
@@ -167,19 +168,19 @@ def main() -> None:
     parser.add_argument("--genai", action="append", default=[], metavar="NAME=FOLDER",
                         help="another GenAI folder measured in the same process, compared with the builder's")
     parser.add_argument("--prompt-len", type=int, default=PROMPT_LEN, help="GenAI: prompt tokens (R1 keeps 8)")
-    parser.add_argument("--steps", type=int, default=STEPS, help="GenAI: greedy decode steps (R1 keeps 32)")
+    parser.add_argument("--steps", type=int, default=STEPS, help="greedy decode steps, both runtimes")
     args = parser.parse_args()
     work, model_dir = args.work, args.work / "model"
     if not args.skip_executorch:
         programs = {"ours": str(one_file(work / "r1-ours-executorch", "model.pte")),
                     "optimum-executorch": str(one_file(work / "r1-peer-executorch", "model.pte"))}
         print(f"R1 before: {uptime()}", file=sys.stderr, flush=True)
-        et = run_json([PY, "-c", ET, json.dumps(programs), str(model_dir / "tokenizer.json"), str(args.reps)],
-                      work / "runtimes-executorch.json")
+        et = run_json([PY, "-c", ET, json.dumps(programs), str(model_dir / "tokenizer.json"), str(args.reps),
+                       str(args.steps)], work / "runtimes-executorch.json")
         print(f"R1 after:  {uptime()}", file=sys.stderr, flush=True)
         print(json.dumps({"programs": programs, **et}))
-        table("R1 ExecuTorch (executorch 1.5.1), 8-token prompt, 32 greedy steps", et, "ours", "optimum-executorch",
-              runner=True)
+        table(f"R1 ExecuTorch (executorch 1.5.1), 8-token prompt, {args.steps} greedy steps", et, "ours",
+              "optimum-executorch", runner=True)
     if not args.skip_genai:
         builder_out = work / "genai-builder"
         if not (builder_out / "genai_config.json").is_file():

@@ -299,18 +299,8 @@ def upsample_fusion_only_with_upsample():
     # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
     from executorch.backends.xnnpack._passes.convert_to_upsample_bilinear2d import ConvertToUpsampleBilinear2d
 
-    real = ConvertToUpsampleBilinear2d.call
-
-    def call(self: Any, graph_module: torch.fx.GraphModule) -> Any:
-        if not has_call_to(graph_module, "upsample_bilinear2d"):
-            return PassResult(graph_module, False)
-        return real(self, graph_module)
-
-    ConvertToUpsampleBilinear2d.call = call
-    try:
+    with _pass_only_where(ConvertToUpsampleBilinear2d, "upsample_bilinear2d"):
         yield
-    finally:
-        ConvertToUpsampleBilinear2d.call = real
 
 
 @contextlib.contextmanager
@@ -329,18 +319,8 @@ def sdpa_fusion_only_with_softmax():
     # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
     from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
 
-    real = ConvertToSDPAPass.call
-
-    def call(self: Any, graph_module: torch.fx.GraphModule) -> Any:
-        if not has_call_to(graph_module, SOFTMAX):
-            return PassResult(graph_module, False)
-        return real(self, graph_module)
-
-    ConvertToSDPAPass.call = call
-    try:
+    with _pass_only_where(ConvertToSDPAPass, SOFTMAX):
         yield
-    finally:
-        ConvertToSDPAPass.call = real
 
 
 # What every pattern of XNNPACK's SDPA fusion holds (`executorch.backends.xnnpack.partition.graphs.sdpa`)
@@ -350,6 +330,24 @@ SOFTMAX = "_softmax"
 def has_call_to(graph_module: torch.fx.GraphModule, name: str) -> bool:
     """Whether a node of the graph calls an op whose name contains `name` (`upsample_bilinear2d`, `_softmax`)."""
     return any(node.op == "call_function" and name in str(node.target) for node in graph_module.graph.nodes)
+
+
+@contextlib.contextmanager
+def _pass_only_where(pass_class: Any, op_name: str):
+    """`pass_class` (an XNNPACK graph pass) runs only on a graph with a call to `op_name`; on any other graph it
+    returns the graph unchanged, as the pass itself would have (its patterns all hold that op)."""
+    real = pass_class.call
+
+    def call(self: Any, graph_module: torch.fx.GraphModule) -> Any:
+        if not has_call_to(graph_module, op_name):
+            return PassResult(graph_module, False)
+        return real(self, graph_module)
+
+    pass_class.call = call
+    try:
+        yield
+    finally:
+        pass_class.call = real
 
 
 @contextlib.contextmanager
