@@ -90,7 +90,8 @@ def test_genai_generates_eagers_greedy_tokens_from_the_fused_folder(run):
 
     folder = run["out"] / "gqa"
     genai = json.loads((folder / "genai_config.json").read_text())
-    assert genai["search"]["past_present_share_buffer"] is False
+    assert genai["search"]["past_present_share_buffer"] is True  # one buffer, as GenAI's model builder writes
+    assert any("past_present_share_buffer true" in finding for finding in run["targets"]["gqa"]["findings"])
     tokenizer = AutoTokenizer.from_pretrained(run["model_dir"])
     prompts = [tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
     want = _eager(run["model_dir"], prompts, pad=3, eos=2)
@@ -99,18 +100,52 @@ def test_genai_generates_eagers_greedy_tokens_from_the_fused_folder(run):
         assert _genai(folder, [prompt], pad=3, eos=2) == [row]
 
 
-def test_a_shared_buffer_breaks_the_gqa_graph_in_genai(run, tmp_path):
-    """Why `genai_config.json` keeps `past_present_share_buffer: false` for a `GroupQueryAttention` graph too: the
-    graph reads its lengths off the past's shape, so GenAI's shared `max_length` buffer is taken for tokens held."""
+def test_the_past_length_comes_from_the_mask_and_both_buffer_modes_generate_eagers_tokens(run, tmp_path):
+    """GenAI's shared buffer feeds a past as long as `max_length`: upstream's fused graph read its length off the
+    past's shape (GenAI failed: `GatherND ... invalid index found`), so the export reads it off the attention mask
+    and nothing but `GroupQueryAttention` takes a past. The same folder with a buffer per step (`false`, what
+    optimum-like callers do: a past as long as what it holds) still generates eager's tokens."""
     import shutil
 
-    folder = tmp_path / "shared"
+    import onnx
+    from transformers import AutoTokenizer
+
+    proto = onnx.load(str(run["out"] / "gqa" / "model.onnx"), load_external_data=False)
+    past = {value.name for value in proto.graph.input if value.name.startswith("past_key_values.")}
+    readers = {node.op_type for node in proto.graph.node if past & set(node.input)}
+    assert past and readers == {"GroupQueryAttention"}, readers
+    folder = tmp_path / "per-step"
     shutil.copytree(run["out"] / "gqa", folder)
     genai = json.loads((folder / "genai_config.json").read_text())
-    genai["search"]["past_present_share_buffer"] = True
+    genai["search"]["past_present_share_buffer"] = False
     (folder / "genai_config.json").write_text(json.dumps(genai))
-    with pytest.raises(Exception, match="invalid index"):
-        _genai(folder, [[5, 17, 9, 33]], pad=3, eos=2)
+    tokenizer = AutoTokenizer.from_pretrained(run["model_dir"])
+    prompt = tokenizer.encode(PROMPTS[0], add_special_tokens=False)
+    [want] = _eager(run["model_dir"], [prompt], pad=3, eos=2)
+    assert _genai(folder, [prompt], pad=3, eos=2) == [want]
+
+
+def test_a_graph_whose_past_is_read_elsewhere_keeps_its_own_buffer_per_step():
+    """The rewrite is all or nothing: a past read by anything but `GroupQueryAttention` and the length reads it
+    rewrites (here a `Gather` of it) leaves the graph as it is, and GenAI keeps a buffer per step."""
+    from onnx import TensorProto, helper
+
+    from exporters.export.genai_buffer import share_past_present
+
+    past = helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, [1, 2, "past", 4])
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "seq"])
+    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "total"])
+    out = helper.make_tensor_value_info("o", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Shape", ["past_key_values.0.key"], ["length"], start=2, end=3),
+             helper.make_node("Gather", ["past_key_values.0.key", "index"], ["slice"], axis=2),
+             helper.make_node("GroupQueryAttention", ["q", "", "", "past_key_values.0.key"], ["o"],
+                              domain="com.microsoft")]
+    proto = helper.make_model(helper.make_graph(nodes, "g", [ids, mask, past], [out]))
+    before = proto.SerializeToString()
+    assert share_past_present(proto) is False
+    assert proto.SerializeToString() == before
+    without_attention = helper.make_model(helper.make_graph(nodes[:1], "g", [ids, mask, past], [out]))
+    assert share_past_present(without_attention) is False  # a plain graph: its present is past + new
 
 
 def test_the_genai_proof_opens_a_folder_given_relative_to_the_cwd(run, monkeypatch):

@@ -24,6 +24,7 @@ from exporters.errors import ShapeSpecError, TargetPlanError
 from exporters.export import onnx_files
 from exporters.export.folder_files import complete_folder, model_folder
 from exporters.export.footprint import tied_embeddings
+from exporters.export.genai_buffer import SHARED_BUFFER_NOTE, share_past_present_in_file
 from exporters.export.genai_config import write_genai_config
 from exporters.export.llm_runner import export_runner
 from exporters.export.onnx_files import apply_onnx_file_options
@@ -207,8 +208,11 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
                 notes.append(f"the merged graph also takes {unnamed}, which optimum, ONNX Runtime GenAI and "
                              "transformers.js do not feed: no genai_config.json is written, and those runtimes "
                              "cannot run this folder")
-            if not unnamed:
-                write_genai_config(directory, model.config, generation_config, filename)
+            if not unnamed:  # a GroupQueryAttention graph may share GenAI's past/present buffer (genai_buffer)
+                shared = share_past_present_in_file(directory / entries["model"]["file"])
+                write_genai_config(directory, model.config, generation_config, filename, share_buffer=shared)
+                if shared and notes is not None:
+                    notes.append(SHARED_BUFFER_NOTE)
         if target.mode == "generation" and is_encoder_decoder_export(list(entries)):  # optimum's files and names
             fixed = fixed_past(directory)
             if fixed is None:

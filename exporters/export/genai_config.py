@@ -1,13 +1,14 @@
 """`genai_config.json` beside a merged decoder graph: what ONNX Runtime GenAI (`og.Model(folder)`) reads to run it.
 
 The fields are those GenAI's own model builder writes (`onnxruntime_genai/models/builders/base.py::make_genai_config`,
-parsed by `src/config.h`); the graph names are `exporters.export.onnx_names`' (also GenAI's defaults). Our graph
-takes a past as long as what it holds and returns past + new keys, so `past_present_share_buffer` is false. That
-holds for a graph fused for ONNX Runtime (`ort_fusions`) too: upstream's `GroupQueryAttention` reads `seqlens_k` and
-`total_sequence_length` off the past's shape, not off the attention mask as the model builder's graph does: a shared
-buffer (`true`) feeds a past as long as `max_length`, which the graph takes for tokens held (GenAI then fails in the
-graph: `GatherND ... invalid index found`). GenAI pads a batch on the right with `pad_token_id` and derives the
-attention mask and positions from it: the pad id is the model's own (else its first eos id).
+parsed by `src/config.h`); the graph names are `exporters.export.onnx_names`' (also GenAI's defaults). Our plain
+graph takes a past as long as what it holds and returns past + new keys, so `past_present_share_buffer` is false. A
+graph fused into `GroupQueryAttention` (`ort_fusions` with the batch fixed at 1) whose past length was rewritten to
+come from the attention mask (`exporters.export.genai_buffer`) shares one buffer (`share_buffer`), as the model
+builder's graph does; without that rewrite upstream's fused graph reads the length off the past's shape, which a
+shared buffer makes `max_length` (GenAI then fails in the graph: `GatherND ... invalid index found`). GenAI pads a
+batch on the right with `pad_token_id` and derives the attention mask and positions from it: the pad id is the
+model's own (else its first eos id).
 
 Example:
     >>> from transformers import GenerationConfig, LlamaConfig
@@ -35,8 +36,9 @@ GENAI_TYPES = frozenset({"chatglm", "decoder", "ernie4_5", "gemma", "gemma2", "g
 
 
 def genai_config(config: Any, generation_config: Any, filename: str = "model.onnx",
-                 context_length: int | None = None) -> dict[str, Any]:
-    """The `genai_config.json` content for a merged decoder graph `filename` of the model `config`."""
+                 context_length: int | None = None, share_buffer: bool = False) -> dict[str, Any]:
+    """The `genai_config.json` content for a merged decoder graph `filename` of the model `config`; `share_buffer`:
+    the graph can run on one past/present buffer (see the module)."""
     text = getattr(config, "text_config", None) or config
     heads = int(text.num_attention_heads)
     head_size = getattr(text, "head_dim", None) or text.hidden_size // heads
@@ -85,7 +87,7 @@ def genai_config(config: Any, generation_config: Any, filename: str = "model.onn
             "no_repeat_ngram_size": int(search_value("no_repeat_ngram_size", 0)),
             "num_beams": int(search_value("num_beams", 1)),
             "num_return_sequences": int(search_value("num_return_sequences", 1)),
-            "past_present_share_buffer": False,  # the graph sizes its cache from the past's shape (module)
+            "past_present_share_buffer": share_buffer,  # see the module
             "repetition_penalty": float(search_value("repetition_penalty", 1.0)),
             "temperature": float(search_value("temperature", 1.0)),
             "top_k": int(search_value("top_k", 50)),
@@ -99,9 +101,10 @@ def genai_config(config: Any, generation_config: Any, filename: str = "model.onn
     return content
 
 
-def write_genai_config(directory: Path, config: Any, generation_config: Any, filename: str = "model.onnx") -> Path:
+def write_genai_config(directory: Path, config: Any, generation_config: Any, filename: str = "model.onnx",
+                       share_buffer: bool = False) -> Path:
     """Write `genai_config.json` into `directory` (see the module); returns its path."""
     path = directory / GENAI_CONFIG
-    content = genai_config(config, generation_config, filename)
+    content = genai_config(config, generation_config, filename, share_buffer=share_buffer)
     fsutil.write_file(path, json.dumps(content, indent=4) + "\n")
     return path
