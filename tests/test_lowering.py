@@ -5,6 +5,8 @@ softmax, change no program."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -58,16 +60,14 @@ class Upsampled(torch.nn.Module):
         return torch.nn.functional.interpolate(self.conv(x), scale_factor=2, mode="bilinear", align_corners=False)
 
 
-def _buffer(module: torch.nn.Module, x: torch.Tensor, ours: bool) -> bytes:
+def _buffer(module: torch.nn.Module, args: tuple, skip=None) -> bytes:
+    """The program XNNPACK lowering gives `module`, upstream's as it is, or with the pass `skip` (one of our context
+    managers) skipping what it cannot change."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from exporters.upstream import upsample_fusion_only_with_upsample
-
-    program = torch.export.export(module, (x,))
-    if not ours:
-        return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
-    with upsample_fusion_only_with_upsample():
+    program = torch.export.export(module, args)
+    with skip() if skip is not None else contextlib.nullcontext():
         return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
 
 
@@ -77,13 +77,15 @@ def test_the_upsample_fusion_skipped_without_an_upsample_changes_no_program():
     upsample still goes through the pass (same program as upstream's)."""
     from executorch.backends.xnnpack.partition.graphs import bilinear_2d
 
+    from exporters.upstream import upsample_fusion_only_with_upsample
+
     for pattern in bilinear_2d.get_graphs_dict():
         calls = [str(n.target) for n in pattern.graph.nodes if n.op == "call_function"]
         assert len(calls) == 1 and "upsample_bilinear2d.vec" in calls[0], calls
     plain, x = LinearGelu("none").eval(), torch.randn(3, 257)
-    assert _buffer(plain, x, ours=True) == _buffer(plain, x, ours=False)
+    assert _buffer(plain, (x,), upsample_fusion_only_with_upsample) == _buffer(plain, (x,))
     upsampled, image = Upsampled().eval(), torch.randn(1, 3, 8, 8)
-    assert _buffer(upsampled, image, ours=True) == _buffer(upsampled, image, ours=False)
+    assert _buffer(upsampled, (image,), upsample_fusion_only_with_upsample) == _buffer(upsampled, (image,))
 
 
 class Attention(torch.nn.Module):
@@ -98,37 +100,24 @@ class Attention(torch.nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(self.project(q), k, v, attn_mask=mask)
 
 
-def _sdpa_buffer(module: torch.nn.Module, args: tuple, ours: bool) -> bytes:
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-
-    from exporters.upstream import sdpa_fusion_only_with_softmax
-
-    program = torch.export.export(module, args)
-    if not ours:
-        return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
-    with sdpa_fusion_only_with_softmax():
-        return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
-
-
 def test_the_sdpa_fusion_skipped_without_a_softmax_changes_no_program():
     """The skip is exact: every pattern of upstream's SDPA fusion (pinned executorch) has a softmax, so a partition
     without one gets the same program byte for byte; an attention still goes through the pass (the same program as
     upstream's, and it computes the attention)."""
     from executorch.backends.xnnpack.partition.graphs import sdpa
+    from executorch.runtime import Runtime
 
+    from exporters.upstream import sdpa_fusion_only_with_softmax
     from exporters.upstream.beyond import SOFTMAX, has_call_to
 
     patterns = sdpa.get_graphs()
     assert patterns and all(has_call_to(pattern, SOFTMAX) for pattern in patterns)
     plain, x = LinearGelu("none").eval(), torch.randn(3, 257)
-    assert _sdpa_buffer(plain, (x,), ours=True) == _sdpa_buffer(plain, (x,), ours=False)
+    assert _buffer(plain, (x,), sdpa_fusion_only_with_softmax) == _buffer(plain, (x,))
     q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))
     attention, mask = Attention().eval(), torch.zeros(5, 5)
-    fused = _sdpa_buffer(attention, (q, k, v, mask), ours=True)
-    assert fused == _sdpa_buffer(attention, (q, k, v, mask), ours=False)
-    from executorch.runtime import Runtime
-
-    out = Runtime.get().load_program(fused).load_method("forward").execute([q, k, v, mask])[0]
+    program = _buffer(attention, (q, k, v, mask), sdpa_fusion_only_with_softmax)
+    assert program == _buffer(attention, (q, k, v, mask))
+    out = Runtime.get().load_program(program).load_method("forward").execute([q, k, v, mask])[0]
     with torch.no_grad():
         assert float((out - attention(q, k, v, mask)).abs().max()) < 1e-5
