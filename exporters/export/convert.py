@@ -97,12 +97,27 @@ def _export_one(exporter, name: str, module, inputs: dict, config):
         raise RuntimeError(f"exporting component '{name}' failed: {type(err).__name__}: {err}{_hint(err, config)}") from err
 
 
+def _executorch_model(model, target) -> contextlib.ExitStack:
+    """What an ExecuTorch target traces in the ops its runtime has: mixture-of-experts layers in standard ops
+    (`upstream.experts_without_custom_ops`), a whole-input `Conv3d` as a matmul
+    (`upstream.patch_convolutions_as_matmul`)."""
+    stack = contextlib.ExitStack()
+    if target.export_format == "executorch":
+        stack.enter_context(upstream.experts_without_custom_ops(model))
+        stack.enter_context(upstream.patch_convolutions_as_matmul())
+    return stack
+
+
 def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
     """How ExecuTorch programs are lowered beyond upstream's defaults: PT2E-quantized linears with XNNPACK's
     dynamically quantized partitioner first (`exporters.upstream.xnnpack_dynamic_quant_partitioners`), the
     tanh-approximated GELU left to the portable kernels (XNNPACK computes the exact one: docs/upstream-gaps.md #24),
-    the upsample fusion only where a graph has an upsample (`exporters.upstream.xnnpack_lowering`)."""
+    the upsample fusion only where a graph has an upsample (`exporters.upstream.xnnpack_lowering`). An ONNX graph's
+    optimizer removes only an exact `+ 0` or `* 1` (`exporters.upstream.exact_no_op_rewrites`: a norm keeps an
+    epsilon of 1e-8)."""
     stack = contextlib.ExitStack()
+    if target.export_format == "onnx":
+        stack.enter_context(upstream.exact_no_op_rewrites())
     if target.export_format == "executorch":
         stack.enter_context(upstream.xnnpack_lowering())
         if any(getattr(c, "quantizer", None) is not None for c in configs.values()):
@@ -116,7 +131,7 @@ def export_components(model, target, components: Components, recipe: Recipe, not
     (the library API; the pipeline writes each component as soon as it is exported, [`export_to`])."""
     exporter = upstream.exporter_class(target.export_format)()
     configs = component_configs(target, components, recipe, notes, quantizer_for)
-    with _lowering(target, configs):
+    with _executorch_model(model, target), _lowering(target, configs):
         exported = {name: _export_one(exporter, name, module, inputs, configs[name])
                     for name, (module, inputs) in components.items()}
     return upstream.ExportedModel(exported, target.export_format, config=model.config,
@@ -135,11 +150,12 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
 
     Returns `{"components", "export_only_s", "save_s"}`."""
     if getattr(target, "layout", None) == "runner":  # the ExecuTorch LLM runner's program (exporters.export.llm_runner)
-        outcome = export_runner(model, target, components, recipe, directory, notes, quantizer_for)
+        with _executorch_model(model, target):
+            outcome = export_runner(model, target, components, recipe, directory, notes, quantizer_for)
     else:
         exporter = upstream.exporter_class(target.export_format)()
         configs = component_configs(target, components, recipe, notes, quantizer_for)
-        with _lowering(target, configs), _lowering_memory(target, directory):
+        with _executorch_model(model, target), _lowering(target, configs), _lowering_memory(target, directory):
             outcome = _export_and_save(exporter, configs, model, target, components, recipe, directory, notes)
         glue = write_glue(model, components, directory)
         if glue:

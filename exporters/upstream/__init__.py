@@ -69,6 +69,11 @@ from exporters.upstream.core import (
     write_manifest,
 )
 from exporters.upstream.internals import pte_weight_bytes, recording_logits_processors
+from exporters.upstream.runtime_ops import (
+    exact_no_op_rewrites,
+    experts_without_custom_ops,
+    patch_convolutions_as_matmul,
+)
 from exporters.upstream.pytree import (
     cast_leaf_tensors,
     leaf_tensors,
@@ -104,7 +109,9 @@ __all__ = [
     "counter_in_spec_components",
     "decompose_for_generation",
     "decompose_multimodal",
+    "exact_no_op_rewrites",
     "executorch_method_runner",
+    "experts_without_custom_ops",
     "export_executorch_methods",
     "exporter_class",
     "fit_traced_spec",
@@ -116,6 +123,7 @@ __all__ = [
     "move_to",
     "multimodal_submodules",
     "named_data_on_disk",
+    "patch_convolutions_as_matmul",
     "onnxruntime_quantizer",
     "prepare_traced_inputs",
     "pt2e_quantizer",

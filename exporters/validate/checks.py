@@ -155,15 +155,19 @@ def _fingerprint(inputs: dict[str, Any]) -> str:
 
 
 class EagerCache:
-    """Eager outputs by (module, inputs): computed once per run, shared by every target that probes the same thing."""
+    """Eager outputs by (module, inputs, torch's thread count): computed once per run, shared by every target that
+    probes the same thing at the same thread count. A target validated at another count (validation takes the cores
+    the running exports leave, `exporters.run.resources.threads_left`) gets references computed at its own: CPU
+    kernels split reductions by thread, and a torch program must be compared with eager under the same split (a
+    deep convolution net's outputs of magnitude 1e3 differ by 1e-3 between 1 and 2 threads, in eager alone)."""
 
     def __init__(self) -> None:
-        self._outputs: dict[tuple[int, str], Any] = {}
+        self._outputs: dict[tuple[int, str, int], Any] = {}
         self.hits = 0
         self.misses = 0
 
     def run(self, module: torch.nn.Module, inputs: dict[str, Any]) -> Any:
-        key = (id(module), _fingerprint(inputs))
+        key = (id(module), _fingerprint(inputs), torch.get_num_threads())
         if key in self._outputs:
             self.hits += 1
             return self._outputs[key]

@@ -1,0 +1,104 @@
+"""Models traced in the ops their target's runtime has, where upstream's trace holds one it has not: transformers'
+grouped-matmul experts op for ExecuTorch ([`experts_without_custom_ops`], docs/upstream-gaps.md #36), a whole-input
+`Conv3d` for ExecuTorch ([`patch_convolutions_as_matmul`], #23), and an ONNX graph whose optimizer keeps a norm's
+1e-8 epsilon ([`exact_no_op_rewrites`], #38). Part of the one adapter (`exporters.upstream`).
+
+Example:
+    >>> with experts_without_custom_ops(model), patch_convolutions_as_matmul():  # doctest: +SKIP
+    ...     program = torch.export.export(model, args)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+
+@contextlib.contextmanager
+def experts_without_custom_ops(model: Any):
+    """While an ExecuTorch program is exported, a mixture-of-experts model whose experts run through transformers'
+    grouped matmul (`experts_implementation="grouped_mm"`, the default: under torch.export it is transformers' own op
+    `transformers::grouped_mm_fallback`, which ExecuTorch has no kernel or out variant for) runs them through
+    `"batched_mm"` instead: each token's selected experts as a batched matmul of standard ops, the same function
+    (docs/upstream-gaps.md #36). The model's own setting is restored after; a model without experts is untouched.
+
+    Example:
+        >>> with experts_without_custom_ops(model):  # doctest: +SKIP
+        ...     program = torch.export.export(model, args)
+    """
+    get = getattr(model, "get_experts_implementation", None)
+    saved = get() if callable(get) else {}
+    if "grouped_mm" not in saved.values():
+        yield
+        return
+    model.set_experts_implementation({key: "batched_mm" if value == "grouped_mm" else value
+                                      for key, value in saved.items()})
+    try:
+        yield
+    finally:
+        model.set_experts_implementation(saved)
+
+
+@contextlib.contextmanager
+def patch_convolutions_as_matmul():
+    """While an ExecuTorch program is traced, a `Conv3d` whose kernel covers its whole input with a stride of its
+    kernel (one output position per sample, no padding, no dilation, one group: a video patch embedding such as
+    Qwen2-VL's and Qwen3-VL's) is traced as the matmul it is: the sample flattened times the kernel flattened, plus
+    the bias. ExecuTorch's portable `convolution` takes 3-D and 4-D inputs only and XNNPACK takes no 3-D convolution
+    (docs/upstream-gaps.md #23); a linear lowers to XNNPACK. Any other `Conv3d` is traced as it is.
+
+    Example:
+        >>> with patch_convolutions_as_matmul():  # doctest: +SKIP
+        ...     program = torch.export.export(vision_tower, (pixel_values, grid_thw))
+    """
+    real = torch.nn.Conv3d.forward
+
+    def forward(self: torch.nn.Conv3d, input: torch.Tensor) -> torch.Tensor:
+        if not _whole_input_kernel(self, input):
+            return real(self, input)
+        samples = input.shape[0]
+        flat = torch.nn.functional.linear(input.reshape(samples, -1), self.weight.reshape(self.out_channels, -1),
+                                          self.bias)
+        return flat.reshape(samples, self.out_channels, 1, 1, 1)
+
+    torch.nn.Conv3d.forward = forward
+    try:
+        yield
+    finally:
+        torch.nn.Conv3d.forward = real
+
+
+def _whole_input_kernel(conv: torch.nn.Conv3d, input: torch.Tensor) -> bool:
+    spatial = tuple(input.shape[2:])
+    return (input.dim() == 5 and all(isinstance(size, int) for size in spatial)
+            and spatial == tuple(conv.kernel_size) and tuple(conv.stride) == tuple(conv.kernel_size)
+            and conv.padding in ((0, 0, 0), "valid") and tuple(conv.dilation) == (1, 1, 1) and conv.groups == 1)
+
+
+@contextlib.contextmanager
+def exact_no_op_rewrites():
+    """While an ONNX graph is optimized, onnxscript's no-op rules (`x + 0`, `x - 0`, `x * 1`, `x / 1` → `x`) match
+    only an exact 0 or 1. Their pattern constants match within `abs_tol=1e-8` / `rel_tol=1e-5` by default, so an
+    RMS norm's `variance + 1e-8` lost its epsilon: a 1.5e-5 relative error in every norm of a model whose
+    `rms_norm_eps` is 1e-8 (Helium), and a NaN where a row is all zeros (docs/upstream-gaps.md #38).
+
+    Example:
+        >>> with exact_no_op_rewrites():  # doctest: +SKIP
+        ...     torch.onnx.export(model, args, dynamo=True, optimize=True)
+    """
+    # onnxscript loads only where an ONNX graph is exported
+    from onnxscript.rewriter import _pattern_ir
+    from onnxscript.rewriter.rules.common import _no_op  # deferred: ONNX exports only
+
+    constants = [value for rule in _no_op.rules.rules for node in rule._target_pattern for value in node.inputs
+                 if isinstance(value, _pattern_ir.Constant)]
+    saved = [(constant._rel_tol, constant._abs_tol) for constant in constants]
+    for constant in constants:
+        constant._rel_tol = constant._abs_tol = 0.0
+    try:
+        yield
+    finally:
+        for constant, (rel_tol, abs_tol) in zip(constants, saved):
+            constant._rel_tol, constant._abs_tol = rel_tol, abs_tol
