@@ -174,6 +174,23 @@ def test_a_model_without_a_bos_id_gets_a_config_genai_parses(tmp_path):
         og.Config(str(tmp_path))
 
 
+def test_a_gpt2_graph_runs_in_genai_as_a_decoder(tmp_path):
+    """GenAI's own "gpt2" type is its legacy GPT model (one combined `past_%d` per layer): the merged graph's separate
+    keys and values run as "decoder", and GenAI generates eager's tokens from the folder."""
+    from matrix.families import FAMILIES, build
+
+    recipe = {"schema_version": 1, "exports": [{"name": "onnx", "export_format": "onnx", "dynamic": True}],
+              "generation": {"max_new_tokens": 6}}
+    model_dir = build(FAMILIES["gpt2"], tmp_path / "model", recipe=recipe)
+    out = tmp_path / "out"
+    run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    target = json.loads((out / "report.json").read_text())["targets"][0]
+    assert json.loads((out / "onnx" / "genai_config.json").read_text())["model"]["type"] == "decoder"
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs["ONNX Runtime GenAI"]["status"] == "passed", proofs
+    assert target["status"] == "passed", target["error"]
+
+
 def test_genai_generates_what_eager_generates_for_a_padded_batch_of_two(exported):
     from transformers import AutoTokenizer
 

@@ -9,9 +9,12 @@ in every format):
 - onnxscript's optimizer removed `x + c` for any |c| <= 1e-8, so an RMS norm lost an epsilon of 1e-8 (Helium):
   ONNX graphs keep it;
 - eager references are computed at the thread count the artifact runs at: a reduction split over two threads rounds
-  differently from one.
+  differently from one;
+- the LLM runner's layout by default only where the model can have it: BLOOM's own attention code (ALiBi) gets the
+  standard ops instead of `llama::custom_sdpa`, and Falcon, whose multi-query keys do not fit the static cache its
+  config sizes, gets the methods layout, each said in the report.
 
-The two ExecuTorch models are exported once each through the real CLI (module-scoped fixtures).
+Each ExecuTorch model is exported once through the real CLI (module-scoped fixtures).
 """
 
 from __future__ import annotations
@@ -68,13 +71,66 @@ def moe_runner(tmp_path_factory):
     return _run(root, tiny_qwen2_moe_with_tokenizer(root / "model"))
 
 
-@pytest.fixture(scope="module")
-def qwen2_vl_executorch(tmp_path_factory):
+def _family_executorch(root: Path, family: str) -> tuple[Path, dict, str]:
     from matrix.families import FAMILIES, build
 
-    root = tmp_path_factory.mktemp("qwen2-vl-executorch")
     recipe = {"schema_version": 1, "exports": [PLAINEST_EXECUTORCH], "generation": {"max_new_tokens": 8}}
-    return _run(root, build(FAMILIES["qwen2_vl"], root / "model", recipe=recipe))
+    return _run(root, build(FAMILIES[family], root / "model", recipe=recipe))
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl_executorch(tmp_path_factory):
+    return _family_executorch(tmp_path_factory.mktemp("qwen2-vl-executorch"), "qwen2_vl")
+
+
+@pytest.fixture(scope="module")
+def bloom_runner(tmp_path_factory):
+    return _family_executorch(tmp_path_factory.mktemp("bloom-runner"), "bloom")
+
+
+@pytest.fixture(scope="module")
+def falcon_default(tmp_path_factory):
+    return _family_executorch(tmp_path_factory.mktemp("falcon-executorch"), "falcon")
+
+
+def test_a_model_with_its_own_attention_code_gets_the_runner_program_without_custom_ops(bloom_runner):
+    """BLOOM adds its ALiBi bias in its own attention code, which `llama::custom_sdpa` cannot replace: with the
+    custom cache its logits were off by 0.5; by default it gets the standard ops, and the report says why."""
+    out, report, log = bloom_runner
+    target = report["targets"][0] if report else {}
+    assert target.get("status") == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
+    manifest = json.loads((out / target["name"] / "export.json").read_text())
+    assert manifest["layout"] == "runner" and manifest["custom_ops"] is False
+    assert any("BloomForCausalLM computes attention in its own code" in f for f in target["findings"])
+    generation = target["generation"]
+    assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
+
+
+def test_a_model_the_static_cache_cannot_hold_falls_back_to_the_methods_layout(falcon_default):
+    """Falcon's multi-query attention writes one key head into a static cache sized from `num_kv_heads`: the runner
+    program cannot run it (nor export it), so the default layout is the methods one, said in the report; a recipe
+    that asks for the runner layout gets the reason as a plan error."""
+    out, report, log = falcon_default
+    target = report["targets"][0] if report else {}
+    assert target.get("status") == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
+    assert json.loads((out / target["name"] / "export.json").read_text()).get("layout") != "runner"
+    assert any("FalconForCausalLM does not run with the runner program's static cache" in f
+               for f in target["findings"]), target["findings"]
+    assert target["generation"]["status"] == "passed"
+
+
+def test_asking_the_runner_layout_of_such_a_model_is_a_plan_error(tmp_path):
+    from exporters.capture.llm_runner import refused
+    from exporters.errors import TargetPlanError
+    from exporters.recipe.load import parse_recipe
+    from matrix.families import FAMILIES, tiny_model
+
+    model = tiny_model(FAMILIES["falcon"])
+    asked = parse_recipe('{"export_format": "executorch", "mode": "generation", "layout": "runner"}').exports[0]
+    with pytest.raises(TargetPlanError, match="layout 'runner' cannot be exported: FalconForCausalLM"):
+        refused(asked, model, {"input_ids": torch.tensor([[5, 6, 7]])})
+    plain = parse_recipe('{"export_format": "executorch", "mode": "generation"}').exports[0]
+    assert refused(plain, tiny_model(FAMILIES["llama"]), {"input_ids": torch.tensor([[5, 6, 7]])}) is None
 
 
 def test_a_mixture_of_experts_decoder_runs_in_the_llm_runner(moe_runner):

@@ -96,10 +96,24 @@ def methods_note(target: Any, state_layers: list[str]) -> list[str]:
             + STATE_LAYERS.format(kinds=", ".join(state_layers))]
 
 
-def custom_ops_of(target: Any) -> bool:
-    """Whether the runner program uses executorch's LLM custom ops (`custom_ops`, on by default)."""
+def custom_ops_of(target: Any, model: Any) -> bool:
+    """Whether the runner program uses executorch's LLM custom ops (`custom_ops`). By default, where the model's
+    attention is dispatched through transformers' attention interface (where `llama::custom_sdpa` takes its place);
+    a model that computes attention in its own code (an ALiBi bias added to the scores: BLOOM, Falcon) would read
+    the custom cache's buffers through that code, which computes something else (measured: BLOOM's logits off by
+    0.5), so it gets the standard ops."""
     value = getattr(target, "custom_ops", None)
-    return True if value is None else bool(value)
+    return attention_dispatched(model) if value is None else bool(value)
+
+
+def attention_dispatched(model: Any) -> bool:
+    """Whether the model's attention layers call transformers' attention interface (its implementation can be set)."""
+    return bool(type(model)._can_set_attn_implementation())
+
+
+CUSTOM_OPS_OFF = ("the runner program uses standard attention and cache ops, not ExecuTorch's LLM custom ops: "
+                  "{model} computes attention in its own code, not through transformers' attention interface, "
+                  "where llama::custom_sdpa would take its place")
 
 
 def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> dict[str, tuple[Any, dict]]:
@@ -116,3 +130,25 @@ def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> 
                               "positions: raise generation.max_cache_len", option="layout")
     module = llm_runner.runner_module(model, max_cache_len)
     return {MERGED: (module, {"input_ids": ids.clone(), "cache_position": torch.arange(ids.shape[1])})}
+
+
+def refused(target: Any, model: Any, generate_inputs: dict[str, Any]) -> str | None:
+    """Why the model cannot run as a runner program, as the report says it when the layout was the default (None
+    when it can): transformers' static-cache wrapper run once, eagerly, on the prompt's first two tokens with a cache
+    just long enough (a fresh, small program: the one exported keeps its empty cache). A model whose layers write
+    keys of another shape than the static cache allocates from its config (Falcon's multi-query attention: one key
+    head, a cache of `num_kv_heads`) fails here as it would at export. Raises [`TargetPlanError`] when the recipe
+    asked for `layout: "runner"`."""
+    ids = generate_inputs["input_ids"][:1, :2]
+    try:
+        module = llm_runner.runner_module(model, ids.shape[1] + 1)
+        with torch.no_grad():
+            module(input_ids=ids, cache_position=torch.arange(ids.shape[1]))
+        return None
+    except Exception as err:  # the model's own code refused the static cache: the runner layout cannot hold it
+        problem = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+    if layout_of(target) == RUNNER:
+        raise TargetPlanError(f"layout 'runner' cannot be exported: {type(model).__name__} does not run with the "
+                              f"runner program's static cache ({problem}); use layout 'methods'", option="layout")
+    return ("the ExecuTorch program has a method per component (layout 'methods'), not the LLM runner's layout: "
+            f"{type(model).__name__} does not run with the runner program's static cache ({problem})")

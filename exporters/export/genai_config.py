@@ -30,7 +30,10 @@ from exporters.capture.token_ids import special_token_ids
 
 GENAI_CONFIG = "genai_config.json"
 # GenAI's decoder-only model types (src/models/model_type.h: IsLLM); any other decoder-only model runs as "decoder".
-GENAI_TYPES = frozenset({"chatglm", "decoder", "ernie4_5", "gemma", "gemma2", "gemma3_text", "gpt2", "gptoss",
+# Not "gpt2": GenAI runs that type as its legacy GPT model (src/models/gpt_common.h), whose past is one combined
+# `past_%d` tensor per layer; the merged graph's separate keys and values are read as "decoder" (measured: "gpt2" fails
+# with "Model input was not found", "decoder" generates).
+GENAI_TYPES = frozenset({"chatglm", "decoder", "ernie4_5", "gemma", "gemma2", "gemma3_text", "gptoss",
                          "granite", "internlm2", "llama", "mistral", "nemotron", "olmo", "phi", "phi3", "phi3small",
                          "phimoe", "qwen2", "qwen3", "smollm3"})
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from exporters import upstream
 from exporters.capture.components import cache_setting_for, generation_config_for
-from exporters.capture.llm_runner import PTE_WEIGHTS_LIMIT, custom_ops_of
+from exporters.capture.llm_runner import CUSTOM_OPS_OFF, PTE_WEIGHTS_LIMIT, custom_ops_of
 from exporters.capture.merged import MERGED
 from exporters.capture.token_ids import special_token_ids
 from exporters.export.footprint import ModelWeights
@@ -40,7 +40,9 @@ def export_runner(model: Any, target: Any, components: dict[str, tuple[Any, dict
     module, inputs = components[MERGED]
     quantizer = quantizer_for(MERGED, inputs) if quantizer_for is not None else None
     setting = cache_setting_for(model, target, recipe)
-    custom_ops = custom_ops_of(target)
+    custom_ops = custom_ops_of(target, model)
+    if not custom_ops and getattr(target, "custom_ops", None) is None:
+        notes.append(CUSTOM_OPS_OFF.format(model=type(model).__name__))
     external = bool(getattr(target, "external_weights", None)) or ModelWeights.of(model).bytes() > PTE_WEIGHTS_LIMIT
     metadata = llm_runner.runner_metadata(model, setting.max_cache_len, custom_ops, special_token_ids(model.generation_config, model.config).eos)
     started = time.time()

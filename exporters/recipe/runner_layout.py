@@ -31,12 +31,15 @@ class ExecutorchLayoutSetting(BaseModel):
         "(TextLLMRunner) and optimum-executorch: forward(tokens [1, seq], cache_position [seq]) -> logits, the KV "
         "cache held in the program, constant metadata methods (get_max_seq_len, get_eos_ids, ...), tokenizer.json "
         "beside it. 'methods': one program with a method per component (prefill, decode taking and returning the "
-        "cache). Default: 'runner' for decoder-only models (static cache, batch 1), 'methods' otherwise.",
+        "cache). Default: 'runner' for decoder-only models (static cache, batch 1) that run with the runner "
+        "program's static cache, 'methods' otherwise (the report says why).",
     )
     custom_ops: StrictBool | None = Field(
         default=None,
         description="Layout 'runner': use ExecuTorch's LLM custom ops (llama::custom_sdpa, llama::update_cache), "
-        "as optimum-executorch's --use_custom_sdpa --use_custom_kv_cache. Default: true. A runtime that runs the "
+        "as optimum-executorch's --use_custom_sdpa --use_custom_kv_cache. Default: true where the model's attention goes "
+        "through transformers' attention interface (false for models that compute it in their own code, such as "
+        "BLOOM's ALiBi). A runtime that runs the "
         "program needs the custom-ops kernels (Python: import executorch.extension.llm.custom_ops.custom_ops).",
     )
     external_weights: StrictBool | None = Field(

@@ -103,8 +103,11 @@ class Workbench:
         if target.name not in self.fitted:
             setting = self.cache_setting(target, recipe)
             state_layers = state_space_layers(self.model.config)
-            if llm_runner.wants_runner(target, self.sample.family, setting.implementation, recipe.inputs.batch_size,
-                                       sliding_window_of(self.model.config), setting.max_cache_len, state_layers):
+            runner = llm_runner.wants_runner(target, self.sample.family, setting.implementation,
+                                             recipe.inputs.batch_size, sliding_window_of(self.model.config),
+                                             setting.max_cache_len, state_layers)
+            refused = llm_runner.refused(target, self.model, self.sample.generate) if runner else None
+            if runner and refused is None:
                 target.layout = llm_runner.RUNNER  # one program in the runner's contract: no decomposition
                 key = (llm_runner.RUNNER, setting)
                 if key not in self.decompositions:
@@ -116,7 +119,7 @@ class Workbench:
             target.merged = merged.planned_merged(target, self.sample.family, setting.implementation,
                                                    self.model.config)
             captured = self._captured(target, recipe, setting)
-            layout_notes, dropped = llm_runner.methods_note(target, state_layers), []
+            layout_notes, dropped = llm_runner.methods_note(target, state_layers) + ([refused] if refused else []), []
             if target.merged and asked is None and (not merged.takes_cache(captured) or merged.scans(captured)):
                 dropped = [merged.default_dropped(captured)]  # a default it cannot have
                 target.merged = False
