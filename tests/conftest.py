@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -32,6 +33,15 @@ def run_plainest_executorch(root: Path, build, **model_options) -> tuple[Path, P
     model_dir = build(root / "model", PLAINEST_EXECUTORCH, **model_options)
     out = root / "out"
     return model_dir, out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+
+
+def run_and_read(root: Path, model_dir: Path) -> tuple[Path, dict, str]:
+    """`hf-export run` of `model_dir` into `root/out` through the real CLI: (output folder, report.json's content or
+    {} when none was written, the process's output)."""
+    out = root / "out"
+    done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
+    return out, report, done.stdout + done.stderr
 
 
 @pytest.fixture(autouse=True, scope="session")

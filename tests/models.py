@@ -376,6 +376,53 @@ def save_ascii_bpe_tokenizer(folder: Path, vocab_size: int = 128) -> Path:
     return folder
 
 
+RUNNER_CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "a tiny model learns to export itself to many runtimes",
+    "executorch runs programs on phones and small boards",
+    "static caches hold keys and values for every layer",
+    "dynamic shapes let the prompt go in one call",
+] * 20
+RUNNER_BOS, RUNNER_EOS, RUNNER_PAD = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
+
+
+def runner_bpe_tokenizer(folder: Path):
+    """A byte-level BPE trained in code, ASCII only (no byte symbols >= 0x80: the ExecuTorch LLM runner's pybinding
+    cannot hand a partial UTF-8 piece to Python; its C++ tokenizer reads no whitespace pre-tokenizer), saved with its
+    tokenizer_config.json."""
+    return train_bpe_tokenizer(folder, RUNNER_CORPUS, [RUNNER_BOS, RUNNER_EOS, RUNNER_PAD], vocab_size=200,
+                               bos=RUNNER_BOS, eos=RUNNER_EOS, pad=RUNNER_PAD, byte_level=True)
+
+
+def runner_model(folder: Path, kind: str, recipe: Any) -> Path:
+    """A tiny Llama (tied embeddings), Qwen2 or Qwen2-MoE (4 experts, 2 a token, a shared expert) with its own BPE
+    (`runner_bpe_tokenizer`), the vocabulary the tokenizer's; EOS never the argmax, so every run is full length."""
+    from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                              Qwen2MoeConfig, Qwen2MoeForCausalLM)
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = runner_bpe_tokenizer(folder)
+    common = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id, initializer_range=0.2)
+    torch.manual_seed(0)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, **common))
+    elif kind == "qwen2_moe":
+        model = Qwen2MoeForCausalLM(Qwen2MoeConfig(moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                                   num_experts=4, num_experts_per_tok=2, **common))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=False, **common))
+    with torch.no_grad():
+        model.get_output_embeddings().weight[tokenizer.eos_token_id].zero_()
+    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    model.eval().save_pretrained(folder)
+    write_recipe(folder, recipe)
+    return folder
+
+
 def tiny_moonshine(folder: Path, recipe: Any | None = None, seed: int = 0, feature_extractor: bool = True) -> Path:
     """A 1+1-layer Moonshine (hidden 32): a speech encoder-decoder on raw waveforms (`input_values`), with its
     feature extractor (`Wav2Vec2FeatureExtractor`, 16 kHz) saved in the folder when `feature_extractor`."""

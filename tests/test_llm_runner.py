@@ -12,59 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import PLAINEST_EXECUTORCH, run_cli
-from tests.models import train_bpe_tokenizer
+from tests.conftest import PLAINEST_EXECUTORCH, run_and_read
+from tests.models import RUNNER_EOS as EOS
+from tests.models import runner_model
 
-CORPUS = [
-    "the quick brown fox jumps over the lazy dog",
-    "a tiny model learns to export itself to many runtimes",
-    "executorch runs programs on phones and small boards",
-    "static caches hold keys and values for every layer",
-    "dynamic shapes let the prompt go in one call",
-] * 20
-BOS, EOS, PAD = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
 PROMPT = "the quick brown fox jumps over the lazy dog"
 
 
-def ascii_bpe(folder: Path):
-    """A byte-level BPE trained in code, ASCII only (no byte symbols >= 0x80: the runner's pybinding cannot hand a
-    partial UTF-8 piece to Python), saved with its tokenizer_config.json."""
-    return train_bpe_tokenizer(folder, CORPUS, [BOS, EOS, PAD], vocab_size=200, bos=BOS, eos=EOS, pad=PAD,
-                               byte_level=True)
-
-
-def runner_model(folder: Path, kind: str, recipe) -> Path:
-    """A tiny Llama (tied embeddings) or Qwen2 with its own BPE; EOS never the argmax, so every run is full length."""
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    from tests.models import write_recipe
-
-    folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = ascii_bpe(folder)
-    common = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                  pad_token_id=tokenizer.pad_token_id, initializer_range=0.2)
-    torch.manual_seed(0)
-    if kind == "llama":
-        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, **common))
-    else:
-        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=False, **common))
-    with torch.no_grad():
-        model.get_output_embeddings().weight[tokenizer.eos_token_id].zero_()
-    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id)
-    model.eval().save_pretrained(folder)
-    write_recipe(folder, recipe)
-    return folder
-
-
 def _export(root: Path, kind: str, recipe) -> tuple[Path, dict, str]:
-    model_dir = runner_model(root / "model", kind, recipe)
-    out = root / "out"
-    done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
-    report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
-    return out, report, done.stdout + done.stderr
+    return run_and_read(root, runner_model(root / "model", kind, recipe))
 
 
 RECIPE = {"exports": [PLAINEST_EXECUTORCH], "inputs": {"prompt": PROMPT}, "generation": {"max_new_tokens": 8}}

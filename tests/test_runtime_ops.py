@@ -25,57 +25,25 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import PLAINEST_EXECUTORCH, run_cli
-from tests.models import BPE_CORPUS, train_bpe_tokenizer
+from tests.conftest import PLAINEST_EXECUTORCH, run_and_read
+from tests.models import runner_model
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
-
-
-def _run(root: Path, model_dir: Path) -> tuple[Path, dict, str]:
-    out = root / "out"
-    done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
-    report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
-    return out, report, done.stdout + done.stderr
-
-
-def tiny_qwen2_moe_with_tokenizer(folder: Path) -> Path:
-    """A 2-layer Qwen2-MoE (4 experts, 2 a token, a shared expert) with its own byte-level BPE (what the LLM runner's
-    tokenizer reads), the vocabulary the tokenizer's; EOS never the argmax, so every run is full length."""
-    from transformers import GenerationConfig, Qwen2MoeConfig, Qwen2MoeForCausalLM
-
-    from tests.models import write_recipe
-
-    folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_bpe_tokenizer(folder, BPE_CORPUS, ["<s>", "</s>", "<|pad|>"], vocab_size=160, bos="<s>",
-                                    eos="</s>", pad="<|pad|>", byte_level=True)
-    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-               pad_token_id=tokenizer.pad_token_id)
-    config = Qwen2MoeConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
-                            shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                            max_position_embeddings=64, initializer_range=0.2, **ids)
-    torch.manual_seed(0)
-    model = Qwen2MoeForCausalLM(config).eval()
-    with torch.no_grad():
-        model.get_output_embeddings().weight[tokenizer.eos_token_id].zero_()
-    model.generation_config = GenerationConfig(**ids)
-    model.save_pretrained(folder)
-    write_recipe(folder, {"schema_version": 1, "exports": [PLAINEST_EXECUTORCH], "inputs": {"prompt": PROMPT},
-                          "generation": {"max_new_tokens": 8}})
-    return folder
 
 
 @pytest.fixture(scope="module")
 def moe_runner(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe-runner")
-    return _run(root, tiny_qwen2_moe_with_tokenizer(root / "model"))
+    recipe = {"schema_version": 1, "exports": [PLAINEST_EXECUTORCH], "inputs": {"prompt": PROMPT},
+              "generation": {"max_new_tokens": 8}}
+    return run_and_read(root, runner_model(root / "model", "qwen2_moe", recipe))
 
 
 def _family_executorch(root: Path, family: str) -> tuple[Path, dict, str]:
     from matrix.families import FAMILIES, build
 
     recipe = {"schema_version": 1, "exports": [PLAINEST_EXECUTORCH], "generation": {"max_new_tokens": 8}}
-    return _run(root, build(FAMILIES[family], root / "model", recipe=recipe))
+    return run_and_read(root, build(FAMILIES[family], root / "model", recipe=recipe))
 
 
 @pytest.fixture(scope="module")
