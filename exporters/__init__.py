@@ -68,8 +68,12 @@ def __getattr__(name: str):
         from exporters import auto
 
         return getattr(auto, name)
-    if name in ("run_pipeline", "validate_existing", "RunOptions"):
+    if name in ("run_pipeline", "RunOptions"):
         from exporters.run import pipeline
 
         return getattr(pipeline, name)
+    if name == "validate_existing":
+        from exporters.run import revalidate
+
+        return revalidate.validate_existing
     raise AttributeError(name)

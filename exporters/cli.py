@@ -391,7 +391,7 @@ def validate(
 ) -> None:
     """Re-run the validation checks on artifacts already saved, and rewrite the report."""
     _quiet_libraries()
-    from exporters.run.pipeline import RunOptions, validate_existing
+    from exporters.run.revalidate import RunOptions, validate_existing
 
     options = RunOptions(out_dir=out_dir, targets=list(target), config_path=config, revision=revision, token=token,
                          endpoint=endpoint, trust_remote_code=trust_remote_code, progress=False)

@@ -214,6 +214,25 @@ def test_a_format_that_cannot_run_the_family_is_left_out_with_the_reason(tmp_pat
     assert run.returncode == 0, run.stderr[-3000:]
 
 
+def test_the_plain_executorch_target_of_a_model_the_runner_cannot_hold_is_proposed_as_methods(tmp_path: Path) -> None:
+    """Falcon's multi-query keys do not fit the runner program's static cache: `init` proposes the plain target
+    (the tool picks the layout) and its summary says a method per component, with the run's reason, instead of
+    promising the LLM runner's program."""
+    from matrix.families import FAMILIES, build
+
+    model = build(FAMILIES["falcon"], tmp_path / "model")
+    recipe_file, summary_file = tmp_path / "export_config.json", tmp_path / "summary.md"
+    result = run_cli("init", str(model), "--formats", "executorch", "--out", str(recipe_file),
+                     "--summary", str(summary_file))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (target,) = json.loads(recipe_file.read_text())["exports"]
+    assert "layout" not in target and "components" not in target and "expected_components" not in target, target
+    summary = summary_file.read_text()
+    assert "a method per component; not the LLM runner's program" in summary, summary
+    assert "FalconForCausalLM does not run with the runner program's static cache" in summary, summary
+    assert "the ExecuTorch LLM runner's program)" not in summary, summary
+
+
 def test_a_model_no_format_exports_exits_non_zero_with_the_reason(tmp_path: Path) -> None:
     model = tiny_longformer(tmp_path / "model")
     recipe_file = tmp_path / "export_config.json"

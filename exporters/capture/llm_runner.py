@@ -150,5 +150,19 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any]) -> str | N
     if layout_of(target) == RUNNER:
         raise TargetPlanError(f"layout 'runner' cannot be exported: {type(model).__name__} does not run with the "
                               f"runner program's static cache ({problem}); use layout 'methods'", option="layout")
-    return ("the ExecuTorch program has a method per component (layout 'methods'), not the LLM runner's layout: "
-            f"{type(model).__name__} does not run with the runner program's static cache ({problem})")
+    return NOT_RUNNER.format(why=f"{type(model).__name__} does not run with the runner program's static cache "
+                                 f"({problem})")
+
+
+NOT_RUNNER = "the ExecuTorch program has a method per component (layout 'methods'), not the LLM runner's layout: {why}"
+
+
+def export_refused(error: dict[str, Any] | None) -> str:
+    """What the report says of a default runner program whose export failed where eager ran it (OPT: its positions
+    read a value of the mask with `.item()`, which torch.export cannot trace), the target exported again with the
+    methods layout: the failure as the export child reported it."""
+    error = error or {}
+    lines = str(error.get("message") or "").strip().splitlines()  # its first line: torch appends the traceback
+    problem = " ".join((lines[0] if lines else "").split())[:300]
+    return NOT_RUNNER.format(why=f"the runner program's export failed ({error.get('type') or 'Error'}: {problem}); "
+                                 "exported again with layout 'methods'")

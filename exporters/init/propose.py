@@ -40,6 +40,8 @@ from exporters.init.decide import (
     COMPONENT_GRAPHS,
     MARGIN,
     MERGED_GRAPH,
+    METHODS_GRAPH,
+    PLAIN_TARGET_GRAPHS,
     RUNNER_GRAPH,
     FormatResult,
     decide,
@@ -126,13 +128,13 @@ def build_target(export_format: str, plan: AxisPlan, dims: list[Dimension], opse
     tool's default), or one graph per component."""
     target: dict[str, Any] = {"name": export_format, "export_format": export_format, "mode": plan.mode}
     components = [MERGED] if graph == MERGED_GRAPH else list(plan.components)
-    if plan.mode == "generation" and graph != RUNNER_GRAPH:
+    if plan.mode == "generation" and graph not in PLAIN_TARGET_GRAPHS:
         target["expected_components"] = [MERGED] if graph == MERGED_GRAPH else list(plan.expected)
     if export_format == "onnx" and opset is not None:
         target["opset_version"] = opset
     if export_format == "executorch":
         target["backend"] = "xnnpack"
-    if graph == RUNNER_GRAPH:
+    if graph in PLAIN_TARGET_GRAPHS:
         return target
     per_component: dict[str, dict[str, Any]] = {}
     for component in components:
@@ -268,6 +270,8 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
         for result in pending:
             known = {id(d): len(d.reasons) for d in result.dims}
             decide(result, by_name[result.export_format], options.max_rounds)
+            if result.status == PASSED and result.graph == RUNNER_GRAPH:
+                _note_methods_layout(result, by_name[result.export_format], work / "out" / result.export_format)
             if result.status == PASSED and result.export_format == "onnx":
                 result.opset_version = _onnx_opset(work / "out" / "onnx")
             changes = [reason[:200] for d in result.dims for reason in d.reasons[known[id(d)]:]]
@@ -288,6 +292,21 @@ def _fall_back(result: FormatResult, plan: AxisPlan) -> str:
     result.graph, result.status, result.reason = COMPONENT_GRAPHS, PENDING, None
     result.dims, result.atol_override = copy.deepcopy(plan.dimensions), None
     return note
+
+
+def _note_methods_layout(result: FormatResult, target: dict, directory: Path) -> None:
+    """The plain ExecuTorch target passed with the methods layout (the runner's program cannot hold this model): the
+    proposal says so, with the run's reason, instead of promising the LLM runner's program."""
+    try:
+        layout = json.loads((directory / "export.json").read_text()).get("layout")
+    except (OSError, ValueError, AttributeError):
+        layout = None
+    if layout == RUNNER_GRAPH:
+        return
+    result.graph = METHODS_GRAPH
+    reason = next((f for f in target.get("findings") or [] if "not the LLM runner's layout" in f), "")
+    result.notes.append(reason or "the plain ExecuTorch target was exported with a method per component (layout "
+                        "'methods'), not the LLM runner's program")
 
 
 def _onnx_opset(directory: Path) -> int | None:

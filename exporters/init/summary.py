@@ -15,7 +15,7 @@ from rich.table import Table
 
 from exporters.capture.merged import MERGED
 from exporters.init.axes import Dimension
-from exporters.init.decide import MERGED_GRAPH, RUNNER_GRAPH
+from exporters.init.decide import MERGED_GRAPH, METHODS_GRAPH, RUNNER_GRAPH
 from exporters.report.markdown import cell
 from exporters.status import FAILED, LEFT_OUT, NAMED, PASSED, PENDING
 
@@ -47,6 +47,8 @@ def graph_dims_text(item) -> str:
     """`dims_text` of a format's proposal; the runner program's contract is the runner's own."""
     if item.graph == RUNNER_GRAPH:
         return "tokens auto · static cache (the ExecuTorch LLM runner's program)"
+    if item.graph == METHODS_GRAPH:
+        return "tokens auto · static cache (a method per component; not the LLM runner's program: see the notes)"
     return dims_text(item.dims)
 
 

@@ -32,7 +32,7 @@ class ExecutorchLayoutSetting(BaseModel):
         "cache held in the program, constant metadata methods (get_max_seq_len, get_eos_ids, ...), tokenizer.json "
         "beside it. 'methods': one program with a method per component (prefill, decode taking and returning the "
         "cache). Default: 'runner' for decoder-only models (static cache, batch 1) that run with the runner "
-        "program's static cache, 'methods' otherwise (the report says why).",
+        "program's static cache and whose runner program exports, 'methods' otherwise (the report says why).",
     )
     custom_ops: StrictBool | None = Field(
         default=None,

@@ -6,5 +6,6 @@ context.py (RunOptions -> prepare_run: source, recipe, targets, tool versions, w
          └─► workbench.py (the model loaded once, captures fitted to each target)
                └─► pipeline.py: each target exported in a forked child (isolation.py; resources.py for --jobs;
                    progress.py), staging renamed into place, validated, benchmarked, reported
+revalidate.py: `validate`, the checks again on saved target folders (the pipeline's validation and report)
 ```
 """

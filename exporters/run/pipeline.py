@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from exporters import fsutil
+from exporters.capture import llm_runner
 from exporters.errors import DeviceError, error_record
 from exporters.export.convert import export_to, release_weights
 from exporters.export.footprint import record_footprint
@@ -47,7 +48,7 @@ from exporters.upstream import move_to
 from exporters.validate.benchmark import bench_passing, warm_up
 from exporters.validate.checks import validate_target
 
-__all__ = ["RunOptions", "run_pipeline", "validate_existing"]
+__all__ = ["RunOptions", "run_pipeline"]
 STAGING_PREFIX = ".staging-"
 
 
@@ -162,6 +163,8 @@ def _export_and_validate(targets: list[Target], context: RunContext, options: Ru
                 running.remove(item)
                 if _finish(item, options, progress):
                     exported.append(item)
+                elif _planned_again(item, workbench, context, options, progress):
+                    pending.insert(0, item)
         if options.bench:  # after every export: timings taken while nothing else runs, each in a fresh process
             bench_passing(validated, workbench, context, progress)
     return results
@@ -229,6 +232,20 @@ def _finish(item: _Export, options: RunOptions, progress: Progress) -> bool:
     fsutil.move_into_place(item.staging, options.out_dir / target.name)
     progress.update(target.name, "exported; validation follows")
     return True
+
+
+def _planned_again(item: _Export, workbench: Workbench, context: RunContext, options: RunOptions,
+                   progress: Progress) -> bool:
+    """A default runner program (the recipe left `layout` unset) whose export failed, not by time or a crash: the
+    target planned again with the methods layout, the failure said in its findings; True when it is to be exported
+    again."""
+    error = item.result.error
+    if item.result.status != FAILED or not error:
+        return False
+    if not workbench.plan_methods_layout(item.target, llm_runner.export_refused(error)):
+        return False
+    item.result.error, item.result.findings = None, []
+    return _prepare(item, workbench, context, options, progress)
 
 
 def _validate(item: _Export, context: RunContext, workbench: Workbench, options: RunOptions, progress: Progress,
@@ -304,46 +321,3 @@ def _reproduce_command(context: RunContext, options: RunOptions, target: str) ->
     if options.config_path:
         parts += ["--config", str(options.config_path)]
     return " ".join(parts)
-
-
-def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
-    """Re-run every check on artifacts already saved in `options.out_dir` (no export) and rewrite the report.
-
-    Artifacts in the folder were not produced by this process: pickled programs load only with
-    `trust_remote_code`, nothing else in the folder ever runs, and the rewritten report does not let a later `run`
-    reuse them (it is not signed). Export timings from an earlier report are kept.
-
-    Raises the same errors as [`run_pipeline`].
-    """
-    out_dir = options.out_dir
-    previous = {t.get("name"): t for t in previous_report(out_dir).get("targets") or [] if isinstance(t, dict)}
-    context = prepare_run(model, options)
-    workbench = Workbench.load(context, options)
-    results = []
-    for index, target in enumerate(context.targets):
-        target = workbench.plan(target)
-        result = _new_result(target, context, options)
-        result.reproduce = f"hf-export validate {model} {out_dir} --target {target.name}"
-        result.device = resolve_device(options.device or target.device)
-        result.cache_key = context.cache_key(target.name, result.device)
-        result.timings = dict((previous.get(target.name) or {}).get("timings") or {})
-        results.append(result)
-        directory = out_dir / target.name
-        if directory.is_symlink() or not (directory / "export.json").is_file():
-            result.error = {"type": "MissingArtifact",
-                            "message": f"{directory} holds no export (export.json missing): export it first"}
-            continue
-        try:
-            components = workbench.components(target, context.recipe) if workbench.unprepared is None else None
-        except Exception as err:  # a capture that fails, a decode that could not run a second step
-            result.error = error_record(err)
-            continue
-        if components is None:
-            result.error = dict(workbench.unprepared or {})
-            continue
-        result.expected_components = workbench.expected(target, components)
-        _validate_into(result, target, context, workbench, directory, trust_artifacts=options.trust_remote_code,
-                       last=index == len(context.targets) - 1)
-        result.files = file_entries(directory, out_dir)
-        record_footprint(result, target, directory, workbench.weights)
-    return _write(results, context)

@@ -42,6 +42,9 @@ class Workbench:
     fitted: dict[str, tuple[Any, list[str]]] = field(default_factory=dict)
     unprepared: dict[str, Any] | None = None  # why no sample inputs could be made: then every target fails with it
     stepped: set[str] = field(default_factory=set)  # targets whose prompt is stepped through `decode` alone
+    # targets planned again with the methods layout after their default runner program failed, and why
+    not_runner: dict[str, str] = field(default_factory=dict)
+    recipe_layouts: dict[str, str | None] = field(default_factory=dict)  # `layout` as each recipe target says it
 
     @classmethod
     def load(cls, context: RunContext, options: RunOptions, targets: list[Target] | None = None) -> Workbench:
@@ -93,6 +96,7 @@ class Workbench:
 
         target = target.model_copy(deep=True)
         target.mode = target.mode or default_mode(self.model)
+        self.recipe_layouts[target.name] = llm_runner.layout_of(target)
         return target
 
     def components(self, target: Target, recipe: Recipe) -> Any:
@@ -106,7 +110,8 @@ class Workbench:
             runner = llm_runner.wants_runner(target, self.sample.family, setting.implementation,
                                              recipe.inputs.batch_size, sliding_window_of(self.model.config),
                                              setting.max_cache_len, state_layers)
-            refused = llm_runner.refused(target, self.model, self.sample.generate) if runner else None
+            refused = self.not_runner.get(target.name) if runner else None
+            refused = refused or (llm_runner.refused(target, self.model, self.sample.generate) if runner else None)
             if runner and refused is None:
                 target.layout = llm_runner.RUNNER  # one program in the runner's contract: no decomposition
                 key = (llm_runner.RUNNER, setting)
@@ -136,6 +141,21 @@ class Workbench:
             check_second_step(target, fitted, setting)
             self.fitted[target.name] = (fitted, notes + self._cache_notes(target, setting))
         return self.fitted[target.name][0]
+
+    def plan_methods_layout(self, target: Target, reason: str) -> bool:
+        """Plan an ExecuTorch generation target with the methods layout from now on, `reason` said in its findings
+        where the runner layout would have been its default (the recipe left `layout` unset): after an export of the
+        runner program that failed where eager ran it ([`llm_runner.export_refused`]), or for a folder whose program
+        has the methods layout. False (nothing changed) when the recipe set the layout, or it was planned already."""
+        if target.export_format != "executorch" or target.mode != "generation" or target.name in self.not_runner:
+            return False
+        if self.recipe_layouts.get(target.name) is not None:
+            return False
+        self.not_runner[target.name] = reason
+        if target.layout == llm_runner.RUNNER:
+            target.layout = None
+        self.fitted.pop(target.name, None)
+        return True
 
     def cache_setting(self, target: Target, recipe: Recipe) -> Any:
         """The cache the target is captured, exported and checked with (`exporters.capture.cache_settings`)."""

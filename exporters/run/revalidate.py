@@ -1,0 +1,81 @@
+"""`hf-export validate`: every check again on artifacts already saved in a folder, without exporting, and the report
+rewritten (`exporters.run.pipeline` for the run that exports them).
+
+Example:
+    >>> report = validate_existing("examples/demo-model", RunOptions(out_dir=Path("demo-out")))  # doctest: +SKIP
+    >>> report["status"]  # doctest: +SKIP
+    'passed'
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from exporters.capture import llm_runner
+from exporters.errors import error_record
+from exporters.export.footprint import record_footprint
+from exporters.hashing import file_entries
+from exporters.run.context import RunOptions, prepare_run, resolve_device
+from exporters.run.pipeline import _new_result, _validate_into, _write
+from exporters.run.reuse import previous_report
+from exporters.run.workbench import Workbench
+
+__all__ = ["RunOptions", "validate_existing"]
+
+
+def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
+    """Re-run every check on artifacts already saved in `options.out_dir` (no export) and rewrite the report.
+
+    Artifacts in the folder were not produced by this process: pickled programs load only with
+    `trust_remote_code`, nothing else in the folder ever runs, and the rewritten report does not let a later `run`
+    reuse them (it is not signed). Export timings from an earlier report are kept.
+
+    Raises the same errors as [`run_pipeline`].
+    """
+    out_dir = options.out_dir
+    previous = {t.get("name"): t for t in previous_report(out_dir).get("targets") or [] if isinstance(t, dict)}
+    context = prepare_run(model, options)
+    workbench = Workbench.load(context, options)
+    results = []
+    for index, target in enumerate(context.targets):
+        target = workbench.plan(target)
+        result = _new_result(target, context, options)
+        result.reproduce = f"hf-export validate {model} {out_dir} --target {target.name}"
+        result.device = resolve_device(options.device or target.device)
+        result.cache_key = context.cache_key(target.name, result.device)
+        result.timings = dict((previous.get(target.name) or {}).get("timings") or {})
+        results.append(result)
+        directory = out_dir / target.name
+        if directory.is_symlink() or not (directory / "export.json").is_file():
+            result.error = {"type": "MissingArtifact",
+                            "message": f"{directory} holds no export (export.json missing): export it first"}
+            continue
+        if _saved_layout(directory) != llm_runner.RUNNER:  # a default runner program that was exported as methods
+            workbench.plan_methods_layout(target, llm_runner.NOT_RUNNER.format(
+                why="the folder's program has the methods layout (its export.json)"))
+        try:
+            components = workbench.components(target, context.recipe) if workbench.unprepared is None else None
+        except Exception as err:  # a capture that fails, a decode that could not run a second step
+            result.error = error_record(err)
+            continue
+        if components is None:
+            result.error = dict(workbench.unprepared or {})
+            continue
+        result.expected_components = workbench.expected(target, components)
+        result.findings += [note for note in workbench.contract_notes(target) if note in workbench.not_runner.values()]
+        _validate_into(result, target, context, workbench, directory, trust_artifacts=options.trust_remote_code,
+                       last=index == len(context.targets) - 1)
+        result.files = file_entries(directory, out_dir)
+        record_footprint(result, target, directory, workbench.weights)
+    return _write(results, context)
+
+
+def _saved_layout(directory: Path) -> str | None:
+    """The layout a saved target's export.json records (`"runner"` for the LLM runner's program), else None."""
+    try:
+        saved = json.loads((directory / "export.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return saved.get("layout") if isinstance(saved, dict) else None
