@@ -4,15 +4,18 @@ in every format):
 - a mixture-of-experts decoder runs its experts through transformers' own op `transformers::grouped_mm_fallback`,
   which ExecuTorch has no kernel for ("Missing out variants"): its ExecuTorch program is traced with
   `experts_implementation="batched_mm"` (standard ops), the model's own setting restored after;
-- Qwen2-VL's patch embedding is a `Conv3d` whose kernel covers its input, which neither ExecuTorch's portable
-  convolution (3-D and 4-D only) nor XNNPACK runs: it is traced as the matmul it is;
+- Qwen2-VL's and Qwen2.5-VL's patch embedding is a `Conv3d` whose kernel covers its input, which neither
+  ExecuTorch's portable convolution (3-D and 4-D only) nor XNNPACK runs: it is traced as the matmul it is; Qwen2.5-VL's
+  vision tower argsorts a permutation (ExecuTorch has no sort kernel): traced as the scatter that inverts it;
 - onnxscript's optimizer removed `x + c` for any |c| <= 1e-8, so an RMS norm lost an epsilon of 1e-8 (Helium):
   ONNX graphs keep it;
 - eager references are computed at the thread count the artifact runs at: a reduction split over two threads rounds
   differently from one;
 - the LLM runner's layout by default only where the model can have it: BLOOM's own attention code (ALiBi) gets the
   standard ops instead of `llama::custom_sdpa`, and Falcon, whose multi-query keys do not fit the static cache its
-  config sizes, gets the methods layout, each said in the report.
+  config sizes, gets the methods layout, each said in the report; OPT, which eager runs with the static cache but
+  whose runner program cannot be exported (its positions read the mask with `.item()`), is exported again with the
+  methods layout, and `hf-export validate` of that folder validates the program it holds.
 
 Each ExecuTorch model is exported once through the real CLI (module-scoped fixtures).
 """
@@ -47,8 +50,8 @@ def _family_executorch(root: Path, family: str) -> tuple[Path, dict, str]:
 
 
 @pytest.fixture(scope="module")
-def qwen2_vl_executorch(tmp_path_factory):
-    return _family_executorch(tmp_path_factory.mktemp("qwen2-vl-executorch"), "qwen2_vl")
+def qwen2_5_vl_executorch(tmp_path_factory):
+    return _family_executorch(tmp_path_factory.mktemp("qwen2-5-vl-executorch"), "qwen2_5_vl")
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +62,46 @@ def bloom_runner(tmp_path_factory):
 @pytest.fixture(scope="module")
 def falcon_default(tmp_path_factory):
     return _family_executorch(tmp_path_factory.mktemp("falcon-executorch"), "falcon")
+
+
+@pytest.fixture(scope="module")
+def opt_default(tmp_path_factory):
+    """OPT with two ExecuTorch targets: the plainest (layout unset) and one that asks for the runner layout."""
+    from matrix.families import FAMILIES, build
+
+    root = tmp_path_factory.mktemp("opt-executorch")
+    recipe = {"schema_version": 1, "generation": {"max_new_tokens": 8},
+              "exports": [{**PLAINEST_EXECUTORCH, "name": "plain"},
+                          {**PLAINEST_EXECUTORCH, "name": "asked", "layout": "runner"}]}
+    model_dir = build(FAMILIES["opt"], root / "model", recipe=recipe)
+    return (model_dir, *run_and_read(root, model_dir))
+
+
+def test_a_default_runner_program_that_cannot_be_exported_is_exported_as_methods(opt_default):
+    """OPT runs eagerly with the runner's static cache (the plan-time check passes), but its positions are
+    computed with `.item()` on the mask, which torch.export cannot trace: the plainest recipe's target is exported
+    again with the methods layout, passes, and says why; the target that asked for the runner layout fails with the
+    export's own error (no silent change of what was asked); `hf-export validate` of the folder validates the
+    methods program it holds."""
+    from tests.conftest import run_cli
+
+    model_dir, out, report, log = opt_default
+    targets = {t["name"]: t for t in report.get("targets", [])}
+    plain, asked = targets.get("plain", {}), targets.get("asked", {})
+    assert plain.get("status") == "passed", (log[-3000:], json.dumps(plain, indent=1)[:4000])
+    assert json.loads((out / "plain" / "export.json").read_text()).get("layout") != "runner"
+    finding = next((f for f in plain["findings"] if "the runner program's export failed" in f), "")
+    assert "exported again with layout 'methods'" in finding and "Original traceback" not in finding, plain["findings"]
+    assert plain["generation"]["status"] == "passed"
+    assert asked.get("status") == "failed" and not (out / "asked").exists()
+    assert "item" in json.dumps(asked.get("error")), asked.get("error")
+
+    done = run_cli("validate", str(model_dir), str(out), "--target", "plain")
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    again = json.loads((out / "report.json").read_text())["targets"]
+    assert [t["name"] for t in again] == ["plain"] and again[0]["status"] == "passed", json.dumps(again)[:3000]
+    again = again[0]
+    assert any("the folder's program has the methods layout" in f for f in again["findings"]), again["findings"]
 
 
 def test_a_model_with_its_own_attention_code_gets_the_runner_program_without_custom_ops(bloom_runner):
@@ -133,8 +176,11 @@ def test_the_experts_setting_is_the_models_own_outside_the_export():
     torch.testing.assert_close(during, before)  # the same function, other ops
 
 
-def test_qwen2_vl_runs_in_executorch(qwen2_vl_executorch):
-    out, report, log = qwen2_vl_executorch
+def test_qwen2_5_vl_runs_in_executorch(qwen2_5_vl_executorch):
+    """Qwen2.5-VL's vision tower (Qwen2-VL's, plus window attention) has a whole-input `Conv3d` patch embedding and
+    restores its window order with `torch.argsort`: neither runs in ExecuTorch as traced (`aten::sort.values` is no
+    kernel there); both are traced in ops it has, and the program loads and matches eager."""
+    out, report, log = qwen2_5_vl_executorch
     target = report["targets"][0] if report else {}
     assert target.get("status") == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
     image_encoder = next(c for c in target["components"] if c["name"] == "image_encoder")
@@ -162,6 +208,32 @@ def test_a_whole_input_conv3d_is_traced_as_a_matmul():
     assert any("conv" in str(n.target) for n in kept.graph.nodes), "another Conv3d is traced as it is"
     torch.testing.assert_close(traced.module()(samples), expected, rtol=1e-5, atol=1e-5)
     assert torch.nn.Conv3d.forward is original, "restored after"
+
+
+class _WindowOrder(torch.nn.Module):
+    """Qwen2.5-VL's last step: rows put back in order by the argsort of the permutation that reordered them."""
+
+    def forward(self, rows: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+        return rows[torch.argsort(order)]
+
+
+def test_the_argsort_of_a_permutation_is_traced_as_a_scatter_for_qwen2_5_vl_only():
+    from matrix.families import FAMILIES, tiny_model
+
+    from exporters.upstream import argsort_of_permutations
+
+    rows, order = torch.randn(7, 4), torch.tensor([3, 0, 6, 1, 5, 2, 4])
+    expected, original = rows[torch.argsort(order)], torch.argsort
+    with argsort_of_permutations(tiny_model(FAMILIES["qwen2_5_vl"])):
+        program = torch.export.export(_WindowOrder(), (rows, order))
+        torch.testing.assert_close(torch.argsort(torch.tensor([2.0, 1.0])), torch.tensor([1, 0]))  # floats: as is
+    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert any("scatter" in t for t in targets) and not any("sort" in t for t in targets), targets
+    torch.testing.assert_close(program.module()(rows, order), expected)
+    with argsort_of_permutations(tiny_model(FAMILIES["llama"])):
+        kept = torch.export.export(_WindowOrder(), (rows, order))
+    assert any("sort" in str(n.target) for n in kept.graph.nodes), "another model's argsort is traced as it is"
+    assert torch.argsort is original, "restored after"
 
 
 class _Norm(torch.nn.Module):

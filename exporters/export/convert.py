@@ -100,11 +100,13 @@ def _export_one(exporter, name: str, module, inputs: dict, config):
 def _executorch_model(model, target) -> contextlib.ExitStack:
     """What an ExecuTorch target traces in the ops its runtime has: mixture-of-experts layers in standard ops
     (`upstream.experts_without_custom_ops`), a whole-input `Conv3d` as a matmul
-    (`upstream.patch_convolutions_as_matmul`)."""
+    (`upstream.patch_convolutions_as_matmul`), the argsort of a permutation as a scatter
+    (`upstream.argsort_of_permutations`)."""
     stack = contextlib.ExitStack()
     if target.export_format == "executorch":
         stack.enter_context(upstream.experts_without_custom_ops(model))
         stack.enter_context(upstream.patch_convolutions_as_matmul())
+        stack.enter_context(upstream.argsort_of_permutations(model))
     return stack
 
 

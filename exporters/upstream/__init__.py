@@ -70,6 +70,7 @@ from exporters.upstream.core import (
 )
 from exporters.upstream.internals import pte_weight_bytes, recording_logits_processors
 from exporters.upstream.runtime_ops import (
+    argsort_of_permutations,
     exact_no_op_rewrites,
     experts_without_custom_ops,
     patch_convolutions_as_matmul,
@@ -109,6 +110,7 @@ __all__ = [
     "counter_in_spec_components",
     "decompose_for_generation",
     "decompose_multimodal",
+    "argsort_of_permutations",
     "exact_no_op_rewrites",
     "executorch_method_runner",
     "experts_without_custom_ops",

@@ -1,6 +1,7 @@
 """Models traced in the ops their target's runtime has, where upstream's trace holds one it has not: transformers'
 grouped-matmul experts op for ExecuTorch ([`experts_without_custom_ops`], docs/upstream-gaps.md #36), a whole-input
-`Conv3d` for ExecuTorch ([`patch_convolutions_as_matmul`], #23), and an ONNX graph whose optimizer keeps a norm's
+`Conv3d` for ExecuTorch ([`patch_convolutions_as_matmul`], #23), the argsort of a permutation for ExecuTorch
+([`argsort_of_permutations`], #23), and an ONNX graph whose optimizer keeps a norm's
 1e-8 epsilon ([`exact_no_op_rewrites`], #38). Part of the one adapter (`exporters.upstream`).
 
 Example:
@@ -68,6 +69,45 @@ def patch_convolutions_as_matmul():
         yield
     finally:
         torch.nn.Conv3d.forward = real
+
+
+# Modeling modules whose only `torch.argsort` inverts a permutation (`argsort(window_index)`: Qwen2.5-VL's vision
+# window order, copied into the vision towers of these families in transformers 5.24)
+PERMUTATION_ARGSORTS = tuple(f"transformers.models.{name}." for name in (
+    "qwen2_5_vl", "qwen2_5_omni", "exaone4_5", "muse_glimmer", "muse_spark"))
+
+
+@contextlib.contextmanager
+def argsort_of_permutations(model: Any):
+    """While an ExecuTorch program of a model whose code argsorts only a permutation (`PERMUTATION_ARGSORTS`:
+    Qwen2.5-VL's vision tower restores its window order with `torch.argsort(window_index)`) is traced, that argsort is
+    traced as the inverse permutation it is, a `scatter` of `arange` (ExecuTorch has no `sort` kernel:
+    docs/upstream-gaps.md #23). Any other model, and a call on anything but a 1-D integer tensor ascending, traces
+    `torch.argsort` as it is; validation compares the program with eager either way.
+
+    Example:
+        >>> with argsort_of_permutations(model):  # doctest: +SKIP
+        ...     program = torch.export.export(model.model.visual, (pixel_values, grid_thw))
+    """
+    modules = {type(module).__module__ for module in model.modules()} if isinstance(model, torch.nn.Module) else set()
+    if not any(name.startswith(PERMUTATION_ARGSORTS) for name in modules):
+        yield
+        return
+    real = torch.argsort
+
+    def argsort(input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        dim = kwargs.get("dim", args[0] if args else -1)
+        descending = kwargs.get("descending", args[1] if len(args) > 1 else False)
+        if input.dim() != 1 or dim not in (0, -1) or descending or input.is_floating_point() or input.is_complex():
+            return real(input, *args, **kwargs)
+        positions = torch.arange(input.shape[0], device=input.device)
+        return torch.zeros_like(positions).scatter(0, input.long(), positions)
+
+    torch.argsort = argsort
+    try:
+        yield
+    finally:
+        torch.argsort = real
 
 
 def _whole_input_kernel(conv: torch.nn.Conv3d, input: torch.Tensor) -> bool:
