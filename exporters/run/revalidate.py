@@ -9,18 +9,18 @@ Example:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from exporters.capture import llm_runner
-from exporters.errors import error_record
+from exporters.errors import ArtifactError, error_record
 from exporters.export.footprint import record_footprint
 from exporters.hashing import file_entries
 from exporters.run.context import RunOptions, prepare_run, resolve_device
 from exporters.run.pipeline import _new_result, _validate_into, _write
 from exporters.run.reuse import previous_report
 from exporters.run.workbench import Workbench
+from exporters.upstream import read_manifest
 
 __all__ = ["RunOptions", "validate_existing"]
 
@@ -73,9 +73,9 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
 
 
 def _saved_layout(directory: Path) -> str | None:
-    """The layout a saved target's export.json records (`"runner"` for the LLM runner's program), else None."""
+    """The layout a saved target's export.json records (`"runner"` for the LLM runner's program), else None (also
+    for a manifest that does not read: validation reports that one)."""
     try:
-        saved = json.loads((directory / "export.json").read_text())
-    except (OSError, ValueError):
+        return read_manifest(directory).get("layout")
+    except ArtifactError:
         return None
-    return saved.get("layout") if isinstance(saved, dict) else None
