@@ -97,12 +97,14 @@ def _export_one(exporter, name: str, module, inputs: dict, config):
         raise RuntimeError(f"exporting component '{name}' failed: {type(err).__name__}: {err}{_hint(err, config)}") from err
 
 
-def _executorch_model(model, target) -> contextlib.ExitStack:
-    """What an ExecuTorch target traces in the ops its runtime has: mixture-of-experts layers in standard ops
-    (`upstream.experts_without_custom_ops`), a whole-input `Conv3d` as a matmul
-    (`upstream.patch_convolutions_as_matmul`), the argsort of a permutation as a scatter
+def _tracing(model, target) -> contextlib.ExitStack:
+    """How a target is traced beyond upstream's defaults: upstream's patches of model code resolved only for the
+    modeling modules that are loaded (`upstream.patches_of_loaded_models`), and an ExecuTorch target in the ops its
+    runtime has: mixture-of-experts layers in standard ops (`upstream.experts_without_custom_ops`), a whole-input
+    `Conv3d` as a matmul (`upstream.patch_convolutions_as_matmul`), the argsort of a permutation as a scatter
     (`upstream.argsort_of_permutations`)."""
     stack = contextlib.ExitStack()
+    stack.enter_context(upstream.patches_of_loaded_models())
     if target.export_format == "executorch":
         stack.enter_context(upstream.experts_without_custom_ops(model))
         stack.enter_context(upstream.patch_convolutions_as_matmul())
@@ -116,10 +118,12 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
     tanh-approximated GELU left to the portable kernels (XNNPACK computes the exact one: docs/upstream-gaps.md #24),
     the upsample fusion only where a graph has an upsample (`exporters.upstream.xnnpack_lowering`). An ONNX graph's
     optimizer removes only an exact `+ 0` or `* 1` (`exporters.upstream.exact_no_op_rewrites`: a norm keeps an
-    epsilon of 1e-8)."""
+    epsilon of 1e-8), and torch.onnx's second trace is skipped where it would change nothing the translation needs
+    (`exporters.upstream.decompose_only_what_onnx_lacks`)."""
     stack = contextlib.ExitStack()
     if target.export_format == "onnx":
         stack.enter_context(upstream.exact_no_op_rewrites())
+        stack.enter_context(upstream.decompose_only_what_onnx_lacks())
     if target.export_format == "executorch":
         stack.enter_context(upstream.xnnpack_lowering())
         if any(getattr(c, "quantizer", None) is not None for c in configs.values()):
@@ -133,7 +137,7 @@ def export_components(model, target, components: Components, recipe: Recipe, not
     (the library API; the pipeline writes each component as soon as it is exported, [`export_to`])."""
     exporter = upstream.exporter_class(target.export_format)()
     configs = component_configs(target, components, recipe, notes, quantizer_for)
-    with _executorch_model(model, target), _lowering(target, configs):
+    with _tracing(model, target), _lowering(target, configs):
         exported = {name: _export_one(exporter, name, module, inputs, configs[name])
                     for name, (module, inputs) in components.items()}
     return upstream.ExportedModel(exported, target.export_format, config=model.config,
@@ -152,12 +156,12 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
 
     Returns `{"components", "export_only_s", "save_s"}`."""
     if getattr(target, "layout", None) == "runner":  # the ExecuTorch LLM runner's program (exporters.export.llm_runner)
-        with _executorch_model(model, target):
+        with _tracing(model, target):
             outcome = export_runner(model, target, components, recipe, directory, notes, quantizer_for)
     else:
         exporter = upstream.exporter_class(target.export_format)()
         configs = component_configs(target, components, recipe, notes, quantizer_for)
-        with _executorch_model(model, target), _lowering(target, configs), _lowering_memory(target, directory):
+        with _tracing(model, target), _lowering(target, configs), _lowering_memory(target, directory):
             outcome = _export_and_save(exporter, configs, model, target, components, recipe, directory, notes)
         glue = write_glue(model, components, directory)
         if glue:

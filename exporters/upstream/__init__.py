@@ -68,7 +68,8 @@ from exporters.upstream.core import (
     runner_for_file,
     write_manifest,
 )
-from exporters.upstream.internals import pte_weight_bytes, recording_logits_processors
+from exporters.upstream.internals import patches_of_loaded_models, pte_weight_bytes, recording_logits_processors
+from exporters.upstream.onnx_decompositions import decompose_only_what_onnx_lacks
 from exporters.upstream.runtime_ops import (
     argsort_of_permutations,
     exact_no_op_rewrites,
@@ -90,6 +91,7 @@ from exporters.upstream.quantizers import (
 )
 
 __all__ = [
+    "patches_of_loaded_models",
     "pte_weight_bytes",
     "recording_logits_processors",
     "TORCH_SERDE_LOGGER",
@@ -111,6 +113,7 @@ __all__ = [
     "decompose_for_generation",
     "decompose_multimodal",
     "argsort_of_permutations",
+    "decompose_only_what_onnx_lacks",
     "exact_no_op_rewrites",
     "executorch_method_runner",
     "experts_without_custom_ops",

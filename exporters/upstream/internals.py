@@ -1,16 +1,19 @@
 """The stack's private interfaces this project relies on, kept in the adapter so that a release that changes them
-is adapted here: ExecuTorch's `.pte` layout (segments, named data) and the one place `generate()` assembles its
-logits processors.
+is adapted here: ExecuTorch's `.pte` layout (segments, named data), the one place `generate()` assembles its
+logits processors, and how upstream resolves the targets of its trace-time patches.
 """
 
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["pte_weight_bytes", "recording_logits_processors"]
+from transformers.exporters import utils as upstream_utils
+
+__all__ = ["patches_of_loaded_models", "pte_weight_bytes", "recording_logits_processors"]
 
 
 def pte_weight_bytes(path: Path) -> int:
@@ -50,3 +53,35 @@ def recording_logits_processors(model, sink: list) -> Iterator[None]:
             model._get_logits_processor = build
         else:
             del model._get_logits_processor
+
+
+@contextmanager
+def patches_of_loaded_models() -> Iterator[None]:
+    """While a model is exported, upstream's trace-time patches of model code (`transformers.models.<family>.
+    modeling_<family>.<Class>.forward`: 34, of 32 families, for the dynamo trace every format starts
+    with) are resolved only for the modeling modules already imported. A module that is not imported holds no
+    class of the model being traced, so its patch could not apply; resolving it imports the module (141 modules, 0.9 s
+    of every export process on a 2-core machine: benchmarks/RESULTS.md). Every other patch resolves as upstream's.
+
+    Example:
+        >>> with patches_of_loaded_models():  # doctest: +SKIP
+        ...     OnnxExporter().export(model, inputs, config)
+    """
+    real = upstream_utils.import_dotted_path
+
+    def import_dotted_path(path: str, missing_ok: bool = False):
+        if missing_ok and _modeling_module_not_loaded(path):
+            return None
+        return real(path, missing_ok=missing_ok)
+
+    upstream_utils.import_dotted_path = import_dotted_path
+    try:
+        yield
+    finally:
+        upstream_utils.import_dotted_path = real
+
+
+def _modeling_module_not_loaded(path: str) -> bool:
+    """`transformers.models.<family>.<module>[.<attribute>...]` whose module is not in `sys.modules`."""
+    parts = path.split(".")
+    return len(parts) >= 4 and parts[:2] == ["transformers", "models"] and ".".join(parts[:4]) not in sys.modules

@@ -1,0 +1,141 @@
+"""torch.onnx's second trace skipped where it would change nothing the ONNX translation needs (docs/upstream-gaps.md
+#21): part of the one adapter (`exporters.upstream`).
+
+`torch.onnx.export(program)` first runs `program.run_decompositions(table)`: a second full trace of the program under
+fake tensors, which decomposes the ops ONNX has no function for, lowers the aliasing composite ops (`reshape`,
+`contiguous`, `to`) and functionalizes in-place ops. On a 58M Llama's merged generation graph that trace is ~8 s of a
+~37 s run, and it changes six node kinds of 565, each of which the translation can take as it is or after a
+one-node rewrite. [`decompose_only_what_onnx_lacks`] translates such a program as traced, and hands every other
+program to the real decomposition unchanged.
+
+Example:
+    >>> with decompose_only_what_onnx_lacks():  # doctest: +SKIP
+    ...     onnx_program = torch.onnx.export(exported_program, args=(), kwargs=inputs)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from typing import Any, Callable, Iterator
+
+import torch
+from torch._export.utils import _is_cia_op, _is_preservable_cia_op
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+aten = torch.ops.aten
+
+# Python's tensor operators, traced as `aten.__and__` (which ONNX's table decomposes), and the aten op they are
+SAME_OP = {
+    aten.__and__.Tensor: aten.bitwise_and.Tensor,
+    aten.__or__.Tensor: aten.bitwise_or.Tensor,
+    aten.__xor__.Tensor: aten.bitwise_xor.Tensor,
+}
+# `Tensor.to`, an aliasing composite op the decomposition always lowers to `_to_copy` (a cast in ONNX)
+CASTS = frozenset({aten.to.dtype, aten.to.device, aten.to.dtype_layout, aten.to.other})
+# shape-only ops that are the identity when the output's shape is the input's
+RESHAPES = frozenset({aten.reshape.default, aten.view.default})
+# aliasing composite ops that the decomposition always lowers and whose ONNX function is the lowering's meaning
+# (`Reshape`, `Identity`); any other is left to the decomposition, since ONNX's function for it never runs there
+AS_TRACED = frozenset({aten.reshape.default, aten.contiguous.default})
+# nodes torch.onnx removes after the decomposition (`_fx_passes.remove_assertion_nodes`)
+ASSERTIONS = frozenset({aten.sym_constrain_range_for_size.default, aten._assert_async.default,
+                        aten._assert_async.msg, aten._assert_scalar.default, aten._assert_tensor_metadata.default})
+
+Rewrite = Callable[[torch.fx.Node], None]
+
+
+@contextlib.contextmanager
+def decompose_only_what_onnx_lacks() -> Iterator[None]:
+    """While an ONNX graph is exported, a program whose every op ONNX implements as traced (after the one-node
+    rewrites of `plan_rewrites`: no in-place op, no higher-order op, nothing ONNX's table would decompose) skips
+    torch.onnx's `run_decompositions`; any other program is decomposed as upstream does. Validation compares the
+    graph with the eager model either way.
+
+    Example:
+        >>> with decompose_only_what_onnx_lacks():  # doctest: +SKIP
+        ...     torch.onnx.export(exported_program, args=(), kwargs=inputs)
+    """
+    from torch.onnx._internal.exporter import _decomp, _fx_passes  # deferred: ONNX exports only
+
+    real = _fx_passes.decompose_with_registry
+
+    def decompose(program: torch.export.ExportedProgram, registry: Any) -> torch.export.ExportedProgram:
+        rewrites = plan_rewrites(program, set(_decomp.get_onnx_implemented_overloads(registry)))
+        if rewrites is None:
+            return real(program, registry)
+        for node, rewrite in rewrites:
+            rewrite(node)
+        program.graph.eliminate_dead_code()
+        program.graph_module.recompile()
+        return program
+
+    _fx_passes.decompose_with_registry = decompose
+    try:
+        yield
+    finally:
+        _fx_passes.decompose_with_registry = real
+
+
+def plan_rewrites(program: torch.export.ExportedProgram,
+                  implemented: set[Any]) -> list[tuple[torch.fx.Node, Rewrite]] | None:
+    """The rewrites that make `program` translatable as traced, or None where it needs the real decomposition: an
+    op ONNX does not implement (after `SAME_OP` and `CASTS`), an aliasing composite op outside `AS_TRACED`, an in-place or `out=` op (the decomposition
+    functionalizes those), a higher-order op or a nested graph. Nothing is changed here.
+
+    Example:
+        >>> plan_rewrites(torch.export.export(torch.nn.ReLU(), (torch.ones(2),)), {torch.ops.aten.relu.default})
+        []
+    """
+    if any(isinstance(module, torch.fx.GraphModule) for module in program.graph_module.children()):
+        return None
+    rewrites: list[tuple[torch.fx.Node, Rewrite]] = []
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if target in ASSERTIONS:
+            continue
+        if not isinstance(target, torch._ops.OpOverload):
+            if target is operator.getitem or (callable(target) and target in implemented
+                                              and not isinstance(target, torch._ops.HigherOrderOperator)):
+                continue
+            return None
+        if target._schema.is_mutable:
+            return None
+        if target in SAME_OP and SAME_OP[target] in implemented:
+            rewrites.append((node, _retarget(SAME_OP[target])))
+        elif target in CASTS and isinstance(node.meta.get("val"), torch.Tensor) and aten._to_copy.default in implemented:
+            rewrites.append((node, _cast))
+        elif target in RESHAPES and _same_shape(node):
+            rewrites.append((node, _input_itself))
+        elif target not in implemented or (_is_cia_op(target) and not _is_preservable_cia_op(target)
+                                           and target not in AS_TRACED):
+            return None
+    return rewrites
+
+
+def _retarget(op: torch._ops.OpOverload) -> Rewrite:
+    def rewrite(node: torch.fx.Node) -> None:
+        node.target = op
+    return rewrite
+
+
+def _cast(node: torch.fx.Node) -> None:
+    node.target = aten._to_copy.default
+    node.args = (node.args[0],)
+    node.kwargs = {"dtype": node.meta["val"].dtype}
+
+
+def _input_itself(node: torch.fx.Node) -> None:
+    node.replace_all_uses_with(node.args[0])
+
+
+def _same_shape(node: torch.fx.Node) -> bool:
+    """Whether a reshape's output has its input's shape, provably for every size the program takes."""
+    source = node.args[0]
+    before = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    after = node.meta.get("val")
+    if not isinstance(before, torch.Tensor) or not isinstance(after, torch.Tensor) or before.dim() != after.dim():
+        return False
+    return all(statically_known_true(a == b) for a, b in zip(before.shape, after.shape))

@@ -1,0 +1,124 @@
+"""Work the export process skips, and what it keeps:
+
+- torch.onnx's second trace (`run_decompositions`) is skipped for a program it would not change in substance, and
+  runs for every other one (`exporters.upstream.decompose_only_what_onnx_lacks`): the graphs compute what eager
+  computes either way, at the traced shape and at another. The whole-model case (a merged Llama graph, validated
+  against eager and run by ONNX Runtime GenAI) is every ONNX generation test of the suite.
+- upstream's patches of model code are resolved only for the modeling modules that are loaded
+  (`exporters.upstream.patches_of_loaded_models`): a loaded model's patch still applies, an unloaded module is not
+  imported."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+from exporters import upstream
+from exporters.upstream.onnx_decompositions import plan_rewrites
+
+
+class Masked(torch.nn.Module):
+    """`&` of two masks (`aten.__and__`, which ONNX's table decomposes), casts (`Tensor.to`, an aliasing composite op),
+    a reshape to the same shape and one that changes it."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        keep = (mask > 0) & (x > 0)
+        y = torch.where(keep, x, torch.zeros_like(x)).to(torch.float64).to(torch.float32)
+        y = y.reshape(x.shape[0], x.shape[1])
+        return y * 2 + x.transpose(0, 1).contiguous().reshape(-1).sum()
+
+
+class InPlace(torch.nn.Module):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        y.add_(mask)
+        return y
+
+
+class Unimplemented(torch.nn.Module):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.arctan(x) + mask  # `aten.arctan` has no ONNX function: the decomposition writes it as `atan`
+
+
+def _inputs(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(rows * 100 + cols)
+    return torch.randn(rows, cols, generator=generator), torch.randn(rows, cols, generator=generator)
+
+
+def _export(module: torch.nn.Module, monkeypatch: pytest.MonkeyPatch, tmp_path) -> tuple[int, str]:
+    """The module exported to ONNX under the adapter's context: (how many times torch.onnx decomposed, the file)."""
+    rows, cols = torch.export.Dim("rows", min=2), torch.export.Dim("cols", min=2)
+    program = torch.export.export(module, _inputs(3, 5), dynamic_shapes=({0: rows, 1: cols}, {0: rows, 1: cols}))
+    calls = []
+    real = torch.export.ExportedProgram.run_decompositions
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", counted)
+    with upstream.decompose_only_what_onnx_lacks():
+        onnx_program = torch.onnx.export(program, args=(), kwargs=dict(zip(("x", "mask"), _inputs(3, 5))),
+                                         optimize=True)
+    path = str(tmp_path / "model.onnx")
+    onnx_program.save(path)
+    return len(calls), path
+
+
+def _assert_runs_like_eager(module: torch.nn.Module, path: str) -> None:
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    for rows, cols in ((3, 5), (4, 9)):  # the traced shape and another
+        x, mask = _inputs(rows, cols)
+        (got,) = session.run(None, dict(zip(names, (x.numpy(), mask.numpy()))))
+        np.testing.assert_allclose(got, module(x, mask).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_program_of_implemented_ops_is_translated_as_traced(monkeypatch, tmp_path):
+    module = Masked()
+    program = torch.export.export(module, _inputs(3, 5))
+    from torch.onnx._internal.exporter import _decomp, _registration
+
+    implemented = set(_decomp.get_onnx_implemented_overloads(_registration.ONNXRegistry.from_torchlib()))
+    planned = {str(node.target) for node, _ in plan_rewrites(program, implemented)}
+    assert {"aten.__and__.Tensor", "aten.to.dtype", "aten.reshape.default"} <= planned
+
+    decompositions, path = _export(module, monkeypatch, tmp_path)
+    assert decompositions == 0
+    _assert_runs_like_eager(module, path)
+
+
+@pytest.mark.parametrize("module", [InPlace(), Unimplemented()], ids=["in-place op", "op ONNX lacks"])
+def test_any_other_program_is_decomposed_as_upstream_does(module, monkeypatch, tmp_path):
+    decompositions, path = _export(module, monkeypatch, tmp_path)
+    assert decompositions == 1
+    _assert_runs_like_eager(module, path)
+
+
+PATCH_RESOLUTION = textwrap.dedent("""
+    import sys
+    import transformers.models.qwen2_vl.modeling_qwen2_vl as loaded
+    from transformers.exporters import utils
+    from exporters import upstream
+
+    real_forward = loaded.VisionAttention.forward
+    with upstream.patches_of_loaded_models(), utils.apply_patches("dynamo"):
+        patched = loaded.VisionAttention.forward is not real_forward
+        unloaded = [name for name in ("transformers.models.mra.modeling_mra",
+                                      "transformers.models.glm4v.modeling_glm4v") if name in sys.modules]
+    print(patched, loaded.VisionAttention.forward is real_forward, unloaded)
+""")
+
+
+def test_upstream_patches_resolve_only_for_loaded_modeling_modules():
+    """In a fresh process: Qwen2-VL's vision attention (loaded) is patched during the trace and restored after;
+    MRA's and GLM-4V's modules (patched by upstream too, not loaded) are not imported."""
+    run = subprocess.run([sys.executable, "-c", PATCH_RESOLUTION], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "True True []"
