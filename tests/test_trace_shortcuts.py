@@ -94,6 +94,20 @@ def test_a_program_of_implemented_ops_is_translated_as_traced(monkeypatch, tmp_p
     _assert_runs_like_eager(module, path)
 
 
+def test_a_node_added_after_the_trace_without_its_value_is_left_to_the_decomposition():
+    """Upstream's FX fixes add nodes without the traced value the translation reads (Gemma 3's `detach_` becomes a
+    `detach` with no `val`); the decomposition's retrace records it, so such a program is decomposed."""
+    program = torch.export.export(Masked(), _inputs(3, 5))
+    from torch.onnx._internal.exporter import _decomp, _registration
+
+    implemented = set(_decomp.get_onnx_implemented_overloads(_registration.ONNXRegistry.from_torchlib()))
+    assert plan_rewrites(program, implemented) is not None
+    output = next(node for node in program.graph.nodes if node.op == "output")
+    with program.graph.inserting_before(output):
+        program.graph.call_function(torch.ops.aten.detach.default, args=(output.args[0][0],))
+    assert plan_rewrites(program, implemented) is None
+
+
 @pytest.mark.parametrize("module", [InPlace(), Unimplemented()], ids=["in-place op", "op ONNX lacks"])
 def test_any_other_program_is_decomposed_as_upstream_does(module, monkeypatch, tmp_path):
     decompositions, path = _export(module, monkeypatch, tmp_path)

@@ -80,7 +80,8 @@ def decompose_only_what_onnx_lacks() -> Iterator[None]:
 def plan_rewrites(program: torch.export.ExportedProgram,
                   implemented: set[Any]) -> list[tuple[torch.fx.Node, Rewrite]] | None:
     """The rewrites that make `program` translatable as traced, or None where it needs the real decomposition: an
-    op ONNX does not implement (after `SAME_OP` and `CASTS`), an aliasing composite op outside `AS_TRACED`, an in-place or `out=` op (the decomposition
+    op ONNX does not implement (after `SAME_OP` and `CASTS`), an aliasing composite op outside `AS_TRACED`, a node
+    without its traced value (a node an FX fix added after the trace), an in-place or `out=` op (the decomposition
     functionalizes those), a higher-order op or a nested graph. Nothing is changed here.
 
     Example:
@@ -96,6 +97,8 @@ def plan_rewrites(program: torch.export.ExportedProgram,
         target = node.target
         if target in ASSERTIONS:
             continue
+        if "val" not in node.meta:  # the translation reads every value's shape and type; the retrace records them
+            return None
         if not isinstance(target, torch._ops.OpOverload):
             if target is operator.getitem or (callable(target) and target in implemented
                                               and not isinstance(target, torch._ops.HigherOrderOperator)):
