@@ -71,6 +71,13 @@ def _export(module: torch.nn.Module, monkeypatch: pytest.MonkeyPatch, tmp_path) 
     return len(calls), path
 
 
+def _implemented() -> set:
+    """The ops torch.onnx's registry has an ONNX function for, as `decompose_with_registry` computes them."""
+    from torch.onnx._internal.exporter import _decomp, _registration
+
+    return set(_decomp.get_onnx_implemented_overloads(_registration.ONNXRegistry.from_torchlib()))
+
+
 def _assert_runs_like_eager(module: torch.nn.Module, path: str) -> None:
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
@@ -83,9 +90,7 @@ def _assert_runs_like_eager(module: torch.nn.Module, path: str) -> None:
 def test_a_program_of_implemented_ops_is_translated_as_traced(monkeypatch, tmp_path):
     module = Masked()
     program = torch.export.export(module, _inputs(3, 5))
-    from torch.onnx._internal.exporter import _decomp, _registration
-
-    implemented = set(_decomp.get_onnx_implemented_overloads(_registration.ONNXRegistry.from_torchlib()))
+    implemented = _implemented()
     planned = {str(node.target) for node, _ in plan_rewrites(program, implemented)}
     assert {"aten.__and__.Tensor", "aten.to.dtype", "aten.reshape.default"} <= planned
 
@@ -98,9 +103,7 @@ def test_a_node_added_after_the_trace_without_its_value_is_left_to_the_decomposi
     """Upstream's FX fixes add nodes without the traced value the translation reads (Gemma 3's `detach_` becomes a
     `detach` with no `val`); the decomposition's retrace records it, so such a program is decomposed."""
     program = torch.export.export(Masked(), _inputs(3, 5))
-    from torch.onnx._internal.exporter import _decomp, _registration
-
-    implemented = set(_decomp.get_onnx_implemented_overloads(_registration.ONNXRegistry.from_torchlib()))
+    implemented = _implemented()
     assert plan_rewrites(program, implemented) is not None
     output = next(node for node in program.graph.nodes if node.op == "output")
     with program.graph.inserting_before(output):
