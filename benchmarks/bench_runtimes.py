@@ -13,18 +13,24 @@ R1  ExecuTorch: our runner-layout `model.pte` (`hf-export run`, `[{"export_forma
 R2  ONNX Runtime GenAI 0.18: our merged `model.onnx` + `genai_config.json` against the model builder's output
     (`python -m onnxruntime_genai.models.builder -p fp32 -e cpu`, built here from the same random-weight folder),
     both loaded in one process: prefill of the 8-token prompt (`append_tokens`, ms) and 32 greedy decode steps.
-    `--genai NAME=FOLDER` (repeatable) adds more folders to the same process (e.g. an `"ort_fusions": "cpu"` export),
-    each compared with the builder's; `--genai-ours FOLDER` replaces round 1's; `--prompt-len` sets GenAI's prompt
+    `--genai NAME=FOLDER` (repeatable) adds more folders (e.g. an `"ort_fusions": "cpu"` export), each compared with
+    the builder's in processes of its own; `--genai-ours FOLDER` replaces round 1's; `--prompt-len` sets GenAI's prompt
     (8 by default; R1's stays 8, the runner's text) and `--steps` the decode steps of both (32 by default).
 
 Each measurement also records the greedy tokens, so a fast artifact that computes something else shows. Ratios are
 ours / theirs for tokens/s (goal >= 1.0) and theirs / ours for prefill time. `uptime` before and after each part.
+
+Order-balanced: in one process the artifact loaded second decodes faster (measured 2026-12-03: ~10% in GenAI, the
+same folders swapped), so every pair is measured in `--rounds` x 2 processes, one per load order, and the verdict is
+the median and geometric mean of the per-process ratios (each the ratio of that process's median rates), beside the
+ratio of the pooled medians.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -36,7 +42,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PY = sys.executable
-GENAI_PY = Path(os.environ.get("GENAI_PY", "/work/spike26/venv-genai/bin/python"))
+GENAI_PY = Path(os.environ.get("GENAI_PY", sys.executable))  # onnxruntime-genai is pinned in constraints.txt
 PROMPT_LEN, STEPS = 8, 32
 
 ET = textwrap.dedent(
@@ -136,6 +142,38 @@ def one_file(folder: Path, name: str) -> Path:
     return found[0]
 
 
+def balanced(run_one, pair: tuple[str, str], rounds: int) -> dict:
+    """`run_one(order)` (a dict of results keyed by name, measured in one process loading `order`'s names in that
+    order) for both orders of `pair`, `rounds` times: the pooled per-name results, every process's own ratio of
+    median decode rates (first name / second), and the load order of each."""
+    pooled: dict = {}
+    ratios, orders = [], []
+    for _ in range(rounds):
+        for order in (pair, pair[::-1]):
+            res = run_one(order)
+            for name, values in res.items():
+                slot = pooled.setdefault(name, {key: [] for key in values if key != "tokens"} | {"tokens": None})
+                for key, value in values.items():
+                    if key == "tokens":
+                        slot["tokens"] = value if slot["tokens"] in (None, value) else "DIFFERENT"
+                    else:
+                        slot[key] += value
+            for rate in ("decode_tok_s", "runner_decode_tok_s"):
+                if rate in res[pair[0]]:
+                    ratios.append((rate, statistics.median(res[pair[0]][rate]) / statistics.median(res[pair[1]][rate])))
+            orders.append(list(order))
+    return {"results": pooled, "process_ratios": ratios, "orders": orders}
+
+
+def process_verdict(measured: dict) -> None:
+    """The per-process ratios of `balanced`: median and geometric mean per rate."""
+    for rate in dict.fromkeys(rate for rate, _ in measured["process_ratios"]):
+        values = [ratio for name, ratio in measured["process_ratios"] if name == rate]
+        geo = math.exp(sum(math.log(v) for v in values) / len(values))
+        print(f"{rate}: per-process ratios {[round(v, 3) for v in values]} (load orders alternate, ours first in "
+              f"the odd ones): median **{statistics.median(values):.3f}**, geometric mean {geo:.3f}")
+
+
 def best(values: list[float], high: bool) -> float:
     return max(values) if high else min(values)
 
@@ -161,7 +199,8 @@ def table(title: str, res: dict, ours: str, theirs: str, runner: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=HERE / ".work-peers" / "llama58m")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=3, help="reps per process")
+    parser.add_argument("--rounds", type=int, default=2, help="processes per load order and pair")
     parser.add_argument("--skip-genai", action="store_true")
     parser.add_argument("--skip-executorch", action="store_true")
     parser.add_argument("--genai-ours", type=Path, help="our GenAI folder (default: round 1's under --work)")
@@ -175,12 +214,15 @@ def main() -> None:
         programs = {"ours": str(one_file(work / "r1-ours-executorch", "model.pte")),
                     "optimum-executorch": str(one_file(work / "r1-peer-executorch", "model.pte"))}
         print(f"R1 before: {uptime()}", file=sys.stderr, flush=True)
-        et = run_json([PY, "-c", ET, json.dumps(programs), str(model_dir / "tokenizer.json"), str(args.reps),
-                       str(args.steps)], work / "runtimes-executorch.json")
+        et = balanced(lambda order: run_json([PY, "-c", ET, json.dumps({name: programs[name] for name in order}),
+                                              str(model_dir / "tokenizer.json"), str(args.reps), str(args.steps)],
+                                             work / "runtimes-executorch.json"),
+                      ("ours", "optimum-executorch"), args.rounds)
         print(f"R1 after:  {uptime()}", file=sys.stderr, flush=True)
         print(json.dumps({"programs": programs, **et}))
-        table(f"R1 ExecuTorch (executorch 1.5.1), 8-token prompt, {args.steps} greedy steps", et, "ours",
-              "optimum-executorch", runner=True)
+        table(f"R1 ExecuTorch (executorch 1.5.1), 8-token prompt, {args.steps} greedy steps (pooled)", et["results"],
+              "ours", "optimum-executorch", runner=True)
+        process_verdict(et)
     if not args.skip_genai:
         builder_out = work / "genai-builder"
         if not (builder_out / "genai_config.json").is_file():
@@ -195,15 +237,20 @@ def main() -> None:
         folders = {"ours": str(ours), "builder": str(builder_out)}
         folders.update(item.split("=", 1) for item in args.genai)
         print(f"R2 before: {uptime()}", file=sys.stderr, flush=True)
-        genai = run_json([str(GENAI_PY), "-c", GENAI, json.dumps(folders), str(args.reps), str(args.prompt_len),
-                          str(args.steps)], work / "runtimes-genai.json")
+        for name, folder in folders.items():
+            if name == "builder":
+                continue
+            pair = {name: folder, "builder": folders["builder"]}
+            genai = balanced(lambda order: run_json([str(GENAI_PY), "-c", GENAI,
+                                                     json.dumps({key: pair[key] for key in order}), str(args.reps),
+                                                     str(args.prompt_len), str(args.steps)],
+                                                    work / "runtimes-genai.json"),
+                             (name, "builder"), args.rounds)
+            print(json.dumps({"folders": pair, **genai}))
+            table(f"R2 ONNX Runtime GenAI 0.18 (fp32, CPU), {args.prompt_len}-token prompt, {args.steps} greedy "
+                  f"steps: {name} (pooled)", genai["results"], name, "builder", runner=False)
+            process_verdict(genai)
         print(f"R2 after:  {uptime()}", file=sys.stderr, flush=True)
-        print(json.dumps({"folders": folders, **genai}))
-        for name in folders:
-            if name != "builder":
-                table(f"R2 ONNX Runtime GenAI 0.18 (fp32, CPU), {args.prompt_len}-token prompt, {args.steps} greedy "
-                      f"steps: {name}", genai, name, "builder", runner=False)
-
 
 if __name__ == "__main__":
     main()
