@@ -152,12 +152,12 @@ def balanced(run_one, pair: tuple[str, str], rounds: int) -> dict:
         for order in (pair, pair[::-1]):
             res = run_one(order)
             for name, values in res.items():
-                slot = pooled.setdefault(name, {key: [] for key in values if key != "tokens"} | {"tokens": None})
+                slot = pooled.setdefault(name, {})
                 for key, value in values.items():
-                    if key == "tokens":
-                        slot["tokens"] = value if slot["tokens"] in (None, value) else "DIFFERENT"
-                    else:
-                        slot[key] += value
+                    if key.endswith(("_ms", "_tok_s")):  # per-rep measurements, pooled
+                        slot[key] = slot.get(key, []) + value
+                    else:  # what every process must agree on (the greedy tokens, the prompt's length)
+                        slot[key] = value if slot.get(key, value) == value else "DIFFERENT"
             for rate in ("decode_tok_s", "runner_decode_tok_s"):
                 if rate in res[pair[0]]:
                     ratios.append((rate, statistics.median(res[pair[0]][rate]) / statistics.median(res[pair[1]][rate])))
