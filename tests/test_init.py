@@ -85,7 +85,9 @@ def _propose(name: str, root: Path) -> Proposed:
                    str(summary_file), "--max-seconds", "1200")
     assert init.returncode == 0, init.stderr[-4000:]
     check = run_cli("check", str(recipe_file))
-    run = run_cli("run", str(model), "--config", str(recipe_file), "--out", str(root / "out"), "--quiet")
+    # --no-bench: these tests judge the proposal (its verdicts), not timings; the default run's benchmark is
+    # covered by tests/test_pipeline_llm.py
+    run = run_cli("run", str(model), "--config", str(recipe_file), "--out", str(root / "out"), "--quiet", "--no-bench")
     return Proposed(name, formats.split(","), family, limits, init, check, run, json.loads(recipe_file.read_text()),
                     summary_file.read_text(), json.loads((root / "out" / "report.json").read_text()))
 
@@ -210,7 +212,8 @@ def test_a_format_that_cannot_run_the_family_is_left_out_with_the_reason(tmp_pat
     assert "| ❌ `executorch` (left out) |" in summary
     assert "- executorch: left out — the saved artifact does not load" in summary
     assert "declared static" in summary, "the dims were ruled out first: it is the format, not the shapes"
-    run = run_cli("run", str(model), "--config", str(recipe_file), "--out", str(tmp_path / "out"), "--quiet")
+    run = run_cli("run", str(model), "--config", str(recipe_file), "--out", str(tmp_path / "out"), "--quiet",
+                  "--no-bench")
     assert run.returncode == 0, run.stderr[-3000:]
 
 
