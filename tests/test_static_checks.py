@@ -364,7 +364,8 @@ def test_dockerfile_copies_only_what_exists_and_the_dockerignore_keeps(dockerfil
 
 
 def _name(requirement: str) -> str:
-    return re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+    """A requirement's PEP 503 name (`ruamel.yaml.clib` -> `ruamel-yaml-clib`), as the pins are keyed."""
+    return re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0]).lower()
 
 
 def _pins(name: str) -> dict[str, tuple[str, str]]:
