@@ -160,7 +160,8 @@ def balanced(run_one, pair: tuple[str, str], rounds: int) -> dict:
                         slot[key] = value if slot.get(key, value) == value else "DIFFERENT"
             for rate in ("decode_tok_s", "runner_decode_tok_s"):
                 if rate in res[pair[0]]:
-                    ratios.append((rate, statistics.median(res[pair[0]][rate]) / statistics.median(res[pair[1]][rate])))
+                    first, second = (statistics.median(res[name][rate]) for name in pair)
+                    ratios.append((rate, first / second))
             orders.append(list(order))
     return {"results": pooled, "process_ratios": ratios, "orders": orders}
 
@@ -251,6 +252,7 @@ def main() -> None:
                   f"steps: {name} (pooled)", genai["results"], name, "builder", runner=False)
             process_verdict(genai)
         print(f"R2 after:  {uptime()}", file=sys.stderr, flush=True)
+
 
 if __name__ == "__main__":
     main()
