@@ -363,18 +363,23 @@ def test_dockerfile_copies_only_what_exists_and_the_dockerignore_keeps(dockerfil
             assert source.rstrip("/") in kept, f"COPY {source}: excluded by .dockerignore"
 
 
+def _check_pins():
+    """docker/check_pins.py, the image's own pin checker (not a package: imported from its folder)."""
+    sys.path.insert(0, str(ROOT / "docker"))
+    try:
+        import check_pins
+    finally:
+        sys.path.remove(str(ROOT / "docker"))
+    return check_pins
+
+
 def _name(requirement: str) -> str:
-    """A requirement's PEP 503 name (`ruamel.yaml.clib` -> `ruamel-yaml-clib`), as the pins are keyed."""
-    return re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0]).lower()
+    """A requirement's name as the pins are keyed (`ruamel.yaml.clib` -> `ruamel-yaml-clib`)."""
+    return _check_pins().canonical(re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0])
 
 
 def _pins(name: str) -> dict[str, tuple[str, str]]:
-    sys.path.insert(0, str(ROOT / "docker"))
-    try:
-        from check_pins import read_pins
-    finally:
-        sys.path.remove(str(ROOT / "docker"))
-    return read_pins(ROOT / name)
+    return _check_pins().read_pins(ROOT / name)
 
 
 def test_every_dependency_is_pinned_in_constraints():
