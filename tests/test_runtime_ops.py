@@ -284,3 +284,51 @@ def test_eager_references_are_computed_at_the_artifacts_thread_count():
         assert cache.run(module, inputs) is not first and cache.misses == 2, "another thread count: its own reference"
     finally:
         torch.set_num_threads(before)
+
+
+def _sliced_chain(links: int):
+    """An ONNX graph (onnx_ir) of two `Slice`s of one input (the shape of onnxscript's two-output `SlicesSplit`
+    pattern) and a chain of `links` Tanh/Neg pairs after them."""
+    import numpy as np
+    import onnx
+    import onnx_ir as ir
+    from onnx import helper
+
+    constants = [onnx.numpy_helper.from_array(np.array(value, dtype=np.int64), name)
+                 for name, value in [("b0", [0]), ("e0", [8]), ("b1", [8]), ("e1", [16]), ("axis", [-1])]]
+    nodes = [helper.make_node("Slice", ["x", "b0", "e0", "axis"], ["a"]),
+             helper.make_node("Slice", ["x", "b1", "e1", "axis"], ["b"]), helper.make_node("Mul", ["a", "b"], ["y0"])]
+    for i in range(links):
+        nodes += [helper.make_node("Tanh", [f"y{i}"], [f"t{i}"]), helper.make_node("Neg", [f"t{i}"], [f"y{i + 1}"])]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 16])],
+                              [helper.make_tensor_value_info(f"y{links}", onnx.TensorProto.FLOAT, [2, 8])], constants)
+    return ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+
+
+def test_onnx_optimizer_tries_a_two_output_pattern_only_where_it_can_match(monkeypatch):
+    import onnx_ir as ir
+    import onnxscript
+    from onnxscript.rewriter import _matcher
+
+    from exporters.upstream import multi_output_patterns_anchored
+
+    tried: list[str] = []  # nodes at which upstream's matcher ran a pattern of several output nodes
+    upstream_match = _matcher.SimplePatternMatcher.match
+
+    def counting(self, model, graph, node, **kwargs):
+        if not self.pattern.has_single_output_node:
+            tried.append(node.op_type)
+        return upstream_match(self, model, graph, node, **kwargs)
+
+    monkeypatch.setattr(_matcher.SimplePatternMatcher, "match", counting)
+    plain = _sliced_chain(20)
+    onnxscript.optimizer.optimize(plain)
+    upstream_tries, tried[:] = list(tried), []
+    assert len(upstream_tries) > 40 and set(upstream_tries) > {"Slice"}, \
+        "upstream tries it at every node; if not, upstream anchored it (docs/upstream-gaps.md #39)"
+    with multi_output_patterns_anchored():
+        anchored = _sliced_chain(20)
+        onnxscript.optimizer.optimize(anchored)
+    assert set(tried) == {"Slice"}, tried
+    assert ir.serde.serialize_model(anchored) == ir.serde.serialize_model(plain), "the same optimized graph"
+    assert _matcher.SimplePatternMatcher.match is counting, "the matcher is restored after"

@@ -74,6 +74,7 @@ from exporters.upstream.runtime_ops import (
     argsort_of_permutations,
     exact_no_op_rewrites,
     experts_without_custom_ops,
+    multi_output_patterns_anchored,
     patch_convolutions_as_matmul,
 )
 from exporters.upstream.pytree import (
@@ -115,6 +116,7 @@ __all__ = [
     "argsort_of_permutations",
     "decompose_only_what_onnx_lacks",
     "exact_no_op_rewrites",
+    "multi_output_patterns_anchored",
     "executorch_method_runner",
     "experts_without_custom_ops",
     "export_executorch_methods",

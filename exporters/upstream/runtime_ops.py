@@ -2,7 +2,8 @@
 grouped-matmul experts op for ExecuTorch ([`experts_without_custom_ops`], docs/upstream-gaps.md #36), a whole-input
 `Conv3d` for ExecuTorch ([`patch_convolutions_as_matmul`], #23), the argsort of a permutation for ExecuTorch
 ([`argsort_of_permutations`], #23), and an ONNX graph whose optimizer keeps a norm's
-1e-8 epsilon ([`exact_no_op_rewrites`], #38). Part of the one adapter (`exporters.upstream`).
+1e-8 epsilon ([`exact_no_op_rewrites`], #38) and tries a pattern of several output nodes only where its first one
+can match ([`multi_output_patterns_anchored`], #39). Part of the one adapter (`exporters.upstream`).
 
 Example:
     >>> with experts_without_custom_ops(model), patch_convolutions_as_matmul():  # doctest: +SKIP
@@ -142,3 +143,35 @@ def exact_no_op_rewrites():
     finally:
         for constant, (rel_tol, abs_tol) in zip(constants, saved):
             constant._rel_tol, constant._abs_tol = rel_tol, abs_tol
+
+
+@contextlib.contextmanager
+def multi_output_patterns_anchored():
+    """While an ONNX graph is optimized, onnxscript's matcher tries a rewrite pattern of several output nodes (the
+    default rules' `SlicesSplit`: two `Slice` nodes) only at a node its first output node can match (the same op type
+    and domain). Upstream indexes the whole graph by op type before it looks at the node, for every node of the
+    graph: quadratic in the graph's size (docs/upstream-gaps.md #39). The matcher's first step at that node is the
+    same local test, so every match and every rewrite is the same; only the nodes that cannot match are skipped.
+    A matcher asked to trace its attempts (`tracer`, a debugging aid) runs unchanged.
+
+    Example:
+        >>> with multi_output_patterns_anchored():  # doctest: +SKIP
+        ...     torch.onnx.export(model, args, dynamo=True, optimize=True)
+    """
+    # onnxscript loads only where an ONNX graph is exported
+    from onnxscript.rewriter import _basics, _matcher
+
+    real = _matcher.SimplePatternMatcher.match
+
+    def match(self, model, graph_or_function, node, **kwargs):
+        if kwargs.get("tracer") is None and not self.pattern.has_single_output_node:
+            first = self.pattern.output_nodes[0]
+            if not (first.op.matches(node.op_type) and first.domain.matches(node.domain)):
+                return _basics.MatchResult().fail(f"{node.op_type} cannot be the pattern's first output node.")
+        return real(self, model, graph_or_function, node, **kwargs)
+
+    _matcher.SimplePatternMatcher.match = match
+    try:
+        yield
+    finally:
+        _matcher.SimplePatternMatcher.match = real
