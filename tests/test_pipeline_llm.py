@@ -3,6 +3,7 @@ then many checks on the result (artifacts load and run, validation at unseen sha
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -135,6 +136,49 @@ def test_eager_reference_computed_once_and_shared(llm_run):
     cache = report["eager_cache"]
     # dynamo and onnx probe the same prefill/decode shapes: the second target reuses every eager reference
     assert cache["hits"] >= 8 and cache["misses"] > 0
+
+
+def _shifted(reference):
+    """A copy of an eager output whose logits are off by one (the first output of a tuple, `logits` of a dict)."""
+    if isinstance(reference, dict):
+        shifted = copy.copy(reference)
+        shifted["logits"] = reference["logits"] + 1.0
+        return shifted
+    return (reference[0] + 1.0, *reference[1:])
+
+
+def test_validation_compares_with_the_eager_side_computed_while_exporting(llm_run):
+    """The run computes the ONNX and ExecuTorch targets' eager references while they export (a torch program's at
+    the thread count it is validated at); a precomputed side is what validation compares with, and where it does
+    not hold for the target (a torch program, another thread count) it is computed again."""
+    from exporters.run.context import RunOptions, prepare_run
+    from exporters.run.workbench import Workbench
+    from exporters.validate.checks import validate_target
+
+    model_dir, out, _ = llm_run
+    timings = {t["name"]: t["timings"] for t in json.loads((out / "report.json").read_text())["targets"]}
+    assert timings["onnx"]["eager_ahead_s"] > 0 and timings["et"]["eager_ahead_s"] > 0
+    assert "eager_ahead_s" not in timings["dynamo"]
+
+    options = RunOptions(out_dir=out)
+    context = prepare_run(str(model_dir), options)
+    workbench = Workbench.load(context, options)
+    statuses = {}
+    for name, threads in (("onnx", torch.get_num_threads()), ("dynamo", torch.get_num_threads() + 1)):
+        target = workbench.plan(next(t for t in context.targets if t.name == name))
+        components = workbench.components(target, context.recipe)
+        side = workbench.eager_side(target, context, components, workbench.expected(target, components))
+        side.planned = [(component, probes, [_shifted(r) for r in references])
+                        for component, probes, references in side.planned]
+        side.threads = threads
+        result = validate_target(
+            target=target, recipe=context.recipe, directory=out / name, components=components,
+            model=workbench.model, family=workbench.sample.family, generate_inputs=workbench.sample.generate,
+            eager=workbench.eager, generation_config=workbench.generation_config(target, context.recipe),
+            source_dir=context.source.folder, precomputed=side)
+        statuses[name] = [(c.name, c.passed) for c in result.components]
+    assert statuses["onnx"] == [("prefill", False), ("decode", False)], "the precomputed references were compared"
+    assert statuses["dynamo"] == [("prefill", True), ("decode", True)], "another thread count: computed again"
 
 
 def test_markdown_report_has_tables_and_stays_small(llm_run):

@@ -272,7 +272,7 @@ def test_onnx_keeps_a_norm_epsilon_of_1e_8():
 
 
 def test_eager_references_are_computed_at_the_artifacts_thread_count():
-    from exporters.validate.checks import EagerCache
+    from exporters.validate.eager_side import EagerCache
 
     module, inputs = torch.nn.Linear(4, 4), {"input": torch.ones(2, 4)}
     cache, before = EagerCache(), torch.get_num_threads()

@@ -17,6 +17,7 @@ parent that has loaded no runtime yet.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from exporters.status import FAILED, PASSED, UNVERIFIED
 from exporters.upstream import move_to
 from exporters.validate.benchmark import bench_passing, warm_up
 from exporters.validate.checks import validate_target
+from exporters.validate.eager_side import EagerSide
 
 __all__ = ["RunOptions", "run_pipeline"]
 STAGING_PREFIX = ".staging-"
@@ -120,15 +122,19 @@ class _Export:
     staging: Path | None = None
     run: Isolated | None = None
     started: float = 0.0
+    eager: EagerSide | None = None  # the eager side of its validation, computed while it exports
+    eager_tried: bool = False
 
 
 def _export_and_validate(targets: list[Target], context: RunContext, options: RunOptions) -> list[TargetResult]:
     """Export the targets, up to `jobs` at a time in child processes, and validate each from disk.
 
     A target's child starts as soon as its components are captured, so the first export overlaps the captures of
-    the others. Every child is forked before the first validation starts: the children fork from a parent that has
-    not yet loaded ONNX Runtime sessions or ExecuTorch programs (so no runtime's threads or memory are forked);
-    validation then overlaps with the exports still running.
+    the others. While a target exports, this process computes the eager side of its validation (probes' and
+    generation's references: `exporters.validate.eager_side`), which reads nothing the export writes. Every child is
+    forked before the first validation starts: the children fork from a parent that has not yet loaded ONNX Runtime
+    sessions or ExecuTorch programs (so no runtime's threads or memory are forked); validation then overlaps with the
+    exports still running.
     """
     workbench = Workbench.load(context, options, targets)
     calibration = workbench.calibration(targets, context.recipe)
@@ -157,6 +163,12 @@ def _export_and_validate(targets: list[Target], context: RunContext, options: Ru
                 validated.append(exported.pop(0))  # on the cores the running exports leave; the last frees the weights
                 with threads_left(busy=len(running)):
                     _validate(validated[-1], context, workbench, options, progress, last=not running and not exported)
+                continue
+            # the cores the running exports leave would idle: the eager side of a validation, not of a torch program's
+            # (compared with eager at the thread count it is validated at: `EagerSide.usable_for`)
+            ahead = next((i for i in running if not i.eager_tried and i.target.export_format != "dynamo"), None)
+            if ahead is not None:
+                _eager_side(ahead, context, workbench, progress, busy=len(running))
                 continue
             mp_wait([item.run.sentinel for item in running], timeout=1.0)
             for item in [i for i in running if i.run.done()]:
@@ -191,6 +203,7 @@ def _prepare(item: _Export, workbench: Workbench, context: RunContext, options: 
         return False
     result.expected_components = workbench.expected(target, item.components)
     result.findings += workbench.contract_notes(target)
+    item.eager, item.eager_tried = None, False  # computed again for the components just captured
     progress.update(target.name, "waiting for a free export slot")
     return True
 
@@ -211,6 +224,17 @@ def _start(item: _Export, workbench: Workbench, context: RunContext, options: Ru
     item.started = time.time()
     item.run = Isolated(work, log_path=log_path, timeout=target.timeout or options.timeout or DEFAULT_TIMEOUT_S)
     return item
+
+
+def _eager_side(item: _Export, context: RunContext, workbench: Workbench, progress: Progress, busy: int) -> None:
+    """The eager side of a running target's validation, on the cores `busy` exports leave (left unset where it
+    raised: validation computes it again and reports what failed)."""
+    target, started, item.eager_tried = item.target, time.time(), True
+    progress.update(target.name, f"exporting {target.export_format}; eager references meanwhile")
+    with contextlib.suppress(Exception), threads_left(busy=busy):
+        item.eager = workbench.eager_side(target, context, item.components, item.result.expected_components)
+    item.result.timings["eager_ahead_s"] = round(time.time() - started, 3)
+    progress.update(target.name, f"exporting {target.export_format} ({len(item.components)} component(s))")
 
 
 def _finish(item: _Export, options: RunOptions, progress: Progress) -> bool:
@@ -253,7 +277,8 @@ def _validate(item: _Export, context: RunContext, workbench: Workbench, options:
     target, result = item.target, item.result
     final = options.out_dir / target.name
     progress.update(target.name, "validating")
-    _validate_into(result, target, context, workbench, final, trust_artifacts=True, last=last)
+    _validate_into(result, target, context, workbench, final, trust_artifacts=True, last=last, precomputed=item.eager)
+    item.eager = None
     _after_validation(result, target, final)
     result.files = file_entries(final, options.out_dir)
     record_footprint(result, target, final, workbench.weights)
@@ -281,7 +306,7 @@ def _export_work(model: Any, target: Target, components: Any, recipe: Recipe, st
 
 
 def _validate_into(result: TargetResult, target: Target, context: RunContext, workbench: Workbench, directory: Path,
-                   trust_artifacts: bool, last: bool = False) -> None:
+                   trust_artifacts: bool, last: bool = False, precomputed: EagerSide | None = None) -> None:
     started = time.time()
     recipe = context.recipe
     try:
@@ -293,7 +318,7 @@ def _validate_into(result: TargetResult, target: Target, context: RunContext, wo
             # vision-language parity runs the model's own forward around the graphs: its weights stay
             release_model=(lambda: release_weights(workbench.model))
             if last and workbench.sample.family != "vision-language" else None,
-            source_dir=context.source.folder,
+            source_dir=context.source.folder, precomputed=precomputed,
         )
     except Exception as err:
         result.status = FAILED

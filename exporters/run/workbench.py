@@ -26,7 +26,7 @@ from exporters.export.footprint import ModelWeights
 from exporters.export.quantize import calibration_samples
 from exporters.recipe.model import Recipe, Target
 from exporters.run.context import RunContext, RunOptions
-from exporters.validate.checks import EagerCache
+from exporters.validate.eager_side import EagerCache, EagerSide, eager_side
 
 
 @dataclass
@@ -166,6 +166,16 @@ class Workbench:
         if target.mode != "generation":
             return None
         return generation_config_for(self.model, self.cache_setting(target, recipe))
+
+    def eager_side(self, target: Target, context: RunContext, components: Any,
+                   expected: list[str] | None) -> EagerSide:
+        """The eager side of the target's validation (`exporters.validate.eager_side`), before its folder exists:
+        what a run computes while the target exports."""
+        recipe = context.recipe
+        return eager_side(target=target, recipe=recipe, components=components, model=self.model,
+                          family=self.sample.family, generate_inputs=self.sample.generate, eager=self.eager,
+                          generation_config=self.generation_config(target, recipe), expected_components=expected,
+                          source_dir=context.source.folder)
 
     def _cache_notes(self, target: Target, setting: Any) -> list[str]:
         if target.mode != "generation":

@@ -2,15 +2,14 @@
 
 Every target is loaded back from disk with upstream's runner and compared with the eager model at the traced
 inputs, at shapes it was not traced with (inside every declared dynamic range), and, for generation exports, by
-greedy decoding driven by the exported components only. The eager reference for a probe is computed once per run
-and shared by every target ([`EagerCache`]).
+greedy decoding driven by the exported components only. The eager side (every reference, computed once per run and
+shared by the targets: `exporters.validate.eager_side`) may be computed before the artifact exists; this module
+loads the artifact and compares.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import hashlib
 import math
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,7 @@ from typing import Any
 import torch
 
 from exporters.capture.components import read_glue
-from exporters.capture.inputs import vocab_size
-from exporters.capture.merged import MERGED, prompt_inputs, with_consistent_mask
-from exporters.capture.probes import dim_bindings, make_probes
+from exporters.capture.merged import MERGED
 from exporters.errors import ArtifactError, RemoteCodeError, describe_error
 from exporters.recipe.model import Recipe, Tolerance
 from exporters.recipe.variants import resolve_budget, variant_kind
@@ -29,16 +26,16 @@ from exporters.upstream import (
     counter_in_spec_components,
     leaf_tensors,
     load_exported,
-    prepare_traced_inputs,
     read_manifest,
     run_component,
     runner_for_file,
 )
 from exporters.validate import runtime_executorch  # noqa: F401  (registers the ExecuTorch LLM runner's check)
+from exporters.validate.eager_side import EagerCache, EagerSide, eager_side
 from exporters.validate.greedy import Tolerances
 from exporters.validate.native_log import native_messages
 from exporters.validate.ort_schemas import ort_checker_schemas
-from exporters.validate.parity import generation_parity, reference_for
+from exporters.validate.parity import generation_parity
 from exporters.validate.quality import judge, judge_generation, measure, tolerance_verdict
 from exporters.validate.runtime_genai import GENAI  # noqa: F401  (registers ONNX Runtime GenAI's proof)
 from exporters.validate.runtimes import RuntimeContext, checks_for, prove_all, references_for
@@ -142,42 +139,6 @@ def shapes_of(inputs: dict[str, Any]) -> dict[str, list[int]]:
     return {name: list(t.shape) for name, t in leaf_tensors(inputs).items()}
 
 
-def _fingerprint(inputs: dict[str, Any]) -> str:
-    digest = hashlib.sha256()
-    for name, tensor in sorted(leaf_tensors(inputs).items()):
-        digest.update(name.encode())
-        digest.update(str(tuple(tensor.shape)).encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    for name, value in sorted(inputs.items()):
-        if not isinstance(value, torch.Tensor) and isinstance(value, (bool, int, float, str, type(None))):
-            digest.update(f"{name}={value!r}".encode())
-    return digest.hexdigest()
-
-
-class EagerCache:
-    """Eager outputs by (module, inputs, torch's thread count): computed once per run, shared by every target that
-    probes the same thing at the same thread count. A target validated at another count (validation takes the cores
-    the running exports leave, `exporters.run.resources.threads_left`) gets references computed at its own: CPU
-    kernels split reductions by thread, and a torch program must be compared with eager under the same split (a
-    deep convolution net's outputs of magnitude 1e3 differ by 1e-3 between 1 and 2 threads, in eager alone)."""
-
-    def __init__(self) -> None:
-        self._outputs: dict[tuple[int, str, int], Any] = {}
-        self.hits = 0
-        self.misses = 0
-
-    def run(self, module: torch.nn.Module, inputs: dict[str, Any]) -> Any:
-        key = (id(module), _fingerprint(inputs), torch.get_num_threads())
-        if key in self._outputs:
-            self.hits += 1
-            return self._outputs[key]
-        self.misses += 1
-        with torch.no_grad():
-            outputs = module(**copy.deepcopy(inputs))
-        self._outputs[key] = outputs
-        return outputs
-
-
 def structural_checks(export_format: str, directory: Path) -> list[str]:
     """Format checks on the saved files: `onnx.checker` with external data, the ExecuTorch methods."""
     notes = []
@@ -239,27 +200,6 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
     return findings
 
 
-def with_precomputed_inputs(module: torch.nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
-    """A copy of `inputs` with the data-dependent tensors upstream's export traced with (`cu_seqlens`, vision
-    position ids, ...) precomputed, as a runtime does before calling such a graph."""
-
-    prepared = copy.copy(inputs)
-    prepare_traced_inputs(module, prepared)
-    return prepared
-
-
-def eager_references(module: Any, probes: list, eager: EagerCache) -> list[Any]:
-    """The eager output of every probe (None for a probe that does not run, the exception when eager fails), computed
-    before any artifact is loaded."""
-    references: list[Any] = []
-    for _, probe, _ in probes:
-        try:
-            references.append(None if probe is None else eager.run(module, probe))
-        except Exception as err:
-            references.append(err)
-    return references
-
-
 def probe_component(report: ComponentReport, runner: Any, probes: list, references: list[Any],
                     tolerance: tuple[float, float], findings: list[str],
                     measured: list[tuple[str, str, dict[str, Any]]] | None = None) -> None:
@@ -302,9 +242,12 @@ def validate_target(
     *, target, recipe: Recipe, directory: Path, components, model, family: str, generate_inputs: dict[str, Any],
     eager: EagerCache, generation_config=None, expected_components: list[str] | None = None,
     trust_artifacts: bool = True, device: str | None = None, release_model=None, source_dir: Path | None = None,
+    precomputed: EagerSide | None = None,
 ) -> ValidationResult:
     """Load the saved target from `directory` and run every check. `release_model`, when given, is called once the
     eager references are computed, before the artifact is loaded (the caller frees the eager weights there).
+    `precomputed`: the target's eager side computed ahead ([`eager_side`], for the components it was to have); it
+    is used where it holds for the target (`EagerSide.usable_for`), else computed here.
 
     `trust_artifacts`: the folder's pickled programs (`.pt2`) may be loaded (this run wrote them, or the operator
     allowed it); nothing else in the folder ever runs (its config's `auto_map` is never read). `device`: where the
@@ -339,36 +282,20 @@ def validate_target(
         errors.append(f"unexpected component(s) {extra}: expected {expected}, the saved export has {saved}")
     if errors:
         return ValidationResult(reports, None, findings, errors, generation_expected)
-    # Two phases: every eager reference first (probes, generation), then the artifact, so the eager weights can be
-    # freed in between (`release_model`, on a run's last target): the two are never in memory together.
-    max_positions = getattr(getattr(model.config, "text_config", None) or model.config, "max_position_embeddings", None)
-    logits_per_token = vocab_size(model.config) if target.mode == "generation" else 0
-    bindings_by_component, planned = {}, []
-    for name, (module, inputs) in components.items():
-        if name not in saved:
-            continue
-        spec = target.shape_spec(name)
-        override = target.components.get(name)
-        dynamic = override.dynamic if override is not None and override.dynamic is not None else target.dynamic
-        bindings = dim_bindings(spec, inputs, dynamic, family) if recipe.validation.probe_unseen_shapes else []
-        bindings_by_component[name] = bindings
-        probes = make_probes(inputs, bindings, model.config, recipe.validation.max_probe_elements, max_positions,
-                             recipe.inputs.seed, logits_per_token)
-        if target.mode == "generation" and name == MERGED:
-            probes = [(probe_id, None if probe is None else with_consistent_mask(probe), skip)
-                      for probe_id, probe, skip in probes]
-            if "input_ids" in generate_inputs:
-                probes.append(("prompt (past=0)", prompt_inputs(inputs, generate_inputs["input_ids"]), None))
-        references = eager_references(module, probes, eager)
-        # what the graph takes, computed while the eager module still holds its weights
-        fed = [(probe_id, None if probe is None else with_precomputed_inputs(module, probe), skip)
-               for probe_id, probe, skip in probes]
-        planned.append((name, fed, references))
-    reference = None
-    if target.mode == "generation":
-        reference = reference_for(model, generate_inputs, generation_config, recipe.generation.max_new_tokens)
+    # Two phases: every eager reference first (probes, generation, the runtimes'; computed ahead by a run while the
+    # export was running, `precomputed`), then the artifact, so the eager weights can be freed in between
+    # (`release_model`, on a run's last target): the two are never in memory together.
+    applicable = checks_for(target, directory)
+    side = precomputed if precomputed is not None and precomputed.usable_for(target) else None
+    if side is None:
+        side = eager_side(target=target, recipe=recipe, components=components, model=model, family=family,
+                          generate_inputs=generate_inputs, eager=eager, generation_config=generation_config,
+                          expected_components=saved, source_dir=source_dir, runtime_checks=applicable)
     runtime_context = RuntimeContext(target, recipe, family, generate_inputs, generation_config, source_dir)
-    runtime_references = references_for(checks_for(target, directory), model, runtime_context)
+    ahead = dict(side.runtimes)  # a check that may apply but does not (no genai_config.json) is left out
+    runtime_references = [(check, ahead[check]) for check in applicable if check in ahead]
+    runtime_references += references_for([check for check in applicable if check not in ahead], model, runtime_context)
+    planned, bindings_by_component, reference = side.planned, side.bindings, side.greedy
     if release_model is not None:
         release_model()
 

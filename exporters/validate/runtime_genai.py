@@ -118,6 +118,9 @@ class GenaiCheck:
         except Exception:  # no manifest: our own checks already failed the target
             return False
 
+    def may_apply(self, target) -> bool:
+        return target.export_format == "onnx" and target.mode == "generation"
+
     def reference(self, model: Any, context: RuntimeContext) -> GenaiReference:
         config = getattr(model.config, "text_config", None) or model.config
         ids = context.generate_inputs["input_ids"][0].tolist()

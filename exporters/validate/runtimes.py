@@ -67,6 +67,10 @@ class RuntimeCheck(Protocol):
     def applies(self, target: Target, directory: Path) -> bool:
         """Whether the target's layout is one this runtime loads."""
 
+    def may_apply(self, target: Target) -> bool:
+        """Before the folder exists: whether the target can have a layout this runtime loads. True wherever
+        `applies` can be, so the references computed ahead of the artifact cover every check that will apply."""
+
     def reference(self, model: Any, context: RuntimeContext) -> Any:
         """The eager side (computed before the model is released)."""
 
@@ -86,6 +90,11 @@ def register_runtime_check(check: RuntimeCheck) -> RuntimeCheck:
 def checks_for(target: Target, directory: Path) -> list[RuntimeCheck]:
     """The registered checks that apply to the target's layout."""
     return [check for check in RUNTIME_CHECKS if check.applies(target, directory)]
+
+
+def checks_possible(target: Target) -> list[RuntimeCheck]:
+    """The registered checks that may apply to the target once it is exported (a superset of `checks_for`)."""
+    return [check for check in RUNTIME_CHECKS if check.may_apply(target)]
 
 
 def references_for(checks: list[RuntimeCheck], model: Any, context: RuntimeContext) -> list[tuple[RuntimeCheck, Any]]:

@@ -1,0 +1,144 @@
+"""The eager side of validation: everything a target's checks take from the eager model, computed before the
+artifact is read.
+
+Every probe's eager output ([`EagerCache`], shared by the targets of a run), the greedy reference generation parity
+compares with, and each deployment runtime's reference ([`EagerSide`], [`eager_side`]). None of it reads the target
+folder, so a run computes it while the target's export is still running in its child (`exporters.run.pipeline`),
+and the artifact phase (`exporters.validate.checks.validate_target`) only loads and compares.
+
+Example:
+    >>> side = eager_side(target=target, recipe=recipe, components=components, model=model,  # doctest: +SKIP
+    ...                   family="text", generate_inputs=inputs, eager=EagerCache())
+    >>> validate_target(..., precomputed=side)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from exporters.capture.inputs import vocab_size
+from exporters.capture.merged import MERGED, prompt_inputs, with_consistent_mask
+from exporters.capture.probes import dim_bindings, make_probes
+from exporters.recipe.model import Recipe
+from exporters.upstream import leaf_tensors, prepare_traced_inputs
+from exporters.validate.parity import reference_for
+from exporters.validate.runtimes import RuntimeCheck, RuntimeContext, checks_possible, references_for
+
+
+def _fingerprint(inputs: dict[str, Any]) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(leaf_tensors(inputs).items()):
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    for name, value in sorted(inputs.items()):
+        if not isinstance(value, torch.Tensor) and isinstance(value, (bool, int, float, str, type(None))):
+            digest.update(f"{name}={value!r}".encode())
+    return digest.hexdigest()
+
+
+class EagerCache:
+    """Eager outputs by (module, inputs, torch's thread count): computed once per run, shared by every target that
+    probes the same thing at the same thread count. A target validated at another count (validation takes the cores
+    the running exports leave, `exporters.run.resources.threads_left`) gets references computed at its own: CPU
+    kernels split reductions by thread, and a torch program must be compared with eager under the same split (a
+    deep convolution net's outputs of magnitude 1e3 differ by 1e-3 between 1 and 2 threads, in eager alone)."""
+
+    def __init__(self) -> None:
+        self._outputs: dict[tuple[int, str, int], Any] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def run(self, module: torch.nn.Module, inputs: dict[str, Any]) -> Any:
+        key = (id(module), _fingerprint(inputs), torch.get_num_threads())
+        if key in self._outputs:
+            self.hits += 1
+            return self._outputs[key]
+        self.misses += 1
+        with torch.no_grad():
+            outputs = module(**copy.deepcopy(inputs))
+        self._outputs[key] = outputs
+        return outputs
+
+
+def with_precomputed_inputs(module: torch.nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `inputs` with the data-dependent tensors upstream's export traced with (`cu_seqlens`, vision
+    position ids, ...) precomputed, as a runtime does before calling such a graph."""
+
+    prepared = copy.copy(inputs)
+    prepare_traced_inputs(module, prepared)
+    return prepared
+
+
+def eager_references(module: Any, probes: list, eager: EagerCache) -> list[Any]:
+    """The eager output of every probe (None for a probe that does not run, the exception when eager fails), computed
+    before any artifact is loaded."""
+    references: list[Any] = []
+    for _, probe, _ in probes:
+        try:
+            references.append(None if probe is None else eager.run(module, probe))
+        except Exception as err:
+            references.append(err)
+    return references
+
+
+@dataclass
+class EagerSide:
+    """What a target's validation takes from the eager model: per component its probes (as the graph takes them)
+    with their references and the dims they bind, the greedy reference of a generation target, and each runtime
+    check that may apply with its reference. `threads`: torch's thread count it was computed at."""
+
+    planned: list[tuple[str, list, list[Any]]] = field(default_factory=list)
+    bindings: dict[str, Any] = field(default_factory=dict)
+    greedy: Any = None
+    runtimes: list[tuple[RuntimeCheck, Any]] = field(default_factory=list)
+    threads: int = 0
+
+    def usable_for(self, target) -> bool:
+        """A torch program is compared with eager at its own thread count ([`EagerCache`]); ONNX Runtime and
+        ExecuTorch run their own kernels, so their references may come from any count."""
+        return target.export_format != "dynamo" or self.threads == torch.get_num_threads()
+
+
+def eager_side(*, target, recipe: Recipe, components, model, family: str, generate_inputs: dict[str, Any],
+               eager: EagerCache, generation_config=None, expected_components: list[str] | None = None,
+               source_dir: Path | None = None, runtime_checks: list[RuntimeCheck] | None = None) -> EagerSide:
+    """Every eager reference the target's checks need, for the components it is to have (`expected_components`,
+    by default all of `components`) and the runtime checks that apply (`runtime_checks`; by default every check
+    that may apply to the target before its folder exists). Nothing here reads the target's folder."""
+    expected = list(expected_components if expected_components is not None else components)
+    max_positions = getattr(getattr(model.config, "text_config", None) or model.config, "max_position_embeddings", None)
+    logits_per_token = vocab_size(model.config) if target.mode == "generation" else 0
+    side = EagerSide(threads=torch.get_num_threads())
+    for name, (module, inputs) in components.items():
+        if name not in expected:
+            continue
+        spec = target.shape_spec(name)
+        override = target.components.get(name)
+        dynamic = override.dynamic if override is not None and override.dynamic is not None else target.dynamic
+        bindings = dim_bindings(spec, inputs, dynamic, family) if recipe.validation.probe_unseen_shapes else []
+        side.bindings[name] = bindings
+        probes = make_probes(inputs, bindings, model.config, recipe.validation.max_probe_elements, max_positions,
+                             recipe.inputs.seed, logits_per_token)
+        if target.mode == "generation" and name == MERGED:
+            probes = [(probe_id, None if probe is None else with_consistent_mask(probe), skip)
+                      for probe_id, probe, skip in probes]
+            if "input_ids" in generate_inputs:
+                probes.append(("prompt (past=0)", prompt_inputs(inputs, generate_inputs["input_ids"]), None))
+        references = eager_references(module, probes, eager)
+        # what the graph takes, computed while the eager module still holds its weights
+        fed = [(probe_id, None if probe is None else with_precomputed_inputs(module, probe), skip)
+               for probe_id, probe, skip in probes]
+        side.planned.append((name, fed, references))
+    if target.mode == "generation":
+        side.greedy = reference_for(model, generate_inputs, generation_config, recipe.generation.max_new_tokens)
+    context = RuntimeContext(target, recipe, family, generate_inputs, generation_config, source_dir)
+    checks = checks_possible(target) if runtime_checks is None else runtime_checks
+    side.runtimes = references_for(checks, model, context)
+    return side
