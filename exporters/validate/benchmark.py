@@ -218,7 +218,7 @@ def _forkserver():
     """The process every benchmark is forked from: it imports the stack once and loads no runtime session or
     program, so no runtime thread pool is ever forked."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "onnxruntime", "exporters.validate.checks.benchmark", "exporters.upstream"])
+    context.set_forkserver_preload(["torch", "onnxruntime", "exporters.validate.benchmark", "exporters.upstream"])
     return context
 
 

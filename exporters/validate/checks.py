@@ -38,7 +38,7 @@ from exporters.validate.ort_schemas import ort_checker_schemas
 from exporters.validate.parity import generation_parity
 from exporters.validate.quality import judge, judge_generation, measure, tolerance_verdict
 from exporters.validate.runtime_genai import GENAI  # noqa: F401  (registers ONNX Runtime GenAI's proof)
-from exporters.validate.runtimes import RuntimeContext, checks_for, prove_all, references_for
+from exporters.validate.runtimes import ProofsInFlight, RuntimeContext, checks_for, references_for
 from exporters.validate.sliding import COUNTER_FINDING, sliding_cache_leaves, trailing_window
 
 # Defaults per format at float32: torch programs run the same kernels as eager; ONNX Runtime and XNNPACK fuse and
@@ -299,55 +299,55 @@ def validate_target(
     if release_model is not None:
         release_model()
 
-    try:
-        with native_messages():
-            exported = load_exported(directory, device=device, config=model.config, allow_pickles=trust_artifacts)
-            structural = structural_checks(target.export_format, directory)
-    except (RemoteCodeError, ArtifactError) as err:
-        errors.append(str(err))
-        return ValidationResult(reports, None, findings, errors, generation_expected)
-    except Exception as err:
-        hint = ""
-        if "ONNX Runtime build cannot run on cuda" in str(err):
-            hint = (" — an ONNX target on `device` cuda is validated with ONNX Runtime's CUDA provider: install "
-                    "onnxruntime-gpu (the pinned version) where it runs, or run it on cpu")
-        errors.append(f"the saved artifact does not load: {describe_error(err)}{hint}")
-        return ValidationResult(reports, None, findings, errors, generation_expected)
-    counted = counter_in_spec_components(exported)
-    if counted:
-        findings.append(COUNTER_FINDING.format(components=", ".join(counted)))
+    # the runtimes prove the folder in their own children meanwhile; a target that fails our checks keeps no proof
+    with ProofsInFlight(runtime_references, directory, runtime_context) as proofs:
+        try:
+            with native_messages():
+                exported = load_exported(directory, device=device, config=model.config, allow_pickles=trust_artifacts)
+                structural = structural_checks(target.export_format, directory)
+        except (RemoteCodeError, ArtifactError) as err:
+            errors.append(str(err))
+            return ValidationResult(reports, None, findings, errors, generation_expected)
+        except Exception as err:
+            hint = ""
+            if "ONNX Runtime build cannot run on cuda" in str(err):
+                hint = (" — an ONNX target on `device` cuda is validated with ONNX Runtime's CUDA provider: install "
+                        "onnxruntime-gpu (the pinned version) where it runs, or run it on cpu")
+            errors.append(f"the saved artifact does not load: {describe_error(err)}{hint}")
+            return ValidationResult(reports, None, findings, errors, generation_expected)
+        counted = counter_in_spec_components(exported)
+        if counted:
+            findings.append(COUNTER_FINDING.format(components=", ".join(counted)))
 
-    for name, probes, references in planned:
-        tolerance = tolerance_for(recipe, target, name, target.dtype)
-        report = ComponentReport(name, structural=[s for s in structural if s.startswith(f"{name}:")])
-        probe_component(report, exported.runners[name], probes, references, tolerance, findings, measured)
-        reports.append(report)
-        extra = getattr(target, "output_path", None)
-        if extra and name == "model":  # the seed's extra single-graph file is an artifact too: checked the same way
-
-            report = ComponentReport(f"model ({extra})", structural=[f"{extra}: loads in ONNX Runtime"])
-            runner = runner_for_file(directory / extra, "onnx", exported.components[name].metadata)
-            probe_component(report, runner, probes, references, tolerance, findings, measured)
+        for name, probes, references in planned:
+            tolerance = tolerance_for(recipe, target, name, target.dtype)
+            report = ComponentReport(name, structural=[s for s in structural if s.startswith(f"{name}:")])
+            probe_component(report, exported.runners[name], probes, references, tolerance, findings, measured)
             reports.append(report)
-    findings += specialized_axes(target.export_format, directory, bindings_by_component)
+            extra = getattr(target, "output_path", None)
+            if extra and name == "model":  # the seed's extra single-graph file is an artifact too: checked the same way
+                report = ComponentReport(f"model ({extra})", structural=[f"{extra}: loads in ONNX Runtime"])
+                runner = runner_for_file(directory / extra, "onnx", exported.components[name].metadata)
+                probe_component(report, runner, probes, references, tolerance, findings, measured)
+                reports.append(report)
+        findings += specialized_axes(target.export_format, directory, bindings_by_component)
 
-    generation = None
-    if target.mode == "generation":
-        merged = MERGED in components and family == "text"  # one graph gives every token's logits
-        first = "lm_head" if family == "vision-language" else MERGED if merged else "prefill"
-        tolerances = Tolerances(tolerance_for(recipe, target, first, target.dtype),
-                                tolerance_for(recipe, target, MERGED if merged else "decode", target.dtype))
-        generation = generation_parity(model, components, exported, generate_inputs, recipe.generation.max_new_tokens,
-                                       generation_config, family, tolerances, reference=reference,
-                                       glue=read_glue(directory))
-    verdict = None
-    if budget is not None:
-        judge_generation(generation, budget)
-        verdict = judge(kind, budget, measured or [], generation)
-    result = ValidationResult(reports, generation, findings, errors, generation_expected, verdict)
-    if not result.errors and result.verdict != "failed":  # the runtimes are asked once our own checks hold
-        with native_messages():
-            result.runtimes = [p.to_dict() for p in prove_all(runtime_references, directory, runtime_context)]
+        generation = None
+        if target.mode == "generation":
+            merged = MERGED in components and family == "text"  # one graph gives every token's logits
+            first = "lm_head" if family == "vision-language" else MERGED if merged else "prefill"
+            tolerances = Tolerances(tolerance_for(recipe, target, first, target.dtype),
+                                    tolerance_for(recipe, target, MERGED if merged else "decode", target.dtype))
+            generation = generation_parity(model, components, exported, generate_inputs,
+                                           recipe.generation.max_new_tokens, generation_config, family, tolerances,
+                                           reference=reference, glue=read_glue(directory))
+        verdict = None
+        if budget is not None:
+            judge_generation(generation, budget)
+            verdict = judge(kind, budget, measured or [], generation)
+        result = ValidationResult(reports, generation, findings, errors, generation_expected, verdict)
+        if not result.errors and result.verdict != "failed":  # the runtimes' proofs count once our own checks hold
+            result.runtimes = [p.to_dict() for p in proofs.result()]
     if verdict is None:  # a float32 target: judged by atol/rtol and greedy identity
         generation_record = dataclasses.asdict(generation) if generation is not None else None
         result.tolerance = tolerance_verdict(result.component_records(), generation_record, result.verdict)

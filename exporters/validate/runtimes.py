@@ -2,10 +2,13 @@
 LLM runner, ONNX Runtime GenAI, ...), which runs it; the report's "runs in" column says what each one showed.
 
 ```
-before the eager model is released          after the artifact passed our own checks
+before the eager model is released          beside our own checks of the artifact, kept where those passed
 check.reference(model, context) ──────────► check.prove(directory, reference, context) ──► RuntimeProof
 (eager tokens for the runtime's prompt)     (the runtime's own code, from the folder alone)
 ```
+
+The proofs run in a thread while validation runs its own checks ([`ProofsInFlight`]): each runtime works in a child
+process, so the two overlap on the cores; a target whose own checks failed keeps no proof (its children are ended).
 
 A runtime check is registered in `RUNTIME_CHECKS`; `checks_for` picks those whose layout the target has. A proof is
 `passed` (the runtime ran it and matched eager), `failed` (the runtime refused or ran it differently, with the
@@ -24,6 +27,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -108,13 +112,16 @@ def references_for(checks: list[RuntimeCheck], model: Any, context: RuntimeConte
     return pairs
 
 
-def prove_all(pairs: list[tuple[RuntimeCheck, Any]], directory: Path, context: RuntimeContext) -> list[RuntimeProof]:
+def prove_all(pairs: list[tuple[RuntimeCheck, Any]], directory: Path, context: RuntimeContext,
+              cancelled: threading.Event | None = None) -> list[RuntimeProof]:
     """Every runtime's proof of `directory`; a runtime that raises fails with its own message. The folder is
     resolved first: a runtime runs in a child whose cwd is a scratch folder (`run_in_child`), where a relative
-    `--out` would miss."""
+    `--out` would miss. Once `cancelled` is set, no further proof starts."""
     directory = directory.resolve()
     proofs = []
     for check, reference in pairs:
+        if cancelled is not None and cancelled.is_set():
+            break
         if isinstance(reference, Exception):
             proofs.append(RuntimeProof(check.runtime, "failed", f"eager reference: {describe_error(reference)}"))
             continue
@@ -124,6 +131,52 @@ def prove_all(pairs: list[tuple[RuntimeCheck, Any]], directory: Path, context: R
             proofs.append(RuntimeProof(check.runtime, "failed", describe_error(err)))
     return proofs
 
+
+
+class ProofsInFlight:
+    """`prove_all` in a thread, started before validation's own checks of the artifact and collected after them
+    (`result`): the runtimes' children and our checks share the cores instead of taking turns. `cancel` (also on
+    leaving a `with` block) ends the proofs where the target's own checks failed: no further proof starts and the
+    running child is killed.
+
+    Example:
+        >>> with ProofsInFlight([], Path("."), None) as proofs:
+        ...     proofs.result()
+        []
+    """
+
+    def __init__(self, pairs: list[tuple[RuntimeCheck, Any]], directory: Path, context: RuntimeContext) -> None:
+        self._proofs: list[RuntimeProof] = []
+        self._cancelled = threading.Event()
+        self._thread = threading.Thread(target=self._prove, args=(pairs, directory, context), daemon=True,
+                                        name="runtime-proofs")
+        self._thread.start()
+
+    def _prove(self, pairs: list[tuple[RuntimeCheck, Any]], directory: Path, context: RuntimeContext) -> None:
+        self._proofs = prove_all(pairs, directory, context, self._cancelled)
+
+    def result(self) -> list[RuntimeProof]:
+        """Every proof, once the last runtime finished."""
+        self._thread.join()
+        return self._proofs
+
+    def cancel(self) -> None:
+        """End the proofs (a no-op once they finished): none starts, the running child is killed."""
+        self._cancelled.set()
+        while self._thread.is_alive():  # a child started just as the flag was set is killed on the next turn
+            child = _CHILDREN.get(self._thread.ident)
+            if child is not None:
+                child.kill()
+            self._thread.join(timeout=0.2)
+
+    def __enter__(self) -> ProofsInFlight:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cancel()
+
+
+_CHILDREN: dict[int | None, subprocess.Popen] = {}  # the runtime child each proving thread waits on
 
 
 def run_in_child(code: str, spec: dict[str, Any], timeout_s: int = CHILD_TIMEOUT_S) -> tuple[Any, str]:
@@ -139,13 +192,19 @@ def run_in_child(code: str, spec: dict[str, Any], timeout_s: int = CHILD_TIMEOUT
     """
     with tempfile.TemporaryDirectory() as scratch:
         result = Path(scratch) / "result.json"
-        try:
-            run = subprocess.run([sys.executable, "-c", code, json.dumps({**spec, "result": str(result)})],
-                                 check=False, capture_output=True, text=True, timeout=timeout_s, cwd=scratch)
-        except subprocess.TimeoutExpired:
-            return None, f"it did not finish in {timeout_s} s"
+        command = [sys.executable, "-c", code, json.dumps({**spec, "result": str(result)})]
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=scratch) as run:
+            _CHILDREN[threading.get_ident()] = run
+            try:
+                _, stderr = run.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                run.communicate()
+                return None, f"it did not finish in {timeout_s} s"
+            finally:
+                _CHILDREN.pop(threading.get_ident(), None)
         if run.returncode != 0 or not result.is_file():
-            return None, child_message(run.stderr) or f"exit status {run.returncode}"
+            return None, child_message(stderr) or f"exit status {run.returncode}"
         return json.loads(result.read_text()), ""
 
 

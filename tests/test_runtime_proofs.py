@@ -1,0 +1,79 @@
+"""The runtimes' proofs run beside validation's own checks (`ProofsInFlight`): collected when those hold, ended (no
+further proof, the running child killed) when they do not. Real child processes, no runtime needed."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exporters.validate.runtimes import ProofsInFlight, RuntimeProof, run_in_child
+
+SLEEPER = """import json, os, sys, time
+s = json.loads(sys.argv[1])
+open(s["pid_file"], "w").write(str(os.getpid()))
+time.sleep(s["seconds"])
+open(s["result"], "w").write("1")
+"""
+
+
+@dataclass
+class SleepingRuntime:
+    """A runtime check whose proof is a child that sleeps, then answers; it records the child's pid."""
+
+    runtime: str
+    seconds: float
+    scratch: Path
+    started: list[float] = field(default_factory=list)
+
+    @property
+    def pid_file(self) -> Path:
+        return self.scratch / f"{self.runtime}.pid"
+
+    def applies(self, target, directory: Path) -> bool:
+        return True
+
+    def may_apply(self, target) -> bool:
+        return True
+
+    def reference(self, model, context):
+        return None
+
+    def prove(self, directory: Path, reference, context) -> RuntimeProof:
+        self.started.append(time.monotonic())
+        answer, why = run_in_child(SLEEPER, {"seconds": self.seconds, "pid_file": str(self.pid_file)})
+        return RuntimeProof(self.runtime, "passed" if answer == 1 else "failed", why)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_proofs_run_while_the_caller_works_and_are_collected(tmp_path):
+    slow, quick = SleepingRuntime("a", 1.0, tmp_path), SleepingRuntime("b", 0.1, tmp_path)
+    with ProofsInFlight([(slow, None), (quick, None)], Path("."), None) as proofs:
+        time.sleep(1.0)  # the caller's own checks
+        caller_done = time.monotonic()
+        got = proofs.result()
+    assert [(p.runtime, p.status) for p in got] == [("a", "passed"), ("b", "passed")]
+    assert slow.started[0] < caller_done, "the first proof started while the caller worked"
+
+
+def test_a_cancelled_proof_kills_its_child_and_starts_no_other(tmp_path):
+    slow, following = SleepingRuntime("slow", 60, tmp_path), SleepingRuntime("next", 0.1, tmp_path)
+    begin = time.monotonic()
+    with ProofsInFlight([(slow, None), (following, None)], Path("."), None):
+        deadline = time.monotonic() + 20
+        while not slow.pid_file.is_file() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid = int(slow.pid_file.read_text())
+        assert _alive(pid)
+    # leaving the block without `result()` (the caller's own checks failed) ends the proofs
+    assert time.monotonic() - begin < 30, "the 60 s child was killed, not waited for"
+    assert not _alive(pid), "the child is gone (killed and reaped)"
+    assert not following.started, "no proof starts after the cancel"
