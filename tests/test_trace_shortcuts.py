@@ -6,10 +6,13 @@
   against eager and run by ONNX Runtime GenAI) is every ONNX generation test of the suite.
 - upstream's patches of model code are resolved only for the modeling modules that are loaded
   (`exporters.upstream.patches_of_loaded_models`): a loaded model's patch still applies, an unloaded module is not
-  imported."""
+  imported.
+- upstream's reshape patch asks a layout proven contiguous only once (`exporters.upstream.contiguity_known_once`):
+  the same program, fewer symbolic contiguity tests."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -139,3 +142,50 @@ def test_upstream_patches_resolve_only_for_loaded_modeling_modules():
     run = subprocess.run([sys.executable, "-c", PATCH_RESOLUTION], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().splitlines()[-1] == "True True []"
+
+
+class Layers(torch.nn.Module):
+    """Four layers that reshape (upstream's patch asks each input's contiguity) contiguous activations of dynamic
+    sizes, and one transposed (not contiguous: the patch clones it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linears = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        for linear in self.linears:
+            heads = linear(x).view(batch, length, 2, 4).transpose(2, 3)
+            x = x + heads.reshape(batch, length, 8)  # a transposed input: not contiguous
+            x = x.reshape(batch * length, 8).view(batch, length, 8)
+        return x
+
+
+def _trace_layers(monkeypatch: pytest.MonkeyPatch, cached: bool) -> tuple[list[str], int]:
+    """`Layers` traced under upstream's ONNX patches: (its call_function targets in order, the contiguity tests
+    upstream's reshape patch ran)."""
+    from transformers.exporters import utils as upstream_utils
+
+    asked = []
+    real = upstream_utils.is_contiguous_or_false
+
+    def counting(a):
+        asked.append(1)
+        return real(a)
+
+    monkeypatch.setattr(upstream_utils, "is_contiguous_or_false", counting)
+    dims = {"x": {0: torch.export.Dim("batch", min=1, max=8), 1: torch.export.Dim("length", min=2, max=64)}}
+    stack = upstream.contiguity_known_once() if cached else contextlib.nullcontext()
+    with stack, upstream_utils.apply_patches("onnx"):
+        program = torch.export.export(Layers().eval(), (torch.randn(2, 5, 8),), dynamic_shapes=dims, strict=False,
+                                      prefer_deferred_runtime_asserts_over_guards=True)
+    targets = [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
+    return targets, len(asked)
+
+
+def test_a_layout_proven_contiguous_is_not_asked_again(monkeypatch):
+    plain, asked_plain = _trace_layers(monkeypatch, cached=False)
+    cached, asked_cached = _trace_layers(monkeypatch, cached=True)
+    assert "aten.clone.default" in plain, "the transposed input is cloned by upstream's patch"
+    assert cached == plain, "the same program"
+    assert asked_cached < asked_plain / 2, (asked_cached, asked_plain)

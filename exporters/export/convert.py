@@ -99,12 +99,14 @@ def _export_one(exporter, name: str, module, inputs: dict, config):
 
 def _tracing(model, target) -> contextlib.ExitStack:
     """How a target is traced beyond upstream's defaults: upstream's patches of model code resolved only for the
-    modeling modules that are loaded (`upstream.patches_of_loaded_models`), and an ExecuTorch target in the ops its
+    modeling modules that are loaded (`upstream.patches_of_loaded_models`), a layout proven contiguous not asked again
+    by upstream's reshape patch (`upstream.contiguity_known_once`), and an ExecuTorch target in the ops its
     runtime has: mixture-of-experts layers in standard ops (`upstream.experts_without_custom_ops`), a whole-input
     `Conv3d` as a matmul (`upstream.patch_convolutions_as_matmul`), the argsort of a permutation as a scatter
     (`upstream.argsort_of_permutations`)."""
     stack = contextlib.ExitStack()
     stack.enter_context(upstream.patches_of_loaded_models())
+    stack.enter_context(upstream.contiguity_known_once())
     if target.export_format == "executorch":
         stack.enter_context(upstream.experts_without_custom_ops(model))
         stack.enter_context(upstream.patch_convolutions_as_matmul())

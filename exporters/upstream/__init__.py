@@ -68,7 +68,12 @@ from exporters.upstream.core import (
     runner_for_file,
     write_manifest,
 )
-from exporters.upstream.internals import patches_of_loaded_models, pte_weight_bytes, recording_logits_processors
+from exporters.upstream.internals import (
+    contiguity_known_once,
+    patches_of_loaded_models,
+    pte_weight_bytes,
+    recording_logits_processors,
+)
 from exporters.upstream.onnx_decompositions import decompose_only_what_onnx_lacks
 from exporters.upstream.runtime_ops import (
     argsort_of_permutations,
@@ -92,6 +97,7 @@ from exporters.upstream.quantizers import (
 )
 
 __all__ = [
+    "contiguity_known_once",
     "patches_of_loaded_models",
     "pte_weight_bytes",
     "recording_logits_processors",

@@ -1,6 +1,7 @@
 """The stack's private interfaces this project relies on, kept in the adapter so that a release that changes them
 is adapted here: ExecuTorch's `.pte` layout (segments, named data), the one place `generate()` assembles its
-logits processors, and how upstream resolves the targets of its trace-time patches.
+logits processors, how upstream resolves the targets of its trace-time patches, and the contiguity test of its
+`reshape` patch.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 from transformers.exporters import utils as upstream_utils
 
-__all__ = ["patches_of_loaded_models", "pte_weight_bytes", "recording_logits_processors"]
+__all__ = ["contiguity_known_once", "patches_of_loaded_models", "pte_weight_bytes", "recording_logits_processors"]
 
 
 def pte_weight_bytes(path: Path) -> int:
@@ -85,3 +87,50 @@ def _modeling_module_not_loaded(path: str) -> bool:
     """`transformers.models.<family>.<module>[.<attribute>...]` whose module is not in `sys.modules`."""
     parts = path.split(".")
     return len(parts) >= 4 and parts[:2] == ["transformers", "models"] and ".".join(parts[:4]) not in sys.modules
+
+
+@contextmanager
+def contiguity_known_once() -> Iterator[None]:
+    """While a model is traced, upstream's `reshape`/`view` patch (`transformers.exporters.utils._patch_reshape`)
+    asks `is_contiguous_or_false` of every input, which on symbolic sizes and strides is a symbolic evaluation each
+    time (a quarter of `torch.export`'s time on a 24-layer decoder: docs/upstream-gaps.md #31), and every layer asks
+    it of the same sizes and strides. A `True` answer is kept per shape environment, sizes and strides, and given
+    again: a layout proven contiguous stays so (the shape environment only gains facts, and the proof's guards are
+    already in it), so the trace is the same. `False` (not contiguous, or not decidable) is asked again every time.
+
+    Example:
+        >>> with contiguity_known_once():  # doctest: +SKIP
+        ...     OnnxExporter().export(model, inputs, config)
+    """
+    real = upstream_utils.is_contiguous_or_false
+    proven: dict[int, tuple[object, set[tuple]]] = {}  # by id of the shape environment, which is held alive
+
+    def is_contiguous_or_false(a) -> bool:
+        layout = _layout(a)
+        if layout is None:
+            return real(a)
+        env, key = layout
+        known = proven.setdefault(id(env), (env, set()))[1]
+        if key in known:
+            return True
+        answer = real(a)
+        if answer:
+            known.add(key)
+        return answer
+
+    upstream_utils.is_contiguous_or_false = is_contiguous_or_false
+    try:
+        yield
+    finally:
+        upstream_utils.is_contiguous_or_false = real
+
+
+def _layout(a) -> tuple[object, tuple] | None:
+    """A tensor's shape environment (None when every size is concrete) and its sizes and strides as hashable
+    expressions; None for a tensor without strides."""
+    try:
+        dims = (*a.shape, *a.stride())
+    except Exception:  # no strides (sparse, nested): asked every time
+        return None
+    env = next((d.node.shape_env for d in dims if isinstance(d, torch.SymInt)), None)
+    return env, (a.dim(), *(d.node.expr if isinstance(d, torch.SymInt) else int(d) for d in dims))
