@@ -34,7 +34,7 @@ class SleepingRuntime:
     def applies(self, target, directory: Path) -> bool:
         return True
 
-    def may_apply(self, target) -> bool:
+    def may_apply(self, target, components: list[str]) -> bool:
         return True
 
     def reference(self, model, context):

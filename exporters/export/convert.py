@@ -121,8 +121,8 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
     the upsample fusion only where a graph has an upsample (`exporters.upstream.xnnpack_lowering`). An ONNX graph's
     optimizer removes only an exact `+ 0` or `* 1` (`exporters.upstream.exact_no_op_rewrites`: a norm keeps an
     epsilon of 1e-8) and tries its two-output pattern only where it can match (`multi_output_patterns_anchored`:
-    upstream's matcher is quadratic in the graph's size), and torch.onnx's second trace is skipped where it would change nothing the translation needs
-    (`exporters.upstream.decompose_only_what_onnx_lacks`)."""
+    upstream's matcher is quadratic in the graph's size), and torch.onnx's second trace is skipped where it would
+    change nothing the translation needs (`exporters.upstream.decompose_only_what_onnx_lacks`)."""
     stack = contextlib.ExitStack()
     if target.export_format == "onnx":
         stack.enter_context(upstream.exact_no_op_rewrites())

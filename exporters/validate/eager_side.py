@@ -139,6 +139,6 @@ def eager_side(*, target, recipe: Recipe, components, model, family: str, genera
     if target.mode == "generation":
         side.greedy = reference_for(model, generate_inputs, generation_config, recipe.generation.max_new_tokens)
     context = RuntimeContext(target, recipe, family, generate_inputs, generation_config, source_dir)
-    checks = checks_possible(target) if runtime_checks is None else runtime_checks
+    checks = checks_possible(target, expected) if runtime_checks is None else runtime_checks
     side.runtimes = references_for(checks, model, context)
     return side

@@ -49,9 +49,9 @@ class ExecutorchRunnerCheck:
     runtime = "ExecuTorch LLM runner"
 
     def applies(self, target: Any, directory: Path) -> bool:
-        return self.may_apply(target)
+        return self.may_apply(target, [])
 
-    def may_apply(self, target: Any) -> bool:
+    def may_apply(self, target: Any, components: list[str]) -> bool:
         return target.export_format == "executorch" and getattr(target, "layout", None) == "runner"
 
     def reference(self, model: Any, context: RuntimeContext) -> dict[str, Any]:

@@ -118,8 +118,8 @@ class GenaiCheck:
         except Exception:  # no manifest: our own checks already failed the target
             return False
 
-    def may_apply(self, target) -> bool:
-        return target.export_format == "onnx" and target.mode == "generation"
+    def may_apply(self, target, components: list[str]) -> bool:
+        return target.export_format == "onnx" and target.mode == "generation" and list(components) == [MERGED]
 
     def reference(self, model: Any, context: RuntimeContext) -> GenaiReference:
         config = getattr(model.config, "text_config", None) or model.config

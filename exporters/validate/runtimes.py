@@ -71,9 +71,10 @@ class RuntimeCheck(Protocol):
     def applies(self, target: Target, directory: Path) -> bool:
         """Whether the target's layout is one this runtime loads."""
 
-    def may_apply(self, target: Target) -> bool:
-        """Before the folder exists: whether the target can have a layout this runtime loads. True wherever
-        `applies` can be, so the references computed ahead of the artifact cover every check that will apply."""
+    def may_apply(self, target: Target, components: list[str]) -> bool:
+        """Before the folder exists: whether the target, with the components it is to have, can have a layout this
+        runtime loads. True wherever `applies` can be, so the references computed ahead of the artifact cover every
+        check that will apply."""
 
     def reference(self, model: Any, context: RuntimeContext) -> Any:
         """The eager side (computed before the model is released)."""
@@ -96,9 +97,10 @@ def checks_for(target: Target, directory: Path) -> list[RuntimeCheck]:
     return [check for check in RUNTIME_CHECKS if check.applies(target, directory)]
 
 
-def checks_possible(target: Target) -> list[RuntimeCheck]:
-    """The registered checks that may apply to the target once it is exported (a superset of `checks_for`)."""
-    return [check for check in RUNTIME_CHECKS if check.may_apply(target)]
+def checks_possible(target: Target, components: list[str]) -> list[RuntimeCheck]:
+    """The registered checks that may apply to the target once it is exported with `components` (a superset of
+    `checks_for`)."""
+    return [check for check in RUNTIME_CHECKS if check.may_apply(target, components)]
 
 
 def references_for(checks: list[RuntimeCheck], model: Any, context: RuntimeContext) -> list[tuple[RuntimeCheck, Any]]:
