@@ -100,13 +100,16 @@ def _export_one(exporter, name: str, module, inputs: dict, config):
 def _tracing(model, target) -> contextlib.ExitStack:
     """How a target is traced beyond upstream's defaults: upstream's patches of model code resolved only for the
     modeling modules that are loaded (`upstream.patches_of_loaded_models`), a layout proven contiguous not asked again
-    by upstream's reshape patch (`upstream.contiguity_known_once`), and an ExecuTorch target in the ops its
+    by upstream's reshape patch (`upstream.contiguity_known_once`), symbolic size arithmetic done once per shape
+    environment and state (`upstream.symbolic_arithmetic_once`), and an ExecuTorch target in the ops its
     runtime has: mixture-of-experts layers in standard ops (`upstream.experts_without_custom_ops`), a whole-input
     `Conv3d` as a matmul (`upstream.patch_convolutions_as_matmul`), the argsort of a permutation as a scatter
     (`upstream.argsort_of_permutations`)."""
     stack = contextlib.ExitStack()
     stack.enter_context(upstream.patches_of_loaded_models())
     stack.enter_context(upstream.contiguity_known_once())
+    stack.enter_context(upstream.symbolic_arithmetic_once())
+    stack.enter_context(upstream.named_dims_share_symbols())
     if target.export_format == "executorch":
         stack.enter_context(upstream.experts_without_custom_ops(model))
         stack.enter_context(upstream.patch_convolutions_as_matmul())
@@ -122,12 +125,14 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
     optimizer removes only an exact `+ 0` or `* 1` (`exporters.upstream.exact_no_op_rewrites`: a norm keeps an
     epsilon of 1e-8) and tries its two-output pattern only where it can match (`multi_output_patterns_anchored`:
     upstream's matcher is quadratic in the graph's size), and torch.onnx's second trace is skipped where it would
-    change nothing the translation needs (`exporters.upstream.decompose_only_what_onnx_lacks`)."""
+    change nothing the translation needs (`exporters.upstream.decompose_only_what_onnx_lacks`), and its
+    type-promotion pass reads the values the trace recorded (`exporters.upstream.type_promotion_on_traced_values`)."""
     stack = contextlib.ExitStack()
     if target.export_format == "onnx":
         stack.enter_context(upstream.exact_no_op_rewrites())
         stack.enter_context(upstream.multi_output_patterns_anchored())
         stack.enter_context(upstream.decompose_only_what_onnx_lacks())
+        stack.enter_context(upstream.type_promotion_on_traced_values())
     if target.export_format == "executorch":
         stack.enter_context(upstream.xnnpack_lowering())
         if any(getattr(c, "quantizer", None) is not None for c in configs.values()):

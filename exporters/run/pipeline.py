@@ -45,7 +45,7 @@ from exporters.run.resources import default_jobs, threads_left
 from exporters.run.reuse import Signer, previous_report, reusable
 from exporters.run.workbench import Workbench
 from exporters.status import FAILED, PASSED, UNVERIFIED
-from exporters.upstream import move_to
+from exporters.upstream import import_loaders, move_to
 from exporters.validate.benchmark import bench_passing, warm_up
 from exporters.validate.checks import validate_target
 from exporters.validate.eager_side import EagerSide
@@ -227,12 +227,13 @@ def _start(item: _Export, workbench: Workbench, context: RunContext, options: Ru
 
 
 def _eager_side(item: _Export, context: RunContext, workbench: Workbench, progress: Progress, busy: int) -> None:
-    """The eager side of a running target's validation, on the cores `busy` exports leave (left unset where it
-    raised: validation computes it again and reports what failed)."""
+    """The eager side of a running target's validation and the imports loading its artifact needs, on the cores
+    `busy` exports leave (left unset where it raised: validation computes it again and reports what failed)."""
     target, started, item.eager_tried = item.target, time.time(), True
     progress.update(target.name, f"exporting {target.export_format}; eager references meanwhile")
     with contextlib.suppress(Exception), threads_left(busy=busy):
         item.eager = workbench.eager_side(target, context, item.components, item.result.expected_components)
+        import_loaders(target.export_format)  # what loading the artifact imports (ONNX's exporter: a second)
     item.result.timings["eager_ahead_s"] = round(time.time() - started, 3)
     progress.update(target.name, f"exporting {target.export_format} ({len(item.components)} component(s))")
 

@@ -56,6 +56,7 @@ from exporters.upstream.core import (
     decompose_for_generation,
     decompose_multimodal,
     exporter_class,
+    import_loaders,
     fit_traced_spec,
     formats_from_files,
     load_exported,
@@ -70,11 +71,13 @@ from exporters.upstream.core import (
 )
 from exporters.upstream.internals import (
     contiguity_known_once,
+    named_dims_share_symbols,
     patches_of_loaded_models,
     pte_weight_bytes,
     recording_logits_processors,
+    symbolic_arithmetic_once,
 )
-from exporters.upstream.onnx_decompositions import decompose_only_what_onnx_lacks
+from exporters.upstream.onnx_decompositions import decompose_only_what_onnx_lacks, type_promotion_on_traced_values
 from exporters.upstream.runtime_ops import (
     argsort_of_permutations,
     exact_no_op_rewrites,
@@ -127,6 +130,7 @@ __all__ = [
     "experts_without_custom_ops",
     "export_executorch_methods",
     "exporter_class",
+    "import_loaders",
     "fit_traced_spec",
     "formats_from_files",
     "leaf_tensors",
@@ -136,6 +140,7 @@ __all__ = [
     "move_to",
     "multimodal_submodules",
     "named_data_on_disk",
+    "named_dims_share_symbols",
     "patch_convolutions_as_matmul",
     "onnxruntime_quantizer",
     "prepare_traced_inputs",
@@ -150,7 +155,9 @@ __all__ = [
     "sdpa_fusion_only_with_softmax",
     "share_identical_weights",
     "static_sliding_layers_kept_whole",
+    "symbolic_arithmetic_once",
     "tanh_gelu_kept_off_xnnpack",
+    "type_promotion_on_traced_values",
     "upsample_fusion_only_with_upsample",
     "xnnpack_lowering",
     "write_manifest",

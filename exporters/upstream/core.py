@@ -173,6 +173,17 @@ def runner_class(export_format: str):
     return get_runner_class(export_format)
 
 
+def import_loaders(export_format: str) -> None:
+    """Import what loading and running an export of this format imports (its exporter and runner classes, and the
+    runtime those import), so that a process can do it while it would otherwise wait.
+
+    Example:
+        >>> import_loaders("onnx")  # doctest: +SKIP
+    """
+    exporter_class(export_format)
+    runner_class(export_format)
+
+
 def runner_for_file(path: Path, export_format: str, metadata: Any, device: str | None = None) -> Any:
     """A runner for one program file written beside an export (the seed's `output_path` copy), with the metadata
     of the component it copies."""

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from transformers.exporters import utils as upstream_utils
 
-__all__ = ["contiguity_known_once", "patches_of_loaded_models", "pte_weight_bytes", "recording_logits_processors"]
+__all__ = ["contiguity_known_once", "named_dims_share_symbols", "patches_of_loaded_models", "pte_weight_bytes",
+           "recording_logits_processors", "symbolic_arithmetic_once"]
 
 
 def pte_weight_bytes(path: Path) -> int:
@@ -134,3 +135,132 @@ def _layout(a) -> tuple[object, tuple] | None:
         return None
     env = next((d.node.shape_env for d in dims if isinstance(d, torch.SymInt)), None)
     return env, (a.dim(), *(d.node.expr if isinstance(d, torch.SymInt) else int(d) for d in dims))
+
+
+@contextmanager
+def symbolic_arithmetic_once() -> Iterator[None]:
+    """While a model is traced, an arithmetic or comparison of two symbolic sizes that the shape environment has
+    already computed, from the same expressions in the same state, is not computed again: its expression, type and
+    hint are kept and a new node is built from them, as upstream builds one. Every fake tensor's storage size,
+    contiguity and element count is such arithmetic (~60,000 operations on a 58M Llama's merged graph), and every
+    layer repeats the first one's; upstream caches only the symbolic expression (256 per operation), not the rest
+    of the work around it (docs/upstream-gaps.md #41). The key holds both expressions as stored, their types and
+    hints, and the environment's replacement version (an expression is resolved through the replacements, which
+    only a new version changes), so the node built is the one upstream would build. Not kept: `mod` (it reads
+    value ranges, which change without a new version), operations while the tracer records symbolic arithmetic
+    (a proxy mode), and any environment that records its events or validates translation.
+
+    Example:
+        >>> with symbolic_arithmetic_once():  # doctest: +SKIP
+        ...     OnnxExporter().export(model, inputs, config)
+    """
+    from torch.fx.experimental import sym_node
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    real = {name: fn for name, fn in vars(sym_node.SymNode).items() if _binary_operation(fn) not in (None, "mod")}
+    known: dict[int, tuple[object, dict]] = {}  # by id of the shape environment, which is held alive
+
+    def kept(name: str, operation):
+        def compute(self, other):
+            env = self.shape_env
+            if (env is None or type(other) is not sym_node.SymNode or other.shape_env is not env
+                    or env.should_record_events or env._translation_validation_enabled or get_proxy_mode()
+                    or torch._logging._internal.GET_DTRACE_STRUCTURED):
+                return operation(self, other)
+            key = (name, self._expr, other._expr, self.pytype, other.pytype, self._hint, other._hint,
+                   self._optimized_summation, other._optimized_summation, env._replacements_version_counter)
+            cache = known.setdefault(id(env), (env, {}))[1]
+            try:
+                done = cache.get(key)
+            except TypeError:  # an unhashable hint
+                return operation(self, other)
+            if done is None:
+                result = operation(self, other)
+                cache[key] = (result._expr, result.pytype, result._hint, result._optimized_summation)
+                return result
+            expr, pytype, hint, summation = done
+            return sym_node.SymNode(expr, env, pytype, sym_node._NO_HINT if hint is None else hint,
+                                    optimized_summation=summation)
+        return compute
+
+    for name, operation in real.items():
+        setattr(sym_node.SymNode, name, kept(name, operation))
+    try:
+        yield
+    finally:
+        for name, operation in real.items():
+            setattr(sym_node.SymNode, name, operation)
+
+
+def _binary_operation(fn) -> str | None:
+    """The operation of one of `SymNode`'s binary methods (`_add`, `_eq`, ...), as upstream builds them
+    (`_make_node_magic`'s `binary_magic_impl`); None for any other attribute."""
+    inner = getattr(fn, "__wrapped__", None)
+    if getattr(inner, "__name__", None) != "binary_magic_impl" or not inner.__closure__:
+        return None
+    cells = dict(zip(inner.__code__.co_freevars, inner.__closure__))
+    return cells["method"].cell_contents if "method" in cells else None
+
+
+@contextmanager
+def named_dims_share_symbols() -> Iterator[None]:
+    """While a model is traced, the input sizes that share a named `Dim` of the dynamic shapes (`batch_size` of
+    every input, `past_sequence_length` of every cache layer) get one symbol, given to the first and reused for the
+    others, as duck sizing gives one symbol to equal sizes. Upstream (`torch.export`'s non-strict `make_fake_inputs`)
+    gives each input size its own symbol and checks the named equalities only after the trace, so each decoder layer
+    computes with its own symbols: no layer's fake-tensor results or symbolic arithmetic are reused by the next, and a
+    58M Llama's trace misses its caches ~1,000 times (docs/upstream-gaps.md #41). The program's contract is the same:
+    the named sizes were declared equal, and the check after the trace still runs. A size whose value differs from
+    the named symbol's (a spec the inputs do not fit) gets its own symbol, so upstream's check reports it as before.
+
+    Example:
+        >>> with named_dims_share_symbols():  # doctest: +SKIP
+        ...     torch.export.export(model, (), inputs, dynamic_shapes={"input_ids": {0: batch}, "mask": {0: batch}})
+    """
+    from torch._dynamo.source import TensorProperty, TensorPropertySource
+    from torch._export import non_strict_utils
+    from torch.export.dynamic_shapes import _Constraint
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    real = non_strict_utils.fakify
+    named_symbols: dict[int, tuple[object, dict[str, object]]] = {}  # by id of the shape environment, held alive
+
+    def fakify(mode, kp, t, t_constraints, sources, *args, **kwargs):
+        env = getattr(mode, "shape_env", None)
+        names = {dim: constraint.name for dim, constraint in t_constraints.get(id(t), {}).items()
+                 if type(constraint) is _Constraint and constraint.name}
+        if env is None or not env.duck_shape or not names or not isinstance(t, torch.Tensor):
+            return real(mode, kp, t, t_constraints, sources, *args, **kwargs)
+        symbols = named_symbols.setdefault(id(env), (env, {}))[1]
+        create = env.create_symbol
+
+        def create_symbol(val, source, dynamic_dim=DimDynamic.DUCK, constraint_dim=None, *rest, **options):
+            name = names.get(source.idx) if isinstance(source, TensorPropertySource) \
+                and source.prop is TensorProperty.SIZE else None
+            known = symbols.get(name)
+            if known is not None and env.backed_var_to_val.get(known) == val and val not in (0, 1):
+                before = env.val_to_var.get(val)
+                env.val_to_var[val] = known  # upstream's duck sizing, with the named symbol as the one for val
+                try:
+                    return create(val, source, DimDynamic.DUCK, None, *rest, **options)
+                finally:
+                    if before is None:
+                        env.val_to_var.pop(val, None)
+                    else:
+                        env.val_to_var[val] = before
+            symbol = create(val, source, dynamic_dim, constraint_dim, *rest, **options)
+            if name is not None and name not in symbols and getattr(symbol, "is_Symbol", False):
+                symbols[name] = symbol
+            return symbol
+
+        env.create_symbol = create_symbol
+        try:
+            return real(mode, kp, t, t_constraints, sources, *args, **kwargs)
+        finally:
+            del env.create_symbol
+
+    non_strict_utils.fakify = fakify
+    try:
+        yield
+    finally:
+        non_strict_utils.fakify = real

@@ -142,3 +142,50 @@ def _same_shape(node: torch.fx.Node) -> bool:
     if not isinstance(before, torch.Tensor) or not isinstance(after, torch.Tensor) or before.dim() != after.dim():
         return False
     return all(statically_known_true(a == b) for a, b in zip(before.shape, after.shape))
+
+
+@contextlib.contextmanager
+def type_promotion_on_traced_values() -> Iterator[None]:
+    """While an ONNX graph is exported, torch.onnx's type-promotion pass (`InsertTypePromotion`) reads the values
+    the trace recorded (`node.meta["val"]`) instead of running every node of the program again under fake tensors:
+    a third pass over the whole graph, with symbolic sizes, to learn the input dtypes of the few ops that have a
+    promotion rule (docs/upstream-gaps.md #40). A node the pass changes (a cast inserted, an overload replaced) is
+    still run, as upstream does, and so is any node without a recorded value; the casts it inserts are the same,
+    since a rule reads only dtypes and Python types, which the recorded values have.
+
+    Example:
+        >>> with type_promotion_on_traced_values():  # doctest: +SKIP
+        ...     torch.onnx.export(exported_program, args=(), kwargs=inputs)
+    """
+    from torch.onnx._internal.fx.passes import type_promotion  # deferred: ONNX exports only
+
+    interpreter = type_promotion._TypePromotionInterpreter
+    real = interpreter.run_node
+
+    def run_node(self: Any, node: torch.fx.Node) -> Any:
+        recorded = node.meta.get("val")
+        if node.op != "call_function" or not _fake_values(recorded):
+            return real(self, node)
+        with self._set_current_node(node):
+            if rule := type_promotion.get_type_promotion_rule(node, self.type_promotion_table):
+                before = (node.target, node.args, node.kwargs)
+                self._maybe_promote_node(node, rule)
+                if (node.target, node.args, node.kwargs) != before:  # promoted and run again: its new value
+                    return self.env[node]
+        return recorded
+
+    interpreter.run_node = run_node
+    try:
+        yield
+    finally:
+        interpreter.run_node = real
+
+
+def _fake_values(value: Any) -> bool:
+    """Whether a recorded value is what running its node under fake tensors gives: fake tensors, symbolic or plain
+    numbers, in tuples or lists; not None (a node without a recorded value) and not a real tensor."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    leaves = torch.utils._pytree.tree_leaves(value)
+    return value is not None and bool(leaves) and all(
+        isinstance(leaf, (FakeTensor, torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)) for leaf in leaves)
