@@ -8,7 +8,14 @@
   (`exporters.upstream.patches_of_loaded_models`): a loaded model's patch still applies, an unloaded module is not
   imported.
 - upstream's reshape patch asks a layout proven contiguous only once (`exporters.upstream.contiguity_known_once`):
-  the same program, fewer symbolic contiguity tests."""
+  the same program, fewer symbolic contiguity tests.
+- symbolic size arithmetic already done is not done again (`exporters.upstream.symbolic_arithmetic_once`): the same
+  program, a fraction of upstream's symbolic operations.
+- input sizes that share a named `Dim` get one symbol (`exporters.upstream.named_dims_share_symbols`): every layer
+  reuses the first one's fake-tensor results, the program computes what eager computes at another shape, and an
+  input that breaks the equality is refused as before, at export and when the program is called.
+- torch.onnx's type promotion reads the trace's recorded values (`exporters.upstream.type_promotion_on_traced_values`):
+  the same ONNX graph, only the nodes it changes run again."""
 
 from __future__ import annotations
 
@@ -189,3 +196,161 @@ def test_a_layout_proven_contiguous_is_not_asked_again(monkeypatch):
     assert "aten.clone.default" in plain, "the transposed input is cloned by upstream's patch"
     assert cached == plain, "the same program"
     assert asked_cached < asked_plain / 2, (asked_cached, asked_plain)
+
+
+def _counting_symbolic_operations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every symbolic operation upstream computes builds its FX node through this one method of the shape environment
+    (`binary_magic_impl`): counting its calls counts the operations computed."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    calls: list[int] = []
+    real = ShapeEnv._create_fx_call_function
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ShapeEnv, "_create_fx_call_function", counting)
+    return calls
+
+
+def test_symbolic_arithmetic_already_done_is_not_done_again(monkeypatch):
+    from transformers.exporters import utils as upstream_utils
+
+    calls = _counting_symbolic_operations(monkeypatch)
+    dims = {"x": {0: torch.export.Dim("batch", min=1, max=8), 1: torch.export.Dim("length", min=2, max=64)}}
+    programs, computed = [], []
+    for kept in (False, True):
+        calls.clear()
+        with upstream.symbolic_arithmetic_once() if kept else contextlib.nullcontext(), \
+                upstream_utils.apply_patches("onnx"):
+            programs.append(torch.export.export(Layers().eval(), (torch.randn(2, 5, 8),), dynamic_shapes=dims,
+                                                strict=False, prefer_deferred_runtime_asserts_over_guards=True))
+        computed.append(len(calls))
+    plain, kept = programs
+    assert str(kept.graph) == str(plain.graph), "the same program"
+    assert kept.range_constraints == plain.range_constraints
+    assert computed[1] < computed[0] / 5, computed
+    from torch.fx.experimental import sym_node
+    assert all(getattr(fn, "__name__", "") != "compute" for fn in vars(sym_node.SymNode).values()), "restored"
+
+
+class Decoder(torch.nn.Module):
+    """Four layers, each attending over its own cache (`batch` and `past` shared by every cache, as a decoder's
+    key/value cache layers share them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linears = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: torch.Tensor, caches: list[torch.Tensor]) -> torch.Tensor:
+        for cache, linear in zip(caches, self.linears):
+            states = torch.cat([cache, linear(x)], dim=1)
+            x = x + torch.softmax(states @ states.transpose(1, 2), dim=-1)[:, -x.shape[1]:, :] @ states
+        return x
+
+
+def _decoder_inputs(batch: int, length: int, past: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    generator = torch.Generator().manual_seed(batch * 100 + past)
+    return torch.randn(batch, length, 8, generator=generator), [torch.randn(batch, past, 8, generator=generator)
+                                                                   for _ in range(4)]
+
+
+def _decoder_dims() -> tuple:
+    batch, past = torch.export.Dim("batch", min=1, max=16), torch.export.Dim("past", min=1, max=64)
+    return {0: batch, 1: torch.export.Dim("length", min=1, max=64)}, [{0: batch, 1: past}] * 4
+
+
+def _export_decoder(shared: bool, inputs=None):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    FakeTensorMode.cache_clear()
+    misses = FakeTensorMode.cache_misses
+    torch.manual_seed(0)
+    with upstream.named_dims_share_symbols() if shared else contextlib.nullcontext():
+        program = torch.export.export(Decoder().eval(), inputs or _decoder_inputs(3, 2, 5),
+                                      dynamic_shapes=_decoder_dims(), strict=False,
+                                      prefer_deferred_runtime_asserts_over_guards=True)
+    return program, FakeTensorMode.cache_misses - misses
+
+
+def test_input_sizes_sharing_a_named_dim_get_one_symbol():
+    plain, plain_misses = _export_decoder(shared=False)
+    shared, shared_misses = _export_decoder(shared=True)
+
+    def cache_sizes(program):
+        return [tuple(str(size) for size in node.meta["val"].shape[:2]) for node in program.graph.nodes
+                if node.op == "placeholder" and node.name.startswith("caches")]
+
+    assert len(set(cache_sizes(shared))) == 1 and len(set(cache_sizes(plain))) == 1  # upstream unifies after
+    assert len(shared.range_constraints) == len(plain.range_constraints) == 3
+    assert shared_misses < plain_misses * 0.7, (shared_misses, plain_misses)  # layers reuse the first one's results
+
+    def ops(program):
+        return sorted(str(n.target) for n in program.graph.nodes if n.op == "call_function"
+                      and "assert" not in str(n.target) and "sym_size" not in str(n.target) and "eq" != n.target.__name__)
+
+    assert ops(shared) == ops(plain)  # the same computation; upstream's in-graph asserts of the equalities aside
+    torch.manual_seed(0)
+    eager = Decoder().eval()
+    for shape in ((3, 2, 5), (5, 3, 7), (1, 1, 2)):  # the traced shape and others
+        x, caches = _decoder_inputs(*shape)
+        torch.testing.assert_close(shared.module()(x, caches), eager(x, caches), rtol=1e-6, atol=1e-6)
+
+    x, caches = _decoder_inputs(5, 3, 7)
+    caches[2] = caches[2][:4]  # a cache whose batch is not the input's: refused when called, as upstream does
+    for program in (plain, shared):
+        with pytest.raises(AssertionError, match=r"caches\[2\]\.size\(\)\[0\] == x\.size\(\)\[0\]"):
+            program.module()(x, caches)
+
+
+def test_inputs_that_break_a_named_dim_are_refused_as_upstream_refuses_them():
+    x, caches = _decoder_inputs(3, 2, 5)
+    caches[1] = torch.randn(3, 6, 8)  # `past` is 5 for the other caches
+    for shared in (False, True):
+        with pytest.raises(torch._dynamo.exc.UserError, match=r"\[1\]\.size\(\)\[1\] = 6 is not equal to"):
+            _export_decoder(shared, inputs=(x, caches))
+
+
+class Mixed(torch.nn.Module):
+    """Ops whose inputs torch.onnx's type promotion casts (float times int64, int64 true division) beside ops it
+    leaves."""
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        y = x * idx + idx / 2
+        z = torch.where(idx > 1, y, x.to(torch.float16).float())
+        return z.sum(-1) + (idx.shape[1] * x).mean()
+
+
+def test_type_promotion_reads_the_recorded_values(monkeypatch):
+    runs: list[str] = []
+    real = torch.fx.Interpreter.run_node
+
+    def counting(self, node):
+        if type(self).__name__ == "_TypePromotionInterpreter":
+            runs.append(node.op)
+        return real(self, node)
+
+    monkeypatch.setattr(torch.fx.Interpreter, "run_node", counting)
+    x, idx = torch.randn(3, 5), torch.randint(0, 4, (3, 5))
+    dims = {0: torch.export.Dim("rows", min=2), 1: torch.export.Dim("cols", min=2)}
+    graphs, ran = [], []
+    for kept in (False, True):
+        runs.clear()
+        program = torch.export.export(Mixed(), (x, idx), dynamic_shapes=(dims, dims))
+        with upstream.type_promotion_on_traced_values() if kept else contextlib.nullcontext():
+            onnx_program = torch.onnx.export(program, args=(), kwargs={"x": x, "idx": idx}, optimize=True)
+        model = onnx_program.model_proto
+        for node in model.graph.node:
+            node.name = ""
+            del node.metadata_props[:]
+        graphs.append(model.SerializeToString(deterministic=True))
+        ran.append(runs.count("call_function"))
+    assert graphs[0] == graphs[1], "the same ONNX graph"
+    assert {"Cast", "Div", "Mul", "Where"} <= {node.op_type for node in model.graph.node}
+    assert 0 < ran[1] < ran[0] / 2, ran  # only the nodes the pass changes (and the casts it adds) run again
+    session = onnxruntime.InferenceSession(graphs[1], providers=["CPUExecutionProvider"])
+    for rows, cols in ((3, 5), (4, 9)):
+        x, idx = torch.randn(rows, cols), torch.randint(0, 4, (rows, cols))
+        (got,) = session.run(None, {"x": x.numpy(), "idx": idx.numpy()})
+        np.testing.assert_allclose(got, Mixed()(x, idx).numpy(), rtol=1e-5, atol=1e-5)

@@ -1,7 +1,8 @@
 """The stack's private interfaces this project relies on, kept in the adapter so that a release that changes them
 is adapted here: ExecuTorch's `.pte` layout (segments, named data), the one place `generate()` assembles its
-logits processors, how upstream resolves the targets of its trace-time patches, and the contiguity test of its
-`reshape` patch.
+logits processors, how upstream resolves the targets of its trace-time patches, the contiguity test of its
+`reshape` patch, torch's symbolic size arithmetic (`SymNode`'s operations) and how `torch.export` gives input
+sizes their symbols.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def symbolic_arithmetic_once() -> Iterator[None]:
     hint are kept and a new node is built from them, as upstream builds one. Every fake tensor's storage size,
     contiguity and element count is such arithmetic (~60,000 operations on a 58M Llama's merged graph), and every
     layer repeats the first one's; upstream caches only the symbolic expression (256 per operation), not the rest
-    of the work around it (docs/upstream-gaps.md #41). The key holds both expressions as stored, their types and
+    of the work around it (docs/upstream-gaps.md #42). The key holds both expressions as stored, their types and
     hints, and the environment's replacement version (an expression is resolved through the replacements, which
     only a new version changes), so the node built is the one upstream would build. Not kept: `mod` (it reads
     value ranges, which change without a new version), operations while the tracer records symbolic arithmetic
@@ -212,6 +213,8 @@ def named_dims_share_symbols() -> Iterator[None]:
     58M Llama's trace misses its caches ~1,000 times (docs/upstream-gaps.md #41). The program's contract is the same:
     the named sizes were declared equal, and the check after the trace still runs. A size whose value differs from
     the named symbol's (a spec the inputs do not fit) gets its own symbol, so upstream's check reports it as before.
+    The equalities are known during the trace rather than asserted in the graph: upstream's in-graph asserts of them
+    are gone, and the program's input check still refuses an input that breaks one.
 
     Example:
         >>> with named_dims_share_symbols():  # doctest: +SKIP

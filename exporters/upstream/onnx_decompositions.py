@@ -6,7 +6,8 @@ fake tensors, which decomposes the ops ONNX has no function for, lowers the alia
 `contiguous`, `to`) and functionalizes in-place ops. On a 58M Llama's merged generation graph that trace is ~8 s of a
 ~37 s run, and it changes six node kinds of 565, each of which the translation can take as it is or after a
 one-node rewrite. [`decompose_only_what_onnx_lacks`] translates such a program as traced, and hands every other
-program to the real decomposition unchanged.
+program to the real decomposition unchanged. Its type-promotion pass then runs every node once more under fake
+tensors to learn dtypes the trace recorded: [`type_promotion_on_traced_values`] reads them instead (#40).
 
 Example:
     >>> with decompose_only_what_onnx_lacks():  # doctest: +SKIP
