@@ -14,6 +14,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from torch._dynamo.source import TensorProperty, TensorPropertySource
+from torch._export import non_strict_utils
+from torch.export.dynamic_shapes import _Constraint
+from torch.fx.experimental import sym_node
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
+from torch.fx.experimental.symbolic_shapes import DimDynamic
 from transformers.exporters import utils as upstream_utils
 
 __all__ = ["contiguity_known_once", "named_dims_share_symbols", "patches_of_loaded_models", "pte_weight_bytes",
@@ -155,8 +161,6 @@ def symbolic_arithmetic_once() -> Iterator[None]:
         >>> with symbolic_arithmetic_once():  # doctest: +SKIP
         ...     OnnxExporter().export(model, inputs, config)
     """
-    from torch.fx.experimental import sym_node
-    from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
     real = {name: fn for name, fn in vars(sym_node.SymNode).items() if _binary_operation(fn) not in (None, "mod")}
     known: dict[int, tuple[object, dict]] = {}  # by id of the shape environment, which is held alive
@@ -220,10 +224,6 @@ def named_dims_share_symbols() -> Iterator[None]:
         >>> with named_dims_share_symbols():  # doctest: +SKIP
         ...     torch.export.export(model, (), inputs, dynamic_shapes={"input_ids": {0: batch}, "mask": {0: batch}})
     """
-    from torch._dynamo.source import TensorProperty, TensorPropertySource
-    from torch._export import non_strict_utils
-    from torch.export.dynamic_shapes import _Constraint
-    from torch.fx.experimental.symbolic_shapes import DimDynamic
 
     real = non_strict_utils.fakify
     named_symbols: dict[int, tuple[object, dict[str, object]]] = {}  # by id of the shape environment, held alive

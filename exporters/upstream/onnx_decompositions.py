@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch._export.utils import _is_cia_op, _is_preservable_cia_op
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 aten = torch.ops.aten
@@ -185,8 +186,6 @@ def type_promotion_on_traced_values() -> Iterator[None]:
 def _fake_values(value: Any) -> bool:
     """Whether a recorded value is what running its node under fake tensors gives: fake tensors, symbolic or plain
     numbers, in tuples or lists; not None (a node without a recorded value) and not a real tensor."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     leaves = torch.utils._pytree.tree_leaves(value)
     return value is not None and bool(leaves) and all(
         isinstance(leaf, (FakeTensor, torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)) for leaf in leaves)
