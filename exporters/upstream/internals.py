@@ -20,6 +20,7 @@ from torch.export.dynamic_shapes import _Constraint
 from torch.fx.experimental import sym_node
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.fx.experimental.symbolic_shapes import DimDynamic
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from transformers.exporters import utils as upstream_utils
 
 __all__ = ["contiguity_known_once", "named_dims_share_symbols", "patches_of_loaded_models", "pte_weight_bytes",
@@ -232,7 +233,8 @@ def named_dims_share_symbols() -> Iterator[None]:
         env = getattr(mode, "shape_env", None)
         names = {dim: constraint.name for dim, constraint in t_constraints.get(id(t), {}).items()
                  if type(constraint) is _Constraint and constraint.name}
-        if env is None or not env.duck_shape or not names or not isinstance(t, torch.Tensor):
+        if (env is None or not env.duck_shape or not names or not isinstance(t, torch.Tensor)
+                or is_traceable_wrapper_subclass(t)):  # its inner tensors' sizes have indices of their own
             return real(mode, kp, t, t_constraints, sources, *args, **kwargs)
         symbols = named_symbols.setdefault(id(env), (env, {}))[1]
         create = env.create_symbol
