@@ -174,14 +174,14 @@ def runner_class(export_format: str):
 
 
 def import_loaders(export_format: str) -> None:
-    """Import what loading and running an export of this format imports (its exporter and runner classes, and the
-    runtime those import), so that a process can do it while it would otherwise wait.
+    """Import the exporter class that loading an export of this format goes through (ONNX's pulls in onnxscript's
+    function library: a second), so that a process can do it while it would otherwise wait. Not the runner's
+    runtime: importing ONNX Runtime starts a native thread, and export children may still fork from this process.
 
     Example:
         >>> import_loaders("onnx")  # doctest: +SKIP
     """
     exporter_class(export_format)
-    runner_class(export_format)
 
 
 def runner_for_file(path: Path, export_format: str, metadata: Any, device: str | None = None) -> Any:
