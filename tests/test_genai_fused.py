@@ -1,24 +1,30 @@
-"""The merged decoder ONNX fused for ONNX Runtime's CPU provider (`"ort_fusions": "cpu"`, issue #26 §5) in the
-recipe docs/recipe.md recommends for ONNX Runtime GenAI on CPU: the merged contract with the batch fixed at 1, where
-upstream fuses every attention into ONNX Runtime's `GroupQueryAttention` (with a dynamic batch it fuses the norms,
-skip norms and rotary embeddings only: `GroupQueryAttention` takes several tokens after a past for one sequence
-only). It passes validation, `onnx.checker` included (ONNX Runtime's `SimplifiedLayerNormalization` lives in ONNX's
-domain), and ONNX Runtime GenAI generates eager's greedy tokens from the folder alone, each prompt alone.
+"""The merged decoder ONNX fused for ONNX Runtime's CPU provider (`"ort_fusions": "cpu"`, issue #26 §5), the
+recipe docs/recipe.md recommends for ONNX Runtime GenAI on CPU, both ways:
 
-One CLI run of a tiny Llama, shared by every check (one target: the suite is near CI's time budget).
+- the batch fixed at 1, where upstream fuses every attention into ONNX Runtime's `GroupQueryAttention` itself;
+- the batch dynamic (`exporters.upstream.group_query_attention_at_any_batch`): every attention fused too, in an `If`
+  that computes the one call the kernel refuses (several tokens after a past at a batch over 1) in standard ops.
+
+Each passes validation, `onnx.checker` included (ONNX Runtime's `SimplifiedLayerNormalization` lives in ONNX's
+domain), and ONNX Runtime GenAI generates eager's greedy tokens from the folder alone; the dynamic one computes what
+eager computes for each kind of call and optimum generates a padded batch of two from it.
+
+One CLI run per target (a tiny Llama each), shared by every check on it.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
-from tests.models import save_ascii_bpe_tokenizer, tiny_llama
-from tests.test_genai import PROMPTS, _eager, _genai
+from tests.conftest import ROOT, run_cli
+from tests.models import _saved, save_ascii_bpe_tokenizer, tiny_llama
+from tests.test_genai import NEW_TOKENS, OPTIMUM_SCRIPT, PROMPTS, _eager, _genai, _until
 
 og = pytest.importorskip("onnxruntime_genai")
 
@@ -158,3 +164,247 @@ def test_the_genai_proof_opens_a_folder_given_relative_to_the_cwd(run, monkeypat
     wrong = GenaiReference([[5, 6, 7, 8], [5, 6]], [[127] * 4, [127] * 4], pad=3, eos=[2], steps=4)
     [proof] = prove_all([(GENAI, wrong)], Path("gqa"), None)  # what validation calls, with the folder it was given
     assert proof.status == "failed" and "tokens equal eager greedy" in proof.detail, proof  # GenAI ran the folder
+
+
+# ── `ort_fusions: "cpu"` with the batch dynamic: GroupQueryAttention at any batch, guarded ──
+
+ANY_BATCH = {"name": "gqa-any-batch", "export_format": "onnx", "mode": "generation", "dynamic": True,
+             "ort_fusions": "cpu"}
+LAYERS_16 = 2
+
+
+def _llama_head_16(folder: Path) -> Path:
+    """A 2-layer Llama with heads of 16 (4 query, 2 key-value): upstream rotates inside `GroupQueryAttention` only
+    for head sizes in multiples of 16, so this graph has the fused op's own rotary (the 58M benchmark model's
+    layout), unlike `tiny_llama`'s heads of 8."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=3, initializer_range=0.3, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    return _saved(model, folder, {"exports": [ANY_BATCH]})
+
+
+@pytest.fixture(scope="module")
+def any_batch(tmp_path_factory):
+    root = tmp_path_factory.mktemp("genai-any-batch")
+    model_dir = _llama_head_16(root / "model")
+    save_ascii_bpe_tokenizer(model_dir)
+    out = root / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    report = json.loads((out / "report.json").read_text())
+    return {"model_dir": model_dir, "folder": out / ANY_BATCH["name"], "target": report["targets"][0], "cli": result}
+
+
+def _branches(folder: Path):
+    """The main graph's nodes and, for each guard (`If`), its then and else branches' nodes."""
+    import onnx
+
+    from exporters.upstream import GQA_GUARD_NAME
+
+    proto = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    guards = [node for node in proto.graph.node if node.op_type == "If"]
+    assert guards and all(node.name.startswith(GQA_GUARD_NAME) for node in guards)
+    return proto, [{a.name: list(a.g.node) for a in guard.attribute} for guard in guards]
+
+
+def test_a_dynamic_batch_graph_passes_and_genai_generates_a_batch_of_two_from_it(any_batch):
+    assert any_batch["cli"].returncode == 0, any_batch["cli"].stdout + any_batch["cli"].stderr
+    target = any_batch["target"]
+    assert target["status"] == "passed", target
+    assert target["generation"]["exported_tokens"] == target["generation"]["eager_tokens"]
+    (proof,) = [p for p in target["runtimes"] if p["runtime"] == "ONNX Runtime GenAI"]
+    assert proof["status"] == "passed" and "batch of 2" in proof["detail"], proof  # one call for both prompts
+    (component,) = target["components"]
+    assert component["verdict"] == "passed", component  # every probe, the traced batch of 3 after a past included
+    genai = json.loads((any_batch["folder"] / "genai_config.json").read_text())
+    assert genai["search"]["past_present_share_buffer"] is True  # the guard reads the past up to the mask's length
+
+
+def test_every_attention_is_fused_rotary_inside_and_guarded_for_the_call_its_kernel_refuses(any_batch):
+    proto, branches = _branches(any_batch["folder"])
+    assert _batch_dim(any_batch["folder"]) == "batch_size"
+    top = collections.Counter(node.op_type for node in proto.graph.node)
+    assert top["Softmax"] == 0 and top["GroupQueryAttention"] == 0 and top["If"] == LAYERS_16
+    for branch in branches:
+        (fused,) = branch["then_branch"]
+        assert fused.op_type == "GroupQueryAttention"
+        assert {a.name: a.i for a in fused.attribute}["do_rotary"] == 1
+        assert {"Softmax", "RotaryEmbedding", "Concat"} <= {node.op_type for node in branch["else_branch"]}
+    past = {value.name for value in proto.graph.input if value.name.startswith("past_key_values.")}
+    assert not {node.op_type for node in proto.graph.node if past & set(node.input)} - {"Shape"}
+
+
+def _session(folder: Path, profile_dir: Path | None = None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if profile_dir is not None:
+        options.enable_profiling, options.profile_file_prefix = True, str(profile_dir / "run")
+    return ort.InferenceSession(str(folder / "model.onnx"), options, providers=["CPUExecutionProvider"])
+
+
+def _ran_fused_kernel(session) -> bool:
+    events = json.loads(Path(session.end_profiling()).read_text())
+    return any(event.get("args", {}).get("op_name") == "GroupQueryAttention" for event in events)
+
+
+def _feeds(ids, mask, positions, past):
+    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "position_ids": positions.numpy()}
+    for i, (key, value) in enumerate(past):
+        feeds[f"past_key_values.{i}.key"], feeds[f"past_key_values.{i}.value"] = key.numpy(), value.numpy()
+    return feeds
+
+
+def test_each_call_computes_what_eager_computes_and_generation_runs_the_fused_kernel(any_batch, tmp_path):
+    """The merged graph's calls at a batch of 2, each against eager: a left-padded prompt on an empty past, one
+    token after it (the fused kernel runs: ONNX Runtime's profile names it), and three tokens after that past, the
+    call `GroupQueryAttention`'s kernel refuses at a batch over 1 (`batch_size must be 1 when sequence_length > 1
+    and past context is given`): the guard computes it in standard ops and the kernel does not run."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    model = AutoModelForCausalLM.from_pretrained(any_batch["model_dir"]).eval()
+    kv_heads, head = model.config.num_key_value_heads, model.config.hidden_size // model.config.num_attention_heads
+    ids = torch.tensor([[3, 3, 5, 17, 9], [70, 12, 5, 40, 8]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    empty = [(torch.zeros(2, kv_heads, 0, head),) * 2] * LAYERS_16
+    calls = [("prompt", ids, mask), ("one token", torch.tensor([[21], [30]]), None),
+             ("three tokens", torch.tensor([[6, 7, 8], [9, 10, 11]]), None)]
+    cache, past, seen = DynamicCache(config=model.config), empty, mask
+    for name, tokens, call_mask in calls:
+        seen = call_mask if call_mask is not None else torch.cat([seen, torch.ones_like(tokens)], dim=1)
+        positions = (seen.cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1]:]
+        with torch.no_grad():
+            want = model(input_ids=tokens, attention_mask=seen, position_ids=positions, cache=cache,
+                         use_cache=True)
+        profile = tmp_path / name.replace(" ", "-")
+        profile.mkdir()
+        session = _session(any_batch["folder"], profile)
+        got = session.run(None, _feeds(tokens, seen, positions, past))
+        names = [output.name for output in session.get_outputs()]
+        logits = dict(zip(names, got))["logits"]
+        rows = seen[:, -tokens.shape[1]:].bool().numpy()  # a pad row's logits are nobody's
+        np.testing.assert_allclose(logits[rows], want.logits.numpy()[rows], atol=1e-4, rtol=1e-3, err_msg=name)
+        past = [(torch.from_numpy(dict(zip(names, got))[f"present.{i}.key"]),
+                 torch.from_numpy(dict(zip(names, got))[f"present.{i}.value"])) for i in range(LAYERS_16)]
+        for i, layer in enumerate(want.past_key_values.layers):
+            np.testing.assert_allclose(past[i][0].numpy(), layer.keys.numpy(), atol=1e-4, rtol=1e-3, err_msg=name)
+        ran = _ran_fused_kernel(session)
+        # a several-token prompt at a batch over 1 is rotated by standard ops too (docs/upstream-gaps.md #43)
+        assert ran == (name == "one token"), (name, ran)
+
+
+def test_upstream_kernel_rotates_a_first_prompts_sequences_at_the_first_ones_positions():
+    """Pins docs/upstream-gaps.md #43 (onnxruntime 1.32, CPU): `GroupQueryAttention` with `do_rotary` and
+    `position_ids`, a prompt of several tokens on an empty past, a batch of 3 whose sequences sit at other positions:
+    each sequence's keys come out as if it sat at the first one's. Also why the guard sends such a call to standard
+    ops. When this starts failing, upstream fixed it: the guard may then keep the fused kernel for that call."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    names = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total", "cos", "sin", "positions"]
+    types = [TensorProto.FLOAT] * 5 + [TensorProto.INT32] * 2 + [TensorProto.FLOAT] * 2 + [TensorProto.INT64]
+    node = helper.make_node("GroupQueryAttention", names, ["out", "present_key", "present_value"],
+                            domain="com.microsoft", num_heads=2, kv_num_heads=2, do_rotary=1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, t, None) for n, t in zip(names, types)],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in node.output])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    batch, length, head = 3, 2, 16
+    states = [rng.standard_normal((batch, length, 2 * head)).astype(np.float32) for _ in range(3)]
+    past = np.zeros((batch, 2, 0, head), np.float32)
+    caches = [rng.standard_normal((64, head // 2)).astype(np.float32) for _ in range(2)]
+    positions = np.array([[0, 1], [2, 3], [4, 5]])
+
+    def keys(rows: slice, at: np.ndarray) -> np.ndarray:
+        count = rows.stop - rows.start
+        feeds = [*(s[rows] for s in states), past[rows], past[rows], np.full(count, length - 1, np.int32),
+                 np.array(length, np.int32), *caches, at]
+        return session.run(["present_key"], dict(zip(names, feeds)))[0]
+
+    together = keys(slice(0, 3), positions)
+    alone = [keys(slice(b, b + 1), positions[b:b + 1]) for b in range(batch)]
+    np.testing.assert_allclose(together[:1], alone[0], atol=1e-6)  # the first sequence: right
+    as_first = keys(slice(1, 2), positions[:1])
+    assert np.abs(together[1:2] - alone[1]).max() > 0.1  # the second: not at its own positions...
+    np.testing.assert_allclose(together[1:2], as_first, atol=1e-6)  # ...but at the first one's
+
+
+def test_optimum_generates_eagers_tokens_for_a_padded_batch_of_two_from_the_guarded_graph(any_batch):
+    """optimum's `ORTModelForCausalLM` (its venv, as tests/test_genai.py's check): a left-padded batch of two,
+    through the guard's standard ops for the prompt and the fused kernel for every token after it."""
+    python = os.environ.get("HF_EXPORT_OPTIMUM_PYTHON") or str(ROOT / ".cache" / "optimum-venv" / "bin" / "python")
+    if not Path(python).is_file():
+        pytest.fail("optimum is not installed: run `make test-deps` (.cache/optimum-venv, pinned by "
+                    "tests/optimum/constraints.txt), or set HF_EXPORT_OPTIMUM_PYTHON to a python with optimum-onnx")
+    prompts = [[5, 17, 9, 33, 41, 8, 60], [70, 12, 5]]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    result = subprocess.run([python, str(OPTIMUM_SCRIPT), str(any_batch["folder"]), json.dumps(prompts), "3", "2",
+                             str(NEW_TOKENS)], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    want = _eager(any_batch["model_dir"], prompts, pad=3, eos=2)
+    assert [_until(row, 2) for row in got["new"]] == want
+    assert want[0] != want[1]
+
+
+def test_a_graph_whose_past_is_read_inside_another_if_keeps_its_own_buffer_per_step():
+    """A reader of the past inside a subgraph (an `If` that is not the attention's guard) counts as a reader: the
+    graph keeps a buffer per step."""
+    from onnx import TensorProto, helper
+
+    from exporters.export.genai_buffer import share_past_present
+
+    past = helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, [1, 2, "past", 4])
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "seq"])
+    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "total"])
+    out = helper.make_tensor_value_info("o", TensorProto.FLOAT, None)
+    branch = helper.make_graph([helper.make_node("Identity", ["past_key_values.0.key"], ["copy"])], "b", [],
+                               [helper.make_tensor_value_info("copy", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("If", ["cond"], ["o"], then_branch=branch, else_branch=branch, name="other_if"),
+             helper.make_node("GroupQueryAttention", ["q", "", "", "past_key_values.0.key"], ["a"],
+                              domain="com.microsoft")]
+    proto = helper.make_model(helper.make_graph(nodes, "g", [ids, mask, past], [out]))
+    before = proto.SerializeToString()
+    assert share_past_present(proto) is False
+    assert proto.SerializeToString() == before
+
+
+def test_a_fused_attention_the_guard_cannot_write_in_standard_ops_fails_the_export_with_what_to_do():
+    """An attribute upstream's CPU fusion does not write today (a softcap) has no standard-op form in the guard:
+    the export stops with what to do rather than writing a graph that computes something else for that call."""
+    import onnx_ir as ir
+    from onnx import TensorProto, helper
+
+    from exporters.upstream.ort_attention import _guard_all
+
+    def value(name, elem, shape):
+        return helper.make_tensor_value_info(name, elem, shape)
+
+    inputs = [value(name, TensorProto.FLOAT, ["batch", "seq", 32]) for name in ("query", "key", "value")]
+    inputs += [value(name, TensorProto.FLOAT, ["batch", 2, "past", 16]) for name in ("past_key", "past_value")]
+    inputs += [value("seqlens_k", TensorProto.INT32, ["batch"]), value("total", TensorProto.INT32, [])]
+    node = helper.make_node("GroupQueryAttention", [i.name for i in inputs], ["out", "present_key", "present_value"],
+                            domain="com.microsoft", num_heads=2, kv_num_heads=2, softcap=30.0, name="attention")
+    outputs = [value(name, TensorProto.FLOAT, None) for name in node.output]
+    proto = helper.make_model(helper.make_graph([node], "g", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)])
+    model = ir.serde.deserialize_model(proto)
+    with pytest.raises(NotImplementedError, match=r"\['softcap'\].*export with the batch fixed at 1"):
+        _guard_all(model)
+    plain = helper.make_node("GroupQueryAttention", node.input, node.output, domain="com.microsoft", num_heads=2,
+                             kv_num_heads=2, name="attention")
+    model = ir.serde.deserialize_model(helper.make_model(
+        helper.make_graph([plain], "g", inputs, outputs),
+        opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)]))
+    _guard_all(model)
+    assert [n.op_type for n in model.graph][-1] == "If"  # the same attention without it: guarded

@@ -114,11 +114,13 @@ STAGE_RULES = {
 }
 # Third-party modules a library module may import inside a function, because loading them at start-up costs
 # seconds or native memory that most runs never use (the front doors may defer anything).
-DEFERRED_STACK = ("onnx", "onnxruntime", "onnxscript", "executorch", "torchao", "onnxruntime_genai",
+DEFERRED_STACK = ("onnx", "onnx_ir", "onnxruntime", "onnxscript", "executorch", "torchao", "onnxruntime_genai",
                   # torch's ONNX exporter, which loads onnxscript when imported
                   "torch.onnx",
                   # upstream modules that load ExecuTorch or torchao when imported
                   "transformers.exporters.quantizers", "transformers.exporters.exporter_executorch",
+                  # upstream's fusions for ONNX Runtime, which load onnxscript
+                  "transformers.exporters.onnxruntime_fusions",
                   "transformers.exporters.runners.runner_executorch")
 
 

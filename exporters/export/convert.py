@@ -126,13 +126,15 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
     epsilon of 1e-8) and tries its two-output pattern only where it can match (`multi_output_patterns_anchored`:
     upstream's matcher is quadratic in the graph's size), and torch.onnx's second trace is skipped where it would
     change nothing the translation needs (`exporters.upstream.decompose_only_what_onnx_lacks`), and its
-    type-promotion pass reads the values the trace recorded (`exporters.upstream.type_promotion_on_traced_values`)."""
+    type-promotion pass reads the values the trace recorded (`exporters.upstream.type_promotion_on_traced_values`).
+    `ort_fusions: "cpu"` fuses `GroupQueryAttention` at any batch (`exporters.upstream.group_query_attention_at_any_batch`)."""
     stack = contextlib.ExitStack()
     if target.export_format == "onnx":
         stack.enter_context(upstream.exact_no_op_rewrites())
         stack.enter_context(upstream.multi_output_patterns_anchored())
         stack.enter_context(upstream.decompose_only_what_onnx_lacks())
         stack.enter_context(upstream.type_promotion_on_traced_values())
+        stack.enter_context(upstream.group_query_attention_at_any_batch())
     if target.export_format == "executorch":
         stack.enter_context(upstream.xnnpack_lowering())
         if any(getattr(c, "quantizer", None) is not None for c in configs.values()):

@@ -31,6 +31,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from exporters.upstream import GQA_GUARD_NAME
+
 __all__ = ["SHARED_BUFFER_NOTE", "share_past_present", "share_past_present_in_file"]
 
 ATTENTION = "GroupQueryAttention"
@@ -55,12 +57,11 @@ def share_past_present(proto: Any) -> bool:
     past = {name for name in inputs if name.startswith(PAST_PREFIX)}
     if not past or not {"attention_mask", "input_ids"} <= inputs:
         return False
-    if not any(node.op_type == ATTENTION for node in graph.node):
+    if not any(node.op_type == ATTENTION or _guarded_attention(node) for node in graph.node):
         return False
     reads = []
     for node in graph.node:
-        takes = [name for name in node.input if name in past]
-        if not takes or node.op_type == ATTENTION:
+        if node.op_type == ATTENTION or _guarded_attention(node) or not _reads(node, past):
             continue
         if node.op_type != "Shape" or _axes(node) != (SEQUENCE_AXIS, SEQUENCE_AXIS + 1):
             return False
@@ -89,6 +90,22 @@ def share_past_present_in_file(path: Path) -> bool:
         return False
     onnx.save_model(proto, str(path))
     return True
+
+
+def _guarded_attention(node: Any) -> bool:
+    """Whether `node` is the `If` around a `GroupQueryAttention` that `ort_fusions: "cpu"` writes at a dynamic batch
+    (`exporters.upstream.group_query_attention_at_any_batch`): the fused op, or, for several tokens after a past at a
+    batch over 1, the past read up to the length the mask gives."""
+    return node.op_type == "If" and node.name.startswith(GQA_GUARD_NAME)
+
+
+def _reads(node: Any, names: set[str]) -> bool:
+    """Whether `node`, or a node of a graph it holds (an `If`'s branches read the outer graph's values), reads any of
+    `names`."""
+    if any(name in names for name in node.input):
+        return True
+    graphs = [graph for attribute in node.attribute for graph in [attribute.g, *attribute.graphs] if graph.node]
+    return any(_reads(inner, names) for graph in graphs for inner in graph.node)
 
 
 def _axes(node: Any) -> tuple[int | None, int | None]:

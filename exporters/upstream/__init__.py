@@ -78,6 +78,7 @@ from exporters.upstream.internals import (
     symbolic_arithmetic_once,
 )
 from exporters.upstream.onnx_decompositions import decompose_only_what_onnx_lacks, type_promotion_on_traced_values
+from exporters.upstream.ort_attention import GQA_GUARD_NAME, group_query_attention_at_any_batch
 from exporters.upstream.runtime_ops import (
     argsort_of_permutations,
     exact_no_op_rewrites,
@@ -158,6 +159,8 @@ __all__ = [
     "symbolic_arithmetic_once",
     "tanh_gelu_kept_off_xnnpack",
     "type_promotion_on_traced_values",
+    "group_query_attention_at_any_batch",
+    "GQA_GUARD_NAME",
     "upsample_fusion_only_with_upsample",
     "xnnpack_lowering",
     "write_manifest",
