@@ -11,8 +11,10 @@ GenAI and optimum alike, and the kernel runs them at any batch.
 [`group_query_attention_at_any_batch`] fuses a merged graph with a dynamic batch as upstream fuses one with a batch of
 1, then puts each such attention in an `If`: the fused op for the calls its kernel takes, and for the one it refuses
 the same attention in standard ops, computed from the fused op's own inputs (the past, up to its length, and the new
-keys and values; rotated as the fused op rotates; the causal mask and the attention's bias). The graph computes what
-it computed before for every call; generation runs the fused kernel.
+keys and values; rotated as the fused op rotates; the causal mask and the attention's bias). A prompt of several
+sequences takes the standard ops too where the fused op rotates it: the kernel rotates every sequence at the first
+one's positions (docs/upstream-gaps.md #43). The graph computes what it computed before for every call; every
+decode step runs the fused kernel.
 
 Example:
     >>> with group_query_attention_at_any_batch():  # doctest: +SKIP
@@ -108,9 +110,9 @@ def _guard(graph: ir.Graph, node: ir.Node) -> None:
     extra = [value for value in node.inputs[ATTENTION_INPUTS:] if value is not None]
     if unknown or extra or len(node.outputs) != 3 or any(output.uses() for output in node.outputs[3:]):
         raise NotImplementedError(
-            f"{node.name}: a GroupQueryAttention with {sorted(unknown) or 'inputs past the bias'} has no standard-op "
-            "form here for several tokens after a past at a batch over 1; export with the batch fixed at 1 "
-            "(docs/recipe.md, 'ONNX Runtime GenAI on CPU') or without ort_fusions")
+            f"{node.name}: a GroupQueryAttention with {sorted(unknown) or 'inputs or outputs past the bias'} has no "
+            "standard-op form here for several tokens after a past at a batch over 1; export with the batch fixed at "
+            "1 (docs/recipe.md, 'ONNX Runtime GenAI on CPU') or without ort_fusions")
     query = node.inputs[0]
     tape = ir.tape.Tape()
     batch = tape.op("Shape", [query], attributes={"start": 0, "end": 1})
