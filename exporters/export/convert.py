@@ -127,7 +127,8 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
     upstream's matcher is quadratic in the graph's size), and torch.onnx's second trace is skipped where it would
     change nothing the translation needs (`exporters.upstream.decompose_only_what_onnx_lacks`), and its
     type-promotion pass reads the values the trace recorded (`exporters.upstream.type_promotion_on_traced_values`).
-    `ort_fusions: "cpu"` fuses `GroupQueryAttention` at any batch (`exporters.upstream.group_query_attention_at_any_batch`)."""
+    `ort_fusions: "cpu"` fuses `GroupQueryAttention` at any batch
+    (`exporters.upstream.group_query_attention_at_any_batch`)."""
     stack = contextlib.ExitStack()
     if target.export_format == "onnx":
         stack.enter_context(upstream.exact_no_op_rewrites())
