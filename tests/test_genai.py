@@ -231,20 +231,28 @@ def test_genai_tokens_that_differ_from_eager_fail_the_proof(exported):
 OPTIMUM_SCRIPT = Path(__file__).with_name("optimum") / "causal_lm.py"
 
 
-def test_optimum_generates_what_eager_generates_for_a_padded_batch_of_two(exported):
-    """optimum's `ORTModelForCausalLM` (transformers 4.x): `make test-deps` creates the pinned venv
-    .cache/optimum-venv (tests/optimum/constraints.txt), never the product's environment;
+def optimum_greedy(folder: Path, prompts: list[list[int]]) -> dict:
+    """optimum's `ORTModelForCausalLM` greedy over a left-padded batch (pad 3, eos 2), from `folder` alone, in the
+    optimum test venv: `{"inputs": graph input names, "new": each row's new tokens}`. `make test-deps` creates the
+    pinned venv .cache/optimum-venv (tests/optimum/constraints.txt), never the product's environment;
     HF_EXPORT_OPTIMUM_PYTHON names another interpreter that has optimum-onnx. Never skipped."""
     python = os.environ.get("HF_EXPORT_OPTIMUM_PYTHON") or str(ROOT / ".cache" / "optimum-venv" / "bin" / "python")
     if not Path(python).is_file():
         pytest.fail("optimum is not installed: run `make test-deps` (.cache/optimum-venv, pinned by "
                     "tests/optimum/constraints.txt), or set HF_EXPORT_OPTIMUM_PYTHON to a python with optimum-onnx")
-    prompts = [[5, 17, 9, 33, 41, 8, 60], [70, 12, 5]]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    result = subprocess.run([python, str(OPTIMUM_SCRIPT), str(exported["folder"]), json.dumps(prompts), "3", "2",
+    result = subprocess.run([python, str(OPTIMUM_SCRIPT), str(folder), json.dumps(prompts), "3", "2",
                              str(NEW_TOKENS)], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    got = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_optimum_generates_what_eager_generates_for_a_padded_batch_of_two(exported):
+    """optimum's `ORTModelForCausalLM` (transformers 4.x): `make test-deps` creates the pinned venv
+    .cache/optimum-venv (tests/optimum/constraints.txt), never the product's environment;
+    HF_EXPORT_OPTIMUM_PYTHON names another interpreter that has optimum-onnx. Never skipped."""
+    prompts = [[5, 17, 9, 33, 41, 8, 60], [70, 12, 5]]
+    got = optimum_greedy(exported["folder"], prompts)
     assert got["inputs"] == INPUTS
     want = _eager(exported["model_dir"], prompts, pad=3, eos=2)
     assert [_until(row, 2) for row in got["new"]] == want

@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import run_cli
 from tests.models import _saved, save_ascii_bpe_tokenizer, tiny_llama
-from tests.test_genai import NEW_TOKENS, OPTIMUM_SCRIPT, PROMPTS, _eager, _genai, _until
+from tests.test_genai import PROMPTS, _eager, _genai, _until, optimum_greedy
 
 og = pytest.importorskip("onnxruntime_genai")
 
@@ -134,24 +132,30 @@ def test_the_past_length_comes_from_the_mask_and_both_buffer_modes_generate_eage
 def test_a_graph_whose_past_is_read_elsewhere_keeps_its_own_buffer_per_step():
     """The rewrite is all or nothing: a past read by anything but `GroupQueryAttention` and the length reads it
     rewrites (here a `Gather` of it) leaves the graph as it is, and GenAI keeps a buffer per step."""
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     from exporters.export.genai_buffer import share_past_present
+
+    nodes = [helper.make_node("Shape", ["past_key_values.0.key"], ["length"], start=2, end=3),
+             helper.make_node("Gather", ["past_key_values.0.key", "index"], ["slice"], axis=2),
+             helper.make_node("GroupQueryAttention", ["q", "", "", "past_key_values.0.key"], ["o"],
+                              domain="com.microsoft")]
+    proto = _decoder_graph(nodes)
+    before = proto.SerializeToString()
+    assert share_past_present(proto) is False
+    assert proto.SerializeToString() == before
+    assert share_past_present(_decoder_graph(nodes[:1])) is False  # a plain graph: its present is past + new
+
+
+def _decoder_graph(nodes):
+    """A one-layer merged decoder's inputs (token ids, mask, one past) around `nodes`, whose output is `o`."""
+    from onnx import TensorProto, helper
 
     past = helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, [1, 2, "past", 4])
     ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "seq"])
     mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "total"])
     out = helper.make_tensor_value_info("o", TensorProto.FLOAT, None)
-    nodes = [helper.make_node("Shape", ["past_key_values.0.key"], ["length"], start=2, end=3),
-             helper.make_node("Gather", ["past_key_values.0.key", "index"], ["slice"], axis=2),
-             helper.make_node("GroupQueryAttention", ["q", "", "", "past_key_values.0.key"], ["o"],
-                              domain="com.microsoft")]
-    proto = helper.make_model(helper.make_graph(nodes, "g", [ids, mask, past], [out]))
-    before = proto.SerializeToString()
-    assert share_past_present(proto) is False
-    assert proto.SerializeToString() == before
-    without_attention = helper.make_model(helper.make_graph(nodes[:1], "g", [ids, mask, past], [out]))
-    assert share_past_present(without_attention) is False  # a plain graph: its present is past + new
+    return helper.make_model(helper.make_graph(nodes, "g", [ids, mask, past], [out]))
 
 
 def test_the_genai_proof_opens_a_folder_given_relative_to_the_cwd(run, monkeypatch):
@@ -342,16 +346,8 @@ def test_upstream_kernel_rotates_a_first_prompts_sequences_at_the_first_ones_pos
 def test_optimum_generates_eagers_tokens_for_a_padded_batch_of_two_from_the_guarded_graph(any_batch):
     """optimum's `ORTModelForCausalLM` (its venv, as tests/test_genai.py's check): a left-padded batch of two,
     through the guard's standard ops for the prompt and the fused kernel for every token after it."""
-    python = os.environ.get("HF_EXPORT_OPTIMUM_PYTHON") or str(ROOT / ".cache" / "optimum-venv" / "bin" / "python")
-    if not Path(python).is_file():
-        pytest.fail("optimum is not installed: run `make test-deps` (.cache/optimum-venv, pinned by "
-                    "tests/optimum/constraints.txt), or set HF_EXPORT_OPTIMUM_PYTHON to a python with optimum-onnx")
     prompts = [[5, 17, 9, 33, 41, 8, 60], [70, 12, 5]]
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    result = subprocess.run([python, str(OPTIMUM_SCRIPT), str(any_batch["folder"]), json.dumps(prompts), "3", "2",
-                             str(NEW_TOKENS)], capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    got = json.loads(result.stdout.strip().splitlines()[-1])
+    got = optimum_greedy(any_batch["folder"], prompts)
     want = _eager(any_batch["model_dir"], prompts, pad=3, eos=2)
     assert [_until(row, 2) for row in got["new"]] == want
     assert want[0] != want[1]
@@ -364,16 +360,12 @@ def test_a_graph_whose_past_is_read_inside_another_if_keeps_its_own_buffer_per_s
 
     from exporters.export.genai_buffer import share_past_present
 
-    past = helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, [1, 2, "past", 4])
-    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "seq"])
-    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "total"])
-    out = helper.make_tensor_value_info("o", TensorProto.FLOAT, None)
     branch = helper.make_graph([helper.make_node("Identity", ["past_key_values.0.key"], ["copy"])], "b", [],
                                [helper.make_tensor_value_info("copy", TensorProto.FLOAT, None)])
     nodes = [helper.make_node("If", ["cond"], ["o"], then_branch=branch, else_branch=branch, name="other_if"),
              helper.make_node("GroupQueryAttention", ["q", "", "", "past_key_values.0.key"], ["a"],
                               domain="com.microsoft")]
-    proto = helper.make_model(helper.make_graph(nodes, "g", [ids, mask, past], [out]))
+    proto = _decoder_graph(nodes)
     before = proto.SerializeToString()
     assert share_past_present(proto) is False
     assert proto.SerializeToString() == before
@@ -393,18 +385,17 @@ def test_a_fused_attention_the_guard_cannot_write_in_standard_ops_fails_the_expo
     inputs = [value(name, TensorProto.FLOAT, ["batch", "seq", 32]) for name in ("query", "key", "value")]
     inputs += [value(name, TensorProto.FLOAT, ["batch", 2, "past", 16]) for name in ("past_key", "past_value")]
     inputs += [value("seqlens_k", TensorProto.INT32, ["batch"]), value("total", TensorProto.INT32, [])]
-    node = helper.make_node("GroupQueryAttention", [i.name for i in inputs], ["out", "present_key", "present_value"],
-                            domain="com.microsoft", num_heads=2, kv_num_heads=2, softcap=30.0, name="attention")
-    outputs = [value(name, TensorProto.FLOAT, None) for name in node.output]
-    proto = helper.make_model(helper.make_graph([node], "g", inputs, outputs),
-                              opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)])
-    model = ir.serde.deserialize_model(proto)
+    outputs = [value(name, TensorProto.FLOAT, None) for name in ("out", "present_key", "present_value")]
+
+    def model(**attributes):
+        node = helper.make_node("GroupQueryAttention", [i.name for i in inputs], [o.name for o in outputs],
+                                domain="com.microsoft", num_heads=2, kv_num_heads=2, name="attention", **attributes)
+        return ir.serde.deserialize_model(helper.make_model(
+            helper.make_graph([node], "g", inputs, outputs),
+            opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)]))
+
     with pytest.raises(NotImplementedError, match=r"\['softcap'\].*export with the batch fixed at 1"):
-        _guard_all(model)
-    plain = helper.make_node("GroupQueryAttention", node.input, node.output, domain="com.microsoft", num_heads=2,
-                             kv_num_heads=2, name="attention")
-    model = ir.serde.deserialize_model(helper.make_model(
-        helper.make_graph([plain], "g", inputs, outputs),
-        opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)]))
-    _guard_all(model)
-    assert [n.op_type for n in model.graph][-1] == "If"  # the same attention without it: guarded
+        _guard_all(model(softcap=30.0))
+    plain = model()
+    _guard_all(plain)
+    assert [n.op_type for n in plain.graph][-1] == "If"  # the same attention without it: guarded

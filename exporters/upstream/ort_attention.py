@@ -117,13 +117,13 @@ def _guard(graph: ir.Graph, node: ir.Node) -> None:
     tape = ir.tape.Tape()
     batch = tape.op("Shape", [query], attributes={"start": 0, "end": 1})
     length = tape.op("Shape", [query], attributes={"start": 1, "end": 2})
-    total = tape.op("Cast", [tape.op("Reshape", [node.inputs[6], _ints(tape, [-1])])],
-                    attributes={"to": ir.DataType.INT64})
     # the kernel's own test: one new token, one sequence, or a prompt (as many tokens as the total)
     one = _ints(tape, [1])
     takes = tape.op("Or", [tape.op("Equal", [length, one]), tape.op("Equal", [batch, one])])
     if not (node.attributes.get_int("do_rotary", 0) and node.inputs[9] is not None):
         # rotated inside, the kernel rotates every sequence of a prompt at the first one's positions (#43)
+        total = tape.op("Cast", [tape.op("Reshape", [node.inputs[6], _ints(tape, [-1])])],
+                        attributes={"to": ir.DataType.INT64})
         takes = tape.op("Or", [takes, tape.op("Equal", [length, total])])
     fused = ir.Node(DOMAIN, ATTENTION, node.inputs,
                     attributes=[ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()], num_outputs=3,
@@ -207,9 +207,7 @@ def _standard_attention(tape: ir.tape.Tape, node: ir.Node) -> list[ir.Value]:
                                       tape.op("Unsqueeze", [rows, _ints(tape, [1])])])
     scores = tape.op("Where", [visible, scores, _constant(tape, np.array(np.finfo(dtype).min, dtype=dtype))])
     attended = tape.op("MatMul", [tape.op("Softmax", [scores], attributes={"axis": -1}), values])
-    output = tape.op("Reshape", [tape.op("Transpose", [attended], attributes={"perm": [0, 2, 1, 3]}),
-                                 _ints(tape, [0, 0, heads * head_size])])
-    return [output, present_key, present_value]
+    return [fusions._merge_heads(tape, attended, False, _ints(tape, [0, 0, -1])), present_key, present_value]
 
 
 def _range(tape: ir.tape.Tape, end: ir.Value) -> ir.Value:
