@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from transformers.cache_utils import DynamicCache, DynamicLayer, LinearAttentionCacheLayerMixin
 
+from exporters.capture.generation_settings import greedy
 from exporters.capture.shapes import axis_specs, spec_key
 from exporters.errors import DecodeStepError, RecipeError, ShapeSpecError
 from exporters.recipe.model import ComponentOverride
@@ -45,9 +46,14 @@ class CacheSetting:
     defaulted: bool = False
 
     def apply(self, generation_config):
-        """A copy of `generation_config` (greedy) capturing with this cache."""
+        """A greedy copy of `generation_config` (`exporters.capture.generation_settings.greedy`) capturing with
+        this cache: what the capture and validation run."""
+        return self.for_artifact(greedy(generation_config))
+
+    def for_artifact(self, generation_config):
+        """A copy of `generation_config` with only this cache added: what an artifact folder's
+        `generation_config.json` holds (the repo's own sampling settings kept)."""
         config = copy.deepcopy(generation_config)
-        config.do_sample = False
         if self.implementation == "static":
             config.cache_implementation = "static"
             config.max_cache_len = self.max_cache_len

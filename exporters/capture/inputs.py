@@ -75,9 +75,11 @@ def _special_ids(config) -> set[int]:
     return ids
 
 
-def random_token_ids(config, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
-    """Token ids drawn from the vocabulary, avoiding special and modality tokens."""
-    vocab = vocab_size(config)
+def random_token_ids(config, shape: tuple[int, ...], generator: torch.Generator,
+                     limit: int | None = None) -> torch.Tensor:
+    """Token ids drawn from the vocabulary (below `limit` when given: the tokenizer's, where a config's vocabulary
+    is padded past it with rows no token reaches), avoiding special and modality tokens."""
+    vocab = min(vocab_size(config), limit) if limit else vocab_size(config)
     special = _special_ids(config)
     allowed = torch.tensor([i for i in range(min(vocab, 4096)) if i not in special] or [0])
     picks = torch.randint(0, len(allowed), shape, generator=generator)
@@ -89,7 +91,8 @@ def prompt_ids(model, tokenizer, spec: InputsSpec, generator: torch.Generator) -
         ids = tokenizer(spec.prompt, return_tensors="pt")["input_ids"]
         ids = ids.clamp(max=vocab_size(model.config) - 1)
         return ids.repeat(spec.batch_size, 1)
-    return random_token_ids(model.config, (spec.batch_size, spec.sequence_length), generator)
+    limit = len(tokenizer) if tokenizer is not None else None  # ids a tokenizer can produce
+    return random_token_ids(model.config, (spec.batch_size, spec.sequence_length), generator, limit)
 
 
 def _decoder_start(model) -> int:

@@ -76,7 +76,9 @@ def resize_along(tensor: torch.Tensor, axis: int, size: int, generator: torch.Ge
         steps = torch.arange(1, size - current + 1).reshape([-1 if d == axis else 1 for d in range(tensor.dim())])
         extra = (last + steps).to(tensor.dtype)
     elif not tensor.is_floating_point():
-        extra = random_token_ids(config, tuple(extra_shape), generator).to(tensor.dtype)
+        # ids like the sample's: below its largest (a tokenizer's ids stay clear of a padded vocabulary's rows)
+        limit = int(tensor.max()) + 1 if tensor.numel() else None
+        extra = random_token_ids(config, tuple(extra_shape), generator, limit).to(tensor.dtype)
     else:
         scale = float(tensor.float().std()) if tensor.numel() > 1 else 1.0
         extra = (torch.randn(extra_shape, generator=generator) * (scale or 1.0)).to(tensor.dtype)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from exporters import upstream
-from exporters.capture.components import GLUE_FILE, cache_setting_for, generation_config_for, write_glue
+from exporters.capture.components import GLUE_FILE, cache_setting_for, write_glue
 from exporters.capture.llm_runner import METHODS_NOTE
 from exporters.capture.shapes import build_dynamic_shapes
 from exporters.errors import ShapeSpecError, TargetPlanError
@@ -293,9 +293,10 @@ def _save_methods(program, metadata: dict[str, Any], methods: dict[str, str], di
 
 
 def _generation_config(model, target, recipe: Recipe):
+    """What the target folder's `generation_config.json` holds: the repo's own, with the program's cache."""
     if target.mode != "generation":
         return None
-    return generation_config_for(model, cache_setting_for(model, target, recipe))
+    return cache_setting_for(model, target, recipe).for_artifact(model.generation_config)
 
 
 def _hint(err: Exception, config) -> str:

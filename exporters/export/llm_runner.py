@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from exporters import upstream
-from exporters.capture.components import cache_setting_for, generation_config_for
+from exporters.capture.components import cache_setting_for
 from exporters.capture.llm_runner import CUSTOM_OPS_OFF, PTE_WEIGHTS_LIMIT, custom_ops_of
 from exporters.capture.merged import MERGED
 from exporters.capture.token_ids import special_token_ids
@@ -65,7 +65,7 @@ def export_runner(model: Any, target: Any, components: dict[str, tuple[Any, dict
         "schema_version": 1, "export_format": "executorch", "layout": "runner", "custom_ops": custom_ops,
         "runner_metadata": metadata, "components": {MERGED: entry}})
     model.config.save_pretrained(directory)
-    generation_config_for(model, setting).save_pretrained(directory)
+    setting.for_artifact(model.generation_config).save_pretrained(directory)  # the repo's own, with the cache
     if custom_ops:
         notes.append(f"runner layout with ExecuTorch's LLM custom ops ({custom_nodes} llama:: nodes): a runtime needs "
                      "their kernels (Python: import executorch.extension.llm.custom_ops.custom_ops; C++: link the "

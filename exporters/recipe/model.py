@@ -177,6 +177,14 @@ class OnnxTarget(_TargetBase, LayoutSetting):
             raise PathValueError(("ort_fusions",), "ort_fusions requires optimize: true")
         return self
 
+    @model_validator(mode="after")
+    def _dtype_its_runtime_runs(self) -> OnnxTarget:
+        if self.dtype == "bfloat16" and self.device == "cpu":
+            raise PathValueError(("dtype",), "a bfloat16 ONNX graph does not run on ONNX Runtime's CPU provider (it "
+                                 "has no bfloat16 kernels for most operators, e.g. Mul): leave dtype unset (float32, "
+                                 "the default), or set float16, or device 'cuda'")
+        return self
+
 
 class ExecutorchTarget(_TargetBase, ExecutorchLayoutSetting):
     """An ExecuTorch program (`.pte`)."""

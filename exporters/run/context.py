@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from exporters.capture.cache_settings import check_cache_len, positions_in
+from exporters.capture.dtypes import checkpoint_dtype, default_dtype, dtype_finding
 from exporters.capture.source import ModelSource, SourceOptions, check_remote_code, read_config
 from exporters.errors import DeviceError
 from exporters.hashing import weights_fingerprint
@@ -75,6 +76,7 @@ class RunContext:
     load_s: float | None = None
     eager_cache: Any = None
     model_dtype: str | None = None  # the dtype the model was loaded in
+    checkpoint_dtype: str | None = None  # the dtype the checkpoint's weights are stored in (None: not told)
     jobs: int | None = None  # exports run at once
     machine: dict[str, Any] | None = None  # where the artifacts were timed (exporters.validate.benchmark.machine_info)
 
@@ -170,7 +172,20 @@ def prepare_run(model: str, options: RunOptions) -> RunContext:
     config = read_config(source.folder)
     check_remote_code(source, config, options.trust_remote_code)
     check_cache_len(recipe, positions_in(config))  # before anything is loaded or allocated
-    targets = recipe.select(options.targets)
+    checkpoint = checkpoint_dtype(source.folder, config)
+    targets = [_with_default_dtype(target, checkpoint, warnings) for target in recipe.select(options.targets)]
     weights, weights_files = weights_fingerprint(source.folder)
     return RunContext(model_arg=model, out_dir=Path(options.out_dir), source=source, recipe=recipe, recipe_file=Path(recipe_file), targets=targets,
-                      warnings=list(warnings), versions=tool_versions(), weights=weights, weights_files=weights_files)
+                      warnings=list(warnings), versions=tool_versions(), weights=weights, weights_files=weights_files,
+                      checkpoint_dtype=checkpoint)
+
+
+def _with_default_dtype(target: Target, checkpoint: str | None, warnings: list[str]) -> Target:
+    """`target`, or a copy in the dtype its runtime runs when the recipe sets none (`exporters.capture.dtypes`); a
+    cast is said in `warnings`."""
+    dtype = default_dtype(target.export_format, checkpoint) if target.dtype is None else None
+    if dtype is None:
+        return target
+    if dtype != checkpoint:
+        warnings.append(f"{target.name}: {dtype_finding(target.export_format, checkpoint, dtype)}")
+    return target.model_copy(update={"dtype": dtype})

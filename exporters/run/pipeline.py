@@ -29,6 +29,7 @@ import torch
 
 from exporters import fsutil
 from exporters.capture import llm_runner
+from exporters.capture.dtypes import reference_groups
 from exporters.errors import DeviceError, error_record
 from exporters.export.convert import export_to, release_weights
 from exporters.export.footprint import record_footprint
@@ -136,49 +137,66 @@ def _export_and_validate(targets: list[Target], context: RunContext, options: Ru
     sessions or ExecuTorch programs (so no runtime's threads or memory are forked); validation then overlaps with the
     exports still running.
     """
-    workbench = Workbench.load(context, options, targets)
-    calibration = workbench.calibration(targets, context.recipe)
+    groups = reference_groups([t.dtype for t in targets], context.checkpoint_dtype)
+    workbench = Workbench.load(context, options, targets, dtype=groups[0][0])
     if options.bench:
         warm_up()
     results: list[TargetResult] = []
-    jobs = options.jobs or default_jobs(weight_bytes=workbench.weights.bytes(), targets=len(targets))
-    context.jobs = jobs
-    pending, running, exported, validated = [], [], [], []  # of _Export: planned, exporting, to validate, done
+    context.jobs = options.jobs or default_jobs(weight_bytes=workbench.weights.bytes(), targets=len(targets))
+    validated: list[_Export] = []
+    with Progress(options.progress) as progress:
+        for index, (dtype, members) in enumerate(groups):
+            if index:  # the next group's references in its dtype: the weights converted in place (lossless)
+                workbench.convert(dtype, context)
+            results += _export_group([targets[i] for i in members], context, options, workbench, progress,
+                                     validated, final=index == len(groups) - 1)
+        if options.bench:  # after every export: timings taken while nothing else runs, each in a fresh process
+            bench_passing(validated, workbench, context, progress)
+    return results
+
+
+def _export_group(targets: list[Target], context: RunContext, options: RunOptions, workbench: Workbench,
+                  progress: Progress, validated: list[_Export], final: bool) -> list[TargetResult]:
+    """Export and validate targets whose eager references share the model's current dtype (see
+    `_export_and_validate`); each validated target is appended to `validated`. The eager weights are released after
+    the last validation only in the `final` group."""
+    calibration = workbench.calibration(targets, context.recipe)
+    results: list[TargetResult] = []
+    jobs = context.jobs
+    pending, running, exported = [], [], []  # of _Export: planned, exporting, to validate
 
     def start_free_slots() -> None:
         while pending and len(running) < jobs:
             running.append(_start(pending.pop(0), workbench, context, options, progress, calibration))
 
-    with Progress(options.progress) as progress:
-        for target in targets:
-            target = workbench.plan(target)
-            item = _Export(target, _new_result(target, context, options))
-            results.append(item.result)
-            if _prepare(item, workbench, context, options, progress):
-                pending.append(item)
-                start_free_slots()
-        while pending or running or exported:
+    for target in targets:
+        target = workbench.plan(target)
+        item = _Export(target, _new_result(target, context, options))
+        results.append(item.result)
+        if _prepare(item, workbench, context, options, progress):
+            pending.append(item)
             start_free_slots()
-            if exported and not pending:
-                validated.append(exported.pop(0))  # on the cores the running exports leave; the last frees the weights
-                with threads_left(busy=len(running)):
-                    _validate(validated[-1], context, workbench, options, progress, last=not running and not exported)
-                continue
-            # the cores the running exports leave would idle: the eager side of a validation, not of a torch program's
-            # (compared with eager at the thread count it is validated at: `EagerSide.usable_for`)
-            ahead = next((i for i in running if not i.eager_tried and i.target.export_format != "dynamo"), None)
-            if ahead is not None:
-                _eager_side(ahead, context, workbench, progress, busy=len(running))
-                continue
-            mp_wait([item.run.sentinel for item in running], timeout=1.0)
-            for item in [i for i in running if i.run.done()]:
-                running.remove(item)
-                if _finish(item, options, progress):
-                    exported.append(item)
-                elif _planned_again(item, workbench, context, options, progress):
-                    pending.insert(0, item)
-        if options.bench:  # after every export: timings taken while nothing else runs, each in a fresh process
-            bench_passing(validated, workbench, context, progress)
+    while pending or running or exported:
+        start_free_slots()
+        if exported and not pending:
+            validated.append(exported.pop(0))  # on the cores the running exports leave; the last frees the weights
+            with threads_left(busy=len(running)):
+                _validate(validated[-1], context, workbench, options, progress,
+                          last=final and not running and not exported)
+            continue
+        # the cores the running exports leave would idle: the eager side of a validation, not of a torch program's
+        # (compared with eager at the thread count it is validated at: `EagerSide.usable_for`)
+        ahead = next((i for i in running if not i.eager_tried and i.target.export_format != "dynamo"), None)
+        if ahead is not None:
+            _eager_side(ahead, context, workbench, progress, busy=len(running))
+            continue
+        mp_wait([item.run.sentinel for item in running], timeout=1.0)
+        for item in [i for i in running if i.run.done()]:
+            running.remove(item)
+            if _finish(item, options, progress):
+                exported.append(item)
+            elif _planned_again(item, workbench, context, options, progress):
+                pending.insert(0, item)
     return results
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from exporters.capture import llm_runner
+from exporters.capture.dtypes import reference_groups
 from exporters.errors import ArtifactError, error_record
 from exporters.export.footprint import record_footprint
 from exporters.hashing import file_entries
@@ -37,9 +38,13 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
     out_dir = options.out_dir
     previous = {t.get("name"): t for t in previous_report(out_dir).get("targets") or [] if isinstance(t, dict)}
     context = prepare_run(model, options)
-    workbench = Workbench.load(context, options)
+    groups = reference_groups([t.dtype for t in context.targets], context.checkpoint_dtype)
+    workbench = Workbench.load(context, options, dtype=groups[0][0])
+    order = [(dtype, context.targets[i]) for dtype, members in groups for i in members]
     results = []
-    for index, target in enumerate(context.targets):
+    for index, (dtype, target) in enumerate(order):
+        if dtype != order[index - 1][0] and index:  # the next group's references in its dtype (as `run` does)
+            workbench.convert(dtype, context)
         target = workbench.plan(target)
         result = _new_result(target, context, options)
         result.reproduce = f"hf-export validate {model} {out_dir} --target {target.name}"
@@ -66,7 +71,7 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
         result.expected_components = workbench.expected(target, components)
         result.findings += [note for note in workbench.contract_notes(target) if note in workbench.not_runner.values()]
         _validate_into(result, target, context, workbench, directory, trust_artifacts=options.trust_remote_code,
-                       last=index == len(context.targets) - 1)
+                       last=index == len(order) - 1)
         result.files = file_entries(directory, out_dir)
         record_footprint(result, target, directory, workbench.weights)
     return _write(results, context)

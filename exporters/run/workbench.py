@@ -16,6 +16,7 @@ import torch
 from exporters.capture import llm_runner, merged, stepped
 from exporters.capture.cache_settings import (check_second_step, default_decode_contract, max_positions,
                                               sliding_window_of, state_space_layers)
+from exporters.capture.generation_settings import derived_settings
 from exporters.capture.components import cache_setting_for, decompose, generation_config_for, minimum_components
 from exporters.capture.families import detect_family
 from exporters.capture.inputs import SampleInputs, default_mode, make_sample_inputs
@@ -26,6 +27,7 @@ from exporters.export.footprint import ModelWeights
 from exporters.export.quantize import calibration_samples
 from exporters.recipe.model import Recipe, Target
 from exporters.run.context import RunContext, RunOptions
+from exporters.upstream import move_to
 from exporters.validate.eager_side import EagerCache, EagerSide, eager_side
 
 
@@ -47,16 +49,16 @@ class Workbench:
     recipe_layouts: dict[str, str | None] = field(default_factory=dict)  # `layout` as each recipe target says it
 
     @classmethod
-    def load(cls, context: RunContext, options: RunOptions, targets: list[Target] | None = None) -> Workbench:
-        """Load the model once: in the targets' dtype when they all ask for the same one (a float16 target of a
-        float32 checkpoint never holds a float32 copy), else in the checkpoint's, each export converting its own.
+    def load(cls, context: RunContext, options: RunOptions, targets: list[Target] | None = None,
+             dtype: str | None = None) -> Workbench:
+        """Load the model once, in `dtype` (None: the checkpoint's own): the dtype the first targets' eager
+        references are computed in (`exporters.capture.dtypes.reference_groups`; [`convert`] changes it between
+        groups), each export converting its own.
         A model whose sample inputs cannot be made is kept with the reason (`unprepared`): every target fails with
         it, never a traceback."""
 
         started = time.time()
-        dtypes = {target.dtype for target in (targets if targets is not None else context.targets)}
-        model = load_model(context.source, trust_remote_code=options.trust_remote_code,
-                           dtype=dtypes.pop() if len(dtypes) == 1 else None)
+        model = load_model(context.source, trust_remote_code=options.trust_remote_code, dtype=dtype)
         context.model_dtype = str(model.dtype).removeprefix("torch.")
         context.eager_cache = EagerCache()
         weights = ModelWeights.of(model)
@@ -69,7 +71,24 @@ class Workbench:
                        unprepared=error_record(err, prefix="sample inputs could not be made: "))
         context.family, context.load_s = sample.family, round(time.time() - started, 3)
         context.warnings.extend(sample.notes)
+        derived = derived_settings(getattr(model, "generation_config", None))
+        if derived and any(t.mode in (None, "generation") for t in (targets or context.targets)):
+            context.warnings.append(derived)  # about the model, said once for every generation target
         return cls(model, sample, context.eager_cache, weights, tokenizer)
+
+    def convert(self, dtype: str, context: RunContext) -> None:
+        """Hold the eager model (and the sample inputs' floating tensors) in `dtype` from now on, converted in place
+        (lossless between a half-precision checkpoint's own dtype and float32); what was captured or computed in the
+        old dtype is dropped."""
+        torch_dtype = getattr(torch, dtype)
+        self.model.to(torch_dtype)
+        if self.sample is not None:
+            self.sample.forward = move_to(self.sample.forward, "cpu", torch_dtype)
+            self.sample.generate = move_to(self.sample.generate, "cpu", torch_dtype)
+        self.decompositions.clear()
+        self.fitted.clear()
+        self.eager.forget()
+        context.model_dtype = dtype
 
     def expected(self, target: Target, components: Any) -> list[str]:
         """The recipe's `expected_components`, else the family's minimum complete set (from the model's

@@ -263,8 +263,9 @@ def validate_target(
 
     findings: list[str] = []
     if budget is not None and eager_dtype != "float32":
-        findings.append(f"quality measured against the eager model in {eager_dtype}: the run loads the checkpoint "
-                        "once, in its targets' only dtype; add a float32 target to measure against float32")
+        findings.append(f"quality measured against the eager model in {eager_dtype}: a target in the checkpoint's "
+                        "own precision, or in the only precision the run asks for, is compared with the model in "
+                        "that precision (exporters.capture.dtypes)")
     errors: list[str] = []
     reports: list[ComponentReport] = []
     expected = list(expected_components if expected_components is not None else components)

@@ -35,8 +35,9 @@ def _fingerprint(inputs: dict[str, Any]) -> str:
     digest = hashlib.sha256()
     for name, tensor in sorted(leaf_tensors(inputs).items()):
         digest.update(name.encode())
-        digest.update(str(tuple(tensor.shape)).encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        digest.update(f"{tuple(tensor.shape)} {tensor.dtype}".encode())
+        # the bytes through uint8: numpy has no bfloat16
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     for name, value in sorted(inputs.items()):
         if not isinstance(value, torch.Tensor) and isinstance(value, (bool, int, float, str, type(None))):
             digest.update(f"{name}={value!r}".encode())
@@ -54,6 +55,10 @@ class EagerCache:
         self._outputs: dict[tuple[int, str, int], Any] = {}
         self.hits = 0
         self.misses = 0
+
+    def forget(self) -> None:
+        """Drop every kept output (the model changed dtype); the counts stay."""
+        self._outputs.clear()
 
     def run(self, module: torch.nn.Module, inputs: dict[str, Any]) -> Any:
         key = (id(module), _fingerprint(inputs), torch.get_num_threads())

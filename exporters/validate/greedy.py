@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from exporters.capture.generation_settings import greedy
 from exporters.capture.steps import CACHE_INPUTS, output_cache, step_inputs
 from exporters.upstream import recording_logits_processors, run_component
 
@@ -119,10 +120,7 @@ def is_near_tie(scores: torch.Tensor, eager: int, exported: int, tolerance: tupl
 
 def greedy_config(generation_config, steps: int):
     """The generation config eager runs with: the model's own (processors included), greedy, `steps` new tokens."""
-    config = copy.deepcopy(generation_config)
-    config.max_new_tokens = steps
-    config.do_sample = False
-    config.num_beams = 1
+    config = greedy(generation_config, max_new_tokens=steps)
     if getattr(config, "guidance_scale", None) not in (None, 1, 1.0):
         config.guidance_scale = 1.0  # classifier-free guidance runs the eager model inside a processor
     return config

@@ -157,8 +157,8 @@ def judge(kind: str, budget: dict[str, Any], probes: list[tuple[str, str, dict[s
 
 def _describe(metric: str, value: float, limit: float, at_least: bool, ok: bool, words: str, key: str) -> str:
     def fmt(number: float) -> str:
-        if metric == "top1_agreement":
-            return f"{number:.1%}"
+        if metric == "top1_agreement":  # two decimals where one would show 97.96% as the 98.0% it missed
+            return f"{number:.1%}" if round(number, 3) == round(number, 4) else f"{number:.2%}"
         if metric == "greedy_match":
             return f"{int(number)}"
         return f"{number:.3g}"
