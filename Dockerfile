@@ -41,8 +41,12 @@ RUN python -m pip install -c "/opt/export-action/${CONSTRAINTS}" pip setuptools 
         -c "/opt/export-action/${CONSTRAINTS}" "/opt/export-action[${VARIANT}]" \
     && python /opt/export-action/docker/check_pins.py "/opt/export-action/${CONSTRAINTS}" --allow export-action \
     && python -c "import action.main, bot.app, exporters.pipeline, exporters.publish, transformers.exporters" \
-    && rm -rf /root/.cache /opt/export-action/build /opt/export-action/export_action.egg-info
+    && rm -rf /root/.cache /opt/export-action/build /opt/export-action/export_action.egg-info \
+    && useradd --no-log-init --system --user-group --uid 10001 --no-create-home --shell /usr/sbin/nologin export-action
 
-# No USER: the runner mounts the workspace owned by root and the Action must write to it.
+# No USER: GitHub starts a Docker action's container as root, with the workspace and the file-command files owned by
+# the runner's user. The entrypoint runs the Action itself as that user (the workspace's owner), or as this image's
+# unprivileged user when the workspace is root's (action/privileges.py); EXPORT_ACTION_USER names the latter.
+ENV EXPORT_ACTION_USER=10001:10001
 # No WORKDIR reliance: the runner starts the container in /github/workspace; the entrypoint is an absolute path.
 ENTRYPOINT ["/usr/local/bin/python", "-m", "action"]
