@@ -54,11 +54,16 @@ def target_user(env: Mapping[str, str]) -> tuple[int, int] | None:
     """Whom to run as: None (stay) unless root in the image; the workspace's owner, else the image's user."""
     if os.geteuid() != 0 or not env.get(USER_VARIABLE):
         return None
-    workspace = Path(env.get("GITHUB_WORKSPACE") or os.getcwd())
-    owner = workspace.stat()
-    if owner.st_uid != 0:
+    try:
+        owner = Path(env.get("GITHUB_WORKSPACE") or os.getcwd()).stat()
+    except OSError:  # no workspace: the image's user (settings then say what is missing)
+        owner = None
+    if owner is not None and owner.st_uid != 0:
         return owner.st_uid, owner.st_gid
-    return parse_user(env[USER_VARIABLE])
+    user = parse_user(env[USER_VARIABLE])
+    if user[0] == 0:
+        raise ValueError(f"{USER_VARIABLE}={env[USER_VARIABLE]} names root, not an unprivileged user")
+    return user
 
 
 def _give(path: Path, uid: int, gid: int) -> None:
@@ -116,9 +121,20 @@ def _relay(env: Mapping[str, str], scratch: Path) -> None:
                 handle.write(text)
 
 
+def _stay_root(env: Mapping[str, str], why: str) -> None:
+    for name in ("hf-token", "github-token"):  # masks still come first
+        add_mask(read_input(env, name))
+    add_mask(env.get("HF_TOKEN"))
+    warning(f"{why}: the export runs as root.", title="export-action runs as root")
+
+
 def run_unprivileged(env: Mapping[str, str]) -> int | None:
     """Run `python -m action` again as the unprivileged user and return its exit code; None: run here, as is."""
-    user = target_user(env)
+    try:
+        user = target_user(env)
+    except ValueError as err:  # a malformed EXPORT_ACTION_USER: say so, do not guess a user
+        _stay_root(env, f"{USER_VARIABLE} is not `uid[:gid]` of an unprivileged user ({err})")
+        return None
     if user is None:
         return None
     uid, gid = user
@@ -130,12 +146,8 @@ def run_unprivileged(env: Mapping[str, str]) -> int | None:
             process = subprocess.Popen([sys.executable, "-m", "action"], env=child_env, user=uid, group=gid,
                                        extra_groups=[])
         except PermissionError as err:
-            for name in ("hf-token", "github-token"):  # masks still come first
-                add_mask(read_input(env, name))
-            add_mask(env.get("HF_TOKEN"))
-            warning(f"the container cannot change user ({err.strerror}): the export runs as root. Give the "
-                    "container CAP_SETUID and CAP_SETGID (Docker's default) to run it as the workspace's owner.",
-                    title="export-action runs as root")
+            _stay_root(env, f"the container cannot change user ({err.strerror}). Give the container CAP_SETUID "
+                            "and CAP_SETGID (Docker's default) to run it as the workspace's owner")
             return None
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda number, _frame: process.send_signal(number))

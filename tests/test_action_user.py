@@ -69,8 +69,8 @@ def _chown_tree(path: Path, uid: int, gid: int) -> None:
             os.chown(os.path.join(folder, name), uid, gid)
 
 
-def run_entrypoint(python: str, workspace: Path, runner: Path, inputs: dict[str, str],
-                   prefix: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, str, str]:
+def run_entrypoint(python: str, workspace: Path, runner: Path, inputs: dict[str, str], prefix: tuple[str, ...] = (),
+                   user: str = "%d:%d" % IMAGE_USER) -> tuple[subprocess.CompletedProcess, str, str]:
     """`python -m action` as root, with the runner's files in `runner` (made root's, 0600, unless they exist)."""
     output, summary = runner / "output", runner / "summary"
     for path in (output, summary):
@@ -86,7 +86,7 @@ def run_entrypoint(python: str, workspace: Path, runner: Path, inputs: dict[str,
         "GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_EVENT_PATH": str(event), "GITHUB_REPOSITORY": "acme/widgets",
         "GITHUB_WORKSPACE": str(workspace), "GITHUB_SERVER_URL": "https://github.com", "GITHUB_RUN_ID": "1",
         "GITHUB_OUTPUT": str(output), "GITHUB_STEP_SUMMARY": str(summary), "HOME": str(runner / "home"),
-        "HF_HUB_DISABLE_XET": "1", "HF_HUB_OFFLINE": "1", "EXPORT_ACTION_USER": "%d:%d" % IMAGE_USER,
+        "HF_HUB_DISABLE_XET": "1", "HF_HUB_OFFLINE": "1", "EXPORT_ACTION_USER": user,
     })
     env.update({f"INPUT_{name.upper()}": value for name, value in inputs.items()})
     proc = subprocess.run([*prefix, python, "-m", "action"], cwd=workspace, env=env, capture_output=True, text=True,
@@ -153,6 +153,10 @@ def test_where_the_container_cannot_change_user_it_says_so_and_runs_as_root(base
     assert 'targets=["dynamo"]' in output.splitlines()
     assert "::warning title=export-action runs as root::the container cannot change user" in proc.stdout
     assert proc.stdout.index("::add-mask::hf_secret_value") < proc.stdout.index("::warning")
+    # a user variable that names root (or no user) is said, not guessed at
+    proc, output, _ = run_entrypoint(python, workspace, runner, {"model": "tiny", "mode": "list-targets"}, user="0")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert "::warning title=export-action runs as root::EXPORT_ACTION_USER is not `uid[:gid]`" in proc.stdout
 
 
 def test_the_image_has_the_unprivileged_user_the_entrypoint_falls_back_to():
