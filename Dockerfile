@@ -1,17 +1,18 @@
-# syntax=docker/dockerfile:1
 # The image of the GitHub Action (action.yml: runs.using docker), and the base of the bot's image
 # (docker/bot.Dockerfile). Build: docker build -t export-action .
 #
-# Base: pinned by tag. To pin by digest as well, resolve it where a registry is reachable and append it:
-#   docker buildx imagetools inspect python:3.11-slim-bookworm --format '{{json .Manifest.Digest}}'
-#   → FROM python:3.11-slim-bookworm@sha256:<digest>
+# Base: pinned by digest (the tag is for the reader). The digest is written in docker/base-images.json, the one place
+# for image digests; `python docker/pin_images.py` checks that this ARG says the same, `--update` resolves the tag again
+# where a registry is reachable and rewrites both. No syntax directive: the builder's own Dockerfile frontend
+# parses this file, so no frontend image is pulled at build time.
+#
 # CUDA image: torch's default PyPI wheel (it bundles the CUDA 13 runtime; the driver comes from the host with
 # `--gpus all`), onnxruntime-gpu instead of onnxruntime, the CUDA pins of constraints-cuda.txt:
 #   docker build --build-arg VARIANT=cuda --build-arg CONSTRAINTS=constraints-cuda.txt \
 #     --build-arg TORCH_INDEX_URL=https://pypi.org/simple -t export-action:cuda .
 # Another base (e.g. an internal mirror, or a CUDA image that provides Python 3.11 at /usr/local/bin/python):
 #   docker build --build-arg BASE_IMAGE=registry.example/python:3.11-slim-bookworm .
-ARG BASE_IMAGE=python:3.11-slim-bookworm
+ARG BASE_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
 FROM ${BASE_IMAGE}
 
 # VARIANT: the project's extra that picks the ONNX Runtime (cpu: onnxruntime, cuda: onnxruntime-gpu).
@@ -40,8 +41,12 @@ RUN python -m pip install -c "/opt/export-action/${CONSTRAINTS}" pip setuptools 
         -c "/opt/export-action/${CONSTRAINTS}" "/opt/export-action[${VARIANT}]" \
     && python /opt/export-action/docker/check_pins.py "/opt/export-action/${CONSTRAINTS}" --allow export-action \
     && python -c "import action.main, bot.app, exporters.pipeline, exporters.publish, transformers.exporters" \
-    && rm -rf /root/.cache /opt/export-action/build /opt/export-action/export_action.egg-info
+    && rm -rf /root/.cache /opt/export-action/build /opt/export-action/export_action.egg-info \
+    && useradd --no-log-init --system --user-group --uid 10001 --no-create-home --shell /usr/sbin/nologin export-action
 
-# No USER: the runner mounts the workspace owned by root and the Action must write to it.
+# No USER: GitHub starts a Docker action's container as root, with the workspace and the file-command files owned by
+# the runner's user. The entrypoint runs the Action itself as that user (the workspace's owner), or as this image's
+# unprivileged user when the workspace is root's (action/privileges.py); EXPORT_ACTION_USER names the latter.
+ENV EXPORT_ACTION_USER=10001:10001
 # No WORKDIR reliance: the runner starts the container in /github/workspace; the entrypoint is an absolute path.
 ENTRYPOINT ["/usr/local/bin/python", "-m", "action"]

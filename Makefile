@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := constraints.txt
 DEMO_OUT ?= demo-out
 
-.PHONY: venv demo test test-deps bench coverage lock clean
+.PHONY: venv demo test test-deps bench coverage lock pin-images clean
 
 # The venv is rebuilt when the project's dependencies or their pins change. The build tools are pinned too (first,
 # then the project is built with them: no build isolation fetching the newest setuptools), and the venv must then hold
@@ -69,6 +69,11 @@ coverage: venv
 lock: venv
 	$(BIN)/python -m pip freeze --all --exclude-editable | sed 's/+cpu//' > $(CONSTRAINTS).new
 	@echo "review $(CONSTRAINTS).new (keep the header comment) and move it over $(CONSTRAINTS)"
+
+# The base images' digests (docker/base-images.json, the one place for them) resolved again from the registry, and
+# every FROM / container: that names them rewritten in step; needs `docker buildx` or `crane` and network.
+pin-images: venv
+	$(BIN)/python docker/pin_images.py --update
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT)

@@ -48,6 +48,7 @@ from .outcome import (
 )
 from .settings import Settings, SettingsError, read_input
 from .summary import recipe_url, run_markdown, targets_markdown
+from .visibility import model_visibility
 
 LOG_TAIL_CHARS = 20_000
 REPORT_OUTPUT_LIMIT = 512 * 1024  # bytes of report-json; step outputs share a 1 MiB budget per job
@@ -208,6 +209,7 @@ def _finish(settings: Settings, report: dict[str, Any], extra: list[str] | None 
         "discussion-url": getattr(publish, "discussion_url", None) or "",
         "targets": json.dumps([t["name"] for t in report.get("targets", [])]),
         "report-json": _report_json(report),
+        "model-visibility": model_visibility(settings),  # output-dir holds the weights: upload it only when public
     })
     comment(settings, markdown)
     failed = report["status"] != "passed" or bool(getattr(publish, "failed", False))
@@ -286,6 +288,7 @@ def list_targets_mode(settings: Settings) -> int:
         "matrix": json.dumps({"include": [{"target": r["name"], "format": r["export_format"], "device": r["device"]}
                                           for r in rows]}),
         "revision": revision or settings.revision or "",
+        "model-visibility": model_visibility(settings),
     })
     return EXIT_OK
 

@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # The Hub webhook bot's image: the Action's image (the same pinned stack, with bot/) run as a non-root user, the
 # web process and one embedded worker in one container, the SQLite job store and the work folders on a volume.
 #   docker build -t export-action . \

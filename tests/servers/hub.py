@@ -192,6 +192,7 @@ class Repo:
     repo_id: str
     private: bool
     created_at: str
+    gated: bool | str = False  # "auto" / "manual" on a gated repo (model_info says so; downloads are not gated here)
     object_id: str = field(default_factory=_object_id)
     refs: dict[str, str] = field(default_factory=dict)
     commits: dict[str, Commit] = field(default_factory=dict)
@@ -487,6 +488,11 @@ class HubEmulator:
     def refs(self, repo_id: str) -> dict[str, str]:
         with self._lock:
             return dict(self._get(repo_id).refs)
+
+    def set_gated(self, repo_id: str, gated: bool | str = "auto") -> None:
+        """Mark a repo gated (``"auto"`` or ``"manual"``), as its owner does in its settings."""
+        with self._lock:
+            self._get(repo_id).gated = gated
 
     def commits(self, repo_id: str, ref: str = "main") -> list[dict[str, Any]]:
         """First-parent history of ``ref``, newest first: id, parents, title, message, author, date, files."""
@@ -802,7 +808,7 @@ class HubEmulator:
         info: dict[str, Any] = {
             "_id": repo.object_id, "id": repo.repo_id, "modelId": repo.repo_id, "author": repo.namespace,
             "sha": commit.id, "lastModified": commit.date, "createdAt": repo.created_at, "private": repo.private,
-            "gated": False, "disabled": False, "downloads": 0, "likes": 0, "tags": [], "siblings": siblings,
+            "gated": repo.gated, "disabled": False, "downloads": 0, "likes": 0, "tags": [], "siblings": siblings,
             "spaces": [], "usedStorage": sum(b.size for b in commit.tree.values()),
         }
         expand = call.request.query_params.getlist("expand") + call.request.query_params.getlist("expand[]")
