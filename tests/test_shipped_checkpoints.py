@@ -83,7 +83,11 @@ def test_each_format_is_written_in_a_dtype_its_runtime_runs(shipped) -> None:
     targets = shipped["targets"]
     assert {name: t["dtype"] for name, t in targets.items()} == {
         "dynamo": "bfloat16", "onnx": "float32", "executorch": "float32"}
-    assert shipped["report"]["model_dtype"] == "float32"  # loaded once, in the dtype most targets need
+    report = shipped["report"]
+    assert (report["checkpoint_dtype"], report["load_dtype"]) == ("bfloat16", "bfloat16")  # loaded once, as stored
+    # the labels are read from the files: what each one holds
+    assert {name: t["artifact_dtype"] for name, t in targets.items()} == {
+        "dynamo": "bfloat16", "onnx": "float32", "executorch": "float32"}
     graph = onnx.load(str(shipped["out"] / "onnx" / "model.onnx"), load_external_data=False).graph
     floats = {onnx.TensorProto.DataType.Name(t.data_type) for t in graph.initializer
               if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT16)}

@@ -58,6 +58,8 @@ def build_report(results: list[TargetResult], context: RunFacts) -> dict[str, An
         "status": overall_status([t["status"] for t in targets]),
         "family": context.family,
         "model_dtype": context.model_dtype,
+        "checkpoint_dtype": getattr(context, "checkpoint_dtype", None),  # what the repo's weights are stored in
+        "load_dtype": context.model_dtype,  # what they were loaded in (once)
         "timings": {"total_s": round(dt.datetime.now().timestamp() - context.started, 3), "load_s": context.load_s},
         "jobs": context.jobs,
         "eager_cache": {"hits": eager.hits, "misses": eager.misses} if eager is not None else None,

@@ -190,7 +190,8 @@ def _variant(target: dict[str, Any]) -> str:
     if quantization:
         scheme = (quantization.get("options") or {}).get("scheme")
         return quantization["method"] + (f" {scheme}" if scheme else "")
-    return str(target.get("dtype")) if target.get("dtype") in ("float16", "bfloat16") else "fp32"
+    dtype = target.get("artifact_dtype") or target.get("dtype")  # what the files hold, where it was read
+    return str(dtype) if dtype in ("float16", "bfloat16") else "fp32"
 
 
 def _marks(targets: list[dict[str, Any]]) -> tuple[str | None, set[str]]:

@@ -228,6 +228,7 @@ class TargetResult:
     total_bytes: int | None = None  # every file of the target: what a PR uploads
     weights_stored_bytes: int | None = None  # tensor data in the files, a range shared by two graphs once
     parameter_bytes: int | None = None  # the model's parameters in the target's dtype
+    artifact_dtype: str | None = None  # the dtype the files hold (exporters.export.footprint.artifact_dtype)
     quantization: dict[str, Any] | None = None  # what was quantized and how (as in export.json)
     quality: dict[str, Any] | None = None  # the metric that decided (exporters.validate.quality)
     runtimes: list[dict[str, Any]] = field(default_factory=list)  # "runs in": exporters.validate.runtimes

@@ -88,7 +88,6 @@ class Workbench:
         self.decompositions.clear()
         self.fitted.clear()
         self.eager.forget()
-        context.model_dtype = dtype
 
     def expected(self, target: Target, components: Any) -> list[str]:
         """The recipe's `expected_components`, else the family's minimum complete set (from the model's

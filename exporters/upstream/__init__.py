@@ -73,6 +73,7 @@ from exporters.upstream.internals import (
     contiguity_known_once,
     named_dims_share_symbols,
     patches_of_loaded_models,
+    pte_float_dtypes,
     pte_weight_bytes,
     recording_logits_processors,
     symbolic_arithmetic_once,
@@ -103,7 +104,7 @@ from exporters.upstream.quantizers import (
 __all__ = [
     "contiguity_known_once",
     "patches_of_loaded_models",
-    "pte_weight_bytes",
+    "pte_float_dtypes", "pte_weight_bytes",
     "recording_logits_processors",
     "TORCH_SERDE_LOGGER",
     "cast_leaf_tensors",

@@ -23,7 +23,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from transformers.exporters import utils as upstream_utils
 
-__all__ = ["contiguity_known_once", "named_dims_share_symbols", "patches_of_loaded_models", "pte_weight_bytes",
+__all__ = ["contiguity_known_once", "named_dims_share_symbols", "patches_of_loaded_models", "pte_float_dtypes", "pte_weight_bytes",
            "recording_logits_processors", "symbolic_arithmetic_once"]
 
 
@@ -43,6 +43,29 @@ def pte_weight_bytes(path: Path) -> int:
     if constant is not None and constant.offsets:
         segments.add(constant.segment_index)
     return sum(program.segments[index].size for index in segments)
+
+
+# ExecuTorch's scalar types (c10's numbering) of floating-point tensors, by the dtype names reports use
+_PTE_FLOATS = {5: "float16", 6: "float32", 7: "float64", 15: "bfloat16"}
+
+
+def pte_float_dtypes(path: Path) -> dict[str, int]:
+    """How many of a `.pte`'s tensor values (weights and activations its plans hold) are of each floating-point dtype:
+    what the program computes in (delegated weights are not values; their activations are)."""
+    # executorch.exir is loaded only where a .pte is read (see pte_weight_bytes)
+    from executorch.exir._serialize._program import _ExtendedHeader, _flatbuffer_to_program
+
+    with path.open("rb") as handle:
+        header = _ExtendedHeader.from_bytes(handle.read(64)[8:])
+        handle.seek(0)
+        program = _flatbuffer_to_program(handle.read(header.program_size) if header.is_valid() else handle.read())
+    counts: dict[str, int] = {}
+    for plan in program.execution_plan:
+        for value in plan.values:
+            name = _PTE_FLOATS.get(int(getattr(value.val, "scalar_type", -1)))
+            if name is not None:
+                counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 @contextmanager
