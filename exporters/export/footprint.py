@@ -12,16 +12,15 @@ Example:
 
 from __future__ import annotations
 
-import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from exporters.export.artifact_dtype import artifact_dtype, typed_bytes
 from exporters.export.onnx_files import external_data_of, initializers
-from exporters.upstream import pte_float_dtypes, pte_weight_bytes
+from exporters.upstream import pte_weight_bytes
 
 
 def total_bytes(directory: Path) -> int:
@@ -40,21 +39,11 @@ def _onnx_weights(directory: Path) -> int:
         for tensor in initializers(model):
             info = external_data_of(tensor)
             if info is None:
-                embedded += len(tensor.raw_data) or _typed_bytes(tensor)
+                embedded += len(tensor.raw_data) or typed_bytes(tensor)
             else:
                 location = (path.parent / info["location"]).resolve()
                 ranges.add((location, int(info.get("offset", 0)), int(info["length"])))
     return embedded + sum(length for _, _, length in ranges)
-
-
-def _typed_bytes(tensor) -> int:
-    # onnx loads only where an ONNX file is read
-    import onnx
-
-    count = 1
-    for dim in tensor.dims:
-        count *= dim
-    return count * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
 
 
 def _pt2_weights(path: Path) -> int:
@@ -75,72 +64,6 @@ def weights_stored_bytes(directory: Path, export_format: str) -> int:
     if export_format == "dynamo":
         return sum(_pt2_weights(path) for path in sorted(directory.rglob("*.pt2")))
     raise ValueError(f"unknown export format {export_format!r}")
-
-
-def _dominant(counts: dict[str, int]) -> str | None:
-    return max(counts, key=lambda name: counts[name]) if counts else None
-
-
-def _onnx_dtypes(directory: Path) -> dict[str, int]:
-    # onnx loads only where an ONNX file is read
-    import onnx
-
-    counts: dict[str, int] = {}
-    for path in sorted(directory.rglob("*.onnx")):
-        for tensor in initializers(onnx.load(str(path), load_external_data=False)):
-            name = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).name if tensor.data_type != \
-                onnx.TensorProto.BFLOAT16 else "bfloat16"
-            counts[name] = counts.get(name, 0) + _typed_bytes(tensor)
-    return counts
-
-
-def _pt2_dtypes(path: Path) -> dict[str, int]:
-    from torch._export.serde.schema import ScalarType  # the enum `.pt2` archives record dtypes with
-
-    counts: dict[str, int] = {}
-    with zipfile.ZipFile(path) as archive:
-        for name in archive.namelist():
-            if not name.endswith(("_weights_config.json", "_constants_config.json")):
-                continue
-            for entry in json.loads(archive.read(name)).get("config", {}).values():
-                meta = entry.get("tensor_meta") or {}
-                dtype = getattr(torch, ScalarType(meta.get("dtype", 0)).name.lower(), None) \
-                    if meta.get("dtype") in ScalarType._value2member_map_ else None
-                if dtype is None:
-                    continue
-                numel = 1
-                for size in meta.get("sizes", []):
-                    numel *= int(size.get("as_int", 1))
-                label = str(dtype).removeprefix("torch.")
-                counts[label] = counts.get(label, 0) + numel * dtype.itemsize
-    return counts
-
-
-def artifact_dtype(directory: Path, export_format: str) -> str | None:
-    """The dtype the target's files hold their weights (ONNX initializers, `.pt2` weight records) or compute in
-    (a `.pte`'s tensor values: XNNPACK's weights are opaque), the one most bytes or values are in; None when the
-    files say nothing. Read from the files, never from the recipe.
-
-    Example:
-        >>> artifact_dtype(Path("out/onnx"), "onnx")  # doctest: +SKIP
-        'float32'
-    """
-    directory = Path(directory)
-    if export_format == "onnx":
-        counts = _onnx_dtypes(directory)
-    elif export_format == "dynamo":
-        counts = {}
-        for path in sorted(directory.rglob("*.pt2")):
-            for name, size in _pt2_dtypes(path).items():
-                counts[name] = counts.get(name, 0) + size
-    elif export_format == "executorch":
-        counts = {}
-        for path in sorted(directory.rglob("*.pte")):
-            for name, size in pte_float_dtypes(path).items():
-                counts[name] = counts.get(name, 0) + size
-    else:
-        raise ValueError(f"unknown export format {export_format!r}")
-    return _dominant(counts)
 
 
 def footprint(directory: Path, export_format: str) -> dict[str, int]:
