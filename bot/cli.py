@@ -28,6 +28,7 @@ import typer
 from exporters.quiet import mute_import_chatter
 from exporters.redact import scrub
 
+from .secrecy import withhold_secrets
 from .settings import BotSettings, SettingsError, load_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -82,6 +83,14 @@ def _settings(config: Optional[Path], **overrides) -> BotSettings:
         raise typer.Exit(EXIT_USAGE) from None
 
 
+def _serving_settings(config: Optional[Path], **overrides) -> BotSettings:
+    """The settings of a process that runs jobs or serves: its secrets then leave its environment, and it is not
+    dumpable (`bot.secrecy`): nothing it starts can read them through `/proc`."""
+    settings = _settings(config, **overrides)
+    withhold_secrets()
+    return settings
+
+
 @app.command()
 def serve(
     config: Optional[Path] = ConfigOption,
@@ -96,7 +105,7 @@ def serve(
 
     from .app import create_app
 
-    settings = _settings(config)
+    settings = _serving_settings(config)
     setup_logging(log_level, settings)
     try:
         application = create_app(settings, embedded_worker=worker)
@@ -118,7 +127,7 @@ def worker_command(
     """Run workers apart from the web process, until SIGTERM / Ctrl+C (running jobs are given back)."""
     from .worker import Worker
 
-    settings = _settings(config, concurrency=concurrency)
+    settings = _serving_settings(config, concurrency=concurrency)
     setup_logging(log_level, settings)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -6,7 +6,9 @@ environment variable listed in `ENV_NAMES` (`EXPORT_BOT_<FIELD>` unless a conven
 in the environment.
 
 Secrets (`webhook_secret`, `hf_token`, `github_token`) are `pydantic.SecretStr`: they print as `**********` and
-are only unwrapped where they are used (the secret check, the subprocess environment, the GitHub client).
+are only unwrapped where they are used (the secret check, the subprocess environment, the GitHub client). Each can
+also be read from a file named by `<VARIABLE>_FILE` (`WEBHOOK_SECRET_FILE=/run/secrets/webhook`, as container
+secrets are mounted); once read, the bot removes them from its environment (`bot.secrecy`).
 
 Example:
     >>> settings = load_settings(env={"WEBHOOK_SECRET": "s3cret", "EXPORT_BOT_ALLOWED": "acme, alice/tiny"})
@@ -37,6 +39,11 @@ ENV_NAMES: dict[str, str] = {
     "bot_name": "EXPORT_BOT_NAME",
     "trust_remote_code_repos": "TRUST_REMOTE_CODE_REPOS",
 }
+
+SECRET_FIELDS = ("webhook_secret", "hf_token", "github_token")
+# Every variable that may hold one of the bot's secrets (read by `load_settings`, then removed: `bot.secrecy`)
+SECRET_ENV = frozenset({"WEBHOOK_SECRET", "HF_TOKEN", "EXPORT_BOT_GITHUB_TOKEN", "GITHUB_TOKEN", "GH_TOKEN",
+                        "HUGGING_FACE_HUB_TOKEN"})
 
 
 class SettingsError(ValueError):
@@ -184,6 +191,14 @@ def env_name(field: str) -> str:
     return ENV_NAMES.get(field, f"EXPORT_BOT_{field.upper()}")
 
 
+def _read_secret(path: str, source: str) -> str:
+    """A secret from the file `path` names (its text, without the trailing newline)."""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise SettingsError(f"{source}: cannot read the secret file {path}: {type(err).__name__}") from None
+
+
 def load_settings(config: str | Path | None = None, *, env: Mapping[str, str] | None = None,
                   **overrides: Any) -> BotSettings:
     """Build the settings: defaults < TOML file `config` < environment `env` (default `os.environ`) < `overrides`.
@@ -214,6 +229,10 @@ def load_settings(config: str | Path | None = None, *, env: Mapping[str, str] | 
             sources[field] = f"${name}"
     if env.get("GITHUB_TOKEN") and "github_token" not in values:
         values["github_token"], sources["github_token"] = env["GITHUB_TOKEN"], "$GITHUB_TOKEN"
+    for field in SECRET_FIELDS:
+        for name in (env_name(field), "GITHUB_TOKEN")[: 2 if field == "github_token" else 1]:
+            if env.get(f"{name}_FILE") and field not in values:
+                values[field], sources[field] = _read_secret(env[f"{name}_FILE"], f"${name}_FILE"), f"${name}_FILE"
     values.update(overrides)
     try:
         return BotSettings(**values)

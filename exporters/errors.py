@@ -18,6 +18,11 @@ ExportActionError
 └── AggregateError       report parts of a split run cannot be merged
 ```
 
+Native code can fail in a way no `except Exception` catches: a Rust extension (tokenizers, safetensors) that panics
+raises pyo3's `PanicException`, a `BaseException`. [`recoverable`] says which failures a guard around native code
+(a runtime proof, a tokenizer, an ONNX Runtime session, an ExecuTorch loader) turns into a failed target: every
+`Exception` and a native panic, never `KeyboardInterrupt` or `SystemExit`.
+
 The library speaks no front end's language: an error that a setting can fix names the setting in backticks
 (`` `trust_remote_code` ``) and carries it as `option`; the CLI, the Action and the bot word it for their users with
 [`ExportActionError.worded`].
@@ -31,7 +36,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +60,8 @@ __all__ = [
     "TargetPlanError",
     "describe_error",
     "error_record",
+    "recoverable",
+    "recovering",
     "render_root_cause",
     "root_cause",
 ]
@@ -277,3 +285,51 @@ def render_root_cause(error: Mapping[str, Any] | None) -> str:
     if not isinstance(cause, Mapping):
         return ""
     return f"root cause: {cause.get('type')}: {cause.get('message')}"
+
+
+def recoverable(err: BaseException) -> bool:
+    """Whether a guard around native code turns `err` into a failure of its target: every `Exception`, and a panic
+    of a Rust extension (pyo3's `PanicException`, a `BaseException`: each extension has its own class, all named
+    `PanicException` in the module `pyo3_runtime`); never `KeyboardInterrupt`, `SystemExit` or `GeneratorExit`.
+
+    Used as `except BaseException as err: if not recoverable(err): raise`.
+
+    Example:
+        >>> recoverable(ValueError("bad")), recoverable(KeyboardInterrupt()), recoverable(SystemExit(1))
+        (True, False, False)
+        >>> PanicException = type("PanicException", (BaseException,), {"__module__": "pyo3_runtime"})
+        >>> recoverable(PanicException("Onig: Regex search error: retry-limit-in-match over"))
+        True
+    """
+    if isinstance(err, Exception):
+        return True
+    if isinstance(err, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+        return False
+    return any(cls.__name__ == "PanicException" and cls.__module__ == "pyo3_runtime" for cls in type(err).__mro__)
+
+
+@dataclass
+class Recovered:
+    """What a [`recovering`] block caught: the error, or None when it finished."""
+
+    error: BaseException | None = None
+
+
+@contextmanager
+def recovering() -> Iterator[Recovered]:
+    """A guard around native code: an error [`recoverable`] accepts ends the block and is kept (`.error`); any other
+    (`KeyboardInterrupt`, `SystemExit`) goes on.
+
+    Example:
+        >>> with recovering() as guard:
+        ...     raise ValueError("the tokenizer panicked")
+        >>> describe_error(guard.error)
+        'ValueError: the tokenizer panicked'
+    """
+    guard = Recovered()
+    try:
+        yield guard
+    except BaseException as err:
+        if not recoverable(err):
+            raise
+        guard.error = err

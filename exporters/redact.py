@@ -19,6 +19,19 @@ _TOKEN_PATTERNS = [
     re.compile(r"(?i)(authorization:\s*(?:bearer|token)\s+)\S+"),
 ]
 
+# Names of environment variables that hold a secret, whatever else they say (`child_environment`, the bot's exports)
+SECRET_NAME = re.compile(r"token|secret|key|passw|credential|auth", re.IGNORECASE)
+
+
+def secret_name(name: str) -> bool:
+    """Whether an environment variable's name says it holds a secret (a token, secret, key, password, credential).
+
+    Example:
+        >>> [secret_name(n) for n in ("HF_TOKEN", "WEBHOOK_SECRET", "AWS_SECRET_ACCESS_KEY", "PATH", "OMP_NUM_THREADS")]
+        [True, True, True, False, False]
+    """
+    return SECRET_NAME.search(name) is not None
+
 
 def scrub(text: str, secrets: Iterable[str] = ()) -> str:
     """`text` with every secret value, and anything shaped like a token, replaced."""

@@ -12,7 +12,9 @@ python -m bot.export_run init REPO --revision SHA --push ...   # a repo without 
 publishes.
 
 - The Hub token reaches the subprocess as `HF_TOKEN` in its environment, never in argv (argv is visible to every
-  user of the machine in `ps`). The bot's other secrets (webhook secret, GitHub token) are removed from it.
+  user of the machine in `ps`). No other secret does: the bot's own (webhook secret, GitHub token) are not in the
+  worker's environment any more (`bot.secrecy`), and every variable whose name says token, secret, key or password
+  is left out. The export's runtime proofs run with none at all (`exporters.validate.runtimes.child_environment`).
 - Limits: a wall-clock timeout (`job_timeout_seconds`) and an address-space limit (`memory_limit_mb`, `RLIMIT_AS`
   set in `preexec_fn`).
 - The whole process tree dies with the worker: the run is started under `bot.reaper`, a subreaper that gets
@@ -54,7 +56,7 @@ from typing import Any
 
 from exporters import fsutil
 from exporters.publish import read_problem
-from exporters.redact import scrub, tail
+from exporters.redact import scrub, secret_name, tail
 
 from ..settings import BotSettings
 from . import JobContext, Outcome
@@ -148,9 +150,9 @@ class LocalBackend:
         return argv
 
     def environment(self) -> dict[str, str]:
-        """The subprocess environment: ours, minus the bot's other secrets, plus the Hub token and endpoint."""
-        env = {k: v for k, v in os.environ.items() if k not in WITHHELD_ENV}
-        env.pop("HF_TOKEN", None)
+        """The subprocess environment: ours without any secret (a withheld name, or a name that says token, secret,
+        key or password), plus the Hub token and endpoint."""
+        env = {k: v for k, v in os.environ.items() if k not in WITHHELD_ENV and not secret_name(k)}
         if self.settings.hf_token is not None:
             env["HF_TOKEN"] = self.settings.hf_token.get_secret_value()
         if self.settings.hf_endpoint:

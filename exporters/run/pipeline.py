@@ -17,7 +17,6 @@ parent that has loaded no runtime yet.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import time
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ import torch
 from exporters import fsutil
 from exporters.capture import llm_runner
 from exporters.capture.dtypes import reference_groups
-from exporters.errors import DeviceError, error_record
+from exporters.errors import DeviceError, error_record, recovering
 from exporters.export.convert import export_to, release_weights
 from exporters.export.footprint import record_footprint
 from exporters.export.onnx_files import strip_weights
@@ -171,6 +170,7 @@ def _export_group(targets: list[Target], context: RunContext, options: RunOption
 
     for target in targets:
         target = workbench.plan(target)
+        target.timeout = target.timeout or options.timeout or DEFAULT_TIMEOUT_S  # its export's and its proofs'
         item = _Export(target, _new_result(target, context, options))
         results.append(item.result)
         if _prepare(item, workbench, context, options, progress):
@@ -211,10 +211,10 @@ def _prepare(item: _Export, workbench: Workbench, context: RunContext, options: 
         return False
     result.cache_key = context.cache_key(target.name, result.device)
     progress.update(target.name, "capturing inputs")
-    try:
+    with recovering() as guard:  # a native panic (a tokenizer's) fails the target, not the run
         item.components = workbench.components(target, context.recipe) if workbench.unprepared is None else None
-    except Exception as err:
-        result.error = error_record(err)
+    if guard.error is not None:
+        result.error = error_record(guard.error)
     if item.components is None:
         result.error = result.error or dict(workbench.unprepared or {})
         progress.update(target.name, "[red]failed: capture", done=True)
@@ -240,7 +240,7 @@ def _start(item: _Export, workbench: Workbench, context: RunContext, options: Ru
 
     progress.update(target.name, f"exporting {target.export_format} ({len(components)} component(s))")
     item.started = time.time()
-    item.run = Isolated(work, log_path=log_path, timeout=target.timeout or options.timeout or DEFAULT_TIMEOUT_S)
+    item.run = Isolated(work, log_path=log_path, timeout=target.timeout)
     return item
 
 
@@ -249,7 +249,7 @@ def _eager_side(item: _Export, context: RunContext, workbench: Workbench, progre
     `busy` exports leave (left unset where it raised: validation computes it again and reports what failed)."""
     target, started, item.eager_tried = item.target, time.time(), True
     progress.update(target.name, f"exporting {target.export_format}; eager references meanwhile")
-    with contextlib.suppress(Exception), threads_left(busy=busy):
+    with recovering(), threads_left(busy=busy):
         item.eager = workbench.eager_side(target, context, item.components, item.result.expected_components)
         import_loaders(target.export_format)  # what loading the artifact imports (ONNX's exporter: a second)
     item.result.timings["eager_ahead_s"] = round(time.time() - started, 3)
@@ -328,7 +328,7 @@ def _validate_into(result: TargetResult, target: Target, context: RunContext, wo
                    trust_artifacts: bool, last: bool = False, precomputed: EagerSide | None = None) -> None:
     started = time.time()
     recipe = context.recipe
-    try:
+    with recovering() as guard:  # a native panic too: the target fails with its message, the run goes on
         validation = validate_target(
             target=target, recipe=recipe, directory=directory, components=workbench.components(target, recipe),
             model=workbench.model, family=workbench.sample.family, generate_inputs=workbench.sample.generate,
@@ -339,9 +339,8 @@ def _validate_into(result: TargetResult, target: Target, context: RunContext, wo
             if last and workbench.sample.family != "vision-language" else None,
             source_dir=context.source.folder, precomputed=precomputed,
         )
-    except Exception as err:
-        result.status = FAILED
-        result.error = error_record(err, prefix="validation could not run: ")
+    if guard.error is not None:
+        result.status, result.error = FAILED, error_record(guard.error, prefix="validation could not run: ")
     else:
         result.record_validation(validation)
     result.timings["validate_s"] = round(time.time() - started, 3)

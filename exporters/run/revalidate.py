@@ -14,7 +14,7 @@ from typing import Any
 
 from exporters.capture import llm_runner
 from exporters.capture.dtypes import reference_groups
-from exporters.errors import ArtifactError, error_record
+from exporters.errors import ArtifactError, error_record, recoverable
 from exporters.export.footprint import record_footprint
 from exporters.hashing import file_entries
 from exporters.run.context import RunOptions, prepare_run, resolve_device
@@ -62,7 +62,9 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
                 why="the folder's program has the methods layout (its export.json)"))
         try:
             components = workbench.components(target, context.recipe) if workbench.unprepared is None else None
-        except Exception as err:  # a capture that fails, a decode that could not run a second step
+        except BaseException as err:  # a capture that fails, a decode that could not run a second step
+            if not recoverable(err):
+                raise
             result.error = error_record(err)
             continue
         if components is None:

@@ -22,7 +22,7 @@ from exporters.capture.families import detect_family
 from exporters.capture.inputs import SampleInputs, default_mode, make_sample_inputs
 from exporters.capture.probes import dim_bindings, fit_batch, fit_encoder_decoder, fit_to_contract
 from exporters.capture.source import load_model, load_tokenizer
-from exporters.errors import ShapeSpecError, error_record
+from exporters.errors import ShapeSpecError, error_record, recoverable
 from exporters.export.footprint import ModelWeights
 from exporters.export.quantize import calibration_samples
 from exporters.recipe.model import Recipe, Target
@@ -65,7 +65,9 @@ class Workbench:
         tokenizer = load_tokenizer(context.source.folder)
         try:
             sample = make_sample_inputs(model, context.recipe.inputs, tokenizer, folder=context.source.folder)
-        except Exception as err:  # an unsupported model fails its targets with the reason, never a traceback
+        except BaseException as err:  # an unsupported model fails its targets with the reason, never a traceback
+            if not recoverable(err):  # a tokenizer's native panic included
+                raise
             context.family, context.load_s = detect_family(model), round(time.time() - started, 3)
             return cls(model, None, context.eager_cache, weights, tokenizer,
                        unprepared=error_record(err, prefix="sample inputs could not be made: "))

@@ -18,7 +18,7 @@ import torch
 
 from exporters.capture.components import read_glue
 from exporters.capture.merged import MERGED
-from exporters.errors import ArtifactError, RemoteCodeError, describe_error
+from exporters.errors import ArtifactError, RemoteCodeError, describe_error, recoverable
 from exporters.recipe.model import Recipe, Tolerance
 from exporters.recipe.variants import resolve_budget, variant_kind
 from exporters.report.results import Check, ComponentReport, OutputDiff, ValidationResult
@@ -214,13 +214,15 @@ def probe_component(report: ComponentReport, runner: Any, probes: list, referenc
             continue
         check = Check(probe_id, shapes_of(probe))
         report.checks.append(check)
-        if isinstance(reference, Exception):
+        if isinstance(reference, BaseException):
             check.skipped, check.error = True, f"the eager model cannot run this probe: {describe_error(reference)}"
             continue
         try:
             with native_messages():
                 actual = run_component(runner, probe)
-        except Exception as err:
+        except BaseException as err:
+            if not recoverable(err):
+                raise
             check.passed, check.error = False, describe_error(err)
             if probe_id != "traced":
                 findings.append(f"{report.name}: the artifact does not run at {probe_id} (declared dynamic): it was "
@@ -309,7 +311,9 @@ def validate_target(
         except (RemoteCodeError, ArtifactError) as err:
             errors.append(str(err))
             return ValidationResult(reports, None, findings, errors, generation_expected)
-        except Exception as err:
+        except BaseException as err:
+            if not recoverable(err):
+                raise
             hint = ""
             if "ONNX Runtime build cannot run on cuda" in str(err):
                 hint = (" — an ONNX target on `device` cuda is validated with ONNX Runtime's CUDA provider: install "

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from exporters.capture.inputs import vocab_size
+from exporters.errors import recoverable
 from exporters.capture.merged import MERGED, prompt_inputs, with_consistent_mask
 from exporters.capture.probes import dim_bindings, make_probes
 from exporters.recipe.model import Recipe
@@ -88,7 +89,9 @@ def eager_references(module: Any, probes: list, eager: EagerCache) -> list[Any]:
     for _, probe, _ in probes:
         try:
             references.append(None if probe is None else eager.run(module, probe))
-        except Exception as err:
+        except BaseException as err:
+            if not recoverable(err):
+                raise
             references.append(err)
     return references
 

@@ -34,7 +34,7 @@ from exporters.capture.cache_settings import sliding_window_of
 from exporters.capture.merged import MERGED, prompt_inputs
 from exporters.capture.stepped import STEPPED, zeroed_cache
 from exporters.capture.steps import cache_input_name, output_cache, step_inputs
-from exporters.errors import describe_error
+from exporters.errors import describe_error, recoverable
 from exporters.report.results import GenerationReport
 from exporters.upstream import run_component
 from exporters.validate.greedy import DecodeStepper, Greedy, Tolerances, decode_loop, eager_reference
@@ -99,7 +99,7 @@ def generation_parity(model, components, exported, generate_inputs: dict[str, An
             f"({steps}): raise generation.max_cache_len or shorten the prompt"), cache=cache)
     if reference is None:
         reference = reference_for(model, generate_inputs, generation_config, steps)
-    if isinstance(reference, Exception):  # the reference could not run: the check did not run, it did not fail
+    if isinstance(reference, BaseException):  # the reference could not run: the check did not run, it did not fail
         return GenerationReport("skipped", steps, reason=f"eager generate() failed: {describe_error(reference)}",
                                 cache=cache)
     eos, pad = Greedy.special_tokens(generation_config)
@@ -112,7 +112,9 @@ def generation_parity(model, components, exported, generate_inputs: dict[str, An
         report = _report(greedy, tokens, None, cache, reason=str(err))
         report.status = "skipped"
         return report
-    except Exception as err:  # an artifact that cannot generate is a failed check, with the reason
+    except BaseException as err:  # an artifact that cannot generate is a failed check, with the reason
+        if not recoverable(err):
+            raise
         return _report(greedy, tokens, None, cache, reason=describe_error(err), failed=True)
     return _report(greedy, tokens, prompt, cache)
 
@@ -121,7 +123,9 @@ def reference_for(model, generate_inputs: dict[str, Any], generation_config, ste
     """Eager's greedy run parity compares with (`exporters.validate.greedy.eager_reference`), or the exception it raised."""
     try:
         return eager_reference(model, generate_inputs, generation_config, steps)
-    except Exception as err:
+    except BaseException as err:
+        if not recoverable(err):
+            raise
         return err
 
 

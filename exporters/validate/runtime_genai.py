@@ -163,7 +163,8 @@ class GenaiCheck:
             rows = [p + [reference.pad] * (width - len(p)) for p in reference.prompts]  # GenAI pads right
             batches = [{"rows": rows, "max_length": width + reference.steps}]
             batch = f"batch of {len(rows)}, prompts of {prompts} tokens"
-        got, why = run_in_child(CHILD, {"folder": str(directory), "batches": batches, "eos": reference.eos})
+        got, why = run_in_child(CHILD, {"folder": str(directory), "batches": batches, "eos": reference.eos},
+                                folder=directory, timeout_s=context.timeout_s)
         if got is None:
             return RuntimeProof(self.runtime, "failed", f"ONNX Runtime GenAI failed: {why}")
         got = [_until_eos(row, reference.eos) for row in got]
