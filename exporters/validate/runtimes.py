@@ -34,6 +34,7 @@ from typing import Any, Literal, Protocol
 
 from exporters.errors import describe_error
 from exporters.recipe.model import Recipe, Target
+from exporters.validate.folder_trust import screen_folder
 
 ProofStatus = Literal["passed", "failed", "unverified"]
 CHILD_TIMEOUT_S = 600
@@ -118,8 +119,12 @@ def prove_all(pairs: list[tuple[RuntimeCheck, Any]], directory: Path, context: R
               cancelled: threading.Event | None = None) -> list[RuntimeProof]:
     """Every runtime's proof of `directory`; a runtime that raises fails with its own message. The folder is
     resolved first: a runtime runs in a child whose cwd is a scratch folder (`run_in_child`), where a relative
-    `--out` would miss. Once `cancelled` is set, no further proof starts."""
+    `--out` would miss. A folder `folder_trust.screen_folder` refuses is proven by none. Once `cancelled` is set, no
+    further proof starts."""
     directory = directory.resolve()
+    refused = screen_folder(directory)  # whoever calls: no runtime reads a link, a library or a key loading code
+    if refused:
+        return [RuntimeProof(check.runtime, "failed", "not run: " + "; ".join(refused)) for check, _ in pairs]
     proofs = []
     for check, reference in pairs:
         if cancelled is not None and cancelled.is_set():
