@@ -122,7 +122,8 @@ def prove_all(pairs: list[tuple[RuntimeCheck, Any]], directory: Path, context: R
     `--out` would miss. A folder `folder_trust.screen_folder` refuses is proven by none. Once `cancelled` is set, no
     further proof starts."""
     directory = directory.resolve()
-    refused = screen_folder(directory)  # whoever calls: no runtime reads a link, a library or a key loading code
+    # whoever calls: no runtime reads a link, a native library or a key that loads code (folder_trust)
+    refused = screen_folder(directory) if pairs else []
     if refused:
         return [RuntimeProof(check.runtime, "failed", "not run: " + "; ".join(refused)) for check, _ in pairs]
     proofs = []
