@@ -65,7 +65,9 @@ class RuntimeContext:
 
 
 class RuntimeCheck(Protocol):
-    """A deployment runtime's proof of one layout."""
+    """A deployment runtime's proof of one layout. A runtime that executes from a config in the folder names it in
+    an `executes` attribute (GenAI: `genai_config.json`): it applies only where this run's export wrote that file
+    (`folder_trust.may_read`)."""
 
     runtime: str
 
