@@ -30,7 +30,7 @@ import os
 import re
 import shutil
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .errors import ModelSourceError
 
@@ -119,8 +119,8 @@ def _hub_blob(path: Path) -> bool:
 
 def model_file(folder: Path, name: str) -> Path | None:
     """`folder / name` when it is a regular file of the model folder, None when it is missing; `ModelSourceError`
-    when it is a link (other than `huggingface_hub`'s own, into its cache's blobs): a model's files are never read
-    through a link into an artifact.
+    when it is a link (other than `huggingface_hub`'s own, into its cache's blobs) or when a folder on its way is one
+    ([`model_subfolder`]): a model's files are never read through a link into an artifact.
 
     Example:
         >>> folder = Path(tempfile.mkdtemp())
@@ -130,6 +130,9 @@ def model_file(folder: Path, name: str) -> Path | None:
         ...
         exporters.errors.ModelSourceError: chat_template.jinja in the model folder is a link: a model's files are never copied through a link (it could point anywhere on this machine); replace it by the file itself
     """
+    parent = PurePosixPath(name).parent
+    if str(parent) != "." and model_subfolder(folder, str(parent)) is None:
+        return None
     path = Path(folder) / name
     if path.is_symlink():
         if _hub_blob(path):
@@ -137,6 +140,34 @@ def model_file(folder: Path, name: str) -> Path | None:
         raise ModelSourceError(f"{name} in the model folder is a link: a model's files are never copied through a "
                                "link (it could point anywhere on this machine); replace it by the file itself")
     return path if path.is_file() else None
+
+
+def model_subfolder(folder: Path, relative: str) -> Path | None:
+    """`folder / relative` when it is a real folder of the model folder, None when it is missing. Every component is
+    checked, not only the last: `ModelSourceError` when one is a link (`st/.docker` with `st` a link to a home
+    folder) or when `relative` leaves the folder (absolute, `..`).
+
+    Example:
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> (folder / "st").symlink_to(tempfile.mkdtemp())
+        >>> model_subfolder(folder, "st/.docker")
+        Traceback (most recent call last):
+        ...
+        exporters.errors.ModelSourceError: st in the model folder is a link: a model's files are never copied through a link (it could point anywhere on this machine); replace it by the folder itself
+    """
+    pure = PurePosixPath(relative)
+    if not pure.parts or pure.is_absolute() or ".." in pure.parts:
+        raise ModelSourceError(f"{relative!r} is not a folder inside the model folder")
+    path = Path(folder)
+    for index, part in enumerate(pure.parts):
+        path = path / part
+        if path.is_symlink():
+            raise ModelSourceError(f"{PurePosixPath(*pure.parts[:index + 1])} in the model folder is a link: a "
+                                   "model's files are never copied through a link (it could point anywhere on this "
+                                   "machine); replace it by the folder itself")
+        if not path.is_dir():
+            return None
+    return path
 
 
 def copy_model_file(folder: Path, name: str, destination: Path) -> bool:

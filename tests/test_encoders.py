@@ -264,7 +264,10 @@ def _modules_folder(root: Path, modules: list[dict]) -> Path:
 
 
 def test_module_folders_named_by_modules_json_are_copied_and_nothing_outside(tmp_path):
-    """The configs and weights of each module folder `modules.json` names; a path out of the folder is not followed."""
+    """The configs and weights of each module folder `modules.json` names; a path out of the folder is not followed
+    (a finding names its JSON path)."""
+    from safetensors.torch import save_file
+
     from exporters.export.folder_files import complete_folder
 
     source = _modules_folder(tmp_path, [{"path": ""}, {"path": "1_Pooling"}, {"path": "2_Dense"},
@@ -273,15 +276,17 @@ def test_module_folders_named_by_modules_json_are_copied_and_nothing_outside(tmp
     (source / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
     (source / "2_Dense").mkdir()
     (source / "2_Dense" / "config.json").write_text("{}")
-    (source / "2_Dense" / "model.safetensors").write_bytes(b"weights")
+    save_file({"linear.weight": torch.ones(2, 2)}, str(source / "2_Dense" / "model.safetensors"))
     (source / "2_Dense" / "pytorch_model.bin").write_bytes(b"a pickle")  # code when loaded: never copied
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "config.json").write_text('{"secret": 1}')
     target = tmp_path / "target"
     target.mkdir()
-    copied = complete_folder(target, source, [])
+    notes: list[str] = []
+    copied = complete_folder(target, source, notes)
     assert sorted(copied) == ["1_Pooling/config.json", "2_Dense/config.json", "2_Dense/model.safetensors",
                               "config.json", "modules.json"]
+    assert [note.split(":")[0] for note in notes] == ["modules.json[3].path", "modules.json[4].path"], notes
     assert (target / "1_Pooling" / "config.json").read_text() == '{"pooling_mode_cls_token": true}'
     assert not [p for p in target.rglob("*") if p.is_file() and "secret" in p.read_text(errors="ignore")]
 

@@ -56,7 +56,7 @@ def _alive(pid: int) -> bool:
 
 def test_proofs_run_while_the_caller_works_and_are_collected(tmp_path):
     slow, quick = SleepingRuntime("a", 1.0, tmp_path), SleepingRuntime("b", 0.1, tmp_path)
-    with ProofsInFlight([(slow, None), (quick, None)], Path("."), None) as proofs:
+    with ProofsInFlight([(slow, None), (quick, None)], tmp_path, None) as proofs:
         time.sleep(1.0)  # the caller's own checks
         caller_done = time.monotonic()
         got = proofs.result()
@@ -67,7 +67,7 @@ def test_proofs_run_while_the_caller_works_and_are_collected(tmp_path):
 def test_a_cancelled_proof_kills_its_child_and_starts_no_other(tmp_path):
     slow, following = SleepingRuntime("slow", 60, tmp_path), SleepingRuntime("next", 0.1, tmp_path)
     begin = time.monotonic()
-    with ProofsInFlight([(slow, None), (following, None)], Path("."), None):
+    with ProofsInFlight([(slow, None), (following, None)], tmp_path, None):
         deadline = time.monotonic() + 20
         while not slow.pid_file.is_file() and time.monotonic() < deadline:
             time.sleep(0.05)

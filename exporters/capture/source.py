@@ -27,7 +27,33 @@ COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "toke
                 "special_tokens_map.json", "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model",
                 "added_tokens.json", "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
                 "processor_config.json", "video_preprocessor_config.json")
+# A sentence-transformers model's own files (its modules, pooling and normalization): copied beside COPIED_FILES. Of
+# each module folder `modules.json` names (one folder of the model folder: `1_Pooling`, `2_Dense`; the Transformer
+# module at "" is the root, whose files are COPIED_FILES), only the inert data files a module holds: its config, a
+# Dense module's weights (a safetensors file; `pytorch_model.bin` is a pickle: code when loaded).
+SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+MODULE_FILES = ("config.json", "model.safetensors")
+MODULE_FOLDER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+# Files a runtime executes from (ONNX Runtime GenAI's `genai_config.json` names libraries and session entries it
+# loads): an export writes them, they are never copied from a model folder.
+RUNTIME_CONFIGS = ("genai_config.json",)
 DOWNLOAD_IGNORE = ["exports/*", "*.onnx", "*.onnx.data", "*.pte", "*.pt2", "*.msgpack", "*.h5", "*.ot", "*.bin.index.json"]
+
+
+def copyable(name: str) -> bool:
+    """Whether the model folder's file `name` (a path relative to it) is one a target folder may get a copy of:
+    `COPIED_FILES`, `SENTENCE_TRANSFORMERS_FILES`, or a module folder's `MODULE_FILES`; never a `RUNTIME_CONFIGS`.
+
+    Example:
+        >>> copyable("tokenizer.json"), copyable("1_Pooling/config.json"), copyable("genai_config.json")
+        (True, True, False)
+        >>> copyable("./planted.so"), copyable("st/.docker/config.json"), copyable("2_Dense/pytorch_model.bin")
+        (False, False, False)
+    """
+    if name in COPIED_FILES or name in SENTENCE_TRANSFORMERS_FILES:
+        return True
+    folder, _, file = name.partition("/")
+    return bool(MODULE_FOLDER.match(folder)) and file in MODULE_FILES
 
 
 @dataclass(kw_only=True)

@@ -166,7 +166,8 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
     Every target folder then holds the model's tokenizer and processor files (`folder_files.complete_folder`, from
     `source_dir`, the model's folder; by default the one the model was loaded from).
 
-    Returns `{"components", "export_only_s", "save_s"}`."""
+    Returns `{"components", "export_only_s", "save_s", "written", "copied"}`: the last two, the files the export
+    wrote and those `complete_folder` copied (what a runtime proof may read: `exporters.validate.folder_trust`)."""
     if getattr(target, "layout", None) == "runner":  # the ExecuTorch LLM runner's program (exporters.export.llm_runner)
         with _tracing(model, target):
             outcome = export_runner(model, target, components, recipe, directory, notes, quantizer_for)
@@ -182,8 +183,10 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
     if target.export_format == "executorch" and target.mode == "generation" \
             and getattr(target, "layout", None) != "runner":
         notes.append(methods_note(target, components))
-    complete_folder(directory, source_dir or model_folder(model), notes)  # the folder loads alone
-    return outcome
+    written = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()
+                     and not p.is_symlink())
+    copied = complete_folder(directory, source_dir or model_folder(model), notes)  # the folder loads alone
+    return {**outcome, "written": written, "copied": copied}
 
 
 @contextlib.contextmanager

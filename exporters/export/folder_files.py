@@ -10,9 +10,13 @@ model folder                              target folder (after the programs are 
  config.json, generation_config.json  ─►  kept as the export wrote them; copied when the export wrote none
  tokenizer*.json, vocab/merges, ...    ─►  copied as data (exporters.fsutil.copy_model_file: a link is refused,
  chat_template.jinja, *processor*.json      never followed)
- modules.json, 1_Pooling/config.json   ─►  copied: sentence-transformers' pooling and normalization
+ modules.json, 1_Pooling/config.json   ─►  copied: sentence-transformers' pooling and normalization (of each module
+                                           folder modules.json names, one folder name, only its config.json and a
+                                           Dense module's model.safetensors; "." or a path out of the folder: a
+                                           finding naming its JSON path, nothing copied)
  tokenizer_config.json naming a class  ─►  the copy names the class released clients read, and a finding says so
  only transformers 5 has
+ genai_config.json, anything else      ─►  never copied: a runtime's config is written by the export or absent
 ```
 
 The files are data: nothing in them runs, and the model folder's own copies are never changed.
@@ -34,11 +38,19 @@ Example:
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
 from exporters import fsutil
-from exporters.capture.source import COPIED_FILES
+from exporters.capture.source import (
+    COPIED_FILES,
+    MODULE_FILES,
+    MODULE_FOLDER,
+    SENTENCE_TRANSFORMERS_FILES,
+    copyable,
+)
+from exporters.errors import ModelSourceError
 
 __all__ = ["FOLDER_FILES", "READABLE_TOKENIZER_CLASSES", "SENTENCE_TRANSFORMERS_FILES", "complete_folder", "model_folder",
            "sentence_transformers_module_files"]
@@ -49,12 +61,8 @@ FOLDER_FILES = COPIED_FILES
 # needs; ONNX Runtime GenAI; transformers.js) read instead. `TokenizersBackend` is transformers 5's name for a
 # tokenizer backed by `tokenizer.json` alone: `PreTrainedTokenizerFast` loads the same file in 4.x and 5.x.
 READABLE_TOKENIZER_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}
-# A sentence-transformers model's own files: without them `SentenceTransformer(folder)` guesses mean pooling and no
-# normalization, and encodes differently from the model. `modules.json` names each module's folder (`1_Pooling`), whose
-# configs (and a Dense module's weights) are copied too.
-SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
-MODULE_FILE_SUFFIXES = (".json", ".safetensors")
-
+# The largest safetensors header read to tell a module's weights from another file (a library) under their name.
+SAFETENSORS_HEADER_LIMIT = 100 << 20
 
 def model_folder(model: Any) -> Path | None:
     """The folder the eager model was loaded from (`config._name_or_path`), None when it is not a local folder."""
@@ -71,9 +79,9 @@ def complete_folder(directory: Path, source: Path | None, notes: list[str]) -> l
     directory = Path(directory)
     if source is None or not Path(source).is_dir():
         return []
-    names = [*FOLDER_FILES, *SENTENCE_TRANSFORMERS_FILES, *sentence_transformers_module_files(Path(source))]
-    copied = [name for name in names
-              if not (directory / name).exists() and not (directory / name).is_symlink()
+    names = [*FOLDER_FILES, *SENTENCE_TRANSFORMERS_FILES, *sentence_transformers_module_files(Path(source), notes)]
+    copied = [name for name in names  # the allow-list again, where the copy happens
+              if copyable(name) and not (directory / name).exists() and not (directory / name).is_symlink()
               and _copy(Path(source), name, directory)]
     if "tokenizer_config.json" in copied:
         note = _readable_tokenizer_config(directory)
@@ -91,27 +99,57 @@ def _copy(source: Path, name: str, directory: Path) -> bool:
     return fsutil.copy_model_file(source, name, directory / name)
 
 
-def sentence_transformers_module_files(source: Path) -> list[str]:
-    """The files (`MODULE_FILE_SUFFIXES`) in the module folders a sentence-transformers `modules.json` names, as paths
-    relative to `source` (`1_Pooling/config.json`); empty without a readable `modules.json`. A module path that leaves
-    the folder (absolute, `..`) is not followed; a linked module folder is refused (`ModelSourceError`)."""
+def sentence_transformers_module_files(source: Path, notes: list[str] | None = None) -> list[str]:
+    """The inert data files (`MODULE_FILES`: `config.json`, a Dense module's `model.safetensors`) of the module
+    folders a sentence-transformers `modules.json` names, as paths relative to `source` (`1_Pooling/config.json`);
+    empty without a readable `modules.json`. A module path is one folder name (`MODULE_FOLDER`); the Transformer
+    module at `""` is the root, whose files are `FOLDER_FILES`. Anything else (`"."`, a nested path, a path out of
+    the folder) and a `model.safetensors` that is not a safetensors file copy nothing: a finding in `notes` names
+    the JSON path. A linked module folder or file is refused (`ModelSourceError`)."""
     listing = fsutil.model_file(source, "modules.json")
     try:
         modules = json.loads(listing.read_text(encoding="utf-8")) if listing is not None else []
     except (OSError, ValueError):
         return []
+    refused: list[str] = []
     names: list[str] = []
-    for module in modules if isinstance(modules, list) else []:
+    for index, module in enumerate(modules if isinstance(modules, list) else []):
         where = module.get("path") if isinstance(module, dict) else None
-        if not isinstance(where, str) or not where or Path(where).is_absolute() or ".." in Path(where).parts:
+        if where == "":
             continue
-        folder = source / where
-        if folder.is_symlink():
-            fsutil.model_file(source, where)  # raises: a module folder is never read through a link
-        if folder.is_dir():
-            names += sorted(f"{Path(where).as_posix()}/{p.name}" for p in folder.iterdir()
-                            if p.name.endswith(MODULE_FILE_SUFFIXES))
+        if not isinstance(where, str) or not MODULE_FOLDER.match(where):
+            refused.append(f"modules.json[{index}].path: {where!r} is not a module folder's name (one folder of the "
+                           "model folder, like '1_Pooling'): nothing is copied for it")
+            continue
+        try:  # a module folder or file is never read through a link
+            found = [(name, fsutil.model_file(source, f"{where}/{name}")) for name in MODULE_FILES] \
+                if fsutil.model_subfolder(source, where) is not None else []
+        except ModelSourceError as err:
+            raise ModelSourceError(f"modules.json[{index}].path: {err}") from None
+        for name, path in found:
+            if path is None:
+                continue
+            if name.endswith(".safetensors") and not _is_safetensors(path):
+                refused.append(f"modules.json[{index}].path: {where}/{name} is not a safetensors file: not copied")
+                continue
+            names.append(f"{where}/{name}")
+    if notes is not None:
+        notes += refused
     return names
+
+
+def _is_safetensors(path: Path) -> bool:
+    """Whether `path` starts as a safetensors file: a little-endian header length, then a JSON object."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(8)
+            size = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+            if not 1 < size <= SAFETENSORS_HEADER_LIMIT or size + 8 > path.stat().st_size:
+                return False
+            header = json.loads(handle.read(size))
+    except (OSError, ValueError):
+        return False
+    return isinstance(header, dict)
 
 
 def _readable_tokenizer_config(directory: Path) -> str | None:

@@ -49,6 +49,7 @@ from exporters.upstream import import_loaders, move_to
 from exporters.validate.benchmark import bench_passing, warm_up
 from exporters.validate.checks import validate_target
 from exporters.validate.eager_side import EagerSide
+from exporters.validate.folder_trust import Inventory, take_inventory
 
 __all__ = ["RunOptions", "run_pipeline"]
 STAGING_PREFIX = ".staging-"
@@ -124,6 +125,7 @@ class _Export:
     started: float = 0.0
     eager: EagerSide | None = None  # the eager side of its validation, computed while it exports
     eager_tried: bool = False
+    inventory: Inventory | None = None  # what its export wrote and copied: all a runtime proof may read
 
 
 def _export_and_validate(targets: list[Target], context: RunContext, options: RunOptions) -> list[TargetResult]:
@@ -270,7 +272,7 @@ def _finish(item: _Export, options: RunOptions, progress: Progress) -> bool:
         progress.update(target.name, f"[red]{result.status}", done=True)
         return False
     result.findings += outcome.get("notes", [])
-    result.quantization = outcome.get("quantization")
+    result.quantization, item.inventory = outcome.get("quantization"), outcome.get("inventory")
     result.timings.update(trace_s=outcome.get("export_only_s"), save_s=outcome.get("save_s"))
     fsutil.move_into_place(item.staging, options.out_dir / target.name)
     progress.update(target.name, "exported; validation follows")
@@ -296,18 +298,15 @@ def _validate(item: _Export, context: RunContext, workbench: Workbench, options:
     target, result = item.target, item.result
     final = options.out_dir / target.name
     progress.update(target.name, "validating")
-    _validate_into(result, target, context, workbench, final, trust_artifacts=True, last=last, precomputed=item.eager)
+    _validate_into(result, target, context, workbench, final, trust_artifacts=True, last=last, precomputed=item.eager,
+                   inventory=item.inventory)
     item.eager = None
     _after_validation(result, target, final)
     result.files = file_entries(final, options.out_dir)
     record_footprint(result, target, final, workbench.weights)
-    progress.update(target.name, _stage_label(result.status), done=True)
+    colour = {PASSED: "green", UNVERIFIED: "yellow"}.get(result.status, "red")
+    progress.update(target.name, f"[{colour}]{result.status}", done=True)
     gc.collect()  # the loaded programs and runtime sessions of this target are no longer needed
-
-
-def _stage_label(status: str) -> str:
-    colour = {PASSED: "green", UNVERIFIED: "yellow"}.get(status, "red")
-    return f"[{colour}]{status}"
 
 
 def _export_work(model: Any, target: Target, components: Any, recipe: Recipe, staging: Path, device: str,
@@ -321,11 +320,14 @@ def _export_work(model: Any, target: Target, components: Any, recipe: Recipe, st
     notes: list[str] = []
     quantizing = Quantizing(model, target, recipe, calibration, notes)
     outcome = export_to(model, target, components, recipe, staging, notes, quantizing.quantizer_for(), source_dir)
-    return {"notes": notes, **outcome, "quantization": quantizing.record_into(staging)}
+    quantization = quantizing.record_into(staging)
+    inventory = take_inventory(staging, outcome.pop("written"), outcome.pop("copied"))
+    return {"notes": notes, **outcome, "quantization": quantization, "inventory": inventory}
 
 
 def _validate_into(result: TargetResult, target: Target, context: RunContext, workbench: Workbench, directory: Path,
-                   trust_artifacts: bool, last: bool = False, precomputed: EagerSide | None = None) -> None:
+                   trust_artifacts: bool, last: bool = False, precomputed: EagerSide | None = None,
+                   inventory: Inventory | None = None) -> None:
     started = time.time()
     recipe = context.recipe
     with recovering() as guard:  # a native panic too: the target fails with its message, the run goes on
@@ -337,7 +339,7 @@ def _validate_into(result: TargetResult, target: Target, context: RunContext, wo
             # vision-language parity runs the model's own forward around the graphs: its weights stay
             release_model=(lambda: release_weights(workbench.model))
             if last and workbench.sample.family != "vision-language" else None,
-            source_dir=context.source.folder, precomputed=precomputed,
+            source_dir=context.source.folder, precomputed=precomputed, inventory=inventory,
         )
     if guard.error is not None:
         result.status, result.error = FAILED, error_record(guard.error, prefix="validation could not run: ")
@@ -351,10 +353,8 @@ def _after_validation(result: TargetResult, target: Target, final: Path) -> None
     if result.status == PASSED and target.export_format == "onnx" and not target.export_params:
         stripped = strip_weights(final, target.output_path)
         copy = f" and from {target.output_path}" if target.output_path else ""
-        result.findings.append(
-            f"export_params: false — validated with weights, then {len(stripped)} weights were stripped from every "
-            f"graph{copy}: the published graphs take them as inputs"
-        )
+        result.findings.append(f"export_params: false — validated with weights, then {len(stripped)} weights were "
+                               f"stripped from every graph{copy}: the published graphs take them as inputs")
 
 
 def _reproduce_command(context: RunContext, options: RunOptions, target: str) -> str:

@@ -32,13 +32,14 @@ from exporters.upstream import (
 )
 from exporters.validate import runtime_executorch  # noqa: F401  (registers the ExecuTorch LLM runner's check)
 from exporters.validate.eager_side import EagerCache, EagerSide, eager_side
+from exporters.validate.folder_trust import Inventory, may_read, screen_folder
 from exporters.validate.greedy import Tolerances
 from exporters.validate.native_log import native_messages
 from exporters.validate.ort_schemas import ort_checker_schemas
 from exporters.validate.parity import generation_parity
 from exporters.validate.quality import judge, judge_generation, measure, tolerance_verdict
 from exporters.validate.runtime_genai import GENAI  # noqa: F401  (registers ONNX Runtime GenAI's proof)
-from exporters.validate.runtimes import ProofsInFlight, RuntimeContext, checks_for, references_for
+from exporters.validate.runtimes import ProofsInFlight, RuntimeContext, RuntimeProof, checks_for, references_for
 from exporters.validate.sliding import COUNTER_FINDING, sliding_cache_leaves, trailing_window
 
 # Defaults per format at float32: torch programs run the same kernels as eager; ONNX Runtime and XNNPACK fuse and
@@ -244,7 +245,7 @@ def validate_target(
     *, target, recipe: Recipe, directory: Path, components, model, family: str, generate_inputs: dict[str, Any],
     eager: EagerCache, generation_config=None, expected_components: list[str] | None = None,
     trust_artifacts: bool = True, device: str | None = None, release_model=None, source_dir: Path | None = None,
-    precomputed: EagerSide | None = None,
+    precomputed: EagerSide | None = None, inventory: Inventory | None = None,
 ) -> ValidationResult:
     """Load the saved target from `directory` and run every check. `release_model`, when given, is called once the
     eager references are computed, before the artifact is loaded (the caller frees the eager weights there).
@@ -253,7 +254,9 @@ def validate_target(
 
     `trust_artifacts`: the folder's pickled programs (`.pt2`) may be loaded (this run wrote them, or the operator
     allowed it); nothing else in the folder ever runs (its config's `auto_map` is never read). `device`: where the
-    artifact runs (the target's); the eager references stay where the model is.
+    artifact runs (the target's); the eager references stay where the model is. `inventory`: what this run's export
+    wrote and copied into `directory` (`folder_trust.take_inventory`), all a runtime may read there; None for a
+    folder this run did not write. A folder a runtime may not open (`folder_trust.screen_folder`) fails, unopened.
     """
 
     # Quantized and half-precision targets are judged by task metrics against the eager float32 model (never by a
@@ -288,7 +291,12 @@ def validate_target(
     # Two phases: every eager reference first (probes, generation, the runtimes'; computed ahead by a run while the
     # export was running, `precomputed`), then the artifact, so the eager weights can be freed in between
     # (`release_model`, on a run's last target): the two are never in memory together.
-    applicable = checks_for(target, directory)
+    refused = screen_folder(directory, inventory)  # before any runtime opens the folder
+    applicable = [check for check in checks_for(target, directory) if may_read(check, inventory)]
+    if refused:
+        why = "not run, the folder was refused: " + "; ".join(refused)
+        return ValidationResult(reports, None, findings, refused, generation_expected,
+                                runtimes=[RuntimeProof(check.runtime, "failed", why).to_dict() for check in applicable])
     side = precomputed if precomputed is not None and precomputed.usable_for(target) else None
     if side is None:
         side = eager_side(target=target, recipe=recipe, components=components, model=model, family=family,

@@ -109,6 +109,9 @@ class GenaiCheck:
     """ONNX Runtime GenAI generating from a merged decoder ONNX folder (see the module)."""
 
     runtime = "ONNX Runtime GenAI"
+    # the config GenAI executes from (it names libraries and session entries to load): the proof applies only where
+    # this run's export wrote it (`folder_trust.may_read`), never where a model folder's copy or a planted one lies
+    executes = (GENAI_CONFIG,)
 
     def applies(self, target, directory: Path) -> bool:
         if target.export_format != "onnx" or target.mode != "generation" or not (directory / GENAI_CONFIG).is_file():

@@ -45,6 +45,7 @@ from typing import Any, Literal, Protocol
 from exporters.errors import describe_error, recoverable
 from exporters.redact import secret_name
 from exporters.recipe.model import Recipe, Target
+from exporters.validate.folder_trust import screen_folder
 
 ProofStatus = Literal["passed", "failed", "unverified"]
 CHILD_TIMEOUT_S = 3600.0  # a target without a timeout of its own (the run's default per target)
@@ -90,7 +91,9 @@ class RuntimeContext:
 
 
 class RuntimeCheck(Protocol):
-    """A deployment runtime's proof of one layout."""
+    """A deployment runtime's proof of one layout. A runtime that executes from a config in the folder names it in
+    an `executes` attribute (GenAI: `genai_config.json`): it applies only where this run's export wrote that file
+    (`folder_trust.may_read`)."""
 
     runtime: str
 
@@ -146,8 +149,13 @@ def prove_all(pairs: list[tuple[RuntimeCheck, Any]], directory: Path, context: R
               cancelled: threading.Event | None = None) -> list[RuntimeProof]:
     """Every runtime's proof of `directory`; a runtime that raises fails with its own message. The folder is
     resolved first: a runtime runs in a child whose cwd is a scratch folder (`run_in_child`), where a relative
-    `--out` would miss. Once `cancelled` is set, no further proof starts."""
+    `--out` would miss. A folder `folder_trust.screen_folder` refuses is proven by none. Once `cancelled` is set, no
+    further proof starts."""
     directory = directory.resolve()
+    # whoever calls: no runtime reads a link, a native library or a key that loads code (folder_trust)
+    refused = screen_folder(directory) if pairs else []
+    if refused:
+        return [RuntimeProof(check.runtime, "failed", "not run: " + "; ".join(refused)) for check, _ in pairs]
     proofs = []
     for check, reference in pairs:
         if cancelled is not None and cancelled.is_set():
