@@ -32,14 +32,13 @@ from exporters.capture.dtypes import reference_groups
 from exporters.errors import DeviceError, error_record, recovering
 from exporters.export.convert import export_to, release_weights
 from exporters.export.footprint import record_footprint
-from exporters.export.onnx_files import strip_weights
 from exporters.export.quantize import Quantizing
 from exporters.hashing import file_entries
 from exporters.recipe.model import Recipe, Target
-from exporters.report.build import build_report, write_report
 from exporters.report.results import TargetResult
 from exporters.run.context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
 from exporters.run.isolation import Isolated, log_excerpt
+from exporters.run.outcomes import new_result, strip_after_validation, write_results
 from exporters.run.progress import Progress
 from exporters.run.resources import default_jobs, threads_left
 from exporters.run.reuse import Signer, previous_report, reusable
@@ -96,21 +95,7 @@ def run_pipeline(model: str, options: RunOptions) -> dict[str, Any]:
     for result in results:
         if result.status == PASSED and not result.cached:
             result.signature = signer.sign(result.to_dict())
-    return _write(results, context)
-
-
-def _write(results: list[TargetResult], context: RunContext) -> dict[str, Any]:
-    order = {t.name: i for i, t in enumerate(context.targets)}
-    results.sort(key=lambda r: order[r.name])
-    report = build_report(results, context)
-    write_report(report, context.out_dir)
-    return report
-
-
-def _new_result(target: Target, context: RunContext, options: RunOptions) -> TargetResult:
-    return TargetResult(name=target.name, export_format=target.export_format, mode=target.mode, status=FAILED,
-                        dtype=target.dtype, versions=context.versions, log=f"logs/{target.name}.log",
-                        reproduce=_reproduce_command(context, options, target.name))
+    return write_results(results, context)
 
 
 @dataclass
@@ -173,7 +158,7 @@ def _export_group(targets: list[Target], context: RunContext, options: RunOption
     for target in targets:
         target = workbench.plan(target)
         target.timeout = target.timeout or options.timeout or DEFAULT_TIMEOUT_S  # its export's and its proofs'
-        item = _Export(target, _new_result(target, context, options))
+        item = _Export(target, new_result(target, context, options))
         results.append(item.result)
         if _prepare(item, workbench, context, options, progress):
             pending.append(item)
@@ -301,7 +286,7 @@ def _validate(item: _Export, context: RunContext, workbench: Workbench, options:
     _validate_into(result, target, context, workbench, final, trust_artifacts=True, last=last, precomputed=item.eager,
                    inventory=item.inventory)
     item.eager = None
-    _after_validation(result, target, final)
+    strip_after_validation(result, target, final)
     result.files = file_entries(final, options.out_dir)
     record_footprint(result, target, final, workbench.weights)
     colour = {PASSED: "green", UNVERIFIED: "yellow"}.get(result.status, "red")
@@ -346,21 +331,3 @@ def _validate_into(result: TargetResult, target: Target, context: RunContext, wo
     else:
         result.record_validation(validation)
     result.timings["validate_s"] = round(time.time() - started, 3)
-
-
-def _after_validation(result: TargetResult, target: Target, final: Path) -> None:
-    """`export_params: false`: the weights are stripped once the artifact was validated with them."""
-    if result.status == PASSED and target.export_format == "onnx" and not target.export_params:
-        stripped = strip_weights(final, target.output_path)
-        copy = f" and from {target.output_path}" if target.output_path else ""
-        result.findings.append(f"export_params: false — validated with weights, then {len(stripped)} weights were "
-                               f"stripped from every graph{copy}: the published graphs take them as inputs")
-
-
-def _reproduce_command(context: RunContext, options: RunOptions, target: str) -> str:
-    parts = ["hf-export", "run", context.model_arg, "--target", target]
-    if context.source.revision:
-        parts += ["--revision", context.source.revision]
-    if options.config_path:
-        parts += ["--config", str(options.config_path)]
-    return " ".join(parts)

@@ -18,7 +18,8 @@ from exporters.errors import ArtifactError, error_record, recoverable
 from exporters.export.footprint import record_footprint
 from exporters.hashing import file_entries
 from exporters.run.context import RunOptions, prepare_run, resolve_device
-from exporters.run.pipeline import _new_result, _validate_into, _write
+from exporters.run.outcomes import new_result, write_results
+from exporters.run.pipeline import _validate_into
 from exporters.run.reuse import previous_report
 from exporters.run.workbench import Workbench
 from exporters.upstream import read_manifest
@@ -46,7 +47,7 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
         if dtype != order[index - 1][0] and index:  # the next group's references in its dtype (as `run` does)
             workbench.convert(dtype, context)
         target = workbench.plan(target)
-        result = _new_result(target, context, options)
+        result = new_result(target, context, options)
         result.reproduce = f"hf-export validate {model} {out_dir} --target {target.name}"
         result.device = resolve_device(options.device or target.device)
         result.cache_key = context.cache_key(target.name, result.device)
@@ -76,7 +77,7 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
                        last=index == len(order) - 1)
         result.files = file_entries(directory, out_dir)
         record_footprint(result, target, directory, workbench.weights)
-    return _write(results, context)
+    return write_results(results, context)
 
 
 def _saved_layout(directory: Path) -> str | None:

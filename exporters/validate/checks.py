@@ -19,7 +19,7 @@ import torch
 from exporters.capture.components import read_glue
 from exporters.capture.merged import MERGED
 from exporters.errors import ArtifactError, RemoteCodeError, describe_error, recoverable
-from exporters.recipe.model import Recipe, Tolerance
+from exporters.recipe.model import Recipe
 from exporters.recipe.variants import resolve_budget, variant_kind
 from exporters.report.results import Check, ComponentReport, OutputDiff, ValidationResult
 from exporters.upstream import (
@@ -41,36 +41,7 @@ from exporters.validate.quality import judge, judge_generation, measure, toleran
 from exporters.validate.runtime_genai import GENAI  # noqa: F401  (registers ONNX Runtime GenAI's proof)
 from exporters.validate.runtimes import ProofsInFlight, RuntimeContext, RuntimeProof, checks_for, references_for
 from exporters.validate.sliding import COUNTER_FINDING, sliding_cache_leaves, trailing_window
-
-# Defaults per format at float32: torch programs run the same kernels as eager; ONNX Runtime and XNNPACK fuse and
-# reorder reductions, so they get more room. Lower precisions get more room again.
-DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
-    "dynamo": (1e-5, 1e-4),
-    "onnx": (1e-4, 1e-3),
-    "executorch": (1e-3, 1e-3),
-}
-LOW_PRECISION_TOLERANCE = (1e-2, 1e-2)
-
-
-def tolerance_for(recipe: Recipe, target, component: str, dtype: str | None) -> tuple[float, float]:
-    """Format default, then recipe-wide, then per format, per target and per component overrides (most specific
-    wins)."""
-    atol, rtol = DEFAULT_TOLERANCES.get(target.export_format, (1e-4, 1e-3))
-    if dtype in ("float16", "bfloat16"):
-        atol, rtol = max(atol, LOW_PRECISION_TOLERANCE[0]), max(rtol, LOW_PRECISION_TOLERANCE[1])
-    layers: list[Tolerance | None] = [
-        Tolerance(atol=recipe.validation.atol, rtol=recipe.validation.rtol),
-        recipe.validation.formats.get(target.export_format),
-        target.validation,
-        target.components[component].validation if component in target.components else None,
-    ]
-    for layer in layers:
-        if layer is None:
-            continue
-        atol = layer.atol if layer.atol is not None else atol
-        rtol = layer.rtol if layer.rtol is not None else rtol
-    return atol, rtol
-
+from exporters.validate.tolerances import DEFAULT_TOLERANCES, tolerance_for  # noqa: F401  (DEFAULT_TOLERANCES: re-exported)
 
 def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float) -> list[OutputDiff]:
     """Per output leaf: max absolute and relative difference and a verdict; NaN or inf never passes."""
