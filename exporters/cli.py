@@ -111,7 +111,12 @@ REVISION_OPTION = typer.Option(None, "--revision", help="Hub revision (branch, t
 TOKEN_OPTION = typer.Option(None, "--token", envvar="HF_TOKEN", show_envvar=True,
                             help="Hub token; prefer HF_TOKEN or `huggingface-cli login` (argv is public).")
 ENDPOINT_OPTION = typer.Option(None, "--endpoint", envvar="HF_ENDPOINT", help="Hub endpoint URL.")
-REMOTE_CODE_OPTION = typer.Option(False, "--trust-remote-code", help="Allow code from the model repo.")
+def _flag(name: str, help: str) -> typer.models.OptionInfo:  # noqa: A002  (typer's own word)
+    """A boolean flag shown as itself (`--push`), never as an option that takes a value (`--push <bool>`)."""
+    return typer.Option(False, name, help=help, metavar="")
+
+
+REMOTE_CODE_OPTION = _flag("--trust-remote-code", "Allow code from the model repo.")
 
 
 @app.command()
@@ -127,21 +132,17 @@ def run(
     trust_remote_code: bool = REMOTE_CODE_OPTION,
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per target (default: recipe or 3600)."),
     jobs: str = typer.Option("auto", "--jobs", help="Exports at once: a number, or auto (from cores and memory)."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Export even when inputs are unchanged."),
-    no_bench: bool = typer.Option(False, "--no-bench", help="Skip timing each artifact (size, load, latency)."),
-    print_report: bool = typer.Option(False, "--print-report", help="Print report.md to stdout at the end."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress display."),
-    push: bool = typer.Option(
-        False, "--push", help="Publish to the Hub as a pull request: exports/<target>/, the report, a card section."
-    ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the publish plan and PR text; push nothing."),
-    publish_failed: bool = typer.Option(
-        False, "--publish-failed", help="With --push: publish the passing targets even when others failed."
-    ),
-    publish_unverified: bool = typer.Option(
-        False, "--publish-unverified", help="With --push: also publish unverified targets (some check did not run); "
-                                            "the PR and the model card name the checks that did not run."
-    ),
+    no_cache: bool = _flag("--no-cache", "Export even when inputs are unchanged."),
+    no_bench: bool = _flag("--no-bench", "Skip timing each artifact (size, load, latency)."),
+    print_report: bool = _flag("--print-report", "Print report.md to stdout at the end."),
+    quiet: bool = _flag("--quiet", "No progress display."),
+    push: bool = _flag("--push", "Publish to the Hub as a pull request: exports/<target>/, the report, a card "
+                                 "section."),
+    dry_run: bool = _flag("--dry-run", "Print the publish plan and PR text; push nothing."),
+    publish_failed: bool = _flag("--publish-failed", "With --push: publish the passing targets even when others "
+                                                     "failed."),
+    publish_unverified: bool = _flag("--publish-unverified", "With --push: also publish unverified targets (some "
+                                     "check did not run); the PR and the model card name the checks that did not run."),
     max_upload_size: str = typer.Option(
         "20GB", "--max-upload-size", help="With --push: refuse a PR that uploads more than this (e.g. 50GB; 0: no "
                                           "limit)."
@@ -151,7 +152,16 @@ def run(
     ),
 ) -> None:
     """Export every target of the recipe, validate each artifact, write OUT/report.json and OUT/report.md;
-    with --push, publish them to the Hub as a pull request (against --revision when it names a branch)."""
+    with --push, publish them to the Hub as a pull request (against --revision when it names a branch).
+
+    Examples:
+
+        hf-export run ./my-model --out out --print-report
+
+        hf-export run acme/tiny-llama --target onnx --dry-run   (the plan and the card text, no token needed)
+
+        HF_TOKEN=... hf-export run acme/tiny-llama --push
+    """
     if device not in (None, "cpu", "cuda", "auto"):
         console.print(f"--device must be cpu, cuda or auto, got {device!r}")
         raise typer.Exit(EXIT_USAGE)
@@ -270,11 +280,16 @@ def _publish(destination, out_dir: Path, *, token: str | None, endpoint: str | N
 def check(file: Path = typer.Argument(..., help="export_config.json, or a config.json with export_config.")) -> None:
     """Validate a recipe file: exit 0 when valid, 2 with the JSON path and line of each problem otherwise (with the
     model's config.json beside it, or as the file, also what depends on the model: a static cache past its
-    positions)."""
+    positions).
+
+    Example:
+
+        hf-export check ./my-model/export_config.json
+    """
     import json
 
-    from exporters.capture.cache_settings import check_cache_len, positions_in
     from exporters.recipe.load import load_recipe_file
+    from exporters.recipe.model_limits import check_cache_len, positions_in
 
     try:
         recipe = load_recipe_file(file)
@@ -306,13 +321,20 @@ def init(
     endpoint: Optional[str] = ENDPOINT_OPTION,
     trust_remote_code: bool = REMOTE_CODE_OPTION,
     work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="Keep each round's recipe, report and logs here."),
-    push: bool = typer.Option(False, "--push", help="Open (or update) a Hub PR adding export_config.json."),
+    push: bool = _flag("--push", "Open (or update) a Hub PR adding export_config.json."),
     repo_id: Optional[str] = typer.Option(None, "--repo-id", help="Hub repo for --push (default: MODEL)."),
     summary_file: Optional[Path] = typer.Option(None, "--summary", help="Also write the summary as Markdown here."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress lines."),
+    quiet: bool = _flag("--quiet", "No progress lines."),
 ) -> None:
     """Propose a recipe known to work: export and validate every format with the real pipeline, find the largest
-    dynamic bounds that hold and the tolerances, write the full-form recipe and print a summary."""
+    dynamic bounds that hold and the tolerances, write the full-form recipe and print a summary.
+
+    Examples:
+
+        hf-export init ./my-model --out ./my-model/export_config.json
+
+        hf-export init acme/tiny-llama --formats onnx,executorch --max-seconds 900
+    """
     from exporters.recipe.model import FORMATS
 
     wanted = [f.strip() for f in formats.split(",") if f.strip()]
@@ -389,9 +411,14 @@ def validate(
     token: Optional[str] = TOKEN_OPTION,
     endpoint: Optional[str] = ENDPOINT_OPTION,
     trust_remote_code: bool = REMOTE_CODE_OPTION,
-    print_report: bool = typer.Option(False, "--print-report"),
+    print_report: bool = _flag("--print-report", "Print report.md to stdout at the end."),
 ) -> None:
-    """Re-run the validation checks on artifacts already saved, and rewrite the report."""
+    """Re-run the validation checks on artifacts already saved, and rewrite the report.
+
+    Example:
+
+        hf-export validate ./my-model out --target onnx --print-report
+    """
     _quiet_libraries()
     from exporters.run.revalidate import RunOptions, validate_existing
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import fnmatch
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,12 +27,12 @@ from transformers.cache_utils import DynamicCache, DynamicLayer, LinearAttention
 
 from exporters.capture.generation_settings import greedy
 from exporters.capture.shapes import axis_specs, spec_key
-from exporters.errors import DecodeStepError, RecipeError, ShapeSpecError
+from exporters.errors import DecodeStepError, ShapeSpecError
 from exporters.recipe.model import ComponentOverride
+from exporters.recipe.model_limits import (  # noqa: F401  (check_cache_len, positions_in: re-exported)
+    DEFAULT_MAX_CACHE_LEN, POSITION_KEYS, check_cache_len, positions_in)
 from exporters.upstream import leaf_tensors
 
-DEFAULT_MAX_CACHE_LEN = 2048
-POSITION_KEYS = ("max_position_embeddings", "max_target_positions", "n_positions")
 CACHE_INPUTS = ("cache", "past_key_values")
 
 
@@ -79,36 +78,6 @@ class CacheSetting:
             f"min({DEFAULT_MAX_CACHE_LEN}, {bound})); an ExecuTorch program cannot grow a cache, and every slot is "
             "allocated up front: set generation.max_cache_len to the longest prompt plus reply you will run"
         )
-
-
-def positions_in(config: Mapping[str, Any]) -> int | None:
-    """`max_positions` of a model's `config.json` as read (a dict: the decoder's `text_config` first, when it has
-    one).
-
-    Example:
-        >>> positions_in({"model_type": "llava", "text_config": {"max_position_embeddings": 4096}})
-        4096
-    """
-    for section in (config.get("text_config"), config.get("decoder"), config):
-        if not isinstance(section, Mapping):
-            continue
-        for name in POSITION_KEYS:
-            value = section.get(name)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
-
-
-def check_cache_len(recipe, positions: int | None) -> None:
-    """`RecipeError` at `generation.max_cache_len` when the recipe asks for a static cache longer than the positions
-    the model can attend to (every slot is allocated up front: a cache past them is memory for nothing)."""
-    length = recipe.generation.max_cache_len
-    if length is None or positions is None or length <= positions:
-        return
-    path, line = recipe.locate_setting("generation", "max_cache_len")
-    raise RecipeError(f"max_cache_len {length} is longer than the {positions} positions the model attends to "
-                      f"(its config's max_position_embeddings): set at most {positions}, or leave it unset for "
-                      f"min({DEFAULT_MAX_CACHE_LEN}, {positions})", path=path, line=line, file=recipe.file)
 
 
 def max_positions(model_config) -> int | None:

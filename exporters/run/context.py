@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from exporters.capture.cache_settings import check_cache_len, positions_in
+from exporters.recipe.model_limits import check_cache_len, positions_in
 from exporters.capture.dtypes import checkpoint_dtype, default_dtype, dtype_finding
 from exporters.capture.source import ModelSource, SourceOptions, check_remote_code, read_config
 from exporters.errors import DeviceError
