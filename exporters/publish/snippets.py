@@ -336,11 +336,12 @@ def _loading_snippet(where: str, trust: str, target: dict[str, Any]) -> str:
 def target_snippets(repo_id: str, target: dict[str, Any], revision: str | None = None) -> list[tuple[str, str, str]]:
     """`(runtime, language, code)` for each runtime the target was proven in, then upstream's loader where it reads
     the folder; each downloads the files at `revision` (the commit that holds them) when given."""
-    snippets = []
-    proven = {str(proof.get("runtime")) for proof in proven_runtimes(target)}
-    for runtime, make in RUNTIME_SNIPPETS.items():  # our names and templates: a proof only says which apply
-        if runtime in proven:
-            snippets.append((runtime, *make(repo_id, target, revision)))
+    snippets, seen = [], set()
+    for proof in proven_runtimes(target):  # a proof only picks one of our names and templates, once
+        runtime = next((name for name in RUNTIME_SNIPPETS if name == proof.get("runtime")), None)
+        if runtime is not None and runtime not in seen:
+            seen.add(runtime)
+            snippets.append((runtime, *RUNTIME_SNIPPETS[runtime](repo_id, target, revision)))
     if upstream_loads(target):
         snippets.append((UPSTREAM, "python", exported_model_snippet(repo_id, target, revision)))
     return snippets

@@ -42,6 +42,8 @@ from exporters.status import FAILED, PASSED, UNVERIFIED, overall_status
 
 _RANK = {FAILED: 0, UNVERIFIED: 1, PASSED: 2}
 PROOF_STATUSES = (PASSED, FAILED, UNVERIFIED)
+# The command a run records to reproduce a target (exporters.run.pipeline); a leg's other text is not kept as one
+REPRODUCE = r"hf-export run [\w.@/-]+ --target {name}( --revision [0-9a-f]{{40}})?( --config [\w./-]+)?"
 # (target name, its merged folder) -> the runtimes whose proof applies to the planned target there
 RuntimePlan = Callable[[str, Path], Collection[str]]
 _UNCHECKED = object()  # merge_reports' revision / recipe_sha256 when the caller has no plan to check against
@@ -233,6 +235,8 @@ def _copy_target(part: Path, target: dict[str, Any], out_dir: Path, runtimes: Ru
         shutil.copyfile(log, out_dir / "logs" / log.name)
     possible = runtimes(name, destination) if runtimes is not None and destination.is_dir() else ()
     finding = back_runtime_claims(target, possible)
+    if not re.fullmatch(REPRODUCE.format(name=re.escape(name)), str(target.get("reproduce"))):
+        target["reproduce"] = None  # report.md shows it as a command to copy: only the one a run writes
     if target.get("status") in (PASSED, UNVERIFIED):
         _check_verdict_and_files(target, out_dir)
     return finding
