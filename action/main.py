@@ -299,6 +299,8 @@ def list_targets_mode(settings: Settings) -> int:
 def aggregate_mode(settings: Settings) -> int:
     from exporters.errors import AggregateError, ModelSourceError, RecipeError
     from exporters.report.aggregate import aggregate
+    from exporters.validate import checks  # noqa: F401  (registers every runtime's check, each with its `applies`)
+    from exporters.validate.runtimes import runtimes_applying
 
     # The plan the legs ran: the recipe's targets (or the `targets` input's, all of them recipe names), the commit
     # `revision` resolves to and the recipe's hash. A part that does not match it is not merged: a leg's report is
@@ -316,7 +318,7 @@ def aggregate_mode(settings: Settings) -> int:
     try:
         with group(f"Merging the report parts in {parts}"), untrusted():
             report = aggregate(settings.parts_dir, settings.output_dir, expected=expected, revision=revision,
-                               recipe_sha256=recipe.sha256())
+                               recipe_sha256=recipe.sha256(), runtimes=runtimes_applying(targets))
             for part in report.get("aggregated_from", []):
                 emit(f"{part['part']}: {', '.join(part['targets']) or 'no targets'}")
     except AggregateError as err:

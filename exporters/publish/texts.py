@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from exporters.publish.markers import render_marker
 from exporters.publish.plan import EXPORTS_DIR, report_paths
-from exporters.publish.snippets import NEEDS_TRUST, proven_runtimes, target_snippets
+from exporters.publish.snippets import NEEDS_TRUST, PIN_COMMENT, needs_pin, proven_runtimes, target_snippets
 from exporters.report.markdown import close_fences, human_size, inert, variants_table
 
 if TYPE_CHECKING:
@@ -95,10 +95,12 @@ def load_snippet(repo_id: str, target: str, export_format: str, revision: str | 
     if revision:
         arguments.append(f"revision={json.dumps(revision)}")
     arguments.append(f"subfolder={json.dumps(f'{EXPORTS_DIR}/{target}')}")
+    why = ""
     if export_format in NEEDS_TRUST:
         arguments.append("trust_remote_code=True")  # own artifact: the snippet loads what this run exported
-    return ("from transformers.exporters import ExportedModel\n\n"
-            f"model = ExportedModel.from_pretrained({', '.join(arguments)})")
+        why = PIN_COMMENT.format(what="a .pt2 is a pickle: trust_remote_code") + "\n" if revision else ""
+    return ("from transformers.exporters import ExportedModel\n\n" + why
+            + f"model = ExportedModel.from_pretrained({', '.join(arguments)})")
 
 
 def what_was_checked(target: dict[str, Any]) -> str:
@@ -122,11 +124,12 @@ def what_was_checked(target: dict[str, Any]) -> str:
     else:
         text += "no probe compared it with the eager model"
     generation = target.get("generation") or {}
+    steps = generation.get("max_new_tokens")
     if generation.get("status") == "passed":
         text += (f"; greedy generation through the exported components matched eager `generate()` for "
-                 f"{generation.get('max_new_tokens')} tokens")
+                 f"{steps if isinstance(steps, int) else 'its'} tokens")
     elif generation:
-        text += f"; generation parity {generation.get('status')}"
+        text += f"; generation parity {inert(generation.get('status'), 40)}"
     return text + "."
 
 
@@ -157,8 +160,18 @@ def _hook_lines(plan: PublishPlan) -> list[str]:
     return lines
 
 
-def card_section(plan: PublishPlan) -> str:
-    """The model card's Exports section, markers included (no dates: the same run gives the same text)."""
+def card_needs_pin(plan: PublishPlan) -> bool:
+    """Whether the card holds a snippet that loads code or a pickle: it is pinned to the commit that holds the
+    files, so the card is written again once that commit exists (`card_section(plan, commit)`)."""
+    return any(needs_pin(runtime, target) for target in plan.targets()
+               for runtime, _, _ in target_snippets(plan.repo_id, target))
+
+
+def card_section(plan: PublishPlan, commit: str | None = None) -> str:
+    """The model card's Exports section, markers included (no dates: the same run gives the same text). Its
+    snippets download the files at `commit` (the commit that holds them); without it, a snippet that loads code or
+    a pickle is left out, with a line saying it comes with the next commit (`card_needs_pin`). Text from the report
+    is inert; code is our templates' (`exporters.publish.snippets`)."""
     report = plan.report
     start, end = card_markers(plan.recipe)
     json_path, md_path = report_paths(plan.recipe)
@@ -167,19 +180,25 @@ def card_section(plan: PublishPlan) -> str:
              f"revision `{short_sha(report)}`); the report is [`{md_path}`]({md_path}).", "",
              *_checks_lines(plan), "", *variants_table(report, names=list(plan.published)), "", *_hook_lines(plan)]
     for target in plan.targets():
-        components = ", ".join(c["name"] for c in target.get("components") or []) or "–"
-        lines += [f"### `{target['name']}`", "", f"{target['export_format']}, {target['mode']} mode: {components}",
-                  ""]
+        components = ", ".join(str(c.get("name")) for c in target.get("components") or []) or "–"
+        lines += [f"### `{target['name']}`", "",
+                  inert(f"{target['export_format']}, {target['mode']} mode: {components}", 600), ""]
         proofs = proven_runtimes(target)
         if proofs:
-            runs_in = ", ".join(f"{p['runtime']} ✓ {p.get('detail') or ''}".strip() for p in proofs)
+            runs_in = ", ".join(f"{inert(p.get('runtime'), 60)} ✓ {inert(p.get('detail') or '', 120)}".strip()
+                                for p in proofs)
             lines += [f"Runs in (proven from this folder alone): {runs_in}", ""]
-        for runtime, language, code in target_snippets(plan.repo_id, target):
+        for runtime, language, code in target_snippets(plan.repo_id, target, commit):
+            if commit is None and needs_pin(runtime, target):
+                lines += [f"{runtime}: the snippet loads code or a pickle, so it is pinned to the commit that holds "
+                          "these files; it is written in the next commit, once that commit exists.", ""]
+                continue
             lines += [f"{runtime}:", "", f"```{language}", code, "```", ""]
     if any(t["export_format"] in NEEDS_TRUST for t in plan.targets()):
         trust = "`trust_remote_code=True`"  # own artifact: what this run exported and validated
         lines += [f"{trust} is needed to load `torch.export` programs (`.pt2`, pickled): pass it only for exports "
-                  "you trust.", ""]
+                  "you trust. The snippets pin `revision` to the commit that holds these files, so they load the "
+                  "validated bytes, never what a later commit put under the same names.", ""]
     lines.append(end)
     return "\n".join(lines)
 
@@ -221,8 +240,10 @@ def _excerpt(plan: PublishPlan) -> str:
                         f"_Report cut to fit; the full report is `{report_paths(plan.recipe)[1]}`._")
 
 
-def pr_description(plan: PublishPlan, pr_num: int | None = None) -> str:
-    """The PR text: what it adds, what was checked, sizes, failed targets, how to try it, the report, the marker."""
+def pr_description(plan: PublishPlan, pr_num: int | None = None, commit: str | None = None) -> str:
+    """The PR text: what it adds, what was checked, sizes, failed targets, how to try it (pinned to `commit`, the
+    PR's commit that holds the files, when known; a `.pt2`, which loads a pickle, only then), the report, the
+    marker."""
     json_path, md_path = report_paths(plan.recipe)
     lines = [_summary(plan), "",
              f"This PR adds `{EXPORTS_DIR}/<target>/` for {_quoted(plan.published)}, the validation report "
@@ -238,9 +259,12 @@ def pr_description(plan: PublishPlan, pr_num: int | None = None) -> str:
     lines += _hook_lines(plan)
     if plan.published:
         first = plan.targets()[0]
-        revision = f"refs/pr/{pr_num}" if pr_num else "refs/pr/<this PR's number>"
-        lines += ["", "Try it before merging:", "", "```python",
-                  load_snippet(plan.repo_id, first["name"], first["export_format"], revision), "```"]
+        revision = commit or (f"refs/pr/{pr_num}" if pr_num else "refs/pr/<this PR's number>")
+        if commit is None and first["export_format"] in NEEDS_TRUST:  # a pickle: only from a pinned commit
+            lines += ["", "Try it before merging: the snippet, pinned to this PR's commit, follows once it exists."]
+        else:
+            lines += ["", "Try it before merging:", "", "```python",
+                      load_snippet(plan.repo_id, first["name"], first["export_format"], revision), "```"]
     lines += ["", CLOSING_IS_FINE, *NOTES, "", "---", "", _excerpt(plan), "", render_marker(plan.marker)]
     return "\n".join(lines)
 

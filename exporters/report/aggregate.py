@@ -8,6 +8,12 @@ files, sizes and sha256 their part recorded (an interrupted artifact upload or d
 Targets the recipe lists but no part reports (a leg that died before writing its report) are reported as failed,
 so a partial set of exports is never published as complete.
 
+A leg's runtime proofs ("runs in") are claims too: each is kept, as data (`runtime`, `status`, `detail` and nothing
+else), only when it names a runtime whose check applies to the planned target in the merged folder (`runtimes`, from
+the registered checks' `applies`); any other claim is dropped with a finding, and a failed proof fails the target as
+it does in a run. Nothing a leg wrote becomes code: the card's snippets come from our own templates
+(`exporters.publish.snippets`).
+
 Example:
     >>> part = {"source": {"model": "acme/x", "revision": "a" * 40}, "recipe": {"sha256": "r"}, "versions": {},
     ...         "targets": [{"name": "onnx", "status": "passed"}]}
@@ -24,7 +30,7 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Collection
 
 from exporters import fsutil
 from exporters.errors import AggregateError
@@ -35,6 +41,11 @@ from exporters.report.results import Check, ComponentReport, GenerationReport, O
 from exporters.status import FAILED, PASSED, UNVERIFIED, overall_status
 
 _RANK = {FAILED: 0, UNVERIFIED: 1, PASSED: 2}
+PROOF_STATUSES = (PASSED, FAILED, UNVERIFIED)
+# The command a run records to reproduce a target (exporters.run.pipeline); a leg's other text is not kept as one
+REPRODUCE = r"hf-export run [\w.@/-]+ --target {name}( --revision [0-9a-f]{{40}})?( --config [\w./-]+)?"
+# (target name, its merged folder) -> the runtimes whose proof applies to the planned target there
+RuntimePlan = Callable[[str, Path], Collection[str]]
 _UNCHECKED = object()  # merge_reports' revision / recipe_sha256 when the caller has no plan to check against
 
 
@@ -170,8 +181,41 @@ def merge_reports(parts: list[dict[str, Any]], *, expected: list[str | dict[str,
     return merged
 
 
-def _copy_target(part: Path, target: dict[str, Any], out_dir: Path) -> None:
-    """Copy a target's folder and log into `out_dir`, failing the target when its files are not as recorded."""
+def back_runtime_claims(target: dict[str, Any], possible: Collection[str]) -> str | None:
+    """Keep the target's runtime proofs that name a runtime in `possible` (those whose check applies to the planned
+    target), with a known status and a text detail, as `{runtime, status, detail}` (one per runtime); drop the
+    others. Returns a finding when something was dropped (the leg's own text is not quoted in it).
+
+    Example:
+        >>> target = {"name": "onnx", "runtimes": [{"runtime": "ONNX Runtime GenAI", "status": "passed", "x": 1},
+        ...                                       {"runtime": "![x](https://evil.example)", "status": "passed"}]}
+        >>> back_runtime_claims(target, ["ONNX Runtime GenAI"])[:49]
+        "'onnx': 1 of the leg's 2 runtime proof(s) dropped"
+        >>> target["runtimes"]
+        [{'runtime': 'ONNX Runtime GenAI', 'status': 'passed', 'detail': ''}]
+    """
+    claims = target.get("runtimes")
+    claims = claims if isinstance(claims, list) else [claims] if claims else []
+    kept: dict[str, dict[str, Any]] = {}
+    for claim in claims:
+        claim = claim if isinstance(claim, dict) else {}
+        runtime, status, detail = claim.get("runtime"), claim.get("status"), claim.get("detail") or ""
+        if (isinstance(runtime, str) and runtime in possible and runtime not in kept and status in PROOF_STATUSES
+                and isinstance(detail, str)):
+            kept[runtime] = {"runtime": runtime, "status": status, "detail": detail}
+    target["runtimes"] = list(kept.values())
+    dropped = len(claims) - len(kept)
+    if not dropped:
+        return None
+    return (f"{target['name']!r}: {dropped} of the leg's {len(claims)} runtime proof(s) dropped: only a proof of a "
+            f"runtime whose check applies to the planned target's layout ({', '.join(sorted(possible)) or 'none'}), "
+            "once, with a status passed, failed or unverified, is merged (a leg's report is data from another "
+            "machine)")
+
+
+def _copy_target(part: Path, target: dict[str, Any], out_dir: Path, runtimes: RuntimePlan | None = None) -> str | None:
+    """Copy a target's folder and log into `out_dir`, failing the target when its files are not as recorded; keep
+    only the runtime proofs `runtimes` says apply to it. Returns a finding about dropped proofs, if any."""
     name = target["name"]
     source, destination = part / name, out_dir / name
     fsutil.remove(destination)
@@ -181,7 +225,7 @@ def _copy_target(part: Path, target: dict[str, Any], out_dir: Path) -> None:
         target["error"] = {"type": "ArtifactMismatch",
                            "message": f"the part's {name}/ holds links ({[str(p) for p in links[:3]] or str(source)}): "
                                       "artifacts are plain files; links are not followed or copied"}
-        return
+        return back_runtime_claims(target, ())
     if source.is_dir():
         shutil.copytree(source, destination, symlinks=True)
     log = part / "logs" / f"{name}.log"
@@ -189,15 +233,28 @@ def _copy_target(part: Path, target: dict[str, Any], out_dir: Path) -> None:
         fsutil.real_dir(out_dir / "logs")
         fsutil.remove(out_dir / "logs" / log.name)
         shutil.copyfile(log, out_dir / "logs" / log.name)
-    if target.get("status") not in (PASSED, UNVERIFIED):
-        return
+    possible = runtimes(name, destination) if runtimes is not None and destination.is_dir() else ()
+    finding = back_runtime_claims(target, possible)
+    if not re.fullmatch(REPRODUCE.format(name=re.escape(name)), str(target.get("reproduce"))):
+        target["reproduce"] = None  # report.md shows it as a command to copy: only the one a run writes
+    if target.get("status") in (PASSED, UNVERIFIED):
+        _check_verdict_and_files(target, out_dir)
+    return finding
+
+
+def _check_verdict_and_files(target: dict[str, Any], out_dir: Path) -> None:
+    """Fail a passed or unverified target whose recorded checks do not back its verdict, or whose files are not
+    the ones its part lists."""
+    name = target["name"]
+    destination = out_dir / name
     claimed, shown = target["status"], _verdict_shown(target)
     if _RANK[shown] < _RANK[claimed]:
         target["status"] = FAILED
         target["error"] = {"type": "UnbackedVerdict",
                            "message": f"the part says {name!r} is {claimed}, but the checks it records show {shown} "
-                                      "(a check that did not run, failed or is missing): a leg's verdict counts only "
-                                      "as far as the checks that ran back it; export the target again"}
+                                      "(a check or runtime proof that did not run, failed or is missing): a leg's "
+                                      "verdict counts only as far as the checks that ran back it; export the target "
+                                      "again"}
         return
     problems = []
     listed = {entry.get("path") for entry in target.get("files") or [] if isinstance(entry, dict)}
@@ -243,7 +300,8 @@ def _verdict_shown(target: dict[str, Any]) -> str:
         generation = target.get("generation")
         validation = ValidationResult(
             components, GenerationReport(**_fields(GenerationReport, generation)) if generation else None, [], [],
-            generation_expected=target.get("mode") == "generation", quality=target.get("quality"))
+            generation_expected=target.get("mode") == "generation", quality=target.get("quality"),
+            runtimes=list(target.get("runtimes") or []))
         verdict = validation.verdict
     except (KeyError, TypeError, ValueError, AttributeError):
         return FAILED
@@ -254,13 +312,17 @@ def _verdict_shown(target: dict[str, Any]) -> str:
 
 
 def aggregate(parts_dir: Path, out_dir: Path, *, expected: list[str | dict[str, Any]] | None = None,
-              revision: Any = _UNCHECKED, recipe_sha256: Any = _UNCHECKED) -> dict[str, Any]:
+              revision: Any = _UNCHECKED, recipe_sha256: Any = _UNCHECKED,
+              runtimes: RuntimePlan | None = None) -> dict[str, Any]:
     """Merge every part under `parts_dir` into `out_dir` (artifacts, logs, report.json, report.md); return the report.
 
     With the plan (`expected` targets, the `revision` every leg exported, the recipe's `recipe_sha256`), a part
     the plan does not account for is refused before anything is copied. Each passed or unverified target counts only
     as far as the checks its part records back it, and only with exactly the files its part lists, each of the
-    recorded size and sha256; otherwise it is merged as failed.
+    recorded size and sha256; otherwise it is merged as failed. A runtime proof is kept only where `runtimes`
+    (target name, merged folder -> the runtimes whose check applies to the planned target there; the front door
+    builds it from the recipe and the registered checks) names its runtime; without it, every runtime proof is
+    dropped. Each drop is a finding.
     """
     folders = find_parts(Path(parts_dir))
     out_dir = Path(out_dir)
@@ -269,10 +331,10 @@ def aggregate(parts_dir: Path, out_dir: Path, *, expected: list[str | dict[str, 
     parts = [_read_part(f) for f in folders]
     _check_plan(parts, [f.name for f in folders], expected, revision, recipe_sha256)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for folder, part in zip(folders, parts):
-        for target in part["targets"]:
-            _copy_target(folder, target, out_dir)
+    dropped = [finding for folder, part in zip(folders, parts) for target in part["targets"]
+               if (finding := _copy_target(folder, target, out_dir, runtimes)) is not None]
     report = merge_reports(parts, expected=expected, names=[f.name for f in folders], revision=revision,
                            recipe_sha256=recipe_sha256)
+    report["findings"] += dropped
     write_report(report, out_dir)
     return report

@@ -418,7 +418,8 @@ RUNTIME_MARKS = {"passed": "✓", "failed": "✗", "unverified": "–"}
 
 
 def runtime_cell(proofs: list[dict[str, Any]] | None) -> str:
-    """The report's "runs in" cell: each deployment runtime with its mark and what it showed.
+    """The report's "runs in" cell: each deployment runtime with its mark and what it showed, as inert text (a
+    merged matrix leg's proofs are data from another machine: no link, image or mention).
 
     Example:
         >>> runtime_cell([{"runtime": "ONNX Runtime GenAI", "status": "passed", "detail": "8/8 tokens"},
@@ -427,4 +428,5 @@ def runtime_cell(proofs: list[dict[str, Any]] | None) -> str:
     """
     if not proofs:
         return "–"
-    return " · ".join(f"{p['runtime']} {RUNTIME_MARKS.get(p['status'], '?')} {cell(p.get('detail') or '', 120)}".rstrip() for p in proofs)
+    return " · ".join(f"{inert(p.get('runtime'), 60)} {RUNTIME_MARKS.get(str(p.get('status')), '?')} "
+                      f"{inert(p.get('detail') or '', 120)}".rstrip() for p in proofs if isinstance(p, dict))

@@ -40,7 +40,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Callable, Literal, Protocol
 
 from exporters.errors import describe_error, recoverable
 from exporters.redact import secret_name
@@ -130,6 +130,20 @@ def checks_possible(target: Target, components: list[str]) -> list[RuntimeCheck]
     """The registered checks that may apply to the target once it is exported with `components` (a superset of
     `checks_for`)."""
     return [check for check in RUNTIME_CHECKS if check.may_apply(target, components)]
+
+
+def runtimes_applying(targets: list[Target]) -> Callable[[str, Path], list[str]]:
+    """For merging matrix legs (`exporters.report.aggregate`): (target name, its folder) -> the runtimes whose
+    registered check applies to the planned target of that name in that folder (none for a name not planned). A
+    leg's proof of any other runtime is not merged. The checks register when `exporters.validate.checks` is
+    imported."""
+    planned = {target.name: target for target in targets}
+
+    def applying(name: str, directory: Path) -> list[str]:
+        target = planned.get(name)
+        return [] if target is None else [check.runtime for check in checks_for(target, directory)]
+
+    return applying
 
 
 def references_for(checks: list[RuntimeCheck], model: Any, context: RuntimeContext) -> list[tuple[RuntimeCheck, Any]]:

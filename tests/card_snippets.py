@@ -1,0 +1,60 @@
+"""The model card's snippets run as written: the card's code blocks, extracted from its Exports section, each run
+by the venv's Python in a fresh process against the Hub emulator (`HF_ENDPOINT`), which holds the target folders at
+the commit the snippets pin. Nothing in a snippet is replaced.
+
+Example:
+    >>> card_snippets("x\\n\\noptimum:\\n\\n```python\\nprint(1)\\n```\\n")
+    [('optimum', 'python', 'print(1)')]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.servers.hub import HubEmulator
+from tests.servers.hub_fixtures import TEST_TOKEN
+
+BLOCK = re.compile(r"^(?P<runtime>[^\n`]+):\n\n```(?P<language>\w+)\n(?P<code>.*?)\n```$", re.M | re.S)
+
+
+def card_snippets(card: str) -> list[tuple[str, str, str]]:
+    """`(runtime, language, code)` of every snippet in the card, in order."""
+    return [(m["runtime"], m["language"], m["code"]) for m in BLOCK.finditer(card)]
+
+
+def upload_exports(hub: HubEmulator, repo_id: str, out: Path, names: list[str]) -> str:
+    """A new repo holding `exports/<name>/` of each target as the run wrote it; returns the commit that holds them."""
+    files = {f"exports/{name}/{path.relative_to(out / name).as_posix()}": path.read_bytes()
+             for name in names for path in sorted((out / name).rglob("*")) if path.is_file()}
+    hub.create_model_repo(repo_id, files, author="alice")
+    return hub.head(repo_id)
+
+
+def exports_card(repo_id: str, out: Path, commit: str) -> str:
+    """The card's Exports section for the run in `out`, its snippets pinned to `commit`."""
+    from exporters.publish.plan import plan_publish
+    from exporters.publish.texts import card_section
+
+    return card_section(plan_publish(repo_id, out), commit)
+
+
+def run_snippet(code: str, hub: HubEmulator, home: Path, prompt: str | None = None,
+                timeout: float = 600) -> subprocess.CompletedProcess:
+    """`code` as written, in a fresh venv Python whose `huggingface_hub` talks to `hub` (a scratch cache); `prompt`,
+    when given, goes on the snippet's documented prompt line (`# your prompt`), the one line a user edits."""
+    from exporters.publish.snippets import PROMPT_LINE
+
+    if prompt is not None and PROMPT_LINE in code:
+        code = code.replace(PROMPT_LINE, f"prompt = {json.dumps(prompt)}  # your prompt")
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(home), "HF_HUB_DISABLE_XET": "1",
+           "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "0", "HF_TOKEN": TEST_TOKEN}
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_ASSETS_CACHE", "HF_XET_CACHE", "HF_TOKEN_PATH"):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=home,
+                          timeout=timeout)
