@@ -55,3 +55,21 @@ def test_help_loads_no_part_of_the_stack_and_shows_an_example(command: str | Non
     # flags read as flags: `--print-report`, never `--print-report <bool>`
     flags = [line for line in text.splitlines() if re.search(r"--(print-report|trust-remote-code|push|quiet)\b", line)]
     assert bool(flags) == (command != "check") and not [line for line in flags if "<bool>" in line], flags
+
+
+def test_a_dry_run_without_a_token_shows_the_plan_and_the_card(tmp_path) -> None:
+    from tests.conftest import run_cli
+    from tests.models import tiny_llama
+
+    model = tiny_llama(tmp_path / "model")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    # a fresh HF_HOME holds no login; nothing answers at the endpoint (a dry run without a token asks nothing)
+    env.update(HF_HOME=str(tmp_path / "hf-home"), HF_ENDPOINT="http://127.0.0.1:9", PYTHONUNBUFFERED="1")
+    done = subprocess.run([sys.executable, "-m", "exporters.cli", "run", str(model), "--out", str(tmp_path / "out"),
+                           "--no-bench", "--quiet", "--dry-run", "--repo-id", "acme/tiny"], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=600)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-3000:]
+    assert "Publish plan for acme/tiny" in text and "no Hub token here" in text
+    assert "----- model card (README.md, Exports section) -----" in text and "## Exports" in text
+    assert "LocalTokenNotFoundError" not in text and "Traceback" not in text

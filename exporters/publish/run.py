@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, get_token
 
 from exporters import fsutil
 from exporters.errors import PublishError
@@ -262,6 +262,9 @@ def _dry_run(plan: PublishPlan, hub: HubClient, limit: int) -> PublishResult:
     """Decide without doing, read-only; with no usable token, say what could not be checked."""
     too_large = _too_large(plan, limit)
     try:
+        if not (hub.token or get_token()):  # said in a line, never as the client's exception
+            raise PublishError("no Hub token here, so an open PR of this export was not looked for; with HF_TOKEN "
+                               "set (or a login) the plan says whether it would update one", option="token")
         me = hub.whoami()
         view = hub.view(plan, me)
         if plan.is_pull_request:
@@ -271,7 +274,8 @@ def _dry_run(plan: PublishPlan, hub: HubClient, limit: int) -> PublishResult:
         quiet = decision.operation in ("unchanged", "superseded")
         action = f"nothing ({decision.reason})" if quiet else decision.reason
     except PublishError as err:
-        action = f"create or update (could not look for an existing one: {err})"
+        action = f"create or update ({err})" if err.option == "token" and "no Hub token" in str(err) else \
+            f"create or update (could not look for an existing one: {err})"
     if too_large:
         action = f"refuse: {too_large}"
     result = _result("none", plan, f"dry run: would {action}; nothing was pushed")

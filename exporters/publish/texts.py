@@ -302,4 +302,6 @@ def render_plan(plan: PublishPlan, action: str = "") -> str:
         lines += [f"    {p:<{width}}  {'':>9}  deleted (not in this run)" for p in plan.deletions]
         lines += [f"    exports/{name}/  kept (not in this run)" for name in plan.carried]
     lines += ["", "----- description -----", description(plan), "----- end -----"]
+    if plan.is_pull_request:  # what the model card's Exports section would say
+        lines += ["", "----- model card (README.md, Exports section) -----", card_section(plan), "----- end -----"]
     return "\n".join(lines)
