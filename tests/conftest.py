@@ -16,6 +16,15 @@ ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "exporters.cli"]
 
 
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] != b"Z"
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
             timeout: float = 900) -> subprocess.CompletedProcess:
     """Run the real `hf-export` CLI as a subprocess, as a user would."""

@@ -21,7 +21,7 @@ import yaml
 from bot.settings import BotSettings
 from bot.store import DAY_SECONDS, JobStore
 from bot.worker import Worker
-from tests.conftest import ROOT
+from tests.conftest import ROOT, process_alive
 from tests.servers.github_fixtures import GITHUB_BOT_TOKEN, WORKFLOW_FILE
 from tests.servers.github_fixtures import REPO as GH_REPO
 from tests.servers.hub_fixtures import BOT_TOKEN, BOT_USER, TEST_TOKEN
@@ -493,14 +493,6 @@ time.sleep(600)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:][:1] != b"Z"
-
-
 def test_a_killed_local_worker_takes_its_whole_export_tree_with_it(hf_env, tmp_path, start_bot, workers):
     """The worker is SIGKILLed while its export runs: the export and everything it forked die with it (nothing keeps
     writing into the job's output folder), and the next attempt gets a folder of its own."""
@@ -530,13 +522,13 @@ def test_a_killed_local_worker_takes_its_whole_export_tree_with_it(hf_env, tmp_p
     try:
         first.send_signal(signal.SIGKILL)
         first.wait(10)
-        wait_for(lambda: not [p for p in pids if _alive(p)], 10, "the export's whole tree to die with its worker")
+        wait_for(lambda: not [p for p in pids if process_alive(p)], 10, "the export's whole tree to die with its worker")
         written = {p: p.stat().st_mtime_ns for p in first_out.iterdir()}
         time.sleep(0.3)
         assert {p: p.stat().st_mtime_ns for p in first_out.iterdir()} == written  # nothing writes there any more
     finally:
         for pid in pids:  # only if the test failed: the processes this test made
-            if _alive(pid):
+            if process_alive(pid):
                 os.kill(pid, signal.SIGKILL)
     mode.write_text("done")
     pool.start()

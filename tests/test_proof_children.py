@@ -18,7 +18,7 @@ import pytest
 
 from exporters.recipe.load import parse_recipe_data
 from exporters.validate.runtimes import RuntimeContext, memory_limit, run_in_child
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, process_alive, run_cli
 from tests.models import runner_model, write_recipe
 
 RUNNER = "ExecuTorch LLM runner"
@@ -119,14 +119,6 @@ time.sleep(600)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:][:1] != b"Z"
-
-
 def test_a_runtime_child_past_the_targets_timeout_is_killed_with_what_it_started(tmp_path):
     recipe = parse_recipe_data({"exports": [{"name": "slow", "export_format": "onnx", "timeout": 3}]})
     context = RuntimeContext(recipe.exports[0], recipe, "text", {})
@@ -138,12 +130,12 @@ def test_a_runtime_child_past_the_targets_timeout_is_killed_with_what_it_started
     pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
     try:
         deadline = time.monotonic() + 10
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(p) for p in pids), "the child and its own child were killed"
+        assert not any(process_alive(p) for p in pids), "the child and its own child were killed"
     finally:
         for pid in pids:
-            if _alive(pid):
+            if process_alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
