@@ -53,6 +53,17 @@ def run_and_read(root: Path, model_dir: Path) -> tuple[Path, dict, str]:
     return out, report, done.stdout + done.stderr
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Longest modules first (`tests/module_durations.json`, written by `benchmarks/suite_durations.py
+    --write-order` from a run's JUnit XML): with `--dist loadfile` the two workers then end together. A module not
+    recorded yet goes first (it may be long); the order inside a module is kept."""
+    try:
+        recorded = json.loads((ROOT / "tests" / "module_durations.json").read_text())
+    except (OSError, ValueError):
+        return
+    items.sort(key=lambda item: -float(recorded.get(item.nodeid.split("::")[0], float("inf"))))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _torch_serde_logging():
     """torch 2.13's `.pt2` loader logs a malformed warning; pytest's log capture turns the logging error into a
