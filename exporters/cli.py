@@ -50,7 +50,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PUBLISH = 0, 1, 2, 3
 OPTION_NAMES = {"trust_remote_code": "--trust-remote-code", "target": "--target", "config": "--config",
                 "token": "HF_TOKEN (or `huggingface-cli login`)", "revision": "--revision", "repo_id": "--repo-id",
                 "device": "--device", "max_upload_size": "--max-upload-size",
-                "publish_unverified": "--publish-unverified", "jobs": "--jobs"}
+                "publish_unverified": "--publish-unverified", "jobs": "--jobs", "formats": "--formats"}
 
 
 def _recipe_error(err: RecipeError) -> None:

@@ -207,7 +207,7 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
     check_remote_code(source, config, options.trust_remote_code)
     own = checkpoint_dtype(source.folder, config)  # before loading: even one format's round must fit (exit 2)
     plan_memory(source.folder, [(fmt, default_dtype(fmt, own)) for fmt in dict.fromkeys(options.formats)], own, 1,
-                requested=True, notes=[])
+                requested=True, notes=[], selects="formats")
     say(f"loading {source.display} and finding the axes that vary in use")
     loaded = load_model(source, trust_remote_code=options.trust_remote_code)
     base = Recipe(exports=[{"export_format": "dynamo"}])

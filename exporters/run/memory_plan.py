@@ -255,9 +255,10 @@ def gigabytes(value: int) -> str:
 
 
 def plan_memory(folder: Path, targets: list[tuple[str, str | None]], checkpoint: str | None, jobs: int,
-                requested: bool, notes: list[str]) -> MemoryPlan:
+                requested: bool, notes: list[str], selects: str = "target") -> MemoryPlan:
     """The jobs the run can afford, at most `jobs` (the operator's `requested`, or the cores'), for `targets` as
-    `(format, dtype)` of the checkpoint in `folder`; fewer is said in `notes`.
+    `(format, dtype)` of the checkpoint in `folder`; fewer is said in `notes`. `selects`: the option that picks the
+    targets (`target`; `formats` for `init`), named in the refusal.
 
     Raises:
         MemoryPlanError: even one export at a time does not fit; the message names the need, the memory available
@@ -275,16 +276,16 @@ def plan_memory(folder: Path, targets: list[tuple[str, str | None]], checkpoint:
     fits = next((j for j in range(jobs - 1, 0, -1) if estimate(counts, targets, checkpoint, j) <= available), None)
     if fits is None:
         one = estimate(counts, targets, checkpoint, 1)
-        raise MemoryPlanError(_refusal(one, available, source, loaded, len(targets)), option="jobs")
+        raise MemoryPlanError(_refusal(one, available, source, loaded, len(targets), selects), option="jobs")
     notes.append(f"memory: {jobs} exports at once need about {gigabytes(need)}, more than the "
                  f"{gigabytes(available)} available ({source}); {fits} at once instead (`jobs`)"
                  + ("" if requested else ", from the cores"))
     return MemoryPlan(estimate(counts, targets, checkpoint, fits), available, source, fits, loaded)
 
 
-def _refusal(need: int, available: int, source: str, loaded: int, targets: int) -> str:
+def _refusal(need: int, available: int, source: str, loaded: int, targets: int, selects: str) -> str:
     """The message of a run that does not fit even one export at a time (`jobs` 1)."""
-    changes = ["one target per run (`target`)"] if targets > 1 else []
+    changes = [f"one {selects.removesuffix('s')} per run (`{selects}`)"] if targets > 1 else []
     changes.append("a machine with more memory")
     if source == LIMIT_ENV:
         changes.append(f"a higher {LIMIT_ENV}")
