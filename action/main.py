@@ -219,7 +219,7 @@ def _finish(settings: Settings, report: dict[str, Any], extra: list[str] | None 
 
 
 def run_mode(settings: Settings) -> int:
-    from exporters.errors import DeviceError, ModelSourceError, RecipeError, RemoteCodeError
+    from exporters.errors import DeviceError, MemoryPlanError, ModelSourceError, RecipeError, RemoteCodeError
     from exporters.run.pipeline import RunOptions, run_pipeline
 
     options = RunOptions(
@@ -240,6 +240,8 @@ def run_mode(settings: Settings) -> int:
             failure = ("Remote code refused", err)
         except (ModelSourceError, DeviceError) as err:
             failure = ("Cannot load the model", err)
+        except MemoryPlanError as err:
+            failure = ("Not enough memory for this run", err)
     if isinstance(failure, RecipeError):
         return _recipe_failure(settings, failure)
     if failure is not None:

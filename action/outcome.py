@@ -26,7 +26,7 @@ OPTION_NAMES = {"trust_remote_code": "the input `trust-remote-code: true`", "tar
                 "config": "the input `config`", "token": "the input `hf-token`", "revision": "the input `revision`",
                 "repo_id": "the input `model` (an org/name Hub repo id)", "device": "the input `device`",
                 "max_upload_size": "the input `max-upload-size`",
-                "publish_unverified": "the input `publish-unverified: true`"}
+                "publish_unverified": "the input `publish-unverified: true`", "jobs": "the input `jobs`"}
 
 
 @dataclass

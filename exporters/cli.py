@@ -23,6 +23,7 @@ from exporters import fsutil
 from exporters.errors import (
     DeviceError,
     ExportActionError,
+    MemoryPlanError,
     ModelSourceError,
     PublishError,
     RecipeError,
@@ -49,7 +50,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PUBLISH = 0, 1, 2, 3
 OPTION_NAMES = {"trust_remote_code": "--trust-remote-code", "target": "--target", "config": "--config",
                 "token": "HF_TOKEN (or `huggingface-cli login`)", "revision": "--revision", "repo_id": "--repo-id",
                 "device": "--device", "max_upload_size": "--max-upload-size",
-                "publish_unverified": "--publish-unverified"}
+                "publish_unverified": "--publish-unverified", "jobs": "--jobs", "formats": "--formats"}
 
 
 def _recipe_error(err: RecipeError) -> None:
@@ -188,7 +189,7 @@ def run(
         _recipe_error(err)
         _record_problem(out_dir, err)
         raise typer.Exit(EXIT_USAGE) from None
-    except (ModelSourceError, RemoteCodeError, DeviceError) as err:
+    except (ModelSourceError, RemoteCodeError, DeviceError, MemoryPlanError) as err:
         _error("error", err)
         _record_problem(out_dir, err)
         raise typer.Exit(EXIT_USAGE) from None
@@ -366,7 +367,7 @@ def init(
             fsutil.write_file(summary_file, render_markdown(err.result))
         _error("no recipe written", err)
         raise typer.Exit(EXIT_FAILED) from None
-    except (ModelSourceError, RemoteCodeError) as err:
+    except (ModelSourceError, RemoteCodeError, MemoryPlanError) as err:
         _error("error", err)
         raise typer.Exit(EXIT_USAGE) from None
     import json
@@ -429,7 +430,7 @@ def validate(
     except RecipeError as err:
         _recipe_error(err)
         raise typer.Exit(EXIT_USAGE) from None
-    except (ModelSourceError, RemoteCodeError, DeviceError) as err:
+    except (ModelSourceError, RemoteCodeError, DeviceError, MemoryPlanError) as err:
         _error("error", err)
         raise typer.Exit(EXIT_USAGE) from None
     _print_summary(report, out_dir)

@@ -8,6 +8,7 @@ ExportActionError
 ├── RemoteCodeError      the model or an artifact needs code from its folder, and that was not allowed
 ├── ModelSourceError     the model cannot be found or read
 ├── DeviceError          the requested device is not here
+├── MemoryPlanError      the run's estimated peak memory does not fit what is available
 ├── ArtifactError        an artifact folder cannot be loaded (or would run code to load)
 ├── UnsupportedModelError  the model's inputs or stages cannot be prepared (says what is missing)
 ├── EagerStageError      a parity check through the graphs ran a module with eager weights
@@ -50,6 +51,7 @@ __all__ = [
     "ExportActionError",
     "InitError",
     "JsonPositionError",
+    "MemoryPlanError",
     "ModelSourceError",
     "PublishError",
     "RecipeError",
@@ -164,6 +166,12 @@ class ModelSourceError(ExportActionError):
 
 class DeviceError(ExportActionError):
     """The requested device is not available here (a `cuda` target on a machine without a GPU)."""
+
+
+class MemoryPlanError(ExportActionError):
+    """The run's estimated peak memory does not fit what is available, even one export at a time; raised before the
+    model is loaded (`exporters.run.memory_plan`). The message names the need, the memory available and what to
+    change."""
 
 
 class ArtifactError(ExportActionError):

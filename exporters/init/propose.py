@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from exporters import fsutil
+from exporters.capture.dtypes import checkpoint_dtype, default_dtype
 from exporters.capture.merged import MERGED
 from exporters.capture.source import SourceOptions, check_remote_code, load_model, load_tokenizer, read_config
 from exporters.errors import InitError
@@ -50,6 +51,7 @@ from exporters.init.decide import (
 from exporters.recipe.load import parse_recipe_data
 from exporters.recipe.model import FORMATS, SCHEMA_VERSION, GenerationSpec, Recipe
 from exporters.run.context import tool_versions
+from exporters.run.memory_plan import plan_memory
 from exporters.run.pipeline import RunOptions, run_pipeline
 from exporters.status import LEFT_OUT, NAMED, PASSED, PENDING
 from exporters.validate.checks import DEFAULT_TOLERANCES
@@ -188,7 +190,8 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
     and validated by the real pipeline, round after round, until it passes or is left out.
 
     Returns the `InitResult`; raises `InitError` (holding the result) when no format passed, `ModelSourceError` /
-    `RemoteCodeError` when the model cannot be loaded under the same rules as `hf-export run`.
+    `RemoteCodeError` when the model cannot be loaded under the same rules as `hf-export run`, `MemoryPlanError`
+    when even one export at a time would not fit (`exporters.run.memory_plan`).
 
     Example:
         >>> result = init_recipe("examples/demo-model", InitOptions(formats=["dynamo"]))  # doctest: +SKIP
@@ -200,7 +203,11 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
     started = time.time()
     say = options.progress or (lambda _message: None)
     source = options.resolve(model)
-    check_remote_code(source, read_config(source.folder), options.trust_remote_code)
+    config = read_config(source.folder)
+    check_remote_code(source, config, options.trust_remote_code)
+    own = checkpoint_dtype(source.folder, config)  # before loading: even one format's round must fit (exit 2)
+    plan_memory(source.folder, [(fmt, default_dtype(fmt, own)) for fmt in dict.fromkeys(options.formats)], own, 1,
+                requested=True, notes=[], selects="formats")
     say(f"loading {source.display} and finding the axes that vary in use")
     loaded = load_model(source, trust_remote_code=options.trust_remote_code)
     base = Recipe(exports=[{"export_format": "dynamo"}])

@@ -62,6 +62,9 @@ def build_report(results: list[TargetResult], context: RunFacts) -> dict[str, An
         "load_dtype": context.model_dtype,  # what they were loaded in (once)
         "timings": {"total_s": round(dt.datetime.now().timestamp() - context.started, 3), "load_s": context.load_s},
         "jobs": context.jobs,
+        # the plan made before loading (exporters.run.memory_plan): compare with a measured peak
+        "memory": {**context.memory, "jobs": context.jobs or context.memory.get("jobs")}
+        if getattr(context, "memory", None) else None,
         "eager_cache": {"hits": eager.hits, "misses": eager.misses} if eager is not None else None,
         "machine": context.machine,
         "targets": targets,

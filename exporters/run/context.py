@@ -1,7 +1,8 @@
 """What a run is asked to do (`RunOptions`) and what it knows before exporting anything (`RunContext`).
 
 `prepare_run` is the opening every run shares (`run`, `validate`, `init`): find the model and its recipe, refuse
-remote code unless allowed, pick the targets, record the tools and fingerprint the weights.
+remote code unless allowed, pick the targets, plan the memory (`exporters.run.memory_plan`: a run that cannot fit stops
+here, before anything is loaded), record the tools and fingerprint the weights.
 
 Example:
     >>> options = RunOptions(out_dir=Path("out"), targets=["onnx"])
@@ -29,6 +30,8 @@ from exporters.errors import DeviceError
 from exporters.hashing import weights_fingerprint
 from exporters.recipe.load import find_recipe, load_recipe_file, missing_recipe
 from exporters.recipe.model import Recipe, Target
+from exporters.run.memory_plan import plan_memory
+from exporters.run.resources import usable_cores
 from exporters.version import __version__, installed_version
 
 DEFAULT_TIMEOUT_S = 3600.0
@@ -78,6 +81,7 @@ class RunContext:
     model_dtype: str | None = None  # the dtype the model was loaded in
     checkpoint_dtype: str | None = None  # the dtype the checkpoint's weights are stored in (None: not told)
     jobs: int | None = None  # exports run at once
+    memory: dict[str, Any] | None = None  # the memory plan: estimate, memory available, jobs (report.json `memory`)
     machine: dict[str, Any] | None = None  # where the artifacts were timed (exporters.validate.benchmark.machine_info)
 
     def cache_key(self, target_name: str, device: str) -> str:
@@ -145,17 +149,20 @@ def load_run_recipe(folder: Path, config_path: Path | None) -> tuple[Recipe, Pat
     return found
 
 
-def prepare_run(model: str, options: RunOptions) -> RunContext:
-    """The opening every run shares: source, recipe, remote-code check, target selection, versions, fingerprint.
+def prepare_run(model: str, options: RunOptions, exporting: bool = True) -> RunContext:
+    """The opening every run shares: source, recipe, remote-code check, target selection, memory plan, versions,
+    fingerprint.
 
     Args:
         model: a local model folder or a Hub repo id.
         options: the run's options (`targets`, `config_path`, `revision`, `token`, `trust_remote_code`...).
+        exporting: False for a run that only validates (its memory planned as one job).
 
     Raises:
         RecipeError: no recipe, an invalid one, or a `target` that is not in it.
         ModelSourceError: the model cannot be found or read.
         RemoteCodeError: the model needs code from its repo and `trust_remote_code` is off.
+        MemoryPlanError: the run's estimated peak memory does not fit, even one export at a time.
 
     Example:
         >>> import tempfile, json
@@ -174,10 +181,17 @@ def prepare_run(model: str, options: RunOptions) -> RunContext:
     check_cache_len(recipe, positions_in(config))  # before anything is loaded or allocated
     checkpoint = checkpoint_dtype(source.folder, config)
     targets = [_with_default_dtype(target, checkpoint, warnings) for target in recipe.select(options.targets)]
+    warnings = list(warnings)
+    jobs = (options.jobs or max(1, min(usable_cores(), len(targets)))) if exporting else 1
+    memory = plan_memory(source.folder, [(t.export_format, t.dtype) for t in targets], checkpoint, jobs,
+                         requested=options.jobs is not None, notes=warnings)
+    planned = memory.estimate_bytes is not None and memory.available_bytes is not None
     weights, weights_files = weights_fingerprint(source.folder)
     return RunContext(model_arg=model, out_dir=Path(options.out_dir), source=source, recipe=recipe, recipe_file=Path(recipe_file), targets=targets,
-                      warnings=list(warnings), versions=tool_versions(), weights=weights, weights_files=weights_files,
-                      checkpoint_dtype=checkpoint)
+                      warnings=warnings, versions=tool_versions(), weights=weights, weights_files=weights_files,
+                      checkpoint_dtype=checkpoint, memory=memory.to_dict(),
+                      # unplanned: the pipeline decides from the loaded weights (`exporters.run.resources`)
+                      jobs=memory.jobs if exporting and planned else options.jobs)
 
 
 def _with_default_dtype(target: Target, checkpoint: str | None, warnings: list[str]) -> Target:

@@ -128,7 +128,7 @@ def _export_and_validate(targets: list[Target], context: RunContext, options: Ru
     if options.bench:
         warm_up()
     results: list[TargetResult] = []
-    context.jobs = options.jobs or default_jobs(weight_bytes=workbench.weights.bytes(), targets=len(targets))
+    context.jobs = context.jobs or default_jobs(weight_bytes=workbench.weights.bytes(), targets=len(targets))
     validated: list[_Export] = []
     with Progress(options.progress) as progress:
         for index, (dtype, members) in enumerate(groups):

@@ -38,7 +38,7 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
     """
     out_dir = options.out_dir
     previous = {t.get("name"): t for t in previous_report(out_dir).get("targets") or [] if isinstance(t, dict)}
-    context = prepare_run(model, options)
+    context = prepare_run(model, options, exporting=False)
     groups = reference_groups([t.dtype for t in context.targets], context.checkpoint_dtype)
     workbench = Workbench.load(context, options, dtype=groups[0][0])
     order = [(dtype, context.targets[i]) for dtype, members in groups for i in members]
