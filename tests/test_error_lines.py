@@ -70,6 +70,7 @@ def test_a_failed_target_says_what_to_change_in_one_line_and_names_its_log(side_
     row = next(line for line in markdown.splitlines() if line.startswith("| `image-size`"))
     assert HINT in row and "Constraints violated (side)!" in row and "\\[root cause" not in row, row
     assert "full message and traceback: `logs/image-size.log`" in markdown
+    assert "> **RuntimeError**: exporting component" in markdown
     log = (out / "logs" / "image-size.log").read_text()
     assert "Traceback (most recent call last)" in log and "Suggested fixes" in log
     cli = " ".join((result.stdout + result.stderr).split())  # the terminal may wrap

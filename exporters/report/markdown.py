@@ -308,7 +308,9 @@ def render_target(target: dict[str, Any], details: bool = True) -> list[str]:
              f"**{target['status']}**{cached}", ""]
     if target.get("error"):  # the line that says what to change; the whole message and traceback: the log
         where = f" · full message and traceback: `{cell(target['log'], 200)}`" if target.get("log") else ""
-        lines += [f"> **Error**: {inert(error_line(target['error'], 600), 1200)}{where}", ""]
+        kind = str(target["error"].get("type") or "Error")
+        said = error_line(target["error"], 600).removeprefix(f"{kind}: ")
+        lines += [f"> **{cell(kind, 100)}**: {inert(said, 1200)}{where}", ""]
     if target.get("unverified"):
         lines += ["> **Not verified**: these checks did not run, so this target is not a pass:", ">"]
         lines += [f"> - {cell(line, 300)}" for line in target["unverified"][:20]] + [""]
