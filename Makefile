@@ -21,7 +21,10 @@ venv: $(BIN)/hf-export
 
 demo: venv
 	$(BIN)/python examples/build_demo_model.py examples/demo-model
-	$(BIN)/hf-export run examples/demo-model --out $(DEMO_OUT) --print-report
+	# the plainest recipe (each format, the defaults): the report, then the plan and the model card a PR would carry
+	# (a dry run, offline: nothing is pushed, the card shows each proven runtime's snippet)
+	HF_HUB_OFFLINE=1 $(BIN)/hf-export run examples/demo-model --out $(DEMO_OUT) --print-report --dry-run \
+	  --repo-id demo/tiny-llama
 
 # Headless Chromium loads the bot's status page in the tests (Debian's package; CI runs as root), and
 # transformers.js (pinned, from npm, on Node.js) generates from a transformers.js-layout export.

@@ -28,7 +28,9 @@ from exporters.errors import (
     PublishError,
     RecipeError,
     RemoteCodeError,
+    error_line,
     error_record,
+    first_line,
     render_root_cause,
 )
 
@@ -61,9 +63,9 @@ def _recipe_error(err: RecipeError) -> None:
 
 def _error(label: str, err: ExportActionError) -> None:
     console.print(f"[bold red]{label}:[/] {escape(err.worded(OPTION_NAMES))}", highlight=False)
-    cause = render_root_cause(error_record(err))
-    if cause:
-        console.print(f"  {cause}", markup=False, highlight=False)
+    record = error_record(err)
+    if first_line((record.get("root_cause") or {}).get("message") or str(err)) not in str(err):  # not said twice
+        console.print(f"  {render_root_cause(record)}", markup=False, highlight=False)
 
 
 def _version(value: bool) -> None:
@@ -98,11 +100,10 @@ def _print_summary(report: dict, out_dir: Path) -> None:
         icon = ICONS.get(target["status"], "")
         extra = " (cached)" if target.get("cached") else ""
         line = f"{icon} {target['name']:<20} {target['export_format']:<11} {target['status']}{extra}"
-        if target.get("error"):
-            line += f" — {str(target['error'].get('message'))[:200]}"
-            cause = render_root_cause(target["error"])
-            if cause:
-                line += f" [{cause[:300]}]"
+        if target.get("error"):  # the line that says what to change; the whole message and traceback: the log
+            line += f" — {error_line(target['error'])}"
+            if target.get("log"):
+                line += f" (log: {out_dir / target['log']})"
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(f"report: {out_dir / 'report.md'}  ({out_dir / 'report.json'})", markup=False)
 

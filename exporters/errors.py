@@ -61,7 +61,9 @@ __all__ = [
     "UnsupportedModelError",
     "TargetPlanError",
     "describe_error",
+    "error_line",
     "error_record",
+    "first_line",
     "recoverable",
     "recovering",
     "render_root_cause",
@@ -285,6 +287,60 @@ def error_record(err: BaseException, *, prefix: str = "", limit: int = 2000) -> 
         record["root_cause"] = {"type": type(cause).__name__,
                                 "message": message if len(message) < limit else message[:limit] + " …"}
     return record
+
+
+def first_line(message: str, limit: int = 300) -> str:
+    """The first whole line of `message`, what a one-line summary shows: a line that ends with a colon introduces
+    the next one and takes it along (`GenerationConfig is invalid:` then what is wrong), a list marker is dropped;
+    longer than `limit`, it is cut at the last sentence end in its second half, else at the last space, and ends
+    with ` …` (never mid-word; the whole message is in the log).
+
+    Example:
+        >>> first_line("GenerationConfig is invalid: \\n- `temperature`: set `do_sample=True`.\\nIf you're using ...")
+        'GenerationConfig is invalid: `temperature`: set `do_sample=True`.'
+        >>> first_line("You should set `do_sample=True` or unset `temperature` in the file.", limit=40)
+        'You should set `do_sample=True` or …'
+    """
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    line = lines.pop(0) if lines else ""
+    while line.endswith(":") and lines:
+        line = f"{line} {lines.pop(0).lstrip('-*• ').strip()}"
+    if len(line) <= limit:
+        return line
+    head = line[:limit - 1]
+    end = max(head.rfind(". "), head.rfind("; "))
+    if end >= limit // 2:
+        return head[:end + 1] + " …"
+    space = head.rfind(" ")
+    return (head[:space] if space > 0 else head).rstrip(" ,;:-") + " …"
+
+
+def error_line(error: Mapping[str, Any] | None, limit: int = 300) -> str:
+    """A recorded error ([`error_record`]) in one whole line: `Type: ` and the first line of its message, then
+    ` — root cause: Type: ` and the root cause's first line when the wrapper hides it (never when the wrapper's
+    message already says it), or ` — hint: ` and what to change when the message carries our `hint:` line. The full
+    message and traceback are in the target's log.
+
+    Example:
+        >>> error_line({"type": "ValueError", "message": "GenerationConfig is invalid: \\n- bad `top_p`\\n\\nFix it.",
+        ...             "root_cause": {"type": "ValueError", "message": "GenerationConfig is invalid: \\n- bad `top_p`"}})
+        'ValueError: GenerationConfig is invalid: bad `top_p`'
+        >>> error_line({"type": "RuntimeError", "message": "capture failed",
+        ...             "root_cause": {"type": "ValueError", "message": "bos_token_id has to be defined"}})
+        'RuntimeError: capture failed — root cause: ValueError: bos_token_id has to be defined'
+    """
+    error = error or {}
+    message = str(error.get("message") or "no message; see the log")
+    hint = next((line.strip() for line in message.splitlines() if line.strip().startswith("hint: ")), "")
+    if hint and not message.startswith("hint: "):  # ours: what to change, said after the upstream message
+        said = first_line(hint, limit * 3 // 4)  # what to change comes first for the room; the message takes the rest
+        return f"{error.get('type') or 'Error'}: {first_line(message, max(60, limit - len(said) - 3))} — {said}"
+    cause = error.get("root_cause")
+    said = first_line(cause.get("message") or "", limit) if isinstance(cause, Mapping) else ""
+    if not said or said in first_line(message, len(message)) or said in " ".join(message.split()):
+        return f"{error.get('type') or 'Error'}: {first_line(message, limit)}"
+    return (f"{error.get('type') or 'Error'}: {first_line(message, limit * 2 // 5)} — root cause: "
+            f"{cause.get('type')}: {first_line(str(cause.get('message')), limit * 3 // 5)}")
 
 
 def render_root_cause(error: Mapping[str, Any] | None) -> str:

@@ -46,6 +46,7 @@ import ctypes
 import importlib.util
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -57,6 +58,7 @@ from typing import Any
 from exporters import fsutil
 from exporters.publish import read_problem
 from exporters.redact import scrub, secret_name, tail
+from exporters.report.markdown import reason
 
 from ..settings import BotSettings
 from . import JobContext, Outcome
@@ -197,7 +199,6 @@ class LocalBackend:
                     break
         log_text = scrub(log_path.read_text(errors="replace"), settings.secrets())
         fsutil.write_file(log_path, log_text)  # the CLI never prints tokens; scrub anyway before anyone reads the log
-        excerpt = tail(log_text)
         fields: dict[str, Any] = {"exit_code": returncode, "log_path": str(log_path)}
         if (out_dir / "report.md").is_file():
             fields["report_path"] = str(out_dir / "report.md")
@@ -206,6 +207,7 @@ class LocalBackend:
         retryable = published.pop("retryable", False)
         fields.update(published)
         report = _read_json(out_dir / "report.json")
+        excerpt = scrub(job_error(report, log_text, attempt), settings.secrets())
         if stopped.startswith("timed out"):
             return Outcome("failed", stopped, error=excerpt, **fields)
         if stopped:
@@ -233,6 +235,28 @@ class LocalBackend:
         if returncode < 0 and settings.memory_limit_mb:
             what += f" (memory limit {settings.memory_limit_mb} MiB?)"
         return Outcome("retry", f"export run crashed ({what})", error=excerpt, **fields)
+
+
+_PROGRESS_BAR = re.compile(r"[^\r\n\]]*?\d+%\|[^|\n]*\|[^\]\n]*\]")  # tqdm's `Loading weights: 40%|██  | 8/20 [...]`
+
+
+def job_error(report: dict[str, Any] | None, log_text: str, attempt: Path) -> str:
+    """What the status page shows as a job's error: each target that did not pass with the line that says what to
+    change (the report's); without one, the log's end with its progress bars left out and the job's folder written
+    `<job>` (no server path).
+
+    Example:
+        >>> job_error({"targets": [{"name": "onnx", "status": "failed", "error": {"type": "ValueError",
+        ...            "message": "bad `top_p`"}}]}, "", Path("/srv/jobs/1"))
+        'onnx: ValueError: bad `top_p`'
+        >>> job_error(None, "Fetching 8 files: 100%|██| 8/8 [00:00<00:00]Killed\\n", Path("/srv/jobs/1"))
+        'Killed'
+    """
+    failed = [t for t in (report or {}).get("targets") or [] if isinstance(t, dict) and t.get("status") != "passed"]
+    if failed:
+        return "\n".join(f"{t.get('name')}: {reason(t)}" for t in failed)
+    lines = [" ".join(_PROGRESS_BAR.sub("", line).split("\r")[-1:]).strip() for line in log_text.splitlines()]
+    return tail("\n".join(line for line in lines if line)).replace(str(attempt), "<job>")
 
 
 def _stop(process: subprocess.Popen) -> int:

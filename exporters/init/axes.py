@@ -44,6 +44,7 @@ from exporters.capture.merged import (
     takes_cache,
 )
 from exporters.capture.probes import DimBinding, make_probes
+from exporters.errors import first_line
 from exporters.recipe.model import InputsSpec, Recipe
 from exporters.status import AUTO, NAMED, STATIC, DimState
 from exporters.validate.checks import shapes_of
@@ -343,8 +344,7 @@ def _first_line(err: BaseException) -> str:
     """The first line of the innermost cause (wrappers like upstream's `decompose_prefill_decode failed` hide it)."""
     while err.__cause__ is not None:
         err = err.__cause__
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: " + (text[0] if text else "")[:240]
+    return f"{type(err).__name__}: {first_line(str(err), 240)}"
 
 
 def spec_entries(axes: Axes, leaves: dict[str, list[int]], value: Any) -> dict[str, dict[str, Any]]:

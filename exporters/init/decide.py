@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporters.errors import first_line
 from exporters.init.axes import Dimension
 from exporters.status import (
     AUTO,
@@ -243,13 +244,12 @@ def _leave_out(result: FormatResult, reason: str, detail: str = "") -> None:
 
 
 def _first_line(text: str) -> str:
-    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
-    return (lines[0] if lines else "")[:300]
+    return first_line(text, 300)  # whole: a colon's line takes the next one along, a cut falls between words
 
 
 def _first_lines(text: str, count: int = 3) -> str:
     lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
-    return " ".join(lines[:count])[:600]
+    return first_line(" ".join(lines[:count]), 600)
 
 
 def _with_gap(reason: str, detail: str) -> str:

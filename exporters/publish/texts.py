@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from exporters.publish.markers import render_marker
 from exporters.publish.plan import EXPORTS_DIR, report_paths
 from exporters.publish.snippets import NEEDS_TRUST, PIN_COMMENT, needs_pin, proven_runtimes, target_snippets
-from exporters.report.markdown import close_fences, human_size, inert, variants_table
+from exporters.report.markdown import close_fences, human_size, inert, reason, variants_table
 
 if TYPE_CHECKING:
     from exporters.publish.plan import PublishPlan
@@ -269,12 +269,27 @@ def pr_description(plan: PublishPlan, pr_num: int | None = None, commit: str | N
     return "\n".join(lines)
 
 
+def _failure_lines(plan: PublishPlan) -> list[str]:
+    """Each target that did not pass: why, in the line that says what to change, and the command that runs it again
+    on the owner's machine (its `logs/<target>.log` holds the whole message and traceback)."""
+    lines = []
+    for target in plan.targets(plan.failed):
+        lines.append(f"- `{target['name']}` ({target['export_format']}) {target['status']}: "
+                     f"{inert(reason(target), 400)}")
+        if target.get("reproduce"):
+            command = " ".join(str(target["reproduce"]).replace("`", "").split())[:300]  # one code span, whole
+            lines.append(f"  reproduce it: `{command}`; its `logs/{inert(target['name'], 100)}.log` holds the whole "
+                         "message and traceback")
+    return lines
+
+
 def failure_description(plan: PublishPlan) -> str:
     """The failure discussion's text: what did not pass, that nothing was published, the report, the marker."""
     failed = _quoted(plan.failed) or "no target"
     lines = [_summary(plan), "",
-             f"**The export did not pass** for {failed}: no artifact was published. Fix the recipe or the model and "
-             "push again; this discussion is updated by the next run (and closed once the exports pass).",
+             f"**The export did not pass** for {failed}: no artifact was published.", "", *_failure_lines(plan), "",
+             "Next: change what the line says and push again; this discussion is updated by the next run (and "
+             "closed once the exports pass).",
              *([""] + NOTES if NOTES else []), "", "---", "", _excerpt(plan), "", render_marker(plan.marker)]
     return "\n".join(lines)
 

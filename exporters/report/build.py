@@ -35,16 +35,15 @@ class RunFacts(Protocol):
     machine: dict[str, Any] | None
 
 REPORT_SCHEMA_VERSION = 1
-__all__ = ["ICONS", "MARKDOWN_LIMIT", "build_report", "human_size", "render_markdown", "variants_table", "write_report"]
+__all__ = ["ICONS", "MARKDOWN_LIMIT", "build_report", "human_size", "render_markdown", "run_findings", "variants_table",
+           "write_report"]
 
 
 def build_report(results: list[TargetResult], context: RunFacts) -> dict[str, Any]:
     """The report dict (what report.json holds) from the target results and the run's context."""
     source = context.source
     targets = [r.to_dict() for r in results]
-    findings = list(context.warnings)
-    for target in targets:
-        findings += [f"{target['name']}: {f}" for f in target.get("findings", [])]
+    findings = list(context.warnings) + run_findings(targets)
     eager = context.eager_cache
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
@@ -70,6 +69,26 @@ def build_report(results: list[TargetResult], context: RunFacts) -> dict[str, An
         "targets": targets,
         "findings": findings,
     }
+
+
+def run_findings(targets: list[dict[str, Any]]) -> list[str]:
+    """The targets' findings for the report's top-level list, each said once: one that every target has word for
+    word concerns the model and is listed bare; one that some targets share names them (`dynamo, onnx: ...`); the
+    rest name their target. Each target's own list keeps all of its findings.
+
+    Example:
+        >>> run_findings([{"name": "a", "findings": ["model note", "only a"]}, {"name": "b", "findings": ["model note"]}])
+        ['model note', 'a: only a']
+    """
+    holders: dict[str, list[str]] = {}
+    for target in targets:
+        for finding in target.get("findings") or []:
+            names = holders.setdefault(finding, [])
+            if target["name"] not in names:
+                names.append(target["name"])
+    everyone = len(targets) > 1
+    return [finding if everyone and len(names) == len(targets) else f"{', '.join(names)}: {finding}"
+            for finding, names in holders.items()]
 
 
 def write_report(report: dict[str, Any], out_dir: Path) -> None:

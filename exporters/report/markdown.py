@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from exporters.errors import render_root_cause
+from exporters.errors import error_line, first_line
 
 MARKDOWN_LIMIT = 60_000
 ICONS = {"passed": "✅", "failed": "❌", "unverified": "⚠️", "crashed": "💥", "timed_out": "⏱️", "skipped": "⏭️"}
@@ -121,12 +121,9 @@ def reason(target: dict[str, Any]) -> str:
     if target["status"] == "passed":
         return ""
     if target.get("unverified"):
-        return f"not verified: {target['unverified'][0]}" + (
+        return f"not verified: {first_line(target['unverified'][0], 200)}" + (
             f" (+{len(target['unverified']) - 1} more)" if len(target["unverified"]) > 1 else "")
-    error = target.get("error") or {}
-    line = f"{error.get('type') or 'Error'}: {str(error.get('message') or 'see the log').splitlines()[0]}"
-    cause = render_root_cause(error)
-    return f"{line} [{cause.splitlines()[0]}]" if cause else line
+    return error_line(target.get("error"), 240)
 
 
 def _size(target: dict[str, Any]) -> int | None:
@@ -230,7 +227,7 @@ def variants_table(report: dict[str, Any], names: list[str] | None = None) -> li
             " ⚡ fastest" if target["name"] in fastest else "")
         verdict = f"{ICONS.get(target['status'], '')} {target['status']}"
         why = reason(target)
-        verdict += (f": {inert(why, 160)}" if why else "") + (" (cached)" if target.get("cached") else "")
+        verdict += (f": {inert(why, 400)}" if why else "") + (" (cached)" if target.get("cached") else "")
         size = _size(target)
         lines.append(f"| `{target['name']}`{marks} | {target['export_format']} · {target['mode']} · "
                      f"{_variant(target)} | {human_size(size) if size else '–'} | {speed_cell(target)} | "
@@ -309,12 +306,11 @@ def render_target(target: dict[str, Any], details: bool = True) -> list[str]:
     cached = " (cached: inputs unchanged)" if target.get("cached") else ""
     lines = [f"### {icon} `{target['name']}` — {target['export_format']}, {target['mode']} mode: "
              f"**{target['status']}**{cached}", ""]
-    if target.get("error"):
-        message = cell(target["error"].get("message") or "", 1500)  # one line, `<` escaped (upstream text)
-        lines += [f"> **{cell(target['error'].get('type') or 'Error', 100)}**: {message}", ""]
-        cause = cell(render_root_cause(target["error"]), 1500)
-        if cause:
-            lines += [f"> {cause}", ""]
+    if target.get("error"):  # the line that says what to change; the whole message and traceback: the log
+        where = f" · full message and traceback: `{cell(target['log'], 200)}`" if target.get("log") else ""
+        kind = str(target["error"].get("type") or "Error")
+        said = error_line(target["error"], 600).removeprefix(f"{kind}: ")
+        lines += [f"> **{cell(kind, 100)}**: {inert(said, 1200)}{where}", ""]
     if target.get("unverified"):
         lines += ["> **Not verified**: these checks did not run, so this target is not a pass:", ">"]
         lines += [f"> - {cell(line, 300)}" for line in target["unverified"][:20]] + [""]

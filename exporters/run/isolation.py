@@ -135,6 +135,28 @@ def run_isolated(work: Callable[[], dict[str, Any]], *, log_path: Path, timeout:
     return run.result()
 
 
+def error_text(err: BaseException, prefix: str = "") -> str:
+    """The whole of `err` for a log: its message (with `prefix`) and the traceback of its chain."""
+    return f"{prefix}{type(err).__name__}: {err}\n{''.join(traceback.format_exception(err))}"
+
+
+def log_error(log_path: Path, text: str, *, fresh: bool = False) -> None:
+    """Append `text` to the target's log (`fresh`: the log starts with it, nothing of an earlier run left)."""
+    if fresh:
+        fsutil.fresh_file(log_path, text)
+        return
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with os.fdopen(fsutil.open_log(log_path), "a") as handle:
+        handle.write(text)
+
+
+def logged_error(err: BaseException, log_path: Path, *, prefix: str = "", fresh: bool = False) -> dict[str, Any]:
+    """[`error_record`] of `err` for the report, its whole message and traceback written to the target's log (the
+    report's line names the log: what to change first, the rest there)."""
+    log_error(log_path, error_text(err, prefix), fresh=fresh)
+    return error_record(err, prefix=prefix)
+
+
 def log_excerpt(log_path: Path, limit: int = 3000) -> str:
     """The last `limit` characters of a log ('' when there is none)."""
     try:

@@ -29,7 +29,7 @@ import torch
 from exporters import fsutil
 from exporters.capture import llm_runner
 from exporters.capture.dtypes import reference_groups
-from exporters.errors import DeviceError, error_record, recovering
+from exporters.errors import DeviceError, recovering
 from exporters.export.convert import export_to, release_weights
 from exporters.export.footprint import record_footprint
 from exporters.export.quantize import Quantizing
@@ -37,7 +37,7 @@ from exporters.hashing import file_entries
 from exporters.recipe.model import Recipe, Target
 from exporters.report.results import TargetResult
 from exporters.run.context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
-from exporters.run.isolation import Isolated, log_excerpt
+from exporters.run.isolation import Isolated, log_excerpt, logged_error
 from exporters.run.outcomes import new_result, strip_after_validation, write_results
 from exporters.run.progress import Progress
 from exporters.run.resources import default_jobs, threads_left
@@ -200,10 +200,11 @@ def _prepare(item: _Export, workbench: Workbench, context: RunContext, options: 
     progress.update(target.name, "capturing inputs")
     with recovering() as guard:  # a native panic (a tokenizer's) fails the target, not the run
         item.components = workbench.components(target, context.recipe) if workbench.unprepared is None else None
+    log = options.out_dir / "logs" / f"{target.name}.log"  # the whole message and traceback (the report's line: a cut)
     if guard.error is not None:
-        result.error = error_record(guard.error)
+        result.error = logged_error(guard.error, log, fresh=True)
     if item.components is None:
-        result.error = result.error or dict(workbench.unprepared or {})
+        result.error = result.error or workbench.unprepared_in(log)
         progress.update(target.name, "[red]failed: capture", done=True)
         return False
     result.expected_components = workbench.expected(target, item.components)
@@ -327,7 +328,8 @@ def _validate_into(result: TargetResult, target: Target, context: RunContext, wo
             source_dir=context.source.folder, precomputed=precomputed, inventory=inventory,
         )
     if guard.error is not None:
-        result.status, result.error = FAILED, error_record(guard.error, prefix="validation could not run: ")
+        result.status, result.error = FAILED, logged_error(guard.error, context.out_dir / "logs" / f"{target.name}.log",
+                                                           prefix="validation could not run: ")
     else:
         result.record_validation(validation)
     result.timings["validate_s"] = round(time.time() - started, 3)

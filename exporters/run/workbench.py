@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from exporters.export.footprint import ModelWeights
 from exporters.export.quantize import calibration_samples
 from exporters.recipe.model import Recipe, Target
 from exporters.run.context import RunContext, RunOptions
+from exporters.run.isolation import error_text, log_error
 from exporters.upstream import move_to
 from exporters.validate.eager_side import EagerCache, EagerSide, eager_side
 
@@ -43,6 +45,7 @@ class Workbench:
     decompositions: dict[tuple, Any] = field(default_factory=dict)
     fitted: dict[str, tuple[Any, list[str]]] = field(default_factory=dict)
     unprepared: dict[str, Any] | None = None  # why no sample inputs could be made: then every target fails with it
+    unprepared_text: str = ""  # that error's whole message and traceback, for each target's log
     stepped: set[str] = field(default_factory=set)  # targets whose prompt is stepped through `decode` alone
     # targets planned again with the methods layout after their default runner program failed, and why
     not_runner: dict[str, str] = field(default_factory=dict)
@@ -69,8 +72,9 @@ class Workbench:
             if not recoverable(err):  # a tokenizer's native panic included
                 raise
             context.family, context.load_s = detect_family(model), round(time.time() - started, 3)
+            prefix = "sample inputs could not be made: "
             return cls(model, None, context.eager_cache, weights, tokenizer,
-                       unprepared=error_record(err, prefix="sample inputs could not be made: "))
+                       unprepared=error_record(err, prefix=prefix), unprepared_text=error_text(err, prefix))
         context.family, context.load_s = sample.family, round(time.time() - started, 3)
         context.warnings.extend(sample.notes)
         derived = derived_settings(getattr(model, "generation_config", None))
@@ -118,6 +122,12 @@ class Workbench:
         target.mode = target.mode or default_mode(self.model)
         self.recipe_layouts[target.name] = llm_runner.layout_of(target)
         return target
+
+    def unprepared_in(self, log: Path) -> dict[str, Any]:
+        """Why no sample inputs could be made, for a target's report, its whole message and traceback written to
+        the target's `log`."""
+        log_error(log, self.unprepared_text or str((self.unprepared or {}).get("message")), fresh=True)
+        return dict(self.unprepared or {})
 
     def components(self, target: Target, recipe: Recipe) -> Any:
         """The target's `{component: (module, forward inputs)}`: captured once per mode, decode layout and cache
