@@ -20,19 +20,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from exporters import fsutil
-from exporters.errors import (
-    DeviceError,
-    ExportActionError,
-    MemoryPlanError,
-    ModelSourceError,
-    PublishError,
-    RecipeError,
-    RemoteCodeError,
-    error_line,
-    error_record,
-    first_line,
-    render_root_cause,
-)
+from exporters.errors import (DeviceError, ExportActionError, MemoryPlanError, ModelSourceError, PublishError,
+                               RecipeError, RemoteCodeError, error_record, first_line, render_root_cause)
 
 from .quiet import mute_import_chatter
 
@@ -94,18 +83,10 @@ def _quiet_libraries() -> None:
 
 
 def _print_summary(report: dict, out_dir: Path) -> None:
-    from exporters.report.build import ICONS
+    from exporters.report.build import summary_lines
 
-    for target in report["targets"]:
-        icon = ICONS.get(target["status"], "")
-        extra = " (cached)" if target.get("cached") else ""
-        line = f"{icon} {target['name']:<20} {target['export_format']:<11} {target['status']}{extra}"
-        if target.get("error"):  # the line that says what to change; the whole message and traceback: the log
-            line += f" — {error_line(target['error'])}"
-            if target.get("log"):
-                line += f" (log: {out_dir / target['log']})"
+    for line in summary_lines(report, out_dir):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
-    console.print(f"report: {out_dir / 'report.md'}  ({out_dir / 'report.json'})", markup=False)
 
 
 # Where the model comes from (the library's SourceOptions): the same four options on every command that loads one.
@@ -114,8 +95,7 @@ TOKEN_OPTION = typer.Option(None, "--token", envvar="HF_TOKEN", show_envvar=True
                             help="Hub token; prefer HF_TOKEN or `huggingface-cli login` (argv is public).")
 ENDPOINT_OPTION = typer.Option(None, "--endpoint", envvar="HF_ENDPOINT", help="Hub endpoint URL.")
 def _flag(name: str, help: str) -> typer.models.OptionInfo:  # noqa: A002  (typer's own word)
-    """A boolean flag shown as itself (`--push`), never as an option that takes a value (`--push <bool>`)."""
-    return typer.Option(False, name, help=help, metavar="")
+    return typer.Option(False, name, help=help, metavar="")  # shown as `--push`, never `--push <bool>`
 
 
 REMOTE_CODE_OPTION = _flag("--trust-remote-code", "Allow code from the model repo.")
@@ -156,13 +136,7 @@ def run(
     """Export every target of the recipe, validate each artifact, write OUT/report.json and OUT/report.md;
     with --push, publish them to the Hub as a pull request (against --revision when it names a branch).
 
-    Examples:
-
-        hf-export run ./my-model --out out --print-report
-
-        hf-export run acme/tiny-llama --target onnx --dry-run   (the plan and the card text, no token needed)
-
-        HF_TOKEN=... hf-export run acme/tiny-llama --push
+    Example: hf-export run ./my-model --out out --print-report (--dry-run: the PR it would open; --push: open it)
     """
     if device not in (None, "cpu", "cuda", "auto"):
         console.print(f"--device must be cpu, cuda or auto, got {device!r}")
@@ -284,9 +258,7 @@ def check(file: Path = typer.Argument(..., help="export_config.json, or a config
     model's config.json beside it, or as the file, also what depends on the model: a static cache past its
     positions).
 
-    Example:
-
-        hf-export check ./my-model/export_config.json
+    Example: hf-export check ./my-model/export_config.json
     """
     import json
 
@@ -331,11 +303,7 @@ def init(
     """Propose a recipe known to work: export and validate every format with the real pipeline, find the largest
     dynamic bounds that hold and the tolerances, write the full-form recipe and print a summary.
 
-    Examples:
-
-        hf-export init ./my-model --out ./my-model/export_config.json
-
-        hf-export init acme/tiny-llama --formats onnx,executorch --max-seconds 900
+    Example: hf-export init ./my-model --out ./my-model/export_config.json --formats onnx,executorch
     """
     from exporters.recipe.model import FORMATS
 
@@ -417,9 +385,7 @@ def validate(
 ) -> None:
     """Re-run the validation checks on artifacts already saved, and rewrite the report.
 
-    Example:
-
-        hf-export validate ./my-model out --target onnx --print-report
+    Example: hf-export validate ./my-model out --target onnx --print-report
     """
     _quiet_libraries()
     from exporters.run.revalidate import RunOptions, validate_existing

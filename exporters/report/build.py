@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from exporters import fsutil
+from exporters.errors import error_line
 from exporters.recipe.model import Recipe
 from exporters.report.markdown import ICONS, MARKDOWN_LIMIT, human_size, render_markdown, variants_table
 from exporters.report.results import TargetResult
@@ -89,6 +90,21 @@ def run_findings(targets: list[dict[str, Any]]) -> list[str]:
     everyone = len(targets) > 1
     return [finding if everyone and len(names) == len(targets) else f"{', '.join(names)}: {finding}"
             for finding, names in holders.items()]
+
+
+def summary_lines(report: dict[str, Any], out_dir: Path) -> list[str]:
+    """A line per target (its verdict; for a failure, the line that says what to change and its log), then where
+    the report is: what a front end prints at the end of a run."""
+    lines = []
+    for target in report["targets"]:
+        extra = " (cached)" if target.get("cached") else ""
+        line = f"{ICONS.get(target['status'], '')} {target['name']:<20} {target['export_format']:<11} " \
+               f"{target['status']}{extra}"
+        if target.get("error"):  # the whole message and traceback: the log
+            line += f" — {error_line(target['error'])}" + (f" (log: {out_dir / target['log']})"
+                                                           if target.get("log") else "")
+        lines.append(line)
+    return [*lines, f"report: {out_dir / 'report.md'}  ({out_dir / 'report.json'})"]
 
 
 def write_report(report: dict[str, Any], out_dir: Path) -> None:
