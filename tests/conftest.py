@@ -44,11 +44,11 @@ def run_plainest_executorch(root: Path, build, **model_options) -> tuple[Path, P
     return model_dir, out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
 
 
-def run_and_read(root: Path, model_dir: Path) -> tuple[Path, dict, str]:
-    """`hf-export run` of `model_dir` into `root/out` through the real CLI: (output folder, report.json's content or
-    {} when none was written, the process's output)."""
+def run_and_read(root: Path, model_dir: Path, bench: bool = False) -> tuple[Path, dict, str]:
+    """`hf-export run` of `model_dir` into `root/out` through the real CLI (`--no-bench` unless `bench`): (output
+    folder, report.json's content or {} when none was written, the process's output)."""
     out = root / "out"
-    done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    done = run_cli("run", *([] if bench else ["--no-bench"]), str(model_dir), "--out", str(out), "--quiet")
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
     return out, report, done.stdout + done.stderr
 

@@ -129,6 +129,42 @@ def tiny_whisper(folder: Path, recipe: Any | None = None, seed: int = 0, decoder
     return _saved(WhisperForConditionalGeneration(config), folder, recipe)
 
 
+# openai/whisper-tiny's generation_config.json, as the repo ships it (its 90 suppressed ids cut to the first 20 and
+# the last 7; two languages of its 99)
+WHISPER_TINY_GENERATION = {
+    "alignment_heads": [[2, 2], [3, 0], [3, 2], [3, 3], [3, 4], [3, 5]],
+    "begin_suppress_tokens": [220, 50257], "bos_token_id": 50257, "decoder_start_token_id": 50258,
+    "eos_token_id": 50257, "forced_decoder_ids": [[1, None], [2, 50359]], "is_multilingual": True,
+    "lang_to_id": {"<|en|>": 50259, "<|fr|>": 50265}, "max_initial_timestamp_index": 50, "max_length": 448,
+    "no_timestamps_token_id": 50363, "pad_token_id": 50257, "prev_sot_token_id": 50361, "return_timestamps": False,
+    "suppress_tokens": [1, 2, 7, 8, 9, 10, 14, 25, 26, 27, 28, 29, 31, 58, 59, 60, 61, 62, 63, 90, 50254, 50258,
+                        50358, 50359, 50360, 50361, 50362],
+    "task_to_id": {"transcribe": 50359, "translate": 50358},
+}
+
+
+def whisper_tiny_shaped(folder: Path, recipe: Any | None = None) -> Path:
+    """openai/whisper-tiny's shape at width 64: its full depth (4 encoder + 4 decoder layers), its vocabulary
+    (51865, the output projection tied to the token embedding), 80 mel bins, 1500 source and 448 target positions,
+    its special ids in config.json, its `generation_config.json` ([`WHISPER_TINY_GENERATION`]) and a
+    `WhisperFeatureExtractor` of 30 s chunks (3000 frames)."""
+    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    torch.manual_seed(0)
+    generation = WHISPER_TINY_GENERATION
+    config = WhisperConfig(
+        vocab_size=51865, d_model=64, encoder_layers=4, decoder_layers=4, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=80,
+        max_source_positions=1500, max_target_positions=448, decoder_start_token_id=50258, pad_token_id=50257,
+        bos_token_id=50257, eos_token_id=50257, suppress_tokens=generation["suppress_tokens"],
+        begin_suppress_tokens=generation["begin_suppress_tokens"], tie_word_embeddings=True, init_std=0.2)
+    folder = _saved(WhisperForConditionalGeneration(config), folder, recipe)
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "transformers_version": "4.31.0"},
+                                                              indent=2) + "\n")
+    WhisperFeatureExtractor(feature_size=80).save_pretrained(folder)
+    return folder
+
+
 def tiny_llava(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
     """A LLaVA-style model: a 1-layer CLIP vision tower (image 16, patch 8) + a 1-layer Llama."""
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration

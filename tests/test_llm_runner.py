@@ -19,8 +19,8 @@ from tests.models import runner_model
 PROMPT = "the quick brown fox jumps over the lazy dog"
 
 
-def _export(root: Path, kind: str, recipe) -> tuple[Path, dict, str]:
-    return run_and_read(root, runner_model(root / "model", kind, recipe))
+def _export(root: Path, kind: str, recipe, bench: bool = False) -> tuple[Path, dict, str]:
+    return run_and_read(root, runner_model(root / "model", kind, recipe), bench=bench)
 
 
 RECIPE = {"exports": [PLAINEST_EXECUTORCH], "inputs": {"prompt": PROMPT}, "generation": {"max_new_tokens": 8}}
@@ -28,7 +28,8 @@ RECIPE = {"exports": [PLAINEST_EXECUTORCH], "inputs": {"prompt": PROMPT}, "gener
 
 @pytest.fixture(scope="module")
 def llama_runner(tmp_path_factory):
-    return _export(tmp_path_factory.mktemp("runner-llama"), "llama", RECIPE)
+    """The tiny Llama (tied embeddings) with the plainest ExecuTorch recipe, benchmarked."""
+    return _export(tmp_path_factory.mktemp("runner-llama"), "llama", RECIPE, bench=True)
 
 
 @pytest.fixture(scope="module")
@@ -57,21 +58,25 @@ def test_the_runner_program_passes_and_runs_in_the_runner(fixture, request):
     assert len(generation["eager_tokens"][0]) == 8
 
 
-@pytest.mark.parametrize("fixture,custom,cache", [("llama_runner", True, 64), ("qwen2_plain_runner", False, 48)])
-def test_the_folder_holds_the_runner_contract(fixture, custom, cache, request):
+@pytest.mark.parametrize("fixture,custom,cache,tied", [("llama_runner", True, 64, True),
+                                                       ("qwen2_plain_runner", False, 48, False)])
+def test_the_folder_holds_the_runner_contract(fixture, custom, cache, tied, request):
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
     from executorch.runtime import Runtime
 
     out, report, _ = request.getfixturevalue(fixture)
     folder = out / "executorch"
     names = sorted(p.name for p in folder.iterdir())
-    assert "model.pte" in names and not [n for n in names if n.endswith(".ptd")], names  # weights inside
+    # an untied model's weights are inside model.pte; a tied one's in model.ptd, where the table is stored once
+    assert "model.pte" in names and [n for n in names if n.endswith(".ptd")] == (["model.ptd"] if tied else []), names
     for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json", "export.json"):
         assert name in names, names
     manifest = json.loads((folder / "export.json").read_text())
     assert manifest["layout"] == "runner" and manifest["custom_ops"] is custom
     assert list(manifest["components"]) == ["model"]
-    program = Runtime.get().load_program(folder / "model.pte")
+    assert manifest["components"]["model"].get("data_file") == ("model.ptd" if tied else None)
+    data = {"data_path": folder / "model.ptd"} if tied else {}
+    program = Runtime.get().load_program(folder / "model.pte", **data)
     methods = set(program.method_names)
     expected = {"forward", "get_max_seq_len", "get_max_context_len", "get_max_batch_size", "get_bos_id",
                 "get_eos_id", "get_eos_ids", "get_vocab_size", "get_n_layers", "get_n_kv_heads", "get_head_dim",
@@ -91,6 +96,33 @@ def test_the_folder_holds_the_runner_contract(fixture, custom, cache, request):
     assert logits.shape[:2] == (1, 3)
     nodes = "llama" in (folder / "model.pte").read_bytes().decode("latin-1")
     assert nodes is custom
+
+
+def test_a_tied_runner_program_stores_the_table_once_and_is_benchmarked(llama_runner):
+    """#46 §4, #47 §7: the plainest ExecuTorch recipe of a model with tied embeddings writes the runner program with
+    its weights in model.ptd, each tensor once (the report's ratio read from the files' bytes), and its benchmark
+    times the program as the runner feeds it (the prompt, then one token per call at its position)."""
+    from transformers import AutoModelForCausalLM
+
+    from exporters.upstream import pte_weight_bytes
+
+    out, report, log = llama_runner
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    eager = AutoModelForCausalLM.from_pretrained(out.parent / "model")
+    assert eager.lm_head.weight is eager.model.embed_tokens.weight  # tied
+    folder = out / "executorch"
+    stored, parameters = target["weights_stored_bytes"], target["parameter_bytes"]
+    assert stored / parameters < 1.1, (stored, parameters)
+    assert stored >= parameters and stored >= (folder / "model.ptd").stat().st_size  # read from the files
+    assert not any("parameter bytes" in f for f in target["findings"]), target["findings"]
+    assert pte_weight_bytes(folder / "model.pte") < 0.01 * parameters  # the program keeps none of its own
+    bench = target["bench"]
+    assert "error" not in bench and not any("benchmark" in f for f in target["findings"]), bench
+    generation = bench["generation"]
+    assert generation["prefill_ms"] > 0 and generation["decode_tokens_per_s"] > 0, bench
+    assert generation["new_tokens"] == 8 and bench["latency"]["model"]["runs"] > 0, bench
+    assert bench["size_bytes"] >= (folder / "model.pte").stat().st_size + (folder / "model.ptd").stat().st_size
 
 
 def test_the_methods_layout_stays_available(tmp_path):
@@ -169,7 +201,10 @@ def test_a_quantized_target_gets_the_runner_layout_and_runs_in_the_runner(llama_
 
 
 def test_the_quantized_runner_program_is_smaller(llama_runner, llama_8da8w_runner):
-    fp32, int8 = ((run[0] / "executorch" / "model.pte").stat().st_size for run in (llama_runner, llama_8da8w_runner))
+    # the program and its data file (the float program's weights are in model.ptd: its table stored once)
+    fp32, int8 = (sum(p.stat().st_size for p in (run[0] / "executorch").glob("model.pt[ed]"))
+                  for run in (llama_runner, llama_8da8w_runner))
+    assert not (llama_8da8w_runner[0] / "executorch" / "model.ptd").exists()  # a quantized projection is not the table
     assert int8 < 0.75 * fp32, (int8, fp32)  # the linear weights int8, the embedding table float32
 
 

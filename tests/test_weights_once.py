@@ -567,7 +567,7 @@ def test_merged_probes_of_a_sliding_window_model_all_run(tmp_path):
 @pytest.fixture(scope="module")
 def tied_run(tmp_path_factory):
     """The plainest ExecuTorch generation recipe in the methods layout (prefill + decode methods; the runner layout,
-    the default, keeps its weights inside model.pte: tests/test_llm_runner.py) on a tiny Llama whose output
+    the default, does the same with its one program: tests/test_llm_runner.py) on a tiny Llama whose output
     projection is its embedding table."""
     root = tmp_path_factory.mktemp("tied")
     model_dir = tiny_llama(root / "model", {**PLAINEST_EXECUTORCH, "layout": "methods"}, tie_word_embeddings=True)

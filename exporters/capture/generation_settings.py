@@ -31,7 +31,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-__all__ = ["SAMPLING_ONLY", "derived_settings", "greedy"]
+__all__ = ["SAMPLING_ONLY", "derived_settings", "detected_language_pin", "greedy"]
 
 # The settings transformers uses only when sampling (`GenerationConfig.validate` refuses them with sampling off).
 SAMPLING_ONLY = ("temperature", "top_p", "top_k", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff")
@@ -50,7 +50,22 @@ def greedy(generation_config: Any, max_new_tokens: int | None = None) -> Any:
             setattr(config, name, None)
     if max_new_tokens is not None:
         config.max_new_tokens = max_new_tokens
+    language = detected_language_pin(config)
+    if language is not None:
+        config.language = language
     return config
+
+
+def detected_language_pin(generation_config: Any) -> str | None:
+    """The language validation pins for a multilingual Whisper config that sets none (`"<|en|>"` when the config
+    has it, else its first language), None otherwise. Without it `generate()` first detects the language with a
+    forward pass of its own (the features through the whole model, no cache), which is no exported component's
+    call: the captured prefill would be that pass, and parity could not replay it."""
+    languages = getattr(generation_config, "lang_to_id", None)
+    if not languages or not getattr(generation_config, "is_multilingual", False) \
+            or getattr(generation_config, "language", None) is not None:
+        return None
+    return "<|en|>" if "<|en|>" in languages else sorted(languages)[0]
 
 
 def _sampling_settings(generation_config: Any) -> list[str]:
@@ -78,6 +93,9 @@ def derived_settings(generation_config: Any) -> str | None:
     sampling = _sampling_settings(generation_config)
     if sampling:
         changes.append(", ".join(sampling) + " unset")
+    language = detected_language_pin(generation_config)
+    if language is not None:
+        changes.append(f"language {language} pinned (generate() would first detect it with a pass of its own)")
     if not changes:
         return None
     eos = getattr(generation_config, "eos_token_id", None)

@@ -1,7 +1,7 @@
 """Writing a target in the ExecuTorch LLM runner's layout (`exporters.capture.llm_runner`): `model.pte` (and
-`model.ptd` only when asked or past 2 GB), the manifest and the config files; the tokenizer files the runner reads
-(`tokenizer.json`, its bos/eos from `tokenizer_config.json`) are copied in by `folder_files.complete_folder`, as for
-every target.
+`model.ptd` when asked, past 2 GB, or when a float model ties its embeddings: the table is then stored once), the
+manifest and the config files; the tokenizer files the runner reads (`tokenizer.json`, its bos/eos from
+`tokenizer_config.json`) are copied in by `folder_files.complete_folder`, as for every target.
 
 ```
 runner program ──► export_runner_program (exporters.upstream.llm_runner) ──► model.pte [+ model.ptd]
@@ -43,7 +43,11 @@ def export_runner(model: Any, target: Any, components: dict[str, tuple[Any, dict
     custom_ops = custom_ops_of(target, model)
     if not custom_ops and getattr(target, "custom_ops", None) is None:
         notes.append(CUSTOM_OPS_OFF.format(model=type(model).__name__))
-    external = bool(getattr(target, "external_weights", None)) or ModelWeights.of(model).bytes() > PTE_WEIGHTS_LIMIT
+    asked, weights = getattr(target, "external_weights", None), ModelWeights.of(model)
+    # a tied table is stored once only through the named-data file (docs/upstream-gaps.md #13); a quantized
+    # projection is no longer the table, so there is nothing to share
+    tied = asked is None and weights.tied and quantizer is None
+    external = bool(asked) or weights.bytes() > PTE_WEIGHTS_LIMIT or tied
     metadata = llm_runner.runner_metadata(model, setting.max_cache_len, custom_ops, special_token_ids(model.generation_config, model.config).eos)
     started = time.time()
     manager, record, custom_nodes = llm_runner.export_runner_program(
@@ -58,8 +62,8 @@ def export_runner(model: Any, target: Any, components: dict[str, tuple[Any, dict
     if external:
         manager.write_tensor_data_to_file(str(directory))
         entry["data_file"] = f"{WEIGHTS_TAG}.ptd"
-        if not getattr(target, "external_weights", None):
-            notes.append(f"the weights ({ModelWeights.of(model).bytes() >> 20} MiB) are in model.ptd beside model.pte: a .pte "
+        if asked is None and weights.bytes() > PTE_WEIGHTS_LIMIT:
+            notes.append(f"the weights ({weights.bytes() >> 20} MiB) are in model.ptd beside model.pte: a .pte "
                          "holds at most 2 GB; pass model.ptd as the runner's data path")
     upstream.write_manifest(directory, {
         "schema_version": 1, "export_format": "executorch", "layout": "runner", "custom_ops": custom_ops,

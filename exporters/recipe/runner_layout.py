@@ -45,7 +45,9 @@ class ExecutorchLayoutSetting(BaseModel):
     external_weights: StrictBool | None = Field(
         default=None,
         description="Layout 'runner': the weights in model.ptd beside model.pte (pass it as the runner's data "
-        "path). Default: inside model.pte, unless the program would pass 2 GB.",
+        "path). Default: in model.ptd when the model ties its embedding table to its output projection and is not "
+        "quantized (the table is then stored once; inside a .pte it is stored twice) or when the program would pass "
+        "2 GB, inside model.pte otherwise.",
     )
 
     @model_validator(mode="after")

@@ -48,6 +48,7 @@ class EagerReference:
     scores: list[torch.Tensor]
     processors: Any
     processor_names: list[str]
+    prompt: torch.Tensor | None = None  # what the sequences held before the first generated token
 
 
 @dataclass
@@ -141,7 +142,8 @@ def eager_reference(model, generate_inputs: dict[str, Any], generation_config, s
     # them): the generated tokens are the last `len(scores)` ones either way.
     tokens = output.sequences[:, output.sequences.shape[1] - len(scores):].cpu()
     processors = recorded[-1]
-    return EagerReference(tokens, scores, processors, [type(p).__name__ for p in processors])
+    prompt = output.sequences[:, :output.sequences.shape[1] - len(scores)].cpu()
+    return EagerReference(tokens, scores, processors, [type(p).__name__ for p in processors], prompt)
 
 
 def _traced_position(template: dict[str, Any]) -> int:

@@ -136,11 +136,15 @@ def _prefix(components, generate_inputs: dict[str, Any], family: str) -> torch.T
     return generate_inputs["input_ids"]
 
 
-def _decoder_start(components, generate_inputs: dict[str, Any]) -> torch.Tensor:
-    """The decoder start token in each row of `generate_inputs`' batch: the captured prefill's first token (every row
-    and position of its `decoder_input_ids` holds it; `dynamic: true` traces it at a larger batch and a longer
-    prompt: `exporters.capture.probes.fit_encoder_decoder`)."""
+def _decoder_start(components, generate_inputs: dict[str, Any], reference: Any = None) -> torch.Tensor:
+    """The decoder prompt of each row of `generate_inputs`' batch: eager's own (`reference.prompt`: Whisper's start,
+    language, task and no-timestamps tokens), else the captured prefill's first token (every row and position of its
+    `decoder_input_ids` holds it; `dynamic: true` traces it at a larger batch and a longer prompt:
+    `exporters.capture.probes.fit_encoder_decoder`)."""
     batch = int(next(iter(generate_inputs.values())).shape[0])
+    prompt = getattr(reference, "prompt", None)
+    if isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and prompt.shape[0] == batch and prompt.shape[1] >= 1:
+        return prompt.clone()
     return components["prefill"][1]["decoder_input_ids"][:1, :1].expand(batch, 1).clone()
 
 
@@ -208,7 +212,7 @@ def _encoder_decoder(model, components, runners, generate_inputs, greedy: Greedy
     if "attention_mask" in prefill_template and "attention_mask" in generate_inputs:
         extra["attention_mask"] = generate_inputs["attention_mask"]
     key = cache_input_name(prefill_template)
-    start = _decoder_start(components, generate_inputs)
+    start = _decoder_start(components, generate_inputs, greedy.reference)
     inputs = step_inputs(prefill_template, start, 0, copy.deepcopy(prefill_template[key]) if key else None)
     inputs.update(extra)
     out = run_component(runners["prefill"], inputs)
