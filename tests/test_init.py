@@ -200,10 +200,14 @@ def test_the_summary_table_and_notes(proposed: Proposed) -> None:
 
 
 def test_a_format_that_cannot_run_the_family_is_left_out_with_the_reason(tmp_path: Path) -> None:
+    """#47 §1: FNet's FFT has no ExecuTorch kernel. init classifies the failure (an upstream operator, not a shape)
+    and leaves the format out after its first round, naming the operator, instead of shrinking dimensions that are
+    not the problem; the recipe holds the format that passed (exit 0), and `--work-dir` keeps every round's recipe,
+    report and logs apart."""
     model = tiny_fnet(tmp_path / "model")
-    recipe_file, summary_file = tmp_path / "export_config.json", tmp_path / "summary.md"
+    recipe_file, summary_file, work = tmp_path / "export_config.json", tmp_path / "summary.md", tmp_path / "work"
     result = run_cli("init", str(model), "--formats", "dynamo,executorch", "--out", str(recipe_file),
-                     "--summary", str(summary_file))
+                     "--summary", str(summary_file), "--work-dir", str(work), "--max-seconds", "600")
     assert result.returncode == 0, result.stderr[-3000:]
     recipe = json.loads(recipe_file.read_text())
     assert [t["name"] for t in recipe["exports"]] == ["dynamo"], "left out, not written in to fail later"
@@ -211,7 +215,18 @@ def test_a_format_that_cannot_run_the_family_is_left_out_with_the_reason(tmp_pat
     summary = summary_file.read_text()
     assert "| ❌ `executorch` (left out) |" in summary
     assert "- executorch: left out — the saved artifact does not load" in summary
-    assert "declared static" in summary, "the dims were ruled out first: it is the format, not the shapes"
+    assert "- executorch [upstream operator]: the saved artifact does not load" in summary, summary
+    assert "_fft_c2c.out has no lowering or kernel for executorch" in summary, summary
+    assert "left out: executorch [upstream operator]" in result.stderr, result.stderr[-3000:]
+    assert "declared static" not in summary and "round 2" not in result.stderr, "no axis was shrunk for it"
+    assert "round 1: exporting and validating dynamo (model), executorch (model)" in result.stderr
+    rounds = sorted(p.name for p in work.iterdir())
+    assert rounds == ["round-1"], rounds
+    kept = work / "round-1"
+    assert (kept / "recipe.json").is_file() and (kept / "out" / "report.md").is_file()
+    report = json.loads((kept / "out" / "report.json").read_text())
+    assert {t["name"]: t["status"] for t in report["targets"]}["executorch"] != "passed"
+    assert (kept / "out" / "logs" / "executorch.log").is_file()
     run = run_cli("run", str(model), "--config", str(recipe_file), "--out", str(tmp_path / "out"), "--quiet",
                   "--no-bench")
     assert run.returncode == 0, run.stderr[-3000:]

@@ -3,6 +3,9 @@
 For each target of a round's `report.json`:
 
 - passed, every probe ran and passed: the format is settled;
+- otherwise the failure is classified first (`exporters.init.classify`) and only its class's cure is tried:
+  configuration, missing files, an operator the format cannot lower: left out at once with what to change;
+  dtype/kernel on a CPU runtime: one more round in float32; shape (and unrecognised errors): the steps below;
 - the export failed: the dims the error names (else every dynamic dim of the failing component) go one step down,
   named range → `auto` → static; nothing left to demote: the format is left out with the error;
 - the artifact does not load, or fails at its traced inputs: its dims go straight to static (then left out);
@@ -22,6 +25,7 @@ from typing import Any
 
 from exporters.errors import first_line
 from exporters.init.axes import Dimension
+from exporters.init.classify import DTYPE, NOT_RETRIED, SHAPE, Failure, classify
 from exporters.status import (
     AUTO,
     CRASHED,
@@ -77,6 +81,8 @@ class FormatResult:
     notes: list[str] = field(default_factory=list)
     target: dict[str, Any] | None = None
     graph: str = COMPONENT_GRAPHS  # the default graph first; one per component where that did not validate
+    dtype: str | None = None  # "float32" once a dtype/kernel failure was retried in it (`classify`)
+    failure: Failure | None = None  # the class of the latest failure, and what to change
 
 
 @dataclass
@@ -207,6 +213,16 @@ def decide(result: FormatResult, target: dict[str, Any], max_rounds: int) -> Non
         return
     if target["status"] in (CRASHED, TIMED_OUT):
         return _leave_out(result, f"{target['status']}: {(target.get('error') or {}).get('message')}")
+    result.failure = failure = classify(target)
+    why = reading.export_error or reading.other_error or next(iter(reading.traced_failures.values()), None)
+    if failure.kind in NOT_RETRIED:  # no shape, dtype or tolerance init could change cures it: said, not searched
+        return _leave_out(result, why or failure.line, reading.detail)
+    if failure.kind == DTYPE:
+        if result.dtype is None and target.get("device", "cpu") == "cpu":
+            result.dtype = "float32"  # the dtype CPU runtimes have every kernel for: one retry
+            result.notes.append(f"{failure.line}: retried in float32 (the dtype the CPU runtime runs)")
+            return None
+        return _leave_out(result, why or failure.line, reading.detail)
     changed: list[str] = []
     if reading.export_error is not None:
         changed = _demote(result.dims, reading.failed_component, reading.export_error, reading.detail,

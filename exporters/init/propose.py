@@ -124,11 +124,13 @@ def first_dims(plan: AxisPlan, graph: str) -> list[Dimension]:
 
 
 def build_target(export_format: str, plan: AxisPlan, dims: list[Dimension], opset: int | None = None,
-                 graph: str = COMPONENT_GRAPHS) -> dict:
+                 graph: str = COMPONENT_GRAPHS, dtype: str | None = None) -> dict:
     """One recipe target: the mode, the complete component set, each component's dynamic-shape contract. `graph`
     (`default_graph`): the merged graph (`model`) with its contract, the runner program (the plain target: the
-    tool's default), or one graph per component."""
+    tool's default), or one graph per component. `dtype`: set where a dtype/kernel failure was retried in it."""
     target: dict[str, Any] = {"name": export_format, "export_format": export_format, "mode": plan.mode}
+    if dtype is not None:
+        target["dtype"] = dtype
     components = [MERGED] if graph == MERGED_GRAPH else list(plan.components)
     if plan.mode == "generation" and graph not in PLAIN_TARGET_GRAPHS:
         target["expected_components"] = [MERGED] if graph == MERGED_GRAPH else list(plan.expected)
@@ -215,10 +217,10 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
                            max_probe_elements=options.max_probe_elements)
     del loaded
     gc.collect()  # each round's pipeline loads its own copy
-    say(f"{plan.family} model, {plan.mode} mode, components {', '.join(plan.components)}; dimensions: "
-        + (", ".join(f"{d.name} {d.low}..{d.high} ({d.limit})" for d in plan.dimensions) or "none"))
     results = [FormatResult(fmt, dims=first_dims(plan, graph), graph=graph)
                for fmt in dict.fromkeys(options.formats) for graph in [default_graph(plan, fmt)]]
+    say(f"{plan.family} model, {plan.mode} mode ({', '.join(plan.components)} when decomposed); dimensions: "
+        + (", ".join(f"{d.name} {d.low}..{d.high} ({d.limit})" for d in plan.dimensions) or "none"))
     work = options.work_dir or Path(tempfile.mkdtemp(prefix="hf-export-init-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -229,7 +231,8 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
     for result in results:
         if result.status == PASSED:
             _finish_tolerance(result)
-            result.target = build_target(result.export_format, plan, result.dims, result.opset_version, result.graph)
+            result.target = build_target(result.export_format, plan, result.dims, result.opset_version, result.graph,
+                                         result.dtype)
     passed = [r for r in results if r.status == PASSED]
     recipe = None
     if passed:
@@ -263,13 +266,17 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
         for result in pending:
             result.rounds += 1
         tolerances = {r.export_format: {"atol": r.atol_override} for r in pending if r.atol_override}
-        recipe = build_recipe(plan, [build_target(r.export_format, plan, r.dims, graph=r.graph) for r in pending],
-                              {"formats": tolerances, "max_probe_elements": options.max_probe_elements})
-        path = work / f"round-{number}.json"
+        targets = [build_target(r.export_format, plan, r.dims, graph=r.graph, dtype=r.dtype) for r in pending]
+        recipe = build_recipe(plan, targets, {"formats": tolerances, "max_probe_elements": options.max_probe_elements})
+        if options.work_dir is None and number > 1:  # a temporary folder keeps only the round at hand
+            shutil.rmtree(work / f"round-{number - 1}", ignore_errors=True)
+        folder_of_round = work / f"round-{number}"  # each round's recipe, report and logs, kept apart
+        path, out = folder_of_round / "recipe.json", folder_of_round / "out"
+        folder_of_round.mkdir(parents=True, exist_ok=True)
         fsutil.write_file(path, json.dumps(recipe, indent=2) + "\n")
-        say(f"round {number}: exporting and validating {', '.join(r.export_format for r in pending)} "
-            f"({int(remaining)} s left)")
-        run = RunOptions(out_dir=work / "out", config_path=path, trust_remote_code=options.trust_remote_code,
+        say(f"round {number}: exporting and validating " + ", ".join(map(exported_words, targets))
+            + f" ({int(remaining)} s left)")
+        run = RunOptions(out_dir=out, config_path=path, trust_remote_code=options.trust_remote_code,
                          progress=options.pipeline_progress, use_cache=False, bench=False,  # timings decide nothing here
                          timeout=max(remaining / len(pending), 1.0))
         report = run_pipeline(folder, run)
@@ -278,16 +285,30 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
             known = {id(d): len(d.reasons) for d in result.dims}
             decide(result, by_name[result.export_format], options.max_rounds)
             if result.status == PASSED and result.graph == RUNNER_GRAPH:
-                _note_methods_layout(result, by_name[result.export_format], work / "out" / result.export_format)
+                _note_methods_layout(result, by_name[result.export_format], out / result.export_format)
             if result.status == PASSED and result.export_format == "onnx":
-                result.opset_version = _onnx_opset(work / "out" / "onnx")
+                result.opset_version = _onnx_opset(out / "onnx")
             changes = [reason[:200] for d in result.dims for reason in d.reasons[known[id(d)]:]]
             if result.status == PENDING and result.atol_override:
                 changes.append(f"atol {result.atol_override:g}")
+            if result.status == PENDING and result.dtype and not changes:
+                changes.append(f"dtype {result.dtype} ({result.failure.label if result.failure else 'dtype'})")
             if result.status == LEFT_OUT and result.graph != COMPONENT_GRAPHS:
                 changes = [_fall_back(result, plan)]
-            say(f"  {result.export_format}: " + {PASSED: "passed", LEFT_OUT: f"left out — {result.reason}"}.get(
+            failed = f" [{result.failure.label}]" if result.failure else ""
+            say(f"  {result.export_format}: " + {PASSED: "passed", LEFT_OUT: f"left out{failed} — {result.reason}"}.get(
                 result.status, "next round: " + "; ".join(changes)))
+
+
+def exported_words(target: dict[str, Any]) -> str:
+    """What a round's target really exports, read from it: `onnx (model)`, `executorch (the LLM runner's program)`,
+    `dynamo (prefill, decode)`, with its dtype where one is set."""
+    if target.get("mode") == "generation" and "expected_components" not in target:
+        graphs = "the plain target: the LLM runner's program, else a method per component"
+    else:
+        graphs = ", ".join(target.get("expected_components") or list(target.get("components") or {}) or [MERGED])
+    dtype = f", {target['dtype']}" if target.get("dtype") else ""
+    return f"{target['export_format']} ({graphs}{dtype})"
 
 
 def _fall_back(result: FormatResult, plan: AxisPlan) -> str:
@@ -355,7 +376,8 @@ def _notes(plan: AxisPlan, results: list[FormatResult]) -> list[str]:
         notes += [f"{result.export_format}: {reason}" for d in result.dims for reason in d.reasons
                   if reason not in seen]
         if result.status != PASSED:
-            notes.append(f"{result.export_format}: left out — {result.reason}")
+            failed = f" — {result.failure.label}; change: {result.failure.change}" if result.failure else ""
+            notes.append(f"{result.export_format}: left out — {result.reason}{failed}")
             continue
         notes += [f"{result.export_format}: {note}" for note in result.notes]
         if "looser" in result.tolerance_note:

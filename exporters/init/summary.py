@@ -72,8 +72,22 @@ def rows(result) -> list[dict[str, Any]]:
             "export_s": item.export_s if passed else None,
             "rounds": item.rounds,
             "reason": item.reason,
+            "class": item.failure.label if item.failure and not passed else None,
+            "change": item.failure.change if item.failure and not passed else None,
         })
     return table
+
+
+def failed_lines(result) -> list[str]:
+    """One line per format left out: its failure's class, the error's one line, and what to change."""
+    lines = []
+    for item in result.formats:
+        if item.status == PASSED:
+            continue
+        label = item.failure.label if item.failure else "not settled"
+        change = f" → change: {item.failure.change}" if item.failure else ""
+        lines.append(f"{item.export_format} [{label}]: {item.reason}{change}")
+    return lines
 
 
 def to_dict(result) -> dict[str, Any]:
@@ -105,6 +119,9 @@ def render_markdown(result, *, heading: str = "## Proposed export recipe") -> st
         target = f"{icon} `{row['target']}`" + ("" if row["status"] == PASSED else " (left out)")
         lines.append(f"| {target} | {cell(row['components'])} | {cell(row['dynamic'])} | {cell(row['tolerance'])} | "
                      f"{cell(_seconds(row['export_s']))} | {cell(row['rounds'])} |")
+    if failed := failed_lines(result):
+        lines += ["", "**Left out** (the class of each failure and what to change):", ""]
+        lines += [f"- {cell(line, 4000)}" for line in failed]
     if result.notes:
         lines += ["", "**Notes** (what could not be made to work, and why):", ""]
         lines += [f"- {cell(note, 4000)}" for note in result.notes]
@@ -127,5 +144,7 @@ def print_table(result, console) -> None:
         table.add_row(target, row["components"], row["dynamic"], row["tolerance"], _seconds(row["export_s"]),
                       str(row["rounds"]))
     console.print(table)
+    for line in failed_lines(result):
+        console.print(f"left out: {line}", markup=False, highlight=False, soft_wrap=True)
     for note in result.notes:
         console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
