@@ -133,7 +133,7 @@ def test_a_shape_failure_still_runs_the_axis_search() -> None:
 
 
 def test_the_round_progress_names_what_is_exported() -> None:
-    from exporters.init.propose import exported_words
+    from exporters.init.summary import exported_words
 
     assert exported_words({"export_format": "onnx", "mode": "generation", "expected_components": ["model"],
                            "components": {"model": {}}}) == "onnx (model)"

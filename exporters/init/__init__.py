@@ -2,6 +2,7 @@
 
 ```
 propose.py ──► axes.py (which axes can be dynamic, measured) ──► decide.py (the recipe to propose)
+                                                                   ├─◄ classify.py (a failure's class: what to change)
                                                                    ├─► summary.py (init-summary.md)
                                                                    └─► push.py (the Hub PR of the recipe)
 ```

@@ -37,6 +37,7 @@ from exporters.capture.merged import MERGED
 from exporters.capture.source import SourceOptions, check_remote_code, load_model, load_tokenizer, read_config
 from exporters.errors import InitError
 from exporters.init.axes import AxisPlan, Dimension, find_dimensions, spec_entries
+from exporters.init.classify import NOT_RETRIED
 from exporters.init.decide import (
     COMPONENT_GRAPHS,
     MARGIN,
@@ -48,6 +49,7 @@ from exporters.init.decide import (
     decide,
     nice_ceil,
 )
+from exporters.init.summary import exported_words
 from exporters.recipe.load import parse_recipe_data
 from exporters.recipe.model import FORMATS, SCHEMA_VERSION, GenerationSpec, Recipe
 from exporters.run.context import tool_versions
@@ -219,7 +221,8 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
     gc.collect()  # each round's pipeline loads its own copy
     results = [FormatResult(fmt, dims=first_dims(plan, graph), graph=graph)
                for fmt in dict.fromkeys(options.formats) for graph in [default_graph(plan, fmt)]]
-    say(f"{plan.family} model, {plan.mode} mode ({', '.join(plan.components)} when decomposed); dimensions: "
+    decomposed = f" ({', '.join(plan.components)} when decomposed)" if plan.components != [MERGED] else ""
+    say(f"{plan.family} model, {plan.mode} mode{decomposed}; dimensions: "
         + (", ".join(f"{d.name} {d.low}..{d.high} ({d.limit})" for d in plan.dimensions) or "none"))
     work = options.work_dir or Path(tempfile.mkdtemp(prefix="hf-export-init-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -243,7 +246,8 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
                         formats=results, notes=_notes(plan, results), elapsed_s=round(time.time() - started, 1),
                         versions=tool_versions())
     if not passed:
-        reasons = "; ".join(f"{f.export_format}: {f.reason}" for f in result.formats)
+        reasons = "; ".join(f"{f.export_format}" + (f" [{f.failure.label}]" if f.failure else "") + f": {f.reason}"
+                            for f in result.formats)
         raise InitError(f"no format could be exported and validated for {model} ({reasons})", result)
     return result
 
@@ -293,22 +297,12 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
                 changes.append(f"atol {result.atol_override:g}")
             if result.status == PENDING and result.dtype and not changes:
                 changes.append(f"dtype {result.dtype} ({result.failure.label if result.failure else 'dtype'})")
-            if result.status == LEFT_OUT and result.graph != COMPONENT_GRAPHS:
+            if result.status == LEFT_OUT and result.graph != COMPONENT_GRAPHS and not (
+                    result.failure and result.failure.kind in NOT_RETRIED):  # a graph change cures none of those
                 changes = [_fall_back(result, plan)]
             failed = f" [{result.failure.label}]" if result.failure else ""
             say(f"  {result.export_format}: " + {PASSED: "passed", LEFT_OUT: f"left out{failed} — {result.reason}"}.get(
                 result.status, "next round: " + "; ".join(changes)))
-
-
-def exported_words(target: dict[str, Any]) -> str:
-    """What a round's target really exports, read from it: `onnx (model)`, `executorch (the LLM runner's program)`,
-    `dynamo (prefill, decode)`, with its dtype where one is set."""
-    if target.get("mode") == "generation" and "expected_components" not in target:
-        graphs = "the plain target: the LLM runner's program, else a method per component"
-    else:
-        graphs = ", ".join(target.get("expected_components") or list(target.get("components") or {}) or [MERGED])
-    dtype = f", {target['dtype']}" if target.get("dtype") else ""
-    return f"{target['export_format']} ({graphs}{dtype})"
 
 
 def _fall_back(result: FormatResult, plan: AxisPlan) -> str:
@@ -376,8 +370,7 @@ def _notes(plan: AxisPlan, results: list[FormatResult]) -> list[str]:
         notes += [f"{result.export_format}: {reason}" for d in result.dims for reason in d.reasons
                   if reason not in seen]
         if result.status != PASSED:
-            failed = f" — {result.failure.label}; change: {result.failure.change}" if result.failure else ""
-            notes.append(f"{result.export_format}: left out — {result.reason}{failed}")
+            notes.append(f"{result.export_format}: left out — {result.reason}")
             continue
         notes += [f"{result.export_format}: {note}" for note in result.notes]
         if "looser" in result.tolerance_note:

@@ -38,6 +38,17 @@ def dims_text(dims: list[Dimension]) -> str:
     return " · ".join(parts) or "all static"
 
 
+def exported_words(target: dict[str, Any]) -> str:
+    """What a round's target really exports, read from it: `onnx (model)`, `executorch (the LLM runner's program)`,
+    `dynamo (prefill, decode)`, with its dtype where one is set."""
+    if target.get("mode") == "generation" and "expected_components" not in target:
+        graphs = "the plain target: the LLM runner's program, else a method per component"
+    else:
+        graphs = ", ".join(target.get("expected_components") or list(target.get("components") or {}) or [MERGED])
+    dtype = f", {target['dtype']}" if target.get("dtype") else ""
+    return f"{target['export_format']} ({graphs}{dtype})"
+
+
 def proposed_components(item, expected: list[str]) -> list[str]:
     """The components a format's proposal exports: one graph (`model`) for the merged graph and the runner program."""
     return [MERGED] if item.graph in (MERGED_GRAPH, RUNNER_GRAPH) else list(expected)
