@@ -41,7 +41,8 @@ from exporters.validate.quality import judge, judge_generation, measure, toleran
 from exporters.validate.runtime_genai import GENAI  # noqa: F401  (registers ONNX Runtime GenAI's proof)
 from exporters.validate.runtimes import ProofsInFlight, RuntimeContext, RuntimeProof, checks_for, references_for
 from exporters.validate.sliding import COUNTER_FINDING, sliding_cache_leaves, trailing_window
-from exporters.validate.tolerances import DEFAULT_TOLERANCES, tolerance_for  # noqa: F401  (DEFAULT_TOLERANCES: re-exported)
+# DEFAULT_TOLERANCES: re-exported for the modules that read it from here
+from exporters.validate.tolerances import DEFAULT_TOLERANCES, tolerance_for  # noqa: F401
 
 def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float) -> list[OutputDiff]:
     """Per output leaf: max absolute and relative difference and a verdict; NaN or inf never passes."""

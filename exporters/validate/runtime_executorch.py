@@ -30,7 +30,8 @@ from tokenizers import Tokenizer
 
 from exporters.recipe.variants import resolve_budget, variant_kind
 from exporters.upstream import read_manifest
-from exporters.validate.runtimes import RuntimeContext, RuntimeProof, register_runtime_check, run_in_child
+from exporters.validate.runtimes import (RuntimeContext, RuntimeProof, child_timeout, register_runtime_check,
+                                         run_in_child)
 
 CHILD = r"""
 import json, sys
@@ -101,7 +102,7 @@ class ExecutorchRunnerCheck:
         spec = {"program": str(directory / entry["file"]), "tokenizer": str(tokenizer),
                 "data": str(directory / entry["data_file"]) if entry.get("data_file") else None,
                 "prompt": reference["prompt"], "max_new_tokens": context.recipe.generation.max_new_tokens}
-        answer, why = run_in_child(CHILD, spec, folder=directory, timeout_s=context.timeout_s)
+        answer, why = run_in_child(CHILD, spec, folder=directory, timeout_s=child_timeout(context))
         if answer is None:
             return RuntimeProof(self.runtime, "failed", f"the runner failed: {why}")
         got = answer["pieces"]

@@ -34,7 +34,8 @@ from transformers import GenerationConfig
 from exporters.capture.merged import MERGED
 from exporters.capture.token_ids import special_token_ids
 from exporters.upstream import read_manifest
-from exporters.validate.runtimes import RuntimeContext, RuntimeProof, register_runtime_check, run_in_child
+from exporters.validate.runtimes import (RuntimeContext, RuntimeProof, child_timeout, register_runtime_check,
+                                         run_in_child)
 
 GENAI_CONFIG = "genai_config.json"
 DEFAULT_NEW_TOKENS = 8
@@ -167,7 +168,7 @@ class GenaiCheck:
             batches = [{"rows": rows, "max_length": width + reference.steps}]
             batch = f"batch of {len(rows)}, prompts of {prompts} tokens"
         got, why = run_in_child(CHILD, {"folder": str(directory), "batches": batches, "eos": reference.eos},
-                                folder=directory, timeout_s=context.timeout_s)
+                                folder=directory, timeout_s=child_timeout(context))
         if got is None:
             return RuntimeProof(self.runtime, "failed", f"ONNX Runtime GenAI failed: {why}")
         got = [_until_eos(row, reference.eos) for row in got]

@@ -90,6 +90,11 @@ class RuntimeContext:
         return float(getattr(self.target, "timeout", None) or CHILD_TIMEOUT_S)
 
 
+def child_timeout(context: RuntimeContext | None) -> float:
+    """The seconds a runtime's child may run for `context` (`RuntimeContext.timeout_s`); the default without one."""
+    return context.timeout_s if context is not None else float(CHILD_TIMEOUT_S)
+
+
 class RuntimeCheck(Protocol):
     """A deployment runtime's proof of one layout. A runtime that executes from a config in the folder names it in
     an `executes` attribute (GenAI: `genai_config.json`): it applies only where this run's export wrote that file

@@ -4,7 +4,8 @@
 Example:
     >>> from exporters.recipe.load import parse_recipe
     >>> recipe = parse_recipe('{"export_format": "onnx"}')
-    >>> tolerance_for(recipe, recipe.exports[0], "model", None), tolerance_for(recipe, recipe.exports[0], "model", "bfloat16")
+    >>> target = recipe.exports[0]
+    >>> tolerance_for(recipe, target, "model", None), tolerance_for(recipe, target, "model", "bfloat16")
     ((0.0001, 0.001), (0.01, 0.01))
 """
 
