@@ -32,7 +32,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CPU_ONLY_FLOAT", "HALF", "checkpoint_dtype", "default_dtype", "dtype_finding", "reference_groups"]
+__all__ = ["CPU_ONLY_FLOAT", "HALF", "checkpoint_dtype", "default_dtype", "dtype_finding", "reference_groups", "safetensors_header"]
 
 HALF = ("bfloat16", "float16")
 # Formats whose CPU runtimes need float32 artifacts (see the module).
@@ -53,20 +53,27 @@ def checkpoint_dtype(folder: Path, config: dict[str, Any]) -> str | None:
     return _safetensors_dtype(Path(folder))
 
 
-def _safetensors_dtype(folder: Path) -> str | None:
-    """The dtype of the first floating-point tensor in the folder's first safetensors file (its header only)."""
-    files = sorted(p for p in folder.glob("*.safetensors") if p.is_file() and not p.is_symlink())
-    if not files:
-        return None
+def safetensors_header(path: Path) -> dict[str, Any] | None:
+    """A safetensors file's JSON header (its first 8 bytes give its length; the tensors are never read), None when
+    it does not read, is a link or is over 100 MiB."""
     try:
-        with open(files[0], "rb") as handle:
+        if path.is_symlink() or not path.is_file():
+            return None
+        with open(path, "rb") as handle:
             (size,) = struct.unpack("<Q", handle.read(8))
             if size > _HEADER_LIMIT:
                 return None
             header = json.loads(handle.read(size))
     except (OSError, ValueError, struct.error):
         return None
-    for name, entry in header.items():
+    return header if isinstance(header, dict) else None
+
+
+def _safetensors_dtype(folder: Path) -> str | None:
+    """The dtype of the first floating-point tensor in the folder's first safetensors file (its header only)."""
+    files = sorted(p for p in folder.glob("*.safetensors") if p.is_file() and not p.is_symlink())
+    header = safetensors_header(files[0]) if files else None
+    for name, entry in (header or {}).items():
         if name != "__metadata__" and isinstance(entry, dict) and entry.get("dtype") in _SAFETENSORS_DTYPES:
             return _SAFETENSORS_DTYPES[entry["dtype"]]
     return None

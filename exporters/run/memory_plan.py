@@ -41,12 +41,11 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporters.capture.dtypes import reference_groups
+from exporters.capture.dtypes import reference_groups, safetensors_header
 from exporters.errors import MemoryPlanError
 
 __all__ = ["LIMIT_ENV", "MemoryPlan", "WeightCounts", "count_weights", "export_need", "free_memory", "plan_memory"]
@@ -59,7 +58,6 @@ _WIDTH = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 _SAFETENSORS_FLOAT = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 _SAFETENSORS_WIDTH = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
                       "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-_HEADER_LIMIT = 100 << 20
 _UNITS = {"": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
           "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
 
@@ -109,7 +107,7 @@ def count_weights(folder: Path) -> WeightCounts | None:
         return None
     floating, other, by_dtype = 0, 0, {}
     for path in files:
-        header = _header(path)
+        header = safetensors_header(path)
         if header is None:
             return None
         for name, entry in header.items():
@@ -128,21 +126,6 @@ def count_weights(folder: Path) -> WeightCounts | None:
         return None
     stored = max(by_dtype, key=by_dtype.__getitem__) if by_dtype else None
     return WeightCounts(floating=floating, other_bytes=other, stored_dtype=stored)
-
-
-def _header(path: Path) -> dict[str, Any] | None:
-    """A safetensors file's JSON header (its first 8 bytes give its length), None when it does not read."""
-    try:
-        if path.is_symlink() or not path.is_file():
-            return None
-        with open(path, "rb") as handle:
-            (size,) = struct.unpack("<Q", handle.read(8))
-            if size > _HEADER_LIMIT:
-                return None
-            header = json.loads(handle.read(size))
-    except (OSError, ValueError, struct.error):
-        return None
-    return header if isinstance(header, dict) else None
 
 
 def export_need(counts: WeightCounts, export_format: str, dtype: str | None, group_dtype: str | None) -> int:
