@@ -1,10 +1,13 @@
-"""What a newcomer meets before any export: `hf-export check` and every `--help` answer without loading the stack,
-each subcommand's help has an example, and its flags read as flags."""
+"""What a newcomer meets in the first hour: README's quick start runs as written on a folder shaped like the instruct
+repos on the Hub; `hf-export check` and every `--help` answer without loading the stack; each subcommand's help has
+an example and its flags read as flags; a dry run without a token shows the plan and the card."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -73,3 +76,37 @@ def test_a_dry_run_without_a_token_shows_the_plan_and_the_card(tmp_path) -> None
     assert "Publish plan for acme/tiny" in text and "no Hub token here" in text
     assert "----- model card (README.md, Exports section) -----" in text and "## Exports" in text
     assert "LocalTokenNotFoundError" not in text and "Traceback" not in text
+
+
+def _quick_start_lines() -> list[list[str]]:
+    """README's quick start, as written: the fenced block after its `quick-start` marker, one command a line."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- quick-start:", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line.split("#", 1)[0]) for line in block.splitlines() if line.strip()]
+
+
+def test_readmes_quick_start_runs_as_written_on_an_instruct_checkpoint(tmp_path) -> None:
+    """A folder like the instruct repos on the Hub (bfloat16 shards, tied embeddings, a byte-level BPE with a chat
+    template, a generation_config.json that samples with two eos ids): init proposes a recipe, check takes it, run
+    passes it, the dry run shows the PR, each exactly as README's quick start says, from the folder it names."""
+    from tests.test_shipped_checkpoints import instruct_checkpoint
+
+    instruct_checkpoint(tmp_path / "my-model", vocab_size=0, recipe=None)
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    env.update(HF_HOME=str(tmp_path / "hf-home"), HF_ENDPOINT="http://127.0.0.1:9", PYTHONUNBUFFERED="1")
+    lines = _quick_start_lines()
+    assert [line[:2] for line in lines] == [["hf-export", "init"], ["hf-export", "check"], ["hf-export", "run"],
+                                            ["hf-export", "run"]], lines
+    done = []
+    for line in lines:
+        done.append(subprocess.run([sys.executable, "-m", "exporters.cli", *line[1:]], capture_output=True, text=True,
+                                   cwd=tmp_path, env=env, timeout=1800))
+        text = done[-1].stdout + done[-1].stderr
+        assert done[-1].returncode == 0, f"{shlex.join(line)}:\n{text[-4000:]}"
+        assert "Traceback" not in text, text[-4000:]
+    recipe = json.loads((tmp_path / "my-model" / "export_config.json").read_text())
+    assert {t["export_format"] for t in recipe["exports"]} == {"dynamo", "onnx", "executorch"}, recipe
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["status"] == "passed" and report["checkpoint_dtype"] == "bfloat16", report["findings"]
+    assert any("validation generates greedily" in f for f in report["findings"])
+    assert "Publish plan for me/my-model" in done[3].stdout and "## Exports" in done[3].stdout

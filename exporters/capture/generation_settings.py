@@ -29,7 +29,10 @@ Example:
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
+
+from transformers import GenerationConfig
 
 __all__ = ["SAMPLING_ONLY", "derived_settings", "detected_language_pin", "greedy"]
 
@@ -77,6 +80,17 @@ def _sampling_settings(generation_config: Any) -> list[str]:
             continue  # 50 is transformers' own default top_k, not a choice of the repo
         found.append(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}")
     return found
+
+
+def repo_generation_config(folder: Path) -> Any:
+    """The generation config a model folder ships (`generation_config.json`), None without one or when it does not
+    read (the model's load then says what is wrong)."""
+    if not (Path(folder) / "generation_config.json").is_file():
+        return None
+    try:
+        return GenerationConfig.from_pretrained(folder)
+    except (OSError, ValueError):
+        return None
 
 
 def derived_settings(generation_config: Any) -> str | None:

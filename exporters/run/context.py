@@ -25,6 +25,7 @@ import torch
 
 from exporters.recipe.model_limits import check_cache_len, positions_in
 from exporters.capture.dtypes import checkpoint_dtype, default_dtype, dtype_finding
+from exporters.capture.generation_settings import derived_settings, repo_generation_config
 from exporters.capture.source import ModelSource, SourceOptions, check_remote_code, read_config
 from exporters.errors import DeviceError
 from exporters.hashing import weights_fingerprint
@@ -179,6 +180,9 @@ def prepare_run(model: str, options: RunOptions, exporting: bool = True) -> RunC
     config = read_config(source.folder)
     check_remote_code(source, config, options.trust_remote_code)
     check_cache_len(recipe, positions_in(config))  # before anything is loaded or allocated
+    derived = derived_settings(repo_generation_config(source.folder))  # said even when every target is reused
+    if derived and any(t.mode in (None, "generation") for t in recipe.select(options.targets)):
+        warnings = [*warnings, derived]  # about the model: once, for every generation target
     checkpoint = checkpoint_dtype(source.folder, config)
     targets = [_with_default_dtype(target, checkpoint, warnings) for target in recipe.select(options.targets)]
     warnings = list(warnings)

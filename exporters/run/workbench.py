@@ -17,7 +17,6 @@ import torch
 from exporters.capture import llm_runner, merged, stepped
 from exporters.capture.cache_settings import (check_second_step, default_decode_contract, max_positions,
                                               sliding_window_of, state_space_layers)
-from exporters.capture.generation_settings import derived_settings
 from exporters.capture.components import cache_setting_for, decompose, generation_config_for, minimum_components
 from exporters.capture.families import detect_family
 from exporters.capture.inputs import SampleInputs, default_mode, make_sample_inputs
@@ -77,9 +76,6 @@ class Workbench:
                        unprepared=error_record(err, prefix=prefix), unprepared_text=error_text(err, prefix))
         context.family, context.load_s = sample.family, round(time.time() - started, 3)
         context.warnings.extend(sample.notes)
-        derived = derived_settings(getattr(model, "generation_config", None))
-        if derived and any(t.mode in (None, "generation") for t in (targets or context.targets)):
-            context.warnings.append(derived)  # about the model, said once for every generation target
         return cls(model, sample, context.eager_cache, weights, tokenizer)
 
     def convert(self, dtype: str, context: RunContext) -> None:
