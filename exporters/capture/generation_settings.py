@@ -89,7 +89,7 @@ def repo_generation_config(folder: Path) -> Any:
         return None
     try:
         return GenerationConfig.from_pretrained(folder)
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError):  # a file transformers cannot read: loading the model says why
         return None
 
 
