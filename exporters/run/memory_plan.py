@@ -47,6 +47,7 @@ from typing import Any
 
 from exporters.capture.dtypes import reference_groups, safetensors_header
 from exporters.errors import MemoryPlanError
+from exporters.run.resources import available_memory
 
 __all__ = ["LIMIT_ENV", "MemoryPlan", "WeightCounts", "count_weights", "export_need", "free_memory", "plan_memory"]
 
@@ -169,24 +170,13 @@ def free_memory() -> tuple[int | None, str | None]:
     if limit:
         return parse_limit(limit), LIMIT_ENV
     found: list[tuple[int, str]] = []
-    meminfo = _meminfo_available()
+    meminfo = available_memory()  # MemAvailable (exporters.run.resources, as default_jobs reads it)
     if meminfo is not None:
         found.append((meminfo, "MemAvailable"))
     room = _cgroup_room()
     if room is not None:
         found.append((room, "cgroup memory limit"))
     return min(found) if found else (None, None)
-
-
-def _meminfo_available() -> int | None:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def _cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> int | None:
