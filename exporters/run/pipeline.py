@@ -133,7 +133,7 @@ def _export_and_validate(targets: list[Target], context: RunContext, options: Ru
     with Progress(options.progress) as progress:
         for index, (dtype, members) in enumerate(groups):
             if index:  # the next group's references in its dtype: the weights converted in place (lossless)
-                workbench.convert(dtype, context)
+                workbench.convert(dtype)
             results += _export_group([targets[i] for i in members], context, options, workbench, progress,
                                      validated, final=index == len(groups) - 1)
         if options.bench:  # after every export: timings taken while nothing else runs, each in a fresh process

@@ -45,7 +45,7 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
     results = []
     for index, (dtype, target) in enumerate(order):
         if dtype != order[index - 1][0] and index:  # the next group's references in its dtype (as `run` does)
-            workbench.convert(dtype, context)
+            workbench.convert(dtype)
         target = workbench.plan(target)
         result = new_result(target, context, options)
         result.reproduce = f"hf-export validate {model} {out_dir} --target {target.name}"

@@ -78,7 +78,7 @@ class Workbench:
         context.warnings.extend(sample.notes)
         return cls(model, sample, context.eager_cache, weights, tokenizer)
 
-    def convert(self, dtype: str, context: RunContext) -> None:
+    def convert(self, dtype: str) -> None:
         """Hold the eager model (and the sample inputs' floating tensors) in `dtype` from now on, converted in place
         (lossless between a half-precision checkpoint's own dtype and float32); what was captured or computed in the
         old dtype is dropped."""
