@@ -127,7 +127,7 @@ def test_a_cap_that_fits_one_job_runs_one_export_at_a_time(tmp_path):
 
 
 def test_a_cgroup_limit_leaves_its_room_and_no_limit_leaves_none(tmp_path):
-    from exporters.run.memory_plan import _room
+    from exporters.run.resources import _room
 
     (tmp_path / "memory.max").write_text("1000000000\n")
     (tmp_path / "memory.current").write_text("400000000\n")
@@ -135,3 +135,14 @@ def test_a_cgroup_limit_leaves_its_room_and_no_limit_leaves_none(tmp_path):
     assert _room(tmp_path, "memory.max", "memory.current", "inactive_file") == 700_000_000
     (tmp_path / "memory.max").write_text("max\n")
     assert _room(tmp_path, "memory.max", "memory.current", "inactive_file") is None
+
+
+def test_the_memory_default_jobs_reads_is_the_lesser_of_the_machine_and_the_cgroup_limit():
+    """`--jobs auto` where the weights cannot be counted (a pytorch_model.bin checkpoint) still honours a container's
+    limit: `available_memory` is what the memory plan reads, not the machine's `MemAvailable` alone."""
+    from exporters.run.resources import available_memory, cgroup_room, meminfo_available
+
+    readings = [value for value in (meminfo_available(), cgroup_room()) if value is not None]
+    available = available_memory()
+    assert available is not None and readings
+    assert abs(available - min(readings)) < 256 * 2**20  # read at two moments of a shared machine

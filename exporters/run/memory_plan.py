@@ -47,7 +47,7 @@ from typing import Any
 
 from exporters.capture.dtypes import reference_groups, safetensors_header
 from exporters.errors import MemoryPlanError
-from exporters.run.resources import available_memory
+from exporters.run.resources import cgroup_room, meminfo_available
 
 __all__ = ["LIMIT_ENV", "MemoryPlan", "WeightCounts", "count_weights", "export_need", "free_memory", "plan_memory"]
 
@@ -169,55 +169,9 @@ def free_memory() -> tuple[int | None, str | None]:
     limit = os.environ.get(LIMIT_ENV, "").strip()
     if limit:
         return parse_limit(limit), LIMIT_ENV
-    found: list[tuple[int, str]] = []
-    meminfo = available_memory()  # MemAvailable (exporters.run.resources, as default_jobs reads it)
-    if meminfo is not None:
-        found.append((meminfo, "MemAvailable"))
-    room = _cgroup_room()
-    if room is not None:
-        found.append((room, "cgroup memory limit"))
+    found = [(value, source) for value, source in ((meminfo_available(), "MemAvailable"),
+                                                   (cgroup_room(), "cgroup memory limit")) if value is not None]
     return min(found) if found else (None, None)
-
-
-def _cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """The least room any cgroup limit above this process leaves (limit less usage, the reclaimable file cache
-    counted as room), None when none is set: cgroup v2 (`memory.max`, `memory.current`) and v1's memory controller
-    (`memory.limit_in_bytes`, `memory.usage_in_bytes`), this process's group and every parent."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text(encoding="ascii").splitlines()
-    except OSError:
-        return None
-    rooms: list[int] = []
-    for line in lines:
-        hierarchy, _, path = line.partition(":")[2].partition(":")
-        if hierarchy == "":  # v2
-            base, files = root, ("memory.max", "memory.current", "inactive_file")
-        elif "memory" in hierarchy.split(","):  # v1
-            base, files = root / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
-        else:
-            continue
-        folder = base / path.lstrip("/")
-        while True:
-            room = _room(folder, *files)
-            if room is not None:
-                rooms.append(room)
-            if folder == base or base not in folder.parents:
-                break
-            folder = folder.parent
-    return min(rooms) if rooms else None
-
-
-def _room(folder: Path, limit_file: str, usage_file: str, inactive: str) -> int | None:
-    try:
-        limit = (folder / limit_file).read_text(encoding="ascii").strip()
-        if limit == "max" or int(limit) >= 1 << 60:  # no limit (v1 writes a page-rounded 2**63)
-            return None
-        usage = int((folder / usage_file).read_text(encoding="ascii"))
-        stat = dict(line.split() for line in (folder / "memory.stat").read_text(encoding="ascii").splitlines()
-                    if len(line.split()) == 2)
-        return max(0, int(limit) - usage + int(stat.get(inactive, 0)))
-    except (OSError, ValueError):
-        return None
 
 
 def gigabytes(value: int) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -28,7 +29,14 @@ HEADROOM = 0.8  # leave a fifth of what is free to the parent's validation and t
 
 
 def available_memory() -> int | None:
-    """Bytes of memory available now (Linux `MemAvailable`), None where it cannot be read."""
+    """Bytes of memory this process may still use: the lesser of `MemAvailable` and the room the cgroup limits above
+    it leave (a container's limit), None where neither can be read."""
+    found = [value for value in (meminfo_available(), cgroup_room()) if value is not None]
+    return min(found) if found else None
+
+
+def meminfo_available() -> int | None:
+    """Bytes of memory available now on the machine (Linux `MemAvailable`), None where it cannot be read."""
     try:
         with open("/proc/meminfo", encoding="ascii") as handle:
             for line in handle:
@@ -39,6 +47,47 @@ def available_memory() -> int | None:
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
+        return None
+
+
+def cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The least room any cgroup limit above this process leaves (limit less usage, the reclaimable file cache
+    counted as room), None when none is set: cgroup v2 (`memory.max`, `memory.current`) and v1's memory controller
+    (`memory.limit_in_bytes`, `memory.usage_in_bytes`), this process's group and every parent."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text(encoding="ascii").splitlines()
+    except OSError:
+        return None
+    rooms: list[int] = []
+    for line in lines:
+        hierarchy, _, path = line.partition(":")[2].partition(":")
+        if hierarchy == "":  # v2
+            base, files = root, ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in hierarchy.split(","):  # v1
+            base, files = root / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+        else:
+            continue
+        folder = base / path.lstrip("/")
+        while True:
+            room = _room(folder, *files)
+            if room is not None:
+                rooms.append(room)
+            if folder == base or base not in folder.parents:
+                break
+            folder = folder.parent
+    return min(rooms) if rooms else None
+
+
+def _room(folder: Path, limit_file: str, usage_file: str, inactive: str) -> int | None:
+    try:
+        limit = (folder / limit_file).read_text(encoding="ascii").strip()
+        if limit == "max" or int(limit) >= 1 << 60:  # no limit (v1 writes a page-rounded 2**63)
+            return None
+        usage = int((folder / usage_file).read_text(encoding="ascii"))
+        stat = dict(line.split() for line in (folder / "memory.stat").read_text(encoding="ascii").splitlines()
+                    if len(line.split()) == 2)
+        return max(0, int(limit) - usage + int(stat.get(inactive, 0)))
+    except (OSError, ValueError):
         return None
 
 
