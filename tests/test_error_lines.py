@@ -98,3 +98,20 @@ def test_the_discussion_and_the_status_page_say_which_target_failed_and_why(hf_e
     row = re.search(rf'<tr class="job" data-job-id="{job.id}".*?</tr>', page, re.S).group(0)
     assert "image-size: RuntimeError:" in row and "declare it &#x27;static&#x27;" in row, row
     assert "it/s" not in row and str(tmp_path) not in row
+
+
+def test_a_corrupt_checkpoint_is_one_line_that_says_what_to_fix(tmp_path):
+    """A truncated or corrupt safetensors file (an interrupted download) is the input's fault: one line naming the
+    folder, safetensors' own reason and what to do, exit 2, nothing presented as an artifact; never a traceback."""
+    model_dir = tiny_vit(tmp_path / "model", [{"export_format": "dynamo"}])
+    weights = model_dir / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:8] + b'{"x": garbage' + data[21:len(data) // 2])
+    out = tmp_path / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out))
+    said = " ".join((result.stdout + result.stderr).split())  # the terminal may wrap
+    assert result.returncode == 2, said
+    assert "Traceback" not in said and "╭" not in said, said
+    assert f"cannot load the model from {model_dir}: SafetensorError: Error while deserializing header" in said
+    assert "check that its weight files are complete" in said
+    assert not (out / "report.json").exists() and json.loads((out / "problem.json").read_text())

@@ -15,7 +15,7 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, Revi
 from transformers import AutoTokenizer
 
 from exporters import fsutil
-from exporters.errors import ModelSourceError, RemoteCodeError
+from exporters.errors import ModelSourceError, RemoteCodeError, first_line, recoverable
 from exporters.files import RECIPE_SOURCES
 
 REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
@@ -175,8 +175,12 @@ def load_model(source: ModelSource, *, trust_remote_code: bool = False, dtype: s
         kwargs["dtype"] = getattr(torch, dtype)
     try:
         model = model_class.from_pretrained(source.folder, **kwargs)
-    except (OSError, ValueError) as err:
-        raise ModelSourceError(f"cannot load the model from {source.display}: {err}") from None
+    except BaseException as err:  # a corrupt or truncated checkpoint: safetensors' own error, or a native panic
+        if not recoverable(err):
+            raise
+        detail = str(err) if isinstance(err, (OSError, ValueError)) else f"{type(err).__name__}: {first_line(str(err))}"
+        raise ModelSourceError(f"cannot load the model from {source.display}: {detail}; check that its weight files "
+                               "are complete (re-download or re-save them)") from None
     return model.eval()
 
 
