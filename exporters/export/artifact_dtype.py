@@ -44,11 +44,24 @@ def _onnx_dtypes(directory: Path) -> dict[str, int]:
 
     counts: dict[str, int] = {}
     for path in sorted(directory.rglob("*.onnx")):
-        for tensor in initializers(onnx.load(str(path), load_external_data=False)):
-            name = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).name if tensor.data_type != \
-                onnx.TensorProto.BFLOAT16 else "bfloat16"
+        model = onnx.load(str(path), load_external_data=False)
+        packed = _packed_weights(model)
+        for tensor in initializers(model):
+            name = packed.get(tensor.name) or (onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).name
+                                               if tensor.data_type != onnx.TensorProto.BFLOAT16 else "bfloat16")
             counts[name] = counts.get(name, 0) + typed_bytes(tensor)
     return counts
+
+
+def _packed_weights(model) -> dict[str, str]:
+    """`{initializer: "int4"}` for the weights `MatMulNBits` nodes hold packed in bytes (`bits` per value): stored as
+    uint8, they are what the node's `bits` says."""
+    found: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits" and len(node.input) > 1:
+            bits = next((attribute.i for attribute in node.attribute if attribute.name == "bits"), 4)
+            found[node.input[1]] = f"int{bits}"
+    return found
 
 
 def _pt2_dtypes(path: Path) -> dict[str, int]:

@@ -157,6 +157,8 @@ def upstream_quantizer(spec: Any, samples: list[dict] | None):
         return upstream.onnxruntime_quantizer(False, onnxruntime_options(spec), None)
     if spec.method == "onnxruntime-static":
         return upstream.onnxruntime_quantizer(True, onnxruntime_options(spec), samples)
+    if spec.method == "onnxruntime-int4":
+        return upstream.onnxruntime_int4_quantizer(spec.options())
     if spec.method == "pt2e-xnnpack":
         return upstream.pt2e_quantizer(xnnpack_quantizer(spec.scheme), samples)
     if spec.method == "pt2e-x86":
@@ -217,6 +219,8 @@ _HOW = {
     "onnxruntime-dynamic": ("int8 weights (ONNX Runtime quantize_dynamic)", "quantized at run time (dynamic)"),
     "onnxruntime-static": ("int8 weights (ONNX Runtime quantize_static)", "int8, ranges calibrated ahead of time"),
     "pt2e-x86": ("int8 per-channel weights (X86InductorQuantizer)", "int8"),
+    "onnxruntime-int4": ("int4 block-wise weights of every MatMul (ONNX Runtime MatMulNBitsQuantizer, MatMulNBits)",
+                         "float; MatMulNBits' accuracy level sets the compute type"),
 }
 
 
@@ -236,15 +240,16 @@ def describe(target, calibration: list[SampleInputs], recipe: Recipe,
         data = {"source": "prompts" if source and source.prompts is not None else "samples",
                 "samples": len(calibration)}
     else:
-        data = {"source": "none (dynamic activations)"}
-    quantizer = {"onnxruntime-dynamic": "OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig)",
+        data = {"source": "none (weight-only)" if spec.method == "onnxruntime-int4" else "none (dynamic activations)"}
+    quantizer = "onnxruntime.quantization.MatMulNBitsQuantizer" if spec.method == "onnxruntime-int4" else \
+        "transformers.exporters." + {"onnxruntime-dynamic": "OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig)",
                  "onnxruntime-static": "OnnxRuntimeQuantizer(OnnxRuntimeStaticConfig)",
                  "pt2e-xnnpack": "PT2EQuantizer(XNNPACKQuantizer)",
                  "pt2e-x86": "PT2EQuantizer(X86InductorQuantizer)"}[spec.method]
     packages = {package: version for package in ("onnxruntime", "torchao", "executorch")
                 if (version := installed_version(package)) is not None}
     return {"method": spec.method, "options": spec.options(), "kind": spec.kind,
-            "quantizer": f"transformers.exporters.{quantizer}", "weights": weights, "activations": activations,
+            "quantizer": quantizer, "weights": weights, "activations": activations,
             "calibration": {**data, **({"per_component": dict(calibrated_on)} if spec.needs_calibration else {})},
             "packages": packages}
 

@@ -91,6 +91,28 @@ class OnnxRuntimeStaticQuantize(_Method):
     nodes_to_exclude: list[str] | None = None
 
 
+class OnnxRuntimeInt4Quantize(_Method):
+    """ONNX Runtime's `MatMulNBitsQuantizer`: weight-only, block-wise 4-bit weights of every `MatMul` (the
+    `MatMulNBits` op), activations in float; no calibration. The defaults are ONNX Runtime GenAI's model builder's for
+    the CPU (`--precision int4`)."""
+
+    formats: ClassVar[tuple[str, ...]] = ("onnx",)
+
+    method: Literal["onnxruntime-int4"]
+    block_size: Literal[16, 32, 64, 128, 256] = Field(default=32, description="Weights per scale (GenAI's builder: 32).")
+    accuracy_level: Literal[0, 1, 2, 3, 4] = Field(
+        default=4, description="MatMulNBits' compute type for activations: 4 int8 (GenAI's CPU default), 1 fp32, "
+                               "2 fp16, 3 bf16, 0 the runtime's choice.")
+    symmetric: StrictBool = Field(default=True, description="Symmetric (no zero points; GenAI's builder: true).")
+
+    @property
+    def kind(self) -> VariantKind:
+        return "int4"
+
+    def options(self) -> dict[str, Any]:
+        return {"block_size": self.block_size, "accuracy_level": self.accuracy_level, "symmetric": self.symmetric}
+
+
 class XnnpackQuantize(_Method):
     """PT2E quantization for ExecuTorch's XNNPACK backend: linear layers with 8-bit dynamic (per-token) activations
     and per-channel symmetric 8- or 4-bit weights (`8da8w`, `8da4w`)."""
@@ -129,12 +151,13 @@ class X86Quantize(_Method):
 METHODS: dict[str, type[_Method]] = {
     "onnxruntime-dynamic": OnnxRuntimeDynamicQuantize,
     "onnxruntime-static": OnnxRuntimeStaticQuantize,
+    "onnxruntime-int4": OnnxRuntimeInt4Quantize,
     "pt2e-xnnpack": XnnpackQuantize,
     "pt2e-x86": X86Quantize,
 }
 
 QuantizeSpec = Annotated[
-    Union[OnnxRuntimeDynamicQuantize, OnnxRuntimeStaticQuantize, XnnpackQuantize, X86Quantize],
+    Union[OnnxRuntimeDynamicQuantize, OnnxRuntimeStaticQuantize, OnnxRuntimeInt4Quantize, XnnpackQuantize, X86Quantize],
     Field(discriminator="method"),
 ]
 
@@ -260,7 +283,7 @@ def resolve_budget(kind: VariantKind, validation: Any) -> dict[str, float | int]
 
 # ── variants shorthand ────────────────────────────────────────────────────────
 
-Variant = Literal["fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "8da8w", "8da4w"]
+Variant = Literal["fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "int4", "8da8w", "8da4w"]
 
 # variant -> (name suffix, target settings per format); a format missing from the map does not take the variant.
 VARIANTS: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
@@ -276,6 +299,7 @@ VARIANTS: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
         "onnx": {"quantize": {"method": "onnxruntime-static"}},
         "dynamo": {"quantize": {"method": "pt2e-x86", "dynamic": False}},
     }),
+    "int4": ("-int4", {"onnx": {"quantize": {"method": "onnxruntime-int4"}}}),
     "8da8w": ("-8da8w", {"executorch": {"quantize": {"method": "pt2e-xnnpack", "scheme": "8da8w"}}}),
     "8da4w": ("-8da4w", {"executorch": {"quantize": {"method": "pt2e-xnnpack", "scheme": "8da4w"}}}),
 }

@@ -96,6 +96,7 @@ from exporters.upstream.pytree import (
 )
 from exporters.upstream.quantizers import (
     capture_calibration_inputs,
+    onnxruntime_int4_quantizer,
     onnxruntime_quantizer,
     pt2e_quantizer,
     xnnpack_dynamic_quant_partitioners,
@@ -108,6 +109,7 @@ __all__ = [
     "recording_logits_processors",
     "TORCH_SERDE_LOGGER",
     "cast_leaf_tensors",
+    "onnxruntime_int4_quantizer",
     "EXPORT_BACKENDS",
     "ExportedComponent",
     "ExportedModel",

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+from transformers.exporters.configs import ExportFormat
 
 
 def onnxruntime_quantizer(static: bool, options: dict[str, Any], calibration: list[dict] | None):
@@ -22,6 +25,50 @@ def onnxruntime_quantizer(static: bool, options: dict[str, Any], calibration: li
 
     config = OnnxRuntimeStaticConfig(**options) if static else OnnxRuntimeDynamicConfig(**options)
     return OnnxRuntimeQuantizer(config, calibration_dataset=calibration)
+
+
+def onnxruntime_int4_quantizer(options: dict[str, Any]):
+    """A weight-only block-wise int4 quantizer of every ONNX `MatMul` with a constant weight: ONNX Runtime's own
+    `MatMulNBitsQuantizer` (the `MatMulNBits` contrib op ONNX Runtime and ONNX Runtime GenAI run; what GenAI's model
+    builder writes for `--precision int4`), wrapped as one of upstream's `ExportQuantizer`s so the exporter applies it
+    to each component as it does the int8 ones. `options`: `block_size`, `accuracy_level`, `symmetric`.
+
+    Example:
+        >>> quantizer = onnxruntime_int4_quantizer({"block_size": 32, "accuracy_level": 4, "symmetric": True})
+        >>> type(quantizer).__name__
+        'OnnxRuntimeInt4Quantizer'
+    """
+    from transformers.exporters.quantizers import ExportQuantizer  # upstream's quantizers load torchao
+
+    class OnnxRuntimeInt4Quantizer(ExportQuantizer):
+        supported_formats = (ExportFormat.ONNX,)
+        required_packages = ("onnx", "onnx_ir", "onnxruntime")
+
+        def quantize(self, model: Any, sample_inputs: dict[str, Any], export_format: Any) -> Any:
+            return quantize_matmul_nbits(model, **options)
+
+    return OnnxRuntimeInt4Quantizer()
+
+
+def quantize_matmul_nbits(model: Any, *, block_size: int, accuracy_level: int, symmetric: bool) -> Any:
+    """`model` (an `onnx_ir.Model`) with every constant-weight `MatMul` as a 4-bit `MatMulNBits`, through files with
+    external data as upstream's ONNX Runtime quantizer does (models past protobuf's 2 GB limit work)."""
+    import onnx  # ONNX and ONNX Runtime load only where an ONNX model is quantized
+    import onnx_ir  # (the same)
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer  # (the same)
+    from transformers.exporters.quantizers.quantizer_onnxruntime import _load_external_tensor_attributes  # torchao
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path, quantized_path = os.path.join(tmp, "model.onnx"), os.path.join(tmp, "quantized.onnx")
+        onnx_ir.save(model, path, external_data="model.onnx.data")
+        quantizer = MatMulNBitsQuantizer(onnx.load(path), bits=4, block_size=block_size, is_symmetric=symmetric,
+                                         accuracy_level=accuracy_level, op_types_to_quantize=("MatMul",))
+        quantizer.process()
+        quantizer.model.save_model_to_file(quantized_path, use_external_data_format=True)
+        quantized = onnx_ir.load(quantized_path)
+        onnx_ir.external_data.load_to_model(quantized)  # into memory before the folder goes away
+        _load_external_tensor_attributes(quantized)
+        return quantized
 
 
 def pt2e_quantizer(torchao_quantizer: Any, calibration: list[dict] | None):

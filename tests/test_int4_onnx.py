@@ -1,0 +1,133 @@
+"""int4 weight-only ONNX (issue #51, item 1), end to end through the real CLI.
+
+The plainest generation recipe with `variants: ["fp32", "int4"]` on a tiny Llama writes `onnx` and `onnx-int4`: every
+`MatMul` of the second is ONNX Runtime's `MatMulNBits` (4-bit, block-wise, GenAI's builder's defaults), validated
+against the float model with the int4 quality budget, and run by ONNX Runtime GenAI from its folder.
+
+The checkpoint's linear weights are snapped to the symmetric block-wise 4-bit grid (as a quantization-aware trained
+model's are): ONNX Runtime's quantizer then keeps them exactly, so the artifact matches eager up to MatMulNBits' int8
+activations (accuracy level 4), and a wrong block size, scale or packing shows as a failed budget. A tiny random model
+off the grid loses a third of its argmaxes to 4-bit noise (its logits are near ties), which says nothing of the path.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+
+from exporters.export.artifact_dtype import _onnx_dtypes
+from tests.conftest import run_cli
+from tests.models import tiny_llama
+
+RECIPE = [{"export_format": "onnx", "mode": "generation", "dynamic": True, "variants": ["fp32", "int4"]}]
+LINEARS = 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the LM head
+BLOCK = 32
+
+
+def snap_to_int4_grid(folder: Path) -> None:
+    """Every linear weight of the saved model replaced by its symmetric block-wise 4-bit value (ONNX Runtime's rule:
+    each block's largest-magnitude value is code -8)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                rows, columns = module.weight.shape
+                blocks = module.weight.reshape(rows, columns // BLOCK, BLOCK)
+                scale = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True)) / -8
+                module.weight.copy_((torch.clamp(torch.round(blocks / scale), -8, 7) * scale).reshape(rows, columns))
+    model.save_pretrained(folder)
+
+
+@dataclass
+class Run:
+    out: Path
+    result: subprocess.CompletedProcess
+    targets: dict[str, dict]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Run:
+    folder = tiny_llama(tmp_path_factory.mktemp("int4") / "model", RECIPE, initializer_range=0.3)
+    snap_to_int4_grid(folder)
+    out = tmp_path_factory.mktemp("int4-out")
+    result = run_cli("run", str(folder), "--out", str(out), "--no-bench")
+    report = json.loads((out / "report.json").read_text())
+    return Run(out, result, {target["name"]: target for target in report["targets"]})
+
+
+def test_the_int4_variant_passes_its_budget_and_runs_in_genai(run: Run):
+    assert run.result.returncode == 0, run.result.stdout + run.result.stderr
+    assert {name: t["status"] for name, t in run.targets.items()} == {"onnx": "passed", "onnx-int4": "passed"}
+    quality = run.targets["onnx-int4"]["quality"]
+    assert quality["kind"] == "int4" and quality["judged_by"] == "metrics" and quality["passed"]
+    assert quality["budget"] == {"min_top1_agreement": 0.75, "max_kl": 0.25, "min_cosine": 0.95,
+                                 "min_greedy_match": 2}  # the int4 defaults, not loosened
+    assert quality["metrics"]["top1_agreement"] == 1.0 and quality["metrics"]["kl"] < 1e-4
+    assert quality["metrics"]["greedy_match"] == quality["metrics"]["greedy_required"] or \
+        quality["metrics"]["greedy_match"] >= 8
+    [genai] = [r for r in run.targets["onnx-int4"]["runtimes"] if r["runtime"] == "ONNX Runtime GenAI"]
+    assert genai["status"] == "passed", genai
+
+
+def test_every_matmul_is_a_4bit_matmulnbits_with_genais_defaults(run: Run):
+    graph = onnx.load(str(run.out / "onnx-int4" / "model.onnx"), load_external_data=False).graph
+    initializers = {tensor.name for tensor in graph.initializer}
+    packed = [node for node in graph.node if node.op_type == "MatMulNBits"]
+    assert len(packed) == LINEARS, [node.name for node in packed]
+    for node in packed:
+        attributes = {attribute.name: attribute.i for attribute in node.attribute}
+        assert attributes["bits"] == 4 and attributes["block_size"] == BLOCK and attributes["accuracy_level"] == 4
+        assert len(node.input) == 3 or not node.input[3], node.input  # symmetric: no zero points
+    float_matmuls = [node.name for node in graph.node if node.op_type in ("MatMul", "Gemm")
+                     and any(name in initializers for name in node.input)]
+    assert float_matmuls == []
+    fp32 = onnx.load(str(run.out / "onnx" / "model.onnx"), load_external_data=False).graph
+    assert not any(node.op_type == "MatMulNBits" for node in fp32.node)
+
+
+def test_int4_stores_the_linears_in_half_a_byte_each(run: Run):
+    dtypes = _onnx_dtypes(run.out / "onnx-int4")
+    per_layer = 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 64  # q and o 32x32, k and v 32x16 (2 kv heads), the MLP
+    linear_values = 2 * per_layer + 32 * 128  # and the LM head
+    assert dtypes["int4"] == linear_values // 2, dtypes
+    int4, fp32 = run.targets["onnx-int4"], run.targets["onnx"]
+    assert int4["weights_stored_bytes"] < 0.35 * int4["parameter_bytes"], int4
+    assert int4["weights_stored_bytes"] < 0.35 * fp32["weights_stored_bytes"]
+
+
+def test_export_json_and_the_report_say_how_it_was_quantized(run: Run):
+    record = json.loads((run.out / "onnx-int4" / "export.json").read_text())["quantization"]
+    assert record["method"] == "onnxruntime-int4" and record["kind"] == "int4"
+    assert record["options"] == {"block_size": 32, "accuracy_level": 4, "symmetric": True}
+    assert record["quantizer"] == "onnxruntime.quantization.MatMulNBitsQuantizer"
+    assert record["calibration"] == {"source": "none (weight-only)"}
+    row = next(line for line in (run.out / "report.md").read_text().splitlines() if line.startswith("| `onnx-int4`"))
+    assert "onnxruntime-int4" in row and "ONNX Runtime GenAI ✓" in row and "passed" in row, row
+
+
+def test_check_lists_the_int4_target_and_refuses_what_matmulnbits_cannot_take(tmp_path):
+    path = tmp_path / "export_config.json"
+    path.write_text(json.dumps(RECIPE))
+    listed = run_cli("check", str(path))
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split(":")[0] for line in listed.stdout.splitlines()] == ["onnx", "onnx-int4"]
+
+    path.write_text(json.dumps([{"export_format": "onnx", "quantize": {"method": "onnxruntime-int4",
+                                                                       "block_size": 48}}]))
+    refused = run_cli("check", str(path))
+    said = " ".join((refused.stdout + refused.stderr).split())
+    assert refused.returncode == 2 and "quantize.block_size" in said, said
+    assert "16" in said and "256" in said, said
+
+    path.write_text(json.dumps([{"export_format": "executorch", "variants": ["int4"]}]))
+    refused = run_cli("check", str(path))
+    said = " ".join((refused.stdout + refused.stderr).split())
+    assert refused.returncode == 2 and "variant 'int4' does not apply to executorch targets" in said, said
