@@ -25,20 +25,23 @@ from exporters.export.artifact_dtype import _onnx_dtypes
 from tests.conftest import run_cli
 from tests.models import tiny_llama
 
-RECIPE = [{"export_format": "onnx", "mode": "generation", "dynamic": True, "variants": ["fp32", "int4"]}]
+RECIPE = [{"export_format": "onnx", "mode": "generation", "dynamic": True, "variants": ["fp32", "int4"]},
+          {"name": "onnx-int4-embeddings", "export_format": "onnx", "mode": "generation", "dynamic": True,
+           "quantize": {"method": "onnxruntime-int4", "quantize_embeddings": True}}]
+NAMES = ["onnx", "onnx-int4", "onnx-int4-embeddings"]
 LINEARS = 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the LM head
 BLOCK = 32
 
 
 def snap_to_int4_grid(folder: Path) -> None:
-    """Every linear weight of the saved model replaced by its symmetric block-wise 4-bit value (ONNX Runtime's rule:
-    each block's largest-magnitude value is code -8)."""
+    """Every linear weight and the embedding table of the saved model replaced by its symmetric block-wise 4-bit
+    value along the input (hidden) axis (ONNX Runtime's rule: each block's largest-magnitude value is code -8)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder)
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, torch.nn.Linear):
+            if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
                 rows, columns = module.weight.shape
                 blocks = module.weight.reshape(rows, columns // BLOCK, BLOCK)
                 scale = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True)) / -8
@@ -65,16 +68,16 @@ def run(tmp_path_factory) -> Run:
 
 def test_the_int4_variant_passes_its_budget_and_runs_in_genai(run: Run):
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
-    assert {name: t["status"] for name, t in run.targets.items()} == {"onnx": "passed", "onnx-int4": "passed"}
-    quality = run.targets["onnx-int4"]["quality"]
-    assert quality["kind"] == "int4" and quality["judged_by"] == "metrics" and quality["passed"]
-    assert quality["budget"] == {"min_top1_agreement": 0.75, "max_kl": 0.25, "min_cosine": 0.95,
-                                 "min_greedy_match": 2}  # the int4 defaults, not loosened
-    assert quality["metrics"]["top1_agreement"] == 1.0 and quality["metrics"]["kl"] < 1e-4
-    assert quality["metrics"]["greedy_match"] == quality["metrics"]["greedy_required"] or \
-        quality["metrics"]["greedy_match"] >= 8
-    [genai] = [r for r in run.targets["onnx-int4"]["runtimes"] if r["runtime"] == "ONNX Runtime GenAI"]
-    assert genai["status"] == "passed", genai
+    assert {name: t["status"] for name, t in run.targets.items()} == dict.fromkeys(NAMES, "passed")
+    for name in NAMES[1:]:
+        quality = run.targets[name]["quality"]
+        assert quality["kind"] == "int4" and quality["judged_by"] == "metrics" and quality["passed"]
+        assert quality["budget"] == {"min_top1_agreement": 0.75, "max_kl": 0.25, "min_cosine": 0.95,
+                                     "min_greedy_match": 2}  # the int4 defaults, not loosened
+        assert quality["metrics"]["top1_agreement"] == 1.0 and quality["metrics"]["kl"] < 1e-4, quality
+        assert quality["metrics"]["greedy_match"] >= 8, quality
+        [genai] = [r for r in run.targets[name]["runtimes"] if r["runtime"] == "ONNX Runtime GenAI"]
+        assert genai["status"] == "passed", genai
 
 
 def test_every_matmul_is_a_4bit_matmulnbits_with_genais_defaults(run: Run):
@@ -89,8 +92,18 @@ def test_every_matmul_is_a_4bit_matmulnbits_with_genais_defaults(run: Run):
     float_matmuls = [node.name for node in graph.node if node.op_type in ("MatMul", "Gemm")
                      and any(name in initializers for name in node.input)]
     assert float_matmuls == []
+    assert not any(node.op_type == "GatherBlockQuantized" for node in graph.node)  # the table stays float
     fp32 = onnx.load(str(run.out / "onnx" / "model.onnx"), load_external_data=False).graph
     assert not any(node.op_type == "MatMulNBits" for node in fp32.node)
+
+
+def test_the_embedding_table_is_4bit_when_asked(run: Run):
+    graph = onnx.load(str(run.out / "onnx-int4-embeddings" / "model.onnx"), load_external_data=False).graph
+    [table] = [node for node in graph.node if node.op_type == "GatherBlockQuantized"]
+    assert {a.name: a.i for a in table.attribute}["block_size"] == BLOCK
+    assert len([node for node in graph.node if node.op_type == "MatMulNBits"]) == LINEARS
+    assert run.targets["onnx-int4-embeddings"]["weights_stored_bytes"] < \
+        run.targets["onnx-int4"]["weights_stored_bytes"] - 128 * 32 * 3  # 4 of the table's 32 bits per value left
 
 
 def test_int4_stores_the_linears_in_half_a_byte_each(run: Run):
@@ -106,7 +119,8 @@ def test_int4_stores_the_linears_in_half_a_byte_each(run: Run):
 def test_export_json_and_the_report_say_how_it_was_quantized(run: Run):
     record = json.loads((run.out / "onnx-int4" / "export.json").read_text())["quantization"]
     assert record["method"] == "onnxruntime-int4" and record["kind"] == "int4"
-    assert record["options"] == {"block_size": 32, "accuracy_level": 4, "symmetric": True}
+    assert record["options"] == {"block_size": 32, "accuracy_level": 4, "symmetric": True,
+                                 "quantize_embeddings": False}
     assert record["quantizer"] == "onnxruntime.quantization.MatMulNBitsQuantizer"
     assert record["calibration"] == {"source": "none (weight-only)"}
     row = next(line for line in (run.out / "report.md").read_text().splitlines() if line.startswith("| `onnx-int4`"))
@@ -118,7 +132,7 @@ def test_check_lists_the_int4_target_and_refuses_what_matmulnbits_cannot_take(tm
     path.write_text(json.dumps(RECIPE))
     listed = run_cli("check", str(path))
     assert listed.returncode == 0, listed.stderr
-    assert [line.split(":")[0] for line in listed.stdout.splitlines()] == ["onnx", "onnx-int4"]
+    assert [line.split(":")[0] for line in listed.stdout.splitlines()] == NAMES
 
     path.write_text(json.dumps([{"export_format": "onnx", "quantize": {"method": "onnxruntime-int4",
                                                                        "block_size": 48}}]))

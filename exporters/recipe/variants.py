@@ -104,13 +104,17 @@ class OnnxRuntimeInt4Quantize(_Method):
         default=4, description="MatMulNBits' compute type for activations: 4 int8 (GenAI's CPU default), 1 fp32, "
                                "2 fp16, 3 bf16, 0 the runtime's choice.")
     symmetric: StrictBool = Field(default=True, description="Symmetric (no zero points; GenAI's builder: true).")
+    quantize_embeddings: StrictBool = Field(
+        default=False, description="Also the embedding table (`Gather` -> `GatherBlockQuantized`, 4-bit blocks along "
+                                   "the hidden axis); a tied LM head's MatMul is quantized either way.")
 
     @property
     def kind(self) -> VariantKind:
         return "int4"
 
     def options(self) -> dict[str, Any]:
-        return {"block_size": self.block_size, "accuracy_level": self.accuracy_level, "symmetric": self.symmetric}
+        return {"block_size": self.block_size, "accuracy_level": self.accuracy_level, "symmetric": self.symmetric,
+                "quantize_embeddings": self.quantize_embeddings}
 
 
 class XnnpackQuantize(_Method):

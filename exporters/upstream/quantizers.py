@@ -34,7 +34,8 @@ def onnxruntime_int4_quantizer(options: dict[str, Any]):
     to each component as it does the int8 ones. `options`: `block_size`, `accuracy_level`, `symmetric`.
 
     Example:
-        >>> quantizer = onnxruntime_int4_quantizer({"block_size": 32, "accuracy_level": 4, "symmetric": True})
+        >>> quantizer = onnxruntime_int4_quantizer({"block_size": 32, "accuracy_level": 4, "symmetric": True,
+        ...                                          "quantize_embeddings": False})
         >>> type(quantizer).__name__
         'OnnxRuntimeInt4Quantizer'
     """
@@ -50,9 +51,11 @@ def onnxruntime_int4_quantizer(options: dict[str, Any]):
     return OnnxRuntimeInt4Quantizer()
 
 
-def quantize_matmul_nbits(model: Any, *, block_size: int, accuracy_level: int, symmetric: bool) -> Any:
-    """`model` (an `onnx_ir.Model`) with every constant-weight `MatMul` as a 4-bit `MatMulNBits`, through files with
-    external data as upstream's ONNX Runtime quantizer does (models past protobuf's 2 GB limit work)."""
+def quantize_matmul_nbits(model: Any, *, block_size: int, accuracy_level: int, symmetric: bool,
+                          quantize_embeddings: bool = False) -> Any:
+    """`model` (an `onnx_ir.Model`) with every constant-weight `MatMul` as a 4-bit `MatMulNBits` (and, with
+    `quantize_embeddings`, every constant-table `Gather` as a `GatherBlockQuantized`), through files with external
+    data as upstream's ONNX Runtime quantizer does (models past protobuf's 2 GB limit work)."""
     import onnx  # ONNX and ONNX Runtime load only where an ONNX model is quantized
     import onnx_ir  # (the same)
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer  # (the same)
@@ -62,7 +65,8 @@ def quantize_matmul_nbits(model: Any, *, block_size: int, accuracy_level: int, s
         path, quantized_path = os.path.join(tmp, "model.onnx"), os.path.join(tmp, "quantized.onnx")
         onnx_ir.save(model, path, external_data="model.onnx.data")
         quantizer = MatMulNBitsQuantizer(onnx.load(path), bits=4, block_size=block_size, is_symmetric=symmetric,
-                                         accuracy_level=accuracy_level, op_types_to_quantize=("MatMul",))
+                                         accuracy_level=accuracy_level,
+                                         op_types_to_quantize=("MatMul", "Gather") if quantize_embeddings else ("MatMul",))
         quantizer.process()
         quantizer.model.save_model_to_file(quantized_path, use_external_data_format=True)
         quantized = onnx_ir.load(quantized_path)
