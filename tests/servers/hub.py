@@ -542,6 +542,17 @@ class HubEmulator:
         if wait:
             await asyncio.sleep(wait)
 
+    def add_route(self, methods: str, template: str, handler: Handler) -> None:
+        """Serve another API on this server (the client calls it on the Hub's endpoint: `tests.servers.jobs`), with
+        the Hub's tokens; ``handler`` gets the request as a `_Call` and may answer a streaming response."""
+        with self._lock:
+            self._route(methods, template, handler)
+
+    def acts_for(self, user: str | None, namespace: str) -> bool:
+        """Whether ``user`` may act in ``namespace`` (it is the user, or a member of the org)."""
+        with self._lock:
+            return user is not None and user in self._members(namespace)
+
     def _route(self, methods: str, template: str, handler: Handler) -> None:
         """Register ``handler``; ``{x}`` in ``template`` matches one path segment, ``{x*}`` the rest."""
         parts, position = [], 0
