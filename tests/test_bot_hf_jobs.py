@@ -254,6 +254,30 @@ def test_a_newer_push_cancels_the_running_job(hf_env, jobs, tmp_path, start_bot)
     assert wait_for(job_done(bot.store, newer), 30, "the newer job").status == "succeeded"
 
 
+def test_a_retry_superseded_before_it_starts_cancels_the_earlier_attempts_job(hf_env, jobs, tmp_path):
+    """The worker stops (its job given back, the Hugging Face job still running); a newer push arrives; the next
+    claim ends the older job as superseded and cancels the job its first attempt launched."""
+    hub = hf_env
+    jobs.run_commands = False
+    head = sized_repo(hub, "alice/sized", 1_000_000, {"export_format": "onnx"})
+    store = JobStore(tmp_path / "bot.db")
+    older = store.enqueue("alice/sized", head).job_id
+    settings = jobs_settings(hub, tmp_path)
+    stop = threading.Event()
+    worker = threading.Thread(target=Worker(settings, store).run, args=(stop,), daemon=True)
+    worker.start()
+    remote = only_job(jobs)
+    wait_for(lambda: _inspected(jobs, remote.id), 30, "the worker to follow the job")
+    stop.set()
+    worker.join(30)
+    assert store.get(older).status == "queued" and remote.stage == "RUNNING"  # given back; the job goes on
+    newer = store.enqueue("alice/sized", "b" * 40).job_id
+    Worker(settings, store).run_once()
+    job = store.get(older)
+    assert job.status == "skipped" and f"superseded by job #{newer}" in job.reason, job.reason
+    assert f"Hugging Face job {remote.id} cancelled" in job.reason and remote.stage == "CANCELED"
+
+
 def test_an_overdue_job_is_cancelled(hf_env, jobs, tmp_path):
     """The job's own timeout plus the margin, from its start: then the bot cancels it and fails the job."""
     hub = hf_env

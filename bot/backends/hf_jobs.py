@@ -46,6 +46,9 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
+from huggingface_hub import HfApi
+from huggingface_hub.errors import HfHubHTTPError, NotASafetensorsRepoError, SafetensorsParsingError
+
 from exporters.publish.problem import Problem
 from exporters.redact import scrub
 
@@ -66,9 +69,7 @@ def size_work(repo: str, revision: str, specs: list[tuple[str, str | None, str]]
               endpoint: str | None) -> Work:
     """What exporting `specs` (format, dtype, device per target) of `repo` at `revision` needs, from the checkpoint's
     safetensors headers on the Hub (`exporters.run.memory_plan.estimate`, one export at a time)."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import NotASafetensorsRepoError, SafetensorsParsingError
-
+    # deferred: exporters.capture imports torch, which the bot's processes never load otherwise
     from exporters.capture.dtypes import default_dtype
     from exporters.run.memory_plan import counts_from_headers, estimate
 
@@ -137,9 +138,7 @@ class HfJobsBackend:
         assert self.settings.hf_token is not None
         return self.settings.hf_token.get_secret_value()
 
-    def _api(self):
-        from huggingface_hub import HfApi
-
+    def _api(self) -> HfApi:
         return HfApi(endpoint=self.settings.hf_endpoint, token=self._token())
 
     def _namespace(self, ctx: JobContext) -> tuple[str | None, str]:
@@ -155,8 +154,6 @@ class HfJobsBackend:
 
     # ------------------------------------------------------------------------------------------ the run
     def run(self, ctx: JobContext) -> Outcome:
-        from huggingface_hub.errors import HfHubHTTPError
-
         record: dict[str, Any] = dict(ctx.job.dispatch or {})
         try:
             if record.get("job_id") and record.get("state") == LAUNCHED:  # never launch twice: follow that one
@@ -182,8 +179,6 @@ class HfJobsBackend:
                       settings.hf_jobs_max_usd_per_hour), work
 
     def _launch(self, ctx: JobContext, previous: dict[str, Any]) -> Outcome:
-        from huggingface_hub.errors import HfHubHTTPError
-
         settings, job = self.settings, ctx.job
         namespace, refusal = self._namespace(ctx)
         if namespace is None:
@@ -249,8 +244,6 @@ class HfJobsBackend:
 
     def follow(self, ctx: JobContext, record: dict[str, Any]) -> Outcome:
         """Inspect the job until it ends; cancel it when superseded or overdue."""
-        from huggingface_hub.errors import HfHubHTTPError
-
         settings, job_id, namespace = self.settings, record["job_id"], record["namespace"]
         api, log_path = self._api(), attempt_dir(ctx.job_dir, ctx.job.attempts) / "run.log"
         ctx.save(log_path=str(log_path))
@@ -288,7 +281,7 @@ class HfJobsBackend:
             if ctx.cancelled.wait(settings.hf_jobs_poll_seconds):  # the job goes on: the next attempt follows it
                 return Outcome("retry", f"stopped following Hugging Face job {job_id}", dispatch=record)
 
-    def _fetch_log(self, api, record: dict[str, Any], log_path) -> str:
+    def _fetch_log(self, api: HfApi, record: dict[str, Any], log_path) -> str:
         """The job's log so far, scrubbed of secrets, written to `log_path` (what the status page serves)."""
         try:
             lines = list(api.fetch_job_logs(job_id=record["job_id"], namespace=record["namespace"], follow=False))
@@ -298,7 +291,7 @@ class HfJobsBackend:
         log_path.write_text(text, encoding="utf-8")
         return text
 
-    def _cancel(self, api, record: dict[str, Any]) -> None:
+    def _cancel(self, api: HfApi, record: dict[str, Any]) -> None:
         try:
             api.cancel_job(job_id=record["job_id"], namespace=record["namespace"])
             record["cancelled"] = True
