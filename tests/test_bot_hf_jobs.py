@@ -292,6 +292,35 @@ def test_an_overdue_job_is_cancelled(hf_env, jobs, tmp_path):
     assert jobs.received[0]["timeoutSeconds"] == 1
 
 
+@pytest.mark.parametrize(("outcome", "expected"), [
+    ({"problem": {"kind": "model", "message": "no config.json in acme/x"}}, "the model cannot be loaded"),
+    ({"status": "failed", "failed": [{"name": "onnx", "status": "failed",
+                                      "error": {"type": "ValueError", "message": "bad `top_p`"}}]},
+     "target(s) did not pass: onnx (failed)"),
+])
+def test_the_jobs_outcome_line_decides_how_it_failed(hf_env, jobs, tmp_path, outcome, expected):
+    """An `ERROR` job: its last log line (`bot.export_run --outcome-line`) says why; a problem is told to the repo
+    in its failure discussion, as the local backend's exit 2 is."""
+    hub = hf_env
+    jobs.run_commands = False
+    head = sized_repo(hub, "alice/sized", 1_000_000, {"export_format": "onnx"})
+    store = JobStore(tmp_path / "bot.db")
+    job_id = store.enqueue("alice/sized", head).job_id
+    thread = in_thread(Worker(jobs_settings(hub, tmp_path), store))
+    remote = only_job(jobs)
+    jobs.log(remote.id, "export-bot-outcome: " + json.dumps(outcome))
+    jobs.finish(remote.id, "ERROR", "exit code 2")
+    thread.join(30)
+    job = store.get(job_id)
+    assert job.status == "failed" and job.attempts == 1 and expected in job.reason, (job.reason, job.error)
+    told = hub.discussions("alice/sized")
+    assert len(told) == (1 if "problem" in outcome else 0)
+    if told:
+        assert "no config.json in acme/x" in told[0]["events"][0]["data"]["latest"]["raw"]
+    else:
+        assert "onnx: ValueError: bad `top_p`" in job.error
+
+
 # ───────────────────────────────────────────── secrets and privacy ─────────────────────────────────────────────
 
 

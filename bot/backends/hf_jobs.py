@@ -332,7 +332,7 @@ class HfJobsBackend:
                 problem = None
             if problem is not None:
                 return Outcome("failed", f"{problem.headline} ({what})", error=excerpt, problem=problem, **fields)
-        if publish and publish.get("operation") == "error":
+        if publish and publish.get("operation") == "failed":
             return Outcome("retry" if publish.get("retryable") else "failed",
                            f"publishing to the Hub failed: {published}", error=excerpt, **fields)
         if outcome.get("failed"):
