@@ -152,6 +152,27 @@ def test_the_flavor_comes_from_the_recipe_and_the_checkpoint(hf_env, jobs, tmp_p
     assert flavor in job.dispatch["flavor_reason"]
 
 
+def test_the_choice_for_large_checkpoints():
+    """A 7B-parameter bfloat16 checkpoint (14 GB): ONNX in float32 on the CPU needs about 45 GB (cpu-xl); the same
+    export on CUDA in bfloat16, about 24 GB on one GPU (the cheapest GPU holding it: an L40S, not two A10Gs); the
+    operator's largest flavor, or the allow-list, leaves it nowhere to run, and the reason names what it needs."""
+    from bot.backends.flavors import Work, choose
+    from exporters.run.memory_plan import WeightCounts, estimate
+
+    counts = WeightCounts(floating=7_000_000_000, other_bytes=0, stored_dtype="bfloat16")
+    cpu = Work(estimate(counts, [("onnx", "float32")], "bfloat16", 1), None, cuda=False)
+    gpu = Work(estimate(counts, [("dynamo", "bfloat16")], "bfloat16", 1), None, cuda=True)
+    assert 40e9 < cpu.memory_bytes < 50e9 and 20e9 < gpu.memory_bytes < 30e9
+    assert choose(cpu).flavor.name == "cpu-xl" and choose(gpu).flavor.name == "l40sx1"
+    capped = choose(cpu, max_flavor="cpu-upgrade")
+    assert capped.flavor is None and capped.needed.name == "cpu-xl"
+    assert "cpu-xl (16 vCPU, 124 GB, $1.00/h)" in capped.reason and "no dearer than cpu-upgrade" in capped.reason
+    assert choose(gpu, allowed=["t4-small", "a10g-largex2"]).flavor is None
+    huge = choose(Work(5 * 10**12, None, cuda=False))
+    assert huge.flavor is None and huge.needed is None and "more than any" in huge.reason
+    assert choose(cpu).worst_cost_usd(3600 + 600) == pytest.approx(1.00 * 4200 / 3600)
+
+
 def test_a_job_over_the_ceiling_is_skipped_and_the_repo_told_what_it_needs(hf_env, jobs, tmp_path):
     hub = hf_env
     head = sized_repo(hub, "alice/big", 3_000_000_000, {"export_format": "onnx"})

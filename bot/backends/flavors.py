@@ -9,7 +9,7 @@ safetensors headers; the disk it writes; whether a target runs on CUDA):
 ```
 candidates = the operator's allow-list (`hf_jobs_flavors`; empty: every flavor below)
              under the ceiling (`hf_jobs_max_flavor`: no dearer than it; `hf_jobs_max_usd_per_hour`)
-a CUDA target  ──► GPU flavors whose GPU memory and host memory both hold the estimate
+a CUDA target  ──► GPU flavors whose one GPU's memory and whose host memory both hold the estimate
 otherwise      ──► CPU flavors whose memory holds the estimate
                ──► the cheapest of those (then the smallest); none: skipped, saying what it would need
 ```
@@ -49,10 +49,12 @@ class Flavor:
     gpu_memory_gb: int = 0
 
     def holds(self, need: int | None, gpu: bool) -> bool:
-        """Whether `need` bytes fit its memory (and, for `gpu`, its GPU memory); an unknown need fits anything."""
+        """Whether `need` bytes fit its memory (and, for `gpu`, one of its GPUs: an export runs on one device); an
+        unknown need fits anything."""
         if need is None:
             return True
-        return need <= USABLE * self.memory_gb * GB and (not gpu or need <= USABLE * self.gpu_memory_gb * GB)
+        one_gpu = self.gpu_memory_gb / max(self.gpus, 1)
+        return need <= USABLE * self.memory_gb * GB and (not gpu or need <= USABLE * one_gpu * GB)
 
     def describe(self) -> str:
         """E.g. `cpu-xl (16 vCPU, 124 GB, $1.00/h)`."""
