@@ -124,6 +124,22 @@ def test_a_webhook_ends_with_a_pr_from_a_hugging_face_job(hf_env, jobs, tmp_path
                       Path(job.log_path).read_text())
 
 
+def test_an_image_that_reads_the_recipe_differently_exports_nothing(hf_env, tmp_path):
+    """`bot.export_run --recipe-sha256`: the recipe at the commit, read with this code, must hash as the bot read it;
+    otherwise exit 2 before anything is loaded, the outcome line saying why."""
+    hub = hf_env
+    head = sized_repo(hub, "alice/sized", 1_000, {"export_format": "onnx"})
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": BOT_TOKEN, "HF_HUB_DISABLE_XET": "1",
+           "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "bot.export_run", "run", "alice/sized", "--revision", head,
+                          "--recipe-sha256", "0" * 64, "--out", str(tmp_path / "out"), "--push", "--outcome-line"],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stderr[-2000:]
+    [line] = [x for x in run.stdout.splitlines() if x.startswith("export-bot-outcome: ")]
+    assert "hashes to" in json.loads(line.split(": ", 1)[1])["stopped"] and not (tmp_path / "out").exists()
+    assert hub.discussions("alice/sized") == [] and BOT_TOKEN not in run.stdout + run.stderr
+
+
 # ───────────────────────────────────────────── flavors ─────────────────────────────────────────────
 
 
