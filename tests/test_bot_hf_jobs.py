@@ -211,7 +211,9 @@ def _start_worker(settings: BotSettings, folder: Path, n: int) -> subprocess.Pop
     config = folder / "bot.toml"
     fields = ("hf_endpoint", "db_path", "work_dir", "allowed", "bot_name", "backend", "lease_seconds", "poll_seconds",
               "retry_backoff_seconds", "hf_jobs_image", "hf_jobs_poll_seconds", "max_attempts")
-    config.write_text("[bot]\n" + "".join(f"{name} = {json.dumps(str(getattr(settings, name)) if isinstance(getattr(settings, name), Path) else getattr(settings, name))}\n" for name in fields))
+    values = {name: getattr(settings, name) for name in fields}
+    config.write_text("[bot]\n" + "".join(f"{name} = {json.dumps(str(v) if isinstance(v, Path) else v)}\n"
+                                          for name, v in values.items()))
     env = {**os.environ, "HF_TOKEN": BOT_TOKEN, "WEBHOOK_SECRET": SECRET, "PYTHONUNBUFFERED": "1"}
     with (folder / f"worker-{n}.log").open("wb") as log:
         return subprocess.Popen([sys.executable, "-m", "bot.cli", "worker", "--config", str(config)], env=env,

@@ -24,7 +24,7 @@ record {launch_id, state: launching} ──save──► POST /api/jobs/{ns} (la
 record {job_id, state: launched} ──save──► follow: inspect every hf_jobs_poll_seconds until a terminal stage
 next attempt: job_id known ──► follow it
               launching    ──► list_jobs(labels={export-bot-launch: launch_id}) ──► follow the one found
-                               none (after LAUNCH_LISTING_SETTLE_SECONDS): the request never started a job ──► launch
+                               none (after LAUNCH_LISTING_SETTLE_SECONDS): the request started no job ──► launch
 ```
 
 While it follows, a newer push of the repo (the job is superseded) cancels the Hugging Face job (`cancel_job`); so
@@ -166,8 +166,8 @@ class HfJobsBackend:
         except HfHubHTTPError as err:
             return self._refused("the Hub's Jobs API refused", err, record)
         except OSError as err:
-            return Outcome("retry", "could not reach the Hub's Jobs API", error=scrub(str(err), self.settings.secrets()),
-                           dispatch=record or None)
+            return Outcome("retry", "could not reach the Hub's Jobs API",
+                           error=scrub(str(err), self.settings.secrets()), dispatch=record or None)
 
     def _choice(self, ctx: JobContext) -> tuple[Choice, Work]:
         state = ctx.state
@@ -318,7 +318,8 @@ class HfJobsBackend:
         for key in ("pr_url", "discussion_url"):
             if isinstance(publish.get(key), str):
                 fields[key] = publish[key]
-        excerpt = scrub(job_error({"targets": outcome.get("failed") or []}, log_text, ctx.job_dir), self.settings.secrets())
+        failed = {"targets": outcome.get("failed") or []}
+        excerpt = scrub(job_error(failed, log_text, ctx.job_dir), self.settings.secrets())
         if stage == "COMPLETED":
             return Outcome("succeeded", published if publish else "all targets passed", **fields)
         if stage in ("CANCELED", "DELETED"):
