@@ -12,7 +12,10 @@ One `Worker` runs `concurrency` threads. For each claimed job:
    An invalid recipe fails the job without exporting. When the head has a recipe of its own, the bot's open PR
    proposing one (`propose_recipes`) is closed with a comment saying why. The bot's own identity (`whoami`) is asked again after a
    failure, never cached as unknown.
-2. run the backend, renewing the lease every `lease_seconds / 3`; a lost lease cancels the run.
+2. run the backend, renewing the lease every `lease_seconds / 3`; a lost lease cancels the run. A backend that
+   follows a remote run (`hf-jobs`) asks `JobContext.superseded` at every poll and cancels that run once a newer
+   push supersedes the job; a job superseded before its retry starts has the run its earlier attempt launched
+   cancelled (`backend.abandon`).
 3. record the outcome: succeeded / failed, or queued again with exponential backoff on a transient failure.
 
 A job that could not export at all (an invalid recipe, a model that cannot be loaded, refused remote code) tells the
