@@ -64,6 +64,8 @@ class RepoState:
     recipe_problem: Problem | None = None
     opted_out: bool = False
     target_names: list[str] = field(default_factory=list)
+    # (format, dtype or None, device) per target, variants expanded: what sizes a machine (`bot.backends.hf_jobs`)
+    target_specs: list[tuple[str, str | None, str]] = field(default_factory=list)
     weights_key: str = ""
     head_authors: list[str] = field(default_factory=list)
     private: bool | None = None  # as the Hub says now (the webhook payload's flag may be stale)
@@ -121,6 +123,7 @@ def inspect_repo(repo_id: str, revision: str, *, token: str | None, endpoint: st
                         state.recipe_file = path.name
                         state.recipe_sha256 = recipe.sha256()
                         state.target_names = [t.name for t in recipe.exports]
+                        state.target_specs = [(t.export_format, t.dtype, t.device) for t in recipe.select([])]
         if with_authors:
             state.head_authors = _head_authors(api.endpoint, repo_id, state.head_sha, token)
     except RepositoryNotFoundError:

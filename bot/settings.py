@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,6 +41,8 @@ ENV_NAMES: dict[str, str] = {
     "trust_remote_code_repos": "TRUST_REMOTE_CODE_REPOS",
 }
 
+# An image by digest (a tag could be moved): what `hf_jobs_image` must be
+_DIGEST = re.compile(r"[a-z0-9][a-z0-9._-]*(?::\d+)?(?:/[a-z0-9][a-z0-9._-]*)+@sha256:[0-9a-f]{64}")
 SECRET_FIELDS = ("webhook_secret", "hf_token", "github_token")
 # Every variable that may hold one of the bot's secrets (read by `load_settings`, then removed: `bot.secrecy`)
 SECRET_ENV = frozenset({"WEBHOOK_SECRET", "HF_TOKEN", "EXPORT_BOT_GITHUB_TOKEN", "GITHUB_TOKEN", "GH_TOKEN",
@@ -87,7 +90,7 @@ class BotSettings(BaseModel):
     # Store and workers
     db_path: Path = Field(default=Path("export-bot.db"), description="SQLite job store.")
     work_dir: Path = Field(default=Path("export-bot-work"), description="Per-job output folders and logs.")
-    backend: Literal["local", "github", "dry"] = Field(default="local", description="Where jobs run.")
+    backend: Literal["local", "github", "hf-jobs", "dry"] = Field(default="local", description="Where jobs run.")
     concurrency: int = Field(default=1, ge=1, le=64, description="Jobs run at once per worker process.")
     lease_seconds: float = Field(default=120.0, gt=0, description="A running job's lease; renewed by heartbeats.")
     max_attempts: int = Field(default=3, ge=1, description="Tries per job (crashes, Hub errors) before failing.")
@@ -128,10 +131,32 @@ class BotSettings(BaseModel):
     github_poll_seconds: float = Field(
         default=30.0, gt=0, description="How often the dispatched workflow run is polled until it concludes (the job "
                                         "succeeds only when the run concludes `success`).")
+    # Hugging Face Jobs backend
+    hf_jobs_image: str | None = Field(
+        default=None, description="The released image the job runs, by digest (`ghcr.io/hf/export-action@sha256:...`).")
+    hf_jobs_cuda_image: str | None = Field(
+        default=None, description="The released CUDA image, by digest, for recipes with a `cuda` target (none: "
+                                  "their jobs are skipped).")
+    hf_jobs_namespace: str | None = Field(
+        default=None, description="Namespace the jobs of public repos run and are billed in (default: the bot's user).")
+    hf_jobs_flavors: list[str] = Field(
+        default_factory=list, description="Flavors a job may get (empty: every flavor of the bot's table).")
+    hf_jobs_max_flavor: str | None = Field(
+        default=None, description="Ceiling: no flavor dearer than this one (none: no such ceiling).")
+    hf_jobs_max_usd_per_hour: float = Field(
+        default=2.0, ge=0, description="Ceiling: no flavor dearer than this many USD per hour (0: none).")
+    hf_jobs_private_namespaces: list[str] = Field(
+        default_factory=list, description="Owners whose private repos are exported as jobs in the owner's own "
+                                          "namespace (billed to it); other private repos are skipped.")
+    hf_jobs_poll_seconds: float = Field(default=30.0, gt=0, description="How often a running job is inspected.")
+    hf_jobs_timeout_margin_seconds: float = Field(
+        default=600.0, ge=0, description="How long past the job's own timeout (`job_timeout_seconds`, counted from "
+                                         "its start) the bot waits for it before cancelling it.")
     # Status page
     show_private: bool = Field(default=False, description="Show private repos' names on the status page and API.")
 
-    @field_validator("allowed", "trust_remote_code_repos", mode="before")
+    @field_validator("allowed", "trust_remote_code_repos", "hf_jobs_flavors", "hf_jobs_private_namespaces",
+                     mode="before")
     @classmethod
     def _split_list(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -151,6 +176,31 @@ class BotSettings(BaseModel):
     def _owner_name(cls, value: str | None) -> str | None:
         if value is not None and value.count("/") != 1:
             raise ValueError(f"must be 'owner/name', got {value!r}")
+        return value
+
+    @field_validator("hf_jobs_image", "hf_jobs_cuda_image")
+    @classmethod
+    def _by_digest(cls, value: str | None) -> str | None:
+        if value is not None and not _DIGEST.fullmatch(value):
+            raise ValueError(f"must name the image by digest, REGISTRY/NAME@sha256:<64 hex digits>, got {value!r}")
+        return value
+
+    @field_validator("hf_jobs_flavors")
+    @classmethod
+    def _flavors(cls, value: list[str]) -> list[str]:
+        from .backends.flavors import flavor
+
+        for name in value:
+            flavor(name)  # ValueError naming the known ones
+        return value
+
+    @field_validator("hf_jobs_max_flavor")
+    @classmethod
+    def _flavor(cls, value: str | None) -> str | None:
+        from .backends.flavors import flavor
+
+        if value is not None:
+            flavor(value)
         return value
 
     def is_allowed(self, repo_id: str) -> bool:

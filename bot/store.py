@@ -90,7 +90,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     discussion_url   TEXT,
     report_path      TEXT,
     log_path         TEXT,
-    dispatch         TEXT,                          -- JSON: what the github backend sent
+    dispatch         TEXT,                          -- JSON: what the github or hf-jobs backend sent
     reason           TEXT,                          -- why skipped / what happened, one line
     error            TEXT,                          -- excerpt of what went wrong (secrets scrubbed)
     notes            TEXT    NOT NULL DEFAULT '',   -- one line per notable event (recoveries, retries)

@@ -12,7 +12,10 @@ One `Worker` runs `concurrency` threads. For each claimed job:
    An invalid recipe fails the job without exporting. When the head has a recipe of its own, the bot's open PR
    proposing one (`propose_recipes`) is closed with a comment saying why. The bot's own identity (`whoami`) is asked again after a
    failure, never cached as unknown.
-2. run the backend, renewing the lease every `lease_seconds / 3`; a lost lease cancels the run.
+2. run the backend, renewing the lease every `lease_seconds / 3`; a lost lease cancels the run. A backend that
+   follows a remote run (`hf-jobs`) asks `JobContext.superseded` at every poll and cancels that run once a newer
+   push supersedes the job; a job superseded before its retry starts has the run its earlier attempt launched
+   cancelled (`backend.abandon`).
 3. record the outcome: succeeded / failed, or queued again with exponential backoff on a transient failure.
 
 A job that could not export at all (an invalid recipe, a model that cannot be loaded, refused remote code) tells the
@@ -137,8 +140,10 @@ class Worker:
         state: RepoState | None = None
         newer = self.store.newer_push(job) if job.trigger == "push" else None
         if newer is not None:
+            why = f"superseded by job #{newer.id} (a newer push, {newer.head_sha[:8]})"
+            abandon = getattr(self.backend, "abandon", None)  # a remote run an earlier attempt started is cancelled
             self._end(job, owner, SKIPPED, operation="superseded",
-                      reason=f"superseded by job #{newer.id} (a newer push, {newer.head_sha[:8]})")
+                      reason=why + (abandon(job.dispatch, why) if abandon and job.dispatch else ""))
             return
         if self.backend.needs_hub_check:
             try:
@@ -177,13 +182,14 @@ class Worker:
                 return
         ctx = JobContext(job=job, state=state, settings=self.settings,
                          job_dir=Path(self.settings.work_dir) / f"job-{job.id}", cancelled=cancelled,
-                         save=lambda **fields: self.store.record(job.id, owner, **fields))
+                         save=lambda **fields: self.store.record(job.id, owner, **fields),
+                         superseded=lambda: self._superseded(job))
         self.store.record(job.id, owner, backend=self.backend.name)
         outcome = self.backend.run(ctx)
-        if outcome.status == "failed" and outcome.problem is not None:
+        if outcome.status in ("failed", "skipped") and outcome.problem is not None:
             commit = state.head_sha if state else job.head_sha
             fields = outcome.fields()
-            self._blocked(job, owner, outcome.problem, commit, fields.pop("reason"), **fields)
+            self._blocked(job, owner, outcome.problem, commit, fields.pop("reason"), status=outcome.status, **fields)
             return
         if outcome.status == "succeeded" and outcome.operation == "superseded":  # exported, but nothing published
             self._end(job, owner, SKIPPED, **outcome.fields())
@@ -228,9 +234,16 @@ class Worker:
                         f"{', ' + _thread(previous.pr_url) if previous.pr_url else ''})"), previous
         return None, None
 
-    def _blocked(self, job: Job, owner: str, problem: Problem, commit: str, reason: str, **fields) -> None:
-        """The job could not export at all: tell the repo (the library's discussion), then fail the job with the
-        problem's lines as its error. A Hub failure that may pass is retried; another one is noted on the job."""
+    def _superseded(self, job: Job) -> str:
+        """Why `job` is superseded now ('' while it is not): a newer push of its repo."""
+        newer = self.store.newer_push(job) if job.trigger == "push" else None
+        return f"superseded by job #{newer.id} (a newer push, {newer.head_sha[:8]})" if newer else ""
+
+    def _blocked(self, job: Job, owner: str, problem: Problem, commit: str, reason: str, status: str = FAILED,
+                 **fields) -> None:
+        """The job could not export at all: tell the repo (the library's discussion), then end the job (`status`:
+        failed, or skipped by policy) with the problem's lines as its error. A Hub failure that may pass is retried;
+        another one is noted on the job."""
         problem = problem.scrubbed(self.settings.secrets())
         fields["error"] = "\n".join(problem.lines(OPTION_NAMES))
         try:
@@ -241,10 +254,10 @@ class Worker:
             if err.retryable:
                 self._retry(job, owner, f"{reason}; could not tell the repo: {message}")
             else:
-                self._end(job, owner, FAILED, reason=f"{reason}; could not tell the repo: {message}", **fields)
+                self._end(job, owner, status, reason=f"{reason}; could not tell the repo: {message}", **fields)
             return
         fields.update(operation=told.operation, discussion_url=told.discussion_url or fields.get("discussion_url"))
-        self._end(job, owner, FAILED, reason=f"{reason}; {told.message}",
+        self._end(job, owner, status, reason=f"{reason}; {told.message}",
                   **{k: v for k, v in fields.items() if v is not None})
 
     def _close_stale_discussion(self, job: Job, state: RepoState, exported: Job) -> str:

@@ -4,6 +4,7 @@
 |----------|------------------------------------------------------------------------------------------------|
 | `local`  | `python -m bot.export_run run REPO --revision SHA --out DIR --push` (hf-export) per job       |
 | `github` | `workflow_dispatch` of the export workflow on GitHub's runners (PyGithub), recorded on the job  |
+| `hf-jobs`| a Hugging Face Job per job (`HfApi.run_job`), on the flavor its work needs, recorded on the job   |
 | `dry`    | nothing: marks the job succeeded (benchmarks, smoke tests of the intake)                        |
 
 A backend gets a `JobContext` and returns an `Outcome`; it never touches the store itself: what must be durable
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 BACKENDS: dict[str, tuple[str, str]] = {
     "local": ("bot.backends.local", "LocalBackend"),
     "github": ("bot.backends.github", "GitHubBackend"),
+    "hf-jobs": ("bot.backends.hf_jobs", "HfJobsBackend"),
     "dry": ("bot.backends.dry", "DryBackend"),
 }
 
@@ -52,6 +54,9 @@ class JobContext:
     cancelled: threading.Event = field(default_factory=threading.Event)  # set when the lease was lost / shutdown
     # Record job fields now, under the lease (`JobStore.record`); False when the lease is lost (nothing recorded).
     save: Callable[..., bool] = field(default=lambda **_: True)
+    # Why the job is superseded now (a newer push of the repo), '' while it is not: a backend following a remote run
+    # cancels it then.
+    superseded: Callable[[], str] = field(default=lambda: "")
 
 
 @dataclass

@@ -57,7 +57,7 @@ from exporters.redact import scrub
 from exporters.report.markdown import cell, inert
 
 PROBLEM_FILE = "problem.json"
-ProblemKind = Literal["recipe", "model", "remote_code", "device"]
+ProblemKind = Literal["recipe", "model", "remote_code", "device", "resources"]
 _KINDS: tuple[tuple[type[ExportActionError], ProblemKind], ...] = (
     (RecipeError, "recipe"), (RemoteCodeError, "remote_code"), (ModelSourceError, "model"), (DeviceError, "device"))
 HEADLINES: dict[str, str] = {
@@ -65,6 +65,7 @@ HEADLINES: dict[str, str] = {
     "model": "the model cannot be loaded",
     "remote_code": "loading the model would run code from its repo, which is not allowed here",
     "device": "the recipe asks for a device the exporter does not have",
+    "resources": "the export needs a larger machine than this exporter may use",
 }
 WHAT_TO_DO: dict[str, str] = {
     "recipe": "fix the lines above and {push} (`hf-export check {file}` checks a recipe on your machine; "
@@ -74,6 +75,8 @@ WHAT_TO_DO: dict[str, str] = {
     "remote_code": "a model with its own code (`auto_map` in `config.json`) is exported only where running that code "
                    "was allowed (`trust_remote_code`): ask for it, or use an architecture `transformers` ships.",
     "device": "make the recipe's targets run on the CPU (`device`), or export on a machine with the device.",
+    "resources": "export fewer or smaller targets (a `dtype` of half the width, one target per run), or ask the "
+                 "exporter's operator for a larger machine.",
 }
 
 

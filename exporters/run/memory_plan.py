@@ -49,7 +49,8 @@ from exporters.capture.dtypes import reference_groups, safetensors_header
 from exporters.errors import MemoryPlanError
 from exporters.run.resources import cgroup_room, meminfo_available
 
-__all__ = ["LIMIT_ENV", "MemoryPlan", "WeightCounts", "count_weights", "export_need", "free_memory", "plan_memory"]
+__all__ = ["LIMIT_ENV", "MemoryPlan", "WeightCounts", "count_weights", "counts_from_headers", "estimate",
+           "export_need", "free_memory", "plan_memory"]
 
 LIMIT_ENV = "EXPORT_ACTION_MEMORY_LIMIT"
 WORKING = {"executorch": 1.1, "onnx": 0.55, "dynamo": 1.0}  # see the module: measured peaks over the weights, less 1
@@ -106,11 +107,21 @@ def count_weights(folder: Path) -> WeightCounts | None:
             files = sorted(folder.glob("*.safetensors"))
     except (OSError, ValueError, AttributeError):
         return None
+    headers = [safetensors_header(path) for path in files]
+    return None if any(header is None for header in headers) else counts_from_headers(headers)
+
+
+def counts_from_headers(headers: list[dict[str, Any]]) -> WeightCounts | None:
+    """The tensors a checkpoint's safetensors headers describe (each a file's JSON header: `{name: {dtype, shape}}`),
+    wherever they were read (a folder, or the Hub's byte ranges: the bot sizes a machine before any weight is
+    downloaded); None without a header.
+
+    Example:
+        >>> counts_from_headers([{"w": {"dtype": "BF16", "shape": [1000, 1000]}, "__metadata__": {}}])
+        WeightCounts(floating=1000000, other_bytes=0, stored_dtype='bfloat16')
+    """
     floating, other, by_dtype = 0, 0, {}
-    for path in files:
-        header = safetensors_header(path)
-        if header is None:
-            return None
+    for header in headers:
         for name, entry in header.items():
             if name == "__metadata__" or not isinstance(entry, dict):
                 continue
@@ -123,7 +134,7 @@ def count_weights(folder: Path) -> WeightCounts | None:
                 by_dtype[_SAFETENSORS_FLOAT[code]] = by_dtype.get(_SAFETENSORS_FLOAT[code], 0) + elements
             else:
                 other += elements * _SAFETENSORS_WIDTH.get(code, 4)
-    if not files:
+    if not headers:
         return None
     stored = max(by_dtype, key=by_dtype.__getitem__) if by_dtype else None
     return WeightCounts(floating=floating, other_bytes=other, stored_dtype=stored)

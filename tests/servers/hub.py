@@ -62,6 +62,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from email.utils import formatdate
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlencode
@@ -368,8 +369,11 @@ class HubEmulator:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._socket.bind((self.host, self._port))
+        # date_header=False: uvicorn's Date is refreshed once a second by its main loop, seconds late when the loop
+        # is busy; every answer gets the time it was sent instead (`__call__`): a client that stops reading a log
+        # stream at the server's Date (`fetch_job_logs`) would otherwise miss the lines of the last seconds.
         config = uvicorn.Config(self, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=1)
+                                timeout_graceful_shutdown=1, date_header=False)
         return uvicorn.Server(config)
 
     def start(self) -> HubEmulator:
@@ -530,6 +534,7 @@ class HubEmulator:
         except Exception as exc:  # an emulator bug: say so, but never 5xx (the client would retry and sleep)
             traceback.print_exc()
             response = HubError(400, f"Hub emulator bug: {exc!r}", trace=traceback.format_exc()).response()
+        response.headers["date"] = formatdate(time.time(), usegmt=True)
         await response(scope, receive, send)
 
     async def _maybe_delay(self, request: Request) -> None:
@@ -541,6 +546,17 @@ class HubEmulator:
                        if method == request.method and pattern.search(raw))
         if wait:
             await asyncio.sleep(wait)
+
+    def add_route(self, methods: str, template: str, handler: Handler) -> None:
+        """Serve another API on this server (the client calls it on the Hub's endpoint: `tests.servers.jobs`), with
+        the Hub's tokens; ``handler`` gets the request as a `_Call` and may answer a streaming response."""
+        with self._lock:
+            self._route(methods, template, handler)
+
+    def acts_for(self, user: str | None, namespace: str) -> bool:
+        """Whether ``user`` may act in ``namespace`` (it is the user, or a member of the org)."""
+        with self._lock:
+            return user is not None and user in self._members(namespace)
 
     def _route(self, methods: str, template: str, handler: Handler) -> None:
         """Register ``handler``; ``{x}`` in ``template`` matches one path segment, ``{x*}`` the rest."""
