@@ -28,7 +28,10 @@ __all__ = ["contiguity_known_once", "named_dims_share_symbols", "patches_of_load
 
 
 def pte_weight_bytes(path: Path) -> int:
-    """The constant segment and the named-data segments (delegates' weights) of a `.pte`, each segment once."""
+    """The bytes of a `.pte`'s segments, each once: its constant segment, the named-data segments (delegates' weights)
+    and the delegates' own blobs, which a backend may fill with weights of its own (Core ML's holds its model), with
+    any delegate blob or constant buffer kept inside the flatbuffer: every byte a weight can take, less alignment
+    padding and the program's own structure."""
     # executorch.exir is loaded only where a .pte is measured: it costs seconds at start-up
     from executorch.exir._serialize._program import _ExtendedHeader, _flatbuffer_to_program
 
@@ -38,11 +41,9 @@ def pte_weight_bytes(path: Path) -> int:
             return path.stat().st_size  # no segments: everything is inline in the flatbuffer
         handle.seek(0)
         program = _flatbuffer_to_program(handle.read(header.program_size))
-    segments = {entry.segment_index for entry in program.named_data or []}
-    constant = program.constant_segment
-    if constant is not None and constant.offsets:
-        segments.add(constant.segment_index)
-    return sum(program.segments[index].size for index in segments)
+    inline = (sum(len(blob.data) for blob in program.backend_delegate_data or [])  # delegates kept in the flatbuffer
+              + sum(len(buffer.storage) for buffer in program.constant_buffer or []))
+    return sum(segment.size for segment in program.segments) + inline
 
 
 # ExecuTorch's scalar types (c10's numbering) of floating-point tensors, by the dtype names reports use
