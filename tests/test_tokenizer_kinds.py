@@ -5,7 +5,8 @@
   (sampling, eos [1, 106]), and a SentencePiece-style BPE with byte fallback built as Gemma ships it (`<0x00>` ..
   `<0xFF>` byte tokens, spaces normalized to `▁`, a `ByteFallback` + `Fuse` decoder), saved by transformers'
   `GemmaTokenizer`. The plainest recipe in every format; the ExecuTorch LLM runner (its C++ HF tokenizer reads the
-  folder's tokenizer.json) and ONNX Runtime GenAI prove their targets.
+  folder's tokenizer.json) and ONNX Runtime GenAI prove their targets; GenAI's own tokenizer and transformers.js'
+  (a fourth target, in its layout) read the tokenizer as transformers does.
 
 One export per checkpoint (module fixture) through the real CLI; each test reads what it checks from the files.
 """
@@ -13,17 +14,21 @@ One export per checkpoint (module fixture) through the real CLI; each test reads
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import run_and_read
+from tests.conftest import ROOT, run_and_read
 from tests.models import RUNNER_CORPUS, write_recipe
 
 PLAINEST = [{"export_format": "dynamo", "mode": "generation", "dynamic": True},
             {"export_format": "onnx", "mode": "generation", "dynamic": True},
             {"export_format": "executorch", "mode": "generation"}]
+TJS = {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"}
 GEMMA3_VOCAB = 262_144  # google/gemma-3-1b-it's config vocabulary, far past the tokenizer's
 # Gemma 3's special tokens and their ids: pad 0, eos 1, bos 2, unk 3, mask 4, then the unused ones and the turn marks
 GEMMA_SPECIALS = (["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "[multimodal]"]
@@ -57,7 +62,7 @@ def gemma_tokenizer(folder: Path):
     return tokenizer
 
 
-def gemma_shaped(folder: Path, recipe: object = {"exports": PLAINEST, "inputs": {"prompt": PROMPT}}) -> Path:
+def gemma_shaped(folder: Path, recipe: object = {"exports": [*PLAINEST, TJS], "inputs": {"prompt": PROMPT}}) -> Path:
     """A 2-layer Gemma 3 text model (hidden 32) shaped like google/gemma-3-1b-it: bfloat16, tied embeddings, a
     sliding-window layer then a global one, Gemma 3's config vocabulary and special ids, its instruct
     `generation_config.json`, and `gemma_tokenizer`; no eos is ever the argmax, nor an id past the tokenizer's. Its
@@ -113,9 +118,9 @@ def test_the_plainest_recipe_passes_in_every_format_with_the_repos_tokenizer(gem
     out, report, log = gemma_run
     targets = {t["name"]: t for t in report["targets"]}
     assert {name: t["status"] for name, t in targets.items()} == dict.fromkeys(
-        ["dynamo", "onnx", "executorch"], "passed"), log[-3000:]
+        ["dynamo", "onnx", "executorch", "tjs"], "passed"), log[-3000:]
     assert {name: t["artifact_dtype"] for name, t in targets.items()} == {
-        "dynamo": "bfloat16", "onnx": "float32", "executorch": "float32"}
+        "dynamo": "bfloat16", "onnx": "float32", "executorch": "float32", "tjs": "float32"}
     runs_in = {name: {p["runtime"]: p for p in t["runtimes"]} for name, t in targets.items()}
     genai, runner = runs_in["onnx"]["ONNX Runtime GenAI"], runs_in["executorch"]["ExecuTorch LLM runner"]
     assert genai["status"] == "passed" and runner["status"] == "passed", (genai, runner)
@@ -182,3 +187,31 @@ def test_the_runner_proof_stops_before_a_byte_its_python_binding_cannot_pass(gem
     cut = reference([fox, fox, byte, fox])
     assert (cut["tokens"], cut["cut"]) == ([fox, fox], "<0xC3>")
     assert "unverified" in reference([byte, fox])
+
+
+def test_transformers_js_tokenizes_with_byte_fallback_and_generates_eagers_tokens(gemma_run) -> None:
+    """transformers.js on Node.js, from the transformers.js-layout folder alone: its own tokenizer reads the folder's
+    tokenizer.json as transformers does (bos, `▁` pieces, `<0x40>` for "@", two byte tokens for "é") and greedy
+    generation gives eager's tokens. Installed by `make test-deps`; never skipped."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    modules = os.environ.get("HF_EXPORT_TRANSFORMERS_JS") or str(ROOT / ".cache" / "transformers-js")
+    if shutil.which("node") is None or not (Path(modules) / "node_modules" / "@huggingface" / "transformers").is_dir():
+        pytest.fail("transformers.js is not installed: run `make test-deps`, or set HF_EXPORT_TRANSFORMERS_JS to a "
+                    "folder with node_modules/@huggingface/transformers")
+    out = gemma_run[0]
+    script = Path(modules) / "tokenize_generate.mjs"
+    shutil.copyfile(Path(__file__).with_name("transformers_js") / "tokenize_generate.mjs", script)
+    done = subprocess.run(["node", str(script), str(out), "tjs", PROMPT, "8"], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    model_dir = out.parent / "model"
+    want = AutoTokenizer.from_pretrained(model_dir)(PROMPT).input_ids
+    assert got["ids"] == want and got["decoded"] == PROMPT
+    eager = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()  # the graph's dtype
+    ids = torch.tensor([want])
+    with torch.no_grad():
+        greedy = eager.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, min_new_tokens=8,
+                                do_sample=False)
+    assert got["out"] == greedy[0].tolist()
