@@ -34,7 +34,6 @@ def pte_weight_bytes(path: Path) -> int:
     any constant buffer kept inside the flatbuffer."""
     # executorch.exir is loaded only where a .pte is measured: it costs seconds at start-up
     from executorch.exir._serialize._program import _ExtendedHeader, _flatbuffer_to_program
-    from executorch.exir.schema import DataLocation
 
     with path.open("rb") as handle:
         header = _ExtendedHeader.from_bytes(handle.read(64)[8:])
@@ -46,7 +45,7 @@ def pte_weight_bytes(path: Path) -> int:
         for plan in program.execution_plan:
             for delegate in plan.delegates:
                 index = delegate.processed.index
-                if delegate.processed.location == DataLocation.SEGMENT:
+                if delegate.processed.location.name == "SEGMENT":  # else INLINE, in the flatbuffer
                     segment = program.segments[index]
                     handle.seek(header.segment_base_offset + segment.offset)
                     blobs[("segment", index)] = (delegate.id, handle.read(_XNN_HEADER_BYTES), segment.size)
