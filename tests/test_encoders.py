@@ -3,7 +3,9 @@
 - A tiny BERT (WordPiece tokenizer, sentence-transformers modules) exported `{"export_format": "onnx", "dynamic":
   true}`: optimum's `ORTModelForFeatureExtraction` encodes a padded batch of three texts (a batch the sample inputs
   did not have: `dynamic: true` keeps the batch dynamic), and `SentenceTransformer(folder, backend="onnx")` gives the
-  eager model's sentence embeddings (its CLS pooling and normalization copied into the folder).
+  eager model's sentence embeddings (its CLS pooling and normalization copied into the folder); in the
+  transformers.js layout too, where transformers.js' `pipeline('feature-extraction')` tokenizes with the folder's
+  WordPiece tokenizer itself and gives eager's hidden states.
 - A tiny ViT classifier (its `preprocessor_config.json`), ONNX `dynamic: true` in the default and the transformers.js
   layouts: optimum's `ORTModelForImageClassification` classifies a batch of two images of other sizes, and
   transformers.js' `pipeline('image-classification')` gives the eager model's label scores.
@@ -33,6 +35,7 @@ from tests.models import tiny_bert_with_tokenizer, tiny_vit_classifier_with_imag
 ROOT = Path(__file__).resolve().parents[1]
 OPTIMUM = Path(__file__).with_name("optimum")
 TJS_IMAGE_SCRIPT = Path(__file__).with_name("transformers_js") / "image.mjs"
+TJS_TEXT_SCRIPT = Path(__file__).with_name("transformers_js") / "text.mjs"
 ATOL, RTOL = 1e-4, 1e-3  # the project's default validation tolerances for a float32 artifact
 TEXTS = ["the cat sat", "a dog ran in the park one tiny model", "hello"]  # three lengths: padded
 
@@ -53,6 +56,15 @@ def _in_optimum_venv(script: str, *args: str) -> list[dict]:
                             timeout=600, env=env, cwd="/", check=False)
     assert result.returncode == 0, result.stderr[-4000:]
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+def _transformers_js() -> str:
+    """The folder whose node_modules holds transformers.js (`make test-deps`, or HF_EXPORT_TRANSFORMERS_JS)."""
+    modules = os.environ.get("HF_EXPORT_TRANSFORMERS_JS") or str(ROOT / ".cache" / "transformers-js")
+    if shutil.which("node") is None or not (Path(modules) / "node_modules" / "@huggingface" / "transformers").is_dir():
+        pytest.fail("transformers.js is not installed: run `make test-deps`, or set HF_EXPORT_TRANSFORMERS_JS to a "
+                    "folder with node_modules/@huggingface/transformers")
+    return modules
 
 
 def _export(root: Path, model_dir: Path) -> tuple[Path, dict]:
@@ -88,10 +100,13 @@ def _run_snippet(target: dict, folder: Path) -> dict:
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
     root = tmp_path_factory.mktemp("encoders-bert")
-    model_dir = tiny_bert_with_tokenizer(root / "model", {"export_format": "onnx", "dynamic": True})
+    model_dir = tiny_bert_with_tokenizer(root / "model", [
+        {"export_format": "onnx", "dynamic": True},
+        {"name": "tjs", "export_format": "onnx", "dynamic": True, "layout": "transformers.js"}])
     out, report = _export(root, model_dir)
-    [target] = report["targets"]
-    return model_dir, out, target
+    targets = {t["name"]: t for t in report["targets"]}
+    assert targets["tjs"]["status"] == "passed", targets["tjs"].get("error")
+    return model_dir, out, targets["onnx"]
 
 
 def _eager_bert(model_dir: Path) -> tuple[dict, torch.Tensor]:
@@ -148,6 +163,31 @@ def test_optimum_and_sentence_transformers_encode_a_batch_of_three_from_the_fold
     mean = torch.nn.functional.normalize((hidden * batch["attention_mask"][..., None]).sum(1)
                                          / batch["attention_mask"].sum(1, keepdim=True), dim=-1).numpy()
     assert np.abs(cls - mean).max() > 10 * ATOL  # mean pooling (no 1_Pooling copied) would have failed the check
+
+
+def test_bert_feature_extraction_in_transformers_js_tokenizes_with_the_folders_wordpiece(bert, tmp_path):
+    """transformers.js on Node.js: `pipeline('feature-extraction')` loads the transformers.js-layout folder alone and
+    tokenizes with its WordPiece tokenizer (a word split into a piece and a `##` continuation) in transformers.js
+    itself: the hidden states are eager's for the same text. Installed by `make test-deps`; never skipped."""
+    modules = _transformers_js()
+    model_dir, out, _ = bert
+    alone = _alone(out, "tjs", tmp_path)
+    text = "the cats sat on the mat"
+    script = Path(modules) / "text.mjs"
+    shutil.copyfile(TJS_TEXT_SCRIPT, script)
+    result = subprocess.run(["node", str(script), str(alone.parent), "tjs", "feature-extraction", json.dumps(text)],
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    assert "##s" in tokenizer.tokenize(text)  # WordPiece's continuation piece is in play
+    batch = tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        hidden = AutoModel.from_pretrained(model_dir).eval()(**batch).last_hidden_state
+    assert got["dims"] == list(hidden.shape)  # as many tokens as transformers' WordPiece makes
+    np.testing.assert_allclose(np.array(got["data"]).reshape(got["dims"]), hidden.numpy(), atol=ATOL, rtol=RTOL)
 
 
 def test_bert_exported_model_snippet_runs_as_written(bert, tmp_path):
@@ -219,10 +259,7 @@ def test_vit_image_classification_pipeline_in_transformers_js_from_its_folder(vi
     """transformers.js itself, on Node.js: `pipeline('image-classification')` loads the transformers.js-layout folder
     alone (its config's labels, its preprocessor_config.json) and scores each label as the eager model does.
     Installed by `make test-deps`; never skipped."""
-    modules = os.environ.get("HF_EXPORT_TRANSFORMERS_JS") or str(ROOT / ".cache" / "transformers-js")
-    if shutil.which("node") is None or not (Path(modules) / "node_modules" / "@huggingface" / "transformers").is_dir():
-        pytest.fail("transformers.js is not installed: run `make test-deps`, or set HF_EXPORT_TRANSFORMERS_JS to a "
-                    "folder with node_modules/@huggingface/transformers")
+    modules = _transformers_js()
     model_dir, out, _ = vit
     alone = _alone(out, "tjs", tmp_path)
     rng = random.Random(1)

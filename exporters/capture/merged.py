@@ -36,7 +36,8 @@ QUERY_INPUTS = ("input_ids", "position_ids", "token_type_ids", "inputs_embeds")
 
 def mixes_window_layers(config: Any) -> bool:
     """Whether the model's layers mix sliding-window and full attention (Gemma 2 and 3, ...): their caches then hold
-    different lengths past the window, which one `past_sequence_length` dim cannot describe.
+    different lengths past the window, which one `past_sequence_length` dim cannot describe. A window longer than every
+position the model holds never fills (its layers keep every token, as the full ones do).
 
     Example:
         >>> from types import SimpleNamespace
@@ -44,9 +45,15 @@ def mixes_window_layers(config: Any) -> bool:
         True
         >>> mixes_window_layers(SimpleNamespace(layer_types=None, sliding_window=4096))
         False
+        >>> mixes_window_layers(SimpleNamespace(layer_types=["sliding_attention", "full_attention"],
+        ...                                     sliding_window=512, max_position_embeddings=256))
+        False
     """
     config = getattr(config, "text_config", None) or config
     kinds = set(getattr(config, "layer_types", None) or [])
+    window, positions = getattr(config, "sliding_window", None), getattr(config, "max_position_embeddings", None)
+    if window and positions and window > positions:  # a window cache keeps `window - 1` tokens: never full here
+        return False
     return "sliding_attention" in kinds and len(kinds) > 1
 
 

@@ -124,7 +124,8 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
     the upsample fusion only where a graph has an upsample (`exporters.upstream.xnnpack_lowering`). An ONNX graph's
     optimizer removes only an exact `+ 0` or `* 1` (`exporters.upstream.exact_no_op_rewrites`: a norm keeps an
     epsilon of 1e-8) and tries its two-output pattern only where it can match (`multi_output_patterns_anchored`:
-    upstream's matcher is quadratic in the graph's size), and torch.onnx's second trace is skipped where it would
+    upstream's matcher is quadratic in the graph's size) and leaves a tied table's transpose to the runtime
+    (`shared_tables_kept_once`: stored once), and torch.onnx's second trace is skipped where it would
     change nothing the translation needs (`exporters.upstream.decompose_only_what_onnx_lacks`), and its
     type-promotion pass reads the values the trace recorded (`exporters.upstream.type_promotion_on_traced_values`).
     `ort_fusions: "cpu"` fuses `GroupQueryAttention` at any batch
@@ -133,6 +134,7 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
     if target.export_format == "onnx":
         stack.enter_context(upstream.exact_no_op_rewrites())
         stack.enter_context(upstream.multi_output_patterns_anchored())
+        stack.enter_context(upstream.shared_tables_kept_once())
         stack.enter_context(upstream.decompose_only_what_onnx_lacks())
         stack.enter_context(upstream.type_promotion_on_traced_values())
         stack.enter_context(upstream.group_query_attention_at_any_batch())

@@ -86,6 +86,7 @@ from exporters.upstream.runtime_ops import (
     experts_without_custom_ops,
     multi_output_patterns_anchored,
     patch_convolutions_as_matmul,
+    shared_tables_kept_once,
 )
 from exporters.upstream.pytree import (
     cast_leaf_tensors,
@@ -129,6 +130,7 @@ __all__ = [
     "argsort_of_permutations",
     "decompose_only_what_onnx_lacks",
     "exact_no_op_rewrites",
+    "shared_tables_kept_once",
     "multi_output_patterns_anchored",
     "executorch_method_runner",
     "experts_without_custom_ops",

@@ -28,7 +28,10 @@ __all__ = ["contiguity_known_once", "named_dims_share_symbols", "patches_of_load
 
 
 def pte_weight_bytes(path: Path) -> int:
-    """The constant segment and the named-data segments (delegates' weights) of a `.pte`, each segment once."""
+    """The weight bytes a `.pte` stores, each segment once: its constant segment, the named-data segments (where
+    XNNPACK keeps its weights) and what each delegate's blob holds of weights: an XNNPACK blob's constant data (its
+    header says how much; the rest is its graph), any other backend's whole blob (Core ML's holds its model), and
+    any constant buffer kept inside the flatbuffer."""
     # executorch.exir is loaded only where a .pte is measured: it costs seconds at start-up
     from executorch.exir._serialize._program import _ExtendedHeader, _flatbuffer_to_program
 
@@ -38,11 +41,36 @@ def pte_weight_bytes(path: Path) -> int:
             return path.stat().st_size  # no segments: everything is inline in the flatbuffer
         handle.seek(0)
         program = _flatbuffer_to_program(handle.read(header.program_size))
+        blobs: dict[tuple[str, int], tuple[str, bytes, int]] = {}  # (where, index) -> backend, first bytes, size
+        for plan in program.execution_plan:
+            for delegate in plan.delegates:
+                index = delegate.processed.index
+                if delegate.processed.location.name == "SEGMENT":  # else INLINE, in the flatbuffer
+                    segment = program.segments[index]
+                    handle.seek(header.segment_base_offset + segment.offset)
+                    blobs[("segment", index)] = (delegate.id, handle.read(_XNN_HEADER_BYTES), segment.size)
+                else:
+                    data = bytes(program.backend_delegate_data[index].data)
+                    blobs[("inline", index)] = (delegate.id, data[:_XNN_HEADER_BYTES], len(data))
     segments = {entry.segment_index for entry in program.named_data or []}
     constant = program.constant_segment
     if constant is not None and constant.offsets:
         segments.add(constant.segment_index)
-    return sum(program.segments[index].size for index in segments)
+    segments -= {index for where, index in blobs if where == "segment"}
+    return (sum(program.segments[index].size for index in segments)
+            + sum(_delegate_weight_bytes(*blob) for blob in blobs.values())
+            + sum(len(buffer.storage) for buffer in program.constant_buffer or []))
+
+
+# XNNPACK's blob header (executorch/backends/xnnpack/serialization/xnnpack_graph_serialize.py, XNNHeader): 4 zero
+# bytes, magic "XH00", header length (2), flatbuffer offset (4) and size (4), constant data offset (4) and size (8)
+_XNN_HEADER_BYTES = 30
+
+
+def _delegate_weight_bytes(backend: str, head: bytes, size: int) -> int:
+    if backend == "XnnpackBackend" and head[4:8] == b"XH00" and len(head) >= _XNN_HEADER_BYTES:
+        return int.from_bytes(head[22:30], "little")
+    return size  # a blob we cannot read into: every byte may be a weight
 
 
 # ExecuTorch's scalar types (c10's numbering) of floating-point tensors, by the dtype names reports use

@@ -175,3 +175,37 @@ def multi_output_patterns_anchored():
         yield
     finally:
         _matcher.SimplePatternMatcher.match = real
+
+
+@contextlib.contextmanager
+def shared_tables_kept_once():
+    """While an ONNX graph is optimized, onnxscript's constant folding leaves a `Transpose` of a weight that other
+    nodes also read (a tied embedding table: the lookup reads it, the output projection its transpose) to the runtime.
+    Upstream folds such a transpose into a second initializer when the table is small (8,192 elements or fewer; a
+    larger one it keeps only when the transpose is its one reader), so a tiny tied model stored its table twice
+    (1.18x its parameters). ONNX Runtime folds the transpose in memory when the session starts; the file holds one
+    copy.
+
+    Example:
+        >>> with shared_tables_kept_once():  # doctest: +SKIP
+        ...     torch.onnx.export(model, args, dynamo=True, optimize=True)
+    """
+    # onnxscript loads only where an ONNX graph is exported
+    from onnxscript.optimizer import _constant_folding
+
+    real = _constant_folding.FoldConstantsPass.__init__
+
+    def init(self, *args, should_fold=lambda node: None, **kwargs):
+        def keep_shared(node):
+            table = node.inputs[0] if node.op_type == "Transpose" and node.domain == "" and node.inputs else None
+            if table is not None and table.const_value is not None and len(table.uses()) > 1:
+                return False
+            return should_fold(node)
+
+        real(self, *args, should_fold=keep_shared, **kwargs)
+
+    _constant_folding.FoldConstantsPass.__init__ = init
+    try:
+        yield
+    finally:
+        _constant_folding.FoldConstantsPass.__init__ = real

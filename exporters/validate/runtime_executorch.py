@@ -14,8 +14,11 @@ prove():     a subprocess (the pybinding aborts the process on some errors) runs
 The pybinding hands the generated tokens to Python only as decoded pieces (`token_callback(str)`; its `Stats` count
 tokens, they hold no id), so each piece is mapped back to the ids of the folder's tokenizer whose own decoding is that
 piece: a piece only one id decodes to is that id, and must be eager's; a piece several ids decode to (byte fallback,
-a vocabulary with duplicates) matches only when eager's id is among them, and the detail counts those. An eager
-reference that generated nothing (eos first, for every prompt tried) proves nothing: the proof is `unverified`.
+a vocabulary with duplicates) matches only when eager's id is among them, and the detail counts those. A piece that is
+one byte of a longer UTF-8 character (a byte-fallback `<0xC2>`) cannot reach Python alone (the binding decodes each
+piece as text): the runner is then asked for eager's tokens before it, and the detail says where the comparison
+stopped. An eager reference that generated nothing (eos first, for every prompt tried) proves nothing: the proof is
+`unverified`.
 """
 
 from __future__ import annotations
@@ -50,6 +53,11 @@ with open(spec["result"], "w") as handle:
 """
 
 
+# What a token's lone decoding holds when the token is one byte of a longer UTF-8 character (a byte-fallback
+# `<0xC2>`, a byte-level piece): the runner decodes it to those raw bytes, which its pybinding cannot pass to Python
+PART_OF_A_CHARACTER = "\ufffd"
+
+
 class ExecutorchRunnerCheck:
     """`TextLLMRunner` on an ExecuTorch target in the runner layout."""
 
@@ -72,22 +80,26 @@ class ExecutorchRunnerCheck:
         config.max_new_tokens = context.recipe.generation.max_new_tokens
         eos = config.eos_token_id
         eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        vocabulary: list[str] = []
         for prompt in prompts:
             ids = tokenizer.encode(prompt, add_special_tokens=False).ids
             with torch.no_grad():
                 out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                      generation_config=config)
             shown = [t for t in out[0, len(ids):].tolist() if t not in eos]  # the runner stops at EOS, not shown
-            if shown:
-                vocabulary = tokenizer.decode_batch([[i] for i in range(tokenizer.get_vocab_size())],
-                                                    skip_special_tokens=False)
+            vocabulary = vocabulary or tokenizer.decode_batch([[i] for i in range(tokenizer.get_vocab_size())],
+                                                              skip_special_tokens=False)
+            whole = next((i for i, t in enumerate(shown) if PART_OF_A_CHARACTER in vocabulary[t]), len(shown))
+            if whole:
                 ids_of: dict[str, list[int]] = {}
                 for token, piece in enumerate(vocabulary):
                     ids_of.setdefault(piece, []).append(token)
-                return {"prompt": prompt, "prompt_tokens": len(ids), "tokens": shown, "ids_of": ids_of,
-                        "pieces": [vocabulary[t] for t in shown]}
+                cut = {"cut": tokenizer.id_to_token(shown[whole])} if whole < len(shown) else {}
+                return {"prompt": prompt, "prompt_tokens": len(ids), "tokens": shown[:whole], "ids_of": ids_of,
+                        "pieces": [vocabulary[t] for t in shown[:whole]], **cut}
         tried = " and ".join(repr(p[:80]) for p in prompts)
-        return {"unverified": f"eager greedy generation stopped at once (eos first) for the prompt(s) {tried}: no "
+        return {"unverified": f"eager greedy generation stopped at once (eos first, or first a byte of a character "
+                              f"the runner's Python binding cannot hand over alone) for the prompt(s) {tried}: no "
                               "token to compare the runner's with; set `inputs.prompt` to one the model continues"}
 
     def prove(self, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
@@ -101,7 +113,9 @@ class ExecutorchRunnerCheck:
             return RuntimeProof(self.runtime, "failed", "the target folder has no tokenizer.json for the runner")
         spec = {"program": str(directory / entry["file"]), "tokenizer": str(tokenizer),
                 "data": str(directory / entry["data_file"]) if entry.get("data_file") else None,
-                "prompt": reference["prompt"], "max_new_tokens": context.recipe.generation.max_new_tokens}
+                "prompt": reference["prompt"],
+                "max_new_tokens": len(reference["tokens"]) if "cut" in reference
+                else context.recipe.generation.max_new_tokens}
         answer, why = run_in_child(CHILD, spec, folder=directory, timeout_s=child_timeout(context))
         if answer is None:
             return RuntimeProof(self.runtime, "failed", f"the runner failed: {why}")
@@ -119,6 +133,9 @@ class ExecutorchRunnerCheck:
             by_text += len(ids_of[got[equal]]) > 1
             equal += 1
         shared = f"; {by_text} of them by a piece several ids decode to" if by_text else ""
+        if "cut" in reference:
+            shared += (f"; compared up to eager's token {reference['cut']!r}, a byte of a UTF-8 character the runner's "
+                       "Python binding cannot hand over alone")
         if equal == len(want) == len(got):
             return RuntimeProof(self.runtime, "passed", f"{equal}/{len(want)} tokens{shared}")
         required = required_match(context.target, len(want))
