@@ -6,6 +6,7 @@ xdist workers and, while the product's code is unchanged, later runs on the same
     <store>/<code hash>/<key>/out     the finished output folder, report.json and report.md in it
     <store>/<code hash>/<key>/state   EXPORT_ACTION_STATE_DIR of that run (its signing key)
     <store>/<code hash>/<key>/entry.json   the process's exit code, stdout, stderr and a digest of `out`
+    <store>/<code hash>/uses.log           one line per use: the key, built or reused, the test that asked
 
 A `filelock.FileLock` beside each entry makes one xdist worker build it while the others wait, then read it. The
 product's code hash covers `exporters/**/*.py`, `pyproject.toml` and `constraints.txt` (the pinned stack), so a
@@ -182,6 +183,7 @@ def exported(model_dir: Path, *args: str, env: dict[str, str] | None = None, tim
             if _tree_digest(export.out) != meta["out_digest"]:
                 raise AssertionError(f"the stored export {entry} was changed by an earlier test: a test that changes "
                                      "an output folder must work on `Export.copy(tmp_path)`")
+            _log_use(key, "reused")
             return export
         shutil.rmtree(entry, ignore_errors=True)
         shutil.copytree(model_dir, entry / "model", symlinks=True)
@@ -192,4 +194,20 @@ def exported(model_dir: Path, *args: str, env: dict[str, str] | None = None, tim
                 "built": f"{os.getpid()} {time.time()}",
                 "out_digest": _tree_digest(entry / "out")}
         (entry / "entry.json").write_text(json.dumps(meta))
+        _log_use(key, "built")
         return _read(entry)[1]
+
+
+def _log_use(key: str, how: str) -> None:
+    """One line per use in `<store>/<code hash>/uses.log` (key, built or reused, the asking test): which modules
+    share an export, measured rather than guessed."""
+    asking = os.environ.get("PYTEST_CURRENT_TEST", "-").split(" ")[0]
+    with (store_dir() / "uses.log").open("a", encoding="utf-8") as log:
+        log.write(f"{key} {how} {asking}\n")
+
+
+def stored_run(model_dir: Path, bench: bool = False) -> tuple[Path, dict[str, Any], str]:
+    """`tests.conftest.run_and_read` through the store: (the stored output folder, report.json's content or {},
+    the process's output), for fixtures whose tests only read the folder."""
+    done = exported(model_dir, "run", *([] if bench else ["--no-bench"]), MODEL, "--out", OUT, "--quiet")
+    return done.out, done.report, done.stdout + done.stderr
