@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.export_store import MODEL, OUT
+from tests.export_store import exported as exported_once
 from tests.models import tiny_bert
 
 RECIPE = {"exports": [{"name": "onnx", "export_format": "onnx", "mode": "model"}]}
@@ -29,14 +31,13 @@ class EvilConfig(BertConfig):
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The export every test tampers with a copy of (the shared store, tests/export_store.py); `state` holds the
+    signing key of results this tool validated, outside every output folder."""
     root = tmp_path_factory.mktemp("artifact-safety")
-    state = root / "state"  # the signing key of results this tool validated: outside every output folder
-    model = tiny_bert(root / "model", RECIPE)
-    out = root / "out"
-    result = run_cli("run", "--no-bench", str(model), "--out", str(out), "--quiet",
-                     env={"EXPORT_ACTION_STATE_DIR": str(state)})
-    assert result.returncode == 0, result.stderr[-3000:]
-    return {"root": root, "model": model, "out": out, "state": state}
+    done = exported_once(tiny_bert(root / "built" / "model", RECIPE), "run", "--no-bench", MODEL, "--out", OUT,
+                         "--quiet")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {"root": root, "model": done.model_dir, "out": done.out, "state": done.state}
 
 
 def copy_out(exported: dict[str, Path], name: str) -> Path:

@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import PLAINEST_EXECUTORCH, run_and_read
+from tests.conftest import PLAINEST_EXECUTORCH
+from tests.export_store import MODEL, OUT, exported, stored_run
 from tests.models import runner_model
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
@@ -39,14 +40,14 @@ def moe_runner(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe-runner")
     recipe = {"schema_version": 1, "exports": [PLAINEST_EXECUTORCH], "inputs": {"prompt": PROMPT},
               "generation": {"max_new_tokens": 8}}
-    return run_and_read(root, runner_model(root / "model", "qwen2_moe", recipe))
+    return stored_run(runner_model(root / "model", "qwen2_moe", recipe))
 
 
 def _family_executorch(root: Path, family: str) -> tuple[Path, dict, str]:
     from matrix.families import FAMILIES, build
 
     recipe = {"schema_version": 1, "exports": [PLAINEST_EXECUTORCH], "generation": {"max_new_tokens": 8}}
-    return run_and_read(root, build(FAMILIES[family], root / "model", recipe=recipe))
+    return stored_run(build(FAMILIES[family], root / "model", recipe=recipe))
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +74,12 @@ def opt_default(tmp_path_factory):
     recipe = {"schema_version": 1, "generation": {"max_new_tokens": 8},
               "exports": [{**PLAINEST_EXECUTORCH, "name": "plain"},
                           {**PLAINEST_EXECUTORCH, "name": "asked", "layout": "runner"}]}
-    model_dir = build(FAMILIES["opt"], root / "model", recipe=recipe)
-    return (model_dir, *run_and_read(root, model_dir))
+    done = exported(build(FAMILIES["opt"], root / "model", recipe=recipe), "run", "--no-bench", MODEL, "--out", OUT,
+                    "--quiet")
+    return done
 
 
-def test_a_default_runner_program_that_cannot_be_exported_is_exported_as_methods(opt_default):
+def test_a_default_runner_program_that_cannot_be_exported_is_exported_as_methods(opt_default, tmp_path):
     """OPT runs eagerly with the runner's static cache (the plan-time check passes), but its positions are
     computed with `.item()` on the mask, which torch.export cannot trace: the plainest recipe's target is exported
     again with the methods layout, passes, and says why; the target that asked for the runner layout fails with the
@@ -85,7 +87,8 @@ def test_a_default_runner_program_that_cannot_be_exported_is_exported_as_methods
     methods program it holds."""
     from tests.conftest import run_cli
 
-    model_dir, out, report, log = opt_default
+    model_dir, out, report, log = opt_default.model_dir, opt_default.out, opt_default.report, opt_default.stdout + \
+        opt_default.stderr
     targets = {t["name"]: t for t in report.get("targets", [])}
     plain, asked = targets.get("plain", {}), targets.get("asked", {})
     assert plain.get("status") == "passed", (log[-3000:], json.dumps(plain, indent=1)[:4000])
@@ -96,6 +99,7 @@ def test_a_default_runner_program_that_cannot_be_exported_is_exported_as_methods
     assert asked.get("status") == "failed" and not (out / "asked").exists()
     assert "item" in json.dumps(asked.get("error")), asked.get("error")
 
+    out = opt_default.copy(tmp_path).out  # validate rewrites the report: on a copy of the shared export
     done = run_cli("validate", str(model_dir), str(out), "--target", "plain")
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     again = json.loads((out / "report.json").read_text())["targets"]

@@ -29,11 +29,13 @@ import torch
 
 from exporters.publish.snippets import target_snippets
 from tests.conftest import ROOT, run_cli
+from tests.export_store import MODEL, OUT, exported
 from tests.models import tiny_bart, tiny_marian, tiny_t5, tiny_whisper
 
 TARGET = {"export_format": "onnx", "mode": "generation", "dynamic": True}
 RECIPE = {"exports": [{"name": "onnx", **TARGET}, {"name": "tjs", **TARGET, "layout": "transformers.js"}]}
 ONNX_ONLY = {"exports": [{"name": "onnx", **TARGET}]}
+T5_RECIPE = {"exports": [*RECIPE["exports"], {"name": "onnx-split", **TARGET, "merged": False}]}
 NEW_TOKENS = 8
 LAYERS = 2  # two decoder layers: optimum feeds the past by position, layer by layer
 MERGED = "decoder_model_merged.onnx"
@@ -56,13 +58,13 @@ def _past(prefix: str) -> list[str]:
 
 
 def _export(root: Path, build, recipe: dict = RECIPE, **options) -> dict:
-    model_dir = build(root / "model", recipe, decoder_layers=LAYERS, **options)
-    out = root / "out"
-    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
-    assert result.returncode == 0, result.stdout + result.stderr
-    report = json.loads((out / "report.json").read_text())
-    targets = {target["name"]: target for target in report["targets"]}
-    return {"model_dir": model_dir, "out": out, "folder": out / "onnx", "tjs": out / "tjs", "targets": targets,
+    """The model `build` makes, exported through the real CLI once (the shared store: tests/export_store.py); the
+    tests only read its folders."""
+    done = exported(build(root / "model", recipe, decoder_layers=LAYERS, **options), "run", "--no-bench", MODEL,
+                    "--out", OUT, "--quiet")
+    assert done.returncode == 0, done.stdout + done.stderr
+    targets, out = done.targets, done.out
+    return {"model_dir": done.model_dir, "out": out, "folder": out / "onnx", "tjs": out / "tjs", "targets": targets,
             "target": targets["onnx"]}
 
 
@@ -73,7 +75,8 @@ def whisper(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def t5(tmp_path_factory):
-    return _export(tmp_path_factory.mktemp("t5-optimum"), tiny_t5)
+    """T5 in both layouts, and with `merged: false` (`t5_unmerged`): one run of three targets."""
+    return _export(tmp_path_factory.mktemp("t5-optimum"), tiny_t5, T5_RECIPE)
 
 
 @pytest.fixture(scope="module")
@@ -89,10 +92,10 @@ def marian(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def t5_unmerged(tmp_path_factory):
-    """`merged: false`: the two decoders stay optimum's two files."""
-    return _export(tmp_path_factory.mktemp("t5-unmerged"), tiny_t5,
-                   {"exports": [{"name": "onnx", **TARGET, "merged": False}]})
+def t5_unmerged(t5):
+    """`merged: false`: the two decoders stay optimum's two files (a target of the `t5` run: #48, one model load and
+    one eager reference for the three targets)."""
+    return {**t5, "folder": t5["out"] / "onnx-split", "target": t5["targets"]["onnx-split"]}
 
 
 GREEDY = {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS, "do_sample": False, "num_beams": 1}
@@ -354,15 +357,15 @@ def test_our_loader_runs_both_branches_of_the_merged_decoder_as_eager_does(t5):
     assert not np.allclose(after.logits.numpy(), got.logits.numpy(), atol=1e-3)  # another step, other logits
 
 
-def _optimum(folder: Path, kind: str, data, tmp_path: Path) -> dict:
-    """optimum's greedy tokens for `data`, from `folder` alone, in the optimum test venv (`make test-deps`;
-    HF_EXPORT_OPTIMUM_PYTHON names another interpreter that has optimum-onnx). Never skipped."""
+def _optimum(folder: Path, kind: str, jobs: list, tmp_path: Path) -> list[dict]:
+    """optimum's greedy tokens for each of `jobs`, from `folder` alone (loaded once), in the optimum test venv
+    (`make test-deps`; HF_EXPORT_OPTIMUM_PYTHON names another interpreter that has optimum-onnx). Never skipped."""
     python = os.environ.get("HF_EXPORT_OPTIMUM_PYTHON") or str(ROOT / ".cache" / "optimum-venv" / "bin" / "python")
     if not Path(python).is_file():
         pytest.fail("optimum is not installed: run `make test-deps` (.cache/optimum-venv, pinned by "
                     "tests/optimum/constraints.txt), or set HF_EXPORT_OPTIMUM_PYTHON to a python with optimum-onnx")
     inputs = tmp_path / "inputs.json"
-    inputs.write_text(json.dumps(data))
+    inputs.write_text(json.dumps(jobs))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     result = subprocess.run([python, str(OPTIMUM_SCRIPT), str(folder), kind, str(inputs), str(NEW_TOKENS)],
                             capture_output=True, text=True, timeout=300, env=env, check=False)
@@ -370,55 +373,80 @@ def _optimum(folder: Path, kind: str, data, tmp_path: Path) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+# What optimum generates from each folder: one optimum process per folder runs them all (#48: a runtime started once
+# per folder, not once per test); each test reads its own job's result.
+OPTIMUM_JOBS = {
+    "whisper": ("speech", {"one": AUDIO, "batch": AUDIO_BATCH,
+                           "prompt": {"inputs": AUDIO, "decoder_input_ids": WHISPER_PROMPT}}),
+    **{name: ("text", {"one": TEXT_IDS, "batch": TEXT_BATCH}) for name in ("t5", "bart", "marian")},
+    "t5_unmerged": ("text", {"batch": TEXT_BATCH}),
+}
+
+
+@pytest.fixture(scope="module")
+def optimum(tmp_path_factory):
+    """`optimum(name, exported, job)`: optimum's result for that job (OPTIMUM_JOBS) on the folder of `exported`."""
+    done: dict[str, dict[str, dict]] = {}
+
+    def get(name: str, exported: dict, job: str) -> dict:
+        if name not in done:
+            kind, jobs = OPTIMUM_JOBS[name]
+            results = _optimum(exported["folder"], kind, list(jobs.values()), tmp_path_factory.mktemp(f"opt-{name}"))
+            done[name] = dict(zip(jobs, results))
+        return done[name][job]
+
+    return get
+
+
 def _optimum_loaded_the_merged_decoder(got: dict, mask: list[str]) -> None:
     assert got["files"] == {"encoder": FILES["encoder"], "decoder": MERGED} and got["merged"] is True
     _optimum_inputs(got["inputs"]["decoder"], mask)
 
 
-def test_optimum_speech_seq2seq_generates_what_eager_generates(whisper, whisper_eager, tmp_path):
-    got = _optimum(whisper["folder"], "speech", AUDIO, tmp_path)
+def test_optimum_speech_seq2seq_generates_what_eager_generates(whisper, whisper_eager, optimum):
+    got = optimum("whisper", whisper, "one")
     _optimum_loaded_the_merged_decoder(got, [])
     assert [row[-NEW_TOKENS:] for row in got["tokens"]] == whisper_eager
 
 
 @pytest.mark.parametrize("name", ["t5", "bart", "marian"])
-def test_optimum_seq2seq_lm_generates_what_eager_generates(name, request, tmp_path):
+def test_optimum_seq2seq_lm_generates_what_eager_generates(name, request, optimum):
     exported = request.getfixturevalue(name)
     want = request.getfixturevalue("t5_eager") if name == "t5" else _text_generate(exported["model_dir"], TEXT_IDS)
-    got = _optimum(exported["folder"], "text", TEXT_IDS, tmp_path)
+    got = optimum(name, exported, "one")
     _optimum_loaded_the_merged_decoder(got, ["encoder_attention_mask"])
     assert [row[-NEW_TOKENS:] for row in got["tokens"]] == want
 
 
-def test_optimum_speech_seq2seq_generates_a_batch_of_two_waveforms_as_eager_does(whisper, tmp_path):
+def test_optimum_speech_seq2seq_generates_a_batch_of_two_waveforms_as_eager_does(whisper, optimum):
     """Two waveforms of different lengths at once (the extractor pads them): the batch axis of every graph is
     dynamic, and each row's greedy tokens are eager's on the same batch."""
     want = _whisper_generate(whisper["model_dir"], AUDIO_BATCH)
-    got = _optimum(whisper["folder"], "speech", AUDIO_BATCH, tmp_path)
+    got = optimum("whisper", whisper, "batch")
     _optimum_loaded_the_merged_decoder(got, [])
     assert got["batch"] == 2 and [row[-NEW_TOKENS:] for row in got["tokens"]] == want
     assert want[0] != want[1]  # two inputs, two answers: a batch that mixed its rows up would show
 
 
 @pytest.mark.parametrize("name", ["t5", "bart", "marian"])
-def test_optimum_seq2seq_lm_generates_a_padded_batch_of_two_texts_as_eager_does(name, request, tmp_path):
+def test_optimum_seq2seq_lm_generates_a_padded_batch_of_two_texts_as_eager_does(name, request, optimum):
     """Two texts of different lengths at once, the shorter right-padded with its attention mask 0 there: each row's
     greedy tokens are eager's on the same padded batch (BART and Marian: with the forced EOS at the last step)."""
     exported = request.getfixturevalue(name)
     want = _text_generate(exported["model_dir"], TEXT_BATCH)
-    got = _optimum(exported["folder"], "text", TEXT_BATCH, tmp_path)
+    got = optimum(name, exported, "batch")
     _optimum_loaded_the_merged_decoder(got, ["encoder_attention_mask"])
     assert got["batch"] == 2 and [row[-NEW_TOKENS:] for row in got["tokens"]] == want
     assert want[0] != want[1]
 
 
-def test_optimum_whisper_with_a_decoder_prompt_of_four_tokens_generates_what_eager_generates(whisper, tmp_path):
+def test_optimum_whisper_with_a_decoder_prompt_of_four_tokens_generates_what_eager_generates(whisper, optimum):
     """`generate(input_features, decoder_input_ids=...)` with four start tokens (the decoder start, then a prompt,
     as forced language and task tokens are): the merged decoder's no-past branch runs the four at once, then the
     with-past branch steps on (generate's first call has no past: it feeds the whole prompt, a length the graph
     was not traced with); the tokens are eager's."""
     want = _whisper_generate(whisper["model_dir"], AUDIO, decoder_input_ids=torch.tensor(WHISPER_PROMPT))
-    got = _optimum(whisper["folder"], "speech", {"inputs": AUDIO, "decoder_input_ids": WHISPER_PROMPT}, tmp_path)
+    got = optimum("whisper", whisper, "prompt")
     _optimum_loaded_the_merged_decoder(got, [])
     assert [row[-NEW_TOKENS:] for row in got["tokens"]] == want
 
@@ -535,7 +563,7 @@ UNMERGED_FILES = {"encoder": "encoder_model.onnx", "prefill": "decoder_model.onn
 
 
 def test_merged_false_keeps_optimums_two_decoders_validated_and_optimum_generates_eagers_tokens(t5_unmerged,
-                                                                                                tmp_path):
+                                                                                                optimum):
     """`merged: false` on an encoder-decoder: `encoder_model.onnx` + `decoder_model.onnx` (no past) +
     `decoder_with_past_model.onnx`, in optimum's names, validated by our own loop (every component, greedy parity),
     and optimum's `ORTModelForSeq2SeqLM` loads the two decoders (not merged) and generates eager's tokens for a padded
@@ -564,7 +592,7 @@ def test_merged_false_keeps_optimums_two_decoders_validated_and_optimum_generate
     assert [n for n in with_past if n.startswith("past_key_values.")] == _past("past_key_values")
     assert outputs[0] == "logits" and sorted(n for n in outputs if n.startswith("present.")) == sorted(
         _past("present"))
-    got = _optimum(folder, "text", TEXT_BATCH, tmp_path)
+    got = optimum("t5_unmerged", t5_unmerged, "batch")
     assert got["merged"] is False and got["files"] == {"encoder": "encoder_model.onnx",
                                                        "decoder": "decoder_model.onnx",
                                                        "decoder_with_past": "decoder_with_past_model.onnx"}

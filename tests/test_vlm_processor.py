@@ -25,6 +25,7 @@ import json
 import pytest
 
 from tests.conftest import run_cli
+from tests.export_store import MODEL, OUT, exported
 from tests.models import (
     tiny_aya_vision_with_processor,
     tiny_idefics2_with_processor,
@@ -40,10 +41,10 @@ STAGES = ["image_encoder", "multi_modal_projector", "embed_tokens", "language_mo
 
 
 def _run(root, build, exports):
+    """One export of the model `build` makes (the shared store, tests/export_store.py: the tests only read)."""
     model_dir = build(root / "model", {"schema_version": 1, "exports": exports, "generation": {"max_new_tokens": 6}})
-    out = root / "out"
-    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
-    return model_dir, out, result, json.loads((out / "report.json").read_text())
+    done = exported(model_dir, "run", "--no-bench", MODEL, "--out", OUT, "--quiet")
+    return done.model_dir, done.out, done.result, done.report
 
 
 @pytest.fixture(scope="module")

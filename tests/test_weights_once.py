@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tests.conftest import PLAINEST_EXECUTORCH, run_cli, run_plainest_executorch
+from tests.export_store import MODEL, OUT, exported
 from tests.models import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,12 +49,10 @@ PROMPT = [5, 9, 13, 40, 77, 101]
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("weights-once")
-    model_dir = tiny_llama(root / "model", RECIPE)
-    out = root / "out"
-    result = run_cli("run", str(model_dir), "--out", str(out), "--quiet")
-    report = json.loads((out / "report.json").read_text())
-    return model_dir, out, result, {t["name"]: t for t in report["targets"]}
+    """Every target, benchmarked, exported once (the shared store, tests/export_store.py: the tests only read)."""
+    done = exported(tiny_llama(tmp_path_factory.mktemp("weights-once") / "model", RECIPE), "run", MODEL, "--out",
+                    OUT, "--quiet")
+    return done.model_dir, done.out, done.result, done.targets
 
 
 @pytest.fixture(scope="module")
@@ -505,12 +504,10 @@ def test_recipe_refuses_what_cannot_be_one_graph(settings, message):
 
 @pytest.fixture(scope="module")
 def half_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("half")
     recipe = {"export_format": "onnx", "mode": "generation", "dtype": "float16", "layout": "transformers.js"}
-    model_dir = tiny_llama(root / "model", recipe)
-    out = root / "out"
-    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
-    return out, result, json.loads((out / "report.json").read_text())
+    done = exported(tiny_llama(tmp_path_factory.mktemp("half") / "model", recipe), "run", "--no-bench", MODEL,
+                    "--out", OUT, "--quiet")
+    return done.out, done.result, done.report
 
 
 def test_a_float16_run_loads_the_model_once_in_float16(half_run, eager):
@@ -569,12 +566,11 @@ def tied_run(tmp_path_factory):
     """The plainest ExecuTorch generation recipe in the methods layout (prefill + decode methods; the runner layout,
     the default, does the same with its one program: tests/test_llm_runner.py) on a tiny Llama whose output
     projection is its embedding table."""
-    root = tmp_path_factory.mktemp("tied")
-    model_dir = tiny_llama(root / "model", {**PLAINEST_EXECUTORCH, "layout": "methods"}, tie_word_embeddings=True)
-    out = root / "out"
-    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
-    [target] = json.loads((out / "report.json").read_text())["targets"]
-    return model_dir, out / target["name"], result, target
+    model_dir = tiny_llama(tmp_path_factory.mktemp("tied") / "model", {**PLAINEST_EXECUTORCH, "layout": "methods"},
+                           tie_word_embeddings=True)
+    done = exported(model_dir, "run", "--no-bench", MODEL, "--out", OUT, "--quiet")
+    [target] = done.report["targets"]
+    return done.model_dir, done.out / target["name"], done.result, target
 
 
 def test_a_tied_executorch_target_stores_the_table_once(tied_run):
