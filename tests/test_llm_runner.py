@@ -289,3 +289,47 @@ def test_the_strict_trace_shares_the_weights_and_still_clones_the_cache(monkeypa
     shared = cloned_during_trace(shared=True)
     assert "parameter" not in shared and "buffer or input" in shared
     assert builder._clone_input.__module__ == builder.__name__  # restored after the export
+
+
+def test_the_runner_lowering_shares_the_weights_and_spills_their_serialized_copies(tmp_path, monkeypatch):
+    """Lowering the runner program goes through the same memory measures as the methods layout: each partition's
+    copy for XNNPACK shares the weights (no second copy), and XNNPACK's serialized weights wait on disk as
+    `FileBackedData`, not as bytes in memory, until the `.pte` is written (at 1.1B in float32 the export process
+    passed 12 GiB without them: benchmarks/RESULTS.md). In-process (the pipeline forks this same call) with spies
+    on ExecuTorch's named-data store and XNNPACK's preprocess; the folder written is the runner's as ever."""
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+    from executorch.exir._serialize._cord import FileBackedData
+    from executorch.exir._serialize._named_data_store import NamedDataStore
+    from executorch.exir.backend.backend_details import BackendDetails
+
+    from exporters.export.convert import export_to
+    from exporters.run.context import RunOptions, prepare_run
+    from exporters.run.workbench import Workbench
+
+    seen: dict[str, list] = {"data": [], "copy_shares": []}
+    real_add, real_preprocess = NamedDataStore.add_named_data, XnnpackBackend.preprocess  # a staticmethod
+    real_copy = BackendDetails.__dict__["copy_exported_program_for_preprocess"]
+
+    def add(self, key, data, *args, **kwargs):
+        seen["data"].append(type(data).__name__)
+        return real_add(self, key, data, *args, **kwargs)
+
+    def preprocess(program, specs):
+        seen["copy_shares"].append(BackendDetails.__dict__["copy_exported_program_for_preprocess"] is not real_copy)
+        return real_preprocess(program, specs)
+
+    monkeypatch.setattr(NamedDataStore, "add_named_data", add)
+    monkeypatch.setattr(XnnpackBackend, "preprocess", staticmethod(preprocess))
+    model_dir = runner_model(tmp_path / "model", "qwen2", {**RECIPE, "exports": [{**PLAINEST_EXECUTORCH,
+                                                                                  "layout": "runner"}]})
+    options = RunOptions(out_dir=tmp_path / "out", bench=False)
+    context = prepare_run(str(model_dir), options)
+    workbench = Workbench.load(context, options, context.targets)
+    target = workbench.plan(context.targets[0])
+    assert target.layout == "runner"
+    components = workbench.components(target, context.recipe)
+    outcome = export_to(workbench.model, target, components, context.recipe, tmp_path / "runner", [])
+    assert "model.pte" in outcome["written"]
+    assert seen["copy_shares"] and all(seen["copy_shares"]), "a partition's copy held its own weights"
+    assert FileBackedData.__name__ in seen["data"], f"the serialized weights stayed in memory: {seen['data']}"
+    assert not list((tmp_path / "runner").glob(".named-data-*"))  # the spill folder is gone with the export
