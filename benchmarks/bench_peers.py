@@ -1,6 +1,7 @@
 """hf-export against its peers with the plainest recipes, alternating whole processes (issue #31).
 
-    .venv/bin/python benchmarks/bench_peers.py [--model llama58m|qwen05b] [--rounds 2] [--only onnx|executorch]
+    .venv/bin/python benchmarks/bench_peers.py [--model llama58m|qwen05b|tinyllama11b] [--rounds 2]
+        [--only onnx|executorch|dynamo] [--step NAME ...] [--kill-above-gib 12]
 
 Each round runs, each in a fresh process measured from outside (wall time, peak RSS of its largest process):
 
@@ -10,6 +11,16 @@ E1  `hf-export run` with `[{"export_format": "executorch", "mode": "generation"}
     custom ops, static cache min(2048, max_position_embeddings))
 E2  `optimum-cli export executorch --recipe xnnpack --use_custom_sdpa --use_custom_kv_cache` (optimum-executorch
     1.1.0, executorch 1.5.1, own venv), `--max_seq_len` equal to our cache length
+D1  `hf-export run` with `[{"export_format": "dynamo", "mode": "generation", "dynamic": true}]` (no peer)
+G1, G2  ONNX Runtime GenAI's model builder (`python -m onnxruntime_genai.models.builder -i MODEL -p fp32|int4 -e cpu`,
+    onnxruntime-genai 0.18 of the product venv), the ONNX peers beside optimum-cli
+
+`--model tinyllama11b` is TinyLlama-1.1B's shape at full depth (22 layers, hidden 2048, 32 heads, 4 key-value heads,
+vocab 32,000, untied) saved as a bfloat16 checkpoint in 3 safetensors shards with an index, TinyLlama-Chat's ids
+(`<unk>` 0, `<s>` 1, `</s>` 2) and generation_config.json (bos 1, eos 2, pad 0, max_length 2048), the ASCII
+byte-level BPE below. `--step` (repeatable) runs only the named steps (`ours-onnx`, `ours-executorch`,
+`ours-dynamo`, `optimum-onnx`, `genai-fp32`, `genai-int4`, `optimum-executorch`); one process runs at a time and
+`--kill-above-gib` SIGKILLs (by pid) any process of a step whose RSS passes the limit (the machine is shared).
 
 Rounds alternate the order (ours first in odd rounds, the peer first in even ones). hf-export runs pass `--no-cache
 --no-bench --jobs 1`: export and our validation (probes, generation parity, the runtimes' own runners), no
@@ -36,6 +47,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,14 +60,19 @@ PY = sys.executable
 OPTIMUM_CLI = Path(os.environ.get("OPTIMUM_CLI", ROOT / ".cache" / "optimum-venv" / "bin" / "optimum-cli"))
 OET_CLI = Path(os.environ.get("OET_CLI", "/work/bench-venv-oet/bin/optimum-cli"))
 BOS, EOS, PAD = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
+LLAMA_SPECIALS = ("<unk>", "<s>", "</s>")  # TinyLlama's ids 0, 1, 2
 RECIPES = {
     "onnx": {"schema_version": 1, "exports": [{"export_format": "onnx", "mode": "generation", "dynamic": True}]},
     "executorch": {"schema_version": 1, "exports": [{"export_format": "executorch", "mode": "generation"}]},
+    "dynamo": {"schema_version": 1, "exports": [{"export_format": "dynamo", "mode": "generation", "dynamic": True}]},
 }
+GENAI_PY = Path(os.environ.get("GENAI_PY", sys.executable))  # onnxruntime-genai is pinned in constraints.txt
+PEERS = {"onnx": ["optimum-onnx", "genai-fp32", "genai-int4"], "executorch": ["optimum-executorch"], "dynamo": []}
 CACHE_LEN = 2048  # our default static cache: min(2048, max_position_embeddings); the models below have 2048
 
 
-def ascii_tokenizer(folder: Path, vocab_size: int) -> None:
+def ascii_tokenizer(folder: Path, vocab_size: int, specials: tuple[str, str, str] = (BOS, EOS, PAD),
+                    roles: tuple[str, str, str] = ("bos", "eos", "pad")) -> None:
     """A byte-level BPE tokenizer of exactly `vocab_size` ASCII tokens (3 specials, letters and digits, then pairs
     and triples of them, each with its merge), so that `config.vocab_size == len(tokenizer)` (the ExecuTorch
     runner's sampler uses the tokenizer's size) and every piece a random model emits is valid UTF-8 (the runner's
@@ -65,7 +82,7 @@ def ascii_tokenizer(folder: Path, vocab_size: int) -> None:
 
     chars = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)] \
         + [str(d) for d in range(10)]
-    vocab = {BOS: 0, EOS: 1, PAD: 2}
+    vocab = {token: i for i, token in enumerate(specials)}
     merges: list[tuple[str, str]] = []
     for c in chars:
         vocab[c] = len(vocab)
@@ -86,8 +103,9 @@ def ascii_tokenizer(folder: Path, vocab_size: int) -> None:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([BOS, EOS, PAD])
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD).save_pretrained(folder)
+    tok.add_special_tokens(list(specials))
+    named = {f"{role}_token": token for role, token in zip(roles, specials)}
+    PreTrainedTokenizerFast(tokenizer_object=tok, **named).save_pretrained(folder)
 
 
 def build_model(folder: Path, kind: str) -> dict:
@@ -102,6 +120,8 @@ def build_model(folder: Path, kind: str) -> dict:
     folder.mkdir(parents=True)
     ids = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
     torch.manual_seed(0)
+    if kind == "tinyllama11b":
+        return build_tinyllama(folder, facts_file)
     if kind == "llama58m":  # bench_pipeline.py's model (8 layers, hidden 512, vocab 32,000)
         config = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
                              num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=CACHE_LEN,
@@ -124,25 +144,102 @@ def build_model(folder: Path, kind: str) -> dict:
     return facts
 
 
+def build_tinyllama(folder: Path, facts_file: Path) -> dict:
+    """TinyLlama-1.1B-Chat's shape and files with random weights: bfloat16, 3 shards + index (written by
+    `save_pretrained(max_shard_size="1GB")`), its config, ids and generation_config.json."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                         num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048,
+                         rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1,
+                         eos_token_id=2, hidden_act="silu", initializer_range=0.02)
+    torch.set_default_dtype(torch.bfloat16)  # drawn in bf16 directly: never a 4.4 GB fp32 copy here
+    try:
+        model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    model.eval()
+    with torch.no_grad():  # greedy never picks EOS: every generation runs its full length in every tool
+        model.get_output_embeddings().weight[config.eos_token_id].zero_()
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, max_length=2048)
+    model.save_pretrained(folder, max_shard_size="1GB")
+    ascii_tokenizer(folder, config.vocab_size, LLAMA_SPECIALS, ("unk", "bos", "eos"))
+    parameters = sum(p.numel() for p in model.parameters())
+    facts = {"kind": "tinyllama11b", "parameters": parameters, "layers": config.num_hidden_layers,
+             "hidden": config.hidden_size, "vocab": config.vocab_size, "dtype": "bfloat16",
+             "shards": sorted(p.name for p in folder.glob("*.safetensors")), "fp32_weights_mb": parameters * 4 / 1e6}
+    facts_file.write_text(json.dumps(facts))
+    return facts
+
+
+class RssGuard:
+    """SIGKILLs, by pid, any descendant of this process whose RSS passes `limit_gib` (polled every second) while a
+    step runs: a runaway 1.1B export must not take the shared machine down."""
+
+    def __init__(self, limit_gib: float) -> None:
+        self.limit_kib = int(limit_gib * 1024 * 1024)
+        self.killed: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> "RssGuard":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        me = os.getpid()
+        while not self._stop.wait(1.0):
+            parents: dict[int, int] = {}
+            rss: dict[int, int] = {}
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    status = Path(f"/proc/{entry}/status").read_text()
+                except OSError:
+                    continue
+                fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+                parents[int(entry)] = int(fields.get("PPid", "0").strip() or 0)
+                rss[int(entry)] = int(fields.get("VmRSS", "0 kB").split()[0])
+            for pid, kib in rss.items():
+                ancestor = parents.get(pid, 0)
+                while ancestor not in (0, 1, me):
+                    ancestor = parents.get(ancestor, 0)
+                if ancestor == me and kib > self.limit_kib:
+                    os.kill(pid, 9)
+                    self.killed.append(f"pid {pid} at {kib / 1024 / 1024:.1f} GiB")
+                    print(f"    ! killed pid {pid}: RSS {kib / 1024 / 1024:.1f} GiB", file=sys.stderr, flush=True)
+
+
 def uptime() -> str:
     return subprocess.run(["uptime"], check=False, capture_output=True, text=True).stdout.strip()
 
 
-def step(label: str, cmd: list[str], out: Path, log: list[dict], env: dict | None = None) -> dict:
+def step(label: str, cmd: list[str], out: Path, log: list[dict], env: dict | None = None,
+         kill_above_gib: float = 12.0) -> dict:
     """One measured process; its load before and after; hf-export's report timings when it wrote a report."""
     shutil.rmtree(out, ignore_errors=True)
-    before = os.getloadavg()
-    print(f"[{time.strftime('%H:%M:%S')}] {label}: {uptime()}", file=sys.stderr, flush=True)
-    wall, rss, proc = bench_pipeline.measure(cmd, env={"HF_HUB_OFFLINE": "1", **(env or {})})
+    before, started = os.getloadavg(), time.strftime("%H:%M:%S")
+    print(f"[{started}] {label}: {uptime()}", file=sys.stderr, flush=True)
+    with RssGuard(kill_above_gib) as guard:
+        wall, rss, proc = bench_pipeline.measure(cmd, env={"HF_HUB_OFFLINE": "1", **(env or {})})
     after = os.getloadavg()
     entry = {"step": label, "wall": round(wall, 2), "rss_mib": round(rss), "rc": proc.returncode,
-             "load_before": before, "load_after": after, "out": str(out)}
+             "load_before": before, "load_after": after, "out": str(out), "started": started,
+             "killed": guard.killed}
     report = out / "report.json"
     if report.is_file():
         target = json.loads(report.read_text())["targets"][0]
         entry["status"] = target["status"]
         entry["timings"] = target.get("timings") or {}
         entry["verdicts"] = {k: target.get(k) for k in ("parity", "runs_in") if k in target}
+        entry["dtypes"] = {k: target.get(k) for k in ("checkpoint_dtype", "load_dtype", "artifact_dtype")
+                           if k in target}
     if proc.returncode != 0:
         entry["stderr_tail"] = proc.stderr[-1500:]
     print(f"    {label}: {wall:.1f} s, {rss:.0f} MiB, rc {proc.returncode}, status {entry.get('status', '-')}, "
@@ -151,12 +248,41 @@ def step(label: str, cmd: list[str], out: Path, log: list[dict], env: dict | Non
     return entry
 
 
+def summary(log: list[dict], facts: dict) -> None:
+    """The steps' table: wall, peak RSS, its ratio to the fp32 weights, status and load; ours against each peer."""
+    fp32_mib = facts["parameters"] * 4 / 2**20
+    print("\n| step | wall | peak RSS | RSS / fp32 weights | rc | status | artifact dtype | load before -> after |\n"
+          "|---|---|---|---|---|---|---|---|")
+    for e in log:
+        dtype = (e.get("dtypes") or {}).get("artifact_dtype", "–")
+        print(f"| {e['step']} | {e['wall']:.1f} s | {e['rss_mib']} MiB | {e['rss_mib'] / fp32_mib:.2f}x | {e['rc']} "
+              f"| {e.get('status', '–')} | {dtype} | {e['load_before'][0]:.2f} -> {e['load_after'][0]:.2f} |")
+    print("\nwall ratios (ours / peer, same round):")
+    for e in log:
+        if not e["step"].startswith("hf-export"):
+            continue
+        fmt, rnd = e["step"].split()[1], e["step"].split()[2]
+        for peer in PEERS[fmt]:
+            other = next((p for p in log if p["step"] == f"{peer} {rnd}"), None)
+            if other and other["rc"] == 0 and e["rc"] == 0:
+                validate = (e.get("timings") or {}).get("validate_s", 0.0)
+                print(f"  {e['step']} / {other['step']}: {e['wall'] / other['wall']:.2f} "
+                      f"(without our validation {(e['wall'] - validate) / other['wall']:.2f})")
+    print("\nhf-export phase timings (report.json, s):")
+    for e in log:
+        if e["step"].startswith("hf-export"):
+            print(f"  {e['step']}: {json.dumps(e.get('timings'))} load {e['load_before'][0]:.2f} -> "
+                  f"{e['load_after'][0]:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=("llama58m", "qwen05b"), default="llama58m")
+    parser.add_argument("--model", choices=("llama58m", "qwen05b", "tinyllama11b"), default="llama58m")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--first-round", type=int, default=1, help="resume at this round (the order alternates)")
-    parser.add_argument("--only", choices=("onnx", "executorch"), action="append")
+    parser.add_argument("--only", choices=tuple(RECIPES), action="append", help="formats (default: onnx, executorch)")
+    parser.add_argument("--step", action="append", help="run only these steps (ours-onnx, genai-int4, ...)")
+    parser.add_argument("--kill-above-gib", type=float, default=12.0, help="SIGKILL a step's process above this RSS")
     parser.add_argument("--work", type=Path, default=HERE / ".work-peers")
     args = parser.parse_args()
     formats = args.only or ["onnx", "executorch"]
@@ -168,48 +294,35 @@ def main() -> None:
     for name, recipe in RECIPES.items():
         (work / f"recipe-{name}.json").write_text(json.dumps(recipe))
     cli = [PY, "-m", "exporters.cli", "run", str(model_dir), "--quiet", "--no-cache", "--no-bench", "--jobs", "1"]
-    peers = {
-        "onnx": [str(OPTIMUM_CLI), "export", "onnx", "--model", str(model_dir), "--task", "text-generation-with-past"],
-        "executorch": [str(OET_CLI), "export", "executorch", "--model", str(model_dir), "--task", "text-generation",
-                       "--recipe", "xnnpack", "--use_custom_sdpa", "--use_custom_kv_cache",
-                       "--max_seq_len", str(CACHE_LEN)],
+    genai = [str(GENAI_PY), "-m", "onnxruntime_genai.models.builder", "-i", str(model_dir), "-e", "cpu"]
+    peers = {  # each command takes its output folder last
+        "optimum-onnx": [str(OPTIMUM_CLI), "export", "onnx", "--model", str(model_dir), "--task",
+                         "text-generation-with-past"],
+        "genai-fp32": [*genai, "-p", "fp32", "-c", str(work / "genai-cache-fp32"), "-o"],
+        "genai-int4": [*genai, "-p", "int4", "-c", str(work / "genai-cache-int4"), "-o"],
+        "optimum-executorch": [str(OET_CLI), "export", "executorch", "--model", str(model_dir), "--task",
+                               "text-generation", "--recipe", "xnnpack", "--use_custom_sdpa", "--use_custom_kv_cache",
+                               "--max_seq_len", str(CACHE_LEN), "--output_dir"],
     }
     log: list[dict] = []
     started = uptime()
     rounds = range(args.first_round, args.rounds + 1)
+    log_file = work / f"log-{'-'.join(args.step or formats)}-from-r{args.first_round}.json"
     for n in rounds:
         for fmt in formats:
             ours = (f"hf-export {fmt} r{n}", [*cli, "--config", str(work / f"recipe-{fmt}.json"), "--out"],
-                    work / f"r{n}-ours-{fmt}")
-            peer_out = work / f"r{n}-peer-{fmt}"
-            peer_cmd = [*peers[fmt], str(peer_out)] if fmt == "onnx" else [*peers[fmt], "--output_dir", str(peer_out)]
-            peer = (f"peer {fmt} r{n}", peer_cmd, peer_out)
-            order = [ours, peer] if n % 2 else [peer, ours]
-            for label, cmd, out in order:
-                if label.startswith("hf-export"):
-                    cmd = [*cmd, str(out)]
-                step(label, cmd, out, log)
-                (work / f"log-{'-'.join(formats)}-from-r{args.first_round}.json").write_text(json.dumps(log, indent=1))
+                    work / f"r{n}-ours-{fmt}", f"ours-{fmt}")
+            theirs = [(f"{peer} r{n}", peers[peer], work / f"r{n}-{peer}", peer) for peer in PEERS[fmt]]
+            order = [ours, *theirs] if n % 2 else [*theirs, ours]
+            for label, cmd, out, name in order:
+                if args.step and name not in args.step:
+                    continue
+                step(label, [*cmd, str(out)], out, log, kill_above_gib=args.kill_above_gib)
+                log_file.write_text(json.dumps(log, indent=1))
     print(f"\nmachine: {bench_pipeline.machine()}")
     print(f"model: {facts}")
     print(f"uptime at the start: {started}\nuptime at the end:   {uptime()}")
-    print("\n| round | format | hf-export wall (validation) | peer wall | ratio | ratio without our validation "
-          "| peak RSS ours / peer | status |\n|---|---|---|---|---|---|---|---|")
-    for n in rounds:
-        for fmt in formats:
-            ours = next(e for e in log if e["step"] == f"hf-export {fmt} r{n}")
-            peer = next(e for e in log if e["step"] == f"peer {fmt} r{n}")
-            validate = (ours.get("timings") or {}).get("validate_s", 0.0)
-            ok = ours["rc"] == 0 and peer["rc"] == 0
-            ratio = f"{ours['wall'] / peer['wall']:.2f}" if ok else "–"
-            bare = f"{(ours['wall'] - validate) / peer['wall']:.2f}" if ok else "–"
-            print(f"| {n} | {fmt} | {ours['wall']:.1f} s ({validate:.1f} s) | {peer['wall']:.1f} s (rc {peer['rc']}) "
-                  f"| {ratio} | {bare} | {ours['rss_mib']} / {peer['rss_mib']} MiB | {ours.get('status')} |")
-    print("\nhf-export phase timings (report.json, s):")
-    for e in log:
-        if e["step"].startswith("hf-export"):
-            print(f"  {e['step']}: {json.dumps(e.get('timings'))} load {e['load_before'][0]:.2f} -> "
-                  f"{e['load_after'][0]:.2f}")
+    summary(log, facts)
 
 
 if __name__ == "__main__":

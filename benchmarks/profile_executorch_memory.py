@@ -44,12 +44,19 @@ def mark(phase: str) -> None:
     print(line, file=LOG, flush=True)
 
 
-def _watch_growth(step_mib: float = 256.0) -> None:
+_WATCHING = False
+
+
+def _watch_growth(step_mib: float = float(os.environ.get("PROFILE_STEP_MIB", 256))) -> None:
     """In this process, from now on: whenever RSS has grown by `step_mib` since the last report, write where the
     main thread is (its innermost frames), so growth inside one long phase is attributed to a call site."""
     import threading
     import traceback
 
+    global _WATCHING
+    if _WATCHING:  # one watcher a process
+        return
+    _WATCHING = True
     main = threading.main_thread().ident
 
     def watch() -> None:
@@ -72,7 +79,7 @@ def _wrapped(owner, name: str, phase: str) -> None:
 
     @functools.wraps(original)
     def call(*args, **kwargs):
-        if phase.startswith("to_edge"):
+        if phase.startswith(("to_edge", "the runner program")):
             _watch_growth()
         mark(f"before {phase}")
         result = original(*args, **kwargs)
@@ -85,7 +92,9 @@ def _wrapped(owner, name: str, phase: str) -> None:
 def install() -> None:
     import importlib
 
+    import torch
     from executorch.exir.program import _program
+    from torch.export import ExportedProgram
 
     from exporters.upstream import exporter_class  # upstream is reached through the one adapter
 
@@ -93,8 +102,12 @@ def install() -> None:
     exporter_executorch = importlib.import_module(executorch_exporter.__module__)
 
     _wrapped(executorch_exporter, "export_program", "torch.export + backend preparation of a component")
+    from exporters.upstream import llm_runner  # the LLM runner's program (generation targets)
+
+    _wrapped(llm_runner, "export_runner_program", "the runner program: export, lowering, emission")
+    _wrapped(torch.export, "export", "  torch.export.export")
+    _wrapped(ExportedProgram, "module", "  ExportedProgram.module()")
     from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
-    from torch.export import ExportedProgram
 
     _wrapped(exporter_executorch, "to_edge_transform_and_lower", "to_edge + XNNPACK lowering")
     _wrapped(ExportedProgram, "run_decompositions", "  run_decompositions (to_edge)")

@@ -6,6 +6,8 @@ Each model is exported once (module-scoped fixtures) through the real CLI; every
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 from pathlib import Path
 
@@ -242,3 +244,92 @@ def test_the_cards_runner_snippet_runs_as_written(llama_runner, hub, tmp_path):
     assert done.returncode == 0, (code, done.stderr[-3000:])
     generation = _target(report)["generation"]
     assert done.stdout.strip() and generation["status"] == "passed"
+
+
+def test_the_strict_trace_shares_the_weights_and_still_clones_the_cache(monkeypatch):
+    """The runner program's strict `torch.export` keeps no clone of the weights in dynamo's real-value cache (at
+    1.1B in float32 that clone was 4.1 GiB more in the export process); a buffer the program writes (the static
+    cache) is still cloned, so the trace never touches the caller's. Without the adapter the weight is cloned too."""
+    from torch._dynamo.variables import builder
+
+    from exporters.upstream import strict_export_shares_parameters
+
+    class Step(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+            self.register_buffer("cache", torch.zeros(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.cache.add_(x.sum(0))
+            return self.proj(x) + self.cache
+
+    def cloned_during_trace(shared: bool) -> list[str]:
+        cloned: list[str] = []
+        real = builder._clone_input
+
+        def spy(value, fake_mode):
+            if isinstance(value, torch.Tensor):
+                cloned.append("parameter" if isinstance(value, torch.nn.Parameter) else "buffer or input")
+            return real(value, fake_mode)
+
+        monkeypatch.setattr(builder, "_clone_input", spy)
+        module = Step().eval()
+        with torch.no_grad(), (strict_export_shares_parameters() if shared else contextlib.nullcontext()):
+            program = torch.export.export(module, (torch.ones(2, 4),), strict=True)
+        assert torch.equal(module.cache, torch.zeros(4))  # the trace wrote a clone, never the module's cache
+        x = torch.randn(2, 4)
+        expected = copy.deepcopy(module)(x)  # the program's module writes the module's own cache (shared buffers)
+        assert torch.allclose(program.module()(x), expected)
+        monkeypatch.setattr(builder, "_clone_input", real)
+        assert builder._clone_input is real
+        return cloned
+
+    assert "parameter" in cloned_during_trace(shared=False)  # what the adapter removes
+    shared = cloned_during_trace(shared=True)
+    assert "parameter" not in shared and "buffer or input" in shared
+    assert builder._clone_input.__module__ == builder.__name__  # restored after the export
+
+
+def test_the_runner_lowering_shares_the_weights_and_spills_their_serialized_copies(tmp_path, monkeypatch):
+    """Lowering the runner program goes through the same memory measures as the methods layout: each partition's
+    copy for XNNPACK shares the weights (no second copy), and XNNPACK's serialized weights wait on disk as
+    `FileBackedData`, not as bytes in memory, until the `.pte` is written (at 1.1B in float32 the export process
+    passed 12 GiB without them: benchmarks/RESULTS.md). In-process (the pipeline forks this same call) with spies
+    on ExecuTorch's named-data store and XNNPACK's preprocess; the folder written is the runner's as ever."""
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+    from executorch.exir._serialize._cord import FileBackedData
+    from executorch.exir._serialize._named_data_store import NamedDataStore
+    from executorch.exir.backend.backend_details import BackendDetails
+
+    from exporters.export.convert import export_to
+    from exporters.run.context import RunOptions, prepare_run
+    from exporters.run.workbench import Workbench
+
+    seen: dict[str, list] = {"data": [], "copy_shares": []}
+    real_add, real_preprocess = NamedDataStore.add_named_data, XnnpackBackend.preprocess  # a staticmethod
+    real_copy = BackendDetails.__dict__["copy_exported_program_for_preprocess"]
+
+    def add(self, key, data, *args, **kwargs):
+        seen["data"].append(type(data).__name__)
+        return real_add(self, key, data, *args, **kwargs)
+
+    def preprocess(program, specs):
+        seen["copy_shares"].append(BackendDetails.__dict__["copy_exported_program_for_preprocess"] is not real_copy)
+        return real_preprocess(program, specs)
+
+    monkeypatch.setattr(NamedDataStore, "add_named_data", add)
+    monkeypatch.setattr(XnnpackBackend, "preprocess", staticmethod(preprocess))
+    model_dir = runner_model(tmp_path / "model", "qwen2", {**RECIPE, "exports": [{**PLAINEST_EXECUTORCH,
+                                                                                  "layout": "runner"}]})
+    options = RunOptions(out_dir=tmp_path / "out", bench=False)
+    context = prepare_run(str(model_dir), options)
+    workbench = Workbench.load(context, options, context.targets)
+    target = workbench.plan(context.targets[0])
+    assert target.layout == "runner"
+    components = workbench.components(target, context.recipe)
+    outcome = export_to(workbench.model, target, components, context.recipe, tmp_path / "runner", [])
+    assert "model.pte" in outcome["written"]
+    assert seen["copy_shares"] and all(seen["copy_shares"]), "a partition's copy held its own weights"
+    assert FileBackedData.__name__ in seen["data"], f"the serialized weights stayed in memory: {seen['data']}"
+    assert not list((tmp_path / "runner").glob(".named-data-*"))  # the spill folder is gone with the export

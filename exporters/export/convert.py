@@ -171,7 +171,7 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
     Returns `{"components", "export_only_s", "save_s", "written", "copied"}`: the last two, the files the export
     wrote and those `complete_folder` copied (what a runtime proof may read: `exporters.validate.folder_trust`)."""
     if getattr(target, "layout", None) == "runner":  # the ExecuTorch LLM runner's program (exporters.export.llm_runner)
-        with _tracing(model, target):
+        with _tracing(model, target), _lowering_memory(target, directory):
             outcome = export_runner(model, target, components, recipe, directory, notes, quantizer_for)
     else:
         exporter = upstream.exporter_class(target.export_format)()

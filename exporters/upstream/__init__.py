@@ -76,6 +76,7 @@ from exporters.upstream.internals import (
     pte_float_dtypes,
     pte_weight_bytes,
     recording_logits_processors,
+    strict_export_shares_parameters,
     symbolic_arithmetic_once,
 )
 from exporters.upstream.onnx_decompositions import decompose_only_what_onnx_lacks, type_promotion_on_traced_values
@@ -108,6 +109,7 @@ __all__ = [
     "patches_of_loaded_models",
     "pte_float_dtypes", "pte_weight_bytes",
     "recording_logits_processors",
+    "strict_export_shares_parameters",
     "TORCH_SERDE_LOGGER",
     "cast_leaf_tensors",
     "onnxruntime_int4_quantizer",

@@ -2,7 +2,7 @@
 is adapted here: ExecuTorch's `.pte` layout (segments, named data), the one place `generate()` assembles its
 logits processors, how upstream resolves the targets of its trace-time patches, the contiguity test of its
 `reshape` patch, torch's symbolic size arithmetic (`SymNode`'s operations) and how `torch.export` gives input
-sizes their symbols.
+sizes their symbols, and the real-value cache of a strict `torch.export`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from torch._dynamo.source import TensorProperty, TensorPropertySource
+from torch._dynamo.variables import builder as dynamo_builder
 from torch._export import non_strict_utils
 from torch.export.dynamic_shapes import _Constraint
 from torch.fx.experimental import sym_node
@@ -24,7 +25,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from transformers.exporters import utils as upstream_utils
 
 __all__ = ["contiguity_known_once", "named_dims_share_symbols", "patches_of_loaded_models", "pte_float_dtypes", "pte_weight_bytes",
-           "recording_logits_processors", "symbolic_arithmetic_once"]
+           "recording_logits_processors", "strict_export_shares_parameters", "symbolic_arithmetic_once"]
 
 
 def pte_weight_bytes(path: Path) -> int:
@@ -115,6 +116,32 @@ def recording_logits_processors(model, sink: list) -> Iterator[None]:
             model._get_logits_processor = build
         else:
             del model._get_logits_processor
+
+
+@contextmanager
+def strict_export_shares_parameters() -> Iterator[None]:
+    """While a strict `torch.export` runs, its real-value cache holds the module's parameters themselves instead of
+    clones. Dynamo clones every real tensor it wraps (`_clone_input`, so that running a node on real values never
+    mutates the caller's tensors): for a module's weights that is a full second copy held for the whole trace (1.1B
+    parameters in float32: +4.1 GiB, benchmarks/RESULTS.md). A traced forward never writes its parameters in place,
+    so sharing them is safe; buffers (a static cache the program updates) and inputs are still cloned.
+
+    Example:
+        >>> with strict_export_shares_parameters():  # doctest: +SKIP
+        ...     torch.export.export(program, (), kwargs, strict=True)
+    """
+    real = dynamo_builder._clone_input
+
+    def clone_input(value, fake_mode):
+        if isinstance(value, torch.nn.Parameter):
+            return value
+        return real(value, fake_mode)
+
+    dynamo_builder._clone_input = clone_input
+    try:
+        yield
+    finally:
+        dynamo_builder._clone_input = real
 
 
 @contextmanager

@@ -33,6 +33,7 @@ from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import AttentionInterface
 
 from exporters.upstream.beyond import _external_constants, _tag_delegate_weights, xnnpack_lowering
+from exporters.upstream.internals import strict_export_shares_parameters
 
 # The runner's metadata methods (executorch extension/llm/runner/constants.h) and optimum-executorch's.
 FLOAT_DTYPE_CODES = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
@@ -232,7 +233,8 @@ def export_runner_program(program: RunnerProgram, model: Any, inputs: dict[str, 
     with stack, torch.no_grad():
         if custom_ops:
             stack.enter_context(custom_ops_installed(program, model))
-        exported = torch.export.export(program, (), kwargs, dynamic_shapes=shapes, strict=True)
+        with strict_export_shares_parameters():  # not a second copy of the weights for the trace
+            exported = torch.export.export(program, (), kwargs, dynamic_shapes=shapes, strict=True)
         if custom_ops:
             # executorch's LLM export passes: loaded only when custom ops are asked for
             from executorch.extension.llm.export.export_passes import RemoveRedundantTransposes
