@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("decoder-only", "state-space", "hybrid", "encoder", "vision", "audio", "encoder-decoder", "vision-language",
-         "dual-encoder")
+         "audio-language", "dual-encoder")
 VOCAB = 256
 SIZES: dict[str, Any] = {
     "hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "projection_dim": 32, "word_embed_proj_dim": 32,
@@ -227,6 +227,14 @@ _SPECS = [
     _f("aya_vision", "vision-language", "AyaVisionForConditionalGeneration", vision_config__image_size=32,
        vision_config__patch_size=8, text_config__sliding_window=12,
        text_config__layer_types=["sliding_attention", "full_attention"]),
+    # audio-language: refused (no audio encoder component yet), never passed on the language model alone
+    _f("voxtral", "audio-language", "VoxtralForConditionalGeneration", "refused: the audio encoder is not exported",
+       audio_config__num_mel_bins=16, audio_config__max_source_positions=32),
+    _f("qwen2_audio", "audio-language", "Qwen2AudioForConditionalGeneration",
+       "refused: the audio encoder is not exported", audio_config__num_mel_bins=16,
+       audio_config__max_source_positions=32),
+    _f("granite_speech", "audio-language", "GraniteSpeechForConditionalGeneration",
+       "refused: the speech encoder is not exported", has_lora_adapter=False),
     # dual encoders
     _f("clip", "dual-encoder", "CLIPModel", vision_config__image_size=32, vision_config__patch_size=8),
     _f("siglip", "dual-encoder", "SiglipModel", vision_config__image_size=32, vision_config__patch_size=8),

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from exporters.capture.families import AUDIO_INPUTS, FAMILIES, default_mode, detect_family, towers
+from exporters.capture.modalities import refusal
 from exporters.capture.multimodal import (
     Preprocessor,
     image_processor_pixels,
@@ -23,6 +24,7 @@ from exporters.capture.multimodal import (
     processor_inputs,
     synthesize_vlm,
 )
+from exporters.errors import UnsupportedModelError
 from exporters.recipe.model import InputsSpec
 
 # Moonshine's encoder downsamples a waveform's attention_mask by slicing it to its conv output length, which torch.export
@@ -177,6 +179,9 @@ def make_sample_inputs(model, spec: InputsSpec, tokenizer=None, folder: Path | N
     """
     generator = torch.Generator().manual_seed(spec.seed)
     family = detect_family(model)
+    dropped = refusal(model, family)  # a modality no component would read: never a pass on the language model alone
+    if dropped:
+        raise UnsupportedModelError(dropped)
     text_only = family in ("text", "seq2seq") or text_ids is not None
     audio = family in ("audio", "speech-seq2seq")
     pre, notes = load_preprocessor(folder, audio=audio) if not text_only else (None, [])
