@@ -106,6 +106,13 @@ _SPECS = [
     _f("mamba2", "state-space", "Mamba2ForCausalLM", num_heads=4, head_dim=16, state_size=16, n_groups=1,
        time_step_rank=8, chunk_size=16),
     _f("falcon_mamba", "state-space", "FalconMambaForCausalLM", state_size=8, time_step_rank=8, use_mambapy=False),
+    # recurrent: the state (RWKV's five per-layer tensors, xLSTM's matrix memory) is the cache, stepped like Mamba's
+    _f("rwkv", "state-space", "RwkvForCausalLM", "RWKV-4: the state is a list of tensors (`state`)",
+       attention_hidden_size=32, context_length=64, rescale_every=0),
+    # xLSTM rounds its head dimensions up to multiples of 64 (its cache does, its layers do not): 64 wide
+    _f("xlstm", "state-space", "xLSTMForCausalLM", "mLSTM blocks: the state is an xLSTMCache", hidden_size=64,
+       embedding_dim=64, num_blocks=2, qk_dim_factor=1.0, chunk_size=16, autocast_kernel_dtype="float32",
+       max_inference_chunksize=16),
     # hybrids: at least one attention layer and one state-space (or convolution) layer
     _f("falcon_h1", "hybrid", "FalconH1ForCausalLM", "attention and Mamba2 in parallel in every layer",
        mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=16,
@@ -188,6 +195,8 @@ _SPECS = [
     _f("pegasus", "encoder-decoder", "PegasusForConditionalGeneration"),
     _f("m2m_100", "encoder-decoder", "M2M100ForConditionalGeneration"),
     _f("mt5", "encoder-decoder", "MT5ForConditionalGeneration", decoder_start_token_id=0),
+    _f("t5gemma", "encoder-decoder", "T5GemmaForConditionalGeneration", "sliding window 12: decoding crosses it",
+       encoder__sliding_window=12, decoder__sliding_window=12, decoder__cross_attention_hidden_size=32),
     # vision-language
     _f("llava", "vision-language", "LlavaForConditionalGeneration", vision_config__image_size=32,
        vision_config__patch_size=8, image_seq_length=16),
