@@ -196,7 +196,8 @@ _SPECS = [
     _f("m2m_100", "encoder-decoder", "M2M100ForConditionalGeneration"),
     _f("mt5", "encoder-decoder", "MT5ForConditionalGeneration", decoder_start_token_id=0),
     _f("t5gemma", "encoder-decoder", "T5GemmaForConditionalGeneration", "sliding window 12: decoding crosses it",
-       encoder__sliding_window=12, decoder__sliding_window=12, decoder__cross_attention_hidden_size=32),
+       encoder__sliding_window=12, decoder__sliding_window=12, decoder__cross_attention_hidden_size=32,
+       tie_word_embeddings=False),  # tied narrow embeddings: greedy decoding repeats the start token
     # vision-language
     _f("llava", "vision-language", "LlavaForConditionalGeneration", vision_config__image_size=32,
        vision_config__patch_size=8, image_seq_length=16),

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from exporters import upstream
+from exporters.capture.cache_settings import sliding_window_of
 from exporters.capture.components import GLUE_FILE, cache_setting_for, write_glue
 from exporters.capture.llm_runner import METHODS_NOTE
 from exporters.capture.shapes import build_dynamic_shapes
@@ -254,7 +255,7 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
         if target.mode == "generation" and is_encoder_decoder_export(list(entries)):  # optimum's files and names
             fixed = fixed_past(directory)
             if fixed is None:
-                rename_encoder_decoder(directory)
+                rename_encoder_decoder(directory, sliding_window_of(model.config))
                 # one decoder graph (optimum's and transformers.js's), unless `merged: false` keeps the two
                 unmerged = merge_encoder_decoder(directory) if target.merged is not False else None
                 if unmerged and notes is not None:
