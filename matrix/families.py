@@ -173,6 +173,8 @@ _SPECS = [
     _f("hubert", "audio", "HubertModel", **AUDIO_CONV),
     _f("wavlm", "audio", "WavLMModel", **AUDIO_CONV, num_buckets=32, max_bucket_distance=64),
     _f("data2vec_audio", "audio", "Data2VecAudioModel", **AUDIO_CONV),
+    _f("wav2vec2_bert", "audio", "Wav2Vec2BertModel", "160-wide features: 80 mel bins, two frames stacked",
+       conv_depthwise_kernel_size=3, output_hidden_size=32),
     _f("audio_spectrogram_transformer", "audio", "ASTModel", num_mel_bins=16, max_length=64, patch_size=8,
        frequency_stride=8, time_stride=8),
     _f("whisper", "audio", "WhisperForConditionalGeneration", "speech encoder-decoder", num_mel_bins=16,
