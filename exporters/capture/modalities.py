@@ -96,8 +96,12 @@ def refusal(model, family: str) -> str | None:
     modality it takes has a component.
 
     Example:
-        >>> refusal(model, "text") is None  # the Llama of the module's example
-        True
+        >>> from transformers import CLIPConfig, CLIPModel
+        >>> tiny = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+        >>> clip = CLIPModel(CLIPConfig(text_config=tiny, vision_config={**tiny, "image_size": 16, "patch_size": 8},
+        ...                             projection_dim=16))
+        >>> refusal(clip, "dual-encoder") is None, refusal(clip, "text")[:56]
+        (True, 'CLIPModel reads image (its forward takes `pixel_values`)')
     """
     gaps = uncovered(model, family)
     if not gaps:
