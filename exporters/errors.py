@@ -37,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -68,6 +69,8 @@ __all__ = [
     "recovering",
     "render_root_cause",
     "root_cause",
+    "upstream_cause",
+    "without_ansi",
 ]
 
 
@@ -235,6 +238,40 @@ def root_cause(err: BaseException) -> BaseException:
         err = inner
 
 
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]")
+# Failures whose cause is upstream, by what their message says: (pattern, what to say, upstream issue or gap)
+UPSTREAM_CAUSES = (
+    (re.compile(r"erfinv", re.I), "`aten::erfinv` has no ONNX operator and no ExecuTorch kernel",
+     "docs/upstream-gaps.md #45"),
+    (re.compile(r"complex(64|128|float|double)|view_as_complex|view_as_real|aten[.:]+polar|aten[.:]+complex", re.I),
+     "complex-number RoPE (`torch.polar`, `view_as_complex`): the ONNX exporter and ExecuTorch take no complex "
+     "tensors", "pytorch/pytorch#126972, onnx/onnx#4785; docs/upstream-gaps.md #45"),
+)
+
+
+def without_ansi(text: str) -> str:
+    """`text` without terminal colour and cursor codes (some runtimes colour their errors).
+
+    Example:
+        >>> without_ansi("\x1b[31mKernelCall failed\x1b[0m")
+        'KernelCall failed'
+    """
+    return _ANSI.sub("", str(text))
+
+
+def upstream_cause(message: str) -> str | None:
+    """What a failure's message shows to be upstream's, with the operator and the upstream issue; None otherwise.
+
+    Example:
+        >>> upstream_cause("Exporting the operator 'aten::erfinv' to ONNX is not supported")
+        'upstream: `aten::erfinv` has no ONNX operator and no ExecuTorch kernel (docs/upstream-gaps.md #45)'
+    """
+    for pattern, what, where in UPSTREAM_CAUSES:
+        if pattern.search(message):
+            return f"upstream: {what} ({where})"
+    return None
+
+
 def describe_error(err: BaseException, limit: int = 2000) -> str:
     """`Type: message`, with the root cause appended when a wrapper hides it; cut to `limit` characters.
 
@@ -255,6 +292,7 @@ def describe_error(err: BaseException, limit: int = 2000) -> str:
     notes = getattr(err, "__notes__", None)  # what the runtime printed (exporters.validate.native_log), for one
     if notes:
         text += f" ({'; '.join(str(note) for note in notes)})"
+    text = without_ansi(text)
     return text if len(text) < limit else text[:limit] + " …"
 
 
@@ -279,13 +317,18 @@ def error_record(err: BaseException, *, prefix: str = "", limit: int = 2000) -> 
         >>> record["root_cause"]
         {'type': 'ValueError', 'message': 'Image features and image tokens do not match'}
     """
-    text = f"{prefix}{err}"
+    text = without_ansi(f"{prefix}{err}")
     record: dict[str, Any] = {"type": type(err).__name__, "message": text if len(text) < limit else text[:limit] + " …"}
     cause = root_cause(err)
+    message = ""
     if cause is not err:
-        message = str(cause)
+        message = without_ansi(str(cause))
         record["root_cause"] = {"type": type(cause).__name__,
                                 "message": message if len(message) < limit else message[:limit] + " …"}
+    upstream = upstream_cause(f"{text} {message}")
+    if upstream:  # said where every reader of the message sees it (report.md, the card, the CLI)
+        record["upstream"] = upstream
+        record["message"] += f" [{upstream}]"
     return record
 
 
@@ -301,7 +344,7 @@ def first_line(message: str, limit: int = 300) -> str:
         >>> first_line("You should set `do_sample=True` or unset `temperature` in the file.", limit=40)
         'You should set `do_sample=True` or …'
     """
-    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    lines = [line.strip() for line in without_ansi(message).splitlines() if line.strip()]
     line = lines.pop(0) if lines else ""
     while line.endswith(":") and lines:
         line = f"{line} {lines.pop(0).lstrip('-*• ').strip()}"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("decoder-only", "state-space", "hybrid", "encoder", "vision", "audio", "encoder-decoder", "vision-language",
-         "dual-encoder")
+         "audio-language", "dual-encoder")
 VOCAB = 256
 SIZES: dict[str, Any] = {
     "hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "projection_dim": 32, "word_embed_proj_dim": 32,
@@ -106,6 +106,13 @@ _SPECS = [
     _f("mamba2", "state-space", "Mamba2ForCausalLM", num_heads=4, head_dim=16, state_size=16, n_groups=1,
        time_step_rank=8, chunk_size=16),
     _f("falcon_mamba", "state-space", "FalconMambaForCausalLM", state_size=8, time_step_rank=8, use_mambapy=False),
+    # recurrent: the state (RWKV's five per-layer tensors, xLSTM's matrix memory) is the cache, stepped like Mamba's
+    _f("rwkv", "state-space", "RwkvForCausalLM", "RWKV-4: the state is a list of tensors (`state`)",
+       attention_hidden_size=32, context_length=64, rescale_every=0),
+    # xLSTM rounds its head dimensions up to multiples of 64 (its cache does, its layers do not): 64 wide
+    _f("xlstm", "state-space", "xLSTMForCausalLM", "mLSTM blocks: the state is an xLSTMCache", hidden_size=64,
+       embedding_dim=64, num_blocks=2, qk_dim_factor=1.0, chunk_size=16, autocast_kernel_dtype="float32",
+       max_inference_chunksize=16),
     # hybrids: at least one attention layer and one state-space (or convolution) layer
     _f("falcon_h1", "hybrid", "FalconH1ForCausalLM", "attention and Mamba2 in parallel in every layer",
        mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=16,
@@ -166,6 +173,8 @@ _SPECS = [
     _f("hubert", "audio", "HubertModel", **AUDIO_CONV),
     _f("wavlm", "audio", "WavLMModel", **AUDIO_CONV, num_buckets=32, max_bucket_distance=64),
     _f("data2vec_audio", "audio", "Data2VecAudioModel", **AUDIO_CONV),
+    _f("wav2vec2_bert", "audio", "Wav2Vec2BertModel", "160-wide features: 80 mel bins, two frames stacked",
+       conv_depthwise_kernel_size=3, output_hidden_size=32),
     _f("audio_spectrogram_transformer", "audio", "ASTModel", num_mel_bins=16, max_length=64, patch_size=8,
        frequency_stride=8, time_stride=8),
     _f("whisper", "audio", "WhisperForConditionalGeneration", "speech encoder-decoder", num_mel_bins=16,
@@ -188,6 +197,9 @@ _SPECS = [
     _f("pegasus", "encoder-decoder", "PegasusForConditionalGeneration"),
     _f("m2m_100", "encoder-decoder", "M2M100ForConditionalGeneration"),
     _f("mt5", "encoder-decoder", "MT5ForConditionalGeneration", decoder_start_token_id=0),
+    _f("t5gemma", "encoder-decoder", "T5GemmaForConditionalGeneration", "sliding window 12: decoding crosses it",
+       encoder__sliding_window=12, decoder__sliding_window=12, decoder__cross_attention_hidden_size=32,
+       tie_word_embeddings=False),  # tied narrow embeddings: greedy decoding repeats the start token
     # vision-language
     _f("llava", "vision-language", "LlavaForConditionalGeneration", vision_config__image_size=32,
        vision_config__patch_size=8, image_seq_length=16),
@@ -227,6 +239,14 @@ _SPECS = [
     _f("aya_vision", "vision-language", "AyaVisionForConditionalGeneration", vision_config__image_size=32,
        vision_config__patch_size=8, text_config__sliding_window=12,
        text_config__layer_types=["sliding_attention", "full_attention"]),
+    # audio-language: refused (no audio encoder component yet), never passed on the language model alone
+    _f("voxtral", "audio-language", "VoxtralForConditionalGeneration", "refused: the audio encoder is not exported",
+       audio_config__num_mel_bins=16, audio_config__max_source_positions=32),
+    _f("qwen2_audio", "audio-language", "Qwen2AudioForConditionalGeneration",
+       "refused: the audio encoder is not exported", audio_config__num_mel_bins=16,
+       audio_config__max_source_positions=32),
+    _f("granite_speech", "audio-language", "GraniteSpeechForConditionalGeneration",
+       "refused: the speech encoder is not exported", has_lora_adapter=False),
     # dual encoders
     _f("clip", "dual-encoder", "CLIPModel", vision_config__image_size=32, vision_config__patch_size=8),
     _f("siglip", "dual-encoder", "SiglipModel", vision_config__image_size=32, vision_config__patch_size=8),

@@ -115,3 +115,40 @@ def test_a_corrupt_checkpoint_is_one_line_that_says_what_to_fix(tmp_path):
     assert f"cannot load the model from {model_dir}: SafetensorError: Error while deserializing header" in said
     assert "check that its weight files are complete" in said
     assert not (out / "report.json").exists() and json.loads((out / "problem.json").read_text())
+
+
+def test_terminal_colour_codes_reach_no_report_and_upstream_causes_are_said(tmp_path):
+    """Runtimes colour some errors (ExecuTorch's native log, onnxruntime's): report.md and report.json carry none of
+    their escape codes, and a failure whose cause is upstream says "upstream" with the operator and the upstream
+    issue (#50 item 9)."""
+    from exporters.errors import error_record
+    from exporters.report.build import write_report
+
+    try:
+        try:
+            raise RuntimeError("\x1b[1;31mUnsupportedOperatorError\x1b[0m: Exporting the operator "
+                               "'aten::view_as_complex' to ONNX is not supported")
+        except RuntimeError as inner:
+            raise RuntimeError("exporting component 'model' failed: \x1b[33mwarning\x1b[0m") from inner
+    except RuntimeError as err:
+        record = error_record(err)
+    assert "\x1b" not in json.dumps(record)
+    assert record["upstream"].startswith("upstream: complex-number RoPE") and "pytorch/pytorch#126972" in \
+        record["upstream"], record
+    assert record["message"].endswith(f"[{record['upstream']}]")
+    gemma3n = error_record(RuntimeError("KernelCall failed: aten::erfinv.out has no kernel"))
+    assert "`aten::erfinv` has no ONNX operator" in gemma3n["upstream"]
+    assert "upstream" not in error_record(RuntimeError("outputs differ from the eager model"))
+
+    report = {"status": "failed", "source": {"model": "acme/tiny", "revision": "a" * 40},
+              "recipe": {"file": "export_config.json", "sha256": "f" * 64}, "versions": {"torch": "2.13"},
+              "findings": ["\x1b[32mgreen\x1b[0m note"],
+              "targets": [{"name": "onnx", "export_format": "onnx", "mode": "model", "status": "failed",
+                           "error": {"type": "RuntimeError", "message": "\x1b[31mred\x1b[0m failure"},
+                           "components": [{"name": "model", "checks": [
+                               {"probe": "seq=9", "verdict": "failed", "error": "\x1b[31mbad\x1b[0m", "outputs": []}]}]}]}
+    write_report(report, tmp_path)
+    for name in ("report.md", "report.json"):
+        text = (tmp_path / name).read_text()
+        assert "\x1b" not in text and "\\u001b" not in text, name
+    assert "red failure" in (tmp_path / "report.json").read_text()

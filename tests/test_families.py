@@ -15,6 +15,7 @@ import json
 
 import pytest
 
+from matrix.families import FAMILIES
 from tests.conftest import run_cli
 from tests.models import tiny_idefics3_with_processor, tiny_vit_with_image_processor
 
@@ -189,3 +190,66 @@ def test_export_child_failure_keeps_the_root_cause_in_report_and_log(tmp_path):
     assert outcome["ok"] is False and outcome["type"] == "RuntimeError"
     assert outcome["root_cause"] == {"type": "KeyError", "message": "'cu_seqlens'"}
     assert log_excerpt(log, 300).rstrip().endswith("root cause: KeyError: 'cu_seqlens'")
+
+
+def test_an_audio_language_model_is_refused_never_passed_on_its_language_model(tmp_path):
+    """Voxtral is sorted as a text generator by its main input (`input_ids`); its text path alone exports and
+    validates. Every target fails instead, naming the audio encoder and projector it would drop (issue #50)."""
+    from matrix.families import build
+
+    model_dir = build(FAMILIES["voxtral"], tmp_path / "model", recipe=BOTH)
+    out = tmp_path / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out))
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    report = _report(out)
+    assert [t["status"] for t in report["targets"]] == ["failed", "failed"]
+    for target in report["targets"]:
+        message = target["error"]["message"]
+        assert "reads audio" in message and "`model.audio_tower`" in message, message
+        assert "`model.multi_modal_projector`" in message and "nothing is exported" in message, message
+        assert target["components"] == []
+    assert "passed" not in (out / "report.md").read_text().lower().replace("0 passed", "")
+
+
+@pytest.mark.parametrize("model_class", ["Qwen2AudioForConditionalGeneration", "GraniteSpeechForConditionalGeneration",
+                                         "Phi4MultimodalForCausalLM"])
+def test_models_that_take_a_modality_no_component_reads_get_no_sample_inputs(model_class):
+    """The guard reads the modalities from the model (its forward's inputs, its config's modality sub-configs),
+    not from the family it was sorted into: an audio-language model, and a vision-language one that also hears."""
+    import transformers
+
+    from exporters.capture.inputs import make_sample_inputs
+    from exporters.errors import UnsupportedModelError
+    from exporters.recipe.model import InputsSpec
+    from matrix.families import shrink
+
+    cls = getattr(transformers, model_class)
+    model = cls(shrink(cls.config_class(), {"has_lora_adapter": False} if "Granite" in model_class else {})).eval()
+    with pytest.raises(UnsupportedModelError, match="reads audio") as caught:
+        make_sample_inputs(model, InputsSpec(sequence_length=8))
+    if model_class == "Phi4MultimodalForCausalLM":
+        assert "image (its forward takes `image_pixel_values`)" in str(caught.value)
+    else:
+        assert "encoder and its projector" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in FAMILIES.items()
+                                        if s.kind not in ("decoder-only", "state-space", "hybrid", "encoder")))
+def test_no_family_passes_without_a_component_for_every_modality_it_takes(name):
+    """For every multimodal family of the matrix: either each modality the model takes is read by a component of
+    its family's exports, or its sample inputs are refused (so no target of it can pass)."""
+    from exporters.capture.families import detect_family
+    from exporters.capture.inputs import make_sample_inputs
+    from exporters.capture.modalities import covered, input_modalities
+    from exporters.errors import UnsupportedModelError
+    from exporters.recipe.model import InputsSpec
+    from matrix.families import tiny_model
+
+    model = tiny_model(FAMILIES[name])
+    taken, have = set(input_modalities(model)), covered(model, detect_family(model))
+    if taken <= have:
+        return
+    with pytest.raises(UnsupportedModelError):
+        make_sample_inputs(model, InputsSpec(sequence_length=8))
+    assert FAMILIES[name].kind == "audio-language", f"{name} takes {taken - have} that no component reads"

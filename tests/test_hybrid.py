@@ -76,3 +76,37 @@ def test_an_explicit_merged_true_says_why_the_hybrid_cannot_have_it(hybrid_run):
     assert "state-space scan, which torch.export fixes at the traced length" in message, message
     assert "set `merged` to false" in message and "recurrent_states" in message
     assert result.returncode == 1  # that target failed; the others passed
+
+
+def test_falcon_h1_with_its_own_mamba_sizes_is_verified_by_probes_sized_from_the_model(tmp_path):
+    """Falcon-H1 at its config's own Mamba sizes (128 heads, state 256): the stepped decode's states alone pass the
+    default max_probe_elements, which skipped its larger batch probe and left the plainest recipe `unverified`
+    (#50 item 7). Probes are sized from the model: within twice the traced inputs, a dim with no declared maximum at
+    the sizes that fit; every check runs."""
+    import dataclasses
+
+    from matrix.families import FAMILIES, build
+
+    spec = dataclasses.replace(FAMILIES["falcon_h1"], overrides={"projectors_bias": False, "mamba_chunk_size": 16})
+    recipe = {"schema_version": 1, "exports": [{"name": "dynamo", "export_format": "dynamo", "dynamic": True}]}
+    model_dir = build(spec, tmp_path / "model", recipe=recipe)
+    out = tmp_path / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    target = json.loads((out / "report.json").read_text())["targets"][0]
+    assert target["status"] == "passed", (target["unverified"], target["error"])
+    assert result.returncode == 0
+    checks = [check for component in target["components"] for check in component["checks"]]
+    assert not [c for c in checks if c["skipped"]], checks
+    assert any(c["probe"].startswith("batch_size=") and c["probe"] != "batch_size=1" for c in checks), checks
+
+
+def test_a_probe_limit_that_bites_names_the_setting_and_the_value_that_admits_it():
+    import torch
+
+    from exporters.capture.probes import DimBinding, make_probes
+
+    inputs = {"input_ids": torch.zeros(1, 8, dtype=torch.long)}
+    binding = DimBinding("sequence", 2, 64, [("input_ids", 1)], 8)
+    skipped = [skip for _, probe, skip in make_probes(inputs, [binding], None, 16, None) if probe is None]
+    assert len(skipped) == 2 and skipped[-1] == ("inputs of 64 elements exceed max_probe_elements (16): set "
+                                                 "`validation.max_probe_elements` to 64 or more (now 16) to probe it")

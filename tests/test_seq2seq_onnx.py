@@ -600,3 +600,32 @@ def test_merged_false_keeps_optimums_two_decoders_validated_and_optimum_generate
         "past_key_values")
     want = _text_generate(t5_unmerged["model_dir"], TEXT_BATCH)
     assert got["batch"] == 2 and [row[-NEW_TOKENS:] for row in got["tokens"]] == want
+
+
+def test_a_sliding_window_encoder_decoder_merged_decoder_takes_only_runtime_names(tmp_path):
+    """T5Gemma's decoder cache has sliding-window layers whose window upstream flattens into a graph input
+    (`..._sliding_window_tensor`); it is folded into the constant it is, and every input of the merged decoder is
+    one optimum, ONNX Runtime and transformers.js feed (#50 item 4). Before: "The graph takes [...] don't hold"."""
+    import onnx
+    import torch
+
+    from exporters.export.seq2seq_names import foreign_inputs
+    from matrix.families import FAMILIES, build, tiny_model
+
+    model = tiny_model(FAMILIES["t5gemma"])
+    ids = torch.randint(0, 200, (1, 8))
+    assert len(set(model.generate(input_ids=ids, max_new_tokens=8, do_sample=False)[0].tolist())) > 2
+    recipe = {"schema_version": 1, "generation": {"max_new_tokens": 16},
+              "exports": [{"name": "onnx", "export_format": "onnx", "dynamic": True}]}
+    model_dir = build(FAMILIES["t5gemma"], tmp_path / "model", recipe=recipe)
+    out = tmp_path / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    target = json.loads((out / "report.json").read_text())["targets"][0]
+    assert target["status"] == "passed", target["error"]
+    assert result.returncode == 0
+    generation = target["generation"]
+    assert generation["status"] == "passed" and len(set(generation["eager_tokens"][0])) > 1, generation
+    assert generation["prompt_length"] + len(generation["eager_tokens"][0]) > 12, "decoding crossed the window"
+    proto = onnx.load(out / "onnx" / "decoder_model_merged.onnx", load_external_data=False)
+    assert foreign_inputs(proto) == [], [i.name for i in proto.graph.input]
+    assert "use_cache_branch" in [i.name for i in proto.graph.input]

@@ -155,7 +155,23 @@ def complete_components(model, components: Components, generate_inputs: dict[str
     elif family in ("seq2seq", "speech-seq2seq"):
         components = _complete_encoder_decoder(model, components, generate_inputs, generation_config,
                                                multi_token_decode)
+    if family == "text":
+        components = {name: (module, without_unread_mask(module, inputs)) for name, (module, inputs) in
+                      components.items()}
     return {name: (module, contiguous_inputs(inputs)) for name, (module, inputs) in components.items()}
+
+
+def without_unread_mask(module, inputs: dict[str, Any]) -> dict[str, Any]:
+    """`inputs` without the `attention_mask` `generate()` passes to a model whose forward never names one (xLSTM:
+    it lands in `**kwargs`, unread): kept, it would be a graph input that grows with every step, which a program
+    with static shapes refuses. A forward that names it keeps it."""
+    if "attention_mask" not in inputs:
+        return inputs
+    try:
+        names = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return inputs
+    return inputs if "attention_mask" in names else {k: v for k, v in inputs.items() if k != "attention_mask"}
 
 
 def contiguous_inputs(inputs: dict[str, Any]) -> dict[str, Any]:

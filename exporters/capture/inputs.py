@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from exporters.capture.families import AUDIO_INPUTS, FAMILIES, default_mode, detect_family, towers
+from exporters.capture.modalities import refusal
 from exporters.capture.multimodal import (
     Preprocessor,
     image_processor_pixels,
@@ -23,6 +24,7 @@ from exporters.capture.multimodal import (
     processor_inputs,
     synthesize_vlm,
 )
+from exporters.errors import UnsupportedModelError
 from exporters.recipe.model import InputsSpec
 
 # Moonshine's encoder downsamples a waveform's attention_mask by slicing it to its conv output length, which torch.export
@@ -122,13 +124,36 @@ def _pixels(config, spec: InputsSpec, generator: torch.Generator) -> torch.Tenso
     return torch.randn(spec.batch_size, _num_channels(config), size, size, generator=generator)
 
 
+def feature_width(config) -> int | None:
+    """How wide each frame of an audio model's features is, read from the config (None: it does not say): its mel
+    bins (AST, CLAP), or the width of its feature projection's input (Wav2Vec2-BERT, SeamlessM4T's speech encoder:
+    `feature_projection_input_dim`, its feature extractor's `feature_size` times the `stride` frames it stacks, 80 x
+    2 = 160), or a feature size it names itself.
+
+    Example:
+        >>> from transformers import Wav2Vec2BertConfig
+        >>> feature_width(Wav2Vec2BertConfig())
+        160
+    """
+    for name in ("num_mel_bins", "feature_projection_input_dim", "feature_size"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def _audio(model, config, spec: InputsSpec, generator: torch.Generator) -> dict[str, torch.Tensor]:
     name = getattr(model, "main_input_name", "input_values")
     bins = getattr(config, "num_mel_bins", None)
-    if name == "input_features" or bins:  # a spectrogram: frames x mel bins (AST's input_values too)
+    if name == "input_features" or bins:  # a spectrogram: frames x features (AST's input_values too)
         length = spec.audio_length or int(getattr(config, "max_length", None) or 1600)
-        bins = int(bins or getattr(config, "feature_size", 80))
-        return {name: torch.randn(spec.batch_size, length, bins, generator=generator)}
+        width = feature_width(config)
+        if width is None:
+            raise UnsupportedModelError(
+                f"{type(config).__name__} gives no width for the model's {name!r} (num_mel_bins, "
+                "feature_projection_input_dim or feature_size): add the model's feature extractor "
+                "(preprocessor_config.json) to the folder, which makes its inputs")
+        return {name: torch.randn(spec.batch_size, length, width, generator=generator)}
     return {name: torch.randn(spec.batch_size, spec.audio_length or 1600, generator=generator)}
 
 
@@ -177,6 +202,9 @@ def make_sample_inputs(model, spec: InputsSpec, tokenizer=None, folder: Path | N
     """
     generator = torch.Generator().manual_seed(spec.seed)
     family = detect_family(model)
+    dropped = refusal(model, family)  # a modality no component would read: never a pass on the language model alone
+    if dropped:
+        raise UnsupportedModelError(dropped)
     text_only = family in ("text", "seq2seq") or text_ids is not None
     audio = family in ("audio", "speech-seq2seq")
     pre, notes = load_preprocessor(folder, audio=audio) if not text_only else (None, [])

@@ -132,7 +132,7 @@ def cache_kinds(components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -
     key = cache_input_name(decode[1]) if decode is not None else None
     if key is None:
         return "absent"
-    kinds = sorted({path.split(".")[-2] if path.split(".")[-1].isdigit() else path.split(".")[-1]
+    kinds = sorted({next(part for part in reversed(path.split(".")) if not part.isdigit())
                     for path in leaf_tensors({key: decode[1][key]})})
     return ", ".join(kinds) or "empty"
 
@@ -216,11 +216,17 @@ def contract(target, inputs: dict[str, Any], query_axis: bool = True) -> Compone
 
 def scans(components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -> bool:
     """Whether the capture's decode carries recurrent states (`cache.layers.0.recurrent_states.0`): a state-space
-    scan over the sequence (Mamba, Mamba2-style mixers of Falcon-H1, Bamba, Jamba, ...), which torch.export traces
+    scan over the sequence (Mamba, Mamba2-style mixers of Falcon-H1, Bamba, Jamba, ..., RWKV's and xLSTM's
+    recurrences: [`RECURRENT_STATES`]), which torch.export traces
     at the sample's length (docs/upstream-gaps.md #27), so no graph that runs a whole prompt keeps that axis dynamic.
     A conv-only cache (LFM2's short convolutions) does not count: a convolution keeps it."""
     decode = components.get("decode")
-    return decode is not None and any("recurrent_states" in path.split(".") for path in state_leaves(decode[1]))
+    return decode is not None and any(set(path.split(".")) & RECURRENT_STATES for path in state_leaves(decode[1]))
+
+
+# The leaves of a recurrent state carried from token to token: Mamba-style mixers' `recurrent_states`, xLSTM's
+# `rnn_state`, RWKV's whole `state` (its token-shift, numerator, denominator and running-maximum tensors).
+RECURRENT_STATES = {"recurrent_states", "rnn_state", "state"}
 
 
 SCANS = ("the merged graph runs the prompt through the decode's state-space scan, which torch.export fixes at the "

@@ -175,30 +175,45 @@ def probe_sizes(binding: DimBinding, max_positions: int | None) -> list[int]:
 
 def make_probes(
     inputs: dict[str, Any], bindings: list[DimBinding], config, limit: int, max_positions: int | None, seed: int = 0,
-    logits_per_token: int = 0,
+    logits_per_token: int = 0, model_sized: bool = False,
 ) -> list[tuple[str, dict[str, Any] | None, str | None]]:
     """`(probe id, inputs or None, skip reason)`: the traced inputs, then each dim at each probe size.
 
     The traced probe is never skipped: the capture already holds its inputs (a static cache of the model's context
     is millions of elements, and generation parity runs the same graph at that size). Size limits bound what
     validation adds, the unseen shapes: a probe is skipped when its inputs exceed both `limit` elements and the traced
-    inputs, and so is a probe of a language model (`logits_per_token`: its vocabulary size) whose logits would exceed
+    inputs (`model_sized`, the recipe leaving `validation.max_probe_elements` at its default: twice the traced
+    inputs, and a dim declared with no maximum (`dynamic: true`) is probed at the sizes that fit, so a decode whose
+    states alone pass the default, Falcon-H1's, is verified; a skip names the setting and the value that admits
+    it), and so is a probe of a language model (`logits_per_token`: its vocabulary size) whose logits would exceed
     `MAX_PROBE_LOGITS`: a 32k-token prompt is a small input but 20 GB of logits on a 150k vocabulary, held twice
     (eager and artifact)."""
     traced_total = sum(t.numel() for t in _leaves(inputs).values())
     probes: list[tuple[str, dict[str, Any] | None, str | None]] = [("traced", inputs, None)]
-    limit = max(limit, traced_total)
+    setting = limit
+    limit = max(limit, 2 * traced_total if model_sized else traced_total)
     generator = torch.Generator().manual_seed(seed)
     original = _leaves(inputs)
+
+    def elements(binding: DimBinding, size: int) -> int:
+        # sizes from the shapes alone, before any tensor is built: a declared bound (batch max 60000) costs nothing
+        # when the probe is skipped
+        return sum(math.prod(shape) for shape in resized_shapes(original, binding.axes, size).values())
+
     for binding in bindings:
-        for size in probe_sizes(binding, max_positions):
+        sizes = probe_sizes(binding, max_positions)
+        if model_sized and (not binding.declared or binding.high is None):  # no declared top to honour: the sizes
+            # the budget holds
+            fitting = [size for size in sizes if elements(binding, size) <= limit]
+            sizes = fitting if any(size != binding.traced for size in fitting) else sizes
+        for size in sizes:
             probe_id = f"{binding.name}={size}"
-            # sizes from the shapes alone, before any tensor is built: a declared bound (batch max 60000) costs
-            # nothing when the probe is skipped
             shapes = resized_shapes(original, binding.axes, size)
-            total = sum(math.prod(shape) for shape in shapes.values())
+            total = elements(binding, size)
             if total > limit:
-                probes.append((probe_id, None, f"inputs of {total} elements exceed max_probe_elements ({limit})"))
+                probes.append((probe_id, None, f"inputs of {total} elements exceed max_probe_elements ({limit}): "
+                                               f"set `validation.max_probe_elements` to {total} or more (now "
+                                               f"{setting}) to probe it"))
                 continue
             ids = shapes.get("input_ids", tuple(original["input_ids"].shape) if "input_ids" in original else None)
             logits = math.prod(ids) * logits_per_token if ids is not None else 0

@@ -76,9 +76,21 @@ def plan(target, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]):
 
 
 def zeroed_cache(cache: Any, batch: int | None = None) -> Any:
-    """A copy of `cache` whose every state is zero and whose key-value tensors hold no position (what a prompt starts
-    from), with `batch` rows when given."""
+    """A copy of `cache` whose every state is where the model's own forward starts it and whose key-value tensors
+    hold no position (what a prompt starts from), with `batch` rows when given: zero, but for RWKV's running
+    maximum ([`RWKV_MAXIMUM`])."""
+    if isinstance(cache, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in cache):  # RWKV's `state`
+        rows = [(batch or t.shape[0], *t.shape[1:]) for t in cache]
+        zeroed = [torch.zeros(shape, dtype=t.dtype, device=t.device) for shape, t in zip(rows, cache, strict=True)]
+        if len(zeroed) == RWKV_MAXIMUM + 1:
+            zeroed[RWKV_MAXIMUM].fill_(RWKV_MAXIMUM_START)
+        return zeroed
     zeroed = empty_cache(cache, batch)
     for tensor in leaf_tensors(zeroed).values():
         tensor.zero_()
     return zeroed
+
+
+# RWKV's state is five `[batch, hidden, layers]` tensors (token shifts of the feed-forward and of attention, the
+# numerator, the denominator, the running maximum of the exponents); `RwkvModel.forward` starts the maximum at -1e30.
+RWKV_MAXIMUM, RWKV_MAXIMUM_START = 4, -1e30

@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-# The keyword a captured call passes its cache under: upstream's components take `cache`, models `past_key_values`.
-CACHE_INPUTS = ("cache", "past_key_values")
+# The keyword a captured call passes its cache under: upstream's components take `cache`, models `past_key_values`,
+# RWKV its recurrent `state` (a list of tensors, returned under the same name).
+CACHE_INPUTS = ("cache", "past_key_values", "state")
 
 
 def cache_input_name(template: dict[str, Any]) -> str | None:

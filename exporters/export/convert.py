@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from exporters import upstream
+from exporters.capture.cache_settings import sliding_window_of
 from exporters.capture.components import GLUE_FILE, cache_setting_for, write_glue
 from exporters.capture.llm_runner import METHODS_NOTE
 from exporters.capture.shapes import build_dynamic_shapes
@@ -104,7 +105,7 @@ def _tracing(model, target) -> contextlib.ExitStack:
     environment and state (`upstream.symbolic_arithmetic_once`), and an ExecuTorch target in the ops its
     runtime has: mixture-of-experts layers in standard ops (`upstream.experts_without_custom_ops`), a whole-input
     `Conv3d` as a matmul (`upstream.patch_convolutions_as_matmul`), the argsort of a permutation as a scatter
-    (`upstream.argsort_of_permutations`)."""
+    (`upstream.argsort_of_permutations`), a negative pad as a slice (`upstream.negative_padding_as_slices`)."""
     stack = contextlib.ExitStack()
     stack.enter_context(upstream.patches_of_loaded_models())
     stack.enter_context(upstream.contiguity_known_once())
@@ -114,6 +115,7 @@ def _tracing(model, target) -> contextlib.ExitStack:
         stack.enter_context(upstream.experts_without_custom_ops(model))
         stack.enter_context(upstream.patch_convolutions_as_matmul())
         stack.enter_context(upstream.argsort_of_permutations(model))
+        stack.enter_context(upstream.negative_padding_as_slices())
     return stack
 
 
@@ -255,7 +257,7 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
         if target.mode == "generation" and is_encoder_decoder_export(list(entries)):  # optimum's files and names
             fixed = fixed_past(directory)
             if fixed is None:
-                rename_encoder_decoder(directory)
+                rename_encoder_decoder(directory, sliding_window_of(model.config))
                 # one decoder graph (optimum's and transformers.js's), unless `merged: false` keeps the two
                 unmerged = merge_encoder_decoder(directory) if target.merged is not False else None
                 if unmerged and notes is not None:

@@ -39,6 +39,7 @@ import os
 import re
 from pathlib import Path
 
+from exporters.errors import TargetPlanError
 from exporters.export.onnx_files import initializers
 from exporters.export.onnx_names import rename_io, substitute_dims, symbols_named
 from exporters.upstream import read_manifest, write_manifest
@@ -61,6 +62,9 @@ DECODER_DIMS = {"input_ids": {0: "batch_size", 1: "decoder_sequence_length"},
                 "encoder_attention_mask": {0: "batch_size", 1: "encoder_sequence_length"}}
 PAST_DIMS = {"decoder": "past_decoder_sequence_length", "encoder": "encoder_sequence_length_out"}
 _PAST = re.compile(r"^past_key_values\.\d+\.(decoder|encoder)\.(key|value)$")
+WINDOW_LEAF = "._sliding_window_tensor"
+# what the runtimes feed a decoder besides its past (`use_cache_branch`: the merged decoder's)
+RUNTIME_DECODER_INPUTS = ("input_ids", "encoder_hidden_states", "encoder_attention_mask", "use_cache_branch")
 
 
 def is_encoder_decoder_export(components: list[str]) -> bool:
@@ -93,10 +97,53 @@ def _cache_position(name: str) -> tuple[int, int]:
     return int(layer), _CACHE_ORDER[f"{side}.{kind}"]
 
 
-def _renamed_graph(proto, component: str) -> dict[str, str]:
-    """Rename `proto`'s inputs and outputs in place, the past inputs in optimum's order; returns graph input name →
-    upstream leaf path."""
-    inputs = rename_io(proto, lambda name, output: optimum_name(name, output, component))
+def fold_window_inputs(proto, window: int | None) -> list[str]:
+    """Make each `..._sliding_window_tensor` graph input of `proto` (a sliding-window cache layer's window, a 0-d
+    int64 upstream flattens out of the cache: T5Gemma's decoder) the constant `window` it always is, in place: no
+    runtime feeds it. Returns the inputs folded (none when `window` is None: such an input then stays, and
+    [`foreign_inputs`] names it).
+
+    Example:
+        >>> import onnx
+        >>> graph = onnx.helper.make_graph([], "g", [onnx.helper.make_tensor_value_info(
+        ...     "input.cache.self_attention_cache.layers.0._sliding_window_tensor", onnx.TensorProto.INT64, [])], [])
+        >>> proto = onnx.helper.make_model(graph)
+        >>> fold_window_inputs(proto, 12), [t.int64_data for t in proto.graph.initializer], len(proto.graph.input)
+        (['input.cache.self_attention_cache.layers.0._sliding_window_tensor'], [[12]], 0)
+    """
+    import onnx  # heavy runtime, deferred
+
+    if window is None:
+        return []
+    folded = [value for value in proto.graph.input if value.name.endswith(WINDOW_LEAF)]
+    for value in folded:
+        proto.graph.input.remove(value)
+        proto.graph.initializer.append(onnx.helper.make_tensor(value.name, onnx.TensorProto.INT64, [], [window]))
+    return [value.name for value in folded]
+
+
+def foreign_inputs(proto) -> list[str]:
+    """The inputs of a decoder graph (optimum's names already) that optimum, ONNX Runtime and transformers.js do not
+    feed: anything but `input_ids`, `encoder_hidden_states`, `encoder_attention_mask`, `use_cache_branch` (a merged
+    decoder) and `past_key_values.{i}.{decoder,encoder}.{key,value}`.
+
+    Example:
+        >>> import onnx
+        >>> graph = onnx.helper.make_graph([], "g", [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.INT64, [])
+        ...     for n in ("input_ids", "past_key_values.0.decoder.key", "input.cache.layers.0.cumulative_length")], [])
+        >>> foreign_inputs(onnx.helper.make_model(graph))
+        ['input.cache.layers.0.cumulative_length']
+    """
+    return [value.name for value in proto.graph.input
+            if value.name not in RUNTIME_DECODER_INPUTS and not _PAST.match(value.name)]
+
+
+def _renamed_graph(proto, component: str, window: int | None = None) -> dict[str, str]:
+    """Rename `proto`'s inputs and outputs in place, the past inputs in optimum's order, a sliding-window layer's
+    window folded into a constant ([`fold_window_inputs`]); returns graph input name → upstream leaf path."""
+    folded = set(fold_window_inputs(proto, window)) if component != "encoder" else set()
+    inputs = {name: leaf for name, leaf in rename_io(proto, lambda name, output: optimum_name(name, output, component)
+                                                     ).items() if name not in folded}
     past = sorted((v for v in proto.graph.input if v.name.startswith("past_key_values.")),
                   key=lambda v: _cache_position(v.name))
     if past:
@@ -141,9 +188,10 @@ def fixed_past(directory: Path) -> str | None:
     return None
 
 
-def rename_encoder_decoder(directory: Path) -> dict[str, str]:
-    """Rewrite the saved encoder-decoder ONNX export in `directory` to optimum's files and names (see the module)
-    and record the mapping in `export.json`. Returns component → its new file."""
+def rename_encoder_decoder(directory: Path, window: int | None = None) -> dict[str, str]:
+    """Rewrite the saved encoder-decoder ONNX export in `directory` to optimum's files and names (see the module),
+    a sliding-window decoder's window (`window`) a constant, and record the mapping in `export.json`. Returns
+    component → its new file. Raises `TargetPlanError` when a decoder keeps an input the runtimes do not feed."""
     # onnx loads only where an ONNX file is read
     import onnx
 
@@ -153,7 +201,12 @@ def rename_encoder_decoder(directory: Path) -> dict[str, str]:
     for name, new_file in OPTIMUM_FILES.items():
         proto = onnx.load(str(directory / entries[name]["file"]), load_external_data=False)
         before = sorted(v.name for v in proto.graph.input)
-        inputs = _renamed_graph(proto, name)
+        inputs = _renamed_graph(proto, name, window)
+        foreign = foreign_inputs(proto) if name != "encoder" else []
+        if foreign:
+            raise TargetPlanError(f"the {name} graph takes {foreign}, which optimum, ONNX Runtime and "
+                                  "transformers.js do not feed: no runtime could run this encoder-decoder export",
+                                  option="merged")
         # torch's symbols (`s97`; T5's ids and mask each get one) under optimum's names, one per axis it names
         substitute_dims(proto, symbols_named(proto, lambda value, component=name: dim_names(value, component)))
         for tensor in initializers(proto):

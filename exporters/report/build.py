@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from exporters import fsutil
-from exporters.errors import error_line
+from exporters.errors import error_line, without_ansi
 from exporters.recipe.model import Recipe
 from exporters.report.markdown import ICONS, MARKDOWN_LIMIT, human_size, render_markdown, variants_table
 from exporters.report.results import TargetResult
@@ -111,6 +111,18 @@ def write_report(report: dict[str, Any], out_dir: Path) -> None:
     """Write report.json and report.md atomically (a reader never sees half a report), never through a link planted
     in the folder (`exporters.fsutil.write_file`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    report = _without_ansi(report)  # a runtime's coloured text reaches no report
     for name, text in (("report.json", json.dumps(report, indent=2, default=str) + "\n"),
                        ("report.md", render_markdown(report))):
         fsutil.write_file(out_dir / name, text)
+
+
+def _without_ansi(value: Any) -> Any:
+    """`value` (report data) with terminal codes removed from every string in it."""
+    if isinstance(value, str):
+        return without_ansi(value)
+    if isinstance(value, dict):
+        return {key: _without_ansi(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_without_ansi(item) for item in value]
+    return value

@@ -86,6 +86,7 @@ from exporters.upstream.runtime_ops import (
     exact_no_op_rewrites,
     experts_without_custom_ops,
     multi_output_patterns_anchored,
+    negative_padding_as_slices,
     patch_convolutions_as_matmul,
     shared_tables_kept_once,
 )
@@ -149,6 +150,7 @@ __all__ = [
     "multimodal_submodules",
     "named_data_on_disk",
     "named_dims_share_symbols",
+    "negative_padding_as_slices",
     "patch_convolutions_as_matmul",
     "onnxruntime_quantizer",
     "prepare_traced_inputs",

@@ -1,7 +1,7 @@
 """Models traced in the ops their target's runtime has, where upstream's trace holds one it has not: transformers'
 grouped-matmul experts op for ExecuTorch ([`experts_without_custom_ops`], docs/upstream-gaps.md #36), a whole-input
 `Conv3d` for ExecuTorch ([`patch_convolutions_as_matmul`], #23), the argsort of a permutation for ExecuTorch
-([`argsort_of_permutations`], #23), and an ONNX graph whose optimizer keeps a norm's
+([`argsort_of_permutations`], #23), a negative pad for ExecuTorch ([`negative_padding_as_slices`], #44), and an ONNX graph whose optimizer keeps a norm's
 1e-8 epsilon ([`exact_no_op_rewrites`], #38) and tries a pattern of several output nodes only where its first one
 can match ([`multi_output_patterns_anchored`], #39). Part of the one adapter (`exporters.upstream`).
 
@@ -109,6 +109,40 @@ def argsort_of_permutations(model: Any):
         yield
     finally:
         torch.argsort = real
+
+
+@contextlib.contextmanager
+def negative_padding_as_slices():
+    """While an ExecuTorch program is traced, a constant-padding module with a negative pad (RWKV's token shift,
+    `nn.ZeroPad2d((0, 0, 1, -1))`: one zero row in front, the last row dropped) is traced as the slice and the
+    non-negative pad it is: ExecuTorch's `constant_pad_nd` kernel refuses negative pads at run time ("Padding values
+    must be non-negative", docs/upstream-gaps.md #44). Any other padding is traced as it is.
+
+    Example:
+        >>> with negative_padding_as_slices():
+        ...     torch.nn.ZeroPad2d((0, 0, 1, -1))(torch.ones(1, 3, 2))[0, :, 0].tolist()
+        [0.0, 1.0, 1.0]
+    """
+    cls = torch.nn.modules.padding._ConstantPadNd
+    real = cls.forward
+
+    def forward(self: Any, input: torch.Tensor) -> torch.Tensor:
+        padding = list(self.padding)
+        if min(padding) >= 0:
+            return real(self, input)
+        for index in range(0, len(padding), 2):  # pairs from the last dimension backwards
+            dim = input.dim() - 1 - index // 2
+            before, after = padding[index], padding[index + 1]
+            start, stop = max(0, -before), input.shape[dim] - max(0, -after)
+            input = input.narrow(dim, start, stop - start)
+        kept = [max(0, p) for p in padding]
+        return torch.nn.functional.pad(input, kept, "constant", self.value) if any(kept) else input
+
+    cls.forward = forward
+    try:
+        yield
+    finally:
+        cls.forward = real
 
 
 def _whole_input_kernel(conv: torch.nn.Conv3d, input: torch.Tensor) -> bool:

@@ -133,7 +133,8 @@ def eager_side(*, target, recipe: Recipe, components, model, family: str, genera
         bindings = dim_bindings(spec, inputs, dynamic, family) if recipe.validation.probe_unseen_shapes else []
         side.bindings[name] = bindings
         probes = make_probes(inputs, bindings, model.config, recipe.validation.max_probe_elements, max_positions,
-                             recipe.inputs.seed, logits_per_token)
+                             recipe.inputs.seed, logits_per_token,
+                             model_sized="max_probe_elements" not in recipe.validation.model_fields_set)
         if target.mode == "generation" and name == MERGED:
             probes = [(probe_id, None if probe is None else with_consistent_mask(probe), skip)
                       for probe_id, probe, skip in probes]
