@@ -67,15 +67,15 @@ __all__ = [
 def __getattr__(name: str):
     # The heavy stack (torch, transformers) loads only when these are used.
     if name in ("AutoHfExporter", "AutoExportConfig", "RecipeExporter"):
-        from exporters import auto
+        from exporters import auto  # loads torch
 
         return getattr(auto, name)
     if name in ("run_pipeline", "RunOptions"):
-        from exporters.run import pipeline
+        from exporters.run import pipeline  # loads torch
 
         return getattr(pipeline, name)
     if name == "validate_existing":
-        from exporters.run import revalidate
+        from exporters.run import revalidate  # loads torch
 
         return revalidate.validate_existing
     raise AttributeError(name)
