@@ -428,3 +428,25 @@ def test_the_stack_is_seen_where_it_loads():
     assert stack["exporters.init.push"] and stack["exporters.upstream"]
     assert not any(stack[name] for name in ("exporters.recipe.load", "exporters.publish", "exporters.report.build",
                                             "exporters.errors", "bot.app", "action.main"))
+
+
+def test_no_hand_written_patch_in_the_adapter():
+    """A patch on upstream or the stack is laid by `exporters.upstream.patches` (`patched`, `patched_item`, or an
+    ExitStack callback) and has a row in its table: no module of the adapter restores an attribute or an entry in a
+    `finally` of its own (tests/test_upstream_patches.py checks each row is undone)."""
+    restoring = []
+    for path in sorted((ROOT / "exporters" / "upstream").glob("*.py")):
+        if path.name == "patches.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Try):
+                continue
+            for statement in (child for final in node.finalbody for child in ast.walk(final)):
+                targets = (statement.targets if isinstance(statement, (ast.Assign, ast.Delete))
+                           else [statement.target] if isinstance(statement, ast.AugAssign) else [])
+                called = ast.unparse(statement.func).rpartition(".")[2] if isinstance(statement, ast.Call) else ""
+                calls = called.startswith(("set", "del", "pop"))  # setattr, setLevel, set_experts_implementation
+                if calls or any(isinstance(t, (ast.Attribute, ast.Subscript, ast.Tuple)) for t in targets):
+                    restoring.append(f"{path.relative_to(ROOT)}:{statement.lineno}")
+    assert not restoring, "lay these with exporters.upstream.patches (and add a row to PATCHES):\n" + \
+        "\n".join(restoring)
