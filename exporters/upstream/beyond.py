@@ -116,6 +116,9 @@ def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, di
     projection) is then stored once instead of twice (docs/upstream-gaps.md #13). Save with
     `write_tensor_data_to_file`; load with `Runtime.load_program(pte, data_path=ptd)`."""
 
+    # upstream's ExecuTorch exporter loads ExecuTorch and its XNNPACK backend (tens of seconds): only where one lowers
+    import transformers.exporters.exporter_executorch
+
     captured: dict[str, _CapturedLowering] = {}
     metadata: dict[str, Any] = {}
     with lowering_captured():
@@ -135,9 +138,10 @@ def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, di
             _tag_delegate_weights(lowering.program, weights_file)
         backend_config = _external_constants(backend_config, weights_file)
     with apply_patches("executorch"), apply_patches(f"executorch.{backend}"):
-        edge = real({methods[name]: c.program for name, c in captured.items()},
-                    partitioner={methods[name]: c.kwargs["partitioner"] for name, c in captured.items()},
-                    compile_config=first.kwargs["compile_config"], transform_passes=first.kwargs["transform_passes"])
+        edge = transformers.exporters.exporter_executorch.to_edge_transform_and_lower(
+            {methods[name]: c.program for name, c in captured.items()},
+            partitioner={methods[name]: c.kwargs["partitioner"] for name, c in captured.items()},
+            compile_config=first.kwargs["compile_config"], transform_passes=first.kwargs["transform_passes"])
         del captured
         return edge.to_executorch(config=backend_config), metadata
 
