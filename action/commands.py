@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from exporters.report.markdown import close_fences
+
 SUMMARY_LIMIT = 1024 * 1024  # bytes the runner accepts per step summary
 SUMMARY_NOTE = "\n\n> [!NOTE]\n> The summary was truncated to GitHub's 1 MiB limit; the full report is `report.md`.\n"
 
@@ -120,8 +122,6 @@ def set_outputs(path: Path | None, outputs: Mapping[str, str]) -> None:
 
 def truncate_summary(markdown: str, limit: int = SUMMARY_LIMIT) -> str:
     """`markdown` cut to `limit` bytes with a note; a code fence the cut leaves open is closed first."""
-    from exporters.report.markdown import close_fences
-
     data = markdown.encode("utf-8")
     if len(data) <= limit:
         return markdown

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exporters.report.markdown import close_fences
+
 ACTIONS_BOT_LOGIN = "github-actions[bot]"
 MAX_COMMENT_CHARS = 65536
 TRUNCATED_NOTE = "\n\n_Comment truncated to GitHub's 65,536-character limit; see the job summary._\n"
@@ -28,8 +30,6 @@ class StickyComment:
 
 def fit_comment(body: str) -> str:
     """`body` cut to GitHub's comment limit; a code fence the cut leaves open is closed (nothing after it hides)."""
-    from exporters.report.markdown import close_fences
-
     if len(body) <= MAX_COMMENT_CHARS:
         return body
     room = MAX_COMMENT_CHARS - len(TRUNCATED_NOTE)

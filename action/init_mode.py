@@ -11,11 +11,13 @@ import json
 from typing import Any
 
 from exporters import fsutil
+from exporters.errors import InitError, ModelSourceError, PublishError, RemoteCodeError
 from exporters.files import RECIPE_FILE
 
 from .commands import emit, error, group, set_outputs, untrusted, write_summary
 from .outcome import EXIT_FAILED, EXIT_OK, NoPublish, comment, fail, relative, worded
 from .settings import Settings
+from .summary import publish_line
 
 SUMMARY_NAME = "init-summary.md"
 PR_OPERATIONS = ("created", "updated", "unchanged")
@@ -32,8 +34,7 @@ def _publish(settings: Settings, result) -> Any | None:
                                  "(set open-pr: false to silence this)")
     if settings.dry_run:
         return NoPublish(message="dry run: the recipe was written to the output folder; no PR was opened")
-    from exporters.errors import PublishError
-    from exporters.init.push import publish_recipe
+    from exporters.init.push import publish_recipe  # exporters.init loads torch (its probes): init mode only
 
     try:
         with group(f"Proposing the recipe on the Hub: {destination.repo_id} (PR against {destination.base})"), \
@@ -49,11 +50,9 @@ def _publish(settings: Settings, result) -> Any | None:
 
 
 def init_mode(settings: Settings) -> int:
-    from exporters.errors import InitError, ModelSourceError, RemoteCodeError
+    # exporters.init loads torch (its probes): only this mode needs it
     from exporters.init.propose import InitOptions, init_recipe
     from exporters.init.summary import render_markdown, to_dict
-
-    from .summary import publish_line
 
     out_dir = settings.output_dir
     out_dir.mkdir(parents=True, exist_ok=True)

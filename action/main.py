@@ -30,8 +30,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from exporters.errors import ExportActionError
+from exporters.errors import (AggregateError, DeviceError, ExportActionError, MemoryPlanError, ModelSourceError,
+                               PublishError, RecipeError, RemoteCodeError)
+from exporters.publish import check_publish_access, publish_report
+from exporters.publish.problem import problem_from_error
 from exporters.quiet import mute_import_chatter
+from exporters.report.aggregate import aggregate
+from exporters.report.build import ICONS
 
 from .commands import add_mask, emit, error, group, set_outputs, untrusted, write_summary
 from .init_mode import init_mode
@@ -92,8 +97,6 @@ def _report_json(report: dict[str, Any]) -> str:
 
 
 def _recipe_failure(settings: Settings, err) -> int:
-    from exporters.publish.problem import problem_from_error
-
     file = relative(settings, err.file)
     name = Path(err.file).name if err.file else "recipe"
     located = []
@@ -115,8 +118,6 @@ def _recipe_failure(settings: Settings, err) -> int:
 
 def _show_targets(settings: Settings, report: dict[str, Any], out_dir: Path) -> None:
     """One log group per target (verdict, error, files, its export log), and an error annotation per failure."""
-    from exporters.report.build import ICONS
-
     for target in report.get("targets", []):
         name, status = target["name"], target["status"]
         cached = " (cached)" if target.get("cached") else ""
@@ -154,9 +155,6 @@ def _publish(settings: Settings, out_dir: Path):
                 else "not a Hub repo id with a namespace (org/name)")
         return NoPublish(message=f"`{settings.model}` is {what}: there is no repo to open a PR on "
                                  "(set open-pr: false to silence this)")
-    from exporters.errors import PublishError
-    from exporters.publish import publish_report
-
     repo_id = destination.repo_id
     try:
         with group(f"Publishing to the Hub: {repo_id} (PR against {destination.base})"), untrusted():
@@ -178,9 +176,6 @@ def _check_publish_access(settings: Settings) -> str | None:
     """Before a long export: can the token publish to the repo? The problem, or None (also when not publishing)."""
     if not settings.open_pr or settings.dry_run or settings.hub_repo_id is None:
         return None
-    from exporters.errors import PublishError
-    from exporters.publish import check_publish_access
-
     try:
         account = check_publish_access(settings.hub_repo_id, token=settings.hf_token, endpoint=settings.hf_endpoint)
     except PublishError as err:
@@ -219,8 +214,7 @@ def _finish(settings: Settings, report: dict[str, Any], extra: list[str] | None 
 
 
 def run_mode(settings: Settings) -> int:
-    from exporters.errors import DeviceError, MemoryPlanError, ModelSourceError, RecipeError, RemoteCodeError
-    from exporters.run.pipeline import RunOptions, run_pipeline
+    from exporters.run.pipeline import RunOptions, run_pipeline  # loads torch and the exporters: not for list-targets
 
     options = RunOptions(
         out_dir=settings.output_dir, targets=list(settings.targets), config_path=settings.config,
@@ -245,8 +239,6 @@ def run_mode(settings: Settings) -> int:
     if isinstance(failure, RecipeError):
         return _recipe_failure(settings, failure)
     if failure is not None:
-        from exporters.publish.problem import problem_from_error
-
         title, err = failure
         return fail(settings, title, [(None, None, worded(err))], problem=problem_from_error(err))
     return _finish(settings, report)
@@ -257,6 +249,7 @@ def run_mode(settings: Settings) -> int:
 
 def load_recipe(settings: Settings):
     """The recipe this run would use, read without downloading weights: `(recipe, file, resolved revision)`."""
+    # both load transformers (the source's loader, the run's memory plan): only this mode needs them
     from exporters.capture.source import resolve_source
     from exporters.run.context import load_run_recipe
 
@@ -268,8 +261,6 @@ def load_recipe(settings: Settings):
 
 
 def list_targets_mode(settings: Settings) -> int:
-    from exporters.errors import ModelSourceError, RecipeError
-
     try:
         recipe, file, revision = load_recipe(settings)
         targets = recipe.select(settings.targets)
@@ -299,9 +290,8 @@ def list_targets_mode(settings: Settings) -> int:
 
 
 def aggregate_mode(settings: Settings) -> int:
-    from exporters.errors import AggregateError, ModelSourceError, RecipeError
-    from exporters.report.aggregate import aggregate
-    from exporters.validate import checks  # noqa: F401  (registers every runtime's check, each with its `applies`)
+    # the runtimes' checks load torch: only this mode needs them (`checks` registers each check with its `applies`)
+    from exporters.validate import checks  # noqa: F401
     from exporters.validate.runtimes import runtimes_applying
 
     # The plan the legs ran: the recipe's targets (or the `targets` input's, all of them recipe names), the commit

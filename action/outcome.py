@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from action.commands import emit, error, set_outputs, warning, write_summary
+from action.github import GitHubClient
 from action.settings import Settings
 from action.summary import comment_marker, error_markdown, problem_markdown
 from exporters.errors import ExportActionError
@@ -65,8 +66,6 @@ def comment(settings: Settings, body: str) -> str | None:
         warning("GITHUB_REPOSITORY is not set: the PR comment is skipped", title="PR comment skipped")
         return None
     from github import GithubException
-
-    from action.github import GitHubClient
 
     try:
         client = GitHubClient(settings.github_token, api_url=github.api_url)

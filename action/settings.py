@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exporters.errors import PublishError
+from exporters.publish.destination import parse_size, publish_destination
+
 MODES = ("run", "list-targets", "aggregate", "init")
 FORMATS = ("dynamo", "onnx", "executorch")
 DEFAULT_MAX_SECONDS = 1800.0
@@ -190,9 +193,6 @@ class Settings:
     def destination(self):
         """Where the Hub PR goes (`exporters.publish.publish_destination`): the repo, and the branch from `revision`
         (`main` when `revision` is a commit); None for a local model folder or a name that is no repo id."""
-        from exporters.errors import PublishError
-        from exporters.publish.destination import publish_destination
-
         try:
             return publish_destination(self.model_arg, revision=self.revision)
         except PublishError:
@@ -229,8 +229,6 @@ class Settings:
                                         "or as a JSON list"))
         max_upload = 20 * 1024 ** 3
         if get("max-upload-size"):
-            from exporters.publish.destination import parse_size
-
             try:
                 max_upload = parse_size(get("max-upload-size"))
             except ValueError as err:

@@ -11,7 +11,10 @@ POST /webhooks/hub ──► intake (secret, size, payload, filters) ──► j
 
 Modules: `settings` (configuration), `intake` (which webhooks become jobs), `store` (the job queue),
 `hubcheck` (the Hub calls a worker makes before running a job), `backends` (registry), `worker`, `app` (FastAPI),
-`cli` (`hf-export-bot serve|worker|jobs`). See `docs/bot.md`.
+`cli` (`hf-export-bot serve|worker|jobs`). Beside them: `job` (a row of the store),
+`members` (who may ask for an export), `page` (the public view of a job and the status page), `export_run` (the
+`local` backend's run of `hf-export`), `reaper` (an export's process tree tied to its worker), `secrecy` (secrets out
+of reach of the processes the bot starts), `texts` (what the bot adds to the library's texts on the Hub). See `docs/bot.md`.
 """
 
 __all__ = ["__version__"]

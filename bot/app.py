@@ -53,6 +53,7 @@ from .members import Members, MembershipError
 from .page import PAGE_SIZE, PageNav, public_view, render_status_page
 from .settings import BotSettings, SettingsError
 from .store import STATES, JobStore
+from .worker import Worker
 
 log = logging.getLogger("bot.app")
 SECRET_HEADER = "x-webhook-secret"
@@ -81,8 +82,6 @@ def create_app(settings: BotSettings, store: JobStore | None = None, *, embedded
         stop = threading.Event()
         thread = None
         if embedded_worker:
-            from .worker import Worker
-
             worker = Worker(settings, store)
             thread = threading.Thread(target=worker.run, args=(stop,), name="export-worker", daemon=True)
             thread.start()

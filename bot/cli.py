@@ -30,6 +30,7 @@ from exporters.redact import scrub
 
 from .secrecy import withhold_secrets
 from .settings import BotSettings, SettingsError, load_settings
+from .store import JobStore
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="The export-action Hub webhook bot: queue exports on repo updates, open Hub PRs.")
@@ -103,7 +104,7 @@ def serve(
     """Serve POST /webhooks/hub, the job API and the status page (with an embedded worker unless --no-worker)."""
     import uvicorn
 
-    from .app import create_app
+    from .app import create_app  # the web app (FastAPI): only `serve` pays for it
 
     settings = _serving_settings(config)
     setup_logging(log_level, settings)
@@ -125,7 +126,7 @@ def worker_command(
     log_level: str = LogLevelOption,
 ) -> None:
     """Run workers apart from the web process, until SIGTERM / Ctrl+C (running jobs are given back)."""
-    from .worker import Worker
+    from .worker import Worker  # the worker and its backends: only `worker` pays for them
 
     settings = _serving_settings(config, concurrency=concurrency)
     setup_logging(log_level, settings)
@@ -142,8 +143,6 @@ def jobs(
     limit: int = typer.Option(20, "--limit", help="How many (newest first)."),
 ) -> None:
     """List recent jobs from the store."""
-    from .store import JobStore
-
     settings = _settings(config)
     for job in JobStore(settings.db_path).list(limit=limit, status=status):
         link = job.pr_url or job.discussion_url or ""

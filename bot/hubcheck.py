@@ -38,6 +38,7 @@ from exporters.errors import RecipeError
 from exporters.files import RECIPE_SOURCES
 from exporters.hashing import is_weight_file  # the files whose content makes an export's inputs
 from exporters.publish.problem import Problem, problem_from_error
+from exporters.recipe.load import find_recipe
 
 from .texts import OPT_OUT_FILE
 
@@ -93,8 +94,6 @@ def weights_key(files: dict[str, str]) -> str:
 def inspect_repo(repo_id: str, revision: str, *, token: str | None, endpoint: str | None,
                  with_authors: bool = False) -> RepoState:
     """Read `repo_id` at `revision` (a commit id, or `main`); raises `HubCheckError`."""
-    from exporters.recipe.load import find_recipe
-
     api = HfApi(endpoint=endpoint, token=token)
     try:
         info = api.model_info(repo_id, revision=revision or "main", files_metadata=True)

@@ -31,6 +31,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from exporters.publish.destination import parse_size
+
+from .store import Limits
+
 # Field name -> environment variable, where it is not simply EXPORT_BOT_<FIELD>.
 ENV_NAMES: dict[str, str] = {
     "webhook_secret": "WEBHOOK_SECRET",
@@ -166,8 +170,6 @@ class BotSettings(BaseModel):
     @field_validator("max_upload_size")
     @classmethod
     def _size(cls, value: str) -> str:
-        from exporters.publish.destination import parse_size
-
         parse_size(value)  # ValueError: pydantic reports it with the setting's name
         return value
 
@@ -209,8 +211,6 @@ class BotSettings(BaseModel):
 
     def limits(self):
         """The job store's daily limits."""
-        from .store import Limits
-
         return Limits(push=self.daily_limit, comment=self.comment_daily_limit, requester=self.requester_daily_limit)
 
     def trusts_remote_code(self, repo_id: str) -> bool:

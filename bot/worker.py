@@ -45,7 +45,8 @@ import uuid
 from pathlib import Path
 
 from exporters.errors import PublishError
-from exporters.publish import Problem, close_failure_discussions, report_problem
+from exporters.publish import HubClient, Problem, close_failure_discussions, report_problem
+from exporters.publish.decide import in_slot
 from exporters.recipe.load import where_a_recipe_goes
 from exporters.redact import scrub, tail
 
@@ -282,10 +283,7 @@ class Worker:
         was done goes into the job's notes (a Hub failure too: the job goes on)."""
         if not (self._proposes_at_all() or self.store.proposed(job.repo, PROPOSAL_KEY)):
             return
-        from exporters.init.push import KIND_RECIPE
-        from exporters.publish import HubClient
-        from exporters.publish.decide import in_slot
-
+        from exporters.init.push import KIND_RECIPE  # exporters.init loads torch (its probes): rarely needed here
         comment = (f"Closing: `main` now has a recipe of its own (`{state.recipe_file}` at `{state.head_sha[:7]}`), "
                    "so this proposal is no longer needed; the bot exports `main`'s recipe from now on.")
         try:

@@ -1,5 +1,12 @@
 """export-action: run a model repo's export recipe, validate every artifact, publish it as a Hub PR.
 
+The front doors: this module (the public face), `cli` (`hf-export`), `auto` (`AutoHfExporter.from_pretrained`,
+`supports_export_format`). The foundation every stage may use: `errors` (one hierarchy by cause), `status` (the
+typed verdicts), `redact` (secrets scrubbed), `fsutil` (files written and read without following links), `hashing`
+(content hashes), `files` (the recipe's file names), `version` (ours and the stack's), `quiet` (the stack's import
+chatter muted). The stages, in the order a run's data flows: `recipe`, `upstream`, `capture`, `export`, `validate`,
+`report`, `run`, `init`, `publish` (README's *Layout* has the map; tests/test_structure.py the rules).
+
 Example:
     >>> from exporters import parse_recipe
     >>> [t.name for t in parse_recipe('[{"export_format": "onnx"}, {"export_format": "dynamo"}]').exports]
@@ -67,15 +74,15 @@ __all__ = [
 def __getattr__(name: str):
     # The heavy stack (torch, transformers) loads only when these are used.
     if name in ("AutoHfExporter", "AutoExportConfig", "RecipeExporter"):
-        from exporters import auto
+        from exporters import auto  # loads torch
 
         return getattr(auto, name)
     if name in ("run_pipeline", "RunOptions"):
-        from exporters.run import pipeline
+        from exporters.run import pipeline  # loads torch
 
         return getattr(pipeline, name)
     if name == "validate_existing":
-        from exporters.run import revalidate
+        from exporters.run import revalidate  # loads torch
 
         return revalidate.validate_existing
     raise AttributeError(name)

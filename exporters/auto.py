@@ -13,10 +13,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from torch.export import Dim
+
 from exporters import upstream
+from exporters.capture import merged
 from exporters.capture.cache_settings import check_second_step
 from exporters.capture.components import cache_setting_for, decompose
-from exporters.capture.shapes import build_dynamic_shapes
+from exporters.capture.inputs import detect_family
+from exporters.capture.shapes import DimTable, axis_specs, build_dynamic_shapes
 from exporters.errors import RecipeError
 from exporters.export import convert as engine
 from exporters.files import RECIPE_FILE, RECIPE_SOURCES
@@ -54,9 +58,6 @@ class RecipeExporter:
     def export_for_generation(self, model, inputs: dict[str, Any], *, multi_token_decode: bool | None = None):
         """Export the generation components (prefill/decode, multimodal parts) with the recipe's settings; a merged
         target (`"merged": true`, or the dynamo and ONNX default) is one graph, `model`."""
-        from exporters.capture import merged
-        from exporters.capture.inputs import detect_family
-
         target = self.target.model_copy(update={"mode": "generation"}, deep=True)
         if multi_token_decode is not None:
             target.multi_token_decode = multi_token_decode
@@ -187,10 +188,6 @@ class AutoExportConfig(upstream.UpstreamAutoExportConfig):
         target = recipe.exports[0]
         shapes = None
         if target.dynamic_shapes:
-            from torch.export import Dim
-
-            from exporters.capture.shapes import DimTable, axis_specs
-
             shapes = {}
             table = DimTable()  # one table for every key: a name used on two inputs is one dimension
             for key, spec in target.dynamic_shapes.items():

@@ -9,6 +9,7 @@ happened is in OUT/publish.json, with whether a retry may help).
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import sys
 import threading
@@ -20,8 +21,16 @@ from rich.console import Console
 from rich.markup import escape
 
 from exporters import fsutil
-from exporters.errors import (DeviceError, ExportActionError, MemoryPlanError, ModelSourceError, PublishError,
-                               RecipeError, RemoteCodeError, error_record, first_line, render_root_cause)
+from exporters.errors import (DeviceError, ExportActionError, InitError, MemoryPlanError, ModelSourceError,
+                               PublishError, RecipeError, RemoteCodeError, error_record, first_line,
+                               render_root_cause)
+from exporters.publish import PublishResult, check_publish_access, publish_report, render_plan, write_outcome
+from exporters.publish.destination import parse_size, publish_destination
+from exporters.publish.problem import problem_from_error, write_problem
+from exporters.recipe.load import load_recipe_file
+from exporters.recipe.model import FORMATS
+from exporters.recipe.model_limits import check_cache_len, positions_in
+from exporters.report.build import summary_lines
 
 from .quiet import mute_import_chatter
 
@@ -33,8 +42,8 @@ app = typer.Typer(
 console = Console(stderr=True, soft_wrap=True)  # long lines stay whole (logs, CI, pipes)
 mute_import_chatter()  # the stack's import chatter (torchao CUDA kernels, pytree enums): exporters/quiet.py
 out = Console(soft_wrap=True)
-# Each command imports the stages it runs inside its body (a front door is the one place that defers imports of
-# ours): `hf-export check`, `--help` and a bad flag answer in a second, without loading torch or the exporters.
+# The stages that load torch (run, init, validate) are imported inside the commands that run them (a front door is
+# the one place that defers imports of ours): `hf-export check`, `--help` and a bad flag answer without loading torch.
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PUBLISH = 0, 1, 2, 3
 # How this front end spells the library's options in messages (tokens: the environment or a login, never argv).
@@ -59,7 +68,7 @@ def _error(label: str, err: ExportActionError) -> None:
 
 def _version(value: bool) -> None:
     if value:
-        from exporters.run.context import tool_versions
+        from exporters.run.context import tool_versions  # loads torch, to read its version
 
         versions = tool_versions()
         out.print(f"hf-export {versions.pop('export-action')}", markup=False, highlight=False)
@@ -83,8 +92,6 @@ def _quiet_libraries() -> None:
 
 
 def _print_summary(report: dict, out_dir: Path) -> None:
-    from exporters.report.build import summary_lines
-
     for line in summary_lines(report, out_dir):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
@@ -151,7 +158,7 @@ def run(
     if destination is not None and push and not dry_run:
         _check_publish_access(destination.repo_id, token, endpoint, out_dir)
     _quiet_libraries()
-    from exporters.run.pipeline import RunOptions, run_pipeline
+    from exporters.run.pipeline import RunOptions, run_pipeline  # loads torch and the exporters
 
     options = RunOptions(
         out_dir=out_dir, targets=list(target), config_path=config, device=device, revision=revision, token=token,
@@ -179,8 +186,6 @@ def run(
 
 def _record_problem(out_dir: Path, err: Exception) -> None:
     """OUT/problem.json: what stopped the run before any export (read by the bot to tell the repo)."""
-    from exporters.publish.problem import problem_from_error, write_problem
-
     problem = problem_from_error(err)
     if problem is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -188,8 +193,6 @@ def _record_problem(out_dir: Path, err: Exception) -> None:
 
 
 def _upload_limit(text: str) -> int:
-    from exporters.publish.destination import parse_size
-
     try:
         return parse_size(text)
     except ValueError as err:
@@ -200,8 +203,6 @@ def _upload_limit(text: str) -> int:
 def _destination(model: str, repo_id: str | None, revision: str | None, publishing: bool):
     """Where --push publishes (the library decides: --repo-id, else MODEL; the PR base from --revision); exit 2
     when there is no repo to publish to."""
-    from exporters.publish.destination import publish_destination
-
     if not publishing:
         if repo_id is not None:
             console.print("--repo-id is only used with --push or --dry-run", markup=False)
@@ -215,8 +216,6 @@ def _destination(model: str, repo_id: str | None, revision: str | None, publishi
 
 def _publish_failed(label: str, err: PublishError, out_dir: Path) -> None:
     """Say what failed, record it in OUT/publish.json, exit 3."""
-    from exporters.publish import PublishResult, write_outcome
-
     _error(label, err)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_outcome(out_dir, PublishResult("failed", message=err.worded(OPTION_NAMES), retryable=err.retryable))
@@ -225,8 +224,6 @@ def _publish_failed(label: str, err: PublishError, out_dir: Path) -> None:
 
 def _check_publish_access(repo_id: str, token: str | None, endpoint: str | None, out_dir: Path) -> None:
     """Before a long export: the token works and the repo is visible (exit 3 otherwise, nothing exported)."""
-    from exporters.publish import check_publish_access
-
     try:
         check_publish_access(repo_id, token=token, endpoint=endpoint)
     except PublishError as err:
@@ -236,8 +233,6 @@ def _check_publish_access(repo_id: str, token: str | None, endpoint: str | None,
 def _publish(destination, out_dir: Path, *, token: str | None, endpoint: str | None, publish_failed: bool,
              publish_unverified: bool, dry_run: bool, max_upload_bytes: int) -> None:
     """Publish OUT to the Hub (or print the plan); a publishing error exits 3 with what to do."""
-    from exporters.publish import publish_report, render_plan
-
     try:
         result = publish_report(destination.repo_id, out_dir, token=token, endpoint=endpoint,
                                 publish_failed=publish_failed, publish_unverified=publish_unverified,
@@ -260,11 +255,6 @@ def check(file: Path = typer.Argument(..., help="export_config.json, or a config
 
     Example: hf-export check ./my-model/export_config.json
     """
-    import json
-
-    from exporters.recipe.load import load_recipe_file
-    from exporters.recipe.model_limits import check_cache_len, positions_in
-
     try:
         recipe = load_recipe_file(file)
         config_file = file if file.name == "config.json" else file.with_name("config.json")
@@ -305,8 +295,6 @@ def init(
 
     Example: hf-export init ./my-model --out ./my-model/export_config.json --formats onnx,executorch
     """
-    from exporters.recipe.model import FORMATS
-
     wanted = [f.strip() for f in formats.split(",") if f.strip()]
     unknown = [f for f in wanted if f not in FORMATS]
     if unknown or not wanted:
@@ -318,7 +306,7 @@ def init(
     if destination is not None:  # before a long search: the token works and the repo is visible (exit 3)
         _check_publish_access(destination.repo_id, token, endpoint, out_file.parent)
     _quiet_libraries()
-    from exporters.errors import InitError
+    # exporters.init loads torch and the exporters (its probes)
     from exporters.init.propose import InitOptions, init_recipe
     from exporters.init.summary import print_table, render_markdown
 
@@ -339,8 +327,6 @@ def init(
     except (ModelSourceError, RemoteCodeError, MemoryPlanError) as err:
         _error("error", err)
         raise typer.Exit(EXIT_USAGE) from None
-    import json
-
     out_file.parent.mkdir(parents=True, exist_ok=True)
     fsutil.write_file(out_file, json.dumps(result.recipe, indent=2) + "\n")
     print_table(result, console)
@@ -356,9 +342,7 @@ def init(
 def _publish_recipe(destination, result, out_dir: Path, *, token: str | None, endpoint: str | None) -> None:
     """The Hub PR proposing the recipe, its outcome in `publish.json` beside the recipe (as `run` writes
     OUT/publish.json); a publishing error exits 3 with what to do."""
-    from exporters.init.push import publish_recipe
-    from exporters.publish import write_outcome
-
+    from exporters.init.push import publish_recipe  # exporters.init loads torch (its probes)
     try:
         published = publish_recipe(destination.repo_id, result, token=token, endpoint=endpoint,
                                    revision=destination.base)
@@ -388,7 +372,7 @@ def validate(
     Example: hf-export validate ./my-model out --target onnx --print-report
     """
     _quiet_libraries()
-    from exporters.run.revalidate import RunOptions, validate_existing
+    from exporters.run.revalidate import RunOptions, validate_existing  # loads torch and the runtimes
 
     options = RunOptions(out_dir=out_dir, targets=list(target), config_path=config, revision=revision, token=token,
                          endpoint=endpoint, trust_remote_code=trust_remote_code, progress=False)

@@ -214,3 +214,79 @@ def test_try_the_bot_locally_as_written(tmp_path, start_bot):  # noqa: F811  (th
         except subprocess.TimeoutExpired:
             hub.kill()
             hub.communicate()
+
+
+# ─────────────────────────────────────── Maps that stay true ───────────────────────────────────────
+
+MAPPED = ("exporters", "action", "bot")  # every package under these, and every module in them, is on the maps
+
+
+def _packages() -> list[Path]:
+    return sorted(init.parent for top in MAPPED for init in (ROOT / top).rglob("__init__.py"))
+
+
+def _rooms(package: Path) -> list[str]:
+    """What a package holds: its modules (by stem) and its sub-packages (by name)."""
+    modules = [path.stem for path in package.glob("*.py") if path.name != "__init__.py"]
+    return sorted(modules + [child.name for child in package.iterdir() if (child / "__init__.py").is_file()])
+
+
+def _named(text: str, name: str) -> bool:
+    """`name` (or `name.py`, or `name/`) as a word of `text`; `__main__` is named by `python -m`."""
+    if name == "__main__":
+        return "python -m" in text
+    return re.search(rf"(?<![\w.-]){re.escape(name)}(?:\.py|/)?(?![\w-])", text) is not None
+
+
+def _docstring(package: Path) -> str:
+    import ast
+
+    return ast.get_docstring(ast.parse((package / "__init__.py").read_text(encoding="utf-8"))) or ""
+
+
+def _readme_map() -> dict[str, str]:
+    """README's *Layout* section, split by its entries: 'exporters' (the front doors and the foundation, named with
+    `.py`), and 'exporters/capture', 'action', 'bot', ... (the text from a line starting `name/` to the next entry)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    entries: dict[str, str] = {"exporters": ""}
+    current = "exporters"
+    for line in section.splitlines():
+        start = re.match(r"^([a-z_]+)/\s", line)
+        if start:
+            name = start.group(1)
+            current = name if name in MAPPED or not (ROOT / "exporters" / name).is_dir() else f"exporters/{name}"
+            entries[current] = ""
+        elif line and not line.startswith(" ") and not line.startswith("`"):
+            current = "exporters" if re.match(r"^[a-z_]+\.py\b", line) else "prose"
+            entries.setdefault(current, "")
+        entries[current] += line + "\n"
+    return entries
+
+
+def test_every_module_is_on_its_packages_map():
+    """Each package's `__init__` docstring names every module and sub-package it holds (a new module, or a new
+    layout package, is added to its map or this fails)."""
+    missing = [f"{package.relative_to(ROOT)}: {name}" for package in _packages() for name in _rooms(package)
+               if not _named(_docstring(package), name)]
+    assert not missing, "name these in their package's __init__ docstring:\n" + "\n".join(missing)
+
+
+def test_every_module_is_on_the_readme_map():
+    """README's *Layout* names every module of the library, the Action and the bot under its package's entry (a
+    nested package's modules under its top package's entry: `exporters/layouts/genai/proof.py` under `layouts/`)."""
+    entries = _readme_map()
+    missing = []
+    for package in _packages():
+        relative = package.relative_to(ROOT).parts
+        entry = "/".join(relative[:2]) if relative[0] == "exporters" and len(relative) > 1 else relative[0]
+        text = entries.get(entry)
+        if text is None:
+            missing.append(f"{entry}/ (no entry)")
+            continue
+        if entry == "exporters":  # the front doors and the foundation (the stages have entries of their own)
+            names = [f"{name}.py" for name in _rooms(package) if not (package / name).is_dir()]
+        else:
+            names = [name for name in _rooms(package) if name != "__main__"]
+        missing += [f"{'/'.join(relative)}/{name}" for name in names if not _named(text, name)]
+    assert not missing, "name these in README's Layout (under their package's entry):\n" + "\n".join(missing)

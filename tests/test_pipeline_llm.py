@@ -154,6 +154,7 @@ def test_validation_compares_with_the_eager_side_computed_while_exporting(llm_ru
     from exporters.run.context import RunOptions, prepare_run
     from exporters.run.workbench import Workbench
     from exporters.validate.checks import validate_target
+    from exporters.validate.subject import SavedTarget
 
     model_dir, out, _ = llm_run
     timings = {t["name"]: t["timings"] for t in json.loads((out / "report.json").read_text())["targets"]}
@@ -172,10 +173,8 @@ def test_validation_compares_with_the_eager_side_computed_while_exporting(llm_ru
                         for component, probes, references in side.planned]
         side.threads = threads
         result = validate_target(
-            target=target, recipe=context.recipe, directory=out / name, components=components,
-            model=workbench.model, family=workbench.sample.family, generate_inputs=workbench.sample.generate,
-            eager=workbench.eager, generation_config=workbench.generation_config(target, context.recipe),
-            source_dir=context.source.folder, precomputed=side)
+            target=target, recipe=context.recipe, saved=SavedTarget(out / name), components=components,
+            subject=workbench.subject(target, context), precomputed=side)
         statuses[name] = [(c.name, c.passed) for c in result.components]
     assert statuses["onnx"] == [("prefill", False), ("decode", False)], "the precomputed references were compared"
     assert statuses["dynamo"] == [("prefill", True), ("decode", True)], "another thread count: computed again"

@@ -285,3 +285,198 @@ def test_the_recipe_publish_and_report_stages_load_no_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout
+
+
+# --- Imports at the top (#49): a deferred import of ours is one that loads the stack, and says so -------------------
+
+# What a module of ours may defer: these load seconds of native code (the stack) that `hf-export check`, `--help`,
+# the bot's web process and the Action's list-targets never use.
+STACK = ("torch", "transformers", "onnx", "onnxruntime", "onnxruntime_genai", "onnxscript", "onnx_ir", "executorch",
+         "torchao", "numpy")
+LIGHT_DEFERRED_LIMIT = 5  # deferred imports of our light modules, in all (the bot's per-command web app and worker)
+
+
+def _all_modules() -> dict[str, Path]:
+    return {_module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")}
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """Every module `path` imports when it is imported (function bodies and TYPE_CHECKING blocks left out), with
+    `from a import b` also giving `a.b` (b may be a module)."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                visit(node.orelse)
+                continue
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parent + ([base] if base else []))
+                found.add(base)
+                found.update(f"{base}.{alias.name}" for alias in node.names)
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                children = getattr(node, field, None)
+                if isinstance(children, list):
+                    visit([child for child in children if isinstance(child, ast.stmt | ast.excepthandler)])
+
+    visit(ast.parse(path.read_text()).body)
+    return found
+
+
+def _loads_the_stack(modules: dict[str, Path]) -> dict[str, str | None]:
+    """For each module of ours, the chain by which importing it loads the stack (None: it does not), read from the
+    imports at each module's top (a package's `__init__` counts: importing `a.b` runs `a` first)."""
+    chains: dict[str, str | None] = {}
+
+    def chain(name: str, seen: tuple[str, ...]) -> str | None:
+        if name in chains:
+            return chains[name]
+        if name in seen:
+            return None
+        found = None
+        for imported in sorted(_top_level_imports(modules[name])):
+            if imported.split(".")[0] in STACK:
+                found = imported
+                break
+            parts = imported.split(".")
+            ours = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+            for other in (m for m in ours if m in modules and m != name):
+                below = chain(other, seen + (name,))
+                if below:
+                    found = f"{other} -> {below}"
+                    break
+            if found:
+                break
+        chains[name] = found
+        return found
+
+    for name in modules:
+        chain(name, ())
+    return chains
+
+
+def _deferred_imports_of_ours(path: Path) -> list[tuple[int, list[str]]]:
+    """(line, the modules of ours it names) for every import inside a function of `path`."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found, seen = [], set()
+    for function in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if id(node) in seen or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            seen.add(id(node))
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parent + ([base] if base else []))
+                names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+            ours = [name for name in names if name.split(".")[0] in PACKAGES]
+            if ours:
+                found.append((node.lineno, ours))
+    return found
+
+
+def _has_reason(lines: list[str], line: int) -> bool:
+    """A comment on the import's line, on a line of the same block of imports, or on the line above the block."""
+    index = line - 1
+    while index >= 0 and lines[index].strip().startswith(("from ", "import ")):
+        if "#" in lines[index]:
+            return True
+        index -= 1
+    return index >= 0 and lines[index].strip().startswith("#")
+
+
+def test_a_deferred_import_of_ours_loads_the_stack_and_says_why():
+    """Modules of ours are imported at the top of the file; one may be imported inside a function only where
+    importing it loads the stack (torch, transformers, the runtimes: `hf-export check` and `--help` must not), with a
+    comment saying why, and at most LIGHT_DEFERRED_LIMIT light ones in all, each also with its reason."""
+    modules = _all_modules()
+    stack = _loads_the_stack(modules)
+    light, unexplained = [], []
+    for name, path in sorted(modules.items()):
+        lines = path.read_text().splitlines()
+        for line, imported in _deferred_imports_of_ours(path):
+            targets = {target for target in imported if target in modules}
+            where = f"{path.relative_to(ROOT)}:{line} {sorted(targets)}"
+            if not any(stack[target] for target in targets):
+                light.append(where)
+            if not _has_reason(lines, line):
+                unexplained.append(where)
+    assert len(light) <= LIGHT_DEFERRED_LIMIT, "import these at the top of the file (they load no part of the " \
+                                               "stack):\n" + "\n".join(light)
+    assert not unexplained, "say why each is deferred (a comment on its line or above):\n" + "\n".join(unexplained)
+
+
+def test_the_stack_is_seen_where_it_loads():
+    """The scan above finds the stack behind the modules that load it, and none behind the light ones."""
+    stack = _loads_the_stack(_all_modules())
+    assert stack["exporters.run.pipeline"] and stack["exporters.capture.steps"] == "torch"
+    assert stack["exporters.init.push"] and stack["exporters.upstream"]
+    assert not any(stack[name] for name in ("exporters.recipe.load", "exporters.publish", "exporters.report.build",
+                                            "exporters.errors", "bot.app", "action.main"))
+
+
+def test_no_hand_written_patch_in_the_adapter():
+    """A patch on upstream or the stack is laid by `exporters.upstream.patches` (`patched`, `patched_item`, or an
+    ExitStack callback) and has a row in its table: no module of the adapter restores an attribute or an entry in a
+    `finally` of its own (tests/test_upstream_patches.py checks each row is undone)."""
+    restoring = []
+    for path in sorted((ROOT / "exporters" / "upstream").glob("*.py")):
+        if path.name == "patches.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Try):
+                continue
+            for statement in (child for final in node.finalbody for child in ast.walk(final)):
+                targets = (statement.targets if isinstance(statement, (ast.Assign, ast.Delete))
+                           else [statement.target] if isinstance(statement, ast.AugAssign) else [])
+                called = ast.unparse(statement.func).rpartition(".")[2] if isinstance(statement, ast.Call) else ""
+                calls = called.startswith(("set", "del", "pop"))  # setattr, setLevel, set_experts_implementation
+                if calls or any(isinstance(t, (ast.Attribute, ast.Subscript, ast.Tuple)) for t in targets):
+                    restoring.append(f"{path.relative_to(ROOT)}:{statement.lineno}")
+    assert not restoring, "lay these with exporters.upstream.patches (and add a row to PATCHES):\n" + \
+        "\n".join(restoring)
+
+
+# --- A run is an object (#49): no function of the product takes more than 8 parameters ------------------------------
+
+MAX_PARAMETERS = 8
+# Still over, to be folded into an options object (each is keyword-only past its first two): the publish calls that
+# every front end makes, and the bot's enqueue.
+LONG_SIGNATURES_LEFT = {"exporters/publish/run.py:_publish", "exporters/publish/run.py:publish_report",
+                        "exporters/publish/run.py:publish_files", "bot/store.py:enqueue"}
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    """What a run or a target carries travels as one object (`RunContext`, `Workbench`, `EagerModel`, `SavedTarget`),
+    not as a long list of arguments. A command of a CLI (typer's `@app.command`) is exempt: its parameters are its
+    flags."""
+    long = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                if any("command" in ast.unparse(d) or "callback" in ast.unparse(d) for d in node.decorator_list):
+                    continue
+                names = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                         if a.arg not in ("self", "cls")]
+                where = f"{path.relative_to(ROOT)}:{node.name}"
+                if len(names) > MAX_PARAMETERS and where not in LONG_SIGNATURES_LEFT:
+                    long.append(f"{where} takes {len(names)}")
+                assert where not in LONG_SIGNATURES_LEFT or len(names) > MAX_PARAMETERS, f"{where}: drop it from the list"
+    assert not long, "pass one object instead:\n" + "\n".join(long)

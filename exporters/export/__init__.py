@@ -8,5 +8,16 @@ convert.py (a target's upstream config; export each component, one in memory at 
    └─► footprint.py         total and stored weight bytes, read from the files' own structure
 ```
 
+Beside them:
+
+- `artifact_dtype.py`: the dtype a saved target's files hold, read from their own structure;
+- `folder_files.py`: every target folder loads alone (configs, tokenizer and processor files beside its programs);
+- `genai_buffer.py`: a `GroupQueryAttention` graph ONNX Runtime GenAI runs on one shared past/present buffer;
+- `genai_config.py`: `genai_config.json` beside a merged decoder graph, what ONNX Runtime GenAI reads;
+- `llm_runner.py`: a target written in the ExecuTorch LLM runner's layout (`model.pte` and its metadata);
+- `onnx_names.py`: the merged decoder graph under the names ONNX runtimes bind (optimum, GenAI, transformers.js);
+- `seq2seq_merged.py`: one decoder graph for an encoder-decoder export (`decoder_model_merged.onnx`);
+- `seq2seq_names.py`: an encoder-decoder generation export in optimum's files and names.
+
 A sibling of `validate/`: neither imports the other (validation reads what export wrote, from disk).
 """

@@ -11,6 +11,7 @@ The rooms: `plan` (which files; merge with what the Hub holds), `markers` (slot 
 pure decision), `texts` (titles, descriptions, model card), `hub` (the thin client), `destination` (where to publish,
 the size limit), `run` (doing it; the outcome in `OUT/publish.json`), `problem` (a repo that cannot be exported at
 all: invalid recipe, model that cannot be loaded, refused remote code; told in the failure discussion).
+`snippets` (how to run a published target in each runtime it was proven in: the model card's code).
 
 What goes into the model repo (one commit per run, on `refs/pr/N`):
 

@@ -9,5 +9,9 @@ load.py ──► model.py (Recipe, Target, Inputs, Generation, Validation)
   jsonpos.py)                └── variants.py  quantized/half variants of a target
 ```
 
+Beside them: `_base.py` (the strict pydantic base the recipe's models share), `model_limits.py` (what a recipe may
+ask of a model, checked from its `config.json`), `runner_layout.py` (an ExecuTorch target's program layout:
+`layout`, `custom_ops`, `external_weights`).
+
 `python -m exporters.recipe` rewrites `export_config.schema.json` from the models.
 """

@@ -7,5 +7,7 @@ context.py (RunOptions -> prepare_run: source, recipe, targets, tool versions, w
                └─► pipeline.py: each target exported in a forked child (isolation.py; resources.py for --jobs;
                    progress.py), staging renamed into place, validated, benchmarked, reported
 revalidate.py: `validate`, the checks again on saved target folders (the pipeline's validation and report)
+memory_plan.py: memory planned before the model loads (a run that cannot fit stops at once)
+outcomes.py: what a run makes of its targets' outcomes (a result per target, the command that reproduces it)
 ```
 """

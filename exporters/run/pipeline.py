@@ -49,6 +49,7 @@ from exporters.validate.benchmark import bench_passing, warm_up
 from exporters.validate.checks import validate_target
 from exporters.validate.eager_side import EagerSide
 from exporters.validate.folder_trust import Inventory, take_inventory
+from exporters.validate.subject import SavedTarget
 
 __all__ = ["RunOptions", "run_pipeline"]
 STAGING_PREFIX = ".staging-"
@@ -284,8 +285,8 @@ def _validate(item: _Export, context: RunContext, workbench: Workbench, options:
     target, result = item.target, item.result
     final = options.out_dir / target.name
     progress.update(target.name, "validating")
-    _validate_into(result, target, context, workbench, final, trust_artifacts=True, last=last, precomputed=item.eager,
-                   inventory=item.inventory)
+    _validate_into(result, target, context, workbench, SavedTarget(final, True, item.inventory, result.device),
+                   last=last, precomputed=item.eager)
     item.eager = None
     strip_after_validation(result, target, final)
     result.files = file_entries(final, options.out_dir)
@@ -311,21 +312,16 @@ def _export_work(model: Any, target: Target, components: Any, recipe: Recipe, st
     return {"notes": notes, **outcome, "quantization": quantization, "inventory": inventory}
 
 
-def _validate_into(result: TargetResult, target: Target, context: RunContext, workbench: Workbench, directory: Path,
-                   trust_artifacts: bool, last: bool = False, precomputed: EagerSide | None = None,
-                   inventory: Inventory | None = None) -> None:
+def _validate_into(result: TargetResult, target: Target, context: RunContext, workbench: Workbench,
+                   saved: SavedTarget, last: bool = False, precomputed: EagerSide | None = None) -> None:
     started = time.time()
-    recipe = context.recipe
     with recovering() as guard:  # a native panic too: the target fails with its message, the run goes on
         validation = validate_target(
-            target=target, recipe=recipe, directory=directory, components=workbench.components(target, recipe),
-            model=workbench.model, family=workbench.sample.family, generate_inputs=workbench.sample.generate,
-            eager=workbench.eager, generation_config=workbench.generation_config(target, recipe),
-            expected_components=result.expected_components, trust_artifacts=trust_artifacts, device=result.device,
+            target=target, recipe=context.recipe, saved=saved, components=workbench.components(target, context.recipe),
+            subject=workbench.subject(target, context), expected_components=result.expected_components,
             # vision-language parity runs the model's own forward around the graphs: its weights stay
             release_model=(lambda: release_weights(workbench.model))
-            if last and workbench.sample.family != "vision-language" else None,
-            source_dir=context.source.folder, precomputed=precomputed, inventory=inventory,
+            if last and workbench.sample.family != "vision-language" else None, precomputed=precomputed,
         )
     if guard.error is not None:
         result.status, result.error = FAILED, logged_error(guard.error, context.out_dir / "logs" / f"{target.name}.log",

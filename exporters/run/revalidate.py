@@ -23,6 +23,7 @@ from exporters.run.pipeline import _validate_into
 from exporters.run.reuse import previous_report
 from exporters.run.workbench import Workbench
 from exporters.upstream import read_manifest
+from exporters.validate.subject import SavedTarget
 
 __all__ = ["RunOptions", "validate_existing"]
 
@@ -73,8 +74,8 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
             continue
         result.expected_components = workbench.expected(target, components)
         result.findings += [note for note in workbench.contract_notes(target) if note in workbench.not_runner.values()]
-        _validate_into(result, target, context, workbench, directory, trust_artifacts=options.trust_remote_code,
-                       last=index == len(order) - 1)
+        saved = SavedTarget(directory, trust_artifacts=options.trust_remote_code, device=result.device)
+        _validate_into(result, target, context, workbench, saved, last=index == len(order) - 1)
         result.files = file_entries(directory, out_dir)
         record_footprint(result, target, directory, workbench.weights)
     return write_results(results, context)

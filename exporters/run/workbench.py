@@ -30,6 +30,7 @@ from exporters.run.context import RunContext, RunOptions
 from exporters.run.isolation import error_text, log_error
 from exporters.upstream import move_to
 from exporters.validate.eager_side import EagerCache, EagerSide, eager_side
+from exporters.validate.subject import EagerModel
 
 
 @dataclass
@@ -197,11 +198,14 @@ class Workbench:
                    expected: list[str] | None) -> EagerSide:
         """The eager side of the target's validation (`exporters.validate.eager_side`), before its folder exists:
         what a run computes while the target exports."""
-        recipe = context.recipe
-        return eager_side(target=target, recipe=recipe, components=components, model=self.model,
-                          family=self.sample.family, generate_inputs=self.sample.generate, eager=self.eager,
-                          generation_config=self.generation_config(target, recipe), expected_components=expected,
-                          source_dir=context.source.folder)
+        return eager_side(target=target, recipe=context.recipe, components=components,
+                          subject=self.subject(target, context), expected_components=expected)
+
+    def subject(self, target: Target, context: RunContext) -> EagerModel:
+        """What `target` is compared with: the model loaded once, its sample, the run's eager outputs, the target's
+        generation config, the folder the model came from (`exporters.validate.subject.EagerModel`)."""
+        return EagerModel(self.model, self.sample.family, self.sample.generate, self.eager,
+                          self.generation_config(target, context.recipe), context.source.folder)
 
     def _cache_notes(self, target: Target, setting: Any) -> list[str]:
         if target.mode != "generation":

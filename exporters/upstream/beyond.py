@@ -24,6 +24,7 @@ from transformers.exporters.metadata import load_treespec
 from transformers.exporters.runners.base import ModelRunner
 from transformers.exporters.utils import apply_patches
 
+from exporters.upstream.patches import patched, patched_item
 from exporters.upstream.pytree import leaf_tensors
 
 
@@ -87,6 +88,19 @@ class _CapturedLowering:
         return self
 
 
+@contextlib.contextmanager
+def lowering_captured():
+    """While components are exported, upstream's ExecuTorch exporter hands back each prepared program with its
+    lowering's arguments (`_CapturedLowering`) instead of lowering it, so that [`export_executorch_methods`] lowers
+    them all together as one program with a method per component (docs/upstream-gaps.md #11)."""
+    # upstream's ExecuTorch exporter loads ExecuTorch and its XNNPACK backend (tens of seconds): only where one lowers
+    import transformers.exporters.exporter_executorch
+
+    with patched(transformers.exporters.exporter_executorch, "to_edge_transform_and_lower",
+                 lambda program, **kwargs: _CapturedLowering(program, kwargs)):
+        yield
+
+
 def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, dict]], configs: dict[str, Any],
                               methods: dict[str, str] | None = None,
                               weights_file: str | None = None) -> tuple[Any, dict[str, Any]]:
@@ -105,12 +119,9 @@ def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, di
     # upstream's ExecuTorch exporter loads ExecuTorch and its XNNPACK backend (tens of seconds): only where one lowers
     import transformers.exporters.exporter_executorch
 
-    exporter_executorch = transformers.exporters.exporter_executorch
     captured: dict[str, _CapturedLowering] = {}
     metadata: dict[str, Any] = {}
-    real = exporter_executorch.to_edge_transform_and_lower
-    exporter_executorch.to_edge_transform_and_lower = lambda program, **kwargs: _CapturedLowering(program, kwargs)
-    try:
+    with lowering_captured():
         for name, (module, inputs) in components.items():
             try:
                 program, meta = exporter.export_program(module, copy.deepcopy(inputs), configs[name])
@@ -118,8 +129,6 @@ def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, di
                 raise RuntimeError(f"exporting component '{name}' failed: {type(err).__name__}: {err}") from err
             meta.export_config = json.loads(configs[name].to_json_string())
             captured[name], metadata[name] = program, meta
-    finally:
-        exporter_executorch.to_edge_transform_and_lower = real
     first = next(iter(captured.values()))
     backend = next(iter(configs.values())).backend
     methods = methods or {name: name for name in captured}
@@ -129,9 +138,10 @@ def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, di
             _tag_delegate_weights(lowering.program, weights_file)
         backend_config = _external_constants(backend_config, weights_file)
     with apply_patches("executorch"), apply_patches(f"executorch.{backend}"):
-        edge = real({methods[name]: c.program for name, c in captured.items()},
-                    partitioner={methods[name]: c.kwargs["partitioner"] for name, c in captured.items()},
-                    compile_config=first.kwargs["compile_config"], transform_passes=first.kwargs["transform_passes"])
+        edge = transformers.exporters.exporter_executorch.to_edge_transform_and_lower(
+            {methods[name]: c.program for name, c in captured.items()},
+            partitioner={methods[name]: c.kwargs["partitioner"] for name, c in captured.items()},
+            compile_config=first.kwargs["compile_config"], transform_passes=first.kwargs["transform_passes"])
         del captured
         return edge.to_executorch(config=backend_config), metadata
 
@@ -180,8 +190,6 @@ def constants_shared_by_lowering_copies():
     # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
     from executorch.exir.backend.canonical_partitioners import duplicate_constant_node_pass
 
-    real = BackendDetails.__dict__["copy_exported_program_for_preprocess"]
-
     def sharing_copy(cls: Any, edge_program: Any, compile_specs: Any) -> Any:
         memo = {id(tensor): tensor for tensor in _program_constants(edge_program)}
         return copy.deepcopy(edge_program, memo)
@@ -197,13 +205,9 @@ def constants_shared_by_lowering_copies():
         def deepcopy(value: Any, memo: dict | None = None) -> Any:
             return value if isinstance(value, torch.Tensor) else copy.deepcopy(value, memo)
 
-    BackendDetails.copy_exported_program_for_preprocess = classmethod(sharing_copy)
-    duplicate_constant_node_pass.copy = _TensorSharingCopy()
-    try:
+    with patched(BackendDetails, "copy_exported_program_for_preprocess", classmethod(sharing_copy)), \
+            patched(duplicate_constant_node_pass, "copy", _TensorSharingCopy()):
         yield
-    finally:
-        BackendDetails.copy_exported_program_for_preprocess = real
-        duplicate_constant_node_pass.copy = copy
 
 
 SPILL_BYTES = 4096  # named data at least this large (every weight matrix) waits on disk for the program's writing
@@ -234,12 +238,10 @@ def named_data_on_disk(directory: Any):
             data = FileBackedData(handle.name, cleanup=True, sha256=digest)
         return real(self, key, data, *args, **kwargs)
 
-    NamedDataStore.add_named_data = add_named_data
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, spill, ignore_errors=True)
+        stack.enter_context(patched(NamedDataStore, "add_named_data", add_named_data))
         yield
-    finally:
-        NamedDataStore.add_named_data = real
-        shutil.rmtree(spill, ignore_errors=True)
 
 
 def _program_constants(value: Any) -> list[Any]:
@@ -277,11 +279,8 @@ def tanh_gelu_kept_off_xnnpack():
         approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
         return approximate != "tanh" and real(self, node, ep)
 
-    GeluConfig.check_constraints = check_constraints
-    try:
+    with patched(GeluConfig, "check_constraints", check_constraints):
         yield
-    finally:
-        GeluConfig.check_constraints = real
 
 
 @contextlib.contextmanager
@@ -343,11 +342,8 @@ def _pass_only_where(pass_class: Any, op_name: str):
             return PassResult(graph_module, False)
         return real(self, graph_module)
 
-    pass_class.call = call
-    try:
+    with patched(pass_class, "call", call):
         yield
-    finally:
-        pass_class.call = real
 
 
 @contextlib.contextmanager
@@ -379,13 +375,11 @@ def static_sliding_layers_kept_whole():
     """
 
     mapping = cache_utils.STATIC_LAYER_TYPE_MAPPING
-    saved = mapping.get("sliding_attention")
-    if saved is cache_utils.StaticSlidingWindowLayer:
-        mapping["sliding_attention"] = cache_utils.StaticLayer
-    try:
+    if mapping.get("sliding_attention") is not cache_utils.StaticSlidingWindowLayer:
+        yield  # transformers changed the mapping: nothing of ours to undo
+        return
+    with patched_item(mapping, "sliding_attention", cache_utils.StaticLayer):
         yield
-    finally:
-        mapping["sliding_attention"] = saved
 
 
 def share_identical_weights(program: Any, pool: dict[str, Any]) -> int:

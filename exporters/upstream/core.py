@@ -99,12 +99,10 @@ TORCH_SERDE_LOGGER = "torch._export.serde.serialize"
 def quiet_torch_serde() -> Iterator[None]:
     """Silence the broken warning of torch's `.pt2` deserializer while loading."""
     logger = logging.getLogger(TORCH_SERDE_LOGGER)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(logger.setLevel, logger.level)
+        logger.setLevel(logging.ERROR)
         yield
-    finally:
-        logger.setLevel(level)
 
 
 def formats_from_files(names: list[str]) -> set[str]:

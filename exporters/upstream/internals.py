@@ -7,6 +7,7 @@ sizes their symbols, and the real-value cache of a strict `torch.export`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.fx.experimental.symbolic_shapes import DimDynamic
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from transformers.exporters import utils as upstream_utils
+
+from exporters.upstream.patches import patched, patched_item
 
 __all__ = ["contiguity_known_once", "named_dims_share_symbols", "patches_of_loaded_models", "pte_float_dtypes", "pte_weight_bytes",
            "recording_logits_processors", "strict_export_shares_parameters", "symbolic_arithmetic_once"]
@@ -107,15 +110,8 @@ def recording_logits_processors(model, sink: list) -> Iterator[None]:
         sink.append(copy.deepcopy(processors, memo={id(model): model}))
         return processors
 
-    shadowed = "_get_logits_processor" in vars(model)
-    model._get_logits_processor = recording
-    try:
+    with patched(model, "_get_logits_processor", recording):
         yield
-    finally:
-        if shadowed:
-            model._get_logits_processor = build
-        else:
-            del model._get_logits_processor
 
 
 @contextmanager
@@ -137,11 +133,8 @@ def strict_export_shares_parameters() -> Iterator[None]:
             return value
         return real(value, fake_mode)
 
-    dynamo_builder._clone_input = clone_input
-    try:
+    with patched(dynamo_builder, "_clone_input", clone_input):
         yield
-    finally:
-        dynamo_builder._clone_input = real
 
 
 @contextmanager
@@ -163,11 +156,8 @@ def patches_of_loaded_models() -> Iterator[None]:
             return None
         return real(path, missing_ok=missing_ok)
 
-    upstream_utils.import_dotted_path = import_dotted_path
-    try:
+    with patched(upstream_utils, "import_dotted_path", import_dotted_path):
         yield
-    finally:
-        upstream_utils.import_dotted_path = real
 
 
 def _modeling_module_not_loaded(path: str) -> bool:
@@ -205,11 +195,8 @@ def contiguity_known_once() -> Iterator[None]:
             known.add(key)
         return answer
 
-    upstream_utils.is_contiguous_or_false = is_contiguous_or_false
-    try:
+    with patched(upstream_utils, "is_contiguous_or_false", is_contiguous_or_false):
         yield
-    finally:
-        upstream_utils.is_contiguous_or_false = real
 
 
 def _layout(a) -> tuple[object, tuple] | None:
@@ -267,13 +254,10 @@ def symbolic_arithmetic_once() -> Iterator[None]:
                                     optimized_summation=summation)
         return compute
 
-    for name, operation in real.items():
-        setattr(sym_node.SymNode, name, kept(name, operation))
-    try:
-        yield
-    finally:
+    with contextlib.ExitStack() as stack:
         for name, operation in real.items():
-            setattr(sym_node.SymNode, name, operation)
+            stack.enter_context(patched(sym_node.SymNode, name, kept(name, operation)))
+        yield
 
 
 def _binary_operation(fn) -> str | None:
@@ -322,28 +306,16 @@ def named_dims_share_symbols() -> Iterator[None]:
                 and source.prop is TensorProperty.SIZE else None
             known = symbols.get(name)
             if known is not None and env.backed_var_to_val.get(known) == val and val not in (0, 1):
-                before = env.val_to_var.get(val)
-                env.val_to_var[val] = known  # upstream's duck sizing, with the named symbol as the one for val
-                try:
+                # upstream's duck sizing, with the named symbol as the one for val
+                with patched_item(env.val_to_var, val, known):
                     return create(val, source, DimDynamic.DUCK, None, *rest, **options)
-                finally:
-                    if before is None:
-                        env.val_to_var.pop(val, None)
-                    else:
-                        env.val_to_var[val] = before
             symbol = create(val, source, dynamic_dim, constraint_dim, *rest, **options)
             if name is not None and name not in symbols and getattr(symbol, "is_Symbol", False):
                 symbols[name] = symbol
             return symbol
 
-        env.create_symbol = create_symbol
-        try:
+        with patched(env, "create_symbol", create_symbol):
             return real(mode, kp, t, t_constraints, sources, *args, **kwargs)
-        finally:
-            del env.create_symbol
 
-    non_strict_utils.fakify = fakify
-    try:
+    with patched(non_strict_utils, "fakify", fakify):
         yield
-    finally:
-        non_strict_utils.fakify = real

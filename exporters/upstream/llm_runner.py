@@ -34,6 +34,7 @@ from transformers.modeling_utils import AttentionInterface
 
 from exporters.upstream.beyond import _external_constants, _tag_delegate_weights, xnnpack_lowering
 from exporters.upstream.internals import strict_export_shares_parameters
+from exporters.upstream.patches import patched
 
 # The runner's metadata methods (executorch extension/llm/runner/constants.h) and optimum-executorch's.
 FLOAT_DTYPE_CODES = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
@@ -66,12 +67,10 @@ def _static_generation_config(model: Any, max_cache_len: int) -> Iterator[None]:
     the eager model keeps its own."""
     original = model.generation_config
     values = {k: v for k, v in original.to_dict().items() if k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    model.generation_config = GenerationConfig(**values, use_cache=True, cache_implementation="static",
-                                               cache_config={"batch_size": 1, "max_cache_len": max_cache_len})
-    try:
+    with patched(model, "generation_config", GenerationConfig(
+            **values, use_cache=True, cache_implementation="static",
+            cache_config={"batch_size": 1, "max_cache_len": max_cache_len})):
         yield
-    finally:
-        model.generation_config = original
 
 
 def runner_module(model: Any, max_cache_len: int) -> RunnerProgram:
@@ -106,10 +105,16 @@ def custom_ops_installed(program: RunnerProgram, model: Any) -> Iterator[None]:
     AttentionInterface.register("custom_sdpa", custom_sdpa_attention)
     AttentionMaskInterface.register("custom_sdpa", mask_passthrough)
     configs = {id(c): c for c in (model.config, getattr(getattr(model, "model", None), "config", None)) if c is not None}
-    saved = {key: config._attn_implementation for key, config in configs.items()}
-    wrapper = program.wrapper
-    for config in configs.values():
-        config._attn_implementation = "custom_sdpa"
+    with contextlib.ExitStack() as stack:
+        for config in configs.values():
+            stack.enter_context(patched(config, "_attn_implementation", "custom_sdpa"))
+        _cache_in_custom_ops(program.wrapper)
+        yield
+
+
+def _cache_in_custom_ops(wrapper: torch.nn.Module) -> None:
+    """Each static layer of the wrapper's cache writes with `llama::update_cache` into a `[B, S, H, D]` buffer of
+    the wrapper (the program is built for export: the change is its own, never undone)."""
     for i, layer in enumerate(wrapper.static_cache.layers):
         b, h, length, d = layer.keys.shape
         keys = torch.zeros(b, length, h, d, dtype=layer.keys.dtype)
@@ -129,11 +134,6 @@ def custom_ops_installed(program: RunnerProgram, model: Any) -> Iterator[None]:
 
         layer.update = update
         layer.keys, layer.values = keys, values
-    try:
-        yield
-    finally:
-        for key, config in configs.items():
-            config._attn_implementation = saved[key]
 
 
 def runner_metadata(model: Any, max_cache_len: int, custom_ops: bool, eos_ids: list[int]) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from torch._export.utils import _is_cia_op, _is_preservable_cia_op
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from exporters.upstream.patches import patched
+
 aten = torch.ops.aten
 
 # Python's tensor operators, traced as `aten.__and__` (which ONNX's table decomposes), and the aten op they are
@@ -72,11 +74,8 @@ def decompose_only_what_onnx_lacks() -> Iterator[None]:
         program.graph_module.recompile()
         return program
 
-    _fx_passes.decompose_with_registry = decompose
-    try:
+    with patched(_fx_passes, "decompose_with_registry", decompose):
         yield
-    finally:
-        _fx_passes.decompose_with_registry = real
 
 
 def plan_rewrites(program: torch.export.ExportedProgram,
@@ -176,11 +175,8 @@ def type_promotion_on_traced_values() -> Iterator[None]:
                     return self.env[node]
         return recorded
 
-    interpreter.run_node = run_node
-    try:
+    with patched(interpreter, "run_node", run_node):
         yield
-    finally:
-        interpreter.run_node = real
 
 
 def _fake_values(value: Any) -> bool:

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
+from exporters.upstream.patches import patched
+
 if TYPE_CHECKING:
     import onnx_ir as ir
 
@@ -62,12 +64,10 @@ def group_query_attention_at_any_batch() -> Iterator[None]:
     if not any(step is fuse and providers == ("cpu",) for step, providers in steps):
         yield  # upstream's steps changed: its own fusion, unchanged
         return
-    fusions._STEPS = tuple((partial(_fused_as_for_one_sequence, fuse) if step is fuse and providers == ("cpu",)
-                            else step, providers) for step, providers in steps) + ((_guard_all, ("cpu",)),)
-    try:
+    ours = tuple((partial(_fused_as_for_one_sequence, fuse) if step is fuse and providers == ("cpu",) else step,
+                  providers) for step, providers in steps) + ((_guard_all, ("cpu",)),)
+    with patched(fusions, "_STEPS", ours):
         yield
-    finally:
-        fusions._STEPS = steps
 
 
 def _fused_as_for_one_sequence(fuse: Callable[..., None], model: ir.Model, *args: Any, **kwargs: Any) -> None:
@@ -81,11 +81,8 @@ def _fused_as_for_one_sequence(fuse: Callable[..., None], model: ir.Model, *args
         size = static_dim(value, axis)
         return 1 if axis == 0 and size is None else size
 
-    fusions._static_dim = batch_as_one
-    try:
+    with patched(fusions, "_static_dim", batch_as_one):
         fuse(model, *args, **kwargs)
-    finally:
-        fusions._static_dim = static_dim
 
 
 def _guard_all(model: ir.Model) -> None:

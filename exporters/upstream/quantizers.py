@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from transformers.exporters.configs import ExportFormat
 
+from exporters.upstream.patches import patched_item
+
 
 def onnxruntime_quantizer(static: bool, options: dict[str, Any], calibration: list[dict] | None):
     """`OnnxRuntimeQuantizer` with an `OnnxRuntimeStaticConfig` or an `OnnxRuntimeDynamicConfig`."""
@@ -116,8 +118,5 @@ def xnnpack_dynamic_quant_partitioners() -> Iterator[None]:
         model, sample_inputs, _ = original(model, sample_inputs)
         return model, sample_inputs, [XnnpackDynamicallyQuantizedPartitioner(), XnnpackPartitioner()]
 
-    table["xnnpack"] = prepare
-    try:
+    with patched_item(table, "xnnpack", prepare):
         yield
-    finally:
-        table["xnnpack"] = original

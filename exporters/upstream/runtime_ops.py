@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from exporters.upstream.patches import patched
+
 
 @contextlib.contextmanager
 def experts_without_custom_ops(model: Any):
@@ -35,12 +37,11 @@ def experts_without_custom_ops(model: Any):
     if "grouped_mm" not in saved.values():
         yield
         return
-    model.set_experts_implementation({key: "batched_mm" if value == "grouped_mm" else value
-                                      for key, value in saved.items()})
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(model.set_experts_implementation, saved)
+        model.set_experts_implementation({key: "batched_mm" if value == "grouped_mm" else value
+                                          for key, value in saved.items()})
         yield
-    finally:
-        model.set_experts_implementation(saved)
 
 
 @contextlib.contextmanager
@@ -65,11 +66,8 @@ def patch_convolutions_as_matmul():
                                           self.bias)
         return flat.reshape(samples, self.out_channels, 1, 1, 1)
 
-    torch.nn.Conv3d.forward = forward
-    try:
+    with patched(torch.nn.Conv3d, "forward", forward):
         yield
-    finally:
-        torch.nn.Conv3d.forward = real
 
 
 # Modeling modules whose only `torch.argsort` inverts a permutation (`argsort(window_index)`: Qwen2.5-VL's vision
@@ -104,11 +102,8 @@ def argsort_of_permutations(model: Any):
         positions = torch.arange(input.shape[0], device=input.device)
         return torch.zeros_like(positions).scatter(0, input.long(), positions)
 
-    torch.argsort = argsort
-    try:
+    with patched(torch, "argsort", argsort):
         yield
-    finally:
-        torch.argsort = real
 
 
 @contextlib.contextmanager
@@ -138,11 +133,8 @@ def negative_padding_as_slices():
         kept = [max(0, p) for p in padding]
         return torch.nn.functional.pad(input, kept, "constant", self.value) if any(kept) else input
 
-    cls.forward = forward
-    try:
+    with patched(cls, "forward", forward):
         yield
-    finally:
-        cls.forward = real
 
 
 def _whole_input_kernel(conv: torch.nn.Conv3d, input: torch.Tensor) -> bool:
@@ -169,14 +161,11 @@ def exact_no_op_rewrites():
 
     constants = [value for rule in _no_op.rules.rules for node in rule._target_pattern for value in node.inputs
                  if isinstance(value, _pattern_ir.Constant)]
-    saved = [(constant._rel_tol, constant._abs_tol) for constant in constants]
-    for constant in constants:
-        constant._rel_tol = constant._abs_tol = 0.0
-    try:
+    with contextlib.ExitStack() as stack:
+        for constant in constants:
+            stack.enter_context(patched(constant, "_rel_tol", 0.0))
+            stack.enter_context(patched(constant, "_abs_tol", 0.0))
         yield
-    finally:
-        for constant, (rel_tol, abs_tol) in zip(constants, saved):
-            constant._rel_tol, constant._abs_tol = rel_tol, abs_tol
 
 
 @contextlib.contextmanager
@@ -204,11 +193,8 @@ def multi_output_patterns_anchored():
                 return _basics.MatchResult().fail(f"{node.op_type} cannot be the pattern's first output node.")
         return real(self, model, graph_or_function, node, **kwargs)
 
-    _matcher.SimplePatternMatcher.match = match
-    try:
+    with patched(_matcher.SimplePatternMatcher, "match", match):
         yield
-    finally:
-        _matcher.SimplePatternMatcher.match = real
 
 
 @contextlib.contextmanager
@@ -238,8 +224,5 @@ def shared_tables_kept_once():
 
         real(self, *args, should_fold=keep_shared, **kwargs)
 
-    _constant_folding.FoldConstantsPass.__init__ = init
-    try:
+    with patched(_constant_folding.FoldConstantsPass, "__init__", init):
         yield
-    finally:
-        _constant_folding.FoldConstantsPass.__init__ = real

@@ -31,8 +31,8 @@ from exporters.upstream import (
     runner_for_file,
 )
 from exporters.validate import runtime_executorch  # noqa: F401  (registers the ExecuTorch LLM runner's check)
-from exporters.validate.eager_side import EagerCache, EagerSide, eager_side
-from exporters.validate.folder_trust import Inventory, may_read, screen_folder
+from exporters.validate.eager_side import EagerSide, eager_side
+from exporters.validate.folder_trust import may_read, screen_folder
 from exporters.validate.greedy import Tolerances
 from exporters.validate.native_log import native_messages
 from exporters.validate.ort_schemas import ort_checker_schemas
@@ -41,6 +41,7 @@ from exporters.validate.quality import judge, judge_generation, measure, toleran
 from exporters.validate.runtime_genai import GENAI  # noqa: F401  (registers ONNX Runtime GenAI's proof)
 from exporters.validate.runtimes import ProofsInFlight, RuntimeContext, RuntimeProof, checks_for, references_for
 from exporters.validate.sliding import COUNTER_FINDING, sliding_cache_leaves, trailing_window
+from exporters.validate.subject import EagerModel, SavedTarget
 # DEFAULT_TOLERANCES: re-exported for the modules that read it from here
 from exporters.validate.tolerances import DEFAULT_TOLERANCES, tolerance_for  # noqa: F401
 
@@ -214,22 +215,26 @@ def probe_component(report: ComponentReport, runner: Any, probes: list, referenc
 
 
 def validate_target(
-    *, target, recipe: Recipe, directory: Path, components, model, family: str, generate_inputs: dict[str, Any],
-    eager: EagerCache, generation_config=None, expected_components: list[str] | None = None,
-    trust_artifacts: bool = True, device: str | None = None, release_model=None, source_dir: Path | None = None,
-    precomputed: EagerSide | None = None, inventory: Inventory | None = None,
+    *, target, recipe: Recipe, saved: SavedTarget, components, subject: EagerModel,
+    expected_components: list[str] | None = None, release_model=None, precomputed: EagerSide | None = None,
 ) -> ValidationResult:
-    """Load the saved target from `directory` and run every check. `release_model`, when given, is called once the
-    eager references are computed, before the artifact is loaded (the caller frees the eager weights there).
-    `precomputed`: the target's eager side computed ahead ([`eager_side`], for the components it was to have); it
-    is used where it holds for the target (`EagerSide.usable_for`), else computed here.
+    """Load the saved target from `saved.directory` and run every check against `subject` (the eager model and
+    what comes with it). `release_model`, when given, is called once the eager references are computed, before the
+    artifact is loaded (the caller frees the eager weights there). `precomputed`: the target's eager side computed
+    ahead ([`eager_side`], for the components it was to have); it is used where it holds for the target
+    (`EagerSide.usable_for`), else computed here.
 
-    `trust_artifacts`: the folder's pickled programs (`.pt2`) may be loaded (this run wrote them, or the operator
-    allowed it); nothing else in the folder ever runs (its config's `auto_map` is never read). `device`: where the
-    artifact runs (the target's); the eager references stay where the model is. `inventory`: what this run's export
-    wrote and copied into `directory` (`folder_trust.take_inventory`), all a runtime may read there; None for a
-    folder this run did not write. A folder a runtime may not open (`folder_trust.screen_folder`) fails, unopened.
+    `saved.trust_artifacts`: the folder's pickled programs (`.pt2`) may be loaded (this run wrote them, or the
+    operator allowed it); nothing else in the folder ever runs (its config's `auto_map` is never read).
+    `saved.device`: where the artifact runs (the target's); the eager references stay where the model is.
+    `saved.inventory`: what this run's export wrote and copied into the folder (`folder_trust.take_inventory`), all a
+    runtime may read there; None for a folder this run did not write. A folder a runtime may not open
+    (`folder_trust.screen_folder`) fails, unopened.
     """
+    directory, trust_artifacts, device, inventory = (saved.directory, saved.trust_artifacts, saved.device,
+                                                     saved.inventory)
+    model, family, generate_inputs = subject.model, subject.family, subject.generate_inputs
+    generation_config, source_dir = subject.generation_config, subject.source_dir
 
     # Quantized and half-precision targets are judged by task metrics against the eager float32 model (never by a
     # looser atol), float32 ones by atol/rtol.
@@ -247,17 +252,17 @@ def validate_target(
     reports: list[ComponentReport] = []
     expected = list(expected_components if expected_components is not None else components)
     generation_expected = target.mode == "generation"
-    saved: list[str] = []
+    saved_components: list[str] = []
     try:
-        saved = list(read_manifest(directory)["components"])
+        saved_components = list(read_manifest(directory)["components"])
     except ArtifactError as err:
         errors.append(str(err))
-    missing = [name for name in expected if name not in saved]
-    extra = [name for name in saved if name not in expected]
+    missing = [name for name in expected if name not in saved_components]
+    extra = [name for name in saved_components if name not in expected]
     if missing:
-        errors.append(f"missing component(s) {missing}: expected {expected}, the saved export has {saved}")
+        errors.append(f"missing component(s) {missing}: expected {expected}, the saved export has {saved_components}")
     if extra:
-        errors.append(f"unexpected component(s) {extra}: expected {expected}, the saved export has {saved}")
+        errors.append(f"unexpected component(s) {extra}: expected {expected}, the saved export has {saved_components}")
     if errors:
         return ValidationResult(reports, None, findings, errors, generation_expected)
     # Two phases: every eager reference first (probes, generation, the runtimes'; computed ahead by a run while the
@@ -271,9 +276,8 @@ def validate_target(
                                 runtimes=[RuntimeProof(check.runtime, "failed", why).to_dict() for check in applicable])
     side = precomputed if precomputed is not None and precomputed.usable_for(target) else None
     if side is None:
-        side = eager_side(target=target, recipe=recipe, components=components, model=model, family=family,
-                          generate_inputs=generate_inputs, eager=eager, generation_config=generation_config,
-                          expected_components=saved, source_dir=source_dir, runtime_checks=applicable)
+        side = eager_side(target=target, recipe=recipe, components=components, subject=subject,
+                          expected_components=saved_components, runtime_checks=applicable)
     runtime_context = RuntimeContext(target, recipe, family, generate_inputs, generation_config, source_dir)
     ahead = dict(side.runtimes)  # a check that may apply but does not (no genai_config.json) is left out
     runtime_references = [(check, ahead[check]) for check in applicable if check in ahead]
@@ -323,9 +327,8 @@ def validate_target(
             first = "lm_head" if family == "vision-language" else MERGED if merged else "prefill"
             tolerances = Tolerances(tolerance_for(recipe, target, first, target.dtype),
                                     tolerance_for(recipe, target, MERGED if merged else "decode", target.dtype))
-            generation = generation_parity(model, components, exported, generate_inputs,
-                                           recipe.generation.max_new_tokens, generation_config, family, tolerances,
-                                           reference=reference, glue=read_glue(directory))
+            generation = generation_parity(subject, components, exported, recipe.generation.max_new_tokens,
+                                           tolerances, reference=reference, glue=read_glue(directory))
         verdict = None
         if budget is not None:
             judge_generation(generation, budget)

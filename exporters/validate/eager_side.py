@@ -7,8 +7,8 @@ folder, so a run computes it while the target's export is still running in its c
 and the artifact phase (`exporters.validate.checks.validate_target`) only loads and compares.
 
 Example:
-    >>> side = eager_side(target=target, recipe=recipe, components=components, model=model,  # doctest: +SKIP
-    ...                   family="text", generate_inputs=inputs, eager=EagerCache())
+    >>> subject = EagerModel(model, "text", inputs, EagerCache())  # doctest: +SKIP
+    >>> side = eager_side(target=target, recipe=recipe, components=components, subject=subject)  # doctest: +SKIP
     >>> validate_target(..., precomputed=side)  # doctest: +SKIP
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import hashlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,6 +29,7 @@ from exporters.recipe.model import Recipe
 from exporters.upstream import leaf_tensors, prepare_traced_inputs
 from exporters.validate.parity import reference_for
 from exporters.validate.runtimes import RuntimeCheck, RuntimeContext, checks_possible, references_for
+from exporters.validate.subject import EagerModel
 
 
 def _fingerprint(inputs: dict[str, Any]) -> str:
@@ -114,12 +114,14 @@ class EagerSide:
         return target.export_format != "dynamo" or self.threads == torch.get_num_threads()
 
 
-def eager_side(*, target, recipe: Recipe, components, model, family: str, generate_inputs: dict[str, Any],
-               eager: EagerCache, generation_config=None, expected_components: list[str] | None = None,
-               source_dir: Path | None = None, runtime_checks: list[RuntimeCheck] | None = None) -> EagerSide:
-    """Every eager reference the target's checks need, for the components it is to have (`expected_components`,
-    by default all of `components`) and the runtime checks that apply (`runtime_checks`; by default every check
-    that may apply to the target before its folder exists). Nothing here reads the target's folder."""
+def eager_side(*, target, recipe: Recipe, components, subject: EagerModel, expected_components: list[str] | None = None,
+               runtime_checks: list[RuntimeCheck] | None = None) -> EagerSide:
+    """Every eager reference the target's checks need from `subject` (the eager model and what comes with it), for
+    the components it is to have (`expected_components`, by default all of `components`) and the runtime checks that
+    apply (`runtime_checks`; by default every check that may apply to the target before its folder exists). Nothing
+    here reads the target's folder."""
+    model, family, generate_inputs, eager = subject.model, subject.family, subject.generate_inputs, subject.eager
+    generation_config, source_dir = subject.generation_config, subject.source_dir
     expected = list(expected_components if expected_components is not None else components)
     max_positions = getattr(getattr(model.config, "text_config", None) or model.config, "max_position_embeddings", None)
     logits_per_token = vocab_size(model.config) if target.mode == "generation" else 0

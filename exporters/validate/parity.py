@@ -38,6 +38,7 @@ from exporters.errors import describe_error, recoverable
 from exporters.report.results import GenerationReport
 from exporters.upstream import run_component
 from exporters.validate.greedy import DecodeStepper, Greedy, Tolerances, decode_loop, eager_reference
+from exporters.validate.subject import EagerModel
 from exporters.validate.native_log import native_messages
 from exporters.validate.vision_language import vision_language
 
@@ -66,14 +67,16 @@ def _cache_summary(generation_config) -> dict[str, Any]:
     return {"implementation": "dynamic"}
 
 
-def generation_parity(model, components, exported, generate_inputs: dict[str, Any], steps: int,
-                      generation_config, family: str, tolerances: Tolerances, reference: Any = None,
-                      glue: dict[str, torch.Tensor] | None = None) -> GenerationReport:
-    """Run the family's pipeline through the exported graphs and compare with eager `generate()`, both selecting
-    tokens by the processors eager builds (see `exporters.validate.greedy`). `reference`: eager's run, made ahead by
+def generation_parity(subject: EagerModel, components, exported, steps: int, tolerances: Tolerances,
+                      reference: Any = None, glue: dict[str, torch.Tensor] | None = None) -> GenerationReport:
+    """Run the family's pipeline through the exported graphs and compare with eager `generate()` (`subject`: the
+    eager model, its family, sample inputs and generation config), both selecting tokens by the processors eager
+    builds (see `exporters.validate.greedy`). `reference`: eager's run, made ahead by
     [`reference_for`] (so the eager weights can be freed before the artifact loads); else it is made here. `glue`:
     the weights a vision-language forward reads itself, as the target folder holds them
     (`exporters.capture.components.read_glue`)."""
+    model, family, generate_inputs = subject.model, subject.family, subject.generate_inputs
+    generation_config = subject.generation_config
     names = set(exported.components)
     cache = _cache_summary(generation_config)
     if family not in DRIVERS:

@@ -1,0 +1,217 @@
+"""Every patch this project lays on upstream or the stack, in one table, and the one helper that lays them.
+
+A patch replaces an attribute (a method, a module's function, an entry of a table) for the duration of a `with` block
+and puts back what was there on the way out, also when the block raises: [`patched`] for an attribute,
+[`patched_item`] for a mapping's entry. Each context manager of `exporters.upstream` that changes the stack lays its
+patches with them, and has a row in `PATCHES`: what it changes, why, and the upstream change that would make it
+unnecessary (docs/upstream-gaps.md has each gap's story). tests/test_upstream_patches.py enters every row and checks
+that what it changes is restored; tests/test_structure.py refuses a hand-written "patch, yield, restore".
+
+Example:
+    >>> import types
+    >>> box = types.SimpleNamespace(size=1)
+    >>> with patched(box, "size", 2):
+    ...     box.size
+    2
+    >>> box.size
+    1
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """`owner.name` is `value` inside the block; afterwards it is what it was: the object `owner` held itself (a
+    class's own method as defined, `classmethod` included), or, where `owner` only inherited the attribute or lacked
+    it, nothing of its own again. A property (or an object without `__dict__`) gets its earlier value set back.
+
+    Example:
+        >>> class Greeter:
+        ...     def hello(self):
+        ...         return "hello"
+        >>> with patched(Greeter, "hello", lambda self: "hi"):
+        ...     Greeter().hello()
+        'hi'
+        >>> Greeter().hello()
+        'hello'
+    """
+    own = getattr(owner, "__dict__", None)
+    if own is not None and name in own:
+        saved = own[name]
+
+        def restore() -> None:
+            setattr(owner, name, saved)
+    elif own is None or hasattr(getattr(type(owner), name, None), "__set__"):
+        saved = getattr(owner, name)
+
+        def restore() -> None:
+            setattr(owner, name, saved)
+    else:
+        def restore() -> None:
+            if name in vars(owner):
+                delattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        restore()
+
+
+@contextlib.contextmanager
+def patched_item(mapping: MutableMapping, key: Any, value: Any) -> Iterator[None]:
+    """`mapping[key]` is `value` inside the block; afterwards it is what it was (or absent, as it was).
+
+    Example:
+        >>> table = {"xnnpack": "upstream's"}
+        >>> with patched_item(table, "xnnpack", "ours"):
+        ...     table["xnnpack"]
+        'ours'
+        >>> table
+        {'xnnpack': "upstream's"}
+    """
+    saved = mapping.get(key, _MISSING)
+    mapping[key] = value
+    try:
+        yield
+    finally:
+        if saved is _MISSING:
+            mapping.pop(key, None)
+        else:
+            mapping[key] = saved
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One row of the table: the context manager of `exporters.upstream` that lays the patch, what it changes
+    (`module:Owner.attribute`, `module:table[key]`, or an argument's attribute such as `model.generation_config`),
+    why, and the upstream change that makes it unnecessary."""
+
+    manager: str
+    changes: tuple[str, ...]
+    why: str
+    until: str
+
+
+XNNPACK = "executorch.backends.xnnpack"
+EXIR = "executorch.exir"
+UTILS = "transformers.exporters.utils"
+
+PATCHES: tuple[Patch, ...] = (
+    # ── capture and trace (every format) ──
+    Patch("patches_of_loaded_models", (f"{UTILS}:import_dotted_path",),
+          "upstream's trace-time patches of model code resolve only modules already imported (0.9 s per export)",
+          "upstream resolving its patches lazily (benchmarks/RESULTS.md)"),
+    Patch("contiguity_known_once", (f"{UTILS}:is_contiguous_or_false",),
+          "the reshape patch's contiguity test is symbolic work repeated by every layer",
+          "docs/upstream-gaps.md #31: upstream caching the answer per shape environment"),
+    Patch("symbolic_arithmetic_once", ("torch.fx.experimental.sym_node:SymNode._add",),
+          "symbolic size arithmetic (every binary SymNode operation but mod) is redone for every layer",
+          "docs/upstream-gaps.md #42: torch caching the whole SymNode operation"),
+    Patch("named_dims_share_symbols", ("torch._export.non_strict_utils:fakify", "shape_env.create_symbol",
+                                       "shape_env.val_to_var[size]"),
+          "a named Dim gives every input size its own symbol, so no layer reuses the previous one's work",
+          "docs/upstream-gaps.md #41: torch.export giving equal named sizes one symbol"),
+    Patch("static_sliding_layers_kept_whole",
+          ("transformers.cache_utils:STATIC_LAYER_TYPE_MAPPING[sliding_attention]",),
+          "a static sliding-window layer picks its update path at trace time, so a decode cannot pass the window",
+          "docs/upstream-gaps.md #9: a traceable static sliding-window layer in transformers"),
+    Patch("recording_logits_processors", ("model._get_logits_processor",),
+          "generate() has no public way to say which logits processors it applies",
+          "docs/upstream-gaps.md #7: a public accessor in transformers"),
+    Patch("experts_without_custom_ops", ("model.get_experts_implementation()",),
+          "ExecuTorch has no kernel for transformers' grouped-matmul experts op",
+          "docs/upstream-gaps.md #36: an out variant of transformers::grouped_mm_fallback"),
+    Patch("patch_convolutions_as_matmul", ("torch.nn:Conv3d.forward",),
+          "ExecuTorch's portable kernels and XNNPACK take no whole-input Conv3d (video patch embeddings)",
+          "docs/upstream-gaps.md #23: a 5-D convolution kernel in ExecuTorch"),
+    Patch("negative_padding_as_slices", ("torch.nn.modules.padding:_ConstantPadNd.forward",),
+          "ExecuTorch's constant_pad_nd kernel refuses negative pads (RWKV's token shift)",
+          "docs/upstream-gaps.md #44: negative pads in ExecuTorch's portable kernel"),
+    Patch("strict_export_shares_parameters", ("torch._dynamo.variables.builder:_clone_input",),
+          "a strict torch.export clones every parameter into its real-value cache (a second copy of the weights)",
+          "docs/upstream-gaps.md #20: Dynamo sharing parameters it never writes"),
+    Patch("shared_tables_kept_once", ("onnxscript.optimizer._constant_folding:FoldConstantsPass.__init__",),
+          "onnxscript folds a tied table's transpose into a second initializer (small tables stored twice)",
+          "upstream onnxscript keeping a transpose of an initializer other nodes also read"),
+    Patch("argsort_of_permutations", ("torch:argsort",),
+          "ExecuTorch has no sort kernel; Qwen2.5-VL's vision tower argsorts a permutation",
+          "docs/upstream-gaps.md #23: aten::sort in ExecuTorch's portable kernels"),
+    # ── the ExecuTorch LLM runner's program ──
+    Patch("_static_generation_config", ("model.generation_config",),
+          "transformers' exportable wrapper asserts on a static-cache generation config",
+          "transformers' TorchExportableModuleWithStaticCache taking its cache settings as arguments"),
+    Patch("custom_ops_installed", ("model.config._attn_implementation",),
+          "optimum-executorch's custom-cache class reads a kwarg transformers 5.24 no longer passes",
+          "docs/upstream-gaps.md #25: an LLM runner program in ExecutorchExporter"),
+    # ── ExecuTorch lowering ──
+    Patch("tanh_gelu_kept_off_xnnpack",
+          (f"{XNNPACK}.partition.config.generic_node_configs:GeluConfig.check_constraints",),
+          "XNNPACK's GELU ignores approximate='tanh' (4.7e-4 per activation)",
+          "docs/upstream-gaps.md #24: XNNPACK's GELU honouring `approximate`"),
+    Patch("upsample_fusion_only_with_upsample",
+          (f"{XNNPACK}._passes.convert_to_upsample_bilinear2d:ConvertToUpsampleBilinear2d.call",),
+          "the pass exports four modules per process to build patterns a graph without upsample cannot hold",
+          "docs/upstream-gaps.md #37: XNNPACK's passes building their patterns once, or only when needed"),
+    Patch("sdpa_fusion_only_with_softmax", (f"{XNNPACK}._passes.convert_to_sdpa:ConvertToSDPAPass.call",),
+          "the pass exports an attention module per process to build patterns a partition without softmax cannot hold",
+          "docs/upstream-gaps.md #37: XNNPACK's passes building their patterns once, or only when needed"),
+    Patch("constants_shared_by_lowering_copies",
+          (f"{EXIR}.backend.backend_details:BackendDetails.copy_exported_program_for_preprocess",
+           f"{EXIR}.backend.canonical_partitioners.duplicate_constant_node_pass:copy"),
+          "lowering deep-copies every partition's weights before preprocessing (3.7x the weights at the peak)",
+          "docs/upstream-gaps.md #20: ExecuTorch sharing constants with the copy it preprocesses"),
+    Patch("named_data_on_disk", (f"{EXIR}._serialize._named_data_store:NamedDataStore.add_named_data",),
+          "XNNPACK's serialized weights pile up in memory until the program is written",
+          "docs/upstream-gaps.md #20: a named-data store that spills to disk"),
+    Patch("lowering_captured", ("transformers.exporters.exporter_executorch:to_edge_transform_and_lower",),
+          "upstream lowers each component to a program of its own: one program, a method per component, needs them all",
+          "docs/upstream-gaps.md #11: ExecutorchExporter exporting one program with a method per component"),
+    Patch("xnnpack_dynamic_quant_partitioners",
+          ("transformers.exporters.exporter_executorch:_BACKEND_PREPARE[xnnpack]",),
+          "one XnnpackPartitioner fails on a PT2E-quantized decoder with a cache (dependency cycles)",
+          "docs/upstream-gaps.md #18: a partitioner option in upstream's ExecutorchConfig"),
+    # ── ONNX export and optimization ──
+    Patch("decompose_only_what_onnx_lacks", ("torch.onnx._internal.exporter._fx_passes:decompose_with_registry",),
+          "torch.onnx decomposes (traces again) a program ONNX can already translate as traced",
+          "docs/upstream-gaps.md #21: torch.onnx skipping decompositions that change nothing"),
+    Patch("type_promotion_on_traced_values",
+          ("torch.onnx._internal.fx.passes.type_promotion:_TypePromotionInterpreter.run_node",),
+          "type promotion runs every node again under fake tensors to learn dtypes the trace recorded",
+          "docs/upstream-gaps.md #40: torch.onnx reading the recorded values"),
+    Patch("exact_no_op_rewrites", ("onnxscript.rewriter.rules.common._no_op:rules",),
+          "the no-op rules match within 1e-8, so an RMS norm's 1e-8 epsilon is removed",
+          "docs/upstream-gaps.md #38: onnxscript matching an exact 0 or 1"),
+    Patch("multi_output_patterns_anchored", ("onnxscript.rewriter._matcher:SimplePatternMatcher.match",),
+          "a pattern of several output nodes is tried at every node of the graph (quadratic)",
+          "docs/upstream-gaps.md #39: onnxscript anchoring such patterns"),
+    Patch("group_query_attention_at_any_batch",
+          ("transformers.exporters.onnxruntime_fusions:_STEPS",
+           "transformers.exporters.onnxruntime_fusions:_static_dim"),
+          "ort_fusions fuses no GroupQueryAttention into a merged decoder with a dynamic batch",
+          "docs/upstream-gaps.md #33: upstream's fusion guarding a dynamic batch itself"),
+    # ── loading ──
+    Patch("quiet_torch_serde", ("logging:getLogger(torch._export.serde.serialize).level",),
+          "torch 2.13's .pt2 loader logs a warning whose format string breaks the logging call",
+          "docs/upstream-gaps.md #3: the warning fixed in torch"),
+)
+
+
+def patch_row(manager: str) -> Patch:
+    """The row of `manager` (a context manager's name).
+
+    Example:
+        >>> patch_row("tanh_gelu_kept_off_xnnpack").changes[0].rpartition(":")[2]
+        'GeluConfig.check_constraints'
+    """
+    for row in PATCHES:
+        if row.manager == manager:
+            return row
+    raise KeyError(f"no patch named {manager!r}: the table has {sorted(row.manager for row in PATCHES)}")
