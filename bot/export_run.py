@@ -31,6 +31,7 @@ from typing import Any
 from exporters.cli import main as hf_export
 from exporters.publish import texts
 
+from .hubcheck import HubCheckError, inspect_repo
 from .texts import OPT_OUT_NOTE
 
 OUTCOME_MARKER = "export-bot-outcome: "
@@ -70,8 +71,6 @@ def outcome(out_dir: Path) -> dict[str, Any]:
 def _check_recipe(argv: list[str], expected: str, tell: bool) -> None:
     """Exit 2 when the repo's recipe at `--revision` does not hash to `expected` with this image's code (with `tell`,
     the outcome line says why)."""
-    from .hubcheck import HubCheckError, inspect_repo
-
     repo, revision = argv[1] if len(argv) > 1 else "", _option(argv, "--revision", "main")
     try:
         state = inspect_repo(repo, revision, token=os.environ.get("HF_TOKEN"), endpoint=os.environ.get("HF_ENDPOINT"))

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from exporters.publish.destination import parse_size
 
+from .backends.flavors import flavor
 from .store import Limits
 
 # Field name -> environment variable, where it is not simply EXPORT_BOT_<FIELD>.
@@ -190,8 +191,6 @@ class BotSettings(BaseModel):
     @field_validator("hf_jobs_flavors")
     @classmethod
     def _flavors(cls, value: list[str]) -> list[str]:
-        from .backends.flavors import flavor
-
         for name in value:
             flavor(name)  # ValueError naming the known ones
         return value
@@ -199,8 +198,6 @@ class BotSettings(BaseModel):
     @field_validator("hf_jobs_max_flavor")
     @classmethod
     def _flavor(cls, value: str | None) -> str | None:
-        from .backends.flavors import flavor
-
         if value is not None:
             flavor(value)
         return value

@@ -7,6 +7,9 @@
 | `hf-jobs`| a Hugging Face Job per job (`HfApi.run_job`), on the flavor its work needs, recorded on the job   |
 | `dry`    | nothing: marks the job succeeded (benchmarks, smoke tests of the intake)                        |
 
+Modules: `local`, `github`, `hf_jobs` (the `hf-jobs` backend),
+`flavors` (the Jobs hardware table and the choice of a flavor from the work), `dry`.
+
 A backend gets a `JobContext` and returns an `Outcome`; it never touches the store itself: what must be durable
 before the run ends (the GitHub backend's dispatch, before it is sent) goes through `JobContext.save`, which the
 worker binds to the store under the job's lease.

@@ -49,6 +49,7 @@ from typing import Any
 from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, NotASafetensorsRepoError, SafetensorsParsingError
 
+from exporters.capture.dtypes import default_dtype
 from exporters.publish.problem import Problem
 from exporters.redact import scrub
 
@@ -69,8 +70,7 @@ def size_work(repo: str, revision: str, specs: list[tuple[str, str | None, str]]
               endpoint: str | None) -> Work:
     """What exporting `specs` (format, dtype, device per target) of `repo` at `revision` needs, from the checkpoint's
     safetensors headers on the Hub (`exporters.run.memory_plan.estimate`, one export at a time)."""
-    # deferred: exporters.capture imports torch, which the bot's processes never load otherwise
-    from exporters.capture.dtypes import default_dtype
+    # deferred: exporters.run imports torch, which the bot's processes never load otherwise
     from exporters.run.memory_plan import counts_from_headers, estimate
 
     cuda = any(device == "cuda" for _, _, device in specs)
