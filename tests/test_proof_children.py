@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from exporters.recipe.load import parse_recipe_data
-from exporters.validate.runtimes import RuntimeContext, memory_limit, run_in_child
+from exporters.layouts import RuntimeContext, memory_limit, run_in_child
 from tests.conftest import ROOT, process_alive, run_cli
 from tests.models import runner_model, write_recipe
 

@@ -107,10 +107,12 @@ STAGE_RULES = {
     "report": {"recipe"},
     "capture": {"recipe", "upstream"},
     "export": {"capture", "recipe", "upstream"},
-    "validate": {"capture", "recipe", "upstream", "report.results"},
-    "run": {"export", "validate", "capture", "report", "recipe", "upstream"},
+    # each deployment runtime's package: its files are written after the export's graphs, with its helpers
+    "layouts": {"export", "capture", "recipe", "upstream"},
+    "validate": {"layouts", "capture", "recipe", "upstream", "report.results"},
+    "run": {"layouts", "export", "validate", "capture", "report", "recipe", "upstream"},
     "init": {"run", "publish", "validate", "capture", "report", "recipe"},
-    "publish": {"report", "recipe"},
+    "publish": {"layouts", "report", "recipe"},
 }
 # Third-party modules a library module may import inside a function, because loading them at start-up costs
 # seconds or native memory that most runs never use (the front doors may defer anything).

@@ -30,7 +30,6 @@ from exporters.upstream import (
     run_component,
     runner_for_file,
 )
-from exporters.validate import runtime_executorch  # noqa: F401  (registers the ExecuTorch LLM runner's check)
 from exporters.validate.eager_side import EagerCache, EagerSide, eager_side
 from exporters.validate.folder_trust import Inventory, may_read, screen_folder
 from exporters.validate.greedy import Tolerances
@@ -38,7 +37,6 @@ from exporters.validate.native_log import native_messages
 from exporters.validate.ort_schemas import ort_checker_schemas
 from exporters.validate.parity import generation_parity
 from exporters.validate.quality import judge, judge_generation, measure, tolerance_verdict
-from exporters.validate.runtime_genai import GENAI  # noqa: F401  (registers ONNX Runtime GenAI's proof)
 from exporters.validate.runtimes import ProofsInFlight, RuntimeContext, RuntimeProof, checks_for, references_for
 from exporters.validate.sliding import COUNTER_FINDING, sliding_cache_leaves, trailing_window
 # DEFAULT_TOLERANCES: re-exported for the modules that read it from here
