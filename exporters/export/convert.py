@@ -29,6 +29,7 @@ from exporters.export.onnx_files import apply_onnx_file_options
 from exporters.export.onnx_names import rename_merged_graph, unnamed_inputs
 from exporters.export.seq2seq_merged import merge_encoder_decoder
 from exporters.export.seq2seq_names import fixed_past, is_encoder_decoder_export, rename_encoder_decoder
+from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.recipe.model import ComponentOverride, Recipe
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
@@ -247,7 +248,7 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
                 unmerged = merge_encoder_decoder(directory) if target.merged is not False else None
                 if unmerged and notes is not None:
                     notes.append(unmerged)
-            elif target.layout == "transformers.js":
+            elif target.layout == TRANSFORMERS_JS:
                 raise TargetPlanError(f"`layout` 'transformers.js': {fixed}", option="layout")
             elif notes is not None:
                 notes.append(fixed)

@@ -1,7 +1,7 @@
 """What every deployment layout is to the stages: one small interface ([`Layout`]).
 
 ```
-plan      may_apply(target, components) / applies(target, directory) / declines(target, model)
+plan      may_apply(target, components) / applies(target, directory) / declines(target, directory)
 files     write_files(directory, target, model, notes)     the files it writes beside the graphs (after the export)
 proof     reference(model, context) -> prove(directory, reference, context) -> RuntimeProof
 card      snippet(repo_id, target, revision) -> (language, code)
@@ -33,17 +33,49 @@ from exporters.layouts.child import RuntimeContext, RuntimeProof
 MANIFEST = "export.json"  # upstream's manifest of a saved export (exporters.upstream's MANIFEST_FILE)
 
 
-def components_in(directory: Path) -> list[str]:
-    """The components a written folder's manifest names (none where it is unreadable: our own checks say why).
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from the folder (a config or tokenizer file, read as data), {} where it is missing or not one.
+
+    Example:
+        >>> read_json(Path("/nonexistent.json"))
+        {}
+    """
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def latent_cache(directory: Path) -> str | None:
+    """Why a runtime that holds a key/value cache per head cannot take the model in `directory`: its attention keeps
+    a latent (compressed) cache (DeepSeek-V2/V3's multi-head latent attention, `kv_lora_rank`), else None.
+
+    Example:
+        >>> latent_cache(Path("/nonexistent")) is None
+        True
+    """
+    config = read_json(Path(directory) / "config.json")
+    config = config.get("text_config") or config
+    if not config.get("kv_lora_rank"):
+        return None
+    return (f"its attention keeps a latent (compressed) cache (kv_lora_rank {config['kv_lora_rank']}, model type "
+            f"{config.get('model_type')!r}), where the runtime holds a key/value cache per head")
+
+
+def components_in(directory: Path) -> dict[str, dict[str, Any]]:
+    """The components a written folder's manifest names, with their entries (none where it is unreadable: our own
+    checks say why).
 
     Example:
         >>> components_in(Path("/nonexistent"))
-        []
+        {}
     """
     try:
-        return list(json.loads((Path(directory) / MANIFEST).read_text(encoding="utf-8"))["components"])
+        components = json.loads((Path(directory) / MANIFEST).read_text(encoding="utf-8"))["components"]
     except (OSError, ValueError, KeyError, TypeError):
-        return []
+        return {}
+    return components if isinstance(components, dict) else {}
 
 
 class Layout:
@@ -62,9 +94,10 @@ class Layout:
         """Whether the written folder `directory` is in this layout (its runtime's proof runs)."""
         return self.may_apply(target, [])
 
-    def declines(self, target: Any, model: Any) -> str | None:
-        """Why this runtime cannot take the model (a family, cache kind or tokenizer kind it does not hold), else
-        None: the layout is then not written, the "runs in" column shows why, and the artifact's verdict stands."""
+    def declines(self, target: Any, directory: Path) -> str | None:
+        """Why this runtime cannot take the model in `directory` (a family, cache kind or tokenizer kind it does not
+        hold, read from the folder's own files), else None: the layout is then not written (or its proof not run),
+        the "runs in" column shows ✗ with the reason, and the artifact's own verdict stands."""
         return None
 
     def write_files(self, directory: Path, target: Any, model: Any, notes: list[str]) -> None:

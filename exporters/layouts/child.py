@@ -33,7 +33,14 @@ from typing import Any, Literal
 from exporters.redact import secret_name
 from exporters.recipe.model import Recipe, Target
 
-ProofStatus = Literal["passed", "failed", "unverified"]
+# "declined": the runtime cannot take this model (a family, cache or tokenizer kind it does not hold): not the
+# artifact's verdict, which stands
+ProofStatus = Literal["passed", "failed", "unverified", "declined"]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # where `make` puts the side environments (.cache/)
+# The side environment of the runtimes that need transformers 4.x (optimum, sentence-transformers): never the
+# product's environment
+SIDE_PYTHON_SETTING = "HF_EXPORT_OPTIMUM_PYTHON"
+SIDE_PYTHON = PROJECT_ROOT / ".cache" / "optimum-venv" / "bin" / "python"
 CHILD_TIMEOUT_S = 3600.0  # a target without a timeout of its own (the run's default per target)
 MEMORY_FLOOR_BYTES = 2 << 30  # Python and the runtime's own libraries (the measured children: 120-370 MB of data)
 MEMORY_PER_FOLDER_BYTE = 4  # the weights loaded (ONNX Runtime copies external data), the arena and activations
@@ -107,7 +114,10 @@ def run_in_child(code: str, spec: dict[str, Any], *, folder: Path | None = None,
         # the limit is the child's first statement (hard and soft: what runs after it cannot raise it)
         first = f"import resource; resource.setrlimit(resource.RLIMIT_DATA, ({limit}, {limit}))\n"
         command = [python or sys.executable, "-c", first + code, json.dumps({**spec, "result": str(result)})]
-        return _run(command, Path(scratch), result, folder, timeout_s)
+        # another interpreter keeps its own packages: none of this environment's paths
+        env = child_environment() if python is None else {k: v for k, v in child_environment().items()
+                                                           if k != "PYTHONPATH"}
+        return _run(command, Path(scratch), result, folder, timeout_s, env)
 
 
 # Node (or any program) starts under this launcher: it sets the memory limit, then becomes the program (`exec`
@@ -138,13 +148,14 @@ def run_script(program: list[str], script: str, spec: dict[str, Any], *, folder:
             (Path(scratch) / name).symlink_to(target, target_is_directory=True)
         command = [sys.executable, "-c", LAUNCHER, str(limit), *program, str(path),
                    json.dumps({**spec, "result": str(result)})]
-        return _run(command, Path(scratch), result, folder, timeout_s)
+        return _run(command, Path(scratch), result, folder, timeout_s, child_environment())
 
 
-def _run(command: list[str], scratch: Path, result: Path, folder: Path | None, timeout_s: float) -> tuple[Any, str]:
-    """Start `command` in `scratch` with the allow-listed environment, in its own process group; its answer."""
+def _run(command: list[str], scratch: Path, result: Path, folder: Path | None, timeout_s: float,
+         env: dict[str, str]) -> tuple[Any, str]:
+    """Start `command` in `scratch` with the allow-listed environment `env`, in its own process group; its answer."""
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=scratch,
-                          env=child_environment(), start_new_session=True) as run:
+                          env=env, start_new_session=True) as run:
         _CHILDREN[threading.get_ident()] = run
         try:
             _, stderr = run.communicate(timeout=timeout_s)
@@ -162,6 +173,13 @@ def _run(command: list[str], scratch: Path, result: Path, folder: Path | None, t
                    f"MiB and {MEMORY_PER_FOLDER_BYTE}x the folder's {_folder_bytes(folder) >> 20} MiB): {why}")
         return None, why
     return json.loads(result.read_text()), ""
+
+
+def side_python() -> Path | None:
+    """The side environment's interpreter (optimum, sentence-transformers): `HF_EXPORT_OPTIMUM_PYTHON`, else the
+    project's `.cache/optimum-venv` (`make test-deps`); None where neither exists."""
+    path = Path(os.environ.get(SIDE_PYTHON_SETTING) or SIDE_PYTHON)
+    return path if path.is_file() else None
 
 
 def kill_child_of(thread: int | None) -> None:

@@ -37,7 +37,8 @@ from exporters.validate.native_log import native_messages
 from exporters.validate.ort_schemas import ort_checker_schemas
 from exporters.validate.parity import generation_parity
 from exporters.validate.quality import judge, judge_generation, measure, tolerance_verdict
-from exporters.validate.runtimes import ProofsInFlight, RuntimeContext, RuntimeProof, checks_for, references_for
+from exporters.validate.runtimes import (ProofsInFlight, RuntimeContext, RuntimeProof, checks_for, declined,
+                                         references_for)
 from exporters.validate.sliding import COUNTER_FINDING, sliding_cache_leaves, trailing_window
 # DEFAULT_TOLERANCES: re-exported for the modules that read it from here
 from exporters.validate.tolerances import DEFAULT_TOLERANCES, tolerance_for  # noqa: F401
@@ -330,7 +331,7 @@ def validate_target(
             verdict = judge(kind, budget, measured or [], generation)
         result = ValidationResult(reports, generation, findings, errors, generation_expected, verdict)
         if not result.errors and result.verdict != "failed":  # the runtimes' proofs count once our own checks hold
-            result.runtimes = [p.to_dict() for p in proofs.result()]
+            result.runtimes = [p.to_dict() for p in proofs.result() + declined(target, directory)]
     if verdict is None:  # a float32 target: judged by atol/rtol and greedy identity
         generation_record = dataclasses.asdict(generation) if generation is not None else None
         result.tolerance = tolerance_verdict(result.component_records(), generation_record, result.verdict)

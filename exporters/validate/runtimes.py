@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from exporters.errors import describe_error, recoverable
-from exporters.layouts import LAYOUTS, Layout, RuntimeContext, RuntimeProof, kill_child_of
+from exporters.layouts import LAYOUTS, Layout, RuntimeContext, RuntimeProof, components_in, kill_child_of
 from exporters.recipe.model import Target
 from exporters.validate.folder_trust import screen_folder
 
@@ -37,8 +37,17 @@ RuntimeCheck = Layout  # a runtime's proof is its layout's (exporters.layouts.ba
 
 
 def checks_for(target: Target, directory: Path) -> list[RuntimeCheck]:
-    """The registered checks that apply to the target's layout."""
-    return [check for check in LAYOUTS if check.applies(target, directory)]
+    """The registered checks that apply to the target's layout (and whose runtime can take the model)."""
+    return [check for check in LAYOUTS if check.applies(target, directory) and not check.declines(target, directory)]
+
+
+def declined(target: Target, directory: Path) -> list[RuntimeProof]:
+    """A `declined` proof for each layout the target would have whose runtime cannot take the model (a family,
+    cache kind or tokenizer kind it does not hold: `Layout.declines`), with the reason; the artifact's own verdict
+    stands."""
+    components = list(components_in(directory))
+    return [RuntimeProof(layout.runtime, "declined", f"cannot take this model: {why}") for layout in LAYOUTS
+            if layout.may_apply(target, components) and (why := layout.declines(target, directory))]
 
 
 def checks_possible(target: Target, components: list[str]) -> list[RuntimeCheck]:
@@ -55,7 +64,10 @@ def runtimes_applying(targets: list[Target]) -> Callable[[str, Path], list[str]]
 
     def applying(name: str, directory: Path) -> list[str]:
         target = planned.get(name)
-        return [] if target is None else [check.runtime for check in checks_for(target, directory)]
+        if target is None:
+            return []
+        return [check.runtime for check in checks_for(target, directory)] + \
+            [proof.runtime for proof in declined(target, directory)]
 
     return applying
 

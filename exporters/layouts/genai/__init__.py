@@ -18,10 +18,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from exporters.layouts.base import Layout, components_in
+from exporters.layouts.base import Layout, components_in, latent_cache
+from exporters.layouts.genai.config import GENAI_CONFIG
 from exporters.layouts.card import EXAMPLE_IDS, NO_TOKENIZER, PROMPT_LINE, download, has_tokenizer
 
-GENAI_CONFIG = "genai_config.json"
 MERGED = "model"  # the one component of a merged decoder export (exporters.capture.merged.MERGED)
 
 
@@ -41,7 +41,12 @@ class Genai(Layout):
         # no genai_config.json: the export said why (a graph input GenAI does not feed)
         return (directory / GENAI_CONFIG).is_file() and self.may_apply(target, components_in(directory))
 
+    def declines(self, target: Any, directory: Path) -> str | None:
+        return latent_cache(directory)  # GenAI's KV cache is one key and one value per head and layer
+
     def write_files(self, directory: Path, target: Any, model: Any, notes: list[str]) -> None:
+        if self.declines(target, directory):  # no genai_config.json: the "runs in" column says why
+            return
         if getattr(target, "merged", False) and self.may_apply(target, components_in(directory)):
             self.part("files").write_files(directory, model, notes)
 

@@ -16,26 +16,21 @@ instead. GenAI runs in a child process (a native abort there fails this proof, n
 `unverified`; GenAI refusing the folder or generating other tokens: `failed`, with GenAI's own message.
 
 Example:
-    >>> DEFAULT_NEW_TOKENS
-    8
+    >>> GENAI_DEFAULT_PAD
+    0
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import GenerationConfig
-
-from exporters.capture.token_ids import special_token_ids
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.genai.config import GENAI_CONFIG
+from exporters.layouts.greedy import GenaiReference, batch_reference, common_prefix, until_eos
 
-DEFAULT_NEW_TOKENS = 8
 # GenAI's own pad_token_id when genai_config.json leaves it out (a model without a pad token): 0 (`int pad_token_id{}`
 # in onnxruntime-genai's config.h), which the eager side of this proof pads with then
 GENAI_DEFAULT_PAD = 0
@@ -66,28 +61,6 @@ with open(spec["result"], "w") as handle:
 """
 
 
-@dataclass
-class GenaiReference:
-    """The eager side: each row's prompt ids and its greedy new tokens (up to and including the first eos)."""
-
-    prompts: list[list[int]]
-    new_tokens: list[list[int]]
-    pad: int
-    eos: list[int]
-    steps: int
-
-
-def _until_eos(tokens: list[int], eos: list[int]) -> list[int]:
-    for index, token in enumerate(tokens):
-        if token in eos:
-            return tokens[:index + 1]
-    return tokens
-
-
-def _common_prefix(want: list[int], have: list[int]) -> int:
-    return next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
-
-
 def graph_batch(directory: Path, genai: dict[str, Any]) -> int | None:
     """The batch size the folder's decoder graph (named by its `genai_config.json`, `genai`) is fixed at (its
     `input_ids`' first dim), None where it is dynamic or unreadable (GenAI then says what is wrong)."""
@@ -104,28 +77,10 @@ def graph_batch(directory: Path, genai: dict[str, Any]) -> int | None:
 
 
 def reference(layout: Any, model: Any, context: RuntimeContext) -> GenaiReference:
-    """Eager greedy `generate` over the left-padded batch of two prompts (see the module)."""
-    config = getattr(model.config, "text_config", None) or model.config
-    ids = context.generate_inputs["input_ids"][0].tolist()
-    special = special_token_ids(context.generation_config, model.config)
-    eos, pad = special.eos, (special.pad if special.pad is not None else GENAI_DEFAULT_PAD)
-    spare = next(t for t in range(int(config.vocab_size)) if t != pad and t not in eos)
-    first = [spare if t == pad else t for t in ids]
-    if len(first) < 2:  # the second row is a shorter prompt
-        first = first + [spare]
-    prompts = [first, first[: len(first) // 2]]
-    steps = int(getattr(context.recipe.generation, "max_new_tokens", None) or DEFAULT_NEW_TOKENS)
-    width = max(len(p) for p in prompts)
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # eager pads left
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    greedy = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=steps, pad_token_id=pad,
-                              eos_token_id=eos or None)
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        out = model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
-                             generation_config=greedy)
-    new = [_until_eos(row[width:].tolist(), eos) for row in out.cpu()]
-    return GenaiReference(prompts, new, pad, eos, steps)
+    """Eager greedy `generate` over the left-padded batch of two prompts (`greedy.batch_reference`), padded with
+    GenAI's own default where the model has no pad token."""
+    return batch_reference(model, context, GENAI_DEFAULT_PAD)
+
 
 def prove(layout: Any, directory: Path, reference: GenaiReference, context: RuntimeContext) -> RuntimeProof:
     """GenAI's greedy generation from the folder alone, in a child, token for token against `reference`."""
@@ -151,9 +106,9 @@ def prove(layout: Any, directory: Path, reference: GenaiReference, context: Runt
                             folder=directory, timeout_s=child_timeout(context))
     if got is None:
         return RuntimeProof(layout.runtime, "failed", f"ONNX Runtime GenAI failed: {why}")
-    got = [_until_eos(row, reference.eos) for row in got]
+    got = [until_eos(row, reference.eos) for row in got]
     total = sum(len(r) for r in reference.new_tokens)
-    equal = sum(_common_prefix(want, have) for want, have in zip(reference.new_tokens, got))
+    equal = sum(common_prefix(want, have) for want, have in zip(reference.new_tokens, got))
     if got != reference.new_tokens:
         return RuntimeProof(layout.runtime, "failed",
                             f"{equal}/{total} tokens equal eager greedy ({batch}): GenAI {got}, eager "

@@ -26,8 +26,9 @@ from typing import Any
 
 from exporters.files import EXPORTS_DIR
 from exporters.layouts.base import Layout
+from exporters.recipe.layout import TRANSFORMERS_JS
 
-LAYOUT = "transformers.js"
+LAYOUT = TRANSFORMERS_JS  # the recipe's `layout` value
 VERSION = "4.3.2"  # the pinned @huggingface/transformers (Makefile's TJS_VERSION)
 HOME_SETTING = "HF_EXPORT_TRANSFORMERS_JS"
 DEFAULT_HOME = Path(__file__).resolve().parents[3] / ".cache" / "transformers-js"
@@ -60,7 +61,7 @@ def home() -> Path:
 class TransformersJs(Layout):
     """transformers.js generating from a folder in its layout, on Node.js."""
 
-    runtime = "transformers.js"
+    runtime = "transformers.js"  # the runtime's name (the recipe's layout value is the same word)
     install = (f"install Node.js and @huggingface/transformers {VERSION} (`make test-deps` puts it in "
                f".cache/transformers-js; or set {HOME_SETTING} to a folder holding node_modules/@huggingface/"
                "transformers)")
