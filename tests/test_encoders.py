@@ -38,7 +38,9 @@ TEXTS = ["the cat sat", "a dog ran in the park one tiny model", "hello"]  # thre
 
 
 def _optimum_python() -> str:
-    python = os.environ.get("HF_EXPORT_OPTIMUM_PYTHON") or str(ROOT / ".cache" / "optimum-venv" / "bin" / "python")
+    from exporters.layouts.child import SIDE_PYTHON, SIDE_PYTHON_SETTING  # the optimum venv
+
+    python = os.environ.get(SIDE_PYTHON_SETTING) or str(SIDE_PYTHON)
     if not Path(python).is_file():
         pytest.fail("optimum is not installed: run `make test-deps` (.cache/optimum-venv, pinned by "
                     "tests/optimum/constraints.txt), or set HF_EXPORT_OPTIMUM_PYTHON to a python with optimum-onnx "
@@ -219,7 +221,9 @@ def test_vit_image_classification_pipeline_in_transformers_js_from_its_folder(vi
     """transformers.js itself, on Node.js: `pipeline('image-classification')` loads the transformers.js-layout folder
     alone (its config's labels, its preprocessor_config.json) and scores each label as the eager model does.
     Installed by `make test-deps`; never skipped."""
-    modules = os.environ.get("HF_EXPORT_TRANSFORMERS_JS") or str(ROOT / ".cache" / "transformers-js")
+    from exporters.layouts.transformers_js import home  # HF_EXPORT_TRANSFORMERS_JS, else .cache
+
+    modules = str(home())
     if shutil.which("node") is None or not (Path(modules) / "node_modules" / "@huggingface" / "transformers").is_dir():
         pytest.fail("transformers.js is not installed: run `make test-deps`, or set HF_EXPORT_TRANSFORMERS_JS to a "
                     "folder with node_modules/@huggingface/transformers")

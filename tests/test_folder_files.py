@@ -231,7 +231,9 @@ def test_vit_runs_in_a_transformers_js_pipeline_from_its_folder(vit):
     from transformers import AutoImageProcessor, AutoModel
 
     root = Path(__file__).resolve().parents[1]
-    modules = os.environ.get("HF_EXPORT_TRANSFORMERS_JS") or str(root / ".cache" / "transformers-js")
+    from exporters.layouts.transformers_js import home  # HF_EXPORT_TRANSFORMERS_JS, else .cache
+
+    modules = str(home())
     if shutil.which("node") is None or not (Path(modules) / "node_modules" / "@huggingface" / "transformers").is_dir():
         pytest.fail("transformers.js is not installed: run `make test-deps`, or set HF_EXPORT_TRANSFORMERS_JS to a "
                     "folder with node_modules/@huggingface/transformers")

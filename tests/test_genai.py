@@ -240,7 +240,9 @@ def optimum_greedy(folder: Path, prompts: list[list[int]]) -> dict:
     optimum test venv: `{"inputs": graph input names, "new": each row's new tokens}`. `make test-deps` creates the
     pinned venv .cache/optimum-venv (tests/optimum/constraints.txt), never the product's environment;
     HF_EXPORT_OPTIMUM_PYTHON names another interpreter that has optimum-onnx. Never skipped."""
-    python = os.environ.get("HF_EXPORT_OPTIMUM_PYTHON") or str(ROOT / ".cache" / "optimum-venv" / "bin" / "python")
+    from exporters.layouts.child import SIDE_PYTHON, SIDE_PYTHON_SETTING  # the optimum venv
+
+    python = os.environ.get(SIDE_PYTHON_SETTING) or str(SIDE_PYTHON)
     if not Path(python).is_file():
         pytest.fail("optimum is not installed: run `make test-deps` (.cache/optimum-venv, pinned by "
                     "tests/optimum/constraints.txt), or set HF_EXPORT_OPTIMUM_PYTHON to a python with optimum-onnx")

@@ -51,7 +51,7 @@ class MergedSetting(BaseModel):
 
 
 class LayoutSetting(BaseModel):
-    """`layout`: the folder layout of an ONNX target (`exporters.export.transformers_js`)."""
+    """`layout`: the folder layout of an ONNX target (`exporters.layouts.transformers_js`)."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
