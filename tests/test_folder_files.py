@@ -155,8 +155,10 @@ def test_model_card_shows_a_snippet_per_proven_runtime(llm):
         {"runtime": "ONNX Runtime GenAI", "status": "failed", "detail": "no genai_config.json"}]}
     snippets = {runtime: code for runtime, _, code in target_snippets("org/model", target)}
     assert list(snippets) == ["transformers.js", "optimum"]  # the transformers.js layout: not upstream's loader
-    assert "pipeline('text-generation', 'tjs')" in snippets["transformers.js"]
-    assert 'ORTModelForCausalLM.from_pretrained("org/model", subfolder="exports/tjs")' in snippets["optimum"]
+    # each the script its proof runs (exporters.layouts: one template feeds both)
+    assert 'AutoModelForCausalLM.from_pretrained("tjs", ' in snippets["transformers.js"]
+    assert 'env.localModelPath = "model/exports";' in snippets["transformers.js"]
+    assert 'ORTModelForCausalLM.from_pretrained("org/model", subfolder="exports/tjs", use_cache=True' in snippets["optimum"]
     runner = {**targets["dynamo"], "export_format": "executorch", "expected_components": ["model"],
               "files": [{"path": "et/model.pte"}], "name": "et",
               "runtimes": [{"runtime": "ExecuTorch LLM runner", "status": "passed", "detail": "8/8 tokens"},

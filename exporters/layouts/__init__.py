@@ -12,7 +12,8 @@ exporters/layouts/
   greedy.py          the eager side of the batch proofs (GenAI, optimum): two left-padded prompts, greedy
 ```
 
-The stages see only this face: export asks each layout for its files (`write_layout_files`), validation runs each
+The stages see only this face: a run's export child asks each layout for its files once the graphs are written
+(`write_layout_files`, from `exporters.run.pipeline`), validation runs each
 applying layout's proof in its own runtime (`exporters.validate.runtimes`), the card shows the snippet of each that
 passed (`exporters.publish.snippets`). A new layout is one package and one line in `LAYOUTS`.
 

@@ -8,8 +8,9 @@ eager generate(prompt, max_new_tokens = min_new_tokens = n)   node script.mjs (n
 ```
 
 Node runs as every runtime child does (`exporters.layouts.child.run_script`): the allow-listed environment, the
-memory limit, the target's timeout. No Node or no transformers.js: `unverified`, saying how to install them. An
-encoder-decoder folder is not run by this proof yet: `unverified`, saying so.
+memory limit, the target's timeout. No Node or no transformers.js: `unverified`, saying how to install them. A folder
+of another kind (an encoder-decoder, an encoder, an image model) is not run by this proof yet: `unverified`, saying
+so.
 """
 
 from __future__ import annotations
@@ -26,13 +27,18 @@ from exporters.layouts.transformers_js import generate_script, home
 from exporters.upstream import read_manifest
 
 DEFAULT_NEW_TOKENS = 8
+NOT_YET = ("not run here: the product's transformers.js proof runs a decoder's generation (one merged graph); this "
+           "folder's kind is proven in the project's tests only (tests/transformers_js/)")
 EMIT = ("import { writeFileSync } from 'node:fs';\n"
         "writeFileSync(JSON.parse(process.argv[2]).result, JSON.stringify(Array.from(output.data, Number)));")
 
 
 def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any]:
     """Eager greedy generation of exactly `max_new_tokens` tokens (the script's `min_new_tokens` too) on the
-    sample prompt."""
+    sample prompt; a folder this proof does not run yet (not a decoder's generation) gets none."""
+    if context.target.mode != "generation" or "input_ids" not in context.generate_inputs \
+            or getattr(model.config, "is_encoder_decoder", False):
+        return {"unverified": NOT_YET}
     ids = [int(i) for i in context.generate_inputs["input_ids"][0].tolist()]
     steps = int(getattr(context.recipe.generation, "max_new_tokens", None) or DEFAULT_NEW_TOKENS)
     prompt = torch.tensor([ids], device=next(model.parameters()).device)
@@ -44,12 +50,13 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
 
 def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
     """Node runs `GENERATE` on `directory` (see the module); its ids are compared with eager's."""
+    if "unverified" in reference:
+        return RuntimeProof(layout.runtime, "unverified", reference["unverified"])
     modules = home() / "node_modules"
     if shutil.which("node") is None or not (modules / "@huggingface" / "transformers").is_dir():
         return layout.not_here()
     if list(read_manifest(directory)["components"]) != ["model"]:
-        return RuntimeProof(layout.runtime, "unverified", "not run here: the product's transformers.js proof runs "
-                                                          "decoder-only generation; this folder is an encoder-decoder")
+        return RuntimeProof(layout.runtime, "unverified", NOT_YET)
     script = generate_script(json.dumps(str(directory.parent)), json.dumps(directory.name), reference["prompt"],
                              reference["steps"], EMIT)
     got, why = run_script(["node"], script, {}, folder=directory, timeout_s=child_timeout(context),
