@@ -43,7 +43,7 @@ def download(repo_id: str, target: dict[str, Any], revision: str | None = None, 
     sub = subfolder(target)
     why = PIN_COMMENT.format(what=loads) + "\n" if revision and loads else ""
     return ("from huggingface_hub import snapshot_download\n\n" + why
-            + f"folder = snapshotdownload({json.dumps(repo_id)}{revision_argument(revision)}, "
+            + f"folder = snapshot_download({json.dumps(repo_id)}{revision_argument(revision)}, "
             f"allow_patterns=[{json.dumps(sub + '/*')}]) + {json.dumps('/' + sub)}\n")
 
 
