@@ -659,6 +659,8 @@ def test_the_cards_snippets_run_as_written(run, hub, tmp_path):
     commit = upload_exports(hub, "alice/weights-once", out, list(targets))
     ran = []
     for i, (runtime, language, code) in enumerate(card_snippets(exports_card("alice/weights-once", out, commit))):
+        if runtime in ("optimum", "transformers.js"):  # not this venv's runtimes: each is the script its proof ran
+            continue  # in the runtime's own environment (tests/test_layouts.py holds the two equal)
         assert language == "python" and f'revision="{commit}"' in code, code
         done = run_snippet(code, hub, tmp_path / f"home-{i}")
         assert done.returncode == 0, (runtime, code, done.stderr[-3000:])
