@@ -30,8 +30,8 @@ demo: venv
 # transformers.js (pinned, from npm, on Node.js) generates from a transformers.js-layout export.
 TJS_VERSION := 4.3.2
 TJS_DIR := .cache/transformers-js
-# optimum (ORTModel*) and sentence-transformers' ONNX backend need transformers 4.x: their own pinned venv, for the
-# tests only.
+# optimum (ORTModel*) and sentence-transformers' ONNX backend need transformers 4.x: their own pinned venv, which
+# `hf-export run` proves optimum folders in (exporters/layouts/optimum) and the tests drive.
 OPTIMUM_VENV := .cache/optimum-venv
 OPTIMUM_CONSTRAINTS := tests/optimum/constraints.txt
 test-deps:

@@ -5,7 +5,8 @@ The front doors: this module (the public face), `cli` (`hf-export`), `auto` (`Au
 typed verdicts), `redact` (secrets scrubbed), `fsutil` (files written and read without following links), `hashing`
 (content hashes), `files` (the recipe's file names), `version` (ours and the stack's), `quiet` (the stack's import
 chatter muted). The stages, in the order a run's data flows: `recipe`, `upstream`, `capture`, `export`, `validate`,
-`report`, `run`, `init`, `publish` (README's *Layout* has the map; tests/test_structure.py the rules).
+`report`, `run`, `init`, `publish`; beside them `layouts` (one package per deployment runtime: when it applies, its
+files, its proof, its card snippet). README's *Layout* has the map; tests/test_structure.py the rules.
 
 Example:
     >>> from exporters import parse_recipe

@@ -8,3 +8,4 @@ Example:
 RECIPE_FILE = "export_config.json"
 CONFIG_FILE = "config.json"  # may hold the recipe too, under its `export_config` field
 RECIPE_SOURCES = (RECIPE_FILE, CONFIG_FILE)
+EXPORTS_DIR = "exports"  # a model repo's folder of exported targets (one subfolder per target)

@@ -23,6 +23,9 @@ def _cell(cell: Any, notes: list[str]) -> str:
         for proof in cell.runtimes or []:  # the runtime the artifact is for: ran it (✓), or did not run (❔)
             if proof["status"] == "passed":
                 extra += f"; {proof['runtime']} ✓"
+            elif proof["status"] == "declined":  # the runtime cannot take the model: not the artifact's verdict
+                notes.append(f"{proof['runtime']} {proof['detail'] or 'cannot take this model'}")
+                extra += f"; {proof['runtime']} ✗ declined [{len(notes)}]"
             else:
                 notes.append(f"{proof['runtime']} did not run it: {proof['detail'] or 'no reason recorded'}")
                 extra += f"; {proof['runtime']} ❔ not run [{len(notes)}]"
@@ -45,7 +48,8 @@ def render(rows: list[Any], meta: dict[str, Any]) -> str:
         "and, for generators, greedy tokens from raw inputs through the exported graphs matched eager `generate()` "
         "(\"gen ✓\"). The runtime an artifact is for, where it has one (the ExecuTorch LLM runner, ONNX Runtime "
         "GenAI), runs it from its folder alone: ✓ when it ran and matched, \"❔ not run\" when it could not run here "
-        "(the reason is listed): that proof is not claimed.",
+        "(the reason is listed): that proof is not claimed; \"✗ declined\" when that runtime cannot take the model "
+        "(a latent attention cache, a tokenizer kind: listed), which leaves the artifact's own verdict standing.",
         "",
         f"- Measured {meta['date']} on {meta['machine']}, {meta['jobs']} families at a time, "
         f"{meta['elapsed_s'] / 60:.0f} min in all."

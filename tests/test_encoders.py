@@ -41,7 +41,9 @@ TEXTS = ["the cat sat", "a dog ran in the park one tiny model", "hello"]  # thre
 
 
 def _optimum_python() -> str:
-    python = os.environ.get("HF_EXPORT_OPTIMUM_PYTHON") or str(ROOT / ".cache" / "optimum-venv" / "bin" / "python")
+    from exporters.layouts.child import SIDE_PYTHON, SIDE_PYTHON_SETTING  # the optimum venv
+
+    python = os.environ.get(SIDE_PYTHON_SETTING) or str(SIDE_PYTHON)
     if not Path(python).is_file():
         pytest.fail("optimum is not installed: run `make test-deps` (.cache/optimum-venv, pinned by "
                     "tests/optimum/constraints.txt), or set HF_EXPORT_OPTIMUM_PYTHON to a python with optimum-onnx "
@@ -59,8 +61,11 @@ def _in_optimum_venv(script: str, *args: str) -> list[dict]:
 
 
 def _transformers_js() -> str:
-    """The folder whose node_modules holds transformers.js (`make test-deps`, or HF_EXPORT_TRANSFORMERS_JS)."""
-    modules = os.environ.get("HF_EXPORT_TRANSFORMERS_JS") or str(ROOT / ".cache" / "transformers-js")
+    """The folder whose node_modules holds transformers.js (`make test-deps`, or HF_EXPORT_TRANSFORMERS_JS), found as
+    the product's transformers.js layout finds it."""
+    from exporters.layouts.transformers_js import home  # HF_EXPORT_TRANSFORMERS_JS, else .cache
+
+    modules = str(home())
     if shutil.which("node") is None or not (Path(modules) / "node_modules" / "@huggingface" / "transformers").is_dir():
         pytest.fail("transformers.js is not installed: run `make test-deps`, or set HF_EXPORT_TRANSFORMERS_JS to a "
                     "folder with node_modules/@huggingface/transformers")

@@ -155,8 +155,10 @@ def test_model_card_shows_a_snippet_per_proven_runtime(llm):
         {"runtime": "ONNX Runtime GenAI", "status": "failed", "detail": "no genai_config.json"}]}
     snippets = {runtime: code for runtime, _, code in target_snippets("org/model", target)}
     assert list(snippets) == ["transformers.js", "optimum"]  # the transformers.js layout: not upstream's loader
-    assert "pipeline('text-generation', 'tjs')" in snippets["transformers.js"]
-    assert 'ORTModelForCausalLM.from_pretrained("org/model", subfolder="exports/tjs")' in snippets["optimum"]
+    # each the script its proof runs (exporters.layouts: one template feeds both)
+    assert 'AutoModelForCausalLM.from_pretrained("tjs", ' in snippets["transformers.js"]
+    assert 'env.localModelPath = "model/exports";' in snippets["transformers.js"]
+    assert 'ORTModelForCausalLM.from_pretrained("org/model", subfolder="exports/tjs", use_cache=True' in snippets["optimum"]
     runner = {**targets["dynamo"], "export_format": "executorch", "expected_components": ["model"],
               "files": [{"path": "et/model.pte"}], "name": "et",
               "runtimes": [{"runtime": "ExecuTorch LLM runner", "status": "passed", "detail": "8/8 tokens"},
@@ -231,7 +233,9 @@ def test_vit_runs_in_a_transformers_js_pipeline_from_its_folder(vit):
     from transformers import AutoImageProcessor, AutoModel
 
     root = Path(__file__).resolve().parents[1]
-    modules = os.environ.get("HF_EXPORT_TRANSFORMERS_JS") or str(root / ".cache" / "transformers-js")
+    from exporters.layouts.transformers_js import home  # HF_EXPORT_TRANSFORMERS_JS, else .cache
+
+    modules = str(home())
     if shutil.which("node") is None or not (Path(modules) / "node_modules" / "@huggingface" / "transformers").is_dir():
         pytest.fail("transformers.js is not installed: run `make test-deps`, or set HF_EXPORT_TRANSFORMERS_JS to a "
                     "folder with node_modules/@huggingface/transformers")

@@ -159,7 +159,7 @@ def test_a_model_without_a_bos_id_gets_a_config_genai_parses(tmp_path):
     import onnxruntime_genai as og
     from transformers import GenerationConfig, LlamaConfig
 
-    from exporters.export.genai_config import write_genai_config
+    from exporters.layouts.genai.config import write_genai_config
 
     config = LlamaConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2, bos_token_id=None,
@@ -205,7 +205,9 @@ def test_genai_generates_what_eager_generates_for_a_padded_batch_of_two(exported
 
 
 def test_a_folder_genai_cannot_load_fails_the_proof_with_genais_message(exported, tmp_path):
-    from exporters.validate.runtime_genai import GENAI, GenaiReference
+    from exporters.layouts import Genai
+    from exporters.layouts.genai.proof import GenaiReference
+    GENAI = Genai()
 
     folder = tmp_path / "broken"
     shutil.copytree(exported["folder"], folder)
@@ -221,7 +223,9 @@ def test_a_folder_genai_cannot_load_fails_the_proof_with_genais_message(exported
 
 
 def test_genai_tokens_that_differ_from_eager_fail_the_proof(exported):
-    from exporters.validate.runtime_genai import GENAI, GenaiReference
+    from exporters.layouts import Genai
+    from exporters.layouts.genai.proof import GenaiReference
+    GENAI = Genai()
 
     wrong = GenaiReference([[5, 6, 7, 8], [5, 6]], [[127] * 4, [127] * 4], pad=3, eos=[2], steps=4)
     proof = GENAI.prove(exported["folder"], wrong, None)
@@ -236,7 +240,9 @@ def optimum_greedy(folder: Path, prompts: list[list[int]]) -> dict:
     optimum test venv: `{"inputs": graph input names, "new": each row's new tokens}`. `make test-deps` creates the
     pinned venv .cache/optimum-venv (tests/optimum/constraints.txt), never the product's environment;
     HF_EXPORT_OPTIMUM_PYTHON names another interpreter that has optimum-onnx. Never skipped."""
-    python = os.environ.get("HF_EXPORT_OPTIMUM_PYTHON") or str(ROOT / ".cache" / "optimum-venv" / "bin" / "python")
+    from exporters.layouts.child import SIDE_PYTHON, SIDE_PYTHON_SETTING  # the optimum venv
+
+    python = os.environ.get(SIDE_PYTHON_SETTING) or str(SIDE_PYTHON)
     if not Path(python).is_file():
         pytest.fail("optimum is not installed: run `make test-deps` (.cache/optimum-venv, pinned by "
                     "tests/optimum/constraints.txt), or set HF_EXPORT_OPTIMUM_PYTHON to a python with optimum-onnx")

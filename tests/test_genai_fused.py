@@ -134,7 +134,7 @@ def test_a_graph_whose_past_is_read_elsewhere_keeps_its_own_buffer_per_step():
     rewrites (here a `Gather` of it) leaves the graph as it is, and GenAI keeps a buffer per step."""
     from onnx import helper
 
-    from exporters.export.genai_buffer import share_past_present
+    from exporters.layouts.genai.buffer import share_past_present
 
     nodes = [helper.make_node("Shape", ["past_key_values.0.key"], ["length"], start=2, end=3),
              helper.make_node("Gather", ["past_key_values.0.key", "index"], ["slice"], axis=2),
@@ -161,7 +161,9 @@ def _decoder_graph(nodes):
 def test_the_genai_proof_opens_a_folder_given_relative_to_the_cwd(run, monkeypatch):
     """`hf-export run --out out` hands the proof a relative folder; GenAI runs in a child whose cwd is a scratch
     folder, so validation resolves it (it failed with `Error opening out/gqa/genai_config.json`)."""
-    from exporters.validate.runtime_genai import GENAI, GenaiReference
+    from exporters.layouts import Genai
+    from exporters.layouts.genai.proof import GenaiReference
+    GENAI = Genai()
     from exporters.validate.runtimes import prove_all
 
     monkeypatch.chdir(run["out"])
@@ -358,7 +360,7 @@ def test_a_graph_whose_past_is_read_inside_another_if_keeps_its_own_buffer_per_s
     graph keeps a buffer per step."""
     from onnx import TensorProto, helper
 
-    from exporters.export.genai_buffer import share_past_present
+    from exporters.layouts.genai.buffer import share_past_present
 
     branch = helper.make_graph([helper.make_node("Identity", ["past_key_values.0.key"], ["copy"])], "b", [],
                                [helper.make_tensor_value_info("copy", TensorProto.FLOAT, None)])

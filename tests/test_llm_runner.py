@@ -214,7 +214,7 @@ def test_the_runner_proof_holds_a_quantized_program_to_min_greedy_match():
     """The rule generation parity uses for quantized targets: greedy tokens equal before the first divergence, at
     least `min_greedy_match` (the recipe's, else the variant kind's default), capped at what eager produced."""
     from exporters.recipe.load import parse_recipe
-    from exporters.validate.runtime_executorch import required_match
+    from exporters.layouts.executorch_llm.proof import required_match
 
     def target(**settings):
         return parse_recipe(json.dumps({"exports": [{**PLAINEST_EXECUTORCH, **settings}]})).exports[0]
@@ -231,7 +231,7 @@ def test_the_cards_runner_snippet_runs_as_written(llama_runner, hub, tmp_path):
     """The card's `TextLLMRunner` snippet (#45 §10), run as written by the venv's Python against the Hub emulator
     holding the folder at the commit it pins (only the documented prompt line set to this tokenizer's words):
     it imports the custom kernels the program's SDPA needs, as the runner proof's child does, and generates."""
-    from exporters.validate.runtime_executorch import CHILD
+    from exporters.layouts.executorch_llm.proof import CHILD
     from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
 
     out, report, _ = llama_runner

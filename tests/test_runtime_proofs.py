@@ -8,7 +8,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporters.validate.runtimes import ProofsInFlight, RuntimeProof, run_in_child
+from exporters.layouts import RuntimeProof, run_in_child
+from exporters.validate.runtimes import ProofsInFlight
 
 SLEEPER = """import json, os, sys, time
 s = json.loads(sys.argv[1])

@@ -360,7 +360,9 @@ def test_our_loader_runs_both_branches_of_the_merged_decoder_as_eager_does(t5):
 def _optimum(folder: Path, kind: str, jobs: list, tmp_path: Path) -> list[dict]:
     """optimum's greedy tokens for each of `jobs`, from `folder` alone (loaded once), in the optimum test venv
     (`make test-deps`; HF_EXPORT_OPTIMUM_PYTHON names another interpreter that has optimum-onnx). Never skipped."""
-    python = os.environ.get("HF_EXPORT_OPTIMUM_PYTHON") or str(ROOT / ".cache" / "optimum-venv" / "bin" / "python")
+    from exporters.layouts.child import SIDE_PYTHON, SIDE_PYTHON_SETTING  # the optimum venv, as the product finds it
+
+    python = os.environ.get(SIDE_PYTHON_SETTING) or str(SIDE_PYTHON)
     if not Path(python).is_file():
         pytest.fail("optimum is not installed: run `make test-deps` (.cache/optimum-venv, pinned by "
                     "tests/optimum/constraints.txt), or set HF_EXPORT_OPTIMUM_PYTHON to a python with optimum-onnx")
@@ -455,7 +457,9 @@ def _transformers_js(exported: dict, kind: str, data, tmp_path: Path) -> list[in
     """transformers.js's greedy tokens for `data` from the `tjs` target folder alone, on Node.js (`make test-deps`
     installs the pinned version into .cache/transformers-js; HF_EXPORT_TRANSFORMERS_JS names another folder holding
     its node_modules). Never skipped: without it the test fails saying how to install it."""
-    modules = os.environ.get("HF_EXPORT_TRANSFORMERS_JS") or str(ROOT / ".cache" / "transformers-js")
+    from exporters.layouts.transformers_js import home  # HF_EXPORT_TRANSFORMERS_JS, else .cache
+
+    modules = str(home())
     if shutil.which("node") is None or not (Path(modules) / "node_modules" / "@huggingface" / "transformers").is_dir():
         pytest.fail("transformers.js is not installed: run `make test-deps` (Node.js and the pinned "
                     "@huggingface/transformers in .cache/transformers-js), or set HF_EXPORT_TRANSFORMERS_JS to a folder "

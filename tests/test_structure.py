@@ -107,10 +107,12 @@ STAGE_RULES = {
     "report": {"recipe"},
     "capture": {"recipe", "upstream"},
     "export": {"capture", "recipe", "upstream"},
-    "validate": {"capture", "recipe", "upstream", "report.results"},
-    "run": {"export", "validate", "capture", "report", "recipe", "upstream"},
+    # each deployment runtime's package: its files are written after the export's graphs, with its helpers
+    "layouts": {"export", "capture", "recipe", "upstream"},
+    "validate": {"layouts", "capture", "recipe", "upstream", "report.results"},
+    "run": {"layouts", "export", "validate", "capture", "report", "recipe", "upstream"},
     "init": {"run", "publish", "validate", "capture", "report", "recipe"},
-    "publish": {"report", "recipe"},
+    "publish": {"layouts", "report", "recipe"},
 }
 # Third-party modules a library module may import inside a function, because loading them at start-up costs
 # seconds or native memory that most runs never use (the front doors may defer anything).
@@ -480,3 +482,76 @@ def test_no_function_takes_more_than_eight_parameters():
                     long.append(f"{where} takes {len(names)}")
                 assert where not in LONG_SIGNATURES_LEFT or len(names) > MAX_PARAMETERS, f"{where}: drop it from the list"
     assert not long, "pass one object instead:\n" + "\n".join(long)
+
+
+# --- Deployment layouts (#49): one package per runtime, seen through one face, registered once ----------------------
+
+# A runtime's API, as code: imported, or written into a child's or a snippet's code
+RUNTIME_APIS = {"genai": ("onnxruntime_genai",), "executorch_llm": ("executorch.extension.llm.runner",),
+                "transformers_js": ("@huggingface/transformers",), "optimum": ("optimum.onnxruntime", "optimum"),
+                "sentence_transformers": ("sentence_transformers",)}
+
+
+def _layout_package(path: Path) -> str | None:
+    parts = path.relative_to(ROOT / "exporters").parts
+    return parts[1] if parts[0] == "layouts" and len(parts) > 2 else None
+
+
+def test_stages_see_layouts_only_through_their_face():
+    """No stage imports a layout's internals (`exporters.layouts.genai.proof`): only `exporters.layouts`."""
+    offenders = []
+    for path in _library_files():
+        if _stage(_module_name(path)) in ("layouts", ""):
+            continue
+        offenders += [f"{path.relative_to(ROOT)}:{line} imports {module}" for module, line, _, _ in _our_imports(path)
+                      if module.startswith("exporters.layouts.")]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_a_runtime_api_is_named_only_in_its_layout_and_the_upstream_adapter():
+    offenders = []
+    for path in _library_files():
+        relative = path.relative_to(ROOT / "exporters").parts
+        if relative[0] == "upstream":
+            continue
+        owner = _layout_package(path)
+        tree = ast.parse(path.read_text())
+        imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+        imported += [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module]
+        code = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+        for layout, apis in RUNTIME_APIS.items():
+            if layout == owner:
+                continue
+            for api in apis:
+                named = [m for m in imported if m == api or m.startswith(api + ".")]
+                named += [api for text in code if f"import {api}" in text or f"from {api}" in text
+                          or (api.startswith("@") and f"'{api}'" in text)]
+                offenders += [f"{path.relative_to(ROOT)} names {name} ({layout}'s runtime)" for name in named]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_every_layout_is_registered_once_by_its_class():
+    from exporters.layouts import LAYOUTS, Layout
+
+    packages = sorted(p.name for p in (ROOT / "exporters" / "layouts").iterdir() if (p / "__init__.py").exists())
+    registered = sorted(type(layout).__module__.rsplit(".", 1)[-1] for layout in LAYOUTS)
+    assert registered == packages, (registered, packages)
+    assert all(isinstance(layout, Layout) and layout.runtime and layout.install for layout in LAYOUTS)
+    assert len({layout.runtime for layout in LAYOUTS}) == len(LAYOUTS) == len({type(x) for x in LAYOUTS})
+    # the runtime names are typed once: in their layout's class, nowhere else in the library's code (the recipe's
+    # `layout` values are the recipe's vocabulary: exporters/recipe/ declares them)
+    for layout in LAYOUTS:
+        typed = [str(path.relative_to(ROOT)) for path in _library_files() if path.parts[-2] != "recipe"
+                 for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.Constant) and node.value == layout.runtime]
+        package = f"exporters/layouts/{type(layout).__module__.rsplit('.', 1)[-1]}/"
+        assert len(typed) == 1 and typed[0].startswith(package), (layout.runtime, typed)
+
+
+def test_the_layouts_face_loads_no_torch():
+    """publish and report read the layouts' names and snippets without paying for the stack."""
+    code = ("import sys, exporters.layouts; "
+            "print(sorted(m for m in ('torch', 'transformers', 'onnx', 'executorch') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout

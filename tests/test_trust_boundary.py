@@ -147,7 +147,7 @@ def test_a_custom_ops_library_key_is_refused_wherever_it_appears(where):
 
 
 def test_genai_keys_naming_paths_or_libraries_are_refused_and_ours_pass():
-    from exporters.export.genai_config import genai_config
+    from exporters.layouts.genai.config import genai_config
     from exporters.validate.folder_trust import code_loading_keys
     from transformers import GenerationConfig, LlamaConfig
 

@@ -22,6 +22,7 @@ import torch
 from exporters.capture.probes import sync_cache_lengths
 from exporters.capture.steps import cache_input_name, step_inputs
 from exporters.errors import TargetPlanError
+from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.recipe.model import ComponentOverride
 from exporters.upstream import leaf_tensors
 
@@ -67,7 +68,7 @@ def wants_merged(target, family: str, cache_implementation: str, config: Any = N
     Raises [`TargetPlanError`] when the recipe asks for a merged graph this model or cache cannot have."""
     if target.mode != "generation":
         return False
-    tjs = getattr(target, "layout", "upstream") == "transformers.js"
+    tjs = getattr(target, "layout", "upstream") == TRANSFORMERS_JS
     if target.merged is None and not tjs:
         return _merged_by_default(target, family, cache_implementation, config)
     if target.merged is False:

@@ -25,14 +25,12 @@ from exporters.errors import ShapeSpecError, TargetPlanError
 from exporters.export import onnx_files
 from exporters.export.folder_files import complete_folder, model_folder
 from exporters.export.footprint import tied_embeddings
-from exporters.export.genai_buffer import SHARED_BUFFER_NOTE, share_past_present_in_file
-from exporters.export.genai_config import write_genai_config
 from exporters.export.llm_runner import export_runner
 from exporters.export.onnx_files import apply_onnx_file_options
 from exporters.export.onnx_names import rename_merged_graph, unnamed_inputs
 from exporters.export.seq2seq_merged import merge_encoder_decoder
 from exporters.export.seq2seq_names import fixed_past, is_encoder_decoder_export, rename_encoder_decoder
-from exporters.export.transformers_js import write_transformers_js
+from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.recipe.model import ComponentOverride, Recipe
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
@@ -242,18 +240,10 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
             onnx_files.share_external_data(directory)
         if getattr(target, "merged", False) and list(entries) == ["model"]:  # the runtimes' names, every layout
             unnamed = unnamed_inputs(rename_merged_graph(directory))
-            filename = "onnx/model.onnx" if target.layout == "transformers.js" else entries["model"]["file"]
-            if target.dtype == "float16" and target.layout == "transformers.js":
-                filename = "onnx/model_fp16.onnx"
-            if unnamed and notes is not None:
+            if unnamed and notes is not None:  # the layouts' files (exporters.layouts) are then not written
                 notes.append(f"the merged graph also takes {unnamed}, which optimum, ONNX Runtime GenAI and "
                              "transformers.js do not feed: no genai_config.json is written, and those runtimes "
                              "cannot run this folder")
-            if not unnamed:  # a GroupQueryAttention graph may share GenAI's past/present buffer (genai_buffer)
-                shared = share_past_present_in_file(directory / entries["model"]["file"])
-                write_genai_config(directory, model.config, generation_config, filename, share_buffer=shared)
-                if shared and notes is not None:
-                    notes.append(SHARED_BUFFER_NOTE)
         if target.mode == "generation" and is_encoder_decoder_export(list(entries)):  # optimum's files and names
             fixed = fixed_past(directory)
             if fixed is None:
@@ -262,12 +252,10 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
                 unmerged = merge_encoder_decoder(directory) if target.merged is not False else None
                 if unmerged and notes is not None:
                     notes.append(unmerged)
-            elif target.layout == "transformers.js":
+            elif target.layout == TRANSFORMERS_JS:
                 raise TargetPlanError(f"`layout` 'transformers.js': {fixed}", option="layout")
             elif notes is not None:
                 notes.append(fixed)
-        if target.layout == "transformers.js":
-            write_transformers_js(directory, target, model)
     timings["save_s"] += time.time() - started
     return {"components": list(components), **{k: round(v, 3) for k, v in timings.items()}}
 

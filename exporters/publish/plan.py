@@ -23,11 +23,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from exporters.errors import PublishError
-from exporters.files import RECIPE_SOURCES
+from exporters.files import EXPORTS_DIR, RECIPE_SOURCES
 from exporters.hashing import sha256_file
 from exporters.status import PASSED, UNVERIFIED, overall_status
 
-EXPORTS_DIR = "exports"
 KIND_EXPORTS, KIND_FAILURE = "exports", "failure"
 MARKER_VERSION = 1
 REQUIRED_KEYS = ("status", "targets", "recipe", "versions", "source")

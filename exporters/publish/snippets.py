@@ -2,7 +2,7 @@
 
 A target records the deployment runtimes that ran it from its folder alone (`target["runtimes"]`: `{runtime,
 status, detail}`, `exporters.validate.runtimes`). The card shows a snippet for each runtime whose proof `passed`,
-keyed by the runtime's name (`RUNTIME_SNIPPETS`), and, for the formats upstream's loader reads (`.pt2`, one `.pte`
+written by the runtime's layout (`exporters.layouts`: `Layout.snippet`), and, for the formats upstream's loader reads (`.pt2`, one `.pte`
 per component), the `ExportedModel.from_pretrained` snippet. A runtime that did not pass gets no snippet: no text
 claims more than what ran.
 
@@ -24,12 +24,12 @@ Example:
 from __future__ import annotations
 
 import json
-import keyword
-from typing import Any, Callable
+from typing import Any
 
-from exporters.publish.plan import EXPORTS_DIR
+from exporters.layouts import (EXAMPLE_IDS, LAYOUTS, NO_TOKENIZER, PIN_COMMENT, PROMPT, PROMPT_LINE, ExecutorchLlm,
+                               file_names, has_tokenizer, identifier, subfolder)
 
-__all__ = ["RUNTIME_SNIPPETS", "component_inputs", "exported_model_snippet", "needs_pin", "proven_runtimes",
+__all__ = ["PROMPT_LINE", "component_inputs", "exported_model_snippet", "needs_pin", "proven_runtimes",
            "target_snippets", "traced_inputs"]
 
 # Formats whose programs are pickled (torch.export .pt2): loading them runs code, so it needs trust_remote_code.
@@ -37,122 +37,16 @@ NEEDS_TRUST = ("dynamo",)
 # optimum's files for an encoder-decoder's decode step (two decoders, or the merged one): the folder's graphs have
 # optimum's input names
 OPTIMUM_DECODERS = ("decoder_with_past_model.onnx", "decoder_model_merged.onnx")
-PROMPT = "Hello"
-# The one line a user edits: the prompt (tests that run the snippets as written put their tokenizer's words here).
-PROMPT_LINE = f"prompt = {json.dumps(PROMPT)}  # your prompt"
-# Runtimes whose snippet loads code from the folder: GenAI loads any `custom_ops_library` its genai_config.json names.
-LOADS_CODE = ("ONNX Runtime GenAI",)
+# Runtimes whose snippet loads code from the folder: those that execute a config in it (GenAI loads any
+# `custom_ops_library` its genai_config.json names).
+LOADS_CODE = tuple(layout.runtime for layout in LAYOUTS if layout.executes)
 UPSTREAM = "transformers.exporters"
-PIN_COMMENT = "# revision: the commit that holds the validated files ({what})"
-# ExecuTorch's custom kernels (llama::sdpa_with_kv_cache, update_cache), registered on import: a program exported
-# with the custom SDPA fails to load without them (the runner proof's child imports them the same way)
-EXECUTORCH_RUNNER_IMPORTS = ("import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the llama:: kernels)\n"
-                             "from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner\n")
 
-
-def identifier(name: Any) -> str | None:
-    """`name` when it is a Python identifier (a keyword argument a snippet may write), else None."""
-    return name if isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name) else None
 
 
 def needs_pin(runtime: str, target: dict[str, Any]) -> bool:
     """Whether the snippet of `runtime` loads code or a pickle, so it must pin the commit that holds the files."""
     return runtime in LOADS_CODE or (runtime == UPSTREAM and target.get("export_format") in NEEDS_TRUST)
-
-
-def _subfolder(target: dict[str, Any]) -> str:
-    return f"{EXPORTS_DIR}/{target['name']}"
-
-
-def _revision(revision: str | None) -> str:
-    return f", revision={json.dumps(revision)}" if revision else ""
-
-
-def _download(repo_id: str, target: dict[str, Any], revision: str | None = None, loads: str = "") -> str:
-    """Python lines that download one target folder (at `revision`, with why it is pinned) and name it `folder`."""
-    sub = _subfolder(target)
-    why = PIN_COMMENT.format(what=loads) + "\n" if revision and loads else ""
-    return ("from huggingface_hub import snapshot_download\n\n" + why
-            + f"folder = snapshot_download({json.dumps(repo_id)}{_revision(revision)}, "
-            f"allow_patterns=[{json.dumps(sub + '/*')}]) + {json.dumps('/' + sub)}\n")
-
-
-def _file_names(target: dict[str, Any]) -> set[str]:
-    prefix = f"{target['name']}/"
-    return {str(f.get("path", "")).removeprefix(prefix) for f in target.get("files") or [] if isinstance(f, dict)}
-
-
-# A folder without a tokenizer (the model repo ships none): the snippets feed token ids, as the proofs do.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.txt")
-EXAMPLE_IDS = [[1, 2, 3]]
-NO_TOKENIZER = "# the folder has no tokenizer: your prompt's token ids"
-
-
-def has_tokenizer(target: dict[str, Any]) -> bool:
-    """Whether the target folder holds a tokenizer (the snippets tokenize the prompt, else feed token ids)."""
-    return bool(_file_names(target) & set(TOKENIZER_FILES))
-
-
-def _executorch_runner(repo_id: str, target: dict[str, Any], revision: str | None = None) -> tuple[str, str]:
-    data = ', f"{folder}/model.ptd"' if "model.ptd" in _file_names(target) else ""  # positional, as the proof
-    return "python", (
-        _download(repo_id, target, revision)
-        + EXECUTORCH_RUNNER_IMPORTS + "\n"
-        f'runner = TextLLMRunner(f"{{folder}}/model.pte", f"{{folder}}/tokenizer.json"{data})\n'
-        + PROMPT_LINE + "\n"
-        "runner.generate(prompt, GenerationConfig(max_new_tokens=32, temperature=0), "
-        "token_callback=lambda piece: print(piece, end=\"\"))")
-
-
-def _genai(repo_id: str, target: dict[str, Any], revision: str | None = None) -> tuple[str, str]:
-    if has_tokenizer(target):
-        prepare, prompt, shown = (f"tokenizer = og.Tokenizer(model)\n{PROMPT_LINE}\n", "tokenizer.encode(prompt)",
-                                  "tokenizer.decode(generator.get_sequence(0))")
-    else:  # GenAI's tokenizer reads the folder's tokenizer files: without them, token ids in and out
-        prepare = f"prompt = np.array({EXAMPLE_IDS}, dtype=np.int32)  {NO_TOKENIZER}\n"
-        prompt, shown = "prompt", "generator.get_sequence(0)"
-    return "python", (
-        _download(repo_id, target, revision, "genai_config.json may name a library to load")
-        + "import numpy as np\nimport onnxruntime_genai as og\n\n"
-        "model = og.Model(folder)\n"
-        + prepare + "params = og.GeneratorParams(model)\n"
-        "params.set_search_options(max_length=64)\n"
-        "generator = og.Generator(model, params)\n"
-        f"generator.append_tokens({prompt})\n"
-        "while not generator.is_done():\n"
-        "    generator.generate_next_token()\n"
-        f"print({shown})")
-
-
-def _optimum(repo_id: str, target: dict[str, Any], revision: str | None = None) -> tuple[str, str]:
-    # our constant, never a report's value: a leg's proof could name any "class"
-    cls = "ORTModelForCausalLM" if target.get("mode") == "generation" else "ORTModelForFeatureExtraction"
-    where = f"{json.dumps(repo_id)}{_revision(revision)}, subfolder={json.dumps(_subfolder(target))}"
-    return "python", (f"from optimum.onnxruntime import {cls}\n"
-                      "from transformers import AutoTokenizer\n\n"
-                      f"model = {cls}.from_pretrained({where})\n"
-                      f"tokenizer = AutoTokenizer.from_pretrained({where})")
-
-
-def _transformers_js(repo_id: str, target: dict[str, Any], revision: str | None = None) -> tuple[str, str]:
-    task = "text-generation" if target.get("mode") == "generation" else "feature-extraction"  # ours, not a report's
-    sub = _subfolder(target)
-    pinned = f" --revision {revision}" if revision else ""
-    return "js", (f"// after: hf download {repo_id}{pinned} --include \"{sub}/*\" --local-dir model\n"
-                  "import { env, pipeline } from '@huggingface/transformers';\n\n"
-                  f"env.localModelPath = 'model/{EXPORTS_DIR}';\n"
-                  "env.allowRemoteModels = false;\n"
-                  f"const pipe = await pipeline('{task}', '{target['name']}');")
-
-
-# Runtime name (exporters.validate.runtimes' `RuntimeProof.runtime`) -> (repo_id, target, revision) -> (language,
-# code). Only the runtime's name is read from a proof: it picks a template here.
-RUNTIME_SNIPPETS: dict[str, Callable[[str, dict[str, Any], str | None], tuple[str, str]]] = {
-    "ExecuTorch LLM runner": _executorch_runner,
-    "ONNX Runtime GenAI": _genai,
-    "optimum": _optimum,
-    "transformers.js": _transformers_js,
-}
 
 
 def proven_runtimes(target: dict[str, Any]) -> list[dict[str, Any]]:
@@ -164,7 +58,7 @@ def upstream_loads(target: dict[str, Any]) -> bool:
     """Whether upstream's `ExportedModel.from_pretrained` reads the target's folder: `.pt2` programs, ONNX graphs
     in upstream's layout, or one `.pte` per component (not one program with a method per component, nor the ExecuTorch
     LLM runner's program, whose `forward` takes tokens and positions and holds the cache)."""
-    names = _file_names(target)
+    names = file_names(target)
     if target.get("mode") == "generation" and target.get("expected_components") == ["decode"]:
         return False  # a state-space model's stepped prompt (decode alone, from zeroed states): no snippet written yet
     if target.get("export_format") == "dynamo":
@@ -175,7 +69,7 @@ def upstream_loads(target: dict[str, Any]) -> bool:
         return not any(name.startswith("onnx/") or name.endswith(OPTIMUM_DECODERS) for name in names)
     if target.get("export_format") != "executorch":
         return False
-    if any(p.get("runtime") == "ExecuTorch LLM runner" for p in target.get("runtimes") or [] if isinstance(p, dict)):
+    if any(p.get("runtime") == ExecutorchLlm.runtime for p in target.get("runtimes") or [] if isinstance(p, dict)):
         return False  # the runner's `forward(tokens, input_pos)`, the cache inside: its own snippet says how to run it
     components = target.get("expected_components") or []
     return bool(components) and all(f"{c}.pte" in names for c in components)
@@ -284,7 +178,7 @@ def exported_model_snippet(repo_id: str, target: dict[str, Any], revision: str |
     arguments = [json.dumps(repo_id)]
     if revision:
         arguments.append(f"revision={json.dumps(revision)}")
-    arguments.append(f"subfolder={json.dumps(_subfolder(target))}")
+    arguments.append(f"subfolder={json.dumps(subfolder(target))}")
     where = ", ".join(arguments)
     # the snippet loads what this run exported and validated
     trust = ", trust_remote_code=True" if target.get("export_format") in NEEDS_TRUST else ""  # own artifact
@@ -337,11 +231,12 @@ def target_snippets(repo_id: str, target: dict[str, Any], revision: str | None =
     """`(runtime, language, code)` for each runtime the target was proven in, then upstream's loader where it reads
     the folder; each downloads the files at `revision` (the commit that holds them) when given."""
     snippets, seen = [], set()
-    for proof in proven_runtimes(target):  # a proof only picks one of our names and templates, once
-        runtime = next((name for name in RUNTIME_SNIPPETS if name == proof.get("runtime")), None)
-        if runtime is not None and runtime not in seen:
-            seen.add(runtime)
-            snippets.append((runtime, *RUNTIME_SNIPPETS[runtime](repo_id, target, revision)))
+    for proof in proven_runtimes(target):  # a proof only picks one of our layouts and its template, once
+        layout = next((layout for layout in LAYOUTS if layout.runtime == proof.get("runtime")), None)
+        snippet = layout.snippet(repo_id, target, revision) if layout is not None else None
+        if snippet is not None and layout.runtime not in seen:
+            seen.add(layout.runtime)
+            snippets.append((layout.runtime, *snippet))
     if upstream_loads(target):
         snippets.append((UPSTREAM, "python", exported_model_snippet(repo_id, target, revision)))
     return snippets

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from exporters.recipe._base import problem as _problem
 
+TRANSFORMERS_JS = "transformers.js"  # the `layout` value of transformers.js's folder (exporters.layouts.transformers_js)
+
 
 class MergedSetting(BaseModel):
     """`merged`: one graph for the prompt and every decode step (`exporters.capture.merged`)."""
@@ -49,7 +51,7 @@ class MergedSetting(BaseModel):
 
 
 class LayoutSetting(BaseModel):
-    """`layout`: the folder layout of an ONNX target (`exporters.export.transformers_js`)."""
+    """`layout`: the folder layout of an ONNX target (`exporters.layouts.transformers_js`)."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
@@ -62,7 +64,7 @@ class LayoutSetting(BaseModel):
 
     @model_validator(mode="after")
     def _transformers_js_layout(self) -> Any:
-        if self.layout != "transformers.js":
+        if self.layout != TRANSFORMERS_JS:
             return self
         if getattr(self, "merged", None) is False:
             raise _problem(("merged",), "layout 'transformers.js' needs the merged graph (transformers.js runs one "

@@ -41,7 +41,7 @@ from exporters.report.results import Check, ComponentReport, GenerationReport, O
 from exporters.status import FAILED, PASSED, UNVERIFIED, overall_status
 
 _RANK = {FAILED: 0, UNVERIFIED: 1, PASSED: 2}
-PROOF_STATUSES = (PASSED, FAILED, UNVERIFIED)
+PROOF_STATUSES = (PASSED, FAILED, UNVERIFIED, "declined")  # exporters.layouts.child.ProofStatus
 # The command a run records to reproduce a target (exporters.run.pipeline); a leg's other text is not kept as one
 REPRODUCE = r"hf-export run [\w.@/-]+ --target {name}( --revision [0-9a-f]{{40}})?( --config [\w./-]+)?"
 # (target name, its merged folder) -> the runtimes whose proof applies to the planned target there

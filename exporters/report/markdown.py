@@ -410,7 +410,8 @@ def close_fences(text: str) -> str:
     return f"{text}\n{opened}" if opened else text
 
 
-RUNTIME_MARKS = {"passed": "✓", "failed": "✗", "unverified": "–"}
+# "declined": the runtime cannot take this model (said why); the artifact's own verdict stands
+RUNTIME_MARKS = {"passed": "✓", "failed": "✗", "unverified": "–", "declined": "✗"}
 
 
 def runtime_cell(proofs: list[dict[str, Any]] | None) -> str:

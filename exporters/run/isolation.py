@@ -30,7 +30,7 @@ from exporters.status import CRASHED, TIMED_OUT
 
 # The runtimes an export may load (seconds and native memory each): the child's log names those it loaded, so a run
 # that imports one its targets do not need shows in the log (an ONNX-only run loads no ExecuTorch).
-RUNTIME_MODULES = ("executorch", "torchao", "onnx", "onnxscript", "onnxruntime", "onnxruntime_genai", "optimum")
+RUNTIME_MODULES = ("executorch", "torchao", "onnx", "onnxscript", "onnxruntime", "onnxruntime_genai")
 LOADED_RUNTIMES = "runtimes loaded in the export process:"
 
 

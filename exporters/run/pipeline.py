@@ -34,6 +34,7 @@ from exporters.export.convert import export_to, release_weights
 from exporters.export.footprint import record_footprint
 from exporters.export.quantize import Quantizing
 from exporters.hashing import file_entries
+from exporters.layouts import write_layout_files
 from exporters.recipe.model import Recipe, Target
 from exporters.report.results import TargetResult
 from exporters.run.context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
@@ -307,8 +308,9 @@ def _export_work(model: Any, target: Target, components: Any, recipe: Recipe, st
     notes: list[str] = []
     quantizing = Quantizing(model, target, recipe, calibration, notes)
     outcome = export_to(model, target, components, recipe, staging, notes, quantizing.quantizer_for(), source_dir)
+    written = write_layout_files(staging, target, model, notes, outcome.pop("written"))  # each runtime's files
     quantization = quantizing.record_into(staging)
-    inventory = take_inventory(staging, outcome.pop("written"), outcome.pop("copied"))
+    inventory = take_inventory(staging, written, outcome.pop("copied"))
     return {"notes": notes, **outcome, "quantization": quantization, "inventory": inventory}
 
 

@@ -30,7 +30,6 @@ from exporters.upstream import (
     run_component,
     runner_for_file,
 )
-from exporters.validate import runtime_executorch  # noqa: F401  (registers the ExecuTorch LLM runner's check)
 from exporters.validate.eager_side import EagerSide, eager_side
 from exporters.validate.folder_trust import may_read, screen_folder
 from exporters.validate.greedy import Tolerances
@@ -38,8 +37,8 @@ from exporters.validate.native_log import native_messages
 from exporters.validate.ort_schemas import ort_checker_schemas
 from exporters.validate.parity import generation_parity
 from exporters.validate.quality import judge, judge_generation, measure, tolerance_verdict
-from exporters.validate.runtime_genai import GENAI  # noqa: F401  (registers ONNX Runtime GenAI's proof)
-from exporters.validate.runtimes import ProofsInFlight, RuntimeContext, RuntimeProof, checks_for, references_for
+from exporters.validate.runtimes import (ProofsInFlight, RuntimeContext, RuntimeProof, checks_for, declined,
+                                         references_for)
 from exporters.validate.sliding import COUNTER_FINDING, sliding_cache_leaves, trailing_window
 from exporters.validate.subject import EagerModel, SavedTarget
 # DEFAULT_TOLERANCES: re-exported for the modules that read it from here
@@ -335,7 +334,7 @@ def validate_target(
             verdict = judge(kind, budget, measured or [], generation)
         result = ValidationResult(reports, generation, findings, errors, generation_expected, verdict)
         if not result.errors and result.verdict != "failed":  # the runtimes' proofs count once our own checks hold
-            result.runtimes = [p.to_dict() for p in proofs.result()]
+            result.runtimes = [p.to_dict() for p in proofs.result() + declined(target, directory)]
     if verdict is None:  # a float32 target: judged by atol/rtol and greedy identity
         generation_record = dataclasses.asdict(generation) if generation is not None else None
         result.tolerance = tolerance_verdict(result.component_records(), generation_record, result.verdict)

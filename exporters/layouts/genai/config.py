@@ -4,7 +4,7 @@ The fields are those GenAI's own model builder writes (`onnxruntime_genai/models
 parsed by `src/config.h`); the graph names are `exporters.export.onnx_names`' (also GenAI's defaults). Our plain
 graph takes a past as long as what it holds and returns past + new keys, so `past_present_share_buffer` is false. A
 graph fused into `GroupQueryAttention` (`ort_fusions` with the batch fixed at 1) whose past length was rewritten to
-come from the attention mask (`exporters.export.genai_buffer`) shares one buffer (`share_buffer`), as the model
+come from the attention mask (`exporters.layouts.genai.buffer`) shares one buffer (`share_buffer`), as the model
 builder's graph does; without that rewrite upstream's fused graph reads the length off the past's shape, which a
 shared buffer makes `max_length` (GenAI then fails in the graph: `GatherND ... invalid index found`). GenAI pads a
 batch on the right with `pad_token_id` and derives the attention mask and positions from it: the pad id is the

@@ -30,9 +30,10 @@ from exporters.export.onnx_files import gather_external_data
 from exporters.export.onnx_names import is_renamed, renamed_proto, unnamed_inputs
 from exporters.export.seq2seq_merged import MERGED_FILE
 from exporters.export.seq2seq_names import is_encoder_decoder_export
+from exporters.layouts.transformers_js import LAYOUT
 from exporters.upstream import read_manifest, write_manifest
 
-LAYOUT = "transformers.js"
+
 SUBFOLDER = "onnx"
 
 

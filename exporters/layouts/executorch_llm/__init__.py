@@ -1,0 +1,62 @@
+"""The ExecuTorch LLM runner's layout: one `model.pte` in the runner's contract (`forward(tokens, input_pos)`, the
+cache inside, constant metadata methods) and `tokenizer.json` beside it, run by executorch's `TextLLMRunner`.
+
+| module      | what it holds                                                                                   |
+|-------------|-------------------------------------------------------------------------------------------------|
+| `__init__`  | [`ExecutorchLlm`]: when it applies (an ExecuTorch target with `layout: runner`), its card snippet |
+| `proof.py`  | `TextLLMRunner` generating from the folder alone, token for token against eager greedy          |
+
+The program itself is the export's (`exporters.export.llm_runner`, `exporters.capture.llm_runner`, lowered by
+`exporters.upstream.llm_runner`): this package owns what a runtime needs of the folder.
+
+Example:
+    >>> ExecutorchLlm().runtime
+    'ExecuTorch LLM runner'
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from exporters.layouts.base import Layout, read_json
+from exporters.layouts.card import PROMPT_LINE, download, file_names
+
+# ExecuTorch's custom kernels (llama::sdpa_with_kv_cache, update_cache), registered on import: a program exported
+# with the custom SDPA fails to load without them. The proof's child and the card's snippet start with these lines.
+# What the runner's C++ tokenizer (pytorch-labs/tokenizers' HF tokenizer) cannot load: a word-level vocabulary, a
+# whitespace pre-tokenizer (it refuses the file; the program itself is correct)
+UNREAD_MODELS = frozenset({"WordLevel"})
+UNREAD_PRE_TOKENIZERS = frozenset({"Whitespace", "WhitespaceSplit"})
+RUNNER_IMPORTS = ("import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the llama:: kernels)\n"
+                  "from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner\n")
+
+
+class ExecutorchLlm(Layout):
+    """`TextLLMRunner` on an ExecuTorch target in the runner layout."""
+
+    runtime = "ExecuTorch LLM runner"
+    install = "pip install executorch (the pinned version, with its LLM runner pybinding: `make venv`, the image)"
+
+    def may_apply(self, target: Any, components: list[str]) -> bool:
+        return target.export_format == "executorch" and getattr(target, "layout", None) == "runner"
+
+    def declines(self, target: Any, directory: Path) -> str | None:
+        tokenizer = read_json(directory / "tokenizer.json")
+        model = (tokenizer.get("model") or {}).get("type")
+        pre = tokenizer.get("pre_tokenizer") or {}
+        kinds = {p.get("type") for p in [pre, *pre.get("pretokenizers", [])] if isinstance(p, dict)}
+        refused = sorted(({model} & UNREAD_MODELS) | (kinds & UNREAD_PRE_TOKENIZERS))
+        if refused:
+            return f"the runner's C++ tokenizer cannot load a tokenizer.json with {' and '.join(refused)}"
+        return None
+
+    def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str]:
+        data = ', f"{folder}/model.ptd"' if "model.ptd" in file_names(target) else ""  # positional, as the proof
+        return "python", (
+            download(repo_id, target, revision)
+            + RUNNER_IMPORTS + "\n"
+            f'runner = TextLLMRunner(f"{{folder}}/model.pte", f"{{folder}}/tokenizer.json"{data})\n'
+            + PROMPT_LINE + "\n"
+            "runner.generate(prompt, GenerationConfig(max_new_tokens=32, temperature=0), "
+            "token_callback=lambda piece: print(piece, end=\"\"))")

@@ -1,0 +1,73 @@
+"""The eager side shared by the layouts whose runtime generates over a batch (ONNX Runtime GenAI, optimum): a
+left-padded batch of two prompts of different lengths, eager greedy `generate`, each row up to its first eos.
+
+The runtimes read rows by `pad_token_id`: a prompt token equal to it would be taken for padding, so the prompts never
+hold it (a token that is neither the pad id nor an eos id takes its place).
+
+Example:
+    >>> until_eos([5, 2, 7], [2]), common_prefix([1, 2, 3], [1, 2, 4])
+    ([5, 2], 2)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from exporters.capture.token_ids import special_token_ids
+from exporters.layouts.child import RuntimeContext
+
+DEFAULT_NEW_TOKENS = 8
+
+
+@dataclass
+class GenaiReference:  # the name GenAI's proof gave it first
+    """The eager side: each row's prompt ids and its greedy new tokens (up to and including the first eos)."""
+
+    prompts: list[list[int]]
+    new_tokens: list[list[int]]
+    pad: int
+    eos: list[int]
+    steps: int
+
+
+def until_eos(tokens: list[int], eos: list[int]) -> list[int]:
+    """`tokens` up to and including the first eos id."""
+    for index, token in enumerate(tokens):
+        if token in eos:
+            return tokens[:index + 1]
+    return tokens
+
+
+def common_prefix(want: list[int], have: list[int]) -> int:
+    """How many tokens `want` and `have` share before they differ."""
+    return next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+
+
+def batch_reference(model: Any, context: RuntimeContext, default_pad: int) -> GenaiReference:
+    """Eager greedy `generate` over a left-padded batch of two prompts of different lengths (see the module);
+    `default_pad` pads where the model has no pad token (the runtime's own default)."""
+    config = getattr(model.config, "text_config", None) or model.config
+    ids = context.generate_inputs["input_ids"][0].tolist()
+    special = special_token_ids(context.generation_config, model.config)
+    eos, pad = special.eos, (special.pad if special.pad is not None else default_pad)
+    spare = next(t for t in range(int(config.vocab_size)) if t != pad and t not in eos)
+    first = [spare if t == pad else t for t in ids]
+    if len(first) < 2:  # the second row is a shorter prompt
+        first = first + [spare]
+    prompts = [first, first[: len(first) // 2]]
+    steps = int(getattr(context.recipe.generation, "max_new_tokens", None) or DEFAULT_NEW_TOKENS)
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # eager pads left
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    greedy = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=steps, pad_token_id=pad,
+                              eos_token_id=eos or None)
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        out = model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
+                             generation_config=greedy)
+    new = [until_eos(row[width:].tolist(), eos) for row in out.cpu()]
+    return GenaiReference(prompts, new, pad, eos, steps)

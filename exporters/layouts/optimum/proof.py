@@ -1,0 +1,83 @@
+"""optimum's proof: the side environment's Python runs the layout's generation script (`GENERATE`, the card's
+snippet with this folder and eager's prompts in it) on the folder alone, greedy over a left-padded batch of two
+prompts of different lengths, each row token for token against eager greedy `generate` (`exporters.layouts.greedy`).
+
+The child first asks its own transformers whether it knows the folder's model type: a family optimum's transformers
+4.x does not hold is `declined` (optimum cannot take it; the artifact's verdict stands). No side environment:
+`unverified`, saying how to create it. optimum refusing the folder or generating other tokens: `failed`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child, side_python
+from exporters.layouts.greedy import GenaiReference, batch_reference, common_prefix, until_eos
+from exporters.layouts.optimum import generate_script
+from exporters.upstream import read_manifest
+
+OPTIMUM_DEFAULT_PAD = 0
+# Before the script: whether the side environment's transformers knows the model type (else optimum cannot load it)
+KNOWS = r"""
+import json, sys
+spec = json.loads(sys.argv[1])
+from transformers import CONFIG_MAPPING
+model_type = json.load(open(spec["folder"] + "/config.json")).get("model_type")
+if model_type not in CONFIG_MAPPING:
+    import transformers
+    json.dump({"declined": f"optimum's transformers {transformers.__version__} has no model type {model_type!r}"},
+              open(spec["result"], "w"))
+    sys.exit(0)
+"""
+EMIT = 'json.dump({"new": new}, open(spec["result"], "w"))'
+
+
+def reference(layout: Any, model: Any, context: RuntimeContext) -> GenaiReference:
+    """Eager greedy `generate` over the left-padded batch of two prompts (`greedy.batch_reference`)."""
+    return batch_reference(model, context, OPTIMUM_DEFAULT_PAD)
+
+
+def _batch_of_one(directory: Path) -> bool:
+    """Whether the folder's graph takes `input_ids` of batch 1 only."""
+    try:
+        entry = read_manifest(directory)["components"]["model"]
+        # onnx loads only where an optimum folder is proven (the graph alone: no weights)
+        import onnx
+
+        graph = onnx.load(str(directory / entry["file"]), load_external_data=False).graph
+        dim = next(value for value in graph.input if value.name == "input_ids").type.tensor_type.shape.dim[0]
+    except Exception:  # a folder optimum cannot read: its own error says why
+        return False
+    return dim.HasField("dim_value") and dim.dim_value == 1
+
+
+def prove(layout: Any, directory: Path, reference: GenaiReference, context: RuntimeContext) -> RuntimeProof:
+    """optimum's greedy generation from the folder alone, in the side environment, against `reference`."""
+    python = side_python()
+    if python is None:
+        return layout.not_here()
+    # a graph whose batch is fixed at 1 (ONNX Runtime's GroupQueryAttention fusion) runs each prompt alone
+    batches = [[p] for p in reference.prompts] if _batch_of_one(directory) else [reference.prompts]
+    rows: list[list[int]] = []
+    for prompts in batches:
+        script = generate_script("spec['folder']", prompts, reference.pad, reference.steps,
+                                 json.dumps(reference.eos or None), EMIT)
+        answer, why = run_in_child(KNOWS + script, {"folder": str(directory)}, folder=directory,
+                                   timeout_s=child_timeout(context), python=str(python))
+        if answer is None:
+            return RuntimeProof(layout.runtime, "failed", f"optimum failed: {why}")
+        if "declined" in answer:
+            return RuntimeProof(layout.runtime, "declined", answer["declined"])
+        rows += answer["new"]
+    got = [until_eos(row, reference.eos) for row in rows]
+    total = sum(len(r) for r in reference.new_tokens)
+    prompts = " and ".join(str(len(p)) for p in reference.prompts)
+    if got != reference.new_tokens:
+        equal = sum(common_prefix(want, have) for want, have in zip(reference.new_tokens, got))
+        return RuntimeProof(layout.runtime, "failed", f"{equal}/{total} tokens equal eager greedy (batch of "
+                                                      f"{len(batches[0])}, prompts of {prompts} tokens): optimum {got}, "
+                                                      f"eager {reference.new_tokens}")
+    return RuntimeProof(layout.runtime, "passed", f"{total}/{total} tokens (batch of {len(batches[0])}, prompts of {prompts} "
+                                                  "tokens, ORTModelForCausalLM)")

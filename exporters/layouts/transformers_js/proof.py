@@ -1,0 +1,80 @@
+"""transformers.js's proof: Node.js runs the layout's generation script (`GENERATE`, the card's snippet with this
+folder and eager's prompt in it) on the folder alone, and its greedy tokens must be eager's.
+
+```
+reference(model)                                      prove(folder)
+eager generate(prompt, max_new_tokens = min_new_tokens = n)   node script.mjs (node_modules: the pinned transformers.js)
+(before the model is released)                        AutoModelForCausalLM.from_pretrained(folder) .generate(...)
+```
+
+Node runs as every runtime child does (`exporters.layouts.child.run_script`): the allow-listed environment, the
+memory limit, the target's timeout. No Node or no transformers.js: `unverified`, saying how to install them. A folder
+of another kind (an encoder-decoder, an encoder, an image model) is not run by this proof yet: `unverified`, saying
+so.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
+from exporters.layouts.transformers_js import generate_script, home
+from exporters.upstream import read_manifest
+
+DEFAULT_NEW_TOKENS = 8
+NOT_YET = ("not run here: the product's transformers.js proof runs a decoder's generation (one merged graph); this "
+           "folder's kind is proven in the project's tests only (tests/transformers_js/)")
+EMIT = ("import { writeFileSync } from 'node:fs';\n"
+        "writeFileSync(JSON.parse(process.argv[2]).result, JSON.stringify(Array.from(output.data, Number)));")
+
+
+def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any]:
+    """Eager greedy generation of exactly `max_new_tokens` tokens (the script's `min_new_tokens` too) on the
+    sample prompt; a folder this proof does not run yet (not a decoder's generation) gets none."""
+    if context.target.mode != "generation" or "input_ids" not in context.generate_inputs \
+            or getattr(model.config, "is_encoder_decoder", False):
+        return {"unverified": NOT_YET}
+    ids = [int(i) for i in context.generate_inputs["input_ids"][0].tolist()]
+    steps = int(getattr(context.recipe.generation, "max_new_tokens", None) or DEFAULT_NEW_TOKENS)
+    prompt = torch.tensor([ids], device=next(model.parameters()).device)
+    with torch.no_grad():
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=steps,
+                             min_new_tokens=steps, do_sample=False, num_beams=1)
+    return {"prompt": ids, "steps": steps, "tokens": out[0].tolist()}
+
+
+def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
+    """Node runs `GENERATE` on `directory` (see the module); its ids are compared with eager's."""
+    if "unverified" in reference:
+        return RuntimeProof(layout.runtime, "unverified", reference["unverified"])
+    modules = home() / "node_modules"
+    if shutil.which("node") is None or not (modules / "@huggingface" / "transformers").is_dir():
+        return layout.not_here()
+    if list(read_manifest(directory)["components"]) != ["model"]:
+        return RuntimeProof(layout.runtime, "unverified", NOT_YET)
+    script = generate_script(json.dumps(str(directory.parent)), json.dumps(directory.name), reference["prompt"],
+                             reference["steps"], EMIT)
+    got, why = run_script(["node"], script, {}, folder=directory, timeout_s=child_timeout(context),
+                          links={"node_modules": modules})
+    if got is None:
+        return RuntimeProof(layout.runtime, "failed", f"transformers.js failed: {why}")
+    want = reference["tokens"]
+    new = len(want) - len(reference["prompt"])
+    if got != want:
+        equal = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+        return RuntimeProof(layout.runtime, "failed", f"{max(0, equal - len(reference['prompt']))}/{new} tokens "
+                                                      f"equal eager greedy: transformers.js {got}, eager {want}")
+    return RuntimeProof(layout.runtime, "passed", f"{new}/{new} tokens (transformers.js {_version(modules)}, Node.js)")
+
+
+def _version(modules: Path) -> str:
+    """The installed transformers.js's version (its package.json), as the label says what ran."""
+    try:
+        return str(json.loads((modules / "@huggingface" / "transformers" / "package.json").read_text())["version"])
+    except (OSError, ValueError, KeyError):
+        return "of unknown version"

@@ -1,0 +1,142 @@
+"""Each deployment layout is one package, proven by its own runtime in the product: a transformers.js-layout run
+of the real CLI proves the folder in transformers.js on Node.js (the pinned version `make test-deps` installs in
+.cache/transformers-js, or HF_EXPORT_TRANSFORMERS_JS), and without it the report says `not run here` with how to
+install it, never a pass. The card's snippet is the script the proof ran.
+
+A runtime that cannot take a model declines it (#50 §6): the "runs in" column shows ✗ with the reason and the
+artifact's own verdict stands. optimum is proven in its side environment.
+
+One run of the real CLI (module-scoped) on a tiny Llama (a WordLevel tokenizer) with a transformers.js target, a merged
+ONNX decoder and the plainest ExecuTorch recipe, then `hf-export validate` of the transformers.js folder where
+transformers.js is not installed; one run on a tiny DeepSeek-V2 (latent attention cache).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, run_cli
+from tests.models import _word_tokenizer, tiny_deepseek_v2, tiny_llama
+
+RECIPE = {"exports": [{"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"},
+                      {"name": "onnx", "export_format": "onnx", "mode": "generation", "merged": True},
+                      # the plainest ExecuTorch recipe: the runner's program, whose C++ tokenizer cannot read this
+                      # model's WordLevel tokenizer with a Whitespace pre-tokenizer
+                      {"name": "et", "export_format": "executorch", "mode": "generation"}],
+          "inputs": {"sequence_length": 6}, "generation": {"max_new_tokens": 5}}
+TJS = "transformers.js"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    modules = ROOT / ".cache" / "transformers-js" / "node_modules" / "@huggingface" / "transformers"
+    if shutil.which("node") is None or not modules.is_dir():
+        pytest.fail("transformers.js is not installed: run `make test-deps` (Node.js and the pinned "
+                    "@huggingface/transformers in .cache/transformers-js)")
+    root = tmp_path_factory.mktemp("layouts")
+    model_dir = tiny_llama(root / "model", RECIPE, initializer_range=0.3)
+    # a WordLevel vocabulary with a Whitespace pre-tokenizer (the runner's C++ tokenizer cannot load it)
+    _word_tokenizer([], [f"w{i}" for i in range(100)]).save_pretrained(model_dir)
+    out = root / "out"
+    done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
+    return model_dir, out, report, done.stdout + done.stderr
+
+
+def _target(report: dict, name: str) -> dict:
+    return next(t for t in report["targets"] if t["name"] == name)
+
+
+def test_a_transformers_js_run_is_proven_in_transformers_js(run):
+    _, out, report, log = run
+    target = _target(report, "tjs")
+    assert target["status"] == "passed", log[-4000:]
+    [proof] = [p for p in target["runtimes"] if p["runtime"] == TJS]
+    assert proof["status"] == "passed", proof
+    assert proof["detail"].startswith("5/5 tokens (transformers.js 4.3.2, Node.js)"), proof
+    markdown = (out / "report.md").read_text()
+    assert "transformers.js ✓ 5/5 tokens" in markdown, markdown
+
+
+def test_the_card_snippet_is_the_script_the_proof_ran(run):
+    from exporters.layouts import TransformersJs
+    from exporters.layouts.transformers_js import generate_script
+    from exporters.layouts.transformers_js.proof import EMIT
+
+    _, _, report, _ = run
+    target = _target(report, "tjs")
+    language, code = TransformersJs().snippet("org/model", target, "a" * 40)
+    assert language == "js"
+    # the same template: the proof's script differs only in its values and the line that hands back the ids
+    ran = generate_script('"/x"', '"tjs"', [1, 2, 3], 32, EMIT, "  // your prompt's token ids")
+    body = code.split("\n", 1)[1]
+    assert body.replace("console.log(Array.from(output.data, Number));", EMIT).replace(
+        '"model/exports"', '"/x"') == ran
+    assert 'hf download "org/model" --revision "' + "a" * 40 + '" --include "exports/tjs/*"' in code
+
+
+def test_without_transformers_js_the_report_says_not_run_here(run, tmp_path):
+    model_dir, out, _, _ = run
+    copy = tmp_path / "out"
+    shutil.copytree(out / "tjs", copy / "tjs")
+    empty = tmp_path / "no-transformers-js"
+    empty.mkdir()
+    done = run_cli("validate", str(model_dir), str(copy), "--target", "tjs",
+                   env={"HF_EXPORT_TRANSFORMERS_JS": str(empty)})
+    report = json.loads((copy / "report.json").read_text())
+    [target] = report["targets"]
+    [proof] = [p for p in target["runtimes"] if p["runtime"] == TJS]
+    assert proof["status"] == "unverified", (proof, done.stderr[-2000:])
+    assert proof["detail"].startswith("not run here: install Node.js and @huggingface/transformers"), proof
+    assert "transformers.js – not run here" in (copy / "report.md").read_text()
+
+
+def test_a_merged_decoder_is_proven_in_optimum_in_its_side_environment(run):
+    """optimum runs in the side environment `make test-deps` creates (.cache/optimum-venv), in the product's run."""
+    _, out, report, log = run
+    target = _target(report, "onnx")
+    assert target["status"] == "passed", log[-4000:]
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs["optimum"]["status"] == "passed", proofs
+    assert proofs["optimum"]["detail"].endswith("(batch of 2, prompts of 6 and 3 tokens, ORTModelForCausalLM)"), proofs
+    assert proofs["ONNX Runtime GenAI"]["status"] == "passed", proofs
+    assert "optimum ✓" in (out / "report.md").read_text()
+
+
+def test_a_tokenizer_the_runner_cannot_read_is_declined_and_the_program_stands(run):
+    """#50 §6: the runner's C++ tokenizer cannot load a WordLevel tokenizer with a Whitespace pre-tokenizer: the
+    runner's proof is declined (✗ with the reason), the program's own verdict (graph vs eager, generation parity)
+    stands."""
+    _, out, report, log = run
+    target = _target(report, "et")
+    assert target["status"] == "passed" and target["generation"]["status"] == "passed", log[-4000:]
+    [proof] = [p for p in target["runtimes"] if p["runtime"] == "ExecuTorch LLM runner"]
+    assert proof == {"runtime": "ExecuTorch LLM runner", "status": "declined",
+                     "detail": "cannot take this model: the runner's C++ tokenizer cannot load a tokenizer.json with "
+                               "Whitespace and WordLevel"}, proof
+    assert "ExecuTorch LLM runner ✗ cannot take this model" in (out / "report.md").read_text()
+
+
+def test_a_latent_attention_cache_is_declined_by_genai_and_optimum_and_the_graph_stands(tmp_path):
+    """#50 §6: a DeepSeek-V2-shaped model's ONNX graph is correct, but ONNX Runtime GenAI (and optimum) hold a
+    key/value cache per head, not its latent one: no genai_config.json is written, both are declined with the
+    reason, and the target passes on its own checks."""
+    model_dir = tiny_deepseek_v2(tmp_path / "model", {"exports": [
+        {"name": "onnx", "export_format": "onnx", "mode": "generation", "merged": True}],
+        "inputs": {"sequence_length": 6}, "generation": {"max_new_tokens": 4}})
+    out = tmp_path / "out"
+    done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    report = json.loads((out / "report.json").read_text())
+    target = _target(report, "onnx")
+    assert target["status"] == "passed" and target["generation"]["status"] == "passed", done.stderr[-4000:]
+    assert not (out / "onnx" / "genai_config.json").exists()
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert set(proofs) == {"ONNX Runtime GenAI", "optimum"}, proofs
+    for proof in proofs.values():
+        assert proof["status"] == "declined", proof
+        assert "latent (compressed) cache (kv_lora_rank 16, model type 'deepseek_v2')" in proof["detail"], proof
+    assert "ONNX Runtime GenAI ✗ cannot take this model" in (out / "report.md").read_text()
