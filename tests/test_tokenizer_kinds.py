@@ -14,7 +14,6 @@ One export per checkpoint (module fixture) through the real CLI; each test reads
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, run_and_read
+from tests.conftest import run_and_read
 from tests.models import RUNNER_CORPUS, write_recipe
 
 PLAINEST = [{"export_format": "dynamo", "mode": "generation", "dynamic": True},
@@ -168,7 +167,7 @@ def test_the_runner_proof_stops_before_a_byte_its_python_binding_cannot_pass(gem
 
     from transformers import AutoTokenizer, GenerationConfig
 
-    from exporters.validate.runtime_executorch import ExecutorchRunnerCheck
+    from exporters.layouts.executorch_llm import ExecutorchLlm
 
     model_dir = gemma_run[0].parent / "model"
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -182,7 +181,7 @@ def test_the_runner_proof_stops_before_a_byte_its_python_binding_cannot_pass(gem
                                   recipe=SimpleNamespace(inputs=SimpleNamespace(prompt=None),
                                                          generation=SimpleNamespace(max_new_tokens=4)),
                                   generation_config=None)
-        return ExecutorchRunnerCheck().reference(model, context)
+        return ExecutorchLlm().reference(model, context)
 
     cut = reference([fox, fox, byte, fox])
     assert (cut["tokens"], cut["cut"]) == ([fox, fox], "<0xC3>")
@@ -195,7 +194,9 @@ def test_transformers_js_tokenizes_with_byte_fallback_and_generates_eagers_token
     generation gives eager's tokens. Installed by `make test-deps`; never skipped."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    modules = os.environ.get("HF_EXPORT_TRANSFORMERS_JS") or str(ROOT / ".cache" / "transformers-js")
+    from exporters.layouts.transformers_js import home  # HF_EXPORT_TRANSFORMERS_JS, else .cache
+
+    modules = str(home())
     if shutil.which("node") is None or not (Path(modules) / "node_modules" / "@huggingface" / "transformers").is_dir():
         pytest.fail("transformers.js is not installed: run `make test-deps`, or set HF_EXPORT_TRANSFORMERS_JS to a "
                     "folder with node_modules/@huggingface/transformers")

@@ -16,9 +16,8 @@ Beside them:
 - `subject.py`: what validation is handed, as two objects: the eager model's side and the saved target's folder;
 - `tolerances.py`: the atol/rtol an artifact is held to (the format's default, then the recipe's overrides);
 - `ort_schemas.py`: `onnx.checker` on graphs fused for ONNX Runtime (its own ops registered first);
-- `runtimes.py`: each target folder loaded, alone, by the runtime its layout is for (the "runs in" column);
-  `runtime_executorch.py` (the ExecuTorch LLM runner's proof), `runtime_genai.py` (ONNX Runtime GenAI's proof),
-  `folder_trust.py` (a runtime proof reads only what this run wrote).
+- `runtimes.py`: each target folder loaded, alone, by the runtime its layout is for (the "runs in" column; the
+  proofs themselves live in `exporters.layouts`); `folder_trust.py` (a runtime proof reads only what this run wrote).
 
 A sibling of `export/`: neither imports the other.
 """
