@@ -280,13 +280,20 @@ def test_a_library_module_defers_only_the_heavy_runtimes_and_says_why():
     assert not offenders, "\n".join(offenders)
 
 
-def test_the_recipe_publish_and_report_stages_load_no_torch():
-    """`hf-export check`, the bot's intake and publishing never pay for the stack."""
-    code = ("import sys, exporters.recipe.load, exporters.publish, exporters.report.build, exporters.report.aggregate; "
+def _stack_loaded_by(modules: str) -> str:
+    """What of the stack a fresh interpreter holds after importing `modules` (comma-separated), as printed."""
+    code = (f"import sys, {modules}; "
             "print(sorted(m for m in ('torch', 'transformers', 'onnx', 'executorch') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]", result.stdout
+    return result.stdout.strip()
+
+
+def test_the_recipe_publish_and_report_stages_load_no_torch():
+    """`hf-export check`, the bot's intake and publishing never pay for the stack."""
+    loaded = _stack_loaded_by("exporters.recipe.load, exporters.publish, exporters.report.build, "
+                              "exporters.report.aggregate")
+    assert loaded == "[]", loaded
 
 
 # --- Imports at the top (#49): a deferred import of ours is one that loads the stack, and says so -------------------
@@ -550,8 +557,5 @@ def test_every_layout_is_registered_once_by_its_class():
 
 def test_the_layouts_face_loads_no_torch():
     """publish and report read the layouts' names and snippets without paying for the stack."""
-    code = ("import sys, exporters.layouts; "
-            "print(sorted(m for m in ('torch', 'transformers', 'onnx', 'executorch') if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]", result.stdout
+    loaded = _stack_loaded_by("exporters.layouts")
+    assert loaded == "[]", loaded
