@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,27 @@ class JobContext:
     # Why the job is superseded now (a newer push of the repo), '' while it is not: a backend following a remote run
     # cancels it then.
     superseded: Callable[[], str] = field(default=lambda: "")
+
+    def find_started(self, lookup: Callable[[], Any], requested_at: float, settle_s: float,
+                     interval_s: float) -> tuple[Any, bool]:
+        """What an earlier attempt started and never recorded (a run, a job): ask `lookup()` until it finds it or
+        the remote listing has had `settle_s` since the request to show it. Returns `(found, stopped)`: `found`
+        None when nothing was started, `stopped` True when the lease was lost while looking.
+
+        Example:
+            >>> ctx = JobContext(job=None, state=None, settings=None, job_dir=Path("."))
+            >>> ctx.find_started(lambda: None, requested_at=0.0, settle_s=0.0, interval_s=0.1)
+            (None, False)
+        """
+        while True:
+            found = lookup()
+            if found is not None:
+                return found, False
+            left = requested_at + settle_s - time.time()
+            if left <= 0:
+                return None, False
+            if self.cancelled.wait(min(left, interval_s)):
+                return None, True
 
 
 @dataclass

@@ -128,20 +128,17 @@ class GitHubBackend:
     def _find_lost_run(self, ctx: JobContext, record: dict[str, Any]) -> Outcome | None:
         """An earlier attempt sent the dispatch and never stored the answer: follow the run it started (found by
         its dispatch id), or None when GitHub lists none (the request never started a run: dispatch anew)."""
-        settle_until = float(record.get("requested_at") or 0) + RUN_LISTING_SETTLE_SECONDS
-        while True:
-            run = self._find_run(record)
-            if run is not None:
-                record.update(run_id=run.id, run_url=run.html_url, state=DISPATCHED,
-                              found=f"run {run.id} of dispatch {record['dispatch_id']} found by its name")
-                ctx.save(dispatch=record)
-                return self.follow(ctx, record)
-            left = settle_until - time.time()
-            if left <= 0:
-                return None
-            if ctx.cancelled.wait(min(left, self.settings.github_poll_seconds * 3 + 1)):
-                return Outcome("retry", f"stopped looking for the run of dispatch {record['dispatch_id']}",
-                               dispatch=record)
+        run, stopped = ctx.find_started(lambda: self._find_run(record), float(record.get("requested_at") or 0),
+                                        RUN_LISTING_SETTLE_SECONDS, self.settings.github_poll_seconds * 3 + 1)
+        if stopped:
+            return Outcome("retry", f"stopped looking for the run of dispatch {record['dispatch_id']}",
+                           dispatch=record)
+        if run is None:
+            return None
+        record.update(run_id=run.id, run_url=run.html_url, state=DISPATCHED,
+                      found=f"run {run.id} of dispatch {record['dispatch_id']} found by its name")
+        ctx.save(dispatch=record)
+        return self.follow(ctx, record)
 
     def _find_run(self, record: dict[str, Any]):
         """The workflow run whose name (`display_title`, the workflow's `run-name`) carries the dispatch id."""

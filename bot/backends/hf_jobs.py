@@ -226,21 +226,19 @@ class HfJobsBackend:
     def _find_lost_job(self, ctx: JobContext, record: dict[str, Any]) -> Outcome | None:
         """An earlier attempt sent the launch and never stored the answer: follow the job it started (found by its
         launch label), or None when the Hub lists none (the request never started one: launch anew)."""
-        settle_until = float(record.get("requested_at") or 0) + LAUNCH_LISTING_SETTLE_SECONDS
-        while True:
-            found = list(self._api().list_jobs(labels={LAUNCH_LABEL: record["launch_id"]},
-                                               namespace=record["namespace"]))
-            if found:
-                record.update(job_id=found[0].id, run_url=found[0].url, state=LAUNCHED,
-                              found=f"job {found[0].id} of launch {record['launch_id']} found by its label")
-                ctx.save(dispatch=record)
-                return self.follow(ctx, record)
-            left = settle_until - time.time()
-            if left <= 0:
-                return None
-            if ctx.cancelled.wait(min(left, 1.0)):
-                return Outcome("retry", f"stopped looking for the job of launch {record['launch_id']}",
-                               dispatch=record)
+        api = self._api()
+        found, stopped = ctx.find_started(
+            lambda: next(iter(api.list_jobs(labels={LAUNCH_LABEL: record["launch_id"]}, namespace=record["namespace"])),
+                         None),
+            float(record.get("requested_at") or 0), LAUNCH_LISTING_SETTLE_SECONDS, 1.0)
+        if stopped:
+            return Outcome("retry", f"stopped looking for the job of launch {record['launch_id']}", dispatch=record)
+        if found is None:
+            return None
+        record.update(job_id=found.id, run_url=found.url, state=LAUNCHED,
+                      found=f"job {found.id} of launch {record['launch_id']} found by its label")
+        ctx.save(dispatch=record)
+        return self.follow(ctx, record)
 
     def follow(self, ctx: JobContext, record: dict[str, Any]) -> Outcome:
         """Inspect the job until it ends; cancel it when superseded or overdue."""
