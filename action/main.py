@@ -34,7 +34,7 @@ from exporters.errors import (AggregateError, DeviceError, ExportActionError, Me
                                PublishError, RecipeError, RemoteCodeError)
 from exporters.publish import check_publish_access, publish_report
 from exporters.publish.problem import problem_from_error
-from exporters.quiet import mute_import_chatter
+from exporters.quiet import mute_import_chatter, no_progress_bars
 from exporters.report.aggregate import aggregate
 from exporters.report.build import ICONS
 
@@ -62,11 +62,12 @@ PR_OPERATIONS = ("created", "updated", "unchanged", "superseded")  # the pr-oper
 
 
 def _quiet_libraries(settings: Settings) -> None:
-    """Environment for the libraries, set before they are imported (huggingface_hub reads it at import time)."""
+    """Environment for the libraries (and the children they start); progress bars off in this process too."""
     mute_import_chatter()  # torchao's CUDA kernels, pytree's enums: as the CLI and the bot
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ:  # a log has no use for bars, unless the workflow asks
+        no_progress_bars()
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     if settings.hf_endpoint:
         os.environ["HF_ENDPOINT"] = settings.hf_endpoint

@@ -32,7 +32,7 @@ from exporters.recipe.model import FORMATS
 from exporters.recipe.model_limits import check_cache_len, positions_in
 from exporters.report.build import summary_lines
 
-from .quiet import mute_import_chatter
+from .quiet import mute_import_chatter, no_progress_bars
 
 app = typer.Typer(
     add_completion=False,
@@ -154,7 +154,7 @@ def run(
     upload_limit = _upload_limit(max_upload_size)
     destination = _destination(model, repo_id, revision, push or dry_run)
     if quiet:
-        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+        no_progress_bars()
     if destination is not None and push and not dry_run:
         _check_publish_access(destination.repo_id, token, endpoint, out_dir)
     _quiet_libraries()
@@ -302,7 +302,7 @@ def init(
         raise typer.Exit(EXIT_USAGE)
     destination = _destination(model, repo_id, revision, push)
     if quiet:
-        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+        no_progress_bars()
     if destination is not None:  # before a long search: the token works and the repo is visible (exit 3)
         _check_publish_access(destination.repo_id, token, endpoint, out_file.parent)
     _quiet_libraries()

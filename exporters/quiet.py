@@ -19,8 +19,11 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 
-__all__ = ["NOISY_LOGGERS", "mute_import_chatter"]
+from huggingface_hub.utils import disable_progress_bars
+
+__all__ = ["NOISY_LOGGERS", "mute_import_chatter", "no_progress_bars"]
 
 #: Loggers whose import-time warnings are muted (their errors still show).
 NOISY_LOGGERS = ("torchao", "torch.utils._pytree")
@@ -30,3 +33,18 @@ def mute_import_chatter() -> None:
     """Raise the stack's chatty import-time loggers to ERROR. Idempotent; call it before importing the stack."""
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def no_progress_bars() -> None:
+    """No download or upload progress bars, in this process and in every child it starts. The environment variable
+    alone does not do it here: huggingface_hub reads it once, at import, and every front door has imported it by the
+    time its options are parsed.
+
+    Example:
+        >>> from huggingface_hub.utils import are_progress_bars_disabled
+        >>> no_progress_bars()
+        >>> are_progress_bars_disabled(), os.environ["HF_HUB_DISABLE_PROGRESS_BARS"]
+        (True, '1')
+    """
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    disable_progress_bars()

@@ -76,8 +76,9 @@ def _forge(out: Path) -> bytes:
     return junk
 
 
-def test_a_planted_report_is_never_reused_or_published(exported: dict[str, Path], hf_env) -> None:
+def test_a_planted_report_is_never_reused_or_published(exported: dict[str, Path], hf_env, monkeypatch) -> None:
     hub = hf_env
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS")  # bars on, as on a user's machine: --quiet turns them off
     out = copy_out(exported, "out-forged")
     junk = _forge(out)
     files = {p.name: p.read_bytes() for p in exported["model"].iterdir() if p.is_file()}
@@ -86,6 +87,7 @@ def test_a_planted_report_is_never_reused_or_published(exported: dict[str, Path]
                  HF_ENDPOINT=hub.url,
                  HF_HUB_DISABLE_XET="1", HF_HOME=str(out.parent / "hf-home"))
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "Fetching" not in result.stderr and "it/s]" not in result.stderr, "--quiet shows no progress bars"
     report = json.loads((out / "report.json").read_text())
     assert not report["targets"][0]["cached"]  # exported and validated again, not taken from the planted report
     published = {path: data for path, data in hub.files("alice/forged", "refs/pr/1").items()
