@@ -98,7 +98,7 @@ def bot_settings(hub, tmp_path: Path, **overrides: Any) -> BotSettings:
     values: dict[str, Any] = dict(
         webhook_secret=SECRET, hf_token=BOT_TOKEN, hf_endpoint=hub.url, db_path=tmp_path / "bot.db",
         work_dir=tmp_path / "work", allowed=["alice"], bot_name=BOT_USER, poll_seconds=0.1, lease_seconds=30,
-        retry_backoff_seconds=1, job_timeout_seconds=300, benchmark=False,  # timings are tested in test_publish
+        retry_backoff_seconds=1, job_timeout_seconds=300, benchmark=False,  # timings: tests/test_variants.py
     )
     values.update(overrides)
     return BotSettings(**values)

@@ -42,6 +42,9 @@ DYNAMO = {
     },
 }
 BROKEN = {"name": "broken", "export_format": "dynamo", "mode": "model", "dynamic_shapes": {"nope": ["auto"]}}
+# No test here reads a timing: a published run's benchmark (tokens per second in the PR's and the card's table) is
+# asserted by tests/test_variants.py, which runs in this module's Hub environment with the benchmark on.
+NO_BENCH = "--no-bench"
 CARD = "---\nlicense: apache-2.0\ntags:\n- tiny\n---\n# Tiny\n\nThe owner's words.\n"
 
 
@@ -160,7 +163,7 @@ def published(env: HubEnv, tmp_path_factory: pytest.TempPathFactory) -> Publishe
     state.heads["first"] = env.upload_model(repo_id, folder)
 
     def run(name: str) -> None:
-        state.runs[name] = env.cli("run", repo_id, "--push", "--out", str(out))
+        state.runs[name] = env.cli("run", NO_BENCH, repo_id, "--push", "--out", str(out))
         state.pr_commits[name] = len(env.hub.commits(repo_id, "refs/pr/1")) if "refs/pr/1" in env.hub.refs(
             repo_id) else 0
         state.discussions[name] = env.hub.discussions(repo_id)
@@ -289,7 +292,7 @@ def test_dry_run_prints_the_plan_and_pushes_nothing(env: HubEnv, published: Publ
     head = env.upload_model("alice/tiny-dry", folder)
     out = tmp_path_factory.mktemp("out-dry") / "out"
     shutil.copytree(published.snapshot, out)  # cached: the same inputs, nothing re-exported
-    result = env.cli("run", "alice/tiny-dry", "--dry-run", "--out", str(out))
+    result = env.cli("run", NO_BENCH, "alice/tiny-dry", "--dry-run", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Publish plan for alice/tiny-dry" in result.stdout
     assert "action: open a new pull request" in result.stdout
@@ -309,14 +312,15 @@ def test_auto_exporter_reads_the_recipe_from_the_hub(env: HubEnv, published: Pub
 
 
 def test_push_checks_access_before_exporting(env: HubEnv, published: Published, tmp_path: Path) -> None:
-    bad = env.cli("run", "alice/tiny", "--push", "--out", str(tmp_path / "out"), token="hf_not_a_valid_token")
+    bad = env.cli("run", NO_BENCH, "alice/tiny", "--push", "--out", str(tmp_path / "out"),
+                  token="hf_not_a_valid_token")
     assert bad.returncode == 3  # publishing cannot happen: exit 3, before anything is exported
     assert "HF_TOKEN" in bad.stderr and "hf_not_a_valid_token" not in bad.stderr + bad.stdout
     assert "--token" not in bad.stderr  # hints never suggest a token on the command line
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["publish.json"]  # nothing was exported
     outcome = json.loads((tmp_path / "out" / "publish.json").read_text())
     assert outcome["operation"] == "failed" and outcome["retryable"] is False
-    local = env.cli("run", str(tmp_path), "--push", "--out", str(tmp_path / "out"))
+    local = env.cli("run", NO_BENCH, str(tmp_path), "--push", "--out", str(tmp_path / "out"))
     assert local.returncode == 2 and "--repo-id" in local.stderr
 
 
@@ -354,19 +358,19 @@ def failing(env: HubEnv, published: Published, tmp_path_factory: pytest.TempPath
     shutil.copytree(published.snapshot, out)
     state = Failing(repo_id, {}, {}, {}, out)
     state.heads["first"] = env.upload_model(repo_id, folder)
-    state.runs["first"] = env.cli("run", repo_id, "--push", "--out", str(out))
+    state.runs["first"] = env.cli("run", NO_BENCH, repo_id, "--push", "--out", str(out))
     state.discussions["first"] = env.hub.discussions(repo_id)
     state.heads["second"] = env.push_recipe(repo_id, recipe(DYNAMO, {**BROKEN, "dynamic_shapes": {"nope2": ["auto"]}}))
-    state.runs["second"] = env.cli("run", repo_id, "--push", "--out", str(out))
+    state.runs["second"] = env.cli("run", NO_BENCH, repo_id, "--push", "--out", str(out))
     state.discussions["second"] = env.hub.discussions(repo_id)
     state.runs["again"] = publish_report(repo_id, out, token=BOT_TOKEN, endpoint=env.url)  # no re-export
     state.discussions["again"] = env.hub.discussions(repo_id)
-    state.runs["publish_failed"] = env.cli("run", repo_id, "--push", "--publish-failed", "--out", str(out))
+    state.runs["publish_failed"] = env.cli("run", NO_BENCH, repo_id, "--push", "--publish-failed", "--out", str(out))
     state.discussions["publish_failed"] = env.hub.discussions(repo_id)
     state.pr_commits["publish_failed"] = len(env.hub.commits(repo_id, "refs/pr/2"))
     # A recipe change on main (the broken target removed; dynamo's artifacts stay cached): the same PR is updated.
     state.heads["fixed"] = env.push_recipe(repo_id, recipe(DYNAMO))
-    state.runs["fixed"] = env.cli("run", repo_id, "--push", "--out", str(out))
+    state.runs["fixed"] = env.cli("run", NO_BENCH, repo_id, "--push", "--out", str(out))
     state.discussions["fixed"] = env.hub.discussions(repo_id)
     state.pr_commits["fixed"] = len(env.hub.commits(repo_id, "refs/pr/2"))
     return state
