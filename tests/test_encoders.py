@@ -10,6 +10,9 @@
   layouts: optimum's `ORTModelForImageClassification` classifies a batch of two images of other sizes, and
   transformers.js' `pipeline('image-classification')` gives the eager model's label scores.
 - The model card's `ExportedModel.from_pretrained` snippet runs against both folders as written.
+- `hf-export run` itself proves the BERT folder in sentence-transformers (`exporters/layouts/sentence_transformers`,
+  in the side environment): its report's "runs in" column, the card's snippet (the proof's template) run as written,
+  `not run here` without the side environment, and a module that is not sentence-transformers' own declined.
 
 One export run per model, shared by every check on it. optimum needs transformers 4.x: `make test-deps` creates the
 pinned venv .cache/optimum-venv (tests/optimum/constraints.txt), never the product's environment;
