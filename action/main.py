@@ -32,7 +32,7 @@ from typing import Any
 
 from exporters.errors import (AggregateError, DeviceError, ExportActionError, MemoryPlanError, ModelSourceError,
                                PublishError, RecipeError, RemoteCodeError)
-from exporters.publish import check_publish_access, publish_report
+from exporters.publish import PublishOptions, check_publish_access, publish_report
 from exporters.publish.problem import problem_from_error
 from exporters.quiet import mute_import_chatter, no_progress_bars
 from exporters.report.aggregate import aggregate
@@ -160,9 +160,9 @@ def _publish(settings: Settings, out_dir: Path):
     try:
         with group(f"Publishing to the Hub: {repo_id} (PR against {destination.base})"), untrusted():
             result = publish_report(repo_id, out_dir, token=settings.hf_token, endpoint=settings.hf_endpoint,
-                                    dry_run=settings.dry_run, revision=destination.base,
-                                    publish_unverified=settings.publish_unverified,
-                                    max_upload_bytes=settings.max_upload_bytes)
+                                    options=PublishOptions(dry_run=settings.dry_run, revision=destination.base,
+                                                           publish_unverified=settings.publish_unverified,
+                                                           max_upload_bytes=settings.max_upload_bytes))
             url = result.pr_url or result.discussion_url
             emit(f"Hub PR: {result.operation}" + (f" {url}" if url else "") +
                  (f" — {result.message}" if result.message else ""))

@@ -52,7 +52,7 @@ from .intake import Decision, decide, repo_id_problem
 from .members import Members, MembershipError
 from .page import PAGE_SIZE, PageNav, public_view, render_status_page
 from .settings import BotSettings, SettingsError
-from .store import STATES, JobStore
+from .store import STATES, Delivery, JobStore
 from .worker import Worker
 
 log = logging.getLogger("bot.app")
@@ -149,9 +149,10 @@ def create_app(settings: BotSettings, store: JobStore | None = None, *, embedded
             return JSONResponse({"status": "ignored", "reason": decision.reason}, status_code=202)
         try:
             result = await run_in_threadpool(
-                store.enqueue, decision.repo, decision.head_sha, trigger=decision.trigger,
-                trigger_key=decision.trigger_key, requested_by=decision.requested_by, force=decision.force,
-                private=decision.private, limits=settings.limits(), max_attempts=settings.max_attempts)
+                store.enqueue, decision.repo, decision.head_sha,
+                Delivery(trigger=decision.trigger, trigger_key=decision.trigger_key,
+                         requested_by=decision.requested_by, force=decision.force, private=decision.private),
+                limits=settings.limits(), max_attempts=settings.max_attempts)
         except Exception as err:  # the store is unavailable: make the Hub deliver again later
             log.error("could not store a delivery for %s: %s", decision.repo, scrub(str(err), secrets))
             return _error(503, "job store unavailable; deliver again later")

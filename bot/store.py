@@ -107,7 +107,7 @@ RESULT_FIELDS = frozenset({
     "report_path", "log_path", "dispatch", "reason", "error", "private",
 })
 PUSH = "push"
-__all__ = ["Job", "JobStore", "EnqueueResult", "Limits", "iso"]
+__all__ = ["Delivery", "Job", "JobStore", "EnqueueResult", "Limits", "iso"]
 
 
 @dataclass
@@ -127,6 +127,23 @@ class Limits:
     push: int = 0
     comment: int = 0
     requester: int = 0
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What a delivery asks to queue beside its repo and commit: its `trigger` kind (push, comment, manual), its
+    `trigger_key` (two deliveries with one key are one job), who asked, `force`, and whether the repo is `private`.
+
+    Example:
+        >>> Delivery(trigger="comment", trigger_key="comment:1", requested_by="alice").force
+        False
+    """
+
+    trigger: str = "push"
+    trigger_key: str = ""
+    requested_by: str | None = None
+    force: bool = False
+    private: bool = False
 
 
 class JobStore:
@@ -184,14 +201,16 @@ class JobStore:
             self._local.conn = None
 
     # ------------------------------------------------------------------------------------------- intake
-    def enqueue(self, repo: str, head_sha: str, *, trigger: str = "push", trigger_key: str = "",
-                requested_by: str | None = None, force: bool = False, private: bool = False,
-                limits: Limits | None = None, max_attempts: int = 3, now: float | None = None) -> EnqueueResult:
-        """Queue a job for `repo` at `head_sha`, or count one more delivery of the same one.
+    def enqueue(self, repo: str, head_sha: str, delivery: Delivery | None = None, *, limits: Limits | None = None,
+                max_attempts: int = 3, now: float | None = None) -> EnqueueResult:
+        """Queue a job for `repo` at `head_sha` as `delivery` asks (see `Delivery`; a push by default), or count one
+        more delivery of the same one.
 
         `limits` (see `Limits`) apply per trigger kind; duplicates never count. A push over its limit is stored with
         a later due time (`delayed`); a comment over a limit is refused (`rate_limited`).
         """
+        delivery = delivery or Delivery()
+        trigger, trigger_key, private = delivery.trigger, delivery.trigger_key, delivery.private
         now = time.time() if now is None else now
         limits = limits or Limits()
         due = now
@@ -214,15 +233,15 @@ class JobStore:
                 if len(recent) >= limits.push:  # the window frees a slot when the oldest of the last `push` ages out
                     due = recent[-1]["created_at"] + DAY_SECONDS
             elif trigger != PUSH:
-                refusal = self._over_limit(conn, repo, requested_by, since, limits)
+                refusal = self._over_limit(conn, repo, delivery.requested_by, since, limits)
                 if refusal:
                     return EnqueueResult("rate_limited", None, refusal)
             row = conn.execute(
                 "INSERT INTO jobs (repo, head_sha, trigger, trigger_key, requested_by, force, private, created_at, "
                 "updated_at, next_attempt_at, max_attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (repo, head_sha, trigger_key) DO NOTHING RETURNING id",
-                (repo, head_sha, trigger, trigger_key, requested_by, int(force), int(private), now, now, due,
-                 max_attempts)).fetchone()
+                (repo, head_sha, trigger, trigger_key, delivery.requested_by, int(delivery.force), int(private), now,
+                 now, due, max_attempts)).fetchone()
             if row is None:  # only possible if another writer slipped in: fold it like a duplicate
                 row = conn.execute(
                     "UPDATE jobs SET deliveries = deliveries + 1 WHERE repo = ? AND head_sha = ? AND trigger_key = ? "

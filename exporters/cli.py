@@ -24,7 +24,8 @@ from exporters import fsutil
 from exporters.errors import (DeviceError, ExportActionError, InitError, MemoryPlanError, ModelSourceError,
                                PublishError, RecipeError, RemoteCodeError, error_record, first_line,
                                render_root_cause)
-from exporters.publish import PublishResult, check_publish_access, publish_report, render_plan, write_outcome
+from exporters.publish import (PublishOptions, PublishResult, check_publish_access, publish_report, render_plan,
+                                write_outcome)
 from exporters.publish.destination import parse_size, publish_destination
 from exporters.publish.problem import problem_from_error, write_problem
 from exporters.recipe.load import load_recipe_file
@@ -234,9 +235,9 @@ def _publish(destination, out_dir: Path, *, token: str | None, endpoint: str | N
              publish_unverified: bool, dry_run: bool, max_upload_bytes: int) -> None:
     """Publish OUT to the Hub (or print the plan); a publishing error exits 3 with what to do."""
     try:
-        result = publish_report(destination.repo_id, out_dir, token=token, endpoint=endpoint,
-                                publish_failed=publish_failed, publish_unverified=publish_unverified,
-                                dry_run=dry_run, revision=destination.base, max_upload_bytes=max_upload_bytes)
+        result = publish_report(destination.repo_id, out_dir, token=token, endpoint=endpoint, options=PublishOptions(
+            publish_failed=publish_failed, publish_unverified=publish_unverified, dry_run=dry_run,
+            revision=destination.base, max_upload_bytes=max_upload_bytes))
     except PublishError as err:
         _publish_failed("publish failed", err, out_dir)
     if dry_run and result.plan is not None:

@@ -44,9 +44,10 @@ def exports_card(repo_id: str, out: Path, commit: str) -> str:
 
 
 def run_snippet(code: str, hub: HubEmulator, home: Path, prompt: str | None = None,
-                timeout: float = 600) -> subprocess.CompletedProcess:
+                timeout: float = 600, python: str | None = None) -> subprocess.CompletedProcess:
     """`code` as written, in a fresh venv Python whose `huggingface_hub` talks to `hub` (a scratch cache); `prompt`,
-    when given, goes on the snippet's documented prompt line (`# your prompt`), the one line a user edits."""
+    when given, goes on the snippet's documented prompt line (`# your prompt`), the one line a user edits. `python`:
+    another interpreter (a side environment's, for a runtime the product's venv must not hold)."""
     from exporters.publish.snippets import PROMPT_LINE
 
     if prompt is not None and PROMPT_LINE in code:
@@ -56,5 +57,7 @@ def run_snippet(code: str, hub: HubEmulator, home: Path, prompt: str | None = No
            "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "0", "HF_TOKEN": TEST_TOKEN}
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_ASSETS_CACHE", "HF_XET_CACHE", "HF_TOKEN_PATH"):
         env.pop(name, None)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=home,
+    if python is not None:  # another environment: none of this one's paths
+        env["PYTHONPATH"] = ""
+    return subprocess.run([python or sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=home,
                           timeout=timeout)

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from bot.settings import BotSettings
-from bot.store import JobStore
+from bot.store import Delivery, JobStore
 from bot.worker import Worker
 from tests.conftest import ROOT
 from tests.servers.hub_fixtures import BOT_TOKEN, BOT_USER, TEST_TOKEN
@@ -395,7 +395,7 @@ def test_a_private_repo_runs_only_in_its_owners_namespace_when_configured(hf_env
     job = store.get(skipped)
     assert job.status == "skipped" and "hf_jobs_private_namespaces" in job.reason and job.private
     assert jobs.received == []
-    sent = store.enqueue("acme/secret", head, trigger="manual", trigger_key="again").job_id
+    sent = store.enqueue("acme/secret", head, Delivery("manual", "again")).job_id
     thread = in_thread(Worker(jobs_settings(hub, tmp_path, allowed=["acme"], hf_jobs_private_namespaces=["acme"]),
                               store))
     remote = only_job(jobs)

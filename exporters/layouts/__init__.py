@@ -9,6 +9,8 @@ exporters/layouts/
   genai/             ONNX Runtime GenAI: a merged decoder graph and genai_config.json
   transformers_js/   transformers.js on Node.js: onnx/model.onnx and transformers.js_config
   optimum/           optimum's ORTModelForCausalLM, in its side environment: the merged decoder under its names
+  sentence_transformers/  SentenceTransformer(folder, backend="onnx"), in the same side environment: an encoder's graph
+                     beside the repo's modules and pooling config
   greedy.py          the eager side of the batch proofs (GenAI, optimum): two left-padded prompts, greedy
 ```
 
@@ -19,7 +21,7 @@ passed (`exporters.publish.snippets`). A new layout is one package and one line 
 
 Example:
     >>> [layout.runtime for layout in LAYOUTS]
-    ['ExecuTorch LLM runner', 'transformers.js', 'ONNX Runtime GenAI', 'optimum']
+    ['ExecuTorch LLM runner', 'transformers.js', 'ONNX Runtime GenAI', 'optimum', 'sentence-transformers']
     >>> layout_named("transformers.js").install.startswith("install Node.js")
     True
 """
@@ -38,10 +40,11 @@ from exporters.layouts.child import (CHILD_ENV, CHILD_TIMEOUT_S, MEMORY_FLOOR_BY
 from exporters.layouts.executorch_llm import ExecutorchLlm
 from exporters.layouts.genai import Genai
 from exporters.layouts.optimum import Optimum
+from exporters.layouts.sentence_transformers import SentenceTransformers
 from exporters.layouts.transformers_js import TransformersJs
 
 __all__ = ["CHILD_ENV", "CHILD_TIMEOUT_S", "EXAMPLE_IDS", "ExecutorchLlm", "Genai", "LAYOUTS", "NO_TOKENIZER", "Optimum",
-           "PIN_COMMENT", "PROMPT", "PROMPT_LINE", "TransformersJs", "file_names", "has_tokenizer", "identifier",
+           "PIN_COMMENT", "PROMPT", "PROMPT_LINE", "SentenceTransformers", "TransformersJs", "file_names", "has_tokenizer", "identifier",
            "subfolder", "MEMORY_FLOOR_BYTES", "MEMORY_PER_FOLDER_BYTE", "Layout",
            "ProofStatus", "RuntimeContext", "RuntimeProof", "child_environment", "child_message", "child_timeout",
            "components_in", "kill_child_of", "layout_named", "memory_limit", "run_in_child", "run_script",
@@ -49,7 +52,7 @@ __all__ = ["CHILD_ENV", "CHILD_TIMEOUT_S", "EXAMPLE_IDS", "ExecutorchLlm", "Gena
 
 # Every deployment layout, once. Order matters only for the files: transformers.js moves the graph under onnx/
 # before GenAI's genai_config.json names its file.
-LAYOUTS: tuple[Layout, ...] = (ExecutorchLlm(), TransformersJs(), Genai(), Optimum())
+LAYOUTS: tuple[Layout, ...] = (ExecutorchLlm(), TransformersJs(), Genai(), Optimum(), SentenceTransformers())
 
 
 def layout_named(runtime: str) -> Layout | None:

@@ -41,6 +41,19 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]  # where `make` puts the side
 # product's environment
 SIDE_PYTHON_SETTING = "HF_EXPORT_OPTIMUM_PYTHON"
 SIDE_PYTHON = PROJECT_ROOT / ".cache" / "optimum-venv" / "bin" / "python"
+# A side environment's child runs this before its runtime's script: whether its transformers (4.x) knows the folder's
+# model type; a family it does not know is one its runtime cannot take (`declined`, the artifact's verdict stands)
+KNOWS = r"""
+import json, sys
+spec = json.loads(sys.argv[1])
+from transformers import CONFIG_MAPPING
+model_type = json.load(open(spec["folder"] + "/config.json")).get("model_type")
+if model_type not in CONFIG_MAPPING:
+    import transformers
+    why = f"the side environment's transformers {transformers.__version__} has no model type {model_type!r}"
+    json.dump({"declined": why}, open(spec["result"], "w"))
+    sys.exit(0)
+"""
 CHILD_TIMEOUT_S = 3600.0  # a target without a timeout of its own (the run's default per target)
 MEMORY_FLOOR_BYTES = 2 << 30  # Python and the runtime's own libraries (the measured children: 120-370 MB of data)
 MEMORY_PER_FOLDER_BYTE = 4  # the weights loaded (ONNX Runtime copies external data), the arena and activations

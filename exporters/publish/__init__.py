@@ -74,6 +74,8 @@ from exporters.publish.problem import (
 )
 from exporters.publish.run import (
     OUTCOME_FILE,
+    Proposal,
+    PublishOptions,
     PublishResult,
     check_publish_access,
     publish_files,
@@ -93,7 +95,7 @@ from exporters.publish.texts import (
 __all__ = [
     "CARD_END", "CARD_START", "DEFAULT_MAX_UPLOAD_BYTES", "EXPORTS_DIR", "KIND_EXPORTS", "KIND_FAILURE",
     "MARKER_VERSION", "NOTES", "OUTCOME_FILE", "PROBLEM_FILE", "SECTIONS", "Decision", "Destination", "Held",
-    "HubClient", "HubView", "PlannedFile", "Problem", "PublishError", "PublishPlan", "PublishResult", "ThreadState",
+    "HubClient", "HubView", "PlannedFile", "Problem", "Proposal", "PublishError", "PublishOptions", "PublishPlan", "PublishResult", "ThreadState",
     "card_section", "check_publish_access", "close_failure_discussions", "decide", "load_report", "merge_plan",
     "parse_marker", "parse_size", "plan_publish", "pr_base", "problem_description", "problem_from_error",
     "publish_destination", "publish_files", "publish_report", "read_problem", "recipe_identity", "render_marker",

@@ -67,6 +67,43 @@ def write_json(out_dir: Path, name: str, data: dict[str, Any]) -> None:
     fsutil.write_file(out_dir / name, json.dumps(data, indent=2) + "\n")
 
 
+@dataclass(frozen=True)
+class PublishOptions:
+    """How `publish_report` publishes a run. `publish_failed`: a run where a target did not pass publishes its
+    passing targets anyway (`publish_unverified`: its unverified ones too, saying which checks did not run), instead
+    of a discussion; `dry_run`: decide without doing (the plan is in `result.plan`); `revision`: the branch the PR is
+    against; `max_upload_bytes`: a larger PR is refused before anything is sent (0: no limit).
+
+    Example:
+        >>> PublishOptions(dry_run=True).revision
+        'main'
+    """
+
+    publish_failed: bool = False
+    publish_unverified: bool = False
+    dry_run: bool = False
+    revision: str = "main"
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """The PR `publish_files` opens or updates: `marker` names its slot (`kind`, `recipe`) and fingerprint (e.g.
+    `fingerprint`: a hash of the files); `description(pr_num)` is the PR text (the marker is appended); `base` the
+    branch it is against.
+
+    Example:
+        >>> Proposal({"kind": "recipe"}, "Add a recipe", lambda num: "Proposed.", "Add a recipe").base
+        'main'
+    """
+
+    marker: dict[str, Any]
+    title: str
+    description: Callable[[int | None], str]
+    commit_message: str
+    base: str = "main"
+
+
 def write_outcome(out_dir: Path, result: PublishResult) -> None:
     """`OUT/publish.json`, replaced atomically (a link planted there is replaced, not written through)."""
     write_json(out_dir, OUTCOME_FILE, result.to_dict())
@@ -283,15 +320,15 @@ def _dry_run(plan: PublishPlan, hub: HubClient, limit: int) -> PublishResult:
     return result
 
 
-def _publish(repo_id: str, out_dir: Path, *, token: str | None, endpoint: str | None, publish_failed: bool,
-             publish_unverified: bool, dry_run: bool, revision: str, max_upload_bytes: int) -> PublishResult:
+def _publish(repo_id: str, out_dir: Path, *, token: str | None, endpoint: str | None,
+             options: PublishOptions) -> PublishResult:
     check_repo_id(repo_id)
-    plan = plan_publish(repo_id, Path(out_dir), publish_failed=publish_failed, publish_unverified=publish_unverified,
-                        revision=revision)
+    plan = plan_publish(repo_id, Path(out_dir), publish_failed=options.publish_failed,
+                        publish_unverified=options.publish_unverified, revision=options.revision)
     hub = HubClient(repo_id, token=token, endpoint=endpoint)
-    if dry_run:
-        return _dry_run(plan, hub, max_upload_bytes)
-    too_large = _too_large(plan, max_upload_bytes)
+    if options.dry_run:
+        return _dry_run(plan, hub, options.max_upload_bytes)
+    too_large = _too_large(plan, options.max_upload_bytes)
     if too_large:
         raise PublishError(too_large, option="max_upload_size")
     me = hub.whoami()
@@ -304,29 +341,25 @@ def _publish(repo_id: str, out_dir: Path, *, token: str | None, endpoint: str | 
 
 
 def publish_report(repo_id: str, out_dir: Path, *, token: str | None = None, endpoint: str | None = None,
-                   publish_failed: bool = False, publish_unverified: bool = False, dry_run: bool = False,
-                   revision: str = "main", max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES) -> PublishResult:
+                   options: PublishOptions | None = None) -> PublishResult:
     """Publish the run in `out_dir` (its report.json, report.md and artifacts) to the Hub repo `repo_id`, and write
     the outcome to `OUT/publish.json`.
 
-    A passing run becomes a pull request against the branch `revision` (created, updated, left unchanged, or
+    A passing run becomes a pull request against the branch `options.revision` (created, updated, left unchanged, or
     `superseded` when a newer export exists: see `exporters.publish.decide`); a run where a target did not pass
-    becomes a discussion with the report, unless `publish_failed` publishes the passing targets anyway
-    (`publish_unverified` also publishes unverified ones, saying which checks did not run). A PR larger than
-    `max_upload_bytes` (0: no limit) is refused before anything is sent. `dry_run` decides without doing and returns
-    the plan in `result.plan`. `endpoint` defaults to huggingface_hub's.
+    becomes a discussion with the report, unless `options.publish_failed` publishes the passing targets anyway
+    (see [`PublishOptions`]). `endpoint` defaults to huggingface_hub's.
 
     Raises `PublishError` (what to do, whether a retry may help; never the token).
 
     Example:
-        >>> result = publish_report("org/model", Path("out"), token=os.environ["HF_TOKEN"])  # doctest: +SKIP
+        >>> result = publish_report("org/model", Path("out"), token=os.environ["HF_TOKEN"],
+        ...                         options=PublishOptions(revision="dev"))  # doctest: +SKIP
         >>> result.operation, result.pr_url  # doctest: +SKIP
         ('created', 'https://huggingface.co/org/model/discussions/1')
     """
     try:
-        result = _publish(repo_id, out_dir, token=token, endpoint=endpoint, publish_failed=publish_failed,
-                          publish_unverified=publish_unverified, dry_run=dry_run, revision=revision,
-                          max_upload_bytes=max_upload_bytes)
+        result = _publish(repo_id, out_dir, token=token, endpoint=endpoint, options=options or PublishOptions())
     except PublishError as err:
         write_outcome(out_dir, PublishResult("failed", message=str(err), retryable=err.retryable))
         raise
@@ -334,24 +367,23 @@ def publish_report(repo_id: str, out_dir: Path, *, token: str | None = None, end
     return result
 
 
-def publish_files(repo_id: str, files: Mapping[str, bytes | Path], *, marker: dict[str, Any], title: str,
-                  description: Callable[[int | None], str], commit_message: str, token: str | None = None,
-                  endpoint: str | None = None, base: str = "main") -> PublishResult:
-    """Open, update, or leave as is the one PR of `marker`'s slot that adds `files` (`{path in repo: bytes or a
-    local file}`), with the same rules as exports: our PRs only, one per slot (a concurrent duplicate is closed),
-    `unchanged` when the open PR (or the newest closed one) has the same fingerprint.
-
-    `marker` names the slot (`kind`, `recipe`) and its fingerprint (e.g. `fingerprint`: a hash of the files);
-    `description(pr_num)` is the PR text (the marker is appended).
+def publish_files(repo_id: str, files: Mapping[str, bytes | Path], proposal: Proposal, *, token: str | None = None,
+                  endpoint: str | None = None) -> PublishResult:
+    """Open, update, or leave as is the one PR of `proposal.marker`'s slot that adds `files` (`{path in repo: bytes
+    or a local file}`), with the same rules as exports: our PRs only, one per slot (a concurrent duplicate is closed),
+    `unchanged` when the open PR (or the newest closed one) has the same fingerprint (see [`Proposal`]).
 
     Example:
-        >>> publish_files("org/model", {"export_config.json": b"{}"}, marker={"kind": "recipe", "recipe": "repo",
-        ...               "fingerprint": "abc"}, title="Add a recipe", description=lambda num: "Proposed.",
-        ...               commit_message="Add a recipe", token=os.environ["HF_TOKEN"])  # doctest: +SKIP
+        >>> publish_files("org/model", {"export_config.json": b"{}"},
+        ...               Proposal(marker={"kind": "recipe", "recipe": "repo", "fingerprint": "abc"}, title="Add a recipe",
+        ...                        description=lambda num: "Proposed.", commit_message="Add a recipe"),
+        ...               token=os.environ["HF_TOKEN"])  # doctest: +SKIP
     """
 
     check_repo_id(repo_id)
-    marker = {"v": 1, **marker, "base": base}
+    title, description, commit_message, base = (proposal.title, proposal.description, proposal.commit_message,
+                                                proposal.base)
+    marker = {"v": 1, **proposal.marker, "base": base}
     hub = HubClient(repo_id, token=token, endpoint=endpoint)
     me = hub.whoami()
 
@@ -398,5 +430,5 @@ def check_publish_access(repo_id: str, *, token: str | None = None, endpoint: st
     return me
 
 
-__all__ = ["OUTCOME_FILE", "Held", "PublishResult", "check_publish_access", "publish_files", "publish_report",
+__all__ = ["OUTCOME_FILE", "Held", "Proposal", "PublishOptions", "PublishResult", "check_publish_access", "publish_files", "publish_report",
            "write_outcome"]

@@ -13,24 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child, side_python
+from exporters.layouts.child import KNOWS, RuntimeContext, RuntimeProof, child_timeout, run_in_child, side_python
 from exporters.layouts.greedy import GenaiReference, batch_reference, common_prefix, until_eos
 from exporters.layouts.optimum import generate_script
 from exporters.upstream import read_manifest
 
 OPTIMUM_DEFAULT_PAD = 0
-# Before the script: whether the side environment's transformers knows the model type (else optimum cannot load it)
-KNOWS = r"""
-import json, sys
-spec = json.loads(sys.argv[1])
-from transformers import CONFIG_MAPPING
-model_type = json.load(open(spec["folder"] + "/config.json")).get("model_type")
-if model_type not in CONFIG_MAPPING:
-    import transformers
-    json.dump({"declined": f"optimum's transformers {transformers.__version__} has no model type {model_type!r}"},
-              open(spec["result"], "w"))
-    sys.exit(0)
-"""
 EMIT = 'json.dump({"new": new}, open(spec["result"], "w"))'
 
 
