@@ -48,6 +48,7 @@ from exporters.status import FAILED, PASSED, UNVERIFIED
 from exporters.upstream import import_loaders, move_to
 from exporters.validate.benchmark import bench_passing, warm_up
 from exporters.validate.checks import validate_target
+from exporters.validate.dtype_files import judge_dtype_files, record_dtype_files
 from exporters.validate.eager_side import EagerSide
 from exporters.validate.folder_trust import Inventory, take_inventory
 from exporters.validate.subject import SavedTarget
@@ -286,8 +287,13 @@ def _validate(item: _Export, context: RunContext, workbench: Workbench, options:
     target, result = item.target, item.result
     final = options.out_dir / target.name
     progress.update(target.name, "validating")
+    rows = judge_dtype_files(target, final, lambda view, folder: validate_target(  # before the weights may go
+        target=view, recipe=context.recipe, saved=SavedTarget(folder, True, None, result.device), proofs=False,
+        components=workbench.components(target, context.recipe), subject=workbench.subject(target, context),
+        expected_components=result.expected_components, precomputed=item.eager))
     _validate_into(result, target, context, workbench, SavedTarget(final, True, item.inventory, result.device),
                    last=last, precomputed=item.eager)
+    record_dtype_files(result, rows, final)
     item.eager = None
     strip_after_validation(result, target, final)
     result.files = file_entries(final, options.out_dir)
