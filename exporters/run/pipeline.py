@@ -288,7 +288,7 @@ def _validate(item: _Export, context: RunContext, workbench: Workbench, options:
     final = options.out_dir / target.name
     progress.update(target.name, "validating")
     rows = judge_dtype_files(target, final, lambda view, folder: validate_target(  # before the weights may go
-        target=view, recipe=context.recipe, saved=SavedTarget(folder, True, None, result.device), proofs=False,
+        target=view, recipe=context.recipe, saved=SavedTarget(folder, True, None, result.device, proofs=False),
         components=workbench.components(target, context.recipe), subject=workbench.subject(target, context),
         expected_components=result.expected_components, precomputed=item.eager))
     _validate_into(result, target, context, workbench, SavedTarget(final, True, item.inventory, result.device),

@@ -216,7 +216,6 @@ def probe_component(report: ComponentReport, runner: Any, probes: list, referenc
 def validate_target(
     *, target, recipe: Recipe, saved: SavedTarget, components, subject: EagerModel,
     expected_components: list[str] | None = None, release_model=None, precomputed: EagerSide | None = None,
-    proofs: bool = True,
 ) -> ValidationResult:
     """Load the saved target from `saved.directory` and run every check against `subject` (the eager model and
     what comes with it). `release_model`, when given, is called once the eager references are computed, before the
@@ -227,13 +226,13 @@ def validate_target(
     `saved.trust_artifacts`: the folder's pickled programs (`.pt2`) may be loaded (this run wrote them, or the
     operator allowed it); nothing else in the folder ever runs (its config's `auto_map` is never read).
     `saved.device`: where the artifact runs (the target's); the eager references stay where the model is.
-    `proofs`: False where the folder's runtimes prove it elsewhere (a dtype file's view: `exporters.validate.dtype_files`).
+    `saved.proofs`: False where the folder's runtimes prove it elsewhere (a dtype file: `validate.dtype_files`).
     `saved.inventory`: what this run's export wrote and copied into the folder (`folder_trust.take_inventory`), all a
     runtime may read there; None for a folder this run did not write. A folder a runtime may not open
     (`folder_trust.screen_folder`) fails, unopened.
     """
-    directory, trust_artifacts, device, inventory = (saved.directory, saved.trust_artifacts, saved.device,
-                                                     saved.inventory)
+    directory, trust_artifacts, device, inventory, proofs = (saved.directory, saved.trust_artifacts, saved.device,
+                                                             saved.inventory, saved.proofs)
     model, family, generate_inputs = subject.model, subject.family, subject.generate_inputs
     generation_config, source_dir = subject.generation_config, subject.source_dir
 
