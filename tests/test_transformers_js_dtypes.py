@@ -35,6 +35,7 @@ FILES = {"fp32": "model.onnx", "fp16": "model_fp16.onnx", "q8": "model_quantized
 
 @dataclass
 class Run:
+    model: Path
     out: Path
     result: subprocess.CompletedProcess
     target: dict
@@ -51,7 +52,7 @@ def run(tmp_path_factory) -> Run:
     result = run_cli("run", str(folder), "--out", str(out), "--no-bench")
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {"targets": [{}]}
     [target] = report["targets"]
-    return Run(out, result, target)
+    return Run(folder, out, result, target)
 
 
 def test_one_folder_holds_every_dtype_file_under_transformers_js_names(run: Run):
@@ -112,14 +113,17 @@ def test_the_card_lists_the_dtype_files_and_its_snippet_passes_dtype(run: Run):
 
 
 def test_a_dtype_file_outside_its_budget_fails_the_target(run: Run, tmp_path):
-    """The judging itself, on the run's folder: a q4 file whose weights are zeroed is judged failed, and the target
-    with it."""
-    from exporters.report.results import TargetResult
-    from exporters.validate.dtype_files import record_dtype_files
-
-    result = TargetResult("tjs", "onnx", "generation", "passed", quality={"judged_by": "tolerance"})
-    rows = [{"dtype": "q4", "variant": "int4", "file": "onnx/model_q4.onnx", "bytes": 1, "status": "failed",
-             "quality": {"decided_by": "top-1 agreement 0.1 < 0.75"}}]
-    record_dtype_files(result, rows, run.out / "tjs")
-    assert result.status == "failed" and "model_q4.onnx (q4): top-1 agreement 0.1 < 0.75" in result.error["message"]
-    assert [row["dtype"] for row in result.dtype_files] == ["fp32", "q4"]
+    """`hf-export validate` of the folder with model_q4.onnx's weights zeroed: that file is judged with the int4
+    budget and fails the target, naming it; the other files still pass."""
+    copy = tmp_path / "out"
+    shutil.copytree(run.out / "tjs", copy / "tjs")
+    data = copy / "tjs" / "onnx" / "model_q4.onnx_data"
+    data.write_bytes(bytes(data.stat().st_size))
+    done = run_cli("validate", str(run.model), str(copy), "--target", "tjs")
+    [target] = json.loads((copy / "report.json").read_text())["targets"]
+    assert done.returncode == 1 and target["status"] == "failed", done.stderr[-2000:]
+    assert "dtype file(s) outside their budget: onnx/model_q4.onnx (q4)" in target["error"]["message"], target["error"]
+    rows = {row["dtype"]: row["status"] for row in target["dtype_files"]}
+    assert rows == {"fp32": "passed", "fp16": "passed", "q8": "passed", "q4": "failed", "q4f16": "passed"}, rows
+    assert json.loads((copy / "tjs" / "export.json").read_text()) == \
+        json.loads((run.out / "tjs" / "export.json").read_text())  # restored after each file was judged

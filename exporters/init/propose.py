@@ -243,7 +243,7 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
             try_variants(str(source.folder), plan.family, passed, lambda targets: build_recipe(
                 plan, targets, validation), work, RunOptions(out_dir=work, trust_remote_code=options.trust_remote_code,
                                                             progress=options.pipeline_progress,
-                                                            timeout=max(started + options.max_seconds - time.time(), 60.0)),
+                                                            timeout=started + options.max_seconds - time.time()),
                 say)
     finally:
         if options.work_dir is None:

@@ -30,6 +30,7 @@ from exporters.status import PASSED
 
 # format -> the 4-bit variant its runtime runs an LLM in, for the graph init proposes for a decoder-only LLM
 LLM_VARIANTS = {("onnx", MERGED_GRAPH): "int4", ("executorch", RUNNER_GRAPH): "8da4w"}
+MIN_SECONDS = 5.0  # as a round of the search (exporters.init.propose.MIN_ROUND_SECONDS)
 
 
 def quantized_variant(result: FormatResult, family: str) -> str | None:
@@ -51,14 +52,20 @@ def try_variants(folder: str, family: str, passed: list[FormatResult], recipe_fo
              if result.target is not None and (variant := quantized_variant(result, family))}
     if not tried:
         return
+    if run.timeout is not None and run.timeout < MIN_SECONDS:  # the search spent the budget: said, not overrun
+        for result, variant in tried.values():
+            result.notes.append(f"the {variant} variant was not tried: the time budget (--max-seconds) is spent")
+        return
     targets = [{**result.target, "variants": ["fp32", variant]} for result, variant in tried.values()]
     names = {fmt: f"{result.target['name']}{VARIANTS[variant][0]}" for fmt, (result, variant) in tried.items()}
     path, out = work / "variants" / "recipe.json", work / "variants" / "out"
     fsutil.real_dir(path.parent)
     fsutil.write_file(path, json.dumps(recipe_for(targets), indent=2) + "\n")
     say("variants: exporting and validating " + ", ".join(names.values()))
-    options = RunOptions(out_dir=out, config_path=path, targets=list(names.values()), trust_remote_code=run.trust_remote_code,
-                         progress=run.progress, use_cache=False, bench=False, timeout=run.timeout)
+    options = RunOptions(out_dir=out, config_path=path, targets=list(names.values()),
+                         trust_remote_code=run.trust_remote_code,
+                         progress=run.progress, use_cache=False, bench=False,
+                         timeout=run.timeout / len(tried) if run.timeout is not None else None)
     report = run_pipeline(folder, options)
     by_name = {target["name"]: target for target in report["targets"]}
     for fmt, (result, variant) in tried.items():

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 from typing import Any
@@ -287,13 +287,8 @@ def _validate(item: _Export, context: RunContext, workbench: Workbench, options:
     target, result = item.target, item.result
     final = options.out_dir / target.name
     progress.update(target.name, "validating")
-    rows = judge_dtype_files(target, final, lambda view, folder: validate_target(  # before the weights may go
-        target=view, recipe=context.recipe, saved=SavedTarget(folder, True, None, result.device, proofs=False),
-        components=workbench.components(target, context.recipe), subject=workbench.subject(target, context),
-        expected_components=result.expected_components, precomputed=item.eager))
     _validate_into(result, target, context, workbench, SavedTarget(final, True, item.inventory, result.device),
                    last=last, precomputed=item.eager)
-    record_dtype_files(result, rows, final)
     item.eager = None
     strip_after_validation(result, target, final)
     result.files = file_entries(final, options.out_dir)
@@ -324,6 +319,10 @@ def _validate_into(result: TargetResult, target: Target, context: RunContext, wo
                    saved: SavedTarget, last: bool = False, precomputed: EagerSide | None = None) -> None:
     started = time.time()
     with recovering() as guard:  # a native panic too: the target fails with its message, the run goes on
+        rows = judge_dtype_files(target, saved.directory, lambda view, folder: validate_target(  # before weights go
+            target=view, recipe=context.recipe, saved=replace(saved, directory=folder, inventory=None, proofs=False),
+            components=workbench.components(target, context.recipe), subject=workbench.subject(target, context),
+            expected_components=result.expected_components, precomputed=precomputed))
         validation = validate_target(
             target=target, recipe=context.recipe, saved=saved, components=workbench.components(target, context.recipe),
             subject=workbench.subject(target, context), expected_components=result.expected_components,
@@ -336,4 +335,5 @@ def _validate_into(result: TargetResult, target: Target, context: RunContext, wo
                                                            prefix="validation could not run: ")
     else:
         result.record_validation(validation)
+        record_dtype_files(result, rows, saved.directory, replace(validation, runtimes=[]).verdict)
     result.timings["validate_s"] = round(time.time() - started, 3)

@@ -64,13 +64,14 @@ def judge_dtype_files(target: Any, directory: Path,
     return rows
 
 
-def record_dtype_files(result: Any, rows: list[dict[str, Any]], directory: Path) -> None:
-    """The rows into `result.dtype_files`, led by the folder's own fp32 graph; a failed or unverified file makes the
-    target so, saying which."""
+def record_dtype_files(result: Any, rows: list[dict[str, Any]], directory: Path, own_status: str) -> None:
+    """The rows into `result.dtype_files`, led by the folder's own fp32 graph (`own_status`: its own checks' verdict,
+    the folder's proofs aside: they load every file); a failed or unverified file makes the target so, saying
+    which."""
     if not rows:
         return
     own = {"dtype": "fp32", "variant": "fp32", "file": "onnx/model.onnx", "bytes": _bytes(directory, "onnx/model.onnx"),
-           "status": result.status, "quality": result.quality}
+           "status": own_status, "quality": result.quality}
     result.dtype_files = [own, *rows]
     failed = [row for row in rows if row["status"] == FAILED]
     unverified = [row for row in rows if row["status"] == UNVERIFIED]
