@@ -105,10 +105,12 @@ def test_the_card_lists_the_dtype_files_and_its_snippet_passes_dtype(run: Run):
     from exporters.layouts import TransformersJs
 
     language, code = TransformersJs().snippet("org/model", run.target, None)
-    assert language == "js" and "dtype: \"fp32\"" in code
+    assert language == "js" and "dtype: \"fp32\"" in code  # the folder's default: the first variant listed
+    assert [row["dtype"] for row in run.target["dtype_files"] if row["default"]] == ["fp32"]
+    rows = {row["dtype"]: row for row in run.target["dtype_files"]}
     for dtype in ("fp32", "fp16", "q8", "q4", "q4f16"):
         line = next(line for line in code.splitlines() if line.startswith(f'//   dtype "{dtype}"'))
-        assert " MB, " in line, line
+        assert f": {rows[dtype]['bytes'] / 1e6:.2f} MB, " in line, line
     assert "top-1 1.000" in next(line for line in code.splitlines() if line.startswith('//   dtype "q4"'))
 
 

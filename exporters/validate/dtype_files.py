@@ -72,7 +72,11 @@ def record_dtype_files(result: Any, rows: list[dict[str, Any]], directory: Path,
         return
     own = {"dtype": "fp32", "variant": "fp32", "file": "onnx/model.onnx", "bytes": _bytes(directory, "onnx/model.onnx"),
            "status": own_status, "quality": result.quality}
-    result.dtype_files = [own, *rows]
+    try:  # what transformers.js loads without a `dtype` (the first variant listed: dtypes.py)
+        default = json.loads((directory / "config.json").read_text(encoding="utf-8"))["transformers.js_config"]["dtype"]
+    except (OSError, ValueError, KeyError, TypeError):
+        default = "fp32"
+    result.dtype_files = [{**row, "default": row["dtype"] == default} for row in (own, *rows)]
     failed = [row for row in rows if row["status"] == FAILED]
     unverified = [row for row in rows if row["status"] == UNVERIFIED]
     if failed:

@@ -123,16 +123,23 @@ class TransformersJs(Layout):
         pinned = f" --revision {json.dumps(revision)}" if revision else ""
         download = f"// after: hf download {json.dumps(repo_id)}{pinned} --include {json.dumps(sub + '/*')} --local-dir model\n"
         files = [row for row in target.get("dtype_files") or [] if row.get("dtype") in DTYPES]
-        listing = "".join(f"//   dtype {json.dumps(row['dtype'])}: {row.get('mb', '?')} MB, {_quality(row)}\n"
+        listing = "".join(f"//   dtype {json.dumps(row['dtype'])}: {_megabytes(row.get('bytes'))}, {_quality(row)}\n"
                           for row in files)
         if listing:
             listing = "// dtype files in onnx/ (pass one as `dtype`):\n" + listing
         quantization = target.get("quantization") or {}
-        dtype = files[0]["dtype"] if files else layout_dtype(target.get("dtype"), quantization.get("method"))
+        default = [row["dtype"] for row in files if row.get("default") is True]  # the folder's own (config.json)
+        dtype = (default or [files[0]["dtype"]])[0] if files else \
+            layout_dtype(target.get("dtype"), quantization.get("method"))
         return "js", download + listing + generate_script(
             json.dumps(f"model/{EXPORTS_DIR}"), json.dumps(str(target["name"])), [1, 2, 3], 32,
             "console.log(Array.from(output.data, Number));", "  // your prompt's token ids",
             dtype if dtype in DTYPES else "fp32")
+
+
+def _megabytes(size: Any) -> str:
+    """A file's size for the card (the graph and its data), from the report's byte count."""
+    return f"{size / 1e6:.2f} MB" if isinstance(size, int) and not isinstance(size, bool) else "size unknown"
 
 
 def _quality(row: dict[str, Any]) -> str:
