@@ -289,6 +289,8 @@ def init(
     push: bool = _flag("--push", "Open (or update) a Hub PR adding export_config.json."),
     repo_id: Optional[str] = typer.Option(None, "--repo-id", help="Hub repo for --push (default: MODEL)."),
     summary_file: Optional[Path] = typer.Option(None, "--summary", help="Also write the summary as Markdown here."),
+    fp32_only: bool = _flag("--fp32-only", "Do not try a decoder-only LLM's int4 variants (ONNX int4, ExecuTorch "
+                                           "8da4w) beside fp32."),
     quiet: bool = _flag("--quiet", "No progress lines."),
 ) -> None:
     """Propose a recipe known to work: export and validate every format with the real pipeline, find the largest
@@ -316,7 +318,7 @@ def init(
 
     options = InitOptions(formats=wanted, max_seconds=max_seconds, max_probe_elements=max_probe_elements,
                           revision=revision, token=token, endpoint=endpoint, trust_remote_code=trust_remote_code,
-                          work_dir=work_dir, progress=None if quiet else progress)
+                          work_dir=work_dir, progress=None if quiet else progress, quantized=not fp32_only)
     try:
         result = init_recipe(model, options)
     except InitError as err:

@@ -2,7 +2,8 @@
 
 The plainest generation recipe with `variants: ["fp32", "int4"]` on a tiny Llama writes `onnx` and `onnx-int4`: every
 `MatMul` of the second is ONNX Runtime's `MatMulNBits` (4-bit, block-wise, GenAI's builder's defaults), validated
-against the float model with the int4 quality budget, and run by ONNX Runtime GenAI from its folder.
+against the float model with the int4 quality budget, and run by ONNX Runtime GenAI and optimum's ORTModelForCausalLM
+from its folder.
 
 The checkpoint's linear weights are snapped to the symmetric block-wise 4-bit grid (as a quantization-aware trained
 model's are): ONNX Runtime's quantizer then keeps them exactly, so the artifact matches eager up to MatMulNBits' int8
@@ -66,7 +67,7 @@ def run(tmp_path_factory) -> Run:
     return Run(out, result, {target["name"]: target for target in report["targets"]})
 
 
-def test_the_int4_variant_passes_its_budget_and_runs_in_genai(run: Run):
+def test_the_int4_variant_passes_its_budget_and_runs_in_genai_and_optimum(run: Run):
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
     assert {name: t["status"] for name, t in run.targets.items()} == dict.fromkeys(NAMES, "passed")
     for name in NAMES[1:]:
@@ -78,6 +79,9 @@ def test_the_int4_variant_passes_its_budget_and_runs_in_genai(run: Run):
         assert quality["metrics"]["greedy_match"] >= 8, quality
         [genai] = [r for r in run.targets[name]["runtimes"] if r["runtime"] == "ONNX Runtime GenAI"]
         assert genai["status"] == "passed", genai
+        # optimum's layout applies too (the merged decoder): ORTModelForCausalLM loads the MatMulNBits graph
+        [optimum] = [r for r in run.targets[name]["runtimes"] if r["runtime"] == "optimum"]
+        assert optimum["status"] == "passed" and "ORTModelForCausalLM" in optimum["detail"], optimum
 
 
 def test_every_matmul_is_a_4bit_matmulnbits_with_genais_defaults(run: Run):

@@ -64,18 +64,23 @@ def test_a_transformers_js_run_is_proven_in_transformers_js(run):
 
 def test_the_card_snippet_is_the_script_the_proof_ran(run):
     from exporters.layouts import TransformersJs
-    from exporters.layouts.transformers_js import generate_script
-    from exporters.layouts.transformers_js.proof import EMIT
+    from exporters.layouts.transformers_js import proof_script
+    from exporters.layouts.transformers_js.proof import COLLECT
 
     _, _, report, _ = run
     target = _target(report, "tjs")
     language, code = TransformersJs().snippet("org/model", target, "a" * 40)
     assert language == "js"
-    # the same template: the proof's script differs only in its values and the line that hands back the ids
-    ran = generate_script('"/x"', '"tjs"', [1, 2, 3], 32, EMIT, "  // your prompt's token ids")
+    assert "from_pretrained(\"tjs\", { device: 'cpu', dtype: \"fp32\" })" in code  # the folder's own dtype
+    # the same template: the proof's script differs only in its values, the block its dtype runs in and the line
+    # that hands back the ids
+    ran = proof_script('"/x"', '"tjs"', [1, 2, 3], 32, ["fp32"], COLLECT)
     body = code.split("\n", 1)[1]
-    assert body.replace("console.log(Array.from(output.data, Number));", EMIT).replace(
-        '"model/exports"', '"/x"') == ran
+    card = [line.replace('"model/exports"', '"/x"').replace("  // your prompt's token ids", "")
+            for line in body.splitlines() if line != "console.log(Array.from(output.data, Number));"]
+    proof = [line for line in ran.splitlines() if line not in ("{", "}", 'const dtype = "fp32";', "const results = {};",
+                                                                COLLECT)]
+    assert card == proof
     assert 'hf download "org/model" --revision "' + "a" * 40 + '" --include "exports/tjs/*"' in code
 
 

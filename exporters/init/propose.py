@@ -50,6 +50,7 @@ from exporters.init.decide import (
     nice_ceil,
 )
 from exporters.init.summary import exported_words
+from exporters.init.variants import try_variants
 from exporters.recipe.load import parse_recipe_data
 from exporters.recipe.model import FORMATS, SCHEMA_VERSION, GenerationSpec, Recipe
 from exporters.run.context import tool_versions
@@ -79,6 +80,7 @@ class InitOptions(SourceOptions):
     work_dir: Path | None = None  # kept when given (round recipes, reports, logs); a temporary folder otherwise
     progress: Callable[[str], None] | None = None
     pipeline_progress: bool = False
+    quantized: bool = True  # a decoder-only LLM's 4-bit variant beside fp32, where it passes (exporters.init.variants)
 
 
 @dataclass
@@ -226,22 +228,27 @@ def init_recipe(model: str, options: InitOptions | None = None) -> InitResult:
         + (", ".join(f"{d.name} {d.low}..{d.high} ({d.limit})" for d in plan.dimensions) or "none"))
     work = options.work_dir or Path(tempfile.mkdtemp(prefix="hf-export-init-"))
     work.mkdir(parents=True, exist_ok=True)
+    passed = [r for r in results if r.status == PASSED]
+    validation: dict[str, Any] = {}
     try:
         _rounds(str(source.folder), plan, results, options, work, started, say)
-    finally:
-        if options.work_dir is None:
-            shutil.rmtree(work, ignore_errors=True)
-    for result in results:
-        if result.status == PASSED:
+        passed = [r for r in results if r.status == PASSED]
+        for result in passed:
             _finish_tolerance(result)
             result.target = build_target(result.export_format, plan, result.dims, result.opset_version, result.graph,
                                          result.dtype)
-    passed = [r for r in results if r.status == PASSED]
-    recipe = None
-    if passed:
-        formats = {r.export_format: r.tolerance for r in passed}
-        recipe = build_recipe(plan, [r.target for r in passed],
-                              {"formats": formats, "max_probe_elements": options.max_probe_elements})
+        validation = {"formats": {r.export_format: r.tolerance for r in passed},
+                      "max_probe_elements": options.max_probe_elements}
+        if options.quantized and passed:  # the variant LLMs are deployed in, where it keeps its budget
+            try_variants(str(source.folder), plan.family, passed, lambda targets: build_recipe(
+                plan, targets, validation), work, RunOptions(out_dir=work, trust_remote_code=options.trust_remote_code,
+                                                            progress=options.pipeline_progress,
+                                                            timeout=started + options.max_seconds - time.time()),
+                say)
+    finally:
+        if options.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    recipe = build_recipe(plan, [r.target for r in passed], validation) if passed else None
     result = InitResult(model=model, family=plan.family, mode=plan.mode, components=plan.expected, recipe=recipe,
                         formats=results, notes=_notes(plan, results), elapsed_s=round(time.time() - started, 1),
                         versions=tool_versions())

@@ -97,7 +97,9 @@ class _TargetBase(Strict, MergedSetting):
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
     validation: TargetValidation | None = None
     quantize: QuantizeSpec | None = Field(default=None, description="Post-training quantization, by method name.")
-    variants: list[Variant] | None = Field(default=None, min_length=1, description="One target per variant.")
+    variants: list[Variant] | None = Field(
+        default=None, min_length=1,
+        description="One target per variant; a transformers.js-layout target keeps them as dtype files in its folder.")
     timeout: StrictFloat | StrictInt | None = Field(default=None, gt=0, description="Seconds the export of this target may take.")
 
     def shape_spec(self, component: str) -> DynamicShapesSpec | None:

@@ -287,7 +287,7 @@ def resolve_budget(kind: VariantKind, validation: Any) -> dict[str, float | int]
 
 # ── variants shorthand ────────────────────────────────────────────────────────
 
-Variant = Literal["fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "int4", "8da8w", "8da4w"]
+Variant = Literal["fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "int4", "q4f16", "8da8w", "8da4w"]
 
 # variant -> (name suffix, target settings per format); a format missing from the map does not take the variant.
 VARIANTS: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
@@ -304,9 +304,34 @@ VARIANTS: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
         "dynamo": {"quantize": {"method": "pt2e-x86", "dynamic": False}},
     }),
     "int4": ("-int4", {"onnx": {"quantize": {"method": "onnxruntime-int4"}}}),
+    "q4f16": ("-q4f16", {}),  # a transformers.js dtype file only (TRANSFORMERS_JS_DTYPES)
     "8da8w": ("-8da8w", {"executorch": {"quantize": {"method": "pt2e-xnnpack", "scheme": "8da8w"}}}),
     "8da4w": ("-8da4w", {"executorch": {"quantize": {"method": "pt2e-xnnpack", "scheme": "8da4w"}}}),
 }
+
+
+# A transformers.js-layout target keeps its variants in its one folder, as the dtype files transformers.js picks with
+# `dtype` (its src/utils/dtypes.js DEFAULT_DTYPE_SUFFIX_MAPPING): variant -> (dtype, file suffix, kind, quantize).
+TRANSFORMERS_JS_DTYPES: dict[str, tuple[str, str, VariantKind, dict[str, Any] | None]] = {
+    "fp32": ("fp32", "", "fp32", None),
+    "fp16": ("fp16", "_fp16", "half", None),
+    "int8-dynamic": ("q8", "_quantized", "int8", {"method": "onnxruntime-dynamic", "per_channel": True}),
+    "int4": ("q4", "_q4", "int4", {"method": "onnxruntime-int4", "accuracy_level": 0}),
+    "q4f16": ("q4f16", "_q4f16", "int4", {"method": "onnxruntime-int4", "accuracy_level": 0}),
+}
+
+
+def keeps_variants(target: Any) -> bool:
+    """Whether the target's `variants` stay in its one folder (a transformers.js-layout target's dtype files) instead
+    of each becoming its own target.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> keeps_variants(SimpleNamespace(export_format="onnx", layout="transformers.js", variants=["fp32", "int4"]))
+        True
+    """
+    return bool(getattr(target, "variants", None)) and target.export_format == "onnx" \
+        and getattr(target, "layout", None) == "transformers.js"
 
 
 def variants_for(export_format: str) -> list[str]:
@@ -321,6 +346,9 @@ def expand_variant_names(base: str, variants: list[str]) -> list[tuple[str, str]
 def variant_settings(export_format: str, variant: str) -> dict[str, Any]:
     """The target settings a variant sets, or `ValueError` when the format does not take it."""
     _, per_format = VARIANTS[variant]
+    if variant == "q4f16" and export_format == "onnx":
+        raise ValueError("variant 'q4f16' is a transformers.js dtype file (4-bit weights in a float16 graph): set "
+                         "\"layout\": \"transformers.js\"")
     if export_format not in per_format:
         raise ValueError(
             f"variant '{variant}' does not apply to {export_format} targets; they take {variants_for(export_format)}"
@@ -354,6 +382,11 @@ def check_target(target: Any, path_error: Callable[[Location, str], Exception]) 
     for index, variant in enumerate(target.variants):
         if variant in target.variants[:index]:
             raise path_error(("variants", index), f"variant '{variant}' is listed twice")
+        if keeps_variants(target):
+            if variant not in TRANSFORMERS_JS_DTYPES:
+                raise path_error(("variants", index), f"variant '{variant}' has no transformers.js dtype file; a "
+                                 f"transformers.js target takes {list(TRANSFORMERS_JS_DTYPES)}")
+            continue
         try:
             variant_settings(fmt, variant)
         except ValueError as err:
@@ -378,7 +411,7 @@ def expand_targets(exports: list[Any], has_calibration: bool,
     `path_error(path, message)`."""
     expanded: list[tuple[Any, Location]] = []
     for index, target in enumerate(exports):
-        if not target.variants:
+        if not target.variants or keeps_variants(target):
             expanded.append((target, ("exports", index)))
             continue
         base = target.model_dump(exclude={"variants", "name"}, exclude_none=True)

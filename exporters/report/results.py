@@ -233,6 +233,7 @@ class TargetResult:
     quality: dict[str, Any] | None = None  # the metric that decided (exporters.validate.quality)
     runtimes: list[dict[str, Any]] = field(default_factory=list)  # "runs in": exporters.validate.runtimes
     bench: dict[str, Any] | None = None  # size and speed (exporters.validate.benchmark)
+    dtype_files: list[dict[str, Any]] | None = None  # transformers.js's, each judged (exporters.validate.dtype_files)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

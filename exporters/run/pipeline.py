@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from exporters.status import FAILED, PASSED, UNVERIFIED
 from exporters.upstream import import_loaders, move_to
 from exporters.validate.benchmark import bench_passing, warm_up
 from exporters.validate.checks import validate_target
+from exporters.validate.dtype_files import judge_dtype_files, record_dtype_files
 from exporters.validate.eager_side import EagerSide
 from exporters.validate.folder_trust import Inventory, take_inventory
 from exporters.validate.subject import SavedTarget
@@ -318,6 +319,10 @@ def _validate_into(result: TargetResult, target: Target, context: RunContext, wo
                    saved: SavedTarget, last: bool = False, precomputed: EagerSide | None = None) -> None:
     started = time.time()
     with recovering() as guard:  # a native panic too: the target fails with its message, the run goes on
+        rows = judge_dtype_files(target, saved.directory, lambda view, folder: validate_target(  # before weights go
+            target=view, recipe=context.recipe, saved=replace(saved, directory=folder, inventory=None, proofs=False),
+            components=workbench.components(target, context.recipe), subject=workbench.subject(target, context),
+            expected_components=result.expected_components, precomputed=precomputed))
         validation = validate_target(
             target=target, recipe=context.recipe, saved=saved, components=workbench.components(target, context.recipe),
             subject=workbench.subject(target, context), expected_components=result.expected_components,
@@ -330,4 +335,5 @@ def _validate_into(result: TargetResult, target: Target, context: RunContext, wo
                                                            prefix="validation could not run: ")
     else:
         result.record_validation(validation)
+        record_dtype_files(result, rows, saved.directory, replace(validation, runtimes=[]).verdict)
     result.timings["validate_s"] = round(time.time() - started, 3)

@@ -226,12 +226,13 @@ def validate_target(
     `saved.trust_artifacts`: the folder's pickled programs (`.pt2`) may be loaded (this run wrote them, or the
     operator allowed it); nothing else in the folder ever runs (its config's `auto_map` is never read).
     `saved.device`: where the artifact runs (the target's); the eager references stay where the model is.
+    `saved.proofs`: False where the folder's runtimes prove it elsewhere (a dtype file: `validate.dtype_files`).
     `saved.inventory`: what this run's export wrote and copied into the folder (`folder_trust.take_inventory`), all a
     runtime may read there; None for a folder this run did not write. A folder a runtime may not open
     (`folder_trust.screen_folder`) fails, unopened.
     """
-    directory, trust_artifacts, device, inventory = (saved.directory, saved.trust_artifacts, saved.device,
-                                                     saved.inventory)
+    directory, trust_artifacts, device, inventory, proofs = (saved.directory, saved.trust_artifacts, saved.device,
+                                                             saved.inventory, saved.proofs)
     model, family, generate_inputs = subject.model, subject.family, subject.generate_inputs
     generation_config, source_dir = subject.generation_config, subject.source_dir
 
@@ -268,7 +269,7 @@ def validate_target(
     # export was running, `precomputed`), then the artifact, so the eager weights can be freed in between
     # (`release_model`, on a run's last target): the two are never in memory together.
     refused = screen_folder(directory, inventory)  # before any runtime opens the folder
-    applicable = [check for check in checks_for(target, directory) if may_read(check, inventory)]
+    applicable = [check for check in checks_for(target, directory) if proofs and may_read(check, inventory)]
     if refused:
         why = "not run, the folder was refused: " + "; ".join(refused)
         return ValidationResult(reports, None, findings, refused, generation_expected,
@@ -286,7 +287,7 @@ def validate_target(
         release_model()
 
     # the runtimes prove the folder in their own children meanwhile; a target that fails our checks keeps no proof
-    with ProofsInFlight(runtime_references, directory, runtime_context) as proofs:
+    with ProofsInFlight(runtime_references, directory, runtime_context) as running:
         try:
             with native_messages():
                 exported = load_exported(directory, device=device, config=model.config, allow_pickles=trust_artifacts)
@@ -334,7 +335,7 @@ def validate_target(
             verdict = judge(kind, budget, measured or [], generation)
         result = ValidationResult(reports, generation, findings, errors, generation_expected, verdict)
         if not result.errors and result.verdict != "failed":  # the runtimes' proofs count once our own checks hold
-            result.runtimes = [p.to_dict() for p in proofs.result() + declined(target, directory)]
+            result.runtimes = [p.to_dict() for p in running.result() + (declined(target, directory) if proofs else [])]
     if verdict is None:  # a float32 target: judged by atol/rtol and greedy identity
         generation_record = dataclasses.asdict(generation) if generation is not None else None
         result.tolerance = tolerance_verdict(result.component_records(), generation_record, result.verdict)

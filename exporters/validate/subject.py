@@ -38,8 +38,10 @@ class EagerModel:
 class SavedTarget:
     """A target's saved folder and what this run knows about it: whether its pickled programs (`.pt2`) may load
     (`trust_artifacts`: this run wrote them, or the operator allowed it), what this run's export wrote and copied
-    there (`inventory`, all a runtime may read; None for a folder this run did not write), and where the artifact
-    runs (`device`, the target's; the eager references stay where the model is).
+    there (`inventory`, all a runtime may read; None for a folder this run did not write), where the artifact
+    runs (`device`, the target's; the eager references stay where the model is), and whether its runtimes prove it
+    here (`proofs`: False for a dtype file judged alone, `exporters.validate.dtype_files`, whose folder's proof
+    loads every dtype file).
 
     Example:
         >>> SavedTarget(Path("out/onnx")).trust_artifacts
@@ -50,3 +52,4 @@ class SavedTarget:
     trust_artifacts: bool = True
     inventory: Inventory | None = None
     device: str | None = None
+    proofs: bool = True

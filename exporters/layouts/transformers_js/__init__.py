@@ -3,15 +3,16 @@
 
 | module       | what it holds                                                                                    |
 |--------------|--------------------------------------------------------------------------------------------------|
-| `__init__`   | [`TransformersJs`]: when it applies (`"layout": "transformers.js"`), where the runtime is installed, the generation script its proof runs and its card shows (`GENERATE`, one template) |
+| `__init__`   | [`TransformersJs`]: when it applies (`"layout": "transformers.js"`), where the runtime is installed, the generation script its proof runs and its card shows (`HEADER` + `BODY`, one template) |
 | `files.py`   | the folder rewritten to the layout transformers.js loads                                          |
-| `proof.py`   | Node.js runs `GENERATE` on the folder alone, token for token against eager greedy                 |
+| `dtypes.py`  | the variants as transformers.js's dtype files (`onnx/model_q4.onnx`, ...) in the one folder      |
+| `proof.py`   | Node.js runs the script on the folder alone with every dtype file, against eager greedy           |
 
 The pinned transformers.js is looked up in `HF_EXPORT_TRANSFORMERS_JS` (a folder holding
 `node_modules/@huggingface/transformers`), else the project's `.cache/transformers-js` (`make test-deps` installs it).
 
 Example:
-    >>> print(generate_script('"model/exports"', '"tjs"', [1, 2, 3], 4, "console.log(ids);")[-40:])
+    >>> print(generate_script('"model/exports"', '"tjs"', [1, 2, 3], 4, "console.log(ids);", dtype="q4")[-40:])
     do_sample: false });
     console.log(ids);
 """
@@ -27,30 +28,72 @@ from typing import Any
 from exporters.files import EXPORTS_DIR
 from exporters.layouts.base import Layout
 from exporters.recipe.layout import TRANSFORMERS_JS
+from exporters.recipe.variants import keeps_variants
 
 LAYOUT = TRANSFORMERS_JS  # the recipe's `layout` value
 VERSION = "4.3.2"  # the pinned @huggingface/transformers (Makefile's TJS_VERSION)
 HOME_SETTING = "HF_EXPORT_TRANSFORMERS_JS"
 DEFAULT_HOME = Path(__file__).resolve().parents[3] / ".cache" / "transformers-js"
-# Greedy generation from a folder: the proof runs it on the target folder with eager's prompt, the card shows it
-# with the published folder. Values enter only through json.dumps.
-GENERATE = Template("""import { env, AutoModelForCausalLM, Tensor } from '@huggingface/transformers';
+# Greedy generation from a folder: the proof runs it on the target folder with eager's prompt (once per dtype file, each
+# in its own block: `proof_script`), the card shows it with the published folder. Values enter only through json.dumps.
+HEADER = Template("""import { env, AutoModelForCausalLM, Tensor } from '@huggingface/transformers';
 
 env.allowRemoteModels = false;
 env.localModelPath = $root;
-const model = await AutoModelForCausalLM.from_pretrained($name, { device: 'cpu' });
+""")
+BODY = Template("""const model = await AutoModelForCausalLM.from_pretrained($name, { device: 'cpu', dtype: $dtype });
 const ids = $ids;$comment
 const input_ids = new Tensor('int64', BigInt64Array.from(ids.map(BigInt)), [1, ids.length]);
 const attention_mask = new Tensor('int64', BigInt64Array.from(ids.map(() => 1n)), [1, ids.length]);
 const output = await model.generate({ input_ids, attention_mask, max_new_tokens: $steps, min_new_tokens: $steps, do_sample: false });
 $emit
 """)
+DTYPES = ("fp32", "fp16", "q8", "q4", "q4f16")  # the dtypes this layout writes (exporters.recipe.variants)
 
 
-def generate_script(root: str, name: str, ids: list[int], steps: int, emit: str, comment: str = "") -> str:
-    """`GENERATE` filled: `root` and `name` already JSON strings, `ids` and `steps` our ints, `emit` our line."""
-    return GENERATE.substitute(root=root, name=name, ids=json.dumps([int(i) for i in ids]), steps=int(steps),
-                               emit=emit, comment=comment)
+def _body(name: str, ids: list[int], steps: int, emit: str, comment: str, dtype: str) -> str:
+    if dtype not in DTYPES:  # a dtype read from a report enters code only as one of ours
+        raise ValueError(f"unknown transformers.js dtype {dtype!r}; this layout writes {list(DTYPES)}")
+    return BODY.substitute(name=name, ids=json.dumps([int(i) for i in ids]), steps=int(steps), emit=emit,
+                           comment=comment, dtype=json.dumps(dtype))
+
+
+def layout_dtype(dtype: str | None, method: str | None) -> str:
+    """The transformers.js dtype of a single-variant target's graph: its precision and quantize method.
+
+    Example:
+        >>> layout_dtype("float16", "onnxruntime-int4"), layout_dtype(None, "onnxruntime-dynamic")
+        ('q4f16', 'q8')
+    """
+    if method == "onnxruntime-int4":
+        return "q4f16" if dtype == "float16" else "q4"
+    if method == "onnxruntime-dynamic":
+        return "q8"
+    return "fp16" if dtype == "float16" else "fp32"
+
+
+SUFFIXES = {"fp32": "", "fp16": "_fp16", "q8": "_quantized", "q4": "_q4", "q4f16": "_q4f16"}  # transformers.js's
+
+
+def generate_script(root: str, name: str, ids: list[int], steps: int, emit: str, comment: str = "",
+                    dtype: str = "fp32") -> str:
+    """The header and one `BODY` filled: `root` and `name` already JSON strings, `ids` and `steps` our ints, `emit`
+    our line, `dtype` one of `DTYPES`."""
+    return HEADER.substitute(root=root) + _body(name, ids, steps, emit, comment, dtype)
+
+
+def proof_script(root: str, name: str, ids: list[int], steps: int, dtypes: list[str], emit: str) -> str:
+    """One Node script that generates with every dtype file in turn (each `BODY` in its own block, `emit` given the
+    `dtype` variable and the `output`), then runs `emit`'s final line `DONE`.
+
+    Example:
+        >>> script = proof_script('"/m"', '"tjs"', [1], 2, ["fp32", "q4"], "results[dtype] = output;")
+        >>> script.count("from_pretrained"), 'dtype: "q4"' in script
+        (2, True)
+    """
+    blocks = [f"{{\nconst dtype = {json.dumps(dtype)};\n" + _body(name, ids, steps, emit, "", dtype) + "}\n"
+              for dtype in dtypes]
+    return HEADER.substitute(root=root) + "const results = {};\n" + "".join(blocks)
 
 
 def home() -> Path:
@@ -72,11 +115,40 @@ class TransformersJs(Layout):
     def write_files(self, directory: Path, target: Any, model: Any, notes: list[str]) -> None:
         if self.may_apply(target, []):
             self.part("files").write_transformers_js(directory, target, model)
+            if keeps_variants(target):
+                self.part("dtypes").write_dtype_files(directory, target)
 
     def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str]:
         sub = f"{EXPORTS_DIR}/{target['name']}"
         pinned = f" --revision {json.dumps(revision)}" if revision else ""
         download = f"// after: hf download {json.dumps(repo_id)}{pinned} --include {json.dumps(sub + '/*')} --local-dir model\n"
-        return "js", download + generate_script(json.dumps(f"model/{EXPORTS_DIR}"), json.dumps(str(target["name"])),
-                                                [1, 2, 3], 32, "console.log(Array.from(output.data, Number));",
-                                                "  // your prompt's token ids")
+        files = [row for row in target.get("dtype_files") or [] if row.get("dtype") in DTYPES]
+        listing = "".join(f"//   dtype {json.dumps(row['dtype'])}: {_megabytes(row.get('bytes'))}, {_quality(row)}\n"
+                          for row in files)
+        if listing:
+            listing = "// dtype files in onnx/ (pass one as `dtype`):\n" + listing
+        quantization = target.get("quantization") or {}
+        default = [row["dtype"] for row in files if row.get("default") is True]  # the folder's own (config.json)
+        dtype = (default or [files[0]["dtype"]])[0] if files else \
+            layout_dtype(target.get("dtype"), quantization.get("method"))
+        return "js", download + listing + generate_script(
+            json.dumps(f"model/{EXPORTS_DIR}"), json.dumps(str(target["name"])), [1, 2, 3], 32,
+            "console.log(Array.from(output.data, Number));", "  // your prompt's token ids",
+            dtype if dtype in DTYPES else "fp32")
+
+
+def _megabytes(size: Any) -> str:
+    """A file's size for the card (the graph and its data), from the report's byte count."""
+    return f"{size / 1e6:.2f} MB" if isinstance(size, int) and not isinstance(size, bool) else "size unknown"
+
+
+def _quality(row: dict[str, Any]) -> str:
+    """A dtype file's quality for the card's listing: numbers formatted here, nothing else from the report."""
+    quality = row.get("quality") or {}
+    metrics = quality.get("metrics") or {}
+    words = [f"{label} {float(metrics[key]):{form}}" for key, label, form in (
+        ("top1_agreement", "top-1", ".3f"), ("kl", "KL", ".2g"), ("greedy_match", "greedy", ".0f"))
+        if isinstance(metrics.get(key), (int, float)) and not isinstance(metrics.get(key), bool)]
+    if quality.get("judged_by") == "tolerance" or row.get("dtype") == "fp32":
+        return "within atol/rtol of eager" if row.get("status") == "passed" else "not passed"
+    return ", ".join(words) or "quality not measured"

@@ -1,7 +1,8 @@
 """The transformers.js folder layout for an ONNX target (`"layout": "transformers.js"`).
 
 transformers.js (v3/v4) loads a decoder-only model from `onnx/model{suffix}.onnx` (`suffix` is `""` for fp32,
-`"_fp16"` for fp16), its weights from `onnx/model{suffix}.onnx_data` when `config.json`'s
+`"_fp16"` for fp16, `"_q4"` / `"_q4f16"` for an `onnxruntime-int4` target, `"_quantized"` for `onnxruntime-dynamic`:
+`SUFFIXES`; a target with `variants` gets every dtype file in this one folder, `dtypes.py`), its weights from `onnx/model{suffix}.onnx_data` when `config.json`'s
 `transformers.js_config.use_external_data_format` says so, and runs one graph whose inputs are `input_ids`,
 `attention_mask` / `position_ids` (those the graph has), and `past_key_values.{i}.key` / `.value`, and whose outputs
 are `logits` and `present.{i}.key` / `.value`. It builds the first (empty) cache from the graph's input dims: a
@@ -30,7 +31,7 @@ from exporters.export.onnx_files import gather_external_data
 from exporters.export.onnx_names import is_renamed, renamed_proto, unnamed_inputs
 from exporters.export.seq2seq_merged import MERGED_FILE
 from exporters.export.seq2seq_names import is_encoder_decoder_export
-from exporters.layouts.transformers_js import LAYOUT
+from exporters.layouts.transformers_js import LAYOUT, SUFFIXES, layout_dtype
 from exporters.upstream import read_manifest, write_manifest
 
 
@@ -52,7 +53,8 @@ def write_transformers_js(directory: Path, target, model) -> None:
     entry = manifest["components"]["model"]
     source = directory / entry["file"]
     data = source.with_name(source.name + ".data")
-    suffix = "_fp16" if target.dtype == "float16" else ""
+    dtype = layout_dtype(target.dtype, getattr(target.quantize, "method", None))  # its file's name says what it holds
+    suffix = SUFFIXES[dtype]
     (directory / SUBFOLDER).mkdir(exist_ok=True)
     graph_file = f"model{suffix}.onnx"
     data_file = f"{graph_file}_data"
@@ -78,7 +80,7 @@ def write_transformers_js(directory: Path, target, model) -> None:
     entry["inputs"] = inputs
     manifest["layout"] = LAYOUT
     write_manifest(directory, manifest)
-    _add_config(directory, suffix, {graph_file: 1} if external else False)
+    _add_config(directory, dtype, {graph_file: 1} if external else False)
 
 
 def _write_encoder_decoder(directory: Path, target, manifest: dict) -> None:
@@ -94,7 +96,8 @@ def _write_encoder_decoder(directory: Path, target, manifest: dict) -> None:
     if MERGED_FILE not in files:
         raise TargetPlanError("`layout` 'transformers.js' loads an encoder-decoder's decoder from one "
                               f"{MERGED_FILE}; this export's decoders stay {files}", option="layout")
-    suffix = "_fp16" if target.dtype == "float16" else ""
+    dtype = "fp16" if target.dtype == "float16" else "fp32"
+    suffix = SUFFIXES[dtype]
     (directory / SUBFOLDER).mkdir(exist_ok=True)
     external: dict[str, int] = {}
     moved: dict[str, str] = {}
@@ -112,12 +115,12 @@ def _write_encoder_decoder(directory: Path, target, manifest: dict) -> None:
         entry["file"] = moved[entry["file"]]
     manifest["layout"] = LAYOUT
     write_manifest(directory, manifest)
-    _add_config(directory, suffix, external or False)
+    _add_config(directory, dtype, external or False)
 
 
-def _add_config(directory: Path, suffix: str, external: dict[str, int] | bool) -> None:
+def _add_config(directory: Path, dtype: str, external: dict[str, int] | bool) -> None:
     """`config.json`'s `transformers.js_config`: the dtype of the graphs and which of them have external data."""
     config_path = directory / "config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    config["transformers.js_config"] = {"dtype": "fp16" if suffix else "fp32", "use_external_data_format": external}
+    config["transformers.js_config"] = {"dtype": dtype, "use_external_data_format": external}
     fsutil.write_file(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n")

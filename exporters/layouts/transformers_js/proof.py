@@ -1,5 +1,7 @@
-"""transformers.js's proof: Node.js runs the layout's generation script (`GENERATE`, the card's snippet with this
-folder and eager's prompt in it) on the folder alone, and its greedy tokens must be eager's.
+"""transformers.js's proof: Node.js runs the layout's generation script (`HEADER` + `BODY`, the card's snippet with
+this folder and eager's prompt in it) on the folder alone, once per dtype file in one child (each loaded with its
+`dtype`): the folder's own dtype must give eager's greedy tokens, each further dtype file (a variant: `dtypes.py`) at
+least the greedy tokens its variant's quality budget asks (`min_greedy_match`).
 
 ```
 reference(model)                                      prove(folder)
@@ -23,14 +25,17 @@ from typing import Any
 import torch
 
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
-from exporters.layouts.transformers_js import generate_script, home
+from exporters.layouts.transformers_js import DTYPES, home, layout_dtype, proof_script
+from exporters.layouts.transformers_js.dtypes import dtype_files_in
+from exporters.recipe.variants import resolve_budget
 from exporters.upstream import read_manifest
 
 DEFAULT_NEW_TOKENS = 8
 NOT_YET = ("not run here: the product's transformers.js proof runs a decoder's generation (one merged graph); this "
            "folder's kind is proven in the project's tests only (tests/transformers_js/)")
+COLLECT = "results[dtype] = Array.from(output.data, Number);"  # in each dtype's block (`proof_script`)
 EMIT = ("import { writeFileSync } from 'node:fs';\n"
-        "writeFileSync(JSON.parse(process.argv[2]).result, JSON.stringify(Array.from(output.data, Number)));")
+        "writeFileSync(JSON.parse(process.argv[2]).result, JSON.stringify(results));\n")
 
 
 def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any]:
@@ -49,7 +54,8 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
 
 
 def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
-    """Node runs `GENERATE` on `directory` (see the module); its ids are compared with eager's."""
+    """One Node child generates with every dtype file of `directory` in turn (see the module); the folder's own
+    dtype must give eager's tokens, each further dtype file the greedy tokens its variant's budget asks."""
     if "unverified" in reference:
         return RuntimeProof(layout.runtime, "unverified", reference["unverified"])
     modules = home() / "node_modules"
@@ -57,19 +63,43 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
         return layout.not_here()
     if list(read_manifest(directory)["components"]) != ["model"]:
         return RuntimeProof(layout.runtime, "unverified", NOT_YET)
-    script = generate_script(json.dumps(str(directory.parent)), json.dumps(directory.name), reference["prompt"],
-                             reference["steps"], EMIT)
-    got, why = run_script(["node"], script, {}, folder=directory, timeout_s=child_timeout(context),
+    target = context.target
+    files = {dtype: entry for dtype, entry in dtype_files_in(directory).items() if dtype in DTYPES}
+    own = "fp32" if files else layout_dtype(target.dtype, getattr(target.quantize, "method", None))
+    dtypes = [own, *[dtype for dtype in files if dtype != own]]
+    script = proof_script(json.dumps(str(directory.parent)), json.dumps(directory.name), reference["prompt"],
+                          reference["steps"], dtypes, COLLECT) + EMIT
+    got, why = run_script(["node"], script, {}, folder=directory, timeout_s=child_timeout(context) * len(dtypes),
                           links={"node_modules": modules})
-    if got is None:
+    if not isinstance(got, dict):
         return RuntimeProof(layout.runtime, "failed", f"transformers.js failed: {why}")
-    want = reference["tokens"]
-    new = len(want) - len(reference["prompt"])
-    if got != want:
-        equal = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
-        return RuntimeProof(layout.runtime, "failed", f"{max(0, equal - len(reference['prompt']))}/{new} tokens "
-                                                      f"equal eager greedy: transformers.js {got}, eager {want}")
-    return RuntimeProof(layout.runtime, "passed", f"{new}/{new} tokens (transformers.js {_version(modules)}, Node.js)")
+    want, prompt = reference["tokens"], reference["prompt"]
+    new = len(want) - len(prompt)
+    said, failed = [], []
+    for dtype in dtypes:
+        tokens = got.get(dtype)
+        equal = _equal_new(want, tokens, len(prompt)) if isinstance(tokens, list) else 0
+        if dtype == own:
+            required = new
+        else:
+            kind = str(files[dtype].get("kind"))
+            required = min(new, int(resolve_budget(kind, target.validation).get("min_greedy_match", new)))
+        said.append(f"{dtype} {equal}/{new} tokens" + ("" if required == new else f" (≥{required} asked)"))
+        if equal < required:
+            failed.append(f"dtype {dtype}: {equal}/{new} tokens equal eager greedy, {required} asked: "
+                          f"transformers.js {tokens}, eager {want}")
+    if failed:
+        return RuntimeProof(layout.runtime, "failed", "; ".join(failed))
+    head, *rest = said
+    head = head.removeprefix(f"{own} ")
+    extra = f"; dtype {', '.join(rest)}" if rest else ""
+    return RuntimeProof(layout.runtime, "passed", f"{head} (transformers.js {_version(modules)}, Node.js){extra}")
+
+
+def _equal_new(want: list[int], got: list[Any], prompt: int) -> int:
+    """How many generated tokens equal eager's before the first difference."""
+    equal = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+    return max(0, equal - prompt) if len(got) >= prompt else 0
 
 
 def _version(modules: Path) -> str:

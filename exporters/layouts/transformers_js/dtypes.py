@@ -1,0 +1,143 @@
+"""transformers.js's dtype files: every variant of a transformers.js-layout target in the one folder transformers.js
+loads, `onnx/model{suffix}.onnx` beside `onnx/model.onnx`, picked at load time with `dtype`.
+
+```
+variants ["fp32", "fp16", "int8-dynamic", "int4", "q4f16"]      (exporters.recipe.variants.TRANSFORMERS_JS_DTYPES)
+onnx/model.onnx (fp32, the exported graph) ──► model_fp16.onnx       float16 (ONNX Runtime's converter, keep_io_types)
+                                          ├─► model_quantized.onnx  q8: int8 MatMul weights (quantize_dynamic)
+                                          ├─► model_q4.onnx         q4: 4-bit block-wise MatMulNBits
+                                          └─► model_q4f16.onnx      q4f16: the q4 graph converted to float16
+config.json transformers.js_config {dtype: the first variant's, use_external_data_format: {file: 1 per file}}
+export.json "dtype_files" {dtype: {file, variant, kind, quantize}}
+```
+
+Each file is derived from the fp32 graph as transformers.js's own conversion (its `scripts/quantize.py`) derives
+them: the same converters, the same defaults (q4: block 32, symmetric, accuracy level 0; fp16 and q4f16: float32
+inputs and outputs, `keep_io_types`, so the caller's cache and logits stay float32; q8: int8 per-channel weights (where
+transformers.js's script keeps per-tensor: per-channel keeps more of a small model's argmaxes), dynamic uint8
+activations, of MatMuls). The fp32 graph is always written, listed or not: it is what the others are derived from and what
+transformers.js loads without a `dtype`. Validation judges each file against eager with its variant's budget
+(`exporters.validate.dtype_files`) and the proof loads each with its `dtype` (`proof.py`).
+
+Example:
+    >>> dtype_file("int4"), dtype_file("int8-dynamic")
+    ('model_q4.onnx', 'model_quantized.onnx')
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from exporters import fsutil
+from exporters.errors import TargetPlanError
+from exporters.recipe.variants import TRANSFORMERS_JS_DTYPES, OnnxRuntimeInt4Quantize
+from exporters.upstream import read_manifest, write_manifest
+
+SUBFOLDER = "onnx"
+DTYPE_FILES = "dtype_files"  # export.json's key: {dtype: {file, variant, kind, quantize}}
+
+
+def dtype_file(variant: str) -> str:
+    """The file transformers.js loads for `variant` (`model{suffix}.onnx`)."""
+    return f"model{TRANSFORMERS_JS_DTYPES[variant][1]}.onnx"
+
+
+def dtype_files_in(directory: Path) -> dict[str, dict[str, Any]]:
+    """The dtype files export.json lists (`{}` where there are none, or it is unreadable).
+
+    Example:
+        >>> dtype_files_in(Path("/nonexistent"))
+        {}
+    """
+    try:
+        files = json.loads((Path(directory) / "export.json").read_text(encoding="utf-8")).get(DTYPE_FILES) or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return files if isinstance(files, dict) else {}
+
+
+def write_dtype_files(directory: Path, target: Any) -> None:
+    """Derive each of the target's variants from `onnx/model.onnx` in `directory` (see the module)."""
+    variants = list(target.variants or [])
+    manifest = read_manifest(directory)
+    if list(manifest["components"]) != ["model"] or manifest["components"]["model"]["file"] != f"{SUBFOLDER}/model.onnx":
+        raise TargetPlanError("`variants` of a transformers.js target are written as dtype files of one decoder "
+                              f"graph (onnx/model.onnx); this export has {list(manifest['components'])}: list one "
+                              "variant per target instead", option="variants")
+    listed: dict[str, dict[str, Any]] = {}
+    external: dict[str, int] = {"model.onnx": 1} if (directory / SUBFOLDER / "model.onnx_data").is_file() else {}
+    for variant in variants:
+        dtype, _, kind, quantize = TRANSFORMERS_JS_DTYPES[variant]
+        if variant == "fp32":
+            continue
+        name = dtype_file(variant)
+        _derive(directory / SUBFOLDER / "model.onnx", directory / SUBFOLDER / name, variant)
+        if (directory / SUBFOLDER / f"{name}_data").is_file():
+            external[name] = 1
+        listed[dtype] = {"file": f"{SUBFOLDER}/{name}", "variant": variant, "kind": kind, "quantize": quantize}
+    manifest[DTYPE_FILES] = listed
+    write_manifest(directory, manifest)
+    config_path = directory / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["transformers.js_config"] = {"dtype": TRANSFORMERS_JS_DTYPES[variants[0]][0],
+                                        "use_external_data_format": external or False}
+    fsutil.write_file(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _derive(source: Path, destination: Path, variant: str) -> None:
+    """`destination` (with `{name}_data`) written from the fp32 graph at `source` as `variant` asks."""
+    # ONNX and ONNX Runtime load only where an ONNX model is converted
+    import onnx
+
+    if variant == "int8-dynamic":
+        from onnxruntime.quantization import QuantType, quantize_dynamic  # (the same)
+
+        with tempfile.TemporaryDirectory() as tmp:
+            quantized = Path(tmp) / "model.onnx"
+            # MatMuls only: the graph's Gathers index shape tensors too, which ONNX Runtime's quantizer cannot scale
+            quantize_dynamic(str(source), str(quantized), weight_type=QuantType.QInt8, use_external_data_format=True,
+                             per_channel=True, op_types_to_quantize=["MatMul"],
+                             extra_options={"MatMulConstBOnly": True})
+            _save(onnx.load(str(quantized)), destination)
+        return
+    model = onnx.load(str(source))  # with its weights
+    if variant in ("int4", "q4f16"):
+        model = _matmul_nbits(model)
+    if variant in ("fp16", "q4f16"):
+        from onnxruntime.transformers.float16 import convert_float_to_float16  # (the same)
+
+        from onnxruntime.transformers.onnx_model import OnnxModel  # (the same)
+
+        model = convert_float_to_float16(model, keep_io_types=True)
+        half = OnnxModel(model)
+        half.topological_sort()  # the converter appends the input casts last (transformers.js's script slims it)
+        model = half.model
+    _save(model, destination)
+
+
+def _matmul_nbits(model: Any) -> Any:
+    """Every constant-weight MatMul as a 4-bit `MatMulNBits`, with transformers.js's conversion defaults."""
+    # ONNX Runtime loads only where an ONNX model is quantized
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    spec = OnnxRuntimeInt4Quantize(method="onnxruntime-int4", accuracy_level=0)
+    quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=spec.block_size, is_symmetric=spec.symmetric,
+                                     accuracy_level=spec.accuracy_level, op_types_to_quantize=("MatMul",))
+    quantizer.process()
+    return quantizer.model.model
+
+
+def _save(model: Any, path: Path) -> None:
+    """`path` with its weights in `{name}_data` (the name transformers.js reads)."""
+    # onnx loads only where an ONNX file is written
+    import onnx
+
+    data = path.with_name(f"{path.name}_data")
+    data.unlink(missing_ok=True)  # onnx appends external data to an existing file
+    # small tensors (shapes, axes) stay in the graph: ONNX Runtime's shape inference reads them there
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=1024)
+    data.chmod(0o644)  # as the folder's other files (onnx writes it private)
