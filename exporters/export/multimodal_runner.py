@@ -1,6 +1,6 @@
 """Writing a target in ExecuTorch MultimodalRunner's layout (`exporters.capture.multimodal_runner`): one `model.pte`
 with the methods `token_embedding`, `vision_encoder`, `text_decoder` and the runner's metadata (and `model.ptd` when
-asked or past 2 GB), the manifest and the config files; the tokenizer and processor files are copied in by
+asked, past 2 GB, or when the model ties its embeddings: the table is then stored once), the manifest and the config files; the tokenizer and processor files are copied in by
 `folder_files.complete_folder`, as for every target.
 
 ```
@@ -37,7 +37,9 @@ def export_multimodal_runner(model: Any, target: Any, components: dict[str, tupl
     if not custom_ops and getattr(target, "custom_ops", None) is None:
         notes.append(CUSTOM_OPS_OFF.format(model=type(model).__name__))
     asked, weights = getattr(target, "external_weights", None), ModelWeights.of(model)
-    external = bool(asked) or weights.bytes() > PTE_WEIGHTS_LIMIT
+    # a tied table is stored once only through the named-data file (docs/upstream-gaps.md #13), as the text runner's
+    tied = asked is None and weights.tied
+    external = bool(asked) or weights.bytes() > PTE_WEIGHTS_LIMIT or tied
     eos = special_token_ids(model.generation_config, model.config).eos
     metadata = llm_runner.runner_metadata(model, setting.max_cache_len, custom_ops, eos)
     image_token = getattr(model.config, "image_token_id", None)
