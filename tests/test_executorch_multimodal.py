@@ -60,6 +60,21 @@ def test_the_folder_holds_the_runners_methods_and_metadata(llava_runner):
     assert (folder / "model.pte").stat().st_size < 1.5 * weights
 
 
+def test_a_tied_llava_stores_its_table_once_and_runs_from_its_two_files(tmp_path):
+    """Tied embeddings (the table is both `token_embedding`'s and `text_decoder`'s output projection): the weights go
+    to model.ptd, the table once, and the runner, given both files as the card says, still generates eager's tokens."""
+    model_dir, out, done = run_plainest_executorch(tmp_path, tiny_llava_with_processor, tied=True)
+    report = json.loads((out / "report.json").read_text())
+    target = report["targets"][0]
+    assert target["status"] == "passed", (done.stderr[-3000:], json.dumps(target, indent=1)[:4000])
+    assert {p["runtime"]: p["status"] for p in target["runtimes"]} == {RUNTIME: "passed"}
+    folder = out / "executorch"
+    assert (folder / "model.ptd").is_file()
+    entries = json.loads((folder / "export.json").read_text())["components"].values()
+    assert all(entry["data_file"] == "model.ptd" for entry in entries)
+    assert target["weights_stored_bytes"] <= target["parameter_bytes"], target  # not the table twice
+
+
 def test_the_cards_multimodal_snippet_runs_as_written(llava_runner, hub, tmp_path):
     """The card's `MultimodalRunner` snippet, run as written against the Hub emulator (an image.jpg put where it
     reads one): the proof's runner and call, every line of them."""

@@ -16,6 +16,11 @@ Example:
     True
     >>> wants_multimodal_runner(target, "text", "static", batch_size=1)
     False
+    >>> target.layout = "multimodal_runner"
+    >>> wants_multimodal_runner(target, "text", "static", batch_size=1)
+    Traceback (most recent call last):
+    ...
+    exporters.errors.TargetPlanError: layout 'multimodal_runner' is for vision-language models; this is a text model: use layout 'runner' or 'methods'
 """
 
 from __future__ import annotations
@@ -41,9 +46,14 @@ def wants_multimodal_runner(target: Any, family: str, cache_implementation: str,
     recipe asks (`layout` "runner" or "multimodal_runner") or leaves `layout` unset, with a static cache at batch 1,
     no component settings of the methods layout, XNNPACK and no quantization (whether the model fits is
     [`refused`]'s). Raises [`TargetPlanError`] when the recipe asked for it and a setting rules it out."""
-    if target.export_format != "executorch" or target.mode != "generation" or family != "vision-language":
+    if target.export_format != "executorch" or target.mode != "generation":
         return False
     layout = getattr(target, "layout", None)
+    if family != "vision-language":
+        if layout == MULTIMODAL_RUNNER:
+            raise TargetPlanError(f"layout 'multimodal_runner' is for vision-language models; this is a {family} "
+                                  "model: use layout 'runner' or 'methods'", option="layout")
+        return False
     if layout == "methods":
         return False
     reasons = []
