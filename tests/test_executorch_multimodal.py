@@ -95,3 +95,17 @@ def test_the_cards_multimodal_snippet_runs_as_written(llava_runner, hub, tmp_pat
     done = run_snippet(code, hub, home)
     assert done.returncode == 0, (code, done.stderr[-3000:])
     assert done.stdout.strip()
+
+
+def test_hf_export_validate_judges_the_folder_again(llava_runner):
+    """`hf-export validate` of the written folder (last here: it writes the report again) plans the same layout from
+    the folder's export.json and passes it, with the runner's proof."""
+    from tests.conftest import run_cli
+
+    model_dir, out, _, _ = llava_runner
+    done = run_cli("validate", str(model_dir), str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    target = json.loads((out / "report.json").read_text())["targets"][0]
+    assert target["status"] == "passed" and target["expected_components"] == ["token_embedding", "vision_encoder",
+                                                                              "text_decoder"], target
+    assert {p["runtime"]: p["status"] for p in target["runtimes"]} == {RUNTIME: "passed"}
