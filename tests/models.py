@@ -535,6 +535,29 @@ def tiny_llava_next_with_processor(folder: Path, recipe: Any | None = None, seed
     return folder
 
 
+def tiny_llava_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, tied: bool = False) -> Path:
+    """A tiny LLaVA (CLIP tower, image 32, patch 8: 16 image tokens; Llama text) saved with its own processor: a
+    PIL-backend CLIP image processor at 32 and a byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer loads) whose
+    `<image>` id is the model's. `tied`: the text model's output projection is its embedding table."""
+    from transformers import CLIPImageProcessorPil, LlavaProcessor
+
+    from matrix.families import build
+
+    tokenizer = train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, "<image>"], vocab_size=120, bos="<s>",
+                                    eos="</s>", pad="<pad>", byte_level=True)
+    spec = _vlm_spec("llava", "LlavaForConditionalGeneration", {
+        "vision_config.image_size": 32, "vision_config.patch_size": 8, "image_seq_length": 16,
+        "text_config.vocab_size": len(tokenizer),  # every id the model generates decodes to a piece
+        **({"tie_word_embeddings": True, "text_config.tie_word_embeddings": True} if tied else {}),
+        "image_token_index": tokenizer.convert_tokens_to_ids("<image>")})
+    build(spec, folder, seed=seed, recipe=recipe)
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=8, image_token="<image>",
+                   vision_feature_select_strategy="default",
+                   num_additional_image_tokens=1).save_pretrained(folder)  # CLIP's class token
+    return folder
+
+
 AYA_IMAGE_TOKENS = ["<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>", "TILE",
                     "TILE_GLOBAL"]
 

@@ -81,6 +81,9 @@ def test_llava_next_every_format_from_its_own_processor(llava_next):
         assert encoder == {"pixel_values": [2, 3, 32, 32]}, encoder  # the base image and one tile, flattened
         assert (out / target["name"] / "glue_parameters.safetensors").is_file()
         assert any("['model.image_newline']" in f for f in target["findings"]), target["findings"]
+    executorch = report["targets"][2]  # its tiles (`image_sizes`) do not fit MultimodalRunner's one image: said
+    assert any("not ExecuTorch MultimodalRunner's layout" in f and "image_sizes" in f
+               for f in executorch["findings"]), executorch["findings"]
 
 
 def test_llava_next_parity_reads_the_glue_weight_from_the_folder(llava_next):

@@ -20,12 +20,14 @@ from exporters import upstream
 from exporters.capture.cache_settings import sliding_window_of
 from exporters.capture.components import GLUE_FILE, cache_setting_for, write_glue
 from exporters.capture.llm_runner import METHODS_NOTE
+from exporters.capture.multimodal_runner import MULTIMODAL_RUNNER
 from exporters.capture.shapes import build_dynamic_shapes
 from exporters.errors import ShapeSpecError, TargetPlanError
 from exporters.export import onnx_files
 from exporters.export.folder_files import complete_folder, model_folder
 from exporters.export.footprint import tied_embeddings
 from exporters.export.llm_runner import export_runner
+from exporters.export.multimodal_runner import export_multimodal_runner
 from exporters.export.onnx_files import apply_onnx_file_options
 from exporters.export.onnx_names import rename_merged_graph, unnamed_inputs
 from exporters.export.seq2seq_merged import merge_encoder_decoder
@@ -173,6 +175,9 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
     if getattr(target, "layout", None) == "runner":  # the ExecuTorch LLM runner's program (exporters.export.llm_runner)
         with _tracing(model, target), _lowering_memory(target, directory):
             outcome = export_runner(model, target, components, recipe, directory, notes, quantizer_for)
+    elif getattr(target, "layout", None) == MULTIMODAL_RUNNER:  # exporters.export.multimodal_runner
+        with _tracing(model, target), _lowering_memory(target, directory):
+            outcome = export_multimodal_runner(model, target, components, recipe, directory, notes)
     else:
         exporter = upstream.exporter_class(target.export_format)()
         configs = component_configs(target, components, recipe, notes, quantizer_for)
@@ -183,7 +188,7 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
             notes.append(f"{GLUE_FILE} holds {glue}: weights the model's forward reads itself between its graphs "
                          "(a runtime's glue code needs them too); parity reads them from this file")
     if target.export_format == "executorch" and target.mode == "generation" \
-            and getattr(target, "layout", None) != "runner":
+            and getattr(target, "layout", None) not in ("runner", MULTIMODAL_RUNNER):
         notes.append(methods_note(target, components))
     written = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()
                      and not p.is_symlink())

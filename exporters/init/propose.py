@@ -332,6 +332,10 @@ def _note_methods_layout(result: FormatResult, target: dict, directory: Path) ->
         layout = None
     if layout == RUNNER_GRAPH:
         return
+    if layout == "multimodal_runner":  # a vision-language model's runner program (exporters.capture.multimodal_runner)
+        result.notes.append("the plain ExecuTorch target is ExecuTorch MultimodalRunner's program (layout "
+                            "'multimodal_runner': token_embedding, vision_encoder, text_decoder)")
+        return
     result.graph = METHODS_GRAPH
     reason = next((f for f in target.get("findings") or [] if "not the LLM runner's layout" in f), "")
     result.notes.append(reason or "the plain ExecuTorch target was exported with a method per component (layout "

@@ -6,6 +6,8 @@ exporters/layouts/
   child.py           how every proof's runtime runs: a child held short (allow-listed env, RLIMIT_DATA, timeout)
   card.py            what every card snippet is built from (download lines, the prompt line, checked identifiers)
   executorch_llm/    the ExecuTorch LLM runner (TextLLMRunner): model.pte in the runner's contract
+  executorch_multimodal/  ExecuTorch's MultimodalRunner: a vision-language model.pte (token_embedding, vision_encoder,
+                     text_decoder)
   genai/             ONNX Runtime GenAI: a merged decoder graph and genai_config.json
   transformers_js/   transformers.js on Node.js: onnx/model.onnx and transformers.js_config
   optimum/           optimum's ORTModelForCausalLM, in its side environment: the merged decoder under its names
@@ -21,7 +23,8 @@ passed (`exporters.publish.snippets`). A new layout is one package and one line 
 
 Example:
     >>> [layout.runtime for layout in LAYOUTS]
-    ['ExecuTorch LLM runner', 'transformers.js', 'ONNX Runtime GenAI', 'optimum', 'sentence-transformers']
+    ['ExecuTorch LLM runner', 'ExecuTorch MultimodalRunner', 'transformers.js', 'ONNX Runtime GenAI', 'optimum',
+     'sentence-transformers']
     >>> layout_named("transformers.js").install.startswith("install Node.js")
     True
 """
@@ -38,13 +41,15 @@ from exporters.layouts.child import (CHILD_ENV, CHILD_TIMEOUT_S, MEMORY_FLOOR_BY
                                      ProofStatus, RuntimeContext, RuntimeProof, child_environment, child_message,
                                      child_timeout, kill_child_of, memory_limit, run_in_child, run_script)
 from exporters.layouts.executorch_llm import ExecutorchLlm
+from exporters.layouts.executorch_multimodal import ExecutorchMultimodal
 from exporters.layouts.genai import Genai
 from exporters.layouts.optimum import Optimum
 from exporters.layouts.sentence_transformers import SentenceTransformers
 from exporters.layouts.transformers_js import TransformersJs
 
-__all__ = ["CHILD_ENV", "CHILD_TIMEOUT_S", "EXAMPLE_IDS", "ExecutorchLlm", "Genai", "LAYOUTS", "NO_TOKENIZER", "Optimum",
-           "PIN_COMMENT", "PROMPT", "PROMPT_LINE", "SentenceTransformers", "TransformersJs", "file_names", "has_tokenizer", "identifier",
+__all__ = ["CHILD_ENV", "CHILD_TIMEOUT_S", "EXAMPLE_IDS", "ExecutorchLlm", "ExecutorchMultimodal", "Genai", "LAYOUTS",
+           "NO_TOKENIZER", "Optimum", "PIN_COMMENT", "PROMPT", "PROMPT_LINE", "SentenceTransformers", "TransformersJs",
+           "file_names", "has_tokenizer", "identifier",
            "subfolder", "MEMORY_FLOOR_BYTES", "MEMORY_PER_FOLDER_BYTE", "Layout",
            "ProofStatus", "RuntimeContext", "RuntimeProof", "child_environment", "child_message", "child_timeout",
            "components_in", "kill_child_of", "layout_named", "memory_limit", "run_in_child", "run_script",
@@ -52,7 +57,8 @@ __all__ = ["CHILD_ENV", "CHILD_TIMEOUT_S", "EXAMPLE_IDS", "ExecutorchLlm", "Gena
 
 # Every deployment layout, once. Order matters only for the files: transformers.js moves the graph under onnx/
 # before GenAI's genai_config.json names its file.
-LAYOUTS: tuple[Layout, ...] = (ExecutorchLlm(), TransformersJs(), Genai(), Optimum(), SentenceTransformers())
+LAYOUTS: tuple[Layout, ...] = (ExecutorchLlm(), ExecutorchMultimodal(), TransformersJs(), Genai(), Optimum(),
+                               SentenceTransformers())
 
 
 def layout_named(runtime: str) -> Layout | None:

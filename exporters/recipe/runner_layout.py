@@ -25,14 +25,19 @@ class ExecutorchLayoutSetting(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
-    layout: Literal["runner", "methods"] | None = Field(
+    layout: Literal["runner", "multimodal_runner", "methods"] | None = Field(
         default=None,
         description="Generation: 'runner' writes one model.pte in the contract of ExecuTorch's LLM runner "
         "(TextLLMRunner) and optimum-executorch: forward(tokens [1, seq], cache_position [seq]) -> logits, the KV "
         "cache held in the program, constant metadata methods (get_max_seq_len, get_eos_ids, ...), tokenizer.json "
-        "beside it. 'methods': one program with a method per component (prefill, decode taking and returning the "
+        "beside it; for a vision-language model, the layout of ExecuTorch's MultimodalRunner ('multimodal_runner', which "
+        "may also be asked by name): one model.pte with the methods token_embedding, vision_encoder (the "
+        "processor's pixel_values, float [1, 3, H, W]) and text_decoder (inputs_embeds, cache_position; the cache "
+        "inside) and the same metadata methods, for LLaVA-style models (one image whose features replace one run of "
+        "image tokens). 'methods': one program with a method per component (prefill, decode taking and returning the "
         "cache). Default: 'runner' for decoder-only models (static cache, batch 1) that run with the runner "
-        "program's static cache and whose runner program exports, 'methods' otherwise (the report says why).",
+        "program's static cache and whose runner program exports, 'multimodal_runner' for LLaVA-style vision-language "
+        "models (float, static cache, batch 1), 'methods' otherwise (the report says why).",
     )
     custom_ops: StrictBool | None = Field(
         default=None,
@@ -52,8 +57,8 @@ class ExecutorchLayoutSetting(BaseModel):
 
     @model_validator(mode="after")
     def _runner_settings(self) -> Any:
-        if self.layout == "runner" and getattr(self, "mode", None) == "model":
-            raise _problem(("layout",), "layout 'runner' applies to mode 'generation'")
+        if self.layout in ("runner", "multimodal_runner") and getattr(self, "mode", None) == "model":
+            raise _problem(("layout",), f"layout {self.layout!r} applies to mode 'generation'")
         if self.layout == "methods":
             for key in ("custom_ops", "external_weights"):
                 if getattr(self, key) is not None:

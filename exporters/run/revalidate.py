@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from exporters.capture import llm_runner
+from exporters.capture import llm_runner, multimodal_runner
 from exporters.capture.dtypes import reference_groups
 from exporters.errors import ArtifactError, error_record, recoverable
 from exporters.export.footprint import record_footprint
@@ -26,6 +26,8 @@ from exporters.upstream import read_manifest
 from exporters.validate.subject import SavedTarget
 
 __all__ = ["RunOptions", "validate_existing"]
+
+RUNNER_LAYOUTS = (llm_runner.RUNNER, multimodal_runner.MULTIMODAL_RUNNER)  # a saved program in a runner's contract
 
 
 def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
@@ -59,7 +61,7 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
             result.error = {"type": "MissingArtifact",
                             "message": f"{directory} holds no export (export.json missing): export it first"}
             continue
-        if _saved_layout(directory) != llm_runner.RUNNER:  # a default runner program that was exported as methods
+        if _saved_layout(directory) not in RUNNER_LAYOUTS:  # a default runner program that was exported as methods
             workbench.plan_methods_layout(target, llm_runner.NOT_RUNNER.format(
                 why="the folder's program has the methods layout (its export.json)"))
         try:

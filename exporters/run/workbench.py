@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from exporters.capture import llm_runner, merged, stepped
+from exporters.capture import llm_runner, merged, multimodal_runner, stepped
 from exporters.capture.cache_settings import (check_second_step, default_decode_contract, max_positions,
                                               sliding_window_of, state_space_layers)
 from exporters.capture.components import cache_setting_for, decompose, generation_config_for, minimum_components
@@ -100,6 +100,8 @@ class Workbench:
             return list(target.expected_components)
         if llm_runner.layout_of(target) == llm_runner.RUNNER:
             return [merged.MERGED]
+        if llm_runner.layout_of(target) == multimodal_runner.MULTIMODAL_RUNNER:
+            return list(multimodal_runner.COMPONENTS)
         if target.name in self.stepped:
             return list(stepped.STEPPED)
         return minimum_components(self.sample.family, target.mode, list(components), self.model,
@@ -133,6 +135,8 @@ class Workbench:
 
         if target.name not in self.fitted:
             setting = self.cache_setting(target, recipe)
+            if self._multimodal_runner(target, recipe, setting):
+                return self.fitted[target.name][0]
             state_layers = state_space_layers(self.model.config)
             runner = llm_runner.wants_runner(target, self.sample.family, setting.implementation,
                                              recipe.inputs.batch_size, sliding_window_of(self.model.config),
@@ -151,6 +155,8 @@ class Workbench:
             target.merged = merged.planned_merged(target, self.sample.family, setting.implementation,
                                                    self.model.config)
             captured = self._captured(target, recipe, setting)
+            if self.sample.family == "vision-language":  # not the multimodal runner's layout: why
+                refused = self.not_runner.get(target.name)
             layout_notes, dropped = llm_runner.methods_note(target, state_layers) + ([refused] if refused else []), []
             if target.merged and asked is None and (not merged.takes_cache(captured) or merged.scans(captured)):
                 dropped = [merged.default_dropped(captured)]  # a default it cannot have
@@ -169,6 +175,25 @@ class Workbench:
             self.fitted[target.name] = (fitted, notes + self._cache_notes(target, setting))
         return self.fitted[target.name][0]
 
+    def _multimodal_runner(self, target: Target, recipe: Recipe, setting: Any) -> bool:
+        """Plan a vision-language target in ExecuTorch MultimodalRunner's layout where it applies
+        (`exporters.capture.multimodal_runner`); False (the methods layout, the reason in its notes) otherwise."""
+        if not multimodal_runner.wants_multimodal_runner(target, self.sample.family, setting.implementation,
+                                                         recipe.inputs.batch_size):
+            return False
+        refused = self.not_runner.get(target.name) or multimodal_runner.refused(
+            target, self.model, self.sample.generate, setting.max_cache_len)
+        if refused is not None:
+            self.not_runner.setdefault(target.name, refused)
+            return False
+        target.layout = multimodal_runner.MULTIMODAL_RUNNER
+        key = (multimodal_runner.MULTIMODAL_RUNNER, setting)
+        if key not in self.decompositions:
+            self.decompositions[key] = multimodal_runner.capture(self.model, self.sample.generate,
+                                                                 setting.max_cache_len)
+        self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting))
+        return True
+
     def plan_methods_layout(self, target: Target, reason: str) -> bool:
         """Plan an ExecuTorch generation target with the methods layout from now on, `reason` said in its findings
         where the runner layout would have been its default (the recipe left `layout` unset): after an export of the
@@ -179,7 +204,7 @@ class Workbench:
         if self.recipe_layouts.get(target.name) is not None:
             return False
         self.not_runner[target.name] = reason
-        if target.layout == llm_runner.RUNNER:
+        if target.layout in (llm_runner.RUNNER, multimodal_runner.MULTIMODAL_RUNNER):
             target.layout = None
         self.fitted.pop(target.name, None)
         return True

@@ -15,6 +15,7 @@ Beside them:
 
 - `eager_side.py`: everything a target's checks take from the eager model, computed while the target exports;
 - `subject.py`: what validation is handed, as two objects: the eager model's side and the saved target's folder;
+- `multimodal_runner.py`: generation parity of a MultimodalRunner program, fed as that runner feeds its methods;
 - `tolerances.py`: the atol/rtol an artifact is held to (the format's default, then the recipe's overrides);
 - `ort_schemas.py`: `onnx.checker` on graphs fused for ONNX Runtime (its own ops registered first);
 - `runtimes.py`: each target folder loaded, alone, by the runtime its layout is for (the "runs in" column; the

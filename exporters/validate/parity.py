@@ -32,6 +32,7 @@ import torch
 
 from exporters.capture.cache_settings import sliding_window_of
 from exporters.capture.merged import MERGED, prompt_inputs
+from exporters.capture.multimodal_runner import COMPONENTS as MULTIMODAL_COMPONENTS, TEXT_DECODER
 from exporters.capture.stepped import STEPPED, zeroed_cache
 from exporters.capture.steps import cache_input_name, output_cache, step_inputs
 from exporters.errors import describe_error, recoverable
@@ -40,6 +41,7 @@ from exporters.upstream import run_component
 from exporters.validate.greedy import DecodeStepper, Greedy, Tolerances, decode_loop, eager_reference
 from exporters.validate.subject import EagerModel
 from exporters.validate.native_log import native_messages
+from exporters.validate.multimodal_runner import multimodal_runner_driver
 from exporters.validate.vision_language import vision_language
 
 
@@ -86,6 +88,8 @@ def generation_parity(subject: EagerModel, components, exported, steps: int, tol
     needed = needed or set(components)
     if family == "vision-language":
         driver = functools.partial(vision_language, glue=glue or {})
+    if family == "vision-language" and TEXT_DECODER in names:  # ExecuTorch MultimodalRunner's program
+        driver, needed = multimodal_runner_driver, set(MULTIMODAL_COMPONENTS)
     if family == "text" and "model" in names:
         driver, needed = _merged_decoder, {"model"}
     elif family == "text" and set(components) == set(STEPPED):  # a state-space model's stepped prompt

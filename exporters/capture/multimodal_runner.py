@@ -1,0 +1,137 @@
+"""ExecuTorch's `MultimodalRunner` layout: which vision-language targets get it, and its three components.
+
+A vision-language ExecuTorch generation target is, by default (`layout` unset or `"runner"`), one program in the
+contract of executorch's `MultimodalRunner` (extension/llm/runner, with its Python binding) and optimum-executorch:
+`token_embedding`, `vision_encoder`, `text_decoder` (the KV cache inside), constant metadata methods
+(`exporters.upstream.multimodal_runner`). The target's layout is then `"multimodal_runner"`. It fits a LLaVA-style
+model: one image whose features (`get_image_features`) take the place of one run of image tokens in the prompt, the
+processor's pixels `[1, 3, H, W]` the only image input, a text model the static cache holds whole. A model outside
+that (tiles with `image_sizes`, a pixel mask, token types, Qwen2-VL's patches, sliding-window layers shorter than the
+cache) keeps the methods layout, the report saying why ([`refused`]).
+
+Example:
+    >>> from exporters.recipe.load import parse_recipe
+    >>> target = parse_recipe('{"export_format": "executorch", "mode": "generation"}').exports[0]
+    >>> wants_multimodal_runner(target, "vision-language", "static", batch_size=1)
+    True
+    >>> wants_multimodal_runner(target, "text", "static", batch_size=1)
+    False
+    >>> target.layout = "multimodal_runner"
+    >>> wants_multimodal_runner(target, "text", "static", batch_size=1)
+    Traceback (most recent call last):
+    ...
+    exporters.errors.TargetPlanError: layout 'multimodal_runner' is for vision-language models; this is a text model: use layout 'runner' or 'methods'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from exporters.errors import TargetPlanError
+from exporters.upstream import multimodal_runner
+
+MULTIMODAL_RUNNER = "multimodal_runner"
+TOKEN_EMBEDDING, VISION_ENCODER, TEXT_DECODER = multimodal_runner.METHODS
+COMPONENTS = list(multimodal_runner.METHODS)
+# the sample inputs a LLaVA-style forward reads (anything else: a layout the runner's one image cannot carry)
+IMAGE_INPUTS = {"input_ids", "attention_mask", "pixel_values"}
+NOT_MULTIMODAL = ("the ExecuTorch program has a method per component (layout 'methods'), not ExecuTorch "
+                  "MultimodalRunner's layout: {why}")
+
+
+def wants_multimodal_runner(target: Any, family: str, cache_implementation: str, batch_size: int = 1) -> bool:
+    """Whether a vision-language ExecuTorch generation target is planned in the multimodal runner's layout: its
+    recipe asks (`layout` "runner" or "multimodal_runner") or leaves `layout` unset, with a static cache at batch 1,
+    no component settings of the methods layout, XNNPACK and no quantization (whether the model fits is
+    [`refused`]'s). Raises [`TargetPlanError`] when the recipe asked for it and a setting rules it out."""
+    if target.export_format != "executorch" or target.mode != "generation":
+        return False
+    layout = getattr(target, "layout", None)
+    if family != "vision-language":
+        if layout == MULTIMODAL_RUNNER:
+            raise TargetPlanError(f"layout 'multimodal_runner' is for vision-language models; this is a {family} "
+                                  "model: use layout 'runner' or 'methods'", option="layout")
+        return False
+    if layout == "methods":
+        return False
+    reasons = []
+    if cache_implementation != "static":
+        reasons.append("the recipe's generation.cache_implementation is 'dynamic' (the runner's program holds a "
+                       "static cache)")
+    if batch_size != 1:
+        reasons.append(f"inputs.batch_size is {batch_size} (the runner runs batch 1)")
+    if target.components or target.dynamic_shapes or getattr(target, "merged", None) is not None:
+        reasons.append("the target sets per-component settings or dynamic_shapes of the methods layout")
+    if target.backend != "xnnpack":
+        reasons.append(f"backend {target.backend!r} (the runner layout is lowered for XNNPACK)")
+    if target.quantize is not None:
+        reasons.append("the target is quantized (the multimodal runner program is exported in float here)")
+    if not reasons:
+        return True
+    if layout is not None:
+        raise TargetPlanError(f"layout {layout!r} cannot be exported for this vision-language model: "
+                              f"{'; '.join(reasons)}; use layout 'methods'", option="layout")
+    return False
+
+
+def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> str | None:
+    """Why the model does not fit the runner's contract (see the module), as the report says it where the layout
+    was the default; None when it fits. Raises [`TargetPlanError`] when the recipe asked for the layout."""
+    extra = sorted(set(generate_inputs) - IMAGE_INPUTS)
+    pixels = generate_inputs.get("pixel_values")
+    ids = generate_inputs.get("input_ids")
+    image_token = getattr(model.config, "image_token_id", None)
+    if image_token is None:
+        image_token = getattr(model.config, "image_token_index", None)
+    text = model.config.get_text_config()
+    window = getattr(text, "sliding_window", None)
+    why = None
+    if not hasattr(model, "get_image_features"):
+        why = f"{type(model).__name__} has no get_image_features (the vision_encoder method)"
+    elif extra:
+        why = f"its image inputs include {extra}, which the runner's one image (pixels only) cannot carry"
+    elif not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or pixels.shape[0] != 1:
+        shape = list(pixels.shape) if isinstance(pixels, torch.Tensor) else None
+        why = f"its pixels are not one image [1, 3, H, W] (shape {shape})"
+    elif image_token is None or ids is None or len(_runs(ids[0].tolist(), int(image_token))) != 1:
+        why = "its prompt does not hold one run of image tokens (the runner puts the image's features there)"
+    elif window is not None and window < max_cache_len:
+        why = (f"its text model has sliding-window layers (window {window}, shorter than the cache of "
+               f"{max_cache_len}): the runner program's static cache would roll them on one traced code path")
+    if why is None:
+        return None
+    if getattr(target, "layout", None) is not None:
+        raise TargetPlanError(f"layout {target.layout!r} cannot be exported: {why}; use layout 'methods'",
+                              option="layout")
+    return NOT_MULTIMODAL.format(why=why)
+
+
+def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
+    """The `(start, end)` of each run of `token` in `ids`."""
+    runs: list[tuple[int, int]] = []
+    for i, value in enumerate(ids):
+        if value == token:
+            if runs and runs[-1][1] == i:
+                runs[-1] = (runs[-1][0], i + 1)
+            else:
+                runs.append((i, i + 1))
+    return runs
+
+
+def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> dict[str, tuple[Any, dict]]:
+    """The three methods and the inputs each is traced with: the prompt's text before the image (at least 2
+    tokens, so the sequence axis stays dynamic), the image's pixels, the prompt's embeddings at position 0."""
+    ids = generate_inputs["input_ids"]
+    if ids.shape[1] >= max_cache_len:
+        raise TargetPlanError(f"the prompt ({ids.shape[1]} tokens) does not fit the static cache of {max_cache_len} "
+                              "positions: raise generation.max_cache_len", option="layout")
+    modules = multimodal_runner.multimodal_modules(model, max_cache_len)
+    text = ids[:, :max(2, min(ids.shape[1], 8))].clone()
+    with torch.no_grad():
+        embeds = modules[TOKEN_EMBEDDING](text)
+    return {TOKEN_EMBEDDING: (modules[TOKEN_EMBEDDING], {"input_ids": text}),
+            VISION_ENCODER: (modules[VISION_ENCODER], {"pixel_values": generate_inputs["pixel_values"].clone()}),
+            TEXT_DECODER: (modules[TEXT_DECODER], {"inputs_embeds": embeds,
+                                                   "cache_position": torch.arange(text.shape[1])})}

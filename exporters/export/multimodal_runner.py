@@ -1,0 +1,77 @@
+"""Writing a target in ExecuTorch MultimodalRunner's layout (`exporters.capture.multimodal_runner`): one `model.pte`
+with the methods `token_embedding`, `vision_encoder`, `text_decoder` and the runner's metadata (and `model.ptd` when
+asked, past 2 GB, or when the model ties its embeddings: the table is then stored once), the manifest and the config files; the tokenizer and processor files are copied in by
+`folder_files.complete_folder`, as for every target.
+
+```
+three methods ──► export_multimodal_program (exporters.upstream.multimodal_runner) ──► model.pte [+ model.ptd]
+                                                                   export.json (layout "multimodal_runner")
+                                                                   config.json, generation_config.json
+```
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from exporters import upstream
+from exporters.capture.components import cache_setting_for
+from exporters.capture.llm_runner import CUSTOM_OPS_OFF, PTE_WEIGHTS_LIMIT, custom_ops_of
+from exporters.capture.multimodal_runner import COMPONENTS, MULTIMODAL_RUNNER
+from exporters.capture.token_ids import special_token_ids
+from exporters.export.footprint import ModelWeights
+from exporters.recipe.model import Recipe
+from exporters.upstream import llm_runner, multimodal_runner
+
+PROGRAM, WEIGHTS_TAG = "model.pte", "model"
+
+
+def export_multimodal_runner(model: Any, target: Any, components: dict[str, tuple[Any, dict]], recipe: Recipe,
+                             directory: Path, notes: list[str]) -> dict[str, Any]:
+    """Export the runner's three methods into one program and write the target folder. Returns `{"components",
+    "export_only_s", "save_s"}`."""
+    setting = cache_setting_for(model, target, recipe)
+    custom_ops = custom_ops_of(target, model)
+    if not custom_ops and getattr(target, "custom_ops", None) is None:
+        notes.append(CUSTOM_OPS_OFF.format(model=type(model).__name__))
+    asked, weights = getattr(target, "external_weights", None), ModelWeights.of(model)
+    # a tied table is stored once only through the named-data file (docs/upstream-gaps.md #13), as the text runner's
+    tied = asked is None and weights.tied
+    external = bool(asked) or weights.bytes() > PTE_WEIGHTS_LIMIT or tied
+    eos = special_token_ids(model.generation_config, model.config).eos
+    metadata = llm_runner.runner_metadata(model, setting.max_cache_len, custom_ops, eos)
+    image_token = getattr(model.config, "image_token_id", None)
+    if image_token is None:
+        image_token = getattr(model.config, "image_token_index", None)
+    if image_token is not None:  # optimum-executorch reads it to place the image's features
+        metadata["vision_token_id"] = int(image_token)
+    modules = {name: components[name][0] for name in COMPONENTS}
+    inputs = {name: components[name][1] for name in COMPONENTS}
+    started = time.time()
+    manager, records, custom_nodes = multimodal_runner.export_multimodal_program(
+        modules, model, inputs, max_cache_len=setting.max_cache_len, custom_ops=custom_ops, metadata=metadata,
+        external_weights=WEIGHTS_TAG if external else None)
+    export_s = time.time() - started
+    started = time.time()
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / PROGRAM, "wb") as handle:
+        manager.write_to_file(handle)
+    entries: dict[str, Any] = {name: {"file": PROGRAM, "method": name, "metadata": upstream.metadata_dict(records[name])}
+                               for name in COMPONENTS}
+    if external:
+        manager.write_tensor_data_to_file(str(directory))
+        for entry in entries.values():
+            entry["data_file"] = f"{WEIGHTS_TAG}.ptd"
+    upstream.write_manifest(directory, {
+        "schema_version": 1, "export_format": "executorch", "layout": MULTIMODAL_RUNNER, "custom_ops": custom_ops,
+        "runner_metadata": metadata, "components": entries})
+    model.config.save_pretrained(directory)
+    setting.for_artifact(model.generation_config).save_pretrained(directory)
+    notes.append(f"ExecuTorch MultimodalRunner layout: model.pte holds token_embedding, vision_encoder (the "
+                 f"processor's pixel_values, float [1, 3, H, W]) and text_decoder (the cache inside"
+                 + (f", ExecuTorch's LLM custom ops: {custom_nodes} llama:: nodes; a runtime needs their kernels"
+                    if custom_ops else "") + ")")
+    return {"components": list(COMPONENTS), "export_only_s": round(export_s, 3),
+            "save_s": round(time.time() - started, 3)}

@@ -1,0 +1,63 @@
+"""ExecuTorch MultimodalRunner's layout: one `model.pte` with the methods the runner calls (`token_embedding`,
+`vision_encoder`, `text_decoder` with the cache inside) and its metadata methods, `tokenizer.json` and the processor's
+files beside it, run by executorch's `MultimodalRunner` (C++, and its Python binding `executorch.extension.llm.runner`).
+
+| module      | what it holds                                                                                        |
+|-------------|------------------------------------------------------------------------------------------------------|
+| `__init__`  | [`ExecutorchMultimodal`]: when it applies (layout `multimodal_runner`), its card snippet               |
+| `proof.py`  | `MultimodalRunner` generating from an image and a prompt, the folder alone, token for token vs eager |
+
+The image reaches the runner as the processor's `pixel_values` (float, normalized, `[1, 3, H, W]`: the
+`vision_encoder` method's input dtype is float, so the runner takes float `CHW` pixels, not raw `uint8` `HWC`), the
+prompt as the processor's token ids (`generate_hf` splits them around the run of image tokens). The program is the
+export's (`exporters.export.multimodal_runner`, `exporters.capture.multimodal_runner`, lowered by
+`exporters.upstream.multimodal_runner`).
+
+Example:
+    >>> ExecutorchMultimodal().runtime
+    'ExecuTorch MultimodalRunner'
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from exporters.layouts.base import Layout
+from exporters.layouts.card import download, file_names
+from exporters.layouts.executorch_llm import ExecutorchLlm
+
+LAYOUT = "multimodal_runner"  # the target's layout (exporters.capture.multimodal_runner)
+# the card's snippet and the proof's child share these lines: the runner, built and called the same way
+RUNNER_IMPORTS = ("import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the llama:: kernels)\n"
+                  "from executorch.extension.llm.runner import GenerationConfig, MultimodalRunner\n")
+GENERATE = ("runner.generate_hf(inputs, GenerationConfig(echo=False, max_new_tokens={max_new_tokens}, "
+            "temperature=0.0), image_token_id=image_token_id, token_callback={callback})")
+IMAGE_PROMPT = "Describe the image."
+
+
+class ExecutorchMultimodal(Layout):
+    """`MultimodalRunner` on an ExecuTorch target in its layout."""
+
+    runtime = "ExecuTorch MultimodalRunner"
+    install = ExecutorchLlm.install
+
+    def may_apply(self, target: Any, components: list[str]) -> bool:
+        return target.export_format == "executorch" and getattr(target, "layout", None) == LAYOUT
+
+    def declines(self, target: Any, directory: Path) -> str | None:
+        return ExecutorchLlm.declines(self, target, directory)  # the same C++ tokenizer
+
+    def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str]:
+        data = ', f"{folder}/model.ptd"' if "model.ptd" in file_names(target) else ""
+        return "python", (
+            download(repo_id, target, revision)
+            + RUNNER_IMPORTS
+            + "from PIL import Image\nfrom transformers import AutoConfig, AutoProcessor\n\n"
+            f'runner = MultimodalRunner(f"{{folder}}/model.pte", f"{{folder}}/tokenizer.json"{data})\n'
+            "processor = AutoProcessor.from_pretrained(folder)\n"
+            "image_token_id = AutoConfig.from_pretrained(folder).image_token_id\n"
+            'image = Image.open("image.jpg").convert("RGB")  # your image\n'
+            f'prompt = f"{{processor.image_token}} {IMAGE_PROMPT}"  # your prompt, with the image token\n'
+            'inputs = processor(images=image, text=prompt, return_tensors="pt")  # float pixel_values [1, 3, H, W]\n'
+            + GENERATE.format(max_new_tokens=32, callback='lambda piece: print(piece, end="")'))

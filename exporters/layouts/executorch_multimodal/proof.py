@@ -1,0 +1,115 @@
+"""ExecuTorch MultimodalRunner's proof: executorch's own `MultimodalRunner` (through the pybinding of the pinned
+executorch) generates from `model.pte`, the folder's `tokenizer.json`, an image and a prompt, greedily, the same
+tokens as eager `generate()` on the same inputs.
+
+```
+reference(): the sample's inputs (the processor's prompt ids with its run of image tokens, its float pixel_values
+             [1, 3, H, W] of a synthesized image) └─ eager greedy generate, max_new_tokens ─► ids (eos left out)
+prove():     a subprocess runs MultimodalRunner(model.pte, tokenizer.json[, model.ptd]).generate_hf(those inputs,
+             temperature 0) (the card's call) └─ pieces ─► ids ─► compared with eager's, token for token
+```
+
+The binding hands each generated token to Python as its decoded piece; a piece maps back to the ids of the folder's
+tokenizer that decode to it, and matches where eager's id is among them (as the text runner's proof,
+`exporters.layouts.executorch_llm.proof`).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+
+from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
+from exporters.layouts.executorch_multimodal import GENERATE, RUNNER_IMPORTS
+from exporters.upstream import read_manifest
+
+# the card's snippet makes the same runner and the same call (RUNNER_IMPORTS, GENERATE)
+CHILD = r"""
+import json, sys
+import torch
+from transformers import BatchFeature
+spec = json.loads(sys.argv[1])
+""" + RUNNER_IMPORTS + r"""
+args = [spec["program"], spec["tokenizer"]] + ([spec["data"]] if spec["data"] else [])
+runner = MultimodalRunner(*args)
+inputs = BatchFeature(torch.load(spec["inputs"], weights_only=True))
+image_token_id = spec["image_token_id"]
+pieces, stats = [], {}
+def on_stats(s):
+    stats.update(prompt_tokens=s.num_prompt_tokens, generated=s.num_generated_tokens)
+""" + GENERATE.format(max_new_tokens='spec["max_new_tokens"]', callback="pieces.append, stats_callback=on_stats") + r"""
+with open(spec["result"], "w") as handle:
+    json.dump({"pieces": pieces, "stats": stats}, handle)
+"""
+
+
+def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any]:
+    """The sample's image and prompt, and eager's greedy tokens as the runner shows them (see the module)."""
+    if context.source_dir is None or not (Path(context.source_dir) / "tokenizer.json").is_file():
+        return {"unverified": "the model folder has no tokenizer.json, which the runner reads"}
+    tokenizer = Tokenizer.from_file(str(Path(context.source_dir) / "tokenizer.json"))
+    inputs = {k: v for k, v in context.generate_inputs.items() if k in ("input_ids", "attention_mask", "pixel_values")}
+    config = copy.deepcopy(context.generation_config or model.generation_config)
+    config.do_sample, config.num_beams = False, 1
+    config.max_new_tokens = context.recipe.generation.max_new_tokens
+    eos = config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    with torch.no_grad():
+        out = model.generate(**copy.deepcopy(inputs), generation_config=config)
+    ids = inputs["input_ids"]
+    generated = out[0, ids.shape[1]:].tolist()
+    shown = generated[:next((i for i, t in enumerate(generated) if t in eos), len(generated))]
+    vocabulary = tokenizer.decode_batch([[i] for i in range(tokenizer.get_vocab_size())], skip_special_tokens=False)
+    ids_of: dict[str, list[int]] = {}
+    for token, piece in enumerate(vocabulary):
+        ids_of.setdefault(piece, []).append(token)
+    token = getattr(model.config, "image_token_id", None)
+    token = token if token is not None else getattr(model.config, "image_token_index", None)
+    return {"input_ids": ids.clone(), "pixel_values": inputs["pixel_values"].detach().float().clone(),
+            "image_token_id": int(token), "prompt_tokens": int(ids.shape[1]), "tokens": shown,
+            "eos": sorted(eos), "ids_of": ids_of, "pieces": [vocabulary[t] for t in shown]}
+
+
+def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
+    """`MultimodalRunner` on the folder alone, in a child, compared with `reference` (see the module)."""
+    if "unverified" in reference:
+        return RuntimeProof(layout.runtime, "unverified", reference["unverified"])
+    if importlib.util.find_spec("executorch.extension.llm.runner") is None:
+        return layout.not_here()
+    if not reference["tokens"]:
+        return RuntimeProof(layout.runtime, "unverified", "eager generated eos first: no token to compare the "
+                                                          "runner's with; set `inputs.prompt` to one it continues")
+    entry = read_manifest(directory)["components"]["text_decoder"]
+    tokenizer = directory / "tokenizer.json"
+    if not tokenizer.is_file():
+        return RuntimeProof(layout.runtime, "failed", "the target folder has no tokenizer.json for the runner")
+    with tempfile.TemporaryDirectory() as scratch:
+        inputs = Path(scratch) / "inputs.pt"
+        torch.save({"input_ids": reference["input_ids"], "pixel_values": reference["pixel_values"]}, inputs)
+        spec = {"program": str(directory / entry["file"]), "tokenizer": str(tokenizer),
+                "data": str(directory / entry["data_file"]) if entry.get("data_file") else None,
+                "inputs": str(inputs), "image_token_id": reference["image_token_id"],
+                "max_new_tokens": len(reference["tokens"])}
+        answer, why = run_in_child(CHILD, spec, folder=directory, timeout_s=child_timeout(context))
+    if answer is None:
+        return RuntimeProof(layout.runtime, "failed", f"the runner failed: {why}")
+    want, ids_of = reference["tokens"], reference["ids_of"]
+    got = answer["pieces"]
+    read = answer["stats"].get("prompt_tokens")
+    if read is not None and read != reference["prompt_tokens"]:
+        return RuntimeProof(layout.runtime, "failed", f"the runner read the prompt and image as {read} positions, "
+                                                   f"eager as {reference['prompt_tokens']}")
+    equal = 0
+    while equal < min(len(got), len(want)) and want[equal] in ids_of.get(got[equal], []):
+        equal += 1
+    if equal == len(want) == len(got):
+        return RuntimeProof(layout.runtime, "passed", f"{equal}/{len(want)} tokens from an image and a prompt "
+                                                   f"({reference['prompt_tokens']} positions)")
+    return RuntimeProof(layout.runtime, "failed", f"{equal}/{len(want)} tokens equal: the runner generated "
+                                               f"{''.join(got)[:200]!r}, eager {''.join(reference['pieces'])[:200]!r}")

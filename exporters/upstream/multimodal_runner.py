@@ -1,0 +1,168 @@
+"""ExecuTorch's `MultimodalRunner` program (part of the adapter to upstream): a vision-language model as one `.pte`
+with the three methods the runner calls, the KV cache inside `text_decoder` as for the text runner
+(`exporters.upstream.llm_runner`: transformers' static-cache wrapper, executorch's custom SDPA and cache ops, XNNPACK),
+and the runner's constant metadata methods.
+
+```
+model ──► multimodal_modules ──► export_multimodal_program ──► one .pte
+          token_embedding(tokens int64[1, seq]) -> embeddings [1, seq, hidden]          seq dynamic
+          vision_encoder(pixel_values float[1, 3, H, W]) -> image embeddings [1, n, hidden]  the processor's pixels
+          text_decoder(embeddings [1, seq, hidden], cache_position int64[seq]) -> logits    the cache inside
+          get_max_seq_len, get_max_context_len, get_eos_ids, get_bos_id, ... (constants.h), vision_token_id
+```
+
+The runner (extension/llm/runner/multimodal_prefiller.cpp) embeds each text input with `token_embedding`, each image
+with `vision_encoder` (its input dtype picks what it accepts: float here, the processor's normalized `CHW` pixels,
+not raw `uint8` `HWC`), and runs `text_decoder` on each result at the next cache positions; decoding feeds each new
+token through `token_embedding` and `text_decoder`. A LLaVA-style model's own forward does the same (image features
+in place of the image tokens), so the runner's tokens are eager `generate()`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from transformers.exporters.metadata import ExportMetadata
+from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+from exporters.upstream.beyond import _external_constants, _tag_delegate_weights, xnnpack_lowering
+from exporters.upstream.internals import strict_export_shares_parameters
+from exporters.upstream.llm_runner import _static_generation_config, custom_ops_installed
+from exporters.upstream.patches import patched
+
+# The runner's method names (extension/llm/runner/constants.h)
+TOKEN_EMBEDDING, VISION_ENCODER, TEXT_DECODER = "token_embedding", "vision_encoder", "text_decoder"
+METHODS = (TOKEN_EMBEDDING, VISION_ENCODER, TEXT_DECODER)
+
+
+class TokenEmbedding(torch.nn.Module):
+    """`token_embedding(input_ids [1, seq]) -> [1, seq, hidden]`: the model's own input embedding (with its scale)."""
+
+    def __init__(self, embedding: torch.nn.Module):
+        super().__init__()
+        self.embedding = embedding
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embedding(input_ids)
+
+
+class VisionEncoder(torch.nn.Module):
+    """`vision_encoder(pixel_values [1, 3, H, W]) -> [1, image tokens, hidden]`: the model's `get_image_features`
+    (vision tower, feature selection, projector), the features of the one image as one sequence."""
+
+    def __init__(self, model: Any):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        features = self.model.get_image_features(pixel_values=pixel_values)
+        features = getattr(features, "pooler_output", features)  # transformers 5: an output object
+        if isinstance(features, (list, tuple)):
+            features = torch.cat(list(features), dim=0)
+        return features.reshape(1, -1, features.shape[-1])
+
+
+class TextDecoder(torch.nn.Module):
+    """`text_decoder(inputs_embeds [1, seq, hidden], cache_position [seq]) -> logits [1, seq, vocab]` around
+    transformers' static-cache wrapper (its `wrapper`, as `llm_runner.RunnerProgram`'s, so the same custom ops swap
+    in); the cache is the wrapper's buffers."""
+
+    def __init__(self, wrapper: torch.nn.Module):
+        super().__init__()
+        self.wrapper = wrapper
+
+    def forward(self, inputs_embeds: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        return self.wrapper(inputs_embeds=inputs_embeds, cache_position=cache_position)
+
+
+def multimodal_modules(model: Any, max_cache_len: int) -> dict[str, torch.nn.Module]:
+    """The runner's three methods as eager modules, in the order the runner calls them.
+
+    Example:
+        >>> sorted(multimodal_modules(llava, 64))  # doctest: +SKIP
+        ['text_decoder', 'token_embedding', 'vision_encoder']
+    """
+    with _static_generation_config(model, max_cache_len):
+        wrapper = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_cache_len)
+    return {TOKEN_EMBEDDING: TokenEmbedding(model.get_input_embeddings()).eval(),
+            VISION_ENCODER: VisionEncoder(model).eval(), TEXT_DECODER: TextDecoder(wrapper).eval()}
+
+
+@contextlib.contextmanager
+def _text_attention_too(model: Any) -> Iterator[None]:
+    """`custom_ops_installed` sets the attention of the model's top config; a vision-language model's text layers
+    read their own (`text_config`), set here while the decoder is traced (the vision tower keeps its own)."""
+    text = model.config.get_text_config()
+    with patched(text, "_attn_implementation", "custom_sdpa") if text is not model.config \
+            else contextlib.nullcontext():
+        yield
+
+
+def export_multimodal_program(modules: dict[str, torch.nn.Module], model: Any, inputs: dict[str, dict[str, Any]], *,
+                              max_cache_len: int, custom_ops: bool, metadata: dict[str, Any],
+                              external_weights: str | None = None) -> tuple[Any, dict[str, Any], int]:
+    """Export the three methods and lower them, XNNPACK, into one program with `metadata` as constant methods.
+    `inputs`: each method's traced inputs; `seq` is dynamic up to `max_cache_len - 1` for `token_embedding` and
+    `text_decoder`, the image fixed at its traced size. `text_decoder` is traced strict (as the text runner's), with
+    executorch's custom SDPA and cache ops when `custom_ops`. `external_weights`: the tag of a `.ptd` every weight
+    goes to (None: inside the `.pte`).
+
+    Returns `(ExecutorchProgramManager, {method: ExportMetadata}, number of custom-op nodes)`."""
+    # executorch loads only where a program is lowered (seconds, native memory)
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner  # deferred: heavy
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower  # heavy
+    from executorch.exir.passes import MemoryPlanningPass  # deferred: heavy
+
+    seq = torch.export.Dim("seq_length_dim", max=max_cache_len - 1)
+    shapes = {TOKEN_EMBEDDING: {"input_ids": {1: seq}}, VISION_ENCODER: None,
+              TEXT_DECODER: {"inputs_embeds": {1: seq}, "cache_position": {0: seq}}}
+    programs: dict[str, torch.export.ExportedProgram] = {}
+    with torch.no_grad():
+        for name in (TOKEN_EMBEDDING, VISION_ENCODER):
+            programs[name] = torch.export.export(modules[name], (), dict(inputs[name]), dynamic_shapes=shapes[name],
+                                                 strict=False)
+        decoder, kwargs = modules[TEXT_DECODER], dict(inputs[TEXT_DECODER])
+        stack = contextlib.ExitStack()
+        with stack:
+            if custom_ops:
+                stack.enter_context(custom_ops_installed(decoder, model))
+                stack.enter_context(_text_attention_too(model))
+            with strict_export_shares_parameters():
+                exported = torch.export.export(decoder, (), kwargs, dynamic_shapes=shapes[TEXT_DECODER], strict=True)
+            if custom_ops:
+                # executorch's LLM export passes: loaded only when custom ops are asked for
+                from executorch.extension.llm.export.export_passes import RemoveRedundantTransposes
+
+                module = RemoveRedundantTransposes()(exported.module())[0]
+                exported = torch.export.export(module, (), kwargs, dynamic_shapes=shapes[TEXT_DECODER], strict=False)
+        programs[TEXT_DECODER] = exported
+    records = {name: _record(model, program, inputs[name]) for name, program in programs.items()}
+    custom_nodes = sum(1 for n in exported.graph.nodes if n.op == "call_function" and "llama." in str(n.target))
+    backend_config = ExecutorchBackendConfig(
+        extract_delegate_segments=True,
+        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+        do_quant_fusion_and_const_prop=True,
+    )
+    if external_weights is not None:
+        for program in programs.values():
+            _tag_delegate_weights(program, external_weights)
+        backend_config = _external_constants(backend_config, external_weights)
+    with xnnpack_lowering():
+        edge = to_edge_transform_and_lower(
+            programs, partitioner=[XnnpackPartitioner()],
+            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+            constant_methods=metadata,
+        )
+    return edge.to_executorch(config=backend_config), records, custom_nodes
+
+
+def _record(model: Any, program: torch.export.ExportedProgram, kwargs: dict[str, Any]) -> ExportMetadata:
+    """Upstream's metadata of one method (its inputs and the call specs the loader binds them with)."""
+    return ExportMetadata(
+        architecture=type(model).__name__, export_dtype=str(model.dtype).removeprefix("torch."), export_device="cpu",
+        kwargs={name: {"type": "tensor", "dtype": str(t.dtype), "shape": list(t.shape)} for name, t in kwargs.items()},
+        in_spec=torch.utils._pytree.treespec_dumps(program.call_spec.in_spec),
+        out_spec=torch.utils._pytree.treespec_dumps(program.call_spec.out_spec))

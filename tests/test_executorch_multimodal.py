@@ -1,0 +1,111 @@
+"""ExecuTorch MultimodalRunner's layout (#52 item 1): the plainest ExecuTorch generation recipe of a LLaVA-style model
+is one model.pte with the runner's methods and metadata, proven by executorch's own `MultimodalRunner` generating
+from an image and a prompt, token for token with eager `generate()`, and its card snippet runs as written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_plainest_executorch
+from tests.models import tiny_llava_with_processor
+
+RUNTIME = "ExecuTorch MultimodalRunner"
+
+
+@pytest.fixture(scope="module")
+def llava_runner(tmp_path_factory):
+    """The tiny LLaVA with its processor, the plainest ExecuTorch recipe, through the real CLI."""
+    root = tmp_path_factory.mktemp("mm-llava")
+    model_dir, out, done = run_plainest_executorch(root, tiny_llava_with_processor)
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
+    return model_dir, out, report, done.stdout + done.stderr
+
+
+def test_the_plainest_llava_recipe_passes_and_runs_in_the_multimodal_runner(llava_runner):
+    _, out, report, log = llava_runner
+    target = report["targets"][0]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs[RUNTIME]["status"] == "passed", proofs
+    assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from an image and a prompt"), proofs
+    assert "ExecuTorch LLM runner" not in proofs  # the text runner does not claim this folder
+    assert f"{RUNTIME} ✓ 8/8 tokens" in (out / "report.md").read_text()
+    generation = target["generation"]
+    assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
+
+
+def test_the_folder_holds_the_runners_methods_and_metadata(llava_runner):
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    from executorch.runtime import Runtime
+
+    _, out, report, _ = llava_runner
+    folder = out / "executorch"
+    manifest = json.loads((folder / "export.json").read_text())
+    assert manifest["layout"] == "multimodal_runner"
+    assert sorted(manifest["components"]) == ["text_decoder", "token_embedding", "vision_encoder"]
+    assert {e["file"] for e in manifest["components"].values()} == {"model.pte"}  # one program
+    program = Runtime.get().load_program(folder / "model.pte")
+    methods = set(program.method_names)
+    assert {"token_embedding", "vision_encoder", "text_decoder", "get_max_seq_len", "get_max_context_len",
+            "get_eos_ids", "use_kv_cache", "enable_dynamic_shape", "vision_token_id"} <= methods
+    assert program.load_method("get_eos_ids").execute([]) == [2]
+    assert program.load_method("use_sdpa_with_kv_cache").execute([]) == [True]
+    config = json.loads((folder / "config.json").read_text())
+    assert program.load_method("vision_token_id").execute([]) == [config.get("image_token_id", config.get("image_token_index"))]
+    assert {"tokenizer.json", "processor_config.json"} <= {p.name for p in folder.iterdir()}
+    # the weights once: the program is not much more than the float32 weights
+    weights = sum(p.stat().st_size for p in (llava_runner[0]).glob("*.safetensors"))
+    assert (folder / "model.pte").stat().st_size < 1.5 * weights
+
+
+def test_a_tied_llava_stores_its_table_once_and_runs_from_its_two_files(tmp_path):
+    """Tied embeddings (the table is both `token_embedding`'s and `text_decoder`'s output projection): the weights go
+    to model.ptd, the table once, and the runner, given both files as the card says, still generates eager's tokens."""
+    model_dir, out, done = run_plainest_executorch(tmp_path, tiny_llava_with_processor, tied=True)
+    report = json.loads((out / "report.json").read_text())
+    target = report["targets"][0]
+    assert target["status"] == "passed", (done.stderr[-3000:], json.dumps(target, indent=1)[:4000])
+    assert {p["runtime"]: p["status"] for p in target["runtimes"]} == {RUNTIME: "passed"}
+    folder = out / "executorch"
+    assert (folder / "model.ptd").is_file()
+    entries = json.loads((folder / "export.json").read_text())["components"].values()
+    assert all(entry["data_file"] == "model.ptd" for entry in entries)
+    assert target["weights_stored_bytes"] <= target["parameter_bytes"], target  # not the table twice
+
+
+def test_the_cards_multimodal_snippet_runs_as_written(llava_runner, hub, tmp_path):
+    """The card's `MultimodalRunner` snippet, run as written against the Hub emulator (an image.jpg put where it
+    reads one): the proof's runner and call, every line of them."""
+    import numpy as np
+    from PIL import Image
+
+    from exporters.layouts.executorch_multimodal import GENERATE, RUNNER_IMPORTS
+    from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
+
+    _, out, report, _ = llava_runner
+    commit = upload_exports(hub, "alice/llava", out, ["executorch"])
+    [(runtime, language, code)] = card_snippets(exports_card("alice/llava", out, commit))
+    assert runtime == RUNTIME and language == "python" and f'revision="{commit}"' in code
+    assert RUNNER_IMPORTS in code and GENERATE.split("(")[0] in code
+    home = tmp_path / "home"
+    home.mkdir()
+    Image.fromarray((np.random.default_rng(0).random((40, 48, 3)) * 255).astype("uint8")).save(home / "image.jpg")
+    done = run_snippet(code, hub, home)
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    assert done.stdout.strip()
+
+
+def test_hf_export_validate_judges_the_folder_again(llava_runner):
+    """`hf-export validate` of the written folder (last here: it writes the report again) plans the same layout from
+    the folder's export.json and passes it, with the runner's proof."""
+    from tests.conftest import run_cli
+
+    model_dir, out, _, _ = llava_runner
+    done = run_cli("validate", str(model_dir), str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    target = json.loads((out / "report.json").read_text())["targets"][0]
+    assert target["status"] == "passed" and target["expected_components"] == ["token_embedding", "vision_encoder",
+                                                                              "text_decoder"], target
+    assert {p["runtime"]: p["status"] for p in target["runtimes"]} == {RUNTIME: "passed"}
