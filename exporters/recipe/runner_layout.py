@@ -54,6 +54,11 @@ class ExecutorchLayoutSetting(BaseModel):
     def _runner_settings(self) -> Any:
         if self.layout == "runner" and getattr(self, "mode", None) == "model":
             raise _problem(("layout",), "layout 'runner' applies to mode 'generation'")
+        method = getattr(getattr(self, "quantize", None), "method", None)
+        if method == "torchao-xnnpack" and (self.layout == "methods" or getattr(self, "mode", None) == "model"):
+            raise _problem(("quantize", "method"), "'torchao-xnnpack' quantizes the LLM runner's program (mode "
+                                                   "'generation', layout 'runner'); for this target use "
+                                                   "{'method': 'pt2e-xnnpack', 'scheme': '8da4w'}")
         if self.layout == "methods":
             for key in ("custom_ops", "external_weights"):
                 if getattr(self, key) is not None:
