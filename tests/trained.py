@@ -6,7 +6,8 @@ The model memorizes a few sentences (`TRAINED_TEXT`), so its greedy continuation
 sentence, with margins of several logits.
 
 Example:
-    >>> folder = trained_llama(tmp_path / "model", {"exports": [...]}, train_once(tmp_path / "trained"))  # doctest: +SKIP
+    >>> trained = train_once(tmp_path / "trained")  # doctest: +SKIP
+    >>> folder = trained_llama(tmp_path / "model", {"exports": [...]}, trained)  # doctest: +SKIP
 """
 
 from __future__ import annotations

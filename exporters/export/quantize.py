@@ -162,10 +162,13 @@ def torchao_quantize(model: Any, spec: Any, notes: list[str]) -> dict[str, int]:
         >>> torchao_quantize(model, TorchaoXnnpackQuantize(method="torchao-xnnpack"), [])  # doctest: +SKIP
         {'embedding 8w': 1, 'linear 8da4w': 15}
     """
-    # torchao loads only for its quantizer
-    from torchao.quantization.granularity import PerAxis, PerGroup
-    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig, quantize_
-    from torchao.utils import unwrap_tensor_subclass
+    from torchao.quantization.granularity import PerAxis, PerGroup  # torchao loads only for its quantizer
+    from torchao.quantization.quant_api import (  # torchao loads only for its quantizer
+        Int8DynamicActivationIntxWeightConfig,
+        IntxWeightOnlyConfig,
+        quantize_,
+    )
+    from torchao.utils import unwrap_tensor_subclass  # torchao loads only for its quantizer
 
     options, algorithm = spec.options(), "hqq_scale_only"  # optimum-executorch's choice of scales
     tied = tied_embeddings(model)
@@ -320,12 +323,14 @@ def describe(target, calibration: list[SampleInputs], recipe: Recipe,
                 "samples": len(calibration)}
     else:
         data = {"source": "none (weight-only)" if spec.method == "onnxruntime-int4" else "none (dynamic activations)"}
-    quantizer = "onnxruntime.quantization.MatMulNBitsQuantizer" if spec.method == "onnxruntime-int4" else \
-        "torchao.quantization.quantize_(Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig)" \
-        if spec.method == "torchao-xnnpack" else "transformers.exporters." + {"onnxruntime-dynamic": "OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig)",
-                 "onnxruntime-static": "OnnxRuntimeQuantizer(OnnxRuntimeStaticConfig)",
-                 "pt2e-xnnpack": "PT2EQuantizer(XNNPACKQuantizer)",
-                 "pt2e-x86": "PT2EQuantizer(X86InductorQuantizer)"}[spec.method]
+    quantizer = {
+        "onnxruntime-int4": "onnxruntime.quantization.MatMulNBitsQuantizer",
+        "torchao-xnnpack": "torchao.quantization.quantize_(Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig)",
+        "onnxruntime-dynamic": "transformers.exporters.OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig)",
+        "onnxruntime-static": "transformers.exporters.OnnxRuntimeQuantizer(OnnxRuntimeStaticConfig)",
+        "pt2e-xnnpack": "transformers.exporters.PT2EQuantizer(XNNPACKQuantizer)",
+        "pt2e-x86": "transformers.exporters.PT2EQuantizer(X86InductorQuantizer)",
+    }[spec.method]
     packages = {package: version for package in ("onnxruntime", "torchao", "executorch")
                 if (version := installed_version(package)) is not None}
     return {"method": spec.method, "options": spec.options(), "kind": spec.kind,

@@ -221,9 +221,8 @@ def drop_embedding_padding_idx(graph_module: torch.fx.GraphModule):
     `RemovePaddingIdxEmbeddingPass` does: ExecuTorch's quantization fusion matches `embedding(table, ids)` only, so
     a quantized table of a model with a pad token is fused into `quantized_decomposed::embedding_byte` /
     `embedding_4bit` (else: "Missing out variants: {'torchao::dequantize_affine'}")."""
-    # executorch loads only where a program is lowered (seconds, native memory)
-    from executorch.exir.dialects._ops import ops as exir_ops
-    from executorch.exir.pass_base import PassResult
+    from executorch.exir.dialects._ops import ops as exir_ops  # deferred: executorch loads only where one lowers
+    from executorch.exir.pass_base import PassResult  # deferred: heavy
 
     for node in graph_module.graph.nodes:
         if node.op == "call_function" and node.target == exir_ops.edge.aten.embedding.default and len(node.args) == 3:
