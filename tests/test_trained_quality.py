@@ -160,6 +160,12 @@ def test_int4_and_8da4w_are_torchaos_8da4w_on_executorch_and_their_options_are_c
         refused = run_cli("check", str(path))
         text = " ".join((refused.stdout + refused.stderr).split())
         assert refused.returncode == 2 and where in text and said in text, text
+    for setting in ({"layout": "methods"}, {"mode": "model"}):  # the runner's program only
+        path.write_text(json.dumps([{"export_format": "executorch", "mode": "generation", **setting,
+                                     "quantize": {"method": "torchao-xnnpack"}}]))
+        refused = run_cli("check", str(path))
+        text = " ".join((refused.stdout + refused.stderr).split())
+        assert refused.returncode == 2 and "quantize.method" in text and "'pt2e-xnnpack'" in text, text
     path.write_text(json.dumps([{"export_format": "onnx", "quantize": {"method": "torchao-xnnpack"}}]))
     refused = run_cli("check", str(path))
     text = " ".join((refused.stdout + refused.stderr).split())
