@@ -12,6 +12,8 @@ E1  `hf-export run` with `[{"export_format": "executorch", "mode": "generation"}
 E2  `optimum-cli export executorch --recipe xnnpack --use_custom_sdpa --use_custom_kv_cache` (optimum-executorch
     1.1.0, executorch 1.5.1, own venv), `--max_seq_len` equal to our cache length
 D1  `hf-export run` with `[{"export_format": "dynamo", "mode": "generation", "dynamic": true}]` (no peer)
+Q1, Q2  (`--only executorch-int4`) `hf-export run` with `variants: ["int4"]` (torchao 8da4w linears, int8 table)
+    against `optimum-cli export executorch ... --qlinear 8da4w --qembedding 8w` (issue #51)
 G1, G2  ONNX Runtime GenAI's model builder (`python -m onnxruntime_genai.models.builder -i MODEL -p fp32|int4 -e cpu`,
     onnxruntime-genai 0.18 of the product venv), the ONNX peers beside optimum-cli
 
@@ -19,7 +21,8 @@ G1, G2  ONNX Runtime GenAI's model builder (`python -m onnxruntime_genai.models.
 vocab 32,000, untied) saved as a bfloat16 checkpoint in 3 safetensors shards with an index, TinyLlama-Chat's ids
 (`<unk>` 0, `<s>` 1, `</s>` 2) and generation_config.json (bos 1, eos 2, pad 0, max_length 2048), the ASCII
 byte-level BPE below. `--step` (repeatable) runs only the named steps (`ours-onnx`, `ours-executorch`,
-`ours-dynamo`, `optimum-onnx`, `genai-fp32`, `genai-int4`, `optimum-executorch`); one process runs at a time and
+`ours-dynamo`, `ours-executorch-int4`, `optimum-onnx`, `genai-fp32`, `genai-int4`, `optimum-executorch`,
+`optimum-executorch-8da4w`); one process runs at a time and
 `--kill-above-gib` SIGKILLs (by pid) any process of a step whose RSS passes the limit (the machine is shared).
 
 Rounds alternate the order (ours first in odd rounds, the peer first in even ones). hf-export runs pass `--no-cache
@@ -65,9 +68,13 @@ RECIPES = {
     "onnx": {"schema_version": 1, "exports": [{"export_format": "onnx", "mode": "generation", "dynamic": True}]},
     "executorch": {"schema_version": 1, "exports": [{"export_format": "executorch", "mode": "generation"}]},
     "dynamo": {"schema_version": 1, "exports": [{"export_format": "dynamo", "mode": "generation", "dynamic": True}]},
+    # issue #51: 8da4w with an int8 embedding table (torchao), against optimum-executorch's --qlinear/--qembedding
+    "executorch-int4": {"schema_version": 1, "exports": [{"export_format": "executorch", "mode": "generation",
+                                                          "variants": ["int4"]}]},
 }
 GENAI_PY = Path(os.environ.get("GENAI_PY", sys.executable))  # onnxruntime-genai is pinned in constraints.txt
-PEERS = {"onnx": ["optimum-onnx", "genai-fp32", "genai-int4"], "executorch": ["optimum-executorch"], "dynamo": []}
+PEERS = {"onnx": ["optimum-onnx", "genai-fp32", "genai-int4"], "executorch": ["optimum-executorch"], "dynamo": [],
+         "executorch-int4": ["optimum-executorch-8da4w"]}
 CACHE_LEN = 2048  # our default static cache: min(2048, max_position_embeddings); the models below have 2048
 
 
@@ -303,6 +310,10 @@ def main() -> None:
         "optimum-executorch": [str(OET_CLI), "export", "executorch", "--model", str(model_dir), "--task",
                                "text-generation", "--recipe", "xnnpack", "--use_custom_sdpa", "--use_custom_kv_cache",
                                "--max_seq_len", str(CACHE_LEN), "--output_dir"],
+        "optimum-executorch-8da4w": [str(OET_CLI), "export", "executorch", "--model", str(model_dir), "--task",
+                                     "text-generation", "--recipe", "xnnpack", "--use_custom_sdpa",
+                                     "--use_custom_kv_cache", "--qlinear", "8da4w", "--qembedding", "8w",
+                                     "--max_seq_len", str(CACHE_LEN), "--output_dir"],
     }
     log: list[dict] = []
     started = uptime()

@@ -83,6 +83,15 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     return tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
+@pytest.fixture(scope="session")
+def trained_llm_dir(tmp_path_factory) -> Path:
+    """The tiny LLM trained once per session (tests/trained.py: its greedy continuations are stable, so quality
+    budgets judged on it mean something); copy it with `tests.trained.trained_llama(folder, recipe, this)`."""
+    from tests.trained import train_once
+
+    return train_once(tmp_path_factory.mktemp("trained-llm") / "model")
+
+
 def assert_greedy_parity(generation: dict, prompt_length: int, new_tokens: int) -> None:
     """A generation report that passed: the prompt's length, eager's `new_tokens` greedy tokens equal to the
     exported graphs', and tokens that vary (so the check could fail)."""

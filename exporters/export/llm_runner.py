@@ -45,8 +45,8 @@ def export_runner(model: Any, target: Any, components: dict[str, tuple[Any, dict
         notes.append(CUSTOM_OPS_OFF.format(model=type(model).__name__))
     asked, weights = getattr(target, "external_weights", None), ModelWeights.of(model)
     # a tied table is stored once only through the named-data file (docs/upstream-gaps.md #13); a quantized
-    # projection is no longer the table, so there is nothing to share
-    tied = asked is None and weights.tied and quantizer is None
+    # projection is no longer the table (torchao's quantize_ gave it its own tensor), so there is nothing to share
+    tied = asked is None and weights.tied and target.quantize is None
     external = bool(asked) or weights.bytes() > PTE_WEIGHTS_LIMIT or tied
     metadata = llm_runner.runner_metadata(model, setting.max_cache_len, custom_ops, special_token_ids(model.generation_config, model.config).eos)
     started = time.time()

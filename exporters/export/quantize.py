@@ -32,6 +32,7 @@ from exporters import upstream
 from exporters.capture.components import generation_config_for
 from exporters.capture.inputs import SampleInputs, make_sample_inputs, prompt_ids
 from exporters.errors import RecipeError
+from exporters.export.footprint import tied_embeddings
 from exporters.recipe.jsonpos import format_path, nearest_line
 from exporters.recipe.model import Recipe, Target
 from exporters.upstream import capture_calibration_inputs
@@ -150,6 +151,68 @@ def x86_quantizer(dynamic: bool):
     return X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config(is_dynamic=dynamic))
 
 
+def torchao_quantize(model: Any, spec: Any, notes: list[str]) -> dict[str, int]:
+    """Quantize `model` in place with torchao's `quantize_`, as optimum-executorch's `quantize_model_` does: the
+    embedding tables first (`IntxWeightOnlyConfig`, which gives a tied output projection its own tensor), then the
+    linear layers (`Int8DynamicActivationIntxWeightConfig`; a layer whose inputs do not split into groups gets
+    per-channel int8 weights), then the tensor subclasses unwrapped for `torch.export`. Returns the modules quantized
+    per scheme.
+
+    Example:
+        >>> torchao_quantize(model, TorchaoXnnpackQuantize(method="torchao-xnnpack"), [])  # doctest: +SKIP
+        {'embedding 8w': 1, 'linear 8da4w': 15}
+    """
+    from torchao.quantization.granularity import PerAxis, PerGroup  # torchao loads only for its quantizer
+    from torchao.quantization.quant_api import (  # torchao loads only for its quantizer
+        Int8DynamicActivationIntxWeightConfig,
+        IntxWeightOnlyConfig,
+        quantize_,
+    )
+    from torchao.utils import unwrap_tensor_subclass  # torchao loads only for its quantizer
+
+    options, algorithm = spec.options(), "hqq_scale_only"  # optimum-executorch's choice of scales
+    tied = tied_embeddings(model)
+
+    def groups(size: int):
+        return PerAxis(0) if size == 0 else PerGroup(size)
+
+    def fits(module: Any, size: int) -> bool:
+        return size == 0 or module.weight.shape[1] % size == 0
+
+    counts: dict[str, int] = {}
+    embedding, group = options["embedding"], options["group_size"]
+    if embedding != "none":
+        tables = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+        size = options["embedding_group_size"]
+        if any(not fits(table, size) for table in tables):
+            raise ValueError(f"embedding_group_size {size} does not divide the embedding width "
+                             f"{[t.weight.shape[1] for t in tables]}: use a divisor, or 0 (per row)")
+        config = IntxWeightOnlyConfig(weight_dtype=torch.int8 if embedding == "8w" else torch.int4,
+                                      granularity=groups(size), intx_choose_qparams_algorithm=algorithm)
+        quantize_(model, config, lambda m, fqn: isinstance(m, torch.nn.Embedding))
+        counts[f"embedding {embedding}"] = len(tables)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    grouped = [m for m in linears if fits(m, group)]
+    bits = torch.int4 if options["linear"] == "8da4w" else torch.int8
+    quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=bits, weight_granularity=groups(group),
+                                                           intx_choose_qparams_algorithm=algorithm),
+              lambda m, fqn: isinstance(m, torch.nn.Linear) and fits(m, group))
+    counts[f"linear {options['linear']}"] = len(grouped)
+    if len(grouped) < len(linears):
+        quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0),
+                                                               intx_choose_qparams_algorithm=algorithm),
+                  lambda m, fqn: isinstance(m, torch.nn.Linear) and not fits(m, group))
+        counts["linear 8da8w (inputs not a multiple of group_size)"] = len(linears) - len(grouped)
+        notes.append(f"{len(linears) - len(grouped)} linear layers take inputs that do not split into groups of "
+                     f"{group}: their weights are per-channel int8 (8da8w)")
+    unwrap_tensor_subclass(model)
+    if tied:
+        notes.append("the model ties its embedding table to its output projection: quantized each its own way (the "
+                     f"table {embedding}, the projection {options['linear']}), they are two tensors, as "
+                     "optimum-executorch stores them")
+    return counts
+
+
 def upstream_quantizer(spec: Any, samples: list[dict] | None):
     """The upstream quantizer for a recipe `quantize` spec, calibrating on `samples` (forward kwargs)."""
 
@@ -174,12 +237,20 @@ class Quantizing:
     def __init__(self, model: Any, target: Target, recipe: Recipe, calibration: list[SampleInputs], notes: list[str]):
         self.model, self.target, self.recipe, self.calibration, self.notes = model, target, recipe, calibration, notes
         self.calibrated_on: dict[str, int] = {}
+        self.quantized_modules: dict[str, int] = {}
 
     def quantizer_for(self) -> Callable[[str, dict[str, Any]], Any] | None:
         """`(component, inputs) -> upstream quantizer` for a quantized target, None otherwise. Calibration of a
         generation target captures each component's inputs from the samples (upstream's capture runs `generate`)."""
         spec = self.target.quantize
         if spec is None:
+            return None
+        if spec.method == "torchao-xnnpack":  # the model itself, in place: this process is the export's own child
+            if getattr(self.target, "layout", None) != "runner":
+                raise ValueError("'torchao-xnnpack' quantizes the LLM runner's program, and this target is exported "
+                                 "with a method per component (layout 'methods'): use {'method': 'pt2e-xnnpack', "
+                                 "'scheme': '8da4w'} for it")
+            self.quantized_modules = torchao_quantize(self.model, spec, self.notes)
             return None
         per_component: dict[str, list[dict]] = {}
         if spec.needs_calibration and self.target.mode == "generation":
@@ -209,6 +280,8 @@ class Quantizing:
         if self.target.quantize is None:
             return None
         description = describe(self.target, self.calibration, self.recipe, self.calibrated_on)
+        if self.quantized_modules:
+            description["modules"] = dict(self.quantized_modules)
         write_record(directory, description)
         return description
 
@@ -233,6 +306,15 @@ def describe(target, calibration: list[SampleInputs], recipe: Recipe,
         bits = 4 if spec.scheme == "8da4w" else 8
         weights = f"int{bits} per-channel symmetric weights of linear layers (XNNPACKQuantizer)"
         activations = "int8 per-token, quantized at run time (dynamic)"
+    elif spec.method == "torchao-xnnpack":
+        options = spec.options()
+        linear = "int4 group-wise (group {group_size}) symmetric" if options["linear"] == "8da4w" else \
+            "int8 per-channel symmetric"
+        table = "float" if options["embedding"] == "none" else \
+            f"int{options['embedding'][0]} " + ("per-row" if not options["embedding_group_size"]
+                                                else "group-wise (group {embedding_group_size})")
+        weights = (f"{linear} weights of linear layers, {table} embedding table (torchao quantize_)").format(**options)
+        activations = "int8 per-token, quantized at run time (dynamic)"
     elif spec.method == "pt2e-x86":
         activations = "int8, quantized at run time (dynamic)" if spec.dynamic else "int8, calibrated ahead of time"
     if spec.needs_calibration:
@@ -241,11 +323,14 @@ def describe(target, calibration: list[SampleInputs], recipe: Recipe,
                 "samples": len(calibration)}
     else:
         data = {"source": "none (weight-only)" if spec.method == "onnxruntime-int4" else "none (dynamic activations)"}
-    quantizer = "onnxruntime.quantization.MatMulNBitsQuantizer" if spec.method == "onnxruntime-int4" else \
-        "transformers.exporters." + {"onnxruntime-dynamic": "OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig)",
-                 "onnxruntime-static": "OnnxRuntimeQuantizer(OnnxRuntimeStaticConfig)",
-                 "pt2e-xnnpack": "PT2EQuantizer(XNNPACKQuantizer)",
-                 "pt2e-x86": "PT2EQuantizer(X86InductorQuantizer)"}[spec.method]
+    quantizer = {
+        "onnxruntime-int4": "onnxruntime.quantization.MatMulNBitsQuantizer",
+        "torchao-xnnpack": "torchao.quantization.quantize_(Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig)",
+        "onnxruntime-dynamic": "transformers.exporters.OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig)",
+        "onnxruntime-static": "transformers.exporters.OnnxRuntimeQuantizer(OnnxRuntimeStaticConfig)",
+        "pt2e-xnnpack": "transformers.exporters.PT2EQuantizer(XNNPACKQuantizer)",
+        "pt2e-x86": "transformers.exporters.PT2EQuantizer(X86InductorQuantizer)",
+    }[spec.method]
     packages = {package: version for package in ("onnxruntime", "torchao", "executorch")
                 if (version := installed_version(package)) is not None}
     return {"method": spec.method, "options": spec.options(), "kind": spec.kind,

@@ -59,6 +59,12 @@ class ExecutorchLayoutSetting(BaseModel):
     def _runner_settings(self) -> Any:
         if self.layout in ("runner", "multimodal_runner") and getattr(self, "mode", None) == "model":
             raise _problem(("layout",), f"layout {self.layout!r} applies to mode 'generation'")
+        method = getattr(getattr(self, "quantize", None), "method", None)
+        if method == "torchao-xnnpack" and (self.layout in ("methods", "multimodal_runner")
+                                            or getattr(self, "mode", None) == "model"):
+            raise _problem(("quantize", "method"), "'torchao-xnnpack' quantizes the LLM runner's program (mode "
+                                                   "'generation', layout 'runner'); for this target use "
+                                                   "{'method': 'pt2e-xnnpack', 'scheme': '8da4w'}")
         if self.layout == "methods":
             for key in ("custom_ops", "external_weights"):
                 if getattr(self, key) is not None:

@@ -134,6 +134,40 @@ class XnnpackQuantize(_Method):
         return {"scheme": self.scheme}
 
 
+GroupSize = Literal[0, 16, 32, 64, 128, 256]
+
+
+class TorchaoXnnpackQuantize(_Method):
+    """torchao's `quantize_` before export, as optimum-executorch's `--qlinear 8da4w --qembedding 8w`: linears with
+    int8 dynamic activations and group-wise int4 (`8da4w`) or per-channel int8 (`8da8w`) weights, the embedding table
+    with int8 or int4 weights; a tied output projection is untied (each quantized its own way)."""
+
+    formats: ClassVar[tuple[str, ...]] = ("executorch",)
+
+    method: Literal["torchao-xnnpack"]
+    linear: Literal["8da4w", "8da8w"] = Field(default="8da4w", description="Linear layers' scheme.")
+    group_size: GroupSize | None = Field(default=None, description="Weights per scale of a 4-bit linear (default "
+                                         "32, optimum-executorch's; 0: per channel). 8da8w is per channel.")
+    embedding: Literal["8w", "4w", "none"] = Field(default="8w", description="The table: 8-, 4-bit or float.")
+    embedding_group_size: GroupSize = Field(default=0, description="Weights per scale of the table (0: per row).")
+
+    @model_validator(mode="after")
+    def _groups_fit(self) -> TorchaoXnnpackQuantize:
+        if self.linear == "8da8w" and self.group_size not in (None, 0):
+            raise ValueError("'group_size' groups 4-bit weights; 8da8w weights are per channel: drop 'group_size' "
+                             "or use linear '8da4w'")
+        return self
+
+    @property
+    def kind(self) -> VariantKind:
+        return "int4" if self.linear == "8da4w" or self.embedding == "4w" else "int8"
+
+    def options(self) -> dict[str, Any]:
+        group = 0 if self.linear == "8da8w" else (32 if self.group_size is None else self.group_size)
+        return {"linear": self.linear, "group_size": group, "embedding": self.embedding,
+                "embedding_group_size": self.embedding_group_size}
+
+
 class X86Quantize(_Method):
     """PT2E quantization with torchao's `X86InductorQuantizer` (int8 QDQ) for `torch.export` programs and ONNX."""
 
@@ -157,11 +191,13 @@ METHODS: dict[str, type[_Method]] = {
     "onnxruntime-static": OnnxRuntimeStaticQuantize,
     "onnxruntime-int4": OnnxRuntimeInt4Quantize,
     "pt2e-xnnpack": XnnpackQuantize,
+    "torchao-xnnpack": TorchaoXnnpackQuantize,
     "pt2e-x86": X86Quantize,
 }
 
 QuantizeSpec = Annotated[
-    Union[OnnxRuntimeDynamicQuantize, OnnxRuntimeStaticQuantize, OnnxRuntimeInt4Quantize, XnnpackQuantize, X86Quantize],
+    Union[OnnxRuntimeDynamicQuantize, OnnxRuntimeStaticQuantize, OnnxRuntimeInt4Quantize, XnnpackQuantize,
+          TorchaoXnnpackQuantize, X86Quantize],
     Field(discriminator="method"),
 ]
 
@@ -289,6 +325,10 @@ def resolve_budget(kind: VariantKind, validation: Any) -> dict[str, float | int]
 
 Variant = Literal["fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "int4", "q4f16", "8da8w", "8da4w"]
 
+# What XNNPACK users mean by 4-bit (optimum-executorch's --qlinear 8da4w --qembedding 8w): group-wise int4 linears,
+# an int8 embedding table.
+TORCHAO_8DA4W = {"method": "torchao-xnnpack", "linear": "8da4w", "embedding": "8w"}
+
 # variant -> (name suffix, target settings per format); a format missing from the map does not take the variant.
 VARIANTS: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
     "fp32": ("", {f: {"dtype": "float32"} for f in ("dynamo", "onnx", "executorch")}),
@@ -303,10 +343,11 @@ VARIANTS: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
         "onnx": {"quantize": {"method": "onnxruntime-static"}},
         "dynamo": {"quantize": {"method": "pt2e-x86", "dynamic": False}},
     }),
-    "int4": ("-int4", {"onnx": {"quantize": {"method": "onnxruntime-int4"}}}),
+    "int4": ("-int4", {"onnx": {"quantize": {"method": "onnxruntime-int4"}},
+                       "executorch": {"quantize": TORCHAO_8DA4W}}),
     "q4f16": ("-q4f16", {}),  # a transformers.js dtype file only (TRANSFORMERS_JS_DTYPES)
     "8da8w": ("-8da8w", {"executorch": {"quantize": {"method": "pt2e-xnnpack", "scheme": "8da8w"}}}),
-    "8da4w": ("-8da4w", {"executorch": {"quantize": {"method": "pt2e-xnnpack", "scheme": "8da4w"}}}),
+    "8da4w": ("-8da4w", {"executorch": {"quantize": TORCHAO_8DA4W}}),
 }
 
 

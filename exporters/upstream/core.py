@@ -36,7 +36,7 @@ from exporters.upstream.beyond import (
     lean_session_options,
     share_identical_weights,
 )
-from exporters.upstream.llm_runner import register_custom_ops
+from exporters.upstream.llm_runner import register_custom_ops, register_quantized_kernels
 from exporters.upstream.pytree import leaf_tensors, move_to
 
 try:
@@ -290,6 +290,8 @@ def load_exported(directory: Path, *, device: str | None = None, config: Any = N
             "they came from", option="trust_remote_code")
     if manifest.get("custom_ops"):  # the runner layout's llama:: kernels (exporters.upstream.llm_runner)
         register_custom_ops()
+    if export_format == "executorch" and manifest.get("quantization"):  # a quantized table's embedding kernels
+        register_quantized_kernels()
     components = {}
     programs: dict[str, Any] = {}  # a file shared by components (one method each) is loaded once
     weights: dict[str, Any] = {}  # split .pt2 programs each carry the weights: held once (share_identical_weights)

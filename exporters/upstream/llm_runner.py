@@ -39,6 +39,7 @@ from exporters.upstream.patches import patched
 # The runner's metadata methods (executorch extension/llm/runner/constants.h) and optimum-executorch's.
 FLOAT_DTYPE_CODES = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
 CUSTOM_OPS_MODULE = "executorch.extension.llm.custom_ops.custom_ops"
+QUANTIZED_KERNELS_MODULE = "executorch.kernels.quantized"
 
 
 def register_custom_ops() -> None:
@@ -47,6 +48,14 @@ def register_custom_ops() -> None:
     that uses them does not load without it: `Missing operator: llama::update_cache.out`)."""
     # executorch loads only where a program is lowered or run (seconds, native memory)
     importlib.import_module(CUSTOM_OPS_MODULE)
+
+
+def register_quantized_kernels() -> None:
+    """Register executorch's quantized kernels (`quantized_decomposed::embedding_byte`, `embedding_4bit`: a quantized
+    embedding table, fused by the lowering) in the shared kernel registry; a program that uses them does not load
+    without it: `Missing operator: quantized_decomposed::embedding_byte.out`."""
+    # executorch loads only where a program is lowered or run (seconds, native memory)
+    importlib.import_module(QUANTIZED_KERNELS_MODULE)
 
 
 class RunnerProgram(torch.nn.Module):
@@ -207,6 +216,21 @@ def quantize_runner_graph(exported: torch.export.ExportedProgram, quantizer: Any
         return torch.export.export(quantized, (), copy.deepcopy(kwargs), dynamic_shapes=shapes, strict=False)
 
 
+def drop_embedding_padding_idx(graph_module: torch.fx.GraphModule):
+    """An edge `aten.embedding` without its `padding_idx` (which only masks a gradient), as optimum-executorch's
+    `RemovePaddingIdxEmbeddingPass` does: ExecuTorch's quantization fusion matches `embedding(table, ids)` only, so
+    a quantized table of a model with a pad token is fused into `quantized_decomposed::embedding_byte` /
+    `embedding_4bit` (else: "Missing out variants: {'torchao::dequantize_affine'}")."""
+    from executorch.exir.dialects._ops import ops as exir_ops  # deferred: executorch loads only where one lowers
+    from executorch.exir.pass_base import PassResult  # deferred: heavy
+
+    for node in graph_module.graph.nodes:
+        if node.op == "call_function" and node.target == exir_ops.edge.aten.embedding.default and len(node.args) == 3:
+            node.args = node.args[:2]
+    graph_module.recompile()
+    return PassResult(graph_module, True)
+
+
 def export_runner_program(program: RunnerProgram, model: Any, inputs: dict[str, Any], *, max_cache_len: int,
                           custom_ops: bool, metadata: dict[str, Any], external_weights: str | None = None,
                           quantizer: Any = None):
@@ -269,6 +293,7 @@ def export_runner_program(program: RunnerProgram, model: Any, inputs: dict[str, 
             else [XnnpackDynamicallyQuantizedPartitioner(), XnnpackPartitioner()],
             compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
             constant_methods=metadata,
+            transform_passes=[drop_embedding_padding_idx],
         )
     manager = edge.to_executorch(config=backend_config)
     return manager, record, custom_nodes

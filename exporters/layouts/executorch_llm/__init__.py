@@ -29,6 +29,7 @@ from exporters.layouts.card import PROMPT_LINE, download, file_names
 UNREAD_MODELS = frozenset({"WordLevel"})
 UNREAD_PRE_TOKENIZERS = frozenset({"Whitespace", "WhitespaceSplit"})
 RUNNER_IMPORTS = ("import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the llama:: kernels)\n"
+                  "import executorch.kernels.quantized  # noqa: F401  (a quantized embedding table's kernels)\n"
                   "from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner\n")
 
 

@@ -1,0 +1,84 @@
+"""A tiny LLM trained in the test session (seconds on a CPU) so that its outputs are not noise: quality budgets
+(top-1 agreement, KL, greedy match) judged on it say whether a quantized variant keeps what the model learned, which
+a random-weight model cannot (its top-1 margins are hundredths of a logit: any rounding flips them).
+
+The model memorizes a few sentences (`TRAINED_TEXT`), so its greedy continuation of a sentence's start is that
+sentence, with margins of several logits.
+
+Example:
+    >>> trained = train_once(tmp_path / "trained")  # doctest: +SKIP
+    >>> folder = trained_llama(tmp_path / "model", {"exports": [...]}, trained)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.models import RUNNER_BOS, RUNNER_EOS, RUNNER_PAD, train_bpe_tokenizer, write_recipe
+
+TRAINED_TEXT = [
+    "the quick brown fox jumps over the lazy dog and runs into the woods",
+    "a tiny model learns to export itself to many runtimes on small boards",
+    "executorch runs programs on phones and small boards with little memory",
+    "static caches hold keys and values for every layer of the decoder",
+    "dynamic shapes let the prompt go in one call to the runner",
+]
+TRAINED_PROMPT = "the quick brown fox"
+STEPS, WINDOW, BATCH = 150, 24, 8
+
+
+def _steps(model: Any, optimizer: Any, stream: torch.Tensor, generator: torch.Generator) -> None:
+    for _ in range(STEPS):
+        starts = torch.randint(0, stream.numel() - WINDOW - 1, (BATCH,), generator=generator)
+        batch = torch.stack([stream[s:s + WINDOW + 1] for s in starts.tolist()])
+        loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def _train(folder: Path) -> Path:
+    """Train the model once into `folder` (model, tokenizer, generation config; no recipe)."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_bpe_tokenizer(folder, TRAINED_TEXT * 20, [RUNNER_BOS, RUNNER_EOS, RUNNER_PAD], vocab_size=200,
+                                    bos=RUNNER_BOS, eos=RUNNER_EOS, pad=RUNNER_PAD, byte_level=True)
+    stream = torch.tensor(tokenizer(" ".join(TRAINED_TEXT * 40), add_special_tokens=False)["input_ids"])
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    model.train()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small trains faster on one thread than on a shared machine's cores
+    try:
+        _steps(model, optimizer, stream, generator)
+    finally:
+        torch.set_num_threads(threads)
+    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id,
+                                               eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    model.eval().save_pretrained(folder)
+    return folder
+
+
+def train_once(folder: Path) -> Path:
+    """The trained model in `folder` (model, tokenizer, generation config; no recipe), trained unless already there."""
+    return folder if (folder / "model.safetensors").is_file() else _train(folder)
+
+
+def trained_llama(folder: Path, recipe: Any, trained: Path) -> Path:
+    """A copy of the trained model in `trained` ([`train_once`], the `trained_llm_dir` fixture) in `folder`, with
+    `recipe`."""
+    shutil.copytree(trained, folder)
+    write_recipe(folder, recipe)
+    return folder
