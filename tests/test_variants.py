@@ -338,7 +338,7 @@ def test_quality_metrics_and_the_metric_that_decides():
 
 
 def test_variant_kinds_and_budget_defaults():
-    from exporters.recipe.variants import DEFAULT_BUDGETS, resolve_budget, variant_kind
+    from exporters.recipe.budgets import DEFAULT_BUDGETS, resolve_budget, variant_kind
 
     recipe = parse_recipe(json.dumps(RECIPE))
     kinds = [variant_kind(t.quantize, t.dtype) for t in recipe.exports]

@@ -44,7 +44,8 @@ from exporters.recipe.model import (
     RecipeSource,
     ValidationSpec,
 )
-from exporters.recipe.variants import METHODS, CalibrationSpec, TargetValidation, method_message
+from exporters.recipe.budgets import TargetValidation
+from exporters.recipe.variants import METHODS, CalibrationSpec, method_message
 
 # A recipe file larger than this is refused before it is parsed (docs/recipe.md, "Limits").
 MAX_RECIPE_BYTES = 8 << 20

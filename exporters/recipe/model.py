@@ -37,11 +37,11 @@ from exporters.recipe.dims import (
 from exporters.recipe.jsonpos import JsonPath, format_path, nearest_line
 from exporters.recipe.layout import LayoutSetting, MergedSetting
 from exporters.recipe.runner_layout import ExecutorchLayoutSetting
+from exporters.recipe.budgets import TargetValidation
 from exporters.recipe.variants import (
     MAX_PROMPT_CHARS,
     CalibrationSpec,
     QuantizeSpec,
-    TargetValidation,
     Variant,
     check_target,
     expand_targets,

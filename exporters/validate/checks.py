@@ -20,7 +20,7 @@ from exporters.capture.components import read_glue
 from exporters.capture.merged import MERGED
 from exporters.errors import ArtifactError, RemoteCodeError, describe_error, recoverable
 from exporters.recipe.model import Recipe
-from exporters.recipe.variants import resolve_budget, variant_kind
+from exporters.recipe.budgets import resolve_budget, variant_kind
 from exporters.report.results import Check, ComponentReport, OutputDiff, ValidationResult
 from exporters.upstream import (
     counter_in_spec_components,

@@ -7,7 +7,7 @@ KL(eager ‖ artifact) of its next-token distribution; for components without lo
 hidden states (`last_hidden_state`, `pooler_output`, else every float output), per vector (each position's
 hidden state), keeping the lowest. Pooled over all probes of a target ([`judge`]): agreement and mean KL over every
 position, the lowest cosine of any vector, and for generation targets the
-greedy tokens that match eager before the first divergence. The budget (`exporters.recipe.variants.resolve_budget`)
+greedy tokens that match eager before the first divergence. The budget (`exporters.recipe.budgets.resolve_budget`)
 decides, and the verdict names the metric that did.
 
 Example:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from exporters.recipe.variants import resolve_budget, variant_kind
+from exporters.recipe.budgets import resolve_budget, variant_kind
 from exporters.upstream import read_manifest
 from exporters.layouts.executorch_llm import RUNNER_IMPORTS
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child

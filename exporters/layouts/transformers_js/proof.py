@@ -27,7 +27,7 @@ import torch
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
 from exporters.layouts.transformers_js import DTYPES, home, layout_dtype, proof_script
 from exporters.layouts.transformers_js.dtypes import dtype_files_in
-from exporters.recipe.variants import resolve_budget
+from exporters.recipe.budgets import resolve_budget
 from exporters.upstream import read_manifest
 
 DEFAULT_NEW_TOKENS = 8
