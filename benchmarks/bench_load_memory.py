@@ -11,8 +11,9 @@ the load; the figure is the peak's growth during the load over the float32 weigh
 
 - `from_pretrained(dtype=float32)`: transformers converts each tensor while reading, and holds the shards' pages
   (memory-mapped, resident) beside the float32 tensors until the load ends (the way before);
-- `load_model(dtype="float32")`: `exporters.capture.source.load_model`, whatever it does now (since the change: the
-  checkpoint's own dtype, then converted parameter by parameter).
+- `load_model(dtype="float32")`: `exporters.capture.source.load_model`, whatever it does now (since issue #46: the
+  shards read instead of mapped when the load converts, `exporters.upstream.checkpoint_read_not_mapped`; each tensor
+  is a temporary, converted and dropped).
 
 Nothing else runs in those processes; the machine's load average is printed (memory does not depend on it).
 """

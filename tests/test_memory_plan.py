@@ -59,7 +59,8 @@ def test_the_headers_of_a_sharded_bf16_checkpoint_count_its_parameters(sharded_b
     assert count_weights(bad) is None
 
 
-def test_a_bf16_checkpoint_loaded_in_float32_is_read_shard_by_shard_not_mapped(sharded_bf16, monkeypatch):
+def test_a_bf16_checkpoint_loaded_in_float32_is_read_not_mapped_and_in_bf16_stays_mapped(sharded_bf16,
+                                                                                           monkeypatch):
     """The load's peak (issue #46 item 6): mapped, every shard stays resident beside the float32 weights until the
     load ends (1.66x the float32 weights); read, each tensor is dropped once converted. The mechanism, not a memory
     figure (benchmarks/bench_load_memory.py measures it): every shard is opened to be read, and the model is the
@@ -78,6 +79,10 @@ def test_a_bf16_checkpoint_loaded_in_float32_is_read_shard_by_shard_not_mapped(s
     shards = sorted(path.name for path in sharded_bf16.glob("*.safetensors"))
     assert sorted(name for name, _ in opened) == shards and {backend for _, backend in opened} == {"pread"}
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+    opened.clear()  # in its own dtype nothing is converted: the tensors stay the shards' mapped pages
+    as_stored = load_model(ModelSource(model_id="sharded-bf16", folder=sharded_bf16), dtype="bfloat16")
+    assert as_stored.dtype == torch.bfloat16
+    assert len(opened) == len(shards) and {backend for _, backend in opened} == {"mmap"}
 
     monkeypatch.undo()
     mapped = LlamaForCausalLM.from_pretrained(sharded_bf16, dtype=torch.float32)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, Revi
 from transformers import AutoTokenizer
 
 from exporters import fsutil
+from exporters.capture.dtypes import checkpoint_dtype
 from exporters.errors import ModelSourceError, RemoteCodeError, first_line, recoverable
 from exporters.files import RECIPE_SOURCES
 from exporters.upstream import checkpoint_read_not_mapped
@@ -156,10 +158,11 @@ def load_model(source: ModelSource, *, trust_remote_code: bool = False, dtype: s
     """Load the model class named by config.json's `architectures`, in eval mode (in `dtype`, e.g. `"float16"`,
     when given: the weights are converted while loading, never held twice).
 
-    The safetensors shards are read, not memory-mapped (`exporters.upstream.checkpoint_read_not_mapped`): a mapped
-    shard stays resident beside the converted weights until the load ends (a bfloat16 checkpoint loaded in float32
-    peaked at 1.66x the float32 weights), while a read tensor is dropped once converted (peak: the loaded weights
-    plus the few tensors in flight; benchmarks/bench_load_memory.py).
+    When the load converts (`dtype` is not the checkpoint's own), the safetensors shards are read, not memory-mapped
+    (`exporters.upstream.checkpoint_read_not_mapped`): a mapped shard stays resident beside the converted weights until
+    the load ends (a bfloat16 checkpoint loaded in float32 peaked at 1.66x the float32 weights), while a read tensor is
+    dropped once converted (peak: the loaded weights plus the few tensors in flight; benchmarks/bench_load_memory.py).
+    A load in the checkpoint's own dtype stays mapped: its tensors are the shards' pages, never copied.
 
     Example:
         >>> load_model(resolve_source("examples/demo-model"), dtype="float32").dtype  # doctest: +SKIP
@@ -184,7 +187,8 @@ def load_model(source: ModelSource, *, trust_remote_code: bool = False, dtype: s
     if dtype is not None:
         kwargs["dtype"] = getattr(torch, dtype)
     try:
-        with checkpoint_read_not_mapped():
+        converts = dtype is not None and dtype != checkpoint_dtype(source.folder, config)
+        with checkpoint_read_not_mapped() if converts else contextlib.nullcontext():
             model = model_class.from_pretrained(source.folder, **kwargs)
     except BaseException as err:  # a corrupt or truncated checkpoint: safetensors' own error, or a native panic
         if not recoverable(err):
