@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from exporters.capture.source import ModelSource, load_model
 from exporters.errors import MemoryPlanError
 from exporters.run.memory_plan import (EXPORT_STACK, LIMIT_ENV, PARENT_STACK, WeightCounts, count_weights, estimate,
                                        parse_limit, plan_memory)
@@ -56,6 +57,40 @@ def test_the_headers_of_a_sharded_bf16_checkpoint_count_its_parameters(sharded_b
     (bad / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
         name: f"../{sharded_bf16.name}/{file}" for name, file in index["weight_map"].items()}}))
     assert count_weights(bad) is None
+
+
+def test_a_bf16_checkpoint_loaded_in_float32_is_read_not_mapped_and_in_bf16_stays_mapped(sharded_bf16,
+                                                                                           monkeypatch):
+    """The load's peak (issue #46 item 6): mapped, every shard stays resident beside the float32 weights until the
+    load ends (1.66x the float32 weights); read, each tensor is dropped once converted. The mechanism, not a memory
+    figure (benchmarks/bench_load_memory.py measures it): every shard is opened to be read, and the model is the
+    one transformers' own mapped load gives, bit for bit."""
+    from transformers import LlamaForCausalLM, modeling_utils
+
+    real, opened = modeling_utils.safe_open, []
+
+    def recording(filename, framework, device="cpu", backend="mmap"):
+        opened.append((Path(filename).name, backend))
+        return real(filename, framework=framework, device=device, backend=backend)
+
+    monkeypatch.setattr(modeling_utils, "safe_open", recording)
+    model = load_model(ModelSource(model_id="sharded-bf16", folder=sharded_bf16), dtype="float32")
+    assert modeling_utils.safe_open is recording  # the read-not-mapped patch is undone after the load
+    shards = sorted(path.name for path in sharded_bf16.glob("*.safetensors"))
+    assert sorted(name for name, _ in opened) == shards and {backend for _, backend in opened} == {"pread"}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    opened.clear()  # in its own dtype nothing is converted: the tensors stay the shards' mapped pages
+    as_stored = load_model(ModelSource(model_id="sharded-bf16", folder=sharded_bf16), dtype="bfloat16")
+    assert as_stored.dtype == torch.bfloat16
+    assert len(opened) == len(shards) and {backend for _, backend in opened} == {"mmap"}
+
+    monkeypatch.undo()
+    mapped = LlamaForCausalLM.from_pretrained(sharded_bf16, dtype=torch.float32)
+    ours, theirs = dict(model.named_buffers()), dict(mapped.named_buffers())
+    ours.update(model.state_dict())
+    theirs.update(mapped.state_dict())
+    assert ours.keys() == theirs.keys()
+    assert all(ours[name].dtype == theirs[name].dtype and torch.equal(ours[name], theirs[name]) for name in ours)
 
 
 def test_the_estimate_is_the_documented_formula():

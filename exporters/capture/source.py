@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -15,8 +16,10 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, Revi
 from transformers import AutoTokenizer
 
 from exporters import fsutil
+from exporters.capture.dtypes import checkpoint_dtype
 from exporters.errors import ModelSourceError, RemoteCodeError, first_line, recoverable
 from exporters.files import RECIPE_SOURCES
+from exporters.upstream import checkpoint_read_not_mapped
 
 REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 # What a run needs from a repo: never the previous exports, which can be large.
@@ -153,7 +156,18 @@ def check_remote_code(source: ModelSource, config: dict[str, Any], trust_remote_
 
 def load_model(source: ModelSource, *, trust_remote_code: bool = False, dtype: str | None = None):
     """Load the model class named by config.json's `architectures`, in eval mode (in `dtype`, e.g. `"float16"`,
-    when given: the weights are converted while loading, never held twice)."""
+    when given: the weights are converted while loading, never held twice).
+
+    When the load converts (`dtype` is not the checkpoint's own), the safetensors shards are read, not memory-mapped
+    (`exporters.upstream.checkpoint_read_not_mapped`): a mapped shard stays resident beside the converted weights until
+    the load ends (a bfloat16 checkpoint loaded in float32 peaked at 1.66x the float32 weights), while a read tensor is
+    dropped once converted (peak: the loaded weights plus the few tensors in flight; benchmarks/bench_load_memory.py).
+    A load in the checkpoint's own dtype stays mapped: its tensors are the shards' pages, never copied.
+
+    Example:
+        >>> load_model(resolve_source("examples/demo-model"), dtype="float32").dtype  # doctest: +SKIP
+        torch.float32
+    """
 
     config = read_config(source.folder)
     check_remote_code(source, config, trust_remote_code)
@@ -171,10 +185,11 @@ def load_model(source: ModelSource, *, trust_remote_code: bool = False, dtype: s
             model_class = transformers.AutoModel
     kwargs: dict[str, Any] = {"trust_remote_code": True} if trust_remote_code and needs_remote_code(config) else {}
     if dtype is not None:
-
         kwargs["dtype"] = getattr(torch, dtype)
     try:
-        model = model_class.from_pretrained(source.folder, **kwargs)
+        converts = dtype is not None and dtype != checkpoint_dtype(source.folder, config)
+        with checkpoint_read_not_mapped() if converts else contextlib.nullcontext():
+            model = model_class.from_pretrained(source.folder, **kwargs)
     except BaseException as err:  # a corrupt or truncated checkpoint: safetensors' own error, or a native panic
         if not recoverable(err):
             raise

@@ -170,7 +170,8 @@ def quality_cell(target: dict[str, Any]) -> str:
         return " · ".join([worst_diff(target)] + ([parity_cell(target)] if target.get("generation") else []))
     metrics, parts = quality.get("metrics") or {}, []
     if metrics.get("top1_agreement") is not None:
-        parts.append(f"top-1 {metrics['top1_agreement']:.1%}")
+        ties = f" ({metrics['top1_ties']} ties)" if metrics.get("top1_ties") else ""
+        parts.append(f"top-1 {metrics['top1_agreement']:.1%}{ties}")
     if metrics.get("kl") is not None:
         parts.append(f"KL {metrics['kl']:.2g}")
     if metrics.get("cosine") is not None:
@@ -256,7 +257,9 @@ def variants_table(report: dict[str, Any], names: list[str] | None = None) -> li
 
 def _measured(quality: dict[str, Any]) -> str:
     if quality.get("positions"):
-        return f"top-1 {quality['top1_matches']}/{quality['positions']}, KL {quality['kl_sum'] / quality['positions']:.2g}"
+        ties = f" + {quality['top1_ties']} ties" if quality.get("top1_ties") else ""
+        return (f"top-1 {quality['top1_matches']}/{quality['positions']}{ties}, "
+                f"KL {quality['kl_sum'] / quality['positions']:.2g}")
     return f"cos {quality['cosine']:.4f}" if quality.get("cosine") is not None else "–"
 
 

@@ -79,6 +79,7 @@ from exporters.upstream.core import (
     write_manifest,
 )
 from exporters.upstream.internals import (
+    checkpoint_read_not_mapped,
     contiguity_known_once,
     named_dims_share_symbols,
     patches_of_loaded_models,
@@ -115,6 +116,7 @@ from exporters.upstream.quantizers import (
 )
 
 __all__ = [
+    "checkpoint_read_not_mapped",
     "contiguity_known_once",
     "patches_of_loaded_models",
     "pte_float_dtypes", "pte_weight_bytes",

@@ -23,11 +23,12 @@ from torch.fx.experimental import sym_node
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.fx.experimental.symbolic_shapes import DimDynamic
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+from transformers import modeling_utils
 from transformers.exporters import utils as upstream_utils
 
 from exporters.upstream.patches import patched, patched_item
 
-__all__ = ["contiguity_known_once", "named_dims_share_symbols", "patches_of_loaded_models", "pte_float_dtypes", "pte_weight_bytes",
+__all__ = ["checkpoint_read_not_mapped", "contiguity_known_once", "named_dims_share_symbols", "patches_of_loaded_models", "pte_float_dtypes", "pte_weight_bytes",
            "recording_logits_processors", "strict_export_shares_parameters", "symbolic_arithmetic_once"]
 
 
@@ -134,6 +135,27 @@ def strict_export_shares_parameters() -> Iterator[None]:
         return real(value, fake_mode)
 
     with patched(dynamo_builder, "_clone_input", clone_input):
+        yield
+
+
+@contextmanager
+def checkpoint_read_not_mapped() -> Iterator[None]:
+    """While `from_pretrained` loads, its safetensors shards are read (`pread`) instead of memory-mapped. Mapped, every
+    page of a shard that a tensor was read from stays resident (and counted in the process's RSS) until the last shard
+    is read: loading a bfloat16 checkpoint in float32 peaks at the float32 weights plus all the shards (1.66x the
+    float32 weights, benchmarks/RESULTS.md). Read, each tensor is a temporary that is converted and dropped: the peak
+    is the loaded weights plus the few tensors in flight. The tensors are the same bytes either way.
+
+    Example:
+        >>> with checkpoint_read_not_mapped():  # doctest: +SKIP
+        ...     model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    """
+    mapped = modeling_utils.safe_open
+
+    def read_open(filename, framework, device="cpu", backend="mmap"):
+        return mapped(filename, framework=framework, device=device, backend="pread")
+
+    with patched(modeling_utils, "safe_open", read_open):
         yield
 
 

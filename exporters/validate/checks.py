@@ -42,7 +42,7 @@ from exporters.validate.runtimes import (ProofsInFlight, RuntimeContext, Runtime
 from exporters.validate.sliding import COUNTER_FINDING, sliding_cache_leaves, trailing_window
 from exporters.validate.subject import EagerModel, SavedTarget
 # DEFAULT_TOLERANCES: re-exported for the modules that read it from here
-from exporters.validate.tolerances import DEFAULT_TOLERANCES, tolerance_for  # noqa: F401
+from exporters.validate.tolerances import DEFAULT_TOLERANCES, dtype_tolerance, tolerance_for  # noqa: F401
 
 def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float) -> list[OutputDiff]:
     """Per output leaf: max absolute and relative difference and a verdict; NaN or inf never passes."""
@@ -175,11 +175,13 @@ def specialized_axes(export_format: str, directory: Path, spec_by_component: dic
 
 def probe_component(report: ComponentReport, runner: Any, probes: list, references: list[Any],
                     tolerance: tuple[float, float], findings: list[str],
-                    measured: list[tuple[str, str, dict[str, Any]]] | None = None) -> None:
+                    measured: list[tuple[str, str, dict[str, Any]]] | None = None,
+                    ties: tuple[float, float] | None = None) -> None:
     """Run every probe through the artifact's `runner` and compare with its eager reference; one `Check` each.
     `probes` hold what the graph takes (`with_precomputed_inputs`). With `measured` (a quantized or half-precision
     target), each probe gets task metrics instead of an atol/rtol comparison, collected there for the target's
-    verdict (exporters.validate.quality)."""
+    verdict (exporters.validate.quality); `ties`: a half-precision target's dtype tolerance, within which a differing
+    top-1 is a tie."""
     atol, rtol = tolerance
     for (probe_id, probe, skip), reference in zip(probes, references):
         if probe is None:
@@ -202,7 +204,7 @@ def probe_component(report: ComponentReport, runner: Any, probes: list, referenc
                                 f"specialized or bounded at export — {describe_error(err)[:300]}")
             continue
         if measured is not None:
-            check.quality = measure(reference, actual)
+            check.quality = measure(reference, actual, ties)
             check.passed, check.error = not check.quality["problems"], "; ".join(check.quality["problems"]) or None
             measured.append((report.name, probe_id, check.quality))
             continue
@@ -241,6 +243,9 @@ def validate_target(
     kind = variant_kind(target.quantize, target.dtype)
     budget = resolve_budget(kind, target.validation) if kind != "fp32" else None
     measured: list[tuple[str, str, dict[str, Any]]] | None = [] if budget is not None else None
+    # a half-precision program may order eager's near-equal scores either way: within the dtype's own tolerance (never
+    # the recipe's atol), a differing top-1 is a tie (exporters.validate.quality.top1_ties)
+    ties = dtype_tolerance(target.export_format, target.dtype) if kind == "half" else None
     eager_dtype = str(getattr(model, "dtype", "float32")).removeprefix("torch.")
 
     findings: list[str] = []
@@ -311,13 +316,13 @@ def validate_target(
         for name, probes, references in planned:
             tolerance = tolerance_for(recipe, target, name, target.dtype)
             report = ComponentReport(name, structural=[s for s in structural if s.startswith(f"{name}:")])
-            probe_component(report, exported.runners[name], probes, references, tolerance, findings, measured)
+            probe_component(report, exported.runners[name], probes, references, tolerance, findings, measured, ties)
             reports.append(report)
             extra = getattr(target, "output_path", None)
             if extra and name == "model":  # the seed's extra single-graph file is an artifact too: checked the same way
                 report = ComponentReport(f"model ({extra})", structural=[f"{extra}: loads in ONNX Runtime"])
                 runner = runner_for_file(directory / extra, "onnx", exported.components[name].metadata)
-                probe_component(report, runner, probes, references, tolerance, findings, measured)
+                probe_component(report, runner, probes, references, tolerance, findings, measured, ties)
                 reports.append(report)
         findings += specialized_axes(target.export_format, directory, bindings_by_component)
 

@@ -3,12 +3,14 @@ probes as every other check. A float32 artifact is held to atol/rtol; these arti
 passed by loosening atol.
 
 Per probe ([`measure`]): for outputs named `*logits`, the top-1 agreement of every position and the KL divergence
-KL(eager ‖ artifact) of its next-token distribution; for components without logits, the cosine similarity of their
-hidden states (`last_hidden_state`, `pooler_output`, else every float output), per vector (each position's
-hidden state), keeping the lowest. Pooled over all probes of a target ([`judge`]): agreement and mean KL over every
-position, the lowest cosine of any vector, and for generation targets the
-greedy tokens that match eager before the first divergence. The budget (`exporters.recipe.budgets.resolve_budget`)
-decides, and the verdict names the metric that did.
+KL(eager ‖ artifact) of its next-token distribution (for a half-precision artifact, a position whose argmax differs
+only between tokens eager itself scores within the dtype's tolerance of each other is a tie, not a disagreement: each
+score may move by that much in a correct half-precision program, as in generation parity's near ties); for
+components without logits, the cosine similarity of their hidden states (`last_hidden_state`, `pooler_output`, else
+every float output), per vector (each position's hidden state), keeping the lowest. Pooled over all probes of a
+target ([`judge`]): agreement (ties counted, and reported as `top1_ties`) and mean KL over every position, the lowest
+cosine of any vector, and for generation targets the greedy tokens that match eager before the first divergence. The
+budget (`exporters.recipe.budgets.resolve_budget`) decides, and the verdict names the metric that did.
 
 Example:
     >>> import torch
@@ -16,6 +18,9 @@ Example:
     >>> m = measure({"logits": logits}, {"logits": logits * 0.9})
     >>> (m["positions"], m["top1_matches"], m["kl_sum"] < 0.01)
     (2, 2, True)
+    >>> flat = torch.tensor([[[3.0, 2.995, 0.0]]])  # eager's top two 0.005 apart: a half-precision tie
+    >>> measure({"logits": flat}, {"logits": flat[..., [1, 0, 2]]}, ties=(1e-2, 1e-2))["top1_ties"]
+    1
 """
 
 from __future__ import annotations
@@ -36,16 +41,17 @@ RULES = (
 )
 
 
-def measure(reference: Any, actual: Any) -> dict[str, Any]:
-    """Quality metrics of one probe: `positions`, `top1_matches`, `kl_sum`, `kl_max` over logits, `cosine` (the
-    lowest cosine of any one hidden-state vector), and `problems` (a missing, misshapen or non-finite output: never a
-    pass)."""
+def measure(reference: Any, actual: Any, ties: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Quality metrics of one probe: `positions`, `top1_matches`, `top1_ties`, `kl_sum`, `kl_max` over logits,
+    `cosine` (the lowest cosine of any one hidden-state vector), and `problems` (a missing, misshapen or non-finite
+    output: never a pass). `ties`: the `(atol, rtol)` within which eager's scores of its own top-1 and the artifact's
+    make a differing argmax a tie ([`top1_ties`]); None counts every differing argmax as a disagreement."""
     want, got = leaf_tensors(reference), leaf_tensors(actual)
     logits = [name for name in want if name.rsplit(".", 1)[-1].endswith("logits")]
     hidden = [name for name in want if name.rsplit(".", 1)[-1] in HIDDEN_STATES]
     judged = logits or hidden or [name for name, tensor in want.items() if tensor.is_floating_point()]
-    result: dict[str, Any] = {"positions": 0, "top1_matches": 0, "kl_sum": 0.0, "kl_max": 0.0, "cosine": None,
-                              "problems": []}
+    result: dict[str, Any] = {"positions": 0, "top1_matches": 0, "top1_ties": 0, "kl_sum": 0.0, "kl_max": 0.0,
+                              "cosine": None, "problems": []}
     for name in judged:
         value = got.get(name)
         if value is None:
@@ -66,7 +72,10 @@ def measure(reference: Any, actual: Any) -> dict[str, Any]:
             log_p, log_q = torch.log_softmax(ref2, -1), torch.log_softmax(val2, -1)
             kl = (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0)
             result["positions"] += int(ref2.shape[0])
-            result["top1_matches"] += int((ref2.argmax(-1) == val2.argmax(-1)).sum())
+            eager_top, artifact_top = ref2.argmax(-1), val2.argmax(-1)
+            result["top1_matches"] += int((eager_top == artifact_top).sum())
+            if ties is not None:
+                result["top1_ties"] += top1_ties(ref2, eager_top, artifact_top, ties)
             result["kl_sum"] += float(kl.sum())
             result["kl_max"] = max(result["kl_max"], float(kl.max()))
         else:
@@ -78,6 +87,26 @@ def measure(reference: Any, actual: Any) -> dict[str, Any]:
             cosine = float(torch.where(zero, torch.ones_like(per_vector), per_vector).min())
             result["cosine"] = cosine if result["cosine"] is None else min(result["cosine"], cosine)
     return result
+
+
+def top1_ties(eager: torch.Tensor, eager_top: torch.Tensor, artifact_top: torch.Tensor,
+              tolerance: tuple[float, float]) -> int:
+    """Positions (rows of eager's `[positions, vocab]` scores) whose argmax differs between eager and the artifact
+    only as a tie: eager scores its own top-1 at most `2 atol + rtol (|s_eager| + |s_artifact|)` above the artifact's
+    top-1, each score allowed to move by `atol + rtol |score|` (generation parity's near-tie rule,
+    `exporters.validate.greedy.is_near_tie`).
+
+    Example:
+        >>> scores = torch.tensor([[3.0, 2.995, 0.0], [3.0, 0.0, 2.0]])
+        >>> top1_ties(scores, torch.tensor([0, 0]), torch.tensor([1, 2]), (1e-2, 1e-2))  # 0.005 a tie, 1.0 not
+        1
+    """
+    atol, rtol = tolerance
+    rows = torch.arange(eager.shape[0])
+    mine, theirs = eager[rows, eager_top], eager[rows, artifact_top]
+    allowance = 2 * atol + rtol * (mine.abs() + theirs.abs())
+    tie = (eager_top != artifact_top) & torch.isfinite(mine) & torch.isfinite(theirs) & (mine - theirs <= allowance)
+    return int(tie.sum())
 
 
 def greedy_match(generation: dict[str, Any] | Any) -> tuple[int, int] | None:
@@ -123,7 +152,10 @@ def judge(kind: str, budget: dict[str, Any], probes: list[tuple[str, str, dict[s
     metrics: dict[str, Any] = {
         "probes": len(probes),
         "positions": positions,
-        "top1_agreement": sum(q["top1_matches"] for _, _, q in probes) / positions if positions else None,
+        # a tie (eager's own top two within the dtype's tolerance) is no disagreement: see the module
+        "top1_agreement": (sum(q["top1_matches"] + q.get("top1_ties", 0) for _, _, q in probes) / positions
+                           if positions else None),
+        "top1_ties": sum(q.get("top1_ties", 0) for _, _, q in probes) if positions else None,
         "kl": sum(q["kl_sum"] for _, _, q in probes) / positions if positions else None,
         "kl_max": max((q["kl_max"] for _, _, q in probes), default=None) if positions else None,
         "cosine": min(cosines)[0] if cosines else None,
