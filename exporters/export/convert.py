@@ -121,9 +121,10 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
     """How ExecuTorch programs are lowered beyond upstream's defaults: PT2E-quantized linears with XNNPACK's
     dynamically quantized partitioner first (`exporters.upstream.xnnpack_dynamic_quant_partitioners`), the
     tanh-approximated GELU left to the portable kernels (XNNPACK computes the exact one: docs/upstream-gaps.md #24),
-    the upsample fusion only where a graph has an upsample (`exporters.upstream.xnnpack_lowering`). An ONNX graph's
-    optimizer removes only an exact `+ 0` or `* 1` (`exporters.upstream.exact_no_op_rewrites`: a norm keeps an
-    epsilon of 1e-8) and tries its two-output pattern only where it can match (`multi_output_patterns_anchored`:
+    the upsample fusion only where a graph has an upsample (`exporters.upstream.xnnpack_lowering`), an operator's list
+    result validated as one result (`exporters.upstream.list_results_validated_whole`: a MoE's prompt stays dynamic).
+    An ONNX graph's optimizer removes only an exact `+ 0` or `* 1` (`exporters.upstream.exact_no_op_rewrites`: a norm
+    keeps an epsilon of 1e-8) and tries its two-output pattern only where it can match (`multi_output_patterns_anchored`:
     upstream's matcher is quadratic in the graph's size) and leaves a tied table's transpose to the runtime
     (`shared_tables_kept_once`: stored once), and torch.onnx's second trace is skipped where it would
     change nothing the translation needs (`exporters.upstream.decompose_only_what_onnx_lacks`), and its
@@ -140,6 +141,7 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
         stack.enter_context(upstream.group_query_attention_at_any_batch())
     if target.export_format == "executorch":
         stack.enter_context(upstream.xnnpack_lowering())
+        stack.enter_context(upstream.list_results_validated_whole())
         if any(getattr(c, "quantizer", None) is not None for c in configs.values()):
             stack.enter_context(upstream.xnnpack_dynamic_quant_partitioners())
     return stack
