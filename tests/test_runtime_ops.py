@@ -68,15 +68,16 @@ def falcon_default(tmp_path_factory):
     return _family_executorch(tmp_path_factory.mktemp("falcon-executorch"), "falcon")
 
 
-@pytest.fixture(scope="module")
-def moe_methods_dynamic(tmp_path_factory):
-    """Qwen3-MoE in the methods layout (its prefill a method of its own), its prompt declared dynamic."""
+@pytest.fixture(scope="module", params=["qwen3_moe", "deepseek_v3"])
+def moe_methods_dynamic(request, tmp_path_factory):
+    """A MoE decoder in the methods layout (its prefill a method of its own; DeepSeek-V3's default, its latent
+    attention building its keys with `new_empty`), its prompt declared dynamic."""
     from matrix.families import FAMILIES, build
 
-    root = tmp_path_factory.mktemp("moe-methods-dynamic")
+    root = tmp_path_factory.mktemp(f"moe-methods-dynamic-{request.param}")
     recipe = {"schema_version": 1, "generation": {"max_new_tokens": 8},
               "exports": [{**PLAINEST_EXECUTORCH, "layout": "methods", "dynamic": True}]}
-    return stored_run(build(FAMILIES["qwen3_moe"], root / "model", recipe=recipe))
+    return stored_run(build(FAMILIES[request.param], root / "model", recipe=recipe))
 
 
 @pytest.fixture(scope="module")

@@ -103,7 +103,8 @@ def _tracing(model, target) -> contextlib.ExitStack:
     environment and state (`upstream.symbolic_arithmetic_once`), and an ExecuTorch target in the ops its
     runtime has: mixture-of-experts layers in standard ops (`upstream.experts_without_custom_ops`), a whole-input
     `Conv3d` as a matmul (`upstream.patch_convolutions_as_matmul`), the argsort of a permutation as a scatter
-    (`upstream.argsort_of_permutations`), a negative pad as a slice (`upstream.negative_padding_as_slices`)."""
+    (`upstream.argsort_of_permutations`), a negative pad as a slice (`upstream.negative_padding_as_slices`), a
+    `new_empty` as `new_zeros` (`upstream.new_empty_as_zeros`: its size may stay symbolic)."""
     stack = contextlib.ExitStack()
     stack.enter_context(upstream.patches_of_loaded_models())
     stack.enter_context(upstream.contiguity_known_once())
@@ -114,6 +115,8 @@ def _tracing(model, target) -> contextlib.ExitStack:
         stack.enter_context(upstream.patch_convolutions_as_matmul())
         stack.enter_context(upstream.argsort_of_permutations(model))
         stack.enter_context(upstream.negative_padding_as_slices())
+        if getattr(target, "layout", None) != "runner":  # the runner program skips the dim-order pass
+            stack.enter_context(upstream.new_empty_as_zeros())
     return stack
 
 

@@ -96,6 +96,7 @@ from exporters.upstream.runtime_ops import (
     list_results_validated_whole,
     multi_output_patterns_anchored,
     negative_padding_as_slices,
+    new_empty_as_zeros,
     patch_convolutions_as_matmul,
     shared_tables_kept_once,
 )
@@ -161,6 +162,7 @@ __all__ = [
     "named_data_on_disk",
     "named_dims_share_symbols",
     "negative_padding_as_slices",
+    "new_empty_as_zeros",
     "patch_convolutions_as_matmul",
     "onnxruntime_quantizer",
     "prepare_traced_inputs",

@@ -2,7 +2,8 @@
 grouped-matmul experts op for ExecuTorch ([`experts_without_custom_ops`], docs/upstream-gaps.md #36), a whole-input
 `Conv3d` for ExecuTorch ([`patch_convolutions_as_matmul`], #23), the argsort of a permutation for ExecuTorch
 ([`argsort_of_permutations`], #23), a negative pad for ExecuTorch ([`negative_padding_as_slices`], #44), an
-operator's list result checked whole by ExecuTorch's validator ([`list_results_validated_whole`], #46), and an ONNX
+operator's list result checked whole by ExecuTorch's validator ([`list_results_validated_whole`], #46) and
+`new_empty` as `new_zeros` for its dim-order pass ([`new_empty_as_zeros`], #46), and an ONNX
 graph whose optimizer keeps a norm's 1e-8 epsilon ([`exact_no_op_rewrites`], #38) and tries a pattern of several
 output nodes only where its first one can match ([`multi_output_patterns_anchored`], #39).
 Part of the one adapter (`exporters.upstream`).
@@ -136,6 +137,28 @@ def negative_padding_as_slices():
         return torch.nn.functional.pad(input, kept, "constant", self.value) if any(kept) else input
 
     with patched(cls, "forward", forward):
+        yield
+
+
+@contextlib.contextmanager
+def new_empty_as_zeros():
+    """While an ExecuTorch program is traced, `Tensor.new_empty` is traced as `new_zeros` (the same shape, dtype and
+    device; an empty tensor's values are unspecified, and a model writes them before it reads them). ExecuTorch's
+    dim-order pass turns `empty` into `_empty_dim_order`, whose size is `int[]`, not `SymInt[]`: a symbolic size
+    becomes a guard that fixes it (DeepSeek-V3's latent attention builds its keys with `new_empty` over the prompt's
+    tokens, so its prefill took only the traced length: docs/upstream-gaps.md #46); `new_zeros` lowers to `full`,
+    which takes symbolic sizes.
+
+    Example:
+        >>> with new_empty_as_zeros():
+        ...     torch.ones(2).new_empty(3).tolist()
+        [0.0, 0.0, 0.0]
+    """
+
+    def new_empty(self: torch.Tensor, *size: Any, **kwargs: Any) -> torch.Tensor:
+        return self.new_zeros(*size, **kwargs)
+
+    with patched(torch.Tensor, "new_empty", new_empty):
         yield
 
 
