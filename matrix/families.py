@@ -89,6 +89,8 @@ _SPECS = [
        num_nextn_predict_layers=0),
     _f("glm", "decoder-only", "GlmForCausalLM"),
     _f("glm4", "decoder-only", "Glm4ForCausalLM"),
+    _f("glm4_moe", "decoder-only", "Glm4MoeForCausalLM", "MoE: 4 routed experts and a shared one, first layer dense",
+       n_routed_experts=4, first_k_dense_replace=1, num_nextn_predict_layers=0),
     _f("helium", "decoder-only", "HeliumForCausalLM"),
     _f("granitemoe", "decoder-only", "GraniteMoeForCausalLM"),
     _f("exaone4", "decoder-only", "Exaone4ForCausalLM", "sliding window 12: decoding crosses it", sliding_window=12,

@@ -307,6 +307,23 @@ def tiny_vit_with_image_processor(folder: Path, recipe: Any | None = None, seed:
     return folder
 
 
+def tiny_siglip2_with_image_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+    """A tiny SigLIP2 (NaFlex: patch 8, up to 16 patches an image, their grid kept to the image's aspect ratio)
+    saved with its own image processor, which makes the patches, `pixel_attention_mask` and `spatial_shapes`."""
+    from transformers import Siglip2Config, Siglip2ImageProcessor, Siglip2Model
+
+    torch.manual_seed(seed)
+    config = Siglip2Config(
+        text_config={"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                     "num_attention_heads": 4, "max_position_embeddings": 16, "projection_size": 32,
+                     "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "patch_size": 8, "num_patches": 16})
+    _saved(Siglip2Model(config).eval(), folder, recipe)
+    Siglip2ImageProcessor(patch_size=8, max_num_patches=16).save_pretrained(folder)
+    return folder
+
+
 def tiny_bert_with_tokenizer(folder: Path, recipe: Any | None = None, seed: int = 0,
                              sentence_transformers: bool = True) -> Path:
     """A 1-layer BERT encoder (hidden 32) saved with a WordPiece tokenizer over a 24-token vocabulary (no download):

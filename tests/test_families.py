@@ -5,6 +5,8 @@
   graphs only (PaliGemma, Gemma 3, Qwen2-VL and the rest are rows of docs/coverage.md, `make coverage`);
 - a dual encoder (CLIP): each tower and projection head its own component in model mode, no traceback;
 - a vision backbone through its own image processor;
+- SigLIP2 (NaFlex): its variable-resolution inputs (patches, `pixel_attention_mask`, `spatial_shapes`) made by its
+  own image processor and exported with them (issue #50);
 - a decoder-only model with a sliding-window cache (Gemma 2) whose `.pt2` decode runs past the window;
 - models that cannot be prepared or captured: failed targets whose reason carries the root cause, exit 1.
 """
@@ -17,7 +19,7 @@ import pytest
 
 from matrix.families import FAMILIES
 from tests.conftest import run_cli
-from tests.models import tiny_idefics3_with_processor, tiny_vit_with_image_processor
+from tests.models import tiny_idefics3_with_processor, tiny_siglip2_with_image_processor, tiny_vit_with_image_processor
 
 BOTH = [{"name": "dynamo", "export_format": "dynamo", "dynamic": True},
         {"name": "onnx", "export_format": "onnx", "dynamic": True}]
@@ -114,6 +116,27 @@ def test_vision_backbone_through_its_own_image_processor(tmp_path):
     report = _report(out)
     assert report["family"] == "vision" and report["targets"][0]["status"] == "passed"
     assert any("ViTImageProcessorPil" in f for f in report["findings"]), report["findings"]
+
+
+def test_siglip2_naflex_exports_with_the_inputs_its_image_processor_makes(tmp_path):
+    """The plainest ONNX and ExecuTorch targets of a SigLIP2 whose folder ships its NaFlex image processor: the vision
+    tower is traced and checked with the processor's patches, pixel mask and spatial shapes, and every tower passes."""
+    exports = [{"name": "onnx", "export_format": "onnx", "dynamic": True},
+               {"name": "executorch", "export_format": "executorch"}]
+    model_dir = tiny_siglip2_with_image_processor(tmp_path / "model", {"schema_version": 1, "exports": exports})
+    out = tmp_path / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = _report(out)
+    assert report["family"] == "dual-encoder"
+    assert any("Siglip2ImageProcessor" in f for f in report["findings"]), report["findings"]
+    for target in report["targets"]:
+        assert target["status"] == "passed", (target["name"], target["error"])
+        vision = next(c for c in target["components"] if c["name"] == "vision_model")
+        shapes = vision["checks"][0]["shapes"]
+        batch = shapes["pixel_values"][0]
+        assert shapes == {"pixel_values": [batch, 16, 3 * 8 * 8], "pixel_attention_mask": [batch, 16],
+                          "spatial_shapes": [batch, 2]}, shapes
 
 
 def test_gemma2_sliding_window_pt2_decodes_past_the_window(tmp_path):

@@ -145,3 +145,19 @@ def test_a_latent_attention_cache_is_declined_by_genai_and_optimum_and_the_graph
         assert proof["status"] == "declined", proof
         assert "latent (compressed) cache (kv_lora_rank 16, model type 'deepseek_v2')" in proof["detail"], proof
     assert "ONNX Runtime GenAI ✗ cannot take this model" in (out / "report.md").read_text()
+
+
+def test_optimum_generates_for_a_model_without_eos():
+    """A model with no eos id (a tiny GLM-4-MoE's config) gets `eos_token_id=None` in the script optimum runs, not
+    JSON's `null` (its proof failed with `NameError: name 'null' is not defined`)."""
+    import ast
+
+    from exporters.layouts.optimum import generate_script
+    from exporters.layouts.optimum.proof import eos_literal
+
+    for eos, expected in (([], None), ([2, 7], [2, 7])):
+        script = generate_script("spec['folder']", [[1, 2, 3]], 0, 4, eos_literal(eos), "pass")
+        calls = [node for node in ast.walk(ast.parse(script)) if isinstance(node, ast.Call)
+                 and any(k.arg == "eos_token_id" for k in node.keywords)]
+        value = next(k.value for k in calls[0].keywords if k.arg == "eos_token_id")
+        assert ast.literal_eval(value) == expected, ast.unparse(value)

@@ -105,7 +105,8 @@ def _tracing(model, target) -> contextlib.ExitStack:
     environment and state (`upstream.symbolic_arithmetic_once`), and an ExecuTorch target in the ops its
     runtime has: mixture-of-experts layers in standard ops (`upstream.experts_without_custom_ops`), a whole-input
     `Conv3d` as a matmul (`upstream.patch_convolutions_as_matmul`), the argsort of a permutation as a scatter
-    (`upstream.argsort_of_permutations`), a negative pad as a slice (`upstream.negative_padding_as_slices`)."""
+    (`upstream.argsort_of_permutations`), a negative pad as a slice (`upstream.negative_padding_as_slices`), a
+    `new_empty` as `new_zeros` (`upstream.new_empty_as_zeros`: its size may stay symbolic)."""
     stack = contextlib.ExitStack()
     stack.enter_context(upstream.patches_of_loaded_models())
     stack.enter_context(upstream.contiguity_known_once())
@@ -116,6 +117,8 @@ def _tracing(model, target) -> contextlib.ExitStack:
         stack.enter_context(upstream.patch_convolutions_as_matmul())
         stack.enter_context(upstream.argsort_of_permutations(model))
         stack.enter_context(upstream.negative_padding_as_slices())
+        if getattr(target, "layout", None) != "runner":  # the runner program skips the dim-order pass
+            stack.enter_context(upstream.new_empty_as_zeros())
     return stack
 
 
@@ -123,9 +126,10 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
     """How ExecuTorch programs are lowered beyond upstream's defaults: PT2E-quantized linears with XNNPACK's
     dynamically quantized partitioner first (`exporters.upstream.xnnpack_dynamic_quant_partitioners`), the
     tanh-approximated GELU left to the portable kernels (XNNPACK computes the exact one: docs/upstream-gaps.md #24),
-    the upsample fusion only where a graph has an upsample (`exporters.upstream.xnnpack_lowering`). An ONNX graph's
-    optimizer removes only an exact `+ 0` or `* 1` (`exporters.upstream.exact_no_op_rewrites`: a norm keeps an
-    epsilon of 1e-8) and tries its two-output pattern only where it can match (`multi_output_patterns_anchored`:
+    the upsample fusion only where a graph has an upsample (`exporters.upstream.xnnpack_lowering`), an operator's list
+    result validated as one result (`exporters.upstream.list_results_validated_whole`: a MoE's prompt stays dynamic).
+    An ONNX graph's optimizer removes only an exact `+ 0` or `* 1` (`exporters.upstream.exact_no_op_rewrites`: a norm
+    keeps an epsilon of 1e-8) and tries its two-output pattern only where it can match (`multi_output_patterns_anchored`:
     upstream's matcher is quadratic in the graph's size) and leaves a tied table's transpose to the runtime
     (`shared_tables_kept_once`: stored once), and torch.onnx's second trace is skipped where it would
     change nothing the translation needs (`exporters.upstream.decompose_only_what_onnx_lacks`), and its
@@ -142,6 +146,7 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
         stack.enter_context(upstream.group_query_attention_at_any_batch())
     if target.export_format == "executorch":
         stack.enter_context(upstream.xnnpack_lowering())
+        stack.enter_context(upstream.list_results_validated_whole())
         if any(getattr(c, "quantizer", None) is not None for c in configs.values()):
             stack.enter_context(upstream.xnnpack_dynamic_quant_partitioners())
     return stack

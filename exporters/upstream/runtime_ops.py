@@ -1,9 +1,12 @@
 """Models traced in the ops their target's runtime has, where upstream's trace holds one it has not: transformers'
 grouped-matmul experts op for ExecuTorch ([`experts_without_custom_ops`], docs/upstream-gaps.md #36), a whole-input
 `Conv3d` for ExecuTorch ([`patch_convolutions_as_matmul`], #23), the argsort of a permutation for ExecuTorch
-([`argsort_of_permutations`], #23), a negative pad for ExecuTorch ([`negative_padding_as_slices`], #44), and an ONNX graph whose optimizer keeps a norm's
-1e-8 epsilon ([`exact_no_op_rewrites`], #38) and tries a pattern of several output nodes only where its first one
-can match ([`multi_output_patterns_anchored`], #39). Part of the one adapter (`exporters.upstream`).
+([`argsort_of_permutations`], #23), a negative pad for ExecuTorch ([`negative_padding_as_slices`], #44), an
+operator's list result checked whole by ExecuTorch's validator ([`list_results_validated_whole`], #47) and
+`new_empty` as `new_zeros` for its dim-order pass ([`new_empty_as_zeros`], #47), and an ONNX
+graph whose optimizer keeps a norm's 1e-8 epsilon ([`exact_no_op_rewrites`], #38) and tries a pattern of several
+output nodes only where its first one can match ([`multi_output_patterns_anchored`], #39).
+Part of the one adapter (`exporters.upstream`).
 
 Example:
     >>> with experts_without_custom_ops(model), patch_convolutions_as_matmul():  # doctest: +SKIP
@@ -17,7 +20,7 @@ from typing import Any
 
 import torch
 
-from exporters.upstream.patches import patched
+from exporters.upstream.patches import patched, patched_item
 
 
 @contextlib.contextmanager
@@ -134,6 +137,60 @@ def negative_padding_as_slices():
         return torch.nn.functional.pad(input, kept, "constant", self.value) if any(kept) else input
 
     with patched(cls, "forward", forward):
+        yield
+
+
+@contextlib.contextmanager
+def new_empty_as_zeros():
+    """While an ExecuTorch program is traced, `Tensor.new_empty` is traced as `new_zeros` (the same shape, dtype and
+    device; an empty tensor's values are unspecified, and a model writes them before it reads them). ExecuTorch's
+    dim-order pass turns `empty` into `_empty_dim_order`, whose size is `int[]`, not `SymInt[]`: a symbolic size
+    becomes a guard that fixes it (DeepSeek-V3's latent attention builds its keys with `new_empty` over the prompt's
+    tokens, so its prefill took only the traced length: docs/upstream-gaps.md #47); `new_zeros` lowers to `full`,
+    which takes symbolic sizes.
+
+    Example:
+        >>> with new_empty_as_zeros():
+        ...     torch.ones(2).new_empty(3).tolist()
+        [0.0, 0.0, 0.0]
+    """
+
+    def new_empty(self: torch.Tensor, *size: Any, **kwargs: Any) -> torch.Tensor:
+        return self.new_zeros(*size, **kwargs)
+
+    with patched(torch.Tensor, "new_empty", new_empty):
+        yield
+
+
+@contextlib.contextmanager
+def list_results_validated_whole():
+    """While ExecuTorch checks an edge program's operator dtypes, an operator whose one result is a list of tensors
+    (`split_with_sizes`, what `chunk` lowers to) has that list checked as its result. ExecuTorch's validator
+    (`EdgeOpArgValidator`, executorch 1.5.1) walks the node's value as the sequence of results, so it takes the
+    list's first tensor for the list and asks its `len`: a guard on that tensor's first size, which fixes it at its
+    traced value. A mixture-of-experts layer splits its experts' gate and up projections over the `(tokens x top_k)`
+    rows (transformers' `batched_mm` experts), so its program took only prompts of the traced length
+    (docs/upstream-gaps.md #47). Every other operator is checked as before; the dtypes checked are the same.
+
+    Example:
+        >>> with list_results_validated_whole():  # doctest: +SKIP
+        ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    """
+    # executorch loads only where a program is lowered (seconds, native memory)
+    from executorch.exir.verification.arg_validator import EdgeOpArgValidator
+
+    real = EdgeOpArgValidator.call_function
+    tensors = torch.ListType.ofTensors()
+
+    def call_function(self: Any, target: Any, args: Any, kwargs: Any) -> Any:
+        returns = getattr(getattr(target, "_schema", None), "returns", ())
+        value = self.node.meta.get("val")
+        if len(returns) == 1 and returns[0].type == tensors and isinstance(value, list):
+            with patched_item(self.node.meta, "val", (value,)):  # the one result: the list
+                return real(self, target, args, kwargs)
+        return real(self, target, args, kwargs)
+
+    with patched(EdgeOpArgValidator, "call_function", call_function):
         yield
 
 

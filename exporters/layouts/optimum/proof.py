@@ -9,7 +9,6 @@ The child first asks its own transformers whether it knows the folder's model ty
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,17 @@ def _batch_of_one(directory: Path) -> bool:
     return dim.HasField("dim_value") and dim.dim_value == 1
 
 
+def eos_literal(eos: list[int]) -> str:
+    """The eos ids as the Python literal the generation script passes to `generate` (`None` when the model has none:
+    JSON's `null` is no Python name).
+
+    Example:
+        >>> eos_literal([2, 7]), eos_literal([])
+        ('[2, 7]', 'None')
+    """
+    return repr([int(token) for token in eos] or None)
+
+
 def prove(layout: Any, directory: Path, reference: GenaiReference, context: RuntimeContext) -> RuntimeProof:
     """optimum's greedy generation from the folder alone, in the side environment, against `reference`."""
     python = side_python()
@@ -51,7 +61,7 @@ def prove(layout: Any, directory: Path, reference: GenaiReference, context: Runt
     rows: list[list[int]] = []
     for prompts in batches:
         script = generate_script("spec['folder']", prompts, reference.pad, reference.steps,
-                                 json.dumps(reference.eos or None), EMIT)
+                                 eos_literal(reference.eos), EMIT)
         answer, why = run_in_child(KNOWS + script, {"folder": str(directory)}, folder=directory,
                                    timeout_s=child_timeout(context), python=str(python))
         if answer is None:
