@@ -17,11 +17,12 @@ import torch
 from transformers import GenerationConfig
 
 from exporters.upstream import beyond, core, internals, llm_runner, onnx_decompositions, ort_attention, quantizers
-from exporters.upstream import runtime_ops
+from exporters.upstream import multimodal_runner, runtime_ops
 from exporters.upstream.patches import PATCHES, Patch, patch_row, patched, patched_item
 from tests.conftest import ROOT
 
-MODULES = (beyond, core, internals, llm_runner, onnx_decompositions, ort_attention, quantizers, runtime_ops)
+MODULES = (beyond, core, internals, llm_runner, multimodal_runner, onnx_decompositions, ort_attention, quantizers,
+           runtime_ops)
 # Functions that lay a patch for a row's manager (called inside its block), not managers of their own
 HELPERS = {"_pass_only_where": ("upsample_fusion_only_with_upsample", "sdpa_fusion_only_with_softmax"),
            "_fused_as_for_one_sequence": ("group_query_attention_at_any_batch",)}
@@ -101,6 +102,10 @@ def _stand_ins(row: Patch, tmp_path: Path, monkeypatch) -> tuple[tuple, Callable
         model = types.SimpleNamespace(config=types.SimpleNamespace(_attn_implementation="sdpa"))
         program = types.SimpleNamespace(wrapper=types.SimpleNamespace(static_cache=types.SimpleNamespace(layers=[])))
         return (program, model), lambda: [model.config._attn_implementation]
+    if name == "text_attention_as_custom_sdpa":
+        text = types.SimpleNamespace(_attn_implementation="sdpa")
+        model = types.SimpleNamespace(config=types.SimpleNamespace(get_text_config=lambda: text))
+        return (model,), lambda: [text._attn_implementation]
     if name == "exact_no_op_rewrites":
         return (), _no_op_tolerances
     if name == "quiet_torch_serde":

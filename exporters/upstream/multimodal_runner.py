@@ -92,7 +92,7 @@ def multimodal_modules(model: Any, max_cache_len: int) -> dict[str, torch.nn.Mod
 
 
 @contextlib.contextmanager
-def _text_attention_too(model: Any) -> Iterator[None]:
+def text_attention_as_custom_sdpa(model: Any) -> Iterator[None]:
     """`custom_ops_installed` sets the attention of the model's top config; a vision-language model's text layers
     read their own (`text_config`), set here while the decoder is traced (the vision tower keeps its own)."""
     text = model.config.get_text_config()
@@ -129,7 +129,7 @@ def export_multimodal_program(modules: dict[str, torch.nn.Module], model: Any, i
         with stack:
             if custom_ops:
                 stack.enter_context(custom_ops_installed(decoder, model))
-                stack.enter_context(_text_attention_too(model))
+                stack.enter_context(text_attention_as_custom_sdpa(model))
             with strict_export_shares_parameters():
                 exported = torch.export.export(decoder, (), kwargs, dynamic_shapes=shapes[TEXT_DECODER], strict=True)
             if custom_ops:

@@ -157,6 +157,9 @@ PATCHES: tuple[Patch, ...] = (
     Patch("custom_ops_installed", ("model.config._attn_implementation",),
           "optimum-executorch's custom-cache class reads a kwarg transformers 5.24 no longer passes",
           "docs/upstream-gaps.md #25: an LLM runner program in ExecutorchExporter"),
+    Patch("text_attention_as_custom_sdpa", ("model.config.text_config._attn_implementation",),
+          "custom_ops_installed sets the top config's attention; a VLM's text layers read their text_config's",
+          "docs/upstream-gaps.md #25: an LLM runner program (and MultimodalRunner's) in ExecutorchExporter"),
     # ── ExecuTorch lowering ──
     Patch("tanh_gelu_kept_off_xnnpack",
           (f"{XNNPACK}.partition.config.generic_node_configs:GeluConfig.check_constraints",),
