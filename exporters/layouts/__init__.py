@@ -6,6 +6,7 @@ exporters/layouts/
   child.py           how every proof's runtime runs: a child held short (allow-listed env, RLIMIT_DATA, timeout)
   card.py            what every card snippet is built from (download lines, the prompt line, checked identifiers)
   executorch_llm/    the ExecuTorch LLM runner (TextLLMRunner): model.pte in the runner's contract
+  executorch_speech/ the ExecuTorch ASR runner's layout: model.pte with methods encoder + text_decoder (Whisper)
   genai/             ONNX Runtime GenAI: a merged decoder graph and genai_config.json
   transformers_js/   transformers.js on Node.js: onnx/model.onnx and transformers.js_config
   optimum/           optimum's ORTModelForCausalLM, in its side environment: the merged decoder under its names
@@ -19,7 +20,7 @@ passed (`exporters.publish.snippets`). A new layout is one package and one line 
 
 Example:
     >>> [layout.runtime for layout in LAYOUTS]
-    ['ExecuTorch LLM runner', 'transformers.js', 'ONNX Runtime GenAI', 'optimum']
+    ['ExecuTorch LLM runner', 'ExecuTorch ASR runner layout', 'transformers.js', 'ONNX Runtime GenAI', 'optimum']
     >>> layout_named("transformers.js").install.startswith("install Node.js")
     True
 """
@@ -36,11 +37,12 @@ from exporters.layouts.child import (CHILD_ENV, CHILD_TIMEOUT_S, MEMORY_FLOOR_BY
                                      ProofStatus, RuntimeContext, RuntimeProof, child_environment, child_message,
                                      child_timeout, kill_child_of, memory_limit, run_in_child, run_script)
 from exporters.layouts.executorch_llm import ExecutorchLlm
+from exporters.layouts.executorch_speech import ExecutorchSpeech
 from exporters.layouts.genai import Genai
 from exporters.layouts.optimum import Optimum
 from exporters.layouts.transformers_js import TransformersJs
 
-__all__ = ["CHILD_ENV", "CHILD_TIMEOUT_S", "EXAMPLE_IDS", "ExecutorchLlm", "Genai", "LAYOUTS", "NO_TOKENIZER", "Optimum",
+__all__ = ["CHILD_ENV", "CHILD_TIMEOUT_S", "EXAMPLE_IDS", "ExecutorchLlm", "ExecutorchSpeech", "Genai", "LAYOUTS", "NO_TOKENIZER", "Optimum",
            "PIN_COMMENT", "PROMPT", "PROMPT_LINE", "TransformersJs", "file_names", "has_tokenizer", "identifier",
            "subfolder", "MEMORY_FLOOR_BYTES", "MEMORY_PER_FOLDER_BYTE", "Layout",
            "ProofStatus", "RuntimeContext", "RuntimeProof", "child_environment", "child_message", "child_timeout",
@@ -49,7 +51,7 @@ __all__ = ["CHILD_ENV", "CHILD_TIMEOUT_S", "EXAMPLE_IDS", "ExecutorchLlm", "Gena
 
 # Every deployment layout, once. Order matters only for the files: transformers.js moves the graph under onnx/
 # before GenAI's genai_config.json names its file.
-LAYOUTS: tuple[Layout, ...] = (ExecutorchLlm(), TransformersJs(), Genai(), Optimum())
+LAYOUTS: tuple[Layout, ...] = (ExecutorchLlm(), ExecutorchSpeech(), TransformersJs(), Genai(), Optimum())
 
 
 def layout_named(runtime: str) -> Layout | None:
