@@ -1,0 +1,105 @@
+"""Whisper on ExecuTorch in the layout ExecuTorch's ASR runner and optimum-executorch load (#52 §2): the default
+ExecuTorch generation target of a speech encoder-decoder is one `model.pte` with methods `encoder` and
+`text_decoder` (the self-attention cache inside) and the runner's metadata methods, proven by ExecuTorch's own
+runtime running optimum-executorch's loop on the folder alone; `layout: "methods"` keeps the program with a method
+per generation component.
+
+One run of a tiny Whisper (module fixture) through the real CLI holds both targets.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exporters.errors import TargetPlanError
+from tests.conftest import PLAINEST_EXECUTORCH, run_and_read
+from tests.models import tiny_whisper
+
+RUNTIME = "ExecuTorch ASR runner layout"
+RECIPE = {"exports": [PLAINEST_EXECUTORCH,
+                      {**PLAINEST_EXECUTORCH, "name": "methods", "layout": "methods"}],
+          "generation": {"max_new_tokens": 8}}
+
+
+@pytest.fixture(scope="module")
+def whisper_speech(tmp_path_factory):
+    root = tmp_path_factory.mktemp("executorch-speech")
+    return run_and_read(root, tiny_whisper(root / "model", RECIPE, feature_extractor=True))
+
+
+def _targets(report: dict) -> dict[str, dict]:
+    return {target["name"]: target for target in report["targets"]}
+
+
+def test_whispers_default_executorch_target_is_the_asr_runners_program_and_runs_there(whisper_speech):
+    out, report, log = whisper_speech
+    target = _targets(report)["executorch"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert target["expected_components"] == ["encoder", "text_decoder"]
+    [proof] = target["runtimes"]
+    assert proof["runtime"] == RUNTIME and proof["status"] == "passed", proof
+    assert proof["detail"].startswith("8/8 tokens (executorch.runtime, optimum-executorch's loop"), proof
+    assert f"{RUNTIME} ✓ 8/8 tokens" in (out / "report.md").read_text()
+    generation = target["generation"]
+    assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
+    assert not any("method per component" in finding for finding in target["findings"]), target["findings"]
+    manifest = json.loads((out / "executorch" / "export.json").read_text())
+    assert manifest["layout"] == "runner"
+    assert {name: entry["method"] for name, entry in manifest["components"].items()} == {
+        "encoder": "encoder", "text_decoder": "text_decoder"}
+
+
+def test_the_speech_program_holds_the_methods_and_metadata_the_runner_reads(whisper_speech):
+    """The runner's method names and the constants optimum-executorch reads, read back from the program itself."""
+    from executorch.runtime import Runtime
+
+    out, _, _ = whisper_speech
+    folder = out / "executorch"
+    data = {"data_path": folder / "model.ptd"} if (folder / "model.ptd").is_file() else {}
+    program = Runtime.get().load_program(folder / "model.pte", **data)
+    names = set(program.method_names)
+    assert {"encoder", "text_decoder", "decoder_start_token_id", "get_eos_id", "get_max_seq_len"} <= names, names
+    assert program.load_method("decoder_start_token_id").execute([])[0] == 1  # tiny_whisper's
+    assert program.load_method("get_eos_id").execute([])[0] == 99
+    assert program.load_method("get_max_seq_len").execute([])[0] == 64  # the static cache (max_target_positions)
+    assert program.metadata("encoder").num_inputs() == 1  # input_features
+    assert program.metadata("text_decoder").num_inputs() == 3  # decoder_input_ids, encoder_hidden_states, cache_position
+
+
+def test_layout_methods_keeps_a_method_per_generation_component(whisper_speech):
+    out, report, log = whisper_speech
+    target = _targets(report)["methods"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
+    assert target["expected_components"] == ["encoder", "prefill", "decode"]
+    assert not target["runtimes"], target["runtimes"]
+    assert any("method per component" in finding for finding in target["findings"]), target["findings"]
+
+
+def test_the_cards_speech_snippet_runs_as_written(whisper_speech, hub, tmp_path):
+    """The card's snippet, run as written by the venv's Python against the Hub emulator: the folder's feature
+    extractor on a tone, then the proof's own loop from the program's start token."""
+    from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
+
+    out, _, _ = whisper_speech
+    commit = upload_exports(hub, "alice/whisper", out, ["executorch"])
+    snippets = [s for s in card_snippets(exports_card("alice/whisper", out, commit)) if s[0] == RUNTIME]
+    [(_, language, code)] = snippets
+    assert language == "python" and "decoder_start_token_id" in code
+    done = run_snippet(code, hub, tmp_path / "home")
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    tokens = json.loads(done.stdout.strip().splitlines()[-1])
+    assert tokens and all(isinstance(t, int) for t in tokens)
+
+
+def test_layout_runner_asked_for_what_the_speech_program_cannot_hold_says_what_to_change():
+    from exporters.capture.asr_runner import wants_asr
+    from exporters.recipe.load import parse_recipe
+
+    target = parse_recipe(json.dumps({"export_format": "executorch", "mode": "generation", "layout": "runner"})
+                          ).exports[0]
+    with pytest.raises(TargetPlanError, match="inputs.batch_size is 2") as caught:
+        wants_asr(target, "speech-seq2seq", {"input_features": None}, "static", batch_size=2)
+    assert caught.value.option == "layout" and "use layout 'methods'" in str(caught.value)
+    assert wants_asr(target, "speech-seq2seq", {"input_features": None}, "static", batch_size=1)
