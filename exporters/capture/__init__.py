@@ -14,6 +14,7 @@ Beside them:
 - `generation_settings.py`: the repo's `generation_config.json` as shipped, and what it asks of generation;
 - `modalities.py`: the modalities (text, images, audio) a model takes, read from its forward and config;
 - `llm_runner.py`: which targets get the ExecuTorch LLM runner's layout, and its one component;
+- `asr_runner.py`: which speech targets (Whisper) get the ExecuTorch ASR runner's layout, and its two components;
 - `stepped.py`: the prompt through the decode graph one token at a time (state-space and hybrid models);
 - `token_ids.py`: the special token ids a deployment runtime needs beside the graph.
 

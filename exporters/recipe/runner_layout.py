@@ -31,8 +31,11 @@ class ExecutorchLayoutSetting(BaseModel):
         "(TextLLMRunner) and optimum-executorch: forward(tokens [1, seq], cache_position [seq]) -> logits, the KV "
         "cache held in the program, constant metadata methods (get_max_seq_len, get_eos_ids, ...), tokenizer.json "
         "beside it. 'methods': one program with a method per component (prefill, decode taking and returning the "
-        "cache). Default: 'runner' for decoder-only models (static cache, batch 1) that run with the runner "
-        "program's static cache and whose runner program exports, 'methods' otherwise (the report says why).",
+        "cache). For a speech encoder-decoder (Whisper) 'runner' is the layout of ExecuTorch's ASR runner and "
+        "optimum-executorch: methods encoder (input_features) and text_decoder (decoder_input_ids, "
+        "encoder_hidden_states, cache_position; the self-attention cache inside). Default: 'runner' for decoder-only "
+        "models (static cache, batch 1) that run with the runner program's static cache and whose runner program "
+        "exports, and for Whisper (static cache, batch 1), 'methods' otherwise (the report says why).",
     )
     custom_ops: StrictBool | None = Field(
         default=None,

@@ -6,6 +6,8 @@
 | `__init__`   | [`TransformersJs`]: when it applies (`"layout": "transformers.js"`), where the runtime is installed, the generation script its proof runs and its card shows (`GENERATE`, one template) |
 | `files.py`   | the folder rewritten to the layout transformers.js loads                                          |
 | `proof.py`   | Node.js runs `GENERATE` on the folder alone, token for token against eager greedy                 |
+| `speech.py`  | a speech encoder-decoder (Whisper): `TRANSCRIBE`, the card's script and the proof's               |
+| `speech_proof.py` | Node.js runs `TRANSCRIBE` on the folder alone, token for token against eager `generate()`    |
 
 The pinned transformers.js is looked up in `HF_EXPORT_TRANSFORMERS_JS` (a folder holding
 `node_modules/@huggingface/transformers`), else the project's `.cache/transformers-js` (`make test-deps` installs it).
@@ -26,6 +28,8 @@ from typing import Any
 
 from exporters.files import EXPORTS_DIR
 from exporters.layouts.base import Layout
+from exporters.layouts.card import file_names
+from exporters.layouts.transformers_js.speech import CARD_FEATURES, transcribe_script
 from exporters.recipe.layout import TRANSFORMERS_JS
 
 LAYOUT = TRANSFORMERS_JS  # the recipe's `layout` value
@@ -77,6 +81,10 @@ class TransformersJs(Layout):
         sub = f"{EXPORTS_DIR}/{target['name']}"
         pinned = f" --revision {json.dumps(revision)}" if revision else ""
         download = f"// after: hf download {json.dumps(repo_id)}{pinned} --include {json.dumps(sub + '/*')} --local-dir model\n"
+        if {"onnx/encoder_model.onnx", "preprocessor_config.json"} <= file_names(target):  # Whisper: speech.py
+            return "js", download + transcribe_script(json.dumps(f"model/{EXPORTS_DIR}"),
+                                                      json.dumps(str(target["name"])), CARD_FEATURES, 32,
+                                                      "console.log(JSON.stringify(Array.from(output.data, Number)));")
         return "js", download + generate_script(json.dumps(f"model/{EXPORTS_DIR}"), json.dumps(str(target["name"])),
                                                 [1, 2, 3], 32, "console.log(Array.from(output.data, Number));",
                                                 "  // your prompt's token ids")
