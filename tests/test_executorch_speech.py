@@ -103,3 +103,33 @@ def test_layout_runner_asked_for_what_the_speech_program_cannot_hold_says_what_t
         wants_asr(target, "speech-seq2seq", {"input_features": None}, "static", batch_size=2)
     assert caught.value.option == "layout" and "use layout 'methods'" in str(caught.value)
     assert wants_asr(target, "speech-seq2seq", {"input_features": None}, "static", batch_size=1)
+
+
+def test_the_speech_program_sizes_its_caches_by_the_decoders_heads_and_layers():
+    """Whisper's `num_attention_heads` is its encoder's: a model whose decoder has other heads (and layers) than its
+    encoder (the matrix's tiny Whisper) still gets the speech program, and each `text_decoder` step gives the
+    model's own logits for the tokens so far (before: `index_copy_` refused the cache, the default fell back to the
+    methods layout)."""
+    import torch
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    from exporters.capture.asr_runner import capture, refused
+
+    torch.manual_seed(0)
+    model = WhisperForConditionalGeneration(WhisperConfig(
+        vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=32,
+        max_target_positions=64, decoder_start_token_id=1, pad_token_id=0, bos_token_id=1, eos_token_id=99,
+        init_std=1.0)).eval()
+    features = torch.randn(1, 16, 64)
+    target = json.loads('{"layout": null}')
+    assert refused(type("Target", (), target)(), model, {"input_features": features}, 1) is None
+    programs = capture(model, {"input_features": features}, 16, 1)
+    with torch.no_grad():
+        states = programs["encoder"][0](features)["last_hidden_state"]
+        ids = [1]
+        for position in range(4):
+            logits = programs["text_decoder"][0](torch.tensor([[ids[-1]]]), states, torch.tensor([position]))["logits"]
+            eager = model(input_features=features, decoder_input_ids=torch.tensor([ids])).logits[:, -1]
+            torch.testing.assert_close(logits[:, -1], eager, atol=1e-5, rtol=1e-4)
+            ids.append(int(logits[0, -1].argmax()))

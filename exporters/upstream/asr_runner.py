@@ -58,7 +58,7 @@ class TextDecoderProgram(torch.nn.Module):
     def _cache(self, prefix: str, length: int, dtype: torch.dtype) -> StaticCache:
         """A static cache of `length` positions whose tensors are this module's buffers (what the program keeps)."""
         cache = StaticCache(config=self.config, max_cache_len=length)
-        heads, head_dim = get_head_shapes(self.config)
+        heads, head_dim = decoder_head_shapes(self.config)
         cache.early_initialization(1, heads, head_dim, dtype, torch.device("cpu"))
         for i, layer in enumerate(cache.layers):
             self.register_buffer(f"{prefix}key_cache_{i}", layer.keys, persistent=False)
@@ -86,6 +86,22 @@ class TextDecoderProgram(torch.nn.Module):
         hidden = self.decoder(input_ids=decoder_input_ids, encoder_hidden_states=encoder_hidden_states, cache=self.cache,
                               use_cache=True).last_hidden_state
         return {"logits": self.proj_out(hidden)}
+
+
+def decoder_head_shapes(config: Any) -> tuple[Any, Any]:
+    """`(heads, head_dim)` of the decoder's attention: an encoder-decoder config's `decoder_attention_heads` where it
+    has them (Whisper's `num_attention_heads` is its encoder's), else transformers' `get_head_shapes`.
+
+    Example:
+        >>> from transformers import WhisperConfig
+        >>> decoder_head_shapes(WhisperConfig(d_model=32, encoder_attention_heads=4, decoder_attention_heads=2))
+        (2, 16)
+    """
+    heads = getattr(config, "decoder_attention_heads", None)
+    if isinstance(heads, int):
+        hidden = getattr(config, "d_model", None) or config.hidden_size
+        return heads, getattr(config, "head_dim", None) or hidden // heads
+    return get_head_shapes(config)
 
 
 def asr_modules(model: Any, max_cache_len: int, encoder_length: int) -> dict[str, torch.nn.Module]:
