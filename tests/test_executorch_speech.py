@@ -103,6 +103,10 @@ def test_layout_runner_asked_for_what_the_speech_program_cannot_hold_says_what_t
         wants_asr(target, "speech-seq2seq", {"input_features": None}, "static", batch_size=2)
     assert caught.value.option == "layout" and "use layout 'methods'" in str(caught.value)
     assert wants_asr(target, "speech-seq2seq", {"input_features": None}, "static", batch_size=1)
+    llm_setting = parse_recipe(json.dumps({"export_format": "executorch", "mode": "generation",
+                                           "external_weights": False})).exports[0]
+    with pytest.raises(TargetPlanError, match="external_weights applies to the ExecuTorch LLM runner's program"):
+        wants_asr(llm_setting, "speech-seq2seq", {"input_features": None}, "static", batch_size=1)
 
 
 def test_the_speech_program_sizes_its_caches_by_the_decoders_heads_and_layers():

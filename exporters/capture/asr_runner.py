@@ -48,12 +48,17 @@ def wants_asr(target: Any, family: str, generate_inputs: dict[str, Any], cache_i
     """Whether an ExecuTorch target is exported in the speech layout: a generation target of a speech
     encoder-decoder on a spectrogram (`input_features`), at batch 1 with a static cache, no per-component settings
     of the methods layout, on XNNPACK, whose recipe leaves `layout` unset or asks for `"runner"`. Raises
-    [`TargetPlanError`] when `"runner"` is asked for what the layout cannot hold."""
+    [`TargetPlanError`] when `"runner"` is asked for what the layout cannot hold, or a setting of the LLM runner's
+    program (`custom_ops`, `external_weights`) is set for a speech model."""
     if target.export_format != "executorch" or target.mode != "generation" or family != "speech-seq2seq":
         return False
     layout = getattr(target, "layout", None)
     if layout not in (None, RUNNER):
         return False
+    kept = [key for key in ("custom_ops", "external_weights") if getattr(target, key, None) is not None]
+    if kept:  # a setting of the LLM runner's program: never silently dropped
+        raise TargetPlanError(f"{kept[0]} applies to the ExecuTorch LLM runner's program (a decoder-only model); "
+                              f"this speech model's program has no such setting: remove {kept[0]}", option=kept[0])
     reasons = []
     if "input_features" not in generate_inputs:
         reasons.append("the model's encoder takes no spectrogram `input_features` (the runner feeds one)")
