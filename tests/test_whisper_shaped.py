@@ -36,6 +36,12 @@ def test_a_whisper_tiny_shaped_checkpoint_passes_every_format(whisper_run):
         generation = target["generation"]
         assert generation["status"] == "passed", (name, generation)
         assert generation["exported_tokens"] == generation["eager_tokens"] and len(generation["eager_tokens"][0]) == 8
+    # #52 §2: ExecuTorch's default for Whisper is the ASR runner's program, proven in ExecuTorch's runtime
+    executorch = targets["executorch"]
+    assert executorch["expected_components"] == ["encoder", "text_decoder"], executorch["expected_components"]
+    proofs = {proof["runtime"]: proof for proof in executorch["runtimes"]}
+    assert proofs["ExecuTorch ASR runner layout"]["status"] == "passed", proofs
+    assert proofs["ExecuTorch ASR runner layout"]["detail"].startswith("8/8 tokens"), proofs
     # the repo's config kept in every folder; validation pinned the language and the report says so
     shipped = json.loads((out.parent / "model" / "generation_config.json").read_text())
     for name in targets:

@@ -39,3 +39,21 @@ def special_token_ids(generation_config: Any, config: Any) -> SpecialTokenIds:
     bos, pad = first_set("bos_token_id"), first_set("pad_token_id")
     pad = int(pad) if pad is not None else (eos_ids[0] if eos_ids else None)
     return SpecialTokenIds(eos_ids, None if bos is None else int(bos), pad)
+
+
+def decoder_start_id(model: Any) -> int:
+    """The token an encoder-decoder's decoder starts from: the generation config's `decoder_start_token_id`, else
+    the config's, else its bos id (0 where none is set).
+
+    Example:
+        >>> from transformers import GenerationConfig, WhisperConfig
+        >>> decoder_start_id(type("M", (), {"generation_config": GenerationConfig(decoder_start_token_id=5),
+        ...                                 "config": WhisperConfig()})())
+        5
+    """
+    for source in (getattr(model, "generation_config", None), model.config):
+        for name in ("decoder_start_token_id", "bos_token_id"):
+            value = getattr(source, name, None)
+            if isinstance(value, int):
+                return value
+    return 0

@@ -17,8 +17,10 @@ from typing import Any, Callable
 import torch
 
 from exporters import upstream
+from exporters.capture.asr_runner import is_asr
 from exporters.capture.cache_settings import sliding_window_of
 from exporters.capture.components import GLUE_FILE, cache_setting_for, write_glue
+from exporters.capture.token_ids import decoder_start_id, special_token_ids
 from exporters.capture.llm_runner import METHODS_NOTE
 from exporters.capture.multimodal_runner import MULTIMODAL_RUNNER
 from exporters.capture.shapes import build_dynamic_shapes
@@ -28,6 +30,7 @@ from exporters.export.folder_files import complete_folder, model_folder
 from exporters.export.footprint import tied_embeddings
 from exporters.export.llm_runner import export_runner
 from exporters.export.multimodal_runner import export_multimodal_runner
+from exporters.upstream.asr_runner import asr_metadata
 from exporters.export.onnx_files import apply_onnx_file_options
 from exporters.export.onnx_names import rename_merged_graph, unnamed_inputs
 from exporters.export.seq2seq_merged import merge_encoder_decoder
@@ -177,7 +180,7 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
 
     Returns `{"components", "export_only_s", "save_s", "written", "copied"}`: the last two, the files the export
     wrote and those `complete_folder` copied (what a runtime proof may read: `exporters.validate.folder_trust`)."""
-    if getattr(target, "layout", None) == "runner":  # the ExecuTorch LLM runner's program (exporters.export.llm_runner)
+    if getattr(target, "layout", None) == "runner" and not is_asr(components):  # exporters.export.llm_runner
         with _tracing(model, target), _lowering_memory(target, directory):
             outcome = export_runner(model, target, components, recipe, directory, notes, quantizer_for)
     elif getattr(target, "layout", None) == MULTIMODAL_RUNNER:  # exporters.export.multimodal_runner
@@ -222,10 +225,12 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
     if target.export_format == "executorch" and (len(components) > 1 or weights_file):
         methods = {name: name if len(components) > 1 else "forward" for name in components}
         started = time.time()
-        program, metadata = upstream.export_executorch_methods(exporter, components, configs, methods, weights_file)
+        runner = _speech_metadata(model, target, recipe) if getattr(target, "layout", None) == "runner" else None
+        program, metadata = upstream.export_executorch_methods(exporter, components, configs, methods, weights_file,
+                                                               runner)
         timings["export_only_s"] = time.time() - started
         started = time.time()
-        _save_methods(program, metadata, methods, directory, model.config, generation_config, weights_file)
+        _save_methods(program, metadata, methods, directory, model.config, generation_config, weights_file, runner)
         timings["save_s"] = time.time() - started
         return {"components": list(components), **{k: round(v, 3) for k, v in timings.items()}}
     entries: dict[str, Any] = {}
@@ -276,10 +281,17 @@ EXECUTORCH_PROGRAM = "model.pte"
 EXECUTORCH_WEIGHTS = "model"
 
 
+def _speech_metadata(model, target, recipe: Recipe) -> dict[str, Any]:
+    """The constant methods of a speech program in the ASR runner's layout (`exporters.capture.asr_runner`)."""
+    setting = cache_setting_for(model, target, recipe)
+    eos = special_token_ids(model.generation_config, model.config).eos
+    return asr_metadata(model, setting.max_cache_len, eos, decoder_start_id(model))
+
+
 def _save_methods(program, metadata: dict[str, Any], methods: dict[str, str], directory: Path, config,
-                  generation_config, weights_file: str | None = None) -> None:
+                  generation_config, weights_file: str | None = None, runner: dict[str, Any] | None = None) -> None:
     """`model.pte` (and `model.ptd` with `weights_file`) and a manifest in upstream's format whose components name
-    their method, and their data file, too."""
+    their method, and their data file, too; a program in a runner's layout records it (`runner`: its metadata)."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / EXECUTORCH_PROGRAM, "wb") as handle:
         program.write_to_file(handle)
@@ -290,7 +302,9 @@ def _save_methods(program, metadata: dict[str, Any], methods: dict[str, str], di
     components = {name: {"file": EXECUTORCH_PROGRAM, "method": methods[name], **data,
                          "metadata": upstream.metadata_dict(meta)}
                   for name, meta in metadata.items()}
-    upstream.write_manifest(directory, {"schema_version": 1, "export_format": "executorch", "components": components})
+    layout = {"layout": "runner", "runner_metadata": runner} if runner is not None else {}
+    upstream.write_manifest(directory, {"schema_version": 1, "export_format": "executorch", **layout,
+                                        "components": components})
     if config is not None:
         config.save_pretrained(directory)
     if generation_config is not None:
@@ -346,7 +360,8 @@ def release_weights(model) -> None:
 def methods_note(target, components: Components) -> str:
     """The report's word on which runtime loads an ExecuTorch generation program with a method per component."""
     names = list(components)
-    hint = ("; for an encoder-decoder, optimum-executorch writes methods `encoder` and `text_decoder`"
+    hint = ("; for an encoder-decoder, optimum-executorch writes methods `encoder` and `text_decoder`, which "
+            "`layout: \"runner\"` writes for a speech model on a spectrogram (Whisper) at batch 1 with a static cache"
             if "encoder" in names else "; `layout: \"runner\"` writes that program for a decoder-only model with a "
             "key-value cache" if set(names) <= {"prefill", "decode", "model"} else "")
     return METHODS_NOTE.format(methods=", ".join(names), hint=hint)

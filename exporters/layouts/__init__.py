@@ -8,6 +8,7 @@ exporters/layouts/
   executorch_llm/    the ExecuTorch LLM runner (TextLLMRunner): model.pte in the runner's contract
   executorch_multimodal/  ExecuTorch's MultimodalRunner: a vision-language model.pte (token_embedding, vision_encoder,
                      text_decoder)
+  executorch_speech/ the ExecuTorch ASR runner's layout: model.pte with methods encoder + text_decoder (Whisper)
   genai/             ONNX Runtime GenAI: a merged decoder graph and genai_config.json
   transformers_js/   transformers.js on Node.js: onnx/model.onnx and transformers.js_config
   optimum/           optimum's ORTModelForCausalLM, in its side environment: the merged decoder under its names
@@ -23,8 +24,8 @@ passed (`exporters.publish.snippets`). A new layout is one package and one line 
 
 Example:
     >>> [layout.runtime for layout in LAYOUTS]
-    ['ExecuTorch LLM runner', 'ExecuTorch MultimodalRunner', 'transformers.js', 'ONNX Runtime GenAI', 'optimum',
-     'sentence-transformers']
+    ['ExecuTorch LLM runner', 'ExecuTorch MultimodalRunner', 'ExecuTorch ASR runner layout', 'transformers.js',
+     'ONNX Runtime GenAI', 'optimum', 'sentence-transformers']
     >>> layout_named("transformers.js").install.startswith("install Node.js")
     True
 """
@@ -42,14 +43,15 @@ from exporters.layouts.child import (CHILD_ENV, CHILD_TIMEOUT_S, MEMORY_FLOOR_BY
                                      child_timeout, kill_child_of, memory_limit, run_in_child, run_script)
 from exporters.layouts.executorch_llm import ExecutorchLlm
 from exporters.layouts.executorch_multimodal import ExecutorchMultimodal
+from exporters.layouts.executorch_speech import ExecutorchSpeech
 from exporters.layouts.genai import Genai
 from exporters.layouts.optimum import Optimum
 from exporters.layouts.sentence_transformers import SentenceTransformers
 from exporters.layouts.transformers_js import TransformersJs
 
-__all__ = ["CHILD_ENV", "CHILD_TIMEOUT_S", "EXAMPLE_IDS", "ExecutorchLlm", "ExecutorchMultimodal", "Genai", "LAYOUTS",
-           "NO_TOKENIZER", "Optimum", "PIN_COMMENT", "PROMPT", "PROMPT_LINE", "SentenceTransformers", "TransformersJs",
-           "file_names", "has_tokenizer", "identifier",
+__all__ = ["CHILD_ENV", "CHILD_TIMEOUT_S", "EXAMPLE_IDS", "ExecutorchLlm", "ExecutorchMultimodal", "ExecutorchSpeech",
+           "Genai", "LAYOUTS", "NO_TOKENIZER", "Optimum", "PIN_COMMENT", "PROMPT", "PROMPT_LINE", "SentenceTransformers",
+           "TransformersJs", "file_names", "has_tokenizer", "identifier",
            "subfolder", "MEMORY_FLOOR_BYTES", "MEMORY_PER_FOLDER_BYTE", "Layout",
            "ProofStatus", "RuntimeContext", "RuntimeProof", "child_environment", "child_message", "child_timeout",
            "components_in", "kill_child_of", "layout_named", "memory_limit", "run_in_child", "run_script",
@@ -57,8 +59,8 @@ __all__ = ["CHILD_ENV", "CHILD_TIMEOUT_S", "EXAMPLE_IDS", "ExecutorchLlm", "Exec
 
 # Every deployment layout, once. Order matters only for the files: transformers.js moves the graph under onnx/
 # before GenAI's genai_config.json names its file.
-LAYOUTS: tuple[Layout, ...] = (ExecutorchLlm(), ExecutorchMultimodal(), TransformersJs(), Genai(), Optimum(),
-                               SentenceTransformers())
+LAYOUTS: tuple[Layout, ...] = (ExecutorchLlm(), ExecutorchMultimodal(), ExecutorchSpeech(), TransformersJs(), Genai(),
+                               Optimum(), SentenceTransformers())
 
 
 def layout_named(runtime: str) -> Layout | None:

@@ -35,8 +35,11 @@ class ExecutorchLayoutSetting(BaseModel):
         "processor's pixel_values, float [1, 3, H, W]) and text_decoder (inputs_embeds, cache_position; the cache "
         "inside) and the same metadata methods, for LLaVA-style models (one image whose features replace one run of "
         "image tokens). 'methods': one program with a method per component (prefill, decode taking and returning the "
-        "cache). Default: 'runner' for decoder-only models (static cache, batch 1) that run with the runner "
-        "program's static cache and whose runner program exports, 'multimodal_runner' for LLaVA-style vision-language "
+        "cache). For a speech encoder-decoder (Whisper) 'runner' is the layout of ExecuTorch's ASR runner and "
+        "optimum-executorch: methods encoder (input_features) and text_decoder (decoder_input_ids, "
+        "encoder_hidden_states, cache_position; the self-attention cache inside). Default: 'runner' for decoder-only "
+        "models (static cache, batch 1) that run with the runner program's static cache and whose runner program "
+        "exports, and for Whisper (static cache, batch 1), 'multimodal_runner' for LLaVA-style vision-language "
         "models (float, static cache, batch 1), 'methods' otherwise (the report says why).",
     )
     custom_ops: StrictBool | None = Field(

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from exporters.capture import llm_runner, merged, multimodal_runner, stepped
+from exporters.capture import asr_runner, llm_runner, merged, multimodal_runner, stepped
 from exporters.capture.cache_settings import (check_second_step, default_decode_contract, max_positions,
                                               sliding_window_of, state_space_layers)
 from exporters.capture.components import cache_setting_for, decompose, generation_config_for, minimum_components
@@ -22,6 +22,7 @@ from exporters.capture.families import detect_family
 from exporters.capture.inputs import SampleInputs, default_mode, make_sample_inputs
 from exporters.capture.probes import dim_bindings, fit_batch, fit_encoder_decoder, fit_to_contract
 from exporters.capture.source import load_model, load_tokenizer
+from exporters.capture.token_ids import decoder_start_id
 from exporters.errors import ShapeSpecError, error_record, recoverable
 from exporters.export.footprint import ModelWeights
 from exporters.export.quantize import calibration_samples
@@ -99,7 +100,7 @@ class Workbench:
         if target.expected_components is not None:
             return list(target.expected_components)
         if llm_runner.layout_of(target) == llm_runner.RUNNER:
-            return [merged.MERGED]
+            return list(asr_runner.COMPONENTS) if self.sample.family == "speech-seq2seq" else [merged.MERGED]
         if llm_runner.layout_of(target) == multimodal_runner.MULTIMODAL_RUNNER:
             return list(multimodal_runner.COMPONENTS)
         if target.name in self.stepped:
@@ -137,12 +138,16 @@ class Workbench:
             setting = self.cache_setting(target, recipe)
             if self._multimodal_runner(target, recipe, setting):
                 return self.fitted[target.name][0]
+            speech = self._speech_program(target, recipe, setting)
+            if speech is not None and not isinstance(speech, str):
+                return speech
             state_layers = state_space_layers(self.model.config)
             runner = llm_runner.wants_runner(target, self.sample.family, setting.implementation,
                                              recipe.inputs.batch_size, sliding_window_of(self.model.config),
                                              setting.max_cache_len, state_layers)
             refused = self.not_runner.get(target.name) if runner else None
-            refused = refused or (llm_runner.refused(target, self.model, self.sample.generate) if runner else None)
+            refused = speech or refused or (llm_runner.refused(target, self.model, self.sample.generate) if runner
+                                            else None)
             if runner and refused is None:
                 target.layout = llm_runner.RUNNER  # one program in the runner's contract: no decomposition
                 key = (llm_runner.RUNNER, setting)
@@ -193,6 +198,26 @@ class Workbench:
                                                                  setting.max_cache_len)
         self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting))
         return True
+
+    def _speech_program(self, target: Target, recipe: Recipe, setting: Any) -> Any:
+        """A speech encoder-decoder's ExecuTorch program in the ASR runner's layout (`exporters.capture.asr_runner`):
+        its fitted components where the target has it, why not where its default layout was refused (a str, said in
+        the findings), else None."""
+        if not asr_runner.wants_asr(target, self.sample.family, self.sample.generate, setting.implementation,
+                                    recipe.inputs.batch_size):
+            return None
+        start = decoder_start_id(self.model)
+        refused = self.not_runner.get(target.name) or asr_runner.refused(target, self.model, self.sample.generate,
+                                                                         start)
+        if refused is not None:
+            return refused
+        target.layout = llm_runner.RUNNER  # the runner's layout for this family: encoder + text_decoder
+        key = ("asr", setting)
+        if key not in self.decompositions:
+            self.decompositions[key] = asr_runner.capture(self.model, self.sample.generate, setting.max_cache_len,
+                                                          start)
+        self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting))
+        return self.fitted[target.name][0]
 
     def plan_methods_layout(self, target: Target, reason: str) -> bool:
         """Plan an ExecuTorch generation target with the methods layout from now on, `reason` said in its findings

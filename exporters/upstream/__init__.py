@@ -19,8 +19,9 @@ not copy the weights per partition (`constants_shared_by_lowering_copies`, `name
 The modules: `core.py` (the registry, decomposition, the saved-export format and the safe loader), `pytree.py`
 (upstream's pytree rules for transformers' objects), `beyond.py` (what upstream's save and load do not cover),
 `quantizers.py` (upstream's quantizers), `internals.py` (the stack's private interfaces this project relies on),
-`llm_runner.py` (the ExecuTorch LLM runner's program), `multimodal_runner.py` (ExecuTorch MultimodalRunner's
-program: token_embedding, vision_encoder, text_decoder), `onnx_decompositions.py` (torch.onnx's second trace skipped
+`llm_runner.py` (the ExecuTorch LLM runner's program), `asr_runner.py` (the ASR runner's `encoder` + `text_decoder`),
+`multimodal_runner.py` (ExecuTorch MultimodalRunner's program: token_embedding, vision_encoder, text_decoder),
+`onnx_decompositions.py` (torch.onnx's second trace skipped
 where it changes nothing), `ort_attention.py` (ONNX Runtime's `GroupQueryAttention` with a dynamic batch),
 `runtime_ops.py` (models traced in the ops their target's runtime has), `patches.py` (every patch on upstream or the
 stack in one table, what it changes, why and until when, and the one helper that lays and undoes them).

@@ -103,7 +103,8 @@ def lowering_captured():
 
 def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, dict]], configs: dict[str, Any],
                               methods: dict[str, str] | None = None,
-                              weights_file: str | None = None) -> tuple[Any, dict[str, Any]]:
+                              weights_file: str | None = None,
+                              constant_methods: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
     """`(ExecutorchProgramManager, {component: ExportMetadata})`: every component traced and prepared by upstream's
     `ExecutorchExporter.export_program` (backend preparation, patches, FX fixes) with its lowering captured, then all
     lowered together by one `to_edge_transform_and_lower({method: program})` under the same patches: one program, one
@@ -114,7 +115,8 @@ def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, di
     the program's own constants and the delegates' weights alike, where ExecuTorch's named-data store keeps identical
     tensors once: a tied embedding table (looked up on the portable kernels, multiplied by XNNPACK as the output
     projection) is then stored once instead of twice (docs/upstream-gaps.md #13). Save with
-    `write_tensor_data_to_file`; load with `Runtime.load_program(pte, data_path=ptd)`."""
+    `write_tensor_data_to_file`; load with `Runtime.load_program(pte, data_path=ptd)`. `constant_methods`: methods
+    that return a constant (a runner's metadata: `exporters.upstream.asr_runner.asr_metadata`)."""
 
     # upstream's ExecuTorch exporter loads ExecuTorch and its XNNPACK backend (tens of seconds): only where one lowers
     import transformers.exporters.exporter_executorch
@@ -141,7 +143,8 @@ def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, di
         edge = transformers.exporters.exporter_executorch.to_edge_transform_and_lower(
             {methods[name]: c.program for name, c in captured.items()},
             partitioner={methods[name]: c.kwargs["partitioner"] for name, c in captured.items()},
-            compile_config=first.kwargs["compile_config"], transform_passes=first.kwargs["transform_passes"])
+            compile_config=first.kwargs["compile_config"], transform_passes=first.kwargs["transform_passes"],
+            constant_methods=constant_methods or None)
         del captured
         return edge.to_executorch(config=backend_config), metadata
 

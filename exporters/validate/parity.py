@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from exporters.capture.asr_runner import ENCODER, TEXT_DECODER, is_asr
 from exporters.capture.cache_settings import sliding_window_of
 from exporters.capture.merged import MERGED, prompt_inputs
 from exporters.capture.multimodal_runner import COMPONENTS as MULTIMODAL_COMPONENTS, TEXT_DECODER
@@ -92,6 +93,8 @@ def generation_parity(subject: EagerModel, components, exported, steps: int, tol
         driver, needed = multimodal_runner_driver, set(MULTIMODAL_COMPONENTS)
     if family == "text" and "model" in names:
         driver, needed = _merged_decoder, {"model"}
+    elif family == "speech-seq2seq" and is_asr(components):  # the ASR runner's program: its cache inside
+        driver, needed = _speech_program, set(components)
     elif family == "text" and set(components) == set(STEPPED):  # a state-space model's stepped prompt
         driver, needed = _stepped_prompt, set(STEPPED)
     missing = sorted(needed - names)
@@ -152,7 +155,8 @@ def _decoder_start(components, generate_inputs: dict[str, Any], reference: Any =
     prompt = getattr(reference, "prompt", None)
     if isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and prompt.shape[0] == batch and prompt.shape[1] >= 1:
         return prompt.clone()
-    return components["prefill"][1]["decoder_input_ids"][:1, :1].expand(batch, 1).clone()
+    first = components["prefill" if "prefill" in components else TEXT_DECODER][1]["decoder_input_ids"]
+    return first[:1, :1].expand(batch, 1).clone()
 
 
 def _decoder_only(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
@@ -206,6 +210,26 @@ def _stateful_decoder(runner, template, ids, greedy: Greedy, tokens) -> int:
 
     decode_loop(call(ids, 0)["logits"], None, ids, greedy, stepper, tokens)
     return int(ids.shape[1])
+
+
+def _speech_program(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:
+    """The ASR runner's program (`exporters.capture.asr_runner`) as the runner feeds it: `encoder` once, then
+    `text_decoder` one token per call at its cache position (the decoder prompt eager starts from, then each
+    selected token); the program keeps the self-attention cache."""
+    encoded = run_component(runners[ENCODER], {"input_features": generate_inputs["input_features"]})
+    states = encoded["last_hidden_state"]
+
+    def stepper(token, position, cache, extra=None):
+        inputs = {"decoder_input_ids": token[:, None], "encoder_hidden_states": states,
+                  "cache_position": torch.tensor([position], dtype=torch.long)}
+        return {"logits": run_component(runners[TEXT_DECODER], inputs)["logits"], "cache": None}
+
+    start = _decoder_start(components, generate_inputs, greedy.reference)
+    out: dict[str, Any] = {}
+    for position in range(start.shape[1]):
+        out = stepper(start[:, position], position, None)
+    decode_loop(out["logits"], None, start, greedy, stepper, tokens)
+    return int(generate_inputs["input_features"].shape[-1])
 
 
 def _encoder_decoder(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:

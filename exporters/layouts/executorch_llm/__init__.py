@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from exporters.layouts.base import Layout, read_json
+from exporters.layouts.base import Layout, components_in, read_json
 from exporters.layouts.card import PROMPT_LINE, download, file_names
 
 # ExecuTorch's custom kernels (llama::sdpa_with_kv_cache, update_cache), registered on import: a program exported
@@ -40,7 +40,12 @@ class ExecutorchLlm(Layout):
     install = "pip install executorch (the pinned version, with its LLM runner pybinding: `make venv`, the image)"
 
     def may_apply(self, target: Any, components: list[str]) -> bool:
-        return target.export_format == "executorch" and getattr(target, "layout", None) == "runner"
+        # a speech program in the ASR runner's layout is `executorch_speech`'s
+        return target.export_format == "executorch" and getattr(target, "layout", None) == "runner" \
+            and "text_decoder" not in components
+
+    def applies(self, target: Any, directory: Path) -> bool:
+        return self.may_apply(target, list(components_in(directory)))
 
     def declines(self, target: Any, directory: Path) -> str | None:
         tokenizer = read_json(directory / "tokenizer.json")

@@ -7,6 +7,8 @@
 | `files.py`   | the folder rewritten to the layout transformers.js loads                                          |
 | `dtypes.py`  | the variants as transformers.js's dtype files (`onnx/model_q4.onnx`, ...) in the one folder      |
 | `proof.py`   | Node.js runs the script on the folder alone with every dtype file, against eager greedy           |
+| `speech.py`  | a speech encoder-decoder (Whisper): `TRANSCRIBE`, the card's script and the proof's               |
+| `speech_proof.py` | Node.js runs `TRANSCRIBE` on the folder alone, token for token against eager `generate()`    |
 
 The pinned transformers.js is looked up in `HF_EXPORT_TRANSFORMERS_JS` (a folder holding
 `node_modules/@huggingface/transformers`), else the project's `.cache/transformers-js` (`make test-deps` installs it).
@@ -27,6 +29,8 @@ from typing import Any
 
 from exporters.files import EXPORTS_DIR
 from exporters.layouts.base import Layout
+from exporters.layouts.card import file_names
+from exporters.layouts.transformers_js.speech import CARD_FEATURES, transcribe_script
 from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.recipe.variants import keeps_variants
 
@@ -122,6 +126,10 @@ class TransformersJs(Layout):
         sub = f"{EXPORTS_DIR}/{target['name']}"
         pinned = f" --revision {json.dumps(revision)}" if revision else ""
         download = f"// after: hf download {json.dumps(repo_id)}{pinned} --include {json.dumps(sub + '/*')} --local-dir model\n"
+        if {"onnx/encoder_model.onnx", "preprocessor_config.json"} <= file_names(target):  # Whisper: speech.py
+            return "js", download + transcribe_script(json.dumps(f"model/{EXPORTS_DIR}"),
+                                                      json.dumps(str(target["name"])), CARD_FEATURES, 32,
+                                                      "console.log(JSON.stringify(Array.from(output.data, Number)));")
         files = [row for row in target.get("dtype_files") or [] if row.get("dtype") in DTYPES]
         listing = "".join(f"//   dtype {json.dumps(row['dtype'])}: {_megabytes(row.get('bytes'))}, {_quality(row)}\n"
                           for row in files)

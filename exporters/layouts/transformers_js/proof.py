@@ -10,9 +10,9 @@ eager generate(prompt, max_new_tokens = min_new_tokens = n)   node script.mjs (n
 ```
 
 Node runs as every runtime child does (`exporters.layouts.child.run_script`): the allow-listed environment, the
-memory limit, the target's timeout. No Node or no transformers.js: `unverified`, saying how to install them. A folder
-of another kind (an encoder-decoder, an encoder, an image model) is not run by this proof yet: `unverified`, saying
-so.
+memory limit, the target's timeout. No Node or no transformers.js: `unverified`, saying how to install them. A speech
+encoder-decoder (Whisper) is transcribed by `speech_proof.py`; a folder of another kind (a text encoder-decoder, an encoder,
+an image model) is not run by this proof yet: `unverified`, saying so.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ from typing import Any
 import torch
 
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
-from exporters.layouts.transformers_js import DTYPES, home, layout_dtype, proof_script
+from exporters.layouts.transformers_js import DTYPES, home, layout_dtype, proof_script, speech, speech_proof
 from exporters.layouts.transformers_js.dtypes import dtype_files_in
 from exporters.recipe.budgets import resolve_budget
 from exporters.upstream import read_manifest
 
 DEFAULT_NEW_TOKENS = 8
-NOT_YET = ("not run here: the product's transformers.js proof runs a decoder's generation (one merged graph); this "
+NOT_YET = ("not run here: the product's transformers.js proof runs a decoder's generation (one merged graph) and a "
+           "speech encoder-decoder's transcription; this "
            "folder's kind is proven in the project's tests only (tests/transformers_js/)")
 COLLECT = "results[dtype] = Array.from(output.data, Number);"  # in each dtype's block (`proof_script`)
 EMIT = ("import { writeFileSync } from 'node:fs';\n"
@@ -41,11 +42,13 @@ EMIT = ("import { writeFileSync } from 'node:fs';\n"
 def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any]:
     """Eager greedy generation of exactly `max_new_tokens` tokens (the script's `min_new_tokens` too) on the
     sample prompt; a folder this proof does not run yet (not a decoder's generation) gets none."""
+    steps = int(getattr(context.recipe.generation, "max_new_tokens", None) or DEFAULT_NEW_TOKENS)
+    if context.target.mode == "generation" and speech.is_speech(model.config.to_dict()):  # Whisper: speech.py
+        return speech_proof.reference(model, context, steps)
     if context.target.mode != "generation" or "input_ids" not in context.generate_inputs \
             or getattr(model.config, "is_encoder_decoder", False):
         return {"unverified": NOT_YET}
     ids = [int(i) for i in context.generate_inputs["input_ids"][0].tolist()]
-    steps = int(getattr(context.recipe.generation, "max_new_tokens", None) or DEFAULT_NEW_TOKENS)
     prompt = torch.tensor([ids], device=next(model.parameters()).device)
     with torch.no_grad():
         out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=steps,
@@ -61,6 +64,8 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
     modules = home() / "node_modules"
     if shutil.which("node") is None or not (modules / "@huggingface" / "transformers").is_dir():
         return layout.not_here()
+    if reference.get("speech"):
+        return speech_proof.prove(layout, directory, reference, context, modules, _version(modules))
     if list(read_manifest(directory)["components"]) != ["model"]:
         return RuntimeProof(layout.runtime, "unverified", NOT_YET)
     target = context.target

@@ -1,0 +1,51 @@
+"""transformers.js's speech proof (the layout is `speech.py`): eager greedy `generate()` on the sample's spectrogram,
+then Node running `TRANSCRIBE` on the folder alone with that spectrogram; the last `steps` tokens must be eager's.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
+from exporters.layouts.transformers_js.speech import EMIT, PROOF_FEATURES, transcribe_script
+
+
+def reference(model: Any, context: RuntimeContext, steps: int) -> dict[str, Any]:
+    """Eager greedy generation of exactly `steps` tokens from the sample's spectrogram (see the module)."""
+    features = context.generate_inputs.get("input_features")
+    if not isinstance(features, torch.Tensor):
+        return {"unverified": "the sample has no spectrogram `input_features` for transformers.js's Whisper"}
+    features = features[:1].detach().float()
+    with torch.no_grad():
+        out = model.generate(input_features=features.to(next(model.parameters()).device), max_new_tokens=steps,
+                             min_new_tokens=steps, do_sample=False, num_beams=1)
+    return {"speech": True, "steps": steps, "tokens": out[0, -steps:].tolist(),
+            "features": {"shape": list(features.shape), "data": features.flatten().tolist()}}
+
+
+def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext,
+          modules: Path, version: str) -> RuntimeProof:
+    """Node runs `TRANSCRIBE` on `directory` with the sample's spectrogram; its last `steps` ids must be eager's."""
+    script = transcribe_script(json.dumps(str(directory.parent)), json.dumps(directory.name), PROOF_FEATURES,
+                               reference["steps"], EMIT)
+    with tempfile.TemporaryDirectory(prefix="tjs-speech-") as scratch:
+        features = Path(scratch) / "features.json"
+        features.write_text(json.dumps(reference["features"]), encoding="utf-8")
+        got, why = run_script(["node"], script, {"features": str(features)}, folder=directory,
+                              timeout_s=child_timeout(context), links={"node_modules": modules})
+    if got is None:
+        return RuntimeProof(layout.runtime, "failed", f"transformers.js failed: {why}")
+    want, steps = reference["tokens"], reference["steps"]
+    new = got[-steps:]
+    if new != want:
+        equal = next((i for i, (a, b) in enumerate(zip(want, new)) if a != b), min(len(want), len(new)))
+        return RuntimeProof(layout.runtime, "failed", f"{equal}/{steps} tokens equal eager greedy: transformers.js "
+                                                      f"{new}, eager {want}")
+    return RuntimeProof(layout.runtime, "passed", f"{steps}/{steps} tokens (transformers.js {version}, Node.js, "
+                                                  "AutoModelForSpeechSeq2Seq)")
+

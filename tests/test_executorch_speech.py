@@ -1,0 +1,139 @@
+"""Whisper on ExecuTorch in the layout ExecuTorch's ASR runner and optimum-executorch load (#52 §2): the default
+ExecuTorch generation target of a speech encoder-decoder is one `model.pte` with methods `encoder` and
+`text_decoder` (the self-attention cache inside) and the runner's metadata methods, proven by ExecuTorch's own
+runtime running optimum-executorch's loop on the folder alone; `layout: "methods"` keeps the program with a method
+per generation component.
+
+One run of a tiny Whisper (module fixture) through the real CLI holds both targets.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exporters.errors import TargetPlanError
+from tests.conftest import PLAINEST_EXECUTORCH, run_and_read
+from tests.models import tiny_whisper
+
+RUNTIME = "ExecuTorch ASR runner layout"
+RECIPE = {"exports": [PLAINEST_EXECUTORCH,
+                      {**PLAINEST_EXECUTORCH, "name": "methods", "layout": "methods"}],
+          "generation": {"max_new_tokens": 8}}
+
+
+@pytest.fixture(scope="module")
+def whisper_speech(tmp_path_factory):
+    root = tmp_path_factory.mktemp("executorch-speech")
+    return run_and_read(root, tiny_whisper(root / "model", RECIPE, feature_extractor=True))
+
+
+def _targets(report: dict) -> dict[str, dict]:
+    return {target["name"]: target for target in report["targets"]}
+
+
+def test_whispers_default_executorch_target_is_the_asr_runners_program_and_runs_there(whisper_speech):
+    out, report, log = whisper_speech
+    target = _targets(report)["executorch"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert target["expected_components"] == ["encoder", "text_decoder"]
+    [proof] = target["runtimes"]
+    assert proof["runtime"] == RUNTIME and proof["status"] == "passed", proof
+    assert proof["detail"].startswith("8/8 tokens (executorch.runtime, optimum-executorch's loop"), proof
+    assert f"{RUNTIME} ✓ 8/8 tokens" in (out / "report.md").read_text()
+    generation = target["generation"]
+    assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
+    assert not any("method per component" in finding for finding in target["findings"]), target["findings"]
+    manifest = json.loads((out / "executorch" / "export.json").read_text())
+    assert manifest["layout"] == "runner"
+    assert {name: entry["method"] for name, entry in manifest["components"].items()} == {
+        "encoder": "encoder", "text_decoder": "text_decoder"}
+
+
+def test_the_speech_program_holds_the_methods_and_metadata_the_runner_reads(whisper_speech):
+    """The runner's method names and the constants optimum-executorch reads, read back from the program itself."""
+    from executorch.runtime import Runtime
+
+    out, _, _ = whisper_speech
+    folder = out / "executorch"
+    data = {"data_path": folder / "model.ptd"} if (folder / "model.ptd").is_file() else {}
+    program = Runtime.get().load_program(folder / "model.pte", **data)
+    names = set(program.method_names)
+    assert {"encoder", "text_decoder", "decoder_start_token_id", "get_eos_id", "get_max_seq_len"} <= names, names
+    assert program.load_method("decoder_start_token_id").execute([])[0] == 1  # tiny_whisper's
+    assert program.load_method("get_eos_id").execute([])[0] == 99
+    assert program.load_method("get_max_seq_len").execute([])[0] == 64  # the static cache (max_target_positions)
+    assert program.metadata("encoder").num_inputs() == 1  # input_features
+    assert program.metadata("text_decoder").num_inputs() == 3  # decoder_input_ids, encoder_hidden_states, cache_position
+
+
+def test_layout_methods_keeps_a_method_per_generation_component(whisper_speech):
+    out, report, log = whisper_speech
+    target = _targets(report)["methods"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
+    assert target["expected_components"] == ["encoder", "prefill", "decode"]
+    assert not target["runtimes"], target["runtimes"]
+    assert any("method per component" in finding for finding in target["findings"]), target["findings"]
+
+
+def test_the_cards_speech_snippet_runs_as_written(whisper_speech, hub, tmp_path):
+    """The card's snippet, run as written by the venv's Python against the Hub emulator: the folder's feature
+    extractor on a tone, then the proof's own loop from the program's start token."""
+    from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
+
+    out, _, _ = whisper_speech
+    commit = upload_exports(hub, "alice/whisper", out, ["executorch"])
+    snippets = [s for s in card_snippets(exports_card("alice/whisper", out, commit)) if s[0] == RUNTIME]
+    [(_, language, code)] = snippets
+    assert language == "python" and "decoder_start_token_id" in code
+    done = run_snippet(code, hub, tmp_path / "home")
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    tokens = json.loads(done.stdout.strip().splitlines()[-1])
+    assert tokens and all(isinstance(t, int) for t in tokens)
+
+
+def test_layout_runner_asked_for_what_the_speech_program_cannot_hold_says_what_to_change():
+    from exporters.capture.asr_runner import wants_asr
+    from exporters.recipe.load import parse_recipe
+
+    target = parse_recipe(json.dumps({"export_format": "executorch", "mode": "generation", "layout": "runner"})
+                          ).exports[0]
+    with pytest.raises(TargetPlanError, match="inputs.batch_size is 2") as caught:
+        wants_asr(target, "speech-seq2seq", {"input_features": None}, "static", batch_size=2)
+    assert caught.value.option == "layout" and "use layout 'methods'" in str(caught.value)
+    assert wants_asr(target, "speech-seq2seq", {"input_features": None}, "static", batch_size=1)
+    llm_setting = parse_recipe(json.dumps({"export_format": "executorch", "mode": "generation",
+                                           "external_weights": False})).exports[0]
+    with pytest.raises(TargetPlanError, match="external_weights applies to the ExecuTorch LLM runner's program"):
+        wants_asr(llm_setting, "speech-seq2seq", {"input_features": None}, "static", batch_size=1)
+
+
+def test_the_speech_program_sizes_its_caches_by_the_decoders_heads_and_layers():
+    """Whisper's `num_attention_heads` is its encoder's: a model whose decoder has other heads (and layers) than its
+    encoder (the matrix's tiny Whisper) still gets the speech program, and each `text_decoder` step gives the
+    model's own logits for the tokens so far (before: `index_copy_` refused the cache, the default fell back to the
+    methods layout)."""
+    import torch
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    from exporters.capture.asr_runner import capture, refused
+
+    torch.manual_seed(0)
+    model = WhisperForConditionalGeneration(WhisperConfig(
+        vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=32,
+        max_target_positions=64, decoder_start_token_id=1, pad_token_id=0, bos_token_id=1, eos_token_id=99,
+        init_std=1.0)).eval()
+    features = torch.randn(1, 16, 64)
+    target = json.loads('{"layout": null}')
+    assert refused(type("Target", (), target)(), model, {"input_features": features}, 1) is None
+    programs = capture(model, {"input_features": features}, 16, 1)
+    with torch.no_grad():
+        states = programs["encoder"][0](features)["last_hidden_state"]
+        ids = [1]
+        for position in range(4):
+            logits = programs["text_decoder"][0](torch.tensor([[ids[-1]]]), states, torch.tensor([position]))["logits"]
+            eager = model(input_features=features, decoder_input_ids=torch.tensor([ids])).logits[:, -1]
+            torch.testing.assert_close(logits[:, -1], eager, atol=1e-5, rtol=1e-4)
+            ids.append(int(logits[0, -1].argmax()))

@@ -1,0 +1,83 @@
+"""Whisper's ONNX folders in the runtimes people deploy them with (#52 §3, §4).
+
+- transformers.js's speech layout: a Whisper ONNX target with `layout: "transformers.js"` is
+  `onnx/encoder_model.onnx` + `onnx/decoder_model_merged.onnx` with the feature extractor and generation config
+  beside them, proven in the product by transformers.js's `AutoModelForSpeechSeq2Seq` on Node (the card's script,
+  fed the spectrogram eager ran on); the card's script, run as written on the folder, transcribes audio.
+- ONNX Runtime GenAI cannot take optimum's Whisper folder (its Whisper model feeds other graphs): the "runs in"
+  column says ✗ with the reason, and the artifact's verdict stands.
+
+One run of a tiny Whisper (module fixture) through the real CLI holds both targets.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from exporters.layouts.transformers_js import home
+from tests.conftest import run_and_read
+from tests.models import tiny_whisper
+
+TARGET = {"export_format": "onnx", "mode": "generation", "dynamic": True}
+RECIPE = {"exports": [{"name": "tjs", **TARGET, "layout": "transformers.js"}, {"name": "onnx", **TARGET}],
+          "generation": {"max_new_tokens": 8}}
+
+
+@pytest.fixture(scope="module")
+def whisper_tjs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tjs-speech")
+    return run_and_read(root, tiny_whisper(root / "model", RECIPE, decoder_layers=2, feature_extractor=True))
+
+
+def _targets(report: dict) -> dict[str, dict]:
+    return {target["name"]: target for target in report["targets"]}
+
+
+def test_a_whisper_folder_in_the_transformers_js_layout_is_transcribed_by_transformers_js(whisper_tjs):
+    out, report, log = whisper_tjs
+    target = _targets(report)["tjs"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    proofs = {proof["runtime"]: proof for proof in target["runtimes"]}
+    proof = proofs["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
+    assert "AutoModelForSpeechSeq2Seq" in proof["detail"]
+    assert "transformers.js ✓ 8/8 tokens" in (out / "report.md").read_text()
+    folder = out / "tjs"
+    for name in ("onnx/encoder_model.onnx", "onnx/decoder_model_merged.onnx", "preprocessor_config.json",
+                 "generation_config.json", "config.json"):
+        assert (folder / name).is_file(), name
+
+
+def test_the_cards_transformers_js_speech_script_runs_as_written(whisper_tjs, tmp_path):
+    """The card's script, as written, from a folder laid out as its download line puts it (`model/exports/tjs`):
+    the folder's feature extractor on a tone, then `AutoModelForSpeechSeq2Seq.generate`."""
+    from exporters.publish.snippets import target_snippets
+
+    out, report, _ = whisper_tjs
+    target = _targets(report)["tjs"]
+    snippets = {runtime: (language, code) for runtime, language, code in target_snippets("org/whisper", target)}
+    language, code = snippets["transformers.js"]
+    assert language == "js" and "AutoModelForSpeechSeq2Seq" in code and "AutoFeatureExtractor" in code
+    shutil.copytree(out / "tjs", tmp_path / "model" / "exports" / "tjs")
+    (tmp_path / "node_modules").symlink_to(home() / "node_modules", target_is_directory=True)
+    (tmp_path / "card.mjs").write_text(code, encoding="utf-8")
+    done = subprocess.run(["node", "card.mjs"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    tokens = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(tokens) > 1 and all(isinstance(t, int) for t in tokens)
+
+
+def test_onnx_runtime_genai_declines_optimums_whisper_folder_with_the_reason(whisper_tjs):
+    out, report, log = whisper_tjs
+    target = _targets(report)["onnx"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
+    proofs = {proof["runtime"]: proof for proof in target["runtimes"]}
+    genai = proofs["ONNX Runtime GenAI"]
+    assert genai["status"] == "declined", genai
+    assert "GenAI's Whisper model" in genai["detail"] and "use_cache_branch" in genai["detail"], genai
+    assert not (out / "onnx" / "genai_config.json").exists()
+    assert "ONNX Runtime GenAI ✗" in (out / "report.md").read_text()
