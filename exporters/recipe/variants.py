@@ -103,7 +103,9 @@ class OnnxRuntimeInt4Quantize(_Method):
     symmetric: StrictBool = Field(default=True, description="Symmetric (no zero points; GenAI's builder: true).")
     quantize_embeddings: StrictBool = Field(
         default=False, description="Also the embedding table (`Gather` -> `GatherBlockQuantized`, 4-bit blocks along "
-                                   "the hidden axis); a tied LM head's MatMul is quantized either way.")
+                                   "the hidden axis). An untied LM head's MatMul is quantized either way; a tied one "
+                                   "(a MatMul over the table's transpose) stays float: ONNX Runtime's quantizer takes "
+                                   "only constant weights.")
 
     @property
     def kind(self) -> VariantKind:
