@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
+from exporters.capture.llm_runner import RUNNER, program_reasons
 from exporters.errors import TargetPlanError
 from exporters.upstream import asr_runner
 
 ENCODER, TEXT_DECODER = asr_runner.ENCODER, asr_runner.TEXT_DECODER
 COMPONENTS = (ENCODER, TEXT_DECODER)
-RUNNER = "runner"  # the recipe's `layout` value (exporters.capture.llm_runner.RUNNER): the runtime's runner layout
 NOT_ASR = ("the ExecuTorch program has a method per component (layout 'methods'), not the ASR runner's layout "
            "(`encoder` + `text_decoder`): {why}")
 
@@ -62,14 +62,9 @@ def wants_asr(target: Any, family: str, generate_inputs: dict[str, Any], cache_i
     reasons = []
     if "input_features" not in generate_inputs:
         reasons.append("the model's encoder takes no spectrogram `input_features` (the runner feeds one)")
-    if cache_implementation != "static":
-        reasons.append("the recipe's generation.cache_implementation is 'dynamic' (the program holds a static cache)")
-    if batch_size != 1:
-        reasons.append(f"inputs.batch_size is {batch_size} (the runner runs batch 1)")
+    reasons += program_reasons(target, cache_implementation, batch_size)
     if target.components or target.dynamic_shapes or target.dynamic:
         reasons.append("the target sets per-component settings, dynamic or dynamic_shapes of the methods layout")
-    if target.backend != "xnnpack":
-        reasons.append(f"backend {target.backend!r} (the speech layout is lowered for XNNPACK)")
     if not reasons:
         return True
     if layout == RUNNER:

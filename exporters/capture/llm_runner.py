@@ -62,14 +62,8 @@ def wants_runner(target: Any, family: str, cache_implementation: str, batch_size
     layout = layout_of(target)
     if layout == METHODS:
         return False
-    reasons = []
-    if family != "text":
-        reasons.append(f"this is a {family} model (the runner runs decoder-only text models)")
-    if cache_implementation != "static":
-        reasons.append("the recipe's generation.cache_implementation is 'dynamic' (the runner's program holds a static "
-                       "cache)")
-    if batch_size != 1:
-        reasons.append(f"inputs.batch_size is {batch_size} (the runner runs batch 1)")
+    reasons = [f"this is a {family} model (the runner runs decoder-only text models)"] if family != "text" else []
+    reasons += program_reasons(target, cache_implementation, batch_size)
     if set(target.components) - {MERGED} or target.dynamic_shapes or target.merged is False:
         reasons.append("the target sets per-component settings or dynamic_shapes of the methods layout")
     if sliding_window is not None and (max_cache_len is None or sliding_window < max_cache_len):
@@ -77,14 +71,32 @@ def wants_runner(target: Any, family: str, cache_implementation: str, batch_size
                        "runner program's static cache would roll them on one traced code path")
     if state_layers:
         reasons.append(STATE_LAYERS.format(kinds=", ".join(state_layers)))
-    if target.backend != "xnnpack":
-        reasons.append(f"backend {target.backend!r} (the runner layout is lowered for XNNPACK)")
     if not reasons:
         return True
     if layout == RUNNER:
         raise TargetPlanError(f"layout 'runner' cannot be exported: {'; '.join(reasons)}; use layout 'methods'",
                               option="layout")
     return False
+
+
+def program_reasons(target: Any, cache_implementation: str, batch_size: int) -> list[str]:
+    """Why a target cannot be one program of an ExecuTorch runner (the LLM, multimodal and ASR runners alike): each
+    holds a static cache, runs batch 1 and is lowered for XNNPACK.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> program_reasons(SimpleNamespace(backend="xnnpack"), "static", batch_size=2)
+        ['inputs.batch_size is 2 (the runner runs batch 1)']
+    """
+    reasons = []
+    if cache_implementation != "static":
+        reasons.append("the recipe's generation.cache_implementation is 'dynamic' (the runner's program holds a static "
+                       "cache)")
+    if batch_size != 1:
+        reasons.append(f"inputs.batch_size is {batch_size} (the runner runs batch 1)")
+    if target.backend != "xnnpack":
+        reasons.append(f"backend {target.backend!r} (the runner layout is lowered for XNNPACK)")
+    return reasons
 
 
 def methods_note(target: Any, state_layers: list[str]) -> list[str]:

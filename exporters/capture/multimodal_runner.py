@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from exporters.capture.llm_runner import program_reasons
 from exporters.errors import TargetPlanError
 from exporters.upstream import multimodal_runner
 
@@ -56,16 +57,9 @@ def wants_multimodal_runner(target: Any, family: str, cache_implementation: str,
         return False
     if layout == "methods":
         return False
-    reasons = []
-    if cache_implementation != "static":
-        reasons.append("the recipe's generation.cache_implementation is 'dynamic' (the runner's program holds a "
-                       "static cache)")
-    if batch_size != 1:
-        reasons.append(f"inputs.batch_size is {batch_size} (the runner runs batch 1)")
+    reasons = program_reasons(target, cache_implementation, batch_size)
     if target.components or target.dynamic_shapes or getattr(target, "merged", None) is not None:
         reasons.append("the target sets per-component settings or dynamic_shapes of the methods layout")
-    if target.backend != "xnnpack":
-        reasons.append(f"backend {target.backend!r} (the runner layout is lowered for XNNPACK)")
     if target.quantize is not None:
         reasons.append("the target is quantized (the multimodal runner program is exported in float here)")
     if not reasons:

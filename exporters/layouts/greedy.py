@@ -1,5 +1,7 @@
 """The eager side shared by the layouts whose runtime generates over a batch (ONNX Runtime GenAI, optimum): a
-left-padded batch of two prompts of different lengths, eager greedy `generate`, each row up to its first eos.
+left-padded batch of two prompts of different lengths, eager greedy `generate`, each row up to its first eos. And
+what the ExecuTorch runners' proofs share (the LLM and multimodal runners show pieces, not ids): the recipe's greedy
+settings ([`greedy_settings`]), each piece's ids ([`pieces_by_id`]) and how many shown pieces match ([`pieces_matched`]).
 
 The runtimes read rows by `pad_token_id`: a prompt token equal to it would be taken for padding, so the prompts never
 hold it (a token that is neither the pad id nor an eos id takes its place).
@@ -7,6 +9,8 @@ hold it (a token that is neither the pad id nor an eos id takes its place).
 Example:
     >>> until_eos([5, 2, 7], [2]), common_prefix([1, 2, 3], [1, 2, 4])
     ([5, 2], 2)
+    >>> pieces_matched(["a", "b", "x"], [1, 2, 3], {"a": [1], "b": [2, 5], "c": [3]})
+    (2, 1)
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
+from exporters.capture.generation_settings import greedy
 from exporters.capture.token_ids import special_token_ids
 from exporters.layouts.child import RuntimeContext
 
@@ -45,6 +50,34 @@ def until_eos(tokens: list[int], eos: list[int]) -> list[int]:
 def common_prefix(want: list[int], have: list[int]) -> int:
     """How many tokens `want` and `have` share before they differ."""
     return next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+
+
+def greedy_settings(model: Any, context: RuntimeContext) -> tuple[GenerationConfig, set[int]]:
+    """The run's generation config (the repo's, as derived for validation) made greedy
+    (`exporters.capture.generation_settings.greedy`) with the recipe's `max_new_tokens`, and its eos ids."""
+    config = greedy(context.generation_config or model.generation_config, context.recipe.generation.max_new_tokens)
+    eos = config.eos_token_id
+    return config, set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+
+def pieces_by_id(tokenizer: Any) -> tuple[list[str], dict[str, list[int]]]:
+    """Every id's piece as a runner shows it (`tokenizers.Tokenizer`, specials kept), and the ids of each piece
+    (several ids may decode to one piece)."""
+    vocabulary = tokenizer.decode_batch([[i] for i in range(tokenizer.get_vocab_size())], skip_special_tokens=False)
+    ids_of: dict[str, list[int]] = {}
+    for token, piece in enumerate(vocabulary):
+        ids_of.setdefault(piece, []).append(token)
+    return vocabulary, ids_of
+
+
+def pieces_matched(got: list[str], want: list[int], ids_of: dict[str, list[int]]) -> tuple[int, int]:
+    """How many of a runner's pieces `got` match eager's ids `want` before the first divergence, and how many of
+    those matched by a piece several ids decode to."""
+    equal, by_text = 0, 0
+    while equal < min(len(got), len(want)) and want[equal] in ids_of.get(got[equal], []):
+        by_text += len(ids_of[got[equal]]) > 1
+        equal += 1
+    return equal, by_text
 
 
 def batch_reference(model: Any, context: RuntimeContext, default_pad: int) -> GenaiReference:

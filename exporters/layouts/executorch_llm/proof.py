@@ -23,7 +23,6 @@ stopped. An eager reference that generated nothing (eos first, for every prompt 
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from exporters.recipe.budgets import resolve_budget, variant_kind
 from exporters.upstream import read_manifest
 from exporters.layouts.executorch_llm import RUNNER_IMPORTS
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
+from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
 
 # the card's snippet starts with the same imports (RUNNER_IMPORTS)
 CHILD = r"""
@@ -64,25 +64,19 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
     tokenizer = Tokenizer.from_file(str(Path(context.source_dir) / "tokenizer.json"))
     sample = tokenizer.decode(context.generate_inputs["input_ids"][0].tolist(), skip_special_tokens=True)
     prompts = [p for p in dict.fromkeys([context.recipe.inputs.prompt, sample]) if p]
-    config = copy.deepcopy(context.generation_config or model.generation_config)
-    config.do_sample, config.num_beams = False, 1
-    config.max_new_tokens = context.recipe.generation.max_new_tokens
-    eos = config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    config, eos = greedy_settings(model, context)
     vocabulary: list[str] = []
+    ids_of: dict[str, list[int]] = {}
     for prompt in prompts:
         ids = tokenizer.encode(prompt, add_special_tokens=False).ids
         with torch.no_grad():
             out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                  generation_config=config)
         shown = [t for t in out[0, len(ids):].tolist() if t not in eos]  # the runner stops at EOS, not shown
-        vocabulary = vocabulary or tokenizer.decode_batch([[i] for i in range(tokenizer.get_vocab_size())],
-                                                          skip_special_tokens=False)
+        if not vocabulary:
+            vocabulary, ids_of = pieces_by_id(tokenizer)
         whole = next((i for i, t in enumerate(shown) if PART_OF_A_CHARACTER in vocabulary[t]), len(shown))
         if whole:
-            ids_of: dict[str, list[int]] = {}
-            for token, piece in enumerate(vocabulary):
-                ids_of.setdefault(piece, []).append(token)
             cut = {"cut": tokenizer.id_to_token(shown[whole])} if whole < len(shown) else {}
             return {"prompt": prompt, "prompt_tokens": len(ids), "tokens": shown[:whole], "ids_of": ids_of,
                     "pieces": [vocabulary[t] for t in shown[:whole]], **cut}
@@ -119,10 +113,7 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
                                                    f"transformers' as {reference['prompt_tokens']}: "
                                                    f"{reference['prompt'][:80]!r}")
     want, ids_of = reference["tokens"], reference["ids_of"]
-    equal, by_text = 0, 0  # tokens equal before the first divergence; of them, pieces several ids decode to
-    while equal < min(len(got), len(want)) and want[equal] in ids_of.get(got[equal], []):
-        by_text += len(ids_of[got[equal]]) > 1
-        equal += 1
+    equal, by_text = pieces_matched(got, want, ids_of)
     shared = f"; {by_text} of them by a piece several ids decode to" if by_text else ""
     if "cut" in reference:
         shared += (f"; compared up to eager's token {reference['cut']!r}, a byte of a UTF-8 character the runner's "

@@ -26,6 +26,7 @@ import torch
 from tokenizers import Tokenizer
 
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
+from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
 from exporters.layouts.executorch_multimodal import GENERATE, RUNNER_IMPORTS
 from exporters.upstream import read_manifest
 
@@ -55,20 +56,13 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
         return {"unverified": "the model folder has no tokenizer.json, which the runner reads"}
     tokenizer = Tokenizer.from_file(str(Path(context.source_dir) / "tokenizer.json"))
     inputs = {k: v for k, v in context.generate_inputs.items() if k in ("input_ids", "attention_mask", "pixel_values")}
-    config = copy.deepcopy(context.generation_config or model.generation_config)
-    config.do_sample, config.num_beams = False, 1
-    config.max_new_tokens = context.recipe.generation.max_new_tokens
-    eos = config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    config, eos = greedy_settings(model, context)
     with torch.no_grad():
         out = model.generate(**copy.deepcopy(inputs), generation_config=config)
     ids = inputs["input_ids"]
     generated = out[0, ids.shape[1]:].tolist()
     shown = generated[:next((i for i, t in enumerate(generated) if t in eos), len(generated))]
-    vocabulary = tokenizer.decode_batch([[i] for i in range(tokenizer.get_vocab_size())], skip_special_tokens=False)
-    ids_of: dict[str, list[int]] = {}
-    for token, piece in enumerate(vocabulary):
-        ids_of.setdefault(piece, []).append(token)
+    vocabulary, ids_of = pieces_by_id(tokenizer)
     token = getattr(model.config, "image_token_id", None)
     token = token if token is not None else getattr(model.config, "image_token_index", None)
     return {"input_ids": ids.clone(), "pixel_values": inputs["pixel_values"].detach().float().clone(),
@@ -105,9 +99,7 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
     if read is not None and read != reference["prompt_tokens"]:
         return RuntimeProof(layout.runtime, "failed", f"the runner read the prompt and image as {read} positions, "
                                                    f"eager as {reference['prompt_tokens']}")
-    equal = 0
-    while equal < min(len(got), len(want)) and want[equal] in ids_of.get(got[equal], []):
-        equal += 1
+    equal, _ = pieces_matched(got, want, ids_of)
     if equal == len(want) == len(got):
         return RuntimeProof(layout.runtime, "passed", f"{equal}/{len(want)} tokens from an image and a prompt "
                                                    f"({reference['prompt_tokens']} positions)")

@@ -16,7 +16,6 @@ metadata are what `TRANSCRIBE` calls, and the detail says which loop ran.
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import tempfile
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 from exporters.capture.generation_settings import greedy
 from exporters.capture.token_ids import decoder_start_id, special_token_ids
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
+from exporters.layouts.greedy import common_prefix
 from exporters.layouts.executorch_speech import transcribe_script
 from exporters.upstream import read_manifest
 
@@ -43,7 +43,7 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
     features = context.generate_inputs.get("input_features")
     if not isinstance(features, torch.Tensor):
         return {"unverified": "the sample has no spectrogram `input_features` for the program's encoder"}
-    config = greedy(copy.deepcopy(context.generation_config or model.generation_config),
+    config = greedy(context.generation_config or model.generation_config,
                     max_new_tokens=context.recipe.generation.max_new_tokens)
     config.suppress_tokens, config.begin_suppress_tokens = None, None  # the runner takes the argmax alone
     with torch.no_grad():
@@ -81,6 +81,6 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
     loop = "executorch.runtime, optimum-executorch's loop: encoder once, text_decoder per token, argmax"
     if got == want:
         return RuntimeProof(layout.runtime, "passed", f"{len(want)}/{len(want)} tokens ({loop})")
-    equal = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    equal = common_prefix(want, got)
     return RuntimeProof(layout.runtime, "failed", f"{equal}/{len(want)} tokens equal: the program generated "
                                                f"{str(got)[:200]}, eager {str(want)[:200]} ({loop})")
