@@ -50,7 +50,8 @@ test-deps:
 # Two test processes (pytest-xdist), each module on one of them so its once-per-module exports run once: most of the
 # suite is single-threaded tracing in CLI subprocesses, so two at a time use both cores.
 TEST_WORKERS ?= 2
-# --durations: the slowest steps at the end; .cache/suite.xml: per-module minutes (benchmarks/suite_durations.py).
+# --durations: the slowest steps at the end; .cache/suite.xml: per-module minutes and per-fixture setup seconds
+# (benchmarks/suite_durations.py).
 test: venv test-deps
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 --junitxml=.cache/suite.xml
 

@@ -1,6 +1,7 @@
 """Where the test suite's time goes: per test module, from the JUnit XML a run of `make test` writes
 (`.cache/suite.xml`), the minutes of every module (its fixtures' exports included: a module runs whole on one
-worker, `--dist loadfile`), longest first.
+worker, `--dist loadfile`), longest first; and per fixture, the setup seconds tests/conftest.py records on each
+test (`fixture_setup` properties) summed over the run, so a module's minutes show which shared export they wait on.
 
     python benchmarks/suite_durations.py                      # the table, from .cache/suite.xml
     python benchmarks/suite_durations.py --write-order        # also tests/module_durations.json (the schedule)
@@ -16,6 +17,14 @@ Example:
     ...                    '<testcase classname="tests.test_b" name="z" time="6"/></testsuite></testsuites>')
     >>> module_seconds(xml)
     {'tests/test_a.py': 120.0, 'tests/test_b.py': 6.0}
+    >>> _ = xml.write_text('<testsuites><testsuite><testcase classname="tests.test_a" name="x" time="90"><properties>'
+    ...                    '<property name="fixture_setup" value="tests/test_a.py::exported=80.5"/>'
+    ...                    '<property name="fixture_setup" value="tiny_llama_dir=2.0"/></properties></testcase>'
+    ...                    '<testcase classname="tests.test_b" name="z" time="6"><properties>'
+    ...                    '<property name="fixture_setup" value="tiny_llama_dir=1.5"/></properties></testcase>'
+    ...                    '</testsuite></testsuites>')
+    >>> fixture_seconds(xml)
+    {'tests/test_a.py::exported': (80.5, 1), 'tiny_llama_dir': (3.5, 2)}
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_XML = ROOT / ".cache" / "suite.xml"
+FIXTURE_SETUP = "fixture_setup"  # the property tests/conftest.py's pytest_fixture_setup writes: `name=seconds`
 ORDER_FILE = ROOT / "tests" / "module_durations.json"
 
 
@@ -47,6 +57,32 @@ def module_seconds(xml: Path) -> dict[str, float]:
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
+def fixture_seconds(xml: Path) -> dict[str, tuple[float, int]]:
+    """Setup seconds per fixture summed over the run, and how many times it was set up, longest first."""
+    totals: dict[str, tuple[float, int]] = {}
+    for prop in ElementTree.parse(xml).iter("property"):
+        if prop.get("name") != FIXTURE_SETUP:
+            continue
+        name, _, seconds = (prop.get("value") or "").rpartition("=")
+        try:
+            spent = float(seconds)
+        except ValueError:
+            continue  # a property some other plugin wrote under the same name
+        before, count = totals.get(name, (0.0, 0))
+        totals[name] = (before + spent, count + 1)
+    return dict(sorted(totals.items(), key=lambda item: -item[1][0]))
+
+
+def fixture_table(totals: dict[str, tuple[float, int]], top: int = 20) -> str:
+    """A Markdown table of the `top` fixtures with the longest summed setup."""
+    lines = ["| fixture | seconds of setup | set up |", "|---|---|---|"]
+    for name, (seconds, count) in list(totals.items())[:top]:
+        lines.append(f"| `{name}` | {seconds:.1f} | {count}x |")
+    whole = sum(seconds for seconds, _ in totals.values())
+    lines.append(f"| all {len(totals)} fixtures | {whole:.1f} | |")
+    return "\n".join(lines)
+
+
 def table(totals: dict[str, float], top: int = 20) -> str:
     """A Markdown table of the `top` longest modules, and the sum of all of them."""
     lines = ["| module | minutes | share |", "|---|---|---|"]
@@ -65,6 +101,10 @@ def main() -> None:
     args = parser.parse_args()
     totals = module_seconds(args.xml)
     print(table(totals, args.top))
+    fixtures = fixture_seconds(args.xml)
+    if fixtures:  # an XML from before tests/conftest.py recorded fixtures has none
+        print()
+        print(fixture_table(fixtures, args.top))
     if args.write_order:
         ORDER_FILE.write_text(json.dumps({m: round(s, 1) for m, s in totals.items()}, indent=1) + "\n")
 

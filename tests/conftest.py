@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,27 @@ def pytest_collection_modifyitems(config, items) -> None:
     except (OSError, ValueError):
         return
     items.sort(key=lambda item: -float(recorded.get(item.nodeid.split("::")[0], float("inf"))))
+
+
+FIXTURE_SETUP = "fixture_setup"  # the JUnit property benchmarks/suite_durations.py sums per fixture
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Each fixture's setup seconds on the test that paid for it, as a (`fixture_setup`, `name=seconds`) user
+    property (`tests/test_x.py::name` for a module's own fixture): `--junitxml` writes it beside the test, and
+    `benchmarks/suite_durations.py` sums it per fixture. A fixture cached for its scope is set up (and counted)
+    once; the fixtures it requests are set up before this hook and counted on their own."""
+    started = time.perf_counter()
+    try:
+        return (yield)
+    finally:
+        seconds = time.perf_counter() - started
+        item = getattr(request, "_pyfuncitem", None)  # the test whose setup this is, whatever the fixture's scope
+        if item is not None and seconds >= 0.0005:  # tmp_path, monkeypatch and the like would only pad the XML
+            where = fixturedef.baseid.split("::")[0]  # a module's own fixture is named with its module
+            name = f"{where}::{fixturedef.argname}" if where.endswith(".py") else fixturedef.argname
+            item.user_properties.append((FIXTURE_SETUP, f"{name}={seconds:.3f}"))
 
 
 @pytest.fixture(autouse=True, scope="session")

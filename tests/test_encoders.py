@@ -238,18 +238,23 @@ def test_the_sentence_transformers_proof_pools_as_sentence_transformers_does(ber
 
     model_dir, _, _ = bert
     batch, hidden = _eager_bert(model_dir)
-    for modes in (["cls"], ["mean"], ["max"], ["mean_sqrt_len_tokens"], ["cls", "mean"]):
-        script = ("import json, sys, torch\n"
-                  "from sentence_transformers.models import Pooling\n"
-                  "modes, hidden, mask = json.loads(sys.argv[1])\n"
-                  "pooling = Pooling(len(hidden[0][0]), pooling_mode=modes)\n"
-                  "out = pooling({'token_embeddings': torch.tensor(hidden), 'attention_mask': torch.tensor(mask)})\n"
-                  "print(json.dumps(out['sentence_embedding'].tolist()))")
-        done = subprocess.run([_optimum_python(), "-c", script, json.dumps(
-            [modes, hidden.tolist(), batch["attention_mask"].tolist()])], capture_output=True, text=True,
-            timeout=300, env={**os.environ, "PYTHONPATH": ""}, check=False)
-        assert done.returncode == 0, done.stderr[-3000:]
-        want = np.array(json.loads(done.stdout.strip().splitlines()[-1]))
+    every = [["cls"], ["mean"], ["max"], ["mean_sqrt_len_tokens"], ["cls", "mean"]]
+    # one side-environment process pools every mode (each start imports torch and sentence-transformers again)
+    script = ("import json, sys, torch\n"
+              "from sentence_transformers.models import Pooling\n"
+              "every, hidden, mask = json.loads(sys.argv[1])\n"
+              "for modes in every:\n"
+              "    pooling = Pooling(len(hidden[0][0]), pooling_mode=modes)\n"
+              "    out = pooling({'token_embeddings': torch.tensor(hidden), 'attention_mask': torch.tensor(mask)})\n"
+              "    print(json.dumps(out['sentence_embedding'].tolist()))")
+    done = subprocess.run([_optimum_python(), "-c", script, json.dumps(
+        [every, hidden.tolist(), batch["attention_mask"].tolist()])], capture_output=True, text=True,
+        timeout=300, env={**os.environ, "PYTHONPATH": ""}, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()[-len(every):]
+    assert len(lines) == len(every), done.stdout[-3000:]
+    for modes, line in zip(every, lines):
+        want = np.array(json.loads(line))
         got = pool(hidden, batch["attention_mask"], modes).numpy()
         np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-6, err_msg=str(modes))
 
@@ -354,12 +359,25 @@ def test_vit_targets_pass_and_carry_the_preprocessor_config(vit):
     assert (out / "tjs" / "onnx" / "model.onnx").is_file() and (out / "onnx" / "model.onnx").is_file()
 
 
+@pytest.fixture(scope="module")
+def vit_in_optimum(vit, tmp_path_factory) -> dict[str, dict]:
+    """optimum's classification of `_images()` by each ViT target folder, each copied alone (away from the model
+    folder and the other target): one side-environment process for both folders (each start imports optimum and
+    torch again), a result per folder."""
+    _, out, _ = vit
+    root = tmp_path_factory.mktemp("vit-alone")
+    folders = {name: str(_alone(out, name, root / name)) for name in ("onnx", "tjs")}
+    results = _in_optimum_venv("image_classification.py", folders["onnx"],
+                               json.dumps([i.tolist() for i in _images()]), folders["tjs"])
+    by_folder = {result.pop("folder"): result for result in results}
+    return {name: by_folder[folder] for name, folder in folders.items()}
+
+
 @pytest.mark.parametrize("name", ["onnx", "tjs"])
-def test_optimum_classifies_a_batch_of_two_images_from_the_folder_alone(vit, name, tmp_path):
-    model_dir, out, _ = vit
+def test_optimum_classifies_a_batch_of_two_images_from_the_folder_alone(vit, vit_in_optimum, name):
+    model_dir, _, _ = vit
     images = _images()
-    [got] = _in_optimum_venv("image_classification.py", str(_alone(out, name, tmp_path)),
-                             json.dumps([i.tolist() for i in images]))
+    got = vit_in_optimum[name]
     want = _eager_vit(model_dir, images)
     assert got["shape"] == [2, 3, 32, 32]
     np.testing.assert_allclose(np.array(got["logits"]), want.numpy(), atol=ATOL, rtol=RTOL)

@@ -42,7 +42,7 @@ def llm_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("llm")
     model_dir = tiny_llama(root / "model", RECIPE)
     out = root / "out"
-    result = run_cli("run", str(model_dir), "--out", str(out))
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out))  # no test reads timings of the artifacts
     return model_dir, out, result
 
 
@@ -200,7 +200,8 @@ def test_markdown_report_has_tables_and_stays_small(llm_run):
 
 def test_rerun_with_unchanged_inputs_is_a_cache_hit(llm_run):
     model_dir, out, _ = llm_run
-    result = run_cli("run", str(model_dir), "--out", str(out), "--target", "dynamo", "--quiet", "--print-report")
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--target", "dynamo", "--quiet",
+                     "--print-report")
     assert result.returncode == 0, result.stderr[-2000:]
     # printed to a pipe, the Markdown keeps every table row on one line (no wrapping at 80 columns)
     table = [line for line in result.stdout.splitlines() if line.startswith("|")]
