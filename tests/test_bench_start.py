@@ -1,4 +1,4 @@
-"""The benchmark's forkserver (it imports torch, ONNX Runtime and the product: ~8 CPU-s) starts only when a target is
+"""The benchmark's forkserver (it imports torch, ONNX Runtime and the product: ~5.5 CPU-s) starts only when a target is
 to be timed: a run whose targets all fail, or were all reused, never starts it; a fresh run still benchmarks."""
 
 from __future__ import annotations
