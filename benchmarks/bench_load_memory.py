@@ -11,7 +11,7 @@ the load; the figure is the peak's growth during the load over the float32 weigh
 
 - `from_pretrained(dtype=float32)`: transformers converts each tensor while reading, and holds the shards' pages
   (memory-mapped, resident) beside the float32 tensors until the load ends (the way before);
-- `load_model(dtype="float32")`: `exporters.capture.source.load_model`, whatever it does now (since issue #46: the
+- `load_model(dtype="float32")`: `exporters.capture.loading.load_model`, whatever it does now (since issue #46: the
   shards read instead of mapped when the load converts, `exporters.upstream.checkpoint_read_not_mapped`; each tensor
   is a temporary, converted and dropped).
 
@@ -41,7 +41,8 @@ def status(field):
     return 0.0
 
 folder, way = Path(sys.argv[1]), sys.argv[2]
-from exporters.capture.source import ModelSource, load_model  # the stack imported before the first figure
+from exporters.capture.loading import load_model  # the stack imported before the first figure
+from exporters.capture.source import ModelSource
 before_rss, before_hwm = status("VmRSS"), status("VmHWM")
 if way == "from_pretrained-float32":
     model = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)

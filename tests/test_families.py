@@ -65,7 +65,8 @@ def test_parity_refuses_a_forward_that_uses_eager_weights(idefics3_run):
     from exporters.capture.cache_settings import CacheSetting
     from exporters.capture.components import decompose
     from exporters.capture.inputs import make_sample_inputs
-    from exporters.capture.source import ModelSource, load_model, load_tokenizer
+    from exporters.capture.loading import load_model
+    from exporters.capture.source import ModelSource, load_tokenizer
     from exporters.errors import EagerStageError
     from exporters.recipe.load import parse_recipe
     from exporters.upstream import load_exported

@@ -75,7 +75,8 @@ def test_shrunk_configs_are_consistent(name):
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_every_family_saves_and_loads_back(name, tmp_path):
-    from exporters.capture.source import ModelSource, load_model
+    from exporters.capture.loading import load_model
+    from exporters.capture.source import ModelSource
     from matrix.families import build
 
     folder = build(FAMILIES[name], tmp_path / name)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from exporters.capture.source import ModelSource, load_model
+from exporters.capture.loading import load_model
+from exporters.capture.source import ModelSource
 from exporters.errors import MemoryPlanError
 from exporters.run.memory_plan import (EXPORT_STACK, LIMIT_ENV, PARENT_STACK, WeightCounts, count_weights, estimate,
                                        parse_limit, plan_memory)

@@ -439,6 +439,27 @@ def test_the_stack_is_seen_where_it_loads():
                                             "exporters.errors", "bot.app", "action.main"))
 
 
+# What reads a model folder without tracing: the adapter to upstream (transformers.exporters, torch's compiler,
+# torchao, scipy: ~2 CPU-s and 130 MiB a process) is not behind them
+READS_A_FOLDER = ("exporters.capture.source", "exporters.validate.folder_trust", "exporters.run.context")
+
+
+def test_what_reads_a_folder_does_not_load_the_upstream_adapter():
+    modules = _all_modules()
+    stack = _loads_the_stack(modules)
+    assert "exporters.upstream" in _top_level_imports(modules["exporters.capture.loading"])  # the model's loader
+    assert not [name for name in READS_A_FOLDER if "exporters.upstream" in (stack[name] or "")], \
+        {name: stack[name] for name in READS_A_FOLDER}
+    # the real CLI: `hf-export --version` reads the tools' versions (exporters.run.context) and imports no more
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "exporters.cli", "--version"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "hf-export " in done.stdout, done.stdout + done.stderr[-2000:]
+    imported = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
+    assert "exporters.run.context" in imported
+    assert not imported & {"exporters.upstream", "transformers.exporters", "torch._dynamo", "torchao"}, \
+        sorted(imported & {"exporters.upstream", "transformers.exporters", "torch._dynamo", "torchao"})
+
+
 def test_no_hand_written_patch_in_the_adapter():
     """A patch on upstream or the stack is laid by `exporters.upstream.patches` (`patched`, `patched_item`, or an
     ExitStack callback) and has a row in its table: no module of the adapter restores an attribute or an entry in a

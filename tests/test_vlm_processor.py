@@ -94,7 +94,8 @@ def test_llava_next_parity_reads_the_glue_weight_from_the_folder(llava_next):
     from exporters.capture.cache_settings import CacheSetting
     from exporters.capture.components import decompose, read_glue
     from exporters.capture.inputs import make_sample_inputs
-    from exporters.capture.source import ModelSource, load_model, load_tokenizer
+    from exporters.capture.loading import load_model
+    from exporters.capture.source import ModelSource, load_tokenizer
     from exporters.errors import EagerStageError
     from exporters.recipe.load import parse_recipe
     from exporters.upstream import load_exported
@@ -179,7 +180,8 @@ def test_idefics2_sample_inputs_through_its_own_processor(tmp_path):
     import torch
 
     from exporters.capture.inputs import make_sample_inputs
-    from exporters.capture.source import ModelSource, load_model, load_tokenizer
+    from exporters.capture.loading import load_model
+    from exporters.capture.source import ModelSource, load_tokenizer
     from exporters.recipe.model import InputsSpec
 
     folder = tiny_idefics2_with_processor(tmp_path / "model")

@@ -1,7 +1,7 @@
 """The eager model in memory, captured for export: where it comes from, its sample inputs, its components.
 
 ```
-source.py (folder or Hub repo, the remote-code rule)
+source.py (folder or Hub repo, the remote-code rule) ──► loading.py (the model loaded, once per run)
    └─► families.py / inputs.py / multimodal.py   the sample inputs of the model's kind (its processor, or a layout)
          └─► components.py (decompose: prefill/decode, vision parts; cache_settings.py: the cache a target asks for)
                └─► shapes.py / probes.py   traced shapes fitted to the target's contract; unseen shapes to probe
@@ -10,6 +10,8 @@ source.py (folder or Hub repo, the remote-code rule)
 
 Beside them:
 
+- `loading.py` is apart from `source.py` because it imports the upstream adapter (a process that only reads a
+  model folder does not);
 - `dtypes.py`: the dtype each target's artifact is written in when the recipe does not say;
 - `generation_settings.py`: the repo's `generation_config.json` as shipped, and what it asks of generation;
 - `modalities.py`: the modalities (text, images, audio) a model takes, read from its forward and config;

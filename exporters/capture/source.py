@@ -1,25 +1,22 @@
-"""Where the model comes from: a local folder or a Hub repo, and how it is loaded (once per run)."""
+"""Where the model comes from: a local folder or a Hub repo, its files, and its tokenizer (the model itself is
+loaded by `exporters.capture.loading`, which imports the adapter to upstream: a process that only reads a folder
+does not)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-import transformers
 from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 from transformers import AutoTokenizer
 
 from exporters import fsutil
-from exporters.capture.dtypes import checkpoint_dtype
-from exporters.errors import ModelSourceError, RemoteCodeError, first_line, recoverable
+from exporters.errors import ModelSourceError, RemoteCodeError
 from exporters.files import RECIPE_SOURCES
-from exporters.upstream import checkpoint_read_not_mapped
 
 REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 # What a run needs from a repo: never the previous exports, which can be large.
@@ -152,51 +149,6 @@ def check_remote_code(source: ModelSource, config: dict[str, Any], trust_remote_
             f"{sorted(config['auto_map'])}); this is refused unless the operator allows it with "
             "`trust_remote_code`", option="trust_remote_code"
         )
-
-
-def load_model(source: ModelSource, *, trust_remote_code: bool = False, dtype: str | None = None):
-    """Load the model class named by config.json's `architectures`, in eval mode (in `dtype`, e.g. `"float16"`,
-    when given: the weights are converted while loading, never held twice).
-
-    When the load converts (`dtype` is not the checkpoint's own), the safetensors shards are read, not memory-mapped
-    (`exporters.upstream.checkpoint_read_not_mapped`): a mapped shard stays resident beside the converted weights until
-    the load ends (a bfloat16 checkpoint loaded in float32 peaked at 1.66x the float32 weights), while a read tensor is
-    dropped once converted (peak: the loaded weights plus the few tensors in flight; benchmarks/bench_load_memory.py).
-    A load in the checkpoint's own dtype stays mapped: its tensors are the shards' pages, never copied.
-
-    Example:
-        >>> load_model(resolve_source("examples/demo-model"), dtype="float32").dtype  # doctest: +SKIP
-        torch.float32
-    """
-
-    config = read_config(source.folder)
-    check_remote_code(source, config, trust_remote_code)
-    architectures = config.get("architectures") or []
-    model_class = getattr(transformers, architectures[0], None) if architectures else None
-    if model_class is None:
-        if needs_remote_code(config):
-            model_class = transformers.AutoModel
-        elif architectures:
-            raise ModelSourceError(
-                f"config.json names architecture {architectures[0]!r}, which transformers "
-                f"{transformers.__version__} does not have"
-            )
-        else:
-            model_class = transformers.AutoModel
-    kwargs: dict[str, Any] = {"trust_remote_code": True} if trust_remote_code and needs_remote_code(config) else {}
-    if dtype is not None:
-        kwargs["dtype"] = getattr(torch, dtype)
-    try:
-        converts = dtype is not None and dtype != checkpoint_dtype(source.folder, config)
-        with checkpoint_read_not_mapped() if converts else contextlib.nullcontext():
-            model = model_class.from_pretrained(source.folder, **kwargs)
-    except BaseException as err:  # a corrupt or truncated checkpoint: safetensors' own error, or a native panic
-        if not recoverable(err):
-            raise
-        detail = str(err) if isinstance(err, (OSError, ValueError)) else f"{type(err).__name__}: {first_line(str(err))}"
-        raise ModelSourceError(f"cannot load the model from {source.display}: {detail}; check that its weight files "
-                               "are complete (re-download or re-save them)") from None
-    return model.eval()
 
 
 def load_tokenizer(folder: Path):

@@ -34,7 +34,8 @@ from typing import Any, Callable
 from exporters import fsutil
 from exporters.capture.dtypes import checkpoint_dtype, default_dtype
 from exporters.capture.merged import MERGED
-from exporters.capture.source import SourceOptions, check_remote_code, load_model, load_tokenizer, read_config
+from exporters.capture.loading import load_model
+from exporters.capture.source import SourceOptions, check_remote_code, load_tokenizer, read_config
 from exporters.errors import InitError
 from exporters.init.axes import AxisPlan, Dimension, find_dimensions, spec_entries
 from exporters.init.classify import NOT_RETRIED

@@ -23,8 +23,8 @@ with `jobs` of its exports at once (its largest ones):
   `EXPORT_STACK` (512 MiB a child: the graphs and the lowering stacks, "~0.45 GiB" in the 0.5B ExecuTorch profile).
 
 The load is below the first group's `peak(g)`: a load that converts reads the shards instead of mapping them
-(`exporters.capture.source.load_model`), so it holds the weights at the group's dtype plus the tensors being converted (1.08-1.11x,
-`benchmarks/bench_load_memory.py`).
+(`exporters.capture.loading.load_model`), so it holds the weights at the group's dtype plus the tensors being
+converted (1.08-1.11x, `benchmarks/bench_load_memory.py`).
 The run's estimate is the largest `peak(g)`; `hf-export validate` exports nothing and counts as one job (the artifact
 it loads beside the eager model). It is checked against the memory available: `EXPORT_ACTION_MEMORY_LIMIT` when the
 operator sets it (`8GB`, `512MiB`, bytes), else the lesser of `MemAvailable` (/proc/meminfo) and the room the

@@ -21,7 +21,8 @@ from exporters.capture.components import cache_setting_for, decompose, generatio
 from exporters.capture.families import detect_family
 from exporters.capture.inputs import SampleInputs, default_mode, make_sample_inputs
 from exporters.capture.probes import dim_bindings, fit_batch, fit_encoder_decoder, fit_to_contract
-from exporters.capture.source import load_model, load_tokenizer
+from exporters.capture.loading import load_model
+from exporters.capture.source import load_tokenizer
 from exporters.capture.token_ids import decoder_start_id
 from exporters.errors import ShapeSpecError, error_record, recoverable
 from exporters.export.footprint import ModelWeights

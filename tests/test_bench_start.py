@@ -1,0 +1,75 @@
+"""The benchmark's forkserver (it imports torch, ONNX Runtime and the product: ~5.5 CPU-s) starts only when a target is
+to be timed: a run whose targets all fail, or were all reused, never starts it; a fresh run still benchmarks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from tests.conftest import CLI, ROOT
+from tests.models import tiny_llama
+
+FORKSERVER = b"multiprocessing.forkserver"
+
+
+def _descendants(root: int) -> list[int]:
+    """The processes below `root` now (read from /proc: each process's parent)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat[stat.rfind(b")") + 2:].split()[1])
+        parents.setdefault(parent, []).append(int(entry.name))
+    found, queue = [], [root]
+    while queue:
+        children = parents.get(queue.pop(), [])
+        found += children
+        queue += children
+    return found
+
+
+def _run_watching(*args: str) -> tuple[subprocess.CompletedProcess, bool]:
+    """`hf-export run ...` through the real CLI, watching its process tree: (the finished process, whether a
+    forkserver ever ran below it). The forkserver lives from its start to the run's end, so a 0.1 s poll sees it."""
+    process = subprocess.Popen([*CLI, "run", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    seen = False
+    while process.poll() is None:
+        for pid in _descendants(process.pid):
+            try:
+                seen = seen or FORKSERVER in Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                pass
+        time.sleep(0.1)
+    output = process.stdout.read().decode() if process.stdout else ""
+    return subprocess.CompletedProcess(process.args, process.returncode, output, ""), seen
+
+
+def test_the_forkserver_starts_only_for_a_target_to_time(tmp_path: Path):
+    model = tiny_llama(tmp_path / "model")
+    out = tmp_path / "out"
+
+    # every target fails (its export is stopped after a second): nothing to time, no forkserver
+    failed, seen = _run_watching(str(model), "--out", str(tmp_path / "failed"), "--timeout", "1", "--quiet")
+    report = json.loads((tmp_path / "failed" / "report.json").read_text())
+    assert report["status"] != "passed" and all(t["status"] != "passed" for t in report["targets"]), failed.stdout
+    assert not seen, "a run whose targets all failed started the benchmark's forkserver"
+
+    fresh, seen = _run_watching(str(model), "--out", str(out), "--quiet")
+    report = json.loads((out / "report.json").read_text())
+    assert fresh.returncode == 0 and report["status"] == "passed", fresh.stdout
+    assert seen, "the passing target was timed without the forkserver the benchmark forks from"
+    bench = report["targets"][0]["bench"]
+    assert bench["latency"] and bench["size_bytes"] > 0 and report["machine"], bench
+
+    again, seen = _run_watching(str(model), "--out", str(out), "--quiet")
+    report = json.loads((out / "report.json").read_text())
+    assert again.returncode == 0 and report["targets"][0]["cached"] is True, again.stdout
+    assert not seen, "a rerun whose targets were all reused started the benchmark's forkserver"
