@@ -101,3 +101,17 @@ def test_the_layouts_light_names_are_the_captures():
     from exporters.capture.image_text import COMPONENTS, MODEL_TYPES
 
     assert list(IMAGE_TEXT_COMPONENTS) == COMPONENTS and IMAGE_TEXT_TYPES == MODEL_TYPES
+
+
+def test_a_vision_language_family_the_layout_does_not_take_is_declined_with_the_reason(tmp_path):
+    """Idefics2 (a perceiver resampler; transformers.js has no Idefics2 model): the target keeps its vision-language
+    components and passes on its own checks; transformers.js's cell is ✗ with the reason, and the findings say it."""
+    out, report, log = run_and_read(tmp_path, tiny_idefics2_with_processor(tmp_path / "model", RECIPE))
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "declined" and "'idefics2'" in proof["detail"], proof
+    assert not (out / "tjs" / "onnx" / "decoder_model_merged.onnx").exists()
+    markdown = (out / "report.md").read_text()
+    assert "transformers.js ✗ cannot take this model" in markdown
+    assert "written for model types ['llava']" in markdown and "this is 'idefics2'" in markdown
