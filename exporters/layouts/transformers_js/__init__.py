@@ -123,6 +123,8 @@ class TransformersJs(Layout):
         return target.export_format == "onnx" and getattr(target, "layout", None) == LAYOUT
 
     def declines(self, target: Any, directory: Path) -> str | None:
+        if getattr(target, "mode", None) != "generation":  # one graph (CLIP's towers too): files.py
+            return None
         config = read_json(Path(directory) / "config.json")
         if "vision_config" not in config or set(components_in(directory)) == set(IMAGE_TEXT_COMPONENTS):
             return None
