@@ -18,7 +18,7 @@ import pytest
 
 from exporters.layouts.transformers_js import IMAGE_TEXT_COMPONENTS, IMAGE_TEXT_TYPES, home
 from tests.conftest import run_and_read
-from tests.models import tiny_idefics2_with_processor, tiny_llava_with_processor
+from tests.models import tiny_idefics2_with_processor, tiny_idefics3_with_processor, tiny_llava_with_processor
 
 TARGET = {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"}
 RECIPE = {"exports": [TARGET], "generation": {"max_new_tokens": 8}}
@@ -83,10 +83,15 @@ def test_the_folder_holds_the_three_graphs_under_transformers_js_names(llava_tjs
 def test_the_cards_transformers_js_image_text_script_runs_as_written(llava_tjs, tmp_path):
     """The card's script, as written, from a folder laid out as its download line puts it (`model/exports/tjs`):
     the folder's processor on an image of its size and the prompt, then `AutoModelForImageTextToText.generate`."""
+    out, report, _ = llava_tjs
+    assert _run_card(out, report, tmp_path), "the script prints the generated text"
+
+
+def _run_card(out, report: dict, tmp_path) -> str:
+    """Run the target's transformers.js card script as written; returns what it printed."""
     from exporters.publish.snippets import target_snippets
 
-    out, report, _ = llava_tjs
-    snippets = {runtime: (language, code) for runtime, language, code in target_snippets("org/llava", _target(report))}
+    snippets = {runtime: (language, code) for runtime, language, code in target_snippets("org/vlm", _target(report))}
     language, code = snippets["transformers.js"]
     assert language == "js" and "AutoModelForImageTextToText" in code and "AutoProcessor" in code
     shutil.copytree(out / "tjs", tmp_path / "model" / "exports" / "tjs")
@@ -94,7 +99,26 @@ def test_the_cards_transformers_js_image_text_script_runs_as_written(llava_tjs, 
     (tmp_path / "card.mjs").write_text(code, encoding="utf-8")
     done = subprocess.run(["node", "card.mjs"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (code, done.stderr[-3000:])
-    assert done.stdout.strip(), "the script prints the generated text"
+    return done.stdout.strip()
+
+
+def test_an_idefics3_folder_in_the_transformers_js_layout_generates_in_transformers_js(tmp_path):
+    """Idefics3 (SmolVLM's architecture): the vision encoder takes the processor's tiles and their bool pixel mask
+    (as transformers.js's processor makes it), its processor takes the text first; proven in the product, and the
+    card's script runs as written."""
+    out, report, log = run_and_read(tmp_path / "run", tiny_idefics3_with_processor(tmp_path / "run" / "model", RECIPE))
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
+    import onnx
+
+    graph = onnx.load(str(out / "tjs" / GRAPHS[0]), load_external_data=False).graph
+    assert [v.name for v in graph.input] == ["pixel_values", "pixel_attention_mask"]
+    assert graph.input[1].type.tensor_type.elem_type == onnx.TensorProto.BOOL
+    preprocessor = json.loads((out / "tjs" / "preprocessor_config.json").read_text())
+    assert preprocessor["processor_class"] == "Idefics3Processor"
+    _run_card(out, report, tmp_path / "card")  # the tiny word-level vocabulary may decode to nothing: it runs
 
 
 def test_the_layouts_light_names_are_the_captures():
@@ -114,4 +138,4 @@ def test_a_vision_language_family_the_layout_does_not_take_is_declined_with_the_
     assert not (out / "tjs" / "onnx" / "decoder_model_merged.onnx").exists()
     markdown = (out / "report.md").read_text()
     assert "transformers.js ✗ cannot take this model" in markdown
-    assert "written for model types ['llava']" in markdown and "this is 'idefics2'" in markdown
+    assert "written for model types ['llava', 'idefics3', 'smolvlm']" in markdown and "this is 'idefics2'" in markdown

@@ -39,8 +39,8 @@ from exporters.upstream.multimodal_runner import TokenEmbedding, VisionEncoder
 VISION_ENCODER, EMBED_TOKENS, DECODER = "vision_encoder", "embed_tokens", "decoder_model_merged"
 COMPONENTS = [VISION_ENCODER, EMBED_TOKENS, DECODER]
 # model types whose transformers.js class merges the image features as LLaVA's does (one run of image tokens)
-MODEL_TYPES = ("llava",)
-IMAGE_INPUTS = {"input_ids", "attention_mask", "pixel_values"}
+MODEL_TYPES = ("llava", "idefics3", "smolvlm")
+IMAGE_INPUTS = {"input_ids", "attention_mask", "pixel_values", "pixel_attention_mask"}
 TRACED_PAST, TRACED_QUERY = 3, 2  # the decoder is traced on a cache and a query long enough to stay dynamic
 
 
@@ -73,11 +73,27 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_impl
         return f"{type(model).__name__} has no get_image_features (the vision_encoder graph)"
     if extra:
         return f"its image inputs include {extra}, which transformers.js's LLaVA does not feed"
-    if not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or pixels.shape[0] != 1:
-        return f"its pixels are not one image [1, 3, H, W] (shape {list(getattr(pixels, 'shape', []))})"
+    if not isinstance(pixels, torch.Tensor) or pixels.dim() not in (4, 5) or pixels.shape[0] != 1:
+        return f"its pixels are not one image [1, (tiles,) 3, H, W] (shape {list(getattr(pixels, 'shape', []))})"
     if not isinstance(ids, torch.Tensor) or ids.shape[1] < TRACED_PAST + TRACED_QUERY:
         return "its prompt is too short to trace the decoder with a dynamic cache"
     return None
+
+
+class MaskedImageEncoder(torch.nn.Module):
+    """`vision_encoder(pixel_values [1, tiles, 3, H, W], pixel_attention_mask [1, tiles, H, W] bool)`: Idefics3's
+    and SmolVLM's `get_image_features` (tower, pixel shuffle, connector), every tile's features as one sequence."""
+
+    def __init__(self, model: Any):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor, pixel_attention_mask: torch.Tensor) -> torch.Tensor:
+        features = self.model.get_image_features(pixel_values=pixel_values, pixel_attention_mask=pixel_attention_mask)
+        features = getattr(features, "pooler_output", features)  # transformers 5: an output object
+        if isinstance(features, (list, tuple)):
+            features = torch.cat(list(features), dim=0)
+        return features.reshape(1, -1, features.shape[-1])
 
 
 class EmbedsDecoder(torch.nn.Module):
@@ -108,6 +124,22 @@ def embeds_inputs(embeds: torch.Tensor, start: int, cache: Any) -> dict[str, Any
             "past_key_values": cache}
 
 
+def image_inputs(generate_inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The vision encoder's inputs from the sample: its pixels, and Idefics3's pixel mask as transformers.js's
+    processor makes it (bool)."""
+    inputs = {"pixel_values": generate_inputs["pixel_values"][:1].clone()}
+    if isinstance(generate_inputs.get("pixel_attention_mask"), torch.Tensor):
+        inputs["pixel_attention_mask"] = generate_inputs["pixel_attention_mask"][:1].bool()
+    return inputs
+
+
+def image_encoder(model: Any, generate_inputs: dict[str, Any]) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """The vision encoder graph's module and traced inputs: LLaVA's pixels alone, or Idefics3's with its mask."""
+    inputs = image_inputs(generate_inputs)
+    module = MaskedImageEncoder(model) if "pixel_attention_mask" in inputs else VisionEncoder(model)
+    return module.eval(), inputs
+
+
 def capture(target: Any, model: Any, generate_inputs: dict[str, Any]) -> dict[str, tuple[Any, dict]]:
     """The three graphs and the inputs each is traced with (`target.components` completed with their contracts):
     the prompt's ids, the image's pixels, the prompt's embeddings after a cache of its first tokens."""
@@ -122,6 +154,6 @@ def capture(target: Any, model: Any, generate_inputs: dict[str, Any]) -> dict[st
     with_contract(target, EMBED_TOKENS, ComponentOverride.model_validate({"dynamic_shapes": {"input_ids": {
         "0": {"name": "batch_size", "min": 1}, "1": {"name": "sequence_length", "min": 1}}}}))
     with_contract(target, VISION_ENCODER, ComponentOverride(dynamic=False))
-    return {VISION_ENCODER: (VisionEncoder(model).eval(), {"pixel_values": generate_inputs["pixel_values"].clone()}),
+    return {VISION_ENCODER: image_encoder(model, generate_inputs),
             EMBED_TOKENS: (embed, {"input_ids": ids.clone()}),
             DECODER: (decoder, step)}

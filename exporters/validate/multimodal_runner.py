@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from exporters.capture.image_text import DECODER, EMBED_TOKENS, VISION_ENCODER as IMAGE_ENCODER, embeds_inputs
+from exporters.capture.image_text import (DECODER, EMBED_TOKENS, VISION_ENCODER as IMAGE_ENCODER, embeds_inputs,
+                                         image_inputs)
 from exporters.capture.merged import empty_cache
 from exporters.capture.multimodal_runner import TEXT_DECODER, TOKEN_EMBEDDING, VISION_ENCODER
 from exporters.capture.steps import output_cache
@@ -70,7 +71,7 @@ def image_text_driver(model, components, runners, generate_inputs: dict[str, Any
     through `embed_tokens` and the decoder with the cache it returned."""
     ids = generate_inputs["input_ids"][:1]
     embeds = _tensor(run_component(runners[EMBED_TOKENS], {"input_ids": ids})).clone()
-    features = _tensor(run_component(runners[IMAGE_ENCODER], {"pixel_values": generate_inputs["pixel_values"][:1]}))
+    features = _tensor(run_component(runners[IMAGE_ENCODER], image_inputs(generate_inputs)))
     where = ids[0] == image_token_of(model.config)
     embeds[0, where] = features.reshape(-1, features.shape[-1]).to(embeds.dtype)
     empty = empty_cache(components[DECODER][1]["past_key_values"], 1)

@@ -40,7 +40,7 @@ from exporters.recipe.variants import keeps_variants
 LAYOUT = TRANSFORMERS_JS  # the recipe's `layout` value
 # the vision-language layout's graphs and the model types it takes (exporters.capture.image_text's, which loads torch)
 IMAGE_TEXT_COMPONENTS = ("vision_encoder", "embed_tokens", "decoder_model_merged")
-IMAGE_TEXT_TYPES = ("llava",)
+IMAGE_TEXT_TYPES = ("llava", "idefics3", "smolvlm")
 VERSION = "4.3.2"  # the pinned @huggingface/transformers (Makefile's TJS_VERSION)
 HOME_SETTING = "HF_EXPORT_TRANSFORMERS_JS"
 DEFAULT_HOME = Path(__file__).resolve().parents[3] / ".cache" / "transformers-js"

@@ -33,16 +33,17 @@ from exporters.layouts.card import PROMPT
 
 IMAGE_TEXT_FILES = ("onnx/vision_encoder.onnx", "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx")
 # Values enter only through json.dumps or as our ints and lines.
-GENERATE = Template("""import { env, AutoProcessor, AutoModelForImageTextToText, RawImage, Tensor } from '@huggingface/transformers';
+GENERATE = Template("""import { env, AutoProcessor, AutoModelForImageTextToText, LlavaProcessor, RawImage, Tensor } from '@huggingface/transformers';
 
 env.allowRemoteModels = false;
 env.localModelPath = $root;
 const processor = await AutoProcessor.from_pretrained($name);
 const model = await AutoModelForImageTextToText.from_pretrained($name, { device: 'cpu' });
 const config = processor.image_processor.config;
-const side = config.crop_size?.height ?? config.size?.height ?? config.size?.shortest_edge;
+const side = config.crop_size?.height ?? config.size?.height ?? config.size?.shortest_edge ?? config.size?.longest_edge;
 const image = new RawImage(new Uint8ClampedArray(side * side * 3).fill(128), side, side, 3);  // your image: await RawImage.read(path)
-const inputs = await processor(image, processor.config.image_token + $prompt);  // your prompt after the image
+const text = (processor.image_token ?? processor.config.image_token) + $prompt;  // the image, then your prompt
+const inputs = processor instanceof LlavaProcessor ? await processor(image, text) : await processor(text, image);
 $feed
 const output = await model.generate({ ...inputs, max_new_tokens: $steps, min_new_tokens: $steps, do_sample: false });
 $emit
@@ -55,7 +56,8 @@ const sample = JSON.parse(readFileSync(spec.sample, 'utf-8'));
 const processed = { pixels: inputs.pixel_values.dims, ids: Array.from(inputs.input_ids.data, Number) };
 inputs.input_ids = new Tensor('int64', BigInt64Array.from(sample.ids.map(BigInt)), [1, sample.ids.length]);
 inputs.attention_mask = new Tensor('int64', BigInt64Array.from(sample.ids.map(() => 1n)), [1, sample.ids.length]);
-inputs.pixel_values = new Tensor('float32', Float32Array.from(sample.pixels), sample.shape);"""
+inputs.pixel_values = new Tensor('float32', Float32Array.from(sample.pixels), sample.shape);
+if (sample.mask) inputs.pixel_attention_mask = new Tensor('bool', Uint8Array.from(sample.mask), sample.mask_shape);"""
 PROOF_EMIT = ("writeFileSync(spec.result, JSON.stringify({ tokens: Array.from(output.data, Number), "
               "processed }));")
 

@@ -30,14 +30,18 @@ def reference(model: Any, context: RuntimeContext, steps: int) -> dict[str, Any]
         return {"unverified": "the sample has no prompt and image for transformers.js's image-text-to-text model"}
     ids, pixels = ids[:1], pixels[:1].detach().float()
     device = next(model.parameters()).device
+    mask = context.generate_inputs.get("pixel_attention_mask")  # Idefics3's, where the processor makes one
+    extra = {"pixel_attention_mask": mask[:1].to(device)} if isinstance(mask, torch.Tensor) else {}
     with torch.no_grad():
         out = model.generate(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device),
                              pixel_values=pixels.to(device, model.dtype), max_new_tokens=steps, min_new_tokens=steps,
-                             do_sample=False, num_beams=1)
+                             do_sample=False, num_beams=1, **extra)
     token = image_token(model.config)
+    sample = {"ids": ids[0].tolist(), "shape": list(pixels.shape), "pixels": pixels.flatten().tolist()}
+    if extra:
+        sample.update(mask=[int(bool(v)) for v in mask[:1].flatten().tolist()], mask_shape=list(mask[:1].shape))
     return {"image_text": True, "steps": steps, "tokens": out[0].tolist(),
-            "image_tokens": int((ids[0] == token).sum()) if token is not None else None,
-            "sample": {"ids": ids[0].tolist(), "shape": list(pixels.shape), "pixels": pixels.flatten().tolist()}}
+            "image_tokens": int((ids[0] == token).sum()) if token is not None else None, "sample": sample}
 
 
 def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext,
