@@ -102,11 +102,13 @@ def _run_card(out, report: dict, tmp_path) -> str:
     return done.stdout.strip()
 
 
-def test_an_idefics3_folder_in_the_transformers_js_layout_generates_in_transformers_js(tmp_path):
-    """Idefics3 (SmolVLM's architecture): the vision encoder takes the processor's tiles and their bool pixel mask
-    (as transformers.js's processor makes it), its processor takes the text first; proven in the product, and the
-    card's script runs as written."""
-    out, report, log = run_and_read(tmp_path / "run", tiny_idefics3_with_processor(tmp_path / "run" / "model", RECIPE))
+@pytest.mark.parametrize("family", ["idefics3", "smolvlm"])
+def test_an_idefics3_folder_in_the_transformers_js_layout_generates_in_transformers_js(tmp_path, family):
+    """Idefics3 and SmolVLM (its architecture; with Idefics3's processor, as SmolVLM's needs torchvision): the vision
+    encoder takes the processor's tiles and their bool pixel mask (as transformers.js's processor makes it), its
+    processor takes the text first; proven in the product, and the card's script runs as written."""
+    model = tiny_idefics3_with_processor(tmp_path / "run" / "model", RECIPE, family=family)
+    out, report, log = run_and_read(tmp_path / "run", model)
     target = _target(report)
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
     proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
