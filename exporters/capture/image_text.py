@@ -1,10 +1,11 @@
 """transformers.js's vision-language layout: which ONNX targets get it, and its three graphs.
 
 An ONNX generation target of a vision-language model with `"layout": "transformers.js"` is written as transformers.js's
-`ImageTextToText` models load it (`LlavaForConditionalGeneration`, `AutoModelForImageTextToText`), three graphs:
+`ImageTextToText` models load it (`AutoModelForImageTextToText`: LLaVA, Idefics3, SmolVLM), three graphs:
 
 ```
 vision_encoder        pixel_values [batch, 3, H, W]  -> image_features [1, n, hidden]   the image fixed at the sample's
+                      (Idefics3, SmolVLM: [1, tiles, 3, H, W] and its bool pixel_attention_mask)
 embed_tokens          input_ids [batch, seq]         -> inputs_embeds [batch, seq, hidden]
 decoder_model_merged  inputs_embeds, attention_mask, position_ids, past_key_values.{i}.key/value
                                                      -> logits, present.{i}.key/value   (the prompt on an empty cache)
@@ -12,7 +13,7 @@ decoder_model_merged  inputs_embeds, attention_mask, position_ids, past_key_valu
 
 transformers.js embeds the prompt, puts the image's features in place of the image tokens (`image_token_index`),
 runs the merged decoder on the embeddings, then each new token through `embed_tokens` and the decoder: what the
-model's own forward does for a LLaVA-style model. The layout's files (`exporters.layouts.transformers_js.image_text`)
+model's own forward does for these families. The layout's files (`exporters.layouts.transformers_js.image_text`)
 move the graphs under `onnx/` with the names transformers.js binds. A model outside that contract keeps the
 vision-language components (the upstream layout) and transformers.js's "runs in" cell says why ([`refused`]).
 
@@ -38,7 +39,7 @@ from exporters.upstream.multimodal_runner import TokenEmbedding, VisionEncoder
 
 VISION_ENCODER, EMBED_TOKENS, DECODER = "vision_encoder", "embed_tokens", "decoder_model_merged"
 COMPONENTS = [VISION_ENCODER, EMBED_TOKENS, DECODER]
-# model types whose transformers.js class merges the image features as LLaVA's does (one run of image tokens)
+# model types whose transformers.js class merges the image features as LLaVA's does (in order, at the image tokens)
 MODEL_TYPES = ("llava", "idefics3", "smolvlm")
 IMAGE_INPUTS = {"input_ids", "attention_mask", "pixel_values", "pixel_attention_mask"}
 TRACED_PAST, TRACED_QUERY = 3, 2  # the decoder is traced on a cache and a query long enough to stay dynamic
@@ -63,8 +64,8 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_impl
     pixels, ids = generate_inputs.get("pixel_values"), generate_inputs.get("input_ids")
     extra = sorted(set(generate_inputs) - IMAGE_INPUTS)
     if model_type not in MODEL_TYPES:
-        return (f"transformers.js's vision-language layout is written for model types {list(MODEL_TYPES)} (one run "
-                f"of image tokens, LLaVA's merge); this is {model_type!r}")
+        return (f"transformers.js's vision-language layout is written for model types {list(MODEL_TYPES)} (the "
+                f"image's features in place of its image tokens, LLaVA's merge); this is {model_type!r}")
     if cache_implementation != "dynamic":
         return "transformers.js runs the decoder on a dynamic cache; the recipe's cache is static"
     if target is not None and (target.quantize is not None or target.components or target.dynamic_shapes):
@@ -72,7 +73,7 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_impl
     if not hasattr(model, "get_image_features"):
         return f"{type(model).__name__} has no get_image_features (the vision_encoder graph)"
     if extra:
-        return f"its image inputs include {extra}, which transformers.js's LLaVA does not feed"
+        return f"its image inputs include {extra}, which transformers.js's image-text-to-text models do not feed"
     if not isinstance(pixels, torch.Tensor) or pixels.dim() not in (4, 5) or pixels.shape[0] != 1:
         return f"its pixels are not one image [1, (tiles,) 3, H, W] (shape {list(getattr(pixels, 'shape', []))})"
     if not isinstance(ids, torch.Tensor) or ids.shape[1] < TRACED_PAST + TRACED_QUERY:

@@ -60,7 +60,7 @@ class LayoutSetting(BaseModel):
         description="'transformers.js': write onnx/model.onnx (past_key_values.{i}.key/value inputs, present.{i}.* "
         "outputs) with model.onnx_data and the config files, so transformers.js can load the target folder; an "
         "encoder-decoder generation target writes onnx/encoder_model.onnx and onnx/decoder_model_merged.onnx instead, "
-        "and a LLaVA vision-language generation target onnx/vision_encoder.onnx, onnx/embed_tokens.onnx and "
+        "and a LLaVA, Idefics3 or SmolVLM generation target onnx/vision_encoder.onnx, onnx/embed_tokens.onnx and "
         "onnx/decoder_model_merged.onnx (another vision-language model keeps its components, transformers.js "
         "declined with the reason).",
     )

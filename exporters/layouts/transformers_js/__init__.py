@@ -9,7 +9,7 @@
 | `proof.py`   | Node.js runs the script on the folder alone with every dtype file, against eager greedy           |
 | `speech.py`  | a speech encoder-decoder (Whisper): `TRANSCRIBE`, the card's script and the proof's               |
 | `speech_proof.py` | Node.js runs `TRANSCRIBE` on the folder alone, token for token against eager `generate()`    |
-| `image_text.py` | a vision-language model (LLaVA): `GENERATE`, the card's script and the proof's; the processor fix |
+| `image_text.py` | a vision-language model (LLaVA, Idefics3, SmolVLM): `GENERATE`, the card's script and the proof's; the processor fix |
 | `image_text_proof.py` | Node.js runs `GENERATE` on the folder alone, token for token against eager `generate()`  |
 
 The pinned transformers.js is looked up in `HF_EXPORT_TRANSFORMERS_JS` (a folder holding
@@ -128,7 +128,7 @@ class TransformersJs(Layout):
         config = read_json(Path(directory) / "config.json")
         if "vision_config" not in config or set(components_in(directory)) == set(IMAGE_TEXT_COMPONENTS):
             return None
-        return (f"transformers.js's vision-language layout takes a LLaVA-style model (model types "
+        return (f"transformers.js's vision-language layout takes LLaVA-style models (model types "
                 f"{list(IMAGE_TEXT_TYPES)}, one image's pixels, a dynamic cache); this {config.get('model_type')!r} "
                 "export keeps its vision-language components (the findings say why)")
 

@@ -1,5 +1,5 @@
-"""transformers.js's vision-language layout: a LLaVA-style model as transformers.js's `AutoModelForImageTextToText`
-loads it, `onnx/vision_encoder.onnx` + `onnx/embed_tokens.onnx` + `onnx/decoder_model_merged.onnx` (the graphs of
+"""transformers.js's vision-language layout: a LLaVA, Idefics3 or SmolVLM model as transformers.js's
+`AutoModelForImageTextToText` loads it, `onnx/vision_encoder.onnx` + `onnx/embed_tokens.onnx` + `onnx/decoder_model_merged.onnx` (the graphs of
 `exporters.capture.image_text`, moved and named by `files.py`) with the folder's processor, tokenizer and
 `generation_config.json` beside them; proven (`image_text_proof.py`) by Node running `GENERATE` (the card's script)
 on the folder alone.
