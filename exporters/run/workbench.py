@@ -209,7 +209,7 @@ class Workbench:
         refused = self.not_runner.get(target.name) or image_text.refused(target, self.model, self.sample.generate,
                                                                          setting.implementation)
         if refused is not None:
-            self.not_runner.setdefault(target.name, f"not in transformers.js's vision-language layout: {refused}")
+            self.not_runner.setdefault(target.name, refused)
             return False
         fitted, notes = self._fit(target, image_text.capture(target, self.model, self.sample.generate), recipe)
         self.fitted[target.name] = (fitted, notes + self._cache_notes(target, setting))
