@@ -273,9 +273,12 @@ def _word_tokenizer(specials: list[str], words: list[str]):
     return tokenizer
 
 
-def tiny_idefics3_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+def tiny_idefics3_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
+                                 family: str = "idefics3") -> Path:
     """A tiny Idefics3 (SigLIP-style tower, image 32, patch 8, 4 image tokens) saved with its own processor: a
-    PIL-backend Idefics3 image processor and a WordLevel tokenizer whose `<image>` id is the model's."""
+    PIL-backend Idefics3 image processor and a WordLevel tokenizer whose `<image>` id is the model's. `family`
+    "smolvlm": a SmolVLM model (Idefics3's architecture) with the same processor (SmolVLM's own needs torchvision for
+    its video processor, which the stack does not install)."""
     import dataclasses
 
     from transformers import Idefics3ImageProcessorPil, Idefics3Processor
@@ -285,7 +288,7 @@ def tiny_idefics3_with_processor(folder: Path, recipe: Any | None = None, seed: 
     specials = ["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"]
     tokenizer = _word_tokenizer(specials, ["describe", "the", "image", "a", "cat", "on", "mat", "."])
     image_token = tokenizer.convert_tokens_to_ids("<image>")
-    spec = FAMILIES["idefics3"]
+    spec = FAMILIES[family]
     spec = dataclasses.replace(spec, overrides={**spec.overrides, "image_token_id": image_token,
                                                 "text_config.bos_token_id": 1, "text_config.eos_token_id": 2,
                                                 "text_config.pad_token_id": 0})

@@ -17,6 +17,7 @@ Beside them:
 - `modalities.py`: the modalities (text, images, audio) a model takes, read from its forward and config;
 - `llm_runner.py`: which targets get the ExecuTorch LLM runner's layout, and its one component;
 - `multimodal_runner.py`: which vision-language targets get ExecuTorch MultimodalRunner's layout, and its three methods;
+- `image_text.py`: which vision-language ONNX targets get transformers.js's layout, and its three graphs;
 - `asr_runner.py`: which speech targets (Whisper) get the ExecuTorch ASR runner's layout, and its two components;
 - `stepped.py`: the prompt through the decode graph one token at a time (state-space and hybrid models);
 - `token_ids.py`: the special token ids a deployment runtime needs beside the graph.

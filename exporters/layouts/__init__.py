@@ -10,7 +10,8 @@ exporters/layouts/
                      text_decoder)
   executorch_speech/ the ExecuTorch ASR runner's layout: model.pte with methods encoder + text_decoder (Whisper)
   genai/             ONNX Runtime GenAI: a merged decoder graph and genai_config.json
-  transformers_js/   transformers.js on Node.js: onnx/model.onnx and transformers.js_config
+  transformers_js/   transformers.js on Node.js: onnx/model.onnx and transformers.js_config (Whisper's encoder and
+                     merged decoder; a LLaVA's vision_encoder, embed_tokens and decoder_model_merged)
   optimum/           optimum's ORTModelForCausalLM, in its side environment: the merged decoder under its names
   sentence_transformers/  SentenceTransformer(folder, backend="onnx"), in the same side environment: an encoder's graph
                      beside the repo's modules and pooling config

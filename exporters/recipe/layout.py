@@ -59,7 +59,10 @@ class LayoutSetting(BaseModel):
         default="upstream",
         description="'transformers.js': write onnx/model.onnx (past_key_values.{i}.key/value inputs, present.{i}.* "
         "outputs) with model.onnx_data and the config files, so transformers.js can load the target folder; an "
-        "encoder-decoder generation target writes onnx/encoder_model.onnx and onnx/decoder_model_merged.onnx instead.",
+        "encoder-decoder generation target writes onnx/encoder_model.onnx and onnx/decoder_model_merged.onnx instead, "
+        "and a LLaVA, Idefics3 or SmolVLM generation target onnx/vision_encoder.onnx, onnx/embed_tokens.onnx and "
+        "onnx/decoder_model_merged.onnx (another vision-language model keeps its components, transformers.js "
+        "declined with the reason).",
     )
 
     @model_validator(mode="after")

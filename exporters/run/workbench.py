@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from exporters.capture import asr_runner, llm_runner, merged, multimodal_runner, stepped
+from exporters.capture import asr_runner, image_text, llm_runner, merged, multimodal_runner, stepped
 from exporters.capture.cache_settings import (check_second_step, default_decode_contract, max_positions,
                                               sliding_window_of, state_space_layers)
 from exporters.capture.components import cache_setting_for, decompose, generation_config_for, minimum_components
@@ -106,6 +106,8 @@ class Workbench:
             return list(multimodal_runner.COMPONENTS)
         if target.name in self.stepped:
             return list(stepped.STEPPED)
+        if image_text.wants_image_text(target, self.sample.family) and set(components) == set(image_text.COMPONENTS):
+            return list(image_text.COMPONENTS)
         return minimum_components(self.sample.family, target.mode, list(components), self.model,
                                   merged=bool(getattr(target, "merged", False)))
 
@@ -137,7 +139,7 @@ class Workbench:
 
         if target.name not in self.fitted:
             setting = self.cache_setting(target, recipe)
-            if self._multimodal_runner(target, recipe, setting):
+            if self._multimodal_runner(target, recipe, setting) or self._image_text(target, recipe, setting):
                 return self.fitted[target.name][0]
             speech = self._speech_program(target, recipe, setting)
             if speech is not None and not isinstance(speech, str):
@@ -198,6 +200,20 @@ class Workbench:
             self.decompositions[key] = multimodal_runner.capture(self.model, self.sample.generate,
                                                                  setting.max_cache_len)
         self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting))
+        return True
+
+    def _image_text(self, target: Target, recipe: Recipe, setting: Any) -> bool:
+        """Plan a vision-language ONNX target in transformers.js's layout where the model fits it
+        (`exporters.capture.image_text`); False (the vision-language components, the reason in the notes) otherwise."""
+        if not image_text.wants_image_text(target, self.sample.family):
+            return False
+        refused = self.not_runner.get(target.name) or image_text.refused(target, self.model, self.sample.generate,
+                                                                         setting.implementation)
+        if refused is not None:
+            self.not_runner.setdefault(target.name, refused)
+            return False
+        fitted, notes = self._fit(target, image_text.capture(target, self.model, self.sample.generate), recipe)
+        self.fitted[target.name] = (fitted, notes + self._cache_notes(target, setting))
         return True
 
     def _speech_program(self, target: Target, recipe: Recipe, setting: Any) -> Any:

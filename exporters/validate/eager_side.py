@@ -23,7 +23,8 @@ import torch
 
 from exporters.capture.inputs import vocab_size
 from exporters.errors import recoverable
-from exporters.capture.merged import MERGED, prompt_inputs, with_consistent_mask
+from exporters.capture.image_text import DECODER as IMAGE_TEXT_DECODER, embeds_inputs
+from exporters.capture.merged import MERGED, empty_cache, prompt_inputs, with_consistent_mask
 from exporters.capture.probes import dim_bindings, make_probes
 from exporters.recipe.model import Recipe
 from exporters.upstream import leaf_tensors, prepare_traced_inputs
@@ -137,11 +138,15 @@ def eager_side(*, target, recipe: Recipe, components, subject: EagerModel, expec
         probes = make_probes(inputs, bindings, model.config, recipe.validation.max_probe_elements, max_positions,
                              recipe.inputs.seed, logits_per_token,
                              model_sized="max_probe_elements" not in recipe.validation.model_fields_set)
-        if target.mode == "generation" and name == MERGED:
+        if target.mode == "generation" and name in (MERGED, IMAGE_TEXT_DECODER):
             probes = [(probe_id, None if probe is None else with_consistent_mask(probe), skip)
                       for probe_id, probe, skip in probes]
-            if "input_ids" in generate_inputs:
+            if name == MERGED and "input_ids" in generate_inputs:
                 probes.append(("prompt (past=0)", prompt_inputs(inputs, generate_inputs["input_ids"]), None))
+            elif name == IMAGE_TEXT_DECODER:  # transformers.js's prompt: embeddings on an empty cache
+                embeds = inputs["inputs_embeds"]
+                probes.append(("prompt (past=0)", embeds_inputs(embeds, 0, empty_cache(
+                    inputs["past_key_values"], embeds.shape[0])), None))
         references = eager_references(module, probes, eager)
         # what the graph takes, computed while the eager module still holds its weights
         fed = [(probe_id, None if probe is None else with_precomputed_inputs(module, probe), skip)

@@ -1,7 +1,8 @@
 """Generation parity of a program in ExecuTorch MultimodalRunner's layout (`exporters.capture.multimodal_runner`),
 fed as the runner feeds it: the prompt's tokens through `token_embedding`, the image through `vision_encoder`, its
 features in place of the image tokens, the whole at position 0 through `text_decoder` (the program keeps the cache);
-then each selected token through `token_embedding` and `text_decoder` at its position.
+then each selected token through `token_embedding` and `text_decoder` at its position. transformers.js's
+vision-language graphs are fed likewise, with the cache they return ([`image_text_driver`]).
 """
 
 from __future__ import annotations
@@ -10,7 +11,11 @@ from typing import Any
 
 import torch
 
+from exporters.capture.image_text import (DECODER, EMBED_TOKENS, VISION_ENCODER as IMAGE_ENCODER, embeds_inputs,
+                                         image_inputs)
+from exporters.capture.merged import empty_cache
 from exporters.capture.multimodal_runner import TEXT_DECODER, TOKEN_EMBEDDING, VISION_ENCODER
+from exporters.capture.steps import output_cache
 from exporters.upstream import run_component
 from exporters.validate.greedy import Greedy, decode_loop
 
@@ -55,4 +60,26 @@ def multimodal_runner_driver(model, components, runners, generate_inputs: dict[s
         return decoder(_tensor(run_component(runners[TOKEN_EMBEDDING], {"input_ids": token[:, None]})), position)
 
     decode_loop(decoder(embeds, 0)["logits"], None, ids, greedy, stepper, tokens)
+    return int(ids.shape[1])
+
+
+def image_text_driver(model, components, runners, generate_inputs: dict[str, Any], greedy: Greedy,
+                      tokens: list) -> int:
+    """Parity driver of transformers.js's vision-language graphs (`exporters.capture.image_text`), fed as
+    transformers.js feeds them: the prompt through `embed_tokens`, the image through `vision_encoder`, its features in
+    place of the image tokens, the whole through `decoder_model_merged` on an empty cache; then each selected token
+    through `embed_tokens` and the decoder with the cache it returned."""
+    ids = generate_inputs["input_ids"][:1]
+    embeds = _tensor(run_component(runners[EMBED_TOKENS], {"input_ids": ids})).clone()
+    features = _tensor(run_component(runners[IMAGE_ENCODER], image_inputs(generate_inputs)))
+    where = ids[0] == image_token_of(model.config)
+    embeds[0, where] = features.reshape(-1, features.shape[-1]).to(embeds.dtype)
+    empty = empty_cache(components[DECODER][1]["past_key_values"], 1)
+    out = run_component(runners[DECODER], embeds_inputs(embeds, 0, empty))
+
+    def stepper(token, position, cache, extra=None):
+        step = _tensor(run_component(runners[EMBED_TOKENS], {"input_ids": token[:, None]}))
+        return run_component(runners[DECODER], embeds_inputs(step, position, cache))
+
+    decode_loop(out["logits"], output_cache(out), ids, greedy, stepper, tokens)
     return int(ids.shape[1])

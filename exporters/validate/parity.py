@@ -32,6 +32,7 @@ import torch
 
 from exporters.capture.asr_runner import ENCODER, TEXT_DECODER, is_asr
 from exporters.capture.cache_settings import sliding_window_of
+from exporters.capture.image_text import COMPONENTS as IMAGE_TEXT_COMPONENTS, DECODER as IMAGE_TEXT_DECODER
 from exporters.capture.merged import MERGED, prompt_inputs
 from exporters.capture.multimodal_runner import COMPONENTS as MULTIMODAL_COMPONENTS, TEXT_DECODER
 from exporters.capture.stepped import STEPPED, zeroed_cache
@@ -42,7 +43,7 @@ from exporters.upstream import run_component
 from exporters.validate.greedy import DecodeStepper, Greedy, Tolerances, decode_loop, eager_reference
 from exporters.validate.subject import EagerModel
 from exporters.validate.native_log import native_messages
-from exporters.validate.multimodal_runner import multimodal_runner_driver
+from exporters.validate.multimodal_runner import image_text_driver, multimodal_runner_driver
 from exporters.validate.vision_language import vision_language
 
 
@@ -91,6 +92,8 @@ def generation_parity(subject: EagerModel, components, exported, steps: int, tol
         driver = functools.partial(vision_language, glue=glue or {})
     if family == "vision-language" and TEXT_DECODER in names:  # ExecuTorch MultimodalRunner's program
         driver, needed = multimodal_runner_driver, set(MULTIMODAL_COMPONENTS)
+    if family == "vision-language" and IMAGE_TEXT_DECODER in names:  # transformers.js's three graphs
+        driver, needed = image_text_driver, set(IMAGE_TEXT_COMPONENTS)
     if family == "text" and "model" in names:
         driver, needed = _merged_decoder, {"model"}
     elif family == "speech-seq2seq" and is_asr(components):  # the ASR runner's program: its cache inside

@@ -9,6 +9,8 @@
 | `proof.py`   | Node.js runs the script on the folder alone with every dtype file, against eager greedy           |
 | `speech.py`  | a speech encoder-decoder (Whisper): `TRANSCRIBE`, the card's script and the proof's               |
 | `speech_proof.py` | Node.js runs `TRANSCRIBE` on the folder alone, token for token against eager `generate()`    |
+| `image_text.py` | a vision-language model (LLaVA, Idefics3, SmolVLM): `GENERATE`, the card's script and the proof's; the processor fix |
+| `image_text_proof.py` | Node.js runs `GENERATE` on the folder alone, token for token against eager `generate()`  |
 
 The pinned transformers.js is looked up in `HF_EXPORT_TRANSFORMERS_JS` (a folder holding
 `node_modules/@huggingface/transformers`), else the project's `.cache/transformers-js` (`make test-deps` installs it).
@@ -28,13 +30,17 @@ from string import Template
 from typing import Any
 
 from exporters.files import EXPORTS_DIR
-from exporters.layouts.base import Layout
+from exporters.layouts.base import Layout, components_in, read_json
 from exporters.layouts.card import file_names
+from exporters.layouts.transformers_js.image_text import CARD_EMIT, generate_script as image_text_script, is_image_text
 from exporters.layouts.transformers_js.speech import CARD_FEATURES, transcribe_script
 from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.recipe.variants import keeps_variants
 
 LAYOUT = TRANSFORMERS_JS  # the recipe's `layout` value
+# the vision-language layout's graphs and the model types it takes (exporters.capture.image_text's, which loads torch)
+IMAGE_TEXT_COMPONENTS = ("vision_encoder", "embed_tokens", "decoder_model_merged")
+IMAGE_TEXT_TYPES = ("llava", "idefics3", "smolvlm")
 VERSION = "4.3.2"  # the pinned @huggingface/transformers (Makefile's TJS_VERSION)
 HOME_SETTING = "HF_EXPORT_TRANSFORMERS_JS"
 DEFAULT_HOME = Path(__file__).resolve().parents[3] / ".cache" / "transformers-js"
@@ -116,8 +122,18 @@ class TransformersJs(Layout):
     def may_apply(self, target: Any, components: list[str]) -> bool:
         return target.export_format == "onnx" and getattr(target, "layout", None) == LAYOUT
 
+    def declines(self, target: Any, directory: Path) -> str | None:
+        if getattr(target, "mode", None) != "generation":  # one graph (CLIP's towers too): files.py
+            return None
+        config = read_json(Path(directory) / "config.json")
+        if "vision_config" not in config or set(components_in(directory)) == set(IMAGE_TEXT_COMPONENTS):
+            return None
+        return (f"transformers.js's vision-language layout takes LLaVA-style models (model types "
+                f"{list(IMAGE_TEXT_TYPES)}, one image's pixels, a dynamic cache); this {config.get('model_type')!r} "
+                "export keeps its vision-language components (the findings say why)")
+
     def write_files(self, directory: Path, target: Any, model: Any, notes: list[str]) -> None:
-        if self.may_apply(target, []):
+        if self.may_apply(target, []) and not self.declines(target, directory):
             self.part("files").write_transformers_js(directory, target, model)
             if keeps_variants(target):
                 self.part("dtypes").write_dtype_files(directory, target)
@@ -130,6 +146,9 @@ class TransformersJs(Layout):
             return "js", download + transcribe_script(json.dumps(f"model/{EXPORTS_DIR}"),
                                                       json.dumps(str(target["name"])), CARD_FEATURES, 32,
                                                       "console.log(JSON.stringify(Array.from(output.data, Number)));")
+        if is_image_text(file_names(target)):  # a vision-language model: image_text.py
+            return "js", download + image_text_script(json.dumps(f"model/{EXPORTS_DIR}"),
+                                                      json.dumps(str(target["name"])), 32, "", CARD_EMIT)
         files = [row for row in target.get("dtype_files") or [] if row.get("dtype") in DTYPES]
         listing = "".join(f"//   dtype {json.dumps(row['dtype'])}: {_megabytes(row.get('bytes'))}, {_quality(row)}\n"
                           for row in files)

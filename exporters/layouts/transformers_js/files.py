@@ -28,10 +28,13 @@ from pathlib import Path
 from exporters import fsutil
 from exporters.errors import TargetPlanError
 from exporters.export.onnx_files import gather_external_data
-from exporters.export.onnx_names import is_renamed, renamed_proto, unnamed_inputs
+from exporters.capture.image_text import COMPONENTS as IMAGE_TEXT, DECODER
+from exporters.export.onnx_names import is_renamed, rename_io, renamed_proto, unnamed_inputs
 from exporters.export.seq2seq_merged import MERGED_FILE
 from exporters.export.seq2seq_names import is_encoder_decoder_export
+from exporters.layouts.base import read_json
 from exporters.layouts.transformers_js import LAYOUT, SUFFIXES, layout_dtype
+from exporters.layouts.transformers_js.image_text import processor_fix
 from exporters.upstream import read_manifest, write_manifest
 
 
@@ -46,6 +49,9 @@ def write_transformers_js(directory: Path, target, model) -> None:
     manifest = read_manifest(directory)
     if is_encoder_decoder_export(list(manifest["components"])):
         _write_encoder_decoder(directory, target, manifest)
+        return
+    if set(manifest["components"]) == set(IMAGE_TEXT):
+        _write_image_text(directory, target, manifest)
         return
     if list(manifest["components"]) != ["model"]:
         raise TargetPlanError(f"`layout` 'transformers.js' takes one graph, or an encoder-decoder's encoder and "
@@ -116,6 +122,51 @@ def _write_encoder_decoder(directory: Path, target, manifest: dict) -> None:
     manifest["layout"] = LAYOUT
     write_manifest(directory, manifest)
     _add_config(directory, dtype, external or False)
+
+
+PREPROCESSOR = "preprocessor_config.json"
+OUTPUTS = {"vision_encoder": "image_features", "embed_tokens": "inputs_embeds"}  # what transformers.js reads
+
+
+def _write_image_text(directory: Path, target, manifest: dict) -> None:
+    """transformers.js's vision-language layout (`exporters.capture.image_text`): each graph under `onnx/{name}.onnx`
+    with its own `{file}_data`, the decoder's inputs and outputs under the runtimes' names (as a text decoder's),
+    the encoders' one output under the name transformers.js reads ([`OUTPUTS`]), and the processor's image-token
+    count made one both libraries read alike (`image_text.processor_fix`)."""
+    # onnx loads only where an ONNX file is read
+    import onnx
+
+    dtype = "fp16" if target.dtype == "float16" else "fp32"
+    (directory / SUBFOLDER).mkdir(exist_ok=True)
+    external: dict[str, int] = {}
+    old = sorted({entry["file"] for entry in manifest["components"].values()})
+    for name, entry in manifest["components"].items():
+        graph_file = f"{name}{SUFFIXES[dtype]}.onnx"
+        proto = onnx.load(str(directory / entry["file"]), load_external_data=False)
+        if name == DECODER:
+            entry["inputs"] = renamed_proto(proto)
+        else:
+            entry["inputs"] = rename_io(proto, lambda leaf, output, name=name: OUTPUTS[name] if output else leaf)
+        if gather_external_data(proto, directory, directory / SUBFOLDER / f"{graph_file}_data"):
+            external[graph_file] = 1
+        onnx.save_model(proto, str(directory / SUBFOLDER / graph_file))
+        entry["file"] = f"{SUBFOLDER}/{graph_file}"
+    for file in old:
+        (directory / file).unlink()
+        (directory / f"{file}.data").unlink(missing_ok=True)
+    manifest["layout"] = LAYOUT
+    write_manifest(directory, manifest)
+    _add_config(directory, dtype, external or False)
+    processor = read_json(directory / "processor_config.json")
+    fixed = processor_fix(processor, read_json(directory / "config.json"))
+    if fixed is not None:
+        fsutil.write_file(directory / "processor_config.json", json.dumps(fixed, indent=2, sort_keys=True) + "\n")
+    image_processor = processor.get("image_processor")
+    if isinstance(image_processor, dict) and not (directory / PREPROCESSOR).exists():
+        # transformers 5 keeps the image processor inside processor_config.json; transformers.js reads it from here,
+        # and its AutoProcessor picks the processor by the `processor_class` it finds there
+        image_processor = {**image_processor, "processor_class": processor.get("processor_class")}
+        fsutil.write_file(directory / PREPROCESSOR, json.dumps(image_processor, indent=2, sort_keys=True) + "\n")
 
 
 def _add_config(directory: Path, dtype: str, external: dict[str, int] | bool) -> None:

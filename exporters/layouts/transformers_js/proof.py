@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
-from exporters.layouts.transformers_js import DTYPES, home, layout_dtype, proof_script, speech, speech_proof
+from exporters.layouts.transformers_js import (DTYPES, home, image_text_proof, layout_dtype, proof_script, speech,
+                                              speech_proof)
 from exporters.layouts.transformers_js.dtypes import dtype_files_in
 from exporters.recipe.budgets import resolve_budget
 from exporters.upstream import read_manifest
@@ -45,6 +46,8 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
     steps = int(getattr(context.recipe.generation, "max_new_tokens", None) or DEFAULT_NEW_TOKENS)
     if context.target.mode == "generation" and speech.is_speech(model.config.to_dict()):  # Whisper: speech.py
         return speech_proof.reference(model, context, steps)
+    if context.target.mode == "generation" and "pixel_values" in context.generate_inputs:  # image_text.py
+        return image_text_proof.reference(model, context, steps)
     if context.target.mode != "generation" or "input_ids" not in context.generate_inputs \
             or getattr(model.config, "is_encoder_decoder", False):
         return {"unverified": NOT_YET}
@@ -66,6 +69,8 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
         return layout.not_here()
     if reference.get("speech"):
         return speech_proof.prove(layout, directory, reference, context, modules, _version(modules))
+    if reference.get("image_text"):
+        return image_text_proof.prove(layout, directory, reference, context, modules, _version(modules))
     if list(read_manifest(directory)["components"]) != ["model"]:
         return RuntimeProof(layout.runtime, "unverified", NOT_YET)
     target = context.target

@@ -1,0 +1,160 @@
+"""transformers.js's vision-language layout: which ONNX targets get it, and its three graphs.
+
+An ONNX generation target of a vision-language model with `"layout": "transformers.js"` is written as transformers.js's
+`ImageTextToText` models load it (`AutoModelForImageTextToText`: LLaVA, Idefics3, SmolVLM), three graphs:
+
+```
+vision_encoder        pixel_values [batch, 3, H, W]  -> image_features [1, n, hidden]   the image fixed at the sample's
+                      (Idefics3, SmolVLM: [1, tiles, 3, H, W] and its bool pixel_attention_mask)
+embed_tokens          input_ids [batch, seq]         -> inputs_embeds [batch, seq, hidden]
+decoder_model_merged  inputs_embeds, attention_mask, position_ids, past_key_values.{i}.key/value
+                                                     -> logits, present.{i}.key/value   (the prompt on an empty cache)
+```
+
+transformers.js embeds the prompt, puts the image's features in place of the image tokens (`image_token_index`),
+runs the merged decoder on the embeddings, then each new token through `embed_tokens` and the decoder: what the
+model's own forward does for these families. The layout's files (`exporters.layouts.transformers_js.image_text`)
+move the graphs under `onnx/` with the names transformers.js binds. A model outside that contract keeps the
+vision-language components (the upstream layout) and transformers.js's "runs in" cell says why ([`refused`]).
+
+Example:
+    >>> from exporters.recipe.load import parse_recipe
+    >>> target = parse_recipe('{"export_format": "onnx", "mode": "generation", "layout": "transformers.js"}').exports[0]
+    >>> wants_image_text(target, "vision-language"), wants_image_text(target, "text")
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from exporters.capture.merged import contract, with_contract
+from exporters.recipe.layout import TRANSFORMERS_JS
+from exporters.recipe.model import ComponentOverride
+from exporters.upstream.multimodal_runner import TokenEmbedding, VisionEncoder
+
+VISION_ENCODER, EMBED_TOKENS, DECODER = "vision_encoder", "embed_tokens", "decoder_model_merged"
+COMPONENTS = [VISION_ENCODER, EMBED_TOKENS, DECODER]
+# model types whose transformers.js class merges the image features as LLaVA's does (in order, at the image tokens)
+MODEL_TYPES = ("llava", "idefics3", "smolvlm")
+IMAGE_INPUTS = {"input_ids", "attention_mask", "pixel_values", "pixel_attention_mask"}
+TRACED_PAST, TRACED_QUERY = 3, 2  # the decoder is traced on a cache and a query long enough to stay dynamic
+
+
+def wants_image_text(target: Any, family: str) -> bool:
+    """Whether `target` is an ONNX generation target of a vision-language model in the transformers.js layout."""
+    return (target.export_format == "onnx" and target.mode == "generation" and family == "vision-language"
+            and getattr(target, "layout", None) == TRANSFORMERS_JS)
+
+
+def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_implementation: str) -> str | None:
+    """Why the model does not fit transformers.js's vision-language layout (see the module), else None.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> config = SimpleNamespace(model_type="idefics2")
+        >>> refused(None, SimpleNamespace(config=config), {}, "dynamic")[:60]
+        "transformers.js's vision-language layout is written for mode"
+    """
+    model_type = getattr(model.config, "model_type", None)
+    pixels, ids = generate_inputs.get("pixel_values"), generate_inputs.get("input_ids")
+    extra = sorted(set(generate_inputs) - IMAGE_INPUTS)
+    if model_type not in MODEL_TYPES:
+        return (f"transformers.js's vision-language layout is written for model types {list(MODEL_TYPES)} (the "
+                f"image's features in place of its image tokens, LLaVA's merge); this is {model_type!r}")
+    if cache_implementation != "dynamic":
+        return "transformers.js runs the decoder on a dynamic cache; the recipe's cache is static"
+    if target is not None and (target.quantize is not None or target.components or target.dynamic_shapes):
+        return "the target sets quantize, components or dynamic_shapes, which this layout does not take yet"
+    if not hasattr(model, "get_image_features"):
+        return f"{type(model).__name__} has no get_image_features (the vision_encoder graph)"
+    if extra:
+        return f"its image inputs include {extra}, which transformers.js's image-text-to-text models do not feed"
+    if not isinstance(pixels, torch.Tensor) or pixels.dim() not in (4, 5) or pixels.shape[0] != 1:
+        return f"its pixels are not one image [1, (tiles,) 3, H, W] (shape {list(getattr(pixels, 'shape', []))})"
+    if not isinstance(ids, torch.Tensor) or ids.shape[1] < TRACED_PAST + TRACED_QUERY:
+        return "its prompt is too short to trace the decoder with a dynamic cache"
+    return None
+
+
+class MaskedImageEncoder(torch.nn.Module):
+    """`vision_encoder(pixel_values [1, tiles, 3, H, W], pixel_attention_mask [1, tiles, H, W] bool)`: Idefics3's
+    and SmolVLM's `get_image_features` (tower, pixel shuffle, connector), every tile's features as one sequence."""
+
+    def __init__(self, model: Any):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor, pixel_attention_mask: torch.Tensor) -> torch.Tensor:
+        features = self.model.get_image_features(pixel_values=pixel_values, pixel_attention_mask=pixel_attention_mask)
+        features = getattr(features, "pooler_output", features)  # transformers 5: an output object
+        if isinstance(features, (list, tuple)):
+            features = torch.cat(list(features), dim=0)
+        return features.reshape(1, -1, features.shape[-1])
+
+
+class EmbedsDecoder(torch.nn.Module):
+    """`decoder_model_merged`: the model's forward on `inputs_embeds` with a cache (no image: its features are in
+    the embeddings already), returning the logits and the grown cache."""
+
+    def __init__(self, model: Any):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                past_key_values: Any) -> Any:
+        out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=past_key_values, use_cache=True)
+        return {"logits": out.logits, "past_key_values": out.past_key_values}
+
+
+def embeds_inputs(embeds: torch.Tensor, start: int, cache: Any) -> dict[str, Any]:
+    """The decoder's call for `embeds` at positions `start…` after `cache` (what transformers.js feeds).
+
+    Example:
+        >>> sorted(embeds_inputs(torch.zeros(1, 2, 4), 3, None))
+        ['attention_mask', 'inputs_embeds', 'past_key_values', 'position_ids']
+    """
+    batch, length = embeds.shape[:2]
+    return {"inputs_embeds": embeds, "attention_mask": torch.ones(batch, start + length, dtype=torch.long),
+            "position_ids": torch.arange(start, start + length).unsqueeze(0).expand(batch, -1).clone(),
+            "past_key_values": cache}
+
+
+def image_inputs(generate_inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The vision encoder's inputs from the sample: its pixels, and Idefics3's pixel mask as transformers.js's
+    processor makes it (bool)."""
+    inputs = {"pixel_values": generate_inputs["pixel_values"][:1].clone()}
+    if isinstance(generate_inputs.get("pixel_attention_mask"), torch.Tensor):
+        inputs["pixel_attention_mask"] = generate_inputs["pixel_attention_mask"][:1].bool()
+    return inputs
+
+
+def image_encoder(model: Any, generate_inputs: dict[str, Any]) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """The vision encoder graph's module and traced inputs: LLaVA's pixels alone, or Idefics3's with its mask."""
+    inputs = image_inputs(generate_inputs)
+    module = MaskedImageEncoder(model) if "pixel_attention_mask" in inputs else VisionEncoder(model)
+    return module.eval(), inputs
+
+
+def capture(target: Any, model: Any, generate_inputs: dict[str, Any]) -> dict[str, tuple[Any, dict]]:
+    """The three graphs and the inputs each is traced with (`target.components` completed with their contracts):
+    the prompt's ids, the image's pixels, the prompt's embeddings after a cache of its first tokens."""
+    ids = generate_inputs["input_ids"][:1]
+    embed = TokenEmbedding(model.get_input_embeddings()).eval()
+    decoder = EmbedsDecoder(model).eval()
+    with torch.no_grad():
+        embeds = embed(ids[:, :TRACED_PAST + TRACED_QUERY])
+        cache = decoder(**embeds_inputs(embeds[:, :TRACED_PAST], 0, DynamicCache(config=model.config)))
+    step = embeds_inputs(embeds[:, TRACED_PAST:].clone(), TRACED_PAST, copy.deepcopy(cache["past_key_values"]))
+    with_contract(target, DECODER, contract(target, step))
+    with_contract(target, EMBED_TOKENS, ComponentOverride.model_validate({"dynamic_shapes": {"input_ids": {
+        "0": {"name": "batch_size", "min": 1}, "1": {"name": "sequence_length", "min": 1}}}}))
+    with_contract(target, VISION_ENCODER, ComponentOverride(dynamic=False))
+    return {VISION_ENCODER: image_encoder(model, generate_inputs),
+            EMBED_TOKENS: (embed, {"input_ids": ids.clone()}),
+            DECODER: (decoder, step)}

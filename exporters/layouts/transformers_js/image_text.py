@@ -1,0 +1,97 @@
+"""transformers.js's vision-language layout: a LLaVA, Idefics3 or SmolVLM model as transformers.js's
+`AutoModelForImageTextToText` loads it, `onnx/vision_encoder.onnx` + `onnx/embed_tokens.onnx` + `onnx/decoder_model_merged.onnx` (the graphs of
+`exporters.capture.image_text`, moved and named by `files.py`) with the folder's processor, tokenizer and
+`generation_config.json` beside them; proven (`image_text_proof.py`) by Node running `GENERATE` (the card's script)
+on the folder alone.
+
+```
+reference(model)                                     prove(folder)
+eager generate(input_ids, pixel_values,              node script.mjs: AutoProcessor on an image of the processor's
+max_new_tokens = min_new_tokens = n, greedy)         size + the image token and a prompt (its pixels' shape and image
+  ─► every token                                     tokens must be eager's sample's), then the sample's own ids and
+                                                     pixels ─► AutoModelForImageTextToText.generate ─► eager's tokens
+```
+
+The proof feeds the pixels eager ran on, so the comparison is of the graphs and transformers.js's generation loop
+(embedding, the image features' merge, the cache), not of two image resizers; the processor is proven to make inputs
+of the same shape and image-token count. LLaVA's processor counts its image tokens from `num_additional_image_tokens`
+alone in transformers.js and minus the class token (`vision_feature_select_strategy` "default") in transformers: the
+layout writes the folder's `processor_config.json` with the count both read alike ([`processor_fix`]).
+
+Example:
+    >>> "AutoModelForImageTextToText" in generate_script('"model"', '"tjs"', 4, "", "console.log(1);")
+    True
+"""
+
+from __future__ import annotations
+
+import json
+from string import Template
+from typing import Any
+
+from exporters.layouts.card import PROMPT
+
+IMAGE_TEXT_FILES = ("onnx/vision_encoder.onnx", "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx")
+# Values enter only through json.dumps or as our ints and lines.
+GENERATE = Template("""import { env, AutoProcessor, AutoModelForImageTextToText, LlavaProcessor, RawImage, Tensor } from '@huggingface/transformers';
+
+env.allowRemoteModels = false;
+env.localModelPath = $root;
+const processor = await AutoProcessor.from_pretrained($name);
+const model = await AutoModelForImageTextToText.from_pretrained($name, { device: 'cpu' });
+const config = processor.image_processor.config;
+const side = config.crop_size?.height ?? config.size?.height ?? config.size?.shortest_edge ?? config.size?.longest_edge;
+const image = new RawImage(new Uint8ClampedArray(side * side * 3).fill(128), side, side, 3);  // your image: await RawImage.read(path)
+const text = (processor.image_token ?? processor.config.image_token) + $prompt;  // the image, then your prompt
+const inputs = processor instanceof LlavaProcessor ? await processor(image, text) : await processor(text, image);
+$feed
+const output = await model.generate({ ...inputs, max_new_tokens: $steps, min_new_tokens: $steps, do_sample: false });
+$emit
+""")
+CARD_EMIT = "console.log(processor.batch_decode(output, { skip_special_tokens: true })[0]);"
+# The proof's inputs: what the processor made is recorded, then the sample eager ran on takes its place
+PROOF_FEED = """import { readFileSync, writeFileSync } from 'node:fs';
+const spec = JSON.parse(process.argv[2]);
+const sample = JSON.parse(readFileSync(spec.sample, 'utf-8'));
+const processed = { pixels: inputs.pixel_values.dims, ids: Array.from(inputs.input_ids.data, Number) };
+inputs.input_ids = new Tensor('int64', BigInt64Array.from(sample.ids.map(BigInt)), [1, sample.ids.length]);
+inputs.attention_mask = new Tensor('int64', BigInt64Array.from(sample.ids.map(() => 1n)), [1, sample.ids.length]);
+inputs.pixel_values = new Tensor('float32', Float32Array.from(sample.pixels), sample.shape);
+if (sample.mask) inputs.pixel_attention_mask = new Tensor('bool', Uint8Array.from(sample.mask), sample.mask_shape);"""
+PROOF_EMIT = ("writeFileSync(spec.result, JSON.stringify({ tokens: Array.from(output.data, Number), "
+              "processed }));")
+
+
+def generate_script(root: str, name: str, steps: int, feed: str, emit: str, prompt: str = PROMPT) -> str:
+    """`GENERATE` filled: `root` and `name` JSON strings, `steps` our int, `feed` and `emit` our lines, `prompt`
+    text (entered through json.dumps)."""
+    return GENERATE.substitute(root=root, name=name, steps=int(steps), feed=feed, emit=emit,
+                               prompt=json.dumps(str(prompt)))
+
+
+def processor_fix(processor: dict[str, Any], model_config: dict[str, Any]) -> dict[str, Any] | None:
+    """A LLaVA `processor_config.json` whose image-token count transformers.js and transformers read alike, where
+    they differ (see the module): the class token dropped from `num_additional_image_tokens` and the strategy
+    "full" in the processor's file (the model's config keeps its own); None where they agree already.
+
+    Example:
+        >>> processor_fix({"num_additional_image_tokens": 1, "vision_feature_select_strategy": "default"}, {})
+        {'num_additional_image_tokens': 0, 'vision_feature_select_strategy': 'full'}
+        >>> processor_fix({"num_additional_image_tokens": 0, "vision_feature_select_strategy": "full"}, {}) is None
+        True
+    """
+    strategy = processor.get("vision_feature_select_strategy", model_config.get("vision_feature_select_strategy"))
+    extra = processor.get("num_additional_image_tokens")
+    if strategy != "default" or not isinstance(extra, int) or extra < 1:
+        return None
+    return {**processor, "num_additional_image_tokens": extra - 1, "vision_feature_select_strategy": "full"}
+
+
+def is_image_text(files: set[str]) -> bool:
+    """Whether a target's files are this layout's (its card shows `GENERATE`).
+
+    Example:
+        >>> is_image_text(set(IMAGE_TEXT_FILES) | {"config.json"}), is_image_text({"onnx/model.onnx"})
+        (True, False)
+    """
+    return set(IMAGE_TEXT_FILES) <= files

@@ -1,0 +1,83 @@
+"""transformers.js's vision-language proof (the layout is `image_text.py`): eager greedy `generate()` on the sample's
+prompt and image, then Node running `GENERATE` on the folder alone: its processor on an image of the processor's size
+must give pixels of the sample's shape and as many image tokens, and generation from the sample's own ids and pixels
+must give eager's tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
+from exporters.layouts.transformers_js.image_text import PROOF_EMIT, PROOF_FEED, generate_script
+
+
+def image_token(config: Any) -> int | None:
+    """The model's image token id (`image_token_id`, else LLaVA's `image_token_index`)."""
+    token = getattr(config, "image_token_id", None)
+    return token if token is not None else getattr(config, "image_token_index", None)
+
+
+def reference(model: Any, context: RuntimeContext, steps: int) -> dict[str, Any]:
+    """Eager greedy generation of exactly `steps` tokens from the sample's prompt and image (see the module)."""
+    ids, pixels = context.generate_inputs.get("input_ids"), context.generate_inputs.get("pixel_values")
+    if not isinstance(ids, torch.Tensor) or not isinstance(pixels, torch.Tensor):
+        return {"unverified": "the sample has no prompt and image for transformers.js's image-text-to-text model"}
+    ids, pixels = ids[:1], pixels[:1].detach().float()
+    device = next(model.parameters()).device
+    mask = context.generate_inputs.get("pixel_attention_mask")  # Idefics3's, where the processor makes one
+    extra = {"pixel_attention_mask": mask[:1].to(device)} if isinstance(mask, torch.Tensor) else {}
+    with torch.no_grad():
+        out = model.generate(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device),
+                             pixel_values=pixels.to(device, model.dtype), max_new_tokens=steps, min_new_tokens=steps,
+                             do_sample=False, num_beams=1, **extra)
+    token = image_token(model.config)
+    sample = {"ids": ids[0].tolist(), "shape": list(pixels.shape), "pixels": pixels.flatten().tolist()}
+    if extra:
+        sample.update(mask=[int(bool(v)) for v in mask[:1].flatten().tolist()], mask_shape=list(mask[:1].shape))
+    return {"image_text": True, "steps": steps, "tokens": out[0].tolist(),
+            "image_tokens": int((ids[0] == token).sum()) if token is not None else None, "sample": sample}
+
+
+def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext,
+          modules: Path, version: str) -> RuntimeProof:
+    """Node runs `GENERATE` on `directory` with the sample's ids and pixels (see the module)."""
+    script = generate_script(json.dumps(str(directory.parent)), json.dumps(directory.name), reference["steps"],
+                             PROOF_FEED, PROOF_EMIT)
+    with tempfile.TemporaryDirectory(prefix="tjs-image-text-") as scratch:
+        sample = Path(scratch) / "sample.json"
+        sample.write_text(json.dumps(reference["sample"]), encoding="utf-8")
+        got, why = run_script(["node"], script, {"sample": str(sample)}, folder=directory,
+                              timeout_s=child_timeout(context), links={"node_modules": modules})
+    if not isinstance(got, dict):
+        return RuntimeProof(layout.runtime, "failed", f"transformers.js failed: {why}")
+    processed = got.get("processed") or {}
+    shape, token = reference["sample"]["shape"], reference.get("image_tokens")
+    made = sum(1 for i in processed.get("ids") or [] if token is not None and i == _image_token_id(directory))
+    if processed.get("pixels") != shape or (token is not None and made != token):
+        return RuntimeProof(layout.runtime, "failed", (
+            f"transformers.js's processor made pixels {processed.get('pixels')} and {made} image tokens; the model "
+            f"takes {shape} and {token}"))
+    want, steps, tokens = reference["tokens"], reference["steps"], got.get("tokens")
+    if tokens != want:
+        prompt = len(reference["sample"]["ids"])
+        equal = next((i for i, (a, b) in enumerate(zip(want, tokens or [])) if a != b), min(len(want), len(tokens or [])))
+        return RuntimeProof(layout.runtime, "failed", f"{max(0, equal - prompt)}/{steps} tokens equal eager greedy: "
+                                                      f"transformers.js {tokens}, eager {want}")
+    return RuntimeProof(layout.runtime, "passed", f"{steps}/{steps} tokens (transformers.js {version}, Node.js, "
+                                                  "AutoModelForImageTextToText, its processor's image tokens)")
+
+
+def _image_token_id(directory: Path) -> int | None:
+    """The image token id of the folder's config, read as data."""
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    token = config.get("image_token_id", config.get("image_token_index"))
+    return token if isinstance(token, int) else None

@@ -1,0 +1,143 @@
+"""transformers.js's vision-language layout (#52 item 4): the plainest ONNX generation recipe of a tiny LLaVA with
+`layout: "transformers.js"` is the folder `AutoModelForImageTextToText` + `AutoProcessor` load
+(`onnx/vision_encoder.onnx`, `onnx/embed_tokens.onnx`, `onnx/decoder_model_merged.onnx` with the processor and
+tokenizer files), proven in the product by transformers.js on Node token for token against eager `generate()`, and
+its card's script runs as written. A vision-language family the layout does not take keeps its components, the
+"runs in" cell saying why.
+
+One run of the tiny LLaVA (module fixture) through the real CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from exporters.layouts.transformers_js import IMAGE_TEXT_COMPONENTS, IMAGE_TEXT_TYPES, home
+from tests.conftest import run_and_read
+from tests.models import tiny_idefics2_with_processor, tiny_idefics3_with_processor, tiny_llava_with_processor
+
+TARGET = {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"}
+RECIPE = {"exports": [TARGET], "generation": {"max_new_tokens": 8}}
+GRAPHS = ("onnx/vision_encoder.onnx", "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx")
+
+
+@pytest.fixture(scope="module")
+def llava_tjs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tjs-llava")
+    return run_and_read(root, tiny_llava_with_processor(root / "model", RECIPE))
+
+
+def _target(report: dict) -> dict:
+    return {target["name"]: target for target in report["targets"]}["tjs"]
+
+
+def test_a_llava_folder_in_the_transformers_js_layout_generates_in_transformers_js(llava_tjs):
+    out, report, log = llava_tjs
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert target["generation"]["status"] == "passed"
+    proofs = {proof["runtime"]: proof for proof in target["runtimes"]}
+    proof = proofs["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
+    assert "AutoModelForImageTextToText" in proof["detail"]
+    assert "transformers.js ✓ 8/8 tokens" in (out / "report.md").read_text()
+
+
+def test_the_folder_holds_the_three_graphs_under_transformers_js_names(llava_tjs):
+    import onnx
+
+    out, _, _ = llava_tjs
+    folder = out / "tjs"
+    for name in (*GRAPHS, "config.json", "generation_config.json", "tokenizer.json", "preprocessor_config.json",
+                 "processor_config.json"):
+        assert (folder / name).is_file(), name
+    assert not list(folder.glob("*.onnx")), "every graph moved under onnx/"
+    io = {}
+    for name in GRAPHS:
+        graph = onnx.load(str(folder / name), load_external_data=False).graph
+        io[name] = ([v.name for v in graph.input], [v.name for v in graph.output])
+    assert io[GRAPHS[0]] == (["pixel_values"], ["image_features"])
+    assert io[GRAPHS[1]] == (["input_ids"], ["inputs_embeds"])
+    inputs, outputs = io[GRAPHS[2]]
+    assert inputs[:3] == ["inputs_embeds", "attention_mask", "position_ids"]
+    assert {"past_key_values.0.key", "past_key_values.1.value"} <= set(inputs)
+    assert outputs[0] == "logits" and {"present.0.key", "present.1.value"} <= set(outputs)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["transformers.js_config"]["dtype"] == "fp32"
+    preprocessor = json.loads((folder / "preprocessor_config.json").read_text())
+    assert preprocessor["processor_class"] == "LlavaProcessor"  # transformers.js's AutoProcessor picks by it
+    # the image-token count transformers.js and transformers both read: 16 patches, CLIP's class token dropped
+    processor = json.loads((folder / "processor_config.json").read_text())
+    assert (processor["num_additional_image_tokens"], processor["vision_feature_select_strategy"]) == (0, "full")
+    from transformers import AutoProcessor
+    from PIL import Image
+
+    made = AutoProcessor.from_pretrained(folder)(images=Image.new("RGB", (32, 32)), text="<image>describe", return_tensors="pt")
+    assert int((made["input_ids"][0] == config["image_token_index"]).sum()) == 16
+
+
+def test_the_cards_transformers_js_image_text_script_runs_as_written(llava_tjs, tmp_path):
+    """The card's script, as written, from a folder laid out as its download line puts it (`model/exports/tjs`):
+    the folder's processor on an image of its size and the prompt, then `AutoModelForImageTextToText.generate`."""
+    out, report, _ = llava_tjs
+    assert _run_card(out, report, tmp_path), "the script prints the generated text"
+
+
+def _run_card(out, report: dict, tmp_path) -> str:
+    """Run the target's transformers.js card script as written; returns what it printed."""
+    from exporters.publish.snippets import target_snippets
+
+    snippets = {runtime: (language, code) for runtime, language, code in target_snippets("org/vlm", _target(report))}
+    language, code = snippets["transformers.js"]
+    assert language == "js" and "AutoModelForImageTextToText" in code and "AutoProcessor" in code
+    shutil.copytree(out / "tjs", tmp_path / "model" / "exports" / "tjs")
+    (tmp_path / "node_modules").symlink_to(home() / "node_modules", target_is_directory=True)
+    (tmp_path / "card.mjs").write_text(code, encoding="utf-8")
+    done = subprocess.run(["node", "card.mjs"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize("family", ["idefics3", "smolvlm"])
+def test_an_idefics3_folder_in_the_transformers_js_layout_generates_in_transformers_js(tmp_path, family):
+    """Idefics3 and SmolVLM (its architecture; with Idefics3's processor, as SmolVLM's needs torchvision): the vision
+    encoder takes the processor's tiles and their bool pixel mask (as transformers.js's processor makes it), its
+    processor takes the text first; proven in the product, and the card's script runs as written."""
+    model = tiny_idefics3_with_processor(tmp_path / "run" / "model", RECIPE, family=family)
+    out, report, log = run_and_read(tmp_path / "run", model)
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
+    import onnx
+
+    graph = onnx.load(str(out / "tjs" / GRAPHS[0]), load_external_data=False).graph
+    assert [v.name for v in graph.input] == ["pixel_values", "pixel_attention_mask"]
+    assert graph.input[1].type.tensor_type.elem_type == onnx.TensorProto.BOOL
+    preprocessor = json.loads((out / "tjs" / "preprocessor_config.json").read_text())
+    assert preprocessor["processor_class"] == "Idefics3Processor"
+    _run_card(out, report, tmp_path / "card")  # the tiny word-level vocabulary may decode to nothing: it runs
+
+
+def test_the_layouts_light_names_are_the_captures():
+    from exporters.capture.image_text import COMPONENTS, MODEL_TYPES
+
+    assert list(IMAGE_TEXT_COMPONENTS) == COMPONENTS and IMAGE_TEXT_TYPES == MODEL_TYPES
+
+
+def test_a_vision_language_family_the_layout_does_not_take_is_declined_with_the_reason(tmp_path):
+    """Idefics2 (a perceiver resampler; transformers.js has no Idefics2 model): the target keeps its vision-language
+    components and passes on its own checks; transformers.js's cell is ✗ with the reason, and the findings say it."""
+    out, report, log = run_and_read(tmp_path, tiny_idefics2_with_processor(tmp_path / "model", RECIPE))
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "declined" and "'idefics2'" in proof["detail"], proof
+    assert not (out / "tjs" / "onnx" / "decoder_model_merged.onnx").exists()
+    markdown = (out / "report.md").read_text()
+    assert "transformers.js ✗ cannot take this model" in markdown
+    assert "written for model types ['llava', 'idefics3', 'smolvlm']" in markdown and "this is 'idefics2'" in markdown
