@@ -369,9 +369,10 @@ def decides(log: list[dict], measured: dict) -> None:
         for e in log:
             if e["step"].startswith(f"hf-export {fmt} r"):
                 other = next((o for o in log if o["step"] == f"{peer} {e['step'].split()[-1]}"), None)
-                if other and other["rc"] == 0 and e["rc"] == 0:
-                    rows.append((f"export wall {e['step'].split()[-1]} (s; load {e['load_before'][0]:.1f} / "
-                                 f"{other['load_before'][0]:.1f})", e["wall"], other["wall"], "<= 1.0x"))
+                if other and other["rc"] == 0 and "status" in e:  # ours wrote its artifacts (a verdict either way)
+                    rows.append((f"export wall {e['step'].split()[-1]} (s; ours {e['status']}; load "
+                                 f"{e['load_before'][0]:.1f} / {other['load_before'][0]:.1f})", e["wall"],
+                                 other["wall"], "<= 1.0x"))
         for label, mine, peers_value, goal in rows:
             ratio = f"{mine / peers_value:.3f}" if isinstance(mine, (int, float)) and peers_value else "-"
             if label.startswith("decode") and ratios:
