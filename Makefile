@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := constraints.txt
 DEMO_OUT ?= demo-out
 
-.PHONY: venv demo test test-deps bench coverage lock pin-images clean
+.PHONY: venv demo test test-deps bench peers coverage lock pin-images clean
 
 # The venv is rebuilt when the project's dependencies or their pins change. The build tools are pinned too (first,
 # then the project is built with them: no build isolation fetching the newest setuptools), and the venv must then hold
@@ -57,6 +57,26 @@ test: venv test-deps
 
 bench: venv
 	$(BIN)/python benchmarks/bench_pipeline.py
+
+# The peers the benchmarks compare with (benchmarks/bench_peers.py, bench_runtimes.py), each pinned: optimum-executorch
+# in its own venv (constraints-peers.txt, rebuilt only when those pins change), which reads the product venv's torch
+# and executorch through a .pth file; the GenAI model builder is the product venv's onnxruntime-genai; optimum-cli
+# ONNX is the optimum side venv of test-deps. A second `make peers` has nothing to do.
+OET_VENV := .cache/oet-venv
+PEERS_CONSTRAINTS := constraints-peers.txt
+$(OET_VENV)/bin/optimum-cli: $(PEERS_CONSTRAINTS) $(BIN)/hf-export
+	rm -rf $(OET_VENV)
+	$(PYTHON) -m venv $(OET_VENV)
+	$(BIN)/python -c "import os, sysconfig; print(os.path.realpath(sysconfig.get_paths()['purelib']))" \
+	  > "$$($(OET_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/product-venv.pth"
+	$(OET_VENV)/bin/python -m pip install -q --no-deps -r $(PEERS_CONSTRAINTS)
+	$(OET_VENV)/bin/optimum-cli export executorch --help >/dev/null
+	touch $@
+
+$(OPTIMUM_VENV)/bin/optimum-cli:
+	$(MAKE) test-deps
+
+peers: $(OET_VENV)/bin/optimum-cli $(OPTIMUM_VENV)/bin/optimum-cli
 
 # The support matrix (docs/coverage.md): tiny models of every family in matrix/families.py, the plainest recipe,
 # dynamo + ONNX + ExecuTorch, as many families at a time as cores and memory allow (COVERAGE_ARGS="--jobs 2" ...).

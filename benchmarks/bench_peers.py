@@ -1,7 +1,8 @@
 """hf-export against its peers with the plainest recipes, alternating whole processes (issue #31).
 
-    .venv/bin/python benchmarks/bench_peers.py [--model llama58m|qwen05b|tinyllama11b] [--rounds 2]
-        [--only onnx|executorch|dynamo] [--step NAME ...] [--kill-above-gib 12]
+    make peers   # the peers' pinned side environments (optimum-executorch's venv: .cache/oet-venv), once
+    .venv/bin/python benchmarks/bench_peers.py [--model llama58m|qwen05b|tinyllama11b|trained] [--rounds 2]
+        [--only onnx|executorch|dynamo|onnx-int4|executorch-int4] [--step NAME ...] [--kill-above-gib 12]
 
 Each round runs, each in a fresh process measured from outside (wall time, peak RSS of its largest process):
 
@@ -14,14 +15,19 @@ E2  `optimum-cli export executorch --recipe xnnpack --use_custom_sdpa --use_cust
 D1  `hf-export run` with `[{"export_format": "dynamo", "mode": "generation", "dynamic": true}]` (no peer)
 Q1, Q2  (`--only executorch-int4`) `hf-export run` with `variants: ["int4"]` (torchao 8da4w linears, int8 table)
     against `optimum-cli export executorch ... --qlinear 8da4w --qembedding 8w` (issue #51)
+N1, N2  (`--only onnx-int4`) `hf-export run` with `[{"export_format": "onnx", "mode": "generation", "dynamic": true,
+    "variants": ["int4"]}]` (MatMulNBits) against the GenAI builder's `-p int4 -e cpu` (issue #51)
 G1, G2  ONNX Runtime GenAI's model builder (`python -m onnxruntime_genai.models.builder -i MODEL -p fp32|int4 -e cpu`,
-    onnxruntime-genai 0.18 of the product venv), the ONNX peers beside optimum-cli
+    onnxruntime-genai 0.18 of the product venv): `-p fp32` the ONNX peer beside optimum-cli, `-p int4` onnx-int4's
 
 `--model tinyllama11b` is TinyLlama-1.1B's shape at full depth (22 layers, hidden 2048, 32 heads, 4 key-value heads,
 vocab 32,000, untied) saved as a bfloat16 checkpoint in 3 safetensors shards with an index, TinyLlama-Chat's ids
 (`<unk>` 0, `<s>` 1, `</s>` 2) and generation_config.json (bos 1, eos 2, pad 0, max_length 2048), the ASCII
-byte-level BPE below. `--step` (repeatable) runs only the named steps (`ours-onnx`, `ours-executorch`,
-`ours-dynamo`, `ours-executorch-int4`, `optimum-onnx`, `genai-fp32`, `genai-int4`, `optimum-executorch`,
+byte-level BPE below. `--model trained` is tests/trained.py's tiny Llama and training at width 64 (2 layers,
+4 heads of 16 — the GenAI builder's GroupQueryAttention needs heads of 16 —, vocab 197, tied, 128 positions: the
+cache length of every tool), trained here in seconds; its greedy continuations are not noise: the quality column of
+issue #51 (`--runtimes`, i.e. `bench_runtimes.py --pair int4 --quality`). `--step` (repeatable) runs only the named steps (`ours-onnx`, `ours-executorch`,
+`ours-dynamo`, `ours-executorch-int4`, `ours-onnx-int4`, `optimum-onnx`, `genai-fp32`, `genai-int4`, `optimum-executorch`,
 `optimum-executorch-8da4w`); one process runs at a time and
 `--kill-above-gib` SIGKILLs (by pid) any process of a step whose RSS passes the limit (the machine is shared).
 
@@ -35,11 +41,9 @@ optimum-cli (this round <= 1.5x on the 58M Llama, <= 1.2x on the 0.5B), ExecuTor
 The artifacts stay under --work for `bench_runtimes.py`. Every process runs with HF_HUB_OFFLINE=1.
 
 optimum-executorch 1.1.0 pins transformers 5.0.0rc1 (its custom KV cache imports `HybridCache`, gone in 5.24) and
-needs accelerate; its venv (OET_CLI) reuses the product venv's torch and executorch 1.5.1:
-
-    python3 -m venv V && echo $PWD/.venv/lib/python3.11/site-packages > V/lib/python3.11/site-packages/main.pth
-    V/bin/pip install --no-deps optimum-executorch==1.1.0 "optimum~=2.0.0" transformers==5.0.0rc1 accelerate \
-        tokenizers==0.22.2 huggingface-hub==1.3.0 typer-slim
+needs accelerate; its venv (`make peers`: .cache/oet-venv, the pins in constraints-peers.txt; OET_CLI overrides)
+reuses the product venv's torch and executorch 1.5.1 through a .pth file. optimum-cli ONNX is the optimum side venv
+of `make test-deps` (OPTIMUM_CLI overrides), the GenAI builder the product venv's onnxruntime-genai (GENAI_PY).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ import bench_pipeline  # the sibling benchmark's measuring wrapper and machine l
 ROOT = HERE.parent
 PY = sys.executable
 OPTIMUM_CLI = Path(os.environ.get("OPTIMUM_CLI", ROOT / ".cache" / "optimum-venv" / "bin" / "optimum-cli"))
-OET_CLI = Path(os.environ.get("OET_CLI", "/work/bench-venv-oet/bin/optimum-cli"))
+OET_CLI = Path(os.environ.get("OET_CLI", ROOT / ".cache" / "oet-venv" / "bin" / "optimum-cli"))  # make peers
 BOS, EOS, PAD = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
 LLAMA_SPECIALS = ("<unk>", "<s>", "</s>")  # TinyLlama's ids 0, 1, 2
 RECIPES = {
@@ -69,12 +73,15 @@ RECIPES = {
     "executorch": {"schema_version": 1, "exports": [{"export_format": "executorch", "mode": "generation"}]},
     "dynamo": {"schema_version": 1, "exports": [{"export_format": "dynamo", "mode": "generation", "dynamic": True}]},
     # issue #51: 8da4w with an int8 embedding table (torchao), against optimum-executorch's --qlinear/--qembedding
+    # issue #51: MatMulNBits int4 (block 32, accuracy level 4: the GenAI builder's defaults) against `-p int4`
+    "onnx-int4": {"schema_version": 1, "exports": [{"export_format": "onnx", "mode": "generation", "dynamic": True,
+                                                    "variants": ["int4"]}]},
     "executorch-int4": {"schema_version": 1, "exports": [{"export_format": "executorch", "mode": "generation",
                                                           "variants": ["int4"]}]},
 }
 GENAI_PY = Path(os.environ.get("GENAI_PY", sys.executable))  # onnxruntime-genai is pinned in constraints.txt
-PEERS = {"onnx": ["optimum-onnx", "genai-fp32", "genai-int4"], "executorch": ["optimum-executorch"], "dynamo": [],
-         "executorch-int4": ["optimum-executorch-8da4w"]}
+PEERS = {"onnx": ["optimum-onnx", "genai-fp32"], "executorch": ["optimum-executorch"], "dynamo": [],
+         "executorch-int4": ["optimum-executorch-8da4w"], "onnx-int4": ["genai-int4"]}
 CACHE_LEN = 2048  # our default static cache: min(2048, max_position_embeddings); the models below have 2048
 
 
@@ -129,6 +136,8 @@ def build_model(folder: Path, kind: str) -> dict:
     torch.manual_seed(0)
     if kind == "tinyllama11b":
         return build_tinyllama(folder, facts_file)
+    if kind == "trained":
+        return build_trained(folder, facts_file)
     if kind == "llama58m":  # bench_pipeline.py's model (8 layers, hidden 512, vocab 32,000)
         config = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
                              num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=CACHE_LEN,
@@ -180,6 +189,36 @@ def build_tinyllama(folder: Path, facts_file: Path) -> dict:
     return facts
 
 
+def build_trained(folder: Path, facts_file: Path) -> dict:
+    """tests/trained.py's tiny Llama and training (its text, tokenizer and steps; seconds on one thread), at width
+    64 with 4 heads: a head of 16, the least ONNX Runtime's GroupQueryAttention (the GenAI builder's graph) takes.
+    Its greedy continuations have margins, so top-1 agreement and greedy match mean something."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    sys.path.insert(0, str(ROOT))
+    from tests.models import RUNNER_BOS, RUNNER_EOS, RUNNER_PAD, train_bpe_tokenizer
+    from tests.trained import TRAINED_PROMPT, TRAINED_TEXT, _steps
+
+    tokenizer = train_bpe_tokenizer(folder, TRAINED_TEXT * 20, [RUNNER_BOS, RUNNER_EOS, RUNNER_PAD], vocab_size=200,
+                                    bos=RUNNER_BOS, eos=RUNNER_EOS, pad=RUNNER_PAD, byte_level=True)
+    stream = torch.tensor(tokenizer(" ".join(TRAINED_TEXT * 40), add_special_tokens=False)["input_ids"])
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+           "pad_token_id": tokenizer.pad_token_id}
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         tie_word_embeddings=True, **ids)
+    model = LlamaForCausalLM(config)
+    torch.set_num_threads(1)  # a model this small trains faster on one thread than on a shared machine's cores
+    _steps(model.train(), torch.optim.AdamW(model.parameters(), lr=3e-3), stream, torch.Generator().manual_seed(0))
+    model.generation_config = GenerationConfig(**ids)
+    model.eval().save_pretrained(folder)
+    facts = {"kind": "trained", "parameters": sum(p.numel() for p in model.parameters()), "layers": 2, "hidden": 64,
+             "vocab": config.vocab_size, "cache_len": config.max_position_embeddings, "prompt": TRAINED_PROMPT}
+    facts_file.write_text(json.dumps(facts))
+    return facts
+
+
 class RssGuard:
     """SIGKILLs, by pid, any descendant of this process whose RSS passes `limit_gib` (polled every second) while a
     step runs: a runaway 1.1B export must not take the shared machine down."""
@@ -227,10 +266,24 @@ def uptime() -> str:
     return subprocess.run(["uptime"], check=False, capture_output=True, text=True).stdout.strip()
 
 
+def mem_available_gib() -> float:
+    """/proc/meminfo's MemAvailable: what the shared machine has left for a step."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return 0.0
+
+
 def step(label: str, cmd: list[str], out: Path, log: list[dict], env: dict | None = None,
-         kill_above_gib: float = 12.0) -> dict:
-    """One measured process; its load before and after; hf-export's report timings when it wrote a report."""
+         kill_above_gib: float = 12.0, min_available_gib: float = 0.0) -> dict:
+    """One measured process, started once MemAvailable passes `min_available_gib` (polled every 15 s); its load
+    and MemAvailable before and after; hf-export's report timings when it wrote a report."""
     shutil.rmtree(out, ignore_errors=True)
+    while mem_available_gib() < min_available_gib:
+        print(f"    {label}: waiting, MemAvailable {mem_available_gib():.1f} GiB < {min_available_gib} GiB",
+              file=sys.stderr, flush=True)
+        time.sleep(15)
+    available = round(mem_available_gib(), 1)
     before, started = os.getloadavg(), time.strftime("%H:%M:%S")
     print(f"[{started}] {label}: {uptime()}", file=sys.stderr, flush=True)
     with RssGuard(kill_above_gib) as guard:
@@ -238,7 +291,7 @@ def step(label: str, cmd: list[str], out: Path, log: list[dict], env: dict | Non
     after = os.getloadavg()
     entry = {"step": label, "wall": round(wall, 2), "rss_mib": round(rss), "rc": proc.returncode,
              "load_before": before, "load_after": after, "out": str(out), "started": started,
-             "killed": guard.killed}
+             "killed": guard.killed, "mem_available_gib": [available, round(mem_available_gib(), 1)]}
     report = out / "report.json"
     if report.is_file():
         target = json.loads(report.read_text())["targets"][0]
@@ -258,12 +311,13 @@ def step(label: str, cmd: list[str], out: Path, log: list[dict], env: dict | Non
 def summary(log: list[dict], facts: dict) -> None:
     """The steps' table: wall, peak RSS, its ratio to the fp32 weights, status and load; ours against each peer."""
     fp32_mib = facts["parameters"] * 4 / 2**20
-    print("\n| step | wall | peak RSS | RSS / fp32 weights | rc | status | artifact dtype | load before -> after |\n"
-          "|---|---|---|---|---|---|---|---|")
+    print("\n| step | wall | peak RSS | RSS / fp32 weights | rc | status | artifact dtype | load before -> after "
+          "| MemAvailable GiB before -> after |\n|---|---|---|---|---|---|---|---|---|")
     for e in log:
         dtype = (e.get("dtypes") or {}).get("artifact_dtype", "–")
         print(f"| {e['step']} | {e['wall']:.1f} s | {e['rss_mib']} MiB | {e['rss_mib'] / fp32_mib:.2f}x | {e['rc']} "
-              f"| {e.get('status', '–')} | {dtype} | {e['load_before'][0]:.2f} -> {e['load_after'][0]:.2f} |")
+              f"| {e.get('status', '–')} | {dtype} | {e['load_before'][0]:.2f} -> {e['load_after'][0]:.2f} "
+              f"| {' -> '.join(map(str, e.get('mem_available_gib', [])))} |")
     print("\nwall ratios (ours / peer, same round):")
     for e in log:
         if not e["step"].startswith("hf-export"):
@@ -282,15 +336,65 @@ def summary(log: list[dict], facts: dict) -> None:
                   f"{e['load_after'][0]:.2f}")
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def decides(log: list[dict], measured: dict) -> None:
+    """Issue #51's table: ours against the peer per format (int4 ONNX in GenAI, 8da4w in the ExecuTorch runner):
+    stored bytes, decode tokens/s, first-token (prefill) ms, quality against eager, export wall; ratios ours / peer."""
+    from bench_runtimes import greedy_match
+
+    reference, eos = measured["reference"], measured["eos"]
+    sides = [("executorch-int4", "optimum-executorch-8da4w", "executorch", "ours", "optimum-executorch",
+              "runner_decode_tok_s", "runner_prefill_ms", "TextLLMRunner"),
+             ("onnx-int4", "genai-int4", "genai ours", "ours", "builder", "decode_tok_s", "prefill_ms", "GenAI")]
+    print("\n| format | measure | ours | peer | ours / peer | goal |\n|---|---|---|---|---|---|")
+    for fmt, peer, key, ours, theirs, decode, prefill, runtime in sides:
+        if key not in measured:
+            continue
+        res, sizes = measured[key]["results"], measured[key]["sizes"]
+        rows = [("stored bytes", sizes[ours], sizes[theirs], "<= 1.0x")]
+        rows.append((f"decode tok/s ({runtime}, median)", _median(res[ours][decode]), _median(res[theirs][decode]),
+                     ">= 1.0x"))
+        ratios = [r for name, r in measured[key]["process_ratios"] if name == decode]
+        rows.append((f"first-token ms ({runtime} prefill, median)", _median(res[ours][prefill]),
+                     _median(res[theirs][prefill]), "(lower is better)"))
+        if reference:
+            for label, value in (("top-1 agreement vs eager", lambda r: r.get("top1_agreement")),
+                                 ("greedy match vs eager", lambda r: greedy_match(reference, r["tokens"], eos))):
+                rows.append((label, value(res[ours]), value(res[theirs]), ">= the peer's"))
+        for e in log:
+            if e["step"].startswith(f"hf-export {fmt} r"):
+                other = next((o for o in log if o["step"] == f"{peer} {e['step'].split()[-1]}"), None)
+                if other and other["rc"] == 0 and "status" in e:  # ours wrote its artifacts (a verdict either way)
+                    rows.append((f"export wall {e['step'].split()[-1]} (s; ours {e['status']}; load "
+                                 f"{e['load_before'][0]:.1f} / {other['load_before'][0]:.1f})", e["wall"],
+                                 other["wall"], "<= 1.0x"))
+        for label, mine, peers_value, goal in rows:
+            ratio = f"{mine / peers_value:.3f}" if isinstance(mine, (int, float)) and peers_value else "-"
+            if label.startswith("decode") and ratios:
+                ratio += f" (per-process median {_median(ratios):.3f})"
+            print(f"| {fmt} vs {peer} | {label} | {mine:,.3f} | {peers_value:,.3f} | {ratio} | {goal} |"
+                  if isinstance(mine, float) else f"| {fmt} vs {peer} | {label} | {mine:,} | {peers_value:,} | {ratio} "
+                  f"| {goal} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=("llama58m", "qwen05b", "tinyllama11b"), default="llama58m")
+    parser.add_argument("--model", choices=("llama58m", "qwen05b", "tinyllama11b", "trained"), default="llama58m")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--first-round", type=int, default=1, help="resume at this round (the order alternates)")
     parser.add_argument("--only", choices=tuple(RECIPES), action="append", help="formats (default: onnx, executorch)")
     parser.add_argument("--step", action="append", help="run only these steps (ours-onnx, genai-int4, ...)")
     parser.add_argument("--kill-above-gib", type=float, default=12.0, help="SIGKILL a step's process above this RSS")
+    parser.add_argument("--min-available-gib", type=float, default=0.0,
+                        help="start each step only once MemAvailable passes this (the 1.1B steps: 16)")
     parser.add_argument("--work", type=Path, default=HERE / ".work-peers")
+    parser.add_argument("--runtimes", action="store_true", help="then bench_runtimes.py --pair int4 --quality on "
+                        "round 1's artifacts, and issue #51's table (with --only onnx-int4 / executorch-int4)")
     args = parser.parse_args()
     formats = args.only or ["onnx", "executorch"]
     work = args.work / args.model
@@ -298,6 +402,7 @@ def main() -> None:
     model_dir = work / "model"
     facts = build_model(model_dir, args.model)
     print(f"model: {facts}", file=sys.stderr)
+    cache_len = facts.get("cache_len", CACHE_LEN)  # our default static cache: min(2048, max_position_embeddings)
     for name, recipe in RECIPES.items():
         (work / f"recipe-{name}.json").write_text(json.dumps(recipe))
     cli = [PY, "-m", "exporters.cli", "run", str(model_dir), "--quiet", "--no-cache", "--no-bench", "--jobs", "1"]
@@ -309,11 +414,11 @@ def main() -> None:
         "genai-int4": [*genai, "-p", "int4", "-c", str(work / "genai-cache-int4"), "-o"],
         "optimum-executorch": [str(OET_CLI), "export", "executorch", "--model", str(model_dir), "--task",
                                "text-generation", "--recipe", "xnnpack", "--use_custom_sdpa", "--use_custom_kv_cache",
-                               "--max_seq_len", str(CACHE_LEN), "--output_dir"],
+                               "--max_seq_len", str(cache_len), "--output_dir"],
         "optimum-executorch-8da4w": [str(OET_CLI), "export", "executorch", "--model", str(model_dir), "--task",
                                      "text-generation", "--recipe", "xnnpack", "--use_custom_sdpa",
                                      "--use_custom_kv_cache", "--qlinear", "8da4w", "--qembedding", "8w",
-                                     "--max_seq_len", str(CACHE_LEN), "--output_dir"],
+                                     "--max_seq_len", str(cache_len), "--output_dir"],
     }
     log: list[dict] = []
     started = uptime()
@@ -328,12 +433,22 @@ def main() -> None:
             for label, cmd, out, name in order:
                 if args.step and name not in args.step:
                     continue
-                step(label, [*cmd, str(out)], out, log, kill_above_gib=args.kill_above_gib)
+                step(label, [*cmd, str(out)], out, log, kill_above_gib=args.kill_above_gib,
+                     min_available_gib=args.min_available_gib)
                 log_file.write_text(json.dumps(log, indent=1))
     print(f"\nmachine: {bench_pipeline.machine()}")
     print(f"model: {facts}")
     print(f"uptime at the start: {started}\nuptime at the end:   {uptime()}")
     summary(log, facts)
+    if args.runtimes:
+        measured = work / "runtimes-int4.json"
+        skip = [flag for fmt, flag in (("onnx-int4", "--skip-genai"), ("executorch-int4", "--skip-executorch"))
+                if fmt not in formats]
+        text = ["--prompt", facts["prompt"], "--text", facts["prompt"]] if "prompt" in facts else []
+        subprocess.run([PY, str(HERE / "bench_runtimes.py"), "--work", str(work), "--pair", "int4", "--quality",
+                        "--summary", str(measured), *text, *skip], check=True)
+        print(f"\nuptime after the runtimes: {uptime()}")
+        decides(log, json.loads(measured.read_text()))
 
 
 if __name__ == "__main__":

@@ -127,6 +127,10 @@ def test_export_json_and_the_report_say_how_it_was_quantized(run: Run):
                                  "quantize_embeddings": False}
     assert record["quantizer"] == "onnxruntime.quantization.MatMulNBitsQuantizer"
     assert record["calibration"] == {"source": "none (weight-only)"}
+    # the packed ops are counted as the quantized ops they are (the record said {"model": {}} before)
+    assert record["quantized_ops"] == {"model": {"MatMulNBits": LINEARS}}
+    tables = json.loads((run.out / "onnx-int4-embeddings" / "export.json").read_text())["quantization"]
+    assert tables["quantized_ops"] == {"model": {"GatherBlockQuantized": 1, "MatMulNBits": LINEARS}}
     row = next(line for line in (run.out / "report.md").read_text().splitlines() if line.startswith("| `onnx-int4`"))
     assert "onnxruntime-int4" in row and "ONNX Runtime GenAI ✓" in row and "passed" in row, row
 
