@@ -273,9 +273,11 @@ def _word_tokenizer(specials: list[str], words: list[str]):
     return tokenizer
 
 
-def tiny_idefics3_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+def tiny_idefics3_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
+                                 text_layers: int | None = None) -> Path:
     """A tiny Idefics3 (SigLIP-style tower, image 32, patch 8, 4 image tokens) saved with its own processor: a
-    PIL-backend Idefics3 image processor and a WordLevel tokenizer whose `<image>` id is the model's."""
+    PIL-backend Idefics3 image processor and a WordLevel tokenizer whose `<image>` id is the model's. `text_layers`:
+    the language model's depth (else 2)."""
     import dataclasses
 
     from transformers import Idefics3ImageProcessorPil, Idefics3Processor
@@ -288,12 +290,17 @@ def tiny_idefics3_with_processor(folder: Path, recipe: Any | None = None, seed: 
     spec = FAMILIES["idefics3"]
     spec = dataclasses.replace(spec, overrides={**spec.overrides, "image_token_id": image_token,
                                                 "text_config.bos_token_id": 1, "text_config.eos_token_id": 2,
-                                                "text_config.pad_token_id": 0})
+                                                "text_config.pad_token_id": 0, **_text_depth(text_layers)})
     build(spec, folder, seed=seed, recipe=recipe)
     image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 32}, max_image_size={"longest_edge": 32},
                                                 do_image_splitting=False)
     Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4).save_pretrained(folder)
     return folder
+
+
+# A vision backbone's ONNX target in transformers.js's layout: tests/test_folder_files.py and tests/test_families.py
+# read the same run of `tiny_vit_with_image_processor(folder, this)`, which the shared store exports once (#48)
+VIT_TJS_RECIPE = {"export_format": "onnx", "dynamic": True, "layout": "transformers.js"}
 
 
 def tiny_vit_with_image_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
@@ -307,18 +314,20 @@ def tiny_vit_with_image_processor(folder: Path, recipe: Any | None = None, seed:
     return folder
 
 
-def tiny_siglip2_with_image_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
-    """A tiny SigLIP2 (NaFlex: patch 8, up to 16 patches an image, their grid kept to the image's aspect ratio)
-    saved with its own image processor, which makes the patches, `pixel_attention_mask` and `spatial_shapes`."""
+def tiny_siglip2_with_image_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
+                                      layers: int = 2) -> Path:
+    """A tiny SigLIP2 (NaFlex: patch 8, up to 16 patches an image, their grid kept to the image's aspect ratio;
+    `layers` in each tower) saved with its own image processor, which makes the patches, `pixel_attention_mask` and
+    `spatial_shapes`."""
     from transformers import Siglip2Config, Siglip2ImageProcessor, Siglip2Model
 
     torch.manual_seed(seed)
     config = Siglip2Config(
-        text_config={"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        text_config={"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": layers,
                      "num_attention_heads": 4, "max_position_embeddings": 16, "projection_size": 32,
                      "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0},
-        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                       "patch_size": 8, "num_patches": 16})
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": layers,
+                       "num_attention_heads": 4, "patch_size": 8, "num_patches": 16})
     _saved(Siglip2Model(config).eval(), folder, recipe)
     Siglip2ImageProcessor(patch_size=8, max_num_patches=16).save_pretrained(folder)
     return folder
@@ -518,6 +527,14 @@ def _vlm_tokenizer(folder: Path, image_tokens: list[str]):
     """A whitespace BPE trained here whose special tokens include the family's image tokens (single ids)."""
     return train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, *image_tokens], vocab_size=120, bos="<s>",
                                eos="</s>", pad="<pad>", unk="<unk>")
+
+
+def _text_depth(layers: int | None) -> dict[str, Any]:
+    """The overrides that give a vision-language model's language model `layers` full-attention layers (none: the
+    matrix's default depth)."""
+    if layers is None:
+        return {}
+    return {"text_config.num_hidden_layers": layers, "text_config.layer_types": ["full_attention"] * layers}
 
 
 def _vlm_spec(name: str, model_class: str, overrides: dict[str, Any]):
