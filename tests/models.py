@@ -29,8 +29,8 @@ def _saved(model, folder: Path, recipe: Any | None) -> Path:
 
 
 def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0, initializer_range: float = 0.02,
-               max_position_embeddings: int = 256, tie_word_embeddings: bool = False) -> Path:
-    """A 2-layer Llama (hidden 32, vocab 128) with a WordLevel tokenizer.
+               max_position_embeddings: int = 256, tie_word_embeddings: bool = False, layers: int = 2) -> Path:
+    """A 2-layer Llama (hidden 32, vocab 128; `layers` other depths) with a WordLevel tokenizer.
 
     The default initialization gives logits a few hundredths apart; `initializer_range=0.3` spreads them (top-2
     gaps of tenths) while greedy decoding still varies, for checks that must not hinge on near ties.
@@ -39,7 +39,7 @@ def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0, in
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=max_position_embeddings, bos_token_id=1, eos_token_id=2,
         pad_token_id=3, initializer_range=initializer_range, tie_word_embeddings=tie_word_embeddings,
     )
@@ -144,6 +144,14 @@ def tiny_whisper(folder: Path, recipe: Any | None = None, seed: int = 0, decoder
         WhisperFeatureExtractor(feature_size=16, sampling_rate=10240, hop_length=160, chunk_length=1,
                                 n_fft=400).save_pretrained(folder)
     return _saved(WhisperForConditionalGeneration(config), folder, recipe)
+
+
+# Whisper's ONNX targets in transformers.js's layout and optimum's, `dynamic: true`, on `tiny_whisper(folder, this,
+# decoder_layers=2, feature_extractor=True)`: tests/test_seq2seq_onnx.py and tests/test_speech_onnx_runtimes.py read
+# the same run, which the shared store (tests/export_store.py) exports once (#48)
+WHISPER_ONNX_TARGET = {"export_format": "onnx", "mode": "generation", "dynamic": True}
+WHISPER_ONNX_RECIPE = {"exports": [{"name": "tjs", **WHISPER_ONNX_TARGET, "layout": "transformers.js"},
+                                   {"name": "onnx", **WHISPER_ONNX_TARGET}], "generation": {"max_new_tokens": 8}}
 
 
 # openai/whisper-tiny's generation_config.json, as the repo ships it (its 90 suppressed ids cut to the first 20 and
@@ -274,11 +282,11 @@ def _word_tokenizer(specials: list[str], words: list[str]):
 
 
 def tiny_idefics3_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
-                                 family: str = "idefics3") -> Path:
+                                 family: str = "idefics3", text_layers: int | None = None) -> Path:
     """A tiny Idefics3 (SigLIP-style tower, image 32, patch 8, 4 image tokens) saved with its own processor: a
     PIL-backend Idefics3 image processor and a WordLevel tokenizer whose `<image>` id is the model's. `family`
     "smolvlm": a SmolVLM model (Idefics3's architecture) with the same processor (SmolVLM's own needs torchvision for
-    its video processor, which the stack does not install)."""
+    its video processor, which the stack does not install). `text_layers`: the language model's depth (else 2)."""
     import dataclasses
 
     from transformers import Idefics3ImageProcessorPil, Idefics3Processor
@@ -291,12 +299,17 @@ def tiny_idefics3_with_processor(folder: Path, recipe: Any | None = None, seed: 
     spec = FAMILIES[family]
     spec = dataclasses.replace(spec, overrides={**spec.overrides, "image_token_id": image_token,
                                                 "text_config.bos_token_id": 1, "text_config.eos_token_id": 2,
-                                                "text_config.pad_token_id": 0})
+                                                "text_config.pad_token_id": 0, **_text_depth(text_layers)})
     build(spec, folder, seed=seed, recipe=recipe)
     image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 32}, max_image_size={"longest_edge": 32},
                                                 do_image_splitting=False)
     Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4).save_pretrained(folder)
     return folder
+
+
+# A vision backbone's ONNX target in transformers.js's layout: tests/test_folder_files.py and tests/test_families.py
+# read the same run of `tiny_vit_with_image_processor(folder, this)`, which the shared store exports once (#48)
+VIT_TJS_RECIPE = {"export_format": "onnx", "dynamic": True, "layout": "transformers.js"}
 
 
 def tiny_vit_with_image_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
@@ -310,18 +323,20 @@ def tiny_vit_with_image_processor(folder: Path, recipe: Any | None = None, seed:
     return folder
 
 
-def tiny_siglip2_with_image_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
-    """A tiny SigLIP2 (NaFlex: patch 8, up to 16 patches an image, their grid kept to the image's aspect ratio)
-    saved with its own image processor, which makes the patches, `pixel_attention_mask` and `spatial_shapes`."""
+def tiny_siglip2_with_image_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
+                                      layers: int = 2) -> Path:
+    """A tiny SigLIP2 (NaFlex: patch 8, up to 16 patches an image, their grid kept to the image's aspect ratio;
+    `layers` in each tower) saved with its own image processor, which makes the patches, `pixel_attention_mask` and
+    `spatial_shapes`."""
     from transformers import Siglip2Config, Siglip2ImageProcessor, Siglip2Model
 
     torch.manual_seed(seed)
     config = Siglip2Config(
-        text_config={"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        text_config={"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": layers,
                      "num_attention_heads": 4, "max_position_embeddings": 16, "projection_size": 32,
                      "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0},
-        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                       "patch_size": 8, "num_patches": 16})
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": layers,
+                       "num_attention_heads": 4, "patch_size": 8, "num_patches": 16})
     _saved(Siglip2Model(config).eval(), folder, recipe)
     Siglip2ImageProcessor(patch_size=8, max_num_patches=16).save_pretrained(folder)
     return folder
@@ -521,6 +536,14 @@ def _vlm_tokenizer(folder: Path, image_tokens: list[str]):
     """A whitespace BPE trained here whose special tokens include the family's image tokens (single ids)."""
     return train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, *image_tokens], vocab_size=120, bos="<s>",
                                eos="</s>", pad="<pad>", unk="<unk>")
+
+
+def _text_depth(layers: int | None) -> dict[str, Any]:
+    """The overrides that give a vision-language model's language model `layers` full-attention layers (none: the
+    matrix's default depth)."""
+    if layers is None:
+        return {}
+    return {"text_config.num_hidden_layers": layers, "text_config.layer_types": ["full_attention"] * layers}
 
 
 def _vlm_spec(name: str, model_class: str, overrides: dict[str, Any]):

@@ -19,7 +19,13 @@ import pytest
 
 from matrix.families import FAMILIES
 from tests.conftest import run_cli
-from tests.models import tiny_idefics3_with_processor, tiny_siglip2_with_image_processor, tiny_vit_with_image_processor
+from tests.export_store import MODEL, OUT, exported
+from tests.models import (
+    VIT_TJS_RECIPE,
+    tiny_idefics3_with_processor,
+    tiny_siglip2_with_image_processor,
+    tiny_vit_with_image_processor,
+)
 
 BOTH = [{"name": "dynamo", "export_format": "dynamo", "dynamic": True},
         {"name": "onnx", "export_format": "onnx", "dynamic": True}]
@@ -32,8 +38,9 @@ def _report(out):
 @pytest.fixture(scope="module")
 def idefics3_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("idefics3")
+    # a one-layer language model: the checks read the processor's inputs and the stage set (#48: cheaper graphs)
     model_dir = tiny_idefics3_with_processor(root / "model", {"schema_version": 1, "exports": BOTH,
-                                                              "generation": {"max_new_tokens": 6}})
+                                                              "generation": {"max_new_tokens": 6}}, text_layers=1)
     out = root / "out"
     return model_dir, out, run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
 
@@ -110,11 +117,12 @@ def test_clip_exports_each_tower_in_model_mode(tmp_path):
 
 
 def test_vision_backbone_through_its_own_image_processor(tmp_path):
-    model_dir = tiny_vit_with_image_processor(tmp_path / "model", {"export_format": "onnx", "dynamic": True})
-    out = tmp_path / "out"
-    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = _report(out)
+    """Its ONNX target in transformers.js's layout: the run tests/test_folder_files.py reads too (the shared store
+    exports it once, #48)."""
+    done = exported(tiny_vit_with_image_processor(tmp_path / "model", VIT_TJS_RECIPE), "run", "--no-bench", MODEL,
+                    "--out", OUT, "--quiet")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = done.report
     assert report["family"] == "vision" and report["targets"][0]["status"] == "passed"
     assert any("ViTImageProcessorPil" in f for f in report["findings"]), report["findings"]
 
@@ -124,7 +132,8 @@ def test_siglip2_naflex_exports_with_the_inputs_its_image_processor_makes(tmp_pa
     tower is traced and checked with the processor's patches, pixel mask and spatial shapes, and every tower passes."""
     exports = [{"name": "onnx", "export_format": "onnx", "dynamic": True},
                {"name": "executorch", "export_format": "executorch"}]
-    model_dir = tiny_siglip2_with_image_processor(tmp_path / "model", {"schema_version": 1, "exports": exports})
+    model_dir = tiny_siglip2_with_image_processor(tmp_path / "model", {"schema_version": 1, "exports": exports},
+                                                  layers=1)  # one layer a tower: the checks read inputs and towers
     out = tmp_path / "out"
     result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

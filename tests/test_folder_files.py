@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tests.models import save_bpe_tokenizer, tiny_llama, tiny_vit_with_image_processor
+from tests.export_store import MODEL, OUT, exported
+from tests.models import VIT_TJS_RECIPE, save_bpe_tokenizer, tiny_llama, tiny_vit_with_image_processor
 
 RECIPE = {
     "schema_version": 1,
@@ -33,7 +34,7 @@ TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jin
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory):
     root = tmp_path_factory.mktemp("folder-files")
-    model_dir = save_bpe_tokenizer(tiny_llama(root / "model", RECIPE))
+    model_dir = save_bpe_tokenizer(tiny_llama(root / "model", RECIPE, layers=1))  # one layer: no check reads depth
     out = root / "out"
     result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     assert (out / "report.json").is_file(), result.stdout[-3000:] + result.stderr[-3000:]
@@ -196,12 +197,11 @@ def test_a_linked_tokenizer_file_is_refused(tmp_path):
 @pytest.fixture(scope="module")
 def vit(tmp_path_factory):
     root = tmp_path_factory.mktemp("folder-files-vit")
-    model_dir = tiny_vit_with_image_processor(
-        root / "model", {"export_format": "onnx", "dynamic": True, "layout": "transformers.js"})
-    out = root / "out"
-    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
-    assert (out / "report.json").is_file(), result.stdout[-3000:] + result.stderr[-3000:]
-    return model_dir, out, result, json.loads((out / "report.json").read_text())
+    # the run tests/test_families.py reads too: the shared store exports it once (the tests here only read)
+    done = exported(tiny_vit_with_image_processor(root / "model", VIT_TJS_RECIPE), "run", "--no-bench", MODEL, "--out",
+                    OUT, "--quiet")
+    assert (done.out / "report.json").is_file(), done.stdout[-3000:] + done.stderr[-3000:]
+    return done.model_dir, done.out, done.result, done.report
 
 
 def test_vit_transformers_js_folder_carries_its_preprocessor_config(vit):

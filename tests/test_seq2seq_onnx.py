@@ -30,7 +30,7 @@ import torch
 from exporters.publish.snippets import target_snippets
 from tests.conftest import ROOT, run_cli
 from tests.export_store import MODEL, OUT, exported
-from tests.models import tiny_bart, tiny_marian, tiny_t5, tiny_whisper
+from tests.models import WHISPER_ONNX_RECIPE, tiny_bart, tiny_marian, tiny_t5, tiny_whisper
 
 TARGET = {"export_format": "onnx", "mode": "generation", "dynamic": True}
 RECIPE = {"exports": [{"name": "onnx", **TARGET}, {"name": "tjs", **TARGET, "layout": "transformers.js"}]}
@@ -70,7 +70,9 @@ def _export(root: Path, build, recipe: dict = RECIPE, **options) -> dict:
 
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory):
-    return _export(tmp_path_factory.mktemp("whisper-optimum"), tiny_whisper, feature_extractor=True)
+    """Whisper in both layouts: the run tests/test_speech_onnx_runtimes.py reads too (the store exports it once)."""
+    return _export(tmp_path_factory.mktemp("whisper-optimum"), tiny_whisper, WHISPER_ONNX_RECIPE,
+                   feature_extractor=True)
 
 
 @pytest.fixture(scope="module")
@@ -357,26 +359,27 @@ def test_our_loader_runs_both_branches_of_the_merged_decoder_as_eager_does(t5):
     assert not np.allclose(after.logits.numpy(), got.logits.numpy(), atol=1e-3)  # another step, other logits
 
 
-def _optimum(folder: Path, kind: str, jobs: list, tmp_path: Path) -> list[dict]:
-    """optimum's greedy tokens for each of `jobs`, from `folder` alone (loaded once), in the optimum test venv
-    (`make test-deps`; HF_EXPORT_OPTIMUM_PYTHON names another interpreter that has optimum-onnx). Never skipped."""
+def _optimum(runs: list[dict], tmp_path: Path) -> list:
+    """optimum's greedy tokens for each job of each run (`{"folder", "kind", "jobs"}`), each folder loaded alone
+    (once), in one process of the optimum test venv (`make test-deps`; HF_EXPORT_OPTIMUM_PYTHON names another
+    interpreter that has optimum-onnx): a list of results, or `{"error": traceback}`, per run. Never skipped."""
     from exporters.layouts.child import SIDE_PYTHON, SIDE_PYTHON_SETTING  # the optimum venv, as the product finds it
 
     python = os.environ.get(SIDE_PYTHON_SETTING) or str(SIDE_PYTHON)
     if not Path(python).is_file():
         pytest.fail("optimum is not installed: run `make test-deps` (.cache/optimum-venv, pinned by "
                     "tests/optimum/constraints.txt), or set HF_EXPORT_OPTIMUM_PYTHON to a python with optimum-onnx")
-    inputs = tmp_path / "inputs.json"
-    inputs.write_text(json.dumps(jobs))
+    inputs = tmp_path / "runs.json"
+    inputs.write_text(json.dumps(runs))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    result = subprocess.run([python, str(OPTIMUM_SCRIPT), str(folder), kind, str(inputs), str(NEW_TOKENS)],
-                            capture_output=True, text=True, timeout=300, env=env, check=False)
+    result = subprocess.run([python, str(OPTIMUM_SCRIPT), str(inputs), str(NEW_TOKENS)],
+                            capture_output=True, text=True, timeout=600, env=env, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-# What optimum generates from each folder: one optimum process per folder runs them all (#48: a runtime started once
-# per folder, not once per test); each test reads its own job's result.
+# What optimum generates from each folder: one optimum process runs them all, each folder loaded once (#48: the
+# runtime's imports paid once for the module, not once per folder or test); each test reads its own job's result.
 OPTIMUM_JOBS = {
     "whisper": ("speech", {"one": AUDIO, "batch": AUDIO_BATCH,
                            "prompt": {"inputs": AUDIO, "decoder_input_ids": WHISPER_PROMPT}}),
@@ -386,16 +389,18 @@ OPTIMUM_JOBS = {
 
 
 @pytest.fixture(scope="module")
-def optimum(tmp_path_factory):
+def optimum(whisper, t5, bart, marian, t5_unmerged, tmp_path_factory):
     """`optimum(name, exported, job)`: optimum's result for that job (OPTIMUM_JOBS) on the folder of `exported`."""
-    done: dict[str, dict[str, dict]] = {}
+    folders = {"whisper": whisper, "t5": t5, "bart": bart, "marian": marian, "t5_unmerged": t5_unmerged}
+    runs = [{"folder": str(folders[name]["folder"]), "kind": kind, "jobs": list(jobs.values())}
+            for name, (kind, jobs) in OPTIMUM_JOBS.items()]
+    results = _optimum(runs, tmp_path_factory.mktemp("optimum"))
+    done = {name: results[i] for i, name in enumerate(OPTIMUM_JOBS)}
 
     def get(name: str, exported: dict, job: str) -> dict:
-        if name not in done:
-            kind, jobs = OPTIMUM_JOBS[name]
-            results = _optimum(exported["folder"], kind, list(jobs.values()), tmp_path_factory.mktemp(f"opt-{name}"))
-            done[name] = dict(zip(jobs, results))
-        return done[name][job]
+        assert str(exported["folder"]) == str(folders[name]["folder"])
+        assert "error" not in done[name], f"optimum on {name}: {done[name]['error'][-3000:]}"
+        return dict(zip(OPTIMUM_JOBS[name][1], done[name]))[job]
 
     return get
 

@@ -7,7 +7,8 @@
 - ONNX Runtime GenAI cannot take optimum's Whisper folder (its Whisper model feeds other graphs): the "runs in"
   column says ✗ with the reason, and the artifact's verdict stands.
 
-One run of a tiny Whisper (module fixture) through the real CLI holds both targets.
+One run of a tiny Whisper (module fixture) through the real CLI holds both targets (the shared store's, which
+tests/test_seq2seq_onnx.py reads too).
 """
 
 from __future__ import annotations
@@ -19,18 +20,15 @@ import subprocess
 import pytest
 
 from exporters.layouts.transformers_js import home
-from tests.conftest import run_and_read
-from tests.models import tiny_whisper
-
-TARGET = {"export_format": "onnx", "mode": "generation", "dynamic": True}
-RECIPE = {"exports": [{"name": "tjs", **TARGET, "layout": "transformers.js"}, {"name": "onnx", **TARGET}],
-          "generation": {"max_new_tokens": 8}}
+from tests.export_store import stored_run
+from tests.models import WHISPER_ONNX_RECIPE, tiny_whisper
 
 
 @pytest.fixture(scope="module")
 def whisper_tjs(tmp_path_factory):
     root = tmp_path_factory.mktemp("tjs-speech")
-    return run_and_read(root, tiny_whisper(root / "model", RECIPE, decoder_layers=2, feature_extractor=True))
+    # the run tests/test_seq2seq_onnx.py reads too: the shared store exports it once
+    return stored_run(tiny_whisper(root / "model", WHISPER_ONNX_RECIPE, decoder_layers=2, feature_extractor=True))
 
 
 def _targets(report: dict) -> dict[str, dict]:

@@ -44,14 +44,15 @@ RECIPE = {
     "generation": {"max_new_tokens": 6},
 }
 MERGED = ["onnx", "dynamo", "dynamo-dynamic", "tjs"]
+LAYERS = 1  # one decoder layer: every check here reads weights, files and graphs, none the depth (#48: a cheaper trace)
 PROMPT = [5, 9, 13, 40, 77, 101]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """Every target, benchmarked, exported once (the shared store, tests/export_store.py: the tests only read)."""
-    done = exported(tiny_llama(tmp_path_factory.mktemp("weights-once") / "model", RECIPE), "run", MODEL, "--out",
-                    OUT, "--quiet")
+    done = exported(tiny_llama(tmp_path_factory.mktemp("weights-once") / "model", RECIPE, layers=LAYERS), "run", MODEL,
+                    "--out", OUT, "--quiet")
     return done.model_dir, done.out, done.result, done.targets
 
 
@@ -60,7 +61,8 @@ def eager(tmp_path_factory):
     """The eager model the run exported (the same seed builds the same weights), without waiting for the run."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(tiny_llama(tmp_path_factory.mktemp("eager"), None)).eval()
+    return AutoModelForCausalLM.from_pretrained(tiny_llama(tmp_path_factory.mktemp("eager"), None,
+                                                           layers=LAYERS)).eval()
 
 
 def parameter_bytes(model) -> int:
@@ -464,14 +466,17 @@ def test_library_export_for_generation_follows_the_merged_default(eager, tmp_pat
         torch.testing.assert_close(got["logits"], eager(input_ids=ids).logits, atol=1e-4, rtol=1e-3)
 
 
-def test_merged_contract_names_the_two_axes_that_vary(eager):
+def test_merged_contract_names_the_two_axes_that_vary(tmp_path):
     """Without a recipe contract: named `{min, max}` dims on the query and cache axes (an empty cache included);
     ExecuTorch gets `auto` on the same axes and no deferred asserts (docs/upstream-gaps.md #4). A merged ExecuTorch
     export end to end takes minutes, so the suite checks its contract; its runtime runs the empty cache (#11)."""
+    from transformers import AutoModelForCausalLM
+
     from exporters.capture.merged import contract
     from exporters.recipe.load import parse_recipe
     from exporters.upstream import decompose_for_generation
 
+    eager = AutoModelForCausalLM.from_pretrained(tiny_llama(tmp_path / "model", None)).eval()  # two layers: 0 and 1
     ids = torch.tensor([PROMPT])
     decode = decompose_for_generation(eager, {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
                                       multi_token_decode=True)["decode"][1]
@@ -507,8 +512,8 @@ def test_recipe_refuses_what_cannot_be_one_graph(settings, message):
 @pytest.fixture(scope="module")
 def half_run(tmp_path_factory):
     recipe = {"export_format": "onnx", "mode": "generation", "dtype": "float16", "layout": "transformers.js"}
-    done = exported(tiny_llama(tmp_path_factory.mktemp("half") / "model", recipe), "run", "--no-bench", MODEL,
-                    "--out", OUT, "--quiet")
+    done = exported(tiny_llama(tmp_path_factory.mktemp("half") / "model", recipe, layers=LAYERS), "run", "--no-bench",
+                    MODEL, "--out", OUT, "--quiet")
     return done.out, done.result, done.report
 
 
@@ -569,7 +574,7 @@ def tied_run(tmp_path_factory):
     the default, does the same with its one program: tests/test_llm_runner.py) on a tiny Llama whose output
     projection is its embedding table."""
     model_dir = tiny_llama(tmp_path_factory.mktemp("tied") / "model", {**PLAINEST_EXECUTORCH, "layout": "methods"},
-                           tie_word_embeddings=True)
+                           tie_word_embeddings=True, layers=LAYERS)
     done = exported(model_dir, "run", "--no-bench", MODEL, "--out", OUT, "--quiet")
     [target] = done.report["targets"]
     return done.model_dir, done.out / target["name"], done.result, target
