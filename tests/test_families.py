@@ -242,7 +242,9 @@ def test_an_audio_language_model_is_refused_never_passed_on_its_language_model(t
         assert "reads audio" in message and "`model.audio_tower`" in message, message
         assert "`model.multi_modal_projector`" in message and "nothing is exported" in message, message
         assert target["components"] == []
-    assert "passed" not in (out / "report.md").read_text().lower().replace("0 passed", "")
+    markdown = (out / "report.md").read_text()
+    assert "passed" not in markdown.lower().replace("0 passed", "")
+    assert "VoxtralForConditionalGeneration reads audio" in markdown and "`model.audio_tower`" in markdown, markdown
 
 
 @pytest.mark.parametrize("model_class", ["Qwen2AudioForConditionalGeneration", "GraniteSpeechForConditionalGeneration",

@@ -8,7 +8,8 @@ artifact's own verdict stands. optimum is proven in its side environment.
 
 One run of the real CLI (module-scoped) on a tiny Llama (a WordLevel tokenizer) with a transformers.js target, a merged
 ONNX decoder and the plainest ExecuTorch recipe, then `hf-export validate` of the transformers.js folder where
-transformers.js is not installed; one run on a tiny DeepSeek-V2 (latent attention cache).
+transformers.js is not installed; one run on a tiny DeepSeek-V2 (latent attention cache), one on a tiny GLM-4-MoE
+(a grouped-query cache optimum sizes otherwise).
 """
 
 from __future__ import annotations
@@ -161,3 +162,28 @@ def test_optimum_generates_for_a_model_without_eos():
                  and any(k.arg == "eos_token_id" for k in node.keywords)]
         value = next(k.value for k in calls[0].keywords if k.arg == "eos_token_id")
         assert ast.literal_eval(value) == expected, ast.unparse(value)
+
+
+def test_a_cache_optimum_sizes_otherwise_is_declined_by_optimum_and_genai_still_proves_it(tmp_path):
+    """#50 §6: GLM-4-MoE's merged graph (grouped-query: 2 key/value heads of 4) is correct and runs in ONNX Runtime
+    GenAI, but optimum's ORTModelForCausalLM sizes the first call's empty past from `num_attention_heads` for a model
+    type it does not list (it failed: "invalid dimensions for input: past_key_values.1.key"): optimum is declined
+    with its sizes and the graph's, the GenAI proof that could apply still runs and passes, and the target passes."""
+    from matrix.families import FAMILIES, build
+
+    recipe = {"exports": [{"name": "onnx", "export_format": "onnx", "mode": "generation", "merged": True}],
+              "inputs": {"sequence_length": 6}, "generation": {"max_new_tokens": 4}}
+    model_dir = build(FAMILIES["glm4_moe"], tmp_path / "model", recipe=recipe)
+    out = tmp_path / "out"
+    done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    report = json.loads((out / "report.json").read_text())
+    target = _target(report, "onnx")
+    assert target["status"] == "passed" and target["generation"]["status"] == "passed", done.stderr[-4000:]
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs["ONNX Runtime GenAI"]["status"] == "passed", proofs
+    assert proofs["optimum"] == {
+        "runtime": "optimum", "status": "declined",
+        "detail": "cannot take this model: optimum's ORTModelForCausalLM feeds the first call an empty past of 4 heads "
+                  "x 8 (sized from the config by its own rules for model type 'glm4_moe'), where the graph's "
+                  "past_key_values.0.key holds 2 heads x 8 (the model's key/value heads)"}, proofs
+    assert "optimum ✗ cannot take this model" in (out / "report.md").read_text()

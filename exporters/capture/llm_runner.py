@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from exporters.capture.merged import MERGED
+from exporters.capture.probes import DimBinding
 from exporters.errors import TargetPlanError
 from exporters.upstream import llm_runner
 
@@ -166,7 +167,52 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any]) -> str | N
                                  f"({problem})")
 
 
+def prompt_bindings(target: Any, name: str, module: Any, inputs: dict[str, Any]) -> list[DimBinding]:
+    """The runner program's prompt axis (`seq`: `input_ids`' axis 1 with `cache_position`'s axis 0, dynamic in the
+    export up to the static cache), which validation probes at lengths the program was not traced with, as for
+    `dynamic: true` (2, a middle length and twice the traced one plus 3, within the cache): the traced prompt alone
+    would vouch for no other length (issue #50). Empty for any other component.
+
+    Example:
+        >>> from exporters.recipe.load import parse_recipe
+        >>> target = parse_recipe('{"export_format": "executorch", "layout": "runner"}').exports[0]
+        >>> inputs = {"input_ids": torch.ones(1, 8, dtype=torch.long), "cache_position": torch.arange(8)}
+        >>> [(b.axes, b.traced, b.high) for b in prompt_bindings(target, "model", None, inputs)]
+        [([('input_ids', 1), ('cache_position', 0)], 8, None)]
+    """
+    if layout_of(target) != RUNNER or name != MERGED or "cache_position" not in inputs:
+        return []
+    traced = int(inputs["input_ids"].shape[1])
+    longest = (getattr(module, "max_cache_len", None) or 0) - 1
+    high = longest if 0 < longest < traced * 2 + 3 else None  # else the `dynamic: true` top
+    return [DimBinding("prompt (the runner's seq)", None, high, [("input_ids", 1), ("cache_position", 0)], traced,
+                       declared=False)]
+
+
 NOT_RUNNER = "the ExecuTorch program has a method per component (layout 'methods'), not the LLM runner's layout: {why}"
+PROMPT_KEPT = ("the methods program keeps the prompt axis dynamic, as the runner program would have (the target is "
+               "exported as with `dynamic: true`; set `dynamic: false` for a prompt fixed at the traced length)")
+
+
+def prompt_kept_dynamic(target: Any) -> str | None:
+    """Give a default ExecuTorch generation target that gets the methods layout in place of the runner's program (the
+    model refused its static cache or its export: [`refused`], [`export_refused`]) the dynamic prompt that program
+    had: the target is exported as with `dynamic: true`, unless the recipe set `dynamic` or `dynamic_shapes`.
+    Returns the report's note, or None when nothing changed (issue #50: DeepSeek-V3's program took 8-token prompts).
+
+    Example:
+        >>> from exporters.recipe.load import parse_recipe
+        >>> plain = parse_recipe('{"export_format": "executorch", "mode": "generation"}').exports[0]
+        >>> prompt_kept_dynamic(plain) == PROMPT_KEPT, plain.dynamic
+        (True, True)
+        >>> fixed = parse_recipe('{"export_format": "executorch", "mode": "generation", "dynamic": false}').exports[0]
+        >>> prompt_kept_dynamic(fixed), fixed.dynamic
+        (None, False)
+    """
+    if "dynamic" in target.model_fields_set or target.dynamic_shapes:
+        return None
+    target.dynamic = True
+    return PROMPT_KEPT
 
 
 def export_refused(error: dict[str, Any] | None) -> str:

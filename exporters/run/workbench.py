@@ -159,13 +159,15 @@ class Workbench:
                                                                   setting.max_cache_len)
                 self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting))
                 return self.fitted[target.name][0]
+            kept = llm_runner.prompt_kept_dynamic(target) if runner and refused else None
             asked = target.merged
             target.merged = merged.planned_merged(target, self.sample.family, setting.implementation,
                                                    self.model.config)
             captured = self._captured(target, recipe, setting)
             if self.sample.family == "vision-language":  # not the multimodal runner's layout: why
                 refused = self.not_runner.get(target.name)
-            layout_notes, dropped = llm_runner.methods_note(target, state_layers) + ([refused] if refused else []), []
+            layout_notes = llm_runner.methods_note(target, state_layers) + [n for n in (refused, kept) if n]
+            dropped: list[str] = []
             if target.merged and asked is None and (not merged.takes_cache(captured) or merged.scans(captured)):
                 dropped = [merged.default_dropped(captured)]  # a default it cannot have
                 target.merged = False

@@ -62,9 +62,10 @@ class RunnerProgram(torch.nn.Module):
     """`forward(input_ids [1, seq], cache_position [seq]) -> {"logits": [1, seq, vocab]}` around transformers'
     static-cache wrapper; the cache is the wrapper's buffers (re-running from position 0 restarts generation)."""
 
-    def __init__(self, wrapper: torch.nn.Module):
+    def __init__(self, wrapper: torch.nn.Module, max_cache_len: int | None = None):
         super().__init__()
         self.wrapper = wrapper
+        self.max_cache_len = max_cache_len  # positions of its static cache: a prompt takes at most one fewer
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"logits": self.wrapper(input_ids=input_ids, cache_position=cache_position)}
@@ -88,7 +89,7 @@ def runner_module(model: Any, max_cache_len: int) -> RunnerProgram:
 
     with _static_generation_config(model, max_cache_len):
         wrapper = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_cache_len)
-    return RunnerProgram(wrapper).eval()
+    return RunnerProgram(wrapper, max_cache_len).eval()
 
 
 @contextlib.contextmanager

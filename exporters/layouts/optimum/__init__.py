@@ -34,7 +34,7 @@ GENERATE = Template("""import torch
 from optimum.onnxruntime import ORTModelForCausalLM
 
 model = ORTModelForCausalLM.from_pretrained($where, use_cache=True, use_io_binding=False)
-prompts = $prompts$comment
+${check}prompts = $prompts$comment
 pad = $pad
 width = max(map(len, prompts))
 ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # padded on the left
@@ -47,10 +47,11 @@ $emit
 
 
 def generate_script(where: str, prompts: list[list[int]], pad: int, steps: int, eos: str, emit: str,
-                    comment: str = "") -> str:
-    """`GENERATE` filled: `where` the `from_pretrained` arguments (JSON strings), the rest our ints and lines."""
+                    comment: str = "", check: str = "") -> str:
+    """`GENERATE` filled: `where` the `from_pretrained` arguments (JSON strings), the rest our ints and lines;
+    `check`: lines the proof runs on the loaded `model` before it generates (none in the card)."""
     return GENERATE.substitute(where=where, prompts=json.dumps([[int(t) for t in p] for p in prompts]), pad=int(pad),
-                               steps=int(steps), eos=eos, emit=emit, comment=comment)
+                               steps=int(steps), eos=eos, emit=emit, comment=comment, check=check)
 
 
 class Optimum(Layout):

@@ -3,7 +3,8 @@ snippet with this folder and eager's prompts in it) on the folder alone, greedy 
 prompts of different lengths, each row token for token against eager greedy `generate` (`exporters.layouts.greedy`).
 
 The child first asks its own transformers whether it knows the folder's model type: a family optimum's transformers
-4.x does not hold is `declined` (optimum cannot take it; the artifact's verdict stands). No side environment:
+4.x does not hold is `declined` (optimum cannot take it; the artifact's verdict stands); so is a model whose cache
+optimum sizes otherwise than the graph holds it (`PAST_FED`: GLM-4-MoE's grouped-query keys). No side environment:
 `unverified`, saying how to create it. optimum refusing the folder or generating other tokens: `failed`.
 """
 
@@ -19,6 +20,23 @@ from exporters.upstream import read_manifest
 
 OPTIMUM_DEFAULT_PAD = 0
 EMIT = 'json.dump({"new": new}, open(spec["result"], "w"))'
+# ORTModelForCausalLM sizes the first call's empty past itself, from the config by its own per-model-type rules (it
+# reads `num_key_value_heads` only for the types it lists: GLM-4-MoE's grouped-query past gets `num_attention_heads`
+# heads). Where that is not the graph's past, optimum cannot run the model, whose graph the eager check vouches for:
+# declined, with optimum's sizes and the graph's, before it generates.
+PAST_FED = r"""for name in model.key_value_input_names:
+    head = getattr(model, "qk_head_dim" if name.endswith(".key") else "v_head_dim", None) \
+        or getattr(model, "embed_size_per_head", None)
+    shape = list(model.input_shapes.get(name, ()))
+    if len(shape) == 4 and isinstance(shape[1], int) and isinstance(shape[3], int) \
+            and (shape[1], shape[3]) != (model.num_key_value_heads, head):
+        why = (f"cannot take this model: optimum's ORTModelForCausalLM feeds the first call an empty past of "
+               f"{model.num_key_value_heads} heads x {head} (sized from the config by its own rules for model type "
+               f"{model.config.model_type!r}), where the graph's {name} holds {shape[1]} heads x {shape[3]} (the "
+               "model's key/value heads)")
+        json.dump({"declined": why}, open(spec["result"], "w"))
+        sys.exit(0)
+"""
 
 
 def reference(layout: Any, model: Any, context: RuntimeContext) -> GenaiReference:
@@ -61,7 +79,7 @@ def prove(layout: Any, directory: Path, reference: GenaiReference, context: Runt
     rows: list[list[int]] = []
     for prompts in batches:
         script = generate_script("spec['folder']", prompts, reference.pad, reference.steps,
-                                 eos_literal(reference.eos), EMIT)
+                                 eos_literal(reference.eos), EMIT, check=PAST_FED)
         answer, why = run_in_child(KNOWS + script, {"folder": str(directory)}, folder=directory,
                                    timeout_s=child_timeout(context), python=str(python))
         if answer is None:
