@@ -106,6 +106,11 @@ def test_readmes_quick_start_runs_as_written_on_an_instruct_checkpoint(tmp_path)
         assert "Traceback" not in text, text[-4000:]
     recipe = json.loads((tmp_path / "my-model" / "export_config.json").read_text())
     assert {t["export_format"] for t in recipe["exports"]} == {"dynamo", "onnx", "executorch"}, recipe
+    # init tried the 4-bit variants LLMs are deployed in, each proposed or left out saying why (tests/test_init.py's
+    # Llama passes --fp32-only; tests/test_init_variants.py proposes int4 on a model on the 4-bit grid)
+    said = " ".join((done[0].stdout + done[0].stderr).split())
+    assert "variants: exporting and validating onnx-int4" in said, said[-3000:]
+    assert re.search(r"the int4 variant \(onnx-int4\) (is proposed beside fp32|was tried and left out)", said), said
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["status"] == "passed" and report["checkpoint_dtype"] == "bfloat16", report["findings"]
     assert any("validation generates greedily" in f for f in report["findings"])

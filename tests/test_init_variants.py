@@ -1,7 +1,8 @@
 """`hf-export init` proposes the int4 variant of a decoder-only LLM beside fp32 (issue #51, item 5), where it ran and
 kept its budget: the proposal's rule (unit), and one run of the real CLI on a tiny Llama whose linear weights sit on
 the 4-bit grid (tests/test_int4_onnx.py), so int4 keeps its budget there and `hf-export check` expands the recipe
-into `onnx` and `onnx-int4`. (A random tiny model's int4 is left out, saying why: tests/test_init.py's Llama.)
+into `onnx` and `onnx-int4`. (The README quick start's instruct checkpoint tries the variants too and each is
+proposed or left out, saying why: tests/test_first_hour.py; tests/test_init.py's Llama checks `--fp32-only`.)
 """
 
 from __future__ import annotations
