@@ -29,8 +29,8 @@ def _saved(model, folder: Path, recipe: Any | None) -> Path:
 
 
 def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0, initializer_range: float = 0.02,
-               max_position_embeddings: int = 256, tie_word_embeddings: bool = False) -> Path:
-    """A 2-layer Llama (hidden 32, vocab 128) with a WordLevel tokenizer.
+               max_position_embeddings: int = 256, tie_word_embeddings: bool = False, layers: int = 2) -> Path:
+    """A 2-layer Llama (hidden 32, vocab 128; `layers` to change the depth) with a WordLevel tokenizer.
 
     The default initialization gives logits a few hundredths apart; `initializer_range=0.3` spreads them (top-2
     gaps of tenths) while greedy decoding still varies, for checks that must not hinge on near ties.
@@ -39,7 +39,7 @@ def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0, in
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=max_position_embeddings, bos_token_id=1, eos_token_id=2,
         pad_token_id=3, initializer_range=initializer_range, tie_word_embeddings=tie_word_embeddings,
     )
@@ -48,14 +48,15 @@ def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0, in
     return _saved(model, folder, recipe)
 
 
-def tiny_qwen2(folder: Path, recipe: Any | None = None, seed: int = 0, initializer_range: float = 0.02) -> Path:
-    """A 2-layer Qwen2 (hidden 32, vocab 128): its forward takes one attention mask per layer type (`layer_types`), so
-    `generate()` and a static-cache decode graph pass it a mapping of 4D masks."""
+def tiny_qwen2(folder: Path, recipe: Any | None = None, seed: int = 0, initializer_range: float = 0.02,
+               layers: int = 2) -> Path:
+    """A 2-layer Qwen2 (hidden 32, vocab 128; `layers` to change the depth): its forward takes one attention mask per
+    layer type (`layer_types`), so `generate()` and a static-cache decode graph pass it a mapping of 4D masks."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=3,
         initializer_range=initializer_range, tie_word_embeddings=False,
     )
@@ -464,15 +465,16 @@ def runner_bpe_tokenizer(folder: Path):
                                bos=RUNNER_BOS, eos=RUNNER_EOS, pad=RUNNER_PAD, byte_level=True)
 
 
-def runner_model(folder: Path, kind: str, recipe: Any) -> Path:
+def runner_model(folder: Path, kind: str, recipe: Any, layers: int = 2) -> Path:
     """A tiny Llama (tied embeddings), Qwen2 or Qwen2-MoE (4 experts, 2 a token, a shared expert) with its own BPE
-    (`runner_bpe_tokenizer`), the vocabulary the tokenizer's; EOS never the argmax, so every run is full length."""
+    (`runner_bpe_tokenizer`), the vocabulary the tokenizer's; EOS never the argmax, so every run is full length.
+    `layers` decoder layers (2; 1 where no check reads the depth: half the program to lower)."""
     from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                               Qwen2MoeConfig, Qwen2MoeForCausalLM)
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = runner_bpe_tokenizer(folder)
-    common = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    common = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                   bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                   pad_token_id=tokenizer.pad_token_id, initializer_range=0.2)
@@ -663,3 +665,19 @@ def tiny_llava_onevision_with_processor(folder: Path, recipe: Any | None = None,
                  "vision_feature_select_strategy": "full", "vision_aspect_ratio": "anyres_max_9"}
     (folder / "processor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
     return folder
+
+
+def family_model(name: str, folder: Path, recipe: Any | None = None, **overrides: Any) -> Path:
+    """`matrix.families`' tiny `name` saved to `folder` (with `recipe`), `overrides` set on its config after the
+    family's own (e.g. `num_hidden_layers=1` where the test's point needs no second layer: half the graph to trace
+    and lower).
+
+    Example:
+        family_model("falcon", tmp_path / "model", {"export_format": "executorch"}, num_hidden_layers=1)
+    """
+    import dataclasses
+
+    from matrix.families import FAMILIES, build
+
+    spec = FAMILIES[name]
+    return build(dataclasses.replace(spec, overrides={**spec.overrides, **overrides}), folder, recipe=recipe)
