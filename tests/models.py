@@ -383,15 +383,16 @@ def tiny_mamba(folder: Path, recipe: Any | None = None, seed: int = 0, initializ
 
 
 def tiny_falcon_h1(folder: Path, recipe: Any | None = None, seed: int = 0, initializer_range: float = 0.5,
-                   chunk_size: int = 4) -> Path:
-    """A 2-layer Falcon-H1 (hidden 32, vocab 64): a hybrid, every layer an attention block beside a Mamba2 mixer, so
-    its cache holds keys and values (growing) and conv and recurrent states (fixed; the recurrent state is 4-D,
-    `[batch, heads, head_dim, state]`). `chunk_size` 4 makes the 8-token prompt two chunks of the scan."""
+                   chunk_size: int = 4, layers: int = 2) -> Path:
+    """A 2-layer Falcon-H1 (hidden 32, vocab 64; `layers` to change the depth): a hybrid, every layer an attention
+    block beside a Mamba2 mixer, so its cache holds keys and values (growing) and conv and recurrent states (fixed;
+    the recurrent state is 4-D, `[batch, heads, head_dim, state]`). `chunk_size` 4 makes the 8-token prompt two
+    chunks of the scan."""
     from transformers import FalconH1Config, FalconH1ForCausalLM
 
     torch.manual_seed(seed)
     config = FalconH1Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=1,
         mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=chunk_size, max_position_embeddings=256,
         bos_token_id=0, eos_token_id=63, pad_token_id=1, initializer_range=initializer_range,
