@@ -554,10 +554,12 @@ def tiny_llava_next_with_processor(folder: Path, recipe: Any | None = None, seed
     return folder
 
 
-def tiny_llava_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, tied: bool = False) -> Path:
-    """A tiny LLaVA (CLIP tower, image 32, patch 8: 16 image tokens; Llama text) saved with its own processor: a
-    PIL-backend CLIP image processor at 32 and a byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer loads) whose
-    `<image>` id is the model's. `tied`: the text model's output projection is its embedding table."""
+def tiny_llava_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, tied: bool = False,
+                              text_layers: int = 2) -> Path:
+    """A tiny LLaVA (CLIP tower, image 32, patch 8: 16 image tokens; Llama text of `text_layers` layers) saved with
+    its own processor: a PIL-backend CLIP image processor at 32 and a byte-level BPE tokenizer (one ExecuTorch's C++
+    tokenizer loads) whose `<image>` id is the model's. `tied`: the text model's output projection is its embedding
+    table."""
     from transformers import CLIPImageProcessorPil, LlavaProcessor
 
     from matrix.families import build
@@ -567,6 +569,7 @@ def tiny_llava_with_processor(folder: Path, recipe: Any | None = None, seed: int
     spec = _vlm_spec("llava", "LlavaForConditionalGeneration", {
         "vision_config.image_size": 32, "vision_config.patch_size": 8, "image_seq_length": 16,
         "text_config.vocab_size": len(tokenizer),  # every id the model generates decodes to a piece
+        "text_config.num_hidden_layers": text_layers,
         **({"tie_word_embeddings": True, "text_config.tie_word_embeddings": True} if tied else {}),
         "image_token_index": tokenizer.convert_tokens_to_ids("<image>")})
     build(spec, folder, seed=seed, recipe=recipe)
