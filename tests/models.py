@@ -401,15 +401,16 @@ def tiny_mamba(folder: Path, recipe: Any | None = None, seed: int = 0, initializ
 
 
 def tiny_falcon_h1(folder: Path, recipe: Any | None = None, seed: int = 0, initializer_range: float = 0.5,
-                   chunk_size: int = 4) -> Path:
-    """A 2-layer Falcon-H1 (hidden 32, vocab 64): a hybrid, every layer an attention block beside a Mamba2 mixer, so
-    its cache holds keys and values (growing) and conv and recurrent states (fixed; the recurrent state is 4-D,
-    `[batch, heads, head_dim, state]`). `chunk_size` 4 makes the 8-token prompt two chunks of the scan."""
+                   chunk_size: int = 4, layers: int = 2) -> Path:
+    """A 2-layer Falcon-H1 (hidden 32, vocab 64; `layers` to change the depth): a hybrid, every layer an attention
+    block beside a Mamba2 mixer, so its cache holds keys and values (growing) and conv and recurrent states (fixed;
+    the recurrent state is 4-D, `[batch, heads, head_dim, state]`). `chunk_size` 4 makes the 8-token prompt two
+    chunks of the scan."""
     from transformers import FalconH1Config, FalconH1ForCausalLM
 
     torch.manual_seed(seed)
     config = FalconH1Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=1,
         mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=chunk_size, max_position_embeddings=256,
         bos_token_id=0, eos_token_id=63, pad_token_id=1, initializer_range=initializer_range,
@@ -482,15 +483,16 @@ def runner_bpe_tokenizer(folder: Path):
                                bos=RUNNER_BOS, eos=RUNNER_EOS, pad=RUNNER_PAD, byte_level=True)
 
 
-def runner_model(folder: Path, kind: str, recipe: Any) -> Path:
+def runner_model(folder: Path, kind: str, recipe: Any, layers: int = 2) -> Path:
     """A tiny Llama (tied embeddings), Qwen2 or Qwen2-MoE (4 experts, 2 a token, a shared expert) with its own BPE
-    (`runner_bpe_tokenizer`), the vocabulary the tokenizer's; EOS never the argmax, so every run is full length."""
+    (`runner_bpe_tokenizer`), the vocabulary the tokenizer's; EOS never the argmax, so every run is full length.
+    `layers` decoder layers (2; 1 where no check reads the depth: half the program to lower)."""
     from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                               Qwen2MoeConfig, Qwen2MoeForCausalLM)
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = runner_bpe_tokenizer(folder)
-    common = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    common = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                   bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                   pad_token_id=tokenizer.pad_token_id, initializer_range=0.2)
@@ -578,10 +580,12 @@ def tiny_llava_next_with_processor(folder: Path, recipe: Any | None = None, seed
     return folder
 
 
-def tiny_llava_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, tied: bool = False) -> Path:
-    """A tiny LLaVA (CLIP tower, image 32, patch 8: 16 image tokens; Llama text) saved with its own processor: a
-    PIL-backend CLIP image processor at 32 and a byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer loads) whose
-    `<image>` id is the model's. `tied`: the text model's output projection is its embedding table."""
+def tiny_llava_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, tied: bool = False,
+                              text_layers: int = 2) -> Path:
+    """A tiny LLaVA (CLIP tower, image 32, patch 8: 16 image tokens; Llama text of `text_layers` layers) saved with
+    its own processor: a PIL-backend CLIP image processor at 32 and a byte-level BPE tokenizer (one ExecuTorch's C++
+    tokenizer loads) whose `<image>` id is the model's. `tied`: the text model's output projection is its embedding
+    table."""
     from transformers import CLIPImageProcessorPil, LlavaProcessor
 
     from matrix.families import build
@@ -591,6 +595,7 @@ def tiny_llava_with_processor(folder: Path, recipe: Any | None = None, seed: int
     spec = _vlm_spec("llava", "LlavaForConditionalGeneration", {
         "vision_config.image_size": 32, "vision_config.patch_size": 8, "image_seq_length": 16,
         "text_config.vocab_size": len(tokenizer),  # every id the model generates decodes to a piece
+        "text_config.num_hidden_layers": text_layers,
         **({"tie_word_embeddings": True, "text_config.tie_word_embeddings": True} if tied else {}),
         "image_token_index": tokenizer.convert_tokens_to_ids("<image>")})
     build(spec, folder, seed=seed, recipe=recipe)
@@ -689,3 +694,19 @@ def tiny_llava_onevision_with_processor(folder: Path, recipe: Any | None = None,
                  "vision_feature_select_strategy": "full", "vision_aspect_ratio": "anyres_max_9"}
     (folder / "processor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
     return folder
+
+
+def family_model(name: str, folder: Path, recipe: Any | None = None, **overrides: Any) -> Path:
+    """`matrix.families`' tiny `name` saved to `folder` (with `recipe`), `overrides` set on its config after the
+    family's own (e.g. `num_hidden_layers=1` where the test's point needs no second layer: half the graph to trace
+    and lower).
+
+    Example:
+        family_model("falcon", tmp_path / "model", {"export_format": "executorch"}, num_hidden_layers=1)
+    """
+    import dataclasses
+
+    from matrix.families import FAMILIES, build
+
+    spec = FAMILIES[name]
+    return build(dataclasses.replace(spec, overrides={**spec.overrides, **overrides}), folder, recipe=recipe)

@@ -28,7 +28,7 @@ FILES = {"dynamo": "decode.pt2", "onnx": "decode.onnx"}
 @pytest.fixture(scope="module")
 def hybrid_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("falcon-h1")
-    model_dir = tiny_falcon_h1(root / "model", RECIPE)
+    model_dir = tiny_falcon_h1(root / "model", RECIPE, layers=1)  # every layer is both kinds: one is the hybrid
     out = root / "out"
     result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     report = json.loads((out / "report.json").read_text())

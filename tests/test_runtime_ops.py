@@ -19,7 +19,7 @@ in every format):
   whose runner program cannot be exported (its positions read the mask with `.item()`), is exported again with the
   methods layout, and `hf-export validate` of that folder validates the program it holds.
 
-Each ExecuTorch model is exported once through the real CLI (module-scoped fixtures).
+Each ExecuTorch model is exported once through the real CLI (module-scoped fixtures), at one decoder layer.
 """
 
 from __future__ import annotations
@@ -33,9 +33,13 @@ import torch
 
 from tests.conftest import PLAINEST_EXECUTORCH
 from tests.export_store import MODEL, OUT, exported, stored_run
-from tests.models import runner_model
+from tests.models import family_model, runner_model
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
+# One decoder layer: each fallback below is a property of the family's layer, not of the depth (#48: half the
+# program to trace and lower)
+ONE_LAYER = {"num_hidden_layers": 1}
+ONE_TEXT_LAYER = {"text_config.num_hidden_layers": 1, "text_config.layer_types": ["full_attention"]}
 
 
 @pytest.fixture(scope="module")
@@ -43,41 +47,39 @@ def moe_runner(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe-runner")
     recipe = {"schema_version": 1, "exports": [PLAINEST_EXECUTORCH], "inputs": {"prompt": PROMPT},
               "generation": {"max_new_tokens": 8}}
-    return stored_run(runner_model(root / "model", "qwen2_moe", recipe))
+    return stored_run(runner_model(root / "model", "qwen2_moe", recipe, layers=1))
 
 
-def _family_executorch(root: Path, family: str) -> tuple[Path, dict, str]:
-    from matrix.families import FAMILIES, build
-
+def _family_executorch(root: Path, family: str, **overrides) -> tuple[Path, dict, str]:
     recipe = {"schema_version": 1, "exports": [PLAINEST_EXECUTORCH], "generation": {"max_new_tokens": 8}}
-    return stored_run(build(FAMILIES[family], root / "model", recipe=recipe))
+    return stored_run(family_model(family, root / "model", recipe, **overrides))
 
 
 @pytest.fixture(scope="module")
 def qwen2_5_vl_executorch(tmp_path_factory):
-    return _family_executorch(tmp_path_factory.mktemp("qwen2-5-vl-executorch"), "qwen2_5_vl")
+    return _family_executorch(tmp_path_factory.mktemp("qwen2-5-vl-executorch"), "qwen2_5_vl", **ONE_TEXT_LAYER)
 
 
 @pytest.fixture(scope="module")
 def bloom_runner(tmp_path_factory):
-    return _family_executorch(tmp_path_factory.mktemp("bloom-runner"), "bloom")
+    return _family_executorch(tmp_path_factory.mktemp("bloom-runner"), "bloom", **ONE_LAYER)
 
 
 @pytest.fixture(scope="module")
 def falcon_default(tmp_path_factory):
-    return _family_executorch(tmp_path_factory.mktemp("falcon-executorch"), "falcon")
+    return _family_executorch(tmp_path_factory.mktemp("falcon-executorch"), "falcon", **ONE_LAYER)
 
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "deepseek_v3"])
 def moe_methods_dynamic(request, tmp_path_factory):
     """A MoE decoder in the methods layout (its prefill a method of its own; DeepSeek-V3's default, its latent
-    attention building its keys with `new_empty`), its prompt declared dynamic."""
-    from matrix.families import FAMILIES, build
-
+    attention building its keys with `new_empty`), its prompt declared dynamic; one layer, a MoE one (DeepSeek-V3's
+    first layer is dense in the family's model: here it is the routed one)."""
     root = tmp_path_factory.mktemp(f"moe-methods-dynamic-{request.param}")
     recipe = {"schema_version": 1, "generation": {"max_new_tokens": 8},
               "exports": [{**PLAINEST_EXECUTORCH, "layout": "methods", "dynamic": True}]}
-    return stored_run(build(FAMILIES[request.param], root / "model", recipe=recipe))
+    sparse = {"first_k_dense_replace": 0} if request.param == "deepseek_v3" else {}
+    return stored_run(family_model(request.param, root / "model", recipe, **ONE_LAYER, **sparse))
 
 
 # every decoder-only mixture-of-experts family of the matrix (the hybrids with MoE layers keep the methods layout of
@@ -95,14 +97,12 @@ def moe_default(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def opt_default(tmp_path_factory):
     """OPT with two ExecuTorch targets: the plainest (layout unset) and one that asks for the runner layout."""
-    from matrix.families import FAMILIES, build
-
     root = tmp_path_factory.mktemp("opt-executorch")
     recipe = {"schema_version": 1, "generation": {"max_new_tokens": 8},
               "exports": [{**PLAINEST_EXECUTORCH, "name": "plain"},
                           {**PLAINEST_EXECUTORCH, "name": "asked", "layout": "runner"}]}
-    done = exported(build(FAMILIES["opt"], root / "model", recipe=recipe), "run", "--no-bench", MODEL, "--out", OUT,
-                    "--quiet")
+    done = exported(family_model("opt", root / "model", recipe, **ONE_LAYER), "run", "--no-bench", MODEL, "--out",
+                    OUT, "--quiet")
     return done
 
 
