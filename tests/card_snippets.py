@@ -61,3 +61,23 @@ def run_snippet(code: str, hub: HubEmulator, home: Path, prompt: str | None = No
         env["PYTHONPATH"] = ""
     return subprocess.run([python or sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=home,
                           timeout=timeout)
+
+
+def run_js_card(code: str, folder: Path, scratch: Path, timeout: float = 300) -> str:
+    """A transformers.js card script as written, by Node in `scratch`, with the target `folder` copied where the
+    card's download line puts it (`model/exports/<name>`) and the installed transformers.js beside it; returns what it
+    printed (the run must exit 0).
+
+    Example:
+        printed = run_js_card(code, out / "tjs", tmp_path)  # doctest: +SKIP
+    """
+    import shutil
+
+    from exporters.layouts.transformers_js import home as transformers_js_home
+
+    shutil.copytree(folder, scratch / "model" / "exports" / folder.name)
+    (scratch / "node_modules").symlink_to(transformers_js_home() / "node_modules", target_is_directory=True)
+    (scratch / "card.mjs").write_text(code, encoding="utf-8")
+    done = subprocess.run(["node", "card.mjs"], cwd=scratch, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    return done.stdout.strip()

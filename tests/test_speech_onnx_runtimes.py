@@ -14,12 +14,10 @@ tests/test_seq2seq_onnx.py reads too).
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 
 import pytest
 
-from exporters.layouts.transformers_js import home
+from tests.card_snippets import run_js_card
 from tests.export_store import stored_run
 from tests.models import WHISPER_ONNX_RECIPE, tiny_whisper
 
@@ -60,12 +58,7 @@ def test_the_cards_transformers_js_speech_script_runs_as_written(whisper_tjs, tm
     snippets = {runtime: (language, code) for runtime, language, code in target_snippets("org/whisper", target)}
     language, code = snippets["transformers.js"]
     assert language == "js" and "AutoModelForSpeechSeq2Seq" in code and "AutoFeatureExtractor" in code
-    shutil.copytree(out / "tjs", tmp_path / "model" / "exports" / "tjs")
-    (tmp_path / "node_modules").symlink_to(home() / "node_modules", target_is_directory=True)
-    (tmp_path / "card.mjs").write_text(code, encoding="utf-8")
-    done = subprocess.run(["node", "card.mjs"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, (code, done.stderr[-3000:])
-    tokens = json.loads(done.stdout.strip().splitlines()[-1])
+    tokens = json.loads(run_js_card(code, out / "tjs", tmp_path).splitlines()[-1])
     assert len(tokens) > 1 and all(isinstance(t, int) for t in tokens)
 
 

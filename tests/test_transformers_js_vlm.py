@@ -11,12 +11,11 @@ One run of the tiny LLaVA (module fixture) through the real CLI.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 
 import pytest
 
-from exporters.layouts.transformers_js import IMAGE_TEXT_COMPONENTS, IMAGE_TEXT_TYPES, home
+from exporters.layouts.transformers_js import IMAGE_TEXT_COMPONENTS, IMAGE_TEXT_TYPES
+from tests.card_snippets import run_js_card
 from tests.conftest import run_and_read
 from tests.models import tiny_idefics2_with_processor, tiny_idefics3_with_processor, tiny_llava_with_processor
 
@@ -94,12 +93,7 @@ def _run_card(out, report: dict, tmp_path) -> str:
     snippets = {runtime: (language, code) for runtime, language, code in target_snippets("org/vlm", _target(report))}
     language, code = snippets["transformers.js"]
     assert language == "js" and "AutoModelForImageTextToText" in code and "AutoProcessor" in code
-    shutil.copytree(out / "tjs", tmp_path / "model" / "exports" / "tjs")
-    (tmp_path / "node_modules").symlink_to(home() / "node_modules", target_is_directory=True)
-    (tmp_path / "card.mjs").write_text(code, encoding="utf-8")
-    done = subprocess.run(["node", "card.mjs"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, (code, done.stderr[-3000:])
-    return done.stdout.strip()
+    return run_js_card(code, out / "tjs", tmp_path)
 
 
 @pytest.mark.parametrize("family", ["idefics3", "smolvlm"])
