@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from exporters.capture.llm_runner import program_reasons
+from exporters.capture.token_ids import image_token_id
 from exporters.errors import TargetPlanError
 from exporters.upstream import multimodal_runner
 
@@ -76,9 +77,7 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
     extra = sorted(set(generate_inputs) - IMAGE_INPUTS)
     pixels = generate_inputs.get("pixel_values")
     ids = generate_inputs.get("input_ids")
-    image_token = getattr(model.config, "image_token_id", None)
-    if image_token is None:
-        image_token = getattr(model.config, "image_token_index", None)
+    image_token = image_token_id(model.config)
     text = model.config.get_text_config()
     window = getattr(text, "sliding_window", None)
     why = None

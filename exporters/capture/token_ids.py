@@ -57,3 +57,15 @@ def decoder_start_id(model: Any) -> int:
             if isinstance(value, int):
                 return value
     return 0
+
+
+def image_token_id(config: Any) -> int | None:
+    """The id of the token a vision-language prompt holds in place of the image: the config's `image_token_id`, else
+    LLaVA's older `image_token_index` (None where it has neither).
+
+    Example:
+        >>> image_token_id(type("C", (), {"image_token_index": 32000})()), image_token_id(object())
+        (32000, None)
+    """
+    token = getattr(config, "image_token_id", None)
+    return token if token is not None else getattr(config, "image_token_index", None)

@@ -20,7 +20,7 @@ from exporters import upstream
 from exporters.capture.components import cache_setting_for
 from exporters.capture.llm_runner import CUSTOM_OPS_OFF, PTE_WEIGHTS_LIMIT, custom_ops_of
 from exporters.capture.multimodal_runner import COMPONENTS, MULTIMODAL_RUNNER
-from exporters.capture.token_ids import special_token_ids
+from exporters.capture.token_ids import image_token_id, special_token_ids
 from exporters.export.footprint import ModelWeights
 from exporters.recipe.model import Recipe
 from exporters.upstream import llm_runner, multimodal_runner
@@ -42,9 +42,7 @@ def export_multimodal_runner(model: Any, target: Any, components: dict[str, tupl
     external = bool(asked) or weights.bytes() > PTE_WEIGHTS_LIMIT or tied
     eos = special_token_ids(model.generation_config, model.config).eos
     metadata = llm_runner.runner_metadata(model, setting.max_cache_len, custom_ops, eos)
-    image_token = getattr(model.config, "image_token_id", None)
-    if image_token is None:
-        image_token = getattr(model.config, "image_token_index", None)
+    image_token = image_token_id(model.config)
     if image_token is not None:  # optimum-executorch reads it to place the image's features
         metadata["vision_token_id"] = int(image_token)
     modules = {name: components[name][0] for name in COMPONENTS}

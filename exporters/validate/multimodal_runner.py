@@ -16,6 +16,7 @@ from exporters.capture.image_text import (DECODER, EMBED_TOKENS, VISION_ENCODER 
 from exporters.capture.merged import empty_cache
 from exporters.capture.multimodal_runner import TEXT_DECODER, TOKEN_EMBEDDING, VISION_ENCODER
 from exporters.capture.steps import output_cache
+from exporters.capture.token_ids import image_token_id
 from exporters.upstream import run_component
 from exporters.validate.greedy import Greedy, decode_loop
 
@@ -31,8 +32,8 @@ def _tensor(output: Any) -> torch.Tensor:
 
 def image_token_of(config: Any) -> int:
     """The model's image token id (`image_token_id`, else LLaVA's older `image_token_index`)."""
-    token = getattr(config, "image_token_id", None)
-    return int(token if token is not None else config.image_token_index)
+    token = image_token_id(config)
+    return int(token if token is not None else config.image_token_index)  # neither: AttributeError, as before
 
 
 def multimodal_runner_driver(model, components, runners, generate_inputs: dict[str, Any], greedy: Greedy,

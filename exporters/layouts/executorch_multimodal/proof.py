@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
+from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
 from exporters.layouts.executorch_multimodal import GENERATE, RUNNER_IMPORTS
@@ -63,8 +64,7 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
     generated = out[0, ids.shape[1]:].tolist()
     shown = generated[:next((i for i, t in enumerate(generated) if t in eos), len(generated))]
     vocabulary, ids_of = pieces_by_id(tokenizer)
-    token = getattr(model.config, "image_token_id", None)
-    token = token if token is not None else getattr(model.config, "image_token_index", None)
+    token = image_token_id(model.config)
     return {"input_ids": ids.clone(), "pixel_values": inputs["pixel_values"].detach().float().clone(),
             "image_token_id": int(token), "prompt_tokens": int(ids.shape[1]), "tokens": shown,
             "eos": sorted(eos), "ids_of": ids_of, "pieces": [vocabulary[t] for t in shown]}

@@ -13,14 +13,9 @@ from typing import Any
 
 import torch
 
+from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
 from exporters.layouts.transformers_js.image_text import PROOF_EMIT, PROOF_FEED, generate_script
-
-
-def image_token(config: Any) -> int | None:
-    """The model's image token id (`image_token_id`, else LLaVA's `image_token_index`)."""
-    token = getattr(config, "image_token_id", None)
-    return token if token is not None else getattr(config, "image_token_index", None)
 
 
 def reference(model: Any, context: RuntimeContext, steps: int) -> dict[str, Any]:
@@ -36,7 +31,7 @@ def reference(model: Any, context: RuntimeContext, steps: int) -> dict[str, Any]
         out = model.generate(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device),
                              pixel_values=pixels.to(device, model.dtype), max_new_tokens=steps, min_new_tokens=steps,
                              do_sample=False, num_beams=1, **extra)
-    token = image_token(model.config)
+    token = image_token_id(model.config)
     sample = {"ids": ids[0].tolist(), "shape": list(pixels.shape), "pixels": pixels.flatten().tolist()}
     if extra:
         sample.update(mask=[int(bool(v)) for v in mask[:1].flatten().tolist()], mask_shape=list(mask[:1].shape))
