@@ -54,6 +54,14 @@ def run_and_read(root: Path, model_dir: Path, bench: bool = False) -> tuple[Path
     return out, report, done.stdout + done.stderr
 
 
+def pytest_configure(config) -> None:
+    """The order below holds under xdist: pytest-xdist (3.8) reorders `--dist loadfile`'s modules by their number
+    of tests unless told not to (`--loadscope-reorder`, its default), which put the 247 quick matrix checks first
+    and one-export modules such as tests/test_bench_start.py last, whatever they cost."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """Longest modules first (`tests/module_durations.json`, written by `benchmarks/suite_durations.py
     --write-order` from a run's JUnit XML): with `--dist loadfile` the two workers then end together. A module not

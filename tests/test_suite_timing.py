@@ -3,6 +3,7 @@ XML, and benchmarks/suite_durations.py sums them per fixture beside the modules.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -62,3 +63,35 @@ def test_a_real_run_records_each_fixtures_setup_and_the_script_sums_them(tmp_pat
                            capture_output=True, text=True, check=True).stdout
     assert f"| `test_sample.py::slow_export` | {slow:.1f} | 1x |" in table, table
     assert table.index("slow_export") < table.index("::quick"), table  # longest first
+
+
+ORDERED = '''
+import json
+import os
+
+
+def test_{index}():
+    with open(os.environ["ORDER_LOG"], "a") as log:
+        log.write(__name__ + "\\n")
+'''
+
+
+def test_two_workers_take_the_modules_longest_first_whatever_their_number_of_tests(tmp_path):
+    """`make test`'s `--dist loadfile` hands out modules in tests/module_durations.json's order (longest first), not
+    in pytest-xdist's own (most tests first): a module recorded short with three tests runs after one recorded long
+    with a single test."""
+    recorded = json.loads((ROOT / "tests" / "module_durations.json").read_text())
+    longest, shortest = (Path(name).stem for name in (max(recorded, key=recorded.get),
+                                                      min(recorded, key=recorded.get)))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # the root: node ids are tests/<module>.py, as recorded
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / f"{longest}.py").write_text(ORDERED.format(index=0))
+    (tmp_path / "tests" / f"{shortest}.py").write_text("".join(ORDERED.format(index=i) for i in range(3)))
+    log = tmp_path / "order.log"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest", "-n", "1",
+         "--dist", "loadfile", "tests"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "ORDER_LOG": str(log)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert log.read_text().split() == [longest] + 3 * [shortest], log.read_text()
