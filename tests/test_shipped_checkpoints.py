@@ -24,19 +24,20 @@ SECOND_EOS = 7  # an instruct model's end-of-turn id beside the tokenizer's eos
 SAMPLING = {"do_sample": True, "temperature": 0.6, "top_p": 0.9}
 
 
-def instruct_checkpoint(folder: Path, vocab_size: int = VOCAB, recipe: object = PLAINEST) -> Path:
-    """A 2-layer Llama (hidden 32) shaped like an instruct repo: bfloat16, sharded, tied embeddings, a 128k
-    vocabulary (`vocab_size`; at least the tokenizer's), a byte-level BPE with a chat template, sampling on and two
-    eos ids in `generation_config.json`; `recipe` written beside it unless None."""
+def instruct_checkpoint(folder: Path, vocab_size: int = VOCAB, recipe: object = PLAINEST, layers: int = 2) -> Path:
+    """A 2-layer Llama (hidden 32; `layers` other depths) shaped like an instruct repo: bfloat16, sharded, tied
+    embeddings, a 128k vocabulary (`vocab_size`; at least the tokenizer's), a byte-level BPE with a chat template,
+    sampling on and two eos ids in `generation_config.json`; `recipe` written beside it unless None."""
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = runner_bpe_tokenizer(folder)
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=max(vocab_size, len(tokenizer)), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, initializer_range=0.2, tie_word_embeddings=True)
+    config = LlamaConfig(vocab_size=max(vocab_size, len(tokenizer)), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         initializer_range=0.2, tie_word_embeddings=True)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():  # no eos is ever the argmax (every run full length), nor an id past the tokenizer's (a
         # padded vocabulary's rows are never trained: small)
