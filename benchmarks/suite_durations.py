@@ -1,7 +1,8 @@
 """Where the test suite's time goes: per test module, from the JUnit XML a run of `make test` writes
 (`.cache/suite.xml`), the minutes of every module (its fixtures' exports included: a module runs whole on one
 worker, `--dist loadfile`), longest first; and per fixture, the setup seconds tests/conftest.py records on each
-test (`fixture_setup` properties) summed over the run, so a module's minutes show which shared export they wait on.
+test (`fixture_setup` properties) summed over the run, so a module's minutes show which shared export they wait on;
+and per test, its body's seconds (its time less the fixture setup recorded on it): the tests whose own exports cost.
 
     python benchmarks/suite_durations.py                      # the table, from .cache/suite.xml
     python benchmarks/suite_durations.py --write-order        # also tests/module_durations.json (the schedule)
@@ -73,6 +74,45 @@ def fixture_seconds(xml: Path) -> dict[str, tuple[float, int]]:
     return dict(sorted(totals.items(), key=lambda item: -item[1][0]))
 
 
+def body_seconds(xml: Path) -> dict[str, float]:
+    """Seconds of each test's own body (its time less the fixture setup recorded on it), longest first.
+
+    Example:
+        >>> import tempfile
+        >>> xml = Path(tempfile.mkdtemp()) / "suite.xml"
+        >>> _ = xml.write_text('<testsuites><testsuite><testcase classname="tests.test_a" name="x" time="90">'
+        ...                    '<properties><property name="fixture_setup" value="tests/test_a.py::run=80.5"/>'
+        ...                    '</properties></testcase><testcase classname="tests.test_a.TestB" name="y" time="30"/>'
+        ...                    '</testsuite></testsuites>')
+        >>> body_seconds(xml)
+        {'tests/test_a.py::TestB::y': 30.0, 'tests/test_a.py::x': 9.5}
+    """
+    totals: dict[str, float] = {}
+    for case in ElementTree.parse(xml).iter("testcase"):
+        classname = case.get("classname", "")
+        module = _module(classname)
+        classes = classname.split(".")[len(module.removesuffix(".py").split("/")):]
+        setup = 0.0
+        for prop in case.iter("property"):
+            if prop.get("name") == FIXTURE_SETUP:
+                try:
+                    setup += float((prop.get("value") or "").rpartition("=")[2])
+                except ValueError:
+                    continue  # a property some other plugin wrote under the same name
+        name = "::".join([module, *classes, case.get("name", "")])
+        totals[name] = float(case.get("time") or 0.0) - setup
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def body_table(totals: dict[str, float], top: int = 20) -> str:
+    """A Markdown table of the `top` tests with the longest bodies, and the sum of all of them."""
+    lines = ["| test | seconds of its body |", "|---|---|"]
+    for name, seconds in list(totals.items())[:top]:
+        lines.append(f"| `{name}` | {seconds:.1f} |")
+    lines.append(f"| all {len(totals)} tests | {sum(totals.values()):.1f} |")
+    return "\n".join(lines)
+
+
 def fixture_table(totals: dict[str, tuple[float, int]], top: int = 20) -> str:
     """A Markdown table of the `top` fixtures with the longest summed setup."""
     lines = ["| fixture | seconds of setup | set up |", "|---|---|---|"]
@@ -105,6 +145,8 @@ def main() -> None:
     if fixtures:  # an XML from before tests/conftest.py recorded fixtures has none
         print()
         print(fixture_table(fixtures, args.top))
+    print()
+    print(body_table(body_seconds(args.xml), args.top))
     if args.write_order:
         ORDER_FILE.write_text(json.dumps({m: round(s, 1) for m, s in totals.items()}, indent=1) + "\n")
 

@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from benchmarks.suite_durations import fixture_seconds, module_seconds
+from benchmarks.suite_durations import body_seconds, fixture_seconds, module_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,6 +63,11 @@ def test_a_real_run_records_each_fixtures_setup_and_the_script_sums_them(tmp_pat
                            capture_output=True, text=True, check=True).stdout
     assert f"| `test_sample.py::slow_export` | {slow:.1f} | 1x |" in table, table
     assert table.index("slow_export") < table.index("::quick"), table  # longest first
+    # each test's own body, its fixtures' setup left out: here nearly nothing, the module fixture's second elsewhere
+    bodies = body_seconds(xml)
+    assert set(bodies) == {"test_sample.py::test_first", "test_sample.py::test_second"}, bodies
+    assert all(0 <= seconds < 1.0 for seconds in bodies.values()), bodies
+    assert "| test | seconds of its body |" in table and "| all 2 tests |" in table, table
 
 
 ORDERED = '''
