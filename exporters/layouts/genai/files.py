@@ -20,10 +20,11 @@ from typing import Any
 from transformers import GenerationConfig
 
 from exporters import fsutil
+from exporters.errors import TargetPlanError
 from exporters.export.onnx_names import is_renamed
 from exporters.layouts.genai.buffer import SHARED_BUFFER_NOTE, share_past_present_in_file
 from exporters.layouts.genai.config import GENAI_CONFIG, write_genai_config
-from exporters.layouts.genai.whisper import GraphContractError, whisper_genai_config, write_graphs
+from exporters.layouts.genai.whisper import whisper_genai_config, write_graphs
 from exporters.upstream import read_manifest
 
 
@@ -51,7 +52,7 @@ def write_whisper_files(directory: Path, model: Any, notes: list[str]) -> None:
         return
     try:
         encoder, decoder = write_graphs(directory, files["encoder"], files["prefill"])
-    except GraphContractError as error:
+    except TargetPlanError as error:
         notes.append(f"ONNX Runtime GenAI: no Whisper graphs written: {error}")
         return
     generation_config = (GenerationConfig.from_pretrained(directory)

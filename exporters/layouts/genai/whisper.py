@@ -1,5 +1,5 @@
-"""ONNX Runtime GenAI's Whisper folder: the two graphs GenAI's Whisper model runs, derived from optimum's, and their
-`genai_config.json`.
+"""ONNX Runtime GenAI's Whisper folder: the two graphs GenAI's Whisper model runs, derived from the export's encoder
+and merged decoder, and their `genai_config.json`.
 
 GenAI 0.18's Whisper model (`src/models/whisper.cpp`, `model_type.h`: type `whisper`) runs an encoder session fed
 `audio_features` (`[batch, mels, 3000]`: it refuses any other frame count) that returns the encoder's hidden states
@@ -17,7 +17,7 @@ decoder_model_merged.onnx  If(else: no past) ┴─► genai_encoder.onnx   audi
                                                                          -> logits, present.{i}.decoder.key/value
 ```
 
-The encoder graph is optimum's encoder with its input renamed `audio_features` (GenAI's name, which its audio
+The encoder graph is the exported encoder with its input renamed `audio_features` (GenAI's name, which its audio
 processor also gives), plus the nodes of the merged decoder's no-past branch that compute each layer's
 cross-attention keys and values from `encoder_hidden_states` (fed the encoder's `last_hidden_state` instead). The
 decoder graph is the merged decoder's with-past branch alone (`use_cache_branch` true), which never reads
@@ -41,6 +41,7 @@ import onnx
 
 from exporters import fsutil
 from exporters.capture.token_ids import special_token_ids
+from exporters.errors import TargetPlanError
 
 GENAI_ENCODER = "genai_encoder.onnx"
 GENAI_DECODER = "genai_decoder.onnx"
@@ -50,14 +51,10 @@ _SELF = re.compile(r"^present\.(\d+)\.decoder\.(key|value)$")
 _PREFIX = "genai.cross/"  # the names the cross-attention nodes bring into the encoder graph
 
 
-class GraphContractError(ValueError):
-    """The exported graphs do not have the shape this derivation reads (the layout is then declined with why)."""
-
-
 def _if_node(graph: onnx.GraphProto) -> onnx.NodeProto:
     nodes = [node for node in graph.node if node.op_type == "If" and node.input[:1] == ["use_cache_branch"]]
     if len(nodes) != 1:
-        raise GraphContractError("the merged decoder has no If(use_cache_branch) node")
+        raise TargetPlanError("the merged decoder has no If(use_cache_branch) node")
     return nodes[0]
 
 
@@ -110,12 +107,12 @@ def decoder_graph(merged: onnx.ModelProto) -> onnx.ModelProto:
     nodes = [*outer.node[:index], *then.node, *identities, *outer.node[index + 1:]]
     kept, reads = _needed(nodes, set(wanted))
     if "encoder_hidden_states" in reads:
-        raise GraphContractError("the merged decoder's with-past branch reads `encoder_hidden_states`")
+        raise TargetPlanError("the merged decoder's with-past branch reads `encoder_hidden_states`")
     initializers = [t for t in [*outer.initializer, *then.initializer] if t.name in reads]
     inputs = [value for value in outer.input if value.name in reads]
     missing = reads - {t.name for t in initializers} - {i.name for i in inputs}
     if missing:
-        raise GraphContractError(f"the with-past branch reads values the graph does not hold: {sorted(missing)}")
+        raise TargetPlanError(f"the with-past branch reads values the graph does not hold: {sorted(missing)}")
     types = {value.name: value for value in [*outer.output, *then.output]}
     outputs = [copy.deepcopy(types[name]) for name in wanted]
     graph = onnx.helper.make_graph(kept, "genai_whisper_decoder", inputs, outputs, initializers)
@@ -123,11 +120,11 @@ def decoder_graph(merged: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def encoder_graph(encoder: onnx.ModelProto, merged: onnx.ModelProto) -> onnx.ModelProto:
-    """optimum's encoder with its input named `audio_features` and each decoder layer's cross-attention keys and
+    """The exported encoder with its input named `audio_features` and each decoder layer's cross-attention keys and
     values as outputs, computed by the merged decoder's own no-past nodes (see the module)."""
     graph = copy.deepcopy(encoder.graph)
     if len(graph.input) != 1 or [o.name for o in graph.output] != ["last_hidden_state"]:
-        raise GraphContractError("the encoder graph is not input_features -> last_hidden_state")
+        raise TargetPlanError("the encoder graph is not input_features -> last_hidden_state")
     feature = graph.input[0].name
     graph.input[0].name = AUDIO_FEATURES
     for node in graph.node:
@@ -136,12 +133,12 @@ def encoder_graph(encoder: onnx.ModelProto, merged: onnx.ModelProto) -> onnx.Mod
     otherwise = _branch(_if_node(outer), "else_branch")
     cross = [value for value in otherwise.output if _CROSS.match(value.name)]
     if not cross:
-        raise GraphContractError("the merged decoder's no-past branch returns no cross-attention keys and values")
+        raise TargetPlanError("the merged decoder's no-past branch returns no cross-attention keys and values")
     kept, reads = _needed(list(otherwise.node), {value.name for value in cross})
     kept, reads = _batch_from_hidden_states(kept, reads)
     available = {t.name: t for t in [*outer.initializer, *otherwise.initializer]}
     if reads - set(available) - {"encoder_hidden_states"}:
-        raise GraphContractError("the cross-attention keys and values read more than `encoder_hidden_states`: "
+        raise TargetPlanError("the cross-attention keys and values read more than `encoder_hidden_states`: "
                                  f"{sorted(reads - set(available) - {'encoder_hidden_states'})}")
     keep = {value.name for value in cross}
 
@@ -176,14 +173,15 @@ def _batch_from_hidden_states(nodes: list[onnx.NodeProto], reads: set[str]) -> t
             continue
         axes = {attribute.name: attribute.i for attribute in node.attribute}
         if node.op_type != "Shape" or axes.get("start", 0) != 0 or axes.get("end") != 1:
-            raise GraphContractError(f"the cross-attention keys and values read `input_ids` in a {node.op_type} node")
+            raise TargetPlanError(f"the cross-attention keys and values read `input_ids` in a {node.op_type} node")
         node.input[:] = ["encoder_hidden_states"]
     return nodes, (reads - {"input_ids"}) | {"encoder_hidden_states"}
 
 
 def write_graphs(directory: Path, encoder_file: str, merged_file: str) -> tuple[str, str]:
     """Write GenAI's two Whisper graphs beside the exported ones (same folder: their external-data references stay
-    valid); returns their paths relative to `directory`."""
+    valid); returns their paths relative to `directory`. Raises `TargetPlanError` saying what the exported graphs
+    lack where they do not have the shape this derivation reads."""
     encoder_path, merged_path = directory / encoder_file, directory / merged_file
     encoder = onnx.load(str(encoder_path), load_external_data=False)
     merged = onnx.load(str(merged_path), load_external_data=False)
