@@ -6,7 +6,7 @@ folder by GenAI transcribing the sample's spectrogram from the folder alone, tok
 reason (tests/test_speech_onnx_runtimes.py).
 
 One run of a tiny Whisper with a real Whisper's 1500 source positions (3000 frames) through the real CLI (the shared
-store's).
+store's), in the default layout and in transformers.js's (whose `onnx/` graphs GenAI's sit beside).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from tests.models import tiny_whisper
 
 og = pytest.importorskip("onnxruntime_genai")
 
-RECIPE = {"exports": [{"export_format": "onnx", "mode": "generation", "dynamic": True}],
+TARGET = {"export_format": "onnx", "mode": "generation", "dynamic": True}
+RECIPE = {"exports": [{"name": "onnx", **TARGET}, {"name": "tjs", **TARGET, "layout": "transformers.js"}],
           "generation": {"max_new_tokens": 8}}
 RUNTIME = "ONNX Runtime GenAI"
 
@@ -32,20 +33,26 @@ def whisper_genai(tmp_path_factory):
                                    source_positions=1500))
 
 
-def test_a_whisper_in_genais_window_is_transcribed_by_genai_in_the_product(whisper_genai):
+def _targets(report: dict) -> dict[str, dict]:
+    return {target["name"]: target for target in report["targets"]}
+
+
+@pytest.mark.parametrize("name, graphs", [("onnx", ""), ("tjs", "onnx/")])
+def test_a_whisper_in_genais_window_is_transcribed_by_genai_in_the_product(whisper_genai, name, graphs):
     out, report, log = whisper_genai
-    [target] = report["targets"]
+    target = _targets(report)[name]
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
     proofs = {proof["runtime"]: proof for proof in target["runtimes"]}
     proof = proofs[RUNTIME]
     assert proof["status"] == "passed", proof
     assert proof["detail"] == "8/8 tokens (a spectrogram of 3000 frames, og.Generator)", proof
-    assert f"{RUNTIME} ✓ 8/8 tokens" in (out / "report.md").read_text()
-    folder = out / target["name"]
+    [row] = [line for line in (out / "report.md").read_text().splitlines() if line.startswith(f"| `{name}`")]
+    assert f"{RUNTIME} ✓ 8/8 tokens" in row, row
+    folder = out / name
     genai = json.loads((folder / "genai_config.json").read_text())
     assert genai["model"]["type"] == "whisper"
-    assert genai["model"]["encoder"]["filename"] == "genai_encoder.onnx"
-    assert genai["model"]["decoder"]["filename"] == "genai_decoder.onnx"
+    assert genai["model"]["encoder"]["filename"] == f"{graphs}genai_encoder.onnx"
+    assert genai["model"]["decoder"]["filename"] == f"{graphs}genai_decoder.onnx"
     assert genai["model"]["decoder"]["num_hidden_layers"] == 2 and genai["model"]["eos_token_id"] == 99
 
 
@@ -56,7 +63,7 @@ def test_genais_whisper_graphs_have_its_names_and_share_the_exports_weights(whis
     import onnx
 
     out, report, _ = whisper_genai
-    [target] = report["targets"]
+    target = _targets(report)["onnx"]
     folder = out / target["name"]
     encoder = onnx.load(str(folder / "genai_encoder.onnx"), load_external_data=False).graph
     decoder = onnx.load(str(folder / "genai_decoder.onnx"), load_external_data=False).graph
@@ -82,8 +89,7 @@ def test_genai_tokens_that_differ_from_eager_fail_the_whisper_proof(whisper_gena
     from exporters.layouts import Genai
 
     out, report, _ = whisper_genai
-    [target] = report["targets"]
-    folder = out / target["name"]
+    folder = out / "onnx"
     features = {"shape": [1, 16, 3000], "data": [0.0] * (16 * 3000)}
     wrong = {"speech": True, "prompt": [1], "steps": 3, "tokens": [127, 127, 127], "features": features}
     proof = Genai().prove(folder, wrong, None)  # GenAI runs in a child: its tokens come back as the proof's
@@ -98,10 +104,10 @@ def test_the_cards_genai_whisper_snippet_runs_as_written(whisper_genai, hub, tmp
     extractor on a tone, then GenAI's generator from the decoder's start token."""
     from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
 
-    out, report, _ = whisper_genai
-    [target] = report["targets"]
-    commit = upload_exports(hub, "alice/whisper", out, [target["name"]])
-    [(_, language, code)] = [s for s in card_snippets(exports_card("alice/whisper", out, commit)) if s[0] == RUNTIME]
+    out, _, _ = whisper_genai
+    commit = upload_exports(hub, "alice/whisper", out, ["onnx"])
+    [(_, language, code)] = [s for s in card_snippets(exports_card("alice/whisper", out, commit))
+                             if s[0] == RUNTIME and '"exports/onnx/*"' in s[2]]
     assert language == "python" and "og.NamedTensors()" in code and "AutoFeatureExtractor" in code
     done = run_snippet(code, hub, tmp_path / "home")
     assert done.returncode == 0, (code, done.stderr[-3000:])

@@ -31,6 +31,11 @@ ENCODER = "encoder"  # an encoder-decoder export's encoder (optimum's encoder_mo
 # GenAI's Whisper model takes 30-second windows only: `int num_frames_{3000}` and ValidateWhisperAudioFeaturesShape
 # ("Whisper uses num_frames = 3000", src/models/whisper.h, 0.18), its encoder output allocated [batch, 1500, hidden]
 GENAI_WHISPER_FRAMES = 3000
+EMBED_TOKENS = "embed_tokens"  # a vision-language export's (exporters.capture.components.VLM_TEXT_STAGES)
+# GenAI 0.18's vision-language and multimodal model types (src/models/model_type.h: IsVLM, IsMMM; the 0.18 library's
+# own strings): each runs from its builder's vision, embedding and text graphs and its processor config
+GENAI_VLM_TYPES = ("fara", "gemma3", "gemma4", "mistral3", "phi3v", "phi4mm", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe",
+                   "qwen3_vl", "videochat_flash_qwen")
 WHISPER_ENCODER_FILE = "genai_encoder.onnx"  # whisper.GENAI_ENCODER: what tells a Whisper folder's card apart
 NOT_DERIVED = ("GenAI's Whisper graphs could not be derived from this export's encoder and merged decoder (the "
                "export's notes say why)")
@@ -82,6 +87,21 @@ def encoder_decoder_declined(config: dict[str, Any]) -> str | None:
     return None
 
 
+def vision_language_declined(config: dict[str, Any]) -> str:
+    """Why GenAI does not run a vision-language ONNX folder of this product (its `config.json`, read as data).
+
+    Example:
+        >>> vision_language_declined({"model_type": "llava"}).startswith("GenAI 0.18 has no vision-language model type")
+        True
+    """
+    model_type = config.get("model_type")
+    if model_type in GENAI_VLM_TYPES:
+        return (f"GenAI runs {model_type!r} as a vision-language model from its own builder's graphs (a vision, an "
+                "embedding and a text model) and processor config, a layout this product does not write yet")
+    return (f"GenAI 0.18 has no vision-language model type {model_type!r}: it runs {', '.join(GENAI_VLM_TYPES)} "
+            "(src/models/model_type.h)")
+
+
 class Genai(Layout):
     """ONNX Runtime GenAI generating from a merged decoder ONNX folder."""
 
@@ -92,21 +112,26 @@ class Genai(Layout):
     executes = (GENAI_CONFIG,)
 
     def may_apply(self, target: Any, components: list[str]) -> bool:
-        # an encoder-decoder folder only to be declined with the reason (`declines`): nothing is written for it
+        # an encoder-decoder folder gets Whisper's graphs or is declined with the reason (`declines`), a
+        # vision-language one is declined with the reason
         return target.export_format == "onnx" and target.mode == "generation" \
-            and (list(components) == [MERGED] or ENCODER in components)
+            and (list(components) == [MERGED] or ENCODER in components or EMBED_TOKENS in components)
 
     def applies(self, target: Any, directory: Path) -> bool:
         # no genai_config.json: the export said why (a graph input GenAI does not feed)
         return (directory / GENAI_CONFIG).is_file() and self.may_apply(target, components_in(directory))
 
     def declines(self, target: Any, directory: Path) -> str | None:
+        if EMBED_TOKENS in components_in(directory):
+            return vision_language_declined(read_json(directory / "config.json"))
         if ENCODER in components_in(directory):
             why = encoder_decoder_declined(read_json(directory / "config.json"))
             return why if why or (directory / GENAI_CONFIG).is_file() else NOT_DERIVED
         return latent_cache(directory)  # GenAI's KV cache is one key and one value per head and layer
 
     def reference(self, model: Any, context: Any) -> Any:
+        if getattr(model.config, "vision_config", None) is not None:  # declined (`vision_language_declined`)
+            return None
         if getattr(model.config, "is_encoder_decoder", False):  # Whisper's proof, else declined: no proof runs
             if encoder_decoder_declined(model.config.to_dict()):
                 return None
