@@ -124,16 +124,18 @@ def tiny_t5(folder: Path, recipe: Any | None = None, seed: int = 0, decoder_laye
 
 
 def tiny_whisper(folder: Path, recipe: Any | None = None, seed: int = 0, decoder_layers: int = 1,
-                 feature_extractor: bool = False) -> Path:
-    """A 1+1-layer Whisper (d_model 32, 16 mel bins, 32 source positions; `decoder_layers` decoder layers), with its
-    feature extractor (`preprocessor_config.json`: 64 frames from one second of audio at 10240 Hz) when asked."""
+                 feature_extractor: bool = False, source_positions: int = 32) -> Path:
+    """A 1+1-layer Whisper (d_model 32, 16 mel bins, `source_positions` source positions, 32 by default; 1500 is a
+    real Whisper's 30 s window of 3000 frames, the one ONNX Runtime GenAI runs; `decoder_layers` decoder layers),
+    with its feature extractor (`preprocessor_config.json`: twice `source_positions` frames at hop 160 from one
+    second of audio, or 30 s at 16 kHz for 1500 positions) when asked."""
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     torch.manual_seed(seed)
     config = WhisperConfig(
         vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=decoder_layers, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16,
-        max_source_positions=32, max_target_positions=64, decoder_start_token_id=1, pad_token_id=0,
+        max_source_positions=source_positions, max_target_positions=64, decoder_start_token_id=1, pad_token_id=0,
         eos_token_id=99,  # a token greedy decoding of this model does not pick early: parity sees 8 steps
         bos_token_id=1, suppress_tokens=None, begin_suppress_tokens=None,
         init_std=1.0,  # the default 0.02 makes greedy decoding repeat one token: parity could not fail
@@ -141,7 +143,8 @@ def tiny_whisper(folder: Path, recipe: Any | None = None, seed: int = 0, decoder
     if feature_extractor:
         from transformers import WhisperFeatureExtractor
 
-        WhisperFeatureExtractor(feature_size=16, sampling_rate=10240, hop_length=160, chunk_length=1,
+        rate, seconds = (16000, 30) if source_positions == 1500 else (source_positions * 320, 1)
+        WhisperFeatureExtractor(feature_size=16, sampling_rate=rate, hop_length=160, chunk_length=seconds,
                                 n_fft=400).save_pretrained(folder)
     return _saved(WhisperForConditionalGeneration(config), folder, recipe)
 

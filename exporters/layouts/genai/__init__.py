@@ -1,12 +1,16 @@
-"""ONNX Runtime GenAI's layout: a merged decoder graph with `genai_config.json` beside it, `og.Model(folder)`.
+"""ONNX Runtime GenAI's layout: a merged decoder graph with `genai_config.json` beside it, `og.Model(folder)`; for a
+Whisper, GenAI's encoder and decoder graphs derived from the export's, with theirs.
 
-| module      | what it holds                                                                                    |
-|-------------|--------------------------------------------------------------------------------------------------|
-| `__init__`  | [`Genai`]: when it applies (an ONNX generation target of one merged decoder), its card snippet    |
-| `config.py` | `genai_config.json`: the fields GenAI's own model builder writes                                  |
-| `buffer.py` | a `GroupQueryAttention` graph rewritten to share GenAI's past/present buffer                       |
-| `files.py`  | the files it writes beside the graph (the buffer rewrite, then `genai_config.json`)               |
-| `proof.py`  | GenAI's greedy generation from the folder alone, token for token against eager                   |
+| module             | what it holds                                                                              |
+|--------------------|--------------------------------------------------------------------------------------------|
+| `__init__`         | [`Genai`]: when it applies (an ONNX generation target of one merged decoder, or a Whisper's  |
+|                    | encoder and merged decoder in GenAI's 30 s window), its card snippets                        |
+| `config.py`        | `genai_config.json`: the fields GenAI's own model builder writes                            |
+| `buffer.py`        | a `GroupQueryAttention` graph rewritten to share GenAI's past/present buffer                 |
+| `files.py`         | the files it writes beside the graphs (the buffer rewrite, Whisper's graphs, the config)    |
+| `proof.py`         | GenAI's greedy generation from the folder alone, token for token against eager             |
+| `whisper.py`       | Whisper: `genai_encoder.onnx` (with the cross-attention cache) and `genai_decoder.onnx`      |
+| `whisper_proof.py` | GenAI transcribing the sample's spectrogram from the folder alone, against eager           |
 
 Example:
     >>> Genai().runtime, Genai().executes
@@ -20,30 +24,82 @@ from typing import Any
 
 from exporters.layouts.base import Layout, components_in, latent_cache, read_json
 from exporters.layouts.genai.config import GENAI_CONFIG
-from exporters.layouts.card import EXAMPLE_IDS, NO_TOKENIZER, PROMPT_LINE, download, has_tokenizer
+from exporters.layouts.card import EXAMPLE_IDS, NO_TOKENIZER, PROMPT_LINE, download, file_names, has_tokenizer
 
 MERGED = "model"  # the one component of a merged decoder export (exporters.capture.merged.MERGED)
 ENCODER = "encoder"  # an encoder-decoder export's encoder (optimum's encoder_model.onnx)
-# What GenAI's Whisper model (src/models/whisper.cpp, 0.18) feeds, against optimum's merged decoder
-WHISPER_DECLINED = (
-    "GenAI's Whisper model runs an encoder graph fed `audio_features` and a decoder fed `input_ids`, its self-attention "
-    "past and either the encoder's per-layer cross-attention keys and values (outputs of GenAI's encoder graph) or "
-    "`encoder_hidden_states`; this folder is optimum's (encoder_model.onnx outputs `last_hidden_state`, "
-    "decoder_model_merged.onnx also takes `past_key_values.N.encoder.key/value` and `use_cache_branch`), which GenAI "
-    "does not feed: GenAI's own builder writes its Whisper graphs")
+# GenAI's Whisper model takes 30-second windows only: `int num_frames_{3000}` and ValidateWhisperAudioFeaturesShape
+# ("Whisper uses num_frames = 3000", src/models/whisper.h, 0.18), its encoder output allocated [batch, 1500, hidden]
+GENAI_WHISPER_FRAMES = 3000
+EMBED_TOKENS = "embed_tokens"  # a vision-language export's (exporters.capture.components.VLM_TEXT_STAGES)
+# GenAI 0.18's vision-language and multimodal model types (src/models/model_type.h: IsVLM, IsMMM; the 0.18 library's
+# own strings): each runs from its builder's vision, embedding and text graphs and its processor config
+GENAI_VLM_TYPES = ("fara", "gemma3", "gemma4", "mistral3", "phi3v", "phi4mm", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe",
+                   "qwen3_vl", "videochat_flash_qwen")
+WHISPER_ENCODER_FILE = "genai_encoder.onnx"  # whisper.GENAI_ENCODER: what tells a Whisper folder's card apart
+NOT_DERIVED = ("GenAI's Whisper graphs could not be derived from this export's encoder and merged decoder (the "
+               "export's notes say why)")
+
+# The card's Whisper snippet after the download lines: the folder's feature extractor on your audio (here one second
+# of a 440 Hz tone, padded to the 30 s window), fed to GenAI as features with the decoder's start token
+WHISPER_SNIPPET = """import numpy as np
+import onnxruntime_genai as og
+from transformers import AutoConfig, AutoFeatureExtractor
+
+extractor = AutoFeatureExtractor.from_pretrained(folder)
+seconds = np.arange(extractor.sampling_rate) / extractor.sampling_rate
+audio = 0.5 * np.sin(2 * np.pi * 440 * seconds)  # your audio, at extractor.sampling_rate
+features = extractor(audio, sampling_rate=extractor.sampling_rate, return_tensors="np").input_features
+start = AutoConfig.from_pretrained(folder).decoder_start_token_id
+
+model = og.Model(folder)
+inputs = og.NamedTensors()
+inputs["audio_features"] = features.astype(np.float32)
+inputs["input_ids"] = np.array([[start]], dtype=np.int32)  # add a language and task token where the model is multilingual
+params = og.GeneratorParams(model)
+params.set_search_options(max_length=32)
+generator = og.Generator(model, params)
+generator.set_inputs(inputs)
+while not generator.is_done():
+    generator.generate_next_token()
+print(generator.get_sequence(0).tolist())"""
 
 
-def encoder_decoder_declined(config: dict[str, Any]) -> str:
-    """Why GenAI cannot take an encoder-decoder ONNX folder (its `config.json`, read as data).
+def encoder_decoder_declined(config: dict[str, Any]) -> str | None:
+    """Why GenAI cannot take an encoder-decoder ONNX folder (its `config.json`, read as data), None for a Whisper
+    GenAI runs (its two graphs are then derived: `whisper.py`).
 
     Example:
         >>> encoder_decoder_declined({"model_type": "t5"}).startswith("GenAI has no encoder-decoder text model")
         True
+        >>> encoder_decoder_declined({"model_type": "whisper", "max_source_positions": 1500}) is None
+        True
     """
-    if config.get("model_type") == "whisper":
-        return WHISPER_DECLINED
-    return (f"GenAI has no encoder-decoder text model type (model type {config.get('model_type')!r}): it runs "
-            "decoder-only language models, vision-language models and Whisper")
+    if config.get("model_type") != "whisper":
+        return (f"GenAI has no encoder-decoder text model type (model type {config.get('model_type')!r}): it runs "
+                "decoder-only language models, vision-language models and Whisper")
+    positions = config.get("max_source_positions")
+    frames = 2 * positions if isinstance(positions, int) else None
+    if frames != GENAI_WHISPER_FRAMES:
+        return (f"GenAI's Whisper model runs 30-second windows only ({GENAI_WHISPER_FRAMES} mel frames, "
+                f"max_source_positions 1500: \"Whisper uses num_frames = {GENAI_WHISPER_FRAMES}\"); this model's "
+                f"encoder takes {frames} frames (max_source_positions {positions!r})")
+    return None
+
+
+def vision_language_declined(config: dict[str, Any]) -> str:
+    """Why GenAI does not run a vision-language ONNX folder of this product (its `config.json`, read as data).
+
+    Example:
+        >>> vision_language_declined({"model_type": "llava"}).startswith("GenAI 0.18 has no vision-language model type")
+        True
+    """
+    model_type = config.get("model_type")
+    if model_type in GENAI_VLM_TYPES:
+        return (f"GenAI runs {model_type!r} as a vision-language model from its own builder's graphs (a vision, an "
+                "embedding and a text model) and processor config, a layout this product does not write yet")
+    return (f"GenAI 0.18 has no vision-language model type {model_type!r}: it runs {', '.join(GENAI_VLM_TYPES)} "
+            "(src/models/model_type.h)")
 
 
 class Genai(Layout):
@@ -56,31 +112,53 @@ class Genai(Layout):
     executes = (GENAI_CONFIG,)
 
     def may_apply(self, target: Any, components: list[str]) -> bool:
-        # an encoder-decoder folder only to be declined with the reason (`declines`): nothing is written for it
+        # an encoder-decoder folder gets Whisper's graphs or is declined with the reason (`declines`), a
+        # vision-language one is declined with the reason
         return target.export_format == "onnx" and target.mode == "generation" \
-            and (list(components) == [MERGED] or ENCODER in components)
+            and (list(components) == [MERGED] or ENCODER in components or EMBED_TOKENS in components)
 
     def applies(self, target: Any, directory: Path) -> bool:
         # no genai_config.json: the export said why (a graph input GenAI does not feed)
         return (directory / GENAI_CONFIG).is_file() and self.may_apply(target, components_in(directory))
 
     def declines(self, target: Any, directory: Path) -> str | None:
+        if EMBED_TOKENS in components_in(directory):
+            return vision_language_declined(read_json(directory / "config.json"))
         if ENCODER in components_in(directory):
-            return encoder_decoder_declined(read_json(directory / "config.json"))
+            why = encoder_decoder_declined(read_json(directory / "config.json"))
+            return why if why or (directory / GENAI_CONFIG).is_file() else NOT_DERIVED
         return latent_cache(directory)  # GenAI's KV cache is one key and one value per head and layer
 
     def reference(self, model: Any, context: Any) -> Any:
-        if getattr(model.config, "is_encoder_decoder", False):  # declined (`declines`): no proof runs
+        if getattr(model.config, "vision_config", None) is not None:  # declined (`vision_language_declined`)
             return None
+        if getattr(model.config, "is_encoder_decoder", False):  # Whisper's proof, else declined: no proof runs
+            if encoder_decoder_declined(model.config.to_dict()):
+                return None
+            return self.part("whisper_proof").reference(model, context)
         return super().reference(model, context)
 
+    def prove(self, directory: Path, reference: Any, context: Any) -> Any:
+        if isinstance(reference, dict):  # Whisper's (whisper_proof.reference)
+            return self.part("whisper_proof").prove(self, directory, reference, context)
+        return super().prove(directory, reference, context)
+
     def write_files(self, directory: Path, target: Any, model: Any, notes: list[str]) -> None:
+        components = components_in(directory)
+        if ENCODER in components:  # Whisper: GenAI's two graphs derived from the export's, where GenAI runs it
+            runs = not encoder_decoder_declined(read_json(directory / "config.json"))
+            if runs and self.may_apply(target, components):
+                self.part("files").write_whisper_files(directory, model, notes)
+            return
         if self.declines(target, directory):  # no genai_config.json: the "runs in" column says why
             return
         if getattr(target, "merged", False) and self.may_apply(target, components_in(directory)):
             self.part("files").write_files(directory, model, notes)
 
     def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str]:
+        if any(name.rsplit("/", 1)[-1] == WHISPER_ENCODER_FILE for name in file_names(target)):
+            return "python", download(repo_id, target, revision, "genai_config.json may name a library to load") \
+                + WHISPER_SNIPPET
         if has_tokenizer(target):
             prepare, prompt, shown = (f"tokenizer = og.Tokenizer(model)\n{PROMPT_LINE}\n", "tokenizer.encode(prompt)",
                                       "tokenizer.decode(generator.get_sequence(0))")

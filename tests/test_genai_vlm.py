@@ -1,0 +1,35 @@
+"""Vision-language ONNX folders and ONNX Runtime GenAI (#52 §3): GenAI 0.18 runs its own vision-language model types
+(Gemma 3, Phi-3-vision, Qwen2.5-VL, ...) from its builder's graphs, which this product does not write yet, and has
+no LLaVA: the plainest ONNX generation recipe of a tiny LLaVA passes on its own checks, and its "runs in" column
+says ONNX Runtime GenAI ✗ with the reason (no genai_config.json is written).
+"""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import run_and_read
+from tests.models import tiny_llava_with_processor
+
+RECIPE = {"exports": [{"export_format": "onnx", "mode": "generation"}], "generation": {"max_new_tokens": 8}}
+
+
+def test_genai_declines_a_llava_onnx_folder_with_the_reason_and_the_verdict_stands(tmp_path):
+    out, report, log = run_and_read(tmp_path, tiny_llava_with_processor(tmp_path / "model", RECIPE))
+    [target] = report["targets"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert "embed_tokens" in [component["name"] for component in target["components"]]
+    [proof] = [proof for proof in target["runtimes"] if proof["runtime"] == "ONNX Runtime GenAI"]
+    assert proof["status"] == "declined", proof
+    assert "GenAI 0.18 has no vision-language model type 'llava': it runs fara, gemma3," in proof["detail"], proof
+    assert not (out / target["name"] / "genai_config.json").exists()
+    assert "ONNX Runtime GenAI ✗ cannot take this model: GenAI 0.18 has no vision-language model type 'llava'" \
+        in (out / "report.md").read_text()
+
+
+def test_a_vision_language_type_genai_runs_is_declined_as_a_layout_not_written_yet():
+    from exporters.layouts.genai import vision_language_declined
+
+    why = vision_language_declined({"model_type": "gemma3"})
+    assert why.startswith("GenAI runs 'gemma3' as a vision-language model from its own builder's graphs"), why
+    assert "a layout this product does not write yet" in why
