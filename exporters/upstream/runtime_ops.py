@@ -310,9 +310,10 @@ def transposed_weights_written_in_blocks():
     """While an ONNX graph is saved, a weight onnxscript's constant folding turned into its transpose (every
     linear's `MatMul` takes `W.T`: a transposed numpy view of the parameter) is written through torch's transpose
     copy a block at a time ([`TRANSPOSE_BLOCK_BYTES`]), instead of numpy's `tofile` of the view, which walks it
-    element by element: 0.09-0.27 GB/s against about 1 GB/s, 18 s of the 1.1B model's save for its 4.2 GB of
-    linears (docs/upstream-gaps.md #48). The same bytes in the same order; every other tensor (C-contiguous, not 2-D,
-    or a dtype torch does not hold, such as ml_dtypes' bfloat16) is written by upstream's own `tofile`.
+    element by element: 0.09-0.27 GB/s against about 1 GB/s (5.4 s against 3.0 s of CPU, the writes included, for
+    the 922 MiB of linears of TinyLlama-1.1B's width at 4 layers; docs/upstream-gaps.md #48). The same bytes in the
+    same order; every other tensor (C-contiguous, not 2-D, or a dtype torch does not hold, such as ml_dtypes'
+    bfloat16) is written by upstream's own `tofile`.
 
     Example:
         >>> with transposed_weights_written_in_blocks():  # doctest: +SKIP
