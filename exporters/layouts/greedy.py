@@ -122,5 +122,8 @@ def batch_reference(model: Any, context: RuntimeContext, default_pad: int) -> Ge
                              generation_config=greedy)
     new = [until_eos(row[width:].tolist(), eos) for row in out.cpu()]
     reference = GenaiReference(prompts, new, pad, eos, steps)
-    _LAST_BATCH = (weakref.ref(model), copy.deepcopy(key), copy.deepcopy(reference))
+    try:
+        _LAST_BATCH = (weakref.ref(model), copy.deepcopy(key), copy.deepcopy(reference))
+    except TypeError:  # an object no weak reference can name is not remembered (generated again next time)
+        _LAST_BATCH = None
     return reference
