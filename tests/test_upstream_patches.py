@@ -229,3 +229,43 @@ def test_patched_puts_back_what_was_there():
         assert table == {"kept": 2, "added": 3}
         raise Boom
     assert table == {"kept": 1}
+
+
+def _transposed_model(arrays: dict[str, Any]):
+    import onnx_ir as ir
+
+    graph = ir.Graph([], [], nodes=[], name="g")
+    for name, array in arrays.items():
+        graph.register_initializer(ir.Value(name=name, const_value=ir.Tensor(array, name=name)))
+    return ir.Model(graph, ir_version=10)
+
+
+def test_transposed_weights_are_written_byte_for_byte_a_block_at_a_time(tmp_path: Path, monkeypatch):
+    """A folded transpose (a linear's `W.T`: a transposed numpy view of the parameter) is written by torch's transpose
+    copy, in blocks (here several, the last one short), and `onnx_ir.save` writes the same bytes as upstream's own
+    numpy writer; a C-contiguous tensor, a 1-D one and a dtype torch cannot view (ml_dtypes' bfloat16) go through
+    upstream's writer unchanged."""
+    import ml_dtypes
+    import numpy as np
+    import onnx_ir as ir
+
+    rng = np.random.default_rng(0)
+    arrays = {"linear": rng.standard_normal((37, 21), dtype=np.float32).T,  # the view the optimizer folds to
+              "half": rng.standard_normal((9, 40)).astype(np.float16).T,
+              "ints": rng.integers(-100, 100, (40, 30), dtype=np.int8).T,
+              "plain": rng.standard_normal((5, 7), dtype=np.float32), "vector": np.arange(11, dtype=np.int64),
+              "bf16": rng.standard_normal((40, 30)).astype(ml_dtypes.bfloat16).T}
+    assert not arrays["linear"].flags.c_contiguous
+    ir.save(_transposed_model(arrays), str(tmp_path / "upstream.onnx"), external_data="upstream.onnx.data")
+    monkeypatch.setattr(runtime_ops, "TRANSPOSE_BLOCK_BYTES", 37 * 4 * 5)  # 5 of linear's 21 rows a block
+    blocks: list[tuple[int, ...]] = []
+    real = runtime_ops._write_transposed
+    monkeypatch.setattr(runtime_ops, "_write_transposed",
+                        lambda matrix, file: (blocks.append(tuple(matrix.shape)), real(matrix, file)))
+    with runtime_ops.transposed_weights_written_in_blocks():
+        ir.save(_transposed_model(arrays), str(tmp_path / "ours.onnx"), external_data="ours.onnx.data")
+    assert blocks == [(37, 21), (9, 40), (40, 30)]  # the transposed views only: the parameters as torch holds them
+    assert (tmp_path / "ours.onnx.data").read_bytes() == (tmp_path / "upstream.onnx.data").read_bytes()
+    loaded = ir.load(str(tmp_path / "ours.onnx"))
+    for name, array in arrays.items():
+        assert np.array_equal(loaded.graph.initializers[name].const_value.numpy(), array), name

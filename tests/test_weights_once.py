@@ -153,6 +153,23 @@ def test_each_target_stores_its_weights_once(run, eager, name):
     assert not any("parameter bytes" in f for f in target["findings"])
 
 
+def test_onnx_holds_every_parameter_bytes_for_bytes(run, eager):
+    """The merged ONNX graph holds each parameter's own bytes: a linear's weight as the transpose its `MatMul`
+    takes (written a block at a time, `exporters.upstream.transposed_weights_written_in_blocks`), every other
+    parameter as it is; read back with onnx's own reader."""
+    import onnx
+    from onnx import numpy_helper
+
+    _, out, _, _ = run
+    graph = onnx.load(str(out / "onnx" / "model.onnx")).graph  # the weights read from the external-data file
+    stored = {(tuple(a.shape), a.tobytes()) for a in map(numpy_helper.to_array, graph.initializer)}
+    for name, parameter in eager.named_parameters():
+        value = parameter.detach()
+        linear = name.endswith("proj.weight") or name == "lm_head.weight"
+        want = value.t().contiguous() if linear else value
+        assert (tuple(want.shape), want.numpy().tobytes()) in stored, name
+
+
 def test_separate_dynamo_programs_duplicate_the_weights_and_the_report_says_so(run, eager):
     _, out, _, targets = run
     target = targets["dynamo-split"]

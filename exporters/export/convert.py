@@ -134,7 +134,9 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
     An ONNX graph's optimizer removes only an exact `+ 0` or `* 1` (`exporters.upstream.exact_no_op_rewrites`: a norm
     keeps an epsilon of 1e-8) and tries its two-output pattern only where it can match (`multi_output_patterns_anchored`:
     upstream's matcher is quadratic in the graph's size) and leaves a tied table's transpose to the runtime
-    (`shared_tables_kept_once`: stored once), and torch.onnx's second trace is skipped where it would
+    (`shared_tables_kept_once`: stored once) and writes a folded transpose a block at a time
+    (`transposed_weights_written_in_blocks`: numpy's writer walks it element by element), and torch.onnx's second
+    trace is skipped where it would
     change nothing the translation needs (`exporters.upstream.decompose_only_what_onnx_lacks`), and its
     type-promotion pass reads the values the trace recorded (`exporters.upstream.type_promotion_on_traced_values`).
     `ort_fusions: "cpu"` fuses `GroupQueryAttention` at any batch
@@ -144,6 +146,7 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
         stack.enter_context(upstream.exact_no_op_rewrites())
         stack.enter_context(upstream.multi_output_patterns_anchored())
         stack.enter_context(upstream.shared_tables_kept_once())
+        stack.enter_context(upstream.transposed_weights_written_in_blocks())
         stack.enter_context(upstream.decompose_only_what_onnx_lacks())
         stack.enter_context(upstream.type_promotion_on_traced_values())
         stack.enter_context(upstream.group_query_attention_at_any_batch())
@@ -342,7 +345,8 @@ def _input_paths(inputs: dict) -> list[str]:
 
 def save_exported(exported, target, directory: Path) -> None:
     """Write the export with upstream `save_pretrained`, then apply the seed's ONNX file options."""
-    exported.save_pretrained(directory)
+    with upstream.transposed_weights_written_in_blocks() if target.export_format == "onnx" else contextlib.nullcontext():
+        exported.save_pretrained(directory)
     if target.export_format == "onnx":
         apply_onnx_file_options(target, directory)
 

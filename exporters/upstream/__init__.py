@@ -102,6 +102,7 @@ from exporters.upstream.runtime_ops import (
     new_empty_as_zeros,
     patch_convolutions_as_matmul,
     shared_tables_kept_once,
+    transposed_weights_written_in_blocks,
 )
 from exporters.upstream.pytree import (
     cast_leaf_tensors,
@@ -148,6 +149,7 @@ __all__ = [
     "decompose_only_what_onnx_lacks",
     "exact_no_op_rewrites",
     "shared_tables_kept_once",
+    "transposed_weights_written_in_blocks",
     "multi_output_patterns_anchored",
     "executorch_method_runner",
     "experts_without_custom_ops",
