@@ -31,6 +31,30 @@ UNREAD_PRE_TOKENIZERS = frozenset({"Whitespace", "WhitespaceSplit"})
 RUNNER_IMPORTS = ("import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the llama:: kernels)\n"
                   "import executorch.kernels.quantized  # noqa: F401  (a quantized embedding table's kernels)\n"
                   "from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner\n")
+# The kernel libraries RUNNER_IMPORTS' first two lines load (`llama::` and the quantized kernels, which register
+# themselves with ExecuTorch's runtime as they load), loaded by a proof's child as executorch's own modules load them
+# (`torch.ops.load_library`, the custom ops required, the quantized ones where installed) but without the Python
+# around them: that imports torch._inductor's lowerings and executorch.exir for exporting, 3.4 of the child's 5.2 CPU
+# seconds (benchmarks/RESULTS.md). The card's snippet keeps RUNNER_IMPORTS (tests run it as written).
+RUNNER_KERNELS = r"""import glob, importlib.util, os
+import torch
+_executorch = importlib.util.find_spec("executorch").submodule_search_locations[0]
+[_custom_ops] = glob.glob(os.path.join(_executorch, "extension/llm/custom_ops/**/*custom_ops_aot_lib.*"), recursive=True)
+torch.ops.load_library(_custom_ops)
+for _quantized in glob.glob(os.path.join(_executorch, "kernels/quantized/**/*quantized_ops_aot_lib.*"), recursive=True):
+    torch.ops.load_library(_quantized)
+"""
+
+
+def runner_child_imports(runner: str) -> str:
+    """The lines a runner proof's child starts with: the kernel libraries ([`RUNNER_KERNELS`]) and `runner` (the
+    pybinding's class) with `GenerationConfig`.
+
+    Example:
+        >>> runner_child_imports("TextLLMRunner").splitlines()[-1]
+        'from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner'
+    """
+    return RUNNER_KERNELS + f"from executorch.extension.llm.runner import GenerationConfig, {runner}\n"
 
 
 class ExecutorchLlm(Layout):
