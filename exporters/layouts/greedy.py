@@ -15,6 +15,8 @@ Example:
 
 from __future__ import annotations
 
+import copy
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +84,18 @@ def pieces_matched(got: list[str], want: list[int], ids_of: dict[str, list[int]]
 
 def batch_reference(model: Any, context: RuntimeContext, default_pad: int) -> GenaiReference:
     """Eager greedy `generate` over a left-padded batch of two prompts of different lengths (see the module);
-    `default_pad` pads where the model has no pad token (the runtime's own default)."""
+    `default_pad` pads where the model has no pad token (the runtime's own default). Computed once per context and
+    model for a `default_pad` (GenAI's and optimum's proofs ask the same); each caller gets its own copy."""
+    key = ("batch_reference", id(model), default_pad)
+    kept = context.eager_once.get(key)
+    if kept is not None and kept[0]() is model:
+        return copy.deepcopy(kept[1])
+    reference = _batch_reference(model, context, default_pad)
+    context.eager_once[key] = (weakref.ref(model), copy.deepcopy(reference))
+    return reference
+
+
+def _batch_reference(model: Any, context: RuntimeContext, default_pad: int) -> GenaiReference:
     config = getattr(model.config, "text_config", None) or model.config
     ids = context.generate_inputs["input_ids"][0].tolist()
     special = special_token_ids(context.generation_config, model.config)
