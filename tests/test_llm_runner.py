@@ -11,8 +11,6 @@ import copy
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -238,21 +236,6 @@ def test_the_runner_proof_holds_a_quantized_program_to_min_greedy_match():
     assert required_match(target(dtype="float16"), 16) == 8
 
 
-LOADED_LIBRARIES = """
-import json, sys
-print(json.dumps(sorted({line.split()[-1].rsplit("/", 1)[-1] for line in open("/proc/self/maps")
-                         if "/executorch/" in line and ".so" in line})))
-"""
-
-
-def _executorch_libraries(imports: str) -> set[str]:
-    """The executorch native libraries a fresh Python has loaded after running `imports` (Linux: /proc/self/maps)."""
-    done = subprocess.run([sys.executable, "-c", imports + LOADED_LIBRARIES], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return set(json.loads(done.stdout.splitlines()[-1]))
-
-
 def test_the_runner_proofs_child_loads_the_runtime_not_the_exporter(llama_runner, tmp_path):
     """The runner proof's child loads the kernel libraries and the runner, not the exporting Python that importing
     executorch's `custom_ops` module brings (torch._inductor's lowerings, executorch.exir: 3.4 of the child's 5.2 CPU
@@ -284,7 +267,7 @@ def test_the_cards_runner_snippet_runs_as_written(llama_runner, hub, tmp_path):
     it imports the custom kernels the program's SDPA needs, as the runner proof's child does, and generates."""
     from exporters.layouts.executorch_llm import runner_child_imports
     from exporters.layouts.executorch_llm.proof import CHILD
-    from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
+    from tests.card_snippets import card_snippets, executorch_libraries, exports_card, run_snippet, upload_exports
 
     out, report, _ = llama_runner
     commit = upload_exports(hub, "alice/runner", out, ["executorch"])
@@ -296,9 +279,9 @@ def test_the_cards_runner_snippet_runs_as_written(llama_runner, hub, tmp_path):
     # and every native library the proof's child loads (its kernels, loaded without the exporting Python), the
     # card's imports load too
     card_imports = "".join(line + "\n" for line in code.splitlines() if "executorch" in line and "import" in line)
-    child = _executorch_libraries(runner_child_imports("TextLLMRunner"))
+    child = executorch_libraries(runner_child_imports("TextLLMRunner"))
     assert any("custom_ops_aot_lib" in name for name in child), child
-    assert child <= _executorch_libraries(card_imports), (child, card_imports)
+    assert child <= executorch_libraries(card_imports), (child, card_imports)
     done = run_snippet(code, hub, tmp_path / "home", prompt=PROMPT)
     assert done.returncode == 0, (code, done.stderr[-3000:])
     generation = _target(report)["generation"]

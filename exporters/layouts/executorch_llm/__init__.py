@@ -33,28 +33,34 @@ RUNNER_IMPORTS = ("import executorch.extension.llm.custom_ops.custom_ops  # noqa
                   "from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner\n")
 # The kernel libraries RUNNER_IMPORTS' first two lines load (`llama::` and the quantized kernels, which register
 # themselves with ExecuTorch's runtime as they load), loaded by a proof's child as executorch's own modules load them
-# (`torch.ops.load_library`, the custom ops required, the quantized ones where installed) but without the Python
+# (`torch.ops.load_library`; the custom ops required, the quantized ones where installed) but without the Python
 # around them: that imports torch._inductor's lowerings and executorch.exir for exporting, 3.4 of the child's 5.2 CPU
 # seconds (benchmarks/RESULTS.md). The card's snippet keeps RUNNER_IMPORTS (tests run it as written).
-RUNNER_KERNELS = r"""import glob, importlib.util, os
+CUSTOM_OPS_KERNELS = r"""import glob, importlib.util, os
 import torch
 _executorch = importlib.util.find_spec("executorch").submodule_search_locations[0]
 [_custom_ops] = glob.glob(os.path.join(_executorch, "extension/llm/custom_ops/**/*custom_ops_aot_lib.*"), recursive=True)
 torch.ops.load_library(_custom_ops)
-for _quantized in glob.glob(os.path.join(_executorch, "kernels/quantized/**/*quantized_ops_aot_lib.*"), recursive=True):
+"""
+QUANTIZED_KERNELS = r"""try:  # as executorch.kernels.quantized: a library not installed is not loaded
+    [_quantized] = glob.glob(os.path.join(_executorch, "kernels/quantized/**/*quantized_ops_aot_lib.*"), recursive=True)
     torch.ops.load_library(_quantized)
+except Exception:
+    pass
 """
 
 
-def runner_child_imports(runner: str) -> str:
-    """The lines a runner proof's child starts with: the kernel libraries ([`RUNNER_KERNELS`]) and `runner` (the
-    pybinding's class) with `GenerationConfig`.
+def runner_child_imports(runner: str, quantized: bool = True) -> str:
+    """The lines a runner proof's child starts with: the kernel libraries its card's imports load
+    ([`CUSTOM_OPS_KERNELS`], and [`QUANTIZED_KERNELS`] where `quantized`), then `runner` (the pybinding's class) with
+    `GenerationConfig`.
 
     Example:
         >>> runner_child_imports("TextLLMRunner").splitlines()[-1]
         'from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner'
     """
-    return RUNNER_KERNELS + f"from executorch.extension.llm.runner import GenerationConfig, {runner}\n"
+    kernels = CUSTOM_OPS_KERNELS + (QUANTIZED_KERNELS if quantized else "")
+    return kernels + f"from executorch.extension.llm.runner import GenerationConfig, {runner}\n"
 
 
 class ExecutorchLlm(Layout):

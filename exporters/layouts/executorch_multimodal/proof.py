@@ -39,7 +39,7 @@ import json, sys
 import torch
 from transformers import BatchFeature
 spec = json.loads(sys.argv[1])
-""" + runner_child_imports("MultimodalRunner") + r"""
+""" + runner_child_imports("MultimodalRunner", quantized=False) + r"""
 args = [spec["program"], spec["tokenizer"]] + ([spec["data"]] if spec["data"] else [])
 runner = MultimodalRunner(*args)
 inputs = BatchFeature(torch.load(spec["inputs"], weights_only=True))
