@@ -279,6 +279,7 @@ def test_the_cards_runner_snippet_runs_as_written(llama_runner, hub, tmp_path):
     # and every native library the proof's child loads (its kernels, loaded without the exporting Python), the
     # card's imports load too
     card_imports = "".join(line + "\n" for line in code.splitlines() if "executorch" in line and "import" in line)
+    assert runner_child_imports("TextLLMRunner") in CHILD
     child = executorch_libraries(runner_child_imports("TextLLMRunner"))
     assert any("custom_ops_aot_lib" in name for name in child), child
     assert child <= executorch_libraries(card_imports), (child, card_imports)
