@@ -39,8 +39,11 @@ RUNNER_IMPORTS = ("import executorch.extension.llm.custom_ops.custom_ops  # noqa
 CUSTOM_OPS_KERNELS = r"""import glob, importlib.util, os
 import torch
 _executorch = importlib.util.find_spec("executorch").submodule_search_locations[0]
-[_custom_ops] = glob.glob(os.path.join(_executorch, "extension/llm/custom_ops/**/*custom_ops_aot_lib.*"), recursive=True)
-torch.ops.load_library(_custom_ops)
+_custom_ops = glob.glob(os.path.join(_executorch, "extension/llm/custom_ops/**/*custom_ops_aot_lib.*"), recursive=True)
+if len(_custom_ops) != 1:  # as executorch's custom_ops.py asserts
+    raise ImportError(f"expected one custom_ops_aot_lib in the installed executorch ({_executorch}), found "
+                      f"{len(_custom_ops)}: reinstall the pinned executorch")
+torch.ops.load_library(_custom_ops[0])
 """
 QUANTIZED_KERNELS = r"""try:  # as executorch.kernels.quantized: a library not installed is not loaded
     [_quantized] = glob.glob(os.path.join(_executorch, "kernels/quantized/**/*quantized_ops_aot_lib.*"), recursive=True)
