@@ -81,3 +81,23 @@ def run_js_card(code: str, folder: Path, scratch: Path, timeout: float = 300) ->
     done = subprocess.run(["node", "card.mjs"], cwd=scratch, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, (code, done.stderr[-3000:])
     return done.stdout.strip()
+
+
+LOADED_LIBRARIES = """
+import json, sys
+print(json.dumps(sorted({line.split()[-1].rsplit("/", 1)[-1] for line in open("/proc/self/maps")
+                         if "/executorch/" in line and ".so" in line})))
+"""
+
+
+def executorch_libraries(imports: str) -> set[str]:
+    """The executorch native libraries (file names) a fresh Python of this environment has loaded after running
+    `imports` (read from Linux's /proc/self/maps): what a card's imports and a proof's child load, compared.
+
+    Example:
+        executorch_libraries("import executorch.kernels.quantized\n")  # doctest: +SKIP
+    """
+    done = subprocess.run([sys.executable, "-c", imports + LOADED_LIBRARIES], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return set(json.loads(done.stdout.splitlines()[-1]))

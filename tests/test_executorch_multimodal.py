@@ -84,14 +84,24 @@ def test_the_cards_multimodal_snippet_runs_as_written(llava_runner, hub, tmp_pat
     import numpy as np
     from PIL import Image
 
+    from exporters.layouts.executorch_llm import runner_child_imports
     from exporters.layouts.executorch_multimodal import GENERATE, RUNNER_IMPORTS
-    from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
+    from exporters.layouts.executorch_multimodal.proof import CHILD
+    from tests.card_snippets import card_snippets, executorch_libraries, exports_card, run_snippet, upload_exports
 
     _, out, report, _ = llava_runner
     commit = upload_exports(hub, "alice/llava", out, ["executorch"])
     [(runtime, language, code)] = card_snippets(exports_card("alice/llava", out, commit))
     assert runtime == RUNTIME and language == "python" and f'revision="{commit}"' in code
     assert RUNNER_IMPORTS in code and GENERATE.split("(")[0] in code
+    # the proof's child loads the kernels without the exporting Python (`runner_child_imports`): every native
+    # library it loads, the card's imports load too, and its runner import is the card's
+    child_imports = runner_child_imports("MultimodalRunner", quantized=False)
+    assert child_imports.splitlines()[-1] in CHILD and child_imports.splitlines()[-1] in code
+    assert child_imports in CHILD
+    child = executorch_libraries(child_imports)
+    assert any("custom_ops_aot_lib" in name for name in child), child
+    assert child <= executorch_libraries(RUNNER_IMPORTS), child
     home = tmp_path / "home"
     home.mkdir()
     Image.fromarray((np.random.default_rng(0).random((40, 48, 3)) * 255).astype("uint8")).save(home / "image.jpg")

@@ -9,16 +9,25 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import PLAINEST_EXECUTORCH, run_and_read
+from tests.conftest import PLAINEST_EXECUTORCH, ROOT, run_and_read, run_cli
 from tests.models import RUNNER_EOS as EOS
 from tests.models import runner_model
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
+RUNNER = "ExecuTorch LLM runner"
+# a sitecustomize: each runtime proof's child (started with -c; the CLI and its forked exports are not) writes the
+# modules it had loaded when it ended
+MODULES_DUMPER = """import atexit, json, os, sys
+if sys.argv[:1] == ["-c"]:
+    atexit.register(lambda: json.dump(sorted(sys.modules), open(os.path.join({folder!r}, f"{{os.getpid()}}.json"), "w")))
+"""
 
 
 def _export(root: Path, kind: str, recipe, bench: bool = False, layers: int = 2) -> tuple[Path, dict, str]:
@@ -227,19 +236,53 @@ def test_the_runner_proof_holds_a_quantized_program_to_min_greedy_match():
     assert required_match(target(dtype="float16"), 16) == 8
 
 
+def test_the_runner_proofs_child_loads_the_runtime_not_the_exporter(llama_runner, tmp_path):
+    """The runner proof's child loads the kernel libraries and the runner, not the exporting Python that importing
+    executorch's `custom_ops` module brings (torch._inductor's lowerings, executorch.exir: 3.4 of the child's 5.2 CPU
+    seconds, benchmarks/RESULTS.md); its proof of the folder, through `hf-export validate`, is the run's."""
+    out, report, _ = llama_runner
+    target = _target(report)
+    copy = tmp_path / "out"  # validate rewrites the report: on a copy of the module's export
+    shutil.copytree(out / target["name"], copy / target["name"])
+    site, dumps = tmp_path / "site", tmp_path / "modules"
+    site.mkdir()
+    dumps.mkdir()
+    (site / "sitecustomize.py").write_text(MODULES_DUMPER.format(folder=str(dumps)))
+    done = run_cli("validate", str(out.parent / "model"), str(copy), "--target", target["name"],
+                   env={"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])})
+    [again] = json.loads((copy / "report.json").read_text())["targets"]
+    proofs = [p for p in again["runtimes"] if p["runtime"] == RUNNER]
+    assert proofs == [p for p in target["runtimes"] if p["runtime"] == RUNNER] and proofs[0]["status"] == "passed", \
+        (proofs, done.stderr[-3000:])
+    children = [json.loads(p.read_text()) for p in dumps.iterdir()]
+    [runner] = [modules for modules in children if "executorch.extension.llm.runner" in modules]
+    exporting = [m for m in runner if m.split(".")[:2] in (["torch", "_inductor"], ["torch", "_dynamo"],
+                                                            ["executorch", "exir"])]
+    assert not exporting, exporting[:20]
+
+
 def test_the_cards_runner_snippet_runs_as_written(llama_runner, hub, tmp_path):
     """The card's `TextLLMRunner` snippet (#45 §10), run as written by the venv's Python against the Hub emulator
     holding the folder at the commit it pins (only the documented prompt line set to this tokenizer's words):
     it imports the custom kernels the program's SDPA needs, as the runner proof's child does, and generates."""
+    from exporters.layouts.executorch_llm import runner_child_imports
     from exporters.layouts.executorch_llm.proof import CHILD
-    from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
+    from tests.card_snippets import card_snippets, executorch_libraries, exports_card, run_snippet, upload_exports
 
     out, report, _ = llama_runner
     commit = upload_exports(hub, "alice/runner", out, ["executorch"])
     [(runtime, language, code)] = card_snippets(exports_card("alice/runner", out, commit))
     assert runtime == "ExecuTorch LLM runner" and language == "python" and f'revision="{commit}"' in code
-    imports = [line.split("  #")[0] for line in CHILD.splitlines() if "executorch" in line and "import" in line]
+    imports = [line.split("  #")[0] for line in CHILD.splitlines()
+               if "executorch" in line and line.startswith(("import ", "from "))]
     assert imports and all(line in code for line in imports), (imports, code)  # the proof's imports, every one
+    # and every native library the proof's child loads (its kernels, loaded without the exporting Python), the
+    # card's imports load too
+    card_imports = "".join(line + "\n" for line in code.splitlines() if "executorch" in line and "import" in line)
+    assert runner_child_imports("TextLLMRunner") in CHILD
+    child = executorch_libraries(runner_child_imports("TextLLMRunner"))
+    assert any("custom_ops_aot_lib" in name for name in child), child
+    assert child <= executorch_libraries(card_imports), (child, card_imports)
     done = run_snippet(code, hub, tmp_path / "home", prompt=PROMPT)
     assert done.returncode == 0, (code, done.stderr[-3000:])
     generation = _target(report)["generation"]

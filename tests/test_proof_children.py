@@ -172,3 +172,41 @@ def test_an_eager_reference_that_generates_nothing_never_passes(eos_first_run):
     assert proof is not None and proof["status"] == "unverified", (proof, target["status"])
     assert "eos first" in proof["detail"] and PROMPT in proof["detail"], proof
     assert target["status"] != "passed"
+
+
+def test_genai_and_optimum_share_one_eager_batch_reference(tmp_path, monkeypatch):
+    """GenAI's and optimum's proofs ask eager for the same left-padded batch: it is generated once per target and
+    each proof gets its own copy; the context holds the model weakly (a kept context keeps no weights)."""
+    import gc
+    import weakref
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from exporters.layouts import LAYOUTS
+    from exporters.validate.runtimes import references_for
+
+    data = {"exports": [{"export_format": "onnx", "mode": "generation"}], "generation": {"max_new_tokens": 4}}
+    folder = runner_model(tmp_path / "model", "llama", data)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    batches = []
+    generate = type(model).generate
+    monkeypatch.setattr(type(model), "generate",
+                        lambda self, *args, **kwargs: batches.append(kwargs["input_ids"].shape[0])
+                        or generate(self, *args, **kwargs))
+    recipe = parse_recipe_data(data)
+    context = RuntimeContext(recipe.exports[0], recipe, "text", {"input_ids": torch.tensor([[5, 6, 7, 8, 9, 10]])},
+                             model.generation_config, folder)
+    checks = [layout for layout in LAYOUTS if layout.runtime in ("ONNX Runtime GenAI", "optimum")]
+    pairs = references_for(checks, model, context)
+    assert [check.runtime for check, _ in pairs] == ["ONNX Runtime GenAI", "optimum"]
+    (_, genai), (_, optimum) = pairs
+    assert batches == [2], batches  # one eager batch of two prompts for both runtimes
+    assert genai == optimum and genai is not optimum and genai.new_tokens is not optimum.new_tokens
+    assert len(genai.new_tokens) == 2 and all(genai.new_tokens)
+    other = RuntimeContext(recipe.exports[0], recipe, "text", context.generate_inputs, model.generation_config, folder)
+    assert references_for(checks[:1], model, other)[0][1] == genai and batches == [2, 2]  # another target: its own
+    held = weakref.ref(model)
+    del model, pairs
+    gc.collect()
+    assert held() is None, "the context kept the eager model alive"

@@ -88,6 +88,9 @@ class RuntimeContext:
     generate_inputs: dict[str, Any]
     generation_config: Any = None
     source_dir: Path | None = None  # the model folder (tokenizer and processor files), read as data only
+    # eager results two runtimes of the target ask alike, computed once (`greedy.batch_reference`: GenAI's and
+    # optimum's batch); the model is held weakly, so keeping a context keeps no weights
+    eager_once: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def timeout_s(self) -> float:

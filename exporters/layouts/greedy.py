@@ -82,22 +82,20 @@ def pieces_matched(got: list[str], want: list[int], ids_of: dict[str, list[int]]
     return equal, by_text
 
 
-# The last batch reference computed: (the model, weakly; what it was computed from; the reference). GenAI's proof and
-# optimum's take the same batch of the same model whenever the model has a pad token: the second one reuses it.
-_LAST_BATCH: tuple[weakref.ref, tuple, GenaiReference] | None = None
-
-
 def batch_reference(model: Any, context: RuntimeContext, default_pad: int) -> GenaiReference:
     """Eager greedy `generate` over a left-padded batch of two prompts of different lengths (see the module);
-    `default_pad` pads where the model has no pad token (the runtime's own default). A second call for the same
-    model object, prompts, pad, eos ids, steps, dtype and device (GenAI's proof after optimum's: the model's own pad
-    token) returns a copy of the first one's reference instead of generating again.
+    `default_pad` pads where the model has no pad token (the runtime's own default). Computed once per context and
+    model for a `default_pad` (GenAI's and optimum's proofs ask the same); each caller gets its own copy."""
+    key = ("batch_reference", id(model), default_pad)
+    kept = context.eager_once.get(key)
+    if kept is not None and kept[0]() is model:
+        return copy.deepcopy(kept[1])
+    reference = _batch_reference(model, context, default_pad)
+    context.eager_once[key] = (weakref.ref(model), copy.deepcopy(reference))
+    return reference
 
-    Example:
-        >>> batch_reference(model, context, 0) == batch_reference(model, context, 0)  # doctest: +SKIP
-        True
-    """
-    global _LAST_BATCH
+
+def _batch_reference(model: Any, context: RuntimeContext, default_pad: int) -> GenaiReference:
     config = getattr(model.config, "text_config", None) or model.config
     ids = context.generate_inputs["input_ids"][0].tolist()
     special = special_token_ids(context.generation_config, model.config)
@@ -114,16 +112,8 @@ def batch_reference(model: Any, context: RuntimeContext, default_pad: int) -> Ge
     greedy = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=steps, pad_token_id=pad,
                               eos_token_id=eos or None)
     device = next(model.parameters()).device
-    key = (prompts, pad, eos, steps, str(getattr(model, "dtype", None)), str(device))
-    if _LAST_BATCH is not None and _LAST_BATCH[0]() is model and _LAST_BATCH[1] == key:
-        return copy.deepcopy(_LAST_BATCH[2])
     with torch.no_grad():
         out = model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
                              generation_config=greedy)
     new = [until_eos(row[width:].tolist(), eos) for row in out.cpu()]
-    reference = GenaiReference(prompts, new, pad, eos, steps)
-    try:
-        _LAST_BATCH = (weakref.ref(model), copy.deepcopy(key), copy.deepcopy(reference))
-    except TypeError:  # an object no weak reference can name is not remembered (generated again next time)
-        _LAST_BATCH = None
-    return reference
+    return GenaiReference(prompts, new, pad, eos, steps)

@@ -31,6 +31,39 @@ UNREAD_PRE_TOKENIZERS = frozenset({"Whitespace", "WhitespaceSplit"})
 RUNNER_IMPORTS = ("import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the llama:: kernels)\n"
                   "import executorch.kernels.quantized  # noqa: F401  (a quantized embedding table's kernels)\n"
                   "from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner\n")
+# The kernel libraries RUNNER_IMPORTS' first two lines load (`llama::` and the quantized kernels, which register
+# themselves with ExecuTorch's runtime as they load), loaded by a proof's child as executorch's own modules load them
+# (`torch.ops.load_library`; the custom ops required, the quantized ones where installed) but without the Python
+# around them: that imports torch._inductor's lowerings and executorch.exir for exporting, 3.4 of the child's 5.2 CPU
+# seconds (benchmarks/RESULTS.md). The card's snippet keeps RUNNER_IMPORTS (tests run it as written).
+CUSTOM_OPS_KERNELS = r"""import glob, importlib.util, os
+import torch
+_executorch = importlib.util.find_spec("executorch").submodule_search_locations[0]
+_custom_ops = glob.glob(os.path.join(_executorch, "extension/llm/custom_ops/**/*custom_ops_aot_lib.*"), recursive=True)
+if len(_custom_ops) != 1:  # as executorch's custom_ops.py asserts
+    raise ImportError(f"expected one custom_ops_aot_lib in the installed executorch ({_executorch}), found "
+                      f"{len(_custom_ops)}: reinstall the pinned executorch")
+torch.ops.load_library(_custom_ops[0])
+"""
+QUANTIZED_KERNELS = r"""try:  # as executorch.kernels.quantized: a library not installed is not loaded
+    [_quantized] = glob.glob(os.path.join(_executorch, "kernels/quantized/**/*quantized_ops_aot_lib.*"), recursive=True)
+    torch.ops.load_library(_quantized)
+except Exception:
+    pass
+"""
+
+
+def runner_child_imports(runner: str, quantized: bool = True) -> str:
+    """The lines a runner proof's child starts with: the kernel libraries its card's imports load
+    ([`CUSTOM_OPS_KERNELS`], and [`QUANTIZED_KERNELS`] where `quantized`), then `runner` (the pybinding's class) with
+    `GenerationConfig`.
+
+    Example:
+        >>> runner_child_imports("TextLLMRunner").splitlines()[-1]
+        'from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner'
+    """
+    kernels = CUSTOM_OPS_KERNELS + (QUANTIZED_KERNELS if quantized else "")
+    return kernels + f"from executorch.extension.llm.runner import GenerationConfig, {runner}\n"
 
 
 class ExecutorchLlm(Layout):

@@ -32,15 +32,15 @@ from tokenizers import Tokenizer
 
 from exporters.recipe.budgets import resolve_budget, variant_kind
 from exporters.upstream import read_manifest
-from exporters.layouts.executorch_llm import RUNNER_IMPORTS
+from exporters.layouts.executorch_llm import runner_child_imports
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
 
-# the card's snippet starts with the same imports (RUNNER_IMPORTS)
+# the card's snippet makes the same runner (its RUNNER_IMPORTS load the same kernel libraries: `runner_child_imports`)
 CHILD = r"""
 import json, sys
 spec = json.loads(sys.argv[1])
-""" + RUNNER_IMPORTS + r"""
+""" + runner_child_imports("TextLLMRunner") + r"""
 args = [spec["program"], spec["tokenizer"]] + ([spec["data"]] if spec["data"] else [])
 runner = TextLLMRunner(*args)
 pieces, stats = [], {}

@@ -28,16 +28,18 @@ from tokenizers import Tokenizer
 from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
-from exporters.layouts.executorch_multimodal import GENERATE, RUNNER_IMPORTS
+from exporters.layouts.executorch_llm import runner_child_imports
+from exporters.layouts.executorch_multimodal import GENERATE
 from exporters.upstream import read_manifest
 
-# the card's snippet makes the same runner and the same call (RUNNER_IMPORTS, GENERATE)
+# the card's snippet makes the same runner and the same call (GENERATE; its RUNNER_IMPORTS load the same kernel
+# libraries: `runner_child_imports`)
 CHILD = r"""
 import json, sys
 import torch
 from transformers import BatchFeature
 spec = json.loads(sys.argv[1])
-""" + RUNNER_IMPORTS + r"""
+""" + runner_child_imports("MultimodalRunner", quantized=False) + r"""
 args = [spec["program"], spec["tokenizer"]] + ([spec["data"]] if spec["data"] else [])
 runner = MultimodalRunner(*args)
 inputs = BatchFeature(torch.load(spec["inputs"], weights_only=True))
