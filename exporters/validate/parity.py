@@ -32,6 +32,7 @@ import torch
 
 from exporters.capture.asr_runner import ENCODER, TEXT_DECODER, is_asr
 from exporters.capture.cache_settings import sliding_window_of
+from exporters.capture.families import MULTIMODAL_GENERATORS
 from exporters.capture.image_text import COMPONENTS as IMAGE_TEXT_COMPONENTS, DECODER as IMAGE_TEXT_DECODER
 from exporters.capture.merged import MERGED, prompt_inputs
 from exporters.capture.multimodal_runner import COMPONENTS as MULTIMODAL_COMPONENTS, TEXT_DECODER
@@ -88,7 +89,7 @@ def generation_parity(subject: EagerModel, components, exported, steps: int, tol
                                                           "models", cache=cache)
     driver, needed = DRIVERS[family]
     needed = needed or set(components)
-    if family == "vision-language":
+    if family in MULTIMODAL_GENERATORS:
         driver = functools.partial(vision_language, glue=glue or {})
     if family == "vision-language" and TEXT_DECODER in names:  # ExecuTorch MultimodalRunner's program
         driver, needed = multimodal_runner_driver, set(MULTIMODAL_COMPONENTS)
@@ -261,4 +262,5 @@ DRIVERS = {
     "seq2seq": (_encoder_decoder, {"encoder", "prefill", "decode"}),
     "speech-seq2seq": (_encoder_decoder, {"encoder", "prefill", "decode"}),
     "vision-language": (vision_language, set()),  # every stage its model has (exporters.capture.components)
+    "audio-language": (vision_language, set()),  # the same driver: the model's forward, its stages as graphs
 }
