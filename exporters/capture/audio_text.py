@@ -56,8 +56,9 @@ def extractor_from_config(audio_config, frames: int) -> WhisperFeatureExtractor:
     if not isinstance(bins, int):
         raise UnsupportedModelError(f"{type(audio_config).__name__} gives no num_mel_bins: add the model's feature "
                                     "extractor (preprocessor_config.json) to the folder, which makes its inputs")
+    seconds = frames * HOP_LENGTH / SAMPLING_RATE
     extractor = WhisperFeatureExtractor(feature_size=bins, sampling_rate=SAMPLING_RATE, hop_length=HOP_LENGTH,
-                                        n_fft=N_FFT, chunk_length=frames * HOP_LENGTH / SAMPLING_RATE)
+                                        n_fft=N_FFT, chunk_length=int(seconds) if seconds.is_integer() else seconds)
     return whole_counts(extractor)
 
 
