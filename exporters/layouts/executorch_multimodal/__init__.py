@@ -57,7 +57,8 @@ class ExecutorchMultimodal(Layout):
 
     def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str]:
         data = ', f"{folder}/model.ptd"' if "model.ptd" in file_names(target) else ""
-        if "audio_encoder" in (target.get("components") or []):
+        names = {c.get("name") if isinstance(c, dict) else c for c in target.get("components") or []}
+        if "audio_encoder" in names:  # the report's components: an audio-language program
             return "python", audio_snippet(repo_id, target, revision, data)
         return "python", (
             download(repo_id, target, revision)
