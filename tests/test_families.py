@@ -226,11 +226,13 @@ def test_export_child_failure_keeps_the_root_cause_in_report_and_log(tmp_path):
 
 
 def test_an_audio_language_model_is_refused_never_passed_on_its_language_model(tmp_path):
-    """Voxtral is sorted as a text generator by its main input (`input_ids`); its text path alone exports and
-    validates. Every target fails instead, naming the audio encoder and projector it would drop (issue #50)."""
+    """Qwen2-Audio is an audio-language model whose forward merges its audio inline (no `get_audio_features`, so no
+    audio stages are exported for it); its text path alone exports and validates. Every target fails instead, naming
+    the audio encoder and projector it would drop (issue #50). Voxtral, exported with its audio stages now, is
+    tests/test_audio_language.py's."""
     from matrix.families import build
 
-    model_dir = build(FAMILIES["voxtral"], tmp_path / "model", recipe=BOTH)
+    model_dir = build(FAMILIES["qwen2_audio"], tmp_path / "model", recipe=BOTH)
     out = tmp_path / "out"
     result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out))
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
@@ -244,7 +246,7 @@ def test_an_audio_language_model_is_refused_never_passed_on_its_language_model(t
         assert target["components"] == []
     markdown = (out / "report.md").read_text()
     assert "passed" not in markdown.lower().replace("0 passed", "")
-    assert "VoxtralForConditionalGeneration reads audio" in markdown and "`model.audio_tower`" in markdown, markdown
+    assert "Qwen2AudioForConditionalGeneration reads audio" in markdown and "`model.audio_tower`" in markdown, markdown
 
 
 @pytest.mark.parametrize("model_class", ["Qwen2AudioForConditionalGeneration", "GraniteSpeechForConditionalGeneration",
