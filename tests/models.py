@@ -715,9 +715,9 @@ def family_model(name: str, folder: Path, recipe: Any | None = None, **overrides
 def tiny_voxtral_with_tokenizer(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 1,
                                 feature_extractor: bool = True) -> Path:
     """A tiny Voxtral (matrix's, 16 mel bins, with 50 source positions: one second of 100 frames, 25 audio tokens;
-    a Llama text model of `text_layers` layers) with a byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer loads) whose `[AUDIO]` id is the model's
-    `audio_token_id`, the vocabulary the tokenizer's; `feature_extractor`: the log-mel extractor its audio config
-    implies saved beside it (preprocessor_config.json)."""
+    a Llama text model of `text_layers` layers) with a byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer
+    loads) whose `[AUDIO]` id is the model's `audio_token_id`, the vocabulary the tokenizer's; `feature_extractor`:
+    the log-mel extractor its audio config implies saved beside it (preprocessor_config.json)."""
     import dataclasses
 
     from exporters.capture.audio_text import extractor_from_config

@@ -117,6 +117,7 @@ def refusal(model, family: str) -> str | None:
     how = (" (an audio-language model's audio stages are exported where its audio features come from one "
            "`get_audio_features` call, as Voxtral's do; this model has none)" if family == "audio-language" else "")
     return (f"{type(model).__name__} reads {'; '.join(parts)}, and this tool exports no component for "
-            f"{' or '.join(gaps)} in {'an' if family[0] in 'aeiou' else 'a'} {family!r} model{how}: exporting its language model alone would drop "
+            f"{' or '.join(gaps)} in {'an' if family[0] in 'aeiou' else 'a'} {family!r} model{how}: exporting its "
+            "language model alone would drop "
             f"{'them' if len(gaps) > 1 else 'it'} and pass a folder that cannot read its "
             f"{' or '.join(gaps)}. Not supported yet: nothing is exported for this model")

@@ -15,10 +15,10 @@ model ──► multimodal_modules ──► export_multimodal_program ──►
 The runner (extension/llm/runner/multimodal_prefiller.cpp) embeds each text input with `token_embedding`, each image
 with `vision_encoder` (its input dtype picks what it accepts: float here, the processor's normalized `CHW` pixels,
 not raw `uint8` `HWC`), each audio with `audio_encoder` (`make_audio_input`: the extractor's float log-mel
-features `[batch, bins, frames]`, as optimum-executorch's Voxtral program takes them), and runs `text_decoder` on each result at the next cache positions; decoding feeds each new
-token through `token_embedding` and `text_decoder`. A LLaVA-style model's own forward does the same (image features
-in place of the image tokens; Voxtral's audio embeddings in place of its audio tokens), so the runner's tokens are
-eager `generate()`'s.
+features `[batch, bins, frames]`, as optimum-executorch's Voxtral program takes them), and runs `text_decoder`
+on each result at the next cache positions; decoding feeds each new token through `token_embedding` and
+`text_decoder`. A LLaVA-style model's own forward does the same (image features in place of the image tokens;
+Voxtral's audio embeddings in place of its audio tokens), so the runner's tokens are eager `generate()`'s.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ from tokenizers import Tokenizer
 from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
-from exporters.layouts.executorch_multimodal import AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, GENERATE_AUDIO, RUNNER_IMPORTS
+from exporters.layouts.executorch_multimodal import (AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, GENERATE_AUDIO,
+                                                     RUNNER_IMPORTS)
 from exporters.upstream import read_manifest
 
 # the card's snippet makes the same runner and the same call (RUNNER_IMPORTS, GENERATE)
