@@ -1,4 +1,4 @@
-"""Audio-language models (#50 item 1, #52 item 1 for audio): a tiny Voxtral is exported with its audio components
+"""Audio-language models (#50 item 1, #52 item 1 for audio): a tiny Voxtral (and Qwen2-Audio) is exported with its audio components
 (audio encoder, projector, token embedding, language model on embeddings) for dynamo and ONNX, and as ExecuTorch
 MultimodalRunner's program (token_embedding, audio_encoder, text_decoder) by default, each validated end to end from
 log-mel features of a synthetic waveform to generated tokens against eager `generate()`, token for token; the
@@ -143,3 +143,47 @@ def test_the_cards_audio_snippet_runs_as_written(voxtral_run, hub, tmp_path):
     done = run_snippet(code, hub, tmp_path / "home")
     assert done.returncode == 0, (code, done.stderr[-3000:])
     assert done.stdout.strip()
+
+
+def test_qwen2_audio_exports_its_audio_stages_and_keeps_the_methods_layout_on_executorch(tmp_path):
+    """Qwen2-Audio counts its audio tokens with its audio tower's output lengths and takes a feature mask: its ONNX
+    generation target holds the audio stages and generates eager's tokens; its ExecuTorch target is the methods
+    layout (MultimodalRunner's audio_encoder is `get_audio_features`, which it has not), validated the same way,
+    the report saying why."""
+    import dataclasses
+
+    from matrix.families import FAMILIES, build
+
+    spec = FAMILIES["qwen2_audio"]
+    spec = dataclasses.replace(spec, overrides={**spec.overrides, "text_config.num_hidden_layers": TEXT_LAYERS,
+                                                "text_config.layer_types": ["full_attention"] * TEXT_LAYERS})
+    model_dir = build(spec, tmp_path / "model", recipe=RECIPE[1:])
+    out = tmp_path / "out"
+    done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    report = json.loads((out / "report.json").read_text())
+    targets = _targets(report)
+    for name, target in targets.items():
+        assert target["status"] == "passed", (name, done.stderr[-3000:], json.dumps(target, indent=1)[:4000])
+        assert [c["name"] for c in target["components"]] == STAGES, target["components"]
+        generation = target["generation"]
+        assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
+    assert any("has no get_audio_features (the audio_encoder method" in f for f in report["findings"]), report
+    assert json.loads((out / "executorch" / "export.json").read_text()).get("layout") != "multimodal_runner"
+
+
+def test_an_audio_language_model_whose_code_counts_no_audio_tokens_is_refused():
+    """Where neither `get_audio_features` nor the audio tower's output lengths say how many audio tokens the features
+    take, the audio cannot be laid out in a prompt: refused, naming the audio encoder and projector."""
+    from transformers import Qwen2AudioForConditionalGeneration
+
+    from exporters.capture.inputs import make_sample_inputs
+    from exporters.errors import UnsupportedModelError
+    from exporters.recipe.model import InputsSpec
+    from matrix.families import FAMILIES, tiny_model
+
+    model = tiny_model(FAMILIES["qwen2_audio"])
+    assert isinstance(model, Qwen2AudioForConditionalGeneration)
+    model.model.audio_tower._get_feat_extract_output_lengths = None  # a tower that does not say its output length
+    with pytest.raises(UnsupportedModelError, match="in an 'audio-language' model .*this model has neither") as caught:
+        make_sample_inputs(model, InputsSpec(sequence_length=8))
+    assert "`model.audio_tower`, `model.multi_modal_projector`" in str(caught.value)

@@ -8,7 +8,10 @@ The features are log-mel spectrograms made from a synthetic waveform, never a co
   convolutions' strides), 16 kHz and 10 ms hops as Voxtral's and Qwen2-Audio's extractors.
 
 The prompt is laid out by one rule ([`audio_prompt`]): the text config's BOS, then as many audio tokens
-(`audio_token_id`) as the model's own `get_audio_features` returns embeddings for those features, then the prompt.
+(`audio_token_id`) as the model's own `get_audio_features` returns embeddings for those features (Voxtral), or as
+its audio tower's own output length for them (`_get_feat_extract_output_lengths`: Qwen2-Audio, which also takes a
+`feature_attention_mask`, all ones: nothing padded), then the prompt. A model with neither cannot be laid out
+([`counts_audio_tokens`]), and is refused (`exporters.capture.modalities`).
 
 Example:
     >>> from transformers import VoxtralConfig
@@ -20,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -43,7 +47,7 @@ def encoder_frames(model) -> int:
     """
     audio = model.config.audio_config
     positions = int(audio.max_source_positions)
-    tower = getattr(getattr(model, "model", model), "audio_tower", None)
+    tower = audio_tower(model)
     strides = [getattr(getattr(tower, name, None), "stride", None) for name in ("conv1", "conv2")]
     if all(isinstance(stride, tuple) for stride in strides):
         return positions * int(strides[0][0]) * int(strides[1][0])
@@ -88,17 +92,47 @@ def audio_features(model, spec, pre: Preprocessor | None) -> tuple[torch.Tensor,
     return features.contiguous(), f"sample inputs: log-mel features of a synthetic waveform made by {made}"
 
 
-def audio_prompt(model, features: torch.Tensor, text_ids: torch.Tensor) -> torch.Tensor:
-    """The prompt's ids: BOS, one audio token per embedding `get_audio_features` returns for a row, the prompt."""
+def audio_tower(model) -> Any:
+    """The model's audio encoder module (`audio_tower`), or None."""
+    return getattr(getattr(model, "model", model), "audio_tower", None) or getattr(model, "audio_tower", None)
+
+
+def counts_audio_tokens(model) -> bool:
+    """Whether the model's own code says how many audio tokens its features take: `get_audio_features` (Voxtral) or
+    its audio tower's output lengths (Qwen2-Audio).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> counts_audio_tokens(SimpleNamespace(model=SimpleNamespace()))
+        False
+    """
+    if callable(getattr(model, "get_audio_features", None)):
+        return True
+    return callable(getattr(audio_tower(model), "_get_feat_extract_output_lengths", None))
+
+
+def _audio_token_count(model, features: torch.Tensor, mask: torch.Tensor | None) -> int:
+    """How many audio tokens one row's features take, by the model's own rule (see [`counts_audio_tokens`])."""
+    with torch.no_grad():
+        if callable(getattr(model, "get_audio_features", None)):
+            embeds = model.get_audio_features(features[:1])
+            embeds = getattr(embeds, "pooler_output", embeds)
+            return int(embeds.reshape(-1, embeds.shape[-1]).shape[0])
+        frames = mask[:1].sum(-1) if mask is not None else torch.tensor([features.shape[-1]])
+        _, lengths = audio_tower(model)._get_feat_extract_output_lengths(frames)
+        return int(lengths[0])
+
+
+def audio_prompt(model, features: torch.Tensor, text_ids: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The prompt's ids: BOS, one audio token per embedding the model's audio takes for a row (see the module), the
+    prompt."""
     config = model.config
     audio_token = getattr(config, "audio_token_id", None)
     if not isinstance(audio_token, int):
         raise UnsupportedModelError(f"{type(config).__name__} names no audio token (audio_token_id): cannot lay out "
                                     "the audio in the prompt; set it in config.json")
-    with torch.no_grad():
-        embeds = model.get_audio_features(features[:1])
-    embeds = getattr(embeds, "pooler_output", embeds)
-    count = int(embeds.reshape(-1, embeds.shape[-1]).shape[0])
+    count = _audio_token_count(model, features, mask)
     bos = getattr(config.get_text_config(), "bos_token_id", None)
     prefix = ([bos] if isinstance(bos, int) else []) + [audio_token] * count
     return torch.cat([torch.tensor([prefix] * text_ids.shape[0]), text_ids], dim=1)
@@ -109,5 +143,10 @@ def synthesize_audio_language(model, spec, text_ids: torch.Tensor,
     """The inputs of one `model(**inputs)` / `model.generate(**inputs)` call (see the module), and a note saying
     how the features were made."""
     features, note = audio_features(model, spec, pre)
-    ids = audio_prompt(model, features, text_ids)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "input_features": features}, note
+    takes_mask = "feature_attention_mask" in inspect.signature(model.forward).parameters
+    mask = torch.ones(features.shape[0], features.shape[-1], dtype=torch.long) if takes_mask else None
+    ids = audio_prompt(model, features, text_ids, mask)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "input_features": features}
+    if mask is not None:  # Qwen2-Audio: which frames are audio (all: nothing padded)
+        inputs["feature_attention_mask"] = mask
+    return inputs, note

@@ -123,6 +123,9 @@ def _audio_refused(model: Any, generate_inputs: dict[str, Any], max_cache_len: i
     extra = sorted(set(generate_inputs) - AUDIO_INPUTS)
     features, ids = generate_inputs.get("input_features"), generate_inputs.get("input_ids")
     token = getattr(model.config, "audio_token_id", None)
+    if not callable(getattr(model, "get_audio_features", None)):
+        return (f"{type(model).__name__} has no get_audio_features (the audio_encoder method: its audio tower and "
+                "projector in one call, as Voxtral's)")
     if extra:
         return f"its audio inputs include {extra}, which the runner's one audio (features only) cannot carry"
     if not isinstance(features, torch.Tensor) or features.dim() != 3 or ids is None or ids.shape[0] != 1:

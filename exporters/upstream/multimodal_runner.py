@@ -86,10 +86,9 @@ class AudioEncoder(torch.nn.Module):
 
 
 def methods_of(model: Any) -> tuple[str, ...]:
-    """The runner's methods for `model`: `audio_encoder` for a model that computes audio features in one call
-    (Voxtral), else `vision_encoder`."""
-    audio = getattr(model.config, "audio_config", None) is not None and hasattr(model, "get_audio_features")
-    return AUDIO_METHODS if audio else METHODS
+    """The runner's methods for `model`: `audio_encoder` for an audio-language model (its config has an
+    `audio_config`), else `vision_encoder`."""
+    return AUDIO_METHODS if getattr(model.config, "audio_config", None) is not None else METHODS
 
 
 class TextDecoder(torch.nn.Module):
