@@ -187,3 +187,16 @@ def test_an_audio_language_model_whose_code_counts_no_audio_tokens_is_refused():
     with pytest.raises(UnsupportedModelError, match="in an 'audio-language' model .*this model has neither") as caught:
         make_sample_inputs(model, InputsSpec(sequence_length=8))
     assert "`model.audio_tower`, `model.multi_modal_projector`" in str(caught.value)
+
+
+def test_hf_export_validate_judges_the_folders_again(voxtral_run):
+    """`hf-export validate` of the written folders (last here: it writes the report again) plans the same layouts
+    from their export.json and passes them, the ExecuTorch one with the runner's proof (the dynamo programs are
+    pickles a later run does not load without `--trust-remote-code`: left out)."""
+    model_dir, out, _, _ = voxtral_run
+    done = run_cli("validate", str(model_dir), str(out), "--target", "onnx", "--target", "executorch")
+    assert done.returncode == 0, done.stderr[-3000:]
+    targets = _targets(json.loads((out / "report.json").read_text()))
+    assert {targets[name]["status"] for name in ("onnx", "executorch")} == {"passed"}, targets
+    assert targets["executorch"]["expected_components"] == ["token_embedding", "audio_encoder", "text_decoder"]
+    assert {p["runtime"]: p["status"] for p in targets["executorch"]["runtimes"]} == {RUNTIME: "passed"}
