@@ -87,8 +87,10 @@ class AudioEncoder(torch.nn.Module):
 
 def methods_of(model: Any) -> tuple[str, ...]:
     """The runner's methods for `model`: `audio_encoder` for an audio-language model (its config has an
-    `audio_config`), else `vision_encoder`."""
-    return AUDIO_METHODS if getattr(model.config, "audio_config", None) is not None else METHODS
+    `audio_config` and no `vision_config`), else `vision_encoder`."""
+    config = model.config
+    audio = getattr(config, "audio_config", None) is not None and getattr(config, "vision_config", None) is None
+    return AUDIO_METHODS if audio else METHODS
 
 
 class TextDecoder(torch.nn.Module):
