@@ -241,11 +241,14 @@ _SPECS = [
     _f("aya_vision", "vision-language", "AyaVisionForConditionalGeneration", vision_config__image_size=32,
        vision_config__patch_size=8, text_config__sliding_window=12,
        text_config__layer_types=["sliding_attention", "full_attention"]),
-    # audio-language: refused (no audio encoder component yet), never passed on the language model alone
-    _f("voxtral", "audio-language", "VoxtralForConditionalGeneration", "refused: the audio encoder is not exported",
+    # audio-language: the audio encoder and projector exported as stages (Voxtral, Qwen2-Audio); a family whose audio
+    # stages are not exported (Granite Speech) is refused, never passed on the language model alone
+    _f("voxtral", "audio-language", "VoxtralForConditionalGeneration",
+       "audio encoder + projector + language model, from log-mel features", audio_token_id=24,
        audio_config__num_mel_bins=16, audio_config__max_source_positions=32),
     _f("qwen2_audio", "audio-language", "Qwen2AudioForConditionalGeneration",
-       "refused: the audio encoder is not exported", audio_config__num_mel_bins=16,
+       "audio encoder + projector + language model; a feature mask; ExecuTorch: the methods layout",
+       audio_config__num_mel_bins=16,
        audio_config__max_source_positions=32),
     _f("granite_speech", "audio-language", "GraniteSpeechForConditionalGeneration",
        "refused: the speech encoder is not exported", has_lora_adapter=False),

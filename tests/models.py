@@ -713,3 +713,31 @@ def family_model(name: str, folder: Path, recipe: Any | None = None, **overrides
 
     spec = FAMILIES[name]
     return build(dataclasses.replace(spec, overrides={**spec.overrides, **overrides}), folder, recipe=recipe)
+
+
+def tiny_voxtral_with_tokenizer(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 1,
+                                feature_extractor: bool = True) -> Path:
+    """A tiny Voxtral (matrix's, 16 mel bins, with 50 source positions: one second of 100 frames, 25 audio tokens;
+    a Llama text model of `text_layers` layers) with a byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer
+    loads) whose `[AUDIO]` id is the model's `audio_token_id`, the vocabulary the tokenizer's; `feature_extractor`:
+    the log-mel extractor its audio config implies saved beside it (preprocessor_config.json)."""
+    import dataclasses
+
+    from exporters.capture.audio_text import extractor_from_config
+    from matrix.families import FAMILIES, build
+
+    tokenizer = train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, "[AUDIO]"], vocab_size=120, bos="<s>",
+                                    eos="</s>", pad="<pad>", byte_level=True)
+    base = FAMILIES["voxtral"]
+    spec = dataclasses.replace(base, overrides={
+        **base.overrides, "audio_token_id": tokenizer.convert_tokens_to_ids("[AUDIO]"),
+        "audio_config.max_source_positions": 50,
+        "text_config.vocab_size": len(tokenizer), "text_config.num_hidden_layers": text_layers,
+        "text_config.bos_token_id": 1, "text_config.eos_token_id": 2, "text_config.pad_token_id": 3})
+    build(spec, folder, seed=seed, recipe=recipe)
+    if feature_extractor:
+        from transformers import AutoConfig
+
+        audio = AutoConfig.from_pretrained(folder).audio_config
+        extractor_from_config(audio, 2 * audio.max_source_positions).save_pretrained(folder)
+    return folder

@@ -226,11 +226,13 @@ def test_export_child_failure_keeps_the_root_cause_in_report_and_log(tmp_path):
 
 
 def test_an_audio_language_model_is_refused_never_passed_on_its_language_model(tmp_path):
-    """Voxtral is sorted as a text generator by its main input (`input_ids`); its text path alone exports and
-    validates. Every target fails instead, naming the audio encoder and projector it would drop (issue #50)."""
+    """Granite Speech is sorted as a text generator by its main input (`input_ids`: its speech encoder's config is
+    `encoder_config`, no audio stages are exported for it); its text path alone exports and validates. Every target
+    fails instead, naming the speech encoder and projector it would drop (issue #50). Voxtral and Qwen2-Audio,
+    exported with their audio stages now, are tests/test_audio_language.py's."""
     from matrix.families import build
 
-    model_dir = build(FAMILIES["voxtral"], tmp_path / "model", recipe=BOTH)
+    model_dir = build(FAMILIES["granite_speech"], tmp_path / "model", recipe=BOTH)
     out = tmp_path / "out"
     result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out))
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
@@ -239,16 +241,15 @@ def test_an_audio_language_model_is_refused_never_passed_on_its_language_model(t
     assert [t["status"] for t in report["targets"]] == ["failed", "failed"]
     for target in report["targets"]:
         message = target["error"]["message"]
-        assert "reads audio" in message and "`model.audio_tower`" in message, message
-        assert "`model.multi_modal_projector`" in message and "nothing is exported" in message, message
+        assert "reads audio" in message and "`model.encoder`" in message, message
+        assert "`model.projector`" in message and "nothing is exported" in message, message
         assert target["components"] == []
     markdown = (out / "report.md").read_text()
     assert "passed" not in markdown.lower().replace("0 passed", "")
-    assert "VoxtralForConditionalGeneration reads audio" in markdown and "`model.audio_tower`" in markdown, markdown
+    assert "GraniteSpeechForConditionalGeneration reads audio" in markdown and "`model.encoder`" in markdown, markdown
 
 
-@pytest.mark.parametrize("model_class", ["Qwen2AudioForConditionalGeneration", "GraniteSpeechForConditionalGeneration",
-                                         "Phi4MultimodalForCausalLM"])
+@pytest.mark.parametrize("model_class", ["GraniteSpeechForConditionalGeneration", "Phi4MultimodalForCausalLM"])
 def test_models_that_take_a_modality_no_component_reads_get_no_sample_inputs(model_class):
     """The guard reads the modalities from the model (its forward's inputs, its config's modality sub-configs),
     not from the family it was sorted into: an audio-language model, and a vision-language one that also hears."""

@@ -16,7 +16,9 @@ Beside them:
 - `generation_settings.py`: the repo's `generation_config.json` as shipped, and what it asks of generation;
 - `modalities.py`: the modalities (text, images, audio) a model takes, read from its forward and config;
 - `llm_runner.py`: which targets get the ExecuTorch LLM runner's layout, and its one component;
-- `multimodal_runner.py`: which vision-language targets get ExecuTorch MultimodalRunner's layout, and its three methods;
+- `multimodal_runner.py`: which vision- and audio-language targets get ExecuTorch MultimodalRunner's layout, and its
+  three methods;
+- `audio_text.py`: an audio-language model's (Voxtral's) sample inputs: log-mel features and its audio tokens;
 - `image_text.py`: which vision-language ONNX targets get transformers.js's layout, and its three graphs;
 - `asr_runner.py`: which speech targets (Whisper) get the ExecuTorch ASR runner's layout, and its two components;
 - `stepped.py`: the prompt through the decode graph one token at a time (state-space and hybrid models);

@@ -3,7 +3,8 @@
 Upstream `decompose_for_generation` (transformers 5.24) misses stages that inference needs
 (docs/upstream-gaps.md):
 
-- vision-language models: `generate()` computes image features before the first forward call, so
+- vision-language models (and audio-language ones, Voxtral: audio encoder, projector, ...): `generate()` computes
+  image features before the first forward call, so
   `decompose_multimodal` never sees the vision tower or the projector run and drops them. Here every stage before
   the decode (modality encoders, projector or connector, the token embedding table `embed_tokens`, the language
   model and `lm_head`) is captured from one plain forward of the model on the image + prompt inputs, with a cache,
@@ -35,7 +36,7 @@ from transformers import StaticCache
 
 from exporters import upstream
 from exporters.capture.cache_settings import cache_setting, max_positions
-from exporters.capture.families import detect_family
+from exporters.capture.families import MULTIMODAL_GENERATORS, detect_family
 from exporters.errors import UnsupportedModelError
 from exporters.recipe.model import Recipe
 from exporters.upstream import multimodal_submodules, register_cache_pytrees
@@ -70,7 +71,7 @@ def minimum_components(family: str, mode: str, captured: list[str], model=None, 
         return list(tower_modules(model))
     if mode == "model" or merged:
         return ["model"]
-    if family == "vision-language" and model is not None:
+    if family in MULTIMODAL_GENERATORS and model is not None:
         return vision_language_stages(model)
     return MINIMUM_COMPONENTS.get(family, captured)
 
@@ -150,7 +151,7 @@ def complete_components(model, components: Components, generate_inputs: dict[str
                         generation_config, multi_token_decode: bool = False) -> Components:
     """Add the stages upstream's decomposition leaves out, keeping upstream's names and order; every captured
     tensor made contiguous (`contiguous_inputs`)."""
-    if family == "vision-language":
+    if family in MULTIMODAL_GENERATORS:  # an audio-language model's stages are captured the same way
         components = _complete_vision_language(model, components, generate_inputs)
     elif family in ("seq2seq", "speech-seq2seq"):
         components = _complete_encoder_decoder(model, components, generate_inputs, generation_config,
@@ -190,7 +191,7 @@ def _complete_vision_language(model, components: Components, generate_inputs: di
     found = multimodal_submodules(model)
     if not found:
         raise UnsupportedModelError(
-            f"{type(model).__name__} has a vision config but upstream finds no modality encoder beside a language "
+            f"{type(model).__name__} has a modality config but upstream finds no modality encoder beside a language "
             "model on it (transformers.exporters.utils.decompose_multimodal): its stages cannot be exported apart")
     watched = {name: module for name, module in found.items() if name in vision_language_stages(model)}
     watched["embed_tokens"] = model.get_input_embeddings()

@@ -2,7 +2,8 @@
 guessed from config keys alone.
 
 A config with both `text_config` and `vision_config` is a generator that reads images (LLaVA, Idefics3, Qwen2-VL:
-`vision-language`) only when the model can generate; a model that cannot, and has a text tower beside a vision or
+`vision-language`) only when the model can generate; one with `text_config` and `audio_config` that can generate
+reads audio (Voxtral, Qwen2-Audio: `audio-language`); a model that cannot, and has a text tower beside a vision or
 audio tower (CLIP, SigLIP, CLAP), is a `dual-encoder`, whose towers are exported and validated one by one.
 
 Example:
@@ -20,8 +21,12 @@ from typing import Literal, get_args
 
 import torch
 
-Family = Literal["text", "seq2seq", "speech-seq2seq", "vision", "audio", "vision-language", "dual-encoder"]
+Family = Literal["text", "seq2seq", "speech-seq2seq", "vision", "audio", "vision-language", "audio-language",
+                 "dual-encoder"]
 FAMILIES: tuple[str, ...] = get_args(Family)
+# Generators whose modality encoder and projector feed the language model's embeddings: exported as stages
+# (encoder, projector, embed_tokens, language_model, lm_head, decode) and validated through the model's own forward.
+MULTIMODAL_GENERATORS: tuple[str, ...] = ("vision-language", "audio-language")
 # The main inputs of audio models: a spectrogram (`input_features`: Whisper) or a raw waveform (`input_values`:
 # Wav2Vec2, Moonshine).
 AUDIO_INPUTS = ("input_features", "input_values")
@@ -67,6 +72,9 @@ def detect_family(model) -> Family:
     has_vision = getattr(config, "vision_config", None) is not None
     if has_vision and getattr(config, "text_config", None) is not None and can_generate(model):
         return "vision-language"
+    has_audio = getattr(config, "audio_config", None) is not None
+    if has_audio and getattr(config, "text_config", None) is not None and can_generate(model):
+        return "audio-language"
     if getattr(config, "is_encoder_decoder", False):
         return "speech-seq2seq" if main in AUDIO_INPUTS else "seq2seq"  # Whisper's spectrogram, Moonshine's waveform
     if main == "pixel_values":

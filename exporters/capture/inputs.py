@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from exporters.capture.audio_text import synthesize_audio_language
 from exporters.capture.families import AUDIO_INPUTS, FAMILIES, default_mode, detect_family, towers
 from exporters.capture.modalities import refusal
 from exporters.capture.multimodal import (
@@ -206,8 +207,13 @@ def make_sample_inputs(model, spec: InputsSpec, tokenizer=None, folder: Path | N
     if dropped:
         raise UnsupportedModelError(dropped)
     text_only = family in ("text", "seq2seq") or text_ids is not None
-    audio = family in ("audio", "speech-seq2seq")
+    audio = family in ("audio", "speech-seq2seq", "audio-language")
     pre, notes = load_preprocessor(folder, audio=audio) if not text_only else (None, [])
+    if family == "audio-language":  # features from the folder's extractor or the audio config, tokens by the rule
+        ids = text_ids if text_ids is not None else prompt_ids(model, tokenizer, spec, generator)
+        inputs, note = synthesize_audio_language(model, spec, ids, pre)
+        source = f"feature extractor ({pre.name})" if pre is not None else "synthesized"
+        return SampleInputs(family, dict(inputs), dict(inputs), source, notes + [note])
     if pre is not None:
         sample = _from_preprocessor(model, pre, spec, family, tokenizer, generator)
         if sample is not None:

@@ -3,10 +3,11 @@
 A model's modalities are read from what it takes, never from the family it was sorted into: its forward's inputs
 (`input_features`, `pixel_values`, ...) and its config's modality sub-configs (`audio_config`, `vision_config`).
 A family covers the modalities its components read (a vision-language export has an image encoder, a speech
-encoder-decoder an audio encoder); a model that takes one its family does not cover (an audio-language model such
-as Voxtral or Qwen2-Audio sorted as a text generator, a vision-language one that also hears) is refused, naming the
-modality and the modules that would be dropped: exporting its language model alone would pass a folder that cannot
-read its audio.
+encoder-decoder an audio encoder, an audio-language one its audio encoder and projector where the model's own code
+says how many audio tokens its features take: Voxtral's `get_audio_features`, Qwen2-Audio's audio tower output
+lengths); a model that takes one its family does not cover (Granite Speech sorted as a text generator;
+a vision-language one that also hears) is refused, naming the modality and the modules that would be dropped:
+exporting its language model alone would pass a folder that cannot read its audio.
 
 Example:
     >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -22,6 +23,7 @@ import inspect
 
 import torch
 
+from exporters.capture.audio_text import counts_audio_tokens
 from exporters.capture.families import towers
 
 # The forward inputs that carry each non-text modality (a video's frames go through the image encoder).
@@ -36,7 +38,7 @@ MODALITY_CONFIGS: dict[str, tuple[str, ...]] = {
 # What each input family exports a component for (dual encoders: their towers, decided from the model).
 FAMILY_COVERS: dict[str, tuple[str, ...]] = {
     "text": (), "seq2seq": (), "speech-seq2seq": ("audio",), "vision": ("image",), "audio": ("audio",),
-    "vision-language": ("image",),
+    "vision-language": ("image",), "audio-language": ("audio",),
 }
 # The module names that hold a modality's encoder and its projector into the language model, to name in a refusal.
 _MODULE_WORDS = {"audio": ("audio", "speech", "encoder", "projector", "whisper", "conformer"),
@@ -67,6 +69,8 @@ def covered(model, family: str) -> set[str]:
     """The modalities the components of `family`'s exports read."""
     if family == "dual-encoder":
         return {"image" if modality == "vision" else modality for modality in towers(model)} - {"text"}
+    if family == "audio-language" and not counts_audio_tokens(model):
+        return set()  # its audio tokens cannot be laid out in a prompt (exporters.capture.audio_text)
     return set(FAMILY_COVERS.get(family, ()))
 
 
@@ -111,7 +115,11 @@ def refusal(model, family: str) -> str | None:
         modules = dropped_modules(model, modality)
         named = f" (the {modality} encoder and its projector: {', '.join(f'`{m}`' for m in modules)})" if modules else ""
         parts.append(f"{modality} ({why}){named}")
+    how = (" (an audio-language model's audio stages are exported where its own code counts its audio tokens: "
+           "`get_audio_features`, or its audio tower's `_get_feat_extract_output_lengths`; this model has neither)"
+           if family == "audio-language" else "")
     return (f"{type(model).__name__} reads {'; '.join(parts)}, and this tool exports no component for "
-            f"{' or '.join(gaps)} in a {family!r} model: exporting its language model alone would drop "
+            f"{' or '.join(gaps)} in {'an' if family[0] in 'aeiou' else 'a'} {family!r} model{how}: exporting its "
+            "language model alone would drop "
             f"{'them' if len(gaps) > 1 else 'it'} and pass a folder that cannot read its "
             f"{' or '.join(gaps)}. Not supported yet: nothing is exported for this model")

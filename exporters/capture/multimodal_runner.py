@@ -1,13 +1,15 @@
-"""ExecuTorch's `MultimodalRunner` layout: which vision-language targets get it, and its three components.
+"""ExecuTorch's `MultimodalRunner` layout: which vision- and audio-language targets get it, and its three components.
 
-A vision-language ExecuTorch generation target is, by default (`layout` unset or `"runner"`), one program in the
+A vision-language (or audio-language) ExecuTorch generation target is, by default (`layout` unset or `"runner"`), one program in the
 contract of executorch's `MultimodalRunner` (extension/llm/runner, with its Python binding) and optimum-executorch:
 `token_embedding`, `vision_encoder`, `text_decoder` (the KV cache inside), constant metadata methods
 (`exporters.upstream.multimodal_runner`). The target's layout is then `"multimodal_runner"`. It fits a LLaVA-style
 model: one image whose features (`get_image_features`) take the place of one run of image tokens in the prompt, the
 processor's pixels `[1, 3, H, W]` the only image input, a text model the static cache holds whole. A model outside
 that (tiles with `image_sizes`, a pixel mask, token types, Qwen2-VL's patches, sliding-window layers shorter than the
-cache) keeps the methods layout, the report saying why ([`refused`]).
+cache) keeps the methods layout, the report saying why ([`refused`]). An audio-language model fits where it is
+Voxtral-shaped: `audio_encoder` is its `get_audio_features` on the extractor's log-mel features `[1, bins, frames]`,
+whose embeddings take the place of the one run of audio tokens (`audio_token_id`).
 
 Example:
     >>> from exporters.recipe.load import parse_recipe
@@ -20,7 +22,7 @@ Example:
     >>> wants_multimodal_runner(target, "text", "static", batch_size=1)
     Traceback (most recent call last):
     ...
-    exporters.errors.TargetPlanError: layout 'multimodal_runner' is for vision-language models; this is a text model: use layout 'runner' or 'methods'
+    exporters.errors.TargetPlanError: layout 'multimodal_runner' is for vision-language and audio-language models; this is a text model: use layout 'runner' or 'methods'
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 import torch
 
+from exporters.capture.families import MULTIMODAL_GENERATORS
 from exporters.capture.llm_runner import program_reasons
 from exporters.capture.token_ids import image_token_id
 from exporters.errors import TargetPlanError
@@ -36,9 +39,22 @@ from exporters.upstream import multimodal_runner
 
 MULTIMODAL_RUNNER = "multimodal_runner"
 TOKEN_EMBEDDING, VISION_ENCODER, TEXT_DECODER = multimodal_runner.METHODS
+AUDIO_ENCODER = multimodal_runner.AUDIO_ENCODER
 COMPONENTS = list(multimodal_runner.METHODS)
+AUDIO_COMPONENTS = list(multimodal_runner.AUDIO_METHODS)
 # the sample inputs a LLaVA-style forward reads (anything else: a layout the runner's one image cannot carry)
 IMAGE_INPUTS = {"input_ids", "attention_mask", "pixel_values"}
+AUDIO_INPUTS = {"input_ids", "attention_mask", "input_features"}  # Voxtral's: the features, the prompt
+
+
+def components_of(family: str) -> list[str]:
+    """The program's methods for a `family` model: `audio_encoder` in place of `vision_encoder` for audio.
+
+    Example:
+        >>> components_of("audio-language")
+        ['token_embedding', 'audio_encoder', 'text_decoder']
+    """
+    return list(AUDIO_COMPONENTS if family == "audio-language" else COMPONENTS)
 NOT_MULTIMODAL = ("the ExecuTorch program has a method per component (layout 'methods'), not ExecuTorch "
                   "MultimodalRunner's layout: {why}")
 
@@ -51,10 +67,10 @@ def wants_multimodal_runner(target: Any, family: str, cache_implementation: str,
     if target.export_format != "executorch" or target.mode != "generation":
         return False
     layout = getattr(target, "layout", None)
-    if family != "vision-language":
+    if family not in MULTIMODAL_GENERATORS:
         if layout == MULTIMODAL_RUNNER:
-            raise TargetPlanError(f"layout 'multimodal_runner' is for vision-language models; this is a {family} "
-                                  "model: use layout 'runner' or 'methods'", option="layout")
+            raise TargetPlanError(f"layout 'multimodal_runner' is for vision-language and audio-language models; "
+                                  f"this is a {family} model: use layout 'runner' or 'methods'", option="layout")
         return False
     if layout == "methods":
         return False
@@ -66,7 +82,7 @@ def wants_multimodal_runner(target: Any, family: str, cache_implementation: str,
     if not reasons:
         return True
     if layout is not None:
-        raise TargetPlanError(f"layout {layout!r} cannot be exported for this vision-language model: "
+        raise TargetPlanError(f"layout {layout!r} cannot be exported for this {family} model: "
                               f"{'; '.join(reasons)}; use layout 'methods'", option="layout")
     return False
 
@@ -74,13 +90,12 @@ def wants_multimodal_runner(target: Any, family: str, cache_implementation: str,
 def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> str | None:
     """Why the model does not fit the runner's contract (see the module), as the report says it where the layout
     was the default; None when it fits. Raises [`TargetPlanError`] when the recipe asked for the layout."""
+    if AUDIO_ENCODER in multimodal_runner.methods_of(model):
+        return _asked(target, _audio_refused(model, generate_inputs, max_cache_len))
     extra = sorted(set(generate_inputs) - IMAGE_INPUTS)
     pixels = generate_inputs.get("pixel_values")
     ids = generate_inputs.get("input_ids")
     image_token = image_token_id(model.config)
-    text = model.config.get_text_config()
-    window = getattr(text, "sliding_window", None)
-    why = None
     if not hasattr(model, "get_image_features"):
         why = f"{type(model).__name__} has no get_image_features (the vision_encoder method)"
     elif extra:
@@ -90,9 +105,38 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
         why = f"its pixels are not one image [1, 3, H, W] (shape {shape})"
     elif image_token is None or ids is None or len(_runs(ids[0].tolist(), int(image_token))) != 1:
         why = "its prompt does not hold one run of image tokens (the runner puts the image's features there)"
-    elif window is not None and window < max_cache_len:
-        why = (f"its text model has sliding-window layers (window {window}, shorter than the cache of "
-               f"{max_cache_len}): the runner program's static cache would roll them on one traced code path")
+    else:
+        why = _window_refused(model, max_cache_len)
+    return _asked(target, why)
+
+
+def _window_refused(model: Any, max_cache_len: int) -> str | None:
+    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    if window is not None and window < max_cache_len:
+        return (f"its text model has sliding-window layers (window {window}, shorter than the cache of "
+                f"{max_cache_len}): the runner program's static cache would roll them on one traced code path")
+    return None
+
+
+def _audio_refused(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> str | None:
+    """Why a Voxtral-shaped model's sample does not fit the runner's one audio input, else None."""
+    extra = sorted(set(generate_inputs) - AUDIO_INPUTS)
+    features, ids = generate_inputs.get("input_features"), generate_inputs.get("input_ids")
+    token = getattr(model.config, "audio_token_id", None)
+    if not callable(getattr(model, "get_audio_features", None)):
+        return (f"{type(model).__name__} has no get_audio_features (the audio_encoder method: its audio tower and "
+                "projector in one call, as Voxtral's)")
+    if extra:
+        return f"its audio inputs include {extra}, which the runner's one audio (features only) cannot carry"
+    if not isinstance(features, torch.Tensor) or features.dim() != 3 or ids is None or ids.shape[0] != 1:
+        return "its sample is not one prompt with one audio's features [chunks, mel bins, frames]"
+    if not isinstance(token, int) or len(_runs(ids[0].tolist(), token)) != 1:
+        return "its prompt does not hold one run of audio tokens (the runner puts the audio's embeddings there)"
+    return _window_refused(model, max_cache_len)
+
+
+def _asked(target: Any, why: str | None) -> str | None:
+    """`why` as the report says it where the layout was the default; raised where the recipe asked for it."""
     if why is None:
         return None
     if getattr(target, "layout", None) is not None:
@@ -115,7 +159,8 @@ def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
 
 def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> dict[str, tuple[Any, dict]]:
     """The three methods and the inputs each is traced with: the prompt's text before the image (at least 2
-    tokens, so the sequence axis stays dynamic), the image's pixels, the prompt's embeddings at position 0."""
+    tokens, so the sequence axis stays dynamic), the image's pixels (or the audio's features), the prompt's
+    embeddings at position 0."""
     ids = generate_inputs["input_ids"]
     if ids.shape[1] >= max_cache_len:
         raise TargetPlanError(f"the prompt ({ids.shape[1]} tokens) does not fit the static cache of {max_cache_len} "
@@ -124,7 +169,9 @@ def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> 
     text = ids[:, :max(2, min(ids.shape[1], 8))].clone()
     with torch.no_grad():
         embeds = modules[TOKEN_EMBEDDING](text)
+    encoder = AUDIO_ENCODER if AUDIO_ENCODER in modules else VISION_ENCODER
+    source = "input_features" if encoder == AUDIO_ENCODER else "pixel_values"
     return {TOKEN_EMBEDDING: (modules[TOKEN_EMBEDDING], {"input_ids": text}),
-            VISION_ENCODER: (modules[VISION_ENCODER], {"pixel_values": generate_inputs["pixel_values"].clone()}),
+            encoder: (modules[encoder], {source: generate_inputs[source].clone()}),
             TEXT_DECODER: (modules[TEXT_DECODER], {"inputs_embeds": embeds,
                                                    "cache_position": torch.arange(text.shape[1])})}

@@ -143,7 +143,7 @@ def dim_bindings(spec: dict[str, Any] | None, inputs: dict[str, Any], dynamic: b
                     )
                     binding.axes.append((path, axis))
         return list(bindings.values())
-    if dynamic and family in ("text", "seq2seq", "vision-language", "dual-encoder"):
+    if dynamic and family in ("text", "seq2seq", "vision-language", "audio-language", "dual-encoder"):
         ids = leaves.get("input_ids")
         if ids is not None and ids.dim() == 2 and ids.shape[1] > 1:
             seq = int(ids.shape[1])

@@ -15,7 +15,7 @@ Beside them:
 - `genai_buffer.py`: a `GroupQueryAttention` graph ONNX Runtime GenAI runs on one shared past/present buffer;
 - `genai_config.py`: `genai_config.json` beside a merged decoder graph, what ONNX Runtime GenAI reads;
 - `llm_runner.py`: a target written in the ExecuTorch LLM runner's layout (`model.pte` and its metadata);
-- `multimodal_runner.py`: a vision-language target written in ExecuTorch MultimodalRunner's layout (one `model.pte`);
+- `multimodal_runner.py`: a vision- or audio-language target written in ExecuTorch MultimodalRunner's layout (one `model.pte`);
 - `onnx_names.py`: the merged decoder graph under the names ONNX runtimes bind (optimum, GenAI, transformers.js);
 - `seq2seq_merged.py`: one decoder graph for an encoder-decoder export (`decoder_model_merged.onnx`);
 - `seq2seq_names.py`: an encoder-decoder generation export in optimum's files and names.

@@ -1,5 +1,5 @@
 """Writing a target in ExecuTorch MultimodalRunner's layout (`exporters.capture.multimodal_runner`): one `model.pte`
-with the methods `token_embedding`, `vision_encoder`, `text_decoder` and the runner's metadata (and `model.ptd` when
+with the methods `token_embedding`, `vision_encoder` (or `audio_encoder`), `text_decoder` and the runner's metadata (and `model.ptd` when
 asked, past 2 GB, or when the model ties its embeddings: the table is then stored once), the manifest and the config files; the tokenizer and processor files are copied in by
 `folder_files.complete_folder`, as for every target.
 
@@ -19,7 +19,7 @@ from typing import Any
 from exporters import upstream
 from exporters.capture.components import cache_setting_for
 from exporters.capture.llm_runner import CUSTOM_OPS_OFF, PTE_WEIGHTS_LIMIT, custom_ops_of
-from exporters.capture.multimodal_runner import COMPONENTS, MULTIMODAL_RUNNER
+from exporters.capture.multimodal_runner import AUDIO_ENCODER, MULTIMODAL_RUNNER
 from exporters.capture.token_ids import image_token_id, special_token_ids
 from exporters.export.footprint import ModelWeights
 from exporters.recipe.model import Recipe
@@ -42,11 +42,13 @@ def export_multimodal_runner(model: Any, target: Any, components: dict[str, tupl
     external = bool(asked) or weights.bytes() > PTE_WEIGHTS_LIMIT or tied
     eos = special_token_ids(model.generation_config, model.config).eos
     metadata = llm_runner.runner_metadata(model, setting.max_cache_len, custom_ops, eos)
-    image_token = image_token_id(model.config)
-    if image_token is not None:  # optimum-executorch reads it to place the image's features
-        metadata["vision_token_id"] = int(image_token)
-    modules = {name: components[name][0] for name in COMPONENTS}
-    inputs = {name: components[name][1] for name in COMPONENTS}
+    audio = AUDIO_ENCODER in components
+    image_token = getattr(model.config, "audio_token_id", None) if audio else image_token_id(model.config)
+    if image_token is not None:  # optimum-executorch reads it to place the image's (audio's) embeddings
+        metadata["audio_token_id" if audio else "vision_token_id"] = int(image_token)
+    names = list(components)  # token_embedding, the modality's encoder, text_decoder
+    modules = {name: components[name][0] for name in names}
+    inputs = {name: components[name][1] for name in names}
     started = time.time()
     manager, records, custom_nodes = multimodal_runner.export_multimodal_program(
         modules, model, inputs, max_cache_len=setting.max_cache_len, custom_ops=custom_ops, metadata=metadata,
@@ -57,7 +59,7 @@ def export_multimodal_runner(model: Any, target: Any, components: dict[str, tupl
     with open(directory / PROGRAM, "wb") as handle:
         manager.write_to_file(handle)
     entries: dict[str, Any] = {name: {"file": PROGRAM, "method": name, "metadata": upstream.metadata_dict(records[name])}
-                               for name in COMPONENTS}
+                               for name in names}
     if external:
         manager.write_tensor_data_to_file(str(directory))
         for entry in entries.values():
@@ -67,9 +69,11 @@ def export_multimodal_runner(model: Any, target: Any, components: dict[str, tupl
         "runner_metadata": metadata, "components": entries})
     model.config.save_pretrained(directory)
     setting.for_artifact(model.generation_config).save_pretrained(directory)
-    notes.append(f"ExecuTorch MultimodalRunner layout: model.pte holds token_embedding, vision_encoder (the "
-                 f"processor's pixel_values, float [1, 3, H, W]) and text_decoder (the cache inside"
+    encoder = ("audio_encoder (the feature extractor's log-mel input_features, float [1, bins, frames])" if audio
+               else "vision_encoder (the processor's pixel_values, float [1, 3, H, W])")
+    notes.append(f"ExecuTorch MultimodalRunner layout: model.pte holds token_embedding, {encoder} and text_decoder "
+                 f"(the cache inside"
                  + (f", ExecuTorch's LLM custom ops: {custom_nodes} llama:: nodes; a runtime needs their kernels"
                     if custom_ops else "") + ")")
-    return {"components": list(COMPONENTS), "export_only_s": round(export_s, 3),
+    return {"components": names, "export_only_s": round(export_s, 3),
             "save_s": round(time.time() - started, 3)}

@@ -38,7 +38,7 @@ from exporters.recipe.model import Recipe, Target
 from exporters.upstream import capture_calibration_inputs
 from exporters.version import installed_version
 
-TEXT_FAMILIES = ("text", "seq2seq", "vision-language")
+TEXT_FAMILIES = ("text", "seq2seq", "vision-language", "audio-language")
 # ONNX ops that hold quantized values or compute on them (ONNX Runtime's dynamic and QDQ graphs, PT2E's QDQ, int4
 # weight-only MatMulNBits and its 4-bit table, GatherBlockQuantized).
 _ONNX_QUANT_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",

@@ -141,7 +141,7 @@ def _position_limit(config) -> tuple[int | None, str]:
 def _variants(family: str, mode: str, spec: InputsSpec, config) -> list[tuple[str, InputsSpec]]:
     """Samples that change one quantity each: `(quantity, inputs)`."""
     variants = []
-    if family in ("text", "seq2seq", "vision-language"):
+    if family in ("text", "seq2seq", "vision-language", "audio-language"):
         variants.append(("sequence", spec.model_copy(update={"sequence_length": spec.sequence_length + 3})))
     if mode == "model":
         variants.append(("batch", spec.model_copy(update={"batch_size": spec.batch_size + 1})))

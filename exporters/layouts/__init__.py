@@ -7,7 +7,7 @@ exporters/layouts/
   card.py            what every card snippet is built from (download lines, the prompt line, checked identifiers)
   executorch_llm/    the ExecuTorch LLM runner (TextLLMRunner): model.pte in the runner's contract
   executorch_multimodal/  ExecuTorch's MultimodalRunner: a vision-language model.pte (token_embedding, vision_encoder,
-                     text_decoder)
+                     text_decoder), or an audio-language one's (audio_encoder in place of vision_encoder)
   executorch_speech/ the ExecuTorch ASR runner's layout: model.pte with methods encoder + text_decoder (Whisper)
   genai/             ONNX Runtime GenAI: a merged decoder graph and genai_config.json
   transformers_js/   transformers.js on Node.js: onnx/model.onnx and transformers.js_config (Whisper's encoder and

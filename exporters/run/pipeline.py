@@ -29,6 +29,7 @@ import torch
 from exporters import fsutil
 from exporters.capture import llm_runner
 from exporters.capture.dtypes import reference_groups
+from exporters.capture.families import MULTIMODAL_GENERATORS
 from exporters.errors import DeviceError, recovering
 from exporters.export.convert import export_to, release_weights
 from exporters.export.footprint import record_footprint
@@ -328,7 +329,7 @@ def _validate_into(result: TargetResult, target: Target, context: RunContext, wo
             subject=workbench.subject(target, context), expected_components=result.expected_components,
             # vision-language parity runs the model's own forward around the graphs: its weights stay
             release_model=(lambda: release_weights(workbench.model))
-            if last and workbench.sample.family != "vision-language" else None, precomputed=precomputed,
+            if last and workbench.sample.family not in MULTIMODAL_GENERATORS else None, precomputed=precomputed,
         )
     if guard.error is not None:
         result.status, result.error = FAILED, logged_error(guard.error, context.out_dir / "logs" / f"{target.name}.log",

@@ -18,7 +18,7 @@ from exporters.capture import asr_runner, image_text, llm_runner, merged, multim
 from exporters.capture.cache_settings import (check_second_step, default_decode_contract, max_positions,
                                               sliding_window_of, state_space_layers)
 from exporters.capture.components import cache_setting_for, decompose, generation_config_for, minimum_components
-from exporters.capture.families import detect_family
+from exporters.capture.families import MULTIMODAL_GENERATORS, detect_family
 from exporters.capture.inputs import SampleInputs, default_mode, make_sample_inputs
 from exporters.capture.probes import dim_bindings, fit_batch, fit_encoder_decoder, fit_to_contract
 from exporters.capture.loading import load_model
@@ -103,7 +103,7 @@ class Workbench:
         if llm_runner.layout_of(target) == llm_runner.RUNNER:
             return list(asr_runner.COMPONENTS) if self.sample.family == "speech-seq2seq" else [merged.MERGED]
         if llm_runner.layout_of(target) == multimodal_runner.MULTIMODAL_RUNNER:
-            return list(multimodal_runner.COMPONENTS)
+            return multimodal_runner.components_of(self.sample.family)
         if target.name in self.stepped:
             return list(stepped.STEPPED)
         if image_text.wants_image_text(target, self.sample.family) and set(components) == set(image_text.COMPONENTS):
@@ -164,7 +164,7 @@ class Workbench:
             target.merged = merged.planned_merged(target, self.sample.family, setting.implementation,
                                                    self.model.config)
             captured = self._captured(target, recipe, setting)
-            if self.sample.family == "vision-language":  # not the multimodal runner's layout: why
+            if self.sample.family in MULTIMODAL_GENERATORS:  # not the multimodal runner's layout: why
                 refused = self.not_runner.get(target.name)
             layout_notes = llm_runner.methods_note(target, state_layers) + [n for n in (refused, kept) if n]
             dropped: list[str] = []

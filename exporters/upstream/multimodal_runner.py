@@ -1,5 +1,5 @@
-"""ExecuTorch's `MultimodalRunner` program (part of the adapter to upstream): a vision-language model as one `.pte`
-with the three methods the runner calls, the KV cache inside `text_decoder` as for the text runner
+"""ExecuTorch's `MultimodalRunner` program (part of the adapter to upstream): a vision-language or audio-language
+model as one `.pte` with the three methods the runner calls, the KV cache inside `text_decoder` as for the text runner
 (`exporters.upstream.llm_runner`: transformers' static-cache wrapper, executorch's custom SDPA and cache ops, XNNPACK),
 and the runner's constant metadata methods.
 
@@ -7,15 +7,18 @@ and the runner's constant metadata methods.
 model ──► multimodal_modules ──► export_multimodal_program ──► one .pte
           token_embedding(tokens int64[1, seq]) -> embeddings [1, seq, hidden]          seq dynamic
           vision_encoder(pixel_values float[1, 3, H, W]) -> image embeddings [1, n, hidden]  the processor's pixels
+          or audio_encoder(input_features float[1, mel bins, frames]) -> audio embeddings [1, n, hidden]
           text_decoder(embeddings [1, seq, hidden], cache_position int64[seq]) -> logits    the cache inside
           get_max_seq_len, get_max_context_len, get_eos_ids, get_bos_id, ... (constants.h), vision_token_id
 ```
 
 The runner (extension/llm/runner/multimodal_prefiller.cpp) embeds each text input with `token_embedding`, each image
 with `vision_encoder` (its input dtype picks what it accepts: float here, the processor's normalized `CHW` pixels,
-not raw `uint8` `HWC`), and runs `text_decoder` on each result at the next cache positions; decoding feeds each new
-token through `token_embedding` and `text_decoder`. A LLaVA-style model's own forward does the same (image features
-in place of the image tokens), so the runner's tokens are eager `generate()`'s.
+not raw `uint8` `HWC`), each audio with `audio_encoder` (`make_audio_input`: the extractor's float log-mel
+features `[batch, bins, frames]`, as optimum-executorch's Voxtral program takes them), and runs `text_decoder`
+on each result at the next cache positions; decoding feeds each new token through `token_embedding` and
+`text_decoder`. A LLaVA-style model's own forward does the same (image features in place of the image tokens;
+Voxtral's audio embeddings in place of its audio tokens), so the runner's tokens are eager `generate()`'s.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from exporters.upstream.patches import patched
 
 # The runner's method names (extension/llm/runner/constants.h)
 TOKEN_EMBEDDING, VISION_ENCODER, TEXT_DECODER = "token_embedding", "vision_encoder", "text_decoder"
+AUDIO_ENCODER = "audio_encoder"
 METHODS = (TOKEN_EMBEDDING, VISION_ENCODER, TEXT_DECODER)
+AUDIO_METHODS = (TOKEN_EMBEDDING, AUDIO_ENCODER, TEXT_DECODER)
 
 
 class TokenEmbedding(torch.nn.Module):
@@ -65,6 +70,29 @@ class VisionEncoder(torch.nn.Module):
         return features.reshape(1, -1, features.shape[-1])
 
 
+class AudioEncoder(torch.nn.Module):
+    """`audio_encoder(input_features [batch, mel bins, frames]) -> [1, audio tokens, hidden]`: the model's
+    `get_audio_features` (audio tower, frame stacking, projector), every chunk's embeddings as one sequence, as
+    optimum-executorch's Voxtral `audio_encoder`."""
+
+    def __init__(self, model: Any):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_features: torch.Tensor) -> torch.Tensor:
+        features = self.model.get_audio_features(input_features)
+        features = getattr(features, "pooler_output", features)  # transformers 5: an output object
+        return features.reshape(1, -1, features.shape[-1])
+
+
+def methods_of(model: Any) -> tuple[str, ...]:
+    """The runner's methods for `model`: `audio_encoder` for an audio-language model (its config has an
+    `audio_config` and no `vision_config`), else `vision_encoder`."""
+    config = model.config
+    audio = getattr(config, "audio_config", None) is not None and getattr(config, "vision_config", None) is None
+    return AUDIO_METHODS if audio else METHODS
+
+
 class TextDecoder(torch.nn.Module):
     """`text_decoder(inputs_embeds [1, seq, hidden], cache_position [seq]) -> logits [1, seq, vocab]` around
     transformers' static-cache wrapper (its `wrapper`, as `llm_runner.RunnerProgram`'s, so the same custom ops swap
@@ -87,8 +115,9 @@ def multimodal_modules(model: Any, max_cache_len: int) -> dict[str, torch.nn.Mod
     """
     with _static_generation_config(model, max_cache_len):
         wrapper = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_cache_len)
+    encoder = AudioEncoder(model) if AUDIO_ENCODER in methods_of(model) else VisionEncoder(model)
     return {TOKEN_EMBEDDING: TokenEmbedding(model.get_input_embeddings()).eval(),
-            VISION_ENCODER: VisionEncoder(model).eval(), TEXT_DECODER: TextDecoder(wrapper).eval()}
+            methods_of(model)[1]: encoder.eval(), TEXT_DECODER: TextDecoder(wrapper).eval()}
 
 
 @contextlib.contextmanager
@@ -106,7 +135,7 @@ def export_multimodal_program(modules: dict[str, torch.nn.Module], model: Any, i
                               external_weights: str | None = None) -> tuple[Any, dict[str, Any], int]:
     """Export the three methods and lower them, XNNPACK, into one program with `metadata` as constant methods.
     `inputs`: each method's traced inputs; `seq` is dynamic up to `max_cache_len - 1` for `token_embedding` and
-    `text_decoder`, the image fixed at its traced size. `text_decoder` is traced strict (as the text runner's), with
+    `text_decoder`, the image (or audio) fixed at its traced size. `text_decoder` is traced strict (as the text runner's), with
     executorch's custom SDPA and cache ops when `custom_ops`. `external_weights`: the tag of a `.ptd` every weight
     goes to (None: inside the `.pte`).
 
@@ -117,13 +146,13 @@ def export_multimodal_program(modules: dict[str, torch.nn.Module], model: Any, i
     from executorch.exir.passes import MemoryPlanningPass  # deferred: heavy
 
     seq = torch.export.Dim("seq_length_dim", max=max_cache_len - 1)
-    shapes = {TOKEN_EMBEDDING: {"input_ids": {1: seq}}, VISION_ENCODER: None,
-              TEXT_DECODER: {"inputs_embeds": {1: seq}, "cache_position": {0: seq}}}
+    shapes = {TOKEN_EMBEDDING: {"input_ids": {1: seq}}, TEXT_DECODER: {"inputs_embeds": {1: seq},
+                                                                       "cache_position": {0: seq}}}
     programs: dict[str, torch.export.ExportedProgram] = {}
     with torch.no_grad():
-        for name in (TOKEN_EMBEDDING, VISION_ENCODER):
-            programs[name] = torch.export.export(modules[name], (), dict(inputs[name]), dynamic_shapes=shapes[name],
-                                                 strict=False)
+        for name in (n for n in modules if n != TEXT_DECODER):  # the token embedding and the modality's encoder
+            programs[name] = torch.export.export(modules[name], (), dict(inputs[name]),
+                                                 dynamic_shapes=shapes.get(name), strict=False)
         decoder, kwargs = modules[TEXT_DECODER], dict(inputs[TEXT_DECODER])
         stack = contextlib.ExitStack()
         with stack:

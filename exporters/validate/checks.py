@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from exporters.capture.components import read_glue
+from exporters.capture.families import MULTIMODAL_GENERATORS
 from exporters.capture.merged import MERGED
 from exporters.errors import ArtifactError, RemoteCodeError, describe_error, recoverable
 from exporters.recipe.model import Recipe
@@ -329,7 +330,7 @@ def validate_target(
         generation = None
         if target.mode == "generation":
             merged = MERGED in components and family == "text"  # one graph gives every token's logits
-            first = "lm_head" if family == "vision-language" else MERGED if merged else "prefill"
+            first = "lm_head" if family in MULTIMODAL_GENERATORS else MERGED if merged else "prefill"
             tolerances = Tolerances(tolerance_for(recipe, target, first, target.dtype),
                                     tolerance_for(recipe, target, MERGED if merged else "decode", target.dtype))
             generation = generation_parity(subject, components, exported, recipe.generation.max_new_tokens,

@@ -14,7 +14,7 @@ import torch
 from exporters.capture.image_text import (DECODER, EMBED_TOKENS, VISION_ENCODER as IMAGE_ENCODER, embeds_inputs,
                                          image_inputs)
 from exporters.capture.merged import empty_cache
-from exporters.capture.multimodal_runner import TEXT_DECODER, TOKEN_EMBEDDING, VISION_ENCODER
+from exporters.capture.multimodal_runner import AUDIO_ENCODER, TEXT_DECODER, TOKEN_EMBEDDING, VISION_ENCODER
 from exporters.capture.steps import output_cache
 from exporters.capture.token_ids import image_token_id
 from exporters.upstream import run_component
@@ -38,8 +38,8 @@ def image_token_of(config: Any) -> int:
 
 def multimodal_runner_driver(model, components, runners, generate_inputs: dict[str, Any], greedy: Greedy,
                              tokens: list) -> int:
-    """Parity driver (see `exporters.validate.parity`): image + prompt → the runner's three methods → greedy tokens
-    appended to `tokens`; returns the prompt length.
+    """Parity driver (see `exporters.validate.parity`): image (or audio) + prompt → the runner's three methods →
+    greedy tokens appended to `tokens`; returns the prompt length.
 
     Example:
         >>> _tensor((torch.ones(1),)).tolist()
@@ -47,8 +47,12 @@ def multimodal_runner_driver(model, components, runners, generate_inputs: dict[s
     """
     ids = generate_inputs["input_ids"]
     embeds = _tensor(run_component(runners[TOKEN_EMBEDDING], {"input_ids": ids})).clone()
-    features = _tensor(run_component(runners[VISION_ENCODER], {"pixel_values": generate_inputs["pixel_values"]}))
-    where = ids[0] == image_token_of(model.config)
+    if AUDIO_ENCODER in runners:  # Voxtral: the audio's embeddings in place of its audio tokens
+        features = _tensor(run_component(runners[AUDIO_ENCODER], {"input_features": generate_inputs["input_features"]}))
+        where = ids[0] == int(model.config.audio_token_id)
+    else:
+        features = _tensor(run_component(runners[VISION_ENCODER], {"pixel_values": generate_inputs["pixel_values"]}))
+        where = ids[0] == image_token_of(model.config)
     embeds[0, where] = features[0].to(embeds.dtype)
 
     def decoder(inputs_embeds: torch.Tensor, start: int) -> dict[str, Any]:

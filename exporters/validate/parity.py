@@ -32,9 +32,10 @@ import torch
 
 from exporters.capture.asr_runner import ENCODER, TEXT_DECODER, is_asr
 from exporters.capture.cache_settings import sliding_window_of
+from exporters.capture.families import MULTIMODAL_GENERATORS
 from exporters.capture.image_text import COMPONENTS as IMAGE_TEXT_COMPONENTS, DECODER as IMAGE_TEXT_DECODER
 from exporters.capture.merged import MERGED, prompt_inputs
-from exporters.capture.multimodal_runner import COMPONENTS as MULTIMODAL_COMPONENTS, TEXT_DECODER
+from exporters.capture.multimodal_runner import TEXT_DECODER, components_of
 from exporters.capture.stepped import STEPPED, zeroed_cache
 from exporters.capture.steps import cache_input_name, output_cache, step_inputs
 from exporters.errors import describe_error, recoverable
@@ -88,10 +89,10 @@ def generation_parity(subject: EagerModel, components, exported, steps: int, tol
                                                           "models", cache=cache)
     driver, needed = DRIVERS[family]
     needed = needed or set(components)
-    if family == "vision-language":
+    if family in MULTIMODAL_GENERATORS:
         driver = functools.partial(vision_language, glue=glue or {})
-    if family == "vision-language" and TEXT_DECODER in names:  # ExecuTorch MultimodalRunner's program
-        driver, needed = multimodal_runner_driver, set(MULTIMODAL_COMPONENTS)
+    if family in MULTIMODAL_GENERATORS and TEXT_DECODER in names:  # ExecuTorch MultimodalRunner's program
+        driver, needed = multimodal_runner_driver, set(components_of(family))
     if family == "vision-language" and IMAGE_TEXT_DECODER in names:  # transformers.js's three graphs
         driver, needed = image_text_driver, set(IMAGE_TEXT_COMPONENTS)
     if family == "text" and "model" in names:
@@ -261,4 +262,5 @@ DRIVERS = {
     "seq2seq": (_encoder_decoder, {"encoder", "prefill", "decode"}),
     "speech-seq2seq": (_encoder_decoder, {"encoder", "prefill", "decode"}),
     "vision-language": (vision_language, set()),  # every stage its model has (exporters.capture.components)
+    "audio-language": (vision_language, set()),  # the same driver: the model's forward, its stages as graphs
 }

@@ -33,6 +33,13 @@ RUNNER_IMPORTS = ("import executorch.extension.llm.custom_ops.custom_ops  # noqa
                   "from executorch.extension.llm.runner import GenerationConfig, MultimodalRunner\n")
 GENERATE = ("runner.generate_hf(inputs, GenerationConfig(echo=False, max_new_tokens={max_new_tokens}, "
             "temperature=0.0), image_token_id=image_token_id, token_callback={callback})")
+# an audio-language program: the binding's generate_hf splits a prompt around image tokens only, so the prompt goes
+# in as the runner's input list, the audio's log-mel features where its audio tokens stand (make_audio_input)
+AUDIO_IMPORTS = "from executorch.extension.llm.runner import make_audio_input, make_token_input\n"
+AUDIO_INPUTS = ("inputs = [make_token_input(before), make_audio_input(input_features), make_token_input(after)]\n")
+GENERATE_AUDIO = ("runner.generate(inputs, GenerationConfig(echo=False, max_new_tokens={max_new_tokens}, "
+                  "temperature=0.0), {callback})")
+AUDIO_PROMPT = "Transcribe the audio."
 IMAGE_PROMPT = "Describe the image."
 
 
@@ -50,6 +57,9 @@ class ExecutorchMultimodal(Layout):
 
     def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str]:
         data = ', f"{folder}/model.ptd"' if "model.ptd" in file_names(target) else ""
+        names = {c.get("name") if isinstance(c, dict) else c for c in target.get("components") or []}
+        if "audio_encoder" in names:  # the report's components: an audio-language program
+            return "python", audio_snippet(repo_id, target, revision, data)
         return "python", (
             download(repo_id, target, revision)
             + RUNNER_IMPORTS
@@ -61,3 +71,20 @@ class ExecutorchMultimodal(Layout):
             f'prompt = f"{{processor.image_token}} {IMAGE_PROMPT}"  # your prompt, with the image token\n'
             'inputs = processor(images=image, text=prompt, return_tensors="pt")  # float pixel_values [1, 3, H, W]\n'
             + GENERATE.format(max_new_tokens=32, callback='lambda piece: print(piece, end="")'))
+
+
+def audio_snippet(repo_id: str, target: dict[str, Any], revision: str | None, data: str) -> str:
+    """The card's snippet of an audio-language program: the folder's feature extractor makes the log-mel features
+    of a 16 kHz clip, the tokenizer the prompt around them (the proof's child runs the same input list)."""
+    return (download(repo_id, target, revision)
+            + RUNNER_IMPORTS + AUDIO_IMPORTS
+            + "import numpy as np\nfrom transformers import AutoFeatureExtractor, AutoTokenizer\n\n"
+            f'runner = MultimodalRunner(f"{{folder}}/model.pte", f"{{folder}}/tokenizer.json"{data})\n'
+            "tokenizer = AutoTokenizer.from_pretrained(folder)\n"
+            "extractor = AutoFeatureExtractor.from_pretrained(folder)\n"
+            "audio = np.zeros(extractor.n_samples, dtype=np.float32)  # your 16 kHz mono clip\n"
+            'input_features = extractor(audio, sampling_rate=16000, return_tensors="pt")["input_features"]\n'
+            "before = [tokenizer.bos_token_id]\n"
+            f'after = tokenizer.encode("{AUDIO_PROMPT}", add_special_tokens=False)  # your prompt\n'
+            + AUDIO_INPUTS
+            + GENERATE_AUDIO.format(max_new_tokens=32, callback='lambda piece: print(piece, end="")'))

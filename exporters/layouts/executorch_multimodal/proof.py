@@ -1,12 +1,15 @@
 """ExecuTorch MultimodalRunner's proof: executorch's own `MultimodalRunner` (through the pybinding of the pinned
-executorch) generates from `model.pte`, the folder's `tokenizer.json`, an image and a prompt, greedily, the same
-tokens as eager `generate()` on the same inputs.
+executorch) generates from `model.pte`, the folder's `tokenizer.json`, an image (or an audio's log-mel features) and
+a prompt, greedily, the same tokens as eager `generate()` on the same inputs.
 
 ```
 reference(): the sample's inputs (the processor's prompt ids with its run of image tokens, its float pixel_values
              [1, 3, H, W] of a synthesized image) └─ eager greedy generate, max_new_tokens ─► ids (eos left out)
 prove():     a subprocess runs MultimodalRunner(model.pte, tokenizer.json[, model.ptd]).generate_hf(those inputs,
              temperature 0) (the card's call) └─ pieces ─► ids ─► compared with eager's, token for token
+             an audio-language program: runner.generate([tokens before, make_audio_input(input_features), tokens
+             after]) (`generate_hf` splits a prompt around image tokens only; the runner's C++ prefiller runs
+             `audio_encoder` on an audio input: extension/llm/runner/multimodal_prefiller.cpp)
 ```
 
 The binding hands each generated token to Python as its decoded piece; a piece maps back to the ids of the folder's
@@ -29,7 +32,7 @@ from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
 from exporters.layouts.executorch_llm import runner_child_imports
-from exporters.layouts.executorch_multimodal import GENERATE
+from exporters.layouts.executorch_multimodal import AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, GENERATE_AUDIO
 from exporters.upstream import read_manifest
 
 # the card's snippet makes the same runner and the same call (GENERATE; its RUNNER_IMPORTS load the same kernel
@@ -51,6 +54,25 @@ def on_stats(s):
 with open(spec["result"], "w") as handle:
     json.dump({"pieces": pieces, "stats": stats}, handle)
 """
+# the card's audio snippet makes the same input list and the same call (AUDIO_INPUTS, GENERATE_AUDIO), its imports
+# the same kernel libraries
+AUDIO_CHILD = r"""
+import json, sys
+import torch
+spec = json.loads(sys.argv[1])
+""" + runner_child_imports("MultimodalRunner", quantized=False) + AUDIO_IMPORTS + r"""
+args = [spec["program"], spec["tokenizer"]] + ([spec["data"]] if spec["data"] else [])
+runner = MultimodalRunner(*args)
+saved = torch.load(spec["inputs"], weights_only=True)
+before, after, input_features = saved["before"], saved["after"], saved["input_features"]
+pieces, stats = [], {}
+def on_stats(s):
+    stats.update(prompt_tokens=s.num_prompt_tokens, generated=s.num_generated_tokens)
+""" + AUDIO_INPUTS + GENERATE_AUDIO.format(max_new_tokens='spec["max_new_tokens"]',
+                                           callback="pieces.append, on_stats") + r"""
+with open(spec["result"], "w") as handle:
+    json.dump({"pieces": pieces, "stats": stats}, handle)
+"""
 
 
 def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any]:
@@ -58,7 +80,9 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
     if context.source_dir is None or not (Path(context.source_dir) / "tokenizer.json").is_file():
         return {"unverified": "the model folder has no tokenizer.json, which the runner reads"}
     tokenizer = Tokenizer.from_file(str(Path(context.source_dir) / "tokenizer.json"))
-    inputs = {k: v for k, v in context.generate_inputs.items() if k in ("input_ids", "attention_mask", "pixel_values")}
+    audio = "input_features" in context.generate_inputs
+    wanted = ("input_ids", "attention_mask", "input_features" if audio else "pixel_values")
+    inputs = {k: v for k, v in context.generate_inputs.items() if k in wanted}
     config, eos = greedy_settings(model, context)
     with torch.no_grad():
         out = model.generate(**copy.deepcopy(inputs), generation_config=config)
@@ -66,10 +90,18 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
     generated = out[0, ids.shape[1]:].tolist()
     shown = generated[:next((i for i, t in enumerate(generated) if t in eos), len(generated))]
     vocabulary, ids_of = pieces_by_id(tokenizer)
-    token = image_token_id(model.config)
-    return {"input_ids": ids.clone(), "pixel_values": inputs["pixel_values"].detach().float().clone(),
+    token = model.config.audio_token_id if audio else image_token_id(model.config)
+    source = "input_features" if audio else "pixel_values"
+    return {"input_ids": ids.clone(), source: inputs[source].detach().float().clone(),
             "image_token_id": int(token), "prompt_tokens": int(ids.shape[1]), "tokens": shown,
             "eos": sorted(eos), "ids_of": ids_of, "pieces": [vocabulary[t] for t in shown]}
+
+
+def _audio_inputs(reference: dict[str, Any]) -> dict[str, Any]:
+    """The runner's input list's parts: the prompt's ids before and after its run of audio tokens, the features."""
+    ids = reference["input_ids"][0].tolist()
+    where = [i for i, t in enumerate(ids) if t == reference["image_token_id"]]
+    return {"before": ids[:where[0]], "after": ids[where[-1] + 1:], "input_features": reference["input_features"]}
 
 
 def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
@@ -87,23 +119,27 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
         return RuntimeProof(layout.runtime, "failed", "the target folder has no tokenizer.json for the runner")
     with tempfile.TemporaryDirectory() as scratch:
         inputs = Path(scratch) / "inputs.pt"
-        torch.save({"input_ids": reference["input_ids"], "pixel_values": reference["pixel_values"]}, inputs)
+        audio = "input_features" in reference
+        torch.save(_audio_inputs(reference) if audio else {"input_ids": reference["input_ids"],
+                                                           "pixel_values": reference["pixel_values"]}, inputs)
         spec = {"program": str(directory / entry["file"]), "tokenizer": str(tokenizer),
                 "data": str(directory / entry["data_file"]) if entry.get("data_file") else None,
                 "inputs": str(inputs), "image_token_id": reference["image_token_id"],
                 "max_new_tokens": len(reference["tokens"])}
-        answer, why = run_in_child(CHILD, spec, folder=directory, timeout_s=child_timeout(context))
+        answer, why = run_in_child(AUDIO_CHILD if audio else CHILD, spec, folder=directory,
+                                   timeout_s=child_timeout(context))
     if answer is None:
         return RuntimeProof(layout.runtime, "failed", f"the runner failed: {why}")
     want, ids_of = reference["tokens"], reference["ids_of"]
     got = answer["pieces"]
     read = answer["stats"].get("prompt_tokens")
     if read is not None and read != reference["prompt_tokens"]:
-        return RuntimeProof(layout.runtime, "failed", f"the runner read the prompt and image as {read} positions, "
+        return RuntimeProof(layout.runtime, "failed", f"the runner read the prompt and its media as {read} positions, "
                                                    f"eager as {reference['prompt_tokens']}")
     equal, _ = pieces_matched(got, want, ids_of)
     if equal == len(want) == len(got):
-        return RuntimeProof(layout.runtime, "passed", f"{equal}/{len(want)} tokens from an image and a prompt "
+        media = "an audio" if "input_features" in reference else "an image"
+        return RuntimeProof(layout.runtime, "passed", f"{equal}/{len(want)} tokens from {media} and a prompt "
                                                    f"({reference['prompt_tokens']} positions)")
     return RuntimeProof(layout.runtime, "failed", f"{equal}/{len(want)} tokens equal: the runner generated "
                                                f"{''.join(got)[:200]!r}, eager {''.join(reference['pieces'])[:200]!r}")
