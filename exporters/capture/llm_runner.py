@@ -232,6 +232,8 @@ def prompt_as_recorded(target: Any, manifest: dict[str, Any]) -> None:
         >>> prompt_as_recorded(older, {"layout": None}); prompt_kept_dynamic(older), older.dynamic
         (None, False)
     """
+    if target.export_format != "executorch" or target.mode != "generation":
+        return
     if "dynamic" in target.model_fields_set or target.dynamic_shapes or manifest.get(DYNAMIC_PROMPT):
         return
     target.dynamic = False  # set, so that today's default no longer applies
