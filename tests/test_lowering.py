@@ -108,7 +108,7 @@ def test_the_sdpa_fusion_skipped_without_a_softmax_changes_no_program():
     from executorch.runtime import Runtime
 
     from exporters.upstream import sdpa_fusion_only_with_softmax
-    from exporters.upstream.beyond import SOFTMAX, has_call_to
+    from exporters.upstream.xnnpack_passes import SOFTMAX, has_call_to
 
     patterns = sdpa.get_graphs()
     assert patterns and all(has_call_to(pattern, SOFTMAX) for pattern in patterns)
@@ -121,3 +121,60 @@ def test_the_sdpa_fusion_skipped_without_a_softmax_changes_no_program():
     out = Runtime.get().load_program(program).load_method("forward").execute([q, k, v, mask])[0]
     with torch.no_grad():
         assert float((out - attention(q, k, v, mask)).abs().max()) < 1e-5
+
+
+class ConvNormActivations(torch.nn.Module):
+    """A 2-D and a 1-D convolution with a batch norm, a ReLU, a hardtanh, a PReLU and a max pool: every op the XNNPACK
+    passes of `xnnpack_passes.ONLY_WHERE` rewrite."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.norm = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4)
+        self.conv1d, self.prelu = torch.nn.Conv1d(3, 4, 3, padding=1), torch.nn.PReLU()
+        self.norm.running_mean.uniform_(-0.5, 0.5)
+        self.norm.running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x, s):
+        y = self.prelu(torch.nn.functional.max_pool2d(torch.relu(self.norm(self.conv(x))), 2))
+        return y, torch.nn.functional.hardtanh(self.conv1d(s))
+
+
+def test_the_xnnpack_passes_skipped_where_they_rewrite_nothing_change_no_program():
+    """The skip is exact: on a graph without the ops a pass rewrites (a linear and a GELU) the passes of
+    `ONLY_WHERE` retrace nothing and the program is byte for byte upstream's; on a graph with every one of those ops
+    they all run, and the program is upstream's too (and computes the model)."""
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager
+    from executorch.exir.pass_base import ExportPass
+    from executorch.runtime import Runtime
+
+    from exporters.upstream.xnnpack_passes import ONLY_WHERE, xnnpack_passes_only_where_they_apply
+
+    default = {cls.__name__ for cls in XNNPACKPassManager(None).passes}
+    assert {name for _, name, _ in ONLY_WHERE} <= default  # every pass skipped is one upstream runs
+    retraces = []
+    real = ExportPass.call
+
+    def counted(self, graph_module):
+        retraces.append(type(self).__name__)
+        return real(self, graph_module)
+
+    plain, x = LinearGelu("none").eval(), torch.randn(3, 257)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ExportPass, "call", counted)
+        upstream_program = _buffer(plain, (x,))
+        upstream_retraces, retraces[:] = list(retraces), []
+        assert _buffer(plain, (x,), xnnpack_passes_only_where_they_apply) == upstream_program
+    skipped = {name for _, name, _ in ONLY_WHERE}
+    assert skipped & set(upstream_retraces) and not skipped & set(retraces), (upstream_retraces, retraces)
+    convolved, inputs = ConvNormActivations().eval(), (torch.randn(1, 3, 8, 8), torch.randn(1, 3, 9))
+    retraces[:] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ExportPass, "call", counted)
+        program = _buffer(convolved, inputs, xnnpack_passes_only_where_they_apply)
+    # the passes whose ops reach XNNPACK's preprocessing ran (the batch norm is fused, the max pool's getitem gone)
+    assert {"FuseBatchNormPass", "FuseActivationPass", "Conv1dUnsqueezePass", "PReLUReshapePass"} <= set(retraces)
+    assert program == _buffer(convolved, inputs)
+    outputs = Runtime.get().load_program(program).load_method("forward").execute(list(inputs))
+    with torch.no_grad():
+        assert all(float((out - expected).abs().max()) < 1e-5 for out, expected in zip(outputs, convolved(*inputs)))

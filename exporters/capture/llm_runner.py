@@ -215,6 +215,30 @@ def prompt_kept_dynamic(target: Any) -> str | None:
     return PROMPT_KEPT
 
 
+# export.json's record of a methods-layout ExecuTorch generation program's prompt axis: true when it was exported
+# dynamic; a folder without it (older product versions) holds a program whose prompt is fixed at the traced length
+DYNAMIC_PROMPT = "dynamic_prompt"
+
+
+def prompt_as_recorded(target: Any, manifest: dict[str, Any]) -> None:
+    """Re-validating a saved methods-layout program: a target whose recipe leaves `dynamic` unset is validated with
+    the prompt its program was exported with, as its export.json records it ([`DYNAMIC_PROMPT`]), not with today's
+    default ([`prompt_kept_dynamic`]): a program recorded with a fixed prompt, or saved before the record existed,
+    is validated at its traced prompt. A recorded dynamic prompt leaves the target to today's rule (the same).
+
+    Example:
+        >>> from exporters.recipe.load import parse_recipe
+        >>> older = parse_recipe('{"export_format": "executorch", "mode": "generation"}').exports[0]
+        >>> prompt_as_recorded(older, {"layout": None}); prompt_kept_dynamic(older), older.dynamic
+        (None, False)
+    """
+    if target.export_format != "executorch" or target.mode != "generation":
+        return
+    if "dynamic" in target.model_fields_set or target.dynamic_shapes or manifest.get(DYNAMIC_PROMPT):
+        return
+    target.dynamic = False  # set, so that today's default no longer applies
+
+
 def export_refused(error: dict[str, Any] | None) -> str:
     """What the report says of a default runner program whose export failed where eager ran it (OPT: its positions
     read a value of the mask with `.item()`, which torch.export cannot trace), the target exported again with the

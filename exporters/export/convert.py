@@ -21,7 +21,7 @@ from exporters.capture.asr_runner import is_asr
 from exporters.capture.cache_settings import sliding_window_of
 from exporters.capture.components import GLUE_FILE, cache_setting_for, write_glue
 from exporters.capture.token_ids import decoder_start_id, special_token_ids
-from exporters.capture.llm_runner import METHODS_NOTE
+from exporters.capture.llm_runner import DYNAMIC_PROMPT, METHODS_NOTE
 from exporters.capture.multimodal_runner import MULTIMODAL_RUNNER
 from exporters.capture.shapes import build_dynamic_shapes
 from exporters.errors import ShapeSpecError, TargetPlanError
@@ -201,6 +201,8 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
     if target.export_format == "executorch" and target.mode == "generation" \
             and getattr(target, "layout", None) not in ("runner", MULTIMODAL_RUNNER):
         notes.append(methods_note(target, components))
+        manifest = upstream.read_manifest(directory)  # how `hf-export validate` finds the prompt it was exported with
+        upstream.write_manifest(directory, {**manifest, DYNAMIC_PROMPT: bool(target.dynamic)})
     written = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()
                      and not p.is_symlink())
     copied = complete_folder(directory, source_dir or model_folder(model), notes)  # the folder loads alone

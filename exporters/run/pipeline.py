@@ -229,6 +229,8 @@ def _start(item: _Export, workbench: Workbench, context: RunContext, options: Ru
                             context.source.folder)
 
     progress.update(target.name, f"exporting {target.export_format} ({len(components)} component(s))")
+    with recovering():  # the exporter's modules (ExecuTorch's compiler: 3 s) imported once, not again by each child
+        import_loaders(target.export_format)
     item.started = time.time()
     item.run = Isolated(work, log_path=log_path, timeout=target.timeout)
     return item

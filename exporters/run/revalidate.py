@@ -64,6 +64,7 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
         if _saved_layout(directory) not in RUNNER_LAYOUTS:  # a default runner program that was exported as methods
             workbench.plan_methods_layout(target, llm_runner.NOT_RUNNER.format(
                 why="the folder's program has the methods layout (its export.json)"))
+            llm_runner.prompt_as_recorded(target, _manifest(directory))  # its prompt as exported, not as today
         try:
             components = workbench.components(target, context.recipe) if workbench.unprepared is None else None
         except BaseException as err:  # a capture that fails, a decode that could not run a second step
@@ -86,7 +87,12 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
 def _saved_layout(directory: Path) -> str | None:
     """The layout a saved target's export.json records (`"runner"` for the LLM runner's program), else None (also
     for a manifest that does not read: validation reports that one)."""
+    return _manifest(directory).get("layout")
+
+
+def _manifest(directory: Path) -> dict[str, Any]:
+    """A saved target's export.json, or {} where it does not read (validation reports that one)."""
     try:
-        return read_manifest(directory).get("layout")
+        return read_manifest(directory)
     except ArtifactError:
-        return None
+        return {}

@@ -13,7 +13,8 @@ save and load do not cover: one ExecuTorch program with a method per component (
 whose inputs were renamed for transformers.js (`RenamedRunner`), split programs that hold their equal weights once
 when loaded (`share_identical_weights`), and workarounds scoped to one step: static caches whose sliding layers are
 captured whole (`static_sliding_layers_kept_whole`), ExecuTorch lowering that leaves the tanh GELU off XNNPACK
-and runs the upsample and SDPA fusions only where a graph can hold their patterns (`xnnpack_lowering`), and does
+and runs the upsample and SDPA fusions and XNNPACK's other passes only where a graph can hold their patterns
+(`xnnpack_lowering`, `xnnpack_passes_only_where_they_apply`), and does
 not copy the weights per partition (`constants_shared_by_lowering_copies`, `named_data_on_disk`).
 
 The modules: `core.py` (the registry, decomposition, the saved-export format and the safe loader), `pytree.py`
@@ -23,7 +24,8 @@ The modules: `core.py` (the registry, decomposition, the saved-export format and
 `multimodal_runner.py` (ExecuTorch MultimodalRunner's program: token_embedding, vision_encoder, text_decoder),
 `onnx_decompositions.py` (torch.onnx's second trace skipped
 where it changes nothing), `ort_attention.py` (ONNX Runtime's `GroupQueryAttention` with a dynamic batch),
-`runtime_ops.py` (models traced in the ops their target's runtime has), `patches.py` (every patch on upstream or the
+`runtime_ops.py` (models traced in the ops their target's runtime has), `xnnpack_passes.py` (XNNPACK's passes run
+only where they can change a partition), `patches.py` (every patch on upstream or the
 stack in one table, what it changes, why and until when, and the one helper that lays and undoes them).
 
 Example:
@@ -43,11 +45,9 @@ from exporters.upstream.beyond import (
     lean_session_options,
     metadata_dict,
     named_data_on_disk,
-    sdpa_fusion_only_with_softmax,
     share_identical_weights,
     static_sliding_layers_kept_whole,
     tanh_gelu_kept_off_xnnpack,
-    upsample_fusion_only_with_upsample,
     xnnpack_lowering,
 )
 from exporters.upstream.core import (
@@ -103,6 +103,11 @@ from exporters.upstream.runtime_ops import (
     patch_convolutions_as_matmul,
     shared_tables_kept_once,
     transposed_weights_written_in_blocks,
+)
+from exporters.upstream.xnnpack_passes import (
+    sdpa_fusion_only_with_softmax,
+    upsample_fusion_only_with_upsample,
+    xnnpack_passes_only_where_they_apply,
 )
 from exporters.upstream.pytree import (
     cast_leaf_tensors,
@@ -190,6 +195,7 @@ __all__ = [
     "GQA_GUARD_NAME",
     "upsample_fusion_only_with_upsample",
     "xnnpack_lowering",
+    "xnnpack_passes_only_where_they_apply",
     "write_manifest",
     "xnnpack_dynamic_quant_partitioners",
 ]

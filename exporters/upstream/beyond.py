@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.fx.passes.infra.pass_base import PassResult
 from transformers import cache_utils
 from transformers.exporters.metadata import load_treespec
 from transformers.exporters.runners.base import ModelRunner
@@ -26,6 +25,11 @@ from transformers.exporters.utils import apply_patches
 
 from exporters.upstream.patches import patched, patched_item
 from exporters.upstream.pytree import leaf_tensors
+from exporters.upstream.xnnpack_passes import (
+    sdpa_fusion_only_with_softmax,
+    upsample_fusion_only_with_upsample,
+    xnnpack_passes_only_where_they_apply,
+)
 
 
 def lean_session_options():
@@ -287,80 +291,19 @@ def tanh_gelu_kept_off_xnnpack():
 
 
 @contextlib.contextmanager
-def upsample_fusion_only_with_upsample():
-    """While ExecuTorch lowers, XNNPACK's `ConvertToUpsampleBilinear2d` pass runs only on a graph that has a bilinear
-    upsample. The pass builds its patterns by exporting and lowering a bilinear module four times, once per
-    process (10 s of a tiny BERT's 60 s ExecuTorch export, under load), then retraces the graph; with the pinned
-    executorch every pattern is the single `upsample_bilinear2d.vec` node, which it leaves as it is
-    (tests/test_lowering.py checks both), so a graph without that op is never changed by it.
-
-    Example:
-        >>> with upsample_fusion_only_with_upsample():  # doctest: +SKIP
-        ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
-    """
-    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
-    from executorch.backends.xnnpack._passes.convert_to_upsample_bilinear2d import ConvertToUpsampleBilinear2d
-
-    with _pass_only_where(ConvertToUpsampleBilinear2d, "upsample_bilinear2d"):
-        yield
-
-
-@contextlib.contextmanager
-def sdpa_fusion_only_with_softmax():
-    """While ExecuTorch lowers, XNNPACK's `ConvertToSDPAPass` runs only on a partition that has a softmax. The pass
-    builds its patterns (an attention decomposed into matmuls, a scale, the mask's add and a softmax) by exporting
-    and lowering an attention module twice, once per process (2.2 s of a tiny Llama's runner program), then
-    retraces each partition; a partition without a softmax cannot hold its pattern, so the pass could not change it
-    (the LLM runner's program with custom ops: its attention is `llama::custom_sdpa`, outside XNNPACK;
-    tests/test_lowering.py checks the patterns and that the programs are byte-identical).
-
-    Example:
-        >>> with sdpa_fusion_only_with_softmax():  # doctest: +SKIP
-        ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
-    """
-    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
-    from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
-
-    with _pass_only_where(ConvertToSDPAPass, SOFTMAX):
-        yield
-
-
-# What every pattern of XNNPACK's SDPA fusion holds (`executorch.backends.xnnpack.partition.graphs.sdpa`)
-SOFTMAX = "_softmax"
-
-
-def has_call_to(graph_module: torch.fx.GraphModule, name: str) -> bool:
-    """Whether a node of the graph calls an op whose name contains `name` (`upsample_bilinear2d`, `_softmax`)."""
-    return any(node.op == "call_function" and name in str(node.target) for node in graph_module.graph.nodes)
-
-
-@contextlib.contextmanager
-def _pass_only_where(pass_class: Any, op_name: str):
-    """`pass_class` (an XNNPACK graph pass) runs only on a graph with a call to `op_name`; on any other graph it
-    returns the graph unchanged, as the pass itself would have (its patterns all hold that op)."""
-    real = pass_class.call
-
-    def call(self: Any, graph_module: torch.fx.GraphModule) -> Any:
-        if not has_call_to(graph_module, op_name):
-            return PassResult(graph_module, False)
-        return real(self, graph_module)
-
-    with patched(pass_class, "call", call):
-        yield
-
-
-@contextlib.contextmanager
 def xnnpack_lowering():
     """How every ExecuTorch program of this project is lowered to XNNPACK beyond upstream's defaults: the tanh GELU
     kept off XNNPACK ([`tanh_gelu_kept_off_xnnpack`]), the upsample fusion only where a graph has an upsample
-    ([`upsample_fusion_only_with_upsample`]) and the SDPA fusion only where a partition has a softmax
-    ([`sdpa_fusion_only_with_softmax`]).
+    ([`upsample_fusion_only_with_upsample`]), the SDPA fusion only where a partition has a softmax
+    ([`sdpa_fusion_only_with_softmax`]) and XNNPACK's other passes only where a partition calls an op they rewrite
+    ([`xnnpack_passes_only_where_they_apply`]); all in `exporters.upstream.xnnpack_passes` but the first.
 
     Example:
         >>> with xnnpack_lowering():  # doctest: +SKIP
         ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     """
-    with tanh_gelu_kept_off_xnnpack(), upsample_fusion_only_with_upsample(), sdpa_fusion_only_with_softmax():
+    with tanh_gelu_kept_off_xnnpack(), upsample_fusion_only_with_upsample(), sdpa_fusion_only_with_softmax(), \
+            xnnpack_passes_only_where_they_apply():
         yield
 
 

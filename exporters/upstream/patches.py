@@ -172,6 +172,15 @@ PATCHES: tuple[Patch, ...] = (
     Patch("sdpa_fusion_only_with_softmax", (f"{XNNPACK}._passes.convert_to_sdpa:ConvertToSDPAPass.call",),
           "the pass exports an attention module per process to build patterns a partition without softmax cannot hold",
           "docs/upstream-gaps.md #37: XNNPACK's passes building their patterns once, or only when needed"),
+    Patch("xnnpack_passes_only_where_they_apply",
+          tuple(f"{XNNPACK}._passes.{m}:{c}.call" for m, c in (
+              ("fuse_batch_norm", "FuseBatchNormPass"), ("decompose_batch_norm", "DecomposeBatchNorm"),
+              ("fuse_activation_pass", "FuseActivationPass"), ("conv1d_unsqueeze_pass", "Conv1dUnsqueezePass"),
+              ("prelu_reshape_pass", "PReLUReshapePass"), ("propagate_custom_meta_pass", "PropagateCustomMetaPass"),
+              ("remove_redundant_copy_pass", "RemoveRedundantCopyPass")))
+          + ("executorch.backends.transforms.remove_getitem_op:RemoveGetItemPass.call",),
+          "each pass retraces every partition even where it rewrites nothing (most of a split program's lowering)",
+          "docs/upstream-gaps.md #37: XNNPACK's passes building their patterns once, or only when needed"),
     Patch("constants_shared_by_lowering_copies",
           (f"{EXIR}.backend.backend_details:BackendDetails.copy_exported_program_for_preprocess",
            f"{EXIR}.backend.canonical_partitioners.duplicate_constant_node_pass:copy"),

@@ -1,0 +1,133 @@
+"""XNNPACK's graph passes run only where they can change something (part of the adapter to upstream).
+
+XNNPACK's preprocessing runs its whole list of passes on every partition it delegates, and nearly every pass ends
+by retracing the partition under fake tensors, whether it changed a node or not. A program split by ops XNNPACK does
+not take (the LLM runner's `llama::update_cache` / `llama::custom_sdpa`, a method per component) has a dozen
+partitions, so those retraces are most of its lowering. A pass whose every rewrite starts at an op the partition
+does not call cannot change it: here it returns the graph as it is, and the retrace of a pass that does run (the
+channels-last pass, run on every partition) gives the same graph. tests/test_lowering.py checks the programs are
+byte-identical.
+
+```
+partition ──► RemoveClone ─ DimOrderRevert ─ Upsample* ─ Linear ─ CustomMeta* ─ SDPA* ─ ConstProp ─ FuseBN* ─
+              DecomposeBN* ─ FuseActivation* ─ Cat ─ GetItem* ─ PadQDQ ─ Conv1d* ─ PReLU* ─ ChannelsLast ─ Copy*
+              (* runs only where the partition calls one of its ops)
+```
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.fx.passes.infra.pass_base import PassResult
+
+from exporters.upstream.patches import patched
+
+PASSES = "executorch.backends.xnnpack._passes"
+# What every pattern of XNNPACK's SDPA fusion holds (`executorch.backends.xnnpack.partition.graphs.sdpa`)
+SOFTMAX = "_softmax"
+# Each pass (module, class, under PASSES or executorch.backends) and the ops its rewrites start from (a node of the
+# graph whose op name contains one of them), read from the pinned executorch's sources: `FuseBatchNormPass` and
+# `DecomposeBatchNorm` rewrite batch norms, `FuseActivationPass` a relu / hardtanh after an op, `Conv1dUnsqueezePass`
+# 1-D convolutions, `PReLUReshapePass` a PReLU, `RemoveGetItemPass` the getitem of a max pool or `max.dim`,
+# `PropagateCustomMetaPass` quantize / dequantize nodes, `RemoveRedundantCopyPass` `_to_copy` pairs.
+ONLY_WHERE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (f"{PASSES}.fuse_batch_norm", "FuseBatchNormPass", ("batch_norm",)),
+    (f"{PASSES}.decompose_batch_norm", "DecomposeBatchNorm", ("batch_norm",)),
+    (f"{PASSES}.fuse_activation_pass", "FuseActivationPass", ("relu", "hardtanh")),
+    (f"{PASSES}.conv1d_unsqueeze_pass", "Conv1dUnsqueezePass", ("convolution",)),
+    (f"{PASSES}.prelu_reshape_pass", "PReLUReshapePass", ("prelu",)),
+    ("executorch.backends.transforms.remove_getitem_op", "RemoveGetItemPass", ("max_pool2d_with_indices", "max.dim")),
+    (f"{PASSES}.propagate_custom_meta_pass", "PropagateCustomMetaPass", ("quantize_",)),
+    (f"{PASSES}.remove_redundant_copy_pass", "RemoveRedundantCopyPass", ("_to_copy",)),
+)
+
+
+def has_call_to(graph_module: torch.fx.GraphModule, *names: str) -> bool:
+    """Whether a node of the graph calls an op whose name contains one of `names` (`upsample_bilinear2d`,
+    `_softmax`).
+
+    Example:
+        >>> graph = torch.fx.symbolic_trace(torch.nn.Softmax(dim=-1))
+        >>> has_call_to(graph, "softmax"), has_call_to(graph, "relu", "prelu")
+        (True, False)
+    """
+    return any(node.op == "call_function" and any(name in str(node.target) for name in names)
+               for node in graph_module.graph.nodes)
+
+
+@contextlib.contextmanager
+def _pass_only_where(pass_class: Any, *op_names: str) -> Iterator[None]:
+    """`pass_class` (an XNNPACK graph pass) runs only on a graph with a call to one of `op_names`; on any other graph
+    it returns the graph unchanged, as the pass itself would have (its rewrites all start at one of those ops)."""
+    real = pass_class.call
+
+    def call(self: Any, graph_module: torch.fx.GraphModule) -> Any:
+        if not has_call_to(graph_module, *op_names):
+            return PassResult(graph_module, False)
+        return real(self, graph_module)
+
+    with patched(pass_class, "call", call):
+        yield
+
+
+@contextlib.contextmanager
+def upsample_fusion_only_with_upsample() -> Iterator[None]:
+    """While ExecuTorch lowers, XNNPACK's `ConvertToUpsampleBilinear2d` pass runs only on a graph that has a bilinear
+    upsample. The pass builds its patterns by exporting and lowering a bilinear module four times, once per
+    process (10 s of a tiny BERT's 60 s ExecuTorch export, under load), then retraces the graph; with the pinned
+    executorch every pattern is the single `upsample_bilinear2d.vec` node, which it leaves as it is
+    (tests/test_lowering.py checks both), so a graph without that op is never changed by it.
+
+    Example:
+        >>> with upsample_fusion_only_with_upsample():  # doctest: +SKIP
+        ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    """
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
+    from executorch.backends.xnnpack._passes.convert_to_upsample_bilinear2d import ConvertToUpsampleBilinear2d
+
+    with _pass_only_where(ConvertToUpsampleBilinear2d, "upsample_bilinear2d"):
+        yield
+
+
+@contextlib.contextmanager
+def sdpa_fusion_only_with_softmax() -> Iterator[None]:
+    """While ExecuTorch lowers, XNNPACK's `ConvertToSDPAPass` runs only on a partition that has a softmax. The pass
+    builds its patterns (an attention decomposed into matmuls, a scale, the mask's add and a softmax) by exporting
+    and lowering an attention module twice, once per process (2.2 s of a tiny Llama's runner program), then
+    retraces each partition; a partition without a softmax cannot hold its pattern, so the pass could not change it
+    (the LLM runner's program with custom ops: its attention is `llama::custom_sdpa`, outside XNNPACK;
+    tests/test_lowering.py checks the patterns and that the programs are byte-identical).
+
+    Example:
+        >>> with sdpa_fusion_only_with_softmax():  # doctest: +SKIP
+        ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    """
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
+    from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
+
+    with _pass_only_where(ConvertToSDPAPass, SOFTMAX):
+        yield
+
+
+@contextlib.contextmanager
+def xnnpack_passes_only_where_they_apply() -> Iterator[None]:
+    """While ExecuTorch lowers, each XNNPACK pass of [`ONLY_WHERE`] runs only on a partition that calls one of the
+    ops its rewrites start from; elsewhere it returns the partition unchanged instead of retracing it (a tiny
+    Llama's runner program: 13 partitions, 8 of 17 retraces each). Which ops each pass rewrites is read from the
+    pinned executorch; tests/test_lowering.py checks the programs it gives are byte-identical to upstream's.
+
+    Example:
+        >>> with xnnpack_passes_only_where_they_apply():  # doctest: +SKIP
+        ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    """
+    with contextlib.ExitStack() as stack:
+        for module, name, ops in ONLY_WHERE:
+            # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
+            pass_class = getattr(importlib.import_module(module), name)
+            stack.enter_context(_pass_only_where(pass_class, *ops))
+        yield
