@@ -561,10 +561,11 @@ def _vlm_spec(name: str, model_class: str, overrides: dict[str, Any]):
         "text_config.bos_token_id": 1, "text_config.eos_token_id": 2, "text_config.pad_token_id": 3, **overrides})
 
 
-def tiny_llava_next_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
-    """A tiny LLaVA-NeXT (CLIP tower, image 32, patch 8, any-resolution grid pinpoints up to 64) saved with its own
-    processor: a PIL-backend LLaVA-NeXT image processor (base image + one tile at 32: 5-D pixels and `image_sizes`)
-    and a BPE tokenizer whose `<image>` id is the model's."""
+def tiny_llava_next_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
+                                   text_layers: int = 2) -> Path:
+    """A tiny LLaVA-NeXT (CLIP tower, image 32, patch 8, any-resolution grid pinpoints up to 64; a language model of
+    `text_layers` layers) saved with its own processor: a PIL-backend LLaVA-NeXT image processor (base image + one
+    tile at 32: 5-D pixels and `image_sizes`) and a BPE tokenizer whose `<image>` id is the model's."""
     from transformers import LlavaNextImageProcessorPil, LlavaNextProcessor
 
     from matrix.families import build
@@ -573,7 +574,7 @@ def tiny_llava_next_with_processor(folder: Path, recipe: Any | None = None, seed
     pinpoints = [[32, 32], [32, 64], [64, 32]]
     spec = _vlm_spec("llava_next", "LlavaNextForConditionalGeneration", {
         "vision_config.image_size": 32, "vision_config.patch_size": 8, "image_grid_pinpoints": pinpoints,
-        "image_token_index": tokenizer.convert_tokens_to_ids("<image>")})
+        "text_config.num_hidden_layers": text_layers, "image_token_index": tokenizer.convert_tokens_to_ids("<image>")})
     build(spec, folder, seed=seed, recipe=recipe)
     image_processor = LlavaNextImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
                                                  image_grid_pinpoints=pinpoints)
@@ -671,11 +672,13 @@ def tiny_idefics2_with_processor(folder: Path, recipe: Any | None = None, seed: 
     return folder
 
 
-def tiny_llava_onevision_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
-    """A tiny LLaVA-OneVision (SigLIP tower, image 32, patch 8, any-resolution grid pinpoints up to 64) saved with
-    the files its processor writes: `processor_config.json` naming `LlavaOnevisionProcessor`, with its image
-    processor (PIL backend: base image + one tile at 32, 5-D pixels and `image_sizes`) and its video processor
-    nested as transformers 5 nests them, and a BPE tokenizer whose `<image>` id is the model's. The processor class
+def tiny_llava_onevision_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
+                                        text_layers: int = 2) -> Path:
+    """A tiny LLaVA-OneVision (SigLIP tower, image 32, patch 8, any-resolution grid pinpoints up to 64; a Qwen2
+    language model of `text_layers` layers) saved with the files its processor writes: `processor_config.json`
+    naming `LlavaOnevisionProcessor`, with its image processor (PIL backend: base image + one tile at 32, 5-D pixels
+    and `image_sizes`) and its video processor nested as transformers 5 nests them, and a BPE tokenizer whose
+    `<image>` id is the model's. The processor class
     builds a video processor, which needs torchvision (not in the stack): it cannot be built here to save itself,
     nor loaded, which is the case this folder is for."""
     import json
@@ -686,7 +689,9 @@ def tiny_llava_onevision_with_processor(folder: Path, recipe: Any | None = None,
 
     tokenizer = _vlm_tokenizer(folder, ["<image>", "<video>"])
     spec = _vlm_spec("llava_onevision", "LlavaOnevisionForConditionalGeneration", {
-        **FAMILIES["llava_onevision"].overrides, "image_token_index": tokenizer.convert_tokens_to_ids("<image>"),
+        **FAMILIES["llava_onevision"].overrides, "text_config.num_hidden_layers": text_layers,
+        "text_config.layer_types": ["full_attention"] * text_layers,  # Qwen2's, one a layer
+        "image_token_index": tokenizer.convert_tokens_to_ids("<image>"),
         "video_token_index": tokenizer.convert_tokens_to_ids("<video>")})
     build(spec, folder, seed=seed, recipe=recipe)
     image_processor = LlavaOnevisionImageProcessorPil(size={"height": 32, "width": 32},
@@ -699,10 +704,12 @@ def tiny_llava_onevision_with_processor(folder: Path, recipe: Any | None = None,
     return folder
 
 
-def family_model(name: str, folder: Path, recipe: Any | None = None, **overrides: Any) -> Path:
+def family_model(name: str, folder: Path, recipe: Any | None = None, never_eos: bool = False, **overrides: Any) -> Path:
     """`matrix.families`' tiny `name` saved to `folder` (with `recipe`), `overrides` set on its config after the
     family's own (e.g. `num_hidden_layers=1` where the test's point needs no second layer: half the graph to trace
-    and lower).
+    and lower). `never_eos`: the output projection's EOS row zeroed, as `runner_model` does, so greedy decoding
+    never ends early (a one-layer random model may pick EOS first, and a generation check that saw one token is
+    unverified).
 
     Example:
         family_model("falcon", tmp_path / "model", {"export_format": "executorch"}, num_hidden_layers=1)
@@ -712,7 +719,17 @@ def family_model(name: str, folder: Path, recipe: Any | None = None, **overrides
     from matrix.families import FAMILIES, build
 
     spec = FAMILIES[name]
-    return build(dataclasses.replace(spec, overrides={**spec.overrides, **overrides}), folder, recipe=recipe)
+    folder = build(dataclasses.replace(spec, overrides={**spec.overrides, **overrides}), folder, recipe=recipe)
+    if never_eos:
+        import transformers
+
+        model = getattr(transformers, spec.model_class).from_pretrained(folder)
+        eos = model.generation_config.eos_token_id
+        if eos is not None:  # a family without an EOS id decodes to the end anyway
+            with torch.no_grad():
+                model.get_output_embeddings().weight[eos if isinstance(eos, list) else [eos]] = 0.0
+            model.save_pretrained(folder)
+    return folder
 
 
 def tiny_voxtral_with_tokenizer(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 1,

@@ -87,11 +87,19 @@ def moe_methods_dynamic(request, tmp_path_factory):
 MOE_FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "ernie4_5_moe", "deepseek_v3", "glm4_moe"]
 
 
+# One MoE layer per family (#48): DeepSeek-V3's and GLM-4-MoE's first layer is dense in the family's model (here it is
+# the routed one), Qwen2-MoE's layer types follow its depth; EOS never the argmax (a one-layer OLMoE picked it first,
+# and a generation check that saw one token is unverified)
+MOE_ONE_LAYER = {"deepseek_v3": {"first_k_dense_replace": 0}, "glm4_moe": {"first_k_dense_replace": 0},
+                 "qwen2_moe": {"layer_types": ["full_attention"]}}
+
+
 @pytest.fixture(scope="module", params=MOE_FAMILIES)
 def moe_default(request, tmp_path_factory):
     """A MoE family's plainest ExecuTorch recipe (layout and `dynamic` unset): the runner's program, or, where the
     model refuses the runner's static cache (DeepSeek-V3's latent attention), the methods program."""
-    return _family_executorch(tmp_path_factory.mktemp(f"moe-default-{request.param}"), request.param)
+    return _family_executorch(tmp_path_factory.mktemp(f"moe-default-{request.param}"), request.param, never_eos=True,
+                              **ONE_LAYER, **MOE_ONE_LAYER.get(request.param, {}))
 
 
 @pytest.fixture(scope="module")

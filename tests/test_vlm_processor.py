@@ -16,6 +16,9 @@
 What each processor output feeds: LLaVA-NeXT's `pixel_values` (base image + tiles) go to the image encoder
 flattened (`[tiles, 3, 32, 32]`); `image_sizes` stays in the model's Python glue (unpadding, newline packing),
 which is why its graphs take none of it.
+
+LLaVA-NeXT and LLaVA-OneVision run with a one-layer language model (#48): what their tests check (tiles, glue
+weights, image tokens, parity) is no text layer's; the vision tower keeps its two (LLaVA reads the second-to-last).
 """
 
 from __future__ import annotations
@@ -40,16 +43,18 @@ EVERY_FORMAT = [{"name": "dynamo", "export_format": "dynamo", "dynamic": True},
 STAGES = ["image_encoder", "multi_modal_projector", "embed_tokens", "language_model", "lm_head", "decode"]
 
 
-def _run(root, build, exports):
-    """One export of the model `build` makes (the shared store, tests/export_store.py: the tests only read)."""
-    model_dir = build(root / "model", {"schema_version": 1, "exports": exports, "generation": {"max_new_tokens": 6}})
+def _run(root, build, exports, **options):
+    """One export of the model `build(folder, recipe, **options)` makes (the shared store, tests/export_store.py: the
+    tests only read)."""
+    model_dir = build(root / "model", {"schema_version": 1, "exports": exports, "generation": {"max_new_tokens": 6}},
+                      **options)
     done = exported(model_dir, "run", "--no-bench", MODEL, "--out", OUT, "--quiet")
     return done.model_dir, done.out, done.result, done.report
 
 
 @pytest.fixture(scope="module")
 def llava_next(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("llava-next"), tiny_llava_next_with_processor, EVERY_FORMAT)
+    return _run(tmp_path_factory.mktemp("llava-next"), tiny_llava_next_with_processor, EVERY_FORMAT, text_layers=1)
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +161,8 @@ def test_mllama_from_its_own_processor_probes_its_cross_attention_masks(mllama):
 
 @pytest.fixture(scope="module")
 def llava_onevision(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("llava-onevision"), tiny_llava_onevision_with_processor, EVERY_FORMAT)
+    return _run(tmp_path_factory.mktemp("llava-onevision"), tiny_llava_onevision_with_processor, EVERY_FORMAT,
+                text_layers=1)
 
 
 def test_llava_onevision_every_format_from_its_image_processor(llava_onevision):
