@@ -57,6 +57,9 @@ def test_every_target_passes_with_its_audio_components_token_for_token(voxtral_r
     onnx_files = {p.name for p in (out / "onnx").iterdir()}
     assert {"audio_encoder.onnx", "multi_modal_projector.onnx", "language_model.onnx"} <= onnx_files
     assert "VoxtralForConditionalGeneration reads audio" not in (out / "report.md").read_text()
+    [genai] = [proof for proof in targets["onnx"]["runtimes"] if proof["runtime"] == "ONNX Runtime GenAI"]
+    assert genai["status"] == "declined" and "no audio-language model type 'voxtral'" in genai["detail"], genai
+    assert not (out / "onnx" / "genai_config.json").exists()
 
 
 def test_the_tokens_compared_depend_on_the_audio(voxtral_run):

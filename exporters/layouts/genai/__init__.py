@@ -88,17 +88,22 @@ def encoder_decoder_declined(config: dict[str, Any]) -> str | None:
 
 
 def vision_language_declined(config: dict[str, Any]) -> str:
-    """Why GenAI does not run a vision-language ONNX folder of this product (its `config.json`, read as data).
+    """Why GenAI does not run a vision- or audio-language ONNX folder of this product (its `config.json`, read as
+    data).
 
     Example:
         >>> vision_language_declined({"model_type": "llava"}).startswith("GenAI 0.18 has no vision-language model type")
         True
+        >>> vision_language_declined({"model_type": "voxtral", "audio_config": {"d_model": 16}})[:43]
+        'GenAI 0.18 has no audio-language model type'
     """
     model_type = config.get("model_type")
+    audio = bool(config.get("audio_config")) and not config.get("vision_config")
+    kind, encoder = ("audio-language", "an audio") if audio else ("vision-language", "a vision")
     if model_type in GENAI_VLM_TYPES:
-        return (f"GenAI runs {model_type!r} as a vision-language model from its own builder's graphs (a vision, an "
+        return (f"GenAI runs {model_type!r} as a {kind} model from its own builder's graphs ({encoder}, an "
                 "embedding and a text model) and processor config, a layout this product does not write yet")
-    return (f"GenAI 0.18 has no vision-language model type {model_type!r}: it runs {', '.join(GENAI_VLM_TYPES)} "
+    return (f"GenAI 0.18 has no {kind} model type {model_type!r}: it runs {', '.join(GENAI_VLM_TYPES)} "
             "(src/models/model_type.h)")
 
 
