@@ -160,13 +160,13 @@ def build_model(folder: Path, kind: str) -> dict:
     return facts
 
 
-def build_tinyllama(folder: Path, facts_file: Path) -> dict:
-    """TinyLlama-1.1B-Chat's shape and files with random weights: bfloat16, 3 shards + index (written by
-    `save_pretrained(max_shard_size="1GB")`), its config, ids and generation_config.json."""
+def tinyllama_model(layers: int = 22):
+    """TinyLlama-1.1B-Chat's shape (`layers` deep) with random bfloat16 weights, its ids and generation config, the
+    EOS row of the LM head zeroed so greedy never picks EOS: every generation runs its full length in every tool."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+    config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
                          num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048,
                          rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1,
                          eos_token_id=2, hidden_act="silu", initializer_range=0.02)
@@ -176,9 +176,17 @@ def build_tinyllama(folder: Path, facts_file: Path) -> dict:
     finally:
         torch.set_default_dtype(torch.float32)
     model.eval()
-    with torch.no_grad():  # greedy never picks EOS: every generation runs its full length in every tool
+    with torch.no_grad():
         model.get_output_embeddings().weight[config.eos_token_id].zero_()
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, max_length=2048)
+    return model
+
+
+def build_tinyllama(folder: Path, facts_file: Path) -> dict:
+    """TinyLlama-1.1B-Chat's shape and files with random weights: bfloat16, 3 shards + index (written by
+    `save_pretrained(max_shard_size="1GB")`), its config, ids and generation_config.json."""
+    model = tinyllama_model()
+    config = model.config
     model.save_pretrained(folder, max_shard_size="1GB")
     ascii_tokenizer(folder, config.vocab_size, LLAMA_SPECIALS, ("unk", "bos", "eos"))
     parameters = sum(p.numel() for p in model.parameters())

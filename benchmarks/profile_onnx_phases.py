@@ -40,29 +40,17 @@ PHASES = ("load_s", "eager_ahead_s", "export_s", "trace_s", "save_s", "validate_
 
 
 def build(folder: Path, layers: int) -> dict:
-    """TinyLlama-1.1B-Chat's width and files (bench_peers.build_tinyllama) at `layers` layers, once."""
+    """TinyLlama-1.1B-Chat's width and files (bench_peers.tinyllama_model) at `layers` layers, once."""
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     facts_file = folder / "facts.json"
     if facts_file.is_file():
         return json.loads(facts_file.read_text())
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
-                         num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048,
-                         rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1,
-                         eos_token_id=2, hidden_act="silu", initializer_range=0.02)
     torch.manual_seed(0)
-    torch.set_default_dtype(torch.bfloat16)  # drawn in bf16 directly: never a float32 copy here
-    try:
-        model = LlamaForCausalLM(config)
-    finally:
-        torch.set_default_dtype(torch.float32)
-    model.eval()
-    with torch.no_grad():  # greedy never picks EOS: every generation runs its full length
-        model.get_output_embeddings().weight[config.eos_token_id].zero_()
-    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, max_length=2048)
+    model = bench_peers.tinyllama_model(layers)
+    config = model.config
     model.save_pretrained(folder, max_shard_size="200MB")
     bench_peers.ascii_tokenizer(folder, config.vocab_size, bench_peers.LLAMA_SPECIALS, ("unk", "bos", "eos"))
     parameters = sum(p.numel() for p in model.parameters())
