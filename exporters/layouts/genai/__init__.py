@@ -135,10 +135,11 @@ class Genai(Layout):
         return latent_cache(directory)  # GenAI's KV cache is one key and one value per head and layer
 
     def reference(self, model: Any, context: Any) -> Any:
-        if getattr(model.config, "vision_config", None) is not None:  # declined (`vision_language_declined`)
-            return None
-        if getattr(model.config, "is_encoder_decoder", False):  # Whisper's proof, else declined: no proof runs
-            if encoder_decoder_declined(model.config.to_dict()):
+        config = model.config
+        if getattr(config, "vision_config", None) is not None or getattr(config, "audio_config", None) is not None:
+            return None  # a vision- or audio-language export: declined (`vision_language_declined`), no proof runs
+        if getattr(config, "is_encoder_decoder", False):  # Whisper's proof, else declined: no proof runs
+            if encoder_decoder_declined(config.to_dict()):
                 return None
             return self.part("whisper_proof").reference(model, context)
         return super().reference(model, context)
