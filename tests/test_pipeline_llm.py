@@ -96,6 +96,31 @@ def test_files_are_listed_with_size_and_sha256(llm_run):
         assert entry["size"] == len(data) and entry["sha256"] == hashlib.sha256(data).hexdigest()
 
 
+def test_published_files_hold_no_path_of_the_exporting_machine(llm_run):
+    """torch's exporters annotate every node with the source lines it came from, absolute paths of this machine's
+    Python installation included (`pkg.torch.onnx.stack_trace`, a `.pt2` node's `stack_trace`): the folders a PR
+    publishes must not carry them (nor the rest of the trace's debugging metadata, most of a graph file's bytes)."""
+    import zipfile
+
+    import onnx
+
+    model_dir, out, _ = llm_run
+    machine = {str(Path(torch.__file__).resolve().parents[1]), str(Path(torch.__file__).parents[1]),
+               str(model_dir.resolve()), str(out.resolve()), "site-packages"}
+    files = [path for name in ("dynamo", "onnx", "et") for path in (out / name).rglob("*") if path.is_file()]
+    assert {path.suffix for path in files} >= {".pt2", ".onnx", ".pte"}
+    for path in files:
+        data = path.read_bytes()
+        assert not [text for text in machine if text.encode() in data], path
+    for graph in (out / "onnx").glob("*.onnx"):
+        model = onnx.load(str(graph), load_external_data=False)
+        assert len(model.graph.node) > 20 and not [n.op_type for n in model.graph.node if n.metadata_props], graph
+    for program in (out / "dynamo").glob("*.pt2"):
+        with zipfile.ZipFile(program) as archive:
+            graphs = [archive.read(name) for name in archive.namelist() if name.endswith("models/model.json")]
+        assert graphs and not [g for g in graphs if re.search(rb'"stack_trace": "[^"]', g)], program
+
+
 def test_validation_probes_unseen_shapes_inside_declared_ranges(llm_run):
     _, out, _ = llm_run
     report = json.loads((out / "report.json").read_text())

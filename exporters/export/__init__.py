@@ -18,7 +18,8 @@ Beside them:
 - `multimodal_runner.py`: a vision- or audio-language target written in ExecuTorch MultimodalRunner's layout (one `model.pte`);
 - `onnx_names.py`: the merged decoder graph under the names ONNX runtimes bind (optimum, GenAI, transformers.js);
 - `seq2seq_merged.py`: one decoder graph for an encoder-decoder export (`decoder_model_merged.onnx`);
-- `seq2seq_names.py`: an encoder-decoder generation export in optimum's files and names.
+- `seq2seq_names.py`: an encoder-decoder generation export in optimum's files and names;
+- `trace_metadata.py`: the trace's debugging metadata (the exporting machine's source paths) dropped before a save.
 
 A sibling of `validate/`: neither imports the other (validation reads what export wrote, from disk).
 """

@@ -32,6 +32,7 @@ from exporters.export.llm_runner import export_runner
 from exporters.export.multimodal_runner import export_multimodal_runner
 from exporters.upstream.asr_runner import asr_metadata
 from exporters.export.onnx_files import apply_onnx_file_options
+from exporters.export.trace_metadata import drop_trace_metadata
 from exporters.export.onnx_names import rename_merged_graph, unnamed_inputs
 from exporters.export.seq2seq_merged import merge_encoder_decoder
 from exporters.export.seq2seq_names import fixed_past, is_encoder_decoder_export, rename_encoder_decoder
@@ -96,9 +97,11 @@ def component_configs(target, components: Components, recipe: Recipe, notes: lis
 
 def _export_one(exporter, name: str, module, inputs: dict, config):
     try:
-        return exporter.export(module, copy.deepcopy(inputs), config).components["model"]
+        component = exporter.export(module, copy.deepcopy(inputs), config).components["model"]
     except Exception as err:
         raise RuntimeError(f"exporting component '{name}' failed: {type(err).__name__}: {err}{_hint(err, config)}") from err
+    drop_trace_metadata(component, exporter.export_format)  # the exporting machine's paths are not published
+    return component
 
 
 def _tracing(model, target) -> contextlib.ExitStack:
@@ -343,14 +346,6 @@ def _hint(err: Exception, config) -> str:
 
 def _input_paths(inputs: dict) -> list[str]:
     return list(upstream.leaf_tensors(inputs))
-
-
-def save_exported(exported, target, directory: Path) -> None:
-    """Write the export with upstream `save_pretrained`, then apply the seed's ONNX file options."""
-    with upstream.transposed_weights_written_in_blocks() if target.export_format == "onnx" else contextlib.nullcontext():
-        exported.save_pretrained(directory)
-    if target.export_format == "onnx":
-        apply_onnx_file_options(target, directory)
 
 
 def release_weights(model) -> None:
