@@ -584,6 +584,14 @@ def tiny_llava_next_with_processor(folder: Path, recipe: Any | None = None, seed
     return folder
 
 
+# transformers.js's vision-language layout of an ONNX generation target (tests/test_transformers_js_vlm.py)
+TJS_TARGET = {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"}
+# the tiny LLaVA's ONNX run two modules read (the shared store exports it once, #48): the plainest ONNX generation
+# target (tests/test_genai_vlm.py) and the transformers.js layout (tests/test_transformers_js_vlm.py)
+LLAVA_ONNX_RECIPE = {"exports": [{"name": "onnx", "export_format": "onnx", "mode": "generation"}, TJS_TARGET],
+                     "generation": {"max_new_tokens": 8}}
+
+
 def tiny_llava_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, tied: bool = False,
                               text_layers: int = 2) -> Path:
     """A tiny LLaVA (CLIP tower, image 32, patch 8: 16 image tokens; Llama text of `text_layers` layers) saved with
