@@ -64,16 +64,17 @@ def tiny_qwen2(folder: Path, recipe: Any | None = None, seed: int = 0, initializ
     return _saved(model, folder, recipe)
 
 
-def tiny_deepseek_v2(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
-    """A 2-layer DeepSeek-V2 (multi-head latent attention: kv_lora_rank 16; layer 1 MoE, 4 routed experts, 1 shared)."""
+def tiny_deepseek_v2(folder: Path, recipe: Any | None = None, seed: int = 0, layers: int = 2) -> Path:
+    """A 2-layer DeepSeek-V2 (multi-head latent attention: kv_lora_rank 16; the last layer MoE, 4 routed experts, 1
+    shared; `layers=1`: that MoE layer alone)."""
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, GenerationConfig
 
     torch.manual_seed(seed)
     config = DeepseekV2Config(
-        vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+        vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4,
         qk_nope_head_dim=4, v_head_dim=8, head_dim=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
-        topk_group=1, first_k_dense_replace=1, n_shared_experts=1, max_position_embeddings=128, bos_token_id=1,
+        topk_group=1, first_k_dense_replace=layers - 1, n_shared_experts=1, max_position_embeddings=128, bos_token_id=1,
         eos_token_id=2, pad_token_id=3, initializer_range=0.2,
     )
     model = DeepseekV2ForCausalLM(config).eval()
@@ -582,6 +583,14 @@ def tiny_llava_next_with_processor(folder: Path, recipe: Any | None = None, seed
                        vision_feature_select_strategy="default",
                        num_additional_image_tokens=1).save_pretrained(folder)  # CLIP's class token
     return folder
+
+
+# transformers.js's vision-language layout of an ONNX generation target (tests/test_transformers_js_vlm.py)
+TJS_TARGET = {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"}
+# the tiny LLaVA's ONNX run two modules read (the shared store exports it once, #48): the plainest ONNX generation
+# target (tests/test_genai_vlm.py) and the transformers.js layout (tests/test_transformers_js_vlm.py)
+LLAVA_ONNX_RECIPE = {"exports": [{"name": "onnx", "export_format": "onnx", "mode": "generation"}, TJS_TARGET],
+                     "generation": {"max_new_tokens": 8}}
 
 
 def tiny_llava_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, tied: bool = False,

@@ -97,9 +97,15 @@ def test_parity_refuses_a_forward_that_uses_eager_weights(idefics3_run):
 
 
 def test_clip_exports_each_tower_in_model_mode(tmp_path):
+    import dataclasses
+
     from matrix.families import FAMILIES, build
 
-    model_dir = build(FAMILIES["clip"], tmp_path / "model", recipe=BOTH)
+    # one layer a tower: the checks read the towers, the heads and the probes, not the depth (#48)
+    spec = dataclasses.replace(FAMILIES["clip"], overrides={**FAMILIES["clip"].overrides,
+                                                            "text_config.num_hidden_layers": 1,
+                                                            "vision_config.num_hidden_layers": 1})
+    model_dir = build(spec, tmp_path / "model", recipe=BOTH)
     out = tmp_path / "out"
     result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -177,11 +177,15 @@ def test_a_model_without_a_bos_id_gets_a_config_genai_parses(tmp_path):
 def test_a_gpt2_graph_runs_in_genai_as_a_decoder(tmp_path):
     """GenAI's own "gpt2" type is its legacy GPT model (one combined `past_%d` per layer): the merged graph's separate
     keys and values run as "decoder", and GenAI generates eager's tokens from the folder."""
+    import dataclasses
+
     from matrix.families import FAMILIES, build
 
     recipe = {"schema_version": 1, "exports": [{"name": "onnx", "export_format": "onnx", "dynamic": True}],
               "generation": {"max_new_tokens": 6}}
-    model_dir = build(FAMILIES["gpt2"], tmp_path / "model", recipe=recipe)
+    # one layer: GenAI's decoder type and its generation read the cache's names and heads, which every layer has (#48)
+    spec = dataclasses.replace(FAMILIES["gpt2"], overrides={**FAMILIES["gpt2"].overrides, "num_hidden_layers": 1})
+    model_dir = build(spec, tmp_path / "model", recipe=recipe)
     out = tmp_path / "out"
     run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     target = json.loads((out / "report.json").read_text())["targets"][0]

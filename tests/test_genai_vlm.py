@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import run_and_read
-from tests.models import tiny_llava_with_processor
-
-RECIPE = {"exports": [{"export_format": "onnx", "mode": "generation"}], "generation": {"max_new_tokens": 8}}
+from tests.export_store import stored_run
+from tests.models import LLAVA_ONNX_RECIPE, tiny_llava_with_processor
 
 
 def test_genai_declines_a_llava_onnx_folder_with_the_reason_and_the_verdict_stands(tmp_path):
-    out, report, log = run_and_read(tmp_path, tiny_llava_with_processor(tmp_path / "model", RECIPE))
-    [target] = report["targets"]
+    # the run tests/test_transformers_js_vlm.py reads too: its plainest ONNX target here (the shared store, #48)
+    out, report, log = stored_run(tiny_llava_with_processor(tmp_path / "model", LLAVA_ONNX_RECIPE))
+    target = {target["name"]: target for target in report["targets"]}["onnx"]
+    assert {key: value for key, value in LLAVA_ONNX_RECIPE["exports"][0].items() if key != "name"} == {
+        "export_format": "onnx", "mode": "generation"}, "the plainest ONNX generation target"
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
     assert "embed_tokens" in [component["name"] for component in target["components"]]
     [proof] = [proof for proof in target["runtimes"] if proof["runtime"] == "ONNX Runtime GenAI"]

@@ -131,9 +131,10 @@ def test_a_latent_attention_cache_is_declined_by_genai_and_optimum_and_the_graph
     """#50 §6: a DeepSeek-V2-shaped model's ONNX graph is correct, but ONNX Runtime GenAI (and optimum) hold a
     key/value cache per head, not its latent one: no genai_config.json is written, both are declined with the
     reason, and the target passes on its own checks."""
+    # one layer, its MoE one: the declines read the latent cache, which every layer has (#48)
     model_dir = tiny_deepseek_v2(tmp_path / "model", {"exports": [
         {"name": "onnx", "export_format": "onnx", "mode": "generation", "merged": True}],
-        "inputs": {"sequence_length": 6}, "generation": {"max_new_tokens": 4}})
+        "inputs": {"sequence_length": 6}, "generation": {"max_new_tokens": 4}}, layers=1)
     out = tmp_path / "out"
     done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     report = json.loads((out / "report.json").read_text())
@@ -169,11 +170,16 @@ def test_a_cache_optimum_sizes_otherwise_is_declined_by_optimum_and_genai_still_
     GenAI, but optimum's ORTModelForCausalLM sizes the first call's empty past from `num_attention_heads` for a model
     type it does not list (it failed: "invalid dimensions for input: past_key_values.1.key"): optimum is declined
     with its sizes and the graph's, the GenAI proof that could apply still runs and passes, and the target passes."""
+    import dataclasses
+
     from matrix.families import FAMILIES, build
 
     recipe = {"exports": [{"name": "onnx", "export_format": "onnx", "mode": "generation", "merged": True}],
               "inputs": {"sequence_length": 6}, "generation": {"max_new_tokens": 4}}
-    model_dir = build(FAMILIES["glm4_moe"], tmp_path / "model", recipe=recipe)
+    # one layer, a MoE one (the family's first is dense): the declines read the cache's heads, which every layer has
+    spec = dataclasses.replace(FAMILIES["glm4_moe"], overrides={**FAMILIES["glm4_moe"].overrides,
+                                                                "num_hidden_layers": 1, "first_k_dense_replace": 0})
+    model_dir = build(spec, tmp_path / "model", recipe=recipe)
     out = tmp_path / "out"
     done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     report = json.loads((out / "report.json").read_text())

@@ -38,13 +38,17 @@ def test_filter_bank_frames_are_capped_and_follow_the_recipe():
 def test_stacked_features_are_as_wide_as_the_model_reads_them(tmp_path):
     """Wav2Vec2-BERT reads 160-wide frames (its feature extractor's 80 mel bins, two frames stacked): the width comes
     from its config (`feature_projection_input_dim`), never a constant 80 (#50 item 5); exported and validated."""
+    import dataclasses
     import json
 
     from matrix.families import FAMILIES, build
     from tests.conftest import run_cli
 
     recipe = {"schema_version": 1, "exports": [{"name": "onnx", "export_format": "onnx", "dynamic": True}]}
-    model_dir = build(FAMILIES["wav2vec2_bert"], tmp_path / "model", recipe=recipe)
+    # one layer: the width is read where the features enter, before any layer (#48)
+    spec = dataclasses.replace(FAMILIES["wav2vec2_bert"], overrides={**FAMILIES["wav2vec2_bert"].overrides,
+                                                                     "num_hidden_layers": 1})
+    model_dir = build(spec, tmp_path / "model", recipe=recipe)
     out = tmp_path / "out"
     result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     target = json.loads((out / "report.json").read_text())["targets"][0]

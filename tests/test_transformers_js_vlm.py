@@ -17,17 +17,26 @@ import pytest
 from exporters.layouts.transformers_js import IMAGE_TEXT_COMPONENTS, IMAGE_TEXT_TYPES
 from tests.card_snippets import run_js_card
 from tests.conftest import run_and_read
-from tests.models import tiny_idefics2_with_processor, tiny_idefics3_with_processor, tiny_llava_with_processor
+from tests.export_store import stored_run
+from tests.models import (
+    LLAVA_ONNX_RECIPE,
+    TJS_TARGET as TARGET,
+    tiny_idefics2_with_processor,
+    tiny_idefics3_with_processor,
+    tiny_llava_with_processor,
+)
 
-TARGET = {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"}
 RECIPE = {"exports": [TARGET], "generation": {"max_new_tokens": 8}}
 GRAPHS = ("onnx/vision_encoder.onnx", "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx")
 
 
 @pytest.fixture(scope="module")
 def llava_tjs(tmp_path_factory):
+    """The LLaVA run tests/test_genai_vlm.py reads too (its plainest ONNX target beside `tjs`): exported once through
+    the shared store (#48); the tests here read the `tjs` target and folder only."""
     root = tmp_path_factory.mktemp("tjs-llava")
-    return run_and_read(root, tiny_llava_with_processor(root / "model", RECIPE))
+    assert TARGET in LLAVA_ONNX_RECIPE["exports"] and LLAVA_ONNX_RECIPE["generation"] == RECIPE["generation"]
+    return stored_run(tiny_llava_with_processor(root / "model", LLAVA_ONNX_RECIPE))
 
 
 def _target(report: dict) -> dict:
