@@ -5,9 +5,10 @@ contract of executorch's `MultimodalRunner` (extension/llm/runner, with its Pyth
 `token_embedding`, `vision_encoder`, `text_decoder` (the KV cache inside), constant metadata methods
 (`exporters.upstream.multimodal_runner`). The target's layout is then `"multimodal_runner"`. It fits a LLaVA-style
 model: one image whose features (`get_image_features`) take the place of one run of image tokens in the prompt, the
-processor's pixels `[1, 3, H, W]` the only image input, a text model the static cache holds whole. A model outside
-that (tiles with `image_sizes`, a pixel mask, token types, Qwen2-VL's patches, sliding-window layers shorter than the
-cache) keeps the methods layout, the report saying why ([`refused`]). An audio-language model fits where it is
+processor's pixels `[1, 3, H, W]` the only image input, a text model the static cache holds whole, a prompt read
+causally. A model outside that (tiles with `image_sizes`, a pixel mask, token types, Qwen2-VL's patches,
+sliding-window layers shorter than the cache, Gemma 3's bidirectional attention over an image's tokens:
+`exporters.capture.image_attention`) keeps the methods layout, the report saying why ([`refused`]). An audio-language model fits where it is
 Voxtral-shaped: `audio_encoder` is its `get_audio_features` on the extractor's log-mel features `[1, bins, frames]`,
 whose embeddings take the place of the one run of audio tokens (`audio_token_id`).
 
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 
 from exporters.capture.families import MULTIMODAL_GENERATORS
+from exporters.capture.image_attention import bidirectional_prefill
 from exporters.capture.llm_runner import program_reasons
 from exporters.capture.token_ids import image_token_id
 from exporters.errors import TargetPlanError
@@ -98,6 +100,8 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
     image_token = image_token_id(model.config)
     if not hasattr(model, "get_image_features"):
         why = f"{type(model).__name__} has no get_image_features (the vision_encoder method)"
+    elif bidirectional := bidirectional_prefill(model.config.to_dict()):
+        why = bidirectional
     elif extra:
         why = f"its image inputs include {extra}, which the runner's one image (pixels only) cannot carry"
     elif not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or pixels.shape[0] != 1:
