@@ -3,7 +3,8 @@ one image's tokens (transformers' mask from the processor's `token_type_ids`); E
 `text_decoder` causally on every chunk of the prompt, as optimum-executorch's Gemma 3 program does, so it cannot
 generate transformers' tokens. The plainest ExecuTorch generation recipe of a tiny Gemma 3 (with its own processor)
 therefore keeps the methods layout, passes on its own checks, and its "runs in" column says ExecuTorch
-MultimodalRunner ✗ with that reason; asking for the runner's layout is refused naming it.
+MultimodalRunner ✗ with that reason; asking for the runner's layout is refused naming it. ONNX Runtime GenAI 0.18
+runs its `gemma3` type's text model causally too (#52 item 3): the ONNX target says GenAI ✗ with the same fact.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import run_cli, run_plainest_executorch
+from tests.conftest import PLAINEST_EXECUTORCH, run_and_read, run_cli
 from tests.models import tiny_gemma3_with_processor
 
 RUNTIME = "ExecuTorch MultimodalRunner"
@@ -25,16 +26,22 @@ TEXT_LAYERS = 2
 
 @pytest.fixture(scope="module")
 def gemma3_run(tmp_path_factory):
-    """The tiny Gemma 3 with its processor, the plainest ExecuTorch recipe, through the real CLI."""
-    root = tmp_path_factory.mktemp("gemma3-et")
-    model_dir, out, done = run_plainest_executorch(root, tiny_gemma3_with_processor, text_layers=TEXT_LAYERS)
-    report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
-    return model_dir, out, report, done.stdout + done.stderr
+    """The tiny Gemma 3 with its processor through the real CLI: the plainest ExecuTorch generation target and the
+    plainest ONNX one (GenAI's), one run."""
+    root = tmp_path_factory.mktemp("gemma3")
+    recipe = {"exports": [PLAINEST_EXECUTORCH, {"export_format": "onnx", "mode": "generation"}]}
+    model_dir = tiny_gemma3_with_processor(root / "model", recipe, text_layers=TEXT_LAYERS)
+    out, report, log = run_and_read(root, model_dir)
+    return model_dir, out, report, log
+
+
+def _target(report, name):
+    return next(target for target in report["targets"] if target["name"] == name)
 
 
 def test_the_plainest_gemma3_recipe_passes_and_the_multimodal_runner_declines_it_with_the_reason(gemma3_run):
     _, out, report, log = gemma3_run
-    [target] = report["targets"]
+    target = _target(report, "executorch")
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
     generation = target["generation"]
     assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
@@ -43,10 +50,21 @@ def test_the_plainest_gemma3_recipe_passes_and_the_multimodal_runner_declines_it
     assert proof["status"] == "declined" and BIDIRECTIONAL in proof["detail"], proof
     assert "runs text_decoder causally on every chunk" in proof["detail"], proof
     assert f"{RUNTIME} ✗ cannot take this model: {BIDIRECTIONAL}" in (out / "report.md").read_text()
+    assert "ExecuTorch LLM runner" not in str(target["runtimes"])
     assert any("not ExecuTorch MultimodalRunner's layout: " + BIDIRECTIONAL in f for f in report["findings"]), report
     manifest = json.loads((out / "executorch" / "export.json").read_text())
     assert manifest.get("layout") != "multimodal_runner"
     assert {"embed_tokens", "language_model", "decode"} <= set(manifest["components"])
+
+
+def test_onnx_runtime_genai_declines_gemma3_for_its_bidirectional_image_attention(gemma3_run):
+    _, out, report, log = gemma3_run
+    target = _target(report, "onnx")
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    [proof] = [proof for proof in target["runtimes"] if proof["runtime"] == "ONNX Runtime GenAI"]
+    assert proof["status"] == "declined" and BIDIRECTIONAL in proof["detail"], proof
+    assert "GenAI 0.18 runs its 'gemma3' text model causally over the whole prompt" in proof["detail"], proof
+    assert not (out / "onnx" / "genai_config.json").exists()
 
 
 def test_the_decline_holds_on_this_model(gemma3_run):

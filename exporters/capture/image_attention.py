@@ -20,18 +20,30 @@ from typing import Any
 # model type -> over which tokens its prefill attends both ways (transformers 5.24's modeling code)
 BIDIRECTIONAL_PREFILL = {
     "gemma3": "among one image's tokens",
-    "paligemma": "over the image's tokens and the prompt (its prefix)",
+    "paligemma": "over the image's tokens and the prompt, its prefix",
 }
 
 
 def bidirectional_prefill(config: dict[str, Any]) -> str | None:
-    """Why a runtime that prefills causally cannot hold this model faithfully (its `config.json` as a dict), else
-    None (see the module)."""
+    """Over which tokens this model's prefill attends both ways (its `config.json` as a dict), as a clause a
+    runtime's reason continues; None where it reads its prompt causally (see the module)."""
     model_type = config.get("model_type")
     where = BIDIRECTIONAL_PREFILL.get(model_type) if isinstance(model_type, str) else None
     if where is None:
         return None
     return (f"its prefill attends bidirectionally {where} (transformers' {model_type} mask, from the processor's "
-            "token_type_ids), where ExecuTorch's MultimodalRunner runs text_decoder causally on every chunk of "
-            "the prompt (optimum-executorch's Gemma 3 program too): it would generate other tokens than "
-            "transformers")
+            "token_type_ids)")
+
+
+def runner_declined(config: dict[str, Any]) -> str | None:
+    """Why ExecuTorch's `MultimodalRunner` cannot hold this model faithfully, else None.
+
+    Example:
+        >>> runner_declined({"model_type": "gemma3"}).endswith("it would generate other tokens than transformers")
+        True
+    """
+    fact = bidirectional_prefill(config)
+    if fact is None:
+        return None
+    return (f"{fact}, where ExecuTorch's MultimodalRunner runs text_decoder causally on every chunk of the prompt "
+            "(optimum-executorch's Gemma 3 program too): it would generate other tokens than transformers")

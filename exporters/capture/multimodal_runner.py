@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from exporters.capture.families import MULTIMODAL_GENERATORS
-from exporters.capture.image_attention import bidirectional_prefill
+from exporters.capture.image_attention import runner_declined
 from exporters.capture.llm_runner import program_reasons
 from exporters.capture.token_ids import image_token_id
 from exporters.errors import TargetPlanError
@@ -100,7 +100,7 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
     image_token = image_token_id(model.config)
     if not hasattr(model, "get_image_features"):
         why = f"{type(model).__name__} has no get_image_features (the vision_encoder method)"
-    elif bidirectional := bidirectional_prefill(model.config.to_dict()):
+    elif bidirectional := runner_declined(model.config.to_dict()):
         why = bidirectional
     elif extra:
         why = f"its image inputs include {extra}, which the runner's one image (pixels only) cannot carry"

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from exporters.capture.image_attention import bidirectional_prefill
+from exporters.capture.image_attention import runner_declined
 from exporters.layouts.base import Layout, read_json
 from exporters.layouts.card import download, file_names
 from exporters.layouts.executorch_llm import ExecutorchLlm
@@ -64,7 +64,7 @@ class ExecutorchMultimodal(Layout):
 
     def declines(self, target: Any, directory: Path) -> str | None:
         if getattr(target, "layout", None) != LAYOUT:  # the methods layout: said only where the runner cannot hold it
-            return bidirectional_prefill(read_json(directory / "config.json"))
+            return runner_declined(read_json(directory / "config.json"))
         return ExecutorchLlm.declines(self, target, directory)  # the same C++ tokenizer
 
     def reference(self, model: Any, context: Any) -> Any:
