@@ -633,7 +633,7 @@ def tiny_gemma3_with_processor(folder: Path, recipe: Any | None = None, seed: in
     boi, image, eoi = tokenizer.convert_tokens_to_ids(GEMMA3_IMAGE_TOKENS)
     spec = _vlm_spec("gemma3", "Gemma3ForConditionalGeneration", {
         "vision_config.image_size": 32, "vision_config.patch_size": 8, "mm_tokens_per_image": GEMMA3_IMAGE_LENGTH,
-        **_text_depth(text_layers), "text_config.vocab_size": len(tokenizer), "text_config.sliding_window": 64,
+        **_text_depth(text_layers), "text_config.vocab_size": len(tokenizer), "text_config.sliding_window": 4096,
         "text_config.bos_token_id": tokenizer.bos_token_id, "text_config.eos_token_id": tokenizer.eos_token_id,
         "text_config.pad_token_id": tokenizer.pad_token_id,
         "boi_token_index": boi, "image_token_index": image, "eoi_token_index": eoi})

@@ -1,10 +1,13 @@
 """Vision-language models whose prompt is not read causally: their prefill attends bidirectionally over the image's
 tokens, from the `token_type_ids` their processor returns (transformers' mask: Gemma 3's `token_type_ids_mask_function`
 / `get_block_sequence_ids_for_mask`, PaliGemma's `block_sequence_ids` over its prefix). A runtime whose text decoder
-runs every chunk of the prompt causally, as ExecuTorch's `MultimodalRunner` runs `text_decoder` (and as
-optimum-executorch exports Gemma 3: no `token_type_ids` anywhere in its program), computes other hidden states at
-the image's positions; from the second layer on they reach the text's logits, and it generates other tokens than
-transformers. Read from a config as data (no torch), so a layout's face and the capture stage share it.
+runs the prompt causally (ONNX Runtime GenAI's gemma3 text model; optimum-executorch's Gemma 3 program, with no
+`token_type_ids` anywhere in it) computes other hidden states at the image's positions; from the second layer on
+they reach the text's logits, and it generates other tokens than transformers. ExecuTorch's `MultimodalRunner`
+prefills each image in a call of its own, so where the span is one image's tokens (Gemma 3) this product's program
+marks the image's rows and its `text_decoder` attends both ways among them ([`marks_image_rows`]); a span beyond
+one image (PaliGemma's prefix) it cannot hold ([`runner_declined`]). Read from a config as data (no torch), so a
+layout's face and the capture stage share it.
 
 Example:
     >>> bidirectional_prefill({"model_type": "llava"}) is None
@@ -22,6 +25,7 @@ BIDIRECTIONAL_PREFILL = {
     "gemma3": "among one image's tokens",
     "paligemma": "over the image's tokens and the prompt, its prefix",
 }
+IMAGE_BLOCKS = ("gemma3",)  # those whose span is one image's tokens: the runner's program marks the image's rows
 
 
 def bidirectional_prefill(config: dict[str, Any]) -> str | None:
@@ -35,15 +39,30 @@ def bidirectional_prefill(config: dict[str, Any]) -> str | None:
             "token_type_ids)")
 
 
+def marks_image_rows(config: dict[str, Any]) -> bool:
+    """Whether the runner's program holds this model's bidirectional prefill by marking the image's rows (its span
+    is one image's tokens, which the runner prefills as one call: `exporters.upstream.multimodal_runner`'s
+    `MarkedTextDecoder`).
+
+    Example:
+        >>> marks_image_rows({"model_type": "gemma3"}), marks_image_rows({"model_type": "paligemma"})
+        (True, False)
+    """
+    return config.get("model_type") in IMAGE_BLOCKS
+
+
 def runner_declined(config: dict[str, Any]) -> str | None:
     """Why ExecuTorch's `MultimodalRunner` cannot hold this model faithfully, else None.
 
     Example:
-        >>> runner_declined({"model_type": "gemma3"}).endswith("it would generate other tokens than transformers")
+        >>> runner_declined({"model_type": "paligemma"}).endswith("it would generate other tokens than transformers")
+        True
+        >>> runner_declined({"model_type": "gemma3"}) is None
         True
     """
     fact = bidirectional_prefill(config)
-    if fact is None:
+    if fact is None or marks_image_rows(config):
         return None
-    return (f"{fact}, where ExecuTorch's MultimodalRunner runs text_decoder causally on every chunk of the prompt "
-            "(optimum-executorch's Gemma 3 program too): it would generate other tokens than transformers")
+    return (f"{fact}, where ExecuTorch's MultimodalRunner prefills the image and the text in calls of their own "
+            "(text_decoder attends both ways at most within one call): it would generate other tokens than "
+            "transformers")

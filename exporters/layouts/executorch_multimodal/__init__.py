@@ -4,7 +4,8 @@ files beside it, run by executorch's `MultimodalRunner` (C++, and its Python bin
 
 | module      | what it holds                                                                                        |
 |-------------|------------------------------------------------------------------------------------------------------|
-| `__init__`  | [`ExecutorchMultimodal`]: when it applies (layout `multimodal_runner`), its card snippet; the decline of a methods-layout program the runner cannot hold (Gemma 3's bidirectional image attention: `exporters.capture.image_attention`) |
+| `__init__`  | [`ExecutorchMultimodal`]: when it applies (layout `multimodal_runner`), its card snippet, its decline  |
+|             | of a methods-layout program it cannot hold (PaliGemma's prefix: `exporters.capture.image_attention`) |
 | `proof.py`  | `MultimodalRunner` generating from an image and a prompt, the folder alone, token for token vs eager |
 
 The image reaches the runner as the processor's `pixel_values` (float, normalized, `[1, 3, H, W]`: the
