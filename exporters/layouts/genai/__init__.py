@@ -106,7 +106,8 @@ def vision_language_declined(config: dict[str, Any]) -> str:
     if model_type in GENAI_VLM_TYPES and (fact := bidirectional_prefill(config)):
         return (f"{fact}, where GenAI 0.18 runs its {model_type!r} text model causally over the whole prompt (its "
                 "builder's attention is GroupQueryAttention or a 4D causal mask; no token_type_ids input is named "
-                "anywhere in the library): it would generate other tokens than transformers")
+                "anywhere in the library): its own model would generate other tokens than transformers, and a text "
+                "graph that marks the image's rows (as this product's ExecuTorch program does) is not written yet")
     if model_type in GENAI_VLM_TYPES:
         return (f"GenAI runs {model_type!r} as a {kind} model from its own builder's graphs ({encoder}, an "
                 "embedding and a text model) and processor config, a layout this product does not write yet")
