@@ -619,6 +619,40 @@ def tiny_llava_with_processor(folder: Path, recipe: Any | None = None, seed: int
     return folder
 
 
+GEMMA3_IMAGE_TOKENS = ["<start_of_image>", "<image_soft_token>", "<end_of_image>"]  # boi, image, eoi
+GEMMA3_IMAGE_LENGTH = 4  # image tokens: the 4x4 patches pooled 2x2
+
+
+def tiny_gemma3_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 2) -> Path:
+    """A tiny Gemma 3 (SigLIP tower, image 32, patch 8, pooled to 4 image tokens; a Gemma 3 text model of
+    `text_layers` full-attention layers) saved with its own processor: a PIL-backend Gemma 3 image processor at 32 and
+    a byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer loads) whose `<start_of_image>`, `<image_soft_token>`
+    and `<end_of_image>` ids are the model's. The processor returns `token_type_ids` (1 on the image's tokens), with
+    which Gemma 3's prefill attends bidirectionally among one image's tokens: two layers, so that attention reaches
+    the text's logits (with one layer the image positions' keys and values are their embeddings whatever the mask)."""
+    from transformers import Gemma3Processor, PreTrainedTokenizerFast
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    from matrix.families import build
+
+    tokenizer = train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, *GEMMA3_IMAGE_TOKENS], vocab_size=120,
+                                    bos="<s>", eos="</s>", pad="<pad>", byte_level=True)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, extra_special_tokens=dict(zip(
+        ("boi_token", "image_token", "eoi_token"), GEMMA3_IMAGE_TOKENS)))  # the names Gemma3Processor reads
+    boi, image, eoi = tokenizer.convert_tokens_to_ids(GEMMA3_IMAGE_TOKENS)
+    spec = _vlm_spec("gemma3", "Gemma3ForConditionalGeneration", {
+        "vision_config.image_size": 32, "vision_config.patch_size": 8, "mm_tokens_per_image": GEMMA3_IMAGE_LENGTH,
+        **_text_depth(text_layers), "text_config.vocab_size": len(tokenizer), "text_config.sliding_window": 4096,
+        "text_config.bos_token_id": tokenizer.bos_token_id, "text_config.eos_token_id": tokenizer.eos_token_id,
+        "text_config.pad_token_id": tokenizer.pad_token_id,
+        "boi_token_index": boi, "image_token_index": image, "eoi_token_index": eoi})
+    build(spec, folder, seed=seed, recipe=recipe)
+    image_processor = Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
+    Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer,
+                    image_seq_length=GEMMA3_IMAGE_LENGTH).save_pretrained(folder)
+    return folder
+
+
 AYA_IMAGE_TOKENS = ["<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>", "TILE",
                     "TILE_GLOBAL"]
 

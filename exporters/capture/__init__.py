@@ -22,7 +22,9 @@ Beside them:
 - `image_text.py`: which vision-language ONNX targets get transformers.js's layout, and its three graphs;
 - `asr_runner.py`: which speech targets (Whisper) get the ExecuTorch ASR runner's layout, and its two components;
 - `stepped.py`: the prompt through the decode graph one token at a time (state-space and hybrid models);
-- `token_ids.py`: the special token ids a deployment runtime needs beside the graph.
+- `token_ids.py`: the special token ids a deployment runtime needs beside the graph;
+- `image_attention.py`: the vision-language models whose prefill attends both ways over the image (Gemma 3,
+  PaliGemma), read from a config without torch: what the runtimes' layouts hold or decline.
 
 Imports the recipe, the upstream adapter and the foundation only.
 """

@@ -5,11 +5,13 @@ contract of executorch's `MultimodalRunner` (extension/llm/runner, with its Pyth
 `token_embedding`, `vision_encoder`, `text_decoder` (the KV cache inside), constant metadata methods
 (`exporters.upstream.multimodal_runner`). The target's layout is then `"multimodal_runner"`. It fits a LLaVA-style
 model: one image whose features (`get_image_features`) take the place of one run of image tokens in the prompt, the
-processor's pixels `[1, 3, H, W]` the only image input, a text model the static cache holds whole. A model outside
-that (tiles with `image_sizes`, a pixel mask, token types, Qwen2-VL's patches, sliding-window layers shorter than the
-cache) keeps the methods layout, the report saying why ([`refused`]). An audio-language model fits where it is
-Voxtral-shaped: `audio_encoder` is its `get_audio_features` on the extractor's log-mel features `[1, bins, frames]`,
-whose embeddings take the place of the one run of audio tokens (`audio_token_id`).
+processor's pixels `[1, 3, H, W]` the only image input, a text model the static cache holds whole, a prompt read
+causally or both ways among one image's tokens only (Gemma 3: the program marks the image's rows,
+`exporters.capture.image_attention`). A model outside that (tiles with `image_sizes`, a pixel mask, other token
+types, Qwen2-VL's patches, sliding-window layers shorter than the cache, PaliGemma's bidirectional prefix) keeps the
+methods layout, the report saying why ([`refused`]). An audio-language model fits where it is Voxtral-shaped:
+`audio_encoder` is its `get_audio_features` on the extractor's log-mel features `[1, bins, frames]`, whose
+embeddings take the place of the one run of audio tokens (`audio_token_id`).
 
 Example:
     >>> from exporters.recipe.load import parse_recipe
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 
 from exporters.capture.families import MULTIMODAL_GENERATORS
+from exporters.capture.image_attention import marks_image_rows, runner_declined
 from exporters.capture.llm_runner import program_reasons
 from exporters.capture.token_ids import image_token_id
 from exporters.errors import TargetPlanError
@@ -92,12 +95,16 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
     was the default; None when it fits. Raises [`TargetPlanError`] when the recipe asked for the layout."""
     if AUDIO_ENCODER in multimodal_runner.methods_of(model):
         return _asked(target, _audio_refused(model, generate_inputs, max_cache_len))
-    extra = sorted(set(generate_inputs) - IMAGE_INPUTS)
+    config = model.config.to_dict()
+    # Gemma 3's token types mark its image's tokens, which the program marks itself (`marks_image_rows`)
+    extra = sorted(set(generate_inputs) - IMAGE_INPUTS - ({"token_type_ids"} if marks_image_rows(config) else set()))
     pixels = generate_inputs.get("pixel_values")
     ids = generate_inputs.get("input_ids")
     image_token = image_token_id(model.config)
     if not hasattr(model, "get_image_features"):
         why = f"{type(model).__name__} has no get_image_features (the vision_encoder method)"
+    elif bidirectional := runner_declined(config):
+        why = bidirectional
     elif extra:
         why = f"its image inputs include {extra}, which the runner's one image (pixels only) cannot carry"
     elif not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or pixels.shape[0] != 1:
@@ -165,7 +172,8 @@ def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> 
     if ids.shape[1] >= max_cache_len:
         raise TargetPlanError(f"the prompt ({ids.shape[1]} tokens) does not fit the static cache of {max_cache_len} "
                               "positions: raise generation.max_cache_len", option="layout")
-    modules = multimodal_runner.multimodal_modules(model, max_cache_len)
+    marked = marks_image_rows(model.config.to_dict())
+    modules = multimodal_runner.multimodal_modules(model, max_cache_len, marked=marked)
     text = ids[:, :max(2, min(ids.shape[1], 8))].clone()
     with torch.no_grad():
         embeds = modules[TOKEN_EMBEDDING](text)

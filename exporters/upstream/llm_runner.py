@@ -93,13 +93,14 @@ def runner_module(model: Any, max_cache_len: int) -> RunnerProgram:
 
 
 @contextlib.contextmanager
-def custom_ops_installed(program: RunnerProgram, model: Any) -> Iterator[None]:
+def custom_ops_installed(program: RunnerProgram, model: Any, explicit_mask: bool = False) -> Iterator[None]:
     """Swap in executorch's custom ops on a runner program, as optimum-executorch's `--use_custom_sdpa
     --use_custom_kv_cache` select: each static layer writes with `llama::update_cache` into a `[B, S, H, D]` buffer,
     attention is `llama::custom_sdpa` (which builds the causal mask from the start position). optimum-executorch's
     own cache class reads `cache_kwargs["cache_position"]`, which transformers 5.24 no longer passes
     (docs/upstream-gaps.md), so the layers' `update` is overridden here. The attention implementation is restored
-    afterwards (the eager model keeps its own)."""
+    afterwards (the eager model keeps its own). `explicit_mask`: attention takes the mask the program's decoder
+    passes (not causal); otherwise any mask is ignored, as before."""
     register_custom_ops()
 
     def mask_passthrough(*args: Any, **kwargs: Any) -> None:
@@ -110,6 +111,8 @@ def custom_ops_installed(program: RunnerProgram, model: Any) -> Iterator[None]:
         start = kwargs["position_ids"][0][0].item()
         torch._check_is_size(start)
         torch._check(start < k.shape[1])
+        if explicit_mask:  # the decoder's own float mask [1, 1, seq, cache] (`multimodal_runner.MarkedTextDecoder`)
+            return torch.ops.llama.custom_sdpa(q, k, v, start, attention_mask[0, 0].float(), 0.0, False, scaling), None
         return torch.ops.llama.custom_sdpa(q, k, v, start, None, 0.0, True, scaling), None
 
     AttentionInterface.register("custom_sdpa", custom_sdpa_attention)

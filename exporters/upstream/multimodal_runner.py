@@ -10,6 +10,8 @@ model ──► multimodal_modules ──► export_multimodal_program ──►
           or audio_encoder(input_features float[1, mel bins, frames]) -> audio embeddings [1, n, hidden]
           text_decoder(embeddings [1, seq, hidden], cache_position int64[seq]) -> logits    the cache inside
           get_max_seq_len, get_max_context_len, get_eos_ids, get_bos_id, ... (constants.h), vision_token_id
+          Gemma 3 (`marked`): token_embedding and vision_encoder -> [1, n, hidden + 1], the last channel marking an
+          image's rows, which text_decoder attends both ways ([`MarkedTextDecoder`])
 ```
 
 The runner (extension/llm/runner/multimodal_prefiller.cpp) embeds each text input with `token_embedding`, each image
@@ -106,8 +108,57 @@ class TextDecoder(torch.nn.Module):
         return self.wrapper(inputs_embeds=inputs_embeds, cache_position=cache_position)
 
 
-def multimodal_modules(model: Any, max_cache_len: int) -> dict[str, torch.nn.Module]:
-    """The runner's three methods as eager modules, in the order the runner calls them.
+def _marked(rows: torch.Tensor, mark: float) -> torch.Tensor:
+    return torch.cat([rows, torch.full_like(rows[..., :1], mark)], dim=-1)
+
+
+class MarkedTokenEmbedding(TokenEmbedding):
+    """`token_embedding` with one channel more, 0 in every row: text (read by [`MarkedTextDecoder`])."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return _marked(super().forward(input_ids), 0.0)
+
+
+class MarkedVisionEncoder(VisionEncoder):
+    """`vision_encoder` with one channel more, 1 in every row: an image's (read by [`MarkedTextDecoder`])."""
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return _marked(super().forward(pixel_values), 1.0)
+
+
+class MarkedTextDecoder(torch.nn.Module):
+    """`text_decoder(inputs_embeds [1, seq, hidden + 1], cache_position [seq])` of a model whose prefill attends
+    bidirectionally among one image's tokens (Gemma 3): the last channel marks the image's rows (1, else 0); a
+    query attends to every earlier position and, on an image's row, to the image's rows of the same call. The
+    runner prefills each image as one call of its own (extension/llm/runner/multimodal_prefiller.cpp), so this is
+    transformers' mask (one block per image, from `token_type_ids`) wherever the runner feeds it; text and decoding
+    stay causal. The mask goes to the model as its per-layer-type mapping (transformers uses a given mapping as it
+    is), and to executorch's `custom_sdpa` as an explicit mask (`llm_runner.custom_ops_installed`)."""
+
+    def __init__(self, wrapper: torch.nn.Module, max_cache_len: int):
+        super().__init__()
+        self.wrapper, self.max_cache_len = wrapper, max_cache_len
+
+    def forward(self, inputs_embeds: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        embeds, image = inputs_embeds[..., :-1], inputs_embeds[0, :, -1] > 0.5
+        cache = self.wrapper.static_cache
+        for layer in cache.layers:  # as the wrapper's own forward: the cache resumes at the call's first position
+            layer.cumulative_length.copy_(cache_position[0])
+        keys = torch.arange(self.max_cache_len, device=embeds.device)
+        offset = keys - cache_position[0]
+        inside = (offset >= 0) & (offset < embeds.shape[1])
+        image_key = image[offset.clamp(0, embeds.shape[1] - 1)] & inside
+        allowed = (keys[None, :] <= cache_position[:, None]) | (image[:, None] & image_key[None, :])
+        mask = torch.where(allowed, 0.0, float("-inf")).to(embeds.dtype)[None, None]
+        kinds = set(getattr(self.wrapper.model.config.get_text_config(), "layer_types", None) or ["full_attention"])
+        out = self.wrapper.model(inputs_embeds=embeds, attention_mask=dict.fromkeys(kinds, mask), cache=cache,
+                                 use_cache=True)
+        return out.logits
+
+
+def multimodal_modules(model: Any, max_cache_len: int, marked: bool = False) -> dict[str, torch.nn.Module]:
+    """The runner's three methods as eager modules, in the order the runner calls them. `marked`: the image's rows
+    marked for a bidirectional prefill ([`MarkedTextDecoder`]).
 
     Example:
         >>> sorted(multimodal_modules(llava, 64))  # doctest: +SKIP
@@ -116,8 +167,12 @@ def multimodal_modules(model: Any, max_cache_len: int) -> dict[str, torch.nn.Mod
     with _static_generation_config(model, max_cache_len):
         wrapper = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_cache_len)
     encoder = AudioEncoder(model) if AUDIO_ENCODER in methods_of(model) else VisionEncoder(model)
-    return {TOKEN_EMBEDDING: TokenEmbedding(model.get_input_embeddings()).eval(),
-            methods_of(model)[1]: encoder.eval(), TEXT_DECODER: TextDecoder(wrapper).eval()}
+    embedding: torch.nn.Module = TokenEmbedding(model.get_input_embeddings())
+    decoder: torch.nn.Module = TextDecoder(wrapper)
+    if marked:  # a vision-language model (an audio one has no bidirectional prefill here)
+        embedding, encoder = MarkedTokenEmbedding(model.get_input_embeddings()), MarkedVisionEncoder(model)
+        decoder = MarkedTextDecoder(wrapper, max_cache_len)
+    return {TOKEN_EMBEDDING: embedding.eval(), methods_of(model)[1]: encoder.eval(), TEXT_DECODER: decoder.eval()}
 
 
 @contextlib.contextmanager
@@ -157,7 +212,8 @@ def export_multimodal_program(modules: dict[str, torch.nn.Module], model: Any, i
         stack = contextlib.ExitStack()
         with stack:
             if custom_ops:
-                stack.enter_context(custom_ops_installed(decoder, model))
+                stack.enter_context(custom_ops_installed(decoder, model,
+                                                         explicit_mask=isinstance(decoder, MarkedTextDecoder)))
                 stack.enter_context(text_attention_as_custom_sdpa(model))
             with strict_export_shares_parameters():
                 exported = torch.export.export(decoder, (), kwargs, dynamic_shapes=shapes[TEXT_DECODER], strict=True)

@@ -4,7 +4,8 @@ files beside it, run by executorch's `MultimodalRunner` (C++, and its Python bin
 
 | module      | what it holds                                                                                        |
 |-------------|------------------------------------------------------------------------------------------------------|
-| `__init__`  | [`ExecutorchMultimodal`]: when it applies (layout `multimodal_runner`), its card snippet               |
+| `__init__`  | [`ExecutorchMultimodal`]: when it applies (layout `multimodal_runner`), its card snippet, its decline  |
+|             | of a methods-layout program it cannot hold (PaliGemma's prefix: `exporters.capture.image_attention`) |
 | `proof.py`  | `MultimodalRunner` generating from an image and a prompt, the folder alone, token for token vs eager |
 
 The image reaches the runner as the processor's `pixel_values` (float, normalized, `[1, 3, H, W]`: the
@@ -23,7 +24,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from exporters.layouts.base import Layout
+from exporters.capture.image_attention import runner_declined
+from exporters.layouts.base import Layout, read_json
 from exporters.layouts.card import download, file_names
 from exporters.layouts.executorch_llm import ExecutorchLlm
 
@@ -50,10 +52,26 @@ class ExecutorchMultimodal(Layout):
     install = ExecutorchLlm.install
 
     def may_apply(self, target: Any, components: list[str]) -> bool:
+        """The runner's layout, or a vision- or audio-language generation program in the methods layout (its
+        stages: `embed_tokens`, `language_model`), which this runtime declines where it cannot hold the model."""
+        if target.export_format != "executorch":
+            return False
+        layout = getattr(target, "layout", None)
+        return layout == LAYOUT or (layout is None and target.mode == "generation"
+                                    and {"embed_tokens", "language_model"} <= set(components))
+
+    def applies(self, target: Any, directory: Path) -> bool:
         return target.export_format == "executorch" and getattr(target, "layout", None) == LAYOUT
 
     def declines(self, target: Any, directory: Path) -> str | None:
+        if getattr(target, "layout", None) != LAYOUT:  # the methods layout: said only where the runner cannot hold it
+            return runner_declined(read_json(directory / "config.json"))
         return ExecutorchLlm.declines(self, target, directory)  # the same C++ tokenizer
+
+    def reference(self, model: Any, context: Any) -> Any:
+        if getattr(context.target, "layout", None) != LAYOUT:
+            return None  # a methods-layout program: no proof runs (declined, or not this runtime's folder)
+        return super().reference(model, context)
 
     def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str]:
         data = ', f"{folder}/model.ptd"' if "model.ptd" in file_names(target) else ""

@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from exporters.capture.image_attention import bidirectional_prefill
 from exporters.layouts.base import Layout, components_in, latent_cache, read_json
 from exporters.layouts.genai.config import GENAI_CONFIG
 from exporters.layouts.card import EXAMPLE_IDS, NO_TOKENIZER, PROMPT_LINE, download, file_names, has_tokenizer
@@ -94,12 +95,19 @@ def vision_language_declined(config: dict[str, Any]) -> str:
     Example:
         >>> vision_language_declined({"model_type": "llava"}).startswith("GenAI 0.18 has no vision-language model type")
         True
+        >>> vision_language_declined({"model_type": "gemma3"})[:48]
+        'its prefill attends bidirectionally among one im'
         >>> vision_language_declined({"model_type": "voxtral", "audio_config": {"d_model": 16}})[:43]
         'GenAI 0.18 has no audio-language model type'
     """
     model_type = config.get("model_type")
     audio = bool(config.get("audio_config")) and not config.get("vision_config")
     kind, encoder = ("audio-language", "an audio") if audio else ("vision-language", "a vision")
+    if model_type in GENAI_VLM_TYPES and (fact := bidirectional_prefill(config)):
+        return (f"{fact}, where GenAI 0.18 runs its {model_type!r} text model causally over the whole prompt (its "
+                "builder's attention is GroupQueryAttention or a 4D causal mask; no token_type_ids input is named "
+                "anywhere in the library): its own model would generate other tokens than transformers, and a text "
+                "graph that marks the image's rows (as this product's ExecuTorch program does) is not written yet")
     if model_type in GENAI_VLM_TYPES:
         return (f"GenAI runs {model_type!r} as a {kind} model from its own builder's graphs ({encoder}, an "
                 "embedding and a text model) and processor config, a layout this product does not write yet")
