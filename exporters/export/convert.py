@@ -138,7 +138,9 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
     (`transposed_weights_written_in_blocks`: numpy's writer walks it element by element), and torch.onnx's second
     trace is skipped where it would
     change nothing the translation needs (`exporters.upstream.decompose_only_what_onnx_lacks`), and its
-    type-promotion pass reads the values the trace recorded (`exporters.upstream.type_promotion_on_traced_values`).
+    type-promotion pass reads the values the trace recorded (`exporters.upstream.type_promotion_on_traced_values`),
+    and its registry of torchlib's functions is a copy of the one built before the fork
+    (`exporters.upstream.torchlib_registry_built_once`).
     `ort_fusions: "cpu"` fuses `GroupQueryAttention` at any batch
     (`exporters.upstream.group_query_attention_at_any_batch`)."""
     stack = contextlib.ExitStack()
@@ -149,6 +151,7 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
         stack.enter_context(upstream.transposed_weights_written_in_blocks())
         stack.enter_context(upstream.decompose_only_what_onnx_lacks())
         stack.enter_context(upstream.type_promotion_on_traced_values())
+        stack.enter_context(upstream.torchlib_registry_built_once())
         stack.enter_context(upstream.group_query_attention_at_any_batch())
     if target.export_format == "executorch":
         stack.enter_context(upstream.xnnpack_lowering())

@@ -90,7 +90,12 @@ from exporters.upstream.internals import (
     strict_export_shares_parameters,
     symbolic_arithmetic_once,
 )
-from exporters.upstream.onnx_decompositions import decompose_only_what_onnx_lacks, type_promotion_on_traced_values
+from exporters.upstream.onnx_decompositions import (
+    decompose_only_what_onnx_lacks,
+    torchlib_registry_built_once,
+    torchlib_registry_ready,
+    type_promotion_on_traced_values,
+)
 from exporters.upstream.ort_attention import GQA_GUARD_NAME, group_query_attention_at_any_batch
 from exporters.upstream.runtime_ops import (
     argsort_of_permutations,
@@ -191,6 +196,8 @@ __all__ = [
     "symbolic_arithmetic_once",
     "tanh_gelu_kept_off_xnnpack",
     "type_promotion_on_traced_values",
+    "torchlib_registry_built_once",
+    "torchlib_registry_ready",
     "group_query_attention_at_any_batch",
     "GQA_GUARD_NAME",
     "upsample_fusion_only_with_upsample",

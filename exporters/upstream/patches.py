@@ -208,6 +208,12 @@ PATCHES: tuple[Patch, ...] = (
           ("torch.onnx._internal.fx.passes.type_promotion:_TypePromotionInterpreter.run_node",),
           "type promotion runs every node again under fake tensors to learn dtypes the trace recorded",
           "docs/upstream-gaps.md #40: torch.onnx reading the recorded values"),
+    Patch("torchlib_registry_built_once",
+          tuple(f"torch.onnx._internal.exporter._registration:ONNXRegistry.{name}"
+                for name in ("from_torchlib", "_cleanup_registry_based_on_opset_version"))
+          + ("logging:getLogger(torch.onnx._internal.exporter._registration).level",),
+          "every export builds torch.onnx's registry of torchlib's functions again (0.5 s: a signature per function)",
+          "docs/upstream-gaps.md #49: torch.onnx building its default registry once per process"),
     Patch("exact_no_op_rewrites", ("onnxscript.rewriter.rules.common._no_op:rules",),
           "the no-op rules match within 1e-8, so an RMS norm's 1e-8 epsilon is removed",
           "docs/upstream-gaps.md #38: onnxscript matching an exact 0 or 1"),
