@@ -133,7 +133,9 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
     result validated as one result (`exporters.upstream.list_results_validated_whole`: a MoE's prompt stays dynamic).
     An ONNX graph's optimizer removes only an exact `+ 0` or `* 1` (`exporters.upstream.exact_no_op_rewrites`: a norm
     keeps an epsilon of 1e-8) and tries its two-output pattern only where it can match (`multi_output_patterns_anchored`:
-    upstream's matcher is quadratic in the graph's size) and leaves a tied table's transpose to the runtime
+    upstream's matcher is quadratic in the graph's size) and every rule only where its root's op type is the node's
+    (`rules_tried_where_their_root_can_match`: upstream tries every rule at every node) and leaves a tied table's
+    transpose to the runtime
     (`shared_tables_kept_once`: stored once) and writes a folded transpose a block at a time
     (`transposed_weights_written_in_blocks`: numpy's writer walks it element by element), and torch.onnx's second
     trace is skipped where it would
@@ -147,6 +149,7 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
     if target.export_format == "onnx":
         stack.enter_context(upstream.exact_no_op_rewrites())
         stack.enter_context(upstream.multi_output_patterns_anchored())
+        stack.enter_context(upstream.rules_tried_where_their_root_can_match())
         stack.enter_context(upstream.shared_tables_kept_once())
         stack.enter_context(upstream.transposed_weights_written_in_blocks())
         stack.enter_context(upstream.decompose_only_what_onnx_lacks())

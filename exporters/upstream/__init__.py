@@ -106,6 +106,7 @@ from exporters.upstream.runtime_ops import (
     negative_padding_as_slices,
     new_empty_as_zeros,
     patch_convolutions_as_matmul,
+    rules_tried_where_their_root_can_match,
     shared_tables_kept_once,
     transposed_weights_written_in_blocks,
 )
@@ -161,6 +162,7 @@ __all__ = [
     "shared_tables_kept_once",
     "transposed_weights_written_in_blocks",
     "multi_output_patterns_anchored",
+    "rules_tried_where_their_root_can_match",
     "executorch_method_runner",
     "experts_without_custom_ops",
     "export_executorch_methods",
