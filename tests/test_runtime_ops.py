@@ -436,3 +436,51 @@ def test_onnx_optimizer_tries_a_two_output_pattern_only_where_it_can_match(monke
     assert set(tried) == {"Slice"}, tried
     assert ir.serde.serialize_model(anchored) == ir.serde.serialize_model(plain), "the same optimized graph"
     assert _matcher.SimplePatternMatcher.match is counting, "the matcher is restored after"
+
+
+@pytest.mark.parametrize("fusions", [None, "cpu"], ids=["plain", "ort_fusions"])
+def test_onnx_rewriter_tries_a_rule_only_where_its_root_can_match(fusions, monkeypatch, tmp_path):
+    """The plainest ONNX target of a one-layer Llama (and with `ort_fusions: "cpu"`, whose fusions are rewrite rules
+    too) exported with and without `rules_tried_where_their_root_can_match`: model.onnx and its data byte for byte
+    the same, the same rewrites made, a fraction of upstream's attempts."""
+    import hashlib
+
+    from onnxscript.rewriter import _rewrite_rule
+
+    from exporters import upstream
+    from exporters.export.convert import export_to
+    from exporters.run.context import RunOptions, prepare_run
+    from exporters.run.workbench import Workbench
+
+    attempts, rewrites = [], []
+    real = _rewrite_rule.RewriteRule.try_rewrite
+
+    def counting(self, *args, **kwargs):
+        attempts.append(1)
+        delta = real(self, *args, **kwargs)
+        rewrites.extend([self.name or str(self)] if delta is not None else [])
+        return delta
+
+    monkeypatch.setattr(_rewrite_rule.RewriteRule, "try_rewrite", counting)
+    spec = {"export_format": "onnx", "mode": "generation", "dynamic": True, **({"ort_fusions": fusions} if fusions else {})}
+    model_dir = runner_model(tmp_path / "model", "llama", {"exports": [spec]}, layers=1)
+    options = RunOptions(out_dir=tmp_path / "out", bench=False)
+    context = prepare_run(str(model_dir), options)
+    workbench = Workbench.load(context, options, context.targets)
+    target = workbench.plan(context.targets[0])
+    components = workbench.components(target, context.recipe)
+    seen = {}
+    for anchored in (False, True):
+        attempts.clear(), rewrites.clear()
+        with monkeypatch.context() as scoped:
+            if not anchored:
+                scoped.setattr(upstream, "rules_tried_where_their_root_can_match", contextlib.nullcontext)
+            folder = tmp_path / f"anchored-{anchored}"
+            export_to(workbench.model, target, components, context.recipe, folder, [])
+        files = {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in folder.glob("model.onnx*")}
+        seen[anchored] = (files, len(attempts), sorted(rewrites))
+    (upstream_files, upstream_attempts, upstream_rewrites), (files, tried, made) = seen[False], seen[True]
+    assert set(files) == {"model.onnx", "model.onnx.data"} and files == upstream_files, "the same bytes"
+    assert made == upstream_rewrites and made, "the same rewrites"
+    assert tried < upstream_attempts / 5, (tried, upstream_attempts)
+    assert _rewrite_rule.RewriteRule.try_rewrite is counting, "restored after"

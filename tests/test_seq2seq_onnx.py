@@ -329,6 +329,16 @@ def test_the_transformers_js_folder_has_its_graphs_under_onnx_each_with_its_own_
     _check_merged_graph(folder / "onnx" / MERGED, [] if name == "whisper" else ["encoder_attention_mask"])
 
 
+def test_no_export_child_builds_torchlibs_registry_again(t5):
+    """torch.onnx builds its registry of torchlib's functions at every export (logging that torchvision is missing
+    each time): once per component of each of these three targets. The run builds it once before it forks the
+    export children (`exporters.upstream.torchlib_registry_ready`), which copy it."""
+    for name in ("onnx", "tjs", "onnx-split"):
+        log = (t5["out"] / "logs" / f"{name}.log").read_text()
+        assert "Translate the graph into ONNX" in log, f"{name}: the export child's log"
+        assert "torchvision is not installed" not in log, f"{name}: the registry was built in the export child"
+
+
 def test_our_loader_runs_both_branches_of_the_merged_decoder_as_eager_does(t5):
     """`load_exported` binds the merged graph by upstream's leaf names (`RenamedRunner`) and feeds its branch: the
     prefill (`use_cache_branch` false, the past fed empty) and one decode step on the prefill's cache (true) give

@@ -15,7 +15,10 @@
   reuses the first one's fake-tensor results, the program computes what eager computes at another shape, and an
   input that breaks the equality is refused as before, at export and when the program is called.
 - torch.onnx's type promotion reads the trace's recorded values (`exporters.upstream.type_promotion_on_traced_values`):
-  the same ONNX graph, only the nodes it changes run again."""
+  the same ONNX graph, only the nodes it changes run again.
+- torch.onnx's registry of torchlib's functions is built once per process (`exporters.upstream.torchlib_registry_built_once`,
+  built by the run before it forks the export children): each export gets a copy of its own, the same ONNX graph;
+  tests/test_seq2seq_onnx.py checks through the CLI that no export child builds it again."""
 
 from __future__ import annotations
 
@@ -354,3 +357,41 @@ def test_type_promotion_reads_the_recorded_values(monkeypatch):
         x, idx = torch.randn(rows, cols), torch.randint(0, 4, (rows, cols))
         (got,) = session.run(None, {"x": x.numpy(), "idx": idx.numpy()})
         np.testing.assert_allclose(got, Mixed()(x, idx).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_torchlib_registry_is_built_once_and_each_export_gets_a_copy(monkeypatch):
+    from torch.onnx._internal.exporter import _registration
+
+    builds: list[int] = []
+    real = _registration.ONNXRegistry.__dict__["from_torchlib"].__func__
+
+    def counting(cls, opset_version=18):
+        builds.append(opset_version)
+        return real(cls, opset_version)
+
+    monkeypatch.setattr(_registration.ONNXRegistry, "from_torchlib", classmethod(counting))
+    monkeypatch.setattr(upstream.onnx_decompositions, "_REGISTRIES", {})
+    x, idx = torch.randn(3, 5), torch.randint(0, 4, (3, 5))
+    program = torch.export.export(Mixed(), (x, idx))
+    plain = torch.onnx.export(program, args=(), kwargs={"x": x, "idx": idx}, optimize=True).model_proto
+    assert len(builds) == 1
+    with upstream.torchlib_registry_built_once():
+        first = _registration.ONNXRegistry.from_torchlib()
+        first.register_op(torch.ops.aten.relu.default, lambda x: x)  # a custom translation stays in its copy
+        second = _registration.ONNXRegistry().from_torchlib()
+        once = torch.onnx.export(program, args=(), kwargs={"x": x, "idx": idx}, optimize=True).model_proto
+    assert len(builds) == 2, "built once for every export in the block"
+    assert first is not second and first.functions is not second.functions
+    assert len(first.get_decomps(torch.ops.aten.relu.default)) == len(second.get_decomps(torch.ops.aten.relu.default)) + 1
+    for opset in (18, 20, 23):  # every opset's own functions, as upstream keeps them
+        with upstream.torchlib_registry_built_once():
+            copied = _registration.ONNXRegistry.from_torchlib(opset)
+        built = real(_registration.ONNXRegistry, opset)
+        assert copied.opset_version == opset and copied.functions.keys() == built.functions.keys()
+        assert all([m.onnx_function for m in copied.functions[k]] == [m.onnx_function for m in built.functions[k]]
+                   for k in built.functions)
+    for model in (plain, once):
+        for node in model.graph.node:
+            node.name = ""
+            del node.metadata_props[:]
+    assert once.SerializeToString(deterministic=True) == plain.SerializeToString(deterministic=True)

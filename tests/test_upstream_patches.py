@@ -26,7 +26,8 @@ MODULES = (beyond, core, internals, llm_runner, multimodal_runner, onnx_decompos
 # Functions that lay a patch for a row's manager (called inside its block), not managers of their own
 HELPERS = {"_pass_only_where": ("upsample_fusion_only_with_upsample", "sdpa_fusion_only_with_softmax",
                                  "xnnpack_passes_only_where_they_apply"),
-           "_fused_as_for_one_sequence": ("group_query_attention_at_any_batch",)}
+           "_fused_as_for_one_sequence": ("group_query_attention_at_any_batch",),
+           "torchlib_registry_ready": ("torchlib_registry_built_once",)}
 
 
 class Boom(Exception):
@@ -113,6 +114,9 @@ def _stand_ins(row: Patch, tmp_path: Path, monkeypatch) -> tuple[tuple, Callable
         logger = logging.getLogger(core.TORCH_SERDE_LOGGER)
         monkeypatch.setattr(logger, "level", logging.NOTSET)  # as torch leaves it (a front door may have muted it)
         return (), lambda: [logger.level]
+    if name == "torchlib_registry_built_once":  # the logger is muted (and the clean-up skipped) for the one build
+        logger = logging.getLogger(onnx_decompositions.REGISTRY_LOGGER)
+        return (), lambda: [logger.level, *(_global(target) for target in row.changes[:2])]
     args = (tmp_path,) if name == "named_data_on_disk" else ()
     targets = [target for target in row.changes if ":" in target]
     assert targets, f"{name}: no stand-in and no module attribute to look at"

@@ -136,22 +136,28 @@ def _lowering(target, configs: dict[str, Any]) -> contextlib.ExitStack:
     result validated as one result (`exporters.upstream.list_results_validated_whole`: a MoE's prompt stays dynamic).
     An ONNX graph's optimizer removes only an exact `+ 0` or `* 1` (`exporters.upstream.exact_no_op_rewrites`: a norm
     keeps an epsilon of 1e-8) and tries its two-output pattern only where it can match (`multi_output_patterns_anchored`:
-    upstream's matcher is quadratic in the graph's size) and leaves a tied table's transpose to the runtime
+    upstream's matcher is quadratic in the graph's size) and every rule only where its root's op type is the node's
+    (`rules_tried_where_their_root_can_match`: upstream tries every rule at every node) and leaves a tied table's
+    transpose to the runtime
     (`shared_tables_kept_once`: stored once) and writes a folded transpose a block at a time
     (`transposed_weights_written_in_blocks`: numpy's writer walks it element by element), and torch.onnx's second
     trace is skipped where it would
     change nothing the translation needs (`exporters.upstream.decompose_only_what_onnx_lacks`), and its
-    type-promotion pass reads the values the trace recorded (`exporters.upstream.type_promotion_on_traced_values`).
+    type-promotion pass reads the values the trace recorded (`exporters.upstream.type_promotion_on_traced_values`),
+    and its registry of torchlib's functions is a copy of the one built before the fork
+    (`exporters.upstream.torchlib_registry_built_once`).
     `ort_fusions: "cpu"` fuses `GroupQueryAttention` at any batch
     (`exporters.upstream.group_query_attention_at_any_batch`)."""
     stack = contextlib.ExitStack()
     if target.export_format == "onnx":
         stack.enter_context(upstream.exact_no_op_rewrites())
         stack.enter_context(upstream.multi_output_patterns_anchored())
+        stack.enter_context(upstream.rules_tried_where_their_root_can_match())
         stack.enter_context(upstream.shared_tables_kept_once())
         stack.enter_context(upstream.transposed_weights_written_in_blocks())
         stack.enter_context(upstream.decompose_only_what_onnx_lacks())
         stack.enter_context(upstream.type_promotion_on_traced_values())
+        stack.enter_context(upstream.torchlib_registry_built_once())
         stack.enter_context(upstream.group_query_attention_at_any_batch())
     if target.export_format == "executorch":
         stack.enter_context(upstream.xnnpack_lowering())

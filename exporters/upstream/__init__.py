@@ -90,7 +90,12 @@ from exporters.upstream.internals import (
     strict_export_shares_parameters,
     symbolic_arithmetic_once,
 )
-from exporters.upstream.onnx_decompositions import decompose_only_what_onnx_lacks, type_promotion_on_traced_values
+from exporters.upstream.onnx_decompositions import (
+    decompose_only_what_onnx_lacks,
+    torchlib_registry_built_once,
+    torchlib_registry_ready,
+    type_promotion_on_traced_values,
+)
 from exporters.upstream.ort_attention import GQA_GUARD_NAME, group_query_attention_at_any_batch
 from exporters.upstream.runtime_ops import (
     argsort_of_permutations,
@@ -101,6 +106,7 @@ from exporters.upstream.runtime_ops import (
     negative_padding_as_slices,
     new_empty_as_zeros,
     patch_convolutions_as_matmul,
+    rules_tried_where_their_root_can_match,
     shared_tables_kept_once,
     transposed_weights_written_in_blocks,
 )
@@ -156,6 +162,7 @@ __all__ = [
     "shared_tables_kept_once",
     "transposed_weights_written_in_blocks",
     "multi_output_patterns_anchored",
+    "rules_tried_where_their_root_can_match",
     "executorch_method_runner",
     "experts_without_custom_ops",
     "export_executorch_methods",
@@ -191,6 +198,8 @@ __all__ = [
     "symbolic_arithmetic_once",
     "tanh_gelu_kept_off_xnnpack",
     "type_promotion_on_traced_values",
+    "torchlib_registry_built_once",
+    "torchlib_registry_ready",
     "group_query_attention_at_any_batch",
     "GQA_GUARD_NAME",
     "upsample_fusion_only_with_upsample",

@@ -7,7 +7,10 @@ fake tensors, which decomposes the ops ONNX has no function for, lowers the alia
 ~37 s run, and it changes six node kinds of 565, each of which the translation can take as it is or after a
 one-node rewrite. [`decompose_only_what_onnx_lacks`] translates such a program as traced, and hands every other
 program to the real decomposition unchanged. Its type-promotion pass then runs every node once more under fake
-tensors to learn dtypes the trace recorded: [`type_promotion_on_traced_values`] reads them instead (#40).
+tensors to learn dtypes the trace recorded: [`type_promotion_on_traced_values`] reads them instead (#40). Each export
+builds torch.onnx's registry of torchlib's functions again (a signature per function); [`torchlib_registry_ready`]
+builds it once in the process that forks the export children, [`torchlib_registry_built_once`] hands each export a
+copy (#49).
 
 Example:
     >>> with decompose_only_what_onnx_lacks():  # doctest: +SKIP
@@ -17,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import logging
 import operator
 from typing import Any, Callable, Iterator
 
@@ -185,3 +189,62 @@ def _fake_values(value: Any) -> bool:
     leaves = torch.utils._pytree.tree_leaves(value)
     return value is not None and bool(leaves) and all(
         isinstance(leaf, (FakeTensor, torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)) for leaf in leaves)
+
+
+
+# torch.onnx's registry of torchlib's functions for every opset (before upstream keeps an opset's own), built once in
+# this process by `torchlib_registry_ready`
+_REGISTRIES: dict[str, Any] = {}
+REGISTRY_LOGGER = "torch.onnx._internal.exporter._registration"
+
+
+def torchlib_registry_ready() -> Any:
+    """torch.onnx's registry of torchlib's functions, built once in this process: a process that forks export
+    children builds it before the fork, so that every child's export copies it ([`torchlib_registry_built_once`])
+    instead of building it again (0.5 s: a signature per function). It holds every opset's functions (upstream's
+    build keeps an opset's own at its end, which the copy does). Its "torchvision is not installed" warnings are left
+    out (upstream logs them at every build; no torchvision op is registered either way).
+
+    Example:
+        >>> len(torchlib_registry_ready().functions) > 100  # doctest: +SKIP
+        True
+    """
+    from torch.onnx._internal.exporter import _constants, _registration  # deferred: ONNX exports only
+
+    if "all" not in _REGISTRIES:
+        owner = _registration.ONNXRegistry
+        build = owner.__dict__["from_torchlib"].__func__
+        build = getattr(build, "__wrapped__", build)  # upstream's own, also inside `torchlib_registry_built_once`
+        logger = logging.getLogger(REGISTRY_LOGGER)
+        with contextlib.ExitStack() as stack:
+            stack.callback(logger.setLevel, logger.level)
+            logger.setLevel(logging.ERROR)
+            stack.enter_context(patched(owner, "_cleanup_registry_based_on_opset_version", lambda self: None))
+            _REGISTRIES["all"] = build(owner, _constants.TORCHLIB_OPSET)
+    return _REGISTRIES["all"]
+
+
+@contextlib.contextmanager
+def torchlib_registry_built_once() -> Iterator[None]:
+    """While an ONNX graph is exported, torch.onnx's `ONNXRegistry.from_torchlib(opset_version)` copies the registry
+    built once in this process ([`torchlib_registry_ready`]) and keeps the opset's own functions as upstream's build
+    does at its end: the same functions and metadata objects, in lists of its own, so a custom translation an export
+    registers stays in its copy (docs/upstream-gaps.md #49).
+
+    Example:
+        >>> with torchlib_registry_built_once():  # doctest: +SKIP
+        ...     torch.onnx.export(exported_program, args=(), kwargs=inputs)
+    """
+    from torch.onnx._internal.exporter import _constants, _registration  # deferred: ONNX exports only
+
+    def from_torchlib(cls: type, opset_version: int = _constants.TORCHLIB_OPSET) -> Any:
+        built = torchlib_registry_ready()
+        registry = cls()
+        registry._opset_version = opset_version
+        registry.functions = {target: list(metas) for target, metas in built.functions.items()}
+        registry._cleanup_registry_based_on_opset_version()
+        return registry
+
+    from_torchlib.__wrapped__ = _registration.ONNXRegistry.__dict__["from_torchlib"].__func__  # type: ignore[attr-defined]
+    with patched(_registration.ONNXRegistry, "from_torchlib", classmethod(from_torchlib)):
+        yield
