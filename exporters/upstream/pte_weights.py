@@ -71,6 +71,8 @@ def pte_quantized_weights(path: Path) -> dict[str, Any]:
                 else:
                     blob = bytes(program.backend_delegate_data[where[1]].data)
                 head = XNNHeader.from_bytes(blob[:_XNN_HEADER_BYTES])
+                if not head.is_valid():  # a blob of a layout this reader does not know: said nothing of
+                    continue
                 binary = Path(tmp) / f"graph_{number}_{index}.bin"
                 binary.write_bytes(blob[head.flatbuffer_offset:head.flatbuffer_offset + head.flatbuffer_size])
                 _flatc_decompile(tmp, str(schema), str(binary), ["--raw-binary"])
