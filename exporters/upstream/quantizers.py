@@ -79,10 +79,10 @@ def quantize_matmul_nbits(model: Any, *, block_size: int, accuracy_level: int, s
         quantized = onnx_ir.load(quantized_path)
         onnx_ir.external_data.load_to_model(quantized)  # into memory before the folder goes away
         _load_external_tensor_attributes(quantized)
-        # ONNX Runtime's saver sorts each graph on its own, blind to the values an `If` branch reads from the outer
-        # graph (the guard `ort_fusions: "cpu"` puts around each GroupQueryAttention): onnx_ir's sort sees them
         for lookup, head in tied:
             _lookup_in_head_blocks(quantized, lookup, head, block_size)
+        # ONNX Runtime's saver sorts each graph on its own, blind to the values an `If` branch reads from the outer
+        # graph (the guard `ort_fusions: "cpu"` puts around each GroupQueryAttention): onnx_ir's sort sees them
         quantized.graph.sort()
         return quantized
 
@@ -91,15 +91,16 @@ def _tied_heads(model: Any) -> list[tuple[str, str]]:
     """`[(lookup node, head weight)]` for each embedding table (a `Gather` of a float initializer along axis 0) that
     the LM head also reads transposed (`MatMul` over its `Transpose`, or ONNX Runtime's `FusedMatMul` with `transB`,
     what `ort_fusions` makes of it). Each such head is rewritten as a `MatMul` over a new `[hidden, vocab]` initializer
-    (the table transposed, for ONNX Runtime's quantizer, which takes only constant weights), its name returned; the
-    table itself then has only the lookup left, which [`_lookup_in_head_blocks`] points at the quantized head."""
+    (the table transposed, for ONNX Runtime's quantizer, which takes only constant weights), in place, its name
+    returned; the table itself then has only the lookup left, which [`_lookup_in_head_blocks`] points at the
+    quantized head."""
     import onnx_ir  # ONNX loads only where an ONNX model is quantized
 
     graph, found = model.graph, []
     for lookup in list(graph):
         table = lookup.inputs[0] if lookup.op_type == "Gather" and lookup.domain == "" else None
         if table is None or table.const_value is None or lookup.attributes.get_int("axis", 0) != 0 \
-                or len(table.shape or ()) != 2:
+                or len(table.shape or ()) != 2 or not table.const_value.dtype.is_floating_point():
             continue
         for head, _ in list(table.uses()):
             plain = head.op_type == "Transpose" and head.domain == "" and list(head.attributes.get_ints("perm") or ()) == [1, 0]
