@@ -16,7 +16,8 @@ D1  `hf-export run` with `[{"export_format": "dynamo", "mode": "generation", "dy
 Q1, Q2  (`--only executorch-int4`) `hf-export run` with `variants: ["int4"]` (torchao 8da4w linears, int8 table)
     against `optimum-cli export executorch ... --qlinear 8da4w --qembedding 8w` (issue #51)
 N1, N2  (`--only onnx-int4`) `hf-export run` with `[{"export_format": "onnx", "mode": "generation", "dynamic": true,
-    "variants": ["int4"]}]` (MatMulNBits) against the GenAI builder's `-p int4 -e cpu` (issue #51)
+    "ort_fusions": "cpu", "variants": ["int4"]}]` (MatMulNBits on the fused graph) against the GenAI builder's
+    `-p int4 -e cpu` (issue #51)
 G1, G2  ONNX Runtime GenAI's model builder (`python -m onnxruntime_genai.models.builder -i MODEL -p fp32|int4 -e cpu`,
     onnxruntime-genai 0.18 of the product venv): `-p fp32` the ONNX peer beside optimum-cli, `-p int4` onnx-int4's
 
@@ -73,9 +74,10 @@ RECIPES = {
     "executorch": {"schema_version": 1, "exports": [{"export_format": "executorch", "mode": "generation"}]},
     "dynamo": {"schema_version": 1, "exports": [{"export_format": "dynamo", "mode": "generation", "dynamic": True}]},
     # issue #51: 8da4w with an int8 embedding table (torchao), against optimum-executorch's --qlinear/--qembedding
-    # issue #51: MatMulNBits int4 (block 32, accuracy level 4: the GenAI builder's defaults) against `-p int4`
+    # issue #51: MatMulNBits int4 (block 32, accuracy level 4: the GenAI builder's defaults) against `-p int4`, on
+    # the graph fused for ONNX Runtime's CPU provider (docs/recipe.md's GenAI recipe: fusions, then quantization)
     "onnx-int4": {"schema_version": 1, "exports": [{"export_format": "onnx", "mode": "generation", "dynamic": True,
-                                                    "variants": ["int4"]}]},
+                                                    "ort_fusions": "cpu", "variants": ["int4"]}]},
     "executorch-int4": {"schema_version": 1, "exports": [{"export_format": "executorch", "mode": "generation",
                                                           "variants": ["int4"]}]},
 }

@@ -28,9 +28,12 @@ from tests.models import tiny_llama
 
 RECIPE = [{"export_format": "onnx", "mode": "generation", "dynamic": True, "variants": ["fp32", "int4"]},
           {"name": "onnx-int4-embeddings", "export_format": "onnx", "mode": "generation", "dynamic": True,
-           "quantize": {"method": "onnxruntime-int4", "quantize_embeddings": True}}]
-NAMES = ["onnx", "onnx-int4", "onnx-int4-embeddings"]
+           "quantize": {"method": "onnxruntime-int4", "quantize_embeddings": True}},
+          {"name": "onnx-fused", "export_format": "onnx", "mode": "generation", "dynamic": True, "ort_fusions": "cpu",
+           "variants": ["int4"]}]
+NAMES = ["onnx", "onnx-int4", "onnx-int4-embeddings", "onnx-fused-int4"]
 LINEARS = 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the LM head
+FUSED_LINEARS = 2 * 4 + 1  # the fused graph packs q/k/v and gate/up into one MatMul each
 BLOCK = 32
 
 
@@ -101,6 +104,28 @@ def test_every_matmul_is_a_4bit_matmulnbits_with_genais_defaults(run: Run):
     assert not any(node.op_type == "MatMulNBits" for node in fp32.node)
 
 
+def test_int4_quantizes_the_graph_fused_for_onnx_runtime_as_genais_builder_writes_it(run: Run):
+    """`ort_fusions: "cpu"` first, then MatMulNBits: the builder's kind of graph (GroupQueryAttention, skip norms,
+    packed q/k/v and gate/up projections), each packed projection one 4-bit MatMulNBits. Before, ONNX Runtime's
+    quantizer left the fused graph unsorted (an `If` guard before the values its branches read) and it did not load."""
+    graph = onnx.load(str(run.out / "onnx-fused-int4" / "model.onnx"), load_external_data=False).graph
+    ops = [node.op_type for node in graph.node]
+    branches = [n.op_type for node in graph.node for a in node.attribute if a.type == onnx.AttributeProto.GRAPH
+                for n in a.g.node]
+    assert branches.count("GroupQueryAttention") == 2 and ops.count("SkipSimplifiedLayerNormalization") == 4, ops
+    packed = [node for node in graph.node if node.op_type == "MatMulNBits"]
+    assert len(packed) == FUSED_LINEARS, [node.name for node in packed]
+    assert {tuple((a.name, a.i) for a in node.attribute if a.name in ("bits", "block_size", "accuracy_level"))
+            for node in packed} == {(("accuracy_level", 4), ("bits", 4), ("block_size", BLOCK))}
+    initializers = {tensor.name for tensor in graph.initializer}
+    assert not [node.name for node in graph.node if node.op_type in ("MatMul", "FusedMatMul", "Gemm")
+                and any(name in initializers for name in node.input)]
+    assert len(graph.node) < len(onnx.load(str(run.out / "onnx-int4" / "model.onnx"), load_external_data=False)
+                                 .graph.node)  # fewer kernels a step than the unfused int4 graph
+    record = json.loads((run.out / "onnx-fused-int4" / "export.json").read_text())["quantization"]
+    assert record["quantized_ops"] == {"model": {"MatMulNBits": FUSED_LINEARS}}
+
+
 def test_the_embedding_table_is_4bit_when_asked(run: Run):
     graph = onnx.load(str(run.out / "onnx-int4-embeddings" / "model.onnx"), load_external_data=False).graph
     [table] = [node for node in graph.node if node.op_type == "GatherBlockQuantized"]
@@ -124,7 +149,7 @@ def test_export_json_and_the_report_say_how_it_was_quantized(run: Run):
     record = json.loads((run.out / "onnx-int4" / "export.json").read_text())["quantization"]
     assert record["method"] == "onnxruntime-int4" and record["kind"] == "int4"
     assert record["options"] == {"block_size": 32, "accuracy_level": 4, "symmetric": True,
-                                 "quantize_embeddings": False}
+                                 "quantize_embeddings": False, "shared_embeddings": True}
     assert record["quantizer"] == "onnxruntime.quantization.MatMulNBitsQuantizer"
     assert record["calibration"] == {"source": "none (weight-only)"}
     # the packed ops are counted as the quantized ops they are (the record said {"model": {}} before)
@@ -133,6 +158,13 @@ def test_export_json_and_the_report_say_how_it_was_quantized(run: Run):
     assert tables["quantized_ops"] == {"model": {"GatherBlockQuantized": 1, "MatMulNBits": LINEARS}}
     row = next(line for line in (run.out / "report.md").read_text().splitlines() if line.startswith("| `onnx-int4`"))
     assert "onnxruntime-int4" in row and "ONNX Runtime GenAI ✓" in row and "passed" in row, row
+    # the labels say what the files hold (MatMulNBits' bits and blocks, each table's lookup); they said "float32"
+    held = {name: target["artifact_dtype"] for name, target in run.targets.items()}
+    assert held == {"onnx": "float32",
+                    "onnx-int4": "int4 weights in blocks of 32, float32 embeddings, float32 activations",
+                    "onnx-int4-embeddings": "int4 weights in blocks of 32, int4 embeddings, float32 activations",
+                    "onnx-fused-int4": "int4 weights in blocks of 32, float32 embeddings, float32 activations"}, held
+    assert f"onnxruntime-int4 · {held['onnx-int4']}" in row, row
 
 
 def test_check_lists_the_int4_target_and_refuses_what_matmulnbits_cannot_take(tmp_path):

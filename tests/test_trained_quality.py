@@ -24,9 +24,11 @@ from tests.conftest import run_cli
 from tests.trained import TRAINED_PROMPT, trained_llama
 
 RECIPE = {"exports": [{"export_format": "executorch", "mode": "generation", "variants": ["int4"]},
-                      {"export_format": "onnx", "mode": "generation", "dynamic": True, "variants": ["int4"]}],
+                      {"export_format": "onnx", "mode": "generation", "dynamic": True, "variants": ["int4"]},
+                      {"name": "onnx-fused", "export_format": "onnx", "mode": "generation", "dynamic": True,
+                       "ort_fusions": "cpu", "variants": ["int4"]}],
           "inputs": {"prompt": TRAINED_PROMPT}, "generation": {"max_new_tokens": 12}}
-ET, ONNX = "executorch-int4", "onnx-int4"
+ET, ONNX, FUSED = "executorch-int4", "onnx-int4", "onnx-fused-int4"
 INT4_BUDGET = {"min_top1_agreement": 0.75, "max_kl": 0.25, "min_cosine": 0.95, "min_greedy_match": 2}
 WRONG_SCALE = 16.0
 
@@ -53,7 +55,7 @@ def run(tmp_path_factory, trained_llm_dir) -> Run:
 
 def test_int4_keeps_what_the_trained_model_learned_in_both_runtimes(run: Run):
     assert run.result.returncode == 0, run.result.stdout[-3000:] + run.result.stderr[-3000:]
-    for name in (ET, ONNX):
+    for name in (ET, ONNX, FUSED):
         target = run.targets[name]
         quality = target["quality"]
         assert target["status"] == "passed" and quality["passed"], json.dumps(target, indent=1)[:4000]
@@ -62,9 +64,44 @@ def test_int4_keeps_what_the_trained_model_learned_in_both_runtimes(run: Run):
         # a trained model's argmaxes are decided by logits apart: 4-bit noise keeps nearly all of them
         assert metrics["top1_agreement"] >= 0.9 and metrics["kl"] <= 0.1, metrics
         assert metrics["greedy_match"] >= 8, metrics
-    proofs = {name: {p["runtime"]: p for p in run.targets[name]["runtimes"]} for name in (ET, ONNX)}
+    proofs = {name: {p["runtime"]: p for p in run.targets[name]["runtimes"]} for name in (ET, ONNX, FUSED)}
     assert proofs[ET]["ExecuTorch LLM runner"]["status"] == "passed", proofs[ET]
     assert proofs[ONNX]["ONNX Runtime GenAI"]["status"] == "passed", proofs[ONNX]
+    assert proofs[FUSED]["ONNX Runtime GenAI"]["status"] == "passed", proofs[FUSED]
+
+
+@pytest.mark.parametrize("name", [ONNX, FUSED])
+def test_the_tied_table_and_lm_head_are_stored_once_in_4_bits(run: Run, name: str):
+    """GenAI's builder's default for a tied model (`shared_embeddings`): the LM head a MatMulNBits, the lookup a
+    GatherBlockQuantized reading the head's own blocks (through a Reshape), no float table left; in the plain graph
+    (the head a MatMul over the table's Transpose) and the fused one (ONNX Runtime's FusedMatMul with transB). Before,
+    the head stayed float over the one float table."""
+    folder = run.out / name
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    producers = {output: node for node in graph.node for output in node.output}
+    [lookup] = [node for node in graph.node if node.op_type == "GatherBlockQuantized"]
+    [head] = [node for node in graph.node if node.op_type == "MatMulNBits"
+              and {a.name: a.i for a in node.attribute}["N"] == vocab]
+    data, scales = (producers[lookup.input[0]], producers[lookup.input[2]])
+    assert (data.op_type, data.input[0], scales.op_type, scales.input[0]) == \
+        ("Reshape", head.input[1], "Reshape", head.input[2])  # the head's packed weight and scales, not a copy
+    assert {a.name: a.i for a in lookup.attribute} == {"bits": 4, "block_size": 32, "gather_axis": 0,
+                                                       "quantize_axis": 1}
+    assert not [t.name for t in graph.initializer if list(t.dims) == [vocab, 32] and t.data_type == onnx.TensorProto.FLOAT]
+    assert not [node.name for node in graph.node if node.op_type in ("Gather", "Transpose", "FusedMatMul")
+                and any(t.name in node.input for t in graph.initializer)]
+    target = run.targets[name]
+    per_layer = 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 64
+    packed = (2 * per_layer + vocab * 32) // 2  # every linear and the one table at half a byte a value
+    assert packed <= target["weights_stored_bytes"] < 1.5 * packed, (target["weights_stored_bytes"], packed)
+    assert target["weights_stored_bytes"] < 0.2 * target["parameter_bytes"], target
+    assert not any("store" in finding and "parameter bytes" in finding for finding in target["findings"])
+    assert target["artifact_dtype"] == "int4 weights in blocks of 32, int4 embeddings, float32 activations"
+    record = json.loads((folder / "export.json").read_text())["quantization"]
+    assert record["options"]["shared_embeddings"] is True
+    assert record["quantized_ops"] == {"model": {"GatherBlockQuantized": 1,
+                                                 "MatMulNBits": 2 * (7 if name == ONNX else 4) + 1}}
 
 
 def test_the_executorch_int4_program_quantizes_linears_and_the_embedding_table(run: Run):
@@ -88,6 +125,10 @@ def test_the_executorch_int4_program_quantizes_linears_and_the_embedding_table(r
     assert target["weights_stored_bytes"] < 0.3 * target["parameter_bytes"], target
     row = next(line for line in (run.out / "report.md").read_text().splitlines() if line.startswith(f"| `{ET}`"))
     assert "torchao-xnnpack" in row and "ExecuTorch LLM runner ✓" in row and "passed" in row, row
+    # the label says what the program holds, read from it (its XNNPACK blobs' datatypes and group size, the
+    # embedding_byte table): it said "float32" (the activations' dtype) before; the PR and the card show this row
+    label = "int4 weights in groups of 32, int8 embeddings, float32 activations"
+    assert target["artifact_dtype"] == label and f"torchao-xnnpack · {label}" in row, (target["artifact_dtype"], row)
 
 
 def _scaled_linears(model: Path, into: Path) -> Path:
@@ -127,9 +168,8 @@ def test_an_onnx_graph_with_wrong_scales_fails_the_budget(run: Run, tmp_path):
     path = out / ONNX / "model.onnx"
     graph = onnx.load(str(path))
     scales = {node.input[2] for node in graph.graph.node if node.op_type == "MatMulNBits"}
-    # the decoder's linears (the tied LM head, a MatMul of the table's Transpose, has no constant weight ONNX
-    # Runtime's quantizer takes: it stays float)
-    assert len(scales) >= 2 * 7, scales
+    # the decoder's linears and the tied LM head (whose scales the table's GatherBlockQuantized reads too)
+    assert len(scales) == 2 * 7 + 1, scales
     for tensor in graph.graph.initializer:
         if tensor.name in scales:
             tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor) * WRONG_SCALE, tensor.name))

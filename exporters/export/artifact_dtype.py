@@ -18,7 +18,7 @@ import torch
 from torch._export.serde.schema import ScalarType  # the enum `.pt2` archives record dtypes with
 
 from exporters.export.onnx_files import initializers
-from exporters.upstream import pte_float_dtypes
+from exporters.upstream import pte_float_dtypes, pte_quantized_weights
 
 __all__ = ["artifact_dtype", "typed_bytes"]
 
@@ -64,6 +64,72 @@ def _packed_weights(model) -> dict[str, str]:
     return found
 
 
+_FLOATS = ("float32", "float16", "bfloat16", "float64")
+
+
+def _description(weights: dict[str, int], grouping: str, tables: list[str], activations: str | None) -> str | None:
+    """"int4 weights in groups of 32, int8 embeddings, float32 activations" where the quantized weights hold most
+    of the weight values; None where the files hold no quantized weights (their float dtype is the label)."""
+    quantized = sorted((dtype for dtype in weights if dtype not in _FLOATS), key=lambda d: -weights[d])
+    if not quantized and not any(table not in _FLOATS for table in tables):
+        return None
+    parts = [" and ".join(quantized) + f" weights{grouping}"] if quantized else []
+    parts += [f"{table} embeddings" for table in tables]
+    return ", ".join(parts + ([f"{activations} activations"] if activations else []))
+
+
+def _onnx_description(directory: Path) -> str | None:
+    """The ONNX files' quantized weights (`MatMulNBits`: its bits and block size), their tables (a float `Gather` of
+    an initializer or a `GatherBlockQuantized`) and the float dtype of their graph outputs; None unless every file
+    holds MatMulNBits."""
+    # onnx loads only where an ONNX file is read
+    import onnx
+
+    weights: dict[str, int] = {}
+    blocks: set[int] = set()
+    tables: list[str] = []
+    activations: dict[str, int] = {}
+    for path in sorted(directory.rglob("*.onnx")):
+        model = onnx.load(str(path), load_external_data=False)
+        if not any(node.op_type == "MatMulNBits" for node in model.graph.node):
+            return None  # a float graph among them (a transformers.js folder's model.onnx beside model_q4.onnx)
+        stored = {tensor.name: tensor for tensor in initializers(model)}
+        for node in model.graph.node:
+            attributes = {attribute.name: attribute.i for attribute in node.attribute}
+            if node.op_type == "MatMulNBits":
+                dtype = f"int{attributes.get('bits', 4)}"
+                weights[dtype] = weights.get(dtype, 0) + attributes.get("N", 0) * attributes.get("K", 0)
+                blocks.add(attributes.get("block_size", 0))
+            elif node.op_type == "GatherBlockQuantized":
+                tables.append(f"int{attributes.get('bits', 4)}")
+            elif node.op_type == "Gather" and node.input and node.input[0] in stored:
+                tensor = stored[node.input[0]]
+                if len(tensor.dims) == 2 and tensor.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
+                                                                  onnx.TensorProto.BFLOAT16):
+                    tables.append(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).name
+                                  if tensor.data_type != onnx.TensorProto.BFLOAT16 else "bfloat16")
+        for output in model.graph.output:
+            elem = output.type.tensor_type.elem_type
+            if elem in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
+                name = onnx.helper.tensor_dtype_to_np_dtype(elem).name if elem != onnx.TensorProto.BFLOAT16 \
+                    else "bfloat16"
+                activations[name] = activations.get(name, 0) + 1
+    if not weights:
+        return None
+    grouping = f" in blocks of {blocks.pop()}" if len(blocks) == 1 else ""
+    return _description(weights, grouping, sorted(set(tables)), _dominant(activations))
+
+
+def _pte_description(path: Path, activations: str | None) -> str | None:
+    """A `.pte`'s quantized weights: its XNNPACK delegates' constants by datatype (the block-wise 4-bit ones' group
+    size) and the tables of its quantized embedding lookups; None for a float program."""
+    found = pte_quantized_weights(path)
+    group = found["group_size"]
+    grouping = f" in groups of {group}" if group else (" per channel" if any(
+        dtype not in _FLOATS for dtype in found["weights"]) else "")
+    return _description(found["weights"], grouping, sorted(found["embeddings"]), activations)
+
+
 def _pt2_dtypes(path: Path) -> dict[str, int]:
     counts: dict[str, int] = {}
     with zipfile.ZipFile(path) as archive:
@@ -86,15 +152,21 @@ def _pt2_dtypes(path: Path) -> dict[str, int]:
 
 def artifact_dtype(directory: Path, export_format: str) -> str | None:
     """The dtype the target's files hold their weights (ONNX initializers, `.pt2` weight records) or compute in
-    (a `.pte`'s tensor values: XNNPACK's weights are opaque), the one most bytes or values are in; None when the
-    files say nothing. Read from the files, never from the recipe.
+    (a `.pte`'s tensor values), the one most bytes or values are in; None when the files say nothing. Files that
+    hold quantized weights (ONNX `MatMulNBits`, a `.pte`'s XNNPACK int4/int8 weights or quantized embedding tables)
+    are described: their weights, tables and activations. Read from the files, never from the recipe.
 
     Example:
         >>> artifact_dtype(Path("out/onnx"), "onnx")  # doctest: +SKIP
         'float32'
+        >>> artifact_dtype(Path("out/executorch-int4"), "executorch")  # doctest: +SKIP
+        'int4 weights in groups of 32, int8 embeddings, float32 activations'
     """
     directory = Path(directory)
     if export_format == "onnx":
+        described = _onnx_description(directory)
+        if described:
+            return described
         counts = _onnx_dtypes(directory)
     elif export_format == "dynamo":
         counts = {}
@@ -103,9 +175,13 @@ def artifact_dtype(directory: Path, export_format: str) -> str | None:
                 counts[name] = counts.get(name, 0) + size
     elif export_format == "executorch":
         counts = {}
-        for path in sorted(directory.rglob("*.pte")):
+        programs = sorted(directory.rglob("*.pte"))
+        for path in programs:
             for name, size in pte_float_dtypes(path).items():
                 counts[name] = counts.get(name, 0) + size
+        described = [_pte_description(path, _dominant(counts)) for path in programs]
+        if described and described[0] and len(set(described)) == 1:
+            return described[0]
     else:
         raise ValueError(f"unknown export format {export_format!r}")
     return _dominant(counts)

@@ -102,10 +102,14 @@ class OnnxRuntimeInt4Quantize(_Method):
                                "2 fp16, 3 bf16, 0 the runtime's choice.")
     symmetric: StrictBool = Field(default=True, description="Symmetric (no zero points; GenAI's builder: true).")
     quantize_embeddings: StrictBool = Field(
-        default=False, description="Also the embedding table (`Gather` -> `GatherBlockQuantized`, 4-bit blocks along "
-                                   "the hidden axis). An untied LM head's MatMul is quantized either way; a tied one "
-                                   "(a MatMul over the table's transpose) stays float: ONNX Runtime's quantizer takes "
-                                   "only constant weights.")
+        default=False, description="Also an untied embedding table (`Gather` -> `GatherBlockQuantized`, 4-bit blocks "
+                                   "along the hidden axis). An untied LM head's MatMul is quantized either way; a "
+                                   "tied table and head follow `shared_embeddings`.")
+    shared_embeddings: StrictBool = Field(
+        default=True, description="A table tied to the LM head stored once, in 4 bits: the head a `MatMulNBits`, the "
+                                  "lookup a `GatherBlockQuantized` reading the head's blocks (GenAI's builder's "
+                                  "`shared_embeddings`, its default for a tied model). false: both stay one float "
+                                  "table. No effect on an untied model.")
 
     @property
     def kind(self) -> VariantKind:
@@ -113,7 +117,7 @@ class OnnxRuntimeInt4Quantize(_Method):
 
     def options(self) -> dict[str, Any]:
         return {"block_size": self.block_size, "accuracy_level": self.accuracy_level, "symmetric": self.symmetric,
-                "quantize_embeddings": self.quantize_embeddings}
+                "quantize_embeddings": self.quantize_embeddings, "shared_embeddings": self.shared_embeddings}
 
 
 class XnnpackQuantize(_Method):

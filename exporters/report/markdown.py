@@ -187,7 +187,8 @@ def _variant(target: dict[str, Any]) -> str:
     quantization = target.get("quantization") or {}
     if quantization:
         scheme = (quantization.get("options") or {}).get("scheme")
-        return quantization["method"] + (f" {scheme}" if scheme else "")
+        held = target.get("artifact_dtype") or ""  # what the files hold, read from them (quantized: described)
+        return quantization["method"] + (f" {scheme}" if scheme else "") + (f" · {held}" if " weights" in held else "")
     dtype = target.get("artifact_dtype") or target.get("dtype")  # what the files hold, where it was read
     return str(dtype) if dtype in ("float16", "bfloat16") else "fp32"
 

@@ -19,7 +19,7 @@ not copy the weights per partition (`constants_shared_by_lowering_copies`, `name
 
 The modules: `core.py` (the registry, decomposition, the saved-export format and the safe loader), `pytree.py`
 (upstream's pytree rules for transformers' objects), `beyond.py` (what upstream's save and load do not cover),
-`quantizers.py` (upstream's quantizers), `internals.py` (the stack's private interfaces this project relies on),
+`quantizers.py` (upstream's quantizers), `pte_weights.py` (a `.pte`'s quantized weights, read from its delegates), `internals.py` (the stack's private interfaces this project relies on),
 `llm_runner.py` (the ExecuTorch LLM runner's program), `asr_runner.py` (the ASR runner's `encoder` + `text_decoder`),
 `multimodal_runner.py` (ExecuTorch MultimodalRunner's program: token_embedding, vision_encoder, text_decoder),
 `onnx_decompositions.py` (torch.onnx's second trace skipped
@@ -122,6 +122,7 @@ from exporters.upstream.pytree import (
     pytree_flatten,
     register_cache_pytrees,
 )
+from exporters.upstream.pte_weights import pte_quantized_weights
 from exporters.upstream.quantizers import (
     capture_calibration_inputs,
     onnxruntime_int4_quantizer,
@@ -134,7 +135,7 @@ __all__ = [
     "checkpoint_read_not_mapped",
     "contiguity_known_once",
     "patches_of_loaded_models",
-    "pte_float_dtypes", "pte_weight_bytes",
+    "pte_float_dtypes", "pte_weight_bytes", "pte_quantized_weights",
     "recording_logits_processors",
     "strict_export_shares_parameters",
     "TORCH_SERDE_LOGGER",

@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from transformers.exporters.configs import ExportFormat
 
@@ -54,27 +55,124 @@ def onnxruntime_int4_quantizer(options: dict[str, Any]):
 
 
 def quantize_matmul_nbits(model: Any, *, block_size: int, accuracy_level: int, symmetric: bool,
-                          quantize_embeddings: bool = False) -> Any:
+                          quantize_embeddings: bool = False, shared_embeddings: bool = True) -> Any:
     """`model` (an `onnx_ir.Model`) with every constant-weight `MatMul` as a 4-bit `MatMulNBits` (and, with
     `quantize_embeddings`, every constant-table `Gather` as a `GatherBlockQuantized`), through files with external
-    data as upstream's ONNX Runtime quantizer does (models past protobuf's 2 GB limit work)."""
+    data as upstream's ONNX Runtime quantizer does (models past protobuf's 2 GB limit work). With
+    `shared_embeddings`, a table tied to the LM head is stored once in 4 bits: the head a `MatMulNBits`, the lookup a
+    `GatherBlockQuantized` over the head's blocks ([`_tied_heads`])."""
     import onnx  # ONNX and ONNX Runtime load only where an ONNX model is quantized
     import onnx_ir  # (the same)
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer  # (the same)
     from transformers.exporters.quantizers.quantizer_onnxruntime import _load_external_tensor_attributes  # torchao
 
+    tied = _tied_heads(model) if shared_embeddings else []
     with tempfile.TemporaryDirectory() as tmp:
         path, quantized_path = os.path.join(tmp, "model.onnx"), os.path.join(tmp, "quantized.onnx")
         onnx_ir.save(model, path, external_data="model.onnx.data")
         quantizer = MatMulNBitsQuantizer(onnx.load(path), bits=4, block_size=block_size, is_symmetric=symmetric,
                                          accuracy_level=accuracy_level,
+                                         nodes_to_exclude=[lookup for lookup, _ in tied],
                                          op_types_to_quantize=("MatMul", "Gather") if quantize_embeddings else ("MatMul",))
         quantizer.process()
         quantizer.model.save_model_to_file(quantized_path, use_external_data_format=True)
         quantized = onnx_ir.load(quantized_path)
         onnx_ir.external_data.load_to_model(quantized)  # into memory before the folder goes away
         _load_external_tensor_attributes(quantized)
+        for lookup, head in tied:
+            _lookup_in_head_blocks(quantized, lookup, head, block_size)
+        # ONNX Runtime's saver sorts each graph on its own, blind to the values an `If` branch reads from the outer
+        # graph (the guard `ort_fusions: "cpu"` puts around each GroupQueryAttention): onnx_ir's sort sees them
+        quantized.graph.sort()
         return quantized
+
+
+def _tied_heads(model: Any) -> list[tuple[str, str]]:
+    """`[(lookup node, head weight)]` for each embedding table (a `Gather` of a float initializer along axis 0) that
+    the LM head also reads transposed (`MatMul` over its `Transpose`, or ONNX Runtime's `FusedMatMul` with `transB`,
+    what `ort_fusions` makes of it). Each such head is rewritten as a `MatMul` over a new `[hidden, vocab]` initializer
+    (the table transposed, for ONNX Runtime's quantizer, which takes only constant weights), in place, its name
+    returned; the table itself then has only the lookup left, which [`_lookup_in_head_blocks`] points at the
+    quantized head."""
+    import onnx_ir  # ONNX loads only where an ONNX model is quantized
+
+    graph, found = model.graph, []
+    for lookup in list(graph):
+        table = lookup.inputs[0] if lookup.op_type == "Gather" and lookup.domain == "" else None
+        if table is None or table.const_value is None or lookup.attributes.get_int("axis", 0) != 0 \
+                or len(table.shape or ()) != 2 or not table.const_value.dtype.is_floating_point():
+            continue
+        for head, _ in list(table.uses()):
+            plain = head.op_type == "Transpose" and head.domain == "" and list(head.attributes.get_ints("perm") or ()) == [1, 0]
+            fused = head.op_type == "FusedMatMul" and head.domain == "com.microsoft" and head.inputs[1] is table \
+                and head.attributes.get_int("transB", 0) == 1 and head.attributes.get_int("transA", 0) == 0 \
+                and head.attributes.get_float("alpha", 1.0) == 1.0
+            matmuls = [user for user, index in head.outputs[0].uses() if user.op_type == "MatMul"
+                       and user.domain == "" and index == 1] if plain else [head] if fused else []
+            for matmul in matmuls:
+                weight = onnx_ir.Value(name=f"{table.name}.lm_head", shape=onnx_ir.Shape(table.shape[::-1]),
+                                       type=table.type,
+                                       const_value=onnx_ir.tensor(np.ascontiguousarray(table.const_value.numpy().T)))
+                graph.register_initializer(weight)
+                replacement = onnx_ir.node("MatMul", [matmul.inputs[0], weight], name=matmul.name)
+                graph.insert_before(matmul, replacement)
+                replacement.outputs[0].name, replacement.outputs[0].shape, replacement.outputs[0].type = \
+                    None, matmul.outputs[0].shape, matmul.outputs[0].type
+                matmul.outputs[0].replace_all_uses_with(replacement.outputs[0], replace_graph_outputs=True)
+                name = matmul.outputs[0].name
+                graph.remove(matmul, safe=True)
+                replacement.outputs[0].name = name
+                found.append((lookup.name, weight.name))
+                break
+            if found and found[-1][0] == lookup.name:
+                break
+    for node in [n for n in graph if n.op_type == "Transpose" and not n.outputs[0].uses()
+                 and n.outputs[0] not in graph.outputs]:
+        graph.remove(node, safe=True)
+    return found
+
+
+def _lookup_in_head_blocks(model: Any, lookup_name: str, head: str, block_size: int) -> None:
+    """The lookup `lookup_name` reads its rows from the 4-bit head quantized from the initializer `head` (GenAI's
+    model builder's tied int4 embedding: `GatherBlockQuantized` over the `MatMulNBits` weight reshaped to
+    `[vocab, packed hidden]`, its scales and zero points alike, the padding of the last block sliced off), and the
+    float table goes."""
+    import onnx_ir  # ONNX loads only where an ONNX model is quantized
+
+    graph = model.graph
+    [matmul] = [node for node in graph if node.op_type == "MatMulNBits" and node.inputs[1] is not None
+                and node.inputs[1].name.startswith(head + "_Q")]
+    [lookup] = [node for node in graph if node.name == lookup_name]
+    vocab, hidden = matmul.attributes.get_int("N"), matmul.attributes.get_int("K")
+    blocks = -(-hidden // block_size)
+
+    def constant(name: str, values: list[int]) -> onnx_ir.Value:
+        value = onnx_ir.Value(name=f"{lookup_name}/{name}", const_value=onnx_ir.tensor(values, dtype=onnx_ir.DataType.INT64))
+        graph.register_initializer(value)
+        return value
+
+    def rows(value: onnx_ir.Value, name: str) -> onnx_ir.Value:
+        reshape = onnx_ir.node("Reshape", [value, constant(name, [vocab, -1])], name=f"{lookup_name}/{name}")
+        graph.insert_before(lookup, reshape)
+        return reshape.outputs[0]
+
+    data, scales = rows(matmul.inputs[1], "data_rows"), rows(matmul.inputs[2], "scale_rows")
+    zero_points = rows(matmul.inputs[3], "zero_point_rows") if len(matmul.inputs) > 3 and matmul.inputs[3] else None
+    gathered = onnx_ir.node("GatherBlockQuantized", [data, lookup.inputs[1], scales, zero_points], domain="com.microsoft",
+                            attributes={"bits": 4, "block_size": block_size, "gather_axis": 0, "quantize_axis": 1},
+                            name=f"{lookup_name}/GatherBlockQuantized")
+    graph.insert_before(lookup, gathered)
+    out = gathered.outputs[0]
+    if blocks * block_size != hidden:
+        cut = onnx_ir.node("Slice", [out, constant("start", [0]), constant("end", [hidden]), constant("axis", [-1])])
+        graph.insert_before(lookup, cut)
+        out = cut.outputs[0]
+    out.shape, out.type = lookup.outputs[0].shape, lookup.outputs[0].type
+    table = lookup.inputs[0]
+    lookup.outputs[0].replace_all_uses_with(out, replace_graph_outputs=True)
+    graph.remove(lookup, safe=True)
+    if table is not None and not table.uses() and table.name in graph.initializers:
+        graph.initializers.pop(table.name)
 
 
 def pt2e_quantizer(torchao_quantizer: Any, calibration: list[dict] | None):

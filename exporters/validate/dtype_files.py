@@ -13,7 +13,7 @@ export.json is restored once each file is judged, before the folder's own valida
 
 Example:
     >>> view_settings({"variant": "q4f16", "kind": "int4", "quantize": {"method": "onnxruntime-int4"}})
-    {'dtype': 'float16', 'quantize': OnnxRuntimeInt4Quantize(method='onnxruntime-int4', block_size=32, accuracy_level=4, symmetric=True, quantize_embeddings=False)}
+    {'dtype': 'float16', 'quantize': OnnxRuntimeInt4Quantize(method='onnxruntime-int4', block_size=32, accuracy_level=4, symmetric=True, quantize_embeddings=False, shared_embeddings=True)}
 """
 
 from __future__ import annotations
