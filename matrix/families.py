@@ -242,7 +242,8 @@ _SPECS = [
        vision_config__patch_size=8, text_config__sliding_window=12,
        text_config__layer_types=["sliding_attention", "full_attention"]),
     # audio-language: the audio encoder and projector exported as stages (Voxtral, Qwen2-Audio); a family whose audio
-    # stages are not exported (Granite Speech) is refused, never passed on the language model alone
+    # stages are not exported is refused, never passed on the language model alone; Granite Speech: its Conformer
+    # encoder and Q-Former projector (`model.encoder`, `model.projector`)
     _f("voxtral", "audio-language", "VoxtralForConditionalGeneration",
        "audio encoder + projector + language model, from log-mel features", audio_token_id=24,
        audio_config__num_mel_bins=16, audio_config__max_source_positions=32),
@@ -251,7 +252,8 @@ _SPECS = [
        audio_config__num_mel_bins=16,
        audio_config__max_source_positions=32),
     _f("granite_speech", "audio-language", "GraniteSpeechForConditionalGeneration",
-       "refused: the speech encoder is not exported", has_lora_adapter=False),
+       "Conformer speech encoder + Q-Former projector + language model, from stacked log-mel features",
+       has_lora_adapter=False, projector_config__encoder_hidden_size=32),
     # dual encoders
     _f("clip", "dual-encoder", "CLIPModel", vision_config__image_size=32, vision_config__patch_size=8),
     _f("siglip", "dual-encoder", "SiglipModel", vision_config__image_size=32, vision_config__patch_size=8),
