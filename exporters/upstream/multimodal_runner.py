@@ -35,7 +35,7 @@ from transformers.integrations.executorch import TorchExportableModuleWithStatic
 from exporters.upstream.beyond import _external_constants, _tag_delegate_weights, xnnpack_lowering
 from exporters.upstream.internals import strict_export_shares_parameters
 from exporters.upstream.llm_runner import _static_generation_config, custom_ops_installed
-from exporters.upstream.patches import patched
+from exporters.upstream.patches import patched, patched_item
 
 # The runner's method names (extension/llm/runner/constants.h)
 TOKEN_EMBEDDING, VISION_ENCODER, TEXT_DECODER = "token_embedding", "vision_encoder", "text_decoder"
@@ -212,14 +212,10 @@ def propagated_constants_named_once() -> Iterator[None]:
 
     def replace_with_constant_node(node: Any, tensor: torch.Tensor, first_user_input: Any, fake_mode: Any,
                                    program: Any) -> tuple[Any, str]:
-        taken = [name for name in issued if name not in program.constants]
-        for name in taken:  # held by another method: the pass picks its name past these
-            program.constants[name] = tensor
-        try:
+        with contextlib.ExitStack() as stack:
+            for taken in issued - set(program.constants):  # held by another method: the pass names past these
+                stack.enter_context(patched_item(program.constants, taken, tensor))
             placeholder, name = original(node, tensor, first_user_input, fake_mode, program)
-        finally:
-            for other in taken:
-                program.constants.pop(other, None)
         issued.add(name)
         return placeholder, name
 
