@@ -223,13 +223,16 @@ _SPECS = [
        vision_config__patch_size=8, image_grid_pinpoints=[[32, 32], [32, 64], [64, 32]], image_seq_length=16),
     _f("llava_onevision", "vision-language", "LlavaOnevisionForConditionalGeneration", vision_config__image_size=32,
        vision_config__patch_size=8, image_grid_pinpoints=[[32, 32], [32, 64], [64, 32]]),
-    _f("mllama", "vision-language", "MllamaForConditionalGeneration", "layer 1 cross-attends to the image",
+    _f("mllama", "vision-language", "MllamaForConditionalGeneration",
+       "layer 1 cross-attends to the image; inputs as its processor makes them, from the config",
        vision_config__image_size=32, vision_config__patch_size=8, vision_config__attention_heads=4,
        vision_config__num_global_layers=1, vision_config__intermediate_layers_indices=[0],
        vision_config__vision_output_dim=64, text_config__cross_attention_layers=[1]),
     _f("internvl", "vision-language", "InternVLForConditionalGeneration", vision_config__image_size=[32, 32],
        vision_config__patch_size=[8, 8], image_seq_length=4),
-    _f("mistral3", "vision-language", "Mistral3ForConditionalGeneration", "Pixtral vision tower",
+    _f("mistral3", "vision-language", "Mistral3ForConditionalGeneration",
+       "Pixtral vision tower; ONNX image_encoder: eager float32's own rounding (the random tower's states grow to ~100) "
+       "exceeds the check, the graph is nearer float64 than eager is",
        vision_config__image_size=32, vision_config__patch_size=8),
     _f("qwen3_vl", "vision-language", "Qwen3VLForConditionalGeneration", vision_config__patch_size=8,
        vision_config__out_hidden_size=32, vision_config__deepstack_visual_indexes=[0],
@@ -242,7 +245,8 @@ _SPECS = [
        vision_config__patch_size=8, text_config__sliding_window=12,
        text_config__layer_types=["sliding_attention", "full_attention"]),
     # audio-language: the audio encoder and projector exported as stages (Voxtral, Qwen2-Audio); a family whose audio
-    # stages are not exported (Granite Speech) is refused, never passed on the language model alone
+    # stages are not exported is refused, never passed on the language model alone; Granite Speech: its Conformer
+    # encoder and Q-Former projector (`model.encoder`, `model.projector`)
     _f("voxtral", "audio-language", "VoxtralForConditionalGeneration",
        "audio encoder + projector + language model, from log-mel features", audio_token_id=24,
        audio_config__num_mel_bins=16, audio_config__max_source_positions=32),
@@ -251,7 +255,8 @@ _SPECS = [
        audio_config__num_mel_bins=16,
        audio_config__max_source_positions=32),
     _f("granite_speech", "audio-language", "GraniteSpeechForConditionalGeneration",
-       "refused: the speech encoder is not exported", has_lora_adapter=False),
+       "Conformer speech encoder + Q-Former projector + language model, from stacked log-mel features",
+       has_lora_adapter=False, projector_config__encoder_hidden_size=32),
     # dual encoders
     _f("clip", "dual-encoder", "CLIPModel", vision_config__image_size=32, vision_config__patch_size=8),
     _f("siglip", "dual-encoder", "SiglipModel", vision_config__image_size=32, vision_config__patch_size=8),

@@ -801,3 +801,26 @@ def tiny_voxtral_with_tokenizer(folder: Path, recipe: Any | None = None, seed: i
         audio = AutoConfig.from_pretrained(folder).audio_config
         extractor_from_config(audio, 2 * audio.max_source_positions).save_pretrained(folder)
     return folder
+
+
+def tiny_granite_speech_with_tokenizer(folder: Path, recipe: Any | None = None, seed: int = 0,
+                                       text_layers: int = 1) -> Path:
+    """A tiny Granite Speech (matrix's: a two-block Conformer reading 160-wide stacked log-mel frames, a Q-Former
+    projector, a Granite text model of `text_layers` layers), its attention blocks 50 frames long (the sample's
+    length: one second, 100 mel frames stacked in pairs, 4 projector windows, 12 audio tokens), with a byte-level
+    BPE tokenizer (one ExecuTorch's C++ tokenizer loads) whose `<|audio|>` id is the model's `audio_token_id`. No
+    feature extractor is saved: Granite's needs torchaudio, which the stack does not install (its inputs are made
+    from the config, `exporters.capture.audio_text`)."""
+    import dataclasses
+
+    from matrix.families import FAMILIES, build
+
+    tokenizer = train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, "<|audio|>"], vocab_size=120, bos="<s>",
+                                    eos="</s>", pad="<pad>", byte_level=True)
+    base = FAMILIES["granite_speech"]
+    spec = dataclasses.replace(base, overrides={
+        **base.overrides, "audio_token_index": tokenizer.convert_tokens_to_ids("<|audio|>"),
+        "encoder_config.context_size": 50, "projector_config.num_hidden_layers": 1,
+        "text_config.vocab_size": len(tokenizer), "text_config.num_hidden_layers": text_layers,
+        "text_config.bos_token_id": 1, "text_config.eos_token_id": 2, "text_config.pad_token_id": 3})
+    return build(spec, folder, seed=seed, recipe=recipe)

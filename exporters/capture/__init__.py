@@ -18,7 +18,10 @@ Beside them:
 - `llm_runner.py`: which targets get the ExecuTorch LLM runner's layout, and its one component;
 - `multimodal_runner.py`: which vision- and audio-language targets get ExecuTorch MultimodalRunner's layout, and its
   three methods;
-- `audio_text.py`: an audio-language model's (Voxtral's) sample inputs: log-mel features and its audio tokens;
+- `audio_text.py`: an audio-language model's (Voxtral's, Granite Speech's) sample inputs: log-mel features and its
+  audio tokens;
+- `cross_attention.py`: a vision-language model's whose text layers cross-attend to the image (Mllama) sample inputs
+  without its processor;
 - `image_text.py`: which vision-language ONNX targets get transformers.js's layout, and its three graphs;
 - `asr_runner.py`: which speech targets (Whisper) get the ExecuTorch ASR runner's layout, and its two components;
 - `stepped.py`: the prompt through the decode graph one token at a time (state-space and hybrid models);

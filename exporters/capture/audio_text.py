@@ -1,11 +1,15 @@
-"""Sample inputs for audio-language models (Voxtral): audio features and a prompt with the audio's tokens.
+"""Sample inputs for audio-language models (Voxtral, Granite Speech): audio features and a prompt with the audio's
+tokens.
 
 The features are log-mel spectrograms made from a synthetic waveform, never a constant tensor:
 
 - by the folder's feature extractor (its processor's, or `preprocessor_config.json` alone) when one loads;
 - else by a Whisper-style extractor built from the model's audio config ([`extractor_from_config`]): as many mel
   bins as the encoder reads (`num_mel_bins`), as many frames as it takes (its source positions times its
-  convolutions' strides), 16 kHz and 10 ms hops as Voxtral's and Qwen2-Audio's extractors.
+  convolutions' strides), 16 kHz and 10 ms hops as Voxtral's and Qwen2-Audio's extractors;
+- for a speech encoder that reads two log-mel frames stacked (Granite Speech: `input_dim` wide, no source positions),
+  `input_dim / 2` bins, every two frames stacked into one `[batch, frames, input_dim]` row as its extractor does
+  (whose own mel needs torchaudio); as many stacked frames as one block of its attention (`context_size`).
 
 The prompt is laid out by one rule ([`audio_prompt`]): the text config's BOS, then as many audio tokens
 (`audio_token_id`) as the model's own `get_audio_features` returns embeddings for those features (Voxtral), or as
@@ -29,10 +33,41 @@ from typing import Any
 import torch
 from transformers import WhisperFeatureExtractor
 
+from exporters.capture.families import audio_config_of
 from exporters.capture.multimodal import Preprocessor, synthetic_waveform, whole_counts
 from exporters.errors import UnsupportedModelError, describe_error
 
 SAMPLING_RATE, HOP_LENGTH, N_FFT = 16000, 160, 400  # Voxtral's and Qwen2-Audio's extractors (Whisper's)
+AUDIO_ENCODER = "audio_encoder"  # upstream's name for an audio-language model's audio stage
+STACKED = 2  # Granite Speech's extractor stacks two log-mel frames into one encoder frame
+
+
+def fixed_audio_stage(name: str, components) -> bool:
+    """Whether component `name` is an audio stage of an audio-language export (its `audio_encoder`, and the
+    projector after it), traced at its features' size under `dynamic: true` unless the recipe gives it
+    `dynamic_shapes`: the audio's length is not the prompt's, one clip of the traced length is what the runners take
+    (a Voxtral program one 30 s chunk), and `Dim.AUTO` on Granite Speech's frames keeps its Conformer's
+    `math.ceil(frames / context_size)` symbolic, which a `.pt2` cannot serialize.
+
+    Example:
+        >>> fixed_audio_stage("multi_modal_projector", {"audio_encoder": None}), fixed_audio_stage("decode", {})
+        (True, False)
+    """
+    return AUDIO_ENCODER in components and name in (AUDIO_ENCODER, "multi_modal_projector")
+
+
+def stacks_frames(audio_config) -> bool:
+    """Whether the speech encoder reads log-mel frames stacked in pairs, `[batch, frames, input_dim]` (Granite
+    Speech: an `input_dim`, which its config also calls `num_mel_bins`, and no `max_source_positions`), rather than
+    `[batch, bins, frames]` (Whisper-style).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> stacks_frames(SimpleNamespace(input_dim=160)), stacks_frames(SimpleNamespace(num_mel_bins=16))
+        (True, False)
+    """
+    return isinstance(getattr(audio_config, "input_dim", None), int) and \
+        getattr(audio_config, "max_source_positions", None) is None
 
 
 def encoder_frames(model) -> int:
@@ -45,7 +80,9 @@ def encoder_frames(model) -> int:
         >>> encoder_frames(SimpleNamespace(config=config))
         64
     """
-    audio = model.config.audio_config
+    audio = audio_config_of(model)
+    if stacks_frames(audio):  # one block of its attention, each frame two log-mel frames (see the module)
+        return STACKED * int(getattr(audio, "context_size", 100))
     positions = int(audio.max_source_positions)
     tower = audio_tower(model)
     strides = [getattr(getattr(tower, name, None), "stride", None) for name in ("conv1", "conv2")]
@@ -57,6 +94,8 @@ def encoder_frames(model) -> int:
 def extractor_from_config(audio_config, frames: int) -> WhisperFeatureExtractor:
     """A log-mel feature extractor for `frames` frames of `audio_config.num_mel_bins` bins (see the module)."""
     bins = getattr(audio_config, "num_mel_bins", None)
+    if stacks_frames(audio_config):
+        bins = audio_config.input_dim // STACKED
     if not isinstance(bins, int):
         raise UnsupportedModelError(f"{type(audio_config).__name__} gives no num_mel_bins: add the model's feature "
                                     "extractor (preprocessor_config.json) to the folder, which makes its inputs")
@@ -67,15 +106,17 @@ def extractor_from_config(audio_config, frames: int) -> WhisperFeatureExtractor:
 
 
 def audio_features(model, spec, pre: Preprocessor | None) -> tuple[torch.Tensor, str]:
-    """`input_features` (batch x mel bins x frames) from synthetic waveforms, and how they were made."""
+    """`input_features` (batch x mel bins x frames; batch x frames / 2 x 2 bins where the encoder stacks frames)
+    from synthetic waveforms, and how they were made."""
     frames = encoder_frames(model)
     if spec.audio_length and spec.audio_length != frames:
         raise UnsupportedModelError(f"inputs.audio_length is {spec.audio_length} but {type(model).__name__}'s audio "
                                     f"encoder takes exactly {frames} frames: remove inputs.audio_length or set it to "
                                     f"{frames}")
     extractor = getattr(pre.obj, "feature_extractor", pre.obj) if pre is not None else None
+    audio = audio_config_of(model)
     if extractor is None or not callable(extractor):
-        extractor, made = extractor_from_config(model.config.audio_config, frames), "the audio config"
+        extractor, made = extractor_from_config(audio, frames), "the audio config"
     else:
         extractor, made = whole_counts(extractor), f"the folder's {type(extractor).__name__}"
     rate = int(getattr(extractor, "sampling_rate", SAMPLING_RATE))
@@ -86,9 +127,15 @@ def audio_features(model, spec, pre: Preprocessor | None) -> tuple[torch.Tensor,
     except Exception as err:  # an extractor that cannot make this model's features: say which, and what to do
         raise UnsupportedModelError(f"{made} cannot make audio features ({describe_error(err, 200)}): save the "
                                     "model's feature extractor into the folder") from err
-    features = features[..., :frames]
-    if features.shape[-1] < frames:
-        features = torch.nn.functional.pad(features, (0, frames - features.shape[-1]))
+    stacked = stacks_frames(audio) and features.shape[-1] == audio.input_dim  # the folder's own Granite extractor
+    axis = 1 if stacked else -1
+    length = frames // STACKED if stacked else frames
+    features = features.narrow(axis, 0, min(length, features.shape[axis]))
+    if features.shape[axis] < length:
+        pad = [0, 0, 0, length - features.shape[axis]] if stacked else [0, length - features.shape[-1]]
+        features = torch.nn.functional.pad(features, pad)
+    if stacks_frames(audio) and not stacked:  # [batch, bins, frames] -> [batch, frames / 2, 2 x bins]
+        features = features.transpose(1, 2).reshape(features.shape[0], -1, audio.input_dim)
     return features.contiguous(), f"sample inputs: log-mel features of a synthetic waveform made by {made}"
 
 

@@ -3,7 +3,8 @@ guessed from config keys alone.
 
 A config with both `text_config` and `vision_config` is a generator that reads images (LLaVA, Idefics3, Qwen2-VL:
 `vision-language`) only when the model can generate; one with `text_config` and `audio_config` that can generate
-reads audio (Voxtral, Qwen2-Audio: `audio-language`); a model that cannot, and has a text tower beside a vision or
+reads audio (Voxtral, Qwen2-Audio: `audio-language`), as does one with `text_config` whose forward takes
+`input_features` (Granite Speech: its speech encoder's config is `encoder_config`, [`audio_config_of`]); a model that cannot, and has a text tower beside a vision or
 audio tower (CLIP, SigLIP, CLAP), is a `dual-encoder`, whose towers are exported and validated one by one.
 
 Example:
@@ -17,7 +18,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+import inspect
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -37,6 +39,27 @@ TOWER_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "vision": ("vision_model", "vision_encoder", "image_encoder"),
     "audio": ("audio_model", "audio_encoder"),
 }
+
+
+def audio_config_of(model) -> Any:
+    """The config of the model's audio encoder: `audio_config` (Voxtral, Qwen2-Audio), else `encoder_config` where the
+    model's forward takes `input_features` beside a `text_config` (Granite Speech); None for other models.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> audio_config_of(SimpleNamespace(config=SimpleNamespace(audio_config="a")))
+        'a'
+    """
+    config = model.config
+    if getattr(config, "audio_config", None) is not None:
+        return config.audio_config
+    if getattr(config, "text_config", None) is None or getattr(config, "encoder_config", None) is None:
+        return None
+    try:
+        takes_features = "input_features" in inspect.signature(type(model).forward).parameters
+    except (TypeError, ValueError):
+        takes_features = False
+    return config.encoder_config if takes_features else None
 
 
 def can_generate(model) -> bool:
@@ -72,7 +95,7 @@ def detect_family(model) -> Family:
     has_vision = getattr(config, "vision_config", None) is not None
     if has_vision and getattr(config, "text_config", None) is not None and can_generate(model):
         return "vision-language"
-    has_audio = getattr(config, "audio_config", None) is not None
+    has_audio = audio_config_of(model) is not None
     if has_audio and getattr(config, "text_config", None) is not None and can_generate(model):
         return "audio-language"
     if getattr(config, "is_encoder_decoder", False):

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from exporters.capture.audio_text import synthesize_audio_language
+from exporters.capture.cross_attention import cross_attends, synthesize_cross_attention
 from exporters.capture.families import AUDIO_INPUTS, FAMILIES, default_mode, detect_family, towers
 from exporters.capture.modalities import refusal
 from exporters.capture.multimodal import (
@@ -277,6 +278,9 @@ def _synthesized(model, spec: InputsSpec, family: str, tokenizer, generator: tor
         decoder = torch.full((batch, spec.decoder_sequence_length), _decoder_start(model), dtype=torch.long)
         forward = {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": decoder}
         return SampleInputs(family, forward, {"input_ids": ids, "attention_mask": mask}, source)
+    if family == "vision-language" and pixels is None and cross_attends(model):  # Mllama: what its processor makes
+        inputs, note = synthesize_cross_attention(model, spec, ids)
+        return SampleInputs(family, dict(inputs), dict(inputs), source, [note])
     if family == "vision-language":
         inputs = synthesize_vlm(model, spec, ids, generator, pixels)
         return SampleInputs(family, dict(inputs), dict(inputs), source)

@@ -18,6 +18,7 @@ import torch
 
 from exporters import upstream
 from exporters.capture.asr_runner import is_asr
+from exporters.capture.audio_text import fixed_audio_stage
 from exporters.capture.cache_settings import sliding_window_of
 from exporters.capture.components import GLUE_FILE, cache_setting_for, write_glue
 from exporters.capture.token_ids import decoder_start_id, special_token_ids
@@ -84,6 +85,8 @@ def component_configs(target, components: Components, recipe: Recipe, notes: lis
         used_keys |= used
         quantizer = quantizer_for(name, inputs) if quantizer_for is not None else None
         configs[name] = upstream_config(target, target.components.get(name), shapes, quantizer)
+        if spec is None and fixed_audio_stage(name, components) and getattr(configs[name], "dynamic", False):
+            configs[name] = dataclasses.replace(configs[name], dynamic=False)  # the audio keeps its traced length
     unused = set(target.dynamic_shapes or {}) - used_keys
     if unused:
         path, line = recipe.locate(target.name, "dynamic_shapes", sorted(unused)[0])

@@ -246,11 +246,26 @@ def counter_in_spec_components(exported: ExportedModel) -> list[str]:
             if any(counter in (component.metadata.in_spec or "") for counter in STEP_COUNTERS)]
 
 
+# Granite Speech's stages, by upstream's names: its speech encoder and Q-Former projector (see multimodal_submodules).
+_SPEECH_STAGES = {"audio_encoder": "encoder", "language_model": "language_model", "multi_modal_projector": "projector"}
+
+
 def multimodal_submodules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """Upstream's own finder of a multimodal model's stages: `{"image_encoder" | "audio_encoder" |
     "multi_modal_projector" | "connector" | ... | "language_model" | "lm_head": module}`, empty when the model is not
-    multimodal (no modality encoder beside a language model)."""
-    return _find_multimodal_submodules(model)
+    multimodal (no modality encoder beside a language model).
+
+    Upstream asks `get_encoder("audio")`, which knows `audio_tower`-style names only: a speech encoder and projector
+    held as `encoder` / `projector` beside `language_model` on a config with `encoder_config` (Granite Speech) are
+    found here under upstream's stage names (docs/upstream-gaps.md)."""
+    found = _find_multimodal_submodules(model)
+    base = getattr(model, "base_model", model)
+    named = {stage: getattr(base, attribute, None) for stage, attribute in _SPEECH_STAGES.items()}
+    if found or getattr(model.config, "encoder_config", None) is None or \
+            not all(isinstance(module, torch.nn.Module) for module in named.values()):
+        return found
+    head = getattr(model, "lm_head", None)
+    return {**named, **({"lm_head": head} if isinstance(head, torch.nn.Module) else {})}
 
 
 def prepare_traced_inputs(module: torch.nn.Module, inputs: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ Voxtral's audio embeddings in place of its audio tokens), so the runner's tokens
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,7 +37,7 @@ from transformers.integrations.executorch import TorchExportableModuleWithStatic
 from exporters.upstream.beyond import _external_constants, _tag_delegate_weights, xnnpack_lowering
 from exporters.upstream.internals import strict_export_shares_parameters
 from exporters.upstream.llm_runner import _static_generation_config, custom_ops_installed
-from exporters.upstream.patches import patched
+from exporters.upstream.patches import patched, patched_item
 
 # The runner's method names (extension/llm/runner/constants.h)
 TOKEN_EMBEDDING, VISION_ENCODER, TEXT_DECODER = "token_embedding", "vision_encoder", "text_decoder"
@@ -88,10 +89,11 @@ class AudioEncoder(torch.nn.Module):
 
 
 def methods_of(model: Any) -> tuple[str, ...]:
-    """The runner's methods for `model`: `audio_encoder` for an audio-language model (its config has an
-    `audio_config` and no `vision_config`), else `vision_encoder`."""
+    """The runner's methods for `model`: `audio_encoder` for an audio-language model (no `vision_config`, and an
+    `audio_config` or the model's own `get_audio_features`: Granite Speech), else `vision_encoder`."""
     config = model.config
-    audio = getattr(config, "audio_config", None) is not None and getattr(config, "vision_config", None) is None
+    hears = getattr(config, "audio_config", None) is not None or callable(getattr(model, "get_audio_features", None))
+    audio = hears and getattr(config, "vision_config", None) is None
     return AUDIO_METHODS if audio else METHODS
 
 
@@ -235,13 +237,46 @@ def export_multimodal_program(modules: dict[str, torch.nn.Module], model: Any, i
         for program in programs.values():
             _tag_delegate_weights(program, external_weights)
         backend_config = _external_constants(backend_config, external_weights)
-    with xnnpack_lowering():
-        edge = to_edge_transform_and_lower(
-            programs, partitioner=[XnnpackPartitioner()],
-            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-            constant_methods=metadata,
-        )
-    return edge.to_executorch(config=backend_config), records, custom_nodes
+    with propagated_constants_named_once():
+        with xnnpack_lowering():
+            edge = to_edge_transform_and_lower(
+                programs, partitioner=[XnnpackPartitioner()],
+                compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+                constant_methods=metadata,
+            )
+        return edge.to_executorch(config=backend_config), records, custom_nodes
+
+
+@contextlib.contextmanager
+def propagated_constants_named_once() -> Iterator[None]:
+    """While a program of several methods is lowered, each constant ExecuTorch's constant propagation makes gets a
+    name no other method's has.
+
+    The pass names them `_prop_tensor_constant<N>` from each method's own count, so two methods can each hold a
+    different tensor by one name; in the `.pte` each method's constants are its own, but the named-data file (`.ptd`)
+    is keyed by name across methods, and the method whose tensor lost does not load (Granite Speech's
+    `audio_encoder`: "Scalar type mismatch. Expected 6, got 4": the decoder's int64 constant under its float one's
+    name; docs/upstream-gaps.md #51). Here the names issued to earlier methods count as taken.
+
+    Example:
+        >>> with propagated_constants_named_once():  # doctest: +SKIP
+        ...     edge.to_executorch(config=external_constants)
+    """
+    module = importlib.import_module("executorch.exir.passes.constant_prop_pass")  # heavy: loaded when lowering
+    original = module.replace_with_constant_node
+    issued: set[str] = set()
+
+    def replace_with_constant_node(node: Any, tensor: torch.Tensor, first_user_input: Any, fake_mode: Any,
+                                   program: Any) -> tuple[Any, str]:
+        with contextlib.ExitStack() as stack:
+            for taken in issued - set(program.constants):  # held by another method: the pass names past these
+                stack.enter_context(patched_item(program.constants, taken, tensor))
+            placeholder, name = original(node, tensor, first_user_input, fake_mode, program)
+        issued.add(name)
+        return placeholder, name
+
+    with patched(module, "replace_with_constant_node", replace_with_constant_node):
+        yield
 
 
 def _record(model: Any, program: torch.export.ExportedProgram, kwargs: dict[str, Any]) -> ExportMetadata:

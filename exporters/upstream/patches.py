@@ -200,6 +200,10 @@ PATCHES: tuple[Patch, ...] = (
           ("transformers.exporters.exporter_executorch:_BACKEND_PREPARE[xnnpack]",),
           "one XnnpackPartitioner fails on a PT2E-quantized decoder with a cache (dependency cycles)",
           "docs/upstream-gaps.md #18: a partitioner option in upstream's ExecutorchConfig"),
+    Patch("propagated_constants_named_once",
+          (f"{EXIR}.passes.constant_prop_pass:replace_with_constant_node",),
+          "constant propagation names constants per method; a .ptd keyed by name mixes two methods' tensors",
+          "docs/upstream-gaps.md #51: ExecuTorch naming propagated constants uniquely across a program's methods"),
     # ── ONNX export and optimization ──
     Patch("decompose_only_what_onnx_lacks", ("torch.onnx._internal.exporter._fx_passes:decompose_with_registry",),
           "torch.onnx decomposes (traces again) a program ONNX can already translate as traced",

@@ -101,7 +101,9 @@ def vision_language_declined(config: dict[str, Any]) -> str:
         'GenAI 0.18 has no audio-language model type'
     """
     model_type = config.get("model_type")
-    audio = bool(config.get("audio_config")) and not config.get("vision_config")
+    # an audio encoder's config: `audio_config`, or Granite Speech's `encoder_config` beside its `text_config`
+    hears = bool(config.get("audio_config")) or bool(config.get("encoder_config") and config.get("text_config"))
+    audio = hears and not config.get("vision_config")
     kind, encoder = ("audio-language", "an audio") if audio else ("vision-language", "a vision")
     if model_type in GENAI_VLM_TYPES and (fact := bidirectional_prefill(config)):
         return (f"{fact}, where GenAI 0.18 runs its {model_type!r} text model causally over the whole prompt (its "
@@ -144,7 +146,8 @@ class Genai(Layout):
 
     def reference(self, model: Any, context: Any) -> Any:
         config = model.config
-        if getattr(config, "vision_config", None) is not None or getattr(config, "audio_config", None) is not None:
+        if any(getattr(config, name, None) is not None for name in ("vision_config", "audio_config")) or \
+                getattr(config, "encoder_config", None) is not None and getattr(config, "text_config", None) is not None:
             return None  # a vision- or audio-language export: declined (`vision_language_declined`), no proof runs
         if getattr(config, "is_encoder_decoder", False):  # Whisper's proof, else declined: no proof runs
             if encoder_decoder_declined(config.to_dict()):
