@@ -150,12 +150,15 @@ def tiny_whisper(folder: Path, recipe: Any | None = None, seed: int = 0, decoder
     return _saved(WhisperForConditionalGeneration(config), folder, recipe)
 
 
-# Whisper's ONNX targets in transformers.js's layout and optimum's, `dynamic: true`, on `tiny_whisper(folder, this,
-# decoder_layers=2, feature_extractor=True)`: tests/test_seq2seq_onnx.py and tests/test_speech_onnx_runtimes.py read
-# the same run, which the shared store (tests/export_store.py) exports once (#48)
+# Whisper's ONNX targets in transformers.js's layout and optimum's, and a dynamo one, `dynamic: true`, on
+# `tiny_whisper(folder, this, decoder_layers=2, feature_extractor=True)`: tests/test_seq2seq_onnx.py and
+# tests/test_speech_onnx_runtimes.py read the ONNX targets, tests/test_complete_components.py the `onnx` and `dynamo`
+# ones, of the same run, which the shared store (tests/export_store.py) exports once (#48)
 WHISPER_ONNX_TARGET = {"export_format": "onnx", "mode": "generation", "dynamic": True}
 WHISPER_ONNX_RECIPE = {"exports": [{"name": "tjs", **WHISPER_ONNX_TARGET, "layout": "transformers.js"},
-                                   {"name": "onnx", **WHISPER_ONNX_TARGET}], "generation": {"max_new_tokens": 8}}
+                                   {"name": "onnx", **WHISPER_ONNX_TARGET},
+                                   {"name": "dynamo", **WHISPER_ONNX_TARGET, "export_format": "dynamo"}],
+                       "generation": {"max_new_tokens": 8}}
 
 
 # openai/whisper-tiny's generation_config.json, as the repo ships it (its 90 suppressed ids cut to the first 20 and

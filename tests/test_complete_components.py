@@ -1,36 +1,52 @@
 """Complete component sets (issue #9): vision-language and encoder-decoder models export every stage inference
-needs, in dynamo and ONNX, and generation parity runs from raw inputs through the exported graphs only."""
+needs, in dynamo and ONNX, and generation parity runs from raw inputs through the exported graphs only.
+
+Each family is exported once through the real CLI and the shared store (tests/export_store.py); Whisper's run is the
+one tests/test_seq2seq_onnx.py reads, its transformers.js layout beside this module's two targets."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from functools import partial
 
 import pytest
 
 from tests.conftest import run_cli
-from tests.models import tiny_llava, tiny_t5, tiny_whisper
+from tests.export_store import MODEL, OUT, exported
+from tests.models import WHISPER_ONNX_RECIPE, tiny_llava, tiny_t5, tiny_whisper
 
 BOTH = [{"name": "dynamo", "export_format": "dynamo", "mode": "generation", "dynamic": True},
         {"name": "onnx", "export_format": "onnx", "mode": "generation", "dynamic": True}]
 RECIPE = {"schema_version": 1, "exports": BOTH, "generation": {"max_new_tokens": 6}}
 
+# Whisper's `dynamo` and `onnx` targets are two of the run tests/test_seq2seq_onnx.py and
+# tests/test_speech_onnx_runtimes.py read (WHISPER_ONNX_RECIPE: the same targets beside its transformers.js layout,
+# two decoder layers, a feature extractor, 8 new tokens), which the shared store exports once (#48)
 CASES = {
-    "llava": (tiny_llava, "vision-language",
+    "llava": (partial(tiny_llava, recipe=RECIPE), "vision-language",
               ["image_encoder", "multi_modal_projector", "embed_tokens", "language_model", "lm_head", "decode"]),
-    "t5": (tiny_t5, "seq2seq", ["encoder", "prefill", "decode"]),
-    "whisper": (tiny_whisper, "speech-seq2seq", ["encoder", "prefill", "decode"]),
+    "t5": (partial(tiny_t5, recipe=RECIPE), "seq2seq", ["encoder", "prefill", "decode"]),
+    "whisper": (partial(tiny_whisper, recipe=WHISPER_ONNX_RECIPE, decoder_layers=2, feature_extractor=True),
+                "speech-seq2seq", ["encoder", "prefill", "decode"]),
 }
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def family_run(request, tmp_path_factory):
+    """The family's run through the shared store (tests/export_store.py); the tests only read it, or a copy."""
     build, family, components = CASES[request.param]
-    root = tmp_path_factory.mktemp(request.param)
-    model_dir = build(root / "model", RECIPE)
-    out = root / "out"
-    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
-    return request.param, family, components, model_dir, out, result
+    done = exported(build(tmp_path_factory.mktemp(request.param) / "model"), "run", "--no-bench", MODEL, "--out",
+                    OUT, "--quiet")
+    return request.param, family, components, done.model_dir, done.out, done.result
+
+
+def ours(report: dict) -> list[dict]:
+    """The report's BOTH targets, in order (Whisper's run holds tests/test_seq2seq_onnx.py's transformers.js layout
+    too)."""
+    targets = {target["name"]: target for target in report["targets"]}
+    assert all(target["name"] in targets for target in BOTH), sorted(targets)
+    return [targets[target["name"]] for target in BOTH]
 
 
 def test_complete_set_exported_and_parity_from_raw_inputs(family_run):
@@ -40,7 +56,7 @@ def test_complete_set_exported_and_parity_from_raw_inputs(family_run):
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["family"] == family
-    for target in report["targets"]:
+    for target in ours(report):
         assert target["status"] == "passed", (name, target["name"], target["error"])
         assert target["expected_components"] == components
         assert [c["name"] for c in target["components"]] == components
@@ -117,7 +133,7 @@ def _runs_a_batch_of_three(folder, model_dir) -> None:
 def test_decode_runs_past_its_traced_cache_length(family_run):
     name, _, _, _, out, _ = family_run
     report = json.loads((out / "report.json").read_text())
-    for target in report["targets"]:
+    for target in ours(report):
         produced = target["generation"]["exported_tokens"][0]
         assert len(produced) >= 5, f"{name}/{target['name']}: the prefill token plus at least 4 decode steps"
 

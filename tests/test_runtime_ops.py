@@ -70,18 +70,6 @@ def falcon_default(tmp_path_factory):
     return _family_executorch(tmp_path_factory.mktemp("falcon-executorch"), "falcon", **ONE_LAYER)
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "deepseek_v3"])
-def moe_methods_dynamic(request, tmp_path_factory):
-    """A MoE decoder in the methods layout (its prefill a method of its own; DeepSeek-V3's default, its latent
-    attention building its keys with `new_empty`), its prompt declared dynamic; one layer, a MoE one (DeepSeek-V3's
-    first layer is dense in the family's model: here it is the routed one)."""
-    root = tmp_path_factory.mktemp(f"moe-methods-dynamic-{request.param}")
-    recipe = {"schema_version": 1, "generation": {"max_new_tokens": 8},
-              "exports": [{**PLAINEST_EXECUTORCH, "layout": "methods", "dynamic": True}]}
-    sparse = {"first_k_dense_replace": 0} if request.param == "deepseek_v3" else {}
-    return stored_run(family_model(request.param, root / "model", recipe, **ONE_LAYER, **sparse))
-
-
 # every decoder-only mixture-of-experts family of the matrix (the hybrids with MoE layers keep the methods layout of
 # their state-space layers, prefill at the traced length: tests/test_hybrid.py)
 MOE_FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "ernie4_5_moe", "deepseek_v3", "glm4_moe"]
@@ -94,12 +82,39 @@ MOE_ONE_LAYER = {"deepseek_v3": {"first_k_dense_replace": 0}, "glm4_moe": {"firs
                  "qwen2_moe": {"layer_types": ["full_attention"]}}
 
 
+# The methods-layout program with its prompt declared dynamic, a second target of the MoE run of these families (#48:
+# one CLI start, model load and eager pass a family serve both tests, which read their target by name)
+METHODS_DYNAMIC = {**PLAINEST_EXECUTORCH, "name": "methods-dynamic", "layout": "methods", "dynamic": True}
+METHODS_DYNAMIC_FAMILIES = ("qwen3_moe", "deepseek_v3")
+
+
+def _moe_run(root: Path, family: str) -> tuple[Path, dict, str]:
+    """One family's MoE run through the store: the plainest ExecuTorch target (named `executorch`, layout and
+    `dynamic` unset), and for METHODS_DYNAMIC_FAMILIES the METHODS_DYNAMIC one beside it; one layer, a MoE one."""
+    exports = [PLAINEST_EXECUTORCH, *([METHODS_DYNAMIC] if family in METHODS_DYNAMIC_FAMILIES else [])]
+    recipe = {"schema_version": 1, "exports": exports, "generation": {"max_new_tokens": 8}}
+    return stored_run(family_model(family, root / "model", recipe, never_eos=True, **ONE_LAYER,
+                                   **MOE_ONE_LAYER.get(family, {})))
+
+
+def _named(report: dict, name: str) -> dict:
+    """The report's target `name` ({} when the run wrote no report or no such target)."""
+    return next((t for t in report.get("targets", []) if t["name"] == name), {})
+
+
 @pytest.fixture(scope="module", params=MOE_FAMILIES)
 def moe_default(request, tmp_path_factory):
     """A MoE family's plainest ExecuTorch recipe (layout and `dynamic` unset): the runner's program, or, where the
     model refuses the runner's static cache (DeepSeek-V3's latent attention), the methods program."""
-    return _family_executorch(tmp_path_factory.mktemp(f"moe-default-{request.param}"), request.param, never_eos=True,
-                              **ONE_LAYER, **MOE_ONE_LAYER.get(request.param, {}))
+    return _moe_run(tmp_path_factory.mktemp(f"moe-default-{request.param}"), request.param)
+
+
+@pytest.fixture(scope="module", params=METHODS_DYNAMIC_FAMILIES)
+def moe_methods_dynamic(request, tmp_path_factory):
+    """A MoE decoder in the methods layout (its prefill a method of its own; DeepSeek-V3's default, its latent
+    attention building its keys with `new_empty`), its prompt declared dynamic: the `methods-dynamic` target of the
+    family's `moe_default` run (the same stored export)."""
+    return _moe_run(tmp_path_factory.mktemp(f"moe-methods-dynamic-{request.param}"), request.param)
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +216,7 @@ def test_a_mixture_of_experts_program_takes_prompts_of_any_length(moe_methods_dy
     """The prefill of a MoE decoder's methods-layout program, its prompt declared dynamic, runs prompts of other
     lengths than the traced one and matches eager at each (it took only the traced 8 tokens: issue #50)."""
     out, report, log = moe_methods_dynamic
-    target = report["targets"][0] if report else {}
+    target = _named(report, METHODS_DYNAMIC["name"])
     assert target.get("status") == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
     prefill = next(c for c in target["components"] if c["name"] == "prefill")
     lengths = {check["shapes"]["input_ids"][1] for check in prefill["checks"]
@@ -215,7 +230,7 @@ def test_every_moe_familys_plainest_executorch_program_takes_prompts_of_any_leng
     prompt axis is dynamic, matched against eager at prompts of 2, 10 and 19 tokens: the runner's program, or the
     methods program that replaces it where the model cannot have it (DeepSeek-V3's took only its traced 8 tokens)."""
     out, report, log = moe_default
-    target = report["targets"][0] if report else {}
+    target = _named(report, "executorch")
     assert target.get("status") == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
     layout = json.loads((out / target["name"] / "export.json").read_text()).get("layout")
     prompt = next(c for c in target["components"] if c["name"] == ("model" if layout == "runner" else "prefill"))
