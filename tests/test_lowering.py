@@ -178,3 +178,49 @@ def test_the_xnnpack_passes_skipped_where_they_rewrite_nothing_change_no_program
     outputs = Runtime.get().load_program(program).load_method("forward").execute(list(inputs))
     with torch.no_grad():
         assert all(float((out - expected).abs().max()) < 1e-5 for out, expected in zip(outputs, convolved(*inputs)))
+
+
+class KeptAndRefused(torch.nn.Module):
+    """A linear XNNPACK keeps whole (its weight a parameter) and, with `refused`, one its checks refuse (the weight
+    an input): that one is left to the `EDGE_DO_NOT_DECOMP` path's second decomposition."""
+
+    def __init__(self, refused: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.refused, self.linear = refused, torch.nn.Linear(16, 16)
+
+    def forward(self, x, w):
+        y = torch.nn.functional.silu(self.linear(x)).transpose(0, 1)
+        return torch.nn.functional.linear(y.transpose(0, 1), w) if self.refused else y + w.mean()
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["every-kept-node-accepted", "a-kept-node-refused"])
+def test_the_second_decomposition_skipped_where_nothing_is_left_to_decompose_changes_no_program(refused):
+    """The skip is exact: where XNNPACK's checks accept every linear the first decomposition kept (silu and
+    transpose decomposed), the second decomposition is skipped and the program is byte for byte upstream's; where a
+    check refuses one, it still runs (that linear decomposed) and the program is upstream's too (and computes the
+    model)."""
+    from executorch.runtime import Runtime
+    from torch.export import ExportedProgram
+
+    from exporters.upstream import second_decomposition_only_where_it_decomposes
+
+    module, inputs = KeptAndRefused(refused).eval(), (torch.randn(4, 16), torch.randn(16, 16))
+    upstream_program = _buffer(module, inputs)  # XNNPACK's pattern graphs built (decomposed too), once a process
+    tables = []
+    real = ExportedProgram.run_decompositions
+
+    def counted(self, decomp_table=None, *args, **kwargs):
+        tables.append(decomp_table)
+        return real(self, decomp_table, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ExportedProgram, "run_decompositions", counted)
+        assert _buffer(module, inputs) == upstream_program
+        upstream_runs, tables[:] = len(tables), []
+        program = _buffer(module, inputs, second_decomposition_only_where_it_decomposes)
+    assert program == upstream_program
+    assert upstream_runs == 3 and len(tables) == (3 if refused else 2), (upstream_runs, len(tables))
+    out = Runtime.get().load_program(program).load_method("forward").execute(list(inputs))[0]
+    with torch.no_grad():
+        assert float((out - module(*inputs)).abs().max()) < 1e-5

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassResult
 
 from exporters.upstream.patches import patched
@@ -130,4 +131,54 @@ def xnnpack_passes_only_where_they_apply() -> Iterator[None]:
             # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
             pass_class = getattr(importlib.import_module(module), name)
             stack.enter_context(_pass_only_where(pass_class, *ops))
+        yield
+
+
+# What the default decomposition table holds for these ops is the op itself: `sym_size.int` is a CompositeImplicit op
+# that the table lists with its own kernel (`x.size(dim)`), which traces back to `sym_size.int`
+DECOMPOSE_TO_THEMSELVES = ("aten.sym_size.int",)
+
+
+def _decomposes_nothing(program: Any, table: dict) -> bool:
+    """Whether no node of `program` (control-flow branches included) calls an op `table` decomposes into others."""
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
+    from executorch.exir.graph_module import contains_any_call_fn_target_op
+
+    ops = {op for op in table if str(op) not in DECOMPOSE_TO_THEMSELVES}
+    return not contains_any_call_fn_target_op(program.graph_module, ops)
+
+
+@contextlib.contextmanager
+def second_decomposition_only_where_it_decomposes() -> Iterator[None]:
+    """While ExecuTorch lowers, the second decomposition of the `EDGE_DO_NOT_DECOMP` path (a partitioner with
+    `check_op_support`, XNNPACK's) runs only where a node is left to decompose. The path decomposes once keeping the
+    partitioner's ops, renames the kept nodes its checks accept into the `EDGE_DO_NOT_DECOMP` namespace, and
+    decomposes again (a full retrace) for the nodes its checks refused; where every kept node passed, the graph has
+    no op of the table left and the retrace changes nothing (upstream's own one-pass path skips the same call on the
+    same condition). tests/test_lowering.py checks the programs are byte-identical.
+
+    Example:
+        >>> with second_decomposition_only_where_it_decomposes():  # doctest: +SKIP
+        ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    """
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
+    import executorch.exir.program._program as program_module
+
+    renamed: list[Any] = []  # the program whose kept nodes were just renamed: its next decomposition is the second
+    real_rename = program_module._replace_aten_ops_with_transformed_ops
+    real_decompose = ExportedProgram.run_decompositions
+
+    def rename(name: str, program: Any, partitioner: Any) -> Any:
+        renamed[:] = [program]
+        return real_rename(name, program, partitioner)
+
+    def run_decompositions(self: Any, decomp_table: Any = None, *args: Any, **kwargs: Any) -> Any:
+        second = bool(renamed) and renamed[0] is self and not args and not kwargs and decomp_table is not None
+        renamed.clear()
+        if second and _decomposes_nothing(self, decomp_table):
+            return self
+        return real_decompose(self, decomp_table, *args, **kwargs)
+
+    with patched(program_module, "_replace_aten_ops_with_transformed_ops", rename), \
+            patched(ExportedProgram, "run_decompositions", run_decompositions):
         yield
