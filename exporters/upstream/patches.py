@@ -178,7 +178,8 @@ PATCHES: tuple[Patch, ...] = (
               ("fuse_activation_pass", "FuseActivationPass"), ("conv1d_unsqueeze_pass", "Conv1dUnsqueezePass"),
               ("prelu_reshape_pass", "PReLUReshapePass"), ("propagate_custom_meta_pass", "PropagateCustomMetaPass"),
               ("remove_redundant_copy_pass", "RemoveRedundantCopyPass")))
-          + ("executorch.backends.transforms.remove_getitem_op:RemoveGetItemPass.call",),
+          + ("executorch.backends.transforms.remove_getitem_op:RemoveGetItemPass.call",
+             f"{XNNPACK}._passes:XNNPACKPassManager.transform"),
           "each pass retraces every partition even where it rewrites nothing (most of a split program's lowering)",
           "docs/upstream-gaps.md #37: XNNPACK's passes building their patterns once, or only when needed"),
     Patch("second_decomposition_only_where_it_decomposes",
