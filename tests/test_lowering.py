@@ -178,3 +178,54 @@ def test_the_xnnpack_passes_skipped_where_they_rewrite_nothing_change_no_program
     outputs = Runtime.get().load_program(program).load_method("forward").execute(list(inputs))
     with torch.no_grad():
         assert all(float((out - expected).abs().max()) < 1e-5 for out, expected in zip(outputs, convolved(*inputs)))
+
+
+class KeptAndRefused(torch.nn.Module):
+    """A linear XNNPACK keeps whole (its weight a parameter) and, as `case` says, one its checks refuse (the weight an
+    input: left to the `EDGE_DO_NOT_DECOMP` path's second decomposition) or an input written in place (a cache of
+    the methods layout: a retrace writes it back once more)."""
+
+    def __init__(self, case: str):
+        super().__init__()
+        torch.manual_seed(0)
+        self.case, self.linear = case, torch.nn.Linear(16, 16)
+
+    def forward(self, x, w):
+        y = torch.nn.functional.silu(self.linear(x)).transpose(0, 1)
+        if self.case == "refused":
+            return torch.nn.functional.linear(y.transpose(0, 1), w)
+        if self.case == "mutated":
+            w.add_(1.0)
+        return y + w.mean()
+
+
+@pytest.mark.parametrize("case", ["accepted", "refused", "mutated"])
+def test_the_second_decomposition_skipped_where_nothing_is_left_to_decompose_changes_no_program(case):
+    """The skip is exact: where XNNPACK's checks accept every linear the first decomposition kept (silu and
+    transpose decomposed), the second decomposition is skipped and the program is byte for byte upstream's; where a
+    check refuses one, or the program writes an input in place, it still runs and the program is upstream's too (and
+    computes the model)."""
+    from executorch.runtime import Runtime
+    from torch.export import ExportedProgram
+
+    from exporters.upstream import second_decomposition_only_where_it_decomposes
+
+    module, inputs = KeptAndRefused(case).eval(), (torch.randn(4, 16), torch.randn(16, 16))
+    upstream_program = _buffer(module, inputs)  # XNNPACK's pattern graphs built (decomposed too), once a process
+    tables = []
+    real = ExportedProgram.run_decompositions
+
+    def counted(self, decomp_table=None, *args, **kwargs):
+        tables.append(decomp_table)
+        return real(self, decomp_table, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ExportedProgram, "run_decompositions", counted)
+        assert _buffer(module, inputs) == upstream_program
+        upstream_runs, tables[:] = len(tables), []
+        program = _buffer(module, inputs, second_decomposition_only_where_it_decomposes)
+    assert program == upstream_program
+    assert upstream_runs == 3 and len(tables) == (2 if case == "accepted" else 3), (upstream_runs, len(tables))
+    out = Runtime.get().load_program(program).load_method("forward").execute([t.clone() for t in inputs])[-1]  # after a mutated input
+    with torch.no_grad():
+        assert float((out - module(*inputs)).abs().max()) < 1e-5

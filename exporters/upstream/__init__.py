@@ -112,6 +112,7 @@ from exporters.upstream.runtime_ops import (
 )
 from exporters.upstream.xnnpack_passes import (
     sdpa_fusion_only_with_softmax,
+    second_decomposition_only_where_it_decomposes,
     upsample_fusion_only_with_upsample,
     xnnpack_passes_only_where_they_apply,
 )
@@ -194,6 +195,7 @@ __all__ = [
     "runner_class",
     "runner_for_file",
     "sdpa_fusion_only_with_softmax",
+    "second_decomposition_only_where_it_decomposes",
     "share_identical_weights",
     "static_sliding_layers_kept_whole",
     "symbolic_arithmetic_once",

@@ -27,6 +27,7 @@ from exporters.upstream.patches import patched, patched_item
 from exporters.upstream.pytree import leaf_tensors
 from exporters.upstream.xnnpack_passes import (
     sdpa_fusion_only_with_softmax,
+    second_decomposition_only_where_it_decomposes,
     upsample_fusion_only_with_upsample,
     xnnpack_passes_only_where_they_apply,
 )
@@ -295,15 +296,17 @@ def xnnpack_lowering():
     """How every ExecuTorch program of this project is lowered to XNNPACK beyond upstream's defaults: the tanh GELU
     kept off XNNPACK ([`tanh_gelu_kept_off_xnnpack`]), the upsample fusion only where a graph has an upsample
     ([`upsample_fusion_only_with_upsample`]), the SDPA fusion only where a partition has a softmax
-    ([`sdpa_fusion_only_with_softmax`]) and XNNPACK's other passes only where a partition calls an op they rewrite
-    ([`xnnpack_passes_only_where_they_apply`]); all in `exporters.upstream.xnnpack_passes` but the first.
+    ([`sdpa_fusion_only_with_softmax`]), XNNPACK's other passes only where a partition calls an op they rewrite
+    ([`xnnpack_passes_only_where_they_apply`]) and the `EDGE_DO_NOT_DECOMP` path's second decomposition only where
+    a node is left to decompose ([`second_decomposition_only_where_it_decomposes`]); all in
+    `exporters.upstream.xnnpack_passes` but the first.
 
     Example:
         >>> with xnnpack_lowering():  # doctest: +SKIP
         ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     """
     with tanh_gelu_kept_off_xnnpack(), upsample_fusion_only_with_upsample(), sdpa_fusion_only_with_softmax(), \
-            xnnpack_passes_only_where_they_apply():
+            xnnpack_passes_only_where_they_apply(), second_decomposition_only_where_it_decomposes():
         yield
 
 

@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import OutputKind
 from torch.fx.passes.infra.pass_base import PassResult
 
 from exporters.upstream.patches import patched
@@ -118,16 +120,105 @@ def sdpa_fusion_only_with_softmax() -> Iterator[None]:
 def xnnpack_passes_only_where_they_apply() -> Iterator[None]:
     """While ExecuTorch lowers, each XNNPACK pass of [`ONLY_WHERE`] runs only on a partition that calls one of the
     ops its rewrites start from; elsewhere it returns the partition unchanged instead of retracing it (a tiny
-    Llama's runner program: 13 partitions, 8 of 17 retraces each). Which ops each pass rewrites is read from the
+    Llama's runner program: 13 partitions, 8 of 17 retraces each), and XNNPACK's pass manager leaves it out instead
+    of checking the partition around it. Which ops each pass rewrites is read from the
     pinned executorch; tests/test_lowering.py checks the programs it gives are byte-identical to upstream's.
 
     Example:
         >>> with xnnpack_passes_only_where_they_apply():  # doctest: +SKIP
         ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     """
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager
+
+    only_where: dict[Any, tuple[str, ...]] = {}
     with contextlib.ExitStack() as stack:
         for module, name, ops in ONLY_WHERE:
             # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
             pass_class = getattr(importlib.import_module(module), name)
             stack.enter_context(_pass_only_where(pass_class, *ops))
+            only_where[pass_class] = ops
+        stack.enter_context(patched(XNNPACKPassManager, "transform", _transform_only_where(only_where)))
+        yield
+
+
+def _transform_only_where(only_where: dict[Any, tuple[str, ...]]) -> Any:
+    """`XNNPACKPassManager.transform` that leaves out a pass of `only_where` (pass class -> the ops its rewrites
+    start from) on a program that calls none of its ops: the pass would return the graph unchanged, and the pass
+    manager's checks around it (recompile, lint, validate) would give back the same program."""
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
+    from executorch.backends.xnnpack._passes.xnnpack_pass import XNNPACKPass
+    from executorch.exir.pass_base import ExportPass  # deferred: heavy
+    from executorch.exir.program._program import _transform  # deferred: heavy
+
+    def transform(self: Any) -> Any:
+        program = self.exported_program
+        for pass_class in self.passes:
+            ops = only_where.get(pass_class)
+            if ops is not None and not has_call_to(program.graph_module, *ops):
+                continue
+            if issubclass(pass_class, XNNPACKPass):
+                graph_pass = pass_class(program)
+            elif issubclass(pass_class, ExportPass):
+                graph_pass = pass_class()
+            else:  # upstream's own refusal
+                raise RuntimeError(f"Expecting ExportPass or ExportPass(), but got pass: {pass_class}")
+            program = _transform(program, graph_pass)
+        return program
+
+    return transform
+
+
+# What the default decomposition table holds for these ops is the op itself: `sym_size.int` is a CompositeImplicit op
+# that the table lists with its own kernel (`x.size(dim)`), which traces back to `sym_size.int`
+DECOMPOSE_TO_THEMSELVES = ("aten.sym_size.int",)
+
+
+def _decomposes_nothing(program: Any, table: dict) -> bool:
+    """Whether decomposing `program` with `table` would give it back as it is: no node (control-flow branches
+    included) calls an op `table` decomposes into others, and the program mutates no input of its caller (a retrace
+    writes each such input back once more: a second `copy` into it, the methods layout's caches)."""
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
+    from executorch.exir.graph_module import contains_any_call_fn_target_op
+
+    if any(spec.kind == OutputKind.USER_INPUT_MUTATION for spec in program.graph_signature.output_specs):
+        return False
+    ops = {op for op in table if str(op) not in DECOMPOSE_TO_THEMSELVES}
+    return not contains_any_call_fn_target_op(program.graph_module, ops)
+
+
+@contextlib.contextmanager
+def second_decomposition_only_where_it_decomposes() -> Iterator[None]:
+    """While ExecuTorch lowers, the second decomposition of the `EDGE_DO_NOT_DECOMP` path (a partitioner with
+    `check_op_support`, XNNPACK's) runs only where a node is left to decompose. The path decomposes once keeping the
+    partitioner's ops, renames the kept nodes its checks accept into the `EDGE_DO_NOT_DECOMP` namespace, and
+    decomposes again (a full retrace) for the nodes its checks refused; where every kept node passed, the graph has
+    no op of the table left and the retrace changes nothing (upstream's own one-pass path skips the same call on the
+    same condition), unless the program mutates an input (then the retrace adds a copy, which stays).
+    tests/test_lowering.py checks the programs are byte-identical.
+
+    Example:
+        >>> with second_decomposition_only_where_it_decomposes():  # doctest: +SKIP
+        ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    """
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
+    import executorch.exir.program._program as program_module
+
+    renamed: list[Any] = []  # the program whose kept nodes were just renamed: its next decomposition is the second
+    real_rename = program_module._replace_aten_ops_with_transformed_ops
+    real_decompose = ExportedProgram.run_decompositions
+
+    def rename(name: str, program: Any, partitioner: Any) -> Any:
+        renamed[:] = [program]
+        return real_rename(name, program, partitioner)
+
+    def run_decompositions(self: Any, decomp_table: Any = None, *args: Any, **kwargs: Any) -> Any:
+        second = bool(renamed) and renamed[0] is self and not args and not kwargs and decomp_table is not None
+        renamed.clear()
+        if second and _decomposes_nothing(self, decomp_table):
+            return self
+        return real_decompose(self, decomp_table, *args, **kwargs)
+
+    with patched(program_module, "_replace_aten_ops_with_transformed_ops", rename), \
+            patched(ExportedProgram, "run_decompositions", run_decompositions):
         yield
