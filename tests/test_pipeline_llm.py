@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 from tests.models import tiny_llama
 
 PREFILL = {"dynamic_shapes": {"input_ids": {"1": {"name": "prompt", "min": 2, "max": 64}},
@@ -234,6 +234,29 @@ def test_rerun_with_unchanged_inputs_is_a_cache_hit(llm_run):
     assert any(len(line) > 100 for line in table)
     report = json.loads((out / "report.json").read_text())
     assert report["targets"][0]["cached"] is True and report["targets"][0]["status"] == "passed"
+
+
+def test_a_rerun_by_changed_product_code_is_not_a_cache_hit(llm_run, tmp_path):
+    """The cache key holds the product's own sources, not only its version number: the same package copied is a
+    hit; one changed line in it (a moved `@v1` tag, a development checkout) exports again."""
+    model_dir, out, _ = llm_run
+    code = tmp_path / "code"
+    shutil.copytree(ROOT / "exporters", code / "exporters", ignore=shutil.ignore_patterns("__pycache__"))
+    rerun = tmp_path / "out"
+    shutil.copytree(out, rerun)
+    env = {"PYTHONPATH": str(code)}
+
+    def dynamo_again() -> dict:
+        done = run_cli("run", "--no-bench", str(model_dir), "--out", str(rerun), "--target", "dynamo", "--quiet",
+                       env=env, cwd=code)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads((rerun / "report.json").read_text())["targets"][0]
+
+    assert dynamo_again()["cached"] is True  # the copy itself keeps the key
+    version = code / "exporters" / "version.py"
+    version.write_text(version.read_text() + "\n# changed\n")
+    changed = dynamo_again()
+    assert changed["cached"] is False and changed["status"] == "passed", changed
 
 
 def test_corrupted_decode_artifact_fails_validate_with_its_diff(llm_run, tmp_path):

@@ -33,7 +33,7 @@ from exporters.recipe.load import find_recipe, load_recipe_file, missing_recipe
 from exporters.recipe.model import Recipe, Target
 from exporters.run.memory_plan import plan_memory
 from exporters.run.resources import usable_cores
-from exporters.version import __version__, installed_version
+from exporters.version import __version__, code_fingerprint, installed_version
 
 DEFAULT_TIMEOUT_S = 3600.0
 STACK = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch", "huggingface_hub")
@@ -87,10 +87,10 @@ class RunContext:
 
     def cache_key(self, target_name: str, device: str) -> str:
         """What a target's artifacts depend on: the weights and code, the recipe's target (and shared settings),
-        the tools, the device and the model's revision."""
+        the tools (this product's own sources too: [`code_fingerprint`]), the device and the model's revision."""
         material = json.dumps({
             "weights": self.weights, "target": self.recipe.target_sha256(target_name), "versions": self.versions,
-            "device": device, "revision": self.source.revision,
+            "code": code_fingerprint(), "device": device, "revision": self.source.revision,
         }, sort_keys=True)
         return hashlib.sha256(material.encode()).hexdigest()
 

@@ -1,7 +1,7 @@
 """Reusing a validated target on a rerun, only when this tool validated it itself and nothing it depended on changed.
 
-A rerun whose inputs (weights and code, the recipe's target, the tools, the device, the revision) are unchanged
-reuses the artifacts of an earlier `run`. The earlier report.json is not evidence by itself: anyone can write one
+A rerun whose inputs (weights and code, the recipe's target, the tools and this tool's own sources, the device, the
+revision) are unchanged reuses the artifacts of an earlier `run`. The earlier report.json is not evidence by itself: anyone can write one
 (a folder checked into the workspace, restored from a cache, or written by `validate`). So `run` signs each target
 it validated with an HMAC key kept outside the output folder (`$EXPORT_ACTION_STATE_DIR`, else
 `~/.cache/export-action`), over the whole target record, and a target is reused only when its signature verifies,
