@@ -124,18 +124,30 @@ def ascii_tokenizer(folder: Path, vocab_size: int, specials: tuple[str, str, str
     PreTrainedTokenizerFast(tokenizer_object=tok, **named).save_pretrained(folder)
 
 
-def build_model(folder: Path, kind: str) -> dict:
-    """The benchmark model with random weights and its tokenizer, saved locally (once); returns its facts."""
+def built_facts(folder: Path) -> dict | None:
+    """The facts of the model already built in `folder`; else None, with `folder` emptied and torch's seed set for a
+    build that draws the same weights every time."""
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     facts_file = folder / "facts.json"
     if facts_file.is_file():
         return json.loads(facts_file.read_text())
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    ids = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
     torch.manual_seed(0)
+    return None
+
+
+def build_model(folder: Path, kind: str) -> dict:
+    """The benchmark model with random weights and its tokenizer, saved locally (once); returns its facts."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    facts_file = folder / "facts.json"
+    built = built_facts(folder)
+    if built is not None:
+        return built
+    ids = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
     if kind == "tinyllama11b":
         return build_tinyllama(folder, facts_file)
     if kind == "trained":
@@ -184,12 +196,12 @@ def tinyllama_model(layers: int = 22):
     return model
 
 
-def build_tinyllama(folder: Path, facts_file: Path) -> dict:
-    """TinyLlama-1.1B-Chat's shape and files with random weights: bfloat16, 3 shards + index (written by
-    `save_pretrained(max_shard_size="1GB")`), its config, ids and generation_config.json."""
-    model = tinyllama_model()
+def build_tinyllama(folder: Path, facts_file: Path, layers: int = 22, max_shard_size: str = "1GB") -> dict:
+    """TinyLlama-1.1B-Chat's shape and files with random weights (`layers` deep): bfloat16, 3 shards + index at full
+    depth (written by `save_pretrained(max_shard_size="1GB")`), its config, ids and generation_config.json."""
+    model = tinyllama_model(layers)
     config = model.config
-    model.save_pretrained(folder, max_shard_size="1GB")
+    model.save_pretrained(folder, max_shard_size=max_shard_size)
     ascii_tokenizer(folder, config.vocab_size, LLAMA_SPECIALS, ("unk", "bos", "eos"))
     parameters = sum(p.numel() for p in model.parameters())
     facts = {"kind": "tinyllama11b", "parameters": parameters, "layers": config.num_hidden_layers,

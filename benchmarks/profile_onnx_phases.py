@@ -40,24 +40,9 @@ PHASES = ("load_s", "eager_ahead_s", "export_s", "trace_s", "save_s", "validate_
 
 
 def build(folder: Path, layers: int) -> dict:
-    """TinyLlama-1.1B-Chat's width and files (bench_peers.tinyllama_model) at `layers` layers, once."""
-    import torch
-
-    facts_file = folder / "facts.json"
-    if facts_file.is_file():
-        return json.loads(facts_file.read_text())
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    torch.manual_seed(0)
-    model = bench_peers.tinyllama_model(layers)
-    config = model.config
-    model.save_pretrained(folder, max_shard_size="200MB")
-    bench_peers.ascii_tokenizer(folder, config.vocab_size, bench_peers.LLAMA_SPECIALS, ("unk", "bos", "eos"))
-    parameters = sum(p.numel() for p in model.parameters())
-    facts = {"layers": layers, "parameters": parameters, "fp32_weights_mib": round(parameters * 4 / 2**20, 1),
-             "shards": len(list(folder.glob("*.safetensors")))}
-    facts_file.write_text(json.dumps(facts))
-    return facts
+    """TinyLlama-1.1B-Chat's width and files (bench_peers.build_tinyllama) at `layers` layers, once."""
+    facts = bench_peers.built_facts(folder)
+    return facts or bench_peers.build_tinyllama(folder, folder / "facts.json", layers, max_shard_size="200MB")
 
 
 def phases(out: Path) -> dict:
