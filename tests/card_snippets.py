@@ -43,6 +43,17 @@ def exports_card(repo_id: str, out: Path, commit: str) -> str:
     return card_section(plan_publish(repo_id, out), commit)
 
 
+def image_home(tmp_path: Path) -> Path:
+    """A home folder for `run_snippet` holding the `image.jpg` a vision snippet reads (its working directory)."""
+    import numpy as np
+    from PIL import Image
+
+    home = tmp_path / "home"
+    home.mkdir()
+    Image.fromarray((np.random.default_rng(0).random((40, 48, 3)) * 255).astype("uint8")).save(home / "image.jpg")
+    return home
+
+
 def run_snippet(code: str, hub: HubEmulator, home: Path, prompt: str | None = None,
                 timeout: float = 600, python: str | None = None) -> subprocess.CompletedProcess:
     """`code` as written, in a fresh venv Python whose `huggingface_hub` talks to `hub` (a scratch cache); `prompt`,

@@ -54,6 +54,11 @@ def run_and_read(root: Path, model_dir: Path, bench: bool = False) -> tuple[Path
     return out, report, done.stdout + done.stderr
 
 
+def targets_by_name(report: dict) -> dict[str, dict]:
+    """report.json's targets by their name: `targets_by_name(report)["onnx"]["status"]`."""
+    return {target["name"]: target for target in report["targets"]}
+
+
 def pytest_configure(config) -> None:
     """The order below holds under xdist: pytest-xdist (3.8) reorders `--dist loadfile`'s modules by their number
     of tests unless told not to (`--loadscope-reorder`, its default), which put the 247 quick matrix checks first

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_and_read, run_cli, targets_by_name
 from tests.models import tiny_voxtral_with_tokenizer
 
 RUNTIME = "ExecuTorch MultimodalRunner"
@@ -28,21 +28,15 @@ def voxtral_run(tmp_path_factory):
     """The tiny Voxtral with its tokenizer and feature extractor, the three targets in one run of the real CLI."""
     root = tmp_path_factory.mktemp("voxtral")
     model_dir = tiny_voxtral_with_tokenizer(root / "model", RECIPE, text_layers=TEXT_LAYERS)
-    out = root / "out"
-    done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
-    report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
-    return model_dir, out, report, done.stdout + done.stderr
-
-
-def _targets(report):
-    return {target["name"]: target for target in report["targets"]}
+    out, report, log = run_and_read(root, model_dir)
+    return model_dir, out, report, log
 
 
 def test_every_target_passes_with_its_audio_components_token_for_token(voxtral_run):
     """No target passes on the language model alone: each holds the audio encoder and projector (dynamo, ONNX) or
     the runner's audio_encoder method, and generates eager's tokens from the audio and the prompt."""
     _, out, report, log = voxtral_run
-    targets = _targets(report)
+    targets = targets_by_name(report)
     assert report["family"] == "audio-language", report.get("family")
     for name, target in targets.items():
         assert target["status"] == "passed", (name, log[-3000:], json.dumps(target, indent=1)[:5000])
@@ -72,7 +66,7 @@ def test_the_tokens_compared_depend_on_the_audio(voxtral_run):
     from exporters.recipe.model import InputsSpec
 
     model_dir, _, report, _ = voxtral_run
-    assert _targets(report)["dynamo"]["generation"]["prompt_length"] == 1 + 25 + 8  # BOS, 25 audio tokens, prompt
+    assert targets_by_name(report)["dynamo"]["generation"]["prompt_length"] == 1 + 25 + 8  # BOS, 25 audio tokens, prompt
     model = VoxtralForConditionalGeneration.from_pretrained(model_dir).eval()
     inputs = make_sample_inputs(model, InputsSpec(sequence_length=8)).generate
     assert int((inputs["input_ids"] == model.config.audio_token_id).sum()) == 25  # 50 positions, stacked by 2
@@ -95,7 +89,7 @@ def test_features_are_made_by_the_models_extractor_from_a_waveform(voxtral_run):
 
     model_dir, out, report, _ = voxtral_run
     assert any("made by the folder's WhisperFeatureExtractor" in f for f in report["findings"]), report["findings"]
-    probe = _targets(report)["dynamo"]["components"][0]["checks"][0]
+    probe = targets_by_name(report)["dynamo"]["components"][0]["checks"][0]
     assert probe["shapes"]["input_features"] == [1, 16, 100]
     model = VoxtralForConditionalGeneration.from_pretrained(model_dir).eval()
     assert encoder_frames(model) == 100
@@ -115,7 +109,7 @@ def test_the_executorch_folder_is_the_multimodal_runners_program(voxtral_run):
     from executorch.runtime import Runtime
 
     _, out, report, _ = voxtral_run
-    target = _targets(report)["executorch"]
+    target = targets_by_name(report)["executorch"]
     proofs = {p["runtime"]: p for p in target["runtimes"]}
     assert proofs[RUNTIME]["status"] == "passed", proofs
     assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from an audio and a prompt (34 positions)"), proofs
@@ -164,7 +158,7 @@ def test_qwen2_audio_exports_its_audio_stages_and_keeps_the_methods_layout_on_ex
     out = tmp_path / "out"
     done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     report = json.loads((out / "report.json").read_text())
-    targets = _targets(report)
+    targets = targets_by_name(report)
     for name, target in targets.items():
         assert target["status"] == "passed", (name, done.stderr[-3000:], json.dumps(target, indent=1)[:4000])
         assert [c["name"] for c in target["components"]] == STAGES, target["components"]
@@ -199,7 +193,7 @@ def test_hf_export_validate_judges_the_folders_again(voxtral_run):
     model_dir, out, _, _ = voxtral_run
     done = run_cli("validate", str(model_dir), str(out), "--target", "onnx", "--target", "executorch")
     assert done.returncode == 0, done.stderr[-3000:]
-    targets = _targets(json.loads((out / "report.json").read_text()))
+    targets = targets_by_name(json.loads((out / "report.json").read_text()))
     assert {targets[name]["status"] for name in ("onnx", "executorch")} == {"passed"}, targets
     assert targets["executorch"]["expected_components"] == ["token_embedding", "audio_encoder", "text_decoder"]
     assert {p["runtime"]: p["status"] for p in targets["executorch"]["runtimes"]} == {RUNTIME: "passed"}

@@ -81,13 +81,11 @@ def test_a_tied_llava_stores_its_table_once_and_runs_from_its_two_files(tmp_path
 def test_the_cards_multimodal_snippet_runs_as_written(llava_runner, hub, tmp_path):
     """The card's `MultimodalRunner` snippet, run as written against the Hub emulator (an image.jpg put where it
     reads one): the proof's runner and call, every line of them."""
-    import numpy as np
-    from PIL import Image
-
     from exporters.layouts.executorch_llm import runner_child_imports
     from exporters.layouts.executorch_multimodal import GENERATE, RUNNER_IMPORTS
     from exporters.layouts.executorch_multimodal.proof import CHILD
-    from tests.card_snippets import card_snippets, executorch_libraries, exports_card, run_snippet, upload_exports
+    from tests.card_snippets import (card_snippets, executorch_libraries, exports_card, image_home, run_snippet,
+                                     upload_exports)
 
     _, out, report, _ = llava_runner
     commit = upload_exports(hub, "alice/llava", out, ["executorch"])
@@ -102,10 +100,7 @@ def test_the_cards_multimodal_snippet_runs_as_written(llava_runner, hub, tmp_pat
     child = executorch_libraries(child_imports)
     assert any("custom_ops_aot_lib" in name for name in child), child
     assert child <= executorch_libraries(RUNNER_IMPORTS), child
-    home = tmp_path / "home"
-    home.mkdir()
-    Image.fromarray((np.random.default_rng(0).random((40, 48, 3)) * 255).astype("uint8")).save(home / "image.jpg")
-    done = run_snippet(code, hub, home)
+    done = run_snippet(code, hub, image_home(tmp_path))
     assert done.returncode == 0, (code, done.stderr[-3000:])
     assert done.stdout.strip()
 

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from exporters.errors import TargetPlanError
-from tests.conftest import PLAINEST_EXECUTORCH, run_and_read
+from tests.conftest import PLAINEST_EXECUTORCH, run_and_read, targets_by_name
 from tests.models import tiny_whisper
 
 RUNTIME = "ExecuTorch ASR runner layout"
@@ -29,13 +29,9 @@ def whisper_speech(tmp_path_factory):
     return run_and_read(root, tiny_whisper(root / "model", RECIPE, feature_extractor=True))
 
 
-def _targets(report: dict) -> dict[str, dict]:
-    return {target["name"]: target for target in report["targets"]}
-
-
 def test_whispers_default_executorch_target_is_the_asr_runners_program_and_runs_there(whisper_speech):
     out, report, log = whisper_speech
-    target = _targets(report)["executorch"]
+    target = targets_by_name(report)["executorch"]
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
     assert target["expected_components"] == ["encoder", "text_decoder"]
     [proof] = target["runtimes"]
@@ -70,7 +66,7 @@ def test_the_speech_program_holds_the_methods_and_metadata_the_runner_reads(whis
 
 def test_layout_methods_keeps_a_method_per_generation_component(whisper_speech):
     out, report, log = whisper_speech
-    target = _targets(report)["methods"]
+    target = targets_by_name(report)["methods"]
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
     assert target["expected_components"] == ["encoder", "prefill", "decode"]
     assert not target["runtimes"], target["runtimes"]

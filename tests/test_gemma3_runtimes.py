@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import PLAINEST_EXECUTORCH, run_and_read, run_cli
+from tests.conftest import PLAINEST_EXECUTORCH, run_and_read, run_cli, targets_by_name
 from tests.models import family_model, tiny_gemma3_with_processor
 
 RUNTIME = "ExecuTorch MultimodalRunner"
@@ -37,13 +37,9 @@ def gemma3_run(tmp_path_factory):
     return model_dir, out, report, log
 
 
-def _target(report, name):
-    return next(target for target in report["targets"] if target["name"] == name)
-
-
 def test_the_plainest_gemma3_recipe_passes_and_runs_in_the_multimodal_runner(gemma3_run):
     _, out, report, log = gemma3_run
-    target = _target(report, "executorch")
+    target = targets_by_name(report)["executorch"]
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
     generation = target["generation"]
     assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
@@ -68,7 +64,7 @@ def test_the_program_holds_the_bidirectional_image_attention_a_causal_prefill_do
     from exporters.capture.multimodal import DEFAULT_PROMPT, synthetic_image
 
     model_dir, out, report, _ = gemma3_run
-    runner_tokens = _target(report, "executorch")["generation"]["eager_tokens"][0]
+    runner_tokens = targets_by_name(report)["executorch"]["generation"]["eager_tokens"][0]
     processor = AutoProcessor.from_pretrained(model_dir)
     image = Image.fromarray(synthetic_image(32, 0))  # the sample's image (seed 0)
     inputs = processor(text=[f"{processor.image_token}{DEFAULT_PROMPT}"], images=[[image]], return_tensors="pt")
@@ -94,27 +90,21 @@ def test_the_program_holds_the_bidirectional_image_attention_a_causal_prefill_do
 def test_the_cards_gemma3_snippet_runs_as_written(gemma3_run, hub, tmp_path):
     """The card's `MultimodalRunner` snippet, run as written against the Hub emulator (an image.jpg put where it
     reads one): the folder's Gemma 3 processor, its image token, the runner."""
-    import numpy as np
-    from PIL import Image
-
-    from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
+    from tests.card_snippets import card_snippets, exports_card, image_home, run_snippet, upload_exports
 
     _, out, _, _ = gemma3_run
     commit = upload_exports(hub, "alice/gemma3", out, ["executorch"])
     [(language, code)] = [(language, code) for runtime, language, code
                           in card_snippets(exports_card("alice/gemma3", out, commit)) if runtime == RUNTIME]
     assert language == "python" and f'revision="{commit}"' in code
-    home = tmp_path / "home"
-    home.mkdir()
-    Image.fromarray((np.random.default_rng(0).random((40, 48, 3)) * 255).astype("uint8")).save(home / "image.jpg")
-    done = run_snippet(code, hub, home)
+    done = run_snippet(code, hub, image_home(tmp_path))
     assert done.returncode == 0, (code, done.stderr[-3000:])
     assert done.stdout.strip()
 
 
 def test_onnx_runtime_genai_declines_gemma3_for_its_bidirectional_image_attention(gemma3_run):
     _, out, report, log = gemma3_run
-    target = _target(report, "onnx")
+    target = targets_by_name(report)["onnx"]
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
     [proof] = [proof for proof in target["runtimes"] if proof["runtime"] == "ONNX Runtime GenAI"]
     assert proof["status"] == "declined" and BIDIRECTIONAL in proof["detail"], proof

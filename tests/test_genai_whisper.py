@@ -15,6 +15,7 @@ import json
 
 import pytest
 
+from tests.conftest import targets_by_name
 from tests.export_store import stored_run
 from tests.models import tiny_whisper
 
@@ -33,14 +34,10 @@ def whisper_genai(tmp_path_factory):
                                    source_positions=1500))
 
 
-def _targets(report: dict) -> dict[str, dict]:
-    return {target["name"]: target for target in report["targets"]}
-
-
 @pytest.mark.parametrize("name, graphs", [("onnx", ""), ("tjs", "onnx/")])
 def test_a_whisper_in_genais_window_is_transcribed_by_genai_in_the_product(whisper_genai, name, graphs):
     out, report, log = whisper_genai
-    target = _targets(report)[name]
+    target = targets_by_name(report)[name]
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
     proofs = {proof["runtime"]: proof for proof in target["runtimes"]}
     proof = proofs[RUNTIME]
@@ -63,7 +60,7 @@ def test_genais_whisper_graphs_have_its_names_and_share_the_exports_weights(whis
     import onnx
 
     out, report, _ = whisper_genai
-    target = _targets(report)["onnx"]
+    target = targets_by_name(report)["onnx"]
     folder = out / target["name"]
     encoder = onnx.load(str(folder / "genai_encoder.onnx"), load_external_data=False).graph
     decoder = onnx.load(str(folder / "genai_decoder.onnx"), load_external_data=False).graph

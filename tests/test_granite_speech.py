@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_and_read, targets_by_name
 from tests.models import tiny_granite_speech_with_tokenizer
 
 RUNTIME = "ExecuTorch MultimodalRunner"
@@ -27,14 +27,8 @@ def granite_run(tmp_path_factory):
     """The tiny Granite Speech with its tokenizer, the three targets in one run of the real CLI."""
     root = tmp_path_factory.mktemp("granite_speech")
     model_dir = tiny_granite_speech_with_tokenizer(root / "model", RECIPE)
-    out = root / "out"
-    done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
-    report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
-    return model_dir, out, report, done.stdout + done.stderr
-
-
-def _targets(report):
-    return {target["name"]: target for target in report["targets"]}
+    out, report, log = run_and_read(root, model_dir)
+    return model_dir, out, report, log
 
 
 def test_every_target_passes_with_its_speech_encoder_and_projector_token_for_token(granite_run):
@@ -43,7 +37,7 @@ def test_every_target_passes_with_its_speech_encoder_and_projector_token_for_tok
     as an audio-language one."""
     _, out, report, log = granite_run
     assert report.get("family") == "audio-language", log[-3000:]
-    targets = _targets(report)
+    targets = targets_by_name(report)
     assert sorted(targets) == ["dynamo", "executorch", "onnx"]
     for name, target in targets.items():
         assert target["status"] == "passed", (name, log[-3000:], json.dumps(target, indent=1)[:5000])
@@ -68,7 +62,7 @@ def test_the_runners_program_keeps_each_methods_constants_apart_in_its_data_file
     speech encoder's propagated constants got one name each before (the audio_encoder method did not load: "Scalar
     type mismatch"); the runner's binding now generates eager's tokens from the folder alone."""
     _, out, report, _ = granite_run
-    target = _targets(report)["executorch"]
+    target = targets_by_name(report)["executorch"]
     proofs = {p["runtime"]: p for p in target["runtimes"]}
     assert proofs[RUNTIME]["status"] == "passed", proofs
     assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from an audio and a prompt"), proofs

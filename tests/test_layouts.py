@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, targets_by_name
 from tests.models import _word_tokenizer, tiny_deepseek_v2, tiny_llama
 
 RECIPE = {"exports": [{"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"},
@@ -48,13 +48,9 @@ def run(tmp_path_factory):
     return model_dir, out, report, done.stdout + done.stderr
 
 
-def _target(report: dict, name: str) -> dict:
-    return next(t for t in report["targets"] if t["name"] == name)
-
-
 def test_a_transformers_js_run_is_proven_in_transformers_js(run):
     _, out, report, log = run
-    target = _target(report, "tjs")
+    target = targets_by_name(report)["tjs"]
     assert target["status"] == "passed", log[-4000:]
     [proof] = [p for p in target["runtimes"] if p["runtime"] == TJS]
     assert proof["status"] == "passed", proof
@@ -69,7 +65,7 @@ def test_the_card_snippet_is_the_script_the_proof_ran(run):
     from exporters.layouts.transformers_js.proof import COLLECT
 
     _, _, report, _ = run
-    target = _target(report, "tjs")
+    target = targets_by_name(report)["tjs"]
     language, code = TransformersJs().snippet("org/model", target, "a" * 40)
     assert language == "js"
     assert "from_pretrained(\"tjs\", { device: 'cpu', dtype: \"fp32\" })" in code  # the folder's own dtype
@@ -104,7 +100,7 @@ def test_without_transformers_js_the_report_says_not_run_here(run, tmp_path):
 def test_a_merged_decoder_is_proven_in_optimum_in_its_side_environment(run):
     """optimum runs in the side environment `make test-deps` creates (.cache/optimum-venv), in the product's run."""
     _, out, report, log = run
-    target = _target(report, "onnx")
+    target = targets_by_name(report)["onnx"]
     assert target["status"] == "passed", log[-4000:]
     proofs = {p["runtime"]: p for p in target["runtimes"]}
     assert proofs["optimum"]["status"] == "passed", proofs
@@ -118,7 +114,7 @@ def test_a_tokenizer_the_runner_cannot_read_is_declined_and_the_program_stands(r
     runner's proof is declined (✗ with the reason), the program's own verdict (graph vs eager, generation parity)
     stands."""
     _, out, report, log = run
-    target = _target(report, "et")
+    target = targets_by_name(report)["et"]
     assert target["status"] == "passed" and target["generation"]["status"] == "passed", log[-4000:]
     [proof] = [p for p in target["runtimes"] if p["runtime"] == "ExecuTorch LLM runner"]
     assert proof == {"runtime": "ExecuTorch LLM runner", "status": "declined",
@@ -138,7 +134,7 @@ def test_a_latent_attention_cache_is_declined_by_genai_and_optimum_and_the_graph
     out = tmp_path / "out"
     done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     report = json.loads((out / "report.json").read_text())
-    target = _target(report, "onnx")
+    target = targets_by_name(report)["onnx"]
     assert target["status"] == "passed" and target["generation"]["status"] == "passed", done.stderr[-4000:]
     assert not (out / "onnx" / "genai_config.json").exists()
     proofs = {p["runtime"]: p for p in target["runtimes"]}
@@ -183,7 +179,7 @@ def test_a_cache_optimum_sizes_otherwise_is_declined_by_optimum_and_genai_still_
     out = tmp_path / "out"
     done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     report = json.loads((out / "report.json").read_text())
-    target = _target(report, "onnx")
+    target = targets_by_name(report)["onnx"]
     assert target["status"] == "passed" and target["generation"]["status"] == "passed", done.stderr[-4000:]
     proofs = {p["runtime"]: p for p in target["runtimes"]}
     assert proofs["ONNX Runtime GenAI"]["status"] == "passed", proofs

@@ -19,6 +19,7 @@ import json
 import pytest
 
 from tests.card_snippets import run_js_card
+from tests.conftest import targets_by_name
 from tests.export_store import stored_run
 from tests.models import WHISPER_ONNX_RECIPE, tiny_whisper
 
@@ -30,13 +31,9 @@ def whisper_tjs(tmp_path_factory):
     return stored_run(tiny_whisper(root / "model", WHISPER_ONNX_RECIPE, decoder_layers=2, feature_extractor=True))
 
 
-def _targets(report: dict) -> dict[str, dict]:
-    return {target["name"]: target for target in report["targets"]}
-
-
 def test_a_whisper_folder_in_the_transformers_js_layout_is_transcribed_by_transformers_js(whisper_tjs):
     out, report, log = whisper_tjs
-    target = _targets(report)["tjs"]
+    target = targets_by_name(report)["tjs"]
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
     proofs = {proof["runtime"]: proof for proof in target["runtimes"]}
     proof = proofs["transformers.js"]
@@ -55,7 +52,7 @@ def test_the_cards_transformers_js_speech_script_runs_as_written(whisper_tjs, tm
     from exporters.publish.snippets import target_snippets
 
     out, report, _ = whisper_tjs
-    target = _targets(report)["tjs"]
+    target = targets_by_name(report)["tjs"]
     snippets = {runtime: (language, code) for runtime, language, code in target_snippets("org/whisper", target)}
     language, code = snippets["transformers.js"]
     assert language == "js" and "AutoModelForSpeechSeq2Seq" in code and "AutoFeatureExtractor" in code
@@ -65,7 +62,7 @@ def test_the_cards_transformers_js_speech_script_runs_as_written(whisper_tjs, tm
 
 def test_onnx_runtime_genai_declines_a_whisper_outside_its_window_with_the_reason(whisper_tjs):
     out, report, log = whisper_tjs
-    target = _targets(report)["onnx"]
+    target = targets_by_name(report)["onnx"]
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
     proofs = {proof["runtime"]: proof for proof in target["runtimes"]}
     genai = proofs["ONNX Runtime GenAI"]
