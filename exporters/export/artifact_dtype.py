@@ -34,6 +34,16 @@ def typed_bytes(tensor) -> int:
     return count * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
 
 
+def _onnx_dtype_name(data_type: int) -> str:
+    """numpy's name of an ONNX element type ("float32"), and "bfloat16", which numpy lacks."""
+    # onnx loads only where an ONNX file is read
+    import onnx
+
+    if data_type == onnx.TensorProto.BFLOAT16:
+        return "bfloat16"
+    return onnx.helper.tensor_dtype_to_np_dtype(data_type).name
+
+
 def _dominant(counts: dict[str, int]) -> str | None:
     return max(counts, key=lambda name: counts[name]) if counts else None
 
@@ -47,8 +57,7 @@ def _onnx_dtypes(directory: Path) -> dict[str, int]:
         model = onnx.load(str(path), load_external_data=False)
         packed = _packed_weights(model)
         for tensor in initializers(model):
-            name = packed.get(tensor.name) or (onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).name
-                                               if tensor.data_type != onnx.TensorProto.BFLOAT16 else "bfloat16")
+            name = packed.get(tensor.name) or _onnx_dtype_name(tensor.data_type)
             counts[name] = counts.get(name, 0) + typed_bytes(tensor)
     return counts
 
@@ -106,14 +115,11 @@ def _onnx_description(directory: Path) -> str | None:
                 tensor = stored[node.input[0]]
                 if len(tensor.dims) == 2 and tensor.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
                                                                   onnx.TensorProto.BFLOAT16):
-                    tables.append(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).name
-                                  if tensor.data_type != onnx.TensorProto.BFLOAT16 else "bfloat16")
+                    tables.append(_onnx_dtype_name(tensor.data_type))
         for output in model.graph.output:
             elem = output.type.tensor_type.elem_type
             if elem in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
-                name = onnx.helper.tensor_dtype_to_np_dtype(elem).name if elem != onnx.TensorProto.BFLOAT16 \
-                    else "bfloat16"
-                activations[name] = activations.get(name, 0) + 1
+                activations[_onnx_dtype_name(elem)] = activations.get(_onnx_dtype_name(elem), 0) + 1
     if not weights:
         return None
     grouping = f" in blocks of {blocks.pop()}" if len(blocks) == 1 else ""
