@@ -19,6 +19,9 @@ def test_a_job_queues_runs_streams_its_log_and_completes(hf_env, jobs):  # noqa:
     """Queued (`SCHEDULING`), then `RUNNING` its command; `follow=True` streams the lines as they are printed and
     ends with the job; its secrets reach the process and are never answered."""
     jobs.queue_seconds = 0.5
+    # The Hub's stream stays open until the job ends; an early end (the emulator's idle close) makes a following
+    # client sleep 2 s and stop unread when the job ended meanwhile: under load that lost every line.
+    jobs.log_idle_close_seconds = None
     api = HfApi(endpoint=hf_env.url, token=TEST_TOKEN)
     info = api.run_job(image=IMAGE, command=["python", "-c", "import os; print(os.environ['SECRET_X'])\n" + SLOW_PRINT],
                        secrets={"SECRET_X": "s3cret-value"}, env={"PLAIN": "1"}, flavor="cpu-upgrade", timeout=60,

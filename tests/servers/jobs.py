@@ -13,7 +13,9 @@ on a running `tests.servers.hub.HubEmulator` (`HubEmulator.add_route`), with the
   event first; the events so far, then new ones as the job writes them. The stream ends when the job has ended, or
   after ``log_idle_close_seconds`` without a new line (a following client connects again, as it does with the Hub's
   streams, and skips what it has seen; a client that does not follow stops at the end of the replay at once instead
-  of after its 5 s read timeout).
+  of after its 5 s read timeout). ``None`` keeps it open until the job ends, as the Hub's stream is: a following
+  `fetch_job_logs` whose stream ended early sleeps 2 s and stops without reading again when the job has ended
+  meanwhile, so a test of following must not see early ends.
 
 A job's secrets are never answered (their names only). The stages: ``SCHEDULING`` (``queue_seconds``, the queue),
 ``RUNNING``, then ``COMPLETED`` (exit 0), ``ERROR`` (another exit, the timeout, an image that is not known) or
@@ -114,7 +116,7 @@ class JobsEmulator:
             self.requests: list[tuple[str, str]] = []
             self.run_commands = True
             self.queue_seconds = 0.0
-            self.log_idle_close_seconds = 0.5
+            self.log_idle_close_seconds: float | None = 0.5
             self.hold_launch_answers: threading.Event | None = None
             self.launch_status: int | None = None
 
@@ -210,7 +212,7 @@ class JobsEmulator:
                     yield f"data: {json.dumps(event)}\n\n".encode()
                     quiet_since = time.monotonic()
                 sent = len(events)
-                if ended or time.monotonic() - quiet_since > idle:
+                if ended or (idle is not None and time.monotonic() - quiet_since > idle):
                     return
                 await asyncio.sleep(0.05)
 
