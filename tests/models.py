@@ -161,6 +161,21 @@ WHISPER_ONNX_RECIPE = {"exports": [{"name": "tjs", **WHISPER_ONNX_TARGET, "layou
                        "generation": {"max_new_tokens": 8}}
 
 
+# T5's ONNX targets in optimum's layout (merged, and `merged: false`) and transformers.js's, and a dynamo one,
+# `dynamic: true`, on `tiny_t5(folder, this, seed=T5_SEED, decoder_layers=2)`: tests/test_seq2seq_onnx.py reads the
+# ONNX targets, tests/test_complete_components.py the `onnx` and `dynamo` ones, of the same run, which the shared
+# store (tests/export_store.py) exports once (#48)
+T5_RECIPE = {"exports": [{"name": "onnx", **WHISPER_ONNX_TARGET},
+                         {"name": "tjs", **WHISPER_ONNX_TARGET, "layout": "transformers.js"},
+                         {"name": "onnx-split", **WHISPER_ONNX_TARGET, "merged": False},
+                         {"name": "dynamo", **WHISPER_ONNX_TARGET, "export_format": "dynamo"}]}
+# The two-layer T5's seed: its greedy tokens vary (at least three distinct of eight) on every prompt its tests decode,
+# test_seq2seq_onnx's TEXT_IDS and both rows of TEXT_BATCH and the pipeline's own generation prompt; seed 0 decodes
+# one token eight times from the pipeline's prompt (a parity check that could hardly fail), seed 4 twice two tokens
+# from TEXT_IDS (benchmarks/RESULTS.md, "Fixture cuts, round 6")
+T5_SEED = 6
+
+
 # openai/whisper-tiny's generation_config.json, as the repo ships it (its 90 suppressed ids cut to the first 20 and
 # the last 7; two languages of its 99)
 WHISPER_TINY_GENERATION = {

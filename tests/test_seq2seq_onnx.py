@@ -30,12 +30,11 @@ import torch
 from exporters.publish.snippets import target_snippets
 from tests.conftest import ROOT, run_cli
 from tests.export_store import MODEL, OUT, exported
-from tests.models import WHISPER_ONNX_RECIPE, tiny_bart, tiny_marian, tiny_t5, tiny_whisper
+from tests.models import T5_RECIPE, T5_SEED, WHISPER_ONNX_RECIPE, tiny_bart, tiny_marian, tiny_t5, tiny_whisper
 
 TARGET = {"export_format": "onnx", "mode": "generation", "dynamic": True}
 RECIPE = {"exports": [{"name": "onnx", **TARGET}, {"name": "tjs", **TARGET, "layout": "transformers.js"}]}
 ONNX_ONLY = {"exports": [{"name": "onnx", **TARGET}]}
-T5_RECIPE = {"exports": [*RECIPE["exports"], {"name": "onnx-split", **TARGET, "merged": False}]}
 NEW_TOKENS = 8
 LAYERS = 2  # two decoder layers: optimum feeds the past by position, layer by layer
 MERGED = "decoder_model_merged.onnx"
@@ -77,8 +76,9 @@ def whisper(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def t5(tmp_path_factory):
-    """T5 in both layouts, and with `merged: false` (`t5_unmerged`): one run of three targets."""
-    return _export(tmp_path_factory.mktemp("t5-optimum"), tiny_t5, T5_RECIPE)
+    """T5 in both layouts, and with `merged: false` (`t5_unmerged`), and the `dynamo` target
+    tests/test_complete_components.py reads: one run of four targets (the store exports it once)."""
+    return _export(tmp_path_factory.mktemp("t5-optimum"), tiny_t5, T5_RECIPE, seed=T5_SEED)
 
 
 @pytest.fixture(scope="module")
@@ -337,6 +337,17 @@ def test_no_export_child_builds_torchlibs_registry_again(t5):
         log = (t5["out"] / "logs" / f"{name}.log").read_text()
         assert "Translate the graph into ONNX" in log, f"{name}: the export child's log"
         assert "torchvision is not installed" not in log, f"{name}: the registry was built in the export child"
+
+
+def test_t5s_generation_parity_compares_tokens_that_vary(t5):
+    """Our greedy parity on every target of the T5 run compares eight tokens with at least three distinct ones
+    (T5_SEED): a wrong past or a wrong branch changes them, where one token repeated eight times could hide it."""
+    for name, target in t5["targets"].items():
+        generation = target["generation"]
+        assert generation["status"] == "passed", (name, generation)
+        tokens = generation["eager_tokens"][0]
+        assert len(tokens) == NEW_TOKENS and generation["exported_tokens"][0][:NEW_TOKENS] == tokens, (name, generation)
+        assert len(set(tokens)) > 2, (name, tokens)
 
 
 def test_our_loader_runs_both_branches_of_the_merged_decoder_as_eager_does(t5):
