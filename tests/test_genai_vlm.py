@@ -17,16 +17,18 @@ from tests.export_store import stored_run
 from tests.models import LLAVA_ONNX_RECIPE, tiny_llava_with_processor, tiny_qwen2_5_vl_with_tokenizer
 
 RUNTIME = "ONNX Runtime GenAI"
-PLAINEST_ONNX = {"exports": [{"name": "onnx", "export_format": "onnx", "mode": "generation"}],
-                 "generation": {"max_new_tokens": 8}}
+# the plainest ONNX generation target, and a float16 one GenAI's graphs are not written for
+QWEN_VL_RECIPE = {"exports": [{"name": "onnx", "export_format": "onnx", "mode": "generation"},
+                              {"name": "onnx-fp16", "export_format": "onnx", "mode": "generation", "dtype": "float16"}],
+                  "generation": {"max_new_tokens": 8}}
 
 
 @pytest.fixture(scope="module")
 def qwen_vl_genai(tmp_path_factory):
-    """The plainest ONNX generation recipe of a tiny Qwen2.5-VL (one text layer) with its tokenizer, run once."""
+    """A tiny Qwen2.5-VL (one text layer) with its tokenizer, its `QWEN_VL_RECIPE` run once."""
     pytest.importorskip("onnxruntime_genai")
     root = tmp_path_factory.mktemp("qwen2-5-vl-genai")
-    return stored_run(tiny_qwen2_5_vl_with_tokenizer(root / "model", PLAINEST_ONNX))
+    return stored_run(tiny_qwen2_5_vl_with_tokenizer(root / "model", QWEN_VL_RECIPE))
 
 
 def test_genai_generates_from_a_qwen2_5_vl_onnx_folder_in_the_product(qwen_vl_genai):
@@ -52,6 +54,18 @@ def test_genai_generates_from_a_qwen2_5_vl_onnx_folder_in_the_product(qwen_vl_ge
     [resize] = [step["operation"] for step in json.loads((folder / "processor_config.json").read_text())[
         "processor"]["transforms"] if step["operation"]["type"] == "Resize"]
     assert (resize["attrs"]["width"], resize["attrs"]["height"]) == (32, 32), "the traced image: 4 x 4 patches of 8"
+
+
+def test_a_float16_qwen2_5_vl_target_gets_no_genai_graphs_and_says_why(qwen_vl_genai):
+    out, report, log = qwen_vl_genai
+    target = {target["name"]: target for target in report["targets"]}["onnx-fp16"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    [proof] = [proof for proof in target["runtimes"] if proof["runtime"] == RUNTIME]
+    assert proof["status"] == "declined" and "were not written beside this export's components" in proof["detail"]
+    assert not (out / "onnx-fp16" / "genai_config.json").exists()
+    assert not list((out / "onnx-fp16").glob("genai_*.onnx"))
+    assert "onnx-fp16: ONNX Runtime GenAI: no Qwen2.5-VL folder written: GenAI's Qwen2.5-VL graphs are written for a " \
+           "float32 target without quantize (this target: dtype float16" in (out / "report.md").read_text()
 
 
 def test_genais_qwen2_5_vl_graphs_have_its_names_and_share_the_exports_weights(qwen_vl_genai):
@@ -115,7 +129,8 @@ def test_a_vision_language_type_genai_runs_is_declined_as_a_layout_not_written_y
 
     # Gemma 3, the example here before, is declined for its bidirectional image attention now
     # (tests/test_gemma3_runtimes.py::test_onnx_runtime_genai_declines_gemma3_for_its_bidirectional_image_attention);
-    # Qwen2.5-VL, the next, is written and proven now (test_genai_generates_from_a_qwen2_5_vl_onnx_folder_in_the_product)
+    # Qwen2.5-VL, the next, is written and proven now
+    # (test_genai_generates_from_a_qwen2_5_vl_onnx_folder_in_the_product)
     why = vision_language_declined({"model_type": "mistral3", "vision_config": {}})
     assert why.startswith("GenAI runs 'mistral3' as a vision-language model from its own builder's graphs"), why
     assert "a layout this product does not write yet" in why

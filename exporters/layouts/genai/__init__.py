@@ -207,7 +207,7 @@ class Genai(Layout):
         if EMBED_TOKENS in components:  # a vision-language model: GenAI's graphs where it runs the type
             if self.may_apply(target, components) and \
                     not vision_language_declined(read_json(directory / "config.json")):
-                self.part("qwen_vl").write_qwen_vl_files(directory, model, notes)
+                self.part("qwen_vl").write_qwen_vl_files(directory, target, model, notes)
             return
         if self.declines(target, directory):  # no genai_config.json: the "runs in" column says why
             return

@@ -107,9 +107,9 @@ def _export(module: torch.nn.Module, args: tuple, path: Path, inputs: list[str],
 
 def write_vision(directory: Path, model: Any, side: int) -> None:
     """`genai_vision.onnx`: the tower at the square grid of `side` patches (see the module)."""
-    vision = model.config.vision_config
-    grid = torch.tensor([[1, side, side]])
-    pixels = torch.zeros(side * side, 3 * vision.temporal_patch_size * vision.patch_size ** 2)
+    vision, device = model.config.vision_config, next(model.parameters()).device
+    grid = torch.tensor([[1, side, side]], device=device)
+    pixels = torch.zeros(side * side, 3 * vision.temporal_patch_size * vision.patch_size ** 2, device=device)
     _export(FixedGridVision(model, grid), (pixels,), directory / VISION, ["pixel_values"], ["image_features"])
 
 
@@ -119,11 +119,11 @@ def write_decoder(directory: Path, model: Any) -> None:
     layers, heads = int(text.num_hidden_layers), int(text.num_key_value_heads)
     head_size = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     past_len, query = 3, 2  # traced on a past and a query long enough to stay dynamic
-    dtype = next(model.parameters()).dtype
-    embeds = torch.zeros(1, query, text.hidden_size, dtype=dtype)
-    mask = torch.ones(1, past_len + query, dtype=torch.long)
-    positions = torch.arange(past_len, past_len + query).view(1, 1, -1).expand(3, 1, -1).clone()
-    past = tuple(torch.zeros(1, heads, past_len, head_size, dtype=dtype) for _ in range(2 * layers))
+    like = {"dtype": next(model.parameters()).dtype, "device": next(model.parameters()).device}
+    embeds = torch.zeros(1, query, text.hidden_size, **like)
+    mask = torch.ones(1, past_len + query, dtype=torch.long, device=like["device"])
+    positions = torch.arange(past_len, past_len + query, device=like["device"]).view(1, 1, -1).expand(3, 1, -1).clone()
+    past = tuple(torch.zeros(1, heads, past_len, head_size, **like) for _ in range(2 * layers))
     names = [f".{layer}.{part}" for layer in range(layers) for part in ("key", "value")]  # k0, v0, k1, ...
     query_dim = torch.export.Dim("sequence_length", min=1)
     dynamic = ({1: query_dim}, {1: torch.export.Dim("total_sequence_length", min=1)}, {2: query_dim},
@@ -212,9 +212,28 @@ def qwen_vl_genai_config(model: Any, generation_config: Any) -> dict[str, Any]:
     return content
 
 
-def write_qwen_vl_files(directory: Path, model: Any, notes: list[str]) -> None:
+def unwritten(target: Any) -> str | None:
+    """Why a target gets no GenAI graphs although its model type is one GenAI runs: its graphs are float32 here
+    (the embedding graph's table and GenAI's features are float32), so a float16 or quantized target gets none.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> unwritten(SimpleNamespace(dtype="float16", quantize=None))[:43]
+        "GenAI's Qwen2.5-VL graphs are written for a"
+    """
+    if getattr(target, "dtype", None) not in (None, "float32") or getattr(target, "quantize", None) is not None:
+        return ("GenAI's Qwen2.5-VL graphs are written for a float32 target without quantize (this target: dtype "
+                f"{getattr(target, 'dtype', None)}, quantize {'set' if getattr(target, 'quantize', None) else 'none'})")
+    return None
+
+
+def write_qwen_vl_files(directory: Path, target: Any, model: Any, notes: list[str]) -> None:
     """GenAI's three graphs, `genai_config.json` and `processor_config.json` in `directory` (see the module); a
-    traced image that is not a square grid gets none, and a note says why."""
+    target they are not written for (`unwritten`) or a traced image that is not a square grid gets none, and a note
+    says why."""
+    if why := unwritten(target):
+        notes.append(f"ONNX Runtime GenAI: no Qwen2.5-VL folder written: {why}")
+        return
     entry = read_manifest(directory)["components"].get(IMAGE_ENCODER, {})
     shape = (entry.get("metadata", {}).get("kwargs", {}).get("hidden_states") or {}).get("shape") or [0]
     merge = int(model.config.vision_config.spatial_merge_size)
