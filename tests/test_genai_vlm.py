@@ -124,6 +124,18 @@ def test_genai_declines_a_llava_onnx_folder_with_the_reason_and_the_verdict_stan
         in (out / "report.md").read_text()
 
 
+def test_a_qwen2_5_vl_genai_folder_without_a_tokenizer_gets_no_card_snippet():
+    """GenAI's processor tokenizes the prompt: a folder without tokenizer.json (the proof then feeds the sample's ids)
+    gets no snippet rather than one that fails as written."""
+    from exporters.layouts.genai import Genai
+
+    files = [{"path": f"onnx/{name}"} for name in ("genai_config.json", "genai_vision.onnx", "genai_decoder.onnx")]
+    assert Genai().snippet("alice/qwen-vl", {"name": "onnx", "files": files}, None) is None
+    _, code = Genai().snippet("alice/qwen-vl", {"name": "onnx", "files": [*files, {"path": "onnx/tokenizer.json"}]},
+                              None)
+    assert "create_multimodal_processor()" in code
+
+
 def test_a_vision_language_type_genai_runs_is_declined_as_a_layout_not_written_yet():
     from exporters.layouts.genai import vision_language_declined
 

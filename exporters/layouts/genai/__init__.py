@@ -214,11 +214,13 @@ class Genai(Layout):
         if getattr(target, "merged", False) and self.may_apply(target, components_in(directory)):
             self.part("files").write_files(directory, model, notes)
 
-    def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str]:
+    def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str] | None:
         if any(name.rsplit("/", 1)[-1] == WHISPER_ENCODER_FILE for name in file_names(target)):
             return "python", download(repo_id, target, revision, "genai_config.json may name a library to load") \
                 + WHISPER_SNIPPET
         if any(name.rsplit("/", 1)[-1] == VISION_FILE for name in file_names(target)):
+            if "tokenizer.json" not in file_names(target):  # GenAI's processor tokenizes the prompt: no snippet
+                return None
             return "python", download(repo_id, target, revision, "genai_config.json may name a library to load") \
                 + VISION_SNIPPET
         if has_tokenizer(target):
