@@ -123,7 +123,6 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
         equal = next((i for i, (a, b) in enumerate(zip(want, new)) if a != b), min(len(want), len(new)))
         return RuntimeProof(layout.runtime, "failed", f"{equal}/{steps} tokens equal eager greedy: GenAI {new}, "
                                                       f"eager {want}")
-    checked = "its processor's pixels and image tokens as the sample's, " if made is not None else \
-        "its processor not checked (no tokenizer.json), "
-    return RuntimeProof(layout.runtime, "passed", f"{steps}/{steps} tokens from an image and a prompt ({checked}"
-                                                  "og.Generator)")
+    checked = "its processor's pixels and image tokens as the sample's, og.Generator" if made is not None else \
+        "og.Generator; its processor not checked: no tokenizer.json"
+    return RuntimeProof(layout.runtime, "passed", f"{steps}/{steps} tokens from an image and a prompt ({checked})")
