@@ -611,6 +611,27 @@ LLAVA_ONNX_RECIPE = {"exports": [{"name": "onnx", "export_format": "onnx", "mode
                      "generation": {"max_new_tokens": 8}}
 
 
+def tiny_qwen2_5_vl_with_tokenizer(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 1) -> Path:
+    """A tiny Qwen2.5-VL (matrix's: patch 8, merge 2; a language model of `text_layers` layers) with a byte-level BPE
+    tokenizer whose `<|vision_start|>`, `<|image_pad|>`, `<|vision_end|>` and `<|video_pad|>` ids are the model's (the
+    markers ONNX Runtime GenAI's processor expands), the vocabulary the tokenizer's."""
+    import dataclasses
+
+    from matrix.families import FAMILIES, build
+
+    markers = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+    tokenizer = train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, *markers], vocab_size=120, bos="<s>",
+                                    eos="</s>", pad="<pad>", byte_level=True)
+    ids = dict(zip(["vision_start_token_id", "image_token_id", "vision_end_token_id", "video_token_id"],
+                   tokenizer.convert_tokens_to_ids(markers)))
+    base = FAMILIES["qwen2_5_vl"]
+    spec = dataclasses.replace(base, overrides={**base.overrides, **ids, **_text_depth(text_layers),
+                                                "text_config.vocab_size": len(tokenizer), "text_config.bos_token_id": 1,
+                                                "text_config.eos_token_id": 2, "text_config.pad_token_id": 3})
+    build(spec, folder, seed=seed, recipe=recipe)
+    return folder
+
+
 def tiny_llava_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, tied: bool = False,
                               text_layers: int = 2) -> Path:
     """A tiny LLaVA (CLIP tower, image 32, patch 8: 16 image tokens; Llama text of `text_layers` layers) saved with

@@ -1,15 +1,111 @@
 """Vision-language ONNX folders and ONNX Runtime GenAI (#52 §3): GenAI 0.18 runs its own vision-language model types
-(Gemma 3, Phi-3-vision, Qwen2.5-VL, ...) from its builder's graphs, which this product does not write yet, and has
-no LLaVA: the plainest ONNX generation recipe of a tiny LLaVA passes on its own checks, and its "runs in" column
-says ONNX Runtime GenAI ✗ with the reason (no genai_config.json is written).
+(Gemma 3, Phi-3-vision, Qwen2.5-VL, ...) from its builder's graphs. For Qwen2.5-VL this product writes them (GenAI's
+vision, embedding and decoder graphs, genai_config.json, processor_config.json) and GenAI generates from the folder
+alone token for token against eager, its processor making the sample's pixels and image tokens, and the card's
+snippet runs as written; the other types GenAI runs are declined as a layout not written yet. GenAI has no LLaVA: the
+plainest ONNX generation recipe of a tiny LLaVA passes on its own checks, and its "runs in" column says ONNX Runtime
+GenAI ✗ with the reason (no genai_config.json is written).
 """
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.export_store import stored_run
-from tests.models import LLAVA_ONNX_RECIPE, tiny_llava_with_processor
+from tests.models import LLAVA_ONNX_RECIPE, tiny_llava_with_processor, tiny_qwen2_5_vl_with_tokenizer
+
+RUNTIME = "ONNX Runtime GenAI"
+# the plainest ONNX generation target, and a float16 one GenAI's graphs are not written for
+QWEN_VL_RECIPE = {"exports": [{"name": "onnx", "export_format": "onnx", "mode": "generation"},
+                              {"name": "onnx-fp16", "export_format": "onnx", "mode": "generation", "dtype": "float16"}],
+                  "generation": {"max_new_tokens": 8}}
+
+
+@pytest.fixture(scope="module")
+def qwen_vl_genai(tmp_path_factory):
+    """A tiny Qwen2.5-VL (one text layer) with its tokenizer, its `QWEN_VL_RECIPE` run once."""
+    pytest.importorskip("onnxruntime_genai")
+    root = tmp_path_factory.mktemp("qwen2-5-vl-genai")
+    return stored_run(tiny_qwen2_5_vl_with_tokenizer(root / "model", QWEN_VL_RECIPE))
+
+
+def test_genai_generates_from_a_qwen2_5_vl_onnx_folder_in_the_product(qwen_vl_genai):
+    out, report, log = qwen_vl_genai
+    target = {target["name"]: target for target in report["targets"]}["onnx"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    [proof] = [proof for proof in target["runtimes"] if proof["runtime"] == RUNTIME]
+    assert proof["status"] == "passed", proof
+    assert proof["detail"].startswith("8/8 tokens from an image and a prompt (its processor's pixels and image "
+                                      "tokens as the sample's"), proof
+    assert "ONNX Runtime GenAI ✓ 8/8 tokens from an image and a prompt" in (out / "report.md").read_text()
+    folder = out / "onnx"
+    genai = json.loads((folder / "genai_config.json").read_text())["model"]
+    config = json.loads((folder / "config.json").read_text())
+    assert genai["type"] == "qwen2_5_vl"
+    assert {name: genai[name] for name in ("image_token_id", "video_token_id", "vision_start_token_id")} == {
+        name: config[name] for name in ("image_token_id", "video_token_id", "vision_start_token_id")}
+    assert (genai["vision"]["filename"], genai["embedding"]["filename"], genai["decoder"]["filename"]) == (
+        "genai_vision.onnx", "genai_embedding.onnx", "genai_decoder.onnx")
+    assert genai["vision"]["config_filename"] == "processor_config.json"
+    assert (genai["vision"]["patch_size"], genai["vision"]["spatial_merge_size"]) == (8, 2)
+    assert list(genai["decoder"]["inputs"])[0] == "inputs_embeds" and "input_ids" not in genai["decoder"]["inputs"]
+    [resize] = [step["operation"] for step in json.loads((folder / "processor_config.json").read_text())[
+        "processor"]["transforms"] if step["operation"]["type"] == "Resize"]
+    assert (resize["attrs"]["width"], resize["attrs"]["height"]) == (32, 32), "the traced image: 4 x 4 patches of 8"
+
+
+def test_a_float16_qwen2_5_vl_target_gets_no_genai_graphs_and_says_why(qwen_vl_genai):
+    out, report, log = qwen_vl_genai
+    target = {target["name"]: target for target in report["targets"]}["onnx-fp16"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    [proof] = [proof for proof in target["runtimes"] if proof["runtime"] == RUNTIME]
+    assert proof["status"] == "declined" and "were not written beside this export's components" in proof["detail"]
+    assert not (out / "onnx-fp16" / "genai_config.json").exists()
+    assert not list((out / "onnx-fp16").glob("genai_*.onnx"))
+    assert "onnx-fp16: ONNX Runtime GenAI: no Qwen2.5-VL folder written: GenAI's Qwen2.5-VL graphs are written for a " \
+           "float32 target without quantize (this target: dtype float16" in (out / "report.md").read_text()
+
+
+def test_genais_qwen2_5_vl_graphs_have_its_names_and_share_the_exports_weights(qwen_vl_genai):
+    import onnx
+
+    out, _, _ = qwen_vl_genai
+    folder = out / "onnx"
+
+    def signature(name: str) -> tuple[list, list]:
+        graph = onnx.load(str(folder / name), load_external_data=False).graph
+        dims = lambda value: [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]  # noqa: E731
+        return [(v.name, dims(v)) for v in graph.input], [(v.name, dims(v)) for v in graph.output]
+
+    assert signature("genai_vision.onnx") == ([("pixel_values", [16, 3 * 2 * 8 * 8])], [("image_features", [4, 32])])
+    assert signature("genai_embedding.onnx") == (
+        [("input_ids", ["batch_size", "sequence_length"]), ("image_features", ["num_image_tokens", 32])],
+        [("inputs_embeds", ["batch_size", "sequence_length", 32])])
+    inputs, outputs = signature("genai_decoder.onnx")
+    assert [name for name, _ in inputs] == ["inputs_embeds", "attention_mask", "position_ids",
+                                            "past_key_values.0.key", "past_key_values.0.value"]
+    assert dict(inputs)["position_ids"] == [3, 1, "sequence_length"], "GenAI's 3-D M-RoPE positions"
+    assert dict(inputs)["past_key_values.0.key"][2] == "past_sequence_length"
+    assert [name for name, _ in outputs] == ["logits", "present.0.key", "present.0.value"]
+    for name in ("genai_vision.onnx", "genai_embedding.onnx", "genai_decoder.onnx"):
+        assert (folder / f"{name}.data").stat().st_size == 0, f"{name}'s weights point into the components' sidecar"
+
+
+def test_the_cards_genai_qwen2_5_vl_snippet_runs_as_written(qwen_vl_genai, hub, tmp_path):
+    """The card's snippet, run as written by the venv's Python against the Hub emulator: GenAI's own processor on
+    an image and a prompt, then its generator."""
+    from tests.card_snippets import card_snippets, exports_card, image_home, run_snippet, upload_exports
+
+    out, _, _ = qwen_vl_genai
+    commit = upload_exports(hub, "alice/qwen-vl", out, ["onnx"])
+    [(_, language, code)] = [s for s in card_snippets(exports_card("alice/qwen-vl", out, commit))
+                             if s[0] == RUNTIME and '"exports/onnx/*"' in s[2]]
+    assert language == "python" and "create_multimodal_processor()" in code and 'og.Images.open("image.jpg")' in code
+    done = run_snippet(code, hub, image_home(tmp_path))
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    assert done.stdout.strip(), "the decoded prompt and the new tokens"
 
 
 def test_genai_declines_a_llava_onnx_folder_with_the_reason_and_the_verdict_stands(tmp_path):
@@ -28,11 +124,26 @@ def test_genai_declines_a_llava_onnx_folder_with_the_reason_and_the_verdict_stan
         in (out / "report.md").read_text()
 
 
+def test_a_qwen2_5_vl_genai_folder_without_a_tokenizer_gets_no_card_snippet():
+    """GenAI's processor tokenizes the prompt: a folder without tokenizer.json (the proof then feeds the sample's ids)
+    gets no snippet rather than one that fails as written."""
+    from exporters.layouts.genai import Genai
+
+    files = [{"path": f"onnx/{name}"} for name in ("genai_config.json", "genai_vision.onnx", "genai_decoder.onnx")]
+    assert Genai().snippet("alice/qwen-vl", {"name": "onnx", "files": files}, None) is None
+    _, code = Genai().snippet("alice/qwen-vl", {"name": "onnx", "files": [*files, {"path": "onnx/tokenizer.json"}]},
+                              None)
+    assert "create_multimodal_processor()" in code
+
+
 def test_a_vision_language_type_genai_runs_is_declined_as_a_layout_not_written_yet():
     from exporters.layouts.genai import vision_language_declined
 
     # Gemma 3, the example here before, is declined for its bidirectional image attention now
-    # (tests/test_gemma3_runtimes.py::test_onnx_runtime_genai_declines_gemma3_for_its_bidirectional_image_attention)
-    why = vision_language_declined({"model_type": "qwen2_5_vl"})
-    assert why.startswith("GenAI runs 'qwen2_5_vl' as a vision-language model from its own builder's graphs"), why
+    # (tests/test_gemma3_runtimes.py::test_onnx_runtime_genai_declines_gemma3_for_its_bidirectional_image_attention);
+    # Qwen2.5-VL, the next, is written and proven now
+    # (test_genai_generates_from_a_qwen2_5_vl_onnx_folder_in_the_product)
+    why = vision_language_declined({"model_type": "mistral3", "vision_config": {}})
+    assert why.startswith("GenAI runs 'mistral3' as a vision-language model from its own builder's graphs"), why
     assert "a layout this product does not write yet" in why
+    assert vision_language_declined({"model_type": "qwen2_5_vl", "vision_config": {}}) is None

@@ -119,11 +119,12 @@ def _read_range(path: Path, offset: int, length: int) -> bytes:
         return handle.read(length)
 
 
-def share_external_data(directory: Path) -> int:
+def share_external_data(directory: Path, more: tuple[str, ...] = ()) -> int:
     """Store the weights of every component of an export once: the first component's sidecar holds them, and the
     other components' graphs point at the same tensors there (same bytes, same offsets); a tensor no earlier
     component has is appended to it. Their own sidecars are left empty (upstream's loader lists the sidecar of
-    every component). One tensor is in memory at a time. Returns the bytes saved.
+    every component). `more`: graphs a layout wrote beside the components (file names in `directory`), shared
+    likewise. One tensor is in memory at a time. Returns the bytes saved.
 
     Example:
         >>> share_external_data(Path("out/onnx"))  # doctest: +SKIP
@@ -133,7 +134,7 @@ def share_external_data(directory: Path) -> int:
     # onnx loads only where an ONNX file is read
     import onnx
 
-    files = _component_files(directory)
+    files = _component_files(directory) + [directory / name for name in more]
     base = files[0].with_name(files[0].name + ".data")
     stored: dict[tuple[str, int], int] = {}  # (sha256, length) -> offset in `base`
     for tensor in initializers(onnx.load(str(files[0]), load_external_data=False)):

@@ -1,5 +1,6 @@
 """ONNX Runtime GenAI's layout: a merged decoder graph with `genai_config.json` beside it, `og.Model(folder)`; for a
-Whisper, GenAI's encoder and decoder graphs derived from the export's, with theirs.
+Whisper, GenAI's encoder and decoder graphs derived from the export's, with theirs; for a Qwen2.5-VL, GenAI's
+vision, embedding and decoder graphs traced beside the export's components, with theirs and its processor config.
 
 | module             | what it holds                                                                              |
 |--------------------|--------------------------------------------------------------------------------------------|
@@ -11,6 +12,8 @@ Whisper, GenAI's encoder and decoder graphs derived from the export's, with thei
 | `proof.py`         | GenAI's greedy generation from the folder alone, token for token against eager             |
 | `whisper.py`       | Whisper: `genai_encoder.onnx` (with the cross-attention cache) and `genai_decoder.onnx`      |
 | `whisper_proof.py` | GenAI transcribing the sample's spectrogram from the folder alone, against eager           |
+| `qwen_vl.py`       | Qwen2.5-VL: GenAI's vision, embedding and decoder graphs traced beside the components      |
+| `qwen_vl_proof.py` | GenAI generating from the sample's image and prompt from the folder alone, against eager    |
 
 Example:
     >>> Genai().runtime, Genai().executes
@@ -38,6 +41,12 @@ EMBED_TOKENS = "embed_tokens"  # a vision-language export's (exporters.capture.c
 GENAI_VLM_TYPES = ("fara", "gemma3", "gemma4", "mistral3", "phi3v", "phi4mm", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe",
                    "qwen3_vl", "videochat_flash_qwen")
 WHISPER_ENCODER_FILE = "genai_encoder.onnx"  # whisper.GENAI_ENCODER: what tells a Whisper folder's card apart
+# the vision-language model types whose GenAI graphs this product writes (qwen_vl.QWEN_VL_TYPES, which loads torch)
+# and the file that tells such a folder's card apart (qwen_vl.VISION)
+WRITTEN_VLM_TYPES = ("qwen2_5_vl",)
+VISION_FILE = "genai_vision.onnx"
+NOT_TRACED = ("GenAI's Qwen2.5-VL graphs were not written beside this export's components (the export's notes say "
+              "why)")
 NOT_DERIVED = ("GenAI's Whisper graphs could not be derived from this export's encoder and merged decoder (the "
                "export's notes say why)")
 
@@ -66,6 +75,24 @@ while not generator.is_done():
 print(generator.get_sequence(0).tolist())"""
 
 
+# The card's Qwen2.5-VL snippet after the download lines: GenAI's own processor on your image (resized to the traced
+# size) and a prompt whose vision markers it expands to the image's tokens
+VISION_SNIPPET = """import onnxruntime_genai as og
+
+model = og.Model(folder)
+processor = model.create_multimodal_processor()
+images = og.Images.open("image.jpg")  # your image
+prompt = "<|vision_start|><|image_pad|><|vision_end|>describe the image"  # your prompt
+inputs = processor(prompt, images=images)
+params = og.GeneratorParams(model)
+params.set_search_options(max_length=64)
+generator = og.Generator(model, params)
+generator.set_inputs(inputs)
+while not generator.is_done():
+    generator.generate_next_token()
+print(processor.decode(generator.get_sequence(0)))"""
+
+
 def encoder_decoder_declined(config: dict[str, Any]) -> str | None:
     """Why GenAI cannot take an encoder-decoder ONNX folder (its `config.json`, read as data), None for a Whisper
     GenAI runs (its two graphs are then derived: `whisper.py`).
@@ -88,9 +115,9 @@ def encoder_decoder_declined(config: dict[str, Any]) -> str | None:
     return None
 
 
-def vision_language_declined(config: dict[str, Any]) -> str:
+def vision_language_declined(config: dict[str, Any]) -> str | None:
     """Why GenAI does not run a vision- or audio-language ONNX folder of this product (its `config.json`, read as
-    data).
+    data), None for a model type whose GenAI graphs are written (`WRITTEN_VLM_TYPES`: `qwen_vl.py`).
 
     Example:
         >>> vision_language_declined({"model_type": "llava"}).startswith("GenAI 0.18 has no vision-language model type")
@@ -99,6 +126,8 @@ def vision_language_declined(config: dict[str, Any]) -> str:
         'its prefill attends bidirectionally among one im'
         >>> vision_language_declined({"model_type": "voxtral", "audio_config": {"d_model": 16}})[:43]
         'GenAI 0.18 has no audio-language model type'
+        >>> vision_language_declined({"model_type": "qwen2_5_vl", "vision_config": {}}) is None
+        True
     """
     model_type = config.get("model_type")
     # an audio encoder's config: `audio_config`, or Granite Speech's `encoder_config` beside its `text_config`
@@ -110,9 +139,11 @@ def vision_language_declined(config: dict[str, Any]) -> str:
                 "builder's attention is GroupQueryAttention or a 4D causal mask; no token_type_ids input is named "
                 "anywhere in the library): its own model would generate other tokens than transformers, and a text "
                 "graph that marks the image's rows (as this product's ExecuTorch program does) is not written yet")
-    if model_type in GENAI_VLM_TYPES:
+    if model_type in GENAI_VLM_TYPES and model_type not in WRITTEN_VLM_TYPES:
         return (f"GenAI runs {model_type!r} as a {kind} model from its own builder's graphs ({encoder}, an "
                 "embedding and a text model) and processor config, a layout this product does not write yet")
+    if model_type in WRITTEN_VLM_TYPES:
+        return None
     return (f"GenAI 0.18 has no {kind} model type {model_type!r}: it runs {', '.join(GENAI_VLM_TYPES)} "
             "(src/models/model_type.h)")
 
@@ -138,7 +169,8 @@ class Genai(Layout):
 
     def declines(self, target: Any, directory: Path) -> str | None:
         if EMBED_TOKENS in components_in(directory):
-            return vision_language_declined(read_json(directory / "config.json"))
+            why = vision_language_declined(read_json(directory / "config.json"))
+            return why if why or (directory / GENAI_CONFIG).is_file() else NOT_TRACED
         if ENCODER in components_in(directory):
             why = encoder_decoder_declined(read_json(directory / "config.json"))
             return why if why or (directory / GENAI_CONFIG).is_file() else NOT_DERIVED
@@ -146,6 +178,9 @@ class Genai(Layout):
 
     def reference(self, model: Any, context: Any) -> Any:
         config = model.config
+        if getattr(config, "model_type", None) in WRITTEN_VLM_TYPES and getattr(config, "vision_config", None) \
+                and not vision_language_declined(config.to_dict()):
+            return self.part("qwen_vl_proof").reference(model, context)
         if any(getattr(config, name, None) is not None for name in ("vision_config", "audio_config")) or \
                 getattr(config, "encoder_config", None) is not None and getattr(config, "text_config", None) is not None:
             return None  # a vision- or audio-language export: declined (`vision_language_declined`), no proof runs
@@ -156,6 +191,8 @@ class Genai(Layout):
         return super().reference(model, context)
 
     def prove(self, directory: Path, reference: Any, context: Any) -> Any:
+        if isinstance(reference, dict) and "qwen_vl" in reference:  # Qwen2.5-VL's (qwen_vl_proof.reference)
+            return self.part("qwen_vl_proof").prove(self, directory, reference, context)
         if isinstance(reference, dict):  # Whisper's (whisper_proof.reference)
             return self.part("whisper_proof").prove(self, directory, reference, context)
         return super().prove(directory, reference, context)
@@ -167,15 +204,25 @@ class Genai(Layout):
             if runs and self.may_apply(target, components):
                 self.part("files").write_whisper_files(directory, model, notes)
             return
+        if EMBED_TOKENS in components:  # a vision-language model: GenAI's graphs where it runs the type
+            if self.may_apply(target, components) and \
+                    not vision_language_declined(read_json(directory / "config.json")):
+                self.part("qwen_vl").write_qwen_vl_files(directory, target, model, notes)
+            return
         if self.declines(target, directory):  # no genai_config.json: the "runs in" column says why
             return
         if getattr(target, "merged", False) and self.may_apply(target, components_in(directory)):
             self.part("files").write_files(directory, model, notes)
 
-    def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str]:
+    def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str] | None:
         if any(name.rsplit("/", 1)[-1] == WHISPER_ENCODER_FILE for name in file_names(target)):
             return "python", download(repo_id, target, revision, "genai_config.json may name a library to load") \
                 + WHISPER_SNIPPET
+        if any(name.rsplit("/", 1)[-1] == VISION_FILE for name in file_names(target)):
+            if "tokenizer.json" not in file_names(target):  # GenAI's processor tokenizes the prompt: no snippet
+                return None
+            return "python", download(repo_id, target, revision, "genai_config.json may name a library to load") \
+                + VISION_SNIPPET
         if has_tokenizer(target):
             prepare, prompt, shown = (f"tokenizer = og.Tokenizer(model)\n{PROMPT_LINE}\n", "tokenizer.encode(prompt)",
                                       "tokenizer.decode(generator.get_sequence(0))")

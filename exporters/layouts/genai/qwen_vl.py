@@ -1,0 +1,256 @@
+"""ONNX Runtime GenAI's Qwen2.5-VL folder: the three graphs its `qwen2_5_vl` model runs, with their names and
+signatures as its model builder writes them, traced from the eager model beside the export's own components, then
+`genai_config.json` (`vision`, `embedding` and `decoder` sections) and the image processor's `processor_config.json`.
+
+```
+genai_vision.onnx     pixel_values [patches, 3·2·p·p]      -> image_features [patches / merge², hidden]
+                      (the image fixed at the traced grid: the tower's window index and rotary positions are
+                      computed for it, as the export's own image encoder is traced)
+genai_embedding.onnx  input_ids [batch, seq], image_features -> inputs_embeds [batch, seq, hidden]
+                      (the image's features in place of its image tokens, in order, as the model's forward does)
+genai_decoder.onnx    inputs_embeds, attention_mask, position_ids [3, batch, seq] (GenAI computes the 3-D
+                      M-RoPE positions), past_key_values.{i}.key/value -> logits, present.{i}.key/value
+```
+
+GenAI's processor (`processor_config.json`, ONNX Runtime Extensions' transforms) resizes every image to the traced
+size, rescales, normalizes with the model's image processor's mean and std and cuts the patches; GenAI's own code
+expands `<|vision_start|><|image_pad|><|vision_end|>` in the prompt to the image's tokens. Only a square traced grid
+is written (its side is the square root of the image encoder's patch count): any other gets no folder and a note.
+
+Example:
+    >>> side_of(16, merge=2), side_of(12, merge=2)
+    (4, None)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from transformers import DynamicCache, GenerationConfig, vision_utils
+
+from exporters import fsutil
+from exporters.export.onnx_files import share_external_data
+from exporters.layouts.genai.config import GENAI_CONFIG, genai_config
+from exporters.upstream import read_manifest
+
+QWEN_VL_TYPES = ("qwen2_5_vl",)  # the GenAI model types this module writes (its Qwen-VL family: src/models)
+VISION, EMBEDDING, DECODER = "genai_vision.onnx", "genai_embedding.onnx", "genai_decoder.onnx"
+PROCESSOR = "processor_config.json"
+IMAGE_ENCODER = "image_encoder"  # the export's vision component (its traced patch count fixes GenAI's grid)
+# CLIP's mean and std: Qwen2-VL's image processor's defaults, used where the folder's processor names none
+CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+SESSION = {"log_id": "onnxruntime-genai", "provider_options": []}
+
+
+def side_of(patches: int, merge: int) -> int | None:
+    """The side (in patches) of the square grid of `patches`, None where it is not square or not a multiple of the
+    spatial `merge`."""
+    side = math.isqrt(patches)
+    return side if side * side == patches and side % merge == 0 else None
+
+
+class FixedGridVision(torch.nn.Module):
+    """GenAI's vision graph: the tower on one image of the grid `grid` ([1, 3]), its window index and rotary
+    positions computed here for that grid (they are data-dependent on the grid: traced as constants)."""
+
+    def __init__(self, model: Any, grid: torch.Tensor):
+        super().__init__()
+        self.visual, self.grid = model.model.visual, grid
+        visual = self.visual
+        window_index, cu_window = vision_utils.get_vision_window_index(
+            grid, spatial_merge_size=visual.spatial_merge_size, window_size=visual.window_size,
+            patch_size=visual.patch_size, kwargs={})
+        fixed = {"position_ids": vision_utils.get_vision_position_ids(grid, visual.spatial_merge_size, kwargs={}),
+                 "cu_seqlens": vision_utils.get_vision_attention_seqlens(grid, visual.config, kwargs={})[0],
+                 "window_index": window_index, "cu_window_seqlens": cu_window}
+        self.names = list(fixed)
+        for name, value in fixed.items():
+            self.register_buffer(name, value.clone(), persistent=False)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        fixed = {name: getattr(self, name) for name in self.names}
+        return self.visual(pixel_values, grid_thw=self.grid, **fixed).pooler_output
+
+
+class EmbedsDecoder(torch.nn.Module):
+    """GenAI's decoder graph: the model on `inputs_embeds` with 3-D positions after a past of any length (the past
+    as flat key and value tensors, layer by layer), returning the logits and the grown past."""
+
+    def __init__(self, model: Any, layers: int):
+        super().__init__()
+        self.model, self.layers = model, layers
+
+    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        cache = DynamicCache(config=self.model.config)
+        for layer in range(self.layers):
+            cache.update(past[2 * layer], past[2 * layer + 1], layer)
+        out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True)
+        grown = [tensor for layer in out.past_key_values.layers for tensor in (layer.keys, layer.values)]
+        return (out.logits, *grown)
+
+
+def _export(module: torch.nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str],
+            dynamic_shapes: Any = None) -> None:
+    with torch.no_grad():
+        torch.onnx.export(module.eval(), args, str(path), dynamo=True, input_names=inputs, output_names=outputs,
+                          dynamic_shapes=dynamic_shapes, external_data=True, optimize=True, verbose=False)
+
+
+def write_vision(directory: Path, model: Any, side: int) -> None:
+    """`genai_vision.onnx`: the tower at the square grid of `side` patches (see the module)."""
+    vision, device = model.config.vision_config, next(model.parameters()).device
+    grid = torch.tensor([[1, side, side]], device=device)
+    pixels = torch.zeros(side * side, 3 * vision.temporal_patch_size * vision.patch_size ** 2, device=device)
+    _export(FixedGridVision(model, grid), (pixels,), directory / VISION, ["pixel_values"], ["image_features"])
+
+
+def write_decoder(directory: Path, model: Any) -> None:
+    """`genai_decoder.onnx`: the embeddings decoder under GenAI's names, its query and past lengths dynamic."""
+    text = model.config.text_config
+    layers, heads = int(text.num_hidden_layers), int(text.num_key_value_heads)
+    head_size = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    past_len, query = 3, 2  # traced on a past and a query long enough to stay dynamic
+    like = {"dtype": next(model.parameters()).dtype, "device": next(model.parameters()).device}
+    embeds = torch.zeros(1, query, text.hidden_size, **like)
+    mask = torch.ones(1, past_len + query, dtype=torch.long, device=like["device"])
+    positions = torch.arange(past_len, past_len + query, device=like["device"]).view(1, 1, -1).expand(3, 1, -1).clone()
+    past = tuple(torch.zeros(1, heads, past_len, head_size, **like) for _ in range(2 * layers))
+    names = [f".{layer}.{part}" for layer in range(layers) for part in ("key", "value")]  # k0, v0, k1, ...
+    query_dim = torch.export.Dim("sequence_length", min=1)
+    dynamic = ({1: query_dim}, {1: torch.export.Dim("total_sequence_length", min=1)}, {2: query_dim},
+               tuple({2: torch.export.Dim("past_sequence_length", min=0)} for _ in past))
+    _export(EmbedsDecoder(model, layers), (embeds, mask, positions, *past), directory / DECODER,
+            ["inputs_embeds", "attention_mask", "position_ids"] + [f"past_key_values{n}" for n in names],
+            ["logits"] + [f"present{n}" for n in names], dynamic)
+
+
+def write_embedding(directory: Path, model: Any) -> None:
+    """`genai_embedding.onnx`: the token table's rows, each image token's replaced by the next image feature (a
+    row of zeros past the last: GenAI feeds no features after the prompt)."""
+    weight = model.get_input_embeddings().weight.detach().float().cpu().numpy()
+    hidden = weight.shape[1]
+    node = helper.make_node
+    nodes = [node("Gather", ["embed_tokens.weight", "input_ids"], ["embeds"]),
+             node("Equal", ["input_ids", "image_token_id"], ["is_image"]),
+             node("Reshape", ["is_image", "minus_one"], ["is_image_flat"]),
+             node("Cast", ["is_image_flat"], ["is_image_int"], to=TensorProto.INT64),
+             node("CumSum", ["is_image_int", "zero"], ["count"]),
+             node("Sub", ["count", "one"], ["row"]),
+             node("Shape", ["image_features"], ["features"], end=1),
+             node("Concat", ["image_features", "zero_row"], ["padded"], axis=0),
+             node("Where", ["is_image_flat", "row", "features"], ["row_or_zero"]),
+             node("Gather", ["padded", "row_or_zero"], ["picked_flat"], axis=0),
+             node("Shape", ["embeds"], ["embeds_shape"]),
+             node("Reshape", ["picked_flat", "embeds_shape"], ["picked"]),
+             node("Unsqueeze", ["is_image", "minus_one"], ["is_image_column"]),
+             node("Where", ["is_image_column", "picked", "embeds"], ["inputs_embeds"])]
+    constants = [numpy_helper.from_array(weight, "embed_tokens.weight"),
+                 numpy_helper.from_array(np.array(model.config.image_token_id, dtype=np.int64), "image_token_id"),
+                 numpy_helper.from_array(np.array([-1], dtype=np.int64), "minus_one"),
+                 numpy_helper.from_array(np.array(0, dtype=np.int64), "zero"),
+                 numpy_helper.from_array(np.array(1, dtype=np.int64), "one"),
+                 numpy_helper.from_array(np.zeros((1, hidden), dtype=np.float32), "zero_row")]
+    graph = helper.make_graph(nodes, "embedding", [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info("image_features", TensorProto.FLOAT, ["num_image_tokens", hidden])],
+        [helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT, ["batch_size", "sequence_length", hidden])],
+        constants)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(directory / EMBEDDING),
+              save_as_external_data=True, location=EMBEDDING + ".data")
+
+
+def processor_config(directory: Path, model: Any, side: int) -> dict[str, Any]:
+    """GenAI's image processor (ONNX Runtime Extensions' transforms, as its test models' Qwen2.5-VL config names
+    them): every image resized to the traced `side` patches square, rescaled, normalized with the folder's
+    processor's mean and std (else CLIP's), cut into patches."""
+    vision = model.config.vision_config
+    source = directory / "preprocessor_config.json"
+    known = json.loads(source.read_text(encoding="utf-8")) if source.is_file() else {}
+    pixels = side * vision.patch_size
+    steps = [("decode_image", "DecodeImage", {"color_space": "RGB"}), ("convert_to_rgb", "ConvertRGB", None),
+             ("resize", "Resize", {"width": pixels, "height": pixels, "smart_resize": 0, "keep_aspect_ratio": 0}),
+             ("rescale", "Rescale", {"rescale_factor": float(known.get("rescale_factor", 1 / 255))}),
+             ("normalize", "Normalize", {"mean": known.get("image_mean", CLIP_MEAN),
+                                         "std": known.get("image_std", CLIP_STD), "qwen2_5_vl": 1}),
+             ("patch_image", "PatchImage", {"patch_size": vision.patch_size,
+                                            "temporal_patch_size": vision.temporal_patch_size,
+                                            "merge_size": vision.spatial_merge_size})]
+    transforms = [{"operation": {"name": name, "type": kind, **({"attrs": attrs} if attrs else {})}}
+                  for name, kind, attrs in steps]
+    return {"processor": {"name": "qwen2_5_image_processor", "transforms": transforms}}
+
+
+def qwen_vl_genai_config(model: Any, generation_config: Any) -> dict[str, Any]:
+    """`genai_config.json` for the three graphs: the text decoder's fields (`config.genai_config`) on
+    `inputs_embeds`, and the `embedding` and `vision` sections GenAI's builder writes."""
+    config = model.config
+    content = genai_config(config, generation_config, DECODER)
+    described = content["model"]
+    inputs = {name: value for name, value in described["decoder"]["inputs"].items() if name != "input_ids"}
+    described["decoder"]["inputs"] = {"inputs_embeds": "inputs_embeds", **inputs}
+    vision = config.vision_config
+    described.update({
+        "type": config.model_type, "image_token_id": int(config.image_token_id),
+        "video_token_id": int(config.video_token_id), "vision_start_token_id": int(config.vision_start_token_id),
+        "embedding": {"filename": EMBEDDING, "inputs": {"input_ids": "input_ids", "image_features": "image_features"},
+                      "outputs": {"inputs_embeds": "inputs_embeds"}, "session_options": SESSION},
+        "vision": {"filename": VISION, "config_filename": PROCESSOR,
+                   "spatial_merge_size": int(vision.spatial_merge_size), "patch_size": int(vision.patch_size),
+                   "tokens_per_second": float(getattr(vision, "tokens_per_second", 2)),
+                   "window_size": int(vision.window_size),
+                   "inputs": {"pixel_values": "pixel_values", "image_grid_thw": "image_grid_thw"},
+                   "outputs": {"image_features": "image_features"}, "session_options": SESSION}})
+    return content
+
+
+def unwritten(target: Any) -> str | None:
+    """Why a target gets no GenAI graphs although its model type is one GenAI runs: its graphs are float32 here
+    (the embedding graph's table and GenAI's features are float32), so a float16 or quantized target gets none.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> unwritten(SimpleNamespace(dtype="float16", quantize=None))[:43]
+        "GenAI's Qwen2.5-VL graphs are written for a"
+    """
+    if getattr(target, "dtype", None) not in (None, "float32") or getattr(target, "quantize", None) is not None:
+        return ("GenAI's Qwen2.5-VL graphs are written for a float32 target without quantize (this target: dtype "
+                f"{getattr(target, 'dtype', None)}, quantize {'set' if getattr(target, 'quantize', None) else 'none'})")
+    return None
+
+
+def write_qwen_vl_files(directory: Path, target: Any, model: Any, notes: list[str]) -> None:
+    """GenAI's three graphs, `genai_config.json` and `processor_config.json` in `directory` (see the module); a
+    target they are not written for (`unwritten`) or a traced image that is not a square grid gets none, and a note
+    says why."""
+    if why := unwritten(target):
+        notes.append(f"ONNX Runtime GenAI: no Qwen2.5-VL folder written: {why}")
+        return
+    entry = read_manifest(directory)["components"].get(IMAGE_ENCODER, {})
+    shape = (entry.get("metadata", {}).get("kwargs", {}).get("hidden_states") or {}).get("shape") or [0]
+    merge = int(model.config.vision_config.spatial_merge_size)
+    side = side_of(int(shape[0]), merge)
+    if side is None:
+        notes.append(f"ONNX Runtime GenAI: no Qwen2.5-VL folder written: the image encoder was traced on "
+                     f"{shape[0]} patches, not a square grid of a multiple of {merge} patches a side")
+        return
+    write_vision(directory, model, side)
+    write_embedding(directory, model)
+    write_decoder(directory, model)
+    share_external_data(directory, (VISION, EMBEDDING, DECODER))  # the components' weights, stored once
+    fsutil.write_file(directory / PROCESSOR, json.dumps(processor_config(directory, model, side), indent=2) + "\n")
+    generation_config = (GenerationConfig.from_pretrained(directory)
+                         if (directory / "generation_config.json").is_file() else None)
+    content = qwen_vl_genai_config(model, generation_config)
+    fsutil.write_file(directory / GENAI_CONFIG, json.dumps(content, indent=4) + "\n")
+    notes.append(f"ONNX Runtime GenAI: its Qwen2.5-VL graphs ({VISION}, {EMBEDDING}, {DECODER}) traced beside the "
+                 f"components, the image fixed at {side * model.config.vision_config.patch_size} pixels square "
+                 "(GenAI's processor resizes every image to it)")
