@@ -2,7 +2,7 @@
 
     make peers   # the peers' pinned side environments (optimum-executorch's venv: .cache/oet-venv), once
     .venv/bin/python benchmarks/bench_peers.py [--model llama58m|qwen05b|tinyllama11b|trained] [--rounds 2]
-        [--only onnx|executorch|dynamo|onnx-int4|executorch-int4] [--step NAME ...] [--kill-above-gib 12]
+        [--only onnx|executorch|dynamo|onnx-int4|onnx-int4-b1|executorch-int4] [--step NAME ...] [--kill-above-gib 12]
 
 Each round runs, each in a fresh process measured from outside (wall time, peak RSS of its largest process):
 
@@ -17,7 +17,9 @@ Q1, Q2  (`--only executorch-int4`) `hf-export run` with `variants: ["int4"]` (to
     against `optimum-cli export executorch ... --qlinear 8da4w --qembedding 8w` (issue #51)
 N1, N2  (`--only onnx-int4`) `hf-export run` with `[{"export_format": "onnx", "mode": "generation", "dynamic": true,
     "ort_fusions": "cpu", "variants": ["int4"]}]` (MatMulNBits on the fused graph) against the GenAI builder's
-    `-p int4 -e cpu` (issue #51)
+    `-p int4 -e cpu` (issue #51); `--only onnx-int4-b1` the same with the batch fixed at 1 (`"merged": true`, the
+    merged contract without the batch axis: docs/recipe.md's GenAI-on-CPU recipe, upstream's fusion with no `If`
+    guard), its decode then timed with `bench_runtimes.py --pair int4 --skip-executorch --genai b1=FOLDER`
 G1, G2  ONNX Runtime GenAI's model builder (`python -m onnxruntime_genai.models.builder -i MODEL -p fp32|int4 -e cpu`,
     onnxruntime-genai 0.18 of the product venv): `-p fp32` the ONNX peer beside optimum-cli, `-p int4` onnx-int4's
 
@@ -28,8 +30,8 @@ byte-level BPE below. `--model trained` is tests/trained.py's tiny Llama and tra
 4 heads of 16 — the GenAI builder's GroupQueryAttention needs heads of 16 —, vocab 197, tied, 128 positions: the
 cache length of every tool), trained here in seconds; its greedy continuations are not noise: the quality column of
 issue #51 (`--runtimes`, i.e. `bench_runtimes.py --pair int4 --quality`). `--step` (repeatable) runs only the named steps (`ours-onnx`, `ours-executorch`,
-`ours-dynamo`, `ours-executorch-int4`, `ours-onnx-int4`, `optimum-onnx`, `genai-fp32`, `genai-int4`, `optimum-executorch`,
-`optimum-executorch-8da4w`); one process runs at a time and
+`ours-dynamo`, `ours-executorch-int4`, `ours-onnx-int4`, `ours-onnx-int4-b1`, `optimum-onnx`, `genai-fp32`,
+`genai-int4`, `optimum-executorch`, `optimum-executorch-8da4w`); one process runs at a time and
 `--kill-above-gib` SIGKILLs (by pid) any process of a step whose RSS passes the limit (the machine is shared).
 
 Rounds alternate the order (ours first in odd rounds, the peer first in even ones). hf-export runs pass `--no-cache
@@ -69,6 +71,11 @@ OPTIMUM_CLI = Path(os.environ.get("OPTIMUM_CLI", ROOT / ".cache" / "optimum-venv
 OET_CLI = Path(os.environ.get("OET_CLI", ROOT / ".cache" / "oet-venv" / "bin" / "optimum-cli"))  # make peers
 BOS, EOS, PAD = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
 LLAMA_SPECIALS = ("<unk>", "<s>", "</s>")  # TinyLlama's ids 0, 1, 2
+# The merged graph's contract with the batch left static (traced at 1), as tests/test_genai_fused.py's BATCH_ONE
+BATCH_ONE = {"input_ids": {"1": {"name": "sequence_length", "min": 1}},
+             "position_ids": {"1": {"name": "sequence_length"}}, "attention_mask": {"1": "auto"},
+             "cache.layers.*.keys": {"2": {"name": "past_sequence_length", "min": 0}},
+             "cache.layers.*.values": {"2": {"name": "past_sequence_length"}}}
 RECIPES = {
     "onnx": {"schema_version": 1, "exports": [{"export_format": "onnx", "mode": "generation", "dynamic": True}]},
     "executorch": {"schema_version": 1, "exports": [{"export_format": "executorch", "mode": "generation"}]},
@@ -78,12 +85,16 @@ RECIPES = {
     # the graph fused for ONNX Runtime's CPU provider (docs/recipe.md's GenAI recipe: fusions, then quantization)
     "onnx-int4": {"schema_version": 1, "exports": [{"export_format": "onnx", "mode": "generation", "dynamic": True,
                                                     "ort_fusions": "cpu", "variants": ["int4"]}]},
+    # the same with the batch fixed at 1: no `If` guard around each GroupQueryAttention (RESULTS: "int4, round 6")
+    "onnx-int4-b1": {"schema_version": 1, "exports": [{"export_format": "onnx", "mode": "generation", "merged": True,
+                                                       "ort_fusions": "cpu", "variants": ["int4"], "components": {
+                                                           "model": {"dynamic_shapes": BATCH_ONE}}}]},
     "executorch-int4": {"schema_version": 1, "exports": [{"export_format": "executorch", "mode": "generation",
                                                           "variants": ["int4"]}]},
 }
 GENAI_PY = Path(os.environ.get("GENAI_PY", sys.executable))  # onnxruntime-genai is pinned in constraints.txt
 PEERS = {"onnx": ["optimum-onnx", "genai-fp32"], "executorch": ["optimum-executorch"], "dynamo": [],
-         "executorch-int4": ["optimum-executorch-8da4w"], "onnx-int4": ["genai-int4"]}
+         "executorch-int4": ["optimum-executorch-8da4w"], "onnx-int4": ["genai-int4"], "onnx-int4-b1": ["genai-int4"]}
 CACHE_LEN = 2048  # our default static cache: min(2048, max_position_embeddings); the models below have 2048
 
 

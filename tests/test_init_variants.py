@@ -14,7 +14,7 @@ from exporters.init.decide import COMPONENT_GRAPHS, MERGED_GRAPH, RUNNER_GRAPH, 
 from exporters.init.variants import quantized_variant
 from tests.conftest import run_cli
 from tests.models import tiny_llama
-from tests.test_int4_onnx import snap_to_int4_grid
+from tests.test_int4_onnx import SEED, snap_to_int4_grid
 
 
 def test_the_int4_variants_init_proposes_for_a_decoder_only_llm():
@@ -28,7 +28,7 @@ def test_the_int4_variants_init_proposes_for_a_decoder_only_llm():
 
 
 def test_init_proposes_fp32_and_int4_for_a_decoder_only_llm(tmp_path: Path):
-    model = tiny_llama(tmp_path / "model", None, max_position_embeddings=64, initializer_range=0.3)
+    model = tiny_llama(tmp_path / "model", None, seed=SEED, max_position_embeddings=64, initializer_range=0.3)
     snap_to_int4_grid(model)
     recipe_file = tmp_path / "export_config.json"
     done = run_cli("init", str(model), "--formats", "onnx", "--out", str(recipe_file), "--summary",

@@ -6,8 +6,10 @@ folder holding `onnx/model.onnx`, `model_fp16.onnx`, `model_quantized.onnx`, `mo
 one Node child loads the folder with every `dtype` (the pinned transformers.js of `make test-deps`). The card lists the
 files with sizes and quality, and its snippet passes `dtype`.
 
-The checkpoint's linear weights are snapped to the 4-bit block grid (as in tests/test_int4_onnx.py), so the q4 files
-match eager up to float rounding and a wrong packing shows as a failed budget.
+The checkpoint ties its embedding table to its LM head (as most small LLMs do) and its weights are snapped to the
+4-bit block grid (as in tests/test_int4_onnx.py), so the q4 files match eager up to float rounding and a wrong packing
+shows as a failed budget. The q4 files come from the `int4` variant's own quantizer: the tied table and head stored
+once, in 4 bits (`GatherBlockQuantized` over the head's `MatMulNBits` blocks), and transformers.js loads them.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def run(tmp_path_factory) -> Run:
     modules = ROOT / ".cache" / "transformers-js" / "node_modules" / "@huggingface" / "transformers"
     if shutil.which("node") is None or not modules.is_dir():
         pytest.fail("transformers.js is not installed: run `make test-deps`")
-    folder = tiny_llama(tmp_path_factory.mktemp("tjs-dtypes") / "model", RECIPE, initializer_range=0.1)
+    folder = tiny_llama(tmp_path_factory.mktemp("tjs-dtypes") / "model", RECIPE, initializer_range=0.1,
+                        tie_word_embeddings=True)
     snap_to_int4_grid(folder)
     out = tmp_path_factory.mktemp("tjs-dtypes-out")
     result = run_cli("run", str(folder), "--out", str(out), "--no-bench")
@@ -66,6 +69,11 @@ def test_one_folder_holds_every_dtype_file_under_transformers_js_names(run: Run)
            for dtype, name in FILES.items()}
     assert "MatMulNBits" in ops["q4"] and "MatMulNBits" in ops["q4f16"] and "MatMulNBits" not in ops["fp32"]
     assert "MatMulInteger" in ops["q8"] or "DynamicQuantizeMatMul" in ops["q8"], ops["q8"]
+    for dtype in ("q4", "q4f16"):  # the tied table and head once, in 4 bits: no [vocab, hidden] float table left
+        graph = onnx.load(str(onnx_dir / FILES[dtype]), load_external_data=False).graph
+        assert "GatherBlockQuantized" in ops[dtype], ops[dtype]
+        assert not [t.name for t in graph.initializer if list(t.dims) in ([128, 32], [32, 128])
+                    and t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)], dtype
     for dtype in ("fp16", "q4f16"):  # float16 inside, float32 at the edges (keep_io_types, as transformers.js converts)
         graph = onnx.load(str(onnx_dir / FILES[dtype]), load_external_data=False).graph
         assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer), dtype
@@ -87,7 +95,10 @@ def test_each_dtype_file_is_judged_with_its_variants_budget(run: Run):
     assert rows["q4"]["quality"]["budget"]["min_top1_agreement"] == 0.75  # the int4 defaults
     assert rows["fp16"]["quality"]["budget"]["min_top1_agreement"] == 0.98  # the half defaults
     data = {dtype: (run.out / "tjs" / f"{row['file']}_data").stat().st_size for dtype, row in rows.items()}
-    assert data["q4"] < 0.3 * data["fp32"] and data["q4f16"] < data["q4"] and data["fp16"] <= 0.5 * data["fp32"], data
+    # 4 bits a weight, the tied table and head once: a float table left beside them would be 0.18 of fp32's data
+    assert data["q4"] < 0.15 * data["fp32"] and data["fp16"] <= 0.5 * data["fp32"], data
+    # q4f16 holds q4's 4-bit weights; its float16 parts (scales, norms) are small enough to stay in the graph file
+    assert data["q4f16"] <= data["q4"], data
     assert data["q8"] < 0.4 * data["fp32"], data
     for dtype, row in rows.items():  # the graph and its data: what the card's size says
         assert row["bytes"] == data[dtype] + (run.out / "tjs" / row["file"]).stat().st_size

@@ -129,6 +129,7 @@ from exporters.upstream.quantizers import (
     onnxruntime_int4_quantizer,
     onnxruntime_quantizer,
     pt2e_quantizer,
+    quantize_matmul_nbits,
     xnnpack_dynamic_quant_partitioners,
 )
 
@@ -142,6 +143,7 @@ __all__ = [
     "TORCH_SERDE_LOGGER",
     "cast_leaf_tensors",
     "onnxruntime_int4_quantizer",
+    "quantize_matmul_nbits",
     "EXPORT_BACKENDS",
     "ExportedComponent",
     "ExportedModel",

@@ -34,7 +34,7 @@ from typing import Any
 from exporters import fsutil
 from exporters.errors import TargetPlanError
 from exporters.recipe.variants import TRANSFORMERS_JS_DTYPES, OnnxRuntimeInt4Quantize
-from exporters.upstream import read_manifest, write_manifest
+from exporters.upstream import quantize_matmul_nbits, read_manifest, write_manifest
 
 SUBFOLDER = "onnx"
 DTYPE_FILES = "dtype_files"  # export.json's key: {dtype: {file, variant, kind, quantize}}
@@ -103,9 +103,7 @@ def _derive(source: Path, destination: Path, variant: str) -> None:
                              extra_options={"MatMulConstBOnly": True})
             _save(onnx.load(str(quantized)), destination)
         return
-    model = onnx.load(str(source))  # with its weights
-    if variant in ("int4", "q4f16"):
-        model = _matmul_nbits(model)
+    model = _matmul_nbits(source) if variant in ("int4", "q4f16") else onnx.load(str(source))  # with its weights
     if variant in ("fp16", "q4f16"):
         from onnxruntime.transformers.float16 import convert_float_to_float16  # (the same)
 
@@ -118,16 +116,18 @@ def _derive(source: Path, destination: Path, variant: str) -> None:
     _save(model, destination)
 
 
-def _matmul_nbits(model: Any) -> Any:
-    """Every constant-weight MatMul as a 4-bit `MatMulNBits`, with transformers.js's conversion defaults."""
-    # ONNX Runtime loads only where an ONNX model is quantized
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+def _matmul_nbits(source: Path) -> Any:
+    """The fp32 graph at `source` with every constant-weight MatMul as a 4-bit `MatMulNBits` (transformers.js's
+    conversion defaults: block 32, symmetric, accuracy level 0), through the `int4` variant's own quantizer: a table
+    tied to the LM head stored once in 4 bits (`GatherBlockQuantized` over the head's blocks, as GenAI's builder
+    stores it), the graph sorted after quantizing (a fused graph's `If` branches read outer values)."""
+    # ONNX loads only where an ONNX model is converted
+    import onnx_ir
 
     spec = OnnxRuntimeInt4Quantize(method="onnxruntime-int4", accuracy_level=0)
-    quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=spec.block_size, is_symmetric=spec.symmetric,
-                                     accuracy_level=spec.accuracy_level, op_types_to_quantize=("MatMul",))
-    quantizer.process()
-    return quantizer.model.model
+    model = onnx_ir.load(str(source))
+    onnx_ir.external_data.load_to_model(model)
+    return onnx_ir.to_proto(quantize_matmul_nbits(model, **spec.options()))
 
 
 def _save(model: Any, path: Path) -> None:
