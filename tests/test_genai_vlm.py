@@ -2,7 +2,8 @@
 (Gemma 3, Phi-3-vision, Qwen2.5-VL, ...) from its builder's graphs. For Qwen2.5-VL this product writes them (GenAI's
 vision, embedding and decoder graphs, genai_config.json, processor_config.json) and GenAI generates from the folder
 alone token for token against eager, its processor making the sample's pixels and image tokens, and the card's
-snippet runs as written; the other types GenAI runs are declined as a layout not written yet. GenAI has no LLaVA: the
+snippet runs as written; a Qwen2-VL gets the same folder, typed `qwen2_5_vl`, proven the same way; the other types
+GenAI runs are declined as a layout not written yet. GenAI has no LLaVA: the
 plainest ONNX generation recipe of a tiny LLaVA passes on its own checks, and its "runs in" column says ONNX Runtime
 GenAI ✗ with the reason (no genai_config.json is written).
 """
@@ -184,3 +185,6 @@ def test_a_vision_language_type_genai_runs_is_declined_as_a_layout_not_written_y
     assert why.startswith("GenAI runs 'mistral3' as a vision-language model from its own builder's graphs"), why
     assert "a layout this product does not write yet" in why
     assert vision_language_declined({"model_type": "qwen2_5_vl", "vision_config": {}}) is None
+    # Qwen2-VL, declined before as a type GenAI 0.18 does not have, is written as its `qwen2_5_vl` now
+    # (test_genai_generates_from_a_qwen2_vl_onnx_folder_typed_qwen2_5_vl_and_its_card_snippet_runs)
+    assert vision_language_declined({"model_type": "qwen2_vl", "vision_config": {}}) is None
