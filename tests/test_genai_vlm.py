@@ -188,3 +188,7 @@ def test_a_vision_language_type_genai_runs_is_declined_as_a_layout_not_written_y
     # Qwen2-VL, declined before as a type GenAI 0.18 does not have, is written as its `qwen2_5_vl` now
     # (test_genai_generates_from_a_qwen2_vl_onnx_folder_typed_qwen2_5_vl_and_its_card_snippet_runs)
     assert vision_language_declined({"model_type": "qwen2_vl", "vision_config": {}}) is None
+    from exporters.layouts.genai import WRITTEN_VLM_TYPES
+    from exporters.layouts.genai.qwen_vl import FAMILY, QWEN_VL_TYPES
+
+    assert set(WRITTEN_VLM_TYPES) == set(QWEN_VL_TYPES) == set(FAMILY), "every type declined as written is written"
