@@ -611,10 +611,12 @@ LLAVA_ONNX_RECIPE = {"exports": [{"name": "onnx", "export_format": "onnx", "mode
                      "generation": {"max_new_tokens": 8}}
 
 
-def tiny_qwen2_5_vl_with_tokenizer(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 1) -> Path:
-    """A tiny Qwen2.5-VL (matrix's: patch 8, merge 2; a language model of `text_layers` layers) with a byte-level BPE
-    tokenizer whose `<|vision_start|>`, `<|image_pad|>`, `<|vision_end|>` and `<|video_pad|>` ids are the model's (the
-    markers ONNX Runtime GenAI's processor expands), the vocabulary the tokenizer's."""
+def tiny_qwen2_5_vl_with_tokenizer(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 1,
+                                   family: str = "qwen2_5_vl") -> Path:
+    """A tiny Qwen2.5-VL (matrix's: patch 8, merge 2; a language model of `text_layers` layers), or the matrix's
+    Qwen2-VL where `family` is "qwen2_vl", with a byte-level BPE tokenizer whose `<|vision_start|>`, `<|image_pad|>`,
+    `<|vision_end|>` and `<|video_pad|>` ids are the model's (the markers ONNX Runtime GenAI's processor expands), the
+    vocabulary the tokenizer's."""
     import dataclasses
 
     from matrix.families import FAMILIES, build
@@ -624,7 +626,7 @@ def tiny_qwen2_5_vl_with_tokenizer(folder: Path, recipe: Any | None = None, seed
                                     eos="</s>", pad="<pad>", byte_level=True)
     ids = dict(zip(["vision_start_token_id", "image_token_id", "vision_end_token_id", "video_token_id"],
                    tokenizer.convert_tokens_to_ids(markers)))
-    base = FAMILIES["qwen2_5_vl"]
+    base = FAMILIES[family]
     spec = dataclasses.replace(base, overrides={**base.overrides, **ids, **_text_depth(text_layers),
                                                 "text_config.vocab_size": len(tokenizer), "text_config.bos_token_id": 1,
                                                 "text_config.eos_token_id": 2, "text_config.pad_token_id": 3})

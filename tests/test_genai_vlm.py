@@ -2,7 +2,8 @@
 (Gemma 3, Phi-3-vision, Qwen2.5-VL, ...) from its builder's graphs. For Qwen2.5-VL this product writes them (GenAI's
 vision, embedding and decoder graphs, genai_config.json, processor_config.json) and GenAI generates from the folder
 alone token for token against eager, its processor making the sample's pixels and image tokens, and the card's
-snippet runs as written; the other types GenAI runs are declined as a layout not written yet. GenAI has no LLaVA: the
+snippet runs as written; a Qwen2-VL gets the same folder, typed `qwen2_5_vl`, proven the same way; the other types
+GenAI runs are declined as a layout not written yet. GenAI has no LLaVA: the
 plainest ONNX generation recipe of a tiny LLaVA passes on its own checks, and its "runs in" column says ONNX Runtime
 GenAI ✗ with the reason (no genai_config.json is written).
 """
@@ -108,6 +109,43 @@ def test_the_cards_genai_qwen2_5_vl_snippet_runs_as_written(qwen_vl_genai, hub, 
     assert done.stdout.strip(), "the decoded prompt and the new tokens"
 
 
+QWEN2_VL_RECIPE = {"exports": [QWEN_VL_RECIPE["exports"][0]], "generation": {"max_new_tokens": 8}}  # the plainest
+
+
+def test_genai_generates_from_a_qwen2_vl_onnx_folder_typed_qwen2_5_vl_and_its_card_snippet_runs(hub, tmp_path):
+    """Qwen2-VL: GenAI 0.18 has no `qwen2_vl` type, but its `qwen2_5_vl` model is Qwen2-VL's language side (M-RoPE
+    positions, image tokens, image processor) and the tower (no window attention) is inside the vision graph: the
+    folder is written as that type, GenAI generates eager's tokens from it and the card's snippet runs as written."""
+    pytest.importorskip("onnxruntime_genai")
+    import onnx
+
+    from tests.card_snippets import card_snippets, exports_card, image_home, run_snippet, upload_exports
+
+    out, report, log = stored_run(tiny_qwen2_5_vl_with_tokenizer(tmp_path / "model", QWEN2_VL_RECIPE,
+                                                                 family="qwen2_vl"))
+    target = {target["name"]: target for target in report["targets"]}["onnx"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    [proof] = [proof for proof in target["runtimes"] if proof["runtime"] == RUNTIME]
+    assert proof["status"] == "passed", proof
+    assert proof["detail"].startswith("8/8 tokens from an image and a prompt (its processor's pixels and image "
+                                      "tokens as the sample's"), proof
+    assert "ONNX Runtime GenAI ✓ 8/8 tokens from an image and a prompt" in (out / "report.md").read_text()
+    folder = out / "onnx"
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "qwen2_vl"
+    genai = json.loads((folder / "genai_config.json").read_text())["model"]
+    assert genai["type"] == "qwen2_5_vl" and "window_size" not in genai["vision"], genai["vision"]
+    vision = onnx.load(str(folder / "genai_vision.onnx"), load_external_data=False).graph
+    assert [(v.name, [d.dim_value for d in v.type.tensor_type.shape.dim]) for v in vision.input] == [
+        ("pixel_values", [16, 3 * 2 * 8 * 8])], "Qwen2-VL's tower at the traced 4 x 4 grid"
+    commit = upload_exports(hub, "alice/qwen2-vl", out, ["onnx"])
+    [(_, language, code)] = [s for s in card_snippets(exports_card("alice/qwen2-vl", out, commit))
+                             if s[0] == RUNTIME and '"exports/onnx/*"' in s[2]]
+    assert language == "python" and "create_multimodal_processor()" in code
+    done = run_snippet(code, hub, image_home(tmp_path))
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    assert done.stdout.strip(), "the decoded prompt and the new tokens"
+
+
 def test_genai_declines_a_llava_onnx_folder_with_the_reason_and_the_verdict_stands(tmp_path):
     # the run tests/test_transformers_js_vlm.py reads too: its plainest ONNX target here (the shared store, #48)
     out, report, log = stored_run(tiny_llava_with_processor(tmp_path / "model", LLAVA_ONNX_RECIPE))
@@ -147,3 +185,10 @@ def test_a_vision_language_type_genai_runs_is_declined_as_a_layout_not_written_y
     assert why.startswith("GenAI runs 'mistral3' as a vision-language model from its own builder's graphs"), why
     assert "a layout this product does not write yet" in why
     assert vision_language_declined({"model_type": "qwen2_5_vl", "vision_config": {}}) is None
+    # Qwen2-VL, declined before as a type GenAI 0.18 does not have, is written as its `qwen2_5_vl` now
+    # (test_genai_generates_from_a_qwen2_vl_onnx_folder_typed_qwen2_5_vl_and_its_card_snippet_runs)
+    assert vision_language_declined({"model_type": "qwen2_vl", "vision_config": {}}) is None
+    from exporters.layouts.genai import WRITTEN_VLM_TYPES
+    from exporters.layouts.genai.qwen_vl import FAMILY, QWEN_VL_TYPES
+
+    assert set(WRITTEN_VLM_TYPES) == set(QWEN_VL_TYPES) == set(FAMILY), "every type declined as written is written"

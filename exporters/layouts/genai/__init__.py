@@ -1,6 +1,7 @@
 """ONNX Runtime GenAI's layout: a merged decoder graph with `genai_config.json` beside it, `og.Model(folder)`; for a
-Whisper, GenAI's encoder and decoder graphs derived from the export's, with theirs; for a Qwen2.5-VL, GenAI's
-vision, embedding and decoder graphs traced beside the export's components, with theirs and its processor config.
+Whisper, GenAI's encoder and decoder graphs derived from the export's, with theirs; for a Qwen2.5-VL or Qwen2-VL,
+GenAI's vision, embedding and decoder graphs traced beside the export's components, with theirs and its processor
+config.
 
 | module             | what it holds                                                                              |
 |--------------------|--------------------------------------------------------------------------------------------|
@@ -12,7 +13,7 @@ vision, embedding and decoder graphs traced beside the export's components, with
 | `proof.py`         | GenAI's greedy generation from the folder alone, token for token against eager             |
 | `whisper.py`       | Whisper: `genai_encoder.onnx` (with the cross-attention cache) and `genai_decoder.onnx`      |
 | `whisper_proof.py` | GenAI transcribing the sample's spectrogram from the folder alone, against eager           |
-| `qwen_vl.py`       | Qwen2.5-VL: GenAI's vision, embedding and decoder graphs traced beside the components      |
+| `qwen_vl.py`       | Qwen2.5-VL, Qwen2-VL: GenAI's vision, embedding and decoder graphs traced beside them    |
 | `qwen_vl_proof.py` | GenAI generating from the sample's image and prompt from the folder alone, against eager    |
 
 Example:
@@ -43,9 +44,9 @@ GENAI_VLM_TYPES = ("fara", "gemma3", "gemma4", "mistral3", "phi3v", "phi4mm", "q
 WHISPER_ENCODER_FILE = "genai_encoder.onnx"  # whisper.GENAI_ENCODER: what tells a Whisper folder's card apart
 # the vision-language model types whose GenAI graphs this product writes (qwen_vl.QWEN_VL_TYPES, which loads torch)
 # and the file that tells such a folder's card apart (qwen_vl.VISION)
-WRITTEN_VLM_TYPES = ("qwen2_5_vl",)
+WRITTEN_VLM_TYPES = ("qwen2_5_vl", "qwen2_vl")  # Qwen2-VL written as GenAI's `qwen2_5_vl`
 VISION_FILE = "genai_vision.onnx"
-NOT_TRACED = ("GenAI's Qwen2.5-VL graphs were not written beside this export's components (the export's notes say "
+NOT_TRACED = ("GenAI's Qwen-VL graphs were not written beside this export's components (the export's notes say "
               "why)")
 NOT_DERIVED = ("GenAI's Whisper graphs could not be derived from this export's encoder and merged decoder (the "
                "export's notes say why)")

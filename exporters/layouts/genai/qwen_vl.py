@@ -1,11 +1,14 @@
 """ONNX Runtime GenAI's Qwen2.5-VL folder: the three graphs its `qwen2_5_vl` model runs, with their names and
 signatures as its model builder writes them, traced from the eager model beside the export's own components, then
 `genai_config.json` (`vision`, `embedding` and `decoder` sections) and the image processor's `processor_config.json`.
+A Qwen2-VL gets the same folder, typed `qwen2_5_vl` (GenAI 0.18 has no `qwen2_vl`): its language side is the same
+(M-RoPE, 3-D positions, the same image tokens; GenAI's positions give an image's tokens temporal index 0 either
+way), its processor the same image processor, and its own tower (no window attention) is inside the vision graph.
 
 ```
 genai_vision.onnx     pixel_values [patches, 3·2·p·p]      -> image_features [patches / merge², hidden]
-                      (the image fixed at the traced grid: the tower's window index and rotary positions are
-                      computed for it, as the export's own image encoder is traced)
+                      (the image fixed at the traced grid: the tower's rotary positions and, for Qwen2.5-VL,
+                      its window index are computed for it, as the export's own image encoder is traced)
 genai_embedding.onnx  input_ids [batch, seq], image_features -> inputs_embeds [batch, seq, hidden]
                       (the image's features in place of its image tokens, in order, as the model's forward does)
 genai_decoder.onnx    inputs_embeds, attention_mask, position_ids [3, batch, seq] (GenAI computes the 3-D
@@ -40,7 +43,10 @@ from exporters.export.onnx_files import share_external_data
 from exporters.layouts.genai.config import GENAI_CONFIG, genai_config
 from exporters.upstream import read_manifest
 
-QWEN_VL_TYPES = ("qwen2_5_vl",)  # the GenAI model types this module writes (its Qwen-VL family: src/models)
+# the model types this module writes and the GenAI model type each folder is written as (its Qwen-VL family:
+# src/models/model_type.h; GenAI's own code reads no vision tower: the tower is inside genai_vision.onnx)
+QWEN_VL_TYPES = {"qwen2_5_vl": "qwen2_5_vl", "qwen2_vl": "qwen2_5_vl"}
+FAMILY = {"qwen2_5_vl": "Qwen2.5-VL", "qwen2_vl": "Qwen2-VL"}
 VISION, EMBEDDING, DECODER = "genai_vision.onnx", "genai_embedding.onnx", "genai_decoder.onnx"
 PROCESSOR = "processor_config.json"
 IMAGE_ENCODER = "image_encoder"  # the export's vision component (its traced patch count fixes GenAI's grid)
@@ -57,19 +63,20 @@ def side_of(patches: int, merge: int) -> int | None:
 
 
 class FixedGridVision(torch.nn.Module):
-    """GenAI's vision graph: the tower on one image of the grid `grid` ([1, 3]), its window index and rotary
-    positions computed here for that grid (they are data-dependent on the grid: traced as constants)."""
+    """GenAI's vision graph: the tower on one image of the grid `grid` ([1, 3]), its rotary positions and (a
+    Qwen2.5-VL's, whose tower has window attention) window index computed here for that grid (they are
+    data-dependent on the grid: traced as constants)."""
 
     def __init__(self, model: Any, grid: torch.Tensor):
         super().__init__()
         self.visual, self.grid = model.model.visual, grid
         visual = self.visual
-        window_index, cu_window = vision_utils.get_vision_window_index(
-            grid, spatial_merge_size=visual.spatial_merge_size, window_size=visual.window_size,
-            patch_size=visual.patch_size, kwargs={})
         fixed = {"position_ids": vision_utils.get_vision_position_ids(grid, visual.spatial_merge_size, kwargs={}),
-                 "cu_seqlens": vision_utils.get_vision_attention_seqlens(grid, visual.config, kwargs={})[0],
-                 "window_index": window_index, "cu_window_seqlens": cu_window}
+                 "cu_seqlens": vision_utils.get_vision_attention_seqlens(grid, visual.config, kwargs={})[0]}
+        if hasattr(visual, "window_size"):  # Qwen2.5-VL's tower; Qwen2-VL's attends over the whole image
+            fixed["window_index"], fixed["cu_window_seqlens"] = vision_utils.get_vision_window_index(
+                grid, spatial_merge_size=visual.spatial_merge_size, window_size=visual.window_size,
+                patch_size=visual.patch_size, kwargs={})
         self.names = list(fixed)
         for name, value in fixed.items():
             self.register_buffer(name, value.clone(), persistent=False)
@@ -199,20 +206,21 @@ def qwen_vl_genai_config(model: Any, generation_config: Any) -> dict[str, Any]:
     described["decoder"]["inputs"] = {"inputs_embeds": "inputs_embeds", **inputs}
     vision = config.vision_config
     described.update({
-        "type": config.model_type, "image_token_id": int(config.image_token_id),
+        "type": QWEN_VL_TYPES[config.model_type], "image_token_id": int(config.image_token_id),
         "video_token_id": int(config.video_token_id), "vision_start_token_id": int(config.vision_start_token_id),
         "embedding": {"filename": EMBEDDING, "inputs": {"input_ids": "input_ids", "image_features": "image_features"},
                       "outputs": {"inputs_embeds": "inputs_embeds"}, "session_options": SESSION},
         "vision": {"filename": VISION, "config_filename": PROCESSOR,
                    "spatial_merge_size": int(vision.spatial_merge_size), "patch_size": int(vision.patch_size),
                    "tokens_per_second": float(getattr(vision, "tokens_per_second", 2)),
-                   "window_size": int(vision.window_size),
+                   # read only by GenAI's own split vision pipeline (decoder.pipeline), not this folder's one graph
+                   **({"window_size": int(vision.window_size)} if hasattr(vision, "window_size") else {}),
                    "inputs": {"pixel_values": "pixel_values", "image_grid_thw": "image_grid_thw"},
                    "outputs": {"image_features": "image_features"}, "session_options": SESSION}})
     return content
 
 
-def unwritten(target: Any) -> str | None:
+def unwritten(target: Any, family: str = "Qwen2.5-VL") -> str | None:
     """Why a target gets no GenAI graphs although its model type is one GenAI runs: its graphs are float32 here
     (the embedding graph's table and GenAI's features are float32), so a float16 or quantized target gets none.
 
@@ -222,7 +230,7 @@ def unwritten(target: Any) -> str | None:
         "GenAI's Qwen2.5-VL graphs are written for a"
     """
     if getattr(target, "dtype", None) not in (None, "float32") or getattr(target, "quantize", None) is not None:
-        return ("GenAI's Qwen2.5-VL graphs are written for a float32 target without quantize (this target: dtype "
+        return (f"GenAI's {family} graphs are written for a float32 target without quantize (this target: dtype "
                 f"{getattr(target, 'dtype', None)}, quantize {'set' if getattr(target, 'quantize', None) else 'none'})")
     return None
 
@@ -231,15 +239,16 @@ def write_qwen_vl_files(directory: Path, target: Any, model: Any, notes: list[st
     """GenAI's three graphs, `genai_config.json` and `processor_config.json` in `directory` (see the module); a
     target they are not written for (`unwritten`) or a traced image that is not a square grid gets none, and a note
     says why."""
-    if why := unwritten(target):
-        notes.append(f"ONNX Runtime GenAI: no Qwen2.5-VL folder written: {why}")
+    family = FAMILY[model.config.model_type]
+    if why := unwritten(target, family):
+        notes.append(f"ONNX Runtime GenAI: no {family} folder written: {why}")
         return
     entry = read_manifest(directory)["components"].get(IMAGE_ENCODER, {})
     shape = (entry.get("metadata", {}).get("kwargs", {}).get("hidden_states") or {}).get("shape") or [0]
     merge = int(model.config.vision_config.spatial_merge_size)
     side = side_of(int(shape[0]), merge)
     if side is None:
-        notes.append(f"ONNX Runtime GenAI: no Qwen2.5-VL folder written: the image encoder was traced on "
+        notes.append(f"ONNX Runtime GenAI: no {family} folder written: the image encoder was traced on "
                      f"{shape[0]} patches, not a square grid of a multiple of {merge} patches a side")
         return
     write_vision(directory, model, side)
@@ -251,6 +260,6 @@ def write_qwen_vl_files(directory: Path, target: Any, model: Any, notes: list[st
                          if (directory / "generation_config.json").is_file() else None)
     content = qwen_vl_genai_config(model, generation_config)
     fsutil.write_file(directory / GENAI_CONFIG, json.dumps(content, indent=4) + "\n")
-    notes.append(f"ONNX Runtime GenAI: its Qwen2.5-VL graphs ({VISION}, {EMBEDDING}, {DECODER}) traced beside the "
+    notes.append(f"ONNX Runtime GenAI: its {family} graphs ({VISION}, {EMBEDDING}, {DECODER}) traced beside the "
                  f"components, the image fixed at {side * model.config.vision_config.patch_size} pixels square "
                  "(GenAI's processor resizes every image to it)")

@@ -1,5 +1,5 @@
-"""ONNX Runtime GenAI's proof of a Qwen2.5-VL folder (`qwen_vl.py`'s graphs): `og.Model(folder)` from the folder
-alone generates from the sample's image and prompt, token for token against eager greedy `generate()`.
+"""ONNX Runtime GenAI's proof of a Qwen2.5-VL or Qwen2-VL folder (`qwen_vl.py`'s graphs): `og.Model(folder)` from
+the folder alone generates from the sample's image and prompt, token for token against eager greedy `generate()`.
 
 ```
 reference(model)                                   prove(folder), in a child
