@@ -92,6 +92,8 @@ def test_genais_qwen2_5_vl_graphs_have_its_names_and_share_the_exports_weights(q
     assert [name for name, _ in outputs] == ["logits", "present.0.key", "present.0.value"]
     for name in ("genai_vision.onnx", "genai_embedding.onnx", "genai_decoder.onnx"):
         assert (folder / f"{name}.data").stat().st_size == 0, f"{name}'s weights point into the components' sidecar"
+    private = [path.name for path in folder.iterdir() if path.stat().st_mode & 0o777 != 0o644]
+    assert not private, f"published files readable by their owner only: {private}"
 
 
 def test_the_cards_genai_qwen2_5_vl_snippet_runs_as_written(qwen_vl_genai, hub, tmp_path):

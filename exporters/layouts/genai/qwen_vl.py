@@ -173,6 +173,7 @@ def write_embedding(directory: Path, model: Any) -> None:
         constants)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(directory / EMBEDDING),
               save_as_external_data=True, location=EMBEDDING + ".data")
+    (directory / (EMBEDDING + ".data")).chmod(0o644)  # as the folder's other files (onnx writes it private)
 
 
 def processor_config(directory: Path, model: Any, side: int) -> dict[str, Any]:

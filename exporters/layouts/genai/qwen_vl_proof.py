@@ -77,8 +77,8 @@ def reference(model: Any, context: RuntimeContext) -> dict[str, Any]:
     inputs = context.generate_inputs
     ids, pixels, grid = (inputs.get(name) for name in ("input_ids", "pixel_values", "image_grid_thw"))
     if not all(isinstance(value, torch.Tensor) for value in (ids, pixels, grid)) or grid.shape[0] != 1:
-        return {"qwen_vl": True, "unverified": "the sample has no prompt and one image (input_ids, pixel_values, image_grid_thw) for "
-                              "GenAI's Qwen2.5-VL"}
+        return {"qwen_vl": True, "unverified": "the sample has no prompt and one image (input_ids, pixel_values, "
+                                               "image_grid_thw) for GenAI's Qwen2.5-VL or Qwen2-VL"}
     ids, pixels = ids[:1], pixels.detach().float()
     device = next(model.parameters()).device
     extra = {name: inputs[name][:1].to(device) for name in ("mm_token_type_ids",) if isinstance(inputs.get(name),
