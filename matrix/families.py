@@ -251,7 +251,7 @@ _SPECS = [
        "audio encoder + projector + language model, from log-mel features", audio_token_id=24,
        audio_config__num_mel_bins=16, audio_config__max_source_positions=32),
     _f("qwen2_audio", "audio-language", "Qwen2AudioForConditionalGeneration",
-       "audio encoder + projector + language model; a feature mask; ExecuTorch: the methods layout",
+       "audio encoder + projector + language model; a feature mask",
        audio_config__num_mel_bins=16,
        audio_config__max_source_positions=32),
     _f("granite_speech", "audio-language", "GraniteSpeechForConditionalGeneration",
