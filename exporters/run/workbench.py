@@ -159,7 +159,10 @@ class Workbench:
                                                                   setting.max_cache_len)
                 self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting))
                 return self.fitted[target.name][0]
-            kept = llm_runner.prompt_kept_dynamic(target) if runner and refused else None
+            # the plainest program of a model the runner refused, or whose cache has state-space layers (#50): the
+            # prompt of any length the runner's program would have taken
+            kept = (llm_runner.prompt_kept_dynamic(target) if (runner and refused) or
+                    llm_runner.methods_note(target, state_layers) else None)
             asked = target.merged
             target.merged = merged.planned_merged(target, self.sample.family, setting.implementation,
                                                    self.model.config)
@@ -175,7 +178,8 @@ class Workbench:
             if target.merged:  # one graph: upstream's multi-token decode, with its contract
                 captured = merged.plan(target, captured)
             elif stepped.wants_stepped(target, self.sample.family, captured):  # a prefill that cannot be dynamic
-                dropped = [stepped.note(captured)]  # says it all
+                dropped = [stepped.note(captured)]  # says it all (the kept prompt too)
+                layout_notes = [n for n in layout_notes if n != llm_runner.PROMPT_KEPT]
                 self.stepped.add(target.name)
                 captured = stepped.plan(target, captured)
             grown = default_decode_contract(target, captured, setting)  # the plainest recipe still generates
