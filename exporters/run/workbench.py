@@ -159,14 +159,15 @@ class Workbench:
                                                                   setting.max_cache_len)
                 self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting))
                 return self.fitted[target.name][0]
-            # the plainest program of a model the runner refused, or whose cache has state-space layers (#50): the
-            # prompt of any length the runner's program would have taken
-            kept = (llm_runner.prompt_kept_dynamic(target) if (runner and refused) or
-                    llm_runner.methods_note(target, state_layers) else None)
+            kept = llm_runner.prompt_kept_dynamic(target) if runner and refused else None
             asked = target.merged
             target.merged = merged.planned_merged(target, self.sample.family, setting.implementation,
                                                    self.model.config)
             captured = self._captured(target, recipe, setting)
+            if llm_runner.methods_note(target, state_layers) and merged.scans(captured):
+                # the default program of a model that scans (#50): the prompt of any length the runner's program
+                # would have taken, stepped through the decode (a conv-only cache, LFM2, keeps its traced prefill)
+                kept = llm_runner.prompt_kept_dynamic(target)
             if self.sample.family in MULTIMODAL_GENERATORS:  # not the multimodal runner's layout: why
                 refused = self.not_runner.get(target.name)
             layout_notes = llm_runner.methods_note(target, state_layers) + [n for n in (refused, kept) if n]
