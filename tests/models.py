@@ -844,6 +844,31 @@ def tiny_voxtral_with_tokenizer(folder: Path, recipe: Any | None = None, seed: i
     return folder
 
 
+def tiny_qwen2_audio_with_tokenizer(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 1) -> Path:
+    """A tiny Qwen2-Audio (matrix's: 16 mel bins, 32 source positions: 64 frames, 16 audio tokens; a Qwen2 text model
+    of `text_layers` full-attention layers) with a byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer loads)
+    whose `<|AUDIO|>` id is the model's `audio_token_index`, and the log-mel extractor its audio config implies."""
+    import dataclasses
+
+    from transformers import AutoConfig
+
+    from exporters.capture.audio_text import extractor_from_config
+    from matrix.families import FAMILIES, build
+
+    tokenizer = train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, "<|AUDIO|>"], vocab_size=120, bos="<s>",
+                                    eos="</s>", pad="<pad>", byte_level=True)
+    base = FAMILIES["qwen2_audio"]
+    spec = dataclasses.replace(base, overrides={
+        **base.overrides, "audio_token_index": tokenizer.convert_tokens_to_ids("<|AUDIO|>"),
+        "text_config.vocab_size": len(tokenizer), "text_config.num_hidden_layers": text_layers,
+        "text_config.layer_types": ["full_attention"] * text_layers,
+        "text_config.bos_token_id": 1, "text_config.eos_token_id": 2, "text_config.pad_token_id": 3})
+    build(spec, folder, seed=seed, recipe=recipe)
+    audio = AutoConfig.from_pretrained(folder).audio_config
+    extractor_from_config(audio, 2 * audio.max_source_positions).save_pretrained(folder)
+    return folder
+
+
 def tiny_granite_speech_with_tokenizer(folder: Path, recipe: Any | None = None, seed: int = 0,
                                        text_layers: int = 1) -> Path:
     """A tiny Granite Speech (matrix's: a two-block Conformer reading 160-wide stacked log-mel frames, a Q-Former

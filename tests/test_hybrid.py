@@ -3,9 +3,10 @@ Mamba2 mixers' conv and recurrent states (fixed), and the chunked scan of a pref
 the number of chunks fixed (docs/upstream-gaps.md #27). The plainest recipes pass in every format, chosen from the
 capture and said in the report: a `dynamic: true` target exports the decode alone, its key-value axis dynamic from
 0, and the prompt is stepped through it from zeroed states and an empty key-value cache; the plainest ExecuTorch
-target gets the methods layout (prefill at the traced prompt length, a static-cache decode), since the LLM runner's
-program runs the prompt through the scan in one call. Parity runs through the exported graphs. `merged: true` gets
-a clear error, not a trace failure."""
+target gets the methods layout, since the LLM runner's program runs the prompt through the scan in one call, and
+the prompt of any length the runner's would take (#50): the decode alone with its static cache, the prompt stepped
+through it as above (the MoE hybrids too: Jamba, Granite-4 hybrid, Nemotron-H, Qwen3-Next). Parity runs through the
+exported graphs. `merged: true` gets a clear error, not a trace failure."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import json
 
 import pytest
 
-from tests.conftest import assert_greedy_parity, run_cli
-from tests.models import tiny_falcon_h1
+from tests.conftest import PLAINEST_EXECUTORCH, assert_greedy_parity, run_cli
+from tests.export_store import stored_run
+from tests.models import family_model, tiny_falcon_h1
 
 STEPPED = ["dynamo", "onnx"]
 RECIPE = {"schema_version": 1, "generation": {"max_new_tokens": 8}, "exports": [
@@ -53,13 +55,50 @@ def test_a_dynamic_prompt_is_stepped_through_the_hybrid_decode_and_said(hybrid_r
 
 
 def test_the_plainest_executorch_target_gets_the_methods_layout_and_says_why(hybrid_run):
+    """The methods layout (the runner's one-call prompt runs the scan), its prompt of any length stepped through
+    `decode` (#50: it was a prefill fixed at the traced 8 tokens)."""
     targets, out, _ = hybrid_run
     target = targets["executorch"]
     assert target["status"] == "passed", target["error"]
-    assert [c["name"] for c in target["components"]] == ["prefill", "decode"]
+    assert [c["name"] for c in target["components"]] == ["decode"]
     said = [f for f in target["findings"] if "not the LLM runner's layout" in f]
     assert said and "state-space layers (LinearAttentionAndFullAttentionLayer)" in said[0], target["findings"]
     assert list((out / "executorch").glob("*.pte"))
+
+
+# The MoE hybrids (#50): MoE layers beside state-space or linear-attention ones. Their two kinds of layer are the
+# point, so two layers (three for Nemotron-H, whose MoE is a layer of its own; the matrix's has none)
+MOE_HYBRIDS = {"jamba": {}, "granitemoehybrid": {}, "qwen3_next": {},
+               "nemotron_h": {"layer_types": ["linear_attention", "moe", "full_attention"], "n_routed_experts": 4,
+                              "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 32}}
+
+
+@pytest.fixture(scope="module", params=list(MOE_HYBRIDS))
+def moe_hybrid(request, tmp_path_factory):
+    """A MoE hybrid's plainest ExecuTorch recipe through the store."""
+    recipe = {"schema_version": 1, "exports": [PLAINEST_EXECUTORCH], "generation": {"max_new_tokens": 8}}
+    root = tmp_path_factory.mktemp(f"moe-hybrid-{request.param}")
+    return stored_run(family_model(request.param, root / "model", recipe, never_eos=True,
+                                   **MOE_HYBRIDS[request.param]))
+
+
+def test_a_moe_hybrids_plainest_executorch_program_takes_prompts_of_any_length(moe_hybrid):
+    """Issue #50: the plainest ExecuTorch program of a MoE hybrid (Jamba, Granite-4 hybrid, Nemotron-H, Qwen3-Next)
+    took only prompts of the traced length (its prefill runs the state-space scan, which torch.export fixes:
+    docs/upstream-gaps.md #27). It is now the decode alone, the prompt of any length fed one token at a time from
+    zeroed states into its static key-value cache, the prompt and the reply matching eager `generate()`."""
+    out, report, log = moe_hybrid
+    target = report["targets"][0] if report else {}
+    assert target.get("status") == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
+    assert target["expected_components"] == ["decode"] and [c["name"] for c in target["components"]] == ["decode"]
+    manifest = json.loads((out / target["name"] / "export.json").read_text())
+    assert manifest.get("layout") != "runner" and manifest["dynamic_prompt"] is True, manifest
+    said = [f for f in target["findings"] if "one token at a time from zeroed states" in f]
+    assert said and "its static key-value cache filled from position 0" in said[0], target["findings"]
+    assert not [f for f in target["findings"] if "keeps the prompt axis dynamic" in f]  # the stepped note says it
+    assert_greedy_parity(target["generation"], prompt_length=8, new_tokens=8)
+    [program] = (out / target["name"]).glob("*.pte")
+    assert b"grouped_mm" not in program.read_bytes()
 
 
 @pytest.mark.parametrize("name", [*STEPPED, "executorch"])

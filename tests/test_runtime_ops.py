@@ -71,7 +71,7 @@ def falcon_default(tmp_path_factory):
 
 
 # every decoder-only mixture-of-experts family of the matrix (the hybrids with MoE layers keep the methods layout of
-# their state-space layers, prefill at the traced length: tests/test_hybrid.py)
+# their state-space layers, the prompt stepped through the decode: tests/test_hybrid.py)
 MOE_FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "ernie4_5_moe", "deepseek_v3", "glm4_moe"]
 
 

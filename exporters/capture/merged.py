@@ -311,14 +311,22 @@ def with_consistent_mask(probe: dict[str, Any]) -> dict[str, Any]:
 def empty_cache(cache: Any, batch: int | None = None) -> Any:
     """A copy of `cache` whose key/value tensors have length 0 on the sequence axis (and `batch` rows, when given):
     freshly allocated and contiguous (a zero-length slice keeps its parent's strides, which ExecuTorch rejects with
-    an abort)."""
+    an abort). A static layer (an ExecuTorch program's cache: `max_cache_len` slots allocated up front) keeps its
+    slots, zeroed, and counts no token: its program cannot resize them."""
     empty = copy.deepcopy(cache)
     for layer in getattr(empty, "layers", []):
         _zero_states(layer, batch)
+        static = getattr(layer, "max_cache_len", None) is not None
+        if static and isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
+            layer.cumulative_length = torch.zeros_like(layer.cumulative_length)
         for name in ("keys", "values"):
             tensor = getattr(layer, name, None)
             if isinstance(tensor, torch.Tensor) and tensor.dim() == 4:
                 shape = list(tensor.shape)
+                if static:
+                    shape[0] = batch if batch is not None else shape[0]
+                    setattr(layer, name, torch.zeros(shape, dtype=tensor.dtype, device=tensor.device))
+                    continue
                 shape[2] = 0
                 if batch is not None:
                     shape[0] = batch

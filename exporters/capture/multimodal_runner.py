@@ -10,8 +10,9 @@ causally or both ways among one image's tokens only (Gemma 3: the program marks 
 `exporters.capture.image_attention`). A model outside that (tiles with `image_sizes`, a pixel mask, other token
 types, Qwen2-VL's patches, sliding-window layers shorter than the cache, PaliGemma's bidirectional prefix) keeps the
 methods layout, the report saying why ([`refused`]). An audio-language model fits where it is Voxtral-shaped:
-`audio_encoder` is its `get_audio_features` on the extractor's log-mel features `[1, bins, frames]`, whose
-embeddings take the place of the one run of audio tokens (`audio_token_id`).
+`audio_encoder` is its `get_audio_features` (or, Qwen2-Audio, its audio tower then its projector, where the sample's
+feature mask counts every frame) on the extractor's log-mel features `[1, bins, frames]`, whose embeddings take the
+place of the one run of audio tokens (`audio_token_id`).
 
 Example:
     >>> from exporters.recipe.load import parse_recipe
@@ -48,6 +49,8 @@ AUDIO_COMPONENTS = list(multimodal_runner.AUDIO_METHODS)
 # the sample inputs a LLaVA-style forward reads (anything else: a layout the runner's one image cannot carry)
 IMAGE_INPUTS = {"input_ids", "attention_mask", "pixel_values"}
 AUDIO_INPUTS = {"input_ids", "attention_mask", "input_features"}  # Voxtral's: the features, the prompt
+# Qwen2-Audio's mask of the features' frames: the runner's audio has none, so every frame must count
+FEATURE_MASK = "feature_attention_mask"
 
 
 def components_of(family: str) -> list[str]:
@@ -127,14 +130,18 @@ def _window_refused(model: Any, max_cache_len: int) -> str | None:
 
 def _audio_refused(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> str | None:
     """Why a Voxtral-shaped model's sample does not fit the runner's one audio input, else None."""
-    extra = sorted(set(generate_inputs) - AUDIO_INPUTS)
+    extra = sorted(set(generate_inputs) - AUDIO_INPUTS - {FEATURE_MASK})
     features, ids = generate_inputs.get("input_features"), generate_inputs.get("input_ids")
     token = getattr(model.config, "audio_token_id", None)
-    if not callable(getattr(model, "get_audio_features", None)):
-        return (f"{type(model).__name__} has no get_audio_features (the audio_encoder method: its audio tower and "
-                "projector in one call, as Voxtral's)")
+    mask = generate_inputs.get(FEATURE_MASK)
+    if not multimodal_runner.audio_stages(model):
+        return (f"{type(model).__name__} has no get_audio_features, nor an audio_tower and a multi_modal_projector "
+                "(the audio_encoder method: its audio tower and projector)")
     if extra:
         return f"its audio inputs include {extra}, which the runner's one audio (features only) cannot carry"
+    if isinstance(mask, torch.Tensor) and not bool(mask.all()):
+        return (f"its {FEATURE_MASK} leaves frames out, which the runner's one audio (features only, every frame "
+                "counted) cannot carry")
     if not isinstance(features, torch.Tensor) or features.dim() != 3 or ids is None or ids.shape[0] != 1:
         return "its sample is not one prompt with one audio's features [chunks, mel bins, frames]"
     if not isinstance(token, int) or len(_runs(ids[0].tolist(), token)) != 1:

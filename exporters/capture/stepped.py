@@ -37,8 +37,10 @@ STEPPED_NOTE = ("the prompt is fed to the decode graph one token at a time from 
 HYBRID_NOTE = ("the prompt is fed to the decode graph one token at a time from zeroed states and an empty key-value "
                "cache (what the prefill computes): this model's cache holds {kinds} (a hybrid: state-space and "
                "attention layers), and the state-space scan of a prefill or merged graph cannot keep a dynamic "
-               "sequence axis (docs/upstream-gaps.md #27), so only `decode` is exported, its key-value axis dynamic "
-               "from 0")
+               "sequence axis (docs/upstream-gaps.md #27), so only `decode` is exported, {kv}")
+KV_DYNAMIC = "its key-value axis dynamic from 0"
+# an ExecuTorch program's cache: every slot allocated up front (exporters.capture.merged.empty_cache)
+KV_STATIC = "its static key-value cache filled from position 0"
 
 
 def wants_stepped(target, family: str, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -> bool:
@@ -59,8 +61,13 @@ def wants_stepped(target, family: str, components: dict[str, tuple[torch.nn.Modu
 
 def note(components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -> str:
     """What the report says of a stepped target: its cache, and why only `decode` is exported."""
-    hybrid = bool(cache_leaves(components["decode"][1]))
-    return (HYBRID_NOTE if hybrid else STEPPED_NOTE).format(kinds=cache_kinds(components))
+    decode = components["decode"][1]
+    hybrid = bool(cache_leaves(decode))
+    key = cache_input_name(decode)
+    static = any(getattr(layer, "max_cache_len", None) is not None
+                 for layer in getattr(decode.get(key) if key else None, "layers", None) or [])
+    return (HYBRID_NOTE if hybrid else STEPPED_NOTE).format(kinds=cache_kinds(components),
+                                                            kv=KV_STATIC if static else KV_DYNAMIC)
 
 
 def plan(target, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]):

@@ -50,6 +50,9 @@ class Check:
     skipped: bool = False
     error: str | None = None
     quality: dict[str, Any] | None = None  # task metrics of a quantized/half target (exporters.validate.quality.measure)
+    # a failed float32 check arbitrated against eager in float64 (exporters.validate.arbitration): the artifact vs
+    # float64, eager float32 vs float64, and the artifact vs eager float32 where float64 backed a pass
+    float64: dict[str, Any] | None = None
 
     @property
     def verdict(self) -> CheckStatus:

@@ -164,6 +164,10 @@ class Workbench:
             target.merged = merged.planned_merged(target, self.sample.family, setting.implementation,
                                                    self.model.config)
             captured = self._captured(target, recipe, setting)
+            if llm_runner.methods_note(target, state_layers) and merged.scans(captured):
+                # the default program of a model that scans (#50): the prompt of any length the runner's program
+                # would have taken, stepped through the decode (a conv-only cache, LFM2, keeps its traced prefill)
+                kept = llm_runner.prompt_kept_dynamic(target)
             if self.sample.family in MULTIMODAL_GENERATORS:  # not the multimodal runner's layout: why
                 refused = self.not_runner.get(target.name)
             layout_notes = llm_runner.methods_note(target, state_layers) + [n for n in (refused, kept) if n]
@@ -175,7 +179,8 @@ class Workbench:
             if target.merged:  # one graph: upstream's multi-token decode, with its contract
                 captured = merged.plan(target, captured)
             elif stepped.wants_stepped(target, self.sample.family, captured):  # a prefill that cannot be dynamic
-                dropped = [stepped.note(captured)]  # says it all
+                dropped = [stepped.note(captured)]  # says it all (the kept prompt too)
+                layout_notes = [n for n in layout_notes if n != llm_runner.PROMPT_KEPT]
                 self.stepped.add(target.name)
                 captured = stepped.plan(target, captured)
             grown = default_decode_contract(target, captured, setting)  # the plainest recipe still generates

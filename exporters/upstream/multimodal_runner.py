@@ -76,16 +76,36 @@ class VisionEncoder(torch.nn.Module):
 class AudioEncoder(torch.nn.Module):
     """`audio_encoder(input_features [batch, mel bins, frames]) -> [1, audio tokens, hidden]`: the model's
     `get_audio_features` (audio tower, frame stacking, projector), every chunk's embeddings as one sequence, as
-    optimum-executorch's Voxtral `audio_encoder`."""
+    optimum-executorch's Voxtral `audio_encoder`; a model without it (Qwen2-Audio) its `audio_tower` then its
+    `multi_modal_projector`, on features whose every frame counts (the runner's audio carries no feature mask)."""
 
     def __init__(self, model: Any):
         super().__init__()
         self.model = model
 
     def forward(self, input_features: torch.Tensor) -> torch.Tensor:
-        features = self.model.get_audio_features(input_features)
+        if callable(getattr(self.model, "get_audio_features", None)):
+            features = self.model.get_audio_features(input_features)
+        else:
+            inner = getattr(self.model, "model", self.model)
+            features = inner.multi_modal_projector(inner.audio_tower(input_features).last_hidden_state)
         features = getattr(features, "pooler_output", features)  # transformers 5: an output object
         return features.reshape(1, -1, features.shape[-1])
+
+
+def audio_stages(model: Any) -> bool:
+    """Whether [`AudioEncoder`] can run `model`'s audio stages: its own `get_audio_features` (Voxtral, Granite
+    Speech), or an `audio_tower` and a `multi_modal_projector` (Qwen2-Audio).
+
+    Example:
+        >>> audio_stages(torch.nn.Linear(2, 2))
+        False
+    """
+    if callable(getattr(model, "get_audio_features", None)):
+        return True
+    inner = getattr(model, "model", model)
+    return all(isinstance(getattr(inner, name, None), torch.nn.Module)
+               for name in ("audio_tower", "multi_modal_projector"))
 
 
 def methods_of(model: Any) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ Beside them:
 - `subject.py`: what validation is handed, as two objects: the eager model's side and the saved target's folder;
 - `multimodal_runner.py`: generation parity of a MultimodalRunner program, fed as that runner feeds its methods;
 - `tolerances.py`: the atol/rtol an artifact is held to (the format's default, then the recipe's overrides);
+- `arbitration.py`: a failed float32 check judged again against eager in float64 (eager float32 rounds too);
 - `ort_schemas.py`: `onnx.checker` on graphs fused for ONNX Runtime (its own ops registered first);
 - `runtimes.py`: each target folder loaded, alone, by the runtime its layout is for (the "runs in" column; the
   proofs themselves live in `exporters.layouts`); `folder_trust.py` (a runtime proof reads only what this run wrote).

@@ -29,6 +29,7 @@ from exporters.capture.merged import MERGED, empty_cache, prompt_inputs, with_co
 from exporters.capture.probes import dim_bindings, make_probes
 from exporters.recipe.model import Recipe
 from exporters.upstream import leaf_tensors, prepare_traced_inputs
+from exporters.validate.arbitration import Arbiter
 from exporters.validate.parity import reference_for
 from exporters.validate.runtimes import RuntimeCheck, RuntimeContext, checks_possible, references_for
 from exporters.validate.subject import EagerModel
@@ -109,6 +110,8 @@ class EagerSide:
     greedy: Any = None
     runtimes: list[tuple[RuntimeCheck, Any]] = field(default_factory=list)
     threads: int = 0
+    # per component: its module and probes as eager takes them, for a failed check's float64 reference
+    arbiters: dict[str, Arbiter] = field(default_factory=dict)
 
     def usable_for(self, target) -> bool:
         """A torch program is compared with eager at its own thread count ([`EagerCache`]); ONNX Runtime and
@@ -154,6 +157,7 @@ def eager_side(*, target, recipe: Recipe, components, subject: EagerModel, expec
         fed = [(probe_id, None if probe is None else with_precomputed_inputs(module, probe), skip)
                for probe_id, probe, skip in probes]
         side.planned.append((name, fed, references))
+        side.arbiters[name] = Arbiter(module, probes)
     if target.mode == "generation":
         side.greedy = reference_for(model, generate_inputs, generation_config, recipe.generation.max_new_tokens)
     context = RuntimeContext(target, recipe, family, generate_inputs, generation_config, source_dir)

@@ -82,7 +82,9 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
     tokenizer = Tokenizer.from_file(str(Path(context.source_dir) / "tokenizer.json"))
     audio = "input_features" in context.generate_inputs
     # Gemma 3's token types too: eager's prefill attends both ways among the image's tokens, as the program does
-    wanted = ("input_ids", "attention_mask", "token_type_ids", "input_features" if audio else "pixel_values")
+    # Qwen2-Audio's feature mask too: eager counts the frames with it (the program's audio takes them all)
+    wanted = ("input_ids", "attention_mask", "token_type_ids", "feature_attention_mask",
+              "input_features" if audio else "pixel_values")
     inputs = {k: v for k, v in context.generate_inputs.items() if k in wanted}
     config, eos = greedy_settings(model, context)
     with torch.no_grad():
