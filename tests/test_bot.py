@@ -353,7 +353,8 @@ def test_worker_killed_mid_job_is_recovered_after_the_lease_expires(hf_env, tmp_
     from tests.models import tiny_llama
 
     hub = hf_env
-    upload_model(hub, tiny_llama(tmp_path / "model", recipe=MODEL_RECIPE))
+    # one layer: the recovery reads the job, its attempts and the pushes, not the model's depth (#48)
+    upload_model(hub, tiny_llama(tmp_path / "model", recipe=MODEL_RECIPE, layers=1))
     settings = bot_settings(hub, tmp_path, lease_seconds=3)
     bot = start_bot(settings, embedded_worker=False)  # the web process only
     config = tmp_path / "bot.toml"

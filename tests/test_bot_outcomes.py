@@ -82,7 +82,8 @@ def test_a_repo_hears_every_outcome_in_one_discussion(hf_env, tmp_path, start_bo
     from tests.models import tiny_llama
 
     hub = hf_env
-    folder = tiny_llama(tmp_path / "model", recipe=None)
+    # one layer: the outcomes read the jobs, threads and PRs, not the model's depth (#48)
+    folder = tiny_llama(tmp_path / "model", recipe=None, layers=1)
     (folder / "export_config.json").write_text(BAD_RECIPE)
     first = upload_model(hub, folder)
     bot = start_bot(bot_settings(hub, tmp_path))

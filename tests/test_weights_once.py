@@ -20,7 +20,7 @@ import torch
 
 from tests.conftest import PLAINEST_EXECUTORCH, run_cli, run_plainest_executorch
 from tests.export_store import MODEL, OUT, exported
-from tests.models import tiny_llama
+from tests.models import family_model, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -547,13 +547,10 @@ def test_a_float16_run_loads_the_model_once_in_float16(half_run, eager):
     assert config == {"dtype": "fp16", "use_external_data_format": {"model_fp16.onnx": 1}}
 
 
-def _plainest_onnx_target(family: str, tmp_path: Path) -> dict:
-    """The report entry of a matrix family's plainest ONNX target (`dynamic: true`), run through the CLI; asserts
-    that it passed."""
-    from matrix.families import FAMILIES, build
-
-    model_dir = tmp_path / family
-    build(FAMILIES[family], model_dir, recipe=[{"export_format": "onnx", "dynamic": True}])
+def _plainest_onnx_target(family: str, tmp_path: Path, **overrides) -> dict:
+    """The report entry of a matrix family's plainest ONNX target (`dynamic: true`), run through the CLI (`overrides`
+    and `never_eos` as `tests.models.family_model` takes them); asserts that it passed."""
+    model_dir = family_model(family, tmp_path / family, [{"export_format": "onnx", "dynamic": True}], **overrides)
     out = tmp_path / "out"
     result = run_cli("run", str(model_dir), "--out", str(out), "--quiet", "--no-bench")
     [target] = json.loads((out / "report.json").read_text())["targets"]
@@ -573,7 +570,8 @@ def test_merged_probes_of_a_sliding_window_model_all_run(tmp_path):
     """Mistral's cache layers count their tokens (`cumulative_length`): every probe of the merged graph (other past
     lengths, the prompt on an empty cache) tells the cache its new length and sends a mask of past + query, so the
     eager model runs each one and the target passes, not `unverified`."""
-    target = _plainest_onnx_target("mistral", tmp_path)
+    # one layer: every layer's cache counts its tokens and takes the window tensor; no EOS, so generation is checked
+    target = _plainest_onnx_target("mistral", tmp_path, num_hidden_layers=1, never_eos=True)
     checks = {check["probe"]: check for component in target["components"] for check in component["checks"]}
     assert {"past_sequence_length=0", "past_sequence_length=19", "prompt (past=0)"} <= set(checks)
     assert all(check["passed"] and not check["skipped"] for check in checks.values()), checks
