@@ -110,7 +110,10 @@ def judge(runtime: str, name: str, got: list[list[int]], reference: GenaiReferen
     kind = quantized_kind(context)
     if kind is None:
         return None
-    own = ort_greedy(graph, reference, batch_of_one)
+    try:
+        own = ort_greedy(graph, reference, batch_of_one)
+    except Exception:  # a graph this loop cannot run (validation ran it): the exact comparison with eager decides
+        own = None
     if own is None:
         return None
     ort_rows, what = own
