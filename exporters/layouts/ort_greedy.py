@@ -69,7 +69,8 @@ def ort_greedy(graph: Path, reference: GenaiReference, batch_of_one: bool) -> tu
     return [until_eos(row, reference.eos) for row in rows], _accuracy(graph)
 
 
-def _generate(session: Any, inputs: dict[str, Any], prompts: list[list[int]], reference: GenaiReference) -> list[list[int]]:
+def _generate(session: Any, inputs: dict[str, Any], prompts: list[list[int]],
+              reference: GenaiReference) -> list[list[int]]:
     width = max(len(p) for p in prompts)
     ids = np.array([[reference.pad] * (width - len(p)) + p for p in prompts], dtype=np.int64)
     mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=np.int64)

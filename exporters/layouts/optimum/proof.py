@@ -1,7 +1,8 @@
 """optimum's proof: the side environment's Python runs the layout's generation script (`GENERATE`, the card's
 snippet with this folder and eager's prompts in it) on the folder alone, greedy over a left-padded batch of two
-prompts of different lengths, each row token for token against eager greedy `generate` (`exporters.layouts.greedy`); a quantized or half-precision
-target against ONNX Runtime's own greedy of the same graph, and eager's tokens by its budget (`layouts.ort_greedy`).
+prompts of different lengths, each row token for token against eager greedy `generate` (`exporters.layouts.greedy`);
+a quantized or half-precision target against ONNX Runtime's own greedy of the same graph, and eager's tokens by its
+budget (`exporters.layouts.ort_greedy`).
 
 The child first asks its own transformers whether it knows the folder's model type: a family optimum's transformers
 4.x does not hold is `declined` (optimum cannot take it; the artifact's verdict stands); so is a model whose cache
