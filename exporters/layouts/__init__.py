@@ -16,6 +16,8 @@ exporters/layouts/
   sentence_transformers/  SentenceTransformer(folder, backend="onnx"), in the same side environment: an encoder's graph
                      beside the repo's modules and pooling config
   greedy.py          the eager side of the batch proofs (GenAI, optimum): two left-padded prompts, greedy
+  ort_greedy.py      a quantized target's batch proofs: the runtime against ONNX Runtime's own greedy of the graph,
+                     eager by the variant's budget
 ```
 
 The stages see only this face: a run's export child asks each layout for its files once the graphs are written

@@ -1,6 +1,7 @@
 """ONNX Runtime GenAI's proof of a merged decoder ONNX folder: `og.Model(folder)` from the folder alone (its
 `genai_config.json`, the graph), a greedy `og.Generator` over a padded batch of two prompts of different lengths,
-token for token against eager greedy `generate`.
+token for token against eager greedy `generate` (a quantized or half-precision target: against ONNX Runtime's own
+greedy of the same graph, and eager's tokens judged by its budget's `min_greedy_match`: `exporters.layouts.ort_greedy`).
 
 ```
 reference(model)                                   prove(folder)
@@ -30,6 +31,7 @@ from typing import Any
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.genai.config import GENAI_CONFIG
 from exporters.layouts.greedy import GenaiReference, batch_reference, common_prefix, until_eos
+from exporters.layouts import ort_greedy
 
 # GenAI's own pad_token_id when genai_config.json leaves it out (a model without a pad token): 0 (`int pad_token_id{}`
 # in onnxruntime-genai's config.h), which the eager side of this proof pads with then
@@ -95,7 +97,8 @@ def prove(layout: Any, directory: Path, reference: GenaiReference, context: Runt
                             f"{reference.pad}")
     width = max(len(p) for p in reference.prompts)
     prompts = " and ".join(str(len(p)) for p in reference.prompts)
-    if graph_batch(directory, genai) == 1:  # the batch fixed at 1 (GroupQueryAttention's fusion): each prompt alone
+    one = graph_batch(directory, genai) == 1
+    if one:  # the batch fixed at 1 (GroupQueryAttention's fusion): each prompt alone
         batches = [{"rows": [p], "max_length": len(p) + reference.steps} for p in reference.prompts]
         batch = f"each prompt alone, the graph's batch is fixed at 1; prompts of {prompts} tokens"
     else:
@@ -107,6 +110,10 @@ def prove(layout: Any, directory: Path, reference: GenaiReference, context: Runt
     if got is None:
         return RuntimeProof(layout.runtime, "failed", f"ONNX Runtime GenAI failed: {why}")
     got = [until_eos(row, reference.eos) for row in got]
+    quantized = ort_greedy.judge(layout.runtime, "GenAI", got, reference,
+                                 directory / genai["model"]["decoder"]["filename"], one, batch, context)
+    if quantized is not None:
+        return quantized
     total = sum(len(r) for r in reference.new_tokens)
     equal = sum(common_prefix(want, have) for want, have in zip(reference.new_tokens, got))
     if got != reference.new_tokens:

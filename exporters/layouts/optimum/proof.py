@@ -1,6 +1,8 @@
 """optimum's proof: the side environment's Python runs the layout's generation script (`GENERATE`, the card's
 snippet with this folder and eager's prompts in it) on the folder alone, greedy over a left-padded batch of two
-prompts of different lengths, each row token for token against eager greedy `generate` (`exporters.layouts.greedy`).
+prompts of different lengths, each row token for token against eager greedy `generate` (`exporters.layouts.greedy`);
+a quantized or half-precision target against ONNX Runtime's own greedy of the same graph, and eager's tokens by its
+budget (`exporters.layouts.ort_greedy`).
 
 The child first asks its own transformers whether it knows the folder's model type: a family optimum's transformers
 4.x does not hold is `declined` (optimum cannot take it; the artifact's verdict stands); so is a model whose cache
@@ -15,6 +17,7 @@ from typing import Any
 
 from exporters.layouts.child import KNOWS, RuntimeContext, RuntimeProof, child_timeout, run_in_child, side_python
 from exporters.layouts.greedy import GenaiReference, batch_reference, common_prefix, until_eos
+from exporters.layouts import ort_greedy
 from exporters.layouts.optimum import generate_script
 from exporters.upstream import read_manifest
 
@@ -75,7 +78,8 @@ def prove(layout: Any, directory: Path, reference: GenaiReference, context: Runt
     if python is None:
         return layout.not_here()
     # a graph whose batch is fixed at 1 (ONNX Runtime's GroupQueryAttention fusion) runs each prompt alone
-    batches = [[p] for p in reference.prompts] if _batch_of_one(directory) else [reference.prompts]
+    one = _batch_of_one(directory)
+    batches = [[p] for p in reference.prompts] if one else [reference.prompts]
     rows: list[list[int]] = []
     for prompts in batches:
         script = generate_script("spec['folder']", prompts, reference.pad, reference.steps,
@@ -90,6 +94,11 @@ def prove(layout: Any, directory: Path, reference: GenaiReference, context: Runt
     got = [until_eos(row, reference.eos) for row in rows]
     total = sum(len(r) for r in reference.new_tokens)
     prompts = " and ".join(str(len(p)) for p in reference.prompts)
+    batch = f"batch of {len(batches[0])}, prompts of {prompts} tokens, ORTModelForCausalLM"
+    graph = directory / read_manifest(directory)["components"]["model"]["file"]
+    quantized = ort_greedy.judge(layout.runtime, layout.runtime, got, reference, graph, one, batch, context)
+    if quantized is not None:
+        return quantized
     if got != reference.new_tokens:
         equal = sum(common_prefix(want, have) for want, have in zip(reference.new_tokens, got))
         return RuntimeProof(layout.runtime, "failed", f"{equal}/{total} tokens equal eager greedy (batch of "
