@@ -132,13 +132,15 @@ LAUNCHER_OWNER = """
 import json, os
 from tests import cli_launcher
 done = cli_launcher.launch(["--help"], {**os.environ, "PYTHONUNBUFFERED": "1"}, cli_launcher.ROOT, 120)
-print(json.dumps({"how": done.how, "launcher": cli_launcher.launcher().process.pid, "code": done.done.returncode}))
+print(json.dumps({"how": done.how, "launcher": cli_launcher.launcher().process.pid, "code": done.done.returncode}),
+      flush=True)
+os._exit(0)  # no atexit, no session end: as a worker that was killed
 """
 
 
 def test_a_worker_has_its_own_launcher_and_it_ends_with_the_worker():
     """Each process (each pytest-xdist worker) starts its own launcher on its first call; when the process ends,
-    without a word to it, the launcher ends too (its lifeline pipe closes)."""
+    even without a word to it (no atexit, no session end), the launcher ends too: its lifeline pipe closes."""
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(LAUNCHER_OWNER)], capture_output=True, text=True,
                           cwd=ROOT, timeout=300, env={**os.environ, cli_launcher.COLD_ENV: "0"})
     assert done.returncode == 0, done.stderr[-3000:]
