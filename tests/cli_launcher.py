@@ -27,9 +27,13 @@ Example:
 
 from __future__ import annotations
 
+import atexit
+import builtins
+import importlib
 import json
 import locale
 import os
+import runpy
 import selectors
 import signal
 import socket
@@ -39,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,8 +129,6 @@ def launcher() -> _Launcher:
     with _lock:
         if _launcher is None or _launcher.owner != os.getpid() or _launcher.process.poll() is not None:
             _launcher = _Launcher()
-            import atexit
-
             atexit.register(_launcher.close)
         return _launcher
 
@@ -347,11 +350,6 @@ def _send(connection: socket.socket, text: str) -> None:
 
 def become_cli(request: dict, fds: list[int]) -> None:
     """In the forked child: take the call's fds, cwd, environment and argv, then run `python -m exporters.cli`."""
-    import builtins
-    import importlib
-    import runpy
-    import types
-
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
