@@ -1,4 +1,9 @@
-"""Shared fixtures: the local Hub and GitHub emulators, and tiny models built once per session."""
+"""Shared fixtures: the local Hub and GitHub emulators, and tiny models built once per session.
+
+`run_cli` starts the real CLI in its own process forked from a per-worker launcher that has imported torch and the
+rest of the environment-blind stack (tests/cli_launcher.py, #48); `HF_EXPORT_TEST_COLD_CLI=1` starts every call in a
+cold interpreter instead, and a test about the CLI's start-up stays cold (`COLD_MODULES`, `@pytest.mark.cold_cli`).
+"""
 
 from __future__ import annotations
 
@@ -11,10 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from tests import cli_launcher
+
 pytest_plugins = ["tests.servers.hub_fixtures", "tests.servers.github_fixtures"]
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "exporters.cli"]
+# Modules whose CLI runs are about the start-up itself, started cold (their own subprocesses are cold anyway).
+COLD_MODULES = {"tests/test_first_hour.py": "the README's commands run as a user types them",
+                "tests/test_bench_start.py": "it times the CLI's start and its forkserver's"}
 
 
 def process_alive(pid: int) -> bool:
@@ -28,10 +38,11 @@ def process_alive(pid: int) -> bool:
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
             timeout: float = 900) -> subprocess.CompletedProcess:
-    """Run the real `hf-export` CLI as a subprocess, as a user would."""
+    """Run the real `hf-export` CLI in its own process, as a user would: forked from this worker's launcher, which
+    has imported the stack's environment-blind part, or cold (tests/cli_launcher.py says when); the same exit code,
+    output and files either way, and `timeout` kills it."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=full_env, cwd=cwd or ROOT,
-                          timeout=timeout)
+    return cli_launcher.launch(list(args), full_env, cwd or ROOT, timeout).done
 
 
 PLAINEST_EXECUTORCH = {"export_format": "executorch", "mode": "generation"}
@@ -60,11 +71,31 @@ def targets_by_name(report: dict) -> dict[str, dict]:
 
 
 def pytest_configure(config) -> None:
-    """The order below holds under xdist: pytest-xdist (3.8) reorders `--dist loadfile`'s modules by their number
+    """`cold_cli(reason)` marks a test whose `run_cli` calls start a cold interpreter.
+
+    The order below holds under xdist: pytest-xdist (3.8) reorders `--dist loadfile`'s modules by their number
     of tests unless told not to (`--loadscope-reorder`, its default), which put the 247 quick matrix checks first
     and one-export modules such as tests/test_bench_start.py last, whatever they cost."""
+    config.addinivalue_line("markers", "cold_cli(reason): run_cli starts the CLI cold (a test about its start-up)")
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test about the CLI's start-up runs it cold, its fixtures' runs included."""
+    marker = item.get_closest_marker("cold_cli")
+    cli_launcher.set_cold(marker.args[0] if marker and marker.args else "marked cold_cli" if marker else
+                          COLD_MODULES.get(item.nodeid.split("::")[0], ""))
+    try:
+        return (yield)
+    finally:
+        cli_launcher.set_cold("")
+
+
+def pytest_sessionfinish(session) -> None:
+    """Each xdist worker (or the one process) stops its CLI launcher at the session's end."""
+    cli_launcher.shut_down()
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -1,0 +1,178 @@
+"""The CLI the tests start warm is the CLI a user starts (#48, tests/cli_launcher.py): the same exit code, output and
+report as a cold `python -m exporters.cli`, the environment of each call seen (nothing that reads HF_* preloaded), an
+uncaught exception reported as the interpreter reports it, a timeout that kills it, and one launcher per worker
+that ends with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import cli_launcher
+from tests.conftest import ROOT, process_alive, targets_by_name
+from tests.models import tiny_bert, write_recipe
+from tests.servers.hub import HubEmulator
+
+
+def _both(args: list[str], env: dict[str, str] | None = None,
+          cwd: Path = ROOT) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """The same call warm and cold: (warm, cold); the warm one did start warm."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    warm = cli_launcher.launch(args, full_env, cwd, 600, warm=True)
+    assert warm.how == "warm", warm.how
+    cold = cli_launcher.launch(args, full_env, cwd, 600, warm=False)
+    assert cold.how.startswith("cold")
+    return warm.done, cold.done
+
+
+@pytest.mark.parametrize("case", ["help", "bad recipe", "good recipe", "bad flag"])
+def test_a_warm_cli_answers_as_a_cold_one(case, tmp_path):
+    """`--help`, `check` of a bad and of a good recipe, an unknown flag: the same exit code, stdout and stderr."""
+    bad = write_recipe(tmp_path, {"exports": [{"export_format": "tflite"}]}).rename(tmp_path / "bad.json")
+    good = write_recipe(tmp_path, {"exports": [{"export_format": "onnx"}]}).rename(tmp_path / "good.json")
+    args = {"help": ["--help"], "bad recipe": ["check", str(bad)], "good recipe": ["check", str(good)],
+            "bad flag": ["run", "--no-such-flag", str(tmp_path)]}[case]
+    warm, cold = _both(args)
+    assert (warm.returncode, warm.stdout, warm.stderr) == (cold.returncode, cold.stdout, cold.stderr)
+    assert warm.args == cold.args == [sys.executable, "-m", "exporters.cli", *args]
+    assert warm.returncode == {"help": 0, "bad recipe": 2, "good recipe": 0, "bad flag": 2}[case], warm.stderr
+
+
+def test_an_uncaught_exception_comes_back_as_from_a_cold_cli():
+    """huggingface_hub reads HF_HUB_ETAG_TIMEOUT at import: a bad value raises in the CLI's own import (it was not
+    preloaded), with the interpreter's traceback from `-m`'s frame on and exit code 1, warm as cold."""
+    warm, cold = _both(["--version"], {"HF_HUB_ETAG_TIMEOUT": "soon"})
+    assert warm.returncode == cold.returncode == 1
+    assert warm.stderr == cold.stderr and warm.stdout == cold.stdout
+    assert warm.stderr.startswith("Traceback (most recent call last):\n  File \"<frozen runpy>\"")
+    assert warm.stderr.rstrip().endswith("ValueError: invalid literal for int() with base 10: 'soon'")
+
+
+def test_each_warm_call_sees_its_own_environment(tmp_path):
+    """Two Hub emulators hold the same repo id with different recipes: each call reads the recipe from the
+    HF_ENDPOINT it was given, and HF_HUB_OFFLINE=1 stops the next one before it reaches either; all of them warm."""
+    recipes = {"one": [{"name": "onnx-one", "export_format": "onnx"}],
+               "two": [{"name": "dynamo-two", "export_format": "dynamo"}]}
+    answers = {}
+    with HubEmulator() as first, HubEmulator() as second:
+        for name, hub in (("one", first), ("two", second)):
+            hub.create_model_repo("acme/tiny", {"config.json": json.dumps({"model_type": "bert"}).encode(),
+                                                "export_config.json": json.dumps(recipes[name]).encode()})
+        for name, hub, offline in (("one", first, "0"), ("two", second, "0"), ("offline", second, "1")):
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": offline,
+                   "HF_HOME": str(tmp_path / name), "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+            called = cli_launcher.launch(["run", "acme/tiny", "--out", str(tmp_path / f"out-{name}"), "--target",
+                                          "nope", "--no-bench", "--quiet"], env, ROOT, 600, warm=True)
+            assert called.how == "warm", called.how
+            answers[name] = called.done
+    assert answers["one"].returncode == answers["two"].returncode == 2, answers["one"].stderr[-2000:]
+    assert "onnx-one" in answers["one"].stderr and "dynamo-two" not in answers["one"].stderr
+    assert "dynamo-two" in answers["two"].stderr and "onnx-one" not in answers["two"].stderr
+    offline = answers["offline"]
+    assert offline.returncode != 0 and "HF_HUB_OFFLINE" in offline.stderr, offline.stderr[-2000:]
+    assert "dynamo-two" not in offline.stderr
+
+
+def test_a_tiny_run_warm_writes_what_a_cold_one_writes(tmp_path):
+    """A one-target run of a tiny BERT: the same exit code, verdicts, byte-identical artifacts and tool versions."""
+    model = tiny_bert(tmp_path / "model", [{"name": "dynamo", "export_format": "dynamo"}])
+    outs = {how: tmp_path / f"out-{how}" for how in ("warm", "cold")}
+    runs = {how: cli_launcher.launch(["run", "--no-bench", str(model), "--out", str(out), "--quiet"],
+                                     {**os.environ, "PYTHONUNBUFFERED": "1"}, ROOT, 600,
+                                     warm=how == "warm")
+            for how, out in outs.items()}
+    assert runs["warm"].how == "warm" and runs["cold"].how.startswith("cold")
+    assert runs["warm"].done.returncode == runs["cold"].done.returncode == 0, runs["warm"].done.stderr[-2000:]
+    assert runs["warm"].done.stdout.replace("out-warm", "out-cold") == runs["cold"].done.stdout
+    reports = {how: json.loads((out / "report.json").read_text()) for how, out in outs.items()}
+
+    def facts(report: dict) -> dict:
+        target = targets_by_name(report)["dynamo"]
+        return {"status": report["status"], "versions": report["versions"], "target": target["status"],
+                "checks": [(c["name"], [k["verdict"] for k in c["checks"]]) for c in target["components"]],
+                "files": {f["path"]: f["sha256"] for f in target["files"]}}
+
+    assert facts(reports["warm"]) == facts(reports["cold"])
+
+
+def test_the_timeout_kills_the_warm_cli(tmp_path):
+    """`run_cli(..., timeout=)` raises subprocess.TimeoutExpired and the CLI's process is gone, as with a cold one."""
+    model = tiny_bert(tmp_path / "model", [{"export_format": "dynamo"}])
+    began = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        cli_launcher.launch(["run", "--no-bench", str(model), "--out", str(tmp_path / "out"), "--quiet"],
+                            {**os.environ, "PYTHONUNBUFFERED": "1"}, ROOT, 1.0, warm=True)
+    assert time.monotonic() - began < 30
+    pids = _children_of(cli_launcher.launcher().process.pid)
+    assert not pids, f"the killed CLI still runs: {pids}"
+
+
+def _children_of(pid: int) -> list[int]:
+    """The live processes whose parent is `pid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and process_alive(int(entry.name)):
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(")") + 2:].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+LAUNCHER_OWNER = """
+import json, os
+from tests import cli_launcher
+done = cli_launcher.launch(["--help"], {**os.environ, "PYTHONUNBUFFERED": "1"}, cli_launcher.ROOT, 120)
+print(json.dumps({"how": done.how, "launcher": cli_launcher.launcher().process.pid, "code": done.done.returncode}),
+      flush=True)
+os._exit(0)  # no atexit, no session end: as a worker that was killed
+"""
+
+
+def test_a_worker_has_its_own_launcher_and_it_ends_with_the_worker():
+    """Each process (each pytest-xdist worker) starts its own launcher on its first call; when the process ends,
+    even without a word to it (no atexit, no session end), the launcher ends too: its lifeline pipe closes."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(LAUNCHER_OWNER)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, env={**os.environ, cli_launcher.COLD_ENV: "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    told = json.loads(done.stdout)
+    assert told["how"] == "warm" and told["code"] == 0
+    assert told["launcher"] != cli_launcher.launcher().process.pid
+    deadline = time.monotonic() + 20
+    while process_alive(told["launcher"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not process_alive(told["launcher"]), "the launcher outlived its worker"
+
+
+def test_the_preload_reads_no_setting_the_tests_vary_and_is_loaded_by_a_cold_cli_anyway():
+    """What the launcher imported is a subset of what a cold `import exporters.run.pipeline` loads (so an export
+    child forked by the CLI holds what it would hold cold); none of it is huggingface_hub, transformers or ours, and
+    the environment keys it read at import include no HF_* or product setting."""
+    code = "import sys, json, exporters.run.pipeline; print(json.dumps(sorted(sys.modules)))"
+    cold = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                                         timeout=300, check=True).stdout))
+    launcher = cli_launcher.launcher()
+    assert launcher.packages <= {name.split(".")[0] for name in cold}, launcher.packages - cold
+    assert not launcher.packages & {"huggingface_hub", "transformers", "exporters", "tests"}, launcher.packages
+    assert not {key for key in launcher.reads if key.startswith(("HF_", "HUGGINGFACE", "EXPORT_", "GITHUB_"))}
+    assert set(launcher.scanned) <= set(cli_launcher.SCANNERS), launcher.scanned
+
+
+def test_a_call_that_changes_what_the_preload_read_starts_cold(tmp_path):
+    """A PYTHONPATH, a torch setting or a cwd holding a module named like a preloaded one would change what a cold
+    interpreter imports: those calls start cold, and say why."""
+    base = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    (tmp_path / "torch").mkdir()
+    for env, cwd, why in ((base, ROOT, ""), ({**base, "PYTHONPATH": str(tmp_path)}, ROOT, "PYTHONPATH"),
+                          ({**base, "TORCH_LOGS": "+dynamo"}, ROOT, "TORCH_LOGS"), (base, tmp_path, "torch")):
+        reason = cli_launcher.launcher().cold_reason(env, cwd)
+        assert (why in reason) if why else reason == "", (why, reason)
