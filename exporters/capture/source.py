@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import HfApi, snapshot_download
-from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+import httpx2  # huggingface_hub's HTTP client: what it raises when the Hub cannot be reached at all
+from huggingface_hub import HfApi, scan_cache_dir, snapshot_download
+from huggingface_hub.errors import (CacheNotFound, HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled,
+                                    RepositoryNotFoundError, RevisionNotFoundError)
 from transformers import AutoTokenizer
 
 from exporters import fsutil
@@ -116,10 +118,15 @@ def resolve_source(
         raise ModelSourceError(f"no folder {model!r} here, and it is not a Hub repo id like 'org/name'")
 
     api = HfApi(endpoint=endpoint, token=token)
+    patterns = {"allow_patterns": list(RECIPE_SOURCES)} if recipe_only else {"ignore_patterns": DOWNLOAD_IGNORE}
     try:
         info = api.model_info(model, revision=revision)
-        patterns = {"allow_patterns": list(RECIPE_SOURCES)} if recipe_only else {"ignore_patterns": DOWNLOAD_IGNORE}
         folder = snapshot_download(model, revision=info.sha, token=token, endpoint=endpoint, **patterns)
+    except OfflineModeIsEnabled:
+        return _cached_source(model, revision, patterns)
+    except httpx2.TransportError as err:
+        raise ModelSourceError(f"could not reach the Hub at {api.endpoint} for {model!r} ({err.__class__.__name__}): "
+                               "check the network or HF_ENDPOINT, or pass the model's folder") from None
     except RepositoryNotFoundError:
         raise ModelSourceError(f"Hub repo {model!r} not found (or private: give a `token` that can read it)",
                                option="token") from None
@@ -128,6 +135,30 @@ def resolve_source(
     except HfHubHTTPError as err:
         raise ModelSourceError(f"could not read {model!r} from the Hub: {err.__class__.__name__}") from None
     return ModelSource(model_id=model, folder=Path(folder), revision=info.sha, is_hub=True)
+
+
+def _cached_source(model: str, revision: str | None, patterns: dict[str, Any]) -> ModelSource:
+    """With `HF_HUB_OFFLINE` set, the repo's snapshot already in the local Hub cache (huggingface_hub's offline
+    mode), its commit read from the snapshot's folder; without a `revision`, the newest cached commit (a run pins
+    the commit it downloads, so the cache holds no `main` ref for it); a clear error when none is there."""
+    try:
+        folder = Path(snapshot_download(model, revision=revision or _newest_cached_commit(model),
+                                        local_files_only=True, **patterns))
+    except (LocalEntryNotFoundError, FileNotFoundError, OfflineModeIsEnabled):
+        at = f" at revision {revision!r}" if revision else ""
+        raise ModelSourceError(f"HF_HUB_OFFLINE is set and {model!r}{at} is not in the local Hub cache: download it "
+                               "first, unset HF_HUB_OFFLINE, or pass the model's folder") from None
+    return ModelSource(model_id=model, folder=folder, revision=folder.name, is_hub=True)
+
+
+def _newest_cached_commit(model: str) -> str | None:
+    """The commit of `model`'s most recently written snapshot in the local Hub cache, None when there is none."""
+    try:
+        cached = [repo for repo in scan_cache_dir().repos if repo.repo_type == "model" and repo.repo_id == model]
+    except CacheNotFound:
+        return None
+    revisions = [revision for repo in cached for revision in repo.revisions]
+    return max(revisions, key=lambda revision: revision.last_modified).commit_hash if revisions else None
 
 
 def read_config(folder: Path) -> dict[str, Any]:
