@@ -47,6 +47,7 @@ from exporters.run.reuse import Signer, previous_report, reusable
 from exporters.run.workbench import Workbench
 from exporters.status import FAILED, PASSED, UNVERIFIED
 from exporters.upstream import import_loaders, move_to, torchlib_registry_ready
+from exporters.validate.arbitration import keeps_eager_weights
 from exporters.validate.benchmark import bench_passing, warm_up
 from exporters.validate.checks import validate_target
 from exporters.validate.dtype_files import judge_dtype_files, record_dtype_files
@@ -331,9 +332,10 @@ def _validate_into(result: TargetResult, target: Target, context: RunContext, wo
         validation = validate_target(
             target=target, recipe=context.recipe, saved=saved, components=workbench.components(target, context.recipe),
             subject=workbench.subject(target, context), expected_components=result.expected_components,
-            # vision-language parity runs the model's own forward around the graphs: its weights stay
-            release_model=(lambda: release_weights(workbench.model))
-            if last and workbench.sample.family not in MULTIMODAL_GENERATORS else None, precomputed=precomputed,
+            # vision-language parity runs the model's own forward around the graphs, and a failed check of a model
+            # small enough is arbitrated in float64 on every target alike: their weights stay
+            release_model=(lambda: release_weights(workbench.model)) if last and workbench.sample.family not in
+            MULTIMODAL_GENERATORS and not keeps_eager_weights(workbench.model) else None, precomputed=precomputed,
         )
     if guard.error is not None:
         result.status, result.error = FAILED, logged_error(guard.error, context.out_dir / "logs" / f"{target.name}.log",

@@ -28,11 +28,25 @@ import torch
 
 from exporters.errors import describe_error, recoverable
 
-__all__ = ["ARBITRATION_MAX_BYTES", "Arbiter", "float64_inputs"]
+__all__ = ["ARBITRATION_MAX_BYTES", "Arbiter", "float64_inputs", "keeps_eager_weights"]
 
 # the float64 copy of a module is made only where it holds at most this many bytes of weights (a failed check of a
 # larger model is left failed, saying so): it lives beside the model while the check is judged
 ARBITRATION_MAX_BYTES = 2 * 1024 ** 3
+
+
+def keeps_eager_weights(model: torch.nn.Module) -> bool:
+    """Whether a run keeps `model`'s eager weights through its last target's validation instead of freeing them
+    before the artifact loads: where the whole model's float64 copy is within `ARBITRATION_MAX_BYTES`, so a failed
+    check can be arbitrated on every target alike (a target's verdict never depends on its place in the run); a
+    larger model frees them (the eager model and the artifact are never in memory together) and is never arbitrated.
+
+    Example:
+        >>> keeps_eager_weights(torch.nn.Linear(2, 2))
+        True
+    """
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() for t in tensors) * 8 <= ARBITRATION_MAX_BYTES
 
 
 def float64_inputs(value: Any) -> Any:
