@@ -32,8 +32,9 @@ def qwen_vl_genai(tmp_path_factory):
     return stored_run(tiny_qwen2_5_vl_with_tokenizer(root / "model", QWEN_VL_RECIPE))
 
 
-def test_genai_generates_from_a_qwen2_5_vl_onnx_folder_in_the_product(qwen_vl_genai):
-    out, report, log = qwen_vl_genai
+def _assert_genai_generated_from_an_image(out, report: dict, log: str) -> None:
+    """The run's `onnx` target passed, GenAI generated eager's 8 tokens from the sample's image and prompt with its
+    processor's pixels and image tokens checked, and report.md's runs-in column says so."""
     target = {target["name"]: target for target in report["targets"]}["onnx"]
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
     [proof] = [proof for proof in target["runtimes"] if proof["runtime"] == RUNTIME]
@@ -41,6 +42,11 @@ def test_genai_generates_from_a_qwen2_5_vl_onnx_folder_in_the_product(qwen_vl_ge
     assert proof["detail"].startswith("8/8 tokens from an image and a prompt (its processor's pixels and image "
                                       "tokens as the sample's"), proof
     assert "ONNX Runtime GenAI ✓ 8/8 tokens from an image and a prompt" in (out / "report.md").read_text()
+
+
+def test_genai_generates_from_a_qwen2_5_vl_onnx_folder_in_the_product(qwen_vl_genai):
+    out, report, log = qwen_vl_genai
+    _assert_genai_generated_from_an_image(out, report, log)
     folder = out / "onnx"
     genai = json.loads((folder / "genai_config.json").read_text())["model"]
     config = json.loads((folder / "config.json").read_text())
@@ -125,13 +131,7 @@ def test_genai_generates_from_a_qwen2_vl_onnx_folder_typed_qwen2_5_vl_and_its_ca
 
     out, report, log = stored_run(tiny_qwen2_5_vl_with_tokenizer(tmp_path / "model", QWEN2_VL_RECIPE,
                                                                  family="qwen2_vl"))
-    target = {target["name"]: target for target in report["targets"]}["onnx"]
-    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
-    [proof] = [proof for proof in target["runtimes"] if proof["runtime"] == RUNTIME]
-    assert proof["status"] == "passed", proof
-    assert proof["detail"].startswith("8/8 tokens from an image and a prompt (its processor's pixels and image "
-                                      "tokens as the sample's"), proof
-    assert "ONNX Runtime GenAI ✓ 8/8 tokens from an image and a prompt" in (out / "report.md").read_text()
+    _assert_genai_generated_from_an_image(out, report, log)
     folder = out / "onnx"
     assert json.loads((folder / "config.json").read_text())["model_type"] == "qwen2_vl"
     genai = json.loads((folder / "genai_config.json").read_text())["model"]

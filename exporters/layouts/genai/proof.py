@@ -84,12 +84,20 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> GenaiReferenc
     return batch_reference(model, context, GENAI_DEFAULT_PAD)
 
 
-def prove(layout: Any, directory: Path, reference: GenaiReference, context: RuntimeContext) -> RuntimeProof:
-    """GenAI's greedy generation from the folder alone, in a child, token for token against `reference`."""
+def cannot_prove(layout: Any, directory: Path) -> RuntimeProof | None:
+    """Why GenAI cannot prove `directory` here (not installed, no `genai_config.json`), None when it can: the
+    check every GenAI proof (text, Whisper, Qwen-VL) makes first."""
     if importlib.util.find_spec("onnxruntime_genai") is None:
         return layout.not_here()
     if not (directory / GENAI_CONFIG).is_file():
         return RuntimeProof(layout.runtime, "failed", f"no {GENAI_CONFIG} in the folder")
+    return None
+
+
+def prove(layout: Any, directory: Path, reference: GenaiReference, context: RuntimeContext) -> RuntimeProof:
+    """GenAI's greedy generation from the folder alone, in a child, token for token against `reference`."""
+    if (refused := cannot_prove(layout, directory)) is not None:
+        return refused
     genai = json.loads((directory / GENAI_CONFIG).read_text(encoding="utf-8"))
     pad = genai["model"].get("pad_token_id", GENAI_DEFAULT_PAD)
     if pad != reference.pad:

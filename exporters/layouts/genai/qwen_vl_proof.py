@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import tempfile
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 import torch
 
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
-from exporters.layouts.genai.config import GENAI_CONFIG
+from exporters.layouts.genai.proof import cannot_prove
 from exporters.layouts.greedy import DEFAULT_NEW_TOKENS
 
 PROMPT = "<|vision_start|><|image_pad|><|vision_end|>describe the image"  # GenAI expands the image's tokens
@@ -98,10 +97,8 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
     make pixels of the sample's shape and as many image tokens, its new tokens must be eager's."""
     if "unverified" in reference:
         return RuntimeProof(layout.runtime, "unverified", reference["unverified"])
-    if importlib.util.find_spec("onnxruntime_genai") is None:
-        return layout.not_here()
-    if not (directory / GENAI_CONFIG).is_file():
-        return RuntimeProof(layout.runtime, "failed", f"no {GENAI_CONFIG} in the folder")
+    if (refused := cannot_prove(layout, directory)) is not None:
+        return refused
     processor = (directory / "tokenizer.json").is_file()  # GenAI's processor tokenizes the prompt
     sample = reference["sample"]
     with tempfile.TemporaryDirectory(prefix="genai-qwen-vl-") as scratch:

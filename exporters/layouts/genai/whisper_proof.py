@@ -19,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import tempfile
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 import torch
 
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
-from exporters.layouts.genai.config import GENAI_CONFIG
+from exporters.layouts.genai.proof import cannot_prove
 from exporters.layouts.greedy import DEFAULT_NEW_TOKENS
 
 # GenAI runs in a child (a native abort there ends this proof, not the run)
@@ -76,10 +75,8 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
     eager's."""
     if "unverified" in reference:
         return RuntimeProof(layout.runtime, "unverified", reference["unverified"])
-    if importlib.util.find_spec("onnxruntime_genai") is None:
-        return layout.not_here()
-    if not (directory / GENAI_CONFIG).is_file():
-        return RuntimeProof(layout.runtime, "failed", f"no {GENAI_CONFIG} in the folder")
+    if (refused := cannot_prove(layout, directory)) is not None:
+        return refused
     with tempfile.TemporaryDirectory(prefix="genai-whisper-") as scratch:
         features = Path(scratch) / "features.json"
         features.write_text(json.dumps(reference["features"]), encoding="utf-8")
