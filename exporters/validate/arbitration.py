@@ -45,8 +45,12 @@ def keeps_eager_weights(model: torch.nn.Module) -> bool:
         >>> keeps_eager_weights(torch.nn.Linear(2, 2))
         True
     """
-    tensors = [*model.parameters(), *model.buffers()]
-    return sum(t.numel() for t in tensors) * 8 <= ARBITRATION_MAX_BYTES
+    return _float64_bytes(model) <= ARBITRATION_MAX_BYTES
+
+
+def _float64_bytes(module: torch.nn.Module) -> int:
+    """What `module`'s float64 copy (its parameters and buffers) takes."""
+    return sum(t.numel() for t in (*module.parameters(), *module.buffers())) * 8
 
 
 def float64_inputs(value: Any) -> Any:
@@ -83,11 +87,10 @@ class Arbiter:
 
     def unavailable(self) -> str | None:
         """Why no float64 reference can be computed (None when it can)."""
-        tensors = [*self.module.parameters(), *self.module.buffers()]
-        if any(t.device.type == "meta" for t in tensors):
+        if any(t.device.type == "meta" for t in (*self.module.parameters(), *self.module.buffers())):
             return ("the eager weights were freed before the artifact was loaded (the run's last target: the two "
                     "are never in memory together)")
-        size = sum(t.numel() for t in tensors) * 8
+        size = _float64_bytes(self.module)
         if size > ARBITRATION_MAX_BYTES:
             return f"the module's float64 copy would take {size / 1024 ** 3:.1f} GiB (at most " \
                    f"{ARBITRATION_MAX_BYTES / 1024 ** 3:.0f} GiB)"
