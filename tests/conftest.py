@@ -21,6 +21,10 @@ from tests import cli_launcher
 pytest_plugins = ["tests.servers.hub_fixtures", "tests.servers.github_fixtures"]
 
 ROOT = Path(__file__).resolve().parents[1]
+# The product sets PYTORCH_NVML_BASED_CUDA_CHECK=1 in its own process before it asks torch about CUDA (exporters.run.
+# context.cuda_available, prepare_run). A test that runs the product in this process would otherwise change this
+# worker's environment after its CLI launcher started, and every later CLI call would start cold (CI of stop 59).
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 CLI = [sys.executable, "-m", "exporters.cli"]
 # Modules whose CLI runs are about the start-up itself, started cold (their own subprocesses are cold anyway).
 COLD_MODULES = {"tests/test_first_hour.py": "the README's commands run as a user types them",

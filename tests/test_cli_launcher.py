@@ -176,3 +176,18 @@ def test_a_call_that_changes_what_the_preload_read_starts_cold(tmp_path):
                           ({**base, "TORCH_LOGS": "+dynamo"}, ROOT, "TORCH_LOGS"), (base, tmp_path, "torch")):
         reason = cli_launcher.launcher().cold_reason(env, cwd)
         assert (why in reason) if why else reason == "", (why, reason)
+
+
+def test_the_product_run_in_this_process_leaves_later_cli_calls_warm(tmp_path):
+    """A test that runs the product in the worker (here `prepare_run`, which asks torch about CUDA the way every
+    run does) must not change the worker's environment under its launcher: the next CLI call still starts warm.
+    (CI of stop 59: the product's PYTORCH_NVML_BASED_CUDA_CHECK, set in process, turned every later call cold.)"""
+    from exporters.run.context import RunOptions, prepare_run
+
+    cli_launcher.launcher()  # started before the in-process run, as in a worker that ran CLI tests first
+    model = tiny_bert(tmp_path / "model")
+    write_recipe(model, {"export_format": "onnx"})
+    prepare_run(str(model), RunOptions(out_dir=tmp_path / "out"), exporting=False)
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    call = cli_launcher.launch(["--version"], full_env, ROOT, 600, warm=True)
+    assert call.how == "warm" and call.done.returncode == 0, (call.how, call.done.stderr[-2000:])
