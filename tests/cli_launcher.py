@@ -93,14 +93,20 @@ class _Launcher:
         self.reads, self.scanned, self.packages = set(facts["reads"]), facts["scanned"], set(facts["packages"])
         self.owner = os.getpid()
 
-    def cold_reason(self, env: dict[str, str], cwd: Path) -> str:
-        """Why a call with `env` in `cwd` cannot start warm ("" when it can)."""
+    def env_differs(self, env: dict[str, str]) -> str:
+        """The first key of `env` that differs from the launcher's and is read at start-up ("" when none)."""
         unknown = [module for module in self.scanned if module not in SCANNERS]
         prefixes = COLD_PREFIXES + tuple(SCANNERS[module] for module in self.scanned if module in SCANNERS)
         for key in sorted(set(env) | set(self.env)):
             if env.get(key) != self.env.get(key) and (unknown or key in self.reads or key in COLD_KEYS
                                                        or key.startswith(prefixes)):
-                return f"{key} differs from the launcher's and is read at start-up"
+                return key
+        return ""
+
+    def cold_reason(self, env: dict[str, str], cwd: Path) -> str:
+        """Why a call with `env` in `cwd` cannot start warm ("" when it can)."""
+        if key := self.env_differs(env):
+            return f"{key} differs from the launcher's and is read at start-up"
         try:
             shadows = {name.removesuffix(".py") for name in os.listdir(cwd)} & self.packages
         except OSError:
@@ -127,7 +133,12 @@ def launcher() -> _Launcher:
     """This process's launcher, started on first use (a forked test process starts its own)."""
     global _launcher
     with _lock:
-        if _launcher is None or _launcher.owner != os.getpid() or _launcher.process.poll() is not None:
+        # A worker whose own environment changed under its launcher (something it ran in process set a variable
+        # read at start-up) gets a fresh one: else every later call, with the worker's environment, starts cold.
+        if (_launcher is None or _launcher.owner != os.getpid() or _launcher.process.poll() is not None
+                or _launcher.env_differs({**os.environ, "PYTHONUNBUFFERED": "1"})):
+            if _launcher is not None and _launcher.owner == os.getpid():
+                _launcher.close()
             _launcher = _Launcher()
             atexit.register(_launcher.close)
         return _launcher

@@ -191,3 +191,15 @@ def test_the_product_run_in_this_process_leaves_later_cli_calls_warm(tmp_path):
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     call = cli_launcher.launch(["--version"], full_env, ROOT, 600, warm=True)
     assert call.how == "warm" and call.done.returncode == 0, (call.how, call.done.stderr[-2000:])
+
+
+def test_a_worker_whose_own_environment_changed_gets_a_fresh_launcher(monkeypatch):
+    """A variable read at start-up set in the worker itself after its launcher started (by anything run in process):
+    the next call with the worker's environment still starts warm, from a fresh launcher that has the new value."""
+    first = cli_launcher.launcher()
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "INFO" if os.environ.get("TORCH_CPP_LOG_LEVEL") != "INFO" else "ERROR")
+    call = cli_launcher.launch(["--version"], {**os.environ, "PYTHONUNBUFFERED": "1"}, ROOT, 600, warm=True)
+    assert call.how == "warm" and call.done.returncode == 0, (call.how, call.done.stderr[-2000:])
+    second = cli_launcher.launcher()
+    assert second is not first and second.env["TORCH_CPP_LOG_LEVEL"] == os.environ["TORCH_CPP_LOG_LEVEL"]
+    assert first.process.wait(timeout=30) is not None  # the stale launcher was stopped, not left running
