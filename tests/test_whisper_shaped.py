@@ -110,3 +110,21 @@ def test_the_cards_genai_whisper_snippet_transcribes_an_audio_file_with_genais_p
     assert done.returncode == 0, (code, done.stderr[-3000:])
     printed = done.stdout.strip().splitlines()[-1].split()
     assert printed and "<|startoftranscript|>" not in printed, done.stdout[-2000:]
+
+
+def test_genais_whisper_proof_fails_where_its_processor_cannot_load(whisper_run, tmp_path):
+    """The proof runs GenAI's own processor where the folder has a tokenizer: a copy of the folder without the
+    `audio_processor_config.json` the layout wrote fails, saying it was the processor (GenAI's message)."""
+    import shutil
+
+    from exporters.layouts import Genai
+
+    out, _, _ = whisper_run
+    folder = tmp_path / "onnx"
+    shutil.copytree(out / "onnx", folder)
+    (folder / "audio_processor_config.json").unlink()
+    reference = {"speech": True, "prompt": [50258, 50259, 50359, 50363], "steps": 2, "tokens": [0, 0],
+                 "features": {"shape": [1, 80, 3000], "data": [0.0] * (80 * 3000)}}
+    proof = Genai().prove(folder, reference, None)
+    assert proof.status == "failed", proof
+    assert "GenAI's processor (audio_processor_config.json, the tokenizer) failed" in proof.detail, proof

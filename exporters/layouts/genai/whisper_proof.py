@@ -56,7 +56,10 @@ if spec["prompt_text"] is not None:  # GenAI's own processor: the prompt's text 
     tone = (0.5 * np.sin(2 * np.pi * 440 * np.arange(rate) / rate) * 32767).astype(np.int16)
     with wave.open(spec["wav"], "wb") as handle:
         handle.setnchannels(1); handle.setsampwidth(2); handle.setframerate(rate); handle.writeframes(tone.tobytes())
-    made = model.create_multimodal_processor()(spec["prompt_text"], audios=og.Audios.open(spec["wav"]))
+    try:
+        made = model.create_multimodal_processor()(spec["prompt_text"], audios=og.Audios.open(spec["wav"]))
+    except Exception as error:  # the processor's config or the tokenizer: said as such
+        raise SystemExit(f"GenAI's processor (audio_processor_config.json, the tokenizer) failed: {error}")
     processed = {"ids": [int(t) for t in made["input_ids"].as_numpy().flatten()],
                  "shape": list(made["audio_features"].as_numpy().shape)}
 params = og.GeneratorParams(model)
