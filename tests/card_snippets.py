@@ -54,6 +54,25 @@ def image_home(tmp_path: Path) -> Path:
     return home
 
 
+def audio_home(tmp_path: Path, seconds: float = 2.0) -> Path:
+    """A home folder for `run_snippet` holding the `audio.wav` a speech snippet reads (its working directory): a
+    440 Hz tone at 16 kHz, 16-bit mono."""
+    import wave
+
+    import numpy as np
+
+    home = tmp_path / "home"
+    home.mkdir()
+    rate = 16000
+    tone = 0.5 * np.sin(2 * np.pi * 440 * np.arange(int(rate * seconds)) / rate)
+    with wave.open(str(home / "audio.wav"), "wb") as handle:
+        handle.setnchannels(1)
+        handle.setsampwidth(2)
+        handle.setframerate(rate)
+        handle.writeframes((tone * 32767).astype(np.int16).tobytes())
+    return home
+
+
 def run_snippet(code: str, hub: HubEmulator, home: Path, prompt: str | None = None,
                 timeout: float = 600, python: str | None = None) -> subprocess.CompletedProcess:
     """`code` as written, in a fresh venv Python whose `huggingface_hub` talks to `hub` (a scratch cache); `prompt`,

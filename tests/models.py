@@ -193,8 +193,8 @@ WHISPER_TINY_GENERATION = {
 def whisper_tiny_shaped(folder: Path, recipe: Any | None = None) -> Path:
     """openai/whisper-tiny's shape at width 64: its full depth (4 encoder + 4 decoder layers), its vocabulary
     (51865, the output projection tied to the token embedding), 80 mel bins, 1500 source and 448 target positions,
-    its special ids in config.json, its `generation_config.json` ([`WHISPER_TINY_GENERATION`]) and a
-    `WhisperFeatureExtractor` of 30 s chunks (3000 frames)."""
+    its special ids in config.json, its `generation_config.json` ([`WHISPER_TINY_GENERATION`]), a
+    `WhisperFeatureExtractor` of 30 s chunks (3000 frames) and a tokenizer of its shape ([`whisper_tokenizer`])."""
     from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
     torch.manual_seed(0)
@@ -209,7 +209,46 @@ def whisper_tiny_shaped(folder: Path, recipe: Any | None = None) -> Path:
     (folder / "generation_config.json").write_text(json.dumps({**generation, "transformers_version": "4.31.0"},
                                                               indent=2) + "\n")
     WhisperFeatureExtractor(feature_size=80).save_pretrained(folder)
+    whisper_tokenizer(folder)
     return folder
+
+
+def _byte_characters() -> list[str]:
+    """GPT-2's (and Whisper's) byte-level alphabet: the 256 characters its BPE vocabulary spells bytes with."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    shifted = [b for b in range(256) if b not in printable]
+    table = {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(shifted)}}
+    return [table[b] for b in range(256)]
+
+
+def whisper_tokenizer(folder: Path):
+    """A `WhisperTokenizer` shaped like openai/whisper-tiny's (no download): a byte-level BPE vocabulary of 50257
+    entries (the 256 byte characters, a few words, numbered fillers), then its special tokens at their ids,
+    `<|endoftext|>` 50257, `<|startoftranscript|>` 50258, its 99 languages from 50259 (`<|en|>` 50259, `<|fr|>`
+    50265), `<|translate|>` 50358, `<|transcribe|>` 50359, `<|notimestamps|>` 50363, and its 1501 timestamps up to
+    51864: 51865 tokens, the model's vocabulary. Saved into `folder` (`tokenizer.json`, `tokenizer_config.json`
+    naming `WhisperTokenizer`, `vocab.json`, `merges.txt`)."""
+    from transformers import WhisperTokenizer
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    vocab = {character: i for i, character in enumerate(_byte_characters())}
+    for word in ("Ġt", "Ġth", "Ġthe", "Ġa", "Ġcat", "Ġhello", "Ġworld"):
+        vocab[word] = len(vocab)
+    while len(vocab) < 50257:
+        vocab[f"Ġfiller{len(vocab)}"] = len(vocab)
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\nĠ t\nĠt h\nĠth e\n")
+    end = "<|endoftext|>"
+    tokenizer = WhisperTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), unk_token=end,
+                                 bos_token=end, eos_token=end, pad_token=end)
+    languages = [f"<|{code}|>" for code in LANGUAGES if code != "yue"]  # whisper-tiny's 99 (yue came with v3)
+    tokenizer.add_special_tokens({"additional_special_tokens": [
+        "<|startoftranscript|>", *languages, "<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>",
+        "<|nocaptions|>", "<|notimestamps|>"]})
+    tokenizer.add_tokens([f"<|{i * 0.02:.2f}|>" for i in range(1501)])
+    assert len(tokenizer) == 51865 and tokenizer.convert_tokens_to_ids("<|notimestamps|>") == 50363
+    tokenizer.save_pretrained(folder)
+    return tokenizer
 
 
 def tiny_llava(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:

@@ -2,8 +2,9 @@
 (Gemma 3, Phi-3-vision, Qwen2.5-VL, ...) from its builder's graphs. For Qwen2.5-VL this product writes them (GenAI's
 vision, embedding and decoder graphs, genai_config.json, processor_config.json) and GenAI generates from the folder
 alone token for token against eager, its processor making the sample's pixels and image tokens, and the card's
-snippet runs as written; a Qwen2-VL gets the same folder, typed `qwen2_5_vl`, proven the same way; the other types
-GenAI runs are declined as a layout not written yet. GenAI has no LLaVA: the
+snippet runs as written; two images in one prompt generate eager's tokens too; a Qwen2-VL gets the same folder,
+typed `qwen2_5_vl`, proven the same way; the other types GenAI runs are declined as a layout not written yet. GenAI
+has no LLaVA: the
 plainest ONNX generation recipe of a tiny LLaVA passes on its own checks, and its "runs in" column says ONNX Runtime
 GenAI ✗ with the reason (no genai_config.json is written).
 """
@@ -34,13 +35,15 @@ def qwen_vl_genai(tmp_path_factory):
 
 def _assert_genai_generated_from_an_image(out, report: dict, log: str) -> None:
     """The run's `onnx` target passed, GenAI generated eager's 8 tokens from the sample's image and prompt with its
-    processor's pixels and image tokens checked, and report.md's runs-in column says so."""
+    processor's pixels and image tokens checked (for one image and for two), and eager's 8 from the same prompt with a
+    second image (GenAI running the vision graph once per image), and report.md's runs-in column says so."""
     target = {target["name"]: target for target in report["targets"]}["onnx"]
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
     [proof] = [proof for proof in target["runtimes"] if proof["runtime"] == RUNTIME]
     assert proof["status"] == "passed", proof
     assert proof["detail"].startswith("8/8 tokens from an image and a prompt (its processor's pixels and image "
                                       "tokens as the sample's"), proof
+    assert proof["detail"].endswith("; 8/8 from two images in one prompt"), proof
     assert "ONNX Runtime GenAI ✓ 8/8 tokens from an image and a prompt" in (out / "report.md").read_text()
 
 
@@ -86,7 +89,8 @@ def test_genais_qwen2_5_vl_graphs_have_its_names_and_share_the_exports_weights(q
         dims = lambda value: [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]  # noqa: E731
         return [(v.name, dims(v)) for v in graph.input], [(v.name, dims(v)) for v in graph.output]
 
-    assert signature("genai_vision.onnx") == ([("pixel_values", [16, 3 * 2 * 8 * 8])], [("image_features", [4, 32])])
+    assert signature("genai_vision.onnx") == ([("pixel_values", [16, 3 * 2 * 8 * 8]), ("image_grid_thw", [1, 3])],
+                                              [("image_features", [4, 32])]), "one image per run: GenAI loops images"
     assert signature("genai_embedding.onnx") == (
         [("input_ids", ["batch_size", "sequence_length"]), ("image_features", ["num_image_tokens", 32])],
         [("inputs_embeds", ["batch_size", "sequence_length", 32])])
@@ -138,7 +142,7 @@ def test_genai_generates_from_a_qwen2_vl_onnx_folder_typed_qwen2_5_vl_and_its_ca
     assert genai["type"] == "qwen2_5_vl" and "window_size" not in genai["vision"], genai["vision"]
     vision = onnx.load(str(folder / "genai_vision.onnx"), load_external_data=False).graph
     assert [(v.name, [d.dim_value for d in v.type.tensor_type.shape.dim]) for v in vision.input] == [
-        ("pixel_values", [16, 3 * 2 * 8 * 8])], "Qwen2-VL's tower at the traced 4 x 4 grid"
+        ("pixel_values", [16, 3 * 2 * 8 * 8]), ("image_grid_thw", [1, 3])], "Qwen2-VL's tower at the traced 4x4 grid"
     commit = upload_exports(hub, "alice/qwen2-vl", out, ["onnx"])
     [(_, language, code)] = [s for s in card_snippets(exports_card("alice/qwen2-vl", out, commit))
                              if s[0] == RUNTIME and '"exports/onnx/*"' in s[2]]

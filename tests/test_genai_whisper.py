@@ -98,7 +98,8 @@ def test_genai_tokens_that_differ_from_eager_fail_the_whisper_proof(whisper_gena
 
 def test_the_cards_genai_whisper_snippet_runs_as_written(whisper_genai, hub, tmp_path):
     """The card's snippet, run as written by the venv's Python against the Hub emulator: the folder's feature
-    extractor on a tone, then GenAI's generator from the decoder's start token."""
+    extractor on a tone (the folder has no tokenizer for GenAI's processor), then GenAI's generator from the decoder
+    prompt read from generation_config.json (this model's: its start token alone)."""
     from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
 
     out, _, _ = whisper_genai

@@ -64,3 +64,67 @@ def test_the_whisper_shaped_targets_report_the_weights_their_files_store(whisper
     dynamo = targets["dynamo"]
     assert dynamo["weights_stored_bytes"] / dynamo["parameter_bytes"] > 1.9
     assert any("separate .pt2" in f for f in dynamo["findings"]), dynamo["findings"]
+
+
+def test_genai_transcribes_the_multilingual_whisper_from_generates_own_decoder_prompt(whisper_run):
+    """#52: ONNX Runtime GenAI runs the multilingual checkpoint from the decoder prompt `generate()` builds from the
+    repo's generation config (`<|startoftranscript|><|en|><|transcribe|><|notimestamps|>`): GenAI's first step feeds
+    those four tokens with an empty past, which the derived decoder graph computes with the merged decoder's no-past
+    branch (the with-past branch holds one token); GenAI's own processor, from the `audio_processor_config.json` the
+    layout writes (the repo ships none), tokenizes the prompt's text into the same ids and makes features of eager's
+    shape; 8/8 tokens against eager `generate()`."""
+    import onnx
+
+    out, report, log = whisper_run
+    target = {t["export_format"]: t for t in report["targets"]}["onnx"]
+    proofs = {proof["runtime"]: proof for proof in target["runtimes"]}
+    proof = proofs["ONNX Runtime GenAI"]
+    assert proof["status"] == "passed", (proof, log[-3000:])
+    assert proof["detail"] == ("8/8 tokens (a spectrogram of 3000 frames, decoder prompt [50258, 50259, 50359, 50363], "
+                               "og.Generator); GenAI's processor made the prompt's ids from its text; eager's "
+                               "suppressed-token lists off (GenAI has none)"), proof
+    folder = out / "onnx"
+    assert not (out.parent / "model" / "audio_processor_config.json").exists()  # the repo ships none
+    steps = json.loads((folder / "audio_processor_config.json").read_text())["feature_extraction"]["sequence"]
+    assert [step["operation"]["type"] for step in steps] == ["AudioDecoder", "STFTNorm", "LogMelSpectrum"]
+    assert steps[2]["operation"]["attrs"] == {"chunk_size": 30, "hop_length": 160, "n_fft": 400, "n_mel": 80}
+    assert "onnx/audio_processor_config.json" in {f["path"] for f in target["files"]}
+    decoder = onnx.load(str(folder / "genai_decoder.onnx"), load_external_data=False).graph
+    [branch] = [node for node in decoder.node if node.op_type == "If"]
+    presents = [f"present.{i}.decoder.{kv}" for i in range(4) for kv in ("key", "value")]
+    assert list(branch.output) == ["logits"] + presents
+
+
+def test_the_cards_genai_whisper_snippet_transcribes_an_audio_file_with_genais_processor(whisper_run, hub, tmp_path):
+    """The card's GenAI snippet for a folder with a tokenizer, run as written against the Hub emulator: GenAI's own
+    processor decodes `audio.wav` and tokenizes the multilingual prompt (read from generation_config.json), GenAI
+    generates and the processor decodes the transcription (special tokens skipped): words of the tokenizer's."""
+    from tests.card_snippets import audio_home, card_snippets, exports_card, run_snippet, upload_exports
+
+    out, _, _ = whisper_run
+    commit = upload_exports(hub, "alice/whisper-tiny", out, ["onnx"])
+    [(_, language, code)] = [s for s in card_snippets(exports_card("alice/whisper-tiny", out, commit))
+                             if s[0] == "ONNX Runtime GenAI" and '"exports/onnx/*"' in s[2]]
+    assert language == "python" and "create_multimodal_processor()" in code and 'og.Audios.open("audio.wav")' in code
+    done = run_snippet(code, hub, audio_home(tmp_path))
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    printed = done.stdout.strip().splitlines()[-1].split()
+    assert printed and "<|startoftranscript|>" not in printed, done.stdout[-2000:]
+
+
+def test_genais_whisper_proof_fails_where_its_processor_cannot_load(whisper_run, tmp_path):
+    """The proof runs GenAI's own processor where the folder has a tokenizer: a copy of the folder without the
+    `audio_processor_config.json` the layout wrote fails, saying it was the processor (GenAI's message)."""
+    import shutil
+
+    from exporters.layouts import Genai
+
+    out, _, _ = whisper_run
+    folder = tmp_path / "onnx"
+    shutil.copytree(out / "onnx", folder)
+    (folder / "audio_processor_config.json").unlink()
+    reference = {"speech": True, "prompt": [50258, 50259, 50359, 50363], "steps": 2, "tokens": [0, 0],
+                 "features": {"shape": [1, 80, 3000], "data": [0.0] * (80 * 3000)}}
+    proof = Genai().prove(folder, reference, None)
+    assert proof.status == "failed", proof
+    assert "GenAI's processor (audio_processor_config.json, the tokenizer) failed" in proof.detail, proof

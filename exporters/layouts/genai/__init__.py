@@ -42,6 +42,7 @@ EMBED_TOKENS = "embed_tokens"  # a vision-language export's (exporters.capture.c
 GENAI_VLM_TYPES = ("fara", "gemma3", "gemma4", "mistral3", "phi3v", "phi4mm", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe",
                    "qwen3_vl", "videochat_flash_qwen")
 WHISPER_ENCODER_FILE = "genai_encoder.onnx"  # whisper.GENAI_ENCODER: what tells a Whisper folder's card apart
+AUDIO_PROCESSOR_FILE = "audio_processor_config.json"  # whisper.AUDIO_PROCESSOR: GenAI's processor can run
 # the vision-language model types whose GenAI graphs this product writes (qwen_vl.QWEN_VL_TYPES, which loads torch)
 # and the file that tells such a folder's card apart (qwen_vl.VISION)
 WRITTEN_VLM_TYPES = ("qwen2_5_vl", "qwen2_vl")  # Qwen2-VL written as GenAI's `qwen2_5_vl`
@@ -51,22 +52,28 @@ NOT_TRACED = ("GenAI's Qwen-VL graphs were not written beside this export's comp
 NOT_DERIVED = ("GenAI's Whisper graphs could not be derived from this export's encoder and merged decoder (the "
                "export's notes say why)")
 
-# The card's Whisper snippet after the download lines: the folder's feature extractor on your audio (here one second
-# of a 440 Hz tone, padded to the 30 s window), fed to GenAI as features with the decoder's start token
+# The card's Whisper snippet after the download lines, where the folder has no tokenizer (or GenAI's processor cannot
+# make its features): the folder's feature extractor on your audio (here one second of a 440 Hz tone, padded to the
+# 30 s window), fed to GenAI as features with generate()'s decoder prompt read from generation_config.json
 WHISPER_SNIPPET = """import numpy as np
 import onnxruntime_genai as og
-from transformers import AutoConfig, AutoFeatureExtractor
+from transformers import AutoFeatureExtractor, GenerationConfig
 
 extractor = AutoFeatureExtractor.from_pretrained(folder)
 seconds = np.arange(extractor.sampling_rate) / extractor.sampling_rate
 audio = 0.5 * np.sin(2 * np.pi * 440 * seconds)  # your audio, at extractor.sampling_rate
 features = extractor(audio, sampling_rate=extractor.sampling_rate, return_tensors="np").input_features
-start = AutoConfig.from_pretrained(folder).decoder_start_token_id
+generation = GenerationConfig.from_pretrained(folder)
+prompt = [generation.decoder_start_token_id]
+if getattr(generation, "is_multilingual", False):
+    prompt += [generation.lang_to_id["<|en|>"], generation.task_to_id["transcribe"]]  # your language and task
+if getattr(generation, "no_timestamps_token_id", None) is not None:
+    prompt.append(generation.no_timestamps_token_id)
 
 model = og.Model(folder)
 inputs = og.NamedTensors()
 inputs["audio_features"] = features.astype(np.float32)
-inputs["input_ids"] = np.array([[start]], dtype=np.int32)  # add a language and task token where the model is multilingual
+inputs["input_ids"] = np.array([prompt], dtype=np.int32)
 params = og.GeneratorParams(model)
 params.set_search_options(max_length=32)
 generator = og.Generator(model, params)
@@ -74,6 +81,27 @@ generator.set_inputs(inputs)
 while not generator.is_done():
     generator.generate_next_token()
 print(generator.get_sequence(0).tolist())"""
+
+# The card's Whisper snippet where the folder has a tokenizer and GenAI's audio processor config: GenAI's own
+# processor decodes your audio file into features and tokenizes the decoder prompt (GenAI's Whisper example)
+WHISPER_PROCESSOR_SNIPPET = """import json
+import os
+import onnxruntime_genai as og
+
+model = og.Model(folder)
+processor = model.create_multimodal_processor()
+audios = og.Audios.open("audio.wav")  # your audio
+with open(os.path.join(folder, "generation_config.json")) as handle:
+    multilingual = json.load(handle).get("is_multilingual", False)
+prompt = "<|startoftranscript|>" + ("<|en|><|transcribe|>" if multilingual else "") + "<|notimestamps|>"  # your language and task
+inputs = processor(prompt, audios=audios)
+params = og.GeneratorParams(model)
+params.set_search_options(max_length=64)
+generator = og.Generator(model, params)
+generator.set_inputs(inputs)
+while not generator.is_done():
+    generator.generate_next_token()
+print(processor.decode(generator.get_sequence(0)))"""
 
 
 # The card's Qwen2.5-VL snippet after the download lines: GenAI's own processor on your image (resized to the traced
@@ -217,8 +245,10 @@ class Genai(Layout):
 
     def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str] | None:
         if any(name.rsplit("/", 1)[-1] == WHISPER_ENCODER_FILE for name in file_names(target)):
+            processor = {"tokenizer.json", AUDIO_PROCESSOR_FILE} <= {name.rsplit("/", 1)[-1]
+                                                                     for name in file_names(target)}
             return "python", download(repo_id, target, revision, "genai_config.json may name a library to load") \
-                + WHISPER_SNIPPET
+                + (WHISPER_PROCESSOR_SNIPPET if processor else WHISPER_SNIPPET)
         if any(name.rsplit("/", 1)[-1] == VISION_FILE for name in file_names(target)):
             if "tokenizer.json" not in file_names(target):  # GenAI's processor tokenizes the prompt: no snippet
                 return None

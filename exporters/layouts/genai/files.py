@@ -24,7 +24,8 @@ from exporters.errors import TargetPlanError
 from exporters.export.onnx_names import is_renamed
 from exporters.layouts.genai.buffer import SHARED_BUFFER_NOTE, share_past_present_in_file
 from exporters.layouts.genai.config import GENAI_CONFIG, write_genai_config
-from exporters.layouts.genai.whisper import whisper_genai_config, write_graphs
+from exporters.layouts.genai.whisper import AUDIO_PROCESSOR, audio_processor_config, whisper_genai_config, \
+    write_graphs
 from exporters.upstream import read_manifest
 
 
@@ -59,3 +60,11 @@ def write_whisper_files(directory: Path, model: Any, notes: list[str]) -> None:
                          if (directory / "generation_config.json").is_file() else None)
     content = whisper_genai_config(model.config, generation_config, encoder, decoder)
     fsutil.write_file(directory / GENAI_CONFIG, json.dumps(content, indent=4) + "\n")
+    extractor = directory / "preprocessor_config.json"
+    processor = audio_processor_config(json.loads(extractor.read_text(encoding="utf-8")) if extractor.is_file()
+                                       else {}, int(model.config.num_mel_bins))
+    if isinstance(processor, str):
+        notes.append(f"ONNX Runtime GenAI: no {AUDIO_PROCESSOR} written (its processor cannot make this model's "
+                     f"features; feed audio_features yourself): {processor}")
+    else:
+        fsutil.write_file(directory / AUDIO_PROCESSOR, json.dumps(processor, indent=4) + "\n")

@@ -6,7 +6,8 @@ A Qwen2-VL gets the same folder, typed `qwen2_5_vl` (GenAI 0.18 has no `qwen2_vl
 way), its processor the same image processor, and its own tower (no window attention) is inside the vision graph.
 
 ```
-genai_vision.onnx     pixel_values [patches, 3·2·p·p]      -> image_features [patches / merge², hidden]
+genai_vision.onnx     pixel_values [patches, 3·2·p·p],     -> image_features [patches / merge², hidden]
+                      image_grid_thw [1, 3] (one image per run: GenAI runs a prompt's images one by one)
                       (the image fixed at the traced grid: the tower's rotary positions and, for Qwen2.5-VL,
                       its window index are computed for it, as the export's own image encoder is traced)
 genai_embedding.onnx  input_ids [batch, seq], image_features -> inputs_embeds [batch, seq, hidden]
@@ -117,7 +118,14 @@ def write_vision(directory: Path, model: Any, side: int) -> None:
     vision, device = model.config.vision_config, next(model.parameters()).device
     grid = torch.tensor([[1, side, side]], device=device)
     pixels = torch.zeros(side * side, 3 * vision.temporal_patch_size * vision.patch_size ** 2, device=device)
-    _export(FixedGridVision(model, grid), (pixels,), directory / VISION, ["pixel_values"], ["image_features"])
+    path = directory / VISION
+    _export(FixedGridVision(model, grid), (pixels,), path, ["pixel_values"], ["image_features"])
+    # GenAI runs a prompt's images one by one only where the vision graph declares `image_grid_thw` (QwenVisionState
+    # slices pixel_values by it; without it, every image's patches go to one run): declared for one image, unread
+    # (the grid is the traced one, to which GenAI's processor resizes every image)
+    graph = onnx.load(str(path), load_external_data=False)
+    graph.graph.input.append(helper.make_tensor_value_info("image_grid_thw", TensorProto.INT64, [1, 3]))
+    fsutil.write_file(path, graph.SerializeToString())
 
 
 def write_decoder(directory: Path, model: Any) -> None:

@@ -13,15 +13,20 @@ ours come from what the export already wrote, sharing its weights:
 encoder_model.onnx ─────────────────────────┐
 decoder_model_merged.onnx  If(else: no past) ┴─► genai_encoder.onnx   audio_features -> last_hidden_state,
                            │  its cross-attention keys and values          present.{i}.encoder.key/value
-                           └ If(then: with past) ─► genai_decoder.onnx  input_ids, past_key_values.{i}.decoder/encoder.*
-                                                                         -> logits, present.{i}.decoder.key/value
+                           ├ If(else), cross K/V fed in ─┬─► genai_decoder.onnx  If(past empty: the prompt,
+                           └ If(then: with past) ─────────┘    else one token): input_ids, past_key_values.{i}.
+                                                                decoder/encoder.* -> logits, present.{i}.decoder.*
+preprocessor_config.json (the feature extractor's settings) ─► audio_processor_config.json (GenAI's processor)
 ```
 
 The encoder graph is the exported encoder with its input renamed `audio_features` (GenAI's name, which its audio
 processor also gives), plus the nodes of the merged decoder's no-past branch that compute each layer's
 cross-attention keys and values from `encoder_hidden_states` (fed the encoder's `last_hidden_state` instead). The
-decoder graph is the merged decoder's with-past branch alone (`use_cache_branch` true), which never reads
-`encoder_hidden_states`. Both graphs hold no weights of their own: every weight stored in an external-data file is
+decoder graph branches on the past's length: GenAI's first step feeds the whole decoder prompt (`<|startoftranscript|>
+<|en|><|transcribe|><|notimestamps|>` for a multilingual Whisper) with an empty past, which the merged decoder's
+no-past branch computes (the with-past branch was traced for one token: its reshapes hold that length), reading the
+cross-attention keys and values GenAI feeds instead of projecting `encoder_hidden_states`; every later step runs the
+with-past branch. Both graphs hold no weights of their own: every weight stored in an external-data file is
 referenced there, at its offset, from the same file the export wrote (weights stored once); only tensors small
 enough to sit in the graph itself (biases, scalars) are copied.
 
@@ -45,6 +50,8 @@ from exporters.errors import TargetPlanError
 
 GENAI_ENCODER = "genai_encoder.onnx"
 GENAI_DECODER = "genai_decoder.onnx"
+# what GenAI's Whisper processor reads (config.h: `Speech::config_filename`'s default)
+AUDIO_PROCESSOR = "audio_processor_config.json"
 AUDIO_FEATURES = "audio_features"  # GenAI's name for the encoder's input (config.h: AudioFeaturesName)
 _CROSS = re.compile(r"^present\.(\d+)\.encoder\.(key|value)$")
 _SELF = re.compile(r"^present\.(\d+)\.decoder\.(key|value)$")
@@ -94,28 +101,66 @@ def _model_like(source: onnx.ModelProto, graph: onnx.GraphProto) -> onnx.ModelPr
     return model
 
 
-def decoder_graph(merged: onnx.ModelProto) -> onnx.ModelProto:
-    """The merged decoder's with-past branch alone: `input_ids` and the past in, `logits` and the self-attention
-    presents out (see the module)."""
-    outer = merged.graph
-    node = _if_node(outer)
-    then = _branch(node, "then_branch")
-    wanted = [name for name in node.output if name == "logits" or _SELF.match(name)]
-    identities = [onnx.helper.make_node("Identity", [branch.name], [name], name=f"genai/{name}")
-                  for branch, name in zip(then.output, node.output) if branch.name != name and name in wanted]
-    index = list(outer.node).index(node)
-    nodes = [*outer.node[:index], *then.node, *identities, *outer.node[index + 1:]]
+def _branch_graph(branch: onnx.GraphProto, wanted: list[str], renames: dict[str, str], name: str,
+                  outer_names: set[str]) -> tuple[onnx.GraphProto, set[str]]:
+    """One branch of the merged decoder pruned to `wanted` (its outputs, by position), the names in `renames` read
+    from the outer graph instead; returns the subgraph and the outer names it reads."""
+    nodes = []
+    for node in branch.node:
+        node = copy.deepcopy(node)
+        node.input[:] = [renames.get(value, value) for value in node.input]
+        nodes.append(node)
+    produced = {value.name: value for value in branch.output}
     kept, reads = _needed(nodes, set(wanted))
     if "encoder_hidden_states" in reads:
-        raise TargetPlanError("the merged decoder's with-past branch reads `encoder_hidden_states`")
-    initializers = [t for t in [*outer.initializer, *then.initializer] if t.name in reads]
-    inputs = [value for value in outer.input if value.name in reads]
-    missing = reads - {t.name for t in initializers} - {i.name for i in inputs}
+        raise TargetPlanError(f"the merged decoder's {name} reads `encoder_hidden_states` beyond its cross-attention "
+                              "keys and values")
+    local = [t for t in branch.initializer if t.name in reads]
+    missing = reads - {t.name for t in local} - outer_names
     if missing:
-        raise TargetPlanError(f"the with-past branch reads values the graph does not hold: {sorted(missing)}")
-    types = {value.name: value for value in [*outer.output, *then.output]}
-    outputs = [copy.deepcopy(types[name]) for name in wanted]
-    graph = onnx.helper.make_graph(kept, "genai_whisper_decoder", inputs, outputs, initializers)
+        raise TargetPlanError(f"the merged decoder's {name} reads values the graph does not hold: {sorted(missing)}")
+    outputs = [copy.deepcopy(produced[value]) for value in wanted]
+    return onnx.helper.make_graph(kept, f"genai_{name.replace(' ', '_').replace('-', '_')}", [], outputs, local), \
+        reads - {t.name for t in local}
+
+
+def decoder_graph(merged: onnx.ModelProto) -> onnx.ModelProto:
+    """GenAI's decoder: `input_ids` and the past in, `logits` and the self-attention presents out; an empty past
+    (GenAI's first step: the whole decoder prompt) runs the merged decoder's no-past branch on the cross-attention
+    keys and values fed in, any other its with-past branch (see the module)."""
+    outer = merged.graph
+    node = _if_node(outer)
+    if list(outer.node) != [node]:
+        raise TargetPlanError("the merged decoder computes values outside its If(use_cache_branch) node")
+    then, otherwise = _branch(node, "then_branch"), _branch(node, "else_branch")
+    outputs = [value.name for value in then.output]
+    wanted = [name for name in outputs if name == "logits" or _SELF.match(name)]
+    if [value.name for value in otherwise.output][:len(outputs)] != outputs or "logits" not in wanted:
+        raise TargetPlanError("the merged decoder's branches do not return the same logits and presents")
+    cross = {value.name: value.name.replace("present.", "past_key_values.", 1)
+             for value in otherwise.output if _CROSS.match(value.name)}
+    if not cross:
+        raise TargetPlanError("the merged decoder's no-past branch returns no cross-attention keys and values")
+    outer_names = {value.name for value in outer.input} | {t.name for t in outer.initializer}
+    prefill, prefill_reads = _branch_graph(otherwise, wanted, cross, "no-past branch", outer_names)
+    decode, decode_reads = _branch_graph(then, wanted, {}, "with-past branch", outer_names)
+    first_past = next((value.name for value in outer.input if value.name.startswith("past_key_values.")), None)
+    if first_past is None or first_past not in decode_reads:
+        raise TargetPlanError("the merged decoder has no past_key_values input its with-past branch reads")
+    reads = prefill_reads | decode_reads | {first_past}
+    empty = [onnx.helper.make_node("Shape", [first_past], ["genai.past_length"], name="genai/past_length",
+                                   start=2, end=3),
+             onnx.helper.make_node("Constant", [], ["genai.zero"], name="genai/zero",
+                                   value=onnx.helper.make_tensor("genai.zero", onnx.TensorProto.INT64, [1], [0])),
+             onnx.helper.make_node("Equal", ["genai.past_length", "genai.zero"], ["genai.first"], name="genai/first"),
+             onnx.helper.make_node("Squeeze", ["genai.first"], ["genai.first_step"], name="genai/first_step"),
+             onnx.helper.make_node("If", ["genai.first_step"], wanted, name="genai/prefill_or_decode",
+                                   then_branch=prefill, else_branch=decode)]
+    inputs = [value for value in outer.input if value.name in reads]
+    initializers = [t for t in outer.initializer if t.name in reads]
+    types = {value.name: value for value in otherwise.output}  # the prompt's step: any number of tokens
+    graph = onnx.helper.make_graph(empty, "genai_whisper_decoder", inputs,
+                                   [copy.deepcopy(types[name]) for name in wanted], initializers)
     return _model_like(merged, graph)
 
 
@@ -191,6 +236,39 @@ def write_graphs(directory: Path, encoder_file: str, merged_file: str) -> tuple[
         fsutil.write_file(path, model.SerializeToString())
         written.append(path.relative_to(directory).as_posix())
     return written[0], written[1]
+
+
+def audio_processor_config(extractor: dict[str, Any], mel_bins: int) -> dict[str, Any] | str:
+    """`audio_processor_config.json`, the feature extraction GenAI's processor runs for Whisper (ONNX Runtime
+    Extensions' `AudioDecoder`, `STFTNorm`, `LogMelSpectrum`, as GenAI's builder writes it), with the folder's
+    feature extractor's settings (`preprocessor_config.json`, read as data; Whisper's where it has none); the reason
+    where Extensions cannot make them (its log-mel assumes 16 kHz audio).
+
+    Example:
+        >>> steps = audio_processor_config({"feature_size": 80}, 80)["feature_extraction"]["sequence"]
+        >>> [step["operation"]["type"] for step in steps]
+        ['AudioDecoder', 'STFTNorm', 'LogMelSpectrum']
+        >>> steps[2]["operation"]["attrs"]
+        {'chunk_size': 30, 'hop_length': 160, 'n_fft': 400, 'n_mel': 80}
+        >>> audio_processor_config({"sampling_rate": 24000}, 80)[:48]
+        'ONNX Runtime Extensions computes log-mel feature'
+    """
+    def setting(name: str, default: int) -> int:
+        value = extractor.get(name, default)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+    rate = extractor.get("sampling_rate", 16000)
+    if rate != 16000:
+        return (f"ONNX Runtime Extensions computes log-mel features of 16 kHz audio only; this feature extractor's "
+                f"sampling rate is {rate!r}")
+    n_fft, hop = setting("n_fft", 400), setting("hop_length", 160)
+    steps = [("audio_decoder", "AudioDecoder", None),
+             ("STFT", "STFTNorm", {"n_fft": n_fft, "frame_length": n_fft, "hop_length": hop}),
+             ("log_mel_spectrogram", "LogMelSpectrum", {"chunk_size": setting("chunk_length", 30), "hop_length": hop,
+                                                        "n_fft": n_fft, "n_mel": setting("feature_size", mel_bins)})]
+    return {"feature_extraction": {"sequence": [
+        {"operation": {"name": name, "type": kind, **({"attrs": attrs} if attrs else {})}}
+        for name, kind, attrs in steps]}}
 
 
 def whisper_genai_config(config: Any, generation_config: Any, encoder_file: str, decoder_file: str) -> dict[str, Any]:
