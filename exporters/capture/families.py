@@ -33,6 +33,17 @@ MULTIMODAL_GENERATORS: tuple[str, ...] = ("vision-language", "audio-language")
 # Wav2Vec2, Moonshine).
 AUDIO_INPUTS = ("input_features", "input_values")
 
+
+def a_model_of(family: str) -> str:
+    """The family with its article, for messages.
+
+    Example:
+        >>> a_model_of("audio-language"), a_model_of("vision-language")
+        ('an audio-language model', 'a vision-language model')
+    """
+    return f"{'an' if family[:1] in 'aeiou' else 'a'} {family} model"
+
+
 # The attribute names transformers gives the towers of a dual encoder, by modality.
 TOWER_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "text": ("text_model", "text_encoder"),

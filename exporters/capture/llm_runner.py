@@ -25,6 +25,7 @@ import torch
 
 from exporters.capture.merged import MERGED
 from exporters.capture.probes import DimBinding
+from exporters.capture.families import a_model_of
 from exporters.errors import TargetPlanError
 from exporters.upstream import llm_runner
 
@@ -63,7 +64,7 @@ def wants_runner(target: Any, family: str, cache_implementation: str, batch_size
     layout = layout_of(target)
     if layout == METHODS:
         return False
-    reasons = [f"this is a {family} model (the runner runs decoder-only text models)"] if family != "text" else []
+    reasons = [f"this is {a_model_of(family)} (the runner runs decoder-only text models)"] if family != "text" else []
     reasons += program_reasons(target, cache_implementation, batch_size)
     if set(target.components) - {MERGED} or target.dynamic_shapes or target.merged is False:
         reasons.append("the target sets per-component settings or dynamic_shapes of the methods layout")

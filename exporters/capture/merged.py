@@ -21,6 +21,7 @@ import torch
 
 from exporters.capture.probes import sync_cache_lengths
 from exporters.capture.steps import cache_input_name, step_inputs
+from exporters.capture.families import a_model_of
 from exporters.errors import TargetPlanError
 from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.recipe.model import ComponentOverride
@@ -81,7 +82,7 @@ def wants_merged(target, family: str, cache_implementation: str, config: Any = N
     asked = "`layout` 'transformers.js'" if option == "layout" else "`merged`: true"
     if family != "text":
         raise TargetPlanError(
-            f"{asked} needs a decoder-only text model; this is a {family} model, whose generation export has several "
+            f"{asked} needs a decoder-only text model; this is {a_model_of(family)}, whose generation export has several "
             f"graphs (encoder, vision tower, ...): drop `{option}`", option=option)
     if cache_implementation != "dynamic":
         raise TargetPlanError(

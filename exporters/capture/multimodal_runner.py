@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from exporters.capture.families import MULTIMODAL_GENERATORS
+from exporters.capture.families import MULTIMODAL_GENERATORS, a_model_of
 from exporters.capture.image_attention import marks_image_rows, runner_declined
 from exporters.capture.llm_runner import program_reasons
 from exporters.capture.token_ids import image_token_id
@@ -76,7 +76,7 @@ def wants_multimodal_runner(target: Any, family: str, cache_implementation: str,
     if family not in MULTIMODAL_GENERATORS:
         if layout == MULTIMODAL_RUNNER:
             raise TargetPlanError(f"layout 'multimodal_runner' is for vision-language and audio-language models; "
-                                  f"this is a {family} model: use layout 'runner' or 'methods'", option="layout")
+                                  f"this is {a_model_of(family)}: use layout 'runner' or 'methods'", option="layout")
         return False
     if layout == "methods":
         return False

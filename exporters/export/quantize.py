@@ -31,6 +31,7 @@ import torch
 from exporters import upstream
 from exporters.capture.components import generation_config_for
 from exporters.capture.inputs import SampleInputs, make_sample_inputs, prompt_ids
+from exporters.capture.families import a_model_of
 from exporters.errors import RecipeError
 from exporters.export.footprint import tied_embeddings
 from exporters.recipe.jsonpos import format_path, nearest_line
@@ -81,7 +82,7 @@ def calibration_samples(model, recipe: Recipe, tokenizer, family: str) -> list[S
             for k in range(calibration.samples)
         ]
     if family not in TEXT_FAMILIES:
-        raise _prompts_error(recipe, f"calibration prompts need a model that takes text; this is a {family} model: "
+        raise _prompts_error(recipe, f"calibration prompts need a model that takes text; this is {a_model_of(family)}: "
                                      'use "samples": N instead')
     if tokenizer is None:
         raise _prompts_error(recipe, "calibration prompts need the repo's tokenizer, and the repo has none: add one, "
