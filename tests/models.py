@@ -698,10 +698,11 @@ AYA_IMAGE_TOKENS = ["<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATC
                     "TILE_GLOBAL"]
 
 
-def tiny_aya_vision_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
-    """A tiny Aya Vision (SigLIP tower, image 32, patch 8, pixel shuffle 2: 4 image tokens; Cohere2 text with a
-    sliding window) saved with its own processor: a PIL-backend GOT-OCR2 image processor and a BPE tokenizer whose
-    `<|IMG_PATCH|>` id is the model's image token."""
+def tiny_aya_vision_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
+                                   text_layers: int = 2) -> Path:
+    """A tiny Aya Vision (SigLIP tower, image 32, patch 8, pixel shuffle 2: 4 image tokens; Cohere2 text of
+    `text_layers` layers, each with a sliding window, as the tiny family's two are) saved with its own processor: a
+    PIL-backend GOT-OCR2 image processor and a BPE tokenizer whose `<|IMG_PATCH|>` id is the model's image token."""
     from transformers import AyaVisionProcessor, GotOcr2ImageProcessorPil
 
     from matrix.families import build
@@ -709,7 +710,8 @@ def tiny_aya_vision_with_processor(folder: Path, recipe: Any | None = None, seed
     tokenizer = _vlm_tokenizer(folder, AYA_IMAGE_TOKENS)
     spec = _vlm_spec("aya_vision", "AyaVisionForConditionalGeneration", {
         "vision_config.image_size": 32, "vision_config.patch_size": 8, "downsample_factor": 2,
-        "text_config.sliding_window": 12, "image_token_id": tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>")})
+        "text_config.sliding_window": 12, "image_token_id": tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>"),
+        "text_config.num_hidden_layers": text_layers, "text_config.layer_types": ["sliding_attention"] * text_layers})
     build(spec, folder, seed=seed, recipe=recipe)
     image_processor = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=True,
                                                min_patches=1, max_patches=1)
