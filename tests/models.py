@@ -48,14 +48,15 @@ def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0, in
     return _saved(model, folder, recipe)
 
 
-def tiny_qwen2(folder: Path, recipe: Any | None = None, seed: int = 0, initializer_range: float = 0.02) -> Path:
-    """A 2-layer Qwen2 (hidden 32, vocab 128): its forward takes one attention mask per layer type (`layer_types`), so
-    `generate()` and a static-cache decode graph pass it a mapping of 4D masks."""
+def tiny_qwen2(folder: Path, recipe: Any | None = None, seed: int = 0, initializer_range: float = 0.02,
+               layers: int = 2) -> Path:
+    """A 2-layer Qwen2 (hidden 32, vocab 128; `layers` other depths): its forward takes one attention mask per layer
+    type (`layer_types`), so `generate()` and a static-cache decode graph pass it a mapping of 4D masks."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=3,
         initializer_range=initializer_range, tie_word_embeddings=False,
     )
