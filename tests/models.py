@@ -48,14 +48,15 @@ def tiny_llama(folder: Path, recipe: Any | None = DYNAMO_ONLY, seed: int = 0, in
     return _saved(model, folder, recipe)
 
 
-def tiny_qwen2(folder: Path, recipe: Any | None = None, seed: int = 0, initializer_range: float = 0.02) -> Path:
-    """A 2-layer Qwen2 (hidden 32, vocab 128): its forward takes one attention mask per layer type (`layer_types`), so
-    `generate()` and a static-cache decode graph pass it a mapping of 4D masks."""
+def tiny_qwen2(folder: Path, recipe: Any | None = None, seed: int = 0, initializer_range: float = 0.02,
+               layers: int = 2) -> Path:
+    """A 2-layer Qwen2 (hidden 32, vocab 128; `layers` other depths): its forward takes one attention mask per layer
+    type (`layer_types`), so `generate()` and a static-cache decode graph pass it a mapping of 4D masks."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=3,
         initializer_range=initializer_range, tie_word_embeddings=False,
     )
@@ -737,10 +738,11 @@ AYA_IMAGE_TOKENS = ["<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATC
                     "TILE_GLOBAL"]
 
 
-def tiny_aya_vision_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
-    """A tiny Aya Vision (SigLIP tower, image 32, patch 8, pixel shuffle 2: 4 image tokens; Cohere2 text with a
-    sliding window) saved with its own processor: a PIL-backend GOT-OCR2 image processor and a BPE tokenizer whose
-    `<|IMG_PATCH|>` id is the model's image token."""
+def tiny_aya_vision_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
+                                   text_layers: int = 2) -> Path:
+    """A tiny Aya Vision (SigLIP tower, image 32, patch 8, pixel shuffle 2: 4 image tokens; Cohere2 text of
+    `text_layers` layers, each with a sliding window, as the tiny family's two are) saved with its own processor: a
+    PIL-backend GOT-OCR2 image processor and a BPE tokenizer whose `<|IMG_PATCH|>` id is the model's image token."""
     from transformers import AyaVisionProcessor, GotOcr2ImageProcessorPil
 
     from matrix.families import build
@@ -748,7 +750,8 @@ def tiny_aya_vision_with_processor(folder: Path, recipe: Any | None = None, seed
     tokenizer = _vlm_tokenizer(folder, AYA_IMAGE_TOKENS)
     spec = _vlm_spec("aya_vision", "AyaVisionForConditionalGeneration", {
         "vision_config.image_size": 32, "vision_config.patch_size": 8, "downsample_factor": 2,
-        "text_config.sliding_window": 12, "image_token_id": tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>")})
+        "text_config.sliding_window": 12, "image_token_id": tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>"),
+        "text_config.num_hidden_layers": text_layers, "text_config.layer_types": ["sliding_attention"] * text_layers})
     build(spec, folder, seed=seed, recipe=recipe)
     image_processor = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=True,
                                                min_patches=1, max_patches=1)

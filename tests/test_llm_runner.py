@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from tests.conftest import PLAINEST_EXECUTORCH, ROOT, run_and_read, run_cli
+from tests.export_store import stored_run
 from tests.models import RUNNER_EOS as EOS
-from tests.models import runner_model
+from tests.models import runner_model, tiny_llama
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 RUNNER = "ExecuTorch LLM runner"
@@ -137,9 +138,12 @@ def test_a_tied_runner_program_stores_the_table_once_and_is_benchmarked(llama_ru
 
 
 def test_the_methods_layout_stays_available(tmp_path):
-    """`layout: "methods"`: one program with prefill and decode methods taking the cache, as before."""
-    recipe = {**RECIPE, "exports": [{**PLAINEST_EXECUTORCH, "layout": "methods"}]}
-    out, report, log = _export(tmp_path, "llama", recipe, layers=1)  # the checks read the layout, not the depth
+    """`layout: "methods"`: one program with prefill and decode methods taking the cache, as before. The run is
+    tests/test_weights_once.py's `tied_run` (the plainest recipe in the methods layout on a one-layer tiny Llama with
+    tied embeddings), read from the store (#48: one export for both modules; the checks read the layout, not the
+    model)."""
+    out, report, log = stored_run(tiny_llama(tmp_path / "model", {**PLAINEST_EXECUTORCH, "layout": "methods"},
+                                             tie_word_embeddings=True, layers=1))
     target = _target(report)
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
     manifest = json.loads((out / "executorch" / "export.json").read_text())

@@ -35,7 +35,6 @@ from tests.conftest import PLAINEST_EXECUTORCH
 from tests.export_store import MODEL, OUT, exported, stored_run
 from tests.models import family_model, runner_model
 
-PROMPT = "the quick brown fox jumps over the lazy dog"
 # One decoder layer: each fallback below is a property of the family's layer, not of the depth (#48: half the
 # program to trace and lower)
 ONE_LAYER = {"num_hidden_layers": 1}
@@ -44,10 +43,9 @@ ONE_TEXT_LAYER = {"text_config.num_hidden_layers": 1, "text_config.layer_types":
 
 @pytest.fixture(scope="module")
 def moe_runner(tmp_path_factory):
-    root = tmp_path_factory.mktemp("moe-runner")
-    recipe = {"schema_version": 1, "exports": [PLAINEST_EXECUTORCH], "inputs": {"prompt": PROMPT},
-              "generation": {"max_new_tokens": 8}}
-    return stored_run(runner_model(root / "model", "qwen2_moe", recipe, layers=1))
+    """The LLM runner's tiny Qwen2-MoE (`runner_model`, with the BPE tokenizer the runner reads), one MoE layer, the
+    plainest ExecuTorch recipe: `moe_default`'s Qwen2-MoE run, the same stored export (#48: one MoE export, not two)."""
+    return _moe_run(tmp_path_factory.mktemp("moe-runner"), RUNNER_MOE)
 
 
 def _family_executorch(root: Path, family: str, **overrides) -> tuple[Path, dict, str]:
@@ -76,10 +74,9 @@ MOE_FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "ern
 
 
 # One MoE layer per family (#48): DeepSeek-V3's and GLM-4-MoE's first layer is dense in the family's model (here it is
-# the routed one), Qwen2-MoE's layer types follow its depth; EOS never the argmax (a one-layer OLMoE picked it first,
-# and a generation check that saw one token is unverified)
-MOE_ONE_LAYER = {"deepseek_v3": {"first_k_dense_replace": 0}, "glm4_moe": {"first_k_dense_replace": 0},
-                 "qwen2_moe": {"layer_types": ["full_attention"]}}
+# the routed one); EOS never the argmax (a one-layer OLMoE picked it first, and a generation check that saw one token
+# is unverified)
+MOE_ONE_LAYER = {"deepseek_v3": {"first_k_dense_replace": 0}, "glm4_moe": {"first_k_dense_replace": 0}}
 
 
 # The methods-layout program with its prompt declared dynamic, a second target of the MoE run of these families (#48:
@@ -88,11 +85,19 @@ METHODS_DYNAMIC = {**PLAINEST_EXECUTORCH, "name": "methods-dynamic", "layout": "
 METHODS_DYNAMIC_FAMILIES = ("qwen3_moe", "deepseek_v3")
 
 
+# Qwen2-MoE's run is the LLM runner's tiny Qwen2-MoE (4 experts, 2 a token, a shared expert; EOS never the argmax),
+# saved with a tokenizer the runner reads: `moe_runner` proves it in the runner, `moe_default` reads its prompt axis
+RUNNER_MOE = "qwen2_moe"
+
+
 def _moe_run(root: Path, family: str) -> tuple[Path, dict, str]:
     """One family's MoE run through the store: the plainest ExecuTorch target (named `executorch`, layout and
-    `dynamic` unset), and for METHODS_DYNAMIC_FAMILIES the METHODS_DYNAMIC one beside it; one layer, a MoE one."""
+    `dynamic` unset), and for METHODS_DYNAMIC_FAMILIES the METHODS_DYNAMIC one beside it; one layer, a MoE one
+    (RUNNER_MOE's model is `runner_model`'s, the others the matrix's)."""
     exports = [PLAINEST_EXECUTORCH, *([METHODS_DYNAMIC] if family in METHODS_DYNAMIC_FAMILIES else [])]
     recipe = {"schema_version": 1, "exports": exports, "generation": {"max_new_tokens": 8}}
+    if family == RUNNER_MOE:
+        return stored_run(runner_model(root / "model", family, recipe, layers=1))
     return stored_run(family_model(family, root / "model", recipe, never_eos=True, **ONE_LAYER,
                                    **MOE_ONE_LAYER.get(family, {})))
 

@@ -17,8 +17,9 @@ What each processor output feeds: LLaVA-NeXT's `pixel_values` (base image + tile
 flattened (`[tiles, 3, 32, 32]`); `image_sizes` stays in the model's Python glue (unpadding, newline packing),
 which is why its graphs take none of it.
 
-LLaVA-NeXT and LLaVA-OneVision run with a one-layer language model (#48): what their tests check (tiles, glue
-weights, image tokens, parity) is no text layer's; the vision tower keeps its two (LLaVA reads the second-to-last).
+LLaVA-NeXT, LLaVA-OneVision, Aya Vision (its one layer a sliding-window one, as both of the tiny family's are) and
+InternVL without a processor run with a one-layer language model (#48): what their tests check (tiles, glue weights,
+image tokens, parity) is no text layer's; the vision tower keeps its two (LLaVA reads the second-to-last).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def llava_next(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def aya_vision(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("aya-vision"), tiny_aya_vision_with_processor, EVERY_FORMAT[:2])
+    return _run(tmp_path_factory.mktemp("aya-vision"), tiny_aya_vision_with_processor, EVERY_FORMAT[:2],
+                text_layers=1)
 
 
 def _assert_passed_with_parity(report, formats):
@@ -264,10 +266,15 @@ def test_synthesized_inputs_are_the_layout_the_model_counts(name):
 
 def test_internvl_without_a_processor_exports_and_generates(tmp_path):
     """A family with no layout of its own here, from the rule alone: every stage passes and parity holds."""
+    import dataclasses
+
     from matrix.families import build
 
     recipe = {"schema_version": 1, "exports": EVERY_FORMAT[:1], "generation": {"max_new_tokens": 6}}
-    model_dir = build(_no_processor_spec("internvl"), tmp_path / "model", recipe=recipe)
+    spec = _no_processor_spec("internvl")  # one text layer (#48): the rule is the vision side's
+    spec = dataclasses.replace(spec, overrides={**spec.overrides, "text_config.num_hidden_layers": 1,
+                                                "text_config.layer_types": ["full_attention"]})
+    model_dir = build(spec, tmp_path / "model", recipe=recipe)
     out = tmp_path / "out"
     result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     report = json.loads((out / "report.json").read_text())
