@@ -109,7 +109,7 @@ def parity_cell(target: dict[str, Any]) -> str:
     tokens = generation.get("eager_tokens") or []
     if generation["status"] == "passed":
         ties = len(generation.get("near_ties") or [])
-        others = " and ".join(str(o["prompt_length"]) for o in generation.get("other_prompts") or [])
+        others = "- and ".join(str(o["prompt_length"]) for o in generation.get("other_prompts") or [])
         return (f"✅ {len(tokens[0]) if tokens else steps}/{steps} tokens" + (f" ({ties} near tie(s))" if ties else "")
                 + (f", also at {others}-token prompts" if others else ""))
     if generation["status"] == "failed":
