@@ -44,10 +44,15 @@ class FamilySpec:
     model_class: str
     overrides: dict[str, Any] = field(default_factory=dict)
     note: str = ""
+    # `(special token, the config's id of it)`: the folder gets a tokenizer with that token (`matrix.tokenizer`), for
+    # a runtime proof that reads one (Qwen2-Audio's ExecuTorch MultimodalRunner)
+    tokenizer: tuple[str, str] | None = None
 
 
-def _f(name: str, kind: str, model_class: str, note: str = "", **overrides: Any) -> FamilySpec:
-    return FamilySpec(name, kind, model_class, {k.replace("__", "."): v for k, v in overrides.items()}, note)
+def _f(name: str, kind: str, model_class: str, note: str = "", tokenizer: tuple[str, str] | None = None,
+       **overrides: Any) -> FamilySpec:
+    return FamilySpec(name, kind, model_class, {k.replace("__", "."): v for k, v in overrides.items()}, note,
+                      tokenizer)
 
 
 _SPECS = [
@@ -251,7 +256,8 @@ _SPECS = [
        "audio encoder + projector + language model, from log-mel features", audio_token_id=24,
        audio_config__num_mel_bins=16, audio_config__max_source_positions=32),
     _f("qwen2_audio", "audio-language", "Qwen2AudioForConditionalGeneration",
-       "audio encoder + projector + language model; a feature mask",
+       "audio encoder + projector + language model; a feature mask; a byte-level BPE tokenizer, for the "
+       "MultimodalRunner's proof", tokenizer=("<|AUDIO|>", "audio_token_index"),
        audio_config__num_mel_bins=16,
        audio_config__max_source_positions=32),
     _f("granite_speech", "audio-language", "GraniteSpeechForConditionalGeneration",
@@ -358,9 +364,15 @@ def _has_embeddings(model) -> bool:
 
 
 def build(spec: FamilySpec, folder: Path, seed: int = 0, recipe: Any = None) -> Path:
-    """Save the family's tiny model (and `recipe` as export_config.json) to `folder`."""
+    """Save the family's tiny model (and `recipe` as export_config.json) to `folder`, with its tokenizer where the
+    family has one (`spec.tokenizer`: `matrix.tokenizer.with_tokenizer`)."""
+    import dataclasses
     import json
 
+    if spec.tokenizer is not None:
+        from matrix.tokenizer import with_tokenizer  # tokenizers' trainer: only for the families that need it
+
+        spec = dataclasses.replace(spec, overrides=with_tokenizer(folder, *spec.tokenizer, spec.overrides))
     model = tiny_model(spec, seed)
     if getattr(model, "generation_config", None) is not None and model.can_generate():
         text = model.config.get_text_config()

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from matrix.tokenizer import train_bpe_tokenizer
+
 DYNAMO_ONLY = {"export_format": "dynamo", "mode": "generation", "dynamic": True}
 
 
@@ -480,31 +482,6 @@ def tiny_falcon_h1(folder: Path, recipe: Any | None = None, seed: int = 0, initi
     return _saved(FalconH1ForCausalLM(config), folder, recipe)
 
 
-def train_bpe_tokenizer(folder: Path, corpus: list[str], specials: list[str], *, vocab_size: int, bos: str, eos: str,
-                        pad: str, unk: str | None = None, byte_level: bool = False, chat_template: bool = False):
-    """A BPE tokenizer trained here in milliseconds (no download) and saved into `folder` with transformers 5's
-    `save_pretrained` (which names `"tokenizer_class": "TokenizersBackend"` in `tokenizer_config.json`); returns it.
-    `byte_level`: a byte-level pre-tokenizer and decoder (else whitespace words and an `unk` token); the special
-    tokens take the first ids in `specials` order."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.BPE(unk_token=unk) if unk else models.BPE())
-    if byte_level:
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        backend.decoder = decoders.ByteLevel()
-    else:
-        backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    backend.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                                            show_progress=False))
-    named = {"unk_token": unk} if unk else {}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, eos_token=eos, pad_token=pad, **named)
-    if chat_template:
-        tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    tokenizer.save_pretrained(folder)
-    return tokenizer
-
-
 def save_bpe_tokenizer(folder: Path, vocab_size: int = 100, chat_template: bool = True) -> Path:
     """A small whitespace BPE with `<pad> <s> </s> <unk>` saved into `folder`; with `chat_template`, a
     `chat_template.jinja` too. Ids stay below `vocab_size` (a tiny model's vocabulary)."""
@@ -888,8 +865,9 @@ def tiny_voxtral_with_tokenizer(folder: Path, recipe: Any | None = None, seed: i
 
 def tiny_qwen2_audio_with_tokenizer(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 1) -> Path:
     """A tiny Qwen2-Audio (matrix's: 16 mel bins, 32 source positions: 64 frames, 16 audio tokens; a Qwen2 text model
-    of `text_layers` full-attention layers) with a byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer loads)
-    whose `<|AUDIO|>` id is the model's `audio_token_index`, and the log-mel extractor its audio config implies."""
+    of `text_layers` full-attention layers) with the matrix's byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer
+    loads) whose `<|AUDIO|>` id is the model's `audio_token_index`, and the log-mel extractor its audio config
+    implies."""
     import dataclasses
 
     from transformers import AutoConfig
@@ -897,14 +875,10 @@ def tiny_qwen2_audio_with_tokenizer(folder: Path, recipe: Any | None = None, see
     from exporters.capture.audio_text import extractor_from_config
     from matrix.families import FAMILIES, build
 
-    tokenizer = train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, "<|AUDIO|>"], vocab_size=120, bos="<s>",
-                                    eos="</s>", pad="<pad>", byte_level=True)
-    base = FAMILIES["qwen2_audio"]
+    base = FAMILIES["qwen2_audio"]  # the matrix's family builds its tokenizer (`matrix.tokenizer`)
     spec = dataclasses.replace(base, overrides={
-        **base.overrides, "audio_token_index": tokenizer.convert_tokens_to_ids("<|AUDIO|>"),
-        "text_config.vocab_size": len(tokenizer), "text_config.num_hidden_layers": text_layers,
-        "text_config.layer_types": ["full_attention"] * text_layers,
-        "text_config.bos_token_id": 1, "text_config.eos_token_id": 2, "text_config.pad_token_id": 3})
+        **base.overrides, "text_config.num_hidden_layers": text_layers,
+        "text_config.layer_types": ["full_attention"] * text_layers})
     build(spec, folder, seed=seed, recipe=recipe)
     audio = AutoConfig.from_pretrained(folder).audio_config
     extractor_from_config(audio, 2 * audio.max_source_positions).save_pretrained(folder)

@@ -11,6 +11,7 @@ exported graphs. `merged: true` gets a clear error, not a trace failure."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -97,14 +98,118 @@ def test_a_moe_hybrids_plainest_executorch_program_takes_prompts_of_any_length(m
     assert said and "its static key-value cache filled from position 0" in said[0], target["findings"]
     assert not [f for f in target["findings"] if "keeps the prompt axis dynamic" in f]  # the stepped note says it
     assert_greedy_parity(target["generation"], prompt_length=8, new_tokens=8)
+    assert_checked_at_other_prompt_lengths(target["generation"])  # and at a 4- and a 19-token prompt
     [program] = (out / target["name"]).glob("*.pte")
     assert b"grouped_mm" not in program.read_bytes()
+
+
+def assert_checked_at_other_prompt_lengths(generation: dict) -> None:
+    """A stepped prompt's parity ran at a shorter (4) and a longer (19) prompt than the sample's 8 tokens too, each
+    the exported graphs' 8 greedy tokens equal to eager's (#50: a program that works at one length cannot pass)."""
+    others = generation.get("other_prompts") or []
+    assert [o["prompt_length"] for o in others] == [4, 19], generation
+    for other in others:
+        assert other["status"] == "passed", other
+        tokens = other["eager_tokens"][0]
+        assert len(tokens) == 8 and tokens == other["exported_tokens"][0][:8], other
+        assert len(set(tokens)) > 1, tokens  # greedy decoding varies: the check can fail
+
+
+@pytest.fixture(scope="module")
+def lfm2_run(tmp_path_factory):
+    """LFM2's plainest ExecuTorch recipe through the store: a short convolution layer and an attention layer."""
+    recipe = {"schema_version": 1, "exports": [PLAINEST_EXECUTORCH], "generation": {"max_new_tokens": 8}}
+    return stored_run(family_model("lfm2", tmp_path_factory.mktemp("lfm2") / "model", recipe, never_eos=True))
+
+
+def test_lfm2s_plainest_executorch_program_takes_prompts_of_any_length(lfm2_run):
+    """#50: LFM2's plainest ExecuTorch program had a prefill fixed at the traced 8 tokens (a dynamic one failed:
+    'Attempted to resize a static tensor' at a 2-token prompt, its conv states sliced from the prompt). It is now
+    the decode alone, the prompt stepped through it from zeroed conv states into its static key-value cache, as the
+    other hybrids', checked at 8 tokens and at 4 and 19."""
+    out, report, log = lfm2_run
+    target = report["targets"][0] if report else {}
+    assert target.get("status") == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
+    assert target["expected_components"] == ["decode"] and [c["name"] for c in target["components"]] == ["decode"]
+    manifest = json.loads((out / target["name"] / "export.json").read_text())
+    assert manifest.get("layout") != "runner" and manifest["dynamic_prompt"] is True, manifest
+    said = [f for f in target["findings"] if "one token at a time from zeroed conv states" in f]
+    assert said and "short convolutions" in said[0] and "its static key-value cache filled from position 0" in \
+        said[0], target["findings"]
+    assert not [f for f in target["findings"] if "state-space scan" in f], target["findings"]  # LFM2 has none
+    assert_greedy_parity(target["generation"], prompt_length=8, new_tokens=8)
+    assert_checked_at_other_prompt_lengths(target["generation"])
 
 
 @pytest.mark.parametrize("name", [*STEPPED, "executorch"])
 def test_parity_runs_the_prompt_and_the_reply_through_the_exported_graphs(hybrid_run, name):
     targets, _, _ = hybrid_run
     assert_greedy_parity(targets[name]["generation"], prompt_length=8, new_tokens=8)
+
+
+@pytest.mark.parametrize("name", [*STEPPED, "executorch"])
+def test_the_stepped_prompt_is_checked_at_a_shorter_and_a_longer_prompt(hybrid_run, name):
+    """#50: the stepped decode was checked at the sample's prompt length alone; parity now steps a 4- and a 19-token
+    prompt through it too, and the report says so."""
+    targets, out, _ = hybrid_run
+    assert_checked_at_other_prompt_lengths(targets[name]["generation"])
+    assert "the prompt stepped at other lengths too: 4 tokens passed, 19 tokens passed" in \
+        (out / "report.md").read_text()
+
+
+def _logits_negated_at(graph_path, op: str, position: int) -> None:
+    """Rewrite the saved ONNX decode so its logits are negated (the argmax becomes eager's last choice) wherever
+    `position_ids <op> position` holds, and exact elsewhere: a program that works at some prompt lengths only."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(graph_path, load_external_data=False)  # the weights stay in decode.onnx.data
+    for node in model.graph.node:
+        node.output[:] = ["logits.exact" if name == "logits" else name for name in node.output]
+        node.input[:] = ["logits.exact" if name == "logits" else name for name in node.input]
+
+    def constant(name: str, kind: int, dims: list[int], values: list) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, kind, dims, values))
+
+    model.graph.node.extend([
+        constant("at", TensorProto.INT64, [], [position]), constant("axis", TensorProto.INT64, [1], [2]),
+        constant("minus_two", TensorProto.FLOAT, [], [-2.0]), constant("one", TensorProto.FLOAT, [], [1.0]),
+        helper.make_node(op, ["position_ids", "at"], ["hit"]),
+        helper.make_node("Cast", ["hit"], ["hit.float"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["hit.float", "axis"], ["hit.3d"]),
+        helper.make_node("Mul", ["hit.3d", "minus_two"], ["hit.scaled"]),
+        helper.make_node("Add", ["hit.scaled", "one"], ["sign"]),
+        helper.make_node("Mul", ["logits.exact", "sign"], ["logits"])])
+    onnx.save(model, graph_path)
+
+
+# where a decode that works at the sample's 8-token prompt fails: the 4-token prompt's last token (position 3, whose
+# logits the 8-token prompt never reads), or any position the 8-token prompt and its 8 new tokens never reach
+ONE_LENGTH_ONLY = {"shorter": ("Equal", 3, 4), "longer": ("GreaterOrEqual", 16, 19)}
+
+
+@pytest.mark.parametrize("case", list(ONE_LENGTH_ONLY))
+def test_a_stepped_decode_that_works_at_the_samples_prompt_only_fails(hybrid_run, tmp_path, case):
+    """#50: the stepped decode was checked at the recipe's prompt length alone, so a program that only works there
+    passed. The saved ONNX decode, rewritten to go wrong only at the shorter (or the longer) prompt, still passes
+    every probe and the 8-token parity, and now fails the target, naming the prompt length that diverged."""
+    _, out, _ = hybrid_run
+    op, position, length = ONE_LENGTH_ONLY[case]
+    copy = tmp_path / "out"
+    shutil.copytree(out / "onnx", copy / "onnx")
+    _logits_negated_at(copy / "onnx" / "decode.onnx", op, position)
+    result = run_cli("validate", str(out.parent / "model"), str(copy), "--target", "onnx")
+    assert result.returncode == 1, result.stderr[-2000:]
+    target = json.loads((copy / "report.json").read_text())["targets"][0]
+    assert target["status"] == "failed"
+    assert all(check["passed"] for component in target["components"] for check in component["checks"]), target
+    generation = target["generation"]
+    assert generation["status"] == "failed" and generation["prompt_length"] == 8
+    assert generation["eager_tokens"] == [tokens[:8] for tokens in generation["exported_tokens"]]  # 8 tokens: fine
+    assert generation["first_divergence"]["prompt_length"] == length, generation["first_divergence"]
+    verdicts = {other["prompt_length"]: other["status"] for other in generation["other_prompts"]}
+    assert verdicts == {4: "failed" if case == "shorter" else "passed", 19: "failed" if case == "longer" else "passed"}
+    assert f"of a {length}-token prompt" in (copy / "report.md").read_text()
 
 
 def test_an_explicit_merged_true_says_why_the_hybrid_cannot_have_it(hybrid_run):

@@ -84,6 +84,26 @@ def test_every_family_saves_and_loads_back(name, tmp_path):
     assert type(model).__name__ == FAMILIES[name].model_class
 
 
+def test_qwen2_audio_is_built_with_the_tokenizer_its_multimodal_runner_proof_reads(tmp_path):
+    """#50: the matrix's Qwen2-Audio had no tokenizer, so its ExecuTorch MultimodalRunner proof never ran ('the model
+    folder has no tokenizer.json'). Its folder now holds a byte-level BPE whose `<|AUDIO|>` is the model's audio
+    token and whose vocabulary, BOS, EOS and padding are the text model's; the other families have none."""
+    from tokenizers import Tokenizer
+    from transformers import AutoConfig
+
+    from matrix.families import build
+
+    folder = build(FAMILIES["qwen2_audio"], tmp_path / "qwen2_audio")
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    config = AutoConfig.from_pretrained(folder)
+    assert tokenizer.token_to_id("<|AUDIO|>") == config.audio_token_index
+    text = config.get_text_config()
+    assert tokenizer.get_vocab_size() == text.vocab_size
+    assert [tokenizer.token_to_id(t) for t in ("<s>", "</s>", "<pad>")] == [text.bos_token_id, text.eos_token_id,
+                                                                             text.pad_token_id]
+    assert not (build(FAMILIES["qwen2"], tmp_path / "qwen2") / "tokenizer.json").exists()
+
+
 def test_plainest_recipe():
     recipe = plainest_recipe(["dynamo", "onnx", "executorch"])
     assert [t["export_format"] for t in recipe["exports"]] == ["dynamo", "onnx", "executorch"]

@@ -337,6 +337,33 @@ def test_quality_metrics_and_the_metric_that_decides():
     assert greedy_match(generation) == (3, 6)
 
 
+def test_a_quantized_stepped_prompt_is_judged_at_every_prompt_length_it_ran():
+    """#50: a stepped prompt's parity runs at a shorter and a longer prompt too (`other_prompts`); a quantized
+    target's budget (`min_greedy_match`) holds at each of them, not only at the sample's."""
+    from exporters.report.results import GenerationReport
+    from exporters.validate.quality import judge_generation
+
+    def report(longer: list[int]) -> GenerationReport:
+        generation = GenerationReport("failed", 6, eager_tokens=[[5, 6, 7, 8, 9, 10]],
+                                      exported_tokens=[[5, 6, 7, 8, 1, 10]])
+        generation.other_prompts = [
+            {"prompt_length": 4, "status": "passed", "eager_tokens": [[1, 2, 3, 4, 5, 6]],
+             "exported_tokens": [[1, 2, 3, 4, 5, 6]], "reason": None},
+            {"prompt_length": 19, "status": "failed", "eager_tokens": [[9, 8, 7, 6, 5, 4]],
+             "exported_tokens": [longer], "reason": None}]
+        return generation
+
+    budget = {"min_greedy_match": 4}
+    within = report([9, 8, 7, 6, 1, 1])  # 4 tokens matched at the longer prompt: the budget holds
+    judge_generation(within, budget)
+    assert within.status == "passed" and within.matched_tokens == 4
+    assert [o["status"] for o in within.other_prompts] == ["passed", "passed"]
+    beyond = report([9, 8, 1, 1, 1, 1])  # the sample's prompt within budget, the longer one not
+    judge_generation(beyond, budget)
+    assert beyond.status == "failed"
+    assert beyond.other_prompts[1]["matched_tokens"] == 2 and beyond.other_prompts[1]["status"] == "failed"
+
+
 def test_variant_kinds_and_budget_defaults():
     from exporters.recipe.budgets import DEFAULT_BUDGETS, resolve_budget, variant_kind
 

@@ -10,9 +10,11 @@ single-token decode, though, takes one token, the states and the key-value cache
 zeroed states and an empty key-value cache it computes exactly what the prefill does (the conv pads the sequence
 with zeros on the left, the scan starts from zeros, attention sees the tokens fed so far). So when the recipe asks
 for a dynamic prompt and the capture's decode carries recurrent states ([`exporters.capture.merged.scans`]), the
-target exports only `decode` (a hybrid's with the key-value axis dynamic from 0: [`plan`]), and a prompt of any
+target exports only `decode` (a hybrid's with the key-value axis dynamic from 0: [`plan`]; an ExecuTorch target of
+a conv-only cache too, LFM2's: [`can_step`]), and a prompt of any
 length is fed to it one token at a time from [`zeroed_cache`]: chosen automatically, and said in the report
-([`note`]).
+([`note`]). Generation parity runs it at the sample's prompt and at a shorter and a longer one
+([`other_prompts`]), so a program that works at one prompt length only cannot pass.
 
 Example:
     >>> import torch
@@ -26,7 +28,8 @@ from typing import Any
 
 import torch
 
-from exporters.capture.merged import cache_kinds, cache_leaves, contract, empty_cache, scans, with_contract
+from exporters.capture.merged import (cache_kinds, cache_leaves, contract, empty_cache, scans, state_leaves,
+                                      with_contract)
 from exporters.capture.steps import cache_input_name
 from exporters.upstream import leaf_tensors
 
@@ -38,6 +41,11 @@ HYBRID_NOTE = ("the prompt is fed to the decode graph one token at a time from z
                "cache (what the prefill computes): this model's cache holds {kinds} (a hybrid: state-space and "
                "attention layers), and the state-space scan of a prefill or merged graph cannot keep a dynamic "
                "sequence axis (docs/upstream-gaps.md #27), so only `decode` is exported, {kv}")
+CONV_NOTE = ("the prompt is fed to the decode graph one token at a time from zeroed conv states and an empty key-value "
+             "cache (what the prefill computes): this model's cache holds {kinds} (short convolutions and attention "
+             "layers), and an ExecuTorch prefill keeps the prompt's last positions in its conv states with a size "
+             "tied to the traced length ('Attempted to resize a static tensor' at any other), so only `decode` is "
+             "exported, {kv}")
 KV_DYNAMIC = "its key-value axis dynamic from 0"
 # an ExecuTorch program's cache: every slot allocated up front (exporters.capture.merged.empty_cache)
 KV_STATIC = "its static key-value cache filled from position 0"
@@ -45,18 +53,23 @@ KV_STATIC = "its static key-value cache filled from position 0"
 
 def wants_stepped(target, family: str, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -> bool:
     """Whether `target` exports the decode alone, the prompt stepped through it: a generation target of a decoder-only
-    model that asks for a dynamic prompt (`dynamic: true`, or `dynamic_shapes` on the prefill), whose captured decode
-    carries recurrent states (a scan over the sequence: [`scans`]), and whose recipe names no `prefill` (in
-    `components` or `expected_components`: then the prefill is exported as asked, and its contract checked)."""
+    model that asks for a dynamic prompt (`dynamic: true`, or `dynamic_shapes` on the prefill) and [`can_step`]."""
+    return bool(target.dynamic or target.shape_spec("prefill")) and can_step(target, family, components)
+
+
+def can_step(target, family: str, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -> bool:
+    """Whether a dynamic prompt of `target` would be stepped through the decode alone: a generation target of a
+    decoder-only model whose captured decode carries recurrent states (a scan over the sequence: [`scans`]) or, in
+    ExecuTorch, conv states alone (LFM2: [`CONV_NOTE`]), and whose recipe names no `prefill` (in `components` or
+    `expected_components`: then the prefill is exported as asked, and its contract checked)."""
     if target.mode != "generation" or family != "text" or not {"prefill", "decode"} <= set(components):
         return False
     if "prefill" in target.components or "prefill" in (target.expected_components or []):
         return False
-    dynamic_prompt = target.dynamic or bool(target.shape_spec("prefill"))
     decode = components["decode"][1]
     key = cache_input_name(decode)
     states = key is not None and bool(leaf_tensors({key: decode[key]}))
-    return dynamic_prompt and states and scans(components)
+    return states and (scans(components) or (target.export_format == "executorch" and bool(state_leaves(decode))))
 
 
 def note(components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -> str:
@@ -66,8 +79,8 @@ def note(components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -> str:
     key = cache_input_name(decode)
     static = any(getattr(layer, "max_cache_len", None) is not None
                  for layer in getattr(decode.get(key) if key else None, "layers", None) or [])
-    return (HYBRID_NOTE if hybrid else STEPPED_NOTE).format(kinds=cache_kinds(components),
-                                                            kv=KV_STATIC if static else KV_DYNAMIC)
+    text = (HYBRID_NOTE if scans(components) else CONV_NOTE) if hybrid else STEPPED_NOTE
+    return text.format(kinds=cache_kinds(components), kv=KV_STATIC if static else KV_DYNAMIC)
 
 
 def plan(target, components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]):
@@ -96,6 +109,33 @@ def zeroed_cache(cache: Any, batch: int | None = None) -> Any:
     for tensor in leaf_tensors(zeroed).values():
         tensor.zero_()
     return zeroed
+
+
+def other_prompts(generate_inputs: dict[str, Any], steps: int, limit: int | None = None) -> list[dict[str, Any]]:
+    """`generate_inputs` with a shorter prompt (the first half of the sample's) and a longer one (twice its length
+    plus 3: the sample's tokens, reversed, then its first three again), each tensor that has the prompt's axis 1
+    (`input_ids`, `attention_mask`) cut or extended alike: the prompt lengths a stepped target's generation parity
+    checks besides the sample's. `limit`: a static cache's positions, which the prompt and `steps` new tokens must
+    fit (the longer prompt is shortened to fit, and left out when it then is no longer than the sample's).
+
+    Example:
+        >>> ids = torch.arange(8)[None]
+        >>> [p["input_ids"].shape[1] for p in other_prompts({"input_ids": ids}, steps=8)]
+        [4, 19]
+        >>> [p["input_ids"].shape[1] for p in other_prompts({"input_ids": ids}, steps=8, limit=16)]
+        [4]
+    """
+    ids = generate_inputs["input_ids"]
+    length = int(ids.shape[1])
+    longer = length * 2 + 3 if limit is None else min(length * 2 + 3, limit - steps)
+    lengths = [n for n in (length // 2,) if n > 0] + [n for n in (longer,) if n > length]
+
+    def cut(tensor: torch.Tensor, n: int) -> torch.Tensor:
+        extended = torch.cat([tensor, tensor.flip(1), tensor[:, :3]], dim=1) if n > length else tensor
+        return extended[:, :n].clone()
+
+    return [{key: cut(value, n) if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[:2] ==
+             ids.shape[:2] else value for key, value in generate_inputs.items()} for n in lengths]
 
 
 # RWKV's state is five `[batch, hidden, layers]` tensors (token shifts of the feed-forward and of attention, the

@@ -109,10 +109,14 @@ def parity_cell(target: dict[str, Any]) -> str:
     tokens = generation.get("eager_tokens") or []
     if generation["status"] == "passed":
         ties = len(generation.get("near_ties") or [])
-        return f"✅ {len(tokens[0]) if tokens else steps}/{steps} tokens" + (f" ({ties} near tie(s))" if ties else "")
+        others = "- and ".join(str(o["prompt_length"]) for o in generation.get("other_prompts") or [])
+        return (f"✅ {len(tokens[0]) if tokens else steps}/{steps} tokens" + (f" ({ties} near tie(s))" if ties else "")
+                + (f", also at {others}-token prompts" if others else ""))
     if generation["status"] == "failed":
-        step = (generation.get("first_divergence") or {}).get("step")
-        return f"❌ diverged at token {step}" if step is not None else "❌ failed"
+        divergence = generation.get("first_divergence") or {}
+        prompt = f" of a {divergence['prompt_length']}-token prompt" if divergence.get("prompt_length") else ""
+        return f"❌ diverged at token {divergence['step']}{prompt}" if divergence.get("step") is not None \
+            else "❌ failed"
     return "⏭️ not run"
 
 
@@ -330,6 +334,9 @@ def render_target(target: dict[str, Any], details: bool = True) -> list[str]:
             text += f"; first divergence {generation['first_divergence']}"
         if generation.get("reason"):
             text += f" — {cell(generation['reason'], 300)}"
+        others = [f"{o['prompt_length']} tokens {o['status']}" for o in generation.get("other_prompts") or []]
+        if others:
+            text += f"; the prompt stepped at other lengths too: {', '.join(others)}"
         lines += [text, ""] + _generation_details(generation)
     files = target.get("files") or []
     timings = target.get("timings") or {}

@@ -107,7 +107,8 @@ class GenerationReport:
 
     `near_ties` lists the steps where the artifact chose another token whose eager score was within tolerance of
     eager's choice (decoding went on with eager's token); `logits_processors` are the processors eager `generate()`
-    built, which the exported side applied too; `cache` is the cache the graphs were driven with.
+    built, which the exported side applied too; `cache` is the cache the graphs were driven with; `other_prompts`:
+    the other prompt lengths a stepped prompt was checked at (any failed fails the report).
     """
 
     status: CheckStatus
@@ -124,6 +125,9 @@ class GenerationReport:
     cache: dict[str, Any] | None = None
     matched_tokens: int | None = None  # quantized/half targets: greedy tokens equal to eager's, and the budget
     required_tokens: int | None = None
+    # a stepped prompt's parity at a shorter and a longer prompt than the sample's (`exporters.validate.parity`):
+    # each `{prompt_length, status, eager_tokens, exported_tokens, first_divergence, near_ties, reason}`
+    other_prompts: list[dict[str, Any]] = field(default_factory=list)
 
 
 # torch.export's words for a guard that fixed a size: `Guard failed: input_ids.size()[1] == 8`

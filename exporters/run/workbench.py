@@ -164,9 +164,10 @@ class Workbench:
             target.merged = merged.planned_merged(target, self.sample.family, setting.implementation,
                                                    self.model.config)
             captured = self._captured(target, recipe, setting)
-            if llm_runner.methods_note(target, state_layers) and merged.scans(captured):
-                # the default program of a model that scans (#50): the prompt of any length the runner's program
-                # would have taken, stepped through the decode (a conv-only cache, LFM2, keeps its traced prefill)
+            if llm_runner.methods_note(target, state_layers) and (
+                    merged.scans(captured) or stepped.can_step(target, self.sample.family, captured)):
+                # the default program of a model with state-space layers (#50): the prompt of any length the
+                # runner's program would have taken, stepped through the decode (LFM2's conv-only cache too)
                 kept = llm_runner.prompt_kept_dynamic(target)
             if self.sample.family in MULTIMODAL_GENERATORS:  # not the multimodal runner's layout: why
                 refused = self.not_runner.get(target.name)

@@ -327,7 +327,7 @@ def validate_target(
     ahead = dict(side.runtimes)  # a check that may apply but does not (no genai_config.json) is left out
     runtime_references = [(check, ahead[check]) for check in applicable if check in ahead]
     runtime_references += references_for([check for check in applicable if check not in ahead], model, runtime_context)
-    planned, bindings_by_component, reference = side.planned, side.bindings, side.greedy
+    planned, bindings_by_component, reference, others = side.planned, side.bindings, side.greedy, side.other_greedy
     if release_model is not None:
         release_model()
 
@@ -375,7 +375,7 @@ def validate_target(
             tolerances = Tolerances(tolerance_for(recipe, target, first, target.dtype),
                                     tolerance_for(recipe, target, MERGED if merged else "decode", target.dtype))
             generation = generation_parity(subject, components, exported, recipe.generation.max_new_tokens,
-                                           tolerances, reference=reference, glue=read_glue(directory))
+                                           tolerances, reference=reference, glue=read_glue(directory), others=others)
         verdict = None
         if budget is not None:
             judge_generation(generation, budget)

@@ -27,10 +27,11 @@ from exporters.capture.image_text import DECODER as IMAGE_TEXT_DECODER, embeds_i
 from exporters.capture.llm_runner import prompt_bindings
 from exporters.capture.merged import MERGED, empty_cache, prompt_inputs, with_consistent_mask
 from exporters.capture.probes import dim_bindings, make_probes
+from exporters.capture.stepped import STEPPED
 from exporters.recipe.model import Recipe
 from exporters.upstream import leaf_tensors, prepare_traced_inputs
 from exporters.validate.arbitration import Arbiter
-from exporters.validate.parity import reference_for
+from exporters.validate.parity import other_references, reference_for
 from exporters.validate.runtimes import RuntimeCheck, RuntimeContext, checks_possible, references_for
 from exporters.validate.subject import EagerModel
 
@@ -108,6 +109,7 @@ class EagerSide:
     planned: list[tuple[str, list, list[Any]]] = field(default_factory=list)
     bindings: dict[str, Any] = field(default_factory=dict)
     greedy: Any = None
+    other_greedy: list[tuple[dict[str, Any], Any]] | None = None  # a stepped prompt's other lengths, with eager's runs
     runtimes: list[tuple[RuntimeCheck, Any]] = field(default_factory=list)
     threads: int = 0
     # per component: its module and probes as eager takes them, for a failed check's float64 reference
@@ -160,6 +162,9 @@ def eager_side(*, target, recipe: Recipe, components, subject: EagerModel, expec
         side.arbiters[name] = Arbiter(module, probes)
     if target.mode == "generation":
         side.greedy = reference_for(model, generate_inputs, generation_config, recipe.generation.max_new_tokens)
+    if target.mode == "generation" and family == "text" and set(components) == set(STEPPED):
+        side.other_greedy = other_references(model, generate_inputs, generation_config,
+                                             recipe.generation.max_new_tokens)
     context = RuntimeContext(target, recipe, family, generate_inputs, generation_config, source_dir)
     checks = checks_possible(target, expected) if runtime_checks is None else runtime_checks
     side.runtimes = references_for(checks, model, context)

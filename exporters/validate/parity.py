@@ -25,6 +25,7 @@ position.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from typing import Any
 
@@ -36,7 +37,7 @@ from exporters.capture.families import MULTIMODAL_GENERATORS
 from exporters.capture.image_text import COMPONENTS as IMAGE_TEXT_COMPONENTS, DECODER as IMAGE_TEXT_DECODER
 from exporters.capture.merged import MERGED, prompt_inputs
 from exporters.capture.multimodal_runner import TEXT_DECODER, components_of
-from exporters.capture.stepped import STEPPED, zeroed_cache
+from exporters.capture.stepped import STEPPED, other_prompts, zeroed_cache
 from exporters.capture.steps import cache_input_name, output_cache, step_inputs
 from exporters.errors import describe_error, recoverable
 from exporters.report.results import GenerationReport
@@ -73,13 +74,16 @@ def _cache_summary(generation_config) -> dict[str, Any]:
 
 
 def generation_parity(subject: EagerModel, components, exported, steps: int, tolerances: Tolerances,
-                      reference: Any = None, glue: dict[str, torch.Tensor] | None = None) -> GenerationReport:
+                      reference: Any = None, glue: dict[str, torch.Tensor] | None = None,
+                      others: list[tuple[dict[str, Any], Any]] | None = None) -> GenerationReport:
     """Run the family's pipeline through the exported graphs and compare with eager `generate()` (`subject`: the
     eager model, its family, sample inputs and generation config), both selecting tokens by the processors eager
     builds (see `exporters.validate.greedy`). `reference`: eager's run, made ahead by
     [`reference_for`] (so the eager weights can be freed before the artifact loads); else it is made here. `glue`:
     the weights a vision-language forward reads itself, as the target folder holds them
-    (`exporters.capture.components.read_glue`)."""
+    (`exporters.capture.components.read_glue`). A stepped prompt (`exporters.capture.stepped`) is run at a shorter
+    and a longer prompt too: `others`, each `(generate_inputs, eager's reference)` ([`other_references`]), else made
+    here."""
     model, family, generate_inputs = subject.model, subject.family, subject.generate_inputs
     generation_config = subject.generation_config
     names = set(exported.components)
@@ -130,7 +134,60 @@ def generation_parity(subject: EagerModel, components, exported, steps: int, tol
         if not recoverable(err):
             raise
         return _report(greedy, tokens, None, cache, reason=describe_error(err), failed=True)
-    return _report(greedy, tokens, prompt, cache)
+    report = _report(greedy, tokens, prompt, cache)
+    if driver is _stepped_prompt and report.status != "skipped":
+        if others is None:
+            others = other_references(model, generate_inputs, generation_config, steps)
+        _at_other_prompts(report, components, exported.runners, others, Greedy(steps, eos, pad, reference,
+                                                                                  tolerances))
+    return report
+
+
+def other_references(model, generate_inputs: dict[str, Any], generation_config, steps: int) -> list[tuple[dict, Any]]:
+    """The shorter and the longer prompt a stepped target is checked at besides the sample's
+    (`exporters.capture.stepped.other_prompts`, within a static cache), each with eager's run ([`reference_for`])."""
+    limit = _cache_summary(generation_config).get("max_cache_len")
+    return [(inputs, reference_for(model, inputs, generation_config, steps))
+            for inputs in other_prompts(generate_inputs, steps, limit)]
+
+
+def _at_other_prompts(report: GenerationReport, components, runners, others, template: Greedy) -> None:
+    """The stepped prompt's parity at each of `others` (`(generate_inputs, reference)`), recorded in
+    `report.other_prompts`: a divergence there fails the report (first_divergence names the prompt's length), one
+    that could not run leaves it unverified."""
+    for inputs, reference in others:
+        length = int(inputs["input_ids"].shape[1])
+        if isinstance(reference, BaseException):
+            report.other_prompts.append({"prompt_length": length, "status": "skipped",
+                                         "reason": f"eager generate() failed: {describe_error(reference)}"})
+            continue
+        greedy = dataclasses.replace(template, reference=reference, near_ties=[], divergence=None)
+        tokens: list[torch.Tensor] = []
+        error = None
+        try:
+            with native_messages():
+                _stepped_prompt(None, components, runners, inputs, greedy, tokens)
+        except BaseException as err:
+            if not recoverable(err):
+                raise
+            error = describe_error(err)
+        failed = error is not None or greedy.divergence is not None
+        report.other_prompts.append({
+            "prompt_length": length, "status": "failed" if failed else "passed",
+            "eager_tokens": reference.tokens.tolist(),
+            "exported_tokens": torch.stack(tokens, dim=1).tolist() if tokens else [],
+            "first_divergence": greedy.divergence, "near_ties": greedy.near_ties, "reason": error})
+    failed = next((other for other in report.other_prompts if other["status"] == "failed"), None)
+    skipped = next((other for other in report.other_prompts if other["status"] == "skipped"), None)
+    if failed is not None:
+        report.status = "failed"
+        if failed["reason"]:
+            report.reason = f"at a prompt of {failed['prompt_length']} tokens: {failed['reason']}"
+        elif report.first_divergence is None:
+            report.first_divergence = {**failed["first_divergence"], "prompt_length": failed["prompt_length"]}
+    elif skipped is not None and report.status == "passed":
+        report.status, report.reason = "skipped", (f"not run at a prompt of {skipped['prompt_length']} tokens "
+                                                   f"(besides the sample's): {skipped['reason']}")
 
 
 def reference_for(model, generate_inputs: dict[str, Any], generation_config, steps: int) -> Any:

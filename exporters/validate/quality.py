@@ -141,6 +141,14 @@ def judge_generation(generation: Any, budget: dict[str, Any]) -> None:
     required = min(int(budget.get("min_greedy_match", 0)), available)
     generation.matched_tokens, generation.required_tokens = matched, required
     generation.status = "passed" if matched >= required else "failed"
+    for other in getattr(generation, "other_prompts", None) or []:  # a stepped prompt's other lengths, alike
+        counts = greedy_match(other) if other["status"] != "skipped" and not other.get("reason") else None
+        if counts is None:  # it did not run (unverified), or it raised (failed)
+            generation.status = other["status"] if generation.status == "passed" else generation.status
+            continue
+        other["matched_tokens"], other["required_tokens"] = counts[0], min(required, counts[1])
+        other["status"] = "passed" if counts[0] >= other["required_tokens"] else "failed"
+        generation.status = "failed" if other["status"] == "failed" else generation.status
 
 
 def judge(kind: str, budget: dict[str, Any], probes: list[tuple[str, str, dict[str, Any]]],
