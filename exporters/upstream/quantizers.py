@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,35 +54,122 @@ def onnxruntime_int4_quantizer(options: dict[str, Any]):
 
 def quantize_matmul_nbits(model: Any, *, block_size: int, accuracy_level: int, symmetric: bool,
                           quantize_embeddings: bool = False, shared_embeddings: bool = True) -> Any:
-    """`model` (an `onnx_ir.Model`) with every constant-weight `MatMul` as a 4-bit `MatMulNBits` (and, with
-    `quantize_embeddings`, every constant-table `Gather` as a `GatherBlockQuantized`), through files with external
-    data as upstream's ONNX Runtime quantizer does (models past protobuf's 2 GB limit work). With
-    `shared_embeddings`, a table tied to the LM head is stored once in 4 bits: the head a `MatMulNBits`, the lookup a
-    `GatherBlockQuantized` over the head's blocks ([`_tied_heads`])."""
-    import onnx  # ONNX and ONNX Runtime load only where an ONNX model is quantized
-    import onnx_ir  # (the same)
+    """`model` (an `onnx_ir.Model`, consumed: its float weights are dropped as they are quantized) with every
+    constant-weight `MatMul` as a 4-bit `MatMulNBits` (and, with `quantize_embeddings`, every constant-table `Gather`
+    as a `GatherBlockQuantized`), by ONNX Runtime's own `MatMulNBitsQuantizer` run one weight at a time
+    ([`_StreamedWeights`]): the graph goes to the quantizer without its weights, each weight is serialized just
+    before its node is quantized and dropped once its last node is, so the run holds the float weights once (less
+    as it goes) rather than the graph's copy, a protobuf copy and the quantized ones at once (a 1.1B model's export
+    was killed at 12 GiB in the quantizer before). The result is byte for byte the quantizer's over the whole loaded
+    model (tests/test_int4_streamed.py compares). With `shared_embeddings`, a table tied to the LM head is stored once
+    in 4 bits: the head a `MatMulNBits`, the lookup a `GatherBlockQuantized` over the head's blocks
+    ([`_tied_heads`])."""
+    import onnx_ir  # ONNX and ONNX Runtime load only where an ONNX model is quantized
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer  # (the same)
-    from transformers.exporters.quantizers.quantizer_onnxruntime import _load_external_tensor_attributes  # torchao
 
     tied = _tied_heads(model) if shared_embeddings else []
-    with tempfile.TemporaryDirectory() as tmp:
-        path, quantized_path = os.path.join(tmp, "model.onnx"), os.path.join(tmp, "quantized.onnx")
-        onnx_ir.save(model, path, external_data="model.onnx.data")
-        quantizer = MatMulNBitsQuantizer(onnx.load(path), bits=4, block_size=block_size, is_symmetric=symmetric,
-                                         accuracy_level=accuracy_level,
-                                         nodes_to_exclude=[lookup for lookup, _ in tied],
-                                         op_types_to_quantize=("MatMul", "Gather") if quantize_embeddings else ("MatMul",))
-        quantizer.process()
-        quantizer.model.save_model_to_file(quantized_path, use_external_data_format=True)
-        quantized = onnx_ir.load(quantized_path)
-        onnx_ir.external_data.load_to_model(quantized)  # into memory before the folder goes away
-        _load_external_tensor_attributes(quantized)
-        for lookup, head in tied:
-            _lookup_in_head_blocks(quantized, lookup, head, block_size)
-        # ONNX Runtime's saver sorts each graph on its own, blind to the values an `If` branch reads from the outer
-        # graph (the guard `ort_fusions: "cpu"` puts around each GroupQueryAttention): onnx_ir's sort sees them
-        quantized.graph.sort()
-        return quantized
+    weights = _StreamedWeights(model)
+    quantizer = MatMulNBitsQuantizer(weights.proto, bits=4, block_size=block_size, is_symmetric=symmetric,
+                                     accuracy_level=accuracy_level, nodes_to_exclude=[lookup for lookup, _ in tied],
+                                     op_types_to_quantize=("MatMul", "Gather") if quantize_embeddings else ("MatMul",))
+    quantizer.node_quantizer = weights.streaming(quantizer.node_quantizer)
+    quantizer.process()
+    quantizer.model.topological_sort()  # what the quantizer's own save does first (its order is the reference)
+    quantized = weights.restored(onnx_ir.from_proto(quantizer.model.model))
+    for lookup, head in tied:
+        _lookup_in_head_blocks(quantized, lookup, head, block_size)
+    # ONNX Runtime's sort sorts each graph on its own, blind to the values an `If` branch reads from the outer graph
+    # (the guard `ort_fusions: "cpu"` puts around each GroupQueryAttention): onnx_ir's sort sees them
+    quantized.graph.sort()
+    return quantized
+
+
+class _StreamedWeights:
+    """The weights of an `onnx_ir.Model` held aside while ONNX Runtime's quantizer works on its graph: `proto` is the
+    model with every initializer an external placeholder (no bytes; its location names the weight), [`streaming`]
+    wraps the quantizer's per-node step so a node's weight is serialized for that node alone and dropped after the
+    last node reading it is quantized, and [`restored`] puts the weights still in the graph back into the quantized
+    model, the very tensors, uncopied."""
+
+    PREFIX = "hf-export:in-memory-weight/"
+
+    def __init__(self, model: Any) -> None:
+        import onnx_ir  # ONNX loads only where an ONNX model is quantized
+
+        self.tensors: list[Any] = []
+        self.readers: list[int] = []  # nodes left to quantize that read each weight
+        for graph in model.graphs():
+            for value in graph.initializers.values():
+                tensor = value.const_value
+                if tensor is None:
+                    continue
+                value.const_value = onnx_ir.ExternalTensor(f"{self.PREFIX}{len(self.tensors)}", None, None,
+                                                           tensor.dtype, shape=tensor.shape, name=tensor.name or
+                                                           value.name, doc_string=tensor.doc_string,
+                                                           metadata_props=dict(tensor.metadata_props))
+                self.tensors.append(tensor)
+                self.readers.append(len(value.uses()))
+        self.proto = onnx_ir.to_proto(model)
+
+    def key(self, proto: Any) -> int | None:
+        """The index of the weight whose placeholder `proto` (a `TensorProto`) is, None for any other tensor."""
+        entries = {entry.key: entry.value for entry in proto.external_data} if proto is not None else {}
+        location = entries.get("location", "")
+        return int(location[len(self.PREFIX):]) if location.startswith(self.PREFIX) else None
+
+    def streaming(self, node_quantizer: Any) -> Any:
+        """`node_quantizer` (ONNX Runtime's `DefaultWeightOnlyQuantizer`) with its `quantize(node, graph_stack)`
+        finding the node's weight in a graph of its own, innermost on the stack, which the quantizer writes its
+        outputs into: they move to the weight's graph, and the model's protobuf never holds float bytes (protobuf
+        keeps what a message once held until the whole message goes, so a weight filled into its placeholder and
+        cleared again would stay: the whole float model again by the last layer)."""
+        import onnx  # (the same)
+        from onnxruntime.quantization.matmul_nbits_quantizer import get_initializer  # (the same)
+        from onnx_ir.serde import serialize_tensor_into  # (the same)
+
+        quantize, weights = node_quantizer.quantize, self
+
+        def streamed(node: Any, graph_stack: list[Any]) -> list[Any]:
+            name = node.input[1] if node.op_type == "MatMul" and len(node.input) > 1 else node.input[0]
+            proto, graph = get_initializer(name, graph_stack)
+            key = weights.key(proto)
+            if key is None or weights.tensors[key] is None:
+                return quantize(node, graph_stack)
+            alone = onnx.GraphProto()
+            serialize_tensor_into(alone.initializer.add(), weights.tensors[key])  # as loading the data reads it
+            alone.initializer[0].name = proto.name  # the initializer's name (a tensor made in place may have none)
+            nodes = quantize(node, [*graph_stack, alone])
+            if len(nodes) == 1 and nodes[0] is node:
+                return nodes
+            for graph_input in graph.input:  # what the quantizer does to the weight's graph (an IR < 4 model's)
+                if graph_input.name == name:
+                    graph.input.remove(graph_input)
+                    break
+            graph.initializer.extend(alone.initializer[1:])  # the packed weight, its scales (and zero points)
+            weights.readers[key] -= 1
+            if weights.readers[key] <= 0:
+                weights.tensors[key] = None  # the last reader quantized: the float weight goes
+            return nodes
+
+        node_quantizer.quantize = streamed
+        return node_quantizer
+
+    def restored(self, model: Any) -> Any:
+        """`model` (the quantized graph) with each placeholder left in it replaced by its weight."""
+        for graph in model.graphs():
+            for value in graph.initializers.values():
+                tensor = value.const_value
+                key = self.key_of(tensor)
+                if key is not None:
+                    if self.tensors[key] is None:
+                        raise RuntimeError(f"the weight {value.name!r} was dropped while a node still reads it")
+                    value.const_value = self.tensors[key]
+        self.tensors = []
+        return model
+
+    def key_of(self, tensor: Any) -> int | None:
+        location = str(getattr(tensor, "location", "") or "")
+        return int(location[len(self.PREFIX):]) if location.startswith(self.PREFIX) else None
 
 
 def _tied_heads(model: Any) -> list[tuple[str, str]]:
