@@ -101,6 +101,12 @@ def tiny_gemma2(folder: Path, recipe: Any | None = None, seed: int = 0, sliding_
     return _saved(model, folder, recipe)
 
 
+# The tiny BERT's dynamo and ONNX run (`--jobs 1`) two modules read (the shared store exports it once, #48): the
+# isolation of its export processes (tests/test_isolation.py) and the batch kept dynamic (tests/test_genai.py)
+BERT_TWO_TARGETS = [{"name": "dynamo", "export_format": "dynamo", "dynamic": True},
+                    {"name": "onnx", "export_format": "onnx", "dynamic": True}]
+
+
 def tiny_bert(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
     """A 1-layer BERT encoder (hidden 32)."""
     from transformers import BertConfig, BertModel

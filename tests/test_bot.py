@@ -285,7 +285,8 @@ def test_main_update_opens_one_pr_despite_50_concurrent_duplicates(hf_env, tmp_p
 
     caplog.set_level("DEBUG")
     hub = hf_env
-    head = upload_model(hub, tiny_llama(tmp_path / "model", recipe=MODEL_RECIPE))
+    # one layer: the job, the PR and the skipped merge read no depth (#48)
+    head = upload_model(hub, tiny_llama(tmp_path / "model", recipe=MODEL_RECIPE, layers=1))
     bot = start_bot(bot_settings(hub, tmp_path))
     event = main_update(hub)
     barrier = threading.Barrier(50)

@@ -146,12 +146,28 @@ def test_bert_folder_carries_tokenizer_and_sentence_transformers_files(bert):
     assert not [p for p in folder.rglob("*") if p.is_symlink()]
 
 
-def test_optimum_and_sentence_transformers_encode_a_batch_of_three_from_the_folder_alone(bert, tmp_path):
+POOLING_MODES = [["cls"], ["mean"], ["max"], ["mean_sqrt_len_tokens"], ["cls", "mean"]]
+
+
+@pytest.fixture(scope="module")
+def bert_in_side_env(bert, tmp_path_factory) -> dict:
+    """One side-environment process (each start imports torch, optimum and sentence-transformers again) for the BERT
+    folder: optimum's and sentence-transformers' encodings of TEXTS from the folder alone, sentence-transformers'
+    eager encoding of the model folder, and its `Pooling` of eager's hidden states in every POOLING_MODES."""
+    model_dir, out, target = bert
+    folder = _alone(out, target["name"], tmp_path_factory.mktemp("bert-alone"))
+    batch, hidden = _eager_bert(model_dir)
+    lines = _in_optimum_venv("feature_extraction.py", str(folder), json.dumps(TEXTS), str(model_dir),
+                             json.dumps([POOLING_MODES, hidden.tolist(), batch["attention_mask"].tolist()]))
+    assert len(lines) == 2 + len(POOLING_MODES), lines
+    return {"folder": folder, "got": lines[0], "eager_st": lines[1], "pooled": lines[2:]}
+
+
+def test_optimum_and_sentence_transformers_encode_a_batch_of_three_from_the_folder_alone(bert, bert_in_side_env):
     """optimum's last_hidden_state and sentence-transformers' embeddings (ONNX backend, the folder's own pooling and
     normalization) equal eager transformers' and sentence-transformers' own torch encoding of the model folder."""
     model_dir, out, target = bert
-    folder = _alone(out, target["name"], tmp_path)
-    got, eager_st = _in_optimum_venv("feature_extraction.py", str(folder), json.dumps(TEXTS), str(model_dir))
+    folder, got, eager_st = bert_in_side_env["folder"], bert_in_side_env["got"], bert_in_side_env["eager_st"]
     batch, hidden = _eager_bert(model_dir)
     assert got["input_ids"] == batch["input_ids"].tolist()
     assert got["attention_mask"] == batch["attention_mask"].tolist()
@@ -230,7 +246,7 @@ def test_bert_is_proven_in_sentence_transformers_by_the_run(bert):
     assert "sentence-transformers ✓ 2 sentences" in (out / "report.md").read_text()
 
 
-def test_the_sentence_transformers_proof_pools_as_sentence_transformers_does(bert):
+def test_the_sentence_transformers_proof_pools_as_sentence_transformers_does(bert, bert_in_side_env):
     """The product's eager side (`proof.pool`, from the model's hidden states and 1_Pooling's modes) equals
     sentence-transformers' own torch encoding of the model folder, run in the side environment, for every mode it
     computes: the reference the run compares with is sentence-transformers' own."""
@@ -238,23 +254,11 @@ def test_the_sentence_transformers_proof_pools_as_sentence_transformers_does(ber
 
     model_dir, _, _ = bert
     batch, hidden = _eager_bert(model_dir)
-    every = [["cls"], ["mean"], ["max"], ["mean_sqrt_len_tokens"], ["cls", "mean"]]
-    # one side-environment process pools every mode (each start imports torch and sentence-transformers again)
-    script = ("import json, sys, torch\n"
-              "from sentence_transformers.models import Pooling\n"
-              "every, hidden, mask = json.loads(sys.argv[1])\n"
-              "for modes in every:\n"
-              "    pooling = Pooling(len(hidden[0][0]), pooling_mode=modes)\n"
-              "    out = pooling({'token_embeddings': torch.tensor(hidden), 'attention_mask': torch.tensor(mask)})\n"
-              "    print(json.dumps(out['sentence_embedding'].tolist()))")
-    done = subprocess.run([_optimum_python(), "-c", script, json.dumps(
-        [every, hidden.tolist(), batch["attention_mask"].tolist()])], capture_output=True, text=True,
-        timeout=300, env={**os.environ, "PYTHONPATH": ""}, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.strip().splitlines()[-len(every):]
-    assert len(lines) == len(every), done.stdout[-3000:]
-    for modes, line in zip(every, lines):
-        want = np.array(json.loads(line))
+    # the side environment's process of `bert_in_side_env` pooled eager's hidden states in every mode
+    lines = bert_in_side_env["pooled"]
+    assert [line["modes"] for line in lines] == POOLING_MODES, lines
+    for modes, line in zip(POOLING_MODES, lines):
+        want = np.array(line["sentence_embedding"])
         got = pool(hidden, batch["attention_mask"], modes).numpy()
         np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-6, err_msg=str(modes))
 

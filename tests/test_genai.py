@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, run_cli
-from tests.models import save_ascii_bpe_tokenizer, tiny_bert, tiny_llama, tiny_qwen2
+from tests.models import BERT_TWO_TARGETS, save_ascii_bpe_tokenizer, tiny_bert, tiny_llama, tiny_qwen2
 
 og = pytest.importorskip("onnxruntime_genai")
 
@@ -271,14 +271,14 @@ def test_optimum_generates_what_eager_generates_for_a_padded_batch_of_two(export
 
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bert-batch")
-    recipe = {"exports": [{"name": "onnx", "export_format": "onnx", "dynamic": True},
-                          {"name": "dynamo", "export_format": "dynamo", "dynamic": True}]}
-    model_dir = tiny_bert(root / "model", recipe)
-    out = root / "out"
-    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    """The tiny BERT's ONNX and dynamo targets, both `dynamic: true`, at the default batch of one: the `--jobs 1` run
+    tests/test_isolation.py reads too, exported once through the shared store (#48); the test reads the folder."""
+    from tests.export_store import MODEL, OUT, exported as stored  # `exported` is this module's Llama/Qwen2 fixture
+
+    model_dir = tiny_bert(tmp_path_factory.mktemp("bert-batch") / "model", BERT_TWO_TARGETS)
+    result = stored(model_dir, "run", "--no-bench", MODEL, "--out", OUT, "--quiet", "--jobs", "1")
     assert result.returncode == 0, result.stdout + result.stderr
-    return model_dir, out, json.loads((out / "report.json").read_text())
+    return result.model_dir, result.out, result.report
 
 
 def test_dynamic_true_keeps_the_batch_dynamic_at_the_default_batch_of_one(bert):

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from tests.conftest import ROOT
-from tests.models import tiny_bert
+from tests.models import BERT_TWO_TARGETS, tiny_bert
 
 DRIVER = textwrap.dedent(
     """
@@ -84,19 +84,16 @@ def test_no_partial_files_are_left(isolated_run):
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
-    """A dynamo and an ONNX target of a tiny BERT, run with `--jobs 1` and `--jobs 2`: `{jobs: out folder}`."""
-    from tests.conftest import run_cli
+    """A dynamo and an ONNX target of a tiny BERT, run with `--jobs 1` and `--jobs 2`: `{jobs: out folder}`. Through
+    the shared store (the tests read the folders only): tests/test_genai.py reads the `--jobs 1` run too (#48)."""
+    from tests.export_store import MODEL, OUT, exported
 
-    root = tmp_path_factory.mktemp("two-runs")
-    recipe = [{"name": "dynamo", "export_format": "dynamo", "dynamic": True},
-              {"name": "onnx", "export_format": "onnx", "dynamic": True}]
-    model_dir = tiny_bert(root / "model", recipe)
+    model_dir = tiny_bert(tmp_path_factory.mktemp("two-runs") / "model", BERT_TWO_TARGETS)
     outs = {}
     for jobs in ("1", "2"):
-        out = root / f"out-{jobs}"
-        result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet", "--jobs", jobs)
+        result = exported(model_dir, "run", "--no-bench", MODEL, "--out", OUT, "--quiet", "--jobs", jobs)
         assert result.returncode == 0, result.stderr[-2000:]
-        outs[jobs] = out
+        outs[jobs] = result.out
     return outs
 
 

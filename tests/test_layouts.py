@@ -39,7 +39,8 @@ def run(tmp_path_factory):
         pytest.fail("transformers.js is not installed: run `make test-deps` (Node.js and the pinned "
                     "@huggingface/transformers in .cache/transformers-js)")
     root = tmp_path_factory.mktemp("layouts")
-    model_dir = tiny_llama(root / "model", RECIPE, initializer_range=0.3)
+    # one layer: the proofs, the declines and the card read the cache's names and the tokenizer, not the depth (#48)
+    model_dir = tiny_llama(root / "model", RECIPE, initializer_range=0.3, layers=1)
     # a WordLevel vocabulary with a Whitespace pre-tokenizer (the runner's C++ tokenizer cannot load it)
     _word_tokenizer([], [f"w{i}" for i in range(100)]).save_pretrained(model_dir)
     out = root / "out"

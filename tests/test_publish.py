@@ -41,10 +41,16 @@ DYNAMO = {
                                       "cache.layers.*.values": {"2": {"name": "past", "min": 2, "max": 128}}}},
     },
 }
+# The failing scenario's passing target: one graph (no decode, no generation parity to check): what it shows is a
+# passing target published beside a failing one, which one graph shows as well as two (#48)
+ONE_GRAPH = {"name": "dynamo", "export_format": "dynamo", "mode": "model"}
 BROKEN = {"name": "broken", "export_format": "dynamo", "mode": "model", "dynamic_shapes": {"nope": ["auto"]}}
 # No test here reads a timing: a published run's benchmark (tokens per second in the PR's and the card's table) is
 # asserted by tests/test_variants.py, which runs in this module's Hub environment with the benchmark on.
 NO_BENCH = "--no-bench"
+# One layer: what is published, pinned and loaded is every layer's alike; no check here reads the depth (#48: the
+# module exports a dynamo target four times, once per new revision)
+LAYERS = 1
 CARD = "---\nlicense: apache-2.0\ntags:\n- tiny\n---\n# Tiny\n\nThe owner's words.\n"
 
 
@@ -149,6 +155,7 @@ class Published:
     description: dict[str, str]
     out: Path
     snapshot: Path  # a copy of OUT after the first run
+    refs_after_dry: set[str] = field(default_factory=set)  # the repo's refs after the dry run
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +163,7 @@ def published(env: HubEnv, tmp_path_factory: pytest.TempPathFactory) -> Publishe
     from tests.models import tiny_llama
 
     repo_id = "alice/tiny"
-    folder = tiny_llama(tmp_path_factory.mktemp("tiny"), recipe=recipe(DYNAMO))
+    folder = tiny_llama(tmp_path_factory.mktemp("tiny"), recipe=recipe(DYNAMO), layers=LAYERS)
     (folder / "README.md").write_text(CARD)
     out = tmp_path_factory.mktemp("out-tiny")
     state = Published(repo_id, {}, {}, {}, {}, {}, out, tmp_path_factory.mktemp("snapshot") / "out")
@@ -169,6 +176,11 @@ def published(env: HubEnv, tmp_path_factory: pytest.TempPathFactory) -> Publishe
         state.discussions[name] = env.hub.discussions(repo_id)
         state.description[name] = description(env.hub, repo_id, 1) if state.discussions[name] else ""
 
+    # The README's order: a dry run first (it exports and prints the plan, pushes nothing), then the push, which
+    # reuses the dry run's export (the same revision and output folder): one export for both (#48)
+    state.runs["dry"] = env.cli("run", NO_BENCH, repo_id, "--dry-run", "--out", str(out))
+    state.discussions["dry"] = env.hub.discussions(repo_id)
+    state.heads["dry"], state.refs_after_dry = env.hub.head(repo_id), set(env.hub.refs(repo_id))
     run("first")
     shutil.copytree(out, state.snapshot)
     state.heads["rerun"] = env.hub.head(repo_id)
@@ -284,23 +296,20 @@ def test_rerun_with_same_inputs_changes_nothing(env: HubEnv, published: Publishe
     assert published.description["rerun"] == published.description["first"]
 
 
-def test_dry_run_prints_the_plan_and_pushes_nothing(env: HubEnv, published: Published,
-                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
-    from tests.models import tiny_llama
-
-    folder = tiny_llama(tmp_path_factory.mktemp("tiny-dry"), recipe=recipe(DYNAMO))  # same weights and recipe
-    head = env.upload_model("alice/tiny-dry", folder)
-    out = tmp_path_factory.mktemp("out-dry") / "out"
-    shutil.copytree(published.snapshot, out)  # cached: the same inputs, nothing re-exported
-    result = env.cli("run", NO_BENCH, "alice/tiny-dry", "--dry-run", "--out", str(out))
+def test_dry_run_prints_the_plan_and_pushes_nothing(env: HubEnv, published: Published) -> None:
+    """The dry run before the first push (`published`): the plan and the PR text, nothing on the Hub; the push that
+    followed reused its export."""
+    result = published.runs["dry"]
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Publish plan for alice/tiny-dry" in result.stdout
+    assert "Publish plan for alice/tiny" in result.stdout
     assert "action: open a new pull request" in result.stdout
     assert "exports/dynamo/prefill.pt2" in result.stdout and "README.md" in result.stdout
     assert "## Export report" in result.stdout and "export-action:publish" in result.stdout
     assert "publish: none" in result.stderr
-    assert env.hub.discussions("alice/tiny-dry") == []
-    assert env.hub.head("alice/tiny-dry") == head and set(env.hub.refs("alice/tiny-dry")) == {"refs/heads/main"}
+    assert published.discussions["dry"] == []
+    assert published.heads["dry"] == published.heads["first"] and published.refs_after_dry == {"refs/heads/main"}
+    [target] = json.loads((published.snapshot / "report.json").read_text())["targets"]
+    assert target["cached"] is True and target["status"] == "passed"  # the push exported nothing again
 
 
 def test_auto_exporter_reads_the_recipe_from_the_hub(env: HubEnv, published: Published) -> None:
@@ -352,15 +361,16 @@ def failing(env: HubEnv, published: Published, tmp_path_factory: pytest.TempPath
     from tests.models import tiny_llama
 
     repo_id = "alice/tiny-fail"
-    folder = tiny_llama(tmp_path_factory.mktemp("tiny-fail"), recipe=recipe(DYNAMO, BROKEN))
+    folder = tiny_llama(tmp_path_factory.mktemp("tiny-fail"), recipe=recipe(ONE_GRAPH, BROKEN), layers=LAYERS)
     out = tmp_path_factory.mktemp("out-fail") / "out"
-    # The same weights and dynamo target as `published`: its artifacts are reused (cache), only `broken` runs.
-    shutil.copytree(published.snapshot, out)
+    # Each new revision (first, second, fixed) exports `dynamo` again (the cache key holds the revision);
+    # `--publish-failed` at the second's reuses it.
     state = Failing(repo_id, {}, {}, {}, out)
     state.heads["first"] = env.upload_model(repo_id, folder)
     state.runs["first"] = env.cli("run", NO_BENCH, repo_id, "--push", "--out", str(out))
     state.discussions["first"] = env.hub.discussions(repo_id)
-    state.heads["second"] = env.push_recipe(repo_id, recipe(DYNAMO, {**BROKEN, "dynamic_shapes": {"nope2": ["auto"]}}))
+    state.heads["second"] = env.push_recipe(repo_id, recipe(ONE_GRAPH, {**BROKEN,
+                                                                    "dynamic_shapes": {"nope2": ["auto"]}}))
     state.runs["second"] = env.cli("run", NO_BENCH, repo_id, "--push", "--out", str(out))
     state.discussions["second"] = env.hub.discussions(repo_id)
     state.runs["again"] = publish_report(repo_id, out, token=BOT_TOKEN, endpoint=env.url)  # no re-export
@@ -368,8 +378,8 @@ def failing(env: HubEnv, published: Published, tmp_path_factory: pytest.TempPath
     state.runs["publish_failed"] = env.cli("run", NO_BENCH, repo_id, "--push", "--publish-failed", "--out", str(out))
     state.discussions["publish_failed"] = env.hub.discussions(repo_id)
     state.pr_commits["publish_failed"] = len(env.hub.commits(repo_id, "refs/pr/2"))
-    # A recipe change on main (the broken target removed; dynamo's artifacts stay cached): the same PR is updated.
-    state.heads["fixed"] = env.push_recipe(repo_id, recipe(DYNAMO))
+    # A recipe change on main (the broken target removed): the same PR is updated.
+    state.heads["fixed"] = env.push_recipe(repo_id, recipe(ONE_GRAPH))
     state.runs["fixed"] = env.cli("run", NO_BENCH, repo_id, "--push", "--out", str(out))
     state.discussions["fixed"] = env.hub.discussions(repo_id)
     state.pr_commits["fixed"] = len(env.hub.commits(repo_id, "refs/pr/2"))
@@ -413,7 +423,7 @@ def test_publish_failed_publishes_passing_targets_and_names_the_failed(env: HubE
     text = pr["events"][0]["data"]["latest"]["raw"]
     assert "`broken` did not pass and are **not** included" in text
     files = env.hub.files(failing.repo_id, f"refs/pr/{pr['num']}")
-    assert "exports/dynamo/prefill.pt2" in files and not any(p.startswith("exports/broken") for p in files)
+    assert "exports/dynamo/model.pt2" in files and not any(p.startswith("exports/broken") for p in files)
     [discussion] = [d for d in failing.discussions["publish_failed"] if not d["isPullRequest"]]
     assert discussion["status"] == "open"  # the failure is still real
 

@@ -7,7 +7,12 @@ the sentence-transformers modules and the ONNX file its model session read.
 
     python feature_extraction.py FOLDER '["a text", "another longer text", "a third"]' [MODEL_FOLDER]
 
-With MODEL_FOLDER, a second JSON line follows: sentence-transformers' torch encoding of the eager model.
+With MODEL_FOLDER, a second JSON line follows: sentence-transformers' torch encoding of the eager model. With a
+fourth argument, `[modes_list, hidden_states, attention_mask]` (JSON), one more line per pooling modes: the
+`sentence_embedding` sentence-transformers' own `Pooling` computes from those hidden states (one process for both:
+each start imports torch and sentence-transformers again).
+
+    python feature_extraction.py FOLDER TEXTS MODEL_FOLDER '[[["cls"], ["mean"]], HIDDEN, MASK]'
 """
 
 import json
@@ -31,3 +36,12 @@ print(json.dumps({"input_ids": batch["input_ids"].tolist(), "attention_mask": ba
 if len(sys.argv) > 3:  # the model folder: sentence-transformers' own eager (torch) encoding, for comparison
     eager = SentenceTransformer(sys.argv[3], device="cpu", local_files_only=True).encode(texts, convert_to_numpy=True)
     print(json.dumps({"eager_embeddings": eager.tolist()}))
+if len(sys.argv) > 4:  # pooling modes over given hidden states, as sentence-transformers computes them
+    import torch
+    from sentence_transformers.models import Pooling
+
+    every, hidden_states, mask = json.loads(sys.argv[4])
+    for modes in every:
+        pooling = Pooling(len(hidden_states[0][0]), pooling_mode=modes)
+        pooled = pooling({"token_embeddings": torch.tensor(hidden_states), "attention_mask": torch.tensor(mask)})
+        print(json.dumps({"modes": modes, "sentence_embedding": pooled["sentence_embedding"].tolist()}))
