@@ -265,8 +265,8 @@ def test_transposed_weights_are_written_byte_for_byte_a_block_at_a_time(tmp_path
     monkeypatch.setattr(runtime_ops, "TRANSPOSE_BLOCK_BYTES", 37 * 4 * 5)  # 5 of linear's 21 rows a block
     blocks: list[tuple[int, ...]] = []
     real = runtime_ops._write_transposed
-    monkeypatch.setattr(runtime_ops, "_write_transposed",
-                        lambda matrix, file: (blocks.append(tuple(matrix.shape)), real(matrix, file)))
+    monkeypatch.setattr(runtime_ops, "_write_transposed", lambda matrix, file, *scratch: (
+        blocks.append(tuple(matrix.shape)), real(matrix, file, *scratch)))
     with runtime_ops.transposed_weights_written_in_blocks():
         ir.save(_transposed_model(arrays), str(tmp_path / "ours.onnx"), external_data="ours.onnx.data")
     assert blocks == [(37, 21), (9, 40), (40, 30)]  # the transposed views only: the parameters as torch holds them

@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any
 
 import numpy as np
@@ -324,18 +325,27 @@ def shared_tables_kept_once():
 TRANSPOSE_BLOCK_BYTES = 32 << 20
 
 
-def _write_transposed(matrix: torch.Tensor, file: Any) -> None:
+def _write_transposed(matrix: torch.Tensor, file: Any, scratch: dict[Any, list[torch.Tensor]] | None = None) -> None:
     """Write `matrix.t()` in C order to `file`, `matrix` a C-contiguous 2-D tensor: a block of the result's rows at
     a time, each block copied in two steps torch does fast (a slice of columns into rows, then the transpose of that
-    contiguous block, torch's blocked transpose copy)."""
+    contiguous block, torch's blocked transpose copy), both into `scratch`'s two buffers of the matrix's dtype
+    (`TRANSPOSE_BLOCK_BYTES` each, kept by the caller for every weight of a save): a fresh 32 MiB temporary per
+    block is a fresh mapping whose pages fault in every time, which cost as much CPU as the copies themselves."""
     columns, rows = matrix.shape  # the result is rows x columns
     step = max(1, TRANSPOSE_BLOCK_BYTES // max(1, columns * matrix.element_size()))
-    if step >= rows:
-        file.write(matrix.t().contiguous().numpy().data)
-        return
+    scratch = {} if scratch is None else scratch
+    elements = min(step, rows) * columns
+    buffers = scratch.get(matrix.dtype)
+    if buffers is None or buffers[0].numel() < elements:
+        buffers = scratch[matrix.dtype] = [torch.empty(max(elements, TRANSPOSE_BLOCK_BYTES // matrix.element_size()),
+                                                       dtype=matrix.dtype) for _ in range(2)]
     for start in range(0, rows, step):
-        block = matrix[:, start:start + step].contiguous()  # columns x step, C order
-        file.write(block.t().contiguous().numpy().data)
+        count = min(step, rows - start)
+        block = buffers[0][:columns * count].view(columns, count)
+        block.copy_(matrix[:, start:start + count])  # columns x count, C order
+        result = buffers[1][:count * columns].view(count, columns)
+        result.copy_(block.t())
+        file.write(result.numpy().data)
 
 
 @contextlib.contextmanager
@@ -356,6 +366,7 @@ def transposed_weights_written_in_blocks():
     import onnx_ir
 
     real = onnx_ir.Tensor.tofile
+    scratch = threading.local()  # each writing thread's two block buffers (onnx_ir may write from several)
 
     def tofile(self, file) -> None:
         array = self.raw
@@ -365,7 +376,7 @@ def transposed_weights_written_in_blocks():
                 matrix = torch.from_numpy(array.T)  # the parameter itself: no copy
             except TypeError:  # a dtype torch cannot view (ml_dtypes' bfloat16, float8)
                 return real(self, file)
-            return _write_transposed(matrix, file)
+            return _write_transposed(matrix, file, scratch.__dict__)
         return real(self, file)
 
     with patched(onnx_ir.Tensor, "tofile", tofile):
