@@ -16,6 +16,10 @@ environment key the preload read (`os.environ`) and starts a call cold when the 
 read below Python (`COLD_KEYS`, `COLD_PREFIXES`: the interpreter, the loader, OpenMP, the locale), or when the cwd holds
 a module named like a preloaded one (`-m` puts the cwd first on sys.path).
 
+A call may name another module (`python -m action`: tests/test_action.py's `run_action`) and a PYTHONPATH of its
+own, whose entries the child puts on sys.path where a cold interpreter puts them, in place of the launcher's (a call
+whose entry holds a module named like a preloaded package starts cold).
+
 `HF_EXPORT_TEST_COLD_CLI=1` starts every call cold; `HF_EXPORT_TEST_CLI_LOG=FILE` appends one line per call (warm or
 cold, and why cold). A child shares the launcher's hash seed (a cold interpreter draws its own).
 
@@ -48,7 +52,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "exporters.cli"]
+MODULE = "exporters.cli"  # what a call runs as `python -m`, unless it names another module (`python -m action`)
+CLI = [sys.executable, "-m", MODULE]
+PATH_KEY = "PYTHONPATH"  # a call may change it: its entries go on the child's sys.path unless one shadows the preload
 COLD_ENV, LOG_ENV = "HF_EXPORT_TEST_COLD_CLI", "HF_EXPORT_TEST_CLI_LOG"
 # What `import exporters.run.pipeline` loads that reads no HF_* or product setting at import (measured: benchmarks/
 # RESULTS.md, "The CLI started warm in the tests"); tests/test_cli_launcher.py checks both halves of that sentence.
@@ -98,6 +104,8 @@ class _Launcher:
         unknown = [module for module in self.scanned if module not in SCANNERS]
         prefixes = COLD_PREFIXES + tuple(SCANNERS[module] for module in self.scanned if module in SCANNERS)
         for key in sorted(set(env) | set(self.env)):
+            if key == PATH_KEY and not unknown and key not in self.reads:
+                continue  # the child puts its entries on sys.path as the interpreter does; checked below
             if env.get(key) != self.env.get(key) and (unknown or key in self.reads or key in COLD_KEYS
                                                        or key.startswith(prefixes)):
                 return key
@@ -107,11 +115,25 @@ class _Launcher:
         """Why a call with `env` in `cwd` cannot start warm ("" when it can)."""
         if key := self.env_differs(env):
             return f"{key} differs from the launcher's and is read at start-up"
-        try:
-            shadows = {name.removesuffix(".py") for name in os.listdir(cwd)} & self.packages
-        except OSError:
+        launcher_entries = _entries(self.env.get(PATH_KEY), ROOT)
+        for entry in _entries(env.get(PATH_KEY), cwd):
+            if entry not in launcher_entries and (shadow := self._shadow(entry)):
+                return f"{PATH_KEY} entry {entry} {shadow}"
+        if not os.path.isdir(cwd):
             return f"cwd {cwd} cannot be listed"
-        return f"the cwd holds {sorted(shadows)[0]}, which -m would import from there" if shadows else ""
+        shadow = self._shadow(str(cwd))
+        return f"the cwd {shadow}, which -m would import from there" if shadow else ""
+
+    def _shadow(self, folder: str) -> str:
+        """How `folder` on sys.path would change what the preload imported ("" when it would not): it holds a module
+        named like a preloaded package, or it cannot be listed."""
+        try:
+            shadows = {name.removesuffix(".py") for name in os.listdir(folder)} & self.packages
+        except FileNotFoundError:
+            return ""  # a folder that is not there imports nothing
+        except OSError:
+            return "cannot be listed"
+        return f"holds {sorted(shadows)[0]}" if shadows else ""
 
     def close(self) -> None:
         """Stop the launcher (its running children finish on their own)."""
@@ -156,10 +178,11 @@ def set_cold(reason: str) -> None:
     _cold_because = reason
 
 
-def launch(args: list[str], env: dict[str, str], cwd: Path, timeout: float, warm: bool | None = None) -> Launch:
-    """Run `hf-export *args` with exactly `env` in `cwd`: forked from the launcher when it can be, else cold.
-    `warm=False` starts it cold; `warm=True` warm even under HF_EXPORT_TEST_COLD_CLI=1 or a cold test (the
-    launcher's own tests), unless the call cannot start warm."""
+def launch(args: list[str], env: dict[str, str], cwd: Path, timeout: float, warm: bool | None = None,
+           module: str = MODULE) -> Launch:
+    """Run `hf-export *args` (`python -m <module> *args`) with exactly `env` in `cwd`: forked from the launcher when
+    it can be, else cold. `warm=False` starts it cold; `warm=True` warm even under HF_EXPORT_TEST_COLD_CLI=1 or a cold
+    test (the launcher's own tests), unless the call cannot start warm."""
     if warm is None:
         reason = (os.environ.get(COLD_ENV) == "1" and f"{COLD_ENV}=1") or _cold_because
     else:
@@ -171,11 +194,11 @@ def launch(args: list[str], env: dict[str, str], cwd: Path, timeout: float, warm
             reason = f"the launcher failed: {err}"
     if log := os.environ.get(LOG_ENV):
         with open(log, "a") as file:
-            file.write(f"{'cold: ' + reason if reason else 'warm'}\t{args[0] if args else ''}\n")
+            file.write(f"{'cold: ' + reason if reason else 'warm'}\t{module}\t{args[0] if args else ''}\n")
     if reason:
-        return Launch(subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, cwd=cwd,
-                                     timeout=timeout), f"cold: {reason}")
-    return _warm(args, env, cwd, timeout)
+        return Launch(subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env,
+                                     cwd=cwd, timeout=timeout), f"cold: {reason}")
+    return _warm(args, env, cwd, timeout, module)
 
 
 def _text(data: bytes) -> str:
@@ -183,9 +206,10 @@ def _text(data: bytes) -> str:
     return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _warm(args: list[str], env: dict[str, str], cwd: Path, timeout: float) -> Launch:
+def _warm(args: list[str], env: dict[str, str], cwd: Path, timeout: float, module: str) -> Launch:
     deadline = time.monotonic() + timeout
-    request = json.dumps({"args": args, "env": env, "cwd": str(Path(cwd).resolve())}).encode()
+    command = [sys.executable, "-m", module, *args]
+    request = json.dumps({"args": args, "env": env, "cwd": str(Path(cwd).resolve()), "module": module}).encode()
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     chunks: dict[int, list[bytes]] = {out_read: [], err_read: []}
@@ -212,7 +236,7 @@ def _warm(args: list[str], env: dict[str, str], cwd: Path, timeout: float) -> La
                 if answer.count(b"\n") < 2:  # not reaped yet: the launcher, which reaps it, kills it (no pid reused)
                     control.sendall(b"kill\n")
                     answer += _rest(control, answer)
-                raise subprocess.TimeoutExpired([*CLI, *args], timeout, output=b"".join(chunks[out_read]),
+                raise subprocess.TimeoutExpired(command, timeout, output=b"".join(chunks[out_read]),
                                                 stderr=b"".join(chunks[err_read]))
             for key, _ in selector.select(left):
                 data = control.recv(64) if key.fileobj is control else os.read(key.fd, 65536)
@@ -230,7 +254,7 @@ def _warm(args: list[str], env: dict[str, str], cwd: Path, timeout: float) -> La
         os.close(out_read)
         os.close(err_read)
     pid, status = (int(line) for line in answer.split(b"\n")[:2])
-    done = subprocess.CompletedProcess([*CLI, *args], status, _text(b"".join(chunks[out_read])),
+    done = subprocess.CompletedProcess(command, status, _text(b"".join(chunks[out_read])),
                                        _text(b"".join(chunks[err_read])))
     return Launch(done, "warm", pid)
 
@@ -241,6 +265,11 @@ def _rest(control: socket.socket, answer: bytes) -> bytes:
     while (answer + more).count(b"\n") < 2 and (data := control.recv(64)):
         more += data
     return more
+
+
+def _entries(value: str | None, base: Path | str) -> list[str]:
+    """The sys.path entries a PYTHONPATH of `value` gives an interpreter started in `base` (absolute, in order)."""
+    return [os.path.abspath(os.path.join(base, entry)) for entry in (value or "").split(os.pathsep) if entry]
 
 
 def _valid_fd(fd: int) -> bool:
@@ -364,22 +393,26 @@ def become_cli(request: dict, fds: list[int]) -> None:
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
+    launcher_entries = _entries(os.environ.get(PATH_KEY), ROOT)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.path[0] = os.getcwd()  # what `-m` puts first
+    # what `-m` puts first, then the call's PYTHONPATH in place of the launcher's (cold_reason: none shadows the preload)
+    rest = [entry for entry in sys.path[1:] if entry not in launcher_entries]
+    sys.path[:] = [os.getcwd(), *_entries(os.environ.get(PATH_KEY), os.getcwd()), *rest]
     importlib.invalidate_caches()
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()  # a cold interpreter seeds numpy's global generator afresh
     sys.argv = ["", *request["args"]]  # runpy puts the module's path first, as `-m` does
-    sys.orig_argv = [sys.executable, "-m", "exporters.cli", *request["args"]]
+    module = request.get("module", MODULE)
+    sys.orig_argv = [sys.executable, "-m", module, *request["args"]]
     main_module = types.ModuleType("__main__")
     main_module.__builtins__ = builtins
     sys.modules["__main__"] = main_module
     try:
         # What `python -m` itself calls (runpy.run_module would run the CLI in a temporary module instead): the same
         # __main__, the same frames in a traceback.
-        runpy._run_module_as_main("exporters.cli")
+        runpy._run_module_as_main(module)
     except SystemExit:
         raise
     except BaseException as err:  # uncaught, as the interpreter reports it: from `-m`'s frame on, exit code 1

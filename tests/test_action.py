@@ -1,6 +1,6 @@
 """End-to-end tests of the GitHub Action: `python -m action` run as the runner runs it, against both emulators.
 
-Each scenario runs the entrypoint as a subprocess with `INPUT_*` variables, a `GITHUB_EVENT_PATH` event file,
+Each scenario runs the entrypoint in a process of its own (forked warm, tests/cli_launcher.py) with `INPUT_*` variables, a `GITHUB_EVENT_PATH` event file,
 fresh `GITHUB_OUTPUT` / `GITHUB_STEP_SUMMARY` files, `GITHUB_API_URL` pointing at the GitHub emulator and
 `hf-endpoint` at the Hub emulator. Scenarios export once (module-scoped fixtures) and several tests read the result.
 """
@@ -11,14 +11,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import cli_launcher
 from tests.models import tiny_llama
 from tests.servers.github import GitHubEmulator
 from tests.servers.hub_fixtures import BOT_TOKEN, BOT_USER
@@ -29,6 +28,7 @@ GH_OTHER_TOKEN, GH_OTHER_LOGIN = "ghp_someone_else", "someone"
 REPO, PR = "acme/widgets", 7
 HEAD_SHA = "89abcdef0123456789abcdef0123456789abcdef"
 PASSING = {"export_format": "dynamo", "mode": "model"}
+# The scenarios' models have one decoder layer: what they check is the Action around the export, not its depth (#48)
 MARKER = "<!-- hf-export-action model="
 
 pytestmark = pytest.mark.slow
@@ -83,8 +83,11 @@ def pr_event(number: int = PR) -> dict[str, Any]:
 
 def run_action(workspace: Path, inputs: dict[str, str], *, github: GitHubEmulator | None, hub_url: str | None,
                event_name: str = "pull_request", event: dict[str, Any] | None = None,
-               underscored: tuple[str, ...] = ()) -> ActionRun:
-    """Run `python -m action` like the runner: inputs as `INPUT_<NAME>` (hyphens kept), fresh output files."""
+               underscored: tuple[str, ...] = (), cold: bool = False) -> ActionRun:
+    """Run `python -m action` like the runner: inputs as `INPUT_<NAME>` (hyphens kept), fresh output files. It is
+    forked from the CLI launcher, which has imported the environment-blind part of the stack (tests/cli_launcher.py,
+    #48: the same process, exit code, outputs and files as a cold start); `cold=True` starts a cold interpreter (a
+    run whose log is read for what importing the stack prints)."""
     workspace.mkdir(parents=True, exist_ok=True)
     runner = Path(workspace.parent / f"{workspace.name}-runner")
     runner.mkdir(exist_ok=True)
@@ -110,8 +113,7 @@ def run_action(workspace: Path, inputs: dict[str, str], *, github: GitHubEmulato
     for name, value in inputs.items():
         key = name.upper()
         env[f"INPUT_{key.replace('-', '_') if name in underscored else key}"] = value
-    proc = subprocess.run([sys.executable, "-m", "action"], cwd=workspace, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = cli_launcher.launch([], env, workspace, 600, warm=False if cold else None, module="action").done
     return ActionRun(proc.returncode, proc.stdout, proc.stderr, parse_outputs(output_file.read_text()),
                      summary_file.read_text())
 
@@ -148,14 +150,15 @@ def pr_scenario(hub_server, tmp_path_factory):
     """Run the Action twice for the same PR on a Hub model (a rerun is a fresh container: new workspace)."""
     base = tmp_path_factory.mktemp("action-pr")
     repo_id = "alice/tiny-llama-pr"
-    head = upload_model(hub_server, repo_id, tiny_llama(base / "model", recipe=PASSING))
+    head = upload_model(hub_server, repo_id, tiny_llama(base / "model", recipe=PASSING, layers=1))
     with github_emulator(bot_user_forbidden=True) as github:  # GET /user is 403 for GITHUB_TOKEN, as on GitHub
         other = github.add_comment(REPO, PR, f"quoting the bot: {MARKER}{repo_id} -->", GH_OTHER_LOGIN)
+        # cold, both: test_the_log_has_no_import_chatter_of_the_stack reads what importing the stack prints
         first = run_action(base / "ws1", run_inputs(repo_id, jobs="2"), github=github, hub_url=hub_server.url,
-                           underscored=("github-token",))
+                           underscored=("github-token",), cold=True)
         after_first = {"comments": github.comments(REPO, PR), "discussions": hub_server.discussions(repo_id),
                        "refs": hub_server.refs(repo_id), "pr_files": sorted(hub_server.files(repo_id, "refs/pr/1"))}
-        second = run_action(base / "ws2", run_inputs(repo_id), github=github, hub_url=hub_server.url)
+        second = run_action(base / "ws2", run_inputs(repo_id), github=github, hub_url=hub_server.url, cold=True)
         after_second = {"comments": github.comments(REPO, PR), "discussions": hub_server.discussions(repo_id),
                         "refs": hub_server.refs(repo_id)}
     ALL_RUNS.extend([first, second])
@@ -298,7 +301,7 @@ def failing_scenario(hub_server, tmp_path_factory):
     base = tmp_path_factory.mktemp("action-fail")
     repo_id = "alice/tiny-llama-fail"
     recipe = {"exports": [{**PASSING, "name": "slow", "timeout": 0.01}]}  # killed long before it can finish
-    upload_model(hub_server, repo_id, tiny_llama(base / "model", recipe=recipe))
+    upload_model(hub_server, repo_id, tiny_llama(base / "model", recipe=recipe, layers=1))
     with github_emulator() as github:
         run = run_action(base / "ws", run_inputs(repo_id, benchmark="false"), github=github, hub_url=hub_server.url)
         comments = bot_comments(github)
@@ -338,7 +341,7 @@ def matrix_scenario(hub_server, tmp_path_factory):
     base = tmp_path_factory.mktemp("action-matrix")
     repo_id = "alice/tiny-llama-matrix"
     recipe = {"exports": [{**PASSING, "name": "a"}, {**PASSING, "name": "b", "dynamic": True}]}
-    head = upload_model(hub_server, repo_id, tiny_llama(base / "model", recipe=recipe))
+    head = upload_model(hub_server, repo_id, tiny_llama(base / "model", recipe=recipe, layers=1))
     runs: dict[str, ActionRun] = {}
     with github_emulator() as github:
         runs["plan"] = run_action(base / "plan", {**run_inputs(repo_id), "mode": "list-targets"}, github=github,

@@ -203,3 +203,31 @@ def test_a_worker_whose_own_environment_changed_gets_a_fresh_launcher(monkeypatc
     second = cli_launcher.launcher()
     assert second is not first and second.env["TORCH_CPP_LOG_LEVEL"] == os.environ["TORCH_CPP_LOG_LEVEL"]
     assert first.process.wait(timeout=30) is not None  # the stale launcher was stopped, not left running
+
+def test_another_module_with_its_own_pythonpath_starts_warm_and_sees_what_a_cold_one_sees(tmp_path):
+    """`python -m action` goes through the launcher too (tests/test_action.py's `run_action`): a call names its
+    module, and a PYTHONPATH of its own puts its entries on sys.path where a cold interpreter puts them (after the
+    cwd, before the rest), in place of the launcher's; the module runs as `__main__` with its argv and exit code."""
+    folder = tmp_path / "extra"
+    folder.mkdir()
+    (folder / "where_am_i.py").write_text(textwrap.dedent("""
+        import json, os, sys
+        print(json.dumps({"name": __name__, "argv": sys.argv[1:], "path": sys.path[:3], "cwd": os.getcwd(),
+                          "orig": sys.orig_argv[1:3]}))
+        sys.exit(3)
+    """))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    warm = cli_launcher.launch(["a", "b"], env, work, 120, warm=True, module="where_am_i")
+    cold = cli_launcher.launch(["a", "b"], env, work, 120, warm=False, module="where_am_i")
+    assert warm.how == "warm" and cold.how.startswith("cold"), (warm.how, cold.how)
+    assert warm.done.returncode == cold.done.returncode == 3, warm.done.stderr[-2000:] + cold.done.stderr[-2000:]
+    seen = json.loads(warm.done.stdout)
+    assert seen == json.loads(cold.done.stdout), (warm.done.stdout, cold.done.stdout)
+    assert seen["name"] == "__main__" and seen["argv"] == ["a", "b"] and seen["orig"] == ["-m", "where_am_i"]
+    assert seen["path"][:2] == [str(work), str(folder)] and seen["cwd"] == str(work)
+    # a PYTHONPATH entry holding a module named like a preloaded package would change what the preload imported
+    (folder / "torch").mkdir()
+    assert "PYTHONPATH entry" in cli_launcher.launcher().cold_reason(env, work)
