@@ -204,6 +204,7 @@ def test_a_worker_whose_own_environment_changed_gets_a_fresh_launcher(monkeypatc
     assert second is not first and second.env["TORCH_CPP_LOG_LEVEL"] == os.environ["TORCH_CPP_LOG_LEVEL"]
     assert first.process.wait(timeout=30) is not None  # the stale launcher was stopped, not left running
 
+
 def test_another_module_with_its_own_pythonpath_starts_warm_and_sees_what_a_cold_one_sees(tmp_path):
     """`python -m action` goes through the launcher too (tests/test_action.py's `run_action`): a call names its
     module, and a PYTHONPATH of its own puts its entries on sys.path where a cold interpreter puts them (after the
