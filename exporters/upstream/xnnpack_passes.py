@@ -283,8 +283,10 @@ def rewrites_any(graph_module: torch.fx.GraphModule, kind: str) -> bool:
         ...     def forward(self, x):
         ...         return torch.ops.aten.t.default(x) + 1
         >>> graph = torch.fx.symbolic_trace(Transposed())
-        >>> rewrites_any(graph, "transpose"), rewrites_any(graph, "view")
-        (True, False)
+        >>> rewrites_any(graph, "transpose"), rewrites_any(graph, "view")  # `t` is a view op too
+        (True, True)
+        >>> rewrites_any(torch.fx.symbolic_trace(torch.nn.ReLU()), "view")
+        False
     """
     return any(_rewrites(node, kind) for module in graph_module.modules() if isinstance(module, torch.fx.GraphModule)
                for node in module.graph.nodes)
