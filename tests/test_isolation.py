@@ -186,3 +186,26 @@ def test_an_export_child_leaves_what_it_inherits_out_of_its_collections(tmp_path
     result = run_isolated(work, log_path=tmp_path / "child.log", timeout=120)
     assert result["ok"] and result["cycle_freed"] and result["inherited"] == 10, result
     assert result["frozen"] > 100_000 > result["tracked"], result  # the stack (torch's modules) is frozen, not walked
+
+
+def test_the_cli_run_freezes_the_stack_it_imported_before_the_run(tmp_path):
+    """`hf-export run` freezes what it imported (torch, transformers, the exporters) before the run starts: the
+    run's collections (after each target's validation, after the eager weights are freed) walk only its own objects.
+    The run itself is replaced here by one that reports what the collector holds."""
+    code = textwrap.dedent("""
+        import gc, json, sys
+        import exporters.run.pipeline as pipeline
+
+        def reported(model, options):
+            print(json.dumps({"frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects())}))
+            sys.exit(0)
+
+        pipeline.run_pipeline = reported
+        from exporters.cli import main
+        sys.argv = ["hf-export", "run", sys.argv[1], "--out", sys.argv[2], "--no-bench", "--quiet"]
+        main()
+    """)
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "model"), str(tmp_path / "out")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    held = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0 and held["frozen"] > 100_000 > held["tracked"], (held, done.stderr[-2000:])
