@@ -9,6 +9,7 @@ happened is in OUT/publish.json, with whether a retry may help).
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import sys
@@ -160,6 +161,10 @@ def run(
         _check_publish_access(destination.repo_id, token, endpoint, out_dir)
     _quiet_libraries()
     from exporters.run.pipeline import RunOptions, run_pipeline  # loads torch and the exporters
+
+    # The stack just imported lives as long as this one-shot process: the collector leaves it alone, so a
+    # collection (after a target's validation, after the eager weights are freed) walks only the run's own objects
+    gc.freeze()
 
     options = RunOptions(
         out_dir=out_dir, targets=list(target), config_path=config, device=device, revision=revision, token=token,

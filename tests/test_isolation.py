@@ -156,3 +156,53 @@ def test_validation_next_to_running_exports_uses_the_free_cores():
         assert torch.get_num_threads() == 4
     finally:
         torch.set_num_threads(before)
+
+
+def test_an_export_child_leaves_what_it_inherits_out_of_its_collections(tmp_path):
+    """The export child (`run_isolated`, forked from the run) freezes what it inherits (the imported stack, the
+    model): a collection there walks only the objects the child made, and still frees a cycle the child made."""
+    import gc
+    import weakref
+
+    from exporters.run.isolation import run_isolated
+
+    inherited = [object() for _ in range(10)]  # alive in the parent, and in the child for its whole life
+
+    def work():
+        class Node:
+            pass
+
+        cycle = Node()
+        cycle.self = cycle
+        gone = weakref.ref(cycle)
+        del cycle
+        gc.collect()
+        return {"frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects()), "cycle_freed": gone() is None,
+                "inherited": len(inherited)}
+
+    result = run_isolated(work, log_path=tmp_path / "child.log", timeout=120)
+    assert result["ok"] and result["cycle_freed"] and result["inherited"] == 10, result
+    assert result["frozen"] > 100_000 > result["tracked"], result  # the stack (torch's modules) is frozen, not walked
+
+
+def test_the_cli_run_freezes_the_stack_it_imported_before_the_run(tmp_path):
+    """`hf-export run` freezes what it imported (torch, transformers, the exporters) before the run starts: the
+    run's collections (after each target's validation, after the eager weights are freed) walk only its own objects.
+    The run itself is replaced here by one that reports what the collector holds."""
+    code = textwrap.dedent("""
+        import gc, json, sys
+        import exporters.run.pipeline as pipeline
+
+        def reported(model, options):
+            print(json.dumps({"frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects())}))
+            sys.exit(0)
+
+        pipeline.run_pipeline = reported
+        from exporters.cli import main
+        sys.argv = ["hf-export", "run", sys.argv[1], "--out", sys.argv[2], "--no-bench", "--quiet"]
+        main()
+    """)
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "model"), str(tmp_path / "out")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    held = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0 and held["frozen"] > 100_000 > held["tracked"], (held, done.stderr[-2000:])

@@ -229,3 +229,60 @@ def test_the_second_decomposition_skipped_where_nothing_is_left_to_decompose_cha
     out = Runtime.get().load_program(program).load_method("forward").execute([t.clone() for t in inputs])[-1]  # after a mutated input
     with torch.no_grad():
         assert float((out - module(*inputs)).abs().max()) < 1e-5
+
+
+class CatsAndMatmuls(torch.nn.Module):
+    """With `long`, a cat of six tensors (`DecomposeConcatenate` splits it) after a view of a linear whose weight is
+    an input (XNNPACK refuses it: no mm reaches a partition, so `ConvertToLinearPass` is skipped); without, a cat of
+    two after a ReLU, where every pass added to `ONLY_WHERE` and `EDGE_ONLY_WHERE` is skipped."""
+
+    def __init__(self, long: bool):
+        super().__init__()
+        self.long = long
+
+    def forward(self, x, w):
+        # a linear whose weight is an input: XNNPACK's checks refuse to keep it whole, so it reaches XNNPACK as mm
+        y = torch.relu(x) if not self.long else torch.nn.functional.linear(x, w).view(-1, 8)
+        parts = [y * i for i in range(6 if self.long else 2)]
+        return torch.cat(parts, dim=1).sigmoid()
+
+
+@pytest.mark.parametrize("long", [False, True])
+def test_the_passes_added_skip_only_where_they_rewrite_nothing_and_change_no_program(long):
+    """The skip is exact for the passes added in the seventh round (`ConvertToLinearPass`, `InsertPadQDQPass`,
+    `DecomposeConcatenate` of XNNPACK; `to_edge`'s `NormalizeTransposePass` and
+    `ReplaceBrokenOpsWithFunctionalOpsPass`): on a graph with nothing they rewrite they do not retrace, and the
+    program is byte for byte upstream's; on one with a six-tensor cat the cat's pass runs, and the program is
+    upstream's too (and computes the model)."""
+    from executorch.exir.pass_base import ExportPass
+    from executorch.runtime import Runtime
+
+    from exporters.upstream import xnnpack_lowering
+    from exporters.upstream.xnnpack_passes import EDGE_ONLY_WHERE, has_long_cat, rewrites_any
+
+    module, inputs = CatsAndMatmuls(long).eval(), (torch.randn(3, 6), torch.randn(8, 6))
+    retraces = []
+    real = ExportPass.call
+
+    def counted(self, graph_module):
+        retraces.append(type(self).__name__)
+        return real(self, graph_module)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ExportPass, "call", counted)
+        upstream_program = _buffer(module, inputs)
+        upstream_retraces, retraces[:] = list(retraces), []
+        program = _buffer(module, inputs, xnnpack_lowering)
+    assert program == upstream_program
+    added = {"ConvertToLinearPass", "DecomposeConcatenate"} | {name for _, name, _ in EDGE_ONLY_WHERE}
+    assert added <= set(upstream_retraces), upstream_retraces  # upstream retraced with every one of them
+    if long:  # the refused linear stays outside XNNPACK (no mm in a partition): only the cat's pass runs
+        assert "DecomposeConcatenate" in retraces and "ConvertToLinearPass" not in retraces, retraces
+    else:
+        assert not added & set(retraces), retraces
+    assert has_long_cat(torch.fx.symbolic_trace(CatsAndMatmuls(True)))
+    assert not has_long_cat(torch.fx.symbolic_trace(CatsAndMatmuls(False)))
+    assert rewrites_any(torch.export.export(module, inputs).graph_module, "view") == long  # aten.view.default
+    out = Runtime.get().load_program(program).load_method("forward").execute(list(inputs))[0]
+    with torch.no_grad():
+        assert float((out - module(*inputs)).abs().max()) < 1e-5

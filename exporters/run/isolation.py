@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import multiprocessing
@@ -61,6 +62,10 @@ def _child(work: Callable[[], dict[str, Any]], result_path: Path, log_path: Path
         # The parent's OpenMP pool does not survive fork: a parallel region in the child would wait forever on its
         # threads (the reason DataLoader workers do the same). Tracing and lowering are single-threaded Python anyway.
         torch.set_num_threads(1)
+        # What the child inherits (the imported stack, the loaded model: half a million objects) lives as long as it
+        # does: the collector leaves it alone, so the child's collections (automatic, and the one after each
+        # component) walk only the objects it makes, and do not write to the pages it shares with the parent
+        gc.freeze()
         info = work()
         result = {"ok": True, **info}
     except BaseException as err:  # everything is reported; the parent decides the status

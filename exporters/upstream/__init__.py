@@ -13,8 +13,9 @@ save and load do not cover: one ExecuTorch program with a method per component (
 whose inputs were renamed for transformers.js (`RenamedRunner`), split programs that hold their equal weights once
 when loaded (`share_identical_weights`), and workarounds scoped to one step: static caches whose sliding layers are
 captured whole (`static_sliding_layers_kept_whole`), ExecuTorch lowering that leaves the tanh GELU off XNNPACK
-and runs the upsample and SDPA fusions and XNNPACK's other passes only where a graph can hold their patterns
-(`xnnpack_lowering`, `xnnpack_passes_only_where_they_apply`), and does
+and runs the upsample and SDPA fusions, XNNPACK's other passes and `to_edge`'s transpose and view passes only where
+a graph can hold their patterns (`xnnpack_lowering`, `xnnpack_passes_only_where_they_apply`,
+`edge_passes_only_where_they_apply`), and does
 not copy the weights per partition (`constants_shared_by_lowering_copies`, `named_data_on_disk`).
 
 The modules: `core.py` (the registry, decomposition, the saved-export format and the safe loader), `pytree.py`
@@ -111,6 +112,7 @@ from exporters.upstream.runtime_ops import (
     transposed_weights_written_in_blocks,
 )
 from exporters.upstream.xnnpack_passes import (
+    edge_passes_only_where_they_apply,
     sdpa_fusion_only_with_softmax,
     second_decomposition_only_where_it_decomposes,
     upsample_fusion_only_with_upsample,
@@ -198,6 +200,7 @@ __all__ = [
     "runner_for_file",
     "sdpa_fusion_only_with_softmax",
     "second_decomposition_only_where_it_decomposes",
+    "edge_passes_only_where_they_apply",
     "share_identical_weights",
     "static_sliding_layers_kept_whole",
     "symbolic_arithmetic_once",

@@ -26,6 +26,7 @@ from transformers.exporters.utils import apply_patches
 from exporters.upstream.patches import patched, patched_item
 from exporters.upstream.pytree import leaf_tensors
 from exporters.upstream.xnnpack_passes import (
+    edge_passes_only_where_they_apply,
     sdpa_fusion_only_with_softmax,
     second_decomposition_only_where_it_decomposes,
     upsample_fusion_only_with_upsample,
@@ -298,7 +299,8 @@ def xnnpack_lowering():
     ([`upsample_fusion_only_with_upsample`]), the SDPA fusion only where a partition has a softmax
     ([`sdpa_fusion_only_with_softmax`]), XNNPACK's other passes only where a partition calls an op they rewrite
     ([`xnnpack_passes_only_where_they_apply`]) and the `EDGE_DO_NOT_DECOMP` path's second decomposition only where
-    a node is left to decompose ([`second_decomposition_only_where_it_decomposes`]); all in
+    a node is left to decompose ([`second_decomposition_only_where_it_decomposes`]), and `to_edge`'s transpose and
+    view passes only where a node is one they rewrite ([`edge_passes_only_where_they_apply`]); all in
     `exporters.upstream.xnnpack_passes` but the first.
 
     Example:
@@ -306,7 +308,8 @@ def xnnpack_lowering():
         ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     """
     with tanh_gelu_kept_off_xnnpack(), upsample_fusion_only_with_upsample(), sdpa_fusion_only_with_softmax(), \
-            xnnpack_passes_only_where_they_apply(), second_decomposition_only_where_it_decomposes():
+            xnnpack_passes_only_where_they_apply(), second_decomposition_only_where_it_decomposes(), \
+            edge_passes_only_where_they_apply():
         yield
 
 

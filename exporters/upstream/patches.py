@@ -177,7 +177,8 @@ PATCHES: tuple[Patch, ...] = (
               ("fuse_batch_norm", "FuseBatchNormPass"), ("decompose_batch_norm", "DecomposeBatchNorm"),
               ("fuse_activation_pass", "FuseActivationPass"), ("conv1d_unsqueeze_pass", "Conv1dUnsqueezePass"),
               ("prelu_reshape_pass", "PReLUReshapePass"), ("propagate_custom_meta_pass", "PropagateCustomMetaPass"),
-              ("remove_redundant_copy_pass", "RemoveRedundantCopyPass")))
+              ("remove_redundant_copy_pass", "RemoveRedundantCopyPass"), ("convert_to_linear", "ConvertToLinearPass"),
+              ("insert_pad_qdq", "InsertPadQDQPass"), ("decompose_cat", "DecomposeConcatenate")))
           + ("executorch.backends.transforms.remove_getitem_op:RemoveGetItemPass.call",
              f"{XNNPACK}._passes:XNNPACKPassManager.transform"),
           "each pass retraces every partition even where it rewrites nothing (most of a split program's lowering)",
@@ -187,6 +188,11 @@ PATCHES: tuple[Patch, ...] = (
            "torch.export:ExportedProgram.run_decompositions"),
           "the EDGE_DO_NOT_DECOMP path retraces a second time where every kept node passed the partitioner's checks",
           "docs/upstream-gaps.md #37: to_edge skipping a decomposition whose table matches no node of the graph"),
+    Patch("edge_passes_only_where_they_apply",
+          (f"{EXIR}.passes.normalize_transpose_pass:NormalizeTransposePass.call",
+           f"{EXIR}.passes.replace_broken_ops_with_function_ops_pass:ReplaceBrokenOpsWithFunctionalOpsPass.call"),
+          "to_edge's transpose and view passes retrace every program even where no node is one they rewrite",
+          "docs/upstream-gaps.md #37: to_edge's passes returning a graph they do not change without a retrace"),
     Patch("constants_shared_by_lowering_copies",
           (f"{EXIR}.backend.backend_details:BackendDetails.copy_exported_program_for_preprocess",
            f"{EXIR}.backend.canonical_partitioners.duplicate_constant_node_pass:copy"),

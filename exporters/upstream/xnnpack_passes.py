@@ -9,8 +9,8 @@ channels-last pass, run on every partition) gives the same graph. tests/test_low
 byte-identical.
 
 ```
-partition ──► RemoveClone ─ DimOrderRevert ─ Upsample* ─ Linear ─ CustomMeta* ─ SDPA* ─ ConstProp ─ FuseBN* ─
-              DecomposeBN* ─ FuseActivation* ─ Cat ─ GetItem* ─ PadQDQ ─ Conv1d* ─ PReLU* ─ ChannelsLast ─ Copy*
+partition ──► RemoveClone ─ DimOrderRevert ─ Upsample* ─ Linear* ─ CustomMeta* ─ SDPA* ─ ConstProp ─ FuseBN* ─
+              DecomposeBN* ─ FuseActivation* ─ Cat* ─ GetItem* ─ PadQDQ* ─ Conv1d* ─ PReLU* ─ ChannelsLast ─ Copy*
               (* runs only where the partition calls one of its ops)
 ```
 """
@@ -36,7 +36,9 @@ SOFTMAX = "_softmax"
 # graph whose op name contains one of them), read from the pinned executorch's sources: `FuseBatchNormPass` and
 # `DecomposeBatchNorm` rewrite batch norms, `FuseActivationPass` a relu / hardtanh after an op, `Conv1dUnsqueezePass`
 # 1-D convolutions, `PReLUReshapePass` a PReLU, `RemoveGetItemPass` the getitem of a max pool or `max.dim`,
-# `PropagateCustomMetaPass` quantize / dequantize nodes, `RemoveRedundantCopyPass` `_to_copy` pairs.
+# `PropagateCustomMetaPass` quantize / dequantize nodes, `RemoveRedundantCopyPass` `_to_copy` pairs,
+# `ConvertToLinearPass` an `mm` / `addmm` / `bmm` (a linear decomposed), `InsertPadQDQPass` a `constant_pad_nd`, and
+# `DecomposeConcatenate` a `cat` of more than `CAT_INPUTS` tensors ("has_long_cat": the test `has_long_cat`, not an op).
 ONLY_WHERE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (f"{PASSES}.fuse_batch_norm", "FuseBatchNormPass", ("batch_norm",)),
     (f"{PASSES}.decompose_batch_norm", "DecomposeBatchNorm", ("batch_norm",)),
@@ -46,7 +48,28 @@ ONLY_WHERE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("executorch.backends.transforms.remove_getitem_op", "RemoveGetItemPass", ("max_pool2d_with_indices", "max.dim")),
     (f"{PASSES}.propagate_custom_meta_pass", "PropagateCustomMetaPass", ("quantize_",)),
     (f"{PASSES}.remove_redundant_copy_pass", "RemoveRedundantCopyPass", ("_to_copy",)),
+    (f"{PASSES}.convert_to_linear", "ConvertToLinearPass", ("mm",)),
+    (f"{PASSES}.insert_pad_qdq", "InsertPadQDQPass", ("constant_pad_nd",)),
+    (f"{PASSES}.decompose_cat", "DecomposeConcatenate", ("has_long_cat",)),
 )
+# XNNPACK's `DecomposeConcatenate` splits a `cat` of more than this many tensors (XNNPACK's concatenate takes at most
+# five): a graph whose every cat is within it is returned as it was, after a retrace
+CAT_INPUTS = 5
+
+
+def has_long_cat(graph_module: torch.fx.GraphModule) -> bool:
+    """Whether a node of the graph concatenates more than `CAT_INPUTS` tensors (`DecomposeConcatenate`'s rewrite).
+
+    Example:
+        >>> class Cat(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         return torch.cat([x] * 6)
+        >>> has_long_cat(torch.fx.symbolic_trace(Cat())), has_long_cat(torch.fx.symbolic_trace(torch.nn.ReLU()))
+        (True, False)
+    """
+    return any(node.op == "call_function" and "cat" in str(node.target) and node.args
+               and isinstance(node.args[0], (list, tuple)) and len(node.args[0]) > CAT_INPUTS
+               for node in graph_module.graph.nodes)
 
 
 def has_call_to(graph_module: torch.fx.GraphModule, *names: str) -> bool:
@@ -62,6 +85,13 @@ def has_call_to(graph_module: torch.fx.GraphModule, *names: str) -> bool:
                for node in graph_module.graph.nodes)
 
 
+def _applies(graph_module: torch.fx.GraphModule, ops: tuple[str, ...]) -> bool:
+    """Whether a pass of `ONLY_WHERE` whose rewrites start from `ops` could change the graph."""
+    if ops == ("has_long_cat",):
+        return has_long_cat(graph_module)
+    return has_call_to(graph_module, *ops)
+
+
 @contextlib.contextmanager
 def _pass_only_where(pass_class: Any, *op_names: str) -> Iterator[None]:
     """`pass_class` (an XNNPACK graph pass) runs only on a graph with a call to one of `op_names`; on any other graph
@@ -69,7 +99,7 @@ def _pass_only_where(pass_class: Any, *op_names: str) -> Iterator[None]:
     real = pass_class.call
 
     def call(self: Any, graph_module: torch.fx.GraphModule) -> Any:
-        if not has_call_to(graph_module, *op_names):
+        if not _applies(graph_module, op_names):
             return PassResult(graph_module, False)
         return real(self, graph_module)
 
@@ -120,7 +150,7 @@ def sdpa_fusion_only_with_softmax() -> Iterator[None]:
 def xnnpack_passes_only_where_they_apply() -> Iterator[None]:
     """While ExecuTorch lowers, each XNNPACK pass of [`ONLY_WHERE`] runs only on a partition that calls one of the
     ops its rewrites start from; elsewhere it returns the partition unchanged instead of retracing it (a tiny
-    Llama's runner program: 13 partitions, 8 of 17 retraces each), and XNNPACK's pass manager leaves it out instead
+    Llama's runner program: 13 partitions, 11 of 17 passes each), and XNNPACK's pass manager leaves it out instead
     of checking the partition around it. Which ops each pass rewrites is read from the
     pinned executorch; tests/test_lowering.py checks the programs it gives are byte-identical to upstream's.
 
@@ -155,7 +185,7 @@ def _transform_only_where(only_where: dict[Any, tuple[str, ...]]) -> Any:
         program = self.exported_program
         for pass_class in self.passes:
             ops = only_where.get(pass_class)
-            if ops is not None and not has_call_to(program.graph_module, *ops):
+            if ops is not None and not _applies(program.graph_module, ops):
                 continue
             if issubclass(pass_class, XNNPACKPass):
                 graph_pass = pass_class(program)
@@ -222,3 +252,71 @@ def second_decomposition_only_where_it_decomposes() -> Iterator[None]:
     with patched(program_module, "_replace_aten_ops_with_transformed_ops", rename), \
             patched(ExportedProgram, "run_decompositions", run_decompositions):
         yield
+
+
+# The aten → edge passes of `to_edge` (`executorch.exir.passes.base_pre_op_replace_passes`) that retrace every
+# program and rewrite only one kind of node: `NormalizeTransposePass` an `aten.t.default` (into `t_copy`),
+# `ReplaceBrokenOpsWithFunctionalOpsPass` a view op (into its `_copy`; `ReplaceViewOpsWithViewCopyOpsPass`, which runs
+# before it, leaves none in the programs measured). Each: (module, class, the test whether a node is one it rewrites).
+EDGE_ONLY_WHERE: tuple[tuple[str, str, str], ...] = (
+    ("executorch.exir.passes.normalize_transpose_pass", "NormalizeTransposePass", "transpose"),
+    ("executorch.exir.passes.replace_broken_ops_with_function_ops_pass", "ReplaceBrokenOpsWithFunctionalOpsPass", "view"),
+)
+
+
+def _rewrites(node: torch.fx.Node, kind: str) -> bool:
+    """Whether `node` is one an `EDGE_ONLY_WHERE` pass of `kind` rewrites: `aten.t.default`, or an op that is a view
+    (the pass's own test, `OpOverload.is_view`)."""
+    if node.op != "call_function":
+        return False
+    if kind == "transpose":
+        return node.target == torch.ops.aten.t.default
+    return bool(getattr(node.target, "is_view", False))
+
+
+def rewrites_any(graph_module: torch.fx.GraphModule, kind: str) -> bool:
+    """Whether a node of the graph, or of a graph it calls (a control-flow branch), is one the `EDGE_ONLY_WHERE`
+    pass of `kind` rewrites.
+
+    Example:
+        >>> class Transposed(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         return torch.ops.aten.t.default(x) + 1
+        >>> graph = torch.fx.symbolic_trace(Transposed())
+        >>> rewrites_any(graph, "transpose"), rewrites_any(graph, "view")  # `t` is a view op too
+        (True, True)
+        >>> rewrites_any(torch.fx.symbolic_trace(torch.nn.ReLU()), "view")
+        False
+    """
+    return any(_rewrites(node, kind) for module in graph_module.modules() if isinstance(module, torch.fx.GraphModule)
+               for node in module.graph.nodes)
+
+
+@contextlib.contextmanager
+def edge_passes_only_where_they_apply() -> Iterator[None]:
+    """While ExecuTorch lowers, the aten → edge passes of [`EDGE_ONLY_WHERE`] run only on a program with a node they
+    rewrite; elsewhere they give the graph back as it is instead of retracing it (the passes after them retrace it
+    anyway: `ScalarToTensorPass`, `SymToTensorPass`, ...). About 0.25 s of CPU each, per method, on a tiny Llama's
+    runner program; tests/test_lowering.py checks the programs are byte-identical to upstream's.
+
+    Example:
+        >>> with edge_passes_only_where_they_apply():  # doctest: +SKIP
+        ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    """
+    with contextlib.ExitStack() as stack:
+        for module, name, kind in EDGE_ONLY_WHERE:
+            # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
+            pass_class = getattr(importlib.import_module(module), name)
+            stack.enter_context(patched(pass_class, "call", _call_only_where(pass_class.call, kind)))
+        yield
+
+
+def _call_only_where(real: Any, kind: str) -> Any:
+    """A pass's `call` that returns a graph without a node of `kind` unchanged, and runs `real` on any other."""
+
+    def call(self: Any, graph_module: torch.fx.GraphModule) -> Any:
+        if not rewrites_any(graph_module, kind):
+            return PassResult(graph_module, False)
+        return real(self, graph_module)
+
+    return call
