@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.conftest import run_and_read, run_cli
 from tests.models import tiny_bert_with_tokenizer, tiny_vit_classifier_with_image_processor
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -322,6 +322,21 @@ def test_a_module_sentence_transformers_would_import_from_elsewhere_is_declined_
         "cannot take this model: modules.json names the module 'custom_code.Normalize': the proof computes "
         "sentence-transformers' own Transformer, Pooling, Normalize only")}, proof
 
+
+
+def test_the_plainest_recipe_of_a_sentence_transformers_repo_passes_and_says_why_it_is_not_for_sentence_transformers(
+        tmp_path):
+    """`{"export_format": "onnx"}` on a repo that ships sentence-transformers' modules: the graph is exported with
+    the sample's fixed shape, which sentence-transformers (a batch padded to the longest sentence) cannot feed. The
+    graph's own verdict stands and the proof is declined with the fix, never run to fail the target (it did)."""
+    model_dir = tiny_bert_with_tokenizer(tmp_path / "model", {"export_format": "onnx"})
+    out, report, output = run_and_read(tmp_path, model_dir)
+    [target] = report["targets"]
+    assert target["status"] == "passed", (target.get("error"), output[-2000:])
+    [proof] = [p for p in target["runtimes"] if p["runtime"] == ST]
+    assert proof["status"] == "declined", proof
+    assert "'input_ids' has the fixed shape [1, " in proof["detail"] and "`dynamic: true`" in proof["detail"], proof
+    assert (out / "onnx" / "modules.json").is_file()  # the folder is still the repo's sentence-transformers model
 
 # ── ViT: optimum image classification and transformers.js ─────────────────────
 

@@ -28,6 +28,8 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
 from exporters.layouts.base import Layout, components_in, read_json
 from exporters.layouts.card import download
 from exporters.recipe.layout import TRANSFORMERS_JS
@@ -88,6 +90,24 @@ def modules_in(directory: Path) -> list[dict[str, Any]]:
     return [m for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
 
 
+def fixed_shape(directory: Path) -> str | None:
+    """Why the folder's graph cannot encode a batch of sentences padded to the longest (an input whose batch or
+    sequence axis was exported fixed: the plainest recipe's `dynamic: false`), else None."""
+    import onnx  # deferred: the heavy stack, read only when a folder is judged
+
+    graph = components_in(directory).get(MODEL, {}).get("file")
+    try:
+        inputs = onnx.load(str(Path(directory) / str(graph)), load_external_data=False).graph.input
+    except (OSError, ValueError, DecodeError):
+        return None  # an unreadable graph fails our own checks, which say why
+    for value in inputs:
+        dims = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in value.type.tensor_type.shape.dim]
+        if any(isinstance(d, int) for d in dims[:2]):
+            return (f"the graph's input {value.name!r} has the fixed shape {dims}, and sentence-transformers encodes "
+                    f"a batch of sentences padded to the longest: export it with `dynamic: true`")
+    return None
+
+
 def unsupported(directory: Path) -> str | None:
     """Why the sentence-transformers model in `directory` is not one this layout proves: a module outside `MODULES`
     (a class path that is not sentence-transformers' own would import code), a pooling mode the eager side does not
@@ -143,7 +163,9 @@ class SentenceTransformers(Layout):
             and self.may_apply(target, [MODEL])
 
     def declines(self, target: Any, directory: Path) -> str | None:
-        return unsupported(directory) if (directory / MODULES_FILE).is_file() else None
+        if not (directory / MODULES_FILE).is_file():
+            return None
+        return unsupported(directory) or fixed_shape(directory)
 
     def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str]:
         return "python", encode_script("folder", SENTENCES, "print(embeddings.shape)",
