@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -184,6 +185,22 @@ def test_an_export_child_leaves_what_it_inherits_out_of_its_collections(tmp_path
     assert result["ok"] and result["cycle_freed"] and result["inherited"] == 10, result
     assert result["frozen"] > 100_000 > result["tracked"], result  # the stack (torch's modules) is frozen, not walked
 
+
+
+def test_an_export_that_ends_after_its_deadline_is_timed_out_whenever_the_parent_looks(tmp_path):
+    """A child that finishes after its timeout while the parent was busy (a run computes the eager side meanwhile)
+    is timed out, as one still running when the parent looks: the verdict never depends on when the parent looked
+    (CI of this stop: a one-layer export beat the parent's eager side and passed a 0.01 s timeout). One that ends
+    in time passes."""
+    from exporters.run.isolation import Isolated
+
+    late = Isolated(lambda: time.sleep(0.5) or {"done": True}, log_path=tmp_path / "late.log", timeout=0.1)
+    in_time = Isolated(lambda: {"done": True}, log_path=tmp_path / "in-time.log", timeout=60)
+    late.process.join()  # the parent busy elsewhere until the child has finished
+    in_time.process.join()
+    assert late.result() == {"ok": False, "status": "timed_out", "type": "TimeoutError",
+                             "message": "the export ran past its timeout of 0.1 s and was stopped"}
+    assert in_time.result() == {"ok": True, "done": True}
 
 def test_the_cli_run_freezes_the_stack_it_imported_before_the_run(tmp_path):
     """`hf-export run` freezes what it imported (torch, transformers, the exporters) before the run starts: the

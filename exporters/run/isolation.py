@@ -67,7 +67,7 @@ def _child(work: Callable[[], dict[str, Any]], result_path: Path, log_path: Path
         # component) walk only the objects it makes, and do not write to the pages it shares with the parent
         gc.freeze()
         info = work()
-        result = {"ok": True, **info}
+        result = {"ok": True, **info, "ended": time.monotonic()}  # the system's clock: the parent reads it too
     except BaseException as err:  # everything is reported; the parent decides the status
         record = error_record(err, limit=4000)
         result = {"ok": False, **record, "traceback": traceback.format_exc(limit=-15)}
@@ -115,12 +115,15 @@ class Isolated:
         self.process.join(left if seconds is None else min(seconds, left))
         return self.done()
 
+    def _timed_out(self) -> dict[str, Any]:
+        return {"ok": False, "status": TIMED_OUT, "type": "TimeoutError",
+                "message": f"the export ran past its timeout of {self.timeout:g} s and was stopped"}
+
     def result(self) -> dict[str, Any]:
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
-            return {"ok": False, "status": TIMED_OUT, "type": "TimeoutError",
-                    "message": f"the export ran past its timeout of {self.timeout:g} s and was stopped"}
+            return self._timed_out()
         self.process.join()
         if not self.result_path.exists():
             code = self.process.exitcode
@@ -129,6 +132,10 @@ class Isolated:
                     "message": f"the exporting process died ({how}) before finishing; see the log"}
         result = json.loads(self.result_path.read_text())
         self.result_path.unlink()
+        if result.get("ok") and result.pop("ended", 0.0) > self.deadline:
+            # it finished, but after its deadline, while the parent was busy (computing the eager side): the verdict
+            # is the timeout's whenever the parent looked
+            return self._timed_out()
         return result
 
 
