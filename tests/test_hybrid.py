@@ -88,12 +88,8 @@ def test_a_moe_hybrids_plainest_executorch_program_takes_prompts_of_any_length(m
     took only prompts of the traced length (its prefill runs the state-space scan, which torch.export fixes:
     docs/upstream-gaps.md #27). It is now the decode alone, the prompt of any length fed one token at a time from
     zeroed states into its static key-value cache, the prompt and the reply matching eager `generate()`."""
-    out, report, log = moe_hybrid
-    target = report["targets"][0] if report else {}
-    assert target.get("status") == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
-    assert target["expected_components"] == ["decode"] and [c["name"] for c in target["components"]] == ["decode"]
-    manifest = json.loads((out / target["name"] / "export.json").read_text())
-    assert manifest.get("layout") != "runner" and manifest["dynamic_prompt"] is True, manifest
+    out = moe_hybrid[0]
+    target = assert_a_passed_stepped_decode(moe_hybrid)
     said = [f for f in target["findings"] if "one token at a time from zeroed states" in f]
     assert said and "its static key-value cache filled from position 0" in said[0], target["findings"]
     assert not [f for f in target["findings"] if "keeps the prompt axis dynamic" in f]  # the stepped note says it
@@ -101,6 +97,17 @@ def test_a_moe_hybrids_plainest_executorch_program_takes_prompts_of_any_length(m
     assert_checked_at_other_prompt_lengths(target["generation"])  # and at a 4- and a 19-token prompt
     [program] = (out / target["name"]).glob("*.pte")
     assert b"grouped_mm" not in program.read_bytes()
+
+
+def assert_a_passed_stepped_decode(run: tuple) -> dict:
+    """The run's one target passed as the decode alone with a dynamic prompt (no runner layout): its report entry."""
+    out, report, log = run
+    target = report["targets"][0] if report else {}
+    assert target.get("status") == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
+    assert target["expected_components"] == ["decode"] and [c["name"] for c in target["components"]] == ["decode"]
+    manifest = json.loads((out / target["name"] / "export.json").read_text())
+    assert manifest.get("layout") != "runner" and manifest["dynamic_prompt"] is True, manifest
+    return target
 
 
 def assert_checked_at_other_prompt_lengths(generation: dict) -> None:
@@ -127,12 +134,7 @@ def test_lfm2s_plainest_executorch_program_takes_prompts_of_any_length(lfm2_run)
     'Attempted to resize a static tensor' at a 2-token prompt, its conv states sliced from the prompt). It is now
     the decode alone, the prompt stepped through it from zeroed conv states into its static key-value cache, as the
     other hybrids', checked at 8 tokens and at 4 and 19."""
-    out, report, log = lfm2_run
-    target = report["targets"][0] if report else {}
-    assert target.get("status") == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
-    assert target["expected_components"] == ["decode"] and [c["name"] for c in target["components"]] == ["decode"]
-    manifest = json.loads((out / target["name"] / "export.json").read_text())
-    assert manifest.get("layout") != "runner" and manifest["dynamic_prompt"] is True, manifest
+    target = assert_a_passed_stepped_decode(lfm2_run)
     said = [f for f in target["findings"] if "one token at a time from zeroed conv states" in f]
     assert said and "short convolutions" in said[0] and "its static key-value cache filled from position 0" in \
         said[0], target["findings"]

@@ -82,6 +82,15 @@ while not generator.is_done():
     generator.generate_next_token()
 print(generator.get_sequence(0).tolist())"""
 
+# The end of the card's GenAI snippets whose inputs GenAI's own processor made: generate from them, decode the reply
+PROCESSED_GENERATION = """params = og.GeneratorParams(model)
+params.set_search_options(max_length=64)
+generator = og.Generator(model, params)
+generator.set_inputs(inputs)
+while not generator.is_done():
+    generator.generate_next_token()
+print(processor.decode(generator.get_sequence(0)))"""
+
 # The card's Whisper snippet where the folder has a tokenizer and GenAI's audio processor config: GenAI's own
 # processor decodes your audio file into features and tokenizes the decoder prompt (GenAI's Whisper example)
 WHISPER_PROCESSOR_SNIPPET = """import json
@@ -95,13 +104,7 @@ with open(os.path.join(folder, "generation_config.json")) as handle:
     multilingual = json.load(handle).get("is_multilingual", False)
 prompt = "<|startoftranscript|>" + ("<|en|><|transcribe|>" if multilingual else "") + "<|notimestamps|>"  # your language and task
 inputs = processor(prompt, audios=audios)
-params = og.GeneratorParams(model)
-params.set_search_options(max_length=64)
-generator = og.Generator(model, params)
-generator.set_inputs(inputs)
-while not generator.is_done():
-    generator.generate_next_token()
-print(processor.decode(generator.get_sequence(0)))"""
+""" + PROCESSED_GENERATION
 
 
 # The card's Qwen2.5-VL snippet after the download lines: GenAI's own processor on your image (resized to the traced
@@ -113,13 +116,7 @@ processor = model.create_multimodal_processor()
 images = og.Images.open("image.jpg")  # your image
 prompt = "<|vision_start|><|image_pad|><|vision_end|>describe the image"  # your prompt
 inputs = processor(prompt, images=images)
-params = og.GeneratorParams(model)
-params.set_search_options(max_length=64)
-generator = og.Generator(model, params)
-generator.set_inputs(inputs)
-while not generator.is_done():
-    generator.generate_next_token()
-print(processor.decode(generator.get_sequence(0)))"""
+""" + PROCESSED_GENERATION
 
 
 def encoder_decoder_declined(config: dict[str, Any]) -> str | None:
