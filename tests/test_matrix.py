@@ -4,14 +4,15 @@ one family through the real CLI, and failures are classified and rendered with t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 
 import pytest
 
 from matrix.families import FAMILIES, KINDS, VOCAB, shrink
 from matrix.render import render
 from matrix.run import Cell, Row, classify, estimate_s, kept_rows, plainest_recipe, untimed
+from tests import cli_launcher
 from tests.conftest import ROOT
 
 
@@ -186,11 +187,16 @@ def test_the_estimate_spreads_cpu_seconds_over_the_cores():
            "kind's timed rows that passed a format: b." in text, text
 
 
+def _matrix(*args: str) -> subprocess.CompletedProcess:
+    """`python -m matrix *args` as `make coverage` runs it, forked from the worker's CLI launcher (#48: the script's
+    own imports paid once per worker; each family's `hf-export run` is still the cold process the script starts)."""
+    return cli_launcher.launch(list(args), {**os.environ, "PYTHONUNBUFFERED": "1"}, ROOT, 900, module="matrix").done
+
+
 def test_make_coverage_script_runs_one_family_end_to_end(tmp_path):
     out = tmp_path / "coverage.md"
-    done = subprocess.run([sys.executable, "-m", "matrix", "--families", "bert", "--formats", "onnx", "--jobs", "1",
-                           "--work", str(tmp_path / "work"), "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+    done = _matrix("--families", "bert", "--formats", "onnx", "--jobs", "1", "--work", str(tmp_path / "work"),
+                   "--out", str(out))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     text = out.read_text()
     assert "| bert | encoder | `BertModel` | model | ✅ passed |" in text, text
@@ -198,9 +204,8 @@ def test_make_coverage_script_runs_one_family_end_to_end(tmp_path):
     assert measured["rows"][0]["cpu_s"] > 0 and measured["meta"]["estimate_s"] > 0
     # a rerun of other families with --update keeps bert's row, in the families' order, and says nothing is partial;
     # one of them is a state-space model, whose generation runs through its exported decode with the recurrent states
-    done = subprocess.run([sys.executable, "-m", "matrix", "--families", "vit,mamba", "--formats", "onnx",
-                           "--jobs", "1", "--work", str(tmp_path / "work"), "--out", str(out), "--update"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+    done = _matrix("--families", "vit,mamba", "--formats", "onnx", "--jobs", "1", "--work", str(tmp_path / "work"),
+                   "--out", str(out), "--update")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     updated = out.read_text()
     rows = [line for line in updated.splitlines() if line.startswith(("| bert ", "| vit ", "| mamba "))]
