@@ -842,11 +842,13 @@ def family_model(name: str, folder: Path, recipe: Any | None = None, never_eos: 
 
 
 def tiny_voxtral_with_tokenizer(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 1,
-                                feature_extractor: bool = True) -> Path:
+                                feature_extractor: bool = True, **audio: Any) -> Path:
     """A tiny Voxtral (matrix's, 16 mel bins, with 50 source positions: one second of 100 frames, 25 audio tokens;
     a Llama text model of `text_layers` layers) with a byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer
     loads) whose `[AUDIO]` id is the model's `audio_token_id`, the vocabulary the tokenizer's; `feature_extractor`:
-    the log-mel extractor its audio config implies saved beside it (preprocessor_config.json)."""
+    the log-mel extractor its audio config implies saved beside it (preprocessor_config.json); `audio`: audio config
+    values set over those (`max_source_positions=1500, intermediate_size=128`: Voxtral's 30 s chunk of 3000 frames,
+    stacked by 4 into 375 audio tokens, as transformers.js's processor lays them out)."""
     import dataclasses
 
     from exporters.capture.audio_text import extractor_from_config
@@ -857,7 +859,7 @@ def tiny_voxtral_with_tokenizer(folder: Path, recipe: Any | None = None, seed: i
     base = FAMILIES["voxtral"]
     spec = dataclasses.replace(base, overrides={
         **base.overrides, "audio_token_id": tokenizer.convert_tokens_to_ids("[AUDIO]"),
-        "audio_config.max_source_positions": 50,
+        "audio_config.max_source_positions": 50, **{f"audio_config.{k}": v for k, v in audio.items()},
         "text_config.vocab_size": len(tokenizer), "text_config.num_hidden_layers": text_layers,
         "text_config.bos_token_id": 1, "text_config.eos_token_id": 2, "text_config.pad_token_id": 3})
     build(spec, folder, seed=seed, recipe=recipe)
