@@ -3,7 +3,8 @@
 (`onnx/audio_encoder.onnx`, `onnx/embed_tokens.onnx`, `onnx/decoder_model_merged.onnx` with the feature extractor
 naming `VoxtralProcessor` and the tokenizer), proven in the product by transformers.js on Node (its processor's
 features and audio tokens from a synthesized tone, then generation token for token against eager `generate()`), and
-its card's script runs as written. Qwen2-Audio, which transformers.js has no class for, is declined with the reason
+its card's script runs as written. The audio encoder takes any number of 30 s chunks (#52 item 2): validated at 1,
+2, 4 and 7 chunks against eager, and transformers.js generates eager's tokens from two chunks (750 audio tokens). Qwen2-Audio, which transformers.js has no class for, is declined with the reason
 (tests/test_audio_language.py's Qwen2-Audio run).
 
 The tiny Voxtral here has Voxtral's chunk (1500 source positions: 3000 frames of 30 s, stacked by 4 into 375 audio
@@ -44,9 +45,14 @@ def test_a_voxtral_folder_in_the_transformers_js_layout_generates_in_transformer
     generation = target["generation"]
     assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
     assert generation["prompt_length"] == 1 + 375 + 8  # BOS, one chunk's audio tokens, the prompt
+    encoder = target["components"][0]
+    assert [check["shapes"]["input_features"][0] for check in encoder["checks"]] == [2, 1, 4, 7], encoder["checks"]
+    assert all(check["passed"] for check in encoder["checks"])
     proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
     assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
-    assert "AutoModelForAudioTextToText, its processor's audio tokens" in proof["detail"]
+    # the audio encoder takes any number of chunks: proven from one and from two (750 audio tokens)
+    assert "AutoModelForAudioTextToText, its processor's audio tokens: 375 from 1 chunk of audio, 750 from 2 chunks " \
+           "of audio" in proof["detail"], proof
     assert "transformers.js ✓ 8/8 tokens" in (out / "report.md").read_text()
 
 
@@ -63,6 +69,8 @@ def test_the_folder_holds_the_three_graphs_under_transformers_js_names(voxtral_t
         graph = onnx.load(str(folder / name), load_external_data=False).graph
         io[name] = ([v.name for v in graph.input], [v.name for v in graph.output])
     assert io[GRAPHS[0]] == (["audio_values"], ["audio_features"])  # VoxtralProcessor's name for the features
+    chunks = onnx.load(str(folder / GRAPHS[0]), load_external_data=False).graph.input[0].type.tensor_type.shape.dim
+    assert chunks[0].dim_param and [d.dim_value for d in chunks[1:]] == [16, 3000]  # any number of 30 s chunks
     assert io[GRAPHS[1]] == (["input_ids"], ["inputs_embeds"])
     inputs, outputs = io[GRAPHS[2]]
     assert inputs[:3] == ["inputs_embeds", "attention_mask", "position_ids"] and "past_key_values.0.key" in inputs

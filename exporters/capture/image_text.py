@@ -21,8 +21,9 @@ An audio-language model (transformers.js's `AudioTextToText` models, `AutoModelF
 same three graphs with `audio_encoder` in place of `vision_encoder`:
 
 ```
-audio_encoder         audio_values [1, mel bins, frames] -> audio_features [1, n, hidden]   one chunk of the
-                      sample's length (the model's `get_audio_features`: tower, frame stacking, projector)
+audio_encoder         audio_values [num_chunks, mel bins, frames] -> audio_features [1, n, hidden]   any number of
+                      chunks of the sample's length (the model's `get_audio_features`: tower, frame stacking,
+                      projector; transformers.js's processor splits longer audio into chunks)
 ```
 
 transformers.js's `VoxtralProcessor` lays out 375 audio tokens per chunk of its extractor's `n_samples` (a constant
@@ -230,7 +231,11 @@ def capture(target: Any, model: Any, generate_inputs: dict[str, Any]) -> dict[st
     with_contract(target, EMBED_TOKENS, ComponentOverride.model_validate({"dynamic_shapes": {"input_ids": {
         "0": {"name": "batch_size", "min": 1}, "1": {"name": "sequence_length", "min": 1}}}}))
     encoder = AUDIO_ENCODER if "input_features" in generate_inputs else VISION_ENCODER
-    with_contract(target, encoder, ComponentOverride(dynamic=False))
+    if encoder == AUDIO_ENCODER:  # any number of chunks: the processor splits longer audio into chunks
+        with_contract(target, encoder, ComponentOverride.model_validate({"dynamic_shapes": {"input_features": {
+            "0": {"name": "num_chunks", "min": 1}}}}))
+    else:
+        with_contract(target, encoder, ComponentOverride(dynamic=False))
     return {encoder: image_encoder(model, generate_inputs),
             EMBED_TOKENS: (embed, {"input_ids": ids.clone()}),
             DECODER: (decoder, step)}

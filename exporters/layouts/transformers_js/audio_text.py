@@ -15,7 +15,9 @@ max_new_tokens = min_new_tokens = n, greedy)         of its extractor + the audi
 
 The proof feeds the features eager ran on, so the comparison is of the graphs and transformers.js's generation loop
 (embedding, the audio features' merge, the cache), not of two feature extractors; the processor is proven to make
-inputs of the same shape and audio-token count.
+inputs of the same shape and audio-token count. The audio encoder takes any number of chunks (`num_chunks`): the
+proof runs the sample's one chunk, then two (the sample's features and the same rolled by half a chunk, their
+audio tokens one run after another), each against eager.
 
 Example:
     >>> "AutoModelForAudioTextToText" in generate_script('"model"', '"tjs"', 4, "", "console.log(1);")
@@ -40,18 +42,21 @@ const processor = await AutoProcessor.from_pretrained($name);
 const model = await AutoModelForAudioTextToText.from_pretrained($name, { device: 'cpu' });
 const { sampling_rate, n_samples } = processor.feature_extractor.config;
 const audio = Float32Array.from({ length: n_samples }, (_, i) => 0.5 * Math.sin(2 * Math.PI * 440 * i / sampling_rate));  // your audio at sampling_rate
-const inputs = await processor($token + $prompt, audio);  // the audio, then your prompt
+const text = $token + $prompt;  // the audio, then your prompt
+const inputs = await processor(text, audio);  // longer audio: one chunk of n_samples after another
 $feed
 const output = await model.generate({ ...inputs, max_new_tokens: $steps, min_new_tokens: $steps, do_sample: false });
 $emit
 """)
 CARD_EMIT = "console.log(processor.batch_decode(output, { skip_special_tokens: true })[0]);"
-# The proof's inputs: what the processor made is recorded, then the sample eager ran on takes its place
+# The proof's inputs: what the processor made of as many chunks of the tone as the sample has is recorded, then the
+# sample eager ran on takes its place
 PROOF_FEED = """import { readFileSync, writeFileSync } from 'node:fs';
 const spec = JSON.parse(process.argv[2]);
 const sample = JSON.parse(readFileSync(spec.sample, 'utf-8'));
 const key = 'audio_values' in inputs ? 'audio_values' : 'input_features';
-const processed = { features: inputs[key].dims, ids: Array.from(inputs.input_ids.data, Number) };
+const made = sample.shape[0] === 1 ? inputs : await processor(text, Float32Array.from({ length: n_samples * sample.shape[0] }, (_, i) => audio[i % n_samples]));
+const processed = { features: made[key].dims, ids: Array.from(made.input_ids.data, Number) };
 inputs.input_ids = new Tensor('int64', BigInt64Array.from(sample.ids.map(BigInt)), [1, sample.ids.length]);
 inputs.attention_mask = new Tensor('int64', BigInt64Array.from(sample.ids.map(() => 1n)), [1, sample.ids.length]);
 inputs[key] = new Tensor('float32', Float32Array.from(sample.features), sample.shape);"""
