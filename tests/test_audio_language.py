@@ -112,7 +112,11 @@ def test_the_executorch_folder_is_the_multimodal_runners_program(voxtral_run):
     target = targets_by_name(report)["executorch"]
     proofs = {p["runtime"]: p for p in target["runtimes"]}
     assert proofs[RUNTIME]["status"] == "passed", proofs
-    assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from an audio and a prompt (34 positions)"), proofs
+    # its audio_encoder takes any number of chunks (#52 item 2): the runner generates from two too, 25 audio tokens more
+    assert proofs[RUNTIME]["detail"] == ("8/8 tokens from an audio and a prompt (34 positions); 8/8 tokens from two "
+                                         "chunks of audio and a prompt (59 positions)"), proofs
+    audio_encoder = {c["name"]: c for c in target["components"]}["audio_encoder"]
+    assert audio_encoder["checks"][0]["shapes"]["input_features"] == [2, 16, 100], audio_encoder  # traced on two
     folder = out / "executorch"
     manifest = json.loads((folder / "export.json").read_text())
     assert manifest["layout"] == "multimodal_runner"

@@ -93,3 +93,21 @@ def test_the_cards_transformers_js_audio_text_script_runs_as_written(voxtral_tjs
     language, code = snippets["transformers.js"]
     assert language == "js" and "AutoModelForAudioTextToText" in code and "AutoProcessor" in code
     run_js_card(code, out / "tjs", tmp_path)  # the tiny vocabulary may decode to nothing: it runs
+
+
+def test_a_voxtral_whose_chunk_is_not_375_audio_tokens_is_refused_with_the_reason(tmp_path):
+    """transformers.js's VoxtralProcessor lays out 375 audio tokens per chunk (a constant of its code): the tiny
+    Voxtral of tests/test_audio_language.py (25 audio tokens for its chunk of 100 frames) could not take its
+    processor's prompt, and the layout refuses it saying so (the target keeps its components, as Qwen2-Audio's)."""
+    from transformers import VoxtralForConditionalGeneration
+
+    from exporters.capture.image_text import refused
+    from exporters.capture.inputs import make_sample_inputs
+    from exporters.recipe.model import InputsSpec
+
+    model = VoxtralForConditionalGeneration.from_pretrained(tiny_voxtral_with_tokenizer(tmp_path / "model")).eval()
+    sample = make_sample_inputs(model, InputsSpec(sequence_length=8)).generate
+    assert refused(None, model, sample, "dynamic") == (
+        "transformers.js's processor lays out 375 audio tokens per chunk; this model's audio encoder gives 25 for a "
+        "chunk of 100 frames")
+    assert "static" in refused(None, model, sample, "static")

@@ -136,7 +136,7 @@ class TransformersJs(Layout):
         hears = bool(config.get("audio_config")) or bool(config.get("encoder_config") and config.get("text_config"))
         if hears and not config.get("vision_config") and components != set(AUDIO_TEXT_COMPONENTS):
             return (f"transformers.js's audio-language layout takes Voxtral (model types {list(AUDIO_TEXT_TYPES)}, "
-                    f"one chunk's features, a dynamic cache); this {config.get('model_type')!r} export keeps its "
+                    f"375 audio tokens a chunk, a dynamic cache); this {config.get('model_type')!r} export keeps its "
                     "audio-language components (the findings say why)")
         if "vision_config" not in config or components == set(IMAGE_TEXT_COMPONENTS):
             return None

@@ -14,26 +14,10 @@ from typing import Any
 
 import torch
 
+from exporters.capture.multimodal_runner import two_chunk_prompt, two_chunks
 from exporters.layouts.base import read_json
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
 from exporters.layouts.transformers_js.audio_text import PROOF_EMIT, PROOF_FEED, generate_script
-
-
-def _two_chunks(ids: torch.Tensor, features: torch.Tensor, token: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The prompt and features of two chunks: the sample's, then its features rolled by half a chunk, the audio
-    tokens' run twice as long where it stands.
-
-    Example:
-        >>> ids, features = _two_chunks(torch.tensor([[1, 9, 9, 5]]), torch.arange(4.).reshape(1, 1, 4), 9)
-        >>> ids.tolist(), features.tolist()
-        ([[1, 9, 9, 9, 9, 5]], [[[0.0, 1.0, 2.0, 3.0]], [[2.0, 3.0, 0.0, 1.0]]])
-    """
-    row = ids[0].tolist()
-    first = row.index(token)
-    count = row.count(token)
-    longer = row[:first] + [token] * (2 * count) + row[first + count:]
-    rolled = features.roll(features.shape[-1] // 2, dims=-1)
-    return torch.tensor([longer]), torch.cat([features, rolled])
 
 
 def _eager(model: Any, ids: torch.Tensor, features: torch.Tensor, steps: int, token: Any) -> dict[str, Any]:
@@ -58,7 +42,7 @@ def reference(model: Any, context: RuntimeContext, steps: int) -> dict[str, Any]
     token = getattr(model.config, "audio_token_id", None)
     runs = [_eager(model, ids, features, steps, token)]
     if isinstance(token, int) and token in ids[0].tolist():
-        runs.append(_eager(model, *_two_chunks(ids, features, token), steps, token))
+        runs.append(_eager(model, two_chunk_prompt(ids, token), two_chunks(features), steps, token))
     return {"audio_text": True, "steps": steps, "runs": runs}
 
 
