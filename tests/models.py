@@ -628,9 +628,11 @@ def tiny_llava_next_with_processor(folder: Path, recipe: Any | None = None, seed
 
 # transformers.js's vision-language layout of an ONNX generation target (tests/test_transformers_js_vlm.py)
 TJS_TARGET = {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"}
+TJS_FP16_TARGET = {**TJS_TARGET, "name": "tjs16", "dtype": "float16"}  # the layout's `_fp16` files
 # the tiny LLaVA's ONNX run two modules read (the shared store exports it once, #48): the plainest ONNX generation
-# target (tests/test_genai_vlm.py) and the transformers.js layout (tests/test_transformers_js_vlm.py)
-LLAVA_ONNX_RECIPE = {"exports": [{"name": "onnx", "export_format": "onnx", "mode": "generation"}, TJS_TARGET],
+# target (tests/test_genai_vlm.py) and the transformers.js layout, fp32 and fp16 (tests/test_transformers_js_vlm.py)
+LLAVA_ONNX_RECIPE = {"exports": [{"name": "onnx", "export_format": "onnx", "mode": "generation"}, TJS_TARGET,
+                                 TJS_FP16_TARGET],
                      "generation": {"max_new_tokens": 8}}
 
 

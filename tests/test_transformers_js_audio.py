@@ -20,9 +20,10 @@ import pytest
 
 from tests.card_snippets import run_js_card
 from tests.export_store import stored_run
-from tests.models import TJS_TARGET, tiny_voxtral_with_tokenizer
+from tests.models import TJS_FP16_TARGET, TJS_TARGET, tiny_voxtral_with_tokenizer
+from tests.test_transformers_js_vlm import assert_float16_folder_generates
 
-RECIPE = {"exports": [TJS_TARGET], "generation": {"max_new_tokens": 8}}
+RECIPE = {"exports": [TJS_TARGET, TJS_FP16_TARGET], "generation": {"max_new_tokens": 8}}
 GRAPHS = ("onnx/audio_encoder.onnx", "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx")
 CHUNK = {"max_source_positions": 1500, "intermediate_size": 128}  # Voxtral's 30 s chunk, 375 audio tokens
 
@@ -54,6 +55,12 @@ def test_a_voxtral_folder_in_the_transformers_js_layout_generates_in_transformer
     assert "AutoModelForAudioTextToText, its processor's audio tokens: 375 from 1 chunk of audio, 750 from 2 chunks " \
            "of audio" in proof["detail"], proof
     assert "transformers.js ✓ 8/8 tokens" in (out / "report.md").read_text()
+
+
+def test_a_float16_voxtral_folder_generates_in_transformers_js_from_its_processors_float32_features(voxtral_tjs):
+    """`dtype: "float16"`: the `_fp16` graphs, the audio encoder taking float32 features (cast inside); proven by
+    transformers.js from one and two chunks. It failed before with "Unexpected input data type"."""
+    assert_float16_folder_generates(voxtral_tjs, "audio_values", "AutoModelForAudioTextToText")
 
 
 def test_the_folder_holds_the_three_graphs_under_transformers_js_names(voxtral_tjs):

@@ -29,7 +29,7 @@ from exporters import fsutil
 from exporters.errors import TargetPlanError
 from exporters.export.onnx_files import gather_external_data
 from exporters.capture.image_text import AUDIO_COMPONENTS, COMPONENTS as IMAGE_TEXT, DECODER
-from exporters.export.onnx_names import is_renamed, rename_io, renamed_proto, unnamed_inputs
+from exporters.export.onnx_names import is_renamed, rename_io, rename_values, renamed_proto, unnamed_inputs
 from exporters.export.seq2seq_merged import MERGED_FILE
 from exporters.export.seq2seq_names import is_encoder_decoder_export
 from exporters.layouts.base import read_json
@@ -156,6 +156,8 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
         else:
             entry["inputs"] = rename_io(proto, lambda leaf, output, name=name: OUTPUTS[name] if output else
                                         inputs.get(leaf, leaf))
+        if name != DECODER and name != "embed_tokens":
+            float_inputs(proto)
         if gather_external_data(proto, directory, directory / SUBFOLDER / f"{graph_file}_data"):
             external[graph_file] = 1
         onnx.save_model(proto, str(directory / SUBFOLDER / graph_file))
@@ -179,6 +181,24 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
         # and its AutoProcessor picks the processor by the `processor_class` it finds there
         image_processor = {**image_processor, "processor_class": processor.get("processor_class")}
         fsutil.write_file(directory / PREPROCESSOR, json.dumps(image_processor, indent=2, sort_keys=True) + "\n")
+
+
+def float_inputs(proto) -> None:
+    """A float16 encoder graph's float16 inputs taken as float32 and cast inside (transformers.js's processors make
+    float32 pixels and features, and feed them as they are: its own fp16 files keep float32 inputs, `keep_io_types`);
+    its output stays float16, as the embeddings it is merged into."""
+    # onnx loads only where an ONNX file is read
+    from onnx import TensorProto, helper
+
+    for value in list(proto.graph.input):
+        if value.type.tensor_type.elem_type != TensorProto.FLOAT16:
+            continue
+        name, cast = value.name, f"{value.name}_float16"
+        rename_values(proto.graph, {name: cast})
+        value.name = name
+        value.type.tensor_type.elem_type = TensorProto.FLOAT
+        proto.graph.node.insert(0, helper.make_node("Cast", [name], [cast], to=TensorProto.FLOAT16,
+                                                    name=f"{name}_to_float16"))
 
 
 def _audio_processor(directory: Path, model_type: str | None) -> None:
