@@ -1,5 +1,7 @@
 """transformers.js's layout: `onnx/model{suffix}.onnx` (or an encoder-decoder's `onnx/encoder_model` and
-`onnx/decoder_model_merged`) with `transformers.js_config` in `config.json`, loaded by transformers.js on Node.js.
+`onnx/decoder_model_merged`; a vision- or audio-language model's `onnx/vision_encoder` or `onnx/audio_encoder`,
+`onnx/embed_tokens` and `onnx/decoder_model_merged`) with `transformers.js_config` in `config.json`, loaded by
+transformers.js on Node.js.
 
 | module       | what it holds                                                                                    |
 |--------------|--------------------------------------------------------------------------------------------------|

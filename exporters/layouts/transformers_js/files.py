@@ -28,7 +28,7 @@ from pathlib import Path
 from exporters import fsutil
 from exporters.errors import TargetPlanError
 from exporters.export.onnx_files import gather_external_data
-from exporters.capture.image_text import AUDIO_COMPONENTS, COMPONENTS as IMAGE_TEXT, DECODER
+from exporters.capture.image_text import AUDIO_COMPONENTS, AUDIO_ENCODER, COMPONENTS as IMAGE_TEXT, DECODER, EMBED_TOKENS
 from exporters.export.onnx_names import is_renamed, rename_io, rename_values, renamed_proto, unnamed_inputs
 from exporters.export.seq2seq_merged import MERGED_FILE
 from exporters.export.seq2seq_names import is_encoder_decoder_export
@@ -126,7 +126,7 @@ def _write_encoder_decoder(directory: Path, target, manifest: dict) -> None:
 
 PREPROCESSOR = "preprocessor_config.json"
 # what transformers.js reads and feeds: each encoder's output, and the audio's input where its processor names it
-OUTPUTS = {"vision_encoder": "image_features", "audio_encoder": "audio_features", "embed_tokens": "inputs_embeds"}
+OUTPUTS = {"vision_encoder": "image_features", AUDIO_ENCODER: "audio_features", EMBED_TOKENS: "inputs_embeds"}
 AUDIO_INPUT = {"voxtral": "audio_values"}  # VoxtralProcessor's output (the graph's `input_features`)
 # the transformers.js processor of each audio-language model type, where the folder's preprocessor config names none
 AUDIO_PROCESSOR = {"voxtral": "VoxtralProcessor"}
@@ -156,7 +156,7 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
         else:
             entry["inputs"] = rename_io(proto, lambda leaf, output, name=name: OUTPUTS[name] if output else
                                         inputs.get(leaf, leaf))
-        if name != DECODER and name != "embed_tokens":
+        if name not in (DECODER, EMBED_TOKENS):  # the encoder: a float16 graph takes float32 pixels or features
             float_inputs(proto)
         if gather_external_data(proto, directory, directory / SUBFOLDER / f"{graph_file}_data"):
             external[graph_file] = 1
@@ -168,7 +168,7 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
     manifest["layout"] = LAYOUT
     write_manifest(directory, manifest)
     _add_config(directory, dtype, external or False)
-    if "audio_encoder" in manifest["components"]:
+    if AUDIO_ENCODER in manifest["components"]:
         _audio_processor(directory, model_type)
         return
     processor = read_json(directory / "processor_config.json")
