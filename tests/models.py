@@ -628,9 +628,11 @@ def tiny_llava_next_with_processor(folder: Path, recipe: Any | None = None, seed
 
 # transformers.js's vision-language layout of an ONNX generation target (tests/test_transformers_js_vlm.py)
 TJS_TARGET = {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"}
+TJS_FP16_TARGET = {**TJS_TARGET, "name": "tjs16", "dtype": "float16"}  # the layout's `_fp16` files
 # the tiny LLaVA's ONNX run two modules read (the shared store exports it once, #48): the plainest ONNX generation
-# target (tests/test_genai_vlm.py) and the transformers.js layout (tests/test_transformers_js_vlm.py)
-LLAVA_ONNX_RECIPE = {"exports": [{"name": "onnx", "export_format": "onnx", "mode": "generation"}, TJS_TARGET],
+# target (tests/test_genai_vlm.py) and the transformers.js layout, fp32 and fp16 (tests/test_transformers_js_vlm.py)
+LLAVA_ONNX_RECIPE = {"exports": [{"name": "onnx", "export_format": "onnx", "mode": "generation"}, TJS_TARGET,
+                                 TJS_FP16_TARGET],
                      "generation": {"max_new_tokens": 8}}
 
 
@@ -842,11 +844,13 @@ def family_model(name: str, folder: Path, recipe: Any | None = None, never_eos: 
 
 
 def tiny_voxtral_with_tokenizer(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 1,
-                                feature_extractor: bool = True) -> Path:
+                                feature_extractor: bool = True, **audio: Any) -> Path:
     """A tiny Voxtral (matrix's, 16 mel bins, with 50 source positions: one second of 100 frames, 25 audio tokens;
     a Llama text model of `text_layers` layers) with a byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer
     loads) whose `[AUDIO]` id is the model's `audio_token_id`, the vocabulary the tokenizer's; `feature_extractor`:
-    the log-mel extractor its audio config implies saved beside it (preprocessor_config.json)."""
+    the log-mel extractor its audio config implies saved beside it (preprocessor_config.json); `audio`: audio config
+    values set over those (`max_source_positions=1500, intermediate_size=128`: Voxtral's 30 s chunk of 3000 frames,
+    stacked by 4 into 375 audio tokens, as transformers.js's processor lays them out)."""
     import dataclasses
 
     from exporters.capture.audio_text import extractor_from_config
@@ -857,7 +861,7 @@ def tiny_voxtral_with_tokenizer(folder: Path, recipe: Any | None = None, seed: i
     base = FAMILIES["voxtral"]
     spec = dataclasses.replace(base, overrides={
         **base.overrides, "audio_token_id": tokenizer.convert_tokens_to_ids("[AUDIO]"),
-        "audio_config.max_source_positions": 50,
+        "audio_config.max_source_positions": 50, **{f"audio_config.{k}": v for k, v in audio.items()},
         "text_config.vocab_size": len(tokenizer), "text_config.num_hidden_layers": text_layers,
         "text_config.bos_token_id": 1, "text_config.eos_token_id": 2, "text_config.pad_token_id": 3})
     build(spec, folder, seed=seed, recipe=recipe)

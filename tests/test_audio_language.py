@@ -112,7 +112,11 @@ def test_the_executorch_folder_is_the_multimodal_runners_program(voxtral_run):
     target = targets_by_name(report)["executorch"]
     proofs = {p["runtime"]: p for p in target["runtimes"]}
     assert proofs[RUNTIME]["status"] == "passed", proofs
-    assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from an audio and a prompt (34 positions)"), proofs
+    # its audio_encoder takes any number of chunks (#52 item 2): the runner generates from two too, 25 audio tokens more
+    assert proofs[RUNTIME]["detail"] == ("8/8 tokens from an audio and a prompt (34 positions); 8/8 tokens from two "
+                                         "chunks of audio and a prompt (59 positions)"), proofs
+    audio_encoder = {c["name"]: c for c in target["components"]}["audio_encoder"]
+    assert audio_encoder["checks"][0]["shapes"]["input_features"] == [2, 16, 100], audio_encoder  # traced on two
     folder = out / "executorch"
     manifest = json.loads((folder / "export.json").read_text())
     assert manifest["layout"] == "multimodal_runner"
@@ -147,8 +151,11 @@ def test_qwen2_audio_exports_its_audio_stages_and_runs_in_the_multimodal_runner(
     generation target holds the audio stages and generates eager's tokens; its ExecuTorch target is
     MultimodalRunner's program (#52 item 1: `audio_encoder` its audio tower then its projector, on features whose
     every frame counts, as the sample's mask says; it kept the methods layout before, having no
-    `get_audio_features`), and the runner's own Python binding generates eager's tokens from the folder alone."""
-    model_dir = tiny_qwen2_audio_with_tokenizer(tmp_path / "model", RECIPE[1:], text_layers=TEXT_LAYERS)
+    `get_audio_features`), and the runner's own Python binding generates eager's tokens from the folder alone.
+    Its transformers.js target (transformers.js has no Qwen2-Audio class) keeps the audio components and passes on
+    its own checks, transformers.js's cell ✗ with the reason."""
+    tjs = {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"}
+    model_dir = tiny_qwen2_audio_with_tokenizer(tmp_path / "model", [*RECIPE[1:], tjs], text_layers=TEXT_LAYERS)
     out = tmp_path / "out"
     done = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     report = json.loads((out / "report.json").read_text())
@@ -165,6 +172,11 @@ def test_qwen2_audio_exports_its_audio_stages_and_runs_in_the_multimodal_runner(
     proofs = {p["runtime"]: p for p in executorch["runtimes"]}
     assert proofs[RUNTIME]["status"] == "passed", proofs
     assert not any("get_audio_features" in f for f in report["findings"]), report["findings"]
+    assert [c["name"] for c in targets["tjs"]["components"]] == STAGES, targets["tjs"]["components"]
+    proof = {p["runtime"]: p for p in targets["tjs"]["runtimes"]}["transformers.js"]
+    assert proof["status"] == "declined" and "'qwen2_audio'" in proof["detail"], proof
+    assert "transformers.js 4.3.2 has no audio-language model class for 'qwen2_audio'" in (out / "report.md").read_text()
+    assert not (out / "tjs" / "onnx").exists()
 
 
 def test_an_audio_language_model_whose_code_counts_no_audio_tokens_is_refused():

@@ -20,6 +20,7 @@ from tests.conftest import run_and_read
 from tests.export_store import stored_run
 from tests.models import (
     LLAVA_ONNX_RECIPE,
+    TJS_FP16_TARGET,
     TJS_TARGET as TARGET,
     tiny_idefics2_with_processor,
     tiny_idefics3_with_processor,
@@ -53,6 +54,33 @@ def test_a_llava_folder_in_the_transformers_js_layout_generates_in_transformers_
     assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
     assert "AutoModelForImageTextToText" in proof["detail"]
     assert "transformers.js ✓ 8/8 tokens" in (out / "report.md").read_text()
+
+
+def test_a_float16_llava_folder_generates_in_transformers_js_from_its_processors_float32_pixels(llava_tjs):
+    """`dtype: "float16"`: the three `_fp16` graphs, the vision encoder taking float32 pixels (cast inside, as
+    transformers.js's own fp16 files: its processor makes float32), proven by transformers.js token for token. It
+    failed before: "Unexpected input data type. Actual: (tensor(float)), expected: (tensor(float16))"."""
+    assert_float16_folder_generates(llava_tjs, "pixel_values", "AutoModelForImageTextToText")
+
+
+def assert_float16_folder_generates(run, pixels: str, model_class: str) -> None:
+    """The fp16 target of `run` passed, transformers.js's proof too; its encoder takes float32 `pixels` (or features)
+    and gives float16, its files are the `_fp16` ones (tests/test_transformers_js_audio.py shares it)."""
+    import onnx
+
+    out, report, log = run
+    target = {t["name"]: t for t in report["targets"]}[TJS_FP16_TARGET["name"]]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens") and model_class in proof["detail"]
+    folder = out / TJS_FP16_TARGET["name"]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["transformers.js_config"]["dtype"] == "fp16"
+    encoder = next(folder.glob("onnx/*_encoder_fp16.onnx"))
+    graph = onnx.load(str(encoder), load_external_data=False).graph
+    assert (graph.input[0].name, graph.input[0].type.tensor_type.elem_type) == (pixels, onnx.TensorProto.FLOAT)
+    assert graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    assert graph.node[0].op_type == "Cast"
 
 
 def test_the_folder_holds_the_three_graphs_under_transformers_js_names(llava_tjs):

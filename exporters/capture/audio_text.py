@@ -46,7 +46,7 @@ def fixed_audio_stage(name: str, components) -> bool:
     """Whether component `name` is an audio stage of an audio-language export (its `audio_encoder`, and the
     projector after it), traced at its features' size under `dynamic: true` unless the recipe gives it
     `dynamic_shapes`: the audio's length is not the prompt's, one clip of the traced length is what the runners take
-    (a Voxtral program one 30 s chunk), and `Dim.AUTO` on Granite Speech's frames keeps its Conformer's
+    (a Voxtral program's `audio_encoder` takes any number of its chunks: `exporters.capture.multimodal_runner`), and `Dim.AUTO` on Granite Speech's frames keeps its Conformer's
     `math.ceil(frames / context_size)` symbolic, which a `.pt2` cannot serialize.
 
     Example:

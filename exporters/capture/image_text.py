@@ -1,4 +1,4 @@
-"""transformers.js's vision-language layout: which ONNX targets get it, and its three graphs.
+"""transformers.js's vision-language and audio-language layouts: which ONNX targets get them, and their three graphs.
 
 An ONNX generation target of a vision-language model with `"layout": "transformers.js"` is written as transformers.js's
 `ImageTextToText` models load it (`AutoModelForImageTextToText`: LLaVA, Idefics3, SmolVLM), three graphs:
@@ -16,6 +16,19 @@ runs the merged decoder on the embeddings, then each new token through `embed_to
 model's own forward does for these families. The layout's files (`exporters.layouts.transformers_js.image_text`)
 move the graphs under `onnx/` with the names transformers.js binds. A model outside that contract keeps the
 vision-language components (the upstream layout) and transformers.js's "runs in" cell says why ([`refused`]).
+
+An audio-language model (transformers.js's `AudioTextToText` models, `AutoModelForAudioTextToText`: Voxtral) is the
+same three graphs with `audio_encoder` in place of `vision_encoder`:
+
+```
+audio_encoder         audio_values [num_chunks, mel bins, frames] -> audio_features [1, n, hidden]   any number of
+                      chunks of the sample's length (the model's `get_audio_features`: tower, frame stacking,
+                      projector; transformers.js's processor splits longer audio into chunks)
+```
+
+transformers.js's `VoxtralProcessor` lays out 375 audio tokens per chunk of its extractor's `n_samples` (a constant
+of its code, Voxtral's 30 s at 16 kHz): a model whose audio encoder gives another count per chunk is refused with
+that reason, as is a family transformers.js has no class for (Qwen2-Audio) ([`refused_audio`]).
 
 Example:
     >>> from exporters.recipe.load import parse_recipe
@@ -35,10 +48,19 @@ from transformers import DynamicCache
 from exporters.capture.merged import contract, with_contract
 from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.recipe.model import ComponentOverride
-from exporters.upstream.multimodal_runner import TokenEmbedding, VisionEncoder
+from exporters.upstream.multimodal_runner import AudioEncoder, TokenEmbedding, VisionEncoder
 
 VISION_ENCODER, EMBED_TOKENS, DECODER = "vision_encoder", "embed_tokens", "decoder_model_merged"
 COMPONENTS = [VISION_ENCODER, EMBED_TOKENS, DECODER]
+AUDIO_ENCODER = "audio_encoder"
+AUDIO_COMPONENTS = [AUDIO_ENCODER, EMBED_TOKENS, DECODER]
+# audio-language model types transformers.js 4.3.2 generates from (its AudioTextToText models), and the audio tokens
+# its processor lays out per chunk (VoxtralProcessor's NUM_AUDIO_TOKENS)
+AUDIO_MODEL_TYPES = ("voxtral",)
+# those transformers.js has a class for that this layout does not write yet, and why
+AUDIO_NOT_YET = {"granite_speech": "its processor reads a GraniteSpeechFeatureExtractor config (melspec_kwargs, "
+                                   "projector windows) this layout does not write yet"}
+AUDIO_TOKENS_PER_CHUNK = {"voxtral": 375}
 # model types whose transformers.js class merges the image features as LLaVA's does (in order, at the image tokens)
 MODEL_TYPES = ("llava", "idefics3", "smolvlm")
 IMAGE_INPUTS = {"input_ids", "attention_mask", "pixel_values", "pixel_attention_mask"}
@@ -46,9 +68,20 @@ TRACED_PAST, TRACED_QUERY = 3, 2  # the decoder is traced on a cache and a query
 
 
 def wants_image_text(target: Any, family: str) -> bool:
-    """Whether `target` is an ONNX generation target of a vision-language model in the transformers.js layout."""
-    return (target.export_format == "onnx" and target.mode == "generation" and family == "vision-language"
-            and getattr(target, "layout", None) == TRANSFORMERS_JS)
+    """Whether `target` is an ONNX generation target of a vision- or audio-language model in the transformers.js
+    layout."""
+    return (target.export_format == "onnx" and target.mode == "generation"
+            and family in ("vision-language", "audio-language") and getattr(target, "layout", None) == TRANSFORMERS_JS)
+
+
+def components_for(family: str) -> list[str]:
+    """The layout's three graphs for `family`: an audio encoder's for an audio-language model, else a vision one's.
+
+    Example:
+        >>> components_for("audio-language")
+        ['audio_encoder', 'embed_tokens', 'decoder_model_merged']
+    """
+    return list(AUDIO_COMPONENTS if family == "audio-language" else COMPONENTS)
 
 
 def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_implementation: str) -> str | None:
@@ -61,6 +94,8 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_impl
         "transformers.js's vision-language layout is written for mode"
     """
     model_type = getattr(model.config, "model_type", None)
+    if "input_features" in generate_inputs:
+        return refused_audio(target, model, generate_inputs, cache_implementation)
     pixels, ids = generate_inputs.get("pixel_values"), generate_inputs.get("input_ids")
     extra = sorted(set(generate_inputs) - IMAGE_INPUTS)
     if model_type not in MODEL_TYPES:
@@ -78,6 +113,38 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_impl
         return f"its pixels are not one image [1, (tiles,) 3, H, W] (shape {list(getattr(pixels, 'shape', []))})"
     if not isinstance(ids, torch.Tensor) or ids.shape[1] < TRACED_PAST + TRACED_QUERY:
         return "its prompt is too short to trace the decoder with a dynamic cache"
+    return None
+
+
+def refused_audio(target: Any, model: Any, generate_inputs: dict[str, Any], cache_implementation: str) -> str | None:
+    """Why an audio-language model does not fit transformers.js's audio-language layout (see the module), else None.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> refused_audio(None, SimpleNamespace(config=SimpleNamespace(model_type="qwen2_audio")), {}, "dynamic")[:73]
+        "transformers.js 4.3.2 has no audio-language model class for 'qwen2_audio'"
+    """
+    model_type = getattr(model.config, "model_type", None)
+    if model_type in AUDIO_NOT_YET:
+        return (f"transformers.js's audio-language layout is written for model types {list(AUDIO_MODEL_TYPES)}; "
+                f"{model_type!r}: {AUDIO_NOT_YET[model_type]}")
+    if model_type not in AUDIO_MODEL_TYPES:
+        return (f"transformers.js 4.3.2 has no audio-language model class for {model_type!r} (its AudioTextToText "
+                f"models this layout writes: {list(AUDIO_MODEL_TYPES)})")
+    if cache_implementation != "dynamic":
+        return "transformers.js runs the decoder on a dynamic cache; the recipe's cache is static"
+    if target is not None and (target.quantize is not None or target.components or target.dynamic_shapes):
+        return "the target sets quantize, components or dynamic_shapes, which this layout does not take yet"
+    features, ids = generate_inputs.get("input_features"), generate_inputs.get("input_ids")
+    extra = sorted(set(generate_inputs) - {"input_ids", "attention_mask", "input_features"})
+    if extra or not isinstance(features, torch.Tensor) or features.dim() != 3 or features.shape[0] != 1:
+        return f"its audio inputs are not one chunk's log-mel features [1, bins, frames] (besides: {extra})"
+    if not isinstance(ids, torch.Tensor) or ids.shape[1] < TRACED_PAST + TRACED_QUERY:
+        return "its prompt is too short to trace the decoder with a dynamic cache"
+    count = int((ids[0] == model.config.audio_token_id).sum())
+    if count != AUDIO_TOKENS_PER_CHUNK[model_type]:
+        return (f"transformers.js's processor lays out {AUDIO_TOKENS_PER_CHUNK[model_type]} audio tokens per chunk; "
+                f"this model's audio encoder gives {count} for a chunk of {features.shape[-1]} frames")
     return None
 
 
@@ -134,8 +201,16 @@ def image_inputs(generate_inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
     return inputs
 
 
+def audio_inputs(generate_inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The audio encoder's inputs from the sample: one chunk's log-mel features."""
+    return {"input_features": generate_inputs["input_features"][:1].clone()}
+
+
 def image_encoder(model: Any, generate_inputs: dict[str, Any]) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    """The vision encoder graph's module and traced inputs: LLaVA's pixels alone, or Idefics3's with its mask."""
+    """The vision encoder graph's module and traced inputs: LLaVA's pixels alone, or Idefics3's with its mask; an
+    audio-language model's audio encoder and its features."""
+    if "input_features" in generate_inputs:
+        return AudioEncoder(model).eval(), audio_inputs(generate_inputs)
     inputs = image_inputs(generate_inputs)
     module = MaskedImageEncoder(model) if "pixel_attention_mask" in inputs else VisionEncoder(model)
     return module.eval(), inputs
@@ -143,7 +218,8 @@ def image_encoder(model: Any, generate_inputs: dict[str, Any]) -> tuple[torch.nn
 
 def capture(target: Any, model: Any, generate_inputs: dict[str, Any]) -> dict[str, tuple[Any, dict]]:
     """The three graphs and the inputs each is traced with (`target.components` completed with their contracts):
-    the prompt's ids, the image's pixels, the prompt's embeddings after a cache of its first tokens."""
+    the prompt's ids, the image's pixels (or the audio's features), the prompt's embeddings after a cache of its
+    first tokens."""
     ids = generate_inputs["input_ids"][:1]
     embed = TokenEmbedding(model.get_input_embeddings()).eval()
     decoder = EmbedsDecoder(model).eval()
@@ -154,7 +230,12 @@ def capture(target: Any, model: Any, generate_inputs: dict[str, Any]) -> dict[st
     with_contract(target, DECODER, contract(target, step))
     with_contract(target, EMBED_TOKENS, ComponentOverride.model_validate({"dynamic_shapes": {"input_ids": {
         "0": {"name": "batch_size", "min": 1}, "1": {"name": "sequence_length", "min": 1}}}}))
-    with_contract(target, VISION_ENCODER, ComponentOverride(dynamic=False))
-    return {VISION_ENCODER: image_encoder(model, generate_inputs),
+    encoder = AUDIO_ENCODER if "input_features" in generate_inputs else VISION_ENCODER
+    if encoder == AUDIO_ENCODER:  # any number of chunks: the processor splits longer audio into chunks
+        with_contract(target, encoder, ComponentOverride.model_validate({"dynamic_shapes": {"input_features": {
+            "0": {"name": "num_chunks", "min": 1}}}}))
+    else:
+        with_contract(target, encoder, ComponentOverride(dynamic=False))
+    return {encoder: image_encoder(model, generate_inputs),
             EMBED_TOKENS: (embed, {"input_ids": ids.clone()}),
             DECODER: (decoder, step)}

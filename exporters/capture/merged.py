@@ -76,7 +76,7 @@ def wants_merged(target, family: str, cache_implementation: str, config: Any = N
         return False
     if tjs and target.merged is None and family in ENCODER_DECODER_FAMILIES:
         return False  # encoder + two decoders, merged into one decoder file after the export (export.seq2seq_merged)
-    if tjs and target.merged is None and family == "vision-language":
+    if tjs and target.merged is None and family in ("vision-language", "audio-language"):
         return False  # three graphs of its own (capture.image_text), else its components, the layout declined
     option = "layout" if tjs and target.merged is None else "merged"
     asked = "`layout` 'transformers.js'" if option == "layout" else "`merged`: true"

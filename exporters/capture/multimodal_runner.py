@@ -171,6 +171,40 @@ def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
     return runs
 
 
+def chunked_audio(model: Any) -> bool:
+    """Whether the model's audio comes in chunks its `audio_encoder` takes any number of, one after another
+    (Voxtral: its processor splits audio into 30 s chunks, each `[bins, frames]`, 375 audio tokens).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> chunked_audio(SimpleNamespace(config=SimpleNamespace(model_type="voxtral")))
+        True
+    """
+    return getattr(model.config, "model_type", None) == "voxtral"
+
+
+def two_chunks(features: torch.Tensor) -> torch.Tensor:
+    """Two chunks of features from one: the sample's, then the same rolled by half a chunk (a spectrogram too).
+
+    Example:
+        >>> two_chunks(torch.arange(4.).reshape(1, 1, 4)).tolist()
+        [[[0.0, 1.0, 2.0, 3.0]], [[2.0, 3.0, 0.0, 1.0]]]
+    """
+    return torch.cat([features[:1], features[:1].roll(features.shape[-1] // 2, dims=-1)])
+
+
+def two_chunk_prompt(ids: torch.Tensor, token: int) -> torch.Tensor:
+    """The prompt of [`two_chunks`]: the first row's run of audio tokens twice as long where it stands.
+
+    Example:
+        >>> two_chunk_prompt(torch.tensor([[1, 9, 9, 5]]), 9).tolist()
+        [[1, 9, 9, 9, 9, 5]]
+    """
+    row = ids[0].tolist()
+    first, count = row.index(token), row.count(token)
+    return torch.tensor([row[:first] + [token] * (2 * count) + row[first + count:]])
+
+
 def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> dict[str, tuple[Any, dict]]:
     """The three methods and the inputs each is traced with: the prompt's text before the image (at least 2
     tokens, so the sequence axis stays dynamic), the image's pixels (or the audio's features), the prompt's
@@ -186,7 +220,10 @@ def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> 
         embeds = modules[TOKEN_EMBEDDING](text)
     encoder = AUDIO_ENCODER if AUDIO_ENCODER in modules else VISION_ENCODER
     source = "input_features" if encoder == AUDIO_ENCODER else "pixel_values"
+    media = generate_inputs[source].clone()
+    if encoder == AUDIO_ENCODER and chunked_audio(model):  # traced on two chunks: the chunk axis stays dynamic
+        media = two_chunks(media)
     return {TOKEN_EMBEDDING: (modules[TOKEN_EMBEDDING], {"input_ids": text}),
-            encoder: (modules[encoder], {source: generate_inputs[source].clone()}),
+            encoder: (modules[encoder], {source: media}),
             TEXT_DECODER: (modules[TEXT_DECODER], {"inputs_embeds": embeds,
                                                    "cache_position": torch.arange(text.shape[1])})}

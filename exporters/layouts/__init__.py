@@ -11,7 +11,8 @@ exporters/layouts/
   executorch_speech/ the ExecuTorch ASR runner's layout: model.pte with methods encoder + text_decoder (Whisper)
   genai/             ONNX Runtime GenAI: a merged decoder graph and genai_config.json
   transformers_js/   transformers.js on Node.js: onnx/model.onnx and transformers.js_config (Whisper's encoder and
-                     merged decoder; a LLaVA's vision_encoder, embed_tokens and decoder_model_merged)
+                     merged decoder; a LLaVA's vision_encoder, embed_tokens and decoder_model_merged; a Voxtral's
+                     audio_encoder in place of vision_encoder)
   optimum/           optimum's ORTModelForCausalLM, in its side environment: the merged decoder under its names
   sentence_transformers/  SentenceTransformer(folder, backend="onnx"), in the same side environment: an encoder's graph
                      beside the repo's modules and pooling config

@@ -106,8 +106,9 @@ class Workbench:
             return multimodal_runner.components_of(self.sample.family)
         if target.name in self.stepped:
             return list(stepped.STEPPED)
-        if image_text.wants_image_text(target, self.sample.family) and set(components) == set(image_text.COMPONENTS):
-            return list(image_text.COMPONENTS)
+        layout = image_text.components_for(self.sample.family)
+        if image_text.wants_image_text(target, self.sample.family) and set(components) == set(layout):
+            return layout
         return minimum_components(self.sample.family, target.mode, list(components), self.model,
                                   merged=bool(getattr(target, "merged", False)))
 
@@ -211,8 +212,8 @@ class Workbench:
         return True
 
     def _image_text(self, target: Target, recipe: Recipe, setting: Any) -> bool:
-        """Plan a vision-language ONNX target in transformers.js's layout where the model fits it
-        (`exporters.capture.image_text`); False (the vision-language components, the reason in the notes) otherwise."""
+        """Plan a vision- or audio-language ONNX target in transformers.js's layout where the model fits it
+        (`exporters.capture.image_text`); False (the model's components, the reason in the notes) otherwise."""
         if not image_text.wants_image_text(target, self.sample.family):
             return False
         refused = self.not_runner.get(target.name) or image_text.refused(target, self.model, self.sample.generate,

@@ -60,7 +60,8 @@ class RenamedRunner:
 
     `branch` (a merged encoder-decoder graph, `decoder_model_merged.onnx`) is the `use_cache_branch` this component
     runs; a graph input the component does not have (the no-past step's past) is fed empty as the runtimes feed it:
-    its symbolic dims 0, `batch_size` the batch of the inputs fed."""
+    its symbolic dims 0, `batch_size` the batch of the inputs fed. A floating input is fed in the type the graph
+    declares (a float16 encoder's float32 pixels or features: `exporters.layouts.transformers_js.files`)."""
 
     def __init__(self, runner: Any, inputs: dict[str, str], branch: bool | None = None):
         self._runner = runner
@@ -73,6 +74,10 @@ class RenamedRunner:
     def __call__(self, share_inputs: bool = True, share_outputs: bool = False, **kwargs: Any) -> Any:
         leaves = leaf_tensors(kwargs)
         feed = {graph: leaves[path] for graph, path in self._inputs.items() if path in leaves}
+        declared = {spec.name: _ORT_DTYPES.get(spec.type) for spec in self._runner.session.get_inputs()}
+        feed = {name: value.to(declared[name]) if value.is_floating_point() and declared.get(name) is not None
+                and declared[name].is_floating_point and value.dtype != declared[name] else value
+                for name, value in feed.items()}
         if self._branch is not None:
             batch = next(iter(feed.values())).shape[0]
             feed["use_cache_branch"] = torch.tensor([self._branch])

@@ -93,6 +93,19 @@ class AudioEncoder(torch.nn.Module):
         return features.reshape(1, -1, features.shape[-1])
 
 
+def audio_chunks_dim(encoder: torch.nn.Module, inputs: dict[str, torch.Tensor],
+                     max_cache_len: int) -> dict[str, dict[int, Any]] | None:
+    """`audio_encoder`'s dynamic shapes: where it is traced on two chunks or more (Voxtral:
+    `exporters.capture.multimodal_runner.chunked_audio`), the chunk axis of its features, up to as many chunks as
+    their audio tokens fit the cache (the runner's audio is `[chunks, bins, frames]`); else None (fixed)."""
+    features = inputs["input_features"]
+    if features.shape[0] < 2:
+        return None
+    per_chunk = int(encoder(**inputs).shape[1]) // int(features.shape[0])
+    most = max(int(features.shape[0]), (max_cache_len - 1) // max(per_chunk, 1))
+    return {"input_features": {0: torch.export.Dim("audio_chunks", min=1, max=most)}}
+
+
 def audio_stages(model: Any) -> bool:
     """Whether [`AudioEncoder`] can run `model`'s audio stages: its own `get_audio_features` (Voxtral, Granite
     Speech), or an `audio_tower` and a `multi_modal_projector` (Qwen2-Audio).
@@ -212,7 +225,8 @@ def export_multimodal_program(modules: dict[str, torch.nn.Module], model: Any, i
                               external_weights: str | None = None) -> tuple[Any, dict[str, Any], int]:
     """Export the three methods and lower them, XNNPACK, into one program with `metadata` as constant methods.
     `inputs`: each method's traced inputs; `seq` is dynamic up to `max_cache_len - 1` for `token_embedding` and
-    `text_decoder`, the image (or audio) fixed at its traced size. `text_decoder` is traced strict (as the text runner's), with
+    `text_decoder`, the image (or audio) fixed at its traced size (Voxtral's audio: any number of chunks,
+    [`audio_chunks_dim`]). `text_decoder` is traced strict (as the text runner's), with
     executorch's custom SDPA and cache ops when `custom_ops`. `external_weights`: the tag of a `.ptd` every weight
     goes to (None: inside the `.pte`).
 
@@ -227,6 +241,8 @@ def export_multimodal_program(modules: dict[str, torch.nn.Module], model: Any, i
                                                                        "cache_position": {0: seq}}}
     programs: dict[str, torch.export.ExportedProgram] = {}
     with torch.no_grad():
+        if AUDIO_ENCODER in modules:
+            shapes[AUDIO_ENCODER] = audio_chunks_dim(modules[AUDIO_ENCODER], inputs[AUDIO_ENCODER], max_cache_len)
         for name in (n for n in modules if n != TEXT_DECODER):  # the token embedding and the modality's encoder
             programs[name] = torch.export.export(modules[name], (), dict(inputs[name]),
                                                  dynamic_shapes=shapes.get(name), strict=False)

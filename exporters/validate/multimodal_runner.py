@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from exporters.capture.image_text import (DECODER, EMBED_TOKENS, VISION_ENCODER as IMAGE_ENCODER, embeds_inputs,
-                                         image_inputs)
+from exporters.capture.image_text import (AUDIO_ENCODER as AUDIO_GRAPH, DECODER, EMBED_TOKENS,
+                                         VISION_ENCODER as IMAGE_ENCODER, audio_inputs, embeds_inputs, image_inputs)
 from exporters.capture.merged import empty_cache
 from exporters.capture.multimodal_runner import AUDIO_ENCODER, TEXT_DECODER, TOKEN_EMBEDDING, VISION_ENCODER
 from exporters.capture.steps import output_cache
@@ -71,13 +71,18 @@ def multimodal_runner_driver(model, components, runners, generate_inputs: dict[s
 def image_text_driver(model, components, runners, generate_inputs: dict[str, Any], greedy: Greedy,
                       tokens: list) -> int:
     """Parity driver of transformers.js's vision-language graphs (`exporters.capture.image_text`), fed as
-    transformers.js feeds them: the prompt through `embed_tokens`, the image through `vision_encoder`, its features in
-    place of the image tokens, the whole through `decoder_model_merged` on an empty cache; then each selected token
-    through `embed_tokens` and the decoder with the cache it returned."""
+    transformers.js feeds them: the prompt through `embed_tokens`, the image through `vision_encoder` (an audio-language
+    model's audio through `audio_encoder`), its features in place of the image (audio) tokens, the whole through
+    `decoder_model_merged` on an empty cache; then each selected token through `embed_tokens` and the decoder with the
+    cache it returned."""
     ids = generate_inputs["input_ids"][:1]
     embeds = _tensor(run_component(runners[EMBED_TOKENS], {"input_ids": ids})).clone()
-    features = _tensor(run_component(runners[IMAGE_ENCODER], image_inputs(generate_inputs)))
-    where = ids[0] == image_token_of(model.config)
+    if AUDIO_GRAPH in runners:
+        features = _tensor(run_component(runners[AUDIO_GRAPH], audio_inputs(generate_inputs)))
+        where = ids[0] == int(model.config.audio_token_id)
+    else:
+        features = _tensor(run_component(runners[IMAGE_ENCODER], image_inputs(generate_inputs)))
+        where = ids[0] == image_token_of(model.config)
     embeds[0, where] = features.reshape(-1, features.shape[-1]).to(embeds.dtype)
     empty = empty_cache(components[DECODER][1]["past_key_values"], 1)
     out = run_component(runners[DECODER], embeds_inputs(embeds, 0, empty))

@@ -34,7 +34,7 @@ import torch
 from exporters.capture.asr_runner import ENCODER, TEXT_DECODER, is_asr
 from exporters.capture.cache_settings import sliding_window_of
 from exporters.capture.families import MULTIMODAL_GENERATORS
-from exporters.capture.image_text import COMPONENTS as IMAGE_TEXT_COMPONENTS, DECODER as IMAGE_TEXT_DECODER
+from exporters.capture.image_text import DECODER as IMAGE_TEXT_DECODER, components_for as image_text_components
 from exporters.capture.merged import MERGED, prompt_inputs
 from exporters.capture.multimodal_runner import TEXT_DECODER, components_of
 from exporters.capture.stepped import STEPPED, other_prompts, zeroed_cache
@@ -97,8 +97,8 @@ def generation_parity(subject: EagerModel, components, exported, steps: int, tol
         driver = functools.partial(vision_language, glue=glue or {})
     if family in MULTIMODAL_GENERATORS and TEXT_DECODER in names:  # ExecuTorch MultimodalRunner's program
         driver, needed = multimodal_runner_driver, set(components_of(family))
-    if family == "vision-language" and IMAGE_TEXT_DECODER in names:  # transformers.js's three graphs
-        driver, needed = image_text_driver, set(IMAGE_TEXT_COMPONENTS)
+    if family in MULTIMODAL_GENERATORS and IMAGE_TEXT_DECODER in names:  # transformers.js's three graphs
+        driver, needed = image_text_driver, set(image_text_components(family))
     if family == "text" and "model" in names:
         driver, needed = _merged_decoder, {"model"}
     elif family == "speech-seq2seq" and is_asr(components):  # the ASR runner's program: its cache inside

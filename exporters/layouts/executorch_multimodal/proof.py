@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
+from exporters.capture.multimodal_runner import chunked_audio, two_chunk_prompt, two_chunks
 from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
@@ -86,6 +87,23 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
     wanted = ("input_ids", "attention_mask", "token_type_ids", "feature_attention_mask",
               "input_features" if audio else "pixel_values")
     inputs = {k: v for k, v in context.generate_inputs.items() if k in wanted}
+    made = _reference(model, context, tokenizer, inputs, audio)
+    if audio and chunked_audio(model):  # its audio_encoder takes any number of chunks: two, from the runner too
+        made["longer"] = _reference(model, context, tokenizer, _two_chunk_inputs(inputs, made["image_token_id"]),
+                                    audio)
+    return made
+
+
+def _two_chunk_inputs(inputs: dict[str, Any], token: int) -> dict[str, Any]:
+    """The sample's prompt and features as two chunks of audio (`two_chunks`), the audio tokens' run twice as long."""
+    ids = two_chunk_prompt(inputs["input_ids"], token)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+            "input_features": two_chunks(inputs["input_features"])}
+
+
+def _reference(model: Any, context: RuntimeContext, tokenizer: Tokenizer, inputs: dict[str, Any],
+               audio: bool) -> dict[str, Any]:
+    """Eager's greedy tokens from `inputs` as the runner shows them, and the inputs the runner is given."""
     config, eos = greedy_settings(model, context)
     with torch.no_grad():
         out = model.generate(**copy.deepcopy(inputs), generation_config=config)
@@ -108,7 +126,19 @@ def _audio_inputs(reference: dict[str, Any]) -> dict[str, Any]:
 
 
 def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
-    """`MultimodalRunner` on the folder alone, in a child, compared with `reference` (see the module)."""
+    """`MultimodalRunner` on the folder alone, in a child, compared with `reference` (see the module); an audio
+    encoder that takes any number of chunks, from two chunks too (`reference["longer"]`)."""
+    proof = _prove(layout, directory, reference, context)
+    if proof.status != "passed" or "longer" not in reference:
+        return proof
+    longer = _prove(layout, directory, reference["longer"], context)
+    if longer.status != "passed":
+        return RuntimeProof(layout.runtime, longer.status, f"from two chunks of audio: {longer.detail}")
+    return RuntimeProof(layout.runtime, "passed", f"{proof.detail}; {longer.detail.replace('an audio', 'two chunks of audio')}")
+
+
+def _prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
+    """One generation of the runner from `reference`'s inputs, compared with its tokens."""
     if "unverified" in reference:
         return RuntimeProof(layout.runtime, "unverified", reference["unverified"])
     if importlib.util.find_spec("executorch.extension.llm.runner") is None:

@@ -1,5 +1,7 @@
 """transformers.js's layout: `onnx/model{suffix}.onnx` (or an encoder-decoder's `onnx/encoder_model` and
-`onnx/decoder_model_merged`) with `transformers.js_config` in `config.json`, loaded by transformers.js on Node.js.
+`onnx/decoder_model_merged`; a vision- or audio-language model's `onnx/vision_encoder` or `onnx/audio_encoder`,
+`onnx/embed_tokens` and `onnx/decoder_model_merged`) with `transformers.js_config` in `config.json`, loaded by
+transformers.js on Node.js.
 
 | module       | what it holds                                                                                    |
 |--------------|--------------------------------------------------------------------------------------------------|
@@ -11,6 +13,8 @@
 | `speech_proof.py` | Node.js runs `TRANSCRIBE` on the folder alone, token for token against eager `generate()`    |
 | `image_text.py` | a vision-language model (LLaVA, Idefics3, SmolVLM): `GENERATE`, the card's script and the proof's; the processor fix |
 | `image_text_proof.py` | Node.js runs `GENERATE` on the folder alone, token for token against eager `generate()`  |
+| `audio_text.py` | an audio-language model (Voxtral): `GENERATE`, the card's script and the proof's                  |
+| `audio_text_proof.py` | Node.js runs its `GENERATE` on the folder alone, token for token against eager `generate()` |
 
 The pinned transformers.js is looked up in `HF_EXPORT_TRANSFORMERS_JS` (a folder holding
 `node_modules/@huggingface/transformers`), else the project's `.cache/transformers-js` (`make test-deps` installs it).
@@ -32,6 +36,7 @@ from typing import Any
 from exporters.files import EXPORTS_DIR
 from exporters.layouts.base import Layout, components_in, read_json
 from exporters.layouts.card import file_names
+from exporters.layouts.transformers_js import audio_text
 from exporters.layouts.transformers_js.image_text import CARD_EMIT, generate_script as image_text_script, is_image_text
 from exporters.layouts.transformers_js.speech import CARD_FEATURES, transcribe_script
 from exporters.recipe.layout import TRANSFORMERS_JS
@@ -41,6 +46,8 @@ LAYOUT = TRANSFORMERS_JS  # the recipe's `layout` value
 # the vision-language layout's graphs and the model types it takes (exporters.capture.image_text's, which loads torch)
 IMAGE_TEXT_COMPONENTS = ("vision_encoder", "embed_tokens", "decoder_model_merged")
 IMAGE_TEXT_TYPES = ("llava", "idefics3", "smolvlm")
+AUDIO_TEXT_COMPONENTS = ("audio_encoder", "embed_tokens", "decoder_model_merged")  # the audio-language layout's
+AUDIO_TEXT_TYPES = ("voxtral",)
 VERSION = "4.3.2"  # the pinned @huggingface/transformers (Makefile's TJS_VERSION)
 HOME_SETTING = "HF_EXPORT_TRANSFORMERS_JS"
 DEFAULT_HOME = Path(__file__).resolve().parents[3] / ".cache" / "transformers-js"
@@ -126,7 +133,14 @@ class TransformersJs(Layout):
         if getattr(target, "mode", None) != "generation":  # one graph (CLIP's towers too): files.py
             return None
         config = read_json(Path(directory) / "config.json")
-        if "vision_config" not in config or set(components_in(directory)) == set(IMAGE_TEXT_COMPONENTS):
+        components = set(components_in(directory))
+        # an audio encoder's config: `audio_config`, or Granite Speech's `encoder_config` beside its `text_config`
+        hears = bool(config.get("audio_config")) or bool(config.get("encoder_config") and config.get("text_config"))
+        if hears and not config.get("vision_config") and components != set(AUDIO_TEXT_COMPONENTS):
+            return (f"transformers.js's audio-language layout takes Voxtral (model types {list(AUDIO_TEXT_TYPES)}, "
+                    f"375 audio tokens a chunk, a dynamic cache); this {config.get('model_type')!r} export keeps its "
+                    "audio-language components (the findings say why)")
+        if "vision_config" not in config or components == set(IMAGE_TEXT_COMPONENTS):
             return None
         return (f"transformers.js's vision-language layout takes LLaVA-style models (model types "
                 f"{list(IMAGE_TEXT_TYPES)}, one image's pixels, a dynamic cache); this {config.get('model_type')!r} "
@@ -149,6 +163,10 @@ class TransformersJs(Layout):
         if is_image_text(file_names(target)):  # a vision-language model: image_text.py
             return "js", download + image_text_script(json.dumps(f"model/{EXPORTS_DIR}"),
                                                       json.dumps(str(target["name"])), 32, "", CARD_EMIT)
+        if audio_text.is_audio_text(file_names(target)):  # an audio-language model: audio_text.py
+            return "js", download + audio_text.generate_script(json.dumps(f"model/{EXPORTS_DIR}"),
+                                                               json.dumps(str(target["name"])), 32, "",
+                                                               audio_text.CARD_EMIT)
         files = [row for row in target.get("dtype_files") or [] if row.get("dtype") in DTYPES]
         listing = "".join(f"//   dtype {json.dumps(row['dtype'])}: {_megabytes(row.get('bytes'))}, {_quality(row)}\n"
                           for row in files)

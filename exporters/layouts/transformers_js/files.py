@@ -28,8 +28,8 @@ from pathlib import Path
 from exporters import fsutil
 from exporters.errors import TargetPlanError
 from exporters.export.onnx_files import gather_external_data
-from exporters.capture.image_text import COMPONENTS as IMAGE_TEXT, DECODER
-from exporters.export.onnx_names import is_renamed, rename_io, renamed_proto, unnamed_inputs
+from exporters.capture.image_text import AUDIO_COMPONENTS, AUDIO_ENCODER, COMPONENTS as IMAGE_TEXT, DECODER, EMBED_TOKENS
+from exporters.export.onnx_names import is_renamed, rename_io, rename_values, renamed_proto, unnamed_inputs
 from exporters.export.seq2seq_merged import MERGED_FILE
 from exporters.export.seq2seq_names import is_encoder_decoder_export
 from exporters.layouts.base import read_json
@@ -50,7 +50,7 @@ def write_transformers_js(directory: Path, target, model) -> None:
     if is_encoder_decoder_export(list(manifest["components"])):
         _write_encoder_decoder(directory, target, manifest)
         return
-    if set(manifest["components"]) == set(IMAGE_TEXT):
+    if set(manifest["components"]) in (set(IMAGE_TEXT), set(AUDIO_COMPONENTS)):
         _write_image_text(directory, target, manifest)
         return
     if list(manifest["components"]) != ["model"]:
@@ -125,14 +125,20 @@ def _write_encoder_decoder(directory: Path, target, manifest: dict) -> None:
 
 
 PREPROCESSOR = "preprocessor_config.json"
-OUTPUTS = {"vision_encoder": "image_features", "embed_tokens": "inputs_embeds"}  # what transformers.js reads
+# what transformers.js reads and feeds: each encoder's output, and the audio's input where its processor names it
+OUTPUTS = {"vision_encoder": "image_features", AUDIO_ENCODER: "audio_features", EMBED_TOKENS: "inputs_embeds"}
+AUDIO_INPUT = {"voxtral": "audio_values"}  # VoxtralProcessor's output (the graph's `input_features`)
+# the transformers.js processor of each audio-language model type, where the folder's preprocessor config names none
+AUDIO_PROCESSOR = {"voxtral": "VoxtralProcessor"}
 
 
 def _write_image_text(directory: Path, target, manifest: dict) -> None:
     """transformers.js's vision-language layout (`exporters.capture.image_text`): each graph under `onnx/{name}.onnx`
     with its own `{file}_data`, the decoder's inputs and outputs under the runtimes' names (as a text decoder's),
     the encoders' one output under the name transformers.js reads ([`OUTPUTS`]), and the processor's image-token
-    count made one both libraries read alike (`image_text.processor_fix`)."""
+    count made one both libraries read alike (`image_text.processor_fix`). An audio-language model's `audio_encoder`
+    takes its features under the name its transformers.js processor gives them ([`AUDIO_INPUT`]), and the
+    processor's files are written as transformers.js reads them ([`_audio_processor`])."""
     # onnx loads only where an ONNX file is read
     import onnx
 
@@ -140,13 +146,18 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
     (directory / SUBFOLDER).mkdir(exist_ok=True)
     external: dict[str, int] = {}
     old = sorted({entry["file"] for entry in manifest["components"].values()})
+    model_type = read_json(directory / "config.json").get("model_type")
+    inputs = {"input_features": AUDIO_INPUT.get(model_type, "input_features")}
     for name, entry in manifest["components"].items():
         graph_file = f"{name}{SUFFIXES[dtype]}.onnx"
         proto = onnx.load(str(directory / entry["file"]), load_external_data=False)
         if name == DECODER:
             entry["inputs"] = renamed_proto(proto)
         else:
-            entry["inputs"] = rename_io(proto, lambda leaf, output, name=name: OUTPUTS[name] if output else leaf)
+            entry["inputs"] = rename_io(proto, lambda leaf, output, name=name: OUTPUTS[name] if output else
+                                        inputs.get(leaf, leaf))
+        if name not in (DECODER, EMBED_TOKENS):  # the encoder: a float16 graph takes float32 pixels or features
+            float_inputs(proto)
         if gather_external_data(proto, directory, directory / SUBFOLDER / f"{graph_file}_data"):
             external[graph_file] = 1
         onnx.save_model(proto, str(directory / SUBFOLDER / graph_file))
@@ -157,6 +168,9 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
     manifest["layout"] = LAYOUT
     write_manifest(directory, manifest)
     _add_config(directory, dtype, external or False)
+    if AUDIO_ENCODER in manifest["components"]:
+        _audio_processor(directory, model_type)
+        return
     processor = read_json(directory / "processor_config.json")
     fixed = processor_fix(processor, read_json(directory / "config.json"))
     if fixed is not None:
@@ -167,6 +181,38 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
         # and its AutoProcessor picks the processor by the `processor_class` it finds there
         image_processor = {**image_processor, "processor_class": processor.get("processor_class")}
         fsutil.write_file(directory / PREPROCESSOR, json.dumps(image_processor, indent=2, sort_keys=True) + "\n")
+
+
+def float_inputs(proto) -> None:
+    """A float16 encoder graph's float16 inputs taken as float32 and cast inside (transformers.js's processors make
+    float32 pixels and features, and feed them as they are: its own fp16 files keep float32 inputs, `keep_io_types`);
+    its output stays float16, as the embeddings it is merged into."""
+    # onnx loads only where an ONNX file is read
+    from onnx import TensorProto, helper
+
+    for value in list(proto.graph.input):
+        if value.type.tensor_type.elem_type != TensorProto.FLOAT16:
+            continue
+        name, cast = value.name, f"{value.name}_float16"
+        rename_values(proto.graph, {name: cast})
+        value.name = name
+        value.type.tensor_type.elem_type = TensorProto.FLOAT
+        proto.graph.node.insert(0, helper.make_node("Cast", [name], [cast], to=TensorProto.FLOAT16,
+                                                    name=f"{name}_to_float16"))
+
+
+def _audio_processor(directory: Path, model_type: str | None) -> None:
+    """`preprocessor_config.json` as transformers.js's `AutoProcessor` reads it for an audio-language model: the
+    feature extractor (transformers 5 may keep it inside `processor_config.json`) with the `processor_class` it picks
+    the processor by (the model type's transformers.js processor where the folder names none, [`AUDIO_PROCESSOR`])."""
+    extractor = read_json(directory / PREPROCESSOR)
+    processor = read_json(directory / "processor_config.json")
+    if not extractor and isinstance(processor.get("feature_extractor"), dict):
+        extractor = dict(processor["feature_extractor"])
+    name = extractor.get("processor_class") or processor.get("processor_class") or AUDIO_PROCESSOR.get(model_type)
+    if extractor and name and extractor.get("processor_class") != name:
+        fsutil.write_file(directory / PREPROCESSOR,
+                          json.dumps({**extractor, "processor_class": name}, indent=2, sort_keys=True) + "\n")
 
 
 def _add_config(directory: Path, dtype: str, external: dict[str, int] | bool) -> None:

@@ -11,7 +11,8 @@ eager generate(prompt, max_new_tokens = min_new_tokens = n)   node script.mjs (n
 
 Node runs as every runtime child does (`exporters.layouts.child.run_script`): the allow-listed environment, the
 memory limit, the target's timeout. No Node or no transformers.js: `unverified`, saying how to install them. A speech
-encoder-decoder (Whisper) is transcribed by `speech_proof.py`; a folder of another kind (a text encoder-decoder, an encoder,
+encoder-decoder (Whisper) is transcribed by `speech_proof.py`, a vision- or audio-language model's three graphs
+generate in `image_text_proof.py` / `audio_text_proof.py`; a folder of another kind (a text encoder-decoder, an encoder,
 an image model) is not run by this proof yet: `unverified`, saying so.
 """
 
@@ -25,8 +26,8 @@ from typing import Any
 import torch
 
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
-from exporters.layouts.transformers_js import (DTYPES, home, image_text_proof, layout_dtype, proof_script, speech,
-                                              speech_proof)
+from exporters.layouts.transformers_js import (DTYPES, audio_text_proof, home, image_text_proof, layout_dtype,
+                                              proof_script, speech, speech_proof)
 from exporters.layouts.transformers_js.dtypes import dtype_files_in
 from exporters.recipe.budgets import resolve_budget
 from exporters.upstream import read_manifest
@@ -48,6 +49,8 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
         return speech_proof.reference(model, context, steps)
     if context.target.mode == "generation" and "pixel_values" in context.generate_inputs:  # image_text.py
         return image_text_proof.reference(model, context, steps)
+    if context.target.mode == "generation" and "input_features" in context.generate_inputs:  # audio_text.py
+        return audio_text_proof.reference(model, context, steps)
     if context.target.mode != "generation" or "input_ids" not in context.generate_inputs \
             or getattr(model.config, "is_encoder_decoder", False):
         return {"unverified": NOT_YET}
@@ -71,6 +74,8 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
         return speech_proof.prove(layout, directory, reference, context, modules, _version(modules))
     if reference.get("image_text"):
         return image_text_proof.prove(layout, directory, reference, context, modules, _version(modules))
+    if reference.get("audio_text"):
+        return audio_text_proof.prove(layout, directory, reference, context, modules, _version(modules))
     if list(read_manifest(directory)["components"]) != ["model"]:
         return RuntimeProof(layout.runtime, "unverified", NOT_YET)
     target = context.target

@@ -1,0 +1,120 @@
+"""transformers.js's audio-language layout (#52): the plainest ONNX generation recipe of a tiny Voxtral with
+`layout: "transformers.js"` is the folder `AutoModelForAudioTextToText` + `AutoProcessor` load
+(`onnx/audio_encoder.onnx`, `onnx/embed_tokens.onnx`, `onnx/decoder_model_merged.onnx` with the feature extractor
+naming `VoxtralProcessor` and the tokenizer), proven in the product by transformers.js on Node (its processor's
+features and audio tokens from a synthesized tone, then generation token for token against eager `generate()`), and
+its card's script runs as written. The audio encoder takes any number of 30 s chunks (#52 item 2): validated at 1,
+2, 4 and 7 chunks against eager, and transformers.js generates eager's tokens from two chunks (750 audio tokens). Qwen2-Audio, which transformers.js has no class for, is declined with the reason
+(tests/test_audio_language.py's Qwen2-Audio run).
+
+The tiny Voxtral here has Voxtral's chunk (1500 source positions: 3000 frames of 30 s, stacked by 4 into 375 audio
+tokens, the count transformers.js's processor lays out per chunk) on a width-32 one-layer tower and a one-layer
+text model. One run of the real CLI through the shared store (#48).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.card_snippets import run_js_card
+from tests.export_store import stored_run
+from tests.models import TJS_FP16_TARGET, TJS_TARGET, tiny_voxtral_with_tokenizer
+from tests.test_transformers_js_vlm import assert_float16_folder_generates
+
+RECIPE = {"exports": [TJS_TARGET, TJS_FP16_TARGET], "generation": {"max_new_tokens": 8}}
+GRAPHS = ("onnx/audio_encoder.onnx", "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx")
+CHUNK = {"max_source_positions": 1500, "intermediate_size": 128}  # Voxtral's 30 s chunk, 375 audio tokens
+
+
+@pytest.fixture(scope="module")
+def voxtral_tjs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tjs-voxtral")
+    return stored_run(tiny_voxtral_with_tokenizer(root / "model", RECIPE, **CHUNK))
+
+
+def _target(report: dict) -> dict:
+    return {target["name"]: target for target in report["targets"]}["tjs"]
+
+
+def test_a_voxtral_folder_in_the_transformers_js_layout_generates_in_transformers_js(voxtral_tjs):
+    out, report, log = voxtral_tjs
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert [c["name"] for c in target["components"]] == ["audio_encoder", "embed_tokens", "decoder_model_merged"]
+    generation = target["generation"]
+    assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
+    assert generation["prompt_length"] == 1 + 375 + 8  # BOS, one chunk's audio tokens, the prompt
+    encoder = target["components"][0]
+    assert [check["shapes"]["input_features"][0] for check in encoder["checks"]] == [2, 1, 4, 7], encoder["checks"]
+    assert all(check["passed"] for check in encoder["checks"])
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
+    # the audio encoder takes any number of chunks: proven from one and from two (750 audio tokens)
+    assert "AutoModelForAudioTextToText, its processor's audio tokens: 375 from 1 chunk of audio, 750 from 2 chunks " \
+           "of audio" in proof["detail"], proof
+    assert "transformers.js ✓ 8/8 tokens" in (out / "report.md").read_text()
+
+
+def test_a_float16_voxtral_folder_generates_in_transformers_js_from_its_processors_float32_features(voxtral_tjs):
+    """`dtype: "float16"`: the `_fp16` graphs, the audio encoder taking float32 features (cast inside); proven by
+    transformers.js from one and two chunks. It failed before with "Unexpected input data type"."""
+    assert_float16_folder_generates(voxtral_tjs, "audio_values", "AutoModelForAudioTextToText")
+
+
+def test_the_folder_holds_the_three_graphs_under_transformers_js_names(voxtral_tjs):
+    import onnx
+
+    out, _, _ = voxtral_tjs
+    folder = out / "tjs"
+    for name in (*GRAPHS, "config.json", "generation_config.json", "tokenizer.json", "preprocessor_config.json"):
+        assert (folder / name).is_file(), name
+    assert not list(folder.glob("*.onnx")), "every graph moved under onnx/"
+    io = {}
+    for name in GRAPHS:
+        graph = onnx.load(str(folder / name), load_external_data=False).graph
+        io[name] = ([v.name for v in graph.input], [v.name for v in graph.output])
+    assert io[GRAPHS[0]] == (["audio_values"], ["audio_features"])  # VoxtralProcessor's name for the features
+    chunks = onnx.load(str(folder / GRAPHS[0]), load_external_data=False).graph.input[0].type.tensor_type.shape.dim
+    assert chunks[0].dim_param and [d.dim_value for d in chunks[1:]] == [16, 3000]  # any number of 30 s chunks
+    assert io[GRAPHS[1]] == (["input_ids"], ["inputs_embeds"])
+    inputs, outputs = io[GRAPHS[2]]
+    assert inputs[:3] == ["inputs_embeds", "attention_mask", "position_ids"] and "past_key_values.0.key" in inputs
+    assert outputs[0] == "logits" and "present.0.value" in outputs
+    config = json.loads((folder / "config.json").read_text())
+    assert config["transformers.js_config"]["dtype"] == "fp32"
+    preprocessor = json.loads((folder / "preprocessor_config.json").read_text())
+    # transformers.js's AutoProcessor picks the processor by it; the model folder's own file names none
+    assert preprocessor["processor_class"] == "VoxtralProcessor"
+    assert (preprocessor["feature_size"], preprocessor["nb_max_frames"]) == (16, 3000)
+
+
+def test_the_cards_transformers_js_audio_text_script_runs_as_written(voxtral_tjs, tmp_path):
+    """The card's script, as written, from a folder laid out as its download line puts it (`model/exports/tjs`):
+    the folder's processor on a tone of one chunk and the prompt, then `AutoModelForAudioTextToText.generate`."""
+    from exporters.publish.snippets import target_snippets
+
+    out, report, _ = voxtral_tjs
+    snippets = {runtime: (language, code) for runtime, language, code in target_snippets("org/voxtral", _target(report))}
+    language, code = snippets["transformers.js"]
+    assert language == "js" and "AutoModelForAudioTextToText" in code and "AutoProcessor" in code
+    run_js_card(code, out / "tjs", tmp_path)  # the tiny vocabulary may decode to nothing: it runs
+
+
+def test_a_voxtral_whose_chunk_is_not_375_audio_tokens_is_refused_with_the_reason(tmp_path):
+    """transformers.js's VoxtralProcessor lays out 375 audio tokens per chunk (a constant of its code): the tiny
+    Voxtral of tests/test_audio_language.py (25 audio tokens for its chunk of 100 frames) could not take its
+    processor's prompt, and the layout refuses it saying so (the target keeps its components, as Qwen2-Audio's)."""
+    from transformers import VoxtralForConditionalGeneration
+
+    from exporters.capture.image_text import refused
+    from exporters.capture.inputs import make_sample_inputs
+    from exporters.recipe.model import InputsSpec
+
+    model = VoxtralForConditionalGeneration.from_pretrained(tiny_voxtral_with_tokenizer(tmp_path / "model")).eval()
+    sample = make_sample_inputs(model, InputsSpec(sequence_length=8)).generate
+    assert refused(None, model, sample, "dynamic") == (
+        "transformers.js's processor lays out 375 audio tokens per chunk; this model's audio encoder gives 25 for a "
+        "chunk of 100 frames")
+    assert "static" in refused(None, model, sample, "static")
