@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,8 @@ def _run(checked: SimpleNamespace, state: Path, out: Path, *extra: str, model: P
                    "--no-bench", *extra, env={"EXPORT_ACTION_STATE_DIR": str(state)})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     [target] = json.loads((out / "report.json").read_text())["targets"]
+    said = " (init's export, checked again)" in done.stdout + done.stderr  # the CLI's line for the target
+    assert said == (target["handed_over"] is not None and not target["cached"]), done.stdout + done.stderr
     return target
 
 
@@ -184,6 +187,7 @@ def _deposit(store: Store, folder: Path, key: str = "k" * 64) -> None:
 def test_a_planted_or_edited_entry_is_never_taken(tmp_path):
     store = Store(tmp_path / "state" / "handover", Signer(tmp_path / "state"))
     _deposit(store, _folder(tmp_path / "export"))
+    assert stat.S_IMODE(store.root.stat().st_mode) == 0o700  # the exports of the user's models: no one else's to read
     entry = store.root / ("k" * 64) / ENTRY
     record = json.loads(entry.read_text())
     entry.write_text(json.dumps({**record, "outcome": {"notes": ["planted"]}}))

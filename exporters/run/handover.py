@@ -89,7 +89,11 @@ class Store:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        fsutil.real_dir(self.root)
+        """The store's lock (a private folder: the exports of the user's models are no one else's to read)."""
+        self.root.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.root.is_symlink():
+            self.root.unlink()  # the link, never what it points to
+        self.root.mkdir(exist_ok=True, mode=0o700)
         descriptor = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX)
