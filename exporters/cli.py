@@ -123,7 +123,8 @@ def run(
     trust_remote_code: bool = REMOTE_CODE_OPTION,
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per target (default: recipe or 3600)."),
     jobs: str = typer.Option("auto", "--jobs", help="Exports at once: a number, or auto (from cores and memory)."),
-    no_cache: bool = _flag("--no-cache", "Export even when inputs are unchanged."),
+    no_cache: bool = _flag("--no-cache", "Export even when inputs are unchanged (reuse neither an earlier run's "
+                           "targets nor an export hf-export init checked)."),
     no_bench: bool = _flag("--no-bench", "Skip timing each artifact (size, load, latency)."),
     print_report: bool = _flag("--print-report", "Print report.md to stdout at the end."),
     quiet: bool = _flag("--quiet", "No progress display."),

@@ -180,7 +180,8 @@ class MemoryPlanError(ExportActionError):
 
 
 class ArtifactError(ExportActionError):
-    """An artifact folder cannot be loaded: no manifest, unknown files, or files whose loading would run code."""
+    """An artifact folder cannot be loaded: no manifest, unknown files, or files whose loading would run code; or an
+    export `init` handed over is not the one it signed (exporters.run.handover: exported again)."""
 
 
 class TargetPlanError(ExportActionError):

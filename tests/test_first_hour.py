@@ -94,7 +94,8 @@ def test_readmes_quick_start_runs_as_written_on_an_instruct_checkpoint(tmp_path)
     # one decoder layer: no check here reads the depth, and init and run lower ExecuTorch programs five times (#48)
     instruct_checkpoint(tmp_path / "my-model", vocab_size=0, recipe=None, layers=1)
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
-    env.update(HF_HOME=str(tmp_path / "hf-home"), HF_ENDPOINT="http://127.0.0.1:9", PYTHONUNBUFFERED="1")
+    env.update(HF_HOME=str(tmp_path / "hf-home"), HF_ENDPOINT="http://127.0.0.1:9", PYTHONUNBUFFERED="1",
+               EXPORT_ACTION_STATE_DIR=str(tmp_path / "state"))  # where init hands its checked exports to run
     lines = _quick_start_lines()
     assert [line[:2] for line in lines] == [["hf-export", "init"], ["hf-export", "check"], ["hf-export", "run"],
                                             ["hf-export", "run"]], lines
@@ -114,5 +115,8 @@ def test_readmes_quick_start_runs_as_written_on_an_instruct_checkpoint(tmp_path)
     assert re.search(r"the int4 variant \(onnx-int4\) (is proposed beside fp32|was tried and left out)", said), said
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["status"] == "passed" and report["checkpoint_dtype"] == "bfloat16", report["findings"]
+    # run took each export init checked (README: "the run takes the exports init checked") instead of exporting again
+    assert all((t["handed_over"] or {}).get("from") == "hf-export init" for t in report["targets"]), \
+        [(t["name"], t["findings"]) for t in report["targets"]]
     assert any("validation generates greedily" in f for f in report["findings"])
     assert "Publish plan for me/my-model" in done[3].stdout and "## Exports" in done[3].stdout

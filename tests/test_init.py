@@ -85,13 +85,17 @@ def _propose(name: str, root: Path) -> Proposed:
     build, formats, family, limits = CASES[name]
     model = build(root / "model")
     recipe_file, summary_file = root / "proposed" / "export_config.json", root / "summary.md"
+    # the state folder init hands its checked exports over in, which `run` takes them from (exporters.run.handover)
+    state = {"EXPORT_ACTION_STATE_DIR": str(root / "state")}
     init = run_cli("init", str(model), "--formats", formats, "--out", str(recipe_file), "--summary",
-                   str(summary_file), "--max-seconds", "1200", *(["--fp32-only"] if name in FP32_ONLY else []))
+                   str(summary_file), "--max-seconds", "1200", *(["--fp32-only"] if name in FP32_ONLY else []),
+                   env=state)
     assert init.returncode == 0, init.stderr[-4000:]
     check = run_cli("check", str(recipe_file))
     # --no-bench: these tests judge the proposal (its verdicts), not timings; the default run's benchmark is
     # covered by tests/test_pipeline_llm.py
-    run = run_cli("run", str(model), "--config", str(recipe_file), "--out", str(root / "out"), "--quiet", "--no-bench")
+    run = run_cli("run", str(model), "--config", str(recipe_file), "--out", str(root / "out"), "--quiet", "--no-bench",
+                  env=state)
     return Proposed(name, formats.split(","), family, limits, init, check, run, json.loads(recipe_file.read_text()),
                     summary_file.read_text(), json.loads((root / "out" / "report.json").read_text()))
 
@@ -129,6 +133,8 @@ def test_the_recipe_is_valid_and_run_passes_it_in_full(proposed: Proposed) -> No
         assert target["expected_components"] == [c["name"] for c in target["components"]]
         if target["mode"] == "generation":
             assert target["generation"]["status"] == "passed", target["generation"]
+        # run took the export init checked (not exported again) and ran every check on it with the recipe as written
+        assert (target["handed_over"] or {}).get("from") == "hf-export init", (proposed.name, target["findings"])
 
 
 def test_each_model_gets_a_dynamic_axis_with_a_probed_bound_inside_its_limits(proposed: Proposed) -> None:
@@ -213,8 +219,9 @@ def test_a_format_that_cannot_run_the_family_is_left_out_with_the_reason(tmp_pat
     report and logs apart."""
     model = tiny_fnet(tmp_path / "model")
     recipe_file, summary_file, work = tmp_path / "export_config.json", tmp_path / "summary.md", tmp_path / "work"
+    state = {"EXPORT_ACTION_STATE_DIR": str(tmp_path / "state")}
     result = run_cli("init", str(model), "--formats", "dynamo,executorch", "--out", str(recipe_file),
-                     "--summary", str(summary_file), "--work-dir", str(work), "--max-seconds", "600")
+                     "--summary", str(summary_file), "--work-dir", str(work), "--max-seconds", "600", env=state)
     assert result.returncode == 0, result.stderr[-3000:]
     recipe = json.loads(recipe_file.read_text())
     assert [t["name"] for t in recipe["exports"]] == ["dynamo"], "left out, not written in to fail later"
@@ -235,8 +242,11 @@ def test_a_format_that_cannot_run_the_family_is_left_out_with_the_reason(tmp_pat
     assert {t["name"]: t["status"] for t in report["targets"]}["executorch"] != "passed"
     assert (kept / "out" / "logs" / "executorch.log").is_file()
     run = run_cli("run", str(model), "--config", str(recipe_file), "--out", str(tmp_path / "out"), "--quiet",
-                  "--no-bench")
+                  "--no-bench", env=state)
     assert run.returncode == 0, run.stderr[-3000:]
+    # the dynamo export init kept is taken, its files hashed again (hard links into --work-dir's rounds, untouched)
+    [target] = json.loads((tmp_path / "out" / "report.json").read_text())["targets"]
+    assert target["status"] == "passed" and target["handed_over"]["from"] == "hf-export init", target["findings"]
 
 
 def test_the_plain_executorch_target_of_a_model_the_runner_cannot_hold_is_proposed_as_methods(tmp_path: Path) -> None:

@@ -97,7 +97,8 @@ def summary_lines(report: dict[str, Any], out_dir: Path) -> list[str]:
     the report is: what a front end prints at the end of a run."""
     lines = []
     for target in report["targets"]:
-        extra = " (cached)" if target.get("cached") else ""
+        extra = " (cached)" if target.get("cached") else " (init's export, checked again)" if target.get(
+            "handed_over") else ""
         line = f"{ICONS.get(target['status'], '')} {target['name']:<20} {target['export_format']:<11} " \
                f"{target['status']}{extra}"
         if target.get("error"):  # the whole message and traceback: the log

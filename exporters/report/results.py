@@ -232,6 +232,7 @@ class TargetResult:
     cache_key: str | None = None
     cached: bool = False
     signature: str | None = None  # set by `run` for targets it validated itself (see exporters.run.reuse)
+    handed_over: dict[str, Any] | None = None  # not exported: init's checked export taken (exporters.run.handover)
     total_bytes: int | None = None  # every file of the target: what a PR uploads
     weights_stored_bytes: int | None = None  # tensor data in the files, a range shared by two graphs once
     parameter_bytes: int | None = None  # the model's parameters in the target's dtype

@@ -3,6 +3,7 @@
 ```
 context.py (RunOptions -> prepare_run: source, recipe, targets, tool versions, weights fingerprint)
    └─► reuse.py (signed, unchanged targets of an earlier run)
+   └─► handover.py (an export `init` checked, taken instead of exporting it again; init's rounds keep theirs)
          └─► workbench.py (the model loaded once, captures fitted to each target)
                └─► pipeline.py: each target exported in a forked child (isolation.py; resources.py for --jobs;
                    progress.py), staging renamed into place, validated, benchmarked, reported

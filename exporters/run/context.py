@@ -58,6 +58,7 @@ class RunOptions(SourceOptions):
     use_cache: bool = True
     jobs: int | None = None  # exports at once; None: from the cores and the memory (exporters.run.resources)
     bench: bool = True  # time every passing artifact (exporters.validate.benchmark)
+    hand_over: bool = False  # keep each passed export for the `run` that asks for it (init: exporters.run.handover)
 
 
 @dataclass
@@ -200,7 +201,12 @@ def prepare_run(model: str, options: RunOptions, exporting: bool = True) -> RunC
 
 def _with_default_dtype(target: Target, checkpoint: str | None, warnings: list[str]) -> Target:
     """`target`, or a copy in the dtype its runtime runs when the recipe sets none (`exporters.capture.dtypes`); a
-    cast is said in `warnings`."""
+    cast is said in `warnings`. An ONNX target's unset opset is torch.onnx's default, what it exports at for None
+    (export.json records the opset the graph has; an export `init` checked is handed over: exporters.run.handover)."""
+    if target.export_format == "onnx" and target.opset_version is None:
+        from torch.onnx import _constants as onnx_constants  # deferred: torch.onnx is loaded for ONNX targets only
+
+        target = target.model_copy(update={"opset_version": onnx_constants.ONNX_DEFAULT_OPSET})
     dtype = default_dtype(target.export_format, checkpoint) if target.dtype is None else None
     if dtype is None:
         return target

@@ -3,8 +3,8 @@
 ```
 prepare_run ──► reuse signed, unchanged targets ──► load the model once ──► for each target:
   (context)        (exporters.run.reuse)                  (sample inputs)         decompose ─► export in a child
-                                                                                 (exporters.run.isolation) ─► staging
-                                                                                 renamed into place
+                                                                                 (exporters.run.isolation; or init's,
+                                                                                 handed over) ─► staging into place
 validate every new target from disk against the eager model ──► report.json + report.md
   (exporters.validate, eager references shared)                   (exporters.report)
 ```
@@ -12,7 +12,7 @@ validate every new target from disk against the eager model ──► report.jso
 Each target is exported in a forked child process (which inherits the loaded model), into a staging folder that is
 renamed into place only when the export finished: a crash or a timeout in one target leaves nothing half-written
 and does not stop the others. Validation runs after every export, in this process: the export children fork from a
-parent that has loaded no runtime yet.
+parent that has loaded no runtime yet. An export `init` checked is taken instead (exporters.run.handover).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from exporters.layouts import write_layout_files
 from exporters.recipe.model import Recipe, Target
 from exporters.report.results import TargetResult
 from exporters.run.context import DEFAULT_TIMEOUT_S, RunContext, RunOptions, prepare_run, resolve_device
+from exporters.run.handover import as_exported, hand_over, take_over
 from exporters.run.isolation import Isolated, log_excerpt, logged_error
 from exporters.run.outcomes import new_result, strip_after_validation, write_results
 from exporters.run.progress import Progress
@@ -91,10 +92,7 @@ def run_pipeline(model: str, options: RunOptions) -> dict[str, Any]:
         hit = None
         if options.use_cache and device != "auto":
             hit = reusable(previous.get(target.name), context.cache_key(target.name, device), out_dir, signer)
-        if hit is not None:
-            results.append(hit)
-        else:
-            to_run.append(target)
+        (to_run if hit is None else results).append(target if hit is None else hit)
     if to_run:
         results += _export_and_validate(to_run, context, options)
     for result in results:
@@ -116,6 +114,7 @@ class _Export:
     eager: EagerSide | None = None  # the eager side of its validation, computed while it exports
     eager_tried: bool = False
     inventory: Inventory | None = None  # what its export wrote and copied: all a runtime proof may read
+    exported: dict[str, Any] | None = None  # its child's outcome and files, kept to hand over (RunOptions.hand_over)
 
 
 def _export_and_validate(targets: list[Target], context: RunContext, options: RunOptions) -> list[TargetResult]:
@@ -164,7 +163,7 @@ def _export_group(targets: list[Target], context: RunContext, options: RunOption
         item = _Export(target, new_result(target, context, options))
         results.append(item.result)
         if _prepare(item, workbench, context, options, progress):
-            pending.append(item)
+            (exported if take_over(item, context, options, STAGING_PREFIX) else pending).append(item)
             start_free_slots()
     while pending or running or exported:
         start_free_slots()
@@ -268,6 +267,7 @@ def _finish(item: _Export, options: RunOptions, progress: Progress) -> bool:
     result.quantization, item.inventory = outcome.get("quantization"), outcome.get("inventory")
     result.timings.update(trace_s=outcome.get("export_only_s"), save_s=outcome.get("save_s"))
     fsutil.move_into_place(item.staging, options.out_dir / target.name)
+    item.exported = as_exported(outcome, options.out_dir / target.name) if options.hand_over else None
     progress.update(target.name, "exported; validation follows")
     return True
 
@@ -297,6 +297,7 @@ def _validate(item: _Export, context: RunContext, workbench: Workbench, options:
     strip_after_validation(result, target, final)
     result.files = file_entries(final, options.out_dir)
     record_footprint(result, target, final, workbench.weights)
+    hand_over(item, context, final)  # where the run keeps its exports for a later run (init's): RunOptions.hand_over
     if options.bench and result.status == PASSED:  # the first target to be timed: the benchmark's imports start now
         warm_up()
     colour = {PASSED: "green", UNVERIFIED: "yellow"}.get(result.status, "red")
