@@ -34,20 +34,48 @@ from exporters.upstream.xnnpack_passes import (
 )
 
 
-def lean_session_options():
+def lean_session_options(prepack: bool = True):
     """ONNX Runtime options for validation sessions: no memory arena kept at its high-water mark, and its intra-op
     threads torch's count (what `exporters.run.resources.threads_left` leaves free next to running exports), not
-    every core. MatMul weights are prepacked (ONNX Runtime's default, as GenAI and optimum run the graph): each packed
-    weight replaces its external-data mapping, so the session holds the weights once either way (at TinyLlama-1.1B:
-    peak RSS 4.36 GB packed against 4.12 GB read in place, benchmarks/RESULTS.md round 8), and a probe of several
-    tokens runs about twice as fast as from unpacked weights, which MLAS packs again on every call."""
+    every core. MatMul weights of a float32 graph are prepacked (ONNX Runtime's default, as GenAI and optimum run the
+    graph): each packed weight replaces its external-data mapping, so the session holds the weights once either way
+    (at TinyLlama-1.1B: peak RSS 4.36 GB packed against 4.12 GB read in place, benchmarks/RESULTS.md round 8), and a
+    probe of several tokens runs about twice as fast as from unpacked weights, which MLAS packs again on every call.
+    `prepack` False ([`prepacks_alike`] said no: a quantized or half-precision graph, whose kernels compute otherwise
+    once packed) keeps the weights read in place (`session.disable_prepacking`), as validation always read them."""
     # ONNX Runtime loads only where a session or a quantizer runs
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
+    if not prepack:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     options.enable_cpu_mem_arena = False
     return options
+
+
+# ONNX Runtime's quantized kernels compute otherwise once their weights are prepacked: MatMulNBits at accuracy level 4
+# quantizes its activations to int8 only then (a snapped int4 checkpoint's top-1 agreement with eager: 1.0 unpacked,
+# 0.97 packed, tests/test_int4_onnx.py)
+QUANTIZED_OPS = frozenset({"MatMulNBits", "MatMulBnb4", "MatMulFpQ4", "MatMulInteger", "MatMulIntegerToFloat",
+                           "DynamicQuantizeMatMul", "QLinearMatMul", "QGemm", "QAttention", "QLinearConv",
+                           "ConvInteger", "GatherBlockQuantized", "DynamicQuantizeLSTM"})
+
+
+def prepacks_alike(programs: Any) -> bool:
+    """Whether prepacking leaves the numbers of these ONNX programs (`onnx_ir` models, their weights unread) as they
+    are: float32 graphs without a quantized kernel (no half-precision weight, no op of `QUANTIZED_OPS`)."""
+    # onnx_ir loads only where an ONNX folder is read
+    import onnx_ir
+
+    half = {onnx_ir.DataType.FLOAT16, onnx_ir.DataType.BFLOAT16}
+    for program in programs:
+        for graph in program.graphs():
+            if any(value.dtype in half for value in graph.initializers.values()):
+                return False
+            if any(node.op_type in QUANTIZED_OPS for node in graph):
+                return False
+    return True
 
 
 _ORT_DTYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(bfloat16)": torch.bfloat16,
