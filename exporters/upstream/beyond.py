@@ -56,15 +56,19 @@ def lean_session_options(prepack: bool = True):
 
 # ONNX Runtime's quantized kernels compute otherwise once their weights are prepacked: MatMulNBits at accuracy level 4
 # quantizes its activations to int8 only then (a snapped int4 checkpoint's top-1 agreement with eager: 1.0 unpacked,
-# 0.97 packed, tests/test_int4_onnx.py)
-QUANTIZED_OPS = frozenset({"MatMulNBits", "MatMulBnb4", "MatMulFpQ4", "MatMulInteger", "MatMulIntegerToFloat",
-                           "DynamicQuantizeMatMul", "QLinearMatMul", "QGemm", "QAttention", "QLinearConv",
-                           "ConvInteger", "GatherBlockQuantized", "DynamicQuantizeLSTM"})
+# 0.97 packed, tests/test_int4_onnx.py). The ops of `exporters.export.quantize`'s quantized-graph check and ONNX
+# Runtime's other quantized MatMuls (a QDQ graph's pairs are fused into quantized kernels when the session optimizes it)
+QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
+                           "ConvInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QLinearMatMul",
+                           "QLinearConv", "QGemm", "QAttention", "QLinearAdd", "QLinearMul", "MatMulNBits",
+                           "GatherBlockQuantized", "MatMulBnb4", "MatMulFpQ4", "DynamicQuantizeLSTM"})
 
 
 def prepacks_alike(programs: Any) -> bool:
-    """Whether prepacking leaves the numbers of these ONNX programs (`onnx_ir` models, their weights unread) as they
-    are: float32 graphs without a quantized kernel (no half-precision weight, no op of `QUANTIZED_OPS`)."""
+    """Whether validation prepacks these ONNX programs' weights (`onnx_ir` models, their weights unread): float32
+    graphs without a quantized kernel (no half-precision weight, no op of `QUANTIZED_OPS`), whose outputs prepacking
+    keeps bit for bit from two rows on (a one-row MatMul takes MLAS's vector path: the last bits differ, 2.6e-6 on a
+    tiny Llama's logits), as the runtimes run them."""
     # onnx_ir loads only where an ONNX folder is read
     import onnx_ir
 
