@@ -152,6 +152,40 @@ def test_a_runtime_generating_other_tokens_than_onnx_runtime_fails_the_int4_targ
     assert "equal ONNX Runtime's own greedy of the same graph" in proof["detail"], proof
 
 
+def test_onnx_runtimes_own_greedy_of_a_quantized_graph_runs_once_for_both_proofs(run: Run, monkeypatch):
+    """GenAI's and optimum's proofs of one int4 folder hold their runtime to ONNX Runtime's own greedy of the same
+    graph over the same batch: it runs once per graph and context (one session of the graph, not one per proof), each
+    proof gets its own copy of the rows, and the kept rows are the rows a fresh run computes."""
+    import onnxruntime as ort
+
+    from exporters.layouts import ort_greedy
+    from exporters.layouts.child import RuntimeContext
+    from exporters.layouts.greedy import GenaiReference
+
+    folder = run.out / "onnx-int4"
+    genai = json.loads((folder / "genai_config.json").read_text())["model"]
+    graph = folder / genai["decoder"]["filename"]
+    reference = GenaiReference([[10, 11, 12, 13, 14], [20, 21]], [[], []], genai["pad_token_id"],
+                               [genai["eos_token_id"]] if isinstance(genai["eos_token_id"], int)
+                               else genai["eos_token_id"], 6)
+    fresh = ort_greedy.ort_greedy(graph, reference, False)
+    opened = []
+
+    class Counted(ort.InferenceSession):
+        def __init__(self, *args, **kwargs):
+            opened.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", Counted)
+    context = RuntimeContext(None, None, "text", {})
+    first = ort_greedy.ort_greedy_once(graph, reference, False, context)
+    first[0][0].append(-1)  # a proof's copy: changing it changes nothing kept
+    second = ort_greedy.ort_greedy_once(folder / ".." / "onnx-int4" / graph.name, reference, False, context)
+    assert opened == [str(graph)], opened
+    assert second == fresh and first[0][0][:-1] == fresh[0][0]
+    assert ort_greedy.ort_greedy_once(graph, reference, True, context) is not None and len(opened) == 2  # per batch
+
+
 def test_every_matmul_is_a_4bit_matmulnbits_with_genais_defaults(run: Run):
     graph = onnx.load(str(run.out / "onnx-int4" / "model.onnx"), load_external_data=False).graph
     initializers = {tensor.name for tensor in graph.initializer}

@@ -5,8 +5,9 @@ the agreement with float eager judged by the variant's budget, `min_greedy_match
 MatMulNBits' int8 activations (accuracy level 4, GenAI's CPU default) flip a random model's near ties, so a correct
 int4 folder can differ from float eager in one token while passing its budget; ONNX Runtime's own run of the graph
 (an `InferenceSession` on the folder's file, default session options as GenAI's and optimum's, the accuracy level
-the graph's `MatMulNBits` nodes carry) is the reference the runtime must reproduce exactly. A float32 target keeps
-the exact comparison with eager (the callers decide: [`quantized_kind`] is None for it).
+the graph's `MatMulNBits` nodes carry) is the reference the runtime must reproduce exactly, run once for both
+runtimes' proofs of a folder ([`ort_greedy_once`]). A float32 target keeps the exact comparison with eager (the
+callers decide: [`quantized_kind`] is None for it).
 
 ```
 eager (float) ─── min_greedy_match of the budget ───┐
@@ -69,6 +70,26 @@ def ort_greedy(graph: Path, reference: GenaiReference, batch_of_one: bool) -> tu
     return [until_eos(row, reference.eos) for row in rows], _accuracy(graph)
 
 
+def ort_greedy_once(graph: Path, reference: GenaiReference, batch_of_one: bool,
+                    context: RuntimeContext | None) -> tuple[list[list[int]], str] | None:
+    """[`ort_greedy`] computed once per graph file (its path, size and modification time) and prompts for a
+    `context`: GenAI's and optimum's proofs of one quantized folder ask ONNX Runtime's greedy of the same graph over
+    the same batch, and each opened its own session of it before (a second load of the graph, 16 more steps). Each
+    caller gets its own copy of the rows; None where the loop cannot feed or run the graph (validation ran it: the
+    exact comparison with eager decides)."""
+    stat = graph.stat()
+    key = ("ort_greedy", str(graph.resolve()), stat.st_size, stat.st_mtime_ns, batch_of_one,
+           tuple(map(tuple, reference.prompts)), reference.pad, tuple(reference.eos), reference.steps)
+    kept = context.eager_once if context is not None else {}
+    if key not in kept:
+        try:
+            kept[key] = ort_greedy(graph, reference, batch_of_one)
+        except Exception:  # a graph this loop cannot run: the exact comparison with eager decides
+            kept[key] = None
+    own = kept[key]
+    return None if own is None else ([list(row) for row in own[0]], own[1])
+
+
 def _generate(session: Any, inputs: dict[str, Any], prompts: list[list[int]],
               reference: GenaiReference) -> list[list[int]]:
     width = max(len(p) for p in prompts)
@@ -111,10 +132,7 @@ def judge(runtime: str, name: str, got: list[list[int]], reference: GenaiReferen
     kind = quantized_kind(context)
     if kind is None:
         return None
-    try:
-        own = ort_greedy(graph, reference, batch_of_one)
-    except Exception:  # a graph this loop cannot run (validation ran it): the exact comparison with eager decides
-        own = None
+    own = ort_greedy_once(graph, reference, batch_of_one, context)
     if own is None:
         return None
     ort_rows, what = own

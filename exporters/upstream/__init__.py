@@ -9,14 +9,13 @@ What is here: the registry (`exporter_class`, `config_class`), decomposition (`d
 `register_cache_pytrees`), the saved-export format (`ExportedModel`, `read_manifest`, `write_manifest`) and a loader
 that never runs code from an artifact folder unless the operator allowed it ([`load_exported`]), and what upstream's
 save and load do not cover: one ExecuTorch program with a method per component (`export_executorch_methods`,
-`executorch_method_runner`), ONNX Runtime sessions that read the weights in place (`lean_session_options`), graphs
-whose inputs were renamed for transformers.js (`RenamedRunner`), split programs that hold their equal weights once
-when loaded (`share_identical_weights`), and workarounds scoped to one step: static caches whose sliding layers are
-captured whole (`static_sliding_layers_kept_whole`), ExecuTorch lowering that leaves the tanh GELU off XNNPACK
-and runs the upsample and SDPA fusions, XNNPACK's other passes and `to_edge`'s transpose and view passes only where
-a graph can hold their patterns (`xnnpack_lowering`, `xnnpack_passes_only_where_they_apply`,
-`edge_passes_only_where_they_apply`), and does
-not copy the weights per partition (`constants_shared_by_lowering_copies`, `named_data_on_disk`).
+`executorch_method_runner`), validation's ONNX Runtime sessions (`lean_session_options`), graphs whose inputs were
+renamed for transformers.js (`RenamedRunner`), split programs that hold their equal weights once when loaded
+(`share_identical_weights`), and workarounds scoped to one step: static caches whose sliding layers are captured whole
+(`static_sliding_layers_kept_whole`), ExecuTorch lowering that leaves the tanh GELU off XNNPACK and runs the upsample
+and SDPA fusions, XNNPACK's other passes and `to_edge`'s transpose and view passes only where a graph can hold their
+patterns (`xnnpack_lowering`, `xnnpack_passes_only_where_they_apply`, `edge_passes_only_where_they_apply`), and does not
+copy the weights per partition (`constants_shared_by_lowering_copies`, `named_data_on_disk`).
 
 The modules: `core.py` (the registry, decomposition, the saved-export format and the safe loader), `pytree.py`
 (upstream's pytree rules for transformers' objects), `beyond.py` (what upstream's save and load do not cover),

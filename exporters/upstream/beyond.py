@@ -34,19 +34,52 @@ from exporters.upstream.xnnpack_passes import (
 )
 
 
-def lean_session_options():
-    """ONNX Runtime options for validation sessions: weights read in place from the external-data file instead of
-    repacked into a second copy (`session.disable_prepacking`), no memory arena kept at its high-water mark. A
-    session then costs the graph's activations, not another copy of the model. Its intra-op threads are torch's
-    count (what `exporters.run.resources.threads_left` leaves free next to running exports), not every core."""
+def lean_session_options(prepack: bool = True):
+    """ONNX Runtime options for validation sessions: no memory arena kept at its high-water mark, and its intra-op
+    threads torch's count (what `exporters.run.resources.threads_left` leaves free next to running exports), not
+    every core. MatMul weights of a float32 graph are prepacked (ONNX Runtime's default, as GenAI and optimum run the
+    graph): each packed weight replaces its external-data mapping, so the session holds the weights once either way
+    (at TinyLlama-1.1B: peak RSS 4.36 GB packed against 4.12 GB read in place, benchmarks/RESULTS.md round 8), and a
+    probe of several tokens runs about twice as fast as from unpacked weights, which MLAS packs again on every call.
+    `prepack` False ([`prepacks_alike`] said no: a quantized or half-precision graph, whose kernels compute otherwise
+    once packed) keeps the weights read in place (`session.disable_prepacking`), as validation always read them."""
     # ONNX Runtime loads only where a session or a quantizer runs
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
-    options.add_session_config_entry("session.disable_prepacking", "1")
+    if not prepack:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     options.enable_cpu_mem_arena = False
     return options
+
+
+# ONNX Runtime's quantized kernels compute otherwise once their weights are prepacked: MatMulNBits at accuracy level 4
+# quantizes its activations to int8 only then (a snapped int4 checkpoint's top-1 agreement with eager: 1.0 unpacked,
+# 0.97 packed, tests/test_int4_onnx.py). The ops of `exporters.export.quantize`'s quantized-graph check and ONNX
+# Runtime's other quantized MatMuls (a QDQ graph's pairs are fused into quantized kernels when the session optimizes it)
+QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
+                           "ConvInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QLinearMatMul",
+                           "QLinearConv", "QGemm", "QAttention", "QLinearAdd", "QLinearMul", "MatMulNBits",
+                           "GatherBlockQuantized", "MatMulBnb4", "MatMulFpQ4", "DynamicQuantizeLSTM"})
+
+
+def prepacks_alike(programs: Any) -> bool:
+    """Whether validation prepacks these ONNX programs' weights (`onnx_ir` models, their weights unread): float32
+    graphs without a quantized kernel (no half-precision weight, no op of `QUANTIZED_OPS`), whose outputs prepacking
+    keeps bit for bit from two rows on (a one-row MatMul takes MLAS's vector path: the last bits differ, 2.6e-6 on a
+    tiny Llama's logits), as the runtimes run them."""
+    # onnx_ir loads only where an ONNX folder is read
+    import onnx_ir
+
+    half = {onnx_ir.DataType.FLOAT16, onnx_ir.DataType.BFLOAT16}
+    for program in programs:
+        for graph in program.graphs():
+            if any(value.dtype in half for value in graph.initializers.values()):
+                return False
+            if any(node.op_type in QUANTIZED_OPS for node in graph):
+                return False
+    return True
 
 
 _ORT_DTYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(bfloat16)": torch.bfloat16,

@@ -34,6 +34,7 @@ from exporters.upstream.beyond import (
     RenamedRunner,
     executorch_method_runner,
     lean_session_options,
+    prepacks_alike,
     share_identical_weights,
 )
 from exporters.upstream.llm_runner import register_custom_ops, register_quantized_kernels
@@ -328,7 +329,7 @@ def load_exported(directory: Path, *, device: str | None = None, config: Any = N
     if EXPORT_BACKENDS[export_format].runner is None:
         return model
     if export_format == "onnx":
-        model.to(device, session_options=lean_session_options())
+        model.to(device, session_options=lean_session_options(prepack=prepacks_alike(programs.values())))
     elif any("method" in entry for entry in manifest["components"].values()):
         model._runners = {name: executorch_method_runner(components[name].program, components[name].metadata,
                                                          entry.get("method", "forward"))
