@@ -14,8 +14,13 @@ the same attention in standard ops, computed from the fused op's own inputs (the
 keys and values; rotated as the fused op rotates; the causal mask and the attention's bias). A prompt of several
 sequences takes the standard ops too where the fused op rotates it: the kernel rotates every sequence at the first
 one's positions (docs/upstream-gaps.md #43). The graph computes what it computed before for every call; every
-decode step runs the fused kernel. The `If`s test the query's batch and length, the same in every layer, so the
-condition is computed once for all of them (five kernels a layer less per step than a condition of its own each).
+decode step runs the fused kernel.
+
+After the guards, two rewrites cut a decode step's kernels and change no output (`DECODE_STEP_PASSES`, #51): the
+`If`s test the query's batch and length, the same in every layer, so one condition serves them all
+([`_one_condition_for_all_guards`]: five kernels a layer less); and the attention output's fully masked rows are
+zeroed on its own `[batch, length, hidden]` output ([`_masked_rows_zeroed_unreshaped`]: two `Reshape`s a layer less,
+in the batch-1 graph too).
 
 Example:
     >>> with group_query_attention_at_any_batch():  # doctest: +SKIP
