@@ -401,3 +401,144 @@ def test_a_fused_attention_the_guard_cannot_write_in_standard_ops_fails_the_expo
     plain = model()
     _guard_all(plain)
     assert [n.op_type for n in plain.graph][-1] == "If"  # the same attention without it: guarded
+
+
+# ── the decode step's rewrites (issue #51): one guard condition for every layer, masked rows zeroed unreshaped ──
+
+PLAIN = {"name": "plain", "export_format": "onnx", "mode": "generation", "dynamic": True}
+
+
+@pytest.fixture(scope="module")
+def plain_graphs(tmp_path_factory):
+    """The unfused merged graphs (dynamic batch) of two tiny Llamas, written by the CLI: heads of 16, which
+    `GroupQueryAttention` rotates inside, and heads of 8, rotated outside (its guards also test the total length)."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("decode-step")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=3, initializer_range=0.3, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    folders = {"rotary inside": _saved(model, root / "head-16", {"exports": [PLAIN]}),
+               "rotary outside": tiny_llama(root / "head-8", {"exports": [PLAIN]}, initializer_range=0.3,
+                                            max_position_embeddings=512, layers=3)}
+    graphs = {}
+    for name, folder in folders.items():
+        out = root / f"out-{folder.name}"
+        result = run_cli("run", "--no-bench", str(folder), "--out", str(out), "--quiet")
+        assert result.returncode == 0, result.stdout + result.stderr
+        graphs[name] = out / "plain" / "model.onnx"
+    return graphs
+
+
+def _fused(path: Path, folder: Path, rewrites: bool) -> Path:
+    """`path`'s graph fused for ONNX Runtime's CPU provider as the exporter fuses it (upstream's steps with this
+    project's guards), with the decode step's rewrites or without them; saved into `folder`."""
+    import onnx_ir
+
+    from exporters.upstream import group_query_attention_at_any_batch, ort_attention
+    from exporters.upstream.patches import patched
+    from transformers.exporters.onnxruntime_fusions import fuse_for_onnxruntime
+
+    model = onnx_ir.load(str(path))
+    onnx_ir.external_data.load_to_model(model)
+    passes = ort_attention.DECODE_STEP_PASSES if rewrites else ()
+    with patched(ort_attention, "DECODE_STEP_PASSES", passes), group_query_attention_at_any_batch():
+        fuse_for_onnxruntime(model, "cpu")
+    folder.mkdir()
+    onnx_ir.save(model, str(folder / "model.onnx"), external_data="model.onnx.data")
+    return folder / "model.onnx"
+
+
+def _guard_nodes(path: Path):
+    """The main graph's guards (`If`) and the other nodes this project's guard pass wrote (their conditions)."""
+    import onnx
+
+    from exporters.upstream import GQA_GUARD_NAME
+
+    proto = onnx.load(str(path), load_external_data=False)
+    guards = [node for node in proto.graph.node if node.op_type == "If"]
+    written = {value for node in guards for a in node.attribute for n in a.g.node for value in n.output}
+    conditions = [node for node in proto.graph.node if node.op_type != "If" and any(
+        output.startswith(GQA_GUARD_NAME) and output not in written for output in node.output)]
+    return proto, guards, conditions
+
+
+@pytest.mark.parametrize("layout", ["rotary inside", "rotary outside"])
+def test_the_decode_step_rewrites_compute_one_condition_and_zero_masked_rows_without_reshapes(plain_graphs, layout,
+                                                                                              tmp_path):
+    """Unrewritten, every layer's guard computes its own condition (the query's batch and length: `Shape` x2,
+    `Equal` x2, `Or`, with the total's test where the kernel does not rotate) and zeroes masked rows through a
+    `Reshape` to heads and back; rewritten, one condition serves every guard and each layer's `Where` reads the
+    attention's output itself."""
+    import collections
+
+    layers = 3
+    before = _fused(plain_graphs[layout], tmp_path / "before", rewrites=False)
+    after = _fused(plain_graphs[layout], tmp_path / "after", rewrites=True)
+    per_condition = {"Shape": 2, "Equal": 2, "Or": 1} if layout == "rotary inside" else \
+        {"Shape": 2, "Equal": 3, "Or": 2, "Reshape": 1, "Cast": 1}
+    counted = {}
+    for name, path in (("before", before), ("after", after)):
+        proto, guards, conditions = _guard_nodes(path)
+        assert len(guards) == layers, name
+        kernels = collections.Counter(node.op_type for node in conditions if node.op_type != "Constant")
+        counted[name] = (proto, guards, kernels, len(conditions))
+    _, guards, kernels, written_before = counted["before"]
+    assert kernels == {op: count * layers for op, count in per_condition.items()}
+    assert len({guard.input[0] for guard in guards}) == layers  # a condition of its own each
+    proto, guards, kernels, written_after = counted["after"]
+    assert kernels == per_condition  # once
+    assert len({guard.input[0] for guard in guards}) == 1
+    assert written_before == layers * written_after  # the conditions' constants too
+    produced_by = {output: node for node in proto.graph.node for output in node.output}
+    wheres = [node for node in proto.graph.node if node.op_type == "Where" and produced_by[node.input[2]].op_type == "If"]
+    assert len(wheres) == layers  # the attention's own output, no `Reshape` between
+    assert {produced_by[node.input[0]].op_type for node in wheres} == {"Squeeze"}  # the mask, squeezed once
+    total = {name: len(counted[name][0].graph.node) for name in counted}
+    assert total["before"] - total["after"] == written_after * (layers - 1) + 2 * layers - 2, \
+        total  # 2 per layer: the reshapes; 2 more: the squeeze and its axes
+
+
+@pytest.mark.parametrize("layout", ["rotary inside", "rotary outside"])
+def test_the_decode_step_rewrites_change_no_output_of_any_call(plain_graphs, layout, tmp_path):
+    """The rewritten graph's every output (logits, every present) equals the unrewritten one's, bit for bit, on
+    calls of each kind: one sequence (a prompt, then a token after it), a left-padded batch of two (its prompt, a
+    token after it, then three tokens after that past: the call the kernel refuses), and one token after a long
+    past (400 tokens, a batch of two with one sequence padded)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    sessions = [ort.InferenceSession(str(_fused(plain_graphs[layout], tmp_path / name, rewrites)),
+                                     providers=["CPUExecutionProvider"])
+                for name, rewrites in (("before", False), ("after", True))]
+    names = [output.name for output in sessions[0].get_outputs()]
+    pasts = [i for i in sessions[0].get_inputs() if i.name.startswith("past_key_values.")]
+    kv_heads, head = pasts[0].shape[1], pasts[0].shape[3]
+    rng = np.random.default_rng(0)
+
+    def run(ids, mask, past):
+        ids, mask = np.array(ids, np.int64), np.array(mask, np.int64)
+        positions = (mask.cumsum(-1) - 1).clip(min=0)[:, -ids.shape[1]:]
+        feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **past}
+        (got, want) = (dict(zip(names, session.run(None, feeds))) for session in sessions[::-1])
+        for output in names:
+            np.testing.assert_array_equal(got[output], want[output], err_msg=output)
+        return {f"past_key_values.{name[len('present.'):]}": value for name, value in got.items()
+                if name.startswith("present.")}
+
+    def empty(batch):
+        return {i.name: np.zeros((batch, kv_heads, 0, head), np.float32) for i in pasts}
+
+    past = run([[5, 17, 9, 33]], [[1] * 4], empty(1))  # one sequence
+    run([[21]], [[1] * 5], past)
+    padded = [[1, 1, 1, 1], [0, 0, 1, 1]]
+    past = run([[5, 17, 9, 33], [3, 3, 70, 12]], padded, empty(2))  # a left-padded batch of two
+    past = run([[21], [30]], [row + [1] for row in padded], past)
+    run([[6, 7, 8], [9, 10, 11]], [row + [1, 1, 1, 1] for row in padded], past)  # several tokens after a past
+    long_mask = [[1] * 401, [0] * 7 + [1] * 394]
+    long_past = {i.name: rng.standard_normal((2, kv_heads, 400, head)).astype(np.float32) for i in pasts}
+    run([[21], [30]], long_mask, long_past)  # one token after a long past

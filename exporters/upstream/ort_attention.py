@@ -16,6 +16,12 @@ sequences takes the standard ops too where the fused op rotates it: the kernel r
 one's positions (docs/upstream-gaps.md #43). The graph computes what it computed before for every call; every
 decode step runs the fused kernel.
 
+After the guards, two rewrites cut a decode step's kernels and change no output (`DECODE_STEP_PASSES`, #51): the
+`If`s test the query's batch and length, the same in every layer, so one condition serves them all
+([`_one_condition_for_all_guards`]: five kernels a layer less); and the attention output's fully masked rows are
+zeroed on its own `[batch, length, hidden]` output ([`_masked_rows_zeroed_unreshaped`]: two `Reshape`s a layer less,
+in the batch-1 graph too).
+
 Example:
     >>> with group_query_attention_at_any_batch():  # doctest: +SKIP
     ...     onnx_program = exporter.export(model, config)  # OnnxConfig(optimize=True, ort_fusions="cpu")
@@ -43,6 +49,7 @@ GQA_GUARD_NAME = "group_query_attention_guard"  # the `If` nodes' name prefix: a
 # the attributes upstream's CPU fusion writes; another one (a softcap, a window, query-key norms) has no standard-op
 # equivalent here, and its graph is refused rather than guarded wrongly
 KNOWN_ATTRIBUTES = frozenset({"num_heads", "kv_num_heads", "scale", "do_rotary", "rotary_interleaved"})
+CONDITION = "group_query_attention_guard_condition"  # a guard's `meta` key: the sizes its condition tests
 ATTENTION_INPUTS = 11  # query, key, value, past key, past value, seqlens_k, total length, cos, sin, positions, bias
 
 
@@ -66,6 +73,7 @@ def group_query_attention_at_any_batch() -> Iterator[None]:
         return
     ours = tuple((partial(_fused_as_for_one_sequence, fuse) if step is fuse and providers == ("cpu",) else step,
                   providers) for step, providers in steps) + ((_guard_all, ("cpu",)),)
+    ours += tuple((step, ("cpu",)) for step in DECODE_STEP_PASSES)
     with patched(fusions, "_STEPS", ours):
         yield
 
@@ -87,7 +95,8 @@ def _fused_as_for_one_sequence(fuse: Callable[..., None], model: ir.Model, *args
 
 def _guard_all(model: ir.Model) -> None:
     """Put every `GroupQueryAttention` of the main graph that may get several tokens after a past for more than one
-    sequence in an `If` (the last step: the fusions before it see the attention as upstream left it)."""
+    sequence in an `If` (after the fusions: they see the attention as upstream left it), each with a condition of
+    its own ([`_one_condition_for_all_guards`] then shares one)."""
     for node in list(model.graph):
         if node.op_type != ATTENTION or node.domain != DOMAIN or node.inputs[3] is None:
             continue
@@ -110,18 +119,8 @@ def _guard(graph: ir.Graph, node: ir.Node) -> None:
             f"{node.name}: a GroupQueryAttention with {sorted(unknown) or 'inputs or outputs past the bias'} has no "
             "standard-op form here for several tokens after a past at a batch over 1; export with the batch fixed at "
             "1 (docs/recipe.md, 'ONNX Runtime GenAI on CPU') or without ort_fusions")
-    query = node.inputs[0]
     tape = ir.tape.Tape()
-    batch = tape.op("Shape", [query], attributes={"start": 0, "end": 1})
-    length = tape.op("Shape", [query], attributes={"start": 1, "end": 2})
-    # the kernel's own test: one new token, one sequence, or a prompt (as many tokens as the total)
-    one = _ints(tape, [1])
-    takes = tape.op("Or", [tape.op("Equal", [length, one]), tape.op("Equal", [batch, one])])
-    if not (node.attributes.get_int("do_rotary", 0) and node.inputs[9] is not None):
-        # rotated inside, the kernel rotates every sequence of a prompt at the first one's positions (#43)
-        total = tape.op("Cast", [tape.op("Reshape", [node.inputs[6], _ints(tape, [-1])])],
-                        attributes={"to": ir.DataType.INT64})
-        takes = tape.op("Or", [takes, tape.op("Equal", [length, total])])
+    takes, sizes = _condition(tape, node)
     fused = ir.Node(DOMAIN, ATTENTION, node.inputs,
                     attributes=[ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()], num_outputs=3,
                     name=f"{node.name}_fused")
@@ -138,12 +137,52 @@ def _guard(graph: ir.Graph, node: ir.Node) -> None:
                     num_outputs=3, name=f"{GQA_GUARD_NAME}_{node.name}")
     for new, old in zip(guard.outputs, node.outputs):
         new.dtype, new.shape = old.dtype, old.shape
+    guard.meta[CONDITION] = (sizes, list(tape.nodes))  # what the condition tests and the nodes computing it
     for index, value in enumerate(v for n in [*tape.nodes, *unfused.nodes] for v in n.outputs):
         value.name = f"{GQA_GUARD_NAME}_{node.name}_{index}"  # unique across the graph and its branches (SSA)
     graph.insert_before(node, [*tape.nodes, guard])
     for new, old in zip(guard.outputs, node.outputs):
         fusions._replace(old, new)
     graph.remove(node, safe=True)
+
+
+def _condition(tape: ir.tape.Tape, node: ir.Node) -> tuple[ir.Value, tuple[Any, ...] | None]:
+    """Whether `node`'s kernel takes the call (one new token, one sequence, or, where it does not rotate at the
+    positions it is given, a prompt: as many tokens as the total), and the sizes that decides it: the query's named
+    batch and length and the total value it compares with, or `None` where the query's sizes have no names."""
+    ir, _ = _stack()
+    query = node.inputs[0]
+    tests_total = not (node.attributes.get_int("do_rotary", 0) and node.inputs[9] is not None)
+    dims = list(query.shape or [])[:2]
+    named = len(dims) == 2 and all(isinstance(dim, ir.SymbolicDim) and dim.value for dim in dims)
+    sizes = (*(dim.value for dim in dims), node.inputs[6] if tests_total else None) if named else None
+    batch = tape.op("Shape", [query], attributes={"start": 0, "end": 1})
+    length = tape.op("Shape", [query], attributes={"start": 1, "end": 2})
+    one = _ints(tape, [1])
+    takes = tape.op("Or", [tape.op("Equal", [length, one]), tape.op("Equal", [batch, one])])
+    if tests_total:
+        # rotated inside, the kernel rotates every sequence of a prompt at the first one's positions (#43)
+        total = tape.op("Cast", [tape.op("Reshape", [node.inputs[6], _ints(tape, [-1])])],
+                        attributes={"to": ir.DataType.INT64})
+        takes = tape.op("Or", [takes, tape.op("Equal", [length, total])])
+    return takes, sizes
+
+
+def _one_condition_for_all_guards(model: ir.Model) -> None:
+    """One condition for every guard that tests the same sizes: a decoder's layers all read the query's batch and
+    length (named alike: ONNX's symbolic dimensions of one name are one size) and the same total, so the first
+    guard's condition serves the others and theirs go (five kernels a layer less per step; benchmarks/RESULTS.md,
+    #51). A guard whose query's sizes have no names keeps its own."""
+    first: dict[tuple[Any, ...], ir.Value] = {}
+    for node in list(model.graph):
+        sizes, nodes = node.meta.get(CONDITION, (None, []))
+        if sizes is None:
+            continue
+        if sizes not in first:
+            first[sizes] = node.inputs[0]
+            continue
+        node.replace_input_with(0, first[sizes])
+        model.graph.remove(nodes, safe=True)
 
 
 def _standard_attention(tape: ir.tape.Tape, node: ir.Node) -> list[ir.Value]:
@@ -205,6 +244,86 @@ def _standard_attention(tape: ir.tape.Tape, node: ir.Node) -> list[ir.Value]:
     scores = tape.op("Where", [visible, scores, _constant(tape, np.array(np.finfo(dtype).min, dtype=dtype))])
     attended = tape.op("MatMul", [tape.op("Softmax", [scores], attributes={"axis": -1}), values])
     return [fusions._merge_heads(tape, attended, False, _ints(tape, [0, 0, -1])), present_key, present_value]
+
+
+def _masked_rows_zeroed_unreshaped(model: ir.Model) -> None:
+    """Zero an attention's fully masked query rows on its own `[batch, length, hidden]` output. Eager's SDPA path
+    zeroes a row that attends to nothing (a left pad); exported, that is per layer a `Reshape` to heads, a `Where`
+    with a `[batch, length, 1, 1]` mask and a `Reshape` back, two of its three kernels moving nothing. Rewritten as
+    one `Where` with the mask squeezed once to `[batch, length, 1]` for every layer: the same elements, zeroed the
+    same (sixteen kernels less per step at eight layers; benchmarks/RESULTS.md, #51). Only where the shapes prove it:
+    a one-element fill, a mask of ones past its first two axes, the reshaped output's first two axes the
+    attention's, and the result's shape the attention output's."""
+    ir, fusions = _stack()
+    squeezed: dict[ir.Value, ir.Value] = {}
+    for where in list(model.graph):
+        merge = _unreshaped_where(where)
+        if merge is None:
+            continue
+        mask, fill, heads = where.inputs
+        split = heads.producer()
+        attended = split.inputs[0]
+        if mask not in squeezed:
+            tape = ir.tape.Tape()
+            squeezed[mask] = tape.op("Squeeze", [mask, _ints(tape, [3])])
+            squeezed[mask].shape, squeezed[mask].dtype = ir.Shape(list(mask.shape)[:3]), mask.dtype
+            squeezed[mask].name = f"{mask.name}_rows"
+            model.graph.insert_before(where, tape.nodes)
+        flat = ir.node("Where", [squeezed[mask], fill, attended], name=f"{where.name}_unreshaped")
+        flat.outputs[0].shape, flat.outputs[0].dtype = attended.shape, attended.dtype
+        flat.outputs[0].name = f"{where.outputs[0].name}_unreshaped"
+        model.graph.insert_before(merge, flat)
+        fusions._replace(merge.outputs[0], flat.outputs[0])
+        model.graph.remove([merge, where, split], safe=True)
+
+
+def _unreshaped_where(where: ir.Node) -> ir.Node | None:
+    """The `Reshape` after `where` when `where` zeroes rows of an attention's `[batch, length, hidden]` output
+    reshaped to `[batch, length, heads, -1]` (a constant target copying the first two axes), so that
+    [`_masked_rows_zeroed_unreshaped`] may rewrite it, else `None`."""
+    _, fusions = _stack()
+    if where.op_type != "Where" or where.domain != "" or len(where.inputs) != 3:
+        return None
+    mask, fill, heads = where.inputs
+    split = heads.producer() if heads is not None else None
+    uses = list(where.outputs[0].uses())
+    if split is None or split.op_type != "Reshape" or len(list(heads.uses())) != 1 or len(uses) != 1:
+        return None
+    merge, target, fill_value = uses[0][0], fusions._constant(split.inputs[1]), fusions._constant(fill)
+    attended = _attention_output_shape(split.inputs[0])
+    if merge.op_type != "Reshape" or merge.inputs[0] is not where.outputs[0] or attended is None \
+            or target is None or list(target)[:2] != [0, 0] or len(target) != 4 \
+            or split.attributes.get_int("allowzero", 0) or fill_value is None or fill_value.size != 1 \
+            or mask.shape is None or merge.outputs[0].shape is None \
+            or any(v.is_graph_output() for v in (mask, heads, where.outputs[0])):
+        return None
+    mask_shape = list(mask.shape)
+    if len(mask_shape) != 4 or mask_shape[2:] != [1, 1] or list(merge.outputs[0].shape) != attended \
+            or not all(m == 1 or m == a for m, a in zip(mask_shape[:2], attended[:2])):
+        return None
+    return merge
+
+
+def _attention_output_shape(value: ir.Value) -> list[Any] | None:
+    """`[batch, length, heads x head size]` of a `GroupQueryAttention`'s (or its guard's) first output, from its
+    query's sizes and its past's head size; `None` for another value or sizes not known."""
+    _, fusions = _stack()
+    node = value.producer()
+    if node is not None and node.op_type == "If" and node.name.startswith(GQA_GUARD_NAME):
+        branch = list(node.attributes["then_branch"].value)
+        node = branch[0] if len(branch) == 1 else None
+    if node is None or node.op_type != ATTENTION or node.domain != DOMAIN or value.index() != 0:
+        return None
+    query, head_size = node.inputs[0].shape, fusions._static_dim(node.inputs[3], 3) if node.inputs[3] else None
+    if query is None or len(query) != 3 or head_size is None:
+        return None
+    return [*list(query)[:2], node.attributes.get_int("num_heads") * head_size]
+
+
+# after the guards, the rewrites that cut a decode step's kernels without changing any output (#51); a test runs
+# the graph without them and compares
+DECODE_STEP_PASSES: tuple[Callable[[ir.Model], None], ...] = (_one_condition_for_all_guards,
+                                                               _masked_rows_zeroed_unreshaped)
 
 
 def _range(tape: ir.tape.Tape, end: ir.Value) -> ir.Value:

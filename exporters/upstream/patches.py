@@ -245,7 +245,8 @@ PATCHES: tuple[Patch, ...] = (
     Patch("group_query_attention_at_any_batch",
           ("transformers.exporters.onnxruntime_fusions:_STEPS",
            "transformers.exporters.onnxruntime_fusions:_static_dim"),
-          "ort_fusions fuses no GroupQueryAttention into a merged decoder with a dynamic batch",
+          "ort_fusions fuses no GroupQueryAttention into a merged decoder with a dynamic batch; after the guards, "
+          "one guard condition for every layer and the masked rows zeroed without reshapes (a decode step's kernels)",
           "docs/upstream-gaps.md #33: upstream's fusion guarding a dynamic batch itself"),
     # ── loading ──
     Patch("quiet_torch_serde", ("logging:getLogger(torch._export.serde.serialize).level",),
