@@ -86,3 +86,18 @@ def test_without_a_feature_extractor_the_waveform_is_made_from_the_config(tmp_pa
     assert sample.family == "speech-seq2seq" and sample.source == "synthesized"
     assert {k: tuple(v.shape) for k, v in sample.generate.items()} == {"input_values": (1, 16000)}
     assert sample.forward["decoder_input_ids"][0, 0].item() == model.config.decoder_start_token_id
+
+
+def test_a_float16_recipe_alone_takes_the_waveform_in_the_models_dtype(tmp_path):
+    """The plainest float16 recipe (one ONNX generation target, `dtype: "float16"`): the model is loaded in float16
+    and its extractor's float32 waveform is fed in the model's dtype; it failed before in the prefill/decode split
+    ('expected scalar type Float but found Half'), as Whisper's did (tests/test_speech_onnx_runtimes.py)."""
+    from tests.export_store import stored_run
+
+    recipe = {"generation": {"max_new_tokens": 6}, "exports": [
+        {"name": "onnx16", "export_format": "onnx", "mode": "generation", "dtype": "float16"}]}
+    _, report, log = stored_run(tiny_moonshine(tmp_path / "model", recipe))
+    assert report["model_dtype"] == "float16", log[-3000:]
+    [target] = report["targets"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
+    assert target["generation"]["status"] == "passed" and target["dtype"] == "float16", target["generation"]

@@ -21,7 +21,7 @@ import pytest
 from tests.card_snippets import run_js_card
 from tests.conftest import targets_by_name
 from tests.export_store import stored_run
-from tests.models import WHISPER_ONNX_RECIPE, tiny_whisper
+from tests.models import TJS_FP16_TARGET, WHISPER_ONNX_RECIPE, WHISPER_ONNX_TARGET, tiny_whisper
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +57,41 @@ def test_the_cards_transformers_js_speech_script_runs_as_written(whisper_tjs, tm
     language, code = snippets["transformers.js"]
     assert language == "js" and "AutoModelForSpeechSeq2Seq" in code and "AutoFeatureExtractor" in code
     tokens = json.loads(run_js_card(code, out / "tjs", tmp_path).splitlines()[-1])
+    assert len(tokens) > 1 and all(isinstance(t, int) for t in tokens)
+
+
+@pytest.fixture(scope="module")
+def whisper_tjs16(tmp_path_factory):
+    """The plainest float16 recipe of a 1+1-layer Whisper: one transformers.js target, `dtype: "float16"` (the model
+    is loaded in float16, its sample spectrogram made float32 by the extractor)."""
+    root = tmp_path_factory.mktemp("tjs-speech-fp16")
+    recipe = {"exports": [{**WHISPER_ONNX_TARGET, **TJS_FP16_TARGET}], "generation": {"max_new_tokens": 8}}
+    return stored_run(tiny_whisper(root / "model", recipe, feature_extractor=True))
+
+
+def test_a_float16_whisper_folder_is_transcribed_by_transformers_js_from_float32_features(whisper_tjs16, tmp_path):
+    """`dtype: "float16"` alone: the spectrogram is fed to the half model in its dtype (it failed before with 'Input
+    type (float) and bias type (c10::Half) should be the same', in the prefill/decode split), `encoder_model_fp16`
+    takes float32 features as transformers.js's extractor makes them and casts them inside; proven by
+    transformers.js, and the card's script (the folder's extractor on a tone) runs as written."""
+    import onnx
+
+    from exporters.publish.snippets import target_snippets
+
+    out, report, log = whisper_tjs16
+    target = targets_by_name(report)[TJS_FP16_TARGET["name"]]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
+    folder = out / TJS_FP16_TARGET["name"]
+    assert json.loads((folder / "config.json").read_text())["transformers.js_config"]["dtype"] == "fp16"
+    graph = onnx.load(str(folder / "onnx/encoder_model_fp16.onnx"), load_external_data=False).graph
+    assert (graph.input[0].name, graph.input[0].type.tensor_type.elem_type) == ("input_features",
+                                                                                onnx.TensorProto.FLOAT)
+    assert graph.node[0].op_type == "Cast" and graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    assert (folder / "onnx/decoder_model_merged_fp16.onnx").is_file()
+    snippets = {runtime: code for runtime, _, code in target_snippets("org/whisper", target)}
+    tokens = json.loads(run_js_card(snippets["transformers.js"], folder, tmp_path).splitlines()[-1])
     assert len(tokens) > 1 and all(isinstance(t, int) for t in tokens)
 
 

@@ -57,10 +57,11 @@ def test_a_voxtral_folder_in_the_transformers_js_layout_generates_in_transformer
     assert "transformers.js ✓ 8/8 tokens" in (out / "report.md").read_text()
 
 
-def test_a_float16_voxtral_folder_generates_in_transformers_js_from_its_processors_float32_features(voxtral_tjs):
+def test_a_float16_voxtral_folder_generates_in_transformers_js_from_its_processors_float32_features(voxtral_tjs,
+                                                                                                   tmp_path):
     """`dtype: "float16"`: the `_fp16` graphs, the audio encoder taking float32 features (cast inside); proven by
     transformers.js from one and two chunks. It failed before with "Unexpected input data type"."""
-    assert_float16_folder_generates(voxtral_tjs, "audio_values", "AutoModelForAudioTextToText")
+    assert_float16_folder_generates(voxtral_tjs, "audio_values", "AutoModelForAudioTextToText", tmp_path)
 
 
 def test_the_folder_holds_the_three_graphs_under_transformers_js_names(voxtral_tjs):

@@ -56,17 +56,20 @@ def test_a_llava_folder_in_the_transformers_js_layout_generates_in_transformers_
     assert "transformers.js ✓ 8/8 tokens" in (out / "report.md").read_text()
 
 
-def test_a_float16_llava_folder_generates_in_transformers_js_from_its_processors_float32_pixels(llava_tjs):
+def test_a_float16_llava_folder_generates_in_transformers_js_from_its_processors_float32_pixels(llava_tjs, tmp_path):
     """`dtype: "float16"`: the three `_fp16` graphs, the vision encoder taking float32 pixels (cast inside, as
     transformers.js's own fp16 files: its processor makes float32), proven by transformers.js token for token. It
     failed before: "Unexpected input data type. Actual: (tensor(float)), expected: (tensor(float16))"."""
-    assert_float16_folder_generates(llava_tjs, "pixel_values", "AutoModelForImageTextToText")
+    assert_float16_folder_generates(llava_tjs, "pixel_values", "AutoModelForImageTextToText", tmp_path)
 
 
-def assert_float16_folder_generates(run, pixels: str, model_class: str) -> None:
+def assert_float16_folder_generates(run, pixels: str, model_class: str, scratch) -> None:
     """The fp16 target of `run` passed, transformers.js's proof too; its encoder takes float32 `pixels` (or features)
-    and gives float16, its files are the `_fp16` ones (tests/test_transformers_js_audio.py shares it)."""
+    and gives float16, its files are the `_fp16` ones, and the card's script (`model_class`'s, which the `_fp16` names
+    once turned into a text decoder's) runs as written in `scratch` (tests/test_transformers_js_audio.py shares it)."""
     import onnx
+
+    from exporters.publish.snippets import target_snippets
 
     out, report, log = run
     target = {t["name"]: t for t in report["targets"]}[TJS_FP16_TARGET["name"]]
@@ -81,6 +84,9 @@ def assert_float16_folder_generates(run, pixels: str, model_class: str) -> None:
     assert (graph.input[0].name, graph.input[0].type.tensor_type.elem_type) == (pixels, onnx.TensorProto.FLOAT)
     assert graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
     assert graph.node[0].op_type == "Cast"
+    code = {runtime: code for runtime, _, code in target_snippets("org/model", target)}["transformers.js"]
+    assert model_class in code and "AutoProcessor" in code, code
+    run_js_card(code, folder, scratch)  # the tiny vocabulary may decode to nothing: it runs
 
 
 def test_the_folder_holds_the_three_graphs_under_transformers_js_names(llava_tjs):

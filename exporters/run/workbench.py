@@ -77,6 +77,10 @@ class Workbench:
             prefix = "sample inputs could not be made: "
             return cls(model, None, context.eager_cache, weights, tokenizer,
                        unprepared=error_record(err, prefix=prefix), unprepared_text=error_text(err, prefix))
+        if model.dtype != torch.float32:  # a processor's or synthesized float32 spectrogram or pixels fed to a
+            # half model ('Input type (float) and bias type (c10::Half)'): in the model's dtype, as `convert` holds them
+            sample.forward = move_to(sample.forward, "cpu", model.dtype)
+            sample.generate = move_to(sample.generate, "cpu", model.dtype)
         context.family, context.load_s = sample.family, round(time.time() - started, 3)
         context.warnings.extend(sample.notes)
         return cls(model, sample, context.eager_cache, weights, tokenizer)

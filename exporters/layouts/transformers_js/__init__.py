@@ -92,6 +92,21 @@ def layout_dtype(dtype: str | None, method: str | None) -> str:
 SUFFIXES = {"fp32": "", "fp16": "_fp16", "q8": "_quantized", "q4": "_q4", "q4f16": "_q4f16"}  # transformers.js's
 
 
+def graph_names(files: set[str]) -> set[str]:
+    """`files` with each `onnx/` dtype file also under its graph's plain name (a dtype's suffix cut).
+
+    Example:
+        >>> sorted(graph_names({"onnx/encoder_model_fp16.onnx", "config.json"}))
+        ['config.json', 'onnx/encoder_model.onnx', 'onnx/encoder_model_fp16.onnx']
+    """
+    plain = set(files)
+    for name in files:
+        for suffix in filter(None, SUFFIXES.values()):
+            if name.startswith("onnx/") and name.endswith(f"{suffix}.onnx"):
+                plain.add(name.removesuffix(f"{suffix}.onnx") + ".onnx")
+    return plain
+
+
 def generate_script(root: str, name: str, ids: list[int], steps: int, emit: str, comment: str = "",
                     dtype: str = "fp32") -> str:
     """The header and one `BODY` filled: `root` and `name` already JSON strings, `ids` and `steps` our ints, `emit`
@@ -156,14 +171,15 @@ class TransformersJs(Layout):
         sub = f"{EXPORTS_DIR}/{target['name']}"
         pinned = f" --revision {json.dumps(revision)}" if revision else ""
         download = f"// after: hf download {json.dumps(repo_id)}{pinned} --include {json.dumps(sub + '/*')} --local-dir model\n"
-        if {"onnx/encoder_model.onnx", "preprocessor_config.json"} <= file_names(target):  # Whisper: speech.py
+        names = graph_names(file_names(target))  # a float16 target's `_fp16` files name the same layout
+        if {"onnx/encoder_model.onnx", "preprocessor_config.json"} <= names:  # Whisper: speech.py
             return "js", download + transcribe_script(json.dumps(f"model/{EXPORTS_DIR}"),
                                                       json.dumps(str(target["name"])), CARD_FEATURES, 32,
                                                       "console.log(JSON.stringify(Array.from(output.data, Number)));")
-        if is_image_text(file_names(target)):  # a vision-language model: image_text.py
+        if is_image_text(names):  # a vision-language model: image_text.py
             return "js", download + image_text_script(json.dumps(f"model/{EXPORTS_DIR}"),
                                                       json.dumps(str(target["name"])), 32, "", CARD_EMIT)
-        if audio_text.is_audio_text(file_names(target)):  # an audio-language model: audio_text.py
+        if audio_text.is_audio_text(names):  # an audio-language model: audio_text.py
             return "js", download + audio_text.generate_script(json.dumps(f"model/{EXPORTS_DIR}"),
                                                                json.dumps(str(target["name"])), 32, "",
                                                                audio_text.CARD_EMIT)

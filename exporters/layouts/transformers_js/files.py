@@ -110,6 +110,11 @@ def _write_encoder_decoder(directory: Path, target, manifest: dict) -> None:
     for old in files:
         graph_file = old.removesuffix(".onnx") + f"{suffix}.onnx"
         proto = onnx.load(str(directory / old), load_external_data=False)
+        if old != MERGED_FILE and float_inputs(proto):  # a float16 Whisper encoder takes the extractor's float32
+            # spectrogram: its entry binds its inputs by name, so the runner feeds each in the graph's declared type
+            for entry in entries.values():
+                if entry["file"] == old and not is_renamed(entry):
+                    entry["inputs"] = {value.name: value.name for value in proto.graph.input}
         if gather_external_data(proto, directory, directory / SUBFOLDER / f"{graph_file}_data"):
             external[graph_file] = 1
         onnx.save_model(proto, str(directory / SUBFOLDER / graph_file))
@@ -183,22 +188,25 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
         fsutil.write_file(directory / PREPROCESSOR, json.dumps(image_processor, indent=2, sort_keys=True) + "\n")
 
 
-def float_inputs(proto) -> None:
+def float_inputs(proto) -> list[str]:
     """A float16 encoder graph's float16 inputs taken as float32 and cast inside (transformers.js's processors make
     float32 pixels and features, and feed them as they are: its own fp16 files keep float32 inputs, `keep_io_types`);
-    its output stays float16, as the embeddings it is merged into."""
+    its output stays float16, as the embeddings it is merged into. Returns the inputs it cast."""
     # onnx loads only where an ONNX file is read
     from onnx import TensorProto, helper
 
+    cast_inputs = []
     for value in list(proto.graph.input):
         if value.type.tensor_type.elem_type != TensorProto.FLOAT16:
             continue
+        cast_inputs.append(value.name)
         name, cast = value.name, f"{value.name}_float16"
         rename_values(proto.graph, {name: cast})
         value.name = name
         value.type.tensor_type.elem_type = TensorProto.FLOAT
         proto.graph.node.insert(0, helper.make_node("Cast", [name], [cast], to=TensorProto.FLOAT16,
                                                     name=f"{name}_to_float16"))
+    return cast_inputs
 
 
 def _audio_processor(directory: Path, model_type: str | None) -> None:

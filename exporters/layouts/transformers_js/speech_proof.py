@@ -20,9 +20,10 @@ def reference(model: Any, context: RuntimeContext, steps: int) -> dict[str, Any]
     features = context.generate_inputs.get("input_features")
     if not isinstance(features, torch.Tensor):
         return {"unverified": "the sample has no spectrogram `input_features` for transformers.js's Whisper"}
-    features = features[:1].detach().float()
+    features = features[:1].detach().float()  # as transformers.js's extractor makes them (a float16 graph casts inside)
+    weight = next(model.parameters())
     with torch.no_grad():
-        out = model.generate(input_features=features.to(next(model.parameters()).device), max_new_tokens=steps,
+        out = model.generate(input_features=features.to(weight.device, weight.dtype), max_new_tokens=steps,
                              min_new_tokens=steps, do_sample=False, num_beams=1)
     return {"speech": True, "steps": steps, "tokens": out[0, -steps:].tolist(),
             "features": {"shape": list(features.shape), "data": features.flatten().tolist()}}
