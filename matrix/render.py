@@ -40,17 +40,19 @@ def render(rows: list[Any], meta: dict[str, Any]) -> str:
     lines = [
         "# Support matrix",
         "",
-        "Measured, not claimed: `make coverage` (`python -m matrix`) builds a tiny random-weight model of each family "
-        "from transformers' own default config (shrunk consistently: hidden 32, 1-2 layers, vocabulary 256 with the "
-        "special tokens inside it; `matrix/families.py`), runs the plainest recipe through the real CLI and reads "
-        "report.json. No processor is in the folders, and no tokenizer but Qwen2-Audio's (a byte-level BPE trained "
-        "in code, for its ExecuTorch MultimodalRunner proof): sample inputs are synthesized in each family's "
-        "layout. A pass means every component matched the eager model at the traced inputs and at unseen shapes, "
-        "and, for generators, greedy tokens from raw inputs through the exported graphs matched eager `generate()` "
-        "(\"gen ✓\"). The runtime an artifact is for, where it has one (the ExecuTorch LLM runner, ONNX Runtime "
-        "GenAI), runs it from its folder alone: ✓ when it ran and matched, \"❔ not run\" when it could not run here "
-        "(the reason is listed): that proof is not claimed; \"✗ declined\" when that runtime cannot take the model "
-        "(a latent attention cache, a tokenizer kind: listed), which leaves the artifact's own verdict standing.",
+        "Measured, not claimed: `make coverage` (`python -m matrix`) builds a tiny random-weight model of each "
+        "family from transformers' own default config (shrunk consistently: hidden 32, 1-2 layers, vocabulary "
+        "256, or the tokenizer's, with the special tokens inside it; `matrix/families.py`), runs the plainest "
+        "recipe through the real CLI and reads report.json. No processor is in the folders; the decoder-only "
+        "families, Qwen2-Audio and Granite Speech have a tokenizer (a byte-level BPE trained in code, the model's"
+        " vocabulary, BOS, EOS and padding its own: `matrix/tokenizer.py`), which their ExecuTorch LLM runner or "
+        "MultimodalRunner proof reads; sample inputs are synthesized in each family's layout. A pass means every "
+        "component matched the eager model at the traced inputs and at unseen shapes, and, for generators, greedy"
+        " tokens from raw inputs through the exported graphs matched eager `generate()` (\"gen ✓\"). The runtime an"
+        " artifact is for, where it has one (the ExecuTorch LLM runner, ONNX Runtime GenAI), runs it from its "
+        "folder alone: ✓ when it ran and matched, \"❔ not run\" when it could not run here (the reason is listed): "
+        "that proof is not claimed; \"✗ declined\" when that runtime cannot take the model (a latent attention "
+        "cache, a tokenizer kind: listed), which leaves the artifact's own verdict standing.",
         "",
         f"- Measured {meta['date']} on {meta['machine']}, {meta['jobs']} families at a time, "
         f"{meta['elapsed_s'] / 60:.0f} min in all."
@@ -87,12 +89,17 @@ def render(rows: list[Any], meta: dict[str, Any]) -> str:
 def _unproven(rows: list[Any]) -> str:
     """The totals' word on passes whose runtime proof did not run, and on passes measured before proofs were kept."""
     passes = [cell for row in rows for cell in row.cells.values() if cell.status == "passed"]
-    unproven = sum(1 for cell in passes if any(p["status"] != "passed" for p in cell.runtimes or []))
+    unproven = sum(1 for cell in passes
+                   if any(p["status"] not in ("passed", "declined") for p in cell.runtimes or []))
+    declined = sum(1 for cell in passes if any(p["status"] == "declined" for p in cell.runtimes or []))
     unrecorded = sum(1 for cell in passes if cell.runtimes is None)
     text = ""
     if unproven:
         text += (f" {unproven} of the passes were not run by the runtime the artifact is for (❔ not run: the "
                  "numbers and generation matched eager, that runtime's own proof did not run).")
+    if declined:  # a runtime that cannot take the model: said apart, never counted as a proof that did not run
+        text += (f" {declined} of the passes are declined by a runtime that cannot take the model (✗ declined: the "
+                 "reason is listed; the artifact's own verdict stands).")
     if unrecorded:
         text += (f" {unrecorded} passes were measured before the matrix kept runtime proofs: whether the runtime "
                  "the artifact is for ran it is not recorded.")

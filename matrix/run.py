@@ -257,6 +257,7 @@ def kept_rows(out: Path, names: list[str], formats: list[str]) -> tuple[dict[str
         if raw["family"] in names or raw["family"] not in FAMILIES:
             continue
         cells = {name: Cell(**cell) for name, cell in raw.pop("cells").items()}
+        raw["note"] = FAMILIES[raw["family"]].note  # the family's note as it reads now (why a cell fails, say)
         rows[raw["family"]] = Row(**raw, cells=cells)
     meta = data["meta"]
     since = meta.get("kept_since") or str(meta.get("kept_from") or meta["date"]).split(" to ")[0]

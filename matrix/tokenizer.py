@@ -1,7 +1,7 @@
-"""A family's tokenizer, trained here (no download), for the families whose runtime proof reads one: the ExecuTorch
-MultimodalRunner reads `tokenizer.json` from the folder, so Qwen2-Audio's matrix model is built with a byte-level
-BPE (one ExecuTorch's C++ tokenizer loads) whose special audio token is the model's own, and its vocabulary the
-tokenizer's ([`with_tokenizer`]).
+"""A family's tokenizer, trained here (no download), for the families whose runtime proof reads one: ExecuTorch's LLM
+runner and MultimodalRunner read `tokenizer.json` from the folder, so every decoder-only family's matrix model and
+Qwen2-Audio's are built with a byte-level BPE (one ExecuTorch's C++ tokenizer loads) whose vocabulary, BOS, EOS and
+padding are the model's, and whose special token (Qwen2-Audio's audio token) is the model's own ([`with_tokenizer`]).
 
 Example:
     >>> from pathlib import Path
@@ -43,11 +43,16 @@ def train_bpe_tokenizer(folder: Path, corpus: list[str], specials: list[str], *,
     return tokenizer
 
 
-def with_tokenizer(folder: Path, token: str, setting: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Save a byte-level BPE with the special `token` into `folder`; `overrides` completed so the model matches it:
-    `setting` (the config's id of that token, e.g. `audio_token_index`) its id, the text model's vocabulary the
-    tokenizer's, BOS/EOS/padding its ids 1, 2, 3."""
-    tokenizer = train_bpe_tokenizer(folder, CORPUS, [*SPECIALS, token], vocab_size=120, bos="<s>", eos="</s>",
+def with_tokenizer(folder: Path, special: tuple[str, str] | tuple[()], overrides: dict[str, Any],
+                   text: str = "") -> dict[str, Any]:
+    """Save a byte-level BPE into `folder`; `overrides` completed so the model matches it: the text model's
+    vocabulary the tokenizer's, its BOS/EOS/padding the tokenizer's ids 1, 2, 3 (`text`: the dotted prefix of the
+    text model's config, `"text_config."` in a multimodal model, `""` in a decoder-only one), and where `special` is
+    `(token, setting)` that special token in the tokenizer and `setting` (the config's id of it, e.g.
+    `audio_token_index`) its id."""
+    tokens = [special[0]] if special else []
+    tokenizer = train_bpe_tokenizer(folder, CORPUS, [*SPECIALS, *tokens], vocab_size=120, bos="<s>", eos="</s>",
                                     pad="<pad>", byte_level=True)
-    return {**overrides, setting: tokenizer.convert_tokens_to_ids(token), "text_config.vocab_size": len(tokenizer),
-            "text_config.bos_token_id": 1, "text_config.eos_token_id": 2, "text_config.pad_token_id": 3}
+    named = {special[1]: tokenizer.convert_tokens_to_ids(special[0])} if special else {}
+    return {**overrides, **named, f"{text}vocab_size": len(tokenizer), f"{text}bos_token_id": 1,
+            f"{text}eos_token_id": 2, f"{text}pad_token_id": 3}

@@ -102,7 +102,45 @@ def test_qwen2_audio_is_built_with_the_tokenizer_its_multimodal_runner_proof_rea
     assert tokenizer.get_vocab_size() == text.vocab_size
     assert [tokenizer.token_to_id(t) for t in ("<s>", "</s>", "<pad>")] == [text.bos_token_id, text.eos_token_id,
                                                                              text.pad_token_id]
-    assert not (build(FAMILIES["qwen2"], tmp_path / "qwen2") / "tokenizer.json").exists()
+    assert not (build(FAMILIES["bert"], tmp_path / "bert") / "tokenizer.json").exists()  # no proof reads one
+
+
+@pytest.mark.parametrize("name", ["gpt2", "deepseek_v3"])  # GPT-2's default ids are 50256; DeepSeek-V3's 0 and 1
+def test_a_decoder_family_is_built_with_the_tokenizer_its_llm_runner_proof_reads(name, tmp_path):
+    """#50: 34 decoder-only rows of the matrix showed their ExecuTorch LLM runner proof "❔ not run: the model folder
+    has no tokenizer.json". Every decoder-only family now gets a byte-level BPE (`FamilySpec.tokenizer` `()`), the
+    model built to its vocabulary: BOS/EOS/padding the tokenizer's, every special token id inside it."""
+    from tokenizers import Tokenizer
+    from transformers import AutoConfig
+
+    from matrix.families import build
+
+    assert all(spec.tokenizer is not None for spec in FAMILIES.values() if spec.kind == "decoder-only")
+    folder = build(FAMILIES[name], tmp_path / name)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    config = AutoConfig.from_pretrained(folder)
+    assert tokenizer.get_vocab_size() == config.vocab_size < VOCAB
+    assert [tokenizer.token_to_id(t) for t in ("<s>", "</s>", "<pad>")] == [config.bos_token_id, config.eos_token_id,
+                                                                             config.pad_token_id]
+    for attribute, value in _token_ids(config):
+        assert value < config.vocab_size, f"{name}: {attribute} = {value} is outside the tokenizer's vocabulary"
+
+
+def test_no_decoder_row_of_the_matrix_leaves_its_runtime_proof_unrun_for_want_of_a_tokenizer():
+    """#50: a check that did not run is not a pass. The measured table (docs/coverage.json) holds no decoder-only
+    row, and no row of a family built with a tokenizer, whose runtime proof did not run for want of tokenizer.json."""
+    data = json.loads((ROOT / "docs" / "coverage.json").read_text())
+    checked = 0
+    for row in data["rows"]:
+        spec = FAMILIES.get(row["family"])
+        if spec is None or (spec.kind != "decoder-only" and spec.tokenizer is None):
+            continue
+        for name, cell in row["cells"].items():
+            for proof in cell.get("runtimes") or []:
+                checked += 1
+                assert "tokenizer.json" not in proof["detail"] or proof["status"] in ("passed", "declined"), \
+                    f"{row['family']} {name}: {proof['runtime']} {proof['status']}: {proof['detail']}"
+    assert checked >= 30
 
 
 def test_plainest_recipe():
@@ -163,6 +201,15 @@ def test_a_pass_whose_runtime_proof_did_not_run_says_so():
     assert "| gpt2 | decoder-only | `GPT2LMHeadModel` | generation | ✅ passed | ✅ passed |" in text
     assert "Passed: onnx 2/2, executorch 2/2. 1 of the passes were not run by the runtime" in text
     assert "1 passes were measured before the matrix kept runtime proofs" in text  # gpt2's onnx: not recorded
+    assert "are declined by a runtime" not in text
+    declined = {"runtime": "ONNX Runtime GenAI", "status": "declined", "detail": "cannot take a latent cache"}
+    rows[1].cells["onnx"] = Cell("passed", runtimes=[declined])  # a runtime's refusal: said apart, not "not run"
+    text = render(rows, meta)
+    assert "| gpt2 | decoder-only | `GPT2LMHeadModel` | generation | ✅ passed; ONNX Runtime GenAI ✗ declined [2] |" \
+        in text, text
+    assert ("1 of the passes were not run by the runtime the artifact is for (❔ not run: the numbers and generation "
+            "matched eager, that runtime's own proof did not run). 1 of the passes are declined by a runtime that "
+            "cannot take the model") in text, text
 
 
 def test_the_estimate_spreads_cpu_seconds_over_the_cores():
@@ -215,6 +262,20 @@ def test_make_coverage_script_runs_one_family_end_to_end(tmp_path):
     assert "Passed: onnx 3/3." in updated and "Partial" not in updated
 
 
+def test_the_matrix_runs_a_decoders_executorch_program_in_the_llm_runner(tmp_path):
+    """#50: a decoder-only family's plainest ExecuTorch target is proven in ExecuTorch's LLM runner from its folder
+    (the tokenizer the matrix trains for it), not left "❔ not run"."""
+    out = tmp_path / "coverage.md"
+    done = subprocess.run([sys.executable, "-m", "matrix", "--families", "gpt2", "--formats", "executorch", "--jobs",
+                           "1", "--work", str(tmp_path / "work"), "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    text = out.read_text()
+    assert ("| gpt2 | decoder-only | `GPT2LMHeadModel` | generation | ✅ passed (gen ✓); ExecuTorch LLM runner ✓ |"
+            in text), text
+    assert "❔ not run [" not in text, text
+
+
 def test_kept_rows_say_the_span_they_were_measured_in(tmp_path):
     """A table built by several --update runs keeps rows from all of them: the kept span starts at the oldest."""
     row = {"family": "bert", "kind": "encoder", "model_class": "BertModel", "cells": {"onnx": {"status": "passed"}}}
@@ -226,6 +287,12 @@ def test_kept_rows_say_the_span_they_were_measured_in(tmp_path):
     (tmp_path / "coverage.json").write_text(json.dumps({"meta": {**meta, "kept_since": None}, "rows": [row]}))
     assert kept_rows(tmp_path / "coverage.md", ["vit"], ["onnx"])[1] == "2026-12-02 10:00 UTC"
     assert kept_rows(tmp_path / "coverage.md", ["vit"], ["dynamo"]) == ({}, None)  # other formats: nothing kept
+    # a kept row's note is its family's as it reads now (#50: why regnet's float32 mismatch is the model's conditioning)
+    regnet = {"family": "regnet", "kind": "vision", "model_class": "RegNetModel", "note": "",
+              "cells": {"onnx": {"status": "failed", "cause": "mismatch"}}}
+    (tmp_path / "coverage.json").write_text(json.dumps({"meta": meta, "rows": [row, regnet]}))
+    rows, _ = kept_rows(tmp_path / "coverage.md", ["vit"], ["onnx"])
+    assert rows["regnet"].note == FAMILIES["regnet"].note and "conditioning" in rows["regnet"].note
 
 
 def test_a_stopped_update_says_which_families_it_did_not_measure():

@@ -4,7 +4,8 @@ greedily, the same text as eager `generate()` on the same prompt.
 
 ```
 reference(): the prompt (the recipe's, else the sample's text) tokenized by the folder's tokenizer, no specials
-             └─ eager greedy generate, max_new_tokens ─► ids (the first prompt that generates any before eos)
+             └─ eager greedy generate, max_new_tokens ─► ids up to and with the first eos (the first prompt that
+                                                         generates any before eos)
 prove():     a subprocess (the pybinding aborts the process on some errors) runs
              TextLLMRunner(model.pte, tokenizer.json[, model.ptd]).generate(prompt, temperature 0)
              └─ pieces ─► ids ─► compared with eager's ids, token for token (a quantized or half-precision program:
@@ -34,7 +35,7 @@ from exporters.recipe.budgets import resolve_budget, variant_kind
 from exporters.upstream import read_manifest
 from exporters.layouts.executorch_llm import runner_child_imports
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
-from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
+from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched, until_eos
 
 # the card's snippet makes the same runner (its RUNNER_IMPORTS load the same kernel libraries: `runner_child_imports`)
 CHILD = r"""
@@ -72,11 +73,13 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
         with torch.no_grad():
             out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                  generation_config=config)
-        shown = [t for t in out[0, len(ids):].tolist() if t not in eos]  # the runner stops at EOS, not shown
+        # eager's tokens up to and with its first EOS: the runner hands the EOS it stops at over as a piece too
+        # (executorch's TextTokenGenerator calls token_callback before its EOS test), so stopping is compared too
+        shown = until_eos(out[0, len(ids):].tolist(), sorted(eos))
         if not vocabulary:
             vocabulary, ids_of = pieces_by_id(tokenizer)
         whole = next((i for i, t in enumerate(shown) if PART_OF_A_CHARACTER in vocabulary[t]), len(shown))
-        if whole:
+        if whole and shown[0] not in eos:  # an EOS first is no token to compare
             cut = {"cut": tokenizer.id_to_token(shown[whole])} if whole < len(shown) else {}
             return {"prompt": prompt, "prompt_tokens": len(ids), "tokens": shown[:whole], "ids_of": ids_of,
                     "pieces": [vocabulary[t] for t in shown[:whole]], **cut}
