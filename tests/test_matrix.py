@@ -266,9 +266,8 @@ def test_the_matrix_runs_a_decoders_executorch_program_in_the_llm_runner(tmp_pat
     """#50: a decoder-only family's plainest ExecuTorch target is proven in ExecuTorch's LLM runner from its folder
     (the tokenizer the matrix trains for it), not left "❔ not run"."""
     out = tmp_path / "coverage.md"
-    done = subprocess.run([sys.executable, "-m", "matrix", "--families", "gpt2", "--formats", "executorch", "--jobs",
-                           "1", "--work", str(tmp_path / "work"), "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+    done = _matrix("--families", "gpt2", "--formats", "executorch", "--jobs", "1", "--work", str(tmp_path / "work"),
+                   "--out", str(out))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     text = out.read_text()
     assert ("| gpt2 | decoder-only | `GPT2LMHeadModel` | generation | ✅ passed (gen ✓); ExecuTorch LLM runner ✓ |"
