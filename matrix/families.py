@@ -269,7 +269,8 @@ _SPECS = [
     # stages are not exported is refused, never passed on the language model alone; Granite Speech: its Conformer
     # encoder and Q-Former projector (`model.encoder`, `model.projector`)
     _f("voxtral", "audio-language", "VoxtralForConditionalGeneration",
-       "audio encoder + projector + language model, from log-mel features", audio_token_id=24,
+       "audio encoder + projector + language model, from log-mel features; a byte-level BPE tokenizer, for the "
+       "MultimodalRunner's proof", tokenizer=("[AUDIO]", "audio_token_id"),
        audio_config__num_mel_bins=16, audio_config__max_source_positions=32),
     _f("qwen2_audio", "audio-language", "Qwen2AudioForConditionalGeneration",
        "audio encoder + projector + language model; a feature mask; a byte-level BPE tokenizer, for the "

@@ -44,7 +44,7 @@ def render(rows: list[Any], meta: dict[str, Any]) -> str:
         "family from transformers' own default config (shrunk consistently: hidden 32, 1-2 layers, vocabulary "
         "256, or the tokenizer's, with the special tokens inside it; `matrix/families.py`), runs the plainest "
         "recipe through the real CLI and reads report.json. No processor is in the folders; the decoder-only "
-        "families, Qwen2-Audio and Granite Speech have a tokenizer (a byte-level BPE trained in code, the model's"
+        "families and the audio-language ones (Voxtral, Qwen2-Audio, Granite Speech) have a tokenizer (a byte-level BPE trained in code, the model's"
         " vocabulary, BOS, EOS and padding its own: `matrix/tokenizer.py`), which their ExecuTorch LLM runner or "
         "MultimodalRunner proof reads; sample inputs are synthesized in each family's layout. A pass means every "
         "component matched the eager model at the traced inputs and at unseen shapes, and, for generators, greedy"
