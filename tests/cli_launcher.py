@@ -413,8 +413,8 @@ class _Zygote:
 
 
 class _Zygotes:
-    """The launcher's zygotes, the most recently used last; at most MAX_ZYGOTES live (the oldest is told to end: it
-    finishes its running calls first)."""
+    """The launcher's zygotes, the most recently used last; at most MAX_ZYGOTES live (the oldest other than the
+    worker's own environment's is told to end: it finishes its running calls first)."""
 
     def __init__(self) -> None:
         self.live: list[_Zygote] = []
@@ -436,8 +436,10 @@ class _Zygotes:
     def add(self, zygote: _Zygote, selector: selectors.BaseSelector) -> None:
         selector.register(zygote.pidfd, selectors.EVENT_READ, ("zygote", zygote.pidfd))
         self.live.append(zygote)
-        while len(self.live) > MAX_ZYGOTES:
-            self.end(self.live.pop(0))
+        # the least recently used ends first, but never the worker's own environment's (most calls are its)
+        others = [live for live in self.live if not live.same_environment(dict(os.environ))]
+        while len(self.live) > MAX_ZYGOTES and others:
+            self.end(others.pop(0))
 
     def end(self, zygote: _Zygote) -> None:
         """Tell `zygote` to end (EOF on its pair); the launcher reaps it when it has."""

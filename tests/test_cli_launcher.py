@@ -322,3 +322,17 @@ def test_a_cwd_that_holds_its_own_exporters_or_transformers_is_not_served_by_a_z
         cold = cli_launcher.launch([], env, work, 120, warm=False, module=module)
         assert warm.how == "warm" and warm.stage.startswith("base:"), (package, warm.stage)
         assert warm.done.stdout == cold.done.stdout == f"the cwd's own {package}\n", (warm.done, cold.done)
+
+
+def test_at_most_three_zygotes_live_and_the_workers_own_outlives_the_others(tmp_path):
+    """Calls with four other HF_HOMEs (as each `run_action` gives): the least recently used zygote ends each time a
+    fourth would live, never the one of the worker's own environment, which serves the next call again."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    stages = [cli_launcher.launch(["--help"], {**env, **extra}, ROOT, 300, warm=True).stage
+              for extra in [{}, *({"HF_HOME": str(tmp_path / name)} for name in "abcd"), {}]]
+    assert stages[0].startswith("zygote:") and stages[1:5] == ["zygote:1"] * 4, stages
+    assert stages[5] != "zygote:1" and stages[5].startswith("zygote:"), stages
+    deadline = time.monotonic() + 30
+    while len(_zygotes_of(cli_launcher.launcher().process.pid)) > cli_launcher.MAX_ZYGOTES:
+        assert time.monotonic() < deadline, "an ended zygote was never reaped"
+        time.sleep(0.1)
