@@ -1,27 +1,39 @@
 """The real CLI started warm (#48): each `hf-export` a test runs is forked from a per-worker process that has already
-imported the heavy, environment-blind part of the stack, instead of a cold interpreter importing it again (~3 of the
-~4.5 CPU seconds `python -m exporters.cli run` spends before it does anything; benchmarks/RESULTS.md).
+imported the stack, instead of a cold interpreter importing it again (~4.5 CPU seconds `python -m exporters.cli run`
+spends before it does anything; benchmarks/RESULTS.md).
 
     test ──(argv, env, cwd; fds 0/1/2)──► launcher: `python -m tests.cli_launcher SOCKET LIFELINE`, has imported
-         ◄──pid, then the exit status───    PRELOAD (no torch op ever ran in it), forks one child per call:
-                                            env := exactly the env given, chdir(cwd), fds 0/1/2, sys.path[0] = cwd,
-                                            runpy.run_module("exporters.cli", run_name="__main__") as `-m` does
+         ◄──"pid stage", exit status──    PRELOAD (environment-blind; no torch op ever ran in it)
+                                            │ fork, once per environment (what STAGE2 read at import)
+                                            ▼
+                                          zygote (comm ZYGOTE_NAME): took that call's env, imported STAGE2
+                                          (huggingface_hub, transformers, typer, rich, ours); forks one child per
+                                          call whose env agrees on every key STAGE2 read, and reaps it
+                                            ▼
+                                          child: env := exactly the env given, chdir(cwd), fds 0/1/2,
+                                          sys.path[0] = cwd, runpy runs `exporters.cli` as `-m` does
 
 The child is the CLI in its own process: its own pid, exit code, stdout and stderr pipes (read as
 `subprocess.run(capture_output=True, text=True)` reads them), atexit handlers, and a timeout that kills it. Only
-modules that a cold `import exporters.run.pipeline` loads anyway are preloaded (so an export child the CLI forks holds
-what it would hold cold), and none that reads the environment the tests vary: huggingface_hub, transformers and
-exporters read HF_* and their settings at import, so every child imports them itself. The launcher records every
-environment key the preload read (`os.environ`) and starts a call cold when the env given changes one of them or one
-read below Python (`COLD_KEYS`, `COLD_PREFIXES`: the interpreter, the loader, OpenMP, the locale), or when the cwd holds
-a module named like a preloaded one (`-m` puts the cwd first on sys.path).
+modules that a cold `hf-export run` loads before it exports are preloaded (so an export child the CLI forks holds what
+it would hold cold). The launcher's PRELOAD reads no setting the tests vary; it records every environment key the
+preload read (`os.environ`) and starts a call cold when the env given changes one of them or one read below Python
+(`COLD_KEYS`, `COLD_PREFIXES`: the interpreter, the loader, OpenMP, the locale), or when the cwd holds a module named
+like a preloaded one (`-m` puts the cwd first on sys.path). huggingface_hub, transformers and ours read HF_* and their
+settings at import (HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE, CI, TRANSFORMERS_VERBOSITY, ...): those are STAGE2, imported
+in a zygote with one call's environment, recording each key read; a call whose values differ on any of them gets
+another zygote (at most MAX_ZYGOTES live, the least recently used ended), so no call sees another's values
+(tests/test_cli_launcher.py proves it against cold runs). A call whose PYTHONPATH adds entries, or whose cwd holds a
+package STAGE2 imported (or ours resolving to other files), is forked from the launcher and imports STAGE2 itself.
+What a zygote shares with its children that a cold interpreter draws afresh: the hash seed, and transformers'
+telemetry SESSION_ID.
 
 A call may name another module (`python -m action`: tests/test_action.py's `run_action`) and a PYTHONPATH of its
 own, whose entries the child puts on sys.path where a cold interpreter puts them, in place of the launcher's (a call
 whose entry holds a module named like a preloaded package starts cold).
 
 `HF_EXPORT_TEST_COLD_CLI=1` starts every call cold; `HF_EXPORT_TEST_CLI_LOG=FILE` appends one line per call (warm or
-cold, and why cold). A child shares the launcher's hash seed (a cold interpreter draws its own).
+cold and why, the module, the command, the stage: `base:N` or `zygote:N`, the Nth call that process served).
 
 Example:
     >>> done = launch(["--help"], dict(os.environ), ROOT, 60).done  # doctest: +SKIP
@@ -34,6 +46,7 @@ from __future__ import annotations
 import atexit
 import builtins
 import importlib
+import importlib.machinery
 import json
 import locale
 import os
@@ -65,6 +78,16 @@ COLD_KEYS = frozenset({"PYTHONUNBUFFERED", "LANG", "LANGUAGE", "TZ", "TMPDIR", "
 COLD_PREFIXES = ("PYTHON", "LD_", "LC_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO_", "MALLOC_", "GLIBC_", "CUDA_",
                  "TORCH", "PYTORCH", "NPY_", "NUMPY_", "SCIPY_", "TQDM_", "SYMPY_", "MPMATH_")
 SCANNERS = {"tqdm.utils": "TQDM_"}  # modules that iterate os.environ at import, and the keys they look for
+# The rest of what `python -m exporters.cli run` imports before it exports (the CLI's own imports, then the pipeline
+# its `run` imports): huggingface_hub, transformers, typer, rich, pydantic and ours, which read HF_* and their settings
+# at import. A zygote imports them with one call's environment and serves every later call that agrees with it on
+# each key they read (eighth round of #48: ~1.5 CPU s a call that each child paid).
+STAGE2 = ("typer", "rich.console", "rich.markup", "exporters.fsutil", "exporters.errors", "exporters.publish",
+          "exporters.publish.destination", "exporters.publish.problem", "exporters.recipe.load",
+          "exporters.recipe.model", "exporters.recipe.model_limits", "exporters.report.build", "exporters.quiet",
+          "exporters.run.pipeline")
+MAX_ZYGOTES = 3  # the worker's own environment's, and the last two others' (a test's Hub emulator and HF_HOME)
+ZYGOTE_NAME = "hf-cli-zygote"  # its /proc/PID/comm
 _HEADER = struct.Struct("!Q")
 
 
@@ -75,6 +98,7 @@ class Launch:
     done: subprocess.CompletedProcess
     how: str
     pid: int | None = None
+    stage: str = ""  # warm: "base:N" (forked from the launcher) or "zygote:N" (from a zygote), its Nth call
 
 
 class _Launcher:
@@ -192,13 +216,19 @@ def launch(args: list[str], env: dict[str, str], cwd: Path, timeout: float, warm
             reason = launcher().cold_reason(env, cwd)
         except (OSError, RuntimeError, ValueError) as err:
             reason = f"the launcher failed: {err}"
-    if log := os.environ.get(LOG_ENV):
-        with open(log, "a") as file:
-            file.write(f"{'cold: ' + reason if reason else 'warm'}\t{module}\t{args[0] if args else ''}\n")
-    if reason:
-        return Launch(subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env,
-                                     cwd=cwd, timeout=timeout), f"cold: {reason}")
-    return _warm(args, env, cwd, timeout, module)
+    called = None
+    try:
+        if reason:
+            called = Launch(subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                                           env=env, cwd=cwd, timeout=timeout), f"cold: {reason}")
+        else:
+            called = _warm(args, env, cwd, timeout, module)
+        return called
+    finally:
+        if log := os.environ.get(LOG_ENV):  # one line a call: how it started, its module, command and stage
+            with open(log, "a") as file:
+                file.write(f"{'cold: ' + reason if reason else 'warm'}\t{module}\t{args[0] if args else ''}\t"
+                           f"{called.stage if called else 'raised'}\n")
 
 
 def _text(data: bytes) -> str:
@@ -253,10 +283,11 @@ def _warm(args: list[str], env: dict[str, str], cwd: Path, timeout: float, modul
         control.close()
         os.close(out_read)
         os.close(err_read)
-    pid, status = (int(line) for line in answer.split(b"\n")[:2])
-    done = subprocess.CompletedProcess(command, status, _text(b"".join(chunks[out_read])),
+    started, status = answer.decode().split("\n")[:2]
+    pid, stage = started.split(" ")
+    done = subprocess.CompletedProcess(command, int(status), _text(b"".join(chunks[out_read])),
                                        _text(b"".join(chunks[err_read])))
-    return Launch(done, "warm", pid)
+    return Launch(done, "warm", int(pid), stage)
 
 
 def _rest(control: socket.socket, answer: bytes) -> bytes:
@@ -283,8 +314,8 @@ def _valid_fd(fd: int) -> bool:
 # ── The launcher process ─────────────────────────────────────────────────────
 
 
-def _preload() -> dict:
-    """Import PRELOAD, recording each os.environ key read on the way (and who iterated the whole environment)."""
+def _preload(modules: tuple[str, ...] = PRELOAD) -> dict:
+    """Import `modules`, recording each os.environ key read on the way (and who iterated the whole environment)."""
     reads, scanned = set(), set()
     get_item, iterate = os._Environ.__getitem__, os._Environ.__iter__
 
@@ -305,7 +336,7 @@ def _preload() -> dict:
     before = {name.split(".")[0] for name in sys.modules}
     os._Environ.__getitem__, os._Environ.__iter__ = recorded_get, recorded_iter
     try:
-        for module in PRELOAD:
+        for module in modules:
             __import__(module)
     finally:
         os._Environ.__getitem__, os._Environ.__iter__ = get_item, iterate
@@ -313,8 +344,10 @@ def _preload() -> dict:
     return {"reads": sorted(reads), "scanned": sorted(scanned), "packages": sorted(packages)}
 
 
-def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
-    header, fds, _, _ = socket.recv_fds(connection, _HEADER.size, 3)
+def _receive(connection: socket.socket, count: int = 3) -> tuple[dict, list[int]]:
+    header, fds, _, _ = socket.recv_fds(connection, _HEADER.size, count)
+    if not header:
+        raise EOFError("the sender closed the connection")
     (size,) = _HEADER.unpack(header)
     payload = b""
     while len(payload) < size and (chunk := connection.recv(size - len(payload))):
@@ -322,43 +355,251 @@ def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(payload), list(fds)
 
 
-def serve(listener: socket.socket, lifeline: int) -> tuple[dict, list[int]] | None:
-    """Answer calls on `listener` until the client ends (EOF on `lifeline`); returns only in a forked child, with
-    its request and fds."""
+def _cold_origin(name: str, path: list[str]) -> str | None:
+    """Where a cold interpreter whose sys.path is `path` finds the top-level module `name` (its spec's origin), with
+    this process's import machinery (an editable install's finder included)."""
+    for finder in sys.meta_path:
+        if finder is importlib.machinery.PathFinder:
+            spec = finder.find_spec(name, path)
+        else:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, None) if find else None
+        if spec is not None:
+            return spec.origin
+    return None
+
+
+class _Zygote:
+    """A process forked from the launcher that has also imported STAGE2 with one call's environment: it serves the
+    calls whose environment agrees with that one on every key its imports read (`fits`)."""
+
+    def __init__(self, pid: int, pair: socket.socket, env: dict[str, str], facts: dict) -> None:
+        self.pid, self.pair, self.pidfd = pid, pair, os.pidfd_open(pid)
+        self.scanners = [module for module in facts["scanned"]]
+        self.values = {key: env.get(key) for key in facts["reads"]}
+        prefixes = tuple(SCANNERS.get(module, "") for module in self.scanners)
+        self.prefixed = {key: value for key, value in env.items() if prefixes and key.startswith(prefixes)}
+        self.whole = env if any(module not in SCANNERS for module in self.scanners) else None
+        self.origins, self.packages = facts["origins"], set(facts["packages"]) - set(facts["origins"])
+
+    def same_environment(self, env: dict[str, str]) -> bool:
+        """Whether a call with `env` would have read, while importing STAGE2, exactly what this zygote read."""
+        if self.whole is not None:
+            return env == self.whole
+        prefixes = tuple(SCANNERS.get(module, "") for module in self.scanners)
+        prefixed = {key: value for key, value in env.items() if prefixes and key.startswith(prefixes)}
+        return prefixed == self.prefixed and all(env.get(key) == value for key, value in self.values.items())
+
+    def imports_alike(self, request: dict) -> bool:
+        """Whether a cold interpreter for `request` would import STAGE2 from where this zygote did: its cwd holds
+        no module named like a package STAGE2 loaded, and ours (exporters) resolve to the same files."""
+        cwd = request["cwd"]
+        try:
+            listed = {name.removesuffix(".py") for name in os.listdir(cwd)}
+        except OSError:
+            return False
+        if listed & self.packages:
+            return False
+        launcher_entries = _entries(os.environ.get(PATH_KEY), ROOT)
+        rest = [entry for entry in sys.path[1:] if entry not in launcher_entries]  # as become_cli builds it
+        path = [cwd, *_entries(request["env"].get(PATH_KEY), cwd), *rest]
+        return all(_cold_origin(name, path) == origin for name, origin in self.origins.items())
+
+    def forward(self, connection: socket.socket, request: dict, fds: list[int]) -> None:
+        """Hand the call (its connection to the client and its fds) to this zygote, which forks and reaps it."""
+        payload = json.dumps(request).encode()
+        socket.send_fds(self.pair, [_HEADER.pack(len(payload))], [connection.fileno(), *fds])
+        self.pair.sendall(payload)
+
+
+class _Zygotes:
+    """The launcher's zygotes, the most recently used last; at most MAX_ZYGOTES live (the oldest other than the
+    worker's own environment's is told to end: it finishes its running calls first)."""
+
+    def __init__(self) -> None:
+        self.live: list[_Zygote] = []
+        self.ending: dict[int, _Zygote] = {}  # by pidfd: told to end or ended, not reaped yet
+
+    def eligible(self, request: dict) -> bool:
+        """A call whose PYTHONPATH adds entries the launcher lacks imports STAGE2 from its own sys.path: no zygote."""
+        launcher_entries = _entries(os.environ.get(PATH_KEY), ROOT)
+        return all(entry in launcher_entries for entry in _entries(request["env"].get(PATH_KEY), request["cwd"]))
+
+    def find(self, request: dict) -> _Zygote | None:
+        for zygote in reversed(self.live):
+            if zygote.same_environment(request["env"]):
+                self.live.remove(zygote)
+                self.live.append(zygote)
+                return zygote
+        return None
+
+    def add(self, zygote: _Zygote, selector: selectors.BaseSelector) -> None:
+        selector.register(zygote.pidfd, selectors.EVENT_READ, ("zygote", zygote.pidfd))
+        self.live.append(zygote)
+        # the least recently used ends first, but never the worker's own environment's (most calls are its)
+        others = [live for live in self.live if not live.same_environment(dict(os.environ))]
+        while len(self.live) > MAX_ZYGOTES and others:
+            self.end(others.pop(0))
+
+    def end(self, zygote: _Zygote) -> None:
+        """Tell `zygote` to end (EOF on its pair); the launcher reaps it when it has."""
+        zygote.pair.close()
+        self.ending[zygote.pidfd] = zygote
+        if zygote in self.live:
+            self.live.remove(zygote)
+
+    def reap(self, pidfd: int, selector: selectors.BaseSelector) -> None:
+        """Reap the zygote of `pidfd`, which has ended (told to, or on its own)."""
+        zygote = self.ending.pop(pidfd, None)
+        if zygote is None:
+            zygote = next(live for live in self.live if live.pidfd == pidfd)
+            self.live.remove(zygote)
+            zygote.pair.close()
+        os.waitpid(zygote.pid, 0)
+        selector.unregister(pidfd)
+        os.close(pidfd)
+
+    def fds(self) -> list[int]:
+        """Every fd of theirs this process holds (a forked process closes them)."""
+        return [fd for zygote in [*self.live, *self.ending.values()]
+                for fd in (zygote.pidfd, zygote.pair.fileno()) if fd >= 0]
+
+
+def _start_zygote(request: dict) -> tuple[int, socket.socket] | tuple[None, socket.socket]:
+    """Fork a zygote for `request`'s environment: (pid, the launcher's end of the pair) in the launcher, (None, the
+    zygote's end) in the zygote."""
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        return None, theirs
+    theirs.close()
+    return pid, ours
+
+
+def _zygote_facts(pair: socket.socket, timeout: float = 600) -> dict | None:
+    """The facts a new zygote reports once it has imported STAGE2 (None: its imports failed or it ended)."""
+    pair.settimeout(timeout)
+    line = b""
+    try:
+        while not line.endswith(b"\n") and (data := pair.recv(65536)):
+            line += data
+    except OSError:
+        return None
+    finally:
+        pair.settimeout(None)
+    facts = json.loads(line) if line.endswith(b"\n") else None
+    return facts if facts and facts.get("ok") else None
+
+
+def become_zygote(request: dict, pair: socket.socket) -> None:
+    """In a new zygote: take the call's environment, import STAGE2 (recording what it read), report, then serve the
+    calls the launcher passes on. A failed import ends it: the call is forked from the launcher and fails in its
+    own import, as a cold one does."""
+    with open("/proc/self/comm", "w") as comm:
+        comm.write(ZYGOTE_NAME)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    try:
+        facts = {**_preload(STAGE2), "ok": True}
+    except BaseException as err:  # noqa: BLE001  (said to the launcher, which starts the call without us)
+        pair.sendall((json.dumps({"ok": False, "error": repr(err)}) + "\n").encode())
+        os._exit(0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    facts["origins"] = {name: sys.modules[name].__spec__.origin for name in facts["packages"]
+                        if name in sys.modules and getattr(sys.modules[name], "__spec__", None) is not None
+                        and str(sys.modules[name].__spec__.origin or "").startswith(str(ROOT) + os.sep)}
+    facts["threads"] = threading.active_count()
+    pair.sendall((json.dumps(facts) + "\n").encode())
+    child = serve(pair, None, None, "zygote")
+    if child is None:
+        os._exit(0)  # its calls have ended: nothing to flush, and the stack's teardown would cost ~1 CPU s
+    become_cli(*child[1:])  # then this process ends as the CLI's does
+
+
+def serve(source: socket.socket, lifeline: int | None, zygotes: _Zygotes | None,
+          stage: str = "base") -> tuple | None:
+    """Answer calls from `source` until the client ends (EOF on `lifeline`; a zygote's `source` is its pair with the
+    launcher, whose EOF ends it once its running calls have ended). Returns only in a forked process: ("call",
+    request, fds) in a call's child, ("zygote", request, pair) in a new zygote."""
     selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ, "accept")
-    selector.register(lifeline, selectors.EVENT_READ, "lifeline")
+    selector.register(source, selectors.EVENT_READ, "call")
+    if lifeline is not None:
+        selector.register(lifeline, selectors.EVENT_READ, "lifeline")
     children: dict[int, tuple[int, int, socket.socket]] = {}  # pid -> (pidfd, pid, connection)
-    while True:
+    served, draining = 0, False
+
+    def close_inherited(*more: int) -> None:
+        for pidfd, _, other in children.values():
+            os.close(pidfd)
+            other.close()
+        for fd in [*(zygotes.fds() if zygotes else []), *more]:
+            os.close(fd)
+        selector.close()
+        source.close()
+        if lifeline is not None:
+            os.close(lifeline)
+
+    while not (draining and not children):
         for key, _ in selector.select():
             kind = key.data
             if kind == "lifeline" and not os.read(lifeline, 1):
                 return None
-            if kind == "accept":
-                connection, _ = listener.accept()
+            if kind == "call":
+                connection = None if lifeline is None else source.accept()[0]
                 try:
-                    request, fds = _receive(connection)
-                except (OSError, ValueError) as err:
+                    if connection is None:  # a zygote: the launcher passes the client's connection first
+                        request, fds = _receive(source, 4)
+                        connection, fds = socket.socket(fileno=fds[0]), fds[1:]
+                    else:
+                        request, fds = _receive(connection)
+                except (OSError, ValueError, EOFError) as err:
+                    if lifeline is None and isinstance(err, EOFError):  # told to end: the running calls first
+                        selector.unregister(source)
+                        draining = True
+                        continue
                     print(f"bad request: {err!r}", file=sys.stderr, flush=True)
-                    connection.close()
+                    if connection is not None:
+                        connection.close()
                     continue
+                zygote = None
+                if zygotes is not None and zygotes.eligible(request):
+                    zygote = zygotes.find(request)
+                    if zygote is None:
+                        pid, pair = _start_zygote(request)
+                        if pid is None:
+                            close_inherited(connection.detach(), *fds)
+                            return "zygote", request, pair
+                        facts = _zygote_facts(pair)
+                        zygote = _Zygote(pid, pair, request["env"], facts) if facts else None
+                        if zygote is None:
+                            pair.close()
+                            os.waitpid(pid, 0)
+                        else:
+                            zygotes.add(zygote, selector)
+                    if zygote is not None and not zygote.imports_alike(request):
+                        zygote = None
+                if zygote is not None:
+                    zygote.forward(connection, request, fds)
+                    connection.close()
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                served += 1
                 pid = os.fork()
                 if pid == 0:
-                    for pidfd, _, other in children.values():
-                        os.close(pidfd)
-                        other.close()
-                    selector.close()
-                    listener.close()
-                    connection.close()
-                    os.close(lifeline)
-                    return request, fds
+                    close_inherited(connection.detach())
+                    return "call", request, fds
                 for fd in fds:
                     os.close(fd)
                 pidfd = os.pidfd_open(pid)
                 children[pid] = (pidfd, pid, connection)
                 selector.register(pidfd, selectors.EVENT_READ, ("exited", pid))
                 selector.register(connection, selectors.EVENT_READ, ("asks", pid))
-                _send(connection, f"{pid}\n")
+                _send(connection, f"{pid} {stage}:{served}\n")
+            elif isinstance(kind, tuple) and kind[0] == "zygote":
+                zygotes.reap(kind[1], selector)
             elif isinstance(kind, tuple) and kind[1] in children:
                 pidfd, pid, connection = children[kind[1]]
                 if kind[0] == "asks":
@@ -379,6 +620,7 @@ def serve(listener: socket.socket, lifeline: int) -> tuple[dict, list[int]] | No
                 _send(connection, f"{os.waitstatus_to_exitcode(status)}\n")
                 connection.close()
                 del children[pid]
+    return None
 
 
 def _send(connection: socket.socket, text: str) -> None:
@@ -403,6 +645,8 @@ def become_cli(request: dict, fds: list[int]) -> None:
     importlib.invalidate_caches()
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()  # a cold interpreter seeds numpy's global generator afresh
+    if "random" in sys.modules:
+        sys.modules["random"].seed()  # and Python's
     sys.argv = ["", *request["args"]]  # runpy puts the module's path first, as `-m` does
     module = request.get("module", MODULE)
     sys.orig_argv = [sys.executable, "-m", module, *request["args"]]
@@ -434,9 +678,13 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.close(devnull)
-    child = serve(listener, lifeline)
-    if child is not None:
-        become_cli(*child)
+    child = serve(listener, lifeline, _Zygotes())
+    if child is None:
+        os._exit(0)  # the client has ended; the stack's teardown would only cost CPU
+    if child[0] == "zygote":
+        become_zygote(*child[1:])
+    else:
+        become_cli(*child[1:])
 
 
 if __name__ == "__main__":

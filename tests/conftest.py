@@ -1,7 +1,8 @@
 """Shared fixtures: the local Hub and GitHub emulators, and tiny models built once per session.
 
 `run_cli` starts the real CLI in its own process forked from a per-worker launcher that has imported torch and the
-rest of the environment-blind stack (tests/cli_launcher.py, #48); `HF_EXPORT_TEST_COLD_CLI=1` starts every call in a
+rest of the environment-blind stack, through a zygote that imported huggingface_hub, transformers and ours with the
+call's own HF_* values (tests/cli_launcher.py, #48); `HF_EXPORT_TEST_COLD_CLI=1` starts every call in a
 cold interpreter instead, and a test about the CLI's start-up stays cold (`COLD_MODULES`, `@pytest.mark.cold_cli`).
 """
 
@@ -43,8 +44,8 @@ def process_alive(pid: int) -> bool:
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
             timeout: float = 900) -> subprocess.CompletedProcess:
     """Run the real `hf-export` CLI in its own process, as a user would: forked from this worker's launcher, which
-    has imported the stack's environment-blind part, or cold (tests/cli_launcher.py says when); the same exit code,
-    output and files either way, and `timeout` kills it."""
+    has imported the stack (the part that reads HF_* in a zygote per set of values), or cold (tests/cli_launcher.py
+    says when); the same exit code, output and files either way, and `timeout` kills it."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return cli_launcher.launch(list(args), full_env, cwd or ROOT, timeout).done
 

@@ -105,12 +105,17 @@ def test_a_tiny_run_warm_writes_what_a_cold_one_writes(tmp_path):
 def test_the_timeout_kills_the_warm_cli(tmp_path):
     """`run_cli(..., timeout=)` raises subprocess.TimeoutExpired and the CLI's process is gone, as with a cold one."""
     model = tiny_bert(tmp_path / "model", [{"export_format": "dynamo"}])
+    # the launcher and the zygote of this environment started first (a call waits for its zygote's imports)
+    assert cli_launcher.launch(["--help"], {**os.environ, "PYTHONUNBUFFERED": "1"}, ROOT, 600).done.returncode == 0
     began = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
         cli_launcher.launch(["run", "--no-bench", str(model), "--out", str(tmp_path / "out"), "--quiet"],
                             {**os.environ, "PYTHONUNBUFFERED": "1"}, ROOT, 1.0, warm=True)
     assert time.monotonic() - began < 30
-    pids = _children_of(cli_launcher.launcher().process.pid)
+    launcher = cli_launcher.launcher().process.pid
+    zygotes = _zygotes_of(launcher)
+    pids = [pid for pid in _children_of(launcher) if pid not in zygotes]
+    pids += [pid for zygote in zygotes for pid in _children_of(zygote)]
     assert not pids, f"the killed CLI still runs: {pids}"
 
 
@@ -128,29 +133,46 @@ def _children_of(pid: int) -> list[int]:
     return found
 
 
+def _zygotes_of(launcher: int) -> list[int]:
+    """The launcher's zygotes: its children named ZYGOTE_NAME (each serves the calls of one environment)."""
+    found = []
+    for pid in _children_of(launcher):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == cli_launcher.ZYGOTE_NAME:
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
 LAUNCHER_OWNER = """
 import json, os
 from tests import cli_launcher
+from tests.test_cli_launcher import _zygotes_of
 done = cli_launcher.launch(["--help"], {**os.environ, "PYTHONUNBUFFERED": "1"}, cli_launcher.ROOT, 120)
-print(json.dumps({"how": done.how, "launcher": cli_launcher.launcher().process.pid, "code": done.done.returncode}),
-      flush=True)
+launcher = cli_launcher.launcher().process.pid
+print(json.dumps({"how": done.how, "stage": done.stage, "launcher": launcher, "code": done.done.returncode,
+                  "zygotes": _zygotes_of(launcher)}), flush=True)
 os._exit(0)  # no atexit, no session end: as a worker that was killed
 """
 
 
 def test_a_worker_has_its_own_launcher_and_it_ends_with_the_worker():
     """Each process (each pytest-xdist worker) starts its own launcher on its first call; when the process ends,
-    even without a word to it (no atexit, no session end), the launcher ends too: its lifeline pipe closes."""
+    even without a word to it (no atexit, no session end), the launcher ends too: its lifeline pipe closes; and so
+    does the zygote that served the call (its pair with the launcher closes)."""
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(LAUNCHER_OWNER)], capture_output=True, text=True,
                           cwd=ROOT, timeout=300, env={**os.environ, cli_launcher.COLD_ENV: "0"})
     assert done.returncode == 0, done.stderr[-3000:]
     told = json.loads(done.stdout)
     assert told["how"] == "warm" and told["code"] == 0
+    assert told["stage"] == "zygote:1" and len(told["zygotes"]) == 1, told
     assert told["launcher"] != cli_launcher.launcher().process.pid
     deadline = time.monotonic() + 20
-    while process_alive(told["launcher"]) and time.monotonic() < deadline:
+    while any(map(process_alive, [told["launcher"], *told["zygotes"]])) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not process_alive(told["launcher"]), "the launcher outlived its worker"
+    assert not process_alive(told["zygotes"][0]), "the zygote outlived its worker"
 
 
 def test_the_preload_reads_no_setting_the_tests_vary_and_is_loaded_by_a_cold_cli_anyway():
@@ -232,3 +254,85 @@ def test_another_module_with_its_own_pythonpath_starts_warm_and_sees_what_a_cold
     # a PYTHONPATH entry holding a module named like a preloaded package would change what the preload imported
     (folder / "torch").mkdir()
     assert "PYTHONPATH entry" in cli_launcher.launcher().cold_reason(env, work)
+
+
+def _probe(env: dict[str, str], warm: bool, *args: str) -> tuple[cli_launcher.Launch, dict]:
+    called = cli_launcher.launch(list(args), env, ROOT, 300, warm=warm, module="tests.hub_settings_probe")
+    assert called.done.returncode == 0, called.done.stderr[-3000:]
+    return called, json.loads(called.done.stdout)
+
+
+def test_a_warm_call_sees_its_own_hub_settings_though_a_zygote_imported_huggingface_hub(tmp_path):
+    """huggingface_hub and transformers read HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE and the rest at import, and a
+    zygote has imported them with an earlier call's environment: a call with other values gets another zygote (or the
+    launcher), never the values of the first. Each call sees exactly what a cold interpreter with its environment
+    sees, and the later call with the first one's values is served by the first one's zygote, preloaded."""
+    base = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGING"))}
+    envs = {name: {**base, "PYTHONUNBUFFERED": "1", "HF_ENDPOINT": f"http://127.0.0.1:{port}",
+                   "HF_HOME": str(tmp_path / name), "HF_HUB_OFFLINE": offline, "HF_TOKEN": f"hf_{name}_token",
+                   "HF_HUB_DISABLE_PROGRESS_BARS": offline, "HF_HUB_DISABLE_XET": "1"}
+            for name, port, offline in (("first", 9, "0"), ("second", 10, "1"))}
+    seen, stages = {}, []
+    for name in ("first", "second", "first", "second"):
+        warm, values = _probe(envs[name], True)
+        cold, cold_values = _probe(envs[name], False)
+        assert warm.how == "warm" and cold.how.startswith("cold"), (warm.how, cold.how)
+        assert values.pop("preloaded") and not cold_values.pop("preloaded"), "the zygote did not preload them"
+        assert values == cold_values, (name, values, cold_values)
+        assert seen.setdefault(name, values) == values
+        stages.append(warm.stage)
+    first, second = seen["first"], seen["second"]
+    assert first["endpoint"] == first["api_endpoint"] == "http://127.0.0.1:9" and first["offline"] is False
+    assert second["endpoint"] == second["api_endpoint"] == "http://127.0.0.1:10" and second["offline"] is True
+    assert (first["token"], second["token"]) == ("hf_first_token", "hf_second_token")
+    assert first["home"] == str(tmp_path / "first") and second["modules_cache"] == str(tmp_path / "second" / "modules")
+    assert first["progress_bars_disabled"] is False and second["progress_bars_disabled"] is True
+    assert all(stage.startswith("zygote:") for stage in stages), stages
+    assert stages[2] != "zygote:1" and stages[3] != "zygote:1", f"the same values were imported again: {stages}"
+
+
+def test_a_zygote_holds_what_a_cold_cli_run_imports_and_no_thread(tmp_path):
+    """What a zygote imported before a call is a subset of what a cold `hf-export run` loads before it exports (the
+    CLI's imports and the pipeline), without the CLI itself (`-m` runs it as __main__), and it forks with one thread."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    warm, held = _probe(env, True, "modules")
+    assert warm.stage.startswith("zygote:"), warm.stage
+    code = "import sys, json, exporters.cli, exporters.run.pipeline; print(json.dumps(sorted(sys.modules)))"
+    cold = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                                         timeout=300, check=True).stdout))
+    preloaded = set(held["modules"]) - {"__main__", "tests", "tests.hub_settings_probe", "runpy"}
+    assert {"transformers", "huggingface_hub", "exporters.run.pipeline"} <= preloaded
+    assert "exporters.cli" not in preloaded and "tests.cli_launcher" not in preloaded
+    assert preloaded - cold <= {"tests.cli_launcher"} | {name for name in preloaded if name.startswith("tests")}, \
+        sorted(preloaded - cold)
+    assert held["threads"] == 1, held
+
+
+def test_a_cwd_that_holds_its_own_exporters_or_transformers_is_not_served_by_a_zygote(tmp_path):
+    """`-m` imports from the cwd first: a cwd holding a package named like one a zygote imported (ours or
+    transformers) gets a child of the launcher, which imports it from there, as a cold interpreter does."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    assert cli_launcher.launch(["--help"], env, ROOT, 120, warm=True).stage.startswith("zygote:")
+    for package, module in (("exporters", "exporters.cli"), ("transformers", "transformers.cli")):
+        work = tmp_path / package
+        (work / package).mkdir(parents=True)
+        (work / package / "__init__.py").write_text("")
+        (work / package / "cli.py").write_text(f"print('the cwd\\'s own {package}')\n")
+        warm = cli_launcher.launch([], env, work, 120, warm=True, module=module)
+        cold = cli_launcher.launch([], env, work, 120, warm=False, module=module)
+        assert warm.how == "warm" and warm.stage.startswith("base:"), (package, warm.stage)
+        assert warm.done.stdout == cold.done.stdout == f"the cwd's own {package}\n", (warm.done, cold.done)
+
+
+def test_at_most_three_zygotes_live_and_the_workers_own_outlives_the_others(tmp_path):
+    """Calls with four other HF_HOMEs (as each `run_action` gives): the least recently used zygote ends each time a
+    fourth would live, never the one of the worker's own environment, which serves the next call again."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    stages = [cli_launcher.launch(["--help"], {**env, **extra}, ROOT, 300, warm=True).stage
+              for extra in [{}, *({"HF_HOME": str(tmp_path / name)} for name in "abcd"), {}]]
+    assert stages[0].startswith("zygote:") and stages[1:5] == ["zygote:1"] * 4, stages
+    assert stages[5] != "zygote:1" and stages[5].startswith("zygote:"), stages
+    deadline = time.monotonic() + 30
+    while len(_zygotes_of(cli_launcher.launcher().process.pid)) > cli_launcher.MAX_ZYGOTES:
+        assert time.monotonic() < deadline, "an ended zygote was never reaped"
+        time.sleep(0.1)
