@@ -28,8 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 CLI = [sys.executable, "-m", "exporters.cli"]
 # Modules whose CLI runs are about the start-up itself, started cold (their own subprocesses are cold anyway).
-COLD_MODULES = {"tests/test_first_hour.py": "the README's commands run as a user types them",
-                "tests/test_bench_start.py": "it times the CLI's start and its forkserver's"}
+COLD_MODULES = {"tests/test_first_hour.py": "the README's commands run as a user types them"}
 
 
 def process_alive(pid: int) -> bool:
