@@ -101,10 +101,8 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_impl
     if model_type not in MODEL_TYPES:
         return (f"transformers.js's vision-language layout is written for model types {list(MODEL_TYPES)} (the "
                 f"image's features in place of its image tokens, LLaVA's merge); this is {model_type!r}")
-    if cache_implementation != "dynamic":
-        return "transformers.js runs the decoder on a dynamic cache; the recipe's cache is static"
-    if target is not None and (target.quantize is not None or target.components or target.dynamic_shapes):
-        return "the target sets quantize, components or dynamic_shapes, which this layout does not take yet"
+    if why := _refused_settings(target, cache_implementation):
+        return why
     if not hasattr(model, "get_image_features"):
         return f"{type(model).__name__} has no get_image_features (the vision_encoder graph)"
     if extra:
@@ -113,6 +111,15 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_impl
         return f"its pixels are not one image [1, (tiles,) 3, H, W] (shape {list(getattr(pixels, 'shape', []))})"
     if not isinstance(ids, torch.Tensor) or ids.shape[1] < TRACED_PAST + TRACED_QUERY:
         return "its prompt is too short to trace the decoder with a dynamic cache"
+    return None
+
+
+def _refused_settings(target: Any, cache_implementation: str) -> str | None:
+    """Why the recipe's cache or the target's settings do not fit a transformers.js multimodal layout, else None."""
+    if cache_implementation != "dynamic":
+        return "transformers.js runs the decoder on a dynamic cache; the recipe's cache is static"
+    if target is not None and (target.quantize is not None or target.components or target.dynamic_shapes):
+        return "the target sets quantize, components or dynamic_shapes, which this layout does not take yet"
     return None
 
 
@@ -131,10 +138,8 @@ def refused_audio(target: Any, model: Any, generate_inputs: dict[str, Any], cach
     if model_type not in AUDIO_MODEL_TYPES:
         return (f"transformers.js 4.3.2 has no audio-language model class for {model_type!r} (its AudioTextToText "
                 f"models this layout writes: {list(AUDIO_MODEL_TYPES)})")
-    if cache_implementation != "dynamic":
-        return "transformers.js runs the decoder on a dynamic cache; the recipe's cache is static"
-    if target is not None and (target.quantize is not None or target.components or target.dynamic_shapes):
-        return "the target sets quantize, components or dynamic_shapes, which this layout does not take yet"
+    if why := _refused_settings(target, cache_implementation):
+        return why
     features, ids = generate_inputs.get("input_features"), generate_inputs.get("input_ids")
     extra = sorted(set(generate_inputs) - {"input_ids", "attention_mask", "input_features"})
     if extra or not isinstance(features, torch.Tensor) or features.dim() != 3 or features.shape[0] != 1:
