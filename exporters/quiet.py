@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from huggingface_hub.utils import disable_progress_bars
 
@@ -36,9 +37,10 @@ def mute_import_chatter() -> None:
 
 
 def no_progress_bars() -> None:
-    """No download or upload progress bars, in this process and in every child it starts. The environment variable
-    alone does not do it here: huggingface_hub reads it once, at import, and every front door has imported it by the
-    time its options are parsed.
+    """No download, upload or weight-loading progress bars, in this process and in every child it starts. The
+    environment variable alone does not do it here: huggingface_hub reads it once, at import, and every front door has
+    imported it by the time its options are parsed; transformers reads it at its own import, which a long-lived
+    process (a bot worker, a warm start) has also done before.
 
     Example:
         >>> from huggingface_hub.utils import are_progress_bars_disabled
@@ -48,3 +50,6 @@ def no_progress_bars() -> None:
     """
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     disable_progress_bars()
+    transformers_logging = sys.modules.get("transformers.utils.logging")
+    if transformers_logging is not None:  # imported before the options were parsed: it read the variable then
+        transformers_logging.disable_progress_bar()

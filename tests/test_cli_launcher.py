@@ -105,12 +105,16 @@ def test_a_tiny_run_warm_writes_what_a_cold_one_writes(tmp_path):
 def test_the_timeout_kills_the_warm_cli(tmp_path):
     """`run_cli(..., timeout=)` raises subprocess.TimeoutExpired and the CLI's process is gone, as with a cold one."""
     model = tiny_bert(tmp_path / "model", [{"export_format": "dynamo"}])
+    # the recipe is a FIFO nobody writes: the CLI blocks reading it until it is killed (a tiny export finished within
+    # the second once the zygotes had imported the stack, and the test raced it)
+    hanging = tmp_path / "recipe.json"
+    os.mkfifo(hanging)
     # the launcher and the zygote of this environment started first (a call waits for its zygote's imports)
     assert cli_launcher.launch(["--help"], {**os.environ, "PYTHONUNBUFFERED": "1"}, ROOT, 600).done.returncode == 0
     began = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
-        cli_launcher.launch(["run", "--no-bench", str(model), "--out", str(tmp_path / "out"), "--quiet"],
-                            {**os.environ, "PYTHONUNBUFFERED": "1"}, ROOT, 1.0, warm=True)
+        cli_launcher.launch(["run", "--no-bench", str(model), "--config", str(hanging), "--out", str(tmp_path / "out"),
+                             "--quiet"], {**os.environ, "PYTHONUNBUFFERED": "1"}, ROOT, 1.0, warm=True)
     assert time.monotonic() - began < 30
     launcher = cli_launcher.launcher().process.pid
     zygotes = _zygotes_of(launcher)
@@ -336,3 +340,17 @@ def test_at_most_three_zygotes_live_and_the_workers_own_outlives_the_others(tmp_
     while len(_zygotes_of(cli_launcher.launcher().process.pid)) > cli_launcher.MAX_ZYGOTES:
         assert time.monotonic() < deadline, "an ended zygote was never reaped"
         time.sleep(0.1)
+
+
+def test_quiet_mutes_the_weight_loading_bars_of_a_transformers_imported_before_it():
+    """A warm start (and a long-lived worker) imported transformers before `--quiet` was parsed: transformers read
+    HF_HUB_DISABLE_PROGRESS_BARS then, so `no_progress_bars` must switch its bars off itself (the fresh-clone CI of
+    the eighth round showed "Loading weights" bars under --quiet)."""
+    code = ("import transformers.utils.logging as logging_\n"
+            "assert logging_.is_progress_bar_enabled()\n"
+            "from exporters.quiet import no_progress_bars\n"
+            "no_progress_bars()\n"
+            "print(logging_.is_progress_bar_enabled())\n")
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr[-2000:]
