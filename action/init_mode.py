@@ -59,7 +59,7 @@ def init_mode(settings: Settings) -> int:
     options = InitOptions(formats=settings.formats, max_seconds=settings.max_seconds, revision=settings.revision,
                           token=settings.hf_token, endpoint=settings.hf_endpoint,
                           trust_remote_code=settings.trust_remote_code,
-                          progress=emit)
+                          progress=emit, hand_over=False)  # the recipe goes to a PR: no run follows in this job
     failure: Exception | None = None
     with group(f"Proposing a recipe for {settings.model} ({', '.join(settings.formats)})"), untrusted():
         try:  # the progress lines quote the model's and torch's errors: no workflow command is obeyed in them

@@ -297,6 +297,8 @@ def init(
     summary_file: Optional[Path] = typer.Option(None, "--summary", help="Also write the summary as Markdown here."),
     fp32_only: bool = _flag("--fp32-only", "Do not try a decoder-only LLM's int4 variants (ONNX int4, ExecuTorch "
                                            "8da4w) beside fp32."),
+    no_hand_over: bool = _flag("--no-hand-over", "Do not keep the checked exports for a later `hf-export run` on "
+                                                 "this machine (where no run follows here: a bot, a CI job)."),
     quiet: bool = _flag("--quiet", "No progress lines."),
 ) -> None:
     """Propose a recipe known to work: export and validate every format with the real pipeline, find the largest
@@ -324,7 +326,8 @@ def init(
 
     options = InitOptions(formats=wanted, max_seconds=max_seconds, max_probe_elements=max_probe_elements,
                           revision=revision, token=token, endpoint=endpoint, trust_remote_code=trust_remote_code,
-                          work_dir=work_dir, progress=None if quiet else progress, quantized=not fp32_only)
+                          work_dir=work_dir, progress=None if quiet else progress, quantized=not fp32_only,
+                          hand_over=not no_hand_over)
     try:
         result = init_recipe(model, options)
     except InitError as err:

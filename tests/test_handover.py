@@ -45,6 +45,17 @@ def checked(tmp_path_factory) -> SimpleNamespace:
     return SimpleNamespace(root=root, model=model, recipe=recipe, state=state, entry=entry.name)
 
 
+def test_init_told_no_run_follows_here_keeps_no_export(checked, tmp_path):
+    """`--no-hand-over` (the bot's proposals and the Action's init mode: the recipe goes to a PR): the same init
+    passes and leaves nothing waiting in the state folder."""
+    state = tmp_path / "state"
+    done = run_cli("init", str(checked.model), "--formats", "dynamo", "--out", str(tmp_path / "recipe.json"),
+                   "--fp32-only", "--quiet", "--no-hand-over", env={"EXPORT_ACTION_STATE_DIR": str(state)})
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads((tmp_path / "recipe.json").read_text()) == json.loads(checked.recipe.read_text())  # the same
+    assert not (state / "handover").exists() or not _waiting(state)
+
+
 def _state(checked: SimpleNamespace, tmp_path: Path) -> Path:
     state = tmp_path / "state"
     shutil.copytree(checked.state, state)

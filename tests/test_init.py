@@ -367,7 +367,7 @@ def _a_changed_proposal_updates_the_pr_and_a_closed_one_is_not_reopened(hub, rep
     assert len(_pull_requests(hub, repo_id)) == 1
 
 
-def test_the_bot_proposes_a_recipe_for_an_opted_in_repo_without_one(hf_env, tmp_path: Path) -> None:
+def test_the_bot_proposes_a_recipe_for_an_opted_in_repo_without_one(hf_env, tmp_path: Path, monkeypatch) -> None:
     from bot.settings import BotSettings
     from bot.store import Delivery, JobStore
     from bot.worker import Worker
@@ -383,8 +383,11 @@ def test_the_bot_proposes_a_recipe_for_an_opted_in_repo_without_one(hf_env, tmp_
 
     proposing = settings.model_copy(update={"propose_recipes": True})
     store.enqueue(repo_id, hub.head(repo_id), Delivery("comment", "1", force=True))
+    state = tmp_path / "state"  # the proposal's init child inherits it: no `run` follows there, so nothing is kept
+    monkeypatch.setenv("EXPORT_ACTION_STATE_DIR", str(state))
     job = Worker(proposing, store).run_once()
     assert job.status == "succeeded", (job.reason, job.error)
+    assert not any(p for p in (state / "handover").glob("*") if not p.name.startswith(".")), "init kept its exports"
     assert job.operation == "created" and job.pr_url
     prs = _pull_requests(hub, repo_id)
     assert len(prs) == 1 and "export_config.json" in hub.files(repo_id, "refs/pr/1")

@@ -146,7 +146,8 @@ class LocalBackend:
         budget = max(self.settings.job_timeout_seconds * 0.9 - 60, 60)
         argv = [self.settings.python or sys.executable, "-m", "bot.export_run", "init", repo, "--revision", revision,
                 "--out", str(out_dir / "export_config.json"), "--summary", str(out_dir / "report.md"),
-                "--work-dir", str(out_dir / "work"), "--max-seconds", f"{budget:.0f}", "--push", "--quiet"]
+                "--work-dir", str(out_dir / "work"), "--max-seconds", f"{budget:.0f}", "--push", "--quiet",
+                "--no-hand-over"]  # the recipe goes to a PR for review: no `run` of it follows on this machine
         if self.settings.trusts_remote_code(repo):
             argv.append("--trust-remote-code")
         return argv

@@ -82,6 +82,9 @@ class InitOptions(SourceOptions):
     progress: Callable[[str], None] | None = None
     pipeline_progress: bool = False
     quantized: bool = True  # a decoder-only LLM's 4-bit variant beside fp32, where it passes (exporters.init.variants)
+    # keep each checked export for the `run` that asks for it on this machine (exporters.run.handover); off where no
+    # run follows here (the bot's proposals, the Action's init mode): the exports would only fill the disk for a day
+    hand_over: bool = True
 
 
 @dataclass
@@ -290,7 +293,7 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
             + f" ({int(remaining)} s left)")
         run = RunOptions(out_dir=out, config_path=path, trust_remote_code=options.trust_remote_code,
                          progress=options.pipeline_progress, use_cache=False, bench=False,  # timings decide nothing here
-                         timeout=max(remaining / len(pending), 1.0), hand_over=True)  # for `run` (run.handover)
+                         timeout=max(remaining / len(pending), 1.0), hand_over=options.hand_over)  # run.handover
         report = run_pipeline(folder, run)
         by_name = {t["name"]: t for t in report["targets"]}
         for result in pending:

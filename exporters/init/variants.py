@@ -64,7 +64,7 @@ def try_variants(folder: str, family: str, passed: list[FormatResult], recipe_fo
     say("variants: exporting and validating " + ", ".join(names.values()))
     options = RunOptions(out_dir=out, config_path=path, targets=list(names.values()),
                          trust_remote_code=run.trust_remote_code,
-                         progress=run.progress, use_cache=False, bench=False, hand_over=True,
+                         progress=run.progress, use_cache=False, bench=False, hand_over=run.hand_over,
                          timeout=run.timeout / len(tried) if run.timeout is not None else None)
     report = run_pipeline(folder, options)
     by_name = {target["name"]: target for target in report["targets"]}
