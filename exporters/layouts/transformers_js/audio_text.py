@@ -30,6 +30,7 @@ import json
 from string import Template
 
 from exporters.layouts.card import PROMPT
+from exporters.layouts.transformers_js.image_text import CARD_EMIT, PROOF_EMIT, SAMPLE_IDS  # the same JS lines
 
 AUDIO_TEXT_FILES = ("onnx/audio_encoder.onnx", "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx")
 AUDIO_TOKEN = "[AUDIO]"  # VoxtralProcessor's: where the audio goes in the text (its AUDIO_TOKEN)
@@ -48,7 +49,6 @@ $feed
 const output = await model.generate({ ...inputs, max_new_tokens: $steps, min_new_tokens: $steps, do_sample: false });
 $emit
 """)
-CARD_EMIT = "console.log(processor.batch_decode(output, { skip_special_tokens: true })[0]);"
 # The proof's inputs: what the processor made of as many chunks of the tone as the sample has is recorded, then the
 # sample eager ran on takes its place
 PROOF_FEED = """import { readFileSync, writeFileSync } from 'node:fs';
@@ -57,11 +57,8 @@ const sample = JSON.parse(readFileSync(spec.sample, 'utf-8'));
 const key = 'audio_values' in inputs ? 'audio_values' : 'input_features';
 const made = sample.shape[0] === 1 ? inputs : await processor(text, Float32Array.from({ length: n_samples * sample.shape[0] }, (_, i) => audio[i % n_samples]));
 const processed = { features: made[key].dims, ids: Array.from(made.input_ids.data, Number) };
-inputs.input_ids = new Tensor('int64', BigInt64Array.from(sample.ids.map(BigInt)), [1, sample.ids.length]);
-inputs.attention_mask = new Tensor('int64', BigInt64Array.from(sample.ids.map(() => 1n)), [1, sample.ids.length]);
+""" + SAMPLE_IDS + """
 inputs[key] = new Tensor('float32', Float32Array.from(sample.features), sample.shape);"""
-PROOF_EMIT = ("writeFileSync(spec.result, JSON.stringify({ tokens: Array.from(output.data, Number), "
-              "processed }));")
 
 
 def generate_script(root: str, name: str, steps: int, feed: str, emit: str, prompt: str = PROMPT) -> str:

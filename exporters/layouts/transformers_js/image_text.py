@@ -49,13 +49,15 @@ const output = await model.generate({ ...inputs, max_new_tokens: $steps, min_new
 $emit
 """)
 CARD_EMIT = "console.log(processor.batch_decode(output, { skip_special_tokens: true })[0]);"
+# The prompt's ids eager ran on, in place of the processor's (both multimodal proofs)
+SAMPLE_IDS = """inputs.input_ids = new Tensor('int64', BigInt64Array.from(sample.ids.map(BigInt)), [1, sample.ids.length]);
+inputs.attention_mask = new Tensor('int64', BigInt64Array.from(sample.ids.map(() => 1n)), [1, sample.ids.length]);"""
 # The proof's inputs: what the processor made is recorded, then the sample eager ran on takes its place
 PROOF_FEED = """import { readFileSync, writeFileSync } from 'node:fs';
 const spec = JSON.parse(process.argv[2]);
 const sample = JSON.parse(readFileSync(spec.sample, 'utf-8'));
 const processed = { pixels: inputs.pixel_values.dims, ids: Array.from(inputs.input_ids.data, Number) };
-inputs.input_ids = new Tensor('int64', BigInt64Array.from(sample.ids.map(BigInt)), [1, sample.ids.length]);
-inputs.attention_mask = new Tensor('int64', BigInt64Array.from(sample.ids.map(() => 1n)), [1, sample.ids.length]);
+""" + SAMPLE_IDS + """
 inputs.pixel_values = new Tensor('float32', Float32Array.from(sample.pixels), sample.shape);
 if (sample.mask) inputs.pixel_attention_mask = new Tensor('bool', Uint8Array.from(sample.mask), sample.mask_shape);"""
 PROOF_EMIT = ("writeFileSync(spec.result, JSON.stringify({ tokens: Array.from(output.data, Number), "
