@@ -17,18 +17,23 @@ model's own forward does for these families. The layout's files (`exporters.layo
 move the graphs under `onnx/` with the names transformers.js binds. A model outside that contract keeps the
 vision-language components (the upstream layout) and transformers.js's "runs in" cell says why ([`refused`]).
 
-An audio-language model (transformers.js's `AudioTextToText` models, `AutoModelForAudioTextToText`: Voxtral) is the
-same three graphs with `audio_encoder` in place of `vision_encoder`:
+An audio-language model (transformers.js's `AudioTextToText` models, `AutoModelForAudioTextToText`: Voxtral, Granite
+Speech) is the same three graphs with `audio_encoder` in place of `vision_encoder`:
 
 ```
 audio_encoder         audio_values [num_chunks, mel bins, frames] -> audio_features [1, n, hidden]   any number of
                       chunks of the sample's length (the model's `get_audio_features`: tower, frame stacking,
                       projector; transformers.js's processor splits longer audio into chunks)
+                      (Granite Speech: input_features [1, frames, 2 x mel bins], any number of frames, probed at
+                      lengths it was not traced with: [`frames_bindings`])
 ```
 
 transformers.js's `VoxtralProcessor` lays out 375 audio tokens per chunk of its extractor's `n_samples` (a constant
 of its code, Voxtral's 30 s at 16 kHz): a model whose audio encoder gives another count per chunk is refused with
-that reason, as is a family transformers.js has no class for (Qwen2-Audio) ([`refused_audio`]).
+that reason, as is a family transformers.js has no class for (Qwen2-Audio) ([`refused_audio`]). Granite Speech's
+`GraniteSpeechProcessor` makes one `input_features [1, frames, 2 x mel bins]` as long as the audio and lays out as
+many audio tokens as its projector's windows give ([`takes_any_length`]): its audio encoder keeps the frames dynamic
+(traced on [`longer_audio`], `exporters.upstream.granite_speech_frames_dynamic`).
 
 Example:
     >>> from exporters.recipe.load import parse_recipe
@@ -46,6 +51,7 @@ import torch
 from transformers import DynamicCache
 
 from exporters.capture.merged import contract, with_contract
+from exporters.capture.probes import DimBinding
 from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.recipe.model import ComponentOverride
 from exporters.upstream.multimodal_runner import AudioEncoder, TokenEmbedding, VisionEncoder
@@ -56,11 +62,8 @@ AUDIO_ENCODER = "audio_encoder"
 AUDIO_COMPONENTS = [AUDIO_ENCODER, EMBED_TOKENS, DECODER]
 # audio-language model types transformers.js 4.3.2 generates from (its AudioTextToText models), and the audio tokens
 # its processor lays out per chunk (VoxtralProcessor's NUM_AUDIO_TOKENS)
-AUDIO_MODEL_TYPES = ("voxtral",)
-# those transformers.js has a class for that this layout does not write yet, and why
-AUDIO_NOT_YET = {"granite_speech": "its processor reads a GraniteSpeechFeatureExtractor config (melspec_kwargs, "
-                                   "projector windows) this layout does not write yet"}
-AUDIO_TOKENS_PER_CHUNK = {"voxtral": 375}
+AUDIO_MODEL_TYPES = ("voxtral", "granite_speech")
+AUDIO_TOKENS_PER_CHUNK = {"voxtral": 375}  # Granite Speech's processor counts them from the audio's length
 # model types whose transformers.js class merges the image features as LLaVA's does (in order, at the image tokens)
 MODEL_TYPES = ("llava", "idefics3", "smolvlm")
 IMAGE_INPUTS = {"input_ids", "attention_mask", "pixel_values", "pixel_attention_mask"}
@@ -132,9 +135,6 @@ def refused_audio(target: Any, model: Any, generate_inputs: dict[str, Any], cach
         "transformers.js 4.3.2 has no audio-language model class for 'qwen2_audio'"
     """
     model_type = getattr(model.config, "model_type", None)
-    if model_type in AUDIO_NOT_YET:
-        return (f"transformers.js's audio-language layout is written for model types {list(AUDIO_MODEL_TYPES)}; "
-                f"{model_type!r}: {AUDIO_NOT_YET[model_type]}")
     if model_type not in AUDIO_MODEL_TYPES:
         return (f"transformers.js 4.3.2 has no audio-language model class for {model_type!r} (its AudioTextToText "
                 f"models this layout writes: {list(AUDIO_MODEL_TYPES)})")
@@ -147,7 +147,7 @@ def refused_audio(target: Any, model: Any, generate_inputs: dict[str, Any], cach
     if not isinstance(ids, torch.Tensor) or ids.shape[1] < TRACED_PAST + TRACED_QUERY:
         return "its prompt is too short to trace the decoder with a dynamic cache"
     count = int((ids[0] == model.config.audio_token_id).sum())
-    if count != AUDIO_TOKENS_PER_CHUNK[model_type]:
+    if model_type in AUDIO_TOKENS_PER_CHUNK and count != AUDIO_TOKENS_PER_CHUNK[model_type]:
         return (f"transformers.js's processor lays out {AUDIO_TOKENS_PER_CHUNK[model_type]} audio tokens per chunk; "
                 f"this model's audio encoder gives {count} for a chunk of {features.shape[-1]} frames")
     return None
@@ -211,6 +211,49 @@ def audio_inputs(generate_inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {"input_features": generate_inputs["input_features"][:1].clone()}
 
 
+def takes_any_length(model: Any) -> bool:
+    """Whether the audio encoder takes features as long as the audio (Granite Speech: its processor makes one
+    `[1, frames, 2 x bins]` of any length and lays out the audio tokens its length gives), not chunks of one length.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> takes_any_length(SimpleNamespace(config=SimpleNamespace(model_type="granite_speech")))
+        True
+    """
+    return getattr(model.config, "model_type", None) == "granite_speech"
+
+
+def frames_bindings(target: Any, name: str, module: Any, inputs: dict[str, Any]) -> list[DimBinding]:
+    """Granite Speech's audio encoder's frames (kept dynamic by `Dim.AUTO`: a named `Dim` fails on guards torch
+    cannot prove, such as one block of its Conformer being no different from several), which validation probes at
+    lengths it was not traced with, as for `dynamic: true` (one frame, a middle length and twice the traced one plus
+    3): the traced length alone would vouch for no other. Empty for any other component.
+
+    Example:
+        >>> frames_bindings(None, "embed_tokens", None, {})
+        []
+    """
+    model = getattr(module, "model", None)
+    if name != AUDIO_ENCODER or model is None or not takes_any_length(model) or "input_features" not in inputs \
+            or getattr(target, "layout", None) != TRANSFORMERS_JS:
+        return []
+    return [DimBinding("audio frames (any length)", 1, None, [("input_features", 1)],
+                       int(inputs["input_features"].shape[1]), declared=False, positional=False)]
+
+
+def longer_audio(features: torch.Tensor) -> torch.Tensor:
+    """Features half again as long as the sample's along the frames (`[1, frames, bins]`): the sample's, then its
+    first half again. Granite Speech's audio encoder is traced on them, so its Conformer's blocks and its projector's
+    windows number more than one and the last of each is part-filled (the sample fills whole blocks), and stay
+    symbolic.
+
+    Example:
+        >>> longer_audio(torch.arange(4.).reshape(1, 4, 1)).flatten().tolist()
+        [0.0, 1.0, 2.0, 3.0, 0.0, 1.0]
+    """
+    return torch.cat([features, features[:, :features.shape[1] // 2]], dim=1).contiguous()
+
+
 def image_encoder(model: Any, generate_inputs: dict[str, Any]) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """The vision encoder graph's module and traced inputs: LLaVA's pixels alone, or Idefics3's with its mask; an
     audio-language model's audio encoder and its features."""
@@ -236,11 +279,16 @@ def capture(target: Any, model: Any, generate_inputs: dict[str, Any]) -> dict[st
     with_contract(target, EMBED_TOKENS, ComponentOverride.model_validate({"dynamic_shapes": {"input_ids": {
         "0": {"name": "batch_size", "min": 1}, "1": {"name": "sequence_length", "min": 1}}}}))
     encoder = AUDIO_ENCODER if "input_features" in generate_inputs else VISION_ENCODER
-    if encoder == AUDIO_ENCODER:  # any number of chunks: the processor splits longer audio into chunks
+    module, inputs = image_encoder(model, generate_inputs)
+    if encoder == AUDIO_ENCODER and takes_any_length(model):  # Granite Speech: frames as long as the audio
+        with_contract(target, encoder, ComponentOverride.model_validate({"dynamic_shapes": {"input_features": {
+            "1": "auto"}}}))
+        inputs = {"input_features": longer_audio(inputs["input_features"])}
+    elif encoder == AUDIO_ENCODER:  # any number of chunks: the processor splits longer audio into chunks
         with_contract(target, encoder, ComponentOverride.model_validate({"dynamic_shapes": {"input_features": {
             "0": {"name": "num_chunks", "min": 1}}}}))
     else:
         with_contract(target, encoder, ComponentOverride(dynamic=False))
-    return {encoder: image_encoder(model, generate_inputs),
+    return {encoder: (module, inputs),
             EMBED_TOKENS: (embed, {"input_ids": ids.clone()}),
             DECODER: (decoder, step)}

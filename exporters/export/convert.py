@@ -111,8 +111,9 @@ def _tracing(model, target) -> contextlib.ExitStack:
     """How a target is traced beyond upstream's defaults: upstream's patches of model code resolved only for the
     modeling modules that are loaded (`upstream.patches_of_loaded_models`), a layout proven contiguous not asked again
     by upstream's reshape patch (`upstream.contiguity_known_once`), symbolic size arithmetic done once per shape
-    environment and state (`upstream.symbolic_arithmetic_once`), and an ExecuTorch target in the ops its
-    runtime has: mixture-of-experts layers in standard ops (`upstream.experts_without_custom_ops`), a whole-input
+    environment and state (`upstream.symbolic_arithmetic_once`), Granite Speech's audio encoder in sizes that stay
+    symbolic in transformers.js's layout (`upstream.granite_speech_frames_dynamic`), and an ExecuTorch target in the
+    ops its runtime has: mixture-of-experts layers in standard ops (`upstream.experts_without_custom_ops`), a whole-input
     `Conv3d` as a matmul (`upstream.patch_convolutions_as_matmul`), the argsort of a permutation as a scatter
     (`upstream.argsort_of_permutations`), a negative pad as a slice (`upstream.negative_padding_as_slices`), a
     `new_empty` as `new_zeros` (`upstream.new_empty_as_zeros`: its size may stay symbolic)."""
@@ -121,6 +122,9 @@ def _tracing(model, target) -> contextlib.ExitStack:
     stack.enter_context(upstream.contiguity_known_once())
     stack.enter_context(upstream.symbolic_arithmetic_once())
     stack.enter_context(upstream.named_dims_share_symbols())
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type == "granite_speech" and getattr(target, "layout", None) == TRANSFORMERS_JS:  # any audio length
+        stack.enter_context(upstream.granite_speech_frames_dynamic())
     if target.export_format == "executorch":
         stack.enter_context(upstream.experts_without_custom_ops(model))
         stack.enter_context(upstream.patch_convolutions_as_matmul())

@@ -21,7 +21,8 @@ The modules: `core.py` (the registry, decomposition, the saved-export format and
 (upstream's pytree rules for transformers' objects), `beyond.py` (what upstream's save and load do not cover),
 `quantizers.py` (upstream's quantizers), `pte_weights.py` (a `.pte`'s quantized weights, read from its delegates), `internals.py` (the stack's private interfaces this project relies on),
 `llm_runner.py` (the ExecuTorch LLM runner's program), `asr_runner.py` (the ASR runner's `encoder` + `text_decoder`),
-`multimodal_runner.py` (ExecuTorch MultimodalRunner's program: token_embedding, vision_encoder, text_decoder),
+`multimodal_runner.py` (ExecuTorch MultimodalRunner's program: token_embedding, vision_encoder, text_decoder; Granite
+Speech's audio encoder traced at any length),
 `onnx_decompositions.py` (torch.onnx's second trace skipped
 where it changes nothing), `ort_attention.py` (ONNX Runtime's `GroupQueryAttention` with a dynamic batch),
 `runtime_ops.py` (models traced in the ops their target's runtime has), `xnnpack_passes.py` (XNNPACK's passes run
@@ -96,6 +97,7 @@ from exporters.upstream.onnx_decompositions import (
     torchlib_registry_ready,
     type_promotion_on_traced_values,
 )
+from exporters.upstream.multimodal_runner import granite_speech_frames_dynamic
 from exporters.upstream.ort_attention import GQA_GUARD_NAME, group_query_attention_at_any_batch
 from exporters.upstream.runtime_ops import (
     argsort_of_permutations,
@@ -136,6 +138,7 @@ from exporters.upstream.quantizers import (
 
 __all__ = [
     "checkpoint_read_not_mapped",
+    "granite_speech_frames_dynamic",
     "contiguity_known_once",
     "patches_of_loaded_models",
     "pte_float_dtypes", "pte_weight_bytes", "pte_quantized_weights",

@@ -21,6 +21,9 @@ features `[batch, bins, frames]`, as optimum-executorch's Voxtral program takes 
 on each result at the next cache positions; decoding feeds each new token through `token_embedding` and
 `text_decoder`. A LLaVA-style model's own forward does the same (image features in place of the image tokens;
 Voxtral's audio embeddings in place of its audio tokens), so the runner's tokens are eager `generate()`'s.
+
+Granite Speech's audio encoder traced with its frames dynamic (transformers.js's layout) computes its Conformer and
+projector in sizes a trace keeps symbolic ([`granite_speech_frames_dynamic`]).
 """
 
 from __future__ import annotations
@@ -322,3 +325,60 @@ def _record(model: Any, program: torch.export.ExportedProgram, kwargs: dict[str,
         kwargs={name: {"type": "tensor", "dtype": str(t.dtype), "shape": list(t.shape)} for name, t in kwargs.items()},
         in_spec=torch.utils._pytree.treespec_dumps(program.call_spec.in_spec),
         out_spec=torch.utils._pytree.treespec_dumps(program.call_spec.out_spec))
+
+
+GRANITE_SPEECH = "transformers.models.granite_speech.modeling_granite_speech"
+
+
+def _granite_attention_forward(self: Any, hidden_states: torch.Tensor, attention_dists: torch.Tensor) -> torch.Tensor:
+    """Granite Speech's Conformer attention (blocks of `context_size` frames, Shaw's relative positions) as upstream
+    computes it, in sizes a trace keeps symbolic: the last block padded by `(-frames) % context` (none where the
+    frames fill it) and its padding masked both ways (nothing masked where there is none), where upstream pads and
+    masks only `if remainder > 0`; blocks kept an axis of their own, so no reshape asks whether there is one."""
+    hidden_states = self.pre_norm(hidden_states)
+    batch, frames, _ = hidden_states.shape
+    context, heads, dim = self.context_size, self.num_heads, self.dim_head
+    blocks = (frames + context - 1) // context
+    length = blocks * context
+    hidden_states = torch.nn.functional.pad(hidden_states, (0, 0, 0, length - frames))
+    keys, values = self.to_kv(hidden_states).chunk(2, dim=-1)
+    # [batch, blocks, heads, context, dim]: each block attends within itself
+    query, keys, values = (states.unflatten(1, (blocks, context)).unflatten(-1, (heads, dim)).transpose(2, 3)
+                           for states in (self.to_q(hidden_states), keys, values))
+    positions = torch.einsum("n b h c d, c r d -> n b h c r", query, self.rel_pos_emb(attention_dists)) * self.scale
+    real = (torch.arange(length, device=hidden_states.device) < frames).unflatten(0, (blocks, context))
+    padding = ~(real.unsqueeze(-1) & real.unsqueeze(-2))  # [blocks, context, context]
+    positions = positions.masked_fill(padding.unsqueeze(1), -torch.finfo(positions.dtype).max)
+    scores = torch.matmul(query, keys.transpose(-1, -2)) * self.scale + positions  # upstream's SDPA, MATH backend
+    out = torch.matmul(scores.softmax(dim=-1), values).transpose(2, 3).flatten(3).flatten(1, 2)
+    return self.dropout(self.to_out(out[:, :frames, :]))
+
+
+def _granite_projector_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Granite Speech's Q-Former projector (its queries over windows of `window_size` frames) as upstream computes
+    it, the windows counted by integer division and its queries given one per window (not broadcast from one)."""
+    batch, frames, dim = hidden_states.size()
+    windows = (frames + self.window_size - 1) // self.window_size
+    hidden_states = torch.nn.functional.pad(hidden_states, (0, 0, 0, windows * self.window_size - frames))
+    hidden_states = hidden_states.unflatten(1, (windows, self.window_size)).flatten(0, 1)
+    query = self.query.expand(hidden_states.shape[0], self.num_queries, self.query.shape[-1])
+    out = self.qformer(query_embeds=query, encoder_hidden_states=hidden_states, encoder_attention_mask=None,
+                       return_dict=True).last_hidden_state
+    return self.linear(out.unflatten(0, (batch, windows)).flatten(1, 2))
+
+
+@contextlib.contextmanager
+def granite_speech_frames_dynamic() -> Iterator[None]:
+    """While Granite Speech's audio encoder is traced with its frames dynamic (transformers.js's audio-language
+    layout: any length of audio), its Conformer attention and Q-Former projector compute what upstream's do
+    (eager-equal at every length) in symbolic sizes: upstream's `math.ceil(frames / context_size)` and `if remainder
+    > 0` fix the frames at the traced count (docs/upstream-gaps.md #53).
+
+    Example:
+        >>> with granite_speech_frames_dynamic():  # doctest: +SKIP
+        ...     program = torch.export.export(AudioEncoder(model), (features,), dynamic_shapes=...)
+    """
+    modeling = importlib.import_module(GRANITE_SPEECH)
+    with patched(modeling.GraniteSpeechConformerAttention, "forward", _granite_attention_forward), \
+            patched(modeling.GraniteSpeechEncoderProjector, "forward", _granite_projector_forward):
+        yield

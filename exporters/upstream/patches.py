@@ -147,6 +147,11 @@ PATCHES: tuple[Patch, ...] = (
     Patch("shared_tables_kept_once", ("onnxscript.optimizer._constant_folding:FoldConstantsPass.__init__",),
           "onnxscript folds a tied table's transpose into a second initializer (small tables stored twice)",
           "upstream onnxscript keeping a transpose of an initializer other nodes also read"),
+    Patch("granite_speech_frames_dynamic",
+          tuple(f"transformers.models.granite_speech.modeling_granite_speech:{owner}.forward"
+                for owner in ("GraniteSpeechConformerAttention", "GraniteSpeechEncoderProjector")),
+          "Granite Speech's Conformer and projector count blocks with math.ceil and pad only `if remainder > 0`",
+          "docs/upstream-gaps.md #53: the two forwards written in sizes a trace keeps symbolic"),
     Patch("argsort_of_permutations", ("torch:argsort",),
           "ExecuTorch has no sort kernel; Qwen2.5-VL's vision tower argsorts a permutation",
           "docs/upstream-gaps.md #23: aten::sort in ExecuTorch's portable kernels"),

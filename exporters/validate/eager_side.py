@@ -23,7 +23,7 @@ import torch
 
 from exporters.capture.inputs import vocab_size
 from exporters.errors import recoverable
-from exporters.capture.image_text import DECODER as IMAGE_TEXT_DECODER, embeds_inputs
+from exporters.capture.image_text import DECODER as IMAGE_TEXT_DECODER, embeds_inputs, frames_bindings
 from exporters.capture.llm_runner import prompt_bindings
 from exporters.capture.merged import MERGED, empty_cache, prompt_inputs, with_consistent_mask
 from exporters.capture.probes import dim_bindings, make_probes
@@ -140,7 +140,7 @@ def eager_side(*, target, recipe: Recipe, components, subject: EagerModel, expec
         override = target.components.get(name)
         dynamic = override.dynamic if override is not None and override.dynamic is not None else target.dynamic
         bindings = dim_bindings(spec, inputs, dynamic, family) or prompt_bindings(target, name, module, inputs) \
-            if recipe.validation.probe_unseen_shapes else []
+            or frames_bindings(target, name, module, inputs) if recipe.validation.probe_unseen_shapes else []
         side.bindings[name] = bindings
         probes = make_probes(inputs, bindings, model.config, recipe.validation.max_probe_elements, max_positions,
                              recipe.inputs.seed, logits_per_token,

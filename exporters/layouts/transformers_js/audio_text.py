@@ -1,4 +1,5 @@
-"""transformers.js's audio-language layout: a Voxtral as transformers.js's `AutoModelForAudioTextToText` loads it,
+"""transformers.js's audio-language layout: a Voxtral or a Granite Speech as transformers.js's
+`AutoModelForAudioTextToText` loads it,
 `onnx/audio_encoder.onnx` + `onnx/embed_tokens.onnx` + `onnx/decoder_model_merged.onnx` (the graphs of
 `exporters.capture.image_text`, moved and named by `files.py`) with the folder's feature extractor
 (`preprocessor_config.json`, naming its processor), tokenizer and `generation_config.json` beside them; proven
@@ -15,9 +16,12 @@ max_new_tokens = min_new_tokens = n, greedy)         of its extractor + the audi
 
 The proof feeds the features eager ran on, so the comparison is of the graphs and transformers.js's generation loop
 (embedding, the audio features' merge, the cache), not of two feature extractors; the processor is proven to make
-inputs of the same shape and audio-token count. The audio encoder takes any number of chunks (`num_chunks`): the
-proof runs the sample's one chunk, then two (the sample's features and the same rolled by half a chunk, their
-audio tokens one run after another), each against eager.
+inputs of the same shape and audio-token count. Voxtral's audio encoder takes any number of chunks (`num_chunks`):
+the proof runs the sample's one chunk, then two (the sample's features and the same rolled by half a chunk, their
+audio tokens one run after another), each against eager. Granite Speech's takes features as long as the audio (its
+folder's processor files written from the model's config, `files.granite_speech_processor`): the proof runs the
+sample's, then features half again as long (`exporters.capture.image_text.longer_audio`; the processor's on a tone
+of that length must match their shape and audio-token count), each against eager.
 
 Example:
     >>> "AutoModelForAudioTextToText" in generate_script('"model"', '"tjs"', 4, "", "console.log(1);")
@@ -33,7 +37,9 @@ from exporters.layouts.card import PROMPT
 from exporters.layouts.transformers_js.image_text import CARD_EMIT, PROOF_EMIT, SAMPLE_IDS  # the same JS lines
 
 AUDIO_TEXT_FILES = ("onnx/audio_encoder.onnx", "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx")
-AUDIO_TOKEN = "[AUDIO]"  # VoxtralProcessor's: where the audio goes in the text (its AUDIO_TOKEN)
+# VoxtralProcessor's: where the audio goes in the text (its AUDIO_TOKEN); a processor config's `audio_token` first
+# (GraniteSpeechProcessor's)
+AUDIO_TOKEN = "[AUDIO]"
 # Values enter only through json.dumps or as our ints and lines.
 GENERATE = Template("""import { env, AutoProcessor, AutoModelForAudioTextToText, Tensor } from '@huggingface/transformers';
 
@@ -41,10 +47,11 @@ env.allowRemoteModels = false;
 env.localModelPath = $root;
 const processor = await AutoProcessor.from_pretrained($name);
 const model = await AutoModelForAudioTextToText.from_pretrained($name, { device: 'cpu' });
-const { sampling_rate, n_samples } = processor.feature_extractor.config;
-const audio = Float32Array.from({ length: n_samples }, (_, i) => 0.5 * Math.sin(2 * Math.PI * 440 * i / sampling_rate));  // your audio at sampling_rate
-const text = $token + $prompt;  // the audio, then your prompt
-const inputs = await processor(text, audio);  // longer audio: one chunk of n_samples after another
+const { sampling_rate, n_samples = sampling_rate } = processor.feature_extractor.config;
+const tone = (length) => Float32Array.from({ length }, (_, i) => 0.5 * Math.sin(2 * Math.PI * 440 * i / sampling_rate));
+const audio = tone(n_samples);  // your audio at sampling_rate
+const text = (processor.config.audio_token ?? $token) + $prompt;  // the audio, then your prompt
+const inputs = await processor(text, audio);  // any length: Voxtral's in chunks of n_samples
 $feed
 const output = await model.generate({ ...inputs, max_new_tokens: $steps, min_new_tokens: $steps, do_sample: false });
 $emit
@@ -55,7 +62,8 @@ PROOF_FEED = """import { readFileSync, writeFileSync } from 'node:fs';
 const spec = JSON.parse(process.argv[2]);
 const sample = JSON.parse(readFileSync(spec.sample, 'utf-8'));
 const key = 'audio_values' in inputs ? 'audio_values' : 'input_features';
-const made = sample.shape[0] === 1 ? inputs : await processor(text, Float32Array.from({ length: n_samples * sample.shape[0] }, (_, i) => audio[i % n_samples]));
+const length = spec.samples ?? n_samples * sample.shape[0];  // the audio the sample's features are of
+const made = length === n_samples ? inputs : await processor(text, tone(length));
 const processed = { features: made[key].dims, ids: Array.from(made.input_ids.data, Number) };
 """ + SAMPLE_IDS + """
 inputs[key] = new Tensor('float32', Float32Array.from(sample.features), sample.shape);"""

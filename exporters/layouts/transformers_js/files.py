@@ -134,7 +134,7 @@ PREPROCESSOR = "preprocessor_config.json"
 OUTPUTS = {"vision_encoder": "image_features", AUDIO_ENCODER: "audio_features", EMBED_TOKENS: "inputs_embeds"}
 AUDIO_INPUT = {"voxtral": "audio_values"}  # VoxtralProcessor's output (the graph's `input_features`)
 # the transformers.js processor of each audio-language model type, where the folder's preprocessor config names none
-AUDIO_PROCESSOR = {"voxtral": "VoxtralProcessor"}
+AUDIO_PROCESSOR = {"voxtral": "VoxtralProcessor", "granite_speech": "GraniteSpeechProcessor"}
 
 
 def _write_image_text(directory: Path, target, manifest: dict) -> None:
@@ -174,6 +174,8 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
     write_manifest(directory, manifest)
     _add_config(directory, dtype, external or False)
     if AUDIO_ENCODER in manifest["components"]:
+        if model_type == "granite_speech":
+            granite_speech_processor(directory)
         _audio_processor(directory, model_type)
         return
     processor = read_json(directory / "processor_config.json")
@@ -221,6 +223,36 @@ def _audio_processor(directory: Path, model_type: str | None) -> None:
     if extractor and name and extractor.get("processor_class") != name:
         fsutil.write_file(directory / PREPROCESSOR,
                           json.dumps({**extractor, "processor_class": name}, indent=2, sort_keys=True) + "\n")
+
+
+def granite_speech_processor(directory: Path) -> None:
+    """Granite Speech's processor files where the folder has none (its Python feature extractor needs torchaudio, so
+    a repo may ship none): `preprocessor_config.json` from the model's config as `GraniteSpeechFeatureExtractor`
+    writes it (its log-mel's `melspec_kwargs`: 16 kHz, 512-point FFT, 400-sample windows, 10 ms hops, half the speech
+    encoder's `input_dim` mel bins, stacked in pairs; the projector's windows, which count the audio tokens), and
+    `processor_config.json` naming the audio token (the tokenizer's token of `audio_token_index`), which
+    transformers.js's `GraniteSpeechProcessor` requires."""
+    config = read_json(directory / "config.json")
+    bins = int((config.get("encoder_config") or {}).get("input_dim", 160)) // 2
+    if not (directory / PREPROCESSOR).exists():
+        melspec = {"sample_rate": 16000, "n_fft": 512, "win_length": 400, "hop_length": 160, "n_mels": bins}
+        extractor = {"feature_extractor_type": "GraniteSpeechFeatureExtractor", "sampling_rate": 16000,
+                     "feature_size": bins, "padding_value": 0.0, "melspec_kwargs": melspec,
+                     **{key: melspec[key] for key in ("n_fft", "win_length", "hop_length", "n_mels")},
+                     "projector_window_size": int(config.get("window_size", 15)),
+                     "projector_downsample_rate": int(config.get("downsample_rate", 5))}
+        fsutil.write_file(directory / PREPROCESSOR, json.dumps(extractor, indent=2, sort_keys=True) + "\n")
+    processor = read_json(directory / "processor_config.json")
+    if "audio_token" not in processor:
+        token = _token_text(directory, config.get("audio_token_index", config.get("audio_token_id")))
+        processor = {**processor, "processor_class": "GraniteSpeechProcessor", "audio_token": token or "<|audio|>"}
+        fsutil.write_file(directory / "processor_config.json", json.dumps(processor, indent=2, sort_keys=True) + "\n")
+
+
+def _token_text(directory: Path, token_id) -> str | None:
+    """The text of the tokenizer's added token `token_id` (`tokenizer.json`), else None."""
+    added = read_json(directory / "tokenizer.json").get("added_tokens") or []
+    return next((row.get("content") for row in added if row.get("id") == token_id), None)
 
 
 def _add_config(directory: Path, dtype: str, external: dict[str, int] | bool) -> None:
