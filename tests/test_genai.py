@@ -32,10 +32,9 @@ PROMPTS = ["the quick brown fox jumps over the lazy dog", "hello world"]
 NEW_TOKENS = 12
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
-def exported(request, tmp_path_factory):
-    root = tmp_path_factory.mktemp(f"genai-{request.param}")
-    build = {"llama": tiny_llama, "qwen2": tiny_qwen2}[request.param]
+def _export(name: str, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp(f"genai-{name}")
+    build = {"llama": tiny_llama, "qwen2": tiny_qwen2}[name]
     model_dir = build(root / "model", RECIPE, initializer_range=0.3)
     save_ascii_bpe_tokenizer(model_dir)
     out = root / "out"
@@ -43,7 +42,23 @@ def exported(request, tmp_path_factory):
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((out / "report.json").read_text())
     (target,) = report["targets"]
-    return {"model_dir": model_dir, "folder": out / target["name"], "target": target, "out": out}
+    return {"name": name, "model_dir": model_dir, "folder": out / target["name"], "target": target, "out": out}
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return _export("llama", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory):
+    return _export("qwen2", tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def exported(request):
+    """The tiny Llama's or Qwen2's ONNX run: each test runs on both."""
+    return request.getfixturevalue(request.param)
 
 
 def _eager(model_dir: Path, prompts: list[list[int]], pad: int, eos: int) -> list[list[int]]:
@@ -239,11 +254,26 @@ def test_genai_tokens_that_differ_from_eager_fail_the_proof(exported):
 OPTIMUM_SCRIPT = Path(__file__).with_name("optimum") / "causal_lm.py"
 
 
+def optimum_greedy_each(runs: list[tuple[Path, list[list[int]]]], scratch: Path) -> list[dict]:
+    """optimum's `ORTModelForCausalLM` greedy over a left-padded batch (pad 3, eos 2), from each `(folder, prompts)`
+    folder alone, all in one process of the optimum test venv (#48: its imports paid once): per run `{"inputs": graph
+    input names, "new": each row's new tokens}`, or `{"error": traceback}` where that folder failed (RUNS.json is
+    written in `scratch`). `make test-deps` creates the pinned venv .cache/optimum-venv
+    (tests/optimum/constraints.txt), never the product's environment; HF_EXPORT_OPTIMUM_PYTHON names another
+    interpreter that has optimum-onnx. Never skipped."""
+    runs_file = scratch / "optimum-runs.json"
+    runs_file.write_text(json.dumps([{"folder": str(folder), "prompts": prompts} for folder, prompts in runs]))
+    return _optimum_script(["--runs", str(runs_file)])
+
+
 def optimum_greedy(folder: Path, prompts: list[list[int]]) -> dict:
     """optimum's `ORTModelForCausalLM` greedy over a left-padded batch (pad 3, eos 2), from `folder` alone, in the
-    optimum test venv: `{"inputs": graph input names, "new": each row's new tokens}`. `make test-deps` creates the
-    pinned venv .cache/optimum-venv (tests/optimum/constraints.txt), never the product's environment;
-    HF_EXPORT_OPTIMUM_PYTHON names another interpreter that has optimum-onnx. Never skipped."""
+    optimum test venv: `{"inputs": graph input names, "new": each row's new tokens}` (as `optimum_greedy_each`)."""
+    return _optimum_script([str(folder), json.dumps(prompts)])
+
+
+def _optimum_script(arguments: list[str]):
+    """tests/optimum/causal_lm.py's last line, run with `arguments` then pad 3, eos 2 and NEW_TOKENS."""
     from exporters.layouts.child import SIDE_PYTHON, SIDE_PYTHON_SETTING  # the optimum venv
 
     python = os.environ.get(SIDE_PYTHON_SETTING) or str(SIDE_PYTHON)
@@ -251,18 +281,32 @@ def optimum_greedy(folder: Path, prompts: list[list[int]]) -> dict:
         pytest.fail("optimum is not installed: run `make test-deps` (.cache/optimum-venv, pinned by "
                     "tests/optimum/constraints.txt), or set HF_EXPORT_OPTIMUM_PYTHON to a python with optimum-onnx")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    result = subprocess.run([python, str(OPTIMUM_SCRIPT), str(folder), json.dumps(prompts), "3", "2",
-                             str(NEW_TOKENS)], capture_output=True, text=True, timeout=300, env=env)
+    result = subprocess.run([python, str(OPTIMUM_SCRIPT), *arguments, "3", "2", str(NEW_TOKENS)],
+                            capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_optimum_generates_what_eager_generates_for_a_padded_batch_of_two(exported):
+OPTIMUM_PROMPTS = [[5, 17, 9, 33, 41, 8, 60], [70, 12, 5]]
+
+
+@pytest.fixture(scope="module")
+def optimum(llama, qwen2, tmp_path_factory) -> dict[str, dict]:
+    """optimum's greedy for OPTIMUM_PROMPTS from each folder, by model name: one optimum process for both."""
+    names = {"llama": llama, "qwen2": qwen2}
+    results = optimum_greedy_each([(names[name]["folder"], OPTIMUM_PROMPTS) for name in names],
+                                  tmp_path_factory.mktemp("optimum"))
+    return dict(zip(names, results))
+
+
+def test_optimum_generates_what_eager_generates_for_a_padded_batch_of_two(exported, optimum):
     """optimum's `ORTModelForCausalLM` (transformers 4.x): `make test-deps` creates the pinned venv
     .cache/optimum-venv (tests/optimum/constraints.txt), never the product's environment;
-    HF_EXPORT_OPTIMUM_PYTHON names another interpreter that has optimum-onnx. Never skipped."""
-    prompts = [[5, 17, 9, 33, 41, 8, 60], [70, 12, 5]]
-    got = optimum_greedy(exported["folder"], prompts)
+    HF_EXPORT_OPTIMUM_PYTHON names another interpreter that has optimum-onnx. Never skipped. One optimum process
+    generates for both folders (the `optimum` fixture), each loaded alone."""
+    prompts = OPTIMUM_PROMPTS
+    got = optimum[exported["name"]]
+    assert "error" not in got, f"optimum on {exported['name']}: {got['error'][-3000:]}"
     assert got["inputs"] == INPUTS
     want = _eager(exported["model_dir"], prompts, pad=3, eos=2)
     assert [_until(row, 2) for row in got["new"]] == want

@@ -24,7 +24,7 @@ SPREAD = 0.3  # logits tenths apart: parity cannot pass on luck, and no step is 
 # One decoder layer where no check reads the depth (#48: half the program to trace and lower): the static cache, the
 # runner's metadata, a mask per layer type and the decode graph's cache inputs are each layer's alike; at SPREAD a
 # one-layer Llama's greedy tokens vary as a two-layer one's do, top-2 gaps of hundredths to tenths. Gemma 2 keeps its
-# two (a sliding and a full layer are both read), the frozen decode its default model.
+# two (a sliding and a full layer are both read).
 ONE_LAYER = 1
 
 
@@ -252,7 +252,9 @@ def test_a_decode_frozen_at_its_traced_length_fails_with_the_fix(tmp_path):
     plain = {"name": "plain", "export_format": "dynamo", "mode": "generation", "merged": False}
     recipe = {"schema_version": 1, "exports": [frozen, plain],
               "generation": {"cache_implementation": "dynamic"}}
-    model_dir = tiny_llama(tmp_path / "model", recipe)
+    # one layer: the refusal names the cache's axis for every layer alike (`cache.layers.*`), and the plain target's
+    # decode grows the one axis each layer's cache has (#48: half the prefill and decode graphs to trace)
+    model_dir = tiny_llama(tmp_path / "model", recipe, layers=ONE_LAYER)
     out = tmp_path / "out"
     result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
     assert result.returncode == 1
