@@ -14,7 +14,9 @@ export.json "dtype_files" {dtype: {file, files, variant, kind, quantize}}
 A folder of several graphs (a vision-language model's `vision_encoder`, `embed_tokens`, `decoder_model_merged`, an
 audio-language model's `audio_encoder` ..., Whisper's `encoder_model` and `decoder_model_merged`) gets each graph's
 file of every dtype (`onnx/vision_encoder_q4.onnx`, ...): transformers.js picks each session's file by the one `dtype`
-(or a `{graph: dtype}` object); `files` maps each fp32 graph to its dtype file, `file` names the decoder's.
+(or a `{graph: dtype}` object); `files` maps each fp32 graph to its dtype file, `file` names the decoder's. A merged
+encoder-decoder decoder (its `If` branches reading outer weights) is refused q8 and fp16/q4f16 with the reason
+(`_derive`): ONNX Runtime's converters would leave it float under a q8 name, or fail.
 
 Each file is derived from the fp32 graph as transformers.js's own conversion (its `scripts/quantize.py`) derives
 them: the same converters, the same defaults (q4: block 32, symmetric, accuracy level 0; fp16 and q4f16: float32
@@ -119,7 +121,14 @@ def _derive(source: Path, destination: Path, variant: str) -> None:
             quantize_dynamic(str(source), str(quantized), weight_type=QuantType.QInt8, use_external_data_format=True,
                              per_channel=True, op_types_to_quantize=["MatMul"],
                              extra_options={"MatMulConstBOnly": True})
-            _save(onnx.load(str(quantized)), destination)
+            model = onnx.load(str(quantized))
+        if _weight_matmuls(onnx.load(str(source), load_external_data=False).graph) and \
+                not _weight_matmuls(model.graph) & {"MatMulInteger", "DynamicQuantizeMatMul"}:
+            # a merged decoder whose If branches read their weights from the outer graph: the quantizer skips them
+            raise TargetPlanError(f"variant 'int8-dynamic': ONNX Runtime's quantizer quantized no MatMul of "
+                                  f"{source.name} (an If branch's weights held by the outer graph); a q8 file of "
+                                  "float weights would be mislabelled: list int4 instead", option="variants")
+        _save(model, destination)
         return
     model = _matmul_nbits(source) if variant in ("int4", "q4f16") else onnx.load(str(source))  # with its weights
     if variant in ("fp16", "q4f16"):
@@ -127,11 +136,67 @@ def _derive(source: Path, destination: Path, variant: str) -> None:
 
         from onnxruntime.transformers.onnx_model import OnnxModel  # (the same)
 
+        if shared_initializer_names(model.graph):
+            raise TargetPlanError(f"variant '{variant}': {source.name}'s If branches share initializer names "
+                                  f"({shared_initializer_names(model.graph)[:3]}), which ONNX Runtime's float16 "
+                                  "converter cannot convert; an encoder-decoder's merged decoder gets no fp16 or q4f16 "
+                                  "file yet: list int4 or int8-dynamic", option="variants")
         model = convert_float_to_float16(model, keep_io_types=True)
         half = OnnxModel(model)
         half.topological_sort()  # the converter appends the input casts last (transformers.js's script slims it)
         model = half.model
     _save(model, destination)
+
+
+def shared_initializer_names(graph: Any, seen: set[str] | None = None) -> list[str]:
+    """Float initializer names `graph`'s subgraphs hold more than once (an encoder-decoder's merged decoder: each `If`
+    branch its own `zeros`), which ONNX Runtime's float16 converter refuses (and, renamed, it returns the branches'
+    outer `logits` directly, which ONNX Runtime cannot load): such a graph gets no fp16 or q4f16 file yet.
+
+    Example:
+        >>> from onnx import helper, TensorProto
+        >>> zeros = helper.make_tensor("zeros", TensorProto.FLOAT, [1], [0.0])
+        >>> branch = helper.make_graph([helper.make_node("Identity", ["zeros"], ["y"])], "b", [], [], [zeros])
+        >>> shared_initializer_names(helper.make_graph([helper.make_node("If", ["c"], ["y"], then_branch=branch,
+        ...                                           else_branch=branch)], "g", [], [], []))
+        ['zeros']
+    """
+    # onnx loads only where an ONNX model is converted
+    import onnx
+
+    seen = set() if seen is None else seen
+    shared = []
+    for tensor in graph.initializer:
+        if tensor.data_type == onnx.TensorProto.FLOAT and tensor.name in seen:
+            shared.append(tensor.name)
+        seen.add(tensor.name)
+    for node in graph.node:
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
+                shared += shared_initializer_names(sub, seen)
+    return shared
+
+
+def _weight_matmuls(graph: Any) -> set[str]:
+    """The op types of `graph`'s nodes (its subgraphs' too) that multiply by a weight: a `MatMul` whose second input
+    is an initializer of any scope, and the int8 ops ONNX Runtime's quantizer writes in their place."""
+    # onnx loads only where an ONNX model is converted
+    import onnx
+
+    def walk(graph: Any, weights: set[str], ops: set[str]) -> None:
+        weights = weights | {tensor.name for tensor in graph.initializer}
+        for node in graph.node:
+            if node.op_type in ("MatMulInteger", "DynamicQuantizeMatMul") or (
+                    node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in weights):
+                ops.add(node.op_type)
+            for attribute in node.attribute:
+                subgraphs = ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs)
+                for sub in subgraphs:
+                    walk(sub, weights, ops)
+
+    found: set[str] = set()
+    walk(graph, set(), found)
+    return found
 
 
 def _matmul_nbits(source: Path) -> Any:
