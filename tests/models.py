@@ -627,12 +627,42 @@ def tiny_llava_next_with_processor(folder: Path, recipe: Any | None = None, seed
 
 
 # transformers.js's vision-language layout of an ONNX generation target (tests/test_transformers_js_vlm.py)
+BLOCK = 32  # ONNX Runtime's int4 block along a MatMul's input axis (the int4 variant's and transformers.js's q4)
+
+
+def snap_to_int4_grid(folder: Path, auto: str = "AutoModelForCausalLM") -> None:
+    """Every linear weight and the embedding table of the saved model (loaded with transformers' `auto` class)
+    replaced by its symmetric block-wise 4-bit value along the input (hidden) axis (ONNX Runtime's rule: each block's
+    largest-magnitude value is code -8; an axis shorter than a block, or not a multiple of it, is padded with zeros as
+    the quantizer pads it). A block of zeros (the padding token's row, which the model initializes to zero) stays
+    zero: divided by its zero scale it had become NaN, and every padded row of the proofs' batches with it, on both
+    sides alike."""
+    import transformers
+
+    model = getattr(transformers, auto).from_pretrained(folder)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                rows, columns = module.weight.shape
+                padded = torch.nn.functional.pad(module.weight, (0, -columns % BLOCK))
+                blocks = padded.reshape(rows, -1, BLOCK)
+                scale = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True)) / -8
+                scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+                snapped = (torch.clamp(torch.round(blocks / scale), -8, 7) * scale).reshape(rows, -1)
+                module.weight.copy_(snapped[:, :columns])
+    model.save_pretrained(folder)
+
+
 TJS_TARGET = {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"}
 TJS_FP16_TARGET = {**TJS_TARGET, "name": "tjs16", "dtype": "float16"}  # the layout's `_fp16` files
 # the tiny LLaVA's ONNX run two modules read (the shared store exports it once, #48): the plainest ONNX generation
 # target (tests/test_genai_vlm.py) and the transformers.js layout, fp32 and fp16 (tests/test_transformers_js_vlm.py)
-LLAVA_ONNX_RECIPE = {"exports": [{"name": "onnx", "export_format": "onnx", "mode": "generation"}, TJS_TARGET,
-                                 TJS_FP16_TARGET],
+# the LLaVA run's transformers.js target writes q4 and q4f16 dtype files beside its fp32 graphs; its weights are snapped
+# to the 4-bit grid (`tiny_llava_onnx_model`), as tests/test_transformers_js_dtypes.py's: random weights lose int4's
+# greedy budget, snapped ones keep eager's tokens up to float rounding, so a wrong packing still fails
+TJS_VLM_VARIANTS = ["fp32", "int4", "q4f16"]
+LLAVA_ONNX_RECIPE = {"exports": [{"name": "onnx", "export_format": "onnx", "mode": "generation"},
+                                 {**TJS_TARGET, "variants": TJS_VLM_VARIANTS}, TJS_FP16_TARGET],
                      "generation": {"max_new_tokens": 8}}
 
 
@@ -682,6 +712,14 @@ def tiny_llava_with_processor(folder: Path, recipe: Any | None = None, seed: int
     LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=8, image_token="<image>",
                    vision_feature_select_strategy="default",
                    num_additional_image_tokens=1).save_pretrained(folder)  # CLIP's class token
+    return folder
+
+
+def tiny_llava_onnx_model(folder: Path) -> Path:
+    """The tiny LLaVA of `LLAVA_ONNX_RECIPE`'s run (tests/test_genai_vlm.py and tests/test_transformers_js_vlm.py read
+    it from the shared store), its linear weights snapped to the 4-bit grid."""
+    tiny_llava_with_processor(folder, LLAVA_ONNX_RECIPE)
+    snap_to_int4_grid(folder, "AutoModelForImageTextToText")
     return folder
 
 

@@ -16,7 +16,7 @@ import json
 import pytest
 
 from tests.export_store import stored_run
-from tests.models import LLAVA_ONNX_RECIPE, tiny_llava_with_processor, tiny_qwen2_5_vl_with_tokenizer
+from tests.models import LLAVA_ONNX_RECIPE, tiny_llava_onnx_model, tiny_qwen2_5_vl_with_tokenizer
 
 RUNTIME = "ONNX Runtime GenAI"
 # the plainest ONNX generation target, and a float16 one GenAI's graphs are not written for
@@ -154,7 +154,7 @@ def test_genai_generates_from_a_qwen2_vl_onnx_folder_typed_qwen2_5_vl_and_its_ca
 
 def test_genai_declines_a_llava_onnx_folder_with_the_reason_and_the_verdict_stands(tmp_path):
     # the run tests/test_transformers_js_vlm.py reads too: its plainest ONNX target here (the shared store, #48)
-    out, report, log = stored_run(tiny_llava_with_processor(tmp_path / "model", LLAVA_ONNX_RECIPE))
+    out, report, log = stored_run(tiny_llava_onnx_model(tmp_path / "model"))
     target = {target["name"]: target for target in report["targets"]}["onnx"]
     assert {key: value for key, value in LLAVA_ONNX_RECIPE["exports"][0].items() if key != "name"} == {
         "export_format": "onnx", "mode": "generation"}, "the plainest ONNX generation target"

@@ -26,7 +26,7 @@ import torch
 
 from exporters.export.artifact_dtype import _onnx_dtypes
 from tests.conftest import run_cli
-from tests.models import tiny_llama
+from tests.models import BLOCK, snap_to_int4_grid, tiny_llama
 
 RECIPE = [{"export_format": "onnx", "mode": "generation", "dynamic": True, "variants": ["fp32", "int4"]},
           {"name": "onnx-int4-embeddings", "export_format": "onnx", "mode": "generation", "dynamic": True,
@@ -36,31 +36,11 @@ RECIPE = [{"export_format": "onnx", "mode": "generation", "dynamic": True, "vari
 NAMES = ["onnx", "onnx-int4", "onnx-int4-embeddings", "onnx-fused-int4"]
 LINEARS = 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the LM head
 FUSED_LINEARS = 2 * 4 + 1  # the fused graph packs q/k/v and gate/up into one MatMul each
-BLOCK = 32
 # The default checkpoint (seed 0): MatMulNBits' int8 activations (accuracy level 4) flip a near tie of this random
 # model in the proofs' tokens against float eager (benchmarks/RESULTS.md, "int4, round 6"; seed 3 was the first that
 # kept all 16), which the int4 budget allows: the proofs hold GenAI and optimum to ONNX Runtime's own greedy of the
 # graph token for token, and eager's tokens to the budget's `min_greedy_match`
 SEED = 0
-
-
-def snap_to_int4_grid(folder: Path) -> None:
-    """Every linear weight and the embedding table of the saved model replaced by its symmetric block-wise 4-bit
-    value along the input (hidden) axis (ONNX Runtime's rule: each block's largest-magnitude value is code -8). A
-    block of zeros (the padding token's row, which the model initializes to zero) stays zero: divided by its zero
-    scale it had become NaN, and every padded row of the proofs' batches with it, on both sides alike."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-                rows, columns = module.weight.shape
-                blocks = module.weight.reshape(rows, columns // BLOCK, BLOCK)
-                scale = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True)) / -8
-                scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-                module.weight.copy_((torch.clamp(torch.round(blocks / scale), -8, 7) * scale).reshape(rows, columns))
-    model.save_pretrained(folder)
 
 
 @dataclass

@@ -21,7 +21,7 @@ import pytest
 from tests.card_snippets import run_js_card
 from tests.conftest import targets_by_name
 from tests.export_store import stored_run
-from tests.models import TJS_FP16_TARGET, WHISPER_ONNX_RECIPE, WHISPER_ONNX_TARGET, tiny_whisper
+from tests.models import TJS_FP16_TARGET, WHISPER_ONNX_RECIPE, WHISPER_ONNX_TARGET, snap_to_int4_grid, tiny_whisper
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +60,65 @@ def test_the_cards_transformers_js_speech_script_runs_as_written(whisper_tjs, tm
     assert len(tokens) > 1 and all(isinstance(t, int) for t in tokens)
 
 
+# the float16 run's second transformers.js target: fp32 graphs and their dtype files (#52 item 4)
+DTYPES_TARGET = {**WHISPER_ONNX_TARGET, "name": "tjsq", "layout": "transformers.js",
+                 "variants": ["fp32", "int4"]}
+
+
 @pytest.fixture(scope="module")
 def whisper_tjs16(tmp_path_factory):
-    """The plainest float16 recipe of a 1+1-layer Whisper: one transformers.js target, `dtype: "float16"` (the model
-    is loaded in float16, its sample spectrogram made float32 by the extractor)."""
+    """The plainest float16 recipe of a 1+1-layer Whisper: a transformers.js target, `dtype: "float16"` (the model
+    is loaded in float16, its sample spectrogram made float32 by the extractor), beside one with dtype files
+    (`DTYPES_TARGET`); its weights snapped to the 4-bit grid (as the LLaVA's, tests/models.py's TJS_VLM_VARIANTS)."""
     root = tmp_path_factory.mktemp("tjs-speech-fp16")
-    recipe = {"exports": [{**WHISPER_ONNX_TARGET, **TJS_FP16_TARGET}], "generation": {"max_new_tokens": 8}}
-    return stored_run(tiny_whisper(root / "model", recipe, feature_extractor=True))
+    recipe = {"exports": [{**WHISPER_ONNX_TARGET, **TJS_FP16_TARGET}, DTYPES_TARGET],
+              "generation": {"max_new_tokens": 8}}
+    model = tiny_whisper(root / "model", recipe, feature_extractor=True)
+    snap_to_int4_grid(model, "WhisperForConditionalGeneration")
+    return stored_run(model)
+
+
+def test_a_whisper_folders_dtype_files_are_judged_with_their_budgets_and_transcribed_by_transformers_js(
+        whisper_tjs16, tmp_path):
+    """`variants` on the speech layout: `encoder_model` and `decoder_model_merged` each get their `_q4` file in the
+    one folder (4-bit MatMulNBits, the If branches' weights too), judged against eager with the int4 budget and
+    transcribing in transformers.js with `dtype: "q4"` within it; the card lists them, and its script runs as
+    written. The merged decoder's q8 and q4f16 files are refused with the reason (ONNX Runtime's dynamic quantizer
+    leaves the branches' outer-scope weights float; its float16 converter cannot take the branches' shared
+    initializer names), never written mislabelled."""
+    import onnx
+
+    from exporters.errors import TargetPlanError
+    from exporters.layouts.transformers_js.dtypes import _derive
+    from exporters.publish.snippets import target_snippets
+
+    out, report, log = whisper_tjs16
+    target = targets_by_name(report)["tjsq"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    rows = {row["dtype"]: row for row in target["dtype_files"]}
+    assert list(rows) == ["fp32", "q4"]
+    graphs = ("onnx/encoder_model.onnx", "onnx/decoder_model_merged.onnx")
+    row = rows["q4"]
+    assert row["status"] == "passed" and row["files"] == {
+        name: name.removesuffix(".onnx") + "_q4.onnx" for name in graphs}, row
+    assert row["quality"]["kind"] == "int4" and row["quality"]["passed"], row["quality"]
+    folder = out / "tjsq" / "onnx"
+    for name in ("encoder_model_q4.onnx", "decoder_model_merged_q4.onnx"):
+        nodes = onnx.load(str(folder / name), load_external_data=False).graph.node
+        branches = [n for node in nodes for a in node.attribute if a.type == onnx.AttributeProto.GRAPH
+                    for n in a.g.node]
+        assert any(n.op_type == "MatMulNBits" for n in (*nodes, *branches)), name
+    for variant, words in (("int8-dynamic", "quantized no MatMul of decoder_model_merged.onnx"),
+                           ("q4f16", "decoder_model_merged.onnx's If branches share initializer names")):
+        with pytest.raises(TargetPlanError, match=words):
+            _derive(folder / "decoder_model_merged.onnx", tmp_path / f"refused_{variant}.onnx", variant)
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "passed" and "AutoModelForSpeechSeq2Seq" in proof["detail"], proof
+    assert proof["detail"].endswith("; dtype q4 8/8 tokens (≥2 asked)"), proof
+    code = {runtime: code for runtime, _, code in target_snippets("org/whisper", target)}["transformers.js"]
+    assert "{ device: 'cpu', dtype: \"fp32\" }" in code and '//   dtype "q4": ' in code, code
+    tokens = json.loads(run_js_card(code, out / "tjsq", tmp_path).splitlines()[-1])
+    assert len(tokens) > 1 and all(isinstance(t, int) for t in tokens)
 
 
 def test_a_float16_whisper_folder_is_transcribed_by_transformers_js_from_float32_features(whisper_tjs16, tmp_path):

@@ -24,8 +24,7 @@ import onnx
 import pytest
 
 from tests.conftest import ROOT, run_cli
-from tests.models import tiny_llama
-from tests.test_int4_onnx import snap_to_int4_grid
+from tests.models import snap_to_int4_grid, tiny_llama
 
 VARIANTS = ["fp32", "fp16", "int8-dynamic", "int4", "q4f16"]
 RECIPE = {"exports": [{"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js",

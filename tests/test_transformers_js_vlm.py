@@ -11,6 +11,7 @@ One run of the tiny LLaVA (module fixture) through the real CLI.
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -22,9 +23,10 @@ from tests.models import (
     LLAVA_ONNX_RECIPE,
     TJS_FP16_TARGET,
     TJS_TARGET as TARGET,
+    TJS_VLM_VARIANTS,
     tiny_idefics2_with_processor,
     tiny_idefics3_with_processor,
-    tiny_llava_with_processor,
+    tiny_llava_onnx_model,
 )
 
 RECIPE = {"exports": [TARGET], "generation": {"max_new_tokens": 8}}
@@ -36,8 +38,9 @@ def llava_tjs(tmp_path_factory):
     """The LLaVA run tests/test_genai_vlm.py reads too (its plainest ONNX target beside `tjs`): exported once through
     the shared store (#48); the tests here read the `tjs` target and folder only."""
     root = tmp_path_factory.mktemp("tjs-llava")
-    assert TARGET in LLAVA_ONNX_RECIPE["exports"] and LLAVA_ONNX_RECIPE["generation"] == RECIPE["generation"]
-    return stored_run(tiny_llava_with_processor(root / "model", LLAVA_ONNX_RECIPE))
+    assert {**TARGET, "variants": TJS_VLM_VARIANTS} in LLAVA_ONNX_RECIPE["exports"]
+    assert LLAVA_ONNX_RECIPE["generation"] == RECIPE["generation"]
+    return stored_run(tiny_llava_onnx_model(root / "model"))
 
 
 def _target(report: dict) -> dict:
@@ -122,6 +125,74 @@ def test_the_folder_holds_the_three_graphs_under_transformers_js_names(llava_tjs
     assert int((made["input_ids"][0] == config["image_token_index"]).sum()) == 16
 
 
+DTYPE_SUFFIXES = {"q4": "_q4", "q4f16": "_q4f16"}  # TJS_VLM_VARIANTS' dtype files (transformers.js's names)
+
+
+def test_each_graph_has_its_q4_and_q4f16_files_judged_with_the_int4_budget_and_loaded_by_transformers_js(llava_tjs):
+    """`variants: ["fp32", "int4", "q4f16"]` (#52 item 4, #51 item 2): each of the three graphs gets its `_q4` and
+    `_q4f16` file in the one folder (4-bit MatMulNBits; q4f16 float16 inside, float32 at the edges), each dtype judged
+    against eager with the int4 budget (all three files of the dtype at once), and transformers.js generating with
+    each `dtype`, the encoder's and decoder's quantized sessions included, within the budget."""
+    import onnx
+
+    out, report, log = llava_tjs
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    folder = out / "tjs"
+    config = json.loads((folder / "config.json").read_text())["transformers.js_config"]
+    graphs = [name.removeprefix("onnx/").removesuffix(".onnx") for name in GRAPHS]
+    files = {dtype: [f"{graph}{suffix}.onnx" for graph in graphs] for dtype, suffix in DTYPE_SUFFIXES.items()}
+    assert config["dtype"] == "fp32"
+    assert set(config["use_external_data_format"]) == {f"{g}.onnx" for g in graphs} | {f for names in files.values()
+                                                                                        for f in names}
+    for dtype, names in files.items():
+        for name in names:
+            graph = onnx.load(str(folder / "onnx" / name), load_external_data=False).graph
+            ops = {node.op_type for node in graph.node}
+            assert ("MatMulNBits" in ops) == (not name.startswith("embed_tokens")), (name, ops)  # a Gather alone
+            assert {v.type.tensor_type.elem_type for v in (*graph.input, *graph.output)} <= {
+                onnx.TensorProto.FLOAT, onnx.TensorProto.INT64, onnx.TensorProto.BOOL}, name  # float32 at the edges
+            if dtype == "q4f16" and not name.startswith("embed_tokens"):
+                assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer), name
+    rows = {row["dtype"]: row for row in target["dtype_files"]}
+    assert list(rows) == ["fp32", "q4", "q4f16"] and [row["default"] for row in rows.values()] == [True, False, False]
+    assert rows["fp32"]["file"] == "onnx/decoder_model_merged.onnx"
+    for dtype, names in files.items():
+        row = rows[dtype]
+        assert row["status"] == "passed" and row["files"] == {
+            f"onnx/{g}.onnx": f"onnx/{n}" for g, n in zip(graphs, names)}, row
+        quality = row["quality"]
+        assert quality["kind"] == "int4" and quality["judged_by"] == "metrics" and quality["passed"], quality
+        assert quality["budget"]["min_top1_agreement"] == 0.75 and quality["metrics"]["top1_agreement"] >= 0.75
+        assert row["bytes"] == sum((folder / "onnx" / f"{n}{tail}").stat().st_size for n in names
+                                   for tail in ("", "_data") if (folder / "onnx" / f"{n}{tail}").is_file())
+    assert rows["q4"]["bytes"] < 0.7 * rows["fp32"]["bytes"], rows  # the tiny vision tower's convolution stays float
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
+    assert "; dtype q4 8/8 tokens (≥2 asked), q4f16 8/8 tokens (≥2 asked)" in proof["detail"], proof
+
+
+def test_a_vlm_dtype_file_outside_its_budget_fails_the_target_naming_it(llava_tjs, tmp_path):
+    """`hf-export validate` of the folder with `decoder_model_merged_q4.onnx`'s weights zeroed: the q4 dtype (its
+    three files together) is judged with the int4 budget and fails the target, naming the decoder's file; q4f16 and
+    the fp32 graphs still pass, and export.json is restored."""
+    from tests.conftest import run_cli
+
+    out, _, _ = llava_tjs
+    copy = tmp_path / "out"
+    shutil.copytree(out / "tjs", copy / "tjs")
+    data = copy / "tjs" / "onnx" / "decoder_model_merged_q4.onnx_data"
+    data.write_bytes(bytes(data.stat().st_size))
+    model = tiny_llava_onnx_model(tmp_path / "model")
+    done = run_cli("validate", str(model), str(copy), "--target", "tjs")
+    [target] = json.loads((copy / "report.json").read_text())["targets"]
+    assert done.returncode == 1 and target["status"] == "failed", done.stderr[-2000:]
+    assert "dtype file(s) outside their budget: onnx/decoder_model_merged_q4.onnx (q4)" in target["error"]["message"]
+    rows = {row["dtype"]: row["status"] for row in target["dtype_files"]}
+    assert rows == {"fp32": "passed", "q4": "failed", "q4f16": "passed"}, rows
+    assert (copy / "tjs" / "export.json").read_text() == (out / "tjs" / "export.json").read_text()
+
+
 def test_the_cards_transformers_js_image_text_script_runs_as_written(llava_tjs, tmp_path):
     """The card's script, as written, from a folder laid out as its download line puts it (`model/exports/tjs`):
     the folder's processor on an image of its size and the prompt, then `AutoModelForImageTextToText.generate`."""
@@ -136,6 +207,11 @@ def _run_card(out, report: dict, tmp_path) -> str:
     snippets = {runtime: (language, code) for runtime, language, code in target_snippets("org/vlm", _target(report))}
     language, code = snippets["transformers.js"]
     assert language == "js" and "AutoModelForImageTextToText" in code and "AutoProcessor" in code
+    if _target(report).get("dtype_files"):  # the LLaVA's variants: the card lists each dtype and loads the default
+        assert "{ device: 'cpu', dtype: \"fp32\" }" in code, code
+        for dtype in ("fp32", *DTYPE_SUFFIXES):
+            assert any(line.startswith(f'//   dtype "{dtype}": ') and " MB, " in line for line in code.splitlines()), code
+        assert "top-1 1.000" in next(line for line in code.splitlines() if line.startswith('//   dtype "q4"'))
     return run_js_card(code, out / "tjs", tmp_path)
 
 

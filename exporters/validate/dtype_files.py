@@ -54,13 +54,15 @@ def judge_dtype_files(target: Any, directory: Path,
     directory)` (a `ValidationResult`) while export.json names that file."""
     rows = []
     for dtype, entry in listed_dtype_files(directory).items():
-        with _naming(directory, entry["file"]):
+        with _naming(directory, entry.get("files") or {"onnx/model.onnx": entry["file"]}):
             result = validate(target.model_copy(update={**view_settings(entry), "variants": None}), directory)
         status, quality = result.verdict, result.quality
         error = "; ".join(result.errors) or None
+        several = entry.get("files") if len(_files(entry)) > 1 else None  # each graph's file, where there are more
         rows.append({"dtype": dtype, "variant": entry.get("variant"), "file": entry["file"],
-                     "bytes": _bytes(directory, entry["file"]), "status": status, "quality": quality,
-                     **({"error": error[:500]} if error else {})})
+                     **({"files": several} if several else {}),
+                     "bytes": sum(_bytes(directory, file) for file in _files(entry)), "status": status,
+                     "quality": quality, **({"error": error[:500]} if error else {})})
     return rows
 
 
@@ -70,8 +72,10 @@ def record_dtype_files(result: Any, rows: list[dict[str, Any]], directory: Path,
     which."""
     if not rows:
         return
-    own = {"dtype": "fp32", "variant": "fp32", "file": "onnx/model.onnx", "bytes": _bytes(directory, "onnx/model.onnx"),
-           "status": own_status, "quality": result.quality}
+    graphs = {fp32: dtype_file for row in rows for fp32, dtype_file in (row.get("files") or {}).items()}
+    own_files = sorted(graphs) or ["onnx/model.onnx"]
+    own = {"dtype": "fp32", "variant": "fp32", "file": _main_file(own_files),
+           "bytes": sum(_bytes(directory, file) for file in own_files), "status": own_status, "quality": result.quality}
     try:  # what transformers.js loads without a `dtype` (the first variant listed: dtypes.py)
         default = json.loads((directory / "config.json").read_text(encoding="utf-8"))["transformers.js_config"]["dtype"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -91,6 +95,17 @@ def record_dtype_files(result: Any, rows: list[dict[str, Any]], directory: Path,
                               for row in unverified]
 
 
+def _files(entry: dict[str, Any]) -> list[str]:
+    """Every file of a dtype (a folder of several graphs lists each in `files`)."""
+    files = entry.get("files")
+    return sorted(files.values()) if isinstance(files, dict) and files else [entry["file"]]
+
+
+def _main_file(files: list[str]) -> str:
+    """The fp32 graph the folder's own row is named by: the decoder's (as exporters.layouts.transformers_js.dtypes)."""
+    return next((file for file in files if file.endswith(("/decoder_model_merged.onnx", "/model.onnx"))), files[-1])
+
+
 def _why(row: dict[str, Any]) -> str:
     quality = row.get("quality") or {}
     return str(row.get("error") or quality.get("decided_by") or "its checks failed")
@@ -102,14 +117,15 @@ def _bytes(directory: Path, file: str) -> int:
 
 
 @contextmanager
-def _naming(directory: Path, file: str) -> Iterator[None]:
-    """`directory`'s export.json naming `file` as its graph while the block runs, restored after it (validation runs
+def _naming(directory: Path, files: dict[str, str]) -> Iterator[None]:
+    """`directory`'s export.json naming each component's dtype file (`files`: fp32 graph -> dtype file) while the block runs, restored after it (validation runs
     in this one process, no runtime child is open meanwhile, and a view folder of links would be refused: ONNX's
     external data loader refuses hard links, the folder screen symbolic ones)."""
     path = directory / "export.json"
     original = path.read_text(encoding="utf-8")
     manifest = json.loads(original)
-    manifest["components"]["model"]["file"] = file
+    for entry in manifest["components"].values():
+        entry["file"] = files.get(entry["file"], entry["file"])
     manifest.pop(DTYPE_FILES, None)
     try:
         fsutil.write_file(path, json.dumps(manifest, indent=2) + "\n")

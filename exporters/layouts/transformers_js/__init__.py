@@ -172,29 +172,26 @@ class TransformersJs(Layout):
         pinned = f" --revision {json.dumps(revision)}" if revision else ""
         download = f"// after: hf download {json.dumps(repo_id)}{pinned} --include {json.dumps(sub + '/*')} --local-dir model\n"
         names = graph_names(file_names(target))  # a float16 target's `_fp16` files name the same layout
-        if {"onnx/encoder_model.onnx", "preprocessor_config.json"} <= names:  # Whisper: speech.py
-            return "js", download + transcribe_script(json.dumps(f"model/{EXPORTS_DIR}"),
-                                                      json.dumps(str(target["name"])), CARD_FEATURES, 32,
-                                                      "console.log(JSON.stringify(Array.from(output.data, Number)));")
-        if is_image_text(names):  # a vision-language model: image_text.py
-            return "js", download + image_text_script(json.dumps(f"model/{EXPORTS_DIR}"),
-                                                      json.dumps(str(target["name"])), 32, "", CARD_EMIT)
-        if audio_text.is_audio_text(names):  # an audio-language model: audio_text.py
-            return "js", download + audio_text.generate_script(json.dumps(f"model/{EXPORTS_DIR}"),
-                                                               json.dumps(str(target["name"])), 32, "",
-                                                               audio_text.CARD_EMIT)
         files = [row for row in target.get("dtype_files") or [] if row.get("dtype") in DTYPES]
         listing = "".join(f"//   dtype {json.dumps(row['dtype'])}: {_megabytes(row.get('bytes'))}, {_quality(row)}\n"
                           for row in files)
         if listing:
             listing = "// dtype files in onnx/ (pass one as `dtype`):\n" + listing
-        quantization = target.get("quantization") or {}
         default = [row["dtype"] for row in files if row.get("default") is True]  # the folder's own (config.json)
-        dtype = (default or [files[0]["dtype"]])[0] if files else \
-            layout_dtype(target.get("dtype"), quantization.get("method"))
+        chosen = (default or [files[0]["dtype"]])[0] if files else None  # None: no dtype files (the config's)
+        root, name = json.dumps(f"model/{EXPORTS_DIR}"), json.dumps(str(target["name"]))
+        if {"onnx/encoder_model.onnx", "preprocessor_config.json"} <= names:  # Whisper: speech.py
+            return "js", download + listing + transcribe_script(
+                root, name, CARD_FEATURES, 32, "console.log(JSON.stringify(Array.from(output.data, Number)));", chosen)
+        if is_image_text(names):  # a vision-language model: image_text.py
+            return "js", download + listing + image_text_script(root, name, 32, "", CARD_EMIT, dtype=chosen)
+        if audio_text.is_audio_text(names):  # an audio-language model: audio_text.py
+            return "js", download + listing + audio_text.generate_script(root, name, 32, "", audio_text.CARD_EMIT,
+                                                                         dtype=chosen)
+        quantization = target.get("quantization") or {}
+        dtype = chosen or layout_dtype(target.get("dtype"), quantization.get("method"))
         return "js", download + listing + generate_script(
-            json.dumps(f"model/{EXPORTS_DIR}"), json.dumps(str(target["name"])), [1, 2, 3], 32,
-            "console.log(Array.from(output.data, Number));", "  // your prompt's token ids",
+            root, name, [1, 2, 3], 32, "console.log(Array.from(output.data, Number));", "  // your prompt's token ids",
             dtype if dtype in DTYPES else "fp32")
 
 

@@ -34,7 +34,7 @@ import json
 from string import Template
 
 from exporters.layouts.card import PROMPT
-from exporters.layouts.transformers_js.image_text import CARD_EMIT, PROOF_EMIT, SAMPLE_IDS  # the same JS lines
+from exporters.layouts.transformers_js.image_text import CARD_EMIT, PROOF_EMIT, SAMPLE_IDS, dtype_option  # the same JS
 
 AUDIO_TEXT_FILES = ("onnx/audio_encoder.onnx", "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx")
 # VoxtralProcessor's: where the audio goes in the text (its AUDIO_TOKEN); a processor config's `audio_token` first
@@ -46,7 +46,7 @@ GENERATE = Template("""import { env, AutoProcessor, AutoModelForAudioTextToText,
 env.allowRemoteModels = false;
 env.localModelPath = $root;
 const processor = await AutoProcessor.from_pretrained($name);
-const model = await AutoModelForAudioTextToText.from_pretrained($name, { device: 'cpu' });
+const model = await AutoModelForAudioTextToText.from_pretrained($name, { device: 'cpu'$dtype });
 const { sampling_rate, n_samples = sampling_rate } = processor.feature_extractor.config;
 const tone = (length) => Float32Array.from({ length }, (_, i) => 0.5 * Math.sin(2 * Math.PI * 440 * i / sampling_rate));
 const audio = tone(n_samples);  // your audio at sampling_rate
@@ -69,11 +69,13 @@ const processed = { features: made[key].dims, ids: Array.from(made.input_ids.dat
 inputs[key] = new Tensor('float32', Float32Array.from(sample.features), sample.shape);"""
 
 
-def generate_script(root: str, name: str, steps: int, feed: str, emit: str, prompt: str = PROMPT) -> str:
+def generate_script(root: str, name: str, steps: int, feed: str, emit: str, prompt: str = PROMPT,
+                    dtype: str | None = None) -> str:
     """`GENERATE` filled: `root` and `name` JSON strings, `steps` our int, `feed` and `emit` our lines, `prompt`
-    text (entered through json.dumps)."""
+    text (entered through json.dumps), `dtype` the dtype files to load (`image_text.dtype_option`)."""
     return GENERATE.substitute(root=root, name=name, steps=int(steps), feed=feed, emit=emit,
-                               token=json.dumps(AUDIO_TOKEN), prompt=json.dumps(str(prompt)))
+                               token=json.dumps(AUDIO_TOKEN), prompt=json.dumps(str(prompt)),
+                               dtype=dtype_option(dtype))
 
 
 def is_audio_text(files: set[str]) -> bool:

@@ -23,6 +23,7 @@ from exporters.layouts.base import read_json
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
 from exporters.layouts.transformers_js.audio_text import PROOF_EMIT, PROOF_FEED, generate_script
 from exporters.upstream.multimodal_runner import AudioEncoder
+from exporters.layouts.transformers_js.dtypes import equal_new, proof_runs, said_runs
 
 
 def _eager(model: Any, ids: torch.Tensor, features: torch.Tensor, steps: int, token: Any) -> dict[str, Any]:
@@ -80,42 +81,47 @@ def _samples(directory: Path, shape: list[int]) -> int | None:
 
 def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext,
           modules: Path, version: str) -> RuntimeProof:
-    """Node runs `GENERATE` on `directory` with each run's ids and features (see the module)."""
-    script = generate_script(json.dumps(str(directory.parent)), json.dumps(directory.name), reference["steps"],
-                             PROOF_FEED, PROOF_EMIT)
+    """Node runs `GENERATE` on `directory` with each run's ids and features (see the module); a folder with dtype
+    files (`dtypes.proof_runs`) is loaded once more per dtype, generating from the first run's audio, each file
+    giving at least the greedy tokens its variant's budget asks."""
     config = read_json(directory / "config.json")
     steps, token = reference["steps"], config.get("audio_token_id", config.get("audio_token_index"))
-    said = []
-    for run in reference["runs"]:
-        with tempfile.TemporaryDirectory(prefix="tjs-audio-text-") as scratch:
-            sample = Path(scratch) / "sample.json"
-            sample.write_text(json.dumps(run["sample"]), encoding="utf-8")
-            spec = {"sample": str(sample)}
-            if (samples := _samples(directory, run["sample"]["shape"])) is not None:
-                spec["samples"] = samples
-            got, why = run_script(["node"], script, spec, folder=directory,
-                                  timeout_s=child_timeout(context), links={"node_modules": modules})
-        chunks = run["sample"]["shape"][0]
-        audio = f"{chunks} chunk{'s' if chunks > 1 else ''} of audio"
-        if spec.get("samples"):  # audio of any length: its features' frames
-            audio = f"audio of {run['sample']['shape'][1]} feature frames"
-        if not isinstance(got, dict):
-            return RuntimeProof(layout.runtime, "failed", f"transformers.js failed on {audio}: {why}")
-        processed = got.get("processed") or {}
-        shape, count = run["sample"]["shape"], run.get("audio_tokens")
-        made = sum(1 for i in processed.get("ids") or [] if i == token)
-        if processed.get("features") != shape or (count is not None and made != count):
-            return RuntimeProof(layout.runtime, "failed", (
-                f"transformers.js's processor made features {processed.get('features')} and {made} audio tokens of "
-                f"{audio}; the model takes {shape} and {count}"))
-        want, tokens = run["tokens"], got.get("tokens")
-        if tokens != want:
-            prompt = len(run["sample"]["ids"])
-            equal = next((i for i, (a, b) in enumerate(zip(want, tokens or [])) if a != b),
-                         min(len(want), len(tokens or [])))
-            return RuntimeProof(layout.runtime, "failed", f"{max(0, equal - prompt)}/{steps} tokens equal eager greedy "
-                                                          f"from {audio}: transformers.js {tokens}, eager {want}")
-        said.append(f"{count} from {audio}")
+    said, done = [], []
+    for dtype, asked in proof_runs(directory, context.target.validation, steps):
+        on = f" with dtype {dtype}" if dtype and dtype != "fp32" else ""
+        script = generate_script(json.dumps(str(directory.parent)), json.dumps(directory.name), steps, PROOF_FEED,
+                                 PROOF_EMIT, dtype=dtype)
+        for run in reference["runs"] if not done else reference["runs"][:1]:
+            with tempfile.TemporaryDirectory(prefix="tjs-audio-text-") as scratch:
+                sample = Path(scratch) / "sample.json"
+                sample.write_text(json.dumps(run["sample"]), encoding="utf-8")
+                spec = {"sample": str(sample)}
+                if (samples := _samples(directory, run["sample"]["shape"])) is not None:
+                    spec["samples"] = samples
+                got, why = run_script(["node"], script, spec, folder=directory,
+                                      timeout_s=child_timeout(context), links={"node_modules": modules})
+            chunks = run["sample"]["shape"][0]
+            audio = f"{chunks} chunk{'s' if chunks > 1 else ''} of audio"
+            if spec.get("samples"):  # audio of any length: its features' frames
+                audio = f"audio of {run['sample']['shape'][1]} feature frames"
+            if not isinstance(got, dict):
+                return RuntimeProof(layout.runtime, "failed", f"transformers.js failed on {audio}{on}: {why}")
+            processed = got.get("processed") or {}
+            shape, count = run["sample"]["shape"], run.get("audio_tokens")
+            made = sum(1 for i in processed.get("ids") or [] if i == token)
+            if processed.get("features") != shape or (count is not None and made != count):
+                return RuntimeProof(layout.runtime, "failed", (
+                    f"transformers.js's processor made features {processed.get('features')} and {made} audio tokens "
+                    f"of {audio}; the model takes {shape} and {count}"))
+            want, tokens = run["tokens"], got.get("tokens")
+            equal = steps if tokens == want else equal_new(want, tokens, len(run["sample"]["ids"]))
+            if equal < asked:
+                return RuntimeProof(layout.runtime, "failed", f"{equal}/{steps} tokens equal eager greedy from "
+                                    f"{audio}{on}" + ("" if asked == steps else f", {asked} asked")
+                                    + f": transformers.js {tokens}, eager {want}")
+            if not done:
+                said.append(f"{count} from {audio}")
+        done.append((dtype, equal, asked))
     return RuntimeProof(layout.runtime, "passed", f"{steps}/{steps} tokens (transformers.js {version}, Node.js, "
                                                   "AutoModelForAudioTextToText, its processor's audio tokens: "
-                                                  f"{', '.join(said)})")
+                                                  f"{', '.join(said)})" + said_runs(done, steps))

@@ -8,8 +8,15 @@ onnx/model.onnx (fp32, the exported graph) ──► model_fp16.onnx       float
                                           ├─► model_q4.onnx         q4: 4-bit block-wise MatMulNBits
                                           └─► model_q4f16.onnx      q4f16: the q4 graph converted to float16
 config.json transformers.js_config {dtype: the first variant's, use_external_data_format: {file: 1 per file}}
-export.json "dtype_files" {dtype: {file, variant, kind, quantize}}
+export.json "dtype_files" {dtype: {file, files, variant, kind, quantize}}
 ```
+
+A folder of several graphs (a vision-language model's `vision_encoder`, `embed_tokens`, `decoder_model_merged`, an
+audio-language model's `audio_encoder` ..., Whisper's `encoder_model` and `decoder_model_merged`) gets each graph's
+file of every dtype (`onnx/vision_encoder_q4.onnx`, ...): transformers.js picks each session's file by the one `dtype`
+(or a `{graph: dtype}` object); `files` maps each fp32 graph to its dtype file, `file` names the decoder's. A merged
+encoder-decoder decoder (its `If` branches reading outer weights) is refused q8 and fp16/q4f16 with the reason
+(`_derive`): ONNX Runtime's converters would leave it float under a q8 name, or fail.
 
 Each file is derived from the fp32 graph as transformers.js's own conversion (its `scripts/quantize.py`) derives
 them: the same converters, the same defaults (q4: block 32, symmetric, accuracy level 0; fp16 and q4f16: float32
@@ -33,11 +40,12 @@ from typing import Any
 
 from exporters import fsutil
 from exporters.errors import TargetPlanError
+from exporters.recipe.budgets import resolve_budget
 from exporters.recipe.variants import TRANSFORMERS_JS_DTYPES, OnnxRuntimeInt4Quantize
 from exporters.upstream import quantize_matmul_nbits, read_manifest, write_manifest
 
 SUBFOLDER = "onnx"
-DTYPE_FILES = "dtype_files"  # export.json's key: {dtype: {file, variant, kind, quantize}}
+DTYPE_FILES = "dtype_files"  # export.json's key: {dtype: {file, files, variant, kind, quantize}}
 
 
 def dtype_file(variant: str) -> str:
@@ -60,24 +68,31 @@ def dtype_files_in(directory: Path) -> dict[str, dict[str, Any]]:
 
 
 def write_dtype_files(directory: Path, target: Any) -> None:
-    """Derive each of the target's variants from `onnx/model.onnx` in `directory` (see the module)."""
+    """Derive each of the target's variants from each fp32 graph under `onnx/` in `directory` (see the module)."""
     variants = list(target.variants or [])
     manifest = read_manifest(directory)
-    if list(manifest["components"]) != ["model"] or manifest["components"]["model"]["file"] != f"{SUBFOLDER}/model.onnx":
-        raise TargetPlanError("`variants` of a transformers.js target are written as dtype files of one decoder "
-                              f"graph (onnx/model.onnx); this export has {list(manifest['components'])}: list one "
-                              "variant per target instead", option="variants")
+    graphs = sorted({entry["file"] for entry in manifest["components"].values()})
+    plain = [file for file in graphs if file.startswith(f"{SUBFOLDER}/") and file.endswith(".onnx")
+             and not any(file.endswith(f"{suffix}.onnx") for _, suffix, _, _ in TRANSFORMERS_JS_DTYPES.values() if suffix)]
+    if plain != graphs or getattr(target, "dtype", None) not in (None, "float32"):
+        raise TargetPlanError("`variants` of a transformers.js target are written as dtype files of its float32 "
+                              f"graphs under onnx/; this export has {graphs} (dtype {getattr(target, 'dtype', None)}): "
+                              "list one variant per target instead", option="variants")
     listed: dict[str, dict[str, Any]] = {}
-    external: dict[str, int] = {"model.onnx": 1} if (directory / SUBFOLDER / "model.onnx_data").is_file() else {}
+    external = {Path(file).name: 1 for file in graphs if (directory / f"{file}_data").is_file()}
     for variant in variants:
-        dtype, _, kind, quantize = TRANSFORMERS_JS_DTYPES[variant]
+        dtype, suffix, kind, quantize = TRANSFORMERS_JS_DTYPES[variant]
         if variant == "fp32":
             continue
-        name = dtype_file(variant)
-        _derive(directory / SUBFOLDER / "model.onnx", directory / SUBFOLDER / name, variant)
-        if (directory / SUBFOLDER / f"{name}_data").is_file():
-            external[name] = 1
-        listed[dtype] = {"file": f"{SUBFOLDER}/{name}", "variant": variant, "kind": kind, "quantize": quantize}
+        files = {}
+        for file in graphs:  # each graph of the folder (a VLM's encoder, embed_tokens and decoder): one file a dtype
+            name = Path(file).name.removesuffix(".onnx") + f"{suffix}.onnx"
+            _derive(directory / file, directory / SUBFOLDER / name, variant)
+            if (directory / SUBFOLDER / f"{name}_data").is_file():
+                external[name] = 1
+            files[file] = f"{SUBFOLDER}/{name}"
+        listed[dtype] = {"file": files[_main(graphs)], "files": files, "variant": variant, "kind": kind,
+                         "quantize": quantize}
     manifest[DTYPE_FILES] = listed
     write_manifest(directory, manifest)
     config_path = directory / "config.json"
@@ -85,6 +100,11 @@ def write_dtype_files(directory: Path, target: Any) -> None:
     config["transformers.js_config"] = {"dtype": TRANSFORMERS_JS_DTYPES[variants[0]][0],
                                         "use_external_data_format": external or False}
     fsutil.write_file(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _main(graphs: list[str]) -> str:
+    """The graph a dtype file's row is named by: the decoder's (`decoder_model_merged`, a text model's `model`)."""
+    return next((file for file in graphs if file.endswith(("/decoder_model_merged.onnx", "/model.onnx"))), graphs[-1])
 
 
 def _derive(source: Path, destination: Path, variant: str) -> None:
@@ -101,7 +121,14 @@ def _derive(source: Path, destination: Path, variant: str) -> None:
             quantize_dynamic(str(source), str(quantized), weight_type=QuantType.QInt8, use_external_data_format=True,
                              per_channel=True, op_types_to_quantize=["MatMul"],
                              extra_options={"MatMulConstBOnly": True})
-            _save(onnx.load(str(quantized)), destination)
+            model = onnx.load(str(quantized))
+        if _weight_matmuls(onnx.load(str(source), load_external_data=False).graph) and \
+                not _weight_matmuls(model.graph) & {"MatMulInteger", "DynamicQuantizeMatMul"}:
+            # a merged decoder whose If branches read their weights from the outer graph: the quantizer skips them
+            raise TargetPlanError(f"variant 'int8-dynamic': ONNX Runtime's quantizer quantized no MatMul of "
+                                  f"{source.name} (an If branch's weights held by the outer graph); a q8 file of "
+                                  "float weights would be mislabelled: list int4 instead", option="variants")
+        _save(model, destination)
         return
     model = _matmul_nbits(source) if variant in ("int4", "q4f16") else onnx.load(str(source))  # with its weights
     if variant in ("fp16", "q4f16"):
@@ -109,11 +136,67 @@ def _derive(source: Path, destination: Path, variant: str) -> None:
 
         from onnxruntime.transformers.onnx_model import OnnxModel  # (the same)
 
+        if shared_initializer_names(model.graph):
+            raise TargetPlanError(f"variant '{variant}': {source.name}'s If branches share initializer names "
+                                  f"({shared_initializer_names(model.graph)[:3]}), which ONNX Runtime's float16 "
+                                  "converter cannot convert; an encoder-decoder's merged decoder gets no fp16 or q4f16 "
+                                  "file yet: list int4 or int8-dynamic", option="variants")
         model = convert_float_to_float16(model, keep_io_types=True)
         half = OnnxModel(model)
         half.topological_sort()  # the converter appends the input casts last (transformers.js's script slims it)
         model = half.model
     _save(model, destination)
+
+
+def shared_initializer_names(graph: Any, seen: set[str] | None = None) -> list[str]:
+    """Float initializer names `graph`'s subgraphs hold more than once (an encoder-decoder's merged decoder: each `If`
+    branch its own `zeros`), which ONNX Runtime's float16 converter refuses (and, renamed, it returns the branches'
+    outer `logits` directly, which ONNX Runtime cannot load): such a graph gets no fp16 or q4f16 file yet.
+
+    Example:
+        >>> from onnx import helper, TensorProto
+        >>> zeros = helper.make_tensor("zeros", TensorProto.FLOAT, [1], [0.0])
+        >>> branch = helper.make_graph([helper.make_node("Identity", ["zeros"], ["y"])], "b", [], [], [zeros])
+        >>> shared_initializer_names(helper.make_graph([helper.make_node("If", ["c"], ["y"], then_branch=branch,
+        ...                                           else_branch=branch)], "g", [], [], []))
+        ['zeros']
+    """
+    # onnx loads only where an ONNX model is converted
+    import onnx
+
+    seen = set() if seen is None else seen
+    shared = []
+    for tensor in graph.initializer:
+        if tensor.data_type == onnx.TensorProto.FLOAT and tensor.name in seen:
+            shared.append(tensor.name)
+        seen.add(tensor.name)
+    for node in graph.node:
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
+                shared += shared_initializer_names(sub, seen)
+    return shared
+
+
+def _weight_matmuls(graph: Any) -> set[str]:
+    """The op types of `graph`'s nodes (its subgraphs' too) that multiply by a weight: a `MatMul` whose second input
+    is an initializer of any scope, and the int8 ops ONNX Runtime's quantizer writes in their place."""
+    # onnx loads only where an ONNX model is converted
+    import onnx
+
+    def walk(graph: Any, weights: set[str], ops: set[str]) -> None:
+        weights = weights | {tensor.name for tensor in graph.initializer}
+        for node in graph.node:
+            if node.op_type in ("MatMulInteger", "DynamicQuantizeMatMul") or (
+                    node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in weights):
+                ops.add(node.op_type)
+            for attribute in node.attribute:
+                subgraphs = ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs)
+                for sub in subgraphs:
+                    walk(sub, weights, ops)
+
+    found: set[str] = set()
+    walk(graph, set(), found)
+    return found
 
 
 def _matmul_nbits(source: Path) -> Any:
@@ -141,3 +224,47 @@ def _save(model: Any, path: Path) -> None:
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=data.name, size_threshold=1024)
     data.chmod(0o644)  # as the folder's other files (onnx writes it private)
+
+
+def proof_runs(directory: Path, validation: Any, steps: int) -> list[tuple[str | None, int]]:
+    """What a multimodal proof loads (`image_text_proof`, `audio_text_proof`, `speech_proof`), as (dtype, greedy
+    tokens asked): the folder's own graphs with all `steps` tokens (None: the dtype `config.json` names; `"fp32"`
+    where the folder has dtype files, the first of which may be another), then each dtype file with the tokens its
+    variant's budget asks (`min_greedy_match`, as `proof.py` asks of a text decoder's).
+
+    Example:
+        >>> proof_runs(Path("/nonexistent"), None, 8)
+        [(None, 8)]
+    """
+    files = {dtype: entry for dtype, entry in dtype_files_in(directory).items()
+             if dtype in {row[0] for row in TRANSFORMERS_JS_DTYPES.values()}}
+    runs: list[tuple[str | None, int]] = [("fp32" if files else None, steps)]
+    for dtype, entry in files.items():
+        budget = resolve_budget(str(entry.get("kind")), validation)
+        runs.append((dtype, min(steps, int(budget.get("min_greedy_match", steps)))))
+    return runs
+
+
+def equal_new(want: list[int], got: Any, prompt: int) -> int:
+    """How many generated tokens of `got` equal eager's `want` before the first difference (`prompt` tokens lead
+    both).
+
+    Example:
+        >>> equal_new([1, 2, 3, 4], [1, 2, 3, 9], 2), equal_new([1, 2, 3], None, 2)
+        (1, 0)
+    """
+    got = got if isinstance(got, list) else []
+    equal = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+    return max(0, equal - prompt) if len(got) >= prompt else 0
+
+
+def said_runs(runs: list[tuple[str | None, int, int]], steps: int) -> str:
+    """The proof's words for the dtype files after the folder's own: `; dtype q4 8/8 tokens (≥2 asked), ...`.
+
+    Example:
+        >>> said_runs([(None, 8, 8), ("q4", 8, 2), ("q4f16", 8, 8)], 8)
+        '; dtype q4 8/8 tokens (≥2 asked), q4f16 8/8 tokens'
+    """
+    rest = [f"{dtype} {equal}/{steps} tokens" + ("" if asked == steps else f" (≥{asked} asked)")
+            for dtype, equal, asked in runs[1:]]
+    return f"; dtype {', '.join(rest)}" if rest else ""

@@ -30,6 +30,7 @@ from string import Template
 from typing import Any
 
 from exporters.layouts.card import PROMPT
+from exporters.recipe.variants import TRANSFORMERS_JS_DTYPES
 
 IMAGE_TEXT_FILES = ("onnx/vision_encoder.onnx", "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx")
 # Values enter only through json.dumps or as our ints and lines.
@@ -38,7 +39,7 @@ GENERATE = Template("""import { env, AutoProcessor, AutoModelForImageTextToText,
 env.allowRemoteModels = false;
 env.localModelPath = $root;
 const processor = await AutoProcessor.from_pretrained($name);
-const model = await AutoModelForImageTextToText.from_pretrained($name, { device: 'cpu' });
+const model = await AutoModelForImageTextToText.from_pretrained($name, { device: 'cpu'$dtype });
 const config = processor.image_processor.config;
 const side = config.crop_size?.height ?? config.size?.height ?? config.size?.shortest_edge ?? config.size?.longest_edge;
 const image = new RawImage(new Uint8ClampedArray(side * side * 3).fill(128), side, side, 3);  // your image: await RawImage.read(path)
@@ -64,11 +65,27 @@ PROOF_EMIT = ("writeFileSync(spec.result, JSON.stringify({ tokens: Array.from(ou
               "processed }));")
 
 
-def generate_script(root: str, name: str, steps: int, feed: str, emit: str, prompt: str = PROMPT) -> str:
+def generate_script(root: str, name: str, steps: int, feed: str, emit: str, prompt: str = PROMPT,
+                    dtype: str | None = None) -> str:
     """`GENERATE` filled: `root` and `name` JSON strings, `steps` our int, `feed` and `emit` our lines, `prompt`
-    text (entered through json.dumps)."""
+    text (entered through json.dumps), `dtype` the dtype files to load (`dtype_option`)."""
     return GENERATE.substitute(root=root, name=name, steps=int(steps), feed=feed, emit=emit,
-                               prompt=json.dumps(str(prompt)))
+                               prompt=json.dumps(str(prompt)), dtype=dtype_option(dtype))
+
+
+def dtype_option(dtype: str | None) -> str:
+    """The `from_pretrained` option that loads a folder's dtype files (`, dtype: "q4"`), or none where `dtype` is
+    None (the dtype `config.json` names); a dtype enters code only as one of transformers.js's that we write.
+
+    Example:
+        >>> dtype_option("q4"), dtype_option(None)
+        (', dtype: "q4"', '')
+    """
+    if dtype is None:
+        return ""
+    if dtype not in {row[0] for row in TRANSFORMERS_JS_DTYPES.values()}:
+        raise ValueError(f"unknown transformers.js dtype {dtype!r}")
+    return f", dtype: {json.dumps(dtype)}"
 
 
 def processor_fix(processor: dict[str, Any], model_config: dict[str, Any]) -> dict[str, Any] | None:

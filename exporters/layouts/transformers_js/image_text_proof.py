@@ -1,7 +1,8 @@
 """transformers.js's vision-language proof (the layout is `image_text.py`): eager greedy `generate()` on the sample's
 prompt and image, then Node running `GENERATE` on the folder alone: its processor on an image of the processor's size
 must give pixels of the sample's shape and as many image tokens, and generation from the sample's own ids and pixels
-must give eager's tokens.
+must give eager's tokens; with dtype files (`dtypes.py`), the folder is loaded once per dtype, each file giving at
+least the greedy tokens its variant's budget asks.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
+from exporters.layouts.transformers_js.dtypes import equal_new, proof_runs, said_runs
 from exporters.layouts.transformers_js.image_text import PROOF_EMIT, PROOF_FEED, generate_script
 
 
@@ -41,31 +43,36 @@ def reference(model: Any, context: RuntimeContext, steps: int) -> dict[str, Any]
 
 def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext,
           modules: Path, version: str) -> RuntimeProof:
-    """Node runs `GENERATE` on `directory` with the sample's ids and pixels (see the module)."""
-    script = generate_script(json.dumps(str(directory.parent)), json.dumps(directory.name), reference["steps"],
-                             PROOF_FEED, PROOF_EMIT)
-    with tempfile.TemporaryDirectory(prefix="tjs-image-text-") as scratch:
-        sample = Path(scratch) / "sample.json"
-        sample.write_text(json.dumps(reference["sample"]), encoding="utf-8")
-        got, why = run_script(["node"], script, {"sample": str(sample)}, folder=directory,
-                              timeout_s=child_timeout(context), links={"node_modules": modules})
-    if not isinstance(got, dict):
-        return RuntimeProof(layout.runtime, "failed", f"transformers.js failed: {why}")
-    processed = got.get("processed") or {}
-    shape, token = reference["sample"]["shape"], reference.get("image_tokens")
-    made = sum(1 for i in processed.get("ids") or [] if token is not None and i == _image_token_id(directory))
-    if processed.get("pixels") != shape or (token is not None and made != token):
-        return RuntimeProof(layout.runtime, "failed", (
-            f"transformers.js's processor made pixels {processed.get('pixels')} and {made} image tokens; the model "
-            f"takes {shape} and {token}"))
-    want, steps, tokens = reference["tokens"], reference["steps"], got.get("tokens")
-    if tokens != want:
-        prompt = len(reference["sample"]["ids"])
-        equal = next((i for i, (a, b) in enumerate(zip(want, tokens or [])) if a != b), min(len(want), len(tokens or [])))
-        return RuntimeProof(layout.runtime, "failed", f"{max(0, equal - prompt)}/{steps} tokens equal eager greedy: "
-                                                      f"transformers.js {tokens}, eager {want}")
+    """Node runs `GENERATE` on `directory` with the sample's ids and pixels, once per dtype the folder holds (see the
+    module; `dtypes.proof_runs`): its own graphs must give eager's tokens, each dtype file its budget's."""
+    steps, done = reference["steps"], []
+    for dtype, asked in proof_runs(directory, context.target.validation, steps):
+        on = f" with dtype {dtype}" if dtype and dtype != "fp32" else ""
+        script = generate_script(json.dumps(str(directory.parent)), json.dumps(directory.name), steps, PROOF_FEED,
+                                 PROOF_EMIT, dtype=dtype)
+        with tempfile.TemporaryDirectory(prefix="tjs-image-text-") as scratch:
+            sample = Path(scratch) / "sample.json"
+            sample.write_text(json.dumps(reference["sample"]), encoding="utf-8")
+            got, why = run_script(["node"], script, {"sample": str(sample)}, folder=directory,
+                                  timeout_s=child_timeout(context), links={"node_modules": modules})
+        if not isinstance(got, dict):
+            return RuntimeProof(layout.runtime, "failed", f"transformers.js failed{on}: {why}")
+        processed = got.get("processed") or {}
+        shape, token = reference["sample"]["shape"], reference.get("image_tokens")
+        made = sum(1 for i in processed.get("ids") or [] if token is not None and i == _image_token_id(directory))
+        if processed.get("pixels") != shape or (token is not None and made != token):
+            return RuntimeProof(layout.runtime, "failed", (
+                f"transformers.js's processor made pixels {processed.get('pixels')} and {made} image tokens; the model "
+                f"takes {shape} and {token}"))
+        want, tokens = reference["tokens"], got.get("tokens")
+        equal = steps if tokens == want else equal_new(want, tokens, len(reference["sample"]["ids"]))
+        if equal < asked:
+            return RuntimeProof(layout.runtime, "failed", f"{equal}/{steps} tokens equal eager greedy{on}" + (
+                "" if asked == steps else f", {asked} asked") + f": transformers.js {tokens}, eager {want}")
+        done.append((dtype, equal, asked))
     return RuntimeProof(layout.runtime, "passed", f"{steps}/{steps} tokens (transformers.js {version}, Node.js, "
-                                                  "AutoModelForImageTextToText, its processor's image tokens)")
+                                                  "AutoModelForImageTextToText, its processor's image tokens)"
+                                                  + said_runs(done, steps))
 
 
 def _image_token_id(directory: Path) -> int | None:

@@ -28,7 +28,7 @@ import torch
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
 from exporters.layouts.transformers_js import (DTYPES, audio_text_proof, home, image_text_proof, layout_dtype,
                                               proof_script, speech, speech_proof)
-from exporters.layouts.transformers_js.dtypes import dtype_files_in
+from exporters.layouts.transformers_js.dtypes import dtype_files_in, equal_new
 from exporters.recipe.budgets import resolve_budget
 from exporters.upstream import read_manifest
 
@@ -93,7 +93,7 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
     said, failed = [], []
     for dtype in dtypes:
         tokens = got.get(dtype)
-        equal = _equal_new(want, tokens, len(prompt)) if isinstance(tokens, list) else 0
+        equal = equal_new(want, tokens, len(prompt))
         if dtype == own:
             required = new
         else:
@@ -109,12 +109,6 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
     head = head.removeprefix(f"{own} ")
     extra = f"; dtype {', '.join(rest)}" if rest else ""
     return RuntimeProof(layout.runtime, "passed", f"{head} (transformers.js {_version(modules)}, Node.js){extra}")
-
-
-def _equal_new(want: list[int], got: list[Any], prompt: int) -> int:
-    """How many generated tokens equal eager's before the first difference."""
-    equal = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
-    return max(0, equal - prompt) if len(got) >= prompt else 0
 
 
 def _version(modules: Path) -> str:

@@ -23,13 +23,15 @@ from __future__ import annotations
 from string import Template
 from typing import Any
 
+from exporters.layouts.transformers_js.image_text import dtype_option
+
 # Values enter only through json.dumps or as our ints and lines.
 TRANSCRIBE = Template("""import { env, AutoFeatureExtractor, AutoModelForSpeechSeq2Seq, Tensor } from '@huggingface/transformers';
 
 env.allowRemoteModels = false;
 env.localModelPath = $root;
 $features
-const model = await AutoModelForSpeechSeq2Seq.from_pretrained($name, { device: 'cpu' });
+const model = await AutoModelForSpeechSeq2Seq.from_pretrained($name, { device: 'cpu'$dtype });
 const output = await model.generate({ inputs: input_features, max_new_tokens: $steps, min_new_tokens: $steps, do_sample: false, num_beams: 1 });
 $emit
 """)
@@ -47,11 +49,11 @@ EMIT = ("import { writeFileSync } from 'node:fs';\n"
         "writeFileSync(JSON.parse(process.argv[2]).result, JSON.stringify(Array.from(output.data, Number)));")
 
 
-def transcribe_script(root: str, name: str, features: str, steps: int, emit: str) -> str:
+def transcribe_script(root: str, name: str, features: str, steps: int, emit: str, dtype: str | None = None) -> str:
     """`TRANSCRIBE` filled: `root` and `name` JSON strings, `features` our lines (`$name` in them is the folder's
-    name), `steps` our int, `emit` our line."""
+    name), `steps` our int, `emit` our line, `dtype` the dtype files to load (`image_text.dtype_option`)."""
     return TRANSCRIBE.substitute(root=root, name=name, features=Template(features).safe_substitute(name=name),
-                                 steps=int(steps), emit=emit)
+                                 steps=int(steps), emit=emit, dtype=dtype_option(dtype))
 
 
 def is_speech(model_config: dict[str, Any]) -> bool:

@@ -1,5 +1,7 @@
 """transformers.js's speech proof (the layout is `speech.py`): eager greedy `generate()` on the sample's spectrogram,
-then Node running `TRANSCRIBE` on the folder alone with that spectrogram; the last `steps` tokens must be eager's.
+then Node running `TRANSCRIBE` on the folder alone with that spectrogram; the last `steps` tokens must be eager's
+(with dtype files, `dtypes.py`: the folder loaded once per dtype, each file giving the greedy tokens its variant's
+budget asks).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 import torch
 
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
+from exporters.layouts.transformers_js.dtypes import equal_new, proof_runs, said_runs
 from exporters.layouts.transformers_js.speech import EMIT, PROOF_FEATURES, transcribe_script
 
 
@@ -31,22 +34,26 @@ def reference(model: Any, context: RuntimeContext, steps: int) -> dict[str, Any]
 
 def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext,
           modules: Path, version: str) -> RuntimeProof:
-    """Node runs `TRANSCRIBE` on `directory` with the sample's spectrogram; its last `steps` ids must be eager's."""
-    script = transcribe_script(json.dumps(str(directory.parent)), json.dumps(directory.name), PROOF_FEATURES,
-                               reference["steps"], EMIT)
-    with tempfile.TemporaryDirectory(prefix="tjs-speech-") as scratch:
-        features = Path(scratch) / "features.json"
-        features.write_text(json.dumps(reference["features"]), encoding="utf-8")
-        got, why = run_script(["node"], script, {"features": str(features)}, folder=directory,
-                              timeout_s=child_timeout(context), links={"node_modules": modules})
-    if got is None:
-        return RuntimeProof(layout.runtime, "failed", f"transformers.js failed: {why}")
-    want, steps = reference["tokens"], reference["steps"]
-    new = got[-steps:]
-    if new != want:
-        equal = next((i for i, (a, b) in enumerate(zip(want, new)) if a != b), min(len(want), len(new)))
-        return RuntimeProof(layout.runtime, "failed", f"{equal}/{steps} tokens equal eager greedy: transformers.js "
-                                                      f"{new}, eager {want}")
+    """Node runs `TRANSCRIBE` on `directory` with the sample's spectrogram, once per dtype the folder holds
+    (`dtypes.proof_runs`): its own graphs' last `steps` ids must be eager's, each dtype file's the greedy tokens its
+    variant's budget asks."""
+    want, steps, done = reference["tokens"], reference["steps"], []
+    for dtype, asked in proof_runs(directory, context.target.validation, steps):
+        on = f" with dtype {dtype}" if dtype and dtype != "fp32" else ""
+        script = transcribe_script(json.dumps(str(directory.parent)), json.dumps(directory.name), PROOF_FEATURES,
+                                   steps, EMIT, dtype=dtype)
+        with tempfile.TemporaryDirectory(prefix="tjs-speech-") as scratch:
+            features = Path(scratch) / "features.json"
+            features.write_text(json.dumps(reference["features"]), encoding="utf-8")
+            got, why = run_script(["node"], script, {"features": str(features)}, folder=directory,
+                                  timeout_s=child_timeout(context), links={"node_modules": modules})
+        if got is None:
+            return RuntimeProof(layout.runtime, "failed", f"transformers.js failed{on}: {why}")
+        new = got[-steps:]
+        equal = equal_new(want, new, 0)
+        if equal < asked:
+            return RuntimeProof(layout.runtime, "failed", f"{equal}/{steps} tokens equal eager greedy{on}" + (
+                "" if asked == steps else f", {asked} asked") + f": transformers.js {new}, eager {want}")
+        done.append((dtype, equal, asked))
     return RuntimeProof(layout.runtime, "passed", f"{steps}/{steps} tokens (transformers.js {version}, Node.js, "
-                                                  "AutoModelForSpeechSeq2Seq)")
-
+                                                  "AutoModelForSpeechSeq2Seq)" + said_runs(done, steps))
