@@ -168,6 +168,12 @@ def test_failures_are_classified_with_their_root_cause():
         {"runtime": "ONNX Runtime GenAI", "status": "failed", "detail": "bos_token_id - Expected a number"},
         {"runtime": "optimum", "status": "passed", "detail": "ok"}]})
     assert runtime.cause == "upstream" and runtime.reason == "ONNX Runtime GenAI: bos_token_id - Expected a number"
+    # an upstream cause is said first, once: a long message (torch.onnx's advice) would lose it to the cut at its end
+    said = "upstream: `aten::erfinv` has no ONNX operator and no ExecuTorch kernel (docs/upstream-gaps.md #45)"
+    long = classify({"status": "failed", "error": {"type": "RuntimeError", "upstream": said,
+                                                   "message": "exporting component 'prefill' failed: " + "advice " * 99
+                                                   + f"prims.erf_inv [{said}]"}})
+    assert long.cause == "upstream" and long.reason.startswith(f"[{said}] exporting") and long.reason.count(said) == 1
 
 
 def test_render_lists_every_failure_reason():
