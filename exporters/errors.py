@@ -242,11 +242,13 @@ def root_cause(err: BaseException) -> BaseException:
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]")
 # Failures whose cause is upstream, by what their message says: (pattern, what to say, upstream issue or gap)
 UPSTREAM_CAUSES = (
-    (re.compile(r"erfinv", re.I), "`aten::erfinv` has no ONNX operator and no ExecuTorch kernel",
+    # aten::erfinv, and torch.onnx's decomposition of it, prims.erf_inv
+    (re.compile(r"erf_?inv", re.I), "`aten::erfinv` has no ONNX operator and no ExecuTorch kernel",
      "docs/upstream-gaps.md #45"),
     (re.compile(r"complex(64|128|float|double)|view_as_complex|view_as_real|aten[.:]+polar|aten[.:]+complex", re.I),
-     "complex-number RoPE (`torch.polar`, `view_as_complex`): the ONNX exporter and ExecuTorch take no complex "
-     "tensors", "pytorch/pytorch#126972, onnx/onnx#4785; docs/upstream-gaps.md #45"),
+     "complex-number RoPE (`torch.polar`, `view_as_complex`): ExecuTorch has no kernels for complex tensors "
+     "(`view_as_complex_copy`); torch 2.13's ONNX exporter takes them", "pytorch/pytorch#126972, onnx/onnx#4785; "
+     "docs/upstream-gaps.md #45"),
 )
 
 

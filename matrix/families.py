@@ -75,6 +75,17 @@ _SPECS = [
     _f("gemma2", "decoder-only", "Gemma2ForCausalLM", "sliding window 12: decoding crosses it", sliding_window=12),
     _f("gemma3_text", "decoder-only", "Gemma3ForCausalLM", "sliding window 12: decoding crosses it",
        sliding_window=12, layer_types=["sliding_attention", "full_attention"]),
+    # Gemma 3n's language model alone (its checkpoints' text-only class): AltUp, LAuReL, per-layer inputs, the last
+    # two of four layers reading the first two's keys and values; its first layers' activation sparsity (0.95, as
+    # the checkpoints have it) computes `Normal(0, 1).icdf`
+    _f("gemma3n_text", "decoder-only", "Gemma3nForCausalLM",
+       "the last 2 of 4 layers share the first 2's cache; sliding window 12: decoding crosses it; ONNX and "
+       "ExecuTorch fail upstream on its activation sparsity's erfinv (docs/upstream-gaps.md #45). "
+       "Gemma3nForConditionalGeneration (image, audio, text) is not in the matrix: its vision tower is a timm "
+       "MobileNetV5 (TimmWrapperModel), and the pinned stack has no timm, so it cannot be built here",
+       num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2, num_kv_shared_layers=2,
+       sliding_window=12, activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0], vocab_size_per_layer_input=VOCAB,
+       hidden_size_per_layer_input=8, laurel_rank=8, intermediate_size=[64] * 4),
     _f("falcon", "decoder-only", "FalconForCausalLM"),
     _f("gpt_neox", "decoder-only", "GPTNeoXForCausalLM"),
     _f("opt", "decoder-only", "OPTForCausalLM"),
@@ -97,6 +108,10 @@ _SPECS = [
        num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8,
        qk_head_dim=8, head_dim=4, n_routed_experts=4, n_group=1, topk_group=1, first_k_dense_replace=1,
        num_nextn_predict_layers=0),
+    _f("deepseek_v2", "decoder-only", "DeepseekV2ForCausalLM", "multi-head latent attention, every layer MoE; ExecuTorch fails "
+       "upstream: its complex-number RoPE's program does not load (docs/upstream-gaps.md #45)",
+       num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8,
+       head_dim=4, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2),
     _f("glm", "decoder-only", "GlmForCausalLM"),
     _f("glm4", "decoder-only", "Glm4ForCausalLM"),
     _f("glm4_moe", "decoder-only", "Glm4MoeForCausalLM", "MoE: 4 routed experts and a shared one, first layer dense",
@@ -176,9 +191,9 @@ _SPECS = [
     _f("segformer", "vision", "SegformerModel",
        "dynamo fails upstream: torch.export's constraint solver (`DimConstraints.solve`, sympy's "
        "solve_univariate_inequality) raises NotImplementedError on the floor-division guard of the image size after "
-       "the patch embedding and the sequence reduction, where it should report the specialization (the class of "
-       "pytorch/pytorch#131897)", hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1],
-       num_attention_heads=[1, 1, 2, 2], decoder_hidden_size=32),
+       "the patch embedding and the sequence reduction, where it should report the specialization "
+       "(docs/upstream-gaps.md #54: reproduced with one stage of plain modules)", hidden_sizes=[8, 16, 24, 32],
+       depths=[1, 1, 1, 1], num_attention_heads=[1, 1, 2, 2], decoder_hidden_size=32),
     _f("levit", "vision", "LevitModel", image_size=64, hidden_sizes=[16, 32, 48], num_attention_heads=[1, 2, 3],
        depths=[1, 1, 1], key_dim=[8, 8, 8]),
     # hidden_dim must equal the top convolution's width, round_filters(1280) = 1280 x width_coefficient
@@ -284,6 +299,8 @@ _SPECS = [
     # dual encoders
     _f("clip", "dual-encoder", "CLIPModel", vision_config__image_size=32, vision_config__patch_size=8),
     _f("siglip", "dual-encoder", "SiglipModel", vision_config__image_size=32, vision_config__patch_size=8),
+    _f("siglip2", "dual-encoder", "Siglip2Model", "NaFlex: patches, pixel mask and spatial shapes",
+       vision_config__patch_size=8, vision_config__num_patches=16),
 ]
 FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in _SPECS}
 

@@ -104,6 +104,9 @@ def classify(target: dict[str, Any]) -> Cell:
         failed = [f"{r.get('runtime')}: {r.get('detail')}" for r in target.get("runtimes") or []
                   if r.get("status") == "failed"]
         message = "; ".join(failed) or f"{error.get('type') or 'failed'} with no message in report.json"
+    upstream = str(error.get("upstream") or "")
+    if upstream:  # said first: the reason is cut at 400 characters, and a long message would lose it at its end
+        message = f"[{upstream}] {message.replace(f' [{upstream}]', '')}"
     if status == "unverified":
         reasons = target.get("unverified") or [message or "a check did not run"]
         return Cell(status, "unverified", _short("; ".join(str(r) for r in reasons)), generation)
@@ -121,7 +124,7 @@ def classify(target: dict[str, Any]) -> Cell:
         cause = "ours"
     else:
         cause = "upstream"
-    return Cell(status, cause, _short(message), generation)
+    return Cell(status, "upstream" if upstream else cause, _short(message), generation)
 
 
 def _short(message: str, limit: int = 400) -> str:

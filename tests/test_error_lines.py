@@ -138,6 +138,9 @@ def test_terminal_colour_codes_reach_no_report_and_upstream_causes_are_said(tmp_
     assert record["message"].endswith(f"[{record['upstream']}]")
     gemma3n = error_record(RuntimeError("KernelCall failed: aten::erfinv.out has no kernel"))
     assert "`aten::erfinv` has no ONNX operator" in gemma3n["upstream"]
+    # torch.onnx decomposes erfinv into prims.erf_inv, which has no ONNX function (Gemma 3n's ONNX target, #50)
+    onnx_erfinv = error_record(RuntimeError("No ONNX function found for <OpOverload(op='prims.erf_inv')>"))
+    assert "`aten::erfinv` has no ONNX operator" in onnx_erfinv["upstream"]
     assert "upstream" not in error_record(RuntimeError("outputs differ from the eager model"))
 
     report = {"status": "failed", "source": {"model": "acme/tiny", "revision": "a" * 40},

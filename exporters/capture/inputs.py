@@ -21,6 +21,7 @@ from exporters.capture.families import AUDIO_INPUTS, FAMILIES, default_mode, det
 from exporters.capture.modalities import refusal
 from exporters.capture.multimodal import (
     Preprocessor,
+    config_image_processor,
     image_processor_pixels,
     load_preprocessor,
     processor_inputs,
@@ -210,6 +211,8 @@ def make_sample_inputs(model, spec: InputsSpec, tokenizer=None, folder: Path | N
     text_only = family in ("text", "seq2seq") or text_ids is not None
     audio = family in ("audio", "speech-seq2seq", "audio-language")
     pre, notes = load_preprocessor(folder, audio=audio) if not text_only else (None, [])
+    if pre is None and not text_only:  # inputs only the family's processor lays out (SigLIP2's NaFlex patches)
+        pre = config_image_processor(model)
     if family == "audio-language":  # features from the folder's extractor or the audio config, tokens by the rule
         ids = text_ids if text_ids is not None else prompt_ids(model, tokenizer, spec, generator)
         inputs, note = synthesize_audio_language(model, spec, ids, pre)
@@ -240,9 +243,10 @@ def _from_preprocessor(model, pre: Preprocessor, spec: InputsSpec, family: str, 
     if family == "vision-language" and pre.kind != "processor":
         return None  # pixels alone do not lay out the image tokens: synthesized in the family's layout
     made = processor_inputs(model, pre, spec, family)
-    source = f"processor ({pre.name})"
+    source = f"processor ({pre.name})" if not pre.origin else f"{pre.name}, built from the config"
+    through = pre.origin or f"the folder's own {pre.name}"
     pre.notes.append(f"sample inputs: a synthetic {'waveform' if family in ('audio', 'speech-seq2seq') else 'image'} "
-                     f"through the folder's own {pre.name}")
+                     f"through {through}")
     if family == "dual-encoder" and "input_ids" not in made:
         ids = prompt_ids(model, tokenizer, spec, generator)
         made.update({"input_ids": ids, "attention_mask": torch.ones_like(ids)})

@@ -47,6 +47,7 @@ class Preprocessor:
     kind: str  # "processor" | "image_processor" | "feature_extractor"
     obj: Any
     notes: list[str] = field(default_factory=list)
+    origin: str = ""  # "": the folder's own; else how it was built (`config_image_processor`)
 
     @property
     def name(self) -> str:
@@ -82,6 +83,28 @@ def load_preprocessor(folder: Path | None, audio: bool = False) -> tuple[Preproc
             kind = "image_processor" if hasattr(obj, "preprocess") else "feature_extractor"
         return Preprocessor(kind, obj), notes
     return None, notes
+
+
+def config_image_processor(model) -> Preprocessor | None:
+    """The image processor a model's inputs need, built from its config, where the folder ships none and no rule lays
+    them out otherwise: SigLIP2's NaFlex inputs (the image cut into `num_patches` flattened patches of `patch_size`,
+    with a pixel mask and the grid's spatial shapes), which only its processor makes; None for every other model.
+
+    Example:
+        >>> from transformers import Siglip2Config, Siglip2Model
+        >>> tiny = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+        >>> model = Siglip2Model(Siglip2Config(text_config=tiny, vision_config={**tiny, "patch_size": 8,
+        ...                                                                    "num_patches": 16}))
+        >>> config_image_processor(model).obj.max_num_patches
+        16
+    """
+    vision = getattr(model.config, "vision_config", None) or model.config
+    if getattr(vision, "model_type", None) != "siglip2_vision_model":
+        return None
+    patch, patches = int(vision.patch_size), int(vision.num_patches)
+    processor = transformers.Siglip2ImageProcessor(patch_size=patch, max_num_patches=patches)
+    return Preprocessor("image_processor", processor, origin=f"a {type(processor).__name__} built from the vision "
+                        f"config (patch {patch}, up to {patches} patches: the folder ships no image processor)")
 
 
 def synthetic_image(size: int | tuple[int, int], seed: int) -> np.ndarray:

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporters.errors import upstream_cause
 from exporters.status import FAILED, PASSED, SKIPPED, UNVERIFIED, CheckStatus, TargetStatus
 
 
@@ -263,7 +264,7 @@ class TargetResult:
         self.quality = validation.quality or validation.tolerance
         self.runtimes = list(validation.runtimes)
         if validation.errors:
-            self.error = {"type": "ValidationError", "message": "; ".join(validation.errors)}
+            self.error = _validation_error("; ".join(validation.errors))
         elif self.status == FAILED:
             reasons = []
             if validation.quality is not None and validation.quality.get("passed") is False:
@@ -278,4 +279,15 @@ class TargetResult:
                 reasons.append(f"generation parity failed: {generation.reason or f'first divergence {generation.first_divergence}'}")
             reasons += [f"{proof['runtime']} cannot run it: {proof.get('detail') or 'no message'}"
                         for proof in validation.runtimes if proof["status"] == FAILED]
-            self.error = {"type": "ValidationError", "message": "; ".join(reasons)}
+            self.error = _validation_error("; ".join(reasons))
+
+
+def _validation_error(message: str) -> dict[str, Any]:
+    """A failed validation's error as report.json records it; a cause that is upstream's (a runtime with no kernel for
+    an operator: complex-number RoPE's `view_as_complex` in ExecuTorch) said so, as `error_record` says it."""
+    error: dict[str, Any] = {"type": "ValidationError", "message": message}
+    upstream = upstream_cause(message)
+    if upstream:
+        error["upstream"] = upstream
+        error["message"] += f" [{upstream}]"
+    return error

@@ -260,7 +260,8 @@ def _finish(item: _Export, options: RunOptions, progress: Progress) -> bool:
         fsutil.remove(item.staging)
         result.status = outcome.get("status", FAILED)
         result.error = {"type": outcome.get("type"), "message": outcome.get("message"),
-                        **{k: outcome[k] for k in ("root_cause",) if k in outcome}, "log_excerpt": log_excerpt(log_path)}
+                        **{k: outcome[k] for k in ("root_cause", "upstream") if k in outcome},
+                        "log_excerpt": log_excerpt(log_path)}
         progress.update(target.name, f"[red]{result.status}", done=True)
         return False
     result.findings += outcome.get("notes", [])
