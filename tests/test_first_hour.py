@@ -64,7 +64,7 @@ def test_a_dry_run_without_a_token_shows_the_plan_and_the_card(tmp_path) -> None
     from tests.conftest import run_cli
     from tests.models import tiny_llama
 
-    model = tiny_llama(tmp_path / "model", layers=1)  # one layer: the plan and the card, not the depth, are read
+    model = tiny_llama(tmp_path / "model")
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
     # a fresh HF_HOME holds no login; nothing answers at the endpoint (a dry run without a token asks nothing)
     env.update(HF_HOME=str(tmp_path / "hf-home"), HF_ENDPOINT="http://127.0.0.1:9", PYTHONUNBUFFERED="1")

@@ -35,9 +35,8 @@ pytestmark = pytest.mark.slow
 
 
 def tiny_llama_64(folder: Path, recipe: Any = None) -> Path:
-    """The decoder-only LLM, with position embeddings that end at 64; one decoder layer (#48: what its tests read,
-    the proposed dims, bounds, tolerances and the merged graph's weights, is no layer's count)."""
-    return tiny_llama(folder, recipe, max_position_embeddings=64, layers=1)
+    """The decoder-only LLM, with position embeddings that end at 64."""
+    return tiny_llama(folder, recipe, max_position_embeddings=64)
 
 
 # model builder, formats tried, family, {dim: largest max the model allows}; the Llama's init passes `--fp32-only`
