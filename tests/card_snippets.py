@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests import cli_launcher
 from tests.servers.hub import HubEmulator
 from tests.servers.hub_fixtures import TEST_TOKEN
 
@@ -75,7 +76,8 @@ def audio_home(tmp_path: Path, seconds: float = 2.0) -> Path:
 
 def run_snippet(code: str, hub: HubEmulator, home: Path, prompt: str | None = None,
                 timeout: float = 600, python: str | None = None) -> subprocess.CompletedProcess:
-    """`code` as written, in a fresh venv Python whose `huggingface_hub` talks to `hub` (a scratch cache); `prompt`,
+    """`code` as written, in a fresh venv Python process whose `huggingface_hub` talks to `hub` (a scratch cache),
+    started as `python -c code` (warm: forked from the CLI launcher before anything of the snippet's ran); `prompt`,
     when given, goes on the snippet's documented prompt line (`# your prompt`), the one line a user edits. `python`:
     another interpreter (a side environment's, for a runtime the product's venv must not hold)."""
     from exporters.publish.snippets import PROMPT_LINE
@@ -87,10 +89,14 @@ def run_snippet(code: str, hub: HubEmulator, home: Path, prompt: str | None = No
            "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "0", "HF_TOKEN": TEST_TOKEN}
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_ASSETS_CACHE", "HF_XET_CACHE", "HF_TOKEN_PATH"):
         env.pop(name, None)
-    if python is not None:  # another environment: none of this one's paths
+    if python is not None:  # another environment: none of this one's paths, and a cold interpreter of its own
         env["PYTHONPATH"] = ""
-    return subprocess.run([python or sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=home,
-                          timeout=timeout)
+        return subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, cwd=home,
+                              timeout=timeout)
+    # the venv's `python -c code`, forked from this worker's CLI launcher (tests/cli_launcher.py), which imported only
+    # the environment-blind part of the stack (torch, numpy, ...): the snippet imports huggingface_hub, transformers
+    # and the runtime itself, with its own environment, as a user's interpreter does (#48: ~4.5 CPU s a snippet)
+    return cli_launcher.launch([], {**env, "PYTHONUNBUFFERED": "1"}, home, timeout, code=code).done
 
 
 def run_js_card(code: str, folder: Path, scratch: Path, timeout: float = 300) -> str:

@@ -30,7 +30,10 @@ telemetry SESSION_ID.
 
 A call may name another module (`python -m action`: tests/test_action.py's `run_action`) and a PYTHONPATH of its
 own, whose entries the child puts on sys.path where a cold interpreter puts them, in place of the launcher's (a call
-whose entry holds a module named like a preloaded package starts cold).
+whose entry holds a module named like a preloaded package starts cold). A call may instead be code, run as
+`python -c CODE` runs it (tests/card_snippets.py's `run_snippet`: a model card's snippet as written): it is always
+forked from the launcher, never a zygote, so nothing of huggingface_hub, transformers or ours is imported before the
+snippet imports it itself.
 
 `HF_EXPORT_TEST_COLD_CLI=1` starts every call cold; `HF_EXPORT_TEST_CLI_LOG=FILE` appends one line per call (warm or
 cold and why, the module, the command, the stage: `base:N` or `zygote:N`, the Nth call that process served).
@@ -203,10 +206,11 @@ def set_cold(reason: str) -> None:
 
 
 def launch(args: list[str], env: dict[str, str], cwd: Path, timeout: float, warm: bool | None = None,
-           module: str = MODULE) -> Launch:
-    """Run `hf-export *args` (`python -m <module> *args`) with exactly `env` in `cwd`: forked from the launcher when
-    it can be, else cold. `warm=False` starts it cold; `warm=True` warm even under HF_EXPORT_TEST_COLD_CLI=1 or a cold
-    test (the launcher's own tests), unless the call cannot start warm."""
+           module: str = MODULE, code: str | None = None) -> Launch:
+    """Run `hf-export *args` (`python -m <module> *args`, or `python -c <code> *args` when `code` is given) with
+    exactly `env` in `cwd`: forked from the launcher when it can be, else cold. `warm=False` starts it cold;
+    `warm=True` warm even under HF_EXPORT_TEST_COLD_CLI=1 or a cold test (the launcher's own tests), unless the call
+    cannot start warm."""
     if warm is None:
         reason = (os.environ.get(COLD_ENV) == "1" and f"{COLD_ENV}=1") or _cold_because
     else:
@@ -219,16 +223,22 @@ def launch(args: list[str], env: dict[str, str], cwd: Path, timeout: float, warm
     called = None
     try:
         if reason:
-            called = Launch(subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
-                                           env=env, cwd=cwd, timeout=timeout), f"cold: {reason}")
+            called = Launch(subprocess.run(_command(args, module, code), capture_output=True, text=True, env=env,
+                                           cwd=cwd, timeout=timeout), f"cold: {reason}")
         else:
-            called = _warm(args, env, cwd, timeout, module)
+            called = _warm(args, env, cwd, timeout, module, code)
         return called
     finally:
         if log := os.environ.get(LOG_ENV):  # one line a call: how it started, its module, command and stage
             with open(log, "a") as file:
-                file.write(f"{'cold: ' + reason if reason else 'warm'}\t{module}\t{args[0] if args else ''}\t"
+                file.write(f"{'cold: ' + reason if reason else 'warm'}\t{'-c' if code is not None else module}\t"
+                       f"{args[0] if args else ''}\t"
                            f"{called.stage if called else 'raised'}\n")
+
+
+def _command(args: list[str], module: str, code: str | None) -> list[str]:
+    """The command line a cold interpreter runs for the call."""
+    return [sys.executable, *(["-c", code] if code is not None else ["-m", module]), *args]
 
 
 def _text(data: bytes) -> str:
@@ -236,10 +246,12 @@ def _text(data: bytes) -> str:
     return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _warm(args: list[str], env: dict[str, str], cwd: Path, timeout: float, module: str) -> Launch:
+def _warm(args: list[str], env: dict[str, str], cwd: Path, timeout: float, module: str,
+          code: str | None = None) -> Launch:
     deadline = time.monotonic() + timeout
-    command = [sys.executable, "-m", module, *args]
-    request = json.dumps({"args": args, "env": env, "cwd": str(Path(cwd).resolve()), "module": module}).encode()
+    command = _command(args, module, code)
+    request = json.dumps({"args": args, "env": env, "cwd": str(Path(cwd).resolve()), "module": module,
+                          "code": code}).encode()
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     chunks: dict[int, list[bytes]] = {out_read: [], err_read: []}
@@ -421,7 +433,10 @@ class _Zygotes:
         self.ending: dict[int, _Zygote] = {}  # by pidfd: told to end or ended, not reaped yet
 
     def eligible(self, request: dict) -> bool:
-        """A call whose PYTHONPATH adds entries the launcher lacks imports STAGE2 from its own sys.path: no zygote."""
+        """A call whose PYTHONPATH adds entries the launcher lacks imports STAGE2 from its own sys.path, and code (a
+        snippet) imports what it imports itself: no zygote."""
+        if request.get("code") is not None:
+            return False
         launcher_entries = _entries(os.environ.get(PATH_KEY), ROOT)
         return all(entry in launcher_entries for entry in _entries(request["env"].get(PATH_KEY), request["cwd"]))
 
@@ -631,7 +646,8 @@ def _send(connection: socket.socket, text: str) -> None:
 
 
 def become_cli(request: dict, fds: list[int]) -> None:
-    """In the forked child: take the call's fds, cwd, environment and argv, then run `python -m exporters.cli`."""
+    """In the forked child: take the call's fds, cwd, environment and argv, then run `python -m exporters.cli` (or
+    the call's module, or its code as `python -c` does)."""
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -639,20 +655,25 @@ def become_cli(request: dict, fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    # what `-m` puts first, then the call's PYTHONPATH in place of the launcher's (cold_reason: none shadows the preload)
+    code = request.get("code")
+    # what `-m` puts first ('' for `-c`), then the call's PYTHONPATH in place of the launcher's (cold_reason: none
+    # shadows the preload)
     rest = [entry for entry in sys.path[1:] if entry not in launcher_entries]
-    sys.path[:] = [os.getcwd(), *_entries(os.environ.get(PATH_KEY), os.getcwd()), *rest]
+    sys.path[:] = ["" if code is not None else os.getcwd(), *_entries(os.environ.get(PATH_KEY), os.getcwd()), *rest]
     importlib.invalidate_caches()
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()  # a cold interpreter seeds numpy's global generator afresh
     if "random" in sys.modules:
         sys.modules["random"].seed()  # and Python's
-    sys.argv = ["", *request["args"]]  # runpy puts the module's path first, as `-m` does
     module = request.get("module", MODULE)
-    sys.orig_argv = [sys.executable, "-m", module, *request["args"]]
+    sys.orig_argv = _command(request["args"], module, code)
     main_module = types.ModuleType("__main__")
     main_module.__builtins__ = builtins
     sys.modules["__main__"] = main_module
+    if code is not None:
+        _run_code(code, request["args"], main_module)
+        return
+    sys.argv = ["", *request["args"]]  # runpy puts the module's path first, as `-m` does
     try:
         # What `python -m` itself calls (runpy.run_module would run the CLI in a temporary module instead): the same
         # __main__, the same frames in a traceback.
@@ -661,6 +682,22 @@ def become_cli(request: dict, fds: list[int]) -> None:
         raise
     except BaseException as err:  # uncaught, as the interpreter reports it: from `-m`'s frame on, exit code 1
         err.__traceback__ = err.__traceback__.tb_next  # the hook prints the exception's own traceback
+        sys.excepthook(type(err), err, err.__traceback__)
+        raise SystemExit(1) from None
+
+
+def _run_code(code: str, args: list[str], main_module: types.ModuleType) -> None:
+    """`python -c code *args` in this process: `__main__` as `-c` makes it, the code compiled as `<string>`, an
+    uncaught exception reported from the code's own frame on (exit code 1)."""
+    sys.argv = ["-c", *args]
+    main_module.__dict__.update(__loader__=importlib.machinery.BuiltinImporter, __spec__=None, __package__=None,
+                                __annotations__={})
+    try:
+        exec(compile(code, "<string>", "exec"), main_module.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as err:  # noqa: BLE001  (as the interpreter reports it)
+        err.__traceback__ = err.__traceback__.tb_next  # this frame is not the code's
         sys.excepthook(type(err), err, err.__traceback__)
         raise SystemExit(1) from None
 

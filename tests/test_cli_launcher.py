@@ -354,3 +354,39 @@ def test_quiet_mutes_the_weight_loading_bars_of_a_transformers_imported_before_i
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr[-2000:]
+
+
+SNIPPET = """
+import json, os, sys
+import __main__
+print(json.dumps({"name": __name__, "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
+                  "orig": sys.orig_argv[1:], "main": sorted(vars(__main__)), "spec": __spec__,
+                  "loader": repr(__loader__), "home": os.environ.get("HF_HOME"),
+                  "imported": sorted(name for name in ("huggingface_hub", "transformers", "exporters")
+                                     if name in sys.modules)}))
+sys.stdout.flush()
+"""
+
+
+@pytest.mark.parametrize("ending", ["returns", "raises", "exits"])
+def test_code_runs_warm_as_python_c_runs_it(ending, tmp_path):
+    """A model card's snippet (tests/card_snippets.py's `run_snippet`) runs as `python -c CODE`, forked from the
+    launcher and never from a zygote: `__main__`, argv, sys.path's '' and the cwd as `-c` makes them, the environment
+    given, nothing of huggingface_hub, transformers or ours imported before the code imports it, an uncaught exception
+    reported from the code's `<string>` frame, and the exit code: the same stdout, stderr and code as a cold one."""
+    code = SNIPPET + {"returns": "", "raises": "def broken():\n    raise ValueError('boom')\nbroken()\n",
+                      "exits": "sys.exit(3)\n"}[ending]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HOME": str(tmp_path / "home")}
+    warm = cli_launcher.launch([], env, tmp_path, 120, warm=True, code=code)
+    cold = cli_launcher.launch([], env, tmp_path, 120, warm=False, code=code)
+    assert warm.how == "warm" and warm.stage.startswith("base:") and cold.how.startswith("cold"), (warm, cold)
+    assert (warm.done.returncode, warm.done.stdout, warm.done.stderr) == (
+        cold.done.returncode, cold.done.stdout, cold.done.stderr), (warm.done, cold.done)
+    assert warm.done.args == cold.done.args == [sys.executable, "-c", code]
+    seen = json.loads(warm.done.stdout)
+    assert seen["name"] == "__main__" and seen["argv"] == ["-c"] and seen["path0"] == "" and seen["spec"] is None
+    assert seen["cwd"] == str(tmp_path) and seen["home"] == str(tmp_path / "home") and seen["imported"] == []
+    assert warm.done.returncode == {"returns": 0, "raises": 1, "exits": 3}[ending], warm.done.stderr
+    if ending == "raises":
+        assert warm.done.stderr.startswith('Traceback (most recent call last):\n  File "<string>", line ')
+        assert warm.done.stderr.rstrip().endswith("ValueError: boom")
