@@ -316,13 +316,64 @@ def test_validation_probes_the_merged_graph_at_past_zero_and_the_declared_bounds
     assert checks["traced"]["shapes"]["cache.layers.0.keys"][2] == 6
     # the batch is dynamic too: traced above 1 (a batch of 1 specializes), probed from 1 up
     assert checks["traced"]["shapes"]["input_ids"][0] == 3 and checks["traced"]["shapes"]["cache.layers.0.keys"][0] == 3
-    assert set(checks) == {"traced", "prompt (past=0)", "past_sequence_length=0", "past_sequence_length=7",
-                           "past_sequence_length=15", "sequence_length=1", "sequence_length=4", "sequence_length=7",
-                           "batch_size=1", "batch_size=5", "batch_size=9"}
+    # the three dims probed together: each at its lower bound, a middle value and its upper bound
+    assert set(checks) == {"traced", "prompt (past=0)",
+                           "batch_size=1, sequence_length=1, past_sequence_length=0",
+                           "batch_size=5, sequence_length=4, past_sequence_length=7",
+                           "batch_size=9, sequence_length=7, past_sequence_length=15"}
     for probe, check in checks.items():
         assert check["passed"] and not check["skipped"], (name, probe, check)
-    assert checks["past_sequence_length=0"]["shapes"]["cache.layers.0.keys"][2] == 0
+    sizes = {(c["shapes"]["input_ids"][0], c["shapes"]["input_ids"][1], c["shapes"]["cache.layers.0.keys"][2])
+             for probe, c in checks.items() if probe not in ("traced", "prompt (past=0)")}
+    assert sizes == {(1, 1, 0), (5, 4, 7), (9, 7, 15)}, sizes
+    assert checks["batch_size=1, sequence_length=1, past_sequence_length=0"]["shapes"]["cache.layers.0.keys"][0] == 1
     assert checks["prompt (past=0)"]["shapes"]["input_ids"] == [1, 6]
+
+
+def _break_logits_above(graph_file: Path, graph_input: str, axis: int, above: int) -> None:
+    """Rewrite a saved merged graph so that its logits are off by 1.0 whenever `graph_input`'s `axis` is larger
+    than `above`, and right at every other size: a graph wrong on one dim only, from a size on."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(graph_file), load_external_data=False)  # the weights stay where they are
+    graph = model.graph
+    [producer] = [node for node in graph.node if "logits" in node.output]
+    producer.output[list(producer.output).index("logits")] = "logits_right"
+    graph.initializer.extend([helper.make_tensor("broken_axis", TensorProto.INT64, [], [axis]),
+                              helper.make_tensor("broken_above", TensorProto.INT64, [], [above])])
+    graph.node.extend([
+        helper.make_node("Shape", [graph_input], ["broken_shape"]),
+        helper.make_node("Gather", ["broken_shape", "broken_axis"], ["broken_size"], axis=0),
+        helper.make_node("Greater", ["broken_size", "broken_above"], ["broken_flag"]),
+        helper.make_node("Cast", ["broken_flag"], ["broken_offset"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["logits_right", "broken_offset"], ["logits"]),
+    ])
+    onnx.save(model, str(graph_file))
+
+
+@pytest.mark.parametrize("dim", ["batch_size", "past_sequence_length"])
+def test_a_merged_graph_wrong_on_one_dim_alone_fails_its_probes(run, tmp_path, dim):
+    """The dims are probed together (3 probes for batch, query and past): a graph that is right at the traced sizes,
+    at the prompt on an empty cache and along generation parity's single-row steps, but wrong once one dim alone grows
+    (the batch past 4, or the cache past 14 tokens), still fails the target, by the probes that reach that size."""
+    model_dir, out, _, _ = run
+    copy = tmp_path / "out"
+    shutil.copytree(out / "onnx", copy / "onnx")
+    [graph_file] = (copy / "onnx").glob("*.onnx")
+    graph_input, axis, above = {"batch_size": ("input_ids", 0, 4),
+                                "past_sequence_length": ("past_key_values.0.key", 2, 14)}[dim]
+    _break_logits_above(graph_file, graph_input, axis, above)
+    result = run_cli("validate", str(model_dir), str(copy), "--target", "onnx")
+    assert result.returncode != 0
+    [target] = json.loads((copy / "report.json").read_text())["targets"]
+    assert target["status"] == "failed", target
+    checks = {c["probe"]: c for c in target["components"][0]["checks"]}
+    failed = {probe for probe, check in checks.items() if not check["passed"]}
+    assert failed and {"traced", "prompt (past=0)"}.isdisjoint(failed), checks
+    key = {"batch_size": ("input_ids", 0), "past_sequence_length": ("cache.layers.0.keys", 2)}[dim]
+    for probe, check in checks.items():  # failed exactly where the dim grew past the break
+        assert (probe in failed) == (check["shapes"][key[0]][key[1]] > above), (probe, check)
 
 
 def test_hf_export_validate_rechecks_merged_and_transformers_js_targets_from_disk(run, tmp_path):
@@ -574,7 +625,8 @@ def test_merged_probes_of_a_sliding_window_model_all_run(tmp_path):
     # one layer: every layer's cache counts its tokens and takes the window tensor; no EOS, so generation is checked
     target = _plainest_onnx_target("mistral", tmp_path, num_hidden_layers=1, never_eos=True)
     checks = {check["probe"]: check for component in target["components"] for check in component["checks"]}
-    assert {"past_sequence_length=0", "past_sequence_length=19", "prompt (past=0)"} <= set(checks)
+    pasts = {check["shapes"]["cache.layers.0.keys"][2] for check in checks.values()}
+    assert {0, 19} <= pasts and "prompt (past=0)" in checks, checks
     assert all(check["passed"] and not check["skipped"] for check in checks.values()), checks
     # its cache layers also take a window tensor, which no ONNX runtime feeds: said, and no GenAI config claimed
     assert any("_sliding_window_tensor" in f and "no genai_config.json" in f for f in target["findings"]), target

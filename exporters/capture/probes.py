@@ -5,8 +5,9 @@ axis of text inputs. From it come
 
 - the **traced** sizes: [`fit_to_contract`] moves every declared dim whose sample size torch.export cannot keep
   dynamic (0 or 1, or outside the declared range) to a size inside the range, for every input that shares the name;
-- the **probes**: the traced inputs, then each dim at its lower bound, a middle value and its upper bound
-  ([`make_probes`]), which validation runs through the artifact and the eager model.
+- the **probes**: the traced inputs, then every dim at its lower bound, a middle value and its upper bound, the
+  dims together (the i-th probe sets each dim at its i-th size: [`make_probes`]), which validation runs through the
+  artifact and the eager model.
 
 Example:
     >>> import torch
@@ -177,7 +178,13 @@ def make_probes(
     inputs: dict[str, Any], bindings: list[DimBinding], config, limit: int, max_positions: int | None, seed: int = 0,
     logits_per_token: int = 0, model_sized: bool = False,
 ) -> list[tuple[str, dict[str, Any] | None, str | None]]:
-    """`(probe id, inputs or None, skip reason)`: the traced inputs, then each dim at each probe size.
+    """`(probe id, inputs or None, skip reason)`: the traced inputs, then every dim at each of its probe sizes.
+
+    Several dims are probed together: the i-th probe sets every dim at its i-th size (its lower bound, its middle
+    value, its upper bound; `batch_size=1, sequence_length=1, past_sequence_length=0`), so a merged decoder's three
+    dims take 3 probes instead of 9. Each size of each dim is still run, and a graph that fixed or mishandles any one
+    dim fails the probes at that dim's other sizes. A joint probe that would not run (over the limits below, or its
+    positional sizes adding up past `max_positions`) is split back into one probe per dim, as a lone dim is probed.
 
     The traced probe is never skipped: the capture already holds its inputs (a static cache of the model's context
     is millions of elements, and generation parity runs the same graph at that size). Size limits bound what
@@ -187,7 +194,15 @@ def make_probes(
     states alone pass the default, Falcon-H1's, is verified; a skip names the setting and the value that admits
     it), and so is a probe of a language model (`logits_per_token`: its vocabulary size) whose logits would exceed
     `MAX_PROBE_LOGITS`: a 32k-token prompt is a small input but 20 GB of logits on a 150k vocabulary, held twice
-    (eager and artifact)."""
+    (eager and artifact).
+
+    Example:
+        >>> spec = {"input_ids": {"0": DimSpec(name="batch", min=1, max=4), "1": DimSpec(name="seq", min=2, max=8)}}
+        >>> inputs = {"input_ids": torch.ones(2, 3, dtype=torch.long)}
+        >>> bindings = dim_bindings(spec, inputs, dynamic=False, family="text")
+        >>> [(probe_id, tuple(p["input_ids"].shape)) for probe_id, p, _ in make_probes(inputs, bindings, None, 100, None)]
+        [('traced', (2, 3)), ('batch=1, seq=2', (1, 2)), ('batch=2, seq=5', (2, 5)), ('batch=4, seq=8', (4, 8))]
+    """
     traced_total = sum(t.numel() for t in _leaves(inputs).values())
     probes: list[tuple[str, dict[str, Any] | None, str | None]] = [("traced", inputs, None)]
     setting = limit
@@ -195,41 +210,84 @@ def make_probes(
     generator = torch.Generator().manual_seed(seed)
     original = _leaves(inputs)
 
-    def elements(binding: DimBinding, size: int) -> int:
+    def elements(sizes: list[tuple[DimBinding, int]]) -> int:
         # sizes from the shapes alone, before any tensor is built: a declared bound (batch max 60000) costs nothing
         # when the probe is skipped
-        return sum(math.prod(shape) for shape in resized_shapes(original, binding.axes, size).values())
+        return sum(math.prod(shape) for shape in _joint_shapes(original, sizes).values())
 
+    def skip_reason(sizes: list[tuple[DimBinding, int]]) -> str | None:
+        total = elements(sizes)
+        if total > limit:
+            return (f"inputs of {total} elements exceed max_probe_elements ({limit}): set "
+                    f"`validation.max_probe_elements` to {total} or more (now {setting}) to probe it")
+        shapes = _joint_shapes(original, sizes)
+        ids = shapes.get("input_ids", tuple(original["input_ids"].shape) if "input_ids" in original else None)
+        logits = math.prod(ids) * logits_per_token if ids is not None else 0
+        if logits > MAX_PROBE_LOGITS:
+            return (f"its logits ({logits} elements) exceed what validation computes "
+                    f"({MAX_PROBE_LOGITS}, {MAX_PROBE_LOGITS * 4 >> 20} MiB in float32)")
+        return None
+
+    per_dim = []
     for binding in bindings:
         sizes = probe_sizes(binding, max_positions)
         if model_sized and (not binding.declared or binding.high is None):  # no declared top to honour: the sizes
             # the budget holds
-            fitting = [size for size in sizes if elements(binding, size) <= limit]
+            fitting = [size for size in sizes if elements([(binding, size)]) <= limit]
             sizes = fitting if any(size != binding.traced for size in fitting) else sizes
-        for size in sizes:
-            probe_id = f"{binding.name}={size}"
-            shapes = resized_shapes(original, binding.axes, size)
-            total = elements(binding, size)
-            if total > limit:
-                probes.append((probe_id, None, f"inputs of {total} elements exceed max_probe_elements ({limit}): "
-                                               f"set `validation.max_probe_elements` to {total} or more (now "
-                                               f"{setting}) to probe it"))
-                continue
-            ids = shapes.get("input_ids", tuple(original["input_ids"].shape) if "input_ids" in original else None)
-            logits = math.prod(ids) * logits_per_token if ids is not None else 0
-            if logits > MAX_PROBE_LOGITS:
-                probes.append((probe_id, None, f"its logits ({logits} elements) exceed what validation computes "
-                                               f"({MAX_PROBE_LOGITS}, {MAX_PROBE_LOGITS * 4 >> 20} MiB in float32)"))
-                continue
-            probe = copy.deepcopy(inputs)
-            leaves = _leaves(probe)
-            resized: dict[str, torch.Tensor] = {}
+        per_dim.append([(binding, size) for size in sizes])
+    for group in _probe_groups(per_dim, max_positions, lambda sizes: skip_reason(sizes) is None):
+        probe_id = ", ".join(f"{binding.name}={size}" for binding, size in group)
+        skip = skip_reason(group)
+        if skip is not None:
+            probes.append((probe_id, None, skip))
+            continue
+        probe = copy.deepcopy(inputs)
+        leaves = _leaves(probe)
+        resized: dict[str, torch.Tensor] = {}
+        for binding, size in group:
             for path, axis in binding.axes:  # a leaf may carry the dim on several axes (height and width)
                 resized[path] = resize_along(resized.get(path, leaves[path]), axis, size, generator, config)
                 _set_leaf(probe, path, resized[path])
-            sync_cache_lengths(probe)
-            probes.append((probe_id, probe, None))
+        sync_cache_lengths(probe)
+        probes.append((probe_id, probe, None))
     return probes
+
+
+def _probe_groups(per_dim: list[list[tuple[DimBinding, int]]], max_positions: int | None,
+                  runs) -> list[list[tuple[DimBinding, int]]]:
+    """The dims' sizes grouped into probes: the i-th size of every dim together, or one probe per dim where the joint
+    probe would not run (`runs` says no) or its positional sizes add up past `max_positions` (a prompt and a cache
+    that together outgrow the model's positions: the sum is a conservative bound). One dim: one probe per size.
+
+    Example:
+        >>> a, b = DimBinding("a", 1, 9, [], 3), DimBinding("b", 0, 9, [], 2)
+        >>> groups = _probe_groups([[(a, 1), (a, 5)], [(b, 0), (b, 4), (b, 9)]], None, lambda sizes: True)
+        >>> [[(binding.name, size) for binding, size in group] for group in groups]
+        [[('a', 1), ('b', 0)], [('a', 5), ('b', 4)], [('b', 9)]]
+        >>> groups = _probe_groups([[(a, 1), (a, 5)], [(b, 0), (b, 4), (b, 9)]], 8, lambda sizes: True)
+        >>> [[(binding.name, size) for binding, size in group] for group in groups]
+        [[('a', 1), ('b', 0)], [('a', 5)], [('b', 4)], [('b', 9)]]
+    """
+    groups: list[list[tuple[DimBinding, int]]] = []
+    for i in range(max((len(sizes) for sizes in per_dim), default=0)):
+        group = [sizes[i] for sizes in per_dim if i < len(sizes)]
+        positions = sum(size for binding, size in group if binding.positional)
+        fits = max_positions is None or len(group) < 2 or positions <= max_positions
+        if len(group) > 1 and not (fits and runs(group)):
+            groups.extend([member] for member in group)
+        else:
+            groups.append(group)
+    return groups
+
+
+def _joint_shapes(leaves: dict[str, torch.Tensor], sizes: list[tuple[DimBinding, int]]) -> dict[str, tuple]:
+    """The shape each leaf bound by the dims in `sizes` would have with them at their sizes (nothing allocated)."""
+    shapes: dict[str, list[int]] = {}
+    for binding, size in sizes:
+        for path, axis in binding.axes:
+            shapes.setdefault(path, list(leaves[path].shape))[axis] = size
+    return {path: tuple(shape) for path, shape in shapes.items()}
 
 
 def resized_shapes(leaves: dict[str, torch.Tensor], axes: list[tuple[str, int]], size: int) -> dict[str, tuple]:

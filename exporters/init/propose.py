@@ -293,7 +293,8 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
             + f" ({int(remaining)} s left)")
         run = RunOptions(out_dir=out, config_path=path, trust_remote_code=options.trust_remote_code,
                          progress=options.pipeline_progress, use_cache=False, bench=False,  # timings decide nothing here
-                         timeout=max(remaining / len(pending), 1.0), hand_over=options.hand_over)  # run.handover
+                         timeout=max(remaining / len(pending), 1.0), hand_over=options.hand_over,  # run.handover
+                         probe_dims_apart=True)  # decide.py reads each dim's verdict at each size
         report = run_pipeline(folder, run)
         by_name = {t["name"]: t for t in report["targets"]}
         for result in pending:

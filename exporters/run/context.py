@@ -59,6 +59,7 @@ class RunOptions(SourceOptions):
     jobs: int | None = None  # exports at once; None: from the cores and the memory (exporters.run.resources)
     bench: bool = True  # time every passing artifact (exporters.validate.benchmark)
     hand_over: bool = False  # keep each passed export for the `run` that asks for it (init: exporters.run.handover)
+    probe_dims_apart: bool = False  # one probe per dynamic dim and size (init: which dim fails at which size)
 
 
 @dataclass
@@ -85,6 +86,7 @@ class RunContext:
     jobs: int | None = None  # exports run at once
     memory: dict[str, Any] | None = None  # the memory plan: estimate, memory available, jobs (report.json `memory`)
     machine: dict[str, Any] | None = None  # where the artifacts were timed (exporters.validate.benchmark.machine_info)
+    probe_dims_apart: bool = False  # RunOptions.probe_dims_apart
 
     def cache_key(self, target_name: str, device: str) -> str:
         """What a target's artifacts depend on: the weights and code, the recipe's target (and shared settings),
@@ -194,7 +196,7 @@ def prepare_run(model: str, options: RunOptions, exporting: bool = True) -> RunC
     weights, weights_files = weights_fingerprint(source.folder)
     return RunContext(model_arg=model, out_dir=Path(options.out_dir), source=source, recipe=recipe, recipe_file=Path(recipe_file), targets=targets,
                       warnings=warnings, versions=tool_versions(), weights=weights, weights_files=weights_files,
-                      checkpoint_dtype=checkpoint, memory=memory.to_dict(),
+                      checkpoint_dtype=checkpoint, memory=memory.to_dict(), probe_dims_apart=options.probe_dims_apart,
                       # unplanned: the pipeline decides from the loaded weights (`exporters.run.resources`)
                       jobs=memory.jobs if exporting and planned else options.jobs)
 

@@ -279,7 +279,8 @@ class Workbench:
         """The eager side of the target's validation (`exporters.validate.eager_side`), before its folder exists:
         what a run computes while the target exports."""
         return eager_side(target=target, recipe=context.recipe, components=components,
-                          subject=self.subject(target, context), expected_components=expected)
+                          subject=self.subject(target, context), expected_components=expected,
+                          dims_together=not context.probe_dims_apart)
 
     def subject(self, target: Target, context: RunContext) -> EagerModel:
         """What `target` is compared with: the model loaded once, its sample, the run's eager outputs, the target's
