@@ -4,9 +4,10 @@ The front doors: this module (the public face), `cli` (`hf-export`), `auto` (`Au
 `supports_export_format`). The foundation every stage may use: `errors` (one hierarchy by cause), `status` (the
 typed verdicts), `redact` (secrets scrubbed), `fsutil` (files written and read without following links), `hashing`
 (content hashes), `files` (the recipe's file names), `version` (ours and the stack's), `quiet` (the stack's import
-chatter muted). The stages, in the order a run's data flows: `recipe`, `upstream`, `capture`, `export`, `validate`,
-`report`, `run`, `init`, `publish`; beside them `layouts` (one package per deployment runtime: when it applies, its
-files, its proof, its card snippet). README's *Layout* has the map; tests/test_structure.py the rules.
+chatter muted, a front door's process ended without the interpreter's teardown). The stages, in the order a run's
+data flows: `recipe`, `upstream`, `capture`, `export`, `validate`, `report`, `run`, `init`, `publish`; beside them
+`layouts` (one package per deployment runtime: when it applies, its files, its proof, its card snippet). README's
+*Layout* has the map; tests/test_structure.py the rules.
 
 Example:
     >>> from exporters import parse_recipe

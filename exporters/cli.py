@@ -8,12 +8,10 @@ happened is in OUT/publish.json, with whether a retry may help).
 
 from __future__ import annotations
 
-import atexit
 import gc
 import json
 import os
 import sys
-import threading
 from pathlib import Path
 from typing import Optional
 
@@ -34,7 +32,7 @@ from exporters.recipe.model import FORMATS
 from exporters.recipe.model_limits import check_cache_len, positions_in
 from exporters.report.build import summary_lines
 
-from .quiet import mute_import_chatter, no_progress_bars
+from .quiet import exit_without_teardown, mute_import_chatter, no_progress_bars
 
 app = typer.Typer(
     add_completion=False,
@@ -411,29 +409,6 @@ def main() -> None:
         sys.exit(130)
     except SystemExit as done:
         exit_without_teardown(done)
-
-
-def exit_without_teardown(done: SystemExit) -> None:
-    """End the process with `done`'s status once the command is over: the exit handlers run (logging, temporary
-    folders, child processes), the output is flushed, and the interpreter's teardown is skipped. That teardown frees
-    the loaded model, the runtimes and torch's caches object by object (~2 s after an export, measured in
-    benchmarks/RESULTS.md) for a process that is ending anyway. With a non-daemon thread still running the process
-    exits as usual, which waits for it.
-
-    Example:
-        >>> exit_without_teardown(SystemExit(0))  # doctest: +SKIP
-    """
-    if any(thread is not threading.main_thread() and not thread.daemon and thread.is_alive()
-           for thread in threading.enumerate()):
-        raise done
-    code = done.code
-    if code is not None and not isinstance(code, int):
-        print(code, file=sys.stderr)  # as the interpreter does for `sys.exit("message")`
-        code = 1
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code or 0)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -272,6 +274,35 @@ def test_missing_required_input_is_an_error(tmp_path):
     assert "::error title=Invalid input 'mode'::expected one of run%2C list-targets%2C aggregate" not in run.stdout
     assert "::error title=Invalid input 'mode'::expected one of run, list-targets, aggregate" in run.stdout
     assert run.outputs["status"] == "error"
+
+
+# Loaded first by the interpreter (`sitecustomize`): marks the exit handlers and the interpreter's teardown (a global's
+# finalizer, which writes with what it holds: builtins may be gone by then)
+TEARDOWN_MARKER = """import atexit, os
+_marks = os.open(os.environ["TEARDOWN_MARKS"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+class _Teardown:
+    def __init__(self, write, marks):
+        self.write, self.marks = write, marks
+    def __del__(self):
+        self.write(self.marks, b"teardown ")
+_kept = _Teardown(os.write, _marks)
+atexit.register(lambda: os.write(_marks, b"atexit "))
+"""
+
+
+def test_the_action_ends_with_its_code_and_exit_handlers_but_without_the_interpreters_teardown(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(TEARDOWN_MARKER)
+    marks = tmp_path / "marks"
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "TEARDOWN_MARKS": str(marks),
+           "GITHUB_OUTPUT": str(tmp_path / "output")}
+    proc = subprocess.run([sys.executable, "-m", "action"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 2  # the missing model, as test_missing_required_input_is_an_error
+    assert "::error title=Invalid input 'model'::required" in proc.stdout
+    assert parse_outputs((tmp_path / "output").read_text())["status"] == "error"  # written and flushed
+    assert marks.read_text().split() == ["atexit"]
 
 
 # ── The log starts with the run, not the stack's import chatter ──────────────

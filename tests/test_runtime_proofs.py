@@ -78,3 +78,43 @@ def test_a_cancelled_proof_kills_its_child_and_starts_no_other(tmp_path):
     assert time.monotonic() - begin < 30, "the 60 s child was killed, not waited for"
     assert not _alive(pid), "the child is gone (killed and reaped)"
     assert not following.started, "no proof starts after the cancel"
+
+
+# A child that marks its interpreter's teardown (a global's finalizer, run only when the interpreter frees its
+# modules; it writes with what it holds, as builtins may be gone by then) and its exit handlers, then writes its
+# answer, whole or into a file it never closes
+MARKING = """import atexit, json, os, sys
+s = json.loads(sys.argv[1])
+marks = os.open(s["marks"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+class Teardown:
+    def __init__(self, write, marks):
+        self.write, self.marks = write, marks
+    def __del__(self):
+        self.write(self.marks, b"teardown ")
+kept = Teardown(os.write, marks)
+atexit.register(lambda: os.write(marks, b"atexit "))
+if s["closed"]:
+    json.dump({"answer": 42}, open(s["result"], "w"))
+else:
+    unclosed = open(s["result"], "w")
+    unclosed.write(json.dumps({"answer": 42}))
+"""
+
+
+def test_a_child_that_answered_whole_skips_the_interpreters_teardown_but_not_its_exit_handlers(tmp_path):
+    marks = tmp_path / "marks"
+    answer, why = run_in_child(MARKING, {"marks": str(marks), "closed": True})
+    assert (answer, why) == ({"answer": 42}, "")
+    assert marks.read_text().split() == ["atexit"]
+
+
+def test_a_child_whose_answer_waits_in_an_unclosed_file_ends_as_the_interpreter_ends_it(tmp_path):
+    marks = tmp_path / "marks"
+    answer, why = run_in_child(MARKING, {"marks": str(marks), "closed": False})
+    assert (answer, why) == ({"answer": 42}, "")  # the teardown flushed it
+    assert marks.read_text().split() == ["atexit", "teardown"]
+
+
+def test_a_failing_child_still_reports_its_error(tmp_path):
+    answer, why = run_in_child("import json, sys; s = json.loads(sys.argv[1]); raise ValueError('no runtime here')", {})
+    assert answer is None and "ValueError: no runtime here" in why

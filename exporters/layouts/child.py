@@ -54,6 +54,28 @@ if model_type not in CONFIG_MAPPING:
     json.dump({"declined": why}, open(spec["result"], "w"))
     sys.exit(0)
 """
+# A Python child's last lines once its code has run to the end with its answer written whole (the result file reads
+# as JSON): the exit handlers run, the output is flushed, and the interpreter's teardown is skipped (`os._exit`), as
+# `hf-export` itself ends (`exporters.cli.exit_without_teardown`): freeing torch, transformers and the runtime module
+# by module is ~1 CPU s of a side environment's ~6 s proof (benchmarks/RESULTS.md, ninth round). A child that raised,
+# called `sys.exit`, left its answer unflushed (a file it never closed) or still runs a non-daemon thread ends as the
+# interpreter ends it.
+END_WITHOUT_TEARDOWN = """
+import atexit as _atexit, json as _json, os as _os, sys as _sys, threading as _threading
+def _answered():
+    try:
+        with open(_json.loads(_sys.argv[1])["result"], encoding="utf-8") as _answer:
+            _json.load(_answer)
+        return True
+    except Exception:
+        return False
+if _answered() and not any(_t is not _threading.main_thread() and not _t.daemon and _t.is_alive()
+                           for _t in _threading.enumerate()):
+    _atexit._run_exitfuncs()
+    _sys.stdout.flush()
+    _sys.stderr.flush()
+    _os._exit(0)
+"""
 CHILD_TIMEOUT_S = 3600.0  # a target without a timeout of its own (the run's default per target)
 MEMORY_FLOOR_BYTES = 2 << 30  # Python and the runtime's own libraries (the measured children: 120-370 MB of data)
 MEMORY_PER_FOLDER_BYTE = 4  # the weights loaded (ONNX Runtime copies external data), the arena and activations
@@ -115,7 +137,8 @@ def run_in_child(code: str, spec: dict[str, Any], *, folder: Path | None = None,
     `python`: another interpreter (a side environment's, which holds a runtime this one must not); default this one.
 
     The child holds no secret (`child_environment`), may use `memory_limit(folder)` bytes, and is killed with its
-    process group after `timeout_s` seconds.
+    process group after `timeout_s` seconds. Once `code` has run to its end the child exits without the interpreter's
+    teardown ([`END_WITHOUT_TEARDOWN`]).
 
     Returns `(answer, "")`, or `(None, why)` with the child's own error lines.
 
@@ -129,7 +152,8 @@ def run_in_child(code: str, spec: dict[str, Any], *, folder: Path | None = None,
         result = Path(scratch) / "result.json"
         # the limit is the child's first statement (hard and soft: what runs after it cannot raise it)
         first = f"import resource; resource.setrlimit(resource.RLIMIT_DATA, ({limit}, {limit}))\n"
-        command = [python or sys.executable, "-c", first + code, json.dumps({**spec, "result": str(result)})]
+        command = [python or sys.executable, "-c", first + code + "\n" + END_WITHOUT_TEARDOWN,
+                   json.dumps({**spec, "result": str(result)})]
         # another interpreter keeps its own packages: none of this environment's paths
         env = child_environment() if python is None else {k: v for k, v in child_environment().items()
                                                            if k != "PYTHONPATH"}
