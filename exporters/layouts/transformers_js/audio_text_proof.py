@@ -22,8 +22,8 @@ from exporters.capture.multimodal_runner import two_chunk_prompt, two_chunks
 from exporters.layouts.base import read_json
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
 from exporters.layouts.transformers_js.audio_text import PROOF_EMIT, PROOF_FEED, generate_script
+from exporters.layouts.transformers_js.dtypes import judged, proof_runs, said_runs
 from exporters.upstream.multimodal_runner import AudioEncoder
-from exporters.layouts.transformers_js.dtypes import equal_new, proof_runs, said_runs
 
 
 def _eager(model: Any, ids: torch.Tensor, features: torch.Tensor, steps: int, token: Any) -> dict[str, Any]:
@@ -113,12 +113,10 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
                 return RuntimeProof(layout.runtime, "failed", (
                     f"transformers.js's processor made features {processed.get('features')} and {made} audio tokens "
                     f"of {audio}; the model takes {shape} and {count}"))
-            want, tokens = run["tokens"], got.get("tokens")
-            equal = steps if tokens == want else equal_new(want, tokens, len(run["sample"]["ids"]))
-            if equal < asked:
-                return RuntimeProof(layout.runtime, "failed", f"{equal}/{steps} tokens equal eager greedy from "
-                                    f"{audio}{on}" + ("" if asked == steps else f", {asked} asked")
-                                    + f": transformers.js {tokens}, eager {want}")
+            equal, short = judged(run["tokens"], got.get("tokens"), len(run["sample"]["ids"]), steps,
+                                  asked, f" from {audio}{on}")
+            if short:
+                return RuntimeProof(layout.runtime, "failed", short)
             if not done:
                 said.append(f"{count} from {audio}")
         done.append((dtype, equal, asked))

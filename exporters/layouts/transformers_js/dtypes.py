@@ -258,6 +258,22 @@ def equal_new(want: list[int], got: Any, prompt: int) -> int:
     return max(0, equal - prompt) if len(got) >= prompt else 0
 
 
+def judged(want: list[int], got: Any, prompt: int, steps: int, asked: int,
+           where: str = "") -> tuple[int, str | None]:
+    """How many of the `steps` generated tokens of `got` equal eager's `want` (`equal_new`), and why they fall short
+    of the `asked` count (None when they do not); `where` follows "eager greedy" in that reason (" with dtype q4").
+
+    Example:
+        >>> judged([1, 2, 3, 4], [1, 2, 3, 4], 2, 2, 2), judged([1, 2, 3, 4], [1, 2, 9, 9], 2, 2, 2, " with dtype q4")
+        ((2, None), (0, '0/2 tokens equal eager greedy with dtype q4: transformers.js [1, 2, 9, 9], eager [1, 2, 3, 4]'))
+    """
+    equal = steps if got == want else equal_new(want, got, prompt)
+    if equal >= asked:
+        return equal, None
+    return equal, (f"{equal}/{steps} tokens equal eager greedy{where}" + ("" if asked == steps else f", {asked} asked")
+                   + f": transformers.js {got}, eager {want}")
+
+
 def said_runs(runs: list[tuple[str | None, int, int]], steps: int) -> str:
     """The proof's words for the dtype files after the folder's own: `; dtype q4 8/8 tokens (≥2 asked), ...`.
 

@@ -16,7 +16,7 @@ import torch
 
 from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
-from exporters.layouts.transformers_js.dtypes import equal_new, proof_runs, said_runs
+from exporters.layouts.transformers_js.dtypes import judged, proof_runs, said_runs
 from exporters.layouts.transformers_js.image_text import PROOF_EMIT, PROOF_FEED, generate_script
 
 
@@ -64,11 +64,10 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
             return RuntimeProof(layout.runtime, "failed", (
                 f"transformers.js's processor made pixels {processed.get('pixels')} and {made} image tokens; the model "
                 f"takes {shape} and {token}"))
-        want, tokens = reference["tokens"], got.get("tokens")
-        equal = steps if tokens == want else equal_new(want, tokens, len(reference["sample"]["ids"]))
-        if equal < asked:
-            return RuntimeProof(layout.runtime, "failed", f"{equal}/{steps} tokens equal eager greedy{on}" + (
-                "" if asked == steps else f", {asked} asked") + f": transformers.js {tokens}, eager {want}")
+        equal, short = judged(reference["tokens"], got.get("tokens"), len(reference["sample"]["ids"]), steps,
+                              asked, on)
+        if short:
+            return RuntimeProof(layout.runtime, "failed", short)
         done.append((dtype, equal, asked))
     return RuntimeProof(layout.runtime, "passed", f"{steps}/{steps} tokens (transformers.js {version}, Node.js, "
                                                   "AutoModelForImageTextToText, its processor's image tokens)"
