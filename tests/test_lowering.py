@@ -82,20 +82,27 @@ def _plain() -> tuple[torch.nn.Module, torch.Tensor]:
 def _upstream_plain() -> tuple[bytes, tuple[str, ...]]:
     """Upstream's program for `_plain()` and the passes that retraced a graph while it was lowered (`ExportPass.call`
     counted), lowered once a process: three tests compare their skip against it (#48: one lowering, not three)."""
+    plain, x = _plain()
+    with _retraces_counted() as retraces:
+        program = _buffer(plain, (x,))
+    return program, tuple(retraces)
+
+
+@contextlib.contextmanager
+def _retraces_counted():
+    """The names of the passes that retrace a graph (`ExportPass.call`) while the block runs, in order."""
     from executorch.exir.pass_base import ExportPass
 
-    retraces = []
+    retraces: list[str] = []
     real = ExportPass.call
 
     def counted(self, graph_module):
         retraces.append(type(self).__name__)
         return real(self, graph_module)
 
-    plain, x = _plain()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ExportPass, "call", counted)
-        program = _buffer(plain, (x,))
-    return program, tuple(retraces)
+        yield retraces
 
 
 def test_the_upsample_fusion_skipped_without_an_upsample_changes_no_program():
@@ -172,31 +179,20 @@ def test_the_xnnpack_passes_skipped_where_they_rewrite_nothing_change_no_program
     `ONLY_WHERE` retrace nothing and the program is byte for byte upstream's; on a graph with every one of those ops
     they all run, and the program is upstream's too (and computes the model)."""
     from executorch.backends.xnnpack._passes import XNNPACKPassManager
-    from executorch.exir.pass_base import ExportPass
     from executorch.runtime import Runtime
 
     from exporters.upstream.xnnpack_passes import ONLY_WHERE, xnnpack_passes_only_where_they_apply
 
     default = {cls.__name__ for cls in XNNPACKPassManager(None).passes}
     assert {name for _, name, _ in ONLY_WHERE} <= default  # every pass skipped is one upstream runs
-    retraces = []
-    real = ExportPass.call
-
-    def counted(self, graph_module):
-        retraces.append(type(self).__name__)
-        return real(self, graph_module)
-
     plain, x = _plain()
     upstream_program, upstream_retraces = _upstream_plain()  # lowered with ExportPass.call counted as here
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ExportPass, "call", counted)
+    with _retraces_counted() as retraces:
         assert _buffer(plain, (x,), xnnpack_passes_only_where_they_apply) == upstream_program
     skipped = {name for _, name, _ in ONLY_WHERE}
     assert skipped & set(upstream_retraces) and not skipped & set(retraces), (upstream_retraces, retraces)
     convolved, inputs = ConvNormActivations().eval(), (torch.randn(1, 3, 8, 8), torch.randn(1, 3, 9))
-    retraces[:] = []
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ExportPass, "call", counted)
+    with _retraces_counted() as retraces:
         program = _buffer(convolved, inputs, xnnpack_passes_only_where_they_apply)
     # the passes whose ops reach XNNPACK's preprocessing ran (the batch norm is fused, the max pool's getitem gone)
     assert {"FuseBatchNormPass", "FuseActivationPass", "Conv1dUnsqueezePass", "PReLUReshapePass"} <= set(retraces)
