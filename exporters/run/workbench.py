@@ -279,14 +279,15 @@ class Workbench:
         """The eager side of the target's validation (`exporters.validate.eager_side`), before its folder exists:
         what a run computes while the target exports."""
         return eager_side(target=target, recipe=context.recipe, components=components,
-                          subject=self.subject(target, context), expected_components=expected,
-                          dims_together=not context.probe_dims_apart)
+                          subject=self.subject(target, context), expected_components=expected)
 
     def subject(self, target: Target, context: RunContext) -> EagerModel:
         """What `target` is compared with: the model loaded once, its sample, the run's eager outputs, the target's
-        generation config, the folder the model came from (`exporters.validate.subject.EagerModel`)."""
+        generation config, the folder the model came from, how the dims are probed
+        (`exporters.validate.subject.EagerModel`)."""
         return EagerModel(self.model, self.sample.family, self.sample.generate, self.eager,
-                          self.generation_config(target, context.recipe), context.source.folder)
+                          self.generation_config(target, context.recipe), context.source.folder,
+                          probe_dims_apart=context.probe_dims_apart)
 
     def _cache_notes(self, target: Target, setting: Any) -> list[str]:
         if target.mode != "generation":

@@ -122,7 +122,7 @@ class EagerSide:
 
 
 def eager_side(*, target, recipe: Recipe, components, subject: EagerModel, expected_components: list[str] | None = None,
-               runtime_checks: list[RuntimeCheck] | None = None, dims_together: bool = True) -> EagerSide:
+               runtime_checks: list[RuntimeCheck] | None = None) -> EagerSide:
     """Every eager reference the target's checks need from `subject` (the eager model and what comes with it), for
     the components it is to have (`expected_components`, by default all of `components`) and the runtime checks that
     apply (`runtime_checks`; by default every check that may apply to the target before its folder exists). Nothing
@@ -142,10 +142,10 @@ def eager_side(*, target, recipe: Recipe, components, subject: EagerModel, expec
         bindings = dim_bindings(spec, inputs, dynamic, family) or prompt_bindings(target, name, module, inputs) \
             or frames_bindings(target, name, module, inputs) if recipe.validation.probe_unseen_shapes else []
         side.bindings[name] = bindings
-        # the dims probed together ([`make_probes`]), or one at a time (`dims_together=False`: init reads which dim
-        # fails at which size from the probe ids)
+        # the dims probed together ([`make_probes`]), or one at a time (`subject.probe_dims_apart`: init reads which
+        # dim fails at which size from the probe ids)
         probes = [("traced", inputs, None)] + [
-            probe for group in ([bindings] if dims_together else [[b] for b in bindings])
+            probe for group in ([[b] for b in bindings] if subject.probe_dims_apart else [bindings])
             for probe in make_probes(inputs, group, model.config, recipe.validation.max_probe_elements, max_positions,
                                      recipe.inputs.seed, logits_per_token,
                                      model_sized="max_probe_elements" not in recipe.validation.model_fields_set)[1:]]

@@ -19,8 +19,10 @@ from exporters.validate.folder_trust import Inventory
 class EagerModel:
     """What a target is compared with: the eager model loaded once for the run, its family, the sample inputs
     generation starts from, the eager outputs computed so far (`eager`, an `EagerCache` shared by the run's
-    targets), the target's generation config (its cache setting applied; None outside generation) and the folder
-    the model came from (its processor, for the runtimes' own inputs).
+    targets), the target's generation config (its cache setting applied; None outside generation), the folder
+    the model came from (its processor, for the runtimes' own inputs) and whether the dynamic dims are probed one at
+    a time (`probe_dims_apart`: `hf-export init` reads which dim fails at which size; else together,
+    `exporters.capture.probes.make_probes`).
 
     Example:
         >>> EagerModel(model, "text", inputs, EagerCache(), source_dir=folder)  # doctest: +SKIP
@@ -32,6 +34,7 @@ class EagerModel:
     eager: Any
     generation_config: Any = None
     source_dir: Path | None = None
+    probe_dims_apart: bool = False
 
 
 @dataclass(frozen=True)
