@@ -276,22 +276,13 @@ def test_the_passes_added_skip_only_where_they_rewrite_nothing_and_change_no_pro
     `ReplaceBrokenOpsWithFunctionalOpsPass`): on a graph with nothing they rewrite they do not retrace, and the
     program is byte for byte upstream's; on one with a six-tensor cat the cat's pass runs, and the program is
     upstream's too (and computes the model)."""
-    from executorch.exir.pass_base import ExportPass
     from executorch.runtime import Runtime
 
     from exporters.upstream import xnnpack_lowering
     from exporters.upstream.xnnpack_passes import EDGE_ONLY_WHERE, has_long_cat, rewrites_any
 
     module, inputs = CatsAndMatmuls(long).eval(), (torch.randn(3, 6), torch.randn(8, 6))
-    retraces = []
-    real = ExportPass.call
-
-    def counted(self, graph_module):
-        retraces.append(type(self).__name__)
-        return real(self, graph_module)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ExportPass, "call", counted)
+    with _retraces_counted() as retraces:
         upstream_program = _buffer(module, inputs)
         upstream_retraces, retraces[:] = list(retraces), []
         program = _buffer(module, inputs, xnnpack_lowering)
