@@ -689,6 +689,29 @@ def tiny_qwen2_5_vl_with_tokenizer(folder: Path, recipe: Any | None = None, seed
     return folder
 
 
+MISTRAL3_IMAGE_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]", "[INST]"]  # the tokens GenAI's mistral3 processor reads
+
+
+def tiny_mistral3_with_tokenizer(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 1) -> Path:
+    """A tiny Mistral 3 (matrix's: Pixtral tower, image 32, patch 8, merge 2: 4 image features; a Mistral text model
+    of `text_layers` layers) with a byte-level BPE tokenizer whose `[IMG]` id is the model's image token and which
+    holds `[IMG_BREAK]`, `[IMG_END]` and `[INST]` (the tokens ONNX Runtime GenAI's processor looks up), the
+    vocabulary the tokenizer's. No processor: transformers' PixtralProcessor needs torchvision."""
+    import dataclasses
+
+    from matrix.families import FAMILIES, build
+
+    tokenizer = train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, *MISTRAL3_IMAGE_TOKENS], vocab_size=120,
+                                    bos="<s>", eos="</s>", pad="<pad>", byte_level=True)
+    base = FAMILIES["mistral3"]
+    spec = dataclasses.replace(base, overrides={
+        **base.overrides, "image_token_index": tokenizer.convert_tokens_to_ids("[IMG]"),
+        "text_config.num_hidden_layers": text_layers, "text_config.vocab_size": len(tokenizer),
+        "text_config.bos_token_id": 1, "text_config.eos_token_id": 2, "text_config.pad_token_id": 3})
+    build(spec, folder, seed=seed, recipe=recipe)
+    return folder
+
+
 def tiny_llava_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, tied: bool = False,
                               text_layers: int = 2) -> Path:
     """A tiny LLaVA (CLIP tower, image 32, patch 8: 16 image tokens; Llama text of `text_layers` layers) saved with

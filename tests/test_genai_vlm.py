@@ -3,8 +3,8 @@
 vision, embedding and decoder graphs, genai_config.json, processor_config.json) and GenAI generates from the folder
 alone token for token against eager, its processor making the sample's pixels and image tokens, and the card's
 snippet runs as written; two images in one prompt generate eager's tokens too; a Qwen2-VL gets the same folder,
-typed `qwen2_5_vl`, proven the same way; the other types GenAI runs are declined as a layout not written yet. GenAI
-has no LLaVA: the
+typed `qwen2_5_vl`, proven the same way; a Mistral 3 (Pixtral tower) gets GenAI's `mistral3` folder, proven the same
+way; the other types GenAI runs are declined as a layout not written yet. GenAI has no LLaVA: the
 plainest ONNX generation recipe of a tiny LLaVA passes on its own checks, and its "runs in" column says ONNX Runtime
 GenAI ✗ with the reason (no genai_config.json is written).
 """
@@ -16,7 +16,8 @@ import json
 import pytest
 
 from tests.export_store import stored_run
-from tests.models import LLAVA_ONNX_RECIPE, tiny_llava_onnx_model, tiny_qwen2_5_vl_with_tokenizer
+from tests.models import (LLAVA_ONNX_RECIPE, tiny_llava_onnx_model, tiny_mistral3_with_tokenizer,
+                          tiny_qwen2_5_vl_with_tokenizer)
 
 RUNTIME = "ONNX Runtime GenAI"
 # the plainest ONNX generation target, and a float16 one GenAI's graphs are not written for
@@ -186,15 +187,80 @@ def test_a_vision_language_type_genai_runs_is_declined_as_a_layout_not_written_y
     # Gemma 3, the example here before, is declined for its bidirectional image attention now
     # (tests/test_gemma3_runtimes.py::test_onnx_runtime_genai_declines_gemma3_for_its_bidirectional_image_attention);
     # Qwen2.5-VL, the next, is written and proven now
-    # (test_genai_generates_from_a_qwen2_5_vl_onnx_folder_in_the_product)
-    why = vision_language_declined({"model_type": "mistral3", "vision_config": {}})
-    assert why.startswith("GenAI runs 'mistral3' as a vision-language model from its own builder's graphs"), why
+    # (test_genai_generates_from_a_qwen2_5_vl_onnx_folder_in_the_product), and Mistral 3, the example here after it
+    # (test_genai_generates_from_a_mistral3_onnx_folder_and_its_card_snippet_runs): Phi-4-multimodal is the example
+    why = vision_language_declined({"model_type": "phi4mm", "vision_config": {}})
+    assert why.startswith("GenAI runs 'phi4mm' as a vision-language model from its own builder's graphs"), why
     assert "a layout this product does not write yet" in why
+    assert vision_language_declined({"model_type": "mistral3", "vision_config": {}}) is None
     assert vision_language_declined({"model_type": "qwen2_5_vl", "vision_config": {}}) is None
     # Qwen2-VL, declined before as a type GenAI 0.18 does not have, is written as its `qwen2_5_vl` now
     # (test_genai_generates_from_a_qwen2_vl_onnx_folder_typed_qwen2_5_vl_and_its_card_snippet_runs)
     assert vision_language_declined({"model_type": "qwen2_vl", "vision_config": {}}) is None
     from exporters.layouts.genai import WRITTEN_VLM_TYPES
+    from exporters.layouts.genai.mistral3 import MODEL_TYPE
     from exporters.layouts.genai.qwen_vl import FAMILY, QWEN_VL_TYPES
 
-    assert set(WRITTEN_VLM_TYPES) == set(QWEN_VL_TYPES) == set(FAMILY), "every type declined as written is written"
+    assert set(QWEN_VL_TYPES) == set(FAMILY), "every Qwen-VL type written is named"
+    assert set(WRITTEN_VLM_TYPES) == {*QWEN_VL_TYPES, MODEL_TYPE}, "every type declined as written is written"
+
+
+MISTRAL3_RECIPE = {"exports": [{"name": "onnx", "export_format": "onnx", "mode": "generation"}],
+                   "generation": {"max_new_tokens": 8}}  # the plainest ONNX generation target
+
+
+@pytest.fixture(scope="module")
+def mistral3_genai(tmp_path_factory):
+    """A tiny Mistral 3 (Pixtral tower, one text layer) with its tokenizer, its `MISTRAL3_RECIPE` run once."""
+    pytest.importorskip("onnxruntime_genai")
+    root = tmp_path_factory.mktemp("mistral3-genai")
+    return stored_run(tiny_mistral3_with_tokenizer(root / "model", MISTRAL3_RECIPE))
+
+
+def test_genai_generates_from_a_mistral3_onnx_folder_and_its_card_snippet_runs(mistral3_genai, hub, tmp_path):
+    """Mistral 3 (#52 §3): GenAI's `mistral3` folder (its vision graph on one [1, 3, 32, 32] image, the embedding and
+    decoder graphs, genai_config.json, its Pixtral processor config) beside the components; GenAI generates eager's 8
+    tokens from the folder alone, from one image and from two (its processor's pixels and `[IMG]` tokens checked);
+    the card's snippet (`[IMG]` in the prompt) runs as written."""
+    import onnx
+
+    from tests.card_snippets import card_snippets, exports_card, image_home, run_snippet, upload_exports
+
+    out, report, log = mistral3_genai
+    _assert_genai_generated_from_an_image(out, report, log)
+    folder = out / "onnx"
+    genai = json.loads((folder / "genai_config.json").read_text())["model"]
+    config = json.loads((folder / "config.json").read_text())
+    assert (genai["type"], genai["image_token_id"]) == ("mistral3", config["image_token_index"])
+    assert (genai["vision"]["filename"], genai["embedding"]["filename"], genai["decoder"]["filename"]) == (
+        "genai_vision.onnx", "genai_embedding.onnx", "genai_decoder.onnx")
+    assert (genai["vision"]["config_filename"], genai["vision"]["patch_size"],
+            genai["vision"]["spatial_merge_size"]) == ("pixtral_processor_config.json", 8, 2)
+    assert list(genai["decoder"]["inputs"])[0] == "inputs_embeds" and "input_ids" not in genai["decoder"]["inputs"]
+    steps = [step["operation"] for step in json.loads((folder / "pixtral_processor_config.json").read_text())[
+        "processor"]["transforms"]]
+    assert [step["type"] for step in steps[-2:]] == ["Permute3D", "PixtralImageSizes"], "as GenAI requires"
+    [resize] = [step for step in steps if step["type"] == "Resize"]
+    assert (resize["attrs"]["height"], resize["attrs"]["width"]) == (32, 32), "the traced image"
+    assert not (folder / "processor_config.json").exists(), "transformers' processor file name left alone"
+
+    def signature(name: str) -> tuple[list, list]:
+        graph = onnx.load(str(folder / name), load_external_data=False).graph
+        dims = lambda value: [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]  # noqa: E731
+        return [(v.name, dims(v)) for v in graph.input], [(v.name, dims(v)) for v in graph.output]
+
+    assert signature("genai_vision.onnx") == ([("pixel_values", [1, 3, 32, 32])], [("image_features", [4, 32])])
+    inputs, outputs = signature("genai_decoder.onnx")
+    assert [name for name, _ in inputs] == ["inputs_embeds", "attention_mask", "position_ids",
+                                            "past_key_values.0.key", "past_key_values.0.value"]
+    assert dict(inputs)["position_ids"] == [1, "sequence_length"], "plain RoPE positions"
+    assert [name for name, _ in outputs] == ["logits", "present.0.key", "present.0.value"]
+    for name in ("genai_vision.onnx", "genai_embedding.onnx", "genai_decoder.onnx"):
+        assert (folder / f"{name}.data").stat().st_size == 0, f"{name}'s weights point into the components' sidecar"
+    commit = upload_exports(hub, "alice/mistral3", out, ["onnx"])
+    [(_, language, code)] = [s for s in card_snippets(exports_card("alice/mistral3", out, commit))
+                             if s[0] == RUNTIME and '"exports/onnx/*"' in s[2]]
+    assert language == "python" and 'prompt = "[IMG]describe the image"' in code
+    done = run_snippet(code, hub, image_home(tmp_path))
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    assert done.stdout.strip(), "the decoded prompt and the new tokens"

@@ -1,7 +1,7 @@
 """ONNX Runtime GenAI's layout: a merged decoder graph with `genai_config.json` beside it, `og.Model(folder)`; for a
 Whisper, GenAI's encoder and decoder graphs derived from the export's, with theirs; for a Qwen2.5-VL or Qwen2-VL,
-GenAI's vision, embedding and decoder graphs traced beside the export's components, with theirs and its processor
-config.
+or a Mistral 3, GenAI's vision, embedding and decoder graphs traced beside the export's components, with theirs and its
+processor config.
 
 | module             | what it holds                                                                              |
 |--------------------|--------------------------------------------------------------------------------------------|
@@ -15,6 +15,8 @@ config.
 | `whisper_proof.py` | GenAI transcribing the sample's spectrogram from the folder alone, against eager           |
 | `qwen_vl.py`       | Qwen2.5-VL, Qwen2-VL: GenAI's vision, embedding and decoder graphs traced beside them    |
 | `qwen_vl_proof.py` | GenAI generating from the sample's image and prompt from the folder alone, against eager    |
+| `mistral3.py`      | Mistral 3 (Pixtral tower): GenAI's vision, embedding and decoder graphs traced beside them |
+| `mistral3_proof.py`| GenAI generating from the sample's image and prompt from the folder alone, against eager   |
 
 Example:
     >>> Genai().runtime, Genai().executes
@@ -43,11 +45,13 @@ GENAI_VLM_TYPES = ("fara", "gemma3", "gemma4", "mistral3", "phi3v", "phi4mm", "q
                    "qwen3_vl", "videochat_flash_qwen")
 WHISPER_ENCODER_FILE = "genai_encoder.onnx"  # whisper.GENAI_ENCODER: what tells a Whisper folder's card apart
 AUDIO_PROCESSOR_FILE = "audio_processor_config.json"  # whisper.AUDIO_PROCESSOR: GenAI's processor can run
-# the vision-language model types whose GenAI graphs this product writes (qwen_vl.QWEN_VL_TYPES, which loads torch)
-# and the file that tells such a folder's card apart (qwen_vl.VISION)
-WRITTEN_VLM_TYPES = ("qwen2_5_vl", "qwen2_vl")  # Qwen2-VL written as GenAI's `qwen2_5_vl`
+# the vision-language model types whose GenAI graphs this product writes (qwen_vl.QWEN_VL_TYPES and
+# mistral3.MODEL_TYPE, which load torch) and the files that tell such a folder's card apart (qwen_vl.VISION; a Mistral
+# 3's processor config, mistral3.PROCESSOR: its prompt's image marker is `[IMG]`)
+WRITTEN_VLM_TYPES = ("qwen2_5_vl", "qwen2_vl", "mistral3")  # Qwen2-VL written as GenAI's `qwen2_5_vl`
 VISION_FILE = "genai_vision.onnx"
-NOT_TRACED = ("GenAI's Qwen-VL graphs were not written beside this export's components (the export's notes say "
+PIXTRAL_PROCESSOR_FILE = "pixtral_processor_config.json"
+NOT_TRACED = ("GenAI's vision-language graphs were not written beside this export's components (the export's notes say "
               "why)")
 NOT_DERIVED = ("GenAI's Whisper graphs could not be derived from this export's encoder and merged decoder (the "
                "export's notes say why)")
@@ -109,6 +113,7 @@ inputs = processor(prompt, audios=audios)
 
 # The card's Qwen2.5-VL snippet after the download lines: GenAI's own processor on your image (resized to the traced
 # size) and a prompt whose vision markers it expands to the image's tokens
+QWEN_VL_MARKER = "<|vision_start|><|image_pad|><|vision_end|>"  # a Mistral 3's prompt marks its image with `[IMG]`
 VISION_SNIPPET = """import onnxruntime_genai as og
 
 model = og.Model(folder)
@@ -143,7 +148,7 @@ def encoder_decoder_declined(config: dict[str, Any]) -> str | None:
 
 def vision_language_declined(config: dict[str, Any]) -> str | None:
     """Why GenAI does not run a vision- or audio-language ONNX folder of this product (its `config.json`, read as
-    data), None for a model type whose GenAI graphs are written (`WRITTEN_VLM_TYPES`: `qwen_vl.py`).
+    data), None for a model type whose GenAI graphs are written (`WRITTEN_VLM_TYPES`: `qwen_vl.py`, `mistral3.py`).
 
     Example:
         >>> vision_language_declined({"model_type": "llava"}).startswith("GenAI 0.18 has no vision-language model type")
@@ -206,7 +211,8 @@ class Genai(Layout):
         config = model.config
         if getattr(config, "model_type", None) in WRITTEN_VLM_TYPES and getattr(config, "vision_config", None) \
                 and not vision_language_declined(config.to_dict()):
-            return self.part("qwen_vl_proof").reference(model, context)
+            proof = "mistral3_proof" if config.model_type == "mistral3" else "qwen_vl_proof"
+            return self.part(proof).reference(model, context)
         if any(getattr(config, name, None) is not None for name in ("vision_config", "audio_config")) or \
                 getattr(config, "encoder_config", None) is not None and getattr(config, "text_config", None) is not None:
             return None  # a vision- or audio-language export: declined (`vision_language_declined`), no proof runs
@@ -219,6 +225,8 @@ class Genai(Layout):
     def prove(self, directory: Path, reference: Any, context: Any) -> Any:
         if isinstance(reference, dict) and "qwen_vl" in reference:  # Qwen2.5-VL's (qwen_vl_proof.reference)
             return self.part("qwen_vl_proof").prove(self, directory, reference, context)
+        if isinstance(reference, dict) and "mistral3" in reference:  # Mistral 3's (mistral3_proof.reference)
+            return self.part("mistral3_proof").prove(self, directory, reference, context)
         if isinstance(reference, dict):  # Whisper's (whisper_proof.reference)
             return self.part("whisper_proof").prove(self, directory, reference, context)
         return super().prove(directory, reference, context)
@@ -232,8 +240,11 @@ class Genai(Layout):
             return
         if EMBED_TOKENS in components:  # a vision-language model: GenAI's graphs where it runs the type
             if self.may_apply(target, components) and \
-                    not vision_language_declined(read_json(directory / "config.json")):
-                self.part("qwen_vl").write_qwen_vl_files(directory, target, model, notes)
+                    not vision_language_declined(config := read_json(directory / "config.json")):
+                if config.get("model_type") == "mistral3":
+                    self.part("mistral3").write_mistral3_files(directory, target, model, notes)
+                else:
+                    self.part("qwen_vl").write_qwen_vl_files(directory, target, model, notes)
             return
         if self.declines(target, directory):  # no genai_config.json: the "runs in" column says why
             return
@@ -249,8 +260,9 @@ class Genai(Layout):
         if any(name.rsplit("/", 1)[-1] == VISION_FILE for name in file_names(target)):
             if "tokenizer.json" not in file_names(target):  # GenAI's processor tokenizes the prompt: no snippet
                 return None
+            pixtral = any(name.rsplit("/", 1)[-1] == PIXTRAL_PROCESSOR_FILE for name in file_names(target))
             return "python", download(repo_id, target, revision, "genai_config.json may name a library to load") \
-                + VISION_SNIPPET
+                + (VISION_SNIPPET.replace(QWEN_VL_MARKER, "[IMG]") if pixtral else VISION_SNIPPET)
         if has_tokenizer(target):
             prepare, prompt, shown = (f"tokenizer = og.Tokenizer(model)\n{PROMPT_LINE}\n", "tokenizer.encode(prompt)",
                                       "tokenizer.decode(generator.get_sequence(0))")

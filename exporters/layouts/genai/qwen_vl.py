@@ -88,7 +88,7 @@ class FixedGridVision(torch.nn.Module):
 
 
 class EmbedsDecoder(torch.nn.Module):
-    """GenAI's decoder graph: the model on `inputs_embeds` with 3-D positions after a past of any length (the past
+    """GenAI's decoder graph: the model on `inputs_embeds` with its positions after a past of any length (the past
     as flat key and value tensors, layer by layer), returning the logits and the grown past."""
 
     def __init__(self, model: Any, layers: int):
@@ -128,8 +128,9 @@ def write_vision(directory: Path, model: Any, side: int) -> None:
     fsutil.write_file(path, graph.SerializeToString())
 
 
-def write_decoder(directory: Path, model: Any) -> None:
-    """`genai_decoder.onnx`: the embeddings decoder under GenAI's names, its query and past lengths dynamic."""
+def write_decoder(directory: Path, model: Any, mrope: bool = True) -> None:
+    """`genai_decoder.onnx`: the embeddings decoder under GenAI's names, its query and past lengths dynamic; its
+    positions [3, batch, seq] (M-RoPE's, `mrope`) or [batch, seq] (a plain RoPE's: Mistral 3, `mistral3.py`)."""
     text = model.config.text_config
     layers, heads = int(text.num_hidden_layers), int(text.num_key_value_heads)
     head_size = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -137,11 +138,12 @@ def write_decoder(directory: Path, model: Any) -> None:
     like = {"dtype": next(model.parameters()).dtype, "device": next(model.parameters()).device}
     embeds = torch.zeros(1, query, text.hidden_size, **like)
     mask = torch.ones(1, past_len + query, dtype=torch.long, device=like["device"])
-    positions = torch.arange(past_len, past_len + query, device=like["device"]).view(1, 1, -1).expand(3, 1, -1).clone()
+    positions = torch.arange(past_len, past_len + query, device=like["device"]).view(1, 1, -1)
+    positions = positions.expand(3, 1, -1).clone() if mrope else positions[0]
     past = tuple(torch.zeros(1, heads, past_len, head_size, **like) for _ in range(2 * layers))
     names = [f".{layer}.{part}" for layer in range(layers) for part in ("key", "value")]  # k0, v0, k1, ...
     query_dim = torch.export.Dim("sequence_length", min=1)
-    dynamic = ({1: query_dim}, {1: torch.export.Dim("total_sequence_length", min=1)}, {2: query_dim},
+    dynamic = ({1: query_dim}, {1: torch.export.Dim("total_sequence_length", min=1)}, {2 if mrope else 1: query_dim},
                tuple({2: torch.export.Dim("past_sequence_length", min=0)} for _ in past))
     _export(EmbedsDecoder(model, layers), (embeds, mask, positions, *past), directory / DECODER,
             ["inputs_embeds", "attention_mask", "position_ids"] + [f"past_key_values{n}" for n in names],

@@ -1,0 +1,162 @@
+"""ONNX Runtime GenAI's proof of a Mistral 3 folder (`mistral3.py`'s graphs): `og.Model(folder)` from the folder
+alone generates from the sample's image and prompt, and from the same prompt with a second image, token for token
+against eager greedy `generate()`.
+
+```
+reference(model)                                   prove(folder), in a child
+eager generate(input_ids, pixel_values,         ─► 1. GenAI's processor on one image of any size, then two, with
+  image_sizes; max = min = n new tokens)              "[IMG]" per image and a prompt: pixels of the samples' shapes
+  for the sample (one image) and for the              and as many `[IMG]` tokens (rows ended by [IMG_BREAK] and
+  sample with its image's tokens twice (the           [IMG_END] besides)
+  second image: the first upside down)           2. og.NamedTensors per sample: input_ids, pixel_values,
+                                                      image_sizes ([images, 2]), num_image_tokens;
+                                                      og.Generator.set_inputs, greedy, max = min = prompt + n
+```
+
+The generation is fed the samples' own inputs (GenAI's processor is checked for the shapes it makes): the proof
+compares GenAI's vision, embedding and decoder graphs with the model's. With two images GenAI runs the vision graph
+once per image (`PixtralVisionState` slices `pixel_values` by `image_sizes`) and places each image's features at its
+tokens. Not installed: `unverified`; GenAI refusing the folder or generating other tokens: `failed`, with GenAI's own
+message.
+
+Example:
+    >>> "image_sizes" in CHILD and "create_multimodal_processor" in CHILD
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
+from exporters.layouts.genai.proof import cannot_prove
+from exporters.layouts.greedy import DEFAULT_NEW_TOKENS
+
+MARKER, TEXT = "[IMG]", "describe the image"  # GenAI expands each `[IMG]` to its image's rows
+
+# GenAI runs in a child (a native abort there ends this proof, not the run)
+CHILD = r"""
+import json, sys
+import numpy as np
+import onnxruntime_genai as og
+from PIL import Image
+spec = json.loads(sys.argv[1])
+model = og.Model(spec["folder"])
+made = []
+if spec["processor"]:
+    paths = [spec["result"] + f".{n}.png" for n in range(2)]
+    Image.new("RGB", (61, 37), (200, 120, 40)).save(paths[0])  # any size: the processor resizes it
+    Image.new("RGB", (23, 50), (10, 90, 220)).save(paths[1])
+    for count in (1, 2):  # one image, then two in one prompt
+        processed = model.create_multimodal_processor()(spec["marker"] * count + spec["text"],
+                                                        images=og.Images.open(*paths[:count]))
+        ids = processed["input_ids"].as_numpy()
+        made.append({"pixels": list(processed["pixel_values"].as_numpy().shape),
+                     "image_tokens": int((ids == spec["image_token"]).sum())})
+answer = []
+for path in spec["samples"]:
+    sample = json.load(open(path))
+    params = og.GeneratorParams(model)
+    length = len(sample["ids"]) + spec["steps"]
+    params.set_search_options(do_sample=False, num_beams=1, max_length=length, min_length=length, batch_size=1)
+    generator = og.Generator(model, params)
+    inputs = og.NamedTensors()
+    inputs["input_ids"] = np.array([sample["ids"]], dtype=np.int32)
+    inputs["pixel_values"] = np.array(sample["pixels"], dtype=np.float32).reshape(sample["shape"])
+    inputs["image_sizes"] = np.array(sample["sizes"], dtype=np.int64)
+    inputs["num_image_tokens"] = np.array([sample["image_tokens"]], dtype=np.int64)
+    generator.set_inputs(inputs)
+    while not generator.is_done():
+        generator.generate_next_token()
+    answer.append([int(t) for t in generator.get_sequence(0).tolist()])
+with open(spec["result"], "w") as handle:
+    json.dump({"tokens": answer, "processed": made or None}, handle)
+"""
+
+
+def _generate(model: Any, steps: int, ids: torch.Tensor, pixels: torch.Tensor, image_token: int) -> dict[str, Any]:
+    """Eager greedy generation of exactly `steps` tokens from one prompt and its images (each of the pixels' size),
+    with the sample the child feeds GenAI."""
+    device = next(model.parameters()).device
+    sizes = [list(pixels.shape[2:])] * pixels.shape[0]
+    with torch.no_grad():
+        out = model.generate(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device),
+                             pixel_values=pixels.to(device, model.dtype), image_sizes=torch.tensor(sizes, device=device),
+                             max_new_tokens=steps, min_new_tokens=steps, do_sample=False, num_beams=1)
+    return {"tokens": out[0, ids.shape[1]:].tolist(),
+            "sample": {"ids": ids[0].tolist(), "shape": list(pixels.shape), "pixels": pixels.flatten().tolist(),
+                       "sizes": sizes, "image_tokens": int((ids[0] == image_token).sum())}}
+
+
+def two_images(ids: torch.Tensor, pixels: torch.Tensor, image_token: int) -> tuple[torch.Tensor, ...] | None:
+    """The sample's prompt with a second image right after its first (the tokens from its first `[IMG]` to its last
+    again), the second image the first upside down; None where the prompt has no image token."""
+    row = ids[0].tolist()
+    at = [i for i, token in enumerate(row) if token == image_token]
+    if not at:
+        return None
+    block = row[at[0]:at[-1] + 1]
+    doubled = torch.tensor([row[:at[-1] + 1] + block + row[at[-1] + 1:]], dtype=ids.dtype)
+    return doubled, torch.cat([pixels, pixels.flip(2)])
+
+
+def reference(model: Any, context: RuntimeContext) -> dict[str, Any]:
+    """Eager greedy generation of exactly `max_new_tokens` tokens from the sample's prompt and image (its first
+    row), and from the same prompt with a second image (`two_images`)."""
+    steps = int(getattr(context.recipe.generation, "max_new_tokens", None) or DEFAULT_NEW_TOKENS)
+    inputs = context.generate_inputs
+    ids, pixels = inputs.get("input_ids"), inputs.get("pixel_values")
+    if not all(isinstance(value, torch.Tensor) for value in (ids, pixels)) or pixels.dim() != 4 \
+            or pixels.shape[0] != 1:
+        return {"mistral3": True, "unverified": "the sample has no prompt and one image (input_ids, pixel_values "
+                                                "[1, 3, H, W]) for GenAI's Mistral 3"}
+    ids, pixels, token = ids[:1].cpu(), pixels.detach().float().cpu(), int(model.config.image_token_id)
+    runs = [_generate(model, steps, ids, pixels, token)]
+    if (doubled := two_images(ids, pixels, token)) is not None:
+        runs.append(_generate(model, steps, *doubled, token))
+    return {"mistral3": True, "steps": steps, "image_token": token, "runs": runs}
+
+
+def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
+    """GenAI generates from the reference's prompts (one image, then two) from the folder alone, in a child; its
+    processor must make pixels of the samples' shapes and as many `[IMG]` tokens, its new tokens must be eager's."""
+    if "unverified" in reference:
+        return RuntimeProof(layout.runtime, "unverified", reference["unverified"])
+    if (refused := cannot_prove(layout, directory)) is not None:
+        return refused
+    processor = (directory / "tokenizer.json").is_file()  # GenAI's processor tokenizes the prompt
+    runs, steps = reference["runs"], reference["steps"]
+    with tempfile.TemporaryDirectory(prefix="genai-mistral3-") as scratch:
+        paths = []
+        for n, run in enumerate(runs):
+            paths.append(Path(scratch) / f"sample{n}.json")
+            paths[-1].write_text(json.dumps(run["sample"]), encoding="utf-8")
+        got, why = run_in_child(CHILD, {"folder": str(directory), "samples": [str(p) for p in paths], "steps": steps,
+                                        "marker": MARKER, "text": TEXT,
+                                        "image_token": reference["image_token"], "processor": processor},
+                                folder=directory, timeout_s=child_timeout(context))
+    if got is None:
+        return RuntimeProof(layout.runtime, "failed", f"ONNX Runtime GenAI failed: {why}")
+    for made, run in zip(got["processed"] or [], runs):
+        sample = run["sample"]
+        if made["pixels"] != sample["shape"] or made["image_tokens"] != sample["image_tokens"]:
+            return RuntimeProof(layout.runtime, "failed", f"GenAI's processor made pixels {made['pixels']} and "
+                                f"{made['image_tokens']} image tokens; the model was traced on {sample['shape']} and "
+                                f"{sample['image_tokens']}")
+    for count, (tokens, run) in enumerate(zip(got["tokens"], runs), start=1):
+        new, want = tokens[len(run["sample"]["ids"]):], run["tokens"]
+        if new != want:
+            equal = next((i for i, (a, b) in enumerate(zip(want, new)) if a != b), min(len(want), len(new)))
+            images = "an image" if count == 1 else f"{count} images"
+            return RuntimeProof(layout.runtime, "failed", f"{equal}/{steps} tokens equal eager greedy from {images} "
+                                                          f"and a prompt: GenAI {new}, eager {want}")
+    checked = "its processor's pixels and image tokens as the sample's, og.Generator" if processor else \
+        "og.Generator; its processor not checked: no tokenizer.json"
+    more = f"; {steps}/{steps} from two images in one prompt" if len(runs) > 1 else ""
+    return RuntimeProof(layout.runtime, "passed",
+                        f"{steps}/{steps} tokens from an image and a prompt ({checked}){more}")
