@@ -34,8 +34,7 @@ AUDIO_CONV = {"conv_dim": [32, 32], "conv_stride": [5, 2], "conv_kernel": [10, 3
               "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2}
 
 
-# a vision-language family's folder holds a byte-level BPE whose image token is the model's (`FamilySpec.tokenizer`)
-VLM_TOKENIZER_NOTE = "a byte-level BPE tokenizer holding its image token, for the runtimes' proofs"
+# every vision-language family's folder holds a byte-level BPE whose image token is the model's (`FamilySpec.tokenizer`)
 # Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's vision markers and image token: GenAI's processor expands the image pad
 QWEN_VL_TOKENS = (("<|image_pad|>", "image_token_id"), ("<|video_pad|>", "video_token_id"),
                   ("<|vision_start|>", "vision_start_token_id"), ("<|vision_end|>", "vision_end_token_id"))
@@ -247,7 +246,7 @@ _SPECS = [
        encoder__sliding_window=12, decoder__sliding_window=12, decoder__cross_attention_hidden_size=32,
        tie_word_embeddings=False),  # tied narrow embeddings: greedy decoding repeats the start token
     # vision-language
-    _f("llava", "vision-language", "LlavaForConditionalGeneration", VLM_TOKENIZER_NOTE,
+    _f("llava", "vision-language", "LlavaForConditionalGeneration",
        tokenizer=("<image>", "image_token_index"), vision_config__image_size=32, vision_config__patch_size=8,
        image_seq_length=16),
     _f("idefics3", "vision-language", "Idefics3ForConditionalGeneration",
@@ -259,7 +258,7 @@ _SPECS = [
     _f("paligemma", "vision-language", "PaliGemmaForConditionalGeneration",
        tokenizer=("<image>", "image_token_index"), vision_config__image_size=32,
        vision_config__patch_size=8),
-    _f("gemma3", "vision-language", "Gemma3ForConditionalGeneration", VLM_TOKENIZER_NOTE,
+    _f("gemma3", "vision-language", "Gemma3ForConditionalGeneration",
        tokenizer=(("<image_soft_token>", "image_token_index"), ("<start_of_image>", "boi_token_index"),
                   ("<end_of_image>", "eoi_token_index")), vision_config__image_size=32,
        vision_config__patch_size=8, mm_tokens_per_image=4, text_config__sliding_window=12,

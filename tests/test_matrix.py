@@ -187,6 +187,27 @@ def test_no_decoder_row_of_the_matrix_leaves_its_runtime_proof_unrun_for_want_of
     assert checked >= 30
 
 
+def test_every_vision_language_row_says_what_its_runtimes_showed():
+    """#52 item 5: the plainest recipe of a LLaVA-style model passes with MultimodalRunner in its runs-in column, and
+    no VLM row leaves a runtime silent: each passed ExecuTorch cell has MultimodalRunner's proof or its decline with
+    the reason, each passed ONNX cell GenAI's (Qwen2-VL and Qwen2.5-VL: proven, their processor checked too)."""
+    rows = {row["family"]: row for row in json.loads((ROOT / "docs" / "coverage.json").read_text())["rows"]}
+    vlms = [name for name, spec in FAMILIES.items() if spec.kind == "vision-language"]
+    for name in vlms:
+        for cell_name, runtime in (("executorch", "ExecuTorch MultimodalRunner"), ("onnx", "ONNX Runtime GenAI")):
+            cell = rows[name]["cells"][cell_name]
+            if cell["status"] != "passed":
+                continue
+            proofs = [p for p in cell["runtimes"] or [] if p["runtime"] == runtime]
+            assert len(proofs) == 1 and proofs[0]["status"] in ("passed", "declined") and proofs[0]["detail"], \
+                (name, cell_name, cell["runtimes"])
+    runner = rows["llava"]["cells"]["executorch"]["runtimes"]
+    assert runner[0]["status"] == "passed" and runner[0]["detail"].startswith("8/8 tokens from an image"), runner
+    for name in ("qwen2_vl", "qwen2_5_vl"):
+        genai = rows[name]["cells"]["onnx"]["runtimes"][0]
+        assert genai["status"] == "passed" and "its processor's pixels and image tokens" in genai["detail"], genai
+
+
 def test_the_families_of_issue_50_are_measured_and_every_failure_is_said_upstream():
     """#50: SigLIP2 (NaFlex, no processor in its folder: an image processor built from its config) passes every
     format; DeepSeek-V2's graphs stand where ONNX Runtime GenAI and optimum decline its latent cache; a failed cell of
