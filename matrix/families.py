@@ -34,6 +34,12 @@ AUDIO_CONV = {"conv_dim": [32, 32], "conv_stride": [5, 2], "conv_kernel": [10, 3
               "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2}
 
 
+# every vision-language family's folder holds a byte-level BPE whose image token is the model's (`FamilySpec.tokenizer`)
+# Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's vision markers and image token: GenAI's processor expands the image pad
+QWEN_VL_TOKENS = (("<|image_pad|>", "image_token_id"), ("<|video_pad|>", "video_token_id"),
+                  ("<|vision_start|>", "vision_start_token_id"), ("<|vision_end|>", "vision_end_token_id"))
+
+
 @dataclass(frozen=True)
 class FamilySpec:
     """One family: its kind, model class, and the settings that keep its shrunk config consistent (dotted paths
@@ -46,11 +52,12 @@ class FamilySpec:
     note: str = ""
     # the folder gets a byte-level BPE tokenizer (`matrix.tokenizer`), for a runtime proof that reads one: `()` a plain
     # one (every decoder-only family's, for the ExecuTorch LLM runner), `(special token, the config's id of it)` one
-    # with that token (Qwen2-Audio's audio token, for its ExecuTorch MultimodalRunner); None: no tokenizer
-    tokenizer: tuple[str, str] | tuple[()] | None = None
+    # with that token (Qwen2-Audio's audio token, LLaVA's image token, for ExecuTorch's MultimodalRunner), or a tuple
+    # of such pairs (Qwen2-VL's vision markers and image token, which GenAI's processor reads); None: no tokenizer
+    tokenizer: tuple[Any, ...] | None = None
 
 
-def _f(name: str, kind: str, model_class: str, note: str = "", tokenizer: tuple[str, str] | None = None,
+def _f(name: str, kind: str, model_class: str, note: str = "", tokenizer: tuple[Any, ...] | None = None,
        **overrides: Any) -> FamilySpec:
     """A family; a decoder-only one gets a plain tokenizer (its ExecuTorch program's LLM runner proof reads one: a
     check that did not run is not a pass)."""
@@ -239,45 +246,61 @@ _SPECS = [
        encoder__sliding_window=12, decoder__sliding_window=12, decoder__cross_attention_hidden_size=32,
        tie_word_embeddings=False),  # tied narrow embeddings: greedy decoding repeats the start token
     # vision-language
-    _f("llava", "vision-language", "LlavaForConditionalGeneration", vision_config__image_size=32,
-       vision_config__patch_size=8, image_seq_length=16),
-    _f("idefics3", "vision-language", "Idefics3ForConditionalGeneration", vision_config__image_size=32,
+    _f("llava", "vision-language", "LlavaForConditionalGeneration",
+       tokenizer=("<image>", "image_token_index"), vision_config__image_size=32, vision_config__patch_size=8,
+       image_seq_length=16),
+    _f("idefics3", "vision-language", "Idefics3ForConditionalGeneration",
+       tokenizer=("<image>", "image_token_id"), vision_config__image_size=32,
        vision_config__patch_size=8),
-    _f("smolvlm", "vision-language", "SmolVLMForConditionalGeneration", vision_config__image_size=32,
+    _f("smolvlm", "vision-language", "SmolVLMForConditionalGeneration",
+       tokenizer=("<image>", "image_token_id"), vision_config__image_size=32,
        vision_config__patch_size=8),
-    _f("paligemma", "vision-language", "PaliGemmaForConditionalGeneration", vision_config__image_size=32,
+    _f("paligemma", "vision-language", "PaliGemmaForConditionalGeneration",
+       tokenizer=("<image>", "image_token_index"), vision_config__image_size=32,
        vision_config__patch_size=8),
-    _f("gemma3", "vision-language", "Gemma3ForConditionalGeneration", vision_config__image_size=32,
+    _f("gemma3", "vision-language", "Gemma3ForConditionalGeneration",
+       tokenizer=(("<image_soft_token>", "image_token_index"), ("<start_of_image>", "boi_token_index"),
+                  ("<end_of_image>", "eoi_token_index")), vision_config__image_size=32,
        vision_config__patch_size=8, mm_tokens_per_image=4, text_config__sliding_window=12,
        text_config__layer_types=["sliding_attention", "full_attention"]),
-    _f("qwen2_vl", "vision-language", "Qwen2VLForConditionalGeneration", vision_config__patch_size=8,
+    _f("qwen2_vl", "vision-language", "Qwen2VLForConditionalGeneration",
+       tokenizer=QWEN_VL_TOKENS, vision_config__patch_size=8,
        text_config__rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [1, 1, 2]}),
-    _f("qwen2_5_vl", "vision-language", "Qwen2_5_VLForConditionalGeneration", vision_config__patch_size=8,
+    _f("qwen2_5_vl", "vision-language", "Qwen2_5_VLForConditionalGeneration",
+       tokenizer=QWEN_VL_TOKENS, vision_config__patch_size=8,
        vision_config__out_hidden_size=32, vision_config__fullatt_block_indexes=[0], vision_config__window_size=16,
        text_config__rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [1, 1, 2]}),
-    _f("llava_next", "vision-language", "LlavaNextForConditionalGeneration", vision_config__image_size=32,
+    _f("llava_next", "vision-language", "LlavaNextForConditionalGeneration",
+       tokenizer=("<image>", "image_token_index"), vision_config__image_size=32,
        vision_config__patch_size=8, image_grid_pinpoints=[[32, 32], [32, 64], [64, 32]], image_seq_length=16),
-    _f("llava_onevision", "vision-language", "LlavaOnevisionForConditionalGeneration", vision_config__image_size=32,
+    _f("llava_onevision", "vision-language", "LlavaOnevisionForConditionalGeneration",
+       tokenizer=(("<image>", "image_token_index"), ("<video>", "video_token_index")), vision_config__image_size=32,
        vision_config__patch_size=8, image_grid_pinpoints=[[32, 32], [32, 64], [64, 32]]),
     _f("mllama", "vision-language", "MllamaForConditionalGeneration",
        "layer 1 cross-attends to the image; inputs as its processor makes them, from the config",
+       tokenizer=("<|image|>", "image_token_index"),
        vision_config__image_size=32, vision_config__patch_size=8, vision_config__attention_heads=4,
        vision_config__num_global_layers=1, vision_config__intermediate_layers_indices=[0],
        vision_config__vision_output_dim=64, text_config__cross_attention_layers=[1]),
-    _f("internvl", "vision-language", "InternVLForConditionalGeneration", vision_config__image_size=[32, 32],
+    _f("internvl", "vision-language", "InternVLForConditionalGeneration",
+       tokenizer=("<IMG_CONTEXT>", "image_token_id"), vision_config__image_size=[32, 32],
        vision_config__patch_size=[8, 8], image_seq_length=4),
     _f("mistral3", "vision-language", "Mistral3ForConditionalGeneration",
        "Pixtral vision tower; ONNX image_encoder: eager float32's own rounding (the random tower's states grow to ~100) "
        "fails the check, arbitrated in float64 (the graph is within tolerance of float64)",
+       tokenizer=("[IMG]", "image_token_index"),
        vision_config__image_size=32, vision_config__patch_size=8),
-    _f("qwen3_vl", "vision-language", "Qwen3VLForConditionalGeneration", vision_config__patch_size=8,
+    _f("qwen3_vl", "vision-language", "Qwen3VLForConditionalGeneration",
+       tokenizer=QWEN_VL_TOKENS, vision_config__patch_size=8,
        vision_config__out_hidden_size=32, vision_config__deepstack_visual_indexes=[0],
        text_config__rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [1, 1, 2],
                                      "mrope_interleaved": True}),
-    _f("idefics2", "vision-language", "Idefics2ForConditionalGeneration", vision_config__image_size=32,
+    _f("idefics2", "vision-language", "Idefics2ForConditionalGeneration",
+       tokenizer=("<image>", "image_token_id"), vision_config__image_size=32,
        vision_config__patch_size=8, perceiver_config__resampler_n_heads=4, perceiver_config__resampler_head_dim=8,
        perceiver_config__resampler_n_latents=4, perceiver_config__resampler_depth=1),
-    _f("aya_vision", "vision-language", "AyaVisionForConditionalGeneration", vision_config__image_size=32,
+    _f("aya_vision", "vision-language", "AyaVisionForConditionalGeneration",
+       tokenizer=("<|IMG_PATCH|>", "image_token_index"), vision_config__image_size=32,
        vision_config__patch_size=8, text_config__sliding_window=12,
        text_config__layer_types=["sliding_attention", "full_attention"]),
     # audio-language: the audio encoder and projector exported as stages (Voxtral, Qwen2-Audio); a family whose audio
@@ -378,8 +401,10 @@ def tiny_model(spec: FamilySpec, seed: int = 0):
     import transformers
 
     model_class = getattr(transformers, spec.model_class)
-    # a model built to its tokenizer's vocabulary (`build`) moves its special token ids inside that one
-    config = shrink(model_class.config_class(), spec.overrides, vocab=spec.overrides.get("vocab_size", VOCAB))
+    # a model built to its tokenizer's vocabulary (`build`) moves its special token ids inside that one (a
+    # multimodal model's: its text model's vocabulary, `text_config.vocab_size`)
+    vocab = spec.overrides.get("vocab_size", spec.overrides.get("text_config.vocab_size", VOCAB))
+    config = shrink(model_class.config_class(), spec.overrides, vocab=vocab)
     torch.manual_seed(seed)
     model = model_class(config).eval()
     # The default init (std 0.02) makes tiny generators repeat one token, and parity could not fail: the layers are

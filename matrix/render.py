@@ -43,17 +43,18 @@ def render(rows: list[Any], meta: dict[str, Any]) -> str:
         "Measured, not claimed: `make coverage` (`python -m matrix`) builds a tiny random-weight model of each "
         "family from transformers' own default config (shrunk consistently: hidden 32, 1-2 layers, vocabulary "
         "256, or the tokenizer's, with the special tokens inside it; `matrix/families.py`), runs the plainest "
-        "recipe through the real CLI and reads report.json. No processor is in the folders; the decoder-only "
-        "families and the audio-language ones (Voxtral, Qwen2-Audio, Granite Speech) have a tokenizer (a byte-level BPE trained in code, the model's"
-        " vocabulary, BOS, EOS and padding its own: `matrix/tokenizer.py`), which their ExecuTorch LLM runner or "
-        "MultimodalRunner proof reads; sample inputs are synthesized in each family's layout (SigLIP2's NaFlex "
+        "recipe through the real CLI and reads report.json. No processor is in the folders; the decoder-only, "
+        "vision-language and audio-language families have a tokenizer (a byte-level BPE trained in code, the "
+        "model's vocabulary, BOS, EOS, padding and image or audio tokens its own: `matrix/tokenizer.py`), which "
+        "their ExecuTorch LLM runner or MultimodalRunner proof, and GenAI's processor, read; sample inputs are synthesized in each family's layout (SigLIP2's NaFlex "
         "patches, pixel mask and spatial shapes by an image processor built from its config). A pass means every "
         "component matched the eager model at the traced inputs and at unseen shapes, and, for generators, greedy"
         " tokens from raw inputs through the exported graphs matched eager `generate()` (\"gen ✓\"). The runtime an"
         " artifact is for, where it has one (the ExecuTorch LLM runner, ONNX Runtime GenAI), runs it from its "
         "folder alone: ✓ when it ran and matched, \"❔ not run\" when it could not run here (the reason is listed): "
         "that proof is not claimed; \"✗ declined\" when that runtime cannot take the model (a latent attention "
-        "cache, a tokenizer kind: listed), which leaves the artifact's own verdict standing.",
+        "cache, a tokenizer kind, a vision-language model outside MultimodalRunner's one image: listed), which "
+        "leaves the artifact's own verdict standing.",
         "",
         f"- Measured {meta['date']} on {meta['machine']}, {meta['jobs']} families at a time, "
         f"{meta['elapsed_s'] / 60:.0f} min in all."

@@ -37,6 +37,11 @@ from matrix.families import FAMILIES, KINDS, FamilySpec, build
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = ("dynamo", "onnx", "executorch")
 MEMORY_PER_JOB_GB = 3.0
+# a vision- or audio-language ExecuTorch program that kept the methods layout says why in its findings
+# (exporters.capture.multimodal_runner.NOT_MULTIMODAL); the runtime whose proof therefore did not apply
+NOT_MULTIMODAL_PREFIX = ("the ExecuTorch program has a method per component (layout 'methods'), not ExecuTorch "
+                         "MultimodalRunner's layout: ")
+MULTIMODAL_RUNTIME = "ExecuTorch MultimodalRunner"
 DEFAULT_TIMEOUT_S = 1800
 
 
@@ -94,7 +99,7 @@ def classify(target: dict[str, Any]) -> Cell:
     if status == "passed":  # its runtime proofs kept: one that did not run is shown as such, never as a pass
         runtimes = [{key: str(proof.get(key) or "") for key in ("runtime", "status", "detail")}
                     for proof in target.get("runtimes") or []]
-        return Cell(status, generation=generation, runtimes=runtimes)
+        return Cell(status, generation=generation, runtimes=runtimes + _runner_refused(target, runtimes))
     error = target.get("error") or {}
     message = str(error.get("message") or "")
     root = error.get("root_cause") or {}
@@ -125,6 +130,20 @@ def classify(target: dict[str, Any]) -> Cell:
     else:
         cause = "upstream"
     return Cell(status, "upstream" if upstream else cause, _short(message), generation)
+
+
+def _runner_refused(target: dict[str, Any], runtimes: list[dict[str, str]]) -> list[dict[str, str]]:
+    """ExecuTorch MultimodalRunner declined, with the report's reason, where a vision- or audio-language program
+    kept the methods layout because the model does not fit the runner's (`exporters.capture.multimodal_runner`
+    `NOT_MULTIMODAL`, said in the target's findings): a row says why that runtime's proof did not apply."""
+    if any(proof["runtime"] == MULTIMODAL_RUNTIME for proof in runtimes):
+        return []
+    for finding in target.get("findings") or []:
+        text = str(finding.get("message") if isinstance(finding, dict) else finding)
+        if NOT_MULTIMODAL_PREFIX in text:
+            why = text.split(NOT_MULTIMODAL_PREFIX, 1)[1]
+            return [{"runtime": MULTIMODAL_RUNTIME, "status": "declined", "detail": f"cannot take this model: {why}"}]
+    return []
 
 
 def _short(message: str, limit: int = 400) -> str:

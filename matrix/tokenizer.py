@@ -43,16 +43,29 @@ def train_bpe_tokenizer(folder: Path, corpus: list[str], specials: list[str], *,
     return tokenizer
 
 
-def with_tokenizer(folder: Path, special: tuple[str, str] | tuple[()], overrides: dict[str, Any],
-                   text: str = "") -> dict[str, Any]:
+def special_pairs(special: Any) -> list[tuple[str, str]]:
+    """The `(token, setting)` pairs of a family's `tokenizer` spec: `()` none, one pair, or a tuple of pairs.
+
+    Example:
+        >>> special_pairs(()), special_pairs(("<image>", "image_token_index"))
+        ([], [('<image>', 'image_token_index')])
+        >>> special_pairs((("<|image_pad|>", "image_token_id"), ("<|vision_start|>", "vision_start_token_id")))
+        [('<|image_pad|>', 'image_token_id'), ('<|vision_start|>', 'vision_start_token_id')]
+    """
+    if not special:
+        return []
+    return [tuple(special)] if isinstance(special[0], str) else [tuple(pair) for pair in special]
+
+
+def with_tokenizer(folder: Path, special: Any, overrides: dict[str, Any], text: str = "") -> dict[str, Any]:
     """Save a byte-level BPE into `folder`; `overrides` completed so the model matches it: the text model's
     vocabulary the tokenizer's, its BOS/EOS/padding the tokenizer's ids 1, 2, 3 (`text`: the dotted prefix of the
-    text model's config, `"text_config."` in a multimodal model, `""` in a decoder-only one), and where `special` is
-    `(token, setting)` that special token in the tokenizer and `setting` (the config's id of it, e.g.
-    `audio_token_index`) its id."""
-    tokens = [special[0]] if special else []
-    tokenizer = train_bpe_tokenizer(folder, CORPUS, [*SPECIALS, *tokens], vocab_size=120, bos="<s>", eos="</s>",
-                                    pad="<pad>", byte_level=True)
-    named = {special[1]: tokenizer.convert_tokens_to_ids(special[0])} if special else {}
+    text model's config, `"text_config."` in a multimodal model, `""` in a decoder-only one), and for each
+    `(token, setting)` of `special` ([`special_pairs`]) that special token in the tokenizer and `setting` (the
+    config's id of it, e.g. `audio_token_index`, `image_token_id`) its id."""
+    pairs = special_pairs(special)
+    tokenizer = train_bpe_tokenizer(folder, CORPUS, [*SPECIALS, *(token for token, _ in pairs)], vocab_size=120,
+                                    bos="<s>", eos="</s>", pad="<pad>", byte_level=True)
+    named = {setting: tokenizer.convert_tokens_to_ids(token) for token, setting in pairs}
     return {**overrides, **named, f"{text}vocab_size": len(tokenizer), f"{text}bos_token_id": 1,
             f"{text}eos_token_id": 2, f"{text}pad_token_id": 3}

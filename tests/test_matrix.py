@@ -105,6 +105,50 @@ def test_qwen2_audio_is_built_with_the_tokenizer_its_multimodal_runner_proof_rea
     assert not (build(FAMILIES["bert"], tmp_path / "bert") / "tokenizer.json").exists()  # no proof reads one
 
 
+@pytest.mark.parametrize("name", ["llava", "gemma3", "qwen2_vl", "smolvlm"])
+def test_a_vision_language_family_is_built_with_the_tokenizer_its_runtime_proofs_read(name, tmp_path):
+    """#52 item 5: the VLM rows' ExecuTorch MultimodalRunner (and, for the types GenAI runs, GenAI) proofs did not
+    apply: their folders had no tokenizer.json. Each vision-language family now gets a byte-level BPE holding its
+    image token (Gemma 3 its image's begin and end too, Qwen2-VL its vision markers, which GenAI's processor reads)
+    at the config's ids, and every special token id of the model inside the text model's vocabulary (a multimodal
+    model's shrinking follows `text_config.vocab_size`: Gemma 3's begin-of-image id was left at 255 of 84 before)."""
+    from tokenizers import Tokenizer
+    from transformers import AutoConfig
+
+    from matrix.families import build
+    from matrix.tokenizer import special_pairs
+
+    assert all(spec.tokenizer for spec in FAMILIES.values() if spec.kind == "vision-language")
+    folder = build(FAMILIES[name], tmp_path / name)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    config = AutoConfig.from_pretrained(folder)
+    pairs = special_pairs(FAMILIES[name].tokenizer)
+    assert pairs and all(tokenizer.token_to_id(token) == getattr(config, setting) for token, setting in pairs)
+    text = config.get_text_config()
+    assert tokenizer.get_vocab_size() == text.vocab_size < VOCAB
+    for source in (config, text):
+        for attribute, value in _token_ids(source):
+            assert value < text.vocab_size, f"{name}: {attribute} = {value} is outside the tokenizer's vocabulary"
+
+
+def test_a_methods_layout_vlm_program_says_why_the_multimodal_runner_declined_it():
+    """#52 item 5: a VLM ExecuTorch program that keeps the methods layout (the model does not fit the runner's one
+    image) ran no MultimodalRunner proof and the row said nothing; the report's reason (its findings, the product's
+    own sentence) is now the row's "declined" entry. A proof the runner ran is kept as it is."""
+    from exporters.capture.multimodal_runner import NOT_MULTIMODAL
+    from matrix.run import NOT_MULTIMODAL_PREFIX
+
+    assert NOT_MULTIMODAL.format(why="W") == NOT_MULTIMODAL_PREFIX + "W"
+    why = "its pixels are not one image [1, 3, H, W] (shape [1, 2, 3, 32, 32])"
+    cell = classify({"status": "passed", "findings": ["other", NOT_MULTIMODAL.format(why=why)], "runtimes": []})
+    assert cell.runtimes == [{"runtime": "ExecuTorch MultimodalRunner", "status": "declined",
+                              "detail": f"cannot take this model: {why}"}]
+    ran = {"runtime": "ExecuTorch MultimodalRunner", "status": "passed", "detail": "8/8 tokens"}
+    assert classify({"status": "passed", "findings": [NOT_MULTIMODAL.format(why=why)], "runtimes": [ran]}
+                    ).runtimes == [ran]
+    assert classify({"status": "passed", "findings": ["other"]}).runtimes == []
+
+
 @pytest.mark.parametrize("name", ["gpt2", "deepseek_v3"])  # GPT-2's default ids are 50256; DeepSeek-V3's 0 and 1
 def test_a_decoder_family_is_built_with_the_tokenizer_its_llm_runner_proof_reads(name, tmp_path):
     """#50: 34 decoder-only rows of the matrix showed their ExecuTorch LLM runner proof "❔ not run: the model folder
@@ -141,6 +185,27 @@ def test_no_decoder_row_of_the_matrix_leaves_its_runtime_proof_unrun_for_want_of
                 assert "tokenizer.json" not in proof["detail"] or proof["status"] in ("passed", "declined"), \
                     f"{row['family']} {name}: {proof['runtime']} {proof['status']}: {proof['detail']}"
     assert checked >= 30
+
+
+def test_every_vision_language_row_says_what_its_runtimes_showed():
+    """#52 item 5: the plainest recipe of a LLaVA-style model passes with MultimodalRunner in its runs-in column, and
+    no VLM row leaves a runtime silent: each passed ExecuTorch cell has MultimodalRunner's proof or its decline with
+    the reason, each passed ONNX cell GenAI's (Qwen2-VL and Qwen2.5-VL: proven, their processor checked too)."""
+    rows = {row["family"]: row for row in json.loads((ROOT / "docs" / "coverage.json").read_text())["rows"]}
+    vlms = [name for name, spec in FAMILIES.items() if spec.kind == "vision-language"]
+    for name in vlms:
+        for cell_name, runtime in (("executorch", "ExecuTorch MultimodalRunner"), ("onnx", "ONNX Runtime GenAI")):
+            cell = rows[name]["cells"][cell_name]
+            if cell["status"] != "passed":
+                continue
+            proofs = [p for p in cell["runtimes"] or [] if p["runtime"] == runtime]
+            assert len(proofs) == 1 and proofs[0]["status"] in ("passed", "declined") and proofs[0]["detail"], \
+                (name, cell_name, cell["runtimes"])
+    runner = rows["llava"]["cells"]["executorch"]["runtimes"]
+    assert runner[0]["status"] == "passed" and runner[0]["detail"].startswith("8/8 tokens from an image"), runner
+    for name in ("qwen2_vl", "qwen2_5_vl"):
+        genai = rows[name]["cells"]["onnx"]["runtimes"][0]
+        assert genai["status"] == "passed" and "its processor's pixels and image tokens" in genai["detail"], genai
 
 
 def test_the_families_of_issue_50_are_measured_and_every_failure_is_said_upstream():
