@@ -26,15 +26,13 @@ Example:
 
 from __future__ import annotations
 
-import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
-from exporters.layouts.genai.proof import cannot_prove
+from exporters.layouts.child import RuntimeContext, RuntimeProof
+from exporters.layouts.genai.qwen_vl_proof import prove_runs
 from exporters.layouts.greedy import DEFAULT_NEW_TOKENS
 
 MARKER, TEXT = "[IMG]", "describe the image"  # GenAI expands each `[IMG]` to its image's rows
@@ -124,39 +122,6 @@ def reference(model: Any, context: RuntimeContext) -> dict[str, Any]:
 
 def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
     """GenAI generates from the reference's prompts (one image, then two) from the folder alone, in a child; its
-    processor must make pixels of the samples' shapes and as many `[IMG]` tokens, its new tokens must be eager's."""
-    if "unverified" in reference:
-        return RuntimeProof(layout.runtime, "unverified", reference["unverified"])
-    if (refused := cannot_prove(layout, directory)) is not None:
-        return refused
-    processor = (directory / "tokenizer.json").is_file()  # GenAI's processor tokenizes the prompt
-    runs, steps = reference["runs"], reference["steps"]
-    with tempfile.TemporaryDirectory(prefix="genai-mistral3-") as scratch:
-        paths = []
-        for n, run in enumerate(runs):
-            paths.append(Path(scratch) / f"sample{n}.json")
-            paths[-1].write_text(json.dumps(run["sample"]), encoding="utf-8")
-        got, why = run_in_child(CHILD, {"folder": str(directory), "samples": [str(p) for p in paths], "steps": steps,
-                                        "marker": MARKER, "text": TEXT,
-                                        "image_token": reference["image_token"], "processor": processor},
-                                folder=directory, timeout_s=child_timeout(context))
-    if got is None:
-        return RuntimeProof(layout.runtime, "failed", f"ONNX Runtime GenAI failed: {why}")
-    for made, run in zip(got["processed"] or [], runs):
-        sample = run["sample"]
-        if made["pixels"] != sample["shape"] or made["image_tokens"] != sample["image_tokens"]:
-            return RuntimeProof(layout.runtime, "failed", f"GenAI's processor made pixels {made['pixels']} and "
-                                f"{made['image_tokens']} image tokens; the model was traced on {sample['shape']} and "
-                                f"{sample['image_tokens']}")
-    for count, (tokens, run) in enumerate(zip(got["tokens"], runs), start=1):
-        new, want = tokens[len(run["sample"]["ids"]):], run["tokens"]
-        if new != want:
-            equal = next((i for i, (a, b) in enumerate(zip(want, new)) if a != b), min(len(want), len(new)))
-            images = "an image" if count == 1 else f"{count} images"
-            return RuntimeProof(layout.runtime, "failed", f"{equal}/{steps} tokens equal eager greedy from {images} "
-                                                          f"and a prompt: GenAI {new}, eager {want}")
-    checked = "its processor's pixels and image tokens as the sample's, og.Generator" if processor else \
-        "og.Generator; its processor not checked: no tokenizer.json"
-    more = f"; {steps}/{steps} from two images in one prompt" if len(runs) > 1 else ""
-    return RuntimeProof(layout.runtime, "passed",
-                        f"{steps}/{steps} tokens from an image and a prompt ({checked}){more}")
+    processor must make pixels of the samples' shapes and as many `[IMG]` tokens, its new tokens must be eager's
+    (`qwen_vl_proof.prove_runs`, with this family's child and prompt)."""
+    return prove_runs(layout, directory, reference, context, CHILD, MARKER, TEXT)

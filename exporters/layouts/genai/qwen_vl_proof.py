@@ -128,19 +128,27 @@ def reference(model: Any, context: RuntimeContext) -> dict[str, Any]:
 def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
     """GenAI generates from the reference's prompts (one image, then two) from the folder alone, in a child; its
     processor must make pixels of the samples' shapes and as many image tokens, its new tokens must be eager's."""
+    return prove_runs(layout, directory, reference, context, CHILD, MARKER, TEXT)
+
+
+def prove_runs(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext, child: str,
+               marker: str, text: str) -> RuntimeProof:
+    """The proof of a GenAI vision-language folder (Qwen-VL's, Mistral 3's): `child` (its code) generates from each
+    of the reference's runs in GenAI from the folder alone, its processor (where the folder has a tokenizer) on
+    `marker` + `text`; the processor's pixels and image-token count must be the sample's, the new tokens eager's."""
     if "unverified" in reference:
         return RuntimeProof(layout.runtime, "unverified", reference["unverified"])
     if (refused := cannot_prove(layout, directory)) is not None:
         return refused
     processor = (directory / "tokenizer.json").is_file()  # GenAI's processor tokenizes the prompt
     runs, steps = reference["runs"], reference["steps"]
-    with tempfile.TemporaryDirectory(prefix="genai-qwen-vl-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="genai-vlm-") as scratch:
         paths = []
         for n, run in enumerate(runs):
             paths.append(Path(scratch) / f"sample{n}.json")
             paths[-1].write_text(json.dumps(run["sample"]), encoding="utf-8")
-        got, why = run_in_child(CHILD, {"folder": str(directory), "samples": [str(p) for p in paths], "steps": steps,
-                                        "marker": MARKER, "text": TEXT,
+        got, why = run_in_child(child, {"folder": str(directory), "samples": [str(p) for p in paths], "steps": steps,
+                                        "marker": marker, "text": text,
                                         "image_token": reference["image_token"], "processor": processor},
                                 folder=directory, timeout_s=child_timeout(context))
     if got is None:
