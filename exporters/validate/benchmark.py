@@ -9,7 +9,8 @@ passing target ──► fresh process ──► load (timed) ──► each com
 A fresh process per artifact: the runtime's threads and memory are its own (the pipeline has other runtimes loaded,
 and a child forked from it would inherit their thread pools), and its peak resident memory is measured from a clean
 start. The processes are forked from a `forkserver` that has imported torch and nothing else, so each starts in
-milliseconds instead of re-importing the stack.
+milliseconds instead of re-importing the stack; the process that started the server ends it at its own exit
+(`_end_forkserver`: SIGKILL and reap), sparing the server the interpreter's teardown of that stack.
 Numbers are medians and 90th percentiles over a fixed number of runs after a warm-up. `hf-export run --no-bench`
 skips all of it.
 
