@@ -390,3 +390,35 @@ def test_code_runs_warm_as_python_c_runs_it(ending, tmp_path):
     if ending == "raises":
         assert warm.done.stderr.startswith('Traceback (most recent call last):\n  File "<string>", line ')
         assert warm.done.stderr.rstrip().endswith("ValueError: boom")
+
+
+# A `-c` code that marks its exit handlers and the interpreter's teardown (a global's finalizer, which writes with what
+# it holds: builtins may be gone by then), prints its answer, and with "thread" leaves a non-daemon thread running
+# that prints after the code's end
+MARKING = """import atexit, os, sys, threading, time
+marks = os.open(os.environ["TEARDOWN_MARKS"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+class Teardown:
+    def __init__(self, write, marks):
+        self.write, self.marks = write, marks
+    def __del__(self):
+        self.write(self.marks, b"teardown ")
+kept = Teardown(os.write, marks)
+atexit.register(lambda: os.write(marks, b"atexit "))
+print("answer")
+if sys.argv[1:] == ["thread"]:
+    threading.Thread(target=lambda: (time.sleep(0.3), print("thread done"))).start()
+"""
+
+
+@pytest.mark.parametrize("thread", [False, True])
+def test_code_that_ran_to_its_end_skips_the_interpreters_teardown_but_not_its_exit_handlers(thread, tmp_path):
+    """A warm `-c` call (a card snippet) whose code ran to its end ends as `hf-export` ends (#48: the teardown of the
+    stack a snippet imported is ~1 CPU s): its exit handlers run and its output is flushed, the teardown is skipped.
+    With a non-daemon thread still running it ends as the interpreter ends it, after the thread."""
+    marks = tmp_path / "marks"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TEARDOWN_MARKS": str(marks)}  # as `run_snippet` calls it
+    launched = cli_launcher.launch(["thread"] if thread else [], env, tmp_path, 120, warm=True, code=MARKING)
+    assert launched.how == "warm", launched.how
+    assert launched.done.returncode == 0, launched.done.stderr[-3000:]
+    assert launched.done.stdout.split("\n") == ["answer", *(["thread done"] if thread else []), ""]
+    assert marks.read_text().split() == (["atexit", "teardown"] if thread else ["atexit"])

@@ -4,6 +4,8 @@ further proof, the running child killed) when they do not. Real child processes,
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +115,42 @@ def test_a_child_whose_answer_waits_in_an_unclosed_file_ends_as_the_interpreter_
     answer, why = run_in_child(MARKING, {"marks": str(marks), "closed": False})
     assert (answer, why) == ({"answer": 42}, "")  # the teardown flushed it
     assert marks.read_text().split() == ["atexit", "teardown"]
+
+
+# A tests/optimum script's shape (its answer printed, unflushed: a pipe is block-buffered), ending through
+# tests/optimum/ending.py, or raising before its end
+SIDE_SCRIPT = """import atexit, os, sys
+from ending import end_without_teardown
+marks = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+class Teardown:
+    def __init__(self, write, marks):
+        self.write, self.marks = write, marks
+    def __del__(self):
+        self.write(self.marks, b"teardown ")
+kept = Teardown(os.write, marks)
+atexit.register(lambda: os.write(marks, b"atexit "))
+print('{"answer": 42}')
+if sys.argv[2] == "raises":
+    raise ValueError("no answer")
+end_without_teardown()
+"""
+
+
+def test_the_tests_side_venv_scripts_end_as_the_proof_children_do(tmp_path):
+    """tests/optimum/*.py end through `end_without_teardown` once their answer is printed (#48): the answer comes
+    back whole, the exit handlers run, the teardown is skipped; a script that raised ends with its traceback and
+    exit code 1, torn down as the interpreter does. (The scripts import it from their own folder.)"""
+    script = tmp_path / "script.py"
+    script.write_text(SIDE_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).with_name("optimum"))}
+    env.pop("PYTHONUNBUFFERED", None)
+    for ending, code, marked in (("answers", 0, ["atexit"]), ("raises", 1, ["atexit", "teardown"])):
+        marks = tmp_path / f"marks-{ending}"
+        done = subprocess.run([sys.executable, str(script), str(marks), ending], capture_output=True, text=True,
+                              env=env, timeout=60)
+        assert (done.returncode, done.stdout) == (code, '{"answer": 42}\n'), done.stderr
+        assert marks.read_text().split() == marked
+        assert ("ValueError: no answer" in done.stderr) == (ending == "raises"), done.stderr
 
 
 def test_a_failing_child_still_reports_its_error(tmp_path):

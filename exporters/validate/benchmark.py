@@ -9,7 +9,8 @@ passing target ──► fresh process ──► load (timed) ──► each com
 A fresh process per artifact: the runtime's threads and memory are its own (the pipeline has other runtimes loaded,
 and a child forked from it would inherit their thread pools), and its peak resident memory is measured from a clean
 start. The processes are forked from a `forkserver` that has imported torch and nothing else, so each starts in
-milliseconds instead of re-importing the stack.
+milliseconds instead of re-importing the stack; the process that started the server ends it at its own exit
+(`_end_forkserver`: SIGKILL and reap), sparing the server the interpreter's teardown of that stack.
 Numbers are medians and 90th percentiles over a fixed number of runs after a warm-up. `hf-export run --no-bench`
 skips all of it.
 
@@ -25,10 +26,11 @@ import json
 import multiprocessing
 import os
 import platform
+import signal
 import statistics
 import time
 import traceback
-from multiprocessing import forkserver
+from multiprocessing import forkserver, util
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +266,36 @@ def warm_up() -> None:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(quiet)
+    if os.getpid() not in _ENDS_ITS_SERVER:
+        _ENDS_ITS_SERVER.add(os.getpid())
+        # after multiprocessing's own exit handler has terminated and joined this process's children (priority < 0)
+        util.Finalize(None, _end_forkserver, exitpriority=-50)
+
+
+_ENDS_ITS_SERVER: set[int] = set()  # the process (pid) whose exit ends its forkserver (`_end_forkserver`)
+
+
+def _end_forkserver() -> None:
+    """At this process's exit (a multiprocessing finalizer: it runs only in the process that registered it, never in
+    a child forked from it): end the forkserver it started with SIGKILL and reap it, instead of letting the server see
+    the end of its `alive` pipe and exit through the interpreter's teardown, which frees torch, ONNX Runtime and the
+    rest it preloaded (~1 CPU s, benchmarks/RESULTS.md tenth round) with no one to read anything from it: every
+    benchmark process has sent its result (or died, which `benchmark` reported) and been joined or terminated by then,
+    the server writes nothing of its own (its stderr is /dev/null), and its socket lies in this process's temporary
+    folder, which this process's own finalizer removes. The pid is CPython's record of the server
+    (`multiprocessing.forkserver`); it is signalled only while it is this process's unreaped child (alive, or a
+    zombie whose pid nothing else can hold), which `waitpid(WNOHANG)` tells first."""
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == 0:  # ChildProcessError: not this process's child; nonzero: just reaped
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    except ChildProcessError:
+        return
+    server._forkserver_pid = None
 
 
 def benchmark(directory: Path, components: dict[str, dict[str, Any]], generation: dict[str, Any] | None,
