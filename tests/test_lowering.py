@@ -320,3 +320,42 @@ def test_the_passes_added_skip_only_where_they_rewrite_nothing_and_change_no_pro
     out = Runtime.get().load_program(program).load_method("forward").execute(list(inputs))[0]
     with torch.no_grad():
         assert float((out - module(*inputs)).abs().max()) < 1e-5
+
+
+def _histories(edge) -> list:
+    """Every node's name and provenance (`meta["from_node"]`, each record as a dict, ancestors included) in the edge
+    program and in each program it delegated; a record's graph (`graph_id`, an object's address) by the order it is
+    first met, which two lowerings of one program share."""
+    programs = [edge.exported_program()]
+    programs += [module.original_module for module in edge.exported_program().graph_module.modules()
+                 if hasattr(module, "original_module")]
+    graphs: dict[int, int] = {}
+
+    def renumbered(record: dict) -> dict:
+        return {**record, "graph_id": graphs.setdefault(record["graph_id"], len(graphs)),
+                "from_node": [renumbered(source) for source in record["from_node"]]}
+
+    return [(node.name, [renumbered(source.to_dict()) for source in node.meta.get("from_node", [])])
+            for program in programs for node in program.graph.nodes]
+
+
+@pytest.mark.parametrize("case", ["plain", "refused"])
+def test_provenance_shared_while_lowering_changes_no_program_and_no_history(case):
+    """The history shared, not deep-copied, is the same history: every node of the edge program and of its delegated
+    programs carries the same records, and the program is byte for byte upstream's."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from exporters.upstream import provenance_shared_while_lowering
+
+    module, inputs = _plain() if case == "plain" else (KeptAndRefused(case).eval(), (torch.randn(4, 16), torch.randn(16, 16)))
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    lowered = []
+    for skip in (contextlib.nullcontext, provenance_shared_while_lowering):
+        with skip():
+            edge = to_edge_transform_and_lower(torch.export.export(module, inputs), partitioner=[XnnpackPartitioner()])
+        lowered.append((_histories(edge), edge.to_executorch().buffer))
+    (upstream_histories, upstream_program), (histories, program) = lowered
+    assert any(len(sources) for _, sources in upstream_histories)  # provenance is recorded
+    assert histories == upstream_histories
+    assert program == upstream_program
