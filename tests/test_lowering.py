@@ -134,23 +134,44 @@ class Attention(torch.nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(self.project(q), k, v, attn_mask=mask)
 
 
-def test_the_sdpa_fusion_skipped_without_a_softmax_changes_no_program():
-    """The skip is exact: every pattern of upstream's SDPA fusion (pinned executorch) has a softmax, so a partition
-    without one gets the same program byte for byte; an attention still goes through the pass (the same program as
-    upstream's, and it computes the attention)."""
+class Routed(torch.nn.Module):
+    """A MoE's router: a softmax over a linear's logits, no batched matmul (XNNPACK takes both into one partition)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.router = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return torch.softmax(self.router(x), dim=-1) * 2.0
+
+
+def test_the_sdpa_fusion_skipped_without_a_softmax_and_a_bmm_changes_no_program():
+    """The skip is exact: every pattern of upstream's SDPA fusion (pinned executorch) has a softmax and a `bmm`, so a
+    partition without one of them gets the same program byte for byte (a plain linear, a router's softmax: the pass
+    is not run on them); an attention still goes through the pass (the same program as upstream's, and it computes
+    the attention)."""
     from executorch.backends.xnnpack.partition.graphs import sdpa
     from executorch.runtime import Runtime
 
     from exporters.upstream import sdpa_fusion_only_with_softmax
-    from exporters.upstream.xnnpack_passes import SOFTMAX, has_call_to
+    from exporters.upstream.xnnpack_passes import SDPA_OPS, has_call_to
 
     patterns = sdpa.get_graphs()
-    assert patterns and all(has_call_to(pattern, SOFTMAX) for pattern in patterns)
+    assert patterns and all(has_call_to(pattern, op) for pattern in patterns for op in SDPA_OPS)
     plain, x = _plain()
     assert _buffer(plain, (x,), sdpa_fusion_only_with_softmax) == _upstream_plain()[0]
+    routed, x = Routed().eval(), torch.randn(3, 16)
+    with _retraces_counted() as upstream_retraces:
+        upstream_routed = _buffer(routed, (x,))
+    with _retraces_counted() as retraces:
+        assert _buffer(routed, (x,), sdpa_fusion_only_with_softmax) == upstream_routed
+    assert "ConvertToSDPAPass" in upstream_retraces and "ConvertToSDPAPass" not in retraces  # the softmax was delegated
     q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))
     attention, mask = Attention().eval(), torch.zeros(5, 5)
-    program = _buffer(attention, (q, k, v, mask), sdpa_fusion_only_with_softmax)
+    with _retraces_counted() as retraces:
+        program = _buffer(attention, (q, k, v, mask), sdpa_fusion_only_with_softmax)
+    assert "ConvertToSDPAPass" in retraces
     assert program == _buffer(attention, (q, k, v, mask))
     out = Runtime.get().load_program(program).load_method("forward").execute([q, k, v, mask])[0]
     with torch.no_grad():
@@ -299,3 +320,42 @@ def test_the_passes_added_skip_only_where_they_rewrite_nothing_and_change_no_pro
     out = Runtime.get().load_program(program).load_method("forward").execute(list(inputs))[0]
     with torch.no_grad():
         assert float((out - module(*inputs)).abs().max()) < 1e-5
+
+
+def _histories(edge) -> list:
+    """Every node's name and provenance (`meta["from_node"]`, each record as a dict, ancestors included) in the edge
+    program and in each program it delegated; a record's graph (`graph_id`, an object's address) by the order it is
+    first met, which two lowerings of one program share."""
+    programs = [edge.exported_program()]
+    programs += [module.original_module for module in edge.exported_program().graph_module.modules()
+                 if hasattr(module, "original_module")]
+    graphs: dict[int, int] = {}
+
+    def renumbered(record: dict) -> dict:
+        return {**record, "graph_id": graphs.setdefault(record["graph_id"], len(graphs)),
+                "from_node": [renumbered(source) for source in record["from_node"]]}
+
+    return [(node.name, [renumbered(source.to_dict()) for source in node.meta.get("from_node", [])])
+            for program in programs for node in program.graph.nodes]
+
+
+@pytest.mark.parametrize("case", ["plain", "refused"])
+def test_provenance_shared_while_lowering_changes_no_program_and_no_history(case):
+    """The history shared, not deep-copied, is the same history: every node of the edge program and of its delegated
+    programs carries the same records, and the program is byte for byte upstream's."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from exporters.upstream import provenance_shared_while_lowering
+
+    module, inputs = _plain() if case == "plain" else (KeptAndRefused(case).eval(), (torch.randn(4, 16), torch.randn(16, 16)))
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    lowered = []
+    for skip in (contextlib.nullcontext, provenance_shared_while_lowering):
+        with skip():
+            edge = to_edge_transform_and_lower(torch.export.export(module, inputs), partitioner=[XnnpackPartitioner()])
+        lowered.append((_histories(edge), edge.to_executorch().buffer))
+    (upstream_histories, upstream_program), (histories, program) = lowered
+    assert any(len(sources) for _, sources in upstream_histories)  # provenance is recorded
+    assert histories == upstream_histories
+    assert program == upstream_program

@@ -114,6 +114,7 @@ from exporters.upstream.runtime_ops import (
 )
 from exporters.upstream.xnnpack_passes import (
     edge_passes_only_where_they_apply,
+    provenance_shared_while_lowering,
     sdpa_fusion_only_with_softmax,
     second_decomposition_only_where_it_decomposes,
     upsample_fusion_only_with_upsample,
@@ -200,6 +201,7 @@ __all__ = [
     "run_component",
     "runner_class",
     "runner_for_file",
+    "provenance_shared_while_lowering",
     "sdpa_fusion_only_with_softmax",
     "second_decomposition_only_where_it_decomposes",
     "edge_passes_only_where_they_apply",

@@ -27,6 +27,7 @@ from exporters.upstream.patches import patched, patched_item
 from exporters.upstream.pytree import leaf_tensors
 from exporters.upstream.xnnpack_passes import (
     edge_passes_only_where_they_apply,
+    provenance_shared_while_lowering,
     sdpa_fusion_only_with_softmax,
     second_decomposition_only_where_it_decomposes,
     upsample_fusion_only_with_upsample,
@@ -338,8 +339,9 @@ def xnnpack_lowering():
     ([`sdpa_fusion_only_with_softmax`]), XNNPACK's other passes only where a partition calls an op they rewrite
     ([`xnnpack_passes_only_where_they_apply`]) and the `EDGE_DO_NOT_DECOMP` path's second decomposition only where
     a node is left to decompose ([`second_decomposition_only_where_it_decomposes`]), and `to_edge`'s transpose and
-    view passes only where a node is one they rewrite ([`edge_passes_only_where_they_apply`]); all in
-    `exporters.upstream.xnnpack_passes` but the first.
+    view passes only where a node is one they rewrite ([`edge_passes_only_where_they_apply`]), each node's history
+    shared, not deep-copied ([`provenance_shared_while_lowering`]); all in `exporters.upstream.xnnpack_passes` but the
+    first.
 
     Example:
         >>> with xnnpack_lowering():  # doctest: +SKIP
@@ -347,7 +349,7 @@ def xnnpack_lowering():
     """
     with tanh_gelu_kept_off_xnnpack(), upsample_fusion_only_with_upsample(), sdpa_fusion_only_with_softmax(), \
             xnnpack_passes_only_where_they_apply(), second_decomposition_only_where_it_decomposes(), \
-            edge_passes_only_where_they_apply():
+            edge_passes_only_where_they_apply(), provenance_shared_while_lowering():
         yield
 
 

@@ -175,7 +175,7 @@ PATCHES: tuple[Patch, ...] = (
           "the pass exports four modules per process to build patterns a graph without upsample cannot hold",
           "docs/upstream-gaps.md #37: XNNPACK's passes building their patterns once, or only when needed"),
     Patch("sdpa_fusion_only_with_softmax", (f"{XNNPACK}._passes.convert_to_sdpa:ConvertToSDPAPass.call",),
-          "the pass exports an attention module per process to build patterns a partition without softmax cannot hold",
+          "the pass exports an attention per process for patterns a partition without softmax and bmm cannot hold",
           "docs/upstream-gaps.md #37: XNNPACK's passes building their patterns once, or only when needed"),
     Patch("xnnpack_passes_only_where_they_apply",
           tuple(f"{XNNPACK}._passes.{m}:{c}.call" for m, c in (
@@ -198,6 +198,9 @@ PATCHES: tuple[Patch, ...] = (
            f"{EXIR}.passes.replace_broken_ops_with_function_ops_pass:ReplaceBrokenOpsWithFunctionalOpsPass.call"),
           "to_edge's transpose and view passes retrace every program even where no node is one they rewrite",
           "docs/upstream-gaps.md #37: to_edge's passes returning a graph they do not change without a retrace"),
+    Patch("provenance_shared_while_lowering", ("torch.fx.traceback:NodeSource.__init__",),
+          "every retrace deep-copies each node's chain of ancestors (one level deeper after each pass)",
+          "docs/upstream-gaps.md #37: torch.fx sharing a node's provenance history (its records are never changed)"),
     Patch("constants_shared_by_lowering_copies",
           (f"{EXIR}.backend.backend_details:BackendDetails.copy_exported_program_for_preprocess",
            f"{EXIR}.backend.canonical_partitioners.duplicate_constant_node_pass:copy"),

@@ -1,4 +1,5 @@
-"""XNNPACK's graph passes run only where they can change something (part of the adapter to upstream).
+"""XNNPACK's graph passes run only where they can change something (part of the adapter to upstream); lowering keeps
+each node's provenance without deep-copying its history ([`provenance_shared_while_lowering`]).
 
 XNNPACK's preprocessing runs its whole list of passes on every partition it delegates, and nearly every pass ends
 by retracing the partition under fake tensors, whether it changed a node or not. A program split by ops XNNPACK does
@@ -18,6 +19,7 @@ partition ──► RemoveClone ─ DimOrderRevert ─ Upsample* ─ Linear* ─
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 from collections.abc import Iterator
 from typing import Any
@@ -30,8 +32,10 @@ from torch.fx.passes.infra.pass_base import PassResult
 from exporters.upstream.patches import patched
 
 PASSES = "executorch.backends.xnnpack._passes"
-# What every pattern of XNNPACK's SDPA fusion holds (`executorch.backends.xnnpack.partition.graphs.sdpa`)
+# What every pattern of XNNPACK's SDPA fusion holds (`executorch.backends.xnnpack.partition.graphs.sdpa`): a softmax
+# and the two batched matmuls around it (a router's softmax after a linear, a MoE's, is not an attention)
 SOFTMAX = "_softmax"
+SDPA_OPS = (SOFTMAX, "bmm")
 # Each pass (module, class, under PASSES or executorch.backends) and the ops its rewrites start from (a node of the
 # graph whose op name contains one of them), read from the pinned executorch's sources: `FuseBatchNormPass` and
 # `DecomposeBatchNorm` rewrite batch norms, `FuseActivationPass` a relu / hardtanh after an op, `Conv1dUnsqueezePass`
@@ -85,21 +89,25 @@ def has_call_to(graph_module: torch.fx.GraphModule, *names: str) -> bool:
                for node in graph_module.graph.nodes)
 
 
-def _applies(graph_module: torch.fx.GraphModule, ops: tuple[str, ...]) -> bool:
-    """Whether a pass of `ONLY_WHERE` whose rewrites start from `ops` could change the graph."""
+def _applies(graph_module: torch.fx.GraphModule, ops: tuple[str, ...], every: bool = False) -> bool:
+    """Whether a pass of `ONLY_WHERE` whose rewrites start from `ops` could change the graph (with `every`, a pass
+    whose every pattern holds all of `ops`)."""
     if ops == ("has_long_cat",):
         return has_long_cat(graph_module)
+    if every:
+        return all(has_call_to(graph_module, op) for op in ops)
     return has_call_to(graph_module, *ops)
 
 
 @contextlib.contextmanager
-def _pass_only_where(pass_class: Any, *op_names: str) -> Iterator[None]:
-    """`pass_class` (an XNNPACK graph pass) runs only on a graph with a call to one of `op_names`; on any other graph
-    it returns the graph unchanged, as the pass itself would have (its rewrites all start at one of those ops)."""
+def _pass_only_where(pass_class: Any, *op_names: str, every: bool = False) -> Iterator[None]:
+    """`pass_class` (an XNNPACK graph pass) runs only on a graph with a call to one of `op_names` (with `every`, to
+    each of them); on any other graph it returns the graph unchanged, as the pass itself would have (its rewrites all
+    start at one of those ops, or its every pattern holds them all)."""
     real = pass_class.call
 
     def call(self: Any, graph_module: torch.fx.GraphModule) -> Any:
-        if not _applies(graph_module, op_names):
+        if not _applies(graph_module, op_names, every):
             return PassResult(graph_module, False)
         return real(self, graph_module)
 
@@ -128,11 +136,12 @@ def upsample_fusion_only_with_upsample() -> Iterator[None]:
 
 @contextlib.contextmanager
 def sdpa_fusion_only_with_softmax() -> Iterator[None]:
-    """While ExecuTorch lowers, XNNPACK's `ConvertToSDPAPass` runs only on a partition that has a softmax. The pass
-    builds its patterns (an attention decomposed into matmuls, a scale, the mask's add and a softmax) by exporting
-    and lowering an attention module twice, once per process (2.2 s of a tiny Llama's runner program), then
-    retraces each partition; a partition without a softmax cannot hold its pattern, so the pass could not change it
-    (the LLM runner's program with custom ops: its attention is `llama::custom_sdpa`, outside XNNPACK;
+    """While ExecuTorch lowers, XNNPACK's `ConvertToSDPAPass` runs only on a partition that has a softmax and a
+    batched matmul ([`SDPA_OPS`]). The pass builds its patterns (an attention decomposed into `bmm`s, a scale, the
+    mask's add and a softmax) by exporting and lowering an attention module twice, once per process (2.2 s of a tiny
+    Llama's runner program), then retraces each partition; a partition without both cannot hold a pattern, so the
+    pass could not change it (the LLM runner's program with custom ops: its attention is `llama::custom_sdpa`,
+    outside XNNPACK; a MoE's router softmax after a linear: 1.2 s of a one-layer Qwen2-MoE's lowering;
     tests/test_lowering.py checks the patterns and that the programs are byte-identical).
 
     Example:
@@ -142,7 +151,7 @@ def sdpa_fusion_only_with_softmax() -> Iterator[None]:
     # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
     from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
 
-    with _pass_only_where(ConvertToSDPAPass, SOFTMAX):
+    with _pass_only_where(ConvertToSDPAPass, *SDPA_OPS, every=True):
         yield
 
 
@@ -320,3 +329,33 @@ def _call_only_where(real: Any, kind: str) -> Any:
         return real(self, graph_module)
 
     return call
+
+
+def _node_source_sharing_history(self: Any, node: Any, pass_name: str = "", action: Any = None) -> None:
+    """`torch.fx.traceback.NodeSource.__init__` that keeps the node's history (`from_node`: NodeSource objects
+    nothing changes after they are built) in a list of its own, its entries shared, instead of deep-copying it."""
+    _NODE_SOURCE_INIT(self, None, pass_name, action)
+    if node:
+        self.node_info = self.NodeInfo(name=node.name, target=str(node.target), graph_id=id(node.graph))
+        history = node.meta.get("from_node", [])
+        self.from_node = list(history) if isinstance(history, list) else copy.deepcopy(history)
+
+
+_NODE_SOURCE_INIT = torch.fx.traceback.NodeSource.__init__
+
+
+@contextlib.contextmanager
+def provenance_shared_while_lowering() -> Iterator[None]:
+    """While ExecuTorch lowers, each node a retrace makes records where it came from (`meta["from_node"]`, a
+    `NodeSource`) with its source's history shared, not deep-copied: upstream deep-copies the whole chain of
+    ancestors for every node of every retrace, a chain one level deeper after each pass (0.4 s of samples of a
+    one-layer Llama's runner-program lowering, 7% of its export). No code changes a `NodeSource` once built (torch
+    and executorch read it: ETRecord's serializer, the debug handles), so the histories hold the same records;
+    tests/test_lowering.py checks the programs are byte-identical and every node's history the same.
+
+    Example:
+        >>> with provenance_shared_while_lowering():  # doctest: +SKIP
+        ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    """
+    with patched(torch.fx.traceback.NodeSource, "__init__", _node_source_sharing_history):
+        yield
