@@ -367,7 +367,7 @@ def tiny_idefics3_with_processor(folder: Path, recipe: Any | None = None, seed: 
     tokenizer = _word_tokenizer(specials, ["describe", "the", "image", "a", "cat", "on", "mat", "."])
     image_token = tokenizer.convert_tokens_to_ids("<image>")
     spec = FAMILIES[family]
-    spec = dataclasses.replace(spec, overrides={**spec.overrides, "image_token_id": image_token,
+    spec = dataclasses.replace(spec, tokenizer=None, overrides={**spec.overrides, "image_token_id": image_token,
                                                 "text_config.bos_token_id": 1, "text_config.eos_token_id": 2,
                                                 "text_config.pad_token_id": 0, **_text_depth(text_layers)})
     build(spec, folder, seed=seed, recipe=recipe)
@@ -599,7 +599,9 @@ def _vlm_spec(name: str, model_class: str, overrides: dict[str, Any]):
     from matrix.families import FAMILIES
 
     base = FAMILIES.get(name) or FAMILIES["llava"]
-    return dataclasses.replace(base, name=name, model_class=model_class, overrides={
+    # tokenizer=None: each builder saves its own tokenizer and processor, whose ids the overrides set (the matrix
+    # family's own tokenizer would overwrite them)
+    return dataclasses.replace(base, name=name, model_class=model_class, tokenizer=None, overrides={
         "text_config.bos_token_id": 1, "text_config.eos_token_id": 2, "text_config.pad_token_id": 3, **overrides})
 
 
@@ -682,7 +684,7 @@ def tiny_qwen2_5_vl_with_tokenizer(folder: Path, recipe: Any | None = None, seed
     ids = dict(zip(["vision_start_token_id", "image_token_id", "vision_end_token_id", "video_token_id"],
                    tokenizer.convert_tokens_to_ids(markers)))
     base = FAMILIES[family]
-    spec = dataclasses.replace(base, overrides={**base.overrides, **ids, **_text_depth(text_layers),
+    spec = dataclasses.replace(base, tokenizer=None, overrides={**base.overrides, **ids, **_text_depth(text_layers),
                                                 "text_config.vocab_size": len(tokenizer), "text_config.bos_token_id": 1,
                                                 "text_config.eos_token_id": 2, "text_config.pad_token_id": 3})
     build(spec, folder, seed=seed, recipe=recipe)
@@ -704,7 +706,7 @@ def tiny_mistral3_with_tokenizer(folder: Path, recipe: Any | None = None, seed: 
     tokenizer = train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, *MISTRAL3_IMAGE_TOKENS], vocab_size=120,
                                     bos="<s>", eos="</s>", pad="<pad>", byte_level=True)
     base = FAMILIES["mistral3"]
-    spec = dataclasses.replace(base, overrides={
+    spec = dataclasses.replace(base, tokenizer=None, overrides={
         **base.overrides, "image_token_index": tokenizer.convert_tokens_to_ids("[IMG]"),
         "text_config.num_hidden_layers": text_layers, "text_config.vocab_size": len(tokenizer),
         "text_config.bos_token_id": 1, "text_config.eos_token_id": 2, "text_config.pad_token_id": 3})
@@ -876,12 +878,14 @@ def tiny_llava_onevision_with_processor(folder: Path, recipe: Any | None = None,
     return folder
 
 
-def family_model(name: str, folder: Path, recipe: Any | None = None, never_eos: bool = False, **overrides: Any) -> Path:
+def family_model(name: str, folder: Path, recipe: Any | None = None, never_eos: bool = False, tokenizer: bool = True,
+                 **overrides: Any) -> Path:
     """`matrix.families`' tiny `name` saved to `folder` (with `recipe`), `overrides` set on its config after the
     family's own (e.g. `num_hidden_layers=1` where the test's point needs no second layer: half the graph to trace
     and lower). `never_eos`: the output projection's EOS row zeroed, as `runner_model` does, so greedy decoding
     never ends early (a one-layer random model may pick EOS first, and a generation check that saw one token is
-    unverified).
+    unverified). `tokenizer=False`: without the family's tokenizer (the model drawn as before the family had one:
+    a test whose point is that model's own numbers).
 
     Example:
         family_model("falcon", tmp_path / "model", {"export_format": "executorch"}, num_hidden_layers=1)
@@ -891,6 +895,7 @@ def family_model(name: str, folder: Path, recipe: Any | None = None, never_eos: 
     from matrix.families import FAMILIES, build
 
     spec = FAMILIES[name]
+    spec = spec if tokenizer else dataclasses.replace(spec, tokenizer=None)
     folder = build(dataclasses.replace(spec, overrides={**spec.overrides, **overrides}), folder, recipe=recipe)
     if never_eos:
         import transformers

@@ -23,7 +23,8 @@ RECIPE = {"schema_version": 1, "exports": [{"name": "onnx", "export_format": "on
 @pytest.fixture(scope="module")
 def mistral3_onnx(tmp_path_factory):
     root = tmp_path_factory.mktemp("mistral3-onnx")
-    return exported(family_model("mistral3", root / "model", RECIPE), "run", "--no-bench", MODEL, "--out", OUT,
+    # the family's model as drawn without its tokenizer: its random tower's float32 rounding is what this tests
+    return exported(family_model("mistral3", root / "model", RECIPE, tokenizer=False), "run", "--no-bench", MODEL, "--out", OUT,
                     "--quiet")
 
 
