@@ -20,8 +20,8 @@ tokens. Not installed: `unverified`; GenAI refusing the folder or generating oth
 message.
 
 Example:
-    >>> "image_sizes" in CHILD and "create_multimodal_processor" in CHILD
-    True
+    >>> MARKER
+    '[IMG]'
 """
 
 from __future__ import annotations
@@ -37,58 +37,19 @@ from exporters.layouts.greedy import DEFAULT_NEW_TOKENS
 
 MARKER, TEXT = "[IMG]", "describe the image"  # GenAI expands each `[IMG]` to its image's rows
 
-# GenAI runs in a child (a native abort there ends this proof, not the run)
-CHILD = r"""
-import json, sys
-import numpy as np
-import onnxruntime_genai as og
-from PIL import Image
-spec = json.loads(sys.argv[1])
-model = og.Model(spec["folder"])
-made = []
-if spec["processor"]:
-    paths = [spec["result"] + f".{n}.png" for n in range(2)]
-    Image.new("RGB", (61, 37), (200, 120, 40)).save(paths[0])  # any size: the processor resizes it
-    Image.new("RGB", (23, 50), (10, 90, 220)).save(paths[1])
-    for count in (1, 2):  # one image, then two in one prompt
-        processed = model.create_multimodal_processor()(spec["marker"] * count + spec["text"],
-                                                        images=og.Images.open(*paths[:count]))
-        ids = processed["input_ids"].as_numpy()
-        made.append({"pixels": list(processed["pixel_values"].as_numpy().shape),
-                     "image_tokens": int((ids == spec["image_token"]).sum())})
-answer = []
-for path in spec["samples"]:
-    sample = json.load(open(path))
-    params = og.GeneratorParams(model)
-    length = len(sample["ids"]) + spec["steps"]
-    params.set_search_options(do_sample=False, num_beams=1, max_length=length, min_length=length, batch_size=1)
-    generator = og.Generator(model, params)
-    inputs = og.NamedTensors()
-    inputs["input_ids"] = np.array([sample["ids"]], dtype=np.int32)
-    inputs["pixel_values"] = np.array(sample["pixels"], dtype=np.float32).reshape(sample["shape"])
-    inputs["image_sizes"] = np.array(sample["sizes"], dtype=np.int64)
-    inputs["num_image_tokens"] = np.array([sample["image_tokens"]], dtype=np.int64)
-    generator.set_inputs(inputs)
-    while not generator.is_done():
-        generator.generate_next_token()
-    answer.append([int(t) for t in generator.get_sequence(0).tolist()])
-with open(spec["result"], "w") as handle:
-    json.dump({"tokens": answer, "processed": made or None}, handle)
-"""
-
 
 def _generate(model: Any, steps: int, ids: torch.Tensor, pixels: torch.Tensor, image_token: int) -> dict[str, Any]:
     """Eager greedy generation of exactly `steps` tokens from one prompt and its images (each of the pixels' size),
     with the sample the child feeds GenAI."""
     device = next(model.parameters()).device
-    sizes = [list(pixels.shape[2:])] * pixels.shape[0]
+    sizes, count = [list(pixels.shape[2:])] * pixels.shape[0], int((ids[0] == image_token).sum())
     with torch.no_grad():
         out = model.generate(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device),
                              pixel_values=pixels.to(device, model.dtype), image_sizes=torch.tensor(sizes, device=device),
                              max_new_tokens=steps, min_new_tokens=steps, do_sample=False, num_beams=1)
     return {"tokens": out[0, ids.shape[1]:].tolist(),
             "sample": {"ids": ids[0].tolist(), "shape": list(pixels.shape), "pixels": pixels.flatten().tolist(),
-                       "sizes": sizes, "image_tokens": int((ids[0] == image_token).sum())}}
+                       "image_tokens": count, "image_inputs": {"image_sizes": sizes, "num_image_tokens": [count]}}}
 
 
 def two_images(ids: torch.Tensor, pixels: torch.Tensor, image_token: int) -> tuple[torch.Tensor, ...] | None:
@@ -123,5 +84,5 @@ def reference(model: Any, context: RuntimeContext) -> dict[str, Any]:
 def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
     """GenAI generates from the reference's prompts (one image, then two) from the folder alone, in a child; its
     processor must make pixels of the samples' shapes and as many `[IMG]` tokens, its new tokens must be eager's
-    (`qwen_vl_proof.prove_runs`, with this family's child and prompt)."""
-    return prove_runs(layout, directory, reference, context, CHILD, MARKER, TEXT)
+    (`qwen_vl_proof.prove_runs`, its child fed `image_sizes`, with this family's prompt)."""
+    return prove_runs(layout, directory, reference, context, MARKER, TEXT)

@@ -38,7 +38,8 @@ from exporters.layouts.greedy import DEFAULT_NEW_TOKENS
 
 MARKER, TEXT = "<|vision_start|><|image_pad|><|vision_end|>", "describe the image"  # GenAI expands each image's tokens
 
-# GenAI runs in a child (a native abort there ends this proof, not the run)
+# GenAI runs in a child (a native abort there ends this proof, not the run); a sample names its image inputs besides
+# the ids and pixels (Qwen-VL's `image_grid_thw`, Mistral 3's `image_sizes`, and `num_image_tokens`), all int64
 CHILD = r"""
 import json, sys
 import numpy as np
@@ -67,8 +68,8 @@ for path in spec["samples"]:
     inputs = og.NamedTensors()
     inputs["input_ids"] = np.array([sample["ids"]], dtype=np.int32)
     inputs["pixel_values"] = np.array(sample["pixels"], dtype=np.float32).reshape(sample["shape"])
-    inputs["image_grid_thw"] = np.array(sample["grid"], dtype=np.int64)
-    inputs["num_image_tokens"] = np.array(sample["per_image"], dtype=np.int64)
+    for name, value in sample["image_inputs"].items():  # image_grid_thw or image_sizes, num_image_tokens
+        inputs[name] = np.array(value, dtype=np.int64)
     generator.set_inputs(inputs)
     while not generator.is_done():
         generator.generate_next_token()
@@ -91,8 +92,8 @@ def _generate(model: Any, steps: int, ids: torch.Tensor, pixels: torch.Tensor, g
     per_image = [int(t * h * w) // int(model.config.vision_config.spatial_merge_size) ** 2 for t, h, w in grid.tolist()]
     return {"tokens": out[0, ids.shape[1]:].tolist(),
             "sample": {"ids": ids[0].tolist(), "shape": list(pixels.shape), "pixels": pixels.flatten().tolist(),
-                       "grid": grid.tolist(), "image_tokens": int((ids[0] == image_token).sum()),
-                       "per_image": per_image}}
+                       "image_tokens": int((ids[0] == image_token).sum()),
+                       "image_inputs": {"image_grid_thw": grid.tolist(), "num_image_tokens": per_image}}}
 
 
 def two_images(ids: torch.Tensor, pixels: torch.Tensor, grid: torch.Tensor, image_token: int) -> tuple[Any, ...] | None:
@@ -128,14 +129,15 @@ def reference(model: Any, context: RuntimeContext) -> dict[str, Any]:
 def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
     """GenAI generates from the reference's prompts (one image, then two) from the folder alone, in a child; its
     processor must make pixels of the samples' shapes and as many image tokens, its new tokens must be eager's."""
-    return prove_runs(layout, directory, reference, context, CHILD, MARKER, TEXT)
+    return prove_runs(layout, directory, reference, context, MARKER, TEXT)
 
 
-def prove_runs(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext, child: str,
-               marker: str, text: str) -> RuntimeProof:
-    """The proof of a GenAI vision-language folder (Qwen-VL's, Mistral 3's): `child` (its code) generates from each
-    of the reference's runs in GenAI from the folder alone, its processor (where the folder has a tokenizer) on
-    `marker` + `text`; the processor's pixels and image-token count must be the sample's, the new tokens eager's."""
+def prove_runs(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext, marker: str,
+               text: str) -> RuntimeProof:
+    """The proof of a GenAI vision-language folder (Qwen-VL's, Mistral 3's): `CHILD` generates from each of the
+    reference's runs (their samples name their image inputs) in GenAI from the folder alone, its processor (where
+    the folder has a tokenizer) on `marker` + `text`; the processor's pixels and image-token count must be the
+    sample's, the new tokens eager's."""
     if "unverified" in reference:
         return RuntimeProof(layout.runtime, "unverified", reference["unverified"])
     if (refused := cannot_prove(layout, directory)) is not None:
@@ -147,7 +149,7 @@ def prove_runs(layout: Any, directory: Path, reference: dict[str, Any], context:
         for n, run in enumerate(runs):
             paths.append(Path(scratch) / f"sample{n}.json")
             paths[-1].write_text(json.dumps(run["sample"]), encoding="utf-8")
-        got, why = run_in_child(child, {"folder": str(directory), "samples": [str(p) for p in paths], "steps": steps,
+        got, why = run_in_child(CHILD, {"folder": str(directory), "samples": [str(p) for p in paths], "steps": steps,
                                         "marker": marker, "text": text,
                                         "image_token": reference["image_token"], "processor": processor},
                                 folder=directory, timeout_s=child_timeout(context))
