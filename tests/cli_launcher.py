@@ -34,8 +34,8 @@ whose entry holds a module named like a preloaded package starts cold). A call m
 `python -c CODE` runs it (tests/card_snippets.py's `run_snippet`: a model card's snippet as written): it is always
 forked from the launcher, never a zygote, so nothing of huggingface_hub, transformers or ours is imported before the
 snippet imports it itself. Once the code has run to its end, the child ends without the interpreter's teardown
-(`_end_without_teardown`: exit handlers run, output flushed), as `hf-export` does; code that raised or called
-`sys.exit` ends as the interpreter ends it.
+(tests/optimum/ending.py's `end_without_teardown`, stdlib only, as the side venv's scripts end: exit handlers run,
+output flushed), as `hf-export` does; code that raised or called `sys.exit` ends as the interpreter ends it.
 
 `HF_EXPORT_TEST_COLD_CLI=1` starts every call cold; `HF_EXPORT_TEST_CLI_LOG=FILE` appends one line per call (warm or
 cold and why, the module, the command, the stage: `base:N` or `zygote:N`, the Nth call that process served).
@@ -68,6 +68,8 @@ import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.optimum.ending import end_without_teardown
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = "exporters.cli"  # what a call runs as `python -m`, unless it names another module (`python -m action`)
@@ -674,7 +676,7 @@ def become_cli(request: dict, fds: list[int]) -> None:
     sys.modules["__main__"] = main_module
     if code is not None:
         _run_code(code, request["args"], main_module)
-        _end_without_teardown()  # the code ran to its end (an exception or `sys.exit` raised past this line)
+        end_without_teardown()  # the code ran to its end (an exception or `sys.exit` raised past this line)
         return
     sys.argv = ["", *request["args"]]  # runpy puts the module's path first, as `-m` does
     try:
@@ -703,23 +705,6 @@ def _run_code(code: str, args: list[str], main_module: types.ModuleType) -> None
         err.__traceback__ = err.__traceback__.tb_next  # this frame is not the code's
         sys.excepthook(type(err), err, err.__traceback__)
         raise SystemExit(1) from None
-
-
-def _end_without_teardown() -> None:
-    """End a `-c` call whose code ran to its end as `hf-export` and `python -m action` end
-    (`exporters.quiet.exit_without_teardown`, not imported here: the code's process holds nothing of ours unless it
-    imported it): its exit handlers run, stdout and stderr are flushed, exit code 0, and the interpreter's teardown is
-    skipped (#48: freeing the stack a card snippet imported, torch, transformers and its runtime, is ~1 CPU s of a
-    process whose answer is already on its stdout; benchmarks/RESULTS.md, tenth round). What is lost is only what a
-    teardown alone would do: a global's finalizer, a file the code never closed (a snippet prints its answer). With a
-    non-daemon thread still running it returns, and the interpreter ends the process as usual, waiting for it."""
-    if any(thread is not threading.main_thread() and not thread.daemon and thread.is_alive()
-           for thread in threading.enumerate()):
-        return
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def main() -> None:

@@ -170,3 +170,25 @@ def assert_greedy_parity(generation: dict, prompt_length: int, new_tokens: int) 
     tokens = generation["eager_tokens"][0]
     assert len(tokens) == new_tokens and tokens == generation["exported_tokens"][0][: len(tokens)]
     assert len(set(tokens)) > 1, tokens  # greedy decoding varies: the check can fail
+
+
+def teardown_marker(marks: str) -> str:
+    """Python source that, run first in a process, appends "atexit " to a file from an exit handler and "teardown "
+    from a global's finalizer, which runs only in the interpreter's teardown (it writes with what it holds: builtins
+    may be gone by then); `marks` is a Python expression for the file's path, evaluated there (`atexit`, `json`,
+    `os` and `sys` are imported first). The tests of the processes that end without that teardown (#48) read the file.
+
+    Example:
+        >>> "teardown " in teardown_marker('os.environ["TEARDOWN_MARKS"]')
+        True
+    """
+    return f"""import atexit, json, os, sys
+_marks = os.open({marks}, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+class _Teardown:
+    def __init__(self, write, marks):
+        self.write, self.marks = write, marks
+    def __del__(self):
+        self.write(self.marks, b"teardown ")
+_kept = _Teardown(os.write, _marks)
+atexit.register(lambda: os.write(_marks, b"atexit "))
+"""

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests import cli_launcher
+from tests.conftest import teardown_marker
 from tests.models import tiny_llama
 from tests.servers.github import GitHubEmulator
 from tests.servers.hub_fixtures import BOT_TOKEN, BOT_USER
@@ -278,16 +279,7 @@ def test_missing_required_input_is_an_error(tmp_path):
 
 # Loaded first by the interpreter (`sitecustomize`): marks the exit handlers and the interpreter's teardown (a global's
 # finalizer, which writes with what it holds: builtins may be gone by then)
-TEARDOWN_MARKER = """import atexit, os
-_marks = os.open(os.environ["TEARDOWN_MARKS"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-class _Teardown:
-    def __init__(self, write, marks):
-        self.write, self.marks = write, marks
-    def __del__(self):
-        self.write(self.marks, b"teardown ")
-_kept = _Teardown(os.write, _marks)
-atexit.register(lambda: os.write(_marks, b"atexit "))
-"""
+TEARDOWN_MARKER = teardown_marker('os.environ["TEARDOWN_MARKS"]')
 
 
 def test_the_action_ends_with_its_code_and_exit_handlers_but_without_the_interpreters_teardown(tmp_path):

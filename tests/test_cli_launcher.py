@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests import cli_launcher
-from tests.conftest import ROOT, process_alive, targets_by_name
+from tests.conftest import ROOT, process_alive, targets_by_name, teardown_marker
 from tests.models import tiny_bert, write_recipe
 from tests.servers.hub import HubEmulator
 
@@ -395,15 +395,7 @@ def test_code_runs_warm_as_python_c_runs_it(ending, tmp_path):
 # A `-c` code that marks its exit handlers and the interpreter's teardown (a global's finalizer, which writes with what
 # it holds: builtins may be gone by then), prints its answer, and with "thread" leaves a non-daemon thread running
 # that prints after the code's end
-MARKING = """import atexit, os, sys, threading, time
-marks = os.open(os.environ["TEARDOWN_MARKS"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-class Teardown:
-    def __init__(self, write, marks):
-        self.write, self.marks = write, marks
-    def __del__(self):
-        self.write(self.marks, b"teardown ")
-kept = Teardown(os.write, marks)
-atexit.register(lambda: os.write(marks, b"atexit "))
+MARKING = teardown_marker('os.environ["TEARDOWN_MARKS"]') + """import threading, time
 print("answer")
 if sys.argv[1:] == ["thread"]:
     threading.Thread(target=lambda: (time.sleep(0.3), print("thread done"))).start()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from exporters.layouts import RuntimeProof, run_in_child
 from exporters.validate.runtimes import ProofsInFlight
+from tests.conftest import teardown_marker
 
 SLEEPER = """import json, os, sys, time
 s = json.loads(sys.argv[1])
@@ -85,16 +86,7 @@ def test_a_cancelled_proof_kills_its_child_and_starts_no_other(tmp_path):
 # A child that marks its interpreter's teardown (a global's finalizer, run only when the interpreter frees its
 # modules; it writes with what it holds, as builtins may be gone by then) and its exit handlers, then writes its
 # answer, whole or into a file it never closes
-MARKING = """import atexit, json, os, sys
-s = json.loads(sys.argv[1])
-marks = os.open(s["marks"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-class Teardown:
-    def __init__(self, write, marks):
-        self.write, self.marks = write, marks
-    def __del__(self):
-        self.write(self.marks, b"teardown ")
-kept = Teardown(os.write, marks)
-atexit.register(lambda: os.write(marks, b"atexit "))
+MARKING = teardown_marker('json.loads(sys.argv[1])["marks"]') + """s = json.loads(sys.argv[1])
 if s["closed"]:
     json.dump({"answer": 42}, open(s["result"], "w"))
 else:
@@ -119,16 +111,7 @@ def test_a_child_whose_answer_waits_in_an_unclosed_file_ends_as_the_interpreter_
 
 # A tests/optimum script's shape (its answer printed, unflushed: a pipe is block-buffered), ending through
 # tests/optimum/ending.py, or raising before its end
-SIDE_SCRIPT = """import atexit, os, sys
-from ending import end_without_teardown
-marks = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-class Teardown:
-    def __init__(self, write, marks):
-        self.write, self.marks = write, marks
-    def __del__(self):
-        self.write(self.marks, b"teardown ")
-kept = Teardown(os.write, marks)
-atexit.register(lambda: os.write(marks, b"atexit "))
+SIDE_SCRIPT = teardown_marker("sys.argv[1]") + """from ending import end_without_teardown
 print('{"answer": 42}')
 if sys.argv[2] == "raises":
     raise ValueError("no answer")
