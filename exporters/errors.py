@@ -364,8 +364,8 @@ def first_line(message: str, limit: int = 300) -> str:
 def error_line(error: Mapping[str, Any] | None, limit: int = 300) -> str:
     """A recorded error ([`error_record`]) in one whole line: `Type: ` and the first line of its message, then
     ` — root cause: Type: ` and the root cause's first line when the wrapper hides it (never when the wrapper's
-    message already says it), or ` — hint: ` and what to change when the message carries our `hint:` line. The full
-    message and traceback are in the target's log.
+    message already says it), or ` — hint: ` and what to change when the message carries our `hint:` line; an
+    upstream cause ([`upstream_cause`]) comes first. The full message and traceback are in the target's log.
 
     Example:
         >>> error_line({"type": "ValueError", "message": "GenerationConfig is invalid: \\n- bad `top_p`\\n\\nFix it.",
@@ -374,8 +374,13 @@ def error_line(error: Mapping[str, Any] | None, limit: int = 300) -> str:
         >>> error_line({"type": "RuntimeError", "message": "capture failed",
         ...             "root_cause": {"type": "ValueError", "message": "bos_token_id has to be defined"}})
         'RuntimeError: capture failed — root cause: ValueError: bos_token_id has to be defined'
+        >>> error_line({"type": "RuntimeError", "message": "failed [upstream: no erfinv]", "upstream": "upstream: no erfinv"})
+        'upstream: no erfinv — RuntimeError: failed'
     """
     error = error or {}
+    if upstream := error.get("upstream"):  # said first: a long message's cut would lose it at its end
+        rest = {**error, "upstream": None, "message": str(error.get("message") or "").removesuffix(f" [{upstream}]")}
+        return f"{upstream} — {error_line(rest, max(60, limit - len(upstream) - 3))}"
     message = str(error.get("message") or "no message; see the log")
     hint = next((line.strip() for line in message.splitlines() if line.strip().startswith("hint: ")), "")
     if hint and not message.startswith("hint: "):  # ours: what to change, said after the upstream message

@@ -155,3 +155,28 @@ def test_terminal_colour_codes_reach_no_report_and_upstream_causes_are_said(tmp_
         text = (tmp_path / name).read_text()
         assert "\x1b" not in text and "\\u001b" not in text, name
     assert "red failure" in (tmp_path / "report.json").read_text()
+
+
+def test_an_upstream_failure_is_said_upstream_by_the_cli(tmp_path):
+    """#50 item 9 through the real CLI: Gemma 3n's activation sparsity calls `erfinv`, which torch.onnx has no
+    function for. The failed target's record names the operator and the upstream gap, and report.md, report.json and
+    the terminal all say "upstream"; exit 1 (a failed target), no traceback, no ANSI codes."""
+    from tests.models import family_model
+
+    model_dir = family_model("gemma3n_text", tmp_path / "model", [{"export_format": "onnx", "mode": "model"}],
+                             tokenizer=False)
+    out = tmp_path / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out))
+    said = " ".join((result.stdout + result.stderr).split())  # the terminal may wrap
+    assert result.returncode == 1, said
+    assert "Traceback" not in said and "\x1b" not in said, said
+    assert "upstream: `aten::erfinv` has no ONNX operator" in said, said
+    report = json.loads((out / "report.json").read_text())
+    (target,) = report["targets"]
+    assert target["status"] == "failed", target
+    assert target["error"]["upstream"] == ("upstream: `aten::erfinv` has no ONNX operator and no ExecuTorch kernel "
+                                           "(docs/upstream-gaps.md #45)"), target["error"]
+    assert target["error"]["message"].endswith(f"[{target['error']['upstream']}]"), target["error"]
+    report_md = (out / "report.md").read_text()
+    assert target["error"]["upstream"] in report_md and "\x1b" not in report_md
+    assert not list(out.glob(f"{target['name']}/*.onnx")), "a failed target's graph is not presented"
