@@ -425,6 +425,18 @@ def test_every_dependency_is_pinned_in_constraints():
     assert "pip freeze --all " in makefile, "make lock must freeze pip, setuptools and wheel too"
 
 
+def test_the_runs_tested_stack_is_the_pinned_one():
+    """A run warns when the installed stack is not the tested one (`exporters.version.TESTED`): those versions are
+    the images' pins, the CPU image's first, onnxruntime-gpu's from the CUDA image's constraints."""
+    from exporters.version import TESTED
+
+    cpu, cuda = _pins("constraints.txt"), _pins("constraints-cuda.txt")
+    for name, tested in TESTED.items():
+        pinned = cpu.get(_name(name))
+        assert pinned and pinned[0] == tested[0], (name, pinned, tested)
+    assert cuda[_name("onnxruntime-gpu")][0] in TESTED["onnxruntime"]
+
+
 # ── The bot's image ───────────────────────────────────────────────────────────
 
 

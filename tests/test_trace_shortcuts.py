@@ -10,7 +10,8 @@
 - upstream's reshape patch asks a layout proven contiguous only once (`exporters.upstream.contiguity_known_once`):
   the same program, fewer symbolic contiguity tests.
 - symbolic size arithmetic already done is not done again (`exporters.upstream.symbolic_arithmetic_once`): the same
-  program, a fraction of upstream's symbolic operations.
+  program, a fraction of upstream's symbolic operations; on a torch without the internals it keys on, nothing is
+  patched, and the run says its stack is not the tested one (`exporters.version.untested_stack`).
 - input sizes that share a named `Dim` get one symbol (`exporters.upstream.named_dims_share_symbols`): every layer
   reuses the first one's fake-tensor results, the program computes what eager computes at another shape, and an
   input that breaks the equality is refused as before, at export and when the program is called.
@@ -23,6 +24,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import textwrap
@@ -395,3 +397,43 @@ def test_the_torchlib_registry_is_built_once_and_each_export_gets_a_copy(monkeyp
             node.name = ""
             del node.metadata_props[:]
     assert once.SerializeToString(deterministic=True) == plain.SerializeToString(deterministic=True)
+
+
+def test_symbolic_arithmetic_is_upstreams_on_a_torch_without_its_key(monkeypatch):
+    """The lent GPU image's torch 2.11 has no `ShapeEnv._replacements_version_counter`, and an export there ended in
+    an AttributeError (benchmarks/RESULTS.md, GPU check of 2026-12-06). Such a torch cannot be installed beside the
+    pinned one, so the check that decides is stood in for: where it says the key is absent, the shortcut patches
+    nothing and the trace is upstream's own; on the pinned torch the key is present."""
+    from torch.fx.experimental import sym_node
+
+    from exporters.upstream import internals
+
+    assert internals.symbolic_key_present()
+    before = dict(vars(sym_node.SymNode))
+    monkeypatch.setattr(internals, "symbolic_key_present", lambda: False)
+    dims = {"x": {0: torch.export.Dim("batch", min=1, max=8), 1: torch.export.Dim("length", min=2, max=64)}}
+    from transformers.exporters import utils as upstream_utils
+
+    with upstream.symbolic_arithmetic_once(), upstream_utils.apply_patches("onnx"):
+        assert dict(vars(sym_node.SymNode)) == before, "nothing patched"
+        program = torch.export.export(Layers().eval(), (torch.randn(2, 5, 8),), dynamic_shapes=dims, strict=False,
+                                      prefer_deferred_runtime_asserts_over_guards=True)
+    assert program.module()(torch.randn(3, 7, 8)).shape[:2] == (3, 7)
+
+
+def test_a_run_on_another_torch_says_its_stack_is_not_the_tested_one(monkeypatch, tmp_path):
+    """A user who installs without constraints.txt gets another torch (the GPU image's 2.11): the run says so in its
+    warnings (report.md's findings, the CLI), naming the version and the tested one. The installed versions are
+    stood in for: another torch cannot be installed beside the pinned one."""
+    from exporters.run import context
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (tmp_path / "export_config.json").write_text('{"export_format": "onnx"}')
+    options = context.RunOptions(out_dir=tmp_path / "out")
+    assert not any("tested" in w for w in context.prepare_run(str(tmp_path), options).warnings)
+    real = context.installed_version
+    monkeypatch.setattr(context, "installed_version",
+                        lambda package: "2.11.0+cu130" if package == "torch" else real(package))
+    said = [w for w in context.prepare_run(str(tmp_path), options).warnings if "tested" in w]
+    assert said == ["the installed stack is not the tested one: torch 2.11.0+cu130 (tested 2.13.0); exports may fail "
+                    "or differ: install with `-c constraints.txt` (README, Two commands)"], said

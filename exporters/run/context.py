@@ -33,7 +33,7 @@ from exporters.recipe.load import find_recipe, load_recipe_file, missing_recipe
 from exporters.recipe.model import Recipe, Target
 from exporters.run.memory_plan import plan_memory
 from exporters.run.resources import usable_cores
-from exporters.version import __version__, code_fingerprint, installed_version
+from exporters.version import __version__, code_fingerprint, installed_version, untested_stack
 
 DEFAULT_TIMEOUT_S = 3600.0
 STACK = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch", "huggingface_hub")
@@ -194,8 +194,10 @@ def prepare_run(model: str, options: RunOptions, exporting: bool = True) -> RunC
                          requested=options.jobs is not None, notes=warnings)
     planned = memory.estimate_bytes is not None and memory.available_bytes is not None
     weights, weights_files = weights_fingerprint(source.folder)
+    versions = tool_versions()
+    warnings += [untested] if (untested := untested_stack(versions)) else []
     return RunContext(model_arg=model, out_dir=Path(options.out_dir), source=source, recipe=recipe, recipe_file=Path(recipe_file), targets=targets,
-                      warnings=warnings, versions=tool_versions(), weights=weights, weights_files=weights_files,
+                      warnings=warnings, versions=versions, weights=weights, weights_files=weights_files,
                       checkpoint_dtype=checkpoint, memory=memory.to_dict(), probe_dims_apart=options.probe_dims_apart,
                       # unplanned: the pipeline decides from the loaded weights (`exporters.run.resources`)
                       jobs=memory.jobs if exporting and planned else options.jobs)

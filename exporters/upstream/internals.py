@@ -21,7 +21,7 @@ from torch._export import non_strict_utils
 from torch.export.dynamic_shapes import _Constraint
 from torch.fx.experimental import sym_node
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
-from torch.fx.experimental.symbolic_shapes import DimDynamic
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from transformers import modeling_utils
 from transformers.exporters import utils as upstream_utils
@@ -29,7 +29,8 @@ from transformers.exporters import utils as upstream_utils
 from exporters.upstream.patches import patched, patched_item
 
 __all__ = ["checkpoint_read_not_mapped", "contiguity_known_once", "named_dims_share_symbols", "patches_of_loaded_models", "pte_float_dtypes", "pte_weight_bytes",
-           "recording_logits_processors", "strict_export_shares_parameters", "symbolic_arithmetic_once"]
+           "recording_logits_processors", "strict_export_shares_parameters", "symbolic_arithmetic_once",
+           "symbolic_key_present"]
 
 
 def pte_weight_bytes(path: Path) -> int:
@@ -250,6 +251,9 @@ def symbolic_arithmetic_once() -> Iterator[None]:
         ...     OnnxExporter().export(model, inputs, config)
     """
 
+    if not symbolic_key_present():  # another torch than the pinned one: upstream's arithmetic, unpatched
+        yield
+        return
     real = {name: fn for name, fn in vars(sym_node.SymNode).items() if _binary_operation(fn) not in (None, "mod")}
     known: dict[int, tuple[object, dict]] = {}  # by id of the shape environment, which is held alive
 
@@ -280,6 +284,20 @@ def symbolic_arithmetic_once() -> Iterator[None]:
         for name, operation in real.items():
             stack.enter_context(patched(sym_node.SymNode, name, kept(name, operation)))
         yield
+
+
+def symbolic_key_present() -> bool:
+    """Whether this torch has what [`symbolic_arithmetic_once`] keys on: the shape environment's replacement version
+    (torch 2.13's; torch 2.11 has none, and an export there would end in an AttributeError) and `SymNode`'s
+    `_optimized_summation`. Without them the trace runs upstream's arithmetic, as without the shortcut.
+
+    Example:
+        >>> symbolic_key_present()  # the pinned torch (constraints.txt)
+        True
+    """
+    env = ShapeEnv()
+    return hasattr(env, "_replacements_version_counter") and hasattr(env.create_unbacked_symint().node,
+                                                                     "_optimized_summation")
 
 
 def _binary_operation(fn) -> str | None:
