@@ -89,7 +89,9 @@ _SPECS = [
        "the last 2 of 4 layers share the first 2's cache; sliding window 12: decoding crosses it; ONNX and "
        "ExecuTorch fail upstream on its activation sparsity's erfinv (docs/upstream-gaps.md #45). "
        "Gemma3nForConditionalGeneration (image, audio, text) is not in the matrix: its vision tower is a timm "
-       "MobileNetV5 (TimmWrapperModel), and the pinned stack has no timm, so it cannot be built here",
+       "MobileNetV5 (TimmWrapperModel); timm needs torchvision, and PyPI's torchvision for torch 2.13 (0.28.0) is "
+       "a CUDA build whose native ops do not load beside the CPU torch (`import torchvision`: operator "
+       "torchvision::nms does not exist), so it cannot be built here",
        num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2, num_kv_shared_layers=2,
        sliding_window=12, activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0], vocab_size_per_layer_input=VOCAB,
        hidden_size_per_layer_input=8, laurel_rank=8, intermediate_size=[64] * 4),
