@@ -48,7 +48,7 @@ AUDIO_PROCESSOR_FILE = "audio_processor_config.json"  # whisper.AUDIO_PROCESSOR:
 # the vision-language model types whose GenAI graphs this product writes (qwen_vl.QWEN_VL_TYPES and
 # mistral3.MODEL_TYPE, which load torch) and the files that tell such a folder's card apart (qwen_vl.VISION; a Mistral
 # 3's processor config, mistral3.PROCESSOR: its prompt's image marker is `[IMG]`)
-WRITTEN_VLM_TYPES = ("qwen2_5_vl", "qwen2_vl", "mistral3")  # Qwen2-VL written as GenAI's `qwen2_5_vl`
+WRITTEN_VLM_TYPES = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "mistral3")  # Qwen2-VL written as GenAI's `qwen2_5_vl`
 VISION_FILE = "genai_vision.onnx"
 PIXTRAL_PROCESSOR_FILE = "pixtral_processor_config.json"
 NOT_TRACED = ("GenAI's vision-language graphs were not written beside this export's components (the export's notes say "
