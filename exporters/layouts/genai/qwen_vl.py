@@ -4,16 +4,23 @@ signatures as its model builder writes them, traced from the eager model beside 
 A Qwen2-VL gets the same folder, typed `qwen2_5_vl` (GenAI 0.18 has no `qwen2_vl`): its language side is the same
 (M-RoPE, 3-D positions, the same image tokens; GenAI's positions give an image's tokens temporal index 0 either
 way), its processor the same image processor, and its own tower (no window attention) is inside the vision graph.
+A Qwen3-VL gets it typed `qwen3_vl` (GenAI runs it as Qwen2.5-VL: the same `QwenVisionState`, positions and image
+tokens; its interleaved M-RoPE and QK norms are inside the decoder graph), its tower's DeepStack features carried in
+the same rows as the merged features (`widened`: GenAI names no input for them).
 
 ```
-genai_vision.onnx     pixel_values [patches, 3·2·p·p],     -> image_features [patches / merge², hidden]
+genai_vision.onnx     pixel_values [patches, 3·2·p·p],     -> image_features [patches / merge², width]
                       image_grid_thw [1, 3] (one image per run: GenAI runs a prompt's images one by one)
                       (the image fixed at the traced grid: the tower's rotary positions and, for Qwen2.5-VL,
-                      its window index are computed for it, as the export's own image encoder is traced)
-genai_embedding.onnx  input_ids [batch, seq], image_features -> inputs_embeds [batch, seq, hidden]
-                      (the image's features in place of its image tokens, in order, as the model's forward does)
+                      its window index, for Qwen3-VL its position table's interpolation, are computed for it, as
+                      the export's own image encoder is traced; width: hidden, or for Qwen3-VL hidden x (1 +
+                      its DeepStack features), those features after the merged ones)
+genai_embedding.onnx  input_ids [batch, seq], image_features -> inputs_embeds [batch, seq, width]
+                      (the image's features in place of its image tokens, in order, as the model's forward does;
+                      a token's row padded with zeros to the width)
 genai_decoder.onnx    inputs_embeds, attention_mask, position_ids [3, batch, seq] (GenAI computes the 3-D
                       M-RoPE positions), past_key_values.{i}.key/value -> logits, present.{i}.key/value
+                      (a Qwen3-VL's DeepStack features split off and each added after its layer)
 ```
 
 GenAI's processor (`processor_config.json`, ONNX Runtime Extensions' transforms) resizes every image to the traced
