@@ -3,9 +3,10 @@
 vision, embedding and decoder graphs, genai_config.json, processor_config.json) and GenAI generates from the folder
 alone token for token against eager, its processor making the sample's pixels and image tokens, and the card's
 snippet runs as written; two images in one prompt generate eager's tokens too; a Qwen2-VL gets the same folder,
-typed `qwen2_5_vl`, proven the same way; a Mistral 3 (Pixtral tower) gets GenAI's `mistral3` folder, proven the same
-way; the other types GenAI runs are declined as a layout not written yet. GenAI has no LLaVA: the
-plainest ONNX generation recipe of a tiny LLaVA passes on its own checks, and its "runs in" column says ONNX Runtime
+typed `qwen2_5_vl`, proven the same way; a Qwen3-VL gets GenAI's `qwen3_vl` folder, its DeepStack features carried
+beside the image features, proven the same way; a Mistral 3 (Pixtral tower) gets GenAI's `mistral3` folder, proven
+the same way; the other types GenAI runs are declined as a layout not written yet. GenAI has no LLaVA: the plainest
+ONNX generation recipe of a tiny LLaVA passes on its own checks, and its "runs in" column says ONNX Runtime
 GenAI ✗ with the reason (no genai_config.json is written).
 """
 
@@ -197,6 +198,9 @@ def test_a_vision_language_type_genai_runs_is_declined_as_a_layout_not_written_y
     # Qwen2-VL, declined before as a type GenAI 0.18 does not have, is written as its `qwen2_5_vl` now
     # (test_genai_generates_from_a_qwen2_vl_onnx_folder_typed_qwen2_5_vl_and_its_card_snippet_runs)
     assert vision_language_declined({"model_type": "qwen2_vl", "vision_config": {}}) is None
+    # Qwen3-VL, declined before as a layout not written yet, is written now
+    # (test_genai_generates_from_a_qwen3_vl_onnx_folder_with_its_deepstack_features_and_its_card_snippet_runs)
+    assert vision_language_declined({"model_type": "qwen3_vl", "vision_config": {}}) is None
     from exporters.layouts.genai import WRITTEN_VLM_TYPES
     from exporters.layouts.genai.mistral3 import MODEL_TYPE
     from exporters.layouts.genai.qwen_vl import FAMILY, QWEN_VL_TYPES
@@ -220,7 +224,7 @@ def test_genai_generates_from_a_qwen3_vl_onnx_folder_with_its_deepstack_features
 
     from tests.card_snippets import card_snippets, exports_card, image_home, run_snippet, upload_exports
 
-    # seed 5: eager's greedy tokens from the sample without the DeepStack features differ from the third on (measured:
+    # seed 5: eager's greedy tokens from the sample without the DeepStack features differ from the second on (measured:
     # [41, 33, 66, ...] with them, [41, 70, 49, ...] without), so a folder that drops them fails the proof
     out, report, log = stored_run(tiny_qwen2_5_vl_with_tokenizer(tmp_path / "model", QWEN3_VL_RECIPE, seed=5,
                                                                  text_layers=2, family="qwen3_vl"))
