@@ -3,9 +3,10 @@
 vision, embedding and decoder graphs, genai_config.json, processor_config.json) and GenAI generates from the folder
 alone token for token against eager, its processor making the sample's pixels and image tokens, and the card's
 snippet runs as written; two images in one prompt generate eager's tokens too; a Qwen2-VL gets the same folder,
-typed `qwen2_5_vl`, proven the same way; a Mistral 3 (Pixtral tower) gets GenAI's `mistral3` folder, proven the same
-way; the other types GenAI runs are declined as a layout not written yet. GenAI has no LLaVA: the
-plainest ONNX generation recipe of a tiny LLaVA passes on its own checks, and its "runs in" column says ONNX Runtime
+typed `qwen2_5_vl`, proven the same way; a Qwen3-VL gets GenAI's `qwen3_vl` folder, its DeepStack features carried
+beside the image features, proven the same way; a Mistral 3 (Pixtral tower) gets GenAI's `mistral3` folder, proven
+the same way; the other types GenAI runs are declined as a layout not written yet. GenAI has no LLaVA: the plainest
+ONNX generation recipe of a tiny LLaVA passes on its own checks, and its "runs in" column says ONNX Runtime
 GenAI ✗ with the reason (no genai_config.json is written).
 """
 
@@ -197,12 +198,72 @@ def test_a_vision_language_type_genai_runs_is_declined_as_a_layout_not_written_y
     # Qwen2-VL, declined before as a type GenAI 0.18 does not have, is written as its `qwen2_5_vl` now
     # (test_genai_generates_from_a_qwen2_vl_onnx_folder_typed_qwen2_5_vl_and_its_card_snippet_runs)
     assert vision_language_declined({"model_type": "qwen2_vl", "vision_config": {}}) is None
+    # Qwen3-VL, declined before as a layout not written yet, is written now
+    # (test_genai_generates_from_a_qwen3_vl_onnx_folder_with_its_deepstack_features_and_its_card_snippet_runs)
+    assert vision_language_declined({"model_type": "qwen3_vl", "vision_config": {}}) is None
     from exporters.layouts.genai import WRITTEN_VLM_TYPES
     from exporters.layouts.genai.mistral3 import MODEL_TYPE
     from exporters.layouts.genai.qwen_vl import FAMILY, QWEN_VL_TYPES
 
     assert set(QWEN_VL_TYPES) == set(FAMILY), "every Qwen-VL type written is named"
     assert set(WRITTEN_VLM_TYPES) == {*QWEN_VL_TYPES, MODEL_TYPE}, "every type declined as written is written"
+
+
+QWEN3_VL_RECIPE = {"exports": [QWEN_VL_RECIPE["exports"][0]], "generation": {"max_new_tokens": 8}}  # the plainest
+
+
+def test_genai_generates_from_a_qwen3_vl_onnx_folder_with_its_deepstack_features_and_its_card_snippet_runs(hub,
+                                                                                                          tmp_path):
+    """Qwen3-VL (#52 §3): GenAI 0.18's `qwen3_vl` folder (its vision graph at the traced 4x4 grid, the embedding and
+    decoder graphs, genai_config.json, processor_config.json) beside the components; the tower's DeepStack features
+    (one, added after the first of two text layers) ride beside the merged features in rows of twice the hidden size
+    (GenAI names no DeepStack input: qwen_vl.widened); GenAI generates eager's 8 tokens from the folder alone, from
+    one image and from two (its processor's pixels and image tokens checked); the card's snippet runs as written."""
+    pytest.importorskip("onnxruntime_genai")
+    import onnx
+
+    from tests.card_snippets import card_snippets, exports_card, image_home, run_snippet, upload_exports
+
+    # seed 5: eager's greedy tokens from the sample without the DeepStack features differ from the second on (measured:
+    # [41, 33, 66, ...] with them, [41, 70, 49, ...] without), so a folder that drops them fails the proof
+    out, report, log = stored_run(tiny_qwen2_5_vl_with_tokenizer(tmp_path / "model", QWEN3_VL_RECIPE, seed=5,
+                                                                 text_layers=2, family="qwen3_vl"))
+    _assert_genai_generated_from_an_image(out, report, log)
+    folder = out / "onnx"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "qwen3_vl" and config["vision_config"]["deepstack_visual_indexes"] == [0]
+    genai = json.loads((folder / "genai_config.json").read_text())["model"]
+    assert genai["type"] == "qwen3_vl" and "window_size" not in genai["vision"], genai["vision"]
+    assert genai["decoder"]["hidden_size"] == 2 * 32, "the merged features and the one DeepStack feature"
+    assert (genai["vision"]["patch_size"], genai["vision"]["spatial_merge_size"]) == (8, 2)
+    processor = json.loads((folder / "processor_config.json").read_text())["processor"]
+    assert processor["name"] == "qwen3_vl_image_processor"
+    [normalize] = [step["operation"] for step in processor["transforms"] if step["operation"]["type"] == "Normalize"]
+    assert normalize["attrs"]["qwen3_vl"] == 1
+
+    def signature(name: str) -> tuple[list, list]:
+        graph = onnx.load(str(folder / name), load_external_data=False).graph
+        dims = lambda value: [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]  # noqa: E731
+        return [(v.name, dims(v)) for v in graph.input], [(v.name, dims(v)) for v in graph.output]
+
+    assert signature("genai_vision.onnx") == ([("pixel_values", [16, 3 * 2 * 8 * 8]), ("image_grid_thw", [1, 3])],
+                                              [("image_features", [4, 64])]), "merged and DeepStack features"
+    assert signature("genai_embedding.onnx") == (
+        [("input_ids", ["batch_size", "sequence_length"]), ("image_features", ["num_image_tokens", 64])],
+        [("inputs_embeds", ["batch_size", "sequence_length", 64])])
+    inputs, outputs = signature("genai_decoder.onnx")
+    assert [name for name, _ in inputs] == ["inputs_embeds", "attention_mask", "position_ids"] + [
+        f"past_key_values.{layer}.{part}" for layer in range(2) for part in ("key", "value")]
+    assert dict(inputs)["inputs_embeds"][2] == 64 and dict(inputs)["position_ids"] == [3, 1, "sequence_length"]
+    assert [name for name, _ in outputs] == ["logits"] + [f"present.{layer}.{part}" for layer in range(2)
+                                                          for part in ("key", "value")]
+    commit = upload_exports(hub, "alice/qwen3-vl", out, ["onnx"])
+    [(_, language, code)] = [s for s in card_snippets(exports_card("alice/qwen3-vl", out, commit))
+                             if s[0] == RUNTIME and '"exports/onnx/*"' in s[2]]
+    assert language == "python" and "create_multimodal_processor()" in code
+    done = run_snippet(code, hub, image_home(tmp_path))
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    assert done.stdout.strip(), "the decoded prompt and the new tokens"
 
 
 MISTRAL3_RECIPE = {"exports": [{"name": "onnx", "export_format": "onnx", "mode": "generation"}],

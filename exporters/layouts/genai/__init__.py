@@ -1,7 +1,7 @@
 """ONNX Runtime GenAI's layout: a merged decoder graph with `genai_config.json` beside it, `og.Model(folder)`; for a
-Whisper, GenAI's encoder and decoder graphs derived from the export's, with theirs; for a Qwen2.5-VL or Qwen2-VL,
-or a Mistral 3, GenAI's vision, embedding and decoder graphs traced beside the export's components, with theirs and its
-processor config.
+Whisper, GenAI's encoder and decoder graphs derived from the export's, with theirs; for a Qwen2.5-VL, Qwen2-VL or
+Qwen3-VL, or a Mistral 3, GenAI's vision, embedding and decoder graphs traced beside the export's components, with
+theirs and its processor config.
 
 | module             | what it holds                                                                              |
 |--------------------|--------------------------------------------------------------------------------------------|
@@ -13,7 +13,7 @@ processor config.
 | `proof.py`         | GenAI's greedy generation from the folder alone, token for token against eager             |
 | `whisper.py`       | Whisper: `genai_encoder.onnx` (with the cross-attention cache) and `genai_decoder.onnx`      |
 | `whisper_proof.py` | GenAI transcribing the sample's spectrogram from the folder alone, against eager           |
-| `qwen_vl.py`       | Qwen2.5-VL, Qwen2-VL: GenAI's vision, embedding and decoder graphs traced beside them    |
+| `qwen_vl.py`       | Qwen2.5-VL, Qwen2-VL, Qwen3-VL: GenAI's vision, embedding and decoder graphs beside them |
 | `qwen_vl_proof.py` | GenAI generating from the sample's image and prompt from the folder alone, against eager    |
 | `mistral3.py`      | Mistral 3 (Pixtral tower): GenAI's vision, embedding and decoder graphs traced beside them |
 | `mistral3_proof.py`| GenAI generating from the sample's image and prompt from the folder alone, against eager   |
@@ -48,7 +48,7 @@ AUDIO_PROCESSOR_FILE = "audio_processor_config.json"  # whisper.AUDIO_PROCESSOR:
 # the vision-language model types whose GenAI graphs this product writes (qwen_vl.QWEN_VL_TYPES and
 # mistral3.MODEL_TYPE, which load torch) and the files that tell such a folder's card apart (qwen_vl.VISION; a Mistral
 # 3's processor config, mistral3.PROCESSOR: its prompt's image marker is `[IMG]`)
-WRITTEN_VLM_TYPES = ("qwen2_5_vl", "qwen2_vl", "mistral3")  # Qwen2-VL written as GenAI's `qwen2_5_vl`
+WRITTEN_VLM_TYPES = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "mistral3")  # Qwen2-VL written as GenAI's `qwen2_5_vl`
 VISION_FILE = "genai_vision.onnx"
 PIXTRAL_PROCESSOR_FILE = "pixtral_processor_config.json"
 NOT_TRACED = ("GenAI's vision-language graphs were not written beside this export's components (the export's notes say "
@@ -223,7 +223,7 @@ class Genai(Layout):
         return super().reference(model, context)
 
     def prove(self, directory: Path, reference: Any, context: Any) -> Any:
-        if isinstance(reference, dict) and "qwen_vl" in reference:  # Qwen2.5-VL's (qwen_vl_proof.reference)
+        if isinstance(reference, dict) and "qwen_vl" in reference:  # a Qwen-VL's (qwen_vl_proof.reference)
             return self.part("qwen_vl_proof").prove(self, directory, reference, context)
         if isinstance(reference, dict) and "mistral3" in reference:  # Mistral 3's (mistral3_proof.reference)
             return self.part("mistral3_proof").prove(self, directory, reference, context)

@@ -4,16 +4,23 @@ signatures as its model builder writes them, traced from the eager model beside 
 A Qwen2-VL gets the same folder, typed `qwen2_5_vl` (GenAI 0.18 has no `qwen2_vl`): its language side is the same
 (M-RoPE, 3-D positions, the same image tokens; GenAI's positions give an image's tokens temporal index 0 either
 way), its processor the same image processor, and its own tower (no window attention) is inside the vision graph.
+A Qwen3-VL gets it typed `qwen3_vl` (GenAI runs it as Qwen2.5-VL: the same `QwenVisionState`, positions and image
+tokens; its interleaved M-RoPE and QK norms are inside the decoder graph), its tower's DeepStack features carried in
+the same rows as the merged features (`widened`: GenAI names no input for them).
 
 ```
-genai_vision.onnx     pixel_values [patches, 3·2·p·p],     -> image_features [patches / merge², hidden]
+genai_vision.onnx     pixel_values [patches, 3·2·p·p],     -> image_features [patches / merge², width]
                       image_grid_thw [1, 3] (one image per run: GenAI runs a prompt's images one by one)
                       (the image fixed at the traced grid: the tower's rotary positions and, for Qwen2.5-VL,
-                      its window index are computed for it, as the export's own image encoder is traced)
-genai_embedding.onnx  input_ids [batch, seq], image_features -> inputs_embeds [batch, seq, hidden]
-                      (the image's features in place of its image tokens, in order, as the model's forward does)
+                      its window index, for Qwen3-VL its position table's interpolation, are computed for it, as
+                      the export's own image encoder is traced; width: hidden, or for Qwen3-VL hidden x (1 +
+                      its DeepStack features), those features after the merged ones)
+genai_embedding.onnx  input_ids [batch, seq], image_features -> inputs_embeds [batch, seq, width]
+                      (the image's features in place of its image tokens, in order, as the model's forward does;
+                      a token's row padded with zeros to the width)
 genai_decoder.onnx    inputs_embeds, attention_mask, position_ids [3, batch, seq] (GenAI computes the 3-D
                       M-RoPE positions), past_key_values.{i}.key/value -> logits, present.{i}.key/value
+                      (a Qwen3-VL's DeepStack features split off and each added after its layer)
 ```
 
 GenAI's processor (`processor_config.json`, ONNX Runtime Extensions' transforms) resizes every image to the traced
@@ -46,13 +53,16 @@ from exporters.upstream import read_manifest
 
 # the model types this module writes and the GenAI model type each folder is written as (its Qwen-VL family:
 # src/models/model_type.h; GenAI's own code reads no vision tower: the tower is inside genai_vision.onnx)
-QWEN_VL_TYPES = {"qwen2_5_vl": "qwen2_5_vl", "qwen2_vl": "qwen2_5_vl"}
-FAMILY = {"qwen2_5_vl": "Qwen2.5-VL", "qwen2_vl": "Qwen2-VL"}
+QWEN_VL_TYPES = {"qwen2_5_vl": "qwen2_5_vl", "qwen2_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl"}
+FAMILY = {"qwen2_5_vl": "Qwen2.5-VL", "qwen2_vl": "Qwen2-VL", "qwen3_vl": "Qwen3-VL"}
 VISION, EMBEDDING, DECODER = "genai_vision.onnx", "genai_embedding.onnx", "genai_decoder.onnx"
 PROCESSOR = "processor_config.json"
 IMAGE_ENCODER = "image_encoder"  # the export's vision component (its traced patch count fixes GenAI's grid)
 # CLIP's mean and std: Qwen2-VL's image processor's defaults, used where the folder's processor names none
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+# Qwen3-VL's image processor's defaults, and the name GenAI's test model gives its processor
+HALF = {"qwen3_vl": ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])}
+PROCESSOR_NAME = {"qwen2_5_vl": "qwen2_5_image_processor", "qwen3_vl": "qwen3_vl_image_processor"}
 SESSION = {"log_id": "onnxruntime-genai", "provider_options": []}
 
 
@@ -63,10 +73,28 @@ def side_of(patches: int, merge: int) -> int | None:
     return side if side * side == patches and side % merge == 0 else None
 
 
+def deepstack(config: Any) -> int:
+    """How many DeepStack features a Qwen3-VL tower adds to its language model's first layers' states (0 for a
+    Qwen2.5-VL or Qwen2-VL): GenAI carries them beside the image features (see `widened`)."""
+    return len(getattr(config.vision_config, "deepstack_visual_indexes", None) or [])
+
+
+def widened(config: Any) -> int:
+    """The width of GenAI's image features and `inputs_embeds` for this model: the text hidden size, times one plus
+    the DeepStack features' count. GenAI 0.18 feeds a Qwen3-VL's text graph `inputs_embeds` only (no DeepStack input
+    is named anywhere in its library; its builder's text model adds none) and sizes the features and embeddings by
+    the config's `decoder.hidden_size`, so a Qwen3-VL's DeepStack features ride in the same rows: the vision graph
+    concatenates them after the merged features, the embedding graph pads each token's row with zeros to the width,
+    and the decoder graph splits them off and adds each after its layer (zeros at text tokens: eager adds at the image
+    tokens only, and x + 0 is x)."""
+    return int(config.text_config.hidden_size) * (1 + deepstack(config))
+
+
 class FixedGridVision(torch.nn.Module):
-    """GenAI's vision graph: the tower on one image of the grid `grid` ([1, 3]), its rotary positions and (a
-    Qwen2.5-VL's, whose tower has window attention) window index computed here for that grid (they are
-    data-dependent on the grid: traced as constants)."""
+    """GenAI's vision graph: the tower on one image of the grid `grid` ([1, 3]), its rotary positions, (a
+    Qwen2.5-VL's, whose tower has window attention) window index and (a Qwen3-VL's, whose learned position table is
+    interpolated to the grid) interpolation computed here for that grid (they are data-dependent on the grid: traced
+    as constants); a Qwen3-VL's DeepStack features concatenated after the merged ones (`widened`)."""
 
     def __init__(self, model: Any, grid: torch.Tensor):
         super().__init__()
@@ -78,13 +106,19 @@ class FixedGridVision(torch.nn.Module):
             fixed["window_index"], fixed["cu_window_seqlens"] = vision_utils.get_vision_window_index(
                 grid, spatial_merge_size=visual.spatial_merge_size, window_size=visual.window_size,
                 patch_size=visual.patch_size, kwargs={})
+        if hasattr(visual, "num_grid_per_side"):  # Qwen3-VL's tower: its position table resampled to the grid
+            fixed["interp_indices"], fixed["interp_weights"] = vision_utils.get_vision_interpolation_indices_and_weights(
+                grid, num_grid_per_side=visual.num_grid_per_side, mode=visual.interpolation_mode,
+                align_corners=visual.interpolation_align_corners, spatial_merge_size=visual.config.spatial_merge_size,
+                kwargs={})
         self.names = list(fixed)
         for name, value in fixed.items():
             self.register_buffer(name, value.clone(), persistent=False)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         fixed = {name: getattr(self, name) for name in self.names}
-        return self.visual(pixel_values, grid_thw=self.grid, **fixed).pooler_output
+        out = self.visual(pixel_values, grid_thw=self.grid, **fixed)
+        return torch.cat([out.pooler_output, *(getattr(out, "deepstack_features", None) or [])], dim=-1)
 
 
 class EmbedsDecoder(torch.nn.Module):
@@ -100,8 +134,17 @@ class EmbedsDecoder(torch.nn.Module):
         cache = DynamicCache(config=self.model.config)
         for layer in range(self.layers):
             cache.update(past[2 * layer], past[2 * layer + 1], layer)
-        out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True)
+        parts = inputs_embeds.split(int(self.model.config.text_config.hidden_size), dim=-1)
+        layers = self.model.model.language_model.layers if len(parts) > 1 else []
+        # a Qwen3-VL's DeepStack features (`widened`) added to the states after its first layers, as eager does
+        hooks = [layer.register_forward_hook(lambda _module, _args, states, feature=feature: states + feature)
+                 for layer, feature in zip(layers, parts[1:])]
+        try:
+            out = self.model(inputs_embeds=parts[0], attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=cache, use_cache=True)
+        finally:
+            for hook in hooks:
+                hook.remove()
         grown = [tensor for layer in out.past_key_values.layers for tensor in (layer.keys, layer.values)]
         return (out.logits, *grown)
 
@@ -136,7 +179,7 @@ def write_decoder(directory: Path, model: Any, mrope: bool = True) -> None:
     head_size = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     past_len, query = 3, 2  # traced on a past and a query long enough to stay dynamic
     like = {"dtype": next(model.parameters()).dtype, "device": next(model.parameters()).device}
-    embeds = torch.zeros(1, query, text.hidden_size, **like)
+    embeds = torch.zeros(1, query, widened(model.config), **like)
     mask = torch.ones(1, past_len + query, dtype=torch.long, device=like["device"])
     positions = torch.arange(past_len, past_len + query, device=like["device"]).view(1, 1, -1)
     positions = positions.expand(3, 1, -1).clone() if mrope else positions[0]
@@ -151,12 +194,14 @@ def write_decoder(directory: Path, model: Any, mrope: bool = True) -> None:
 
 
 def write_embedding(directory: Path, model: Any) -> None:
-    """`genai_embedding.onnx`: the token table's rows, each image token's replaced by the next image feature (a
-    row of zeros past the last: GenAI feeds no features after the prompt)."""
+    """`genai_embedding.onnx`: the token table's rows (padded with zeros to the features' width, `widened`), each
+    image token's replaced by the next image feature (a row of zeros past the last: GenAI feeds no features after the
+    prompt)."""
     weight = model.get_input_embeddings().weight.detach().float().cpu().numpy()
-    hidden = weight.shape[1]
+    hidden = widened(model.config)
     node = helper.make_node
-    nodes = [node("Gather", ["embed_tokens.weight", "input_ids"], ["embeds"]),
+    nodes = [node("Gather", ["embed_tokens.weight", "input_ids"], ["rows"]),
+             node("Pad", ["rows", "pads"], ["embeds"]),
              node("Equal", ["input_ids", "image_token_id"], ["is_image"]),
              node("Reshape", ["is_image", "minus_one"], ["is_image_flat"]),
              node("Cast", ["is_image_flat"], ["is_image_int"], to=TensorProto.INT64),
@@ -175,7 +220,8 @@ def write_embedding(directory: Path, model: Any) -> None:
                  numpy_helper.from_array(np.array([-1], dtype=np.int64), "minus_one"),
                  numpy_helper.from_array(np.array(0, dtype=np.int64), "zero"),
                  numpy_helper.from_array(np.array(1, dtype=np.int64), "one"),
-                 numpy_helper.from_array(np.zeros((1, hidden), dtype=np.float32), "zero_row")]
+                 numpy_helper.from_array(np.zeros((1, hidden), dtype=np.float32), "zero_row"),
+                 numpy_helper.from_array(np.array([0, 0, 0, 0, 0, hidden - weight.shape[1]], dtype=np.int64), "pads")]
     graph = helper.make_graph(nodes, "embedding", [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
         helper.make_tensor_value_info("image_features", TensorProto.FLOAT, ["num_image_tokens", hidden])],
@@ -190,21 +236,22 @@ def processor_config(directory: Path, model: Any, side: int) -> dict[str, Any]:
     """GenAI's image processor (ONNX Runtime Extensions' transforms, as its test models' Qwen2.5-VL config names
     them): every image resized to the traced `side` patches square, rescaled, normalized with the folder's
     processor's mean and std (else CLIP's), cut into patches."""
-    vision = model.config.vision_config
+    vision, kind = model.config.vision_config, QWEN_VL_TYPES[model.config.model_type]
+    mean, std = HALF.get(kind, (CLIP_MEAN, CLIP_STD))
     source = directory / "preprocessor_config.json"
     known = json.loads(source.read_text(encoding="utf-8")) if source.is_file() else {}
     pixels = side * vision.patch_size
     steps = [("decode_image", "DecodeImage", {"color_space": "RGB"}), ("convert_to_rgb", "ConvertRGB", None),
              ("resize", "Resize", {"width": pixels, "height": pixels, "smart_resize": 0, "keep_aspect_ratio": 0}),
              ("rescale", "Rescale", {"rescale_factor": float(known.get("rescale_factor", 1 / 255))}),
-             ("normalize", "Normalize", {"mean": known.get("image_mean", CLIP_MEAN),
-                                         "std": known.get("image_std", CLIP_STD), "qwen2_5_vl": 1}),
+             ("normalize", "Normalize", {"mean": known.get("image_mean", mean), "std": known.get("image_std", std),
+                                         kind: 1}),
              ("patch_image", "PatchImage", {"patch_size": vision.patch_size,
                                             "temporal_patch_size": vision.temporal_patch_size,
                                             "merge_size": vision.spatial_merge_size})]
     transforms = [{"operation": {"name": name, "type": kind, **({"attrs": attrs} if attrs else {})}}
                   for name, kind, attrs in steps]
-    return {"processor": {"name": "qwen2_5_image_processor", "transforms": transforms}}
+    return {"processor": {"name": PROCESSOR_NAME[kind], "transforms": transforms}}
 
 
 def qwen_vl_genai_config(model: Any, generation_config: Any) -> dict[str, Any]:
@@ -215,6 +262,7 @@ def qwen_vl_genai_config(model: Any, generation_config: Any) -> dict[str, Any]:
     described = content["model"]
     inputs = {name: value for name, value in described["decoder"]["inputs"].items() if name != "input_ids"}
     described["decoder"]["inputs"] = {"inputs_embeds": "inputs_embeds", **inputs}
+    described["decoder"]["hidden_size"] = widened(config)  # GenAI's features' and embeddings' width
     vision = config.vision_config
     described.update({
         "type": QWEN_VL_TYPES[config.model_type], "image_token_id": int(config.image_token_id),

@@ -1,4 +1,4 @@
-"""ONNX Runtime GenAI's proof of a Qwen2.5-VL or Qwen2-VL folder (`qwen_vl.py`'s graphs): `og.Model(folder)` from
+"""ONNX Runtime GenAI's proof of a Qwen2.5-VL, Qwen2-VL or Qwen3-VL folder (`qwen_vl.py`'s graphs): `og.Model(folder)` from
 the folder alone generates from the sample's image and prompt, and from the same prompt with a second image, token
 for token against eager greedy `generate()`.
 
@@ -117,7 +117,7 @@ def reference(model: Any, context: RuntimeContext) -> dict[str, Any]:
     ids, pixels, grid = (inputs.get(name) for name in ("input_ids", "pixel_values", "image_grid_thw"))
     if not all(isinstance(value, torch.Tensor) for value in (ids, pixels, grid)) or grid.shape[0] != 1:
         return {"qwen_vl": True, "unverified": "the sample has no prompt and one image (input_ids, pixel_values, "
-                                               "image_grid_thw) for GenAI's Qwen2.5-VL or Qwen2-VL"}
+                                               "image_grid_thw) for GenAI's Qwen-VL"}
     ids, pixels, grid = ids[:1].cpu(), pixels.detach().float().cpu(), grid.cpu()
     token, typed = int(model.config.image_token_id), isinstance(inputs.get("mm_token_type_ids"), torch.Tensor)
     runs = [_generate(model, steps, ids, pixels, grid, token, typed)]
