@@ -200,8 +200,9 @@ def write_embedding(directory: Path, model: Any) -> None:
     weight = model.get_input_embeddings().weight.detach().float().cpu().numpy()
     hidden = widened(model.config)
     node = helper.make_node
-    nodes = [node("Gather", ["embed_tokens.weight", "input_ids"], ["rows"]),
-             node("Pad", ["rows", "pads"], ["embeds"]),
+    widen = hidden > weight.shape[1]  # only a model with DeepStack features (Qwen3-VL) has wider rows
+    nodes = [node("Gather", ["embed_tokens.weight", "input_ids"], ["rows" if widen else "embeds"]),
+             *([node("Pad", ["rows", "pads"], ["embeds"])] if widen else []),
              node("Equal", ["input_ids", "image_token_id"], ["is_image"]),
              node("Reshape", ["is_image", "minus_one"], ["is_image_flat"]),
              node("Cast", ["is_image_flat"], ["is_image_int"], to=TensorProto.INT64),
@@ -221,7 +222,8 @@ def write_embedding(directory: Path, model: Any) -> None:
                  numpy_helper.from_array(np.array(0, dtype=np.int64), "zero"),
                  numpy_helper.from_array(np.array(1, dtype=np.int64), "one"),
                  numpy_helper.from_array(np.zeros((1, hidden), dtype=np.float32), "zero_row"),
-                 numpy_helper.from_array(np.array([0, 0, 0, 0, 0, hidden - weight.shape[1]], dtype=np.int64), "pads")]
+                 *([numpy_helper.from_array(np.array([0, 0, 0, 0, 0, hidden - weight.shape[1]], dtype=np.int64),
+                                            "pads")] if widen else [])]
     graph = helper.make_graph(nodes, "embedding", [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
         helper.make_tensor_value_info("image_features", TensorProto.FLOAT, ["num_image_tokens", hidden])],
