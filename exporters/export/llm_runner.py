@@ -48,7 +48,10 @@ def export_runner(model: Any, target: Any, components: dict[str, tuple[Any, dict
     # projection is no longer the table (torchao's quantize_ gave it its own tensor), so there is nothing to share
     tied = asked is None and weights.tied and target.quantize is None
     external = bool(asked) or weights.bytes() > PTE_WEIGHTS_LIMIT or tied
-    metadata = llm_runner.runner_metadata(model, setting.max_cache_len, custom_ops, special_token_ids(model.generation_config, model.config).eos)
+    eos = special_token_ids(model.generation_config, model.config).eos
+    # a ring-buffer layer's window: the runner feeds a longer prompt in chunks of it
+    chunk = module.max_seq_len if module.max_seq_len < setting.max_cache_len - 1 else None
+    metadata = llm_runner.runner_metadata(model, setting.max_cache_len, custom_ops, eos, chunk)
     started = time.time()
     manager, record, custom_nodes = llm_runner.export_runner_program(
         module, model, inputs, max_cache_len=setting.max_cache_len, custom_ops=custom_ops, metadata=metadata,
