@@ -146,6 +146,30 @@ def test_sliding_window_layers_get_ring_buffers_in_the_runner_program(gemma3_run
     assert not any("keeps its sliding-window layers whole" in f for f in target["findings"]), target["findings"]
 
 
+def test_a_softcapped_sliding_window_model_keeps_the_methods_layout(tmp_path):
+    """Gemma 2 caps its attention scores (attn_logit_softcapping), which `llama::custom_sdpa` cannot, so its runner
+    program would have the standard ops, and a sliding-window layer's ring buffer needs the custom ones: the default
+    target keeps the methods layout and says why; `layout: "runner"` is refused. Without the cap it fits."""
+    from transformers import AutoModelForCausalLM
+
+    from exporters.capture import llm_runner
+    from exporters.errors import TargetPlanError
+    from exporters.recipe.load import parse_recipe
+
+    model = AutoModelForCausalLM.from_pretrained(runner_model(tmp_path / "model", "gemma2", RECIPE)).eval()
+    plain = parse_recipe(json.dumps(PLAINEST_EXECUTORCH)).exports[0]
+    inputs = {"input_ids": torch.tensor([[5, 6, 7]])}
+    assert llm_runner.wants_runner(plain, "text", "static", 1, 6, 64)
+    why = llm_runner.refused(plain, model, inputs, 64)
+    assert why is not None and "sliding-window layers (window 6" in why and "attn_logit_softcapping" in why, why
+    asked = parse_recipe(json.dumps({**PLAINEST_EXECUTORCH, "layout": "runner"})).exports[0]
+    with pytest.raises(TargetPlanError, match="ring buffer"):
+        llm_runner.refused(asked, model, inputs, 64)
+    assert llm_runner.refused(plain, model, inputs, 4) is None  # a window the cache does not exceed: no ring
+    model.config.attn_logit_softcapping = None
+    assert llm_runner.refused(plain, model, inputs, 64) is None
+
+
 def test_a_tied_runner_program_stores_the_table_once_and_is_benchmarked(llama_runner):
     """#46 §4, #47 §7: the plainest ExecuTorch recipe of a model with tied embeddings writes the runner program with
     its weights in model.ptd, each tensor once (the report's ratio read from the files' bytes), and its benchmark

@@ -96,7 +96,7 @@ def ring_note(window: int | None, max_cache_len: int | None) -> str | None:
     """What the report says of a runner program whose sliding-window layers are shorter than its cache.
 
     Example:
-        >>> ring_note(512, 2048)[:86]
+        >>> ring_note(512, 2048)[:87]
         'the sliding-window layers (window 512) are held in ring buffers of 1024 slots, not 2048'
     """
     if not windowed(window, max_cache_len):
@@ -137,12 +137,13 @@ def methods_note(target: Any, state_layers: list[str]) -> list[str]:
 
 def custom_ops_of(target: Any, model: Any) -> bool:
     """Whether the runner program uses executorch's LLM custom ops (`custom_ops`). By default, where the model's
-    attention is dispatched through transformers' attention interface (where `llama::custom_sdpa` takes its place);
-    a model that computes attention in its own code (an ALiBi bias added to the scores: BLOOM, Falcon) would read
-    the custom cache's buffers through that code, which computes something else (measured: BLOOM's logits off by
-    0.5), so it gets the standard ops."""
+    attention is dispatched through transformers' attention interface (where `llama::custom_sdpa` takes its place)
+    and does not cap its scores: a model that computes attention in its own code (an ALiBi bias added to the scores:
+    BLOOM, Falcon) would read the custom cache's buffers through that code, which computes something else
+    (measured: BLOOM's logits off by 0.5), and `llama::custom_sdpa` has no soft cap (Gemma 2's
+    `attn_logit_softcapping`), so those get the standard ops."""
     value = getattr(target, "custom_ops", None)
-    return attention_dispatched(model) if value is None else bool(value)
+    return attention_dispatched(model) and not softcapped(model) if value is None else bool(value)
 
 
 def attention_dispatched(model: Any) -> bool:
@@ -150,9 +151,25 @@ def attention_dispatched(model: Any) -> bool:
     return bool(type(model)._can_set_attn_implementation())
 
 
-CUSTOM_OPS_OFF = ("the runner program uses standard attention and cache ops, not ExecuTorch's LLM custom ops: "
-                  "{model} computes attention in its own code, not through transformers' attention interface, "
-                  "where llama::custom_sdpa would take its place")
+def softcapped(model: Any) -> bool:
+    """Whether the model caps its attention scores (`attn_logit_softcapping`: Gemma 2), which `llama::custom_sdpa`
+    cannot.
+
+    Example:
+        >>> from transformers import Gemma2Config, Gemma3TextConfig
+        >>> [softcapped(type("M", (), {"config": c})()) for c in (Gemma2Config(), Gemma3TextConfig())]
+        [True, False]
+    """
+    return getattr(model.config.get_text_config(), "attn_logit_softcapping", None) is not None
+
+
+def custom_ops_off(model: Any) -> str:
+    """What the report says when the runner program gets the standard ops by default ([`custom_ops_of`])."""
+    why = (f"{type(model).__name__} caps its attention scores (attn_logit_softcapping), which llama::custom_sdpa "
+           "does not" if softcapped(model) else
+           f"{type(model).__name__} computes attention in its own code, not through transformers' attention "
+           "interface, where llama::custom_sdpa would take its place")
+    return f"the runner program uses standard attention and cache ops, not ExecuTorch's LLM custom ops: {why}"
 
 
 def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> dict[str, tuple[Any, dict]]:
@@ -183,6 +200,7 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
     window = llm_runner.ring_windows(model, max_cache_len)
     if window and not custom_ops_of(target, model):
         problem = WINDOW_WITHOUT_CUSTOM_OPS.format(window=min(window.values()))
+        problem += f" ({custom_ops_off(model).split(': ', 1)[1]})" if getattr(target, "custom_ops", None) is None else ""
         if layout_of(target) == RUNNER:
             raise TargetPlanError(f"layout 'runner' cannot be exported: {problem}; use layout 'methods'",
                                   option="layout")
