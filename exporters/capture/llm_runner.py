@@ -196,15 +196,10 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
     keys of another shape than the static cache allocates from its config (Falcon's multi-query attention: one key
     head, a cache of `num_kv_heads`) fails here as it would at export. Raises [`TargetPlanError`] when the recipe
     asked for `layout: "runner"`. A model with sliding-window layers shorter than `max_cache_len` needs the custom
-    ops (their ring buffers)."""
-    window = llm_runner.ring_windows(model, max_cache_len)
-    if window and not custom_ops_of(target, model):
-        problem = WINDOW_WITHOUT_CUSTOM_OPS.format(window=min(window.values()))
-        problem += f" ({custom_ops_off(model).split(': ', 1)[1]})" if getattr(target, "custom_ops", None) is None else ""
-        if layout_of(target) == RUNNER:
-            raise TargetPlanError(f"layout 'runner' cannot be exported: {problem}; use layout 'methods'",
-                                  option="layout")
-        return NOT_RUNNER.format(why=problem)
+    ops (their ring buffers: [`window_refused`])."""
+    window = window_refused(target, model, max_cache_len)
+    if window is not None:
+        return window
     ids = generate_inputs["input_ids"][:1, :2]
     try:
         module = llm_runner.runner_module(model, ids.shape[1] + 1)
@@ -218,6 +213,20 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
                               f"runner program's static cache ({problem}); use layout 'methods'", option="layout")
     return NOT_RUNNER.format(why=f"{type(model).__name__} does not run with the runner program's static cache "
                                  f"({problem})")
+
+
+def window_refused(target: Any, model: Any, max_cache_len: int | None) -> str | None:
+    """Why a model with sliding-window layers shorter than `max_cache_len` cannot be a runner program (None when it
+    can, or has none): their ring buffers need the custom ops, which the target turns off or the model's soft-capped
+    attention does ([`custom_ops_of`]). Raises [`TargetPlanError`] when the recipe asked for `layout: "runner"`."""
+    window = llm_runner.ring_windows(model, max_cache_len)
+    if not window or custom_ops_of(target, model):
+        return None
+    problem = WINDOW_WITHOUT_CUSTOM_OPS.format(window=min(window.values()))
+    problem += f" ({custom_ops_off(model).split(': ', 1)[1]})" if getattr(target, "custom_ops", None) is None else ""
+    if layout_of(target) == RUNNER:
+        raise TargetPlanError(f"layout 'runner' cannot be exported: {problem}; use layout 'methods'", option="layout")
+    return NOT_RUNNER.format(why=problem)
 
 
 def prompt_bindings(target: Any, name: str, module: Any, inputs: dict[str, Any]) -> list[DimBinding]:

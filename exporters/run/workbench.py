@@ -154,8 +154,10 @@ class Workbench:
                                              recipe.inputs.batch_size, sliding_window_of(self.model.config),
                                              setting.max_cache_len, state_layers)
             refused = self.not_runner.get(target.name) if runner else None
-            refused = speech or refused or (llm_runner.refused(target, self.model, self.sample.generate, setting.max_cache_len) if runner
-                                            else None)
+            # a sliding-window model without the ring buffers' custom ops keeps the methods program as it was
+            window = llm_runner.window_refused(target, self.model, setting.max_cache_len) if runner else None
+            refused = speech or refused or window or (llm_runner.refused(target, self.model, self.sample.generate,
+                                                                         setting.max_cache_len) if runner else None)
             if runner and refused is None:
                 target.layout = llm_runner.RUNNER  # one program in the runner's contract: no decomposition
                 key = (llm_runner.RUNNER, setting)
@@ -164,7 +166,7 @@ class Workbench:
                                                                   setting.max_cache_len)
                 self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting, runner=True))
                 return self.fitted[target.name][0]
-            kept = llm_runner.prompt_kept_dynamic(target) if runner and refused else None
+            kept = llm_runner.prompt_kept_dynamic(target) if runner and refused and not window else None
             asked = target.merged
             target.merged = merged.planned_merged(target, self.sample.family, setting.implementation,
                                                    self.model.config)
