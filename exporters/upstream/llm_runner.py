@@ -130,7 +130,8 @@ def custom_ops_installed(program: RunnerProgram, model: Any, explicit_mask: bool
             return torch.ops.llama.custom_sdpa(q, k, v, start, attention_mask[0, 0].float(), 0.0, False, scaling), None
         return torch.ops.llama.custom_sdpa(q, k, v, start, None, 0.0, True, scaling), None
 
-    rings = ring_windows(model, program.max_cache_len)
+    # ring buffers in the LLM runner's program only (the multimodal one keeps a window shorter than its cache out)
+    rings = ring_windows(model, program.max_cache_len) if isinstance(program, RunnerProgram) else {}
     AttentionInterface.register("custom_sdpa", custom_sdpa_attention)
     AttentionMaskInterface.register("custom_sdpa", mask_passthrough)
     configs = {id(c): c for c in (model.config, getattr(getattr(model, "model", None), "config", None)) if c is not None}
