@@ -528,12 +528,14 @@ def runner_bpe_tokenizer(folder: Path):
                                bos=RUNNER_BOS, eos=RUNNER_EOS, pad=RUNNER_PAD, byte_level=True)
 
 
-def runner_model(folder: Path, kind: str, recipe: Any, layers: int = 2) -> Path:
-    """A tiny Llama (tied embeddings), Qwen2 or Qwen2-MoE (4 experts, 2 a token, a shared expert) with its own BPE
+def runner_model(folder: Path, kind: str, recipe: Any, layers: int = 2, window: int = 6) -> Path:
+    """A tiny Llama (tied embeddings), Qwen2, Qwen2-MoE (4 experts, 2 a token, a shared expert), Gemma 3 text or
+    Gemma 2 (a sliding-window layer of `window` positions, then a full-attention one: `layers` 2) with its own BPE
     (`runner_bpe_tokenizer`), the vocabulary the tokenizer's; EOS never the argmax, so every run is full length.
     `layers` decoder layers (2; 1 where no check reads the depth: half the program to lower)."""
-    from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                              Qwen2MoeConfig, Qwen2MoeForCausalLM)
+    from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GenerationConfig,
+                              LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig,
+                              Qwen2MoeForCausalLM)
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = runner_bpe_tokenizer(folder)
@@ -542,8 +544,14 @@ def runner_model(folder: Path, kind: str, recipe: Any, layers: int = 2) -> Path:
                   bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                   pad_token_id=tokenizer.pad_token_id, initializer_range=0.2)
     torch.manual_seed(0)
+    windowed = dict(head_dim=8, sliding_window=window, layer_types=["sliding_attention", "full_attention"][:layers],
+                    tie_word_embeddings=False)  # tied, the tiny Gemmas repeat one token
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, **common))
+    elif kind == "gemma3":
+        model = Gemma3ForCausalLM(Gemma3TextConfig(**windowed, **common))
+    elif kind == "gemma2":
+        model = Gemma2ForCausalLM(Gemma2Config(**windowed, **common))
     elif kind == "qwen2_moe":
         model = Qwen2MoeForCausalLM(Qwen2MoeConfig(moe_intermediate_size=32, shared_expert_intermediate_size=32,
                                                    num_experts=4, num_experts_per_tok=2, **common))

@@ -56,11 +56,18 @@ def qwen2_plain_runner(tmp_path_factory):
     return _export(tmp_path_factory.mktemp("runner-qwen2"), "qwen2", recipe, layers=LAYERS["qwen2_plain_runner"])
 
 
+@pytest.fixture(scope="module")
+def gemma3_runner(tmp_path_factory):
+    """A tiny Gemma 3 text (a sliding-window layer of window 6, then a full-attention one) with the plainest recipe:
+    its 9-token prompt and 8 new tokens cross the window and wrap the 12-slot ring buffer (#52 item 5)."""
+    return stored_run(runner_model(tmp_path_factory.mktemp("runner-gemma3") / "model", "gemma3", RECIPE))
+
+
 def _target(report: dict) -> dict:
     return report["targets"][0]
 
 
-@pytest.mark.parametrize("fixture", ["llama_runner", "qwen2_plain_runner"])
+@pytest.mark.parametrize("fixture", ["llama_runner", "qwen2_plain_runner", "gemma3_runner"])
 def test_the_runner_program_passes_and_runs_in_the_runner(fixture, request):
     out, report, log = request.getfixturevalue(fixture)
     target = _target(report)
@@ -113,6 +120,54 @@ def test_the_folder_holds_the_runner_contract(fixture, custom, cache, tied, requ
     assert logits.shape[:2] == (1, 3)
     nodes = "llama" in (folder / "model.pte").read_bytes().decode("latin-1")
     assert nodes is custom
+
+
+def test_sliding_window_layers_get_ring_buffers_in_the_runner_program(gemma3_runner):
+    """#52 item 5: Gemma 3's sliding-window layer is a ring buffer of twice its window (ExecuTorch's
+    `llama::update_cache_with_indices`), its full-attention layer the static cache; one call takes at most the window
+    (`get_max_seq_len`), so the runner feeds the 9-token prompt in two chunks. The runner's tokens equal eager's
+    (test_the_runner_program_passes_and_runs_in_the_runner), and eager's differ with a window of 5, 7 or none."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    from executorch.runtime import Runtime
+
+    out, report, log = gemma3_runner
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    generation = target["generation"]
+    assert generation["prompt_length"] == 9 and len(generation["exported_tokens"][0]) == 8  # 17 > 2 * window
+    folder = out / "executorch"
+    manifest = json.loads((folder / "export.json").read_text())
+    assert manifest["layout"] == "runner" and manifest["custom_ops"] is True
+    program = Runtime.get().load_program(folder / "model.pte")
+    value = {name: program.load_method(name).execute([]) for name in ("get_max_seq_len", "get_max_context_len")}
+    assert value == {"get_max_seq_len": [6], "get_max_context_len": [64]}
+    assert "update_cache_with_indices" in (folder / "model.pte").read_bytes().decode("latin-1")
+    assert any("ring buffers of 12 slots, not 64" in f for f in target["findings"]), target["findings"]
+    assert not any("keeps its sliding-window layers whole" in f for f in target["findings"]), target["findings"]
+
+
+def test_a_softcapped_sliding_window_model_keeps_the_methods_layout(tmp_path):
+    """Gemma 2 caps its attention scores (attn_logit_softcapping), which `llama::custom_sdpa` cannot, so its runner
+    program would have the standard ops, and a sliding-window layer's ring buffer needs the custom ones: the default
+    target keeps the methods layout and says why; `layout: "runner"` is refused. Without the cap it fits."""
+    from transformers import AutoModelForCausalLM
+
+    from exporters.capture import llm_runner
+    from exporters.errors import TargetPlanError
+    from exporters.recipe.load import parse_recipe
+
+    model = AutoModelForCausalLM.from_pretrained(runner_model(tmp_path / "model", "gemma2", RECIPE)).eval()
+    plain = parse_recipe(json.dumps(PLAINEST_EXECUTORCH)).exports[0]
+    inputs = {"input_ids": torch.tensor([[5, 6, 7]])}
+    assert llm_runner.wants_runner(plain, "text", "static", 1, 6, 64)
+    why = llm_runner.refused(plain, model, inputs, 64)
+    assert why is not None and "sliding-window layers (window 6" in why and "attn_logit_softcapping" in why, why
+    asked = parse_recipe(json.dumps({**PLAINEST_EXECUTORCH, "layout": "runner"})).exports[0]
+    with pytest.raises(TargetPlanError, match="ring buffer"):
+        llm_runner.refused(asked, model, inputs, 64)
+    assert llm_runner.refused(plain, model, inputs, 4) is None  # a window the cache does not exceed: no ring
+    model.config.attn_logit_softcapping = None
+    assert llm_runner.refused(plain, model, inputs, 64) is None
 
 
 def test_a_tied_runner_program_stores_the_table_once_and_is_benchmarked(llama_runner):

@@ -54,10 +54,10 @@ def wants_runner(target: Any, family: str, cache_implementation: str, batch_size
                  state_layers: list[str] | None = None) -> bool:
     """Whether an ExecuTorch target is exported in the runner's layout: asked (`layout: "runner"`), or by default
     for a decoder-only generation target with a static cache at batch 1 and no component settings of the methods
-    layout. A model with sliding-window layers shorter than its cache keeps the methods layout: the runner's static
-    cache would roll those layers on a code path fixed at trace time (docs/upstream-gaps.md #9), while the methods
-    layout keeps them whole, and so does a model whose cache has state-space layers (`state_layers`:
-    [`exporters.capture.cache_settings.state_space_layers`]). Raises [`TargetPlanError`] when `"runner"` is asked
+    layout. A model with sliding-window layers shorter than its cache gets them in ring buffers of ExecuTorch's LLM
+    custom ops (as optimum-executorch does), so it keeps the methods layout where the target turns those ops off
+    ([`refused`] checks the model's default), and so does a model whose cache has state-space layers
+    (`state_layers`: [`exporters.capture.cache_settings.state_space_layers`]). Raises [`TargetPlanError`] when `"runner"` is asked
     for what it cannot hold."""
     if target.export_format != "executorch" or target.mode != "generation":
         return False
@@ -68,9 +68,8 @@ def wants_runner(target: Any, family: str, cache_implementation: str, batch_size
     reasons += program_reasons(target, cache_implementation, batch_size)
     if set(target.components) - {MERGED} or target.dynamic_shapes or target.merged is False:
         reasons.append("the target sets per-component settings or dynamic_shapes of the methods layout")
-    if sliding_window is not None and (max_cache_len is None or sliding_window < max_cache_len):
-        reasons.append(f"the model has sliding-window layers (window {sliding_window}, shorter than the cache): the "
-                       "runner program's static cache would roll them on one traced code path")
+    if windowed(sliding_window, max_cache_len) and getattr(target, "custom_ops", None) is False:
+        reasons.append(WINDOW_WITHOUT_CUSTOM_OPS.format(window=sliding_window))
     if state_layers:
         reasons.append(STATE_LAYERS.format(kinds=", ".join(state_layers)))
     if not reasons:
@@ -79,6 +78,32 @@ def wants_runner(target: Any, family: str, cache_implementation: str, batch_size
         raise TargetPlanError(f"layout 'runner' cannot be exported: {'; '.join(reasons)}; use layout 'methods'",
                               option="layout")
     return False
+
+
+def windowed(sliding_window: int | None, max_cache_len: int | None) -> bool:
+    """Whether the model has sliding-window layers shorter than the cache (the runner program holds them in a ring
+    buffer: `exporters.upstream.llm_runner.ring_windows`)."""
+    return sliding_window is not None and (max_cache_len is None or sliding_window < max_cache_len)
+
+
+# the ring buffer of a sliding-window layer is written and read by ExecuTorch's LLM custom ops
+WINDOW_WITHOUT_CUSTOM_OPS = ("the model has sliding-window layers (window {window}, shorter than the cache), which the "
+                             "runner program holds in a ring buffer through ExecuTorch's LLM custom ops, and the "
+                             "program does not use them")
+
+
+def ring_note(window: int | None, max_cache_len: int | None) -> str | None:
+    """What the report says of a runner program whose sliding-window layers are shorter than its cache.
+
+    Example:
+        >>> ring_note(512, 2048)[:87]
+        'the sliding-window layers (window 512) are held in ring buffers of 1024 slots, not 2048'
+    """
+    if not windowed(window, max_cache_len):
+        return None
+    return (f"the sliding-window layers (window {window}) are held in ring buffers of {2 * window} slots, not "
+            f"{max_cache_len} (ExecuTorch's CustomRingKVCache, as optimum-executorch exports them): one call takes "
+            f"at most {window} tokens (get_max_seq_len), and the runner feeds a longer prompt in chunks of it")
 
 
 def program_reasons(target: Any, cache_implementation: str, batch_size: int) -> list[str]:
@@ -112,12 +137,13 @@ def methods_note(target: Any, state_layers: list[str]) -> list[str]:
 
 def custom_ops_of(target: Any, model: Any) -> bool:
     """Whether the runner program uses executorch's LLM custom ops (`custom_ops`). By default, where the model's
-    attention is dispatched through transformers' attention interface (where `llama::custom_sdpa` takes its place);
-    a model that computes attention in its own code (an ALiBi bias added to the scores: BLOOM, Falcon) would read
-    the custom cache's buffers through that code, which computes something else (measured: BLOOM's logits off by
-    0.5), so it gets the standard ops."""
+    attention is dispatched through transformers' attention interface (where `llama::custom_sdpa` takes its place)
+    and does not cap its scores: a model that computes attention in its own code (an ALiBi bias added to the scores:
+    BLOOM, Falcon) would read the custom cache's buffers through that code, which computes something else
+    (measured: BLOOM's logits off by 0.5), and `llama::custom_sdpa` has no soft cap (Gemma 2's
+    `attn_logit_softcapping`), so those get the standard ops."""
     value = getattr(target, "custom_ops", None)
-    return attention_dispatched(model) if value is None else bool(value)
+    return attention_dispatched(model) and not softcapped(model) if value is None else bool(value)
 
 
 def attention_dispatched(model: Any) -> bool:
@@ -125,9 +151,25 @@ def attention_dispatched(model: Any) -> bool:
     return bool(type(model)._can_set_attn_implementation())
 
 
-CUSTOM_OPS_OFF = ("the runner program uses standard attention and cache ops, not ExecuTorch's LLM custom ops: "
-                  "{model} computes attention in its own code, not through transformers' attention interface, "
-                  "where llama::custom_sdpa would take its place")
+def softcapped(model: Any) -> bool:
+    """Whether the model caps its attention scores (`attn_logit_softcapping`: Gemma 2), which `llama::custom_sdpa`
+    cannot.
+
+    Example:
+        >>> from transformers import Gemma2Config, Gemma3TextConfig
+        >>> [softcapped(type("M", (), {"config": c})()) for c in (Gemma2Config(), Gemma3TextConfig())]
+        [True, False]
+    """
+    return getattr(model.config.get_text_config(), "attn_logit_softcapping", None) is not None
+
+
+def custom_ops_off(model: Any) -> str:
+    """What the report says when the runner program gets the standard ops by default ([`custom_ops_of`])."""
+    why = (f"{type(model).__name__} caps its attention scores (attn_logit_softcapping), which llama::custom_sdpa "
+           "does not" if softcapped(model) else
+           f"{type(model).__name__} computes attention in its own code, not through transformers' attention "
+           "interface, where llama::custom_sdpa would take its place")
+    return f"the runner program uses standard attention and cache ops, not ExecuTorch's LLM custom ops: {why}"
 
 
 def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> dict[str, tuple[Any, dict]]:
@@ -143,16 +185,21 @@ def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> 
         raise TargetPlanError(f"the prompt ({ids.shape[1]} tokens) does not fit the static cache of {max_cache_len} "
                               "positions: raise generation.max_cache_len", option="layout")
     module = llm_runner.runner_module(model, max_cache_len)
+    ids = ids[:, :module.max_seq_len]  # a ring-buffer layer's window: the runner feeds a longer prompt in chunks
     return {MERGED: (module, {"input_ids": ids.clone(), "cache_position": torch.arange(ids.shape[1])})}
 
 
-def refused(target: Any, model: Any, generate_inputs: dict[str, Any]) -> str | None:
+def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_len: int | None = None) -> str | None:
     """Why the model cannot run as a runner program, as the report says it when the layout was the default (None
     when it can): transformers' static-cache wrapper run once, eagerly, on the prompt's first two tokens with a cache
     just long enough (a fresh, small program: the one exported keeps its empty cache). A model whose layers write
     keys of another shape than the static cache allocates from its config (Falcon's multi-query attention: one key
     head, a cache of `num_kv_heads`) fails here as it would at export. Raises [`TargetPlanError`] when the recipe
-    asked for `layout: "runner"`."""
+    asked for `layout: "runner"`. A model with sliding-window layers shorter than `max_cache_len` needs the custom
+    ops (their ring buffers: [`window_refused`])."""
+    window = window_refused(target, model, max_cache_len)
+    if window is not None:
+        return window
     ids = generate_inputs["input_ids"][:1, :2]
     try:
         module = llm_runner.runner_module(model, ids.shape[1] + 1)
@@ -166,6 +213,20 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any]) -> str | N
                               f"runner program's static cache ({problem}); use layout 'methods'", option="layout")
     return NOT_RUNNER.format(why=f"{type(model).__name__} does not run with the runner program's static cache "
                                  f"({problem})")
+
+
+def window_refused(target: Any, model: Any, max_cache_len: int | None) -> str | None:
+    """Why a model with sliding-window layers shorter than `max_cache_len` cannot be a runner program (None when it
+    can, or has none): their ring buffers need the custom ops, which the target turns off or the model's soft-capped
+    attention does ([`custom_ops_of`]). Raises [`TargetPlanError`] when the recipe asked for `layout: "runner"`."""
+    window = llm_runner.ring_windows(model, max_cache_len)
+    if not window or custom_ops_of(target, model):
+        return None
+    problem = WINDOW_WITHOUT_CUSTOM_OPS.format(window=min(window.values()))
+    problem += f" ({custom_ops_off(model).split(': ', 1)[1]})" if getattr(target, "custom_ops", None) is None else ""
+    if layout_of(target) == RUNNER:
+        raise TargetPlanError(f"layout 'runner' cannot be exported: {problem}; use layout 'methods'", option="layout")
+    return NOT_RUNNER.format(why=problem)
 
 
 def prompt_bindings(target: Any, name: str, module: Any, inputs: dict[str, Any]) -> list[DimBinding]:
@@ -184,7 +245,7 @@ def prompt_bindings(target: Any, name: str, module: Any, inputs: dict[str, Any])
     if layout_of(target) != RUNNER or name != MERGED or "cache_position" not in inputs:
         return []
     traced = int(inputs["input_ids"].shape[1])
-    longest = (getattr(module, "max_cache_len", None) or 0) - 1
+    longest = getattr(module, "max_seq_len", None) or (getattr(module, "max_cache_len", None) or 0) - 1
     high = longest if 0 < longest < traced * 2 + 3 else None  # else the `dynamic: true` top
     return [DimBinding("prompt (the runner's seq)", None, high, [("input_ids", 1), ("cache_position", 0)], traced,
                        declared=False)]

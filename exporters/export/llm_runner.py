@@ -20,7 +20,7 @@ from typing import Any
 
 from exporters import upstream
 from exporters.capture.components import cache_setting_for
-from exporters.capture.llm_runner import CUSTOM_OPS_OFF, PTE_WEIGHTS_LIMIT, custom_ops_of
+from exporters.capture.llm_runner import PTE_WEIGHTS_LIMIT, custom_ops_of, custom_ops_off
 from exporters.capture.merged import MERGED
 from exporters.capture.token_ids import special_token_ids
 from exporters.export.footprint import ModelWeights
@@ -42,13 +42,16 @@ def export_runner(model: Any, target: Any, components: dict[str, tuple[Any, dict
     setting = cache_setting_for(model, target, recipe)
     custom_ops = custom_ops_of(target, model)
     if not custom_ops and getattr(target, "custom_ops", None) is None:
-        notes.append(CUSTOM_OPS_OFF.format(model=type(model).__name__))
+        notes.append(custom_ops_off(model))
     asked, weights = getattr(target, "external_weights", None), ModelWeights.of(model)
     # a tied table is stored once only through the named-data file (docs/upstream-gaps.md #13); a quantized
     # projection is no longer the table (torchao's quantize_ gave it its own tensor), so there is nothing to share
     tied = asked is None and weights.tied and target.quantize is None
     external = bool(asked) or weights.bytes() > PTE_WEIGHTS_LIMIT or tied
-    metadata = llm_runner.runner_metadata(model, setting.max_cache_len, custom_ops, special_token_ids(model.generation_config, model.config).eos)
+    eos = special_token_ids(model.generation_config, model.config).eos
+    # a ring-buffer layer's window: the runner feeds a longer prompt in chunks of it
+    chunk = module.max_seq_len if module.max_seq_len < setting.max_cache_len - 1 else None
+    metadata = llm_runner.runner_metadata(model, setting.max_cache_len, custom_ops, eos, chunk)
     started = time.time()
     manager, record, custom_nodes = llm_runner.export_runner_program(
         module, model, inputs, max_cache_len=setting.max_cache_len, custom_ops=custom_ops, metadata=metadata,

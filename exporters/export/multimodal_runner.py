@@ -18,7 +18,7 @@ from typing import Any
 
 from exporters import upstream
 from exporters.capture.components import cache_setting_for
-from exporters.capture.llm_runner import CUSTOM_OPS_OFF, PTE_WEIGHTS_LIMIT, custom_ops_of
+from exporters.capture.llm_runner import PTE_WEIGHTS_LIMIT, custom_ops_of, custom_ops_off
 from exporters.capture.multimodal_runner import AUDIO_ENCODER, MULTIMODAL_RUNNER
 from exporters.capture.token_ids import image_token_id, special_token_ids
 from exporters.export.footprint import ModelWeights
@@ -35,7 +35,7 @@ def export_multimodal_runner(model: Any, target: Any, components: dict[str, tupl
     setting = cache_setting_for(model, target, recipe)
     custom_ops = custom_ops_of(target, model)
     if not custom_ops and getattr(target, "custom_ops", None) is None:
-        notes.append(CUSTOM_OPS_OFF.format(model=type(model).__name__))
+        notes.append(custom_ops_off(model))
     asked, weights = getattr(target, "external_weights", None), ModelWeights.of(model)
     # a tied table is stored once only through the named-data file (docs/upstream-gaps.md #13), as the text runner's
     tied = asked is None and weights.tied

@@ -154,17 +154,19 @@ class Workbench:
                                              recipe.inputs.batch_size, sliding_window_of(self.model.config),
                                              setting.max_cache_len, state_layers)
             refused = self.not_runner.get(target.name) if runner else None
-            refused = speech or refused or (llm_runner.refused(target, self.model, self.sample.generate) if runner
-                                            else None)
+            # a sliding-window model without the ring buffers' custom ops keeps the methods program as it was
+            window = llm_runner.window_refused(target, self.model, setting.max_cache_len) if runner else None
+            refused = speech or refused or window or (llm_runner.refused(target, self.model, self.sample.generate,
+                                                                         setting.max_cache_len) if runner else None)
             if runner and refused is None:
                 target.layout = llm_runner.RUNNER  # one program in the runner's contract: no decomposition
                 key = (llm_runner.RUNNER, setting)
                 if key not in self.decompositions:
                     self.decompositions[key] = llm_runner.capture(self.model, self.sample.generate,
                                                                   setting.max_cache_len)
-                self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting))
+                self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting, runner=True))
                 return self.fitted[target.name][0]
-            kept = llm_runner.prompt_kept_dynamic(target) if runner and refused else None
+            kept = llm_runner.prompt_kept_dynamic(target) if runner and refused and not window else None
             asked = target.merged
             target.merged = merged.planned_merged(target, self.sample.family, setting.implementation,
                                                    self.model.config)
@@ -289,11 +291,12 @@ class Workbench:
                           self.generation_config(target, context.recipe), context.source.folder,
                           probe_dims_apart=context.probe_dims_apart)
 
-    def _cache_notes(self, target: Target, setting: Any) -> list[str]:
+    def _cache_notes(self, target: Target, setting: Any, runner: bool = False) -> list[str]:
         if target.mode != "generation":
             return []
+        window = sliding_window_of(self.model.config)
         findings = [setting.finding(target.name, max_positions(self.model.config)),
-                    setting.sliding_finding(sliding_window_of(self.model.config))]
+                    llm_runner.ring_note(window, setting.max_cache_len) if runner else setting.sliding_finding(window)]
         return [finding for finding in findings if finding]
 
     def contract_notes(self, target: Target) -> list[str]:

@@ -62,10 +62,13 @@ class RunnerProgram(torch.nn.Module):
     """`forward(input_ids [1, seq], cache_position [seq]) -> {"logits": [1, seq, vocab]}` around transformers'
     static-cache wrapper; the cache is the wrapper's buffers (re-running from position 0 restarts generation)."""
 
-    def __init__(self, wrapper: torch.nn.Module, max_cache_len: int | None = None):
+    def __init__(self, wrapper: torch.nn.Module, max_cache_len: int | None = None, max_seq_len: int | None = None):
         super().__init__()
         self.wrapper = wrapper
         self.max_cache_len = max_cache_len  # positions of its static cache: a prompt takes at most one fewer
+        # tokens one call takes (None: max_cache_len - 1): a ring-buffer layer's window, else a chunk would overwrite
+        # keys its own first queries see
+        self.max_seq_len = max_seq_len
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"logits": self.wrapper(input_ids=input_ids, cache_position=cache_position)}
@@ -89,7 +92,14 @@ def runner_module(model: Any, max_cache_len: int) -> RunnerProgram:
 
     with _static_generation_config(model, max_cache_len):
         wrapper = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_cache_len)
-    return RunnerProgram(wrapper, max_cache_len).eval()
+    return RunnerProgram(wrapper, max_cache_len, max_seq_len(model, max_cache_len)).eval()
+
+
+def max_seq_len(model: Any, max_cache_len: int) -> int:
+    """The most tokens one call of the runner program takes: `max_cache_len - 1`, or the shortest window of its
+    ring-buffer layers ([`ring_windows`]): the runner splits a longer prompt into chunks of that size
+    (`get_max_seq_len`)."""
+    return min([max_cache_len - 1, *ring_windows(model, max_cache_len).values()])
 
 
 @contextlib.contextmanager
@@ -110,32 +120,98 @@ def custom_ops_installed(program: RunnerProgram, model: Any, explicit_mask: bool
         q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
         start = kwargs["position_ids"][0][0].item()
         torch._check_is_size(start)
+        window = rings.get(getattr(module, "layer_idx", None))
+        if window is not None:  # a ring-buffer layer: the mask from the positions its slots hold
+            positions = getattr(program.wrapper, f"cache_positions_{module.layer_idx}")
+            mask = ring_mask(positions, window, start, q.shape[1])
+            return torch.ops.llama.custom_sdpa(q, k, v, 0, mask, 0.0, False, scaling), None
         torch._check(start < k.shape[1])
         if explicit_mask:  # the decoder's own float mask [1, 1, seq, cache] (`multimodal_runner.MarkedTextDecoder`)
             return torch.ops.llama.custom_sdpa(q, k, v, start, attention_mask[0, 0].float(), 0.0, False, scaling), None
         return torch.ops.llama.custom_sdpa(q, k, v, start, None, 0.0, True, scaling), None
 
+    # ring buffers in the LLM runner's program only (the multimodal one keeps a window shorter than its cache out)
+    rings = ring_windows(model, program.max_cache_len) if isinstance(program, RunnerProgram) else {}
     AttentionInterface.register("custom_sdpa", custom_sdpa_attention)
     AttentionMaskInterface.register("custom_sdpa", mask_passthrough)
     configs = {id(c): c for c in (model.config, getattr(getattr(model, "model", None), "config", None)) if c is not None}
     with contextlib.ExitStack() as stack:
         for config in configs.values():
             stack.enter_context(patched(config, "_attn_implementation", "custom_sdpa"))
-        _cache_in_custom_ops(program.wrapper)
+        _cache_in_custom_ops(program.wrapper, rings)
         yield
 
 
-def _cache_in_custom_ops(wrapper: torch.nn.Module) -> None:
+def ring_windows(model: Any, max_cache_len: int | None) -> dict[int, int]:
+    """`{layer index: window}` of the model's sliding-window layers whose window is shorter than the cache
+    (`max_cache_len`; None: every sliding layer): the layers the runner program holds in a ring buffer
+    ([`ring_update`]), as optimum-executorch's `ETCustomHybridCache` does.
+
+    Example:
+        >>> from transformers import Gemma3TextConfig
+        >>> config = Gemma3TextConfig(num_hidden_layers=3, sliding_window=8, layer_types=[
+        ...     "sliding_attention", "full_attention", "sliding_attention"])
+        >>> ring_windows(type("M", (), {"config": config})(), 64), ring_windows(type("M", (), {"config": config})(), 8)
+        ({0: 8, 2: 8}, {})
+    """
+    text = model.config.get_text_config()
+    window = getattr(text, "sliding_window", None)
+    if not window or (max_cache_len is not None and window >= max_cache_len):
+        return {}
+    return {i: int(window) for i, kind in enumerate(getattr(text, "layer_types", None) or [])
+            if kind == "sliding_attention"}
+
+
+def ring_mask(positions: torch.Tensor, window: int, start: Any, seq: int) -> torch.Tensor:
+    """The float mask `[seq, slots]` of a ring-buffer layer's attention (ExecuTorch's
+    `_create_causal_mask_for_ring_buffer`): query `start + j` sees a slot that holds position `p` (`positions`,
+    -1: empty) when `0 <= start + j - p < window`, transformers' sliding-window mask (`kv_idx > q_idx - window`)."""
+    delta = (start + torch.arange(seq, dtype=torch.long)).view(-1, 1) - positions
+    seen = (positions >= 0) & (delta >= 0) & (delta < window)
+    return torch.where(seen, 0.0, float("-inf"))
+
+
+def ring_update(wrapper: torch.nn.Module, i: int, layer: Any, key_states: torch.Tensor,
+                value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write a chunk into layer `i`'s ring buffer (`2 * window` slots, ExecuTorch's `CustomRingKVCache`): position
+    `p` goes to slot `p % slots` through `llama::update_cache_with_indices`, and `cache_positions_{i}` records the
+    position each slot holds (slots past the chunk's start that the chunk does not write are emptied: a run from
+    position 0 restarts generation). A chunk of at most `window` tokens keeps every key its queries see."""
+    kbuf, vbuf = getattr(wrapper, f"key_cache_{i}"), getattr(wrapper, f"value_cache_{i}")
+    positions = getattr(wrapper, f"cache_positions_{i}")
+    slots, seq = kbuf.shape[1], key_states.shape[-2]
+    start = layer.cumulative_length.item()
+    torch._check_is_size(start)
+    written = torch.arange(seq, dtype=torch.long) + start
+    indices = written % slots
+    kept = torch.where(torch.arange(slots, dtype=torch.long) < start, positions, torch.full_like(positions, -1))
+    positions.copy_(kept)
+    positions.index_copy_(0, indices, written)
+    torch.ops.llama.update_cache_with_indices(key_states.transpose(1, 2), kbuf, start, indices.unsqueeze(0))
+    torch.ops.llama.update_cache_with_indices(value_states.transpose(1, 2), vbuf, start, indices.unsqueeze(0))
+    layer.cumulative_length.add_(seq)
+    return kbuf.transpose(1, 2), vbuf.transpose(1, 2)
+
+
+def _cache_in_custom_ops(wrapper: torch.nn.Module, rings: dict[int, int] | None = None) -> None:
     """Each static layer of the wrapper's cache writes with `llama::update_cache` into a `[B, S, H, D]` buffer of
-    the wrapper (the program is built for export: the change is its own, never undone)."""
+    the wrapper (the program is built for export: the change is its own, never undone); a layer of `rings` (its
+    window) into a ring buffer of twice its window ([`ring_update`])."""
+    rings = rings or {}
     for i, layer in enumerate(wrapper.static_cache.layers):
         b, h, length, d = layer.keys.shape
+        if i in rings:
+            length = 2 * rings[i]
+            wrapper.register_buffer(f"cache_positions_{i}", torch.full((length,), -1, dtype=torch.long),
+                                    persistent=False)
         keys = torch.zeros(b, length, h, d, dtype=layer.keys.dtype)
         values = torch.zeros(b, length, h, d, dtype=layer.values.dtype)
         wrapper.register_buffer(f"key_cache_{i}", keys, persistent=False)
         wrapper.register_buffer(f"value_cache_{i}", values, persistent=False)
 
         def update(key_states, value_states, *args, _i=i, _layer=layer, **kwargs):
+            if _i in rings:
+                return ring_update(wrapper, _i, _layer, key_states, value_states)
             kbuf, vbuf = getattr(wrapper, f"key_cache_{_i}"), getattr(wrapper, f"value_cache_{_i}")
             start = _layer.cumulative_length.item()
             torch._check_is_size(start)
@@ -149,16 +225,18 @@ def _cache_in_custom_ops(wrapper: torch.nn.Module) -> None:
         layer.keys, layer.values = keys, values
 
 
-def runner_metadata(model: Any, max_cache_len: int, custom_ops: bool, eos_ids: list[int]) -> dict[str, Any]:
+def runner_metadata(model: Any, max_cache_len: int, custom_ops: bool, eos_ids: list[int],
+                    seq_len: int | None = None) -> dict[str, Any]:
     """The constant methods of the program: what `TextLLMRunner` reads (`get_max_seq_len`, `get_max_context_len`,
     `get_eos_ids` (one output per id), `use_kv_cache`, `use_sdpa_with_kv_cache`, `enable_dynamic_shape`) and what
     optimum-executorch writes (`get_bos_id`, `get_eos_id`, `get_vocab_size`, `get_n_layers`, ...). None values are
-    left out (the runner then uses its default)."""
+    left out (the runner then uses its default). `seq_len`: the tokens one call takes, when fewer than the cache
+    (a ring-buffer layer's window: [`max_seq_len`])."""
     config = model.config.get_text_config()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     values = {
-        "get_max_seq_len": max_cache_len,  # tokens one forward call takes (the prompt is chunked by it)
+        "get_max_seq_len": seq_len or max_cache_len,  # tokens one forward call takes (the prompt is chunked by it)
         "get_max_context_len": max_cache_len,  # the cache's capacity
         "get_max_batch_size": 1,
         "get_bos_id": config.bos_token_id,
@@ -254,7 +332,7 @@ def export_runner_program(program: RunnerProgram, model: Any, inputs: dict[str, 
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower  # heavy
     from executorch.exir.passes import MemoryPlanningPass  # deferred: heavy
 
-    seq = torch.export.Dim("seq_length_dim", max=max_cache_len - 1)
+    seq = torch.export.Dim("seq_length_dim", max=program.max_seq_len or max_cache_len - 1)
     shapes = {"input_ids": {1: seq}, "cache_position": {0: seq}}
     kwargs = {"input_ids": inputs["input_ids"], "cache_position": inputs["cache_position"]}
     stack = contextlib.ExitStack()

@@ -153,7 +153,9 @@ def eager_side(*, target, recipe: Recipe, components, subject: EagerModel, expec
             probes = [(probe_id, None if probe is None else with_consistent_mask(probe), skip)
                       for probe_id, probe, skip in probes]
             if name == MERGED and "input_ids" in generate_inputs:
-                probes.append(("prompt (past=0)", prompt_inputs(inputs, generate_inputs["input_ids"]), None))
+                # the runner program takes at most `max_seq_len` tokens a call (a ring-buffer layer's window)
+                prompt = generate_inputs["input_ids"][:, :getattr(module, "max_seq_len", None)]
+                probes.append(("prompt (past=0)", prompt_inputs(inputs, prompt), None))
             elif name == IMAGE_TEXT_DECODER:  # transformers.js's prompt: embeddings on an empty cache
                 embeds = inputs["inputs_embeds"]
                 probes.append(("prompt (past=0)", embeds_inputs(embeds, 0, empty_cache(

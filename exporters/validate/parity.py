@@ -252,15 +252,17 @@ def _merged_decoder(model, components, runners, generate_inputs, greedy: Greedy,
     template = components[MERGED][1]
     ids = generate_inputs["input_ids"]
     if cache_input_name(template) is None:  # the runner layout: the cache is inside the program
-        return _stateful_decoder(runners[MERGED], template, ids, greedy, tokens)
+        chunk = getattr(components[MERGED][0], "max_seq_len", None)
+        return _stateful_decoder(runners[MERGED], template, ids, greedy, tokens, chunk)
     out = run_component(runners[MERGED], prompt_inputs(template, ids))
     stepper = DecodeStepper(runners[MERGED], template)
     decode_loop(out["logits"], output_cache(out), ids, greedy, stepper, tokens)
     return int(ids.shape[1])
 
 
-def _stateful_decoder(runner, template, ids, greedy: Greedy, tokens) -> int:
-    """The ExecuTorch LLM runner's program (`exporters.capture.llm_runner`): the prompt at position 0 in one call,
+def _stateful_decoder(runner, template, ids, greedy: Greedy, tokens, chunk: int | None = None) -> int:
+    """The ExecuTorch LLM runner's program (`exporters.capture.llm_runner`): the prompt at position 0 in one call
+    (in calls of `chunk` tokens, the program's `get_max_seq_len`, when it is longer: a ring-buffer layer's window),
     then one token per call at its position, as the runner feeds it; the program keeps the cache."""
 
     def call(step_ids: torch.Tensor, start: int) -> dict[str, Any]:
@@ -269,7 +271,9 @@ def _stateful_decoder(runner, template, ids, greedy: Greedy, tokens) -> int:
     def stepper(token, position, cache, extra=None):
         return call(token[:, None], position)
 
-    decode_loop(call(ids, 0)["logits"], None, ids, greedy, stepper, tokens)
+    chunk = chunk or int(ids.shape[1])
+    logits = [call(ids[:, start:start + chunk], start)["logits"] for start in range(0, ids.shape[1], chunk)][-1]
+    decode_loop(logits, None, ids, greedy, stepper, tokens)
     return int(ids.shape[1])
 
 
