@@ -10,7 +10,8 @@ files beside it, run by executorch's `MultimodalRunner` (C++, and its Python bin
 
 The image reaches the runner as the processor's `pixel_values` (float, normalized, `[1, 3, H, W]`: the
 `vision_encoder` method's input dtype is float, so the runner takes float `CHW` pixels, not raw `uint8` `HWC`), the
-prompt as the processor's token ids (`generate_hf` splits them around the run of image tokens). The program is the
+prompt as the processor's token ids (`generate_hf` splits them around the run of image tokens); Idefics3's and SmolVLM's
+`[1, 1, 3, H, W]` (one image, not split into tiles) go in as `[1, 3, H, W]` (`ONE_IMAGE`). The program is the
 export's (`exporters.export.multimodal_runner`, `exporters.capture.multimodal_runner`, lowered by
 `exporters.upstream.multimodal_runner`).
 
@@ -35,6 +36,9 @@ RUNNER_IMPORTS = ("import executorch.extension.llm.custom_ops.custom_ops  # noqa
                   "from executorch.extension.llm.runner import GenerationConfig, MultimodalRunner\n")
 GENERATE = ("runner.generate_hf(inputs, GenerationConfig(echo=False, max_new_tokens={max_new_tokens}, "
             "temperature=0.0), image_token_id=image_token_id, token_callback={callback})")
+# the runner's one image [1, 3, H, W]: Idefics3's and SmolVLM's processors give [1, images, 3, H, W] (one image where
+# they do not split it into tiles: exporters.capture.multimodal_runner), LLaVA's [1, 3, H, W] (left as it is)
+ONE_IMAGE = 'inputs["pixel_values"] = inputs["pixel_values"].flatten(0, -4)  # one image [1, 3, H, W]\n'
 # an audio-language program: the binding's generate_hf splits a prompt around image tokens only, so the prompt goes
 # in as the runner's input list, the audio's log-mel features where its audio tokens stand (make_audio_input)
 AUDIO_IMPORTS = "from executorch.extension.llm.runner import make_audio_input, make_token_input\n"
@@ -87,7 +91,8 @@ class ExecutorchMultimodal(Layout):
             "image_token_id = AutoConfig.from_pretrained(folder).image_token_id\n"
             'image = Image.open("image.jpg").convert("RGB")  # your image\n'
             f'prompt = f"{{processor.image_token}} {IMAGE_PROMPT}"  # your prompt, with the image token\n'
-            'inputs = processor(images=image, text=prompt, return_tensors="pt")  # float pixel_values [1, 3, H, W]\n'
+            'inputs = processor(images=image, text=prompt, return_tensors="pt")  # float pixel_values\n'
+            + ONE_IMAGE
             + GENERATE.format(max_new_tokens=32, callback='lambda piece: print(piece, end="")'))
 
 

@@ -33,8 +33,9 @@ from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
 from exporters.layouts.executorch_llm import runner_child_imports
-from exporters.layouts.executorch_multimodal import AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, GENERATE_AUDIO
+from exporters.layouts.executorch_multimodal import AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, GENERATE_AUDIO, ONE_IMAGE
 from exporters.upstream import read_manifest
+from exporters.upstream.idefics_image import eager_cache
 
 # the card's snippet makes the same runner and the same call (GENERATE; its RUNNER_IMPORTS load the same kernel
 # libraries: `runner_child_imports`)
@@ -47,7 +48,7 @@ spec = json.loads(sys.argv[1])
 args = [spec["program"], spec["tokenizer"]] + ([spec["data"]] if spec["data"] else [])
 runner = MultimodalRunner(*args)
 inputs = BatchFeature(torch.load(spec["inputs"], weights_only=True))
-image_token_id = spec["image_token_id"]
+""" + ONE_IMAGE + r"""image_token_id = spec["image_token_id"]
 pieces, stats = [], {}
 def on_stats(s):
     stats.update(prompt_tokens=s.num_prompt_tokens, generated=s.num_generated_tokens)
@@ -84,7 +85,9 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
     audio = "input_features" in context.generate_inputs
     # Gemma 3's token types too: eager's prefill attends both ways among the image's tokens, as the program does
     # Qwen2-Audio's feature mask too: eager counts the frames with it (the program's audio takes them all)
-    wanted = ("input_ids", "attention_mask", "token_type_ids", "feature_attention_mask",
+    # Idefics3's pixel mask too (all ones: `exporters.capture.multimodal_runner`): eager reads the processor's mask,
+    # the runner's one image none
+    wanted = ("input_ids", "attention_mask", "token_type_ids", "feature_attention_mask", "pixel_attention_mask",
               "input_features" if audio else "pixel_values")
     inputs = {k: v for k, v in context.generate_inputs.items() if k in wanted}
     made = _reference(model, context, tokenizer, inputs, audio)
@@ -105,6 +108,7 @@ def _reference(model: Any, context: RuntimeContext, tokenizer: Tokenizer, inputs
                audio: bool) -> dict[str, Any]:
     """Eager's greedy tokens from `inputs` as the runner shows them, and the inputs the runner is given."""
     config, eos = greedy_settings(model, context)
+    config = eager_cache(model, config)  # Idefics3's static-cache generate() fails upstream: its dynamic cache
     with torch.no_grad():
         out = model.generate(**copy.deepcopy(inputs), generation_config=config)
     ids = inputs["input_ids"]
