@@ -1,0 +1,106 @@
+"""ExecuTorch MultimodalRunner's layout for Idefics3 and SmolVLM (#52 item 5): the plainest ExecuTorch generation
+recipe of a tiny Idefics3 with its processor (one image, not split into tiles: pixel_values [1, 1, 3, H, W] and a
+pixel_attention_mask of ones) is one model.pte whose `vision_encoder` takes the runner's one image [1, 3, H, W],
+proven by executorch's own `MultimodalRunner` token for token with eager `generate()`, its card snippet run as
+written; a sample the runner cannot carry (tiles, a mask that leaves pixels out) keeps the methods layout, saying
+why. LLaVA's tests (tests/test_executorch_multimodal.py) hold the layout's files and metadata methods."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import PLAINEST_EXECUTORCH
+from tests.export_store import stored_run
+from tests.models import tiny_idefics3_with_processor
+
+RUNTIME = "ExecuTorch MultimodalRunner"
+
+
+@pytest.fixture(scope="module")
+def idefics3_runner(tmp_path_factory):
+    """The tiny Idefics3 (one text layer) with its processor and a byte-level BPE tokenizer, the plainest ExecuTorch
+    recipe, through the real CLI (the shared export store)."""
+    model_dir = tiny_idefics3_with_processor(tmp_path_factory.mktemp("mm-idefics3") / "model", PLAINEST_EXECUTORCH,
+                                             text_layers=1, byte_level=True)
+    out, report, log = stored_run(model_dir)
+    return model_dir, out, report, log
+
+
+def test_the_plainest_idefics3_recipe_passes_in_the_multimodal_runner(idefics3_runner):
+    _, out, report, log = idefics3_runner
+    target = report["targets"][0]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert json.loads((out / "executorch" / "export.json").read_text())["layout"] == "multimodal_runner"
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs[RUNTIME]["status"] == "passed", proofs
+    assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from an image and a prompt"), proofs
+    generation = target["generation"]
+    assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
+    assert generation["cache"]["implementation"] == "static"  # the program's; eager's reference: dynamic (upstream)
+
+
+def test_the_one_image_encoder_is_the_models_image_features(idefics3_runner):
+    """The program's `vision_encoder` (no bucketize: its position ids a constant) gives the model's own
+    `get_image_features` of the processor's one image with its mask of ones; and an image of another size runs
+    the model's own tower."""
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from exporters.upstream.idefics_image import OneImageEncoder
+
+    model_dir = idefics3_runner[0]
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    processor = AutoProcessor.from_pretrained(model_dir)
+    image = Image.fromarray(torch.randint(0, 255, (40, 60, 3), dtype=torch.uint8).numpy())
+    inputs = processor(images=[[image]], text=[f"{processor.image_token} describe the image"], return_tensors="pt")
+    assert tuple(inputs["pixel_values"].shape[:2]) == (1, 1) and bool(inputs["pixel_attention_mask"].all())
+    encoder = OneImageEncoder(model).eval()
+    with torch.no_grad():
+        want = model.get_image_features(pixel_values=inputs["pixel_values"],
+                                        pixel_attention_mask=inputs["pixel_attention_mask"]).pooler_output
+        got = encoder(inputs["pixel_values"][:, 0])
+    assert torch.equal(got[0], torch.cat(list(want))), (got - torch.cat(list(want))).abs().max()
+    assert got.shape[1] == int((inputs["input_ids"] == model.config.image_token_id).sum())
+
+
+def test_a_sample_the_runners_one_image_cannot_carry_says_why(idefics3_runner):
+    """Tiles (the processor's do_image_splitting) or a mask that leaves pixels out: the default layout falls back
+    to the methods layout with the reason; a full single image fits."""
+    from transformers import AutoModelForImageTextToText
+
+    from exporters.capture.multimodal_runner import refused
+    from exporters.recipe.load import parse_recipe
+
+    model = AutoModelForImageTextToText.from_pretrained(idefics3_runner[0]).eval()
+    target = parse_recipe(json.dumps(PLAINEST_EXECUTORCH)).exports[0]
+    token = model.config.image_token_id
+    ids = torch.tensor([[1, token, token, token, token, 5]])
+    one = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": torch.randn(1, 1, 3, 32, 32),
+           "pixel_attention_mask": torch.ones(1, 1, 32, 32, dtype=torch.bool)}
+    assert refused(target, model, one, 64) is None
+    tiles = {**one, "pixel_values": torch.randn(1, 5, 3, 32, 32),
+             "pixel_attention_mask": torch.ones(1, 5, 32, 32, dtype=torch.bool)}
+    assert "splits the image into 5 images" in refused(target, model, tiles, 64)
+    padded = {**one, "pixel_attention_mask": one["pixel_attention_mask"].clone()}
+    padded["pixel_attention_mask"][..., 24:] = False
+    assert "leaves pixels out" in refused(target, model, padded, 64)
+
+
+def test_the_cards_multimodal_snippet_runs_as_written_for_idefics3(idefics3_runner, hub, tmp_path):
+    """The card's `MultimodalRunner` snippet, run as written against the Hub emulator (an image.jpg where it reads
+    one): the processor's [1, 1, 3, H, W] pixels go in as the runner's one image (ONE_IMAGE, the proof's line too)."""
+    from exporters.layouts.executorch_multimodal import ONE_IMAGE
+    from exporters.layouts.executorch_multimodal.proof import CHILD
+    from tests.card_snippets import card_snippets, exports_card, image_home, run_snippet, upload_exports
+
+    _, out, _, _ = idefics3_runner
+    commit = upload_exports(hub, "alice/idefics3", out, ["executorch"])
+    [(runtime, language, code)] = card_snippets(exports_card("alice/idefics3", out, commit))
+    assert runtime == RUNTIME and language == "python"
+    assert ONE_IMAGE in code and ONE_IMAGE in CHILD
+    done = run_snippet(code, hub, image_home(tmp_path))
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    assert done.stdout.strip()
