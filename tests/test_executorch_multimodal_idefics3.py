@@ -104,3 +104,17 @@ def test_the_cards_multimodal_snippet_runs_as_written_for_idefics3(idefics3_runn
     done = run_snippet(code, hub, image_home(tmp_path))
     assert done.returncode == 0, (code, done.stderr[-3000:])
     assert done.stdout.strip()
+
+
+def test_only_idefics3_shaped_models_take_the_one_image_encoder(tmp_path):
+    """Idefics2 has a pixel mask and a vision_model too, but its connector (a perceiver resampler) reads the patch
+    mask: it is not Idefics3-shaped and keeps the methods layout with its reason (the matrix's idefics2 row)."""
+    from transformers import AutoModelForImageTextToText
+
+    from exporters.upstream.idefics_image import takes_pixel_mask
+    from matrix.families import FAMILIES, build
+
+    idefics2 = AutoModelForImageTextToText.from_pretrained(build(FAMILIES["idefics2"], tmp_path / "idefics2"))
+    assert not takes_pixel_mask(idefics2)
+    smolvlm = AutoModelForImageTextToText.from_pretrained(build(FAMILIES["smolvlm"], tmp_path / "smolvlm"))
+    assert takes_pixel_mask(smolvlm)

@@ -32,12 +32,15 @@ PIXEL_MASK = "pixel_attention_mask"
 
 def takes_pixel_mask(model: Any) -> bool:
     """Whether `model` is Idefics3-shaped: its `get_image_features` takes a `pixel_attention_mask`, and it has the
-    `vision_model` and `connector` [`OneImageEncoder`] runs."""
+    `vision_model` and `connector` [`OneImageEncoder`] runs, a connector that reads the features alone (Idefics2's
+    perceiver resampler reads the patch mask too: not this shape)."""
     features = getattr(model, "get_image_features", None)
     if not callable(features) or PIXEL_MASK not in inspect.signature(features).parameters:
         return False
     inner = getattr(model, "model", model)
-    return all(isinstance(getattr(inner, name, None), torch.nn.Module) for name in ("vision_model", "connector"))
+    if not all(isinstance(getattr(inner, name, None), torch.nn.Module) for name in ("vision_model", "connector")):
+        return False
+    return list(inspect.signature(inner.connector.forward).parameters) == ["image_hidden_states"]
 
 
 def eager_cache(model: Any, generation_config: Any) -> Any:
