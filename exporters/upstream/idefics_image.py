@@ -13,7 +13,7 @@ is all ones and it holds one image.
 Eager `generate()` of such a model with a static cache fails in the pinned transformers: `generate` hands the
 model the per-layer-type mask mapping `create_masks_for_generate` makes, which Idefics3's text model reads as one
 tensor (`AttributeError: 'dict' object has no attribute 'ndim'`); eager references generate with the dynamic cache
-instead ([`eager_cache`]), the same greedy steps over the same keys and values.
+instead ([`eager_cache`]), the same greedy steps over the same keys and values (docs/upstream-gaps.md #56, #57).
 
 Example:
     >>> takes_pixel_mask(torch.nn.Linear(2, 2))

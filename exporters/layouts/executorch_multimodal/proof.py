@@ -12,6 +12,10 @@ prove():     a subprocess runs MultimodalRunner(model.pte, tokenizer.json[, mode
              `audio_encoder` on an audio input: extension/llm/runner/multimodal_prefiller.cpp)
 ```
 
+Idefics3 and SmolVLM: the processor's one image `[1, 1, 3, H, W]` goes to the runner as `[1, 3, H, W]` (`ONE_IMAGE`,
+the card's line too); eager `generate()` reads the processor's `pixel_attention_mask` (all ones) with it, and runs its
+dynamic cache (its static-cache `generate()` fails upstream: docs/upstream-gaps.md #56).
+
 The binding hands each generated token to Python as its decoded piece; a piece maps back to the ids of the folder's
 tokenizer that decode to it, and matches where eager's id is among them (as the text runner's proof,
 `exporters.layouts.executorch_llm.proof`).
