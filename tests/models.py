@@ -353,13 +353,14 @@ def _word_tokenizer(specials: list[str], words: list[str]):
 
 def tiny_idefics3_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
                                  family: str = "idefics3", text_layers: int | None = None,
-                                 byte_level: bool = False) -> Path:
+                                 byte_level: bool = False, split: bool = False) -> Path:
     """A tiny Idefics3 (SigLIP-style tower, image 32, patch 8, 4 image tokens) saved with its own processor: a
     PIL-backend Idefics3 image processor (one image, not split into tiles) and a WordLevel tokenizer whose `<image>`
     id is the model's. `family` "smolvlm": a SmolVLM model (Idefics3's architecture) with the same processor (SmolVLM's
     own needs torchvision for its video processor, which the stack does not install). `text_layers`: the language
     model's depth (else 2). `byte_level`: a byte-level BPE tokenizer instead (one ExecuTorch's C++ tokenizer loads),
-    the text model's vocabulary its size."""
+    the text model's vocabulary its size. `split`: the processor splits the image (`do_image_splitting`, real SmolVLM
+    repos' default): resized to 64, it gives 2 x 2 tiles of 32 and the whole image, each its own run of image tokens."""
     import dataclasses
 
     from transformers import Idefics3ImageProcessorPil, Idefics3Processor
@@ -381,8 +382,8 @@ def tiny_idefics3_with_processor(folder: Path, recipe: Any | None = None, seed: 
                                                 "text_config.pad_token_id": 0, **vocabulary,
                                                 **_text_depth(text_layers)})
     build(spec, folder, seed=seed, recipe=recipe)
-    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 32}, max_image_size={"longest_edge": 32},
-                                                do_image_splitting=False)
+    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 64 if split else 32},
+                                                max_image_size={"longest_edge": 32}, do_image_splitting=split)
     Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4).save_pretrained(folder)
     return folder
 

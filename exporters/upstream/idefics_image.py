@@ -2,13 +2,14 @@
 gives `pixel_values [1, images, 3, H, W]` with a `pixel_attention_mask [1, images, H, W]` (part of the adapter to
 upstream: it reads the model's `vision_model` and `connector`).
 
-The runner's image is one tensor `[1, 3, H, W]` (`make_image_input`), no mask beside it. For one full image of the
-processor's size (the processor pads nothing: its mask is all ones) the model's own `get_image_features` computes a
-mask of ones in the vision tower when none is given, and drops only all-zero padding images, which one real image
-is not; so [`OneImageEncoder`] is `vision_model` (its patch mask left to the model: all ones) then `connector`,
-without `get_image_features`' data-dependent padding-image filter that a trace cannot keep
-(`pixel_values[real_images_inds]`). `exporters.capture.multimodal_runner.refused` admits a sample only where its mask
-is all ones and it holds one image.
+The runner's image is one tensor `[1, 3, H, W]` (`make_image_input`), no mask beside it; the runner calls
+`vision_encoder` once per image input. For a full image of the processor's size (the processor pads nothing: its
+mask is all ones; a tile of a split image too) the model's own `get_image_features` computes a mask of ones in the
+vision tower when none is given, and drops only all-zero padding images, which a real image is not; so
+[`OneImageEncoder`] is `vision_model` (its patch mask left to the model: all ones) then `connector`, without
+`get_image_features`' data-dependent padding-image filter that a trace cannot keep (`pixel_values[real_images_inds]`).
+`exporters.capture.multimodal_runner.refused` admits a sample only where its mask is all ones and its prompt holds a
+run of image tokens per image (the tiles and the whole image of `do_image_splitting`, each an image input).
 
 Eager `generate()` of such a model with a static cache fails in the pinned transformers: `generate` hands the
 model the per-layer-type mask mapping `create_masks_for_generate` makes, which Idefics3's text model reads as one

@@ -7,7 +7,7 @@ and the runner's constant metadata methods.
 model ──► multimodal_modules ──► export_multimodal_program ──► one .pte
           token_embedding(tokens int64[1, seq]) -> embeddings [1, seq, hidden]          seq dynamic
           vision_encoder(pixel_values float[1, 3, H, W]) -> image embeddings [1, n, hidden]  the processor's pixels
-            (Idefics3, SmolVLM: its one image, its position ids a constant: `exporters.upstream.idefics_image`)
+            (Idefics3, SmolVLM: one image or tile, its position ids a constant: `exporters.upstream.idefics_image`)
           or audio_encoder(input_features float[1, mel bins, frames]) -> audio embeddings [1, n, hidden]
           text_decoder(embeddings [1, seq, hidden], cache_position int64[seq]) -> logits    the cache inside
           get_max_seq_len, get_max_context_len, get_eos_ids, get_bos_id, ... (constants.h), vision_token_id
