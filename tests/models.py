@@ -352,11 +352,15 @@ def _word_tokenizer(specials: list[str], words: list[str]):
 
 
 def tiny_idefics3_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
-                                 family: str = "idefics3", text_layers: int | None = None) -> Path:
+                                 family: str = "idefics3", text_layers: int | None = None,
+                                 byte_level: bool = False, split: bool = False) -> Path:
     """A tiny Idefics3 (SigLIP-style tower, image 32, patch 8, 4 image tokens) saved with its own processor: a
-    PIL-backend Idefics3 image processor and a WordLevel tokenizer whose `<image>` id is the model's. `family`
-    "smolvlm": a SmolVLM model (Idefics3's architecture) with the same processor (SmolVLM's own needs torchvision for
-    its video processor, which the stack does not install). `text_layers`: the language model's depth (else 2)."""
+    PIL-backend Idefics3 image processor (one image, not split into tiles) and a WordLevel tokenizer whose `<image>`
+    id is the model's. `family` "smolvlm": a SmolVLM model (Idefics3's architecture) with the same processor (SmolVLM's
+    own needs torchvision for its video processor, which the stack does not install). `text_layers`: the language
+    model's depth (else 2). `byte_level`: a byte-level BPE tokenizer instead (one ExecuTorch's C++ tokenizer loads),
+    the text model's vocabulary its size. `split`: the processor splits the image (`do_image_splitting`, real SmolVLM
+    repos' default): resized to 64, it gives 2 x 2 tiles of 32 and the whole image, each its own run of image tokens."""
     import dataclasses
 
     from transformers import Idefics3ImageProcessorPil, Idefics3Processor
@@ -364,15 +368,22 @@ def tiny_idefics3_with_processor(folder: Path, recipe: Any | None = None, seed: 
     from matrix.families import FAMILIES, build
 
     specials = ["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"]
-    tokenizer = _word_tokenizer(specials, ["describe", "the", "image", "a", "cat", "on", "mat", "."])
+    vocabulary: dict[str, Any] = {}
+    if byte_level:  # bos 1, eos 2, pad 3 (VLM_SPECIALS), every id the model generates decodes to a piece
+        tokenizer = train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, *specials], vocab_size=120, bos="<s>",
+                                        eos="</s>", pad="<pad>", byte_level=True)
+        vocabulary = {"text_config.vocab_size": len(tokenizer), "text_config.pad_token_id": 3}
+    else:
+        tokenizer = _word_tokenizer(specials, ["describe", "the", "image", "a", "cat", "on", "mat", "."])
     image_token = tokenizer.convert_tokens_to_ids("<image>")
     spec = FAMILIES[family]
     spec = dataclasses.replace(spec, tokenizer=None, overrides={**spec.overrides, "image_token_id": image_token,
                                                 "text_config.bos_token_id": 1, "text_config.eos_token_id": 2,
-                                                "text_config.pad_token_id": 0, **_text_depth(text_layers)})
+                                                "text_config.pad_token_id": 0, **vocabulary,
+                                                **_text_depth(text_layers)})
     build(spec, folder, seed=seed, recipe=recipe)
-    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 32}, max_image_size={"longest_edge": 32},
-                                                do_image_splitting=False)
+    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 64 if split else 32},
+                                                max_image_size={"longest_edge": 32}, do_image_splitting=split)
     Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4).save_pretrained(folder)
     return folder
 

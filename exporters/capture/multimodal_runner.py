@@ -7,7 +7,10 @@ contract of executorch's `MultimodalRunner` (extension/llm/runner, with its Pyth
 model: one image whose features (`get_image_features`) take the place of one run of image tokens in the prompt, the
 processor's pixels `[1, 3, H, W]` the only image input, a text model the static cache holds whole, a prompt read
 causally or both ways among one image's tokens only (Gemma 3: the program marks the image's rows,
-`exporters.capture.image_attention`). A model outside that (tiles with `image_sizes`, a pixel mask, other token
+`exporters.capture.image_attention`); Idefics3 and SmolVLM where their processor's images `[1, n, 3, H, W]` (one,
+or its tiles and the whole image, each its own run of image tokens: each an image input of the runner) have a pixel
+mask of ones (`exporters.upstream.idefics_image`). A model outside that (tiles with `image_sizes`, a pixel mask that
+leaves pixels out, other token
 types, Qwen2-VL's patches, sliding-window layers shorter than the cache, PaliGemma's bidirectional prefix) keeps the
 methods layout, the report saying why ([`refused`]). An audio-language model fits where it is Voxtral-shaped:
 `audio_encoder` is its `get_audio_features` (or, Qwen2-Audio, its audio tower then its projector, where the sample's
@@ -40,6 +43,7 @@ from exporters.capture.llm_runner import program_reasons
 from exporters.capture.token_ids import image_token_id
 from exporters.errors import TargetPlanError
 from exporters.upstream import multimodal_runner
+from exporters.upstream.idefics_image import PIXEL_MASK, takes_pixel_mask
 
 MULTIMODAL_RUNNER = "multimodal_runner"
 TOKEN_EMBEDDING, VISION_ENCODER, TEXT_DECODER = multimodal_runner.METHODS
@@ -100,8 +104,9 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
         return _asked(target, _audio_refused(model, generate_inputs, max_cache_len))
     config = model.config.to_dict()
     # Gemma 3's token types mark its image's tokens, which the program marks itself (`marks_image_rows`)
-    extra = sorted(set(generate_inputs) - IMAGE_INPUTS - ({"token_type_ids"} if marks_image_rows(config) else set()))
-    pixels = generate_inputs.get("pixel_values")
+    extra = sorted(set(generate_inputs) - IMAGE_INPUTS - ({"token_type_ids"} if marks_image_rows(config) else set())
+                   - ({PIXEL_MASK} if takes_pixel_mask(model) else set()))
+    pixels = runner_images(generate_inputs.get("pixel_values"))
     ids = generate_inputs.get("input_ids")
     image_token = image_token_id(model.config)
     if not hasattr(model, "get_image_features"):
@@ -110,14 +115,46 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
         why = bidirectional
     elif extra:
         why = f"its image inputs include {extra}, which the runner's one image (pixels only) cannot carry"
-    elif not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or pixels.shape[0] != 1:
+    elif masked := _mask_refused(generate_inputs):
+        why = masked
+    elif not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or (pixels.shape[0] != 1 and PIXEL_MASK not in
+                                                                        generate_inputs):
         shape = list(pixels.shape) if isinstance(pixels, torch.Tensor) else None
         why = f"its pixels are not one image [1, 3, H, W] (shape {shape})"
-    elif image_token is None or ids is None or len(_runs(ids[0].tolist(), int(image_token))) != 1:
-        why = "its prompt does not hold one run of image tokens (the runner puts the image's features there)"
+    elif image_token is None or ids is None or len(_runs(ids[0].tolist(), int(image_token))) != pixels.shape[0]:
+        why = (f"its prompt does not hold one run of image tokens per image ({pixels.shape[0]}: the runner puts "
+               "each image's features in its run)")
     else:
         why = _window_refused(model, max_cache_len)
     return _asked(target, why)
+
+
+def runner_images(pixels: Any) -> Any:
+    """The runner's images `[n, 3, H, W]`, each one image input `[1, 3, H, W]` in the prompt's order, of an
+    Idefics3-style sample's `[1, n, 3, H, W]` (one image, or the processor's tiles and the whole image:
+    `do_image_splitting`); other pixels as they are.
+
+    Example:
+        >>> runner_images(torch.zeros(1, 5, 3, 4, 4)).shape, runner_images(torch.zeros(1, 3, 4, 4)).shape
+        (torch.Size([5, 3, 4, 4]), torch.Size([1, 3, 4, 4]))
+    """
+    if isinstance(pixels, torch.Tensor) and pixels.dim() == 5 and pixels.shape[0] == 1:
+        return pixels[0]
+    return pixels
+
+
+def _mask_refused(generate_inputs: dict[str, Any]) -> str | None:
+    """Why an Idefics3-style sample (`pixel_attention_mask` beside `[1, images, 3, H, W]` pixels) does not fit the
+    runner's images: its mask leaves pixels out (the program's `vision_encoder` counts every pixel:
+    `exporters.upstream.idefics_image`); else None. Tiles (`do_image_splitting`) fit: each is one image input of
+    the runner, in its own run of image tokens."""
+    mask = generate_inputs.get(PIXEL_MASK)
+    if not isinstance(mask, torch.Tensor):
+        return None
+    if not bool(mask.all()):
+        return (f"its {PIXEL_MASK} leaves pixels out (a padded image), which the runner's one image (pixels only, "
+                "every pixel counted) cannot carry")
+    return None
 
 
 def _window_refused(model: Any, max_cache_len: int) -> str | None:
@@ -221,6 +258,8 @@ def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> 
     encoder = AUDIO_ENCODER if AUDIO_ENCODER in modules else VISION_ENCODER
     source = "input_features" if encoder == AUDIO_ENCODER else "pixel_values"
     media = generate_inputs[source].clone()
+    if encoder == VISION_ENCODER:  # traced on one image (Idefics3's tiles: each one image input of the runner)
+        media = runner_images(media)[:1].clone()
     if encoder == AUDIO_ENCODER and chunked_audio(model):  # traced on two chunks: the chunk axis stays dynamic
         media = two_chunks(media)
     return {TOKEN_EMBEDDING: (modules[TOKEN_EMBEDDING], {"input_ids": text}),

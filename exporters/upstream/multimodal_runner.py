@@ -7,6 +7,7 @@ and the runner's constant metadata methods.
 model ──► multimodal_modules ──► export_multimodal_program ──► one .pte
           token_embedding(tokens int64[1, seq]) -> embeddings [1, seq, hidden]          seq dynamic
           vision_encoder(pixel_values float[1, 3, H, W]) -> image embeddings [1, n, hidden]  the processor's pixels
+            (Idefics3, SmolVLM: one image or tile, its position ids a constant: `exporters.upstream.idefics_image`)
           or audio_encoder(input_features float[1, mel bins, frames]) -> audio embeddings [1, n, hidden]
           text_decoder(embeddings [1, seq, hidden], cache_position int64[seq]) -> logits    the cache inside
           get_max_seq_len, get_max_context_len, get_eos_ids, get_bos_id, ... (constants.h), vision_token_id
@@ -38,6 +39,7 @@ from transformers.exporters.metadata import ExportMetadata
 from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
 from exporters.upstream.beyond import _external_constants, _tag_delegate_weights, xnnpack_lowering
+from exporters.upstream.idefics_image import OneImageEncoder, takes_pixel_mask
 from exporters.upstream.internals import strict_export_shares_parameters
 from exporters.upstream.llm_runner import _static_generation_config, custom_ops_installed
 from exporters.upstream.patches import patched, patched_item
@@ -204,7 +206,9 @@ def multimodal_modules(model: Any, max_cache_len: int, marked: bool = False) -> 
     """
     with _static_generation_config(model, max_cache_len):
         wrapper = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_cache_len)
-    encoder = AudioEncoder(model) if AUDIO_ENCODER in methods_of(model) else VisionEncoder(model)
+    encoder: torch.nn.Module = AudioEncoder(model) if AUDIO_ENCODER in methods_of(model) else VisionEncoder(model)
+    if takes_pixel_mask(model):  # Idefics3, SmolVLM: one full image, its mask of ones the model's own
+        encoder = OneImageEncoder(model)
     embedding: torch.nn.Module = TokenEmbedding(model.get_input_embeddings())
     decoder: torch.nn.Module = TextDecoder(wrapper)
     if marked:  # a vision-language model (an audio one has no bidirectional prefill here)

@@ -29,6 +29,7 @@ import torch
 from exporters.capture.generation_settings import greedy
 from exporters.capture.steps import CACHE_INPUTS, output_cache, step_inputs
 from exporters.upstream import recording_logits_processors, run_component
+from exporters.upstream.idefics_image import eager_cache
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ def greedy_config(generation_config, steps: int):
 
 def eager_reference(model, generate_inputs: dict[str, Any], generation_config, steps: int) -> EagerReference:
     """Run eager `generate()` greedily for up to `steps` tokens; its tokens, processed scores and processors."""
-    config = greedy_config(generation_config, steps)
+    config = eager_cache(model, greedy_config(generation_config, steps))  # Idefics3: its dynamic cache (upstream)
     recorded: list = []
     with torch.no_grad(), recording_logits_processors(model, recorded):
         output = model.generate(**copy.deepcopy(generate_inputs), generation_config=config,

@@ -14,7 +14,8 @@ import torch
 from exporters.capture.image_text import (AUDIO_ENCODER as AUDIO_GRAPH, DECODER, EMBED_TOKENS,
                                          VISION_ENCODER as IMAGE_ENCODER, audio_inputs, embeds_inputs, image_inputs)
 from exporters.capture.merged import empty_cache
-from exporters.capture.multimodal_runner import AUDIO_ENCODER, TEXT_DECODER, TOKEN_EMBEDDING, VISION_ENCODER
+from exporters.capture.multimodal_runner import (AUDIO_ENCODER, TEXT_DECODER, TOKEN_EMBEDDING, VISION_ENCODER,
+                                               runner_images)
 from exporters.capture.steps import output_cache
 from exporters.capture.token_ids import image_token_id
 from exporters.upstream import run_component
@@ -51,7 +52,9 @@ def multimodal_runner_driver(model, components, runners, generate_inputs: dict[s
         features = _tensor(run_component(runners[AUDIO_ENCODER], {"input_features": generate_inputs["input_features"]}))
         where = ids[0] == int(model.config.audio_token_id)
     else:
-        features = _tensor(run_component(runners[VISION_ENCODER], {"pixel_values": generate_inputs["pixel_values"]}))
+        images = runner_images(generate_inputs["pixel_values"])  # Idefics3's tiles: one call each, in order
+        features = torch.cat([_tensor(run_component(runners[VISION_ENCODER], {"pixel_values": images[i:i + 1]}))
+                              for i in range(images.shape[0])], dim=1)
         where = ids[0] == image_token_of(model.config)
     embeds[0, where] = features[0].to(embeds.dtype)
 

@@ -10,7 +10,9 @@ files beside it, run by executorch's `MultimodalRunner` (C++, and its Python bin
 
 The image reaches the runner as the processor's `pixel_values` (float, normalized, `[1, 3, H, W]`: the
 `vision_encoder` method's input dtype is float, so the runner takes float `CHW` pixels, not raw `uint8` `HWC`), the
-prompt as the processor's token ids (`generate_hf` splits them around the run of image tokens). The program is the
+prompt as the processor's token ids, split around each run of image tokens into the runner's input list
+(`IMAGE_INPUTS`: what the binding's `generate_hf` does for one image); Idefics3's and SmolVLM's `[1, n, 3, H, W]` (one
+image, or the processor's tiles and the whole image, each its own run) go in as n images `[1, 3, H, W]`. The program is the
 export's (`exporters.export.multimodal_runner`, `exporters.capture.multimodal_runner`, lowered by
 `exporters.upstream.multimodal_runner`).
 
@@ -33,8 +35,23 @@ LAYOUT = "multimodal_runner"  # the target's layout (exporters.capture.multimoda
 # the card's snippet and the proof's child share these lines: the runner, built and called the same way
 RUNNER_IMPORTS = ("import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the llama:: kernels)\n"
                   "from executorch.extension.llm.runner import GenerationConfig, MultimodalRunner\n")
-GENERATE = ("runner.generate_hf(inputs, GenerationConfig(echo=False, max_new_tokens={max_new_tokens}, "
-            "temperature=0.0), image_token_id=image_token_id, token_callback={callback})")
+IMAGE_IMPORTS = "from executorch.extension.llm.runner import make_image_input, make_token_input\n"
+# the runner's input list from the processor's output: the prompt's text, and each image where its run of image
+# tokens stands (LLaVA: one; Idefics3 and SmolVLM: [1, n, 3, H, W], the tiles and the whole image where the processor
+# splits it, each its own run), what the binding's generate_hf does for one image
+IMAGE_INPUTS = (
+    'ids, images = inputs["input_ids"][0].tolist(), inputs["pixel_values"].flatten(0, -4)  # images [n, 3, H, W]\n'
+    "parts, text, n = [], [], 0\n"
+    "for i, token in enumerate(ids):\n"
+    "    if token != image_token_id:\n"
+    "        text.append(token)\n"
+    "    elif i == 0 or ids[i - 1] != image_token_id:  # a run of image tokens: the next image's features go there\n"
+    "        parts += [make_token_input(text)] if text else []\n"
+    "        parts.append(make_image_input(images[n:n + 1]))\n"
+    "        text, n = [], n + 1\n"
+    "parts += [make_token_input(text)] if text else []\n")
+GENERATE = ("runner.generate(parts, GenerationConfig(echo=False, max_new_tokens={max_new_tokens}, temperature=0.0), "
+            "{callback})")
 # an audio-language program: the binding's generate_hf splits a prompt around image tokens only, so the prompt goes
 # in as the runner's input list, the audio's log-mel features where its audio tokens stand (make_audio_input)
 AUDIO_IMPORTS = "from executorch.extension.llm.runner import make_audio_input, make_token_input\n"
@@ -80,14 +97,15 @@ class ExecutorchMultimodal(Layout):
             return "python", audio_snippet(repo_id, target, revision, data)
         return "python", (
             download(repo_id, target, revision)
-            + RUNNER_IMPORTS
+            + RUNNER_IMPORTS + IMAGE_IMPORTS
             + "from PIL import Image\nfrom transformers import AutoConfig, AutoProcessor\n\n"
             f'runner = MultimodalRunner(f"{{folder}}/model.pte", f"{{folder}}/tokenizer.json"{data})\n'
             "processor = AutoProcessor.from_pretrained(folder)\n"
             "image_token_id = AutoConfig.from_pretrained(folder).image_token_id\n"
             'image = Image.open("image.jpg").convert("RGB")  # your image\n'
             f'prompt = f"{{processor.image_token}} {IMAGE_PROMPT}"  # your prompt, with the image token\n'
-            'inputs = processor(images=image, text=prompt, return_tensors="pt")  # float pixel_values [1, 3, H, W]\n'
+            'inputs = processor(images=image, text=prompt, return_tensors="pt")  # float pixel_values\n'
+            + IMAGE_INPUTS
             + GENERATE.format(max_new_tokens=32, callback='lambda piece: print(piece, end="")'))
 
 

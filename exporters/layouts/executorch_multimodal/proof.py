@@ -5,12 +5,19 @@ a prompt, greedily, the same tokens as eager `generate()` on the same inputs.
 ```
 reference(): the sample's inputs (the processor's prompt ids with its run of image tokens, its float pixel_values
              [1, 3, H, W] of a synthesized image) └─ eager greedy generate, max_new_tokens ─► ids (eos left out)
-prove():     a subprocess runs MultimodalRunner(model.pte, tokenizer.json[, model.ptd]).generate_hf(those inputs,
-             temperature 0) (the card's call) └─ pieces ─► ids ─► compared with eager's, token for token
+prove():     a subprocess runs MultimodalRunner(model.pte, tokenizer.json[, model.ptd]).generate([tokens before,
+             make_image_input(pixels), tokens after], temperature 0) (the card's lines: IMAGE_INPUTS, GENERATE; what
+             the binding's generate_hf does for one image) └─ pieces ─► ids ─► compared with eager's, token for token
              an audio-language program: runner.generate([tokens before, make_audio_input(input_features), tokens
-             after]) (`generate_hf` splits a prompt around image tokens only; the runner's C++ prefiller runs
-             `audio_encoder` on an audio input: extension/llm/runner/multimodal_prefiller.cpp)
+             after]) (the runner's C++ prefiller runs `audio_encoder` on an audio input:
+             extension/llm/runner/multimodal_prefiller.cpp)
 ```
+
+Idefics3 and SmolVLM: the processor's `[1, n, 3, H, W]` (one image, or its tiles and the whole image where it splits
+the image, each its own run of image tokens) go to the runner as n image inputs `[1, 3, H, W]` in the prompt's order
+(the generate_hf of the binding takes one image and one run); eager `generate()` reads the processor's
+`pixel_attention_mask` (all ones) with them, and runs its dynamic cache (its static-cache `generate()` fails
+upstream: docs/upstream-gaps.md #57).
 
 The binding hands each generated token to Python as its decoded piece; a piece maps back to the ids of the folder's
 tokenizer that decode to it, and matches where eager's id is among them (as the text runner's proof,
@@ -33,8 +40,10 @@ from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
 from exporters.layouts.executorch_llm import runner_child_imports
-from exporters.layouts.executorch_multimodal import AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, GENERATE_AUDIO
+from exporters.layouts.executorch_multimodal import (AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, GENERATE_AUDIO,
+                                                     IMAGE_IMPORTS, IMAGE_INPUTS)
 from exporters.upstream import read_manifest
+from exporters.upstream.idefics_image import eager_cache
 
 # the card's snippet makes the same runner and the same call (GENERATE; its RUNNER_IMPORTS load the same kernel
 # libraries: `runner_child_imports`)
@@ -51,7 +60,8 @@ image_token_id = spec["image_token_id"]
 pieces, stats = [], {}
 def on_stats(s):
     stats.update(prompt_tokens=s.num_prompt_tokens, generated=s.num_generated_tokens)
-""" + GENERATE.format(max_new_tokens='spec["max_new_tokens"]', callback="pieces.append, stats_callback=on_stats") + r"""
+""" + IMAGE_IMPORTS + IMAGE_INPUTS + GENERATE.format(max_new_tokens='spec["max_new_tokens"]',
+                                                     callback="pieces.append, on_stats") + r"""
 with open(spec["result"], "w") as handle:
     json.dump({"pieces": pieces, "stats": stats}, handle)
 """
@@ -84,7 +94,9 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
     audio = "input_features" in context.generate_inputs
     # Gemma 3's token types too: eager's prefill attends both ways among the image's tokens, as the program does
     # Qwen2-Audio's feature mask too: eager counts the frames with it (the program's audio takes them all)
-    wanted = ("input_ids", "attention_mask", "token_type_ids", "feature_attention_mask",
+    # Idefics3's pixel mask too (all ones: `exporters.capture.multimodal_runner`): eager reads the processor's mask,
+    # the runner's one image none
+    wanted = ("input_ids", "attention_mask", "token_type_ids", "feature_attention_mask", "pixel_attention_mask",
               "input_features" if audio else "pixel_values")
     inputs = {k: v for k, v in context.generate_inputs.items() if k in wanted}
     made = _reference(model, context, tokenizer, inputs, audio)
@@ -105,6 +117,7 @@ def _reference(model: Any, context: RuntimeContext, tokenizer: Tokenizer, inputs
                audio: bool) -> dict[str, Any]:
     """Eager's greedy tokens from `inputs` as the runner shows them, and the inputs the runner is given."""
     config, eos = greedy_settings(model, context)
+    config = eager_cache(model, config)  # Idefics3's static-cache generate() fails upstream: its dynamic cache
     with torch.no_grad():
         out = model.generate(**copy.deepcopy(inputs), generation_config=config)
     ids = inputs["input_ids"]
