@@ -19,7 +19,11 @@
   the same ONNX graph, only the nodes it changes run again.
 - torch.onnx's registry of torchlib's functions is built once per process (`exporters.upstream.torchlib_registry_built_once`,
   built by the run before it forks the export children): each export gets a copy of its own, the same ONNX graph;
-  tests/test_seq2seq_onnx.py checks through the CLI that no export child builds it again."""
+  tests/test_seq2seq_onnx.py checks through the CLI that no export child builds it again.
+- torch's `.pt2` loader resolves each schema class's type hints and parses each symbolic size once
+  (`exporters.upstream.pt2_read_once`, entered by `exporters.upstream.load_exported`): the same program (graph, every
+  node's value, range constraints, what it computes), a fraction of the sympy parses; every `.pt2` the suite
+  validates (each dynamo target) is loaded with it."""
 
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import numpy as np
 import onnxruntime
@@ -437,3 +442,38 @@ def test_a_run_on_another_torch_says_its_stack_is_not_the_tested_one(monkeypatch
     said = [w for w in context.prepare_run(str(tmp_path), options).warnings if "tested" in w]
     assert said == ["the installed stack is not the tested one: torch 2.11.0+cu130 (tested 2.13.0); exports may fail "
                     "or differ: install with `-c constraints.txt` (README, Two commands)"], said
+
+def _load_counting(path, once: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, int, int]:
+    """The program at `path`, loaded with or without `pt2_read_once`, and how many sympy parses and type-hint
+    resolutions torch's deserializer ran."""
+    import sympy
+    import typing
+    from torch._export.serde import serialize
+
+    parses, hints = [], []
+    real_sympify, real_hints = sympy.sympify, typing.get_type_hints
+    monkeypatch.setattr(sympy, "sympify", lambda *a, **k: parses.append(1) or real_sympify(*a, **k))
+    monkeypatch.setattr(typing, "get_type_hints", lambda *a, **k: hints.append(1) or real_hints(*a, **k))
+    with upstream.pt2_read_once() if once else contextlib.nullcontext():
+        program = torch.export.load(str(path))
+    assert serialize.typing is typing, "restored"
+    return program, len(parses), len(hints)
+
+
+def test_a_pt2_is_read_as_torch_reads_it_with_each_type_and_size_once(monkeypatch, tmp_path):
+    torch.manual_seed(0)
+    traced = torch.export.export(Decoder().eval(), _decoder_inputs(3, 2, 5), dynamic_shapes=_decoder_dims(),
+                                 strict=False, prefer_deferred_runtime_asserts_over_guards=True)
+    torch.export.save(traced, str(tmp_path / "decoder.pt2"))
+    plain, plain_parses, plain_hints = _load_counting(tmp_path / "decoder.pt2", False, monkeypatch)
+    once, once_parses, once_hints = _load_counting(tmp_path / "decoder.pt2", True, monkeypatch)
+
+    assert str(once.graph) == str(plain.graph), "the same program"
+    assert [(n.name, str(n.meta.get("val"))) for n in once.graph.nodes] == \
+        [(n.name, str(n.meta.get("val"))) for n in plain.graph.nodes], "every node's value, sizes included"
+    assert str(once.range_constraints) == str(plain.range_constraints)
+    assert once_parses < plain_parses / 2, (once_parses, plain_parses)
+    assert once_hints < plain_hints / 10, (once_hints, plain_hints)
+    for shape in ((3, 2, 5), (5, 3, 7)):  # the traced shape and another
+        x, caches = _decoder_inputs(*shape)
+        torch.testing.assert_close(once.module()(x, caches), plain.module()(x, caches), rtol=0, atol=0)

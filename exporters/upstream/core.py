@@ -37,6 +37,7 @@ from exporters.upstream.beyond import (
     prepacks_alike,
     share_identical_weights,
 )
+from exporters.upstream.internals import pt2_read_once
 from exporters.upstream.llm_runner import register_custom_ops, register_quantized_kernels
 from exporters.upstream.pytree import leaf_tensors, move_to
 
@@ -311,7 +312,7 @@ def load_exported(directory: Path, *, device: str | None = None, config: Any = N
     components = {}
     programs: dict[str, Any] = {}  # a file shared by components (one method each) is loaded once
     weights: dict[str, Any] = {}  # split .pt2 programs each carry the weights: held once (share_identical_weights)
-    with quiet_torch_serde():
+    with quiet_torch_serde(), pt2_read_once():  # torch's deserializer reads each type and size once
         for name, entry in manifest["components"].items():
             metadata = ExportMetadata.from_dict(entry.get("metadata") or {})
             for spec in (metadata.in_spec, metadata.out_spec):

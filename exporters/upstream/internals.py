@@ -2,7 +2,8 @@
 is adapted here: ExecuTorch's `.pte` layout (segments, named data), the one place `generate()` assembles its
 logits processors, how upstream resolves the targets of its trace-time patches, the contiguity test of its
 `reshape` patch, torch's symbolic size arithmetic (`SymNode`'s operations) and how `torch.export` gives input
-sizes their symbols, and the real-value cache of a strict `torch.export`.
+sizes their symbols, the real-value cache of a strict `torch.export`, and how torch's `.pt2` deserializer reads its
+schema's type hints and its symbolic sizes.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import sys
+import types
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +21,8 @@ import torch
 from torch._dynamo.source import TensorProperty, TensorPropertySource
 from torch._dynamo.variables import builder as dynamo_builder
 from torch._export import non_strict_utils
+from torch._export.serde import schema as serde_schema
+from torch._export.serde import serialize as serde
 from torch.export.dynamic_shapes import _Constraint
 from torch.fx.experimental import sym_node
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
@@ -358,4 +363,56 @@ def named_dims_share_symbols() -> Iterator[None]:
             return real(mode, kp, t, t_constraints, sources, *args, **kwargs)
 
     with patched(non_strict_utils, "fakify", fakify):
+        yield
+
+
+@contextmanager
+def pt2_read_once() -> Iterator[None]:
+    """While a `.pt2` is loaded, torch's deserializer neither resolves a schema class's type hints nor parses a
+    symbolic size it has already read again (docs/upstream-gaps.md #59). Its `_dict_to_dataclass` calls
+    `typing.get_type_hints` for every object of the JSON graph (5,550 times for a 2-layer Llama's merged graph:
+    a quarter of the load), and `_parse_sym_expr` runs sympy's parser on every size and stride of every node's
+    tensor (1,350 times, a quarter more) where a graph has a few dozen distinct expressions.
+
+    The schema's classes and their annotations never change, so their hints are resolved once per class (with the
+    schema's names, as torch asks; any other call of `get_type_hints` goes to typing's). A symbolic size read again,
+    by the same deserializer's shape environment and with the same hint, is the object its first reading gave: the
+    first reading cached it by name, gave it its hint and value range (the ranges are fixed before the graph is
+    read), which a second reading finds done; only the shape environment's record of the Python stack that created
+    a symbol (`var_to_stack`, for error messages) keeps the first reading's stack instead of the last's.
+    tests/test_trace_shortcuts.py loads a program both ways and compares graphs, node values and range constraints.
+
+    Example:
+        >>> with pt2_read_once():  # doctest: +SKIP
+        ...     torch.export.load("model.pt2")
+    """
+    real_hints = typing.get_type_hints
+    names = vars(serde_schema)
+    hints: dict[type, dict] = {}
+
+    def get_type_hints(obj, globalns=None, localns=None, include_extras=False):
+        if globalns is not names or localns is not None or include_extras or not isinstance(obj, type):
+            return real_hints(obj, globalns, localns, include_extras)
+        if obj not in hints:
+            hints[obj] = real_hints(obj, globalns)
+        return hints[obj]
+
+    view = types.ModuleType("typing")  # torch's module reads `typing.get_type_hints`: this one has ours
+    view.__dict__.update(vars(typing))
+    view.get_type_hints = get_type_hints
+    real_parse = serde.GraphModuleDeserializer._parse_sym_expr
+    parsed: dict[int, tuple[object, dict]] = {}  # by id of the deserializer's shape environment, held alive
+
+    def _parse_sym_expr(self, expr_str, hint=None):
+        env = getattr(self, "shape_env", None)
+        if env is None or not isinstance(expr_str, str) or not isinstance(hint, (int, float, type(None))):
+            return real_parse(self, expr_str, hint)
+        done = parsed.setdefault(id(env), (env, {}))[1]
+        key = (expr_str, type(hint), hint)
+        if key not in done:
+            done[key] = real_parse(self, expr_str, hint)
+        return done[key]
+
+    with patched(serde, "typing", view), \
+            patched(serde.GraphModuleDeserializer, "_parse_sym_expr", _parse_sym_expr):
         yield

@@ -260,6 +260,10 @@ PATCHES: tuple[Patch, ...] = (
     Patch("quiet_torch_serde", ("logging:getLogger(torch._export.serde.serialize).level",),
           "torch 2.13's .pt2 loader logs a warning whose format string breaks the logging call",
           "docs/upstream-gaps.md #3: the warning fixed in torch"),
+    Patch("pt2_read_once", ("torch._export.serde.serialize:typing",
+                             "torch._export.serde.serialize:GraphModuleDeserializer._parse_sym_expr"),
+          "torch's .pt2 loader resolves a schema class's type hints per object and parses every size with sympy",
+          "docs/upstream-gaps.md #59: torch's deserializer caching type hints per class and parsed expressions"),
 )
 
 
