@@ -54,13 +54,18 @@ def _optimum_python() -> str:
     return python
 
 
-def _in_optimum_venv(script: str, *args: str) -> list[dict]:
-    """Run `tests/optimum/<script>` in the optimum venv, offline, from a folder away from the model: its JSON lines."""
+def _in_optimum_venv(*runs: list[str]) -> list[list[dict]]:
+    """Run `tests/optimum/<script> <args>` for each `[script, *args]` of `runs` in one process of the optimum venv
+    (tests/optimum/several.py: one start of torch, transformers and optimum for all of them), offline, from a folder
+    away from the model: each script's JSON lines."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": ""}
-    result = subprocess.run([_optimum_python(), str(OPTIMUM / script), *args], capture_output=True, text=True,
-                            timeout=600, env=env, cwd="/", check=False)
+    result = subprocess.run([_optimum_python(), str(OPTIMUM / "several.py")], input=json.dumps(runs),
+                            capture_output=True, text=True, timeout=600, env=env, cwd="/", check=False)
     assert result.returncode == 0, result.stderr[-4000:]
-    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    starts = [i for i, line in enumerate(lines) if set(line) == {"script"}]
+    assert [lines[i]["script"] for i in starts] == [run[0] for run in runs], result.stdout[-4000:]
+    return [lines[start + 1:end] for start, end in zip(starts, [*starts[1:], len(lines)])]
 
 
 def _transformers_js() -> str:
@@ -150,17 +155,34 @@ POOLING_MODES = [["cls"], ["mean"], ["max"], ["mean_sqrt_len_tokens"], ["cls", "
 
 
 @pytest.fixture(scope="module")
-def bert_in_side_env(bert, tmp_path_factory) -> dict:
-    """One side-environment process (each start imports torch, optimum and sentence-transformers again) for the BERT
-    folder: optimum's and sentence-transformers' encodings of TEXTS from the folder alone, sentence-transformers'
-    eager encoding of the model folder, and its `Pooling` of eager's hidden states in every POOLING_MODES."""
+def in_side_env(bert, vit, tmp_path_factory) -> dict:
+    """One side-environment process (each start imports torch, transformers, optimum and sentence-transformers again,
+    ~5.5 CPU s) for both models (#48: it was one per model).
+
+    "bert": for the BERT folder, optimum's and sentence-transformers' encodings of TEXTS from the folder alone,
+    sentence-transformers' eager encoding of the model folder, and its `Pooling` of eager's hidden states in every
+    POOLING_MODES. "vit": optimum's classification of `_images()` by each ViT target folder, each copied alone (away
+    from the model folder and the other target), a result per folder."""
     model_dir, out, target = bert
-    folder = _alone(out, target["name"], tmp_path_factory.mktemp("bert-alone"))
+    bert_folder = _alone(out, target["name"], tmp_path_factory.mktemp("bert-alone"))
     batch, hidden = _eager_bert(model_dir)
-    lines = _in_optimum_venv("feature_extraction.py", str(folder), json.dumps(TEXTS), str(model_dir),
-                             json.dumps([POOLING_MODES, hidden.tolist(), batch["attention_mask"].tolist()]))
-    assert len(lines) == 2 + len(POOLING_MODES), lines
-    return {"folder": folder, "got": lines[0], "eager_st": lines[1], "pooled": lines[2:]}
+    root = tmp_path_factory.mktemp("vit-alone")
+    vit_folders = {name: str(_alone(vit[1], name, root / name)) for name in ("onnx", "tjs")}
+    bert_lines, vit_lines = _in_optimum_venv(
+        ["feature_extraction.py", str(bert_folder), json.dumps(TEXTS), str(model_dir),
+         json.dumps([POOLING_MODES, hidden.tolist(), batch["attention_mask"].tolist()])],
+        ["image_classification.py", vit_folders["onnx"], json.dumps([i.tolist() for i in _images()]),
+         vit_folders["tjs"]])
+    assert len(bert_lines) == 2 + len(POOLING_MODES), bert_lines
+    by_folder = {result.pop("folder"): result for result in vit_lines}
+    return {"bert": {"folder": bert_folder, "got": bert_lines[0], "eager_st": bert_lines[1],
+                     "pooled": bert_lines[2:]},
+            "vit": {name: by_folder[folder] for name, folder in vit_folders.items()}}
+
+
+@pytest.fixture(scope="module")
+def bert_in_side_env(in_side_env) -> dict:
+    return in_side_env["bert"]
 
 
 def test_optimum_and_sentence_transformers_encode_a_batch_of_three_from_the_folder_alone(bert, bert_in_side_env):
@@ -379,17 +401,9 @@ def test_vit_targets_pass_and_carry_the_preprocessor_config(vit):
 
 
 @pytest.fixture(scope="module")
-def vit_in_optimum(vit, tmp_path_factory) -> dict[str, dict]:
-    """optimum's classification of `_images()` by each ViT target folder, each copied alone (away from the model
-    folder and the other target): one side-environment process for both folders (each start imports optimum and
-    torch again), a result per folder."""
-    _, out, _ = vit
-    root = tmp_path_factory.mktemp("vit-alone")
-    folders = {name: str(_alone(out, name, root / name)) for name in ("onnx", "tjs")}
-    results = _in_optimum_venv("image_classification.py", folders["onnx"],
-                               json.dumps([i.tolist() for i in _images()]), folders["tjs"])
-    by_folder = {result.pop("folder"): result for result in results}
-    return {name: by_folder[folder] for name, folder in folders.items()}
+def vit_in_optimum(in_side_env) -> dict[str, dict]:
+    """optimum's classification of `_images()` by each ViT target folder alone (`in_side_env`'s process)."""
+    return in_side_env["vit"]
 
 
 @pytest.mark.parametrize("name", ["onnx", "tjs"])

@@ -47,4 +47,5 @@ if len(sys.argv) > 4:  # pooling modes over given hidden states, as sentence-tra
         pooled = pooling({"token_embeddings": torch.tensor(hidden_states), "attention_mask": torch.tensor(mask)})
         print(json.dumps({"modes": modes, "sentence_embedding": pooled["sentence_embedding"].tolist()}))
 
-end_without_teardown()  # the answer is printed: no interpreter teardown (#48)
+if __name__ == "__main__":  # several.py runs it too, and ends itself
+    end_without_teardown()  # the answer is printed: no interpreter teardown (#48)

@@ -24,4 +24,5 @@ for folder in [sys.argv[1], *sys.argv[3:]]:
     print(json.dumps({"folder": folder, "shape": list(pixels["pixel_values"].shape), "logits": logits.tolist(),
                       "labels": [model.config.id2label[int(i)] for i in logits.argmax(-1)]}))
 
-end_without_teardown()  # the answer is printed: no interpreter teardown (#48)
+if __name__ == "__main__":  # several.py runs it too, and ends itself
+    end_without_teardown()  # the answer is printed: no interpreter teardown (#48)
