@@ -200,8 +200,7 @@ WHISPER_TINY_GENERATION = {
 
 
 def whisper_tiny_shaped(folder: Path, recipe: Any | None = None) -> Path:
-    """openai/whisper-tiny's shape at width 64 and half its depth (2 encoder + 2 decoder layers; it has 4 + 4: #48,
-    every layer of a depth is traced alike, and two are still a stack with per-layer caches), its vocabulary
+    """openai/whisper-tiny's shape at width 64: its full depth (4 encoder + 4 decoder layers), its vocabulary
     (51865, the output projection tied to the token embedding), 80 mel bins, 1500 source and 448 target positions,
     its special ids in config.json, its `generation_config.json` ([`WHISPER_TINY_GENERATION`]), a
     `WhisperFeatureExtractor` of 30 s chunks (3000 frames) and a tokenizer of its shape ([`whisper_tokenizer`])."""
@@ -210,7 +209,7 @@ def whisper_tiny_shaped(folder: Path, recipe: Any | None = None) -> Path:
     torch.manual_seed(0)
     generation = WHISPER_TINY_GENERATION
     config = WhisperConfig(
-        vocab_size=51865, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        vocab_size=51865, d_model=64, encoder_layers=4, decoder_layers=4, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=80,
         max_source_positions=1500, max_target_positions=448, decoder_start_token_id=50258, pad_token_id=50257,
         bos_token_id=50257, eos_token_id=50257, suppress_tokens=generation["suppress_tokens"],

@@ -1,4 +1,4 @@
-"""#46 §5: a checkpoint shaped like openai/whisper-tiny (half its depth, 2 + 2 layers, its 51865-token vocabulary
+"""#46 §5: a checkpoint shaped like openai/whisper-tiny (its full depth of 4 + 4 layers, its 51865-token vocabulary
 with the output projection tied to the token embedding, 80 mel bins, 1500 source and 448 target positions, the
 repo's own `generation_config.json` with `lang_to_id`, `task_to_id`, `forced_decoder_ids`, suppressed tokens and
 alignment heads) through the plainest recipe in every format. Before, every format failed with
@@ -91,7 +91,7 @@ def test_genai_transcribes_the_multilingual_whisper_from_generates_own_decoder_p
     assert "onnx/audio_processor_config.json" in {f["path"] for f in target["files"]}
     decoder = onnx.load(str(folder / "genai_decoder.onnx"), load_external_data=False).graph
     [branch] = [node for node in decoder.node if node.op_type == "If"]
-    presents = [f"present.{i}.decoder.{kv}" for i in range(2) for kv in ("key", "value")]  # every decoder layer
+    presents = [f"present.{i}.decoder.{kv}" for i in range(4) for kv in ("key", "value")]
     assert list(branch.output) == ["logits"] + presents
 
 
