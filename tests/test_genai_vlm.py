@@ -80,23 +80,26 @@ def test_a_float16_qwen2_5_vl_target_gets_no_genai_graphs_and_says_why(qwen_vl_g
            "float32 target without quantize (this target: dtype float16" in (out / "report.md").read_text()
 
 
-def test_genais_qwen2_5_vl_graphs_have_its_names_and_share_the_exports_weights(qwen_vl_genai):
+def signature(path) -> tuple[list, list]:
+    """A graph's inputs and outputs, each `(name, dims)` (a named dim by its name)."""
     import onnx
 
+    graph = onnx.load(str(path), load_external_data=False).graph
+    dims = lambda value: [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]  # noqa: E731
+    return [(v.name, dims(v)) for v in graph.input], [(v.name, dims(v)) for v in graph.output]
+
+
+def test_genais_qwen2_5_vl_graphs_have_its_names_and_share_the_exports_weights(qwen_vl_genai):
     out, _, _ = qwen_vl_genai
     folder = out / "onnx"
 
-    def signature(name: str) -> tuple[list, list]:
-        graph = onnx.load(str(folder / name), load_external_data=False).graph
-        dims = lambda value: [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]  # noqa: E731
-        return [(v.name, dims(v)) for v in graph.input], [(v.name, dims(v)) for v in graph.output]
-
-    assert signature("genai_vision.onnx") == ([("pixel_values", [16, 3 * 2 * 8 * 8]), ("image_grid_thw", [1, 3])],
-                                              [("image_features", [4, 32])]), "one image per run: GenAI loops images"
-    assert signature("genai_embedding.onnx") == (
+    assert signature(folder / "genai_vision.onnx") == (
+        [("pixel_values", [16, 3 * 2 * 8 * 8]), ("image_grid_thw", [1, 3])], [("image_features", [4, 32])]), \
+        "one image per run: GenAI loops images"
+    assert signature(folder / "genai_embedding.onnx") == (
         [("input_ids", ["batch_size", "sequence_length"]), ("image_features", ["num_image_tokens", 32])],
         [("inputs_embeds", ["batch_size", "sequence_length", 32])])
-    inputs, outputs = signature("genai_decoder.onnx")
+    inputs, outputs = signature(folder / "genai_decoder.onnx")
     assert [name for name, _ in inputs] == ["inputs_embeds", "attention_mask", "position_ids",
                                             "past_key_values.0.key", "past_key_values.0.value"]
     assert dict(inputs)["position_ids"] == [3, 1, "sequence_length"], "GenAI's 3-D M-RoPE positions"
@@ -220,8 +223,6 @@ def test_genai_generates_from_a_qwen3_vl_onnx_folder_with_its_deepstack_features
     (GenAI names no DeepStack input: qwen_vl.widened); GenAI generates eager's 8 tokens from the folder alone, from
     one image and from two (its processor's pixels and image tokens checked); the card's snippet runs as written."""
     pytest.importorskip("onnxruntime_genai")
-    import onnx
-
     from tests.card_snippets import card_snippets, exports_card, image_home, run_snippet, upload_exports
 
     # seed 5: eager's greedy tokens from the sample without the DeepStack features differ from the second on (measured:
@@ -241,17 +242,13 @@ def test_genai_generates_from_a_qwen3_vl_onnx_folder_with_its_deepstack_features
     [normalize] = [step["operation"] for step in processor["transforms"] if step["operation"]["type"] == "Normalize"]
     assert normalize["attrs"]["qwen3_vl"] == 1
 
-    def signature(name: str) -> tuple[list, list]:
-        graph = onnx.load(str(folder / name), load_external_data=False).graph
-        dims = lambda value: [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]  # noqa: E731
-        return [(v.name, dims(v)) for v in graph.input], [(v.name, dims(v)) for v in graph.output]
-
-    assert signature("genai_vision.onnx") == ([("pixel_values", [16, 3 * 2 * 8 * 8]), ("image_grid_thw", [1, 3])],
-                                              [("image_features", [4, 64])]), "merged and DeepStack features"
-    assert signature("genai_embedding.onnx") == (
+    assert signature(folder / "genai_vision.onnx") == (
+        [("pixel_values", [16, 3 * 2 * 8 * 8]), ("image_grid_thw", [1, 3])], [("image_features", [4, 64])]), \
+        "merged and DeepStack features"
+    assert signature(folder / "genai_embedding.onnx") == (
         [("input_ids", ["batch_size", "sequence_length"]), ("image_features", ["num_image_tokens", 64])],
         [("inputs_embeds", ["batch_size", "sequence_length", 64])])
-    inputs, outputs = signature("genai_decoder.onnx")
+    inputs, outputs = signature(folder / "genai_decoder.onnx")
     assert [name for name, _ in inputs] == ["inputs_embeds", "attention_mask", "position_ids"] + [
         f"past_key_values.{layer}.{part}" for layer in range(2) for part in ("key", "value")]
     assert dict(inputs)["inputs_embeds"][2] == 64 and dict(inputs)["position_ids"] == [3, 1, "sequence_length"]
@@ -283,8 +280,6 @@ def test_genai_generates_from_a_mistral3_onnx_folder_and_its_card_snippet_runs(m
     decoder graphs, genai_config.json, its Pixtral processor config) beside the components; GenAI generates eager's 8
     tokens from the folder alone, from one image and from two (its processor's pixels and `[IMG]` tokens checked);
     the card's snippet (`[IMG]` in the prompt) runs as written."""
-    import onnx
-
     from tests.card_snippets import card_snippets, exports_card, image_home, run_snippet, upload_exports
 
     out, report, log = mistral3_genai
@@ -305,13 +300,9 @@ def test_genai_generates_from_a_mistral3_onnx_folder_and_its_card_snippet_runs(m
     assert (resize["attrs"]["height"], resize["attrs"]["width"]) == (32, 32), "the traced image"
     assert not (folder / "processor_config.json").exists(), "transformers' processor file name left alone"
 
-    def signature(name: str) -> tuple[list, list]:
-        graph = onnx.load(str(folder / name), load_external_data=False).graph
-        dims = lambda value: [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]  # noqa: E731
-        return [(v.name, dims(v)) for v in graph.input], [(v.name, dims(v)) for v in graph.output]
-
-    assert signature("genai_vision.onnx") == ([("pixel_values", [1, 3, 32, 32])], [("image_features", [4, 32])])
-    inputs, outputs = signature("genai_decoder.onnx")
+    assert signature(folder / "genai_vision.onnx") == (
+        [("pixel_values", [1, 3, 32, 32])], [("image_features", [4, 32])])
+    inputs, outputs = signature(folder / "genai_decoder.onnx")
     assert [name for name, _ in inputs] == ["inputs_embeds", "attention_mask", "position_ids",
                                             "past_key_values.0.key", "past_key_values.0.value"]
     assert dict(inputs)["position_ids"] == [1, "sequence_length"], "plain RoPE positions"
