@@ -91,7 +91,7 @@ _SPECS = [
        "Gemma3nForConditionalGeneration (image, audio, text) is not in the matrix: its vision tower is a timm "
        "MobileNetV5 (TimmWrapperModel); timm needs torchvision, and PyPI's torchvision for torch 2.13 (0.28.0) is "
        "a CUDA build whose native ops do not load beside the CPU torch (`import torchvision`: operator "
-       "torchvision::nms does not exist), so it cannot be built here",
+       "torchvision::nms does not exist), so it cannot be built here (docs/upstream-gaps.md #60)",
        num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2, num_kv_shared_layers=2,
        sliding_window=12, activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0], vocab_size_per_layer_input=VOCAB,
        hidden_size_per_layer_input=8, laurel_rank=8, intermediate_size=[64] * 4),
