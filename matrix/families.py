@@ -209,7 +209,8 @@ _SPECS = [
     _f("efficientnet", "vision", "EfficientNetModel", image_size=32, width_coefficient=0.1, depth_coefficient=0.25,
        hidden_dim=128),
     _f("regnet", "vision", "RegNetModel",
-       "dynamo and ONNX mismatch on the random model's conditioning, not the graph: its BatchNorms at init (running "
+       "ONNX (and dynamo on the AMD machine of earlier rounds; it passed on the Intel one, 2026-12-06 11:09) "
+       "mismatch on the random model's conditioning, not the graph: its BatchNorms at init (running "
        "mean 0, variance 1) pass activations of ~1500 through, and float32 cancellation leaves outputs near zero "
        "off in eager float32 itself (dynamo's traced probe, 2026-12-06: eager float32 5.6e-3 from float64, the "
        "graph 6.7e-3), beyond dynamo's and ONNX's atol (1e-5, 1e-4) that eager float32 itself does not meet; "
