@@ -132,7 +132,7 @@ def test_the_executorch_folder_is_the_multimodal_runners_program(voxtral_run):
 def test_the_cards_audio_snippet_runs_as_written(voxtral_run, hub, tmp_path):
     """The card's MultimodalRunner snippet for an audio-language program, run as written against the Hub emulator:
     the proof's input list and call, every line of them."""
-    from exporters.layouts.executorch_multimodal import AUDIO_INPUTS, GENERATE_AUDIO, RUNNER_IMPORTS
+    from exporters.layouts.executorch_multimodal import AUDIO_INPUTS, GENERATE, RUNNER_IMPORTS
     from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
 
     _, out, _, _ = voxtral_run
@@ -140,7 +140,7 @@ def test_the_cards_audio_snippet_runs_as_written(voxtral_run, hub, tmp_path):
     snippets = card_snippets(exports_card("alice/voxtral", out, commit))
     [(language, code)] = [(language, code) for runtime, language, code in snippets if runtime == RUNTIME]
     assert language == "python" and f'revision="{commit}"' in code
-    assert RUNNER_IMPORTS in code and AUDIO_INPUTS in code and GENERATE_AUDIO.split("(")[0] in code
+    assert RUNNER_IMPORTS in code and AUDIO_INPUTS in code and GENERATE.split("(")[0] in code
     done = run_snippet(code, hub, tmp_path / "home")
     assert done.returncode == 0, (code, done.stderr[-3000:])
     assert done.stdout.strip()

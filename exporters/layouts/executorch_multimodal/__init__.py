@@ -55,9 +55,7 @@ GENERATE = ("runner.generate(parts, GenerationConfig(echo=False, max_new_tokens=
 # an audio-language program: the binding's generate_hf splits a prompt around image tokens only, so the prompt goes
 # in as the runner's input list, the audio's log-mel features where its audio tokens stand (make_audio_input)
 AUDIO_IMPORTS = "from executorch.extension.llm.runner import make_audio_input, make_token_input\n"
-AUDIO_INPUTS = ("inputs = [make_token_input(before), make_audio_input(input_features), make_token_input(after)]\n")
-GENERATE_AUDIO = ("runner.generate(inputs, GenerationConfig(echo=False, max_new_tokens={max_new_tokens}, "
-                  "temperature=0.0), {callback})")
+AUDIO_INPUTS = "parts = [make_token_input(before), make_audio_input(input_features), make_token_input(after)]\n"
 AUDIO_PROMPT = "Transcribe the audio."
 IMAGE_PROMPT = "Describe the image."
 
@@ -123,4 +121,4 @@ def audio_snippet(repo_id: str, target: dict[str, Any], revision: str | None, da
             "before = [tokenizer.bos_token_id]\n"
             f'after = tokenizer.encode("{AUDIO_PROMPT}", add_special_tokens=False)  # your prompt\n'
             + AUDIO_INPUTS
-            + GENERATE_AUDIO.format(max_new_tokens=32, callback='lambda piece: print(piece, end="")'))
+            + GENERATE.format(max_new_tokens=32, callback='lambda piece: print(piece, end="")'))

@@ -40,8 +40,7 @@ from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
 from exporters.layouts.executorch_llm import runner_child_imports
-from exporters.layouts.executorch_multimodal import (AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, GENERATE_AUDIO,
-                                                     IMAGE_IMPORTS, IMAGE_INPUTS)
+from exporters.layouts.executorch_multimodal import AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, IMAGE_IMPORTS, IMAGE_INPUTS
 from exporters.upstream import read_manifest
 from exporters.upstream.idefics_image import eager_cache
 
@@ -65,7 +64,7 @@ def on_stats(s):
 with open(spec["result"], "w") as handle:
     json.dump({"pieces": pieces, "stats": stats}, handle)
 """
-# the card's audio snippet makes the same input list and the same call (AUDIO_INPUTS, GENERATE_AUDIO), its imports
+# the card's audio snippet makes the same input list and the same call (AUDIO_INPUTS, GENERATE), its imports
 # the same kernel libraries
 AUDIO_CHILD = r"""
 import json, sys
@@ -79,8 +78,7 @@ before, after, input_features = saved["before"], saved["after"], saved["input_fe
 pieces, stats = [], {}
 def on_stats(s):
     stats.update(prompt_tokens=s.num_prompt_tokens, generated=s.num_generated_tokens)
-""" + AUDIO_INPUTS + GENERATE_AUDIO.format(max_new_tokens='spec["max_new_tokens"]',
-                                           callback="pieces.append, on_stats") + r"""
+""" + AUDIO_INPUTS + GENERATE.format(max_new_tokens='spec["max_new_tokens"]', callback="pieces.append, on_stats") + r"""
 with open(spec["result"], "w") as handle:
     json.dump({"pieces": pieces, "stats": stats}, handle)
 """
