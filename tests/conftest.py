@@ -8,10 +8,13 @@ cold interpreter instead, and a test about the CLI's start-up stays cold (`COLD_
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # context.cuda_available, prepare_run). A test that runs the product in this process would otherwise change this
 # worker's environment after its CLI launcher started, and every later CLI call would start cold (CI of stop 59).
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+# Importing torch._dynamo (a test's in-process torch.export) writes torch._inductor's default TORCHINDUCTOR_CACHE_DIR
+# into os.environ, which restarted a worker's launcher started before it (eleventh round): the same folder, set first.
+_USER = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())  # as torch's default_cache_dir() spells it
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{_USER}"))
 CLI = [sys.executable, "-m", "exporters.cli"]
 # Modules whose CLI runs are about the start-up itself, started cold (their own subprocesses are cold anyway).
 COLD_MODULES = {"tests/test_first_hour.py": "the README's commands run as a user types them"}

@@ -219,6 +219,22 @@ def test_the_product_run_in_this_process_leaves_later_cli_calls_warm(tmp_path):
     assert call.how == "warm" and call.done.returncode == 0, (call.how, call.done.stderr[-2000:])
 
 
+def test_importing_torch_dynamo_in_the_worker_changes_no_setting_its_launcher_read():
+    """Importing torch._dynamo (any in-process torch.export) writes torch._inductor's default TORCHINDUCTOR_CACHE_DIR
+    into os.environ; a worker whose launcher started before that import restarted it (eleventh round).
+    tests/conftest.py sets the same folder first: a fresh interpreter that loads the conftest, then torch._dynamo and
+    an export, sees the worker's environment unchanged."""
+    code = ("import os, tests.conftest\n"
+            "before = dict(os.environ)\n"
+            "import torch, torch._dynamo\n"
+            "torch.export.export(torch.nn.ReLU(), (torch.ones(2),))\n"
+            "print(sorted(k for k in set(os.environ) | set(before) if os.environ.get(k) != before.get(k)))\n")
+    fresh = {key: value for key, value in os.environ.items() if key != "TORCHINDUCTOR_CACHE_DIR"}  # a new worker's
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=fresh, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr[-2000:])
+
+
 def test_a_worker_whose_own_environment_changed_gets_a_fresh_launcher(monkeypatch):
     """A variable read at start-up set in the worker itself after its launcher started (by anything run in process):
     the next call with the worker's environment still starts warm, from a fresh launcher that has the new value."""
