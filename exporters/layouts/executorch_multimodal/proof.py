@@ -40,7 +40,8 @@ from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
 from exporters.layouts.executorch_llm import runner_child_imports
-from exporters.layouts.executorch_multimodal import AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, IMAGE_IMPORTS, IMAGE_INPUTS
+from exporters.layouts.executorch_multimodal import (AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, IMAGE_IMPORTS,
+                                                    IMAGE_INPUTS, STEP)
 from exporters.upstream import read_manifest
 from exporters.upstream.idefics_image import eager_cache
 
@@ -59,7 +60,7 @@ image_token_id = spec["image_token_id"]
 pieces, stats = [], {}
 def on_stats(s):
     stats.update(prompt_tokens=s.num_prompt_tokens, generated=s.num_generated_tokens)
-""" + IMAGE_IMPORTS + IMAGE_INPUTS + GENERATE.format(max_new_tokens='spec["max_new_tokens"]',
+""" + IMAGE_IMPORTS + STEP.format(program='spec["program"]') + IMAGE_INPUTS + GENERATE.format(max_new_tokens='spec["max_new_tokens"]',
                                                      callback="pieces.append, on_stats") + r"""
 with open(spec["result"], "w") as handle:
     json.dump({"pieces": pieces, "stats": stats}, handle)
