@@ -13,6 +13,8 @@ model ──► multimodal_modules ──► export_multimodal_program ──►
           get_max_seq_len, get_max_context_len, get_eos_ids, get_bos_id, ... (constants.h), vision_token_id
           Gemma 3 (`marked`): token_embedding and vision_encoder -> [1, n, hidden + 1], the last channel marking an
           image's rows, which text_decoder attends both ways ([`MarkedTextDecoder`])
+          sliding-window layers shorter than the cache: ring buffers of 2 x window slots, as the LLM runner's
+          (`llm_runner.ring_update`), text_decoder's seq at most the window (get_max_seq_len)
 ```
 
 The runner (extension/llm/runner/multimodal_prefiller.cpp) embeds each text input with `token_embedding`, each image

@@ -6,8 +6,9 @@ a prompt, greedily, the same tokens as eager `generate()` on the same inputs.
 reference(): the sample's inputs (the processor's prompt ids with its run of image tokens, its float pixel_values
              [1, 3, H, W] of a synthesized image) └─ eager greedy generate, max_new_tokens ─► ids (eos left out)
 prove():     a subprocess runs MultimodalRunner(model.pte, tokenizer.json[, model.ptd]).generate([tokens before,
-             make_image_input(pixels), tokens after], temperature 0) (the card's lines: IMAGE_INPUTS, GENERATE; what
-             the binding's generate_hf does for one image) └─ pieces ─► ids ─► compared with eager's, token for token
+             make_image_input(pixels), tokens after], temperature 0) (the card's lines: STEP, IMAGE_INPUTS, GENERATE;
+             what the binding's generate_hf does for one image; the text in pieces of the program's get_max_seq_len,
+             a sliding window's where it is a ring buffer) └─ pieces ─► ids ─► compared with eager's, token for token
              an audio-language program: runner.generate([tokens before, make_audio_input(input_features), tokens
              after]) (the runner's C++ prefiller runs `audio_encoder` on an audio input:
              extension/llm/runner/multimodal_prefiller.cpp)
