@@ -6,7 +6,9 @@ ExecuTorch generation recipe of a tiny Gemma 3 (with its own processor) is the r
 runner's Python binding token for token against eager `generate()`, tokens a causal prefill does not generate; its
 card snippet runs as written. ONNX Runtime GenAI 0.18 runs its `gemma3` type's text model causally: the ONNX target
 says GenAI ✗ with that fact. PaliGemma's bidirectional prefix spans the image and the text, which the runner
-prefills apart: its layout is declined with the reason.
+prefills apart: its layout is declined with the reason. A Gemma 3 whose sliding window is shorter than the cache runs
+there too, its sliding layer a ring buffer (the runner given the prompt's text in pieces of the window), its tokens
+eager's, and two wrong ring masks generate others.
 """
 
 from __future__ import annotations
