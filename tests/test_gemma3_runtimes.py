@@ -257,3 +257,29 @@ def test_the_cards_windowed_gemma3_snippet_runs_as_written(windowed_gemma3, hub,
     done = run_snippet(code, hub, image_home(tmp_path))
     assert done.returncode == 0, (code, done.stderr[-3000:])
     assert done.stdout.strip()
+
+
+def test_a_window_the_runner_cannot_hold_is_declined_with_the_reason(windowed_gemma3):
+    """The rings are ExecuTorch's custom ops, and the runner prefills an image in one call: a target that turns the
+    ops off, or a window shorter than the image's 4 tokens, keeps the methods layout, the report saying which; a
+    recipe that asks for the runner's layout there fails at planning."""
+    from transformers import Gemma3ForConditionalGeneration
+
+    from exporters.capture import multimodal_runner
+    from exporters.errors import TargetPlanError
+    from exporters.recipe.load import parse_recipe
+
+    model_dir = windowed_gemma3[0]
+    model = Gemma3ForConditionalGeneration.from_pretrained(model_dir).eval()
+    inputs = dict(_windowed_inputs(model_dir))
+    plain = parse_recipe(json.dumps(PLAINEST_EXECUTORCH)).exports[0]
+    assert multimodal_runner.refused(plain, model, inputs, 2048) is None
+    off = parse_recipe(json.dumps({**PLAINEST_EXECUTORCH, "custom_ops": False})).exports[0]
+    why = multimodal_runner.refused(off, model, inputs, 2048)
+    assert why is not None and f"sliding-window layers (window {WINDOW}" in why and "custom ops" in why, why
+    model.config.text_config.sliding_window = 3
+    why = multimodal_runner.refused(plain, model, inputs, 2048)
+    assert why is not None and "its image's 4 tokens do not fit one text_decoder call of its sliding window (3)" in why
+    asked = parse_recipe(json.dumps({**PLAINEST_EXECUTORCH, "layout": "multimodal_runner"})).exports[0]
+    with pytest.raises(TargetPlanError, match="sliding window"):
+        multimodal_runner.refused(asked, model, inputs, 2048)
