@@ -612,6 +612,15 @@ def _text_depth(layers: int | None) -> dict[str, Any]:
     return {"text_config.num_hidden_layers": layers, "text_config.layer_types": ["full_attention"] * layers}
 
 
+def _windowed(layers: int, window: int | None) -> dict[str, Any]:
+    """The overrides that make a Gemma-style language model's layers alternate a sliding-window layer of `window` and
+    a full one (None: a window longer than any cache here, every layer as full attention)."""
+    if window is None:
+        return {"text_config.sliding_window": 4096}
+    return {"text_config.sliding_window": window,
+            "text_config.layer_types": [("sliding_attention", "full_attention")[i % 2] for i in range(layers)]}
+
+
 def _vlm_spec(name: str, model_class: str, overrides: dict[str, Any]):
     import dataclasses
 
@@ -771,13 +780,16 @@ GEMMA3_IMAGE_TOKENS = ["<start_of_image>", "<image_soft_token>", "<end_of_image>
 GEMMA3_IMAGE_LENGTH = 4  # image tokens: the 4x4 patches pooled 2x2
 
 
-def tiny_gemma3_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 2) -> Path:
+def tiny_gemma3_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 2,
+                               sliding_window: int | None = None) -> Path:
     """A tiny Gemma 3 (SigLIP tower, image 32, patch 8, pooled to 4 image tokens; a Gemma 3 text model of
     `text_layers` full-attention layers) saved with its own processor: a PIL-backend Gemma 3 image processor at 32 and
     a byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer loads) whose `<start_of_image>`, `<image_soft_token>`
     and `<end_of_image>` ids are the model's. The processor returns `token_type_ids` (1 on the image's tokens), with
     which Gemma 3's prefill attends bidirectionally among one image's tokens: two layers, so that attention reaches
-    the text's logits (with one layer the image positions' keys and values are their embeddings whatever the mask)."""
+    the text's logits (with one layer the image positions' keys and values are their embeddings whatever the mask).
+    `sliding_window`: the text model's layers alternate a sliding-window layer of that window and a full one, as
+    Gemma 3's (None: every layer full attention)."""
     from transformers import Gemma3Processor, PreTrainedTokenizerFast
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
@@ -790,7 +802,8 @@ def tiny_gemma3_with_processor(folder: Path, recipe: Any | None = None, seed: in
     boi, image, eoi = tokenizer.convert_tokens_to_ids(GEMMA3_IMAGE_TOKENS)
     spec = _vlm_spec("gemma3", "Gemma3ForConditionalGeneration", {
         "vision_config.image_size": 32, "vision_config.patch_size": 8, "mm_tokens_per_image": GEMMA3_IMAGE_LENGTH,
-        **_text_depth(text_layers), "text_config.vocab_size": len(tokenizer), "text_config.sliding_window": 4096,
+        **_text_depth(text_layers), **_windowed(text_layers, sliding_window),
+        "text_config.vocab_size": len(tokenizer),
         "text_config.bos_token_id": tokenizer.bos_token_id, "text_config.eos_token_id": tokenizer.eos_token_id,
         "text_config.pad_token_id": tokenizer.pad_token_id,
         "boi_token_index": boi, "image_token_index": image, "eoi_token_index": eoi})

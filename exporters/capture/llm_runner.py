@@ -92,8 +92,12 @@ WINDOW_WITHOUT_CUSTOM_OPS = ("the model has sliding-window layers (window {windo
                              "program does not use them")
 
 
-def ring_note(window: int | None, max_cache_len: int | None) -> str | None:
-    """What the report says of a runner program whose sliding-window layers are shorter than its cache.
+FED_IN_CHUNKS = "the runner feeds a longer prompt in chunks of it"
+
+
+def ring_note(window: int | None, max_cache_len: int | None, fed: str = FED_IN_CHUNKS) -> str | None:
+    """What the report says of a runner program whose sliding-window layers are shorter than its cache (`fed`: how
+    the runner keeps a call within the window).
 
     Example:
         >>> ring_note(512, 2048)[:87]
@@ -103,7 +107,7 @@ def ring_note(window: int | None, max_cache_len: int | None) -> str | None:
         return None
     return (f"the sliding-window layers (window {window}) are held in ring buffers of {2 * window} slots, not "
             f"{max_cache_len} (ExecuTorch's CustomRingKVCache, as optimum-executorch exports them): one call takes "
-            f"at most {window} tokens (get_max_seq_len), and the runner feeds a longer prompt in chunks of it")
+            f"at most {window} tokens (get_max_seq_len), and {fed}")
 
 
 def program_reasons(target: Any, cache_implementation: str, batch_size: int) -> list[str]:

@@ -11,8 +11,12 @@ causally or both ways among one image's tokens only (Gemma 3: the program marks 
 or its tiles and the whole image, each its own run of image tokens: each an image input of the runner) have a pixel
 mask of ones (`exporters.upstream.idefics_image`). A model outside that (tiles with `image_sizes`, a pixel mask that
 leaves pixels out, other token
-types, Qwen2-VL's patches, sliding-window layers shorter than the cache, PaliGemma's bidirectional prefix) keeps the
-methods layout, the report saying why ([`refused`]). An audio-language model fits where it is Voxtral-shaped:
+types, Qwen2-VL's patches, PaliGemma's bidirectional prefix) keeps the
+methods layout, the report saying why ([`refused`]). Sliding-window layers shorter than the cache (Gemma 3) are held
+in ring buffers of twice their window, as the LLM runner's program holds them (ExecuTorch's LLM custom ops), one
+`text_decoder` call taking at most the window (`get_max_seq_len`): each image's run of tokens must fit it (the
+runner prefills an image in one call), and the runner's text inputs are split to it
+(`exporters.layouts.executorch_multimodal`); an audio-language model's keep the methods layout. An audio-language model fits where it is Voxtral-shaped:
 `audio_encoder` is its `get_audio_features` (or, Qwen2-Audio, its audio tower then its projector, where the sample's
 feature mask counts every frame) on the extractor's log-mel features `[1, bins, frames]`, whose embeddings take the
 place of the one run of audio tokens (`audio_token_id`).
@@ -39,10 +43,10 @@ import torch
 
 from exporters.capture.families import MULTIMODAL_GENERATORS, a_model_of
 from exporters.capture.image_attention import marks_image_rows, runner_declined
-from exporters.capture.llm_runner import program_reasons
+from exporters.capture.llm_runner import custom_ops_of, program_reasons
 from exporters.capture.token_ids import image_token_id
 from exporters.errors import TargetPlanError
-from exporters.upstream import multimodal_runner
+from exporters.upstream import llm_runner, multimodal_runner
 from exporters.upstream.idefics_image import PIXEL_MASK, takes_pixel_mask
 
 MULTIMODAL_RUNNER = "multimodal_runner"
@@ -65,6 +69,9 @@ def components_of(family: str) -> list[str]:
         ['token_embedding', 'audio_encoder', 'text_decoder']
     """
     return list(AUDIO_COMPONENTS if family == "audio-language" else COMPONENTS)
+# how the runner keeps a text_decoder call within a ring-buffer layer's window (the report's ring note)
+FED_AS_INPUTS = ("each text input of the runner must be no longer (the card's snippet splits the prompt's text to "
+                 "it), and each image fits one call")
 NOT_MULTIMODAL = ("the ExecuTorch program has a method per component (layout 'methods'), not ExecuTorch "
                   "MultimodalRunner's layout: {why}")
 
@@ -125,7 +132,7 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
         why = (f"its prompt does not hold one run of image tokens per image ({pixels.shape[0]}: the runner puts "
                "each image's features in its run)")
     else:
-        why = _window_refused(model, max_cache_len)
+        why = _ring_refused(target, model, ids, int(image_token), max_cache_len)
     return _asked(target, why)
 
 
@@ -154,6 +161,27 @@ def _mask_refused(generate_inputs: dict[str, Any]) -> str | None:
     if not bool(mask.all()):
         return (f"its {PIXEL_MASK} leaves pixels out (a padded image), which the runner's one image (pixels only, "
                 "every pixel counted) cannot carry")
+    return None
+
+
+def _ring_refused(target: Any, model: Any, ids: torch.Tensor, image_token: int, max_cache_len: int) -> str | None:
+    """Why a vision-language model's sliding-window layers shorter than the cache do not fit the runner's program,
+    else None. The program holds them in ring buffers of twice their window (`llm_runner.ring_windows`, through
+    ExecuTorch's LLM custom ops, so not where the target turns them off), one `text_decoder` call taking at most
+    the window (`get_max_seq_len`); the runner prefills each image in one call, so each run of image tokens must fit
+    it (the runner's text inputs are split to it: `exporters.layouts.executorch_multimodal`)."""
+    windows = llm_runner.ring_windows(model, max_cache_len)
+    if not windows:
+        return None
+    window, longest = min(windows.values()), max(end - start for start, end in _runs(ids[0].tolist(), image_token))
+    if not custom_ops_of(target, model):
+        return (f"its text model has sliding-window layers (window {window}, shorter than the cache of "
+                f"{max_cache_len}), which the program holds in ring buffers through ExecuTorch's LLM custom ops, and "
+                "it does not use them")
+    if longest > window:
+        return (f"its image's {longest} tokens do not fit one text_decoder call of its sliding window ({window}): "
+                "the runner prefills each image in one call, and the ring buffer keeps a call's keys only up to "
+                "the window")
     return None
 
 
@@ -252,7 +280,8 @@ def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> 
                               "positions: raise generation.max_cache_len", option="layout")
     marked = marks_image_rows(model.config.to_dict())
     modules = multimodal_runner.multimodal_modules(model, max_cache_len, marked=marked)
-    text = ids[:, :max(2, min(ids.shape[1], 8))].clone()
+    # at most the decoder's `max_seq_len` (a ring-buffer layer's window)
+    text = ids[:, :max(2, min(ids.shape[1], 8, modules[TEXT_DECODER].max_seq_len))].clone()
     with torch.no_grad():
         embeds = modules[TOKEN_EMBEDDING](text)
     encoder = AUDIO_ENCODER if AUDIO_ENCODER in modules else VISION_ENCODER

@@ -19,7 +19,7 @@ from typing import Any
 from exporters import upstream
 from exporters.capture.components import cache_setting_for
 from exporters.capture.llm_runner import PTE_WEIGHTS_LIMIT, custom_ops_of, custom_ops_off
-from exporters.capture.multimodal_runner import AUDIO_ENCODER, MULTIMODAL_RUNNER
+from exporters.capture.multimodal_runner import AUDIO_ENCODER, MULTIMODAL_RUNNER, TEXT_DECODER
 from exporters.capture.token_ids import image_token_id, special_token_ids
 from exporters.export.footprint import ModelWeights
 from exporters.recipe.model import Recipe
@@ -41,7 +41,10 @@ def export_multimodal_runner(model: Any, target: Any, components: dict[str, tupl
     tied = asked is None and weights.tied
     external = bool(asked) or weights.bytes() > PTE_WEIGHTS_LIMIT or tied
     eos = special_token_ids(model.generation_config, model.config).eos
-    metadata = llm_runner.runner_metadata(model, setting.max_cache_len, custom_ops, eos)
+    # a ring-buffer layer's window: one text_decoder call takes at most that many positions
+    decoder = components[TEXT_DECODER][0]
+    chunk = decoder.max_seq_len if decoder.max_seq_len < setting.max_cache_len - 1 else None
+    metadata = llm_runner.runner_metadata(model, setting.max_cache_len, custom_ops, eos, chunk)
     audio = AUDIO_ENCODER in components
     image_token = getattr(model.config, "audio_token_id", None) if audio else image_token_id(model.config)
     if image_token is not None:  # optimum-executorch reads it to place the image's (audio's) embeddings

@@ -164,7 +164,7 @@ class Workbench:
                 if key not in self.decompositions:
                     self.decompositions[key] = llm_runner.capture(self.model, self.sample.generate,
                                                                   setting.max_cache_len)
-                self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting, runner=True))
+                self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting, llm_runner.FED_IN_CHUNKS))
                 return self.fitted[target.name][0]
             kept = llm_runner.prompt_kept_dynamic(target) if runner and refused and not window else None
             asked = target.merged
@@ -214,7 +214,8 @@ class Workbench:
         if key not in self.decompositions:
             self.decompositions[key] = multimodal_runner.capture(self.model, self.sample.generate,
                                                                  setting.max_cache_len)
-        self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting))
+        self.fitted[target.name] = (self.decompositions[key],
+                                    self._cache_notes(target, setting, multimodal_runner.FED_AS_INPUTS))
         return True
 
     def _image_text(self, target: Target, recipe: Recipe, setting: Any) -> bool:
@@ -291,12 +292,14 @@ class Workbench:
                           self.generation_config(target, context.recipe), context.source.folder,
                           probe_dims_apart=context.probe_dims_apart)
 
-    def _cache_notes(self, target: Target, setting: Any, runner: bool = False) -> list[str]:
+    def _cache_notes(self, target: Target, setting: Any, fed: str | None = None) -> list[str]:
+        """The cache's findings; `fed`: a runner program's (its sliding-window layers in ring buffers), how its
+        runner keeps a call within the window."""
         if target.mode != "generation":
             return []
         window = sliding_window_of(self.model.config)
         findings = [setting.finding(target.name, max_positions(self.model.config)),
-                    llm_runner.ring_note(window, setting.max_cache_len) if runner else setting.sliding_finding(window)]
+                    llm_runner.ring_note(window, setting.max_cache_len, fed) if fed else setting.sliding_finding(window)]
         return [finding for finding in findings if finding]
 
     def contract_notes(self, target: Target) -> list[str]:

@@ -103,14 +103,16 @@ def max_seq_len(model: Any, max_cache_len: int) -> int:
 
 
 @contextlib.contextmanager
-def custom_ops_installed(program: RunnerProgram, model: Any, explicit_mask: bool = False) -> Iterator[None]:
+def custom_ops_installed(program: torch.nn.Module, model: Any, explicit_mask: bool = False) -> Iterator[None]:
     """Swap in executorch's custom ops on a runner program, as optimum-executorch's `--use_custom_sdpa
     --use_custom_kv_cache` select: each static layer writes with `llama::update_cache` into a `[B, S, H, D]` buffer,
     attention is `llama::custom_sdpa` (which builds the causal mask from the start position). optimum-executorch's
     own cache class reads `cache_kwargs["cache_position"]`, which transformers 5.24 no longer passes
     (docs/upstream-gaps.md), so the layers' `update` is overridden here. The attention implementation is restored
     afterwards (the eager model keeps its own). `explicit_mask`: attention takes the mask the program's decoder
-    passes (not causal); otherwise any mask is ignored, as before."""
+    passes (not causal; a ring-buffer layer gathers it at its slots' positions: [`ring_mask`]); otherwise any mask
+    is ignored, as before. `program`: a [`RunnerProgram`] or the multimodal program's `text_decoder`, each with its
+    transformers `wrapper` and `max_cache_len` (the sliding-window layers shorter than it: [`ring_windows`])."""
     register_custom_ops()
 
     def mask_passthrough(*args: Any, **kwargs: Any) -> None:
@@ -123,15 +125,16 @@ def custom_ops_installed(program: RunnerProgram, model: Any, explicit_mask: bool
         window = rings.get(getattr(module, "layer_idx", None))
         if window is not None:  # a ring-buffer layer: the mask from the positions its slots hold
             positions = getattr(program.wrapper, f"cache_positions_{module.layer_idx}")
-            mask = ring_mask(positions, window, start, q.shape[1])
+            mask = ring_mask(positions, window, start, q.shape[1], attention_mask[0, 0] if explicit_mask else None)
             return torch.ops.llama.custom_sdpa(q, k, v, 0, mask, 0.0, False, scaling), None
         torch._check(start < k.shape[1])
         if explicit_mask:  # the decoder's own float mask [1, 1, seq, cache] (`multimodal_runner.MarkedTextDecoder`)
             return torch.ops.llama.custom_sdpa(q, k, v, start, attention_mask[0, 0].float(), 0.0, False, scaling), None
         return torch.ops.llama.custom_sdpa(q, k, v, start, None, 0.0, True, scaling), None
 
-    # ring buffers in the LLM runner's program only (the multimodal one keeps a window shorter than its cache out)
-    rings = ring_windows(model, program.max_cache_len) if isinstance(program, RunnerProgram) else {}
+    # ring buffers for the sliding-window layers shorter than the program's cache (the LLM runner's program and the
+    # multimodal one's text_decoder alike)
+    rings = ring_windows(model, program.max_cache_len)
     AttentionInterface.register("custom_sdpa", custom_sdpa_attention)
     AttentionMaskInterface.register("custom_sdpa", mask_passthrough)
     configs = {id(c): c for c in (model.config, getattr(getattr(model, "model", None), "config", None)) if c is not None}
@@ -162,12 +165,24 @@ def ring_windows(model: Any, max_cache_len: int | None) -> dict[int, int]:
             if kind == "sliding_attention"}
 
 
-def ring_mask(positions: torch.Tensor, window: int, start: Any, seq: int) -> torch.Tensor:
+def ring_mask(positions: torch.Tensor, window: int, start: Any, seq: int,
+              allowed: torch.Tensor | None = None) -> torch.Tensor:
     """The float mask `[seq, slots]` of a ring-buffer layer's attention (ExecuTorch's
     `_create_causal_mask_for_ring_buffer`): query `start + j` sees a slot that holds position `p` (`positions`,
-    -1: empty) when `0 <= start + j - p < window`, transformers' sliding-window mask (`kv_idx > q_idx - window`)."""
+    -1: empty) when `0 <= start + j - p < window`, transformers' sliding-window mask (`kv_idx > q_idx - window`).
+    `allowed`: the program's own float mask `[seq, cache positions]` (0: seen; a bidirectional image's rows,
+    `multimodal_runner.MarkedTextDecoder`) in place of `0 <= delta`, gathered at the positions the slots hold.
+
+    Example:
+        >>> positions = torch.tensor([4, 1, 2, 3])  # 4 slots: position 4 wrote over 0
+        >>> ring_mask(positions, 3, 4, 1).tolist()
+        [[0.0, -inf, 0.0, 0.0]]
+    """
     delta = (start + torch.arange(seq, dtype=torch.long)).view(-1, 1) - positions
-    seen = (positions >= 0) & (delta >= 0) & (delta < window)
+    if allowed is None:
+        seen = (positions >= 0) & (delta >= 0) & (delta < window)
+    else:
+        seen = (positions >= 0) & (allowed[:, positions.clamp(min=0)] == 0) & (delta < window)
     return torch.where(seen, 0.0, float("-inf"))
 
 

@@ -13,6 +13,8 @@ model ──► multimodal_modules ──► export_multimodal_program ──►
           get_max_seq_len, get_max_context_len, get_eos_ids, get_bos_id, ... (constants.h), vision_token_id
           Gemma 3 (`marked`): token_embedding and vision_encoder -> [1, n, hidden + 1], the last channel marking an
           image's rows, which text_decoder attends both ways ([`MarkedTextDecoder`])
+          sliding-window layers shorter than the cache: ring buffers of 2 x window slots, as the LLM runner's
+          (`llm_runner.ring_update`), text_decoder's seq at most the window (get_max_seq_len)
 ```
 
 The runner (extension/llm/runner/multimodal_prefiller.cpp) embeds each text input with `token_embedding`, each image
@@ -41,7 +43,7 @@ from transformers.integrations.executorch import TorchExportableModuleWithStatic
 from exporters.upstream.beyond import _external_constants, _tag_delegate_weights, xnnpack_lowering
 from exporters.upstream.idefics_image import OneImageEncoder, takes_pixel_mask
 from exporters.upstream.internals import strict_export_shares_parameters
-from exporters.upstream.llm_runner import _static_generation_config, custom_ops_installed
+from exporters.upstream.llm_runner import _static_generation_config, custom_ops_installed, max_seq_len
 from exporters.upstream.patches import patched, patched_item
 
 # The runner's method names (extension/llm/runner/constants.h)
@@ -138,11 +140,13 @@ def methods_of(model: Any) -> tuple[str, ...]:
 class TextDecoder(torch.nn.Module):
     """`text_decoder(inputs_embeds [1, seq, hidden], cache_position [seq]) -> logits [1, seq, vocab]` around
     transformers' static-cache wrapper (its `wrapper`, as `llm_runner.RunnerProgram`'s, so the same custom ops swap
-    in); the cache is the wrapper's buffers."""
+    in); the cache is the wrapper's buffers. `max_seq_len`: the most positions one call takes (a ring-buffer
+    layer's window, `llm_runner.max_seq_len`; the runner's text inputs and each image no longer)."""
 
-    def __init__(self, wrapper: torch.nn.Module):
+    def __init__(self, wrapper: torch.nn.Module, max_cache_len: int, max_seq_len: int | None = None):
         super().__init__()
-        self.wrapper = wrapper
+        self.wrapper, self.max_cache_len = wrapper, max_cache_len
+        self.max_seq_len = max_seq_len or max_cache_len - 1
 
     def forward(self, inputs_embeds: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         return self.wrapper(inputs_embeds=inputs_embeds, cache_position=cache_position)
@@ -166,18 +170,17 @@ class MarkedVisionEncoder(VisionEncoder):
         return _marked(super().forward(pixel_values), 1.0)
 
 
-class MarkedTextDecoder(torch.nn.Module):
+class MarkedTextDecoder(TextDecoder):
     """`text_decoder(inputs_embeds [1, seq, hidden + 1], cache_position [seq])` of a model whose prefill attends
     bidirectionally among one image's tokens (Gemma 3): the last channel marks the image's rows (1, else 0); a
     query attends to every earlier position and, on an image's row, to the image's rows of the same call. The
     runner prefills each image as one call of its own (extension/llm/runner/multimodal_prefiller.cpp), so this is
     transformers' mask (one block per image, from `token_type_ids`) wherever the runner feeds it; text and decoding
     stay causal. The mask goes to the model as its per-layer-type mapping (transformers uses a given mapping as it
-    is), and to executorch's `custom_sdpa` as an explicit mask (`llm_runner.custom_ops_installed`)."""
-
-    def __init__(self, wrapper: torch.nn.Module, max_cache_len: int):
-        super().__init__()
-        self.wrapper, self.max_cache_len = wrapper, max_cache_len
+    is), and to executorch's `custom_sdpa` as an explicit mask (`llm_runner.custom_ops_installed`). A sliding-window
+    layer's mask keeps the keys within its window (transformers' sliding mask or the image's block: one call holds
+    the whole image, no longer than the window); in a ring buffer it is gathered at the slots' positions
+    (`llm_runner.ring_mask`)."""
 
     def forward(self, inputs_embeds: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         embeds, image = inputs_embeds[..., :-1], inputs_embeds[0, :, -1] > 0.5
@@ -189,10 +192,14 @@ class MarkedTextDecoder(torch.nn.Module):
         inside = (offset >= 0) & (offset < embeds.shape[1])
         image_key = image[offset.clamp(0, embeds.shape[1] - 1)] & inside
         allowed = (keys[None, :] <= cache_position[:, None]) | (image[:, None] & image_key[None, :])
-        mask = torch.where(allowed, 0.0, float("-inf")).to(embeds.dtype)[None, None]
-        kinds = set(getattr(self.wrapper.model.config.get_text_config(), "layer_types", None) or ["full_attention"])
-        out = self.wrapper.model(inputs_embeds=embeds, attention_mask=dict.fromkeys(kinds, mask), cache=cache,
-                                 use_cache=True)
+        text = self.wrapper.model.config.get_text_config()
+        window = getattr(text, "sliding_window", None) or self.max_cache_len
+        masks = {}
+        for kind in set(getattr(text, "layer_types", None) or ["full_attention"]):
+            seen = allowed & (cache_position[:, None] - keys[None, :] < window) if kind == "sliding_attention" \
+                else allowed
+            masks[kind] = torch.where(seen, 0.0, float("-inf")).to(embeds.dtype)[None, None]
+        out = self.wrapper.model(inputs_embeds=embeds, attention_mask=masks, cache=cache, use_cache=True)
         return out.logits
 
 
@@ -206,14 +213,15 @@ def multimodal_modules(model: Any, max_cache_len: int, marked: bool = False) -> 
     """
     with _static_generation_config(model, max_cache_len):
         wrapper = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_cache_len)
+    seq = max_seq_len(model, max_cache_len)  # a ring-buffer layer's window: at most that many positions a call
     encoder: torch.nn.Module = AudioEncoder(model) if AUDIO_ENCODER in methods_of(model) else VisionEncoder(model)
     if takes_pixel_mask(model):  # Idefics3, SmolVLM: one full image, its mask of ones the model's own
         encoder = OneImageEncoder(model)
     embedding: torch.nn.Module = TokenEmbedding(model.get_input_embeddings())
-    decoder: torch.nn.Module = TextDecoder(wrapper)
+    decoder: torch.nn.Module = TextDecoder(wrapper, max_cache_len, seq)
     if marked:  # a vision-language model (an audio one has no bidirectional prefill here)
         embedding, encoder = MarkedTokenEmbedding(model.get_input_embeddings()), MarkedVisionEncoder(model)
-        decoder = MarkedTextDecoder(wrapper, max_cache_len)
+        decoder = MarkedTextDecoder(wrapper, max_cache_len, seq)
     return {TOKEN_EMBEDDING: embedding.eval(), methods_of(model)[1]: encoder.eval(), TEXT_DECODER: decoder.eval()}
 
 
@@ -232,7 +240,8 @@ def export_multimodal_program(modules: dict[str, torch.nn.Module], model: Any, i
                               external_weights: str | None = None) -> tuple[Any, dict[str, Any], int]:
     """Export the three methods and lower them, XNNPACK, into one program with `metadata` as constant methods.
     `inputs`: each method's traced inputs; `seq` is dynamic up to `max_cache_len - 1` for `token_embedding` and
-    `text_decoder`, the image (or audio) fixed at its traced size (Voxtral's audio: any number of chunks,
+    up to the decoder's `max_seq_len` for `text_decoder` (a sliding-window layer's window where it is held in a ring
+    buffer of twice its window: `llm_runner.ring_update`), the image (or audio) fixed at its traced size (Voxtral's audio: any number of chunks,
     [`audio_chunks_dim`]). `text_decoder` is traced strict (as the text runner's), with
     executorch's custom SDPA and cache ops when `custom_ops`. `external_weights`: the tag of a `.ptd` every weight
     goes to (None: inside the `.pte`).
@@ -244,8 +253,10 @@ def export_multimodal_program(modules: dict[str, torch.nn.Module], model: Any, i
     from executorch.exir.passes import MemoryPlanningPass  # deferred: heavy
 
     seq = torch.export.Dim("seq_length_dim", max=max_cache_len - 1)
-    shapes = {TOKEN_EMBEDDING: {"input_ids": {1: seq}}, TEXT_DECODER: {"inputs_embeds": {1: seq},
-                                                                       "cache_position": {0: seq}}}
+    # text_decoder: at most `max_seq_len` positions a call (a ring-buffer layer's window)
+    call = torch.export.Dim("seq_length_dim", max=getattr(modules[TEXT_DECODER], "max_seq_len", max_cache_len - 1))
+    shapes = {TOKEN_EMBEDDING: {"input_ids": {1: seq}}, TEXT_DECODER: {"inputs_embeds": {1: call},
+                                                                       "cache_position": {0: call}}}
     programs: dict[str, torch.export.ExportedProgram] = {}
     with torch.no_grad():
         if AUDIO_ENCODER in modules:
@@ -273,7 +284,9 @@ def export_multimodal_program(modules: dict[str, torch.nn.Module], model: Any, i
     custom_nodes = sum(1 for n in exported.graph.nodes if n.op == "call_function" and "llama." in str(n.target))
     backend_config = ExecutorchBackendConfig(
         extract_delegate_segments=True,
-        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+        # the cache (text_decoder's mutable buffers) in an arena of its own: ExecuTorch's Python runtime shares one
+        # set of arenas among a program's host methods, where token_embedding's values would overwrite it
+        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False, share_mutable_buffers=True),
         do_quant_fusion_and_const_prop=True,
     )
     if external_weights is not None:

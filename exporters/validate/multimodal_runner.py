@@ -1,6 +1,8 @@
 """Generation parity of a program in ExecuTorch MultimodalRunner's layout (`exporters.capture.multimodal_runner`),
 fed as the runner feeds it: the prompt's tokens through `token_embedding`, the image through `vision_encoder`, its
-features in place of the image tokens, the whole at position 0 through `text_decoder` (the program keeps the cache);
+features in place of the image tokens, the whole at position 0 through `text_decoder` (the program keeps the cache;
+where a call takes fewer positions than the prompt, a ring-buffer layer's window, in the runner's calls: each image
+one, the text in chunks of the window, [`runner_calls`]);
 then each selected token through `token_embedding` and `text_decoder` at its position. transformers.js's
 vision-language graphs are fed likewise, with the cache they return ([`image_text_driver`]).
 """
@@ -67,8 +69,35 @@ def multimodal_runner_driver(model, components, runners, generate_inputs: dict[s
     def stepper(token, position, cache, extra=None):
         return decoder(_tensor(run_component(runners[TOKEN_EMBEDDING], {"input_ids": token[:, None]})), position)
 
-    decode_loop(decoder(embeds, 0)["logits"], None, ids, greedy, stepper, tokens)
+    chunk = getattr(components[TEXT_DECODER][0], "max_seq_len", None)
+    calls = runner_calls(where.tolist(), chunk if chunk is not None and chunk < ids.shape[1] else None)
+    logits = [decoder(embeds[:, start:end], start)["logits"] for start, end in calls][-1]
+    decode_loop(logits, None, ids, greedy, stepper, tokens)
     return int(ids.shape[1])
+
+
+def runner_calls(media: list[bool], chunk: int | None) -> list[tuple[int, int]]:
+    """The `(start, end)` of each `text_decoder` call the runner makes on a prompt whose `media` positions hold an
+    image's (an audio's) embeddings, where one call takes at most `chunk` positions (a ring-buffer layer's window):
+    each run of media one call, the text between in calls of at most `chunk` (as the card's snippet splits it:
+    `exporters.layouts.executorch_multimodal.IMAGE_INPUTS`); None: the whole prompt in one call.
+
+    Example:
+        >>> runner_calls([False] * 3 + [True] * 2 + [False] * 5, 2)
+        [(0, 2), (2, 3), (3, 5), (5, 7), (7, 9), (9, 10)]
+        >>> runner_calls([False, True], None)
+        [(0, 2)]
+    """
+    if chunk is None:
+        return [(0, len(media))]
+    calls: list[tuple[int, int]] = []
+    start = 0
+    for end in range(1, len(media) + 1):
+        if end == len(media) or media[end] != media[start]:  # a run of text or of media ends
+            step = end - start if media[start] else chunk
+            calls += [(i, min(i + step, end)) for i in range(start, end, step)]
+            start = end
+    return calls
 
 
 def image_text_driver(model, components, runners, generate_inputs: dict[str, Any], greedy: Greedy,

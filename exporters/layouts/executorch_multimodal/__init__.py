@@ -11,7 +11,9 @@ files beside it, run by executorch's `MultimodalRunner` (C++, and its Python bin
 The image reaches the runner as the processor's `pixel_values` (float, normalized, `[1, 3, H, W]`: the
 `vision_encoder` method's input dtype is float, so the runner takes float `CHW` pixels, not raw `uint8` `HWC`), the
 prompt as the processor's token ids, split around each run of image tokens into the runner's input list
-(`IMAGE_INPUTS`: what the binding's `generate_hf` does for one image); Idefics3's and SmolVLM's `[1, n, 3, H, W]` (one
+(`IMAGE_INPUTS`: what the binding's `generate_hf` does for one image), its text in pieces no longer than one
+`text_decoder` call takes (`get_max_seq_len`: a sliding window's, Gemma 3's, where the program holds it in a ring
+buffer; the runner's prefiller runs each text input in one call); Idefics3's and SmolVLM's `[1, n, 3, H, W]` (one
 image, or the processor's tiles and the whole image, each its own run) go in as n images `[1, 3, H, W]`. The program is the
 export's (`exporters.export.multimodal_runner`, `exporters.capture.multimodal_runner`, lowered by
 `exporters.upstream.multimodal_runner`).
@@ -35,10 +37,16 @@ LAYOUT = "multimodal_runner"  # the target's layout (exporters.capture.multimoda
 # the card's snippet and the proof's child share these lines: the runner, built and called the same way
 RUNNER_IMPORTS = ("import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the llama:: kernels)\n"
                   "from executorch.extension.llm.runner import GenerationConfig, MultimodalRunner\n")
-IMAGE_IMPORTS = "from executorch.extension.llm.runner import make_image_input, make_token_input\n"
+IMAGE_IMPORTS = ("from executorch.extension.llm.runner import make_image_input, make_token_input\n"
+                 "from executorch.runtime import Runtime\n")
+# the most positions one text_decoder call takes (the program's get_max_seq_len: a sliding window held in a ring
+# buffer, else the cache): the runner runs each text input in one call, so the prompt's text goes in pieces of it
+STEP = ('step = Runtime.get().load_program({program}).load_method("get_max_seq_len").execute([])[0]  '
+        '# positions a call takes\n')
 # the runner's input list from the processor's output: the prompt's text, and each image where its run of image
 # tokens stands (LLaVA: one; Idefics3 and SmolVLM: [1, n, 3, H, W], the tiles and the whole image where the processor
-# splits it, each its own run), what the binding's generate_hf does for one image
+# splits it, each its own run), what the binding's generate_hf does for one image; the text in pieces of at most
+# `step` tokens (STEP)
 IMAGE_INPUTS = (
     'ids, images = inputs["input_ids"][0].tolist(), inputs["pixel_values"].flatten(0, -4)  # images [n, 3, H, W]\n'
     "parts, text, n = [], [], 0\n"
@@ -46,10 +54,10 @@ IMAGE_INPUTS = (
     "    if token != image_token_id:\n"
     "        text.append(token)\n"
     "    elif i == 0 or ids[i - 1] != image_token_id:  # a run of image tokens: the next image's features go there\n"
-    "        parts += [make_token_input(text)] if text else []\n"
+    "        parts += [make_token_input(text[j:j + step]) for j in range(0, len(text), step)]\n"
     "        parts.append(make_image_input(images[n:n + 1]))\n"
     "        text, n = [], n + 1\n"
-    "parts += [make_token_input(text)] if text else []\n")
+    "parts += [make_token_input(text[j:j + step]) for j in range(0, len(text), step)]\n")
 GENERATE = ("runner.generate(parts, GenerationConfig(echo=False, max_new_tokens={max_new_tokens}, temperature=0.0), "
             "{callback})")
 # an audio-language program: the binding's generate_hf splits a prompt around image tokens only, so the prompt goes
@@ -103,7 +111,7 @@ class ExecutorchMultimodal(Layout):
             'image = Image.open("image.jpg").convert("RGB")  # your image\n'
             f'prompt = f"{{processor.image_token}} {IMAGE_PROMPT}"  # your prompt, with the image token\n'
             'inputs = processor(images=image, text=prompt, return_tensors="pt")  # float pixel_values\n'
-            + IMAGE_INPUTS
+            + STEP.format(program='f"{folder}/model.pte"') + IMAGE_INPUTS
             + GENERATE.format(max_new_tokens=32, callback='lambda piece: print(piece, end="")'))
 
 

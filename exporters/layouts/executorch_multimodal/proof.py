@@ -6,8 +6,9 @@ a prompt, greedily, the same tokens as eager `generate()` on the same inputs.
 reference(): the sample's inputs (the processor's prompt ids with its run of image tokens, its float pixel_values
              [1, 3, H, W] of a synthesized image) └─ eager greedy generate, max_new_tokens ─► ids (eos left out)
 prove():     a subprocess runs MultimodalRunner(model.pte, tokenizer.json[, model.ptd]).generate([tokens before,
-             make_image_input(pixels), tokens after], temperature 0) (the card's lines: IMAGE_INPUTS, GENERATE; what
-             the binding's generate_hf does for one image) └─ pieces ─► ids ─► compared with eager's, token for token
+             make_image_input(pixels), tokens after], temperature 0) (the card's lines: STEP, IMAGE_INPUTS, GENERATE;
+             what the binding's generate_hf does for one image; the text in pieces of the program's get_max_seq_len,
+             a sliding window's where it is a ring buffer) └─ pieces ─► ids ─► compared with eager's, token for token
              an audio-language program: runner.generate([tokens before, make_audio_input(input_features), tokens
              after]) (the runner's C++ prefiller runs `audio_encoder` on an audio input:
              extension/llm/runner/multimodal_prefiller.cpp)
@@ -40,7 +41,8 @@ from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
 from exporters.layouts.executorch_llm import runner_child_imports
-from exporters.layouts.executorch_multimodal import AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, IMAGE_IMPORTS, IMAGE_INPUTS
+from exporters.layouts.executorch_multimodal import (AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, IMAGE_IMPORTS,
+                                                    IMAGE_INPUTS, STEP)
 from exporters.upstream import read_manifest
 from exporters.upstream.idefics_image import eager_cache
 
@@ -59,7 +61,7 @@ image_token_id = spec["image_token_id"]
 pieces, stats = [], {}
 def on_stats(s):
     stats.update(prompt_tokens=s.num_prompt_tokens, generated=s.num_generated_tokens)
-""" + IMAGE_IMPORTS + IMAGE_INPUTS + GENERATE.format(max_new_tokens='spec["max_new_tokens"]',
+""" + IMAGE_IMPORTS + STEP.format(program='spec["program"]') + IMAGE_INPUTS + GENERATE.format(max_new_tokens='spec["max_new_tokens"]',
                                                      callback="pieces.append, on_stats") + r"""
 with open(spec["result"], "w") as handle:
     json.dump({"pieces": pieces, "stats": stats}, handle)
