@@ -44,9 +44,10 @@ import numpy as np
 import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
-from transformers import DynamicCache, GenerationConfig, vision_utils
+from transformers import DynamicCache, GenerationConfig
 
 from exporters import fsutil
+from exporters.capture.qwen_vl import FixedGridVision  # GenAI's vision graph: the tower at the traced grid
 from exporters.export.onnx_files import share_external_data
 from exporters.layouts.genai.config import GENAI_CONFIG, genai_config
 from exporters.upstream import read_manifest
@@ -88,37 +89,6 @@ def widened(config: Any) -> int:
     and the decoder graph splits them off and adds each after its layer (zeros at text tokens: eager adds at the image
     tokens only, and x + 0 is x)."""
     return int(config.text_config.hidden_size) * (1 + deepstack(config))
-
-
-class FixedGridVision(torch.nn.Module):
-    """GenAI's vision graph: the tower on one image of the grid `grid` ([1, 3]), its rotary positions, (a
-    Qwen2.5-VL's, whose tower has window attention) window index and (a Qwen3-VL's, whose learned position table is
-    interpolated to the grid) interpolation computed here for that grid (they are data-dependent on the grid: traced
-    as constants); a Qwen3-VL's DeepStack features concatenated after the merged ones (`widened`)."""
-
-    def __init__(self, model: Any, grid: torch.Tensor):
-        super().__init__()
-        self.visual, self.grid = model.model.visual, grid
-        visual = self.visual
-        fixed = {"position_ids": vision_utils.get_vision_position_ids(grid, visual.spatial_merge_size, kwargs={}),
-                 "cu_seqlens": vision_utils.get_vision_attention_seqlens(grid, visual.config, kwargs={})[0]}
-        if hasattr(visual, "window_size"):  # Qwen2.5-VL's tower; Qwen2-VL's attends over the whole image
-            fixed["window_index"], fixed["cu_window_seqlens"] = vision_utils.get_vision_window_index(
-                grid, spatial_merge_size=visual.spatial_merge_size, window_size=visual.window_size,
-                patch_size=visual.patch_size, kwargs={})
-        if hasattr(visual, "num_grid_per_side"):  # Qwen3-VL's tower: its position table resampled to the grid
-            fixed["interp_indices"], fixed["interp_weights"] = vision_utils.get_vision_interpolation_indices_and_weights(
-                grid, num_grid_per_side=visual.num_grid_per_side, mode=visual.interpolation_mode,
-                align_corners=visual.interpolation_align_corners, spatial_merge_size=visual.config.spatial_merge_size,
-                kwargs={})
-        self.names = list(fixed)
-        for name, value in fixed.items():
-            self.register_buffer(name, value.clone(), persistent=False)
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        fixed = {name: getattr(self, name) for name in self.names}
-        out = self.visual(pixel_values, grid_thw=self.grid, **fixed)
-        return torch.cat([out.pooler_output, *(getattr(out, "deepstack_features", None) or [])], dim=-1)
 
 
 class EmbedsDecoder(torch.nn.Module):

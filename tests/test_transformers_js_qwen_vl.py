@@ -1,0 +1,130 @@
+"""transformers.js's vision-language layout for Qwen2-VL and Qwen2.5-VL (#52 items 4-5): the plainest ONNX generation
+recipe with `layout: "transformers.js"` is the folder transformers.js's `Qwen2VLForConditionalGeneration` (or its
+Qwen2.5-VL class) and `AutoProcessor` load: `onnx/vision_encoder.onnx` taking the processor's patches and their grid
+(`grid_thw`, Qwen2.5-VL's `image_grid_thw`), `onnx/embed_tokens.onnx`, `onnx/decoder_model_merged.onnx` taking 3-D
+(M-RoPE) `position_ids`; proven in the product by transformers.js on Node token for token against eager `generate()`
+(its own `get_rope_index` positions, its processor's pixels, grid and image tokens), and the card's script runs as
+written. A decoder fed other positions fails the proof; a Qwen3-VL is declined with transformers.js's reason.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from tests.card_snippets import run_js_card
+from tests.export_store import stored_run
+from tests.models import TJS_TARGET, tiny_qwen_vl_with_image_processor
+
+RECIPE = {"exports": [TJS_TARGET], "generation": {"max_new_tokens": 8}}
+GRID = {"qwen2_vl": "grid_thw", "qwen2_5_vl": "image_grid_thw"}  # transformers.js's name per class
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl_tjs(tmp_path_factory):
+    """A tiny Qwen2-VL with its image processor, `RECIPE` run once through the shared store."""
+    return stored_run(tiny_qwen_vl_with_image_processor(tmp_path_factory.mktemp("tjs-qwen2-vl") / "model", RECIPE))
+
+
+def _target(report: dict) -> dict:
+    return {target["name"]: target for target in report["targets"]}["tjs"]
+
+
+def _assert_proven(out, report: dict, log: str) -> dict:
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert target["generation"]["status"] == "passed"
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
+    assert "transformers.js ✓ 8/8 tokens" in (out / "report.md").read_text()
+    return target
+
+
+def _graph_io(folder, model_type: str) -> None:
+    import onnx
+
+    io = {}
+    for name in ("vision_encoder", "embed_tokens", "decoder_model_merged"):
+        graph = onnx.load(str(folder / "onnx" / f"{name}.onnx"), load_external_data=False).graph
+        io[name] = ([(v.name, [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim]) for v in graph.input],
+                    [v.name for v in graph.output])
+    assert io["vision_encoder"] == ([("pixel_values", [16, 3 * 2 * 8 * 8]), (GRID[model_type], [1, 3])],
+                                    ["image_features"]), io["vision_encoder"]
+    assert [name for name, _ in io["embed_tokens"][0]] == ["input_ids"] and io["embed_tokens"][1] == ["inputs_embeds"]
+    inputs, outputs = io["decoder_model_merged"]
+    assert [name for name, _ in inputs[:3]] == ["inputs_embeds", "attention_mask", "position_ids"]
+    assert inputs[2][1] == [3, "batch_size", "sequence_length"], inputs[2]  # M-RoPE's temporal, height, width rows
+    assert {"past_key_values.0.key", "past_key_values.0.value"} <= {name for name, _ in inputs}
+    assert outputs[0] == "logits" and {"present.0.key", "present.0.value"} <= set(outputs)
+
+
+def test_a_qwen2_vl_folder_in_the_transformers_js_layout_generates_in_transformers_js(qwen2_vl_tjs, tmp_path):
+    """The product's proof (transformers.js 4.3.2 on Node: its processor's pixels, grid and image tokens are the
+    sample's, then `generate` from the sample gives eager's 8 tokens), the graphs under the names and shapes
+    transformers.js binds, the files it reads, and the card's script as written."""
+    from exporters.publish.snippets import target_snippets
+
+    out, report, log = qwen2_vl_tjs
+    target = _assert_proven(out, report, log)
+    folder = out / "tjs"
+    _graph_io(folder, "qwen2_vl")
+    preprocessor = json.loads((folder / "preprocessor_config.json").read_text())
+    assert (preprocessor["processor_class"], preprocessor["image_processor_type"]) == ("Qwen2VLProcessor",
+                                                                                        "Qwen2VLImageProcessor")
+    assert preprocessor["min_pixels"] == preprocessor["max_pixels"] == 32 * 32  # the traced 4x4 grid of 8-pixel patches
+    config = json.loads((folder / "config.json").read_text())
+    assert config["num_key_value_heads"] == config["text_config"]["num_key_value_heads"]  # where transformers.js reads
+    code = {runtime: code for runtime, _, code in target_snippets("org/qwen2-vl", target)}["transformers.js"]
+    assert "AutoModelForImageTextToText" in code and "<|vision_start|>" in code, code
+    run_js_card(code, folder, tmp_path)  # the tiny vocabulary may decode to nothing: it runs
+
+
+def test_a_decoder_fed_other_positions_fails_the_transformers_js_proof(qwen2_vl_tjs, tmp_path):
+    """The proof can fail: `hf-export validate` of a copy of the folder whose config.json names another
+    `vision_start_token_id` (transformers.js's `get_rope_index` then finds no image block and gives the image's
+    tokens 1-D text positions, where eager's are by height and width): our own checks still pass (they feed the
+    graphs eager's positions), transformers.js's tokens differ from eager's and the target fails, saying so."""
+    from tests.conftest import run_cli
+
+    out, _, _ = qwen2_vl_tjs
+    copy = tmp_path / "out"
+    shutil.copytree(out / "tjs", copy / "tjs")
+    config = json.loads((copy / "tjs" / "config.json").read_text())
+    config["vision_start_token_id"] = config["text_config"]["pad_token_id"]  # in no prompt
+    (copy / "tjs" / "config.json").write_text(json.dumps(config))
+    model = tiny_qwen_vl_with_image_processor(tmp_path / "model", RECIPE)
+    done = run_cli("validate", str(model), str(copy), "--target", "tjs")
+    [target] = json.loads((copy / "report.json").read_text())["targets"]
+    assert done.returncode == 1 and target["status"] == "failed", done.stderr[-2000:]
+    assert target["generation"]["status"] == "passed"  # the graphs on eager's positions
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "failed" and "tokens equal eager greedy: transformers.js " in proof["detail"], proof
+
+
+def test_a_qwen2_5_vl_folder_in_the_transformers_js_layout_generates_in_transformers_js(tmp_path):
+    """Qwen2.5-VL (transformers.js's `Qwen2_5_VLForConditionalGeneration`, the same class path with the grid named
+    `image_grid_thw`; its tower's window attention traced at the grid): proven the same way."""
+    out, report, log = stored_run(tiny_qwen_vl_with_image_processor(tmp_path / "model", RECIPE, family="qwen2_5_vl"))
+    _assert_proven(out, report, log)
+    _graph_io(out / "tjs", "qwen2_5_vl")
+    preprocessor = json.loads((out / "tjs" / "preprocessor_config.json").read_text())
+    assert preprocessor["processor_class"] == "Qwen2_5_VLProcessor"
+
+
+def test_a_qwen3_vl_is_declined_with_transformers_js_reason():
+    """Qwen3-VL: transformers.js 4.3.2's class is its Qwen2.5-VL one, which feeds the decoder no DeepStack features
+    (docs/upstream-gaps.md): the layout refuses it with that reason, as it refuses any type outside its list."""
+    from types import SimpleNamespace
+
+    from exporters.capture.image_text import MODEL_TYPES, QWEN3_VL, refused
+
+    assert refused(None, SimpleNamespace(config=SimpleNamespace(model_type="qwen3_vl")), {}, "dynamic") == QWEN3_VL
+    assert "DeepStack" in QWEN3_VL and "qwen3_vl" not in MODEL_TYPES
+    model = SimpleNamespace(config=SimpleNamespace(model_type="qwen2_vl"), get_image_features=None)
+    sample = {"input_ids": torch.ones(1, 8, dtype=torch.long), "pixel_values": torch.zeros(24, 384),
+              "image_grid_thw": torch.tensor([[1, 4, 6]])}
+    why = refused(None, model, sample, "dynamic")
+    assert why is not None and "square grid" in why, why  # the tower is traced at one square grid
