@@ -75,6 +75,14 @@ def test_a_qwen2_vl_folder_in_the_transformers_js_layout_generates_in_transforme
     assert (preprocessor["processor_class"], preprocessor["image_processor_type"]) == ("Qwen2VLProcessor",
                                                                                         "Qwen2VLImageProcessor")
     assert preprocessor["min_pixels"] == preprocessor["max_pixels"] == 32 * 32  # the traced 4x4 grid of 8-pixel patches
+    import numpy as np
+    import onnxruntime as ort
+
+    vision = ort.InferenceSession(str(folder / "onnx" / "vision_encoder.onnx"))
+    pixels = np.random.default_rng(0).random((16, 384), dtype=np.float32)
+    [traced] = vision.run(None, {"pixel_values": pixels, "grid_thw": np.array([[1, 4, 4]], dtype=np.int64)})
+    [other] = vision.run(None, {"pixel_values": pixels, "grid_thw": np.array([[1, 2, 8]], dtype=np.int64)})
+    assert traced.shape == (4, 32) and np.isfinite(traced).all() and np.isnan(other).all()  # 16 patches, another grid
     config = json.loads((folder / "config.json").read_text())
     assert config["num_key_value_heads"] == config["text_config"]["num_key_value_heads"]  # where transformers.js reads
     code = {runtime: code for runtime, _, code in target_snippets("org/qwen2-vl", target)}["transformers.js"]
