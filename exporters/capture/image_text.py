@@ -78,7 +78,8 @@ GRID_INPUTS = {"image_grid_thw", "mm_token_type_ids"}  # Qwen-VL's besides (its 
 # why transformers.js 4.3.2 cannot run a Qwen3-VL as eager does (docs/upstream-gaps.md)
 QWEN3_VL = ("transformers.js 4.3.2's Qwen3VLForConditionalGeneration is its Qwen2.5-VL class: it feeds the decoder "
             "inputs_embeds, attention_mask, position_ids and the cache only, so the DeepStack features Qwen3-VL's "
-            "tower adds to its first text layers' states have no input, and the decoder cannot give eager's logits")
+            "tower adds to its first text layers' states have no input of their own; carrying them in the same rows as "
+            "the image features (as this product's GenAI folder does) is not written for transformers.js yet")
 TRACED_PAST, TRACED_QUERY = 3, 2  # the decoder is traced on a cache and a query long enough to stay dynamic
 
 
