@@ -4,7 +4,8 @@ Qwen2.5-VL class) and `AutoProcessor` load: `onnx/vision_encoder.onnx` taking th
 (`grid_thw`, Qwen2.5-VL's `image_grid_thw`), `onnx/embed_tokens.onnx`, `onnx/decoder_model_merged.onnx` taking 3-D
 (M-RoPE) `position_ids`; proven in the product by transformers.js on Node token for token against eager `generate()`
 (its own `get_rope_index` positions, its processor's pixels, grid and image tokens), and the card's script runs as
-written. A decoder fed other positions fails the proof; a Qwen3-VL is declined with transformers.js's reason.
+written. A decoder fed other positions fails the proof. A Qwen3-VL (transformers.js's Qwen2.5-VL class) carries its
+DeepStack features in the same rows as the image features and embeddings, proven the same way.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tests.export_store import stored_run
 from tests.models import TJS_TARGET, tiny_qwen_vl_with_image_processor
 
 RECIPE = {"exports": [TJS_TARGET], "generation": {"max_new_tokens": 8}}
-GRID = {"qwen2_vl": "grid_thw", "qwen2_5_vl": "image_grid_thw"}  # transformers.js's name per class
+GRID = {"qwen2_vl": "grid_thw", "qwen2_5_vl": "image_grid_thw", "qwen3_vl": "image_grid_thw"}  # transformers.js's name per class
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def _assert_proven(out, report: dict, log: str) -> dict:
     return target
 
 
-def _graph_io(folder, model_type: str) -> None:
+def _graph_io(folder, model_type: str, width: int = 32) -> None:
     import onnx
 
     io = {}
@@ -54,6 +55,8 @@ def _graph_io(folder, model_type: str) -> None:
     assert io["vision_encoder"] == ([("pixel_values", [16, 3 * 2 * 8 * 8]), (GRID[model_type], [1, 3])],
                                     ["image_features"]), io["vision_encoder"]
     assert [name for name, _ in io["embed_tokens"][0]] == ["input_ids"] and io["embed_tokens"][1] == ["inputs_embeds"]
+    graph = onnx.load(str(folder / "onnx" / "vision_encoder.onnx"), load_external_data=False).graph
+    assert [d.dim_value for d in graph.output[0].type.tensor_type.shape.dim] == [4, width]  # Qwen3-VL's: 2 x hidden
     inputs, outputs = io["decoder_model_merged"]
     assert [name for name, _ in inputs[:3]] == ["inputs_embeds", "attention_mask", "position_ids"]
     assert inputs[2][1] == [3, "batch_size", "sequence_length"], inputs[2]  # M-RoPE's temporal, height, width rows
@@ -122,17 +125,27 @@ def test_a_qwen2_5_vl_folder_in_the_transformers_js_layout_generates_in_transfor
     assert preprocessor["processor_class"] == "Qwen2_5_VLProcessor"
 
 
-def test_a_qwen3_vl_is_declined_with_transformers_js_reason():
-    """Qwen3-VL: transformers.js 4.3.2's class is its Qwen2.5-VL one, which feeds the decoder no DeepStack features
-    (docs/upstream-gaps.md): the layout refuses it with that reason, as it refuses any type outside its list."""
-    from types import SimpleNamespace
+def test_a_qwen3_vl_folder_carries_its_deepstack_features_in_the_rows_and_generates_in_transformers_js(tmp_path):
+    """Qwen3-VL (transformers.js's `Qwen3VLForConditionalGeneration`, its Qwen2.5-VL class, which feeds the decoder
+    `inputs_embeds` only): its DeepStack features ride in the rows (`exporters.capture.qwen_vl.widened`: the vision
+    encoder's features and `embed_tokens`' rows hidden x 2 wide, the decoder adding the second half after its first
+    layer), proven by transformers.js 8/8. Seed 7: eager's greedy tokens without the DeepStack features differ from the
+    first token on (checked here), so a folder that dropped them could not pass."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-    from exporters.capture.image_text import MODEL_TYPES, QWEN3_VL, refused
+    from exporters.capture.inputs import make_sample_inputs
+    from exporters.recipe.model import InputsSpec
 
-    assert refused(None, SimpleNamespace(config=SimpleNamespace(model_type="qwen3_vl")), {}, "dynamic") == QWEN3_VL
-    assert "DeepStack" in QWEN3_VL and "qwen3_vl" not in MODEL_TYPES
-    model = SimpleNamespace(config=SimpleNamespace(model_type="qwen2_vl"), get_image_features=None)
-    sample = {"input_ids": torch.ones(1, 8, dtype=torch.long), "pixel_values": torch.zeros(24, 384),
-              "image_grid_thw": torch.tensor([[1, 4, 6]])}
-    why = refused(None, model, sample, "dynamic")
-    assert why is not None and "square grid" in why, why  # the tower is traced at one square grid
+    model_dir = tiny_qwen_vl_with_image_processor(tmp_path / "model", RECIPE, family="qwen3_vl", seed=7, text_layers=2)
+    out, report, log = stored_run(model_dir)
+    target = _assert_proven(out, report, log)
+    _graph_io(out / "tjs", "qwen3_vl", width=64)
+    eager = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    sample = make_sample_inputs(eager, InputsSpec(), AutoTokenizer.from_pretrained(model_dir), model_dir).generate
+    greedy = {"max_new_tokens": 8, "min_new_tokens": 8, "do_sample": False}
+    with torch.no_grad():
+        kept = eager.generate(**sample, **greedy)[0, sample["input_ids"].shape[1]:].tolist()
+        eager.model.language_model._deepstack_process = lambda states, mask, features: states  # DeepStack dropped
+        dropped = eager.generate(**sample, **greedy)[0, sample["input_ids"].shape[1]:].tolist()
+    assert kept == target["generation"]["eager_tokens"][0], (kept, target["generation"])  # the run's sample
+    assert dropped[0] != kept[0], (dropped, kept)

@@ -1,14 +1,16 @@
 """transformers.js's vision-language and audio-language layouts: which ONNX targets get them, and their three graphs.
 
 An ONNX generation target of a vision-language model with `"layout": "transformers.js"` is written as transformers.js's
-`ImageTextToText` models load it (`AutoModelForImageTextToText`: LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL),
-three graphs:
+`ImageTextToText` models load it (`AutoModelForImageTextToText`: LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL,
+Qwen3-VL), three graphs:
 
 ```
 vision_encoder        pixel_values [batch, 3, H, W]  -> image_features [1, n, hidden]   the image fixed at the sample's
                       (Idefics3, SmolVLM: [1, tiles, 3, H, W] and its bool pixel_attention_mask; Qwen2-VL,
                       Qwen2.5-VL: [patches, 3·t·p·p] and image_grid_thw [1, 3] -> [patches / merge², hidden], the
-                      tower traced at the sample's square grid: `exporters.capture.qwen_vl`)
+                      tower traced at the sample's square grid: `exporters.capture.qwen_vl`; Qwen3-VL's features
+                      and embed_tokens' rows are hidden x (1 + DeepStack features) wide, the decoder adding each part
+                      after its layer: `qwen_vl.widened`)
 embed_tokens          input_ids [batch, seq]         -> inputs_embeds [batch, seq, hidden]
 decoder_model_merged  inputs_embeds, attention_mask, position_ids, past_key_values.{i}.key/value
                                                      -> logits, present.{i}.key/value   (the prompt on an empty cache)
@@ -57,7 +59,8 @@ from transformers import DynamicCache
 
 from exporters.capture.merged import contract, with_contract
 from exporters.capture.probes import DimBinding
-from exporters.capture.qwen_vl import MROPE_TYPES, GridVisionEncoder, is_mrope
+from exporters.capture.qwen_vl import (MROPE_TYPES, GridVisionEncoder, WidenedEmbedding, add_deepstack, deepstack,
+                                      is_mrope, widened)
 from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.recipe.model import ComponentOverride
 from exporters.upstream.multimodal_runner import AudioEncoder, TokenEmbedding, VisionEncoder
@@ -75,11 +78,6 @@ AUDIO_TOKENS_PER_CHUNK = {"voxtral": 375}  # Granite Speech's processor counts t
 MODEL_TYPES = ("llava", "idefics3", "smolvlm", *MROPE_TYPES)
 IMAGE_INPUTS = {"input_ids", "attention_mask", "pixel_values", "pixel_attention_mask"}
 GRID_INPUTS = {"image_grid_thw", "mm_token_type_ids"}  # Qwen-VL's besides (its token types: the image's tokens)
-# why transformers.js 4.3.2 cannot run a Qwen3-VL as eager does (docs/upstream-gaps.md)
-QWEN3_VL = ("transformers.js 4.3.2's Qwen3VLForConditionalGeneration is its Qwen2.5-VL class: it feeds the decoder "
-            "inputs_embeds, attention_mask, position_ids and the cache only, so the DeepStack features Qwen3-VL's "
-            "tower adds to its first text layers' states have no input of their own; carrying them in the same rows as "
-            "the image features (as this product's GenAI folder does) is not written for transformers.js yet")
 TRACED_PAST, TRACED_QUERY = 3, 2  # the decoder is traced on a cache and a query long enough to stay dynamic
 
 
@@ -114,8 +112,6 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_impl
         return refused_audio(target, model, generate_inputs, cache_implementation)
     pixels, ids = generate_inputs.get("pixel_values"), generate_inputs.get("input_ids")
     extra = sorted(set(generate_inputs) - IMAGE_INPUTS - (GRID_INPUTS if model_type in MROPE_TYPES else set()))
-    if model_type in ("qwen3_vl", "qwen3_vl_moe"):
-        return QWEN3_VL
     if model_type not in MODEL_TYPES:
         return (f"transformers.js's vision-language layout is written for model types {list(MODEL_TYPES)} (the "
                 f"image's features in place of its image tokens, LLaVA's merge); this is {model_type!r}")
@@ -208,9 +204,21 @@ class EmbedsDecoder(torch.nn.Module):
 
     def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 past_key_values: Any) -> Any:
-        out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=past_key_values, use_cache=True)
+        hooks: list[Any] = []
+        if deepstack_of(self.model):  # a Qwen3-VL's DeepStack features in the rows (exporters.capture.qwen_vl)
+            inputs_embeds, hooks = add_deepstack(self.model, inputs_embeds)
+        try:
+            out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=past_key_values, use_cache=True)
+        finally:
+            for hook in hooks:
+                hook.remove()
         return {"logits": out.logits, "past_key_values": out.past_key_values}
+
+
+def deepstack_of(model: Any) -> int:
+    """A Qwen-VL's DeepStack features' count (Qwen3-VL's), 0 for any other model."""
+    return deepstack(model.config) if is_mrope(model.config) else 0
 
 
 def embeds_inputs(embeds: torch.Tensor, start: int, cache: Any, positions: torch.Tensor | None = None,
@@ -317,7 +325,8 @@ def capture(target: Any, model: Any, generate_inputs: dict[str, Any]) -> dict[st
     the prompt's ids, the image's pixels (or the audio's features), the prompt's embeddings after a cache of its
     first tokens."""
     ids = generate_inputs["input_ids"][:1]
-    embed = TokenEmbedding(model.get_input_embeddings()).eval()
+    embed = (WidenedEmbedding(model.get_input_embeddings(), widened(model.config)) if deepstack_of(model)
+             else TokenEmbedding(model.get_input_embeddings())).eval()
     decoder = EmbedsDecoder(model).eval()
     mrope = is_mrope(model.config)  # Qwen-VL: positions [3, batch, query]
     with torch.no_grad():

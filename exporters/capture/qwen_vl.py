@@ -1,11 +1,11 @@
-"""Qwen2-VL's and Qwen2.5-VL's vision tower at one image grid, and their 3-D (M-RoPE) positions: what transformers.js's
-vision-language layout (`image_text.py`) and ONNX Runtime GenAI's Qwen-VL folder (`exporters.layouts.genai.qwen_vl`)
-trace and feed.
+"""Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's vision tower at one image grid, their 3-D (M-RoPE) positions and Qwen3-VL's
+DeepStack features carried in the features' rows ([`widened`]): what transformers.js's vision-language layout
+(`image_text.py`) and ONNX Runtime GenAI's Qwen-VL folder (`exporters.layouts.genai.qwen_vl`) trace and feed.
 
 The tower's rotary positions, attention spans and (Qwen2.5-VL) window index are data-dependent on the image's grid
 (`image_grid_thw`): they are computed here for the sample's grid and traced as constants ([`FixedGridVision`]).
 transformers.js feeds its `vision_encoder` the processor's patches and their grid (`grid_thw` for Qwen2-VL,
-`image_grid_thw` for Qwen2.5-VL: [`GRID_INPUT`]); [`GridVisionEncoder`] reads the grid and gives NaN features for any
+`image_grid_thw` for Qwen2.5-VL and Qwen3-VL: [`GRID_INPUT`]); [`GridVisionEncoder`] reads the grid and gives NaN features for any
 grid but the traced one, so an image the processor cut otherwise (the same patch count, another shape) fails the
 comparison instead of passing through the traced grid's positions.
 
@@ -25,16 +25,18 @@ from typing import Any
 import torch
 from transformers import vision_utils
 
-MROPE_TYPES = ("qwen2_vl", "qwen2_5_vl")  # transformers.js's Qwen2VLForConditionalGeneration and its Qwen2.5-VL class
-GRID_INPUT = {"qwen2_vl": "grid_thw", "qwen2_5_vl": "image_grid_thw"}  # its `image_grid_thw_name` per class
-PROCESSOR_CLASS = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}  # its processors
+# transformers.js's Qwen2VLForConditionalGeneration and its Qwen2.5-VL and Qwen3-VL classes (the last the second's)
+MROPE_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+GRID_INPUT = {"qwen2_vl": "grid_thw", "qwen2_5_vl": "image_grid_thw", "qwen3_vl": "image_grid_thw"}  # per class
+PROCESSOR_CLASS = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor",
+                   "qwen3_vl": "Qwen3VLProcessor"}  # its processors
 
 
 class FixedGridVision(torch.nn.Module):
     """The tower on one image of the grid `grid` ([1, 3]), its rotary positions, (a Qwen2.5-VL's, whose tower has
     window attention) window index and (a Qwen3-VL's, whose learned position table is interpolated to the grid)
     interpolation computed here for that grid (they are data-dependent on the grid: traced as constants); a Qwen3-VL's
-    DeepStack features concatenated after the merged ones (`exporters.layouts.genai.qwen_vl.widened`)."""
+    DeepStack features concatenated after the merged ones (`widened`)."""
 
     def __init__(self, model: Any, grid: torch.Tensor):
         super().__init__()
@@ -75,6 +77,47 @@ class GridVisionEncoder(torch.nn.Module):
         features = self.tower(pixel_values)
         same = (image_grid_thw == self.traced_grid).all()
         return torch.where(same, features, torch.full_like(features, float("nan")))
+
+
+def deepstack(config: Any) -> int:
+    """How many DeepStack features a Qwen3-VL tower adds to its language model's first layers' states (0 for a
+    Qwen2.5-VL or Qwen2-VL)."""
+    return len(getattr(config.vision_config, "deepstack_visual_indexes", None) or [])
+
+
+def widened(config: Any) -> int:
+    """The width of the image features and `inputs_embeds` passed between the graphs: the text hidden size, times one
+    plus the DeepStack features' count. Neither runtime feeds a Qwen3-VL's text graph anything but `inputs_embeds`
+    (ONNX Runtime GenAI 0.18, transformers.js 4.3.2: docs/upstream-gaps.md #56, #61), so its DeepStack features ride
+    in the same rows: the vision graph concatenates them after the merged features ([`FixedGridVision`]), the
+    embedding pads each token's row with zeros to the width ([`WidenedEmbedding`]), and the decoder splits them off
+    and adds each after its layer ([`add_deepstack`]; zeros at text tokens: eager adds at the image tokens only, and
+    x + 0 is x)."""
+    return int(config.text_config.hidden_size) * (1 + deepstack(config))
+
+
+class WidenedEmbedding(torch.nn.Module):
+    """`embed_tokens(input_ids) -> inputs_embeds [batch, seq, widened]`: the token table's rows padded with zeros to
+    the features' width (`widened`)."""
+
+    def __init__(self, embedding: torch.nn.Module, width: int):
+        super().__init__()
+        self.embedding, self.width = embedding, width
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows = self.embedding(input_ids)
+        return torch.nn.functional.pad(rows, (0, self.width - rows.shape[-1]))
+
+
+def add_deepstack(model: Any, inputs_embeds: torch.Tensor) -> tuple[torch.Tensor, list[Any]]:
+    """The text model's own embeddings of `inputs_embeds` (its first `hidden` columns), and hooks that add each further
+    part after its language-model layer, as eager adds a Qwen3-VL's DeepStack features (`widened`); the caller removes
+    the hooks. No hooks where the rows are the text model's width."""
+    parts = inputs_embeds.split(int(model.config.text_config.hidden_size), dim=-1)
+    layers = model.model.language_model.layers if len(parts) > 1 else []
+    hooks = [layer.register_forward_hook(lambda _module, _args, states, feature=feature: states + feature)
+             for layer, feature in zip(layers, parts[1:])]
+    return parts[0], hooks
 
 
 def rope_positions(model: Any, ids: torch.Tensor, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -47,7 +47,8 @@ from onnx import TensorProto, helper, numpy_helper
 from transformers import DynamicCache, GenerationConfig
 
 from exporters import fsutil
-from exporters.capture.qwen_vl import FixedGridVision  # GenAI's vision graph: the tower at the traced grid
+# GenAI's vision graph: the tower at the traced grid; a Qwen3-VL's DeepStack features in the features' rows
+from exporters.capture.qwen_vl import FixedGridVision, add_deepstack, widened
 from exporters.export.onnx_files import share_external_data
 from exporters.layouts.genai.config import GENAI_CONFIG, genai_config
 from exporters.upstream import read_manifest
@@ -74,23 +75,6 @@ def side_of(patches: int, merge: int) -> int | None:
     return side if side * side == patches and side % merge == 0 else None
 
 
-def deepstack(config: Any) -> int:
-    """How many DeepStack features a Qwen3-VL tower adds to its language model's first layers' states (0 for a
-    Qwen2.5-VL or Qwen2-VL): GenAI carries them beside the image features (see `widened`)."""
-    return len(getattr(config.vision_config, "deepstack_visual_indexes", None) or [])
-
-
-def widened(config: Any) -> int:
-    """The width of GenAI's image features and `inputs_embeds` for this model: the text hidden size, times one plus
-    the DeepStack features' count. GenAI 0.18 feeds a Qwen3-VL's text graph `inputs_embeds` only (no DeepStack input
-    is named anywhere in its library; its builder's text model adds none) and sizes the features and embeddings by
-    the config's `decoder.hidden_size`, so a Qwen3-VL's DeepStack features ride in the same rows: the vision graph
-    concatenates them after the merged features, the embedding graph pads each token's row with zeros to the width,
-    and the decoder graph splits them off and adds each after its layer (zeros at text tokens: eager adds at the image
-    tokens only, and x + 0 is x)."""
-    return int(config.text_config.hidden_size) * (1 + deepstack(config))
-
-
 class EmbedsDecoder(torch.nn.Module):
     """GenAI's decoder graph: the model on `inputs_embeds` with its positions after a past of any length (the past
     as flat key and value tensors, layer by layer), returning the logits and the grown past."""
@@ -104,13 +88,10 @@ class EmbedsDecoder(torch.nn.Module):
         cache = DynamicCache(config=self.model.config)
         for layer in range(self.layers):
             cache.update(past[2 * layer], past[2 * layer + 1], layer)
-        parts = inputs_embeds.split(int(self.model.config.text_config.hidden_size), dim=-1)
-        layers = self.model.model.language_model.layers if len(parts) > 1 else []
         # a Qwen3-VL's DeepStack features (`widened`) added to the states after its first layers, as eager does
-        hooks = [layer.register_forward_hook(lambda _module, _args, states, feature=feature: states + feature)
-                 for layer, feature in zip(layers, parts[1:])]
+        embeds, hooks = add_deepstack(self.model, inputs_embeds)
         try:
-            out = self.model(inputs_embeds=parts[0], attention_mask=attention_mask, position_ids=position_ids,
+            out = self.model(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=cache, use_cache=True)
         finally:
             for hook in hooks:

@@ -199,12 +199,15 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
 
 # the text model's fields transformers.js 4.3.2 reads from a `qwen2_vl` config's top level (transformers 4's layout;
 # transformers 5 keeps them in `text_config`, where it reads a `qwen2_5_vl`'s): configs.js's getNormalizedConfig
+# Qwen2-VL's and Qwen2.5-VL's image processor's default mean and std (CLIP's), and Qwen3-VL's
+CLIP = ([0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711])
+HALF = ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
 TOP_LEVEL_TEXT = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size")
 
 
 def qwen_vl_files(directory: Path, model_type: str, patches: int) -> None:
-    """A Qwen2-VL's or Qwen2.5-VL's files as transformers.js reads them: `preprocessor_config.json` (the folder's
-    image processor, or one from the model's config with Qwen2-VL's defaults) naming transformers.js's processor
+    """A Qwen2-VL's, Qwen2.5-VL's or Qwen3-VL's files as transformers.js reads them: `preprocessor_config.json` (the
+    folder's image processor, or one from the model's config with its defaults) naming transformers.js's processor
     ([`PROCESSOR_CLASS`]) and its image processor, its pixel bounds both the traced image's (`patches` patches: the
     vision encoder is traced at that grid, `exporters.capture.qwen_vl`; a square image of any size is resized to it);
     and, for a Qwen2-VL, the text model's fields also at `config.json`'s top level ([`TOP_LEVEL_TEXT`])."""
@@ -221,10 +224,10 @@ def qwen_vl_files(directory: Path, model_type: str, patches: int) -> None:
                   "patch_size": patch, "merge_size": int(image.get("merge_size") or vision.get("spatial_merge_size", 2)),
                   "temporal_patch_size": int(image.get("temporal_patch_size") or vision.get("temporal_patch_size", 2)),
                   "min_pixels": pixels, "max_pixels": pixels, "size": {"shortest_edge": pixels, "longest_edge": pixels}})
+    mean, std = HALF if model_type == "qwen3_vl" else CLIP
     for key, value in (("do_resize", True), ("do_rescale", True), ("rescale_factor", 1 / 255), ("do_normalize", True),
-                       ("image_mean", [0.48145466, 0.4578275, 0.40821073]), ("do_convert_rgb", True),
-                       ("image_std", [0.26862954, 0.26130258, 0.27577711]), ("resample", 3)):
-        image.setdefault(key, value)  # Qwen2-VL's image processor's defaults, where the folder had none
+                       ("image_mean", mean), ("do_convert_rgb", True), ("image_std", std), ("resample", 3)):
+        image.setdefault(key, value)  # the model's image processor's defaults, where the folder had none
     fsutil.write_file(directory / PREPROCESSOR, json.dumps(image, indent=2, sort_keys=True) + "\n")
 
 

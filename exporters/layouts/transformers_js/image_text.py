@@ -1,5 +1,6 @@
-"""transformers.js's vision-language layout: a LLaVA, Idefics3, SmolVLM, Qwen2-VL or Qwen2.5-VL model as transformers.js's
-`AutoModelForImageTextToText` loads it, `onnx/vision_encoder.onnx` + `onnx/embed_tokens.onnx` + `onnx/decoder_model_merged.onnx` (the graphs of
+"""transformers.js's vision-language layout: a LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL or Qwen3-VL model as
+transformers.js's `AutoModelForImageTextToText` loads it, `onnx/vision_encoder.onnx` + `onnx/embed_tokens.onnx` +
+`onnx/decoder_model_merged.onnx` (the graphs of
 `exporters.capture.image_text`, moved and named by `files.py`) with the folder's processor, tokenizer and
 `generation_config.json` beside them; proven (`image_text_proof.py`) by Node running `GENERATE` (the card's script)
 on the folder alone.
@@ -18,7 +19,8 @@ of the same shape and image-token count. LLaVA's processor counts its image toke
 alone in transformers.js and minus the class token (`vision_feature_select_strategy` "default") in transformers: the
 layout writes the folder's `processor_config.json` with the count both read alike ([`processor_fix`]).
 
-A Qwen2-VL or Qwen2.5-VL (`Qwen2VLForConditionalGeneration`, `Qwen2_5_VLForConditionalGeneration`): the prompt is
+A Qwen2-VL, Qwen2.5-VL or Qwen3-VL (`Qwen2VLForConditionalGeneration`, `Qwen2_5_VLForConditionalGeneration`,
+`Qwen3VLForConditionalGeneration`; a Qwen3-VL's DeepStack features in the rows: `exporters.capture.qwen_vl.widened`): the prompt is
 `<|vision_start|><|image_pad|><|vision_end|>` and the text (its processor expands the image token to the grid's
 count); the proof also feeds the sample's `image_grid_thw` and checks the processor's grid; transformers.js computes
 the 3-D positions itself (its `get_rope_index`). The folder's `preprocessor_config.json` pins the processor's pixel
