@@ -719,6 +719,20 @@ def tiny_qwen2_5_vl_with_tokenizer(folder: Path, recipe: Any | None = None, seed
     return folder
 
 
+def tiny_qwen_vl_with_image_processor(folder: Path, recipe: Any | None = None, family: str = "qwen2_vl",
+                                      seed: int = 0, text_layers: int = 1) -> Path:
+    """`tiny_qwen2_5_vl_with_tokenizer`'s Qwen2-VL (or Qwen2.5-VL, Qwen3-VL) with its image processor saved
+    (`preprocessor_config.json`: the PIL backend, its pixel bounds one 32-pixel square, patch 8, merge 2: a 4x4 grid,
+    4 image tokens), so the sample's pixels are the processor's. No `processor_config.json`: transformers'
+    Qwen2VLProcessor needs a video processor, which needs torchvision."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tiny_qwen2_5_vl_with_tokenizer(folder, recipe, seed=seed, text_layers=text_layers, family=family)
+    Qwen2VLImageProcessorPil(min_pixels=32 * 32, max_pixels=32 * 32, patch_size=8, merge_size=2,
+                             temporal_patch_size=2).save_pretrained(folder)
+    return folder
+
+
 MISTRAL3_IMAGE_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]", "[INST]"]  # the tokens GenAI's mistral3 processor reads
 
 

@@ -254,4 +254,4 @@ def test_a_vision_language_family_the_layout_does_not_take_is_declined_with_the_
     assert not (out / "tjs" / "onnx" / "decoder_model_merged.onnx").exists()
     markdown = (out / "report.md").read_text()
     assert "transformers.js ✗ cannot take this model" in markdown
-    assert "written for model types ['llava', 'idefics3', 'smolvlm']" in markdown and "this is 'idefics2'" in markdown
+    assert "written for model types ['llava', 'idefics3', 'smolvlm', 'qwen2_vl', 'qwen2_5_vl', 'qwen3_vl']" in markdown and "this is 'idefics2'" in markdown

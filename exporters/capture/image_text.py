@@ -1,14 +1,21 @@
 """transformers.js's vision-language and audio-language layouts: which ONNX targets get them, and their three graphs.
 
 An ONNX generation target of a vision-language model with `"layout": "transformers.js"` is written as transformers.js's
-`ImageTextToText` models load it (`AutoModelForImageTextToText`: LLaVA, Idefics3, SmolVLM), three graphs:
+`ImageTextToText` models load it (`AutoModelForImageTextToText`: LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL,
+Qwen3-VL), three graphs:
 
 ```
 vision_encoder        pixel_values [batch, 3, H, W]  -> image_features [1, n, hidden]   the image fixed at the sample's
-                      (Idefics3, SmolVLM: [1, tiles, 3, H, W] and its bool pixel_attention_mask)
+                      (Idefics3, SmolVLM: [1, tiles, 3, H, W] and its bool pixel_attention_mask; Qwen2-VL,
+                      Qwen2.5-VL: [patches, 3·t·p·p] and image_grid_thw [1, 3] -> [patches / merge², hidden], the
+                      tower traced at the sample's square grid: `exporters.capture.qwen_vl`; Qwen3-VL's features
+                      and embed_tokens' rows are hidden x (1 + DeepStack features) wide, the decoder adding each part
+                      after its layer: `qwen_vl.widened`)
 embed_tokens          input_ids [batch, seq]         -> inputs_embeds [batch, seq, hidden]
 decoder_model_merged  inputs_embeds, attention_mask, position_ids, past_key_values.{i}.key/value
                                                      -> logits, present.{i}.key/value   (the prompt on an empty cache)
+                      (Qwen2-VL, Qwen2.5-VL: position_ids [3, batch, seq], M-RoPE's temporal, height and width rows,
+                      which transformers.js computes as the model's get_rope_index does)
 ```
 
 transformers.js embeds the prompt, puts the image's features in place of the image tokens (`image_token_index`),
@@ -52,6 +59,8 @@ from transformers import DynamicCache
 
 from exporters.capture.merged import contract, with_contract
 from exporters.capture.probes import DimBinding
+from exporters.capture.qwen_vl import (MROPE_TYPES, GridVisionEncoder, WidenedEmbedding, add_deepstack, deepstack,
+                                      is_mrope, widened)
 from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.recipe.model import ComponentOverride
 from exporters.upstream.multimodal_runner import AudioEncoder, TokenEmbedding, VisionEncoder
@@ -64,9 +73,11 @@ AUDIO_COMPONENTS = [AUDIO_ENCODER, EMBED_TOKENS, DECODER]
 # its processor lays out per chunk (VoxtralProcessor's NUM_AUDIO_TOKENS)
 AUDIO_MODEL_TYPES = ("voxtral", "granite_speech")
 AUDIO_TOKENS_PER_CHUNK = {"voxtral": 375}  # Granite Speech's processor counts them from the audio's length
-# model types whose transformers.js class merges the image features as LLaVA's does (in order, at the image tokens)
-MODEL_TYPES = ("llava", "idefics3", "smolvlm")
+# model types whose transformers.js class merges the image features as LLaVA's does (in order, at the image tokens);
+# Qwen2-VL's and Qwen2.5-VL's with 3-D positions and the image's grid (`exporters.capture.qwen_vl`)
+MODEL_TYPES = ("llava", "idefics3", "smolvlm", *MROPE_TYPES)
 IMAGE_INPUTS = {"input_ids", "attention_mask", "pixel_values", "pixel_attention_mask"}
+GRID_INPUTS = {"image_grid_thw", "mm_token_type_ids"}  # Qwen-VL's besides (its token types: the image's tokens)
 TRACED_PAST, TRACED_QUERY = 3, 2  # the decoder is traced on a cache and a query long enough to stay dynamic
 
 
@@ -100,7 +111,7 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_impl
     if "input_features" in generate_inputs:
         return refused_audio(target, model, generate_inputs, cache_implementation)
     pixels, ids = generate_inputs.get("pixel_values"), generate_inputs.get("input_ids")
-    extra = sorted(set(generate_inputs) - IMAGE_INPUTS)
+    extra = sorted(set(generate_inputs) - IMAGE_INPUTS - (GRID_INPUTS if model_type in MROPE_TYPES else set()))
     if model_type not in MODEL_TYPES:
         return (f"transformers.js's vision-language layout is written for model types {list(MODEL_TYPES)} (the "
                 f"image's features in place of its image tokens, LLaVA's merge); this is {model_type!r}")
@@ -110,8 +121,22 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_impl
         return f"{type(model).__name__} has no get_image_features (the vision_encoder graph)"
     if extra:
         return f"its image inputs include {extra}, which transformers.js's image-text-to-text models do not feed"
+    if model_type in MROPE_TYPES:
+        return _grid_refused(pixels, generate_inputs.get("image_grid_thw"), ids)
     if not isinstance(pixels, torch.Tensor) or pixels.dim() not in (4, 5) or pixels.shape[0] != 1:
         return f"its pixels are not one image [1, (tiles,) 3, H, W] (shape {list(getattr(pixels, 'shape', []))})"
+    if not isinstance(ids, torch.Tensor) or ids.shape[1] < TRACED_PAST + TRACED_QUERY:
+        return "its prompt is too short to trace the decoder with a dynamic cache"
+    return None
+
+
+def _grid_refused(pixels: Any, grid: Any, ids: Any) -> str | None:
+    """Why a Qwen-VL sample does not fit the layout (one image of a square grid: its tower is traced at that grid
+    and the folder's processor resizes every image to it), else None."""
+    if not isinstance(pixels, torch.Tensor) or pixels.dim() != 2 or not isinstance(grid, torch.Tensor) \
+            or list(grid.shape) != [1, 3] or int(grid[0, 0]) != 1 or int(grid[0, 1]) != int(grid[0, 2]):
+        return (f"its pixels are not one image's patches of a square grid (image_grid_thw "
+                f"{getattr(grid, 'tolist', lambda: grid)()})")
     if not isinstance(ids, torch.Tensor) or ids.shape[1] < TRACED_PAST + TRACED_QUERY:
         return "its prompt is too short to trace the decoder with a dynamic cache"
     return None
@@ -179,27 +204,48 @@ class EmbedsDecoder(torch.nn.Module):
 
     def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 past_key_values: Any) -> Any:
-        out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=past_key_values, use_cache=True)
+        hooks: list[Any] = []
+        if deepstack_of(self.model):  # a Qwen3-VL's DeepStack features in the rows (exporters.capture.qwen_vl)
+            inputs_embeds, hooks = add_deepstack(self.model, inputs_embeds)
+        try:
+            out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=past_key_values, use_cache=True)
+        finally:
+            for hook in hooks:
+                hook.remove()
         return {"logits": out.logits, "past_key_values": out.past_key_values}
 
 
-def embeds_inputs(embeds: torch.Tensor, start: int, cache: Any) -> dict[str, Any]:
-    """The decoder's call for `embeds` at positions `start…` after `cache` (what transformers.js feeds).
+def deepstack_of(model: Any) -> int:
+    """A Qwen-VL's DeepStack features' count (Qwen3-VL's), 0 for any other model."""
+    return deepstack(model.config) if is_mrope(model.config) else 0
+
+
+def embeds_inputs(embeds: torch.Tensor, start: int, cache: Any, positions: torch.Tensor | None = None,
+                  mrope: bool = False) -> dict[str, Any]:
+    """The decoder's call for `embeds` at positions `start…` after `cache` (what transformers.js feeds): `positions`
+    where given, else the text's [batch, length] (`mrope`: the same in each of Qwen-VL's 3 rows).
 
     Example:
         >>> sorted(embeds_inputs(torch.zeros(1, 2, 4), 3, None))
         ['attention_mask', 'inputs_embeds', 'past_key_values', 'position_ids']
+        >>> list(embeds_inputs(torch.zeros(1, 2, 4), 3, None, mrope=True)["position_ids"].shape)
+        [3, 1, 2]
     """
     batch, length = embeds.shape[:2]
+    if positions is None:
+        positions = torch.arange(start, start + length).unsqueeze(0).expand(batch, -1).clone()
+        positions = positions.unsqueeze(0).expand(3, -1, -1).clone() if mrope else positions
     return {"inputs_embeds": embeds, "attention_mask": torch.ones(batch, start + length, dtype=torch.long),
-            "position_ids": torch.arange(start, start + length).unsqueeze(0).expand(batch, -1).clone(),
-            "past_key_values": cache}
+            "position_ids": positions, "past_key_values": cache}
 
 
 def image_inputs(generate_inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The vision encoder's inputs from the sample: its pixels, and Idefics3's pixel mask as transformers.js's
     processor makes it (bool)."""
+    if isinstance(generate_inputs.get("image_grid_thw"), torch.Tensor):  # Qwen-VL: one image's patches and grid
+        return {"pixel_values": generate_inputs["pixel_values"].clone(),
+                "image_grid_thw": generate_inputs["image_grid_thw"][:1].clone()}
     inputs = {"pixel_values": generate_inputs["pixel_values"][:1].clone()}
     if isinstance(generate_inputs.get("pixel_attention_mask"), torch.Tensor):
         inputs["pixel_attention_mask"] = generate_inputs["pixel_attention_mask"][:1].bool()
@@ -260,8 +306,18 @@ def image_encoder(model: Any, generate_inputs: dict[str, Any]) -> tuple[torch.nn
     if "input_features" in generate_inputs:
         return AudioEncoder(model).eval(), audio_inputs(generate_inputs)
     inputs = image_inputs(generate_inputs)
+    if "image_grid_thw" in inputs:  # Qwen-VL: the tower at the sample's grid (exporters.capture.qwen_vl)
+        return GridVisionEncoder(model, inputs["image_grid_thw"]).eval(), inputs
     module = MaskedImageEncoder(model) if "pixel_attention_mask" in inputs else VisionEncoder(model)
     return module.eval(), inputs
+
+
+def _positions_3d(override: ComponentOverride) -> ComponentOverride:
+    """The merged decoder's contract with Qwen-VL's positions [3, batch, query]: the batch and query axes one on."""
+    spec = override.model_dump(exclude_none=True)
+    axes = spec["dynamic_shapes"].get("position_ids") or {}
+    spec["dynamic_shapes"]["position_ids"] = {str(int(axis) + 1): dim for axis, dim in axes.items()}
+    return ComponentOverride.model_validate(spec)
 
 
 def capture(target: Any, model: Any, generate_inputs: dict[str, Any]) -> dict[str, tuple[Any, dict]]:
@@ -269,13 +325,16 @@ def capture(target: Any, model: Any, generate_inputs: dict[str, Any]) -> dict[st
     the prompt's ids, the image's pixels (or the audio's features), the prompt's embeddings after a cache of its
     first tokens."""
     ids = generate_inputs["input_ids"][:1]
-    embed = TokenEmbedding(model.get_input_embeddings()).eval()
+    embed = (WidenedEmbedding(model.get_input_embeddings(), widened(model.config)) if deepstack_of(model)
+             else TokenEmbedding(model.get_input_embeddings())).eval()
     decoder = EmbedsDecoder(model).eval()
+    mrope = is_mrope(model.config)  # Qwen-VL: positions [3, batch, query]
     with torch.no_grad():
         embeds = embed(ids[:, :TRACED_PAST + TRACED_QUERY])
-        cache = decoder(**embeds_inputs(embeds[:, :TRACED_PAST], 0, DynamicCache(config=model.config)))
-    step = embeds_inputs(embeds[:, TRACED_PAST:].clone(), TRACED_PAST, copy.deepcopy(cache["past_key_values"]))
-    with_contract(target, DECODER, contract(target, step))
+        cache = decoder(**embeds_inputs(embeds[:, :TRACED_PAST], 0, DynamicCache(config=model.config), mrope=mrope))
+    step = embeds_inputs(embeds[:, TRACED_PAST:].clone(), TRACED_PAST, copy.deepcopy(cache["past_key_values"]),
+                         mrope=mrope)
+    with_contract(target, DECODER, _positions_3d(contract(target, step)) if mrope else contract(target, step))
     with_contract(target, EMBED_TOKENS, ComponentOverride.model_validate({"dynamic_shapes": {"input_ids": {
         "0": {"name": "batch_size", "min": 1}, "1": {"name": "sequence_length", "min": 1}}}}))
     encoder = AUDIO_ENCODER if "input_features" in generate_inputs else VISION_ENCODER

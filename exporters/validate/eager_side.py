@@ -159,7 +159,7 @@ def eager_side(*, target, recipe: Recipe, components, subject: EagerModel, expec
             elif name == IMAGE_TEXT_DECODER:  # transformers.js's prompt: embeddings on an empty cache
                 embeds = inputs["inputs_embeds"]
                 probes.append(("prompt (past=0)", embeds_inputs(embeds, 0, empty_cache(
-                    inputs["past_key_values"], embeds.shape[0])), None))
+                    inputs["past_key_values"], embeds.shape[0]), mrope=inputs["position_ids"].dim() == 3), None))
         references = eager_references(module, probes, eager)
         # what the graph takes, computed while the eager module still holds its weights
         fed = [(probe_id, None if probe is None else with_precomputed_inputs(module, probe), skip)

@@ -16,6 +16,7 @@ import torch
 from exporters.capture.image_text import (AUDIO_ENCODER as AUDIO_GRAPH, DECODER, EMBED_TOKENS,
                                          VISION_ENCODER as IMAGE_ENCODER, audio_inputs, embeds_inputs, image_inputs)
 from exporters.capture.merged import empty_cache
+from exporters.capture.qwen_vl import is_mrope, rope_positions, step_positions
 from exporters.capture.multimodal_runner import (AUDIO_ENCODER, TEXT_DECODER, TOKEN_EMBEDDING, VISION_ENCODER,
                                                runner_images)
 from exporters.capture.steps import output_cache
@@ -106,7 +107,8 @@ def image_text_driver(model, components, runners, generate_inputs: dict[str, Any
     transformers.js feeds them: the prompt through `embed_tokens`, the image through `vision_encoder` (an audio-language
     model's audio through `audio_encoder`), its features in place of the image (audio) tokens, the whole through
     `decoder_model_merged` on an empty cache; then each selected token through `embed_tokens` and the decoder with the
-    cache it returned."""
+    cache it returned (a Qwen-VL's positions as transformers.js computes them: the prompt's by `get_rope_index`, each
+    new token's its position plus the prompt's `rope_deltas`)."""
     ids = generate_inputs["input_ids"][:1]
     embeds = _tensor(run_component(runners[EMBED_TOKENS], {"input_ids": ids})).clone()
     if AUDIO_GRAPH in runners:
@@ -117,11 +119,14 @@ def image_text_driver(model, components, runners, generate_inputs: dict[str, Any
         where = ids[0] == image_token_of(model.config)
     embeds[0, where] = features.reshape(-1, features.shape[-1]).to(embeds.dtype)
     empty = empty_cache(components[DECODER][1]["past_key_values"], 1)
-    out = run_component(runners[DECODER], embeds_inputs(embeds, 0, empty))
+    positions, deltas = rope_positions(model, ids, generate_inputs["image_grid_thw"]) if is_mrope(model.config) \
+        else (None, None)
+    out = run_component(runners[DECODER], embeds_inputs(embeds, 0, empty, positions))
 
     def stepper(token, position, cache, extra=None):
         step = _tensor(run_component(runners[EMBED_TOKENS], {"input_ids": token[:, None]}))
-        return run_component(runners[DECODER], embeds_inputs(step, position, cache))
+        at = None if deltas is None else step_positions(position, deltas)
+        return run_component(runners[DECODER], embeds_inputs(step, position, cache, at))
 
     decode_loop(out["logits"], output_cache(out), ids, greedy, stepper, tokens)
     return int(ids.shape[1])

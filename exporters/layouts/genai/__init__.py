@@ -39,6 +39,7 @@ ENCODER = "encoder"  # an encoder-decoder export's encoder (optimum's encoder_mo
 # ("Whisper uses num_frames = 3000", src/models/whisper.h, 0.18), its encoder output allocated [batch, 1500, hidden]
 GENAI_WHISPER_FRAMES = 3000
 EMBED_TOKENS = "embed_tokens"  # a vision-language export's (exporters.capture.components.VLM_TEXT_STAGES)
+TJS_DECODER = "decoder_model_merged"  # transformers.js's layout's (exporters.capture.image_text.DECODER)
 # GenAI 0.18's vision-language and multimodal model types (src/models/model_type.h: IsVLM, IsMMM; the 0.18 library's
 # own strings): each runs from its builder's vision, embedding and text graphs and its processor config
 GENAI_VLM_TYPES = ("fara", "gemma3", "gemma4", "mistral3", "phi3v", "phi4mm", "qwen2_5_vl", "qwen3_5", "qwen3_5_moe",
@@ -53,6 +54,10 @@ VISION_FILE = "genai_vision.onnx"
 PIXTRAL_PROCESSOR_FILE = "pixtral_processor_config.json"
 NOT_TRACED = ("GenAI's vision-language graphs were not written beside this export's components (the export's notes say "
               "why)")
+# a vision-language folder in transformers.js's layout (`exporters.capture.image_text`'s merged decoder on embeddings)
+TRANSFORMERS_JS_FOLDER = ("this folder is in transformers.js's layout (`layout: \"transformers.js\"`: its vision_encoder, "
+                          "embed_tokens and decoder_model_merged); GenAI's vision-language graphs are written beside "
+                          "a target's own components, in a target without that layout")
 NOT_DERIVED = ("GenAI's Whisper graphs could not be derived from this export's encoder and merged decoder (the "
                "export's notes say why)")
 
@@ -201,6 +206,8 @@ class Genai(Layout):
     def declines(self, target: Any, directory: Path) -> str | None:
         if EMBED_TOKENS in components_in(directory):
             why = vision_language_declined(read_json(directory / "config.json"))
+            if not why and TJS_DECODER in components_in(directory):
+                return TRANSFORMERS_JS_FOLDER
             return why if why or (directory / GENAI_CONFIG).is_file() else NOT_TRACED
         if ENCODER in components_in(directory):
             why = encoder_decoder_declined(read_json(directory / "config.json"))
@@ -239,7 +246,7 @@ class Genai(Layout):
                 self.part("files").write_whisper_files(directory, model, notes)
             return
         if EMBED_TOKENS in components:  # a vision-language model: GenAI's graphs where it runs the type
-            if self.may_apply(target, components) and \
+            if self.may_apply(target, components) and TJS_DECODER not in components and \
                     not vision_language_declined(config := read_json(directory / "config.json")):
                 if config.get("model_type") == "mistral3":
                     self.part("mistral3").write_mistral3_files(directory, target, model, notes)

@@ -44,9 +44,11 @@ import numpy as np
 import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
-from transformers import DynamicCache, GenerationConfig, vision_utils
+from transformers import DynamicCache, GenerationConfig
 
 from exporters import fsutil
+# GenAI's vision graph: the tower at the traced grid; a Qwen3-VL's DeepStack features in the features' rows
+from exporters.capture.qwen_vl import FixedGridVision, add_deepstack, widened
 from exporters.export.onnx_files import share_external_data
 from exporters.layouts.genai.config import GENAI_CONFIG, genai_config
 from exporters.upstream import read_manifest
@@ -73,54 +75,6 @@ def side_of(patches: int, merge: int) -> int | None:
     return side if side * side == patches and side % merge == 0 else None
 
 
-def deepstack(config: Any) -> int:
-    """How many DeepStack features a Qwen3-VL tower adds to its language model's first layers' states (0 for a
-    Qwen2.5-VL or Qwen2-VL): GenAI carries them beside the image features (see `widened`)."""
-    return len(getattr(config.vision_config, "deepstack_visual_indexes", None) or [])
-
-
-def widened(config: Any) -> int:
-    """The width of GenAI's image features and `inputs_embeds` for this model: the text hidden size, times one plus
-    the DeepStack features' count. GenAI 0.18 feeds a Qwen3-VL's text graph `inputs_embeds` only (no DeepStack input
-    is named anywhere in its library; its builder's text model adds none) and sizes the features and embeddings by
-    the config's `decoder.hidden_size`, so a Qwen3-VL's DeepStack features ride in the same rows: the vision graph
-    concatenates them after the merged features, the embedding graph pads each token's row with zeros to the width,
-    and the decoder graph splits them off and adds each after its layer (zeros at text tokens: eager adds at the image
-    tokens only, and x + 0 is x)."""
-    return int(config.text_config.hidden_size) * (1 + deepstack(config))
-
-
-class FixedGridVision(torch.nn.Module):
-    """GenAI's vision graph: the tower on one image of the grid `grid` ([1, 3]), its rotary positions, (a
-    Qwen2.5-VL's, whose tower has window attention) window index and (a Qwen3-VL's, whose learned position table is
-    interpolated to the grid) interpolation computed here for that grid (they are data-dependent on the grid: traced
-    as constants); a Qwen3-VL's DeepStack features concatenated after the merged ones (`widened`)."""
-
-    def __init__(self, model: Any, grid: torch.Tensor):
-        super().__init__()
-        self.visual, self.grid = model.model.visual, grid
-        visual = self.visual
-        fixed = {"position_ids": vision_utils.get_vision_position_ids(grid, visual.spatial_merge_size, kwargs={}),
-                 "cu_seqlens": vision_utils.get_vision_attention_seqlens(grid, visual.config, kwargs={})[0]}
-        if hasattr(visual, "window_size"):  # Qwen2.5-VL's tower; Qwen2-VL's attends over the whole image
-            fixed["window_index"], fixed["cu_window_seqlens"] = vision_utils.get_vision_window_index(
-                grid, spatial_merge_size=visual.spatial_merge_size, window_size=visual.window_size,
-                patch_size=visual.patch_size, kwargs={})
-        if hasattr(visual, "num_grid_per_side"):  # Qwen3-VL's tower: its position table resampled to the grid
-            fixed["interp_indices"], fixed["interp_weights"] = vision_utils.get_vision_interpolation_indices_and_weights(
-                grid, num_grid_per_side=visual.num_grid_per_side, mode=visual.interpolation_mode,
-                align_corners=visual.interpolation_align_corners, spatial_merge_size=visual.config.spatial_merge_size,
-                kwargs={})
-        self.names = list(fixed)
-        for name, value in fixed.items():
-            self.register_buffer(name, value.clone(), persistent=False)
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        fixed = {name: getattr(self, name) for name in self.names}
-        out = self.visual(pixel_values, grid_thw=self.grid, **fixed)
-        return torch.cat([out.pooler_output, *(getattr(out, "deepstack_features", None) or [])], dim=-1)
-
-
 class EmbedsDecoder(torch.nn.Module):
     """GenAI's decoder graph: the model on `inputs_embeds` with its positions after a past of any length (the past
     as flat key and value tensors, layer by layer), returning the logits and the grown past."""
@@ -134,13 +88,10 @@ class EmbedsDecoder(torch.nn.Module):
         cache = DynamicCache(config=self.model.config)
         for layer in range(self.layers):
             cache.update(past[2 * layer], past[2 * layer + 1], layer)
-        parts = inputs_embeds.split(int(self.model.config.text_config.hidden_size), dim=-1)
-        layers = self.model.model.language_model.layers if len(parts) > 1 else []
         # a Qwen3-VL's DeepStack features (`widened`) added to the states after its first layers, as eager does
-        hooks = [layer.register_forward_hook(lambda _module, _args, states, feature=feature: states + feature)
-                 for layer, feature in zip(layers, parts[1:])]
+        embeds, hooks = add_deepstack(self.model, inputs_embeds)
         try:
-            out = self.model(inputs_embeds=parts[0], attention_mask=attention_mask, position_ids=position_ids,
+            out = self.model(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=cache, use_cache=True)
         finally:
             for hook in hooks:

@@ -29,6 +29,7 @@ from exporters import fsutil
 from exporters.errors import TargetPlanError
 from exporters.export.onnx_files import gather_external_data
 from exporters.capture.image_text import AUDIO_COMPONENTS, AUDIO_ENCODER, COMPONENTS as IMAGE_TEXT, DECODER, EMBED_TOKENS
+from exporters.capture.qwen_vl import GRID_INPUT, MROPE_TYPES, PROCESSOR_CLASS
 from exporters.export.onnx_names import is_renamed, rename_io, rename_values, renamed_proto, unnamed_inputs
 from exporters.export.seq2seq_merged import MERGED_FILE
 from exporters.export.seq2seq_names import is_encoder_decoder_export
@@ -152,7 +153,9 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
     external: dict[str, int] = {}
     old = sorted({entry["file"] for entry in manifest["components"].values()})
     model_type = read_json(directory / "config.json").get("model_type")
-    inputs = {"input_features": AUDIO_INPUT.get(model_type, "input_features")}
+    inputs = {"input_features": AUDIO_INPUT.get(model_type, "input_features"),
+              "image_grid_thw": GRID_INPUT.get(model_type, "image_grid_thw")}
+    patches = 0  # a Qwen-VL's traced patch count (its vision encoder's fixed `pixel_values` rows)
     for name, entry in manifest["components"].items():
         graph_file = f"{name}{SUFFIXES[dtype]}.onnx"
         proto = onnx.load(str(directory / entry["file"]), load_external_data=False)
@@ -163,6 +166,7 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
                                         inputs.get(leaf, leaf))
         if name not in (DECODER, EMBED_TOKENS):  # the encoder: a float16 graph takes float32 pixels or features
             float_inputs(proto)
+            patches = proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value
         if gather_external_data(proto, directory, directory / SUBFOLDER / f"{graph_file}_data"):
             external[graph_file] = 1
         onnx.save_model(proto, str(directory / SUBFOLDER / graph_file))
@@ -178,6 +182,9 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
             granite_speech_processor(directory)
         _audio_processor(directory, model_type)
         return
+    if model_type in MROPE_TYPES:
+        qwen_vl_files(directory, model_type, patches)
+        return
     processor = read_json(directory / "processor_config.json")
     fixed = processor_fix(processor, read_json(directory / "config.json"))
     if fixed is not None:
@@ -188,6 +195,40 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
         # and its AutoProcessor picks the processor by the `processor_class` it finds there
         image_processor = {**image_processor, "processor_class": processor.get("processor_class")}
         fsutil.write_file(directory / PREPROCESSOR, json.dumps(image_processor, indent=2, sort_keys=True) + "\n")
+
+
+# the text model's fields transformers.js 4.3.2 reads from a `qwen2_vl` config's top level (transformers 4's layout;
+# transformers 5 keeps them in `text_config`, where it reads a `qwen2_5_vl`'s): configs.js's getNormalizedConfig
+# Qwen2-VL's and Qwen2.5-VL's image processor's default mean and std (CLIP's), and Qwen3-VL's
+CLIP = ([0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711])
+HALF = ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
+TOP_LEVEL_TEXT = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size")
+
+
+def qwen_vl_files(directory: Path, model_type: str, patches: int) -> None:
+    """A Qwen2-VL's, Qwen2.5-VL's or Qwen3-VL's files as transformers.js reads them: `preprocessor_config.json` (the
+    folder's image processor, or one from the model's config with its defaults) naming transformers.js's processor
+    ([`PROCESSOR_CLASS`]) and its image processor, its pixel bounds both the traced image's (`patches` patches: the
+    vision encoder is traced at that grid, `exporters.capture.qwen_vl`; a square image of any size is resized to it);
+    and, for a Qwen2-VL, the text model's fields also at `config.json`'s top level ([`TOP_LEVEL_TEXT`])."""
+    config = read_json(directory / "config.json")
+    vision, text = config.get("vision_config") or {}, config.get("text_config") or {}
+    if model_type == "qwen2_vl" and any(key not in config and key in text for key in TOP_LEVEL_TEXT):
+        config.update({key: text[key] for key in TOP_LEVEL_TEXT if key not in config and key in text})
+        fsutil.write_file(directory / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+    image = read_json(directory / PREPROCESSOR) or dict(read_json(directory / "processor_config.json").get(
+        "image_processor") or {})
+    patch = int(image.get("patch_size") or vision.get("patch_size") or 14)
+    pixels = int(patches) * patch * patch
+    image.update({"image_processor_type": "Qwen2VLImageProcessor", "processor_class": PROCESSOR_CLASS[model_type],
+                  "patch_size": patch, "merge_size": int(image.get("merge_size") or vision.get("spatial_merge_size", 2)),
+                  "temporal_patch_size": int(image.get("temporal_patch_size") or vision.get("temporal_patch_size", 2)),
+                  "min_pixels": pixels, "max_pixels": pixels, "size": {"shortest_edge": pixels, "longest_edge": pixels}})
+    mean, std = HALF if model_type == "qwen3_vl" else CLIP
+    for key, value in (("do_resize", True), ("do_rescale", True), ("rescale_factor", 1 / 255), ("do_normalize", True),
+                       ("image_mean", mean), ("do_convert_rgb", True), ("image_std", std), ("resample", 3)):
+        image.setdefault(key, value)  # the model's image processor's defaults, where the folder had none
+    fsutil.write_file(directory / PREPROCESSOR, json.dumps(image, indent=2, sort_keys=True) + "\n")
 
 
 def float_inputs(proto) -> list[str]:

@@ -1,5 +1,6 @@
-"""transformers.js's vision-language layout: a LLaVA, Idefics3 or SmolVLM model as transformers.js's
-`AutoModelForImageTextToText` loads it, `onnx/vision_encoder.onnx` + `onnx/embed_tokens.onnx` + `onnx/decoder_model_merged.onnx` (the graphs of
+"""transformers.js's vision-language layout: a LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL or Qwen3-VL model as
+transformers.js's `AutoModelForImageTextToText` loads it, `onnx/vision_encoder.onnx` + `onnx/embed_tokens.onnx` +
+`onnx/decoder_model_merged.onnx` (the graphs of
 `exporters.capture.image_text`, moved and named by `files.py`) with the folder's processor, tokenizer and
 `generation_config.json` beside them; proven (`image_text_proof.py`) by Node running `GENERATE` (the card's script)
 on the folder alone.
@@ -18,6 +19,16 @@ of the same shape and image-token count. LLaVA's processor counts its image toke
 alone in transformers.js and minus the class token (`vision_feature_select_strategy` "default") in transformers: the
 layout writes the folder's `processor_config.json` with the count both read alike ([`processor_fix`]).
 
+A Qwen2-VL, Qwen2.5-VL or Qwen3-VL (`Qwen2VLForConditionalGeneration`, `Qwen2_5_VLForConditionalGeneration`,
+`Qwen3VLForConditionalGeneration`; a Qwen3-VL's DeepStack features in the rows: `exporters.capture.qwen_vl.widened`): the prompt is
+`<|vision_start|><|image_pad|><|vision_end|>` and the text (its processor expands the image token to the grid's
+count); the proof also feeds the sample's `image_grid_thw` and checks the processor's grid; transformers.js computes
+the 3-D positions itself (its `get_rope_index`). The folder's `preprocessor_config.json` pins the processor's pixel
+bounds to the traced image's (`files.qwen_vl_files`): the card's square image, and any square image, becomes the grid
+the vision encoder was traced at. One image a prompt: the vision encoder is traced for one image's grid, and
+transformers.js 4.3.2's `Qwen2VLImageProcessor` stacks two images of one size as one image's two frames
+(docs/upstream-gaps.md).
+
 Example:
     >>> "AutoModelForImageTextToText" in generate_script('"model"', '"tjs"', 4, "", "console.log(1);")
     True
@@ -34,16 +45,19 @@ from exporters.recipe.variants import TRANSFORMERS_JS_DTYPES
 
 IMAGE_TEXT_FILES = ("onnx/vision_encoder.onnx", "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx")
 # Values enter only through json.dumps or as our ints and lines.
-GENERATE = Template("""import { env, AutoProcessor, AutoModelForImageTextToText, LlavaProcessor, RawImage, Tensor } from '@huggingface/transformers';
+GENERATE = Template("""import { env, AutoProcessor, AutoModelForImageTextToText, LlavaProcessor, Qwen2VLProcessor, RawImage, Tensor } from '@huggingface/transformers';
 
 env.allowRemoteModels = false;
 env.localModelPath = $root;
 const processor = await AutoProcessor.from_pretrained($name);
 const model = await AutoModelForImageTextToText.from_pretrained($name, { device: 'cpu'$dtype });
 const config = processor.image_processor.config;
-const side = config.crop_size?.height ?? config.size?.height ?? config.size?.shortest_edge ?? config.size?.longest_edge;
+const pinned = config.max_pixels && Math.round(Math.sqrt(config.max_pixels));  // Qwen-VL: the traced image's pixels
+const side = config.crop_size?.height ?? config.size?.height ?? pinned ?? config.size?.shortest_edge ?? config.size?.longest_edge;
 const image = new RawImage(new Uint8ClampedArray(side * side * 3).fill(128), side, side, 3);  // your image: await RawImage.read(path)
-const text = (processor.image_token ?? processor.config.image_token) + $prompt;  // the image, then your prompt
+const token = processor.image_token ?? processor.config.image_token ?? processor.constructor.image_token;
+const marked = processor instanceof Qwen2VLProcessor ? `<|vision_start|>$${token}<|vision_end|>` : token;
+const text = marked + $prompt;  // the image, then your prompt
 const inputs = processor instanceof LlavaProcessor ? await processor(image, text) : await processor(text, image);
 $feed
 const output = await model.generate({ ...inputs, max_new_tokens: $steps, min_new_tokens: $steps, do_sample: false });
@@ -57,9 +71,11 @@ inputs.attention_mask = new Tensor('int64', BigInt64Array.from(sample.ids.map(()
 PROOF_FEED = """import { readFileSync, writeFileSync } from 'node:fs';
 const spec = JSON.parse(process.argv[2]);
 const sample = JSON.parse(readFileSync(spec.sample, 'utf-8'));
-const processed = { pixels: inputs.pixel_values.dims, ids: Array.from(inputs.input_ids.data, Number) };
+const processed = { pixels: inputs.pixel_values.dims, ids: Array.from(inputs.input_ids.data, Number),
+                    grid: inputs.image_grid_thw ? Array.from(inputs.image_grid_thw.data, Number) : null };
 """ + SAMPLE_IDS + """
 inputs.pixel_values = new Tensor('float32', Float32Array.from(sample.pixels), sample.shape);
+if (sample.grid) inputs.image_grid_thw = new Tensor('int64', BigInt64Array.from(sample.grid.map(BigInt)), [1, 3]);
 if (sample.mask) inputs.pixel_attention_mask = new Tensor('bool', Uint8Array.from(sample.mask), sample.mask_shape);"""
 PROOF_EMIT = ("writeFileSync(spec.result, JSON.stringify({ tokens: Array.from(output.data, Number), "
               "processed }));")

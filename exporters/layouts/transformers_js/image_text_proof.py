@@ -25,17 +25,22 @@ def reference(model: Any, context: RuntimeContext, steps: int) -> dict[str, Any]
     ids, pixels = context.generate_inputs.get("input_ids"), context.generate_inputs.get("pixel_values")
     if not isinstance(ids, torch.Tensor) or not isinstance(pixels, torch.Tensor):
         return {"unverified": "the sample has no prompt and image for transformers.js's image-text-to-text model"}
-    ids, pixels = ids[:1], pixels[:1].detach().float()
+    grid = context.generate_inputs.get("image_grid_thw")  # Qwen-VL's: one image's patches (all rows) and its grid
+    ids, pixels = ids[:1], (pixels if isinstance(grid, torch.Tensor) else pixels[:1]).detach().float()
     device = next(model.parameters()).device
+    token = image_token_id(model.config)
     mask = context.generate_inputs.get("pixel_attention_mask")  # Idefics3's, where the processor makes one
     extra = {"pixel_attention_mask": mask[:1].to(device)} if isinstance(mask, torch.Tensor) else {}
+    if isinstance(grid, torch.Tensor):  # the model's forward takes the image's token types beside its grid
+        extra = {"image_grid_thw": grid[:1].to(device), "mm_token_type_ids": (ids == token).long().to(device)}
     with torch.no_grad():
         out = model.generate(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device),
                              pixel_values=pixels.to(device, model.dtype), max_new_tokens=steps, min_new_tokens=steps,
                              do_sample=False, num_beams=1, **extra)
-    token = image_token_id(model.config)
     sample = {"ids": ids[0].tolist(), "shape": list(pixels.shape), "pixels": pixels.flatten().tolist()}
-    if extra:
+    if isinstance(grid, torch.Tensor):
+        sample["grid"] = [int(v) for v in grid[0].tolist()]
+    elif extra:
         sample.update(mask=[int(bool(v)) for v in mask[:1].flatten().tolist()], mask_shape=list(mask[:1].shape))
     return {"image_text": True, "steps": steps, "tokens": out[0].tolist(),
             "image_tokens": int((ids[0] == token).sum()) if token is not None else None, "sample": sample}
@@ -60,17 +65,21 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
         processed = got.get("processed") or {}
         shape, token = reference["sample"]["shape"], reference.get("image_tokens")
         made = sum(1 for i in processed.get("ids") or [] if token is not None and i == _image_token_id(directory))
-        if processed.get("pixels") != shape or (token is not None and made != token):
+        grid = reference["sample"].get("grid")
+        if processed.get("pixels") != shape or (token is not None and made != token) or (
+                grid is not None and processed.get("grid") != grid):
+            made_grid = f" (grid {processed.get('grid')}, the model's {grid})" if grid is not None else ""
             return RuntimeProof(layout.runtime, "failed", (
-                f"transformers.js's processor made pixels {processed.get('pixels')} and {made} image tokens; the model "
-                f"takes {shape} and {token}"))
+                f"transformers.js's processor made pixels {processed.get('pixels')} and {made} image tokens{made_grid}; "
+                f"the model takes {shape} and {token}"))
         equal, short = judged(reference["tokens"], got.get("tokens"), len(reference["sample"]["ids"]), steps,
                               asked, on)
         if short:
             return RuntimeProof(layout.runtime, "failed", short)
         done.append((dtype, equal, asked))
+    grid = ", grid and 3-D positions" if reference["sample"].get("grid") else ""  # Qwen-VL's
     return RuntimeProof(layout.runtime, "passed", f"{steps}/{steps} tokens (transformers.js {version}, Node.js, "
-                                                  "AutoModelForImageTextToText, its processor's image tokens)"
+                                                  f"AutoModelForImageTextToText, its processor's image tokens{grid})"
                                                   + said_runs(done, steps))
 
 
