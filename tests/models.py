@@ -757,16 +757,16 @@ def tiny_mistral3_with_tokenizer(folder: Path, recipe: Any | None = None, seed: 
 
 
 def tiny_llava_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, tied: bool = False,
-                              text_layers: int = 2) -> Path:
+                              text_layers: int = 2, corpus: list[str] = VLM_CORPUS, vocab_size: int = 120) -> Path:
     """A tiny LLaVA (CLIP tower, image 32, patch 8: 16 image tokens; Llama text of `text_layers` layers) saved with
     its own processor: a PIL-backend CLIP image processor at 32 and a byte-level BPE tokenizer (one ExecuTorch's C++
-    tokenizer loads) whose `<image>` id is the model's. `tied`: the text model's output projection is its embedding
-    table."""
+    tokenizer loads; trained on `corpus` to `vocab_size`) whose `<image>` id is the model's. `tied`: the text model's
+    output projection is its embedding table."""
     from transformers import CLIPImageProcessorPil, LlavaProcessor
 
     from matrix.families import build
 
-    tokenizer = train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, "<image>"], vocab_size=120, bos="<s>",
+    tokenizer = train_bpe_tokenizer(folder, corpus, [*VLM_SPECIALS, "<image>"], vocab_size=vocab_size, bos="<s>",
                                     eos="</s>", pad="<pad>", byte_level=True)
     spec = _vlm_spec("llava", "LlavaForConditionalGeneration", {
         "vision_config.image_size": 32, "vision_config.patch_size": 8, "image_seq_length": 16,

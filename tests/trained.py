@@ -5,9 +5,16 @@ a random-weight model cannot (its top-1 margins are hundredths of a logit: any r
 The model memorizes a few sentences (`TRAINED_TEXT`), so its greedy continuation of a sentence's start is that
 sentence, with margins of several logits.
 
+A tiny LLaVA (`tests.models.tiny_llava_with_processor`, its tokenizer trained on the same sentences) is trained the
+same way on the sentences after an image's 16 tokens (`train_llava_once`): the image drawn from a pool of the
+synthetic images the product's sample inputs are made of (`exporters.capture.multimodal.synthetic_image`, seeds
+0-15), through the model's own processor, so its continuation of `<image>` + `TRAINED_PROMPT` is the sentence whatever
+the image (margins of ~5.6 logits on the sample's images), as transformers.js's quantized dtype files need.
+
 Example:
     >>> trained = train_once(tmp_path / "trained")  # doctest: +SKIP
     >>> folder = trained_llama(tmp_path / "model", {"exports": [...]}, trained)  # doctest: +SKIP
+    >>> vlm = train_llava_once(tmp_path / "vlm", {"exports": [...]})  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -18,7 +25,14 @@ from typing import Any
 
 import torch
 
-from tests.models import RUNNER_BOS, RUNNER_EOS, RUNNER_PAD, train_bpe_tokenizer, write_recipe
+from tests.models import (
+    RUNNER_BOS,
+    RUNNER_EOS,
+    RUNNER_PAD,
+    tiny_llava_with_processor,
+    train_bpe_tokenizer,
+    write_recipe,
+)
 
 TRAINED_TEXT = [
     "the quick brown fox jumps over the lazy dog and runs into the woods",
@@ -29,16 +43,40 @@ TRAINED_TEXT = [
 ]
 TRAINED_PROMPT = "the quick brown fox"
 STEPS, WINDOW, BATCH = 150, 24, 8
+IMAGE_POOL = 16  # synthetic images (seeds 0-15) the LLaVA sees its sentences after: the sample's are seeds 0 and 1
 
 
-def _steps(model: Any, optimizer: Any, stream: torch.Tensor, generator: torch.Generator) -> None:
+def _steps(model: Any, optimizer: Any, stream: torch.Tensor, generator: torch.Generator,
+           images: torch.Tensor | None = None) -> None:
+    """`STEPS` steps on windows of `stream`; with `images` (a pool of pixel values), each window follows one of them
+    drawn at random, as the image's tokens (no loss on those)."""
     for _ in range(STEPS):
         starts = torch.randint(0, stream.numel() - WINDOW - 1, (BATCH,), generator=generator)
         batch = torch.stack([stream[s:s + WINDOW + 1] for s in starts.tolist()])
-        loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
+        ids, labels, extra = batch[:, :-1], batch[:, :-1], {}
+        if images is not None:
+            lead = model.config.image_seq_length
+            ids = torch.cat([torch.full((BATCH, lead), model.config.image_token_index), ids], 1)
+            labels = torch.cat([torch.full((BATCH, lead), -100), labels], 1)
+            extra = {"pixel_values": images[torch.randint(0, len(images), (BATCH,), generator=generator)]}
+        loss = model(input_ids=ids, labels=labels, **extra).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+
+
+def _trained(model: Any, stream: torch.Tensor, images: torch.Tensor | None = None) -> Any:
+    """`model` trained on `stream` (one thread, seeded: the same bytes every time), in eval mode."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    model.train()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small trains faster on one thread than on a shared machine's cores
+    try:
+        _steps(model, optimizer, stream, generator, images)
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval()
 
 
 def _train(folder: Path) -> Path:
@@ -54,20 +92,11 @@ def _train(folder: Path) -> Path:
                          tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    generator = torch.Generator().manual_seed(0)
-    model.train()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a model this small trains faster on one thread than on a shared machine's cores
-    try:
-        _steps(model, optimizer, stream, generator)
-    finally:
-        torch.set_num_threads(threads)
+    model = _trained(LlamaForCausalLM(config), stream)
     model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id,
                                                eos_token_id=tokenizer.eos_token_id,
                                                pad_token_id=tokenizer.pad_token_id)
-    model.eval().save_pretrained(folder)
+    model.save_pretrained(folder)
     return folder
 
 
@@ -81,4 +110,23 @@ def trained_llama(folder: Path, recipe: Any, trained: Path) -> Path:
     `recipe`."""
     shutil.copytree(trained, folder)
     write_recipe(folder, recipe)
+    return folder
+
+
+def train_llava_once(folder: Path, recipe: Any) -> Path:
+    """The trained LLaVA in `folder` with `recipe` (see the module), trained unless already there."""
+    if (folder / "model.safetensors").is_file():
+        write_recipe(folder, recipe)
+        return folder
+    from exporters.capture.multimodal import synthetic_image
+    from PIL import Image
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    tiny_llava_with_processor(folder, recipe, corpus=TRAINED_TEXT * 20, vocab_size=200)
+    processor = AutoProcessor.from_pretrained(folder)
+    stream = torch.tensor(processor.tokenizer(" ".join(TRAINED_TEXT * 40), add_special_tokens=False)["input_ids"])
+    images = [Image.fromarray(synthetic_image(32, seed)) for seed in range(IMAGE_POOL)]
+    pixels = processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
+    torch.manual_seed(0)
+    _trained(LlavaForConditionalGeneration.from_pretrained(folder), stream, pixels).save_pretrained(folder)
     return folder

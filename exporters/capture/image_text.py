@@ -23,6 +23,8 @@ runs the merged decoder on the embeddings, then each new token through `embed_to
 model's own forward does for these families. The layout's files (`exporters.layouts.transformers_js.image_text`)
 move the graphs under `onnx/` with the names transformers.js binds. A model outside that contract keeps the
 vision-language components (the upstream layout) and transformers.js's "runs in" cell says why ([`refused`]).
+Validation probes the decoder with that merged prompt ([`prompt_embeddings`]), at every probe's shape
+([`prompt_windows`]), so a quantized decoder is judged on what it is fed.
 
 An audio-language model (transformers.js's `AudioTextToText` models, `AutoModelForAudioTextToText`: Voxtral, Granite
 Speech) is the same three graphs with `audio_encoder` in place of `vision_encoder`:
@@ -57,10 +59,11 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from exporters.capture.merged import contract, with_contract
+from exporters.capture.merged import contract, empty_cache, with_contract
 from exporters.capture.probes import DimBinding
 from exporters.capture.qwen_vl import (MROPE_TYPES, GridVisionEncoder, WidenedEmbedding, add_deepstack, deepstack,
                                       is_mrope, widened)
+from exporters.capture.token_ids import image_token_id
 from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.recipe.model import ComponentOverride
 from exporters.upstream.multimodal_runner import AudioEncoder, TokenEmbedding, VisionEncoder
@@ -351,3 +354,51 @@ def capture(target: Any, model: Any, generate_inputs: dict[str, Any]) -> dict[st
     return {encoder: (module, inputs),
             EMBED_TOKENS: (embed, {"input_ids": ids.clone()}),
             DECODER: (decoder, step)}
+
+
+def prompt_embeddings(model: Any, components: dict[str, tuple[Any, dict]], generate_inputs: dict[str, Any]) -> Any:
+    """The sample's prompt as transformers.js feeds `decoder_model_merged` (`[1, prompt, hidden]`): the eager
+    `embed_tokens` of its ids with the eager encoder's image (audio) features in place of its image (audio) tokens,
+    the merge `exporters.validate.multimodal_runner.image_text_driver` does with the graphs; None where the features
+    do not fill those tokens one for one."""
+    ids = generate_inputs["input_ids"][:1]
+    audio = AUDIO_ENCODER in components
+    token = model.config.audio_token_id if audio else image_token_id(model.config)
+    encoder = components[AUDIO_ENCODER if audio else VISION_ENCODER][0]
+    with torch.no_grad():
+        embeds = components[EMBED_TOKENS][0](ids).clone()
+        features = encoder(**(audio_inputs(generate_inputs) if audio else image_inputs(generate_inputs)))
+    where = ids[0] == int(token)
+    features = features.reshape(-1, features.shape[-1])
+    if int(where.sum()) != features.shape[0]:
+        return None
+    embeds[0, where] = features.to(embeds.dtype)
+    return embeds
+
+
+def prompt_windows(decoder: Any, traced: dict[str, Any], probes: list, prompt: Any) -> list:
+    """`probes` of `decoder_model_merged` (`exporters.capture.probes.make_probes`: their shapes, then random
+    embeddings and caches at the sample's scale) made of the real `prompt` ([`prompt_embeddings`]) at the same shapes:
+    a probe of `past` cached and `query` new positions feeds row r the prompt's window starting at r modulo the
+    windows that fit, its first `past` embeddings cached by the eager decoder, the rest as the query. A quantized
+    decoder's top-1 and KL are then measured on what it is fed (image features and the text after them), not on
+    noise, where a trained model's argmaxes are as fragile as a random one's. The traced probe, and a probe longer
+    than the prompt, stay as they are."""
+    length = prompt.shape[1]
+    made = []
+    for probe_id, probe, skip in probes:
+        if probe is None or probe_id == "traced" or probe["position_ids"].dim() != 2:
+            made.append((probe_id, probe, skip))
+            continue
+        batch, query = probe["inputs_embeds"].shape[:2]
+        past = probe["attention_mask"].shape[1] - query
+        if past + query > length:
+            made.append((probe_id, probe, skip))
+            continue
+        rows = torch.cat([prompt[:, row % (length - past - query + 1):][:, :past + query] for row in range(batch)])
+        cache = empty_cache(traced["past_key_values"], batch)
+        if past:
+            with torch.no_grad():
+                cache = decoder(**embeds_inputs(rows[:, :past].contiguous(), 0, cache))["past_key_values"]
+        made.append((probe_id, embeds_inputs(rows[:, past:].contiguous(), past, cache), skip))
+    return made

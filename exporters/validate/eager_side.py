@@ -23,7 +23,8 @@ import torch
 
 from exporters.capture.inputs import vocab_size
 from exporters.errors import recoverable
-from exporters.capture.image_text import DECODER as IMAGE_TEXT_DECODER, embeds_inputs, frames_bindings
+from exporters.capture.image_text import (DECODER as IMAGE_TEXT_DECODER, embeds_inputs, frames_bindings,
+                                         prompt_embeddings, prompt_windows)
 from exporters.capture.llm_runner import prompt_bindings
 from exporters.capture.merged import MERGED, empty_cache, prompt_inputs, with_consistent_mask
 from exporters.capture.probes import dim_bindings, make_probes
@@ -156,8 +157,11 @@ def eager_side(*, target, recipe: Recipe, components, subject: EagerModel, expec
                 # the runner program takes at most `max_seq_len` tokens a call (a ring-buffer layer's window)
                 prompt = generate_inputs["input_ids"][:, :getattr(module, "max_seq_len", None)]
                 probes.append(("prompt (past=0)", prompt_inputs(inputs, prompt), None))
-            elif name == IMAGE_TEXT_DECODER:  # transformers.js's prompt: embeddings on an empty cache
-                embeds = inputs["inputs_embeds"]
+            elif name == IMAGE_TEXT_DECODER:  # transformers.js's prompt: the image's features in its embeddings
+                prompt = prompt_embeddings(model, components, generate_inputs)
+                embeds = inputs["inputs_embeds"] if prompt is None else prompt
+                if prompt is not None:  # every probe of the shapes made of the prompt (capture/image_text.py)
+                    probes = prompt_windows(module, inputs, probes, prompt)
                 probes.append(("prompt (past=0)", embeds_inputs(embeds, 0, empty_cache(
                     inputs["past_key_values"], embeds.shape[0]), mrope=inputs["position_ids"].dim() == 3), None))
         references = eager_references(module, probes, eager)
