@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 import torch
 
+from exporters.export import shared_graphs
 from exporters.recipe.load import parse_recipe
-from exporters.run.twins import export_key
+from exporters.run.twins import Twins, export_key
 from tests.export_store import MODEL, OUT, exported
 from tests.models import T5_RECIPE, T5_SEED, tiny_t5
 
@@ -71,6 +74,35 @@ def test_what_cannot_be_compared_or_is_not_an_onnx_export_is_no_ones_twin():
     dynamo = parse_recipe(json.dumps({"exports": [{"name": "d", "export_format": "dynamo"}]}))
     assert export_key(dynamo.exports[0], {"model": (module, _inputs())}, dynamo, module, "cpu") is None
     assert export_key(plain, {}, recipe, module, "cpu") is None
+
+
+def _plan() -> tuple:
+    """The reuse and keep folders a child would export with."""
+    return shared_graphs._PLAN["reuse"], shared_graphs._PLAN["keep"]
+
+
+@pytest.mark.parametrize("first_ok", [True, False])
+def test_a_twin_waits_for_the_first_export_then_takes_its_graphs_or_exports_alone(tmp_path, first_ok):
+    module = _Pair()
+    recipe, targets = _targets({}, {"external_data": False}, {"opset_version": 18})
+    items = [SimpleNamespace(target=target, components={"model": (module, _inputs())},
+                             result=SimpleNamespace(device="cpu")) for target in targets]
+    twins, pending = Twins(tmp_path, targets, module, recipe), []
+    for item in items:
+        twins.planned(item, pending).append(item)
+    assert twins.take_ready(pending) is items[0]
+    assert twins.take_ready(pending) is items[2]  # another opset: no one's twin, does not wait
+    assert twins.take_ready(pending) is None  # t1 waits for t0's export
+    reuse, keep = twins.sharing("t0", _plan)()
+    assert reuse is None and keep is not None and _plan() == (None, None)  # only within the child's work
+    if first_ok:  # the child saved its graphs there
+        keep.mkdir(parents=True)
+        (keep / "export.json").write_text("{}")
+    assert twins.finished("t0", first_ok) is first_ok
+    assert twins.take_ready(pending) is items[1] and pending == []
+    assert twins.sharing("t1", _plan)() == ((keep, None) if first_ok else (None, None))
+    twins.close()
+    assert not list(tmp_path.iterdir())
 
 
 def _folder_bytes(folder: Path) -> dict[str, bytes]:

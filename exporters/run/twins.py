@@ -95,7 +95,7 @@ class Twins:
 
     def __init__(self, out_dir: Path, targets: list[Any], model: Any, recipe: Any):
         self.out_dir, self.model, self.recipe = out_dir, model, recipe
-        self.onnx = [t.name for t in targets if t.export_format == "onnx" and t.quantize is None]
+        self.dtypes = {t.name: t.dtype for t in targets if t.export_format == "onnx" and t.quantize is None}
         self.keys: dict[str, str | None] = {}
         self.owner: dict[str, str] = {}  # key -> the target that exports its graphs
         self.kept: dict[str, Path | None] = {}  # key -> its saved graphs (None: its export failed), once finished
@@ -130,7 +130,7 @@ class Twins:
         reuse = keep = None
         if key is not None and self.owner[key] != name:
             reuse = self.kept.get(key)
-        elif key is not None and len(self.onnx) > 1:  # a twin may be planned later: keep a copy
+        elif key is not None and list(self.dtypes.values()).count(self.dtypes.get(name)) > 1:  # a twin may follow
             if self.root is None:
                 self.root = Path(tempfile.mkdtemp(prefix=".shared-graphs-", dir=self.out_dir))
             keep = self.root / key[:16]
