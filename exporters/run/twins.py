@@ -18,7 +18,8 @@ The first twin exports as before and its child keeps a copy of the folder upstre
 and every step after the save (names, merge, file options, the layout's files, quantized variants, validation, proofs)
 runs for it as before. Anything that cannot be compared (an input leaf that is not a tensor, a number, a string or a
 plain object of those) makes a target no one's twin: it exports alone. A first twin that fails leaves the others to
-export alone.
+export alone. The kept copy (the saved graphs' size again on disk, in a hidden folder of the output folder) is made
+only where another ONNX target of the same dtype could follow, and removed when the group's exports end.
 
     twins = Twins(out_dir, targets, model, recipe)
     pending = twins.planned(item, pending)   # once captured: its key, and who exports the graphs
