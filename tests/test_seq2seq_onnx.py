@@ -329,14 +329,17 @@ def test_the_transformers_js_folder_has_its_graphs_under_onnx_each_with_its_own_
     _check_merged_graph(folder / "onnx" / MERGED, [] if name == "whisper" else ["encoder_attention_mask"])
 
 
-def test_no_export_child_builds_torchlibs_registry_again(t5):
+def test_no_export_child_builds_torchlibs_registry_again(t5, whisper):
     """torch.onnx builds its registry of torchlib's functions at every export (logging that torchvision is missing
-    each time): once per component of each of these three targets. The run builds it once before it forks the
-    export children (`exporters.upstream.torchlib_registry_ready`), which copy it."""
-    for name in ("onnx", "tjs", "onnx-split"):
-        log = (t5["out"] / "logs" / f"{name}.log").read_text()
-        assert "Translate the graph into ONNX" in log, f"{name}: the export child's log"
-        assert "torchvision is not installed" not in log, f"{name}: the registry was built in the export child"
+    each time): once per component of each target that exports. The run builds it once before it forks the export
+    children (`exporters.upstream.torchlib_registry_ready`), which copy it. Each run's first ONNX target translates
+    its graphs; its twins (`exporters.run.twins`: the same components and settings) copy them and translate none."""
+    for run, exporting, twins in ((t5, "onnx", ("tjs", "onnx-split")), (whisper, "tjs", ("onnx",))):
+        for name in (exporting, *twins):
+            log = (run["out"] / "logs" / f"{name}.log").read_text()
+            translated = "Translate the graph into ONNX" in log
+            assert translated == (name == exporting), f"{name}: the export child's log"
+            assert "torchvision is not installed" not in log, f"{name}: the registry was built in the export child"
 
 
 def test_t5s_generation_parity_compares_tokens_that_vary(t5):

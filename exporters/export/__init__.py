@@ -19,6 +19,7 @@ Beside them:
 - `onnx_names.py`: the merged decoder graph under the names ONNX runtimes bind (optimum, GenAI, transformers.js);
 - `seq2seq_merged.py`: one decoder graph for an encoder-decoder export (`decoder_model_merged.onnx`);
 - `seq2seq_names.py`: an encoder-decoder generation export in optimum's files and names;
+- `shared_graphs.py`: a twin target's saved graphs copied from the first twin's export (`exporters.run.twins`);
 - `trace_metadata.py`: the trace's debugging metadata (the exporting machine's source paths) dropped before a save.
 
 A sibling of `validate/`: neither imports the other (validation reads what export wrote, from disk).

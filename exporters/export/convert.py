@@ -26,7 +26,7 @@ from exporters.capture.llm_runner import DYNAMIC_PROMPT, METHODS_NOTE
 from exporters.capture.multimodal_runner import MULTIMODAL_RUNNER
 from exporters.capture.shapes import build_dynamic_shapes
 from exporters.errors import ShapeSpecError, TargetPlanError
-from exporters.export import onnx_files
+from exporters.export import onnx_files, shared_graphs
 from exporters.export.folder_files import complete_folder, model_folder
 from exporters.export.footprint import tied_embeddings
 from exporters.export.llm_runner import export_runner
@@ -184,7 +184,7 @@ def export_components(model, target, components: Components, recipe: Recipe, not
         exported = {name: _export_one(exporter, name, module, inputs, configs[name])
                     for name, (module, inputs) in components.items()}
     return upstream.ExportedModel(exported, target.export_format, config=model.config,
-                                  generation_config=_generation_config(model, target, recipe))
+                                  generation_config=artifact_generation_config(model, target, recipe))
 
 
 def export_to(model, target, components: Components, recipe: Recipe, directory: Path, notes: list[str],
@@ -240,7 +240,7 @@ def _lowering_memory(target, directory: Path):
 
 def _export_and_save(exporter, configs: dict[str, Any], model, target, components: Components, recipe: Recipe,
                      directory: Path, notes: list[str] | None = None) -> dict:
-    generation_config = _generation_config(model, target, recipe)
+    generation_config = artifact_generation_config(model, target, recipe)
     timings = {"export_only_s": 0.0, "save_s": 0.0}
     weights_file = EXECUTORCH_WEIGHTS if target.export_format == "executorch" and tied_embeddings(model) else None
     if target.export_format == "executorch" and (len(components) > 1 or weights_file):
@@ -254,23 +254,19 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
         _save_methods(program, metadata, methods, directory, model.config, generation_config, weights_file, runner)
         timings["save_s"] = time.time() - started
         return {"components": list(components), **{k: round(v, 3) for k, v in timings.items()}}
-    entries: dict[str, Any] = {}
-    for name, (module, inputs) in components.items():
-        started = time.time()
-        component = _export_one(exporter, name, module, inputs, configs[name])
-        timings["export_only_s"] += time.time() - started
-        started = time.time()
-        upstream.ExportedModel({name: component}, target.export_format, config=model.config,
-                               generation_config=generation_config).save_pretrained(directory)
-        entries.update(upstream.read_manifest(directory)["components"])
-        del component  # released before the next component is exported
-        gc.collect()
+    started = time.time()
+    if target.export_format == "onnx" and shared_graphs.copied_into(directory):  # a twin's graphs (run.twins)
+        entries = upstream.read_manifest(directory)["components"]
         timings["save_s"] += time.time() - started
+    else:
+        entries = _export_each(exporter, configs, components, target, directory, timings,
+                               (model.config, generation_config))
     started = time.time()
     manifest = upstream.read_manifest(directory)
     manifest["components"] = entries
     upstream.write_manifest(directory, manifest)
     if target.export_format == "onnx":
+        shared_graphs.keep(directory)  # as upstream saved them, before any rewrite: for a twin target
         onnx_files.apply_onnx_file_options(target, directory)
         if len(entries) > 1 and target.external_data:
             onnx_files.share_external_data(directory)
@@ -294,6 +290,25 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
                 notes.append(fixed)
     timings["save_s"] += time.time() - started
     return {"components": list(components), **{k: round(v, 3) for k, v in timings.items()}}
+
+
+def _export_each(exporter, configs: dict[str, Any], components: Components, target, directory: Path,
+                 timings: dict[str, float], saved_with: tuple[Any, Any]) -> dict[str, Any]:
+    """Export and save each component (its manifest entry returned), one in memory at a time; `saved_with`: the
+    model's config and the target's generation config."""
+    entries: dict[str, Any] = {}
+    for name, (module, inputs) in components.items():
+        started = time.time()
+        component = _export_one(exporter, name, module, inputs, configs[name])
+        timings["export_only_s"] += time.time() - started
+        started = time.time()
+        upstream.ExportedModel({name: component}, target.export_format, config=saved_with[0],
+                               generation_config=saved_with[1]).save_pretrained(directory)
+        entries.update(upstream.read_manifest(directory)["components"])
+        del component  # released before the next component is exported
+        gc.collect()
+        timings["save_s"] += time.time() - started
+    return entries
 
 
 EXECUTORCH_PROGRAM = "model.pte"
@@ -332,7 +347,7 @@ def _save_methods(program, metadata: dict[str, Any], methods: dict[str, str], di
         generation_config.save_pretrained(directory)
 
 
-def _generation_config(model, target, recipe: Recipe):
+def artifact_generation_config(model, target, recipe: Recipe):
     """What the target folder's `generation_config.json` holds: the repo's own, with the program's cache."""
     if target.mode != "generation":
         return None

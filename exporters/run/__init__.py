@@ -10,5 +10,6 @@ context.py (RunOptions -> prepare_run: source, recipe, targets, tool versions, w
 revalidate.py: `validate`, the checks again on saved target folders (the pipeline's validation and report)
 memory_plan.py: memory planned before the model loads (a run that cannot fit stops at once)
 outcomes.py: what a run makes of its targets' outcomes (a result per target, the command that reproduces it)
+twins.py: ONNX targets of a run whose exports read the same modules, inputs and settings: traced once, copied after
 ```
 """

@@ -44,6 +44,7 @@ from exporters.run.isolation import Isolated, log_excerpt, logged_error
 from exporters.run.outcomes import new_result, strip_after_validation, write_results
 from exporters.run.progress import Progress
 from exporters.run.resources import default_jobs, threads_left
+from exporters.run.twins import Twins
 from exporters.run.reuse import Signer, previous_report, reusable
 from exporters.run.workbench import Workbench
 from exporters.status import FAILED, PASSED, UNVERIFIED
@@ -150,12 +151,12 @@ def _export_group(targets: list[Target], context: RunContext, options: RunOption
     the last validation only in the `final` group."""
     calibration = workbench.calibration(targets, context.recipe)
     results: list[TargetResult] = []
-    jobs = context.jobs
+    jobs, twins = context.jobs, Twins(options.out_dir, targets, workbench.model, context.recipe)
     pending, running, exported = [], [], []  # of _Export: planned, exporting, to validate
 
-    def start_free_slots() -> None:
-        while pending and len(running) < jobs:
-            running.append(_start(pending.pop(0), workbench, context, options, progress, calibration))
+    def start_free_slots() -> None:  # ONNX twins (one export's graphs: exporters.run.twins) wait for the first
+        while len(running) < jobs and (ready := twins.take_ready(pending)) is not None:
+            running.append(_start(ready, workbench, context, options, progress, calibration, twins))
 
     for target in targets:
         target = workbench.plan(target)
@@ -163,7 +164,7 @@ def _export_group(targets: list[Target], context: RunContext, options: RunOption
         item = _Export(target, new_result(target, context, options))
         results.append(item.result)
         if _prepare(item, workbench, context, options, progress):
-            (exported if take_over(item, context, options, STAGING_PREFIX) else pending).append(item)
+            (exported if take_over(item, context, options, STAGING_PREFIX) else twins.planned(item, pending)).append(item)
             start_free_slots()
     while pending or running or exported:
         start_free_slots()
@@ -182,10 +183,11 @@ def _export_group(targets: list[Target], context: RunContext, options: RunOption
         mp_wait([item.run.sentinel for item in running], timeout=1.0)
         for item in [i for i in running if i.run.done()]:
             running.remove(item)
-            if _finish(item, options, progress):
+            if twins.finished(item.target.name, _finish(item, options, progress)):
                 exported.append(item)
             elif _planned_again(item, workbench, context, options, progress):
                 pending.insert(0, item)
+    twins.close()
     return results
 
 
@@ -217,7 +219,7 @@ def _prepare(item: _Export, workbench: Workbench, context: RunContext, options: 
 
 
 def _start(item: _Export, workbench: Workbench, context: RunContext, options: RunOptions, progress: Progress,
-           calibration: list[Any]) -> _Export:
+           calibration: list[Any], twins: Twins) -> _Export:
     """Fork the child that exports one target into its staging folder."""
     target, out_dir = item.target, options.out_dir
     log_path = fsutil.fresh_file(out_dir / "logs" / f"{target.name}.log")
@@ -234,7 +236,7 @@ def _start(item: _Export, workbench: Workbench, context: RunContext, options: Ru
         if target.export_format == "onnx":
             torchlib_registry_ready()
     item.started = time.time()
-    item.run = Isolated(work, log_path=log_path, timeout=target.timeout)
+    item.run = Isolated(twins.sharing(target.name, work), log_path=log_path, timeout=target.timeout)
     return item
 
 
@@ -276,8 +278,7 @@ def _finish(item: _Export, options: RunOptions, progress: Progress) -> bool:
 def _planned_again(item: _Export, workbench: Workbench, context: RunContext, options: RunOptions,
                    progress: Progress) -> bool:
     """A default runner program (the recipe left `layout` unset) whose export failed, not by time or a crash: the
-    target planned again with the methods layout, the failure said in its findings; True when it is to be exported
-    again."""
+    target planned again with the methods layout, the failure in its findings; True when it is to be exported again."""
     error = item.result.error
     if item.result.status != FAILED or not error:
         return False
