@@ -6,6 +6,7 @@ softmax, change no program."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 
 import pytest
@@ -146,11 +147,25 @@ class Routed(torch.nn.Module):
         return torch.softmax(self.router(x), dim=-1) * 2.0
 
 
+class Unmasked(torch.nn.Module):
+    """An attention without a mask (Whisper's): a softmax between two batched matmuls, no safe softmax's guard."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.project = torch.nn.Linear(16, 16)
+
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(self.project(q), k, v)
+
+
 def test_the_sdpa_fusion_skipped_without_a_softmax_and_a_bmm_changes_no_program():
-    """The skip is exact: every pattern of upstream's SDPA fusion (pinned executorch) has a softmax and a `bmm`, so a
-    partition without one of them gets the same program byte for byte (a plain linear, a router's softmax: the pass
-    is not run on them); an attention still goes through the pass (the same program as upstream's, and it computes
-    the attention)."""
+    """The skip is exact: every pattern of upstream's SDPA fusion (pinned executorch) has a softmax, a `bmm` and the
+    safe softmax's guard (`SDPA_OPS`), each node an ancestor of the output the matcher starts from, so a partition
+    without one of them gets the same program byte for byte (a plain linear, a router's softmax, an attention with or
+    without a mask: the pass is not run on them, and the attention's program computes it); a graph holding a
+    pattern still goes through the pass and is fused as upstream fuses it."""
+    from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
     from executorch.backends.xnnpack.partition.graphs import sdpa
     from executorch.runtime import Runtime
 
@@ -159,6 +174,12 @@ def test_the_sdpa_fusion_skipped_without_a_softmax_and_a_bmm_changes_no_program(
 
     patterns = sdpa.get_graphs()
     assert patterns and all(has_call_to(pattern, op) for pattern in patterns for op in SDPA_OPS)
+    for pattern in patterns:  # the matcher walks up from the output: every node of a pattern must find its op
+        output = next(n for n in pattern.graph.nodes if n.op == "output")
+        ancestors, todo = set(), [output]
+        while todo:
+            todo += [n for n in todo.pop().all_input_nodes if n not in ancestors and not ancestors.add(n)]
+        assert ancestors == {n for n in pattern.graph.nodes if n.op != "output"}
     plain, x = _plain()
     assert _buffer(plain, (x,), sdpa_fusion_only_with_softmax) == _upstream_plain()[0]
     routed, x = Routed().eval(), torch.randn(3, 16)
@@ -168,11 +189,32 @@ def test_the_sdpa_fusion_skipped_without_a_softmax_and_a_bmm_changes_no_program(
         assert _buffer(routed, (x,), sdpa_fusion_only_with_softmax) == upstream_routed
     assert "ConvertToSDPAPass" in upstream_retraces and "ConvertToSDPAPass" not in retraces  # the softmax was delegated
     q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))
+    # #48 (twelfth round): an attention without a mask reaches XNNPACK with its softmax and bmms and no guard
+    with _retraces_counted() as upstream_retraces:
+        upstream_unmasked = _buffer(Unmasked().eval(), (q, k, v))
+    with _retraces_counted() as retraces:
+        assert _buffer(Unmasked().eval(), (q, k, v), sdpa_fusion_only_with_softmax) == upstream_unmasked
+    assert "ConvertToSDPAPass" in upstream_retraces and "ConvertToSDPAPass" not in retraces
     attention, mask = Attention().eval(), torch.zeros(5, 5)
+    with _retraces_counted() as upstream_retraces:
+        upstream_program = _buffer(attention, (q, k, v, mask))
     with _retraces_counted() as retraces:
         program = _buffer(attention, (q, k, v, mask), sdpa_fusion_only_with_softmax)
-    assert "ConvertToSDPAPass" in retraces
-    assert program == _buffer(attention, (q, k, v, mask))
+    # the guard's ops (`where`, `any`, ...) have no XNNPACK partitioner config: a masked attention's partition lacks
+    # them too, and upstream's pass ran there and matched nothing
+    assert "ConvertToSDPAPass" in upstream_retraces and "ConvertToSDPAPass" not in retraces
+    assert program == upstream_program
+    # a graph that holds a pattern (a partitioner that took the guard) still goes through the pass, and is fused
+    matches = []
+    real_create = ConvertToSDPAPass.create_sdpa
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ConvertToSDPAPass, "create_sdpa", lambda self, *a: matches.append(1) or real_create(self, *a))
+        for pattern in patterns:
+            upstream_fused = ConvertToSDPAPass(None).call(copy.deepcopy(pattern)).graph_module
+            with sdpa_fusion_only_with_softmax():
+                fused = ConvertToSDPAPass(None).call(copy.deepcopy(pattern)).graph_module
+            assert fused.code == upstream_fused.code and has_call_to(fused, "scaled_dot_product_attention")
+    assert len(matches) == 2 * len(patterns), matches
     out = Runtime.get().load_program(program).load_method("forward").execute([q, k, v, mask])[0]
     with torch.no_grad():
         assert float((out - attention(q, k, v, mask)).abs().max()) < 1e-5
@@ -359,3 +401,4 @@ def test_provenance_shared_while_lowering_changes_no_program_and_no_history(case
     assert any(len(sources) for _, sources in upstream_histories)  # provenance is recorded
     assert histories == upstream_histories
     assert program == upstream_program
+

@@ -175,7 +175,7 @@ PATCHES: tuple[Patch, ...] = (
           "the pass exports four modules per process to build patterns a graph without upsample cannot hold",
           "docs/upstream-gaps.md #37: XNNPACK's passes building their patterns once, or only when needed"),
     Patch("sdpa_fusion_only_with_softmax", (f"{XNNPACK}._passes.convert_to_sdpa:ConvertToSDPAPass.call",),
-          "the pass exports an attention per process for patterns a partition without softmax and bmm cannot hold",
+          "the pass exports an attention per process for patterns a partition without their ops cannot hold",
           "docs/upstream-gaps.md #37: XNNPACK's passes building their patterns once, or only when needed"),
     Patch("xnnpack_passes_only_where_they_apply",
           tuple(f"{XNNPACK}._passes.{m}:{c}.call" for m, c in (

@@ -33,9 +33,14 @@ from exporters.upstream.patches import patched
 
 PASSES = "executorch.backends.xnnpack._passes"
 # What every pattern of XNNPACK's SDPA fusion holds (`executorch.backends.xnnpack.partition.graphs.sdpa`): a softmax
-# and the two batched matmuls around it (a router's softmax after a linear, a MoE's, is not an attention)
+# and the two batched matmuls around it (a router's softmax after a linear, a MoE's, is not an attention), and the
+# safe softmax's guard of fully masked rows (`eq` -inf, `logical_not`, `any`, `full_like`, `where`: the decomposition
+# of an attention with a mask; one without, Whisper's, has a softmax and bmms and none of these). The pass's matcher
+# matches every node of a pattern (each an ancestor of its output) to a node calling the same op, so a partition
+# that lacks one of these cannot hold a pattern
 SOFTMAX = "_softmax"
-SDPA_OPS = (SOFTMAX, "bmm")
+SDPA_OPS = (SOFTMAX, "bmm", "aten.eq.Scalar", "aten.logical_not.default", "aten.any.dim", "aten.full_like.default",
+            "aten.where.self")
 # Each pass (module, class, under PASSES or executorch.backends) and the ops its rewrites start from (a node of the
 # graph whose op name contains one of them), read from the pinned executorch's sources: `FuseBatchNormPass` and
 # `DecomposeBatchNorm` rewrite batch norms, `FuseActivationPass` a relu / hardtanh after an op, `Conv1dUnsqueezePass`
@@ -136,13 +141,15 @@ def upsample_fusion_only_with_upsample() -> Iterator[None]:
 
 @contextlib.contextmanager
 def sdpa_fusion_only_with_softmax() -> Iterator[None]:
-    """While ExecuTorch lowers, XNNPACK's `ConvertToSDPAPass` runs only on a partition that has a softmax and a
-    batched matmul ([`SDPA_OPS`]). The pass builds its patterns (an attention decomposed into `bmm`s, a scale, the
-    mask's add and a softmax) by exporting and lowering an attention module twice, once per process (2.2 s of a tiny
-    Llama's runner program), then retraces each partition; a partition without both cannot hold a pattern, so the
-    pass could not change it (the LLM runner's program with custom ops: its attention is `llama::custom_sdpa`,
-    outside XNNPACK; a MoE's router softmax after a linear: 1.2 s of a one-layer Qwen2-MoE's lowering;
-    tests/test_lowering.py checks the patterns and that the programs are byte-identical).
+    """While ExecuTorch lowers, XNNPACK's `ConvertToSDPAPass` runs only on a partition that calls every op its
+    patterns hold ([`SDPA_OPS`]: a softmax, batched matmuls, the safe softmax's guard). The pass builds its patterns
+    (an attention with a 2-D mask decomposed into `bmm`s, a scale, the mask's add and a safe softmax) by exporting
+    and lowering an attention module twice, once per process (2.2 s of a tiny Llama's runner program, 1.4 s of a
+    one-layer Whisper's), then retraces each partition; a partition without one of those ops cannot hold a pattern,
+    so the pass could not change it (the LLM runner's program with custom ops: its attention is
+    `llama::custom_sdpa`, outside XNNPACK; a MoE's router softmax after a linear: 1.2 s of a one-layer Qwen2-MoE's
+    lowering; an attention without a mask, Whisper's: a plain softmax; tests/test_lowering.py checks the patterns
+    and that the programs are byte-identical).
 
     Example:
         >>> with sdpa_fusion_only_with_softmax():  # doctest: +SKIP
@@ -359,3 +366,4 @@ def provenance_shared_while_lowering() -> Iterator[None]:
     """
     with patched(torch.fx.traceback.NodeSource, "__init__", _node_source_sharing_history):
         yield
+
