@@ -402,3 +402,32 @@ def test_provenance_shared_while_lowering_changes_no_program_and_no_history(case
     assert histories == upstream_histories
     assert program == upstream_program
 
+
+@pytest.mark.parametrize("case", ["plain", "refused"])
+def test_cia_ops_materialized_once_collect_the_same_ops_and_change_no_program(case):
+    """Looking torch's CompositeImplicit ops up once per collection, not once per op namespace, collects the same
+    ops, and the lowering gives the same program byte for byte (with the second decomposition of a refused linear)."""
+    from torch._export import utils
+
+    from exporters.upstream import cia_ops_materialized_once
+
+    lookups = []
+    real = utils._materialize_cpp_cia_ops
+
+    def counted():
+        lookups.append(1)
+        return real()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(utils, "_materialize_cpp_cia_ops", counted)
+        upstream_ops, upstream_lookups = utils._collect_all_valid_cia_ops(), len(lookups)
+        lookups.clear()
+        with cia_ops_materialized_once():
+            ops = utils._collect_all_valid_cia_ops()
+    assert ops == upstream_ops and upstream_lookups > 10 and len(lookups) == 1, (upstream_lookups, len(lookups))
+    if case == "plain":
+        plain, x = _plain()
+        assert _buffer(plain, (x,), cia_ops_materialized_once) == _upstream_plain()[0]
+    else:
+        module, inputs = KeptAndRefused(case).eval(), (torch.randn(4, 16), torch.randn(16, 16))
+        assert _buffer(module, inputs, cia_ops_materialized_once) == _buffer(module, inputs)

@@ -201,6 +201,11 @@ PATCHES: tuple[Patch, ...] = (
     Patch("provenance_shared_while_lowering", ("torch.fx.traceback:NodeSource.__init__",),
           "every retrace deep-copies each node's chain of ancestors (one level deeper after each pass)",
           "docs/upstream-gaps.md #37: torch.fx sharing a node's provenance history (its records are never changed)"),
+    Patch("cia_ops_materialized_once",
+          tuple(f"{module}:_collect_all_valid_cia_ops"
+                for module in ("torch._export.utils", "torch.export.exported_program", "torch.export.decomp_utils")),
+          "torch looks every CompositeImplicit op up in torch.ops once per op namespace it walks (40 of them), per call",
+          "docs/upstream-gaps.md #37: torch materializing the CompositeImplicit ops once per collection"),
     Patch("constants_shared_by_lowering_copies",
           (f"{EXIR}.backend.backend_details:BackendDetails.copy_exported_program_for_preprocess",
            f"{EXIR}.backend.canonical_partitioners.duplicate_constant_node_pass:copy"),

@@ -25,6 +25,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.export.decomp_utils as decomp_utils
+import torch.export.exported_program as exported_program
+from torch._export import utils as export_utils
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 from torch.fx.passes.infra.pass_base import PassResult
@@ -367,3 +370,30 @@ def provenance_shared_while_lowering() -> Iterator[None]:
     with patched(torch.fx.traceback.NodeSource, "__init__", _node_source_sharing_history):
         yield
 
+
+@contextlib.contextmanager
+def cia_ops_materialized_once() -> Iterator[None]:
+    """While ExecuTorch lowers, torch's list of the CompositeImplicit ops a decomposition may keep
+    (`torch._export.utils._collect_all_valid_cia_ops`, read by every `run_decompositions` and every materialization
+    of a `CustomDecompTable`: four times in a tiny Llama's runner-program lowering) asks the C++ dispatcher for its
+    CompositeImplicit registrations and looks each one up in `torch.ops` once per call, not once per op namespace
+    walked (40 with executorch and torchao loaded: 55 ms a call, 7 once; that lowering's 165 lookups become 4). The
+    lookups only make `torch.ops` hold those ops; the
+    walks between them register nothing, so the set collected is the same (tests/test_lowering.py checks it, and that
+    the programs are byte-identical).
+
+    Example:
+        >>> with cia_ops_materialized_once():  # doctest: +SKIP
+        ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    """
+    real_collect, real_materialize = export_utils._collect_all_valid_cia_ops, export_utils._materialize_cpp_cia_ops
+
+    def collect() -> set:
+        real_materialize()
+        with patched(export_utils, "_materialize_cpp_cia_ops", lambda: None):
+            return real_collect()
+
+    with patched(export_utils, "_collect_all_valid_cia_ops", collect), \
+            patched(exported_program, "_collect_all_valid_cia_ops", collect), \
+            patched(decomp_utils, "_collect_all_valid_cia_ops", collect):
+        yield
