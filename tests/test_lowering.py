@@ -431,3 +431,53 @@ def test_cia_ops_materialized_once_collect_the_same_ops_and_change_no_program(ca
     else:
         module, inputs = KeptAndRefused(case).eval(), (torch.randn(4, 16), torch.randn(16, 16))
         assert _buffer(module, inputs, cia_ops_materialized_once) == _buffer(module, inputs)
+
+
+class QuantizedRoundTrip(torch.nn.Module):
+    """A tensor quantized to int8 and back in the program's own graph (nothing delegated): what `QuantFusionPass`'s
+    patterns start from."""
+
+    def forward(self, x):
+        q = torch.ops.quantized_decomposed.quantize_per_tensor(x, 0.05, 3, -128, 127, torch.int8)
+        return torch.ops.quantized_decomposed.dequantize_per_tensor(q, 0.05, 3, -128, 127, torch.int8) * 2.0
+
+
+def _runner_bytes(module: torch.nn.Module, args: tuple, partitioned: bool, skip=None) -> bytes:
+    """`module`'s program as the runners write it (`do_quant_fusion_and_const_prop`), XNNPACK-lowered or not."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import ExecutorchBackendConfig, to_edge, to_edge_transform_and_lower
+
+    program = torch.export.export(module, args)
+    edge = (to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]) if partitioned
+            else to_edge(program))
+    with skip() if skip is not None else contextlib.nullcontext():
+        return edge.to_executorch(ExecutorchBackendConfig(do_quant_fusion_and_const_prop=True)).buffer
+
+
+@pytest.mark.parametrize("case", ["float", "quantized"])
+def test_quant_fusion_skipped_without_a_quantized_op_changes_no_program(case):
+    """The skip is exact: every pattern of `to_executorch`'s quantization fusion holds an op of
+    `QUANTIZED_NAMESPACES`, so a float program (a linear and a GELU, delegated) gets the same program byte for byte
+    without the patterns built; a graph with quantize/dequantize still gets them tried, and upstream's program."""
+    import executorch.kernels.quantized  # noqa: F401 (quantized_decomposed and its out variants)
+    from executorch.exir.passes import _quant_patterns_and_replacements as patterns_module
+    from executorch.exir.passes import quant_fusion_pass
+
+    from exporters.upstream import quant_fusion_only_with_quantized_ops
+    from exporters.upstream.xnnpack_passes import QUANTIZED_NAMESPACES, has_call_to
+
+    patterns = patterns_module.get_quant_patterns_and_replacements({})
+    for pattern, _, _ in patterns:
+        graph = pattern if isinstance(pattern, torch.fx.GraphModule) else torch.fx.symbolic_trace(pattern)
+        assert has_call_to(graph, *QUANTIZED_NAMESPACES), graph.code
+    module, args = (_plain()[0], (_plain()[1],)) if case == "float" else (QuantizedRoundTrip(), (torch.randn(3, 8),))
+    built = []
+    real = quant_fusion_pass.get_quant_patterns_and_replacements
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quant_fusion_pass, "get_quant_patterns_and_replacements",
+                      lambda *a, **k: built.append(1) or real(*a, **k))
+        upstream_program = _runner_bytes(module, args, case == "float")
+        upstream_built, built[:] = len(built), []
+        program = _runner_bytes(module, args, case == "float", quant_fusion_only_with_quantized_ops)
+    assert program == upstream_program
+    assert upstream_built == 1 and len(built) == (0 if case == "float" else 1), (upstream_built, len(built))

@@ -397,3 +397,37 @@ def cia_ops_materialized_once() -> Iterator[None]:
             patched(exported_program, "_collect_all_valid_cia_ops", collect), \
             patched(decomp_utils, "_collect_all_valid_cia_ops", collect):
         yield
+
+
+# The op namespaces every pattern of `to_executorch`'s quantization fusion holds one op of (executorch's
+# `_quant_patterns_and_replacements`: dequantize / quantize of `quantized_decomposed` or `torchao`)
+QUANTIZED_NAMESPACES = ("quantized_decomposed", "torchao")
+
+
+@contextlib.contextmanager
+def quant_fusion_only_with_quantized_ops() -> Iterator[None]:
+    """While a program goes to ExecuTorch with `do_quant_fusion_and_const_prop` (the LLM and multimodal runners'
+    programs), `QuantFusionPass` builds and tries its 23 patterns (each traced and lowered to edge ops again, per
+    call: 0.19 s of a one-layer Llama's float runner program) only on a graph that calls a quantized op
+    ([`QUANTIZED_NAMESPACES`]); every pattern holds one and the rewriter matches the top graph only, so elsewhere it
+    matches nothing. The rest of the pass (the quantized cat, the nodes' values, the dead code) and the constant
+    propagation after it run as before; tests/test_lowering.py checks the patterns and that the programs are
+    byte-identical.
+
+    Example:
+        >>> with quant_fusion_only_with_quantized_ops():  # doctest: +SKIP
+        ...     edge.to_executorch(ExecutorchBackendConfig(do_quant_fusion_and_const_prop=True))
+    """
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
+    from executorch.exir.passes import quant_fusion_pass
+
+    real = quant_fusion_pass.QuantFusionPass.call
+
+    def call(self: Any, graph_module: torch.fx.GraphModule) -> Any:
+        if has_call_to(graph_module, *QUANTIZED_NAMESPACES):
+            return real(self, graph_module)
+        with patched(quant_fusion_pass, "get_quant_patterns_and_replacements", lambda *args, **kwargs: []):
+            return real(self, graph_module)
+
+    with patched(quant_fusion_pass.QuantFusionPass, "call", call):
+        yield
