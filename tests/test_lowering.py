@@ -6,6 +6,7 @@ softmax, change no program."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 
 import pytest
@@ -146,11 +147,25 @@ class Routed(torch.nn.Module):
         return torch.softmax(self.router(x), dim=-1) * 2.0
 
 
+class Unmasked(torch.nn.Module):
+    """An attention without a mask (Whisper's): a softmax between two batched matmuls, no safe softmax's guard."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.project = torch.nn.Linear(16, 16)
+
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(self.project(q), k, v)
+
+
 def test_the_sdpa_fusion_skipped_without_a_softmax_and_a_bmm_changes_no_program():
-    """The skip is exact: every pattern of upstream's SDPA fusion (pinned executorch) has a softmax and a `bmm`, so a
-    partition without one of them gets the same program byte for byte (a plain linear, a router's softmax: the pass
-    is not run on them); an attention still goes through the pass (the same program as upstream's, and it computes
-    the attention)."""
+    """The skip is exact: every pattern of upstream's SDPA fusion (pinned executorch) has a softmax, a `bmm` and the
+    safe softmax's guard (`SDPA_OPS`), each node an ancestor of the output the matcher starts from, so a partition
+    without one of them gets the same program byte for byte (a plain linear, a router's softmax, an attention with or
+    without a mask: the pass is not run on them, and the attention's program computes it); a graph holding a
+    pattern still goes through the pass and is fused as upstream fuses it."""
+    from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
     from executorch.backends.xnnpack.partition.graphs import sdpa
     from executorch.runtime import Runtime
 
@@ -159,6 +174,12 @@ def test_the_sdpa_fusion_skipped_without_a_softmax_and_a_bmm_changes_no_program(
 
     patterns = sdpa.get_graphs()
     assert patterns and all(has_call_to(pattern, op) for pattern in patterns for op in SDPA_OPS)
+    for pattern in patterns:  # the matcher walks up from the output: every node of a pattern must find its op
+        output = next(n for n in pattern.graph.nodes if n.op == "output")
+        ancestors, todo = set(), [output]
+        while todo:
+            todo += [n for n in todo.pop().all_input_nodes if n not in ancestors and not ancestors.add(n)]
+        assert ancestors == {n for n in pattern.graph.nodes if n.op != "output"}
     plain, x = _plain()
     assert _buffer(plain, (x,), sdpa_fusion_only_with_softmax) == _upstream_plain()[0]
     routed, x = Routed().eval(), torch.randn(3, 16)
@@ -168,11 +189,32 @@ def test_the_sdpa_fusion_skipped_without_a_softmax_and_a_bmm_changes_no_program(
         assert _buffer(routed, (x,), sdpa_fusion_only_with_softmax) == upstream_routed
     assert "ConvertToSDPAPass" in upstream_retraces and "ConvertToSDPAPass" not in retraces  # the softmax was delegated
     q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))
+    # #48 (twelfth round): an attention without a mask reaches XNNPACK with its softmax and bmms and no guard
+    with _retraces_counted() as upstream_retraces:
+        upstream_unmasked = _buffer(Unmasked().eval(), (q, k, v))
+    with _retraces_counted() as retraces:
+        assert _buffer(Unmasked().eval(), (q, k, v), sdpa_fusion_only_with_softmax) == upstream_unmasked
+    assert "ConvertToSDPAPass" in upstream_retraces and "ConvertToSDPAPass" not in retraces
     attention, mask = Attention().eval(), torch.zeros(5, 5)
+    with _retraces_counted() as upstream_retraces:
+        upstream_program = _buffer(attention, (q, k, v, mask))
     with _retraces_counted() as retraces:
         program = _buffer(attention, (q, k, v, mask), sdpa_fusion_only_with_softmax)
-    assert "ConvertToSDPAPass" in retraces
-    assert program == _buffer(attention, (q, k, v, mask))
+    # the guard's ops (`where`, `any`, ...) have no XNNPACK partitioner config: a masked attention's partition lacks
+    # them too, and upstream's pass ran there and matched nothing
+    assert "ConvertToSDPAPass" in upstream_retraces and "ConvertToSDPAPass" not in retraces
+    assert program == upstream_program
+    # a graph that holds a pattern (a partitioner that took the guard) still goes through the pass, and is fused
+    matches = []
+    real_create = ConvertToSDPAPass.create_sdpa
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ConvertToSDPAPass, "create_sdpa", lambda self, *a: matches.append(1) or real_create(self, *a))
+        for pattern in patterns:
+            upstream_fused = ConvertToSDPAPass(None).call(copy.deepcopy(pattern)).graph_module
+            with sdpa_fusion_only_with_softmax():
+                fused = ConvertToSDPAPass(None).call(copy.deepcopy(pattern)).graph_module
+            assert fused.code == upstream_fused.code and has_call_to(fused, "scaled_dot_product_attention")
+    assert len(matches) == 2 * len(patterns), matches
     out = Runtime.get().load_program(program).load_method("forward").execute([q, k, v, mask])[0]
     with torch.no_grad():
         assert float((out - attention(q, k, v, mask)).abs().max()) < 1e-5
@@ -359,3 +401,83 @@ def test_provenance_shared_while_lowering_changes_no_program_and_no_history(case
     assert any(len(sources) for _, sources in upstream_histories)  # provenance is recorded
     assert histories == upstream_histories
     assert program == upstream_program
+
+
+@pytest.mark.parametrize("case", ["plain", "refused"])
+def test_cia_ops_materialized_once_collect_the_same_ops_and_change_no_program(case):
+    """Looking torch's CompositeImplicit ops up once per collection, not once per op namespace, collects the same
+    ops, and the lowering gives the same program byte for byte (with the second decomposition of a refused linear)."""
+    from torch._export import utils
+
+    from exporters.upstream import cia_ops_materialized_once
+
+    lookups = []
+    real = utils._materialize_cpp_cia_ops
+
+    def counted():
+        lookups.append(1)
+        return real()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(utils, "_materialize_cpp_cia_ops", counted)
+        upstream_ops, upstream_lookups = utils._collect_all_valid_cia_ops(), len(lookups)
+        lookups.clear()
+        with cia_ops_materialized_once():
+            ops = utils._collect_all_valid_cia_ops()
+    assert ops == upstream_ops and upstream_lookups > 10 and len(lookups) == 1, (upstream_lookups, len(lookups))
+    if case == "plain":
+        plain, x = _plain()
+        assert _buffer(plain, (x,), cia_ops_materialized_once) == _upstream_plain()[0]
+    else:
+        module, inputs = KeptAndRefused(case).eval(), (torch.randn(4, 16), torch.randn(16, 16))
+        assert _buffer(module, inputs, cia_ops_materialized_once) == _buffer(module, inputs)
+
+
+class QuantizedRoundTrip(torch.nn.Module):
+    """A tensor quantized to int8 and back in the program's own graph (nothing delegated): what `QuantFusionPass`'s
+    patterns start from."""
+
+    def forward(self, x):
+        q = torch.ops.quantized_decomposed.quantize_per_tensor(x, 0.05, 3, -128, 127, torch.int8)
+        return torch.ops.quantized_decomposed.dequantize_per_tensor(q, 0.05, 3, -128, 127, torch.int8) * 2.0
+
+
+def _runner_bytes(module: torch.nn.Module, args: tuple, partitioned: bool, skip=None) -> bytes:
+    """`module`'s program as the runners write it (`do_quant_fusion_and_const_prop`), XNNPACK-lowered or not."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import ExecutorchBackendConfig, to_edge, to_edge_transform_and_lower
+
+    program = torch.export.export(module, args)
+    edge = (to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]) if partitioned
+            else to_edge(program))
+    with skip() if skip is not None else contextlib.nullcontext():
+        return edge.to_executorch(ExecutorchBackendConfig(do_quant_fusion_and_const_prop=True)).buffer
+
+
+@pytest.mark.parametrize("case", ["float", "quantized"])
+def test_quant_fusion_skipped_without_a_quantized_op_changes_no_program(case):
+    """The skip is exact: every pattern of `to_executorch`'s quantization fusion holds an op of
+    `QUANTIZED_NAMESPACES`, so a float program (a linear and a GELU, delegated) gets the same program byte for byte
+    without the patterns built; a graph with quantize/dequantize still gets them tried, and upstream's program."""
+    import executorch.kernels.quantized  # noqa: F401 (quantized_decomposed and its out variants)
+    from executorch.exir.passes import _quant_patterns_and_replacements as patterns_module
+    from executorch.exir.passes import quant_fusion_pass
+
+    from exporters.upstream import quant_fusion_only_with_quantized_ops
+    from exporters.upstream.xnnpack_passes import QUANTIZED_NAMESPACES, has_call_to
+
+    patterns = patterns_module.get_quant_patterns_and_replacements({})
+    for pattern, _, _ in patterns:
+        graph = pattern if isinstance(pattern, torch.fx.GraphModule) else torch.fx.symbolic_trace(pattern)
+        assert has_call_to(graph, *QUANTIZED_NAMESPACES), graph.code
+    module, args = (_plain()[0], (_plain()[1],)) if case == "float" else (QuantizedRoundTrip(), (torch.randn(3, 8),))
+    built = []
+    real = quant_fusion_pass.get_quant_patterns_and_replacements
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quant_fusion_pass, "get_quant_patterns_and_replacements",
+                      lambda *a, **k: built.append(1) or real(*a, **k))
+        upstream_program = _runner_bytes(module, args, case == "float")
+        upstream_built, built[:] = len(built), []
+        program = _runner_bytes(module, args, case == "float", quant_fusion_only_with_quantized_ops)
+    assert program == upstream_program
+    assert upstream_built == 1 and len(built) == (0 if case == "float" else 1), (upstream_built, len(built))

@@ -14,8 +14,10 @@ renamed for transformers.js (`RenamedRunner`), split programs that hold their eq
 (`share_identical_weights`), and workarounds scoped to one step: static caches whose sliding layers are captured whole
 (`static_sliding_layers_kept_whole`), ExecuTorch lowering that leaves the tanh GELU off XNNPACK and runs the upsample
 and SDPA fusions, XNNPACK's other passes and `to_edge`'s transpose and view passes only where a graph can hold their
-patterns (`xnnpack_lowering`, `xnnpack_passes_only_where_they_apply`, `edge_passes_only_where_they_apply`), and does not
-copy the weights per partition (`constants_shared_by_lowering_copies`, `named_data_on_disk`).
+patterns (`xnnpack_lowering`, `xnnpack_passes_only_where_they_apply`, `edge_passes_only_where_they_apply`), looks
+torch's CompositeImplicit ops up once per collection (`cia_ops_materialized_once`), tries `to_executorch`'s quantization
+fusion only on a graph with a quantized op (`quant_fusion_only_with_quantized_ops`), and does not copy the weights per
+partition (`constants_shared_by_lowering_copies`, `named_data_on_disk`).
 
 The modules: `core.py` (the registry, decomposition, the saved-export format and the safe loader), `pytree.py`
 (upstream's pytree rules for transformers' objects), `beyond.py` (what upstream's save and load do not cover),
@@ -115,8 +117,10 @@ from exporters.upstream.runtime_ops import (
     transposed_weights_written_in_blocks,
 )
 from exporters.upstream.xnnpack_passes import (
+    cia_ops_materialized_once,
     edge_passes_only_where_they_apply,
     provenance_shared_while_lowering,
+    quant_fusion_only_with_quantized_ops,
     sdpa_fusion_only_with_softmax,
     second_decomposition_only_where_it_decomposes,
     upsample_fusion_only_with_upsample,
@@ -204,6 +208,8 @@ __all__ = [
     "runner_class",
     "runner_for_file",
     "provenance_shared_while_lowering",
+    "cia_ops_materialized_once",
+    "quant_fusion_only_with_quantized_ops",
     "sdpa_fusion_only_with_softmax",
     "second_decomposition_only_where_it_decomposes",
     "edge_passes_only_where_they_apply",

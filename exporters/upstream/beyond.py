@@ -26,6 +26,7 @@ from transformers.exporters.utils import apply_patches
 from exporters.upstream.patches import patched, patched_item
 from exporters.upstream.pytree import leaf_tensors
 from exporters.upstream.xnnpack_passes import (
+    cia_ops_materialized_once,
     edge_passes_only_where_they_apply,
     provenance_shared_while_lowering,
     sdpa_fusion_only_with_softmax,
@@ -340,8 +341,9 @@ def xnnpack_lowering():
     ([`xnnpack_passes_only_where_they_apply`]) and the `EDGE_DO_NOT_DECOMP` path's second decomposition only where
     a node is left to decompose ([`second_decomposition_only_where_it_decomposes`]), and `to_edge`'s transpose and
     view passes only where a node is one they rewrite ([`edge_passes_only_where_they_apply`]), each node's history
-    shared, not deep-copied ([`provenance_shared_while_lowering`]); all in `exporters.upstream.xnnpack_passes` but the
-    first.
+    shared, not deep-copied ([`provenance_shared_while_lowering`]), and torch's CompositeImplicit ops looked up once
+    per collection, not once per op namespace ([`cia_ops_materialized_once`]); all in
+    `exporters.upstream.xnnpack_passes` but the first.
 
     Example:
         >>> with xnnpack_lowering():  # doctest: +SKIP
@@ -349,7 +351,7 @@ def xnnpack_lowering():
     """
     with tanh_gelu_kept_off_xnnpack(), upsample_fusion_only_with_upsample(), sdpa_fusion_only_with_softmax(), \
             xnnpack_passes_only_where_they_apply(), second_decomposition_only_where_it_decomposes(), \
-            edge_passes_only_where_they_apply(), provenance_shared_while_lowering():
+            edge_passes_only_where_they_apply(), provenance_shared_while_lowering(), cia_ops_materialized_once():
         yield
 
 

@@ -35,6 +35,7 @@ from transformers.modeling_utils import AttentionInterface
 from exporters.upstream.beyond import _external_constants, _tag_delegate_weights, xnnpack_lowering
 from exporters.upstream.internals import strict_export_shares_parameters
 from exporters.upstream.patches import patched
+from exporters.upstream.xnnpack_passes import quant_fusion_only_with_quantized_ops
 
 # The runner's metadata methods (executorch extension/llm/runner/constants.h) and optimum-executorch's.
 FLOAT_DTYPE_CODES = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
@@ -392,5 +393,6 @@ def export_runner_program(program: RunnerProgram, model: Any, inputs: dict[str, 
             constant_methods=metadata,
             transform_passes=[drop_embedding_padding_idx],
         )
-    manager = edge.to_executorch(config=backend_config)
+    with quant_fusion_only_with_quantized_ops():  # a float program has no quantized op to fuse
+        manager = edge.to_executorch(config=backend_config)
     return manager, record, custom_nodes

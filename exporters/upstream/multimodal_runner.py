@@ -45,6 +45,7 @@ from exporters.upstream.idefics_image import OneImageEncoder, takes_pixel_mask
 from exporters.upstream.internals import strict_export_shares_parameters
 from exporters.upstream.llm_runner import _static_generation_config, custom_ops_installed, max_seq_len
 from exporters.upstream.patches import patched, patched_item
+from exporters.upstream.xnnpack_passes import quant_fusion_only_with_quantized_ops
 
 # The runner's method names (extension/llm/runner/constants.h)
 TOKEN_EMBEDDING, VISION_ENCODER, TEXT_DECODER = "token_embedding", "vision_encoder", "text_decoder"
@@ -300,7 +301,8 @@ def export_multimodal_program(modules: dict[str, torch.nn.Module], model: Any, i
                 compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
                 constant_methods=metadata,
             )
-        return edge.to_executorch(config=backend_config), records, custom_nodes
+        with quant_fusion_only_with_quantized_ops():
+            return edge.to_executorch(config=backend_config), records, custom_nodes
 
 
 @contextlib.contextmanager

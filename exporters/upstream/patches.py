@@ -175,7 +175,7 @@ PATCHES: tuple[Patch, ...] = (
           "the pass exports four modules per process to build patterns a graph without upsample cannot hold",
           "docs/upstream-gaps.md #37: XNNPACK's passes building their patterns once, or only when needed"),
     Patch("sdpa_fusion_only_with_softmax", (f"{XNNPACK}._passes.convert_to_sdpa:ConvertToSDPAPass.call",),
-          "the pass exports an attention per process for patterns a partition without softmax and bmm cannot hold",
+          "the pass exports an attention per process for patterns a partition without their ops cannot hold",
           "docs/upstream-gaps.md #37: XNNPACK's passes building their patterns once, or only when needed"),
     Patch("xnnpack_passes_only_where_they_apply",
           tuple(f"{XNNPACK}._passes.{m}:{c}.call" for m, c in (
@@ -201,6 +201,14 @@ PATCHES: tuple[Patch, ...] = (
     Patch("provenance_shared_while_lowering", ("torch.fx.traceback:NodeSource.__init__",),
           "every retrace deep-copies each node's chain of ancestors (one level deeper after each pass)",
           "docs/upstream-gaps.md #37: torch.fx sharing a node's provenance history (its records are never changed)"),
+    Patch("cia_ops_materialized_once",
+          tuple(f"{module}:_collect_all_valid_cia_ops"
+                for module in ("torch._export.utils", "torch.export.exported_program", "torch.export.decomp_utils")),
+          "torch looks every CompositeImplicit op up in torch.ops once per op namespace it walks (40 of them), per call",
+          "docs/upstream-gaps.md #37: torch materializing the CompositeImplicit ops once per collection"),
+    Patch("quant_fusion_only_with_quantized_ops", (f"{EXIR}.passes.quant_fusion_pass:QuantFusionPass.call",),
+          "to_executorch's quantization fusion traces its 23 patterns and tries them on a program with no quantized op",
+          "docs/upstream-gaps.md #37: the fusion skipping a graph without quantize/dequantize nodes"),
     Patch("constants_shared_by_lowering_copies",
           (f"{EXIR}.backend.backend_details:BackendDetails.copy_exported_program_for_preprocess",
            f"{EXIR}.backend.canonical_partitioners.duplicate_constant_node_pass:copy"),

@@ -25,6 +25,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.export.decomp_utils as decomp_utils
+import torch.export.exported_program as exported_program
+from torch._export import utils as export_utils
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 from torch.fx.passes.infra.pass_base import PassResult
@@ -33,9 +36,14 @@ from exporters.upstream.patches import patched
 
 PASSES = "executorch.backends.xnnpack._passes"
 # What every pattern of XNNPACK's SDPA fusion holds (`executorch.backends.xnnpack.partition.graphs.sdpa`): a softmax
-# and the two batched matmuls around it (a router's softmax after a linear, a MoE's, is not an attention)
+# and the two batched matmuls around it (a router's softmax after a linear, a MoE's, is not an attention), and the
+# safe softmax's guard of fully masked rows (`eq` -inf, `logical_not`, `any`, `full_like`, `where`: the decomposition
+# of an attention with a mask; one without, Whisper's, has a softmax and bmms and none of these). The pass's matcher
+# matches every node of a pattern (each an ancestor of its output) to a node calling the same op, so a partition
+# that lacks one of these cannot hold a pattern
 SOFTMAX = "_softmax"
-SDPA_OPS = (SOFTMAX, "bmm")
+SDPA_OPS = (SOFTMAX, "bmm", "aten.eq.Scalar", "aten.logical_not.default", "aten.any.dim", "aten.full_like.default",
+            "aten.where.self")
 # Each pass (module, class, under PASSES or executorch.backends) and the ops its rewrites start from (a node of the
 # graph whose op name contains one of them), read from the pinned executorch's sources: `FuseBatchNormPass` and
 # `DecomposeBatchNorm` rewrite batch norms, `FuseActivationPass` a relu / hardtanh after an op, `Conv1dUnsqueezePass`
@@ -136,13 +144,15 @@ def upsample_fusion_only_with_upsample() -> Iterator[None]:
 
 @contextlib.contextmanager
 def sdpa_fusion_only_with_softmax() -> Iterator[None]:
-    """While ExecuTorch lowers, XNNPACK's `ConvertToSDPAPass` runs only on a partition that has a softmax and a
-    batched matmul ([`SDPA_OPS`]). The pass builds its patterns (an attention decomposed into `bmm`s, a scale, the
-    mask's add and a softmax) by exporting and lowering an attention module twice, once per process (2.2 s of a tiny
-    Llama's runner program), then retraces each partition; a partition without both cannot hold a pattern, so the
-    pass could not change it (the LLM runner's program with custom ops: its attention is `llama::custom_sdpa`,
-    outside XNNPACK; a MoE's router softmax after a linear: 1.2 s of a one-layer Qwen2-MoE's lowering;
-    tests/test_lowering.py checks the patterns and that the programs are byte-identical).
+    """While ExecuTorch lowers, XNNPACK's `ConvertToSDPAPass` runs only on a partition that calls every op its
+    patterns hold ([`SDPA_OPS`]: a softmax, batched matmuls, the safe softmax's guard). The pass builds its patterns
+    (an attention with a 2-D mask decomposed into `bmm`s, a scale, the mask's add and a safe softmax) by exporting
+    and lowering an attention module twice, once per process (2.2 s of a tiny Llama's runner program, 1.4 s of a
+    one-layer Whisper's), then retraces each partition; a partition without one of those ops cannot hold a pattern,
+    so the pass could not change it (the LLM runner's program with custom ops: its attention is
+    `llama::custom_sdpa`, outside XNNPACK; a MoE's router softmax after a linear: 1.2 s of a one-layer Qwen2-MoE's
+    lowering; an attention without a mask, Whisper's: a plain softmax; tests/test_lowering.py checks the patterns
+    and that the programs are byte-identical).
 
     Example:
         >>> with sdpa_fusion_only_with_softmax():  # doctest: +SKIP
@@ -358,4 +368,66 @@ def provenance_shared_while_lowering() -> Iterator[None]:
         ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     """
     with patched(torch.fx.traceback.NodeSource, "__init__", _node_source_sharing_history):
+        yield
+
+
+@contextlib.contextmanager
+def cia_ops_materialized_once() -> Iterator[None]:
+    """While ExecuTorch lowers, torch's list of the CompositeImplicit ops a decomposition may keep
+    (`torch._export.utils._collect_all_valid_cia_ops`, read by every `run_decompositions` and every materialization
+    of a `CustomDecompTable`: four times in a tiny Llama's runner-program lowering) asks the C++ dispatcher for its
+    CompositeImplicit registrations and looks each one up in `torch.ops` once per call, not once per op namespace
+    walked (40 with executorch and torchao loaded: 55 ms a call, 7 once; that lowering's 165 lookups become 4). The
+    lookups only make `torch.ops` hold those ops; the
+    walks between them register nothing, so the set collected is the same (tests/test_lowering.py checks it, and that
+    the programs are byte-identical).
+
+    Example:
+        >>> with cia_ops_materialized_once():  # doctest: +SKIP
+        ...     to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    """
+    real_collect, real_materialize = export_utils._collect_all_valid_cia_ops, export_utils._materialize_cpp_cia_ops
+
+    def collect() -> set:
+        real_materialize()
+        with patched(export_utils, "_materialize_cpp_cia_ops", lambda: None):
+            return real_collect()
+
+    with patched(export_utils, "_collect_all_valid_cia_ops", collect), \
+            patched(exported_program, "_collect_all_valid_cia_ops", collect), \
+            patched(decomp_utils, "_collect_all_valid_cia_ops", collect):
+        yield
+
+
+# The op namespaces every pattern of `to_executorch`'s quantization fusion holds one op of (executorch's
+# `_quant_patterns_and_replacements`: dequantize / quantize of `quantized_decomposed` or `torchao`)
+QUANTIZED_NAMESPACES = ("quantized_decomposed", "torchao")
+
+
+@contextlib.contextmanager
+def quant_fusion_only_with_quantized_ops() -> Iterator[None]:
+    """While a program goes to ExecuTorch with `do_quant_fusion_and_const_prop` (the LLM and multimodal runners'
+    programs), `QuantFusionPass` builds and tries its 23 patterns (each traced and lowered to edge ops again, per
+    call: 0.19 s of a one-layer Llama's float runner program) only on a graph that calls a quantized op
+    ([`QUANTIZED_NAMESPACES`]); every pattern holds one and the rewriter matches the top graph only, so elsewhere it
+    matches nothing. The rest of the pass (the quantized cat, the nodes' values, the dead code) and the constant
+    propagation after it run as before; tests/test_lowering.py checks the patterns and that the programs are
+    byte-identical.
+
+    Example:
+        >>> with quant_fusion_only_with_quantized_ops():  # doctest: +SKIP
+        ...     edge.to_executorch(ExecutorchBackendConfig(do_quant_fusion_and_const_prop=True))
+    """
+    # ExecuTorch loads only where a program is lowered or run (seconds, native memory)
+    from executorch.exir.passes import quant_fusion_pass
+
+    real = quant_fusion_pass.QuantFusionPass.call
+
+    def call(self: Any, graph_module: torch.fx.GraphModule) -> Any:
+        if has_call_to(graph_module, *QUANTIZED_NAMESPACES):
+            return real(self, graph_module)
+        with patched(quant_fusion_pass, "get_quant_patterns_and_replacements", lambda *args, **kwargs: []):
+            return real(self, graph_module)
+
+    with patched(quant_fusion_pass.QuantFusionPass, "call", call):
         yield
