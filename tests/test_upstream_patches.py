@@ -101,8 +101,11 @@ def _stand_ins(row: Patch, tmp_path: Path, monkeypatch) -> tuple[tuple, Callable
         model.generation_config = GenerationConfig(eos_token_id=1)
         return (model, 8), lambda: [model.generation_config]
     if name == "custom_ops_installed":
-        model = types.SimpleNamespace(config=types.SimpleNamespace(_attn_implementation="sdpa"))
-        program = types.SimpleNamespace(wrapper=types.SimpleNamespace(static_cache=types.SimpleNamespace(layers=[])))
+        config = types.SimpleNamespace(_attn_implementation="sdpa")
+        config.get_text_config = lambda: config  # no sliding window: no ring buffer
+        model = types.SimpleNamespace(config=config)
+        program = types.SimpleNamespace(wrapper=types.SimpleNamespace(static_cache=types.SimpleNamespace(layers=[])),
+                                        max_cache_len=8)
         return (program, model), lambda: [model.config._attn_implementation]
     if name == "text_attention_as_custom_sdpa":
         text = types.SimpleNamespace(_attn_implementation="sdpa")
