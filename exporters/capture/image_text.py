@@ -54,6 +54,7 @@ Example:
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -61,7 +62,7 @@ from transformers import DynamicCache
 
 from exporters.capture.merged import contract, empty_cache, with_contract
 from exporters.capture.probes import DimBinding
-from exporters.capture.qwen_vl import (MROPE_TYPES, GridVisionEncoder, WidenedEmbedding, add_deepstack, deepstack,
+from exporters.capture.qwen_vl import (MROPE_TYPES, GridVisionEncoder, WidenedEmbedding, deepstack_added, deepstack,
                                       is_mrope, widened)
 from exporters.capture.token_ids import image_token_id
 from exporters.recipe.layout import TRANSFORMERS_JS
@@ -207,15 +208,11 @@ class EmbedsDecoder(torch.nn.Module):
 
     def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 past_key_values: Any) -> Any:
-        hooks: list[Any] = []
-        if deepstack_of(self.model):  # a Qwen3-VL's DeepStack features in the rows (exporters.capture.qwen_vl)
-            inputs_embeds, hooks = add_deepstack(self.model, inputs_embeds)
-        try:
-            out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
+        # a Qwen3-VL's DeepStack features in the rows (exporters.capture.qwen_vl); any other model's rows as they are
+        added = deepstack_added(self.model, inputs_embeds) if deepstack_of(self.model) else nullcontext(inputs_embeds)
+        with added as embeds:
+            out = self.model(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, use_cache=True)
-        finally:
-            for hook in hooks:
-                hook.remove()
         return {"logits": out.logits, "past_key_values": out.past_key_values}
 
 

@@ -20,7 +20,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 from transformers import vision_utils
@@ -91,7 +92,7 @@ def widened(config: Any) -> int:
     (ONNX Runtime GenAI 0.18, transformers.js 4.3.2: docs/upstream-gaps.md #56, #61), so its DeepStack features ride
     in the same rows: the vision graph concatenates them after the merged features ([`FixedGridVision`]), the
     embedding pads each token's row with zeros to the width ([`WidenedEmbedding`]), and the decoder splits them off
-    and adds each after its layer ([`add_deepstack`]; zeros at text tokens: eager adds at the image tokens only, and
+    and adds each after its layer ([`deepstack_added`]; zeros at text tokens: eager adds at the image tokens only, and
     x + 0 is x)."""
     return int(config.text_config.hidden_size) * (1 + deepstack(config))
 
@@ -109,15 +110,20 @@ class WidenedEmbedding(torch.nn.Module):
         return torch.nn.functional.pad(rows, (0, self.width - rows.shape[-1]))
 
 
-def add_deepstack(model: Any, inputs_embeds: torch.Tensor) -> tuple[torch.Tensor, list[Any]]:
-    """The text model's own embeddings of `inputs_embeds` (its first `hidden` columns), and hooks that add each further
-    part after its language-model layer, as eager adds a Qwen3-VL's DeepStack features (`widened`); the caller removes
-    the hooks. No hooks where the rows are the text model's width."""
+@contextlib.contextmanager
+def deepstack_added(model: Any, inputs_embeds: torch.Tensor) -> Iterator[torch.Tensor]:
+    """Within: the text model's own embeddings of `inputs_embeds` (its first `hidden` columns), with hooks that add each
+    further part after its language-model layer, as eager adds a Qwen3-VL's DeepStack features (`widened`); the hooks
+    are removed on the way out. No hooks where the rows are the text model's width."""
     parts = inputs_embeds.split(int(model.config.text_config.hidden_size), dim=-1)
     layers = model.model.language_model.layers if len(parts) > 1 else []
     hooks = [layer.register_forward_hook(lambda _module, _args, states, feature=feature: states + feature)
              for layer, feature in zip(layers, parts[1:])]
-    return parts[0], hooks
+    try:
+        yield parts[0]
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def rope_positions(model: Any, ids: torch.Tensor, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

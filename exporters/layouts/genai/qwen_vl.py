@@ -48,7 +48,7 @@ from transformers import DynamicCache, GenerationConfig
 
 from exporters import fsutil
 # GenAI's vision graph: the tower at the traced grid; a Qwen3-VL's DeepStack features in the features' rows
-from exporters.capture.qwen_vl import FixedGridVision, add_deepstack, widened
+from exporters.capture.qwen_vl import FixedGridVision, deepstack_added, widened
 from exporters.export.onnx_files import share_external_data
 from exporters.layouts.genai.config import GENAI_CONFIG, genai_config
 from exporters.upstream import read_manifest
@@ -89,13 +89,9 @@ class EmbedsDecoder(torch.nn.Module):
         for layer in range(self.layers):
             cache.update(past[2 * layer], past[2 * layer + 1], layer)
         # a Qwen3-VL's DeepStack features (`widened`) added to the states after its first layers, as eager does
-        embeds, hooks = add_deepstack(self.model, inputs_embeds)
-        try:
+        with deepstack_added(self.model, inputs_embeds) as embeds:
             out = self.model(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=cache, use_cache=True)
-        finally:
-            for hook in hooks:
-                hook.remove()
         grown = [tensor for layer in out.past_key_values.layers for tensor in (layer.keys, layer.values)]
         return (out.logits, *grown)
 
