@@ -111,7 +111,8 @@ def _folder_bytes(folder: Path) -> dict[str, bytes]:
 
 def test_a_twin_targets_files_are_those_of_its_own_export(tmp_path):
     """T5's ONNX targets in one run: `onnx` traces, `tjs` and `onnx-split` take its saved graphs (their reports'
-    trace time is none); `onnx-split` exported alone traces its own, and its folder is the same, byte for byte."""
+    trace time is none, their findings say whose graphs); `onnx-split` exported alone traces its own, and its folder
+    is the same, byte for byte."""
     model = tiny_t5(tmp_path / "model", T5_RECIPE, seed=T5_SEED, decoder_layers=2)  # test_seq2seq_onnx's run
     together = exported(model, "run", "--no-bench", MODEL, "--out", OUT, "--quiet")
     alone = exported(model, "run", "--no-bench", MODEL, "--out", OUT, "--quiet", "--target", "onnx-split")
@@ -119,6 +120,11 @@ def test_a_twin_targets_files_are_those_of_its_own_export(tmp_path):
     timings = {name: target["timings"] for name, target in together.targets.items()}
     assert timings["onnx"]["trace_s"] > 0 and timings["tjs"]["trace_s"] == 0 == timings["onnx-split"]["trace_s"]
     assert alone.targets["onnx-split"]["timings"]["trace_s"] > 0
+    said = {name: [f for f in target["findings"] if "traced once in this run" in f]
+            for name, target in together.targets.items()}  # the report says whose graphs a twin took
+    assert said["onnx"] == []
+    assert all("target `onnx`'s export" in " ".join(said[twin]) for twin in ("tjs", "onnx-split")), said
+    assert not any("traced once in this run" in f for f in alone.targets["onnx-split"]["findings"])
     assert all(target["status"] == "passed" for target in together.targets.values())
     shared, own = _folder_bytes(together.out / "onnx-split"), _folder_bytes(alone.out / "onnx-split")
     assert {"encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx"} <= set(own)

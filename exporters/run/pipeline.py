@@ -236,7 +236,7 @@ def _start(item: _Export, workbench: Workbench, context: RunContext, options: Ru
         if target.export_format == "onnx":
             torchlib_registry_ready()
     item.started = time.time()
-    item.run = Isolated(twins.sharing(target.name, work), log_path=log_path, timeout=target.timeout)
+    item.run = Isolated(twins.sharing(target.name, work, item.result), log_path=log_path, timeout=target.timeout)
     return item
 
 

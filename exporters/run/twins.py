@@ -124,13 +124,16 @@ class Twins:
             pending.remove(ready)
         return ready
 
-    def sharing(self, name: str, work: Callable[[], Any]) -> Callable[[], Any]:
+    def sharing(self, name: str, work: Callable[[], Any], result: Any = None) -> Callable[[], Any]:
         """A target's export `work` for its child, within what is decided here, in the run's process: keep its saved
-        graphs for its twins, or take its twin's."""
+        graphs for its twins, or take its twin's (said in `result`'s findings: the target's report)."""
         key = self.keys.get(name)
         reuse = keep = None
         if key is not None and self.owner[key] != name:
             reuse = self.kept.get(key)
+            if reuse is not None and result is not None:
+                result.findings.append(f"ONNX graphs traced once in this run: copied from target `{self.owner[key]}`'s "
+                                       "export, which read the same components, inputs and settings (no trace here)")
         elif key is not None and list(self.dtypes.values()).count(self.dtypes.get(name)) > 1:  # a twin may follow
             if self.root is None:
                 self.root = Path(tempfile.mkdtemp(prefix=".shared-graphs-", dir=self.out_dir))
