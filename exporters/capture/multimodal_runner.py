@@ -43,7 +43,7 @@ import torch
 
 from exporters.capture.families import MULTIMODAL_GENERATORS, a_model_of
 from exporters.capture.image_attention import marks_image_rows, runner_declined
-from exporters.capture.llm_runner import custom_ops_of, program_reasons
+from exporters.capture.llm_runner import WINDOW_WITHOUT_CUSTOM_OPS, custom_ops_of, program_reasons
 from exporters.capture.token_ids import image_token_id
 from exporters.errors import TargetPlanError
 from exporters.upstream import llm_runner, multimodal_runner
@@ -174,10 +174,8 @@ def _ring_refused(target: Any, model: Any, ids: torch.Tensor, image_token: int, 
     if not windows:
         return None
     window, longest = min(windows.values()), max(end - start for start, end in _runs(ids[0].tolist(), image_token))
-    if not custom_ops_of(target, model):
-        return (f"its text model has sliding-window layers (window {window}, shorter than the cache of "
-                f"{max_cache_len}), which the program holds in ring buffers through ExecuTorch's LLM custom ops, and "
-                "it does not use them")
+    if not custom_ops_of(target, model):  # the LLM runner's program says the same (`llm_runner.window_refused`)
+        return WINDOW_WITHOUT_CUSTOM_OPS.format(window=window)
     if longest > window:
         return (f"its image's {longest} tokens do not fit one text_decoder call of its sliding window ({window}): "
                 "the runner prefills each image in one call, and the ring buffer keeps a call's keys only up to "
