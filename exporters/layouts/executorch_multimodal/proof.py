@@ -61,8 +61,8 @@ image_token_id = spec["image_token_id"]
 pieces, stats = [], {}
 def on_stats(s):
     stats.update(prompt_tokens=s.num_prompt_tokens, generated=s.num_generated_tokens)
-""" + IMAGE_IMPORTS + STEP.format(program='spec["program"]') + IMAGE_INPUTS + GENERATE.format(max_new_tokens='spec["max_new_tokens"]',
-                                                     callback="pieces.append, on_stats") + r"""
+""" + IMAGE_IMPORTS + STEP.format(program='spec["program"]') + IMAGE_INPUTS + GENERATE.format(
+    max_new_tokens='spec["max_new_tokens"]', callback="pieces.append, on_stats") + r"""
 with open(spec["result"], "w") as handle:
     json.dump({"pieces": pieces, "stats": stats}, handle)
 """
