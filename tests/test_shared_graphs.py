@@ -87,9 +87,7 @@ def test_a_twin_waits_for_the_first_export_then_takes_its_graphs_or_exports_alon
     recipe, targets = _targets({}, {"external_data": False}, {"opset_version": 18})
     items = [SimpleNamespace(target=target, components={"model": (module, _inputs())},
                              result=SimpleNamespace(device="cpu")) for target in targets]
-    twins, pending = Twins(tmp_path, targets, module, recipe), []
-    for item in items:
-        twins.planned(item, pending).append(item)
+    twins, pending = Twins(tmp_path, targets, module, recipe), list(items)  # keyed on their first look, in order
     assert twins.take_ready(pending) is items[0]
     assert twins.take_ready(pending) is items[2]  # another opset: no one's twin, does not wait
     assert twins.take_ready(pending) is None  # t1 waits for t0's export

@@ -164,7 +164,7 @@ def _export_group(targets: list[Target], context: RunContext, options: RunOption
         item = _Export(target, new_result(target, context, options))
         results.append(item.result)
         if _prepare(item, workbench, context, options, progress):
-            (exported if take_over(item, context, options, STAGING_PREFIX) else twins.planned(item, pending)).append(item)
+            (exported if take_over(item, context, options, STAGING_PREFIX) else pending).append(item)
             start_free_slots()
     while pending or running or exported:
         start_free_slots()

@@ -22,7 +22,7 @@ export alone. The kept copy (the saved graphs' size again on disk, in a hidden f
 only where another ONNX target of the same dtype could follow, and removed when the group's exports end.
 
     twins = Twins(out_dir, targets, model, recipe)
-    pending = twins.planned(item, pending)   # once captured: its key, and who exports the graphs
+    pending.append(item)                     # once captured (keyed on its first look: who exports the graphs)
     twins.take_ready(pending)                # the next item that waits for no twin's export
     Isolated(twins.sharing(name, work))      # its child keeps the saved graphs, or takes its twin's
     twins.finished(name, ok)                 # the twins that waited may start; kept copies removed by `close()`
@@ -102,27 +102,29 @@ class Twins:
         self.kept: dict[str, Path | None] = {}  # key -> its saved graphs (None: its export failed), once finished
         self.root: Path | None = None
 
-    def planned(self, item: Any, pending: list[Any]) -> list[Any]:
-        """Key a captured target about to be exported (`item`: the pipeline's `_Export`); returns `pending`, where it
-        goes."""
+    def _key(self, item: Any) -> None:
+        """Key a captured target (`item`: the pipeline's `_Export`) on its first look, in planned order, so that the
+        first of a group's twins owns the export."""
         target = item.target
-        key = export_key(target, item.components, self.recipe, self.model, item.result.device)
-        self.keys[target.name] = key
-        if key is not None:
-            self.owner.setdefault(key, target.name)
-        return pending
+        if target.name not in self.keys:
+            key = export_key(target, item.components, self.recipe, self.model, item.result.device)
+            self.keys[target.name] = key
+            if key is not None:
+                self.owner.setdefault(key, target.name)
 
     def _waits(self, name: str) -> bool:
         key = self.keys.get(name)
         return key is not None and self.owner[key] != name and key not in self.kept
 
     def take_ready(self, pending: list[Any]) -> Any:
-        """The first of `pending` that waits for no twin's export, taken out of it (None: each waits for one still
-        exporting)."""
-        ready = next((item for item in pending if not self._waits(item.target.name)), None)
-        if ready is not None:
-            pending.remove(ready)
-        return ready
+        """The first of `pending` (captured targets in planned order) that waits for no twin's export, taken out of it
+        (None: each waits for one still exporting)."""
+        for item in pending:
+            self._key(item)
+            if not self._waits(item.target.name):
+                pending.remove(item)
+                return item
+        return None
 
     def sharing(self, name: str, work: Callable[[], Any], result: Any = None) -> Callable[[], Any]:
         """A target's export `work` for its child, within what is decided here, in the run's process: keep its saved
