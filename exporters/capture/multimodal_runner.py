@@ -47,6 +47,7 @@ from exporters.capture.llm_runner import WINDOW_WITHOUT_CUSTOM_OPS, custom_ops_o
 from exporters.capture.token_ids import image_token_id
 from exporters.errors import TargetPlanError
 from exporters.upstream import llm_runner, multimodal_runner
+from exporters.upstream.fixed_image import IMAGE_SIZES, stacked_tiles, takes_image_sizes
 from exporters.upstream.idefics_image import PIXEL_MASK, takes_pixel_mask
 
 MULTIMODAL_RUNNER = "multimodal_runner"
@@ -112,8 +113,9 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
     config = model.config.to_dict()
     # Gemma 3's token types mark its image's tokens, which the program marks itself (`marks_image_rows`)
     extra = sorted(set(generate_inputs) - IMAGE_INPUTS - ({"token_type_ids"} if marks_image_rows(config) else set())
-                   - ({PIXEL_MASK} if takes_pixel_mask(model) else set()))
-    pixels = runner_images(generate_inputs.get("pixel_values"))
+                   - ({PIXEL_MASK} if takes_pixel_mask(model) else set())
+                   - ({IMAGE_SIZES} if takes_image_sizes(model) else set()))
+    pixels = runner_image_inputs(generate_inputs)
     ids = generate_inputs.get("input_ids")
     image_token = image_token_id(model.config)
     if not hasattr(model, "get_image_features"):
@@ -122,7 +124,7 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
         why = bidirectional
     elif extra:
         why = f"its image inputs include {extra}, which the runner's one image (pixels only) cannot carry"
-    elif masked := _mask_refused(generate_inputs):
+    elif masked := _mask_refused(generate_inputs) or _sizes_refused(generate_inputs):
         why = masked
     elif not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or (pixels.shape[0] != 1 and PIXEL_MASK not in
                                                                         generate_inputs):
@@ -148,6 +150,32 @@ def runner_images(pixels: Any) -> Any:
     if isinstance(pixels, torch.Tensor) and pixels.dim() == 5 and pixels.shape[0] == 1:
         return pixels[0]
     return pixels
+
+
+def runner_image_inputs(generate_inputs: dict[str, Any]) -> Any:
+    """The runner's image inputs `[n, 3, H, W]` of a sample (see [`runner_images`]); an image with its
+    `image_sizes` (LLaVA-NeXT's tiles, Mistral 3's one image) one input, its tiles stacked down the height
+    (`exporters.upstream.fixed_image`).
+
+    Example:
+        >>> runner_image_inputs({"pixel_values": torch.zeros(1, 2, 3, 4, 4), "image_sizes": torch.tensor([[4, 4]])}).shape
+        torch.Size([1, 3, 8, 4])
+    """
+    pixels = generate_inputs.get("pixel_values")
+    if IMAGE_SIZES in generate_inputs and isinstance(pixels, torch.Tensor) and pixels.dim() in (4, 5) \
+            and pixels.shape[0] == 1:
+        return stacked_tiles(pixels)
+    return runner_images(pixels)
+
+
+def _sizes_refused(generate_inputs: dict[str, Any]) -> str | None:
+    """Why a sample's `image_sizes` do not fit the runner's one image at a fixed size: more than one image; else
+    None (the program bakes the one image's size in: `exporters.upstream.fixed_image`)."""
+    sizes = generate_inputs.get(IMAGE_SIZES)
+    if isinstance(sizes, torch.Tensor) and sizes.reshape(-1, 2).shape[0] != 1:
+        return (f"its {IMAGE_SIZES} hold {sizes.reshape(-1, 2).shape[0]} images, where the runner's program takes "
+                "one image of one fixed size")
+    return None
 
 
 def _mask_refused(generate_inputs: dict[str, Any]) -> str | None:
@@ -277,7 +305,10 @@ def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> 
         raise TargetPlanError(f"the prompt ({ids.shape[1]} tokens) does not fit the static cache of {max_cache_len} "
                               "positions: raise generation.max_cache_len", option="layout")
     marked = marks_image_rows(model.config.to_dict())
-    modules = multimodal_runner.multimodal_modules(model, max_cache_len, marked=marked)
+    sizes = generate_inputs.get(IMAGE_SIZES) if takes_image_sizes(model) else None
+    tiles = int(runner_images(generate_inputs["pixel_values"]).shape[0]) if sizes is not None else 1
+    modules = multimodal_runner.multimodal_modules(
+        model, max_cache_len, marked=marked, image_sizes=(sizes.tolist(), tiles) if sizes is not None else None)
     # at most the decoder's `max_seq_len` (a ring-buffer layer's window)
     text = ids[:, :max(2, min(ids.shape[1], 8, modules[TEXT_DECODER].max_seq_len))].clone()
     with torch.no_grad():
@@ -285,8 +316,8 @@ def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> 
     encoder = AUDIO_ENCODER if AUDIO_ENCODER in modules else VISION_ENCODER
     source = "input_features" if encoder == AUDIO_ENCODER else "pixel_values"
     media = generate_inputs[source].clone()
-    if encoder == VISION_ENCODER:  # traced on one image (Idefics3's tiles: each one image input of the runner)
-        media = runner_images(media)[:1].clone()
+    if encoder == VISION_ENCODER:  # traced on one image (Idefics3's tiles: each one image input of the runner;
+        media = runner_image_inputs(generate_inputs)[:1].clone()  # LLaVA-NeXT's: one, stacked)
     if encoder == AUDIO_ENCODER and chunked_audio(model):  # traced on two chunks: the chunk axis stays dynamic
         media = two_chunks(media)
     return {TOKEN_EMBEDDING: (modules[TOKEN_EMBEDDING], {"input_ids": text}),
