@@ -144,3 +144,48 @@ def test_a_program_baked_with_another_image_sizes_fails_the_runners_proof(llava_
     export_multimodal_runner(model, target, components, recipe, mutant, [])
     failed = prove(layout, mutant, made, context)
     assert failed.status == "failed" and "positions, eager as" in failed.detail, failed
+
+
+def test_llava_onevision_passes_in_the_multimodal_runner_at_one_image_size(tmp_path_factory):
+    """LLaVA-OneVision (the matrix's tiny family: SigLIP tower, anyres_max_9, a Qwen2 text model; its byte-level BPE,
+    no processor: its processor class needs torchvision, so the sample is synthesized in its layout, the base image
+    and one tile with `image_sizes` [[32, 32]] and one run of image tokens, as its processor lays them out): one
+    program at one image of 32x32, proven by MultimodalRunner token for token with eager `generate()`. Its card
+    snippet reads the folder's processor, which cannot load here (torchvision): not run."""
+    from tests.models import family_model
+
+    model_dir = family_model("llava_onevision", tmp_path_factory.mktemp("mm-onevision") / "model",
+                             PLAINEST_EXECUTORCH, never_eos=True)  # 8 tokens to compare, not an early eos
+    out, report, log = stored_run(model_dir)
+    target = report["targets"][0]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs[RUNTIME]["status"] == "passed", proofs
+    assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from one image of 32x32 and a prompt"), proofs
+    encoder = next(c for c in target["components"] if c["name"] == "vision_encoder")
+    assert encoder["checks"][0]["shapes"] == {"pixel_values": [1, 3, 64, 32]}  # base image and tile, stacked
+
+
+def test_mistral3_keeps_the_methods_layout_saying_why():
+    """Mistral 3's processor lays its image's tokens out in rows broken by [IMG_BREAK] (several runs), which the
+    runner's one run of one image's features cannot carry: the default layout falls back to the methods layout
+    with that reason, also for a sample with one run (a synthesized one: not its processor's prompt)."""
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    from exporters.capture.multimodal_runner import PIXTRAL_ROWS, refused
+    from exporters.recipe.load import parse_recipe
+
+    config = Mistral3Config(vision_config={"image_size": 32, "patch_size": 8, "hidden_size": 16,
+                                           "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                           "head_dim": 8},
+                            text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+                                         "vocab_size": 64})
+    config.image_token_index = 10
+    model = Mistral3ForConditionalGeneration(config).eval()
+    target = parse_recipe(json.dumps(PLAINEST_EXECUTORCH)).exports[0]
+    ids = torch.tensor([[1, 10, 10, 10, 10, 5]])
+    sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": torch.randn(1, 3, 32, 32),
+              "image_sizes": torch.tensor([[32, 32]])}
+    why = refused(target, model, sample, 64)
+    assert why is not None and PIXTRAL_ROWS in why and "[IMG_BREAK]" in why

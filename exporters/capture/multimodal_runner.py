@@ -9,7 +9,10 @@ processor's pixels `[1, 3, H, W]` the only image input, a text model the static 
 causally or both ways among one image's tokens only (Gemma 3: the program marks the image's rows,
 `exporters.capture.image_attention`); Idefics3 and SmolVLM where their processor's images `[1, n, 3, H, W]` (one,
 or its tiles and the whole image, each its own run of image tokens: each an image input of the runner) have a pixel
-mask of ones (`exporters.upstream.idefics_image`). A model outside that (tiles with `image_sizes`, a pixel mask that
+mask of ones (`exporters.upstream.idefics_image`); LLaVA-NeXT and LLaVA-OneVision, whose processor's one image comes
+with its `image_sizes` (any-resolution tiles), at the one image size the program is traced at: its tiles stacked as
+one image input of the runner, the sizes baked in (`exporters.upstream.fixed_image`). A model outside that (several
+images' `image_sizes`, Pixtral's rows of image tokens broken by [IMG_BREAK] ([`PIXTRAL_ROWS`]), a pixel mask that
 leaves pixels out, other token
 types, Qwen2-VL's patches, PaliGemma's bidirectional prefix) keeps the
 methods layout, the report saying why ([`refused`]). Sliding-window layers shorter than the cache (Gemma 3) are held
@@ -124,7 +127,7 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
         why = bidirectional
     elif extra:
         why = f"its image inputs include {extra}, which the runner's one image (pixels only) cannot carry"
-    elif masked := _mask_refused(generate_inputs) or _sizes_refused(generate_inputs):
+    elif masked := _mask_refused(generate_inputs) or _sizes_refused(model, generate_inputs):
         why = masked
     elif not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or (pixels.shape[0] != 1 and PIXEL_MASK not in
                                                                         generate_inputs):
@@ -154,7 +157,7 @@ def runner_images(pixels: Any) -> Any:
 
 def runner_image_inputs(generate_inputs: dict[str, Any]) -> Any:
     """The runner's image inputs `[n, 3, H, W]` of a sample (see [`runner_images`]); an image with its
-    `image_sizes` (LLaVA-NeXT's tiles, Mistral 3's one image) one input, its tiles stacked down the height
+    `image_sizes` (LLaVA-NeXT's tiles) one input, its tiles stacked down the height
     (`exporters.upstream.fixed_image`).
 
     Example:
@@ -168,10 +171,23 @@ def runner_image_inputs(generate_inputs: dict[str, Any]) -> Any:
     return runner_images(pixels)
 
 
-def _sizes_refused(generate_inputs: dict[str, Any]) -> str | None:
-    """Why a sample's `image_sizes` do not fit the runner's one image at a fixed size: more than one image; else
-    None (the program bakes the one image's size in: `exporters.upstream.fixed_image`)."""
+# Mistral 3 (Pixtral's tower): its processor (PixtralProcessor) lays one image's tokens out in rows, an [IMG_BREAK]
+# after each and [IMG_END] after the last: several runs of image tokens with text tokens between, where the runner
+# puts one image's features in one run (a synthesized sample without a processor has one run, which is not the
+# processor's prompt: never proven on it)
+PIXTRAL_ROWS = ("its processor (PixtralProcessor) lays the image's tokens out in rows, an [IMG_BREAK] token after each "
+                "row and [IMG_END] after the last, where the runner puts one image's features in one run of image "
+                "tokens (a vision_encoder that emits the break and end rows between its features is not built)")
+
+
+def _sizes_refused(model: Any, generate_inputs: dict[str, Any]) -> str | None:
+    """Why a sample's `image_sizes` do not fit the runner's one image at a fixed size: more than one image, or a
+    Pixtral tower's rows ([`PIXTRAL_ROWS`]); else None (the program bakes the one image's size in:
+    `exporters.upstream.fixed_image`)."""
     sizes = generate_inputs.get(IMAGE_SIZES)
+    vision = getattr(model.config, "vision_config", None)
+    if sizes is not None and getattr(vision, "model_type", None) == "pixtral":
+        return PIXTRAL_ROWS
     if isinstance(sizes, torch.Tensor) and sizes.reshape(-1, 2).shape[0] != 1:
         return (f"its {IMAGE_SIZES} hold {sizes.reshape(-1, 2).shape[0]} images, where the runner's program takes "
                 "one image of one fixed size")

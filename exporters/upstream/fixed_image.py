@@ -1,14 +1,15 @@
 """ExecuTorch MultimodalRunner's `vision_encoder` of a model whose image comes with its `image_sizes` (LLaVA-NeXT and
-LLaVA-OneVision: any-resolution tiles; Mistral 3: Pixtral's one image at its own size), at one fixed image size (part
-of the adapter to upstream: it calls the model's own `get_image_features`).
+LLaVA-OneVision: any-resolution tiles), at one fixed image size (part of the adapter to upstream: it calls the model's
+own `get_image_features`). Mistral 3's one image computes here too, but its processor's prompt (rows of image tokens
+broken by [IMG_BREAK]) is not the runner's one run: `exporters.capture.multimodal_runner.PIXTRAL_ROWS`.
 
 The runner hands `vision_encoder` one image's pixels, `[1, C, H, W]` (the binding's `make_image_input`: one image of 3
 or 4 channels), nothing beside them. At the one image size a program is traced at, what `image_sizes` says is a
 constant: the number of tiles, the tile grid, the rows the unpadding keeps and where the `image_newline` rows go
-(LLaVA-NeXT, LLaVA-OneVision), Pixtral's patch grid (Mistral 3). [`FixedSizeImageEncoder`] bakes it in: it calls
+(LLaVA-NeXT, LLaVA-OneVision). [`FixedSizeImageEncoder`] bakes it in: it calls
 `get_image_features` with the traced `image_sizes` as Python ints, so the trace holds the features of that size alone,
 and its one input is the processor's tiles `[tiles, 3, h, w]` stacked down the height, `[1, 3, tiles x h, w]`
-([`stacked_tiles`]: one image of the runner; Mistral 3's one image as it is). An image of another size is refused:
+([`stacked_tiles`]: one image of the runner). An image of another size is refused:
 its pixels do not have the traced shape, which the program's input keeps fixed, and the card's snippet resizes the
 image to the program's size (`image_size`, a constant method) before the processor, and stops where the processor's
 `image_sizes` differ.

@@ -8,7 +8,7 @@ model ──► multimodal_modules ──► export_multimodal_program ──►
           token_embedding(tokens int64[1, seq]) -> embeddings [1, seq, hidden]          seq dynamic
           vision_encoder(pixel_values float[1, 3, H, W]) -> image embeddings [1, n, hidden]  the processor's pixels
             (Idefics3, SmolVLM: one image or tile, its position ids a constant: `exporters.upstream.idefics_image`;
-            LLaVA-NeXT, Mistral 3: one image of one fixed size, its image_sizes baked in, its tiles stacked
+            LLaVA-NeXT, LLaVA-OneVision: one image of one fixed size, its image_sizes baked in, its tiles stacked
             [1, 3, tiles x h, w]: `exporters.upstream.fixed_image`)
           or audio_encoder(input_features float[1, mel bins, frames]) -> audio embeddings [1, n, hidden]
           text_decoder(embeddings [1, seq, hidden], cache_position int64[seq]) -> logits    the cache inside
@@ -211,7 +211,7 @@ def multimodal_modules(model: Any, max_cache_len: int, marked: bool = False,
                        image_sizes: tuple[list[list[int]], int] | None = None) -> dict[str, torch.nn.Module]:
     """The runner's three methods as eager modules, in the order the runner calls them. `marked`: the image's rows
     marked for a bidirectional prefill ([`MarkedTextDecoder`]). `image_sizes`: the one image's `image_sizes` and its
-    number of tiles, baked into `vision_encoder` (LLaVA-NeXT, Mistral 3: `exporters.upstream.fixed_image`).
+    number of tiles, baked into `vision_encoder` (LLaVA-NeXT: `exporters.upstream.fixed_image`).
 
     Example:
         >>> sorted(multimodal_modules(llava, 64))  # doctest: +SKIP

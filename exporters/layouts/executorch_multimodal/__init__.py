@@ -15,7 +15,7 @@ prompt as the processor's token ids, split around each run of image tokens into 
 `text_decoder` call takes (`get_max_seq_len`: a sliding window's, Gemma 3's, where the program holds it in a ring
 buffer; the runner's prefiller runs each text input in one call); Idefics3's and SmolVLM's `[1, n, 3, H, W]` (one
 image, or the processor's tiles and the whole image, each its own run) go in as n images `[1, 3, H, W]`; an image with
-its `image_sizes` (LLaVA-NeXT's tiles, Mistral 3's one image) as one, its tiles stacked down the height, at the one
+its `image_sizes` (LLaVA-NeXT's and LLaVA-OneVision's tiles) as one, its tiles stacked down the height, at the one
 size the program takes (its `image_size`: the snippet resizes the image to it and refuses another;
 `exporters.upstream.fixed_image`). The program is the
 export's (`exporters.export.multimodal_runner`, `exporters.capture.multimodal_runner`, lowered by
@@ -46,7 +46,7 @@ IMAGE_IMPORTS = ("from executorch.extension.llm.runner import make_image_input, 
 # buffer, else the cache): the runner runs each text input in one call, so the prompt's text goes in pieces of it
 STEP = ('program = Runtime.get().load_program({program})\n'
         'step = program.load_method("get_max_seq_len").execute([])[0]  # positions a call takes\n')
-# a program of a model whose image comes with its image_sizes (LLaVA-NeXT, Mistral 3) takes one image of one size, its
+# a program of a model whose image comes with its image_sizes (LLaVA-NeXT, LLaVA-OneVision) takes one image of one size, its
 # constant method image_size [H, W] (`exporters.upstream.fixed_image`): the image is resized to it before the
 # processor, and an image the processor makes another size of is refused (the program's input has the traced shape)
 SIZE = ('size = program.load_method("image_size").execute([]) if "image_size" in program.method_names else None\n')

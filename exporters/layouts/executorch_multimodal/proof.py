@@ -14,7 +14,7 @@ prove():     a subprocess runs MultimodalRunner(model.pte, tokenizer.json[, mode
              extension/llm/runner/multimodal_prefiller.cpp)
 ```
 
-LLaVA-NeXT and Mistral 3: the processor's pixels of one image with its `image_sizes` go in as one image input, its
+LLaVA-NeXT and LLaVA-OneVision: the processor's pixels of one image with its `image_sizes` go in as one image input, its
 tiles stacked (`IMAGE_INPUTS`), after the card's check that the processor's `image_sizes` are the program's one
 `image_size` (`SIZE_CHECK`: another size is refused); eager `generate()` reads the `image_sizes`.
 
@@ -100,7 +100,7 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
     # Qwen2-Audio's feature mask too: eager counts the frames with it (the program's audio takes them all)
     # Idefics3's pixel mask too (all ones: `exporters.capture.multimodal_runner`): eager reads the processor's mask,
     # the runner's one image none
-    # LLaVA-NeXT's and Mistral 3's image_sizes too: eager reads them, the program has them baked in (its one size)
+    # LLaVA-NeXT's and LLaVA-OneVision's image_sizes too: eager reads them, the program has them baked in (its one size)
     wanted = ("input_ids", "attention_mask", "token_type_ids", "feature_attention_mask", "pixel_attention_mask",
               "image_sizes", "input_features" if audio else "pixel_values")
     inputs = {k: v for k, v in context.generate_inputs.items() if k in wanted}
