@@ -189,3 +189,20 @@ def test_mistral3_keeps_the_methods_layout_saying_why():
               "image_sizes": torch.tensor([[32, 32]])}
     why = refused(target, model, sample, 64)
     assert why is not None and PIXTRAL_ROWS in why and "[IMG_BREAK]" in why
+
+
+def test_idefics2_passes_in_the_multimodal_runner(tmp_path_factory):
+    """Idefics2 (the matrix's tiny family: its perceiver resampler reads the patch mask, all ones for the full image
+    its sample holds): `vision_encoder` is Idefics3's one image encoder with the mask of ones given to the connector,
+    proven by MultimodalRunner token for token with eager `generate()`."""
+    from tests.models import family_model
+
+    model_dir = family_model("idefics2", tmp_path_factory.mktemp("mm-idefics2") / "model", PLAINEST_EXECUTORCH,
+                             never_eos=True)
+    out, report, log = stored_run(model_dir)
+    target = report["targets"][0]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert json.loads((out / "executorch" / "export.json").read_text())["layout"] == "multimodal_runner"
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs[RUNTIME]["status"] == "passed", proofs
+    assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from an image and a prompt"), proofs

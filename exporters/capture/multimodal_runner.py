@@ -7,7 +7,7 @@ contract of executorch's `MultimodalRunner` (extension/llm/runner, with its Pyth
 model: one image whose features (`get_image_features`) take the place of one run of image tokens in the prompt, the
 processor's pixels `[1, 3, H, W]` the only image input, a text model the static cache holds whole, a prompt read
 causally or both ways among one image's tokens only (Gemma 3: the program marks the image's rows,
-`exporters.capture.image_attention`); Idefics3 and SmolVLM where their processor's images `[1, n, 3, H, W]` (one,
+`exporters.capture.image_attention`); Idefics3, SmolVLM and Idefics2 where their processor's images `[1, n, 3, H, W]` (one,
 or its tiles and the whole image, each its own run of image tokens: each an image input of the runner) have a pixel
 mask of ones (`exporters.upstream.idefics_image`); LLaVA-NeXT and LLaVA-OneVision, whose processor's one image comes
 with its `image_sizes` (any-resolution tiles), at the one image size the program is traced at: its tiles stacked as
