@@ -92,7 +92,9 @@ def test_the_cards_snippet_resizes_to_the_programs_size_and_refuses_another(llav
 
     _, out, _, _ = llava_next_runner
     commit = upload_exports(hub, "alice/llava-next", out, ["executorch"])
-    [(runtime, language, code)] = card_snippets(exports_card("alice/llava-next", out, commit))
+    card = exports_card("alice/llava-next", out, commit)
+    assert f"{RUNTIME} ✓ 8/8 tokens from one image of 32x32" in card  # the card says the one size
+    [(runtime, language, code)] = card_snippets(card)
     assert runtime == RUNTIME and language == "python"
     assert SIZE_CHECK + IMAGE_INPUTS in code and SIZE_CHECK + IMAGE_INPUTS in CHILD and RESIZE in code
     home = image_home(tmp_path)
