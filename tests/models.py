@@ -881,17 +881,27 @@ def tiny_mllama_with_processor(folder: Path, recipe: Any | None = None, seed: in
     return folder
 
 
-def tiny_idefics2_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+def tiny_idefics2_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
+                                 byte_level: bool = False) -> Path:
     """A tiny Idefics2 (SigLIP-style tower, image 32, patch 8; a perceiver resampler of 4 latents: 4 image tokens)
     saved with its own processor: a PIL-backend Idefics2 image processor (no splitting) and a BPE tokenizer whose
-    `<image>` id is the model's."""
+    `<image>` id is the model's. `byte_level`: a byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer loads),
+    the text model's vocabulary its size."""
     from transformers import Idefics2ImageProcessorPil, Idefics2Processor
 
     from matrix.families import FAMILIES, build
 
-    tokenizer = _vlm_tokenizer(folder, ["<image>", "<fake_token_around_image>", "<end_of_utterance>"])
+    specials = ["<image>", "<fake_token_around_image>", "<end_of_utterance>"]
+    vocabulary: dict[str, Any] = {}
+    if byte_level:  # every id the model generates decodes to a piece
+        tokenizer = train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, *specials], vocab_size=120, bos="<s>",
+                                        eos="</s>", pad="<pad>", byte_level=True)
+        vocabulary = {"text_config.vocab_size": len(tokenizer)}
+    else:
+        tokenizer = _vlm_tokenizer(folder, specials)
     spec = _vlm_spec("idefics2", "Idefics2ForConditionalGeneration", {
-        **FAMILIES["idefics2"].overrides, "image_token_id": tokenizer.convert_tokens_to_ids("<image>")})
+        **FAMILIES["idefics2"].overrides, **vocabulary,
+        "image_token_id": tokenizer.convert_tokens_to_ids("<image>")})
     build(spec, folder, seed=seed, recipe=recipe)
     image_processor = Idefics2ImageProcessorPil(size={"shortest_edge": 32, "longest_edge": 32},
                                                 do_image_splitting=False)

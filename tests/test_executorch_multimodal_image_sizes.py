@@ -193,6 +193,31 @@ def test_mistral3_keeps_the_methods_layout_saying_why():
     assert why is not None and PIXTRAL_ROWS in why and "[IMG_BREAK]" in why
 
 
+def test_idefics2_from_its_processor_runs_in_the_multimodal_runner_and_its_snippet_runs(tmp_path_factory, hub,
+                                                                                        tmp_path):
+    """Idefics2 with its own processor (its prompt: the image's run of tokens between <fake_token_around_image>
+    tokens, the processor's mask of ones) and a byte-level BPE: MultimodalRunner 8/8 against eager `generate()`
+    on the processor's inputs; the card's snippet runs as written."""
+    from tests.card_snippets import card_snippets, exports_card, image_home, run_snippet, upload_exports
+    from tests.models import tiny_idefics2_with_processor
+
+    model_dir = tiny_idefics2_with_processor(tmp_path_factory.mktemp("mm-idefics2-processor") / "model",
+                                             PLAINEST_EXECUTORCH, byte_level=True)
+    out, report, log = stored_run(model_dir)
+    target = report["targets"][0]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert any("through the folder's own Idefics2Processor" in f for f in report["findings"]), report["findings"]
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs[RUNTIME]["status"] == "passed", proofs
+    assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from an image and a prompt"), proofs
+    commit = upload_exports(hub, "alice/idefics2", out, ["executorch"])
+    [(runtime, _, code)] = card_snippets(exports_card("alice/idefics2", out, commit))
+    assert runtime == RUNTIME
+    done = run_snippet(code, hub, image_home(tmp_path))
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    assert done.stdout.strip()
+
+
 def test_idefics2_passes_in_the_multimodal_runner(tmp_path_factory):
     """Idefics2 (the matrix's tiny family: its perceiver resampler reads the patch mask, all ones for the full image
     its sample holds): `vision_encoder` is Idefics3's one image encoder with the mask of ones given to the connector,
