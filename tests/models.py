@@ -634,18 +634,25 @@ def _vlm_spec(name: str, model_class: str, overrides: dict[str, Any]):
 
 
 def tiny_llava_next_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
-                                   text_layers: int = 2) -> Path:
+                                   text_layers: int = 2, byte_level: bool = False) -> Path:
     """A tiny LLaVA-NeXT (CLIP tower, image 32, patch 8, any-resolution grid pinpoints up to 64; a language model of
     `text_layers` layers) saved with its own processor: a PIL-backend LLaVA-NeXT image processor (base image + one
-    tile at 32: 5-D pixels and `image_sizes`) and a BPE tokenizer whose `<image>` id is the model's."""
+    tile at 32: 5-D pixels and `image_sizes`) and a BPE tokenizer whose `<image>` id is the model's. `byte_level`: a
+    byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer loads), the text model's vocabulary its size."""
     from transformers import LlavaNextImageProcessorPil, LlavaNextProcessor
 
     from matrix.families import build
 
-    tokenizer = _vlm_tokenizer(folder, ["<image>"])
+    vocabulary: dict[str, Any] = {}
+    if byte_level:  # every id the model generates decodes to a piece
+        tokenizer = train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, "<image>"], vocab_size=120, bos="<s>",
+                                        eos="</s>", pad="<pad>", byte_level=True)
+        vocabulary = {"text_config.vocab_size": len(tokenizer)}
+    else:
+        tokenizer = _vlm_tokenizer(folder, ["<image>"])
     pinpoints = [[32, 32], [32, 64], [64, 32]]
     spec = _vlm_spec("llava_next", "LlavaNextForConditionalGeneration", {
-        "vision_config.image_size": 32, "vision_config.patch_size": 8, "image_grid_pinpoints": pinpoints,
+        **vocabulary, "vision_config.image_size": 32, "vision_config.patch_size": 8, "image_grid_pinpoints": pinpoints,
         "text_config.num_hidden_layers": text_layers, "image_token_index": tokenizer.convert_tokens_to_ids("<image>")})
     build(spec, folder, seed=seed, recipe=recipe)
     image_processor = LlavaNextImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
@@ -874,17 +881,27 @@ def tiny_mllama_with_processor(folder: Path, recipe: Any | None = None, seed: in
     return folder
 
 
-def tiny_idefics2_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+def tiny_idefics2_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
+                                 byte_level: bool = False) -> Path:
     """A tiny Idefics2 (SigLIP-style tower, image 32, patch 8; a perceiver resampler of 4 latents: 4 image tokens)
     saved with its own processor: a PIL-backend Idefics2 image processor (no splitting) and a BPE tokenizer whose
-    `<image>` id is the model's."""
+    `<image>` id is the model's. `byte_level`: a byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer loads),
+    the text model's vocabulary its size."""
     from transformers import Idefics2ImageProcessorPil, Idefics2Processor
 
     from matrix.families import FAMILIES, build
 
-    tokenizer = _vlm_tokenizer(folder, ["<image>", "<fake_token_around_image>", "<end_of_utterance>"])
+    specials = ["<image>", "<fake_token_around_image>", "<end_of_utterance>"]
+    vocabulary: dict[str, Any] = {}
+    if byte_level:  # every id the model generates decodes to a piece
+        tokenizer = train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, *specials], vocab_size=120, bos="<s>",
+                                        eos="</s>", pad="<pad>", byte_level=True)
+        vocabulary = {"text_config.vocab_size": len(tokenizer)}
+    else:
+        tokenizer = _vlm_tokenizer(folder, specials)
     spec = _vlm_spec("idefics2", "Idefics2ForConditionalGeneration", {
-        **FAMILIES["idefics2"].overrides, "image_token_id": tokenizer.convert_tokens_to_ids("<image>")})
+        **FAMILIES["idefics2"].overrides, **vocabulary,
+        "image_token_id": tokenizer.convert_tokens_to_ids("<image>")})
     build(spec, folder, seed=seed, recipe=recipe)
     image_processor = Idefics2ImageProcessorPil(size={"shortest_edge": 32, "longest_edge": 32},
                                                 do_image_splitting=False)

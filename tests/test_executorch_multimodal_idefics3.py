@@ -116,14 +116,24 @@ def test_the_cards_multimodal_snippet_runs_as_written_for_idefics3(idefics3_runn
 
 
 def test_only_idefics3_shaped_models_take_the_one_image_encoder(tmp_path):
-    """Idefics2 has a pixel mask and a vision_model too, but its connector (a perceiver resampler) reads the patch
-    mask: it is not Idefics3-shaped and keeps the methods layout with its reason (the matrix's idefics2 row)."""
+    """Idefics2 has a pixel mask and a vision_model too, and its connector (a perceiver resampler) reads the patch
+    mask, all ones for a full image: it takes the one image encoder, which equals its `get_image_features` with the
+    mask of ones (its runner proof: tests/test_executorch_multimodal_image_sizes.py); LLaVA (no pixel mask) does
+    not."""
     from transformers import AutoModelForImageTextToText
 
-    from exporters.upstream.idefics_image import takes_pixel_mask
+    from exporters.upstream.idefics_image import OneImageEncoder, takes_pixel_mask
     from matrix.families import FAMILIES, build
 
-    idefics2 = AutoModelForImageTextToText.from_pretrained(build(FAMILIES["idefics2"], tmp_path / "idefics2"))
-    assert not takes_pixel_mask(idefics2)
+    idefics2 = AutoModelForImageTextToText.from_pretrained(build(FAMILIES["idefics2"], tmp_path / "idefics2")).eval()
+    assert takes_pixel_mask(idefics2)
+    pixels = torch.randn(1, 1, 3, 32, 32)
+    with torch.no_grad():
+        want = idefics2.get_image_features(pixel_values=pixels,
+                                           pixel_attention_mask=torch.ones(1, 1, 32, 32, dtype=torch.bool))
+        got = OneImageEncoder(idefics2).eval()(pixels[:, 0])
+    assert torch.allclose(got[0], torch.cat(list(want.pooler_output)), atol=1e-5)
     smolvlm = AutoModelForImageTextToText.from_pretrained(build(FAMILIES["smolvlm"], tmp_path / "smolvlm"))
     assert takes_pixel_mask(smolvlm)
+    llava = AutoModelForImageTextToText.from_pretrained(build(FAMILIES["llava"], tmp_path / "llava"))
+    assert not takes_pixel_mask(llava)

@@ -7,9 +7,12 @@ contract of executorch's `MultimodalRunner` (extension/llm/runner, with its Pyth
 model: one image whose features (`get_image_features`) take the place of one run of image tokens in the prompt, the
 processor's pixels `[1, 3, H, W]` the only image input, a text model the static cache holds whole, a prompt read
 causally or both ways among one image's tokens only (Gemma 3: the program marks the image's rows,
-`exporters.capture.image_attention`); Idefics3 and SmolVLM where their processor's images `[1, n, 3, H, W]` (one,
+`exporters.capture.image_attention`); Idefics3, SmolVLM and Idefics2 where their processor's images `[1, n, 3, H, W]` (one,
 or its tiles and the whole image, each its own run of image tokens: each an image input of the runner) have a pixel
-mask of ones (`exporters.upstream.idefics_image`). A model outside that (tiles with `image_sizes`, a pixel mask that
+mask of ones (`exporters.upstream.idefics_image`); LLaVA-NeXT and LLaVA-OneVision, whose processor's one image comes
+with its `image_sizes` (any-resolution tiles), at the one image size the program is traced at: its tiles stacked as
+one image input of the runner, the sizes baked in (`exporters.upstream.fixed_image`). A model outside that (several
+images' `image_sizes`, Pixtral's rows of image tokens broken by [IMG_BREAK] ([`PIXTRAL_ROWS`]), a pixel mask that
 leaves pixels out, other token
 types, Qwen2-VL's patches, PaliGemma's bidirectional prefix) keeps the
 methods layout, the report saying why ([`refused`]). Sliding-window layers shorter than the cache (Gemma 3) are held
@@ -47,6 +50,7 @@ from exporters.capture.llm_runner import WINDOW_WITHOUT_CUSTOM_OPS, custom_ops_o
 from exporters.capture.token_ids import image_token_id
 from exporters.errors import TargetPlanError
 from exporters.upstream import llm_runner, multimodal_runner
+from exporters.upstream.fixed_image import IMAGE_SIZES, stacked_tiles, takes_image_sizes
 from exporters.upstream.idefics_image import PIXEL_MASK, takes_pixel_mask
 
 MULTIMODAL_RUNNER = "multimodal_runner"
@@ -112,8 +116,9 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
     config = model.config.to_dict()
     # Gemma 3's token types mark its image's tokens, which the program marks itself (`marks_image_rows`)
     extra = sorted(set(generate_inputs) - IMAGE_INPUTS - ({"token_type_ids"} if marks_image_rows(config) else set())
-                   - ({PIXEL_MASK} if takes_pixel_mask(model) else set()))
-    pixels = runner_images(generate_inputs.get("pixel_values"))
+                   - ({PIXEL_MASK} if takes_pixel_mask(model) else set())
+                   - ({IMAGE_SIZES} if takes_image_sizes(model) else set()))
+    pixels = runner_image_inputs(generate_inputs)
     ids = generate_inputs.get("input_ids")
     image_token = image_token_id(model.config)
     if not hasattr(model, "get_image_features"):
@@ -122,7 +127,7 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
         why = bidirectional
     elif extra:
         why = f"its image inputs include {extra}, which the runner's one image (pixels only) cannot carry"
-    elif masked := _mask_refused(generate_inputs):
+    elif masked := _mask_refused(generate_inputs) or _sizes_refused(model, generate_inputs):
         why = masked
     elif not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or (pixels.shape[0] != 1 and PIXEL_MASK not in
                                                                         generate_inputs):
@@ -148,6 +153,45 @@ def runner_images(pixels: Any) -> Any:
     if isinstance(pixels, torch.Tensor) and pixels.dim() == 5 and pixels.shape[0] == 1:
         return pixels[0]
     return pixels
+
+
+def runner_image_inputs(generate_inputs: dict[str, Any]) -> Any:
+    """The runner's image inputs `[n, 3, H, W]` of a sample (see [`runner_images`]); an image with its
+    `image_sizes` (LLaVA-NeXT's tiles) one input, its tiles stacked down the height
+    (`exporters.upstream.fixed_image`).
+
+    Example:
+        >>> runner_image_inputs({"pixel_values": torch.zeros(1, 2, 3, 4, 4), "image_sizes": torch.tensor([[4, 4]])}).shape
+        torch.Size([1, 3, 8, 4])
+    """
+    pixels = generate_inputs.get("pixel_values")
+    if IMAGE_SIZES in generate_inputs and isinstance(pixels, torch.Tensor) and pixels.dim() in (4, 5) \
+            and pixels.shape[0] == 1:
+        return stacked_tiles(pixels)
+    return runner_images(pixels)
+
+
+# Mistral 3 (Pixtral's tower): its processor (PixtralProcessor) lays one image's tokens out in rows, an [IMG_BREAK]
+# after each and [IMG_END] after the last: several runs of image tokens with text tokens between, where the runner
+# puts one image's features in one run (a synthesized sample without a processor has one run, which is not the
+# processor's prompt: never proven on it)
+PIXTRAL_ROWS = ("its processor (PixtralProcessor) lays the image's tokens out in rows, an [IMG_BREAK] token after each "
+                "row and [IMG_END] after the last, where the runner puts one image's features in one run of image "
+                "tokens (a vision_encoder that emits the break and end rows between its features is not built)")
+
+
+def _sizes_refused(model: Any, generate_inputs: dict[str, Any]) -> str | None:
+    """Why a sample's `image_sizes` do not fit the runner's one image at a fixed size: more than one image, or a
+    Pixtral tower's rows ([`PIXTRAL_ROWS`]); else None (the program bakes the one image's size in:
+    `exporters.upstream.fixed_image`)."""
+    sizes = generate_inputs.get(IMAGE_SIZES)
+    vision = getattr(model.config, "vision_config", None)
+    if sizes is not None and getattr(vision, "model_type", None) == "pixtral":
+        return PIXTRAL_ROWS
+    if isinstance(sizes, torch.Tensor) and sizes.reshape(-1, 2).shape[0] != 1:
+        return (f"its {IMAGE_SIZES} hold {sizes.reshape(-1, 2).shape[0]} images, where the runner's program takes "
+                "one image of one fixed size")
+    return None
 
 
 def _mask_refused(generate_inputs: dict[str, Any]) -> str | None:
@@ -277,7 +321,10 @@ def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> 
         raise TargetPlanError(f"the prompt ({ids.shape[1]} tokens) does not fit the static cache of {max_cache_len} "
                               "positions: raise generation.max_cache_len", option="layout")
     marked = marks_image_rows(model.config.to_dict())
-    modules = multimodal_runner.multimodal_modules(model, max_cache_len, marked=marked)
+    sizes = generate_inputs.get(IMAGE_SIZES) if takes_image_sizes(model) else None
+    tiles = int(runner_images(generate_inputs["pixel_values"]).shape[0]) if sizes is not None else 1
+    modules = multimodal_runner.multimodal_modules(
+        model, max_cache_len, marked=marked, image_sizes=(sizes.tolist(), tiles) if sizes is not None else None)
     # at most the decoder's `max_seq_len` (a ring-buffer layer's window)
     text = ids[:, :max(2, min(ids.shape[1], 8, modules[TEXT_DECODER].max_seq_len))].clone()
     with torch.no_grad():
@@ -285,8 +332,8 @@ def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> 
     encoder = AUDIO_ENCODER if AUDIO_ENCODER in modules else VISION_ENCODER
     source = "input_features" if encoder == AUDIO_ENCODER else "pixel_values"
     media = generate_inputs[source].clone()
-    if encoder == VISION_ENCODER:  # traced on one image (Idefics3's tiles: each one image input of the runner)
-        media = runner_images(media)[:1].clone()
+    if encoder == VISION_ENCODER:  # traced on one image (Idefics3's tiles: each one image input of the runner;
+        media = runner_image_inputs(generate_inputs)[:1].clone()  # LLaVA-NeXT's: one, stacked)
     if encoder == AUDIO_ENCODER and chunked_audio(model):  # traced on two chunks: the chunk axis stays dynamic
         media = two_chunks(media)
     return {TOKEN_EMBEDDING: (modules[TOKEN_EMBEDDING], {"input_ids": text}),

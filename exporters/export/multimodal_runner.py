@@ -24,6 +24,7 @@ from exporters.capture.token_ids import image_token_id, special_token_ids
 from exporters.export.footprint import ModelWeights
 from exporters.recipe.model import Recipe
 from exporters.upstream import llm_runner, multimodal_runner
+from exporters.upstream.fixed_image import IMAGE_SIZE, FixedSizeImageEncoder
 
 PROGRAM, WEIGHTS_TAG = "model.pte", "model"
 
@@ -49,6 +50,9 @@ def export_multimodal_runner(model: Any, target: Any, components: dict[str, tupl
     image_token = getattr(model.config, "audio_token_id", None) if audio else image_token_id(model.config)
     if image_token is not None:  # optimum-executorch reads it to place the image's (audio's) embeddings
         metadata["audio_token_id" if audio else "vision_token_id"] = int(image_token)
+    fixed = next((m for m, _ in components.values() if isinstance(m, FixedSizeImageEncoder)), None)
+    if fixed is not None:  # the one image size the program takes (its image_sizes baked in): the snippet resizes to it
+        metadata[IMAGE_SIZE] = list(fixed.size)
     names = list(components)  # token_embedding, the modality's encoder, text_decoder
     modules = {name: components[name][0] for name in names}
     inputs = {name: components[name][1] for name in names}
@@ -74,6 +78,9 @@ def export_multimodal_runner(model: Any, target: Any, components: dict[str, tupl
     setting.for_artifact(model.generation_config).save_pretrained(directory)
     encoder = ("audio_encoder (the feature extractor's log-mel input_features, float [1, bins, frames])" if audio
                else "vision_encoder (the processor's pixel_values, float [1, 3, H, W])")
+    if fixed is not None:
+        encoder = (f"vision_encoder (one image of {fixed.size[0]}x{fixed.size[1]}, its image_sizes baked in: the "
+                   f"processor's {fixed.tiles} tile(s) stacked, float [1, 3, {fixed.tiles} x H, W])")
     notes.append(f"ExecuTorch MultimodalRunner layout: model.pte holds token_embedding, {encoder} and text_decoder "
                  f"(the cache inside"
                  + (f", ExecuTorch's LLM custom ops: {custom_nodes} llama:: nodes; a runtime needs their kernels"

@@ -25,7 +25,8 @@ The modules: `core.py` (the registry, decomposition, the saved-export format and
 `llm_runner.py` (the ExecuTorch LLM runner's program), `asr_runner.py` (the ASR runner's `encoder` + `text_decoder`),
 `multimodal_runner.py` (ExecuTorch MultimodalRunner's program: token_embedding, vision_encoder, text_decoder; Granite
 Speech's audio encoder traced at any length), `idefics_image.py` (that program's `vision_encoder` of Idefics3 and
-SmolVLM: one full image, its position ids a constant),
+SmolVLM: one full image, its position ids a constant), `fixed_image.py` (its `vision_encoder` of LLaVA-NeXT
+and LLaVA-OneVision at one image size, their `image_sizes` baked in),
 `onnx_decompositions.py` (torch.onnx's second trace skipped
 where it changes nothing), `ort_attention.py` (ONNX Runtime's `GroupQueryAttention` with a dynamic batch),
 `runtime_ops.py` (models traced in the ops their target's runtime has), `xnnpack_passes.py` (XNNPACK's passes run

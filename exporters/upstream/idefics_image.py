@@ -1,13 +1,14 @@
-"""ExecuTorch MultimodalRunner's `vision_encoder` of an Idefics3-style model (Idefics3, SmolVLM), whose processor
-gives `pixel_values [1, images, 3, H, W]` with a `pixel_attention_mask [1, images, H, W]` (part of the adapter to
-upstream: it reads the model's `vision_model` and `connector`).
+"""ExecuTorch MultimodalRunner's `vision_encoder` of an Idefics3-style model (Idefics3, SmolVLM, Idefics2), whose
+processor gives `pixel_values [1, images, 3, H, W]` with a `pixel_attention_mask [1, images, H, W]` (part of the
+adapter to upstream: it reads the model's `vision_model` and `connector`).
 
 The runner's image is one tensor `[1, 3, H, W]` (`make_image_input`), no mask beside it; the runner calls
 `vision_encoder` once per image input. For a full image of the processor's size (the processor pads nothing: its
 mask is all ones; a tile of a split image too) the model's own `get_image_features` computes a mask of ones in the
 vision tower when none is given, and drops only all-zero padding images, which a real image is not; so
 [`OneImageEncoder`] is `vision_model` (its patch mask left to the model: all ones) then `connector`, without
-`get_image_features`' data-dependent padding-image filter that a trace cannot keep (`pixel_values[real_images_inds]`).
+`get_image_features`' data-dependent padding-image filter that a trace cannot keep (`pixel_values[real_images_inds]`);
+Idefics2's connector (a perceiver resampler) also reads the patch mask, all ones for a full image, given as such.
 `exporters.capture.multimodal_runner.refused` admits a sample only where its mask is all ones and its prompt holds a
 run of image tokens per image (the tiles and the whole image of `do_image_splitting`, each an image input).
 
@@ -29,19 +30,20 @@ from typing import Any
 import torch
 
 PIXEL_MASK = "pixel_attention_mask"
+CONNECTOR = ["image_hidden_states"]  # the connector's inputs (Idefics2's perceiver resampler: and the patch mask)
 
 
 def takes_pixel_mask(model: Any) -> bool:
     """Whether `model` is Idefics3-shaped: its `get_image_features` takes a `pixel_attention_mask`, and it has the
-    `vision_model` and `connector` [`OneImageEncoder`] runs, a connector that reads the features alone (Idefics2's
-    perceiver resampler reads the patch mask too: not this shape)."""
+    `vision_model` and `connector` [`OneImageEncoder`] runs, a connector that reads the features alone, or the
+    features and the patch mask (Idefics2's perceiver resampler: a full image's mask is all ones, a constant)."""
     features = getattr(model, "get_image_features", None)
     if not callable(features) or PIXEL_MASK not in inspect.signature(features).parameters:
         return False
     inner = getattr(model, "model", model)
     if not all(isinstance(getattr(inner, name, None), torch.nn.Module) for name in ("vision_model", "connector")):
         return False
-    return list(inspect.signature(inner.connector.forward).parameters) == ["image_hidden_states"]
+    return list(inspect.signature(inner.connector.forward).parameters) in (CONNECTOR, [*CONNECTOR, "attention_mask"])
 
 
 def eager_cache(model: Any, generation_config: Any) -> Any:
@@ -72,6 +74,8 @@ class OneImageEncoder(torch.nn.Module):
         super().__init__()
         inner = getattr(model, "model", model)
         self.vision_model, self.connector = inner.vision_model, inner.connector
+        # Idefics2's connector reads the patch mask: a full image's, all ones
+        self.masked = "attention_mask" in inspect.signature(self.connector.forward).parameters
         size = int(self.vision_model.config.image_size)
         self.size = size
         self.register_buffer("position_ids", full_image_position_ids(self.vision_model, size), persistent=False)
@@ -85,7 +89,9 @@ class OneImageEncoder(torch.nn.Module):
             patches = embeddings.patch_embedding(pixel_values).flatten(2).transpose(1, 2)
             hidden = patches + embeddings.position_embedding(self.position_ids)
             hidden = vision.post_layernorm(vision.encoder(inputs_embeds=hidden).last_hidden_state)
-        features = self.connector(hidden)
+        mask = {"attention_mask": torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)} \
+            if self.masked else {}
+        features = self.connector(hidden, **mask)
         return features.reshape(1, -1, features.shape[-1])
 
 

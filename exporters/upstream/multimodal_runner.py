@@ -7,7 +7,9 @@ and the runner's constant metadata methods.
 model ──► multimodal_modules ──► export_multimodal_program ──► one .pte
           token_embedding(tokens int64[1, seq]) -> embeddings [1, seq, hidden]          seq dynamic
           vision_encoder(pixel_values float[1, 3, H, W]) -> image embeddings [1, n, hidden]  the processor's pixels
-            (Idefics3, SmolVLM: one image or tile, its position ids a constant: `exporters.upstream.idefics_image`)
+            (Idefics3, SmolVLM: one image or tile, its position ids a constant: `exporters.upstream.idefics_image`;
+            LLaVA-NeXT, LLaVA-OneVision: one image of one fixed size, its image_sizes baked in, its tiles stacked
+            [1, 3, tiles x h, w]: `exporters.upstream.fixed_image`)
           or audio_encoder(input_features float[1, mel bins, frames]) -> audio embeddings [1, n, hidden]
           text_decoder(embeddings [1, seq, hidden], cache_position int64[seq]) -> logits    the cache inside
           get_max_seq_len, get_max_context_len, get_eos_ids, get_bos_id, ... (constants.h), vision_token_id
@@ -41,6 +43,7 @@ from transformers.exporters.metadata import ExportMetadata
 from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
 from exporters.upstream.beyond import _external_constants, _tag_delegate_weights, xnnpack_lowering
+from exporters.upstream.fixed_image import FixedSizeImageEncoder
 from exporters.upstream.idefics_image import OneImageEncoder, takes_pixel_mask
 from exporters.upstream.internals import strict_export_shares_parameters
 from exporters.upstream.llm_runner import _static_generation_config, custom_ops_installed, max_seq_len
@@ -204,9 +207,11 @@ class MarkedTextDecoder(TextDecoder):
         return out.logits
 
 
-def multimodal_modules(model: Any, max_cache_len: int, marked: bool = False) -> dict[str, torch.nn.Module]:
+def multimodal_modules(model: Any, max_cache_len: int, marked: bool = False,
+                       image_sizes: tuple[list[list[int]], int] | None = None) -> dict[str, torch.nn.Module]:
     """The runner's three methods as eager modules, in the order the runner calls them. `marked`: the image's rows
-    marked for a bidirectional prefill ([`MarkedTextDecoder`]).
+    marked for a bidirectional prefill ([`MarkedTextDecoder`]). `image_sizes`: the one image's `image_sizes` and its
+    number of tiles, baked into `vision_encoder` (LLaVA-NeXT: `exporters.upstream.fixed_image`).
 
     Example:
         >>> sorted(multimodal_modules(llava, 64))  # doctest: +SKIP
@@ -218,6 +223,8 @@ def multimodal_modules(model: Any, max_cache_len: int, marked: bool = False) -> 
     encoder: torch.nn.Module = AudioEncoder(model) if AUDIO_ENCODER in methods_of(model) else VisionEncoder(model)
     if takes_pixel_mask(model):  # Idefics3, SmolVLM: one full image, its mask of ones the model's own
         encoder = OneImageEncoder(model)
+    if image_sizes is not None:  # one image of one fixed size, its tiles stacked
+        encoder = FixedSizeImageEncoder(model, *image_sizes)
     embedding: torch.nn.Module = TokenEmbedding(model.get_input_embeddings())
     decoder: torch.nn.Module = TextDecoder(wrapper, max_cache_len, seq)
     if marked:  # a vision-language model (an audio one has no bidirectional prefill here)

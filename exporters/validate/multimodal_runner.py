@@ -18,7 +18,7 @@ from exporters.capture.image_text import (AUDIO_ENCODER as AUDIO_GRAPH, DECODER,
 from exporters.capture.merged import empty_cache
 from exporters.capture.qwen_vl import is_mrope, rope_positions, step_positions
 from exporters.capture.multimodal_runner import (AUDIO_ENCODER, TEXT_DECODER, TOKEN_EMBEDDING, VISION_ENCODER,
-                                               runner_images)
+                                               runner_image_inputs)
 from exporters.capture.steps import output_cache
 from exporters.capture.token_ids import image_token_id
 from exporters.upstream import run_component
@@ -55,7 +55,7 @@ def multimodal_runner_driver(model, components, runners, generate_inputs: dict[s
         features = _tensor(run_component(runners[AUDIO_ENCODER], {"input_features": generate_inputs["input_features"]}))
         where = ids[0] == int(model.config.audio_token_id)
     else:
-        images = runner_images(generate_inputs["pixel_values"])  # Idefics3's tiles: one call each, in order
+        images = runner_image_inputs(generate_inputs)  # Idefics3's tiles: one call each, in order (LLaVA-NeXT's one)
         features = torch.cat([_tensor(run_component(runners[VISION_ENCODER], {"pixel_values": images[i:i + 1]}))
                               for i in range(images.shape[0])], dim=1)
         where = ids[0] == image_token_of(model.config)

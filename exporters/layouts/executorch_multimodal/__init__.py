@@ -14,7 +14,10 @@ prompt as the processor's token ids, split around each run of image tokens into 
 (`IMAGE_INPUTS`: what the binding's `generate_hf` does for one image), its text in pieces no longer than one
 `text_decoder` call takes (`get_max_seq_len`: a sliding window's, Gemma 3's, where the program holds it in a ring
 buffer; the runner's prefiller runs each text input in one call); Idefics3's and SmolVLM's `[1, n, 3, H, W]` (one
-image, or the processor's tiles and the whole image, each its own run) go in as n images `[1, 3, H, W]`. The program is the
+image, or the processor's tiles and the whole image, each its own run) go in as n images `[1, 3, H, W]`; an image with
+its `image_sizes` (LLaVA-NeXT's and LLaVA-OneVision's tiles) as one, its tiles stacked down the height, at the one
+size the program takes (its `image_size`: the snippet resizes the image to it and refuses another;
+`exporters.upstream.fixed_image`). The program is the
 export's (`exporters.export.multimodal_runner`, `exporters.capture.multimodal_runner`, lowered by
 `exporters.upstream.multimodal_runner`).
 
@@ -41,14 +44,25 @@ IMAGE_IMPORTS = ("from executorch.extension.llm.runner import make_image_input, 
                  "from executorch.runtime import Runtime\n")
 # the most positions one text_decoder call takes (the program's get_max_seq_len: a sliding window held in a ring
 # buffer, else the cache): the runner runs each text input in one call, so the prompt's text goes in pieces of it
-STEP = ('step = Runtime.get().load_program({program}).load_method("get_max_seq_len").execute([])[0]  '
-        '# positions a call takes\n')
+STEP = ('program = Runtime.get().load_program({program})\n'
+        'step = program.load_method("get_max_seq_len").execute([])[0]  # positions a call takes\n')
+# a program of a model whose image comes with its image_sizes (LLaVA-NeXT, LLaVA-OneVision) takes one image of one size, its
+# constant method image_size [H, W] (`exporters.upstream.fixed_image`): the image is resized to it before the
+# processor, and an image the processor makes another size of is refused (the program's input has the traced shape)
+SIZE = ('size = program.load_method("image_size").execute([]) if "image_size" in program.method_names else None\n')
+RESIZE = "image = image.resize((size[1], size[0])) if size else image  # the one image size the program takes\n"
+SIZE_CHECK = (
+    'if size and inputs["image_sizes"].tolist() != [size]:  # the program is traced at one image size\n'
+    '    raise ValueError(f"this program takes one image of {size[0]}x{size[1]}, not {inputs[\'image_sizes\'].tolist()}: "\n'
+    '                     "resize the image to it")\n')
 # the runner's input list from the processor's output: the prompt's text, and each image where its run of image
 # tokens stands (LLaVA: one; Idefics3 and SmolVLM: [1, n, 3, H, W], the tiles and the whole image where the processor
 # splits it, each its own run), what the binding's generate_hf does for one image; the text in pieces of at most
 # `step` tokens (STEP)
 IMAGE_INPUTS = (
     'ids, images = inputs["input_ids"][0].tolist(), inputs["pixel_values"].flatten(0, -4)  # images [n, 3, H, W]\n'
+    'if "image_sizes" in inputs:  # one image (LLaVA-NeXT: its tiles stacked down its height): one image input\n'
+    "    images = images.transpose(0, 1).reshape(1, images.shape[1], -1, images.shape[-1])\n"
     "parts, text, n = [], [], 0\n"
     "for i, token in enumerate(ids):\n"
     "    if token != image_token_id:\n"
@@ -108,10 +122,11 @@ class ExecutorchMultimodal(Layout):
             f'runner = MultimodalRunner(f"{{folder}}/model.pte", f"{{folder}}/tokenizer.json"{data})\n'
             "processor = AutoProcessor.from_pretrained(folder)\n"
             "image_token_id = AutoConfig.from_pretrained(folder).image_token_id\n"
-            'image = Image.open("image.jpg").convert("RGB")  # your image\n'
-            f'prompt = f"{{processor.image_token}} {IMAGE_PROMPT}"  # your prompt, with the image token\n'
+            + STEP.format(program='f"{folder}/model.pte"') + SIZE
+            + 'image = Image.open("image.jpg").convert("RGB")  # your image\n' + RESIZE
+            + f'prompt = f"{{processor.image_token}} {IMAGE_PROMPT}"  # your prompt, with the image token\n'
             'inputs = processor(images=image, text=prompt, return_tensors="pt")  # float pixel_values\n'
-            + STEP.format(program='f"{folder}/model.pte"') + IMAGE_INPUTS
+            + SIZE_CHECK + IMAGE_INPUTS
             + GENERATE.format(max_new_tokens=32, callback='lambda piece: print(piece, end="")'))
 
 

@@ -14,6 +14,10 @@ prove():     a subprocess runs MultimodalRunner(model.pte, tokenizer.json[, mode
              extension/llm/runner/multimodal_prefiller.cpp)
 ```
 
+LLaVA-NeXT and LLaVA-OneVision: the processor's pixels of one image with its `image_sizes` go in as one image input, its
+tiles stacked (`IMAGE_INPUTS`), after the card's check that the processor's `image_sizes` are the program's one
+`image_size` (`SIZE_CHECK`: another size is refused); eager `generate()` reads the `image_sizes`.
+
 Idefics3 and SmolVLM: the processor's `[1, n, 3, H, W]` (one image, or its tiles and the whole image where it splits
 the image, each its own run of image tokens) go to the runner as n image inputs `[1, 3, H, W]` in the prompt's order
 (the generate_hf of the binding takes one image and one run); eager `generate()` reads the processor's
@@ -42,7 +46,7 @@ from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout,
 from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
 from exporters.layouts.executorch_llm import runner_child_imports
 from exporters.layouts.executorch_multimodal import (AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, IMAGE_IMPORTS,
-                                                    IMAGE_INPUTS, STEP)
+                                                    IMAGE_INPUTS, SIZE, SIZE_CHECK, STEP)
 from exporters.upstream import read_manifest
 from exporters.upstream.idefics_image import eager_cache
 
@@ -61,7 +65,7 @@ image_token_id = spec["image_token_id"]
 pieces, stats = [], {}
 def on_stats(s):
     stats.update(prompt_tokens=s.num_prompt_tokens, generated=s.num_generated_tokens)
-""" + IMAGE_IMPORTS + STEP.format(program='spec["program"]') + IMAGE_INPUTS + GENERATE.format(
+""" + IMAGE_IMPORTS + STEP.format(program='spec["program"]') + SIZE + SIZE_CHECK + IMAGE_INPUTS + GENERATE.format(
     max_new_tokens='spec["max_new_tokens"]', callback="pieces.append, on_stats") + r"""
 with open(spec["result"], "w") as handle:
     json.dump({"pieces": pieces, "stats": stats}, handle)
@@ -96,8 +100,9 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
     # Qwen2-Audio's feature mask too: eager counts the frames with it (the program's audio takes them all)
     # Idefics3's pixel mask too (all ones: `exporters.capture.multimodal_runner`): eager reads the processor's mask,
     # the runner's one image none
+    # LLaVA-NeXT's and LLaVA-OneVision's image_sizes too: eager reads them, the program has them baked in (its one size)
     wanted = ("input_ids", "attention_mask", "token_type_ids", "feature_attention_mask", "pixel_attention_mask",
-              "input_features" if audio else "pixel_values")
+              "image_sizes", "input_features" if audio else "pixel_values")
     inputs = {k: v for k, v in context.generate_inputs.items() if k in wanted}
     made = _reference(model, context, tokenizer, inputs, audio)
     if audio and chunked_audio(model):  # its audio_encoder takes any number of chunks: two, from the runner too
@@ -126,7 +131,8 @@ def _reference(model: Any, context: RuntimeContext, tokenizer: Tokenizer, inputs
     vocabulary, ids_of = pieces_by_id(tokenizer)
     token = model.config.audio_token_id if audio else image_token_id(model.config)
     source = "input_features" if audio else "pixel_values"
-    return {"input_ids": ids.clone(), source: inputs[source].detach().float().clone(),
+    sizes = {"image_sizes": inputs["image_sizes"].clone()} if "image_sizes" in inputs else {}
+    return {"input_ids": ids.clone(), source: inputs[source].detach().float().clone(), **sizes,
             "image_token_id": int(token), "prompt_tokens": int(ids.shape[1]), "tokens": shown,
             "eos": sorted(eos), "ids_of": ids_of, "pieces": [vocabulary[t] for t in shown]}
 
@@ -166,8 +172,8 @@ def _prove(layout: Any, directory: Path, reference: dict[str, Any], context: Run
     with tempfile.TemporaryDirectory() as scratch:
         inputs = Path(scratch) / "inputs.pt"
         audio = "input_features" in reference
-        torch.save(_audio_inputs(reference) if audio else {"input_ids": reference["input_ids"],
-                                                           "pixel_values": reference["pixel_values"]}, inputs)
+        torch.save(_audio_inputs(reference) if audio else {
+            name: reference[name] for name in ("input_ids", "pixel_values", "image_sizes") if name in reference}, inputs)
         spec = {"program": str(directory / entry["file"]), "tokenizer": str(tokenizer),
                 "data": str(directory / entry["data_file"]) if entry.get("data_file") else None,
                 "inputs": str(inputs), "image_token_id": reference["image_token_id"],
@@ -185,6 +191,8 @@ def _prove(layout: Any, directory: Path, reference: dict[str, Any], context: Run
     equal, _ = pieces_matched(got, want, ids_of)
     if equal == len(want) == len(got):
         media = "an audio" if "input_features" in reference else "an image"
+        if "image_sizes" in reference:  # the one size the program takes
+            media = "one image of {}x{}".format(*reference["image_sizes"].reshape(-1).tolist()[:2])
         return RuntimeProof(layout.runtime, "passed", f"{equal}/{len(want)} tokens from {media} and a prompt "
                                                    f"({reference['prompt_tokens']} positions)")
     return RuntimeProof(layout.runtime, "failed", f"{equal}/{len(want)} tokens equal: the runner generated "

@@ -1,0 +1,235 @@
+"""ExecuTorch MultimodalRunner's layout for models whose image comes with its `image_sizes` (#52 items 1 and 5):
+LLaVA-NeXT (any-resolution tiles, the unpadding and `image_newline` rows) at one fixed image size. The plainest
+ExecuTorch generation recipe of a tiny LLaVA-NeXT with its own processor is one model.pte whose `vision_encoder`
+takes one image of 32x32 (the processor's base image and tile stacked down the height, `[1, 3, 64, 32]`), its
+`image_sizes` baked in (`exporters.upstream.fixed_image`), and whose constant method `image_size` says the size;
+proven by executorch's own `MultimodalRunner` token for token with eager `generate()` on the processor's inputs, its
+card snippet run as written (the 40x48 image.jpg resized to the program's size). Another size is refused, by the
+snippet's check and by the program itself; an encoder baked with another `image_sizes` gives other features (the
+mutant the proof would catch)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import PLAINEST_EXECUTORCH
+from tests.export_store import stored_run
+from tests.models import tiny_llava_next_with_processor
+
+RUNTIME = "ExecuTorch MultimodalRunner"
+
+
+@pytest.fixture(scope="module")
+def llava_next_runner(tmp_path_factory):
+    """The tiny LLaVA-NeXT (one text layer) with its processor and a byte-level BPE tokenizer, the plainest ExecuTorch recipe, through the real CLI
+    (the shared export store)."""
+    model_dir = tiny_llava_next_with_processor(tmp_path_factory.mktemp("mm-llava-next") / "model",
+                                               PLAINEST_EXECUTORCH, text_layers=1, byte_level=True)
+    out, report, log = stored_run(model_dir)
+    return model_dir, out, report, log
+
+
+def test_the_plainest_llava_next_recipe_passes_in_the_multimodal_runner(llava_next_runner):
+    _, out, report, log = llava_next_runner
+    target = report["targets"][0]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert json.loads((out / "executorch" / "export.json").read_text())["layout"] == "multimodal_runner"
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs[RUNTIME]["status"] == "passed", proofs
+    # the prompt: the base image's 16 features, the tile's 4 x 4 and its 4 newline rows, then the text
+    assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from one image of 32x32 and a prompt"), proofs
+    assert f"{RUNTIME} ✓ 8/8 tokens from one image of 32x32" in (out / "report.md").read_text()
+    assert any("one image of 32x32, its image_sizes baked in" in f for f in target["findings"]), target["findings"]
+    encoder = next(c for c in target["components"] if c["name"] == "vision_encoder")
+    assert encoder["checks"][0]["shapes"] == {"pixel_values": [1, 3, 64, 32]}  # base image and tile, stacked
+    generation = target["generation"]
+    assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
+
+
+def test_the_program_bakes_one_image_size_and_refuses_another(llava_next_runner):
+    """The program's `image_size` is the traced one; its `vision_encoder` is the model's own features of the
+    processor's tiles; an image of another size does not run; an encoder baked with other `image_sizes` (a
+    wrong grid: other unpadding and newline rows) gives other features."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    from executorch.runtime import Runtime
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from exporters.upstream.fixed_image import FixedSizeImageEncoder, stacked_tiles
+
+    model_dir, out, _, _ = llava_next_runner
+    program = Runtime.get().load_program(out / "executorch" / "model.pte")
+    assert program.load_method("image_size").execute([]) == [32, 32]
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    processor = AutoProcessor.from_pretrained(model_dir)
+    image = Image.fromarray(torch.randint(0, 255, (32, 32, 3), dtype=torch.uint8).numpy())
+    inputs = processor(images=image, text=f"{processor.image_token} describe", return_tensors="pt")
+    assert inputs["image_sizes"].tolist() == [[32, 32]] and tuple(inputs["pixel_values"].shape) == (1, 2, 3, 32, 32)
+    with torch.no_grad():
+        want = model.get_image_features(pixel_values=inputs["pixel_values"], image_sizes=inputs["image_sizes"])
+    want = torch.cat(list(want.pooler_output))
+    got = program.load_method("vision_encoder").execute([stacked_tiles(inputs["pixel_values"])])[0]
+    assert got.shape[1] == want.shape[0] == int((inputs["input_ids"] == model.config.image_token_index).sum())
+    assert torch.allclose(got[0], want, atol=1e-3, rtol=1e-3), (got[0] - want).abs().max()  # the checks' tolerance
+    with pytest.raises(Exception):  # a 2-tile image of 32x64's pixels: not the traced shape
+        program.load_method("vision_encoder").execute([torch.randn(1, 3, 96, 32)])
+    wrong = FixedSizeImageEncoder(model, [[16, 32]], 2).eval()  # another original size: other rows kept
+    with torch.no_grad():
+        mutant = wrong(stacked_tiles(inputs["pixel_values"]))
+    assert mutant.shape != got.shape or not torch.allclose(mutant[0], want, atol=1e-3)
+
+
+def test_the_cards_snippet_resizes_to_the_programs_size_and_refuses_another(llava_next_runner, hub, tmp_path):
+    """The card's `MultimodalRunner` snippet, run as written against the Hub emulator: its 40x48 image.jpg resized
+    to the program's 32x32 before the processor; with the resize line taken out, the processor makes another size's
+    tiles and the snippet stops, saying the program's size."""
+    from exporters.layouts.executorch_multimodal import IMAGE_INPUTS, RESIZE, SIZE_CHECK
+    from exporters.layouts.executorch_multimodal.proof import CHILD
+    from tests.card_snippets import card_snippets, exports_card, image_home, run_snippet, upload_exports
+
+    _, out, _, _ = llava_next_runner
+    commit = upload_exports(hub, "alice/llava-next", out, ["executorch"])
+    card = exports_card("alice/llava-next", out, commit)
+    assert f"{RUNTIME} ✓ 8/8 tokens from one image of 32x32" in card  # the card says the one size
+    [(runtime, language, code)] = card_snippets(card)
+    assert runtime == RUNTIME and language == "python"
+    assert SIZE_CHECK + IMAGE_INPUTS in code and SIZE_CHECK + IMAGE_INPUTS in CHILD and RESIZE in code
+    home = image_home(tmp_path)
+    done = run_snippet(code, hub, home)
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    assert done.stdout.strip()
+    refused = run_snippet(code.replace(RESIZE, ""), hub, home)
+    assert refused.returncode != 0
+    assert "this program takes one image of 32x32, not [[40, 48]]" in refused.stderr, refused.stderr[-2000:]
+
+
+def test_a_program_baked_with_another_image_sizes_fails_the_runners_proof(llava_next_runner, tmp_path):
+    """The proof on the processor's inputs of another 32x32 image: the folder passes; the same folder with a program
+    whose `vision_encoder` bakes another image's `image_sizes` (16x32: the unpadding keeps other rows of the tile
+    grid, so the image is another number of features) but says 32x32 fails on the prompt's positions."""
+    import shutil
+
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from exporters.capture.components import cache_setting_for
+    from exporters.capture.multimodal_runner import capture
+    from exporters.export.multimodal_runner import export_multimodal_runner
+    from exporters.layouts.child import RuntimeContext
+    from exporters.layouts.executorch_multimodal import ExecutorchMultimodal
+    from exporters.layouts.executorch_multimodal.proof import prove, reference
+    from exporters.recipe.load import parse_recipe
+
+    model_dir, out, _, _ = llava_next_runner
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    processor = AutoProcessor.from_pretrained(model_dir)
+    image = Image.fromarray(torch.randint(0, 255, (32, 32, 3), dtype=torch.uint8,
+                                          generator=torch.Generator().manual_seed(1)).numpy())
+    inputs = dict(processor(images=image, text=f"{processor.image_token} describe the image", return_tensors="pt"))
+    recipe = parse_recipe(json.dumps(PLAINEST_EXECUTORCH))
+    target = recipe.exports[0]
+    context = RuntimeContext(target=target, recipe=recipe, family="vision-language", generate_inputs=inputs,
+                             source_dir=model_dir)
+    layout = ExecutorchMultimodal()
+    made = reference(layout, model, context)
+    assert made["tokens"], made
+    good = prove(layout, out / "executorch", made, context)
+    assert good.status == "passed" and good.detail.startswith("8/8 tokens from one image of 32x32"), good
+    mutant = tmp_path / "mutant"
+    shutil.copytree(out / "executorch", mutant)
+    max_cache_len = cache_setting_for(model, target, recipe).max_cache_len
+    components = capture(model, {**inputs, "image_sizes": torch.tensor([[16, 32]])}, max_cache_len)
+    components["vision_encoder"][0].size = [32, 32]  # it says the right size: the snippet's check lets it run
+    export_multimodal_runner(model, target, components, recipe, mutant, [])
+    failed = prove(layout, mutant, made, context)
+    assert failed.status == "failed" and "positions, eager as" in failed.detail, failed
+
+
+def test_llava_onevision_passes_in_the_multimodal_runner_at_one_image_size(tmp_path_factory):
+    """LLaVA-OneVision (the matrix's tiny family: SigLIP tower, anyres_max_9, a Qwen2 text model; its byte-level BPE,
+    no processor: its processor class needs torchvision, so the sample is synthesized in its layout, the base image
+    and one tile with `image_sizes` [[32, 32]] and one run of image tokens, as its processor lays them out): one
+    program at one image of 32x32, proven by MultimodalRunner token for token with eager `generate()`. Its card
+    snippet reads the folder's processor, which cannot load here (torchvision): not run."""
+    from tests.models import family_model
+
+    model_dir = family_model("llava_onevision", tmp_path_factory.mktemp("mm-onevision") / "model",
+                             PLAINEST_EXECUTORCH, never_eos=True)  # 8 tokens to compare, not an early eos
+    out, report, log = stored_run(model_dir)
+    target = report["targets"][0]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs[RUNTIME]["status"] == "passed", proofs
+    assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from one image of 32x32 and a prompt"), proofs
+    encoder = next(c for c in target["components"] if c["name"] == "vision_encoder")
+    assert encoder["checks"][0]["shapes"] == {"pixel_values": [1, 3, 64, 32]}  # base image and tile, stacked
+
+
+def test_mistral3_keeps_the_methods_layout_saying_why():
+    """Mistral 3's processor lays its image's tokens out in rows broken by [IMG_BREAK] (several runs), which the
+    runner's one run of one image's features cannot carry: the default layout falls back to the methods layout
+    with that reason, also for a sample with one run (a synthesized one: not its processor's prompt)."""
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    from exporters.capture.multimodal_runner import PIXTRAL_ROWS, refused
+    from exporters.recipe.load import parse_recipe
+
+    config = Mistral3Config(vision_config={"image_size": 32, "patch_size": 8, "hidden_size": 16,
+                                           "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                           "head_dim": 8},
+                            text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+                                         "vocab_size": 64})
+    config.image_token_index = 10
+    model = Mistral3ForConditionalGeneration(config).eval()
+    target = parse_recipe(json.dumps(PLAINEST_EXECUTORCH)).exports[0]
+    ids = torch.tensor([[1, 10, 10, 10, 10, 5]])
+    sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": torch.randn(1, 3, 32, 32),
+              "image_sizes": torch.tensor([[32, 32]])}
+    why = refused(target, model, sample, 64)
+    assert why is not None and PIXTRAL_ROWS in why and "[IMG_BREAK]" in why
+
+
+def test_idefics2_from_its_processor_runs_in_the_multimodal_runner_and_its_snippet_runs(tmp_path_factory, hub,
+                                                                                        tmp_path):
+    """Idefics2 with its own processor (its prompt: the image's run of tokens between <fake_token_around_image>
+    tokens, the processor's mask of ones) and a byte-level BPE: MultimodalRunner 8/8 against eager `generate()`
+    on the processor's inputs; the card's snippet runs as written."""
+    from tests.card_snippets import card_snippets, exports_card, image_home, run_snippet, upload_exports
+    from tests.models import tiny_idefics2_with_processor
+
+    model_dir = tiny_idefics2_with_processor(tmp_path_factory.mktemp("mm-idefics2-processor") / "model",
+                                             PLAINEST_EXECUTORCH, byte_level=True)
+    out, report, log = stored_run(model_dir)
+    target = report["targets"][0]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert any("through the folder's own Idefics2Processor" in f for f in report["findings"]), report["findings"]
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs[RUNTIME]["status"] == "passed", proofs
+    assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from an image and a prompt"), proofs
+    commit = upload_exports(hub, "alice/idefics2", out, ["executorch"])
+    [(runtime, _, code)] = card_snippets(exports_card("alice/idefics2", out, commit))
+    assert runtime == RUNTIME
+    done = run_snippet(code, hub, image_home(tmp_path))
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    assert done.stdout.strip()
+
+
+def test_idefics2_passes_in_the_multimodal_runner(tmp_path_factory):
+    """Idefics2 (the matrix's tiny family: its perceiver resampler reads the patch mask, all ones for the full image
+    its sample holds): `vision_encoder` is Idefics3's one image encoder with the mask of ones given to the connector,
+    proven by MultimodalRunner token for token with eager `generate()`."""
+    from tests.models import family_model
+
+    model_dir = family_model("idefics2", tmp_path_factory.mktemp("mm-idefics2") / "model", PLAINEST_EXECUTORCH,
+                             never_eos=True)
+    out, report, log = stored_run(model_dir)
+    target = report["targets"][0]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert json.loads((out / "executorch" / "export.json").read_text())["layout"] == "multimodal_runner"
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs[RUNTIME]["status"] == "passed", proofs
+    assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from an image and a prompt"), proofs
