@@ -795,7 +795,7 @@ GEMMA3_IMAGE_LENGTH = 4  # image tokens: the 4x4 patches pooled 2x2
 
 
 def tiny_gemma3_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 2,
-                               sliding_window: int | None = None) -> Path:
+                               sliding_window: int | None = None, chat_template: bool = False) -> Path:
     """A tiny Gemma 3 (SigLIP tower, image 32, patch 8, pooled to 4 image tokens; a Gemma 3 text model of
     `text_layers` full-attention layers) saved with its own processor: a PIL-backend Gemma 3 image processor at 32 and
     a byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer loads) whose `<start_of_image>`, `<image_soft_token>`
@@ -803,7 +803,8 @@ def tiny_gemma3_with_processor(folder: Path, recipe: Any | None = None, seed: in
     which Gemma 3's prefill attends bidirectionally among one image's tokens: two layers, so that attention reaches
     the text's logits (with one layer the image positions' keys and values are their embeddings whatever the mask).
     `sliding_window`: the text model's layers alternate a sliding-window layer of that window and a full one, as
-    Gemma 3's (None: every layer full attention)."""
+    Gemma 3's (None: every layer full attention). `chat_template`: a `chat_template.jinja` (Gemma's turns) beside,
+    as a Gemma 3 repository holds one (transformers.js's `Gemma3Processor` will not load without it)."""
     from transformers import Gemma3Processor, PreTrainedTokenizerFast
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
@@ -825,7 +826,19 @@ def tiny_gemma3_with_processor(folder: Path, recipe: Any | None = None, seed: in
     image_processor = Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
     Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer,
                     image_seq_length=GEMMA3_IMAGE_LENGTH).save_pretrained(folder)
+    if chat_template:
+        (folder / "chat_template.jinja").write_text(GEMMA_CHAT_TEMPLATE, encoding="utf-8")
     return folder
+
+
+# Gemma's turns, as a Gemma 3 repository's chat_template.jinja writes them (its image as the begin-of-image token)
+GEMMA_CHAT_TEMPLATE = """{{ bos_token }}{% for message in messages %}<start_of_turn>{{ 'model' if message['role'] == \
+'assistant' else message['role'] }}
+{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for item in message['content'] %}\
+{% if item['type'] == 'image' %}<start_of_image>{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}\
+{% endfor %}{% endif %}<end_of_turn>
+{% endfor %}{% if add_generation_prompt %}<start_of_turn>model
+{% endif %}"""
 
 
 AYA_IMAGE_TOKENS = ["<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>", "TILE",

@@ -24,6 +24,7 @@ from tests.models import (
     TJS_FP16_TARGET,
     TJS_TARGET as TARGET,
     TJS_VLM_VARIANTS,
+    tiny_gemma3_with_processor,
     tiny_idefics2_with_processor,
     tiny_idefics3_with_processor,
     tiny_llava_onnx_model,
@@ -254,4 +255,91 @@ def test_a_vision_language_family_the_layout_does_not_take_is_declined_with_the_
     assert not (out / "tjs" / "onnx" / "decoder_model_merged.onnx").exists()
     markdown = (out / "report.md").read_text()
     assert "transformers.js ✗ cannot take this model" in markdown
-    assert "written for model types ['llava', 'idefics3', 'smolvlm', 'qwen2_vl', 'qwen2_5_vl', 'qwen3_vl']" in markdown and "this is 'idefics2'" in markdown
+    assert ("written for model types ['llava', 'idefics3', 'smolvlm', 'qwen2_vl', 'qwen2_5_vl', 'qwen3_vl', 'gemma3']"
+            in markdown) and "this is 'idefics2'" in markdown
+
+
+@pytest.fixture(scope="module")
+def gemma3_tjs(tmp_path_factory):
+    """A tiny Gemma 3 (two full-attention text layers, so the image block's attention reaches the logits; 4 image
+    tokens; its chat template, which transformers.js's Gemma3Processor loads) in the transformers.js layout, exported
+    once through the shared store."""
+    root = tmp_path_factory.mktemp("tjs-gemma3")
+    return stored_run(tiny_gemma3_with_processor(root / "model", RECIPE, text_layers=2, chat_template=True))
+
+
+def test_a_gemma3_folder_generates_in_transformers_js_with_its_image_attending_both_ways(gemma3_tjs):
+    """Gemma 3 (#52 item 4): transformers.js's Gemma3ForConditionalGeneration (its LLaVA class: embeddings, mask and
+    positions into the decoder, no token types) generates eager's tokens, eager run as transformers runs Gemma 3
+    (the processor's token_type_ids: the image block attends both ways). The image's rows are marked in one channel
+    more than the hidden size (text 0, image 1), which the decoder reads as the token types."""
+    import onnx
+
+    out, report, log = gemma3_tjs
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert target["generation"]["status"] == "passed"
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
+    folder = out / "tjs"
+    config = json.loads((folder / "config.json").read_text())
+    hidden = config["text_config"]["hidden_size"]
+    widths = {}
+    for name in GRAPHS:
+        graph = onnx.load(str(folder / name), load_external_data=False).graph
+        values = graph.input if name.endswith("merged.onnx") else graph.output
+        widths[name] = values[0].type.tensor_type.shape.dim[-1].dim_value
+    assert set(widths.values()) == {hidden + 1}, widths  # the features, the embeddings and what the decoder takes
+    assert json.loads((folder / "preprocessor_config.json").read_text())["processor_class"] == "Gemma3Processor"
+    assert (folder / "chat_template.jinja").is_file()
+
+
+def test_a_gemma3_folder_whose_image_rows_are_marked_text_fails_transformers_js_s_proof(gemma3_tjs, tmp_path):
+    """The mutant: the vision encoder's mark zeroed (the image read as text: a causal prefill, what transformers.js
+    runs from a Gemma 3 exported as a LLaVA) generates other tokens than eager's, and the product's transformers.js
+    proof fails it with the tokens, where the same proof, from the same eager reference (the sample the processor
+    makes, with its token_type_ids), passes the folder as exported: the proof judges the image block's attention."""
+    import onnx
+    import torch
+    from onnx import numpy_helper
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from exporters.layouts.child import RuntimeContext
+    from exporters.layouts.transformers_js import TransformersJs, proof
+    from exporters.recipe.load import parse_recipe
+
+    out, _, _ = gemma3_tjs
+    mutant = tmp_path / "out" / "tjs"
+    shutil.copytree(out / "tjs", mutant)
+    path = mutant / "onnx" / "vision_encoder.onnx"
+    graph = onnx.load(str(path), load_external_data=False)
+    [last] = [node for node in graph.graph.node if node.output[0] == "image_features"]
+    assert last.op_type == "Concat"
+    [mark] = [init for init in graph.graph.initializer if init.name == last.input[1]]
+    assert set(numpy_helper.to_array(mark).flatten().tolist()) == {1.0}  # every image row marked
+    mark.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(mark) * 0, mark.name))
+    onnx.save_model(graph, str(path))
+
+    model_dir = tiny_gemma3_with_processor(tmp_path / "model", RECIPE, text_layers=2, chat_template=True)
+    recipe = parse_recipe(json.dumps(RECIPE))
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    inputs = AutoProcessor.from_pretrained(model_dir)(text="<start_of_image>describe the image",
+                                                      images=Image.new("RGB", (32, 32), (128, 64, 32)),
+                                                      return_tensors="pt")
+    assert int(inputs["token_type_ids"].sum()) == 4  # the image's tokens, which eager's prefill reads both ways
+    context = RuntimeContext(recipe.exports[0], recipe, "vision-language", dict(inputs), model.generation_config,
+                             model_dir)
+    layout = TransformersJs()
+    with torch.no_grad():
+        reference = proof.reference(layout, model, context)
+    passed = proof.prove(layout, out / "tjs", reference, context)
+    assert passed.status == "passed" and passed.detail.startswith("8/8 tokens"), passed
+    failed = proof.prove(layout, mutant, reference, context)
+    assert failed.status == "failed" and "/8 tokens equal eager greedy: transformers.js " in failed.detail, failed
+
+
+def test_the_cards_transformers_js_script_runs_a_gemma3_folder_as_written(gemma3_tjs, tmp_path):
+    """The card's script as written: Gemma3Processor expands its begin-of-image token to the image's tokens."""
+    out, report, _ = gemma3_tjs
+    _run_card(out, report, tmp_path)  # the tiny vocabulary may decode to nothing: it runs
