@@ -300,14 +300,7 @@ def test_a_gemma3_folder_whose_image_rows_are_marked_text_fails_transformers_js_
     proof fails it with the tokens, where the same proof, from the same eager reference (the sample the processor
     makes, with its token_type_ids), passes the folder as exported: the proof judges the image block's attention."""
     import onnx
-    import torch
     from onnx import numpy_helper
-    from PIL import Image
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    from exporters.layouts.child import RuntimeContext
-    from exporters.layouts.transformers_js import TransformersJs, proof
-    from exporters.recipe.load import parse_recipe
 
     out, _, _ = gemma3_tjs
     mutant = tmp_path / "out" / "tjs"
@@ -322,21 +315,57 @@ def test_a_gemma3_folder_whose_image_rows_are_marked_text_fails_transformers_js_
     onnx.save_model(graph, str(path))
 
     model_dir = tiny_gemma3_with_processor(tmp_path / "model", RECIPE, text_layers=2, chat_template=True)
+    inputs, _, passed = _gemma3_proof(model_dir, out / "tjs")
+    assert int(inputs["token_type_ids"].sum()) == 4  # the image's tokens, which eager's prefill reads both ways
+    assert passed.status == "passed" and passed.detail.startswith("8/8 tokens"), passed
+    _, _, failed = _gemma3_proof(model_dir, mutant)
+    assert failed.status == "failed" and "/8 tokens equal eager greedy: transformers.js " in failed.detail, failed
+
+
+def _gemma3_proof(model_dir, folder, window: int | None = None):
+    """The product's transformers.js proof of `folder` against eager on the processor's sample (an image and a prompt,
+    its token_type_ids), eager's text model given sliding window `window` where set (None: the model's own)."""
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from exporters.layouts.child import RuntimeContext
+    from exporters.layouts.transformers_js import TransformersJs, proof
+    from exporters.recipe.load import parse_recipe
+
     recipe = parse_recipe(json.dumps(RECIPE))
     model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    if window is not None:
+        model.config.get_text_config().sliding_window = window
     inputs = AutoProcessor.from_pretrained(model_dir)(text="<start_of_image>describe the image",
                                                       images=Image.new("RGB", (32, 32), (128, 64, 32)),
                                                       return_tensors="pt")
-    assert int(inputs["token_type_ids"].sum()) == 4  # the image's tokens, which eager's prefill reads both ways
     context = RuntimeContext(recipe.exports[0], recipe, "vision-language", dict(inputs), model.generation_config,
                              model_dir)
-    layout = TransformersJs()
     with torch.no_grad():
-        reference = proof.reference(layout, model, context)
-    passed = proof.prove(layout, out / "tjs", reference, context)
-    assert passed.status == "passed" and passed.detail.startswith("8/8 tokens"), passed
-    failed = proof.prove(layout, mutant, reference, context)
-    assert failed.status == "failed" and "/8 tokens equal eager greedy: transformers.js " in failed.detail, failed
+        reference = proof.reference(TransformersJs(), model, context)
+    return inputs, reference, proof.prove(TransformersJs(), folder, reference, context)
+
+
+def test_a_gemma3_with_sliding_window_layers_keeps_every_position_and_its_window_in_the_mask(tmp_path):
+    """Gemma 3's text layers alternate a sliding window and full attention (here a window of 6 and a full layer): the
+    traced cache keeps every position in every layer (transformers.js feeds back each present and one attention_mask),
+    the window held by transformers' sliding mask. It failed before ('past_key_values.layers.0._sliding_window_tensor'
+    has no name). Proven 8/8 with the prompt and its tokens past the window; eager with the window lifted generates
+    other tokens, which the same folder fails: the graph applies the window."""
+    model_dir = tiny_gemma3_with_processor(tmp_path / "model", RECIPE, text_layers=2, sliding_window=6,
+                                           chat_template=True)
+    out, report, log = stored_run(model_dir)
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert target["generation"]["status"] == "passed" and target["generation"]["prompt_length"] + 8 > 6
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
+    inputs, _, windowed = _gemma3_proof(model_dir, out / "tjs")
+    assert inputs["input_ids"].shape[1] + 8 > 6 and windowed.status == "passed", windowed
+    _, reference, unwindowed = _gemma3_proof(model_dir, out / "tjs", window=1000)
+    assert unwindowed.status == "failed" and "/8 tokens equal eager greedy" in unwindowed.detail, (reference,
+                                                                                                   unwindowed)
 
 
 def test_the_cards_transformers_js_script_runs_a_gemma3_folder_as_written(gemma3_tjs, tmp_path):

@@ -3,7 +3,7 @@
 An ONNX generation target of a vision-language model with `"layout": "transformers.js"` is written as transformers.js's
 `ImageTextToText` models load it (`AutoModelForImageTextToText`: LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL,
 Qwen3-VL, Gemma 3), three graphs (Gemma 3's features, embeddings and decoder input one channel wider, marking the
-image's rows: [`marked`]):
+image's rows: [`marked`]; its sliding-window layers' caches as long as the full layers': [`_full_cache`]):
 
 ```
 vision_encoder        pixel_values [batch, 3, H, W]  -> image_features [1, n, hidden]   the image fixed at the sample's
@@ -62,7 +62,7 @@ import torch
 from transformers import DynamicCache
 
 from exporters.capture.image_attention import marks_image_rows
-from exporters.capture.merged import contract, empty_cache, with_contract
+from exporters.capture.merged import contract, empty_cache, mixes_window_layers, with_contract
 from exporters.capture.probes import DimBinding
 from exporters.capture.qwen_vl import (MROPE_TYPES, GridVisionEncoder, WidenedEmbedding, deepstack_added, deepstack,
                                       is_mrope, widened)
@@ -248,6 +248,14 @@ def deepstack_of(model: Any) -> int:
     return deepstack(model.config) if is_mrope(model.config) else 0
 
 
+def _full_cache(model: Any) -> DynamicCache:
+    """The traced decoder's first cache: one layer per model layer as its config says, except where sliding-window and
+    full-attention layers mix (Gemma 3): every layer then keeps every position (transformers.js feeds back each
+    present as it came and one `attention_mask` for all layers), the window held by transformers' sliding mask alone,
+    as eager's sliding layers drop only keys that mask hides."""
+    return DynamicCache() if mixes_window_layers(model.config) else DynamicCache(config=model.config)
+
+
 def embeds_inputs(embeds: torch.Tensor, start: int, cache: Any, positions: torch.Tensor | None = None,
                   mrope: bool = False) -> dict[str, Any]:
     """The decoder's call for `embeds` at positions `start…` after `cache` (what transformers.js feeds): `positions`
@@ -359,7 +367,7 @@ def capture(target: Any, model: Any, generate_inputs: dict[str, Any]) -> dict[st
     mrope = is_mrope(model.config)  # Qwen-VL: positions [3, batch, query]
     with torch.no_grad():
         embeds = embed(ids[:, :TRACED_PAST + TRACED_QUERY])
-        cache = decoder(**embeds_inputs(embeds[:, :TRACED_PAST], 0, DynamicCache(config=model.config), mrope=mrope))
+        cache = decoder(**embeds_inputs(embeds[:, :TRACED_PAST], 0, _full_cache(model), mrope=mrope))
     step = embeds_inputs(embeds[:, TRACED_PAST:].clone(), TRACED_PAST, copy.deepcopy(cache["past_key_values"]),
                          mrope=mrope)
     with_contract(target, DECODER, _positions_3d(contract(target, step)) if mrope else contract(target, step))
