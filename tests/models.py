@@ -841,6 +841,30 @@ GEMMA_CHAT_TEMPLATE = """{{ bos_token }}{% for message in messages %}<start_of_t
 {% endif %}"""
 
 
+def tiny_paligemma_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 2) -> Path:
+    """A tiny PaliGemma (SigLIP tower, image 32, patch 8: 16 image tokens; a Gemma text model of `text_layers`
+    layers) saved with its own processor: a PIL-backend SigLIP image processor at 32 (with `image_seq_length`, which
+    transformers.js's PaliGemmaProcessor reads there) and a byte-level BPE tokenizer whose `<image>` id is the model's.
+    Its prefill attends both ways over the image and the prompt (its prefix): two layers, so that attention reaches
+    the text's logits."""
+    from transformers import PaliGemmaProcessor, PreTrainedTokenizerFast, SiglipImageProcessorPil
+
+    from matrix.families import build
+
+    tokenizer = train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, "<image>"], vocab_size=120, bos="<s>",
+                                    eos="</s>", pad="<pad>", byte_level=True)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    spec = _vlm_spec("paligemma", "PaliGemmaForConditionalGeneration", {
+        "vision_config.image_size": 32, "vision_config.patch_size": 8, **_text_depth(text_layers),
+        "text_config.vocab_size": len(tokenizer), "image_token_index": tokenizer.convert_tokens_to_ids("<image>"),
+        "text_config.bos_token_id": tokenizer.bos_token_id, "text_config.eos_token_id": tokenizer.eos_token_id,
+        "text_config.pad_token_id": tokenizer.pad_token_id})
+    build(spec, folder, seed=seed, recipe=recipe)
+    image_processor = SiglipImageProcessorPil(size={"height": 32, "width": 32}, image_seq_length=16)
+    PaliGemmaProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(folder)
+    return folder
+
+
 AYA_IMAGE_TOKENS = ["<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>", "TILE",
                     "TILE_GLOBAL"]
 

@@ -28,6 +28,7 @@ from tests.models import (
     tiny_idefics2_with_processor,
     tiny_idefics3_with_processor,
     tiny_llava_onnx_model,
+    tiny_paligemma_with_processor,
 )
 
 RECIPE = {"exports": [TARGET], "generation": {"max_new_tokens": 8}}
@@ -255,7 +256,8 @@ def test_a_vision_language_family_the_layout_does_not_take_is_declined_with_the_
     assert not (out / "tjs" / "onnx" / "decoder_model_merged.onnx").exists()
     markdown = (out / "report.md").read_text()
     assert "transformers.js ✗ cannot take this model" in markdown
-    assert ("written for model types ['llava', 'idefics3', 'smolvlm', 'qwen2_vl', 'qwen2_5_vl', 'qwen3_vl', 'gemma3']"
+    assert ("written for model types ['llava', 'idefics3', 'smolvlm', 'qwen2_vl', 'qwen2_5_vl', 'qwen3_vl', 'gemma3', "
+            "'paligemma']"
             in markdown) and "this is 'idefics2'" in markdown
 
 
@@ -315,16 +317,18 @@ def test_a_gemma3_folder_whose_image_rows_are_marked_text_fails_transformers_js_
     onnx.save_model(graph, str(path))
 
     model_dir = tiny_gemma3_with_processor(tmp_path / "model", RECIPE, text_layers=2, chat_template=True)
-    inputs, _, passed = _gemma3_proof(model_dir, out / "tjs")
+    inputs, _, passed = _prefill_proof(model_dir, out / "tjs")
     assert int(inputs["token_type_ids"].sum()) == 4  # the image's tokens, which eager's prefill reads both ways
     assert passed.status == "passed" and passed.detail.startswith("8/8 tokens"), passed
-    _, _, failed = _gemma3_proof(model_dir, mutant)
+    _, _, failed = _prefill_proof(model_dir, mutant)
     assert failed.status == "failed" and "/8 tokens equal eager greedy: transformers.js " in failed.detail, failed
 
 
-def _gemma3_proof(model_dir, folder, window: int | None = None):
+def _prefill_proof(model_dir, folder, window: int | None = None, prompt: str = "<start_of_image>describe the image",
+                  causal: bool = False):
     """The product's transformers.js proof of `folder` against eager on the processor's sample (an image and a prompt,
-    its token_type_ids), eager's text model given sliding window `window` where set (None: the model's own)."""
+    its token_type_ids), eager's text model given sliding window `window` where set (None: the model's own); `causal`:
+    eager's prefill read causally (its token types dropped, its attention causal: the mutant reference)."""
     import torch
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -337,10 +341,14 @@ def _gemma3_proof(model_dir, folder, window: int | None = None):
     model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
     if window is not None:
         model.config.get_text_config().sliding_window = window
-    inputs = AutoProcessor.from_pretrained(model_dir)(text="<start_of_image>describe the image",
-                                                      images=Image.new("RGB", (32, 32), (128, 64, 32)),
+    inputs = AutoProcessor.from_pretrained(model_dir)(text=prompt, images=Image.new("RGB", (32, 32), (128, 64, 32)),
                                                       return_tensors="pt")
-    context = RuntimeContext(recipe.exports[0], recipe, "vision-language", dict(inputs), model.generation_config,
+    sample = {name: value for name, value in inputs.items() if name != "labels"}  # PaliGemma's training labels
+    if causal:
+        sample.pop("token_type_ids")
+        for layer in model.model.language_model.layers:
+            layer.self_attn.is_causal = True
+    context = RuntimeContext(recipe.exports[0], recipe, "vision-language", sample, model.generation_config,
                              model_dir)
     with torch.no_grad():
         reference = proof.reference(TransformersJs(), model, context)
@@ -361,11 +369,33 @@ def test_a_gemma3_with_sliding_window_layers_keeps_every_position_and_its_window
     assert target["generation"]["status"] == "passed" and target["generation"]["prompt_length"] + 8 > 6
     proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
     assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
-    inputs, _, windowed = _gemma3_proof(model_dir, out / "tjs")
+    inputs, _, windowed = _prefill_proof(model_dir, out / "tjs")
     assert inputs["input_ids"].shape[1] + 8 > 6 and windowed.status == "passed", windowed
-    _, reference, unwindowed = _gemma3_proof(model_dir, out / "tjs", window=1000)
+    _, reference, unwindowed = _prefill_proof(model_dir, out / "tjs", window=1000)
     assert unwindowed.status == "failed" and "/8 tokens equal eager greedy" in unwindowed.detail, (reference,
                                                                                                    unwindowed)
+
+
+def test_a_paligemma_folder_generates_in_transformers_js_with_its_prompt_attending_both_ways(tmp_path):
+    """PaliGemma (#52 item 4): transformers.js's PaliGemmaForConditionalGeneration is its LLaVA class (positions from
+    1, as transformers' PaliGemma); transformers reads the prompt (image and text: its prefix) both ways. The decoder
+    graph makes each call's rows one bidirectional block (transformers.js runs the prompt as one call; each new token
+    is a call of one row). Proven 8/8 in the product; eager with the prefill read causally generates other tokens,
+    which the same folder fails: the graph holds the prefix's attention. The card's script runs as written
+    (PaliGemmaProcessor takes the image first and adds the BOS after the image's tokens)."""
+    model_dir = tiny_paligemma_with_processor(tmp_path / "model", RECIPE, text_layers=2)
+    out, report, log = stored_run(model_dir)
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert target["generation"]["status"] == "passed"
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
+    assert json.loads((out / "tjs" / "preprocessor_config.json").read_text())["processor_class"] == "PaliGemmaProcessor"
+    _, _, passed = _prefill_proof(model_dir, out / "tjs", prompt="<image>describe the image")
+    assert passed.status == "passed", passed
+    _, _, failed = _prefill_proof(model_dir, out / "tjs", prompt="<image>describe the image", causal=True)
+    assert failed.status == "failed" and "/8 tokens equal eager greedy" in failed.detail, failed
+    _run_card(out, report, tmp_path / "card")
 
 
 def test_the_cards_transformers_js_script_runs_a_gemma3_folder_as_written(gemma3_tjs, tmp_path):

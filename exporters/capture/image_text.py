@@ -2,7 +2,7 @@
 
 An ONNX generation target of a vision-language model with `"layout": "transformers.js"` is written as transformers.js's
 `ImageTextToText` models load it (`AutoModelForImageTextToText`: LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL,
-Qwen3-VL, Gemma 3), three graphs (Gemma 3's features, embeddings and decoder input one channel wider, marking the
+Qwen3-VL, Gemma 3, PaliGemma), three graphs (Gemma 3's features, embeddings and decoder input one channel wider, marking the
 image's rows: [`marked`]; its sliding-window layers' caches as long as the full layers': [`_full_cache`]):
 
 ```
@@ -60,8 +60,9 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.masking_utils import create_causal_mask
 
-from exporters.capture.image_attention import marks_image_rows
+from exporters.capture.image_attention import BIDIRECTIONAL_PREFILL, marks_image_rows
 from exporters.capture.merged import contract, empty_cache, mixes_window_layers, with_contract
 from exporters.capture.probes import DimBinding
 from exporters.capture.qwen_vl import (MROPE_TYPES, GridVisionEncoder, WidenedEmbedding, deepstack_added, deepstack,
@@ -83,7 +84,8 @@ AUDIO_TOKENS_PER_CHUNK = {"voxtral": 375}  # Granite Speech's processor counts t
 # model types whose transformers.js class merges the image features as LLaVA's does (in order, at the image tokens);
 # Qwen2-VL's and Qwen2.5-VL's with 3-D positions and the image's grid (`exporters.capture.qwen_vl`)
 # Gemma 3's with its image's rows marked (its prefill attends both ways among one image's tokens: [`marked`])
-MODEL_TYPES = ("llava", "idefics3", "smolvlm", *MROPE_TYPES, "gemma3")
+# PaliGemma's, each call's rows one block attending both ways (its prompt is its prefix: [`EmbedsDecoder`])
+MODEL_TYPES = ("llava", "idefics3", "smolvlm", *MROPE_TYPES, "gemma3", "paligemma")
 IMAGE_INPUTS = {"input_ids", "attention_mask", "pixel_values", "pixel_attention_mask"}
 GRID_INPUTS = {"image_grid_thw", "mm_token_type_ids"}  # Qwen-VL's besides (its token types: the image's tokens)
 TRACED_PAST, TRACED_QUERY = 3, 2  # the decoder is traced on a cache and a query long enough to stay dynamic
@@ -120,7 +122,8 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_impl
         return refused_audio(target, model, generate_inputs, cache_implementation)
     pixels, ids = generate_inputs.get("pixel_values"), generate_inputs.get("input_ids")
     extra = sorted(set(generate_inputs) - IMAGE_INPUTS - (GRID_INPUTS if model_type in MROPE_TYPES else set())
-                   - ({"token_type_ids"} if marked(model) else set()))  # Gemma 3's: its image's tokens, marked
+                   - ({"token_type_ids", "labels"} if model_type in BIDIRECTIONAL_PREFILL else set()))
+    # Gemma 3's and PaliGemma's token types (PaliGemma's processor returns training labels too, which none feeds)
     if model_type not in MODEL_TYPES:
         return (f"transformers.js's vision-language layout is written for model types {list(MODEL_TYPES)} (the "
                 f"image's features in place of its image tokens, LLaVA's merge); this is {model_type!r}")
@@ -128,6 +131,9 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_impl
         return why
     if not hasattr(model, "get_image_features"):
         return f"{type(model).__name__} has no get_image_features (the vision_encoder graph)"
+    if model_type == "paligemma" and mixes_window_layers(model.config):
+        return ("its sliding-window layers (PaliGemma 2's) would need the prefix's block in a sliding mask too, which "
+                "this layout's decoder does not write yet (its prefix mask is one for every layer)")
     if extra:
         return f"its image inputs include {extra}, which transformers.js's image-text-to-text models do not feed"
     if model_type in MROPE_TYPES:
@@ -223,7 +229,10 @@ class EmbedsDecoder(torch.nn.Module):
     """`decoder_model_merged`: the model's forward on `inputs_embeds` with a cache (no image: its features are in
     the embeddings already), returning the logits and the grown cache. A marked model's ([`marked`]) last channel
     is cut and given as `token_type_ids` (1 on the image's rows): transformers builds Gemma 3's mask from them (its
-    image block both ways, the rest causal; a cached key is text, as in eager's later steps, which pass none)."""
+    image block both ways, the rest causal; a cached key is text, as in eager's later steps, which pass none).
+    PaliGemma's: the rows of one call are one block attending both ways (transformers' mask for its prefix, the whole
+    prompt, which transformers.js runs as one call on an empty cache; a later call is one new token, where the block
+    is the causal row), its mask made here and given to the model as it is."""
 
     def __init__(self, model: Any):
         super().__init__()
@@ -237,6 +246,10 @@ class EmbedsDecoder(torch.nn.Module):
         if marked(self.model):  # Gemma 3: the image's rows marked in the last channel
             inputs_embeds, types = inputs_embeds[..., :-1], {"token_type_ids": (inputs_embeds[..., -1] > 0.5).long()}
             added = nullcontext(inputs_embeds)
+        if getattr(self.model.config, "model_type", None) == "paligemma":  # the call's rows: one block both ways
+            attention_mask = create_causal_mask(self.model.config.get_text_config(), inputs_embeds, attention_mask,
+                                                past_key_values, position_ids, block_sequence_ids=torch.zeros_like(
+                                                    inputs_embeds[..., 0], dtype=torch.long))
         with added as embeds:
             out = self.model(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, use_cache=True, **types)
