@@ -802,7 +802,7 @@ GEMMA3_IMAGE_LENGTH = 4  # image tokens: the 4x4 patches pooled 2x2
 
 
 def tiny_gemma3_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 2,
-                               sliding_window: int | None = None) -> Path:
+                               sliding_window: int | None = None, chat_template: bool = False) -> Path:
     """A tiny Gemma 3 (SigLIP tower, image 32, patch 8, pooled to 4 image tokens; a Gemma 3 text model of
     `text_layers` full-attention layers) saved with its own processor: a PIL-backend Gemma 3 image processor at 32 and
     a byte-level BPE tokenizer (one ExecuTorch's C++ tokenizer loads) whose `<start_of_image>`, `<image_soft_token>`
@@ -810,7 +810,8 @@ def tiny_gemma3_with_processor(folder: Path, recipe: Any | None = None, seed: in
     which Gemma 3's prefill attends bidirectionally among one image's tokens: two layers, so that attention reaches
     the text's logits (with one layer the image positions' keys and values are their embeddings whatever the mask).
     `sliding_window`: the text model's layers alternate a sliding-window layer of that window and a full one, as
-    Gemma 3's (None: every layer full attention)."""
+    Gemma 3's (None: every layer full attention). `chat_template`: a `chat_template.jinja` (Gemma's turns) beside,
+    as a Gemma 3 repository holds one (transformers.js's `Gemma3Processor` will not load without it)."""
     from transformers import Gemma3Processor, PreTrainedTokenizerFast
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
@@ -832,6 +833,42 @@ def tiny_gemma3_with_processor(folder: Path, recipe: Any | None = None, seed: in
     image_processor = Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
     Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer,
                     image_seq_length=GEMMA3_IMAGE_LENGTH).save_pretrained(folder)
+    if chat_template:
+        (folder / "chat_template.jinja").write_text(GEMMA_CHAT_TEMPLATE, encoding="utf-8")
+    return folder
+
+
+# Gemma's turns, as a Gemma 3 repository's chat_template.jinja writes them (its image as the begin-of-image token)
+GEMMA_CHAT_TEMPLATE = """{{ bos_token }}{% for message in messages %}<start_of_turn>{{ 'model' if message['role'] == \
+'assistant' else message['role'] }}
+{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for item in message['content'] %}\
+{% if item['type'] == 'image' %}<start_of_image>{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}\
+{% endfor %}{% endif %}<end_of_turn>
+{% endfor %}{% if add_generation_prompt %}<start_of_turn>model
+{% endif %}"""
+
+
+def tiny_paligemma_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, text_layers: int = 2) -> Path:
+    """A tiny PaliGemma (SigLIP tower, image 32, patch 8: 16 image tokens; a Gemma text model of `text_layers`
+    layers) saved with its own processor: a PIL-backend SigLIP image processor at 32 (with `image_seq_length`, which
+    transformers.js's PaliGemmaProcessor reads there) and a byte-level BPE tokenizer whose `<image>` id is the model's.
+    Its prefill attends both ways over the image and the prompt (its prefix): two layers, so that attention reaches
+    the text's logits."""
+    from transformers import PaliGemmaProcessor, PreTrainedTokenizerFast, SiglipImageProcessorPil
+
+    from matrix.families import build
+
+    tokenizer = train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, "<image>"], vocab_size=120, bos="<s>",
+                                    eos="</s>", pad="<pad>", byte_level=True)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    spec = _vlm_spec("paligemma", "PaliGemmaForConditionalGeneration", {
+        "vision_config.image_size": 32, "vision_config.patch_size": 8, **_text_depth(text_layers),
+        "text_config.vocab_size": len(tokenizer), "image_token_index": tokenizer.convert_tokens_to_ids("<image>"),
+        "text_config.bos_token_id": tokenizer.bos_token_id, "text_config.eos_token_id": tokenizer.eos_token_id,
+        "text_config.pad_token_id": tokenizer.pad_token_id})
+    build(spec, folder, seed=seed, recipe=recipe)
+    image_processor = SiglipImageProcessorPil(size={"height": 32, "width": 32}, image_seq_length=16)
+    PaliGemmaProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(folder)
     return folder
 
 

@@ -10,17 +10,22 @@ its card's script runs as written. The audio encoder takes any number of 30 s ch
 The tiny Voxtral here has Voxtral's chunk (1500 source positions: 3000 frames of 30 s, stacked by 4 into 375 audio
 tokens, the count transformers.js's processor lays out per chunk) on a width-32 one-layer tower and a one-layer
 text model. One run of the real CLI through the shared store (#48).
+
+Moonshine (#52 item 4), a speech encoder-decoder on the raw waveform: `onnx/encoder_model.onnx` + merged decoder as
+transformers.js's MoonshineForConditionalGeneration loads them, proven in the product 8/8, at a longer waveform,
+its mutant (another decoder start token) failing the proof, and its card's script run as written.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
 from tests.card_snippets import run_js_card
 from tests.export_store import stored_run
-from tests.models import TJS_FP16_TARGET, TJS_TARGET, tiny_voxtral_with_tokenizer
+from tests.models import TJS_FP16_TARGET, TJS_TARGET, tiny_moonshine, tiny_voxtral_with_tokenizer
 from tests.test_transformers_js_vlm import assert_float16_folder_generates
 
 RECIPE = {"exports": [TJS_TARGET, TJS_FP16_TARGET], "generation": {"max_new_tokens": 8}}
@@ -119,3 +124,83 @@ def test_a_voxtral_whose_chunk_is_not_375_audio_tokens_is_refused_with_the_reaso
         "transformers.js's processor lays out 375 audio tokens per chunk; this model's audio encoder gives 25 for a "
         "chunk of 100 frames")
     assert "static" in refused(None, model, sample, "static")
+
+
+MOONSHINE_RECIPE = {"exports": [{**TJS_TARGET, "dynamic": True}], "generation": {"max_new_tokens": 8}}
+
+
+@pytest.fixture(scope="module")
+def moonshine_tjs(tmp_path_factory):
+    """A tiny Moonshine (1+1 layers, hidden 32; its Wav2Vec2 feature extractor) in the transformers.js layout, the
+    waveform axis dynamic (`dynamic: true`), exported once through the shared store."""
+    root = tmp_path_factory.mktemp("tjs-moonshine")
+    model = tiny_moonshine(root / "model", MOONSHINE_RECIPE)
+    return model, stored_run(model)
+
+
+def test_a_moonshine_folder_transcribes_in_transformers_js_from_the_raw_waveform(moonshine_tjs):
+    """Moonshine (#52 item 4): `onnx/encoder_model.onnx` takes the waveform `input_values [1, samples]` (any length)
+    and `onnx/decoder_model_merged.onnx` the tokens, the encoder's states and the cache, as transformers.js's
+    MoonshineForConditionalGeneration feeds them; proven in the product by `AutoModelForSpeechSeq2Seq.generate` on the
+    sample's waveform, 8/8 tokens against eager `generate()`."""
+    import onnx
+
+    _, (out, report, log) = moonshine_tjs
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert target["generation"]["status"] == "passed"
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
+    assert "AutoModelForSpeechSeq2Seq" in proof["detail"]
+    folder = out / "tjs"
+    assert sorted(p.name for p in folder.glob("onnx/*.onnx")) == ["decoder_model_merged.onnx", "encoder_model.onnx"]
+    encoder = onnx.load(str(folder / "onnx" / "encoder_model.onnx"), load_external_data=False).graph
+    [waveform] = encoder.input
+    assert waveform.name == "input_values" and waveform.type.tensor_type.shape.dim[1].dim_param, waveform
+    decoder = onnx.load(str(folder / "onnx" / "decoder_model_merged.onnx"), load_external_data=False).graph
+    names = [value.name for value in decoder.input]
+    assert names[:2] == ["input_ids", "encoder_hidden_states"] and "past_key_values.0.encoder.key" in names, names
+
+
+def test_a_moonshine_folder_transcribes_a_longer_waveform_and_a_wrong_start_token_fails_the_proof(moonshine_tjs,
+                                                                                                   tmp_path):
+    """The product's proof, on a waveform half again as long as the traced one (24000 samples: the encoder's axis is
+    dynamic), gives eager's 8 tokens; the same proof on a copy whose generation_config.json names another decoder
+    start token (transformers.js starts from it, eager from the model's) fails with the tokens."""
+    import torch
+    from transformers import AutoModelForSpeechSeq2Seq
+
+    from exporters.layouts.child import RuntimeContext
+    from exporters.layouts.transformers_js import TransformersJs, proof
+    from exporters.recipe.load import parse_recipe
+
+    model_dir, (out, _, _) = moonshine_tjs
+    recipe = parse_recipe(json.dumps(MOONSHINE_RECIPE))
+    model = AutoModelForSpeechSeq2Seq.from_pretrained(model_dir).eval()
+    waveform = torch.sin(torch.arange(24000) * 2 * torch.pi * 440 / 16000).unsqueeze(0) * 0.5
+    context = RuntimeContext(recipe.exports[0], recipe, "speech-seq2seq", {"input_values": waveform},
+                             model.generation_config, model_dir)
+    layout = TransformersJs()
+    reference = proof.reference(layout, model, context)
+    assert len(set(reference["tokens"])) > 1, reference["tokens"]  # greedy varies: the comparison can fail
+    passed = proof.prove(layout, out / "tjs", reference, context)
+    assert passed.status == "passed" and passed.detail.startswith("8/8 tokens"), passed
+    mutant = tmp_path / "out" / "tjs"
+    shutil.copytree(out / "tjs", mutant)
+    generation = json.loads((mutant / "generation_config.json").read_text())
+    generation["decoder_start_token_id"] = reference["tokens"][0] + 1
+    (mutant / "generation_config.json").write_text(json.dumps(generation))
+    failed = proof.prove(layout, mutant, reference, context)
+    assert failed.status == "failed" and "/8 tokens equal eager greedy: transformers.js " in failed.detail, failed
+
+
+def test_the_cards_transformers_js_script_transcribes_a_moonshine_folder_as_written(moonshine_tjs, tmp_path):
+    """The card's script as written: the folder's feature extractor on a second of a tone (its `input_values`), then
+    `AutoModelForSpeechSeq2Seq.generate`; it prints the ids."""
+    from exporters.publish.snippets import target_snippets
+
+    _, (out, report, _) = moonshine_tjs
+    code = {runtime: code for runtime, _, code in target_snippets("org/moonshine", _target(report))}["transformers.js"]
+    assert "AutoModelForSpeechSeq2Seq" in code and "input_values" in code, code
+    printed = run_js_card(code, out / "tjs", tmp_path)
+    assert len(json.loads(printed.strip().splitlines()[-1])) >= 32, printed  # 32 new tokens and the start

@@ -24,9 +24,11 @@ from tests.models import (
     TJS_FP16_TARGET,
     TJS_TARGET as TARGET,
     TJS_VLM_VARIANTS,
+    tiny_gemma3_with_processor,
     tiny_idefics2_with_processor,
     tiny_idefics3_with_processor,
     tiny_llava_onnx_model,
+    tiny_paligemma_with_processor,
 )
 
 RECIPE = {"exports": [TARGET], "generation": {"max_new_tokens": 8}}
@@ -254,4 +256,149 @@ def test_a_vision_language_family_the_layout_does_not_take_is_declined_with_the_
     assert not (out / "tjs" / "onnx" / "decoder_model_merged.onnx").exists()
     markdown = (out / "report.md").read_text()
     assert "transformers.js ✗ cannot take this model" in markdown
-    assert "written for model types ['llava', 'idefics3', 'smolvlm', 'qwen2_vl', 'qwen2_5_vl', 'qwen3_vl']" in markdown and "this is 'idefics2'" in markdown
+    assert ("written for model types ['llava', 'idefics3', 'smolvlm', 'qwen2_vl', 'qwen2_5_vl', 'qwen3_vl', 'gemma3', "
+            "'paligemma']"
+            in markdown) and "this is 'idefics2'" in markdown
+
+
+@pytest.fixture(scope="module")
+def gemma3_tjs(tmp_path_factory):
+    """A tiny Gemma 3 (two full-attention text layers, so the image block's attention reaches the logits; 4 image
+    tokens; its chat template, which transformers.js's Gemma3Processor loads) in the transformers.js layout, exported
+    once through the shared store."""
+    root = tmp_path_factory.mktemp("tjs-gemma3")
+    return stored_run(tiny_gemma3_with_processor(root / "model", RECIPE, text_layers=2, chat_template=True))
+
+
+def test_a_gemma3_folder_generates_in_transformers_js_with_its_image_attending_both_ways(gemma3_tjs):
+    """Gemma 3 (#52 item 4): transformers.js's Gemma3ForConditionalGeneration (its LLaVA class: embeddings, mask and
+    positions into the decoder, no token types) generates eager's tokens, eager run as transformers runs Gemma 3
+    (the processor's token_type_ids: the image block attends both ways). The image's rows are marked in one channel
+    more than the hidden size (text 0, image 1), which the decoder reads as the token types."""
+    import onnx
+
+    out, report, log = gemma3_tjs
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert target["generation"]["status"] == "passed"
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
+    folder = out / "tjs"
+    config = json.loads((folder / "config.json").read_text())
+    hidden = config["text_config"]["hidden_size"]
+    widths = {}
+    for name in GRAPHS:
+        graph = onnx.load(str(folder / name), load_external_data=False).graph
+        values = graph.input if name.endswith("merged.onnx") else graph.output
+        widths[name] = values[0].type.tensor_type.shape.dim[-1].dim_value
+    assert set(widths.values()) == {hidden + 1}, widths  # the features, the embeddings and what the decoder takes
+    assert json.loads((folder / "preprocessor_config.json").read_text())["processor_class"] == "Gemma3Processor"
+    assert (folder / "chat_template.jinja").is_file()
+
+
+def test_a_gemma3_folder_whose_image_rows_are_marked_text_fails_transformers_js_s_proof(gemma3_tjs, tmp_path):
+    """The mutant: the vision encoder's mark zeroed (the image read as text: a causal prefill, what transformers.js
+    runs from a Gemma 3 exported as a LLaVA) generates other tokens than eager's, and the product's transformers.js
+    proof fails it with the tokens, where the same proof, from the same eager reference (the sample the processor
+    makes, with its token_type_ids), passes the folder as exported: the proof judges the image block's attention."""
+    import onnx
+    from onnx import numpy_helper
+
+    out, _, _ = gemma3_tjs
+    mutant = tmp_path / "out" / "tjs"
+    shutil.copytree(out / "tjs", mutant)
+    path = mutant / "onnx" / "vision_encoder.onnx"
+    graph = onnx.load(str(path), load_external_data=False)
+    [last] = [node for node in graph.graph.node if node.output[0] == "image_features"]
+    assert last.op_type == "Concat"
+    [mark] = [init for init in graph.graph.initializer if init.name == last.input[1]]
+    assert set(numpy_helper.to_array(mark).flatten().tolist()) == {1.0}  # every image row marked
+    mark.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(mark) * 0, mark.name))
+    onnx.save_model(graph, str(path))
+
+    model_dir = tiny_gemma3_with_processor(tmp_path / "model", RECIPE, text_layers=2, chat_template=True)
+    inputs, _, passed = _prefill_proof(model_dir, out / "tjs")
+    assert int(inputs["token_type_ids"].sum()) == 4  # the image's tokens, which eager's prefill reads both ways
+    assert passed.status == "passed" and passed.detail.startswith("8/8 tokens"), passed
+    _, _, failed = _prefill_proof(model_dir, mutant)
+    assert failed.status == "failed" and "/8 tokens equal eager greedy: transformers.js " in failed.detail, failed
+
+
+def _prefill_proof(model_dir, folder, window: int | None = None, prompt: str = "<start_of_image>describe the image",
+                  causal: bool = False):
+    """The product's transformers.js proof of `folder` against eager on the processor's sample (an image and a prompt,
+    its token_type_ids), eager's text model given sliding window `window` where set (None: the model's own); `causal`:
+    eager's prefill read causally (its token types dropped, its attention causal: the mutant reference)."""
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from exporters.layouts.child import RuntimeContext
+    from exporters.layouts.transformers_js import TransformersJs, proof
+    from exporters.recipe.load import parse_recipe
+
+    recipe = parse_recipe(json.dumps(RECIPE))
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    if window is not None:
+        model.config.get_text_config().sliding_window = window
+    inputs = AutoProcessor.from_pretrained(model_dir)(text=prompt, images=Image.new("RGB", (32, 32), (128, 64, 32)),
+                                                      return_tensors="pt")
+    sample = {name: value for name, value in inputs.items() if name != "labels"}  # PaliGemma's training labels
+    if causal:
+        sample.pop("token_type_ids")
+        for layer in model.model.language_model.layers:
+            layer.self_attn.is_causal = True
+    context = RuntimeContext(recipe.exports[0], recipe, "vision-language", sample, model.generation_config,
+                             model_dir)
+    with torch.no_grad():
+        reference = proof.reference(TransformersJs(), model, context)
+    return inputs, reference, proof.prove(TransformersJs(), folder, reference, context)
+
+
+def test_a_gemma3_with_sliding_window_layers_keeps_every_position_and_its_window_in_the_mask(tmp_path):
+    """Gemma 3's text layers alternate a sliding window and full attention (here a window of 6 and a full layer): the
+    traced cache keeps every position in every layer (transformers.js feeds back each present and one attention_mask),
+    the window held by transformers' sliding mask. It failed before ('past_key_values.layers.0._sliding_window_tensor'
+    has no name). Proven 8/8 with the prompt and its tokens past the window; eager with the window lifted generates
+    other tokens, which the same folder fails: the graph applies the window."""
+    model_dir = tiny_gemma3_with_processor(tmp_path / "model", RECIPE, text_layers=2, sliding_window=6,
+                                           chat_template=True)
+    out, report, log = stored_run(model_dir)
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert target["generation"]["status"] == "passed" and target["generation"]["prompt_length"] + 8 > 6
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
+    inputs, _, windowed = _prefill_proof(model_dir, out / "tjs")
+    assert inputs["input_ids"].shape[1] + 8 > 6 and windowed.status == "passed", windowed
+    _, reference, unwindowed = _prefill_proof(model_dir, out / "tjs", window=1000)
+    assert unwindowed.status == "failed" and "/8 tokens equal eager greedy" in unwindowed.detail, (reference,
+                                                                                                   unwindowed)
+
+
+def test_a_paligemma_folder_generates_in_transformers_js_with_its_prompt_attending_both_ways(tmp_path):
+    """PaliGemma (#52 item 4): transformers.js's PaliGemmaForConditionalGeneration is its LLaVA class (positions from
+    1, as transformers' PaliGemma); transformers reads the prompt (image and text: its prefix) both ways. The decoder
+    graph makes each call's rows one bidirectional block (transformers.js runs the prompt as one call; each new token
+    is a call of one row). Proven 8/8 in the product; eager with the prefill read causally generates other tokens,
+    which the same folder fails: the graph holds the prefix's attention. The card's script runs as written
+    (PaliGemmaProcessor takes the image first and adds the BOS after the image's tokens)."""
+    model_dir = tiny_paligemma_with_processor(tmp_path / "model", RECIPE, text_layers=2)
+    out, report, log = stored_run(model_dir)
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert target["generation"]["status"] == "passed"
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
+    assert json.loads((out / "tjs" / "preprocessor_config.json").read_text())["processor_class"] == "PaliGemmaProcessor"
+    _, _, passed = _prefill_proof(model_dir, out / "tjs", prompt="<image>describe the image")
+    assert passed.status == "passed", passed
+    _, _, failed = _prefill_proof(model_dir, out / "tjs", prompt="<image>describe the image", causal=True)
+    assert failed.status == "failed" and "/8 tokens equal eager greedy" in failed.detail, failed
+    _run_card(out, report, tmp_path / "card")
+
+
+def test_the_cards_transformers_js_script_runs_a_gemma3_folder_as_written(gemma3_tjs, tmp_path):
+    """The card's script as written: Gemma3Processor expands its begin-of-image token to the image's tokens."""
+    out, report, _ = gemma3_tjs
+    _run_card(out, report, tmp_path)  # the tiny vocabulary may decode to nothing: it runs

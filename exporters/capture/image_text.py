@@ -2,7 +2,8 @@
 
 An ONNX generation target of a vision-language model with `"layout": "transformers.js"` is written as transformers.js's
 `ImageTextToText` models load it (`AutoModelForImageTextToText`: LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL,
-Qwen3-VL), three graphs:
+Qwen3-VL, Gemma 3, PaliGemma), three graphs (Gemma 3's features, embeddings and decoder input one channel wider, marking the
+image's rows: [`marked`]; its sliding-window layers' caches as long as the full layers': [`_full_cache`]):
 
 ```
 vision_encoder        pixel_values [batch, 3, H, W]  -> image_features [1, n, hidden]   the image fixed at the sample's
@@ -59,15 +60,18 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.masking_utils import create_causal_mask
 
-from exporters.capture.merged import contract, empty_cache, with_contract
+from exporters.capture.image_attention import BIDIRECTIONAL_PREFILL, marks_image_rows
+from exporters.capture.merged import contract, empty_cache, mixes_window_layers, with_contract
 from exporters.capture.probes import DimBinding
 from exporters.capture.qwen_vl import (MROPE_TYPES, GridVisionEncoder, WidenedEmbedding, deepstack_added, deepstack,
                                       is_mrope, widened)
 from exporters.capture.token_ids import image_token_id
 from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.recipe.model import ComponentOverride
-from exporters.upstream.multimodal_runner import AudioEncoder, TokenEmbedding, VisionEncoder
+from exporters.upstream.multimodal_runner import (AudioEncoder, MarkedTokenEmbedding, MarkedVisionEncoder,
+                                                  TokenEmbedding, VisionEncoder)
 
 VISION_ENCODER, EMBED_TOKENS, DECODER = "vision_encoder", "embed_tokens", "decoder_model_merged"
 COMPONENTS = [VISION_ENCODER, EMBED_TOKENS, DECODER]
@@ -79,7 +83,9 @@ AUDIO_MODEL_TYPES = ("voxtral", "granite_speech")
 AUDIO_TOKENS_PER_CHUNK = {"voxtral": 375}  # Granite Speech's processor counts them from the audio's length
 # model types whose transformers.js class merges the image features as LLaVA's does (in order, at the image tokens);
 # Qwen2-VL's and Qwen2.5-VL's with 3-D positions and the image's grid (`exporters.capture.qwen_vl`)
-MODEL_TYPES = ("llava", "idefics3", "smolvlm", *MROPE_TYPES)
+# Gemma 3's with its image's rows marked (its prefill attends both ways among one image's tokens: [`marked`])
+# PaliGemma's, each call's rows one block attending both ways (its prompt is its prefix: [`EmbedsDecoder`])
+MODEL_TYPES = ("llava", "idefics3", "smolvlm", *MROPE_TYPES, "gemma3", "paligemma")
 IMAGE_INPUTS = {"input_ids", "attention_mask", "pixel_values", "pixel_attention_mask"}
 GRID_INPUTS = {"image_grid_thw", "mm_token_type_ids"}  # Qwen-VL's besides (its token types: the image's tokens)
 TRACED_PAST, TRACED_QUERY = 3, 2  # the decoder is traced on a cache and a query long enough to stay dynamic
@@ -115,7 +121,9 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_impl
     if "input_features" in generate_inputs:
         return refused_audio(target, model, generate_inputs, cache_implementation)
     pixels, ids = generate_inputs.get("pixel_values"), generate_inputs.get("input_ids")
-    extra = sorted(set(generate_inputs) - IMAGE_INPUTS - (GRID_INPUTS if model_type in MROPE_TYPES else set()))
+    extra = sorted(set(generate_inputs) - IMAGE_INPUTS - (GRID_INPUTS if model_type in MROPE_TYPES else set())
+                   - ({"token_type_ids", "labels"} if model_type in BIDIRECTIONAL_PREFILL else set()))
+    # Gemma 3's and PaliGemma's token types (PaliGemma's processor returns training labels too, which none feeds)
     if model_type not in MODEL_TYPES:
         return (f"transformers.js's vision-language layout is written for model types {list(MODEL_TYPES)} (the "
                 f"image's features in place of its image tokens, LLaVA's merge); this is {model_type!r}")
@@ -123,6 +131,9 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_impl
         return why
     if not hasattr(model, "get_image_features"):
         return f"{type(model).__name__} has no get_image_features (the vision_encoder graph)"
+    if model_type == "paligemma" and mixes_window_layers(model.config):
+        return ("its sliding-window layers (PaliGemma 2's) would need the prefix's block in a sliding mask too, which "
+                "this layout's decoder does not write yet (its prefix mask is one for every layer)")
     if extra:
         return f"its image inputs include {extra}, which transformers.js's image-text-to-text models do not feed"
     if model_type in MROPE_TYPES:
@@ -198,9 +209,30 @@ class MaskedImageEncoder(torch.nn.Module):
         return features.reshape(1, -1, features.shape[-1])
 
 
+def marked(model: Any) -> bool:
+    """Whether the layout marks `model`'s image rows (Gemma 3): `embed_tokens` and `vision_encoder` give one channel
+    more than the hidden size, 0 on a text row and 1 on an image's (`exporters.upstream.multimodal_runner`'s
+    `MarkedTokenEmbedding`, `MarkedVisionEncoder`), which transformers.js merges as any features (its
+    `Gemma3ForConditionalGeneration` is its LLaVA class: the decoder takes embeddings, a mask and positions, no
+    token types); `decoder_model_merged` reads the channel as the processor's `token_type_ids` of the rows it is fed,
+    so the prompt's image attends both ways among its tokens, as transformers' mask from them ([`EmbedsDecoder`]).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> marked(SimpleNamespace(config=SimpleNamespace(model_type="gemma3")))
+        True
+    """
+    return marks_image_rows({"model_type": getattr(model.config, "model_type", None)})
+
+
 class EmbedsDecoder(torch.nn.Module):
     """`decoder_model_merged`: the model's forward on `inputs_embeds` with a cache (no image: its features are in
-    the embeddings already), returning the logits and the grown cache."""
+    the embeddings already), returning the logits and the grown cache. A marked model's ([`marked`]) last channel
+    is cut and given as `token_type_ids` (1 on the image's rows): transformers builds Gemma 3's mask from them (its
+    image block both ways, the rest causal; a cached key is text, as in eager's later steps, which pass none).
+    PaliGemma's: the rows of one call are one block attending both ways (transformers' mask for its prefix, the whole
+    prompt, which transformers.js runs as one call on an empty cache; a later call is one new token, where the block
+    is the causal row), its mask made here and given to the model as it is."""
 
     def __init__(self, model: Any):
         super().__init__()
@@ -210,15 +242,31 @@ class EmbedsDecoder(torch.nn.Module):
                 past_key_values: Any) -> Any:
         # a Qwen3-VL's DeepStack features in the rows (exporters.capture.qwen_vl); any other model's rows as they are
         added = deepstack_added(self.model, inputs_embeds) if deepstack_of(self.model) else nullcontext(inputs_embeds)
+        types = {}
+        if marked(self.model):  # Gemma 3: the image's rows marked in the last channel
+            inputs_embeds, types = inputs_embeds[..., :-1], {"token_type_ids": (inputs_embeds[..., -1] > 0.5).long()}
+            added = nullcontext(inputs_embeds)
+        if getattr(self.model.config, "model_type", None) == "paligemma":  # the call's rows: one block both ways
+            attention_mask = create_causal_mask(self.model.config.get_text_config(), inputs_embeds, attention_mask,
+                                                past_key_values, position_ids, block_sequence_ids=torch.zeros_like(
+                                                    inputs_embeds[..., 0], dtype=torch.long))
         with added as embeds:
             out = self.model(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=past_key_values, use_cache=True)
+                             past_key_values=past_key_values, use_cache=True, **types)
         return {"logits": out.logits, "past_key_values": out.past_key_values}
 
 
 def deepstack_of(model: Any) -> int:
     """A Qwen-VL's DeepStack features' count (Qwen3-VL's), 0 for any other model."""
     return deepstack(model.config) if is_mrope(model.config) else 0
+
+
+def _full_cache(model: Any) -> DynamicCache:
+    """The traced decoder's first cache: one layer per model layer as its config says, except where sliding-window and
+    full-attention layers mix (Gemma 3): every layer then keeps every position (transformers.js feeds back each
+    present as it came and one `attention_mask` for all layers), the window held by transformers' sliding mask alone,
+    as eager's sliding layers drop only keys that mask hides."""
+    return DynamicCache() if mixes_window_layers(model.config) else DynamicCache(config=model.config)
 
 
 def embeds_inputs(embeds: torch.Tensor, start: int, cache: Any, positions: torch.Tensor | None = None,
@@ -309,6 +357,7 @@ def image_encoder(model: Any, generate_inputs: dict[str, Any]) -> tuple[torch.nn
     if "image_grid_thw" in inputs:  # Qwen-VL: the tower at the sample's grid (exporters.capture.qwen_vl)
         return GridVisionEncoder(model, inputs["image_grid_thw"]).eval(), inputs
     module = MaskedImageEncoder(model) if "pixel_attention_mask" in inputs else VisionEncoder(model)
+    module = MarkedVisionEncoder(model) if marked(model) else module  # Gemma 3: its rows marked 1
     return module.eval(), inputs
 
 
@@ -326,12 +375,12 @@ def capture(target: Any, model: Any, generate_inputs: dict[str, Any]) -> dict[st
     first tokens."""
     ids = generate_inputs["input_ids"][:1]
     embed = (WidenedEmbedding(model.get_input_embeddings(), widened(model.config)) if deepstack_of(model)
-             else TokenEmbedding(model.get_input_embeddings())).eval()
+             else (MarkedTokenEmbedding if marked(model) else TokenEmbedding)(model.get_input_embeddings())).eval()
     decoder = EmbedsDecoder(model).eval()
     mrope = is_mrope(model.config)  # Qwen-VL: positions [3, batch, query]
     with torch.no_grad():
         embeds = embed(ids[:, :TRACED_PAST + TRACED_QUERY])
-        cache = decoder(**embeds_inputs(embeds[:, :TRACED_PAST], 0, DynamicCache(config=model.config), mrope=mrope))
+        cache = decoder(**embeds_inputs(embeds[:, :TRACED_PAST], 0, _full_cache(model), mrope=mrope))
     step = embeds_inputs(embeds[:, TRACED_PAST:].clone(), TRACED_PAST, copy.deepcopy(cache["past_key_values"]),
                          mrope=mrope)
     with_contract(target, DECODER, _positions_3d(contract(target, step)) if mrope else contract(target, step))

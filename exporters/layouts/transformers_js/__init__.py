@@ -9,9 +9,9 @@ transformers.js on Node.js.
 | `files.py`   | the folder rewritten to the layout transformers.js loads                                          |
 | `dtypes.py`  | the variants as transformers.js's dtype files (`onnx/model_q4.onnx`, ...) in the one folder      |
 | `proof.py`   | Node.js runs the script on the folder alone with every dtype file, against eager greedy           |
-| `speech.py`  | a speech encoder-decoder (Whisper): `TRANSCRIBE`, the card's script and the proof's               |
+| `speech.py`  | a speech encoder-decoder (Whisper; Moonshine on the waveform): `TRANSCRIBE`, the card's script and the proof's |
 | `speech_proof.py` | Node.js runs `TRANSCRIBE` on the folder alone, token for token against eager `generate()`    |
-| `image_text.py` | a vision-language model (LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL, Qwen3-VL): `GENERATE`, the card's script and the proof's; the processor fix |
+| `image_text.py` | a vision-language model (LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, PaliGemma): `GENERATE`, the card's script and the proof's; the processor fix |
 | `image_text_proof.py` | Node.js runs `GENERATE` on the folder alone, token for token against eager `generate()`  |
 | `audio_text.py` | an audio-language model (Voxtral): `GENERATE`, the card's script and the proof's                  |
 | `audio_text_proof.py` | Node.js runs its `GENERATE` on the folder alone, token for token against eager `generate()` |
@@ -45,7 +45,7 @@ from exporters.recipe.variants import keeps_variants
 LAYOUT = TRANSFORMERS_JS  # the recipe's `layout` value
 # the vision-language layout's graphs and the model types it takes (exporters.capture.image_text's, which loads torch)
 IMAGE_TEXT_COMPONENTS = ("vision_encoder", "embed_tokens", "decoder_model_merged")
-IMAGE_TEXT_TYPES = ("llava", "idefics3", "smolvlm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+IMAGE_TEXT_TYPES = ("llava", "idefics3", "smolvlm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "paligemma")
 AUDIO_TEXT_COMPONENTS = ("audio_encoder", "embed_tokens", "decoder_model_merged")  # the audio-language layout's
 AUDIO_TEXT_TYPES = ("voxtral",)
 VERSION = "4.3.2"  # the pinned @huggingface/transformers (Makefile's TJS_VERSION)

@@ -35,7 +35,7 @@ from exporters.export.seq2seq_merged import MERGED_FILE
 from exporters.export.seq2seq_names import is_encoder_decoder_export
 from exporters.layouts.base import read_json
 from exporters.layouts.transformers_js import LAYOUT, SUFFIXES, layout_dtype
-from exporters.layouts.transformers_js.image_text import processor_fix
+from exporters.layouts.transformers_js.image_text import chat_template, processor_fix
 from exporters.upstream import read_manifest, write_manifest
 
 
@@ -189,6 +189,9 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
     fixed = processor_fix(processor, read_json(directory / "config.json"))
     if fixed is not None:
         fsutil.write_file(directory / "processor_config.json", json.dumps(fixed, indent=2, sort_keys=True) + "\n")
+    template = chat_template(read_json(directory / "tokenizer_config.json"), read_json(directory / "chat_template.json"))
+    if template is not None and not (directory / "chat_template.jinja").exists():  # Gemma3Processor loads the file
+        fsutil.write_file(directory / "chat_template.jinja", template)
     image_processor = processor.get("image_processor")
     if isinstance(image_processor, dict) and not (directory / PREPROCESSOR).exists():
         # transformers 5 keeps the image processor inside processor_config.json; transformers.js reads it from here,

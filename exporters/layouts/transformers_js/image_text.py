@@ -1,5 +1,5 @@
-"""transformers.js's vision-language layout: a LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL or Qwen3-VL model as
-transformers.js's `AutoModelForImageTextToText` loads it, `onnx/vision_encoder.onnx` + `onnx/embed_tokens.onnx` +
+"""transformers.js's vision-language layout: a LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3 or
+PaliGemma model as transformers.js's `AutoModelForImageTextToText` loads it, `onnx/vision_encoder.onnx` + `onnx/embed_tokens.onnx` +
 `onnx/decoder_model_merged.onnx` (the graphs of
 `exporters.capture.image_text`, moved and named by `files.py`) with the folder's processor, tokenizer and
 `generation_config.json` beside them; proven (`image_text_proof.py`) by Node running `GENERATE` (the card's script)
@@ -29,6 +29,19 @@ the vision encoder was traced at. One image a prompt: the vision encoder is trac
 transformers.js 4.3.2's `Qwen2VLImageProcessor` stacks two images of one size as one image's two frames
 (docs/upstream-gaps.md).
 
+A Gemma 3 (`Gemma3ForConditionalGeneration`, transformers.js's LLaVA class: its decoder is fed embeddings, a mask and
+positions counted from 1, no token types): the prompt is the processor's begin-of-image token, which its
+`Gemma3Processor` expands to the image's tokens; transformers attends both ways among them (from the processor's
+`token_type_ids`), which the graphs hold by marking the image's rows in one channel more than the hidden size
+(`exporters.capture.image_text.marked`); the eager reference is given the sample's `token_type_ids`, as transformers
+runs Gemma 3. transformers.js's `Gemma3Processor` loads the folder's `chat_template.jinja` and fails without it: the
+layout writes it from the model's `tokenizer_config.json` or `chat_template.json` where the model has none
+([`chat_template`]).
+
+A PaliGemma (`PaliGemmaForConditionalGeneration`, transformers.js's LLaVA class too): its `PaliGemmaProcessor` takes
+the image first and `<image>` (its constant) in the text; its decoder reads each call's rows both ways
+(`exporters.capture.image_text.EmbedsDecoder`), as transformers reads PaliGemma's prompt, its prefix.
+
 Example:
     >>> "AutoModelForImageTextToText" in generate_script('"model"', '"tjs"', 4, "", "console.log(1);")
     True
@@ -45,7 +58,7 @@ from exporters.recipe.variants import TRANSFORMERS_JS_DTYPES
 
 IMAGE_TEXT_FILES = ("onnx/vision_encoder.onnx", "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx")
 # Values enter only through json.dumps or as our ints and lines.
-GENERATE = Template("""import { env, AutoProcessor, AutoModelForImageTextToText, LlavaProcessor, Qwen2VLProcessor, RawImage, Tensor } from '@huggingface/transformers';
+GENERATE = Template("""import { env, AutoProcessor, AutoModelForImageTextToText, LlavaProcessor, PaliGemmaProcessor, Qwen2VLProcessor, RawImage, Tensor } from '@huggingface/transformers';
 
 env.allowRemoteModels = false;
 env.localModelPath = $root;
@@ -55,10 +68,10 @@ const config = processor.image_processor.config;
 const pinned = config.max_pixels && Math.round(Math.sqrt(config.max_pixels));  // Qwen-VL: the traced image's pixels
 const side = config.crop_size?.height ?? config.size?.height ?? pinned ?? config.size?.shortest_edge ?? config.size?.longest_edge;
 const image = new RawImage(new Uint8ClampedArray(side * side * 3).fill(128), side, side, 3);  // your image: await RawImage.read(path)
-const token = processor.image_token ?? processor.config.image_token ?? processor.constructor.image_token;
-const marked = processor instanceof Qwen2VLProcessor ? `<|vision_start|>$${token}<|vision_end|>` : token;
+const token = processor.image_token ?? processor.config.image_token ?? processor.constructor.image_token ?? '<image>';  // PaliGemma's
+const marked = processor instanceof Qwen2VLProcessor ? `<|vision_start|>$${token}<|vision_end|>` : processor.boi_token ?? token;  // Gemma 3's expands its boi token
 const text = marked + $prompt;  // the image, then your prompt
-const inputs = processor instanceof LlavaProcessor ? await processor(image, text) : await processor(text, image);
+const inputs = processor instanceof LlavaProcessor || processor instanceof PaliGemmaProcessor ? await processor(image, text) : await processor(text, image);
 $feed
 const output = await model.generate({ ...inputs, max_new_tokens: $steps, min_new_tokens: $steps, do_sample: false });
 $emit
@@ -120,6 +133,21 @@ def processor_fix(processor: dict[str, Any], model_config: dict[str, Any]) -> di
     if strategy != "default" or not isinstance(extra, int) or extra < 1:
         return None
     return {**processor, "num_additional_image_tokens": extra - 1, "vision_feature_select_strategy": "full"}
+
+
+def chat_template(tokenizer_config: dict[str, Any], chat_template_json: dict[str, Any]) -> str | None:
+    """The model's chat template as text, for the folder's `chat_template.jinja` where the model holds it only in
+    `tokenizer_config.json` or `chat_template.json`: transformers.js's `Gemma3Processor` loads the `.jinja` file and
+    will not load without it. None where the model has no template as one string.
+
+    Example:
+        >>> chat_template({"chat_template": "{{ bos_token }}"}, {}), chat_template({}, {"chat_template": ["x"]})
+        ('{{ bos_token }}', None)
+    """
+    for source in (chat_template_json, tokenizer_config):
+        if isinstance(source.get("chat_template"), str):
+            return source["chat_template"]
+    return None
 
 
 def is_image_text(files: set[str]) -> bool:

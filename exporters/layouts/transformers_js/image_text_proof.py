@@ -33,10 +33,12 @@ def reference(model: Any, context: RuntimeContext, steps: int) -> dict[str, Any]
     extra = {"pixel_attention_mask": mask[:1].to(device)} if isinstance(mask, torch.Tensor) else {}
     if isinstance(grid, torch.Tensor):  # the model's forward takes the image's token types beside its grid
         extra = {"image_grid_thw": grid[:1].to(device), "mm_token_type_ids": (ids == token).long().to(device)}
+    types = context.generate_inputs.get("token_type_ids")  # Gemma 3, PaliGemma: the prefill's bidirectional block
+    typed = {"token_type_ids": types[:1].to(device)} if isinstance(types, torch.Tensor) else {}
     with torch.no_grad():
         out = model.generate(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device),
                              pixel_values=pixels.to(device, model.dtype), max_new_tokens=steps, min_new_tokens=steps,
-                             do_sample=False, num_beams=1, **extra)
+                             do_sample=False, num_beams=1, **extra, **typed)
     sample = {"ids": ids[0].tolist(), "shape": list(pixels.shape), "pixels": pixels.flatten().tolist()}
     if isinstance(grid, torch.Tensor):
         sample["grid"] = [int(v) for v in grid[0].tolist()]

@@ -1,17 +1,21 @@
-"""transformers.js's speech layout: a Whisper-style encoder-decoder as transformers.js's `AutoModelForSpeechSeq2Seq`
-loads it, `onnx/encoder_model.onnx` + `onnx/decoder_model_merged.onnx` (written by `files.py`) with the folder's
+"""transformers.js's speech layout: a Whisper-style encoder-decoder (or Moonshine, on the raw waveform) as
+transformers.js's `AutoModelForSpeechSeq2Seq` loads it, `onnx/encoder_model.onnx` + `onnx/decoder_model_merged.onnx` (written by `files.py`) with the folder's
 `preprocessor_config.json`, tokenizer and `generation_config.json` beside them; proven (`speech_proof.py`) by Node
 running `TRANSCRIBE` (the card's script) on the folder alone, its greedy tokens eager `generate()`'s.
 
 ```
 reference(model)                                        prove(folder)
 eager generate(input_features, max_new_tokens =          node script.mjs: the same features as a Tensor ─►
+(Moonshine: input_values, the waveform)
 min_new_tokens = n, greedy) ─► the last n tokens         AutoModelForSpeechSeq2Seq.from_pretrained(folder).generate
 ```
 
 The proof feeds the spectrogram eager ran on (written to a scratch file), so the comparison is of the graphs and
 transformers.js's generation loop, not of two feature extractors; the card's script makes the features with the
-folder's own `AutoFeatureExtractor` from audio (a tone in the example).
+folder's own `AutoFeatureExtractor` from audio (a tone in the example). Moonshine (`MoonshineForConditionalGeneration`:
+its `main_input_name` is `input_values`, which `generate({ inputs })` feeds the encoder) takes the waveform itself:
+its extractor gives `input_values` `[1, samples]`, as long as the audio where the target's encoder was exported
+with the waveform axis dynamic (`dynamic: true`).
 
 Example:
     >>> "AutoModelForSpeechSeq2Seq" in transcribe_script('"model"', '"tjs"', CARD_FEATURES, 4, "console.log(1);")
@@ -39,7 +43,8 @@ $emit
 CARD_FEATURES = """const extractor = await AutoFeatureExtractor.from_pretrained($name);
 const rate = extractor.config.sampling_rate;
 const audio = Float32Array.from({ length: rate }, (_, i) => 0.5 * Math.sin(2 * Math.PI * 440 * i / rate));  // your audio
-const { input_features } = await extractor(audio);"""
+const extracted = await extractor(audio);
+const input_features = extracted.input_features ?? extracted.input_values;  // Whisper's spectrogram, Moonshine's waveform"""
 # The proof's features: the spectrogram eager ran on, from the scratch file the proof wrote
 PROOF_FEATURES = """import { readFileSync } from 'node:fs';
 const spec = JSON.parse(process.argv[2]);
@@ -56,12 +61,19 @@ def transcribe_script(root: str, name: str, features: str, steps: int, emit: str
                                  steps=int(steps), emit=emit, dtype=dtype_option(dtype))
 
 
+WAVEFORM_TYPES = ("moonshine",)  # speech encoder-decoders transformers.js 4.3.2 generates from the raw waveform
+
+
 def is_speech(model_config: dict[str, Any]) -> bool:
-    """Whether a folder's config is a speech encoder-decoder transformers.js generates from a spectrogram (Whisper).
+    """Whether a folder's config is a speech encoder-decoder transformers.js generates from a spectrogram (Whisper)
+    or a waveform (Moonshine).
 
     Example:
         >>> is_speech({"is_encoder_decoder": True, "num_mel_bins": 80}), is_speech({"is_encoder_decoder": True})
         (True, False)
+        >>> is_speech({"is_encoder_decoder": True, "model_type": "moonshine"})
+        True
     """
-    return bool(model_config.get("is_encoder_decoder")) and "num_mel_bins" in model_config
+    return bool(model_config.get("is_encoder_decoder")) and (
+        "num_mel_bins" in model_config or model_config.get("model_type") in WAVEFORM_TYPES)
 

@@ -1,5 +1,5 @@
-"""transformers.js's speech proof (the layout is `speech.py`): eager greedy `generate()` on the sample's spectrogram,
-then Node running `TRANSCRIBE` on the folder alone with that spectrogram; the last `steps` tokens must be eager's
+"""transformers.js's speech proof (the layout is `speech.py`): eager greedy `generate()` on the sample's spectrogram
+(Moonshine's waveform), then Node running `TRANSCRIBE` on the folder alone with that spectrogram (waveform); the last `steps` tokens must be eager's
 (with dtype files, `dtypes.py`: the folder loaded once per dtype, each file giving the greedy tokens its variant's
 budget asks).
 """
@@ -19,14 +19,17 @@ from exporters.layouts.transformers_js.speech import EMIT, PROOF_FEATURES, trans
 
 
 def reference(model: Any, context: RuntimeContext, steps: int) -> dict[str, Any]:
-    """Eager greedy generation of exactly `steps` tokens from the sample's spectrogram (see the module)."""
-    features = context.generate_inputs.get("input_features")
+    """Eager greedy generation of exactly `steps` tokens from the sample's spectrogram, or Moonshine's waveform
+    (`input_values`), see the module."""
+    name = "input_features" if "input_features" in context.generate_inputs else "input_values"
+    features = context.generate_inputs.get(name)
     if not isinstance(features, torch.Tensor):
-        return {"unverified": "the sample has no spectrogram `input_features` for transformers.js's Whisper"}
+        return {"unverified": "the sample has no spectrogram `input_features` (nor waveform `input_values`) for "
+                              "transformers.js's speech models"}
     features = features[:1].detach().float()  # as transformers.js's extractor makes them (a float16 graph casts inside)
     weight = next(model.parameters())
     with torch.no_grad():
-        out = model.generate(input_features=features.to(weight.device, weight.dtype), max_new_tokens=steps,
+        out = model.generate(**{name: features.to(weight.device, weight.dtype)}, max_new_tokens=steps,
                              min_new_tokens=steps, do_sample=False, num_beams=1)
     return {"speech": True, "steps": steps, "tokens": out[0, -steps:].tolist(),
             "features": {"shape": list(features.shape), "data": features.flatten().tolist()}}
