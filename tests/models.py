@@ -594,6 +594,25 @@ def tiny_moonshine(folder: Path, recipe: Any | None = None, seed: int = 0, featu
     return folder
 
 
+def tiny_speecht5(folder: Path, recipe: Any | None = None, seed: int = 2) -> Path:
+    """A 1+1-layer SpeechT5ForSpeechToText (hidden 32): a speech encoder-decoder on raw waveforms (`input_values`,
+    through its two-layer convolutional speech prenet) whose text decoder places tokens by sinusoidal positions, with
+    its feature extractor (`SpeechT5FeatureExtractor`, 16 kHz) saved in the folder. Seed 2 and weights at std 1.0:
+    greedy decoding varies within 8 tokens (at 0.3, or seed 0, it repeats one token from the second on)."""
+    from transformers import SpeechT5Config, SpeechT5FeatureExtractor, SpeechT5ForSpeechToText
+
+    torch.manual_seed(seed)
+    config = SpeechT5Config(vocab_size=64, hidden_size=32, encoder_layers=1, decoder_layers=1,
+                            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                            decoder_ffn_dim=64, conv_dim=[32, 32], conv_stride=[5, 2], conv_kernel=[10, 3],
+                            num_feat_extract_layers=2, num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+                            encoder_max_relative_position=16, max_text_positions=64, decoder_start_token_id=2,
+                            bos_token_id=0, eos_token_id=2, pad_token_id=1, initializer_range=1.0)
+    folder = _saved(SpeechT5ForSpeechToText(config), folder, recipe)
+    SpeechT5FeatureExtractor(sampling_rate=16000, do_normalize=False, return_attention_mask=True).save_pretrained(folder)
+    return folder
+
+
 VLM_CORPUS = ["describe the image", "a cat on the mat", "the quick brown fox jumps over the lazy dog"] * 4
 VLM_SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]  # ids 0-3, then the family's image tokens
 

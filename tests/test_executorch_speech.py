@@ -141,3 +141,118 @@ def test_the_speech_program_sizes_its_caches_by_the_decoders_heads_and_layers():
             assert (logits[:, -1].double() - exact).abs().max() <= 2 * eager_error, (position, eager_error)
             assert int(logits[0, -1].argmax()) == int(eager[0].argmax())
             ids.append(int(logits[0, -1].argmax()))
+
+
+# Moonshine and SpeechT5 (#52 §2, thirteenth round): the encoder takes a raw waveform (`input_values`), which the
+# program's `encoder` takes at the traced length as [1, 1, samples] (the runner reads its input's three sizes)
+WAVEFORM_FAMILIES = ["moonshine", "speecht5"]
+
+
+@pytest.fixture(scope="module", params=WAVEFORM_FAMILIES)
+def waveform_speech(request, tmp_path_factory):
+    """(family, model folder, output folder, report, log) of one stored run of the family's tiny model (RECIPE)."""
+    from tests.export_store import stored_run
+    from tests.models import tiny_moonshine, tiny_speecht5
+
+    builder = {"moonshine": tiny_moonshine, "speecht5": tiny_speecht5}[request.param]
+    model_dir = builder(tmp_path_factory.mktemp(f"executorch-speech-{request.param}") / "model", RECIPE)
+    out, report, log = stored_run(model_dir)
+    return request.param, model_dir, out, report, log
+
+
+def test_a_waveform_models_default_executorch_target_is_the_asr_runners_program_and_runs_there(waveform_speech):
+    family, _, out, report, log = waveform_speech
+    target = targets_by_name(report)["executorch"]
+    assert target["status"] == "passed", (family, log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert target["expected_components"] == ["encoder", "text_decoder"]
+    [proof] = target["runtimes"]
+    assert proof["runtime"] == RUNTIME and proof["status"] == "passed", proof
+    assert proof["detail"].startswith("8/8 tokens (executorch.runtime, optimum-executorch's loop"), proof
+    assert f"{RUNTIME} ✓ 8/8 tokens" in (out / "report.md").read_text()
+    generation = target["generation"]
+    assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
+    assert len(set(generation["eager_tokens"][0])) > 1, generation  # not one token repeated: a cache slip shows
+    manifest = json.loads((out / "executorch" / "export.json").read_text())
+    assert manifest["layout"] == "runner"
+    assert {name: entry["method"] for name, entry in manifest["components"].items()} == {
+        "encoder": "encoder", "text_decoder": "text_decoder"}
+
+
+def test_the_waveform_program_takes_the_traced_waveform_as_the_runner_reads_it(waveform_speech):
+    """The encoder method takes the sample's waveform at its traced length (16000 samples: one second at 16 kHz) as
+    [1, 1, samples]; the cache is the decoder's positions (Moonshine's max_position_embeddings 128, SpeechT5's
+    max_text_positions 64: its sinusoidal table, past which eager itself fails)."""
+    from executorch.runtime import Runtime
+
+    family, _, out, _, _ = waveform_speech
+    folder = out / "executorch"
+    data = {"data_path": folder / "model.ptd"} if (folder / "model.ptd").is_file() else {}
+    program = Runtime.get().load_program(folder / "model.pte", **data)
+    assert list(program.metadata("encoder").input_tensor_meta(0).sizes()) == [1, 1, 16000]
+    assert program.metadata("text_decoder").num_inputs() == 3
+    assert program.load_method("get_max_seq_len").execute([])[0] == {"moonshine": 128, "speecht5": 64}[family]
+    assert program.load_method("decoder_start_token_id").execute([])[0] == {"moonshine": 1, "speecht5": 2}[family]
+    assert program.load_method("get_eos_id").execute([])[0] == 2
+
+
+def test_a_waveform_models_layout_methods_keeps_a_method_per_generation_component(waveform_speech):
+    family, _, _, report, log = waveform_speech
+    target = targets_by_name(report)["methods"]
+    assert target["status"] == "passed", (family, log[-3000:], json.dumps(target, indent=1)[:4000])
+    assert target["expected_components"] == ["encoder", "prefill", "decode"]
+    assert not target["runtimes"], target["runtimes"]
+    assert any("method per component" in finding for finding in target["findings"]), target["findings"]
+
+
+def test_the_cards_waveform_snippet_runs_as_written(waveform_speech, hub, tmp_path):
+    """The card's snippet, run as written: the folder's feature extractor on a tone padded or cut to the length the
+    program's encoder reads from its own metadata, then the proof's loop from the program's start token."""
+    from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
+
+    family, _, out, _, _ = waveform_speech
+    commit = upload_exports(hub, f"alice/{family}", out, ["executorch"])
+    [(_, language, code)] = [s for s in card_snippets(exports_card(f"alice/{family}", out, commit))
+                             if s[0] == RUNTIME]
+    assert language == "python" and "input_tensor_meta(0).sizes()" in code and ".input_values[:, None, :]" in code
+    done = run_snippet(code, hub, tmp_path / "home")
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    tokens = json.loads(done.stdout.strip().splitlines()[-1])
+    assert tokens and all(isinstance(t, int) for t in tokens)
+
+
+@pytest.mark.parametrize("mutant", [None, "position", "cross"])
+def test_the_waveform_program_gives_eagers_tokens_only_with_its_cache_position_and_cross_attention(
+        waveform_speech, mutant, monkeypatch):
+    """The program before lowering, run as the proof runs it (encoder once, then text_decoder one token per call at
+    its cache position, argmax), gives eager's tokens; a program that writes every step at position 0 (the cache
+    position ignored) or whose cross-attention reads zeroed encoder states gives others."""
+    import torch
+    from transformers import AutoModelForSpeechSeq2Seq
+
+    from exporters.capture.asr_runner import capture
+    from exporters.upstream import asr_runner
+
+    family, model_dir, _, _, _ = waveform_speech
+    forward = asr_runner.TextDecoderProgram.forward
+
+    def wrong(self, decoder_input_ids, encoder_hidden_states, cache_position):
+        if mutant == "position":
+            return forward(self, decoder_input_ids, encoder_hidden_states, torch.zeros_like(cache_position))
+        return forward(self, decoder_input_ids, torch.zeros_like(encoder_hidden_states), cache_position)
+
+    if mutant:
+        monkeypatch.setattr(asr_runner.TextDecoderProgram, "forward", wrong)
+    model = AutoModelForSpeechSeq2Seq.from_pretrained(model_dir).eval()
+    torch.manual_seed(0)
+    waveform = torch.randn(1, 16000)
+    programs = capture(model, {"input_values": waveform}, 32, model.config.decoder_start_token_id)
+    with torch.no_grad():
+        states = programs["encoder"][0](waveform[:, None, :])["last_hidden_state"]
+        tokens = [model.config.decoder_start_token_id]
+        for position in range(8):
+            logits = programs["text_decoder"][0](torch.tensor([[tokens[-1]]]), states, torch.tensor([position]))
+            tokens.append(int(logits["logits"][0, -1].argmax()))
+        reference = model.generate(input_values=waveform, max_new_tokens=8, do_sample=False, num_beams=1)[0, 1:]
+    reference = reference.tolist()
+    assert len(reference) >= 4 and len(set(reference)) > 1, reference  # enough steps for a cache slip to show
+    assert (tokens[1:1 + len(reference)] == reference) is (mutant is None), (family, mutant, tokens, reference)

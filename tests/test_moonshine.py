@@ -1,7 +1,8 @@
 """Audio encoder-decoders beyond Whisper (#30): Moonshine reads a raw waveform (`input_values`), not text and not a
 spectrogram. Its sample inputs come from the folder's feature extractor (else from the config), its generation
-export is the encoder / prefill / decode set in every format, and parity runs from the waveform through the
-exported graphs only."""
+export is the encoder / prefill / decode set in every format (ExecuTorch's with `layout: "methods"`: its default is
+the ASR runner's `encoder` + `text_decoder`, tests/test_executorch_speech.py), and parity runs from the waveform
+through the exported graphs only."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ FORMATS = ["dynamo", "onnx", "executorch"]
 RECIPE = {"schema_version": 1, "generation": {"max_new_tokens": 6}, "exports": [
     {"name": "dynamo", "export_format": "dynamo", "mode": "generation", "dynamic": True},
     {"name": "onnx", "export_format": "onnx", "mode": "generation", "dynamic": True},
-    {"name": "executorch", "export_format": "executorch", "mode": "generation"},
+    {"name": "executorch", "export_format": "executorch", "mode": "generation", "layout": "methods"},
 ]}
 COMPONENTS = ["encoder", "prefill", "decode"]
 

@@ -26,7 +26,8 @@ Beside them:
 - `qwen_vl.py`: Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's vision tower at one image grid, their 3-D (M-RoPE)
   positions and Qwen3-VL's DeepStack features in the features' rows, which transformers.js's layout and ONNX Runtime
   GenAI's Qwen-VL folder trace and feed;
-- `asr_runner.py`: which speech targets (Whisper) get the ExecuTorch ASR runner's layout, and its two components;
+- `asr_runner.py`: which speech targets (a spectrogram or a waveform in) get the ExecuTorch ASR runner's layout, and
+  its two components;
 - `stepped.py`: the prompt through the decode graph one token at a time (state-space and hybrid models);
 - `token_ids.py`: the special token ids a deployment runtime needs beside the graph;
 - `image_attention.py`: the vision-language models whose prefill attends both ways over the image (Gemma 3,

@@ -390,7 +390,8 @@ def methods_note(target, components: Components) -> str:
     """The report's word on which runtime loads an ExecuTorch generation program with a method per component."""
     names = list(components)
     hint = ("; for an encoder-decoder, optimum-executorch writes methods `encoder` and `text_decoder`, which "
-            "`layout: \"runner\"` writes for a speech model on a spectrogram (Whisper) at batch 1 with a static cache"
+            "`layout: \"runner\"` writes for a speech model on a spectrogram or a raw waveform (Whisper, Moonshine) "
+            "at batch 1 with a static cache"
             if "encoder" in names else "; `layout: \"runner\"` writes that program for a decoder-only model with a "
             "key-value cache" if set(names) <= {"prefill", "decode", "model"} else "")
     return METHODS_NOTE.format(methods=", ".join(names), hint=hint)

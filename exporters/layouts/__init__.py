@@ -8,7 +8,8 @@ exporters/layouts/
   executorch_llm/    the ExecuTorch LLM runner (TextLLMRunner): model.pte in the runner's contract
   executorch_multimodal/  ExecuTorch's MultimodalRunner: a vision-language model.pte (token_embedding, vision_encoder,
                      text_decoder), or an audio-language one's (audio_encoder in place of vision_encoder)
-  executorch_speech/ the ExecuTorch ASR runner's layout: model.pte with methods encoder + text_decoder (Whisper)
+  executorch_speech/ the ExecuTorch ASR runner's layout: model.pte with methods encoder + text_decoder (Whisper,
+                     Speech2Text; Moonshine and SpeechT5 on a waveform)
   genai/             ONNX Runtime GenAI: a merged decoder graph and genai_config.json
   transformers_js/   transformers.js on Node.js: onnx/model.onnx and transformers.js_config (Whisper's encoder and
                      merged decoder; a LLaVA's vision_encoder, embed_tokens and decoder_model_merged; a Voxtral's

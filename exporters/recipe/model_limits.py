@@ -19,7 +19,8 @@ from exporters.errors import RecipeError
 __all__ = ["DEFAULT_MAX_CACHE_LEN", "POSITION_KEYS", "check_cache_len", "positions_in"]
 
 DEFAULT_MAX_CACHE_LEN = 2048
-POSITION_KEYS = ("max_position_embeddings", "max_target_positions", "n_positions")
+POSITION_KEYS = ("max_position_embeddings", "max_target_positions", "n_positions",
+                 "max_text_positions")  # SpeechT5: its text decoder's sinusoidal table (eager fails past it)
 
 
 def positions_in(config: Mapping[str, Any]) -> int | None:

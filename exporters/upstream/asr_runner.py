@@ -5,6 +5,7 @@ here only.
 
 ```
 model ──► EncoderProgram      encoder(input_features [1, mels, frames]) -> {"last_hidden_state"}
+      │   (a waveform model's WaveformEncoderProgram: encoder(input_values [1, 1, samples]), Moonshine, SpeechT5)
       └─► TextDecoderProgram  text_decoder(decoder_input_ids [1, 1], encoder_hidden_states, cache_position [1])
                                -> {"logits" [1, 1, vocab]}; the self-attention cache (static, max_cache_len) inside
 ```
@@ -15,11 +16,14 @@ optimum-executorch's `Seq2SeqLMExportableModule` writes the same two methods (an
 `cache_position` (the write position is taken from it, so a call at 0 starts a new transcription); the cross-attention
 keys and values are computed from `encoder_hidden_states` on every call into a static cache of the encoder's length
 (as optimum-executorch's wrapper holds them; transformers' own keeps them in a `DynamicCache` built once, which a
-second eager call reads stale and whose empty tensors the lowering cannot functionalize).
+second eager call reads stale and whose empty tensors the lowering cannot functionalize). A decoder's positions come
+from the cache's length, which each call sets from `cache_position` (Moonshine's rotary positions, SpeechT5's
+sinusoidal ones); SpeechT5's text decoder takes its tokens as `input_values` ([`token_input_name`]).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -42,6 +46,26 @@ class EncoderProgram(torch.nn.Module):
         return {"last_hidden_state": self.encoder(input_features=input_features).last_hidden_state}
 
 
+class WaveformEncoderProgram(EncoderProgram):
+    """`encoder(input_values [1, 1, samples]) -> {"last_hidden_state"}`: the encoder of a model on a raw waveform
+    (Moonshine, SpeechT5), the waveform at the traced length as a three-dimensional tensor (one channel, as a
+    spectrogram's bins: the runner's `transcribe()` reads its input's three sizes)."""
+
+    def forward(self, input_values: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"last_hidden_state": self.encoder(input_values=input_values.flatten(1)).last_hidden_state}
+
+
+def encoder_program(model: Any, source: str = "input_features") -> EncoderProgram:
+    """The encoder method's module for the model's speech input `source` (`input_features` or `input_values`).
+
+    Example:
+        >>> model = type("M", (), {"get_encoder": lambda self: torch.nn.Identity()})()
+        >>> type(encoder_program(model, "input_values")).__name__
+        'WaveformEncoderProgram'
+    """
+    return (WaveformEncoderProgram if source == "input_values" else EncoderProgram)(model)
+
+
 class TextDecoderProgram(torch.nn.Module):
     """`text_decoder(decoder_input_ids, encoder_hidden_states, cache_position) -> {"logits"}`: the decoder and its
     output projection, the self-attention cache a static one of `max_cache_len` positions held as buffers."""
@@ -49,6 +73,7 @@ class TextDecoderProgram(torch.nn.Module):
     def __init__(self, model: Any, max_cache_len: int, encoder_length: int):
         super().__init__()
         self.decoder = model.get_decoder()
+        self.token_input = token_input_name(self.decoder)
         self.proj_out = model.get_output_embeddings()
         self.config = model.config
         self.static_cache = self._cache("", max_cache_len, model.dtype)
@@ -83,7 +108,8 @@ class TextDecoderProgram(torch.nn.Module):
             layer.cumulative_length.zero_()
         # every call computes the cross keys: the flags would otherwise keep the first call's
         self.cache.is_updated = {i: False for i in range(len(self.cross_cache.layers))}
-        hidden = self.decoder(input_ids=decoder_input_ids, encoder_hidden_states=encoder_hidden_states, cache=self.cache,
+        tokens = {self.token_input: decoder_input_ids}
+        hidden = self.decoder(**tokens, encoder_hidden_states=encoder_hidden_states, cache=self.cache,
                               use_cache=True).last_hidden_state
         return {"logits": self.proj_out(hidden)}
 
@@ -104,10 +130,12 @@ def decoder_head_shapes(config: Any) -> tuple[Any, Any]:
     return get_head_shapes(config)
 
 
-def asr_modules(model: Any, max_cache_len: int, encoder_length: int) -> dict[str, torch.nn.Module]:
+def asr_modules(model: Any, max_cache_len: int, encoder_length: int, source: str = "input_features"
+                ) -> dict[str, torch.nn.Module]:
     """`{"encoder": EncoderProgram, "text_decoder": TextDecoderProgram}` of an encoder-decoder speech model (eval);
-    `encoder_length`: the positions of the encoder's states (the spectrogram is fixed, so are they)."""
-    return {ENCODER: EncoderProgram(model).eval(),
+    `encoder_length`: the positions of the encoder's states (the spectrogram or waveform is fixed, so are they);
+    `source`: the model's speech input ([`encoder_program`])."""
+    return {ENCODER: encoder_program(model, source).eval(),
             TEXT_DECODER: TextDecoderProgram(model, max_cache_len, encoder_length).eval()}
 
 
@@ -137,3 +165,15 @@ def asr_metadata(model: Any, max_cache_len: int, eos_ids: list[int], decoder_sta
         "enable_dynamic_shape": False,
     }
     return {name: value for name, value in values.items() if value is not None}
+
+
+def token_input_name(decoder: torch.nn.Module) -> str:
+    """The argument a decoder takes its token ids by: `input_ids`, or SpeechT5's text decoder's `input_values` (its
+    text prenet embeds them).
+
+    Example:
+        >>> token_input_name(type("D", (torch.nn.Module,), {"forward": lambda self, input_values=None: None})())
+        'input_values'
+    """
+    parameters = inspect.signature(decoder.forward).parameters
+    return "input_ids" if "input_ids" in parameters or "input_values" not in parameters else "input_values"

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from exporters.capture.asr_runner import ENCODER, TEXT_DECODER, is_asr
+from exporters.capture.asr_runner import ENCODER, TEXT_DECODER, is_asr, program_input, speech_source
 from exporters.capture.cache_settings import sliding_window_of
 from exporters.capture.families import MULTIMODAL_GENERATORS
 from exporters.capture.image_text import DECODER as IMAGE_TEXT_DECODER, components_for as image_text_components
@@ -281,7 +281,8 @@ def _speech_program(model, components, runners, generate_inputs, greedy: Greedy,
     """The ASR runner's program (`exporters.capture.asr_runner`) as the runner feeds it: `encoder` once, then
     `text_decoder` one token per call at its cache position (the decoder prompt eager starts from, then each
     selected token); the program keeps the self-attention cache."""
-    encoded = run_component(runners[ENCODER], {"input_features": generate_inputs["input_features"]})
+    source = speech_source(generate_inputs)  # a spectrogram, or a waveform the runner takes as [1, 1, samples]
+    encoded = run_component(runners[ENCODER], {source: program_input(generate_inputs)})
     states = encoded["last_hidden_state"]
 
     def stepper(token, position, cache, extra=None):
@@ -294,7 +295,7 @@ def _speech_program(model, components, runners, generate_inputs, greedy: Greedy,
     for position in range(start.shape[1]):
         out = stepper(start[:, position], position, None)
     decode_loop(out["logits"], None, start, greedy, stepper, tokens)
-    return int(generate_inputs["input_features"].shape[-1])
+    return int(generate_inputs[source].shape[-1])
 
 
 def _encoder_decoder(model, components, runners, generate_inputs, greedy: Greedy, tokens) -> int:

@@ -1,7 +1,8 @@
 """The ExecuTorch speech layout: one `model.pte` with the methods ExecuTorch's ASR runner (extension/asr/runner,
-`Seq2SeqRunner`) and optimum-executorch's `ExecuTorchModelForSpeechSeq2Seq` load, `encoder` (the spectrogram in)
-and `text_decoder` (one token, the encoder's states, its cache position; the self-attention cache inside), with
-their constant metadata methods (`decoder_start_token_id`, `get_eos_id`, `get_max_seq_len`, ...).
+`Seq2SeqRunner`) and optimum-executorch's `ExecuTorchModelForSpeechSeq2Seq` load, `encoder` (the spectrogram in,
+or a raw waveform as `[1, 1, samples]` at the traced length: Moonshine, SpeechT5) and `text_decoder` (one token,
+the encoder's states, its cache position; the self-attention cache inside), with their constant metadata methods
+(`decoder_start_token_id`, `get_eos_id`, `get_max_seq_len`, ...).
 
 | module      | what it holds                                                                                   |
 |-------------|-------------------------------------------------------------------------------------------------|
@@ -36,12 +37,12 @@ METHODS = ("encoder", "text_decoder")
 # the model's generate() forces them). Values enter only through json.dumps or as our ints and lines.
 TRANSCRIBE = Template("""import torch
 from executorch.runtime import Runtime
-
-$features
+$setup
 program = Runtime.get().load_program($program$data)
 def constant(name):
     return program.load_method(name).execute([])[0]
 encoder, decoder = program.load_method("encoder"), program.load_method("text_decoder")
+$features
 states = encoder.execute([features])[0]
 prompt = $prompt$comment
 eos = constant("get_eos_id")
@@ -56,20 +57,28 @@ for position in range(len(prompt) - 1 + min($steps, constant("get_max_seq_len") 
 $emit
 """)
 # The card's features: the folder's own feature extractor on your audio (here one second of a 440 Hz tone)
-CARD_FEATURES = """import numpy
+CARD_AUDIO = """import numpy
 from transformers import AutoFeatureExtractor
 
 extractor = AutoFeatureExtractor.from_pretrained(folder)
 seconds = numpy.arange(extractor.sampling_rate) / extractor.sampling_rate
 audio = 0.5 * numpy.sin(2 * numpy.pi * 440 * seconds)  # your audio, at extractor.sampling_rate
-features = extractor(audio, sampling_rate=extractor.sampling_rate, return_tensors="pt").input_features"""
+"""
+CARD_FEATURES = CARD_AUDIO + (
+    """features = extractor(audio, sampling_rate=extractor.sampling_rate, return_tensors="pt").input_features""")
+# A waveform model's encoder (Moonshine, SpeechT5) takes the waveform at the length it was traced with, as
+# [1, 1, samples]: the audio padded with silence or cut to that length (read from the program)
+CARD_WAVEFORM = CARD_AUDIO + """samples = encoder.metadata.input_tensor_meta(0).sizes()[-1]  # the traced length
+features = extractor(audio, sampling_rate=extractor.sampling_rate, padding="max_length", max_length=samples,
+                     truncation=True, return_tensors="pt").input_values[:, None, :]"""
 
 
 def transcribe_script(program: str, data: str, features: str, prompt: list[int] | None, steps: int, emit: str,
-                      comment: str = "") -> str:
+                      comment: str = "", setup: str = "") -> str:
     """`TRANSCRIBE` filled: `program` and `data` the `load_program` arguments (Python expressions of our own),
-    `features` the lines that make `features`, `prompt` the decoder's first ids (None: the program's
-    `decoder_start_token_id`), the rest our ints and lines.
+    `features` the lines that make `features` (after the methods are loaded), `prompt` the decoder's first ids
+    (None: the program's `decoder_start_token_id`), `setup` lines before the program is loaded, the rest our ints
+    and lines.
 
     Example:
         >>> "prompt = [1]" in transcribe_script('"model.pte"', "", "features = None", [1], 4, "print(new)")
@@ -77,7 +86,19 @@ def transcribe_script(program: str, data: str, features: str, prompt: list[int] 
     """
     first = '[constant("decoder_start_token_id")]' if prompt is None else json.dumps([int(t) for t in prompt])
     return TRANSCRIBE.substitute(program=program, data=data, features=features, prompt=first, steps=int(steps),
-                                 emit=emit, comment=comment)
+                                 emit=emit, comment=comment, setup=setup)
+
+
+def takes_waveform(target: dict[str, Any]) -> bool:
+    """Whether a reported target's `encoder` was checked on a waveform `input_values` (Moonshine, SpeechT5), read
+    from the shapes its checks ran on.
+
+    Example:
+        >>> takes_waveform({"components": [{"name": "encoder", "checks": [{"shapes": {"input_values": [1, 1, 8]}}]}]})
+        True
+    """
+    return any("input_values" in (check.get("shapes") or {}) for component in target.get("components") or []
+               if component.get("name") == "encoder" for check in component.get("checks") or [])
 
 
 class ExecutorchSpeech(Layout):
@@ -97,6 +118,7 @@ class ExecutorchSpeech(Layout):
 
     def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str]:
         data = ', data_path=f"{folder}/model.ptd"' if "model.ptd" in file_names(target) else ""
+        features = CARD_WAVEFORM if takes_waveform(target) else CARD_FEATURES
         return "python", download(repo_id, target, revision) + "\n" + transcribe_script(
-            'f"{folder}/model.pte"', data, CARD_FEATURES, None, 32, "print(new)",
+            'f"{folder}/model.pte"', data, features, None, 32, "print(new)",
             "  # the decoder's first tokens (add a language and task token where the model is multilingual)")

@@ -1,12 +1,14 @@
 """The ExecuTorch speech layout's proof: ExecuTorch's own Python runtime (`executorch.runtime`) loads `model.pte`
 (and `model.ptd`) from the folder alone and runs optimum-executorch's transcription loop (`TRANSCRIBE`, the card's
-code: `encoder` once, `text_decoder` one token per call at its cache position, argmax) on the spectrogram eager ran
-on; the tokens must be eager `generate()`'s, token for token.
+code: `encoder` once, `text_decoder` one token per call at its cache position, argmax) on the spectrogram (or the
+waveform, as `[1, 1, samples]`) eager ran on; the tokens must be eager `generate()`'s, token for token.
 
 ```
-reference(): eager greedy generate(input_features) with the runner's token selection (argmax alone: the model's
-             suppressed-token lists off) ─► the decoder prompt generate() starts from, the new tokens
-prove():     the spectrogram to a scratch file ─► a child runs TRANSCRIBE(prompt, max_new_tokens) ─► new tokens
+reference(): eager greedy generate(input_features | input_values) with the runner's token selection (argmax
+             alone: the model's suppressed-token lists off) ─► the decoder prompt generate() starts from, the new
+             tokens
+prove():     the encoder's input to a scratch file ─► a child runs TRANSCRIBE(prompt, max_new_tokens) ─► new
+             tokens
              └─ compared with eager's, token for token (up to and including eos)
 ```
 
@@ -23,6 +25,7 @@ from typing import Any
 
 import torch
 
+from exporters.capture.asr_runner import program_input, speech_source
 from exporters.capture.generation_settings import greedy
 from exporters.capture.token_ids import decoder_start_id, special_token_ids
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
@@ -31,23 +34,25 @@ from exporters.layouts.executorch_speech import transcribe_script
 from exporters.upstream import read_manifest
 
 # the card's TRANSCRIBE, its features read from the scratch file the proof wrote
-FEATURES = """import json, sys
-spec = json.loads(sys.argv[1])
-features = torch.load(spec["features"], weights_only=True)"""
+SETUP = """import json, sys
+spec = json.loads(sys.argv[1])"""
+FEATURES = """features = torch.load(spec["features"], weights_only=True)"""
 EMIT = """with open(spec["result"], "w") as handle:
     json.dump({"new": new}, handle)"""
 
 
 def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any]:
     """The decoder prompt and eager's greedy new tokens, selected as the runner selects them (see the module)."""
-    features = context.generate_inputs.get("input_features")
+    source = speech_source(context.generate_inputs)
+    features = context.generate_inputs.get(source) if source else None
     if not isinstance(features, torch.Tensor):
-        return {"unverified": "the sample has no spectrogram `input_features` for the program's encoder"}
+        return {"unverified": "the sample has no spectrogram `input_features` nor waveform `input_values` for the "
+                              "program's encoder"}
     config = greedy(context.generation_config or model.generation_config,
                     max_new_tokens=context.recipe.generation.max_new_tokens)
     config.suppress_tokens, config.begin_suppress_tokens = None, None  # the runner takes the argmax alone
     with torch.no_grad():
-        out = model.generate(input_features=features[:1].clone(), generation_config=config,
+        out = model.generate(**{source: features[:1].clone()}, generation_config=config,
                              return_dict_in_generate=True, output_scores=True)
     generated = len(out.scores)
     prompt = out.sequences[0, :out.sequences.shape[1] - generated].tolist() or [decoder_start_id(model)]
@@ -68,10 +73,11 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
         return RuntimeProof(layout.runtime, "unverified", "eager generated no token to compare the program's with")
     entry = read_manifest(directory)["components"]["encoder"]
     data = ', data_path=spec["data"]' if entry.get("data_file") else ""
-    code = transcribe_script('spec["program"]', data, FEATURES, reference["prompt"], reference["steps"], EMIT)
+    code = transcribe_script('spec["program"]', data, FEATURES, reference["prompt"], reference["steps"], EMIT,
+                             setup=SETUP)
     with tempfile.TemporaryDirectory(prefix="asr-proof-") as scratch:
         features = Path(scratch) / "features.pt"
-        torch.save(context.generate_inputs["input_features"][:1].detach().contiguous().clone(), features)
+        torch.save(program_input(context.generate_inputs)[:1].detach().contiguous().clone(), features)
         spec = {"program": str(directory / entry["file"]), "features": str(features),
                 "data": str(directory / entry["data_file"]) if entry.get("data_file") else None}
         answer, why = run_in_child(code, spec, folder=directory, timeout_s=child_timeout(context))
