@@ -1,5 +1,9 @@
 """End to end on a tiny Llama in generation mode, through the real CLI: dynamo, ONNX and ExecuTorch exported once,
-then many checks on the result (artifacts load and run, validation at unseen shapes, generation parity, report)."""
+then many checks on the result (artifacts load and run, validation at unseen shapes, generation parity, report).
+
+The run is the shared export store's (tests/export_store.py): tests/test_weights_once.py reads its `et` target, the
+same target of the same model its own run asked for (#48: one ExecuTorch export of it in the suite, not two); a test
+that writes into the output folder (a rerun, a validation's workbench) works on `Export.copy`."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, run_cli
+from tests.export_store import MODEL, OUT, Export, exported
 from tests.models import tiny_llama
 
 PREFILL = {"dynamic_shapes": {"input_ids": {"1": {"name": "prompt", "min": 2, "max": 64}},
@@ -37,13 +42,20 @@ RECIPE = {
 }
 
 
-@pytest.fixture(scope="module")
-def llm_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("llm")
+def llm_export(root: Path) -> Export:
+    """RECIPE's run on the one-layer tiny Llama, through the store (tests/test_weights_once.py asks for it too)."""
     model_dir = tiny_llama(root / "model", RECIPE, layers=1)  # no check reads the depth (#48)
-    out = root / "out"
-    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out))  # no test reads timings of the artifacts
-    return model_dir, out, result
+    return exported(model_dir, "run", "--no-bench", MODEL, "--out", OUT)  # no test reads timings of the artifacts
+
+
+@pytest.fixture(scope="module")
+def llm_export_done(tmp_path_factory) -> Export:
+    return llm_export(tmp_path_factory.mktemp("llm"))
+
+
+@pytest.fixture(scope="module")
+def llm_run(llm_export_done):
+    return llm_export_done.model_dir, llm_export_done.out, llm_export_done.result
 
 
 def test_run_exits_zero_and_reports_all_passed(llm_run):
@@ -172,7 +184,7 @@ def _shifted(reference):
     return (reference[0] + 1.0, *reference[1:])
 
 
-def test_validation_compares_with_the_eager_side_computed_while_exporting(llm_run):
+def test_validation_compares_with_the_eager_side_computed_while_exporting(llm_export_done, tmp_path):
     """The run computes the ONNX and ExecuTorch targets' eager references while they export (a torch program's at
     the thread count it is validated at); a precomputed side is what validation compares with, and where it does
     not hold for the target (a torch program, another thread count) it is computed again."""
@@ -181,7 +193,8 @@ def test_validation_compares_with_the_eager_side_computed_while_exporting(llm_ru
     from exporters.validate.checks import validate_target
     from exporters.validate.subject import SavedTarget
 
-    model_dir, out, _ = llm_run
+    copy = llm_export_done.copy(tmp_path)  # the workbench's run context is made in its output folder
+    model_dir, out = copy.model_dir, copy.out
     timings = {t["name"]: t["timings"] for t in json.loads((out / "report.json").read_text())["targets"]}
     assert timings["onnx"]["eager_ahead_s"] > 0 and timings["et"]["eager_ahead_s"] > 0
     assert "eager_ahead_s" not in timings["dynamo"]
@@ -226,10 +239,11 @@ def test_markdown_report_has_tables_and_stays_small(llm_run):
     assert len(text.encode()) < 60_000
 
 
-def test_rerun_with_unchanged_inputs_is_a_cache_hit(llm_run):
-    model_dir, out, _ = llm_run
+def test_rerun_with_unchanged_inputs_is_a_cache_hit(llm_export_done, tmp_path):
+    copy = llm_export_done.copy(tmp_path)  # the rerun rewrites the report; the run's signing key is its state's
+    model_dir, out = copy.model_dir, copy.out
     result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--target", "dynamo", "--quiet",
-                     "--print-report")
+                     "--print-report", env={"EXPORT_ACTION_STATE_DIR": str(copy.state)})
     assert result.returncode == 0, result.stderr[-2000:]
     # printed to a pipe, the Markdown keeps every table row on one line (no wrapping at 80 columns)
     table = [line for line in result.stdout.splitlines() if line.startswith("|")]
@@ -239,15 +253,15 @@ def test_rerun_with_unchanged_inputs_is_a_cache_hit(llm_run):
     assert report["targets"][0]["cached"] is True and report["targets"][0]["status"] == "passed"
 
 
-def test_a_rerun_by_changed_product_code_is_not_a_cache_hit(llm_run, tmp_path):
+def test_a_rerun_by_changed_product_code_is_not_a_cache_hit(llm_export_done, tmp_path):
     """The cache key holds the product's own sources, not only its version number: the same package copied is a
     hit; one changed line in it (a moved `@v1` tag, a development checkout) exports again."""
-    model_dir, out, _ = llm_run
+    copy = llm_export_done.copy(tmp_path / "copy")  # the run's output folder and signing key (its state)
+    model_dir = copy.model_dir
     code = tmp_path / "code"
     shutil.copytree(ROOT / "exporters", code / "exporters", ignore=shutil.ignore_patterns("__pycache__"))
-    rerun = tmp_path / "out"
-    shutil.copytree(out, rerun)
-    env = {"PYTHONPATH": str(code)}
+    rerun = copy.out
+    env = {"PYTHONPATH": str(code), "EXPORT_ACTION_STATE_DIR": str(copy.state)}
 
     def dynamo_again() -> dict:
         done = run_cli("run", "--no-bench", str(model_dir), "--out", str(rerun), "--target", "dynamo", "--quiet",

@@ -2,7 +2,9 @@
 
 One run of the real CLI on a tiny Llama exports every target once; the tests read the files it wrote with the
 formats' own readers (ONNX protobufs, ExecuTorch's flatbuffer deserializer, the `.pt2` zip) and run the artifacts
-against the eager model themselves, independently of the pipeline's validation.
+against the eager model themselves, independently of the pipeline's validation. The ExecuTorch target `et` (a prefill
+and a decode method in one program) is tests/test_pipeline_llm.py's: the same target of the same model, read from that
+module's run in the shared export store (#48: exported once in the suite, not once per module).
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ import torch
 from tests.conftest import PLAINEST_EXECUTORCH, run_cli, run_plainest_executorch
 from tests.export_store import MODEL, OUT, exported
 from tests.models import family_model, tiny_llama
+from tests.test_pipeline_llm import RECIPE as LLM_RECIPE, llm_export
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PREFILL = {"dynamic_shapes": {"input_ids": {"1": {"name": "prompt", "min": 2, "max": 64}},
-                              "position_ids": {"1": {"name": "prompt", "min": 2, "max": 64}}},
-           "prefer_deferred_runtime_asserts_over_guards": True}
-DECODE_AUTO = {"dynamic_shapes": {"cache.layers.*.keys": {"2": "auto"}, "cache.layers.*.values": {"2": "auto"}}}
+# the ExecuTorch target, a prefill method whose prompt is dynamic and a decode method whose cache is `auto`:
+# tests/test_pipeline_llm.py's run exports it (`et_run`), with the same inputs and generation settings as RECIPE's
+ET = next(target for target in LLM_RECIPE["exports"] if target["name"] == "et")
 RECIPE = {
     "schema_version": 1,
     "exports": [
@@ -36,13 +38,14 @@ RECIPE = {
         {"name": "dynamo", "export_format": "dynamo", "mode": "generation"},  # the plainest: merged by default
         {"name": "dynamo-dynamic", "export_format": "dynamo", "mode": "generation", "dynamic": True},  # merged too
         {"name": "dynamo-split", "export_format": "dynamo", "mode": "generation", "dynamic": True, "merged": False},
-        {"name": "et", "export_format": "executorch", "mode": "generation",
-         "components": {"prefill": PREFILL, "decode": DECODE_AUTO}},
         {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"},
     ],
     "inputs": {"sequence_length": 6},
     "generation": {"max_new_tokens": 6},
 }
+# the recipe the `et` folder was exported with besides RECIPE's targets: `hf-export validate` of all of them reads it
+FULL_RECIPE = {**RECIPE, "exports": [*RECIPE["exports"][:5], ET, *RECIPE["exports"][5:]]}
+assert {k: v for k, v in LLM_RECIPE.items() if k != "exports"} == {k: v for k, v in RECIPE.items() if k != "exports"}
 MERGED = ["onnx", "dynamo", "dynamo-dynamic", "tjs"]
 LAYERS = 1  # one decoder layer: every check here reads weights, files and graphs, none the depth (#48: a cheaper trace)
 PROMPT = [5, 9, 13, 40, 77, 101]
@@ -54,6 +57,19 @@ def run(tmp_path_factory):
     done = exported(tiny_llama(tmp_path_factory.mktemp("weights-once") / "model", RECIPE, layers=LAYERS), "run", MODEL,
                     "--out", OUT, "--quiet")
     return done.model_dir, done.out, done.result, done.targets
+
+
+@pytest.fixture(scope="module")
+def et_run(tmp_path_factory):
+    """The `et` target's run: tests/test_pipeline_llm.py's (the same model: one layer, the same seed), stored once."""
+    return llm_export(tmp_path_factory.mktemp("llm"))
+
+
+def folder_of(run, et_run, name: str) -> tuple[Path, dict]:
+    """Where target `name` was written and its report entry: `et` in `et_run`, every other target in `run`."""
+    if name == ET["name"]:
+        return et_run.out, et_run.targets[name]
+    return run[1], run[3][name]
 
 
 @pytest.fixture(scope="module")
@@ -128,10 +144,11 @@ def load(out: Path, name: str):
 # ── the tests ─────────────────────────────────────────────────────────────────
 
 
-def test_every_target_passes_validation_and_generation_parity(run):
+def test_every_target_passes_validation_and_generation_parity(run, et_run):
     _, out, result, targets = run
     assert result.returncode == 0, result.stderr[-3000:]
-    for name, target in targets.items():
+    assert et_run.returncode == 0, et_run.stderr[-3000:]
+    for name, target in {**targets, ET["name"]: et_run.target(ET["name"])}.items():
         assert target["status"] == "passed", (name, target["error"])
         assert target["generation"]["status"] == "passed", (name, target["generation"])
         assert target["generation"]["eager_tokens"] == target["generation"]["exported_tokens"]
@@ -140,9 +157,8 @@ def test_every_target_passes_validation_and_generation_parity(run):
 
 
 @pytest.mark.parametrize("name", ["onnx", "onnx-split", "dynamo", "dynamo-dynamic", "et", "tjs"])
-def test_each_target_stores_its_weights_once(run, eager, name):
-    _, out, _, targets = run
-    target = targets[name]
+def test_each_target_stores_its_weights_once(run, et_run, eager, name):
+    out, target = folder_of(run, et_run, name)
     parameters = parameter_bytes(eager)
     stored = stored_weights(out / name, target["export_format"])
     assert abs(stored - parameters) <= 0.05 * parameters, (name, stored, parameters)
@@ -221,12 +237,11 @@ def test_onnx_components_share_one_external_data_file(run):
     assert ranges["decode"] <= ranges["prefill"]  # same tensors at the same offsets, nothing appended
 
 
-def test_executorch_components_are_methods_of_one_program(run):
+def test_executorch_components_are_methods_of_one_program(et_run):
     from executorch.runtime import Runtime
     from transformers.exporters import ExportedModel
 
-    _, out, _, _ = run
-    folder = out / "et"
+    folder = et_run.out / "et"
     assert sorted(p.name for p in folder.glob("*.pte")) == ["model.pte"]
     assert sorted(Runtime.get().load_program(folder / "model.pte").method_names) == ["decode", "prefill"]
     manifest = json.loads((folder / "export.json").read_text())
@@ -242,12 +257,12 @@ def test_executorch_components_are_methods_of_one_program(run):
 
 
 @pytest.mark.parametrize("name", ["onnx", "onnx-split", "dynamo", "dynamo-dynamic", "dynamo-split", "et", "tjs"])
-def test_every_component_loads_from_disk_and_runs_the_prompt(run, eager, name):
+def test_every_component_loads_from_disk_and_runs_the_prompt(run, et_run, eager, name):
     from transformers.exporters import ExportedModel
 
-    _, out, _, targets = run
+    out, target = folder_of(run, et_run, name)
     exported = load(out, name)
-    assert sorted(exported.components) == sorted(targets[name]["expected_components"])
+    assert sorted(exported.components) == sorted(target["expected_components"])
     if name not in ("et", "tjs"):  # the layouts upstream's loader reads (see the tests above and below)
         upstream = ExportedModel.from_pretrained(out / name, trust_remote_code=True)
         assert sorted(upstream.components) == sorted(exported.components)
@@ -376,12 +391,15 @@ def test_a_merged_graph_wrong_on_one_dim_alone_fails_its_probes(run, tmp_path, d
         assert (probe in failed) == (check["shapes"][key[0]][key[1]] > above), (probe, check)
 
 
-def test_hf_export_validate_rechecks_merged_and_transformers_js_targets_from_disk(run, tmp_path):
-    model_dir, out, _, _ = run
+def test_hf_export_validate_rechecks_merged_and_transformers_js_targets_from_disk(run, et_run, tmp_path):
+    model_dir = run[0]
     copy = tmp_path / "out"
     for name in ("onnx", "tjs", "et"):
-        shutil.copytree(out / name, copy / name)
-    result = run_cli("validate", str(model_dir), str(copy), "--target", "onnx", "--target", "tjs", "--target", "et")
+        shutil.copytree(folder_of(run, et_run, name)[0] / name, copy / name)
+    config = tmp_path / "export_config.json"  # RECIPE with the `et` target: the recipe of the three folders
+    config.write_text(json.dumps(FULL_RECIPE))
+    result = run_cli("validate", str(model_dir), str(copy), "--config", str(config), "--target", "onnx", "--target",
+                     "tjs", "--target", "et")
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((copy / "report.json").read_text())
     for target in report["targets"]:
