@@ -67,7 +67,7 @@ from exporters.capture.merged import contract, empty_cache, mixes_window_layers,
 from exporters.capture.probes import DimBinding
 from exporters.capture.qwen_vl import (MROPE_TYPES, GridVisionEncoder, WidenedEmbedding, deepstack_added, deepstack,
                                       is_mrope, widened)
-from exporters.capture.token_ids import image_token_id
+from exporters.capture.token_ids import features_in_place, image_token_id
 from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.recipe.model import ComponentOverride
 from exporters.upstream.multimodal_runner import (AudioEncoder, MarkedTokenEmbedding, MarkedVisionEncoder,
@@ -414,12 +414,7 @@ def prompt_embeddings(model: Any, components: dict[str, tuple[Any, dict]], gener
     with torch.no_grad():
         embeds = components[EMBED_TOKENS][0](ids).clone()
         features = encoder(**(audio_inputs(generate_inputs) if audio else image_inputs(generate_inputs)))
-    where = ids[0] == int(token)
-    features = features.reshape(-1, features.shape[-1])
-    if int(where.sum()) != features.shape[0]:
-        return None
-    embeds[0, where] = features.to(embeds.dtype)
-    return embeds
+    return embeds if features_in_place(embeds, ids, features, token) else None
 
 
 def prompt_windows(decoder: Any, traced: dict[str, Any], probes: list, prompt: Any) -> list:

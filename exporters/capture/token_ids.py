@@ -69,3 +69,24 @@ def image_token_id(config: Any) -> int | None:
     """
     token = getattr(config, "image_token_id", None)
     return token if token is not None else getattr(config, "image_token_index", None)
+
+
+def features_in_place(embeds: Any, ids: Any, features: Any, token: int) -> bool:
+    """Put `features` (one row per placeholder, any leading dims) in place of the `token` rows of the prompt's
+    embeddings `embeds` `[1, n, hidden]` (its ids `[1, n]`), in order, as the models merge an image's (audio's)
+    features; False, `embeds` untouched, where the features do not fill those rows one for one.
+
+    Example:
+        >>> import torch
+        >>> embeds = torch.zeros(1, 3, 2)
+        >>> features_in_place(embeds, torch.tensor([[5, 9, 9]]), torch.ones(1, 2, 2), 9), embeds[0, :, 0].tolist()
+        (True, [0.0, 1.0, 1.0])
+        >>> features_in_place(embeds, torch.tensor([[5, 9, 9]]), torch.ones(3, 2), 9)
+        False
+    """
+    where = ids[0] == int(token)
+    rows = features.reshape(-1, features.shape[-1])
+    if int(where.sum()) != rows.shape[0]:
+        return False
+    embeds[0, where] = rows.to(embeds.dtype)
+    return True

@@ -20,7 +20,7 @@ from exporters.capture.qwen_vl import is_mrope, rope_positions, step_positions
 from exporters.capture.multimodal_runner import (AUDIO_ENCODER, TEXT_DECODER, TOKEN_EMBEDDING, VISION_ENCODER,
                                                runner_image_inputs)
 from exporters.capture.steps import output_cache
-from exporters.capture.token_ids import image_token_id
+from exporters.capture.token_ids import features_in_place, image_token_id
 from exporters.upstream import run_component
 from exporters.validate.greedy import Greedy, decode_loop
 
@@ -40,6 +40,13 @@ def image_token_of(config: Any) -> int:
     return int(token if token is not None else config.image_token_index)  # neither: AttributeError, as before
 
 
+def _placed(embeds: torch.Tensor, ids: torch.Tensor, features: torch.Tensor, token: int) -> None:
+    """The encoder's `features` in place of the prompt's `token` rows (`features_in_place`), or why they cannot be."""
+    if not features_in_place(embeds, ids, features, token):
+        raise ValueError(f"the encoder gave {features.reshape(-1, features.shape[-1]).shape[0]} feature rows for the "
+                         f"prompt's {int((ids[0] == token).sum())} tokens of id {token}: they must match one for one")
+
+
 def multimodal_runner_driver(model, components, runners, generate_inputs: dict[str, Any], greedy: Greedy,
                              tokens: list) -> int:
     """Parity driver (see `exporters.validate.parity`): image (or audio) + prompt → the runner's three methods →
@@ -53,13 +60,14 @@ def multimodal_runner_driver(model, components, runners, generate_inputs: dict[s
     embeds = _tensor(run_component(runners[TOKEN_EMBEDDING], {"input_ids": ids})).clone()
     if AUDIO_ENCODER in runners:  # Voxtral: the audio's embeddings in place of its audio tokens
         features = _tensor(run_component(runners[AUDIO_ENCODER], {"input_features": generate_inputs["input_features"]}))
-        where = ids[0] == int(model.config.audio_token_id)
+        placeholder = int(model.config.audio_token_id)
     else:
         images = runner_image_inputs(generate_inputs)  # Idefics3's tiles: one call each, in order (LLaVA-NeXT's one)
         features = torch.cat([_tensor(run_component(runners[VISION_ENCODER], {"pixel_values": images[i:i + 1]}))
                               for i in range(images.shape[0])], dim=1)
-        where = ids[0] == image_token_of(model.config)
-    embeds[0, where] = features[0].to(embeds.dtype)
+        placeholder = image_token_of(model.config)
+    _placed(embeds, ids, features, placeholder)
+    where = ids[0] == placeholder
 
     def decoder(inputs_embeds: torch.Tensor, start: int) -> dict[str, Any]:
         positions = torch.arange(start, start + inputs_embeds.shape[1])
@@ -113,11 +121,11 @@ def image_text_driver(model, components, runners, generate_inputs: dict[str, Any
     embeds = _tensor(run_component(runners[EMBED_TOKENS], {"input_ids": ids})).clone()
     if AUDIO_GRAPH in runners:
         features = _tensor(run_component(runners[AUDIO_GRAPH], audio_inputs(generate_inputs)))
-        where = ids[0] == int(model.config.audio_token_id)
+        placeholder = int(model.config.audio_token_id)
     else:
         features = _tensor(run_component(runners[IMAGE_ENCODER], image_inputs(generate_inputs)))
-        where = ids[0] == image_token_of(model.config)
-    embeds[0, where] = features.reshape(-1, features.shape[-1]).to(embeds.dtype)
+        placeholder = image_token_of(model.config)
+    _placed(embeds, ids, features, placeholder)
     empty = empty_cache(components[DECODER][1]["past_key_values"], 1)
     positions, deltas = rope_positions(model, ids, generate_inputs["image_grid_thw"]) if is_mrope(model.config) \
         else (None, None)
