@@ -9,6 +9,8 @@ generation parity against eager's own sliding-window cache, generation crossing 
 and 8 more are generated). GenAI pads a batch on the right, so the window is counted in tokens
 (`exporters.upstream.windows_counted_in_tokens`): its proof runs a batch of two prompts of 8 and 4 tokens. A graph of
 the same weights with full attention (the window taken out of config.json) fails validation against the model.
+Where GenAI's and optimum's layout cannot take an ONNX generation folder (prefill and decode with no merged graph, a
+merged graph with an input they do not feed), the "runs in" column says ✗ declined with the reason, never nothing.
 """
 
 from __future__ import annotations
@@ -25,15 +27,17 @@ from tests.models import family_model, write_recipe
 WINDOW = 5
 ONNX = {"name": "onnx", "export_format": "onnx", "dynamic": True}  # the matrix's plainest ONNX recipe
 TJS = {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"}
+SPLIT = {"name": "split", "export_format": "onnx", "mode": "generation", "dynamic": True, "merged": False}
+GENAI, OPTIMUM = "ONNX Runtime GenAI", "optimum"
 FED = ["input_ids", "attention_mask", "position_ids"]
 
 
 @pytest.fixture(scope="module")
 def gemma3(tmp_path_factory):
     """A tiny Gemma 3 text (a sliding layer of 5 positions, then a full one), its plainest ONNX target and a
-    transformers.js one, through the real CLI and the shared store."""
+    transformers.js one, and `merged: false` (prefill + decode), through the real CLI and the shared store."""
     model = family_model("gemma3_text", tmp_path_factory.mktemp("gemma3_text") / "model",
-                         {"exports": [ONNX, TJS]}, never_eos=True, num_hidden_layers=2, sliding_window=WINDOW)
+                         {"exports": [ONNX, TJS, SPLIT]}, never_eos=True, num_hidden_layers=2, sliding_window=WINDOW)
     out, report, log = stored_run(model)
     return model, out, report, log
 
@@ -113,3 +117,41 @@ def test_a_graph_without_the_window_fails_validation_against_the_model(gemma3, t
     target = targets_by_name(json.loads((folder / "report.json").read_text()))["onnx"]
     assert done.returncode != 0 and target["status"] == "failed", (done.stdout[-3000:], target)
     assert target["generation"]["status"] == "failed", target["generation"]
+
+
+def test_prefill_and_decode_without_a_merged_graph_are_declined_with_the_reason(gemma3):
+    _, out, report, log = gemma3
+    target = targets_by_name(report)["split"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert sorted(json.loads((out / "split" / "export.json").read_text())["components"]) == ["decode", "prefill"]
+    proofs = {proof["runtime"]: proof for proof in target["runtimes"]}
+    assert set(proofs) == {GENAI, OPTIMUM}, target["runtimes"]
+    for proof in proofs.values():
+        assert proof["status"] == "declined" and "prefill.onnx and decode.onnx with no merged decoder graph" in \
+            proof["detail"], proof
+    assert not (out / "split" / "genai_config.json").exists()
+    row = next(line for line in (out / "report.md").read_text().splitlines() if line.startswith("| `split`"))
+    assert f"{GENAI} ✗ cannot take this model: its generation export is prefill.onnx" in row, row
+    assert f"{OPTIMUM} ✗ cannot take this model: its generation export is prefill.onnx" in row, row
+
+
+def test_a_merged_graph_with_an_input_the_runtimes_do_not_feed_is_declined(tmp_path):
+    """A merged graph left under upstream's names (one input had no runtime name: export.json records no `inputs`)
+    is declined by GenAI and optimum, saying so; one under the runtimes' names is not."""
+    from exporters.layouts.genai import Genai
+    from exporters.layouts.optimum import Optimum
+    from exporters.recipe.load import parse_recipe
+    from exporters.validate.runtimes import declined
+
+    target = parse_recipe(json.dumps({**ONNX, "mode": "generation"})).exports[0]
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral"}))
+    manifest = {"components": {"model": {"file": "model.onnx"}}}
+    (tmp_path / "export.json").write_text(json.dumps(manifest))
+    proofs = {proof.runtime: proof for proof in declined(target, tmp_path)}
+    assert set(proofs) == {GENAI, OPTIMUM}, proofs
+    assert all(p.status == "declined" and "takes an input the runtime does not feed" in p.detail
+               for p in proofs.values()), proofs
+    manifest["components"]["model"]["inputs"] = {"input_ids": "input_ids"}
+    (tmp_path / "export.json").write_text(json.dumps(manifest))
+    assert declined(target, tmp_path) == []
+    assert Genai().declines(target, tmp_path) is None and Optimum().declines(target, tmp_path) is None

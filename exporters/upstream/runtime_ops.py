@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import masking_utils
 
 from exporters.upstream.patches import patched, patched_item
 
@@ -401,8 +402,6 @@ def windows_counted_in_tokens():
         >>> with windows_counted_in_tokens():  # doctest: +SKIP
         ...     onnx_program = exporter.export(gemma3, config)
     """
-    from transformers import masking_utils
-
     preprocess, window_function = masking_utils._preprocess_mask_arguments, \
         masking_utils.sliding_window_causal_mask_function
     padding: list[Any] = []
