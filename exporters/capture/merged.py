@@ -62,8 +62,9 @@ position the model holds never fills (its layers keep every token, as the full o
 
 def wants_merged(target, family: str, cache_implementation: str, config: Any = None) -> bool:
     """Whether `target` exports the merged graph: its `merged` setting, else the default. The default is on for
-    generation targets of decoder-only models with a dynamic cache, whose layers all keep the same cache length and
-    whose recipe names no `prefill`/`decode` component: every dynamo target (one `.pt2` holds the weights once, where
+    generation targets of decoder-only models with a dynamic cache, whose layers all keep the same cache length (an
+    ONNX target's capture keeps every position in every layer, sliding-window layers too) and whose recipe names no
+    `prefill`/`decode` component: every dynamo target (one `.pt2` holds the weights once, where
     `prefill.pt2` + `decode.pt2` hold them twice; a separate decode without a dynamic cache axis could not run a
     second step anyway) and ONNX targets with dynamic shapes; and every transformers.js layout.
 
