@@ -463,9 +463,10 @@ def test_default_merges_only_plain_onnx_decoder_targets():
     assert not wants_merged(target(dynamic=True), "text", "static")
     assert not wants_merged(target(), "text", "dynamic")  # static shapes: no merged graph to make
     assert not wants_merged(target(dynamic=True, components={"prefill": {}}), "text", "dynamic")
-    # layers that mix sliding-window and full attention keep caches of different lengths: prefill + decode
+    # layers that mix sliding-window and full attention: their own caches differ in length past the window, but an
+    # ONNX target is captured with every position in every layer (cache_settings.full_length_windows): merged
     mixed = SimpleNamespace(layer_types=["sliding_attention", "full_attention"])
-    assert not wants_merged(target(dynamic=True), "text", "dynamic", mixed)
+    assert wants_merged(target(dynamic=True), "text", "dynamic", mixed)
     assert wants_merged(target(dynamic=True), "text", "dynamic", SimpleNamespace(layer_types=None, sliding_window=64))
     assert not wants_merged(target(dynamic=True, merged=False), "text", "dynamic")
     # dynamo: merged by default with or without dynamic shapes (one .pt2 holds the weights once), where it can serve
@@ -474,7 +475,7 @@ def test_default_merges_only_plain_onnx_decoder_targets():
         assert wants_merged(dynamo, "text", "dynamic")
         assert not wants_merged(dynamo, "text", "static")  # a static cache: prefill + decode
         assert not wants_merged(dynamo, "seq2seq", "dynamic")
-        assert not wants_merged(dynamo, "text", "dynamic", mixed)
+        assert not wants_merged(dynamo, "text", "dynamic", mixed)  # dynamo keeps the model's own cache: separate
     dynamo = parse_recipe('{"export_format": "dynamo", "mode": "generation", "merged": false}').exports[0]
     assert not wants_merged(dynamo, "text", "dynamic")
     dynamo = parse_recipe('{"export_format": "dynamo", "mode": "generation", "components": {"decode": {}}}').exports[0]
