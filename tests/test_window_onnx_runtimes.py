@@ -137,7 +137,7 @@ def test_prefill_and_decode_without_a_merged_graph_are_declined_with_the_reason(
 
 def test_a_merged_graph_with_an_input_the_runtimes_do_not_feed_is_declined(tmp_path):
     """A merged graph left under upstream's names (one input had no runtime name: export.json records no `inputs`)
-    is declined by GenAI and optimum, saying so; one under the runtimes' names is not."""
+    is declined by GenAI and optimum, saying so; one under the runtimes' names is not; a decode alone is declined."""
     from exporters.layouts.genai import Genai
     from exporters.layouts.optimum import Optimum
     from exporters.recipe.load import parse_recipe
@@ -155,3 +155,9 @@ def test_a_merged_graph_with_an_input_the_runtimes_do_not_feed_is_declined(tmp_p
     (tmp_path / "export.json").write_text(json.dumps(manifest))
     assert declined(target, tmp_path) == []
     assert Genai().declines(target, tmp_path) is None and Optimum().declines(target, tmp_path) is None
+    # a state-space model's decode alone (its prompt stepped through it): declined too, naming the one file
+    (tmp_path / "export.json").write_text(json.dumps({"components": {"decode": {"file": "decode.onnx"}}}))
+    proofs = {proof.runtime: proof for proof in declined(target, tmp_path)}
+    assert set(proofs) == {GENAI, OPTIMUM}, proofs
+    assert all("its generation export is decode.onnx with no merged decoder graph" in p.detail
+               for p in proofs.values()), proofs
