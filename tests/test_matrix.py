@@ -344,10 +344,13 @@ def test_make_coverage_script_runs_one_family_end_to_end(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     updated = out.read_text()
     rows = [line for line in updated.splitlines() if line.startswith(("| bert ", "| vit ", "| mamba "))]
-    assert rows == ["| mamba | state-space | `MambaForCausalLM` | generation | ✅ passed (gen ✓) |",
+    # its ONNX folder is the decode alone: GenAI and optimum decline it, saying why (never an empty runs-in cell)
+    assert rows == ["| mamba | state-space | `MambaForCausalLM` | generation | ✅ passed (gen ✓); "
+                    "ONNX Runtime GenAI ✗ declined [1]; optimum ✗ declined [2] |",
                     "| bert | encoder | `BertModel` | model | ✅ passed |",
                     "| vit | vision | `ViTModel` | model | ✅ passed |"], updated
     assert "Passed: onnx 3/3." in updated and "Partial" not in updated
+    assert "1. ONNX Runtime GenAI cannot take this model: its generation export is decode.onnx with no merged" in updated
 
 
 def test_the_matrix_runs_a_decoders_executorch_program_in_the_llm_runner(tmp_path):

@@ -481,9 +481,10 @@ def test_default_merges_only_plain_onnx_decoder_targets():
     assert not wants_merged(target(dynamic=True), "text", "static")
     assert not wants_merged(target(), "text", "dynamic")  # static shapes: no merged graph to make
     assert not wants_merged(target(dynamic=True, components={"prefill": {}}), "text", "dynamic")
-    # layers that mix sliding-window and full attention keep caches of different lengths: prefill + decode
+    # layers that mix sliding-window and full attention: their own caches differ in length past the window, but an
+    # ONNX target is captured with every position in every layer (cache_settings.full_length_windows): merged
     mixed = SimpleNamespace(layer_types=["sliding_attention", "full_attention"])
-    assert not wants_merged(target(dynamic=True), "text", "dynamic", mixed)
+    assert wants_merged(target(dynamic=True), "text", "dynamic", mixed)
     assert wants_merged(target(dynamic=True), "text", "dynamic", SimpleNamespace(layer_types=None, sliding_window=64))
     assert not wants_merged(target(dynamic=True, merged=False), "text", "dynamic")
     # dynamo: merged by default with or without dynamic shapes (one .pt2 holds the weights once), where it can serve
@@ -492,7 +493,7 @@ def test_default_merges_only_plain_onnx_decoder_targets():
         assert wants_merged(dynamo, "text", "dynamic")
         assert not wants_merged(dynamo, "text", "static")  # a static cache: prefill + decode
         assert not wants_merged(dynamo, "seq2seq", "dynamic")
-        assert not wants_merged(dynamo, "text", "dynamic", mixed)
+        assert not wants_merged(dynamo, "text", "dynamic", mixed)  # dynamo keeps the model's own cache: separate
     dynamo = parse_recipe('{"export_format": "dynamo", "mode": "generation", "merged": false}').exports[0]
     assert not wants_merged(dynamo, "text", "dynamic")
     dynamo = parse_recipe('{"export_format": "dynamo", "mode": "generation", "components": {"decode": {}}}').exports[0]
@@ -628,12 +629,15 @@ def _plainest_onnx_target(family: str, tmp_path: Path, **overrides) -> dict:
     return target
 
 
-def test_plainest_onnx_recipe_of_a_mixed_window_model_passes_with_prefill_and_decode(tmp_path):
-    """Gemma 2 alternates sliding-window and full-attention layers: its plainest ONNX target keeps prefill + decode
-    (not the merged graph, whose one cache dim cannot describe both) and passes with every probe run."""
+def test_plainest_onnx_recipe_of_a_mixed_window_model_passes_as_one_merged_graph(tmp_path):
+    """Gemma 2 alternates sliding-window and full-attention layers: its plainest ONNX target is captured on a
+    full-length cache in every layer (one past length: `exporters.capture.cache_settings.full_length_windows`), so it
+    is the merged graph, and passes with every probe run."""
     target = _plainest_onnx_target("gemma2", tmp_path)
-    assert [c["name"] for c in target["components"]] == ["prefill", "decode"]
+    assert [c["name"] for c in target["components"]] == ["model"]
     assert target["generation"]["status"] == "passed"
+    checks = [check for component in target["components"] for check in component["checks"]]
+    assert checks and all(check["passed"] and not check["skipped"] for check in checks), checks
 
 
 def test_merged_probes_of_a_sliding_window_model_all_run(tmp_path):
@@ -646,9 +650,11 @@ def test_merged_probes_of_a_sliding_window_model_all_run(tmp_path):
     pasts = {check["shapes"]["cache.layers.0.keys"][2] for check in checks.values()}
     assert {0, 19} <= pasts and "prompt (past=0)" in checks, checks
     assert all(check["passed"] and not check["skipped"] for check in checks.values()), checks
-    # its cache layers also take a window tensor, which no ONNX runtime feeds: said, and no GenAI config claimed
-    assert any("_sliding_window_tensor" in f and "no genai_config.json" in f for f in target["findings"]), target
-    assert not target["runtimes"]
+    # every layer keeps every position (no window tensor, which no ONNX runtime feeds): said, and the runtimes run it
+    assert any("every layer's cache keeps every position" in f for f in target["findings"]), target["findings"]
+    assert not any("_sliding_window_tensor" in f for f in target["findings"]), target["findings"]
+    assert {p["runtime"]: p["status"] for p in target["runtimes"]} == {"ONNX Runtime GenAI": "passed",
+                                                                        "optimum": "passed"}, target["runtimes"]
 
 
 # ── a tied embedding table in ExecuTorch (docs/upstream-gaps.md #13) ─────────

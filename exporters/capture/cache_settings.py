@@ -9,11 +9,15 @@ A static cache holds `max_cache_len` positions: the recipe's `generation.max_cac
 `max_position_embeddings`: [`check_cache_len`]), else `min(DEFAULT_MAX_CACHE_LEN, max_position_embeddings)`. Every slot is allocated up front whether it is used or not,
 so the default is what a typical on-device prompt and reply need, never past what the model can attend to.
 
+An ONNX generation target of a decoder-only model with sliding-window layers is captured with a full-length cache in
+every layer ([`full_length_windows`]: the window applied by the attention mask over it), the cache ONNX Runtime
+GenAI, optimum and transformers.js allocate and feed; eager validation keeps the model's own sliding cache.
+
 Example:
     >>> from exporters.recipe.load import parse_recipe
     >>> recipe = parse_recipe('{"export_format": "executorch", "mode": "generation"}')
     >>> cache_setting(recipe.exports[0], recipe, max_positions=256)
-    CacheSetting(implementation='static', max_cache_len=256, defaulted=True)
+    CacheSetting(implementation='static', max_cache_len=256, defaulted=True, full_windows=False)
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from transformers.cache_utils import DynamicCache, DynamicLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import (DynamicCache, DynamicLayer, DynamicSlidingWindowLayer,
+                                      LinearAttentionCacheLayerMixin)
 
 from exporters.capture.generation_settings import greedy
 from exporters.capture.shapes import axis_specs, spec_key
@@ -38,11 +43,34 @@ CACHE_INPUTS = ("cache", "past_key_values")
 
 @dataclass(frozen=True)
 class CacheSetting:
-    """`implementation` and `max_cache_len` of one target; `defaulted`: the ExecuTorch default chose it."""
+    """`implementation` and `max_cache_len` of one target; `defaulted`: the ExecuTorch default chose it;
+    `full_windows`: the capture's cache keeps every position in every layer, sliding-window layers too (the window
+    applied by the mask: [`full_length_windows`]), where the model's own cache keeps only a window there."""
 
     implementation: Literal["dynamic", "static"]
     max_cache_len: int | None = None
     defaulted: bool = False
+    full_windows: bool = False
+
+    def capture_inputs(self, generate_inputs: dict[str, Any]) -> dict[str, Any]:
+        """`generate_inputs` as the capture's `generate()` takes them: with a config-less `DynamicCache()` (a plain
+        `DynamicLayer` per layer: every position kept) when `full_windows`; as they are otherwise (`generate()`
+        builds the model's own cache).
+
+        Example:
+            >>> CacheSetting("dynamic", full_windows=True).capture_inputs({"input_ids": None})["cache"].layers
+            []
+        """
+        return {**generate_inputs, "cache": DynamicCache()} if self.full_windows else generate_inputs
+
+    def window_finding(self, window: int | None) -> str | None:
+        """What a full-length capture does with the model's sliding-window layers, in the report's words."""
+        if not self.full_windows:
+            return None
+        where = f"the window of {window} positions" if window else "the sliding window"
+        return (f"every layer's cache keeps every position ({where} applied by the attention mask), the cache ONNX "
+                "Runtime GenAI, optimum and transformers.js allocate and feed: one past length, no window input; "
+                "generation parity compares it with eager's own sliding-window cache")
 
     def apply(self, generation_config):
         """A greedy copy of `generation_config` (`exporters.capture.generation_settings.greedy`) capturing with
@@ -231,6 +259,46 @@ def check_second_step(target, components: dict[str, Any], setting: CacheSetting)
         f"run a second step; make the cache axis dynamic (components.decode.dynamic_shapes {{{declared}}}) or use "
         f'the static cache (generation.cache_implementation: "static")'
     )
+
+
+def has_sliding_layers(config: Any) -> bool:
+    """Whether the model's own dynamic cache (`DynamicCache(config=...)`) keeps a window in some layer (Mistral with a
+    window, Gemma 2 and 3, Cohere 2, ...): a `DynamicSlidingWindowLayer`, which keeps `window - 1` positions and a
+    0-d window tensor the runtimes never feed.
+
+    Example:
+        >>> from transformers import Gemma2Config, LlamaConfig
+        >>> has_sliding_layers(Gemma2Config(num_hidden_layers=2)), has_sliding_layers(LlamaConfig(num_hidden_layers=2))
+        (True, False)
+    """
+    try:
+        cache = DynamicCache(config=_decoder_config(config))
+    except Exception:  # noqa: BLE001 - a config transformers' cache cannot read: no window layer known
+        return False
+    return any(isinstance(layer, DynamicSlidingWindowLayer) for layer in cache.layers)
+
+
+def full_length_windows(target, family: str, implementation: str, config: Any) -> bool:
+    """Whether `target` is captured with a full-length cache in every layer: an ONNX generation target of a
+    decoder-only text model on a dynamic cache whose own cache keeps a sliding window ([`has_sliding_layers`]).
+    ONNX Runtime GenAI and optimum export these models so (GenAI's builder: one KV cache length for every layer,
+    the window in the attention), and transformers.js runs optimum's files: every layer's past and present have one
+    length, and the runtime feeds only the ids, the mask, the positions and `past_key_values.N.key/value`.
+    transformers' sliding masks cover a full cache (`create_sliding_window_causal_mask` over a `DynamicLayer`), so
+    the graph computes what the model does. ExecuTorch (ring buffers, or a static cache kept whole) and dynamo keep
+    the model's own cache.
+
+    Example:
+        >>> from transformers import Gemma2Config
+        >>> from exporters.recipe.load import parse_recipe
+        >>> target = parse_recipe('{"export_format": "onnx", "mode": "generation"}').exports[0]
+        >>> full_length_windows(target, "text", "dynamic", Gemma2Config(num_hidden_layers=2))
+        True
+        >>> full_length_windows(target, "vision-language", "dynamic", Gemma2Config(num_hidden_layers=2))
+        False
+    """
+    return (target.export_format == "onnx" and target.mode == "generation" and family == "text"
+            and implementation == "dynamic" and has_sliding_layers(config))
 
 
 def sliding_window_of(config: Any) -> int | None:

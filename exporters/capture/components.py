@@ -26,6 +26,7 @@ saved beside the graphs ([`GLUE_FILE`]), and the parity check reads them from th
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -35,7 +36,7 @@ from safetensors.torch import load_file, save_file
 from transformers import StaticCache
 
 from exporters import upstream
-from exporters.capture.cache_settings import cache_setting, max_positions
+from exporters.capture.cache_settings import cache_setting, full_length_windows, max_positions
 from exporters.capture.families import MULTIMODAL_GENERATORS, detect_family
 from exporters.errors import UnsupportedModelError
 from exporters.recipe.model import Recipe
@@ -269,7 +270,10 @@ def _complete_encoder_decoder(model, components: Components, generate_inputs, ge
 
 def cache_setting_for(model, target, recipe: Recipe):
     """The cache `target` is captured, exported and checked with (`exporters.capture.cache_settings`)."""
-    return cache_setting(target, recipe, max_positions(model.config))
+    setting = cache_setting(target, recipe, max_positions(model.config))
+    if full_length_windows(target, detect_family(model), setting.implementation, model.config):
+        return dataclasses.replace(setting, full_windows=True)
+    return setting
 
 
 def generation_config_for(model, setting):
@@ -289,7 +293,7 @@ def decompose(model, mode: str, forward_inputs: dict, generate_inputs: dict, *, 
     with torch.no_grad(), upstream.static_sliding_layers_kept_whole():
         components = upstream.decompose_for_generation(
             model,
-            copy.deepcopy(generate_inputs),
+            copy.deepcopy(setting.capture_inputs(generate_inputs)),
             generation_config=generation_config,
             multi_token_decode=multi_token_decode,
         )

@@ -38,7 +38,8 @@ QUERY_INPUTS = ("input_ids", "position_ids", "token_type_ids", "inputs_embeds")
 
 def mixes_window_layers(config: Any) -> bool:
     """Whether the model's layers mix sliding-window and full attention (Gemma 2 and 3, ...): their caches then hold
-    different lengths past the window, which one `past_sequence_length` dim cannot describe. A window longer than every
+    different lengths past the window, which one `past_sequence_length` dim cannot describe (unless the capture keeps
+    every position in every layer, as an ONNX target's does: [`_merged_by_default`]). A window longer than every
 position the model holds never fills (its layers keep every token, as the full ones do).
 
     Example:
@@ -61,8 +62,9 @@ position the model holds never fills (its layers keep every token, as the full o
 
 def wants_merged(target, family: str, cache_implementation: str, config: Any = None) -> bool:
     """Whether `target` exports the merged graph: its `merged` setting, else the default. The default is on for
-    generation targets of decoder-only models with a dynamic cache, whose layers all keep the same cache length and
-    whose recipe names no `prefill`/`decode` component: every dynamo target (one `.pt2` holds the weights once, where
+    generation targets of decoder-only models with a dynamic cache, whose layers all keep the same cache length (an
+    ONNX target's capture keeps every position in every layer, sliding-window layers too) and whose recipe names no
+    `prefill`/`decode` component: every dynamo target (one `.pt2` holds the weights once, where
     `prefill.pt2` + `decode.pt2` hold them twice; a separate decode without a dynamic cache axis could not run a
     second step anyway) and ONNX targets with dynamic shapes; and every transformers.js layout.
 
@@ -142,11 +144,13 @@ def cache_kinds(components: dict[str, tuple[torch.nn.Module, dict[str, Any]]]) -
 
 
 def _merged_by_default(target, family: str, cache_implementation: str, config: Any) -> bool:
-    """The default of `wants_merged` for a target whose recipe leaves `merged` unset."""
+    """The default of `wants_merged` for a target whose recipe leaves `merged` unset. A model that mixes window and
+    full layers ([`mixes_window_layers`]) keeps it for ONNX: its ONNX generation capture keeps every position in every
+    layer (`exporters.capture.cache_settings.full_length_windows`), so one past length describes the whole cache."""
     separate = bool(set(target.components) & {"prefill", "decode"})
     if (family != "text" or cache_implementation != "dynamic" or separate
             or target.expected_components not in (None, [MERGED])
-            or (config is not None and mixes_window_layers(config))):
+            or (config is not None and mixes_window_layers(config) and target.export_format != "onnx")):
         return False
     if target.export_format == "dynamo":
         return True

@@ -107,7 +107,7 @@ def _export_one(exporter, name: str, module, inputs: dict, config):
     return component
 
 
-def _tracing(model, target) -> contextlib.ExitStack:
+def _tracing(model, target, full_windows: bool = False) -> contextlib.ExitStack:
     """How a target is traced beyond upstream's defaults: upstream's patches of model code resolved only for the
     modeling modules that are loaded (`upstream.patches_of_loaded_models`), a layout proven contiguous not asked again
     by upstream's reshape patch (`upstream.contiguity_known_once`), symbolic size arithmetic done once per shape
@@ -116,12 +116,16 @@ def _tracing(model, target) -> contextlib.ExitStack:
     ops its runtime has: mixture-of-experts layers in standard ops (`upstream.experts_without_custom_ops`), a whole-input
     `Conv3d` as a matmul (`upstream.patch_convolutions_as_matmul`), the argsort of a permutation as a scatter
     (`upstream.argsort_of_permutations`), a negative pad as a slice (`upstream.negative_padding_as_slices`), a
-    `new_empty` as `new_zeros` (`upstream.new_empty_as_zeros`: its size may stay symbolic)."""
+    `new_empty` as `new_zeros` (`upstream.new_empty_as_zeros`: its size may stay symbolic); `full_windows`: an ONNX
+    generation graph on a full-length cache counts its sliding windows in tokens (`upstream.windows_counted_in_tokens`:
+    GenAI's right-padded rows)."""
     stack = contextlib.ExitStack()
     stack.enter_context(upstream.patches_of_loaded_models())
     stack.enter_context(upstream.contiguity_known_once())
     stack.enter_context(upstream.symbolic_arithmetic_once())
     stack.enter_context(upstream.named_dims_share_symbols())
+    if full_windows:
+        stack.enter_context(upstream.windows_counted_in_tokens())
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type == "granite_speech" and getattr(target, "layout", None) == TRANSFORMERS_JS:  # any audio length
         stack.enter_context(upstream.granite_speech_frames_dynamic())
@@ -208,7 +212,8 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
     else:
         exporter = upstream.exporter_class(target.export_format)()
         configs = component_configs(target, components, recipe, notes, quantizer_for)
-        with _tracing(model, target), _lowering(target, configs), _lowering_memory(target, directory):
+        full_windows = target.export_format == "onnx" and cache_setting_for(model, target, recipe).full_windows
+        with _tracing(model, target, full_windows), _lowering(target, configs), _lowering_memory(target, directory):
             outcome = _export_and_save(exporter, configs, model, target, components, recipe, directory, notes)
         glue = write_glue(model, components, directory)
         if glue:

@@ -63,6 +63,41 @@ def latent_cache(directory: Path) -> str | None:
             f"{config.get('model_type')!r}), where the runtime holds a key/value cache per head")
 
 
+# A decoder-only generation export without its merged graph: prefill + decode, or the decode alone (a state-space
+# model's prompt stepped through it: `exporters.capture.stepped`)
+SEPARATE_DECODERS = ({"prefill", "decode"}, {"decode"})
+
+
+def may_feed(target: Any, components: list[str]) -> bool:
+    """Whether a runtime that runs one merged decoder graph (ONNX Runtime GenAI, optimum) is asked about an ONNX
+    generation folder of these components: the merged graph (`model`), or a decoder-only export without it
+    ([`SEPARATE_DECODERS`]), which [`not_fed`] declines with the reason."""
+    return target.export_format == "onnx" and target.mode == "generation" \
+        and (list(components) == ["model"] or set(components) in SEPARATE_DECODERS)
+
+
+def not_fed(directory: Path) -> str | None:
+    """Why a runtime that runs one merged decoder graph (ONNX Runtime GenAI, optimum) cannot take a decoder-only
+    ONNX generation folder: its export is `prefill` and `decode` (or `decode` alone) with no merged graph, or its
+    merged graph takes an input the runtimes do not feed (the graph kept upstream's names:
+    `exporters.export.onnx_names.unnamed_inputs`); None for a merged graph under the runtimes' names, or another
+    folder.
+
+    Example:
+        >>> not_fed(Path("/nonexistent")) is None
+        True
+    """
+    components = components_in(directory)
+    if set(components) in SEPARATE_DECODERS:
+        files = " and ".join(f"{name}.onnx" for name in ("prefill", "decode") if name in components)
+        return (f"its generation export is {files} with no merged decoder graph (the findings say why), where the "
+                "runtime runs one graph (model.onnx) fed past_key_values for the prompt on an empty past and every step")
+    if list(components) == ["model"] and not isinstance(components["model"].get("inputs"), dict):
+        return ("its merged graph takes an input the runtime does not feed (upstream's name kept: the findings name "
+                "it), beside input_ids, attention_mask, position_ids and past_key_values")
+    return None
+
+
 def components_in(directory: Path) -> dict[str, dict[str, Any]]:
     """The components a written folder's manifest names, with their entries (none where it is unreadable: our own
     checks say why).
@@ -93,6 +128,11 @@ class Layout:
     def applies(self, target: Any, directory: Path) -> bool:
         """Whether the written folder `directory` is in this layout (its runtime's proof runs)."""
         return self.may_apply(target, [])
+
+    def may_decline(self, target: Any, components: list[str]) -> bool:
+        """Whether a written folder of these components is asked [`declines`]: wherever the layout may apply, and
+        where it cannot though the target is of the runtime's kind (its "runs in" cell then says why, never empty)."""
+        return self.may_apply(target, components)
 
     def declines(self, target: Any, directory: Path) -> str | None:
         """Why this runtime cannot take the model in `directory` (a family, cache kind or tokenizer kind it does not

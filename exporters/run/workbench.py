@@ -299,7 +299,8 @@ class Workbench:
             return []
         window = sliding_window_of(self.model.config)
         findings = [setting.finding(target.name, max_positions(self.model.config)),
-                    llm_runner.ring_note(window, setting.max_cache_len, fed) if fed else setting.sliding_finding(window)]
+                    llm_runner.ring_note(window, setting.max_cache_len, fed) if fed else setting.sliding_finding(window),
+                    setting.window_finding(getattr(self.model.config.get_text_config(), "sliding_window", None))]
         return [finding for finding in findings if finding]
 
     def contract_notes(self, target: Target) -> list[str]:

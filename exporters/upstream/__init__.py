@@ -116,6 +116,7 @@ from exporters.upstream.runtime_ops import (
     rules_tried_where_their_root_can_match,
     shared_tables_kept_once,
     transposed_weights_written_in_blocks,
+    windows_counted_in_tokens,
 )
 from exporters.upstream.xnnpack_passes import (
     cia_ops_materialized_once,
@@ -177,6 +178,7 @@ __all__ = [
     "exact_no_op_rewrites",
     "shared_tables_kept_once",
     "transposed_weights_written_in_blocks",
+    "windows_counted_in_tokens",
     "multi_output_patterns_anchored",
     "rules_tried_where_their_root_can_match",
     "executorch_method_runner",

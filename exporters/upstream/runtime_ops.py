@@ -7,7 +7,9 @@ operator's list result checked whole by ExecuTorch's validator ([`list_results_v
 graph whose optimizer keeps a norm's 1e-8 epsilon ([`exact_no_op_rewrites`], #38) and tries a pattern of several
 output nodes only where its first one can match ([`multi_output_patterns_anchored`], #39) and any rule only where
 its root's op type is the node's ([`rules_tried_where_their_root_can_match`], #50), and whose transposed
-weights are written a block at a time ([`transposed_weights_written_in_blocks`], #48).
+weights are written a block at a time ([`transposed_weights_written_in_blocks`], #48); an ONNX generation graph
+on a full-length cache whose sliding windows count tokens, not slots ([`windows_counted_in_tokens`]: GenAI's
+right-padded batches).
 Part of the one adapter (`exporters.upstream`).
 
 Example:
@@ -23,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import masking_utils
 
 from exporters.upstream.patches import patched, patched_item
 
@@ -380,4 +383,45 @@ def transposed_weights_written_in_blocks():
         return real(self, file)
 
     with patched(onnx_ir.Tensor, "tofile", tofile):
+        yield
+
+
+@contextlib.contextmanager
+def windows_counted_in_tokens():
+    """While an ONNX generation graph is traced on a full-length cache (`exporters.capture.cache_settings.
+    full_length_windows`), a sliding-window layer's mask counts its window in the attention mask's tokens, not in
+    cache slots: a key is seen by a query when fewer than `window` unpadded tokens lie after it up to the query.
+    ONNX Runtime GenAI pads a batch on the right (a shorter row's pads stay between its prompt and its new tokens),
+    so a window of slots would cover those pads; optimum, transformers.js and eager `generate()` pad on the left,
+    where the two counts are the same. transformers' window (`sliding_window_causal_mask_function`, a distance in
+    slots) is replaced by the count, taken from the padding mask `_preprocess_mask_arguments` returns for the same
+    mask; without a padding mask (or past a cache that keeps only a window: the mask's slots are not from 0) the
+    window stays transformers'.
+
+    Example:
+        >>> with windows_counted_in_tokens():  # doctest: +SKIP
+        ...     onnx_program = exporter.export(gemma3, config)
+    """
+    preprocess, window_function = masking_utils._preprocess_mask_arguments, \
+        masking_utils.sliding_window_causal_mask_function
+    padding: list[Any] = []
+
+    def preprocessed(*args: Any, **kwargs: Any) -> Any:
+        result = preprocess(*args, **kwargs)
+        mask, kv_offset = result[1], result[-1]
+        padding[:] = [mask] if isinstance(mask, torch.Tensor) and mask.dim() == 2 and kv_offset == 0 else []
+        return result
+
+    def counted_window(sliding_window: int) -> Any:
+        if not padding:
+            return window_function(sliding_window)
+        counted = padding.pop().to(torch.int64).cumsum(-1)
+
+        def inner(batch_idx: Any, head_idx: Any, q_idx: Any, kv_idx: Any) -> Any:
+            return counted[batch_idx, q_idx] - counted[batch_idx, kv_idx] < sliding_window
+
+        return masking_utils.and_masks(inner, masking_utils.causal_mask_function)
+
+    with patched(masking_utils, "_preprocess_mask_arguments", preprocessed), \
+            patched(masking_utils, "sliding_window_causal_mask_function", counted_window):
         yield

@@ -43,11 +43,11 @@ def checks_for(target: Target, directory: Path) -> list[RuntimeCheck]:
 
 def declined(target: Target, directory: Path) -> list[RuntimeProof]:
     """A `declined` proof for each layout the target would have whose runtime cannot take the model (a family,
-    cache kind or tokenizer kind it does not hold: `Layout.declines`), with the reason; the artifact's own verdict
-    stands."""
+    cache kind or tokenizer kind it does not hold, a graph it cannot feed: `Layout.declines`, asked where
+    `Layout.may_decline`), with the reason; the artifact's own verdict stands."""
     components = list(components_in(directory))
     return [RuntimeProof(layout.runtime, "declined", f"cannot take this model: {why}") for layout in LAYOUTS
-            if layout.may_apply(target, components) and (why := layout.declines(target, directory))]
+            if layout.may_decline(target, components) and (why := layout.declines(target, directory))]
 
 
 def checks_possible(target: Target, components: list[str]) -> list[RuntimeCheck]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from exporters.capture.image_attention import bidirectional_prefill
-from exporters.layouts.base import Layout, components_in, latent_cache, read_json
+from exporters.layouts.base import Layout, components_in, latent_cache, may_feed, not_fed, read_json
 from exporters.layouts.genai.config import GENAI_CONFIG
 from exporters.layouts.card import EXAMPLE_IDS, NO_TOKENIZER, PROMPT_LINE, download, file_names, has_tokenizer
 
@@ -199,6 +199,9 @@ class Genai(Layout):
         return target.export_format == "onnx" and target.mode == "generation" \
             and (list(components) == [MERGED] or ENCODER in components or EMBED_TOKENS in components)
 
+    def may_decline(self, target: Any, components: list[str]) -> bool:
+        return self.may_apply(target, components) or may_feed(target, components)
+
     def applies(self, target: Any, directory: Path) -> bool:
         # no genai_config.json: the export said why (a graph input GenAI does not feed)
         return (directory / GENAI_CONFIG).is_file() and self.may_apply(target, components_in(directory))
@@ -212,7 +215,8 @@ class Genai(Layout):
         if ENCODER in components_in(directory):
             why = encoder_decoder_declined(read_json(directory / "config.json"))
             return why if why or (directory / GENAI_CONFIG).is_file() else NOT_DERIVED
-        return latent_cache(directory)  # GenAI's KV cache is one key and one value per head and layer
+        # one merged graph fed ids, mask, positions and past; GenAI's KV cache is one key and one value per head
+        return not_fed(directory) or latent_cache(directory)
 
     def reference(self, model: Any, context: Any) -> Any:
         config = model.config

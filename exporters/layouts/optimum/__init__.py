@@ -23,7 +23,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from exporters.layouts.base import Layout, components_in, latent_cache
+from exporters.layouts.base import Layout, components_in, latent_cache, may_feed, not_fed
 from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.layouts.card import revision_argument, subfolder
 
@@ -70,8 +70,13 @@ class Optimum(Layout):
         # the graph under the runtimes' names (a graph with an input optimum does not feed keeps upstream's)
         return self.may_apply(target, list(components)) and isinstance(components[MERGED].get("inputs"), dict)
 
+    def may_decline(self, target: Any, components: list[str]) -> bool:
+        return self.may_apply(target, components) or (
+            may_feed(target, components) and getattr(target, "layout", "upstream") != TRANSFORMERS_JS)
+
     def declines(self, target: Any, directory: Path) -> str | None:
-        return latent_cache(directory)  # optimum sizes the empty past from heads and head_dim
+        # one merged graph under its names; optimum sizes the empty past from heads and head_dim
+        return not_fed(directory) or latent_cache(directory)
 
     def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str]:
         where = f"{json.dumps(repo_id)}{revision_argument(revision)}, subfolder={json.dumps(subfolder(target))}"
