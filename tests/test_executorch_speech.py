@@ -29,10 +29,11 @@ def whisper_speech(tmp_path_factory):
     return run_and_read(root, tiny_whisper(root / "model", RECIPE, feature_extractor=True))
 
 
-def test_whispers_default_executorch_target_is_the_asr_runners_program_and_runs_there(whisper_speech):
-    out, report, log = whisper_speech
+def _asr_runner_target(out, report, log, family="whisper"):
+    """The run's `executorch` target, asserted to be the ASR runner's passed program, proven 8/8 in it and by
+    generation parity."""
     target = targets_by_name(report)["executorch"]
-    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert target["status"] == "passed", (family, log[-3000:], json.dumps(target, indent=1)[:6000])
     assert target["expected_components"] == ["encoder", "text_decoder"]
     [proof] = target["runtimes"]
     assert proof["runtime"] == RUNTIME and proof["status"] == "passed", proof
@@ -40,6 +41,12 @@ def test_whispers_default_executorch_target_is_the_asr_runners_program_and_runs_
     assert f"{RUNTIME} ✓ 8/8 tokens" in (out / "report.md").read_text()
     generation = target["generation"]
     assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
+    return target
+
+
+def test_whispers_default_executorch_target_is_the_asr_runners_program_and_runs_there(whisper_speech):
+    out, report, log = whisper_speech
+    target = _asr_runner_target(out, report, log)
     assert not any("method per component" in finding for finding in target["findings"]), target["findings"]
     manifest = json.loads((out / "executorch" / "export.json").read_text())
     assert manifest["layout"] == "runner"
@@ -162,15 +169,8 @@ def waveform_speech(request, tmp_path_factory):
 
 def test_a_waveform_models_default_executorch_target_is_the_asr_runners_program_and_runs_there(waveform_speech):
     family, _, out, report, log = waveform_speech
-    target = targets_by_name(report)["executorch"]
-    assert target["status"] == "passed", (family, log[-3000:], json.dumps(target, indent=1)[:6000])
-    assert target["expected_components"] == ["encoder", "text_decoder"]
-    [proof] = target["runtimes"]
-    assert proof["runtime"] == RUNTIME and proof["status"] == "passed", proof
-    assert proof["detail"].startswith("8/8 tokens (executorch.runtime, optimum-executorch's loop"), proof
-    assert f"{RUNTIME} ✓ 8/8 tokens" in (out / "report.md").read_text()
+    target = _asr_runner_target(out, report, log, family)
     generation = target["generation"]
-    assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
     assert len(set(generation["eager_tokens"][0])) > 1, generation  # not one token repeated: a cache slip shows
     manifest = json.loads((out / "executorch" / "export.json").read_text())
     assert manifest["layout"] == "runner"

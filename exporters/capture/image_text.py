@@ -262,11 +262,12 @@ def deepstack_of(model: Any) -> int:
 
 
 def _full_cache(model: Any) -> DynamicCache:
-    """The traced decoder's first cache: one layer per model layer as its config says, except where sliding-window and
-    full-attention layers mix (Gemma 3): every layer then keeps every position (transformers.js feeds back each
-    present as it came and one `attention_mask` for all layers), the window held by transformers' sliding mask alone,
-    as eager's sliding layers drop only keys that mask hides."""
-    return DynamicCache() if mixes_window_layers(model.config) else DynamicCache(config=model.config)
+    """The traced decoder's first cache: one layer per model layer as its config says, except where the model's own
+    cache keeps a sliding window in some layer (Gemma 3; `capture.cache_settings.has_sliding_layers`, the rule of the
+    text decoders' ONNX capture): every layer then keeps every position (transformers.js feeds back each present as
+    it came and one `attention_mask` for all layers), the window held by transformers' sliding mask alone, as eager's
+    sliding layers drop only keys that mask hides."""
+    return DynamicCache() if has_sliding_layers(model.config) else DynamicCache(config=model.config)
 
 
 def embeds_inputs(embeds: torch.Tensor, start: int, cache: Any, positions: torch.Tensor | None = None,
