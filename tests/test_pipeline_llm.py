@@ -227,12 +227,14 @@ def test_markdown_report_has_tables_and_stays_small(llm_run):
     assert text.startswith("## Export report")
     lines = text.splitlines()
     # the one table (exporters.report.markdown.variants_table) opens the report: one row per target, before any probe row
-    header = lines.index("| variant | format | size | latency / tokens per second | quality | verdict |")
+    # its "runs in" column: this prefill + decode ONNX folder is declined by GenAI and optimum with the reason
+    header = lines.index("| variant | format | size | latency / tokens per second | quality | runs in | verdict |")
     probes = lines.index("| component | probe | shapes | worst abs diff | tolerance | verdict |")
     assert header < probes and header < 6
     rows = [line for line in lines[header + 2:] if line.startswith("| `")][:3]
     assert [r.split("|")[1].split()[0] for r in rows] == ["`dynamo`", "`onnx`", "`et`"]  # then size/speed marks
     assert all("✅ passed" in r and re.search(r"✅ (\d+)/\1 tokens", r) for r in rows), rows
+    assert "ONNX Runtime GenAI ✗ cannot take this model: its generation export is prefill.onnx and decode.onnx" in rows[1]
     # per-probe rows are folded
     assert lines[probes - 2].startswith("<details><summary>") and "probe(s)" in lines[probes - 2]
     assert "**Generation parity** ✅ passed" in text

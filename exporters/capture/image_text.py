@@ -62,6 +62,7 @@ import torch
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
 
+from exporters.capture.cache_settings import has_sliding_layers
 from exporters.capture.image_attention import BIDIRECTIONAL_PREFILL, marks_image_rows
 from exporters.capture.merged import contract, empty_cache, mixes_window_layers, with_contract
 from exporters.capture.probes import DimBinding
