@@ -210,12 +210,13 @@ def _marks(targets: list[dict[str, Any]]) -> tuple[str | None, set[str]]:
     return smallest, {(max(e) if e[0][1] else min(e))[2] for e in groups.values() if len(e) > 1}
 
 
-def variants_table(report: dict[str, Any], names: list[str] | None = None) -> list[str]:
+def variants_table(report: dict[str, Any], names: list[str] | None = None, runtime_details: bool = True) -> list[str]:
     """The one table of a run (or of the targets `names`): variant, format, size, latency / tokens per second,
     quality, verdict; failed and unverified first with their reason, the smallest and the fastest passing variant
     marked; then one line per variant naming the metric that decided, and the machine the timings come from.
     report.md opens with it (so the PR description and the Action's job summary show it); the sticky comment and
-    the model card's Exports section call it too.
+    the model card's Exports section call it too. Without `runtime_details` the "runs in" cells hold each runtime's
+    mark alone (a table too long for a PR description otherwise: report.json keeps what each showed).
 
     Example:
         >>> variants_table({"targets": []})
@@ -237,7 +238,7 @@ def variants_table(report: dict[str, Any], names: list[str] | None = None) -> li
         size = _size(target)
         lines.append(f"| `{target['name']}`{marks} | {target['export_format']} · {target['mode']} · "
                      f"{_variant(target)} | {human_size(size) if size else '–'} | {speed_cell(target)} | "
-                     f"{quality_cell(target)} | " + (f"{runtime_cell(target.get('runtimes'))} | " if proven else "")
+                     f"{quality_cell(target)} | " + (f"{runtime_cell(target.get('runtimes'), 120 if runtime_details else 0)} | " if proven else "")
                      + f"{verdict} |")
     lines.append("")
     decided = [t for t in targets if (t.get("quality") or {}).get("decided_by")]
@@ -378,7 +379,10 @@ def render_markdown(report: dict[str, Any], details: bool = True) -> str:
     """The report as GitHub/Hub-flavoured Markdown, under 60 KB: the summary table first, then the details (the
     probe and file tables are left out when the whole would not fit; report.json always has everything)."""
     targets = report["targets"]
-    lines = ["## Export report", "", headline(report), "", *variants_table(report)]
+    table = variants_table(report)
+    if len("\n".join(table).encode()) > MARKDOWN_LIMIT // 2:  # the table stays whole: runtimes' marks alone
+        table = variants_table(report, runtime_details=False)
+    lines = ["## Export report", "", headline(report), "", *table]
     for target in sorted(targets, key=lambda t: ORDER.get(t["status"], 0)):
         lines += render_target(target, details)
     if report.get("findings"):
@@ -425,9 +429,9 @@ def close_fences(text: str) -> str:
 RUNTIME_MARKS = {"passed": "✓", "failed": "✗", "unverified": "–", "declined": "✗"}
 
 
-def runtime_cell(proofs: list[dict[str, Any]] | None) -> str:
-    """The report's "runs in" cell: each deployment runtime with its mark and what it showed, as inert text (a
-    merged matrix leg's proofs are data from another machine: no link, image or mention).
+def runtime_cell(proofs: list[dict[str, Any]] | None, detail_chars: int = 120) -> str:
+    """The report's "runs in" cell: each deployment runtime with its mark and what it showed (at most `detail_chars`
+    of it), as inert text (a merged matrix leg's proofs are data from another machine: no link, image or mention).
 
     Example:
         >>> runtime_cell([{"runtime": "ONNX Runtime GenAI", "status": "passed", "detail": "8/8 tokens"},
@@ -437,4 +441,5 @@ def runtime_cell(proofs: list[dict[str, Any]] | None) -> str:
     if not proofs:
         return "–"
     return " · ".join(f"{inert(p.get('runtime'), 60)} {RUNTIME_MARKS.get(str(p.get('status')), '?')} "
-                      f"{inert(p.get('detail') or '', 120)}".rstrip() for p in proofs if isinstance(p, dict))
+                      f"{inert(p.get('detail') or '', detail_chars) if detail_chars else ''}".rstrip() for p in proofs
+                      if isinstance(p, dict))
