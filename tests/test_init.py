@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import run_cli
 from tests.models import (
     family_model,
+    runner_model,
     tiny_bert,
     tiny_fnet,
     tiny_llama,
@@ -39,6 +40,11 @@ def tiny_llama_64(folder: Path, recipe: Any = None) -> Path:
     return tiny_llama(folder, recipe, max_position_embeddings=64)
 
 
+def tiny_gemma3_text(folder: Path, recipe: Any = None) -> Path:
+    """A 2-layer Gemma 3 text model: a sliding-window layer of 6 positions, then a full one; positions end at 64."""
+    return runner_model(folder, "gemma3", recipe)
+
+
 # model builder, formats tried, family, {dim: largest max the model allows}; the Llama's init passes `--fp32-only`
 # (FP32_ONLY): its int4 variant run is what tests/test_init_variants.py proposes and the README quick start
 # (tests/test_first_hour.py) tries; here the flag is checked instead
@@ -46,12 +52,15 @@ CASES: dict[str, tuple[Any, str, str, dict[str, int]]] = {
     # the merged graph's dims (the default generation graph of a decoder-only model): batch, query, cache
     "llama": (tiny_llama_64, "dynamo,onnx", "text", {"batch_size": 64, "sequence_length": 64,
                                                      "past_sequence_length": 63}),
+    # window and full layers mixed: ONNX's capture keeps every position in every layer, so the same merged dims
+    "gemma3": (tiny_gemma3_text, "onnx", "text", {"batch_size": 64, "sequence_length": 64,
+                                                 "past_sequence_length": 63}),
     "bert": (tiny_bert, "onnx", "text", {"batch": 64, "sequence": 128}),
     "resnet": (tiny_resnet, "dynamo", "vision", {"batch": 64, "image": 256}),
     "t5": (tiny_t5, "dynamo", "seq2seq", {"source": 4096, "past": 4095}),
     "llava": (tiny_llava, "dynamo", "vision-language", {"prompt": 256, "past": 255}),
 }
-FP32_ONLY = {"llama"}
+FP32_ONLY = {"llama", "gemma3"}
 
 
 @dataclass
@@ -66,6 +75,7 @@ class Proposed:
     recipe: dict[str, Any]
     summary: str
     report: dict[str, Any]
+    root: Path  # model/, out/ (the run's output folder)
 
 
 def named_dims(target: dict[str, Any]) -> dict[str, tuple[int, int]]:
@@ -97,7 +107,7 @@ def _propose(name: str, root: Path) -> Proposed:
     run = run_cli("run", str(model), "--config", str(recipe_file), "--out", str(root / "out"), "--quiet", "--no-bench",
                   env=state)
     return Proposed(name, formats.split(","), family, limits, init, check, run, json.loads(recipe_file.read_text()),
-                    summary_file.read_text(), json.loads((root / "out" / "report.json").read_text()))
+                    summary_file.read_text(), json.loads((root / "out" / "report.json").read_text()), root)
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +189,52 @@ def test_a_decoder_only_llm_gets_the_merged_graph_with_the_weights_stored_once(p
     # `--fp32-only`: the int4 variant step is skipped, said nowhere, and no target names a variant
     assert "variants: exporting" not in proposed.init.stderr and "int4" not in proposed.summary, proposed.summary
     assert all("variants" not in target for target in proposed.recipe["exports"]), proposed.recipe
+
+
+def test_a_decoder_mixing_window_and_full_layers_gets_the_merged_onnx_graph_past_its_window(proposals) -> None:
+    """A Gemma 3-shaped model (a window of 6, positions up to 64): ONNX's proposal is the merged graph that its
+    plainest recipe gets (every layer's cache full length, the window in the mask), its `past_sequence_length` up
+    to the position limit, not the window; the folder holds `model.onnx` alone and runs in ONNX Runtime GenAI."""
+    proposed = proposals("gemma3")
+    config = json.loads((proposed.root / "model" / "config.json").read_text())
+    assert config["layer_types"] == ["sliding_attention", "full_attention"], config
+    assert config["sliding_window"] == 6 < config["max_position_embeddings"] == 64, config
+    [target] = proposed.recipe["exports"]
+    assert target["expected_components"] == ["model"] and list(target["components"]) == ["model"], target
+    assert named_dims(target)["past_sequence_length"] == (0, 63), target
+    [onnx] = proposed.report["targets"]
+    assert [c["name"] for c in onnx["components"]] == ["model"]
+    folder = proposed.root / "out" / "onnx"
+    assert sorted(p.name for p in folder.glob("*.onnx")) == ["model.onnx"], sorted(folder.iterdir())
+    assert {p["runtime"]: p["status"] for p in onnx["runtimes"]}.get("ONNX Runtime GenAI") == "passed", onnx["runtimes"]
+    # the window bounds the model's own cache (the separate components' `past`), which the proposal does not use
+    assert "the eager model fails above 5" not in proposed.summary, proposed.summary
+
+
+def test_only_onnx_merges_window_and_full_layers_the_other_formats_keep_their_components(tmp_path: Path) -> None:
+    """The per-format first proposal for the same Gemma 3-shaped model, without exporting: dynamo and ExecuTorch keep
+    the separate `prefill` + `decode` whose `past` the model's own cache bounds by its window (5 positions: what the
+    plainest dynamo recipe keeps, `exporters.capture.merged.windows_keep_apart`); ONNX gets the merged graph up to
+    the position limit."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from exporters.init.axes import find_dimensions
+    from exporters.init.propose import build_target, default_graph, first_dims
+    from exporters.recipe.model import Recipe
+
+    folder = tiny_gemma3_text(tmp_path / "model")
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    plan = find_dimensions(model, Recipe(exports=[{"export_format": "dynamo"}]),
+                           tokenizer=AutoTokenizer.from_pretrained(folder))
+    targets = {}
+    for export_format in ("dynamo", "onnx", "executorch"):
+        graph = default_graph(plan, export_format)
+        targets[export_format] = build_target(export_format, plan, first_dims(plan, graph), graph=graph)
+    for export_format in ("dynamo", "executorch"):
+        assert targets[export_format]["expected_components"] == ["prefill", "decode"], targets[export_format]
+        assert named_dims(targets[export_format])["past"] == (1, 5), targets[export_format]
+    assert targets["onnx"]["expected_components"] == ["model"], targets["onnx"]
+    assert named_dims(targets["onnx"])["past_sequence_length"] == (0, 63), targets["onnx"]
 
 
 def test_tolerances_come_from_measured_diffs_with_a_margin(proposed: Proposed) -> None:

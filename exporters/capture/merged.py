@@ -149,13 +149,28 @@ def _merged_by_default(target, family: str, cache_implementation: str, config: A
     layer (`exporters.capture.cache_settings.full_length_windows`), so one past length describes the whole cache."""
     separate = bool(set(target.components) & {"prefill", "decode"})
     if (family != "text" or cache_implementation != "dynamic" or separate
-            or target.expected_components not in (None, [MERGED])
-            or (config is not None and mixes_window_layers(config) and target.export_format != "onnx")):
+            or target.expected_components not in (None, [MERGED]) or windows_keep_apart(target.export_format, config)):
         return False
     if target.export_format == "dynamo":
         return True
     dynamic = target.dynamic or bool(target.dynamic_shapes) or MERGED in target.components
     return target.export_format == "onnx" and dynamic
+
+
+def windows_keep_apart(export_format: str, config: Any) -> bool:
+    """Whether the model's layers keep the merged default off for `export_format`: a mix of window and full layers
+    ([`mixes_window_layers`]) anywhere but ONNX, whose generation capture keeps every position in every layer
+    (`exporters.capture.cache_settings.full_length_windows`); dynamo keeps the model's own cache, whose layers differ
+    in length past the window. `hf-export init` proposes each format's default graph by the same rule.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> gemma = SimpleNamespace(layer_types=["sliding_attention", "full_attention"], sliding_window=6,
+        ...                         max_position_embeddings=64)
+        >>> windows_keep_apart("dynamo", gemma), windows_keep_apart("onnx", gemma), windows_keep_apart("dynamo", None)
+        (True, False, False)
+    """
+    return config is not None and export_format != "onnx" and mixes_window_layers(config)
 
 
 KV_LEAVES = ("keys", "values")

@@ -29,7 +29,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -173,7 +172,6 @@ def rename_merged_graph(directory: Path, component: str = "model") -> dict[str, 
     entry = manifest["components"][component]
     path = directory / entry["file"]
     proto = onnx.load(str(path), load_external_data=False)
-    fold_passthrough_windows(proto, _window_of(directory))
     names = {v.name: graph_name(v.name, False, None) for v in proto.graph.input}
     if unnamed_inputs({new: old for old, new in names.items()}):  # a runtime name kept upstream's `input.` name
         return {new: old for old, new in names.items()}
@@ -182,57 +180,6 @@ def rename_merged_graph(directory: Path, component: str = "model") -> dict[str, 
     entry["inputs"] = inputs
     write_manifest(directory, manifest)
     return inputs
-
-
-_WINDOW_LEAF = re.compile(r"input\.cache\.layers\.\d+\._sliding_window_tensor$")
-
-
-def fold_passthrough_windows(proto, window: int | None) -> list[str]:
-    """Make a sliding-window cache layer's `_sliding_window_tensor` input a constant (`window`) where the graph only
-    hands it back unchanged (an `Identity` to its output): a window longer than every position the model holds never
-    cuts the cache, so the graph never reads it, and the runtimes, which have no name for it, need not feed it. An
-    input the graph computes with is kept (the graph then has an input the runtimes cannot feed). Returns the inputs
-    folded; the output stays, so upstream's runner still unflattens the outputs in order.
-
-    Example:
-        >>> import onnx
-        >>> from onnx import TensorProto, helper
-        >>> leaf = "input.cache.layers.0._sliding_window_tensor"
-        >>> graph = helper.make_graph([helper.make_node("Identity", [leaf], ["out"])], "g",
-        ...                           [helper.make_tensor_value_info(leaf, TensorProto.INT64, [])],
-        ...                           [helper.make_tensor_value_info("out", TensorProto.INT64, [])])
-        >>> model = helper.make_model(graph)
-        >>> fold_passthrough_windows(model, 512), [i.name for i in model.graph.input]
-        (['input.cache.layers.0._sliding_window_tensor'], [])
-    """
-    from onnx import helper  # heavy runtime, deferred
-
-    if window is None:
-        return []
-    graph, outputs = proto.graph, {value.name for value in proto.graph.output}
-    folded = []
-    for value in list(graph.input):
-        users = [node for node in graph.node if value.name in node.input]
-        if not _WINDOW_LEAF.match(value.name) or not users or any(
-                node.op_type != "Identity" or not set(node.output) <= outputs for node in users):
-            continue
-        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
-        graph.input.remove(value)
-        graph.initializer.append(helper.make_tensor(value.name, value.type.tensor_type.elem_type, dims, [window]))
-        folded.append(value.name)
-    return folded
-
-
-def _window_of(directory: Path) -> int | None:
-    """The sliding window of the model whose `config.json` is in `directory` (its text config's) when it is longer than
-    every position the model holds (the window never cuts the cache), else None."""
-    try:
-        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    config = config.get("text_config") or config
-    window, positions = config.get("sliding_window"), config.get("max_position_embeddings")
-    return window if isinstance(window, int) and isinstance(positions, int) and window > positions else None
 
 
 def unnamed_inputs(inputs: dict[str, str]) -> list[str]:

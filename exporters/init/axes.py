@@ -39,13 +39,13 @@ from exporters.capture.merged import (
     PAST_DIM,
     QUERY_DIM,
     QUERY_INPUTS,
-    mixes_window_layers,
     state_leaves,
     takes_cache,
+    windows_keep_apart,
 )
 from exporters.capture.probes import DimBinding, make_probes
 from exporters.errors import first_line
-from exporters.recipe.model import InputsSpec, Recipe
+from exporters.recipe.model import FORMATS, InputsSpec, Recipe
 from exporters.status import AUTO, NAMED, STATIC, DimState
 from exporters.validate.checks import shapes_of
 
@@ -93,18 +93,21 @@ class AxisPlan:
     notes: list[str] = field(default_factory=list)
     # the merged graph's dimensions (`model`: one graph, weights once), where the tool's merged default applies
     merged: list[Dimension] | None = None
+    # the formats whose default graph that is (`windows_keep_apart`: ONNX alone for a mix of window and full layers)
+    merged_formats: tuple[str, ...] = ()
 
 
 def _leaf_shapes(components) -> dict[str, dict[str, list[int]]]:
     return {name: shapes_of(inputs) for name, (_, inputs) in components.items()}
 
 
-def _decompose(model, spec: InputsSpec, mode: str, tokenizer):
+def _decompose(model, spec: InputsSpec, mode: str, tokenizer, full_windows: bool = False):
     """The components captured from a sample made with `spec`, with a growing cache: the one whose length axis
-    init declares dynamic."""
+    init declares dynamic (`full_windows`: full length in every layer, as an ONNX generation capture keeps it)."""
 
     sample = make_sample_inputs(model, spec, tokenizer)
-    components = decompose(model, mode, sample.forward, sample.generate, setting=CacheSetting("dynamic"),
+    setting = CacheSetting("dynamic", full_windows=full_windows)
+    components = decompose(model, mode, sample.forward, sample.generate, setting=setting,
                                   multi_token_decode=False, family=sample.family)
     return sample, components
 
@@ -155,18 +158,36 @@ def _variants(family: str, mode: str, spec: InputsSpec, config) -> list[tuple[st
 def find_dimensions(model, recipe: Recipe, *, tokenizer=None, max_probe_elements: int = 1_000_000,
                     batch_size: int = 2) -> AxisPlan:
     """The dimensions to try for `model`: traced with `recipe.inputs` (batch `batch_size` for single-graph models,
-    so that the batch axis can stay dynamic), each with the range the model allows."""
+    so that the batch axis can stay dynamic), each with the range the model allows. A model mixing window and full
+    layers gets its merged dims (ONNX's alone: `AxisPlan.merged_formats`) from a second plan captured as ONNX
+    captures it, on a full-length cache in every layer (`CacheSetting.full_windows`): its own cache's window layers
+    would bound `past` by the window."""
 
     family, mode = detect_family(model), default_mode(model)
     spec = recipe.inputs.model_copy(update={"batch_size": batch_size if mode == "model" else 1})
     recipe = recipe.model_copy(update={"inputs": spec})
-    _, components = _decompose(model, spec, mode, tokenizer)
+    plan, components = _plan(model, recipe, tokenizer, max_probe_elements, full_windows=False)
+    formats = tuple(f for f in FORMATS if not windows_keep_apart(f, model.config))
+    merged_from = plan
+    if formats != FORMATS and mode == "generation" and family == "text":
+        merged_from, components = _plan(model, recipe, tokenizer, max_probe_elements, full_windows=True)
+    plan.merged = merged_dimensions(merged_from, components, max_probe_elements)
+    if plan.merged is not None:
+        # the merged graph is the decode with a multi-token query
+        plan.leaves[MERGED], plan.merged_formats = merged_from.leaves["decode"], formats
+    return plan
+
+
+def _plan(model, recipe: Recipe, tokenizer, max_probe_elements: int, full_windows: bool):
+    """The axis plan of one capture (`full_windows`: every layer's cache full length) and its components."""
+    family, mode, spec = detect_family(model), default_mode(model), recipe.inputs
+    _, components = _decompose(model, spec, mode, tokenizer, full_windows)
     base = _leaf_shapes(components)
     notes: list[str] = []
     roles: dict[str, dict[str, Axes]] = {}
     for quantity, variant in _variants(family, mode, spec, model.config):
         try:
-            _, other = _decompose(model, variant, mode, tokenizer)
+            _, other = _decompose(model, variant, mode, tokenizer, full_windows)
         except Exception as err:  # the model does not allow this quantity to change
             notes.append(f"{quantity}: static — the model does not run with another {quantity} size "
                          f"({_first_line(err)})")
@@ -181,21 +202,20 @@ def find_dimensions(model, recipe: Recipe, *, tokenizer=None, max_probe_elements
                                      f"{dimension.traced}")
     plan = AxisPlan(family, mode, spec, list(components), minimum_components(family, mode, list(components)),
                     dimensions, base, notes)
-    plan.merged = merged_dimensions(plan, components, model.config, max_probe_elements)
-    if plan.merged is not None:
-        plan.leaves[MERGED] = base["decode"]  # the merged graph is the decode with a multi-token query
-    return plan
+    return plan, components
 
 
-def merged_dimensions(plan: AxisPlan, components, config, max_probe_elements: int) -> list[Dimension] | None:
+def merged_dimensions(plan: AxisPlan, components, max_probe_elements: int) -> list[Dimension] | None:
     """The dimensions of the merged graph (`model`: upstream's multi-token decode, the default generation graph of a
     decoder-only model with a key-value cache, `exporters.capture.merged`), from the prefill's and the decode's: the
     query axis of the token inputs is the prompt (1 up to its bound), the cache's sequence axis is `past` from 0 (the
     prompt runs on an empty cache), and the batch is dynamic (what runtimes batch), bounded by the probe budget. None
-    where the merged default does not apply (another family, no key-value cache, state-space or sliding-window
-    layers: the merged default's own tests, `exporters.capture.merged`; a cache with conv or recurrent states too,
-    which this contract does not batch). The names are the merged default's (optimum's and GenAI's dims)."""
-    if plan.mode != "generation" or plan.family != "text" or mixes_window_layers(config):
+    where the merged default applies to no format (another family, no key-value cache, state-space layers: the
+    merged default's own tests, `exporters.capture.merged`; a cache with conv or recurrent states too, which this
+    contract does not batch). A mix of window and full layers keeps it for ONNX alone (`AxisPlan.merged_formats`):
+    its capture keeps every position in every layer, so `past` is one length; the sliding layers' leaves are among
+    its axes as the full layers' are. The names are the merged default's (optimum's and GenAI's dims)."""
+    if plan.mode != "generation" or plan.family != "text":
         return None
     if not takes_cache(components) or state_leaves(components["decode"][1]):
         return None

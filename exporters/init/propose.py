@@ -118,8 +118,10 @@ def _axis_value(dimension: Dimension, state: str) -> Any:
 
 def default_graph(plan: AxisPlan, export_format: str) -> str:
     """The graphs init proposes first for a format: the tool's default where it applies, weights stored once (the
-    merged graph for dynamo and ONNX, the ExecuTorch LLM runner's program), else one graph per component."""
-    if plan.merged is None:
+    merged graph for dynamo and ONNX, the ExecuTorch LLM runner's program), else one graph per component. A model
+    mixing window and full layers gets the merged graph for ONNX alone (`AxisPlan.merged_formats`), as its plainest
+    recipe does (`exporters.capture.merged.windows_keep_apart`)."""
+    if plan.merged is None or export_format not in plan.merged_formats:
         return COMPONENT_GRAPHS
     return RUNNER_GRAPH if export_format == "executorch" else MERGED_GRAPH
 
@@ -377,11 +379,14 @@ def _finish_tolerance(result: FormatResult) -> None:
 
 def _notes(plan: AxisPlan, results: list[FormatResult]) -> list[str]:
     """Everything init could not make work, and why: quantities that cannot vary, narrowed or static axes, left-out
-    formats."""
+    formats. The components' own dims are said unless every format got a merged graph found on another capture (a
+    mix of window and full layers proposed for ONNX alone: its own cache's window bounds only the components)."""
     notes = list(plan.notes)
-    for dimension in plan.dimensions:
+    apart = bool(plan.merged and results and plan.merged_formats != FORMATS
+                 and all(result.graph == MERGED_GRAPH for result in results))
+    for dimension in ([] if apart else plan.dimensions):
         notes += dimension.reasons
-    seen = {reason for d in plan.dimensions for reason in d.reasons}
+    seen = {reason for d in ([] if apart else plan.dimensions) for reason in d.reasons}
     for result in results:
         notes += [f"{result.export_format}: {reason}" for d in result.dims for reason in d.reasons
                   if reason not in seen]
