@@ -12,8 +12,10 @@ tokens, the count transformers.js's processor lays out per chunk) on a width-32 
 text model. One run of the real CLI through the shared store (#48).
 
 Moonshine (#52 item 4), a speech encoder-decoder on the raw waveform: `onnx/encoder_model.onnx` + merged decoder as
-transformers.js's MoonshineForConditionalGeneration loads them, proven in the product 8/8, at a longer waveform,
-its mutant (another decoder start token) failing the proof, and its card's script run as written.
+transformers.js's MoonshineForConditionalGeneration loads them, from the plainest recipe (no `dynamic`: the layout keeps
+the waveform axis dynamic by default), proven in the product 8/8, at a longer waveform, its mutant (another decoder
+start token) failing the proof, its card's script run as written, and `hf-export validate` probing the encoder as its
+export.json records it.
 """
 
 from __future__ import annotations
@@ -126,13 +128,14 @@ def test_a_voxtral_whose_chunk_is_not_375_audio_tokens_is_refused_with_the_reaso
     assert "static" in refused(None, model, sample, "static")
 
 
-MOONSHINE_RECIPE = {"exports": [{**TJS_TARGET, "dynamic": True}], "generation": {"max_new_tokens": 8}}
+MOONSHINE_RECIPE = {"exports": [TJS_TARGET], "generation": {"max_new_tokens": 8}}  # no `dynamic`: any length anyway
 
 
 @pytest.fixture(scope="module")
 def moonshine_tjs(tmp_path_factory):
-    """A tiny Moonshine (1+1 layers, hidden 32; its Wav2Vec2 feature extractor) in the transformers.js layout, the
-    waveform axis dynamic (`dynamic: true`), exported once through the shared store."""
+    """A tiny Moonshine (1+1 layers, hidden 32; its Wav2Vec2 feature extractor) in the transformers.js layout from
+    the plainest recipe (no `dynamic`: the layout keeps the waveform axis dynamic), exported once through the shared
+    store."""
     root = tmp_path_factory.mktemp("tjs-moonshine")
     model = tiny_moonshine(root / "model", MOONSHINE_RECIPE)
     return model, stored_run(model)
@@ -142,12 +145,20 @@ def test_a_moonshine_folder_transcribes_in_transformers_js_from_the_raw_waveform
     """Moonshine (#52 item 4): `onnx/encoder_model.onnx` takes the waveform `input_values [1, samples]` (any length)
     and `onnx/decoder_model_merged.onnx` the tokens, the encoder's states and the cache, as transformers.js's
     MoonshineForConditionalGeneration feeds them; proven in the product by `AutoModelForSpeechSeq2Seq.generate` on the
-    sample's waveform, 8/8 tokens against eager `generate()`."""
+    sample's waveform, 8/8 tokens against eager `generate()`. The recipe sets no `dynamic`: the layout exports the
+    waveform axis (and the decoder's encoder-states axis that follows from it) dynamic by default, says so in the
+    findings, and validation probes the encoder at waveforms of other lengths against eager."""
     import onnx
+
+    from exporters.layouts.transformers_js.speech import WAVEFORM_KEPT
 
     _, (out, report, log) = moonshine_tjs
     target = _target(report)
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert WAVEFORM_KEPT in target["findings"], target["findings"]
+    encoder_checks = {c["name"]: c for c in target["components"]}["encoder"]["checks"]
+    lengths = {check["shapes"]["input_values"][1] for check in encoder_checks}
+    assert len(lengths) > 1 and all(check["passed"] for check in encoder_checks), encoder_checks
     assert target["generation"]["status"] == "passed"
     proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
     assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
@@ -160,6 +171,8 @@ def test_a_moonshine_folder_transcribes_in_transformers_js_from_the_raw_waveform
     decoder = onnx.load(str(folder / "onnx" / "decoder_model_merged.onnx"), load_external_data=False).graph
     names = [value.name for value in decoder.input]
     assert names[:2] == ["input_ids", "encoder_hidden_states"] and "past_key_values.0.encoder.key" in names, names
+    states = decoder.input[1].type.tensor_type.shape.dim  # [batch, encoder positions, hidden]: from the waveform's
+    assert states[1].dim_param, states
 
 
 def test_a_moonshine_folder_transcribes_a_longer_waveform_and_a_wrong_start_token_fails_the_proof(moonshine_tjs,
@@ -204,3 +217,26 @@ def test_the_cards_transformers_js_script_transcribes_a_moonshine_folder_as_writ
     assert "AutoModelForSpeechSeq2Seq" in code and "input_values" in code, code
     printed = run_js_card(code, out / "tjs", tmp_path)
     assert len(json.loads(printed.strip().splitlines()[-1])) >= 32, printed  # 32 new tokens and the start
+
+
+def test_a_moonshine_folder_is_revalidated_with_the_waveform_axis_its_export_json_records(moonshine_tjs, tmp_path):
+    """`hf-export validate` on a saved Moonshine folder probes the encoder as it was exported, not as today's default
+    would export it: the stored folder whose export.json records a fixed waveform (what a recipe without `dynamic`
+    wrote before the default) is validated at its traced length alone (the run itself probed other lengths: the
+    first Moonshine test)."""
+    from tests.conftest import run_cli
+
+    model_dir, (out, _, _) = moonshine_tjs
+    copy = tmp_path / "out"
+    shutil.copytree(out / "tjs", copy / "tjs")
+    manifest_path = copy / "tjs" / "export.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["components"]["encoder"]["metadata"]["export_config"]["dynamic"] is True
+    manifest["components"]["encoder"]["metadata"]["export_config"]["dynamic"] = False
+    manifest_path.write_text(json.dumps(manifest))
+    done = run_cli("validate", str(model_dir), str(copy), "--target", "tjs")
+    assert done.returncode == 0, done.stderr[-3000:]
+    target = _target(json.loads((copy / "report.json").read_text()))
+    assert target["status"] == "passed", json.dumps(target, indent=1)[:6000]
+    checks = {c["name"]: c for c in target["components"]}["encoder"]["checks"]
+    assert [check["shapes"]["input_values"][1] for check in checks] == [16000], checks

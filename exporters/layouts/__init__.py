@@ -25,7 +25,9 @@ exporters/layouts/
 The stages see only this face: a run's export child asks each layout for its files once the graphs are written
 (`write_layout_files`, from `exporters.run.pipeline`), validation runs each
 applying layout's proof in its own runtime (`exporters.validate.runtimes`), the card shows the snippet of each that
-passed (`exporters.publish.snippets`). A new layout is one package and one line in `LAYOUTS`.
+passed (`exporters.publish.snippets`), and the workbench gives a transformers.js Moonshine target the dynamic waveform
+the layout needs (`waveform_kept_dynamic`; `hf-export validate` reads it as exported: `waveform_as_recorded`). A new
+layout is one package and one line in `LAYOUTS`.
 
 Example:
     >>> [layout.runtime for layout in LAYOUTS]
@@ -53,6 +55,7 @@ from exporters.layouts.genai import Genai
 from exporters.layouts.optimum import Optimum
 from exporters.layouts.sentence_transformers import SentenceTransformers
 from exporters.layouts.transformers_js import TransformersJs
+from exporters.layouts.transformers_js.speech import waveform_as_recorded, waveform_kept_dynamic
 
 __all__ = ["CHILD_ENV", "CHILD_TIMEOUT_S", "EXAMPLE_IDS", "ExecutorchLlm", "ExecutorchMultimodal", "ExecutorchSpeech",
            "Genai", "LAYOUTS", "NO_TOKENIZER", "Optimum", "PIN_COMMENT", "PROMPT", "PROMPT_LINE", "SentenceTransformers",
@@ -60,7 +63,7 @@ __all__ = ["CHILD_ENV", "CHILD_TIMEOUT_S", "EXAMPLE_IDS", "ExecutorchLlm", "Exec
            "subfolder", "MEMORY_FLOOR_BYTES", "MEMORY_PER_FOLDER_BYTE", "Layout",
            "ProofStatus", "RuntimeContext", "RuntimeProof", "child_environment", "child_message", "child_timeout",
            "components_in", "kill_child_of", "layout_named", "memory_limit", "run_in_child", "run_script",
-           "write_layout_files"]
+           "waveform_as_recorded", "waveform_kept_dynamic", "write_layout_files"]
 
 # Every deployment layout, once. Order matters only for the files: transformers.js moves the graph under onnx/
 # before GenAI's genai_config.json names its file.

@@ -17,6 +17,7 @@ from exporters.capture.dtypes import reference_groups
 from exporters.errors import ArtifactError, error_record, recoverable
 from exporters.export.footprint import record_footprint
 from exporters.hashing import file_entries
+from exporters.layouts import waveform_as_recorded
 from exporters.run.context import RunOptions, prepare_run, resolve_device
 from exporters.run.outcomes import new_result, write_results
 from exporters.run.pipeline import _validate_into
@@ -65,6 +66,7 @@ def validate_existing(model: str, options: RunOptions) -> dict[str, Any]:
             workbench.plan_methods_layout(target, llm_runner.NOT_RUNNER.format(
                 why="the folder's program has the methods layout (its export.json)"))
             llm_runner.prompt_as_recorded(target, _manifest(directory))  # its prompt as exported, not as today
+        waveform_as_recorded(target, _manifest(directory))  # a Moonshine encoder's waveform as exported
         try:
             components = workbench.components(target, context.recipe) if workbench.unprepared is None else None
         except BaseException as err:  # a capture that fails, a decode that could not run a second step

@@ -27,6 +27,7 @@ from exporters.capture.token_ids import decoder_start_id
 from exporters.errors import ShapeSpecError, error_record, recoverable
 from exporters.export.footprint import ModelWeights
 from exporters.export.quantize import calibration_samples
+from exporters.layouts import waveform_kept_dynamic
 from exporters.recipe.model import Recipe, Target
 from exporters.run.context import RunContext, RunOptions
 from exporters.run.isolation import error_text, log_error
@@ -167,6 +168,7 @@ class Workbench:
                 self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting, llm_runner.FED_IN_CHUNKS))
                 return self.fitted[target.name][0]
             kept = llm_runner.prompt_kept_dynamic(target) if runner and refused and not window else None
+            kept = kept or waveform_kept_dynamic(target, self.model.config)  # Moonshine: any audio length
             asked = target.merged
             target.merged = merged.planned_merged(target, self.sample.family, setting.implementation,
                                                    self.model.config)

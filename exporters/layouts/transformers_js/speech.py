@@ -14,8 +14,9 @@ The proof feeds the spectrogram eager ran on (written to a scratch file), so the
 transformers.js's generation loop, not of two feature extractors; the card's script makes the features with the
 folder's own `AutoFeatureExtractor` from audio (a tone in the example). Moonshine (`MoonshineForConditionalGeneration`:
 its `main_input_name` is `input_values`, which `generate({ inputs })` feeds the encoder) takes the waveform itself:
-its extractor gives `input_values` `[1, samples]`, as long as the audio where the target's encoder was exported
-with the waveform axis dynamic (`dynamic: true`).
+its extractor gives `input_values` `[1, samples]`, as long as the audio: the target's encoder is exported with the
+waveform axis dynamic by default ([`waveform_kept_dynamic`]: as with `dynamic: true`, unless the recipe sets
+`dynamic` or `dynamic_shapes`).
 
 Example:
     >>> "AutoModelForSpeechSeq2Seq" in transcribe_script('"model"', '"tjs"', CARD_FEATURES, 4, "console.log(1);")
@@ -28,6 +29,7 @@ from string import Template
 from typing import Any
 
 from exporters.layouts.transformers_js.image_text import dtype_option
+from exporters.recipe.layout import TRANSFORMERS_JS as LAYOUT
 
 # Values enter only through json.dumps or as our ints and lines.
 TRANSCRIBE = Template("""import { env, AutoFeatureExtractor, AutoModelForSpeechSeq2Seq, Tensor } from '@huggingface/transformers';
@@ -62,6 +64,69 @@ def transcribe_script(root: str, name: str, features: str, steps: int, emit: str
 
 
 WAVEFORM_TYPES = ("moonshine",)  # speech encoder-decoders transformers.js 4.3.2 generates from the raw waveform
+
+
+WAVEFORM_KEPT = ("the encoder takes audio of any length, as transformers.js's speech pipeline feeds it (the target is "
+                 "exported as with `dynamic: true`: the waveform's samples and the encoder's states that follow from "
+                 "them are dynamic; set `dynamic: false` for a waveform fixed at the traced length)")
+
+
+def waveform_kept_dynamic(target: Any, model_config: Any) -> str | None:
+    """Give a transformers.js generation target of a waveform speech encoder-decoder (Moonshine) the encoder that
+    takes audio of any length: exported as with `dynamic: true`, unless the recipe set `dynamic` or `dynamic_shapes`
+    (the target's or a component's); `model_config` is the model's config or its dict. Without it the waveform axis
+    keeps its traced length (one second) and transformers.js fails on audio of any other. Returns the report's note,
+    or None when nothing changed.
+
+    Example:
+        >>> from exporters.recipe.load import parse_recipe
+        >>> plain = '{"export_format": "onnx", "mode": "generation", "layout": "transformers.js"}'
+        >>> target, moonshine = parse_recipe(plain).exports[0], {"is_encoder_decoder": True, "model_type": "moonshine"}
+        >>> waveform_kept_dynamic(target, moonshine) == WAVEFORM_KEPT, target.dynamic
+        (True, True)
+        >>> fixed = parse_recipe('{"export_format": "onnx", "mode": "generation", "layout": "transformers.js", '
+        ...                      '"dynamic": false}').exports[0]
+        >>> waveform_kept_dynamic(fixed, moonshine), fixed.dynamic
+        (None, False)
+        >>> whisper = parse_recipe(plain).exports[0]
+        >>> waveform_kept_dynamic(whisper, {"is_encoder_decoder": True, "num_mel_bins": 80}), whisper.dynamic
+        (None, False)
+    """
+    if target.export_format != "onnx" or target.mode != "generation" or getattr(target, "layout", None) != LAYOUT:
+        return None
+    model_config = model_config if isinstance(model_config, dict) else model_config.to_dict()  # a model's config
+    if model_config.get("model_type") not in WAVEFORM_TYPES or not is_speech(model_config):
+        return None
+    if "dynamic" in target.model_fields_set or target.dynamic_shapes or any(
+            override.dynamic is not None or override.dynamic_shapes is not None
+            for override in target.components.values()):
+        return None
+    target.dynamic = True
+    return WAVEFORM_KEPT
+
+
+def waveform_as_recorded(target: Any, manifest: dict[str, Any]) -> None:
+    """Re-validating a saved transformers.js encoder-decoder folder: a target whose recipe leaves `dynamic` unset is
+    validated with the encoder it was exported with, as its export.json records it (the encoder's
+    `export_config.dynamic`), not with today's default ([`waveform_kept_dynamic`]): a Moonshine folder exported with
+    the waveform fixed (before that default) is validated at its traced length.
+
+    Example:
+        >>> from exporters.recipe.load import parse_recipe
+        >>> older = parse_recipe('{"export_format": "onnx", "mode": "generation", "layout": "transformers.js"}')
+        >>> target = older.exports[0]
+        >>> fixed = {"components": {"encoder": {"metadata": {"export_config": {"dynamic": False}}}}}
+        >>> waveform_as_recorded(target, fixed)
+        >>> waveform_kept_dynamic(target, {"is_encoder_decoder": True, "model_type": "moonshine"}), target.dynamic
+        (None, False)
+    """
+    if target.export_format != "onnx" or getattr(target, "layout", None) != LAYOUT:
+        return
+    if "dynamic" in target.model_fields_set or target.dynamic_shapes:
+        return
+    encoder = (manifest.get("components") or {}).get("encoder") or {}
+    if ((encoder.get("metadata") or {}).get("export_config") or {}).get("dynamic") is False:
+        target.dynamic = False  # set, so that today's default no longer applies
 
 
 def is_speech(model_config: dict[str, Any]) -> bool:
