@@ -291,7 +291,7 @@ _SPECS = [
     _f("mistral3", "vision-language", "Mistral3ForConditionalGeneration",
        "Pixtral vision tower; ONNX image_encoder: eager float32's own rounding (the random tower's states grow to ~100) "
        "fails the check, arbitrated in float64 (the graph is within tolerance of float64)",
-       tokenizer=("[IMG]", "image_token_index"),
+       tokenizer=(("[IMG]", "image_token_index"), ("[IMG_BREAK]", None), ("[IMG_END]", None)),
        vision_config__image_size=32, vision_config__patch_size=8),
     _f("qwen3_vl", "vision-language", "Qwen3VLForConditionalGeneration",
        tokenizer=QWEN_VL_TOKENS, vision_config__patch_size=8,

@@ -62,10 +62,11 @@ def with_tokenizer(folder: Path, special: Any, overrides: dict[str, Any], text: 
     vocabulary the tokenizer's, its BOS/EOS/padding the tokenizer's ids 1, 2, 3 (`text`: the dotted prefix of the
     text model's config, `"text_config."` in a multimodal model, `""` in a decoder-only one), and for each
     `(token, setting)` of `special` ([`special_pairs`]) that special token in the tokenizer and `setting` (the
-    config's id of it, e.g. `audio_token_index`, `image_token_id`) its id."""
+    config's id of it, e.g. `audio_token_index`, `image_token_id`; None: a token of the tokenizer alone, e.g. Mistral
+    3's `[IMG_BREAK]`, which its processor reads from the tokenizer) its id."""
     pairs = special_pairs(special)
     tokenizer = train_bpe_tokenizer(folder, CORPUS, [*SPECIALS, *(token for token, _ in pairs)], vocab_size=120,
                                     bos="<s>", eos="</s>", pad="<pad>", byte_level=True)
-    named = {setting: tokenizer.convert_tokens_to_ids(token) for token, setting in pairs}
+    named = {setting: tokenizer.convert_tokens_to_ids(token) for token, setting in pairs if setting}
     return {**overrides, **named, f"{text}vocab_size": len(tokenizer), f"{text}bos_token_id": 1,
             f"{text}eos_token_id": 2, f"{text}pad_token_id": 3}

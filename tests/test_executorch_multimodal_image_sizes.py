@@ -169,9 +169,10 @@ def test_llava_onevision_passes_in_the_multimodal_runner_at_one_image_size(tmp_p
 
 
 def test_mistral3_keeps_the_methods_layout_saying_why():
-    """Mistral 3's processor lays its image's tokens out in rows broken by [IMG_BREAK] (several runs), which the
-    runner's one run of one image's features cannot carry: the default layout falls back to the methods layout
-    with that reason, also for a sample with one run (a synthesized one: not its processor's prompt)."""
+    """Mistral 3's processor lays its image's tokens out in rows broken by [IMG_BREAK]; a sample with one run of
+    image tokens (synthesized where the tokenizer has no [IMG_BREAK] and [IMG_END]: not its processor's prompt)
+    falls back to the methods layout with that reason (the program would emit the processor's span, never proven
+    on this prompt)."""
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration
 
     from exporters.capture.multimodal_runner import PIXTRAL_ROWS, refused
@@ -233,3 +234,120 @@ def test_idefics2_passes_in_the_multimodal_runner(tmp_path_factory):
     proofs = {p["runtime"]: p for p in target["runtimes"]}
     assert proofs[RUNTIME]["status"] == "passed", proofs
     assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from an image and a prompt"), proofs
+
+
+@pytest.fixture(scope="module")
+def mistral3_runner(tmp_path_factory):
+    """The matrix's tiny Mistral 3 (Pixtral tower, one image of 32x32: 2 x 2 image features; its byte-level BPE
+    holds [IMG], [IMG_BREAK] and [IMG_END], so the synthesized sample is in its processor's rows), the plainest
+    ExecuTorch recipe, through the real CLI (the shared export store)."""
+    from tests.models import family_model
+
+    model_dir = family_model("mistral3", tmp_path_factory.mktemp("mm-mistral3") / "model", PLAINEST_EXECUTORCH,
+                             never_eos=True)  # 8 tokens to compare, not an early eos
+    out, report, log = stored_run(model_dir)
+    return model_dir, out, report, log
+
+
+def _mistral3_prompt(model_dir, seed: int):
+    """One image of 32x32 and a prompt in PixtralProcessor's layout, built here (its processor needs torchvision):
+    BOS, `[IMG] [IMG] [IMG_BREAK] [IMG] [IMG] [IMG_END]` (2 rows of 2), then the text."""
+    from transformers import AutoTokenizer
+
+    from exporters.upstream.fixed_image import pixtral_rows
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    image, row_break, end = tokenizer.convert_tokens_to_ids(["[IMG]", "[IMG_BREAK]", "[IMG_END]"])
+    ids = [tokenizer.bos_token_id, *pixtral_rows(image, 2, 2, row_break, end),
+           *tokenizer.encode("describe the image", add_special_tokens=False)]
+    ids = torch.tensor([ids])
+    pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pixels,
+            "image_sizes": torch.tensor([[32, 32]])}, (image, row_break, end)
+
+
+def test_mistral3_passes_in_the_multimodal_runner_at_one_image_size(mistral3_runner):
+    """Mistral 3 at one image of 32x32: its `vision_encoder` emits the processor's whole span, the features' rows
+    each followed by [IMG_BREAK]'s embedding, the last by [IMG_END]'s (the model's own table's rows), the program's
+    `image_span_tokens` naming the two ids; proven by MultimodalRunner token for token with eager `generate()` on the
+    prompt in the processor's rows."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    from executorch.runtime import Runtime
+    from transformers import Mistral3ForConditionalGeneration
+
+    model_dir, out, report, log = mistral3_runner
+    target = report["targets"][0]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert json.loads((out / "executorch" / "export.json").read_text())["layout"] == "multimodal_runner"
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs[RUNTIME]["status"] == "passed", proofs
+    assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from one image of 32x32 and a prompt"), proofs
+    encoder = next(c for c in target["components"] if c["name"] == "vision_encoder")
+    assert encoder["checks"][0]["shapes"] == {"pixel_values": [1, 3, 32, 32]}
+    generation = target["generation"]
+    assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
+    model = Mistral3ForConditionalGeneration.from_pretrained(model_dir).eval()
+    inputs, (image, row_break, end) = _mistral3_prompt(model_dir, seed=2)
+    folder = out / "executorch"
+    data = {"data_path": folder / "model.ptd"} if (folder / "model.ptd").is_file() else {}  # its weights there
+    program = Runtime.get().load_program(folder / "model.pte", **data)
+    assert program.load_method("image_span_tokens").execute([]) == [row_break, end]
+    got = program.load_method("vision_encoder").execute([inputs["pixel_values"]])[0][0]
+    with torch.no_grad():  # eager's embeddings of the span: the features at [IMG], the table's rows elsewhere
+        want = model.get_input_embeddings()(inputs["input_ids"])[0, 1:7]
+        features = model.get_image_features(pixel_values=inputs["pixel_values"], image_sizes=inputs["image_sizes"])
+    features = torch.cat(list(getattr(features, "pooler_output", features))).reshape(-1, want.shape[-1])
+    want[inputs["input_ids"][0, 1:7] == image] = features
+    assert got.shape == want.shape == (6, model.config.text_config.hidden_size)
+    assert torch.allclose(got, want, atol=1e-3, rtol=1e-3), (got - want).abs().max()  # the checks' tolerance
+
+
+@pytest.mark.parametrize("mutant", ["breaks dropped", "break rows zeroed"])
+def test_a_mistral3_program_without_its_break_rows_fails_the_runners_proof(mistral3_runner, tmp_path, mutant):
+    """The proof on another image and the processor-layout prompt: the folder passes; a program whose
+    `vision_encoder` drops the [IMG_BREAK] and [IMG_END] rows (4 features for the span of 6; its
+    `image_span_tokens` kept, so the runner places the span as one image) fails on the prompt's positions, and one
+    that keeps their places but zeroes their embeddings fails on the tokens."""
+    import shutil
+
+    from transformers import Mistral3ForConditionalGeneration
+
+    from exporters.capture.components import cache_setting_for
+    from exporters.capture.multimodal_runner import capture
+    from exporters.export.multimodal_runner import export_multimodal_runner
+    from exporters.layouts.child import RuntimeContext
+    from exporters.layouts.executorch_multimodal import ExecutorchMultimodal
+    from exporters.layouts.executorch_multimodal.proof import prove, reference
+    from exporters.recipe.load import parse_recipe
+
+    model_dir, out, _, _ = mistral3_runner
+    model = Mistral3ForConditionalGeneration.from_pretrained(model_dir).eval()
+    inputs, _ = _mistral3_prompt(model_dir, seed=1)
+    recipe = parse_recipe(json.dumps(PLAINEST_EXECUTORCH))
+    target = recipe.exports[0]
+    context = RuntimeContext(target=target, recipe=recipe, family="vision-language", generate_inputs=inputs,
+                             source_dir=model_dir)
+    layout = ExecutorchMultimodal()
+    made = reference(layout, model, context)
+    assert len(made["tokens"]) == 8, made
+    good = prove(layout, out / "executorch", made, context)
+    assert good.status == "passed" and good.detail.startswith("8/8 tokens from one image of 32x32"), good
+    broken = tmp_path / "mutant"
+    shutil.copytree(out / "executorch", broken)
+    components = capture(model, inputs, cache_setting_for(model, target, recipe).max_cache_len)
+    encoder = components["vision_encoder"][0]
+    assert encoder.span is not None and encoder.span[2:] == (2, 2)
+    if mutant == "breaks dropped":
+
+        class Dropped(type(encoder)):
+            def forward(self, pixel_values):  # the span's features alone: rows of 2, no break or end rows
+                laid = super().forward(pixel_values)
+                return laid[:, [i for i in range(laid.shape[1]) if (i + 1) % 3]]
+
+        encoder.__class__ = Dropped
+    else:
+        encoder.span_rows.zero_()
+    export_multimodal_runner(model, target, components, recipe, broken, [])
+    failed = prove(layout, broken, made, context)
+    assert failed.status == "failed", failed
+    assert ("positions, eager as" if mutant == "breaks dropped" else "tokens equal") in failed.detail, failed

@@ -17,12 +17,12 @@ import torch
 from transformers import GenerationConfig
 
 from exporters.upstream import beyond, core, internals, llm_runner, onnx_decompositions, ort_attention, quantizers
-from exporters.upstream import multimodal_runner, runtime_ops, xnnpack_passes
+from exporters.upstream import fixed_image, multimodal_runner, runtime_ops, xnnpack_passes
 from exporters.upstream.patches import PATCHES, Patch, patch_row, patched, patched_item
 from tests.conftest import ROOT
 
-MODULES = (beyond, core, internals, llm_runner, multimodal_runner, onnx_decompositions, ort_attention, quantizers,
-           runtime_ops, xnnpack_passes)
+MODULES = (beyond, core, fixed_image, internals, llm_runner, multimodal_runner, onnx_decompositions, ort_attention,
+           quantizers, runtime_ops, xnnpack_passes)
 # Functions that lay a patch for a row's manager (called inside its block), not managers of their own
 HELPERS = {"_pass_only_where": ("upsample_fusion_only_with_upsample", "sdpa_fusion_only_with_softmax",
                                  "xnnpack_passes_only_where_they_apply"),

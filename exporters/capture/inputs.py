@@ -29,6 +29,7 @@ from exporters.capture.multimodal import (
 )
 from exporters.errors import UnsupportedModelError
 from exporters.recipe.model import InputsSpec
+from exporters.upstream.fixed_image import PIXTRAL_TOKENS
 
 # Moonshine's encoder downsamples a waveform's attention_mask by slicing it to its conv output length, which torch.export
 # fixes at the traced length (`Guard failed: attention_mask.size()[1] >= 14977`); without the mask the waveform axis
@@ -261,6 +262,13 @@ def _from_preprocessor(model, pre: Preprocessor, spec: InputsSpec, family: str, 
     return SampleInputs(family, dict(made), dict(made), source)
 
 
+def _pixtral_tokens(tokenizer) -> tuple[int, int] | None:
+    """The tokenizer's `[IMG_BREAK]` and `[IMG_END]` ids (a Pixtral processor's rows of image tokens), or None."""
+    vocabulary = tokenizer.get_vocab() if tokenizer is not None and hasattr(tokenizer, "get_vocab") else {}
+    found = [vocabulary.get(token) for token in PIXTRAL_TOKENS]
+    return (found[0], found[1]) if all(isinstance(value, int) for value in found) else None
+
+
 def _synthesized(model, spec: InputsSpec, family: str, tokenizer, generator: torch.Generator,
                  text_ids: torch.Tensor | None = None, pixels: dict[str, Any] | None = None) -> SampleInputs:
     config = model.config
@@ -286,7 +294,7 @@ def _synthesized(model, spec: InputsSpec, family: str, tokenizer, generator: tor
         inputs, note = synthesize_cross_attention(model, spec, ids)
         return SampleInputs(family, dict(inputs), dict(inputs), source, [note])
     if family == "vision-language":
-        inputs = synthesize_vlm(model, spec, ids, generator, pixels)
+        inputs = synthesize_vlm(model, spec, ids, generator, pixels, _pixtral_tokens(tokenizer))
         return SampleInputs(family, dict(inputs), dict(inputs), source)
     if family == "dual-encoder":
         forward = {"input_ids": ids, "attention_mask": mask}

@@ -32,6 +32,7 @@ from PIL import Image
 
 from exporters.errors import UnsupportedModelError, describe_error
 from exporters.upstream import multimodal_submodules
+from exporters.upstream.fixed_image import pixtral_grid, pixtral_rows
 
 PROCESSOR_FILE = "processor_config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -318,7 +319,7 @@ def counted_vision_inputs(model, spec, batch: int, generator: torch.Generator,
 
 
 def synthesize_vlm(model, spec, text_ids: torch.Tensor, generator: torch.Generator,
-                   pixels: dict[str, Any] | None = None) -> dict[str, Any]:
+                   pixels: dict[str, Any] | None = None, row_tokens: tuple[int, int] | None = None) -> dict[str, Any]:
     """Image + prompt inputs for a vision-language model without a processor, in its processor's layout; with
     `pixels` (from the folder's image processor, [`image_processor_pixels`]), around those pixels.
 
@@ -327,6 +328,8 @@ def synthesize_vlm(model, spec, text_ids: torch.Tensor, generator: torch.Generat
     model's own `get_image_features` accepts, as many image tokens as it returns features
     ([`counted_vision_inputs`]), wrapped in the config's begin/end-of-image tokens. Qwen2-VL's flattened patches
     (`image_grid_thw`, counted the same way) and PaliGemma's and Gemma 3's token types keep their own layouts.
+    A Pixtral tower's image tokens (Mistral 3) are laid out in its processor's rows where the tokenizer has its
+    `row_tokens` (`[IMG_BREAK]`, `[IMG_END]` ids: `exporters.upstream.fixed_image.pixtral_rows`), else in one run.
     """
     config = model.config
     model_type = getattr(config, "model_type", "")
@@ -377,7 +380,11 @@ def synthesize_vlm(model, spec, text_ids: torch.Tensor, generator: torch.Generat
     begin, end = _token_id(config, "boi_token_index", "boi_token_id"), _token_id(config, "eoi_token_index",
                                                                                   "eoi_token_id")
     bos = [_token_id(config, "bos_token_id") or 2] if model_type == "gemma3" else []
-    ids = tokens(bos, [begin] if begin is not None else [], [image_token] * count, [end] if end is not None else [])
+    image = [image_token] * count
+    if row_tokens is not None and getattr(vision, "model_type", None) == "pixtral":  # the processor's rows
+        rows, cols = pixtral_grid(config, list(pixels["pixel_values"].shape[-2:]))
+        image = pixtral_rows(image_token, rows, cols, *row_tokens) if rows * cols == count else image
+    ids = tokens(bos, [begin] if begin is not None else [], image, [end] if end is not None else [])
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **pixels}
     if model_type == "gemma3":
         inputs["token_type_ids"] = (ids == image_token).long()

@@ -11,8 +11,11 @@ causally or both ways among one image's tokens only (Gemma 3: the program marks 
 or its tiles and the whole image, each its own run of image tokens: each an image input of the runner) have a pixel
 mask of ones (`exporters.upstream.idefics_image`); LLaVA-NeXT and LLaVA-OneVision, whose processor's one image comes
 with its `image_sizes` (any-resolution tiles), at the one image size the program is traced at: its tiles stacked as
-one image input of the runner, the sizes baked in (`exporters.upstream.fixed_image`). A model outside that (several
-images' `image_sizes`, Pixtral's rows of image tokens broken by [IMG_BREAK] ([`PIXTRAL_ROWS`]), a pixel mask that
+one image input of the runner, the sizes baked in (`exporters.upstream.fixed_image`); Mistral 3 (Pixtral's tower) at
+its one image size too, where the prompt holds its processor's rows of image tokens ([IMG_BREAK] after each, [IMG_END]
+after the last: [`pixtral_span_of`]), the whole span one image whose features `vision_encoder` emits with those two
+tokens' embeddings between them. A model outside that (several
+images' `image_sizes`, a Pixtral prompt without its processor's rows ([`PIXTRAL_ROWS`]), a pixel mask that
 leaves pixels out, other token
 types, Qwen2-VL's patches, PaliGemma's bidirectional prefix) keeps the
 methods layout, the report saying why ([`refused`]). Sliding-window layers shorter than the cache (Gemma 3) are held
@@ -50,7 +53,7 @@ from exporters.capture.llm_runner import WINDOW_WITHOUT_CUSTOM_OPS, custom_ops_o
 from exporters.capture.token_ids import image_token_id
 from exporters.errors import TargetPlanError
 from exporters.upstream import llm_runner, multimodal_runner
-from exporters.upstream.fixed_image import IMAGE_SIZES, stacked_tiles, takes_image_sizes
+from exporters.upstream.fixed_image import IMAGE_SIZES, pixtral_grid, pixtral_span, stacked_tiles, takes_image_sizes
 from exporters.upstream.idefics_image import PIXEL_MASK, takes_pixel_mask
 
 MULTIMODAL_RUNNER = "multimodal_runner"
@@ -119,7 +122,7 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
                    - ({PIXEL_MASK} if takes_pixel_mask(model) else set())
                    - ({IMAGE_SIZES} if takes_image_sizes(model) else set()))
     pixels = runner_image_inputs(generate_inputs)
-    ids = generate_inputs.get("input_ids")
+    ids = runner_prompt(model, generate_inputs)  # Pixtral's rows: its span one run
     image_token = image_token_id(model.config)
     if not hasattr(model, "get_image_features"):
         why = f"{type(model).__name__} has no get_image_features (the vision_encoder method)"
@@ -172,21 +175,48 @@ def runner_image_inputs(generate_inputs: dict[str, Any]) -> Any:
 
 
 # Mistral 3 (Pixtral's tower): its processor (PixtralProcessor) lays one image's tokens out in rows, an [IMG_BREAK]
-# after each and [IMG_END] after the last: several runs of image tokens with text tokens between, where the runner
-# puts one image's features in one run (a synthesized sample without a processor has one run, which is not the
-# processor's prompt: never proven on it)
+# after each and [IMG_END] after the last; the program emits that span whole (`exporters.upstream.fixed_image`), so the
+# prompt must hold it (a synthesized sample whose tokenizer has no [IMG_BREAK] and [IMG_END] has one run, which is not
+# the processor's prompt: never proven on it)
 PIXTRAL_ROWS = ("its processor (PixtralProcessor) lays the image's tokens out in rows, an [IMG_BREAK] token after each "
-                "row and [IMG_END] after the last, where the runner puts one image's features in one run of image "
-                "tokens (a vision_encoder that emits the break and end rows between its features is not built)")
+                "row and [IMG_END] after the last, and the sample's prompt does not hold that layout (at least two rows "
+                "of the image's grid; a tokenizer without [IMG_BREAK] and [IMG_END] cannot make it), where the "
+                "runner's program emits the whole span as one image")
+
+
+def pixtral_span_of(model: Any, ids: Any, sizes: Any) -> tuple[int, int, int, int] | None:
+    """A Pixtral tower's `([IMG_BREAK] id, [IMG_END] id, rows, cols)` where the prompt `ids` holds its one image of
+    `sizes` in the processor's rows (`exporters.upstream.fixed_image.pixtral_span`); None for any other model or
+    prompt."""
+    vision = getattr(model.config, "vision_config", None)
+    token = image_token_id(model.config)
+    if getattr(vision, "model_type", None) != "pixtral" or not isinstance(sizes, torch.Tensor) or token is None \
+            or not isinstance(ids, torch.Tensor) or sizes.reshape(-1, 2).shape[0] != 1:
+        return None
+    rows, cols = pixtral_grid(model.config, sizes.reshape(-1, 2)[0].tolist())
+    found = pixtral_span(ids[0].tolist(), int(token), rows, cols)
+    return None if found is None else (*found, rows, cols)
+
+
+def runner_prompt(model: Any, generate_inputs: dict[str, Any]) -> Any:
+    """The sample's `input_ids` as the runner places the image: a Pixtral span's [IMG_BREAK] and [IMG_END] as image
+    tokens, the span one run ([`pixtral_span_of`]); other prompts as they are."""
+    ids = generate_inputs.get("input_ids")
+    span = pixtral_span_of(model, ids, generate_inputs.get(IMAGE_SIZES))
+    if span is None:
+        return ids
+    token = int(image_token_id(model.config))
+    return torch.where((ids == span[0]) | (ids == span[1]), torch.full_like(ids, token), ids)
 
 
 def _sizes_refused(model: Any, generate_inputs: dict[str, Any]) -> str | None:
     """Why a sample's `image_sizes` do not fit the runner's one image at a fixed size: more than one image, or a
-    Pixtral tower's rows ([`PIXTRAL_ROWS`]); else None (the program bakes the one image's size in:
+    Pixtral prompt without its processor's rows ([`PIXTRAL_ROWS`]); else None (the program bakes the one image's size in:
     `exporters.upstream.fixed_image`)."""
     sizes = generate_inputs.get(IMAGE_SIZES)
     vision = getattr(model.config, "vision_config", None)
-    if sizes is not None and getattr(vision, "model_type", None) == "pixtral":
+    if sizes is not None and getattr(vision, "model_type", None) == "pixtral" \
+            and pixtral_span_of(model, generate_inputs.get("input_ids"), sizes) is None:
         return PIXTRAL_ROWS
     if isinstance(sizes, torch.Tensor) and sizes.reshape(-1, 2).shape[0] != 1:
         return (f"its {IMAGE_SIZES} hold {sizes.reshape(-1, 2).shape[0]} images, where the runner's program takes "
@@ -323,8 +353,9 @@ def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> 
     marked = marks_image_rows(model.config.to_dict())
     sizes = generate_inputs.get(IMAGE_SIZES) if takes_image_sizes(model) else None
     tiles = int(runner_images(generate_inputs["pixel_values"]).shape[0]) if sizes is not None else 1
+    span = pixtral_span_of(model, ids, sizes)  # Pixtral's rows: emitted with their break and end tokens
     modules = multimodal_runner.multimodal_modules(
-        model, max_cache_len, marked=marked, image_sizes=(sizes.tolist(), tiles) if sizes is not None else None)
+        model, max_cache_len, marked=marked, image_sizes=(sizes.tolist(), tiles, span) if sizes is not None else None)
     # at most the decoder's `max_seq_len` (a ring-buffer layer's window)
     text = ids[:, :max(2, min(ids.shape[1], 8, modules[TEXT_DECODER].max_seq_len))].clone()
     with torch.no_grad():

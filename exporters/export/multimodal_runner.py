@@ -24,7 +24,7 @@ from exporters.capture.token_ids import image_token_id, special_token_ids
 from exporters.export.footprint import ModelWeights
 from exporters.recipe.model import Recipe
 from exporters.upstream import llm_runner, multimodal_runner
-from exporters.upstream.fixed_image import IMAGE_SIZE, FixedSizeImageEncoder
+from exporters.upstream.fixed_image import IMAGE_SIZE, IMAGE_SPAN, FixedSizeImageEncoder
 
 PROGRAM, WEIGHTS_TAG = "model.pte", "model"
 
@@ -53,6 +53,8 @@ def export_multimodal_runner(model: Any, target: Any, components: dict[str, tupl
     fixed = next((m for m, _ in components.values() if isinstance(m, FixedSizeImageEncoder)), None)
     if fixed is not None:  # the one image size the program takes (its image_sizes baked in): the snippet resizes to it
         metadata[IMAGE_SIZE] = list(fixed.size)
+    if fixed is not None and fixed.span is not None:  # Pixtral's rows: the snippet folds these into the image's run
+        metadata[IMAGE_SPAN] = [int(fixed.span[0]), int(fixed.span[1])]
     names = list(components)  # token_embedding, the modality's encoder, text_decoder
     modules = {name: components[name][0] for name in names}
     inputs = {name: components[name][1] for name in names}
@@ -80,7 +82,9 @@ def export_multimodal_runner(model: Any, target: Any, components: dict[str, tupl
                else "vision_encoder (the processor's pixel_values, float [1, 3, H, W])")
     if fixed is not None:
         encoder = (f"vision_encoder (one image of {fixed.size[0]}x{fixed.size[1]}, its image_sizes baked in: the "
-                   f"processor's {fixed.tiles} tile(s) stacked, float [1, 3, {fixed.tiles} x H, W])")
+                   f"processor's {fixed.tiles} tile(s) stacked, float [1, 3, {fixed.tiles} x H, W]"
+                   + (f"; its {fixed.span[2]} rows of features each followed by [IMG_BREAK]'s embedding, the last by "
+                      "[IMG_END]'s: the processor's span" if fixed.span is not None else "") + ")")
     notes.append(f"ExecuTorch MultimodalRunner layout: model.pte holds token_embedding, {encoder} and text_decoder "
                  f"(the cache inside"
                  + (f", ExecuTorch's LLM custom ops: {custom_nodes} llama:: nodes; a runtime needs their kernels"

@@ -208,10 +208,11 @@ class MarkedTextDecoder(TextDecoder):
 
 
 def multimodal_modules(model: Any, max_cache_len: int, marked: bool = False,
-                       image_sizes: tuple[list[list[int]], int] | None = None) -> dict[str, torch.nn.Module]:
+                       image_sizes: tuple[list[list[int]], int, Any] | None = None) -> dict[str, torch.nn.Module]:
     """The runner's three methods as eager modules, in the order the runner calls them. `marked`: the image's rows
-    marked for a bidirectional prefill ([`MarkedTextDecoder`]). `image_sizes`: the one image's `image_sizes` and its
-    number of tiles, baked into `vision_encoder` (LLaVA-NeXT: `exporters.upstream.fixed_image`).
+    marked for a bidirectional prefill ([`MarkedTextDecoder`]). `image_sizes`: the one image's `image_sizes`, its
+    number of tiles and a Pixtral tower's span (or None), baked into `vision_encoder` (LLaVA-NeXT, Mistral 3:
+    `exporters.upstream.fixed_image`).
 
     Example:
         >>> sorted(multimodal_modules(llava, 64))  # doctest: +SKIP

@@ -135,6 +135,10 @@ PATCHES: tuple[Patch, ...] = (
     Patch("negative_padding_as_slices", ("torch.nn.modules.padding:_ConstantPadNd.forward",),
           "ExecuTorch's constant_pad_nd kernel refuses negative pads (RWKV's token shift)",
           "docs/upstream-gaps.md #44: negative pads in ExecuTorch's portable kernel"),
+    Patch("image_sizes_as_constants", ("torch._subclasses.fake_tensor:CONSTANT_NUMEL_LIMIT",),
+          "Mistral 3's get_image_features splits its features by sizes it computes from a tensor of image_sizes, "
+          "traced as a data-dependent int whose asserts ExecuTorch's constant propagation cannot fold",
+          "upstream: transformers computing Mistral 3's split sizes in Python from image_sizes"),
     Patch("checkpoint_read_not_mapped", ("transformers.modeling_utils:safe_open",),
           "from_pretrained maps the shards and keeps every page it read resident beside the converted weights",
           "docs/upstream-gaps.md #46: a `from_pretrained` option to read shards without mapping them"),

@@ -18,7 +18,7 @@ from exporters.capture.image_text import (AUDIO_ENCODER as AUDIO_GRAPH, DECODER,
 from exporters.capture.merged import empty_cache
 from exporters.capture.qwen_vl import is_mrope, rope_positions, step_positions
 from exporters.capture.multimodal_runner import (AUDIO_ENCODER, TEXT_DECODER, TOKEN_EMBEDDING, VISION_ENCODER,
-                                               runner_image_inputs)
+                                               runner_image_inputs, runner_prompt)
 from exporters.capture.steps import output_cache
 from exporters.capture.token_ids import features_in_place, image_token_id
 from exporters.upstream import run_component
@@ -66,8 +66,9 @@ def multimodal_runner_driver(model, components, runners, generate_inputs: dict[s
         features = torch.cat([_tensor(run_component(runners[VISION_ENCODER], {"pixel_values": images[i:i + 1]}))
                               for i in range(images.shape[0])], dim=1)
         placeholder = image_token_of(model.config)
-    _placed(embeds, ids, features, placeholder)
-    where = ids[0] == placeholder
+    placed = ids if AUDIO_ENCODER in runners else runner_prompt(model, generate_inputs)  # Pixtral's span: one run
+    _placed(embeds, placed, features, placeholder)
+    where = placed[0] == placeholder
 
     def decoder(inputs_embeds: torch.Tensor, start: int) -> dict[str, Any]:
         positions = torch.arange(start, start + inputs_embeds.shape[1])

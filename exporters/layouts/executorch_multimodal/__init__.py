@@ -17,7 +17,8 @@ buffer; the runner's prefiller runs each text input in one call); Idefics3's and
 image, or the processor's tiles and the whole image, each its own run) go in as n images `[1, 3, H, W]`; an image with
 its `image_sizes` (LLaVA-NeXT's and LLaVA-OneVision's tiles) as one, its tiles stacked down the height, at the one
 size the program takes (its `image_size`: the snippet resizes the image to it and refuses another;
-`exporters.upstream.fixed_image`). The program is the
+`exporters.upstream.fixed_image`); Mistral 3's span of rows (`[IMG_BREAK]` after each, `[IMG_END]` after the last) as
+one image, those two ids (the program's `image_span_tokens`) folded into its run of image tokens. The program is the
 export's (`exporters.export.multimodal_runner`, `exporters.capture.multimodal_runner`, lowered by
 `exporters.upstream.multimodal_runner`).
 
@@ -49,7 +50,10 @@ STEP = ('program = Runtime.get().load_program({program})\n'
 # a program of a model whose image comes with its image_sizes (LLaVA-NeXT, LLaVA-OneVision) takes one image of one size, its
 # constant method image_size [H, W] (`exporters.upstream.fixed_image`): the image is resized to it before the
 # processor, and an image the processor makes another size of is refused (the program's input has the traced shape)
-SIZE = ('size = program.load_method("image_size").execute([]) if "image_size" in program.method_names else None\n')
+SIZE = ('size = program.load_method("image_size").execute([]) if "image_size" in program.method_names else None\n'
+        # Mistral 3's (Pixtral's) [IMG_BREAK] and [IMG_END]: the program emits them with the image's features
+        'span = program.load_method("image_span_tokens").execute([]) if "image_span_tokens" in program.method_names '
+        'else []\n')
 RESIZE = "image = image.resize((size[1], size[0])) if size else image  # the one image size the program takes\n"
 SIZE_CHECK = (
     'if size and inputs["image_sizes"].tolist() != [size]:  # the program is traced at one image size\n'
@@ -61,6 +65,7 @@ SIZE_CHECK = (
 # `step` tokens (STEP)
 IMAGE_INPUTS = (
     'ids, images = inputs["input_ids"][0].tolist(), inputs["pixel_values"].flatten(0, -4)  # images [n, 3, H, W]\n'
+    "ids = [image_token_id if token in span else token for token in ids]  # Pixtral's rows: the image's one run\n"
     'if "image_sizes" in inputs:  # one image (LLaVA-NeXT: its tiles stacked down its height): one image input\n'
     "    images = images.transpose(0, 1).reshape(1, images.shape[1], -1, images.shape[-1])\n"
     "parts, text, n = [], [], 0\n"

@@ -34,6 +34,7 @@ import torch
 from exporters.layouts.child import RuntimeContext, RuntimeProof
 from exporters.layouts.genai.qwen_vl_proof import prove_runs
 from exporters.layouts.greedy import DEFAULT_NEW_TOKENS
+from exporters.upstream.fixed_image import pixtral_grid, pixtral_span
 
 MARKER, TEXT = "[IMG]", "describe the image"  # GenAI expands each `[IMG]` to its image's rows
 
@@ -52,15 +53,24 @@ def _generate(model: Any, steps: int, ids: torch.Tensor, pixels: torch.Tensor, i
                        "image_tokens": count, "image_inputs": {"image_sizes": sizes, "num_image_tokens": [count]}}}
 
 
-def two_images(ids: torch.Tensor, pixels: torch.Tensor, image_token: int) -> tuple[torch.Tensor, ...] | None:
+def two_images(ids: torch.Tensor, pixels: torch.Tensor, image_token: int,
+               ended: bool = False) -> tuple[torch.Tensor, ...] | None:
     """The sample's prompt with a second image right after its first (the tokens from its first `[IMG]` to its last
-    again), the second image the first upside down; None where the prompt has no image token."""
+    again; `ended`: the prompt is in the processor's rows, so the `[IMG_END]` after the last too, each image's whole
+    span as GenAI's processor lays out two), the second image the first upside down; None where the prompt has no
+    image token.
+
+    Example:
+        >>> two_images(torch.tensor([[1, 9, 9, 7, 9, 9, 8, 5]]), torch.zeros(1, 1, 2, 2), 9, ended=True)[0].tolist()
+        [[1, 9, 9, 7, 9, 9, 8, 9, 9, 7, 9, 9, 8, 5]]
+    """
     row = ids[0].tolist()
     at = [i for i, token in enumerate(row) if token == image_token]
     if not at:
         return None
-    block = row[at[0]:at[-1] + 1]
-    doubled = torch.tensor([row[:at[-1] + 1] + block + row[at[-1] + 1:]], dtype=ids.dtype)
+    last = at[-1] + (1 if ended else 0)
+    block = row[at[0]:last + 1]
+    doubled = torch.tensor([row[:last + 1] + block + row[last + 1:]], dtype=ids.dtype)
     return doubled, torch.cat([pixels, pixels.flip(2)])
 
 
@@ -76,7 +86,9 @@ def reference(model: Any, context: RuntimeContext) -> dict[str, Any]:
                                                 "[1, 3, H, W]) for GenAI's Mistral 3"}
     ids, pixels, token = ids[:1].cpu(), pixels.detach().float().cpu(), int(model.config.image_token_id)
     runs = [_generate(model, steps, ids, pixels, token)]
-    if (doubled := two_images(ids, pixels, token)) is not None:
+    rows, cols = pixtral_grid(model.config, list(pixels.shape[-2:]))
+    ended = pixtral_span(ids[0].tolist(), token, rows, cols) is not None  # the processor's rows, [IMG_END] last
+    if (doubled := two_images(ids, pixels, token, ended)) is not None:
         runs.append(_generate(model, steps, *doubled, token))
     return {"mistral3": True, "steps": steps, "image_token": token, "runs": runs}
 

@@ -142,8 +142,8 @@ def write_decoder(directory: Path, model: Any, mrope: bool = True) -> None:
 
 def write_embedding(directory: Path, model: Any) -> None:
     """`genai_embedding.onnx`: the token table's rows (padded with zeros to the features' width, `widened`), each
-    image token's replaced by the next image feature (a row of zeros past the last: GenAI feeds no features after the
-    prompt)."""
+    image token's replaced by the next image feature; an image token past the last feature (GenAI feeds no features
+    after the prompt: a generated `[IMG]`) keeps its table row, as eager's decode step embeds it."""
     weight = model.get_input_embeddings().weight.detach().float().cpu().numpy()
     hidden = widened(model.config)
     node = helper.make_node
@@ -161,8 +161,14 @@ def write_embedding(directory: Path, model: Any) -> None:
              node("Gather", ["padded", "row_or_zero"], ["picked_flat"], axis=0),
              node("Shape", ["embeds"], ["embeds_shape"]),
              node("Reshape", ["picked_flat", "embeds_shape"], ["picked"]),
-             node("Unsqueeze", ["is_image", "minus_one"], ["is_image_column"]),
-             node("Where", ["is_image_column", "picked", "embeds"], ["inputs_embeds"])]
+             # an image token past the last feature (one generated after the prompt: GenAI feeds no features then)
+             # keeps its table row, as eager's decode step embeds it
+             node("Less", ["row", "features"], ["has_feature"]),
+             node("And", ["is_image_flat", "has_feature"], ["placed_flat"]),
+             node("Shape", ["input_ids"], ["ids_shape"]),
+             node("Reshape", ["placed_flat", "ids_shape"], ["placed"]),
+             node("Unsqueeze", ["placed", "minus_one"], ["placed_column"]),
+             node("Where", ["placed_column", "picked", "embeds"], ["inputs_embeds"])]
     constants = [numpy_helper.from_array(weight, "embed_tokens.weight"),
                  numpy_helper.from_array(np.array(model.config.image_token_id, dtype=np.int64), "image_token_id"),
                  numpy_helper.from_array(np.array([-1], dtype=np.int64), "minus_one"),
