@@ -22,6 +22,16 @@ from tests.models import tiny_llava_next_with_processor
 RUNTIME = "ExecuTorch MultimodalRunner"
 
 
+def _runner_target(out, report, log):
+    """The run's one target, asserted passed in MultimodalRunner's layout and proven there: (target, proofs by runtime)."""
+    target = report["targets"][0]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert json.loads((out / "executorch" / "export.json").read_text())["layout"] == "multimodal_runner"
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs[RUNTIME]["status"] == "passed", proofs
+    return target, proofs
+
+
 @pytest.fixture(scope="module")
 def llava_next_runner(tmp_path_factory):
     """The tiny LLaVA-NeXT (one text layer) with its processor and a byte-level BPE tokenizer, the plainest ExecuTorch recipe, through the real CLI
@@ -34,11 +44,7 @@ def llava_next_runner(tmp_path_factory):
 
 def test_the_plainest_llava_next_recipe_passes_in_the_multimodal_runner(llava_next_runner):
     _, out, report, log = llava_next_runner
-    target = report["targets"][0]
-    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
-    assert json.loads((out / "executorch" / "export.json").read_text())["layout"] == "multimodal_runner"
-    proofs = {p["runtime"]: p for p in target["runtimes"]}
-    assert proofs[RUNTIME]["status"] == "passed", proofs
+    target, proofs = _runner_target(out, report, log)
     # the prompt: the base image's 16 features, the tile's 4 x 4 and its 4 newline rows, then the text
     assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from one image of 32x32 and a prompt"), proofs
     assert f"{RUNTIME} ✓ 8/8 tokens from one image of 32x32" in (out / "report.md").read_text()
@@ -159,10 +165,7 @@ def test_llava_onevision_passes_in_the_multimodal_runner_at_one_image_size(tmp_p
     model_dir = family_model("llava_onevision", tmp_path_factory.mktemp("mm-onevision") / "model",
                              PLAINEST_EXECUTORCH, never_eos=True)  # 8 tokens to compare, not an early eos
     out, report, log = stored_run(model_dir)
-    target = report["targets"][0]
-    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
-    proofs = {p["runtime"]: p for p in target["runtimes"]}
-    assert proofs[RUNTIME]["status"] == "passed", proofs
+    target, proofs = _runner_target(out, report, log)
     assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from one image of 32x32 and a prompt"), proofs
     encoder = next(c for c in target["components"] if c["name"] == "vision_encoder")
     assert encoder["checks"][0]["shapes"] == {"pixel_values": [1, 3, 64, 32]}  # base image and tile, stacked
@@ -228,11 +231,7 @@ def test_idefics2_passes_in_the_multimodal_runner(tmp_path_factory):
     model_dir = family_model("idefics2", tmp_path_factory.mktemp("mm-idefics2") / "model", PLAINEST_EXECUTORCH,
                              never_eos=True)
     out, report, log = stored_run(model_dir)
-    target = report["targets"][0]
-    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
-    assert json.loads((out / "executorch" / "export.json").read_text())["layout"] == "multimodal_runner"
-    proofs = {p["runtime"]: p for p in target["runtimes"]}
-    assert proofs[RUNTIME]["status"] == "passed", proofs
+    target, proofs = _runner_target(out, report, log)
     assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from an image and a prompt"), proofs
 
 
@@ -276,11 +275,7 @@ def test_mistral3_passes_in_the_multimodal_runner_at_one_image_size(mistral3_run
     from transformers import Mistral3ForConditionalGeneration
 
     model_dir, out, report, log = mistral3_runner
-    target = report["targets"][0]
-    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
-    assert json.loads((out / "executorch" / "export.json").read_text())["layout"] == "multimodal_runner"
-    proofs = {p["runtime"]: p for p in target["runtimes"]}
-    assert proofs[RUNTIME]["status"] == "passed", proofs
+    target, proofs = _runner_target(out, report, log)
     assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from one image of 32x32 and a prompt"), proofs
     encoder = next(c for c in target["components"] if c["name"] == "vision_encoder")
     assert encoder["checks"][0]["shapes"] == {"pixel_values": [1, 3, 32, 32]}
