@@ -32,6 +32,26 @@ def _runner_target(out, report, log):
     return target, proofs
 
 
+def _proven_folder(model, model_dir, out, inputs):
+    """The proof's reference for `inputs` on the eager `model`, and the stored folder proven 8/8 with it at one image
+    of 32x32: (target, recipe, layout, reference, context), for a mutant of the folder proven the same way."""
+    from exporters.layouts.child import RuntimeContext
+    from exporters.layouts.executorch_multimodal import ExecutorchMultimodal
+    from exporters.layouts.executorch_multimodal.proof import prove, reference
+    from exporters.recipe.load import parse_recipe
+
+    recipe = parse_recipe(json.dumps(PLAINEST_EXECUTORCH))
+    target = recipe.exports[0]
+    context = RuntimeContext(target=target, recipe=recipe, family="vision-language", generate_inputs=inputs,
+                             source_dir=model_dir)
+    layout = ExecutorchMultimodal()
+    made = reference(layout, model, context)
+    assert made["tokens"], made
+    good = prove(layout, out / "executorch", made, context)
+    assert good.status == "passed" and good.detail.startswith("8/8 tokens from one image of 32x32"), good
+    return target, recipe, layout, made, context
+
+
 @pytest.fixture(scope="module")
 def llava_next_runner(tmp_path_factory):
     """The tiny LLaVA-NeXT (one text layer) with its processor and a byte-level BPE tokenizer, the plainest ExecuTorch recipe, through the real CLI
@@ -124,10 +144,7 @@ def test_a_program_baked_with_another_image_sizes_fails_the_runners_proof(llava_
     from exporters.capture.components import cache_setting_for
     from exporters.capture.multimodal_runner import capture
     from exporters.export.multimodal_runner import export_multimodal_runner
-    from exporters.layouts.child import RuntimeContext
-    from exporters.layouts.executorch_multimodal import ExecutorchMultimodal
-    from exporters.layouts.executorch_multimodal.proof import prove, reference
-    from exporters.recipe.load import parse_recipe
+    from exporters.layouts.executorch_multimodal.proof import prove
 
     model_dir, out, _, _ = llava_next_runner
     model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
@@ -135,15 +152,7 @@ def test_a_program_baked_with_another_image_sizes_fails_the_runners_proof(llava_
     image = Image.fromarray(torch.randint(0, 255, (32, 32, 3), dtype=torch.uint8,
                                           generator=torch.Generator().manual_seed(1)).numpy())
     inputs = dict(processor(images=image, text=f"{processor.image_token} describe the image", return_tensors="pt"))
-    recipe = parse_recipe(json.dumps(PLAINEST_EXECUTORCH))
-    target = recipe.exports[0]
-    context = RuntimeContext(target=target, recipe=recipe, family="vision-language", generate_inputs=inputs,
-                             source_dir=model_dir)
-    layout = ExecutorchMultimodal()
-    made = reference(layout, model, context)
-    assert made["tokens"], made
-    good = prove(layout, out / "executorch", made, context)
-    assert good.status == "passed" and good.detail.startswith("8/8 tokens from one image of 32x32"), good
+    target, recipe, layout, made, context = _proven_folder(model, model_dir, out, inputs)
     mutant = tmp_path / "mutant"
     shutil.copytree(out / "executorch", mutant)
     max_cache_len = cache_setting_for(model, target, recipe).max_cache_len
@@ -310,23 +319,13 @@ def test_a_mistral3_program_without_its_break_rows_fails_the_runners_proof(mistr
     from exporters.capture.components import cache_setting_for
     from exporters.capture.multimodal_runner import capture
     from exporters.export.multimodal_runner import export_multimodal_runner
-    from exporters.layouts.child import RuntimeContext
-    from exporters.layouts.executorch_multimodal import ExecutorchMultimodal
-    from exporters.layouts.executorch_multimodal.proof import prove, reference
-    from exporters.recipe.load import parse_recipe
+    from exporters.layouts.executorch_multimodal.proof import prove
 
     model_dir, out, _, _ = mistral3_runner
     model = Mistral3ForConditionalGeneration.from_pretrained(model_dir).eval()
     inputs, _ = _mistral3_prompt(model_dir, seed=1)
-    recipe = parse_recipe(json.dumps(PLAINEST_EXECUTORCH))
-    target = recipe.exports[0]
-    context = RuntimeContext(target=target, recipe=recipe, family="vision-language", generate_inputs=inputs,
-                             source_dir=model_dir)
-    layout = ExecutorchMultimodal()
-    made = reference(layout, model, context)
+    target, recipe, layout, made, context = _proven_folder(model, model_dir, out, inputs)
     assert len(made["tokens"]) == 8, made
-    good = prove(layout, out / "executorch", made, context)
-    assert good.status == "passed" and good.detail.startswith("8/8 tokens from one image of 32x32"), good
     broken = tmp_path / "mutant"
     shutil.copytree(out / "executorch", broken)
     components = capture(model, inputs, cache_setting_for(model, target, recipe).max_cache_len)
