@@ -45,6 +45,21 @@ if len(_custom_ops) != 1:  # as executorch's custom_ops.py asserts
                       f"{len(_custom_ops)}: reinstall the pinned executorch")
 torch.ops.load_library(_custom_ops[0])
 """
+# `executorch.runtime` (its pybindings, `portable_lib`) imports one decorator from `executorch.exir._warnings`, which
+# runs the compiler's whole package first (`executorch.exir`: ~3 of a multimodal or speech proof child's ~5 CPU
+# seconds, benchmarks/RESULTS.md). A proof's child loads the pybindings with that one module read from a package
+# that runs nothing, then forgets both: a later `import executorch.exir` is the real package. A pybindings that
+# needs more of the compiler fails to import here (the proof fails; it never passes on less).
+RUNTIME_WITHOUT_COMPILER = r"""import importlib.util as _spec, os as _os, sys as _sys, types as _types
+_exir = _types.ModuleType("executorch.exir")
+_exir.__path__ = [_os.path.join(_spec.find_spec("executorch").submodule_search_locations[0], "exir")]
+_sys.modules["executorch.exir"] = _exir
+try:
+    from executorch.extension.pybindings import portable_lib  # noqa: F401
+finally:
+    for _name in ("executorch.exir", "executorch.exir._warnings"):
+        _sys.modules.pop(_name, None)
+"""
 QUANTIZED_KERNELS = r"""try:  # as executorch.kernels.quantized: a library not installed is not loaded
     [_quantized] = glob.glob(os.path.join(_executorch, "kernels/quantized/**/*quantized_ops_aot_lib.*"), recursive=True)
     torch.ops.load_library(_quantized)

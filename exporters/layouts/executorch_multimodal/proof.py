@@ -44,23 +44,23 @@ from exporters.capture.multimodal_runner import chunked_audio, two_chunk_prompt,
 from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
-from exporters.layouts.executorch_llm import runner_child_imports
+from exporters.layouts.executorch_llm import RUNTIME_WITHOUT_COMPILER, runner_child_imports
 from exporters.layouts.executorch_multimodal import (AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, IMAGE_IMPORTS,
                                                     IMAGE_INPUTS, SIZE, SIZE_CHECK, STEP)
 from exporters.upstream import read_manifest
 from exporters.upstream.idefics_image import eager_cache
 
 # the card's snippet makes the same runner and the same call (GENERATE; its RUNNER_IMPORTS load the same kernel
-# libraries: `runner_child_imports`)
-CHILD = r"""
+# libraries: `runner_child_imports`; the runtime without the compiler's package: RUNTIME_WITHOUT_COMPILER); the
+# processor's output as the dict it is (IMAGE_INPUTS reads keys only: no transformers in the child)
+CHILD = RUNTIME_WITHOUT_COMPILER + r"""
 import json, sys
 import torch
-from transformers import BatchFeature
 spec = json.loads(sys.argv[1])
 """ + runner_child_imports("MultimodalRunner", quantized=False) + r"""
 args = [spec["program"], spec["tokenizer"]] + ([spec["data"]] if spec["data"] else [])
 runner = MultimodalRunner(*args)
-inputs = BatchFeature(torch.load(spec["inputs"], weights_only=True))
+inputs = torch.load(spec["inputs"], weights_only=True)
 image_token_id = spec["image_token_id"]
 pieces, stats = [], {}
 def on_stats(s):

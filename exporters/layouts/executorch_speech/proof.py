@@ -30,6 +30,7 @@ from exporters.capture.generation_settings import greedy
 from exporters.capture.token_ids import decoder_start_id, special_token_ids
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.greedy import common_prefix
+from exporters.layouts.executorch_llm import RUNTIME_WITHOUT_COMPILER
 from exporters.layouts.executorch_speech import transcribe_script
 from exporters.upstream import read_manifest
 
@@ -73,8 +74,8 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
         return RuntimeProof(layout.runtime, "unverified", "eager generated no token to compare the program's with")
     entry = read_manifest(directory)["components"]["encoder"]
     data = ', data_path=spec["data"]' if entry.get("data_file") else ""
-    code = transcribe_script('spec["program"]', data, FEATURES, reference["prompt"], reference["steps"], EMIT,
-                             setup=SETUP)
+    code = RUNTIME_WITHOUT_COMPILER + transcribe_script('spec["program"]', data, FEATURES, reference["prompt"],
+                                                        reference["steps"], EMIT, setup=SETUP)
     with tempfile.TemporaryDirectory(prefix="asr-proof-") as scratch:
         features = Path(scratch) / "features.pt"
         torch.save(program_input(context.generate_inputs)[:1].detach().contiguous().clone(), features)
