@@ -116,7 +116,7 @@ def test_a_voxtral_whose_chunk_is_not_375_audio_tokens_is_refused_with_the_reaso
     processor's prompt, and the layout refuses it saying so (the target keeps its components, as Qwen2-Audio's)."""
     from transformers import VoxtralForConditionalGeneration
 
-    from exporters.capture.image_text import refused
+    from exporters.capture.image_text_models import refused
     from exporters.capture.inputs import make_sample_inputs
     from exporters.recipe.model import InputsSpec
 

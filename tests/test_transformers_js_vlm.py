@@ -240,7 +240,8 @@ def test_an_idefics3_folder_in_the_transformers_js_layout_generates_in_transform
 
 
 def test_the_layouts_light_names_are_the_captures():
-    from exporters.capture.image_text import COMPONENTS, MODEL_TYPES
+    from exporters.capture.image_text import COMPONENTS
+    from exporters.capture.image_text_models import MODEL_TYPES
 
     assert list(IMAGE_TEXT_COMPONENTS) == COMPONENTS and IMAGE_TEXT_TYPES == MODEL_TYPES
 

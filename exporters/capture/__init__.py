@@ -22,7 +22,9 @@ Beside them:
   audio tokens;
 - `cross_attention.py`: a vision-language model's whose text layers cross-attend to the image (Mllama) sample inputs
   without its processor;
-- `image_text.py`: which vision-language ONNX targets get transformers.js's layout, and its three graphs;
+- `image_text.py`: transformers.js's vision- and audio-language layouts' three graphs;
+- `image_text_models.py`: which ONNX targets and models get those layouts (model types, the sample's inputs, the
+  recipe's settings), and why not;
 - `qwen_vl.py`: Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's vision tower at one image grid, their 3-D (M-RoPE)
   positions and Qwen3-VL's DeepStack features in the features' rows, which transformers.js's layout and ONNX Runtime
   GenAI's Qwen-VL folder trace and feed;

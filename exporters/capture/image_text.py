@@ -1,4 +1,5 @@
-"""transformers.js's vision-language and audio-language layouts: which ONNX targets get them, and their three graphs.
+"""transformers.js's vision-language and audio-language layouts: their three graphs (which targets and models get
+them, and why not: `exporters.capture.image_text_models`).
 
 An ONNX generation target of a vision-language model with `"layout": "transformers.js"` is written as transformers.js's
 `ImageTextToText` models load it (`AutoModelForImageTextToText`: LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL,
@@ -23,7 +24,8 @@ transformers.js embeds the prompt, puts the image's features in place of the ima
 runs the merged decoder on the embeddings, then each new token through `embed_tokens` and the decoder: what the
 model's own forward does for these families. The layout's files (`exporters.layouts.transformers_js.image_text`)
 move the graphs under `onnx/` with the names transformers.js binds. A model outside that contract keeps the
-vision-language components (the upstream layout) and transformers.js's "runs in" cell says why ([`refused`]).
+vision-language components (the upstream layout) and transformers.js's "runs in" cell says why
+(`image_text_models.refused`).
 Validation probes the decoder with that merged prompt ([`prompt_embeddings`]), at every probe's shape
 ([`prompt_windows`]), so a quantized decoder is judged on what it is fed.
 
@@ -38,18 +40,14 @@ audio_encoder         audio_values [num_chunks, mel bins, frames] -> audio_featu
                       lengths it was not traced with: [`frames_bindings`])
 ```
 
-transformers.js's `VoxtralProcessor` lays out 375 audio tokens per chunk of its extractor's `n_samples` (a constant
-of its code, Voxtral's 30 s at 16 kHz): a model whose audio encoder gives another count per chunk is refused with
-that reason, as is a family transformers.js has no class for (Qwen2-Audio) ([`refused_audio`]). Granite Speech's
-`GraniteSpeechProcessor` makes one `input_features [1, frames, 2 x mel bins]` as long as the audio and lays out as
-many audio tokens as its projector's windows give ([`takes_any_length`]): its audio encoder keeps the frames dynamic
-(traced on [`longer_audio`], `exporters.upstream.granite_speech_frames_dynamic`).
+Voxtral's audio tokens per chunk are transformers.js's processor's constant (`image_text_models.refused_audio`).
+Granite Speech's `GraniteSpeechProcessor` makes one `input_features [1, frames, 2 x mel bins]` as long as the audio
+and lays out as many audio tokens as its projector's windows give ([`takes_any_length`]): its audio encoder keeps
+the frames dynamic (traced on [`longer_audio`], `exporters.upstream.granite_speech_frames_dynamic`).
 
 Example:
-    >>> from exporters.recipe.load import parse_recipe
-    >>> target = parse_recipe('{"export_format": "onnx", "mode": "generation", "layout": "transformers.js"}').exports[0]
-    >>> wants_image_text(target, "vision-language"), wants_image_text(target, "text")
-    (True, False)
+    >>> components_for("vision-language")
+    ['vision_encoder', 'embed_tokens', 'decoder_model_merged']
 """
 
 from __future__ import annotations
@@ -63,11 +61,11 @@ from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
 
 from exporters.capture.cache_settings import has_sliding_layers
-from exporters.capture.image_attention import BIDIRECTIONAL_PREFILL, marks_image_rows
-from exporters.capture.merged import contract, empty_cache, mixes_window_layers, with_contract
+from exporters.capture.image_attention import marks_image_rows
+from exporters.capture.image_text_models import TRACED_PAST, TRACED_QUERY
+from exporters.capture.merged import contract, empty_cache, with_contract
 from exporters.capture.probes import DimBinding
-from exporters.capture.qwen_vl import (MROPE_TYPES, GridVisionEncoder, WidenedEmbedding, deepstack_added, deepstack,
-                                      is_mrope, widened)
+from exporters.capture.qwen_vl import GridVisionEncoder, WidenedEmbedding, deepstack_added, deepstack, is_mrope, widened
 from exporters.capture.token_ids import features_in_place, image_token_id
 from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.recipe.model import ComponentOverride
@@ -78,25 +76,6 @@ VISION_ENCODER, EMBED_TOKENS, DECODER = "vision_encoder", "embed_tokens", "decod
 COMPONENTS = [VISION_ENCODER, EMBED_TOKENS, DECODER]
 AUDIO_ENCODER = "audio_encoder"
 AUDIO_COMPONENTS = [AUDIO_ENCODER, EMBED_TOKENS, DECODER]
-# audio-language model types transformers.js 4.3.2 generates from (its AudioTextToText models), and the audio tokens
-# its processor lays out per chunk (VoxtralProcessor's NUM_AUDIO_TOKENS)
-AUDIO_MODEL_TYPES = ("voxtral", "granite_speech")
-AUDIO_TOKENS_PER_CHUNK = {"voxtral": 375}  # Granite Speech's processor counts them from the audio's length
-# model types whose transformers.js class merges the image features as LLaVA's does (in order, at the image tokens);
-# Qwen2-VL's and Qwen2.5-VL's with 3-D positions and the image's grid (`exporters.capture.qwen_vl`)
-# Gemma 3's with its image's rows marked (its prefill attends both ways among one image's tokens: [`marked`])
-# PaliGemma's, each call's rows one block attending both ways (its prompt is its prefix: [`EmbedsDecoder`])
-MODEL_TYPES = ("llava", "idefics3", "smolvlm", *MROPE_TYPES, "gemma3", "paligemma")
-IMAGE_INPUTS = {"input_ids", "attention_mask", "pixel_values", "pixel_attention_mask"}
-GRID_INPUTS = {"image_grid_thw", "mm_token_type_ids"}  # Qwen-VL's besides (its token types: the image's tokens)
-TRACED_PAST, TRACED_QUERY = 3, 2  # the decoder is traced on a cache and a query long enough to stay dynamic
-
-
-def wants_image_text(target: Any, family: str) -> bool:
-    """Whether `target` is an ONNX generation target of a vision- or audio-language model in the transformers.js
-    layout."""
-    return (target.export_format == "onnx" and target.mode == "generation"
-            and family in ("vision-language", "audio-language") and getattr(target, "layout", None) == TRANSFORMERS_JS)
 
 
 def components_for(family: str) -> list[str]:
@@ -107,91 +86,6 @@ def components_for(family: str) -> list[str]:
         ['audio_encoder', 'embed_tokens', 'decoder_model_merged']
     """
     return list(AUDIO_COMPONENTS if family == "audio-language" else COMPONENTS)
-
-
-def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_implementation: str) -> str | None:
-    """Why the model does not fit transformers.js's vision-language layout (see the module), else None.
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> config = SimpleNamespace(model_type="idefics2")
-        >>> refused(None, SimpleNamespace(config=config), {}, "dynamic")[:60]
-        "transformers.js's vision-language layout is written for mode"
-    """
-    model_type = getattr(model.config, "model_type", None)
-    if "input_features" in generate_inputs:
-        return refused_audio(target, model, generate_inputs, cache_implementation)
-    pixels, ids = generate_inputs.get("pixel_values"), generate_inputs.get("input_ids")
-    extra = sorted(set(generate_inputs) - IMAGE_INPUTS - (GRID_INPUTS if model_type in MROPE_TYPES else set())
-                   - ({"token_type_ids", "labels"} if model_type in BIDIRECTIONAL_PREFILL else set()))
-    # Gemma 3's and PaliGemma's token types (PaliGemma's processor returns training labels too, which none feeds)
-    if model_type not in MODEL_TYPES:
-        return (f"transformers.js's vision-language layout is written for model types {list(MODEL_TYPES)} (the "
-                f"image's features in place of its image tokens, LLaVA's merge); this is {model_type!r}")
-    if why := _refused_settings(target, cache_implementation):
-        return why
-    if not hasattr(model, "get_image_features"):
-        return f"{type(model).__name__} has no get_image_features (the vision_encoder graph)"
-    if model_type == "paligemma" and mixes_window_layers(model.config):
-        return ("its sliding-window layers (PaliGemma 2's) would need the prefix's block in a sliding mask too, which "
-                "this layout's decoder does not write yet (its prefix mask is one for every layer)")
-    if extra:
-        return f"its image inputs include {extra}, which transformers.js's image-text-to-text models do not feed"
-    if model_type in MROPE_TYPES:
-        return _grid_refused(pixels, generate_inputs.get("image_grid_thw"), ids)
-    if not isinstance(pixels, torch.Tensor) or pixels.dim() not in (4, 5) or pixels.shape[0] != 1:
-        return f"its pixels are not one image [1, (tiles,) 3, H, W] (shape {list(getattr(pixels, 'shape', []))})"
-    if not isinstance(ids, torch.Tensor) or ids.shape[1] < TRACED_PAST + TRACED_QUERY:
-        return "its prompt is too short to trace the decoder with a dynamic cache"
-    return None
-
-
-def _grid_refused(pixels: Any, grid: Any, ids: Any) -> str | None:
-    """Why a Qwen-VL sample does not fit the layout (one image of a square grid: its tower is traced at that grid
-    and the folder's processor resizes every image to it), else None."""
-    if not isinstance(pixels, torch.Tensor) or pixels.dim() != 2 or not isinstance(grid, torch.Tensor) \
-            or list(grid.shape) != [1, 3] or int(grid[0, 0]) != 1 or int(grid[0, 1]) != int(grid[0, 2]):
-        return (f"its pixels are not one image's patches of a square grid (image_grid_thw "
-                f"{getattr(grid, 'tolist', lambda: grid)()})")
-    if not isinstance(ids, torch.Tensor) or ids.shape[1] < TRACED_PAST + TRACED_QUERY:
-        return "its prompt is too short to trace the decoder with a dynamic cache"
-    return None
-
-
-def _refused_settings(target: Any, cache_implementation: str) -> str | None:
-    """Why the recipe's cache or the target's settings do not fit a transformers.js multimodal layout, else None."""
-    if cache_implementation != "dynamic":
-        return "transformers.js runs the decoder on a dynamic cache; the recipe's cache is static"
-    if target is not None and (target.quantize is not None or target.components or target.dynamic_shapes):
-        return "the target sets quantize, components or dynamic_shapes, which this layout does not take yet"
-    return None
-
-
-def refused_audio(target: Any, model: Any, generate_inputs: dict[str, Any], cache_implementation: str) -> str | None:
-    """Why an audio-language model does not fit transformers.js's audio-language layout (see the module), else None.
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> refused_audio(None, SimpleNamespace(config=SimpleNamespace(model_type="qwen2_audio")), {}, "dynamic")[:73]
-        "transformers.js 4.3.2 has no audio-language model class for 'qwen2_audio'"
-    """
-    model_type = getattr(model.config, "model_type", None)
-    if model_type not in AUDIO_MODEL_TYPES:
-        return (f"transformers.js 4.3.2 has no audio-language model class for {model_type!r} (its AudioTextToText "
-                f"models this layout writes: {list(AUDIO_MODEL_TYPES)})")
-    if why := _refused_settings(target, cache_implementation):
-        return why
-    features, ids = generate_inputs.get("input_features"), generate_inputs.get("input_ids")
-    extra = sorted(set(generate_inputs) - {"input_ids", "attention_mask", "input_features"})
-    if extra or not isinstance(features, torch.Tensor) or features.dim() != 3 or features.shape[0] != 1:
-        return f"its audio inputs are not one chunk's log-mel features [1, bins, frames] (besides: {extra})"
-    if not isinstance(ids, torch.Tensor) or ids.shape[1] < TRACED_PAST + TRACED_QUERY:
-        return "its prompt is too short to trace the decoder with a dynamic cache"
-    count = int((ids[0] == model.config.audio_token_id).sum())
-    if model_type in AUDIO_TOKENS_PER_CHUNK and count != AUDIO_TOKENS_PER_CHUNK[model_type]:
-        return (f"transformers.js's processor lays out {AUDIO_TOKENS_PER_CHUNK[model_type]} audio tokens per chunk; "
-                f"this model's audio encoder gives {count} for a chunk of {features.shape[-1]} frames")
-    return None
 
 
 class MaskedImageEncoder(torch.nn.Module):

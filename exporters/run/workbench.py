@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from exporters.capture import asr_runner, image_text, llm_runner, merged, multimodal_runner, stepped
+from exporters.capture import (asr_runner, image_text, image_text_models, llm_runner, merged, multimodal_runner,
+                               stepped)
 from exporters.capture.cache_settings import (check_second_step, default_decode_contract, max_positions,
                                               sliding_window_of, state_space_layers)
 from exporters.capture.components import cache_setting_for, decompose, generation_config_for, minimum_components
@@ -112,7 +113,7 @@ class Workbench:
         if target.name in self.stepped:
             return list(stepped.STEPPED)
         layout = image_text.components_for(self.sample.family)
-        if image_text.wants_image_text(target, self.sample.family) and set(components) == set(layout):
+        if image_text_models.wants_image_text(target, self.sample.family) and set(components) == set(layout):
             return layout
         return minimum_components(self.sample.family, target.mode, list(components), self.model,
                                   merged=bool(getattr(target, "merged", False)))
@@ -222,11 +223,11 @@ class Workbench:
 
     def _image_text(self, target: Target, recipe: Recipe, setting: Any) -> bool:
         """Plan a vision- or audio-language ONNX target in transformers.js's layout where the model fits it
-        (`exporters.capture.image_text`); False (the model's components, the reason in the notes) otherwise."""
-        if not image_text.wants_image_text(target, self.sample.family):
+        (`exporters.capture.image_text_models`, `image_text`); False (the model's components, the reason in the notes) otherwise."""
+        if not image_text_models.wants_image_text(target, self.sample.family):
             return False
-        refused = self.not_runner.get(target.name) or image_text.refused(target, self.model, self.sample.generate,
-                                                                         setting.implementation)
+        refused = self.not_runner.get(target.name) or image_text_models.refused(
+            target, self.model, self.sample.generate, setting.implementation)
         if refused is not None:
             self.not_runner.setdefault(target.name, refused)
             return False

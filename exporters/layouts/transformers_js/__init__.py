@@ -43,7 +43,8 @@ from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.recipe.variants import keeps_variants
 
 LAYOUT = TRANSFORMERS_JS  # the recipe's `layout` value
-# the vision-language layout's graphs and the model types it takes (exporters.capture.image_text's, which loads torch)
+# the vision-language layout's graphs and the model types it takes (exporters.capture.image_text's and
+# image_text_models', which load torch)
 IMAGE_TEXT_COMPONENTS = ("vision_encoder", "embed_tokens", "decoder_model_merged")
 IMAGE_TEXT_TYPES = ("llava", "idefics3", "smolvlm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "paligemma")
 AUDIO_TEXT_COMPONENTS = ("audio_encoder", "embed_tokens", "decoder_model_merged")  # the audio-language layout's
