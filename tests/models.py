@@ -782,6 +782,22 @@ def tiny_mistral3_with_tokenizer(folder: Path, recipe: Any | None = None, seed: 
     return folder
 
 
+def tiny_mistral3_with_processor(folder: Path, recipe: Any | None = None) -> Path:
+    """The matrix's tiny Mistral 3 (Pixtral tower, image 32, patch 8, merge 2: 2 x 2 image features; its byte-level
+    BPE holds `[IMG]`, `[IMG_BREAK]` and `[IMG_END]`; the EOS row of its output zeroed, so 8 tokens are generated)
+    saved with its processor's files as a Mistral 3 repo ships them: `preprocessor_config.json` (Pixtral's image
+    processor, longest edge 32, written by its PIL backend) and `processor_config.json` (PixtralProcessor's tokens,
+    patch and merge sizes, written here: transformers' PixtralProcessor needs torchvision)."""
+    from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+
+    family_model("mistral3", folder, recipe, never_eos=True)
+    PixtralImageProcessorPil(size={"longest_edge": 32}, patch_size=8).save_pretrained(folder)
+    (folder / "processor_config.json").write_text(json.dumps({
+        "processor_class": "PixtralProcessor", "image_token": "[IMG]", "image_break_token": "[IMG_BREAK]",
+        "image_end_token": "[IMG_END]", "patch_size": 8, "spatial_merge_size": 2}, indent=2) + "\n")
+    return folder
+
+
 def tiny_llava_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0, tied: bool = False,
                               text_layers: int = 2, corpus: list[str] = VLM_CORPUS, vocab_size: int = 120) -> Path:
     """A tiny LLaVA (CLIP tower, image 32, patch 8: 16 image tokens; Llama text of `text_layers` layers) saved with

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy
 import pytest
 
 from exporters.layouts.transformers_js import IMAGE_TEXT_COMPONENTS, IMAGE_TEXT_TYPES
@@ -28,6 +29,7 @@ from tests.models import (
     tiny_idefics2_with_processor,
     tiny_idefics3_with_processor,
     tiny_llava_onnx_model,
+    tiny_mistral3_with_processor,
     tiny_paligemma_with_processor,
 )
 
@@ -258,7 +260,7 @@ def test_a_vision_language_family_the_layout_does_not_take_is_declined_with_the_
     markdown = (out / "report.md").read_text()
     assert "transformers.js ✗ cannot take this model" in markdown
     assert ("written for model types ['llava', 'idefics3', 'smolvlm', 'qwen2_vl', 'qwen2_5_vl', 'qwen3_vl', 'gemma3', "
-            "'paligemma']"
+            "'paligemma', 'mistral3']"
             in markdown) and "this is 'idefics2'" in markdown
 
 
@@ -403,3 +405,128 @@ def test_the_cards_transformers_js_script_runs_a_gemma3_folder_as_written(gemma3
     """The card's script as written: Gemma3Processor expands its begin-of-image token to the image's tokens."""
     out, report, _ = gemma3_tjs
     _run_card(out, report, tmp_path)  # the tiny vocabulary may decode to nothing: it runs
+
+
+@pytest.fixture(scope="module")
+def mistral3_tjs(tmp_path_factory):
+    """The matrix's tiny Mistral 3 (Pixtral tower, one image of 32x32: 2 x 2 image features; its byte-level BPE holds
+    [IMG], [IMG_BREAK] and [IMG_END]) with its processor's files as a Mistral 3 repo ships them, in the
+    transformers.js layout, exported once through the shared store."""
+    root = tmp_path_factory.mktemp("tjs-mistral3")
+    model_dir = tiny_mistral3_with_processor(root / "model", RECIPE)
+    return (model_dir, *stored_run(model_dir))
+
+
+def test_a_mistral3_folder_generates_in_transformers_js_with_its_break_rows_from_the_prompt(mistral3_tjs):
+    """Mistral 3 (#52 item 4): transformers.js's Mistral3ForConditionalGeneration is its LLaVA class; its
+    PixtralProcessor lays the image's tokens out in rows (`[IMG]` x cols then `[IMG_BREAK]`, the last row ending
+    `[IMG_END]`), and the features go at the `[IMG]` tokens alone, the break rows being the prompt's own embeddings.
+    The vision encoder takes one image's pixels (its image_sizes baked in at the traced 32x32) and gives the 4
+    features; the folder's processor files name PixtralProcessor with the patch and merge sizes and the traced
+    image's longest edge. Proven 8/8 in the product on the prompt in the processor's rows."""
+    import onnx
+
+    _, out, report, log = mistral3_tjs
+    target = _target(report)
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
+    assert target["generation"]["status"] == "passed"
+    proof = {proof["runtime"]: proof for proof in target["runtimes"]}["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
+    assert "its processor's image tokens in PixtralProcessor's rows)" in proof["detail"], proof
+    folder = out / "tjs"
+    graph = onnx.load(str(folder / GRAPHS[0]), load_external_data=False).graph
+    assert [(v.name, [d.dim_value for d in v.type.tensor_type.shape.dim]) for v in graph.input] == [
+        ("pixel_values", [1, 3, 32, 32])]
+    assert [d.dim_value for d in graph.output[0].type.tensor_type.shape.dim][-2] == 4  # the [IMG] tokens' features
+    preprocessor = json.loads((folder / "preprocessor_config.json").read_text())
+    assert {key: preprocessor[key] for key in ("processor_class", "image_processor_type", "patch_size",
+                                               "spatial_merge_size", "size")} == {
+        "processor_class": "PixtralProcessor", "image_processor_type": "PixtralImageProcessor", "patch_size": 8,
+        "spatial_merge_size": 2, "size": {"longest_edge": 32}}
+    processor = json.loads((folder / "processor_config.json").read_text())
+    assert (processor["image_break_token"], processor["image_end_token"]) == ("[IMG_BREAK]", "[IMG_END]")
+    config = json.loads((folder / "config.json").read_text())
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    ids = {row["content"]: row["id"] for row in tokenizer["added_tokens"]}
+    assert config["image_token_index"] == ids["[IMG]"]
+
+
+def test_the_cards_transformers_js_script_runs_a_mistral3_folder_as_written(mistral3_tjs, tmp_path):
+    """The card's script as written: PixtralProcessor takes the image first and lays its tokens out in rows."""
+    _, out, report, _ = mistral3_tjs
+    _run_card(out, report, tmp_path)  # the tiny vocabulary may decode to nothing: it runs
+
+
+@pytest.mark.parametrize("mutant", ["features reversed", "break rows zeroed", "breaks laid as ends"])
+def test_a_mistral3_folder_with_its_features_or_break_rows_misplaced_fails_transformers_js_s_proof(
+        mistral3_tjs, tmp_path, mutant):
+    """The product's proof on another image and the prompt in PixtralProcessor's rows passes the folder as exported;
+    a copy whose vision encoder gives the features in reverse order (each at another [IMG] token), one whose
+    embed_tokens zeroes the [IMG_BREAK] and [IMG_END] rows (the break rows dropped from the prompt), and one whose
+    processor lays [IMG_END] where [IMG_BREAK] goes (as many image tokens, in other rows) each fail it."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model_dir, out, _, _ = mistral3_tjs
+    broken = tmp_path / "out" / "tjs"
+    shutil.copytree(out / "tjs", broken)
+    ids = {row["content"]: row["id"] for row in json.loads((broken / "tokenizer.json").read_text())["added_tokens"]}
+    if mutant == "features reversed":
+        path = broken / GRAPHS[0]
+        graph = onnx.load(str(path), load_external_data=False)
+        [last] = [node for node in graph.graph.node if "image_features" in node.output]
+        last.output[list(last.output).index("image_features")] = "image_features_in_order"
+        graph.graph.initializer.extend([numpy_helper.from_array(numpy.array([value]), name) for value, name in (
+            (-1, "reverse_start"), (-(2 ** 63), "reverse_end"), (1, "reverse_axis"), (-1, "reverse_step"))])
+        graph.graph.node.append(helper.make_node("Slice", ["image_features_in_order", "reverse_start", "reverse_end",
+                                                           "reverse_axis", "reverse_step"], ["image_features"]))
+        onnx.save_model(graph, str(path))
+    elif mutant == "break rows zeroed":
+        path = broken / GRAPHS[1]
+        graph = onnx.load(str(path))  # its table from onnx/embed_tokens.onnx_data
+        [table] = [init for init in graph.graph.initializer if len(init.dims) == 2]
+        rows = numpy_helper.to_array(table).copy()
+        rows[[ids["[IMG_BREAK]"], ids["[IMG_END]"]]] = 0.0
+        table.CopyFrom(numpy_helper.from_array(rows, table.name))
+        (broken / "onnx" / "embed_tokens.onnx_data").unlink()
+        onnx.save_model(graph, str(path), save_as_external_data=True, location="embed_tokens.onnx_data")
+    else:
+        processor = json.loads((broken / "processor_config.json").read_text())
+        (broken / "processor_config.json").write_text(json.dumps({**processor, "image_break_token": "[IMG_END]"}))
+    reference, passed = _mistral3_proof(model_dir, out / "tjs")
+    assert reference["sample"]["span"] == [ids[name] for name in ("[IMG]", "[IMG]", "[IMG_BREAK]", "[IMG]", "[IMG]",
+                                                                   "[IMG_END]")], reference["sample"]
+    assert passed.status == "passed" and passed.detail.startswith("8/8 tokens"), passed
+    _, failed = _mistral3_proof(model_dir, broken)
+    assert failed.status == "failed", failed
+    if mutant == "breaks laid as ends":
+        assert "transformers.js's processor laid the image's tokens out as " in failed.detail, failed
+    else:
+        assert "/8 tokens equal eager greedy: transformers.js " in failed.detail, failed
+
+
+def _mistral3_proof(model_dir, folder):
+    """The product's transformers.js proof of `folder` against eager on one image of 32x32 (seeded pixels, not the
+    export's sample) and a prompt in PixtralProcessor's rows built here (transformers' processor needs torchvision):
+    BOS, `[IMG] [IMG] [IMG_BREAK] [IMG] [IMG] [IMG_END]`, the text."""
+    import torch
+    from transformers import AutoTokenizer, Mistral3ForConditionalGeneration
+
+    from exporters.layouts.child import RuntimeContext
+    from exporters.layouts.transformers_js import TransformersJs, proof
+    from exporters.recipe.load import parse_recipe
+    from exporters.upstream.fixed_image import pixtral_rows
+
+    recipe = parse_recipe(json.dumps(RECIPE))
+    model = Mistral3ForConditionalGeneration.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    image, row_break, end = tokenizer.convert_tokens_to_ids(["[IMG]", "[IMG_BREAK]", "[IMG_END]"])
+    ids = torch.tensor([[tokenizer.bos_token_id, *pixtral_rows(image, 2, 2, row_break, end),
+                         *tokenizer.encode("describe the image", add_special_tokens=False)]])
+    sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "image_sizes": torch.tensor([[32, 32]]),
+              "pixel_values": torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))}
+    context = RuntimeContext(recipe.exports[0], recipe, "vision-language", sample, model.generation_config,
+                             model_dir)
+    with torch.no_grad():
+        reference = proof.reference(TransformersJs(), model, context)
+    return reference, proof.prove(TransformersJs(), folder, reference, context)

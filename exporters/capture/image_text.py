@@ -3,7 +3,7 @@ them, and why not: `exporters.capture.image_text_models`).
 
 An ONNX generation target of a vision-language model with `"layout": "transformers.js"` is written as transformers.js's
 `ImageTextToText` models load it (`AutoModelForImageTextToText`: LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL,
-Qwen3-VL, Gemma 3, PaliGemma), three graphs (Gemma 3's features, embeddings and decoder input one channel wider, marking the
+Qwen3-VL, Gemma 3, PaliGemma, Mistral 3), three graphs (Gemma 3's features, embeddings and decoder input one channel wider, marking the
 image's rows: [`marked`]; its sliding-window layers' caches as long as the full layers': [`_full_cache`]):
 
 ```
@@ -12,7 +12,9 @@ vision_encoder        pixel_values [batch, 3, H, W]  -> image_features [1, n, hi
                       Qwen2.5-VL: [patches, 3·t·p·p] and image_grid_thw [1, 3] -> [patches / merge², hidden], the
                       tower traced at the sample's square grid: `exporters.capture.qwen_vl`; Qwen3-VL's features
                       and embed_tokens' rows are hidden x (1 + DeepStack features) wide, the decoder adding each part
-                      after its layer: `qwen_vl.widened`)
+                      after its layer: `qwen_vl.widened`; Mistral 3: one square image's pixels, its image_sizes
+                      baked in, -> the features of its [IMG] tokens, which its processor lays out in rows ended by
+                      [IMG_BREAK] and [IMG_END]: those rows are embed_tokens', as in the model's forward)
 embed_tokens          input_ids [batch, seq]         -> inputs_embeds [batch, seq, hidden]
 decoder_model_merged  inputs_embeds, attention_mask, position_ids, past_key_values.{i}.key/value
                                                      -> logits, present.{i}.key/value   (the prompt on an empty cache)
@@ -62,13 +64,14 @@ from transformers.masking_utils import create_causal_mask
 
 from exporters.capture.cache_settings import has_sliding_layers
 from exporters.capture.image_attention import marks_image_rows
-from exporters.capture.image_text_models import TRACED_PAST, TRACED_QUERY
+from exporters.capture.image_text_models import TRACED_PAST, TRACED_QUERY, takes_pixtral_rows
 from exporters.capture.merged import contract, empty_cache, with_contract
 from exporters.capture.probes import DimBinding
 from exporters.capture.qwen_vl import GridVisionEncoder, WidenedEmbedding, deepstack_added, deepstack, is_mrope, widened
 from exporters.capture.token_ids import features_in_place, image_token_id
 from exporters.recipe.layout import TRANSFORMERS_JS
 from exporters.recipe.model import ComponentOverride
+from exporters.upstream.fixed_image import PixtralVision
 from exporters.upstream.multimodal_runner import (AudioEncoder, MarkedTokenEmbedding, MarkedVisionEncoder,
                                                   TokenEmbedding, VisionEncoder)
 
@@ -245,13 +248,17 @@ def longer_audio(features: torch.Tensor) -> torch.Tensor:
 
 
 def image_encoder(model: Any, generate_inputs: dict[str, Any]) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    """The vision encoder graph's module and traced inputs: LLaVA's pixels alone, or Idefics3's with its mask; an
-    audio-language model's audio encoder and its features."""
+    """The vision encoder graph's module and traced inputs: LLaVA's pixels alone, or Idefics3's with its mask (Mistral
+    3's alone, at one size: its features at the prompt's `[IMG]` tokens, in order; the `[IMG_BREAK]` and `[IMG_END]`
+    rows are the prompt's own embeddings); an audio-language model's audio encoder and its features."""
     if "input_features" in generate_inputs:
         return AudioEncoder(model).eval(), audio_inputs(generate_inputs)
     inputs = image_inputs(generate_inputs)
     if "image_grid_thw" in inputs:  # Qwen-VL: the tower at the sample's grid (exporters.capture.qwen_vl)
         return GridVisionEncoder(model, inputs["image_grid_thw"]).eval(), inputs
+    if takes_pixtral_rows(model):  # Mistral 3: the tower at the sample's size, its image_sizes baked in
+        size = [int(side) for side in inputs["pixel_values"].shape[-2:]]
+        return PixtralVision(model, size, batched=True).eval(), inputs
     module = MaskedImageEncoder(model) if "pixel_attention_mask" in inputs else VisionEncoder(model)
     module = MarkedVisionEncoder(model) if marked(model) else module  # Gemma 3: its rows marked 1
     return module.eval(), inputs

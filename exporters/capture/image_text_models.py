@@ -26,7 +26,9 @@ import torch
 from exporters.capture.image_attention import BIDIRECTIONAL_PREFILL
 from exporters.capture.merged import mixes_window_layers
 from exporters.capture.qwen_vl import MROPE_TYPES
+from exporters.capture.token_ids import image_token_id
 from exporters.recipe.layout import TRANSFORMERS_JS
+from exporters.upstream.fixed_image import IMAGE_SIZES, pixtral_grid, pixtral_span
 
 # audio-language model types transformers.js 4.3.2 generates from (its AudioTextToText models), and the audio tokens
 # its processor lays out per chunk (VoxtralProcessor's NUM_AUDIO_TOKENS)
@@ -36,7 +38,9 @@ AUDIO_TOKENS_PER_CHUNK = {"voxtral": 375}  # Granite Speech's processor counts t
 # Qwen2-VL's and Qwen2.5-VL's with 3-D positions and the image's grid (`exporters.capture.qwen_vl`)
 # Gemma 3's with its image's rows marked (its prefill attends both ways among one image's tokens: `image_text.marked`)
 # PaliGemma's, each call's rows one block attending both ways (its prompt is its prefix: `image_text.EmbedsDecoder`)
-MODEL_TYPES = ("llava", "idefics3", "smolvlm", *MROPE_TYPES, "gemma3", "paligemma")
+# Mistral 3's (Pixtral's tower) at one image size, the features at its [IMG] tokens, its break rows the prompt's own
+MODEL_TYPES = ("llava", "idefics3", "smolvlm", *MROPE_TYPES, "gemma3", "paligemma", "mistral3")
+PIXTRAL_TYPES = ("mistral3",)  # one image with its image_sizes, its tokens in PixtralProcessor's rows
 IMAGE_INPUTS = {"input_ids", "attention_mask", "pixel_values", "pixel_attention_mask"}
 GRID_INPUTS = {"image_grid_thw", "mm_token_type_ids"}  # Qwen-VL's besides (its token types: the image's tokens)
 TRACED_PAST, TRACED_QUERY = 3, 2  # the decoder is traced on a cache and a query long enough to stay dynamic
@@ -63,7 +67,8 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_impl
         return refused_audio(target, model, generate_inputs, cache_implementation)
     pixels, ids = generate_inputs.get("pixel_values"), generate_inputs.get("input_ids")
     extra = sorted(set(generate_inputs) - IMAGE_INPUTS - (GRID_INPUTS if model_type in MROPE_TYPES else set())
-                   - ({"token_type_ids", "labels"} if model_type in BIDIRECTIONAL_PREFILL else set()))
+                   - ({"token_type_ids", "labels"} if model_type in BIDIRECTIONAL_PREFILL else set())
+                   - ({IMAGE_SIZES} if model_type in PIXTRAL_TYPES else set()))
     # Gemma 3's and PaliGemma's token types (PaliGemma's processor returns training labels too, which none feeds)
     if model_type not in MODEL_TYPES:
         return (f"transformers.js's vision-language layout is written for model types {list(MODEL_TYPES)} (the "
@@ -83,6 +88,40 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], cache_impl
         return f"its pixels are not one image [1, (tiles,) 3, H, W] (shape {list(getattr(pixels, 'shape', []))})"
     if not isinstance(ids, torch.Tensor) or ids.shape[1] < TRACED_PAST + TRACED_QUERY:
         return "its prompt is too short to trace the decoder with a dynamic cache"
+    if model_type in PIXTRAL_TYPES:
+        return _rows_refused(model.config, pixels, generate_inputs.get(IMAGE_SIZES), ids)
+    return None
+
+
+def takes_pixtral_rows(model: Any) -> bool:
+    """Whether `model` is a Pixtral tower's (Mistral 3): one image of one size with its `image_sizes`, its image
+    tokens in PixtralProcessor's rows, which the layout's vision encoder bakes in (`image_text.image_encoder`).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> takes_pixtral_rows(SimpleNamespace(config=SimpleNamespace(model_type="mistral3")))
+        True
+    """
+    return getattr(model.config, "model_type", None) in PIXTRAL_TYPES
+
+
+def _rows_refused(config: Any, pixels: torch.Tensor, sizes: Any, ids: torch.Tensor) -> str | None:
+    """Why a Mistral 3 sample does not fit the layout, else None: its vision encoder is traced at one square image
+    whose sides are multiples of patch x merge, its `image_sizes` baked in (the folder's processor resizes any square
+    image to it: `exporters.layouts.transformers_js.files.pixtral_files`), and transformers.js's PixtralProcessor
+    lays the image's tokens out in rows, `[IMG]` x cols then `[IMG_BREAK]`, the last row ending `[IMG_END]`, so
+    eager's prompt must be in those rows (its break rows are the prompt's own embeddings; the features go at `[IMG]`
+    alone)."""
+    step = int(config.vision_config.patch_size) * int(getattr(config, "spatial_merge_size", 1) or 1)
+    side = int(pixels.shape[-1])
+    told = sizes.reshape(-1).tolist() if isinstance(sizes, torch.Tensor) else sizes
+    if pixels.dim() != 4 or int(pixels.shape[-2]) != side or side % step or told != [side, side]:
+        return (f"its pixels are not one square image whose sides are multiples of {step} (patch x merge) with its "
+                f"image_sizes (pixels {list(pixels.shape)}, image_sizes {told})")
+    rows, cols = pixtral_grid(config, [side, side])
+    if pixtral_span(ids[0].tolist(), image_token_id(config), rows, cols) is None:
+        return (f"its prompt's image tokens are not one image in PixtralProcessor's rows ({rows} rows of {cols} "
+                "[IMG], each ended by [IMG_BREAK], the last by [IMG_END]), which transformers.js's processor lays out")
     return None
 
 

@@ -5,7 +5,9 @@ own `get_image_features`), and Mistral 3's (Pixtral's tower), whose processor la
 span is a constant layout, so its `vision_encoder` emits the features with the `[IMG_BREAK]` and `[IMG_END]` rows of
 the embedding table between them (two rows, constants of the method), and the runner places the span as one image;
 the program's constant method `image_span_tokens` names the two ids, which the card's snippet folds into the image's
-one run of the prompt (`exporters.layouts.executorch_multimodal.IMAGE_INPUTS`).
+one run of the prompt (`exporters.layouts.executorch_multimodal.IMAGE_INPUTS`). The ONNX layouts that place the features
+at the `[IMG]` tokens alone, the break rows the prompt's own (ONNX Runtime GenAI's, transformers.js's), trace the
+tower's features of one image of one size ([`PixtralVision`]).
 
 The runner hands `vision_encoder` one image's pixels, `[1, C, H, W]` (the binding's `make_image_input`: one image of 3
 or 4 channels), nothing beside them. At the one image size a program is traced at, what `image_sizes` says is a
@@ -135,3 +137,25 @@ class FixedSizeImageEncoder(torch.nn.Module):
             laid = torch.cat([grid, breaks], dim=1).reshape(rows * (cols + 1), -1)
             features = torch.cat([laid[:-1], self.span_rows[1:].to(grid.dtype)])
         return features.reshape(1, -1, features.shape[-1])
+
+
+class PixtralVision(torch.nn.Module):
+    """A Pixtral tower's (Mistral 3's) features of one image of `size` (height, width), in order: the tower on it, its
+    `vision_feature_layer`'s states (or several, concatenated), merged and projected as `get_image_features` does,
+    without its `squeeze(0)` of the projected features: on `[features, hidden]` torch leaves them as they are, while
+    ONNX's `Squeeze` refuses them ("Dimension of input 0 must be 1 instead of 4", ONNX Runtime on load). Gives
+    `[features, hidden]` (ONNX Runtime GenAI's vision graph), or `[1, features, hidden]` where `batched` (one
+    sequence: transformers.js's `vision_encoder`)."""
+
+    def __init__(self, model: Any, size: tuple[int, int] | list[int], batched: bool = False):
+        super().__init__()
+        self.model, self.sizes, self.batched = model.model, [[int(side) for side in size]], batched
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        out = self.model.vision_tower(pixel_values, image_sizes=self.sizes, output_hidden_states=True,
+                                      return_dict=True)
+        layer = self.model.config.vision_feature_layer
+        states = out.hidden_states[layer] if isinstance(layer, int) else \
+            torch.cat([out.hidden_states[index] for index in layer], dim=-1)
+        features = self.model.multi_modal_projector(states[0], self.sizes)
+        return features.reshape(1, -1, features.shape[-1]) if self.batched else features

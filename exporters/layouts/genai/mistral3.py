@@ -20,7 +20,8 @@ in the prompt to the image's rows of `[IMG]` ended by `[IMG_BREAK]` and the last
 tokenizer gives those tokens. The processor config is not named `processor_config.json`: that name is transformers'
 own processor file, which the folder's loaders read. The vision graph is written without the eager
 `get_image_features`' `squeeze(0)` of the projected features: on a tensor whose first axis is not 1 torch leaves it
-as it is, while ONNX's `Squeeze` refuses it ("Dimension of input 0 must be 1 instead of 4", ONNX Runtime on load).
+as it is, while ONNX's `Squeeze` refuses it ("Dimension of input 0 must be 1 instead of 4", ONNX Runtime on load):
+`exporters.upstream.fixed_image.PixtralVision`, which transformers.js's layout traces too.
 
 Example:
     >>> traced_size([1, 3, 32, 32], patch=8, merge=2), traced_size([1, 3, 30, 32], patch=8, merge=2)
@@ -42,6 +43,7 @@ from exporters.layouts.genai.config import GENAI_CONFIG, genai_config
 from exporters.layouts.genai.qwen_vl import (CLIP_MEAN, CLIP_STD, DECODER, EMBEDDING, IMAGE_ENCODER, SESSION,
                                              VISION, _export, unwritten, write_decoder, write_embedding)
 from exporters.upstream import read_manifest
+from exporters.upstream.fixed_image import PixtralVision
 
 MODEL_TYPE = "mistral3"  # GenAI's type (src/models/model_type.h: IsPixtralFamily)
 FAMILY = "Mistral 3"
@@ -58,28 +60,10 @@ def traced_size(shape: list[int], patch: int, merge: int) -> tuple[int, int] | N
     return (height, width) if height % (patch * merge) == 0 and width % (patch * merge) == 0 else None
 
 
-class FixedSizeVision(torch.nn.Module):
-    """GenAI's vision graph: the Pixtral tower on one image of `size` (height, width), its `vision_feature_layer`'s
-    states normalized, merged and projected as `get_image_features` does, without its `squeeze(0)` (see the
-    module)."""
-
-    def __init__(self, model: Any, size: tuple[int, int]):
-        super().__init__()
-        self.model, self.sizes = model.model, [list(size)]
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        out = self.model.vision_tower(pixel_values, image_sizes=self.sizes, output_hidden_states=True,
-                                      return_dict=True)
-        layer = self.model.config.vision_feature_layer
-        states = out.hidden_states[layer] if isinstance(layer, int) else \
-            torch.cat([out.hidden_states[index] for index in layer], dim=-1)
-        return self.model.multi_modal_projector(states[0], self.sizes)
-
-
 def write_vision(directory: Path, model: Any, size: tuple[int, int]) -> None:
     """`genai_vision.onnx`: the tower at the traced image `size` (see the module)."""
     pixels = torch.zeros(1, 3, *size, device=next(model.parameters()).device)
-    _export(FixedSizeVision(model, size), (pixels,), directory / VISION, ["pixel_values"], ["image_features"])
+    _export(PixtralVision(model, size), (pixels,), directory / VISION, ["pixel_values"], ["image_features"])
 
 
 def processor_config(directory: Path, size: tuple[int, int]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ transformers.js on Node.js.
 | `proof.py`   | Node.js runs the script on the folder alone with every dtype file, against eager greedy           |
 | `speech.py`  | a speech encoder-decoder (Whisper; Moonshine on the waveform): `TRANSCRIBE`, the card's script and the proof's |
 | `speech_proof.py` | Node.js runs `TRANSCRIBE` on the folder alone, token for token against eager `generate()`    |
-| `image_text.py` | a vision-language model (LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, PaliGemma): `GENERATE`, the card's script and the proof's; the processor fix |
+| `image_text.py` | a vision-language model (LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, PaliGemma, Mistral 3): `GENERATE`, the card's script and the proof's; the processor fix |
 | `image_text_proof.py` | Node.js runs `GENERATE` on the folder alone, token for token against eager `generate()`  |
 | `audio_text.py` | an audio-language model (Voxtral): `GENERATE`, the card's script and the proof's                  |
 | `audio_text_proof.py` | Node.js runs its `GENERATE` on the folder alone, token for token against eager `generate()` |
@@ -46,7 +46,8 @@ LAYOUT = TRANSFORMERS_JS  # the recipe's `layout` value
 # the vision-language layout's graphs and the model types it takes (exporters.capture.image_text's and
 # image_text_models', which load torch)
 IMAGE_TEXT_COMPONENTS = ("vision_encoder", "embed_tokens", "decoder_model_merged")
-IMAGE_TEXT_TYPES = ("llava", "idefics3", "smolvlm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "paligemma")
+IMAGE_TEXT_TYPES = ("llava", "idefics3", "smolvlm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "paligemma",
+                    "mistral3")
 AUDIO_TEXT_COMPONENTS = ("audio_encoder", "embed_tokens", "decoder_model_merged")  # the audio-language layout's
 AUDIO_TEXT_TYPES = ("voxtral",)
 VERSION = "4.3.2"  # the pinned @huggingface/transformers (Makefile's TJS_VERSION)

@@ -29,6 +29,7 @@ from exporters import fsutil
 from exporters.errors import TargetPlanError
 from exporters.export.onnx_files import gather_external_data
 from exporters.capture.image_text import AUDIO_COMPONENTS, AUDIO_ENCODER, COMPONENTS as IMAGE_TEXT, DECODER, EMBED_TOKENS
+from exporters.capture.image_text_models import PIXTRAL_TYPES
 from exporters.capture.qwen_vl import GRID_INPUT, MROPE_TYPES, PROCESSOR_CLASS
 from exporters.export.onnx_names import is_renamed, rename_io, rename_values, renamed_proto, unnamed_inputs
 from exporters.export.seq2seq_merged import MERGED_FILE
@@ -155,7 +156,7 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
     model_type = read_json(directory / "config.json").get("model_type")
     inputs = {"input_features": AUDIO_INPUT.get(model_type, "input_features"),
               "image_grid_thw": GRID_INPUT.get(model_type, "image_grid_thw")}
-    patches = 0  # a Qwen-VL's traced patch count (its vision encoder's fixed `pixel_values` rows)
+    pixels: list[int] = []  # the vision encoder's fixed `pixel_values` shape (a Qwen-VL's patches first)
     for name, entry in manifest["components"].items():
         graph_file = f"{name}{SUFFIXES[dtype]}.onnx"
         proto = onnx.load(str(directory / entry["file"]), load_external_data=False)
@@ -166,7 +167,7 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
                                         inputs.get(leaf, leaf))
         if name not in (DECODER, EMBED_TOKENS):  # the encoder: a float16 graph takes float32 pixels or features
             float_inputs(proto)
-            patches = proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value
+            pixels = [dim.dim_value for dim in proto.graph.input[0].type.tensor_type.shape.dim]
         if gather_external_data(proto, directory, directory / SUBFOLDER / f"{graph_file}_data"):
             external[graph_file] = 1
         onnx.save_model(proto, str(directory / SUBFOLDER / graph_file))
@@ -183,8 +184,10 @@ def _write_image_text(directory: Path, target, manifest: dict) -> None:
         _audio_processor(directory, model_type)
         return
     if model_type in MROPE_TYPES:
-        qwen_vl_files(directory, model_type, patches)
+        qwen_vl_files(directory, model_type, pixels[0])
         return
+    if model_type in PIXTRAL_TYPES:
+        pixtral_files(directory, pixels[-1])
     processor = read_json(directory / "processor_config.json")
     fixed = processor_fix(processor, read_json(directory / "config.json"))
     if fixed is not None:
@@ -232,6 +235,34 @@ def qwen_vl_files(directory: Path, model_type: str, patches: int) -> None:
                        ("image_mean", mean), ("do_convert_rgb", True), ("image_std", std), ("resample", 3)):
         image.setdefault(key, value)  # the model's image processor's defaults, where the folder had none
     fsutil.write_file(directory / PREPROCESSOR, json.dumps(image, indent=2, sort_keys=True) + "\n")
+
+
+PIXTRAL_TOKENS = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
+
+
+def pixtral_files(directory: Path, side: int) -> None:
+    """A Mistral 3's processor files as transformers.js's `PixtralProcessor` reads them: `preprocessor_config.json`
+    (the folder's image processor, or one from the model's config with Pixtral's defaults) naming that processor and
+    `PixtralImageProcessor`, with the patch size a number and the spatial merge size beside it (its resize reads both
+    there), and its longest edge the traced image's `side` (the vision encoder is traced at one square image,
+    `exporters.capture.image_text_models`: any square image is resized to it); `processor_config.json` with the
+    image, break and end tokens (the folder's, else the tokenizer's text of the model's image token and Pixtral's
+    names), the patch and merge sizes, which the processor lays the prompt's rows out by."""
+    config = read_json(directory / "config.json")
+    processor = read_json(directory / "processor_config.json")
+    patch = int((config.get("vision_config") or {}).get("patch_size") or 14)
+    merge = int(config.get("spatial_merge_size") or 2)
+    image = read_json(directory / PREPROCESSOR) or dict(processor.get("image_processor") or {})
+    image.update({"image_processor_type": "PixtralImageProcessor", "processor_class": "PixtralProcessor",
+                  "patch_size": patch, "spatial_merge_size": merge, "size": {"longest_edge": int(side)}})
+    for key, value in (("do_resize", True), ("do_rescale", True), ("rescale_factor", 1 / 255), ("do_normalize", True),
+                       ("image_mean", CLIP[0]), ("do_convert_rgb", True), ("image_std", CLIP[1]), ("resample", 3)):
+        image.setdefault(key, value)  # Pixtral's image processor's defaults, where the folder had none
+    fsutil.write_file(directory / PREPROCESSOR, json.dumps(image, indent=2, sort_keys=True) + "\n")
+    tokens = {**PIXTRAL_TOKENS, "image_token": _token_text(directory, config.get("image_token_index")) or "[IMG]"}
+    processor = {**tokens, **{key: value for key, value in processor.items() if key != "image_processor"},
+                 "processor_class": "PixtralProcessor", "patch_size": patch, "spatial_merge_size": merge}
+    fsutil.write_file(directory / "processor_config.json", json.dumps(processor, indent=2, sort_keys=True) + "\n")
 
 
 def float_inputs(proto) -> list[str]:

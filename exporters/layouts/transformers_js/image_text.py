@@ -1,5 +1,5 @@
-"""transformers.js's vision-language layout: a LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3 or
-PaliGemma model as transformers.js's `AutoModelForImageTextToText` loads it, `onnx/vision_encoder.onnx` + `onnx/embed_tokens.onnx` +
+"""transformers.js's vision-language layout: a LLaVA, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3,
+PaliGemma or Mistral 3 model as transformers.js's `AutoModelForImageTextToText` loads it, `onnx/vision_encoder.onnx` + `onnx/embed_tokens.onnx` +
 `onnx/decoder_model_merged.onnx` (the graphs of
 `exporters.capture.image_text`, moved and named by `files.py`) with the folder's processor, tokenizer and
 `generation_config.json` beside them; proven (`image_text_proof.py`) by Node running `GENERATE` (the card's script)
@@ -42,6 +42,15 @@ A PaliGemma (`PaliGemmaForConditionalGeneration`, transformers.js's LLaVA class 
 the image first and `<image>` (its constant) in the text; its decoder reads each call's rows both ways
 (`exporters.capture.image_text.EmbedsDecoder`), as transformers reads PaliGemma's prompt, its prefix.
 
+A Mistral 3 (`Mistral3ForConditionalGeneration`, transformers.js's LLaVA class too): its `PixtralProcessor` takes the
+image first and lays its tokens out in rows, `[IMG]` x cols then `[IMG_BREAK]`, the last row ending `[IMG_END]`;
+transformers.js puts the image's features at the `[IMG]` tokens alone, the break rows being the prompt's own
+embeddings, as the model's forward does. Its vision encoder takes one image's pixels at the traced size (its
+`image_sizes` baked in: `exporters.upstream.fixed_image.PixtralVision`); the folder's processor files name
+`PixtralProcessor` with the patch and merge sizes its resize reads and the traced image's longest edge, so any
+square image becomes that size (`files.pixtral_files`). The proof also checks that the processor lays the image's
+tokens out in the rows of eager's prompt.
+
 Example:
     >>> "AutoModelForImageTextToText" in generate_script('"model"', '"tjs"', 4, "", "console.log(1);")
     True
@@ -58,7 +67,7 @@ from exporters.recipe.variants import TRANSFORMERS_JS_DTYPES
 
 IMAGE_TEXT_FILES = ("onnx/vision_encoder.onnx", "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx")
 # Values enter only through json.dumps or as our ints and lines.
-GENERATE = Template("""import { env, AutoProcessor, AutoModelForImageTextToText, LlavaProcessor, PaliGemmaProcessor, Qwen2VLProcessor, RawImage, Tensor } from '@huggingface/transformers';
+GENERATE = Template("""import { env, AutoProcessor, AutoModelForImageTextToText, LlavaProcessor, PaliGemmaProcessor, PixtralProcessor, Qwen2VLProcessor, RawImage, Tensor } from '@huggingface/transformers';
 
 env.allowRemoteModels = false;
 env.localModelPath = $root;
@@ -71,7 +80,7 @@ const image = new RawImage(new Uint8ClampedArray(side * side * 3).fill(128), sid
 const token = processor.image_token ?? processor.config.image_token ?? processor.constructor.image_token ?? '<image>';  // PaliGemma's
 const marked = processor instanceof Qwen2VLProcessor ? `<|vision_start|>$${token}<|vision_end|>` : processor.boi_token ?? token;  // Gemma 3's expands its boi token
 const text = marked + $prompt;  // the image, then your prompt
-const inputs = processor instanceof LlavaProcessor || processor instanceof PaliGemmaProcessor ? await processor(image, text) : await processor(text, image);
+const inputs = [LlavaProcessor, PaliGemmaProcessor, PixtralProcessor].some((kind) => processor instanceof kind) ? await processor(image, text) : await processor(text, image);  // image first
 $feed
 const output = await model.generate({ ...inputs, max_new_tokens: $steps, min_new_tokens: $steps, do_sample: false });
 $emit

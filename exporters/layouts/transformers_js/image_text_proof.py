@@ -1,8 +1,10 @@
 """transformers.js's vision-language proof (the layout is `image_text.py`): eager greedy `generate()` on the sample's
 prompt and image, then Node running `GENERATE` on the folder alone: its processor on an image of the processor's size
 must give pixels of the sample's shape and as many image tokens, and generation from the sample's own ids and pixels
-must give eager's tokens; with dtype files (`dtypes.py`), the folder is loaded once per dtype, each file giving at
-least the greedy tokens its variant's budget asks.
+must give eager's tokens (a Mistral 3's processor must lay the image's tokens out in the rows of the sample's prompt,
+`[IMG]` x cols then `[IMG_BREAK]`, the last row ending `[IMG_END]`: the break rows are the prompt's own embeddings,
+and the features go at its `[IMG]` tokens alone); with dtype files (`dtypes.py`), the folder is loaded once per
+dtype, each file giving at least the greedy tokens its variant's budget asks.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import torch
 
+from exporters.capture.image_text_models import takes_pixtral_rows
 from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
 from exporters.layouts.transformers_js.dtypes import judged, proof_runs, said_runs
@@ -35,6 +38,8 @@ def reference(model: Any, context: RuntimeContext, steps: int) -> dict[str, Any]
         extra = {"image_grid_thw": grid[:1].to(device), "mm_token_type_ids": (ids == token).long().to(device)}
     types = context.generate_inputs.get("token_type_ids")  # Gemma 3, PaliGemma: the prefill's bidirectional block
     typed = {"token_type_ids": types[:1].to(device)} if isinstance(types, torch.Tensor) else {}
+    sizes = context.generate_inputs.get("image_sizes")  # Mistral 3's: eager reads them, the graph has them baked in
+    typed.update({"image_sizes": sizes[:1].to(device)} if isinstance(sizes, torch.Tensor) else {})
     with torch.no_grad():
         out = model.generate(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device),
                              pixel_values=pixels.to(device, model.dtype), max_new_tokens=steps, min_new_tokens=steps,
@@ -44,6 +49,9 @@ def reference(model: Any, context: RuntimeContext, steps: int) -> dict[str, Any]
         sample["grid"] = [int(v) for v in grid[0].tolist()]
     elif extra:
         sample.update(mask=[int(bool(v)) for v in mask[:1].flatten().tolist()], mask_shape=list(mask[:1].shape))
+    if takes_pixtral_rows(model) and token is not None:  # Mistral 3: its image's rows, as the processor lays them
+        at = [i for i, value in enumerate(sample["ids"]) if value == token]
+        sample["span"] = sample["ids"][at[0]:at[-1] + 2]  # the [IMG] rows, their [IMG_BREAK]s and the [IMG_END]
     return {"image_text": True, "steps": steps, "tokens": out[0].tolist(),
             "image_tokens": int((ids[0] == token).sum()) if token is not None else None, "sample": sample}
 
@@ -74,12 +82,18 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
             return RuntimeProof(layout.runtime, "failed", (
                 f"transformers.js's processor made pixels {processed.get('pixels')} and {made} image tokens{made_grid}; "
                 f"the model takes {shape} and {token}"))
+        span = reference["sample"].get("span")
+        if span and not _holds(processed.get("ids") or [], span):
+            return RuntimeProof(layout.runtime, "failed", (
+                f"transformers.js's processor laid the image's tokens out as {_around(processed.get('ids') or [], span)}"
+                f"; the model's prompt has {span} (PixtralProcessor's rows)"))
         equal, short = judged(reference["tokens"], got.get("tokens"), len(reference["sample"]["ids"]), steps,
                               asked, on)
         if short:
             return RuntimeProof(layout.runtime, "failed", short)
         done.append((dtype, equal, asked))
     grid = ", grid and 3-D positions" if reference["sample"].get("grid") else ""  # Qwen-VL's
+    grid += " in PixtralProcessor's rows" if reference["sample"].get("span") else ""  # Mistral 3's
     return RuntimeProof(layout.runtime, "passed", f"{steps}/{steps} tokens (transformers.js {version}, Node.js, "
                                                   f"AutoModelForImageTextToText, its processor's image tokens{grid})"
                                                   + said_runs(done, steps))
@@ -93,3 +107,19 @@ def _image_token_id(directory: Path) -> int | None:
         return None
     token = config.get("image_token_id", config.get("image_token_index"))
     return token if isinstance(token, int) else None
+
+
+def _holds(ids: list[int], span: list[int]) -> bool:
+    """Whether `ids` hold `span` as one run.
+
+    Example:
+        >>> _holds([1, 9, 9, 7, 9, 9, 8, 5], [9, 9, 7, 9, 9, 8]), _holds([1, 9, 9, 9, 9, 8], [9, 9, 7, 9, 9, 8])
+        (True, False)
+    """
+    return any(ids[at:at + len(span)] == span for at in range(len(ids) - len(span) + 1))
+
+
+def _around(ids: list[int], span: list[int]) -> list[int]:
+    """The ids from the first of `span`'s first id on, as long as `span` (what the processor laid out in its place)."""
+    at = ids.index(span[0]) if span[0] in ids else 0
+    return ids[at:at + len(span)]
