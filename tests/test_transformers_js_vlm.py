@@ -530,3 +530,41 @@ def _mistral3_proof(model_dir, folder):
     with torch.no_grad():
         reference = proof.reference(TransformersJs(), model, context)
     return reference, proof.prove(TransformersJs(), folder, reference, context)
+
+
+def test_a_mistral3_sample_outside_the_layout_is_declined_with_the_reason():
+    """The rules a Mistral 3 sample meets (exporters.capture.image_text_models): one square image whose sides are
+    multiples of patch x merge, with its image_sizes, and a prompt in PixtralProcessor's rows. A prompt with one run of
+    image tokens (what is synthesized where the tokenizer has no [IMG_BREAK]: not what transformers.js's processor
+    lays out), a non-square image, and image_sizes other than the pixels' are each declined with the reason; the
+    processor's rows pass."""
+    import torch
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    from exporters.capture.image_text_models import refused
+    from exporters.recipe.load import parse_recipe
+
+    config = Mistral3Config(vision_config={"image_size": 32, "patch_size": 8, "hidden_size": 16,
+                                           "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                           "head_dim": 8},
+                            text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+                                         "vocab_size": 64})
+    config.image_token_index = 10
+    model = Mistral3ForConditionalGeneration(config).eval()
+    target = parse_recipe(json.dumps(RECIPE)).exports[0]
+
+    def sample(ids, height=32, width=32, sizes=None):
+        ids = torch.tensor([ids])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                "pixel_values": torch.randn(1, 3, height, width),
+                "image_sizes": torch.tensor([sizes or [height, width]])}
+
+    rows = [1, 10, 10, 11, 10, 10, 12, 5, 6]  # [IMG] [IMG] [IMG_BREAK] [IMG] [IMG] [IMG_END] (11, 12)
+    assert refused(target, model, sample(rows), "dynamic") is None
+    why = refused(target, model, sample([1, 10, 10, 10, 10, 5, 6, 7]), "dynamic")
+    assert why is not None and "not one image in PixtralProcessor's rows (2 rows of 2 [IMG]" in why, why
+    why = refused(target, model, sample([1, 10, 10, 11, 10, 10, 11, 10, 10, 12, 5], height=48), "dynamic")
+    assert why is not None and "not one square image whose sides are multiples of 16" in why, why
+    why = refused(target, model, sample(rows, sizes=[16, 32]), "dynamic")
+    assert why is not None and "image_sizes [16, 32]" in why, why
