@@ -81,3 +81,20 @@ def test_the_matrix_row_of_phi4_multimodal_says_the_refusal_in_every_format():
         assert cell["status"] == "failed" and cell["cause"] == "ours", (name, cell)
         assert "reads audio (its forward takes `audio_input_features`)" in cell["reason"], cell["reason"]
         assert "image (its forward takes `image_pixel_values`)" in cell["reason"], cell["reason"]
+
+
+def test_genai_s_phi4mm_generates_from_graphs_traced_from_transformers_class_as_eager_does():
+    """What blocks Phi-4-multimodal is this product's export, not GenAI: its `phi4mm` runtime, fed the processor's
+    tensors for one 448 x 448 image (2 crops, 545 image tokens), generates eager `generate()`'s 8/8 tokens from graphs
+    traced from the matrix's tiny `Phi4MultimodalForCausalLM` (benchmarks/genai_phi4mm_probe.py, run as written), and
+    a vision graph whose projection's bias is shifted gets other tokens (the probe's mutant)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("onnxruntime_genai")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "genai_phi4mm_probe.py")], capture_output=True,
+                          text=True, timeout=900, cwd=ROOT)
+    lines = {line.split(":", 1)[0]: line for line in done.stdout.splitlines() if line.startswith(("proof:", "mutant:"))}
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "equal=8/8 image_tokens=545" in lines["proof"], lines
+    assert "equal=8/8" not in lines["mutant"], lines

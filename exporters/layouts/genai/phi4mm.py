@@ -26,7 +26,9 @@ GenAI's model builder makes the decoder only for Microsoft's remote-code `Phi4MM
 that checkpoint's vision LoRA merged (models/builders/phi.py `Phi4MMModel`: `lora_A.vision`); its vision, speech and
 embedding graphs come from modified remote-code modeling files (examples/python/phi-4-multi-modal.md). transformers'
 native model has no LoRA layers (the checkpoint's adapters load through PEFT) and runs the same geometry by default
-(crop 448, patch 14, image token 200010, audio token 200011).
+(crop 448, patch 14, image token 200010, audio token 200011); GenAI's runtime generates from graphs traced from it as
+eager does (benchmarks/genai_phi4mm_probe.py: the tiny model's tower, HD assembly and projection at one 448-pixel
+image, the embedding and decoder graphs, fed the processor's tensors: 8/8 tokens, a shifted projection 0/8).
 
 Example:
     >>> phi4mm_declined({"model_type": "phi4_multimodal", "vision_config": {"image_token_id": 200010,
@@ -49,9 +51,10 @@ WRITTEN_BY_GENAI = (
     f"GenAI runs Phi-4-multimodal as its {GENAI_TYPE!r} type from its builder's vision, speech, embedding and decoder "
     "graphs of Microsoft's remote-code checkpoint (onnxruntime_genai/models/builder.py builds `Phi4MMForCausalLM` "
     "only, its decoder with that checkpoint's vision LoRA merged: builders/phi.py `Phi4MMModel`, `lora_A.vision`; the "
-    "other graphs from modified remote-code modeling files, examples/python/phi-4-multi-modal.md), a layout this "
-    "product does not write for transformers' `Phi4MultimodalForCausalLM`, whose image and audio stages it does not "
-    "export (exporters/capture/modalities.py refuses the model)")
+    "other graphs from modified remote-code modeling files, examples/python/phi-4-multi-modal.md). Its runtime also "
+    "runs graphs traced from transformers' `Phi4MultimodalForCausalLM` (benchmarks/genai_phi4mm_probe.py: 8/8 tokens "
+    "from one 448-pixel image), but this product does not write them: it does not export the model's image and audio "
+    "stages (exporters/capture/modalities.py refuses the model)")
 
 
 def mismatches(config: dict[str, Any]) -> list[str]:
