@@ -322,6 +322,15 @@ _SPECS = [
        "Conformer speech encoder + Q-Former projector + language model, from stacked log-mel features; a byte-level "
        "BPE tokenizer, for the MultimodalRunner's proof", tokenizer=("<|audio|>", "audio_token_index"),
        has_lora_adapter=False, projector_config__encoder_hidden_size=32),
+    # Phi-4-multimodal hears and sees (a Conformer speech encoder and a SigLIP image tower beside a Phi-3 decoder, no
+    # `text_config`): refused, naming the image and audio stages it does not export (exporters/capture/modalities.py)
+    _f("phi4_multimodal", "audio-language", "Phi4MultimodalForCausalLM",
+       "hears and sees (Conformer speech encoder, SigLIP image tower with 448-pixel HD crops, Phi-3 decoder): every "
+       "target is refused, its image and audio stages are not exported; ONNX Runtime GenAI's phi4mm runs only its "
+       "builder's graphs of Microsoft's remote-code checkpoint, with image token 200010 and 448-pixel crops "
+       "hard-coded (exporters/layouts/genai/phi4mm.py)",
+       audio_config__num_blocks=1, audio_config__nemo_conv_channels=32, audio_config__ext_pw_out_channel=32,
+       audio_config__depthwise_separable_out_channel=32),
     # dual encoders
     _f("clip", "dual-encoder", "CLIPModel", vision_config__image_size=32, vision_config__patch_size=8),
     _f("siglip", "dual-encoder", "SiglipModel", vision_config__image_size=32, vision_config__patch_size=8),

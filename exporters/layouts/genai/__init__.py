@@ -17,6 +17,7 @@ theirs and its processor config.
 | `qwen_vl_proof.py` | GenAI generating from the sample's image and prompt from the folder alone, against eager    |
 | `mistral3.py`      | Mistral 3 (Pixtral tower): GenAI's vision, embedding and decoder graphs traced beside them |
 | `mistral3_proof.py`| GenAI generating from the sample's image and prompt from the folder alone, against eager   |
+| `phi4mm.py`        | Phi-4-multimodal: GenAI's `phi4mm` graphs and hard-coded ids and crops; why none is written |
 
 Example:
     >>> Genai().runtime, Genai().executes
@@ -31,6 +32,7 @@ from typing import Any
 from exporters.capture.image_attention import bidirectional_prefill
 from exporters.layouts.base import Layout, components_in, latent_cache, may_feed, not_fed, read_json
 from exporters.layouts.genai.config import GENAI_CONFIG
+from exporters.layouts.genai.phi4mm import MODEL_TYPE as PHI4_MULTIMODAL, phi4mm_declined
 from exporters.layouts.card import EXAMPLE_IDS, NO_TOKENIZER, PROMPT_LINE, download, file_names, has_tokenizer
 
 MERGED = "model"  # the one component of a merged decoder export (exporters.capture.merged.MERGED)
@@ -180,6 +182,8 @@ def vision_language_declined(config: dict[str, Any]) -> str | None:
                 "embedding and a text model) and processor config, a layout this product does not write yet")
     if model_type in WRITTEN_VLM_TYPES:
         return None
+    if model_type == PHI4_MULTIMODAL:  # GenAI's `phi4mm`: its own builder's graphs, hard-coded ids and crops
+        return phi4mm_declined(config)
     return (f"GenAI 0.18 has no {kind} model type {model_type!r}: it runs {', '.join(GENAI_VLM_TYPES)} "
             "(src/models/model_type.h)")
 
