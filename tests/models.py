@@ -1117,3 +1117,18 @@ def tiny_granite_speech_with_tokenizer(folder: Path, recipe: Any | None = None, 
         "text_config.vocab_size": len(tokenizer), "text_config.num_hidden_layers": text_layers,
         "text_config.bos_token_id": 1, "text_config.eos_token_id": 2, "text_config.pad_token_id": 3})
     return build(spec, folder, seed=seed, recipe=recipe)
+
+
+def tiny_mistral3_model():
+    """A tiny Mistral 3 in memory (a one-layer Pixtral tower of 32-pixel images, 8-pixel patches; a one-layer text
+    model of 64 tokens, its image token 10), eval mode: for the tests of what a sample's layout makes a layout refuse."""
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    config = Mistral3Config(vision_config={"image_size": 32, "patch_size": 8, "hidden_size": 16,
+                                           "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                           "head_dim": 8},
+                            text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+                                         "vocab_size": 64})
+    config.image_token_index = 10
+    return Mistral3ForConditionalGeneration(config).eval()

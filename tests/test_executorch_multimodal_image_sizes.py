@@ -185,19 +185,12 @@ def test_mistral3_keeps_the_methods_layout_saying_why():
     image tokens (synthesized where the tokenizer has no [IMG_BREAK] and [IMG_END]: not its processor's prompt)
     falls back to the methods layout with that reason (the program would emit the processor's span, never proven
     on this prompt)."""
-    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+    from tests.models import tiny_mistral3_model
 
     from exporters.capture.multimodal_runner import PIXTRAL_ROWS, refused
     from exporters.recipe.load import parse_recipe
 
-    config = Mistral3Config(vision_config={"image_size": 32, "patch_size": 8, "hidden_size": 16,
-                                           "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-                                           "head_dim": 8},
-                            text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                                         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
-                                         "vocab_size": 64})
-    config.image_token_index = 10
-    model = Mistral3ForConditionalGeneration(config).eval()
+    model = tiny_mistral3_model()
     target = parse_recipe(json.dumps(PLAINEST_EXECUTORCH)).exports[0]
     ids = torch.tensor([[1, 10, 10, 10, 10, 5]])
     sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": torch.randn(1, 3, 32, 32),

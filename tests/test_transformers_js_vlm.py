@@ -539,19 +539,12 @@ def test_a_mistral3_sample_outside_the_layout_is_declined_with_the_reason():
     lays out), a non-square image, and image_sizes other than the pixels' are each declined with the reason; the
     processor's rows pass."""
     import torch
-    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+    from tests.models import tiny_mistral3_model
 
     from exporters.capture.image_text_models import refused
     from exporters.recipe.load import parse_recipe
 
-    config = Mistral3Config(vision_config={"image_size": 32, "patch_size": 8, "hidden_size": 16,
-                                           "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-                                           "head_dim": 8},
-                            text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                                         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
-                                         "vocab_size": 64})
-    config.image_token_index = 10
-    model = Mistral3ForConditionalGeneration(config).eval()
+    model = tiny_mistral3_model()
     target = parse_recipe(json.dumps(RECIPE)).exports[0]
 
     def sample(ids, height=32, width=32, sizes=None):
