@@ -263,7 +263,7 @@ PROMPT_KEPT = ("the methods program keeps the prompt axis dynamic, as the runner
 def prompt_kept_dynamic(target: Any) -> str | None:
     """Give a default ExecuTorch generation target that gets the methods layout in place of the runner's program (the
     model refused its static cache or its export: [`refused`], [`export_refused`]) the dynamic prompt that program
-    had: the target is exported as with `dynamic: true`, unless the recipe set `dynamic` or `dynamic_shapes`.
+    had: the target is exported as with `dynamic: true`, unless the recipe chose its shapes (`Target.chose_shapes`).
     Returns the report's note, or None when nothing changed (issue #50: DeepSeek-V3's program took 8-token prompts).
 
     Example:
@@ -275,7 +275,7 @@ def prompt_kept_dynamic(target: Any) -> str | None:
         >>> prompt_kept_dynamic(fixed), fixed.dynamic
         (None, False)
     """
-    if "dynamic" in target.model_fields_set or target.dynamic_shapes:
+    if target.chose_shapes():
         return None
     target.dynamic = True
     return PROMPT_KEPT
@@ -300,7 +300,7 @@ def prompt_as_recorded(target: Any, manifest: dict[str, Any]) -> None:
     """
     if target.export_format != "executorch" or target.mode != "generation":
         return
-    if "dynamic" in target.model_fields_set or target.dynamic_shapes or manifest.get(DYNAMIC_PROMPT):
+    if target.chose_shapes() or manifest.get(DYNAMIC_PROMPT):
         return
     target.dynamic = False  # set, so that today's default no longer applies
 

@@ -109,6 +109,21 @@ class _TargetBase(Strict, MergedSetting):
             return override.dynamic_shapes
         return self.dynamic_shapes
 
+    def chose_shapes(self) -> bool:
+        """Whether the recipe itself said which axes are dynamic (`dynamic` or `dynamic_shapes`, on the target or a
+        component): a default that makes an axis dynamic for a runtime (the runner program's prompt, transformers.js's
+        waveform) leaves such a target as written.
+
+        Example:
+            >>> from exporters.recipe.load import parse_recipe
+            >>> [parse_recipe(text).exports[0].chose_shapes() for text in ('{"export_format": "onnx"}',
+            ...     '{"export_format": "onnx", "dynamic": false}',
+            ...     '{"export_format": "onnx", "components": {"decode": {"dynamic": true}}}')]
+            [False, True, True]
+        """
+        return "dynamic" in self.model_fields_set or bool(self.dynamic_shapes) or any(
+            override.dynamic is not None or override.dynamic_shapes is not None for override in self.components.values())
+
     @model_validator(mode="after")
     def _default_name(self):
         if self.name is None:

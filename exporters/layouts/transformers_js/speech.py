@@ -97,9 +97,7 @@ def waveform_kept_dynamic(target: Any, model_config: Any) -> str | None:
     model_config = model_config if isinstance(model_config, dict) else model_config.to_dict()  # a model's config
     if model_config.get("model_type") not in WAVEFORM_TYPES or not is_speech(model_config):
         return None
-    if "dynamic" in target.model_fields_set or target.dynamic_shapes or any(
-            override.dynamic is not None or override.dynamic_shapes is not None
-            for override in target.components.values()):
+    if target.chose_shapes():
         return None
     target.dynamic = True
     return WAVEFORM_KEPT
@@ -122,7 +120,7 @@ def waveform_as_recorded(target: Any, manifest: dict[str, Any]) -> None:
     """
     if target.export_format != "onnx" or getattr(target, "layout", None) != LAYOUT:
         return
-    if "dynamic" in target.model_fields_set or target.dynamic_shapes:
+    if target.chose_shapes():
         return
     encoder = (manifest.get("components") or {}).get("encoder") or {}
     if ((encoder.get("metadata") or {}).get("export_config") or {}).get("dynamic") is False:
