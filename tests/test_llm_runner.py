@@ -353,49 +353,45 @@ def test_the_cards_runner_snippet_runs_as_written(llama_runner, hub, tmp_path):
     assert done.stdout.strip() and generation["status"] == "passed"
 
 
-def test_the_strict_trace_shares_the_weights_and_still_clones_the_cache(monkeypatch):
-    """The runner program's strict `torch.export` keeps no clone of the weights in dynamo's real-value cache (at
-    1.1B in float32 that clone was 4.1 GiB more in the export process); a buffer the program writes (the static
-    cache) is still cloned, so the trace never touches the caller's. Without the adapter the weight is cloned too."""
-    from torch._dynamo.variables import builder
+def test_the_non_strict_trace_reads_the_cache_through_the_wrappers_buffers():
+    """The runner program is traced non-strict (a third of strict's CPU), its cache layers reading their tensors
+    through the wrapper's buffers while the trace runs: the program names the cache (`key_cache_0`, ...) and a decode
+    step after the prompt reads what the prompt wrote, as eager does; the layers' classes are theirs again after
+    the block. Without the adapter the trace reads the layers' real tensors behind the buffers: the cache becomes
+    anonymous constants (`lifted_tensor_*`)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    from exporters.upstream import strict_export_shares_parameters
+    from exporters.upstream import cache_layers_through_buffers
+    from exporters.upstream.llm_runner import runner_module
 
-    class Step(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.proj = torch.nn.Linear(4, 4)
-            self.register_buffer("cache", torch.zeros(4))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)).eval()
+    prompt = {"input_ids": torch.tensor([[1, 5, 7, 9]]), "cache_position": torch.arange(4)}
+    step = {"input_ids": torch.tensor([[3]]), "cache_position": torch.tensor([4])}
+    shapes = {"input_ids": {1: torch.export.Dim("seq", max=15)}, "cache_position": {0: torch.export.Dim("seq", max=15)}}
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            self.cache.add_(x.sum(0))
-            return self.proj(x) + self.cache
+    def traced(through: bool):
+        program = runner_module(model, 16)
+        kinds = [type(layer) for layer in program.wrapper.static_cache.layers]
+        with torch.no_grad(), (cache_layers_through_buffers(program.wrapper) if through else contextlib.nullcontext()):
+            exported = torch.export.export(program, (), dict(prompt), dynamic_shapes=shapes, strict=False)
+        assert [type(layer) for layer in program.wrapper.static_cache.layers] == kinds  # restored
+        return exported
 
-    def cloned_during_trace(shared: bool) -> list[str]:
-        cloned: list[str] = []
-        real = builder._clone_input
-
-        def spy(value, fake_mode):
-            if isinstance(value, torch.Tensor):
-                cloned.append("parameter" if isinstance(value, torch.nn.Parameter) else "buffer or input")
-            return real(value, fake_mode)
-
-        monkeypatch.setattr(builder, "_clone_input", spy)
-        module = Step().eval()
-        with torch.no_grad(), (strict_export_shares_parameters() if shared else contextlib.nullcontext()):
-            program = torch.export.export(module, (torch.ones(2, 4),), strict=True)
-        assert torch.equal(module.cache, torch.zeros(4))  # the trace wrote a clone, never the module's cache
-        x = torch.randn(2, 4)
-        expected = copy.deepcopy(module)(x)  # the program's module writes the module's own cache (shared buffers)
-        assert torch.allclose(program.module()(x), expected)
-        monkeypatch.setattr(builder, "_clone_input", real)
-        assert builder._clone_input is real
-        return cloned
-
-    assert "parameter" in cloned_during_trace(shared=False)  # what the adapter removes
-    shared = cloned_during_trace(shared=True)
-    assert "parameter" not in shared and "buffer or input" in shared
-    assert builder._clone_input.__module__ == builder.__name__  # restored after the export
+    with torch.no_grad():
+        eager = runner_module(model, 16)
+        want = [eager(**prompt)["logits"], eager(**step)["logits"]]
+    exported = traced(through=True)
+    names = set(exported.constants) | set(exported.graph_signature.buffers)
+    assert {"wrapper.key_cache_0", "wrapper.value_cache_0", "wrapper.cumulative_length_0"} <= names, names
+    assert not [name for name in names if "lifted_tensor" in name], names
+    module = exported.module()
+    with torch.no_grad():
+        got = [module(**prompt)["logits"], module(**step)["logits"]]
+    assert all(torch.allclose(g, w, atol=1e-5) for g, w in zip(got, want)), [(g - w).abs().max() for g, w in zip(got, want)]
+    bare = traced(through=False)
+    assert [name for name in bare.constants if "lifted_tensor" in name], list(bare.constants)
 
 
 def test_the_runner_lowering_shares_the_weights_and_spills_their_serialized_copies(tmp_path, monkeypatch):

@@ -107,6 +107,10 @@ def _stand_ins(row: Patch, tmp_path: Path, monkeypatch) -> tuple[tuple, Callable
         program = types.SimpleNamespace(wrapper=types.SimpleNamespace(static_cache=types.SimpleNamespace(layers=[])),
                                         max_cache_len=8)
         return (program, model), lambda: [model.config._attn_implementation]
+    if name == "cache_layers_through_buffers":  # each layer's class, for the block only
+        layer = type("StaticLayer", (), {"keys": None, "values": None, "cumulative_length": None})()
+        wrapper = types.SimpleNamespace(static_cache=types.SimpleNamespace(layers=[layer]))
+        return (wrapper,), lambda: [type(layer)]
     if name == "text_attention_as_custom_sdpa":
         text = types.SimpleNamespace(_attn_implementation="sdpa")
         model = types.SimpleNamespace(config=types.SimpleNamespace(get_text_config=lambda: text))

@@ -93,7 +93,7 @@ from exporters.upstream.internals import (
     pte_float_dtypes,
     pte_weight_bytes,
     recording_logits_processors,
-    strict_export_shares_parameters,
+    cache_layers_through_buffers,
     symbolic_arithmetic_once,
 )
 from exporters.upstream.onnx_decompositions import (
@@ -152,7 +152,7 @@ __all__ = [
     "patches_of_loaded_models", "pt2_read_once",
     "pte_float_dtypes", "pte_weight_bytes", "pte_quantized_weights",
     "recording_logits_processors",
-    "strict_export_shares_parameters",
+    "cache_layers_through_buffers",
     "TORCH_SERDE_LOGGER",
     "cast_leaf_tensors",
     "onnxruntime_int4_quantizer",

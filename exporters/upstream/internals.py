@@ -2,7 +2,7 @@
 is adapted here: ExecuTorch's `.pte` layout (segments, named data), the one place `generate()` assembles its
 logits processors, how upstream resolves the targets of its trace-time patches, the contiguity test of its
 `reshape` patch, torch's symbolic size arithmetic (`SymNode`'s operations) and how `torch.export` gives input
-sizes their symbols, the real-value cache of a strict `torch.export`, and how torch's `.pt2` deserializer reads its
+sizes their symbols, the cache layers a non-strict `torch.export` of the static-cache wrapper reads, and how torch's `.pt2` deserializer reads its
 schema's type hints and its symbolic sizes.
 """
 
@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 from torch._dynamo.source import TensorProperty, TensorPropertySource
-from torch._dynamo.variables import builder as dynamo_builder
 from torch._export import non_strict_utils
 from torch._export.serde import schema as serde_schema
 from torch._export.serde import serialize as serde
@@ -34,7 +33,7 @@ from transformers.exporters import utils as upstream_utils
 from exporters.upstream.patches import patched, patched_item
 
 __all__ = ["checkpoint_read_not_mapped", "contiguity_known_once", "named_dims_share_symbols", "patches_of_loaded_models", "pte_float_dtypes", "pte_weight_bytes",
-           "recording_logits_processors", "strict_export_shares_parameters", "symbolic_arithmetic_once",
+           "recording_logits_processors", "cache_layers_through_buffers", "symbolic_arithmetic_once",
            "symbolic_key_present"]
 
 
@@ -122,25 +121,32 @@ def recording_logits_processors(model, sink: list) -> Iterator[None]:
 
 
 @contextmanager
-def strict_export_shares_parameters() -> Iterator[None]:
-    """While a strict `torch.export` runs, its real-value cache holds the module's parameters themselves instead of
-    clones. Dynamo clones every real tensor it wraps (`_clone_input`, so that running a node on real values never
-    mutates the caller's tensors): for a module's weights that is a full second copy held for the whole trace (1.1B
-    parameters in float32: +4.1 GiB, benchmarks/RESULTS.md). A traced forward never writes its parameters in place,
-    so sharing them is safe; buffers (a static cache the program updates) and inputs are still cloned.
+def cache_layers_through_buffers(wrapper: torch.nn.Module) -> Iterator[None]:
+    """While a non-strict `torch.export` traces transformers' static-cache wrapper, each cache layer reads its
+    tensors (`keys`, `values`, `cumulative_length`) through the wrapper's buffers (`key_cache_{i}`, ...), which
+    the trace swaps for its fake tensors. The layers hold the real tensors themselves, so without it non-strict export
+    reads them behind the module's back: the cache becomes anonymous constants (`lifted_tensor_*`, the plain
+    StaticLayer) or fails on `.item()` of a real tensor in the trace (the custom-ops cache). Strict export (Dynamo)
+    follows the references, at three times the CPU (a tiny Llama's runner program: 1.94 s strict, 0.66 s
+    non-strict; benchmarks/RESULTS.md, fourteenth round). Each layer's class is a subclass with those three
+    attributes as properties for the block only.
 
     Example:
-        >>> with strict_export_shares_parameters():  # doctest: +SKIP
-        ...     torch.export.export(program, (), kwargs, strict=True)
+        >>> with cache_layers_through_buffers(program.wrapper):  # doctest: +SKIP
+        ...     torch.export.export(program, (), kwargs, strict=False)
     """
-    real = dynamo_builder._clone_input
-
-    def clone_input(value, fake_mode):
-        if isinstance(value, torch.nn.Parameter):
-            return value
-        return real(value, fake_mode)
-
-    with patched(dynamo_builder, "_clone_input", clone_input):
+    with contextlib.ExitStack() as stack:
+        for i, layer in enumerate(wrapper.static_cache.layers):
+            names = {"keys": f"key_cache_{i}", "values": f"value_cache_{i}",
+                     "cumulative_length": f"cumulative_length_{i}"}
+            kind = type(layer)
+            reading = {attribute: property(lambda self, name=name: getattr(wrapper, name),
+                                           lambda self, value, name=name: setattr(wrapper, name, value))
+                       for attribute, name in names.items()}
+            # named as the layer's own class: what pickles or names a layer met in the trace finds that class
+            reading.update(__module__=kind.__module__, __qualname__=kind.__qualname__)
+            layer.__class__ = type(kind.__name__, (kind,), reading)
+            stack.callback(setattr, layer, "__class__", kind)  # `patched` reads no class off an instance
         yield
 
 

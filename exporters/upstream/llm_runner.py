@@ -4,7 +4,7 @@ lowering optimum-executorch uses, reached here only.
 
 ```
 model ──► runner_module (static cache of max_cache_len as buffers) ──► export_runner_program
-          forward(input_ids [1, seq], cache_position [seq]) -> {"logits"}    strict torch.export, custom ops swapped in,
+          forward(input_ids [1, seq], cache_position [seq]) -> {"logits"}    torch.export, custom ops swapped in,
                                                                             [PT2E quantizer, fresh cache per sample],
                                                                             XNNPACK, constant metadata methods
 ```
@@ -33,7 +33,7 @@ from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import AttentionInterface
 
 from exporters.upstream.beyond import _external_constants, _tag_delegate_weights, xnnpack_lowering
-from exporters.upstream.internals import strict_export_shares_parameters
+from exporters.upstream.internals import cache_layers_through_buffers
 from exporters.upstream.patches import patched
 from exporters.upstream.xnnpack_passes import quant_fusion_only_with_quantized_ops
 
@@ -225,7 +225,7 @@ def _cache_in_custom_ops(wrapper: torch.nn.Module, rings: dict[int, int] | None 
         wrapper.register_buffer(f"key_cache_{i}", keys, persistent=False)
         wrapper.register_buffer(f"value_cache_{i}", values, persistent=False)
 
-        def update(key_states, value_states, *args, _i=i, _layer=layer, **kwargs):
+        def update(_self, key_states, value_states, *args, _i=i, _layer=layer, **kwargs):
             if _i in rings:
                 return ring_update(wrapper, _i, _layer, key_states, value_states)
             kbuf, vbuf = getattr(wrapper, f"key_cache_{_i}"), getattr(wrapper, f"value_cache_{_i}")
@@ -237,7 +237,11 @@ def _cache_in_custom_ops(wrapper: torch.nn.Module, rings: dict[int, int] | None 
             _layer.cumulative_length.add_(key_states.shape[-2])
             return kbuf.transpose(1, 2), vbuf.transpose(1, 2)
 
-        layer.update = update
+        # a method of the layer's class (a subclass named as its own), not a function in its __dict__: a non-strict
+        # trace snapshots the module's attributes through transformers' cache pytree, which cannot rebuild a function
+        kind = type(layer)
+        layer.__class__ = type(kind.__name__, (kind,), {"update": update, "__module__": kind.__module__,
+                                                         "__qualname__": kind.__qualname__})
         layer.keys, layer.values = keys, values
 
 
@@ -332,8 +336,8 @@ def drop_embedding_padding_idx(graph_module: torch.fx.GraphModule):
 def export_runner_program(program: RunnerProgram, model: Any, inputs: dict[str, Any], *, max_cache_len: int,
                           custom_ops: bool, metadata: dict[str, Any], external_weights: str | None = None,
                           quantizer: Any = None):
-    """Export and lower the runner program: strict `torch.export` (non-strict loses the cache's identity with the
-    buffers: docs/upstream-gaps.md), `seq` dynamic up to `max_cache_len - 1`, custom ops when asked (then
+    """Export and lower the runner program: non-strict `torch.export` with the cache layers reading through the
+    wrapper's buffers ([`cache_layers_through_buffers`]: docs/upstream-gaps.md), `seq` dynamic up to `max_cache_len - 1`, custom ops when asked (then
     executorch's `RemoveRedundantTransposes` and a second export), `quantizer` (upstream's `PT2EQuantizer`, None:
     float) on that graph ([`quantize_runner_graph`]), XNNPACK (a quantized program with the dynamically quantized
     linears delegated first: docs/upstream-gaps.md #18), `metadata` as constant methods. `external_weights`: the
@@ -355,8 +359,8 @@ def export_runner_program(program: RunnerProgram, model: Any, inputs: dict[str, 
     with stack, torch.no_grad():
         if custom_ops:
             stack.enter_context(custom_ops_installed(program, model))
-        with strict_export_shares_parameters():  # not a second copy of the weights for the trace
-            exported = torch.export.export(program, (), kwargs, dynamic_shapes=shapes, strict=True)
+        with cache_layers_through_buffers(program.wrapper):  # non-strict: a third of strict's CPU
+            exported = torch.export.export(program, (), kwargs, dynamic_shapes=shapes, strict=False)
         if custom_ops:
             # executorch's LLM export passes: loaded only when custom ops are asked for
             from executorch.extension.llm.export.export_passes import RemoveRedundantTransposes

@@ -145,9 +145,11 @@ PATCHES: tuple[Patch, ...] = (
     Patch("new_empty_as_zeros", ("torch:Tensor.new_empty",),
           "ExecuTorch's _empty_dim_order takes int[] sizes: a new_empty over the prompt fixes its length (DeepSeek-V3)",
           "docs/upstream-gaps.md #47: _empty_dim_order(SymInt[] size) in ExecuTorch"),
-    Patch("strict_export_shares_parameters", ("torch._dynamo.variables.builder:_clone_input",),
-          "a strict torch.export clones every parameter into its real-value cache (a second copy of the weights)",
-          "docs/upstream-gaps.md #20: Dynamo sharing parameters it never writes"),
+    Patch("cache_layers_through_buffers", ("transformers.cache_utils:StaticLayer (each layer's class)",),
+          "the static cache's layers hold their tensors themselves: a non-strict torch.export of the wrapper reads the "
+          "real tensors behind the module's buffers (the cache traced as constants)",
+          "docs/upstream-gaps.md, the LLM runner wrapper: TorchExportableModuleWithStaticCache reading its cache "
+          "through its buffers"),
     Patch("shared_tables_kept_once", ("onnxscript.optimizer._constant_folding:FoldConstantsPass.__init__",),
           "onnxscript folds a tied table's transpose into a second initializer (small tables stored twice)",
           "upstream onnxscript keeping a transpose of an initializer other nodes also read"),
