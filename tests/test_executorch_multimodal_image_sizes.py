@@ -326,14 +326,38 @@ def mistral3_proven(mistral3_runner):
     return model_dir, out, inputs, _proven_folder(model, model_dir, out, inputs)
 
 
+def _zero_span_rows(folder, span_rows: torch.Tensor) -> None:
+    """Zero, in `folder`'s model.ptd, the named tensor `span_rows` (the [IMG_BREAK] and [IMG_END] rows
+    `vision_encoder` emits, its only user): asserted to hold the model's two rows before, so the program is the
+    stored one but for those rows (what `FixedSizeImageEncoder.span_rows.zero_()` and a new export make, without
+    lowering the whole program again)."""
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorHeader, _deserialize_to_flat_tensor
+
+    path = folder / "model.ptd"
+    data = bytearray(path.read_bytes())
+    header = FlatTensorHeader.from_bytes(bytes(data[8:]))
+    flat = _deserialize_to_flat_tensor(bytes(data[:header.flatbuffer_offset + header.flatbuffer_size]))
+    [entry] = [entry for entry in flat.named_data if entry.key == "span_rows"]
+    segment = flat.segments[entry.segment_index]
+    start = header.segment_base_offset + segment.offset
+    assert bytes(data[start:start + segment.size]) == span_rows.numpy().tobytes(), "span_rows are the two rows"
+    assert sum(e.segment_index == entry.segment_index for e in flat.named_data) == 1, "no other tensor shares them"
+    data[start:start + segment.size] = bytes(segment.size)
+    path.write_bytes(bytes(data))
+
+
 @pytest.mark.parametrize("mutant", ["breaks dropped", "break rows zeroed"])
 def test_a_mistral3_program_without_its_break_rows_fails_the_runners_proof(mistral3_proven, tmp_path, mutant):
     """The proof on another image and the processor-layout prompt: the folder passes; a program whose
     `vision_encoder` drops the [IMG_BREAK] and [IMG_END] rows (4 features for the span of 6; its
     `image_span_tokens` kept, so the runner places the span as one image) fails on the prompt's positions, and one
-    that keeps their places but zeroes their embeddings fails on the tokens."""
+    that keeps their places but zeroes their embeddings (the stored program with its `span_rows` zeroed in
+    model.ptd: its `vision_encoder` checked to give zeros there and the same features elsewhere) fails on the
+    tokens."""
     import shutil
 
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    from executorch.runtime import Runtime
     from transformers import Mistral3ForConditionalGeneration
 
     from exporters.capture.components import cache_setting_for
@@ -357,9 +381,15 @@ def test_a_mistral3_program_without_its_break_rows_fails_the_runners_proof(mistr
                 return laid[:, [i for i in range(laid.shape[1]) if (i + 1) % 3]]
 
         encoder.__class__ = Dropped
+        export_multimodal_runner(model, target, components, recipe, broken, [])
     else:
-        encoder.span_rows.zero_()
-    export_multimodal_runner(model, target, components, recipe, broken, [])
+        _zero_span_rows(broken, encoder.span_rows)
+        runtime = Runtime.get()
+        kept, zeroed = (runtime.load_program(folder / "model.pte", data_path=folder / "model.ptd").load_method(
+            "vision_encoder").execute([inputs["pixel_values"]])[0][0] for folder in (out / "executorch", broken))
+        rows = torch.tensor([(i + 1) % 3 == 0 for i in range(6)])  # [IMG_BREAK], [IMG_END]: the 3rd and 6th
+        assert zeroed[rows].eq(0).all() and not kept[rows].eq(0).all(), (kept, zeroed)
+        assert torch.equal(zeroed[~rows], kept[~rows]), "the image's features as the stored program's"
     failed = prove(layout, broken, made, context)
     assert failed.status == "failed", failed
     assert ("positions, eager as" if mutant == "breaks dropped" else "tokens equal") in failed.detail, failed
