@@ -199,17 +199,26 @@ def test_mistral3_keeps_the_methods_layout_saying_why():
     assert why is not None and PIXTRAL_ROWS in why and "[IMG_BREAK]" in why
 
 
-def test_idefics2_from_its_processor_runs_in_the_multimodal_runner_and_its_snippet_runs(tmp_path_factory, hub,
-                                                                                        tmp_path):
-    """Idefics2 with its own processor (its prompt: the image's run of tokens between <fake_token_around_image>
-    tokens, the processor's mask of ones) and a byte-level BPE: MultimodalRunner 8/8 against eager `generate()`
-    on the processor's inputs; the card's snippet runs as written."""
-    from tests.card_snippets import card_snippets, exports_card, image_home, run_snippet, upload_exports
+@pytest.fixture(scope="module")
+def idefics2_runner(tmp_path_factory):
+    """Idefics2 with its own processor (the matrix family's settings, a byte-level BPE), the plainest ExecuTorch
+    recipe, through the real CLI (the shared export store): the one Idefics2 export both Idefics2 tests read."""
     from tests.models import tiny_idefics2_with_processor
 
     model_dir = tiny_idefics2_with_processor(tmp_path_factory.mktemp("mm-idefics2-processor") / "model",
                                              PLAINEST_EXECUTORCH, byte_level=True)
     out, report, log = stored_run(model_dir)
+    return model_dir, out, report, log
+
+
+def test_idefics2_from_its_processor_runs_in_the_multimodal_runner_and_its_snippet_runs(idefics2_runner, hub,
+                                                                                        tmp_path):
+    """Idefics2 with its own processor (its prompt: the image's run of tokens between <fake_token_around_image>
+    tokens, the processor's mask of ones) and a byte-level BPE: MultimodalRunner 8/8 against eager `generate()`
+    on the processor's inputs; the card's snippet runs as written."""
+    from tests.card_snippets import card_snippets, exports_card, image_home, run_snippet, upload_exports
+
+    _, out, report, log = idefics2_runner
     target = report["targets"][0]
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
     assert any("through the folder's own Idefics2Processor" in f for f in report["findings"]), report["findings"]
@@ -224,15 +233,14 @@ def test_idefics2_from_its_processor_runs_in_the_multimodal_runner_and_its_snipp
     assert done.stdout.strip()
 
 
-def test_idefics2_passes_in_the_multimodal_runner(tmp_path_factory):
-    """Idefics2 (the matrix's tiny family: its perceiver resampler reads the patch mask, all ones for the full image
-    its sample holds): `vision_encoder` is Idefics3's one image encoder with the mask of ones given to the connector,
-    proven by MultimodalRunner token for token with eager `generate()`."""
-    from tests.models import family_model
-
-    model_dir = family_model("idefics2", tmp_path_factory.mktemp("mm-idefics2") / "model", PLAINEST_EXECUTORCH,
-                             never_eos=True)
-    out, report, log = stored_run(model_dir)
+def test_idefics2_passes_in_the_multimodal_runner(idefics2_runner):
+    """Idefics2 (the matrix family's settings: its perceiver resampler reads the patch mask, all ones for the full
+    image its sample holds): `vision_encoder` is Idefics3's one image encoder with the mask of ones given to the
+    connector, in MultimodalRunner's layout, proven by MultimodalRunner token for token with eager `generate()`.
+    Read from the processor test's export (#48: the family's model without a processor was a second export of the
+    same architecture; the sample synthesized without a processor is checked against the model's own count by
+    tests/test_vlm_processor.py::test_synthesized_inputs_are_the_layout_the_model_counts[idefics2])."""
+    _, out, report, log = idefics2_runner
     target, proofs = _runner_target(out, report, log)
     assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from an image and a prompt"), proofs
 
@@ -299,14 +307,50 @@ def test_mistral3_passes_in_the_multimodal_runner_at_one_image_size(mistral3_run
     assert torch.allclose(got, want, atol=1e-3, rtol=1e-3), (got - want).abs().max()  # the checks' tolerance
 
 
+@pytest.fixture(scope="module")
+def mistral3_proven(mistral3_runner):
+    """The proof's reference on another image (seed 1) in the processor's rows, and the stored folder proven 8/8 with
+    it: once for both mutants (the same inputs, the same folder: the same proof)."""
+    from transformers import Mistral3ForConditionalGeneration
+
+    model_dir, out, _, _ = mistral3_runner
+    model = Mistral3ForConditionalGeneration.from_pretrained(model_dir).eval()
+    inputs, _ = _mistral3_prompt(model_dir, seed=1)
+    return model_dir, out, inputs, _proven_folder(model, model_dir, out, inputs)
+
+
+def _zero_span_rows(folder, span_rows: torch.Tensor) -> None:
+    """Zero, in `folder`'s model.ptd, the named tensor `span_rows` (the [IMG_BREAK] and [IMG_END] rows
+    `vision_encoder` emits, its only user): asserted to hold the model's two rows before, so the program is the
+    stored one but for those rows (what `FixedSizeImageEncoder.span_rows.zero_()` and a new export make, without
+    lowering the whole program again)."""
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorHeader, _deserialize_to_flat_tensor
+
+    path = folder / "model.ptd"
+    data = bytearray(path.read_bytes())
+    header = FlatTensorHeader.from_bytes(bytes(data[8:]))
+    flat = _deserialize_to_flat_tensor(bytes(data[:header.flatbuffer_offset + header.flatbuffer_size]))
+    [entry] = [entry for entry in flat.named_data if entry.key == "span_rows"]
+    segment = flat.segments[entry.segment_index]
+    start = header.segment_base_offset + segment.offset
+    assert bytes(data[start:start + segment.size]) == span_rows.numpy().tobytes(), "span_rows are the two rows"
+    assert sum(e.segment_index == entry.segment_index for e in flat.named_data) == 1, "no other tensor shares them"
+    data[start:start + segment.size] = bytes(segment.size)
+    path.write_bytes(bytes(data))
+
+
 @pytest.mark.parametrize("mutant", ["breaks dropped", "break rows zeroed"])
-def test_a_mistral3_program_without_its_break_rows_fails_the_runners_proof(mistral3_runner, tmp_path, mutant):
+def test_a_mistral3_program_without_its_break_rows_fails_the_runners_proof(mistral3_proven, tmp_path, mutant):
     """The proof on another image and the processor-layout prompt: the folder passes; a program whose
     `vision_encoder` drops the [IMG_BREAK] and [IMG_END] rows (4 features for the span of 6; its
     `image_span_tokens` kept, so the runner places the span as one image) fails on the prompt's positions, and one
-    that keeps their places but zeroes their embeddings fails on the tokens."""
+    that keeps their places but zeroes their embeddings (the stored program with its `span_rows` zeroed in
+    model.ptd: its `vision_encoder` checked to give zeros there and the same features elsewhere) fails on the
+    tokens."""
     import shutil
 
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    from executorch.runtime import Runtime
     from transformers import Mistral3ForConditionalGeneration
 
     from exporters.capture.components import cache_setting_for
@@ -314,11 +358,9 @@ def test_a_mistral3_program_without_its_break_rows_fails_the_runners_proof(mistr
     from exporters.export.multimodal_runner import export_multimodal_runner
     from exporters.layouts.executorch_multimodal.proof import prove
 
-    model_dir, out, _, _ = mistral3_runner
-    model = Mistral3ForConditionalGeneration.from_pretrained(model_dir).eval()
-    inputs, _ = _mistral3_prompt(model_dir, seed=1)
-    target, recipe, layout, made, context = _proven_folder(model, model_dir, out, inputs)
+    model_dir, out, inputs, (target, recipe, layout, made, context) = mistral3_proven
     assert len(made["tokens"]) == 8, made
+    model = Mistral3ForConditionalGeneration.from_pretrained(model_dir).eval()  # its own: the mutant changes modules
     broken = tmp_path / "mutant"
     shutil.copytree(out / "executorch", broken)
     components = capture(model, inputs, cache_setting_for(model, target, recipe).max_cache_len)
@@ -332,9 +374,15 @@ def test_a_mistral3_program_without_its_break_rows_fails_the_runners_proof(mistr
                 return laid[:, [i for i in range(laid.shape[1]) if (i + 1) % 3]]
 
         encoder.__class__ = Dropped
+        export_multimodal_runner(model, target, components, recipe, broken, [])
     else:
-        encoder.span_rows.zero_()
-    export_multimodal_runner(model, target, components, recipe, broken, [])
+        _zero_span_rows(broken, encoder.span_rows)
+        runtime = Runtime.get()
+        kept, zeroed = (runtime.load_program(folder / "model.pte", data_path=folder / "model.ptd").load_method(
+            "vision_encoder").execute([inputs["pixel_values"]])[0][0] for folder in (out / "executorch", broken))
+        rows = torch.tensor([(i + 1) % 3 == 0 for i in range(6)])  # [IMG_BREAK], [IMG_END]: the 3rd and 6th
+        assert zeroed[rows].eq(0).all() and not kept[rows].eq(0).all(), (kept, zeroed)
+        assert torch.equal(zeroed[~rows], kept[~rows]), "the image's features as the stored program's"
     failed = prove(layout, broken, made, context)
     assert failed.status == "failed", failed
     assert ("positions, eager as" if mutant == "breaks dropped" else "tokens equal") in failed.detail, failed
