@@ -24,6 +24,10 @@ the image, each its own run of image tokens) go to the runner as n image inputs 
 `pixel_attention_mask` (all ones) with them, and runs its dynamic cache (its static-cache `generate()` fails
 upstream: docs/upstream-gaps.md #57).
 
+A prompt with several images (the processor's `pixel_values [n, 3, H, W]`, a run of image tokens each; Idefics3's
+tiles of each image) goes in the same way, each image at its run in the prompt's order, and the detail counts them
+("8/8 tokens from two images and a prompt"): the recipe's sample holds one image, tests prove two (LLaVA, Idefics3).
+
 The binding hands each generated token to Python as its decoded piece; a piece maps back to the ids of the folder's
 tokenizer that decode to it, and matches where eager's id is among them (as the text runner's proof,
 `exporters.layouts.executorch_llm.proof`).
