@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-from tests.conftest import run_plainest_executorch
+from tests.conftest import PLAINEST_EXECUTORCH, run_plainest_executorch
 from tests.models import tiny_llava_with_processor
 
 RUNTIME = "ExecuTorch MultimodalRunner"
@@ -103,6 +104,55 @@ def test_the_cards_multimodal_snippet_runs_as_written(llava_runner, hub, tmp_pat
     done = run_snippet(code, hub, image_home(tmp_path))
     assert done.returncode == 0, (code, done.stderr[-3000:])
     assert done.stdout.strip()
+
+
+def _images_of(token: int, ids) -> int:
+    """The prompt's runs of image tokens."""
+    ids = ids.tolist()
+    return sum(1 for i, t in enumerate(ids) if t == token and (i == 0 or ids[i - 1] != token))
+
+
+def test_two_images_in_one_prompt_are_proven_in_the_multimodal_runner(llava_runner):
+    """#52: a prompt with two different images (two runs of image tokens, text between and after them), made by the
+    folder's processor, through the product's own proof (`reference`, `prove`): MultimodalRunner gives eager
+    `generate()`'s 8 tokens on the same inputs, each image placed where its run stands (IMAGE_INPUTS), and the detail
+    says two images. Eager's tokens change when the images are swapped or the first repeated, and the same folder
+    given either in the runner's input list (the reference's pixels: the child places them as the card does) fails."""
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from exporters.layouts.child import RuntimeContext
+    from exporters.layouts.executorch_multimodal import ExecutorchMultimodal
+    from exporters.layouts.executorch_multimodal.proof import prove, reference
+    from exporters.recipe.load import parse_recipe
+
+    model_dir, out, _, _ = llava_runner
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    processor = AutoProcessor.from_pretrained(model_dir)
+    noise = torch.randint(0, 255, (32, 32, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    first, second = Image.fromarray(noise.numpy()), Image.new("RGB", (32, 32), (10, 90, 220))
+    prompt = f"{processor.image_token} describe this image and {processor.image_token} that one"
+    inputs = dict(processor(images=[first, second], text=prompt, return_tensors="pt"))
+    token, ids = model.config.image_token_id, inputs["input_ids"][0]
+    assert tuple(inputs["pixel_values"].shape) == (2, 3, 32, 32) and _images_of(token, ids) == 2
+    assert ids[-1] != token and int((ids == token).sum()) == 32  # 16 features each, text between and after
+    recipe = parse_recipe(json.dumps(PLAINEST_EXECUTORCH))
+    context = RuntimeContext(target=recipe.exports[0], recipe=recipe, family="vision-language",
+                             generate_inputs=inputs, source_dir=model_dir)
+    layout = ExecutorchMultimodal()
+    made = reference(layout, model, context)
+    assert made["images"] == 2 and len(made["tokens"]) == 8, made
+    proof = prove(layout, out / "executorch", made, context)
+    assert proof.status == "passed", proof
+    assert proof.detail == f"8/8 tokens from two images and a prompt ({ids.shape[0]} positions)", proof
+    pixels = inputs["pixel_values"]
+    for mutant in (pixels.flip(0), pixels[[0, 0]]):  # the two images swapped; the first one twice
+        eager = reference(layout, model, RuntimeContext(target=recipe.exports[0], recipe=recipe,
+                                                        family="vision-language", source_dir=model_dir,
+                                                        generate_inputs={**inputs, "pixel_values": mutant}))
+        assert eager["tokens"] != made["tokens"]  # the images' order and content reach the tokens
+        failed = prove(layout, out / "executorch", {**made, "pixel_values": mutant}, context)
+        assert failed.status == "failed" and "tokens equal" in failed.detail, failed
 
 
 def test_hf_export_validate_judges_the_folder_again(llava_runner):

@@ -97,6 +97,47 @@ def test_a_sample_the_runners_one_image_cannot_carry_says_why(idefics3_runner):
     assert "leaves pixels out" in refused(target, model, padded, 64)
 
 
+def test_two_images_in_one_prompt_are_proven_for_idefics3(idefics3_runner):
+    """#52: two different images in one prompt, each split by the processor into 2 x 2 tiles and the whole image
+    (pixel_values [1, 10, 3, H, W], ten runs of image tokens, two `<global-img>`s), through the product's own proof:
+    MultimodalRunner gives eager `generate()`'s 8 tokens with the ten image inputs in the prompt's order, the detail
+    saying two images; the same folder given the two images' tiles swapped in the runner's input list fails, where
+    eager's tokens on the swapped pixels differ."""
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from exporters.layouts.child import RuntimeContext
+    from exporters.layouts.executorch_multimodal import ExecutorchMultimodal
+    from exporters.layouts.executorch_multimodal.proof import prove, reference
+    from exporters.recipe.load import parse_recipe
+
+    model_dir, out, _, _ = idefics3_runner
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    processor = AutoProcessor.from_pretrained(model_dir)
+    noise = torch.randint(0, 255, (40, 60, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    images = [Image.fromarray(noise.numpy()), Image.new("RGB", (60, 40), (10, 90, 220))]
+    prompt = f"{processor.image_token} describe this image and {processor.image_token} that one"
+    inputs = dict(processor(images=[images], text=[prompt], return_tensors="pt"))
+    assert tuple(inputs["pixel_values"].shape[:2]) == (1, 10) and bool(inputs["pixel_attention_mask"].all())
+    recipe = parse_recipe(json.dumps(PLAINEST_EXECUTORCH))
+    context = RuntimeContext(target=recipe.exports[0], recipe=recipe, family="vision-language",
+                             generate_inputs=inputs, source_dir=model_dir)
+    layout = ExecutorchMultimodal()
+    made = reference(layout, model, context)
+    assert made["images"] == 2 and len(made["tokens"]) == 8, made
+    proof = prove(layout, out / "executorch", made, context)
+    assert proof.status == "passed", proof
+    positions = inputs["input_ids"].shape[1]
+    assert proof.detail == f"8/8 tokens from two images and a prompt ({positions} positions)", proof
+    swapped = inputs["pixel_values"][:, [*range(5, 10), *range(5)]]  # the second image's tiles first
+    eager = reference(layout, model, RuntimeContext(target=recipe.exports[0], recipe=recipe, source_dir=model_dir,
+                                                    family="vision-language",
+                                                    generate_inputs={**inputs, "pixel_values": swapped}))
+    assert eager["tokens"] != made["tokens"]  # the images' order reaches the tokens
+    failed = prove(layout, out / "executorch", {**made, "pixel_values": swapped}, context)
+    assert failed.status == "failed" and "tokens equal" in failed.detail, failed
+
+
 def test_the_cards_multimodal_snippet_runs_as_written_for_idefics3(idefics3_runner, hub, tmp_path):
     """The card's `MultimodalRunner` snippet, run as written against the Hub emulator (an image.jpg where it reads
     one): the processor's [1, 1, 3, H, W] pixels go in as the runner's image inputs (IMAGE_INPUTS, the proof's lines

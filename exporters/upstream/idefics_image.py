@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 PIXEL_MASK = "pixel_attention_mask"
+GLOBAL_IMAGE = "<global-img>"  # Idefics3Processor's global_image_tag: once per image, before the whole image's run
 CONNECTOR = ["image_hidden_states"]  # the connector's inputs (Idefics2's perceiver resampler: and the patch mask)
 
 

@@ -11,15 +11,16 @@ files beside it, run by executorch's `MultimodalRunner` (C++, and its Python bin
 The image reaches the runner as the processor's `pixel_values` (float, normalized, `[1, 3, H, W]`: the
 `vision_encoder` method's input dtype is float, so the runner takes float `CHW` pixels, not raw `uint8` `HWC`), the
 prompt as the processor's token ids, split around each run of image tokens into the runner's input list
-(`IMAGE_INPUTS`: what the binding's `generate_hf` does for one image), its text in pieces no longer than one
-`text_decoder` call takes (`get_max_seq_len`: a sliding window's, Gemma 3's, where the program holds it in a ring
-buffer; the runner's prefiller runs each text input in one call); Idefics3's and SmolVLM's `[1, n, 3, H, W]` (one
-image, or the processor's tiles and the whole image, each its own run) go in as n images `[1, 3, H, W]`; an image with
-its `image_sizes` (LLaVA-NeXT's and LLaVA-OneVision's tiles) as one, its tiles stacked down the height, at the one
-size the program takes (its `image_size`: the snippet resizes the image to it and refuses another;
-`exporters.upstream.fixed_image`); Mistral 3's span of rows (`[IMG_BREAK]` after each, `[IMG_END]` after the last) as
-one image, those two ids (the program's `image_span_tokens`) folded into its run of image tokens. The program is the
-export's (`exporters.export.multimodal_runner`, `exporters.capture.multimodal_runner`, lowered by
+(`IMAGE_INPUTS`: what the binding's `generate_hf` does for one image; several images, each at its own run in the
+prompt's order: proven with two), its text in pieces no longer than one `text_decoder` call takes (`get_max_seq_len`:
+a sliding window's, Gemma 3's, where the program holds it in a ring buffer; the runner's prefiller runs each text
+input in one call); Idefics3's and SmolVLM's `[1, n, 3, H, W]` (one image, or the processor's tiles and the whole
+image, each its own run) go in as n images `[1, 3, H, W]`; an image with its `image_sizes` (LLaVA-NeXT's and
+LLaVA-OneVision's tiles) as one, its tiles stacked down the height, at the one size the program takes (its
+`image_size`: the snippet resizes the image to it and refuses another; `exporters.upstream.fixed_image`; several
+images' `image_sizes` are refused the same way); Mistral 3's span of rows (`[IMG_BREAK]` after each, `[IMG_END]`
+after the last) as one image, those two ids (the program's `image_span_tokens`) folded into its run of image tokens.
+The program is the export's (`exporters.export.multimodal_runner`, `exporters.capture.multimodal_runner`, lowered by
 `exporters.upstream.multimodal_runner`).
 
 Example:

@@ -24,6 +24,10 @@ the image, each its own run of image tokens) go to the runner as n image inputs 
 `pixel_attention_mask` (all ones) with them, and runs its dynamic cache (its static-cache `generate()` fails
 upstream: docs/upstream-gaps.md #57).
 
+A prompt with several images (the processor's `pixel_values [n, 3, H, W]`, a run of image tokens each; Idefics3's
+tiles of each image) goes in the same way, each image at its run in the prompt's order, and the detail counts them
+("8/8 tokens from two images and a prompt"): the recipe's sample holds one image, tests prove two (LLaVA, Idefics3).
+
 The binding hands each generated token to Python as its decoded piece; a piece maps back to the ids of the folder's
 tokenizer that decode to it, and matches where eager's id is among them (as the text runner's proof,
 `exporters.layouts.executorch_llm.proof`).
@@ -48,7 +52,7 @@ from exporters.layouts.executorch_llm import RUNTIME_WITHOUT_COMPILER, runner_ch
 from exporters.layouts.executorch_multimodal import (AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, IMAGE_IMPORTS,
                                                     IMAGE_INPUTS, SIZE, SIZE_CHECK, STEP)
 from exporters.upstream import read_manifest
-from exporters.upstream.idefics_image import eager_cache
+from exporters.upstream.idefics_image import GLOBAL_IMAGE, eager_cache
 
 # the card's snippet makes the same runner and the same call (GENERATE; its RUNNER_IMPORTS load the same kernel
 # libraries: `runner_child_imports`; the runtime without the compiler's package: RUNTIME_WITHOUT_COMPILER); the
@@ -70,6 +74,7 @@ def on_stats(s):
 with open(spec["result"], "w") as handle:
     json.dump({"pieces": pieces, "stats": stats}, handle)
 """
+MEDIA = {1: "an image", 2: "two images"}  # the proof's detail: "8/8 tokens from two images and a prompt (...)"
 # the card's audio snippet makes the same input list and the same call (AUDIO_INPUTS, GENERATE), its imports
 # the same kernel libraries
 AUDIO_CHILD = r"""
@@ -132,9 +137,18 @@ def _reference(model: Any, context: RuntimeContext, tokenizer: Tokenizer, inputs
     token = model.config.audio_token_id if audio else image_token_id(model.config)
     source = "input_features" if audio else "pixel_values"
     sizes = {"image_sizes": inputs["image_sizes"].clone()} if "image_sizes" in inputs else {}
-    return {"input_ids": ids.clone(), source: inputs[source].detach().float().clone(), **sizes,
+    images = {} if audio else {"images": _images(ids[0].tolist(), int(token), tokenizer.token_to_id(GLOBAL_IMAGE))}
+    return {"input_ids": ids.clone(), source: inputs[source].detach().float().clone(), **sizes, **images,
             "image_token_id": int(token), "prompt_tokens": int(ids.shape[1]), "tokens": shown,
             "eos": sorted(eos), "ids_of": ids_of, "pieces": [vocabulary[t] for t in shown]}
+
+
+def _images(ids: list[int], token: int, global_image: int | None) -> int:
+    """How many images the prompt holds: its runs of image tokens, or, where the processor splits each image into
+    tiles (Idefics3, SmolVLM: a run per tile, then one after `<global-img>` for the whole image), its `<global-img>`s."""
+    if global_image is not None and global_image in ids:
+        return ids.count(global_image)
+    return sum(1 for i, t in enumerate(ids) if t == token and (i == 0 or ids[i - 1] != token))
 
 
 def _audio_inputs(reference: dict[str, Any]) -> dict[str, Any]:
@@ -190,7 +204,8 @@ def _prove(layout: Any, directory: Path, reference: dict[str, Any], context: Run
                                                    f"eager as {reference['prompt_tokens']}")
     equal, _ = pieces_matched(got, want, ids_of)
     if equal == len(want) == len(got):
-        media = "an audio" if "input_features" in reference else "an image"
+        media = "an audio" if "input_features" in reference else (
+            MEDIA.get(reference["images"], f"{reference['images']} images"))  # the prompt's images (`_images`)
         if "image_sizes" in reference:  # the one size the program takes
             media = "one image of {}x{}".format(*reference["image_sizes"].reshape(-1).tolist()[:2])
         return RuntimeProof(layout.runtime, "passed", f"{equal}/{len(want)} tokens from {media} and a prompt "
