@@ -2,8 +2,8 @@
 is adapted here: ExecuTorch's `.pte` layout (segments, named data), the one place `generate()` assembles its
 logits processors, how upstream resolves the targets of its trace-time patches, the contiguity test of its
 `reshape` patch, torch's symbolic size arithmetic (`SymNode`'s operations) and how `torch.export` gives input
-sizes their symbols, the cache layers a non-strict `torch.export` of the static-cache wrapper reads, and how torch's `.pt2` deserializer reads its
-schema's type hints and its symbolic sizes.
+sizes their symbols, the cache layers a non-strict `torch.export` of the static-cache wrapper reads, and how
+torch's `.pt2` deserializer reads its schema's type hints and its symbolic sizes.
 """
 
 from __future__ import annotations

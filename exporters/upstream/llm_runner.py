@@ -337,7 +337,8 @@ def export_runner_program(program: RunnerProgram, model: Any, inputs: dict[str, 
                           custom_ops: bool, metadata: dict[str, Any], external_weights: str | None = None,
                           quantizer: Any = None):
     """Export and lower the runner program: non-strict `torch.export` with the cache layers reading through the
-    wrapper's buffers ([`cache_layers_through_buffers`]: docs/upstream-gaps.md), `seq` dynamic up to `max_cache_len - 1`, custom ops when asked (then
+    wrapper's buffers ([`cache_layers_through_buffers`]: docs/upstream-gaps.md), `seq` dynamic up to
+    `max_cache_len - 1`, custom ops when asked (then
     executorch's `RemoveRedundantTransposes` and a second export), `quantizer` (upstream's `PT2EQuantizer`, None:
     float) on that graph ([`quantize_runner_graph`]), XNNPACK (a quantized program with the dynamically quantized
     linears delegated first: docs/upstream-gaps.md #18), `metadata` as constant methods. `external_weights`: the
