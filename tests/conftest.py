@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,6 +58,18 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
 
 
 PLAINEST_EXECUTORCH = {"export_format": "executorch", "mode": "generation"}
+
+
+def image_proof_context(model_dir: Path, inputs: dict[str, Any]) -> Any:
+    """The MultimodalRunner proof's context for a stored folder of the plainest ExecuTorch recipe of the
+    vision-language model in `model_dir`, proven on `inputs` (a processor's output): a test re-proves the folder on
+    another prompt (two images, a mutant) through the product's own `reference` and `prove`."""
+    from exporters.layouts.child import RuntimeContext
+    from exporters.recipe.load import parse_recipe
+
+    recipe = parse_recipe(json.dumps(PLAINEST_EXECUTORCH))
+    return RuntimeContext(target=recipe.exports[0], recipe=recipe, family="vision-language",
+                          generate_inputs=inputs, source_dir=model_dir)
 
 
 def run_plainest_executorch(root: Path, build, **model_options) -> tuple[Path, Path, subprocess.CompletedProcess]:

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import PLAINEST_EXECUTORCH, run_plainest_executorch
+from tests.conftest import image_proof_context, run_plainest_executorch
 from tests.models import tiny_llava_with_processor
 
 RUNTIME = "ExecuTorch MultimodalRunner"
@@ -121,10 +121,8 @@ def test_two_images_in_one_prompt_are_proven_in_the_multimodal_runner(llava_runn
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from exporters.layouts.child import RuntimeContext
     from exporters.layouts.executorch_multimodal import ExecutorchMultimodal
     from exporters.layouts.executorch_multimodal.proof import prove, reference
-    from exporters.recipe.load import parse_recipe
 
     model_dir, out, _, _ = llava_runner
     model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
@@ -136,9 +134,7 @@ def test_two_images_in_one_prompt_are_proven_in_the_multimodal_runner(llava_runn
     token, ids = model.config.image_token_id, inputs["input_ids"][0]
     assert tuple(inputs["pixel_values"].shape) == (2, 3, 32, 32) and _images_of(token, ids) == 2
     assert ids[-1] != token and int((ids == token).sum()) == 32  # 16 features each, text between and after
-    recipe = parse_recipe(json.dumps(PLAINEST_EXECUTORCH))
-    context = RuntimeContext(target=recipe.exports[0], recipe=recipe, family="vision-language",
-                             generate_inputs=inputs, source_dir=model_dir)
+    context = image_proof_context(model_dir, inputs)
     layout = ExecutorchMultimodal()
     made = reference(layout, model, context)
     assert made["images"] == 2 and len(made["tokens"]) == 8, made
@@ -147,9 +143,7 @@ def test_two_images_in_one_prompt_are_proven_in_the_multimodal_runner(llava_runn
     assert proof.detail == f"8/8 tokens from two images and a prompt ({ids.shape[0]} positions)", proof
     pixels = inputs["pixel_values"]
     for mutant in (pixels.flip(0), pixels[[0, 0]]):  # the two images swapped; the first one twice
-        eager = reference(layout, model, RuntimeContext(target=recipe.exports[0], recipe=recipe,
-                                                        family="vision-language", source_dir=model_dir,
-                                                        generate_inputs={**inputs, "pixel_values": mutant}))
+        eager = reference(layout, model, image_proof_context(model_dir, {**inputs, "pixel_values": mutant}))
         assert eager["tokens"] != made["tokens"]  # the images' order and content reach the tokens
         failed = prove(layout, out / "executorch", {**made, "pixel_values": mutant}, context)
         assert failed.status == "failed" and "tokens equal" in failed.detail, failed

@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import PLAINEST_EXECUTORCH
+from tests.conftest import PLAINEST_EXECUTORCH, image_proof_context
 from tests.export_store import stored_run
 from tests.models import tiny_idefics3_with_processor
 
@@ -106,10 +106,8 @@ def test_two_images_in_one_prompt_are_proven_for_idefics3(idefics3_runner):
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from exporters.layouts.child import RuntimeContext
     from exporters.layouts.executorch_multimodal import ExecutorchMultimodal
     from exporters.layouts.executorch_multimodal.proof import prove, reference
-    from exporters.recipe.load import parse_recipe
 
     model_dir, out, _, _ = idefics3_runner
     model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
@@ -119,9 +117,7 @@ def test_two_images_in_one_prompt_are_proven_for_idefics3(idefics3_runner):
     prompt = f"{processor.image_token} describe this image and {processor.image_token} that one"
     inputs = dict(processor(images=[images], text=[prompt], return_tensors="pt"))
     assert tuple(inputs["pixel_values"].shape[:2]) == (1, 10) and bool(inputs["pixel_attention_mask"].all())
-    recipe = parse_recipe(json.dumps(PLAINEST_EXECUTORCH))
-    context = RuntimeContext(target=recipe.exports[0], recipe=recipe, family="vision-language",
-                             generate_inputs=inputs, source_dir=model_dir)
+    context = image_proof_context(model_dir, inputs)
     layout = ExecutorchMultimodal()
     made = reference(layout, model, context)
     assert made["images"] == 2 and len(made["tokens"]) == 8, made
@@ -130,9 +126,7 @@ def test_two_images_in_one_prompt_are_proven_for_idefics3(idefics3_runner):
     positions = inputs["input_ids"].shape[1]
     assert proof.detail == f"8/8 tokens from two images and a prompt ({positions} positions)", proof
     swapped = inputs["pixel_values"][:, [*range(5, 10), *range(5)]]  # the second image's tiles first
-    eager = reference(layout, model, RuntimeContext(target=recipe.exports[0], recipe=recipe, source_dir=model_dir,
-                                                    family="vision-language",
-                                                    generate_inputs={**inputs, "pixel_values": swapped}))
+    eager = reference(layout, model, image_proof_context(model_dir, {**inputs, "pixel_values": swapped}))
     assert eager["tokens"] != made["tokens"]  # the images' order reaches the tokens
     failed = prove(layout, out / "executorch", {**made, "pixel_values": swapped}, context)
     assert failed.status == "failed" and "tokens equal" in failed.detail, failed

@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import PLAINEST_EXECUTORCH
+from tests.conftest import PLAINEST_EXECUTORCH, image_proof_context
 from tests.export_store import stored_run
 from tests.models import tiny_llava_next_with_processor
 
@@ -35,15 +35,11 @@ def _runner_target(out, report, log):
 def _proven_folder(model, model_dir, out, inputs):
     """The proof's reference for `inputs` on the eager `model`, and the stored folder proven 8/8 with it at one image
     of 32x32: (target, recipe, layout, reference, context), for a mutant of the folder proven the same way."""
-    from exporters.layouts.child import RuntimeContext
     from exporters.layouts.executorch_multimodal import ExecutorchMultimodal
     from exporters.layouts.executorch_multimodal.proof import prove, reference
-    from exporters.recipe.load import parse_recipe
 
-    recipe = parse_recipe(json.dumps(PLAINEST_EXECUTORCH))
-    target = recipe.exports[0]
-    context = RuntimeContext(target=target, recipe=recipe, family="vision-language", generate_inputs=inputs,
-                             source_dir=model_dir)
+    context = image_proof_context(model_dir, inputs)
+    recipe, target = context.recipe, context.target
     layout = ExecutorchMultimodal()
     made = reference(layout, model, context)
     assert made["tokens"], made
