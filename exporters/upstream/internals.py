@@ -33,8 +33,8 @@ from transformers.exporters import utils as upstream_utils
 from exporters.upstream.patches import patched, patched_item
 
 __all__ = ["checkpoint_read_not_mapped", "contiguity_known_once", "named_dims_share_symbols", "patches_of_loaded_models", "pte_float_dtypes", "pte_weight_bytes",
-           "recording_logits_processors", "cache_layers_through_buffers", "symbolic_arithmetic_once",
-           "symbolic_key_present"]
+           "recording_logits_processors", "cache_layers_through_buffers", "subclass_named_as",
+           "symbolic_arithmetic_once", "symbolic_key_present"]
 
 
 def pte_weight_bytes(path: Path) -> int:
@@ -120,6 +120,20 @@ def recording_logits_processors(model, sink: list) -> Iterator[None]:
         yield
 
 
+def subclass_named_as(kind: type, attributes: dict[str, typing.Any]) -> type:
+    """A subclass of `kind` holding `attributes`, named as `kind` itself (module and qualified name), for an instance
+    whose class gains methods or properties: what finds a class by its dotted path (transformers' cache pytree, which
+    a non-strict `torch.export` flattens and rebuilds the module's attributes through; pickling) finds `kind`.
+
+    Example:
+        >>> class Layer: ...
+        >>> sub = subclass_named_as(Layer, {"size": 2})
+        >>> issubclass(sub, Layer), sub.__qualname__ == Layer.__qualname__, sub.size
+        (True, True, 2)
+    """
+    return type(kind.__name__, (kind,), {**attributes, "__module__": kind.__module__, "__qualname__": kind.__qualname__})
+
+
 @contextmanager
 def cache_layers_through_buffers(wrapper: torch.nn.Module) -> Iterator[None]:
     """While a non-strict `torch.export` traces transformers' static-cache wrapper, each cache layer reads its
@@ -140,12 +154,10 @@ def cache_layers_through_buffers(wrapper: torch.nn.Module) -> Iterator[None]:
             names = {"keys": f"key_cache_{i}", "values": f"value_cache_{i}",
                      "cumulative_length": f"cumulative_length_{i}"}
             kind = type(layer)
-            reading = {attribute: property(lambda self, name=name: getattr(wrapper, name),
-                                           lambda self, value, name=name: setattr(wrapper, name, value))
-                       for attribute, name in names.items()}
-            # named as the layer's own class: what pickles or names a layer met in the trace finds that class
-            reading.update(__module__=kind.__module__, __qualname__=kind.__qualname__)
-            layer.__class__ = type(kind.__name__, (kind,), reading)
+            layer.__class__ = subclass_named_as(kind, {
+                attribute: property(lambda self, name=name: getattr(wrapper, name),
+                                    lambda self, value, name=name: setattr(wrapper, name, value))
+                for attribute, name in names.items()})
             stack.callback(setattr, layer, "__class__", kind)  # `patched` reads no class off an instance
         yield
 

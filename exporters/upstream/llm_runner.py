@@ -33,7 +33,7 @@ from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import AttentionInterface
 
 from exporters.upstream.beyond import _external_constants, _tag_delegate_weights, xnnpack_lowering
-from exporters.upstream.internals import cache_layers_through_buffers
+from exporters.upstream.internals import cache_layers_through_buffers, subclass_named_as
 from exporters.upstream.patches import patched
 from exporters.upstream.xnnpack_passes import quant_fusion_only_with_quantized_ops
 
@@ -237,11 +237,9 @@ def _cache_in_custom_ops(wrapper: torch.nn.Module, rings: dict[int, int] | None 
             _layer.cumulative_length.add_(key_states.shape[-2])
             return kbuf.transpose(1, 2), vbuf.transpose(1, 2)
 
-        # a method of the layer's class (a subclass named as its own), not a function in its __dict__: a non-strict
-        # trace snapshots the module's attributes through transformers' cache pytree, which cannot rebuild a function
-        kind = type(layer)
-        layer.__class__ = type(kind.__name__, (kind,), {"update": update, "__module__": kind.__module__,
-                                                         "__qualname__": kind.__qualname__})
+        # a method of the layer's class, not a function in its __dict__: a non-strict trace snapshots the module's
+        # attributes through transformers' cache pytree, which cannot rebuild a function
+        layer.__class__ = subclass_named_as(type(layer), {"update": update})
         layer.keys, layer.values = keys, values
 
 
