@@ -72,6 +72,19 @@ def image_proof_context(model_dir: Path, inputs: dict[str, Any]) -> Any:
                           generate_inputs=inputs, source_dir=model_dir)
 
 
+def image_proven(model: Any, model_dir: Path, out: Path, inputs: dict[str, Any]) -> tuple[Any, dict, Any, Any]:
+    """The stored folder `out/executorch` proven again on `inputs` through the product's own MultimodalRunner proof:
+    (layout, eager's reference, the proof, its context), for a test that asserts the proof's detail and then proves a
+    mutant of the folder or of the inputs against the same reference."""
+    from exporters.layouts.executorch_multimodal import ExecutorchMultimodal
+    from exporters.layouts.executorch_multimodal.proof import prove, reference
+
+    context = image_proof_context(model_dir, inputs)
+    layout = ExecutorchMultimodal()
+    made = reference(layout, model, context)
+    return layout, made, prove(layout, out / "executorch", made, context), context
+
+
 def run_plainest_executorch(root: Path, build, **model_options) -> tuple[Path, Path, subprocess.CompletedProcess]:
     """The first recipe an on-device user writes, on the tiny model `build(folder, recipe, **model_options)` makes
     in `root/model`, through the real CLI into `root/out`: (model folder, output folder, the finished process)."""

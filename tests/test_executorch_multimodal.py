@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import image_proof_context, run_plainest_executorch
+from tests.conftest import image_proof_context, image_proven, run_plainest_executorch
 from tests.models import tiny_llava_with_processor
 
 RUNTIME = "ExecuTorch MultimodalRunner"
@@ -121,7 +121,6 @@ def test_two_images_in_one_prompt_are_proven_in_the_multimodal_runner(llava_runn
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from exporters.layouts.executorch_multimodal import ExecutorchMultimodal
     from exporters.layouts.executorch_multimodal.proof import prove, reference
 
     model_dir, out, _, _ = llava_runner
@@ -134,11 +133,8 @@ def test_two_images_in_one_prompt_are_proven_in_the_multimodal_runner(llava_runn
     token, ids = model.config.image_token_id, inputs["input_ids"][0]
     assert tuple(inputs["pixel_values"].shape) == (2, 3, 32, 32) and _images_of(token, ids) == 2
     assert ids[-1] != token and int((ids == token).sum()) == 32  # 16 features each, text between and after
-    context = image_proof_context(model_dir, inputs)
-    layout = ExecutorchMultimodal()
-    made = reference(layout, model, context)
+    layout, made, proof, context = image_proven(model, model_dir, out, inputs)
     assert made["images"] == 2 and len(made["tokens"]) == 8, made
-    proof = prove(layout, out / "executorch", made, context)
     assert proof.status == "passed", proof
     assert proof.detail == f"8/8 tokens from two images and a prompt ({ids.shape[0]} positions)", proof
     pixels = inputs["pixel_values"]

@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import PLAINEST_EXECUTORCH, image_proof_context
+from tests.conftest import PLAINEST_EXECUTORCH, image_proof_context, image_proven
 from tests.export_store import stored_run
 from tests.models import tiny_idefics3_with_processor
 
@@ -106,7 +106,6 @@ def test_two_images_in_one_prompt_are_proven_for_idefics3(idefics3_runner):
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from exporters.layouts.executorch_multimodal import ExecutorchMultimodal
     from exporters.layouts.executorch_multimodal.proof import prove, reference
 
     model_dir, out, _, _ = idefics3_runner
@@ -117,11 +116,8 @@ def test_two_images_in_one_prompt_are_proven_for_idefics3(idefics3_runner):
     prompt = f"{processor.image_token} describe this image and {processor.image_token} that one"
     inputs = dict(processor(images=[images], text=[prompt], return_tensors="pt"))
     assert tuple(inputs["pixel_values"].shape[:2]) == (1, 10) and bool(inputs["pixel_attention_mask"].all())
-    context = image_proof_context(model_dir, inputs)
-    layout = ExecutorchMultimodal()
-    made = reference(layout, model, context)
+    layout, made, proof, context = image_proven(model, model_dir, out, inputs)
     assert made["images"] == 2 and len(made["tokens"]) == 8, made
-    proof = prove(layout, out / "executorch", made, context)
     assert proof.status == "passed", proof
     positions = inputs["input_ids"].shape[1]
     assert proof.detail == f"8/8 tokens from two images and a prompt ({positions} positions)", proof

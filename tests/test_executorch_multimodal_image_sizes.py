@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import PLAINEST_EXECUTORCH, image_proof_context
+from tests.conftest import PLAINEST_EXECUTORCH, image_proven
 from tests.export_store import stored_run
 from tests.models import tiny_llava_next_with_processor
 
@@ -35,15 +35,9 @@ def _runner_target(out, report, log):
 def _proven_folder(model, model_dir, out, inputs):
     """The proof's reference for `inputs` on the eager `model`, and the stored folder proven 8/8 with it at one image
     of 32x32: (target, recipe, layout, reference, context), for a mutant of the folder proven the same way."""
-    from exporters.layouts.executorch_multimodal import ExecutorchMultimodal
-    from exporters.layouts.executorch_multimodal.proof import prove, reference
-
-    context = image_proof_context(model_dir, inputs)
+    layout, made, good, context = image_proven(model, model_dir, out, inputs)
     recipe, target = context.recipe, context.target
-    layout = ExecutorchMultimodal()
-    made = reference(layout, model, context)
     assert made["tokens"], made
-    good = prove(layout, out / "executorch", made, context)
     assert good.status == "passed" and good.detail.startswith("8/8 tokens from one image of 32x32"), good
     return target, recipe, layout, made, context
 
