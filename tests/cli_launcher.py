@@ -93,6 +93,14 @@ STAGE2 = ("typer", "rich.console", "rich.markup", "exporters.fsutil", "exporters
           "exporters.publish.destination", "exporters.publish.problem", "exporters.recipe.load",
           "exporters.recipe.model", "exporters.recipe.model_limits", "exporters.report.build", "exporters.quiet",
           "exporters.run.pipeline")
+# What the side environment's launcher imports (`tests.side_launcher`: optimum's and sentence-transformers' proofs,
+# which a run starts as `HF_EXPORT_OPTIMUM_PYTHON -c CODE SPEC`): what those proofs import before they read the
+# folder, but for ONNX Runtime (~0.2 CPU s of the ~5): its import starts a thread its forked children cannot do
+# without (a child of a launcher that had imported it hung or died in `std::system_error` creating its session).
+# optimum.onnxruntime's names load onnxruntime when first read, so the child imports it.
+SIDE_PRELOAD = ("numpy", "torch", "transformers", "transformers.modeling_utils", "transformers.generation.utils",
+                "transformers.models.auto.modeling_auto", "onnx", "sentence_transformers")
+PRELOADS = {"cli": PRELOAD, "side": SIDE_PRELOAD}
 MAX_ZYGOTES = 3  # the worker's own environment's, and the last two others' (a test's Hub emulator and HF_HOME)
 ZYGOTE_NAME = "hf-cli-zygote"  # its /proc/PID/comm
 _HEADER = struct.Struct("!Q")
@@ -547,6 +555,7 @@ def serve(source: socket.socket, lifeline: int | None, zygotes: _Zygotes | None,
     if lifeline is not None:
         selector.register(lifeline, selectors.EVENT_READ, "lifeline")
     children: dict[int, tuple[int, int, socket.socket]] = {}  # pid -> (pidfd, pid, connection)
+    killed_on_leave: set[int] = set()  # calls whose child ends with its client (`"leave": "kill"`: a side proof)
     served, draining = 0, False
 
     def close_inherited(*more: int) -> None:
@@ -614,6 +623,8 @@ def serve(source: socket.socket, lifeline: int | None, zygotes: _Zygotes | None,
                     os.close(fd)
                 pidfd = os.pidfd_open(pid)
                 children[pid] = (pidfd, pid, connection)
+                if request.get("leave") == "kill":
+                    killed_on_leave.add(pid)
                 selector.register(pidfd, selectors.EVENT_READ, ("exited", pid))
                 selector.register(connection, selectors.EVENT_READ, ("asks", pid))
                 _send(connection, f"{pid} {stage}:{served}\n")
@@ -626,10 +637,10 @@ def serve(source: socket.socket, lifeline: int | None, zygotes: _Zygotes | None,
                         asked = connection.recv(64)
                     except OSError:
                         asked = b""
-                    if asked.startswith(b"kill"):
+                    if asked.startswith(b"kill") or (not asked and pid in killed_on_leave):
                         os.kill(pid, signal.SIGKILL)  # not reaped yet: the pid is still the child's
-                    elif not asked:
-                        selector.unregister(connection)  # the client left; the child runs on
+                    if not asked:
+                        selector.unregister(connection)  # the client left; the child runs on unless killed
                     continue
                 _, status = os.waitpid(pid, 0)
                 selector.unregister(pidfd)
@@ -639,6 +650,7 @@ def serve(source: socket.socket, lifeline: int | None, zygotes: _Zygotes | None,
                 _send(connection, f"{os.waitstatus_to_exitcode(status)}\n")
                 connection.close()
                 del children[pid]
+                killed_on_leave.discard(pid)
     return None
 
 
@@ -708,9 +720,10 @@ def _run_code(code: str, args: list[str], main_module: types.ModuleType) -> None
 
 
 def main() -> None:
-    """`python -m tests.cli_launcher SOCKET LIFELINE_FD`: preload, say so on stdout, serve."""
+    """`python -m tests.cli_launcher SOCKET LIFELINE_FD [PRELOAD]`: preload (`PRELOADS`: the CLI's stack, or the
+    side environment's runtimes), say so on stdout, serve."""
     socket_path, lifeline = sys.argv[1], int(sys.argv[2])
-    facts = _preload()
+    facts = _preload(PRELOADS[sys.argv[3] if len(sys.argv) > 3 else "cli"])
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     listener.listen(16)

@@ -4,6 +4,8 @@
 rest of the environment-blind stack, through a zygote that imported huggingface_hub, transformers and ours with the
 call's own HF_* values (tests/cli_launcher.py, #48); `HF_EXPORT_TEST_COLD_CLI=1` starts every call in a
 cold interpreter instead, and a test about the CLI's start-up stays cold (`COLD_MODULES`, `@pytest.mark.cold_cli`).
+The runs' optimum and sentence-transformers proofs start warm from a launcher in the side environment
+(tests/side_launcher.py, installed per worker by `_side_proofs_warm`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests import cli_launcher
+from tests import cli_launcher, side_launcher
 
 pytest_plugins = ["tests.servers.hub_fixtures", "tests.servers.github_fixtures"]
 
@@ -131,8 +133,22 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_sessionfinish(session) -> None:
-    """Each xdist worker (or the one process) stops its CLI launcher at the session's end."""
+    """Each xdist worker (or the one process) stops its CLI and side launchers at the session's end."""
     cli_launcher.shut_down()
+    side_launcher.shut_down()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _side_proofs_warm():
+    """The runs' optimum and sentence-transformers proofs start warm (tests/side_launcher.py): this worker's
+    `HF_EXPORT_OPTIMUM_PYTHON` names a shim that forks them from a launcher in the side environment, which has
+    imported its runtimes once. Not under `HF_EXPORT_TEST_COLD_CLI=1`, nor without a side environment."""
+    side = Path(os.environ.get(side_launcher.SIDE_PYTHON_SETTING) or ROOT / ".cache" / "optimum-venv" / "bin" / "python")
+    if os.environ.get(cli_launcher.COLD_ENV) != "1" and side.is_file():
+        shim = side_launcher.install(side, dict(os.environ))
+        if shim is not None:
+            os.environ[side_launcher.SIDE_PYTHON_SETTING] = str(shim)
+    yield
 
 
 def pytest_collection_modifyitems(config, items) -> None:
