@@ -15,8 +15,9 @@ spends before it does anything; benchmarks/RESULTS.md).
 
 The child is the CLI in its own process: its own pid, exit code, stdout and stderr pipes (read as
 `subprocess.run(capture_output=True, text=True)` reads them), atexit handlers, and a timeout that kills it. Only
-modules that a cold `hf-export run` loads before it exports are preloaded (so an export child the CLI forks holds what
-it would hold cold). The launcher's PRELOAD reads no setting the tests vary; it records every environment key the
+modules that a cold `hf-export run` loads before it exports, and the torch and sympy internals every export loads at
+its first symbolic shape (`EXPORT_INTERNALS`), are preloaded (so an export child the CLI forks holds what it would
+hold cold). The launcher's PRELOAD reads no setting the tests vary; it records every environment key the
 preload read (`os.environ`) and starts a call cold when the env given changes one of them or one read below Python
 (`COLD_KEYS`, `COLD_PREFIXES`: the interpreter, the loader, OpenMP, the locale), or when the cwd holds a module named
 like a preloaded one (`-m` puts the cwd first on sys.path). huggingface_hub, transformers and ours read HF_* and their
@@ -78,13 +79,22 @@ PATH_KEY = "PYTHONPATH"  # a call may change it: its entries go on the child's s
 COLD_ENV, LOG_ENV = "HF_EXPORT_TEST_COLD_CLI", "HF_EXPORT_TEST_CLI_LOG"
 # What `import exporters.run.pipeline` loads that reads no HF_* or product setting at import (measured: benchmarks/
 # RESULTS.md, "The CLI started warm in the tests"); tests/test_cli_launcher.py checks both halves of that sentence.
+# What every export then loads at its first symbolic shape, each child again (~0.5 CPU s of a tiny run): torch's
+# `symbolic_shapes.uninteresting_files()` (the modules whose frames a guard's provenance skips) and sympy's
+# `Add.flatten` (tests/test_cli_launcher.py loads them cold the same two ways)
+EXPORT_INTERNALS = ("torch._compile", "torch._dynamo.eval_frame", "torch._higher_order_ops", "torch._inductor.sizevars",
+                    "torch._library.custom_ops", "torch._library.fake_impl", "torch._logging",
+                    "torch._subclasses.fake_tensor", "torch._subclasses.meta_utils", "torch.export._trace",
+                    "sympy.calculus.accumulationbounds", "sympy.matrices.expressions", "sympy.tensor.tensor")
 PRELOAD = ("numpy", "scipy.optimize", "sympy", "torch", "torch._dynamo", "torch.export", "torchao", "safetensors",
-           "tokenizers", "PIL.Image")
+           "tokenizers", "PIL.Image", *EXPORT_INTERNALS)
 # Read below Python's os.environ, at start-up or when a library loads: a change starts the call cold.
 COLD_KEYS = frozenset({"PYTHONUNBUFFERED", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "HOME", "PATH"})
 COLD_PREFIXES = ("PYTHON", "LD_", "LC_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO_", "MALLOC_", "GLIBC_", "CUDA_",
                  "TORCH", "PYTORCH", "NPY_", "NUMPY_", "SCIPY_", "TQDM_", "SYMPY_", "MPMATH_")
-SCANNERS = {"tqdm.utils": "TQDM_"}  # modules that iterate os.environ at import, and the keys they look for
+# Modules that iterate os.environ at import, and the keys they look for (networkx, which torch._inductor loads: its
+# backends' settings, networkx/utils/backends.py)
+SCANNERS = {"tqdm.utils": "TQDM_", "networkx.utils.backends": "NETWORKX_"}
 # The rest of what `python -m exporters.cli run` imports before it exports (the CLI's own imports, then the pipeline
 # its `run` imports): huggingface_hub, transformers, typer, rich, pydantic and ours, which read HF_* and their settings
 # at import. A zygote imports them with one call's environment and serves every later call that agrees with it on

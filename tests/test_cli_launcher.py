@@ -20,6 +20,13 @@ from tests.conftest import ROOT, process_alive, targets_by_name, teardown_marker
 from tests.models import tiny_bert, write_recipe
 from tests.servers.hub import HubEmulator
 
+# What a cold `hf-export run` holds when it exports: the CLI and the pipeline it imports, and what every export loads
+# at its first symbolic shape (torch's guard provenance, sympy's Add), as a tiny export does
+COLD_EXPORT = ("import sys, json, exporters.cli, exporters.run.pipeline, sympy\n"
+               "from torch.fx.experimental.symbolic_shapes import uninteresting_files\n"
+               "uninteresting_files(); sympy.Symbol('s') + 1\n"
+               "print(json.dumps(sorted(sys.modules)))")
+
 
 def _both(args: list[str], env: dict[str, str] | None = None,
           cwd: Path = ROOT) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
@@ -180,13 +187,13 @@ def test_a_worker_has_its_own_launcher_and_it_ends_with_the_worker():
 
 
 def test_the_preload_reads_no_setting_the_tests_vary_and_is_loaded_by_a_cold_cli_anyway():
-    """What the launcher imported is a subset of what a cold `import exporters.run.pipeline` loads (so an export
+    """What the launcher imported is a subset of what a cold run holds when it exports (`COLD_EXPORT`: so an export
     child forked by the CLI holds what it would hold cold); none of it is huggingface_hub, transformers or ours, and
     the environment keys it read at import include no HF_* or product setting."""
-    code = "import sys, json, exporters.run.pipeline; print(json.dumps(sorted(sys.modules)))"
-    cold = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                                         timeout=300, check=True).stdout))
+    cold = set(json.loads(subprocess.run([sys.executable, "-c", COLD_EXPORT], capture_output=True, text=True,
+                                         cwd=ROOT, timeout=300, check=True).stdout))
     launcher = cli_launcher.launcher()
+    assert "sympy" in launcher.packages and "torch" in launcher.packages
     assert launcher.packages <= {name.split(".")[0] for name in cold}, launcher.packages - cold
     assert not launcher.packages & {"huggingface_hub", "transformers", "exporters", "tests"}, launcher.packages
     assert not {key for key in launcher.reads if key.startswith(("HF_", "HUGGINGFACE", "EXPORT_", "GITHUB_"))}
@@ -312,15 +319,15 @@ def test_a_warm_call_sees_its_own_hub_settings_though_a_zygote_imported_huggingf
 
 
 def test_a_zygote_holds_what_a_cold_cli_run_imports_and_no_thread(tmp_path):
-    """What a zygote imported before a call is a subset of what a cold `hf-export run` loads before it exports (the
-    CLI's imports and the pipeline), without the CLI itself (`-m` runs it as __main__), and it forks with one thread."""
+    """What a zygote imported before a call is a subset of what a cold `hf-export run` holds when it exports (the
+    CLI's imports, the pipeline and `EXPORT_INTERNALS`: `COLD_EXPORT`), without the CLI itself (`-m` runs it as __main__), and it forks with one thread."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     warm, held = _probe(env, True, "modules")
     assert warm.stage.startswith("zygote:"), warm.stage
-    code = "import sys, json, exporters.cli, exporters.run.pipeline; print(json.dumps(sorted(sys.modules)))"
-    cold = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                                         timeout=300, check=True).stdout))
+    cold = set(json.loads(subprocess.run([sys.executable, "-c", COLD_EXPORT], capture_output=True, text=True,
+                                         cwd=ROOT, timeout=300, check=True).stdout))
     preloaded = set(held["modules"]) - {"__main__", "tests", "tests.hub_settings_probe", "runpy"}
+    assert set(cli_launcher.EXPORT_INTERNALS) <= preloaded
     assert {"transformers", "huggingface_hub", "exporters.run.pipeline"} <= preloaded
     assert "exporters.cli" not in preloaded and "tests.cli_launcher" not in preloaded
     assert preloaded - cold <= {"tests.cli_launcher"} | {name for name in preloaded if name.startswith("tests")}, \
