@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import PLAINEST_EXECUTORCH, ROOT, run_and_read, run_cli
+from tests.conftest import PLAINEST_EXECUTORCH, ROOT, run_and_read, run_cli, targets_by_name
 from tests.export_store import stored_run
 from tests.models import RUNNER_EOS as EOS
 from tests.models import runner_model, tiny_llama
@@ -168,6 +168,33 @@ def test_a_softcapped_sliding_window_model_keeps_the_methods_layout(tmp_path):
     assert llm_runner.refused(plain, model, inputs, 4) is None  # a window the cache does not exceed: no ring
     model.config.attn_logit_softcapping = None
     assert llm_runner.refused(plain, model, inputs, 64) is None
+
+
+def test_the_8da4w_variant_of_a_model_that_cannot_be_a_runner_program_fails_saying_why(tmp_path):
+    """Issue #51's sweep: `variants: ["8da4w"]` (docs/recipe.md's one-liner) on Gemma 2, which keeps the methods
+    layout (above), failed in the export's child with a bare ValueError that named neither the model's reason nor the
+    variant. The target now fails before exporting (TargetPlanError, exit 1), saying the method, why this model is
+    not a runner program and what quantizes a methods program; no program is written. A target whose own settings
+    give the methods layout (a dynamic cache) is told the same (unit)."""
+    from exporters.capture import llm_runner
+    from exporters.errors import TargetPlanError
+    from exporters.recipe.load import parse_recipe
+
+    variant = {"export_format": "executorch", "mode": "generation", "variants": ["8da4w"]}
+    recipe = {**RECIPE, "exports": [variant]}
+    out, report, log = run_and_read(tmp_path, runner_model(tmp_path / "model", "gemma2", recipe, layers=1))
+    target = targets_by_name(report)["executorch-8da4w"]
+    assert target["status"] == "failed" and target["error"]["type"] == "TargetPlanError", (log[-3000:], target)
+    said = target["error"]["message"]
+    for part in ("'torchao-xnnpack'", "'8da4w'", "attn_logit_softcapping", "sliding-window layers (window 6",
+                 '"method": "pt2e-xnnpack", "scheme": "8da4w"'):
+        assert part in said, said
+    assert not list(out.rglob("*.pte")), sorted(p.name for p in out.rglob("*"))
+    dynamic = parse_recipe(json.dumps({**variant, "dynamic": True})).exports[0]
+    with pytest.raises(TargetPlanError, match="its settings give it a method per component"):
+        llm_runner.quantized_for_runner_only(dynamic, None)
+    plain = parse_recipe(json.dumps(PLAINEST_EXECUTORCH)).exports[0]
+    assert llm_runner.quantized_for_runner_only(plain, "any reason") is None  # a float target: nothing to refuse
 
 
 def test_a_tied_runner_program_stores_the_table_once_and_is_benchmarked(llama_runner):

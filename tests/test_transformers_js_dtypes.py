@@ -139,3 +139,27 @@ def test_a_dtype_file_outside_its_budget_fails_the_target(run: Run, tmp_path):
     assert rows == {"fp32": "passed", "fp16": "passed", "q8": "passed", "q4": "failed", "q4f16": "passed"}, rows
     assert json.loads((copy / "tjs" / "export.json").read_text()) == \
         json.loads((run.out / "tjs" / "export.json").read_text())  # restored after each file was judged
+
+
+def test_a_multi_query_config_is_refused_saying_transformers_js_cannot_feed_its_cache(tmp_path):
+    """Issue #51's sweep: Falcon's config sets `multi_query` (its default), which transformers.js 4.3.2 reads as
+    GPT-BigCode's fused `past_key_values.{i}.key_value` cache, so it fed none of the graph's key/value inputs and the
+    target failed in the proof with transformers.js's "Missing the following inputs", naming no cause (fp32 and every
+    dtype file alike). The layout now refuses it before writing the folder: TargetPlanError naming `multi_query` and
+    the upstream gap, exit 1, no dtype file written. The model's own default ONNX target is not affected (the
+    matrix's falcon row)."""
+    from matrix.families import FAMILIES, build
+
+    recipe = {"exports": [{"name": "tjs", "export_format": "onnx", "mode": "generation",
+                           "layout": "transformers.js", "variants": ["int4", "fp32"]}],
+              "generation": {"max_new_tokens": 2}}
+    spec = FAMILIES["falcon"]
+    model = build(spec, tmp_path / "model", recipe=recipe)
+    assert json.loads((model / "config.json").read_text())["multi_query"] is True
+    out = tmp_path / "out"
+    done = run_cli("run", str(model), "--out", str(out), "--no-bench", "--quiet")
+    target = json.loads((out / "report.json").read_text())["targets"][0]
+    assert done.returncode == 1 and target["status"] == "failed", (done.stdout[-2000:], target)
+    said = target["error"]["message"]
+    assert target["error"]["type"] == "TargetPlanError" and "multi_query" in said and "#63" in said, said
+    assert not list(out.rglob("model_q4.onnx")), sorted(p.name for p in out.rglob("*"))

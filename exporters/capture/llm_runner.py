@@ -219,6 +219,24 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
                                  f"({problem})")
 
 
+def quantized_for_runner_only(target: Any, refused: str | None) -> None:
+    """Raise [`TargetPlanError`] when the target quantizes with torchao's 8da4w (`torchao-xnnpack`: the `int4` and
+    `8da4w` variants of an ExecuTorch target), which quantizes the LLM runner's program only, and the target is
+    exported with a method per component instead (`refused`: why the model cannot be a runner program, None when
+    the target's own settings give the methods layout). Said before the export, with the reason and the method that
+    quantizes a methods program, rather than as the export child's bare error (issue #51: Gemma 2's `8da4w`)."""
+    if getattr(getattr(target, "quantize", None), "method", None) != "torchao-xnnpack":
+        return
+    why = (refused.split(": ", 1)[1] if refused and refused.startswith(NOT_RUNNER.split("{")[0]) else refused) or (
+        "its settings give it a method per component (layout 'methods')")
+    raise TargetPlanError(
+        f"target {target.name!r} quantizes with 'torchao-xnnpack' (torchao's 8da4w, the method of the ExecuTorch "
+        f"'int4' and '8da4w' variants), which quantizes the LLM runner's program only, and this target cannot be "
+        f"one: {why}. For 4-bit weights in its methods program use \"quantize\": {{\"method\": \"pt2e-xnnpack\", "
+        f"\"scheme\": \"8da4w\"}} (per-channel int4 weights, int8 dynamic activations) instead of the variant",
+        option="quantize")
+
+
 def window_refused(target: Any, model: Any, max_cache_len: int | None) -> str | None:
     """Why a model with sliding-window layers shorter than `max_cache_len` cannot be a runner program (None when it
     can, or has none): their ring buffers need the custom ops, which the target turns off or the model's soft-capped

@@ -58,6 +58,7 @@ def write_transformers_js(directory: Path, target, model) -> None:
     if list(manifest["components"]) != ["model"]:
         raise TargetPlanError(f"`layout` 'transformers.js' takes one graph, or an encoder-decoder's encoder and "
                               f"decoders; this export has {list(manifest['components'])}", option="layout")
+    _refuse_multi_query(directory)
     entry = manifest["components"]["model"]
     source = directory / entry["file"]
     data = source.with_name(source.name + ".data")
@@ -89,6 +90,21 @@ def write_transformers_js(directory: Path, target, model) -> None:
     manifest["layout"] = LAYOUT
     write_manifest(directory, manifest)
     _add_config(directory, dtype, {graph_file: 1} if external else False)
+
+
+def _refuse_multi_query(directory: Path) -> None:
+    """`TargetPlanError` for a model whose config sets `multi_query` (Falcon's default): transformers.js 4.3.2 reads
+    that key, for any model type, as GPT-BigCode's one fused `past_key_values.{i}.key_value` tensor a layer
+    (`getKeyValueNames`), so it feeds none of the graph's `past_key_values.{i}.key` / `.value` and generation stops at
+    its first step ("Missing the following inputs"; docs/upstream-gaps.md #63). Said before the folder is written."""
+    config_path = directory / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    if config.get("multi_query"):
+        raise TargetPlanError(f"`layout` 'transformers.js' cannot load this {config.get('model_type')!r} model: its "
+                              "config sets `multi_query`, which transformers.js 4.3.2 reads as GPT-BigCode's fused "
+                              "`past_key_values.{i}.key_value` cache, so it never feeds the graph's separate "
+                              "`past_key_values.{i}.key` / `.value` inputs (an upstream gap: docs/upstream-gaps.md "
+                              "#63); the default ONNX layout (ONNX Runtime GenAI, optimum) takes it", option="layout")
 
 
 def _write_encoder_decoder(directory: Path, target, manifest: dict) -> None:
