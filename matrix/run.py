@@ -42,6 +42,8 @@ MEMORY_PER_JOB_GB = 3.0
 NOT_MULTIMODAL_PREFIX = ("the ExecuTorch program has a method per component (layout 'methods'), not ExecuTorch "
                          "MultimodalRunner's layout: ")
 MULTIMODAL_RUNTIME = "ExecuTorch MultimodalRunner"
+# the report's decline of a methods-layout program, without the reason (exporters.layouts.executorch_multimodal)
+METHODS_KEPT = "the target's findings say why"
 DEFAULT_TIMEOUT_S = 1800
 
 
@@ -99,7 +101,10 @@ def classify(target: dict[str, Any]) -> Cell:
     if status == "passed":  # its runtime proofs kept: one that did not run is shown as such, never as a pass
         runtimes = [{key: str(proof.get(key) or "") for key in ("runtime", "status", "detail")}
                     for proof in target.get("runtimes") or []]
-        return Cell(status, generation=generation, runtimes=runtimes + _runner_refused(target, runtimes))
+        refused = _runner_refused(target, runtimes)
+        if refused:  # the report's own decline, said without the reason (METHODS_KEPT): the finding's reason instead
+            runtimes = [proof for proof in runtimes if proof["runtime"] != MULTIMODAL_RUNTIME]
+        return Cell(status, generation=generation, runtimes=runtimes + refused)
     error = target.get("error") or {}
     message = str(error.get("message") or "")
     root = error.get("root_cause") or {}
@@ -135,8 +140,11 @@ def classify(target: dict[str, Any]) -> Cell:
 def _runner_refused(target: dict[str, Any], runtimes: list[dict[str, str]]) -> list[dict[str, str]]:
     """ExecuTorch MultimodalRunner declined, with the report's reason, where a vision- or audio-language program
     kept the methods layout because the model does not fit the runner's (`exporters.capture.multimodal_runner`
-    `NOT_MULTIMODAL`, said in the target's findings): a row says why that runtime's proof did not apply."""
-    if any(proof["runtime"] == MULTIMODAL_RUNTIME for proof in runtimes):
+    `NOT_MULTIMODAL`, said in the target's findings): a row says why that runtime's proof did not apply (where the
+    report declined it in general, `exporters.layouts.executorch_multimodal.METHODS_KEPT`, that entry's place)."""
+    if any(proof["runtime"] == MULTIMODAL_RUNTIME and not (proof["status"] == "declined"
+                                                           and proof["detail"].endswith(METHODS_KEPT))
+           for proof in runtimes):
         return []
     for finding in target.get("findings") or []:
         text = str(finding.get("message") if isinstance(finding, dict) else finding)

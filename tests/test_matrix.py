@@ -147,6 +147,17 @@ def test_a_methods_layout_vlm_program_says_why_the_multimodal_runner_declined_it
     assert classify({"status": "passed", "findings": [NOT_MULTIMODAL.format(why=why)], "runtimes": [ran]}
                     ).runtimes == [ran]
     assert classify({"status": "passed", "findings": ["other"]}).runtimes == []
+    # the report itself declines a methods-layout program in general (the runs-in cell never empty): the row's
+    # entry is the finding's reason in its place; without a finding, the report's general one stays
+    from exporters.layouts.executorch_multimodal import METHODS_KEPT
+    from matrix.run import METHODS_KEPT as MATRIX_METHODS_KEPT
+
+    assert METHODS_KEPT.endswith(MATRIX_METHODS_KEPT)
+    general = {"runtime": "ExecuTorch MultimodalRunner", "status": "declined",
+               "detail": f"cannot take this model: {METHODS_KEPT}"}
+    assert classify({"status": "passed", "findings": [NOT_MULTIMODAL.format(why=why)], "runtimes": [general]}
+                    ).runtimes == [{**general, "detail": f"cannot take this model: {why}"}]
+    assert classify({"status": "passed", "findings": ["other"], "runtimes": [general]}).runtimes == [general]
 
 
 @pytest.mark.parametrize("name", ["gpt2", "deepseek_v3"])  # GPT-2's default ids are 50256; DeepSeek-V3's 0 and 1

@@ -98,17 +98,33 @@ def wants_multimodal_runner(target: Any, family: str, cache_implementation: str,
         return False
     if layout == "methods":
         return False
-    reasons = program_reasons(target, cache_implementation, batch_size)
-    if target.components or target.dynamic_shapes or getattr(target, "merged", None) is not None:
-        reasons.append("the target sets per-component settings or dynamic_shapes of the methods layout")
-    if target.quantize is not None:
-        reasons.append("the target is quantized (the multimodal runner program is exported in float here)")
+    reasons = _settings_reasons(target, cache_implementation, batch_size)
     if not reasons:
         return True
     if layout is not None:
         raise TargetPlanError(f"layout {layout!r} cannot be exported for this {family} model: "
                               f"{'; '.join(reasons)}; use layout 'methods'", option="layout")
     return False
+
+
+def _settings_reasons(target: Any, cache_implementation: str, batch_size: int) -> list[str]:
+    reasons = program_reasons(target, cache_implementation, batch_size)
+    if target.components or target.dynamic_shapes or getattr(target, "merged", None) is not None:
+        reasons.append("the target sets per-component settings or dynamic_shapes of the methods layout")
+    if target.quantize is not None:
+        reasons.append("the target is quantized (the multimodal runner program is exported in float here)")
+    return reasons
+
+
+def settings_refused(target: Any, family: str, cache_implementation: str, batch_size: int = 1) -> str | None:
+    """Why a vision- or audio-language ExecuTorch generation target whose recipe leaves `layout` unset keeps the
+    methods layout for its own settings ([`wants_multimodal_runner`]'s reasons: quantized, per-component settings,
+    ...), said in its findings as [`refused`]'s reasons are; None where they do not rule the runner out."""
+    if target.export_format != "executorch" or target.mode != "generation" or family not in MULTIMODAL_GENERATORS \
+            or getattr(target, "layout", None) is not None:
+        return None
+    reasons = _settings_reasons(target, cache_implementation, batch_size)
+    return NOT_MULTIMODAL.format(why="; ".join(reasons)) if reasons else None
 
 
 def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> str | None:

@@ -36,6 +36,7 @@ from exporters.errors import RecipeError
 from exporters.export.footprint import tied_embeddings
 from exporters.recipe.jsonpos import format_path, nearest_line
 from exporters.recipe.model import Recipe, Target
+from exporters.recipe.variants import VARIANTS
 from exporters.upstream import capture_calibration_inputs
 from exporters.version import installed_version
 
@@ -229,6 +230,37 @@ def upstream_quantizer(spec: Any, samples: list[dict] | None):
     if spec.method == "pt2e-x86":
         return upstream.pt2e_quantizer(x86_quantizer(spec.dynamic), samples)
     raise ValueError(f"unknown quantize method {spec.method!r}")
+
+
+# the variants whose ExecuTorch setting is torchao's quantize_ (exporters.recipe.variants.TORCHAO_8DA4W)
+TORCHAO_VARIANTS = ("8da4w", "int4")
+
+
+def layout_refusal(target: Target, family: str) -> str | None:
+    """Why a target quantized by torchao (`torchao-xnnpack`, the `8da4w` and ExecuTorch `int4` variants) cannot be
+    exported in the layout it was planned in, once planned: torchao quantizes the LLM runner's program (layout
+    'runner') only, and a vision-language, audio-language or speech model's quantized target is planned in the
+    methods layout (their runner programs are exported in float here). Said before any export, naming the variant
+    and the layout; None where it fits.
+
+    Example:
+        >>> from exporters.recipe.variants import TorchaoXnnpackQuantize
+        >>> from types import SimpleNamespace
+        >>> spec = TorchaoXnnpackQuantize(method="torchao-xnnpack")
+        >>> layout_refusal(SimpleNamespace(name="et-8da4w", quantize=spec, layout=None), "vision-language")[:57]
+        "variant '8da4w' (quantize 'torchao-xnnpack') cannot take "
+        >>> layout_refusal(SimpleNamespace(name="et-8da4w", quantize=spec, layout="runner"), "text") is None
+        True
+    """
+    spec = target.quantize
+    if spec is None or spec.method != "torchao-xnnpack" or getattr(target, "layout", None) == "runner":
+        return None
+    variant = next((v for v in TORCHAO_VARIANTS if target.name.endswith(VARIANTS[v][0])), None)
+    what = f"variant '{variant}' (quantize 'torchao-xnnpack')" if variant else "quantize 'torchao-xnnpack'"
+    layout = getattr(target, "layout", None) or "methods"
+    return (f"{what} cannot take layout '{layout}', the layout {a_model_of(family)}'s torchao-quantized ExecuTorch "
+            f"target is planned in: torchao quantizes the LLM runner's program (layout 'runner') only; use variant "
+            f"'8da8w', or quantize {{'method': 'pt2e-xnnpack', 'scheme': '8da4w'}}, for it")
 
 
 class Quantizing:

@@ -59,6 +59,24 @@ EXAMPLE_IDS = [[1, 2, 3]]
 NO_TOKENIZER = "# the folder has no tokenizer: your prompt's token ids"
 
 
+# The files a processor or feature extractor loads from (transformers 5 keeps the image processor inside
+# processor_config.json): a snippet that calls `AutoProcessor` / `AutoFeatureExtractor` on the folder needs one
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
+def has_processor(target: dict[str, Any]) -> bool:
+    """Whether the target folder holds a processor or feature extractor (a repo may ship none): a snippet that runs
+    the folder's processor is shown only then, since it would not run as written.
+
+    Example:
+        >>> has_processor({"name": "et", "files": [{"path": "et/model.pte"}, {"path": "et/processor_config.json"}]})
+        True
+        >>> has_processor({"name": "et", "files": [{"path": "et/model.pte"}]})
+        False
+    """
+    return bool(file_names(target) & set(PROCESSOR_FILES))
+
+
 def has_tokenizer(target: dict[str, Any]) -> bool:
     """Whether the target folder holds a tokenizer (the snippets tokenize the prompt, else feed token ids)."""
     return bool(file_names(target) & set(TOKENIZER_FILES))

@@ -297,6 +297,39 @@ def keeps_variants(target: Any) -> bool:
         and getattr(target, "layout", None) == "transformers.js"
 
 
+# the dtype files an encoder-decoder's merged decoder cannot have (its If branches read their weights from the outer
+# graph and each hold their own `zeros`: exporters.layouts.transformers_js.dtypes refuses each after export)
+MERGED_DECODER_REFUSED = {
+    "int8-dynamic": "ONNX Runtime's dynamic quantizer leaves the If branches' weights float (a q8 file of float "
+                    "weights would be mislabelled)",
+    "fp16": "ONNX Runtime's float16 converter refuses the If branches' shared initializer names",
+    "q4f16": "ONNX Runtime's float16 converter refuses the If branches' shared initializer names",
+}
+
+
+def dtype_files_refusal(target: Any, family: str) -> str | None:
+    """Why a transformers.js target's `variants` cannot all be dtype files of its folder, said before its export
+    (naming the variant and the layout): an encoder-decoder's (Whisper's, Moonshine's) merged decoder takes `int4`
+    (`_q4`) only; None where they fit.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> target = SimpleNamespace(export_format="onnx", layout="transformers.js", variants=["fp32", "fp16"])
+        >>> dtype_files_refusal(target, "speech-seq2seq")[:55]
+        "variant 'fp16' cannot take layout 'transformers.js' for"
+        >>> dtype_files_refusal(target, "vision-language") is None
+        True
+    """
+    if not keeps_variants(target) or family not in ("seq2seq", "speech-seq2seq"):
+        return None
+    refused = [variant for variant in target.variants if variant in MERGED_DECODER_REFUSED]
+    if not refused:
+        return None
+    return (f"variant '{refused[0]}' cannot take layout 'transformers.js' for an encoder-decoder model: its merged "
+            f"decoder gets the 'int4' dtype file (_q4) only, and {MERGED_DECODER_REFUSED[refused[0]]}; list "
+            "\"fp32\" and \"int4\" for this target")
+
+
 def variants_for(export_format: str) -> list[str]:
     return [name for name, (_, per_format) in VARIANTS.items() if export_format in per_format]
 

@@ -284,7 +284,7 @@ def _planned_again(item: _Export, workbench: Workbench, context: RunContext, opt
         return False
     if not workbench.plan_methods_layout(item.target, llm_runner.export_refused(error)):
         return False
-    item.result.error, item.result.findings = None, []
+    item.result.error, item.result.findings, item.components = None, [], None  # a plan that fails keeps none
     return _prepare(item, workbench, context, options, progress)
 
 

@@ -25,11 +25,12 @@ from exporters.capture.probes import dim_bindings, fit_batch, fit_encoder_decode
 from exporters.capture.loading import load_model
 from exporters.capture.source import load_tokenizer
 from exporters.capture.token_ids import decoder_start_id
-from exporters.errors import ShapeSpecError, error_record, recoverable
+from exporters.errors import ShapeSpecError, TargetPlanError, error_record, recoverable
 from exporters.export.footprint import ModelWeights
-from exporters.export.quantize import calibration_samples
+from exporters.export.quantize import calibration_samples, layout_refusal
 from exporters.layouts import waveform_kept_dynamic
 from exporters.recipe.model import Recipe, Target
+from exporters.recipe.variants import dtype_files_refusal, keeps_variants
 from exporters.run.context import RunContext, RunOptions
 from exporters.run.isolation import error_text, log_error
 from exporters.upstream import move_to
@@ -142,8 +143,17 @@ class Workbench:
     def components(self, target: Target, recipe: Recipe) -> Any:
         """The target's `{component: (module, forward inputs)}`: captured once per mode, decode layout and cache
         setting, then fitted to the target's shape contract (every declared dim at a size torch.export keeps
-        dynamic). `DecodeStepError` when its decode could not run a second step."""
+        dynamic). `DecodeStepError` when its decode could not run a second step; `TargetPlanError` when its
+        quantization or variants cannot take the layout it was planned in (`exporters.export.quantize.
+        layout_refusal`, `exporters.recipe.variants.dtype_files_refusal`), before any export."""
+        fitted = self._planned(target, recipe)
+        refusal = layout_refusal(target, self.sample.family) or dtype_files_refusal(target, self.sample.family)
+        if refusal is not None:
+            self.fitted.pop(target.name, None)
+            raise TargetPlanError(refusal, option="variants")
+        return fitted
 
+    def _planned(self, target: Target, recipe: Recipe) -> Any:
         if target.name not in self.fitted:
             setting = self.cache_setting(target, recipe)
             if self._multimodal_runner(target, recipe, setting) or self._image_text(target, recipe, setting):
@@ -207,6 +217,10 @@ class Workbench:
         (`exporters.capture.multimodal_runner`); False (the methods layout, the reason in its notes) otherwise."""
         if not multimodal_runner.wants_multimodal_runner(target, self.sample.family, setting.implementation,
                                                          recipe.inputs.batch_size):
+            kept = multimodal_runner.settings_refused(target, self.sample.family, setting.implementation,
+                                                      recipe.inputs.batch_size)
+            if kept is not None:  # the default kept the methods layout for the target's settings: said why
+                self.not_runner.setdefault(target.name, kept)
             return False
         refused = self.not_runner.get(target.name) or multimodal_runner.refused(
             target, self.model, self.sample.generate, setting.max_cache_len)
@@ -229,6 +243,11 @@ class Workbench:
             return False
         refused = self.not_runner.get(target.name) or image_text_models.refused(
             target, self.model, self.sample.generate, setting.implementation)
+        if refused is not None and keeps_variants(target):  # its dtype files would be silently dropped
+            raise TargetPlanError(f"variants {list(target.variants)} are dtype files of layout 'transformers.js', "
+                                  f"which this export cannot take: {refused}; drop `variants`, or `layout` (a target "
+                                  "per variant)",
+                                  option="variants")
         if refused is not None:
             self.not_runner.setdefault(target.name, refused)
             return False

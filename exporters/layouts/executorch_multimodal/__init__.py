@@ -35,10 +35,14 @@ from typing import Any
 
 from exporters.capture.image_attention import runner_declined
 from exporters.layouts.base import Layout, read_json
-from exporters.layouts.card import download, file_names
+from exporters.layouts.card import download, file_names, has_processor
 from exporters.layouts.executorch_llm import ExecutorchLlm
 
 LAYOUT = "multimodal_runner"  # the target's layout (exporters.capture.multimodal_runner)
+# a vision- or audio-language generation program that kept the methods layout by default (the model or the target's
+# settings do not fit the runner's program: its findings say which, `exporters.capture.multimodal_runner.NOT_MULTIMODAL`)
+METHODS_KEPT = ("the program has a method per component (layout 'methods'), not the runner's token_embedding, "
+                "vision_encoder or audio_encoder and text_decoder; the target's findings say why")
 # the card's snippet and the proof's child share these lines: the runner, built and called the same way
 RUNNER_IMPORTS = ("import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the llama:: kernels)\n"
                   "from executorch.extension.llm.runner import GenerationConfig, MultimodalRunner\n")
@@ -107,8 +111,8 @@ class ExecutorchMultimodal(Layout):
         return target.export_format == "executorch" and getattr(target, "layout", None) == LAYOUT
 
     def declines(self, target: Any, directory: Path) -> str | None:
-        if getattr(target, "layout", None) != LAYOUT:  # the methods layout: said only where the runner cannot hold it
-            return runner_declined(read_json(directory / "config.json"))
+        if getattr(target, "layout", None) != LAYOUT:  # the methods layout kept by default: the runner loads none
+            return runner_declined(read_json(directory / "config.json")) or METHODS_KEPT
         return ExecutorchLlm.declines(self, target, directory)  # the same C++ tokenizer
 
     def reference(self, model: Any, context: Any) -> Any:
@@ -116,7 +120,9 @@ class ExecutorchMultimodal(Layout):
             return None  # a methods-layout program: no proof runs (declined, or not this runtime's folder)
         return super().reference(model, context)
 
-    def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str]:
+    def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str] | None:
+        if not has_processor(target):  # the snippet runs the folder's processor: none to run as written
+            return None
         data = ', f"{folder}/model.ptd"' if "model.ptd" in file_names(target) else ""
         names = {c.get("name") if isinstance(c, dict) else c for c in target.get("components") or []}
         if "audio_encoder" in names:  # the report's components: an audio-language program

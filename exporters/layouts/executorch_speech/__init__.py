@@ -28,7 +28,7 @@ from string import Template
 from typing import Any
 
 from exporters.layouts.base import Layout, components_in
-from exporters.layouts.card import download, file_names
+from exporters.layouts.card import download, file_names, has_processor
 
 # The runner's method names (extension/asr/runner/seq2seq_runner.cpp; exporters.upstream.asr_runner)
 METHODS = ("encoder", "text_decoder")
@@ -116,7 +116,9 @@ class ExecutorchSpeech(Layout):
         return self.may_apply(target, list(components)) and all(
             components[name].get("method") == name for name in METHODS)
 
-    def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str]:
+    def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str] | None:
+        if not has_processor(target):  # the snippet runs the folder's feature extractor: none to run as written
+            return None
         data = ', data_path=f"{folder}/model.ptd"' if "model.ptd" in file_names(target) else ""
         features = CARD_WAVEFORM if takes_waveform(target) else CARD_FEATURES
         return "python", download(repo_id, target, revision) + "\n" + transcribe_script(

@@ -157,6 +157,13 @@ class TransformersJs(Layout):
             return (f"transformers.js's audio-language layout takes Voxtral (model types {list(AUDIO_TEXT_TYPES)}, "
                     f"375 audio tokens a chunk, a dynamic cache); this {config.get('model_type')!r} export keeps its "
                     "audio-language components (the findings say why)")
+        if is_image_text({str(p.relative_to(directory)) for p in Path(directory).glob("onnx/*.onnx")}) and \
+                not (Path(directory) / "preprocessor_config.json").is_file():
+            # the folder written (`files.py`) from a repo that ships no image processor: nothing for its processor
+            return (f"transformers.js's AutoProcessor loads the image processor from the folder's "
+                    f"preprocessor_config.json, and this {config.get('model_type')!r} repo ships none (no "
+                    "preprocessor_config.json, no image_processor in processor_config.json): add the model's "
+                    "processor (`processor.save_pretrained`) to the repo")
         if "vision_config" not in config or components == set(IMAGE_TEXT_COMPONENTS):
             return None
         return (f"transformers.js's vision-language layout takes LLaVA-style and Qwen2-VL-style models (model types "

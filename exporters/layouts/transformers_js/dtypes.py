@@ -140,7 +140,7 @@ def _derive(source: Path, destination: Path, variant: str) -> None:
             raise TargetPlanError(f"variant '{variant}': {source.name}'s If branches share initializer names "
                                   f"({shared_initializer_names(model.graph)[:3]}), which ONNX Runtime's float16 "
                                   "converter cannot convert; an encoder-decoder's merged decoder gets no fp16 or q4f16 "
-                                  "file yet: list int4 or int8-dynamic", option="variants")
+                                  "file yet: list int4", option="variants")
         model = convert_float_to_float16(model, keep_io_types=True)
         half = OnnxModel(model)
         half.topological_sort()  # the converter appends the input casts last (transformers.js's script slims it)

@@ -1,0 +1,141 @@
+"""What the fifteenth round's sweep of vision-language and speech families through their runtimes (#52,
+benchmarks/RESULTS.md) found, on the matrix's tiny LLaVA as the sweep built it (a byte-level tokenizer, no image
+processor; checkpoint saved in bfloat16), one run through the shared export store:
+
+- a transformers.js-layout target of a repo that ships no image processor: transformers.js's `AutoProcessor` has
+  nothing to load, so the runtime declines with the reason (before: the proof crashed on `ModelFileNotFoundError`
+  for `preprocessor_config.json` and failed the target, whose graphs validation had passed);
+- the `8da4w` variant on a vision-language model's ExecuTorch target: torchao quantizes the LLM runner's program only,
+  and a quantized VLM target is planned in the methods layout; the target fails before any export, naming the
+  variant and the layout (before: a `ValueError` in the export's child, naming the quantizer only).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import targets_by_name
+from tests.export_store import stored_run
+
+RECIPE = {"exports": [
+    {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"},
+    {"name": "et", "export_format": "executorch", "mode": "generation", "variants": ["8da4w"]},
+], "generation": {"max_new_tokens": 8}}
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    import torch
+    from transformers import LlavaForConditionalGeneration
+
+    from matrix.families import FAMILIES, build
+
+    folder = build(FAMILIES["llava"], tmp_path_factory.mktemp("sweep-llava") / "model", recipe=RECIPE)
+    LlavaForConditionalGeneration.from_pretrained(folder, dtype=torch.bfloat16).save_pretrained(folder)
+    assert not (folder / "preprocessor_config.json").exists() and not (folder / "processor_config.json").exists()
+    out, report, log = stored_run(folder)
+    return out, targets_by_name(report), log
+
+
+def test_a_transformers_js_folder_without_an_image_processor_is_declined_with_the_reason(swept):
+    out, targets, log = swept
+    target = targets["tjs"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs["transformers.js"]["status"] == "declined", proofs
+    assert "preprocessor_config.json" in proofs["transformers.js"]["detail"], proofs
+    assert "'llava' repo ships none" in proofs["transformers.js"]["detail"], proofs
+    assert (out / "tjs" / "onnx" / "vision_encoder.onnx").is_file()  # the layout is written all the same
+    assert "transformers.js ✗" in (out / "report.md").read_text()
+
+
+def test_the_8da4w_variant_of_a_vlm_executorch_target_fails_before_export_naming_variant_and_layout(swept):
+    out, targets, log = swept
+    target = targets["et-8da4w"]
+    assert target["status"] == "failed", json.dumps(target, indent=1)[:4000]
+    assert target["error"]["type"] == "TargetPlanError", target["error"]
+    message = target["error"]["message"]
+    assert "variant '8da4w'" in message and "layout 'methods'" in message, message
+    assert "vision-language model" in message and "'8da8w'" in message, message
+    assert not list(out.glob("et-8da4w/**/*.pte"))
+
+
+def test_a_variant_an_encoder_decoders_transformers_js_folder_cannot_hold_fails_before_export(tmp_path):
+    """Whisper's transformers.js folder with `variants: ["fp32", "fp16"]`: its merged decoder takes the q4 file only,
+    so the target fails when planned, naming the variant and the layout, with no graph exported (before: after the
+    whole export, from the float16 converter, with advice to list int8-dynamic, which is refused too)."""
+    from tests.models import tiny_whisper
+
+    recipe = {"exports": [{"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js",
+                           "variants": ["fp32", "fp16"]}], "generation": {"max_new_tokens": 8}}
+    out, report, log = stored_run(tiny_whisper(tmp_path / "model", recipe, feature_extractor=True))
+    target = targets_by_name(report)["tjs"]
+    assert target["status"] == "failed" and target["error"]["type"] == "TargetPlanError", (log[-3000:], target)
+    message = target["error"]["message"]
+    assert "variant 'fp16' cannot take layout 'transformers.js'" in message and '"int4"' in message, message
+    assert not list(out.glob("**/*.onnx")), sorted(str(p) for p in out.glob("**/*.onnx"))
+
+
+def test_variants_of_a_transformers_js_target_the_layout_declines_fail_before_export(tmp_path):
+    """The matrix's tiny Voxtral (its encoder gives 16 audio tokens a chunk, where transformers.js's processor lays
+    out 375) keeps its components instead of transformers.js's layout: its `variants` (dtype files of that layout)
+    fail the target when planned, naming them and the layout's reason (before: the fp32 components passed, the
+    int4 and fp16 files the recipe asked for silently not written)."""
+    from matrix.families import FAMILIES, build
+
+    recipe = {"exports": [{"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js",
+                           "variants": ["fp32", "int4"]}], "generation": {"max_new_tokens": 8}}
+    out, report, log = stored_run(build(FAMILIES["voxtral"], tmp_path / "model", recipe=recipe))
+    target = targets_by_name(report)["tjs"]
+    assert target["status"] == "failed" and target["error"]["type"] == "TargetPlanError", (log[-3000:], target)
+    message = target["error"]["message"]
+    assert "variants ['fp32', 'int4'] are dtype files of layout 'transformers.js'" in message, message
+    assert "375 audio tokens per chunk" in message, message
+    assert not list(out.glob("**/*.onnx")), sorted(str(p) for p in out.glob("**/*.onnx"))
+
+
+def test_a_vlm_program_kept_in_the_methods_layout_is_declined_by_the_multimodal_runner_with_the_reason(tmp_path):
+    """Qwen2-VL's plainest ExecuTorch target and any quantized VLM target (8da8w) keep the methods layout: the report's
+    "runs in" cell was empty (only the matrix said why, from the findings); the runner now declines it, the findings
+    say why, and a quantized target's findings now do (its settings, `settings_refused`)."""
+    from exporters.capture.multimodal_runner import NOT_MULTIMODAL, settings_refused
+    from exporters.layouts.executorch_multimodal import METHODS_KEPT, ExecutorchMultimodal
+    from exporters.recipe.load import parse_recipe
+
+    def target(**settings):
+        return parse_recipe(json.dumps({"export_format": "executorch", "mode": "generation", **settings})).exports[0]
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_vl"}))
+    layout = ExecutorchMultimodal()
+    assert layout.may_decline(target(), ["image_encoder", "embed_tokens", "language_model", "lm_head", "decode"])
+    assert layout.declines(target(), tmp_path) == METHODS_KEPT
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "paligemma"}))
+    assert layout.declines(target(), tmp_path).endswith("it would generate other tokens than transformers")
+    assert not layout.may_decline(target(layout="methods"), ["embed_tokens", "language_model"])  # asked for
+    quantized = target(quantize={"method": "pt2e-xnnpack", "scheme": "8da8w"})
+    assert settings_refused(quantized, "vision-language", "static") == NOT_MULTIMODAL.format(
+        why="the target is quantized (the multimodal runner program is exported in float here)")
+    assert settings_refused(target(), "vision-language", "static") is None
+    assert settings_refused(quantized, "text", "static") is None
+
+
+@pytest.mark.parametrize("runtime", ["ExecuTorch MultimodalRunner", "ExecuTorch ASR runner layout"])
+def test_a_runner_snippet_that_runs_the_folders_processor_is_shown_only_where_the_folder_has_one(runtime):
+    """The sweep's LLaVA and Whisper (their repos ship no processor nor feature extractor) passed their runner's proof,
+    but the card's snippet, run as written (tests/card_snippets.py), failed on `AutoProcessor` /
+    `AutoFeatureExtractor`: "Can't load image processor ... a directory containing a preprocessor_config.json file".
+    The snippet is now left out there (as for a runtime that did not pass), and shown where the folder has one."""
+    from exporters.publish.snippets import target_snippets
+
+    components = ["encoder", "text_decoder"] if "ASR" in runtime else ["token_embedding", "vision_encoder",
+                                                                          "text_decoder"]
+    target = {"name": "executorch", "export_format": "executorch", "mode": "generation",
+              "expected_components": components, "components": [{"name": c} for c in components],
+              "files": [{"path": f"executorch/{name}"} for name in ("model.pte", "config.json", "tokenizer.json")],
+              "runtimes": [{"runtime": runtime, "status": "passed", "detail": "8/8 tokens"}]}
+    assert runtime not in [name for name, _, _ in target_snippets("org/model", target)]
+    target["files"].append({"path": "executorch/preprocessor_config.json"})
+    [code] = [code for name, _, code in target_snippets("org/model", target) if name == runtime]
+    assert "from_pretrained(folder)" in code
