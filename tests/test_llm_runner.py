@@ -177,7 +177,7 @@ def test_the_8da4w_variant_of_a_model_that_cannot_be_a_runner_program_fails_sayi
     not a runner program and what quantizes a methods program; no program is written. A target whose own settings
     give the methods layout (a dynamic cache) is told the same (unit)."""
     from exporters.capture import llm_runner
-    from exporters.errors import TargetPlanError
+    from exporters.export.quantize import layout_refusal
     from exporters.recipe.load import parse_recipe
 
     variant = {"export_format": "executorch", "mode": "generation", "variants": ["8da4w"]}
@@ -186,15 +186,15 @@ def test_the_8da4w_variant_of_a_model_that_cannot_be_a_runner_program_fails_sayi
     target = targets_by_name(report)["executorch-8da4w"]
     assert target["status"] == "failed" and target["error"]["type"] == "TargetPlanError", (log[-3000:], target)
     said = target["error"]["message"]
-    for part in ("'torchao-xnnpack'", "'8da4w'", "attn_logit_softcapping", "sliding-window layers (window 6",
-                 '"method": "pt2e-xnnpack", "scheme": "8da4w"'):
+    for part in ("'torchao-xnnpack'", "'8da4w'", "layout 'methods'", "attn_logit_softcapping",
+                 "sliding-window layers (window 6", '"method": "pt2e-xnnpack", "scheme": "8da4w"'):
         assert part in said, said
     assert not list(out.rglob("*.pte")), sorted(p.name for p in out.rglob("*"))
     dynamic = parse_recipe(json.dumps({**variant, "dynamic": True})).exports[0]
-    with pytest.raises(TargetPlanError, match="its settings give it a method per component"):
-        llm_runner.quantized_for_runner_only(dynamic, None)
+    assert "(its settings give it a method per component)" in layout_refusal(dynamic, "text",
+                                                                              llm_runner.methods_reason(None))
     plain = parse_recipe(json.dumps(PLAINEST_EXECUTORCH)).exports[0]
-    assert llm_runner.quantized_for_runner_only(plain, "any reason") is None  # a float target: nothing to refuse
+    assert layout_refusal(plain, "text", "any reason") is None  # a float target: nothing to refuse
 
 
 def test_a_tied_runner_program_stores_the_table_once_and_is_benchmarked(llama_runner):

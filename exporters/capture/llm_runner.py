@@ -219,22 +219,16 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
                                  f"({problem})")
 
 
-def quantized_for_runner_only(target: Any, refused: str | None) -> None:
-    """Raise [`TargetPlanError`] when the target quantizes with torchao's 8da4w (`torchao-xnnpack`: the `int4` and
-    `8da4w` variants of an ExecuTorch target), which quantizes the LLM runner's program only, and the target is
-    exported with a method per component instead (`refused`: why the model cannot be a runner program, None when
-    the target's own settings give the methods layout). Said before the export, with the reason and the method that
-    quantizes a methods program, rather than as the export child's bare error (issue #51: Gemma 2's `8da4w`)."""
-    if getattr(getattr(target, "quantize", None), "method", None) != "torchao-xnnpack":
-        return
-    why = (refused.split(": ", 1)[1] if refused and refused.startswith(NOT_RUNNER.split("{")[0]) else refused) or (
-        "its settings give it a method per component (layout 'methods')")
-    raise TargetPlanError(
-        f"target {target.name!r} quantizes with 'torchao-xnnpack' (torchao's 8da4w, the method of the ExecuTorch "
-        f"'int4' and '8da4w' variants), which quantizes the LLM runner's program only, and this target cannot be "
-        f"one: {why}. For 4-bit weights in its methods program use \"quantize\": {{\"method\": \"pt2e-xnnpack\", "
-        f"\"scheme\": \"8da4w\"}} (per-channel int4 weights, int8 dynamic activations) instead of the variant",
-        option="quantize")
+def methods_reason(refused: str | None) -> str:
+    """Why a text generation target keeps the methods layout, for a message that says the layout already: the
+    model's reason (`refused`, without [`NOT_RUNNER`]'s words), else its own settings.
+
+    Example:
+        >>> methods_reason(NOT_RUNNER.format(why="its attention is soft-capped")), methods_reason(None)[:21]
+        ('its attention is soft-capped', 'its settings give it ')
+    """
+    return (refused.split(": ", 1)[1] if refused and refused.startswith(NOT_RUNNER.split("{")[0]) else refused) or (
+        "its settings give it a method per component")
 
 
 def window_refused(target: Any, model: Any, max_cache_len: int | None) -> str | None:

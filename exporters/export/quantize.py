@@ -236,12 +236,13 @@ def upstream_quantizer(spec: Any, samples: list[dict] | None):
 TORCHAO_VARIANTS = ("8da4w", "int4")
 
 
-def layout_refusal(target: Target, family: str) -> str | None:
+def layout_refusal(target: Target, family: str, why: str | None = None) -> str | None:
     """Why a target quantized by torchao (`torchao-xnnpack`, the `8da4w` and ExecuTorch `int4` variants) cannot be
-    exported in the layout it was planned in, once planned: torchao quantizes the LLM runner's program (layout
-    'runner') only, and a vision-language, audio-language or speech model's quantized target is planned in the
-    methods layout (their runner programs are exported in float here). Said before any export, naming the variant
-    and the layout; None where it fits.
+    exported in the layout it was planned in: torchao quantizes the LLM runner's program (layout 'runner') only,
+    and a text model that cannot be a runner program (`why`: its reason), a target whose settings give the methods
+    layout, or a vision-language, audio-language or speech model's quantized target (their runner programs are
+    exported in float here) is planned in another. Said before any export, naming the variant, the layout and what
+    quantizes that layout instead; None where it fits.
 
     Example:
         >>> from exporters.recipe.variants import TorchaoXnnpackQuantize
@@ -259,8 +260,9 @@ def layout_refusal(target: Target, family: str) -> str | None:
     what = f"variant '{variant}' (quantize 'torchao-xnnpack')" if variant else "quantize 'torchao-xnnpack'"
     layout = getattr(target, "layout", None) or "methods"
     return (f"{what} cannot take layout '{layout}', the layout {a_model_of(family)}'s torchao-quantized ExecuTorch "
-            f"target is planned in: torchao quantizes the LLM runner's program (layout 'runner') only; use variant "
-            f"'8da8w', or quantize {{'method': 'pt2e-xnnpack', 'scheme': '8da4w'}}, for it")
+            f"target is planned in{f' ({why})' if why else ''}: torchao quantizes the LLM runner's program (layout "
+            f"'runner') only; use variant '8da8w', or \"quantize\": {{\"method\": \"pt2e-xnnpack\", \"scheme\": "
+            f"\"8da4w\"}} (per-channel int4 weights, int8 dynamic activations), for it")
 
 
 class Quantizing:
