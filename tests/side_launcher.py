@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SIDE_PYTHON_SETTING = "HF_EXPORT_OPTIMUM_PYTHON"  # exporters.layouts.child.SIDE_PYTHON_SETTING, read by the product
 LOG_ENV = "HF_EXPORT_TEST_SIDE_LOG"
-HEADER = struct.Struct("!Q")  # tests/cli_launcher.py's request header: the JSON's length
 SHIM = """#!{python} -SI
 import sys
 sys.path.insert(0, {root!r})
@@ -141,9 +139,11 @@ def shim_main(config_path: str) -> None:
 def _warm(control: socket.socket, argv: list[str], env: dict[str, str], cwd: str) -> int:
     """The call forked from the side launcher on this process's fds 0/1/2; its exit status (negative: a signal;
     1 with a line on stderr when the launcher ended before it said the status)."""
+    from tests.cli_launcher import _HEADER, _valid_fd  # stdlib only, as the shim's interpreter (`-SI`) has
+
     request = json.dumps({"args": argv[2:], "env": env, "cwd": cwd, "code": argv[1], "leave": "kill"}).encode()
     stdin = 0 if _valid_fd(0) else os.open(os.devnull, os.O_RDONLY)
-    socket.send_fds(control, [HEADER.pack(len(request))], [stdin, 1, 2])
+    socket.send_fds(control, [_HEADER.pack(len(request))], [stdin, 1, 2])
     control.sendall(request)
     answer = b""
     while answer.count(b"\n") < 2:
@@ -154,10 +154,3 @@ def _warm(control: socket.socket, argv: list[str], env: dict[str, str], cwd: str
         answer += data
     return int(answer.decode().split("\n")[1])
 
-
-def _valid_fd(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
