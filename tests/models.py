@@ -539,11 +539,13 @@ def runner_bpe_tokenizer(folder: Path):
                                bos=RUNNER_BOS, eos=RUNNER_EOS, pad=RUNNER_PAD, byte_level=True)
 
 
-def runner_model(folder: Path, kind: str, recipe: Any, layers: int = 2, window: int = 6) -> Path:
+def runner_model(folder: Path, kind: str, recipe: Any, layers: int = 2, window: int = 6,
+                 positions: int | None = 64) -> Path:
     """A tiny Llama (tied embeddings), Qwen2, Qwen2-MoE (4 experts, 2 a token, a shared expert), Gemma 3 text or
     Gemma 2 (a sliding-window layer of `window` positions, then a full-attention one: `layers` 2) with its own BPE
     (`runner_bpe_tokenizer`), the vocabulary the tokenizer's; EOS never the argmax, so every run is full length.
-    `layers` decoder layers (2; 1 where no check reads the depth: half the program to lower)."""
+    `layers` decoder layers (2; 1 where no check reads the depth: half the program to lower). Positions end at
+    `positions` (None: the config class's default, Gemma 3's 131072, as real checkpoints keep 32K-128K)."""
     from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GenerationConfig,
                               LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig,
                               Qwen2MoeForCausalLM)
@@ -551,7 +553,8 @@ def runner_model(folder: Path, kind: str, recipe: Any, layers: int = 2, window: 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = runner_bpe_tokenizer(folder)
     common = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  num_attention_heads=4, num_key_value_heads=2,
+                  **({} if positions is None else {"max_position_embeddings": positions}),
                   bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                   pad_token_id=tokenizer.pad_token_id, initializer_range=0.2)
     torch.manual_seed(0)

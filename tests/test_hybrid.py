@@ -256,3 +256,30 @@ def test_a_probe_limit_that_bites_names_the_setting_and_the_value_that_admits_it
     skipped = [skip for _, probe, skip in make_probes(inputs, [binding], None, 16, None) if probe is None]
     assert len(skipped) == 2 and skipped[-1] == ("inputs of 64 elements exceed max_probe_elements (16): set "
                                                  "`validation.max_probe_elements` to 64 or more (now 16) to probe it")
+
+
+def test_a_probe_whose_attention_outgrows_validation_is_skipped_and_a_joint_one_split():
+    """#51 item 5: a long prompt is a small input (3 x 8192 elements here, within max_probe_elements) but its
+    attention grows with the square (4 heads x 8192 x 8192 = 2^28 elements, 1 GiB a copy in float32; a 131072-token
+    prompt's took init and validation past 23 GB): the probe is skipped with the reason. Jointly with a batch of 64
+    the prompt's top would exceed it too: the joint probe is split, and each dimension's top runs on its own."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from exporters.capture.probes import DimBinding, make_probes
+
+    config = SimpleNamespace(num_attention_heads=4)
+    inputs = {"input_ids": torch.zeros(1, 8, dtype=torch.long), "attention_mask": torch.ones(1, 8, dtype=torch.long)}
+    tokens = [("input_ids", 1), ("attention_mask", 1)]
+    probes = make_probes(inputs, [DimBinding("sequence", 2, 8192, tokens, 8)], config, 10**6, None)
+    assert [(probe_id, skip) for probe_id, probe, skip in probes if probe is None] == [
+        ("sequence=4097", "its attention (67141636 elements: batch x heads x query x key) exceeds what validation "
+                          "computes (67108864, 256 MiB in float32)"),
+        ("sequence=8192", "its attention (268435456 elements: batch x heads x query x key) exceeds what validation "
+                          "computes (67108864, 256 MiB in float32)")]
+    batch = DimBinding("batch", 1, 64, [("input_ids", 0), ("attention_mask", 0)], 1)
+    joint = make_probes(inputs, [batch, DimBinding("sequence", 2, 4096, tokens, 8)], config, 10**6, None)
+    assert [(probe_id, tuple(probe["input_ids"].shape)) for probe_id, probe, skip in joint] == [
+        ("traced", (1, 8)), ("batch=1, sequence=2", (1, 2)), ("batch=32", (32, 8)), ("sequence=2049", (1, 2049)),
+        ("batch=64", (64, 8)), ("sequence=4096", (1, 4096))]

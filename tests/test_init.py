@@ -11,6 +11,8 @@ and ExecuTorch (the slow one) where it is left out.
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,8 @@ from typing import Any, Callable
 
 import pytest
 
-from tests.conftest import run_cli
+from tests import cli_launcher
+from tests.conftest import ROOT, run_cli
 from tests.models import (
     family_model,
     runner_model,
@@ -344,6 +347,43 @@ def test_the_time_budget_is_kept_and_said(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stderr[-3000:]
     assert "not settled within the time budget of 1 s" in result.stderr
     assert "round 1" not in result.stderr, "no export starts once the budget is spent"
+
+
+# the CLI's entry point (what the `hf-export` script calls), with its peak resident memory said at exit: the larger of
+# its own and that of every child it waited for (the export and validation rounds)
+PEAK_RSS = """
+import atexit, resource, sys
+
+@atexit.register
+def peak() -> None:
+    kb = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    print(f"peak rss: {kb} kB", file=sys.stderr, flush=True)
+
+from exporters.cli import main
+sys.argv[0] = "hf-export"
+main()
+"""
+
+
+def test_a_long_context_model_is_probed_within_the_attention_budget(tmp_path: Path) -> None:
+    """#51 item 5: a Gemma 3 whose config keeps transformers' default 131072 positions (real checkpoints keep
+    32K-128K). init ran the eager model at a 131072-token prompt (a 131072 x 131072 mask: killed at 23 GB); the
+    prompt now ends where validation's attention budget ends (`MAX_PROBE_ATTENTION`, 2^26: batch 1 x 4 heads x 4096
+    x 4096), with that reason, the round validates the recipe at that end, and the whole init stays small."""
+    model = runner_model(tmp_path / "model", "gemma3", None, positions=None)
+    assert json.loads((model / "config.json").read_text())["max_position_embeddings"] == 131072
+    recipe_file = tmp_path / "export_config.json"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "EXPORT_ACTION_STATE_DIR": str(tmp_path / "state")}
+    result = cli_launcher.launch(["init", str(model), "--formats", "dynamo", "--fp32-only", "--out", str(recipe_file),
+                                  "--max-seconds", "600"], env, ROOT, 900, code=PEAK_RSS).done
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert ("prompt 1..4096 (probe budget: attention at prompt 4,097 (67,141,636 elements, batch x heads x query x "
+            "key) exceeds the 67,108,864 that validation computes)") in result.stderr, result.stderr[-3000:]
+    recipe = json.loads(recipe_file.read_text())
+    assert [t["name"] for t in recipe["exports"]] == ["dynamo"], result.stderr[-3000:]
+    assert named_dims(recipe["exports"][0])["prompt"] == (1, 4096)
+    peak_kb = int(re.search(r"peak rss: (\d+) kB", result.stderr)[1])
+    assert peak_kb < 3 << 20, f"peak RSS {peak_kb >> 10} MiB"
 
 
 # ── Publishing: the CLI, the Action, the bot ──────────────────────────────────

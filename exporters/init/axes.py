@@ -43,7 +43,7 @@ from exporters.capture.merged import (
     takes_cache,
     windows_keep_apart,
 )
-from exporters.capture.probes import DimBinding, make_probes
+from exporters.capture.probes import MAX_PROBE_ATTENTION, DimBinding, attention_elements, make_probes
 from exporters.errors import first_line
 from exporters.recipe.model import FORMATS, InputsSpec, Recipe
 from exporters.status import AUTO, NAMED, STATIC, DimState
@@ -171,7 +171,7 @@ def find_dimensions(model, recipe: Recipe, *, tokenizer=None, max_probe_elements
     merged_from = plan
     if formats != FORMATS and mode == "generation" and family == "text":
         merged_from, components = _plan(model, recipe, tokenizer, max_probe_elements, full_windows=True)
-    plan.merged = merged_dimensions(merged_from, components, max_probe_elements)
+    plan.merged = merged_dimensions(merged_from, components, max_probe_elements, model.config)
     if plan.merged is not None:
         # the merged graph is the decode with a multi-token query
         plan.leaves[MERGED], plan.merged_formats = merged_from.leaves["decode"], formats
@@ -205,7 +205,7 @@ def _plan(model, recipe: Recipe, tokenizer, max_probe_elements: int, full_window
     return plan, components
 
 
-def merged_dimensions(plan: AxisPlan, components, max_probe_elements: int) -> list[Dimension] | None:
+def merged_dimensions(plan: AxisPlan, components, max_probe_elements: int, config=None) -> list[Dimension] | None:
     """The dimensions of the merged graph (`model`: upstream's multi-token decode, the default generation graph of a
     decoder-only model with a key-value cache, `exporters.capture.merged`), from the prefill's and the decode's: the
     query axis of the token inputs is the prompt (1 up to its bound), the cache's sequence axis is `past` from 0 (the
@@ -214,7 +214,8 @@ def merged_dimensions(plan: AxisPlan, components, max_probe_elements: int) -> li
     merged default's own tests, `exporters.capture.merged`; a cache with conv or recurrent states too, which this
     contract does not batch). A mix of window and full layers keeps it for ONNX alone (`AxisPlan.merged_formats`):
     its capture keeps every position in every layer, so `past` is one length; the sliding layers' leaves are among
-    its axes as the full layers' are. The names are the merged default's (optimum's and GenAI's dims)."""
+    its axes as the full layers' are. The names are the merged default's (optimum's and GenAI's dims). The query
+    attends over itself and the traced cache here (the prefill's did not): its range is bounded again for that."""
     if plan.mode != "generation" or plan.family != "text":
         return None
     if not takes_cache(components) or state_leaves(components["decode"][1]):
@@ -231,11 +232,21 @@ def merged_dimensions(plan: AxisPlan, components, max_probe_elements: int) -> li
     batch_limit = f"batch searched up to {CAP_BATCH}" if batch_high == CAP_BATCH else (
         f"probe budget: larger inputs exceed validation.max_probe_elements ({max_probe_elements:,})")
     named = {MERGED: NAMED}
+    # validation probes the query and the cache at the batch the export traces (`fit_to_contract`: the first size
+    # from 2 no other axis has): their ranges end where those probes fit
+    taken = {n for path, shape in decode.items() for axis, n in enumerate(shape) if (path, axis) not in batch_axes}
+    traced_batch = next(n for n in range(2, CAP_BATCH + 2) if n not in taken) if batch_high >= 2 else 1
+    fitted = {MERGED: _shapes_at(decode, batch_axes, traced_batch)}
+    query_high, query_limit = _attention_bound(QUERY_DIM, {MERGED: queries}, fitted, config, prompt.high, prompt.limit)
+    past_high = _probe_budget({MERGED: cache}, fitted, past.traced, max_probe_elements, past.high)
+    past_limit = past.limit if past_high == past.high else (
+        f"probe budget: larger inputs exceed validation.max_probe_elements ({max_probe_elements:,})")
     return [
         Dimension(BATCH_DIM, 1, 1, batch_high, batch_limit, {MERGED: batch_axes}, dict(named)),
-        Dimension(QUERY_DIM, prompt.traced, 1, prompt.high, prompt.limit, {MERGED: queries}, dict(named),
-                  list(prompt.reasons)),
-        Dimension(PAST_DIM, past.traced, 0, past.high, past.limit, {MERGED: cache}, dict(named), list(past.reasons)),
+        Dimension(QUERY_DIM, prompt.traced, 1, max(query_high, prompt.traced), query_limit, {MERGED: queries},
+                  dict(named), list(prompt.reasons)),
+        Dimension(PAST_DIM, past.traced, 0, max(past_high, past.traced), past_limit, {MERGED: cache}, dict(named),
+                  list(past.reasons)),
     ]
 
 
@@ -269,6 +280,7 @@ def _name_dimensions(roles: dict[str, dict[str, Axes]], base, family: str, mode:
         if budget < high:
             high, limit = budget, (f"probe budget: larger inputs exceed validation.max_probe_elements "
                                    f"({max_probe_elements:,})")
+        high, limit = _attention_bound(name, axes, base, config, high, limit)
         dimensions.append(Dimension(name, traced, 1, max(high, traced), limit, axes, dict.fromkeys(axes, NAMED)))
     return dimensions
 
@@ -314,6 +326,30 @@ def _probe_budget(axes: dict[str, Axes], base, traced: int, limit: int, high: in
         else:
             high_try = middle
     return low_ok
+
+
+def _shapes_at(leaves: dict[str, list[int]], axes: Axes, size: int) -> dict[str, list[int]]:
+    shapes = {path: list(shape) for path, shape in leaves.items()}
+    for path, axis in axes:
+        shapes[path][axis] = size
+    return shapes
+
+
+def _attention_bound(name: str, axes: dict[str, Axes], base, config, high: int, limit: str) -> tuple[int, str]:
+    """`(high, limit)`, or the largest size below `high` whose attention (`attention_elements`: it grows with the
+    square of a sequence, where the inputs `_probe_budget` counts grow linearly) stays within what validation
+    computes in every component, and why: the eager runs below and validation's probes at the range's ends stay that
+    small (a 131072-token prompt's took 23 GB)."""
+
+    def attention(size: int) -> int:
+        return max(attention_elements(_shapes_at(base[c], axes[c], size), config) for c in axes)
+
+    if attention(high) <= MAX_PROBE_ATTENTION:
+        return high, limit
+    good = last_good(1, high, lambda size: attention(size) <= MAX_PROBE_ATTENTION) if attention(1) <= \
+        MAX_PROBE_ATTENTION else 1
+    return good, (f"probe budget: attention at {name} {good + 1:,} ({attention(good + 1):,} elements, batch x heads x "
+                  f"query x key) exceeds the {MAX_PROBE_ATTENTION:,} that validation computes")
 
 
 # ── What the eager model runs at ──────────────────────────────────────────────
