@@ -41,7 +41,8 @@ from exporters.upstream import leaf_tensors
 MAX_PROBE_LOGITS = 1 << 26
 MAX_PROBE_ATTENTION = 1 << 26  # batch x heads x query x key: 256 MiB a copy in float32 (mask, scores, softmax)
 _TOKENS = ("input_ids", "inputs_embeds", "decoder_input_ids", "decoder_inputs_embeds")
-_CACHE = re.compile(r"(^|\.)(cache|past_key_values)\..*\.(keys|values)$")
+# a key-value cache leaf of the inputs (`cache.layers.0.keys`, `past_key_values.0.values`)
+CACHE_LEAF = re.compile(r"(^|\.)(cache|past_key_values)\..*\.(keys|values)$")
 
 
 def attention_elements(shapes: dict[str, Any], config) -> int:
@@ -56,7 +57,7 @@ def attention_elements(shapes: dict[str, Any], config) -> int:
     if not tokens:
         return 0
     batch, query = max(shape[0] for shape in tokens), max(shape[1] for shape in tokens)
-    caches = [(path, shape[-2]) for path, shape in shapes.items() if _CACHE.search(path) and len(shape) >= 3]
+    caches = [(path, shape[-2]) for path, shape in shapes.items() if CACHE_LEAF.search(path) and len(shape) >= 3]
     past, cross = (max((n for path, n in caches if ("cross_attention" in path) == c), default=0) for c in (0, 1))
     text = getattr(config, "text_config", None) or config
     heads = max([getattr(text, name, None) or 1 for name in (

@@ -43,7 +43,7 @@ from exporters.capture.merged import (
     takes_cache,
     windows_keep_apart,
 )
-from exporters.capture.probes import MAX_PROBE_ATTENTION, DimBinding, attention_elements, make_probes
+from exporters.capture.probes import CACHE_LEAF, MAX_PROBE_ATTENTION, DimBinding, attention_elements, make_probes
 from exporters.errors import first_line
 from exporters.recipe.model import FORMATS, InputsSpec, Recipe
 from exporters.status import AUTO, NAMED, STATIC, DimState
@@ -55,7 +55,6 @@ CAP_SEQUENCE = 4096  # when config.json declares no position limit
 CAP_BATCH = 64
 CAP_IMAGE_FACTOR = 8  # image sides up to 8× the traced size
 POSITION_LIMITS = ("max_position_embeddings", "n_positions", "max_target_positions")
-_CACHE_LEAF = re.compile(r"(^|\.)(cache|past_key_values)\..*\.(keys|values)$")
 
 
 @dataclass
@@ -261,7 +260,7 @@ def _name_dimensions(roles: dict[str, dict[str, Axes]], base, family: str, mode:
                 by_name.setdefault(name, {}).setdefault(component, []).append((path, axis))
     for component, leaves in base.items():  # the self-attention cache grows with every generated token
         for path, shape in leaves.items():
-            if _CACHE_LEAF.search(path) and "cross_attention" not in path and len(shape) >= 3:
+            if CACHE_LEAF.search(path) and "cross_attention" not in path and len(shape) >= 3:
                 axis = len(shape) - 2
                 for axes in by_name.values():
                     if (path, axis) in axes.get(component, []):
