@@ -143,11 +143,13 @@ def _side_proofs_warm():
     """The runs' optimum and sentence-transformers proofs start warm (tests/side_launcher.py): this worker's
     `HF_EXPORT_OPTIMUM_PYTHON` names a shim that forks them from a launcher in the side environment, which has
     imported its runtimes once. Not under `HF_EXPORT_TEST_COLD_CLI=1`, nor without a side environment."""
-    side = Path(os.environ.get(side_launcher.SIDE_PYTHON_SETTING) or ROOT / ".cache" / "optimum-venv" / "bin" / "python")
-    if os.environ.get(cli_launcher.COLD_ENV) != "1" and side.is_file():
+    from exporters.layouts.child import SIDE_PYTHON_SETTING, side_python  # the interpreter a run would start
+
+    side = side_python()
+    if os.environ.get(cli_launcher.COLD_ENV) != "1" and side is not None:
         shim = side_launcher.install(side, dict(os.environ))
         if shim is not None:
-            os.environ[side_launcher.SIDE_PYTHON_SETTING] = str(shim)
+            os.environ[SIDE_PYTHON_SETTING] = str(shim)
     yield
 
 

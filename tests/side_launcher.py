@@ -23,7 +23,7 @@ proof cold); `HF_EXPORT_TEST_SIDE_LOG=FILE` appends one line per call (warm, or 
 
 Example:
     >>> shim = install(Path(".cache/optimum-venv/bin/python"), dict(os.environ))  # doctest: +SKIP
-    >>> os.environ[SIDE_PYTHON_SETTING] = str(shim)  # doctest: +SKIP
+    >>> os.environ["HF_EXPORT_OPTIMUM_PYTHON"] = str(shim)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDE_PYTHON_SETTING = "HF_EXPORT_OPTIMUM_PYTHON"  # exporters.layouts.child.SIDE_PYTHON_SETTING, read by the product
 LOG_ENV = "HF_EXPORT_TEST_SIDE_LOG"
 SHIM = """#!{python} -SI
 import sys

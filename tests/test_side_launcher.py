@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from exporters.layouts.child import child_environment, run_in_child
-from tests import side_launcher
+from exporters.layouts.child import SIDE_PYTHON_SETTING, child_environment, run_in_child
 from tests.conftest import ROOT, process_alive
 
 SIDE = ROOT / ".cache" / "optimum-venv" / "bin" / "python"
@@ -33,7 +32,7 @@ json.dump({"parent": [part.decode() for part in parent if part], "argv": sys.arg
 @pytest.fixture(scope="module")
 def shim() -> Path:
     """This worker's shim (tests/conftest.py installs it for the session)."""
-    path = Path(os.environ.get(side_launcher.SIDE_PYTHON_SETTING, ""))
+    path = Path(os.environ.get(SIDE_PYTHON_SETTING, ""))
     assert path.name == "python" and path.parent.name.startswith("hf-export-side-"), \
         f"the session installed no side shim ({path}): is .cache/optimum-venv there (make test-deps)?"
     return path
