@@ -9,6 +9,11 @@ spends before it does anything; benchmarks/RESULTS.md).
                                           zygote (comm ZYGOTE_NAME): took that call's env, imported STAGE2
                                           (huggingface_hub, transformers, typer, rich, ours); forks one child per
                                           call whose env agrees on every key STAGE2 read, and reaps it
+                                            │ fork, once per format (FORMAT_READY) and environment
+                                            ▼
+                                          format zygote (comm FORMAT_ZYGOTE_NAME): also loaded what a run of
+                                          that format loads before its first export child (`exporter_ready`);
+                                          serves the `run` calls whose every target has that format (`run_format`)
                                             ▼
                                           child: env := exactly the env given, chdir(cwd), fds 0/1/2,
                                           sys.path[0] = cwd, runpy runs `exporters.cli` as `-m` does
@@ -113,6 +118,11 @@ SIDE_PRELOAD = ("numpy", "torch", "transformers", "transformers.modeling_utils",
 PRELOADS = {"cli": PRELOAD, "side": SIDE_PRELOAD}
 MAX_ZYGOTES = 3  # the worker's own environment's, and the last two others' (a test's Hub emulator and HF_HOME)
 ZYGOTE_NAME = "hf-cli-zygote"  # its /proc/PID/comm
+# What a `run` loads before it forks its first export child (`exporters.upstream.exporter_ready`: ExecuTorch's
+# compiler ~2 CPU s, ONNX's exporter and torchlib's registry ~1.5 s), each run again: a zygote forks one child per
+# format that has loaded it (a format zygote) and serves from it the runs whose every target has that format.
+FORMAT_READY = ("executorch", "onnx")
+FORMAT_ZYGOTE_NAME = "hf-cli-format"  # its /proc/PID/comm
 _HEADER = struct.Struct("!Q")
 
 
@@ -228,11 +238,11 @@ def set_cold(reason: str) -> None:
 
 
 def launch(args: list[str], env: dict[str, str], cwd: Path, timeout: float, warm: bool | None = None,
-           module: str = MODULE, code: str | None = None) -> Launch:
+           module: str = MODULE, code: str | None = None, export_format: str | None = None) -> Launch:
     """Run `hf-export *args` (`python -m <module> *args`, or `python -c <code> *args` when `code` is given) with
     exactly `env` in `cwd`: forked from the launcher when it can be, else cold. `warm=False` starts it cold;
     `warm=True` warm even under HF_EXPORT_TEST_COLD_CLI=1 or a cold test (the launcher's own tests), unless the call
-    cannot start warm."""
+    cannot start warm. `export_format`: the format zygote to serve it from (default: `run_format` of the call)."""
     if warm is None:
         reason = (os.environ.get(COLD_ENV) == "1" and f"{COLD_ENV}=1") or _cold_because
     else:
@@ -248,7 +258,9 @@ def launch(args: list[str], env: dict[str, str], cwd: Path, timeout: float, warm
             called = Launch(subprocess.run(_command(args, module, code), capture_output=True, text=True, env=env,
                                            cwd=cwd, timeout=timeout), f"cold: {reason}")
         else:
-            called = _warm(args, env, cwd, timeout, module, code)
+            if export_format is None:
+                export_format = run_format(args, Path(cwd)) if module == MODULE and code is None else ""
+            called = _warm(args, env, cwd, timeout, module, code, export_format)
         return called
     finally:
         if log := os.environ.get(LOG_ENV):  # one line a call: how it started, its module, command and stage
@@ -256,6 +268,37 @@ def launch(args: list[str], env: dict[str, str], cwd: Path, timeout: float, warm
                 file.write(f"{'cold: ' + reason if reason else 'warm'}\t{'-c' if code is not None else module}\t"
                        f"{args[0] if args else ''}\t"
                            f"{called.stage if called else 'raised'}\n")
+
+
+def run_format(args: list[str], cwd: Path) -> str:
+    """The export format of every target a `hf-export run *args` call in `cwd` exports, where it is one of
+    FORMAT_READY and the recipe can be read here (a local model folder's own, or `--config`); "" otherwise (the call
+    is served by its environment's zygote, which loads the formats' modules in the run, as a cold one does).
+
+    Example:
+        >>> run_format(["run", "examples/demo-model", "--out", "out"], ROOT)  # doctest: +SKIP
+        ''
+    """
+    if not args or args[0] != "run":
+        return ""
+    try:
+        from typer.main import get_command
+
+        from exporters.cli import app
+        from exporters.recipe.load import find_recipe, load_recipe_file
+
+        params = get_command(app).commands["run"].make_context("run", list(args[1:]), resilient_parsing=True).params
+        if params.get("config"):  # a regular file only: reading a FIFO here would block the test
+            recipe = load_recipe_file(cwd / params["config"]) if (cwd / params["config"]).is_file() else None
+        else:
+            found = find_recipe(cwd / params["model"]) if (cwd / str(params.get("model"))).is_dir() else None
+            recipe = found[0] if found else None
+    except Exception:  # noqa: BLE001  (no format zygote: the run itself says what is wrong)
+        return ""
+    chosen = params.get("target") or []
+    formats = {str(target.export_format) for target in (recipe.exports if recipe else [])
+               if not chosen or target.name in chosen}
+    return formats.pop() if len(formats) == 1 and formats <= set(FORMAT_READY) else ""
 
 
 def _command(args: list[str], module: str, code: str | None) -> list[str]:
@@ -269,11 +312,11 @@ def _text(data: bytes) -> str:
 
 
 def _warm(args: list[str], env: dict[str, str], cwd: Path, timeout: float, module: str,
-          code: str | None = None) -> Launch:
+          code: str | None = None, export_format: str = "") -> Launch:
     deadline = time.monotonic() + timeout
     command = _command(args, module, code)
     request = json.dumps({"args": args, "env": env, "cwd": str(Path(cwd).resolve()), "module": module,
-                          "code": code}).encode()
+                          "code": code, "format": export_format}).encode()
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     chunks: dict[int, list[bytes]] = {out_read: [], err_read: []}
@@ -350,6 +393,12 @@ def _valid_fd(fd: int) -> bool:
 
 def _preload(modules: tuple[str, ...] = PRELOAD) -> dict:
     """Import `modules`, recording each os.environ key read on the way (and who iterated the whole environment)."""
+    return _recorded(lambda: [__import__(module) for module in modules])
+
+
+def _recorded(load) -> dict:
+    """Call `load`, recording each os.environ key read on the way (and who iterated the whole environment), and the
+    top-level packages it imported."""
     reads, scanned = set(), set()
     get_item, iterate = os._Environ.__getitem__, os._Environ.__iter__
 
@@ -370,8 +419,7 @@ def _preload(modules: tuple[str, ...] = PRELOAD) -> dict:
     before = {name.split(".")[0] for name in sys.modules}
     os._Environ.__getitem__, os._Environ.__iter__ = recorded_get, recorded_iter
     try:
-        for module in modules:
-            __import__(module)
+        load()
     finally:
         os._Environ.__getitem__, os._Environ.__iter__ = get_item, iterate
     packages = {name.split(".")[0] for name in sys.modules} - before
@@ -407,8 +455,8 @@ class _Zygote:
     """A process forked from the launcher that has also imported STAGE2 with one call's environment: it serves the
     calls whose environment agrees with that one on every key its imports read (`fits`)."""
 
-    def __init__(self, pid: int, pair: socket.socket, env: dict[str, str], facts: dict) -> None:
-        self.pid, self.pair, self.pidfd = pid, pair, os.pidfd_open(pid)
+    def __init__(self, pid: int, pair: socket.socket, env: dict[str, str], facts: dict, export_format: str = "") -> None:
+        self.pid, self.pair, self.pidfd, self.format = pid, pair, os.pidfd_open(pid), export_format
         self.scanners = [module for module in facts["scanned"]]
         self.values = {key: env.get(key) for key in facts["reads"]}
         prefixes = tuple(SCANNERS.get(module, "") for module in self.scanners)
@@ -448,15 +496,19 @@ class _Zygote:
 
 class _Zygotes:
     """The launcher's zygotes, the most recently used last; at most MAX_ZYGOTES live (the oldest other than the
-    worker's own environment's is told to end: it finishes its running calls first)."""
+    worker's own environment's is told to end: it finishes its running calls first). A zygote's own (`by_format`):
+    its format zygotes, at most one a format and environment read, the oldest ending first."""
 
-    def __init__(self) -> None:
+    def __init__(self, by_format: bool = False) -> None:
         self.live: list[_Zygote] = []
         self.ending: dict[int, _Zygote] = {}  # by pidfd: told to end or ended, not reaped yet
+        self.by_format = by_format
 
     def eligible(self, request: dict) -> bool:
         """A call whose PYTHONPATH adds entries the launcher lacks imports STAGE2 from its own sys.path, and code (a
-        snippet) imports what it imports itself: no zygote."""
+        snippet) imports what it imports itself: no zygote. A format zygote serves a run of its format only."""
+        if self.by_format:
+            return request.get("format") in FORMAT_READY
         if request.get("code") is not None:
             return False
         launcher_entries = _entries(os.environ.get(PATH_KEY), ROOT)
@@ -464,7 +516,8 @@ class _Zygotes:
 
     def find(self, request: dict) -> _Zygote | None:
         for zygote in reversed(self.live):
-            if zygote.same_environment(request["env"]):
+            if zygote.format == (request.get("format") or "" if self.by_format else "") and \
+                    zygote.same_environment(request["env"]):
                 self.live.remove(zygote)
                 self.live.append(zygote)
                 return zygote
@@ -474,8 +527,8 @@ class _Zygotes:
         selector.register(zygote.pidfd, selectors.EVENT_READ, ("zygote", zygote.pidfd))
         self.live.append(zygote)
         # the least recently used ends first, but never the worker's own environment's (most calls are its)
-        others = [live for live in self.live if not live.same_environment(dict(os.environ))]
-        while len(self.live) > MAX_ZYGOTES and others:
+        others = [live for live in self.live if self.by_format or not live.same_environment(dict(os.environ))]
+        while len(self.live) > (len(FORMAT_READY) if self.by_format else MAX_ZYGOTES) and others:
             self.end(others.pop(0))
 
     def end(self, zygote: _Zygote) -> None:
@@ -529,16 +582,22 @@ def _zygote_facts(pair: socket.socket, timeout: float = 600) -> dict | None:
     return facts if facts and facts.get("ok") else None
 
 
-def become_zygote(request: dict, pair: socket.socket) -> None:
+def become_zygote(request: dict, pair: socket.socket, export_format: str = "") -> None:
     """In a new zygote: take the call's environment, import STAGE2 (recording what it read), report, then serve the
     calls the launcher passes on. A failed import ends it: the call is forked from the launcher and fails in its
-    own import, as a cold one does."""
+    own import, as a cold one does. With `export_format` (a format zygote, forked from a zygote): load what a run
+    of that format loads before its first export child instead (`exporters.upstream.exporter_ready`)."""
     with open("/proc/self/comm", "w") as comm:
-        comm.write(ZYGOTE_NAME)
+        comm.write(FORMAT_ZYGOTE_NAME if export_format else ZYGOTE_NAME)
     os.environ.clear()
     os.environ.update(request["env"])
     try:
-        facts = {**_preload(STAGE2), "ok": True}
+        if export_format:
+            from exporters.upstream import exporter_ready  # imported by STAGE2 (the pipeline) already
+
+            facts = {**_recorded(lambda: exporter_ready(export_format)), "ok": True}
+        else:
+            facts = {**_preload(STAGE2), "ok": True}
     except BaseException as err:  # noqa: BLE001  (said to the launcher, which starts the call without us)
         pair.sendall((json.dumps({"ok": False, "error": repr(err)}) + "\n").encode())
         os._exit(0)
@@ -549,10 +608,14 @@ def become_zygote(request: dict, pair: socket.socket) -> None:
                         and str(sys.modules[name].__spec__.origin or "").startswith(str(ROOT) + os.sep)}
     facts["threads"] = threading.active_count()
     pair.sendall((json.dumps(facts) + "\n").encode())
-    child = serve(pair, None, None, "zygote")
+    child = serve(pair, None, None if export_format else _Zygotes(by_format=True),
+                  f"zygote-{export_format}" if export_format else "zygote")
     if child is None:
         os._exit(0)  # its calls have ended: nothing to flush, and the stack's teardown would cost ~1 CPU s
-    become_cli(*child[1:])  # then this process ends as the CLI's does
+    if child[0] == "zygote":
+        become_zygote(*child[1:], export_format=child[1]["format"])
+    else:
+        become_cli(*child[1:])  # then this process ends as the CLI's does
 
 
 def serve(source: socket.socket, lifeline: int | None, zygotes: _Zygotes | None,
@@ -610,7 +673,8 @@ def serve(source: socket.socket, lifeline: int | None, zygotes: _Zygotes | None,
                             close_inherited(connection.detach(), *fds)
                             return "zygote", request, pair
                         facts = _zygote_facts(pair)
-                        zygote = _Zygote(pid, pair, request["env"], facts) if facts else None
+                        zygote = _Zygote(pid, pair, request["env"], facts,
+                                         request["format"] if zygotes.by_format else "") if facts else None
                         if zygote is None:
                             pair.close()
                             os.waitpid(pid, 0)

@@ -87,15 +87,19 @@ def test_each_warm_call_sees_its_own_environment(tmp_path):
     assert "dynamo-two" not in offline.stderr
 
 
-def test_a_tiny_run_warm_writes_what_a_cold_one_writes(tmp_path):
-    """A one-target run of a tiny BERT: the same exit code, verdicts, byte-identical artifacts and tool versions."""
-    model = tiny_bert(tmp_path / "model", [{"name": "dynamo", "export_format": "dynamo"}])
+@pytest.mark.parametrize("export_format", ["dynamo", "onnx", "executorch"])
+def test_a_tiny_run_warm_writes_what_a_cold_one_writes(export_format, tmp_path):
+    """A one-target run of a tiny BERT: the same exit code, verdicts, byte-identical artifacts and tool versions;
+    an ONNX or ExecuTorch run is served by its format's zygote (which loaded that exporter before the run)."""
+    model = tiny_bert(tmp_path / "model", [{"name": "dynamo", "export_format": export_format}])
     outs = {how: tmp_path / f"out-{how}" for how in ("warm", "cold")}
     runs = {how: cli_launcher.launch(["run", "--no-bench", str(model), "--out", str(out), "--quiet"],
                                      {**os.environ, "PYTHONUNBUFFERED": "1"}, ROOT, 600,
                                      warm=how == "warm")
             for how, out in outs.items()}
     assert runs["warm"].how == "warm" and runs["cold"].how.startswith("cold")
+    zygote = "zygote-" + export_format if export_format in cli_launcher.FORMAT_READY else "zygote"
+    assert runs["warm"].stage.rsplit(":", 1)[0] == zygote, runs["warm"].stage
     assert runs["warm"].done.returncode == runs["cold"].done.returncode == 0, runs["warm"].done.stderr[-2000:]
     assert runs["warm"].done.stdout.replace("out-warm", "out-cold") == runs["cold"].done.stdout
     reports = {how: json.loads((out / "report.json").read_text()) for how, out in outs.items()}
@@ -125,8 +129,9 @@ def test_the_timeout_kills_the_warm_cli(tmp_path):
     assert time.monotonic() - began < 30
     launcher = cli_launcher.launcher().process.pid
     zygotes = _zygotes_of(launcher)
+    formats = [pid for zygote in zygotes for pid in _zygotes_of(zygote, cli_launcher.FORMAT_ZYGOTE_NAME)]
     pids = [pid for pid in _children_of(launcher) if pid not in zygotes]
-    pids += [pid for zygote in zygotes for pid in _children_of(zygote)]
+    pids += [pid for zygote in zygotes + formats for pid in _children_of(zygote) if pid not in formats]
     assert not pids, f"the killed CLI still runs: {pids}"
 
 
@@ -144,12 +149,13 @@ def _children_of(pid: int) -> list[int]:
     return found
 
 
-def _zygotes_of(launcher: int) -> list[int]:
-    """The launcher's zygotes: its children named ZYGOTE_NAME (each serves the calls of one environment)."""
+def _zygotes_of(launcher: int, name: str = cli_launcher.ZYGOTE_NAME) -> list[int]:
+    """The launcher's zygotes: its children named ZYGOTE_NAME (each serves the calls of one environment); a zygote's
+    format zygotes with `name` FORMAT_ZYGOTE_NAME."""
     found = []
     for pid in _children_of(launcher):
         try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == cli_launcher.ZYGOTE_NAME:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == name:
                 found.append(pid)
         except OSError:
             continue
@@ -283,8 +289,9 @@ def test_another_module_with_its_own_pythonpath_starts_warm_and_sees_what_a_cold
     assert "PYTHONPATH entry" in cli_launcher.launcher().cold_reason(env, work)
 
 
-def _probe(env: dict[str, str], warm: bool, *args: str) -> tuple[cli_launcher.Launch, dict]:
-    called = cli_launcher.launch(list(args), env, ROOT, 300, warm=warm, module="tests.hub_settings_probe")
+def _probe(env: dict[str, str], warm: bool, *args: str, export_format: str = "") -> tuple[cli_launcher.Launch, dict]:
+    called = cli_launcher.launch(list(args), env, ROOT, 300, warm=warm, module="tests.hub_settings_probe",
+                                 export_format=export_format)
     assert called.done.returncode == 0, called.done.stderr[-3000:]
     return called, json.loads(called.done.stdout)
 
@@ -318,14 +325,20 @@ def test_a_warm_call_sees_its_own_hub_settings_though_a_zygote_imported_huggingf
     assert stages[2] != "zygote:1" and stages[3] != "zygote:1", f"the same values were imported again: {stages}"
 
 
-def test_a_zygote_holds_what_a_cold_cli_run_imports_and_no_thread(tmp_path):
+@pytest.mark.parametrize("export_format", ["", "executorch", "onnx"])
+def test_a_zygote_holds_what_a_cold_cli_run_imports_and_no_thread(export_format, tmp_path):
     """What a zygote imported before a call is a subset of what a cold `hf-export run` holds when it exports (the
-    CLI's imports, the pipeline and `EXPORT_INTERNALS`: `COLD_EXPORT`), without the CLI itself (`-m` runs it as __main__), and it forks with one thread."""
+    CLI's imports, the pipeline and `EXPORT_INTERNALS`: `COLD_EXPORT`), without the CLI itself (`-m` runs it as
+    __main__), and it forks with one thread; a format zygote's, of what a cold run of that format holds when it
+    exports (what `exporter_ready` loads before the first export child)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    warm, held = _probe(env, True, "modules")
-    assert warm.stage.startswith("zygote:"), warm.stage
-    cold = set(json.loads(subprocess.run([sys.executable, "-c", COLD_EXPORT], capture_output=True, text=True,
-                                         cwd=ROOT, timeout=300, check=True).stdout))
+    warm, held = _probe(env, True, "modules", export_format=export_format)
+    assert warm.stage.rsplit(":", 1)[0] == (f"zygote-{export_format}" if export_format else "zygote"), warm.stage
+    cold_export = COLD_EXPORT.replace("print(", f"exporters.run.pipeline.exporter_ready({export_format!r})\nprint(")
+    cold = set(json.loads(subprocess.run([sys.executable, "-c", cold_export if export_format else COLD_EXPORT],
+                                         capture_output=True, text=True, cwd=ROOT, timeout=300, check=True).stdout))
+    if export_format:
+        assert {"executorch": "executorch.exir", "onnx": "onnxscript"}[export_format] in held["modules"]
     preloaded = set(held["modules"]) - {"__main__", "tests", "tests.hub_settings_probe", "runpy"}
     assert set(cli_launcher.EXPORT_INTERNALS) <= preloaded
     assert {"transformers", "huggingface_hub", "exporters.run.pipeline"} <= preloaded

@@ -48,7 +48,7 @@ from exporters.run.twins import Twins
 from exporters.run.reuse import Signer, previous_report, reusable
 from exporters.run.workbench import Workbench
 from exporters.status import FAILED, PASSED, UNVERIFIED
-from exporters.upstream import import_loaders, move_to, torchlib_registry_ready
+from exporters.upstream import exporter_ready, import_loaders, move_to
 from exporters.validate.arbitration import keeps_eager_weights
 from exporters.validate.benchmark import bench_passing, warm_up
 from exporters.validate.checks import validate_target
@@ -231,10 +231,8 @@ def _start(item: _Export, workbench: Workbench, context: RunContext, options: Ru
                             context.source.folder)
 
     progress.update(target.name, f"exporting {target.export_format} ({len(components)} component(s))")
-    with recovering():  # the exporter's modules (ExecuTorch's compiler: 3 s), ONNX's torchlib registry (0.5 s): once
-        import_loaders(target.export_format)
-        if target.export_format == "onnx":
-            torchlib_registry_ready()
+    with recovering():  # once in this process, not again in each child
+        exporter_ready(target.export_format)
     item.started = time.time()
     item.run = Isolated(twins.sharing(target.name, work, item.result), log_path=log_path, timeout=target.timeout)
     return item

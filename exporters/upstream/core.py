@@ -39,6 +39,7 @@ from exporters.upstream.beyond import (
 )
 from exporters.upstream.internals import pt2_read_once
 from exporters.upstream.llm_runner import register_custom_ops, register_quantized_kernels
+from exporters.upstream.onnx_decompositions import torchlib_registry_ready
 from exporters.upstream.pytree import leaf_tensors, move_to
 
 try:
@@ -182,6 +183,19 @@ def import_loaders(export_format: str) -> None:
         >>> import_loaders("onnx")  # doctest: +SKIP
     """
     exporter_class(export_format)
+
+
+def exporter_ready(export_format: str) -> None:
+    """What a process that forks export children of this format loads first, so that each child copies it instead
+    of loading it again: the exporter's modules (ExecuTorch's compiler: 2 s) and, for ONNX, torch.onnx's registry
+    of torchlib's functions (0.5 s). A process that will fork them may call it early (it loads nothing else).
+
+    Example:
+        >>> exporter_ready("executorch")  # doctest: +SKIP
+    """
+    import_loaders(export_format)
+    if export_format == "onnx":
+        torchlib_registry_ready()
 
 
 def runner_for_file(path: Path, export_format: str, metadata: Any, device: str | None = None) -> Any:
