@@ -386,6 +386,30 @@ def test_a_long_context_model_is_probed_within_the_attention_budget(tmp_path: Pa
     assert peak_kb < 3 << 20, f"peak RSS {peak_kb >> 10} MiB"
 
 
+def test_an_image_range_ends_where_the_vision_towers_attention_fits() -> None:
+    """A vision tower's attention grows with the square of its patches (the fourth power of the image side): a
+    DINOv2-like tower (patch 14, 16 heads) traced at 518 pixels, whose image sides init searches up to 8x (4144
+    pixels: 87,616 patches, 123 billion scores), now ends where validation's attention budget does, saying so; the
+    text attention alone (no tokens here) bounded nothing. Unit: the bound init applies to each named dimension."""
+    from types import SimpleNamespace
+
+    from exporters.capture.attention_size import MAX_PROBE_ATTENTION, attention_elements
+    from exporters.init.axes import CAP_IMAGE_FACTOR, _attention_bound
+
+    config = SimpleNamespace(patch_size=14, num_attention_heads=16)
+    base = {"model": {"pixel_values": [1, 3, 518, 518]}}
+    axes = {"model": [("pixel_values", 2), ("pixel_values", 3)]}
+    high, limit = _attention_bound("image", axes, base, config, CAP_IMAGE_FACTOR * 518, "image sides searched")
+    at = lambda side: attention_elements({"pixel_values": (1, 3, side, side)}, config)  # noqa: E731
+    assert at(high) <= MAX_PROBE_ATTENTION < at(high + 1), (high, at(high), at(high + 1))
+    assert 518 < high < 2 * 518 and limit.startswith(f"probe budget: attention at image {high + 1:,} ("), limit
+    # a vision-language model's tower is its vision_config's; flattened patches (Qwen-VL) count as inputs only
+    vlm = SimpleNamespace(vision_config=config, text_config=SimpleNamespace(num_attention_heads=4))
+    assert attention_elements({"pixel_values": (2, 3, 56, 56), "input_ids": (2, 8)}, vlm) == 2 * 16 * 16 * 16
+    assert attention_elements({"pixel_values": (2, 3, 14, 14), "input_ids": (2, 8)}, vlm) == 2 * 4 * 8 * 8  # text
+    assert attention_elements({"pixel_values": (64, 1176)}, vlm) == 0
+
+
 # ── Publishing: the CLI, the Action, the bot ──────────────────────────────────
 
 

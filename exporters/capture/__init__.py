@@ -32,6 +32,8 @@ Beside them:
   its two components;
 - `stepped.py`: the prompt through the decode graph one token at a time (state-space and hybrid models);
 - `token_ids.py`: the special token ids a deployment runtime needs beside the graph;
+- `attention_size.py`: how large an attention (text, or a vision tower's patches) inputs of given shapes make,
+  which probes and `init`'s ranges are held to;
 - `image_attention.py`: the vision-language models whose prefill attends both ways over the image (Gemma 3,
   PaliGemma), read from a config without torch: what the runtimes' layouts hold or decline.
 

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from exporters.capture.attention_size import MAX_PROBE_ATTENTION, attention_elements
 from exporters.capture.inputs import random_token_ids
 from exporters.capture.shapes import axis_specs, spec_key
 from exporters.recipe.dims import DimSpec
@@ -39,30 +39,6 @@ from exporters.upstream import leaf_tensors
 
 # Logits a probe may produce (tokens x vocabulary); each is held by the eager reference and the artifact's output.
 MAX_PROBE_LOGITS = 1 << 26
-MAX_PROBE_ATTENTION = 1 << 26  # batch x heads x query x key: 256 MiB a copy in float32 (mask, scores, softmax)
-_TOKENS = ("input_ids", "inputs_embeds", "decoder_input_ids", "decoder_inputs_embeds")
-# a key-value cache leaf of the inputs (`cache.layers.0.keys`, `past_key_values.0.values`)
-CACHE_LEAF = re.compile(r"(^|\.)(cache|past_key_values)\..*\.(keys|values)$")
-
-
-def attention_elements(shapes: dict[str, Any], config) -> int:
-    """The largest attention (batch x heads x query x key elements) a text model computes on inputs of `shapes` (a
-    query over itself and the self-attention cache, or over a cross-attention cache): it grows with the square of
-    the sequence where the inputs grow linearly (a 131072-token prompt: 0.4M input elements, 69 GB of scores a head).
-
-        >>> attention_elements({"input_ids": (1, 8), "cache.layers.0.keys": (1, 2, 4, 8)}, None)
-        96
-    """
-    tokens = [shape for path, shape in shapes.items() if path in _TOKENS and len(shape) >= 2]
-    if not tokens:
-        return 0
-    batch, query = max(shape[0] for shape in tokens), max(shape[1] for shape in tokens)
-    caches = [(path, shape[-2]) for path, shape in shapes.items() if CACHE_LEAF.search(path) and len(shape) >= 3]
-    past, cross = (max((n for path, n in caches if ("cross_attention" in path) == c), default=0) for c in (0, 1))
-    text = getattr(config, "text_config", None) or config
-    heads = max([getattr(text, name, None) or 1 for name in (
-        "num_attention_heads", "n_head", "encoder_attention_heads", "decoder_attention_heads")] + [1])
-    return batch * int(heads) * query * max(query + past, cross)
 
 
 def _leaves(inputs: Any) -> dict[str, torch.Tensor]:

@@ -43,7 +43,8 @@ from exporters.capture.merged import (
     takes_cache,
     windows_keep_apart,
 )
-from exporters.capture.probes import CACHE_LEAF, MAX_PROBE_ATTENTION, DimBinding, attention_elements, make_probes
+from exporters.capture.attention_size import CACHE_LEAF, MAX_PROBE_ATTENTION, attention_elements
+from exporters.capture.probes import DimBinding, make_probes
 from exporters.errors import first_line
 from exporters.recipe.model import FORMATS, InputsSpec, Recipe
 from exporters.status import AUTO, NAMED, STATIC, DimState
