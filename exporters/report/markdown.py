@@ -188,7 +188,8 @@ def quality_cell(target: dict[str, Any]) -> str:
 
 
 def _variant(target: dict[str, Any]) -> str:
-    quantization = target.get("quantization") or {}
+    # what was quantized; else, for a target that failed before it was, what its recipe asked (never "fp32")
+    quantization = target.get("quantization") or target.get("quantize_asked") or {}
     if quantization:
         scheme = (quantization.get("options") or {}).get("scheme")
         held = target.get("artifact_dtype") or ""  # what the files hold, read from them (quantized: described)

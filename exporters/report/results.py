@@ -239,6 +239,7 @@ class TargetResult:
     parameter_bytes: int | None = None  # the model's parameters in the target's dtype
     artifact_dtype: str | None = None  # the dtype the files hold (exporters.export.footprint.artifact_dtype)
     quantization: dict[str, Any] | None = None  # what was quantized and how (as in export.json)
+    quantize_asked: dict[str, Any] | None = None  # the recipe's quantization, exported or not (`method`, `options`)
     quality: dict[str, Any] | None = None  # the metric that decided (exporters.validate.quality)
     runtimes: list[dict[str, Any]] = field(default_factory=list)  # "runs in": exporters.validate.runtimes
     bench: dict[str, Any] | None = None  # size and speed (exporters.validate.benchmark)

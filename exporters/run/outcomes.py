@@ -34,9 +34,11 @@ def write_results(results: list[TargetResult], context: RunContext) -> dict[str,
 
 def new_result(target: Target, context: RunContext, options: RunOptions) -> TargetResult:
     """A target's result before anything ran: failed until its checks say otherwise."""
+    asked = target.quantize
     return TargetResult(name=target.name, export_format=target.export_format, mode=target.mode, status=FAILED,
                         dtype=target.dtype, versions=context.versions, log=f"logs/{target.name}.log",
-                        reproduce=reproduce_command(context, options, target.name))
+                        reproduce=reproduce_command(context, options, target.name),
+                        quantize_asked={"method": asked.method, "options": asked.options()} if asked else None)
 
 
 def strip_after_validation(result: TargetResult, target: Target, final: Path) -> None:
