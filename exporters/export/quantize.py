@@ -224,10 +224,10 @@ def torchao_quantize(model: Any, spec: Any, notes: list[str], text_only: bool = 
     if text_only:
         left = sum(1 for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))) \
             - len(linears) - (len(tables) if embedding != "none" else 0)
-        counts["float (encoder, projector)"] = left
+        counts["float (encoder, projector, position tables)"] = left
         notes.append(f"torchao quantized the text side only (the token embedding, the decoder's and the output "
                      f"projection's linears), as optimum-executorch without --qlinear_encoder: {left} linear and "
-                     "embedding layers of the encoder and projector stay float")
+                     "embedding layers outside it (the encoder, a projector, position tables) stay float")
     if tied:
         notes.append("the model ties its embedding table to its output projection: quantized each its own way (the "
                      f"table {embedding}, the projection {options['linear']}), they are two tensors, as "
