@@ -20,15 +20,18 @@ from tests.models import tiny_whisper
 
 RUNTIME = "ExecuTorch ASR runner layout"
 RECIPE = {"exports": [PLAINEST_EXECUTORCH,
-                      {**PLAINEST_EXECUTORCH, "name": "methods", "layout": "methods"},
-                      {**PLAINEST_EXECUTORCH, "name": "q", "variants": ["8da4w"]}],  # #52 item 2: quantized
+                      {**PLAINEST_EXECUTORCH, "name": "methods", "layout": "methods"}],
           "generation": {"max_new_tokens": 8}}
+# Whisper's run also holds its 8da4w variant (#52 item 2): the ASR runner's program quantized (failing its int4 budget
+# on these random weights: the card test publishes the passing targets, as `--publish-failed` does)
+WHISPER_RECIPE = {**RECIPE, "exports": [*RECIPE["exports"], {**PLAINEST_EXECUTORCH, "name": "q",
+                                                            "variants": ["8da4w"]}]}
 
 
 @pytest.fixture(scope="module")
 def whisper_speech(tmp_path_factory):
     root = tmp_path_factory.mktemp("executorch-speech")
-    return run_and_read(root, tiny_whisper(root / "model", RECIPE, feature_extractor=True))
+    return run_and_read(root, tiny_whisper(root / "model", WHISPER_RECIPE, feature_extractor=True))
 
 
 def _asr_runner_target(out, report, log, family="whisper"):
@@ -89,7 +92,9 @@ def test_the_cards_speech_snippet_runs_as_written(whisper_speech, hub, tmp_path)
 
     out, _, _ = whisper_speech
     commit = upload_exports(hub, "alice/whisper", out, ["executorch"])
-    snippets = [s for s in card_snippets(exports_card("alice/whisper", out, commit)) if s[0] == RUNTIME]
+    # the run's 8da4w target fails its int4 budget (random weights): the passing ones published, as --publish-failed
+    snippets = [s for s in card_snippets(exports_card("alice/whisper", out, commit, publish_failed=True))
+                if s[0] == RUNTIME]
     [(_, language, code)] = snippets
     assert language == "python" and "decoder_start_token_id" in code
     done = run_snippet(code, hub, tmp_path / "home")
