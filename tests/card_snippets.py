@@ -36,12 +36,13 @@ def upload_exports(hub: HubEmulator, repo_id: str, out: Path, names: list[str]) 
     return hub.head(repo_id)
 
 
-def exports_card(repo_id: str, out: Path, commit: str) -> str:
-    """The card's Exports section for the run in `out`, its snippets pinned to `commit`."""
+def exports_card(repo_id: str, out: Path, commit: str, publish_failed: bool = False) -> str:
+    """The card's Exports section for the run in `out`, its snippets pinned to `commit` (`publish_failed`: its
+    passing targets where another failed, as `hf-export run --publish-failed`)."""
     from exporters.publish.plan import plan_publish
     from exporters.publish.texts import card_section
 
-    return card_section(plan_publish(repo_id, out), commit)
+    return card_section(plan_publish(repo_id, out, publish_failed=publish_failed), commit)
 
 
 def image_home(tmp_path: Path) -> Path:

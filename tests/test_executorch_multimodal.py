@@ -95,7 +95,7 @@ def test_the_cards_multimodal_snippet_runs_as_written(llava_runner, hub, tmp_pat
     assert RUNNER_IMPORTS in code and GENERATE.split("(")[0] in code
     # the proof's child loads the kernels without the exporting Python (`runner_child_imports`): every native
     # library it loads, the card's imports load too, and its runner import is the card's
-    child_imports = runner_child_imports("MultimodalRunner", quantized=False)
+    child_imports = runner_child_imports("MultimodalRunner")  # a quantized table's kernels too (8da4w)
     assert child_imports.splitlines()[-1] in CHILD and child_imports.splitlines()[-1] in code
     assert child_imports in CHILD
     child = executorch_libraries(child_imports)

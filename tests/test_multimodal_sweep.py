@@ -5,9 +5,9 @@ processor; checkpoint saved in bfloat16), one run through the shared export stor
 - a transformers.js-layout target of a repo that ships no image processor: transformers.js's `AutoProcessor` has
   nothing to load, so the runtime declines with the reason (before: the proof crashed on `ModelFileNotFoundError`
   for `preprocessor_config.json` and failed the target, whose graphs validation had passed);
-- the `8da4w` variant on a vision-language model's ExecuTorch target: torchao quantizes the LLM runner's program only,
-  and a quantized VLM target is planned in the methods layout; the target fails before any export, naming the
-  variant and the layout (before: a `ValueError` in the export's child, naming the quantizer only).
+- the `8da4w` variant on a vision-language model's ExecuTorch target: it failed before any export, naming the variant
+  and the layout (torchao quantized the LLM runner's program only). Since the sixteenth round it is MultimodalRunner's
+  program (tests/test_trained_vlm.py); a target that asks for the methods layout is refused when the recipe is read.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from tests.export_store import stored_run
 
 RECIPE = {"exports": [
     {"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"},
-    {"name": "et", "export_format": "executorch", "mode": "generation", "variants": ["8da4w"]},
 ], "generation": {"max_new_tokens": 8}}
 
 
@@ -51,15 +50,21 @@ def test_a_transformers_js_folder_without_an_image_processor_is_declined_with_th
     assert "transformers.js ✗" in (out / "report.md").read_text()
 
 
-def test_the_8da4w_variant_of_a_vlm_executorch_target_fails_before_export_naming_variant_and_layout(swept):
-    out, targets, log = swept
-    target = targets["et-8da4w"]
-    assert target["status"] == "failed", json.dumps(target, indent=1)[:4000]
-    assert target["error"]["type"] == "TargetPlanError", target["error"]
-    message = target["error"]["message"]
-    assert "variant '8da4w'" in message and "layout 'methods'" in message, message
-    assert "vision-language model" in message and "'8da8w'" in message, message
-    assert not list(out.glob("et-8da4w/**/*.pte"))
+def test_the_8da4w_variant_of_a_methods_target_is_refused_naming_the_layouts_torchao_quantizes():
+    """torchao quantizes a runner's program: the LLM runner's, the ASR runner's ('runner') and, since the sixteenth
+    round, MultimodalRunner's ('multimodal_runner', tests/test_trained_vlm.py); a target that asks for the methods
+    layout is refused when the recipe is read, naming both layouts and what quantizes the methods layout instead."""
+    from exporters.errors import RecipeError
+    from exporters.recipe.load import parse_recipe
+
+    methods = {"name": "et", "export_format": "executorch", "mode": "generation", "layout": "methods"}
+    with pytest.raises(RecipeError) as caught:
+        parse_recipe(json.dumps({"exports": [{**methods, "variants": ["8da4w"]}]}))
+    message = str(caught.value)
+    assert "variants[0]" in message and "layout 'runner' or 'multimodal_runner'" in message, message
+    assert "'pt2e-xnnpack', 'scheme': '8da4w'" in message, message
+    asked = parse_recipe(json.dumps({"exports": [{**methods, "layout": "multimodal_runner", "variants": ["8da4w"]}]}))
+    assert [(t.name, t.quantize.method) for t in asked.exports] == [("et-8da4w", "torchao-xnnpack")]
 
 
 def test_a_variant_an_encoder_decoders_transformers_js_folder_cannot_hold_fails_before_export(tmp_path):
@@ -97,9 +102,10 @@ def test_variants_of_a_transformers_js_target_the_layout_declines_fail_before_ex
 
 
 def test_a_vlm_program_kept_in_the_methods_layout_is_declined_by_the_multimodal_runner_with_the_reason(tmp_path):
-    """Qwen2-VL's plainest ExecuTorch target and any quantized VLM target (8da8w) keep the methods layout: the report's
-    "runs in" cell was empty (only the matrix said why, from the findings); the runner now declines it, the findings
-    say why, and a quantized target's findings now do (its settings, `settings_refused`)."""
+    """Qwen2-VL's plainest ExecuTorch target and a VLM target with the methods layout's settings keep the methods
+    layout: the report's "runs in" cell was empty (only the matrix said why, from the findings); the runner now
+    declines it, the findings say why, and a target's own settings are said too (`settings_refused`). A quantized
+    target (8da8w, 8da4w) is MultimodalRunner's program since the sixteenth round: no settings refuse it."""
     from exporters.capture.multimodal_runner import NOT_MULTIMODAL, settings_refused
     from exporters.layouts.executorch_multimodal import METHODS_KEPT, ExecutorchMultimodal
     from exporters.recipe.load import parse_recipe
@@ -115,10 +121,13 @@ def test_a_vlm_program_kept_in_the_methods_layout_is_declined_by_the_multimodal_
     assert layout.declines(target(), tmp_path).endswith("it would generate other tokens than transformers")
     assert not layout.may_decline(target(layout="methods"), ["embed_tokens", "language_model"])  # asked for
     quantized = target(quantize={"method": "pt2e-xnnpack", "scheme": "8da8w"})
-    assert settings_refused(quantized, "vision-language", "static") == NOT_MULTIMODAL.format(
-        why="the target is quantized (the multimodal runner program is exported in float here)")
+    assert settings_refused(quantized, "vision-language", "static") is None
+    assert settings_refused(target(quantize={"method": "torchao-xnnpack"}), "vision-language", "static") is None
+    shaped = target(components={"text_decoder": {"strict": True}})
+    assert settings_refused(shaped, "vision-language", "static") == NOT_MULTIMODAL.format(
+        why="the target sets per-component settings or dynamic_shapes of the methods layout")
     assert settings_refused(target(), "vision-language", "static") is None
-    assert settings_refused(quantized, "text", "static") is None
+    assert settings_refused(shaped, "text", "static") is None
 
 
 @pytest.mark.parametrize("runtime", ["ExecuTorch MultimodalRunner", "ExecuTorch ASR runner layout"])

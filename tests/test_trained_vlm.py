@@ -14,6 +14,9 @@ q8 kept 91.5% top-1 (its budget 90%) and q4 49% (75%: failed) while both keep ea
 folder with its q8 decoder's weight scales off by 16x fails the budget when validated again against the trained
 model (`hf-export validate`), naming the file.
 
+The same run's ExecuTorch `8da4w` target is MultimodalRunner's program, quantized as optimum-executorch does, keeps
+its int4 budget and generates eager's tokens in the runner (#51 item 3, #52 item 1).
+
 One export through the shared store (tests/export_store.py); the broken file is judged on a copy.
 """
 
@@ -31,7 +34,9 @@ from tests.export_store import MODEL, OUT, Export, exported
 from tests.models import TJS_TARGET
 from tests.trained import TRAINED_PROMPT, TRAINED_TEXT, train_llava_once
 
-RECIPE = {"exports": [{**TJS_TARGET, "variants": ["fp32", "int8-dynamic", "int4"]}],
+# #51 item 3, #52 item 1: the ExecuTorch 8da4w variant in MultimodalRunner's program, judged and proven on the same model
+ET_TARGET = {"name": "et", "export_format": "executorch", "mode": "generation", "variants": ["8da4w"]}
+RECIPE = {"exports": [{**TJS_TARGET, "variants": ["fp32", "int8-dynamic", "int4"]}, ET_TARGET],
           "inputs": {"prompt": TRAINED_PROMPT}, "generation": {"max_new_tokens": 8}}
 GRAPHS = ("vision_encoder", "embed_tokens", "decoder_model_merged")
 WRONG_SCALE = 16.0
@@ -44,7 +49,7 @@ def run(tmp_path_factory) -> Export:
 
 
 def _tjs(out) -> dict:
-    [target] = json.loads((out / "report.json").read_text())["targets"]
+    [target] = [t for t in json.loads((out / "report.json").read_text())["targets"] if t["name"] == "tjs"]
     return target
 
 
@@ -82,6 +87,38 @@ def test_the_trained_llavas_dtype_files_keep_their_budgets_and_its_tokens_in_tra
     assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), proof
     # transformers.js's own quantized sessions, each dtype loaded with its `dtype`
     assert proof["detail"].endswith("; dtype q8 8/8 tokens (≥4 asked), q4 8/8 tokens (≥2 asked)"), proof
+
+
+def test_the_trained_llavas_8da4w_executorch_target_is_the_multimodal_runners_program_and_keeps_its_budget(
+        run: Export):
+    """The `8da4w` variant (before: refused at planning, "torchao quantizes the LLM runner's program only") is
+    MultimodalRunner's one program, its text side quantized as optimum-executorch's `--qlinear 8da4w --qembedding 8w`
+    (the language model's and the LM head's linears int4 in groups of 32, the token table int8), the CLIP tower and
+    the projector float: it keeps the int4 budget, not loosened, measured on the prompt as the runner feeds it (the
+    image's features in place), and MultimodalRunner, loading the program with its quantized kernels, generates
+    eager's 8 tokens."""
+    from exporters.upstream.pte_weights import pte_quantized_weights
+
+    target = run.target("et-8da4w")
+    assert target["status"] == "passed", (run.stderr[-3000:], json.dumps(target, indent=1)[:6000])
+    folder = run.out / "et-8da4w"
+    manifest = json.loads((folder / "export.json").read_text())
+    assert manifest["layout"] == "multimodal_runner", manifest
+    assert sorted(manifest["components"]) == ["text_decoder", "token_embedding", "vision_encoder"]
+    modules = manifest["quantization"]["modules"]
+    assert modules == {"embedding 8w": 1, "linear 8da4w": 15, "float (encoder, projector, position tables)": 15}
+    weights = pte_quantized_weights(folder / "model.pte")
+    assert weights["group_size"] == 32 and set(weights["embeddings"]) == {"int8"}, weights
+    assert weights["weights"]["int4"] > 0 and weights["weights"]["float32"] > 0, weights  # the float tower
+    quality = target["quality"]
+    assert quality["passed"] and (quality["kind"], quality["budget"]) == ("int4", DEFAULT_BUDGETS["int4"]), quality
+    metrics = quality["metrics"]
+    assert metrics["positions"] > 0 and metrics["top1_agreement"] >= 0.75 and metrics["kl"] <= 0.25, metrics
+    assert metrics["greedy_match"] == 8, metrics
+    [proof] = target["runtimes"]
+    assert (proof["runtime"], proof["status"]) == ("ExecuTorch MultimodalRunner", "passed"), proof
+    assert proof["detail"].startswith("8/8 tokens from an image and a prompt"), proof
+    assert "ExecuTorch MultimodalRunner ✓ 8/8 tokens" in (run.out / "report.md").read_text()
 
 
 def test_a_q8_decoder_with_wrong_scales_fails_the_int8_budget_naming_its_file(run: Export, tmp_path):

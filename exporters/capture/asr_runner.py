@@ -95,9 +95,6 @@ def wants_asr(target: Any, family: str, generate_inputs: dict[str, Any], cache_i
     reasons += program_reasons(target, cache_implementation, batch_size)
     if target.components or target.dynamic_shapes or target.dynamic:
         reasons.append("the target sets per-component settings, dynamic or dynamic_shapes of the methods layout")
-    if getattr(target.quantize, "method", None) == "torchao-xnnpack":  # its text_decoder failed to export so
-        reasons.append("the target is quantized by torchao (the speech program's text_decoder does not export "
-                       "quantized: 'Unable to cast NotImplemented to Tensor')")
     if not reasons:
         return True
     if layout == RUNNER:

@@ -227,8 +227,9 @@ def methods_reason(refused: str | None) -> str:
         >>> methods_reason(NOT_RUNNER.format(why="its attention is soft-capped")), methods_reason(None)[:21]
         ('its attention is soft-capped', 'its settings give it ')
     """
-    return (refused.split(": ", 1)[1] if refused and refused.startswith(NOT_RUNNER.split("{")[0]) else refused) or (
-        "its settings give it a method per component")
+    # the LLM, multimodal and ASR runners' words alike: "the ExecuTorch program has a method per component ..."
+    kept = refused is not None and refused.startswith(NOT_RUNNER.split(" (layout")[0]) and ": " in refused
+    return (refused.split(": ", 1)[1] if kept else refused) or "its settings give it a method per component"
 
 
 def window_refused(target: Any, model: Any, max_cache_len: int | None) -> str | None:

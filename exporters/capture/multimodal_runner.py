@@ -50,7 +50,7 @@ import torch
 from exporters.capture.families import MULTIMODAL_GENERATORS, a_model_of
 from exporters.capture.image_attention import marks_image_rows, runner_declined
 from exporters.capture.llm_runner import WINDOW_WITHOUT_CUSTOM_OPS, custom_ops_of, program_reasons
-from exporters.capture.token_ids import image_token_id
+from exporters.capture.token_ids import features_in_place, image_token_id
 from exporters.errors import TargetPlanError
 from exporters.upstream import llm_runner, multimodal_runner
 from exporters.upstream.fixed_image import IMAGE_SIZES, pixtral_grid, pixtral_span, stacked_tiles, takes_image_sizes
@@ -86,7 +86,7 @@ NOT_MULTIMODAL = ("the ExecuTorch program has a method per component (layout 'me
 def wants_multimodal_runner(target: Any, family: str, cache_implementation: str, batch_size: int = 1) -> bool:
     """Whether a vision-language ExecuTorch generation target is planned in the multimodal runner's layout: its
     recipe asks (`layout` "runner" or "multimodal_runner") or leaves `layout` unset, with a static cache at batch 1,
-    no component settings of the methods layout, XNNPACK and no quantization (whether the model fits is
+    no component settings of the methods layout, XNNPACK (quantized or not: `exporters.export.quantize`; whether the model fits is
     [`refused`]'s). Raises [`TargetPlanError`] when the recipe asked for it and a setting rules it out."""
     if target.export_format != "executorch" or target.mode != "generation":
         return False
@@ -111,14 +111,12 @@ def _settings_reasons(target: Any, cache_implementation: str, batch_size: int) -
     reasons = program_reasons(target, cache_implementation, batch_size)
     if target.components or target.dynamic_shapes or getattr(target, "merged", None) is not None:
         reasons.append("the target sets per-component settings or dynamic_shapes of the methods layout")
-    if target.quantize is not None:
-        reasons.append("the target is quantized (the multimodal runner program is exported in float here)")
     return reasons
 
 
 def settings_refused(target: Any, family: str, cache_implementation: str, batch_size: int = 1) -> str | None:
     """Why a vision- or audio-language ExecuTorch generation target whose recipe leaves `layout` unset keeps the
-    methods layout for its own settings ([`wants_multimodal_runner`]'s reasons: quantized, per-component settings,
+    methods layout for its own settings ([`wants_multimodal_runner`]'s reasons: per-component settings,
     ...), said in its findings as [`refused`]'s reasons are; None where they do not rule the runner out."""
     if target.export_format != "executorch" or target.mode != "generation" or family not in MULTIMODAL_GENERATORS \
             or getattr(target, "layout", None) is not None:
@@ -381,9 +379,25 @@ def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> 
     media = generate_inputs[source].clone()
     if encoder == VISION_ENCODER:  # traced on one image (Idefics3's tiles: each one image input of the runner;
         media = runner_image_inputs(generate_inputs)[:1].clone()  # LLaVA-NeXT's: one, stacked)
+    embeds = _as_fed(model, modules, encoder, media, runner_prompt(model, generate_inputs), embeds)
     if encoder == AUDIO_ENCODER and chunked_audio(model):  # traced on two chunks: the chunk axis stays dynamic
         media = two_chunks(media)
     return {TOKEN_EMBEDDING: (modules[TOKEN_EMBEDDING], {"input_ids": text}),
             encoder: (modules[encoder], {source: media}),
             TEXT_DECODER: (modules[TEXT_DECODER], {"inputs_embeds": embeds,
                                                    "cache_position": torch.arange(text.shape[1])})}
+
+
+def _as_fed(model: Any, modules: dict[str, Any], encoder: str, media: Any, ids: Any, embeds: Any) -> Any:
+    """`text_decoder`'s traced embeddings as the runner feeds them: the image's (audio's) features in place of its
+    tokens among the prompt's first positions (a prompt that opens with its image: LLaVA's), so its probes judge
+    logits of what the runner runs, not of a placeholder's embedding no prompt holds; `embeds` as they are where one
+    image's features do not fill the prompt's run (several images or chunks)."""
+    token = getattr(model.config, "audio_token_id", None) if encoder == AUDIO_ENCODER else image_token_id(model.config)
+    if token is None or not isinstance(ids, torch.Tensor) or not bool((ids[0, :embeds.shape[1]] == int(token)).any()):
+        return embeds
+    with torch.no_grad():
+        features = modules[encoder](media)
+        full = modules[TOKEN_EMBEDDING](ids).clone()
+    features = next(iter(features.values())) if isinstance(features, dict) else features
+    return full[:, :embeds.shape[1]].clone() if features_in_place(full, ids, features, int(token)) else embeds

@@ -32,6 +32,7 @@ from exporters.export.footprint import tied_embeddings
 from exporters.export.llm_runner import export_runner
 from exporters.export.multimodal_runner import export_multimodal_runner
 from exporters.upstream.asr_runner import asr_metadata
+from exporters.upstream import llm_runner
 from exporters.export.onnx_files import apply_onnx_file_options
 from exporters.export.trace_metadata import drop_trace_metadata
 from exporters.export.onnx_names import rename_merged_graph, unnamed_inputs
@@ -208,7 +209,7 @@ def export_to(model, target, components: Components, recipe: Recipe, directory: 
             outcome = export_runner(model, target, components, recipe, directory, notes, quantizer_for)
     elif getattr(target, "layout", None) == MULTIMODAL_RUNNER:  # exporters.export.multimodal_runner
         with _tracing(model, target), _lowering_memory(target, directory):
-            outcome = export_multimodal_runner(model, target, components, recipe, directory, notes)
+            outcome = export_multimodal_runner(model, target, components, recipe, directory, notes, quantizer_for)
     else:
         exporter = upstream.exporter_class(target.export_format)()
         configs = component_configs(target, components, recipe, notes, quantizer_for)
@@ -252,8 +253,11 @@ def _export_and_save(exporter, configs: dict[str, Any], model, target, component
         methods = {name: name if len(components) > 1 else "forward" for name in components}
         started = time.time()
         runner = _speech_metadata(model, target, recipe) if getattr(target, "layout", None) == "runner" else None
+        # a table torchao quantized is fused into ExecuTorch's quantized embedding kernel only without padding_idx
+        passes = [llm_runner.drop_embedding_padding_idx] if getattr(target.quantize, "method", None) == \
+            "torchao-xnnpack" else None
         program, metadata = upstream.export_executorch_methods(exporter, components, configs, methods, weights_file,
-                                                               runner)
+                                                               runner, fusing=passes)
         timings["export_only_s"] = time.time() - started
         started = time.time()
         _save_methods(program, metadata, methods, directory, model.config, generation_config, weights_file, runner)

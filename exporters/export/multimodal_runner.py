@@ -13,6 +13,7 @@ three methods ──► export_multimodal_program (exporters.upstream.multimodal
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +31,22 @@ PROGRAM, WEIGHTS_TAG = "model.pte", "model"
 
 
 def export_multimodal_runner(model: Any, target: Any, components: dict[str, tuple[Any, dict]], recipe: Recipe,
-                             directory: Path, notes: list[str]) -> dict[str, Any]:
-    """Export the runner's three methods into one program and write the target folder. Returns `{"components",
-    "export_only_s", "save_s"}`."""
+                             directory: Path, notes: list[str],
+                             quantizer_for: Callable[[str, dict[str, Any]], Any] | None = None) -> dict[str, Any]:
+    """Export the runner's three methods into one program and write the target folder. A quantized target's
+    `quantizer_for(TEXT_DECODER, inputs)` (`exporters.export.quantize.Quantizing`) quantizes the model's text side
+    in place (torchao: None returned) or gives the PT2E quantizer of `text_decoder`'s traced graph (`8da8w`: its
+    linears; the encoder and the embedding stay float, as the LLM runner's PT2E program keeps its table). Returns
+    `{"components", "export_only_s", "save_s"}`."""
+    quantizer = quantizer_for(TEXT_DECODER, components[TEXT_DECODER][1]) if quantizer_for is not None else None
     setting = cache_setting_for(model, target, recipe)
     custom_ops = custom_ops_of(target, model)
     if not custom_ops and getattr(target, "custom_ops", None) is None:
         notes.append(custom_ops_off(model))
     asked, weights = getattr(target, "external_weights", None), ModelWeights.of(model)
     # a tied table is stored once only through the named-data file (docs/upstream-gaps.md #13), as the text runner's
-    tied = asked is None and weights.tied
+    # a quantized projection is no longer the table (torchao gave it its own tensor): nothing to share
+    tied = asked is None and weights.tied and target.quantize is None
     external = bool(asked) or weights.bytes() > PTE_WEIGHTS_LIMIT or tied
     eos = special_token_ids(model.generation_config, model.config).eos
     # a ring-buffer layer's window: one text_decoder call takes at most that many positions
@@ -61,7 +68,7 @@ def export_multimodal_runner(model: Any, target: Any, components: dict[str, tupl
     started = time.time()
     manager, records, custom_nodes = multimodal_runner.export_multimodal_program(
         modules, model, inputs, max_cache_len=setting.max_cache_len, custom_ops=custom_ops, metadata=metadata,
-        external_weights=WEIGHTS_TAG if external else None)
+        external_weights=WEIGHTS_TAG if external else None, quantizer=quantizer)
     export_s = time.time() - started
     started = time.time()
     directory.mkdir(parents=True, exist_ok=True)

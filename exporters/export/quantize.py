@@ -32,6 +32,7 @@ from exporters import upstream
 from exporters.capture.components import generation_config_for
 from exporters.capture.inputs import SampleInputs, make_sample_inputs, prompt_ids
 from exporters.capture.families import a_model_of
+from exporters.capture.multimodal_runner import MULTIMODAL_RUNNER
 from exporters.errors import RecipeError
 from exporters.export.footprint import tied_embeddings
 from exporters.recipe.jsonpos import format_path, nearest_line
@@ -154,12 +155,15 @@ def x86_quantizer(dynamic: bool):
     return X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config(is_dynamic=dynamic))
 
 
-def torchao_quantize(model: Any, spec: Any, notes: list[str]) -> dict[str, int]:
+def torchao_quantize(model: Any, spec: Any, notes: list[str], text_only: bool = False) -> dict[str, int]:
     """Quantize `model` in place with torchao's `quantize_`, as optimum-executorch's `quantize_model_` does: the
     embedding tables first (`IntxWeightOnlyConfig`, which gives a tied output projection its own tensor), then the
     linear layers (`Int8DynamicActivationIntxWeightConfig`; a layer whose inputs do not split into groups gets
     per-channel int8 weights), then the tensor subclasses unwrapped for `torch.export`. Returns the modules quantized
-    per scheme.
+    per scheme. `text_only` (a vision-, audio-language or speech model's runner program): only its text side, the
+    token embedding and the linears of `get_decoder()` and `get_output_embeddings()`, as optimum-executorch's
+    multimodal and ASR tasks do without `--qlinear_encoder`; the encoder, the projector and a table its module
+    indexes itself (Whisper's positions) stay float ([`text_side`]).
 
     Example:
         >>> torchao_quantize(model, TorchaoXnnpackQuantize(method="torchao-xnnpack"), [])  # doctest: +SKIP
@@ -184,36 +188,60 @@ def torchao_quantize(model: Any, spec: Any, notes: list[str]) -> dict[str, int]:
 
     counts: dict[str, int] = {}
     embedding, group = options["embedding"], options["group_size"]
+    table_ids, linear_ids = text_side(model) if text_only else (None, None)
+
+    def table(m: Any, fqn: str = "") -> bool:
+        return isinstance(m, torch.nn.Embedding) and (table_ids is None or id(m) in table_ids)
+
+    def linear(m: Any, fqn: str = "") -> bool:
+        return isinstance(m, torch.nn.Linear) and (linear_ids is None or id(m) in linear_ids)
+
     if embedding != "none":
-        tables = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+        tables = [m for m in model.modules() if table(m)]
         size = options["embedding_group_size"]
         if any(not fits(table, size) for table in tables):
             raise ValueError(f"embedding_group_size {size} does not divide the embedding width "
                              f"{[t.weight.shape[1] for t in tables]}: use a divisor, or 0 (per row)")
         config = IntxWeightOnlyConfig(weight_dtype=torch.int8 if embedding == "8w" else torch.int4,
                                       granularity=groups(size), intx_choose_qparams_algorithm=algorithm)
-        quantize_(model, config, lambda m, fqn: isinstance(m, torch.nn.Embedding))
+        quantize_(model, config, table)
         counts[f"embedding {embedding}"] = len(tables)
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    linears = [m for m in model.modules() if linear(m)]
     grouped = [m for m in linears if fits(m, group)]
     bits = torch.int4 if options["linear"] == "8da4w" else torch.int8
     quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=bits, weight_granularity=groups(group),
                                                            intx_choose_qparams_algorithm=algorithm),
-              lambda m, fqn: isinstance(m, torch.nn.Linear) and fits(m, group))
+              lambda m, fqn: linear(m) and fits(m, group))
     counts[f"linear {options['linear']}"] = len(grouped)
     if len(grouped) < len(linears):
         quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0),
                                                                intx_choose_qparams_algorithm=algorithm),
-                  lambda m, fqn: isinstance(m, torch.nn.Linear) and not fits(m, group))
+                  lambda m, fqn: linear(m) and not fits(m, group))
         counts["linear 8da8w (inputs not a multiple of group_size)"] = len(linears) - len(grouped)
         notes.append(f"{len(linears) - len(grouped)} linear layers take inputs that do not split into groups of "
                      f"{group}: their weights are per-channel int8 (8da8w)")
     unwrap_tensor_subclass(model)
+    if text_only:
+        left = sum(1 for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))) \
+            - len(linears) - (len(tables) if embedding != "none" else 0)
+        counts["float (encoder, projector, position tables)"] = left
+        notes.append(f"torchao quantized the text side only (the token embedding, the decoder's and the output "
+                     f"projection's linears), as optimum-executorch without --qlinear_encoder: {left} linear and "
+                     "embedding layers outside it (the encoder, a projector, position tables) stay float")
     if tied:
         notes.append("the model ties its embedding table to its output projection: quantized each its own way (the "
                      f"table {embedding}, the projection {options['linear']}), they are two tensors, as "
                      "optimum-executorch stores them")
     return counts
+
+
+def text_side(model: Any) -> tuple[set[int], set[int]]:
+    """The ids of the token embedding, and of the linears of `get_decoder()` and `get_output_embeddings()`: what a
+    runner program of a vision-, audio-language or speech model quantizes ([`torchao_quantize`]'s `text_only`)."""
+    output = model.get_output_embeddings()
+    roots = [model.get_decoder()] + ([output] if output is not None else [])
+    linears = {id(m) for root in roots for m in root.modules() if isinstance(m, torch.nn.Linear)}
+    return {id(model.get_input_embeddings())}, linears
 
 
 def upstream_quantizer(spec: Any, samples: list[dict] | None):
@@ -234,15 +262,17 @@ def upstream_quantizer(spec: Any, samples: list[dict] | None):
 
 # the variants whose ExecuTorch setting is torchao's quantize_ (exporters.recipe.variants.TORCHAO_8DA4W)
 TORCHAO_VARIANTS = ("8da4w", "int4")
+# the layouts whose program torchao quantizes: the LLM runner's (and the ASR runner's, also "runner"), MultimodalRunner's
+RUNNER_LAYOUTS = ("runner", MULTIMODAL_RUNNER)
 
 
 def layout_refusal(target: Target, family: str, why: str | None = None) -> str | None:
     """Why a target quantized by torchao (`torchao-xnnpack`, the `8da4w` and ExecuTorch `int4` variants) cannot be
-    exported in the layout it was planned in: torchao quantizes the LLM runner's program (layout 'runner') only,
-    and a text model that cannot be a runner program (`why`: its reason), a target whose settings give the methods
-    layout, or a vision-language, audio-language or speech model's quantized target (their runner programs are
-    exported in float here) is planned in another. Said before any export, naming the variant, the layout and what
-    quantizes that layout instead; None where it fits.
+    exported in the layout it was planned in: torchao quantizes a runner's program (the LLM runner's, the ASR
+    runner's: layout 'runner'; MultimodalRunner's: 'multimodal_runner') only, and a text model that cannot be a
+    runner program (`why`: its reason), or a target whose settings or model give the methods layout, is planned in
+    another. Said before any export, naming the variant, the layout and what quantizes that layout instead; None
+    where it fits.
 
     Example:
         >>> from exporters.recipe.variants import TorchaoXnnpackQuantize
@@ -250,19 +280,20 @@ def layout_refusal(target: Target, family: str, why: str | None = None) -> str |
         >>> spec = TorchaoXnnpackQuantize(method="torchao-xnnpack")
         >>> layout_refusal(SimpleNamespace(name="et-8da4w", quantize=spec, layout=None), "vision-language")[:57]
         "variant '8da4w' (quantize 'torchao-xnnpack') cannot take "
+        >>> layout_refusal(SimpleNamespace(name="et-8da4w", quantize=spec, layout="multimodal_runner"), "vision-language")
         >>> layout_refusal(SimpleNamespace(name="et-8da4w", quantize=spec, layout="runner"), "text") is None
         True
     """
     spec = target.quantize
-    if spec is None or spec.method != "torchao-xnnpack" or getattr(target, "layout", None) == "runner":
+    if spec is None or spec.method != "torchao-xnnpack" or getattr(target, "layout", None) in RUNNER_LAYOUTS:
         return None
     variant = next((v for v in TORCHAO_VARIANTS if target.name.endswith(VARIANTS[v][0])), None)
     what = f"variant '{variant}' (quantize 'torchao-xnnpack')" if variant else "quantize 'torchao-xnnpack'"
     layout = getattr(target, "layout", None) or "methods"
     return (f"{what} cannot take layout '{layout}', the layout {a_model_of(family)}'s torchao-quantized ExecuTorch "
-            f"target is planned in{f' ({why})' if why else ''}: torchao quantizes the LLM runner's program (layout "
-            f"'runner') only; use variant '8da8w', or \"quantize\": {{\"method\": \"pt2e-xnnpack\", \"scheme\": "
-            f"\"8da4w\"}} (per-channel int4 weights, int8 dynamic activations), for it")
+            f"target is planned in{f' ({why})' if why else ''}: torchao quantizes a runner's program (layout "
+            f"'runner' or 'multimodal_runner') only; use variant '8da8w', or \"quantize\": {{\"method\": "
+            f"\"pt2e-xnnpack\", \"scheme\": \"8da4w\"}} (per-channel int4 weights, int8 dynamic activations), for it")
 
 
 class Quantizing:
@@ -282,11 +313,14 @@ class Quantizing:
         if spec is None:
             return None
         if spec.method == "torchao-xnnpack":  # the model itself, in place: this process is the export's own child
-            if getattr(self.target, "layout", None) != "runner":
-                raise ValueError("'torchao-xnnpack' quantizes the LLM runner's program, and this target is exported "
+            layout = getattr(self.target, "layout", None)
+            if layout not in RUNNER_LAYOUTS:
+                raise ValueError("'torchao-xnnpack' quantizes a runner's program, and this target is exported "
                                  "with a method per component (layout 'methods'): use {'method': 'pt2e-xnnpack', "
                                  "'scheme': '8da4w'} for it")
-            self.quantized_modules = torchao_quantize(self.model, spec, self.notes)
+            # a runner program with an encoder (MultimodalRunner's, the ASR runner's): its text side only
+            text_only = layout == MULTIMODAL_RUNNER or bool(getattr(self.model.config, "is_encoder_decoder", False))
+            self.quantized_modules = torchao_quantize(self.model, spec, self.notes, text_only)
             return None
         per_component: dict[str, list[dict]] = {}
         if spec.needs_calibration and self.target.mode == "generation":

@@ -40,7 +40,7 @@ class ExecutorchLayoutSetting(BaseModel):
         "encoder_hidden_states, cache_position; the self-attention cache inside). Default: 'runner' for decoder-only "
         "models (static cache, batch 1) that run with the runner program's static cache and whose runner program "
         "exports, and for Whisper (static cache, batch 1), 'multimodal_runner' for LLaVA-style vision-language "
-        "models (float, static cache, batch 1), 'methods' otherwise (the report says why).",
+        "models (float or quantized, static cache, batch 1), 'methods' otherwise (the report says why).",
     )
     custom_ops: StrictBool | None = Field(
         default=None,
@@ -63,11 +63,10 @@ class ExecutorchLayoutSetting(BaseModel):
         if self.layout in ("runner", "multimodal_runner") and getattr(self, "mode", None) == "model":
             raise _problem(("layout",), f"layout {self.layout!r} applies to mode 'generation'")
         method = getattr(getattr(self, "quantize", None), "method", None)
-        if method == "torchao-xnnpack" and (self.layout in ("methods", "multimodal_runner")
-                                            or getattr(self, "mode", None) == "model"):
-            raise _problem(("quantize", "method"), "'torchao-xnnpack' quantizes the LLM runner's program (mode "
-                                                   "'generation', layout 'runner'); for this target use "
-                                                   "{'method': 'pt2e-xnnpack', 'scheme': '8da4w'}")
+        if method == "torchao-xnnpack" and (self.layout == "methods" or getattr(self, "mode", None) == "model"):
+            raise _problem(("quantize", "method"), "'torchao-xnnpack' quantizes a runner's program (mode "
+                                                   "'generation', layout 'runner' or 'multimodal_runner'); for this "
+                                                   "target use {'method': 'pt2e-xnnpack', 'scheme': '8da4w'}")
         if self.layout == "methods":
             for key in ("custom_ops", "external_weights"):
                 if getattr(self, key) is not None:

@@ -179,8 +179,8 @@ class Workbench:
                 self.fitted[target.name] = (self.decompositions[key], self._cache_notes(target, setting, llm_runner.FED_IN_CHUNKS))
                 return self.fitted[target.name][0]
             # said before the capture below: torchao's 8da4w quantizes the runner's program only (issue #51's sweep)
-            if (refusal := layout_refusal(target, self.sample.family,
-                                          llm_runner.methods_reason(refused if runner else None))) is not None:
+            why = (refused if runner else None) or self.not_runner.get(target.name)  # a runner's export failed too
+            if (refusal := layout_refusal(target, self.sample.family, llm_runner.methods_reason(why))) is not None:
                 raise TargetPlanError(refusal, option="quantize")
             kept = llm_runner.prompt_kept_dynamic(target) if runner and refused and not window else None
             kept = kept or waveform_kept_dynamic(target, self.model.config)  # Moonshine: any audio length

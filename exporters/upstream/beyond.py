@@ -29,6 +29,7 @@ from exporters.upstream.xnnpack_passes import (
     cia_ops_materialized_once,
     edge_passes_only_where_they_apply,
     provenance_shared_while_lowering,
+    quant_fusion_only_with_quantized_ops,
     sdpa_fusion_only_with_softmax,
     second_decomposition_only_where_it_decomposes,
     upsample_fusion_only_with_upsample,
@@ -150,7 +151,8 @@ def lowering_captured():
 def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, dict]], configs: dict[str, Any],
                               methods: dict[str, str] | None = None,
                               weights_file: str | None = None,
-                              constant_methods: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+                              constant_methods: dict[str, Any] | None = None,
+                              fusing: list[Any] | None = None) -> tuple[Any, dict[str, Any]]:
     """`(ExecutorchProgramManager, {component: ExportMetadata})`: every component traced and prepared by upstream's
     `ExecutorchExporter.export_program` (backend preparation, patches, FX fixes) with its lowering captured, then all
     lowered together by one `to_edge_transform_and_lower({method: program})` under the same patches: one program, one
@@ -162,7 +164,9 @@ def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, di
     tensors once: a tied embedding table (looked up on the portable kernels, multiplied by XNNPACK as the output
     projection) is then stored once instead of twice (docs/upstream-gaps.md #13). Save with
     `write_tensor_data_to_file`; load with `Runtime.load_program(pte, data_path=ptd)`. `constant_methods`: methods
-    that return a constant (a runner's metadata: `exporters.upstream.asr_runner.asr_metadata`)."""
+    that return a constant (a runner's metadata: `exporters.upstream.asr_runner.asr_metadata`). `fusing`: the
+    edge passes a program torchao quantized needs (`llm_runner.drop_embedding_padding_idx`), run after upstream's;
+    its quantized ops are then fused into ExecuTorch's kernels (`do_quant_fusion_and_const_prop`, as the runners')."""
 
     # upstream's ExecuTorch exporter loads ExecuTorch and its XNNPACK backend (tens of seconds): only where one lowers
     import transformers.exporters.exporter_executorch
@@ -189,10 +193,17 @@ def export_executorch_methods(exporter: Any, components: dict[str, tuple[Any, di
         edge = transformers.exporters.exporter_executorch.to_edge_transform_and_lower(
             {methods[name]: c.program for name, c in captured.items()},
             partitioner={methods[name]: c.kwargs["partitioner"] for name, c in captured.items()},
-            compile_config=first.kwargs["compile_config"], transform_passes=first.kwargs["transform_passes"],
+            compile_config=first.kwargs["compile_config"],
+            transform_passes=[*(first.kwargs["transform_passes"] or []), *(fusing or [])] or None,
             constant_methods=constant_methods or None)
         del captured
-        return edge.to_executorch(config=backend_config), metadata
+        if not fusing:
+            return edge.to_executorch(config=backend_config), metadata
+        from executorch.exir import ExecutorchBackendConfig  # deferred: loaded by upstream's exporter above
+
+        with quant_fusion_only_with_quantized_ops():
+            return edge.to_executorch(config=dataclasses.replace(backend_config or ExecutorchBackendConfig(),
+                                                                 do_quant_fusion_and_const_prop=True)), metadata
 
 
 def _tag_delegate_weights(program: Any, tag: str) -> None:

@@ -46,7 +46,13 @@ from exporters.upstream.beyond import _external_constants, _tag_delegate_weights
 from exporters.upstream.fixed_image import FixedSizeImageEncoder
 from exporters.upstream.idefics_image import OneImageEncoder, takes_pixel_mask
 from exporters.upstream.internals import cache_layers_through_buffers
-from exporters.upstream.llm_runner import _static_generation_config, custom_ops_installed, max_seq_len
+from exporters.upstream.llm_runner import (
+    _static_generation_config,
+    custom_ops_installed,
+    drop_embedding_padding_idx,
+    max_seq_len,
+    quantize_runner_graph,
+)
 from exporters.upstream.patches import patched, patched_item
 from exporters.upstream.xnnpack_passes import quant_fusion_only_with_quantized_ops
 
@@ -142,7 +148,7 @@ def methods_of(model: Any) -> tuple[str, ...]:
 
 
 class TextDecoder(torch.nn.Module):
-    """`text_decoder(inputs_embeds [1, seq, hidden], cache_position [seq]) -> logits [1, seq, vocab]` around
+    """`text_decoder(inputs_embeds [1, seq, hidden], cache_position [seq]) -> {"logits": [1, seq, vocab]}` around
     transformers' static-cache wrapper (its `wrapper`, as `llm_runner.RunnerProgram`'s, so the same custom ops swap
     in); the cache is the wrapper's buffers. `max_seq_len`: the most positions one call takes (a ring-buffer
     layer's window, `llm_runner.max_seq_len`; the runner's text inputs and each image no longer)."""
@@ -152,8 +158,9 @@ class TextDecoder(torch.nn.Module):
         self.wrapper, self.max_cache_len = wrapper, max_cache_len
         self.max_seq_len = max_seq_len or max_cache_len - 1
 
-    def forward(self, inputs_embeds: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-        return self.wrapper(inputs_embeds=inputs_embeds, cache_position=cache_position)
+    def forward(self, inputs_embeds: torch.Tensor, cache_position: torch.Tensor) -> dict[str, torch.Tensor]:
+        # named, as the LLM runner's program's: a quantized program's logits are judged as logits (top-1, KL)
+        return {"logits": self.wrapper(inputs_embeds=inputs_embeds, cache_position=cache_position)}
 
 
 def _marked(rows: torch.Tensor, mark: float) -> torch.Tensor:
@@ -186,7 +193,7 @@ class MarkedTextDecoder(TextDecoder):
     the whole image, no longer than the window); in a ring buffer it is gathered at the slots' positions
     (`llm_runner.ring_mask`)."""
 
-    def forward(self, inputs_embeds: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs_embeds: torch.Tensor, cache_position: torch.Tensor) -> dict[str, torch.Tensor]:
         embeds, image = inputs_embeds[..., :-1], inputs_embeds[0, :, -1] > 0.5
         cache = self.wrapper.static_cache
         for layer in cache.layers:  # as the wrapper's own forward: the cache resumes at the call's first position
@@ -204,7 +211,7 @@ class MarkedTextDecoder(TextDecoder):
                 else allowed
             masks[kind] = torch.where(seen, 0.0, float("-inf")).to(embeds.dtype)[None, None]
         out = self.wrapper.model(inputs_embeds=embeds, attention_mask=masks, cache=cache, use_cache=True)
-        return out.logits
+        return {"logits": out.logits}
 
 
 def multimodal_modules(model: Any, max_cache_len: int, marked: bool = False,
@@ -246,18 +253,25 @@ def text_attention_as_custom_sdpa(model: Any) -> Iterator[None]:
 
 def export_multimodal_program(modules: dict[str, torch.nn.Module], model: Any, inputs: dict[str, dict[str, Any]], *,
                               max_cache_len: int, custom_ops: bool, metadata: dict[str, Any],
-                              external_weights: str | None = None) -> tuple[Any, dict[str, Any], int]:
+                              external_weights: str | None = None, quantizer: Any = None
+                              ) -> tuple[Any, dict[str, Any], int]:
     """Export the three methods and lower them, XNNPACK, into one program with `metadata` as constant methods.
     `inputs`: each method's traced inputs; `seq` is dynamic up to `max_cache_len - 1` for `token_embedding` and
     up to the decoder's `max_seq_len` for `text_decoder` (a sliding-window layer's window where it is held in a ring
     buffer of twice its window: `llm_runner.ring_update`), the image (or audio) fixed at its traced size (Voxtral's audio: any number of chunks,
     [`audio_chunks_dim`]). `text_decoder` is traced strict (as the text runner's), with
     executorch's custom SDPA and cache ops when `custom_ops`. `external_weights`: the tag of a `.ptd` every weight
-    goes to (None: inside the `.pte`).
+    goes to (None: inside the `.pte`). `quantizer`: upstream's `PT2EQuantizer` of `text_decoder`'s graph
+    (`llm_runner.quantize_runner_graph`; None: the model as it is, float or quantized by torchao beforehand). An
+    embedding table torchao quantized is fused into ExecuTorch's quantized embedding kernel
+    (`llm_runner.drop_embedding_padding_idx`).
 
     Returns `(ExecutorchProgramManager, {method: ExportMetadata}, number of custom-op nodes)`."""
     # executorch loads only where a program is lowered (seconds, native memory)
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner  # deferred: heavy
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import (  # deferred: heavy
+        XnnpackDynamicallyQuantizedPartitioner,
+        XnnpackPartitioner,
+    )
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower  # heavy
     from executorch.exir.passes import MemoryPlanningPass  # deferred: heavy
 
@@ -288,6 +302,8 @@ def export_multimodal_program(modules: dict[str, torch.nn.Module], model: Any, i
 
                 module = RemoveRedundantTransposes()(exported.module())[0]
                 exported = torch.export.export(module, (), kwargs, dynamic_shapes=shapes[TEXT_DECODER], strict=False)
+        if quantizer is not None:
+            exported = quantize_runner_graph(exported, quantizer, kwargs, shapes[TEXT_DECODER])
         programs[TEXT_DECODER] = exported
     records = {name: _record(model, program, inputs[name]) for name, program in programs.items()}
     custom_nodes = sum(1 for n in exported.graph.nodes if n.op == "call_function" and "llama." in str(n.target))
@@ -305,9 +321,10 @@ def export_multimodal_program(modules: dict[str, torch.nn.Module], model: Any, i
     with propagated_constants_named_once():
         with xnnpack_lowering():
             edge = to_edge_transform_and_lower(
-                programs, partitioner=[XnnpackPartitioner()],
+                programs, partitioner=[XnnpackPartitioner()] if quantizer is None
+                else [XnnpackDynamicallyQuantizedPartitioner(), XnnpackPartitioner()],
                 compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-                constant_methods=metadata,
+                constant_methods=metadata, transform_passes=[drop_embedding_padding_idx],
             )
         with quant_fusion_only_with_quantized_ops():
             return edge.to_executorch(config=backend_config), records, custom_nodes

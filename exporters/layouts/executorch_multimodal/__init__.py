@@ -45,6 +45,7 @@ METHODS_KEPT = ("the program has a method per component (layout 'methods'), not 
                 "vision_encoder or audio_encoder and text_decoder; the target's findings say why")
 # the card's snippet and the proof's child share these lines: the runner, built and called the same way
 RUNNER_IMPORTS = ("import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the llama:: kernels)\n"
+                  "import executorch.kernels.quantized  # noqa: F401  (a quantized embedding table's kernels)\n"
                   "from executorch.extension.llm.runner import GenerationConfig, MultimodalRunner\n")
 IMAGE_IMPORTS = ("from executorch.extension.llm.runner import make_image_input, make_token_input\n"
                  "from executorch.runtime import Runtime\n")

@@ -49,6 +49,7 @@ from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
 from exporters.layouts.executorch_llm import RUNTIME_WITHOUT_COMPILER, runner_child_imports
+from exporters.layouts.executorch_llm.proof import required_match
 from exporters.layouts.executorch_multimodal import (AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, IMAGE_IMPORTS,
                                                     IMAGE_INPUTS, SIZE, SIZE_CHECK, STEP)
 from exporters.upstream import read_manifest
@@ -61,7 +62,7 @@ CHILD = RUNTIME_WITHOUT_COMPILER + r"""
 import json, sys
 import torch
 spec = json.loads(sys.argv[1])
-""" + runner_child_imports("MultimodalRunner", quantized=False) + r"""
+""" + runner_child_imports("MultimodalRunner") + r"""
 args = [spec["program"], spec["tokenizer"]] + ([spec["data"]] if spec["data"] else [])
 runner = MultimodalRunner(*args)
 inputs = torch.load(spec["inputs"], weights_only=True)
@@ -81,7 +82,7 @@ AUDIO_CHILD = r"""
 import json, sys
 import torch
 spec = json.loads(sys.argv[1])
-""" + runner_child_imports("MultimodalRunner", quantized=False) + AUDIO_IMPORTS + r"""
+""" + runner_child_imports("MultimodalRunner") + AUDIO_IMPORTS + r"""
 args = [spec["program"], spec["tokenizer"]] + ([spec["data"]] if spec["data"] else [])
 runner = MultimodalRunner(*args)
 saved = torch.load(spec["inputs"], weights_only=True)
@@ -203,12 +204,15 @@ def _prove(layout: Any, directory: Path, reference: dict[str, Any], context: Run
         return RuntimeProof(layout.runtime, "failed", f"the runner read the prompt and its media as {read} positions, "
                                                    f"eager as {reference['prompt_tokens']}")
     equal, _ = pieces_matched(got, want, ids_of)
-    if equal == len(want) == len(got):
+    required = required_match(context.target, len(want))  # a quantized program: its budget's greedy tokens
+    if equal == len(want) == len(got) or (required is not None and equal >= required):
         media = "an audio" if "input_features" in reference else (
             MEDIA.get(reference["images"], f"{reference['images']} images"))  # the prompt's images (`_images`)
         if "image_sizes" in reference:  # the one size the program takes
             media = "one image of {}x{}".format(*reference["image_sizes"].reshape(-1).tolist()[:2])
-        return RuntimeProof(layout.runtime, "passed", f"{equal}/{len(want)} tokens from {media} and a prompt "
+        budget = f" before the first divergence (min_greedy_match {required})" if equal < len(want) else ""
+        return RuntimeProof(layout.runtime, "passed", f"{equal}/{len(want)} tokens{budget} from {media} and a prompt "
                                                    f"({reference['prompt_tokens']} positions)")
-    return RuntimeProof(layout.runtime, "failed", f"{equal}/{len(want)} tokens equal: the runner generated "
+    wanted = f" (min_greedy_match {required})" if required is not None else ""
+    return RuntimeProof(layout.runtime, "failed", f"{equal}/{len(want)} tokens equal{wanted}: the runner generated "
                                                f"{''.join(got)[:200]!r}, eager {''.join(reference['pieces'])[:200]!r}")

@@ -56,6 +56,7 @@ for position in range(len(prompt) - 1 + min($steps, constant("get_max_seq_len") 
             break
 $emit
 """)
+QUANTIZED_IMPORT = "import executorch.kernels.quantized  # noqa: F401  (a quantized embedding table's kernels)\n"
 # The card's features: the folder's own feature extractor on your audio (here one second of a 440 Hz tone)
 CARD_AUDIO = """import numpy
 from transformers import AutoFeatureExtractor
@@ -121,6 +122,7 @@ class ExecutorchSpeech(Layout):
             return None
         data = ', data_path=f"{folder}/model.ptd"' if "model.ptd" in file_names(target) else ""
         features = CARD_WAVEFORM if takes_waveform(target) else CARD_FEATURES
-        return "python", download(repo_id, target, revision) + "\n" + transcribe_script(
+        kernels = QUANTIZED_IMPORT if target.get("quantization") else ""  # an 8-bit table's kernels
+        return "python", download(repo_id, target, revision) + "\n" + kernels + transcribe_script(
             'f"{folder}/model.pte"', data, features, None, 32, "print(new)",
             "  # the decoder's first tokens (add a language and task token where the model is multilingual)")
