@@ -161,3 +161,24 @@ def test_a_multimodal_generation_target_gets_no_upstream_snippet_written_for_a_t
     text = {**target, "expected_components": ["prefill", "decode"],
             "files": [{"path": f"{export_format}/{name}{suffix}"} for name in ("prefill", "decode")]}
     assert [runtime for runtime, _, _ in target_snippets("org/model", text)] == [UPSTREAM]
+
+
+def test_a_speecht5_folder_in_the_transformers_js_layout_is_declined_by_transformers_js_with_the_reason(tmp_path):
+    """The sixteenth round's sweep: SpeechT5 (speech-to-text on the waveform, its feature extractor in the folder) in
+    transformers.js's layout. transformers.js 4.3.2 maps `speecht5` to SpeechT5ForSpeechToText, whose `generate()`
+    feeds the encoder `input_ids` (its class names no main input, where Moonshine's names `input_values`): the proof
+    ran and failed the target ("Missing the following inputs: input_values"). Now the runtime declines, saying why,
+    and the target's verdict is its own checks' (its files still transformers.js's layout)."""
+    from tests.models import tiny_speecht5
+
+    recipe = {"exports": [{"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"}],
+              "generation": {"max_new_tokens": 8}}
+    out, report, log = stored_run(tiny_speecht5(tmp_path / "model", recipe))
+    target = targets_by_name(report)["tjs"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs["transformers.js"]["status"] == "declined", proofs
+    assert "SpeechT5ForSpeechToText" in proofs["transformers.js"]["detail"], proofs
+    assert "input_values" in proofs["transformers.js"]["detail"], proofs
+    assert {"onnx/encoder_model.onnx", "onnx/decoder_model_merged.onnx"} <= {
+        str(p.relative_to(out / "tjs")) for p in (out / "tjs").rglob("*.onnx")}
