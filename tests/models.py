@@ -620,10 +620,21 @@ VLM_CORPUS = ["describe the image", "a cat on the mat", "the quick brown fox jum
 VLM_SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]  # ids 0-3, then the family's image tokens
 
 
-def _vlm_tokenizer(folder: Path, image_tokens: list[str]):
-    """A whitespace BPE trained here whose special tokens include the family's image tokens (single ids)."""
+def _vlm_tokenizer(folder: Path, image_tokens: list[str], byte_level: bool = False):
+    """A whitespace BPE trained here whose special tokens include the family's image tokens (single ids);
+    `byte_level`: a byte-level BPE instead (as the released checkpoints of these families ship; one ExecuTorch's C++
+    tokenizer loads), whose size the text model's vocabulary must then be (`_byte_vocabulary`)."""
+    if byte_level:
+        return train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, *image_tokens], vocab_size=120, bos="<s>",
+                                   eos="</s>", pad="<pad>", byte_level=True)
     return train_bpe_tokenizer(folder, VLM_CORPUS, [*VLM_SPECIALS, *image_tokens], vocab_size=120, bos="<s>",
                                eos="</s>", pad="<pad>", unk="<unk>")
+
+
+def _byte_vocabulary(tokenizer, byte_level: bool) -> dict[str, Any]:
+    """The override that sizes the text model's vocabulary to a byte-level tokenizer's (every id the model
+    generates decodes to a piece); none for the whitespace one."""
+    return {"text_config.vocab_size": len(tokenizer)} if byte_level else {}
 
 
 def _text_depth(layers: int | None) -> dict[str, Any]:
@@ -733,6 +744,8 @@ def tiny_qwen2_5_vl_with_tokenizer(folder: Path, recipe: Any | None = None, seed
     vocabulary the tokenizer's."""
     import dataclasses
 
+    from transformers import AutoConfig
+
     from matrix.families import FAMILIES, build
 
     markers = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
@@ -741,7 +754,12 @@ def tiny_qwen2_5_vl_with_tokenizer(folder: Path, recipe: Any | None = None, seed
     ids = dict(zip(["vision_start_token_id", "image_token_id", "vision_end_token_id", "video_token_id"],
                    tokenizer.convert_tokens_to_ids(markers)))
     base = FAMILIES[family]
-    spec = dataclasses.replace(base, tokenizer=None, overrides={**base.overrides, **ids, **_text_depth(text_layers),
+    depth = _text_depth(text_layers)
+    if not hasattr(AutoConfig.for_model(base.name).text_config, "layer_types"):
+        # Qwen3-VL's text config has no `layer_types` (as its checkpoints' have none): set, it makes `generate()`'s
+        # static-cache mask a per-layer-type dict its text model cannot read (docs/upstream-gaps.md)
+        depth.pop("text_config.layer_types", None)
+    spec = dataclasses.replace(base, tokenizer=None, overrides={**base.overrides, **ids, **depth,
                                                 "text_config.vocab_size": len(tokenizer), "text_config.bos_token_id": 1,
                                                 "text_config.eos_token_id": 2, "text_config.pad_token_id": 3})
     build(spec, folder, seed=seed, recipe=recipe)
@@ -915,16 +933,17 @@ AYA_IMAGE_TOKENS = ["<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATC
 
 
 def tiny_aya_vision_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
-                                   text_layers: int = 2) -> Path:
+                                   text_layers: int = 2, byte_level: bool = False) -> Path:
     """A tiny Aya Vision (SigLIP tower, image 32, patch 8, pixel shuffle 2: 4 image tokens; Cohere2 text of
     `text_layers` layers, each with a sliding window, as the tiny family's two are) saved with its own processor: a
-    PIL-backend GOT-OCR2 image processor and a BPE tokenizer whose `<|IMG_PATCH|>` id is the model's image token."""
+    PIL-backend GOT-OCR2 image processor and a BPE tokenizer whose `<|IMG_PATCH|>` id is the model's image token
+    (`byte_level`: a byte-level one, `_vlm_tokenizer`)."""
     from transformers import AyaVisionProcessor, GotOcr2ImageProcessorPil
 
     from matrix.families import build
 
-    tokenizer = _vlm_tokenizer(folder, AYA_IMAGE_TOKENS)
-    spec = _vlm_spec("aya_vision", "AyaVisionForConditionalGeneration", {
+    tokenizer = _vlm_tokenizer(folder, AYA_IMAGE_TOKENS, byte_level)
+    spec = _vlm_spec("aya_vision", "AyaVisionForConditionalGeneration", {**_byte_vocabulary(tokenizer, byte_level),
         "vision_config.image_size": 32, "vision_config.patch_size": 8, "downsample_factor": 2,
         "text_config.sliding_window": 12, "image_token_id": tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>"),
         "text_config.num_hidden_layers": text_layers, "text_config.layer_types": ["sliding_attention"] * text_layers})
@@ -936,16 +955,18 @@ def tiny_aya_vision_with_processor(folder: Path, recipe: Any | None = None, seed
     return folder
 
 
-def tiny_mllama_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0) -> Path:
+def tiny_mllama_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
+                               byte_level: bool = False) -> Path:
     """A tiny Mllama (tiled vision tower, image 32, patch 8, 4 tiles; a 2-layer language model whose second layer
     cross-attends to the image) saved with its own processor: a PIL-backend Mllama image processor (`aspect_ratio_ids`,
-    `aspect_ratio_mask`, `cross_attention_mask`) and a BPE tokenizer whose `<|image|>` id is the model's."""
+    `aspect_ratio_mask`, `cross_attention_mask`) and a BPE tokenizer whose `<|image|>` id is the model's
+    (`byte_level`: a byte-level one, `_vlm_tokenizer`)."""
     from transformers import MllamaImageProcessorPil, MllamaProcessor
 
     from matrix.families import build
 
-    tokenizer = _vlm_tokenizer(folder, ["<|image|>", "<|begin_of_text|>"])
-    spec = _vlm_spec("mllama", "MllamaForConditionalGeneration", {
+    tokenizer = _vlm_tokenizer(folder, ["<|image|>", "<|begin_of_text|>"], byte_level)
+    spec = _vlm_spec("mllama", "MllamaForConditionalGeneration", {**_byte_vocabulary(tokenizer, byte_level),
         "vision_config.image_size": 32, "vision_config.patch_size": 8, "vision_config.max_num_tiles": 4,
         "vision_config.num_global_layers": 1, "vision_config.intermediate_layers_indices": [0],
         "vision_config.vision_output_dim": 64, "text_config.cross_attention_layers": [1],
@@ -985,12 +1006,12 @@ def tiny_idefics2_with_processor(folder: Path, recipe: Any | None = None, seed: 
 
 
 def tiny_llava_onevision_with_processor(folder: Path, recipe: Any | None = None, seed: int = 0,
-                                        text_layers: int = 2) -> Path:
+                                        text_layers: int = 2, byte_level: bool = False) -> Path:
     """A tiny LLaVA-OneVision (SigLIP tower, image 32, patch 8, any-resolution grid pinpoints up to 64; a Qwen2
     language model of `text_layers` layers) saved with the files its processor writes: `processor_config.json`
     naming `LlavaOnevisionProcessor`, with its image processor (PIL backend: base image + one tile at 32, 5-D pixels
     and `image_sizes`) and its video processor nested as transformers 5 nests them, and a BPE tokenizer whose
-    `<image>` id is the model's. The processor class
+    `<image>` id is the model's (`byte_level`: a byte-level one, `_vlm_tokenizer`). The processor class
     builds a video processor, which needs torchvision (not in the stack): it cannot be built here to save itself,
     nor loaded, which is the case this folder is for."""
     import json
@@ -999,8 +1020,9 @@ def tiny_llava_onevision_with_processor(folder: Path, recipe: Any | None = None,
 
     from matrix.families import FAMILIES, build
 
-    tokenizer = _vlm_tokenizer(folder, ["<image>", "<video>"])
+    tokenizer = _vlm_tokenizer(folder, ["<image>", "<video>"], byte_level)
     spec = _vlm_spec("llava_onevision", "LlavaOnevisionForConditionalGeneration", {
+        **_byte_vocabulary(tokenizer, byte_level),
         **FAMILIES["llava_onevision"].overrides, "text_config.num_hidden_layers": text_layers,
         "text_config.layer_types": ["full_attention"] * text_layers,  # Qwen2's, one a layer
         "image_token_index": tokenizer.convert_tokens_to_ids("<image>"),

@@ -154,20 +154,24 @@ def test_a_program_baked_with_another_image_sizes_fails_the_runners_proof(llava_
 
 
 def test_llava_onevision_passes_in_the_multimodal_runner_at_one_image_size(tmp_path_factory):
-    """LLaVA-OneVision (the matrix's tiny family: SigLIP tower, anyres_max_9, a Qwen2 text model; its byte-level BPE,
-    no processor: its processor class needs torchvision, so the sample is synthesized in its layout, the base image
-    and one tile with `image_sizes` [[32, 32]] and one run of image tokens, as its processor lays them out): one
-    program at one image of 32x32, proven by MultimodalRunner token for token with eager `generate()`. Its card
-    snippet reads the folder's processor, which cannot load here (torchvision): not run."""
-    from tests.models import family_model
+    """LLaVA-OneVision (SigLIP tower, anyres, a Qwen2 text model; a byte-level BPE) saved with the files its processor
+    writes, as a real repo ships them (`processor_config.json`; the processor class needs torchvision, so the folder's
+    image processor makes the pixels: the base image and one tile with `image_sizes` [[32, 32]] and
+    `batch_num_images` [1], its image tokens counted from the model's features): one program at one image of 32x32,
+    proven by MultimodalRunner token for token with eager `generate()`. Before (the sixteenth round's sweep,
+    benchmarks/RESULTS.md) the processor's `batch_num_images`, which one image's features do not depend on, kept
+    the methods layout ("its image inputs include ['batch_num_images']"), where a folder without a processor got the
+    runner's. Its card snippet reads the folder's processor, which cannot load here (torchvision): not run."""
+    from tests.models import tiny_llava_onevision_with_processor
 
-    model_dir = family_model("llava_onevision", tmp_path_factory.mktemp("mm-onevision") / "model",
-                             PLAINEST_EXECUTORCH, never_eos=True)  # 8 tokens to compare, not an early eos
+    model_dir = tiny_llava_onevision_with_processor(tmp_path_factory.mktemp("mm-onevision") / "model",
+                                                    PLAINEST_EXECUTORCH, byte_level=True)
     out, report, log = stored_run(model_dir)
     target, proofs = _runner_target(out, report, log)
     assert proofs[RUNTIME]["detail"].startswith("8/8 tokens from one image of 32x32 and a prompt"), proofs
     encoder = next(c for c in target["components"] if c["name"] == "vision_encoder")
     assert encoder["checks"][0]["shapes"] == {"pixel_values": [1, 3, 64, 32]}  # base image and tile, stacked
+    assert any("LlavaOnevisionImageProcessorPil" in f for f in report["findings"]), report["findings"]
 
 
 def test_mistral3_keeps_the_methods_layout_saying_why():

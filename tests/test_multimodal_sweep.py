@@ -148,3 +148,46 @@ def test_a_runner_snippet_that_runs_the_folders_processor_is_shown_only_where_th
     target["files"].append({"path": "executorch/preprocessor_config.json"})
     [code] = [code for name, _, code in target_snippets("org/model", target) if name == runtime]
     assert "from_pretrained(folder)" in code
+
+
+@pytest.mark.parametrize("export_format", ["onnx", "dynamo"])
+@pytest.mark.parametrize("stages", [["image_encoder", "multi_modal_projector"], ["audio_encoder", "multi_modal_projector"]])
+def test_a_multimodal_generation_target_gets_no_upstream_snippet_written_for_a_text_decoder(export_format, stages):
+    """The sixteenth round's sweep (LLaVA-NeXT, Idefics2, ..., with their processors; benchmarks/RESULTS.md) ran every
+    card snippet as written: upstream's `ExportedModel` snippet of a vision-language ONNX target was the text
+    decoder's, and failed on its fourth statement (`AttributeError: 'LlavaNextConfig' object has no attribute
+    'hidden_size'`; then `model.runners["model"]`, a component such a target does not have). A target of a
+    vision- or audio-language model's stages gets no upstream snippet (none written yet); a text decoder's keeps it."""
+    from exporters.publish.snippets import UPSTREAM, target_snippets
+
+    components = [*stages, "embed_tokens", "language_model", "lm_head", "decode"]
+    suffix = {"onnx": ".onnx", "dynamo": ".pt2"}[export_format]
+    target = {"name": export_format, "export_format": export_format, "mode": "generation",
+              "expected_components": components, "components": [{"name": c} for c in components],
+              "files": [{"path": f"{export_format}/{name}{suffix}"} for name in components],
+              "runtimes": [{"runtime": "ONNX Runtime GenAI", "status": "declined", "detail": "no such type"}]}
+    assert UPSTREAM not in [runtime for runtime, _, _ in target_snippets("org/model", target)]
+    text = {**target, "expected_components": ["prefill", "decode"],
+            "files": [{"path": f"{export_format}/{name}{suffix}"} for name in ("prefill", "decode")]}
+    assert [runtime for runtime, _, _ in target_snippets("org/model", text)] == [UPSTREAM]
+
+
+def test_a_speecht5_folder_in_the_transformers_js_layout_is_declined_by_transformers_js_with_the_reason(tmp_path):
+    """The sixteenth round's sweep: SpeechT5 (speech-to-text on the waveform, its feature extractor in the folder) in
+    transformers.js's layout. transformers.js 4.3.2 maps `speecht5` to SpeechT5ForSpeechToText, whose `generate()`
+    feeds the encoder `input_ids` (its class names no main input, where Moonshine's names `input_values`): the proof
+    ran and failed the target ("Missing the following inputs: input_values"). Now the runtime declines, saying why,
+    and the target's verdict is its own checks' (its files still transformers.js's layout)."""
+    from tests.models import tiny_speecht5
+
+    recipe = {"exports": [{"name": "tjs", "export_format": "onnx", "mode": "generation", "layout": "transformers.js"}],
+              "generation": {"max_new_tokens": 8}}
+    out, report, log = stored_run(tiny_speecht5(tmp_path / "model", recipe))
+    target = targets_by_name(report)["tjs"]
+    assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:4000])
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert proofs["transformers.js"]["status"] == "declined", proofs
+    assert "SpeechT5ForSpeechToText" in proofs["transformers.js"]["detail"], proofs
+    assert "input_values" in proofs["transformers.js"]["detail"], proofs
+    assert {"onnx/encoder_model.onnx", "onnx/decoder_model_merged.onnx"} <= {
+        str(p.relative_to(out / "tjs")) for p in (out / "tjs").rglob("*.onnx")}

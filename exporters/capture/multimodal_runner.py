@@ -63,6 +63,7 @@ COMPONENTS = list(multimodal_runner.METHODS)
 AUDIO_COMPONENTS = list(multimodal_runner.AUDIO_METHODS)
 # the sample inputs a LLaVA-style forward reads (anything else: a layout the runner's one image cannot carry)
 IMAGE_INPUTS = {"input_ids", "attention_mask", "pixel_values"}
+IMAGE_COUNTS = "batch_num_images"  # LLaVA-OneVision's processor's images per prompt ([`_one_image_each`])
 AUDIO_INPUTS = {"input_ids", "attention_mask", "input_features"}  # Voxtral's: the features, the prompt
 # Qwen2-Audio's mask of the features' frames: the runner's audio has none, so every frame must count
 FEATURE_MASK = "feature_attention_mask"
@@ -134,7 +135,7 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
     # Gemma 3's token types mark its image's tokens, which the program marks itself (`marks_image_rows`)
     extra = sorted(set(generate_inputs) - IMAGE_INPUTS - ({"token_type_ids"} if marks_image_rows(config) else set())
                    - ({PIXEL_MASK} if takes_pixel_mask(model) else set())
-                   - ({IMAGE_SIZES} if takes_image_sizes(model) else set()))
+                   - ({IMAGE_SIZES} if takes_image_sizes(model) else set()) - _one_image_each(generate_inputs))
     pixels = runner_image_inputs(generate_inputs)
     ids = runner_prompt(model, generate_inputs)  # Pixtral's rows: its span one run
     image_token = image_token_id(model.config)
@@ -156,6 +157,14 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
     else:
         why = _ring_refused(target, model, ids, int(image_token), max_cache_len)
     return _asked(target, why)
+
+
+def _one_image_each(generate_inputs: dict[str, Any]) -> set[str]:
+    """`{IMAGE_COUNTS}` where the sample's processor counted one image a prompt (LLaVA-OneVision's processor: `[1]`),
+    which its `get_image_features` reads as it reads none (the image tiled, as the program's traced call does);
+    else nothing (several images a prompt: the runner's program is not traced for them)."""
+    counts = generate_inputs.get(IMAGE_COUNTS)
+    return {IMAGE_COUNTS} if isinstance(counts, torch.Tensor) and bool((counts == 1).all()) else set()
 
 
 def runner_images(pixels: Any) -> Any:

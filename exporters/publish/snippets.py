@@ -41,6 +41,9 @@ OPTIMUM_DECODERS = ("decoder_with_past_model.onnx", "decoder_model_merged.onnx")
 # `custom_ops_library` its genai_config.json names).
 LOADS_CODE = tuple(layout.runtime for layout in LAYOUTS if layout.executes)
 UPSTREAM = "transformers.exporters"
+# the stage a vision- or audio-language decomposition holds (exporters.capture.components.VLM_TEXT_STAGES): the
+# language model on the embeddings the model's own Python merged
+MULTIMODAL_STAGE = "language_model"
 
 
 
@@ -59,8 +62,13 @@ def upstream_loads(target: dict[str, Any]) -> bool:
     in upstream's layout, or one `.pte` per component (not one program with a method per component, nor the ExecuTorch
     LLM runner's program, whose `forward` takes tokens and positions and holds the cache)."""
     names = file_names(target)
-    if target.get("mode") == "generation" and target.get("expected_components") == ["decode"]:
+    components = target.get("expected_components") or []
+    if target.get("mode") == "generation" and components == ["decode"]:
         return False  # a state-space model's stepped prompt (decode alone, from zeroed states): no snippet written yet
+    if target.get("mode") == "generation" and MULTIMODAL_STAGE in components:
+        # a vision- or audio-language model's stages, joined by the model's own Python (the image's features in
+        # place of its tokens): no snippet written yet (the text decoder's reads sizes its config does not have)
+        return False
     if target.get("export_format") == "dynamo":
         return True
     if target.get("export_format") == "onnx":  # not the transformers.js layout (graphs renamed, under onnx/)
@@ -71,7 +79,6 @@ def upstream_loads(target: dict[str, Any]) -> bool:
         return False
     if any(p.get("runtime") == ExecutorchLlm.runtime for p in target.get("runtimes") or [] if isinstance(p, dict)):
         return False  # the runner's `forward(tokens, input_pos)`, the cache inside: its own snippet says how to run it
-    components = target.get("expected_components") or []
     return bool(components) and all(f"{c}.pte" in names for c in components)
 
 

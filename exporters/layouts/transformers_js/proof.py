@@ -46,6 +46,8 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
     sample prompt; a folder this proof does not run yet (not a decoder's generation) gets none."""
     steps = int(getattr(context.recipe.generation, "max_new_tokens", None) or DEFAULT_NEW_TOKENS)
     if context.target.mode == "generation" and speech.is_speech(model.config.to_dict()):  # Whisper: speech.py
+        if model.config.model_type in speech.UNFED_TYPES:
+            return {"declined": speech.UNFED.format(model_type=model.config.model_type)}
         return speech_proof.reference(model, context, steps)
     if context.target.mode == "generation" and "pixel_values" in context.generate_inputs:  # image_text.py
         return image_text_proof.reference(model, context, steps)
@@ -67,6 +69,8 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
     dtype must give eager's tokens, each further dtype file the greedy tokens its variant's budget asks."""
     if "unverified" in reference:
         return RuntimeProof(layout.runtime, "unverified", reference["unverified"])
+    if "declined" in reference:  # a folder transformers.js cannot generate from (speech.UNFED_TYPES)
+        return RuntimeProof(layout.runtime, "declined", f"cannot take this model: {reference['declined']}")
     modules = home() / "node_modules"
     if shutil.which("node") is None or not (modules / "@huggingface" / "transformers").is_dir():
         return layout.not_here()

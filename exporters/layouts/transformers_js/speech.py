@@ -64,6 +64,13 @@ def transcribe_script(root: str, name: str, features: str, steps: int, emit: str
 
 
 WAVEFORM_TYPES = ("moonshine",)  # speech encoder-decoders transformers.js 4.3.2 generates from the raw waveform
+# speech encoder-decoders transformers.js 4.3.2 maps to a class it cannot generate from: SpeechT5ForSpeechToText names
+# no `main_input_name` (Moonshine's class names `input_values`), so `generate({ inputs })` feeds the encoder `input_ids`
+# and the session stops ("Missing the following inputs: input_values"); docs/upstream-gaps.md
+UNFED_TYPES = ("speecht5",)
+UNFED = ("transformers.js 4.3.2 cannot generate from this {model_type!r} folder: its SpeechT5ForSpeechToText class names "
+         "no main input, so generate() feeds the encoder `input_ids`, never the waveform `input_values` the encoder "
+         "takes (its Moonshine class names it); the folder's files are transformers.js's speech layout all the same")
 
 
 WAVEFORM_KEPT = ("the encoder takes audio of any length, as transformers.js's speech pipeline feeds it (the target is "
