@@ -73,7 +73,9 @@ def test_the_trained_llavas_dtype_files_keep_their_budgets_and_its_tokens_in_tra
     metrics = quality["metrics"]
     # measured on the prompt as fed (image features, then text): a trained model's argmaxes are logits apart
     assert metrics["top1_agreement"] >= {"q8": 0.95, "q4": 0.8}[dtype], metrics
-    assert metrics["kl"] <= {"q8": 0.01, "q4": 0.2}[dtype], metrics
+    # q8's weights are 7-bit (reduce_range: no int16 overflow on CPUs without VNNI): 0.012 measured on an AVX2-only
+    # AMD EPYC, where 8-bit weights gave 0.071 (over the 0.05 budget); 8-bit gave < 0.01 on an Intel Xeon with VNNI
+    assert metrics["kl"] <= {"q8": 0.02, "q4": 0.2}[dtype], metrics
     assert metrics["greedy_match"] == 8, metrics  # the three graphs keep eager's 8 tokens in the product's loop
     folder = run.out / "tjs" / "onnx"
     quantized = {"q8": "MatMulInteger", "q4": "MatMulNBits"}[dtype]

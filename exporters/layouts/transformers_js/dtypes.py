@@ -117,9 +117,12 @@ def _derive(source: Path, destination: Path, variant: str) -> None:
 
         with tempfile.TemporaryDirectory() as tmp:
             quantized = Path(tmp) / "model.onnx"
-            # MatMuls only: the graph's Gathers index shape tensors too, which ONNX Runtime's quantizer cannot scale
+            # MatMuls only: the graph's Gathers index shape tensors too, which ONNX Runtime's quantizer cannot scale.
+            # 7-bit weights (reduce_range): on an x86 CPU without VNNI (AVX2 alone: AMD Zen 2/3, older Xeons) ONNX
+            # Runtime's u8 x s8 kernels add pairs of products in int16, which 8-bit weights overflow (a trained
+            # LLaVA's q8 next-token KL 0.07 there, its budget 0.05); the file runs on the user's CPU, not ours.
             quantize_dynamic(str(source), str(quantized), weight_type=QuantType.QInt8, use_external_data_format=True,
-                             per_channel=True, op_types_to_quantize=["MatMul"],
+                             per_channel=True, reduce_range=True, op_types_to_quantize=["MatMul"],
                              extra_options={"MatMulConstBOnly": True})
             model = onnx.load(str(quantized))
         if _weight_matmuls(onnx.load(str(source), load_external_data=False).graph) and \
