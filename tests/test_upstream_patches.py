@@ -27,7 +27,8 @@ MODULES = (beyond, core, fixed_image, internals, llm_runner, multimodal_runner, 
 HELPERS = {"_pass_only_where": ("upsample_fusion_only_with_upsample", "sdpa_fusion_only_with_softmax",
                                  "xnnpack_passes_only_where_they_apply"),
            "_fused_as_for_one_sequence": ("group_query_attention_at_any_batch",),
-           "torchlib_registry_ready": ("torchlib_registry_built_once",)}
+           "torchlib_registry_ready": ("torchlib_registry_built_once",),
+           "exporter_ready": ("torchlib_registry_built_once",)}  # through torchlib_registry_ready
 
 
 class Boom(Exception):
