@@ -211,11 +211,11 @@ def _ring_tokens(model, inputs, steps: int = 8) -> list[int]:
         embeds[0, where] = modules["vision_encoder"](inputs["pixel_values"])[0]
         with custom_ops_installed(decoder, model, explicit_mask=True), text_attention_as_custom_sdpa(model):
             for start, end in runner_calls(where.tolist(), decoder.max_seq_len):
-                logits = decoder(embeds[:, start:end], torch.arange(start, end))
+                logits = decoder(embeds[:, start:end], torch.arange(start, end))["logits"]  # the runner program returns {"logits"}
             tokens = [int(logits[0, -1].argmax())]
             for position in range(ids.shape[1], ids.shape[1] + steps - 1):
                 step = modules["token_embedding"](torch.tensor([[tokens[-1]]]))
-                tokens.append(int(decoder(step, torch.tensor([position]))[0, -1].argmax()))
+                tokens.append(int(decoder(step, torch.tensor([position]))["logits"][0, -1].argmax()))
     return tokens
 
 
