@@ -515,9 +515,9 @@ class _Zygotes:
         return all(entry in launcher_entries for entry in _entries(request["env"].get(PATH_KEY), request["cwd"]))
 
     def find(self, request: dict) -> _Zygote | None:
+        wanted = (request.get("format") or "") if self.by_format else ""  # the launcher's own zygotes have none
         for zygote in reversed(self.live):
-            if zygote.format == (request.get("format") or "" if self.by_format else "") and \
-                    zygote.same_environment(request["env"]):
+            if zygote.format == wanted and zygote.same_environment(request["env"]):
                 self.live.remove(zygote)
                 self.live.append(zygote)
                 return zygote
