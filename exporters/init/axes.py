@@ -48,6 +48,7 @@ from exporters.capture.probes import DimBinding, make_probes
 from exporters.errors import first_line
 from exporters.recipe.model import FORMATS, InputsSpec, Recipe
 from exporters.status import AUTO, NAMED, STATIC, DimState
+from exporters.upstream.pytree import move_to
 from exporters.validate.checks import shapes_of
 
 Axes = list[tuple[str, int]]  # (leaf path, axis)
@@ -106,6 +107,10 @@ def _decompose(model, spec: InputsSpec, mode: str, tokenizer, full_windows: bool
     init declares dynamic (`full_windows`: full length in every layer, as an ONNX generation capture keeps it)."""
 
     sample = make_sample_inputs(model, spec, tokenizer)
+    if model.dtype != torch.float32:  # a half checkpoint's own dtype: its float inputs (a spectrogram, pixels) too, as
+        # the pipeline holds them (`exporters.run.workbench`: 'Input type (float) and bias type (c10::BFloat16)')
+        sample.forward = move_to(sample.forward, "cpu", model.dtype)
+        sample.generate = move_to(sample.generate, "cpu", model.dtype)
     setting = CacheSetting("dynamic", full_windows=full_windows)
     components = decompose(model, mode, sample.forward, sample.generate, setting=setting,
                                   multi_token_decode=False, family=sample.family)
