@@ -151,3 +151,35 @@ def test_transformers_js_transcribes_the_multilingual_whisper_and_its_card_scrip
     snippets = {runtime: code for runtime, _, code in target_snippets("org/whisper-tiny", target)}
     tokens = json.loads(run_js_card(snippets["transformers.js"], out / "tjs", tmp_path).splitlines()[-1])
     assert len(tokens) > 1 and all(isinstance(t, int) for t in tokens)
+
+
+def test_the_cards_executorch_snippet_transcribes_from_generates_own_decoder_prompt(whisper_run, hub, tmp_path):
+    """The card's ExecuTorch ASR snippet, run as written against the Hub emulator: its decoder prompt is the one
+    `generate()` builds from the folder's generation_config.json (`<|startoftranscript|><|en|><|transcribe|>
+    <|notimestamps|>` for this multilingual Whisper; before, the start token alone, a prompt the proof never ran), so
+    its tokens on the card's one-second tone are eager greedy `generate()`'s on the same features (its argmax alone:
+    no suppressed-token lists, as the runner)."""
+    import numpy
+    from transformers import AutoFeatureExtractor, WhisperForConditionalGeneration
+
+    from exporters.capture.generation_settings import greedy
+    from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
+
+    out, _, _ = whisper_run
+    commit = upload_exports(hub, "alice/whisper-tiny", out, ["executorch"])
+    [(_, language, code)] = [s for s in card_snippets(exports_card("alice/whisper-tiny", out, commit))
+                             if s[0] == "ExecuTorch ASR runner layout"]
+    done = run_snippet(code, hub, tmp_path / "home")
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    tokens = json.loads(done.stdout.strip().splitlines()[-1])
+    model = WhisperForConditionalGeneration.from_pretrained(out.parent / "model").eval()
+    extractor = AutoFeatureExtractor.from_pretrained(out.parent / "model")
+    seconds = numpy.arange(extractor.sampling_rate) / extractor.sampling_rate
+    features = extractor(0.5 * numpy.sin(2 * numpy.pi * 440 * seconds), sampling_rate=extractor.sampling_rate,
+                         return_tensors="pt").input_features
+    config = greedy(model.generation_config, max_new_tokens=8)
+    config.suppress_tokens, config.begin_suppress_tokens = None, None
+    out = model.generate(input_features=features, generation_config=config, return_dict_in_generate=True,
+                         output_scores=True)
+    eager = out.sequences[0, -len(out.scores):].tolist()  # the new tokens (Whisper's generate() drops its prompt)
+    assert len(eager) == 8 and tokens[:8] == eager, (tokens, eager)
