@@ -32,7 +32,7 @@ import torch
 
 from exporters.capture.cache_settings import CacheSetting
 from exporters.capture.components import decompose, minimum_components
-from exporters.capture.inputs import default_mode, detect_family, make_sample_inputs
+from exporters.capture.inputs import default_mode, detect_family, in_model_dtype, make_sample_inputs
 from exporters.capture.merged import (
     BATCH_DIM,
     MERGED,
@@ -48,7 +48,6 @@ from exporters.capture.probes import DimBinding, make_probes
 from exporters.errors import first_line
 from exporters.recipe.model import FORMATS, InputsSpec, Recipe
 from exporters.status import AUTO, NAMED, STATIC, DimState
-from exporters.upstream.pytree import move_to
 from exporters.validate.checks import shapes_of
 
 Axes = list[tuple[str, int]]  # (leaf path, axis)
@@ -106,11 +105,7 @@ def _decompose(model, spec: InputsSpec, mode: str, tokenizer, full_windows: bool
     """The components captured from a sample made with `spec`, with a growing cache: the one whose length axis
     init declares dynamic (`full_windows`: full length in every layer, as an ONNX generation capture keeps it)."""
 
-    sample = make_sample_inputs(model, spec, tokenizer)
-    if model.dtype != torch.float32:  # a half checkpoint's own dtype: its float inputs (a spectrogram, pixels) too, as
-        # the pipeline holds them (`exporters.run.workbench`: 'Input type (float) and bias type (c10::BFloat16)')
-        sample.forward = move_to(sample.forward, "cpu", model.dtype)
-        sample.generate = move_to(sample.generate, "cpu", model.dtype)
+    sample = in_model_dtype(make_sample_inputs(model, spec, tokenizer), model)  # as the pipeline holds them
     setting = CacheSetting("dynamic", full_windows=full_windows)
     components = decompose(model, mode, sample.forward, sample.generate, setting=setting,
                                   multi_token_decode=False, family=sample.family)
