@@ -328,6 +328,65 @@ def test_the_plain_executorch_target_of_a_model_the_runner_cannot_hold_is_propos
     assert "the ExecuTorch LLM runner's program)" not in summary, summary
 
 
+def test_a_vision_language_models_executorch_proposal_is_the_multimodal_runners_program(tmp_path: Path) -> None:
+    """#52: `init` on a LLaVA with its processor proposes the plain ExecuTorch target, which the tool makes
+    MultimodalRunner's program, and the summary says so (before: per-component dynamic shapes, which forced the methods
+    layout that no runtime loads, where the plainest recipe gets the runner's program)."""
+    from tests.models import tiny_llava_with_processor
+
+    model = tiny_llava_with_processor(tmp_path / "model", text_layers=1)
+    recipe_file, summary_file = tmp_path / "export_config.json", tmp_path / "summary.md"
+    result = run_cli("init", str(model), "--formats", "executorch", "--out", str(recipe_file),
+                     "--summary", str(summary_file), "--no-hand-over")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (target,) = json.loads(recipe_file.read_text())["exports"]
+    assert "layout" not in target and "components" not in target and "expected_components" not in target, target
+    summary = summary_file.read_text()
+    assert "static cache (ExecuTorch MultimodalRunner's program)" in summary, summary
+    assert "'multimodal_runner': token_embedding, vision_encoder, text_decoder" in summary, summary
+
+
+def test_a_bfloat16_whispers_executorch_proposal_is_the_asr_runners_program(tmp_path: Path) -> None:
+    """#52: `init` on a bfloat16 Whisper (as many speech repos ship it) proposes the plain ExecuTorch target, the ASR
+    runner's program (`encoder` + `text_decoder`), and says so. Before, init crashed with a traceback before any
+    round ('Input type (float) and bias type (c10::BFloat16)': its synthesized spectrogram fed to the checkpoint's
+    bfloat16 convolutions, where the pipeline casts it), and it would have proposed per-component graphs."""
+    import torch
+    from transformers import WhisperForConditionalGeneration
+
+    from tests.models import tiny_whisper
+
+    model = tiny_whisper(tmp_path / "model", feature_extractor=True)
+    WhisperForConditionalGeneration.from_pretrained(model).to(torch.bfloat16).save_pretrained(model)
+    assert json.loads((model / "config.json").read_text())["dtype"] == "bfloat16"
+    recipe_file, summary_file = tmp_path / "export_config.json", tmp_path / "summary.md"
+    result = run_cli("init", str(model), "--formats", "executorch", "--out", str(recipe_file),
+                     "--summary", str(summary_file), "--no-hand-over")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (target,) = json.loads(recipe_file.read_text())["exports"]
+    assert "components" not in target and "expected_components" not in target, target
+    summary = summary_file.read_text()
+    assert "static cache (the ExecuTorch ASR runner's program)" in summary, summary
+    assert "'runner': encoder, text_decoder" in summary, summary
+
+
+def test_the_plain_executorch_target_is_proposed_for_the_runner_families() -> None:
+    """Which families' ExecuTorch generation proposal starts from the plain target (a runner's program), read from
+    the axis plan: vision- and audio-language and speech models, besides a decoder-only LLM's merged default."""
+    from types import SimpleNamespace
+
+    from exporters.init.propose import COMPONENT_GRAPHS, RUNNER_GRAPH, default_graph
+
+    def plan(family: str, mode: str = "generation"):
+        return SimpleNamespace(family=family, mode=mode, merged=None, merged_formats=())
+
+    for family in ("vision-language", "audio-language", "speech-seq2seq"):
+        assert default_graph(plan(family), "executorch") == RUNNER_GRAPH, family
+        assert default_graph(plan(family), "onnx") == COMPONENT_GRAPHS, family
+    assert default_graph(plan("seq2seq"), "executorch") == COMPONENT_GRAPHS
+    assert default_graph(plan("vision", "model"), "executorch") == COMPONENT_GRAPHS
+
+
 def test_a_model_no_format_exports_exits_non_zero_with_the_reason(tmp_path: Path) -> None:
     model = tiny_longformer(tmp_path / "model")
     recipe_file = tmp_path / "export_config.json"

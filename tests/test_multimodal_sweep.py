@@ -191,3 +191,21 @@ def test_a_speecht5_folder_in_the_transformers_js_layout_is_declined_by_transfor
     assert "input_values" in proofs["transformers.js"]["detail"], proofs
     assert {"onnx/encoder_model.onnx", "onnx/decoder_model_merged.onnx"} <= {
         str(p.relative_to(out / "tjs")) for p in (out / "tjs").rglob("*.onnx")}
+
+
+def test_a_qwen2_vl_asking_for_the_multimodal_runner_is_refused_for_its_3d_positions(tmp_path):
+    """Qwen2-VL's text model places its tokens by M-RoPE (3-D positions: each image token at its grid index, the
+    text after the image shifted), where ExecuTorch's MultimodalRunner calls `text_decoder(embeddings, cache
+    positions)` (extension/llm/runner/multimodal_prefiller.cpp) and `vision_encoder(pixels)`: a recipe that asks for
+    the runner's layout fails before any export, saying so (before: only that `image_grid_thw` is an input the
+    runner's image cannot carry, which a fixed grid could bake in, as LLaVA-NeXT's image sizes are)."""
+    from exporters.capture.multimodal_runner import MROPE_REFUSED
+    from tests.models import tiny_qwen_vl_with_image_processor
+
+    recipe = {"exports": [{"name": "et", "export_format": "executorch", "mode": "generation",
+                           "layout": "multimodal_runner"}], "generation": {"max_new_tokens": 8}}
+    out, report, log = stored_run(tiny_qwen_vl_with_image_processor(tmp_path / "model", recipe, family="qwen2_vl"))
+    target = targets_by_name(report)["et"]
+    assert target["status"] == "failed" and target["error"]["type"] == "TargetPlanError", (log[-3000:], target)
+    assert MROPE_REFUSED in target["error"]["message"] and "use layout 'methods'" in target["error"]["message"]
+    assert not list(out.glob("**/*.pte")), sorted(str(p) for p in out.glob("**/*.pte"))

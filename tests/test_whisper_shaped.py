@@ -18,7 +18,10 @@ from tests.models import whisper_tiny_shaped
 
 PLAINEST = [{"export_format": "dynamo", "mode": "generation", "dynamic": True},
             {"export_format": "onnx", "mode": "generation", "dynamic": True},
-            {"export_format": "executorch", "mode": "generation"}]
+            {"export_format": "executorch", "mode": "generation"},
+            # #52 §4: transformers.js's layout, its graphs copied from the `onnx` target's export (no trace of its own)
+            {"name": "tjs", "export_format": "onnx", "mode": "generation", "dynamic": True,
+             "layout": "transformers.js"}]
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +32,8 @@ def whisper_run(tmp_path_factory):
 
 def test_a_whisper_tiny_shaped_checkpoint_passes_every_format(whisper_run):
     out, report, log = whisper_run
-    targets = {t["export_format"]: t for t in report["targets"]}
-    assert sorted(targets) == ["dynamo", "executorch", "onnx"], log[-3000:]
+    targets = {t["name"]: t for t in report["targets"]}
+    assert sorted(targets) == ["dynamo", "executorch", "onnx", "tjs"], log[-3000:]
     for name, target in targets.items():
         assert target["status"] == "passed", (name, log[-3000:], json.dumps(target, indent=1)[:5000])
         generation = target["generation"]
@@ -54,9 +57,9 @@ def test_the_whisper_shaped_targets_report_the_weights_their_files_store(whisper
     """The stored-weights ratio is the one read from the files: the ExecuTorch program (its tied table in model.ptd)
     and the ONNX graphs store the weights once; the dynamo target's three .pt2 files a copy each, said so."""
     out, report, _ = whisper_run
-    targets = {t["export_format"]: t for t in report["targets"]}
+    targets = {t["name"]: t for t in report["targets"]}
     for name, target in targets.items():
-        assert target["weights_stored_bytes"] == weights_stored_bytes(out / name, name), name
+        assert target["weights_stored_bytes"] == weights_stored_bytes(out / name, target["export_format"]), name
     executorch = targets["executorch"]
     assert executorch["weights_stored_bytes"] / executorch["parameter_bytes"] < 1.05, executorch
     assert (out / "executorch" / "model.ptd").is_file()
@@ -76,7 +79,7 @@ def test_genai_transcribes_the_multilingual_whisper_from_generates_own_decoder_p
     import onnx
 
     out, report, log = whisper_run
-    target = {t["export_format"]: t for t in report["targets"]}["onnx"]
+    target = {t["name"]: t for t in report["targets"]}["onnx"]
     proofs = {proof["runtime"]: proof for proof in target["runtimes"]}
     proof = proofs["ONNX Runtime GenAI"]
     assert proof["status"] == "passed", (proof, log[-3000:])
@@ -128,3 +131,55 @@ def test_genais_whisper_proof_fails_where_its_processor_cannot_load(whisper_run,
     proof = Genai().prove(folder, reference, None)
     assert proof.status == "failed", proof
     assert "GenAI's processor (audio_processor_config.json, the tokenizer) failed" in proof.detail, proof
+
+
+def test_transformers_js_transcribes_the_multilingual_whisper_and_its_card_script_runs(whisper_run, tmp_path):
+    """#52 §4: transformers.js's `generate()` gives a multilingual Whisper that names no language English
+    (`<|en|>`), the language validation pins: its proof compares with eager greedy from the repo's config with that
+    pin, as validation's (unpinned, eager first detected a language of its own and the correct folder failed, 0/8).
+    The card's script, as written, runs on the folder (laid out as its download line puts it)."""
+    from exporters.publish.snippets import target_snippets
+    from tests.card_snippets import run_js_card
+
+    out, report, log = whisper_run
+    target = {t["name"]: t for t in report["targets"]}["tjs"]
+    proofs = {proof["runtime"]: proof for proof in target["runtimes"]}
+    proof = proofs["transformers.js"]
+    assert proof["status"] == "passed" and proof["detail"].startswith("8/8 tokens (transformers.js "), (proof,
+                                                                                                      log[-3000:])
+    assert target["generation"]["eager_tokens"][0] == target["generation"]["exported_tokens"][0]
+    snippets = {runtime: code for runtime, _, code in target_snippets("org/whisper-tiny", target)}
+    tokens = json.loads(run_js_card(snippets["transformers.js"], out / "tjs", tmp_path).splitlines()[-1])
+    assert len(tokens) > 1 and all(isinstance(t, int) for t in tokens)
+
+
+def test_the_cards_executorch_snippet_transcribes_from_generates_own_decoder_prompt(whisper_run, hub, tmp_path):
+    """The card's ExecuTorch ASR snippet, run as written against the Hub emulator: its decoder prompt is the one
+    `generate()` builds from the folder's generation_config.json (`<|startoftranscript|><|en|><|transcribe|>
+    <|notimestamps|>` for this multilingual Whisper; before, the start token alone, a prompt the proof never ran), so
+    its tokens on the card's one-second tone are eager greedy `generate()`'s on the same features (its argmax alone:
+    no suppressed-token lists, as the runner)."""
+    import numpy
+    from transformers import AutoFeatureExtractor, WhisperForConditionalGeneration
+
+    from exporters.capture.generation_settings import greedy
+    from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
+
+    out, _, _ = whisper_run
+    commit = upload_exports(hub, "alice/whisper-tiny", out, ["executorch"])
+    [(_, language, code)] = [s for s in card_snippets(exports_card("alice/whisper-tiny", out, commit))
+                             if s[0] == "ExecuTorch ASR runner layout"]
+    done = run_snippet(code, hub, tmp_path / "home")
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    tokens = json.loads(done.stdout.strip().splitlines()[-1])
+    model = WhisperForConditionalGeneration.from_pretrained(out.parent / "model").eval()
+    extractor = AutoFeatureExtractor.from_pretrained(out.parent / "model")
+    seconds = numpy.arange(extractor.sampling_rate) / extractor.sampling_rate
+    features = extractor(0.5 * numpy.sin(2 * numpy.pi * 440 * seconds), sampling_rate=extractor.sampling_rate,
+                         return_tensors="pt").input_features
+    config = greedy(model.generation_config, max_new_tokens=8)
+    config.suppress_tokens, config.begin_suppress_tokens = None, None
+    out = model.generate(input_features=features, generation_config=config, return_dict_in_generate=True,
+                         output_scores=True)
+    eager = out.sequences[0, -len(out.scores):].tolist()  # the new tokens (Whisper's generate() drops its prompt)
+    assert len(eager) == 8 and tokens[:8] == eager, (tokens, eager)

@@ -30,6 +30,7 @@ from exporters.capture.multimodal import (
 from exporters.errors import UnsupportedModelError
 from exporters.recipe.model import InputsSpec
 from exporters.upstream.fixed_image import PIXTRAL_TOKENS
+from exporters.upstream.pytree import move_to
 
 # Moonshine's encoder downsamples a waveform's attention_mask by slicing it to its conv output length, which torch.export
 # fixes at the traced length (`Guard failed: attention_mask.size()[1] >= 14977`); without the mask the waveform axis
@@ -234,6 +235,15 @@ def make_sample_inputs(model, spec: InputsSpec, tokenizer=None, folder: Path | N
         return sample
     sample = _synthesized(model, spec, family, tokenizer, generator, text_ids)
     sample.notes = notes + sample.notes
+    return sample
+
+
+def in_model_dtype(sample: SampleInputs, model) -> SampleInputs:
+    """`sample` with its floating tensors in a half model's dtype (a processor's or synthesized float32 spectrogram
+    or pixels fed to bfloat16 convolutions: 'Input type (float) and bias type (c10::BFloat16)'); as is for float32."""
+    if model.dtype != torch.float32:
+        sample.forward = move_to(sample.forward, "cpu", model.dtype)
+        sample.generate = move_to(sample.generate, "cpu", model.dtype)
     return sample
 
 

@@ -17,7 +17,7 @@ after the last: [`pixtral_span_of`]), the whole span one image whose features `v
 tokens' embeddings between them. A model outside that (several
 images' `image_sizes`, a Pixtral prompt without its processor's rows ([`PIXTRAL_ROWS`]), a pixel mask that
 leaves pixels out, other token
-types, Qwen2-VL's patches, PaliGemma's bidirectional prefix) keeps the
+types, Qwen-VL's 3-D rotary positions and patches ([`MROPE_REFUSED`]), PaliGemma's bidirectional prefix) keeps the
 methods layout, the report saying why ([`refused`]). Sliding-window layers shorter than the cache (Gemma 3) are held
 in ring buffers of twice their window, as the LLM runner's program holds them (ExecuTorch's LLM custom ops), one
 `text_decoder` call taking at most the window (`get_max_seq_len`): each image's run of tokens must fit it (the
@@ -50,6 +50,7 @@ import torch
 from exporters.capture.families import MULTIMODAL_GENERATORS, a_model_of
 from exporters.capture.image_attention import marks_image_rows, runner_declined
 from exporters.capture.llm_runner import WINDOW_WITHOUT_CUSTOM_OPS, custom_ops_of, program_reasons
+from exporters.capture.qwen_vl import is_mrope
 from exporters.capture.token_ids import features_in_place, image_token_id
 from exporters.errors import TargetPlanError
 from exporters.upstream import llm_runner, multimodal_runner
@@ -77,6 +78,14 @@ def components_of(family: str) -> list[str]:
         ['token_embedding', 'audio_encoder', 'text_decoder']
     """
     return list(AUDIO_COMPONENTS if family == "audio-language" else COMPONENTS)
+# Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's text model (ExecuTorch's MultimodalRunner, extension/llm/runner
+# multimodal_prefiller.cpp: text_decoder(embeddings, cache positions); optimum-executorch's multimodal task finds no
+# vision_tower or vision_model in them either)
+MROPE_REFUSED = ("its text model's rotary positions are 3-D (M-RoPE: each image token at its temporal, row and column "
+                 "index in the image's grid, the text after the image at positions shifted by the grid), while the "
+                 "runner calls text_decoder with the embeddings and their 1-D cache positions only, and its "
+                 "vision_encoder with the image's pixels only, not the patches and grid (image_grid_thw) this "
+                 "model's vision tower reads")
 # how the runner keeps a text_decoder call within a ring-buffer layer's window (the report's ring note)
 FED_AS_INPUTS = ("each text input of the runner must be no longer (the card's snippet splits the prompt's text to "
                  "it), and each image fits one call")
@@ -143,6 +152,8 @@ def refused(target: Any, model: Any, generate_inputs: dict[str, Any], max_cache_
         why = f"{type(model).__name__} has no get_image_features (the vision_encoder method)"
     elif bidirectional := runner_declined(config):
         why = bidirectional
+    elif is_mrope(model.config):
+        why = MROPE_REFUSED
     elif extra:
         why = f"its image inputs include {extra}, which the runner's one image (pixels only) cannot carry"
     elif masked := _mask_refused(generate_inputs) or _sizes_refused(model, generate_inputs):

@@ -32,7 +32,7 @@ import torch
 
 from exporters.capture.cache_settings import CacheSetting
 from exporters.capture.components import decompose, minimum_components
-from exporters.capture.inputs import default_mode, detect_family, make_sample_inputs
+from exporters.capture.inputs import default_mode, detect_family, in_model_dtype, make_sample_inputs
 from exporters.capture.merged import (
     BATCH_DIM,
     MERGED,
@@ -105,7 +105,7 @@ def _decompose(model, spec: InputsSpec, mode: str, tokenizer, full_windows: bool
     """The components captured from a sample made with `spec`, with a growing cache: the one whose length axis
     init declares dynamic (`full_windows`: full length in every layer, as an ONNX generation capture keeps it)."""
 
-    sample = make_sample_inputs(model, spec, tokenizer)
+    sample = in_model_dtype(make_sample_inputs(model, spec, tokenizer), model)  # as the pipeline holds them
     setting = CacheSetting("dynamic", full_windows=full_windows)
     components = decompose(model, mode, sample.forward, sample.generate, setting=setting,
                                   multi_token_decode=False, family=sample.family)

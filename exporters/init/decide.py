@@ -83,6 +83,7 @@ class FormatResult:
     graph: str = COMPONENT_GRAPHS  # the default graph first; one per component where that did not validate
     dtype: str | None = None  # "float32" once a dtype/kernel failure was retried in it (`classify`)
     failure: Failure | None = None  # the class of the latest failure, and what to change
+    program: str | None = None  # the runner program the plain ExecuTorch target turned out to be, where not the LLM's
 
 
 @dataclass

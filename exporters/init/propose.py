@@ -116,11 +116,21 @@ def _axis_value(dimension: Dimension, state: str) -> Any:
     return state  # "auto" | "static"
 
 
+# the families whose plain ExecuTorch generation target the tool makes a runner's program (#52): MultimodalRunner's
+# (vision- and audio-language) or the ASR runner's (speech seq2seq) where the model fits, else the methods layout with
+# the reason; per-component settings would force the methods layout, which no runtime loads
+RUNNER_FAMILIES = ("vision-language", "audio-language", "speech-seq2seq")
+
+
 def default_graph(plan: AxisPlan, export_format: str) -> str:
     """The graphs init proposes first for a format: the tool's default where it applies, weights stored once (the
-    merged graph for dynamo and ONNX, the ExecuTorch LLM runner's program), else one graph per component. A model
+    merged graph for dynamo and ONNX, the ExecuTorch LLM runner's program; for a vision-language, audio-language or
+    speech model the plain ExecuTorch target, MultimodalRunner's or the ASR runner's program), else one graph per
+    component. A model
     mixing window and full layers gets the merged graph for ONNX alone (`AxisPlan.merged_formats`), as its plainest
     recipe does (`exporters.capture.merged.windows_keep_apart`)."""
+    if export_format == "executorch" and plan.mode == "generation" and plan.family in RUNNER_FAMILIES:
+        return RUNNER_GRAPH  # the plain target: MultimodalRunner's or the ASR runner's program where the model fits
     if plan.merged is None or export_format not in plan.merged_formats:
         return COMPONENT_GRAPHS
     return RUNNER_GRAPH if export_format == "executorch" else MERGED_GRAPH
@@ -321,13 +331,18 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
 
 def _fall_back(result: FormatResult, plan: AxisPlan) -> str:
     """The default graph did not validate: the next round tries one graph per component, and the notes say why."""
-    what = "the merged graph" if result.graph == MERGED_GRAPH else "the ExecuTorch LLM runner's program"
+    what = "the merged graph" if result.graph == MERGED_GRAPH else "the ExecuTorch runner's program"
     note = (f"{what} (the default, weights stored once) did not validate ({(result.reason or '')[:300]}): proposed "
             f"{', '.join(plan.expected)} as separate graphs")
     result.notes.append(note)
     result.graph, result.status, result.reason = COMPONENT_GRAPHS, PENDING, None
     result.dims, result.atol_override = copy.deepcopy(plan.dimensions), None
     return note
+
+
+# how each runner layout's findings begin where the plain target kept the methods layout (exporters.capture's
+# llm_runner.NOT_RUNNER, asr_runner.NOT_ASR, multimodal_runner.NOT_MULTIMODAL)
+METHODS_KEPT_FINDING = "the ExecuTorch program has a method per component (layout 'methods'), not "
 
 
 def _note_methods_layout(result: FormatResult, target: dict, directory: Path) -> None:
@@ -337,16 +352,23 @@ def _note_methods_layout(result: FormatResult, target: dict, directory: Path) ->
         layout = json.loads((directory / "export.json").read_text()).get("layout")
     except (OSError, ValueError, AttributeError):
         layout = None
+    methods = target.get("expected_components") or []
+    if layout == RUNNER_GRAPH and "encoder" in methods:  # a speech model's (exporters.capture.asr_runner)
+        result.program = "the ExecuTorch ASR runner's program"
+        result.notes.append(f"the plain ExecuTorch target is the ExecuTorch ASR runner's program (layout 'runner': "
+                            f"{', '.join(methods)})")
+        return
     if layout == RUNNER_GRAPH:
         return
     if layout == "multimodal_runner":  # a vision-language model's runner program (exporters.capture.multimodal_runner)
+        result.program = "ExecuTorch MultimodalRunner's program"
         result.notes.append("the plain ExecuTorch target is ExecuTorch MultimodalRunner's program (layout "
-                            "'multimodal_runner': token_embedding, vision_encoder, text_decoder)")
+                            f"'multimodal_runner': {', '.join(methods)})")
         return
     result.graph = METHODS_GRAPH
-    reason = next((f for f in target.get("findings") or [] if "not the LLM runner's layout" in f), "")
+    reason = next((f for f in target.get("findings") or [] if METHODS_KEPT_FINDING in f), "")
     result.notes.append(reason or "the plain ExecuTorch target was exported with a method per component (layout "
-                        "'methods'), not the LLM runner's program")
+                        "'methods'), not a runner's program")
 
 
 def _onnx_opset(directory: Path) -> int | None:

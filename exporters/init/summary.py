@@ -42,7 +42,7 @@ def exported_words(target: dict[str, Any]) -> str:
     """What a round's target really exports, read from it: `onnx (model)`, `executorch (the LLM runner's program)`,
     `dynamo (prefill, decode)`, with its dtype where one is set."""
     if target.get("mode") == "generation" and "expected_components" not in target:
-        graphs = "the plain target: the LLM runner's program, else a method per component"
+        graphs = "the plain target: a runner's program, else a method per component"
     else:
         graphs = ", ".join(target.get("expected_components") or list(target.get("components") or {}) or [MERGED])
     dtype = f", {target['dtype']}" if target.get("dtype") else ""
@@ -57,7 +57,8 @@ def proposed_components(item, expected: list[str]) -> list[str]:
 def graph_dims_text(item) -> str:
     """`dims_text` of a format's proposal; the runner program's contract is the runner's own."""
     if item.graph == RUNNER_GRAPH:
-        return "tokens auto · static cache (the ExecuTorch LLM runner's program)"
+        program = item.program or "the ExecuTorch LLM runner's program"
+        return f"tokens auto · static cache ({program})"
     if item.graph == METHODS_GRAPH:
         return "tokens auto · static cache (a method per component; not the LLM runner's program: see the notes)"
     return dims_text(item.dims)

@@ -20,7 +20,7 @@ from exporters.capture.cache_settings import (check_second_step, default_decode_
                                               sliding_window_of, state_space_layers)
 from exporters.capture.components import cache_setting_for, decompose, generation_config_for, minimum_components
 from exporters.capture.families import MULTIMODAL_GENERATORS, detect_family
-from exporters.capture.inputs import SampleInputs, default_mode, make_sample_inputs
+from exporters.capture.inputs import SampleInputs, default_mode, in_model_dtype, make_sample_inputs
 from exporters.capture.probes import dim_bindings, fit_batch, fit_encoder_decoder, fit_to_contract
 from exporters.capture.loading import load_model
 from exporters.capture.source import load_tokenizer
@@ -80,10 +80,7 @@ class Workbench:
             prefix = "sample inputs could not be made: "
             return cls(model, None, context.eager_cache, weights, tokenizer,
                        unprepared=error_record(err, prefix=prefix), unprepared_text=error_text(err, prefix))
-        if model.dtype != torch.float32:  # a processor's or synthesized float32 spectrogram or pixels fed to a
-            # half model ('Input type (float) and bias type (c10::Half)'): in the model's dtype, as `convert` holds them
-            sample.forward = move_to(sample.forward, "cpu", model.dtype)
-            sample.generate = move_to(sample.generate, "cpu", model.dtype)
+        sample = in_model_dtype(sample, model)  # a half model's float inputs in its dtype, as `convert` holds them
         context.family, context.load_s = sample.family, round(time.time() - started, 3)
         context.warnings.extend(sample.notes)
         return cls(model, sample, context.eager_cache, weights, tokenizer)

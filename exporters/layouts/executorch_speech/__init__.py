@@ -56,6 +56,23 @@ for position in range(len(prompt) - 1 + min($steps, constant("get_max_seq_len") 
             break
 $emit
 """)
+# The card's decoder prompt, as `generate()` builds it from the folder's generation_config.json: the start token, a
+# multilingual Whisper's language and task, and `<|notimestamps|>` where the config names it (what the proof's eager
+# reference fed: `<|startoftranscript|><|en|><|transcribe|><|notimestamps|>`); a config without those keys (Moonshine,
+# Speech2Text, SpeechT5) adds nothing
+FIRST_TOKEN = '[constant("decoder_start_token_id")]'
+CARD_GENERATION = """import json
+import os
+
+generation = {}
+if os.path.exists(f"{folder}/generation_config.json"):
+    with open(f"{folder}/generation_config.json") as handle:
+        generation = json.load(handle)
+multilingual = generation.get("is_multilingual") and "<|en|>" in generation.get("lang_to_id", {})
+"""
+CARD_PROMPT_TAIL = (' + ([generation["lang_to_id"]["<|en|>"], generation["task_to_id"]["transcribe"]] if multilingual '
+                    'else []) + [generation[name] for name in ["no_timestamps_token_id"] if name in generation]')
+CARD_PROMPT_COMMENT = "  # the decoder's first tokens: your language and task"
 QUANTIZED_IMPORT = "import executorch.kernels.quantized  # noqa: F401  (a quantized embedding table's kernels)\n"
 # The card's features: the folder's own feature extractor on your audio (here one second of a 440 Hz tone)
 CARD_AUDIO = """import numpy
@@ -124,5 +141,5 @@ class ExecutorchSpeech(Layout):
         features = CARD_WAVEFORM if takes_waveform(target) else CARD_FEATURES
         kernels = QUANTIZED_IMPORT if target.get("quantization") else ""  # an 8-bit table's kernels
         return "python", download(repo_id, target, revision) + "\n" + kernels + transcribe_script(
-            'f"{folder}/model.pte"', data, features, None, 32, "print(new)",
-            "  # the decoder's first tokens (add a language and task token where the model is multilingual)")
+            'f"{folder}/model.pte"', data, features, None, 32, "print(new)", CARD_PROMPT_COMMENT,
+            setup=CARD_GENERATION).replace(FIRST_TOKEN, FIRST_TOKEN + CARD_PROMPT_TAIL, 1)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from exporters.capture.generation_settings import greedy
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_script
 from exporters.layouts.transformers_js.dtypes import equal_new, proof_runs, said_runs
 from exporters.layouts.transformers_js.speech import EMIT, PROOF_FEATURES, transcribe_script
@@ -28,9 +29,12 @@ def reference(model: Any, context: RuntimeContext, steps: int) -> dict[str, Any]
                               "transformers.js's speech models"}
     features = features[:1].detach().float()  # as transformers.js's extractor makes them (a float16 graph casts inside)
     weight = next(model.parameters())
+    # the repo's settings made greedy, as validation's: a multilingual Whisper that names no language gets one pinned
+    # (English where it has it), as transformers.js's generate() defaults to English; unpinned, eager would detect one
+    config = greedy(context.generation_config or model.generation_config, max_new_tokens=steps)
+    config.min_new_tokens = steps
     with torch.no_grad():
-        out = model.generate(**{name: features.to(weight.device, weight.dtype)}, max_new_tokens=steps,
-                             min_new_tokens=steps, do_sample=False, num_beams=1)
+        out = model.generate(**{name: features.to(weight.device, weight.dtype)}, generation_config=config)
     return {"speech": True, "steps": steps, "tokens": out[0, -steps:].tolist(),
             "features": {"shape": list(features.shape), "data": features.flatten().tolist()}}
 
