@@ -41,7 +41,11 @@ whose entry holds a module named like a preloaded package starts cold). A call m
 forked from the launcher, never a zygote, so nothing of huggingface_hub, transformers or ours is imported before the
 snippet imports it itself. Once the code has run to its end, the child ends without the interpreter's teardown
 (tests/optimum/ending.py's `end_without_teardown`, stdlib only, as the side venv's scripts end: exit handlers run,
-output flushed), as `hf-export` does; code that raised or called `sys.exit` ends as the interpreter ends it.
+output flushed), as `hf-export` does; code that raised or called `sys.exit` ends as the interpreter ends it. A runtime
+proof's call from a shim (tests/side_launcher.py: `"leave": "kill"`, `"teardown"`) leads its own process group, which
+the launcher kills when the shim ends first, and ends as the interpreter ends a cold `python -c` (the product's code
+carries its own ending). A call's fds 0/1/2 stay open in the launcher until it has reaped the child, so the caller's
+pipes end only once the child is gone (never a zombie behind a closed pipe).
 
 `HF_EXPORT_TEST_COLD_CLI=1` starts every call cold; `HF_EXPORT_TEST_CLI_LOG=FILE` appends one line per call (warm or
 cold and why, the module, the command, the stage: `base:N` or `zygote:N`, the Nth call that process served).
