@@ -41,7 +41,11 @@ whose entry holds a module named like a preloaded package starts cold). A call m
 forked from the launcher, never a zygote, so nothing of huggingface_hub, transformers or ours is imported before the
 snippet imports it itself. Once the code has run to its end, the child ends without the interpreter's teardown
 (tests/optimum/ending.py's `end_without_teardown`, stdlib only, as the side venv's scripts end: exit handlers run,
-output flushed), as `hf-export` does; code that raised or called `sys.exit` ends as the interpreter ends it.
+output flushed), as `hf-export` does; code that raised or called `sys.exit` ends as the interpreter ends it. A runtime
+proof's call from a shim (tests/side_launcher.py: `"leave": "kill"`, `"teardown"`) leads its own process group, which
+the launcher kills when the shim ends first, and ends as the interpreter ends a cold `python -c` (the product's code
+carries its own ending). A call's fds 0/1/2 stay open in the launcher until it has reaped the child, so the caller's
+pipes end only once the child is gone (never a zombie behind a closed pipe).
 
 `HF_EXPORT_TEST_COLD_CLI=1` starts every call cold; `HF_EXPORT_TEST_CLI_LOG=FILE` appends one line per call (warm or
 cold and why, the module, the command, the stage: `base:N` or `zygote:N`, the Nth call that process served).
@@ -63,6 +67,7 @@ import locale
 import os
 import runpy
 import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -115,7 +120,14 @@ STAGE2 = ("typer", "rich.console", "rich.markup", "exporters.fsutil", "exporters
 # optimum.onnxruntime's names load onnxruntime when first read, so the child imports it.
 SIDE_PRELOAD = ("numpy", "torch", "transformers", "transformers.modeling_utils", "transformers.generation.utils",
                 "transformers.models.auto.modeling_auto", "onnx", "sentence_transformers")
-PRELOADS = {"cli": PRELOAD, "side": SIDE_PRELOAD}
+# What the main environment's proof launcher imports (`tests.side_launcher`: ExecuTorch's runners and ASR proof, ONNX
+# Runtime GenAI, which a run starts as `HF_EXPORT_PROOF_PYTHON -c CODE SPEC`), before it runs the code it is given
+# (`exporters.layouts.executorch_llm.RUNTIME_WITHOUT_COMPILER`: executorch's runtime pybindings without the
+# compiler's package). None of them starts a thread. The runner pybinding (`executorch.extension.llm.runner`) is
+# left to the child: it prints a line on stderr as it loads (its tokenizer's regex), which a cold child prints too,
+# and costs nothing once the runtime is loaded.
+PROOF_PRELOAD = ("numpy", "torch", "onnxruntime_genai")
+PRELOADS = {"cli": PRELOAD, "side": SIDE_PRELOAD, "proof": PROOF_PRELOAD}
 MAX_ZYGOTES = 3  # the worker's own environment's, and the last two others' (a test's Hub emulator and HF_HOME)
 ZYGOTE_NAME = "hf-cli-zygote"  # its /proc/PID/comm
 # What a `run` loads before it forks its first export child (`exporters.upstream.exporter_ready`: ExecuTorch's
@@ -140,7 +152,7 @@ class _Launcher:
     """The client's handle on this process's launcher (started on first use, one per pytest-xdist worker)."""
 
     def __init__(self) -> None:
-        folder = tempfile.mkdtemp(prefix="hf-export-cli-")
+        self.folder = folder = tempfile.mkdtemp(prefix="hf-export-cli-")
         self.socket_path = os.path.join(folder, "socket")
         self.log_path = os.path.join(folder, "launcher.log")
         lifeline_read, self.lifeline = os.pipe()  # the launcher ends when this process does (EOF on its end)
@@ -195,14 +207,17 @@ class _Launcher:
         return f"holds {sorted(shadows)[0]}" if shadows else ""
 
     def close(self) -> None:
-        """Stop the launcher (its running children finish on their own)."""
-        if self.process.poll() is None and self.owner == os.getpid():
+        """Stop the launcher (its running children finish on their own) and remove its folder (socket, log)."""
+        if self.owner != os.getpid():
+            return
+        if self.process.poll() is None:
             os.close(self.lifeline)
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 _launcher: _Launcher | None = None
@@ -627,14 +642,20 @@ def serve(source: socket.socket, lifeline: int | None, zygotes: _Zygotes | None,
     selector.register(source, selectors.EVENT_READ, "call")
     if lifeline is not None:
         selector.register(lifeline, selectors.EVENT_READ, "lifeline")
-    children: dict[int, tuple[int, int, socket.socket]] = {}  # pid -> (pidfd, pid, connection)
-    killed_on_leave: set[int] = set()  # calls whose child ends with its client (`"leave": "kill"`: a side proof)
+    # pid -> (pidfd, pid, connection, the call's fds 0/1/2: held until the child is reaped, so the client's pipes end
+    # only once it has been, as a cold child's do when its parent has waited for it)
+    children: dict[int, tuple[int, int, socket.socket, list[int]]] = {}
+    # calls whose child (in its own process group) ends with its client, and what it started (`"leave": "kill"`: a
+    # run's proof, whose run kills the shim's process group at its timeout)
+    killed_on_leave: set[int] = set()
     served, draining = 0, False
 
     def close_inherited(*more: int) -> None:
-        for pidfd, _, other in children.values():
+        for pidfd, _, other, held in children.values():
             os.close(pidfd)
             other.close()
+            for fd in held:
+                os.close(fd)
         for fd in [*(zygotes.fds() if zygotes else []), *more]:
             os.close(fd)
         selector.close()
@@ -693,10 +714,8 @@ def serve(source: socket.socket, lifeline: int | None, zygotes: _Zygotes | None,
                 if pid == 0:
                     close_inherited(connection.detach())
                     return "call", request, fds
-                for fd in fds:
-                    os.close(fd)
                 pidfd = os.pidfd_open(pid)
-                children[pid] = (pidfd, pid, connection)
+                children[pid] = (pidfd, pid, connection, fds)
                 if request.get("leave") == "kill":
                     killed_on_leave.add(pid)
                 selector.register(pidfd, selectors.EVENT_READ, ("exited", pid))
@@ -705,14 +724,14 @@ def serve(source: socket.socket, lifeline: int | None, zygotes: _Zygotes | None,
             elif isinstance(kind, tuple) and kind[0] == "zygote":
                 zygotes.reap(kind[1], selector)
             elif isinstance(kind, tuple) and kind[1] in children:
-                pidfd, pid, connection = children[kind[1]]
+                pidfd, pid, connection, held = children[kind[1]]
                 if kind[0] == "asks":
                     try:
                         asked = connection.recv(64)
                     except OSError:
                         asked = b""
                     if asked.startswith(b"kill") or (not asked and pid in killed_on_leave):
-                        os.kill(pid, signal.SIGKILL)  # not reaped yet: the pid is still the child's
+                        _kill(pid, pid in killed_on_leave)  # not reaped yet: the pid is still the child's
                     if not asked:
                         selector.unregister(connection)  # the client left; the child runs on unless killed
                     continue
@@ -721,11 +740,24 @@ def serve(source: socket.socket, lifeline: int | None, zygotes: _Zygotes | None,
                 if connection.fileno() in selector.get_map():
                     selector.unregister(connection)
                 os.close(pidfd)
+                for fd in held:
+                    os.close(fd)
                 _send(connection, f"{os.waitstatus_to_exitcode(status)}\n")
                 connection.close()
                 del children[pid]
                 killed_on_leave.discard(pid)
     return None
+
+
+def _kill(pid: int, group: bool) -> None:
+    """Kill the call's child `pid` (not reaped yet), with its process group where it leads one (`group`)."""
+    try:
+        if group:
+            os.killpg(pid, signal.SIGKILL)
+            return
+    except ProcessLookupError:  # it has not made its group yet: itself only
+        pass
+    os.kill(pid, signal.SIGKILL)
 
 
 def _send(connection: socket.socket, text: str) -> None:
@@ -737,7 +769,11 @@ def _send(connection: socket.socket, text: str) -> None:
 
 def become_cli(request: dict, fds: list[int]) -> None:
     """In the forked child: take the call's fds, cwd, environment and argv, then run `python -m exporters.cli` (or
-    the call's module, or its code as `python -c` does)."""
+    the call's module, or its code as `python -c` does). A call that ends with its client (`"leave": "kill"`) leads
+    its own process group, which the launcher kills; one that asks for `"teardown"` ends as the interpreter ends a
+    cold `python -c` (the code's own ending aside), its modules freed."""
+    if request.get("leave") == "kill":
+        os.setsid()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -762,7 +798,8 @@ def become_cli(request: dict, fds: list[int]) -> None:
     sys.modules["__main__"] = main_module
     if code is not None:
         _run_code(code, request["args"], main_module)
-        end_without_teardown()  # the code ran to its end (an exception or `sys.exit` raised past this line)
+        if not request.get("teardown"):
+            end_without_teardown()  # the code ran to its end (an exception or `sys.exit` raised past this line)
         return
     sys.argv = ["", *request["args"]]  # runpy puts the module's path first, as `-m` does
     try:
@@ -794,10 +831,11 @@ def _run_code(code: str, args: list[str], main_module: types.ModuleType) -> None
 
 
 def main() -> None:
-    """`python -m tests.cli_launcher SOCKET LIFELINE_FD [PRELOAD]`: preload (`PRELOADS`: the CLI's stack, or the
-    side environment's runtimes), say so on stdout, serve."""
+    """`python -m tests.cli_launcher SOCKET LIFELINE_FD [PRELOAD [CODE]]`: preload (`PRELOADS`: the CLI's stack, the
+    side environment's runtimes or this one's), run CODE (Python source), say so on stdout, serve."""
     socket_path, lifeline = sys.argv[1], int(sys.argv[2])
-    facts = _preload(PRELOADS[sys.argv[3] if len(sys.argv) > 3 else "cli"])
+    modules, code = PRELOADS[sys.argv[3] if len(sys.argv) > 3 else "cli"], sys.argv[4] if len(sys.argv) > 4 else ""
+    facts = _recorded(lambda: ([__import__(module) for module in modules], exec(code, {}) if code else None))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     listener.listen(16)

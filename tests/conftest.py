@@ -4,8 +4,9 @@
 rest of the environment-blind stack, through a zygote that imported huggingface_hub, transformers and ours with the
 call's own HF_* values (tests/cli_launcher.py, #48); `HF_EXPORT_TEST_COLD_CLI=1` starts every call in a
 cold interpreter instead, and a test about the CLI's start-up stays cold (`COLD_MODULES`, `@pytest.mark.cold_cli`).
-The runs' optimum and sentence-transformers proofs start warm from a launcher in the side environment
-(tests/side_launcher.py, installed per worker by `_side_proofs_warm`).
+The runs' runtime proofs start warm: optimum's and sentence-transformers' from a launcher in the side environment,
+ExecuTorch's runners and ONNX Runtime GenAI's from one in this environment (tests/side_launcher.py, installed per
+worker by `_proofs_warm`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 # into os.environ, which restarted a worker's launcher started before it (eleventh round): the same folder, set first.
 _USER = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())  # as torch's default_cache_dir() spells it
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{_USER}"))
+# `run_cli` gives every CLI run PYTHONUNBUFFERED=1, which a run hands its proofs (`child_environment`): the proof
+# launchers (`_proofs_warm`) start with this worker's environment, so it holds the same value (else every proof a
+# run starts differs from its launcher's environment and starts cold).
+os.environ.setdefault("PYTHONUNBUFFERED", "1")
 CLI = [sys.executable, "-m", "exporters.cli"]
 # Modules whose CLI runs are about the start-up itself, started cold (their own subprocesses are cold anyway).
 COLD_MODULES = {"tests/test_first_hour.py": "the README's commands run as a user types them"}
@@ -139,17 +144,22 @@ def pytest_sessionfinish(session) -> None:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _side_proofs_warm():
-    """The runs' optimum and sentence-transformers proofs start warm (tests/side_launcher.py): this worker's
-    `HF_EXPORT_OPTIMUM_PYTHON` names a shim that forks them from a launcher in the side environment, which has
-    imported its runtimes once. Not under `HF_EXPORT_TEST_COLD_CLI=1`, nor without a side environment."""
-    from exporters.layouts.child import SIDE_PYTHON_SETTING, side_python  # the interpreter a run would start
+def _proofs_warm():
+    """The runs' runtime proofs start warm (tests/side_launcher.py): this worker's `HF_EXPORT_OPTIMUM_PYTHON` names a
+    shim that forks optimum's and sentence-transformers' from a launcher in the side environment, and its
+    `HF_EXPORT_PROOF_PYTHON` one that forks ExecuTorch's runners' and ONNX Runtime GenAI's from a launcher in this
+    environment, each of which has imported its runtimes once. Not under `HF_EXPORT_TEST_COLD_CLI=1`; the side one
+    not without a side environment."""
+    from exporters.layouts.child import PROOF_PYTHON_SETTING, SIDE_PYTHON_SETTING, proof_python, side_python
+    from exporters.layouts.executorch_llm import RUNTIME_WITHOUT_COMPILER  # how a proof's child loads the runtime
 
-    side = side_python()
-    if os.environ.get(cli_launcher.COLD_ENV) != "1" and side is not None:
-        shim = side_launcher.install(side, dict(os.environ))
-        if shim is not None:
-            os.environ[SIDE_PYTHON_SETTING] = str(shim)
+    if os.environ.get(cli_launcher.COLD_ENV) != "1":
+        for setting, python, preload, code in ((SIDE_PYTHON_SETTING, side_python(), "side", ""),
+                                               (PROOF_PYTHON_SETTING, proof_python(), "proof",
+                                                RUNTIME_WITHOUT_COMPILER)):
+            shim = side_launcher.install(Path(python), dict(os.environ), preload, code) if python else None
+            if shim is not None:
+                os.environ[setting] = str(shim)
     yield
 
 

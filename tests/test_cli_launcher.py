@@ -250,7 +250,8 @@ def test_importing_torch_dynamo_in_the_worker_changes_no_setting_its_launcher_re
 
 def test_a_worker_whose_own_environment_changed_gets_a_fresh_launcher(monkeypatch):
     """A variable read at start-up set in the worker itself after its launcher started (by anything run in process):
-    the next call with the worker's environment still starts warm, from a fresh launcher that has the new value."""
+    the next call with the worker's environment still starts warm, from a fresh launcher that has the new value;
+    the stale one is stopped and its folder removed."""
     first = cli_launcher.launcher()
     monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "INFO" if os.environ.get("TORCH_CPP_LOG_LEVEL") != "INFO" else "ERROR")
     call = cli_launcher.launch(["--version"], {**os.environ, "PYTHONUNBUFFERED": "1"}, ROOT, 600, warm=True)
@@ -258,6 +259,7 @@ def test_a_worker_whose_own_environment_changed_gets_a_fresh_launcher(monkeypatc
     second = cli_launcher.launcher()
     assert second is not first and second.env["TORCH_CPP_LOG_LEVEL"] == os.environ["TORCH_CPP_LOG_LEVEL"]
     assert first.process.wait(timeout=30) is not None  # the stale launcher was stopped, not left running
+    assert not os.path.exists(first.folder), "the stale launcher's folder (socket, log) was left in the temp dir"
 
 
 def test_another_module_with_its_own_pythonpath_starts_warm_and_sees_what_a_cold_one_sees(tmp_path):

@@ -251,6 +251,22 @@ def test_genai_tokens_that_differ_from_eager_fail_the_proof(exported):
     assert proof.status == "failed" and "tokens equal eager greedy" in proof.detail
 
 
+def test_genais_proof_child_forked_warm_answers_as_a_cold_one(llama):
+    """The tests start this environment's proof children warm (tests/side_launcher.py, `HF_EXPORT_PROOF_PYTHON`):
+    GenAI's proof child, forked from the proof launcher, generates for a padded batch of two what a cold
+    interpreter generates."""
+    from exporters.layouts.genai.proof import CHILD
+    from tests.side_launcher import warm_and_cold
+
+    eos = json.loads((llama["model_dir"] / "config.json").read_text())["eos_token_id"]
+    spec = {"folder": str(llama["folder"]), "eos": [eos],
+            "batches": [{"rows": [[5, 6, 7, 8], [9, 10, 0, 0]], "max_length": 4 + NEW_TOKENS}]}
+    found = warm_and_cold(CHILD, spec, llama["folder"])
+    assert found["calls"] == ["warm"], found["calls"]
+    assert found["warm"] == found["cold"] and found["warm"][1] == "", found
+    assert len(found["warm"][0]) == 2 and all(found["warm"][0]) and sum(map(len, found["warm"][0])) > 2, found
+
+
 OPTIMUM_SCRIPT = Path(__file__).with_name("optimum") / "causal_lm.py"
 
 

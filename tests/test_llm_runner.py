@@ -81,6 +81,26 @@ def test_the_runner_program_passes_and_runs_in_the_runner(fixture, request):
     assert len(generation["eager_tokens"][0]) == 8
 
 
+def test_the_runner_proofs_child_forked_warm_answers_as_a_cold_one(qwen2_plain_runner):
+    """The tests start this environment's proof children warm (tests/side_launcher.py, `HF_EXPORT_PROOF_PYTHON`):
+    the runner proof's own child on a stored folder, forked from the proof launcher, gives the pieces and stats a
+    cold interpreter gives."""
+    from exporters.layouts.executorch_llm.proof import CHILD
+    from exporters.upstream import read_manifest
+    from tests.side_launcher import warm_and_cold
+
+    out, report, _ = qwen2_plain_runner
+    folder = out / _target(report)["name"]
+    entry = read_manifest(folder)["components"]["model"]
+    spec = {"program": str(folder / entry["file"]), "tokenizer": str(folder / "tokenizer.json"),
+            "data": str(folder / entry["data_file"]) if entry.get("data_file") else None, "prompt": PROMPT,
+            "max_new_tokens": 8}
+    found = warm_and_cold(CHILD, spec, folder)
+    assert found["calls"] == ["warm"], found["calls"]
+    assert found["warm"] == found["cold"] and found["warm"][1] == "", found
+    assert len(found["warm"][0]["pieces"]) == 8 and found["warm"][0]["stats"]["prompt_tokens"] > 1, found["warm"]
+
+
 @pytest.mark.parametrize("fixture,custom,cache,tied", [("llama_runner", True, 64, True),
                                                        ("qwen2_plain_runner", False, 48, False)])
 def test_the_folder_holds_the_runner_contract(fixture, custom, cache, tied, request):

@@ -18,6 +18,7 @@ import pytest
 
 from exporters.recipe.load import parse_recipe_data
 from exporters.layouts import RuntimeContext, memory_limit, run_in_child
+from exporters.layouts.child import PROOF_PYTHON_SETTING
 from tests.conftest import ROOT, process_alive, run_cli
 from tests.models import runner_model, write_recipe
 
@@ -111,6 +112,15 @@ def test_a_runtime_child_over_its_memory_limit_fails_with_a_clear_message(tmp_pa
     assert answer is None and time.monotonic() - started < 60
     assert "ran out of memory" in why and f"{limit >> 20} MiB" in why and "the folder's 1 MiB" in why, why
     assert "MemoryError" in why
+
+
+def test_a_proof_interpreter_setting_that_names_no_program_fails_the_proof_saying_so(tmp_path, monkeypatch):
+    """`HF_EXPORT_PROOF_PYTHON` (an operator's: the interpreter this environment's proofs run under) naming a file
+    that is not there, or a folder: the proof fails with the setting's name and what to do, no child started."""
+    for value in (tmp_path / "missing-python", tmp_path):
+        monkeypatch.setenv(PROOF_PYTHON_SETTING, str(value))
+        answer, why = run_in_child("raise SystemExit('never run')", {})
+        assert answer is None and str(value) in why and "set HF_EXPORT_PROOF_PYTHON" in why, why
 
 
 GRANDPARENT = """import json, os, subprocess, sys, time

@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from exporters.layouts.child import SIDE_PYTHON_SETTING, child_environment, run_in_child
+from exporters.layouts.child import PROOF_PYTHON_SETTING, SIDE_PYTHON_SETTING, child_environment, run_in_child
+from exporters.layouts.executorch_llm import RUNTIME_WITHOUT_COMPILER, runner_child_imports
+from tests import side_launcher
 from tests.conftest import ROOT, process_alive
 
 SIDE = ROOT / ".cache" / "optimum-venv" / "bin" / "python"
@@ -103,3 +106,46 @@ def test_a_call_the_launcher_could_answer_otherwise_starts_cold(shim, tmp_path):
     runs = [subprocess.run([python, "-c", code], capture_output=True, text=True, env=_warm_env(), cwd=work,
                            timeout=120) for python in (str(shim), str(SIDE))]
     assert runs[0].stdout == runs[1].stdout == "the cwd numpy\n", runs
+
+
+# What a proof child of this environment says about itself once it has loaded what the runner and GenAI proofs load
+PROOF_WHO = RUNTIME_WITHOUT_COMPILER + runner_child_imports("TextLLMRunner") + """
+import json, os, sys
+import onnxruntime_genai
+spec = json.loads(sys.argv[1])
+parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read().split(b"\\0")
+json.dump({"parent": [part.decode() for part in parent if part], "modules": sorted(sys.modules), "argv": sys.argv,
+           "executable": sys.executable, "path": sys.path, "group": os.getpgid(0) == os.getpid()},
+          open(spec["result"], "w"))
+"""
+
+
+def test_this_environments_proof_launcher_forks_with_one_thread_children_that_load_what_cold_ones_do(monkeypatch):
+    """The launcher of this environment's proofs (ExecuTorch's runners, GenAI: `HF_EXPORT_PROOF_PYTHON`) forks with
+    one thread; its child, which leads its own process group as a cold one started in its own session does, holds
+    no module a cold child of the same code does not (no exporter: executorch.exir, torch._inductor) and has the
+    same argv, executable and sys.path. Shut down, the launcher ends and its folder (socket, log, shim) is gone."""
+    shim = side_launcher.install(Path(sys.executable), dict(os.environ), "proof", RUNTIME_WITHOUT_COMPILER)
+    assert shim is not None and shim.parent.name.startswith("hf-export-proof-")
+    config = json.loads((shim.parent / "config.json").read_text())
+    [launcher] = [process for process, _, folder in side_launcher._RUNNING if folder == shim.parent]
+    try:
+        assert config["threads"] == 1, config
+        answers = {}
+        for how, python in (("warm", str(shim)), ("cold", sys.executable)):
+            monkeypatch.setenv(PROOF_PYTHON_SETTING, python)
+            answers[how], why = run_in_child(PROOF_WHO, {})
+            assert why == "", (how, why)
+        warm, cold = answers["warm"], answers["cold"]
+        assert side_launcher.calls(shim) == ["warm"]
+        assert "tests.cli_launcher" in warm["parent"] and "proof" in warm["parent"], warm["parent"]
+        assert "tests.cli_launcher" not in cold["parent"], cold["parent"]
+        extra = [name for name in set(warm["modules"]) - set(cold["modules"]) if name.split(".")[0] != "tests"]
+        assert not extra, sorted(extra)
+        assert "executorch.extension.llm.runner" in warm["modules"] and "executorch.exir" not in warm["modules"]
+        for key in ("executable", "path", "group"):
+            assert warm[key] == cold[key], (key, warm[key], cold[key])
+        assert warm["group"] is True and [len(warm["argv"]), warm["argv"][0]] == [len(cold["argv"]), "-c"]
+    finally:
+        side_launcher.shut_down(shim.parent)
+    assert launcher.poll() is not None and not shim.parent.exists(), "the launcher or its folder was left behind"

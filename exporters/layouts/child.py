@@ -8,7 +8,8 @@ secret, a key or a password, whatever the name), its memory is limited by the fo
 times the folder's bytes; not `RLIMIT_AS`, which counts the virtual space runtimes and CUDA reserve without using
 it), set by a Python launcher before it `exec`s the runtime (so it holds for Node too), and it is killed, with
 everything it started, past the target's timeout. [`run_in_child`] is the same for Python code in this environment
-or another interpreter (a side environment's).
+(its interpreter `proof_python()`: `HF_EXPORT_PROOF_PYTHON` may name another of this environment) or in another
+environment's interpreter (a side environment's).
 
 Example:
     >>> RuntimeProof("ONNX Runtime GenAI", "passed", "8/8 tokens").to_dict()
@@ -41,6 +42,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]  # where `make` puts the side
 # product's environment
 SIDE_PYTHON_SETTING = "HF_EXPORT_OPTIMUM_PYTHON"
 SIDE_PYTHON = PROJECT_ROOT / ".cache" / "optimum-venv" / "bin" / "python"
+# The interpreter this environment's Python proofs run under (ExecuTorch's runners, its ASR proof, ONNX Runtime
+# GenAI): another interpreter of this same environment (a wrapper, a pre-started one); default this process's own
+PROOF_PYTHON_SETTING = "HF_EXPORT_PROOF_PYTHON"
 # A side environment's child runs this before its runtime's script: whether its transformers (4.x) knows the folder's
 # model type; a family it does not know is one its runtime cannot take (`declined`, the artifact's verdict stands)
 KNOWS = r"""
@@ -134,7 +138,8 @@ def run_in_child(code: str, spec: dict[str, Any], *, folder: Path | None = None,
                  timeout_s: float = CHILD_TIMEOUT_S, python: str | None = None) -> tuple[Any, str]:
     """Run a runtime's own code in a child Python (a native crash or a hang there ends the proof, not the run):
     `code` reads `json.loads(sys.argv[1])` (`spec` plus `"result"`, a path) and writes its JSON answer there.
-    `python`: another interpreter (a side environment's, which holds a runtime this one must not); default this one.
+    `python`: another environment's interpreter (a side environment's, which holds a runtime this one must not; its
+    child gets no PYTHONPATH); default this environment's (`proof_python`).
 
     The child holds no secret (`child_environment`), may use `memory_limit(folder)` bytes, and is killed with its
     process group after `timeout_s` seconds. Once `code` has run to its end the child exits without the interpreter's
@@ -147,12 +152,17 @@ def run_in_child(code: str, spec: dict[str, Any], *, folder: Path | None = None,
         ...              {"x": 21})
         (42, '')
     """
+    interpreter = python or proof_python()
+    if not os.access(interpreter, os.X_OK) or os.path.isdir(interpreter):
+        return None, (f"the proof's interpreter {interpreter} is not an executable file: set {PROOF_PYTHON_SETTING} "
+                      "to a Python of this environment, or unset it" if python is None else
+                      f"the interpreter {interpreter} is not an executable file")
     limit = memory_limit(folder)
     with tempfile.TemporaryDirectory() as scratch:
         result = Path(scratch) / "result.json"
         # the limit is the child's first statement (hard and soft: what runs after it cannot raise it)
         first = f"import resource; resource.setrlimit(resource.RLIMIT_DATA, ({limit}, {limit}))\n"
-        command = [python or sys.executable, "-c", first + code + "\n" + END_WITHOUT_TEARDOWN,
+        command = [interpreter, "-c", first + code + "\n" + END_WITHOUT_TEARDOWN,
                    json.dumps({**spec, "result": str(result)})]
         # another interpreter keeps its own packages: none of this environment's paths
         env = child_environment() if python is None else {k: v for k, v in child_environment().items()
@@ -213,6 +223,18 @@ def _run(command: list[str], scratch: Path, result: Path, folder: Path | None, t
                    f"MiB and {MEMORY_PER_FOLDER_BYTE}x the folder's {_folder_bytes(folder) >> 20} MiB): {why}")
         return None, why
     return json.loads(result.read_text()), ""
+
+
+def proof_python() -> str:
+    """The interpreter this environment's Python proofs run under: `HF_EXPORT_PROOF_PYTHON` (an operator's: another
+    interpreter of this environment), else this process's own. Whichever it is, the child gets the same code, memory
+    limit, environment, timeout and scratch folder.
+
+    Example:
+        >>> proof_python() == (os.environ.get(PROOF_PYTHON_SETTING) or sys.executable)
+        True
+    """
+    return os.environ.get(PROOF_PYTHON_SETTING) or sys.executable
 
 
 def side_python() -> Path | None:
