@@ -310,19 +310,25 @@ def test_a_format_that_cannot_run_the_family_is_left_out_with_the_reason(tmp_pat
     assert target["status"] == "passed" and target["handed_over"]["from"] == "hf-export init", target["findings"]
 
 
+def _plain_executorch_proposal(model: Path, tmp_path: Path, *options: str) -> str:
+    """`hf-export init --formats executorch` on `model`: asserts it proposes the one plain target (no layout, no
+    per-component settings) and returns its summary."""
+    recipe_file, summary_file = tmp_path / "export_config.json", tmp_path / "summary.md"
+    result = run_cli("init", str(model), "--formats", "executorch", "--out", str(recipe_file),
+                     "--summary", str(summary_file), *options)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (target,) = json.loads(recipe_file.read_text())["exports"]
+    assert "layout" not in target and "components" not in target and "expected_components" not in target, target
+    return summary_file.read_text()
+
+
 def test_the_plain_executorch_target_of_a_model_the_runner_cannot_hold_is_proposed_as_methods(tmp_path: Path) -> None:
     """Falcon's multi-query keys do not fit the runner program's static cache: `init` proposes the plain target
     (the tool picks the layout) and its summary says a method per component, with the run's reason, instead of
     promising the LLM runner's program."""
     # one decoder layer: the multi-query cache is the layer's, and init lowers each program it tries (#48)
     model = family_model("falcon", tmp_path / "model", num_hidden_layers=1)
-    recipe_file, summary_file = tmp_path / "export_config.json", tmp_path / "summary.md"
-    result = run_cli("init", str(model), "--formats", "executorch", "--out", str(recipe_file),
-                     "--summary", str(summary_file))
-    assert result.returncode == 0, result.stderr[-3000:]
-    (target,) = json.loads(recipe_file.read_text())["exports"]
-    assert "layout" not in target and "components" not in target and "expected_components" not in target, target
-    summary = summary_file.read_text()
+    summary = _plain_executorch_proposal(model, tmp_path)
     assert "a method per component; not the LLM runner's program" in summary, summary
     assert "FalconForCausalLM does not run with the runner program's static cache" in summary, summary
     assert "the ExecuTorch LLM runner's program)" not in summary, summary
@@ -335,13 +341,7 @@ def test_a_vision_language_models_executorch_proposal_is_the_multimodal_runners_
     from tests.models import tiny_llava_with_processor
 
     model = tiny_llava_with_processor(tmp_path / "model", text_layers=1)
-    recipe_file, summary_file = tmp_path / "export_config.json", tmp_path / "summary.md"
-    result = run_cli("init", str(model), "--formats", "executorch", "--out", str(recipe_file),
-                     "--summary", str(summary_file), "--no-hand-over")
-    assert result.returncode == 0, result.stderr[-3000:]
-    (target,) = json.loads(recipe_file.read_text())["exports"]
-    assert "layout" not in target and "components" not in target and "expected_components" not in target, target
-    summary = summary_file.read_text()
+    summary = _plain_executorch_proposal(model, tmp_path, "--no-hand-over")
     assert "static cache (ExecuTorch MultimodalRunner's program)" in summary, summary
     assert "'multimodal_runner': token_embedding, vision_encoder, text_decoder" in summary, summary
 
@@ -359,13 +359,7 @@ def test_a_bfloat16_whispers_executorch_proposal_is_the_asr_runners_program(tmp_
     model = tiny_whisper(tmp_path / "model", feature_extractor=True)
     WhisperForConditionalGeneration.from_pretrained(model).to(torch.bfloat16).save_pretrained(model)
     assert json.loads((model / "config.json").read_text())["dtype"] == "bfloat16"
-    recipe_file, summary_file = tmp_path / "export_config.json", tmp_path / "summary.md"
-    result = run_cli("init", str(model), "--formats", "executorch", "--out", str(recipe_file),
-                     "--summary", str(summary_file), "--no-hand-over")
-    assert result.returncode == 0, result.stderr[-3000:]
-    (target,) = json.loads(recipe_file.read_text())["exports"]
-    assert "components" not in target and "expected_components" not in target, target
-    summary = summary_file.read_text()
+    summary = _plain_executorch_proposal(model, tmp_path, "--no-hand-over")
     assert "static cache (the ExecuTorch ASR runner's program)" in summary, summary
     assert "'runner': encoder, text_decoder" in summary, summary
 
