@@ -49,7 +49,10 @@ IMAGE_POOL = 16  # synthetic images (seeds 0-15) the LLaVA sees its sentences af
 def _steps(model: Any, optimizer: Any, stream: torch.Tensor, generator: torch.Generator,
            images: torch.Tensor | None = None) -> None:
     """`STEPS` steps on windows of `stream`; with `images` (a pool of pixel values), each window follows one of them
-    drawn at random, as the image's tokens (no loss on those)."""
+    drawn at random, as the image's tokens, which learn too (each predicts the next: an image token, then the text).
+    Validation judges the decoder's logits at every position of the prompt, the image's rows included: trained
+    without loss there, their top two logits were 0.07-0.3 apart, so q8's top-1 agreement (83% on a VNNI Xeon, 97%
+    on an AVX2-only AMD: the same seed trains other bytes on other CPUs) was a draw on near ties (KL 0.004)."""
     for _ in range(STEPS):
         starts = torch.randint(0, stream.numel() - WINDOW - 1, (BATCH,), generator=generator)
         batch = torch.stack([stream[s:s + WINDOW + 1] for s in starts.tolist()])
@@ -57,7 +60,7 @@ def _steps(model: Any, optimizer: Any, stream: torch.Tensor, generator: torch.Ge
         if images is not None:
             lead = model.config.image_seq_length
             ids = torch.cat([torch.full((BATCH, lead), model.config.image_token_index), ids], 1)
-            labels = torch.cat([torch.full((BATCH, lead), -100), labels], 1)
+            labels = ids
             extra = {"pixel_values": images[torch.randint(0, len(images), (BATCH,), generator=generator)]}
         loss = model(input_ids=ids, labels=labels, **extra).loss
         optimizer.zero_grad()
