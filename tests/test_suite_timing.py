@@ -11,8 +11,13 @@ import textwrap
 from pathlib import Path
 
 from benchmarks.suite_durations import body_seconds, fixture_seconds, module_seconds
+from tests.cli_launcher import COLD_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
+# The sample modules start no CLI and no runtime proof: without this, each nested run's worker would start and stop
+# the proof launchers of tests/conftest.py's `_proofs_warm` (torch, transformers and the runtimes imported twice
+# over, most of these tests' cost, #48); the hooks under test do not read it.
+NESTED_ENV = {"PYTHONPATH": str(ROOT), COLD_ENV: "1"}
 
 SAMPLE = '''
 import time
@@ -50,7 +55,7 @@ def test_a_real_run_records_each_fixtures_setup_and_the_script_sums_them(tmp_pat
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest", "-n", "1",
          "--dist", "loadfile", f"--junitxml={xml}", "test_sample.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
+        env={**os.environ, **NESTED_ENV})
     assert done.returncode == 0, done.stdout + done.stderr
     fixtures = fixture_seconds(xml)
     slow, slow_count = fixtures["test_sample.py::slow_export"]
@@ -97,6 +102,6 @@ def test_two_workers_take_the_modules_longest_first_whatever_their_number_of_tes
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest", "-n", "1",
          "--dist", "loadfile", "tests"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "ORDER_LOG": str(log)})
+        env={**os.environ, **NESTED_ENV, "ORDER_LOG": str(log)})
     assert done.returncode == 0, done.stdout + done.stderr
     assert log.read_text().split() == [longest] + 3 * [shortest], log.read_text()
