@@ -87,29 +87,36 @@ def test_each_warm_call_sees_its_own_environment(tmp_path):
     assert "dynamo-two" not in offline.stderr
 
 
-@pytest.mark.parametrize("export_format", ["dynamo", "onnx", "executorch"])
-def test_a_tiny_run_warm_writes_what_a_cold_one_writes(export_format, tmp_path):
-    """A one-target run of a tiny BERT: the same exit code, verdicts, byte-identical artifacts and tool versions;
-    an ONNX or ExecuTorch run is served by its format's zygote (which loaded that exporter before the run)."""
-    model = tiny_bert(tmp_path / "model", [{"name": "dynamo", "export_format": export_format}])
+@pytest.mark.parametrize("export_format, zygote", [("dynamo", "zygote"), ("onnx", "zygote-onnx"),
+                                                   ("executorch", "zygote-executorch"),
+                                                   ("dynamo+onnx", "zygote-onnx"),
+                                                   ("dynamo+onnx+executorch", "zygote-executorch+onnx")])
+def test_a_tiny_run_warm_writes_what_a_cold_one_writes(export_format, zygote, tmp_path):
+    """A run of a tiny BERT (a target per format, in that order): the same exit code, verdicts, byte-identical
+    artifacts and tool versions; a run with ONNX or ExecuTorch targets is served by the zygote of its formats (which
+    loaded their exporters before the run; `dynamo` loads none), though a cold run's first export children fork
+    before the later formats' exporters are loaded."""
+    formats = export_format.split("+")
+    model = tiny_bert(tmp_path / "model", [{"name": "dynamo" if len(formats) == 1 else name, "export_format": name}
+                                           for name in formats])
     outs = {how: tmp_path / f"out-{how}" for how in ("warm", "cold")}
     runs = {how: cli_launcher.launch(["run", "--no-bench", str(model), "--out", str(out), "--quiet"],
                                      {**os.environ, "PYTHONUNBUFFERED": "1"}, ROOT, 600,
                                      warm=how == "warm")
             for how, out in outs.items()}
     assert runs["warm"].how == "warm" and runs["cold"].how.startswith("cold")
-    zygote = "zygote-" + export_format if export_format in cli_launcher.FORMAT_READY else "zygote"
     assert runs["warm"].stage.rsplit(":", 1)[0] == zygote, runs["warm"].stage
     assert runs["warm"].done.returncode == runs["cold"].done.returncode == 0, runs["warm"].done.stderr[-2000:]
     assert runs["warm"].done.stdout.replace("out-warm", "out-cold") == runs["cold"].done.stdout
     reports = {how: json.loads((out / "report.json").read_text()) for how, out in outs.items()}
 
     def facts(report: dict) -> dict:
-        target = targets_by_name(report)["dynamo"]
-        return {"status": report["status"], "versions": report["versions"], "target": target["status"],
-                "checks": [(c["name"], [k["verdict"] for k in c["checks"]]) for c in target["components"]],
-                "files": {f["path"]: f["sha256"] for f in target["files"]}}
+        return {"status": report["status"], "versions": report["versions"], "targets": [
+            (target["name"], target["status"], [(c["name"], [k["verdict"] for k in c["checks"]])
+                                                for c in target["components"]],
+             {f["path"]: f["sha256"] for f in target["files"]}) for target in report["targets"]]}
 
+    assert [name for name, *_ in facts(reports["cold"])["targets"]] == (["dynamo"] if len(formats) == 1 else formats)
     assert facts(reports["warm"]) == facts(reports["cold"])
 
 
@@ -327,7 +334,7 @@ def test_a_warm_call_sees_its_own_hub_settings_though_a_zygote_imported_huggingf
     assert stages[2] != "zygote:1" and stages[3] != "zygote:1", f"the same values were imported again: {stages}"
 
 
-@pytest.mark.parametrize("export_format", ["", "executorch", "onnx"])
+@pytest.mark.parametrize("export_format", ["", "executorch", "onnx", "executorch+onnx"])
 def test_a_zygote_holds_what_a_cold_cli_run_imports_and_no_thread(export_format, tmp_path):
     """What a zygote imported before a call is a subset of what a cold `hf-export run` holds when it exports (the
     CLI's imports, the pipeline and `EXPORT_INTERNALS`: `COLD_EXPORT`), without the CLI itself (`-m` runs it as
@@ -336,11 +343,13 @@ def test_a_zygote_holds_what_a_cold_cli_run_imports_and_no_thread(export_format,
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     warm, held = _probe(env, True, "modules", export_format=export_format)
     assert warm.stage.rsplit(":", 1)[0] == (f"zygote-{export_format}" if export_format else "zygote"), warm.stage
-    cold_export = COLD_EXPORT.replace("print(", f"exporters.run.pipeline.exporter_ready({export_format!r})\nprint(")
+    cold_export = COLD_EXPORT.replace("print(", "".join(f"exporters.run.pipeline.exporter_ready({part!r})\n"
+                                                        for part in export_format.split("+")) + "print(")
     cold = set(json.loads(subprocess.run([sys.executable, "-c", cold_export if export_format else COLD_EXPORT],
                                          capture_output=True, text=True, cwd=ROOT, timeout=300, check=True).stdout))
     if export_format:
-        assert {"executorch": "executorch.exir", "onnx": "onnxscript"}[export_format] in held["modules"]
+        assert all({"executorch": "executorch.exir", "onnx": "onnxscript"}[part] in held["modules"]
+                   for part in export_format.split("+"))
     preloaded = set(held["modules"]) - {"__main__", "tests", "tests.hub_settings_probe", "runpy"}
     assert set(cli_launcher.EXPORT_INTERNALS) <= preloaded
     assert {"transformers", "huggingface_hub", "exporters.run.pipeline"} <= preloaded
