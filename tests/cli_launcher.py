@@ -9,12 +9,11 @@ spends before it does anything; benchmarks/RESULTS.md).
                                           zygote (comm ZYGOTE_NAME): took that call's env, imported STAGE2
                                           (huggingface_hub, transformers, typer, rich, ours); forks one child per
                                           call whose env agrees on every key STAGE2 read, and reaps it
-                                            │ fork, once per format set (FORMAT_SETS) and environment
+                                            │ fork, once per format (FORMAT_READY) and environment
                                             ▼
                                           format zygote (comm FORMAT_ZYGOTE_NAME): also loaded what a run of
-                                          those formats loads before its export children (`exporter_ready` of
-                                          each); serves the `run` calls whose targets' formats need exactly
-                                          those (`run_format`: `dynamo` loads nothing)
+                                          that format loads before its first export child (`exporter_ready`);
+                                          serves the `run` calls whose every target has that format (`run_format`)
                                             ▼
                                           child: env := exactly the env given, chdir(cwd), fds 0/1/2,
                                           sys.path[0] = cwd, runpy runs `exporters.cli` as `-m` does
@@ -133,11 +132,8 @@ MAX_ZYGOTES = 3  # the worker's own environment's, and the last two others' (a t
 ZYGOTE_NAME = "hf-cli-zygote"  # its /proc/PID/comm
 # What a `run` loads before it forks its first export child (`exporters.upstream.exporter_ready`: ExecuTorch's
 # compiler ~2 CPU s, ONNX's exporter and torchlib's registry ~1.5 s), each run again: a zygote forks one child per
-# set of those formats a run needs (a format zygote, which has loaded them: "onnx", "executorch" or
-# "executorch+onnx") and serves from it the runs that need exactly that set. `dynamo` needs nothing
-# (`exporter_ready("dynamo")` loads nothing), so a run of `dynamo` and ONNX targets is served by the ONNX zygote.
+# format that has loaded it (a format zygote) and serves from it the runs whose every target has that format.
 FORMAT_READY = ("executorch", "onnx")
-FORMAT_SETS = ("executorch", "onnx", "executorch+onnx")  # a format zygote's key: the sorted formats, "+"-joined
 FORMAT_ZYGOTE_NAME = "hf-cli-format"  # its /proc/PID/comm
 _HEADER = struct.Struct("!Q")
 
@@ -290,11 +286,9 @@ def launch(args: list[str], env: dict[str, str], cwd: Path, timeout: float, warm
 
 
 def run_format(args: list[str], cwd: Path) -> str:
-    """The FORMAT_SETS key of the formats a `hf-export run *args` call in `cwd` loads before its export children
-    (its targets' FORMAT_READY formats, sorted and "+"-joined), where every target is `dynamo` or one of
-    FORMAT_READY, at least one is of FORMAT_READY, and the recipe can be read here (a local model folder's own, or
-    `--config`); "" otherwise (the call is served by its environment's zygote, which loads the formats' modules in
-    the run, as a cold one does).
+    """The export format of every target a `hf-export run *args` call in `cwd` exports, where it is one of
+    FORMAT_READY and the recipe can be read here (a local model folder's own, or `--config`); "" otherwise (the call
+    is served by its environment's zygote, which loads the formats' modules in the run, as a cold one does).
 
     Example:
         >>> run_format(["run", "examples/demo-model", "--out", "out"], ROOT)  # doctest: +SKIP
@@ -319,8 +313,7 @@ def run_format(args: list[str], cwd: Path) -> str:
     chosen = params.get("target") or []
     formats = {str(target.export_format) for target in (recipe.exports if recipe else [])
                if not chosen or target.name in chosen}
-    ready = sorted(formats & set(FORMAT_READY))
-    return "+".join(ready) if ready and formats <= {"dynamo", *FORMAT_READY} else ""
+    return formats.pop() if len(formats) == 1 and formats <= set(FORMAT_READY) else ""
 
 
 def _command(args: list[str], module: str, code: str | None) -> list[str]:
@@ -519,7 +512,7 @@ class _Zygote:
 class _Zygotes:
     """The launcher's zygotes, the most recently used last; at most MAX_ZYGOTES live (the oldest other than the
     worker's own environment's is told to end: it finishes its running calls first). A zygote's own (`by_format`):
-    its format zygotes, at most one a FORMAT_SETS key and environment read, the oldest ending first."""
+    its format zygotes, at most one a format and environment read, the oldest ending first."""
 
     def __init__(self, by_format: bool = False) -> None:
         self.live: list[_Zygote] = []
@@ -528,9 +521,9 @@ class _Zygotes:
 
     def eligible(self, request: dict) -> bool:
         """A call whose PYTHONPATH adds entries the launcher lacks imports STAGE2 from its own sys.path, and code (a
-        snippet) imports what it imports itself: no zygote. A format zygote serves a run of its formats only."""
+        snippet) imports what it imports itself: no zygote. A format zygote serves a run of its format only."""
         if self.by_format:
-            return request.get("format") in FORMAT_SETS
+            return request.get("format") in FORMAT_READY
         if request.get("code") is not None:
             return False
         launcher_entries = _entries(os.environ.get(PATH_KEY), ROOT)
@@ -550,7 +543,7 @@ class _Zygotes:
         self.live.append(zygote)
         # the least recently used ends first, but never the worker's own environment's (most calls are its)
         others = [live for live in self.live if self.by_format or not live.same_environment(dict(os.environ))]
-        while len(self.live) > (len(FORMAT_SETS) if self.by_format else MAX_ZYGOTES) and others:
+        while len(self.live) > (len(FORMAT_READY) if self.by_format else MAX_ZYGOTES) and others:
             self.end(others.pop(0))
 
     def end(self, zygote: _Zygote) -> None:
@@ -607,9 +600,8 @@ def _zygote_facts(pair: socket.socket, timeout: float = 600) -> dict | None:
 def become_zygote(request: dict, pair: socket.socket, export_format: str = "") -> None:
     """In a new zygote: take the call's environment, import STAGE2 (recording what it read), report, then serve the
     calls the launcher passes on. A failed import ends it: the call is forked from the launcher and fails in its
-    own import, as a cold one does. With `export_format` (a format zygote, forked from a zygote: a FORMAT_SETS
-    key): load what a run of those formats loads before its export children instead
-    (`exporters.upstream.exporter_ready` of each)."""
+    own import, as a cold one does. With `export_format` (a format zygote, forked from a zygote): load what a run
+    of that format loads before its first export child instead (`exporters.upstream.exporter_ready`)."""
     with open("/proc/self/comm", "w") as comm:
         comm.write(FORMAT_ZYGOTE_NAME if export_format else ZYGOTE_NAME)
     os.environ.clear()
@@ -618,7 +610,7 @@ def become_zygote(request: dict, pair: socket.socket, export_format: str = "") -
         if export_format:
             from exporters.upstream import exporter_ready  # imported by STAGE2 (the pipeline) already
 
-            facts = {**_recorded(lambda: [exporter_ready(part) for part in export_format.split("+")]), "ok": True}
+            facts = {**_recorded(lambda: exporter_ready(export_format)), "ok": True}
         else:
             facts = {**_preload(STAGE2), "ok": True}
     except BaseException as err:  # noqa: BLE001  (said to the launcher, which starts the call without us)
