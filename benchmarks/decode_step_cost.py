@@ -72,12 +72,18 @@ def _feeds(session: ort.InferenceSession) -> dict[str, np.ndarray]:
     return feeds
 
 
-def kernels(folder: Path) -> float:
+def _profiled(folder: Path, steps: int) -> list[dict]:
+    """The profile's events of a new session of `folder` that ran `steps` decode steps."""
     with tempfile.TemporaryDirectory() as tmp:
         session = _session(folder, str(Path(tmp) / "profile"))
         feeds = _feeds(session)
-        session.run(None, feeds)
-        events = json.loads(Path(session.end_profiling()).read_text())
+        for _ in range(steps):
+            session.run(None, feeds)
+        return json.loads(Path(session.end_profiling()).read_text())
+
+
+def kernels(folder: Path) -> float:
+    events = _profiled(folder, 1)
     runs = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
     nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
     return len(nodes) / max(len(runs), 1)
@@ -88,12 +94,7 @@ def ops(folder: Path, rounds: int) -> dict[str, tuple[float, float]]:
     after `WARMUP` (the first runs allocate)."""
     per_round: list[dict[str, list[float]]] = []
     for _ in range(rounds):
-        with tempfile.TemporaryDirectory() as tmp:
-            session = _session(folder, str(Path(tmp) / "profile"))
-            feeds = _feeds(session)
-            for _ in range(WARMUP + STEPS):
-                session.run(None, feeds)
-            events = json.loads(Path(session.end_profiling()).read_text())
+        events = _profiled(folder, WARMUP + STEPS)
         runs = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"][-STEPS:]
         totals: dict[str, list[float]] = {}
         for event in events:

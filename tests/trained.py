@@ -56,13 +56,12 @@ def _steps(model: Any, optimizer: Any, stream: torch.Tensor, generator: torch.Ge
     for _ in range(STEPS):
         starts = torch.randint(0, stream.numel() - WINDOW - 1, (BATCH,), generator=generator)
         batch = torch.stack([stream[s:s + WINDOW + 1] for s in starts.tolist()])
-        ids, labels, extra = batch[:, :-1], batch[:, :-1], {}
+        ids, extra = batch[:, :-1], {}
         if images is not None:
             lead = model.config.image_seq_length
             ids = torch.cat([torch.full((BATCH, lead), model.config.image_token_index), ids], 1)
-            labels = ids
             extra = {"pixel_values": images[torch.randint(0, len(images), (BATCH,), generator=generator)]}
-        loss = model(input_ids=ids, labels=labels, **extra).loss
+        loss = model(input_ids=ids, labels=ids, **extra).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
