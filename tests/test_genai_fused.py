@@ -486,7 +486,7 @@ def test_the_decode_step_rewrites_compute_one_condition_and_zero_masked_rows_wit
     """Unrewritten, every layer's guard computes its own condition (the query's batch and length: `Shape` x2,
     `Equal` x2, `Or`, with the total's test where the kernel does not rotate) and zeroes masked rows through a
     `Reshape` to heads and back; rewritten, one condition serves every guard and each layer's `Where` reads the
-    attention's output itself."""
+    attention's output itself. The fused skip norms' statistics, which nothing reads, are no longer asked for."""
     import collections
 
     layers = 3
@@ -514,6 +514,11 @@ def test_the_decode_step_rewrites_compute_one_condition_and_zero_masked_rows_wit
     total = {name: len(counted[name][0].graph.node) for name in counted}
     assert total["before"] - total["after"] == written_after * (layers - 1) + 2 * layers - 2, \
         total  # 2 per layer: the reshapes; 2 more: the squeeze and its axes
+    norms = {name: [node for node in counted[name][0].graph.node if node.op_type == "SkipSimplifiedLayerNormalization"]
+             for name in counted}
+    assert len(norms["before"]) == len(norms["after"]) == 2 * layers  # after each attention and each MLP (the last, the final norm)
+    assert all(all(node.output[1:3]) for node in norms["before"])  # the fusion names the statistics
+    assert all(list(node.output[1:3]) == ["", ""] and node.output[0] and node.output[3] for node in norms["after"])
 
 
 @pytest.mark.parametrize("layout", ["rotary inside", "rotary outside"])

@@ -16,11 +16,13 @@ sequences takes the standard ops too where the fused op rotates it: the kernel r
 one's positions (docs/upstream-gaps.md #43). The graph computes what it computed before for every call; every
 decode step runs the fused kernel.
 
-After the guards, two rewrites cut a decode step's kernels and change no output (`DECODE_STEP_PASSES`, #51): the
+After the guards, three rewrites cut a decode step's work and change no output (`DECODE_STEP_PASSES`, #51): the
 `If`s test the query's batch and length, the same in every layer, so one condition serves them all
-([`_one_condition_for_all_guards`]: five kernels a layer less); and the attention output's fully masked rows are
+([`_one_condition_for_all_guards`]: five kernels a layer less); the attention output's fully masked rows are
 zeroed on its own `[batch, length, hidden]` output ([`_masked_rows_zeroed_unreshaped`]: two `Reshape`s a layer less,
-in the batch-1 graph too).
+in the batch-1 graph too); and a fused norm's statistics that nothing reads are not asked for
+([`_unread_norm_statistics_dropped`]: two outputs fewer to allocate and write per norm, as the GenAI builder writes
+them).
 
 Example:
     >>> with group_query_attention_at_any_batch():  # doctest: +SKIP
@@ -320,10 +322,42 @@ def _attention_output_shape(value: ir.Value) -> list[Any] | None:
     return [*list(query)[:2], node.attributes.get_int("num_heads") * head_size]
 
 
-# after the guards, the rewrites that cut a decode step's kernels without changing any output (#51); a test runs
+NORMS_WITH_STATISTICS = frozenset({"SkipSimplifiedLayerNormalization", "SkipLayerNormalization"})
+STATISTICS = slice(1, 3)  # their optional mean and inverse standard deviation; the skip's sum (3) is read
+
+
+def _unread_norm_statistics_dropped(model: ir.Model) -> None:
+    """Leave unnamed (not asked for) the mean and inverse standard deviation outputs of ONNX Runtime's fused skip
+    norms where nothing reads them: the fusion names all four outputs, and the kernel allocates and writes every
+    output it is given (sixteen norms a step at eight layers; benchmarks/RESULTS.md, #51). An output a graph, a
+    node or a subgraph reads keeps its name."""
+    read = _read_names(model.graph)
+    for node in model.graph:
+        if node.op_type not in NORMS_WITH_STATISTICS or node.domain != DOMAIN:
+            continue
+        for value in node.outputs[STATISTICS]:
+            if value.name and not value.uses() and not value.is_graph_output() and value.name not in read:
+                value.name = ""
+
+
+def _read_names(graph: ir.Graph) -> set[str]:
+    """The names the subgraphs of `graph`'s nodes read (an `If`'s branch reads outer values by name)."""
+    ir, _ = _stack()
+    names: set[str] = set()
+    for node in graph:
+        for attribute in node.attributes.values():
+            for subgraph in ([attribute.value] if attribute.type == ir.AttributeType.GRAPH else
+                             list(attribute.value) if attribute.type == ir.AttributeType.GRAPHS else []):
+                names |= {value.name for inner in subgraph for value in inner.inputs if value is not None}
+                names |= _read_names(subgraph)
+    return names
+
+
+# after the guards, the rewrites that cut a decode step's work without changing any output (#51); a test runs
 # the graph without them and compares
 DECODE_STEP_PASSES: tuple[Callable[[ir.Model], None], ...] = (_one_condition_for_all_guards,
-                                                               _masked_rows_zeroed_unreshaped)
+                                                               _masked_rows_zeroed_unreshaped,
+                                                               _unread_norm_statistics_dropped)
 
 
 def _range(tape: ir.tape.Tape, end: ir.Value) -> ir.Value:
