@@ -560,3 +560,159 @@ def test_the_decode_step_rewrites_change_no_output_of_any_call(plain_graphs, lay
     long_mask = [[1] * 401, [0] * 7 + [1] * 394]
     long_past = {i.name: rng.standard_normal((2, kv_heads, 400, head)).astype(np.float32) for i in pasts}
     run([[21], [30]], long_mask, long_past)  # one token after a long past
+
+
+# ── `"unpadded": true`: the batch-1 graph written for GenAI's calls (issue #51) ──
+
+# docs/recipe.md's one line: the merged graph's batch fixed at 1 by `unpadded` itself
+UNPADDED = {"name": "unpadded", "export_format": "onnx", "mode": "generation", "merged": True, "ort_fusions": "cpu",
+            "unpadded": True}
+
+
+@pytest.fixture(scope="module")
+def unpadded_run(tmp_path_factory):
+    """One CLI run of a tiny Llama whose heads of 16 `GroupQueryAttention` rotates inside, with the GenAI-on-CPU
+    target twice: as the recipe writes it (`gqa`) and written for GenAI's unpadded calls (`unpadded`)."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("genai-unpadded")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=3, initializer_range=0.3, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    model_dir = _saved(model, root / "model", {"exports": [GQA, UNPADDED]})
+    save_ascii_bpe_tokenizer(model_dir)
+    out = root / "out"
+    result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
+    report = json.loads((out / "report.json").read_text())
+    return {"model_dir": model_dir, "out": out, "cli": result,
+            "targets": {target["name"]: target for target in report["targets"]}}
+
+
+def test_the_unpadded_graph_passes_validation_and_genai_generates_eagers_tokens(unpadded_run):
+    from transformers import AutoTokenizer
+
+    assert unpadded_run["cli"].returncode == 0, unpadded_run["cli"].stdout + unpadded_run["cli"].stderr
+    target = unpadded_run["targets"]["unpadded"]
+    assert target["status"] == "passed", target
+    assert target["generation"]["exported_tokens"] == target["generation"]["eager_tokens"]
+    proofs = {p["runtime"]: p for p in target["runtimes"]}
+    assert {"ONNX Runtime GenAI", "optimum"} <= set(proofs), proofs  # optimum's generate() sends one prompt unpadded
+    assert all(proof["status"] == "passed" for proof in proofs.values()), proofs
+    assert any("written for ONNX Runtime GenAI's calls (unpadded: true)" in finding and "padded call is not computed"
+               in finding for finding in target["findings"]), target["findings"]
+    assert not any("unpadded: true" in finding for finding in unpadded_run["targets"]["gqa"]["findings"])
+    tokenizer = AutoTokenizer.from_pretrained(unpadded_run["model_dir"])
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
+    for prompt, row in zip(prompts, _eager(unpadded_run["model_dir"], prompts, pad=3, eos=2)):
+        assert _genai(unpadded_run["out"] / "unpadded", [prompt], pad=3, eos=2) == [row]
+
+
+def test_the_unpadded_graph_reads_no_mask_bias_nor_positions_and_runs_the_builders_kernels(unpadded_run):
+    """What GenAI's builder writes: each attention with eager's cos / sin as constants (positions 0 .. 255) and no
+    bias or positions, no zeroed rows after it, `seqlens_k` not expanded; the mask's and the per-token rotary's
+    kernels gone, the rest of the graph as the recipe's own."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from transformers import AutoModelForCausalLM
+
+    graphs = {name: onnx.load(str(unpadded_run["out"] / name / "model.onnx"), load_external_data=False)
+              for name in ("gqa", "unpadded")}
+    ops = {name: collections.Counter(node.op_type for node in proto.graph.node) for name, proto in graphs.items()}
+    attentions = [node for node in graphs["unpadded"].graph.node if node.op_type == "GroupQueryAttention"]
+    assert len(attentions) == 2
+    initializers = {tensor.name: numpy_helper.to_array(tensor) for tensor in graphs["unpadded"].graph.initializer
+                    if tensor.data_location != onnx.TensorProto.EXTERNAL}  # the tables: in the graph's file
+    for node in attentions:
+        assert list(node.input[9:11]) == ["", ""]  # no positions, no bias
+        assert node.input[7] in initializers and node.input[8] in initializers
+    model = AutoModelForCausalLM.from_pretrained(unpadded_run["model_dir"])
+    cos, sin = model.model.rotary_emb(torch_zeros(), torch_arange(256))
+    np.testing.assert_array_equal(initializers[attentions[0].input[7]], cos[0, :, :8].numpy())
+    np.testing.assert_array_equal(initializers[attentions[0].input[8]], sin[0, :, :8].numpy())
+    assert ops["gqa"]["Where"] == 2 and ops["unpadded"]["Where"] == 0  # the zeroed rows, one a layer
+    for op in ("Cos", "Sin", "Range", "GatherND", "ReduceSum", "Expand", "And", "Not"):
+        assert ops["gqa"][op] > 0 and ops["unpadded"][op] == 0, op  # the mask's and the rotary's computation
+    fused = ("GroupQueryAttention", "MatMul", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization")
+    assert all(ops["gqa"][op] == ops["unpadded"][op] for op in fused)
+    assert sum(ops["unpadded"].values()) < sum(ops["gqa"].values()) - 30
+
+
+def test_the_unpadded_graph_computes_what_the_recipes_does_on_unpadded_calls_only(unpadded_run):
+    """A prompt on an empty past, then a token after it: every output as the recipe's own graph's (the constant
+    tables' float32 rounding against ONNX Runtime's `Cos` / `Sin` aside); a left-padded prompt, which the unpadded
+    graph does not take (the report says so): other logits at its real positions."""
+    import numpy as np
+    import onnxruntime as ort
+
+    sessions = {name: ort.InferenceSession(str(unpadded_run["out"] / name / "model.onnx"),
+                                           providers=["CPUExecutionProvider"]) for name in ("gqa", "unpadded")}
+    names = [output.name for output in sessions["gqa"].get_outputs()]
+    pasts = [i for i in sessions["gqa"].get_inputs() if i.name.startswith("past_key_values.")]
+
+    def run(name, ids, mask, past, positions):
+        feeds = {"input_ids": np.array([ids], np.int64), "attention_mask": np.array([mask], np.int64),
+                 "position_ids": np.array([positions], np.int64), **past}
+        return dict(zip(names, sessions[name].run(None, feeds)))
+
+    empty = {i.name: np.zeros((1, 2, 0, 16), np.float32) for i in pasts}
+    prompt = {name: run(name, [5, 17, 9, 33], [1] * 4, empty, [0, 1, 2, 3]) for name in sessions}
+    for output in names:
+        np.testing.assert_allclose(prompt["unpadded"][output], prompt["gqa"][output], rtol=0, atol=1e-5,
+                                   err_msg=output)
+    past = {f"past_key_values.{n[len('present.'):]}": v for n, v in prompt["gqa"].items() if n.startswith("present.")}
+    step = {name: run(name, [21], [1] * 5, past, [4]) for name in sessions}
+    for output in names:
+        np.testing.assert_allclose(step["unpadded"][output], step["gqa"][output], rtol=0, atol=1e-5, err_msg=output)
+    padded = {name: run(name, [3, 3, 9, 33], [0, 0, 1, 1], empty, [1, 1, 0, 1])["logits"] for name in sessions}
+    assert np.abs(padded["unpadded"][:, 2:] - padded["gqa"][:, 2:]).max() > 1e-2
+
+
+def test_unpadded_is_refused_where_it_would_change_an_unpadded_call():
+    """A recipe without the fusions it rewrites; a model whose mask holds a window (Mistral's `sliding_window`) or
+    whose rope tables depend on the length; a graph whose batch is dynamic: each refused with what to do."""
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    from exporters.errors import RecipeError, TargetPlanError
+    from exporters.layouts.genai.unpadded import rotary_tables, write_for_unpadded_calls
+    from exporters.recipe.load import parse_recipe
+
+    with pytest.raises(RecipeError, match="unpadded rewrites the merged graph that ort_fusions 'cpu' fuses"):
+        parse_recipe(json.dumps({"exports": [{"export_format": "onnx", "mode": "generation", "unpadded": True}]}))
+    small = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
+             "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64}
+    with pytest.raises(TargetPlanError, match="sliding_window: a window or chunk lives in the mask"):
+        rotary_tables(MistralForCausalLM(MistralConfig(**small, sliding_window=16)))
+    dynamic = LlamaConfig(**small, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    with pytest.raises(TargetPlanError, match="rope type 'dynamic' computes tables that depend"):
+        rotary_tables(LlamaForCausalLM(dynamic))
+    cos, sin = rotary_tables(LlamaForCausalLM(LlamaConfig(**small)))
+    assert cos.shape == sin.shape == (64, 8)
+    proto = _unpadded_stub_graph(batch="batch_size")
+    with pytest.raises(TargetPlanError, match="batch is not fixed at 1"):
+        write_for_unpadded_calls(proto, cos, sin)
+
+
+def _unpadded_stub_graph(batch):
+    from onnx import TensorProto, helper
+
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, [batch, "sequence_length"])
+    attention = helper.make_node("GroupQueryAttention", ["q"], ["o"], domain="com.microsoft", do_rotary=1)
+    return helper.make_model(helper.make_graph([attention], "g", [ids], []))
+
+
+def torch_zeros():
+    import torch
+
+    return torch.zeros(1)
+
+
+def torch_arange(length):
+    import torch
+
+    return torch.arange(length).unsqueeze(0)

@@ -206,7 +206,7 @@ def contract(target, inputs: dict[str, Any], query_axis: bool = True) -> Compone
     gigabytes of logits). A recipe that wants bounds declares them in `components.model.dynamic_shapes`.
 
     ONNX and dynamo get named dims (the graph's input dims carry no spurious symbols, so runtimes can size an empty
-    cache from them); ExecuTorch gets `"auto"` on the same axes, because named cache dims fail its edge verifier
+    cache from them), the batch too but where the target is written for unpadded calls (`unpadded`: one sequence); ExecuTorch gets `"auto"` on the same axes, because named cache dims fail its edge verifier
     (docs/upstream-gaps.md #4). `query_axis=False`: the single-token decode's contract (the query axis stays 1;
     `exporters.capture.stepped` feeds a hybrid's prompt through it from a cache of length 0)."""
     leaves = cache_leaves(inputs)
@@ -222,7 +222,8 @@ def contract(target, inputs: dict[str, Any], query_axis: bool = True) -> Compone
     else:
         query = {"name": QUERY_DIM, "min": 1}
         past = {"name": PAST_DIM, "min": 0}
-        batch = {"0": {"name": BATCH_DIM, "min": 1}}  # traced at 2 (`fit_to_contract`): a batch of 1 specializes
+        # traced at 2 (`fit_to_contract`): a batch of 1 specializes; a graph for unpadded calls has one sequence
+        batch = {} if getattr(target, "unpadded", False) else {"0": {"name": BATCH_DIM, "min": 1}}
         deferred = True
     token_axes = {**batch, "1": query} if query_axis else dict(batch)
     spec: dict[str, Any] = {name: dict(token_axes) for name in QUERY_INPUTS
@@ -314,6 +315,18 @@ def with_padding_mask(inputs: dict[str, Any]) -> dict[str, Any]:
             ordered["attention_mask"] = mask
     ordered.setdefault("attention_mask", mask)
     return ordered
+
+
+def with_counted_positions(probe: dict[str, Any]) -> dict[str, Any]:
+    """A merged-graph probe whose `position_ids` count up from the cache's length (past, past + 1, ...), the calls a
+    graph written for GenAI's unpadded sequences takes (`"unpadded": true`): the probe builder keeps positions
+    counting from the traced sample's, whatever the past it sizes."""
+    positions, leaves = probe.get("position_ids"), cache_leaves(probe)
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 2 or not leaves:
+        return probe
+    past = next(iter(leaves.values())).shape[2]
+    counted = torch.arange(past, past + positions.shape[1], dtype=positions.dtype).expand(positions.shape[0], -1)
+    return {**probe, "position_ids": counted.clone()}
 
 
 def with_consistent_mask(probe: dict[str, Any]) -> dict[str, Any]:

@@ -167,6 +167,10 @@ class OnnxTarget(_TargetBase, LayoutSetting):
     opset_version: StrictInt | None = Field(default=None, ge=18, le=23, description="ONNX opset (onnxscript supports 18+).")
     optimize: StrictBool = True
     ort_fusions: Literal["cpu", "cuda", "webgpu", "dml"] | None = None
+    unpadded: StrictBool = Field(default=False, description=(
+        "Write the fused batch-1 generation graph for ONNX Runtime GenAI's calls only: one unpadded sequence whose "
+        "positions count up from 0 (the GenAI builder's graph; a padded call is not computed right); its batch is "
+        "fixed at 1. Needs ort_fusions 'cpu' and mode 'generation'."))
     output_path: str | None = Field(
         default=None, description="Also write the (single-graph) model to this path inside the target's folder."
     )
@@ -192,6 +196,10 @@ class OnnxTarget(_TargetBase, LayoutSetting):
     def _fusions_need_optimize(self) -> OnnxTarget:
         if self.ort_fusions is not None and not self.optimize:
             raise PathValueError(("ort_fusions",), "ort_fusions requires optimize: true")
+        if self.unpadded and (self.ort_fusions != "cpu" or self.mode != "generation" or self.merged is False):
+            raise PathValueError(("unpadded",), "unpadded rewrites the merged graph that ort_fusions 'cpu' fuses for "
+                                 "generation: set \"ort_fusions\": \"cpu\" and \"mode\": \"generation\" (and "
+                                 "not \"merged\": false), or leave unpadded out")
         return self
 
     @model_validator(mode="after")

@@ -26,7 +26,8 @@ from exporters.errors import recoverable
 from exporters.capture.image_text import (DECODER as IMAGE_TEXT_DECODER, embeds_inputs, frames_bindings,
                                          prompt_embeddings, prompt_windows)
 from exporters.capture.llm_runner import prompt_bindings
-from exporters.capture.merged import MERGED, empty_cache, prompt_inputs, with_consistent_mask
+from exporters.capture.merged import MERGED, empty_cache, prompt_inputs, with_consistent_mask, \
+    with_counted_positions
 from exporters.capture.probes import dim_bindings, make_probes
 from exporters.capture.stepped import STEPPED
 from exporters.recipe.model import Recipe
@@ -153,6 +154,9 @@ def eager_side(*, target, recipe: Recipe, components, subject: EagerModel, expec
         if target.mode == "generation" and name in (MERGED, IMAGE_TEXT_DECODER):
             probes = [(probe_id, None if probe is None else with_consistent_mask(probe), skip)
                       for probe_id, probe, skip in probes]
+            if getattr(target, "unpadded", False):  # the calls the graph takes: positions from the past's length
+                probes = [(probe_id, None if probe is None else with_counted_positions(probe), skip)
+                          for probe_id, probe, skip in probes]
             if name == MERGED and "input_ids" in generate_inputs:
                 # the runner program takes at most `max_seq_len` tokens a call (a ring-buffer layer's window)
                 prompt = generate_inputs["input_ids"][:, :getattr(module, "max_seq_len", None)]

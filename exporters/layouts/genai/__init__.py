@@ -9,6 +9,7 @@ theirs and its processor config.
 |                    | encoder and merged decoder in GenAI's 30 s window), its card snippets                        |
 | `config.py`        | `genai_config.json`: the fields GenAI's own model builder writes                            |
 | `buffer.py`        | a `GroupQueryAttention` graph rewritten to share GenAI's past/present buffer                 |
+| `unpadded.py`      | a fused batch-1 graph rewritten for GenAI's unpadded calls (`"unpadded": true`)             |
 | `files.py`         | the files it writes beside the graphs (the buffer rewrite, Whisper's graphs, the config)    |
 | `proof.py`         | GenAI's greedy generation from the folder alone, token for token against eager             |
 | `whisper.py`       | Whisper: `genai_encoder.onnx` (with the cross-attention cache) and `genai_decoder.onnx`      |
@@ -264,7 +265,7 @@ class Genai(Layout):
         if self.declines(target, directory):  # no genai_config.json: the "runs in" column says why
             return
         if getattr(target, "merged", False) and self.may_apply(target, components_in(directory)):
-            self.part("files").write_files(directory, model, notes)
+            self.part("files").write_files(directory, model, notes, getattr(target, "unpadded", False))
 
     def snippet(self, repo_id: str, target: dict[str, Any], revision: str | None) -> tuple[str, str] | None:
         if any(name.rsplit("/", 1)[-1] == WHISPER_ENCODER_FILE for name in file_names(target)):

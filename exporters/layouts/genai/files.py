@@ -24,16 +24,21 @@ from exporters.errors import TargetPlanError
 from exporters.export.onnx_names import is_renamed
 from exporters.layouts.genai.buffer import SHARED_BUFFER_NOTE, share_past_present_in_file
 from exporters.layouts.genai.config import GENAI_CONFIG, write_genai_config
+from exporters.layouts.genai.unpadded import UNPADDED_NOTE, write_for_unpadded_calls_in_file
 from exporters.layouts.genai.whisper import AUDIO_PROCESSOR, audio_processor_config, whisper_genai_config, \
     write_graphs
 from exporters.upstream import read_manifest
 
 
-def write_files(directory: Path, model: Any, notes: list[str]) -> None:
-    """The buffer rewrite and `genai_config.json` for the merged graph in `directory` (see the module)."""
+def write_files(directory: Path, model: Any, notes: list[str], unpadded: bool = False) -> None:
+    """The buffer rewrite and `genai_config.json` for the merged graph in `directory` (see the module); first, where
+    the recipe asks for it (`unpadded`), the graph written for GenAI's unpadded calls (`unpadded.py`)."""
     entry = read_manifest(directory)["components"]["model"]
     if not is_renamed(entry):  # an input the runtimes have no name for: the export's note says so
         return
+    if unpadded:
+        write_for_unpadded_calls_in_file(directory / entry["file"], model)
+        notes.append(UNPADDED_NOTE)
     shared = share_past_present_in_file(directory / entry["file"])
     generation_config = (GenerationConfig.from_pretrained(directory)
                          if (directory / "generation_config.json").is_file() else None)
