@@ -2,7 +2,7 @@
 
     make peers   # the peers' pinned side environments (optimum-executorch's venv: .cache/oet-venv), once
     .venv/bin/python benchmarks/bench_peers.py [--model llama58m|qwen05b|tinyllama11b|trained] [--rounds 2]
-        [--only onnx|executorch|dynamo|onnx-int4|onnx-int4-b1|executorch-int4] [--step NAME ...] [--kill-above-gib 12]
+        [--only onnx|executorch|dynamo|onnx-int4|onnx-int4-b1|onnx-int4-genai|executorch-int4] [--step NAME ...] [--kill-above-gib 12]
 
 Each round runs, each in a fresh process measured from outside (wall time, peak RSS of its largest process):
 
@@ -19,7 +19,8 @@ N1, N2  (`--only onnx-int4`) `hf-export run` with `[{"export_format": "onnx", "m
     "ort_fusions": "cpu", "variants": ["int4"]}]` (MatMulNBits on the fused graph) against the GenAI builder's
     `-p int4 -e cpu` (issue #51); `--only onnx-int4-b1` the same with the batch fixed at 1 (`"merged": true`, the
     merged contract without the batch axis: docs/recipe.md's GenAI-on-CPU recipe, upstream's fusion with no `If`
-    guard), its decode then timed with `bench_runtimes.py --pair int4 --skip-executorch --genai b1=FOLDER`
+    guard), its decode then timed with `bench_runtimes.py --pair int4 --skip-executorch --genai b1=FOLDER`;
+    `--only onnx-int4-genai` the graph written for GenAI's unpadded calls (`"unpadded": true`, batch 1)
 G1, G2  ONNX Runtime GenAI's model builder (`python -m onnxruntime_genai.models.builder -i MODEL -p fp32|int4 -e cpu`,
     onnxruntime-genai 0.18 of the product venv): `-p fp32` the ONNX peer beside optimum-cli, `-p int4` onnx-int4's
 
@@ -89,12 +90,17 @@ RECIPES = {
     "onnx-int4-b1": {"schema_version": 1, "exports": [{"export_format": "onnx", "mode": "generation", "merged": True,
                                                        "ort_fusions": "cpu", "variants": ["int4"], "components": {
                                                            "model": {"dynamic_shapes": BATCH_ONE}}}]},
+    # written for GenAI's calls alone (`"unpadded": true`): the builder's kernels (RESULTS, nineteenth round)
+    "onnx-int4-genai": {"schema_version": 1, "exports": [{"export_format": "onnx", "mode": "generation",
+                                                          "merged": True, "ort_fusions": "cpu", "unpadded": True,
+                                                          "variants": ["int4"]}]},
     "executorch-int4": {"schema_version": 1, "exports": [{"export_format": "executorch", "mode": "generation",
                                                           "variants": ["int4"]}]},
 }
 GENAI_PY = Path(os.environ.get("GENAI_PY", sys.executable))  # onnxruntime-genai is pinned in constraints.txt
 PEERS = {"onnx": ["optimum-onnx", "genai-fp32"], "executorch": ["optimum-executorch"], "dynamo": [],
-         "executorch-int4": ["optimum-executorch-8da4w"], "onnx-int4": ["genai-int4"], "onnx-int4-b1": ["genai-int4"]}
+         "executorch-int4": ["optimum-executorch-8da4w"], "onnx-int4": ["genai-int4"], "onnx-int4-b1": ["genai-int4"],
+         "onnx-int4-genai": ["genai-int4"]}
 CACHE_LEN = 2048  # our default static cache: min(2048, max_position_embeddings); the models below have 2048
 
 
