@@ -267,7 +267,7 @@ def _measured(quality: dict[str, Any]) -> str:
         ties = f" + {quality['top1_ties']} ties" if quality.get("top1_ties") else ""
         return (f"top-1 {quality['top1_matches']}/{quality['positions']}{ties}, "
                 f"KL {quality['kl_sum'] / quality['positions']:.2g}{_media(quality)}")
-    return f"cos {quality['cosine']:.4f}{_media(quality)}" if quality.get("cosine") is not None else _media(quality) or "–"
+    return f"cos {quality['cosine']:.4f}{_media(quality)}" if quality.get("cosine") is not None else _media(quality)[2:] or "–"
 
 
 def _media(metrics: dict[str, Any]) -> str:  # an image's (audio's) rows a budget does not judge: validate.judged_rows
