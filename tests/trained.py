@@ -50,9 +50,11 @@ def _steps(model: Any, optimizer: Any, stream: torch.Tensor, generator: torch.Ge
            images: torch.Tensor | None = None) -> None:
     """`STEPS` steps on windows of `stream`; with `images` (a pool of pixel values), each window follows one of them
     drawn at random, as the image's tokens, which learn too (each predicts the next: an image token, then the text).
-    Validation judges the decoder's logits at every position of the prompt, the image's rows included: trained
+    Validation judged the decoder's logits at every position of the prompt, the image's rows included: trained
     without loss there, their top two logits were 0.07-0.3 apart, so q8's top-1 agreement (83% on a VNNI Xeon, 97%
-    on an AVX2-only AMD: the same seed trains other bytes on other CPUs) was a draw on near ties (KL 0.004)."""
+    on an AVX2-only AMD: the same seed trains other bytes on other CPUs) was a draw on near ties (KL 0.004). The
+    budget now judges the text rows alone (`exporters.validate.judged_rows`); the image's rows still learn, as the
+    model's own loss over `labels=ids` has them do."""
     for _ in range(STEPS):
         starts = torch.randint(0, stream.numel() - WINDOW - 1, (BATCH,), generator=generator)
         batch = torch.stack([stream[s:s + WINDOW + 1] for s in starts.tolist()])

@@ -395,11 +395,9 @@ def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> 
     with torch.no_grad():
         embeds = modules[TOKEN_EMBEDDING](text)
     encoder = AUDIO_ENCODER if AUDIO_ENCODER in modules else VISION_ENCODER
-    source = "input_features" if encoder == AUDIO_ENCODER else "pixel_values"
-    media = generate_inputs[source].clone()
-    if encoder == VISION_ENCODER:  # traced on one image (Idefics3's tiles: each one image input of the runner;
-        media = runner_image_inputs(generate_inputs)[:1].clone()  # LLaVA-NeXT's: one, stacked)
-    embeds = _as_fed(model, modules, encoder, media, runner_prompt(model, generate_inputs), embeds)
+    source, media = _media(encoder, generate_inputs)
+    fed = _fed_prompt(model, modules, encoder, media, runner_prompt(model, generate_inputs))
+    embeds = embeds if fed is None else fed[:, :embeds.shape[1]].clone()
     if encoder == AUDIO_ENCODER and chunked_audio(model):  # traced on two chunks: the chunk axis stays dynamic
         media = two_chunks(media)
     return {TOKEN_EMBEDDING: (modules[TOKEN_EMBEDDING], {"input_ids": text}),
@@ -408,16 +406,35 @@ def capture(model: Any, generate_inputs: dict[str, Any], max_cache_len: int) -> 
                                                    "cache_position": torch.arange(text.shape[1])})}
 
 
-def _as_fed(model: Any, modules: dict[str, Any], encoder: str, media: Any, ids: Any, embeds: Any) -> Any:
-    """`text_decoder`'s traced embeddings as the runner feeds them: the image's (audio's) features in place of its
-    tokens among the prompt's first positions (a prompt that opens with its image: LLaVA's), so its probes judge
-    logits of what the runner runs, not of a placeholder's embedding no prompt holds; `embeds` as they are where one
-    image's features do not fill the prompt's run (several images or chunks)."""
+def _media(encoder: str, generate_inputs: dict[str, Any]) -> tuple[str, Any]:
+    """The encoder's input name and the one image (audio) the runner feeds it from the sample: Idefics3's tiles each
+    one image input of the runner, LLaVA-NeXT's one, stacked."""
+    if encoder == AUDIO_ENCODER:
+        return "input_features", generate_inputs["input_features"].clone()
+    return "pixel_values", runner_image_inputs(generate_inputs)[:1].clone()
+
+
+def runner_prompt_embeddings(model: Any, components: dict[str, tuple[Any, dict]],
+                             generate_inputs: dict[str, Any]) -> Any:
+    """The sample's whole prompt as the runner feeds `text_decoder` (`[1, prompt, width]`): the eager token
+    embeddings with the image's (audio's) features in place of its tokens, from the eager methods in `components`;
+    None where the features do not fill those tokens one for one."""
+    modules = {name: module for name, (module, _) in components.items()}
+    encoder = AUDIO_ENCODER if AUDIO_ENCODER in modules else VISION_ENCODER
+    return _fed_prompt(model, modules, encoder, _media(encoder, generate_inputs)[1],
+                       runner_prompt(model, generate_inputs)[:1])
+
+
+def _fed_prompt(model: Any, modules: dict[str, Any], encoder: str, media: Any, ids: Any) -> Any:
+    """The prompt `ids` embedded as the runner feeds it: the image's (audio's) features in place of its tokens (a
+    prompt that opens with its image: LLaVA's), so `text_decoder`'s probes judge logits of what the runner runs, not
+    of a placeholder's embedding no prompt holds; None where one image's features do not fill the prompt's run
+    (several images or chunks), or the prompt holds none."""
     token = getattr(model.config, "audio_token_id", None) if encoder == AUDIO_ENCODER else image_token_id(model.config)
-    if token is None or not isinstance(ids, torch.Tensor) or not bool((ids[0, :embeds.shape[1]] == int(token)).any()):
-        return embeds
+    if token is None or not isinstance(ids, torch.Tensor) or not bool((ids[0] == int(token)).any()):
+        return None
     with torch.no_grad():
         features = modules[encoder](media)
         full = modules[TOKEN_EMBEDDING](ids).clone()
     features = next(iter(features.values())) if isinstance(features, dict) else features
-    return full[:, :embeds.shape[1]].clone() if features_in_place(full, ids, features, int(token)) else embeds
+    return full if features_in_place(full, ids, features, int(token)) else None

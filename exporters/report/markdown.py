@@ -175,7 +175,7 @@ def quality_cell(target: dict[str, Any]) -> str:
     metrics, parts = quality.get("metrics") or {}, []
     if metrics.get("top1_agreement") is not None:
         ties = f" ({metrics['top1_ties']} ties)" if metrics.get("top1_ties") else ""
-        parts.append(f"top-1 {metrics['top1_agreement']:.1%}{ties}")
+        parts.append(f"top-1 {metrics['top1_agreement']:.1%}{ties} of {metrics.get('positions')} positions{_media(metrics)}")
     if metrics.get("kl") is not None:
         parts.append(f"KL {metrics['kl']:.2g}")
     if metrics.get("cosine") is not None:
@@ -266,8 +266,12 @@ def _measured(quality: dict[str, Any]) -> str:
     if quality.get("positions"):
         ties = f" + {quality['top1_ties']} ties" if quality.get("top1_ties") else ""
         return (f"top-1 {quality['top1_matches']}/{quality['positions']}{ties}, "
-                f"KL {quality['kl_sum'] / quality['positions']:.2g}")
-    return f"cos {quality['cosine']:.4f}" if quality.get("cosine") is not None else "–"
+                f"KL {quality['kl_sum'] / quality['positions']:.2g}{_media(quality)}")
+    return f"cos {quality['cosine']:.4f}{_media(quality)}" if quality.get("cosine") is not None else _media(quality)[2:] or "–"
+
+
+def _media(metrics: dict[str, Any]) -> str:  # an image's (audio's) rows a budget does not judge: validate.judged_rows
+    return f", {metrics['media_positions']} image/audio rows not judged" if metrics.get("media_positions") else ""
 
 
 def _probe_rows(target: dict[str, Any]) -> list[str]:

@@ -6,6 +6,7 @@ checks.py (each component at traced and unseen shapes; the verdicts)
    ├─► vision_language.py        the model's own forward with its stages replaced by their graphs
    ├─► sliding.py                sliding-window caches as exported
    ├─► quality.py                task metrics of quantized and half-precision variants
+   │      └─► judged_rows.py     a decoder fed an image's (audio's) features: its text rows judged, not the image's
    ├─► dtype_files.py            each dtype file of a transformers.js folder, judged with its variant's budget
    ├─► native_log.py             a runtime's own words (its stderr) joined to the error
    └─► benchmark.py              size, load time, latency, tokens/s

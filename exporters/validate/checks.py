@@ -180,11 +180,13 @@ class Judging:
     """How a component's probes are judged beyond atol/rtol. `measured` (a quantized or half-precision target): each
     probe gets task metrics instead, collected there for the target's verdict (exporters.validate.quality); `ties`: a
     half-precision target's dtype tolerance, within which a differing top-1 is a tie; `arbiter` (a float32 target's):
-    a failed comparison judged against eager in float64 ([`arbitrate`])."""
+    a failed comparison judged against eager in float64 ([`arbitrate`]); `rows`: per probe, the rows the metrics judge
+    (a decoder fed an image's features: its text rows, `exporters.validate.judged_rows`), None for every row."""
 
     measured: list[tuple[str, str, dict[str, Any]]] | None = None
     ties: tuple[float, float] | None = None
     arbiter: Arbiter | None = None
+    rows: list[torch.Tensor | None] | None = None
 
 
 def probe_component(report: ComponentReport, runner: Any, probes: list, references: list[Any],
@@ -215,7 +217,7 @@ def probe_component(report: ComponentReport, runner: Any, probes: list, referenc
                                 f"specialized or bounded at export — {describe_error(err)[:300]}")
             continue
         if measured is not None:
-            check.quality = measure(reference, actual, ties)
+            check.quality = measure(reference, actual, ties, judging.rows[index] if judging.rows else None)
             check.passed, check.error = not check.quality["problems"], "; ".join(check.quality["problems"]) or None
             measured.append((report.name, probe_id, check.quality))
             continue
@@ -358,7 +360,7 @@ def validate_target(
             report = ComponentReport(name, structural=[s for s in structural if s.startswith(f"{name}:")])
             arbiter = side.arbiters.get(name) if measured is None else None  # float32 targets only
             probe_component(report, exported.runners[name], probes, references, tolerance, findings,
-                            Judging(measured, ties, arbiter))
+                            Judging(measured, ties, arbiter, side.judged_rows.get(name)))
             reports.append(report)
             extra = getattr(target, "output_path", None)
             if extra and name == "model":  # the seed's extra single-graph file is an artifact too: checked the same way

@@ -28,11 +28,13 @@ from exporters.capture.image_text import (DECODER as IMAGE_TEXT_DECODER, embeds_
 from exporters.capture.llm_runner import prompt_bindings
 from exporters.capture.merged import MERGED, empty_cache, prompt_inputs, with_consistent_mask, \
     with_counted_positions
+from exporters.capture.multimodal_runner import TEXT_DECODER, runner_prompt_embeddings
 from exporters.capture.probes import dim_bindings, make_probes
 from exporters.capture.stepped import STEPPED
 from exporters.recipe.model import Recipe
 from exporters.upstream import leaf_tensors, prepare_traced_inputs
 from exporters.validate.arbitration import Arbiter
+from exporters.validate.judged_rows import decoder_media_rows, judged_rows
 from exporters.validate.parity import other_references, reference_for
 from exporters.validate.runtimes import RuntimeCheck, RuntimeContext, checks_possible, references_for
 from exporters.validate.subject import EagerModel
@@ -116,6 +118,8 @@ class EagerSide:
     threads: int = 0
     # per component: its module and probes as eager takes them, for a failed check's float64 reference
     arbiters: dict[str, Arbiter] = field(default_factory=dict)
+    # per decoder fed an image's (audio's) features: each probe's rows a quality budget judges (None: every row)
+    judged_rows: dict[str, list[torch.Tensor | None]] = field(default_factory=dict)
 
     def usable_for(self, target) -> bool:
         """A torch program is compared with eager at its own thread count ([`EagerCache`]); ONNX Runtime and
@@ -151,6 +155,7 @@ def eager_side(*, target, recipe: Recipe, components, subject: EagerModel, expec
             for probe in make_probes(inputs, group, model.config, recipe.validation.max_probe_elements, max_positions,
                                      recipe.inputs.seed, logits_per_token,
                                      model_sized="max_probe_elements" not in recipe.validation.model_fields_set)[1:]]
+        prompt = None
         if target.mode == "generation" and name in (MERGED, IMAGE_TEXT_DECODER):
             probes = [(probe_id, None if probe is None else with_consistent_mask(probe), skip)
                       for probe_id, probe, skip in probes]
@@ -168,6 +173,19 @@ def eager_side(*, target, recipe: Recipe, components, subject: EagerModel, expec
                     probes = prompt_windows(module, inputs, probes, prompt)
                 probes.append(("prompt (past=0)", embeds_inputs(embeds, 0, empty_cache(
                     inputs["past_key_values"], embeds.shape[0]), mrope=inputs["position_ids"].dim() == 3), None))
+        elif target.mode == "generation" and name == TEXT_DECODER and "inputs_embeds" in inputs:
+            # MultimodalRunner's text_decoder: the whole prompt as the runner feeds it (the image's features in
+            # place), at most a call's `max_seq_len` rows; its traced rows are the prompt's first (the image's, for
+            # LLaVA), which the quality budget does not judge
+            prompt = runner_prompt_embeddings(model, components, generate_inputs)
+            if prompt is not None:
+                fed = prompt[:, :getattr(module, "max_seq_len", None) or prompt.shape[1]].contiguous()
+                probes.append(("prompt (past=0)", {"inputs_embeds": fed, "cache_position": torch.arange(
+                    fed.shape[1])}, None))
+        media = decoder_media_rows(name, components, model, generate_inputs, prompt) \
+            if target.mode == "generation" else None
+        if media is not None:
+            side.judged_rows[name] = [judged_rows(probe, media) for _, probe, _ in probes]
         references = eager_references(module, probes, eager)
         # what the graph takes, computed while the eager module still holds its weights
         fed = [(probe_id, None if probe is None else with_precomputed_inputs(module, probe), skip)

@@ -8,9 +8,13 @@ only between tokens eager itself scores within the dtype's tolerance of each oth
 score may move by that much in a correct half-precision program, as in generation parity's near ties); for
 components without logits, the cosine similarity of their hidden states (`last_hidden_state`, `pooler_output`, else
 every float output), per vector (each position's hidden state), keeping the lowest. Pooled over all probes of a
-target ([`judge`]): agreement (ties counted, and reported as `top1_ties`) and mean KL over every position, the lowest
-cosine of any vector, and for generation targets the greedy tokens that match eager before the first divergence. The
-budget (`exporters.recipe.budgets.resolve_budget`) decides, and the verdict names the metric that did.
+target ([`judge`]): agreement (ties counted, and reported as `top1_ties`) and mean KL over every judged position, the
+lowest cosine of any vector, and for generation targets the greedy tokens that match eager before the first
+divergence. The budget (`exporters.recipe.budgets.resolve_budget`) decides, and the verdict names the metric that did.
+
+A decoder fed an image's (audio's) features is judged on its text positions only (`rows`: the probe's rows a runtime
+reads the logits of, `exporters.validate.judged_rows`); its image (audio) rows are counted apart
+(`media_positions`), and still checked for NaN and shape. The metrics say over how many `positions` they were taken.
 
 Example:
     >>> import torch
@@ -21,6 +25,9 @@ Example:
     >>> flat = torch.tensor([[[3.0, 2.995, 0.0]]])  # eager's top two 0.005 apart: a half-precision tie
     >>> measure({"logits": flat}, {"logits": flat[..., [1, 0, 2]]}, ties=(1e-2, 1e-2))["top1_ties"]
     1
+    >>> text_only = measure({"logits": logits}, {"logits": logits.flip(-1)}, rows=torch.tensor([[False, True]]))
+    >>> (text_only["positions"], text_only["top1_matches"], text_only["media_positions"])  # row 0 an image's
+    (1, 0, 1)
 """
 
 from __future__ import annotations
@@ -41,17 +48,20 @@ RULES = (
 )
 
 
-def measure(reference: Any, actual: Any, ties: tuple[float, float] | None = None) -> dict[str, Any]:
+def measure(reference: Any, actual: Any, ties: tuple[float, float] | None = None,
+            rows: torch.Tensor | None = None) -> dict[str, Any]:
     """Quality metrics of one probe: `positions`, `top1_matches`, `top1_ties`, `kl_sum`, `kl_max` over logits,
     `cosine` (the lowest cosine of any one hidden-state vector), and `problems` (a missing, misshapen or non-finite
     output: never a pass). `ties`: the `(atol, rtol)` within which eager's scores of its own top-1 and the artifact's
-    make a differing argmax a tie ([`top1_ties`]); None counts every differing argmax as a disagreement."""
+    make a differing argmax a tie ([`top1_ties`]); None counts every differing argmax as a disagreement. `rows`: the
+    positions judged (bool, the judged outputs' leading `[batch, seq]`), the others counted in `media_positions`;
+    None judges every position."""
     want, got = leaf_tensors(reference), leaf_tensors(actual)
     logits = [name for name in want if name.rsplit(".", 1)[-1].endswith("logits")]
     hidden = [name for name in want if name.rsplit(".", 1)[-1] in HIDDEN_STATES]
     judged = logits or hidden or [name for name, tensor in want.items() if tensor.is_floating_point()]
     result: dict[str, Any] = {"positions": 0, "top1_matches": 0, "top1_ties": 0, "kl_sum": 0.0, "kl_max": 0.0,
-                              "cosine": None, "problems": []}
+                              "cosine": None, "media_positions": 0, "problems": []}
     for name in judged:
         value = got.get(name)
         if value is None:
@@ -67,6 +77,11 @@ def measure(reference: Any, actual: Any, ties: tuple[float, float] | None = None
             continue
         if ref.numel() == 0:
             continue
+        if rows is not None and (name in logits or ref.dim() > 1):
+            ref, val = _judged(name, ref, rows), _judged(name, val, rows)
+            result["media_positions"] += int((~rows).sum())
+            if ref.numel() == 0:
+                continue
         if name in logits:
             ref2, val2 = ref.reshape(-1, ref.shape[-1]), val.reshape(-1, val.shape[-1])
             log_p, log_q = torch.log_softmax(ref2, -1), torch.log_softmax(val2, -1)
@@ -87,6 +102,14 @@ def measure(reference: Any, actual: Any, ties: tuple[float, float] | None = None
             cosine = float(torch.where(zero, torch.ones_like(per_vector), per_vector).min())
             result["cosine"] = cosine if result["cosine"] is None else min(result["cosine"], cosine)
     return result
+
+
+def _judged(name: str, values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The `[judged rows, width]` of an output whose leading dims are the probe's `[batch, seq]` (`rows`' shape)."""
+    if tuple(values.shape[:-1]) != tuple(rows.shape):
+        raise ValueError(f"'{name}' of shape {list(values.shape)} does not lead with the judged rows' "
+                         f"{list(rows.shape)}")
+    return values[rows.to(torch.bool)]
 
 
 def top1_ties(eager: torch.Tensor, eager_top: torch.Tensor, artifact_top: torch.Tensor,
@@ -168,6 +191,9 @@ def judge(kind: str, budget: dict[str, Any], probes: list[tuple[str, str, dict[s
         "kl_max": max((q["kl_max"] for _, _, q in probes), default=None) if positions else None,
         "cosine": min(cosines)[0] if cosines else None,
     }
+    media = sum(q.get("media_positions", 0) for _, _, q in probes)
+    if media:  # an image's (audio's) rows: no runtime reads their logits (exporters.validate.judged_rows)
+        metrics["media_positions"] = media
     if generation is not None and getattr(generation, "matched_tokens", None) is not None:
         metrics["greedy_match"] = generation.matched_tokens
         metrics["greedy_required"] = generation.required_tokens
