@@ -414,20 +414,26 @@ def plain_graphs(tmp_path_factory):
     which `GroupQueryAttention` rotates inside, and heads of 8, rotated outside (its guards also test the total
     length). The tests read the graph only: it is exported in this process by the call the CLI's export child makes
     (`_plain_graph`), without the run's validation and runtime proofs (#48)."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
     root = tmp_path_factory.mktemp("decode-step")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
-                         eos_token_id=2, pad_token_id=3, initializer_range=0.3, tie_word_embeddings=False)
-    model = LlamaForCausalLM(config).eval()
-    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3)
-    folders = {"rotary inside": _saved(model, root / "head-16", {"exports": [PLAIN]}),
+    folders = {"rotary inside": _head_16_llama(root / "head-16", {"exports": [PLAIN]}, layers=3, positions=512),
                "rotary outside": tiny_llama(root / "head-8", {"exports": [PLAIN]}, initializer_range=0.3,
                                             max_position_embeddings=512, layers=3)}
     return {name: _plain_graph(folder, root / f"out-{folder.name}") for name, folder in folders.items()}
+
+
+def _head_16_llama(folder: Path, recipe: dict, layers: int, positions: int) -> Path:
+    """A tiny Llama (hidden 64) whose heads of 16 `GroupQueryAttention` rotates inside, saved with `recipe`."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=3, initializer_range=0.3,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    return _saved(model, folder, recipe)
 
 
 def _plain_graph(model_dir: Path, out: Path) -> Path:
@@ -573,17 +579,8 @@ UNPADDED = {"name": "unpadded", "export_format": "onnx", "mode": "generation", "
 def unpadded_run(tmp_path_factory):
     """One CLI run of a tiny Llama whose heads of 16 `GroupQueryAttention` rotates inside, with the GenAI-on-CPU
     target twice: as the recipe writes it (`gqa`) and written for GenAI's unpadded calls (`unpadded`)."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
     root = tmp_path_factory.mktemp("genai-unpadded")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
-                         eos_token_id=2, pad_token_id=3, initializer_range=0.3, tie_word_embeddings=False)
-    model = LlamaForCausalLM(config).eval()
-    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3)
-    model_dir = _saved(model, root / "model", {"exports": [GQA, UNPADDED]})
+    model_dir = _head_16_llama(root / "model", {"exports": [GQA, UNPADDED]}, layers=2, positions=256)
     save_ascii_bpe_tokenizer(model_dir)
     out = root / "out"
     result = run_cli("run", "--no-bench", str(model_dir), "--out", str(out), "--quiet")
