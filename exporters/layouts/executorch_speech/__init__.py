@@ -84,14 +84,14 @@ audio = 0.5 * numpy.sin(2 * numpy.pi * 440 * seconds)  # your audio, at extracto
 """
 CARD_FEATURES = CARD_AUDIO + (
     """features = extractor(audio, sampling_rate=extractor.sampling_rate, return_tensors="pt").input_features""")
-# A waveform model's encoder (Moonshine, SpeechT5) takes the waveform at the length it was traced with, as
-# [1, 1, samples]: the audio padded with silence or cut to that length (read from the program)
 # What the card prints: the transcription, the new ids decoded by the folder's own tokenizer (special tokens skipped);
 # a folder without a tokenizer (the repo ships none): the ids
 CARD_TEXT = """from transformers import AutoTokenizer
 
 print(AutoTokenizer.from_pretrained(folder).decode(new, skip_special_tokens=True))  # the transcription"""
 CARD_IDS = "print(new)  # the folder has no tokenizer: the new token ids"
+# A waveform model's encoder (Moonshine, SpeechT5) takes the waveform at the length it was traced with, as
+# [1, 1, samples]: the audio padded with silence or cut to that length (read from the program)
 CARD_WAVEFORM = CARD_AUDIO + """samples = encoder.metadata.input_tensor_meta(0).sizes()[-1]  # the traced length
 features = extractor(audio, sampling_rate=extractor.sampling_rate, padding="max_length", max_length=samples,
                      truncation=True, return_tensors="pt").input_values[:, None, :]"""
