@@ -17,11 +17,25 @@ RUNTIME = "ExecuTorch MultimodalRunner"
 TEXT_LAYERS = 1
 
 
+# LLaVA 1.5's turns (llava-hf's chat_template.jinja, its image as the `<image>` token)
+LLAVA_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'].upper() }}: {% for c in m['content'] %}"
+                       "{% if c['type'] == 'image' %}<image>\n{% else %}{{ c['text'] }}{% endif %}{% endfor %} "
+                       "{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+
+
+def _llava_with_chat_template(folder, recipe, **options):
+    """The tiny LLaVA with its processor and LLaVA's chat template, as a LLaVA repository holds one."""
+    model_dir = tiny_llava_with_processor(folder, recipe, **options)
+    (model_dir / "chat_template.jinja").write_text(LLAVA_CHAT_TEMPLATE, encoding="utf-8")
+    return model_dir
+
+
 @pytest.fixture(scope="module")
 def llava_runner(tmp_path_factory):
-    """The tiny LLaVA with its processor, the plainest ExecuTorch recipe, through the real CLI."""
+    """The tiny LLaVA with its processor and chat template (the sample's prompt and the card's are one user turn
+    in it), the plainest ExecuTorch recipe, through the real CLI."""
     root = tmp_path_factory.mktemp("mm-llava")
-    model_dir, out, done = run_plainest_executorch(root, tiny_llava_with_processor, text_layers=TEXT_LAYERS)
+    model_dir, out, done = run_plainest_executorch(root, _llava_with_chat_template, text_layers=TEXT_LAYERS)
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else {}
     return model_dir, out, report, done.stdout + done.stderr
 
@@ -81,7 +95,15 @@ def test_a_tied_llava_stores_its_table_once_and_runs_from_its_two_files(tmp_path
 
 def test_the_cards_multimodal_snippet_runs_as_written(llava_runner, hub, tmp_path):
     """The card's `MultimodalRunner` snippet, run as written against the Hub emulator (an image.jpg put where it
-    reads one): the proof's runner and call, every line of them."""
+    reads one): the proof's runner and call, every line of them; its prompt the one the repo's chat template renders
+    for one user turn of the image and the text, with the generation prompt (before: `<image> Describe the image.`),
+    the sample's own lines (`exporters.capture.chat_prompt`). What it prints is eager greedy `generate()`'s text on
+    that turn as transformers' processor builds it (`apply_chat_template(..., tokenize=True)`)."""
+    from PIL import Image
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from exporters.capture.chat_prompt import IMAGE_PROMPT, IMAGE_TEXT
+    from exporters.capture.generation_settings import greedy
     from exporters.layouts.executorch_llm import runner_child_imports
     from exporters.layouts.executorch_multimodal import GENERATE, RUNNER_IMPORTS
     from exporters.layouts.executorch_multimodal.proof import CHILD
@@ -101,9 +123,28 @@ def test_the_cards_multimodal_snippet_runs_as_written(llava_runner, hub, tmp_pat
     child = executorch_libraries(child_imports)
     assert any("custom_ops_aot_lib" in name for name in child), child
     assert child <= executorch_libraries(RUNNER_IMPORTS), child
-    done = run_snippet(code, hub, image_home(tmp_path))
+    assert IMAGE_PROMPT in code and "add_special_tokens=specials" in code
+    home = image_home(tmp_path)
+    done = run_snippet(code, hub, home)
     assert done.returncode == 0, (code, done.stderr[-3000:])
-    assert done.stdout.strip()
+    model_dir = llava_runner[0]
+    processor = AutoProcessor.from_pretrained(out / "executorch")
+    assert processor.chat_template == LLAVA_CHAT_TEMPLATE  # the repo's, in the folder the card downloads
+    turn = [{"role": "user", "content": [{"type": "image", "image": Image.open(home / "image.jpg").convert("RGB")},
+                                         {"type": "text", "text": IMAGE_TEXT}]}]
+    inputs = processor.apply_chat_template(turn, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                           return_tensors="pt")
+    model = LlavaForConditionalGeneration.from_pretrained(model_dir).eval()
+    config = greedy(model.generation_config, max_new_tokens=32)  # the card's 32
+    with torch.no_grad():
+        new = model.generate(**inputs, generation_config=config)[0, inputs["input_ids"].shape[1]:].tolist()
+    new = new[:next((i for i, token in enumerate(new) if token == config.eos_token_id), len(new))]
+    # the runner prints each piece itself, then its stats line (before: the card's callback printed every piece a
+    # second time)
+    expected = processor.decode(new)
+    printed, observer = done.stdout[:len(expected)], done.stdout[len(expected):].strip()
+    assert len(new) > 1 and printed == expected, (done.stdout, new, expected)
+    assert observer.startswith("PyTorchObserver {") and "\n" not in observer, done.stdout
 
 
 def _images_of(token: int, ids) -> int:

@@ -363,3 +363,54 @@ def test_dynamic_true_keeps_the_batch_dynamic_at_the_default_batch_of_one(bert):
     batch = program.graph_signature.user_inputs[0]
     placeholder = next(n for n in program.graph.nodes if n.name == batch)
     assert not isinstance(placeholder.meta["val"].shape[0], int), "dynamo program: batch fixed"
+
+
+# A chat template in the tiny tokenizer's own words (its alphabet has no `<|` nor newline): the bos, then each turn
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}hello {{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}world{% endif %}")
+
+
+def test_the_cards_genai_snippet_sends_one_user_turn_in_the_repos_chat_template(llama, hub, tmp_path):
+    """The card's GenAI snippet for a folder holding the repo's `chat_template.jinja`, run as written against the Hub
+    emulator: its prompt is one user turn in the template with the generation prompt (before: the words alone),
+    rendered by GenAI's tokenizer as transformers renders it, and it prints eager greedy `generate()`'s text from that
+    prompt (special tokens skipped). The folder is the llama run's, its tokenizer a byte-level BPE of the same special
+    ids (GenAI's tokenizer encodes the run's whitespace-split BPE's spaces as id -1, where transformers drops them:
+    benchmarks/RESULTS.md), with the template added as the repo's would be copied."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from exporters.capture.generation_settings import greedy
+    from exporters.layouts import Genai
+    from exporters.layouts.genai import CHAT_PROMPT
+    from tests.card_snippets import run_snippet, upload_exports
+    from tests.models import BPE_CORPUS, BPE_SPECIALS, train_bpe_tokenizer
+
+    name, out = llama["target"]["name"], tmp_path / "out"
+    folder = out / name
+    shutil.copytree(llama["folder"], folder)
+    train_bpe_tokenizer(folder, BPE_CORPUS, BPE_SPECIALS, vocab_size=128, bos="<s>", eos="</s>", pad="<|pad|>",
+                        unk="<unk>", byte_level=True)
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    commit = upload_exports(hub, "alice/genai-chat", out, [name])
+    target = {**llama["target"], "files": [*llama["target"]["files"], {"path": f"{name}/chat_template.jinja"}]}
+    language, code = Genai().snippet("alice/genai-chat", target, commit)
+    assert language == "python" and CHAT_PROMPT in code
+    done = run_snippet(code, hub, tmp_path / "home", prompt=PROMPTS[1])
+    assert done.returncode == 0, (code, done.stderr[-3000:])
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[1]}], tokenize=False,
+                                             add_generation_prompt=True)
+    assert rendered == f"<s>hello {PROMPTS[1]} world", rendered
+    genai = og.Tokenizer(og.Model(str(folder)))
+    turn = json.dumps([{"role": "user", "content": PROMPTS[1]}])
+    assert genai.apply_chat_template(turn, add_generation_prompt=True) == rendered  # GenAI's rendering, the card's
+    ids = torch.tensor([tokenizer(rendered).input_ids])
+    assert ids[0].tolist() == genai.encode(rendered).tolist()
+    model = AutoModelForCausalLM.from_pretrained(llama["model_dir"]).eval()
+    config = greedy(model.generation_config, max_new_tokens=64 - ids.shape[1])  # the card's max_length 64
+    with torch.no_grad():
+        sequence = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)[0].tolist()
+    assert len(sequence) > ids.shape[1] + 1, sequence
+    assert done.stdout == tokenizer.decode(sequence, skip_special_tokens=True) + "\n", (done.stdout, sequence)

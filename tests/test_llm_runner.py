@@ -31,8 +31,17 @@ if sys.argv[:1] == ["-c"]:
 """
 
 
-def _export(root: Path, kind: str, recipe, bench: bool = False, layers: int = 2) -> tuple[Path, dict, str]:
-    return run_and_read(root, runner_model(root / "model", kind, recipe, layers=layers), bench=bench)
+# A chat model's template (one turn: the role, the content; the generation prompt), as a repo's chat_template.jinja
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def _export(root: Path, kind: str, recipe, bench: bool = False, layers: int = 2,
+            chat_template: bool = False) -> tuple[Path, dict, str]:
+    model_dir = runner_model(root / "model", kind, recipe, layers=layers)
+    if chat_template:
+        (model_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    return run_and_read(root, model_dir, bench=bench)
 
 
 RECIPE = {"exports": [PLAINEST_EXECUTORCH], "inputs": {"prompt": PROMPT}, "generation": {"max_new_tokens": 8}}
@@ -43,8 +52,10 @@ LAYERS = {"llama_runner": 2, "qwen2_plain_runner": 1}
 
 @pytest.fixture(scope="module")
 def llama_runner(tmp_path_factory):
-    """The tiny Llama (tied embeddings) with the plainest ExecuTorch recipe, benchmarked."""
-    return _export(tmp_path_factory.mktemp("runner-llama"), "llama", RECIPE, bench=True, layers=LAYERS["llama_runner"])
+    """The tiny Llama (tied embeddings) with the plainest ExecuTorch recipe, benchmarked; its repo holds a chat
+    template (the runner proof's prompt and the card's are one user turn in it)."""
+    return _export(tmp_path_factory.mktemp("runner-llama"), "llama", RECIPE, bench=True, layers=LAYERS["llama_runner"],
+                   chat_template=True)
 
 
 @pytest.fixture(scope="module")
@@ -401,6 +412,30 @@ def test_the_cards_runner_snippet_runs_as_written(llama_runner, hub, tmp_path):
     assert done.returncode == 0, (code, done.stderr[-3000:])
     generation = _target(report)["generation"]
     assert done.stdout.strip() and generation["status"] == "passed"
+    # the prompt it gives the runner is one user turn in the repo's chat template (before: the words alone); it prints
+    # eager greedy generate()'s text on that prompt
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from exporters.capture.chat_prompt import TEXT_PROMPT
+    from exporters.capture.generation_settings import greedy
+
+    assert TEXT_PROMPT in code
+    rendered = AutoTokenizer.from_pretrained(out / "executorch").apply_chat_template(
+        [{"role": "user", "content": PROMPT}], tokenize=False, add_generation_prompt=True)
+    assert rendered == f"<|begin_of_text|><|user|>\n{PROMPT}\n<|assistant|>\n", rendered
+    tokenizer = Tokenizer.from_file(str(out / "executorch" / "tokenizer.json"))
+    ids = torch.tensor([tokenizer.encode(rendered, add_special_tokens=False).ids])
+    model = AutoModelForCausalLM.from_pretrained(out.parent / "model").eval()
+    config = greedy(model.generation_config, max_new_tokens=32)  # the card's 32
+    with torch.no_grad():
+        new = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)[0, ids.shape[1]:]
+    # the runner prints each piece itself, then its stats line (before: the card's callback printed every piece a
+    # second time, after the runner's echo of the prompt)
+    expected = tokenizer.decode(new.tolist())
+    printed, observer = done.stdout[:len(expected)], done.stdout[len(expected):].strip()
+    assert len(new) == 32 and printed == expected, (done.stdout, new, expected)
+    assert observer.startswith("PyTorchObserver {") and "\n" not in observer, done.stdout
 
 
 def test_the_non_strict_trace_reads_the_cache_through_the_wrappers_buffers():

@@ -137,7 +137,15 @@ def test_transformers_js_transcribes_the_multilingual_whisper_and_its_card_scrip
     """#52 §4: transformers.js's `generate()` gives a multilingual Whisper that names no language English
     (`<|en|>`), the language validation pins: its proof compares with eager greedy from the repo's config with that
     pin, as validation's (unpinned, eager first detected a language of its own and the correct folder failed, 0/8).
-    The card's script, as written, runs on the folder (laid out as its download line puts it)."""
+    The card's script, as written, runs on the folder (laid out as its download line puts it) and prints the
+    transcription (before: the ids): eager greedy `generate()`'s 32 tokens on the card's one-second tone (as the
+    proof's reference makes them), decoded by the folder's tokenizer, special tokens skipped."""
+    from types import SimpleNamespace
+
+    import numpy
+    from transformers import AutoFeatureExtractor, AutoTokenizer, WhisperForConditionalGeneration
+
+    from exporters.layouts.transformers_js.speech_proof import reference
     from exporters.publish.snippets import target_snippets
     from tests.card_snippets import run_js_card
 
@@ -149,8 +157,16 @@ def test_transformers_js_transcribes_the_multilingual_whisper_and_its_card_scrip
                                                                                                       log[-3000:])
     assert target["generation"]["eager_tokens"][0] == target["generation"]["exported_tokens"][0]
     snippets = {runtime: code for runtime, _, code in target_snippets("org/whisper-tiny", target)}
-    tokens = json.loads(run_js_card(snippets["transformers.js"], out / "tjs", tmp_path).splitlines()[-1])
-    assert len(tokens) > 1 and all(isinstance(t, int) for t in tokens)
+    printed = run_js_card(snippets["transformers.js"], out / "tjs", tmp_path)
+    model = WhisperForConditionalGeneration.from_pretrained(out.parent / "model").eval()
+    extractor = AutoFeatureExtractor.from_pretrained(out / "tjs")
+    seconds = numpy.arange(extractor.sampling_rate) / extractor.sampling_rate
+    features = extractor(0.5 * numpy.sin(2 * numpy.pi * 440 * seconds), sampling_rate=extractor.sampling_rate,
+                         return_tensors="pt").input_features
+    eager = reference(model, SimpleNamespace(generate_inputs={"input_features": features}, generation_config=None),
+                      32)["tokens"]
+    text = AutoTokenizer.from_pretrained(out / "tjs").decode(eager, skip_special_tokens=True)
+    assert text.strip() and printed == text.strip(), (printed, eager, text)
 
 
 def test_the_cards_executorch_snippet_transcribes_from_generates_own_decoder_prompt(whisper_run, hub, tmp_path):
@@ -160,7 +176,7 @@ def test_the_cards_executorch_snippet_transcribes_from_generates_own_decoder_pro
     its tokens on the card's one-second tone are eager greedy `generate()`'s on the same features (its argmax alone:
     no suppressed-token lists, as the runner)."""
     import numpy
-    from transformers import AutoFeatureExtractor, WhisperForConditionalGeneration
+    from transformers import AutoFeatureExtractor, AutoTokenizer, WhisperForConditionalGeneration
 
     from exporters.capture.generation_settings import greedy
     from tests.card_snippets import card_snippets, exports_card, run_snippet, upload_exports
@@ -171,15 +187,17 @@ def test_the_cards_executorch_snippet_transcribes_from_generates_own_decoder_pro
                              if s[0] == "ExecuTorch ASR runner layout"]
     done = run_snippet(code, hub, tmp_path / "home")
     assert done.returncode == 0, (code, done.stderr[-3000:])
-    tokens = json.loads(done.stdout.strip().splitlines()[-1])
     model = WhisperForConditionalGeneration.from_pretrained(out.parent / "model").eval()
     extractor = AutoFeatureExtractor.from_pretrained(out.parent / "model")
     seconds = numpy.arange(extractor.sampling_rate) / extractor.sampling_rate
     features = extractor(0.5 * numpy.sin(2 * numpy.pi * 440 * seconds), sampling_rate=extractor.sampling_rate,
                          return_tensors="pt").input_features
-    config = greedy(model.generation_config, max_new_tokens=8)
+    config = greedy(model.generation_config, max_new_tokens=32)  # the card's 32, up to eos
     config.suppress_tokens, config.begin_suppress_tokens = None, None
-    out = model.generate(input_features=features, generation_config=config, return_dict_in_generate=True,
-                         output_scores=True)
-    eager = out.sequences[0, -len(out.scores):].tolist()  # the new tokens (Whisper's generate() drops its prompt)
-    assert len(eager) == 8 and tokens[:8] == eager, (tokens, eager)
+    generated = model.generate(input_features=features, generation_config=config, return_dict_in_generate=True,
+                               output_scores=True)
+    eager = generated.sequences[0, -len(generated.scores):].tolist()  # the new tokens (generate() drops its prompt)
+    # it prints the transcription: the new tokens decoded by the folder's tokenizer, special tokens skipped (before:
+    # the ids)
+    text = AutoTokenizer.from_pretrained(out / "executorch").decode(eager, skip_special_tokens=True)
+    assert text.strip() and done.stdout == text + "\n", (done.stdout, eager, text)

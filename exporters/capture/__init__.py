@@ -34,6 +34,8 @@ Beside them:
 - `token_ids.py`: the special token ids a deployment runtime needs beside the graph;
 - `attention_size.py`: how large an attention (text, or a vision tower's patches) inputs of given shapes make,
   which probes and `init`'s ranges are held to;
+- `chat_prompt.py`: the prompt of one user turn from the repo's chat template, as lines the card's snippets run as
+  written and the sample inputs are made by (reads no torch);
 - `image_attention.py`: the vision-language models whose prefill attends both ways over the image (Gemma 3,
   PaliGemma), read from a config without torch: what the runtimes' layouts hold or decline.
 

@@ -30,6 +30,7 @@ import torch
 import transformers
 from PIL import Image
 
+from exporters.capture.chat_prompt import IMAGE_TEXT, image_prompt
 from exporters.errors import UnsupportedModelError, describe_error
 from exporters.upstream import multimodal_submodules
 from exporters.upstream.fixed_image import pixtral_grid, pixtral_rows
@@ -37,7 +38,7 @@ from exporters.upstream.fixed_image import pixtral_grid, pixtral_rows
 PROCESSOR_FILE = "processor_config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
-DEFAULT_PROMPT = "Describe the image."
+DEFAULT_PROMPT = IMAGE_TEXT
 
 
 @dataclass
@@ -218,9 +219,13 @@ def processor_inputs(model, pre: Preprocessor, spec, family: str) -> dict[str, A
         raise UnsupportedModelError(
             f"the folder's processor {pre.name} has no `image_token`: cannot place the image in the prompt")
     prompt = spec.prompt or DEFAULT_PROMPT
-    text = [f"{image_token}{prompt}" if family == "vision-language" else prompt] * batch
-    nested = [[image] for image in images] if family == "vision-language" else images
     kwargs: dict[str, Any] = {"return_tensors": "pt"}
+    if family == "vision-language":  # one user turn: the repo's chat template, as the card's snippet builds it
+        prompt, specials = image_prompt(obj, prompt)
+        if not specials:
+            kwargs["add_special_tokens"] = False
+    text = [prompt] * batch
+    nested = [[image] for image in images] if family == "vision-language" else images
     if family == "dual-encoder":
         kwargs["padding"] = "max_length" if getattr(config, "model_type", "").startswith("siglip") else True
     return _tensors(obj(text=text, images=nested, **kwargs))

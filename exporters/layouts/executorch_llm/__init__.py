@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from exporters.capture.chat_prompt import TEXT_PROMPT as CHAT_PROMPT
 from exporters.layouts.base import Layout, components_in, read_json
 from exporters.layouts.card import PROMPT_LINE, download, file_names
 
@@ -109,8 +110,11 @@ class ExecutorchLlm(Layout):
         data = ', f"{folder}/model.ptd"' if "model.ptd" in file_names(target) else ""  # positional, as the proof
         return "python", (
             download(repo_id, target, revision)
-            + RUNNER_IMPORTS + "\n"
+            + RUNNER_IMPORTS + "from transformers import AutoTokenizer\n\n"
             f'runner = TextLLMRunner(f"{{folder}}/model.pte", f"{{folder}}/tokenizer.json"{data})\n'
             + PROMPT_LINE + "\n"
-            "runner.generate(prompt, GenerationConfig(max_new_tokens=32, temperature=0), "
-            "token_callback=lambda piece: print(piece, end=\"\"))")
+            "tokenizer = AutoTokenizer.from_pretrained(folder)\n"
+            + CHAT_PROMPT  # the repo's chat template, as the proof's prompt (exporters.capture.chat_prompt)
+            # the runner prints each piece itself (a callback that printed would print it twice), then its stats line
+            + "runner.generate(prompt, GenerationConfig(echo=False, max_new_tokens=32, temperature=0))"
+            "  # the runner prints the text as it generates")

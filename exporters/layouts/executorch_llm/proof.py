@@ -3,7 +3,9 @@ through the pybinding of the pinned executorch) generates from `model.pte` and t
 greedily, the same text as eager `generate()` on the same prompt.
 
 ```
-reference(): the prompt (the recipe's, else the sample's text) tokenized by the folder's tokenizer, no specials
+reference(): the prompt (the recipe's, else the sample's text; one user turn in the repo's chat template where it
+             has one, as the card's snippet gives it: exporters.capture.chat_prompt) tokenized by the folder's
+             tokenizer, no specials added (a template's own, its bos, read as the runner's tokenizer reads them)
              └─ eager greedy generate, max_new_tokens ─► ids up to and with the first eos (the first prompt that
                                                          generates any before eos)
 prove():     a subprocess (the pybinding aborts the process on some errors) runs
@@ -30,7 +32,9 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer
+from transformers import AutoTokenizer
 
+from exporters.capture.chat_prompt import text_prompt
 from exporters.recipe.budgets import resolve_budget, variant_kind
 from exporters.upstream import read_manifest
 from exporters.layouts.executorch_llm import runner_child_imports
@@ -64,7 +68,9 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
         return {"unverified": "the model folder has no tokenizer.json, which the runner reads"}
     tokenizer = Tokenizer.from_file(str(Path(context.source_dir) / "tokenizer.json"))
     sample = tokenizer.decode(context.generate_inputs["input_ids"][0].tolist(), skip_special_tokens=True)
-    prompts = [p for p in dict.fromkeys([context.recipe.inputs.prompt, sample]) if p]
+    # each as the card's snippet gives it to the runner: one user turn in the repo's chat template, where it has one
+    chat = AutoTokenizer.from_pretrained(context.source_dir, local_files_only=True, trust_remote_code=False)
+    prompts = [text_prompt(chat, p) for p in dict.fromkeys([context.recipe.inputs.prompt, sample]) if p]
     config, eos = greedy_settings(model, context)
     vocabulary: list[str] = []
     ids_of: dict[str, list[int]] = {}

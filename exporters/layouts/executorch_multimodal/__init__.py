@@ -30,9 +30,11 @@ Example:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from exporters.capture.chat_prompt import IMAGE_PROMPT as CHAT_PROMPT, IMAGE_TEXT
 from exporters.capture.image_attention import runner_declined
 from exporters.layouts.base import Layout, read_json
 from exporters.layouts.card import download, file_names, has_processor
@@ -83,14 +85,16 @@ IMAGE_INPUTS = (
     "        parts.append(make_image_input(images[n:n + 1]))\n"
     "        text, n = [], n + 1\n"
     "parts += [make_token_input(text[j:j + step]) for j in range(0, len(text), step)]\n")
-GENERATE = ("runner.generate(parts, GenerationConfig(echo=False, max_new_tokens={max_new_tokens}, temperature=0.0), "
+GENERATE = ("runner.generate(parts, GenerationConfig(echo=False, max_new_tokens={max_new_tokens}, temperature=0.0)"
             "{callback})")
+# the card's call: the runner itself prints each piece as it generates (and its stats line after), so the card gives
+# it no callback that would print them a second time
+CARD_CALL = "  # the runner prints the text as it generates"
 # an audio-language program: the binding's generate_hf splits a prompt around image tokens only, so the prompt goes
 # in as the runner's input list, the audio's log-mel features where its audio tokens stand (make_audio_input)
 AUDIO_IMPORTS = "from executorch.extension.llm.runner import make_audio_input, make_token_input\n"
 AUDIO_INPUTS = "parts = [make_token_input(before), make_audio_input(input_features), make_token_input(after)]\n"
 AUDIO_PROMPT = "Transcribe the audio."
-IMAGE_PROMPT = "Describe the image."
 
 
 class ExecutorchMultimodal(Layout):
@@ -137,10 +141,12 @@ class ExecutorchMultimodal(Layout):
             "image_token_id = AutoConfig.from_pretrained(folder).image_token_id\n"
             + STEP.format(program='f"{folder}/model.pte"') + SIZE
             + 'image = Image.open("image.jpg").convert("RGB")  # your image\n' + RESIZE
-            + f'prompt = f"{{processor.image_token}} {IMAGE_PROMPT}"  # your prompt, with the image token\n'
-            'inputs = processor(images=image, text=prompt, return_tensors="pt")  # float pixel_values\n'
+            + f'text = {json.dumps(IMAGE_TEXT)}  # your prompt\n'
+            + CHAT_PROMPT  # the repo's chat template, as the sample's prompt the proof ran (capture.chat_prompt)
+            + 'inputs = processor(images=image, text=prompt, add_special_tokens=specials, return_tensors="pt")'
+            "  # float pixel_values\n"
             + SIZE_CHECK + IMAGE_INPUTS
-            + GENERATE.format(max_new_tokens=32, callback='lambda piece: print(piece, end="")'))
+            + GENERATE.format(max_new_tokens=32, callback="") + CARD_CALL)
 
 
 def audio_snippet(repo_id: str, target: dict[str, Any], revision: str | None, data: str) -> str:
@@ -157,4 +163,4 @@ def audio_snippet(repo_id: str, target: dict[str, Any], revision: str | None, da
             "before = [tokenizer.bos_token_id]\n"
             f'after = tokenizer.encode("{AUDIO_PROMPT}", add_special_tokens=False)  # your prompt\n'
             + AUDIO_INPUTS
-            + GENERATE.format(max_new_tokens=32, callback='lambda piece: print(piece, end="")'))
+            + GENERATE.format(max_new_tokens=32, callback="") + CARD_CALL)

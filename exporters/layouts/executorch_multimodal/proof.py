@@ -71,7 +71,7 @@ pieces, stats = [], {}
 def on_stats(s):
     stats.update(prompt_tokens=s.num_prompt_tokens, generated=s.num_generated_tokens)
 """ + IMAGE_IMPORTS + STEP.format(program='spec["program"]') + SIZE + SIZE_CHECK + IMAGE_INPUTS + GENERATE.format(
-    max_new_tokens='spec["max_new_tokens"]', callback="pieces.append, on_stats") + r"""
+    max_new_tokens='spec["max_new_tokens"]', callback=", pieces.append, on_stats") + r"""
 with open(spec["result"], "w") as handle:
     json.dump({"pieces": pieces, "stats": stats}, handle)
 """
@@ -90,7 +90,7 @@ before, after, input_features = saved["before"], saved["after"], saved["input_fe
 pieces, stats = [], {}
 def on_stats(s):
     stats.update(prompt_tokens=s.num_prompt_tokens, generated=s.num_generated_tokens)
-""" + AUDIO_INPUTS + GENERATE.format(max_new_tokens='spec["max_new_tokens"]', callback="pieces.append, on_stats") + r"""
+""" + AUDIO_INPUTS + GENERATE.format(max_new_tokens='spec["max_new_tokens"]', callback=", pieces.append, on_stats") + r"""
 with open(spec["result"], "w") as handle:
     json.dump({"pieces": pieces, "stats": stats}, handle)
 """

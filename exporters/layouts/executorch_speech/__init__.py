@@ -6,7 +6,7 @@ the encoder's states, its cache position; the self-attention cache inside), with
 
 | module      | what it holds                                                                                   |
 |-------------|-------------------------------------------------------------------------------------------------|
-| `__init__`  | [`ExecutorchSpeech`]: when it applies, the transcription loop its proof runs and its card shows (`TRANSCRIBE`) |
+| `__init__`  | [`ExecutorchSpeech`]: when it applies, the transcription loop its proof runs and its card shows (`TRANSCRIBE`; the card prints the text, `CARD_TEXT`) |
 | `proof.py`  | `TRANSCRIBE` on the folder alone in ExecuTorch's Python runtime, token for token against eager `generate()` |
 
 The program itself is the export's (`exporters.capture.asr_runner`, lowered with the methods of
@@ -28,7 +28,7 @@ from string import Template
 from typing import Any
 
 from exporters.layouts.base import Layout, components_in
-from exporters.layouts.card import download, file_names, has_processor
+from exporters.layouts.card import download, file_names, has_processor, has_tokenizer
 
 # The runner's method names (extension/asr/runner/seq2seq_runner.cpp; exporters.upstream.asr_runner)
 METHODS = ("encoder", "text_decoder")
@@ -84,6 +84,12 @@ audio = 0.5 * numpy.sin(2 * numpy.pi * 440 * seconds)  # your audio, at extracto
 """
 CARD_FEATURES = CARD_AUDIO + (
     """features = extractor(audio, sampling_rate=extractor.sampling_rate, return_tensors="pt").input_features""")
+# What the card prints: the transcription, the new ids decoded by the folder's own tokenizer (special tokens skipped);
+# a folder without a tokenizer (the repo ships none): the ids
+CARD_TEXT = """from transformers import AutoTokenizer
+
+print(AutoTokenizer.from_pretrained(folder).decode(new, skip_special_tokens=True))  # the transcription"""
+CARD_IDS = "print(new)  # the folder has no tokenizer: the new token ids"
 # A waveform model's encoder (Moonshine, SpeechT5) takes the waveform at the length it was traced with, as
 # [1, 1, samples]: the audio padded with silence or cut to that length (read from the program)
 CARD_WAVEFORM = CARD_AUDIO + """samples = encoder.metadata.input_tensor_meta(0).sizes()[-1]  # the traced length
@@ -141,5 +147,6 @@ class ExecutorchSpeech(Layout):
         features = CARD_WAVEFORM if takes_waveform(target) else CARD_FEATURES
         kernels = QUANTIZED_IMPORT if target.get("quantization") else ""  # an 8-bit table's kernels
         return "python", download(repo_id, target, revision) + "\n" + kernels + transcribe_script(
-            'f"{folder}/model.pte"', data, features, None, 32, "print(new)", CARD_PROMPT_COMMENT,
+            'f"{folder}/model.pte"', data, features, None, 32, CARD_TEXT if has_tokenizer(target) else CARD_IDS,
+            CARD_PROMPT_COMMENT,
             setup=CARD_GENERATION).replace(FIRST_TOKEN, FIRST_TOKEN + CARD_PROMPT_TAIL, 1)

@@ -64,6 +64,13 @@ TRANSFORMERS_JS_FOLDER = ("this folder is in transformers.js's layout (`layout: 
 NOT_DERIVED = ("GenAI's Whisper graphs could not be derived from this export's encoder and merged decoder (the "
                "export's notes say why)")
 
+# A folder with the repo's chat template (transformers 5 saves it as chat_template.jinja; GenAI's tokenizer reads it
+# there): the card's prompt is one user turn in it with the generation prompt, rendered by GenAI's own tokenizer (its
+# `apply_chat_template`, which raises on a folder without one: the lines are written only where the file is)
+CHAT_TEMPLATE_FILES = ("chat_template.jinja",)
+CHAT_PROMPT = ("# the repo's chat template: one user turn, with the generation prompt\n"
+               'turn = [{"role": "user", "content": prompt}]\n'
+               "prompt = tokenizer.apply_chat_template(json.dumps(turn), add_generation_prompt=True)\n")
 # The card's Whisper snippet after the download lines, where the folder has no tokenizer (or GenAI's processor cannot
 # make its features): the folder's feature extractor on your audio (here one second of a 440 Hz tone, padded to the
 # 30 s window), fed to GenAI as features with generate()'s decoder prompt read from generation_config.json
@@ -280,13 +287,15 @@ class Genai(Layout):
             return "python", download(repo_id, target, revision, "genai_config.json may name a library to load") \
                 + (VISION_SNIPPET.replace(QWEN_VL_MARKER, "[IMG]") if pixtral else VISION_SNIPPET)
         if has_tokenizer(target):
-            prepare, prompt, shown = (f"tokenizer = og.Tokenizer(model)\n{PROMPT_LINE}\n", "tokenizer.encode(prompt)",
-                                      "tokenizer.decode(generator.get_sequence(0))")
+            chat = CHAT_PROMPT if file_names(target) & set(CHAT_TEMPLATE_FILES) else ""
+            prepare, prompt, shown = (f"tokenizer = og.Tokenizer(model)\n{PROMPT_LINE}\n{chat}",
+                                      "tokenizer.encode(prompt)", "tokenizer.decode(generator.get_sequence(0))")
         else:  # GenAI's tokenizer reads the folder's tokenizer files: without them, token ids in and out
             prepare = f"prompt = np.array({EXAMPLE_IDS}, dtype=np.int32)  {NO_TOKENIZER}\n"
             prompt, shown = "prompt", "generator.get_sequence(0)"
         return "python", (
             download(repo_id, target, revision, "genai_config.json may name a library to load")
+            + ("import json\n\n" if "json.dumps" in prepare else "")
             + "import numpy as np\nimport onnxruntime_genai as og\n\n"
             "model = og.Model(folder)\n"
             + prepare + "params = og.GeneratorParams(model)\n"

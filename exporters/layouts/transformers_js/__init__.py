@@ -35,8 +35,8 @@ from typing import Any
 
 from exporters.files import EXPORTS_DIR
 from exporters.layouts.base import Layout, components_in, read_json
-from exporters.layouts.card import file_names
-from exporters.layouts.transformers_js import audio_text
+from exporters.layouts.card import file_names, has_tokenizer
+from exporters.layouts.transformers_js import audio_text, speech
 from exporters.layouts.transformers_js.image_text import CARD_EMIT, generate_script as image_text_script, is_image_text
 from exporters.layouts.transformers_js.speech import CARD_FEATURES, transcribe_script
 from exporters.recipe.layout import TRANSFORMERS_JS
@@ -191,7 +191,7 @@ class TransformersJs(Layout):
         root, name = json.dumps(f"model/{EXPORTS_DIR}"), json.dumps(str(target["name"]))
         if {"onnx/encoder_model.onnx", "preprocessor_config.json"} <= names:  # Whisper: speech.py
             return "js", download + listing + transcribe_script(
-                root, name, CARD_FEATURES, 32, "console.log(JSON.stringify(Array.from(output.data, Number)));", chosen)
+                root, name, CARD_FEATURES, 32, speech.CARD_TEXT if has_tokenizer(target) else speech.CARD_IDS, chosen)
         if is_image_text(names):  # a vision-language model: image_text.py
             return "js", download + listing + image_text_script(root, name, 32, "", CARD_EMIT, dtype=chosen)
         if audio_text.is_audio_text(names):  # an audio-language model: audio_text.py

@@ -32,7 +32,7 @@ from exporters.layouts.transformers_js.image_text import dtype_option
 from exporters.recipe.layout import TRANSFORMERS_JS as LAYOUT
 
 # Values enter only through json.dumps or as our ints and lines.
-TRANSCRIBE = Template("""import { env, AutoFeatureExtractor, AutoModelForSpeechSeq2Seq, Tensor } from '@huggingface/transformers';
+TRANSCRIBE = Template("""import { env, AutoFeatureExtractor, AutoModelForSpeechSeq2Seq, AutoTokenizer, Tensor } from '@huggingface/transformers';
 
 env.allowRemoteModels = false;
 env.localModelPath = $root;
@@ -52,15 +52,22 @@ PROOF_FEATURES = """import { readFileSync } from 'node:fs';
 const spec = JSON.parse(process.argv[2]);
 const sample = JSON.parse(readFileSync(spec.features, 'utf-8'));
 const input_features = new Tensor('float32', Float32Array.from(sample.data), sample.shape);"""
+# What the card prints: the transcription, the ids decoded by the folder's own tokenizer (special tokens skipped:
+# the decoder prompt's start, language and task); a folder without a tokenizer (the repo ships none): the ids.
+# `$name` in it is the folder's name
+CARD_TEXT = """const tokenizer = await AutoTokenizer.from_pretrained($name);
+console.log(tokenizer.batch_decode(output, { skip_special_tokens: true })[0]);  // the transcription"""
+CARD_IDS = "console.log(JSON.stringify(Array.from(output.data, Number)));  // the folder has no tokenizer: the ids"
 EMIT = ("import { writeFileSync } from 'node:fs';\n"
         "writeFileSync(JSON.parse(process.argv[2]).result, JSON.stringify(Array.from(output.data, Number)));")
 
 
 def transcribe_script(root: str, name: str, features: str, steps: int, emit: str, dtype: str | None = None) -> str:
-    """`TRANSCRIBE` filled: `root` and `name` JSON strings, `features` our lines (`$name` in them is the folder's
-    name), `steps` our int, `emit` our line, `dtype` the dtype files to load (`image_text.dtype_option`)."""
+    """`TRANSCRIBE` filled: `root` and `name` JSON strings, `features` and `emit` our lines (`$name` in them is the
+    folder's name), `steps` our int, `dtype` the dtype files to load (`image_text.dtype_option`)."""
     return TRANSCRIBE.substitute(root=root, name=name, features=Template(features).safe_substitute(name=name),
-                                 steps=int(steps), emit=emit, dtype=dtype_option(dtype))
+                                 steps=int(steps), emit=Template(emit).safe_substitute(name=name),
+                                 dtype=dtype_option(dtype))
 
 
 WAVEFORM_TYPES = ("moonshine",)  # speech encoder-decoders transformers.js 4.3.2 generates from the raw waveform
