@@ -140,3 +140,5 @@ def test_the_round_progress_names_what_is_exported() -> None:
     assert exported_words({"export_format": "dynamo", "mode": "generation", "dtype": "float32",
                            "expected_components": ["prefill", "decode"]}) == "dynamo (prefill, decode, float32)"
     assert "runner" in exported_words({"export_format": "executorch", "mode": "generation"})
+    assert exported_words({"export_format": "onnx", "mode": "generation", "dynamic": True}) == (
+        "onnx (the plainest dynamic target)")
