@@ -140,3 +140,29 @@ def test_the_round_progress_names_what_is_exported() -> None:
     assert exported_words({"export_format": "dynamo", "mode": "generation", "dtype": "float32",
                            "expected_components": ["prefill", "decode"]}) == "dynamo (prefill, decode, float32)"
     assert "runner" in exported_words({"export_format": "executorch", "mode": "generation"})
+    assert exported_words({"export_format": "onnx", "mode": "generation", "dynamic": True}) == (
+        "onnx (the plainest dynamic target)")
+
+
+def test_a_plainest_dynamic_target_that_fails_is_followed_by_the_components() -> None:
+    """A speech model's ONNX proposal starts from `dynamic: true` (no dims of its own to search); where it fails the
+    next round proposes the components with the plan's dims, and the note names what did not validate."""
+    from types import SimpleNamespace
+
+    from exporters.init.decide import COMPONENT_GRAPHS, DYNAMIC_GRAPH
+    from exporters.init.propose import _fall_back, build_target
+
+    past = Dimension("past", 4, 1, 447, "max_target_positions", {"decode": [("cache", 2)]}, {"decode": NAMED})
+    plan = SimpleNamespace(mode="generation", family="speech-seq2seq", components=["encoder", "prefill", "decode"],
+                           expected=["encoder", "prefill", "decode"], dimensions=[past])
+    assert build_target("onnx", plan, [], 20, DYNAMIC_GRAPH) == {
+        "name": "onnx", "export_format": "onnx", "mode": "generation", "opset_version": 20, "dynamic": True}
+    result = FormatResult("onnx", graph=DYNAMIC_GRAPH)
+    decide(result, failed("ONNX Runtime GenAI cannot run it: ONNX Runtime GenAI failed: RuntimeError: Got invalid "
+                          "dimensions for output: logits"), max_rounds=6)
+    assert result.status == LEFT_OUT
+    note = _fall_back(result, plan)
+    assert (result.status, result.graph, [d.name for d in result.dims]) == (PENDING, COMPONENT_GRAPHS, ["past"])
+    assert note.startswith("the plainest dynamic target (`dynamic: true`) (the default, weights stored once) did not "
+                           "validate (ONNX Runtime GenAI cannot run it"), note
+    assert note.endswith("proposed encoder, prefill, decode as separate graphs"), note

@@ -101,6 +101,10 @@ def test_each_format_is_written_in_a_dtype_its_runtime_runs(shipped) -> None:
 
     program = next(iter(load_exported(shipped["out"] / "dynamo", allow_pickles=True).components.values())).program
     assert {p.dtype for p in program.state_dict.values() if p.is_floating_point()} == {torch.bfloat16}
+    # RoPE's inverse frequencies stay in the float32 from_pretrained keeps them in, as eager computes with them (a
+    # cast of the bfloat16 model to its own dtype rounded them: other angles at long prompts, #52 audit)
+    rotary = {name: t.dtype for name, t in program.constants.items() if name.endswith("inv_freq")}
+    assert rotary and set(rotary.values()) == {torch.float32}, rotary
     casts = [f for f in shipped["report"]["findings"] if "the checkpoint is bfloat16" in f]
     assert len(casts) == 2 and any(f.startswith("onnx:") for f in casts) and any(f.startswith("executorch:")
                                                                                   for f in casts)

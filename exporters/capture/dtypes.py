@@ -32,7 +32,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CPU_ONLY_FLOAT", "HALF", "checkpoint_dtype", "default_dtype", "dtype_finding", "reference_groups", "safetensors_header"]
+__all__ = ["CPU_ONLY_FLOAT", "HALF", "checkpoint_dtype", "default_dtype", "dtype_finding", "export_cast",
+           "reference_groups", "safetensors_header"]
 
 HALF = ("bfloat16", "float16")
 # Formats whose CPU runtimes need float32 artifacts (see the module).
@@ -85,6 +86,22 @@ def default_dtype(export_format: str, checkpoint: str | None) -> str | None:
     if checkpoint in HALF:
         return "float32" if export_format in CPU_ONLY_FLOAT else checkpoint
     return None
+
+
+def export_cast(target: str | None, model: str) -> str | None:
+    """The dtype an export casts the eager model (held in `model`) to for a target in `target` (None: the
+    checkpoint's own); None where the model is already held in it, so it is exported as loaded.
+
+    Casting a model to the dtype it is held in is not a no-op: `Module.to` rounds every floating buffer, among them
+    the float32 ones `from_pretrained` keeps in a half-precision model and eager computes with (RoPE's `inv_freq`:
+    a bfloat16 `inv_freq` puts the rotary angle of position 2048 off by whole radians, and a bfloat16 LLaVA's
+    exported language model missed its hidden-state cosine budget against the eager model at long prompts).
+
+    Example:
+        >>> export_cast("bfloat16", "bfloat16"), export_cast("float32", "bfloat16"), export_cast(None, "float32")
+        (None, 'float32', None)
+    """
+    return target if target not in (None, model) else None
 
 
 def dtype_finding(export_format: str, checkpoint: str, dtype: str) -> str:

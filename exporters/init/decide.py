@@ -57,9 +57,12 @@ KNOWN_GAPS = (
 
 # What a format's proposal exports (`FormatResult.graph`): the tool's default graph, weights stored once (the merged
 # graph; the ExecuTorch LLM runner's program), or one graph per component with its own contract; "methods": the plain
-# ExecuTorch target of a model the runner's program cannot hold, which the tool exports with a method per component
-MERGED_GRAPH, RUNNER_GRAPH, COMPONENT_GRAPHS, METHODS_GRAPH = "merged", "runner", "components", "methods"
-PLAIN_TARGET_GRAPHS = (RUNNER_GRAPH, METHODS_GRAPH)  # proposed as the plain target: the tool picks the layout
+# ExecuTorch target of a model the runner's program cannot hold, which the tool exports with a method per component;
+# "dynamic": the plainest dynamic target (`dynamic: true`: the tool's contract, an encoder-decoder's batch and decoder
+# prompt dynamic), a speech model's ONNX generation target: optimum's merged decoder and GenAI's graphs, as loaded
+MERGED_GRAPH, RUNNER_GRAPH, COMPONENT_GRAPHS, METHODS_GRAPH, DYNAMIC_GRAPH = (
+    "merged", "runner", "components", "methods", "dynamic")
+PLAIN_TARGET_GRAPHS = (RUNNER_GRAPH, METHODS_GRAPH, DYNAMIC_GRAPH)  # proposed as the plain target: the tool's layout
 
 
 @dataclass

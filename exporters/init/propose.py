@@ -41,6 +41,7 @@ from exporters.init.axes import AxisPlan, Dimension, find_dimensions, spec_entri
 from exporters.init.classify import NOT_RETRIED
 from exporters.init.decide import (
     COMPONENT_GRAPHS,
+    DYNAMIC_GRAPH,
     MARGIN,
     MERGED_GRAPH,
     METHODS_GRAPH,
@@ -125,12 +126,15 @@ RUNNER_FAMILIES = ("vision-language", "audio-language", "speech-seq2seq")
 def default_graph(plan: AxisPlan, export_format: str) -> str:
     """The graphs init proposes first for a format: the tool's default where it applies, weights stored once (the
     merged graph for dynamo and ONNX, the ExecuTorch LLM runner's program; for a vision-language, audio-language or
-    speech model the plain ExecuTorch target, MultimodalRunner's or the ASR runner's program), else one graph per
-    component. A model
+    speech model the plain ExecuTorch target, MultimodalRunner's or the ASR runner's program; for a speech model's
+    ONNX the plainest dynamic target, optimum's merged decoder and GenAI's graphs), else one graph per component. A
+    model
     mixing window and full layers gets the merged graph for ONNX alone (`AxisPlan.merged_formats`), as its plainest
     recipe does (`exporters.capture.merged.windows_keep_apart`)."""
     if export_format == "executorch" and plan.mode == "generation" and plan.family in RUNNER_FAMILIES:
         return RUNNER_GRAPH  # the plain target: MultimodalRunner's or the ASR runner's program where the model fits
+    if export_format == "onnx" and plan.mode == "generation" and plan.family == "speech-seq2seq":
+        return DYNAMIC_GRAPH  # GenAI feeds the whole decoder prompt at any batch: `dynamic: true`'s contract
     if plan.merged is None or export_format not in plan.merged_formats:
         return COMPONENT_GRAPHS
     return RUNNER_GRAPH if export_format == "executorch" else MERGED_GRAPH
@@ -138,8 +142,9 @@ def default_graph(plan: AxisPlan, export_format: str) -> str:
 
 def first_dims(plan: AxisPlan, graph: str) -> list[Dimension]:
     """The dimensions a format starts from: the merged graph's, none for the runner program (its contract is the
-    runner's: tokens of any length, a static cache), else the components'."""
-    chosen = {MERGED_GRAPH: plan.merged or [], RUNNER_GRAPH: []}.get(graph, plan.dimensions)
+    runner's: tokens of any length, a static cache) nor for the plainest dynamic target (`dynamic: true`'s), else
+    the components'."""
+    chosen = {MERGED_GRAPH: plan.merged or [], RUNNER_GRAPH: [], DYNAMIC_GRAPH: []}.get(graph, plan.dimensions)
     return copy.deepcopy(chosen)
 
 
@@ -159,7 +164,7 @@ def build_target(export_format: str, plan: AxisPlan, dims: list[Dimension], opse
     if export_format == "executorch":
         target["backend"] = "xnnpack"
     if graph in PLAIN_TARGET_GRAPHS:
-        return target
+        return {**target, "dynamic": True} if graph == DYNAMIC_GRAPH else target
     per_component: dict[str, dict[str, Any]] = {}
     for component in components:
         spec: dict[str, dict[str, Any]] = {}
@@ -331,7 +336,8 @@ def _rounds(folder: str, plan: AxisPlan, results: list[FormatResult], options: I
 
 def _fall_back(result: FormatResult, plan: AxisPlan) -> str:
     """The default graph did not validate: the next round tries one graph per component, and the notes say why."""
-    what = "the merged graph" if result.graph == MERGED_GRAPH else "the ExecuTorch runner's program"
+    what = {MERGED_GRAPH: "the merged graph", DYNAMIC_GRAPH: "the plainest dynamic target (`dynamic: true`)"}.get(
+        result.graph, "the ExecuTorch runner's program")
     note = (f"{what} (the default, weights stored once) did not validate ({(result.reason or '')[:300]}): proposed "
             f"{', '.join(plan.expected)} as separate graphs")
     result.notes.append(note)

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from exporters.capture.merged import MERGED
 from exporters.init.axes import Dimension
-from exporters.init.decide import MERGED_GRAPH, METHODS_GRAPH, RUNNER_GRAPH
+from exporters.init.decide import DYNAMIC_GRAPH, MERGED_GRAPH, METHODS_GRAPH, RUNNER_GRAPH
 from exporters.report.markdown import cell
 from exporters.status import FAILED, LEFT_OUT, NAMED, PASSED, PENDING
 
@@ -41,7 +41,9 @@ def dims_text(dims: list[Dimension]) -> str:
 def exported_words(target: dict[str, Any]) -> str:
     """What a round's target really exports, read from it: `onnx (model)`, `executorch (the LLM runner's program)`,
     `dynamo (prefill, decode)`, with its dtype where one is set."""
-    if target.get("mode") == "generation" and "expected_components" not in target:
+    if target.get("mode") == "generation" and "expected_components" not in target and target.get("dynamic"):
+        graphs = "the plainest dynamic target"
+    elif target.get("mode") == "generation" and "expected_components" not in target:
         graphs = "the plain target: a runner's program, else a method per component"
     else:
         graphs = ", ".join(target.get("expected_components") or list(target.get("components") or {}) or [MERGED])
@@ -61,6 +63,8 @@ def graph_dims_text(item) -> str:
         return f"tokens auto · static cache ({program})"
     if item.graph == METHODS_GRAPH:
         return "tokens auto · static cache (a method per component; not the LLM runner's program: see the notes)"
+    if item.graph == DYNAMIC_GRAPH:  # no named range: the axes are run at other sizes by parity and the runtimes
+        return "every axis auto (`dynamic: true`: run at other sizes by generation parity, and by runtimes that apply)"
     return dims_text(item.dims)
 
 

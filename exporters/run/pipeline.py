@@ -28,7 +28,7 @@ import torch
 
 from exporters import fsutil
 from exporters.capture import llm_runner
-from exporters.capture.dtypes import reference_groups
+from exporters.capture.dtypes import export_cast, reference_groups
 from exporters.capture.families import MULTIMODAL_GENERATORS
 from exporters.errors import DeviceError, recovering
 from exporters.export.convert import export_to, release_weights
@@ -308,8 +308,9 @@ def _validate(item: _Export, context: RunContext, workbench: Workbench, options:
 def _export_work(model: Any, target: Target, components: Any, recipe: Recipe, staging: Path, device: str,
                  calibration: list[Any], source_dir: Path | None = None) -> dict[str, Any]:
     """What the child process does: move to the target's device and dtype, quantize and export, save."""
-    if target.dtype is not None or device != "cpu":
-        dtype = getattr(torch, target.dtype) if target.dtype else None
+    cast = export_cast(target.dtype, str(model.dtype).removeprefix("torch."))  # None: already in it, left as loaded
+    if cast is not None or device != "cpu":
+        dtype = getattr(torch, cast) if cast else None
         model = model.to(device=device, dtype=dtype)
         components = {name: (module.to(device=device, dtype=dtype), move_to(inputs, device, dtype))
                       for name, (module, inputs) in components.items()}

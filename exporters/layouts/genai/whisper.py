@@ -158,7 +158,9 @@ def decoder_graph(merged: onnx.ModelProto) -> onnx.ModelProto:
                                    then_branch=prefill, else_branch=decode)]
     inputs = [value for value in outer.input if value.name in reads]
     initializers = [t for t in outer.initializer if t.name in reads]
-    types = {value.name: value for value in otherwise.output}  # the prompt's step: any number of tokens
+    # the merged decoder's own outputs: the merge gave an axis the branches disagree on a symbol (the prompt's tokens,
+    # one token with a past), which a prompt traced at a fixed length (a static prefill) has in its branch's output
+    types = {value.name: value for value in outer.output}
     graph = onnx.helper.make_graph(empty, "genai_whisper_decoder", inputs,
                                    [copy.deepcopy(types[name]) for name in wanted], initializers)
     return _model_like(merged, graph)
