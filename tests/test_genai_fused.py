@@ -681,6 +681,9 @@ def test_unpadded_is_refused_where_it_would_change_an_unpadded_call():
 
     with pytest.raises(RecipeError, match="unpadded rewrites the merged graph that ort_fusions 'cpu' fuses"):
         parse_recipe(json.dumps({"exports": [{"export_format": "onnx", "mode": "generation", "unpadded": True}]}))
+    for other in ({"dynamic": True}, {"layout": "transformers.js"}):
+        with pytest.raises(RecipeError, match="for one sequence at a time"):
+            parse_recipe(json.dumps({"exports": [{**UNPADDED, **other}]}))
     small = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
              "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64}
     with pytest.raises(TargetPlanError, match="sliding_window: a window or chunk lives in the mask"):

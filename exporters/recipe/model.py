@@ -200,6 +200,10 @@ class OnnxTarget(_TargetBase, LayoutSetting):
             raise PathValueError(("unpadded",), "unpadded rewrites the merged graph that ort_fusions 'cpu' fuses for "
                                  "generation: set \"ort_fusions\": \"cpu\" and \"mode\": \"generation\" (and "
                                  "not \"merged\": false), or leave unpadded out")
+        if self.unpadded and (self.dynamic or self.layout != "upstream"):
+            raise PathValueError(("unpadded",), "unpadded writes ONNX Runtime GenAI's folder for one sequence at a "
+                                 "time (the batch fixed at 1): drop \"dynamic\": true and \"layout\" (the "
+                                 "transformers.js folder runs padded batches), or leave unpadded out")
         return self
 
     @model_validator(mode="after")
