@@ -125,7 +125,8 @@ class RuntimeProof:
             '⚠ 5 of 8 tokens compared (eos came first): 5/5 tokens'
         """
         status, detail = judge_token_count(self.status, self.detail, self.compared, self.asked, self.ended)
-        return dataclasses.replace(self, status=status, detail=detail)
+        short = self.compared is not None and self.asked is not None and self.compared < self.asked
+        return dataclasses.replace(self, status=status, detail=detail, ended=self.ended if short else None)
 
 
 @dataclass
