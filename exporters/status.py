@@ -90,5 +90,5 @@ def judge_token_count(status: str, detail: str, compared: int | None, asked: int
     if detail.startswith(SHORT_MARK):
         return verdict, detail
     why = f" ({ended})" if ended else ""
-    return verdict, (f"{SHORT_MARK} {'only ' if few else ''}{compared} of {asked} tokens compared{why}"
-                     f"{', too few to prove generation' if few else ''}: {detail}")
+    return verdict, (f"{SHORT_MARK} {'only ' if few else ''}{compared} of {asked} tokens compared"
+                     f"{', too few to prove generation' if few else ''}{why}: {detail}")

@@ -212,8 +212,8 @@ def test_a_matrix_legs_pass_over_one_token_is_judged_as_ours_not_taken_as_a_pass
              "ended": "eager and the runner stopped at eos"}
     target = {"name": "executorch", "runtimes": [short]}
     assert back_runtime_claims(target, ["ExecuTorch LLM runner"]) is None
-    assert target["runtimes"] == [{**short, "status": "unverified", "detail": "⚠ only 1 of 8 tokens compared (eager "
-                                   "and the runner stopped at eos), too few to prove generation: 2/2 tokens"}]
+    assert target["runtimes"] == [{**short, "status": "unverified", "detail": "⚠ only 1 of 8 tokens compared, too few "
+                                   "to prove generation (eager and the runner stopped at eos): 2/2 tokens"}]
     flagged = {"name": "executorch", "runtimes": [{**short, "detail": "⚠ seen"}]}  # already flagged: demoted, not twice
     back_runtime_claims(flagged, ["ExecuTorch LLM runner"])
     assert flagged["runtimes"][0]["status"] == "unverified" and flagged["runtimes"][0]["detail"] == "⚠ seen"
