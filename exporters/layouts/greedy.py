@@ -58,8 +58,7 @@ def compared_of(new_tokens: list[list[int]], eos: list[int] | set[int]) -> int:
         >>> compared_of([[5, 6, 2], [7]], [2])
         3
     """
-    return sum(len(until_eos(row, list(eos))) - (1 if row and until_eos(row, list(eos))[-1] in eos else 0)
-               for row in new_tokens)
+    return sum(next((i for i, token in enumerate(row) if token in eos), len(row)) for row in new_tokens)
 
 
 def common_prefix(want: list[int], have: list[int]) -> int:
