@@ -14,6 +14,11 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+# A generating runtime's proof over fewer new tokens than this compared with eager's proves little (a tiny SmolVLM
+# stopping at eos after one token showed "1/1 tokens"): never shown as a pass ([`judge_token_count`])
+MIN_COMPARED_TOKENS = 2
+SHORT_MARK = "⚠"  # the flag at the head of the detail of a proof over fewer tokens than asked
+
 TargetStatus = Literal["passed", "failed", "unverified", "crashed", "timed_out"]
 PASSED: TargetStatus = "passed"
 FAILED: TargetStatus = "failed"
@@ -61,3 +66,29 @@ def overall_status(statuses: list[str]) -> RunStatus:
     if all(s in (PASSED, UNVERIFIED) for s in statuses):
         return UNVERIFIED
     return FAILED
+
+
+def judge_token_count(status: str, detail: str, compared: int | None, asked: int | None,
+                      ended: str | None = None) -> tuple[str, str]:
+    """A runtime proof's status and detail once its token count is read: a pass that compared fewer new tokens with
+    eager's than were asked (`compared` of `asked`; `ended` says why) is flagged at the head of its detail, and one
+    that compared fewer than `MIN_COMPARED_TOKENS` is `unverified` (a check that did not run is not a pass). Any
+    other proof is as it was; a flagged one (a matrix leg's, read back) is not flagged twice.
+
+    Example:
+        >>> judge_token_count("passed", "5/5 tokens", 5, 8, "eos came first")
+        ('passed', '⚠ 5 of 8 tokens compared (eos came first): 5/5 tokens')
+        >>> judge_token_count("passed", "1/1 tokens", 1, 8, "eos came first")[0]
+        'unverified'
+        >>> judge_token_count("passed", "8/8 tokens", 8, 8)
+        ('passed', '8/8 tokens')
+    """
+    if status != PASSED or compared is None or asked is None or compared >= asked:
+        return status, detail
+    few = compared < MIN_COMPARED_TOKENS
+    verdict = UNVERIFIED if few else PASSED
+    if detail.startswith(SHORT_MARK):
+        return verdict, detail
+    why = f" ({ended})" if ended else ""
+    return verdict, (f"{SHORT_MARK} {'only ' if few else ''}{compared} of {asked} tokens compared"
+                     f"{', too few to prove generation' if few else ''}{why}: {detail}")

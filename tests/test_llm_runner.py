@@ -85,7 +85,7 @@ def test_the_runner_program_passes_and_runs_in_the_runner(fixture, request):
     assert target["status"] == "passed", (log[-3000:], json.dumps(target, indent=1)[:6000])
     proofs = {p["runtime"]: p for p in target["runtimes"]}
     assert proofs["ExecuTorch LLM runner"] == {"runtime": "ExecuTorch LLM runner", "status": "passed",
-                                                "detail": "8/8 tokens"}
+                                                "detail": "8/8 tokens", "compared": 8, "asked": 8}
     assert "ExecuTorch LLM runner ✓ 8/8 tokens" in (out / "report.md").read_text()
     generation = target["generation"]
     assert generation["status"] == "passed" and generation["exported_tokens"] == generation["eager_tokens"]
@@ -522,3 +522,50 @@ def test_the_runner_lowering_shares_the_weights_and_spills_their_serialized_copi
     assert seen["copy_shares"] and all(seen["copy_shares"]), "a partition's copy held its own weights"
     assert FileBackedData.__name__ in seen["data"], f"the serialized weights stayed in memory: {seen['data']}"
     assert not list((tmp_path / "runner").glob(".named-data-*"))  # the spill folder is gone with the export
+
+
+def _eos_after_one_token(folder: Path) -> int:
+    """Make the token greedy picks second after `PROMPT` (the runner proof's prompt, tokenized as it is) an eos of
+    the saved model (its generation config, which the program's `get_eos_ids` are written from): eager and the
+    runner then stop after one token, as the audit's tiny SmolVLM did. Returns that token."""
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    ids = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(PROMPT, add_special_tokens=False).ids
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        first, second = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                       max_new_tokens=2, do_sample=False)[0, len(ids):].tolist()
+    assert first != second, (first, second)  # else eos would come first: another case (the reference says so)
+    config = GenerationConfig.from_pretrained(folder)
+    config.eos_token_id = [config.eos_token_id, second]
+    config.save_pretrained(folder)
+    return second
+
+
+def test_a_runtime_proof_over_one_token_is_not_a_pass_and_genai_and_optimum_go_past_eos(tmp_path):
+    """A model whose eos is greedy's second token: the ExecuTorch LLM runner, which cannot be told to go past eos,
+    compares one token of the 8 asked: `unverified`, flagged in report.json and report.md, never a plain pass (the
+    acceptance audit's 1/1 tokens). ONNX Runtime GenAI and optimum are told to go on (`min_length`,
+    `min_new_tokens`, and eager alike): both compare all 8 tokens of each of their two rows."""
+    recipe = {**RECIPE, "exports": [PLAINEST_EXECUTORCH, {"export_format": "onnx", "mode": "generation",
+                                                          "dynamic": True}]}
+    folder = runner_model(tmp_path / "model", "llama", recipe, layers=1)
+    _eos_after_one_token(folder)
+    out, report, log = run_and_read(tmp_path, folder)
+    targets = targets_by_name(report)
+    assert set(targets) == {"executorch", "onnx"}, log[-3000:]
+    runner = {p["runtime"]: p for p in targets["executorch"]["runtimes"]}[RUNNER]
+    assert runner["status"] == "unverified" and (runner["compared"], runner["asked"]) == (1, 8), runner
+    assert runner["detail"].startswith("⚠ only 1 of 8 tokens compared, too few to prove generation (eager and the "
+                                       "runner stopped at eos"), runner
+    assert runner["ended"] in runner["detail"], runner
+    # eager, not told to go on, stops after one token and eos on the sample prompt (its own parity: 2 of 8)
+    assert len(targets["onnx"]["generation"]["eager_tokens"][0]) == 2, targets["onnx"]["generation"]
+    onnx = {p["runtime"]: p for p in targets["onnx"]["runtimes"]}
+    for runtime in ("ONNX Runtime GenAI", "optimum"):
+        proof = onnx[runtime]
+        assert proof["status"] == "passed" and (proof["compared"], proof["asked"]) == (16, 16), proof
+        assert proof["detail"].startswith("16/16 tokens") and "ended" not in proof, proof
+    markdown = (out / "report.md").read_text()
+    assert f"{RUNNER} – ⚠ only 1 of 8 tokens compared, too few to prove generation" in markdown, markdown[:4000]

@@ -200,3 +200,29 @@ def test_a_target_failed_only_by_its_runtime_says_which_runtime_and_its_message(
     assert result.status == "failed"
     assert result.error == {"type": "ValidationError",
                             "message": "ONNX Runtime GenAI cannot run it: Load model from missing.onnx failed"}
+
+
+def test_a_matrix_legs_pass_over_one_token_is_judged_as_ours_not_taken_as_a_pass() -> None:
+    """A leg's report is data: its runtime proof that passed over 1 of 8 tokens is `unverified` once merged, flagged
+    as our own proofs are (`exporters.status.judge_token_count`); a count that is not a pair of ints is dropped, the
+    proof then kept as `{runtime, status, detail}`; a full count is kept as it was."""
+    from exporters.report.aggregate import back_runtime_claims
+
+    short = {"runtime": "ExecuTorch LLM runner", "status": "passed", "detail": "2/2 tokens", "compared": 1, "asked": 8,
+             "ended": "eager and the runner stopped at eos"}
+    target = {"name": "executorch", "runtimes": [short]}
+    assert back_runtime_claims(target, ["ExecuTorch LLM runner"]) is None
+    assert target["runtimes"] == [{**short, "status": "unverified", "detail": "⚠ only 1 of 8 tokens compared, too few "
+                                   "to prove generation (eager and the runner stopped at eos): 2/2 tokens"}]
+    flagged = {"name": "executorch", "runtimes": [{**short, "detail": "⚠ seen"}]}  # already flagged: demoted, not twice
+    back_runtime_claims(flagged, ["ExecuTorch LLM runner"])
+    assert flagged["runtimes"][0]["status"] == "unverified" and flagged["runtimes"][0]["detail"] == "⚠ seen"
+    forged = {"name": "onnx", "runtimes": [{"runtime": "optimum", "status": "passed", "detail": "16/16 tokens",
+                                            "compared": True, "asked": "16"}]}
+    back_runtime_claims(forged, ["optimum"])
+    assert forged["runtimes"] == [{"runtime": "optimum", "status": "passed", "detail": "16/16 tokens"}]
+    full = {"name": "onnx", "runtimes": [{"runtime": "optimum", "status": "passed", "detail": "16/16 tokens",
+                                          "compared": 16, "asked": 16}]}
+    back_runtime_claims(full, ["optimum"])
+    assert full["runtimes"] == [{"runtime": "optimum", "status": "passed", "detail": "16/16 tokens", "compared": 16,
+                                 "asked": 16}]

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from exporters.redact import secret_name
+from exporters.status import judge_token_count
 from exporters.recipe.model import Recipe, Target
 
 # "declined": the runtime cannot take this model (a family, cache or tokenizer kind it does not hold): not the
@@ -94,14 +95,38 @@ OUT_OF_MEMORY = re.compile(r"MemoryError|bad_alloc|Cannot allocate memory|out of
 
 @dataclass
 class RuntimeProof:
-    """What one deployment runtime showed for a target folder."""
+    """What one deployment runtime showed for a target folder. A generating runtime's proof also says how many new
+    tokens it compared with eager's (`compared`, before the end of sequence) of the `asked` ones (the recipe's
+    `max_new_tokens`, over every row), and, where fewer, why (`ended`): [`judged`] flags it.
+
+    Example:
+        >>> RuntimeProof("r", "passed", "1/1 tokens", compared=1, asked=8).judged().to_dict()["status"]
+        'unverified'
+    """
 
     runtime: str
     status: ProofStatus
     detail: str = ""
+    compared: int | None = None
+    asked: int | None = None
+    ended: str | None = None  # why fewer than `asked` were compared: "eager and the runner stopped at eos"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """`{runtime, status, detail}`, with `compared`, `asked` and `ended` where the proof counted tokens."""
+        return {key: value for key, value in dataclasses.asdict(self).items()
+                if value is not None or key in ("runtime", "status", "detail")}
+
+    def judged(self) -> RuntimeProof:
+        """The proof as reports show it (`exporters.status.judge_token_count`): a pass over fewer tokens than asked is
+        flagged at the head of its detail; one over fewer than two is `unverified`.
+
+        Example:
+            >>> RuntimeProof("r", "passed", "5/5 tokens", 5, 8, "eos came first").judged().detail
+            '⚠ 5 of 8 tokens compared (eos came first): 5/5 tokens'
+        """
+        status, detail = judge_token_count(self.status, self.detail, self.compared, self.asked, self.ended)
+        short = self.compared is not None and self.asked is not None and self.compared < self.asked
+        return dataclasses.replace(self, status=status, detail=detail, ended=self.ended if short else None)
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """The eager side shared by the layouts whose runtime generates over a batch (ONNX Runtime GenAI, optimum): a
-left-padded batch of two prompts of different lengths, eager greedy `generate`, each row up to its first eos. And
+left-padded batch of two prompts of different lengths, eager greedy `generate` of the full `max_new_tokens` (eos held
+off by `min_new_tokens`, as the runtimes are told: GenAI's `min_length`, optimum's `min_new_tokens`; a proof over
+one token proves little). And
 what the ExecuTorch runners' proofs share (the LLM and multimodal runners show pieces, not ids): the recipe's greedy
 settings ([`greedy_settings`]), each piece's ids ([`pieces_by_id`]) and how many shown pieces match ([`pieces_matched`]).
 
@@ -32,7 +34,7 @@ DEFAULT_NEW_TOKENS = 8
 
 @dataclass
 class GenaiReference:  # the name GenAI's proof gave it first
-    """The eager side: each row's prompt ids and its greedy new tokens (up to and including the first eos)."""
+    """The eager side: each row's prompt ids and its greedy new tokens (`steps` of them: eos held off)."""
 
     prompts: list[list[int]]
     new_tokens: list[list[int]]
@@ -47,6 +49,16 @@ def until_eos(tokens: list[int], eos: list[int]) -> list[int]:
         if token in eos:
             return tokens[:index + 1]
     return tokens
+
+
+def compared_of(new_tokens: list[list[int]], eos: list[int] | set[int]) -> int:
+    """How many of the rows' new tokens are compared as generated ones: each row's tokens before its first eos.
+
+    Example:
+        >>> compared_of([[5, 6, 2], [7]], [2])
+        3
+    """
+    return sum(next((i for i, token in enumerate(row) if token in eos), len(row)) for row in new_tokens)
 
 
 def common_prefix(want: list[int], have: list[int]) -> int:
@@ -109,7 +121,8 @@ def _batch_reference(model: Any, context: RuntimeContext, default_pad: int) -> G
     width = max(len(p) for p in prompts)
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # eager pads left
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    greedy = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=steps, pad_token_id=pad,
+    # min_new_tokens: eos is held off, so every row is compared over all `steps` (the runtimes are told the same)
+    greedy = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=steps, min_new_tokens=steps, pad_token_id=pad,
                               eos_token_id=eos or None)
     device = next(model.parameters()).device
     with torch.no_grad():

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from exporters.layouts.child import RuntimeContext, RuntimeProof
-from exporters.layouts.greedy import GenaiReference, common_prefix, until_eos
+from exporters.layouts.greedy import GenaiReference, common_prefix, compared_of, until_eos
 from exporters.recipe.budgets import resolve_budget, variant_kind
 
 PAST = "past_key_values."
@@ -105,7 +105,9 @@ def _generate(session: Any, inputs: dict[str, Any], prompts: list[list[int]],
         positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -ids.shape[1]:]
         feed = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **past}
         result = dict(zip(outputs, session.run(outputs, {name: feed[name] for name in inputs})))
-        tokens = result["logits"][:, -1].argmax(-1)
+        logits = result["logits"][:, -1].copy()
+        logits[:, [t for t in reference.eos if t < logits.shape[-1]]] = -np.inf  # eos held off, as eager's min_new_tokens
+        tokens = logits.argmax(-1)
         for row, token in enumerate(tokens.tolist()):
             got[row].append(int(token))
         past = {name: result["present." + name[len(PAST):]] for name in past}
@@ -154,4 +156,5 @@ def judge(runtime: str, name: str, got: list[list[int]], reference: GenaiReferen
         return RuntimeProof(runtime, "failed", f"{name} runs the graph as ONNX Runtime does, but {eager}: {name} "
                                                f"{got}, eager {reference.new_tokens}")
     return RuntimeProof(runtime, "passed", f"{total}/{total} tokens equal ONNX Runtime's own greedy of the same graph "
-                                           f"({batch}{what}); {eager}")
+                                           f"({batch}{what}); {eager}", compared_of(ort_rows, reference.eos),
+                        reference.steps * len(reference.prompts), f"{name} and ONNX Runtime stopped at eos")

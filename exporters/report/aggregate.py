@@ -38,7 +38,7 @@ from exporters.hashing import sha256_file
 from exporters.recipe.model import TARGET_NAME_PATTERN
 from exporters.report.build import write_report
 from exporters.report.results import Check, ComponentReport, GenerationReport, OutputDiff, ValidationResult
-from exporters.status import FAILED, PASSED, UNVERIFIED, overall_status
+from exporters.status import FAILED, PASSED, UNVERIFIED, judge_token_count, overall_status
 
 _RANK = {FAILED: 0, UNVERIFIED: 1, PASSED: 2}
 PROOF_STATUSES = (PASSED, FAILED, UNVERIFIED, "declined")  # exporters.layouts.child.ProofStatus
@@ -181,9 +181,23 @@ def merge_reports(parts: list[dict[str, Any]], *, expected: list[str | dict[str,
     return merged
 
 
+def _token_count(claim: dict[str, Any]) -> dict[str, Any]:
+    """A leg's proof's token count (`compared` of `asked`, `ended`) where it is well formed, else nothing.
+
+    Example:
+        >>> _token_count({"compared": 1, "asked": 8, "ended": "eos"}), _token_count({"compared": True, "asked": 8})
+        ({'compared': 1, 'asked': 8, 'ended': 'eos'}, {})
+    """
+    compared, asked, ended = claim.get("compared"), claim.get("asked"), claim.get("ended")
+    if not all(type(n) is int and n >= 0 for n in (compared, asked)) or compared > asked:
+        return {}
+    return {"compared": compared, "asked": asked, **({"ended": ended} if isinstance(ended, str) else {})}
+
+
 def back_runtime_claims(target: dict[str, Any], possible: Collection[str]) -> str | None:
     """Keep the target's runtime proofs that name a runtime in `possible` (those whose check applies to the planned
-    target), with a known status and a text detail, as `{runtime, status, detail}` (one per runtime); drop the
+    target), with a known status and a text detail, as `{runtime, status, detail}` (one per runtime, with its token
+    count where well formed: a pass over too few tokens is judged as ours, `judge_token_count`); drop the
     others. Returns a finding when something was dropped (the leg's own text is not quoted in it).
 
     Example:
@@ -202,7 +216,10 @@ def back_runtime_claims(target: dict[str, Any], possible: Collection[str]) -> st
         runtime, status, detail = claim.get("runtime"), claim.get("status"), claim.get("detail") or ""
         if (isinstance(runtime, str) and runtime in possible and runtime not in kept and status in PROOF_STATUSES
                 and isinstance(detail, str)):
-            kept[runtime] = {"runtime": runtime, "status": status, "detail": detail}
+            kept[runtime] = {"runtime": runtime, "status": status, "detail": detail, **_token_count(claim)}
+            # a leg's pass over too few tokens is judged here as our own proofs are (never a plain pass)
+            kept[runtime]["status"], kept[runtime]["detail"] = judge_token_count(
+                status, detail, kept[runtime].get("compared"), kept[runtime].get("asked"), kept[runtime].get("ended"))
     target["runtimes"] = list(kept.values())
     dropped = len(claims) - len(kept)
     if not dropped:

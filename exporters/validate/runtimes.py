@@ -15,7 +15,10 @@ from the folder's size, the target's timeout). Each proof is a layout's (`export
 there once); `checks_for` picks those whose layout the target has. A proof is
 `passed` (the runtime ran it and matched eager), `failed` (the runtime refused or ran it differently, with the
 runtime's own message: the target fails) or `unverified` (the runtime cannot run here, e.g. it is not installed or
-needs a GPU: said in the column, never called a pass).
+needs a GPU: said in the column, never called a pass). A generating runtime's proof counts the new tokens it compared
+of those asked (`RuntimeProof.compared`, `asked`): eager and the runtime are both made to generate the full count
+where the runtime can be told to go on past eos; where it cannot and generation ended early, the detail is flagged
+("⚠ 5 of 8 tokens compared (...)"), and a proof over fewer than two tokens is `unverified` (`RuntimeProof.judged`).
 
 Example:
     >>> RuntimeProof("ONNX Runtime GenAI", "passed", "8/8 tokens").to_dict()
@@ -104,7 +107,7 @@ def prove_all(pairs: list[tuple[RuntimeCheck, Any]], directory: Path, context: R
             proofs.append(RuntimeProof(check.runtime, "failed", f"eager reference: {describe_error(reference)}"))
             continue
         try:
-            proofs.append(check.prove(directory, reference, context))
+            proofs.append(check.prove(directory, reference, context).judged())  # a short proof flagged, once
         except BaseException as err:
             if not recoverable(err):
                 raise

@@ -21,7 +21,9 @@ a vocabulary with duplicates) matches only when eager's id is among them, and th
 one byte of a longer UTF-8 character (a byte-fallback `<0xC2>`) cannot reach Python alone (the binding decodes each
 piece as text): the runner is then asked for eager's tokens before it, and the detail says where the comparison
 stopped. An eager reference that generated nothing (eos first, for every prompt tried) proves nothing: the proof is
-`unverified`.
+`unverified`. The runner stops at the eos ids the program names (its `GenerationConfig` has no setting to go past
+them): where eager stopped before `max_new_tokens`, the proof says over how many of them it compared ([`token_count`];
+`RuntimeProof.judged` flags it, and a proof over fewer than two is `unverified`).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
         if whole and shown[0] not in eos:  # an EOS first is no token to compare
             cut = {"cut": tokenizer.id_to_token(shown[whole])} if whole < len(shown) else {}
             return {"prompt": prompt, "prompt_tokens": len(ids), "tokens": shown[:whole], "ids_of": ids_of,
+                    "eos": sorted(eos), "asked": context.recipe.generation.max_new_tokens,
                     "pieces": [vocabulary[t] for t in shown[:whole]], **cut}
     tried = " and ".join(repr(p[:80]) for p in prompts)
     return {"unverified": f"eager greedy generation stopped at once (eos first, or first a byte of a character "
@@ -127,17 +130,34 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
     if "cut" in reference:
         shared += (f"; compared up to eager's token {reference['cut']!r}, a byte of a UTF-8 character the runner's "
                    "Python binding cannot hand over alone")
+    counted = token_count(reference)
     if equal == len(want) == len(got):
-        return RuntimeProof(layout.runtime, "passed", f"{equal}/{len(want)} tokens{shared}")
+        return RuntimeProof(layout.runtime, "passed", f"{equal}/{len(want)} tokens{shared}", *counted)
     required = required_match(context.target, len(want))
     if required is not None and equal >= required:
         return RuntimeProof(layout.runtime, "passed", f"{equal}/{len(want)} tokens before the first divergence "
-                                                   f"(min_greedy_match {required}){shared}")
+                                                   f"(min_greedy_match {required}){shared}", *counted)
     wanted = f" (min_greedy_match {required})" if required is not None else ""
     ran = [ids_of.get(piece, ["?"])[0] if len(ids_of.get(piece, [])) == 1 else piece for piece in got]
     return RuntimeProof(layout.runtime, "failed", f"{equal}/{len(want)} tokens equal{wanted}: the runner generated "
                                                f"{str(ran)[:200]} ({''.join(got)[:200]!r}), eager "
                                                f"{str(want)[:200]} ({''.join(reference['pieces'])[:200]!r})")
+
+
+def token_count(reference: dict[str, Any]) -> tuple[int, int | None, str]:
+    """The new tokens the proof compares (eager's before its eos), of those asked, and why fewer: the runner stops
+    at eos (executorch's `GenerationConfig` has `echo`, `max_new_tokens`, `seq_len`, `temperature`, `num_bos`,
+    `num_eos`, `warming`: nothing that generates past it), or at a byte the binding cannot hand over (`cut`).
+
+    Example:
+        >>> token_count({"tokens": [5, 2], "eos": [2], "asked": 8})
+        (1, 8, 'eager and the runner stopped at eos; the runner cannot be told to go past it')
+    """
+    tokens = reference["tokens"]
+    compared = len(tokens) - (1 if tokens and tokens[-1] in reference.get("eos", ()) else 0)
+    ended = ("compared up to a byte of a UTF-8 character the runner's Python binding cannot hand over"
+             if "cut" in reference else "eager and the runner stopped at eos; the runner cannot be told to go past it")
+    return compared, reference.get("asked"), ended
 
 
 def required_match(target: Any, available: int) -> int | None:

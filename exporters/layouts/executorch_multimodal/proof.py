@@ -28,6 +28,10 @@ A prompt with several images (the processor's `pixel_values [n, 3, H, W]`, a run
 tiles of each image) goes in the same way, each image at its run in the prompt's order, and the detail counts them
 ("8/8 tokens from two images and a prompt"): the recipe's sample holds one image, tests prove two (LLaVA, Idefics3).
 
+Like the text runner, MultimodalRunner stops at the program's eos ids and cannot be told to go past them: where eager
+stopped before `max_new_tokens` (the tiny SmolVLM's byte-level tokenizer: after one token), the proof says over how
+many it compared (`token_count`), and one over fewer than two is `unverified` (`RuntimeProof.judged`).
+
 The binding hands each generated token to Python as its decoded piece; a piece maps back to the ids of the folder's
 tokenizer that decode to it, and matches where eager's id is among them (as the text runner's proof,
 `exporters.layouts.executorch_llm.proof`).
@@ -49,7 +53,7 @@ from exporters.capture.token_ids import image_token_id
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.greedy import greedy_settings, pieces_by_id, pieces_matched
 from exporters.layouts.executorch_llm import RUNTIME_WITHOUT_COMPILER, runner_child_imports
-from exporters.layouts.executorch_llm.proof import required_match
+from exporters.layouts.executorch_llm.proof import required_match, token_count
 from exporters.layouts.executorch_multimodal import (AUDIO_IMPORTS, AUDIO_INPUTS, GENERATE, IMAGE_IMPORTS,
                                                     IMAGE_INPUTS, SIZE, SIZE_CHECK, STEP)
 from exporters.upstream import read_manifest
@@ -141,6 +145,7 @@ def _reference(model: Any, context: RuntimeContext, tokenizer: Tokenizer, inputs
     images = {} if audio else {"images": _images(ids[0].tolist(), int(token), tokenizer.token_to_id(GLOBAL_IMAGE))}
     return {"input_ids": ids.clone(), source: inputs[source].detach().float().clone(), **sizes, **images,
             "image_token_id": int(token), "prompt_tokens": int(ids.shape[1]), "tokens": shown,
+            "asked": context.recipe.generation.max_new_tokens,
             "eos": sorted(eos), "ids_of": ids_of, "pieces": [vocabulary[t] for t in shown]}
 
 
@@ -168,7 +173,9 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
     longer = _prove(layout, directory, reference["longer"], context)
     if longer.status != "passed":
         return RuntimeProof(layout.runtime, longer.status, f"from two chunks of audio: {longer.detail}")
-    return RuntimeProof(layout.runtime, "passed", f"{proof.detail}; {longer.detail.replace('an audio', 'two chunks of audio')}")
+    shorter = min(proof, longer, key=lambda p: p.compared or 0)  # the fewer tokens compared is the flag's
+    return RuntimeProof(layout.runtime, "passed", f"{proof.detail}; {longer.detail.replace('an audio', 'two chunks of audio')}",
+                        shorter.compared, shorter.asked, shorter.ended)
 
 
 def _prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
@@ -212,7 +219,7 @@ def _prove(layout: Any, directory: Path, reference: dict[str, Any], context: Run
             media = "one image of {}x{}".format(*reference["image_sizes"].reshape(-1).tolist()[:2])
         budget = f" before the first divergence (min_greedy_match {required})" if equal < len(want) else ""
         return RuntimeProof(layout.runtime, "passed", f"{equal}/{len(want)} tokens{budget} from {media} and a prompt "
-                                                   f"({reference['prompt_tokens']} positions)")
+                                                   f"({reference['prompt_tokens']} positions)", *token_count(reference))
     wanted = f" (min_greedy_match {required})" if required is not None else ""
     return RuntimeProof(layout.runtime, "failed", f"{equal}/{len(want)} tokens equal{wanted}: the runner generated "
                                                f"{''.join(got)[:200]!r}, eager {''.join(reference['pieces'])[:200]!r}")

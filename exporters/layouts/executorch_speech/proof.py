@@ -31,7 +31,7 @@ from exporters.capture.token_ids import decoder_start_id, special_token_ids
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.greedy import common_prefix
 from exporters.layouts.executorch_llm import QUANTIZED_KERNELS, RUNTIME_WITHOUT_COMPILER
-from exporters.layouts.executorch_llm.proof import required_match
+from exporters.layouts.executorch_llm.proof import required_match, token_count
 from exporters.layouts.executorch_speech import transcribe_script
 from exporters.upstream import read_manifest
 
@@ -67,7 +67,8 @@ def reference(layout: Any, model: Any, context: RuntimeContext) -> dict[str, Any
     tokens = out.sequences[0, out.sequences.shape[1] - generated:].tolist()
     first_eos = next((i for i, t in enumerate(tokens) if t in eos), None)
     tokens = tokens if first_eos is None else tokens[:first_eos + 1]
-    return {"prompt": prompt, "tokens": tokens, "steps": context.recipe.generation.max_new_tokens}
+    return {"prompt": prompt, "tokens": tokens, "steps": context.recipe.generation.max_new_tokens,
+            "eos": sorted(eos), "asked": context.recipe.generation.max_new_tokens}
 
 
 def prove(layout: Any, directory: Path, reference: dict[str, Any], context: RuntimeContext) -> RuntimeProof:
@@ -94,12 +95,14 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
         return RuntimeProof(layout.runtime, "failed", f"ExecuTorch's runtime failed: {why}")
     got, want = answer["new"], reference["tokens"]
     loop = "executorch.runtime, optimum-executorch's loop: encoder once, text_decoder per token, argmax"
+    compared, asked, _ = token_count(reference)  # the loop, as the card's, stops at eos
+    counted = (compared, asked, "eager and the program's loop stopped at eos")
     if got == want:
-        return RuntimeProof(layout.runtime, "passed", f"{len(want)}/{len(want)} tokens ({loop})")
+        return RuntimeProof(layout.runtime, "passed", f"{len(want)}/{len(want)} tokens ({loop})", *counted)
     equal, required = common_prefix(want, got), required_match(context.target, len(want))
     if required is not None and equal >= required:  # a quantized program: its budget's greedy tokens
         return RuntimeProof(layout.runtime, "passed", f"{equal}/{len(want)} tokens before the first divergence "
-                                                   f"(min_greedy_match {required}; {loop})")
+                                                   f"(min_greedy_match {required}; {loop})", *counted)
     wanted = f" (min_greedy_match {required})" if required is not None else ""
     return RuntimeProof(layout.runtime, "failed", f"{equal}/{len(want)} tokens equal{wanted}: the program generated "
                                                f"{str(got)[:200]}, eager {str(want)[:200]} ({loop})")

@@ -12,7 +12,9 @@ eager generate, left-padded batch of two ────────► og.Model(fo
 GenAI reads rows by `pad_token_id`: a prompt token equal to it would be taken for padding, so the proof's prompts
 never hold it (a token that is neither the pad id nor an eos id takes its place, in eager and GenAI alike). Each row
 is compared up to and including its first eos. A graph whose batch is fixed at 1 (ONNX Runtime's
-`GroupQueryAttention`, which `ort_fusions` fuses into a merged graph only at a batch of 1) runs each prompt alone
+`GroupQueryAttention`, which `ort_fusions` fuses into a merged graph only at a batch of 1) runs each prompt alone.
+Both sides generate the full `max_new_tokens`: eager's `min_new_tokens` and GenAI's `min_length` hold eos off, so a
+model whose eos comes first is still compared over every token
 instead. GenAI runs in a child process (a native abort there fails this proof, not the run). Not installed:
 `unverified`; GenAI refusing the folder or generating other tokens: `failed`, with GenAI's own message.
 
@@ -30,7 +32,7 @@ from typing import Any
 
 from exporters.layouts.child import RuntimeContext, RuntimeProof, child_timeout, run_in_child
 from exporters.layouts.genai.config import GENAI_CONFIG
-from exporters.layouts.greedy import GenaiReference, batch_reference, common_prefix, until_eos
+from exporters.layouts.greedy import GenaiReference, batch_reference, common_prefix, compared_of, until_eos
 from exporters.layouts import ort_greedy
 
 # GenAI's own pad_token_id when genai_config.json leaves it out (a model without a pad token): 0 (`int pad_token_id{}`
@@ -47,8 +49,9 @@ model = og.Model(spec["folder"])
 answer = []
 for batch in spec["batches"]:
     params = og.GeneratorParams(model)
+    # min_length: eos held off to the end, as eager's min_new_tokens (`greedy.batch_reference`)
     params.set_search_options(do_sample=False, num_beams=1, max_length=batch["max_length"],
-                              batch_size=len(batch["rows"]))
+                              min_length=batch["max_length"], batch_size=len(batch["rows"]))
     generator = og.Generator(model, params)
     generator.append_tokens(np.array(batch["rows"], dtype=np.int32))
     got = [[] for _ in batch["rows"]]
@@ -128,6 +131,8 @@ def prove(layout: Any, directory: Path, reference: GenaiReference, context: Runt
         return RuntimeProof(layout.runtime, "failed",
                             f"{equal}/{total} tokens equal eager greedy ({batch}): GenAI {got}, eager "
                             f"{reference.new_tokens}")
-    return RuntimeProof(layout.runtime, "passed", f"{total}/{total} tokens ({batch})")
+    return RuntimeProof(layout.runtime, "passed", f"{total}/{total} tokens ({batch})",
+                        compared_of(reference.new_tokens, reference.eos), reference.steps * len(reference.prompts),
+                        "eager and GenAI stopped at eos")
 
 

@@ -39,7 +39,7 @@ pad = $pad
 width = max(map(len, prompts))
 ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # padded on the left
 mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-output = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=$steps, do_sample=False,
+output = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=$steps,$minimum do_sample=False,
                         pad_token_id=pad, eos_token_id=$eos)
 new = output[:, width:].tolist()
 $emit
@@ -47,11 +47,13 @@ $emit
 
 
 def generate_script(where: str, prompts: list[list[int]], pad: int, steps: int, eos: str, emit: str,
-                    comment: str = "", check: str = "") -> str:
+                    comment: str = "", proof: str | None = None) -> str:
     """`GENERATE` filled: `where` the `from_pretrained` arguments (JSON strings), the rest our ints and lines;
-    `check`: lines the proof runs on the loaded `model` before it generates (none in the card)."""
+    `proof`: the proof's script (none in the card), whose lines run on the loaded `model` before it generates and
+    which holds eos off (`min_new_tokens`: every one of `steps` is compared with eager's)."""
     return GENERATE.substitute(where=where, prompts=json.dumps([[int(t) for t in p] for p in prompts]), pad=int(pad),
-                               steps=int(steps), eos=eos, emit=emit, comment=comment, check=check)
+                               steps=int(steps), eos=eos, emit=emit, comment=comment, check=proof or "",
+                               minimum="" if proof is None else f" min_new_tokens={int(steps)},")
 
 
 class Optimum(Layout):

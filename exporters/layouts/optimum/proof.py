@@ -1,6 +1,7 @@
 """optimum's proof: the side environment's Python runs the layout's generation script (`GENERATE`, the card's
 snippet with this folder and eager's prompts in it) on the folder alone, greedy over a left-padded batch of two
-prompts of different lengths, each row token for token against eager greedy `generate` (`exporters.layouts.greedy`);
+prompts of different lengths, each row token for token against eager greedy `generate` (`exporters.layouts.greedy`),
+both held off eos by `min_new_tokens` (every one of `max_new_tokens` compared);
 a quantized or half-precision target against ONNX Runtime's own greedy of the same graph, and eager's tokens by its
 budget (`exporters.layouts.ort_greedy`).
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from exporters.layouts.child import KNOWS, RuntimeContext, RuntimeProof, child_timeout, run_in_child, side_python
-from exporters.layouts.greedy import GenaiReference, batch_reference, common_prefix, until_eos
+from exporters.layouts.greedy import GenaiReference, batch_reference, common_prefix, compared_of, until_eos
 from exporters.layouts import ort_greedy
 from exporters.layouts.optimum import generate_script
 from exporters.upstream import read_manifest
@@ -83,7 +84,7 @@ def prove(layout: Any, directory: Path, reference: GenaiReference, context: Runt
     rows: list[list[int]] = []
     for prompts in batches:
         script = generate_script("spec['folder']", prompts, reference.pad, reference.steps,
-                                 eos_literal(reference.eos), EMIT, check=PAST_FED)
+                                 eos_literal(reference.eos), EMIT, proof=PAST_FED)
         answer, why = run_in_child(KNOWS + script, {"folder": str(directory)}, folder=directory,
                                    timeout_s=child_timeout(context), python=str(python))
         if answer is None:
@@ -105,4 +106,6 @@ def prove(layout: Any, directory: Path, reference: GenaiReference, context: Runt
                                                       f"{len(batches[0])}, prompts of {prompts} tokens): optimum {got}, "
                                                       f"eager {reference.new_tokens}")
     return RuntimeProof(layout.runtime, "passed", f"{total}/{total} tokens (batch of {len(batches[0])}, prompts of {prompts} "
-                                                  "tokens, ORTModelForCausalLM)")
+                                                  "tokens, ORTModelForCausalLM)",
+                        compared_of(reference.new_tokens, reference.eos), reference.steps * len(reference.prompts),
+                        "eager and optimum stopped at eos")

@@ -112,7 +112,8 @@ def prove(layout: Any, directory: Path, reference: dict[str, Any], context: Runt
     head, *rest = said
     head = head.removeprefix(f"{own} ")
     extra = f"; dtype {', '.join(rest)}" if rest else ""
-    return RuntimeProof(layout.runtime, "passed", f"{head} (transformers.js {_version(modules)}, Node.js){extra}")
+    return RuntimeProof(layout.runtime, "passed", f"{head} (transformers.js {_version(modules)}, Node.js){extra}",
+                        new, reference["steps"], "transformers.js and eager generated fewer than min_new_tokens")
 
 
 def _version(modules: Path) -> str:
