@@ -8,7 +8,7 @@ Usage (benchmarks/RESULTS.md, issue #51):
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/tmp/cg.%p \\
         .venv/bin/python benchmarks/decode_step_cost.py instructions FOLDER   # then: callgrind_annotate /tmp/cg.<pid>
 
-`kernels` prints each folder's kernels a step (the profile's node events of 10 steps, divided by 10).
+`kernels` prints each folder's kernels a step (the profile's node events of one step: a new session's first).
 `ops` sums the profile's kernel times by op type over `ROUNDS` sessions' 10 steps each (each session's median
 kept; an `If`'s time includes its branch's kernels, which are also counted under their own op types, marked `*`).
 `time` runs the folders' sessions in one process, `ROUNDS` rounds of 200 steps each, the order rotating each
