@@ -206,8 +206,9 @@ def contract(target, inputs: dict[str, Any], query_axis: bool = True) -> Compone
     gigabytes of logits). A recipe that wants bounds declares them in `components.model.dynamic_shapes`.
 
     ONNX and dynamo get named dims (the graph's input dims carry no spurious symbols, so runtimes can size an empty
-    cache from them), the batch too but where the target is written for unpadded calls (`unpadded`: one sequence); ExecuTorch gets `"auto"` on the same axes, because named cache dims fail its edge verifier
-    (docs/upstream-gaps.md #4). `query_axis=False`: the single-token decode's contract (the query axis stays 1;
+    cache from them), the batch too but where the target is written for unpadded calls (`unpadded`: one sequence);
+    ExecuTorch gets `"auto"` on the same axes, because named cache dims fail its edge verifier (docs/upstream-gaps.md
+    #4). `query_axis=False`: the single-token decode's contract (the query axis stays 1;
     `exporters.capture.stepped` feeds a hybrid's prompt through it from a cache of length 0)."""
     leaves = cache_leaves(inputs)
     if not leaves:

@@ -330,27 +330,13 @@ def _unread_norm_statistics_dropped(model: ir.Model) -> None:
     """Leave unnamed (not asked for) the mean and inverse standard deviation outputs of ONNX Runtime's fused skip
     norms where nothing reads them: the fusion names all four outputs, and the kernel allocates and writes every
     output it is given (sixteen norms a step at eight layers; benchmarks/RESULTS.md, #51). An output a graph, a
-    node or a subgraph reads keeps its name."""
-    read = _read_names(model.graph)
+    node or a subgraph reads keeps its name (an `If` branch's read of an outer value is one of the value's uses)."""
     for node in model.graph:
         if node.op_type not in NORMS_WITH_STATISTICS or node.domain != DOMAIN:
             continue
         for value in node.outputs[STATISTICS]:
-            if value.name and not value.uses() and not value.is_graph_output() and value.name not in read:
+            if value.name and not value.uses() and not value.is_graph_output():
                 value.name = ""
-
-
-def _read_names(graph: ir.Graph) -> set[str]:
-    """The names the subgraphs of `graph`'s nodes read (an `If`'s branch reads outer values by name)."""
-    ir, _ = _stack()
-    names: set[str] = set()
-    for node in graph:
-        for attribute in node.attributes.values():
-            for subgraph in ([attribute.value] if attribute.type == ir.AttributeType.GRAPH else
-                             list(attribute.value) if attribute.type == ir.AttributeType.GRAPHS else []):
-                names |= {value.name for inner in subgraph for value in inner.inputs if value is not None}
-                names |= _read_names(subgraph)
-    return names
 
 
 # after the guards, the rewrites that cut a decode step's work without changing any output (#51); a test runs
